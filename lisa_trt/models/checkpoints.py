@@ -1,0 +1,197 @@
+"""Loading official LlamaGen checkpoints (.pt, DDP or raw) and lisa-trt safetensors, strictly.
+
+Pickles are read with `torch.load(weights_only=True)` only: a file whose pickle would run code
+is refused. `freqs_cis` and `*.kv_cache.*` entries some official files carry are dropped; every
+other key must match exactly (the official loader's strict=False hides mistakes).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Union
+
+import torch
+
+from ..config import TargetConfig, VQConfig, _GPT_SHAPES, target_config, vq_config
+from ..errors import CheckpointError, ConfigError
+from ..io import load_safetensors, save_safetensors, tensor_hash, write_json
+
+PathLike = Union[str, Path]
+_DROP_SUFFIXES = ("freqs_cis",)
+
+
+def target_hash(model) -> str:
+    """Identity of a target: sha256 of its output head weight (fp32 bytes), 16 hex digits."""
+    return tensor_hash(model.output.weight)
+
+
+def read_state_dict(path: PathLike) -> tuple[dict, dict]:
+    """Read weights from .pt/.pth/.bin (weights_only) or .safetensors -> (state_dict, metadata)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    if path.suffix == ".safetensors":
+        return load_safetensors(path)
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "Unsupported global" not in str(e):
+            raise CheckpointError(f"{path} is not a readable PyTorch checkpoint ({_first_error_line(e)})") from e
+        raise CheckpointError(
+            f"refusing to load {path}: its pickle asks to run code or build objects other than "
+            f"tensors ({_first_error_line(e)}). Official LlamaGen files contain only tensors; "
+            "convert a trusted file to safetensors elsewhere, or re-save it as a plain state dict."
+        ) from e
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a readable PyTorch checkpoint ({e})") from e
+    if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
+        obj = obj["model"]  # DDP training checkpoints
+    if not isinstance(obj, dict) or not all(torch.is_tensor(v) for v in obj.values()):
+        raise CheckpointError(f"{path} does not hold a state dict (a mapping of names to tensors)")
+    return dict(obj), {}
+
+
+def _first_error_line(e: Exception) -> str:
+    """The informative line of torch's weights_only error (it names the refused global)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    for ln in lines:
+        if "Unsupported" in ln or "WeightsUnpickler error" in ln:
+            return ln
+    return lines[0] if lines else type(e).__name__
+
+
+def _clean(sd: dict) -> dict:
+    out = {}
+    for k, v in sd.items():
+        k = k[len("module."):] if k.startswith("module.") else k
+        if k.endswith(_DROP_SUFFIXES) or ".kv_cache." in k:
+            continue
+        out[k] = v
+    return out
+
+
+def guess_target_config(sd: dict) -> str:
+    """Describe the official config a state dict most likely needs (from tensor shapes)."""
+    try:
+        vocab, dim = sd["tok_embeddings.weight"].shape
+        n_layer = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("layers."))
+    except (KeyError, ValueError):
+        return ""
+    t2i = "cls_embedding.uncond_embedding" in sd
+    names = [n for n, (L, _, d) in _GPT_SHAPES.items() if L == n_layer and d == dim]
+    kind = "t2i" if t2i else "c2i"
+    extra = ""
+    if not t2i and "cls_embedding.embedding_table.weight" in sd:
+        extra = f", num_classes={sd['cls_embedding.embedding_table.weight'].shape[0] - 1}"
+    found = names[0] if names else f"a custom config (dim={dim}, n_layer={n_layer})"
+    return f"the file looks like {found} ({kind}, vocab_size={vocab}{extra})"
+
+
+def strict_load(model: torch.nn.Module, sd: dict, what: str, hint: str = "") -> None:
+    """load_state_dict(strict=True) with an error that lists every problem and a likely fix."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(sd))
+    unexpected = sorted(set(sd) - set(own))
+    shapes = [f"{k}: file {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
+              for k in sorted(set(own) & set(sd)) if tuple(own[k].shape) != tuple(sd[k].shape)]
+    if missing or unexpected or shapes:
+        def show(xs):
+            return ", ".join(xs[:8]) + (f" (+{len(xs) - 8} more)" if len(xs) > 8 else "")
+        lines = [f"checkpoint does not match the {what} configuration:"]
+        if missing:
+            lines.append(f"  missing keys: {show(missing)}")
+        if unexpected:
+            lines.append(f"  unexpected keys: {show(unexpected)}")
+        if shapes:
+            lines.append(f"  shape mismatches: {show(shapes)}")
+        if hint:
+            lines.append(f"  hint: {hint}; pass the matching config (e.g. --config GPT-L --image-size 384)")
+        raise CheckpointError("\n".join(lines))
+    model.load_state_dict({k: v.to(own[k].dtype) for k, v in sd.items()}, strict=True)
+
+
+def _resolve_target_config(config, meta: dict) -> TargetConfig:
+    if isinstance(config, TargetConfig):
+        return config
+    if config is None:
+        if "config" in meta:
+            return TargetConfig.from_dict(meta["config"])
+        raise ConfigError("no config given and the file carries none: pass a registry name "
+                          "(e.g. 'GPT-B') or a TargetConfig")
+    return target_config(config)
+
+
+def load_target(path: PathLike, config=None, device="cpu"):
+    """Load a LlamaGen target (official .pt or lisa-trt safetensors), eval mode, fp32.
+
+    Args:
+        path: checkpoint file, or a registered bundle name such as "demo".
+        config: registry name ("GPT-B", ...), a TargetConfig, or None to use the file's metadata
+            (safetensors written by `save_model` / `lisa-trt convert`).
+    """
+    from .llamagen import Transformer
+
+    bundled = _bundled("target", path)
+    if bundled is not None:
+        return bundled
+    sd, meta = read_state_dict(path)
+    cfg = _resolve_target_config(config, meta)
+    model = Transformer(cfg)
+    strict_load(model, _clean(sd), f"target {cfg.n_layer}x{cfg.dim} ({cfg.model_type})", guess_target_config(sd))
+    return model.float().eval().to(device)
+
+
+def load_vq(path: PathLike, config=None, device="cpu"):
+    """Load a LlamaGen VQ tokenizer; config: "VQ-16", "VQ-8", a VQConfig, or None (metadata)."""
+    from .vq import VQModel
+
+    bundled = _bundled("vq", path)
+    if bundled is not None:
+        return bundled
+    sd, meta = read_state_dict(path)
+    if isinstance(config, VQConfig):
+        cfg = config
+    elif config is None:
+        if "config" not in meta:
+            raise ConfigError("no VQ config given and the file carries none: pass 'VQ-16' or 'VQ-8'")
+        cfg = VQConfig.from_dict(meta["config"])
+    else:
+        cfg = vq_config(config)
+    model = VQModel(cfg)
+    hint = ""
+    if "quantize.embedding.weight" in sd:
+        n, d = sd["quantize.embedding.weight"].shape
+        hint = f"the file has a {n} x {d} codebook"
+    strict_load(model, _clean(sd), "VQ", hint)
+    return model.float().eval().to(device)
+
+
+def _bundled(kind: str, path):
+    """Registered bundle names (e.g. 'demo') resolve to shipped weights."""
+    if not isinstance(path, str) or Path(path).suffix:
+        return None
+    if path != "demo":
+        return None
+    from ..demo import registry
+
+    return registry.load_demo_target() if kind == "target" else registry.load_demo_vq()
+
+
+def save_model(model, config, path: PathLike, dtype=None, extra_meta: dict | None = None) -> None:
+    """Write weights as safetensors with the config (and target hash) in its metadata, plus a
+    `<name>.json` sidecar with the same config. Atomic."""
+    path = Path(path)
+    sd = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v)
+          for k, v in model.state_dict().items()}
+    meta = {"config": config.to_dict(), "schema": 1, **(extra_meta or {})}
+    if "output.weight" in sd:  # hash what a loader will see (after any dtype cast)
+        meta["target_hash"] = tensor_hash(sd["output.weight"])
+    save_safetensors(sd, path, meta)
+    write_json(path.with_suffix(".json"), meta)
+
+
+def read_config_json(path: PathLike) -> dict:
+    with open(path) as f:
+        return json.load(f)

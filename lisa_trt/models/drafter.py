@@ -1,0 +1,392 @@
+"""EAGLE-3-style drafter for LlamaGen targets (spec/speculative.md, "EAGLE-3 drafter").
+
+    g_t  = concat(target residual stream entering layers {2, L//2, L-3})   (B, S, 3H_t)
+    h    = fc(g_t)                       at step 0 (the drafter's own output hidden later)
+    a    = hidden_norm(h);  e = input_layernorm(E[x])   with E the TARGET's frozen embedding
+    h'   = h + o_proj(attn(q/k/v(concat(e, a))))         2D RoPE from the target's table
+    out  = h' + mlp(post_attention_layernorm(h'))        -> hidden_out
+    logits = lm_head(norm(out))                          own head over the image vocabulary
+
+Parameter names follow the EAGLE-3 reference (`fc`, `midlayer.*`, `norm`, `lm_head`).
+
+Positions (a deliberate choice, documented): the drafter entry that consumes token x sits at
+x's absolute sequence position (prefix included), exactly the target's position/slot of x.
+So a tree node at depth d below a root at position P has position P + d, and in the TTT unroll
+step s of entry j uses position cls_token_num + j + s (EAGLE-3 keeps j for every step; with a
+2D RoPE the grid cell of the token matters, so lisa-trt uses the token's own cell).
+
+The drafter keeps its own static KV cache (`DrafterCache`, the target's `KVCache` conventions:
+(B, H, Lmax, D), slot == absolute position for committed entries, `attention_mask` and
+`compact`). The condition-prefix slots hold no drafter entry and are marked invalid columns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..config import TargetConfig, find_multiple
+from ..errors import ArtifactMismatchError, CheckpointError, ConfigError, InputError
+from .checkpoints import target_hash
+from .llamagen import KVCache, RMSNorm, apply_rotary_emb, precompute_freqs_cis_2d
+
+SCHEMA_VERSION = 1
+ARTIFACT_KIND = "lisa-trt-drafter"
+
+
+# ----------------------------------------------------------------------------- config
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """Shapes of an EAGLE-3 drafter and the target it was made for.
+
+    `hidden` is the drafter width (the target's dim by default); the embedding stays the
+    target's (`target_dim` wide), so q/k/v read target_dim + hidden features.
+    """
+
+    target_dim: int
+    hidden: int
+    n_head: int
+    ffn_hidden: int
+    vocab_size: int
+    tap_dim: int
+    block_size: int
+    cls_token_num: int
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    target_name: str = ""
+    target_hash: str = ""
+
+    def __post_init__(self):
+        if self.hidden % self.n_head:
+            raise ConfigError(f"drafter hidden {self.hidden} is not divisible by n_head {self.n_head}")
+        if self.head_dim % 4:
+            raise ConfigError(f"drafter head_dim {self.head_dim} must be a multiple of 4 for 2D RoPE; "
+                              "choose n_head so that hidden / n_head is")
+        if self.tap_dim != 3 * self.target_dim:
+            raise ConfigError(f"tap_dim {self.tap_dim} must be 3 x target_dim ({3 * self.target_dim}): "
+                              "EAGLE-3 taps three layers of the target")
+        g = int(round(self.block_size ** 0.5))
+        if g * g != self.block_size:
+            raise ConfigError(f"block_size {self.block_size} must be a square")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.n_head
+
+    @property
+    def grid_size(self) -> int:
+        return int(round(self.block_size ** 0.5))
+
+    @property
+    def seq_len(self) -> int:
+        return self.cls_token_num + self.block_size
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DrafterConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"unknown DrafterConfig fields {sorted(unknown)}; valid: {sorted(known)}")
+        return cls(**d)
+
+    @classmethod
+    def for_target(cls, tcfg: TargetConfig, *, hidden: Optional[int] = None, n_head: Optional[int] = None,
+                   ffn_hidden: Optional[int] = None, target_name: str = "",
+                   target_hash: str = "") -> "DrafterConfig":
+        """Drafter shapes for a target: same width/heads/FFN as one target layer by default."""
+        hidden = hidden or tcfg.dim
+        if n_head is None:
+            n_head = tcfg.n_head if hidden == tcfg.dim else max(1, hidden // tcfg.head_dim)
+        if ffn_hidden is None:
+            ffn_hidden = tcfg.ffn_hidden if hidden == tcfg.dim else find_multiple(int(8 * hidden / 3), 32)
+        return cls(target_dim=tcfg.dim, hidden=hidden, n_head=n_head, ffn_hidden=ffn_hidden,
+                   vocab_size=tcfg.vocab_size, tap_dim=3 * tcfg.dim, block_size=tcfg.block_size,
+                   cls_token_num=tcfg.cls_token_num, rope_base=tcfg.rope_base, norm_eps=tcfg.norm_eps,
+                   target_name=target_name, target_hash=target_hash)
+
+
+# ----------------------------------------------------------------------------- cache
+
+class DrafterCache(KVCache):
+    """The drafter's static KV cache: one layer, the target KVCache's conventions.
+
+    Columns of the condition prefix (slots < cls_token_num) hold no drafter entry and are
+    invalid (`col_valid` False), so `attention_mask` never lets a query see them.
+    """
+
+    def __init__(self, cfg: DrafterConfig, batch: int, max_len: int, dtype, device):
+        shape = (batch, cfg.n_head, max_len, cfg.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device)]
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        self.col_valid = torch.ones(batch, max_len, dtype=torch.bool, device=device)
+        self.col_valid[:, : cfg.cls_token_num] = False
+        self.max_len = max_len
+
+
+# ----------------------------------------------------------------------------- layers
+
+class DrafterAttention(nn.Module):
+    """q/k/v over concat(e, a) (target_dim + hidden wide), o_proj back to hidden."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
+        width = cfg.target_dim + cfg.hidden
+        self.q_proj = nn.Linear(width, cfg.hidden, bias=False)
+        self.k_proj = nn.Linear(width, cfg.hidden, bias=False)
+        self.v_proj = nn.Linear(width, cfg.hidden, bias=False)
+        self.o_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+
+    def qkv(self, x: torch.Tensor, freqs: torch.Tensor):
+        """x (B, S, width) -> q, k, v each (B, H, S, D), RoPE applied to q and k."""
+        B, S, _ = x.shape
+        shape = (B, S, self.n_head, self.head_dim)
+        q = apply_rotary_emb(self.q_proj(x).view(shape), freqs)
+        k = apply_rotary_emb(self.k_proj(x).view(shape), freqs)
+        v = self.v_proj(x).view(shape)
+        return tuple(t.transpose(1, 2) for t in (q, k, v))
+
+
+class DrafterMLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.hidden_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.input_layernorm = RMSNorm(cfg.target_dim, cfg.norm_eps)
+        self.self_attn = DrafterAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.mlp = DrafterMLP(cfg)
+
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Drafter(nn.Module):
+    """EAGLE-3 drafter: fc on target taps, one decoder layer, own head.
+
+    Args:
+        cfg: DrafterConfig.
+        embedding: the target's token embedding weight (V, target_dim) or nn.Embedding. It is
+            kept as a non-persistent buffer (frozen, never saved with the drafter).
+    """
+
+    def __init__(self, cfg: DrafterConfig, embedding: Union[nn.Embedding, torch.Tensor]):
+        super().__init__()
+        self.config = cfg
+        weight = embedding.weight if isinstance(embedding, nn.Embedding) else embedding
+        if tuple(weight.shape) != (cfg.vocab_size, cfg.target_dim):
+            raise ConfigError(f"target embedding has shape {tuple(weight.shape)}; the drafter config "
+                              f"expects ({cfg.vocab_size}, {cfg.target_dim})")
+        self.fc = nn.Linear(cfg.tap_dim, cfg.hidden, bias=False)
+        self.midlayer = DrafterLayer(cfg)
+        self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
+        self.register_buffer("embed_weight", weight.detach(), persistent=False)
+        freqs = precompute_freqs_cis_2d(cfg.grid_size, cfg.head_dim, cfg.rope_base, cfg.cls_token_num)
+        self.register_buffer("freqs_cis", freqs.to(weight.device), persistent=False)
+
+    # -- construction --------------------------------------------------------------------
+
+    @classmethod
+    def from_target(cls, target: nn.Module, *, hidden: Optional[int] = None, n_head: Optional[int] = None,
+                    ffn_hidden: Optional[int] = None, target_name: str = "",
+                    init_head_from_target: bool = True) -> "Drafter":
+        """A fresh drafter for `target` (config + hash from the target, embedding shared).
+
+        With `init_head_from_target` and hidden == target dim, `norm`/`lm_head` start as copies
+        of the target's final norm and output head (a warm start; they are trained).
+        """
+        cfg = DrafterConfig.for_target(target.config, hidden=hidden, n_head=n_head, ffn_hidden=ffn_hidden,
+                                       target_name=target_name, target_hash=target_hash(target))
+        d = cls(cfg, target.tok_embeddings).to(target.output.weight.device)
+        if init_head_from_target and cfg.hidden == cfg.target_dim:
+            with torch.no_grad():
+                d.lm_head.weight.copy_(target.output.weight)
+                d.norm.weight.copy_(target.norm.weight)
+        return d
+
+    def new_cache(self, batch: int, max_len: int, dtype=None) -> DrafterCache:
+        """A cache of round_up(max_len, 8) slots for `batch` rows."""
+        p = self.lm_head.weight
+        return DrafterCache(self.config, batch, find_multiple(max_len, 8), dtype or p.dtype, p.device)
+
+    # -- math ----------------------------------------------------------------------------
+
+    def project_taps(self, taps: torch.Tensor) -> torch.Tensor:
+        """fc on the target taps: (B, S, 3H_t) -> (B, S, hidden)."""
+        return self.fc(taps.to(self.fc.weight.dtype))
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Frozen target embedding E[x]: (B, S) -> (B, S, target_dim)."""
+        V = self.config.vocab_size
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= V):
+            raise InputError(f"image token ids must lie in [0, {V}); got {int(tokens.min())}..{int(tokens.max())}")
+        return F.embedding(tokens, self.embed_weight)
+
+    def _freqs(self, positions: torch.Tensor) -> torch.Tensor:
+        if positions.numel() and int(positions.max()) >= self.freqs_cis.shape[0]:
+            raise InputError(f"position {int(positions.max())} is past the end of the image "
+                             f"(sequence length {self.freqs_cis.shape[0]})")
+        return self.freqs_cis[positions]  # (B, S, D/2, 2)
+
+    def _layer(self, hidden_in, tokens, positions, attend: Attend):
+        """The decoder layer + head with a pluggable attention (cached or concatenated keys)."""
+        layer = self.midlayer
+        B, S, _ = hidden_in.shape
+        e = layer.input_layernorm(self.embed(tokens).to(hidden_in.dtype))
+        a = layer.hidden_norm(hidden_in)
+        q, k, v = layer.self_attn.qkv(torch.cat([e, a], dim=-1), self._freqs(positions))
+        y = attend(q, k, v)  # (B, H, S, D)
+        h = hidden_in + layer.self_attn.o_proj(y.transpose(1, 2).reshape(B, S, -1))
+        out = h + layer.mlp(layer.post_attention_layernorm(h))
+        logits = self.lm_head(self.norm(out)).float()
+        return logits, out
+
+    def forward(self, hidden_in: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                slots: torch.Tensor, mask: torch.Tensor, cache: DrafterCache):
+        """One drafter step over S entries, K/V written into `cache` at `slots`.
+
+        Args:
+            hidden_in: (B, S, hidden): project_taps(taps) for entries backed by the target, or
+                the drafter's own previous hidden_out for tree expansion.
+            tokens: (B, S) image token ids consumed by the entries.
+            positions: (B, S) absolute sequence positions of those tokens (RoPE rows).
+            slots: (B, S) cache slots to write K/V to.
+            mask: (B, S, Lmax) bool, True = may attend (DrafterCache.attention_mask).
+            cache: DrafterCache from `new_cache`.
+        Returns:
+            logits (B, S, V) fp32 predicting the token after each entry's token;
+            hidden_out (B, S, hidden) to feed the next step.
+        """
+        def attend(q, k, v):
+            B, H, S, D = k.shape
+            idx = slots[:, None, :, None].expand(B, H, S, D)
+            cache.k[0].scatter_(2, idx, k.to(cache.k[0].dtype))
+            cache.v[0].scatter_(2, idx, v.to(cache.v[0].dtype))
+            return F.scaled_dot_product_attention(q, cache.k[0].to(q.dtype), cache.v[0].to(q.dtype),
+                                                  attn_mask=mask[:, None])
+
+        return self._layer(hidden_in, tokens, positions, attend)
+
+    def forward_kv(self, hidden_in: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                   past_k: Optional[torch.Tensor], past_v: Optional[torch.Tensor], mask: torch.Tensor):
+        """Cache-free step for training: attend over concat(past, new) keys (autograd-safe).
+
+        Args:
+            hidden_in, tokens, positions: as in `forward`.
+            past_k, past_v: (B, H, P, D) keys/values of earlier entries, or None (P = 0).
+            mask: (B or 1, S, P + S) bool over the concatenated keys, True = may attend.
+        Returns:
+            logits (B, S, V) fp32, hidden_out (B, S, hidden), k_all, v_all (B, H, P + S, D).
+        """
+        keys = {}
+
+        def attend(q, k, v):
+            if past_k is not None:
+                k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+            keys["k"], keys["v"] = k, v
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
+
+        logits, out = self._layer(hidden_in, tokens, positions, attend)
+        return logits, out, keys["k"], keys["v"]
+
+    # -- artifacts -----------------------------------------------------------------------
+
+    def save(self, path) -> None:
+        save_drafter(self, path)
+
+    @classmethod
+    def load(cls, path, target: nn.Module, *, map_location=None) -> "Drafter":
+        return load_drafter(path, target, map_location=map_location)
+
+
+# ----------------------------------------------------------------------------- save / load
+
+def _config_path(path: Path) -> Path:
+    return path.with_suffix(".json")
+
+
+def save_drafter(drafter: Drafter, path) -> None:
+    """Write `path` (safetensors; the target embedding is not included) + `path.json` config.
+
+    Both carry the config with the target's hash, so the safetensors file alone is complete.
+    """
+    from ..io import save_safetensors, write_json
+
+    path = Path(path)
+    meta = {"kind": ARTIFACT_KIND, "schema_version": SCHEMA_VERSION, "config": drafter.config.to_dict()}
+    save_safetensors(dict(drafter.state_dict()), path, metadata=meta)
+    write_json(_config_path(path), meta)
+
+
+def load_drafter(path, target: nn.Module, *, map_location=None, check_target: bool = True) -> Drafter:
+    """Load a drafter for `target`; refuses one made for another target.
+
+    Args:
+        path: the .safetensors file written by `save_drafter`.
+        target: the target Transformer (its embedding is shared, its hash checked).
+        check_target: compare the stored target hash with target_hash(target).
+    Raises:
+        ArtifactMismatchError: made for a different target or an unknown schema version.
+        CheckpointError: unreadable file or missing/unknown tensors.
+    """
+    from ..io import load_safetensors
+
+    path = Path(path)
+    tensors, meta = load_safetensors(path)
+    if meta.get("kind") != ARTIFACT_KIND or "config" not in meta:
+        raise CheckpointError(f"{path} is not a lisa-trt drafter (no drafter config in its metadata); "
+                              "make one with `lisa-trt train`")
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise ArtifactMismatchError(f"{path} has drafter schema version {meta.get('schema_version')}; this "
+                                    f"lisa-trt reads version {SCHEMA_VERSION}. Retrain or convert the drafter.")
+    cfg = DrafterConfig.from_dict(meta["config"])
+    if check_target:
+        have = target_hash(target)
+        if cfg.target_hash != have:
+            name = f" ({cfg.target_name})" if cfg.target_name else ""
+            raise ArtifactMismatchError(
+                f"drafter {path} was trained for target hash {cfg.target_hash}{name}, but the loaded "
+                f"target has hash {have}. A drafter only works with the exact target it was distilled "
+                "from: load that target, or train a drafter for this one with `lisa-trt train`.")
+    drafter = Drafter(cfg, target.tok_embeddings)
+    try:
+        drafter.load_state_dict(tensors, strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"{path} does not match its own drafter config: {e}") from e
+    device = map_location if map_location is not None else target.output.weight.device
+    return drafter.to(device).eval()
+
+
+def read_drafter_config(path) -> DrafterConfig:
+    """The config stored beside a drafter file (no weights loaded)."""
+    path = Path(path)
+    cp = _config_path(path)
+    if not cp.is_file():
+        raise CheckpointError(f"no drafter config {cp} next to {path}")
+    return DrafterConfig.from_dict(json.loads(cp.read_text())["config"])

@@ -1,0 +1,1 @@
+"""Speculative decoding: sampling math, draft trees, verification rules, decode loops."""

@@ -1,0 +1,70 @@
+"""The reference autoregressive loop (LlamaGen generate.py semantics) on the static KV cache."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..errors import InputError
+from .sampling import guided_logits, make_generator, process_logits, sample_from_logits
+
+
+def cfg_batch(target, cond, cfg_scale: float):
+    """[cond; uncond] when CFG is on (cfg_scale > 1), else cond unchanged."""
+    if cfg_scale <= 1.0:
+        return cond
+    null = target.null_cond(cond)
+    if isinstance(cond, (tuple, list)):
+        return tuple(torch.cat([c, n]) for c, n in zip(cond, null))
+    return torch.cat([cond, null])
+
+
+def step_inputs(cache, tokens: torch.Tensor):
+    """Positions, slots and mask for one new token per row appended at `cache.lengths`."""
+    B = tokens.shape[0]
+    slots = cache.lengths[:, None]  # (B, 1)
+    ones = torch.ones(B, 1, 1, dtype=torch.bool, device=tokens.device)
+    return slots, slots, cache.attention_mask(slots, ones)
+
+
+@torch.no_grad()
+def generate(target, cond, *, cfg_scale: float = 1.0, temperature: float = 1.0, top_k: int = 0,
+             top_p: float = 1.0, greedy: bool = False, seed: Optional[int] = None,
+             cfg_interval: int = -1, num_tokens: Optional[int] = None,
+             generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Sample image tokens with the plain AR loop.
+
+    Args:
+        target: a lisa_trt Transformer (eval).
+        cond: class ids (B,) for c2i; (caption_features (B, 120, C), caption_mask (B, 120)) for t2i.
+        cfg_scale: guidance scale; CFG runs as batch [cond; uncond] when > 1.
+        greedy: argmax of the guided logits instead of sampling.
+        seed: seeds a private torch.Generator (the global RNG is untouched).
+        cfg_interval: guidance off after this decode step (-1: always on).
+        num_tokens: tokens to generate (default: the whole image, config.block_size).
+    Returns:
+        LongTensor (B, N) of image token ids.
+    """
+    cfg = target.config
+    B = target.check_cond(cond)
+    N = cfg.block_size if num_tokens is None else int(num_tokens)
+    if not 1 <= N <= cfg.block_size:
+        raise InputError(f"num_tokens must be in 1..{cfg.block_size}, got {N}")
+    gen = generator or make_generator(seed, target.output.weight.device)
+    full = cfg_batch(target, cond, cfg_scale)
+    cache = target.new_cache(2 * B if cfg_scale > 1.0 else B)
+    raw = target.prefill(full, cache).logits[:, -1]
+    out = torch.empty(B, N, dtype=torch.long, device=raw.device)
+    for i in range(N):
+        if i > 0:
+            x = out[:, i - 1 : i]
+            x = torch.cat([x, x]) if cfg_scale > 1.0 else x
+            pos, slots, mask = step_inputs(cache, x)
+            raw = target.forward_tokens(x, pos, slots, mask, cache).logits[:, -1]
+            cache.lengths += 1
+        # Official decode step index for z_i is i - 1; guidance stops when it exceeds cfg_interval.
+        use_cfg = not (cfg_interval > -1 and i - 1 > cfg_interval)
+        logits = process_logits(guided_logits(raw, cfg_scale, use_cfg), temperature, top_k, top_p)
+        out[:, i] = sample_from_logits(logits, gen, greedy)
+    return out

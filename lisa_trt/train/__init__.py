@@ -1,0 +1,8 @@
+"""Drafter distillation: LISA and baseline losses, data, trainer (`train_drafter`)."""
+
+from .data import DataConfig, TokenDataset, load_token_file, self_distill_tokens
+from .losses import LossConfig
+from .trainer import TrainConfig, evaluate_mal_proxy, train_drafter, ttt_unroll
+
+__all__ = ["DataConfig", "LossConfig", "TokenDataset", "TrainConfig", "evaluate_mal_proxy", "load_token_file",
+           "self_distill_tokens", "train_drafter", "ttt_unroll"]

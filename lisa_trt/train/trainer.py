@@ -1,0 +1,447 @@
+"""Drafter distillation trainer: EAGLE-3 training-time test (TTT) unroll + LISA / baseline losses.
+
+TTT unroll (spec/speculative.md), with N image tokens z and target taps g (taps[:, j] belongs to
+the position whose logits predict z_j):
+  step 0, entry j (j = 0..N-2): hidden fc(g_j), token z_j, position C + j -> predicts z_{j+1}
+  step s, entry j: hidden = the drafter's own step s-1 output at j, token z_{j+s}, position
+          C + j + s -> predicts z_{j+s+1} (valid while j + s + 1 <= N - 1)
+  attention at step s: causal over step-0 keys plus the same entry's keys from steps 1..s,
+          as one mask over the concatenated keys of steps 0..s.
+This is exactly what a depth-s tree node sees at inference (the committed prefix + its
+ancestors + itself), so train and test attention patterns coincide.
+
+Training: AdamW, linear warmup + cosine decay, fp32 or bf16 autocast, gradient clipping,
+atomic checkpoints every N steps (model, optimiser, scheduler, RNG states, step, data order)
+resumed exactly, JSONL metrics, final MAL-proxy eval on held-out sequences. Multi-GPU: run the
+same entry point under torchrun (WORLD_SIZE set -> torch.distributed + DDP); single process
+otherwise. Rank 0 writes every file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import CheckpointError, ConfigError
+from ..io import atomic_write, write_json
+from ..models.drafter import Drafter, save_drafter
+from .data import Batch, DataConfig, FeatureCache, OnlineFeatures, batch_indices, build_dataset, epoch_permutation
+from .losses import LossConfig, agreement_stats, combine_ttt, estimate_radius, locality_score, mal_proxy, step_loss
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a training run depends on (defaults: spec/lisa.md paper recipe where given)."""
+
+    steps: int = 1000
+    batch_size: int = 8  # global batch (sequences), split evenly over DDP ranks
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    betas: tuple = (0.9, 0.95)
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 0.5
+    bf16: bool = False
+    ttt_steps: int = 7
+    seed: int = 0
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    eval_depth: int = 0  # chain depth of the MAL proxy (0: ttt_steps)
+    drafter_hidden: Optional[int] = None  # None: the target's dim
+    drafter_heads: Optional[int] = None
+    drafter_ffn: Optional[int] = None
+    init_head_from_target: bool = True
+    target_name: str = ""
+    loss: LossConfig = field(default_factory=LossConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def __post_init__(self):
+        object.__setattr__(self, "betas", tuple(self.betas))
+        if self.steps < 1 or self.batch_size < 1 or self.ttt_steps < 1:
+            raise ConfigError("steps, batch_size and ttt_steps must be >= 1")
+        if self.checkpoint_every < 1 or self.log_every < 1:
+            raise ConfigError("checkpoint_every and log_every must be >= 1")
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        d = dict(d)
+        d["loss"] = LossConfig(**d.get("loss", {}))
+        d["data"] = DataConfig(**d.get("data", {}))
+        return cls(**d)
+
+
+# ----------------------------------------------------------------------------- TTT unroll
+
+def unroll_mask(n: int, s: int, device=None) -> torch.Tensor:
+    """(1, n, (s + 1) n) bool: causal over step-0 keys, then the same entry's key of steps 1..s."""
+    blocks = [torch.ones(n, n, dtype=torch.bool, device=device).tril()]
+    blocks += [torch.eye(n, dtype=torch.bool, device=device)] * s
+    return torch.cat(blocks, dim=1)[None]
+
+
+def ttt_unroll(drafter: Drafter, taps: torch.Tensor, tokens: torch.Tensor, n_steps: int) -> list:
+    """Run the EAGLE-3 training-time-test unroll.
+
+    Args:
+        drafter: the Drafter.
+        taps: (B, N, 3H) target taps aligned with tokens (forward_train convention).
+        tokens: (B, N) image tokens.
+        n_steps: unroll steps S.
+    Returns:
+        list over s of (logits (B, N-1, V), hidden (B, N-1, H)); entry j of step s predicts
+        tokens[:, j + s + 1] and is meaningful for j < N - 1 - s.
+    """
+    B, N = tokens.shape
+    n0 = N - 1
+    C = drafter.config.cls_token_num
+    j = torch.arange(n0, device=tokens.device)
+    hidden = drafter.project_taps(taps[:, :n0])
+    k = v = None
+    outs = []
+    for s in range(min(n_steps, n0)):
+        idx = (j + s).clamp(max=N - 1)  # token consumed by entry j at step s
+        pos = (C + idx)[None].expand(B, n0)
+        logits, hidden, k, v = drafter.forward_kv(hidden, tokens[:, idx], pos, k, v,
+                                                  unroll_mask(n0, s, tokens.device))
+        outs.append((logits, hidden))
+    return outs
+
+
+class _Unroll(nn.Module):
+    """nn.Module wrapper so that DDP sees the whole unroll as one forward."""
+
+    def __init__(self, drafter: Drafter, n_steps: int):
+        super().__init__()
+        self.drafter, self.n_steps = drafter, n_steps
+
+    def forward(self, taps, tokens):
+        return ttt_unroll(self.drafter, taps, tokens, self.n_steps)
+
+
+def ttt_loss(outs: list, batch: Batch, cfg: LossConfig, *, codebook=None, radius=None, step: int = 0,
+             total_steps: int = 1) -> tuple[torch.Tensor, dict]:
+    """sum_s decay^s * loss_s over the valid entries of each unroll step, plus per-step stats."""
+    V = batch.logits.shape[-1]
+    losses, stats = [], {"loss_s": [], "top1_s": [], "in_nbhd_s": []}
+    extra = {}
+    for s, (logits, hidden) in enumerate(outs):
+        n = logits.shape[1] - s
+        s_l = logits[:, :n].reshape(-1, V)
+        t_l = batch.logits[:, s + 1:].reshape(-1, V)
+        kw = {}
+        if cfg.kind == "eagle1":
+            kw = dict(pred_hidden=hidden[:, :n].reshape(-1, hidden.shape[-1]),
+                      target_hidden=batch.hidden[:, s + 1:].reshape(-1, batch.hidden.shape[-1]))
+        loss, st = step_loss(t_l, s_l, cfg, codebook=codebook, radius=radius, step=step,
+                             total_steps=total_steps, **kw)
+        losses.append(loss)
+        stats["loss_s"].append(float(loss.detach()))
+        stats["top1_s"].append(float(agreement_stats(t_l, s_l.detach())["top1"].mean()))
+        if "in_nbhd" in st:
+            stats["in_nbhd_s"].append(float(st["in_nbhd"]))
+        elif codebook is not None and radius is not None:
+            loc = locality_score(t_l.float().softmax(-1), s_l.detach(), codebook, radius, cfg.top_kc)
+            stats["in_nbhd_s"].append(float(loc["in_nbhd"].mean()))
+        if s == 0:
+            extra = {k: float(v) for k, v in st.items() if k not in ("in_nbhd",)}
+    total = combine_ttt(losses, cfg.ttt_decay)
+    stats.update({f"{k}_0": v for k, v in extra.items()})
+    return total, stats
+
+
+# ----------------------------------------------------------------------------- schedule
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to 1 over warmup_steps, then cosine decay to min_lr_ratio at `steps`."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+
+
+# ----------------------------------------------------------------------------- distributed
+
+@dataclass
+class _Dist:
+    rank: int = 0
+    world: int = 1
+    enabled: bool = False
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self):
+        if self.enabled:
+            torch.distributed.barrier()
+
+
+def _init_distributed() -> _Dist:
+    """torch.distributed when launched by torchrun (WORLD_SIZE set), else single process."""
+    if "WORLD_SIZE" not in os.environ:
+        return _Dist()
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    return _Dist(dist.get_rank(), dist.get_world_size(), True)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
+            "python_version": random.getstate()[0],
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def _set_rng_state(st: dict) -> None:
+    torch.set_rng_state(st["torch"])
+    random.setstate((st["python_version"], tuple(st["python"]), None))
+    if torch.cuda.is_available() and len(st["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def _ckpt_dir(out_dir: Path) -> Path:
+    return out_dir / "checkpoints"
+
+
+def save_checkpoint(out_dir: Path, step: int, drafter, opt, sched, cfg: TrainConfig, radius, n_train: int,
+                    keep: int = 2) -> Path:
+    """Atomically write checkpoints/step_XXXXXXXX.pt, then point checkpoints/latest.json at it."""
+    per_epoch = max(n_train // cfg.batch_size, 1)
+    epoch = step // per_epoch
+    state = {"step": step, "model": drafter.state_dict(), "optimizer": opt.state_dict(),
+             "scheduler": sched.state_dict(), "rng": _rng_state(), "radius": radius,
+             "data": {"seed": cfg.seed, "epoch": epoch, "batch_in_epoch": step % per_epoch,
+                      "order": epoch_permutation(n_train, epoch, cfg.seed)},
+             "train_config": json.dumps(cfg.to_dict(), sort_keys=True),
+             "drafter_config": drafter.config.to_dict()}
+    d = _ckpt_dir(out_dir)
+    path = d / f"step_{step:08d}.pt"
+    with atomic_write(path) as tmp:
+        torch.save(state, tmp)
+    write_json(d / "latest.json", {"step": step, "file": path.name})
+    for old in sorted(d.glob("step_*.pt"))[:-keep] if keep > 0 else []:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def load_latest_checkpoint(out_dir: Path) -> Optional[dict]:
+    """The latest checkpoint's state dict, or None when out_dir has none."""
+    latest = _ckpt_dir(out_dir) / "latest.json"
+    if not latest.is_file():
+        return None
+    name = json.loads(latest.read_text())["file"]
+    path = _ckpt_dir(out_dir) / name
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"cannot read training checkpoint {path} ({e}); delete {latest} to start over") from e
+
+
+# ----------------------------------------------------------------------------- eval
+
+@torch.no_grad()
+def evaluate_mal_proxy(drafter: Drafter, features, n_rows: int, depth: int, batch_size: int = 8) -> dict:
+    """Chain acceptance proxies on held-out sequences (teacher-forced TTT unroll of `depth`).
+
+    accept_s = sum_v min(p_t, p_s) is the lossless acceptance probability of a sampled draft at
+    step s; since accepted tokens are distributed as the target (as are self-distilled data),
+    mal_proxy = 1 + sum_d prod_{s<d} accept_s estimates the chain MAL under exact sampling
+    (per CFG half, temperature 1). mal_top1 uses top-1 agreement instead (greedy chain).
+    """
+    if n_rows == 0:
+        return {}
+    was_training = drafter.training
+    drafter.eval()
+    acc, top1, per_acc, per_top = [], [], [[] for _ in range(depth)], [[] for _ in range(depth)]
+    for lo in range(0, n_rows, batch_size):
+        b = features.batch(torch.arange(lo, min(lo + batch_size, n_rows)))
+        outs = ttt_unroll(drafter, b.taps, b.tokens, depth)
+        N = b.tokens.shape[1]
+        n_chain = N - 1 - len(outs) + 1  # entries whose every step is valid
+        a_s, t_s = [], []
+        for s, (logits, _) in enumerate(outs):
+            st = agreement_stats(b.logits[:, s + 1:], logits[:, : N - 1 - s])
+            per_acc[s].append(st["accept"].flatten())
+            per_top[s].append(st["top1"].flatten())
+            a_s.append(st["accept"][:, :n_chain].flatten())
+            t_s.append(st["top1"][:, :n_chain].flatten())
+        acc.append(mal_proxy(torch.stack(a_s)))
+        top1.append(mal_proxy(torch.stack(t_s)))
+    drafter.train(was_training)
+    steps = [s for s in range(depth) if per_acc[s]]
+    return {"mal_proxy": float(torch.cat(acc).mean()), "mal_top1": float(torch.cat(top1).mean()),
+            "accept_s": [float(torch.cat(per_acc[s]).mean()) for s in steps],
+            "top1_s": [float(torch.cat(per_top[s]).mean()) for s in steps],
+            "depth": len(steps), "sequences": n_rows}
+
+
+# ----------------------------------------------------------------------------- main entry
+
+def _after_step(step: int) -> None:
+    """Hook called after each completed optimiser step (tests use it to simulate a kill)."""
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop metric lines logged after the checkpoint we resume from."""
+    if not path.is_file():
+        return
+    keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    with atomic_write(path) as tmp:
+        tmp.write_text("".join(ln + "\n" for ln in keep))
+
+
+def _make_drafter(target, cfg: TrainConfig) -> Drafter:
+    return Drafter.from_target(target, hidden=cfg.drafter_hidden, n_head=cfg.drafter_heads,
+                               ffn_hidden=cfg.drafter_ffn, target_name=cfg.target_name,
+                               init_head_from_target=cfg.init_head_from_target)
+
+
+def _estimate_radius(features, n: int, cfg: TrainConfig, codebook) -> float:
+    """Radius for median |N| = nbhd_size on the first (unshuffled) training sequences."""
+    probs = []
+    for lo in range(0, min(n, 32), cfg.batch_size):
+        b = features.batch(torch.arange(lo, min(lo + cfg.batch_size, n, 32)))
+        probs.append(b.logits[:, 1:].reshape(-1, b.logits.shape[-1]).softmax(-1))
+    return estimate_radius(torch.cat(probs), codebook, cfg.loss.top_kc, cfg.loss.nbhd_size)
+
+
+def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConfig, out_dir,
+                  progress: bool = True) -> dict:
+    """Distil an EAGLE-3 drafter from `target` (resumes from out_dir/checkpoints if present).
+
+    Args:
+        target: lisa_trt Transformer (frozen; under DDP place it on cuda:LOCAL_RANK first).
+        codebook: (V, d) VQ codebook (L2-normalised here); required by the LISA selection,
+            optional otherwise (then no in-neighbourhood metric).
+        train_cfg: TrainConfig.
+        out_dir: run directory: drafter.safetensors (+ .json), metrics.jsonl, eval.json,
+            train_config.json, checkpoints/, data/, features/.
+    Returns:
+        {"drafter": path, "eval": dict, "radius": float | None, "steps": int, "metrics": path}.
+    """
+    cfg = train_cfg
+    out_dir = Path(out_dir)
+    dist = _init_distributed()
+    if cfg.batch_size % dist.world:
+        raise ConfigError(f"batch_size {cfg.batch_size} is not divisible by the {dist.world} DDP ranks")
+    if cfg.loss.needs_codebook and codebook is None:
+        raise ConfigError("the LISA loss needs the VQ codebook (pass the VQ model's codebook); or use "
+                          "loss kind 'eagle3'")
+    target.eval()
+    device = target.output.weight.device
+    if codebook is not None:
+        codebook = F.normalize(codebook.detach().float().to(device), dim=-1)
+        if codebook.shape[0] != target.config.vocab_size:
+            raise ConfigError(f"codebook has {codebook.shape[0]} rows; the target vocabulary has "
+                              f"{target.config.vocab_size}")
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    main = dist.main
+    show = progress and main
+
+    train_set, eval_set = build_dataset(target, cfg.data, cfg.seed, out_dir / "data", is_main=main,
+                                        barrier=dist.barrier, progress=show)
+    if cfg.data.features == "cache":
+        root = Path(cfg.data.cache_dir) if cfg.data.cache_dir else out_dir / "features"
+        features = FeatureCache(target, train_set, root, shard_size=cfg.data.shard_size, dtype=cfg.data.cache_dtype)
+        if main and not features.complete():
+            features.build(batch_size=cfg.batch_size, progress=show)
+        dist.barrier()
+    else:
+        features = OnlineFeatures(target, train_set)
+
+    drafter = _make_drafter(target, cfg).train()
+    if cfg.loss.kind == "eagle1" and drafter.config.hidden != target.config.dim:
+        raise ConfigError("the eagle1 loss regresses the target's hidden state: drafter_hidden must equal "
+                          f"the target dim {target.config.dim}")
+    model = _Unroll(drafter, cfg.ttt_steps)
+    if dist.enabled:
+        model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    # A plain function: LambdaLR stores nothing for it (the schedule is a function of cfg).
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_factor(k, cfg))
+
+    start, radius = 0, cfg.loss.radius
+    state = load_latest_checkpoint(out_dir)
+    if state is not None:
+        if json.loads(state["train_config"]) != json.loads(json.dumps(cfg.to_dict(), sort_keys=True)):
+            raise ConfigError(f"{out_dir} holds a run with a different TrainConfig; use a new out_dir or "
+                              "the same settings to resume")
+        drafter.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        start, radius = state["step"], state["radius"]
+        _set_rng_state(state["rng"])
+    elif radius is None and codebook is not None:
+        radius = _estimate_radius(features, len(train_set), cfg, codebook)
+
+    metrics_path = out_dir / "metrics.jsonl"
+    if main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json(out_dir / "train_config.json", cfg.to_dict())
+        _truncate_metrics(metrics_path, start)
+    per_rank = cfg.batch_size // dist.world
+    steps = range(start, cfg.steps)
+    if show:
+        from tqdm.auto import tqdm
+
+        steps = tqdm(steps, initial=start, total=cfg.steps, desc="train drafter", unit="step")
+    t0 = time.time()
+    for step in steps:
+        rows = batch_indices(step, len(train_set), cfg.batch_size, cfg.seed, dist.rank, dist.world)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+            batch = features.batch(rows)
+            outs = model(batch.taps, batch.tokens)
+            loss, stats = ttt_loss(outs, batch, cfg.loss, codebook=codebook, radius=radius, step=step,
+                                   total_steps=cfg.steps)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        opt.step()
+        sched.step()
+        done = step + 1
+        if main and (done % cfg.log_every == 0 or done == cfg.steps):
+            rec = {"step": done, "loss": float(loss.detach()), "lr": sched.get_last_lr()[0],
+                   "grad_norm": float(gnorm), "seconds": round(time.time() - t0, 3), "rows": per_rank, **stats}
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            if show:
+                steps.set_postfix(loss=f"{rec['loss']:.4f}", top1=f"{stats['top1_s'][0]:.3f}")
+        if main and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
+            save_checkpoint(out_dir, done, drafter, opt, sched, cfg, radius, len(train_set), cfg.keep_checkpoints)
+        dist.barrier()
+        _after_step(done)
+
+    result = {"radius": radius, "steps": cfg.steps, "metrics": str(metrics_path),
+              "drafter": str(out_dir / "drafter.safetensors")}
+    if main:
+        depth = cfg.eval_depth or cfg.ttt_steps
+        ev = OnlineFeatures(target, eval_set)
+        result["eval"] = evaluate_mal_proxy(drafter, ev, len(eval_set), depth, batch_size=per_rank)
+        write_json(out_dir / "eval.json", result["eval"])
+        save_drafter(drafter, out_dir / "drafter.safetensors")
+    dist.barrier()
+    return result
