@@ -40,7 +40,8 @@ def _sq_dists(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 def kmeans(x: torch.Tensor, k: int, *, seed: int = 0, iters: int = 50) -> tuple[torch.Tensor, torch.Tensor]:
     """Deterministic k-means (k-means++ init from a seeded generator, Lloyd iterations).
 
-    An empty cluster is re-seeded with the point farthest from its centroid.
+    An empty cluster is re-seeded with the point farthest from its centroid (taken from a
+    cluster with more than one point, so every cluster ends non-empty).
 
     Args:
         x: (n, d) points.
@@ -65,10 +66,12 @@ def kmeans(x: torch.Tensor, k: int, *, seed: int = 0, iters: int = 50) -> tuple[
         dist = _sq_dists(x, cent)                                        # (n, k)
         new = dist.argmin(1)
         counts = torch.bincount(new, minlength=k)
+        own = dist.gather(1, new[:, None])[:, 0]                         # (n,) distance to own centroid
         for c in (counts == 0).nonzero().flatten().tolist():             # re-seed empty clusters
-            far = dist.gather(1, new[:, None])[:, 0].argmax()
+            far = int(torch.where(counts[new] > 1, own, -1.0).argmax())  # never empties another
+            counts[new[far]] -= 1
+            counts[c] += 1
             new[far] = c
-            dist[far] = 0
         if torch.equal(new, assign):
             break
         assign = new

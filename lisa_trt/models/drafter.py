@@ -18,6 +18,19 @@ step s of entry j uses position cls_token_num + j + s (EAGLE-3 keeps j for every
 The drafter keeps its own static KV cache (`DrafterCache`, the target's `KVCache` conventions:
 (B, H, Lmax, D), slot == absolute position for committed entries, `attention_mask` and
 `compact`). The condition-prefix slots hold no drafter entry and are marked invalid columns.
+
+Inference protocol (what the decode loop does; C = cls_token_num):
+- Committed entries come from the TARGET: for each committed image token z_i (the bonus /
+  root token included) the entry is (project_taps(tap of position C+i-1), z_i) at
+  position = slot = C+i. After prefill the first entry is (tap of the last prefix position, z_0).
+  So the drafter's `lengths` = C + number of entries = the target's lengths + 1 (the target does
+  not cache the root yet). Entries are written in order with a causal mask from
+  `cache.attention_mask(slots, causal ancestors)`; then `cache.lengths += count`.
+- The root entry's logits give the depth-1 children. A tree node at depth d consumes its own
+  token with hidden_in = its parent's hidden_out, position = root position + d, a scratch slot
+  >= lengths, mask = cache.attention_mask(scratch_slots, ancestors incl. self).
+- After verification the scratch entries are dropped; the newly accepted tokens are written
+  again from the target's taps (EAGLE: the drafter prefix is rebuilt from target features).
 """
 
 from __future__ import annotations

@@ -27,9 +27,13 @@ Per sibling x the rules are (r and q normalised):
 Greedy rules score every node at once and take the longest accepted root->leaf path (first one on
 ties, EAGLE's evaluate_posterior); bonus = argmax at the last accepted node.
 
-Stats: `pos_tvd[b, i]` = TVD between the raw target distribution and the exact (closed-form)
-distribution of the token committed at the i-th committed position of this step: 0 for exact
-rules, TVD(p_raw, p_soft) for verify_soft, the moved mass for LANTERN; 0 for greedy rules.
+Stats: `pos_tvd[b, i]` = TVD between the raw target distribution and the law of the token
+committed at the i-th committed position of this step. For deterministic drafts (exact, lantern,
+soft) the law GIVEN the drafted siblings is computed in closed form (0 up to rounding for exact,
+TVD(p_raw, p_soft) for verify_soft, the moved mass for LANTERN with one draft, possibly more
+with several siblings, each of which may move up to delta of the current residual). For sampled
+drafts the law is p only marginally over the draws, so pos_tvd = TVD(p_ref, p) = 0. Greedy
+rules report 0.
 """
 
 from __future__ import annotations
@@ -109,8 +113,10 @@ def _sample(r: Tensor, u: Tensor) -> Tensor:
 
 def _zero(r: Tensor, idx: Tensor) -> Tensor:
     """r (B, V) with the tokens idx (B, k) set to 0 (negative idx ignored)."""
-    keep = torch.ones_like(r).scatter(1, idx.clamp(min=0), (idx < 0).to(r.dtype))
-    return r * keep
+    V = r.shape[-1]
+    keep = torch.ones(r.shape[0], V + 1, dtype=r.dtype, device=r.device)
+    keep.scatter_(1, torch.where(idx >= 0, idx, V), 0.0)      # negatives land in column V
+    return r * keep[:, :V]
 
 
 # ----------------------------------------------------------------------------- sampling rules
@@ -120,19 +126,23 @@ class ExactRule:
     """Deterministic drafts (q one-hot): accept w.p. r(x); on rejection r(x) = 0."""
 
     needs_q = False
+    law_given_drafts = True
 
     def step(self, r: Tensor, x: Tensor, q: Optional[Tensor]):
         rn = _normalize(r)
         a = rn.gather(1, x[:, None])[:, 0]
-        return a, _zero(rn, x[:, None]), q
+        return a, rn, q
 
 
 @dataclass(frozen=True)
 class SampledRule:
     """Sampled drafts: accept w.p. min(1, r(x)/q(x)); on rejection r <- norm(max(r - q, 0)),
-    q <- q without x. A child with q(x) = 0 cannot have been drawn: it is skipped (a = 0, r kept)."""
+    q <- q without x. A child with q(x) = 0 cannot have been drawn: it is skipped (a = 0, r kept).
+
+    The output is distributed as p only marginally over the random drafts (not given them)."""
 
     needs_q = True
+    law_given_drafts = False
 
     def step(self, r: Tensor, x: Tensor, q: Tensor):
         rn, qn = _normalize(r), _normalize(q)
@@ -152,6 +162,7 @@ class LanternRule:
     delta: float
     residual: str = "clean"
     needs_q = False
+    law_given_drafts = True
 
     def step(self, r: Tensor, x: Tensor, q: Optional[Tensor]):
         rn = _normalize(r)
@@ -287,7 +298,8 @@ def verify_tree(p: Tensor, tree: DraftTree, generator: Optional[torch.Generator]
         q = tree.child_q[rows, cur].float() if rule.needs_q else None
         choice, resid, dist = _scan_siblings(p[rows, cur].float(), drafts, u_acc[:, level],
                                              rule, q)
-        pos_tvd[:, level] = torch.where(alive, tvd(_normalize(p_ref[rows, cur].float()), dist), 0.0)
+        law = dist if rule.law_given_drafts else _normalize(p[rows, cur].float())
+        pos_tvd[:, level] = torch.where(alive, tvd(_normalize(p_ref[rows, cur].float()), law), 0.0)
         acc = alive & (choice >= 0)
         fin = alive & ~acc
         drawn = _sample(resid, u_bonus)
@@ -405,7 +417,12 @@ def _greedy_result(tree: DraftTree, ok: Tensor, bonus_scores: Tensor) -> VerifyR
 def _parent_gather(x: Tensor, tree: DraftTree) -> Tensor:
     """x (B, N, V) at every node -> (B, N): x[b, parent(n), token(n)] (root: x[b, 0, root])."""
     par = tree.parents.clamp(min=0)
-    return x[torch.arange(x.shape[0], device=x.device)[:, None], par, tree.tokens]
+    return x[torch.arange(x.shape[0], device=x.device)[:, None], par, _draft_tokens(tree)]
+
+
+def _draft_tokens(tree: DraftTree) -> Tensor:
+    """(B, N) node tokens with the root's replaced by 0 (root is never verified)."""
+    return torch.where(tree.parents >= 0, tree.tokens, 0)
 
 
 def verify_greedy(p: Tensor, tree: DraftTree) -> VerifyResult:
@@ -435,7 +452,7 @@ def verify_lantern_greedy(p: Tensor, tree: DraftTree, neighbors: Tensor, *, k: i
     _check_lantern(neighbors, k, delta, "clean", V)
     rows = torch.arange(B, device=p.device)[:, None]
     pp = _normalize(p.float())[rows, tree.parents.clamp(min=0)].reshape(B * N, V)  # parent dist
-    x = tree.tokens.reshape(-1)
+    x = _draft_tokens(tree).reshape(-1)
     nb, m, c_m = _lantern_merge(pp, x, neighbors.to(p.device), k, delta)
     merged = torch.where(torch.arange(k, device=p.device) < m[:, None], nb, -1)
     first_nb = torch.where(merged >= 0, merged, x[:, None])   # padded entries point at x itself

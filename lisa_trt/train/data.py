@@ -199,7 +199,10 @@ def build_dataset(target, cfg: DataConfig, seed: int, data_dir: Path, *, is_main
             raise InputError(f"token file has {len(ds)} sequences; need more than eval_samples={cfg.eval_samples}")
         return ds.split(cfg.eval_samples)
     path = Path(data_dir) / "selfdistill.safetensors"
-    key = {"cfg": cfg.to_dict(), "seed": seed, "n": cfg.num_samples + cfg.eval_samples}
+    from ..models.checkpoints import target_hash
+
+    key = {"cfg": cfg.to_dict(), "seed": seed, "n": cfg.num_samples + cfg.eval_samples,
+           "target_hash": target_hash(target)}
     if is_main and not _matches(path, key):
         ds = self_distill_tokens(target, cfg.num_samples + cfg.eval_samples, cfg_scale=cfg.cfg_scale,
                                  temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,

@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..errors import CheckpointError, ConfigError
+from ..errors import ArtifactMismatchError, CheckpointError, ConfigError
 from ..io import atomic_write, write_json
 from ..models.drafter import Drafter, save_drafter
 from .data import Batch, DataConfig, FeatureCache, OnlineFeatures, batch_indices, build_dataset, epoch_permutation
@@ -183,6 +183,7 @@ class _Dist:
     rank: int = 0
     world: int = 1
     enabled: bool = False
+    owned: bool = False  # we initialised the process group (and destroy it at the end)
 
     @property
     def main(self) -> bool:
@@ -199,11 +200,12 @@ def _init_distributed() -> _Dist:
         return _Dist()
     import torch.distributed as dist
 
-    if not dist.is_initialized():
+    owned = not dist.is_initialized()
+    if owned:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    return _Dist(dist.get_rank(), dist.get_world_size(), True)
+    return _Dist(dist.get_rank(), dist.get_world_size(), True, owned)
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -378,8 +380,10 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
                           f"the target dim {target.config.dim}")
     model = _Unroll(drafter, cfg.ttt_steps)
     if dist.enabled:
-        model = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+        ids = None
+        if device.type == "cuda":
+            ids = [device.index if device.index is not None else torch.cuda.current_device()]
+        model = nn.parallel.DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     # A plain function: LambdaLR stores nothing for it (the schedule is a function of cfg).
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_factor(k, cfg))
@@ -390,6 +394,10 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
         if json.loads(state["train_config"]) != json.loads(json.dumps(cfg.to_dict(), sort_keys=True)):
             raise ConfigError(f"{out_dir} holds a run with a different TrainConfig; use a new out_dir or "
                               "the same settings to resume")
+        if state["drafter_config"] != drafter.config.to_dict():
+            raise ArtifactMismatchError(
+                f"{out_dir} holds a run for target hash {state['drafter_config'].get('target_hash')}, not for this "
+                f"target ({drafter.config.target_hash}); use a new out_dir")
         drafter.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
@@ -419,7 +427,8 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
                                    total_steps=cfg.steps)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        gnorm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), clip)
         opt.step()
         sched.step()
         done = step + 1
@@ -444,4 +453,6 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
         write_json(out_dir / "eval.json", result["eval"])
         save_drafter(drafter, out_dir / "drafter.safetensors")
     dist.barrier()
+    if dist.owned:
+        torch.distributed.destroy_process_group()
     return result

@@ -4,8 +4,8 @@ Loss = L1 + MSE reconstruction + codebook loss + 0.25 * commitment loss (LlamaGe
 without the perceptual/GAN terms, which need downloaded networks). Codes unused for a window of
 steps are restarted at random encoder outputs of the current batch (keeps codebook usage high).
 
-    python scripts/demo/train_vq.py --out runs/demo/vq --steps 2600
-    python scripts/demo/train_vq.py --out runs/demo/vq --steps 2600 --resume   # after interruption
+    python scripts/demo/train_vq.py --out runs/demo/vq --steps 1200
+    python scripts/demo/train_vq.py --out runs/demo/vq --steps 1200 --resume   # after interruption
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from lisa_trt.config import VQConfig
 from lisa_trt.demo.data import demo_images, random_hflip, to_float
 
 DEMO_VQ = dict(codebook_size=1024, codebook_embed_dim=8, encoder_ch_mult=(1, 2, 2),
-               decoder_ch_mult=(1, 2, 2), z_channels=64, ch=32, num_res_blocks=2)
+               decoder_ch_mult=(1, 2, 2), z_channels=64, ch=32, num_res_blocks=1)
 BETA = 0.25
 
 
@@ -68,7 +68,7 @@ def restart_dead(vq, opt, counts, x, gen) -> int:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("runs/demo/vq"))
-    ap.add_argument("--steps", type=int, default=2600)
+    ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--warmup", type=int, default=100)

@@ -120,10 +120,14 @@ def test_compiles_to_ptx(sm, target, has_ids):
     assert re.search(rf"^\.target {target}\b", ptx, re.M), ptx[:400]
     assert k.metadata.name == gt.KERNEL_NAME
     assert f".entry {gt.KERNEL_NAME}(" in ptx
-    n_declared = len([a for a, t in gt.signature(has_ids).items() if t != "constexpr"])
+    n_declared = gt.n_launch_params(has_ids)
+    assert n_declared == (16 if has_ids else 15)    # dense: ids_ptr is a constexpr None
     n_params = len(re.findall(rf"\.param [^\n]*{gt.KERNEL_NAME}_param_\d+", ptx))
     assert n_params == n_declared + gt.EXTRA_POINTER_PARAMS, (n_params, n_declared)
     assert k.metadata.num_warps == 4
+    stripped = gt.strip_scratch_params(ptx, gt.KERNEL_NAME, n_declared)
+    assert len(re.findall(rf"\.param [^\n]*{gt.KERNEL_NAME}_param_\d+", stripped)) == n_declared
+    assert stripped.replace(" ", "").count("\n") <= ptx.count("\n")
 
 
 @pytest.mark.skipif(gt.interpreting(), reason="PTX compilation needs the real Triton compiler")
@@ -134,8 +138,18 @@ def test_default_tiles_do_not_spill_registers(sm, arch, tmp_path):
     if not os.path.exists(ptxas):
         pytest.skip(f"triton's bundled ptxas is missing ({ptxas})")
     k = gt.compile_ptx(V=16384, H=1280, C=256, sm=sm, has_ids=True)
-    (tmp_path / "k.ptx").write_text(k.asm["ptx"])
+    # the PTX the TensorRT plugin ships: scratch parameters stripped; it must still assemble
+    ptx = gt.strip_scratch_params(k.asm["ptx"], gt.KERNEL_NAME, gt.n_launch_params(True))
+    (tmp_path / "k.ptx").write_text(ptx)
     proc = subprocess.run([ptxas, "-v", f"--gpu-name={arch}", str(tmp_path / "k.ptx"), "-o", os.devnull],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "0 bytes spill stores" in proc.stderr, proc.stderr
+
+
+def test_strip_refuses_a_kernel_that_reads_the_parameter():
+    ptx = ".visible .entry k(\n.param .u64 k_param_0,\n.param .u64 k_param_1\n)\n{ ld.param.b64 %rd1, [k_param_1]; }"
+    from lisa_trt.errors import InputError
+    with pytest.raises(InputError, match="reads parameter 1"):
+        gt.strip_scratch_params(ptx, "k", 1)
+    assert "k_param_1" not in gt.strip_scratch_params(ptx.replace("[k_param_1]", "[k_param_0]"), "k", 1)

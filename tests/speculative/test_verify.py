@@ -166,7 +166,7 @@ def _two_token_samples(m, tree, res, g):
 
 
 def test_exact_deterministic_drafts_lossless():
-    B, V = 40000, 6
+    B, V = 20000, 6
     m = Markov(V, 4, seed=1)
     tree = _fixed_tree(B)
     g = torch.Generator().manual_seed(123)
@@ -178,9 +178,10 @@ def test_exact_deterministic_drafts_lossless():
     assert chi2_pvalue(_two_token_samples(m, tree, res, g), joint) > ALPHA
 
 
+@pytest.mark.slow
 def test_exact_full_decode_loop_lossless():
     """Whole 3-token sequences from the decode loop (dynamic trees, truncation at the end)."""
-    B, V, L = 30000, 4, 3
+    B, V, L = 20000, 4, 3
     m = Markov(V, L, seed=2, scale=0.7)
     g = torch.Generator().manual_seed(7)
     toks, _ = decode(m, torch.zeros(B, dtype=torch.long), L, dyn_builder(m, K=3, depth=2, total=7),
@@ -190,7 +191,7 @@ def test_exact_full_decode_loop_lossless():
 
 
 def test_exact_sampled_drafts_lossless():
-    B, V, L = 40000, 6, 3
+    B, V, L = 20000, 6, 3
     m = Markov(V, L, seed=3)
     g = torch.Generator().manual_seed(5)
     zero = torch.zeros(B, dtype=torch.long)
@@ -199,7 +200,15 @@ def test_exact_sampled_drafts_lossless():
     assert res.accept_len.float().mean() > 0.3
     assert res.pos_tvd.abs().max() < 1e-5
     assert chi2_pvalue(_two_token_samples(m, tree, res, g), m.joint(0, 2)) > ALPHA
-    # the full loop as well (trees re-sampled every step)
+
+
+@pytest.mark.slow
+def test_exact_sampled_drafts_full_decode_loop_lossless():
+    """Whole 3-token sequences, trees re-sampled every step."""
+    B, V, L = 20000, 6, 3
+    m = Markov(V, L, seed=3)
+    g = torch.Generator().manual_seed(5)
+    zero = torch.zeros(B, dtype=torch.long)
     toks, _ = decode(m, zero, L, static_builder(m, "tree15", sample=True, generator=g, noise=1.5),
                      lambda p, tree: verify_exact_sampled(p, tree, g))
     codes = (toks[:, 0] * V + toks[:, 1]) * V + toks[:, 2]
@@ -208,7 +217,7 @@ def test_exact_sampled_drafts_lossless():
 
 def test_chi_square_has_power():
     """Negative control: a lossy rule (LANTERN, delta 0.3) is detected by the same test."""
-    B, V = 40000, 6
+    B, V = 20000, 6
     m = Markov(V, 4, seed=1)
     tree = _fixed_tree(B)
     g = torch.Generator().manual_seed(123)
@@ -283,7 +292,7 @@ def test_lantern_repo_residual_overprunes():
 
 
 def test_lantern_single_draft_samples_relaxed_distribution():
-    B, V = 40000, 6
+    B, V = 20000, 6
     p1 = torch.tensor([0.10, 0.25, 0.05, 0.20, 0.30, 0.10])
     nb = _ring_neighbors(V)
     x = 2
@@ -354,7 +363,7 @@ def test_soft_with_identity_is_exact(seed):
 
 
 def test_soft_samples_p_soft_and_reports_tvd():
-    B, V = 40000, 6
+    B, V = 20000, 6
     m = Markov(V, 4, seed=4)
     tree = _fixed_tree(B)
     zero = torch.zeros(B, dtype=torch.long)
@@ -396,7 +405,7 @@ def test_soft_greedy_rule():
 # ----------------------------------------------------------------------------- SJD
 
 def test_sjd_first_token_law():
-    B, V, W = 40000, 6, 3
+    B, V, W = 20000, 6, 3
     g = torch.Generator().manual_seed(21)
     p_prev = torch.softmax(torch.randn(W, V, generator=g), -1).expand(B, W, V)
     p_now = torch.softmax(torch.randn(W, V, generator=g), -1).expand(B, W, V)

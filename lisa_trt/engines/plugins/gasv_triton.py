@@ -22,6 +22,7 @@ AOT-compiles it for a given SM without a GPU (used by the TensorRT plugin).
 from __future__ import annotations
 
 import math
+import re
 from typing import Optional
 
 import torch
@@ -35,22 +36,45 @@ KERNEL_NAME = "gasv_kernel"
 # Triton >= 3.3 appends (global_scratch, profile_scratch) pointers to every kernel's parameter
 # list; an AOT launcher (the TensorRT plugin) passes null for both (their sizes are 0 here).
 EXTRA_POINTER_PARAMS = 2
+FP_FUSION = True  # explicit (Triton 3.9 warns when it is left to the default); FMA contraction
 ONEHOT_ELEMS = 4096  # BLOCK_C * BLOCK_VC of the one-hot cluster reduction (register budget)
 
 
-def gasv_kernel(logits_ptr, ids_ptr, w_ptr, n2_ptr, cluster_ptr, beta_ptr,
-                gate_ptr, praw_ptr, psoft_ptr, pi_ptr,
+def gasv_kernel(logits_ptr, ids_ptr, w_ptr, n2_ptr, cluster_ptr, beta_ptr, params_ptr,
                 V, H, C, L, stride_w,
-                inv_log_v, kappa, log_lam, gamma_kappa, gamma_lambda, theta_geo, theta_clu, eps,
+                gate_ptr, praw_ptr, psoft_ptr, pi_ptr,
                 HAS_IDS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_VC: tl.constexpr,
                 BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr):
-    """One program = one node. logits/gate/praw/psoft are (N, V) contiguous fp32, ids (N, L)
-    int32 (support mode), W~ (V, H) fp32 with row stride stride_w, n2 (V,), cluster (V,) int32,
-    beta (C,), pi (N, C) fp32 output. L = V in dense mode."""
+    """One program = one node.
+
+    Parameter order is TensorRT's AOT plugin convention: inputs, int32 scalars, outputs.
+    Inputs: logits (N, V) fp32 contiguous; ids (N, L) int32 top-K support (support mode; None
+    -> dense, L = V); W~ (V, H) fp32 with row stride stride_w; n2 (V,); cluster (V,) int32;
+    beta (C,); params (8,) fp32 = PARAM_NAMES. Outputs: gate, p_raw, p_soft (N, V) fp32 and
+    pi (N, C) fp32.
+    """
     row = tl.program_id(0).to(tl.int64)
     lrow = logits_ptr + row * V
     NEG_INF = float("-inf")
     ar = tl.arange(0, BLOCK_V)
+    inv_log_v = tl.load(params_ptr + 0)
+    kappa = tl.load(params_ptr + 1)
+    log_lam = tl.load(params_ptr + 2)
+    gamma_kappa = tl.load(params_ptr + 3)
+    gamma_lambda = tl.load(params_ptr + 4)
+    theta_geo = tl.load(params_ptr + 5)
+    theta_clu = tl.load(params_ptr + 6)
+    eps = tl.load(params_ptr + 7)
+
+    if HAS_IDS:  # 0. outputs are dense: zero the row (only support entries are written later)
+        for start in range(0, V, BLOCK_V):
+            offs = start + ar
+            inb = offs < V
+            zero = tl.zeros([BLOCK_V], tl.float32)
+            tl.store(gate_ptr + row * V + offs, zero, mask=inb)
+            tl.store(praw_ptr + row * V + offs, zero, mask=inb)
+            tl.store(psoft_ptr + row * V + offs, zero, mask=inb)
+        tl.debug_barrier()
 
     # 1. max and first argmax
     m_vec = tl.full([BLOCK_V], NEG_INF, tl.float32)
@@ -188,11 +212,32 @@ def block_sizes(V: int, H: int, C: int, block_v: Optional[int] = None) -> dict:
                 BLOCK_H=min(32, triton.next_power_of_2(H)), BLOCK_C=block_c)
 
 
-def scalar_args(V: int, cfg: GASVConfig, theta_geo: float) -> list:
-    """The float scalars of the kernel, in signature order."""
+PARAM_NAMES = ("inv_log_v", "kappa", "log_lambda", "gamma_kappa", "gamma_lambda", "theta_geo",
+               "theta_clu", "eps")
+
+
+def kernel_params(V: int, cfg: GASVConfig, theta_geo: float, device="cpu") -> torch.Tensor:
+    """The kernel's `params` input: (8,) fp32 in PARAM_NAMES order (a graph constant in TensorRT)."""
     inv_log_v = 1.0 / math.log(V) if V > 1 else 0.0
-    return [inv_log_v, cfg.kappa, math.log(cfg.lam), cfg.gamma_kappa, cfg.gamma_lambda,
+    vals = [inv_log_v, cfg.kappa, math.log(cfg.lam), cfg.gamma_kappa, cfg.gamma_lambda,
             float(theta_geo), cfg.theta_clu, cfg.eps]
+    return torch.tensor(vals, dtype=torch.float32, device=device)
+
+
+def launch_kernel(logits, ids, w, n2, cluster, beta, params, gate, p_raw, p_soft, pi, *,
+                  block_v: Optional[int] = None, num_warps: int = 4) -> None:
+    """Launch `gasv_kernel` on prepared tensors (grid (N,)); also the TensorRT JIT plugin body.
+
+    Args: as `gasv_kernel` (ids None -> dense); logits and outputs contiguous (N, V) fp32.
+    """
+    N, V = logits.shape
+    H, C = w.shape[1], beta.shape[0]
+    L = V if ids is None else ids.shape[1]
+    if N:
+        _KERNEL[(N,)](logits, ids, w, n2, cluster, beta, params, V, H, C, L, w.stride(0),
+                      gate, p_raw, p_soft, pi, HAS_IDS=ids is not None,
+                      **block_sizes(V, H, C, block_v), num_warps=num_warps,
+                      enable_fp_fusion=FP_FUSION)
 
 
 def gasv_triton(logits: torch.Tensor, tables, cfg: Optional[GASVConfig] = None, *,
@@ -232,45 +277,45 @@ def gasv_triton(logits: torch.Tensor, tables, cfg: Optional[GASVConfig] = None, 
                          "interpreter: set TRITON_INTERPRET=1 before triton is imported, or use "
                          "lisa_trt.speculative.gasv.gasv_gate (the PyTorch reference)")
     w = tables.w_tilde.to(dev, torch.float32).contiguous()
-    H, C = w.shape[1], tables.beta.shape[0]
+    C = tables.beta.shape[0]
     n2 = tables.w_tilde_norm2.to(dev, torch.float32).contiguous()
     cluster = tables.cluster.to(dev, torch.int32).contiguous()
     beta = tables.beta.to(dev, torch.float32).contiguous()
+    ids = None                                                           # dense
     if support_k is not None and support_k < V:
         ids = torch.topk(logits, support_k, dim=-1).indices.to(torch.int32).contiguous()  # (N, K)
-        L, has_ids, alloc = support_k, True, torch.zeros
-    else:
-        ids, L, has_ids, alloc = logits, V, False, torch.empty  # ids unused in dense mode
-    gate, p_raw, p_soft = (alloc(N, V, dtype=torch.float32, device=dev) for _ in range(3))
+    gate, p_raw, p_soft = (torch.empty(N, V, dtype=torch.float32, device=dev) for _ in range(3))
     pi = torch.empty(N, C, dtype=torch.float32, device=dev)
-    if N:
-        _KERNEL[(N,)](logits, ids, w, n2, cluster, beta, gate, p_raw, p_soft, pi,
-                     V, H, C, L, w.stride(0), *scalar_args(V, cfg, theta_geo),
-                     HAS_IDS=has_ids, **block_sizes(V, H, C, block_v), num_warps=num_warps)
+    launch_kernel(logits, ids, w, n2, cluster, beta, kernel_params(V, cfg, theta_geo, dev),
+                  gate, p_raw, p_soft, pi, block_v=block_v, num_warps=num_warps)
     out = GASVOutput(gate, p_raw, p_soft)
     return (out, pi) if return_pi else out
 
 
 def signature(has_ids: bool = False) -> dict:
-    """Triton signature of `gasv_kernel` for AOT compilation (pointer/scalar types)."""
-    sig = {"logits_ptr": "*fp32", "ids_ptr": "*i32", "w_ptr": "*fp32", "n2_ptr": "*fp32",
-           "cluster_ptr": "*i32", "beta_ptr": "*fp32", "gate_ptr": "*fp32", "praw_ptr": "*fp32",
-           "psoft_ptr": "*fp32", "pi_ptr": "*fp32"}
+    """Triton signature of `gasv_kernel` for AOT compilation (dense: ids_ptr is constexpr None)."""
+    sig = {"logits_ptr": "*fp32", "ids_ptr": "*i32" if has_ids else "constexpr", "w_ptr": "*fp32",
+           "n2_ptr": "*fp32", "cluster_ptr": "*i32", "beta_ptr": "*fp32", "params_ptr": "*fp32"}
     sig.update({k: "i32" for k in ("V", "H", "C", "L", "stride_w")})
-    sig.update({k: "fp32" for k in ("inv_log_v", "kappa", "log_lam", "gamma_kappa", "gamma_lambda",
-                                     "theta_geo", "theta_clu", "eps")})
+    sig.update({k: "*fp32" for k in ("gate_ptr", "praw_ptr", "psoft_ptr", "pi_ptr")})
     sig.update({k: "constexpr" for k in ("HAS_IDS", "BLOCK_V", "BLOCK_VC", "BLOCK_H", "BLOCK_C")})
     return sig
 
 
 def compile_ptx(V: int, H: int, C: int, *, sm: int = 90, has_ids: bool = False,
-                num_warps: int = 4, block_v: Optional[int] = None):
+                num_warps: int = 4, block_v: Optional[int] = None,
+                ptx_version: Optional[int] = None):
     """AOT-compile the kernel for `sm` (89: RTX 4090, 90: H100/H200) without a GPU.
 
+    V, H, C only choose the tile sizes (the kernel takes them at run time). ptx_version
+    (e.g. 84 = PTX ISA 8.4, CUDA 12.4 drivers) lowers the `.version` Triton would emit
+    (8.8 for sm_89, 9.x for sm_90a with triton 3.9's bundled ptxas), which the loading driver
+    must support.
     Returns:
         the triton CompiledKernel: .asm["ptx"], .metadata.name, .metadata.num_warps,
-        .metadata.shared. Triton >= 3.3 appends two pointer parameters (global and profile
-        scratch) after the declared ones; launchers pass null for them (scratch sizes are 0).
+        .metadata.shared. Triton >= 3.3 appends EXTRA_POINTER_PARAMS scratch pointers after the
+        declared parameters; `strip_scratch_params` removes them for launchers that do not pass
+        them (TensorRT's AOT plugins).
     """
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -279,5 +324,39 @@ def compile_ptx(V: int, H: int, C: int, *, sm: int = 90, has_ids: bool = False,
         raise InputError("compile_ptx needs triton imported without TRITON_INTERPRET=1 "
                          "(the interpreter replaces the compiler); run it in another process")
     constexprs = dict(HAS_IDS=has_ids, **block_sizes(V, H, C, block_v))
+    if not has_ids:
+        constexprs["ids_ptr"] = None
     src = ASTSource(fn=_KERNEL, signature=signature(has_ids), constexprs=constexprs)
-    return triton.compile(src, target=GPUTarget("cuda", sm, 32), options={"num_warps": num_warps})
+    options = {"num_warps": num_warps, "enable_fp_fusion": FP_FUSION}
+    if ptx_version is not None:
+        options["ptx_version"] = int(ptx_version)
+    return triton.compile(src, target=GPUTarget("cuda", sm, 32), options=options)
+
+
+def n_launch_params(has_ids: bool) -> int:
+    """Parameters a launcher passes: the non-constexpr entries of `signature`."""
+    return sum(t != "constexpr" for t in signature(has_ids).values())
+
+
+def strip_scratch_params(ptx: str, name: str, keep: int) -> str:
+    """Drop the trailing scratch pointer parameters from the `.entry name(...)` of a PTX module.
+
+    Safe only when the kernel never reads them (scratch sizes 0); checked here.
+    Args:
+        ptx: PTX text from `compile_ptx`.
+        name: kernel entry name.
+        keep: number of leading parameters to keep (`n_launch_params`).
+    Raises:
+        InputError when the PTX does not have the expected shape or reads a dropped parameter.
+    """
+    m = re.search(rf"\.entry {re.escape(name)}\((.*?)\)", ptx, re.S)
+    if m is None:
+        raise InputError(f"no .entry {name}( ... ) in the PTX")
+    params = [p.strip() for p in m.group(1).split(",") if p.strip()]
+    if len(params) < keep:
+        raise InputError(f"PTX entry {name} has {len(params)} parameters, expected >= {keep}")
+    for j in range(keep, len(params)):
+        if f"[{name}_param_{j}]" in ptx:
+            raise InputError(f"kernel {name} reads parameter {j} (Triton scratch): cannot strip it")
+    body = ",\n\t".join(params[:keep])
+    return ptx[: m.start(1)] + "\n\t" + body + "\n" + ptx[m.end(1):]

@@ -1,0 +1,1 @@
+"""Backends behind one protocol (engines/base.py): torch eager, ONNX Runtime, TensorRT."""

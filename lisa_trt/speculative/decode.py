@@ -1,0 +1,297 @@
+"""Tree speculative decoding: prefill, draft, verify, accept, compact both caches, repeat.
+
+The loop orchestrates; the math lives in sampling.py, tree.py, verify.py and gasv.py. It runs on
+any engine that follows engines/base.py (torch eager, ONNX Runtime, TensorRT), with batch > 1
+(rows finish at different steps and are dropped from the batch; no padding changes results) and
+CFG as batch halves [cond; uncond] with identical trees in both halves.
+
+Cache invariants at the start of every step, for each active row with n committed tokens:
+- target cache: prefix + z_0 .. z_{n-2} (lengths = cls + n - 1); z_{n-1} is the tree ROOT;
+- drafter cache: one entry per committed token z_0 .. z_{n-1} at slots cls .. cls + n - 1
+  (entry for z_j = fc(target taps at z_j's predecessor) + E[z_j]); the root's entry gives the
+  drafter distribution and hidden state the tree grows from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from ..config import SamplingConfig
+from ..engines.base import Timer
+from ..errors import InputError
+from . import verify as V
+from .autoregressive import cfg_batch
+from .sampling import cfg_combine, make_generator, process_logits, sample_from_logits, split_cfg
+from .tree import DraftTree, ExpandRequest, build_dynamic_tree
+
+METHODS = ("exact", "lantern", "gasv", "greedy")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculation settings. Tree defaults follow EAGLE-2/LANTERN (K 10, depth 4-6, 60 nodes);
+    `lisa-trt` picks per-backend budgets from the measured cost curve (bench/)."""
+
+    method: str = "gasv"
+    top_k: int = 10
+    depth: int = 5
+    total_tokens: int = 60
+    lantern_k: int = 1000
+    lantern_delta: float = 0.1
+    lantern_residual: str = "clean"
+    gasv_kappa: Optional[float] = None  # None: the calibration tables' value
+    gasv_lambda: Optional[float] = None
+    gasv_support_k: Optional[int] = None  # top-K support path for GASV (see gasv.gasv_gate)
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise InputError(f"unknown verification method {self.method!r}; valid: {', '.join(METHODS)} "
+                             "(and 'vanilla', 'sjd' in the bench)")
+
+
+@dataclass
+class DecodeStats:
+    """Per-run statistics (batch-level: lists over verification steps)."""
+
+    committed: list = field(default_factory=list)  # per step: (active rows,) tokens committed
+    tvd: list = field(default_factory=list)  # per step: (active rows,) mean TVD(p_raw, law)
+    target_forwards: int = 0
+    drafter_calls: int = 0
+    times: dict = field(default_factory=dict)  # seconds: draft, target, accept, host, total
+
+    @property
+    def mal(self) -> float:
+        """Mean accepted length: committed tokens per verification forward, over rows and steps."""
+        if not self.committed:
+            return 1.0
+        c = torch.cat(self.committed).float()
+        return float(c.mean())
+
+    @property
+    def mean_tvd(self) -> float:
+        if not self.tvd:
+            return 0.0
+        return float(torch.cat(self.tvd).float().mean())
+
+    def as_dict(self) -> dict:
+        return {"mal": self.mal, "mean_tvd": self.mean_tvd, "steps": len(self.committed),
+                "target_forwards": self.target_forwards, "drafter_calls": self.drafter_calls,
+                "times": dict(self.times)}
+
+
+class _Guide:
+    """Raw logits of the (CFG) batch -> guided, filtered logits of the real rows."""
+
+    def __init__(self, sampling: SamplingConfig):
+        self.s = sampling
+        self.cfg = sampling.cfg_scale > 1.0
+
+    def __call__(self, raw: torch.Tensor, token_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+        s = self.s
+        if self.cfg:
+            guided = cfg_combine(raw, s.cfg_scale)
+            if s.cfg_interval > -1 and token_index is not None:
+                off = (token_index - 1 > s.cfg_interval)[..., None]  # official: step i-1 > interval
+                guided = torch.where(off, split_cfg(raw)[0].float(), guided)
+        else:
+            guided = raw.float()
+        return process_logits(guided, s.temperature, s.top_k, s.top_p)
+
+    def dup(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows of the real batch -> rows of the CFG batch (same tokens in both halves)."""
+        return torch.cat([x, x]) if self.cfg else x
+
+    def rows(self, idx: torch.Tensor, B: int) -> torch.Tensor:
+        """Indices of real rows `idx` in a CFG batch of 2B (cond half then uncond half)."""
+        return torch.cat([idx, idx + B]) if self.cfg else idx
+
+
+class SpeculativeDecoder:
+    """Runs one batch of prompts with tree speculation; reusable across calls.
+
+    Args:
+        target: a TargetEngine (torch Transformer, OrtTarget, TrtTarget).
+        drafter: a DrafterEngine (torch Drafter, OrtDrafter).
+        tables: GASVTables bound to the target head (gasv) / with LANTERN neighbours (lantern).
+    """
+
+    def __init__(self, target, drafter, tables=None):
+        self.target, self.drafter, self.tables = target, drafter, tables
+
+    def _verify(self, logits: torch.Tensor, tree: DraftTree, spec: SpecConfig, greedy: bool, gen):
+        """Guided, filtered logits (B, N, V) at the tree nodes -> VerifyResult."""
+        B, N, Vv = logits.shape
+        p = torch.softmax(logits, -1)
+        if spec.method == "exact" or spec.method == "greedy":
+            return V.verify_greedy(p, tree) if greedy or spec.method == "greedy" else V.verify_exact(p, tree, gen)
+        if spec.method == "lantern":
+            nb = self._tables("LANTERN").lantern_neighbors
+            k = min(spec.lantern_k, nb.shape[1])
+            if greedy:
+                return V.verify_lantern_greedy(p, tree, nb, k=k, delta=spec.lantern_delta)
+            return V.verify_lantern(p, tree, gen, nb, k=k, delta=spec.lantern_delta, residual=spec.lantern_residual)
+        from .gasv import gasv_gate
+
+        tables = self._tables("GASV")
+        cfg = tables.config
+        over = {k: v for k, v in (("kappa", spec.gasv_kappa), ("lam", spec.gasv_lambda)) if v is not None}
+        if over:
+            cfg = dataclasses.replace(cfg, **over)
+        out = gasv_gate(logits.reshape(B * N, Vv), tables, cfg, support_k=spec.gasv_support_k)
+        p_raw, p_soft = out.p_raw.reshape(B, N, Vv), out.p_soft.reshape(B, N, Vv)
+        if greedy:
+            return V.verify_soft_greedy(p_raw, p_soft, out.gate.reshape(B, N, Vv), tree)
+        return V.verify_soft(p_raw, p_soft, tree, gen)
+
+    def _tables(self, what: str):
+        if self.tables is None:
+            raise InputError(f"{what} verification needs calibration tables: pass --tables "
+                             "(make them with `lisa-trt calibrate`)")
+        return self.tables
+
+    @torch.no_grad()
+    def generate(self, cond, *, sampling: SamplingConfig = SamplingConfig(), spec: SpecConfig = SpecConfig(),
+                 seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
+                 num_tokens: Optional[int] = None) -> tuple[torch.Tensor, DecodeStats]:
+        """Generate image tokens for `cond` with tree speculation.
+
+        Returns:
+            tokens (B, N) long, DecodeStats.
+        """
+        target, drafter = self.target, self.drafter
+        tc = target.config
+        B = target.check_cond(cond)
+        N_img = tc.block_size if num_tokens is None else int(num_tokens)
+        if not 1 <= N_img <= tc.block_size:
+            raise InputError(f"num_tokens must be in 1..{tc.block_size}, got {N_img}")
+        gen = generator or make_generator(seed)
+        guide, timer, stats = _Guide(sampling), Timer(), DecodeStats()
+        greedy, cls = sampling.greedy, tc.cls_token_num
+        t_start = time.perf_counter()
+
+        # -- prefill: the target's own first token, then the drafter entry for z_0 ----------
+        with timer.measure("target"):
+            tcache = target.new_cache(guide.dup(torch.zeros(B)).shape[0], extra=spec.total_tokens)
+            pre = target.prefill(cfg_batch(target, cond, sampling.cfg_scale), tcache, taps=True)
+            stats.target_forwards += 1
+        first = sample_from_logits(guide(pre.logits[:, -1], torch.zeros(B, dtype=torch.long)), gen, greedy)
+        out = torch.full((B, N_img), -1, dtype=torch.long)
+        out[:, 0] = first
+        n_done = torch.ones(B, dtype=torch.long)  # committed tokens per (original) row
+        active = torch.arange(B)
+        dmax = tcache.max_len + spec.depth * spec.top_k + 8
+        with timer.measure("draft"):
+            dcache = drafter.new_cache(tcache.batch, dmax)
+            dcache.lengths.fill_(cls)
+            d_logits, d_hidden = self._drafter_commit(dcache, drafter.project_taps(pre.taps),
+                                                      guide.dup(first[:, None]))
+            root_lp, root_h = d_logits[:, -1], d_hidden[:, -1]
+
+        while active.numel():
+            Bc = active.numel()
+            remaining = N_img - n_done[active]  # (Bc,) >= 1
+            root_tok = out[active, n_done[active] - 1]
+            root_pos = tcache.lengths[:Bc]  # cond half (uncond half identical)
+            # -- draft a tree -------------------------------------------------------------
+            with timer.measure("draft"):
+                tree = self._draft(dcache, root_tok, root_lp, root_h, root_pos, guide, spec,
+                                   n_done[active], stats)
+                tree = tree.truncate(remaining - 1)
+            # -- verify it with one target forward ------------------------------------------
+            with timer.measure("target"):
+                Nn = tree.n_nodes
+                tok2 = guide.dup(tree.tokens)
+                slots = tcache.lengths[:, None] + torch.arange(Nn)[None]
+                pos = guide.dup(tree.positions(root_pos))
+                mask = tcache.attention_mask(slots, guide.dup(tree.ancestors))
+                tout = target.forward_tokens(tok2, pos, slots, mask, tcache, taps=True)
+                stats.target_forwards += 1
+            with timer.measure("accept"):
+                token_index = n_done[active][:, None] + tree.depths  # z index each node predicts
+                logits = guide(tout.logits, token_index)
+                res = self._verify(logits, tree, spec, greedy, gen)
+            # -- commit: compact caches, feed the drafter the accepted path ------------------
+            with timer.measure("host"):
+                acc = res.accept_len  # (Bc,)
+                ncom = acc + 1
+                stats.committed.append(ncom.cpu())
+                stats.tvd.append(res.tvd.cpu())
+                for j in range(res.tokens.shape[1]):
+                    take = j < ncom
+                    rows = active[take]
+                    out[rows, n_done[rows] + j] = res.tokens[take, j]
+                path = res.path.clamp(min=0)  # (Bc, D+1) node ids, root first
+                src = slots[: Bc].gather(1, path)
+                tcache.compact(guide.dup(src), guide.dup(ncom))
+            with timer.measure("draft"):
+                taps = tout.taps.gather(1, guide.dup(path)[:, :, None].expand(-1, -1, tout.taps.shape[-1]))
+                new_tok = res.tokens.clamp(min=0)  # (Bc, D+1): accepted drafts then bonus
+                d_logits, d_hidden = self._drafter_commit(dcache, drafter.project_taps(taps),
+                                                          guide.dup(new_tok), counts=guide.dup(ncom))
+                last = (ncom - 1)
+                root_lp = d_logits.gather(1, guide.dup(last)[:, None, None].expand(-1, 1, d_logits.shape[-1]))[:, 0]
+                root_h = d_hidden.gather(1, guide.dup(last)[:, None, None].expand(-1, 1, d_hidden.shape[-1]))[:, 0]
+            n_done[active] += ncom
+            keep = n_done[active] < N_img
+            if not bool(keep.all()):
+                idx = torch.nonzero(keep).flatten()
+                rows2 = guide.rows(idx, Bc)
+                tcache.select_rows(rows2)
+                dcache.select_rows(rows2)
+                root_lp, root_h = root_lp[rows2], root_h[rows2]
+                active = active[idx]
+        stats.times = dict(timer.totals)
+        stats.times["total"] = time.perf_counter() - t_start
+        return out, stats
+
+    # -- drafter helpers -------------------------------------------------------------------
+
+    def _drafter_commit(self, dcache, hidden_in, tokens, counts=None):
+        """Append drafter entries for committed tokens (row b: the first counts[b] of them).
+
+        Entry j consumes hidden_in[:, j] (projected target taps of the token before) and
+        tokens[:, j]; it sits at position/slot dcache.lengths + j.
+        """
+        Bd, S = tokens.shape
+        slots = dcache.lengths[:, None] + torch.arange(S)[None]
+        n_pos = self.target.config.seq_len
+        pos = slots.clamp(max=n_pos - 1)
+        causal = torch.tril(torch.ones(S, S, dtype=torch.bool))[None].expand(Bd, S, S)
+        mask = dcache.attention_mask(slots.clamp(max=dcache.max_len - 1), causal)
+        logits, hidden = self.drafter.forward(hidden_in, tokens, pos, slots.clamp(max=dcache.max_len - 1),
+                                              mask, dcache)
+        dcache.lengths += S if counts is None else counts
+        return logits, hidden
+
+    def _draft(self, dcache, root_tok, root_lp_raw, root_h, root_pos, guide, spec, n_done, stats):
+        """EAGLE-2 dynamic tree from the drafter's guided, filtered distributions."""
+        n_pos = self.target.config.seq_len
+        hist = {"h": root_h[:, None]}  # hidden_out of the previous call's nodes (CFG rows)
+        L = dcache.lengths
+
+        def logprobs(raw, token_index):
+            return torch.log_softmax(guide(raw, token_index), -1)
+
+        def expand(req: ExpandRequest) -> torch.Tensor:
+            n = req.tokens.shape[1]
+            parent = guide.dup(req.parent_slot)
+            h_in = hist["h"].gather(1, parent[:, :, None].expand(-1, -1, hist["h"].shape[-1]))
+            slots = L[:, None] + req.slot_offset + torch.arange(n)[None]
+            pos = guide.dup(root_pos[:, None] + req.depth).expand(-1, n).clamp(max=n_pos - 1)
+            cols = req.slot_offset + n
+            tree_slots = L[:, None] + torch.arange(cols)[None]
+            m = dcache.attention_mask(slots, torch.zeros(slots.shape[0], n, n, dtype=torch.bool))
+            m.scatter_(2, tree_slots[:, None, :].expand(-1, n, cols), guide.dup(req.mask))
+            logits, hidden = self.drafter.forward(h_in, guide.dup(req.tokens), pos, slots, m, dcache)
+            stats.drafter_calls += 1
+            hist["h"] = hidden
+            return logprobs(logits, (n_done + req.depth)[:, None].expand(-1, n))
+
+        root_lp = logprobs(root_lp_raw, n_done)
+        return build_dynamic_tree(root_tok, root_lp, expand, top_k=spec.top_k, depth=spec.depth,
+                                  total_tokens=spec.total_tokens)
