@@ -64,6 +64,53 @@ def sampling_options(fn):
     return fn
 
 
+def spec_options(fn):
+    fn = click.option("--drafter", default=None, help="Drafter .safetensors, or demo-lisa / demo-eagle3 (demo default: demo-lisa).")(fn)
+    fn = click.option("--verify", type=click.Choice(["vanilla", "greedy", "exact", "lantern", "gasv", "sjd"]),
+                      default=None, help="Verification rule (default: vanilla AR loop).")(fn)
+    fn = click.option("--tables", default=None, help="Calibration tables (lisa-trt calibrate); demo: bundled.")(fn)
+    return spec_options_bench(fn)
+
+
+def spec_options_bench(fn):
+    from .speculative.decode import SpecConfig
+
+    d = SpecConfig()
+    fn = click.option("--tree-top-k", type=int, default=d.top_k, show_default=True, help="EAGLE-2 tree: children per node.")(fn)
+    fn = click.option("--tree-depth", type=int, default=d.depth, show_default=True, help="EAGLE-2 tree: expansion rounds.")(fn)
+    fn = click.option("--tree-tokens", type=int, default=d.total_tokens, show_default=True, help="EAGLE-2 tree: nodes incl. root.")(fn)
+    fn = click.option("--lantern-delta", type=float, default=d.lantern_delta, show_default=True)(fn)
+    fn = click.option("--gasv-kappa", type=float, default=None, help="Override the tables' kappa.")(fn)
+    fn = click.option("--gasv-lambda", type=float, default=None, help="Override the tables' lambda.")(fn)
+    return fn
+
+
+def make_spec(verify, top_k, depth, total, lantern_delta, kappa, lam):
+    from .speculative.decode import METHODS, SpecConfig
+
+    method = verify if verify in METHODS else "exact"
+    return SpecConfig(method=method, top_k=top_k, depth=depth, total_tokens=total,
+                      lantern_delta=lantern_delta, gasv_kappa=kappa, gasv_lambda=lam)
+
+
+def resolve_spec_artifacts(model, target, verify, drafter, tables):
+    """Drafter and tables a method needs (bundled ones for the demo model)."""
+    from .artifacts import default_drafter, default_tables, load_drafter_by_name, load_tables_by_name
+    from .errors import InputError
+
+    needs_drafter = verify not in ("vanilla", "sjd", None)
+    needs_tables = verify in ("lantern", "gasv")
+    drafter = drafter or default_drafter(model)
+    tables = tables or default_tables(model)
+    if needs_drafter and drafter is None:
+        raise InputError(f"--verify {verify} needs --drafter (train one with `lisa-trt train`)")
+    if needs_tables and tables is None:
+        raise InputError(f"--verify {verify} needs --tables (make them with `lisa-trt calibrate`)")
+    dr = load_drafter_by_name(drafter, target) if needs_drafter else None
+    tb = load_tables_by_name(tables, target) if (tables and (needs_tables or verify == "all")) else None
+    return dr, tb
+
+
 def resolve_target(model, config, image_size, model_type):
     from .config import target_config
     from .models.checkpoints import load_target
@@ -194,11 +241,15 @@ def random_checkpoint(out, config, image_size, model_type, seed):
 @click.option("--captions", default=None, type=click.Path(exists=True),
               help="t2i: .safetensors (caption_features, caption_mask) or .npy of T5 features.")
 @sampling_options
+@spec_options
 @click.option("--out", "out_dir", default="outputs", show_default=True, type=click.Path())
 @_handle_errors
 def generate(model, config, image_size, model_type, vq, vq_config, classes, captions, cfg_scale,
-             temperature, top_k, top_p, cfg_interval, greedy, seed, out_dir):
-    """Generate images with the reference AR loop; writes PNGs and tokens.npy."""
+             temperature, top_k, top_p, cfg_interval, greedy, seed, drafter, verify, tables,
+             tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda, out_dir):
+    """Generate images: the reference AR loop, or tree speculation with --drafter/--verify.
+
+    Writes PNGs (when a VQ is known), tokens.npy and stats.json."""
     import dataclasses
 
     import numpy as np
@@ -220,7 +271,18 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
         if captions is None:
             raise InputError("t2i models need --captions FILE (T5 features + mask)")
         cond = load_caption_file(captions, tc.caption_dim)
-    tokens = ar_generate(target, cond, seed=seed, **dataclasses.asdict(s))
+    stats = {}
+    if verify in (None, "vanilla"):
+        tokens = ar_generate(target, cond, seed=seed, **dataclasses.asdict(s))
+    else:
+        from .bench import run_method
+
+        dr, tb = resolve_spec_artifacts(model, target, verify, drafter, tables)
+        spec = make_spec(verify, tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda)
+        tokens, st = run_method(verify, target, dr, tb, cond, sampling=s, spec=spec, seed=seed)
+        stats = st.as_dict()
+        click.echo(f"{verify}: MAL {stats['mal']:.2f}, {stats['target_forwards']} target forwards, "
+                   f"mean TVD {stats['mean_tvd']:.4f}, {stats['times']['total']:.2f} s")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     from .io import atomic_write
@@ -228,6 +290,9 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
     with atomic_write(out / "tokens.npy") as tmp:
         with open(tmp, "wb") as f:
             np.save(f, tokens.cpu().numpy())
+    from .io import write_json
+
+    write_json(out / "stats.json", {"verify": verify or "vanilla", "sampling": dataclasses.asdict(s), **stats})
     if vq is None and model == "demo":
         vq = "demo"
     if vq is not None:
@@ -256,6 +321,174 @@ def decode_and_save(tokens, vq, vq_config_name, tc, out):
     with torch.no_grad():
         imgs = vqm.decode_code(tokens, (tokens.shape[0], vqm.config.codebook_embed_dim, g, g))
     return save_images(to_uint8(imgs), out)
+
+
+@main.command()
+@model_options
+@click.option("--vq", "vq", default=None, help="VQ checkpoint whose codebook defines the geometry ('demo' for the demo).")
+@click.option("--vq-config", default="VQ-16", show_default=True)
+@click.option("--out", "out_path", required=True, type=click.Path(), help="Output .safetensors.")
+@click.option("--rollouts", type=int, default=64, show_default=True, help="Images generated for the drift budgets.")
+@click.option("--samples-per-pos", type=int, default=8, show_default=True)
+@click.option("--quantile", type=float, default=0.5, show_default=True)
+@click.option("--clusters", type=int, default=None, help="Default round(2 sqrt(V)).")
+@click.option("--cluster-space", type=click.Choice(["codebook", "w_tilde"]), default="codebook", show_default=True)
+@click.option("--lantern-k", type=int, default=1000, show_default=True)
+@click.option("--kappa", type=float, default=1.0, show_default=True)
+@click.option("--lambda", "lam", type=float, default=0.4, show_default=True)
+@sampling_options
+@_handle_errors
+def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, rollouts, samples_per_pos,
+              quantile, clusters, cluster_space, lantern_k, kappa, lam, cfg_scale, temperature, top_k,
+              top_p, cfg_interval, greedy, seed):
+    """GASV whitening / cluster / budget tables and LANTERN neighbour lists, from rollouts."""
+    from .calibration.profile import calibrate as run_calibration
+    from .calibration.tables import save_tables
+    from .models.checkpoints import load_vq
+    from .speculative.gasv import GASVConfig
+
+    target = resolve_target(model, config, image_size, model_type)
+    vq = vq or ("demo" if model == "demo" else None)
+    if vq is None:
+        from .errors import InputError
+
+        raise InputError("calibration needs the VQ codebook: pass --vq (e.g. vq_ds16_c2i.pt)")
+    vqm = load_vq(vq, None if vq == "demo" or str(vq).endswith(".safetensors") else vq_config)
+    s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
+                         cfg_interval=cfg_interval, greedy=greedy)
+    tables = run_calibration(target, vqm.codebook().detach(), num_rollouts=rollouts,
+                             samples_per_pos=samples_per_pos, quantile=quantile, n_clusters=clusters,
+                             cluster_space=cluster_space, lantern_k=lantern_k, seed=seed, sampling=s,
+                             gasv=GASVConfig(kappa=kappa, lam=lam))
+    save_tables(tables, out_path)
+    click.echo(f"wrote {out_path}: {tables.n_clusters} clusters, theta_geo {tables.theta_geo:.3f}, "
+               f"LANTERN k {tables.lantern_neighbors.shape[1]}")
+
+
+@main.command()
+@model_options
+@click.option("--vq", "vq", default=None, help="VQ checkpoint (codebook geometry for the LISA loss); 'demo' for the demo.")
+@click.option("--vq-config", default="VQ-16", show_default=True)
+@click.option("--out", "out_dir", required=True, type=click.Path(), help="Run directory (resumed if it has checkpoints).")
+@click.option("--loss", type=click.Choice(["lisa", "eagle3", "eagle1"]), default="lisa", show_default=True)
+@click.option("--steps", type=int, default=None)
+@click.option("--batch-size", type=int, default=None)
+@click.option("--lr", type=float, default=None)
+@click.option("--ttt-steps", type=int, default=None)
+@click.option("--data", "source", type=click.Choice(["self", "tokens"]), default="self", show_default=True,
+              help="self: target-generated sequences; tokens: --token-file.")
+@click.option("--token-file", default=None, type=click.Path())
+@click.option("--num-samples", type=int, default=None, help="Self-distillation sequences.")
+@click.option("--features", type=click.Choice(["online", "cache"]), default="online", show_default=True)
+@click.option("--cfg-scale", type=float, default=None, help="Deployment CFG scale for self-distillation.")
+@click.option("--drafter-hidden", type=int, default=None)
+@click.option("--drafter-heads", type=int, default=None)
+@click.option("--checkpoint-every", type=int, default=None)
+@click.option("--bf16", is_flag=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@_handle_errors
+def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, steps, batch_size, lr,
+          ttt_steps, source, token_file, num_samples, features, cfg_scale, drafter_hidden, drafter_heads,
+          checkpoint_every, bf16, seed):
+    """Distil a drafter (LISA locality-informed loss, or EAGLE-3/EAGLE-1 baselines).
+
+    Resumes from OUT/checkpoints after an interruption. Multi-GPU: run under torchrun."""
+    import dataclasses
+
+    from .models.checkpoints import load_vq
+    from .train.data import DataConfig
+    from .train.losses import LossConfig
+    from .train.trainer import TrainConfig, train_drafter
+
+    target = resolve_target(model, config, image_size, model_type)
+    vq = vq or ("demo" if model == "demo" else None)
+    if vq is None:
+        from .errors import InputError
+
+        raise InputError("training needs the VQ codebook (LISA locality geometry): pass --vq")
+    vqm = load_vq(vq, None if vq == "demo" or str(vq).endswith(".safetensors") else vq_config)
+    data_kw = dict(source=source, token_file=token_file, features=features)
+    if num_samples is not None:
+        data_kw["num_samples"] = num_samples
+    if cfg_scale is not None:
+        data_kw["cfg_scale"] = cfg_scale
+    elif model == "demo":
+        data_kw["cfg_scale"] = resolve_sampling(model).cfg_scale
+    kw = dict(steps=steps, batch_size=batch_size, lr=lr, ttt_steps=ttt_steps, drafter_hidden=drafter_hidden,
+              drafter_heads=drafter_heads, checkpoint_every=checkpoint_every, seed=seed)
+    cfg = TrainConfig(**{k: v for k, v in kw.items() if v is not None}, bf16=bf16, target_name=model,
+                      loss=LossConfig(kind=loss), data=DataConfig(**data_kw))
+    result = train_drafter(target, vqm.codebook().detach(), cfg, out_dir)
+    click.echo(f"wrote {Path(out_dir) / 'drafter.safetensors'}; eval: {json.dumps(result.get('eval', {}))}")
+
+
+@main.command()
+@model_options
+@click.option("--drafter", default=None, help="Drafter path or demo-lisa / demo-eagle3.")
+@click.option("--tables", default=None, help="Calibration tables (demo: bundled).")
+@click.option("--methods", default="vanilla,exact,lantern,gasv,sjd", show_default=True)
+@click.option("--num-images", type=int, default=8, show_default=True)
+@click.option("--classes", default=None, help="Class ids cycled over the images (default: all classes).")
+@click.option("--backend", type=click.Choice(["torch", "ort"]), default="torch", show_default=True)
+@click.option("--engine-dir", default=None, type=click.Path(), help="Exported bundle for --backend ort.")
+@click.option("--sjd-window", type=int, default=16, show_default=True)
+@sampling_options
+@spec_options_bench
+@click.option("--json", "json_path", required=True, type=click.Path())
+@click.option("--plot", "plot_path", default=None, type=click.Path())
+@_handle_errors
+def bench(model, config, image_size, model_type, drafter, tables, methods, num_images, classes, backend,
+          engine_dir, sjd_window, cfg_scale, temperature, top_k, top_p, cfg_interval, greedy, seed,
+          tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda, json_path, plot_path):
+    """Run every method on the same prompts and seeds in one process; JSON + speed/quality plot."""
+    import torch
+
+    from .bench import parse_methods, run_bench, save_bench
+
+    ms = parse_methods(methods)
+    target = resolve_target(model, config, image_size, model_type)
+    s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
+                         cfg_interval=cfg_interval, greedy=greedy)
+    need = [m for m in ms if m not in ("vanilla", "sjd")]
+    dr, tb = resolve_spec_artifacts(model, target, "all" if need else "vanilla", drafter, tables)
+    if need and dr is None:
+        from .artifacts import load_drafter_by_name
+
+        dr = load_drafter_by_name(drafter, target) if drafter else None
+    tgt_engine, dr_engine = target, dr
+    if backend == "ort":
+        from .runtime.engines import ort_engines
+
+        tgt_engine, dr_engine = ort_engines(engine_dir, target, dr)
+    names = _class_names(model)
+    ncls = target.config.num_classes
+    cl = parse_classes(classes, ncls, names) if classes else list(range(ncls))
+    cl = [cl[i % len(cl)] for i in range(num_images)]
+    scorer_fn = decode_fn = None
+    if model == "demo":
+        from .demo.registry import load_demo_scorer, load_demo_vq
+        from .demo.scorer import score_images
+
+        vqm, scorer = load_demo_vq(), load_demo_scorer()
+        g = target.config.grid_size
+
+        def decode_fn(tokens):
+            with torch.no_grad():
+                return vqm.decode_code(tokens, (tokens.shape[0], vqm.config.codebook_embed_dim, g, g)).clamp(-1, 1)
+
+        def scorer_fn(images, labels):
+            return score_images(images, labels, scorer)
+
+    spec = make_spec("gasv", tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda)
+    report = run_bench(tgt_engine, dr_engine, tb, ms, cl, sampling=s, spec=spec, seed=seed,
+                       scorer_fn=scorer_fn, decode_fn=decode_fn, sjd_window=sjd_window,
+                       settings_extra={"model": model, "drafter": drafter or (model == "demo" and "demo-lisa") or None,
+                                       "backend": backend, "command": " ".join(sys.argv)})
+    save_bench(report, json_path, plot_path)
+    for m, r in report["results"].items():
+        q = f", class_acc {r['class_acc']:.3f}, FD-demo {r['fd_demo']:.2f}" if "class_acc" in r else ""
+        click.echo(f"{m:8s} MAL {r['mal']:.2f}  {r['seconds_per_image']:.3f} s/img  speed-up {r['speedup']:.2f}x  "
+                   f"TVD {r['mean_tvd']:.4f}{q}")
 
 
 if __name__ == "__main__":  # pragma: no cover

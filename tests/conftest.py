@@ -1,6 +1,9 @@
 import pytest
 import torch
 
+# Tiny models: one thread is much faster than two on a shared 2-core machine (no oversubscription).
+torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def _deterministic():

@@ -33,8 +33,8 @@ class ScorerConfig:
 
 
 def _block(cin: int, cout: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, 1, 1), nn.GroupNorm(4, cout), nn.SiLU(),
-                         nn.Conv2d(cout, cout, 3, 2, 1), nn.GroupNorm(4, cout), nn.SiLU())
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, 1, 1), nn.BatchNorm2d(cout), nn.SiLU(),
+                         nn.Conv2d(cout, cout, 3, 2, 1), nn.BatchNorm2d(cout), nn.SiLU())
 
 
 class DemoScorer(nn.Module):

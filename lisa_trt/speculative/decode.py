@@ -128,7 +128,8 @@ class SpeculativeDecoder:
         B, N, Vv = logits.shape
         p = torch.softmax(logits, -1)
         if spec.method == "exact" or spec.method == "greedy":
-            return V.verify_greedy(p, tree) if greedy or spec.method == "greedy" else V.verify_exact(p, tree, gen)
+            # greedy on the logits themselves: the same argmax as the reference loop (softmax can tie)
+            return V.verify_greedy(logits, tree) if greedy or spec.method == "greedy" else V.verify_exact(p, tree, gen)
         if spec.method == "lantern":
             nb = self._tables("LANTERN").lantern_neighbors
             k = min(spec.lantern_k, nb.shape[1])

@@ -163,7 +163,8 @@ def _resolve_theta_geo(tables, cfg: GASVConfig) -> float:
 
 
 def gasv_gate(logits: torch.Tensor, tables, cfg: Optional[GASVConfig] = None, *,
-              support_k: Optional[int] = None, force_gate_one: bool = False) -> GASVOutput:
+              support_k: Optional[int] = None, force_gate_one: bool = False,
+              check_inputs: bool = True) -> GASVOutput:
     """GASV gate and soft target distribution for N verification nodes (spec/lisa.md 1-5).
 
     Args:
@@ -178,10 +179,13 @@ def gasv_gate(logits: torch.Tensor, tables, cfg: Optional[GASVConfig] = None, *,
             path when every row has at most K finite logits (top-k filtering with k <= K).
         force_gate_one: gate := 1 on the support, so p_soft == p_raw exactly (tests: GASV then
             reduces to lossless speculative sampling).
+        check_inputs: refuse NaN / +inf / empty-support rows with InputError (host syncs; turn
+            off in hot loops whose logits are known good).
     Returns:
         GASVOutput(gate (N, V), p_raw (N, V), p_soft (N, V)), fp32, zero outside the support.
     """
-    check_logits(logits)
+    if check_inputs:
+        check_logits(logits)
     logits = logits.float()
     N, V = logits.shape
     idx = None

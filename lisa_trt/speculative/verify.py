@@ -131,7 +131,7 @@ class ExactRule:
     def step(self, r: Tensor, x: Tensor, q: Optional[Tensor]):
         rn = _normalize(r)
         a = rn.gather(1, x[:, None])[:, 0]
-        return a, rn, q
+        return a, _zero(rn, x[:, None]), q
 
 
 @dataclass(frozen=True)
@@ -224,7 +224,7 @@ def lantern_relaxed_distribution(p: Tensor, x: Tensor, neighbors: Tensor, *, k: 
     """
     _check_lantern(neighbors, k, delta, "clean", p.shape[-1])
     rn = _normalize(p.float())
-    nb, m, c_m = _lantern_merge(rn, x, neighbors, k, delta)
+    nb, m, c_m = _lantern_merge(rn, x, neighbors.to(p.device), k, delta)
     merged = torch.where(torch.arange(k, device=p.device) < m[:, None], nb, -1)
     out = _zero(rn, merged)
     return out.scatter_add(1, x[:, None], c_m[:, None]), c_m

@@ -291,7 +291,7 @@ class FeatureCache:
         tcfg = self.target.config
         est = estimate_cache_bytes(len(self.dataset), tcfg, self.dtype)
         print(f"feature cache: {len(self.dataset)} sequences x {tcfg.block_size} positions x {4 * tcfg.dim} "
-              f"{self.dtype} = {est / 2 ** 30:.2f} GiB in {self.n_shards} shards at {self.root}", flush=True)
+              f"{self.dtype} = {_human(est)} in {self.n_shards} shards at {self.root}", flush=True)
         online = OnlineFeatures(self.target, self.dataset)
         dt = getattr(torch, self.dtype)
         for i in _tqdm(range(self.n_shards), progress, desc="caching target features", unit="shard"):
@@ -327,6 +327,14 @@ class FeatureCache:
         logits = self.target.output(hid).float()
         return Batch(self.dataset.cond[rows].to(device), self.dataset.tokens[rows].to(device),
                      torch.cat(taps).to(device=device, dtype=wdt), logits, hid)
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 def _tqdm(it, enabled: bool, **kw):

@@ -41,7 +41,7 @@ def augment(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("runs/demo/scorer"))
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=800)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--per-class", type=int, default=512)

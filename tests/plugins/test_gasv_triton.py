@@ -153,3 +153,16 @@ def test_strip_refuses_a_kernel_that_reads_the_parameter():
     with pytest.raises(InputError, match="reads parameter 1"):
         gt.strip_scratch_params(ptx, "k", 1)
     assert "k_param_1" not in gt.strip_scratch_params(ptx.replace("[k_param_1]", "[k_param_0]"), "k", 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or gt.interpreting(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["dense_small_multitile", "support_covering", "vocab16k_support2000",
+                                  "vocab16k_dense", "ties_and_single_token"])
+def test_kernel_equals_reference_on_cuda(name):
+    c = {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in _cases()[name].items()}
+    k = int(c["support_k"]) or None
+    got = gt.gasv_triton(c["logits"], _Tables(c), support_k=k)
+    ref = gasv_gate(c["logits"].cpu(), _Tables(_cases()[name]), support_k=k)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a.cpu(), b, atol=1e-5, rtol=1e-4)

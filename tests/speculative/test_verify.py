@@ -9,8 +9,6 @@ sequences are then known in closed form.
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 from hypothesis import given, settings

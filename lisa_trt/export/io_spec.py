@@ -1,0 +1,251 @@
+"""The one table of every exported graph's inputs and outputs (DESIGN.md principle 1).
+
+The exporter names graph inputs/outputs from here, the ONNX Runtime (and TensorRT) runners bind
+tensors by these names, validation draws random inputs from the declared axes, TensorRT
+profiles are derived from the dynamic axes, and docs print the table (`describe()`).
+
+Names follow Optimum / onnxruntime-genai (`input_ids`, `position_ids`, `attention_mask`,
+`past_key_values.{i}.key|value` -> `present.{i}.key|value`, `logits`), plus lisa-trt's own:
+`cache_slots` (where each new token's K/V is written), `taps` (EAGLE-3 residual-stream taps),
+`hidden` (final normed hidden state, or the drafter's output hidden), `class_ids` /
+`caption_features` + `caption_mask` (conditions), `prefix_valid` (which prefix columns hold a
+real condition token).
+
+KV caches are static: `past_key_values.{i}.*` are (batch, kv_heads, cache_len, head_dim) buffers
+and the graph returns the same buffers with the new rows scattered in (`present.{i}.*`). A
+runner binds the SAME memory as past input and present output (`GraphSpec.aliases`), so the
+cache is updated in place: no per-step copy.
+
+dtype codes: "int64", "bool", "float32" (always fp32, e.g. logits), "act" (the export precision:
+float32, or float16 for `--fp16`).
+
+Axes: "batch", "seq" (new tokens / tree nodes) and "nodes" (GASV rows) are dynamic; every other
+axis is fixed per export and resolved from the configs by `export_dims`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..engines.base import GraphKind
+
+IO_SPEC_VERSION = 1
+
+DYNAMIC_AXES = ("batch", "seq", "nodes")
+DTYPES = ("int64", "bool", "float32", "act")
+
+# Order of the GASV graph's `gasv_params` input (GASVConfig fields; `lam` is lambda itself).
+GASV_PARAMS = ("kappa", "lam", "gamma_kappa", "gamma_lambda", "theta_clu", "theta_geo", "eps")
+
+
+class Graph(enum.Enum):
+    """Exported graphs; the value is the file stem (`<value>.onnx`)."""
+
+    TARGET_PREFILL = "target_prefill"
+    TARGET_VERIFY = "target_verify"
+    DRAFTER_PROJECT = "drafter_project"
+    DRAFTER_STEP = "drafter_step"
+    GASV = "gasv"
+    VQ_DECODE = "vq_decode"
+
+    @property
+    def kind(self) -> GraphKind:
+        return _KINDS[self]
+
+    @property
+    def filename(self) -> str:
+        return f"{self.value}.onnx"
+
+
+_KINDS = {
+    Graph.TARGET_PREFILL: GraphKind.PREFILL,
+    Graph.TARGET_VERIFY: GraphKind.VERIFY_TREE,
+    # fc on the taps is the first half of a drafter step (a separate graph because the decode
+    # loop calls project_taps and forward separately).
+    Graph.DRAFTER_PROJECT: GraphKind.DRAFT_STEP,
+    Graph.DRAFTER_STEP: GraphKind.DRAFT_STEP,
+    Graph.GASV: GraphKind.GASV,
+    Graph.VQ_DECODE: GraphKind.VQ_DECODE,
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output: name, dtype code, named axes, what it holds."""
+
+    name: str
+    dtype: str
+    axes: tuple
+    doc: str = ""
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} of {self.name} is not one of {DTYPES}")
+
+    def shape(self, dims: dict) -> tuple:
+        """Concrete shape with every axis looked up in `dims`."""
+        return tuple(dims[a] for a in self.axes)
+
+    def dynamic_axes(self) -> dict:
+        """{position: axis name} of the dynamic axes."""
+        return {i: a for i, a in enumerate(self.axes) if a in DYNAMIC_AXES}
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """A graph's inputs and outputs, in order; `aliases` maps present.* outputs to past.* inputs."""
+
+    graph: Graph
+    inputs: tuple
+    outputs: tuple
+    aliases: dict = field(default_factory=dict)
+    doc: str = ""
+
+    @property
+    def input_names(self) -> list:
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list:
+        return [t.name for t in self.outputs]
+
+    def input(self, name: str) -> TensorSpec:
+        return _by_name(self.inputs, name, self.graph)
+
+    def output(self, name: str) -> TensorSpec:
+        return _by_name(self.outputs, name, self.graph)
+
+
+def _by_name(specs, name, graph):
+    for t in specs:
+        if t.name == name:
+            return t
+    raise KeyError(f"{graph.value} has no tensor {name!r}; it has {[t.name for t in specs]}")
+
+
+# ----------------------------------------------------------------------------- the table
+
+def _kv(prefix: str, n_layer: int, heads: str, head_dim: str) -> tuple:
+    out = []
+    for i in range(n_layer):
+        for part in ("key", "value"):
+            out.append(TensorSpec(f"{prefix}.{i}.{part}", "act", ("batch", heads, "cache_len", head_dim),
+                                  f"layer {i} {part} cache (static, slot == absolute position)"))
+    return tuple(out)
+
+
+def past_names(n_layer: int) -> list:
+    return [f"past_key_values.{i}.{p}" for i in range(n_layer) for p in ("key", "value")]
+
+
+def present_names(n_layer: int) -> list:
+    return [f"present.{i}.{p}" for i in range(n_layer) for p in ("key", "value")]
+
+
+def _new_tokens(mask_axis: str = "cache_len") -> tuple:
+    return (
+        TensorSpec("input_ids", "int64", ("batch", "seq"), "image token ids of the new entries"),
+        TensorSpec("position_ids", "int64", ("batch", "seq"), "absolute sequence positions (prefix included) -> 2D RoPE rows"),
+        TensorSpec("cache_slots", "int64", ("batch", "seq"), "cache slot each new K/V row is written to (distinct per row)"),
+        TensorSpec("attention_mask", "bool", ("batch", "seq", mask_axis), "True = may attend (KVCache.attention_mask)"),
+    )
+
+
+def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> GraphSpec:
+    """The I/O spec of one graph.
+
+    Args:
+        graph: which graph.
+        n_layer: the target's layer count (target graphs have one K/V pair per layer).
+        model_type: "c2i" (prefill takes class_ids) or "t2i" (caption_features + caption_mask).
+    """
+    if graph in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY) and n_layer <= 0:
+        raise ValueError(f"{graph.value} needs the target's n_layer")
+    past = _kv("past_key_values", n_layer, "kv_heads", "head_dim")
+    present = _kv("present", n_layer, "kv_heads", "head_dim")
+    target_out = (
+        TensorSpec("logits", "float32", ("batch", "seq", "vocab"), "next-token logits of each entry, fp32"),
+        TensorSpec("taps", "act", ("batch", "seq", "tap_dim"), "EAGLE-3 taps: residual stream entering layers {2, L/2, L-3}"),
+        TensorSpec("hidden", "act", ("batch", "seq", "dim"), "final normed hidden state"),
+    )
+    aliases = dict(zip(present_names(n_layer), past_names(n_layer)))
+    if graph is Graph.TARGET_PREFILL:
+        if model_type == "c2i":
+            cond = (TensorSpec("class_ids", "int64", ("batch",), "class id per row (num_classes = unconditional)"),)
+        elif model_type == "t2i":
+            cond = (TensorSpec("caption_features", "act", ("batch", "prefix", "caption_dim"), "T5 features, valid tokens first"),
+                    TensorSpec("caption_mask", "bool", ("batch", "prefix"), "True for valid caption tokens (a prefix of each row)"))
+        else:
+            raise ValueError(f"model_type must be 'c2i' or 't2i', got {model_type!r}")
+        outs = tuple(TensorSpec(t.name, t.dtype, tuple("one" if a == "seq" else a for a in t.axes), t.doc + " (last prefix position)")
+                     for t in target_out)
+        outs += (TensorSpec("prefix_valid", "bool", ("batch", "prefix"), "valid prefix columns after LlamaGen's left padding"),)
+        return GraphSpec(graph, cond + past, outs + present, aliases,
+                         "condition prefix -> cache slots [0, prefix); logits at the last prefix position")
+    if graph is Graph.TARGET_VERIFY:
+        return GraphSpec(graph, _new_tokens() + past, target_out + present, aliases,
+                         "S new tokens (a draft tree in topological order) over the static cache")
+    if graph is Graph.DRAFTER_PROJECT:
+        return GraphSpec(graph, (TensorSpec("taps", "act", ("batch", "seq", "tap_dim"), "target taps"),),
+                         (TensorSpec("hidden", "act", ("batch", "seq", "draft_hidden"), "fc(taps)"),),
+                         doc="drafter fc on the target taps (Drafter.project_taps)")
+    if graph is Graph.DRAFTER_STEP:
+        dpast = _kv("past_key_values", 1, "draft_heads", "draft_head_dim")
+        dpresent = _kv("present", 1, "draft_heads", "draft_head_dim")
+        ins = (TensorSpec("hidden_in", "act", ("batch", "seq", "draft_hidden"), "projected taps or the drafter's previous hidden"),)
+        outs = (TensorSpec("logits", "float32", ("batch", "seq", "vocab"), "drafter logits, fp32"),
+                TensorSpec("hidden", "act", ("batch", "seq", "draft_hidden"), "drafter output hidden (next step's hidden_in)"))
+        return GraphSpec(graph, ins + _new_tokens() + dpast, outs + dpresent,
+                         dict(zip(present_names(1), past_names(1))), "one drafter step (Drafter.forward)")
+    if graph is Graph.GASV:
+        return GraphSpec(graph, (
+            TensorSpec("guided_logits", "float32", ("nodes", "vocab"), "CFG-combined, filtered logits (-inf outside the support)"),
+            TensorSpec("gasv_params", "float32", ("n_gasv_params",), f"GASV constants in the order {GASV_PARAMS}"),
+        ), (
+            TensorSpec("gate", "float32", ("nodes", "vocab"), "GASV gate, 0 outside the support"),
+            TensorSpec("p_raw", "float32", ("nodes", "vocab"), "softmax of the logits"),
+            TensorSpec("p_soft", "float32", ("nodes", "vocab"), "gated, renormalised target distribution"),
+        ), doc="GASV (spec/lisa.md steps 1-5), dense path, tables baked in as initializers")
+    if graph is Graph.VQ_DECODE:
+        return GraphSpec(graph, (TensorSpec("image_tokens", "int64", ("batch", "block"), "token ids, row-major grid"),),
+                         (TensorSpec("images", "float32", ("batch", "channels", "height", "width"), "pixels in about [-1, 1]"),),
+                         doc="VQ decoder (VQModel.decode_code)")
+    raise ValueError(f"unknown graph {graph}")
+
+
+def export_dims(target_cfg, *, max_cache_len: int, drafter_cfg=None, vq_cfg=None) -> dict:
+    """Sizes of every static axis for one export (dynamic axes are left out).
+
+    Args:
+        target_cfg: TargetConfig.
+        max_cache_len: the static cache length Lmax (round_up(seq_len + max_tree, 8)).
+        drafter_cfg: DrafterConfig or None.
+        vq_cfg: VQConfig or None.
+    """
+    t = target_cfg
+    dims = dict(one=1, vocab=t.vocab_size, dim=t.dim, tap_dim=3 * t.dim, kv_heads=t.kv_heads,
+                head_dim=t.head_dim, cache_len=max_cache_len, prefix=t.cls_token_num,
+                caption_dim=t.caption_dim, block=t.block_size, n_gasv_params=len(GASV_PARAMS))
+    if drafter_cfg is not None:
+        dims.update(draft_hidden=drafter_cfg.hidden, draft_heads=drafter_cfg.n_head,
+                    draft_head_dim=drafter_cfg.head_dim)
+    if vq_cfg is not None:
+        side = t.grid_size * vq_cfg.downsample
+        dims.update(channels=3, height=side, width=side)
+    return dims
+
+
+def describe(n_layer: int = 2, model_type: str = "c2i", graphs: Optional[list] = None) -> str:
+    """A plain-text table of the graphs (for docs and `--help` texts)."""
+    lines = [f"lisa-trt graph I/O (io spec v{IO_SPEC_VERSION}); dynamic axes: {', '.join(DYNAMIC_AXES)}"]
+    for g in graphs or list(Graph):
+        spec = graph_spec(g, n_layer=n_layer, model_type=model_type)
+        lines.append(f"\n{g.value}.onnx ({g.kind.value}): {spec.doc}")
+        for role, ts in (("in ", spec.inputs), ("out", spec.outputs)):
+            for t in ts:
+                lines.append(f"  {role} {t.name:28s} {t.dtype:8s} ({', '.join(t.axes)})")
+        if spec.aliases:
+            lines.append("  present.* alias past_key_values.* (bind the same buffer: in-place update)")
+    return "\n".join(lines)

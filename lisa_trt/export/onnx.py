@@ -1,0 +1,520 @@
+"""Export target + drafter + GASV + VQ decoder to ONNX (spec/deploy.md), atomically, validated.
+
+`export_bundle(target, drafter, tables, vq, out_dir)` writes one engine directory:
+
+    target_prefill.onnx   condition prefix -> static KV cache (present.* aliases past.*)
+    target_verify.onnx    S new tokens / a draft tree over the static cache, taps + hidden
+    drafter_project.onnx  drafter fc on the target taps
+    drafter_step.onnx     one drafter step over its own static cache
+    gasv.onnx             GASV gate / p_raw / p_soft as plain ONNX ops (tables as initializers)
+    vq_decode.onnx        VQ decoder
+    conditions.safetensors  (t2i) the null caption for CFG
+    manifest.json         graphs, precision, opset, io spec version, hashes, settings
+
+Graph I/O names and axes come from `io_spec`. The KV caches are graph inputs AND outputs: each
+layer scatters its new rows into `past_key_values.{i}.*` (ONNX ScatterElements) and returns the
+result as `present.{i}.*`; a runner binds the same buffer to both, and ORT then skips the copy
+(ScatterElements copies data -> output only when they are different buffers), so the cache is
+updated in place. The cache length Lmax is static per export: round_up(seq_len + max_tree, 8).
+
+Models are exported through thin wrappers that call the models' own code (`_run`,
+`cond_embeddings`, `Drafter.forward`, `gasv` functions, `decode_code`), so the math has one
+source. The host-side input checks those methods make (`int(tokens.min())` ...) cannot be traced;
+`_export_mode` swaps them for check-free versions while exporting, and the runners do the checks
+on the host instead.
+
+The directory is written under a hidden temporary name next to `out_dir` and renamed at the end;
+an interrupted or failed export leaves no directory that looks complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+import types
+import uuid
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..config import find_multiple
+from ..errors import ArtifactMismatchError, InputError, LisaError
+from .io_spec import GASV_PARAMS, Graph, GraphSpec, export_dims, graph_spec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OPSET = 23  # ONNX Attention (SDPA with a mask) needs opset >= 23
+DEFAULT_MAX_TREE = 64
+EXTERNAL_DATA_BYTES = 32 << 20  # graphs with more weight bytes than this use external data
+_EXAMPLE = dict(batch=2, seq=3, nodes=3)  # trace sizes: never 1 on a dynamic axis (spec/deploy.md)
+
+
+class ExportError(LisaError):
+    """An export step failed (tracing, validation beyond threshold, lint errors)."""
+
+
+def max_cache_len(target_cfg, max_tree: int) -> int:
+    """Static cache length of an export: round_up(cls + block + max_tree, 8) (== new_cache(extra))."""
+    return find_multiple(target_cfg.seq_len + max_tree, 8)
+
+
+# ----------------------------------------------------------------------------- wrappers
+
+class _ShimCache:
+    """What the models' attention touches of a KVCache: the .k / .v buffer lists."""
+
+    def __init__(self, past: list):
+        self.k, self.v = list(past[0::2]), list(past[1::2])
+
+    def presents(self) -> tuple:
+        out = []
+        for k, v in zip(self.k, self.v):
+            out += [k, v]
+        return tuple(out)
+
+
+@contextlib.contextmanager
+def _export_mode(*models):
+    """Replace the data-dependent host checks of the models with check-free versions.
+
+    Transformer.embed_tokens / check_cond and Drafter.embed / _freqs raise InputError after
+    reading tensor values (`int(x.max())`), which torch.export cannot trace. The runners run the
+    same checks on the host before calling a graph.
+    """
+    from ..models.drafter import Drafter
+    from ..models.llamagen import Transformer
+
+    patched, seen = [], set()
+    for m in models:
+        if m is None or id(m) in seen:
+            continue
+        seen.add(id(m))
+        if isinstance(m, Transformer):
+            patches = dict(embed_tokens=m.tok_embeddings.forward,
+                           check_cond=lambda cond, _m=m: None)
+        elif isinstance(m, Drafter):
+            patches = dict(embed=lambda tokens, _m=m: F.embedding(tokens, _m.embed_weight),
+                           _freqs=lambda positions, _m=m: _m.freqs_cis[positions])
+        else:
+            continue
+        for name, fn in patches.items():
+            setattr(m, name, fn)  # instance attribute shadows the method
+            patched.append((m, name))
+    try:
+        yield
+    finally:
+        for m, name in patched:
+            delattr(m, name)
+
+
+class _NamedGraph(nn.Module):
+    """forward(*flat inputs in spec order) -> tuple of outputs in spec order."""
+
+    def __init__(self, spec: GraphSpec):
+        super().__init__()
+        self.spec = spec
+
+    def compute(self, x: dict) -> dict:
+        raise NotImplementedError
+
+    def forward(self, *flat):
+        out = self.compute(dict(zip(self.spec.input_names, flat)))
+        return tuple(out[n] for n in self.spec.output_names)
+
+
+class TargetPrefillGraph(_NamedGraph):
+    """Condition prefix -> K/V at slots [0, T); outputs at the last prefix position."""
+
+    def __init__(self, model, cache_len: int):
+        cfg = model.config
+        super().__init__(graph_spec(Graph.TARGET_PREFILL, n_layer=cfg.n_layer, model_type=cfg.model_type))
+        self.model, self.cache_len = model, cache_len
+
+    def compute(self, x):
+        m, cfg = self.model, self.model.config
+        cond = x["class_ids"] if cfg.model_type == "c2i" else (x["caption_features"], x["caption_mask"])
+        emb, valid = m.cond_embeddings(cond)  # (B, T, dim), (B, T) bool
+        B, T, _ = emb.shape
+        dev = emb.device
+        causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=dev))
+        eye = torch.eye(T, dtype=torch.bool, device=dev)
+        mask = (causal[None] & valid[:, None, :]) | eye[None]  # (B, T, T), same as Transformer.prefill
+        pad = torch.zeros(B, T, self.cache_len - T, dtype=torch.bool, device=dev)
+        mask = torch.cat([mask, pad], dim=-1)  # (B, T, Lmax)
+        slots = torch.arange(T, device=dev)[None, :].expand(B, T)
+        cache = _ShimCache([x[n] for n in self.spec.input_names if n.startswith("past_key_values.")])
+        out = m._run(emb.to(m.output.weight.dtype), m.freqs_cis[:T][None], mask[:, None], cache, slots, True)
+        res = dict(logits=out.logits[:, -1:], taps=out.taps[:, -1:], hidden=out.hidden[:, -1:], prefix_valid=valid)
+        res.update(zip([n for n in self.spec.output_names if n.startswith("present.")], cache.presents()))
+        return res
+
+
+class TargetVerifyGraph(_NamedGraph):
+    """Transformer.forward_tokens over a static cache, taps on."""
+
+    def __init__(self, model):
+        super().__init__(graph_spec(Graph.TARGET_VERIFY, n_layer=model.config.n_layer))
+        self.model = model
+
+    def compute(self, x):
+        m = self.model
+        cache = _ShimCache([x[n] for n in self.spec.input_names if n.startswith("past_key_values.")])
+        h = m.embed_tokens(x["input_ids"])
+        out = m._run(h, m.freqs_cis[x["position_ids"]], x["attention_mask"][:, None], cache, x["cache_slots"], True)
+        res = dict(logits=out.logits, taps=out.taps, hidden=out.hidden)
+        res.update(zip([n for n in self.spec.output_names if n.startswith("present.")], cache.presents()))
+        return res
+
+
+class DrafterProjectGraph(_NamedGraph):
+    def __init__(self, drafter):
+        super().__init__(graph_spec(Graph.DRAFTER_PROJECT))
+        self.drafter = drafter
+
+    def compute(self, x):
+        return dict(hidden=self.drafter.project_taps(x["taps"]))
+
+
+class DrafterStepGraph(_NamedGraph):
+    """Drafter.forward over its own static cache."""
+
+    def __init__(self, drafter):
+        super().__init__(graph_spec(Graph.DRAFTER_STEP))
+        self.drafter = drafter
+
+    def compute(self, x):
+        cache = _ShimCache([x["past_key_values.0.key"], x["past_key_values.0.value"]])
+        logits, hidden = self.drafter(x["hidden_in"], x["input_ids"], x["position_ids"], x["cache_slots"],
+                                      x["attention_mask"], cache)
+        k, v = cache.presents()
+        return {"logits": logits, "hidden": hidden, "present.0.key": k, "present.0.value": v}
+
+
+class GASVGraph(_NamedGraph):
+    """gasv_gate's dense path (spec/lisa.md steps 1-5) with the constants as an input vector.
+
+    Reuses speculative/gasv.py's functions; only step 2 (modulated thresholds) is restated
+    because lambda is a graph input here instead of a Python float.
+    """
+
+    def __init__(self, tables):
+        super().__init__(graph_spec(Graph.GASV))
+        if tables.w_tilde is None:
+            raise InputError("GASV tables are not bound to the target head; call tables.bind(target.output.weight)")
+        self.register_buffer("w_tilde", tables.w_tilde.detach().float().cpu())
+        self.register_buffer("n2", tables.w_tilde_norm2.detach().float().cpu())
+        self.register_buffer("cluster", tables.cluster.detach().long().cpu())
+        self.register_buffer("beta", tables.beta.detach().float().cpu())
+
+    def compute(self, x):
+        from ..speculative import gasv as G
+
+        logits, p = x["guided_logits"], x["gasv_params"]
+        prm = dict(zip(GASV_PARAMS, p.unbind(0)))
+        cfg = types.SimpleNamespace(eps=prm["eps"], theta_clu=prm["theta_clu"])
+        p_raw = torch.softmax(logits, dim=-1)  # (N, V)
+        r = G.uncertainty(logits)  # (N,)
+        kappa_eff = prm["kappa"] * (1.0 + prm["gamma_kappa"] * r)
+        log_lambda_eff = torch.log(prm["lam"]) - prm["gamma_lambda"] * r
+        i = logits.argmax(-1)  # (N,)
+        l_i = logits.gather(1, i[:, None])  # (N, 1)
+        pi = G.cluster_logsumexp(logits, self.cluster, self.beta.shape[0])  # (N, C)
+        c_i = self.cluster[i]
+        w_i = self.w_tilde[i]  # (N, H)
+        dot = w_i @ self.w_tilde.T  # (N, V)
+        gate = G._gate_on_candidates(logits, dot, self.n2[None, :], l_i=l_i, n2_i=self.n2[i][:, None],
+                                     pi_cand=pi[:, self.cluster], pi_i=pi.gather(1, c_i[:, None]),
+                                     beta_i=self.beta[c_i][:, None], kappa_eff=kappa_eff[:, None],
+                                     log_lambda_eff=log_lambda_eff[:, None], theta_geo=prm["theta_geo"], cfg=cfg)
+        w = p_raw * gate
+        return dict(gate=gate, p_raw=p_raw, p_soft=w / w.sum(-1, keepdim=True))
+
+
+class VQDecodeGraph(_NamedGraph):
+    def __init__(self, vq, grid: int):
+        super().__init__(graph_spec(Graph.VQ_DECODE))
+        self.vq, self.grid = vq, grid
+
+    def compute(self, x):
+        tok = x["image_tokens"]
+        shape = (tok.shape[0], self.vq.config.codebook_embed_dim, self.grid, self.grid)
+        return dict(images=self.vq.decode_code(tok, shape).float())
+
+
+def gasv_params(cfg) -> torch.Tensor:
+    """The GASV graph's `gasv_params` vector (io_spec.GASV_PARAMS order) from a GASVConfig."""
+    if cfg.theta_geo is None:
+        raise InputError("GASV theta_geo is not set; re-run `lisa-trt calibrate --model ...`")
+    return torch.tensor([float(getattr(cfg, n)) for n in GASV_PARAMS], dtype=torch.float32)
+
+
+# ----------------------------------------------------------------------------- loaders
+
+def onnx_from_torch(module: _NamedGraph, example: dict, path: Path, *, opset: int = DEFAULT_OPSET,
+                    external_data: Optional[bool] = None, optimize: bool = True) -> Path:
+    """Trace `module` with the dynamo exporter and save it to `path`.
+
+    Args:
+        module: a graph wrapper (inputs/outputs named by its io spec).
+        example: named example inputs (trace sizes, never 1 on a dynamic axis).
+        path: destination .onnx; external data goes to `<path>.data` next to it.
+        opset: ONNX opset (>= 23 for the Attention op).
+        external_data: None -> only when the weights exceed EXTERNAL_DATA_BYTES.
+    Returns:
+        path.
+    """
+    from torch.export import Dim
+
+    spec = module.spec
+    dims: dict = {}
+
+    def dyn(t):
+        return {i: dims.setdefault(a, Dim(a, min=1)) for i, a in t.dynamic_axes().items()} or None
+
+    flat = tuple(example[n] for n in spec.input_names)
+    dynamic = (tuple(dyn(t) for t in spec.inputs),)
+    if external_data is None:
+        nbytes = sum(t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers()))
+        external_data = nbytes > EXTERNAL_DATA_BYTES
+    try:
+        with torch.no_grad(), _quiet_exporter():
+            prog = torch.onnx.export(module.eval(), flat, dynamo=True, opset_version=opset,
+                                     dynamic_shapes=dynamic, input_names=spec.input_names,
+                                     output_names=spec.output_names, optimize=optimize, verbose=False)
+    except Exception as e:
+        raise ExportError(f"torch.onnx.export failed for {spec.graph.value}: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}") from e
+    prog.save(str(path), external_data=external_data)
+    return path
+
+
+@contextlib.contextmanager
+def _quiet_exporter():
+    """The dynamo exporter prints progress and warnings per graph; keep the CLI output readable."""
+    import io
+    import warnings
+    from contextlib import redirect_stdout
+
+    with warnings.catch_warnings(), redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def set_softmax_fp32(path: Path) -> int:
+    """fp16 graphs: ask every ONNX Attention node for an fp32 softmax (softmax_precision = FLOAT).
+
+    Only the graph proto is rewritten; external weight files are left as they are.
+    Returns the number of Attention nodes changed.
+    """
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    n = 0
+    for node in model.graph.node:
+        if node.op_type == "Attention" and node.domain in ("", "ai.onnx"):
+            kept = [a for a in node.attribute if a.name != "softmax_precision"]
+            del node.attribute[:]
+            node.attribute.extend(kept + [onnx.helper.make_attribute("softmax_precision", onnx.TensorProto.FLOAT)])
+            n += 1
+    if n:
+        onnx.save(model, str(path))
+    return n
+
+
+# ----------------------------------------------------------------------------- bundle
+
+def _half_copy(module: nn.Module) -> nn.Module:
+    """fp16 copy for `--fp16`; the RoPE tables stay fp32 (norm statistics and logits already are)."""
+    m = copy.deepcopy(module).half()
+    for name in ("freqs_cis",):
+        if hasattr(m, name):
+            setattr(m, name, getattr(module, name).float().clone())
+    return m
+
+
+@contextlib.contextmanager
+def staging_dir(out_dir: Path):
+    """Yield a hidden temp dir next to `out_dir`; on success it replaces `out_dir` atomically.
+
+    On any failure (or interrupt) the temp dir is removed and `out_dir` is left untouched.
+    """
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and not (out_dir / "manifest.json").is_file() and any(out_dir.iterdir()):
+        raise InputError(f"{out_dir} exists and is not a lisa-trt engine directory (no manifest.json); "
+                         "choose an empty or new --out directory")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+    try:
+        yield tmp
+        old = None
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
+            os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_inputs(target, drafter, tables) -> None:
+    from ..calibration.tables import check_tables
+    from ..models.checkpoints import target_hash
+
+    th = target_hash(target)
+    if drafter is not None:
+        dh = drafter.config.target_hash
+        if dh and dh != th:
+            raise ArtifactMismatchError(
+                f"the drafter was trained for target {dh}, but the target being exported is {th}. "
+                "Export the drafter together with the target it was distilled from.")
+    if tables is not None:
+        check_tables(tables, th, target.config.vocab_size)
+
+
+def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, opset: int = DEFAULT_OPSET,
+                  max_tree: int = DEFAULT_MAX_TREE, generation: Optional[dict] = None,
+                  validate: bool = True, lint: bool = True, progress: bool = True,
+                  external_data: Optional[bool] = None):
+    """Export a deployable engine directory (ONNX graphs + manifest.json), atomically.
+
+    Args:
+        target: the target Transformer (fp32, eval).
+        drafter: its Drafter, or None (no drafter graphs).
+        tables: GASVTables for the target (bound or not), or None (no GASV graph).
+        vq: VQModel, or None (no VQ decoder graph).
+        out_dir: destination directory (replaced if it is an existing engine directory).
+        fp16: fp16 graphs (weights, activations, KV cache); RMSNorm statistics, RoPE, softmax and
+            logits stay fp32; the GASV and VQ graphs stay fp32.
+        opset: ONNX opset (>= 23).
+        max_tree: most new tokens one verification may add on top of the sequence; sets the
+            static cache length round_up(seq_len + max_tree, 8) of target and drafter.
+        generation: default generation settings to record (cfg_scale, temperature, ...).
+        validate: compare every graph with PyTorch on random inputs (fails the export if a graph
+            is beyond its precision's threshold).
+        lint: run `polygraphy check lint` on every graph (recorded in the manifest; a lint
+            failure fails the export).
+        progress: show a progress bar.
+        external_data: force external weight files on/off (default: by size).
+    Returns:
+        The Manifest of the written directory.
+    Raises:
+        ArtifactMismatchError: drafter or tables made for another target.
+        ExportError: a graph failed to export, validate or lint.
+    """
+    from . import manifest as M
+    from .validate import lint_graph, sample_inputs, validate_graph
+
+    if opset < 23:
+        raise InputError(f"opset {opset} is too old: the graphs use ONNX Attention (opset >= 23)")
+    if max_tree < 1:
+        raise InputError(f"max_tree must be >= 1, got {max_tree}")
+    _check_inputs(target, drafter, tables)
+    if tables is not None and tables.w_tilde is None:
+        tables = tables.bind(target.output.weight)
+    tcfg = target.config
+    lmax = max_cache_len(tcfg, max_tree)
+    precision = "fp16" if fp16 else "fp32"
+    dims = export_dims(tcfg, max_cache_len=lmax, drafter_cfg=drafter.config if drafter is not None else None,
+                       vq_cfg=vq.config if vq is not None else None)
+    refs = dict(target=target, drafter=drafter, tables=tables, vq=vq)
+    t_exp = _half_copy(target) if fp16 else target
+    d_exp = (_half_copy(drafter) if fp16 else drafter) if drafter is not None else None
+    builders = [(Graph.TARGET_PREFILL, lambda: TargetPrefillGraph(t_exp, lmax), precision),
+                (Graph.TARGET_VERIFY, lambda: TargetVerifyGraph(t_exp), precision)]
+    if drafter is not None:
+        builders += [(Graph.DRAFTER_PROJECT, lambda: DrafterProjectGraph(d_exp), precision),
+                     (Graph.DRAFTER_STEP, lambda: DrafterStepGraph(d_exp), precision)]
+    if tables is not None:
+        builders.append((Graph.GASV, lambda: GASVGraph(tables), "fp32"))
+    if vq is not None:
+        builders.append((Graph.VQ_DECODE, lambda: VQDecodeGraph(vq.eval(), tcfg.grid_size), "fp32"))
+
+    graphs = {}
+    with staging_dir(Path(out_dir)) as tmp:
+        bar = _progress(len(builders), progress)
+        for graph, build, prec in builders:
+            bar.set_description(f"export {graph.value}")
+            t0 = time.perf_counter()
+            module = build()
+            example = sample_inputs(graph, module.spec, dims, refs, precision=prec, seed=0, **_EXAMPLE)
+            with _export_mode(t_exp, d_exp):
+                path = onnx_from_torch(module, example, tmp / graph.filename, opset=opset,
+                                       external_data=external_data)
+            if prec == "fp16":
+                set_softmax_fp32(path)
+            entry = M.GraphEntry(name=graph.value, kind=graph.kind.value, file=graph.filename, precision=prec,
+                                 sha256=_sha256(path), external_data=_external_file(path),
+                                 export_seconds=round(time.perf_counter() - t0, 2))
+            if validate:
+                report = validate_graph(graph, path, module.spec, dims, refs, precision=prec)
+                entry = entry.with_validation(report.to_dict())
+                if not report.ok:
+                    raise ExportError(f"{graph.value} does not match PyTorch: {report.summary()}")
+            if lint:
+                lres = lint_graph(path, sample_inputs(graph, module.spec, dims, refs, precision=prec, seed=1, **_EXAMPLE))
+                entry = entry.with_lint(lres)
+                if lres["status"] == "failed":
+                    raise ExportError(f"polygraphy lint found errors in {graph.value}: {lres.get('errors')}")
+            graphs[graph.value] = entry
+            bar.update(1)
+        bar.close()
+        extra_files = _write_conditions(target, tmp)
+        man = M.build_manifest(target=target, drafter=drafter, tables=tables, vq=vq, graphs=graphs,
+                               precision=precision, opset=opset, max_tree=max_tree, max_cache_len=lmax,
+                               generation=generation, files=extra_files)
+        M.write_manifest(man, tmp)
+    return M.read_manifest(out_dir)
+
+
+def _external_file(path: Path) -> Optional[str]:
+    data = path.with_name(path.name + ".data")
+    return data.name if data.is_file() else None
+
+
+def _write_conditions(target, tmp: Path) -> dict:
+    """t2i: the null caption (uncond_embedding) that null_cond needs at run time."""
+    if target.config.model_type != "t2i":
+        return {}
+    from ..io import save_safetensors
+
+    u = target.cls_embedding.uncond_embedding.detach().float()
+    save_safetensors({"uncond_embedding": u}, tmp / "conditions.safetensors", metadata={"kind": "lisa-trt/conditions"})
+    return {"conditions": "conditions.safetensors"}
+
+
+class _NoBar:
+    def set_description(self, *_):
+        pass
+
+    def update(self, *_):
+        pass
+
+    def close(self):
+        pass
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="graph")

@@ -1,0 +1,81 @@
+"""End-to-end CLI on a tiny random model: train (2 steps) -> calibrate -> generate -> bench."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from lisa_trt.cli import main
+from lisa_trt.config import vq_config
+from lisa_trt.models.checkpoints import save_model
+from lisa_trt.models.vq import VQModel
+from lisa_trt.testing import make_target
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pipe")
+    m = make_target(std=0.3)
+    save_model(m, m.config, d / "t.safetensors")
+    cfg = vq_config("VQ-16", ch=32, encoder_ch_mult=(1, 2), decoder_ch_mult=(1, 2), z_channels=32,
+                    codebook_size=256)
+    torch.manual_seed(0)
+    save_model(VQModel(cfg), cfg, d / "vq.safetensors")
+    r = CliRunner()
+    res = r.invoke(main, ["train", "--model", str(d / "t.safetensors"), "--vq", str(d / "vq.safetensors"),
+                          "--out", str(d / "run"), "--steps", "2", "--batch-size", "4", "--num-samples", "8",
+                          "--ttt-steps", "2"])
+    assert res.exit_code == 0, res.output
+    res = r.invoke(main, ["calibrate", "--model", str(d / "t.safetensors"), "--vq", str(d / "vq.safetensors"),
+                          "--out", str(d / "tables.safetensors"), "--rollouts", "4", "--cfg-scale", "2"])
+    assert res.exit_code == 0, res.output
+    return d
+
+
+def test_generate_with_each_rule(files):
+    r = CliRunner()
+    for verify in ["greedy", "exact", "lantern", "gasv", "sjd"]:
+        out = files / f"g_{verify}"
+        res = r.invoke(main, ["generate", "--model", str(files / "t.safetensors"), "--drafter",
+                              str(files / "run" / "drafter.safetensors"), "--tables", str(files / "tables.safetensors"),
+                              "--verify", verify, "--classes", "1,2", "--cfg-scale", "2", "--tree-top-k", "3",
+                              "--tree-depth", "2", "--tree-tokens", "8", "--vq", str(files / "vq.safetensors"),
+                              "--out", str(out)])
+        assert res.exit_code == 0, (verify, res.output)
+        stats = json.loads((out / "stats.json").read_text())
+        assert stats["verify"] == verify and stats["mal"] >= 1.0
+        assert len(list(out.glob("*.png"))) == 2
+
+
+def test_bench_json_schema_and_plot(files):
+    r = CliRunner()
+    res = r.invoke(main, ["bench", "--model", str(files / "t.safetensors"), "--drafter",
+                          str(files / "run" / "drafter.safetensors"), "--tables", str(files / "tables.safetensors"),
+                          "--methods", "vanilla,exact,lantern,gasv,sjd", "--num-images", "2", "--cfg-scale", "2",
+                          "--tree-top-k", "3", "--tree-depth", "2", "--tree-tokens", "8",
+                          "--json", str(files / "b.json"), "--plot", str(files / "b.png")])
+    assert res.exit_code == 0, res.output
+    rep = json.loads((files / "b.json").read_text())
+    assert set(rep["results"]) == {"vanilla", "exact", "lantern", "gasv", "sjd"}
+    for m, v in rep["results"].items():
+        for key in ("mal", "seconds_per_image", "speedup", "mean_tvd"):
+            assert isinstance(v[key], float), (m, key)
+    assert rep["results"]["vanilla"]["speedup"] == 1.0 and rep["settings"]["num_images"] == 2
+    assert (files / "b.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_mismatched_tables_and_drafter_refused(files, tmp_path):
+    other = make_target(std=0.3, seed=5)
+    save_model(other, other.config, tmp_path / "o.safetensors")
+    r = CliRunner()
+    res = r.invoke(main, ["generate", "--model", str(tmp_path / "o.safetensors"), "--drafter",
+                          str(files / "run" / "drafter.safetensors"), "--verify", "exact", "--classes", "1"])
+    assert res.exit_code == 2 and "target" in res.output and "Traceback" not in res.output
+    from lisa_trt.models.drafter import Drafter
+
+    Drafter.from_target(other).save(tmp_path / "d.safetensors")
+    res = r.invoke(main, ["generate", "--model", str(tmp_path / "o.safetensors"), "--drafter",
+                          str(tmp_path / "d.safetensors"), "--tables", str(files / "tables.safetensors"),
+                          "--verify", "gasv", "--classes", "1"])
+    assert res.exit_code == 2 and "calibrate" in res.output
