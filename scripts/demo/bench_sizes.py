@@ -22,6 +22,7 @@ from lisa_trt.io import write_json
 from lisa_trt.models.llamagen import Transformer
 
 CANDIDATES = {
+    "d192-L8": dict(dim=192, n_layer=8, n_head=6),
     "d256-L8": dict(dim=256, n_layer=8, n_head=8),
     "d320-L10": dict(dim=320, n_layer=10, n_head=8),
     "d384-L12": dict(dim=384, n_layer=12, n_head=6),

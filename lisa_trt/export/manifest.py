@@ -1,0 +1,272 @@
+"""manifest.json of an engine directory: what was exported, for which artifacts, and how.
+
+The manifest is the last file written into an engine directory (under a temporary name, then the
+whole directory is renamed), so a directory with a readable manifest is complete. Loaders refuse
+a directory made for another target / drafter / tables with ArtifactMismatchError naming both
+hashes, an unknown schema or io-spec version, and graph files that are missing or changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ..errors import ArtifactMismatchError, CheckpointError
+from .io_spec import IO_SPEC_VERSION, Graph
+
+FORMAT = "lisa-trt/engine-bundle"
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+
+# ----------------------------------------------------------------------------- hashes
+
+def state_hash(tensors: dict) -> str:
+    """sha256 over sorted (name, fp32 bytes) of a tensor dict, first 16 hex digits."""
+    from ..io import tensor_hash
+
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(f"{name}:{tensor_hash(tensors[name])};".encode())
+    return h.hexdigest()[:16]
+
+
+def drafter_hash(drafter) -> str:
+    """Identity of a drafter: hash of its own weights (the shared target embedding excluded)."""
+    return state_hash(dict(drafter.state_dict()))
+
+
+def tables_hash(tables) -> str:
+    """Identity of GASV tables: hash of the calibrated tensors and the target hash.
+
+    The GASV constants (kappa, lambda ...) are not part of it: they are a run-time input of the
+    GASV graph and may be overridden without re-exporting.
+    """
+    t = {n: getattr(tables, n) for n in ("invstd", "w_tilde_norm2", "cluster", "centroids", "beta")}
+    return hashlib.sha256(f"{state_hash(t)}:{tables.target_hash}".encode()).hexdigest()[:16]
+
+
+def vq_hash(vq) -> str:
+    return state_hash({k: v for k, v in vq.state_dict().items() if not k.endswith("codebook_used")})
+
+
+# ----------------------------------------------------------------------------- records
+
+@dataclass(frozen=True)
+class GraphEntry:
+    """One exported graph: file, precision, hash, and its validation / lint results."""
+
+    name: str
+    kind: str
+    file: str
+    precision: str
+    sha256: str
+    external_data: Optional[str] = None
+    export_seconds: float = 0.0
+    validation: Optional[dict] = None
+    lint: Optional[dict] = None
+
+    def with_validation(self, report: dict) -> "GraphEntry":
+        return dataclasses.replace(self, validation=report)
+
+    def with_lint(self, report: dict) -> "GraphEntry":
+        return dataclasses.replace(self, lint=report)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """An engine directory's manifest (read with `read_manifest`)."""
+
+    precision: str
+    opset: int
+    max_tree: int
+    max_cache_len: int
+    target: dict  # {"hash", "config"}
+    graphs: dict  # name -> GraphEntry
+    drafter: Optional[dict] = None  # {"hash", "config"}
+    tables: Optional[dict] = None  # {"hash", "target_hash", "vocab_size", "n_clusters", "gasv"}
+    vq: Optional[dict] = None  # {"hash", "config"}
+    generation: dict = field(default_factory=dict)
+    files: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=dict)
+    created: str = ""
+    schema_version: int = SCHEMA_VERSION
+    io_spec_version: int = IO_SPEC_VERSION
+    format: str = FORMAT
+    dir: Optional[Path] = None  # where it was read from (not serialised)
+
+    # -- access --------------------------------------------------------------------------
+
+    def has(self, graph: Graph) -> bool:
+        return graph.value in self.graphs
+
+    def graph_path(self, graph: Graph) -> Path:
+        if not self.has(graph):
+            raise CheckpointError(f"the engine directory {self.dir} has no {graph.value} graph "
+                                  f"(it has {sorted(self.graphs)}); re-export with the missing artifact")
+        return Path(self.dir) / self.graphs[graph.value].file
+
+    @property
+    def target_hash(self) -> str:
+        return self.target["hash"]
+
+    @property
+    def target_config(self):
+        from ..config import TargetConfig
+
+        return TargetConfig.from_dict(self.target["config"])
+
+    @property
+    def drafter_config(self):
+        from ..models.drafter import DrafterConfig
+
+        return DrafterConfig.from_dict(self.drafter["config"]) if self.drafter else None
+
+    @property
+    def vq_config(self):
+        from ..config import VQConfig
+
+        return VQConfig.from_dict(self.vq["config"]) if self.vq else None
+
+    @property
+    def gasv_config(self):
+        from ..speculative.gasv import GASVConfig
+
+        return GASVConfig.from_dict(self.tables["gasv"]) if self.tables else None
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("dir")
+        d["graphs"] = {k: dataclasses.asdict(v) for k, v in self.graphs.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict, dir=None) -> "Manifest":
+        d = dict(d)
+        known = {f.name for f in dataclasses.fields(cls)} - {"dir"}
+        d = {k: v for k, v in d.items() if k in known}
+        d["graphs"] = {k: GraphEntry(**v) for k, v in d.get("graphs", {}).items()}
+        return cls(**d, dir=Path(dir) if dir is not None else None)
+
+
+def build_manifest(*, target, drafter, tables, vq, graphs: dict, precision: str, opset: int, max_tree: int,
+                   max_cache_len: int, generation: Optional[dict] = None, files: Optional[dict] = None) -> Manifest:
+    """The manifest of a fresh export (hashes computed from the artifacts themselves)."""
+    import onnx
+    import torch
+
+    from .. import __version__
+    from ..config import SamplingConfig
+    from ..models.checkpoints import target_hash
+
+    versions = {"lisa_trt": __version__, "torch": torch.__version__, "onnx": onnx.__version__,
+                "python": platform.python_version()}
+    try:
+        import onnxruntime
+
+        versions["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        pass
+    return Manifest(
+        precision=precision, opset=opset, max_tree=max_tree, max_cache_len=max_cache_len,
+        target={"hash": target_hash(target), "config": target.config.to_dict()},
+        drafter=None if drafter is None else {"hash": drafter_hash(drafter), "config": drafter.config.to_dict()},
+        tables=None if tables is None else {
+            "hash": tables_hash(tables), "target_hash": tables.target_hash, "vocab_size": tables.vocab_size,
+            "n_clusters": tables.n_clusters, "gasv": tables.config.to_dict()},
+        vq=None if vq is None else {"hash": vq_hash(vq), "config": vq.config.to_dict()},
+        graphs=dict(graphs), generation=dict(generation or dataclasses.asdict(SamplingConfig())),
+        files=dict(files or {}), versions=versions, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+
+
+def write_manifest(manifest: Manifest, engine_dir) -> Path:
+    """Write manifest.json atomically into `engine_dir`."""
+    from ..io import write_json
+
+    path = Path(engine_dir) / MANIFEST_NAME
+    write_json(path, manifest.to_dict())
+    return path
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_manifest(engine_dir, *, target_hash: Optional[str] = None, drafter_hash: Optional[str] = None,
+                  tables_hash: Optional[str] = None, check_files: bool = True) -> Manifest:
+    """Read and check an engine directory's manifest.
+
+    Args:
+        engine_dir: directory written by `export_bundle`.
+        target_hash / drafter_hash / tables_hash: when given, the hashes the caller is about to
+            use the engines with; a different recorded hash is refused.
+        check_files: check that every graph file (and its external data) exists and that the
+            .onnx files are the exported ones (sha256; the .onnx files are small, weights of
+            large graphs live in external data).
+    Raises:
+        CheckpointError: no manifest / unreadable / missing files.
+        ArtifactMismatchError: other schema or io-spec version, changed graph files, or a hash
+            that differs from the one expected.
+    """
+    engine_dir = Path(engine_dir)
+    path = engine_dir / MANIFEST_NAME
+    if not path.is_file():
+        raise CheckpointError(f"{engine_dir} is not a complete lisa-trt engine directory (no {MANIFEST_NAME}); "
+                              "export one with `lisa-trt export --model ... --out DIR`")
+    try:
+        d = json.loads(path.read_text())
+    except ValueError as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e}); re-export the engine directory") from e
+    if d.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a lisa-trt engine manifest (format {d.get('format')!r})")
+    for key, want in (("schema_version", SCHEMA_VERSION), ("io_spec_version", IO_SPEC_VERSION)):
+        if d.get(key) != want:
+            raise ArtifactMismatchError(f"{engine_dir} was exported with {key} {d.get(key)}; this lisa-trt reads "
+                                        f"{key} {want}. Re-export it with `lisa-trt export`.")
+    man = Manifest.from_dict(d, dir=engine_dir)
+    if check_files:
+        _check_files(man)
+    check_manifest(man, target_hash=target_hash, drafter_hash=drafter_hash, tables_hash=tables_hash)
+    return man
+
+
+def _check_files(man: Manifest) -> None:
+    for name, g in man.graphs.items():
+        p = Path(man.dir) / g.file
+        if not p.is_file():
+            raise CheckpointError(f"{man.dir} lacks {g.file} listed in its manifest; re-export the directory")
+        if g.external_data and not (Path(man.dir) / g.external_data).is_file():
+            raise CheckpointError(f"{man.dir} lacks {g.external_data} (weights of {g.file}); re-export the directory")
+        have = _file_sha256(p)
+        if have != g.sha256:
+            raise ArtifactMismatchError(f"{p} has sha256 {have[:16]}, but the manifest records {g.sha256[:16]}: "
+                                        "the graph was changed after export. Re-export the directory.")
+
+
+def check_manifest(man: Manifest, *, target_hash: Optional[str] = None, drafter_hash: Optional[str] = None,
+                   tables_hash: Optional[str] = None) -> None:
+    """Refuse engines made for another target / drafter / tables (ArtifactMismatchError names both)."""
+    rec = {"target": man.target.get("hash"), "drafter": (man.drafter or {}).get("hash"),
+           "tables": (man.tables or {}).get("hash")}
+    for what, want in (("target", target_hash), ("drafter", drafter_hash), ("tables", tables_hash)):
+        if want is None:
+            continue
+        have = rec[what]
+        if have is None:
+            raise ArtifactMismatchError(f"the engines in {man.dir} were exported without a {what}, but a {what} "
+                                        f"with hash {want} was requested; re-export with the {what}")
+        if have != want:
+            raise ArtifactMismatchError(
+                f"the engines in {man.dir} were exported for {what} hash {have}, but the {what} in use has "
+                f"hash {want}. Engines only work with the exact artifacts they were exported from: re-run "
+                f"`lisa-trt export` with this {what}, or use the {what} the engines were made for.")

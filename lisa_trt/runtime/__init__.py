@@ -1,0 +1,1 @@
+"""The embeddable runtime: engine bundles, prompt files, the Pipeline API."""
