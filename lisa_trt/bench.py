@@ -84,9 +84,9 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
             secs.append(time.perf_counter() - t0)
             stats_all.append(st)
             toks.append(tk)
-        tokens[m] = torch.cat(toks)
-        committed = torch.cat([torch.cat(s.committed).float() for s in stats_all])
-        tvds = [torch.cat(s.tvd).float() for s in stats_all if s.tvd]
+        tokens[m] = torch.cat([t.cpu() for t in toks])
+        committed = torch.cat([c.float().cpu() for s in stats_all for c in s.committed])
+        tvds = [t.float().cpu() for s in stats_all for t in s.tvd]
         times = {}
         for s in stats_all:
             for k, v in s.times.items():

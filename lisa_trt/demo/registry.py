@@ -72,33 +72,29 @@ def demo_sampling() -> SamplingConfig:
     return SamplingConfig(**demo_manifest()["sampling"])
 
 
-@functools.lru_cache(maxsize=1)
-def _cached_target():
+def class_names() -> tuple[str, ...]:
+    """The demo's class names in class-id order."""
+    return CLASS_NAMES
+
+
+def load_demo_target(device="cpu"):
+    """The bundled LlamaGen target (a fresh Transformer, eval, fp32)."""
     from ..models.checkpoints import load_target
 
-    return load_target(demo_paths(check=True)["target"])
+    return load_target(demo_paths(check=True)["target"], device=device)
 
 
-def load_demo_target():
-    """The bundled LlamaGen target (eval, fp32). Cached: do not modify the returned model."""
-    return _cached_target()
-
-
-@functools.lru_cache(maxsize=1)
-def _cached_vq():
+def load_demo_vq(device="cpu"):
+    """The bundled VQ tokenizer (a fresh VQModel, eval, fp32)."""
     from ..models.checkpoints import load_vq
 
-    return load_vq(demo_paths(check=True)["vq"])
-
-
-def load_demo_vq():
-    """The bundled VQ tokenizer (eval, fp32). Cached."""
-    return _cached_vq()
+    return load_vq(demo_paths(check=True)["vq"], device=device)
 
 
 @functools.lru_cache(maxsize=1)
 def load_demo_scorer():
-    """The bundled DemoScorer (eval, fp32). Cached."""
+    """The bundled DemoScorer (eval, fp32). Cached (its held-out reference statistics are
+    cached per scorer object): do not modify or train the returned model."""
     from ..io import load_safetensors
     from .scorer import DemoScorer, ScorerConfig
 

@@ -82,16 +82,16 @@ def extract(scorer: DemoScorer, images: torch.Tensor, batch: int = 256) -> tuple
 
 
 def frechet_distance(mu1: np.ndarray, s1: np.ndarray, mu2: np.ndarray, s2: np.ndarray) -> float:
-    """||mu1 - mu2||^2 + Tr(S1 + S2 - 2 (S1 S2)^(1/2)) (Heusel et al. 2017, eq. 6)."""
-    from scipy import linalg
+    """||mu1 - mu2||^2 + Tr(S1 + S2 - 2 (S1 S2)^(1/2)) (Heusel et al. 2017, eq. 6).
 
-    covmean, _ = linalg.sqrtm(s1 @ s2, disp=False)
-    if not np.isfinite(covmean).all():  # near-singular product: regularise as pytorch-fid does
-        eps = np.eye(s1.shape[0]) * 1e-6
-        covmean = linalg.sqrtm((s1 + eps) @ (s2 + eps))
-    covmean = covmean.real
+    Tr((S1 S2)^(1/2)) is computed as the sum of square roots of the eigenvalues of the symmetric
+    PSD matrix S1^(1/2) S2 S1^(1/2) (same spectrum as S1 S2), which is stable without scipy.
+    """
+    w, q = np.linalg.eigh(s1)
+    r1 = (q * np.sqrt(np.clip(w, 0, None))) @ q.T  # S1^(1/2)
+    ev = np.linalg.eigvalsh(r1 @ s2 @ r1)
     d = mu1 - mu2
-    return float(d @ d + np.trace(s1) + np.trace(s2) - 2 * np.trace(covmean))
+    return float(d @ d + np.trace(s1) + np.trace(s2) - 2 * np.sqrt(np.clip(ev, 0, None)).sum())
 
 
 def feature_stats(feats: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:

@@ -237,6 +237,25 @@ def export_dims(target_cfg, *, max_cache_len: int, drafter_cfg=None, vq_cfg=None
     return dims
 
 
+def shape_ranges(spec: GraphSpec, dims: dict, ranges: dict) -> dict:
+    """(min, opt, max) shapes of every input, for TensorRT optimisation profiles.
+
+    Args:
+        spec: the graph's spec.
+        dims: static axis sizes (export_dims).
+        ranges: {dynamic axis: (min, opt, max)}, e.g. {"batch": (1, 2, 8), "seq": (1, 16, 64)}.
+    Returns:
+        {input name: (min shape, opt shape, max shape)}.
+    """
+    out = {}
+    for t in spec.inputs:
+        shapes = []
+        for k in range(3):
+            shapes.append(tuple(ranges[a][k] if a in DYNAMIC_AXES else dims[a] for a in t.axes))
+        out[t.name] = tuple(shapes)
+    return out
+
+
 def describe(n_layer: int = 2, model_type: str = "c2i", graphs: Optional[list] = None) -> str:
     """A plain-text table of the graphs (for docs and `--help` texts)."""
     lines = [f"lisa-trt graph I/O (io spec v{IO_SPEC_VERSION}); dynamic axes: {', '.join(DYNAMIC_AXES)}"]

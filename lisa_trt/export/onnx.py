@@ -304,9 +304,15 @@ def _quiet_exporter():
     import warnings
     from contextlib import redirect_stdout
 
-    with warnings.catch_warnings(), redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        yield
+    noisy = logging.getLogger("torch.onnx._internal.exporter._registration")  # "torchvision is not installed"
+    level = noisy.level
+    noisy.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        noisy.setLevel(level)
 
 
 def set_softmax_fp32(path: Path) -> int:
@@ -355,6 +361,7 @@ def staging_dir(out_dir: Path):
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
     try:
         yield tmp
+        _publish_permissions(tmp)
         old = None
         if out_dir.exists():
             old = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
@@ -365,6 +372,15 @@ def staging_dir(out_dir: Path):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _publish_permissions(root: Path) -> None:
+    """mkdtemp / mkstemp create 0700 / 0600 entries; give the result the umask's usual modes."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(root, 0o777 & ~umask)
+    for p in root.rglob("*"):
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
 
 
 def _sha256(path: Path) -> str:

@@ -69,14 +69,13 @@ class DecodeStats:
         """Mean accepted length: committed tokens per verification forward, over rows and steps."""
         if not self.committed:
             return 1.0
-        c = torch.cat(self.committed).float()
-        return float(c.mean())
+        return float(torch.cat([c.float().cpu() for c in self.committed]).mean())
 
     @property
     def mean_tvd(self) -> float:
         if not self.tvd:
             return 0.0
-        return float(torch.cat(self.tvd).float().mean())
+        return float(torch.cat([t.float().cpu() for t in self.tvd]).mean())
 
     def as_dict(self) -> dict:
         return {"mal": self.mal, "mean_tvd": self.mean_tvd, "steps": len(self.committed),
@@ -170,22 +169,24 @@ class SpeculativeDecoder:
         N_img = tc.block_size if num_tokens is None else int(num_tokens)
         if not 1 <= N_img <= tc.block_size:
             raise InputError(f"num_tokens must be in 1..{tc.block_size}, got {N_img}")
-        gen = generator or make_generator(seed)
         guide, timer, stats = _Guide(sampling), Timer(), DecodeStats()
         greedy, cls = sampling.greedy, tc.cls_token_num
         t_start = time.perf_counter()
 
         # -- prefill: the target's own first token, then the drafter entry for z_0 ----------
         with timer.measure("target"):
-            tcache = target.new_cache(guide.dup(torch.zeros(B)).shape[0], extra=spec.total_tokens)
+            tcache = target.new_cache(2 * B if guide.cfg else B, extra=spec.total_tokens)
             pre = target.prefill(cfg_batch(target, cond, sampling.cfg_scale), tcache, taps=True)
             stats.target_forwards += 1
-        first = sample_from_logits(guide(pre.logits[:, -1], torch.zeros(B, dtype=torch.long)), gen, greedy)
-        out = torch.full((B, N_img), -1, dtype=torch.long)
+        dev = tcache.lengths.device  # all bookkeeping lives with the engines' caches
+        gen = generator or make_generator(seed, dev)
+        first = sample_from_logits(guide(pre.logits[:, -1], torch.zeros(B, dtype=torch.long, device=dev)), gen, greedy)
+        out = torch.full((B, N_img), -1, dtype=torch.long, device=dev)
         out[:, 0] = first
-        n_done = torch.ones(B, dtype=torch.long)  # committed tokens per (original) row
-        active = torch.arange(B)
-        dmax = tcache.max_len + spec.depth * spec.top_k + 8
+        n_done = torch.ones(B, dtype=torch.long, device=dev)  # committed tokens per (original) row
+        active = torch.arange(B, device=dev)
+        # drafter slots: the sequence plus one tree's expansion scratch (depth * top_k nodes)
+        dmax = tc.seq_len + max(spec.total_tokens, spec.depth * spec.top_k)
         with timer.measure("draft"):
             dcache = drafter.new_cache(tcache.batch, dmax)
             dcache.lengths.fill_(cls)
@@ -207,7 +208,7 @@ class SpeculativeDecoder:
             with timer.measure("target"):
                 Nn = tree.n_nodes
                 tok2 = guide.dup(tree.tokens)
-                slots = tcache.lengths[:, None] + torch.arange(Nn)[None]
+                slots = tcache.lengths[:, None] + torch.arange(Nn, device=dev)[None]
                 pos = guide.dup(tree.positions(root_pos))
                 mask = tcache.attention_mask(slots, guide.dup(tree.ancestors))
                 tout = target.forward_tokens(tok2, pos, slots, mask, tcache, taps=True)
@@ -220,12 +221,11 @@ class SpeculativeDecoder:
             with timer.measure("host"):
                 acc = res.accept_len  # (Bc,)
                 ncom = acc + 1
-                stats.committed.append(ncom.cpu())
-                stats.tvd.append(res.tvd.cpu())
-                for j in range(res.tokens.shape[1]):
-                    take = j < ncom
-                    rows = active[take]
-                    out[rows, n_done[rows] + j] = res.tokens[take, j]
+                stats.committed.append(ncom)
+                stats.tvd.append(res.tvd)
+                cols = torch.arange(res.tokens.shape[1], device=dev)[None]
+                take = cols < ncom[:, None]  # (Bc, D+1)
+                out[active[:, None].expand_as(take)[take], (n_done[active][:, None] + cols)[take]] = res.tokens[take]
                 path = res.path.clamp(min=0)  # (Bc, D+1) node ids, root first
                 src = slots[: Bc].gather(1, path)
                 tcache.compact(guide.dup(src), guide.dup(ncom))
@@ -259,10 +259,11 @@ class SpeculativeDecoder:
         tokens[:, j]; it sits at position/slot dcache.lengths + j.
         """
         Bd, S = tokens.shape
-        slots = dcache.lengths[:, None] + torch.arange(S)[None]
+        dev = dcache.lengths.device
+        slots = dcache.lengths[:, None] + torch.arange(S, device=dev)[None]
         n_pos = self.target.config.seq_len
         pos = slots.clamp(max=n_pos - 1)
-        causal = torch.tril(torch.ones(S, S, dtype=torch.bool))[None].expand(Bd, S, S)
+        causal = torch.tril(torch.ones(S, S, dtype=torch.bool, device=dev))[None].expand(Bd, S, S)
         mask = dcache.attention_mask(slots.clamp(max=dcache.max_len - 1), causal)
         logits, hidden = self.drafter.forward(hidden_in, tokens, pos, slots.clamp(max=dcache.max_len - 1),
                                               mask, dcache)
@@ -282,11 +283,11 @@ class SpeculativeDecoder:
             n = req.tokens.shape[1]
             parent = guide.dup(req.parent_slot)
             h_in = hist["h"].gather(1, parent[:, :, None].expand(-1, -1, hist["h"].shape[-1]))
-            slots = L[:, None] + req.slot_offset + torch.arange(n)[None]
+            slots = L[:, None] + req.slot_offset + torch.arange(n, device=L.device)[None]
             pos = guide.dup(root_pos[:, None] + req.depth).expand(-1, n).clamp(max=n_pos - 1)
             cols = req.slot_offset + n
-            tree_slots = L[:, None] + torch.arange(cols)[None]
-            m = dcache.attention_mask(slots, torch.zeros(slots.shape[0], n, n, dtype=torch.bool))
+            tree_slots = L[:, None] + torch.arange(cols, device=L.device)[None]
+            m = dcache.attention_mask(slots, torch.zeros(slots.shape[0], n, n, dtype=torch.bool, device=L.device))
             m.scatter_(2, tree_slots[:, None, :].expand(-1, n, cols), guide.dup(req.mask))
             logits, hidden = self.drafter.forward(h_in, guide.dup(req.tokens), pos, slots, m, dcache)
             stats.drafter_calls += 1

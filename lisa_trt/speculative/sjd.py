@@ -35,18 +35,19 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
     N_img = tc.block_size if num_tokens is None else int(num_tokens)
     if window < 1:
         raise InputError(f"SJD window must be >= 1, got {window}")
-    gen = generator or make_generator(seed)
     guide, timer, stats = _Guide(sampling), Timer(), DecodeStats()
     V = tc.vocab_size
     t0 = time.perf_counter()
     with timer.measure("target"):
-        cache = target.new_cache(guide.dup(torch.zeros(B)).shape[0], extra=window + 1)
+        cache = target.new_cache(2 * B if guide.cfg else B, extra=window + 1)
         pre = target.prefill(cfg_batch(target, cond, sampling.cfg_scale), cache)
         stats.target_forwards += 1
-    out = torch.full((B, N_img), -1, dtype=torch.long)
-    out[:, 0] = sample_from_logits(guide(pre.logits[:, -1], torch.zeros(B, dtype=torch.long)), gen, sampling.greedy)
-    n_done = torch.ones(B, dtype=torch.long)
-    uniform = torch.full((V,), 1.0 / V)
+    dev = cache.lengths.device
+    gen = generator or make_generator(seed, dev)
+    out = torch.full((B, N_img), -1, dtype=torch.long, device=dev)
+    out[:, 0] = sample_from_logits(guide(pre.logits[:, -1], torch.zeros(B, dtype=torch.long, device=dev)), gen, sampling.greedy)
+    n_done = torch.ones(B, dtype=torch.long, device=dev)
+    uniform = torch.full((V,), 1.0 / V, device=dev)
     p_prev = uniform.expand(B, window, V).clone()
     drafts = torch.multinomial(uniform, B * window, replacement=True, generator=gen).reshape(B, window)
     while bool((n_done < N_img).any()):
@@ -56,38 +57,38 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
             root = out.gather(1, (n_done - 1)[:, None])
             toks = torch.cat([root, drafts[:, :W]], 1)  # (B, W + 1)
             S = W + 1
-            slots = cache.lengths[:, None] + torch.arange(S)[None]
+            slots = cache.lengths[:, None] + torch.arange(S, device=dev)[None]
             pos = slots.clamp(max=tc.seq_len - 1)
-            causal = torch.tril(torch.ones(S, S, dtype=torch.bool))[None].expand(slots.shape[0], S, S)
+            causal = torch.tril(torch.ones(S, S, dtype=torch.bool, device=dev))[None].expand(slots.shape[0], S, S)
             mask = cache.attention_mask(slots.clamp(max=cache.max_len - 1), causal)
             logits = target.forward_tokens(guide.dup(toks), pos, slots.clamp(max=cache.max_len - 1), mask, cache).logits
             stats.target_forwards += 1
         with timer.measure("accept"):
-            idx = n_done[:, None] + torch.arange(S)[None]  # z index each slot predicts
+            idx = n_done[:, None] + torch.arange(S, device=dev)[None]  # z index each slot predicts
             p_now = torch.softmax(guide(logits, idx), -1)  # (B, S, V)
             if W:
                 res = sjd_accept(p_now[:, :W], p_prev[:, :W], drafts[:, :W], gen)
                 acc_len, res_tok = res.accept_len, res.token
             else:
-                acc_len = res_tok = torch.zeros(B, dtype=torch.long) - (torch.arange(1) + 1)
-                acc_len = torch.zeros(B, dtype=torch.long)
+                acc_len = torch.zeros(B, dtype=torch.long, device=dev)
+                res_tok = acc_len - 1
             k = torch.minimum(acc_len, (N_img - n_done - 1).clamp(min=0))
             full = k >= W
-            bonus = sample_from_logits(torch.log(p_now[torch.arange(B), k.clamp(max=S - 1)]), gen, sampling.greedy)
+            bonus = sample_from_logits(torch.log(p_now[torch.arange(B, device=dev), k.clamp(max=S - 1)]), gen, sampling.greedy)
             # a fresh draw from p_now at slot k when the window ran out or was cut at the image end
             last = torch.where(full | (acc_len > k) | (res_tok < 0), bonus, res_tok)
             ncom = torch.where(n_done < N_img, k + 1, 0)
         with timer.measure("host"):
             live = n_done < N_img
             stats.committed.append(ncom[live])
-            stats.tvd.append(torch.zeros(int(live.sum())))
+            stats.tvd.append(torch.zeros(int(live.sum()), device=dev))
             for j in range(W + 1):
                 take = live & (j <= k)
                 tok = torch.where(j < k, drafts[:, min(j, max(W - 1, 0))] if W else last, last)
                 out[take, (n_done + j)[take].clamp(max=N_img - 1)] = tok[take]
             cache.lengths += guide.dup(ncom)
             # Jacobi update: slot j of the next window was slot k + 1 + j of this one
-            src = (k[:, None] + 1 + torch.arange(window)[None])  # (B, window)
+            src = (k[:, None] + 1 + torch.arange(window, device=dev)[None])  # (B, window)
             fresh = src >= S - 1
             p_next = p_now[:, :-1].gather(1, src.clamp(max=max(S - 2, 0))[:, :, None].expand(-1, -1, V)) if W else p_prev
             p_prev = torch.where(fresh[..., None], uniform, p_next)

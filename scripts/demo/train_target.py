@@ -68,6 +68,8 @@ def main():
     ap.add_argument("--config", type=str, default="", help="JSON overrides of DEMO_TARGET")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--stop-at", type=int, default=0,
+                    help="stop after this step (LR schedule still spans --steps); 0 = run to --steps")
     ap.add_argument("--resume", action="store_true")
     a = ap.parse_args()
     setup_torch(a.threads, a.seed)
@@ -98,7 +100,8 @@ def main():
               args={k: str(v) for k, v in vars(a).items()})
     model.train()
     tokens, labels = data["train_tokens"], data["train_labels"]
-    while step < a.steps:
+    end = a.stop_at if 0 < a.stop_at < a.steps else a.steps
+    while step < end:
         cond, toks = batch_at(tokens, labels, step, a.seed, a.batch, cfg.num_classes)
         set_lr(opt, lr_at(step, a.steps, a.lr, a.warmup))
         loss = ce_loss(model, cond, toks)
@@ -110,9 +113,9 @@ def main():
         if step % 5 == 0:
             log.write(step=step, loss=round(loss.item(), 4), grad_norm=round(gn.item(), 3),
                       lr=round(opt.param_groups[0]["lr"], 7))
-        if step % a.eval_every == 0 or step == a.steps:
+        if step % a.eval_every == 0 or step == end:
             log.write(step=step, heldout_loss=round(heldout_loss(model, data), 4))
-        if step % a.ckpt_every == 0 or step == a.steps:
+        if step % a.ckpt_every == 0 or step == end:
             save_ckpt(ck, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                            "config": cfg.to_dict()})
     log.write(event="done", step=step)

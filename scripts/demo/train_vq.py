@@ -4,8 +4,8 @@ Loss = L1 + MSE reconstruction + codebook loss + 0.25 * commitment loss (LlamaGe
 without the perceptual/GAN terms, which need downloaded networks). Codes unused for a window of
 steps are restarted at random encoder outputs of the current batch (keeps codebook usage high).
 
-    python scripts/demo/train_vq.py --out runs/demo/vq --steps 1200
-    python scripts/demo/train_vq.py --out runs/demo/vq --steps 1200 --resume   # after interruption
+    python scripts/demo/train_vq.py --out runs/demo/vq --steps 1200 --stop-at 800   # the shipped VQ
+    python scripts/demo/train_vq.py --out runs/demo/vq --steps 1200 --stop-at 800 --resume   # after interruption
 """
 
 from __future__ import annotations
@@ -78,6 +78,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--impl", choices=["auto", "project", "fallback"], default="auto")
+    ap.add_argument("--stop-at", type=int, default=0,
+                    help="stop after this step (LR schedule still spans --steps); 0 = run to --steps")
     ap.add_argument("--resume", action="store_true")
     a = ap.parse_args()
     setup_torch(a.threads, a.seed)
@@ -101,7 +103,8 @@ def main():
     log.write(event="start", step=step, impl=impl, params=sum(p.numel() for p in vq.parameters()),
               args={k: str(v) for k, v in vars(a).items()})
     vq.train()
-    while step < a.steps:
+    end = a.stop_at if 0 < a.stop_at < a.steps else a.steps
+    while step < end:
         g = step_generator(a.seed, step)
         idx = torch.randint(0, images.shape[0], (a.batch,), generator=g)
         x = to_float(random_hflip(images[idx], g))
@@ -125,7 +128,7 @@ def main():
         if step % 20 == 0:
             log.write(step=step, loss=round(loss.item(), 5), l1=round(l1.item(), 5), mse=round(mse.item(), 5),
                       cb=round(cb.item(), 5), commit=round(commit.item(), 5), lr=opt.param_groups[0]["lr"])
-        if step % a.ckpt_every == 0 or step == a.steps:
+        if step % a.ckpt_every == 0 or step == end:
             save_ckpt(ck, {"model": vq.state_dict(), "opt": opt.state_dict(), "step": step,
                            "counts": counts, "config": cfg.to_dict()})
     log.write(event="done", step=step)

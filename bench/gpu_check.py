@@ -1,0 +1,393 @@
+#!/usr/bin/env python
+"""One-call GPU check (issue 7): what a session lent a GPU runs, in about 8 minutes.
+
+    python bench/gpu_check.py bench/gpu_check_<gpu>.json            # on a CUDA machine
+    python bench/gpu_check.py /tmp/smoke.json --cpu-smoke           # seconds on CPU (CI smoke)
+
+Sections (each guarded: an error is recorded and the next section runs; the JSON is rewritten
+after every section, so a run cut by a timeout keeps what it measured):
+  env            torch / CUDA / GPU / triton / onnxruntime / polygraphy versions, and whether
+                 `import tensorrt` works there (the import error otherwise);
+  gasv_kernel    the Triton GASV kernel vs the PyTorch reference `gasv_gate` at V=16384,
+                 H=1280, C=256 (GPT-XL head): max |difference| of gate / p_soft, and median
+                 latency of both for 2 / 64 / 128 rows, dense and top-2000 support;
+  verify_latency one target forward over S tree tokens (S = 1 .. 64, CFG batch 2, random tree
+                 masks) on random official-shaped GPT-B / GPT-L / GPT-XL in bf16 (--dtype): the
+                 cost curve that sets the tree budget; plus prefill latency and peak memory;
+  demo_decode    vanilla vs speculative (GASV) decoding with the torch runner on the bundled
+                 demo model (`demo` + drafter `demo-lisa` + tables `demo`), via lisa_trt.bench;
+                 skipped with the reason when the demo assets are absent;
+  tensorrt       when tensorrt imports: export the tiny model, build its engines
+                 (lisa_trt.engines.build), run TrtTarget against torch; else the reason.
+With --cpu-smoke (or without CUDA) every section runs a tiny version on CPU in a few seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+SECTIONS = ("env", "gasv_kernel", "verify_latency", "demo_decode", "tensorrt")
+TREE_SIZES = (1, 2, 4, 8, 16, 32, 48, 64)
+MODELS = ("GPT-B", "GPT-L", "GPT-XL")
+
+
+# ----------------------------------------------------------------------------- timing
+
+def time_ms(fn, *, reps: int, warmup: int, cuda: bool) -> dict:
+    """Median / min wall time of fn() in ms (CUDA events around each call on GPU)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+    return {"median_ms": round(statistics.median(times), 4), "min_ms": round(min(times), 4), "reps": reps}
+
+
+class Ctx:
+    def __init__(self, args):
+        import torch
+
+        self.args = args
+        self.cuda = torch.cuda.is_available() and not args.cpu_smoke
+        self.device = torch.device("cuda" if self.cuda else "cpu")
+        self.smoke = not self.cuda
+        self.deadline = time.monotonic() + args.budget
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+# ----------------------------------------------------------------------------- sections
+
+def section_env(ctx: Ctx) -> dict:
+    import torch
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "cuda_available": torch.cuda.is_available(),
+           "torch_cuda": torch.version.cuda, "mode": "cuda" if ctx.cuda else "cpu-smoke"}
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name(0)
+        out["capability"] = "%d.%d" % torch.cuda.get_device_capability(0)
+        out["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+    for mod in ("triton", "onnx", "onnxruntime", "polygraphy", "onnx_graphsurgeon", "lisa_trt"):
+        try:
+            m = __import__(mod)
+            out[mod] = getattr(m, "__version__", "?")
+        except Exception as e:
+            out[mod] = f"unavailable: {type(e).__name__}: {e}"
+    try:
+        import onnxruntime
+
+        out["onnxruntime_providers"] = onnxruntime.get_available_providers()
+    except Exception:
+        pass
+    try:
+        import tensorrt
+
+        out["tensorrt"] = {"importable": True, "version": tensorrt.__version__}
+        try:
+            import tensorrt.plugin  # noqa: F401
+
+            out["tensorrt"]["plugin_module"] = True
+        except Exception as e:
+            out["tensorrt"]["plugin_module"] = f"{type(e).__name__}: {e}"
+    except Exception as e:
+        out["tensorrt"] = {"importable": False, "error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def _gasv_case(V, H, C, N, *, top_k, seed, device):
+    import types
+
+    import torch
+
+    from lisa_trt.speculative.gasv import GASVConfig
+
+    g = torch.Generator().manual_seed(seed)
+    W = torch.randn(V, H, generator=g)
+    wt = W / W.std(0, correction=0)
+    logits = torch.randn(N, V, generator=g) * 3.0
+    if top_k:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    cfg = GASVConfig(theta_geo=2.5)
+    tables = types.SimpleNamespace(w_tilde=wt.to(device), w_tilde_norm2=(wt * wt).sum(1).to(device),
+                                   cluster=torch.randint(0, C, (V,), generator=g, dtype=torch.int32).to(device),
+                                   beta=(0.5 + 2 * torch.rand(C, generator=g)).to(device), theta_geo=2.5, config=cfg)
+    return logits.to(device), tables, cfg
+
+
+def section_gasv_kernel(ctx: Ctx) -> dict:
+    import torch
+
+    from lisa_trt.speculative.gasv import gasv_gate
+
+    V, H, C = (256, 32, 8) if ctx.smoke else (16384, 1280, 256)
+    rows = (4,) if ctx.smoke else (2, 64, 128)
+    reps, warm = (2, 1) if ctx.smoke else (20, 3)
+    out = {"V": V, "H": H, "C": C, "cases": []}
+    kernel = ctx.cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    gt = None
+    if kernel:
+        from lisa_trt.engines.plugins import gasv_triton as gt
+    else:
+        out["triton_kernel"] = "skipped: no CUDA (set TRITON_INTERPRET=1 to run the interpreter on CPU)"
+    for N in rows:
+        for support in (None, 2000 if not ctx.smoke else 16):
+            top_k = support or 0
+            logits, tables, cfg = _gasv_case(V, H, C, N, top_k=top_k, seed=N, device=ctx.device)
+            case = {"rows": N, "support_k": support}
+            with torch.no_grad():
+                ref = gasv_gate(logits, tables, cfg, support_k=support, check_inputs=False)
+                case["torch_ref"] = time_ms(lambda: gasv_gate(logits, tables, cfg, support_k=support,
+                                                              check_inputs=False),
+                                            reps=reps, warmup=warm, cuda=ctx.cuda)
+                if gt is not None:
+                    got = gt.gasv_triton(logits, tables, cfg, support_k=support, check_inputs=False)
+                    case["max_abs_diff"] = {k: float((getattr(got, k) - getattr(ref, k)).abs().max())
+                                            for k in ("gate", "p_raw", "p_soft")}
+                    case["triton"] = time_ms(lambda: gt.gasv_triton(logits, tables, cfg, support_k=support,
+                                                                    check_inputs=False),
+                                             reps=reps, warmup=warm, cuda=ctx.cuda)
+                    case["speedup"] = round(case["torch_ref"]["median_ms"] / max(case["triton"]["median_ms"], 1e-9), 2)
+            out["cases"].append(case)
+    if gt is not None:
+        out["max_abs_diff"] = max(max(c["max_abs_diff"].values()) for c in out["cases"])
+        out["equal_to_reference"] = out["max_abs_diff"] < 1e-4
+    return out
+
+
+def _tree(S: int, seed: int):
+    """Random tree in topological order: ancestors (S, S) incl. self, depth (S,)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    anc = torch.zeros(S, S, dtype=torch.bool)
+    depth = torch.zeros(S, dtype=torch.long)
+    for i in range(S):
+        anc[i, i] = True
+        if i:
+            p = int(torch.randint(0, i, (1,), generator=g))
+            anc[i] |= anc[p]
+            depth[i] = depth[p] + 1
+    return anc, depth
+
+
+def section_verify_latency(ctx: Ctx) -> dict:
+    import torch
+
+    from lisa_trt.config import target_config
+    from lisa_trt.models.llamagen import Transformer
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[ctx.args.dtype]
+    models = ("tiny",) if ctx.smoke else tuple(ctx.args.models.split(","))
+    sizes = (1, 4) if ctx.smoke else TREE_SIZES
+    reps, warm = (2, 1) if ctx.smoke else (10, 3)
+    B = 2  # CFG: [cond; uncond]
+    out = {"dtype": str(dtype) if not ctx.smoke else "float32", "batch": B, "models": {}}
+    for name in models:
+        if ctx.left() < 30 and not ctx.smoke:
+            out["models"][name] = {"skipped": "time budget"}
+            continue
+        cfg = target_config(name)
+        with torch.device(ctx.device):
+            model = Transformer(cfg)
+        model = model.to(dtype if ctx.cuda else torch.float32).eval()
+        model.freqs_cis = model.freqs_cis.float()  # RoPE tables stay fp32 (as in the fp16 export)
+        res = {"dim": cfg.dim, "n_layer": cfg.n_layer, "vocab": cfg.vocab_size, "params_m":
+               round(sum(p.numel() for p in model.parameters()) / 1e6, 1), "tree": {}}
+        if ctx.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        cond = torch.tensor([1, cfg.num_classes], device=ctx.device)
+        with torch.no_grad():
+            cache = model.new_cache(B, extra=max(sizes))
+            res["prefill"] = time_ms(lambda: model.prefill(cond, cache), reps=reps, warmup=warm, cuda=ctx.cuda)
+            g = torch.Generator().manual_seed(0)
+            for S in sizes:
+                anc, depth = _tree(S, seed=S)
+                slots = (cache.lengths[:, None] + torch.arange(S, device=ctx.device)[None])
+                pos = cache.lengths[:, None] + depth.to(ctx.device)[None]
+                mask = cache.attention_mask(slots, anc.to(ctx.device)[None].expand(B, S, S))
+                tok = torch.randint(0, cfg.vocab_size, (B, S), generator=g).to(ctx.device)
+                res["tree"][S] = time_ms(lambda: model.forward_tokens(tok, pos, slots, mask, cache, taps=True),
+                                         reps=reps, warmup=warm, cuda=ctx.cuda)
+        t1 = res["tree"][sizes[0]]["median_ms"]
+        res["cost_ratio_vs_S1"] = {S: round(v["median_ms"] / t1, 3) for S, v in res["tree"].items()}
+        if ctx.cuda:
+            res["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        out["models"][name] = res
+        model = cache = None  # free before the next (larger) model
+        if ctx.cuda:
+            torch.cuda.empty_cache()
+    return out
+
+
+def section_demo_decode(ctx: Ctx) -> dict:
+    import torch
+
+    from lisa_trt.demo.registry import assets_present
+
+    if not assets_present():
+        return {"skipped": "the bundled demo assets are absent (lisa_trt/assets/demo); build them with "
+                           "scripts/demo/*.py"}
+    from lisa_trt.artifacts import BUNDLED_DRAFTERS, BUNDLED_TABLES
+
+    missing = [str(p) for p in (BUNDLED_DRAFTERS["demo-lisa"], BUNDLED_TABLES["demo"]) if not p.is_file()]
+    if missing:
+        return {"skipped": f"missing bundled drafter/tables: {missing}"}
+    if ctx.smoke and not ctx.args.demo_on_cpu:
+        return {"skipped": "cpu smoke (pass --demo-on-cpu to run the demo on CPU)"}
+    from lisa_trt import load_target
+    from lisa_trt.artifacts import load_drafter_by_name, load_tables_by_name
+    from lisa_trt.bench import run_method
+    from lisa_trt.demo.registry import demo_sampling
+    from lisa_trt.speculative.decode import SpecConfig
+
+    target = load_target("demo", device=str(ctx.device)).eval()
+    drafter = load_drafter_by_name("demo-lisa", target).to(ctx.device).eval()
+    tables = load_tables_by_name("demo", target)
+    sampling, spec = demo_sampling(), SpecConfig()
+    n = 1 if ctx.smoke else ctx.args.demo_images
+    classes = [i % target.config.num_classes for i in range(n)]
+    out = {"device": str(ctx.device), "sampling": sampling.__dict__, "spec": spec.__dict__, "images": n}
+    for method in ("vanilla", "gasv"):  # separately: a failure of one keeps the other's numbers
+        try:
+            cond = torch.tensor([classes[0]], device=ctx.device)
+            run_method(method, target, drafter, tables, cond, sampling=sampling, spec=spec, seed=0)  # warm-up
+            secs, mals = [], []
+            for i, c in enumerate(classes):
+                t0 = time.perf_counter()
+                _, st = run_method(method, target, drafter, tables, torch.tensor([c], device=ctx.device),
+                                   sampling=sampling, spec=spec, seed=i)
+                if ctx.cuda:
+                    torch.cuda.synchronize()
+                secs.append(time.perf_counter() - t0)
+                mals.append(st.mal)
+            out[method] = {"seconds_per_image": round(statistics.mean(secs), 4), "mal": round(statistics.mean(mals), 3)}
+        except Exception as e:
+            out[method] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-2000:]}
+    if "seconds_per_image" in out.get("vanilla", {}) and "seconds_per_image" in out.get("gasv", {}):
+        out["speedup"] = round(out["vanilla"]["seconds_per_image"] / out["gasv"]["seconds_per_image"], 3)
+    return out
+
+
+def section_tensorrt(ctx: Ctx) -> dict:
+    from lisa_trt.engines.build import require_tensorrt_gpu
+
+    try:
+        trt = require_tensorrt_gpu()
+    except Exception as e:
+        return {"available": False, "skipped": f"{type(e).__name__}: {e}"}
+    import tempfile
+
+    import torch
+
+    from lisa_trt.engines.build import build_engines
+    from lisa_trt.engines.trt import load_trt_engines
+    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.models.drafter import Drafter
+    from lisa_trt.testing import make_target
+
+    out = {"available": True, "version": trt.__version__}
+    with tempfile.TemporaryDirectory() as tmp:
+        target = make_target()
+        drafter = Drafter.from_target(target).eval()
+        t0 = time.perf_counter()
+        export_bundle(target, drafter, None, None, Path(tmp) / "tiny", max_tree=16, lint=False, progress=False)
+        out["export_s"] = round(time.perf_counter() - t0, 2)
+        t0 = time.perf_counter()
+        rec = build_engines(Path(tmp) / "tiny", timing_cache=Path(tmp) / "timing.cache", progress=False)
+        out["build_s"] = round(time.perf_counter() - t0, 2)
+        out["engines"] = {k: {"build_seconds": v.get("build_seconds")} for k, v in rec["graphs"].items()}
+        eng = load_trt_engines(Path(tmp) / "tiny")
+        cond = torch.tensor([1, 10])
+        tc, ec = target.new_cache(2, extra=16), eng.target.new_cache(2, extra=16)
+        want = target.prefill(cond, tc).logits
+        got = eng.target.prefill(cond, ec).logits.float().cpu()
+        out["prefill_max_abs_diff"] = float((got - want).abs().max())
+    return out
+
+
+RUNNERS = {"env": section_env, "gasv_kernel": section_gasv_kernel, "verify_latency": section_verify_latency,
+           "demo_decode": section_demo_decode, "tensorrt": section_tensorrt}
+
+
+# ----------------------------------------------------------------------------- main
+
+def _write(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", type=Path, help="JSON file to write the results to")
+    p.add_argument("--cpu-smoke", action="store_true", help="tiny CPU versions of every section (seconds)")
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
+    p.add_argument("--budget", type=float, default=420.0, help="seconds after which remaining sections are skipped")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--demo-images", type=int, default=4)
+    p.add_argument("--demo-on-cpu", action="store_true")
+    args = p.parse_args(argv)
+    wanted = [s for s in args.sections.split(",") if s]
+    unknown = sorted(set(wanted) - set(SECTIONS))
+    if unknown:
+        p.error(f"unknown sections {unknown}; valid: {', '.join(SECTIONS)}")
+    import torch
+
+    torch.manual_seed(0)
+    ctx = Ctx(args)
+    if not ctx.cuda:
+        torch.set_num_threads(1)  # tiny CPU work: threads only oversubscribe shared cores
+    results = {"script": "bench/gpu_check.py", "argv": sys.argv[1:] if argv is None else list(argv),
+               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "mode": "cuda" if ctx.cuda else "cpu-smoke",
+               "sections": {}}
+    for name in wanted:
+        if ctx.left() <= 0:
+            results["sections"][name] = {"skipped": "time budget exhausted"}
+            continue
+        t0 = time.perf_counter()
+        try:
+            res = RUNNERS[name](ctx)
+            status = "skipped" if isinstance(res, dict) and "skipped" in res else "ok"
+        except Exception as e:  # record and go on: one broken section must not hide the others
+            res = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+            status = "error"
+        res = dict(res, status=status, seconds=round(time.perf_counter() - t0, 2))
+        results["sections"][name] = res
+        print(f"[gpu_check] {name}: {status} ({res['seconds']} s)", flush=True)
+        _write(args.out, results)
+    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    _write(args.out, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

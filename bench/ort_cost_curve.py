@@ -1,0 +1,303 @@
+"""Verification cost curve on this CPU: latency vs number of new tokens, ONNX Runtime vs torch eager.
+
+For each model: export target + drafter (fp32, validated) into --workdir (default /tmp), fill a
+CFG batch of 2 rows with `--committed` tokens, then time one tree-verification call with S new
+tokens (S = 1..64, a chain mask) through ORT (IO binding, in-place cache) and torch eager, and
+one drafter step with S nodes. Median of `--reps` timed runs after a warm-up. Also records:
+- in-place check: the verify call (S = 1) with present.* bound to the cache itself vs bound to
+  separate buffers (what a copying runtime would pay), and whether the cache pointers stay put;
+- alternating sessions (drafter step, then verify) with ORT thread spinning on vs off.
+
+Models: `demo` (the bundled demo model when lisa_trt/assets/demo has it, else a random model of
+the demo's size), and random official-shaped GPT-B / GPT-L (block 256, c2i).
+
+    python bench/ort_cost_curve.py                      # all three, writes bench/ort_cost_curve.{json,png}
+    python bench/ort_cost_curve.py --models demo --reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+S_LIST = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]
+DRAFT_S = [1, 2, 4, 8, 16, 32, 64]
+DEMO_SIZE = dict(dim=256, n_layer=8, n_head=8, vocab_size=1024, block_size=256, num_classes=8)
+
+
+LAST_MIN: list = []  # min of the last median_ms call (contention-robust companion of the median)
+
+
+def median_ms(fn, reps: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    LAST_MIN[:] = [round(1000 * min(ts), 3)]
+    return round(1000 * statistics.median(ts), 3)
+
+
+def build_target(name: str):
+    """(target, description) for 'demo', 'GPT-B', 'GPT-L'."""
+    from lisa_trt.config import TargetConfig, target_config
+    from lisa_trt.models.llamagen import Transformer
+
+    torch.manual_seed(0)
+    if name == "demo":
+        from lisa_trt.demo import registry
+
+        if registry.assets_present():
+            from lisa_trt import load_target
+
+            return load_target("demo"), "bundled demo model (lisa_trt/assets/demo)"
+        cfg = TargetConfig(**DEMO_SIZE)
+        return Transformer(cfg).eval(), f"random demo-sized model {DEMO_SIZE} (demo assets absent)"
+    return Transformer(target_config(name, image_size=256)).eval(), f"random official-shaped {name} (block 256, c2i)"
+
+
+def fill(engine, cond, committed: int, max_tree: int):
+    """Prefill + `committed` causal tokens; returns the cache."""
+    cfg = engine.config
+    B = cond.shape[0]
+    cache = engine.new_cache(B, extra=max_tree)
+    engine.prefill(cond, cache)
+    g = torch.Generator().manual_seed(0)
+    toks = torch.randint(0, cfg.vocab_size, (B, committed), generator=g)
+    pos = cache.lengths[:, None] + torch.arange(committed)[None]
+    anc = torch.tril(torch.ones(committed, committed, dtype=torch.bool))[None].expand(B, -1, -1)
+    engine.forward_tokens(toks, pos, pos, cache.attention_mask(pos, anc), cache)
+    cache.lengths += committed
+    return cache
+
+
+def step_args(cache, S: int, vocab: int):
+    B = cache.batch
+    toks = torch.randint(0, vocab, (B, S))
+    pos = cache.lengths[:, None] + torch.arange(S)[None]
+    anc = torch.tril(torch.ones(S, S, dtype=torch.bool))[None].expand(B, -1, -1)
+    return toks, pos, pos, cache.attention_mask(pos, anc)
+
+
+@torch.no_grad()
+def verify_curve(engine, cond, committed, max_tree, reps, s_list) -> dict:
+    cache = fill(engine, cond, committed, max_tree)
+    out, best = {}, {}
+    for S in s_list:
+        args = step_args(cache, S, engine.config.vocab_size)
+        out[str(S)] = median_ms(lambda: engine.forward_tokens(*args, cache, taps=True), reps)
+        best[str(S)] = LAST_MIN[0]
+    return dict(median=out, min=best)
+
+
+@torch.no_grad()
+def drafter_curve(drafter, cond_len, batch, max_len, reps, s_list) -> dict:
+    cfg = drafter.config
+    cache = drafter.new_cache(batch, max_len)
+    cache.lengths.fill_(cond_len)
+    out, best = {}, {}
+    for S in s_list:
+        args = step_args(cache, S, cfg.vocab_size)
+        h = torch.randn(batch, S, cfg.hidden)
+        out[str(S)] = median_ms(lambda: drafter.forward(h, *args, cache), reps)
+        best[str(S)] = LAST_MIN[0]
+    taps = torch.randn(batch, 1, cfg.tap_dim)
+    return dict(median=out, min=best, project_taps_S1=median_ms(lambda: drafter.project_taps(taps), reps))
+
+
+@torch.no_grad()
+def inplace_check(engines, cond, committed, max_tree, reps) -> dict:
+    """Verify (S=1) with present bound to the cache (in place) vs to separate buffers (a copy)."""
+    from lisa_trt.engines.ort import GraphRunner
+    from lisa_trt.export.io_spec import Graph
+
+    tgt = engines.target
+    cache = fill(tgt, cond, committed, max_tree)
+    args = step_args(cache, 1, tgt.config.vocab_size)
+    ptrs = [t.data_ptr() for t in cache.k + cache.v]
+    before = cache.k[0].clone()
+    t_inplace = median_ms(lambda: tgt.forward_tokens(*args, cache), reps)
+    same_ptrs = ptrs == [t.data_ptr() for t in cache.k + cache.v]
+    written = not torch.equal(before, cache.k[0])
+    runner = GraphRunner(engines.manifest.graph_path(Graph.TARGET_VERIFY), threads=tgt._verify.session.
+                         get_session_options().intra_op_num_threads)
+    pairs = tgt._cache_pairs(cache)
+    scratch = [torch.empty_like(b) for _, _, b in pairs]
+    for (past, present, buf), s in zip(pairs, scratch):
+        runner._bind(past, buf, output=False)
+        runner._bind(present, s, output=True)  # different memory: ScatterElements copies the cache
+    runner._cache_key = "copy"
+    toks, pos, slots, mask = args
+    outs = tgt._outputs(cache.batch, 1)
+    ins = dict(input_ids=toks, position_ids=pos, cache_slots=slots, attention_mask=mask)
+    t_copy = median_ms(lambda: runner.run(ins, outs), reps)
+    cache_bytes = sum(b.numel() * b.element_size() for b in cache.k + cache.v)
+    return dict(verify_S1_inplace_ms=t_inplace, verify_S1_separate_present_ms=t_copy,
+                copy_cost_ms=round(t_copy - t_inplace, 3), cache_bytes=cache_bytes,
+                cache_pointers_unchanged=same_ptrs, cache_written_in_place=written)
+
+
+@torch.no_grad()
+def alternating(engine_dir, cond, committed, max_tree, reps, threads) -> dict:
+    """Drafter step (S=8) then verify (S=16), alternating sessions, ORT spinning on vs off."""
+    from lisa_trt.engines.ort import load_ort_engines
+
+    res = {}
+    for spin in (False, True):
+        eng = load_ort_engines(engine_dir, threads=threads, spin=spin)
+        cache = fill(eng.target, cond, committed, max_tree)
+        dcache = eng.drafter.new_cache(cache.batch, cache.max_len)
+        dcache.lengths.copy_(cache.lengths)
+        vargs = step_args(cache, 16, eng.target.config.vocab_size)
+        dargs = step_args(dcache, 8, eng.drafter.config.vocab_size)
+        h = torch.randn(cache.batch, 8, eng.drafter.config.hidden)
+
+        def pair():
+            eng.drafter.forward(h, *dargs, dcache)
+            eng.target.forward_tokens(*vargs, cache, taps=True)
+
+        res[f"spin_{'on' if spin else 'off'}_ms"] = median_ms(pair, reps)
+    return res
+
+
+def bench_model(name: str, args) -> dict:
+    from lisa_trt.engines.ort import load_ort_engines
+    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.models.drafter import Drafter
+
+    target, desc = build_target(name)
+    torch.manual_seed(1)
+    drafter = Drafter.from_target(target).eval()
+    cfg = target.config
+    print(f"[{name}] {desc}: dim {cfg.dim}, {cfg.n_layer} layers, vocab {cfg.vocab_size}", flush=True)
+    out_dir = Path(args.workdir) / name
+    t0 = time.perf_counter()
+    man = export_bundle(target, drafter, None, None, out_dir, max_tree=args.max_tree, lint=False,
+                        progress=False, validate=True)
+    export_s = round(time.perf_counter() - t0, 1)
+    onnx_bytes = sum(p.stat().st_size for p in out_dir.iterdir())
+    print(f"[{name}] exported in {export_s} s ({onnx_bytes / 2**20:.0f} MiB)", flush=True)
+    eng = load_ort_engines(out_dir, threads=args.threads)
+    cond = torch.tensor([1, cfg.num_classes])  # CFG pair: [cond; uncond]
+    reps = args.reps if cfg.dim < 700 else max(2, args.reps - 2)
+    res = dict(description=desc, config=cfg.to_dict(), export_seconds=export_s, onnx_mib=round(onnx_bytes / 2**20, 1),
+               max_cache_len=man.max_cache_len, committed=args.committed, batch=2, reps=reps,
+               validation={k: g.validation["max_error"] for k, g in man.graphs.items()})
+    res["verify_ms"] = {"ort": verify_curve(eng.target, cond, args.committed, args.max_tree, reps, S_LIST)}
+    print(f"[{name}] ort verify {res['verify_ms']['ort']}", flush=True)
+    if name in args.torch_models:
+        res["verify_ms"]["torch"] = verify_curve(target, cond, args.committed, args.max_tree, reps, S_LIST)
+        print(f"[{name}] torch verify {res['verify_ms']['torch']}", flush=True)
+    max_len = man.max_cache_len
+    res["drafter_ms"] = {"ort": drafter_curve(eng.drafter, cfg.cls_token_num + args.committed, 2, max_len, reps, DRAFT_S)}
+    if name in args.torch_models:
+        res["drafter_ms"]["torch"] = drafter_curve(drafter, cfg.cls_token_num + args.committed, 2, max_len, reps,
+                                                   DRAFT_S)
+    print(f"[{name}] drafter {res['drafter_ms']}", flush=True)
+    res["inplace"] = inplace_check(eng, cond, args.committed, args.max_tree, reps)
+    print(f"[{name}] in-place {res['inplace']}", flush=True)
+    if name == "demo":
+        res["alternating_sessions"] = alternating(out_dir, cond, args.committed, args.max_tree, reps, args.threads)
+        print(f"[{name}] alternating {res['alternating_sessions']}", flush=True)
+    del eng
+    if not args.keep:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    return res
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results["models"])
+    fig, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        r = results["models"][name]
+        for backend, style in (("ort", "-o"), ("torch", "--s")):
+            if backend in r["verify_ms"]:
+                c = r["verify_ms"][backend]["median"]
+                ax.plot([int(s) for s in c], list(c.values()), style, label=f"target verify ({backend})", ms=3)
+            if backend in r["drafter_ms"]:
+                c = r["drafter_ms"][backend]["median"]
+                ax.plot([int(s) for s in c], list(c.values()), style, label=f"drafter step ({backend})", ms=3,
+                        alpha=0.6)
+        ax.set_title(f"{name}: dim {r['config']['dim']}, {r['config']['n_layer']} layers")
+        ax.set_xlabel("new tokens S (batch 2 = CFG)")
+        ax.set_ylabel("latency (ms)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Verification cost on {results['machine']['cpu']} ({results['settings']['threads']} threads)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def machine_info(threads: int) -> dict:
+    import onnxruntime
+
+    cpu = platform.processor() or "cpu"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return dict(cpu=cpu, logical_cpus=os.cpu_count(), load_average_at_start=[round(x, 2) for x in os.getloadavg()],
+                torch=torch.__version__, onnxruntime=onnxruntime.__version__, threads=threads)
+
+
+def main(argv=None) -> None:
+    from lisa_trt.engines.ort import physical_cores
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="demo,GPT-B,GPT-L")
+    p.add_argument("--torch-models", default="demo,GPT-B,GPT-L", help="models also timed with torch eager")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--committed", type=int, default=128, help="tokens already in the cache")
+    p.add_argument("--max-tree", type=int, default=64)
+    p.add_argument("--threads", type=int, default=0, help="ORT intra-op and torch threads (0: physical cores)")
+    p.add_argument("--workdir", default="/tmp/lisa_ort_bench")
+    p.add_argument("--keep", action="store_true", help="keep the exported ONNX in --workdir")
+    p.add_argument("--out", default=str(REPO / "bench" / "ort_cost_curve.json"))
+    args = p.parse_args(argv)
+    args.threads = args.threads or physical_cores()
+    args.torch_models = set(args.torch_models.split(","))
+    torch.set_num_threads(args.threads)
+    results = dict(machine=machine_info(args.threads),
+                   settings=dict(threads=args.threads, reps=args.reps, committed=args.committed, batch=2,
+                                 max_tree=args.max_tree, s_list=S_LIST, drafter_s_list=DRAFT_S, precision="fp32",
+                                 statistic="median (and min) of reps timed runs after 1 warm-up"),
+                   models={})
+    out = Path(args.out)
+    for name in args.models.split(","):
+        results["models"][name] = bench_model(name, args)
+        results["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        from lisa_trt.io import write_json
+
+        write_json(out, results)  # partial results survive a later failure
+    plot(results, out.with_suffix(".png"))
+    for n, r in results["models"].items():
+        for b, c in r["verify_ms"].items():
+            print(f"{n:6s} verify {b:5s} median ms:", " ".join(f"{s}:{v}" for s, v in c["median"].items()))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()

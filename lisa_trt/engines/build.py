@@ -1,0 +1,438 @@
+"""`lisa-trt build`: TensorRT engines for every graph of an engine directory (Polygraphy loaders).
+
+    man = read_manifest(dir) ──▶ profiles_from_io_spec(man)  (pure: prefill, tree verification
+         │                        S = 1..max_tree in two buckets, batch 1..2*max_batch for CFG)
+         ├─▶ check_trt_compat(dir)      (CPU: ops, dtypes, io spec, profiles)
+         ├─▶ gasv.trt.onnx              (plugins/graph_rewrite: lisa::gasv plugin node)
+         └─▶ per graph: network_from_onnx_path(strongly_typed=True) ─▶ CreateConfig(profiles,
+             timing cache, refit, workspace) ─▶ engine_from_network ─▶ save_engine(<graph>.plan)
+    manifest.json["engines"] = {TensorRT version, GPU, profiles, plan sha256 ...}  (atomic)
+
+Engines are strongly typed: the ONNX already carries its precision (fp16 export = fp16 weights
+and casts), TensorRT 10 builds it with NetworkDefinitionCreationFlag.STRONGLY_TYPED and 11 is
+strongly typed natively (spec/deploy.md); no FP16/BF16 builder flags are used.
+
+Plans are only ever deserialized after their sha256 matches the manifest record and the
+record's TensorRT version and GPU match the running ones (`load_plan`): a plan is code for the
+GPU, never load an untrusted one.
+
+Without TensorRT or without a CUDA device `build_engines` raises a LisaError that says which is
+missing and how to run on ONNX Runtime instead (`lisa-trt run ... --backend ort`).
+Nothing in this module has been run against a real TensorRT (not installable here).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from ..errors import ArtifactMismatchError, CheckpointError, InputError, LisaError
+from ..export.io_spec import Graph, export_dims, graph_spec, shape_ranges
+from .plugins.trt_plugin import TensorRTUnavailableError
+
+ENGINES_KEY = "engines"
+ENGINES_FORMAT = "lisa-trt/trt-engines"
+ENGINES_SCHEMA = 1
+PLAN_SUFFIX = ".plan"
+SEQ_SPLIT = 16  # the "step" profile covers S <= 16 (AR steps, drafter commits), "tree" the rest
+ORT_HINT = ("run on ONNX Runtime instead: `lisa-trt run ... --backend ort` (CPU, or CUDA with "
+            "onnxruntime-gpu), or on PyTorch with `--backend torch`")
+
+
+class NoCudaDeviceError(LisaError):
+    """TensorRT engines need a CUDA device, and none is visible."""
+
+
+class EngineBuildError(LisaError):
+    """TensorRT failed to parse or build a graph."""
+
+
+# ----------------------------------------------------------------------------- environment
+
+def require_tensorrt_gpu():
+    """Import tensorrt and check for a CUDA device; returns the tensorrt module.
+
+    Raises:
+        TensorRTUnavailableError: `import tensorrt` fails (names the import error).
+        NoCudaDeviceError: torch sees no CUDA device.
+    """
+    try:
+        import tensorrt as trt
+    except Exception as e:  # ImportError, or a stub wheel raising something else
+        raise TensorRTUnavailableError(
+            f"TensorRT is not available: `import tensorrt` failed ({type(e).__name__}: {e}). Building and running "
+            "engines needs the TensorRT >= 10.14 Python bindings (pip install tensorrt from NVIDIA's index) and a "
+            f"CUDA GPU. Or {ORT_HINT}.") from e
+    import torch
+
+    if not torch.cuda.is_available():
+        raise NoCudaDeviceError(f"TensorRT {getattr(trt, '__version__', '?')} is installed but no CUDA device is "
+                                f"visible (torch.cuda.is_available() is False; check CUDA_VISIBLE_DEVICES and the "
+                                f"driver). Or {ORT_HINT}.")
+    return trt
+
+
+def gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(torch.cuda.current_device())
+
+
+def device_info() -> dict:
+    """GPU name, compute capability and CUDA version recorded with the engines."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return {"gpu": gpu_name(), "compute_capability": f"{major}.{minor}", "cuda": torch.version.cuda}
+
+
+# ----------------------------------------------------------------------------- profiles
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """One TensorRT optimisation profile: input name -> (min, opt, max) shapes."""
+
+    name: str
+    shapes: dict
+
+    def contains(self, shapes: dict) -> bool:
+        """True when every given input shape lies within [min, max] of this profile."""
+        for n, s in shapes.items():
+            mn, _, mx = self.shapes[n]
+            if len(s) != len(mn) or any(not a <= d <= b for a, d, b in zip(mn, s, mx)):
+                return False
+        return True
+
+    def max_volume(self) -> int:
+        v = 0
+        for _, _, mx in self.shapes.values():
+            n = 1
+            for d in mx:
+                n *= d
+            v += n
+        return v
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "shapes": {n: [list(s) for s in v] for n, v in self.shapes.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ProfileSpec":
+        return cls(d["name"], {n: tuple(tuple(int(x) for x in s) for s in v) for n, v in d["shapes"].items()})
+
+
+def _axis_ranges(graph: Graph, *, max_batch: int, max_tree: int, cfg: bool, seq_split: int) -> list:
+    """[(profile name, {axis: (min, opt, max)})] for the dynamic axes of one graph."""
+    gb = max_batch * (2 if cfg else 1)  # graph batch: CFG runs [cond; uncond]
+    batch = (1, min(2 if cfg else 1, gb), gb)
+    if graph is Graph.VQ_DECODE:
+        return [("images", {"batch": (1, 1, max_batch)})]
+    if graph is Graph.TARGET_PREFILL:
+        return [("prefill", {"batch": batch})]
+    if graph is Graph.GASV:  # rows = real prompts x tree nodes (after CFG combine)
+        return [("nodes", {"nodes": (1, max_tree, max_batch * max_tree)})]
+    if max_tree <= seq_split:
+        return [("tree", {"batch": batch, "seq": (1, max_tree, max_tree)})]
+    return [("step", {"batch": batch, "seq": (1, 1, seq_split)}),
+            ("tree", {"batch": batch, "seq": (1, max_tree, max_tree)})]
+
+
+def profiles_from_io_spec(manifest, *, max_batch: int = 1, max_tree: Optional[int] = None, cfg: bool = True,
+                          seq_split: int = SEQ_SPLIT, graphs: Optional[list] = None) -> dict:
+    """Optimisation profiles of every graph, derived from the io spec's dynamic axes.
+
+    Static axes come from the export (io_spec.export_dims); the dynamic ones are:
+      batch  1 .. max_batch x 2 (CFG batch), opt 2 (one prompt with CFG); VQ decode 1 .. max_batch;
+      seq    target_verify / drafter graphs: a "step" profile S in 1..seq_split (opt 1: AR steps,
+             drafter commits) and a "tree" profile S in 1..max_tree (opt max_tree: tree verification);
+      nodes  GASV rows 1 .. max_batch x max_tree.
+
+    Args:
+        manifest: a Manifest (export.manifest.read_manifest).
+        max_batch: prompts per call (real batch, before CFG doubling).
+        max_tree: tree-token budget; default and upper bound the export's max_tree (the static
+            cache has exactly that many scratch slots).
+        cfg: include the CFG doubling of the batch.
+        seq_split: largest S of the "step" profile.
+        graphs: graph names (default: every graph of the manifest).
+    Returns:
+        {graph name: [ProfileSpec, ...]} with one entry per graph input in every profile.
+    """
+    if max_batch < 1:
+        raise InputError(f"max_batch must be >= 1, got {max_batch}")
+    max_tree = manifest.max_tree if max_tree is None else int(max_tree)
+    if not 1 <= max_tree <= manifest.max_tree:
+        raise InputError(f"max_tree {max_tree} is outside 1..{manifest.max_tree}: the exported cache holds "
+                         f"{manifest.max_tree} tree slots; re-export with `lisa-trt export --max-tree N` for more")
+    tcfg = manifest.target_config
+    dims = export_dims(tcfg, max_cache_len=manifest.max_cache_len, drafter_cfg=manifest.drafter_config,
+                       vq_cfg=manifest.vq_config)
+    out = {}
+    for name in graphs or sorted(manifest.graphs):
+        graph = Graph(name)
+        spec = graph_spec(graph, n_layer=tcfg.n_layer, model_type=tcfg.model_type)
+        profs = []
+        for pname, ranges in _axis_ranges(graph, max_batch=max_batch, max_tree=max_tree, cfg=cfg,
+                                          seq_split=seq_split):
+            try:
+                shapes = shape_ranges(spec, dims, ranges)
+            except KeyError as e:
+                raise InputError(f"{name}: axis {e} has no size in the export (io_spec.export_dims)") from e
+            profs.append(ProfileSpec(pname, shapes))
+        out[name] = profs
+    return out
+
+
+# ----------------------------------------------------------------------------- graph files
+
+def trt_onnx_path(manifest, graph: Graph) -> Path:
+    """The ONNX file TensorRT builds for a graph: gasv.trt.onnx for GASV, the export otherwise."""
+    from .plugins.graph_rewrite import trt_variant_path
+
+    path = manifest.graph_path(graph)
+    return trt_variant_path(path) if graph is Graph.GASV else path
+
+
+def trt_graph_model(manifest, graph: Graph, *, tables=None):
+    """(onnx.ModelProto, path) of what TensorRT would parse for `graph` (no external weights).
+
+    For GASV: the written gasv.trt.onnx when it exists, else the plugin rewrite made in memory.
+    """
+    import onnx
+
+    from .plugins.graph_rewrite import rewrite_gasv
+
+    path = trt_onnx_path(manifest, graph)
+    if graph is Graph.GASV and not path.is_file():
+        return rewrite_gasv(manifest.graph_path(graph), tables=tables), path
+    return onnx.load(str(path), load_external_data=False), path
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- manifest record
+
+def _raw_manifest(engine_dir) -> dict:
+    from ..export.manifest import MANIFEST_NAME
+
+    path = Path(engine_dir) / MANIFEST_NAME
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise CheckpointError(f"{engine_dir} has no {MANIFEST_NAME}; export it with `lisa-trt export`") from e
+
+
+def engines_record(engine_dir) -> Optional[dict]:
+    """The `engines` record of an engine directory's manifest, or None before `lisa-trt build`."""
+    return _raw_manifest(engine_dir).get(ENGINES_KEY)
+
+
+def engines_built(engine_dir) -> bool:
+    """True when `lisa-trt build` recorded engines for this directory (for `--backend auto`)."""
+    try:
+        rec = engines_record(engine_dir)
+    except LisaError:
+        return False
+    return bool(rec and rec.get("graphs"))
+
+
+def write_engines_record(engine_dir, record: dict) -> None:
+    """Store `record` as manifest.json["engines"], keeping every other key (atomic rewrite)."""
+    from ..export.manifest import MANIFEST_NAME
+    from ..io import write_json
+
+    d = _raw_manifest(engine_dir)
+    d[ENGINES_KEY] = record
+    write_json(Path(engine_dir) / MANIFEST_NAME, d)
+
+
+def load_plan(engine_dir, graph: Graph, *, check_env: bool = True) -> tuple:
+    """Read a plan file after checking it against the manifest (never deserialize unchecked plans).
+
+    Checks: an engines record exists; the plan's sha256 is the recorded one; the ONNX file it
+    was built from is unchanged; and (check_env) the running TensorRT version and GPU are the
+    recorded ones (a plan is tied to both).
+    Returns:
+        (plan bytes, the graph's record dict).
+    Raises:
+        CheckpointError: no engines / no plan for the graph.
+        ArtifactMismatchError: hash, TensorRT version or GPU mismatch.
+    """
+    engine_dir = Path(engine_dir)
+    rec = engines_record(engine_dir)
+    if not rec or graph.value not in rec.get("graphs", {}):
+        raise CheckpointError(f"{engine_dir} has no TensorRT engine for {graph.value}; build them with "
+                              f"`lisa-trt build {engine_dir}` (needs TensorRT and a GPU), or {ORT_HINT}")
+    g = rec["graphs"][graph.value]
+    plan_path = engine_dir / g["plan"]
+    if not plan_path.is_file():
+        raise CheckpointError(f"{plan_path} is listed in the manifest but missing; rebuild with `lisa-trt build`")
+    data = plan_path.read_bytes()
+    have = hashlib.sha256(data).hexdigest()
+    if have != g["plan_sha256"]:
+        raise ArtifactMismatchError(f"{plan_path} has sha256 {have[:16]}, the manifest records "
+                                    f"{g['plan_sha256'][:16]}: the plan was changed after the build. Refusing to "
+                                    "deserialize it; rebuild with `lisa-trt build`.")
+    onnx_path = engine_dir / g["onnx"]
+    if not onnx_path.is_file() or _sha256(onnx_path) != g["onnx_sha256"]:
+        raise ArtifactMismatchError(f"{g['onnx']} changed since {g['plan']} was built from it (re-export?); "
+                                    f"rebuild with `lisa-trt build {engine_dir}`")
+    if check_env:
+        import tensorrt as trt
+
+        if rec.get("tensorrt_version") != trt.__version__:
+            raise ArtifactMismatchError(f"the engines in {engine_dir} were built with TensorRT "
+                                        f"{rec.get('tensorrt_version')}, this is TensorRT {trt.__version__}; "
+                                        f"rebuild them with `lisa-trt build {engine_dir}`")
+        if rec.get("gpu") != gpu_name():
+            raise ArtifactMismatchError(f"the engines in {engine_dir} were built for {rec.get('gpu')}, this GPU is "
+                                        f"{gpu_name()}; rebuild them with `lisa-trt build {engine_dir}`")
+    return data, g
+
+
+# ----------------------------------------------------------------------------- build
+
+def _network_flags(trt) -> Optional[bool]:
+    """strongly_typed=True on TensorRT 10 (flag exists); None on 11 (strongly typed natively)."""
+    return True if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED") else None
+
+
+def build_plan(onnx_path: Path, profiles: list, plan_path: Path, *, timing_cache=None, refit: bool = False,
+               workspace: Optional[int] = None) -> float:
+    """Build one strongly typed engine with Polygraphy's loaders and save it atomically.
+
+    Returns the build time in seconds. Raises EngineBuildError with TensorRT's message.
+    """
+    import tensorrt as trt
+    from polygraphy.backend.trt import CreateConfig, Profile, engine_from_network, network_from_onnx_path, save_engine
+
+    from ..io import atomic_write
+
+    t0 = time.perf_counter()
+    try:
+        network = network_from_onnx_path(str(onnx_path), strongly_typed=_network_flags(trt))
+        trt_profiles = []
+        for p in profiles:
+            prof = Profile()
+            for name, (mn, opt, mx) in p.shapes.items():
+                prof.add(name, min=list(mn), opt=list(opt), max=list(mx))
+            trt_profiles.append(prof)
+        tc = Path(timing_cache) if timing_cache else None
+        config = CreateConfig(
+            profiles=trt_profiles,
+            load_timing_cache=str(tc) if tc is not None and tc.is_file() else None,
+            refittable=True if refit else None,
+            memory_pool_limits={trt.MemoryPoolType.WORKSPACE: int(workspace)} if workspace else None)
+        engine = engine_from_network(network, config=config, save_timing_cache=str(tc) if tc is not None else None)
+    except LisaError:
+        raise
+    except Exception as e:
+        raise EngineBuildError(f"TensorRT could not build {onnx_path.name}: {type(e).__name__}: {e}") from e
+    with atomic_write(plan_path) as tmp:
+        save_engine(engine, str(tmp))
+    return time.perf_counter() - t0
+
+
+def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=None, refit: bool = False,
+                  workspace: Optional[int] = None, max_batch: int = 1, max_tree: Optional[int] = None,
+                  graphs: Optional[list] = None, tables=None, gasv_support_k: Optional[int] = None,
+                  check: bool = True, dry_run: bool = False, progress: bool = True) -> dict:
+    """Build a TensorRT engine for every graph of an exported engine directory.
+
+    Args:
+        engine_dir: directory written by `lisa-trt export`.
+        profiles: {graph: [ProfileSpec]}; default profiles_from_io_spec(manifest, max_batch, max_tree).
+        timing_cache: path of a TensorRT timing cache, loaded when present and saved (merged) after
+            each build, so rebuilds and other graphs reuse measured tactics.
+        refit: build refittable engines (weights can be swapped without a rebuild).
+        workspace: builder workspace limit in bytes (default: TensorRT's).
+        max_batch / max_tree: ranges of the default profiles.
+        graphs: graph names to build (default all).
+        tables: GASV tables for the plugin rewrite (default: recovered from gasv.onnx and verified).
+        gasv_support_k: build GASV over the top-K support (`lisa::gasv_support`) instead of dense.
+        check: run check_trt_compat first (fails before any TensorRT work).
+        dry_run: check and plan only: no TensorRT needed, nothing written; returns the plan.
+    Returns:
+        The engines record written to manifest.json["engines"] (dry_run: the plan, unwritten).
+    Raises:
+        TensorRTUnavailableError / NoCudaDeviceError (what is missing + the ORT alternative),
+        TrtCompatError, EngineBuildError, CheckpointError / ArtifactMismatchError for the directory.
+    """
+    from ..export.manifest import read_manifest
+    from .trt_compat import check_trt_compat
+
+    engine_dir = Path(engine_dir)
+    man = read_manifest(engine_dir)
+    names = list(graphs) if graphs else sorted(man.graphs)
+    unknown = [n for n in names if n not in man.graphs]
+    if unknown:
+        raise InputError(f"{engine_dir} has no graph(s) {unknown}; it has {sorted(man.graphs)}")
+    profiles = profiles or profiles_from_io_spec(man, max_batch=max_batch, max_tree=max_tree, graphs=names)
+    from .plugins import trt_plugin as tp
+    from .plugins.graph_rewrite import write_trt_variant
+
+    trt = None if dry_run else require_tensorrt_gpu()
+    if not dry_run and Graph.GASV.value in names:  # gasv.trt.onnx: what the check and the build read
+        write_trt_variant(man.graph_path(Graph.GASV), tables=tables, support_k=gasv_support_k)
+    if check:
+        check_trt_compat(engine_dir, profiles=profiles, max_batch=max_batch, graphs=names, tables=tables)
+    plan = {n: {"onnx": trt_onnx_path(man, Graph(n)).name, "plan": f"{n}{PLAN_SUFFIX}",
+                "profiles": [p.to_dict() for p in profiles[n]]} for n in names}
+    if dry_run:
+        return {"format": ENGINES_FORMAT, "dry_run": True, "graphs": plan}
+    if Graph.GASV.value in names:
+        tp.register()  # the parser maps the lisa::gasv node to the registered plugin
+    bar = _progress(len(names), progress)
+    for n in names:
+        bar.set_description(f"build {n}")
+        onnx_path = engine_dir / plan[n]["onnx"]
+        secs = build_plan(onnx_path, profiles[n], engine_dir / plan[n]["plan"], timing_cache=timing_cache,
+                          refit=refit, workspace=workspace)
+        plan[n].update(plan_sha256=_sha256(engine_dir / plan[n]["plan"]), onnx_sha256=_sha256(onnx_path),
+                       build_seconds=round(secs, 2))
+        bar.update(1)
+    bar.close()
+    record = {"format": ENGINES_FORMAT, "schema_version": ENGINES_SCHEMA, "tensorrt_version": trt.__version__,
+              **device_info(), "strongly_typed": True, "refit": bool(refit), "workspace": workspace,
+              "timing_cache": str(timing_cache) if timing_cache else None, "max_batch": max_batch,
+              "max_tree": max_tree or man.max_tree, "gasv_support_k": gasv_support_k,
+              "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "graphs": plan}
+    old = engines_record(engine_dir) or {}
+    if old.get("graphs") and graphs:  # partial rebuild: keep the other graphs' entries
+        record["graphs"] = {**old["graphs"], **plan}
+    write_engines_record(engine_dir, record)
+    return record
+
+
+class _NoBar:
+    def set_description(self, *_):
+        pass
+
+    def update(self, *_):
+        pass
+
+    def close(self):
+        pass
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="engine")
+
+
+__all__ = ["ENGINES_KEY", "EngineBuildError", "NoCudaDeviceError", "ProfileSpec", "TensorRTUnavailableError",
+           "build_engines", "build_plan", "engines_built", "engines_record", "load_plan",
+           "profiles_from_io_spec", "require_tensorrt_gpu", "trt_graph_model", "trt_onnx_path",
+           "write_engines_record"]

@@ -1,0 +1,442 @@
+"""ONNX Runtime runners over an exported engine directory (engines/base.py protocols).
+
+`OrtTarget` and `OrtDrafter` are drop-in replacements for the torch `Transformer` / `Drafter`:
+same methods, same shapes, same KVCache / DrafterCache objects, so the decode loop runs
+unchanged. Torch tensors are the array type: inputs and outputs are bound to ONNX Runtime by
+address (IO binding), and each layer's K/V buffer is bound as BOTH `past_key_values.{i}.*` and
+`present.{i}.*`. The graphs scatter the new rows into that buffer (ScatterElements, which skips
+its input->output copy when the two are the same memory), so the caches are preallocated once
+(`new_cache`) and updated in place: no per-step cache copy.
+
+Sessions: intra-op threads = physical cores, sequential execution, every graph optimisation,
+no thread spinning (several sessions alternate; see `session_options`).
+The host-side input checks of the torch models (token ids, positions, condition validity) run
+here before each call, with the torch models' own messages.
+
+    engines = load_ort_engines("engines/demo")
+    cache = engines.target.new_cache(2, extra=32)
+    out = engines.target.prefill(cond, cache, taps=True)
+
+Thread safety: a runner owns one IO binding per graph, so one OrtTarget / OrtDrafter must not be
+called from two threads at once. A service loads the engines once and either serialises calls
+(a lock around each generation) or opens one set of engines per worker thread.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+from ..export.io_spec import GASV_PARAMS, Graph, graph_spec
+from ..export.manifest import Manifest, read_manifest
+
+_NP = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
+
+
+# ----------------------------------------------------------------------------- sessions
+
+def physical_cores() -> int:
+    """Physical cores available to this process (hyper-threads do not help GEMMs)."""
+    avail = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        cores, cur = set(), {}
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if ":" in line:
+                    k, v = (s.strip() for s in line.split(":", 1))
+                    cur[k] = v
+                elif cur:
+                    cores.add((cur.get("physical id"), cur.get("core id")))
+                    cur = {}
+        if cur:
+            cores.add((cur.get("physical id"), cur.get("core id")))
+        n = len(cores) if None not in {c[1] for c in cores} else avail
+    except OSError:
+        n = avail
+    return max(1, min(n, avail))
+
+
+def session_options(threads: Optional[int] = None, spin: bool = False):
+    """Tuned ORT options: intra-op = physical cores, sequential, graph optimisation ALL.
+
+    Args:
+        threads: intra-op threads (default: physical cores).
+        spin: let idle intra-op threads spin after each op. Off by default: the runtime
+            alternates several sessions (drafter, target) and host torch code on few cores,
+            and spinning pools steal the CPU from each other (measured on the 2-core dev box:
+            drafter step + verify 7.2 ms without spinning vs 23 ms with it; see
+            bench/ort_cost_curve.json "alternating_sessions").
+    """
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads or physical_cores()
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    so.log_severity_level = 3
+    return so
+
+
+def default_providers() -> list:
+    """CUDA when onnxruntime-gpu and a GPU are present, else CPU."""
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers() and torch.cuda.is_available():
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def make_session(path, providers=None, threads: Optional[int] = None, spin: bool = False):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), session_options(threads, spin), providers=providers or default_providers())
+
+
+class GraphRunner:
+    """One ORT session + a reusable IO binding; tensors are bound by address.
+
+    `run(inputs, outputs, cache=...)`: `cache` maps past/present names to buffers that are
+    bound as both input and output (rebound only when the buffers change).
+    """
+
+    def __init__(self, path, providers=None, threads: Optional[int] = None, spin: bool = False):
+        self.path = Path(path)
+        self.session = make_session(path, providers, threads, spin)
+        self.device = torch.device("cuda", 0) if self.session.get_providers()[0] == "CUDAExecutionProvider" \
+            else torch.device("cpu")
+        self._io = self.session.io_binding()
+        self._cache_key = None
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def _bind(self, name: str, t: torch.Tensor, output: bool) -> None:
+        dev = t.device
+        args = (name, dev.type, dev.index or 0, _NP[t.dtype], tuple(t.shape), t.data_ptr())
+        (self._io.bind_output if output else self._io.bind_input)(*args)
+
+    def bind_cache(self, pairs: list) -> None:
+        """pairs: [(past name, present name, buffer)]; rebinds only when the buffers changed."""
+        key = tuple((b.data_ptr(), tuple(b.shape)) for _, _, b in pairs)
+        if key == self._cache_key:
+            return
+        for past, present, buf in pairs:
+            self._bind(past, buf, output=False)
+            self._bind(present, buf, output=True)  # same memory: updated in place
+        self._cache_key = key
+
+    def run(self, inputs: dict, outputs: dict) -> None:
+        for name, t in inputs.items():
+            self._bind(name, t, output=False)
+        for name, t in outputs.items():
+            self._bind(name, t, output=True)
+        if self.device.type == "cuda":  # ORT runs on its own stream: inputs must be ready
+            torch.cuda.current_stream().synchronize()
+        self.session.run_with_iobinding(self._io)
+
+
+def _contig(t: torch.Tensor, dtype, device) -> torch.Tensor:
+    return t.to(device=device, dtype=dtype).contiguous()
+
+
+def check_tokens(tokens: torch.Tensor, vocab: int) -> None:
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise InputError(f"image token ids must lie in [0, {vocab}); got {int(tokens.min())}..{int(tokens.max())}")
+
+
+def check_positions(positions: torch.Tensor, seq_len: int) -> None:
+    if positions.numel() and int(positions.max()) >= seq_len:
+        raise InputError(f"position {int(positions.max())} is past the end of the image (sequence length {seq_len})")
+
+
+def _check_step(tokens, positions, slots, mask, batch: int, max_len: int) -> None:
+    B, S = tokens.shape
+    if positions.shape != (B, S) or slots.shape != (B, S) or tuple(mask.shape) != (B, S, max_len):
+        raise InputError(f"tokens {tuple(tokens.shape)}, positions {tuple(positions.shape)}, slots "
+                         f"{tuple(slots.shape)} and mask {tuple(mask.shape)} do not fit (B, S), (B, S), (B, S), "
+                         f"(B, S, Lmax={max_len})")
+    if B != batch:
+        raise InputError(f"batch {B} does not match the cache batch {batch}")
+    if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= max_len):
+        raise InputError(f"cache slots must lie in [0, {max_len}); got {int(slots.min())}..{int(slots.max())}")
+
+
+def _check_cache(cache, shape: tuple, dtype, device, what: str) -> None:
+    for buf in cache.k + cache.v:
+        if tuple(buf.shape) != shape or buf.dtype != dtype or buf.device != device or not buf.is_contiguous():
+            raise InputError(f"{what} cache buffer {tuple(buf.shape)} {buf.dtype} on {buf.device} does not fit the "
+                             f"engine ({shape} {dtype} on {device}, contiguous); make it with the engine's new_cache")
+
+
+# ----------------------------------------------------------------------------- target
+
+class OrtTarget:
+    """The target through ONNX Runtime (TargetEngine protocol; drop-in for `Transformer`).
+
+    Args:
+        manifest: the engine directory's Manifest (read_manifest / load_ort_engines).
+        providers: ORT execution providers (default: CUDA if available, else CPU).
+        threads: intra-op threads per session (default: physical cores).
+        spin: allow intra-op thread spinning.
+    """
+
+    def __init__(self, manifest: Manifest, *, providers=None, threads: Optional[int] = None, spin: bool = False):
+        self.manifest = manifest
+        self.config = cfg = manifest.target_config
+        self.hash = manifest.target_hash
+        self.max_cache_len = manifest.max_cache_len
+        self.dtype = torch.float16 if manifest.precision == "fp16" else torch.float32
+        self._prefill = GraphRunner(manifest.graph_path(Graph.TARGET_PREFILL), providers, threads, spin)
+        self._verify = GraphRunner(manifest.graph_path(Graph.TARGET_VERIFY), providers, threads, spin)
+        self.device = self._verify.device
+        spec = graph_spec(Graph.TARGET_VERIFY, n_layer=cfg.n_layer)
+        self._aliases = list(spec.aliases.items())  # [(present, past)]
+        self._cond = types.SimpleNamespace(config=cfg, cls_embedding=types.SimpleNamespace(
+            uncond_embedding=self._load_uncond(manifest)))
+
+    @staticmethod
+    def _load_uncond(manifest: Manifest):
+        if "conditions" not in manifest.files:
+            return None
+        from ..io import load_safetensors
+
+        tensors, _ = load_safetensors(Path(manifest.dir) / manifest.files["conditions"])
+        return tensors["uncond_embedding"]
+
+    # -- conditions (the torch model's own logic: one source of truth) ------------------
+
+    def check_cond(self, cond) -> int:
+        from ..models.llamagen import Transformer
+
+        return Transformer.check_cond(self, cond)
+
+    def null_cond(self, cond):
+        from ..models.llamagen import Transformer
+
+        return Transformer.null_cond(self._cond, cond)
+
+    # -- cache ----------------------------------------------------------------------------
+
+    def new_cache(self, batch: int, extra: int = 0, dtype=None):
+        """A KVCache of the engine's static length (>= round_up(seq_len + extra, 8))."""
+        from ..config import find_multiple
+        from ..models.llamagen import KVCache
+
+        need = find_multiple(self.config.seq_len + extra, 8)
+        if need > self.max_cache_len:
+            raise InputError(f"a cache with {extra} extra slots needs length {need}, but these engines were exported "
+                             f"with a static cache of {self.max_cache_len} (max_tree {self.manifest.max_tree}); "
+                             "re-export with a larger --max-tree or use a smaller tree budget")
+        if dtype is not None and dtype != self.dtype:
+            raise InputError(f"the engines' KV cache is {self.dtype}; cannot make a {dtype} cache")
+        return KVCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
+
+    def _cache_pairs(self, cache) -> list:
+        cfg = self.config
+        _check_cache(cache, (cache.batch, cfg.kv_heads, self.max_cache_len, cfg.head_dim), self.dtype, self.device,
+                     "target")
+        bufs = []
+        for i in range(cfg.n_layer):
+            bufs += [cache.k[i], cache.v[i]]
+        return [(past, present, buf) for (present, past), buf in zip(self._aliases, bufs)]
+
+    # -- entry points ---------------------------------------------------------------------
+
+    def _outputs(self, B: int, S: int) -> dict:
+        cfg, dev = self.config, self.device
+        return dict(logits=torch.empty(B, S, cfg.vocab_size, dtype=torch.float32, device=dev),
+                    taps=torch.empty(B, S, 3 * cfg.dim, dtype=self.dtype, device=dev),
+                    hidden=torch.empty(B, S, cfg.dim, dtype=self.dtype, device=dev))
+
+    def prefill(self, cond, cache, taps: bool = False):
+        """Write the condition prefix into the cache; logits of the last prefix position."""
+        from ..models.llamagen import TargetOutput
+
+        cfg, dev = self.config, self.device
+        B = self.check_cond(cond)
+        if B != cache.batch:
+            raise InputError(f"condition batch {B} does not match the cache batch {cache.batch}")
+        if cfg.model_type == "c2i":
+            inputs = dict(class_ids=_contig(cond, torch.int64, dev))
+        else:
+            inputs = dict(caption_features=_contig(cond[0], self.dtype, dev),
+                          caption_mask=_contig(cond[1], torch.bool, dev))
+        out = self._outputs(B, 1)
+        out["prefix_valid"] = torch.empty(B, cfg.cls_token_num, dtype=torch.bool, device=dev)
+        self._prefill.bind_cache(self._cache_pairs(cache))
+        self._prefill.run(inputs, out)
+        cache.col_valid[:] = True
+        cache.col_valid[:, : cfg.cls_token_num] = out["prefix_valid"].to(cache.col_valid.device)
+        cache.lengths.fill_(cfg.cls_token_num)
+        return TargetOutput(out["logits"], out["taps"] if taps else None, out["hidden"])
+
+    def forward_tokens(self, tokens, positions, slots, mask, cache, taps: bool = False):
+        """New tokens at absolute `positions`, K/V written at cache `slots` (see Transformer)."""
+        from ..models.llamagen import TargetOutput
+
+        _check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len)
+        check_positions(positions, self.config.seq_len)
+        check_tokens(tokens, self.config.vocab_size)
+        dev = self.device
+        inputs = dict(input_ids=_contig(tokens, torch.int64, dev), position_ids=_contig(positions, torch.int64, dev),
+                      cache_slots=_contig(slots, torch.int64, dev), attention_mask=_contig(mask, torch.bool, dev))
+        B, S = tokens.shape
+        out = self._outputs(B, S)
+        self._verify.bind_cache(self._cache_pairs(cache))
+        self._verify.run(inputs, out)
+        return TargetOutput(out["logits"], out["taps"] if taps else None, out["hidden"])
+
+
+# ----------------------------------------------------------------------------- drafter
+
+class OrtDrafter:
+    """The EAGLE-3 drafter through ONNX Runtime (DrafterEngine protocol; drop-in for `Drafter`).
+
+    Args: as OrtTarget.
+    """
+
+    def __init__(self, manifest: Manifest, *, providers=None, threads: Optional[int] = None, spin: bool = False):
+        self.manifest = manifest
+        self.config = manifest.drafter_config
+        if self.config is None:
+            raise InputError(f"{manifest.dir} has no drafter graphs; export with a drafter")
+        self.hash = manifest.drafter["hash"]
+        self.max_cache_len = manifest.max_cache_len
+        self.dtype = torch.float16 if manifest.precision == "fp16" else torch.float32
+        self._project = GraphRunner(manifest.graph_path(Graph.DRAFTER_PROJECT), providers, threads, spin)
+        self._step = GraphRunner(manifest.graph_path(Graph.DRAFTER_STEP), providers, threads, spin)
+        self.device = self._step.device
+
+    def new_cache(self, batch: int, max_len: int, dtype=None):
+        """A DrafterCache of the engine's static length (>= round_up(max_len, 8))."""
+        from ..config import find_multiple
+        from ..models.drafter import DrafterCache
+
+        if find_multiple(max_len, 8) > self.max_cache_len:
+            raise InputError(f"a drafter cache of {max_len} slots does not fit the engines' static length "
+                             f"{self.max_cache_len}; re-export with a larger --max-tree")
+        if dtype is not None and dtype != self.dtype:
+            raise InputError(f"the engines' drafter cache is {self.dtype}; cannot make a {dtype} cache")
+        return DrafterCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
+
+    def project_taps(self, taps: torch.Tensor) -> torch.Tensor:
+        """fc on the target taps: (B, S, 3H_t) -> (B, S, hidden)."""
+        B, S, _ = taps.shape
+        out = torch.empty(B, S, self.config.hidden, dtype=self.dtype, device=self.device)
+        self._project.run(dict(taps=_contig(taps, self.dtype, self.device)), dict(hidden=out))
+        return out
+
+    def forward(self, hidden_in, tokens, positions, slots, mask, cache):
+        """One drafter step; returns (logits (B, S, V) fp32, hidden_out (B, S, hidden))."""
+        cfg, dev = self.config, self.device
+        _check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len)
+        check_tokens(tokens, cfg.vocab_size)
+        check_positions(positions, cfg.seq_len)
+        _check_cache(cache, (cache.batch, cfg.n_head, self.max_cache_len, cfg.head_dim), self.dtype, dev, "drafter")
+        B, S = tokens.shape
+        inputs = dict(hidden_in=_contig(hidden_in, self.dtype, dev), input_ids=_contig(tokens, torch.int64, dev),
+                      position_ids=_contig(positions, torch.int64, dev), cache_slots=_contig(slots, torch.int64, dev),
+                      attention_mask=_contig(mask, torch.bool, dev))
+        out = dict(logits=torch.empty(B, S, cfg.vocab_size, dtype=torch.float32, device=dev),
+                   hidden=torch.empty(B, S, cfg.hidden, dtype=self.dtype, device=dev))
+        self._step.bind_cache([("past_key_values.0.key", "present.0.key", cache.k[0]),
+                               ("past_key_values.0.value", "present.0.value", cache.v[0])])
+        self._step.run(inputs, out)
+        return out["logits"], out["hidden"]
+
+    __call__ = forward
+
+
+# ----------------------------------------------------------------------------- GASV, VQ
+
+class OrtGASV:
+    """The GASV graph: guided logits (N, V) -> GASVOutput(gate, p_raw, p_soft), dense path.
+
+    `cfg` (GASVConfig) defaults to the constants recorded at export; any may be overridden
+    per call (they are a graph input).
+    """
+
+    def __init__(self, manifest: Manifest, *, providers=None, threads: Optional[int] = None, spin: bool = False):
+        self.config = manifest.gasv_config
+        if self.config is None:
+            raise InputError(f"{manifest.dir} has no GASV graph; export with --tables")
+        self._run = GraphRunner(manifest.graph_path(Graph.GASV), providers, threads, spin)
+        self.device = self._run.device
+        self.vocab_size = manifest.tables["vocab_size"]
+
+    def __call__(self, logits: torch.Tensor, cfg=None):
+        from ..export.onnx import gasv_params
+        from ..speculative.gasv import GASVOutput, check_logits
+
+        check_logits(logits)
+        if logits.shape[1] != self.vocab_size:
+            raise InputError(f"GASV tables are for vocabulary {self.vocab_size}, logits have {logits.shape[1]}")
+        dev = self.device
+        out = {n: torch.empty(logits.shape, dtype=torch.float32, device=dev) for n in ("gate", "p_raw", "p_soft")}
+        self._run.run(dict(guided_logits=_contig(logits, torch.float32, dev),
+                           gasv_params=gasv_params(cfg or self.config).to(dev)), out)
+        return GASVOutput(out["gate"], out["p_raw"], out["p_soft"])
+
+
+class OrtVQDecoder:
+    """The VQ decoder graph: token ids (B, h*w) -> images (B, 3, H, W) in about [-1, 1]."""
+
+    def __init__(self, manifest: Manifest, *, providers=None, threads: Optional[int] = None, spin: bool = False):
+        self.config = manifest.vq_config
+        self.grid = manifest.target_config.grid_size
+        self._run = GraphRunner(manifest.graph_path(Graph.VQ_DECODE), providers, threads, spin)
+        self.device = self._run.device
+
+    def decode_code(self, indices: torch.Tensor, shape=None) -> torch.Tensor:
+        B, N = indices.shape
+        if N != self.grid * self.grid:
+            raise InputError(f"expected {self.grid * self.grid} tokens per image, got {N}")
+        check_tokens(indices, self.config.codebook_size)
+        side = self.grid * self.config.downsample
+        out = torch.empty(B, 3, side, side, dtype=torch.float32, device=self.device)
+        self._run.run(dict(image_tokens=_contig(indices, torch.int64, self.device)), dict(images=out))
+        return out
+
+
+class OrtEngines(NamedTuple):
+    target: OrtTarget
+    drafter: Optional[OrtDrafter]
+    gasv: Optional[OrtGASV]
+    vq: Optional[OrtVQDecoder]
+    manifest: Manifest
+
+
+def load_ort_engines(engine_dir, providers=None, threads: Optional[int] = None, *, spin: bool = False,
+                     target_hash: Optional[str] = None, drafter_hash: Optional[str] = None,
+                     tables_hash: Optional[str] = None) -> OrtEngines:
+    """Open every graph of an engine directory with ONNX Runtime.
+
+    Args:
+        engine_dir: directory written by `export_bundle`.
+        providers: ORT providers (default: CUDA if available, else CPU).
+        threads: intra-op threads per session (default: physical cores).
+        target_hash / drafter_hash / tables_hash: refuse engines made for other artifacts.
+    Returns:
+        OrtEngines(target, drafter | None, gasv | None, vq | None, manifest).
+    Raises:
+        ArtifactMismatchError / CheckpointError from read_manifest.
+    """
+    man = read_manifest(engine_dir, target_hash=target_hash, drafter_hash=drafter_hash, tables_hash=tables_hash)
+    kw = dict(providers=providers, threads=threads, spin=spin)
+    return OrtEngines(
+        target=OrtTarget(man, **kw),
+        drafter=OrtDrafter(man, **kw) if man.has(Graph.DRAFTER_STEP) else None,
+        gasv=OrtGASV(man, **kw) if man.has(Graph.GASV) else None,
+        vq=OrtVQDecoder(man, **kw) if man.has(Graph.VQ_DECODE) else None,
+        manifest=man)
+
+
+__all__ = ["GASV_PARAMS", "GraphRunner", "OrtDrafter", "OrtEngines", "OrtGASV", "OrtTarget", "OrtVQDecoder",
+           "load_ort_engines", "make_session", "physical_cores", "session_options"]

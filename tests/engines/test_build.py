@@ -1,0 +1,460 @@
+"""`lisa-trt build` and the TensorRT runners without TensorRT.
+
+- profiles are derived from the io spec (pure, checked here);
+- without TensorRT / a GPU, building and running stop with an error naming what is missing and
+  the ONNX Runtime alternative;
+- plans are never deserialized unless their manifest record matches (hash, TensorRT, GPU);
+- the runners' binding logic (names, shapes, dtypes, profile choice, in-place KV caches) runs
+  end to end against a *fake* `tensorrt` module whose engines execute the ONNX graphs with
+  ONNX Runtime through the bound raw addresses: parity with the torch models proves the
+  runner side; the real TensorRT parser/builder is not exercised (tests marked trt do, where
+  TensorRT is installed);
+- bench/gpu_check.py runs in CPU smoke mode in seconds.
+"""
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "export"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_trt_compat import tiny_bundle  # noqa: E402
+
+from lisa_trt.engines import build as B  # noqa: E402
+from lisa_trt.engines import trt as T  # noqa: E402
+from lisa_trt.engines.plugins.trt_plugin import TensorRTUnavailableError, tensorrt_available  # noqa: E402
+from lisa_trt.errors import ArtifactMismatchError, CheckpointError, InputError  # noqa: E402
+from lisa_trt.export.io_spec import Graph, graph_spec  # noqa: E402
+from lisa_trt.export.manifest import read_manifest  # noqa: E402
+
+HAS_TRT = tensorrt_available()
+HAS_CUDA = torch.cuda.is_available()
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return tiny_bundle(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def man(bundle):
+    return read_manifest(bundle)
+
+
+# ----------------------------------------------------------------------------- profiles
+
+def test_profiles_cover_every_input_with_io_spec_shapes(man):
+    profs = B.profiles_from_io_spec(man, max_batch=3)
+    assert set(profs) == set(man.graphs)
+    cfg = man.target_config
+    for name, plist in profs.items():
+        spec = graph_spec(Graph(name), n_layer=cfg.n_layer, model_type=cfg.model_type)
+        for p in plist:
+            assert list(p.shapes) == spec.input_names
+    (pre,) = profs["target_prefill"]
+    assert pre.shapes["class_ids"] == ((1,), (2,), (6,))                          # CFG: 2 x max_batch
+    kv = (cfg.kv_heads, man.max_cache_len, cfg.head_dim)
+    assert pre.shapes["past_key_values.0.key"] == ((1,) + kv, (2,) + kv, (6,) + kv)
+    (tree,) = profs["target_verify"]                                              # max_tree 16 <= split
+    assert tree.shapes["input_ids"] == ((1, 1), (2, 16), (6, 16))
+    assert tree.shapes["attention_mask"][2] == (6, 16, man.max_cache_len)
+    (nodes,) = profs["gasv"]
+    assert nodes.shapes["guided_logits"] == ((1, 256), (16, 256), (48, 256)) and nodes.shapes["gasv_params"][0] == (7,)
+    (vq,) = profs["vq_decode"]
+    assert vq.shapes["image_tokens"] == ((1, 16), (1, 16), (3, 16))              # images: no CFG
+
+
+def test_step_and_tree_profiles(man):
+    profs = B.profiles_from_io_spec(man, seq_split=4, max_tree=12, cfg=False)
+    step, tree = profs["drafter_step"]
+    assert (step.name, tree.name) == ("step", "tree")
+    assert step.shapes["input_ids"] == ((1, 1), (1, 1), (1, 4))
+    assert tree.shapes["input_ids"] == ((1, 1), (1, 12), (1, 12))
+    assert T.select_profile(profs["drafter_step"], {"input_ids": (1, 1)}) == 0     # smallest fitting profile
+    assert T.select_profile(profs["drafter_step"], {"input_ids": (1, 9)}) == 1
+    with pytest.raises(T.TrtRuntimeError, match="no optimisation profile"):
+        T.select_profile(profs["drafter_step"], {"input_ids": (2, 3)})
+    assert T.seq_capacity(profs["drafter_step"]) == 12
+    assert B.ProfileSpec.from_dict(json.loads(json.dumps(tree.to_dict()))) == tree
+
+
+def test_profile_limits(man):
+    with pytest.raises(InputError, match="re-export with `lisa-trt export --max-tree"):
+        B.profiles_from_io_spec(man, max_tree=man.max_tree + 1)
+    with pytest.raises(InputError, match="max_batch"):
+        B.profiles_from_io_spec(man, max_batch=0)
+
+
+def test_io_shapes_and_dtypes(man):
+    cfg = man.target_config
+    from lisa_trt.export.io_spec import export_dims
+
+    dims = export_dims(cfg, max_cache_len=man.max_cache_len)
+    s = T.io_shapes(graph_spec(Graph.TARGET_VERIFY, n_layer=cfg.n_layer), dims, batch=2, seq=5)
+    assert s["logits"] == (2, 5, cfg.vocab_size) and s["present.3.value"] == (2, cfg.kv_heads, man.max_cache_len,
+                                                                               cfg.head_dim)
+    assert T.torch_dtype("act", "fp16") == torch.float16 and T.torch_dtype("bool", "fp16") == torch.bool
+
+
+# ----------------------------------------------------------------------------- no TensorRT here
+
+def test_modules_import_without_tensorrt():
+    code = ("import sys; import lisa_trt.engines.build, lisa_trt.engines.trt, lisa_trt.engines.trt_compat, "
+            "lisa_trt.engines.plugins.graph_rewrite; assert 'tensorrt' not in sys.modules; "
+            "assert 'triton' not in sys.modules; print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
+@pytest.mark.skipif(HAS_TRT, reason="tensorrt is installed here")
+def test_build_without_tensorrt_names_what_is_missing(bundle):
+    with pytest.raises(TensorRTUnavailableError) as e:
+        B.build_engines(bundle)
+    msg = str(e.value)
+    assert "import tensorrt" in msg and "--backend ort" in msg
+    with pytest.raises(TensorRTUnavailableError, match="--backend ort"):
+        T.load_trt_engines(bundle)
+    with pytest.raises(TensorRTUnavailableError):
+        T.TrtTarget(read_manifest(bundle))
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="a CUDA device is present")
+def test_build_without_gpu_names_the_cuda_device(bundle, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", FakeTRT())
+    with pytest.raises(B.NoCudaDeviceError, match="no CUDA device") as e:
+        B.build_engines(bundle)
+    assert "--backend ort" in str(e.value)
+
+
+def test_dry_run_needs_no_tensorrt(bundle):
+    plan = B.build_engines(bundle, dry_run=True, max_batch=2)
+    assert plan["dry_run"] and plan["graphs"]["gasv"]["onnx"] == "gasv.trt.onnx"
+    assert plan["graphs"]["target_verify"]["plan"] == "target_verify.plan"
+    assert not (bundle / "gasv.trt.onnx").exists() and B.engines_record(bundle) is None  # nothing written
+
+
+@pytest.mark.trt
+@pytest.mark.skipif(not (HAS_TRT and HAS_CUDA), reason="needs TensorRT (not installable on these machines, "
+                    "spec/deploy.md) and a CUDA GPU")
+def test_real_tensorrt_build_and_parity(bundle, tmp_path):
+    import shutil
+
+    from export_artifacts import make_artifacts
+
+    d = tmp_path / "engines"
+    shutil.copytree(bundle, d)
+    B.build_engines(d, timing_cache=tmp_path / "timing.cache", progress=False)
+    eng = T.load_trt_engines(d)
+    target = make_artifacts()["target"]
+    cond = torch.tensor([1, 10])
+    want = target.prefill(cond, target.new_cache(2, extra=16)).logits
+    got = eng.target.prefill(cond, eng.target.new_cache(2, extra=16)).logits.cpu()
+    assert (got - want).abs().max() < 1e-3
+
+
+# ----------------------------------------------------------------------------- fake TensorRT
+
+_NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+       "tensor(bool)": np.bool_, "tensor(int32)": np.int32}
+
+
+def _view(ptr: int, shape, dtype) -> np.ndarray:
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return np.frombuffer((ctypes.c_char * n).from_address(ptr), dtype=dtype).reshape(shape)
+
+
+class FakeEngine:
+    """Runs the ONNX graph a fake plan points to with ONNX Runtime (GASV: the plugin emulation)."""
+
+    def __init__(self, trt, plan: bytes):
+        import onnx
+        import onnxruntime as ort
+
+        from lisa_trt.engines.plugins import graph_rewrite as gr
+
+        d = json.loads(plan)
+        self.trt, self.num_optimization_profiles = trt, d["profiles"]
+        model = onnx.load(d["onnx"])
+        self.inputs = [i.name for i in model.graph.input]
+        self.outputs = [o.name for o in model.graph.output]
+        if gr.plugin_nodes(model):
+            self._run = lambda feeds: gr.emulate_trt_variant(model, feeds["guided_logits"], feeds["gasv_params"])
+            self.dtypes = {"guided_logits": np.float32, "gasv_params": np.float32}
+        else:
+            sess = ort.InferenceSession(d["onnx"], providers=["CPUExecutionProvider"])
+            self._run = lambda feeds: dict(zip(self.outputs, sess.run(self.outputs, feeds)))
+            self.dtypes = {i.name: _NP[i.type] for i in sess.get_inputs()}
+        self.calls = []
+        trt.engines.append(self)
+
+    @property
+    def num_io_tensors(self):
+        return len(self.inputs) + len(self.outputs)
+
+    def get_tensor_name(self, i):
+        return (self.inputs + self.outputs)[i]
+
+    def get_tensor_mode(self, name):
+        return self.trt.TensorIOMode.INPUT if name in self.inputs else self.trt.TensorIOMode.OUTPUT
+
+    def get_device_memory_size_for_profile_v2(self, i):
+        return 1024 * (i + 1)
+
+    def create_execution_context(self, strategy=None):
+        return FakeContext(self, strategy)
+
+
+class FakeContext:
+    def __init__(self, engine, strategy):
+        self.engine, self.strategy, self.profile, self.memory = engine, strategy, None, None
+        self.shapes, self.addr = {}, {}
+
+    def set_device_memory(self, ptr, size):
+        self.memory = (ptr, size)
+
+    def set_optimization_profile_async(self, i, stream):
+        self.profile = i
+
+    def set_input_shape(self, name, shape):
+        assert name in self.engine.inputs
+        self.shapes[name] = tuple(shape)
+        return True
+
+    def set_tensor_address(self, name, ptr):
+        self.addr[name] = ptr
+        return True
+
+    def execute_async_v3(self, stream):
+        e = self.engine
+        feeds = {n: _view(self.addr[n], self.shapes[n], e.dtypes[n]).copy() for n in e.inputs}
+        outs = e._run(feeds)  # computed completely before anything is written (like an aliasing engine)
+        for n in e.outputs:
+            arr = np.asarray(outs[n])
+            _view(self.addr[n], arr.shape, arr.dtype)[...] = arr
+        e.calls.append({"profile": self.profile, "shapes": dict(self.shapes), "addr": dict(self.addr)})
+        return True
+
+
+class FakeTRT(types.ModuleType):
+    """Just the tensorrt API surface lisa_trt.engines.trt uses."""
+
+    __version__ = "10.99.0-fake"
+
+    def __init__(self):
+        super().__init__("tensorrt")
+        self.engines = []
+        self.TensorIOMode = types.SimpleNamespace(INPUT="input", OUTPUT="output")
+        self.ExecutionContextAllocationStrategy = types.SimpleNamespace(USER_MANAGED="user")
+        trt = self
+
+        class Logger:
+            WARNING = 2
+
+            def __init__(self, level):
+                self.level = level
+
+        class Runtime:
+            def __init__(self, logger):
+                pass
+
+            def deserialize_cuda_engine(self, plan):
+                return FakeEngine(trt, plan)
+
+        self.Logger, self.Runtime = Logger, Runtime
+
+
+@pytest.fixture
+def fake(bundle, tmp_path, monkeypatch):
+    """A copy of the tiny bundle 'built' with the fake TensorRT (plans = pointers to the ONNX)."""
+    import shutil
+
+    fake = FakeTRT()
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
+    for mod in (B, T):
+        monkeypatch.setattr(mod, "require_tensorrt_gpu", lambda: fake)
+    monkeypatch.setattr(B, "gpu_name", lambda: "Fake GPU")
+    monkeypatch.setattr(B, "device_info", lambda: {"gpu": "Fake GPU", "compute_capability": "8.9", "cuda": "12.8"})
+    from lisa_trt.engines.plugins import trt_plugin as tp
+
+    monkeypatch.setattr(tp, "register", lambda sm=None: None)
+
+    def fake_build_plan(onnx_path, profiles, plan_path, **kw):
+        plan_path.write_text(json.dumps({"onnx": str(onnx_path), "profiles": len(profiles)}))
+        return 0.0
+
+    monkeypatch.setattr(B, "build_plan", fake_build_plan)
+    d = tmp_path / "engines"
+    shutil.copytree(bundle, d)
+    man = read_manifest(d)
+    profiles = B.profiles_from_io_spec(man, seq_split=4)  # step (S <= 4) and tree (S <= 16) profiles
+    rec = B.build_engines(d, profiles=profiles, progress=False)
+    return types.SimpleNamespace(trt=fake, dir=d, record=rec)
+
+
+def test_build_records_engines_in_the_manifest(fake):
+    rec = fake.record
+    assert rec["tensorrt_version"] == "10.99.0-fake" and rec["gpu"] == "Fake GPU" and rec["strongly_typed"]
+    assert set(rec["graphs"]) == {"target_prefill", "target_verify", "drafter_project", "drafter_step", "gasv",
+                                  "vq_decode"}
+    g = rec["graphs"]["target_verify"]
+    assert [p["name"] for p in g["profiles"]] == ["step", "tree"] and len(g["plan_sha256"]) == 64
+    assert rec["graphs"]["gasv"]["onnx"] == "gasv.trt.onnx" and (fake.dir / "gasv.trt.onnx").is_file()
+    man = read_manifest(fake.dir)  # the export's manifest still reads (engines kept as an extra key)
+    assert man.has(Graph.GASV) and B.engines_built(fake.dir)
+    assert json.loads((fake.dir / "manifest.json").read_text())["engines"] == rec
+
+
+def test_plans_are_checked_before_deserialization(fake):
+    plan = fake.dir / "target_verify.plan"
+    data, g = B.load_plan(fake.dir, Graph.TARGET_VERIFY)
+    assert data == plan.read_bytes()
+    plan.write_bytes(data + b" ")
+    with pytest.raises(ArtifactMismatchError, match="changed after the build"):
+        B.load_plan(fake.dir, Graph.TARGET_VERIFY)
+    plan.write_bytes(data)
+    fake.trt.__version__ = "10.98.0"
+    with pytest.raises(ArtifactMismatchError, match="built with TensorRT 10.99.0-fake"):
+        B.load_plan(fake.dir, Graph.TARGET_VERIFY)
+    rec = B.engines_record(fake.dir)
+    del rec["graphs"]["vq_decode"]
+    B.write_engines_record(fake.dir, rec)
+    with pytest.raises(CheckpointError, match="no TensorRT engine for vq_decode"):
+        B.load_plan(fake.dir, Graph.VQ_DECODE)
+
+
+def _tree(cache, S, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    Bt = cache.batch
+    anc = torch.zeros(S, S, dtype=torch.bool)
+    depth = [0] * S
+    for i in range(S):
+        anc[i, i] = True
+        if i:
+            p = int(torch.randint(0, i, (1,), generator=g))
+            anc[i] |= anc[p]
+            depth[i] = depth[p] + 1
+    slots = cache.lengths[:, None] + torch.arange(S)[None]
+    pos = cache.lengths[:, None] + torch.tensor(depth)[None]
+    tok = torch.randint(0, 256, (Bt, S), generator=g)
+    return tok, pos, slots, cache.attention_mask(slots, anc[None].expand(Bt, S, S))
+
+
+def _close(a, b, tol=1e-4):
+    return (a.float() - b.float()).abs().max().item() <= tol * max(1.0, b.float().abs().max().item())
+
+
+@pytest.mark.parametrize("kv_binding", ["inplace", "swap"])
+def test_trt_target_matches_torch_through_the_binding_protocol(fake, kv_binding):
+    from export_artifacts import make_artifacts
+
+    from lisa_trt.engines.base import DrafterEngine, TargetEngine
+    from lisa_trt.models.checkpoints import target_hash
+
+    a = make_artifacts()
+    target, drafter = a["target"], a["drafter"]
+    eng = T.load_trt_engines(fake.dir, device="cpu", kv_binding=kv_binding, target_hash=target_hash(target))
+    assert isinstance(eng.target, TargetEngine) and isinstance(eng.drafter, DrafterEngine)
+    cond = torch.tensor([3, 10])                                   # [cond; uncond]
+    tc, ec = target.new_cache(2, extra=16), eng.target.new_cache(2, extra=16)
+    with torch.no_grad():
+        w, g = target.prefill(cond, tc, taps=True), eng.target.prefill(cond, ec, taps=True)
+        assert _close(g.logits, w.logits) and _close(g.taps, w.taps)
+        assert torch.equal(ec.lengths, tc.lengths) and torch.equal(ec.col_valid, tc.col_valid)
+        verify = next(e for e in fake.trt.engines if "input_ids" in e.inputs and "past_key_values.3.key" in e.inputs)
+        for S, profile in ((1, "step"), (6, "tree")):
+            tok, pos, slots, mask = _tree(tc, S, seed=S)
+            w = target.forward_tokens(tok, pos, slots, mask, tc, taps=True)
+            g = eng.target.forward_tokens(tok, pos, slots, mask, ec, taps=True)
+            assert _close(g.logits, w.logits) and _close(g.taps, w.taps) and _close(g.hidden, w.hidden)
+            call = verify.calls[-1]
+            assert eng.target._verify.profiles[call["profile"]].name == profile
+            same = call["addr"]["present.0.key"] == call["addr"]["past_key_values.0.key"]
+            assert same == (kv_binding == "inplace")
+            assert call["addr"]["present.0.key"] == ec.k[0].data_ptr()  # the cache now holds the update
+        for kt, ke in zip(tc.k + tc.v, ec.k + ec.v):
+            assert _close(ke, kt)
+        # drafter: fc on the taps, then one step over its own cache
+        dt, de = drafter.new_cache(2, 40), eng.drafter.new_cache(2, 40)
+        dt.lengths.fill_(1), de.lengths.fill_(1)
+        h_t, h_e = drafter.project_taps(w.taps), eng.drafter.project_taps(w.taps)
+        assert _close(h_e, h_t)
+        tok, pos, slots, mask = _tree(dt, 3, seed=7)
+        lt, ht = drafter(h_t[:, :3], tok, pos, slots, mask, dt)
+        le, he = eng.drafter(h_t[:, :3], tok, pos, slots, mask, de)
+        assert _close(le, lt) and _close(he, ht) and _close(de.k[0], dt.k[0])
+
+
+def test_trt_gasv_and_vq_match_the_references(fake):
+    from export_artifacts import make_artifacts
+
+    from lisa_trt.speculative.gasv import gasv_gate
+
+    a = make_artifacts()
+    eng = T.load_trt_engines(fake.dir, device="cpu")
+    logits = torch.randn(5, 256) * 3
+    logits[1, 50:] = float("-inf")
+    got, want = eng.gasv(logits), gasv_gate(logits, a["tables"])
+    for k in ("gate", "p_raw", "p_soft"):
+        assert _close(getattr(got, k), getattr(want, k), 1e-5)
+    toks = torch.randint(0, 256, (1, 16))                      # the default profiles: max_batch 1
+    g = a["target"].config.grid_size
+    with torch.no_grad():
+        ref = a["vq"].decode_code(toks, (1, a["vq"].config.codebook_embed_dim, g, g))
+    assert _close(eng.vq.decode_code(toks), ref, 1e-4)
+    with pytest.raises(T.TrtRuntimeError, match="image_tokens"):
+        eng.vq.decode_code(torch.randint(0, 256, (2, 16)))
+
+
+def test_runner_input_errors(fake):
+    eng = T.load_trt_engines(fake.dir, device="cpu")
+    with pytest.raises(InputError, match="re-export with a larger --max-tree"):
+        eng.target.new_cache(1, extra=64)
+    with pytest.raises(InputError, match="re-export with a larger --max-tree"):
+        eng.drafter.new_cache(1, 100)
+    cache = eng.target.new_cache(1, extra=16)
+    eng.target.prefill(torch.tensor([2]), cache)
+    with pytest.raises(T.TrtRuntimeError, match="no optimisation profile"):
+        eng.target.forward_tokens(*_tree(cache, 17), cache)             # beyond the engines' tree budget
+    tok, pos, slots, mask = _tree(cache, 3)
+    with pytest.raises(InputError, match="image token ids"):
+        eng.target.forward_tokens(tok + 1000, pos, slots, mask, cache)
+    with pytest.raises(InputError, match="unknown class id"):
+        eng.target.prefill(torch.tensor([99]), cache)
+    with pytest.raises(InputError, match="kv_binding"):
+        T.TrtTarget(read_manifest(fake.dir), device="cpu", kv_binding="copy")
+
+
+# ----------------------------------------------------------------------------- gpu_check
+
+def test_gpu_check_cpu_smoke(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), str(out), "--cpu-smoke"],
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    d = json.loads(out.read_text())
+    s = d["sections"]
+    assert d["mode"] == "cpu-smoke" and set(s) == {"env", "gasv_kernel", "verify_latency", "demo_decode", "tensorrt"}
+    assert all(v["status"] in ("ok", "skipped") for v in s.values()), {k: v.get("error") for k, v in s.items()}
+    assert "importable" in s["env"]["tensorrt"]
+    assert set(s["verify_latency"]["models"]["tiny"]["tree"]) == {"1", "4"}
+    assert s["gasv_kernel"]["cases"][0]["torch_ref"]["median_ms"] > 0
+    if not HAS_TRT:
+        assert s["tensorrt"]["available"] is False and "--backend ort" in s["tensorrt"]["skipped"]
+
+
+def test_partial_rebuild_keeps_the_other_engines(fake):
+    before = B.engines_record(fake.dir)["graphs"]
+    rec = B.build_engines(fake.dir, graphs=["vq_decode"], progress=False)
+    assert set(rec["graphs"]) == set(before) and rec["graphs"]["target_verify"] == before["target_verify"]
+    with pytest.raises(InputError, match="has no graph"):
+        B.build_engines(fake.dir, graphs=["nope"], progress=False)

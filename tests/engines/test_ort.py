@@ -1,0 +1,224 @@
+"""ONNX Runtime engines: parity with the torch models, in-place KV caches, manifest checks."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
+from export_artifacts import make_artifacts  # noqa: E402
+
+from lisa_trt.engines.base import DrafterEngine, TargetEngine  # noqa: E402
+from lisa_trt.errors import ArtifactMismatchError, InputError  # noqa: E402
+from lisa_trt.speculative.autoregressive import generate  # noqa: E402
+
+TIGHT = 1e-4
+
+
+def close(a, b, tol=TIGHT):
+    a, b = a.float(), b.float()
+    return (a - b).abs().max().item() <= tol * max(1.0, b.abs().max().item())
+
+
+@pytest.fixture(scope="module")
+def artifacts():
+    return make_artifacts()
+
+
+@pytest.fixture(scope="module")
+def engines(artifacts, tmp_path_factory):
+    from lisa_trt.engines.ort import load_ort_engines
+    from lisa_trt.export.onnx import export_bundle
+
+    a = artifacts
+    out = tmp_path_factory.mktemp("ort") / "tiny"
+    export_bundle(a["target"], a["drafter"], a["tables"], a["vq"], out, max_tree=16, lint=False, progress=False)
+    return load_ort_engines(out, threads=1)
+
+
+def tree_inputs(cache, S, seed=0):
+    """A random tree of S nodes appended after the committed prefix (parents earlier in order)."""
+    g = torch.Generator().manual_seed(seed)
+    B = cache.batch
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, S)]
+    anc = torch.zeros(S, S, dtype=torch.bool)
+    depth = [0] * S
+    for i, p in enumerate(parents):
+        anc[i, i] = True
+        if p >= 0:
+            anc[i] |= anc[p]
+            depth[i] = depth[p] + 1
+    slots = cache.lengths[:, None] + torch.arange(S)[None]  # (B, S)
+    positions = cache.lengths[:, None] + torch.tensor(depth)[None]
+    tokens = torch.randint(0, 256, (B, S), generator=g)
+    return tokens, positions, slots, cache.attention_mask(slots, anc[None].expand(B, S, S))
+
+
+def test_engines_satisfy_the_runner_protocols(engines):
+    assert isinstance(engines.target, TargetEngine)
+    assert isinstance(engines.drafter, DrafterEngine)
+    so = engines.target._verify.session.get_session_options()
+    assert so.intra_op_num_threads == 1 and so.graph_optimization_level.name == "ORT_ENABLE_ALL"
+
+
+def test_prefill_and_tree_verification_match_torch_and_update_the_cache_in_place(engines, artifacts):
+    tgt, ref = engines.target, artifacts["target"]
+    cond = torch.tensor([3, 7, 10])  # 10 = unconditional
+    c_ort, c_ref = tgt.new_cache(3, extra=8), ref.new_cache(3, extra=8)
+    ptrs = [t.data_ptr() for t in c_ort.k + c_ort.v]
+    L = c_ref.max_len  # the engine's static cache is longer (max_tree 16): compare the common part
+    o1, r1 = tgt.prefill(cond, c_ort, taps=True), ref.prefill(cond, c_ref, taps=True)
+    assert close(o1.logits, r1.logits) and close(o1.taps, r1.taps) and close(o1.hidden, r1.hidden)
+    assert torch.equal(c_ort.lengths, c_ref.lengths) and torch.equal(c_ort.col_valid[:, :L], c_ref.col_valid)
+    before = [t.clone() for t in c_ort.k]
+    args = tree_inputs(c_ort, 6)
+    o2 = tgt.forward_tokens(*args, c_ort, taps=True)
+    r2 = ref.forward_tokens(args[0], args[1], args[2], args[3][:, :, :L], c_ref, taps=True)
+    assert o2.logits.shape == (3, 6, 256) and o2.logits.dtype == torch.float32
+    assert close(o2.logits, r2.logits) and close(o2.taps, r2.taps)
+    assert tgt.forward_tokens(*args, c_ort).taps is None  # taps only when asked, like torch
+    # in place: same buffers, new rows written at the slots, identical to torch's cache
+    assert [t.data_ptr() for t in c_ort.k + c_ort.v] == ptrs
+    assert not torch.equal(c_ort.k[0], before[0])
+    for k_o, k_r in zip(c_ort.k + c_ort.v, c_ref.k + c_ref.v):
+        assert close(k_o[:, :, :L], k_r)
+
+
+def test_greedy_and_sampled_generation_match_torch_tokens(engines, artifacts):
+    cond = torch.tensor([1, 4])
+    for kw in (dict(greedy=True), dict(temperature=1.0, top_k=20)):
+        a = generate(engines.target, cond, cfg_scale=2.0, generator=torch.Generator().manual_seed(3), **kw)
+        b = generate(artifacts["target"], cond, cfg_scale=2.0, generator=torch.Generator().manual_seed(3), **kw)
+        assert torch.equal(a, b), kw
+
+
+def test_drafter_matches_torch_and_updates_its_cache_in_place(engines, artifacts):
+    drf, ref = engines.drafter, artifacts["drafter"]
+    taps = torch.randn(2, 4, 192)
+    assert close(drf.project_taps(taps), ref.project_taps(taps))
+    c_ort, c_ref = drf.new_cache(2, 24), ref.new_cache(2, 24)
+    c_ort.lengths.fill_(1)
+    c_ref.lengths.fill_(1)
+    ptr = c_ort.k[0].data_ptr()
+    tokens, positions, slots, mask = tree_inputs(c_ort, 4, seed=1)
+    h = ref.project_taps(taps)
+    lo, ho = drf(h, tokens, positions, slots, mask, c_ort)
+    L = c_ref.max_len
+    lr, hr = ref(h, tokens, positions, slots, mask[:, :, :L], c_ref)
+    assert close(lo, lr) and close(ho, hr)
+    assert c_ort.k[0].data_ptr() == ptr and close(c_ort.k[0][:, :, :L], c_ref.k[0])
+    # a second step (expansion from the drafter's own hidden) reads the rows just written
+    t2, p2, s2, m2 = tokens[:, :2], positions[:, :2] + 1, slots[:, :2] + 4, mask[:, :2].clone()
+    m2.scatter_(2, s2[:, :, None], True)
+    lo2, _ = drf(ho[:, :2], t2, p2, s2, m2, c_ort)
+    lr2, _ = ref(hr[:, :2], t2, p2, s2, m2[:, :, :L], c_ref)
+    assert close(lo2, lr2)
+
+
+def test_gasv_and_vq_runners_match_torch(engines, artifacts):
+    from lisa_trt.speculative.gasv import gasv_gate
+
+    logits = torch.randn(5, 256) * 3
+    logits[2, 10:] = float("-inf")
+    have, want = engines.gasv(logits), gasv_gate(logits, artifacts["tables"])
+    assert close(have.p_soft, want.p_soft) and close(have.gate, want.gate) and close(have.p_raw, want.p_raw)
+    cfg = artifacts["tables"].config
+    import dataclasses
+
+    k2 = dataclasses.replace(cfg, kappa=2.5, lam=0.2)  # constants are a run-time input
+    assert close(engines.gasv(logits, k2).p_soft, gasv_gate(logits, artifacts["tables"], k2).p_soft)
+    tok = torch.randint(0, 256, (2, 16))
+    vq = artifacts["vq"]
+    assert close(engines.vq.decode_code(tok), vq.decode_code(tok, (2, 8, 4, 4)))
+
+
+def test_bad_inputs_are_refused_like_torch(engines):
+    tgt = engines.target
+    with pytest.raises(InputError, match="re-export with a larger --max-tree"):
+        tgt.new_cache(1, extra=100)
+    with pytest.raises(InputError, match="unknown class id"):
+        tgt.prefill(torch.tensor([11]), tgt.new_cache(1))
+    cache = tgt.new_cache(1)
+    tgt.prefill(torch.tensor([1]), cache)
+    tok, pos, slots, mask = tree_inputs(cache, 2)
+    with pytest.raises(InputError, match="image token ids"):
+        tgt.forward_tokens(tok + 1000, pos, slots, mask, cache)
+    with pytest.raises(InputError, match="past the end"):
+        tgt.forward_tokens(tok, pos + 100, slots, mask, cache)
+    with pytest.raises(InputError, match="Lmax"):
+        tgt.forward_tokens(tok, pos, slots, mask[:, :, :8], cache)
+    foreign = make_artifacts()["target"].new_cache(1, extra=16)
+    foreign.k[0] = foreign.k[0].half()
+    with pytest.raises(InputError, match="new_cache"):
+        tgt.forward_tokens(tok, pos, slots, mask, foreign)
+    with pytest.raises(InputError, match="empty support"):
+        engines.gasv(torch.full((1, 256), float("-inf")))
+
+
+def test_loading_refuses_engines_of_another_target(engines):
+    from lisa_trt.engines.ort import load_ort_engines
+
+    d = engines.manifest.dir
+    with pytest.raises(ArtifactMismatchError) as e:
+        load_ort_engines(d, target_hash="ffffffffffffffff")
+    assert "ffffffffffffffff" in str(e.value) and engines.manifest.target_hash in str(e.value)
+
+
+def test_cache_binding_is_reused_and_refreshed(engines, artifacts):
+    """A second cache (another request) gets its own binding; the first one still works after."""
+    tgt, ref = engines.target, artifacts["target"]
+    a, b = tgt.new_cache(1), tgt.new_cache(1)
+    tgt.prefill(torch.tensor([2]), a)
+    tgt.prefill(torch.tensor([5]), b)
+    ra = ref.new_cache(1, extra=16)  # same length as the engine's cache
+    ref.prefill(torch.tensor([2]), ra)
+    args = tree_inputs(a, 3)
+    out = tgt.forward_tokens(*args, a)
+    want = ref.forward_tokens(*args, ra)
+    assert close(out.logits, want.logits)
+
+
+@pytest.mark.slow
+def test_fp16_engines_track_fp32_torch(artifacts, tmp_path):
+    from lisa_trt.engines.ort import load_ort_engines
+    from lisa_trt.export.onnx import export_bundle
+
+    a = artifacts
+    export_bundle(a["target"], a["drafter"], None, None, tmp_path / "e16", fp16=True, max_tree=8, lint=False,
+                  progress=False)
+    eng = load_ort_engines(tmp_path / "e16", threads=1)
+    cache, ref_cache = eng.target.new_cache(2), a["target"].new_cache(2, extra=8)
+    assert cache.k[0].dtype == torch.float16
+    cond = torch.tensor([0, 10])
+    o, r = eng.target.prefill(cond, cache), a["target"].prefill(cond, ref_cache)
+    assert close(o.logits, r.logits, 5e-2) and not close(o.logits, r.logits, 1e-6)
+    args = tree_inputs(cache, 5)
+    o, r = eng.target.forward_tokens(*args, cache, taps=True), a["target"].forward_tokens(*args, ref_cache, taps=True)
+    assert o.logits.dtype == torch.float32 and o.taps.dtype == torch.float16
+    assert close(o.logits, r.logits, 5e-2)
+    g1 = generate(eng.target, cond[:1], cfg_scale=1.5, greedy=True, generator=torch.Generator())
+    g2 = generate(a["target"], cond[:1], cfg_scale=1.5, greedy=True, generator=torch.Generator())
+    assert (g1 == g2).float().mean() > 0.5  # fp16 may flip near-ties, not most tokens
+
+
+@pytest.mark.slow
+def test_t2i_prefill_with_padded_captions_and_null_condition(tmp_path):
+    from lisa_trt.engines.ort import load_ort_engines
+    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.testing import make_cond, make_target
+
+    target = make_target("t2i")
+    export_bundle(target, None, None, None, tmp_path / "t2i", max_tree=8, lint=False, progress=False)
+    eng = load_ort_engines(tmp_path / "t2i", threads=1)
+    assert eng.drafter is None and eng.gasv is None
+    cond = make_cond(target, batch=2)
+    null_o, null_r = eng.target.null_cond(cond), target.null_cond(cond)
+    assert torch.equal(null_o[0], null_r[0]) and torch.equal(null_o[1], null_r[1])
+    full = tuple(torch.cat([c, n]) for c, n in zip(cond, null_r))
+    c_o, c_r = eng.target.new_cache(4), target.new_cache(4, extra=8)
+    o, r = eng.target.prefill(full, c_o, taps=True), target.prefill(full, c_r, taps=True)
+    assert close(o.logits, r.logits) and close(o.taps, r.taps)
+    assert torch.equal(c_o.col_valid, c_r.col_valid)
+    args = tree_inputs(c_o, 4)
+    assert close(eng.target.forward_tokens(*args, c_o).logits, target.forward_tokens(*args, c_r).logits)

@@ -1,0 +1,196 @@
+"""export_bundle: every graph validated against PyTorch, names from io_spec, manifest, atomicity."""
+
+import json
+import os
+
+import onnx
+import pytest
+import torch
+
+from lisa_trt.errors import ArtifactMismatchError, CheckpointError, InputError
+from lisa_trt.export import onnx as E
+from lisa_trt.export.io_spec import IO_SPEC_VERSION, Graph, graph_spec
+from lisa_trt.export.manifest import drafter_hash, read_manifest, tables_hash
+from lisa_trt.export.validate import THRESHOLDS, lint_graph, run_onnx, sample_inputs
+from lisa_trt.models.checkpoints import target_hash
+
+from export_artifacts import make_artifacts, make_tables
+
+
+def test_bundle_has_every_graph_validated_fp32(bundle):
+    assert set(bundle.graphs) == {g.value for g in Graph}
+    for name, g in bundle.graphs.items():
+        v = g.validation
+        assert v["ok"] and v["threshold"] == THRESHOLDS["fp32"], (name, v)
+        assert v["max_error"] < 1e-4, (name, v)
+        assert (bundle.dir / g.file).is_file()
+
+
+def test_graph_io_matches_io_spec_with_dynamic_axes(bundle, artifacts):
+    n_layer = artifacts["target"].config.n_layer
+    for g in Graph:
+        model = onnx.load(str(bundle.graph_path(g)), load_external_data=False)
+        spec = graph_spec(g, n_layer=n_layer)
+        assert [i.name for i in model.graph.input] == spec.input_names
+        assert [o.name for o in model.graph.output] == spec.output_names
+        for vi, ts in zip(model.graph.input, spec.inputs):
+            dims = [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+            for ax, d in zip(ts.axes, dims):
+                if ax in ("batch", "seq", "nodes"):
+                    assert d == ax, (g, ts.name, dims)
+                else:
+                    assert isinstance(d, int), (g, ts.name, dims)  # static: cache_len, vocab, ...
+    verify = onnx.load(str(bundle.graph_path(Graph.TARGET_VERIFY)), load_external_data=False)
+    ops = {n.op_type for n in verify.graph.node}
+    assert "Attention" in ops and "ScatterElements" in ops
+
+
+def test_manifest_records_artifacts_and_settings(bundle, artifacts):
+    assert bundle.io_spec_version == IO_SPEC_VERSION and bundle.opset == E.DEFAULT_OPSET
+    assert bundle.precision == "fp32" and bundle.max_tree == 16
+    assert bundle.max_cache_len == 40  # round_up(1 + 16 + 16, 8)
+    assert bundle.target_hash == target_hash(artifacts["target"])
+    assert bundle.drafter["hash"] == drafter_hash(artifacts["drafter"])
+    assert bundle.tables["hash"] == tables_hash(artifacts["tables"])
+    assert bundle.target_config == artifacts["target"].config
+    assert bundle.gasv_config == artifacts["tables"].config
+    assert "temperature" in bundle.generation
+    assert oct(os.stat(bundle.dir).st_mode & 0o777) != oct(0o700)  # readable like any export
+
+
+def test_manifest_refuses_other_artifacts_naming_both_hashes(bundle):
+    read_manifest(bundle.dir, target_hash=bundle.target_hash)  # the right one passes
+    for kw in ("target_hash", "drafter_hash", "tables_hash"):
+        with pytest.raises(ArtifactMismatchError) as e:
+            read_manifest(bundle.dir, **{kw: "0123456789abcdef"})
+        assert "0123456789abcdef" in str(e.value)
+        what = kw.split("_")[0]
+        recorded = {"target": bundle.target_hash, "drafter": bundle.drafter["hash"],
+                    "tables": bundle.tables["hash"]}[what]
+        assert recorded in str(e.value)
+
+
+def test_manifest_refuses_changed_graphs_and_versions(bundle, tmp_path):
+    import shutil
+
+    d = tmp_path / "copy"
+    shutil.copytree(bundle.dir, d)
+    with open(d / "gasv.onnx", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ArtifactMismatchError, match="changed after export"):
+        read_manifest(d)
+    man = json.loads((d / "manifest.json").read_text())
+    man["io_spec_version"] = IO_SPEC_VERSION + 1
+    (d / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(ArtifactMismatchError, match="io_spec_version"):
+        read_manifest(d, check_files=False)
+    with pytest.raises(CheckpointError, match="no manifest.json"):
+        read_manifest(tmp_path)
+
+
+def test_export_refuses_tables_of_another_target(artifacts, tmp_path):
+    other = make_artifacts(seed=5)["target"]
+    with pytest.raises(ArtifactMismatchError):
+        E.export_bundle(artifacts["target"], None, make_tables(other), None, tmp_path / "x", progress=False)
+    assert not (tmp_path / "x").exists()
+
+
+def test_export_refuses_to_overwrite_a_foreign_directory(artifacts, tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match="not a lisa-trt engine directory"):
+        E.export_bundle(artifacts["target"], None, None, None, tmp_path / "x", progress=False)
+    assert (tmp_path / "x" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("injected"), KeyboardInterrupt()])
+def test_interrupted_export_leaves_no_directory(artifacts, tmp_path, monkeypatch, exc):
+    real, calls = E.onnx_from_torch, []
+
+    def failing(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:  # after the first graph was written
+            raise exc
+        return real(*a, **k)
+
+    monkeypatch.setattr(E, "onnx_from_torch", failing)
+    with pytest.raises(type(exc)):
+        E.export_bundle(artifacts["target"], None, None, None, tmp_path / "eng", validate=False, lint=False,
+                        progress=False)
+    assert len(calls) == 2
+    assert list(tmp_path.iterdir()) == []  # neither eng/ nor the hidden staging directory
+
+
+def test_failed_reexport_keeps_the_previous_engines(bundle, tmp_path, monkeypatch):
+    import shutil
+
+    d = tmp_path / "eng"
+    shutil.copytree(bundle.dir, d)
+    before = (d / "manifest.json").read_text()
+
+    def boom(*a, **k):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(E, "onnx_from_torch", boom)
+    with pytest.raises(RuntimeError):
+        a = make_artifacts()
+        E.export_bundle(a["target"], None, None, None, d, progress=False)
+    assert (d / "manifest.json").read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eng"]
+    read_manifest(d)
+
+
+def test_validation_catches_a_wrong_graph(bundle, artifacts):
+    """The comparison can fail: the verify graph checked against another target's weights."""
+    from lisa_trt.export.io_spec import export_dims
+    from lisa_trt.export.validate import validate_graph
+
+    other = make_artifacts(seed=7)
+    refs = dict(other, target=other["target"])
+    dims = export_dims(other["target"].config, max_cache_len=bundle.max_cache_len)
+    spec = graph_spec(Graph.TARGET_VERIFY, n_layer=other["target"].config.n_layer)
+    rep = validate_graph(Graph.TARGET_VERIFY, bundle.graph_path(Graph.TARGET_VERIFY), spec, dims, refs)
+    assert not rep.ok and rep.errors["logits"] > 1e-2 and "> threshold" in rep.summary()
+
+
+def test_lint_passes_on_an_exported_graph(bundle, artifacts):
+    from lisa_trt.export.io_spec import export_dims
+
+    a = artifacts
+    dims = export_dims(a["target"].config, max_cache_len=bundle.max_cache_len, drafter_cfg=a["drafter"].config)
+    spec = graph_spec(Graph.DRAFTER_STEP)
+    res = lint_graph(bundle.graph_path(Graph.DRAFTER_STEP), sample_inputs(Graph.DRAFTER_STEP, spec, dims, a))
+    assert res["status"] == "passed", res
+    assert res["failing_nodes"] == 0 and res["passing_nodes"] > 10
+
+
+def test_gasv_graph_handles_filtered_rows(bundle, artifacts):
+    from lisa_trt.speculative.gasv import gasv_gate
+
+    V = artifacts["target"].config.vocab_size
+    logits = torch.randn(3, V) * 4
+    logits[1, 5:] = float("-inf")  # top-5 support
+    logits[2, 1:] = float("-inf")  # a single token
+    have = run_onnx(bundle.graph_path(Graph.GASV), dict(guided_logits=logits, gasv_params=E.gasv_params(
+        artifacts["tables"].config)))
+    want = gasv_gate(logits, artifacts["tables"])
+    assert torch.allclose(have["p_soft"], want.p_soft, atol=1e-5)
+    assert torch.allclose(have["gate"], want.gate, atol=1e-5)
+    assert have["p_soft"][2, 0] == 1.0 and have["p_soft"][1, 5:].abs().max() == 0
+
+
+@pytest.mark.slow
+def test_fp16_export_validates_with_fp32_statistics(artifacts, tmp_path):
+    a = artifacts
+    man = E.export_bundle(a["target"], a["drafter"], None, None, tmp_path / "fp16", fp16=True, max_tree=8,
+                          lint=False, progress=False)
+    assert man.precision == "fp16"
+    for name, g in man.graphs.items():
+        assert g.precision == "fp16" and g.validation["ok"], (name, g.validation)
+        assert g.validation["max_error"] > 1e-6  # really fp16 (not silently fp32)
+    m = onnx.load(str(man.graph_path(Graph.TARGET_VERIFY)), load_external_data=False)
+    att = [n for n in m.graph.node if n.op_type == "Attention"]
+    assert att and all(any(x.name == "softmax_precision" and x.i == onnx.TensorProto.FLOAT for x in n.attribute)
+                       for n in att)
+    out_types = {o.name: o.type.tensor_type.elem_type for o in m.graph.output}
+    assert out_types["logits"] == onnx.TensorProto.FLOAT and out_types["hidden"] == onnx.TensorProto.FLOAT16
