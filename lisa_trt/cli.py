@@ -491,5 +491,137 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
                    f"TVD {r['mean_tvd']:.4f}{q}")
 
 
+@main.command()
+@click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--max-batch", type=int, default=1, show_default=True, help="Prompts per call (CFG doubles it).")
+@click.option("--max-tree", type=int, default=None, help="Largest tree verified at once (default: the export's).")
+@click.option("--timing-cache", default=None, type=click.Path(), help="Reuse/update a TensorRT timing cache.")
+@click.option("--refit", is_flag=True, help="Build refittable engines (weight swaps without rebuild).")
+@click.option("--workspace", type=int, default=None, help="Builder workspace limit in MiB.")
+@click.option("--dry-run", is_flag=True, help="Check compatibility and print the profiles; build nothing.")
+@_handle_errors
+def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, dry_run):
+    """TensorRT engines for every graph of an exported bundle (Polygraphy loaders, strongly typed).
+
+    Needs TensorRT and an NVIDIA GPU; without them it says what is missing and how to run the
+    bundle through ONNX Runtime instead (`lisa-trt run ENGINE_DIR PROMPTS --backend ort`)."""
+    from .engines.build import build_engines
+
+    rec = build_engines(engine_dir, profiles=None, timing_cache=timing_cache, refit=refit,
+                        workspace=(workspace << 20) if workspace else None, max_batch=max_batch,
+                        max_tree=max_tree, dry_run=dry_run)
+    click.echo(json.dumps(rec, indent=2, default=str))
+
+
+def _export_generation(model, target, sampling):
+    """Default generation settings recorded in the bundle (sampling, class names, tree budgets)."""
+    import dataclasses
+
+    from .runtime.autotune import default_tree_budgets
+
+    gen = {"sampling": dataclasses.asdict(sampling), "tree": default_tree_budgets(target.config)}
+    names = _class_names(model)
+    if names:
+        gen["class_names"] = names
+    return gen
+
+
+@main.command("export")
+@model_options
+@click.option("--drafter", default=None, help="Drafter (.safetensors or demo-lisa / demo-eagle3; demo default demo-lisa).")
+@click.option("--tables", default=None, help="Calibration tables (demo: bundled).")
+@click.option("--vq", "vq", default=None, help="VQ checkpoint for the decoder graph (demo: bundled).")
+@click.option("--vq-config", default="VQ-16", show_default=True)
+@click.option("--out", "out_dir", required=True, type=click.Path(), help="Engine directory to write.")
+@click.option("--fp16", is_flag=True, help="fp16 graphs (norm statistics, softmax, logits kept fp32).")
+@click.option("--opset", type=int, default=None, help="ONNX opset (default 23: ONNX Attention).")
+@click.option("--max-tree", type=int, default=None, help="Largest tree the engines verify (static cache length).")
+@click.option("--no-validate", is_flag=True, help="Skip the ORT-vs-PyTorch check of every graph.")
+@sampling_options
+@_handle_errors
+def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_config, out_dir, fp16, opset, max_tree,
+               no_validate, cfg_scale, temperature, top_k, top_p, cfg_interval, greedy, seed):
+    """ONNX graphs for target, drafter, GASV and VQ decoder + manifest (validated, atomic)."""
+    from .artifacts import default_drafter, default_tables, load_drafter_by_name, load_tables_by_name
+    from .models.checkpoints import load_vq
+    from .runtime.bundle import export_full_bundle
+
+    target = resolve_target(model, config, image_size, model_type)
+    drafter = drafter or default_drafter(model)
+    tables = tables or default_tables(model)
+    vq = vq or ("demo" if model == "demo" else None)
+    dr = load_drafter_by_name(drafter, target) if drafter else None
+    tb = load_tables_by_name(tables, target) if tables else None
+    vqm = load_vq(vq, None if vq == "demo" or str(vq).endswith(".safetensors") else vq_config) if vq else None
+    s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
+                         cfg_interval=cfg_interval, greedy=greedy)
+    man = export_full_bundle(target, dr, tb, vqm, out_dir, fp16=fp16, opset=opset, max_tree=max_tree,
+                             generation=_export_generation(model, target, s), validate=not no_validate)
+    for name, g in man.graphs.items():
+        err = (g.validation or {}).get("max_error")
+        click.echo(f"{name:16s} {g.precision}  max|ORT - torch| {err if err is not None else 'n/a'}")
+    click.echo(f"wrote {out_dir} ({len(man.graphs)} graphs, {man.precision}, opset {man.opset})")
+
+
+@main.command()
+@click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("prompts", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", "out_dir", default="outputs", show_default=True, type=click.Path())
+@click.option("--backend", type=click.Choice(["auto", "trt", "ort", "torch"]), default="auto", show_default=True)
+@click.option("--verify", type=click.Choice(["vanilla", "greedy", "exact", "lantern", "gasv", "sjd"]),
+              default="gasv", show_default=True)
+@click.option("--threads", type=int, default=None, help="ORT intra-op threads (default: physical cores).")
+@sampling_options
+@click.option("--tree-top-k", type=int, default=None)
+@click.option("--tree-depth", type=int, default=None)
+@click.option("--tree-tokens", type=int, default=None)
+@_handle_errors
+def run(engine_dir, prompts, out_dir, backend, verify, threads, cfg_scale, temperature, top_k, top_p, cfg_interval,
+        greedy, seed, tree_top_k, tree_depth, tree_tokens):
+    """Tree speculation + GASV over an engine directory: PNGs and per-image stats.
+
+    PROMPTS: a text file (one class id or name per line) or JSONL ({"class": ..., "seed": ..,
+    "cfg": ..}); malformed lines are reported with their numbers before any work starts."""
+    from .io import write_json
+    from .runtime.pipeline import Pipeline
+    from .runtime.prompts import parse_prompts
+
+    pipe = Pipeline.from_dir(engine_dir, backend=backend, threads=threads)
+    cfg = pipe.config
+    ps = parse_prompts(prompts, model_type=cfg.model_type, num_classes=cfg.num_classes, class_names=pipe.class_names)
+    res = pipe.generate(ps, seed=seed, verify=verify, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
+                        top_p=top_p, greedy=greedy, tree_top_k=tree_top_k, tree_depth=tree_depth,
+                        tree_tokens=tree_tokens)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    from .imaging import save_png
+
+    import numpy as np
+
+    for i, (img, p) in enumerate(zip(res.images, ps)):
+        save_png(np.asarray(img), out / f"img_{i:04d}_line{p.line}.png")
+    write_json(out / "stats.json", {"backend": pipe.backend, "verify": verify, "images": res.stats})
+    mal = sum(st["mal"] for st in res.stats) / len(res.stats)
+    secs = sum(st["seconds"] for st in res.stats)
+    click.echo(f"{len(res.images)} images -> {out} ({pipe.backend}, {verify}): mean MAL {mal:.2f}, {secs:.2f} s")
+
+
+@main.command()
+@click.option("--out", "out_dir", default="lisa-trt-demo", show_default=True, type=click.Path())
+@click.option("--num-images", type=int, default=8, show_default=True, help="Images per method (one per class, cycled).")
+@click.option("--backend", type=click.Choice(["ort", "torch"]), default="ort", show_default=True)
+@click.option("--verify", type=click.Choice(["exact", "lantern", "gasv"]), default="gasv", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@_handle_errors
+def demo(out_dir, num_images, backend, verify, seed):
+    """The whole pipeline on the bundled CPU model: export (cached), then vanilla vs LISA
+    through ONNX Runtime; prints speed-up, MAL and quality, writes a side-by-side PNG grid."""
+    from .runtime.demo import run_demo
+
+    summary = run_demo(Path(out_dir), num_images=num_images, backend=backend, verify=verify, seed=seed,
+                       echo=click.echo)
+    click.echo(json.dumps(summary["results"], indent=2))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -115,12 +115,14 @@ class SpeculativeDecoder:
 
     Args:
         target: a TargetEngine (torch Transformer, OrtTarget, TrtTarget).
-        drafter: a DrafterEngine (torch Drafter, OrtDrafter).
+        drafter: a DrafterEngine (torch Drafter, OrtDrafter, TrtDrafter).
         tables: GASVTables bound to the target head (gasv) / with LANTERN neighbours (lantern).
+        gasv: optional GASV engine `gasv(logits (N, V), cfg) -> GASVOutput` (OrtGASV, TrtGASV);
+            default: the PyTorch reference `gasv_gate` over `tables`.
     """
 
-    def __init__(self, target, drafter, tables=None):
-        self.target, self.drafter, self.tables = target, drafter, tables
+    def __init__(self, target, drafter, tables=None, gasv=None):
+        self.target, self.drafter, self.tables, self.gasv = target, drafter, tables, gasv
 
     def _verify(self, logits: torch.Tensor, tree: DraftTree, spec: SpecConfig, greedy: bool, gen):
         """Guided, filtered logits (B, N, V) at the tree nodes -> VerifyResult."""
@@ -137,12 +139,14 @@ class SpeculativeDecoder:
             return V.verify_lantern(p, tree, gen, nb, k=k, delta=spec.lantern_delta, residual=spec.lantern_residual)
         from .gasv import gasv_gate
 
-        tables = self._tables("GASV")
-        cfg = tables.config
+        cfg = self.gasv.config if self.gasv is not None else self._tables("GASV").config
         over = {k: v for k, v in (("kappa", spec.gasv_kappa), ("lam", spec.gasv_lambda)) if v is not None}
         if over:
             cfg = dataclasses.replace(cfg, **over)
-        out = gasv_gate(logits.reshape(B * N, Vv), tables, cfg, support_k=spec.gasv_support_k)
+        if self.gasv is not None:
+            out = self.gasv(logits.reshape(B * N, Vv), cfg)
+        else:
+            out = gasv_gate(logits.reshape(B * N, Vv), self.tables, cfg, support_k=spec.gasv_support_k)
         p_raw, p_soft = out.p_raw.reshape(B, N, Vv), out.p_soft.reshape(B, N, Vv)
         if greedy:
             return V.verify_soft_greedy(p_raw, p_soft, out.gate.reshape(B, N, Vv), tree)

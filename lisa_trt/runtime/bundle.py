@@ -1,0 +1,148 @@
+"""Engine directories (`lisa-trt export`): open one for a backend, with every artifact checked.
+
+Layout: the ONNX graphs and manifest.json of export/onnx.py, plus (written by `lisa-trt export`)
+`weights/` with the PyTorch weights (torch backend) and `tables.safetensors` (LANTERN neighbours
+and the GASV constants). The manifest records each artifact's hash; anything made for another
+target is refused (ArtifactMismatchError) before any work starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from ..errors import ArtifactMismatchError, InputError
+
+WEIGHT_FILES = {"target_weights": "weights/target.safetensors", "drafter_weights": "weights/drafter.safetensors",
+                "vq_weights": "weights/vq.safetensors", "tables": "tables.safetensors"}
+
+
+def resolve_backend(engine_dir: Path, backend: str) -> str:
+    """auto -> trt when engines are built and TensorRT + a GPU are usable, else ort."""
+    if backend != "auto":
+        return backend
+    try:
+        from ..engines.build import engines_built
+        from ..engines.plugins.trt_plugin import tensorrt_available
+
+        if engines_built(engine_dir) and tensorrt_available():
+            import torch
+
+            if torch.cuda.is_available():
+                return "trt"
+    except Exception:  # noqa: BLE001 - any TensorRT probing problem means: not usable here
+        pass
+    return "ort"
+
+
+def _tables(man, engine_dir: Path):
+    if "tables" not in man.files:
+        return None
+    from ..calibration.tables import load_tables
+
+    tables = load_tables(engine_dir / man.files["tables"])
+    if tables.target_hash != man.target_hash:
+        raise ArtifactMismatchError(f"{engine_dir}/tables.safetensors was calibrated for target {tables.target_hash}, "
+                                    f"the engines are for {man.target_hash}; re-export the bundle")
+    return tables
+
+
+def open_bundle(engine_dir: Path, backend: str = "auto", *, threads: Optional[int] = None):
+    """-> runtime.pipeline._Engines for `backend` (auto | trt | ort | torch)."""
+    from ..export.manifest import read_manifest
+    from .pipeline import _Engines
+
+    man = read_manifest(engine_dir)
+    backend = resolve_backend(engine_dir, backend)
+    gen = dict(man.generation or {})
+    names = gen.get("class_names")
+    tables = _tables(man, engine_dir)
+    if backend == "ort":
+        from ..engines.ort import load_ort_engines
+
+        e = load_ort_engines(engine_dir, threads=threads)
+        return _Engines(target=e.target, drafter=e.drafter, gasv=e.gasv, tables=tables, vq=e.vq,
+                        class_names=names, generation=gen, backend="ort", manifest=man)
+    if backend == "trt":
+        from ..engines.trt import load_trt_engines
+
+        e = load_trt_engines(engine_dir)
+        return _Engines(target=e.target, drafter=e.drafter, gasv=e.gasv, tables=tables, vq=e.vq,
+                        class_names=names, generation=gen, backend="trt", manifest=man)
+    if backend != "torch":
+        raise InputError(f"unknown backend {backend!r}; valid: auto, trt, ort, torch")
+    return _torch_engines(man, engine_dir, tables, names, gen)
+
+
+def _torch_engines(man, engine_dir: Path, tables, names, gen):
+    from ..models.checkpoints import load_target, load_vq, target_hash
+    from ..models.drafter import load_drafter
+    from .pipeline import _Engines
+
+    if "target_weights" not in man.files:
+        raise InputError(f"{engine_dir} carries no PyTorch weights (weights/); use --backend ort, or re-export "
+                         "with `lisa-trt export` (which bundles them)")
+    target = load_target(engine_dir / man.files["target_weights"])
+    if target_hash(target) != man.target_hash:
+        raise ArtifactMismatchError(f"{engine_dir}/weights/target.safetensors does not match the manifest's target "
+                                    f"({target_hash(target)} vs {man.target_hash}); re-export the bundle")
+    drafter = load_drafter(engine_dir / man.files["drafter_weights"], target) if "drafter_weights" in man.files else None
+    vq = load_vq(engine_dir / man.files["vq_weights"]) if "vq_weights" in man.files else None
+    if tables is not None:
+        tables = tables.bind(target.output.weight)
+    return _Engines(target=target, drafter=drafter, gasv=None, tables=tables, vq=vq, class_names=names,
+                    generation=gen, backend="torch", manifest=man)
+
+
+def export_full_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, opset: Optional[int] = None,
+                       max_tree: Optional[int] = None, generation: Optional[dict] = None, progress: bool = True,
+                       validate: bool = True, lint: bool = True):
+    """`lisa-trt export`: the ONNX graphs (export/onnx.py) plus weights/ and tables.safetensors.
+
+    Atomic as a whole: everything is written into a hidden staging directory next to `out_dir`
+    and swapped in at the end, so an interrupted export never leaves a directory that looks
+    complete (an existing bundle at `out_dir` stays intact until the swap).
+    """
+    import dataclasses
+    import os
+    import shutil
+    import uuid
+
+    from ..calibration.tables import save_tables
+    from ..export.manifest import read_manifest, write_manifest
+    from ..export.onnx import DEFAULT_MAX_TREE, DEFAULT_OPSET, export_bundle
+    from ..models.checkpoints import save_model
+    from ..models.drafter import save_drafter
+
+    out_dir = Path(out_dir)
+    stage = out_dir.parent / f".{out_dir.name}.staging-{uuid.uuid4().hex[:8]}"
+    try:
+        export_bundle(target, drafter, tables, vq, stage, fp16=fp16, opset=opset or DEFAULT_OPSET,
+                      max_tree=max_tree or DEFAULT_MAX_TREE, generation=generation, progress=progress,
+                      validate=validate, lint=lint)
+        files = {"target_weights": WEIGHT_FILES["target_weights"]}
+        save_model(target, target.config, stage / WEIGHT_FILES["target_weights"])
+        if drafter is not None:
+            save_drafter(drafter, stage / WEIGHT_FILES["drafter_weights"])
+            files["drafter_weights"] = WEIGHT_FILES["drafter_weights"]
+        if vq is not None:
+            save_model(vq, vq.config, stage / WEIGHT_FILES["vq_weights"])
+            files["vq_weights"] = WEIGHT_FILES["vq_weights"]
+        if tables is not None:
+            save_tables(tables, stage / WEIGHT_FILES["tables"])
+            files["tables"] = WEIGHT_FILES["tables"]
+        man = read_manifest(stage)
+        write_manifest(dataclasses.replace(man, files={**man.files, **files}), stage)
+        old = None
+        if out_dir.exists():
+            if not (out_dir / "manifest.json").is_file() and any(out_dir.iterdir()):
+                raise InputError(f"{out_dir} exists and is not a lisa-trt engine directory; choose another --out")
+            old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(out_dir, old)
+        os.replace(stage, out_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if stage.exists():
+            shutil.rmtree(stage, ignore_errors=True)
+    return read_manifest(out_dir)

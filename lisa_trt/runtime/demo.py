@@ -1,0 +1,113 @@
+"""`lisa-trt demo`: the main job on the bundled CPU model.
+
+1. export the demo target + LISA drafter + GASV tables + VQ decoder to ONNX (cached: reused when
+   the bundle's manifest matches the shipped artifacts' hashes);
+2. generate the same prompts with the same seeds twice through the chosen backend (ONNX Runtime
+   by default): vanilla AR decoding and LISA (tree speculation + GASV);
+3. print speed-up, MAL and quality (class accuracy, FD-demo from the bundled scorer), write a
+   side-by-side PNG grid (vanilla row over LISA row) and summary.json.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..errors import LisaError
+
+
+def _bundle_is_current(engine_dir: Path, target, drafter, tables) -> bool:
+    from ..export.manifest import drafter_hash, read_manifest, tables_hash
+    from ..models.checkpoints import target_hash
+
+    try:
+        read_manifest(engine_dir, target_hash=target_hash(target), drafter_hash=drafter_hash(drafter),
+                      tables_hash=tables_hash(tables))
+        return True
+    except LisaError:
+        return False
+
+
+def ensure_demo_bundle(engine_dir: Path, echo: Callable = print) -> Path:
+    """Export the bundled demo model into `engine_dir` unless an up-to-date export is there."""
+    from ..artifacts import load_drafter_by_name, load_tables_by_name
+    from ..demo.registry import class_names, demo_sampling, load_demo_target, load_demo_vq
+    from .autotune import default_tree_budgets
+    from .bundle import export_full_bundle
+
+    target = load_demo_target()
+    drafter = load_drafter_by_name("demo-lisa", target)
+    tables = load_tables_by_name("demo", target)
+    if _bundle_is_current(engine_dir, target, drafter, tables):
+        echo(f"using cached export {engine_dir}")
+        return engine_dir
+    import dataclasses
+
+    echo(f"exporting the demo model to {engine_dir} (once; validated against PyTorch) ...")
+    t0 = time.perf_counter()
+    gen = {"sampling": dataclasses.asdict(demo_sampling()), "class_names": list(class_names()),
+           "tree": default_tree_budgets(target.config, _measured_budgets())}
+    export_full_bundle(target, drafter, tables, load_demo_vq(), engine_dir, generation=gen, progress=True)
+    echo(f"exported in {time.perf_counter() - t0:.1f} s")
+    return engine_dir
+
+
+def _measured_budgets() -> dict:
+    """Tree budgets chosen from the recorded cost curve (bench/demo_tree_budget.json), if shipped."""
+    from ..artifacts import ASSETS
+
+    p = ASSETS / "tree_budgets.json"
+    if p.is_file():
+        import json
+
+        return json.loads(p.read_text())
+    return {}
+
+
+def run_demo(out_dir: Path, *, num_images: int = 8, backend: str = "ort", verify: str = "gasv", seed: int = 0,
+             echo: Callable = print) -> dict:
+    from ..demo.registry import class_names, load_demo_scorer
+    from ..demo.scorer import score_images
+    from ..imaging import grid, save_png
+    from ..io import write_json
+    from .pipeline import Pipeline
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    engines = ensure_demo_bundle(out_dir / "engines", echo)
+    pipe = Pipeline.from_dir(engines, backend=backend)
+    names = list(class_names())
+    prompts = [i % len(names) for i in range(num_images)]
+    pipe.generate(prompts[:1], seed=seed, verify="vanilla")  # warm-up (sessions, allocations)
+    pipe.generate(prompts[:1], seed=seed, verify=verify)
+    results, images = {}, {}
+    scorer = load_demo_scorer()
+    for method in ("vanilla", verify):
+        echo(f"generating {num_images} images with {method} ({pipe.backend}) ...")
+        t0 = time.perf_counter()
+        res = pipe.generate(prompts, seed=seed, verify=method)
+        secs = (time.perf_counter() - t0) / num_images
+        imgs = torch.from_numpy(np.stack([np.asarray(im) for im in res.images])).permute(0, 3, 1, 2)
+        acc, fd = score_images(imgs.float() / 127.5 - 1.0, torch.tensor(prompts), scorer)
+        results[method] = {"seconds_per_image": secs, "mal": float(np.mean([s["mal"] for s in res.stats])),
+                           "mean_tvd": float(np.mean([s.get("mean_tvd", 0.0) for s in res.stats])),
+                           "class_acc": float(acc), "fd_demo": float(fd)}
+        images[method] = [np.asarray(im) for im in res.images]
+    base = results["vanilla"]["seconds_per_image"]
+    for r in results.values():
+        r["speedup"] = base / r["seconds_per_image"]
+    save_png(grid(images["vanilla"] + images[verify], nrow=num_images), out_dir / "vanilla_vs_lisa.png")
+    summary = {"backend": pipe.backend, "verify": verify, "num_images": num_images, "seed": seed,
+               "classes": [names[p] for p in prompts], "results": results,
+               "grid": str(out_dir / "vanilla_vs_lisa.png"),
+               "note": "FD-demo on a handful of images is noisy; bench/ has the 64-image numbers."}
+    write_json(out_dir / "summary.json", summary)
+    v, l = results["vanilla"], results[verify]
+    echo(f"vanilla: {v['seconds_per_image']:.2f} s/image, class acc {v['class_acc']:.2f}, FD-demo {v['fd_demo']:.1f}")
+    echo(f"LISA ({verify}): {l['seconds_per_image']:.2f} s/image, speed-up {l['speedup']:.2f}x, MAL {l['mal']:.2f}, "
+         f"mean TVD {l['mean_tvd']:.3f}, class acc {l['class_acc']:.2f}, FD-demo {l['fd_demo']:.1f}")
+    echo(f"grid (top: vanilla, bottom: LISA): {summary['grid']}")
+    return summary
