@@ -1,0 +1,119 @@
+"""The embedded runtime: ORT == torch tokens, run CLI, bundle checks, atomic export, threads."""
+
+import json
+import threading
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from lisa_trt import LisaError
+from lisa_trt.calibration.profile import calibrate
+from lisa_trt.cli import main
+from lisa_trt.config import SamplingConfig, vq_config
+from lisa_trt.models.drafter import Drafter
+from lisa_trt.models.vq import VQModel
+from lisa_trt.runtime.bundle import export_full_bundle
+from lisa_trt.runtime.pipeline import Pipeline
+from lisa_trt.testing import make_target
+
+GEN = {"sampling": {"cfg_scale": 2.0, "top_k": 0}, "class_names": [f"c{i}" for i in range(10)],
+       "tree": {"default": {"top_k": 3, "depth": 2, "total_tokens": 8}}}
+
+
+@pytest.fixture(scope="module")
+def parts():
+    torch.manual_seed(0)
+    t = make_target(std=0.3)
+    d = Drafter.from_target(t).eval()
+    cfg = vq_config("VQ-16", ch=32, encoder_ch_mult=(1, 2), decoder_ch_mult=(1, 2), z_channels=32, codebook_size=256)
+    vq = VQModel(cfg).eval()
+    tables = calibrate(t, vq.codebook().detach(), num_rollouts=4, sampling=SamplingConfig(cfg_scale=2.0),
+                       progress=False)
+    return t, d, tables, vq
+
+
+@pytest.fixture(scope="module")
+def bundle(parts, tmp_path_factory):
+    out = tmp_path_factory.mktemp("b") / "eng"
+    t, d, tables, vq = parts
+    export_full_bundle(t, d, tables, vq, out, generation=GEN, progress=False, lint=False)
+    return out
+
+
+@pytest.mark.parametrize("verify", ["greedy", "exact", "gasv", "lantern"])
+def test_ort_equals_torch_tokens(bundle, verify):
+    ort = Pipeline.from_dir(bundle, backend="ort", threads=1)
+    tch = Pipeline.from_dir(bundle, backend="torch")
+    assert ort.backend == "ort" and tch.backend == "torch"
+    a = ort.generate([1, "c3"], seed=5, verify=verify)
+    b = tch.generate([1, "c3"], seed=5, verify=verify)
+    assert torch.equal(a.tokens, b.tokens)
+    assert len(a.images) == 2 and a.images[0].size == (8, 8)
+    assert a.stats[0]["mal"] >= 1.0 and a.stats[1]["class"] == 3
+
+
+def test_pipeline_matches_library_decoder(parts, bundle):
+    """The bundle's torch backend == the in-memory models (weights round-trip exactly)."""
+    t, d, tables, vq = parts
+    mem = Pipeline.from_models(t, d, tables, vq, generation=GEN)
+    disk = Pipeline.from_dir(bundle, backend="torch")
+    assert torch.equal(mem.generate([2], seed=1, verify="gasv").tokens, disk.generate([2], seed=1, verify="gasv").tokens)
+
+
+def test_thread_safe_shared_pipeline(bundle):
+    pipe = Pipeline.from_dir(bundle, backend="ort", threads=1)
+    ref = [pipe.generate([i], seed=i, verify="exact").tokens for i in range(4)]
+    got = [None] * 4
+
+    def work(i):
+        got[i] = pipe.generate([i], seed=i, verify="exact").tokens
+
+    ths = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    [th.start() for th in ths]
+    [th.join() for th in ths]
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+
+
+def test_run_cli_and_malformed_prompts(bundle, tmp_path):
+    r = CliRunner()
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"class": 1, "seed": 3}\n{"class": "c2", "cfg": 1.5}\n')
+    res = r.invoke(main, ["run", str(bundle), str(p), "--out", str(tmp_path / "o"), "--backend", "ort"])
+    assert res.exit_code == 0, res.output
+    stats = json.loads((tmp_path / "o" / "stats.json").read_text())
+    assert [s["seed"] for s in stats["images"]] == [3, 1] and len(list((tmp_path / "o").glob("*.png"))) == 2
+    bad = tmp_path / "bad.txt"
+    bad.write_text("1\nnope\n42\n")
+    res = r.invoke(main, ["run", str(bundle), str(bad), "--out", str(tmp_path / "o2")])
+    assert res.exit_code == 2 and "bad.txt:2:" in res.output and "bad.txt:3:" in res.output
+    assert not (tmp_path / "o2").exists()
+
+
+def test_bundle_with_foreign_tables_refused(parts, bundle, tmp_path):
+    import shutil
+
+    from lisa_trt.calibration.tables import save_tables
+
+    other = make_target(std=0.3, seed=9)
+    t2 = calibrate(other, parts[3].codebook().detach(), num_rollouts=2, progress=False)
+    copy = tmp_path / "eng"
+    shutil.copytree(bundle, copy)
+    save_tables(t2, copy / "tables.safetensors")
+    with pytest.raises(LisaError, match="calibrated for target"):
+        Pipeline.from_dir(copy, backend="ort")
+
+
+def test_interrupted_export_leaves_nothing(parts, tmp_path, monkeypatch):
+    import lisa_trt.runtime.bundle as B
+
+    t, d, tables, vq = parts
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("lisa_trt.models.drafter.save_drafter", boom)
+    out = tmp_path / "eng"
+    with pytest.raises(KeyboardInterrupt):
+        B.export_full_bundle(t, d, tables, vq, out, generation=GEN, progress=False, validate=False, lint=False)
+    assert list(tmp_path.iterdir()) == []
