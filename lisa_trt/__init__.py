@@ -1,14 +1,15 @@
 """lisa-trt: LISA speculative decoding for autoregressive image generators, deployable.
 
-Public API (kept stable): load_target, load_vq, generate, TargetConfig, VQConfig, LisaError.
+Public API (kept stable): load_target, load_vq, generate, Pipeline, TargetConfig, VQConfig, LisaError.
 """
 
 from .config import SamplingConfig, TargetConfig, VQConfig, target_config, vq_config
 from .errors import LisaError
 from .models.checkpoints import load_target, load_vq
+from .runtime.pipeline import GenerationResult, Pipeline
 from .speculative.autoregressive import generate
 
 __version__ = "0.1.0"
 
-__all__ = ["LisaError", "SamplingConfig", "TargetConfig", "VQConfig", "generate", "load_target",
+__all__ = ["GenerationResult", "LisaError", "Pipeline", "SamplingConfig", "TargetConfig", "VQConfig", "generate", "load_target",
            "load_vq", "target_config", "vq_config", "__version__"]
