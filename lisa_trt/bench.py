@@ -34,7 +34,7 @@ def parse_methods(text: str) -> list[str]:
 
 
 def run_method(method: str, target, drafter, tables, cond, *, sampling: SamplingConfig,
-               spec: SpecConfig, seed: int, sjd_window: int = 16):
+               spec: SpecConfig, seed: int, sjd_window: int = 16, gasv=None):
     """One generation with `method` -> (tokens (B, N), DecodeStats)."""
     if method == "vanilla":
         t0 = time.perf_counter()
@@ -52,12 +52,12 @@ def run_method(method: str, target, drafter, tables, cond, *, sampling: Sampling
         spec = dataclasses.replace(spec, method="exact")
     else:
         spec = dataclasses.replace(spec, method=method)
-    return SpeculativeDecoder(target, drafter, tables).generate(cond, sampling=sampling, spec=spec, seed=seed)
+    return SpeculativeDecoder(target, drafter, tables, gasv=gasv).generate(cond, sampling=sampling, spec=spec, seed=seed)
 
 
 def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingConfig,
               spec: SpecConfig, seed: int = 0, scorer_fn=None, decode_fn=None, sjd_window: int = 16,
-              progress: bool = True, settings_extra: Optional[dict] = None) -> dict:
+              progress: bool = True, settings_extra: Optional[dict] = None, gasv=None) -> dict:
     """Run `methods` on one image per entry of `classes` (batch 1, seed + i for image i).
 
     Args:
@@ -74,13 +74,13 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
     # warm-up (allocations, thread pools), not timed
     for m in methods:
         run_method(m, target, drafter, tables, cls[:1], sampling=sampling, spec=spec, seed=seed,
-                   sjd_window=sjd_window)
+                   sjd_window=sjd_window, gasv=gasv)
     for m in methods:
         secs, stats_all, toks = [], [], []
         for i in tqdm(range(len(cls)), desc=f"bench {m}", disable=not progress):
             t0 = time.perf_counter()
             tk, st = run_method(m, target, drafter, tables, cls[i: i + 1], sampling=sampling,
-                                spec=spec, seed=seed + i, sjd_window=sjd_window)
+                                spec=spec, seed=seed + i, sjd_window=sjd_window, gasv=gasv)
             secs.append(time.perf_counter() - t0)
             stats_all.append(st)
             toks.append(tk)

@@ -93,21 +93,21 @@ def make_spec(verify, top_k, depth, total, lantern_delta, kappa, lam):
                       lantern_delta=lantern_delta, gasv_kappa=kappa, gasv_lambda=lam)
 
 
-def resolve_spec_artifacts(model, target, verify, drafter, tables):
-    """Drafter and tables a method needs (bundled ones for the demo model)."""
+def resolve_spec_artifacts(model, target, methods, drafter, tables):
+    """Drafter and tables that `methods` need (the bundled ones for the demo model)."""
     from .artifacts import default_drafter, default_tables, load_drafter_by_name, load_tables_by_name
     from .errors import InputError
 
-    needs_drafter = verify not in ("vanilla", "sjd", None)
-    needs_tables = verify in ("lantern", "gasv")
+    needs_drafter = [m for m in methods if m not in ("vanilla", "sjd", None)]
+    needs_tables = [m for m in methods if m in ("lantern", "gasv")]
     drafter = drafter or default_drafter(model)
     tables = tables or default_tables(model)
     if needs_drafter and drafter is None:
-        raise InputError(f"--verify {verify} needs --drafter (train one with `lisa-trt train`)")
+        raise InputError(f"{needs_drafter[0]} verification needs --drafter (train one with `lisa-trt train`)")
     if needs_tables and tables is None:
-        raise InputError(f"--verify {verify} needs --tables (make them with `lisa-trt calibrate`)")
+        raise InputError(f"{needs_tables[0]} verification needs --tables (make them with `lisa-trt calibrate`)")
     dr = load_drafter_by_name(drafter, target) if needs_drafter else None
-    tb = load_tables_by_name(tables, target) if (tables and (needs_tables or verify == "all")) else None
+    tb = load_tables_by_name(tables, target) if needs_tables else None
     return dr, tb
 
 
@@ -277,7 +277,7 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
     else:
         from .bench import run_method
 
-        dr, tb = resolve_spec_artifacts(model, target, verify, drafter, tables)
+        dr, tb = resolve_spec_artifacts(model, target, [verify], drafter, tables)
         spec = make_spec(verify, tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda)
         tokens, st = run_method(verify, target, dr, tb, cond, sampling=s, spec=spec, seed=seed)
         stats = st.as_dict()
@@ -449,17 +449,10 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
     target = resolve_target(model, config, image_size, model_type)
     s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                          cfg_interval=cfg_interval, greedy=greedy)
-    need = [m for m in ms if m not in ("vanilla", "sjd")]
-    dr, tb = resolve_spec_artifacts(model, target, "all" if need else "vanilla", drafter, tables)
-    if need and dr is None:
-        from .artifacts import load_drafter_by_name
-
-        dr = load_drafter_by_name(drafter, target) if drafter else None
-    tgt_engine, dr_engine = target, dr
+    dr, tb = resolve_spec_artifacts(model, target, ms, drafter, tables)
+    tgt_engine, dr_engine, gasv_engine = target, dr, None
     if backend == "ort":
-        from .runtime.engines import ort_engines
-
-        tgt_engine, dr_engine = ort_engines(engine_dir, target, dr)
+        tgt_engine, dr_engine, gasv_engine = _ort_bench_engines(engine_dir, target, dr, tb)
     names = _class_names(model)
     ncls = target.config.num_classes
     cl = parse_classes(classes, ncls, names) if classes else list(range(ncls))
@@ -480,7 +473,7 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
             return score_images(images, labels, scorer)
 
     spec = make_spec("gasv", tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda)
-    report = run_bench(tgt_engine, dr_engine, tb, ms, cl, sampling=s, spec=spec, seed=seed,
+    report = run_bench(tgt_engine, dr_engine, tb, ms, cl, sampling=s, spec=spec, seed=seed, gasv=gasv_engine,
                        scorer_fn=scorer_fn, decode_fn=decode_fn, sjd_window=sjd_window,
                        settings_extra={"model": model, "drafter": drafter or (model == "demo" and "demo-lisa") or None,
                                        "backend": backend, "command": " ".join(sys.argv)})
@@ -511,6 +504,21 @@ def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, dry_r
                         workspace=(workspace << 20) if workspace else None, max_batch=max_batch,
                         max_tree=max_tree, dry_run=dry_run)
     click.echo(json.dumps(rec, indent=2, default=str))
+
+
+def _ort_bench_engines(engine_dir, target, drafter, tables):
+    """ORT engines for `bench --backend ort`, checked against the artifacts being benchmarked."""
+    from .errors import InputError
+    from .engines.ort import load_ort_engines
+    from .export.manifest import drafter_hash, tables_hash
+    from .models.checkpoints import target_hash
+
+    if engine_dir is None:
+        raise InputError("--backend ort needs --engine-dir (make one with `lisa-trt export`)")
+    e = load_ort_engines(engine_dir, target_hash=target_hash(target),
+                         drafter_hash=drafter_hash(drafter) if drafter is not None else None,
+                         tables_hash=tables_hash(tables) if tables is not None else None)
+    return e.target, e.drafter, e.gasv
 
 
 def _export_generation(model, target, sampling):

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError
-from ..export.io_spec import GASV_PARAMS, Graph, graph_spec
+from ..export.io_spec import Graph, graph_spec
 from ..export.manifest import Manifest, read_manifest
 
 _NP = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
@@ -62,7 +62,7 @@ def physical_cores() -> int:
     return max(1, min(n, avail))
 
 
-def session_options(threads: Optional[int] = None, spin: bool = False):
+def session_options(threads: Optional[int] = None, spin: bool = False, profile: Optional[str] = None):
     """Tuned ORT options: intra-op = physical cores, sequential, graph optimisation ALL.
 
     Args:
@@ -72,6 +72,7 @@ def session_options(threads: Optional[int] = None, spin: bool = False):
             and spinning pools steal the CPU from each other (measured on the 2-core dev box:
             drafter step + verify 7.2 ms without spinning vs 23 ms with it; see
             bench/ort_cost_curve.json "alternating_sessions").
+        profile: a file prefix: write ORT's per-node profile (JSON) there (`end_profiling`).
     """
     import onnxruntime as ort
 
@@ -82,6 +83,9 @@ def session_options(threads: Optional[int] = None, spin: bool = False):
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     so.log_severity_level = 3
+    if profile:
+        so.enable_profiling = True
+        so.profile_file_prefix = str(profile)
     return so
 
 
@@ -94,45 +98,86 @@ def default_providers() -> list:
     return ["CPUExecutionProvider"]
 
 
-def make_session(path, providers=None, threads: Optional[int] = None, spin: bool = False):
+def make_session(path, providers=None, threads: Optional[int] = None, spin: bool = False,
+                 profile: Optional[str] = None):
     import onnxruntime as ort
 
-    return ort.InferenceSession(str(path), session_options(threads, spin), providers=providers or default_providers())
+    return ort.InferenceSession(str(path), session_options(threads, spin, profile),
+                                providers=providers or default_providers())
 
 
 class GraphRunner:
-    """One ORT session + a reusable IO binding; tensors are bound by address.
+    """One ORT session + a reusable IO binding; torch tensors are bound by address.
 
-    `run(inputs, outputs, cache=...)`: `cache` maps past/present names to buffers that are
-    bound as both input and output (rebound only when the buffers change).
+    `bind_cache(pairs)` binds each cache buffer as both its past input and its present output
+    (in place; rebound only when the buffers change); `run(inputs, outputs)` binds the per-call
+    tensors and runs. Outputs are preallocated by the caller, so ORT allocates nothing.
     """
 
-    def __init__(self, path, providers=None, threads: Optional[int] = None, spin: bool = False):
+    def __init__(self, path, providers=None, threads: Optional[int] = None, spin: bool = False,
+                 profile: Optional[str] = None):
         self.path = Path(path)
-        self.session = make_session(path, providers, threads, spin)
+        self.session = make_session(path, providers, threads, spin, profile)
         self.device = torch.device("cuda", 0) if self.session.get_providers()[0] == "CUDAExecutionProvider" \
             else torch.device("cpu")
         self._io = self.session.io_binding()
+        # The public IOBinding.bind_* rebuild an OrtDevice per call (~10 us each); bind through
+        # the underlying C binding with a cached device when this onnxruntime exposes it.
+        self._raw = getattr(self._io, "_iobinding", None)
+        self._devices: dict = {}
         self._cache_key = None
+        self._cache_names: set = set()  # names bound to long-lived buffers (caches, manual binds)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
+        self._all_names = set(self.input_names) | set(self.output_names)
 
     def _bind(self, name: str, t: torch.Tensor, output: bool) -> None:
         dev = t.device
-        args = (name, dev.type, dev.index or 0, _NP[t.dtype], tuple(t.shape), t.data_ptr())
-        (self._io.bind_output if output else self._io.bind_input)(*args)
+        if self._raw is None:
+            args = (name, dev.type, dev.index or 0, _NP[t.dtype], tuple(t.shape), t.data_ptr())
+            (self._io.bind_output if output else self._io.bind_input)(*args)
+            return
+        key = (dev.type, dev.index or 0)
+        cdev = self._devices.get(key)
+        if cdev is None:
+            from onnxruntime.capi.onnxruntime_inference_collection import OrtDevice
 
-    def bind_cache(self, pairs: list) -> None:
-        """pairs: [(past name, present name, buffer)]; rebinds only when the buffers changed."""
-        key = tuple((b.data_ptr(), tuple(b.shape)) for _, _, b in pairs)
+            cdev = self._devices[key] = OrtDevice.make(*key)._get_c_device()
+        (self._raw.bind_output if output else self._raw.bind_input)(name, cdev, _NP[t.dtype], tuple(t.shape),
+                                                                    t.data_ptr())
+
+    def bind(self, name: str, t: torch.Tensor, *, output: bool) -> None:
+        """Bind one tensor by address (the caller keeps it alive until the next run returns)."""
+        self._bind(name, t, output)
+        self._cache_names.add(name)
+        self._cache_key = None  # a manual binding may have replaced a cache binding
+
+    def bind_cache(self, pairs: list, check=None) -> None:
+        """pairs: [(past name, present name, buffer)]; rebinds only when the buffers changed.
+
+        `check()` (validating the buffers) runs only when they changed.
+        """
+        key = tuple((b.data_ptr(), b.shape) for _, _, b in pairs)
         if key == self._cache_key:
             return
+        if check is not None:
+            check()
         for past, present, buf in pairs:
             self._bind(past, buf, output=False)
             self._bind(present, buf, output=True)  # same memory: updated in place
+            self._cache_names.update((past, present))
         self._cache_key = key
 
     def run(self, inputs: dict, outputs: dict) -> None:
+        """Bind `inputs` / `outputs` (torch tensors, kept alive by the caller) and run.
+
+        Every graph input and output must be bound now or be a cache/manual binding: a name
+        left over from an earlier call would point at memory that may have been freed.
+        """
+        if set(inputs).union(outputs, self._cache_names) != self._all_names:
+            missing = sorted(self._all_names - set(inputs).union(outputs, self._cache_names))
+            extra = sorted(set(inputs).union(outputs) - self._all_names)
+            raise ValueError(f"{self.path.name}: unbound {missing}, unknown {extra}")
         for name, t in inputs.items():
             self._bind(name, t, output=False)
         for name, t in outputs.items():
@@ -156,7 +201,8 @@ def check_positions(positions: torch.Tensor, seq_len: int) -> None:
         raise InputError(f"position {int(positions.max())} is past the end of the image (sequence length {seq_len})")
 
 
-def _check_step(tokens, positions, slots, mask, batch: int, max_len: int) -> None:
+def _check_step(tokens, positions, slots, mask, batch: int, max_len: int, vocab: int, seq_len: int) -> None:
+    """Shapes, then the torch models' value checks (token ids, positions) plus slot bounds."""
     B, S = tokens.shape
     if positions.shape != (B, S) or slots.shape != (B, S) or tuple(mask.shape) != (B, S, max_len):
         raise InputError(f"tokens {tuple(tokens.shape)}, positions {tuple(positions.shape)}, slots "
@@ -164,8 +210,16 @@ def _check_step(tokens, positions, slots, mask, batch: int, max_len: int) -> Non
                          f"(B, S, Lmax={max_len})")
     if B != batch:
         raise InputError(f"batch {B} does not match the cache batch {batch}")
-    if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= max_len):
-        raise InputError(f"cache slots must lie in [0, {max_len}); got {int(slots.min())}..{int(slots.max())}")
+    if not tokens.numel():
+        return
+    t_lo, t_hi, p_hi, s_lo, s_hi = torch.stack([tokens.min(), tokens.max(), positions.max(), slots.min(),
+                                                slots.max()]).tolist()  # one host sync
+    if t_lo < 0 or t_hi >= vocab:
+        check_tokens(tokens, vocab)
+    if p_hi >= seq_len:
+        check_positions(positions, seq_len)
+    if s_lo < 0 or s_hi >= max_len:
+        raise InputError(f"cache slots must lie in [0, {max_len}); got {s_lo}..{s_hi}")
 
 
 def _check_cache(cache, shape: tuple, dtype, device, what: str) -> None:
@@ -239,13 +293,18 @@ class OrtTarget:
         return KVCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
 
     def _cache_pairs(self, cache) -> list:
-        cfg = self.config
-        _check_cache(cache, (cache.batch, cfg.kv_heads, self.max_cache_len, cfg.head_dim), self.dtype, self.device,
-                     "target")
         bufs = []
-        for i in range(cfg.n_layer):
-            bufs += [cache.k[i], cache.v[i]]
+        for k, v in zip(cache.k, cache.v):
+            bufs += [k, v]
+        if len(bufs) != len(self._aliases):
+            raise InputError(f"the cache has {len(bufs) // 2} layers; the engine has {len(self._aliases) // 2}")
         return [(past, present, buf) for (present, past), buf in zip(self._aliases, bufs)]
+
+    def _bind_cache(self, runner: GraphRunner, cache) -> None:
+        cfg = self.config
+        shape = (cache.batch, cfg.kv_heads, self.max_cache_len, cfg.head_dim)
+        runner.bind_cache(self._cache_pairs(cache),
+                          check=lambda: _check_cache(cache, shape, self.dtype, self.device, "target"))
 
     # -- entry points ---------------------------------------------------------------------
 
@@ -270,7 +329,7 @@ class OrtTarget:
                           caption_mask=_contig(cond[1], torch.bool, dev))
         out = self._outputs(B, 1)
         out["prefix_valid"] = torch.empty(B, cfg.cls_token_num, dtype=torch.bool, device=dev)
-        self._prefill.bind_cache(self._cache_pairs(cache))
+        self._bind_cache(self._prefill, cache)
         self._prefill.run(inputs, out)
         cache.col_valid[:] = True
         cache.col_valid[:, : cfg.cls_token_num] = out["prefix_valid"].to(cache.col_valid.device)
@@ -281,15 +340,14 @@ class OrtTarget:
         """New tokens at absolute `positions`, K/V written at cache `slots` (see Transformer)."""
         from ..models.llamagen import TargetOutput
 
-        _check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len)
-        check_positions(positions, self.config.seq_len)
-        check_tokens(tokens, self.config.vocab_size)
+        _check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, self.config.vocab_size,
+                    self.config.seq_len)
         dev = self.device
         inputs = dict(input_ids=_contig(tokens, torch.int64, dev), position_ids=_contig(positions, torch.int64, dev),
                       cache_slots=_contig(slots, torch.int64, dev), attention_mask=_contig(mask, torch.bool, dev))
         B, S = tokens.shape
         out = self._outputs(B, S)
-        self._verify.bind_cache(self._cache_pairs(cache))
+        self._bind_cache(self._verify, cache)
         self._verify.run(inputs, out)
         return TargetOutput(out["logits"], out["taps"] if taps else None, out["hidden"])
 
@@ -336,18 +394,17 @@ class OrtDrafter:
     def forward(self, hidden_in, tokens, positions, slots, mask, cache):
         """One drafter step; returns (logits (B, S, V) fp32, hidden_out (B, S, hidden))."""
         cfg, dev = self.config, self.device
-        _check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len)
-        check_tokens(tokens, cfg.vocab_size)
-        check_positions(positions, cfg.seq_len)
-        _check_cache(cache, (cache.batch, cfg.n_head, self.max_cache_len, cfg.head_dim), self.dtype, dev, "drafter")
+        _check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, cfg.vocab_size, cfg.seq_len)
         B, S = tokens.shape
         inputs = dict(hidden_in=_contig(hidden_in, self.dtype, dev), input_ids=_contig(tokens, torch.int64, dev),
                       position_ids=_contig(positions, torch.int64, dev), cache_slots=_contig(slots, torch.int64, dev),
                       attention_mask=_contig(mask, torch.bool, dev))
         out = dict(logits=torch.empty(B, S, cfg.vocab_size, dtype=torch.float32, device=dev),
                    hidden=torch.empty(B, S, cfg.hidden, dtype=self.dtype, device=dev))
+        shape = (cache.batch, cfg.n_head, self.max_cache_len, cfg.head_dim)
         self._step.bind_cache([("past_key_values.0.key", "present.0.key", cache.k[0]),
-                               ("past_key_values.0.value", "present.0.value", cache.v[0])])
+                               ("past_key_values.0.value", "present.0.value", cache.v[0])],
+                              check=lambda: _check_cache(cache, shape, self.dtype, dev, "drafter"))
         self._step.run(inputs, out)
         return out["logits"], out["hidden"]
 
@@ -438,5 +495,5 @@ def load_ort_engines(engine_dir, providers=None, threads: Optional[int] = None, 
         manifest=man)
 
 
-__all__ = ["GASV_PARAMS", "GraphRunner", "OrtDrafter", "OrtEngines", "OrtGASV", "OrtTarget", "OrtVQDecoder",
+__all__ = ["GraphRunner", "OrtDrafter", "OrtEngines", "OrtGASV", "OrtTarget", "OrtVQDecoder",
            "load_ort_engines", "make_session", "physical_cores", "session_options"]

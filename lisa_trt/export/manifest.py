@@ -194,7 +194,8 @@ def write_manifest(manifest: Manifest, engine_dir) -> Path:
     return path
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """sha256 hex digest of a file (streamed)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
@@ -247,7 +248,7 @@ def _check_files(man: Manifest) -> None:
             raise CheckpointError(f"{man.dir} lacks {g.file} listed in its manifest; re-export the directory")
         if g.external_data and not (Path(man.dir) / g.external_data).is_file():
             raise CheckpointError(f"{man.dir} lacks {g.external_data} (weights of {g.file}); re-export the directory")
-        have = _file_sha256(p)
+        have = file_sha256(p)
         if have != g.sha256:
             raise ArtifactMismatchError(f"{p} has sha256 {have[:16]}, but the manifest records {g.sha256[:16]}: "
                                         "the graph was changed after export. Re-export the directory.")

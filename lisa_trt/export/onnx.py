@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import logging
 import os
 import shutil
@@ -50,7 +49,6 @@ from ..config import find_multiple
 from ..errors import ArtifactMismatchError, InputError, LisaError
 from .io_spec import GASV_PARAMS, Graph, GraphSpec, export_dims, graph_spec
 
-log = logging.getLogger(__name__)
 
 DEFAULT_OPSET = 23  # ONNX Attention (SDPA with a mask) needs opset >= 23
 DEFAULT_MAX_TREE = 64
@@ -351,11 +349,15 @@ def _half_copy(module: nn.Module) -> nn.Module:
 def staging_dir(out_dir: Path):
     """Yield a hidden temp dir next to `out_dir`; on success it replaces `out_dir` atomically.
 
-    On any failure (or interrupt) the temp dir is removed and `out_dir` is left untouched.
+    On any failure (or interrupt) the temp dir is removed and `out_dir` is left untouched. A
+    previous export in `out_dir` is moved aside, the new one renamed in, the old one deleted; a
+    kill between the two renames leaves no `out_dir` at all (never a half-written one).
     """
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    if out_dir.exists() and not (out_dir / "manifest.json").is_file() and any(out_dir.iterdir()):
+    from .manifest import MANIFEST_NAME
+
+    if out_dir.exists() and not (out_dir / MANIFEST_NAME).is_file() and any(out_dir.iterdir()):
         raise InputError(f"{out_dir} exists and is not a lisa-trt engine directory (no manifest.json); "
                          "choose an empty or new --out directory")
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
@@ -381,14 +383,6 @@ def _publish_permissions(root: Path) -> None:
     os.chmod(root, 0o777 & ~umask)
     for p in root.rglob("*"):
         os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _check_inputs(target, drafter, tables) -> None:
@@ -478,7 +472,7 @@ def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, o
             if prec == "fp16":
                 set_softmax_fp32(path)
             entry = M.GraphEntry(name=graph.value, kind=graph.kind.value, file=graph.filename, precision=prec,
-                                 sha256=_sha256(path), external_data=_external_file(path),
+                                 sha256=M.file_sha256(path), external_data=_external_file(path),
                                  export_seconds=round(time.perf_counter() - t0, 2))
             if validate:
                 report = validate_graph(graph, path, module.spec, dims, refs, precision=prec)

@@ -51,9 +51,9 @@ def generate(target, cond, *, cfg_scale: float = 1.0, temperature: float = 1.0, 
     N = cfg.block_size if num_tokens is None else int(num_tokens)
     if not 1 <= N <= cfg.block_size:
         raise InputError(f"num_tokens must be in 1..{cfg.block_size}, got {N}")
-    gen = generator or make_generator(seed, target.output.weight.device)
     full = cfg_batch(target, cond, cfg_scale)
     cache = target.new_cache(2 * B if cfg_scale > 1.0 else B)
+    gen = generator or make_generator(seed, cache.lengths.device)
     raw = target.prefill(full, cache).logits[:, -1]
     out = torch.empty(B, N, dtype=torch.long, device=raw.device)
     for i in range(N):

@@ -117,3 +117,22 @@ def test_interrupted_export_leaves_nothing(parts, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         B.export_full_bundle(t, d, tables, vq, out, generation=GEN, progress=False, validate=False, lint=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_ort_backend_same_json_as_torch(bundle, tmp_path):
+    r = CliRunner()
+    common = ["bench", "--model", str(bundle / "weights" / "target.safetensors"), "--drafter",
+              str(bundle / "weights" / "drafter.safetensors"), "--tables", str(bundle / "tables.safetensors"),
+              "--methods", "vanilla,exact,gasv", "--num-images", "2", "--cfg-scale", "2", "--tree-top-k", "3",
+              "--tree-depth", "2", "--tree-tokens", "8"]
+    reps = {}
+    for backend in ("torch", "ort"):
+        res = r.invoke(main, common + ["--backend", backend, "--engine-dir", str(bundle),
+                                       "--json", str(tmp_path / f"{backend}.json")])
+        assert res.exit_code == 0, res.output
+        reps[backend] = json.loads((tmp_path / f"{backend}.json").read_text())
+    assert reps["ort"]["settings"]["backend"] == "ort"
+    for m in ("vanilla", "exact", "gasv"):
+        assert set(reps["ort"]["results"][m]) == set(reps["torch"]["results"][m])
+        # same seeds, same numerics -> same acceptance
+        assert reps["ort"]["results"][m]["mal"] == pytest.approx(reps["torch"]["results"][m]["mal"])
