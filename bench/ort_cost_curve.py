@@ -6,7 +6,9 @@ tokens (S = 1..64, a chain mask) through ORT (IO binding, in-place cache) and to
 one drafter step with S nodes. Median of `--reps` timed runs after a warm-up. Also records:
 - in-place check: the verify call (S = 1) with present.* bound to the cache itself vs bound to
   separate buffers (what a copying runtime would pay), and whether the cache pointers stay put;
-- alternating sessions (drafter step, then verify) with ORT thread spinning on vs off.
+- alternating sessions (drafter step, then verify) with ORT thread spinning on vs off;
+- a thread probe: each backend runs at its best of {1, physical cores} threads (on a busy 2-core
+  machine torch's 2-thread MKL/OpenMP GEMMs can be 100x slower than 1 thread).
 
 Models: `demo` (the bundled demo model when lisa_trt/assets/demo has it, else a random model of
 the demo's size), and random official-shaped GPT-B / GPT-L (block 256, c2i).
@@ -120,36 +122,76 @@ def drafter_curve(drafter, cond_len, batch, max_len, reps, s_list) -> dict:
     return dict(median=out, min=best, project_taps_S1=median_ms(lambda: drafter.project_taps(taps), reps))
 
 
+def _scatter_us_per_run(profile_file: str) -> float:
+    """Sum of ScatterElements kernel time per model run, from an ORT profile."""
+    events = json.load(open(profile_file))
+    runs = sum(1 for e in events if e.get("name") == "model_run")
+    us = sum(e["dur"] for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
+             and e.get("args", {}).get("op_name") == "ScatterElements")
+    os.unlink(profile_file)
+    return round(us / max(runs, 1), 1)
+
+
 @torch.no_grad()
-def inplace_check(engines, cond, committed, max_tree, reps) -> dict:
-    """Verify (S=1) with present bound to the cache (in place) vs to separate buffers (a copy)."""
+def inplace_check(engines, cond, committed, max_tree, reps, threads) -> dict:
+    """Verify (S=1) with present.* bound to the cache itself (in place) vs to separate buffers.
+
+    With separate buffers every ScatterElements node first copies the whole layer cache into
+    its output; bound to the same memory it skips that copy. Measured two ways: wall time of the
+    call, and the ScatterElements kernel time per run from ORT's profiler (robust to noise).
+    """
+    import tempfile
+
     from lisa_trt.engines.ort import GraphRunner
     from lisa_trt.export.io_spec import Graph
 
     tgt = engines.target
     cache = fill(tgt, cond, committed, max_tree)
-    args = step_args(cache, 1, tgt.config.vocab_size)
+    toks, pos, slots, mask = step_args(cache, 1, tgt.config.vocab_size)
     ptrs = [t.data_ptr() for t in cache.k + cache.v]
     before = cache.k[0].clone()
-    t_inplace = median_ms(lambda: tgt.forward_tokens(*args, cache), reps)
-    same_ptrs = ptrs == [t.data_ptr() for t in cache.k + cache.v]
-    written = not torch.equal(before, cache.k[0])
-    runner = GraphRunner(engines.manifest.graph_path(Graph.TARGET_VERIFY), threads=tgt._verify.session.
-                         get_session_options().intra_op_num_threads)
-    pairs = tgt._cache_pairs(cache)
-    scratch = [torch.empty_like(b) for _, _, b in pairs]
-    for (past, present, buf), s in zip(pairs, scratch):
-        runner._bind(past, buf, output=False)
-        runner._bind(present, s, output=True)  # different memory: ScatterElements copies the cache
-    runner._cache_key = "copy"
-    toks, pos, slots, mask = args
-    outs = tgt._outputs(cache.batch, 1)
+    tgt.forward_tokens(toks, pos, slots, mask, cache)
+    res = dict(cache_bytes=sum(b.numel() * b.element_size() for b in cache.k + cache.v),
+               cache_pointers_unchanged=ptrs == [t.data_ptr() for t in cache.k + cache.v],
+               cache_written_in_place=not torch.equal(before, cache.k[0]))
     ins = dict(input_ids=toks, position_ids=pos, cache_slots=slots, attention_mask=mask)
-    t_copy = median_ms(lambda: runner.run(ins, outs), reps)
-    cache_bytes = sum(b.numel() * b.element_size() for b in cache.k + cache.v)
-    return dict(verify_S1_inplace_ms=t_inplace, verify_S1_separate_present_ms=t_copy,
-                copy_cost_ms=round(t_copy - t_inplace, 3), cache_bytes=cache_bytes,
-                cache_pointers_unchanged=same_ptrs, cache_written_in_place=written)
+    outs = tgt._outputs(cache.batch, 1)
+    path = engines.manifest.graph_path(Graph.TARGET_VERIFY)
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("in_place", "separate_present"):
+            runner = GraphRunner(path, threads=threads, profile=f"{tmp}/{mode}")
+            pairs = tgt._cache_pairs(cache)
+            scratch = [torch.empty_like(b) for _, _, b in pairs]  # kept alive while bound
+            for (past, present, buf), s in zip(pairs, scratch):
+                runner.bind(past, buf, output=False)
+                runner.bind(present, buf if mode == "in_place" else s, output=True)
+            res[f"verify_S1_{mode}_ms"] = median_ms(lambda: runner.run(ins, outs), reps)
+            res[f"scatter_kernels_{mode}_us_per_run"] = _scatter_us_per_run(runner.session.end_profiling())
+            del runner, scratch
+    res["copy_avoided_us_per_run"] = round(res["scatter_kernels_separate_present_us_per_run"]
+                                           - res["scatter_kernels_in_place_us_per_run"], 1)
+    return res
+
+
+@torch.no_grad()
+def wrapper_overhead(engines, cond, committed, max_tree, reps) -> dict:
+    """OrtTarget.forward_tokens (checks, tensor prep, binding, run) vs the bare ORT run (S = 1).
+
+    Measured twice in alternation (full, bare, full, bare), best median of each kept.
+    """
+    tgt = engines.target
+    cache = fill(tgt, cond, committed, max_tree)
+    toks, pos, slots, mask = step_args(cache, 1, tgt.config.vocab_size)
+    ins = dict(input_ids=toks, position_ids=pos, cache_slots=slots, attention_mask=mask)
+    outs = tgt._outputs(cache.batch, 1)  # alive while bound
+    io, sess = tgt._verify._io, tgt._verify.session
+    full, bare = [], []
+    for _ in range(2):
+        full.append(median_ms(lambda: tgt.forward_tokens(toks, pos, slots, mask, cache), 10 * reps, warmup=5))
+        tgt._verify.run(ins, outs)  # rebind every per-call tensor to live buffers before the bare runs
+        bare.append(median_ms(lambda: sess.run_with_iobinding(io), 10 * reps, warmup=5))
+    f, b = min(full), min(bare)
+    return dict(forward_tokens_ms=f, bare_run_ms=b, wrapper_ms=round(f - b, 3), wrapper_fraction=round((f - b) / f, 3))
 
 
 @torch.no_grad()
@@ -175,6 +217,21 @@ def alternating(engine_dir, cond, committed, max_tree, reps, threads) -> dict:
     return res
 
 
+@torch.no_grad()
+def probe_threads(make, cond, committed, max_tree, counts, reps=3) -> tuple:
+    """Time S = 1 and S = 16 at each thread count; (best count, {count: {S: ms}})."""
+    res = {}
+    for n in counts:
+        engine = make(n)
+        cache = fill(engine, cond, committed, max_tree)
+        res[n] = {}
+        for S in (1, 16):
+            a = step_args(cache, S, engine.config.vocab_size)
+            res[n][str(S)] = median_ms(lambda: engine.forward_tokens(*a, cache, taps=True), reps)
+    best = min(res, key=lambda n: sum(res[n].values()))
+    return best, {str(n): v for n, v in res.items()}
+
+
 def bench_model(name: str, args) -> dict:
     from lisa_trt.engines.ort import load_ort_engines
     from lisa_trt.export.onnx import export_bundle
@@ -192,15 +249,29 @@ def bench_model(name: str, args) -> dict:
     export_s = round(time.perf_counter() - t0, 1)
     onnx_bytes = sum(p.stat().st_size for p in out_dir.iterdir())
     print(f"[{name}] exported in {export_s} s ({onnx_bytes / 2**20:.0f} MiB)", flush=True)
-    eng = load_ort_engines(out_dir, threads=args.threads)
     cond = torch.tensor([1, cfg.num_classes])  # CFG pair: [cond; uncond]
     reps = args.reps if cfg.dim < 700 else max(2, args.reps - 2)
+    counts = sorted({1, args.threads})
+    ort_threads, ort_probe = probe_threads(lambda n: load_ort_engines(out_dir, threads=n).target, cond,
+                                           args.committed, args.max_tree, counts)
+
+    def torch_at(n):
+        torch.set_num_threads(n)
+        return target
+
+    torch_threads, torch_probe = (probe_threads(torch_at, cond, args.committed, args.max_tree, counts)
+                                  if name in args.torch_models else (None, None))
+    print(f"[{name}] thread probe: ort {ort_probe} -> {ort_threads}; torch {torch_probe} -> {torch_threads}", flush=True)
+    eng = load_ort_engines(out_dir, threads=ort_threads)
     res = dict(description=desc, config=cfg.to_dict(), export_seconds=export_s, onnx_mib=round(onnx_bytes / 2**20, 1),
                max_cache_len=man.max_cache_len, committed=args.committed, batch=2, reps=reps,
-               validation={k: g.validation["max_error"] for k, g in man.graphs.items()})
+               validation={k: g.validation["max_error"] for k, g in man.graphs.items()},
+               threads={"ort": ort_threads, "torch": torch_threads, "probe_ms": {"ort": ort_probe, "torch": torch_probe}},
+               measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"), load_average_before=[round(x, 2) for x in os.getloadavg()])
     res["verify_ms"] = {"ort": verify_curve(eng.target, cond, args.committed, args.max_tree, reps, S_LIST)}
     print(f"[{name}] ort verify {res['verify_ms']['ort']}", flush=True)
     if name in args.torch_models:
+        torch.set_num_threads(torch_threads)
         res["verify_ms"]["torch"] = verify_curve(target, cond, args.committed, args.max_tree, reps, S_LIST)
         print(f"[{name}] torch verify {res['verify_ms']['torch']}", flush=True)
     max_len = man.max_cache_len
@@ -209,11 +280,14 @@ def bench_model(name: str, args) -> dict:
         res["drafter_ms"]["torch"] = drafter_curve(drafter, cfg.cls_token_num + args.committed, 2, max_len, reps,
                                                    DRAFT_S)
     print(f"[{name}] drafter {res['drafter_ms']}", flush=True)
-    res["inplace"] = inplace_check(eng, cond, args.committed, args.max_tree, reps)
+    res["inplace"] = inplace_check(eng, cond, args.committed, args.max_tree, max(reps, 7), ort_threads)
     print(f"[{name}] in-place {res['inplace']}", flush=True)
     if name == "demo":
-        res["alternating_sessions"] = alternating(out_dir, cond, args.committed, args.max_tree, reps, args.threads)
+        res["alternating_sessions"] = alternating(out_dir, cond, args.committed, args.max_tree, reps, ort_threads)
         print(f"[{name}] alternating {res['alternating_sessions']}", flush=True)
+        res["wrapper_overhead"] = wrapper_overhead(eng, cond, args.committed, args.max_tree, reps)
+        print(f"[{name}] wrapper overhead {res['wrapper_overhead']}", flush=True)
+    res["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     del eng
     if not args.keep:
         shutil.rmtree(out_dir, ignore_errors=True)
@@ -232,18 +306,18 @@ def plot(results: dict, path: Path) -> None:
         r = results["models"][name]
         for backend, style in (("ort", "-o"), ("torch", "--s")):
             if backend in r["verify_ms"]:
-                c = r["verify_ms"][backend]["median"]
-                ax.plot([int(s) for s in c], list(c.values()), style, label=f"target verify ({backend})", ms=3)
+                c = sorted((int(s), v) for s, v in r["verify_ms"][backend]["median"].items())
+                ax.plot(*zip(*c), style, label=f"target verify ({backend})", ms=3)
             if backend in r["drafter_ms"]:
-                c = r["drafter_ms"][backend]["median"]
-                ax.plot([int(s) for s in c], list(c.values()), style, label=f"drafter step ({backend})", ms=3,
-                        alpha=0.6)
+                c = sorted((int(s), v) for s, v in r["drafter_ms"][backend]["median"].items())
+                ax.plot(*zip(*c), style, label=f"drafter step ({backend})", ms=3, alpha=0.6)
         ax.set_title(f"{name}: dim {r['config']['dim']}, {r['config']['n_layer']} layers")
         ax.set_xlabel("new tokens S (batch 2 = CFG)")
         ax.set_ylabel("latency (ms)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"Verification cost on {results['machine']['cpu']} ({results['settings']['threads']} threads)")
+    fig.suptitle(f"Verification cost on {results['machine']['cpu']} ({results['machine']['logical_cpus']} cpus; "
+                 "each backend at its best thread count)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -272,11 +346,18 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--committed", type=int, default=128, help="tokens already in the cache")
     p.add_argument("--max-tree", type=int, default=64)
-    p.add_argument("--threads", type=int, default=0, help="ORT intra-op and torch threads (0: physical cores)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="most threads to probe for ORT and torch (0: physical cores); each backend is timed at "
+                        "its best of {1, threads} (torch's MKL/OpenMP threads collapse on a busy 2-core box)")
     p.add_argument("--workdir", default="/tmp/lisa_ort_bench")
     p.add_argument("--keep", action="store_true", help="keep the exported ONNX in --workdir")
     p.add_argument("--out", default=str(REPO / "bench" / "ort_cost_curve.json"))
+    p.add_argument("--merge", action="store_true", help="keep the other models already in --out (re-run some)")
+    p.add_argument("--plot-only", action="store_true", help="redraw the PNG from --out")
     args = p.parse_args(argv)
+    if args.plot_only:
+        plot(json.loads(Path(args.out).read_text()), Path(args.out).with_suffix(".png"))
+        return
     args.threads = args.threads or physical_cores()
     args.torch_models = set(args.torch_models.split(","))
     torch.set_num_threads(args.threads)
@@ -286,6 +367,11 @@ def main(argv=None) -> None:
                                  statistic="median (and min) of reps timed runs after 1 warm-up"),
                    models={})
     out = Path(args.out)
+    if args.merge and out.is_file():
+        old = json.loads(out.read_text())
+        results["models"] = old.get("models", {})
+        results["machine"]["earlier_runs"] = old["machine"].get("earlier_runs", []) + [
+            {k: v for k, v in old["machine"].items() if k != "earlier_runs"}]
     for name in args.models.split(","):
         results["models"][name] = bench_model(name, args)
         results["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
@@ -295,7 +381,8 @@ def main(argv=None) -> None:
     plot(results, out.with_suffix(".png"))
     for n, r in results["models"].items():
         for b, c in r["verify_ms"].items():
-            print(f"{n:6s} verify {b:5s} median ms:", " ".join(f"{s}:{v}" for s, v in c["median"].items()))
+            pts = sorted((int(s), v) for s, v in c["median"].items())
+            print(f"{n:6s} verify {b:5s} median ms:", " ".join(f"{s}:{v}" for s, v in pts))
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
 

@@ -186,7 +186,7 @@ def test_fp16_engines_track_fp32_torch(artifacts, tmp_path):
 
     a = artifacts
     export_bundle(a["target"], a["drafter"], None, None, tmp_path / "e16", fp16=True, max_tree=8, lint=False,
-                  progress=False)
+                  progress=False, external_data=True)  # ORT loads the external weight files
     eng = load_ort_engines(tmp_path / "e16", threads=1)
     cache, ref_cache = eng.target.new_cache(2), a["target"].new_cache(2, extra=8)
     assert cache.k[0].dtype == torch.float16
@@ -222,3 +222,25 @@ def test_t2i_prefill_with_padded_captions_and_null_condition(tmp_path):
     assert torch.equal(c_o.col_valid, c_r.col_valid)
     args = tree_inputs(c_o, 4)
     assert close(eng.target.forward_tokens(*args, c_o).logits, target.forward_tokens(*args, c_r).logits)
+
+
+def test_runner_refuses_to_run_with_stale_bindings(engines):
+    """Every per-call tensor must be bound on each run (a leftover would point at freed memory)."""
+    tgt = engines.target
+    cache = tgt.new_cache(1)
+    tgt.prefill(torch.tensor([1]), cache)
+    tok, pos, slots, mask = tree_inputs(cache, 2)
+    ins = dict(input_ids=tok, position_ids=pos, cache_slots=slots, attention_mask=mask)
+    tgt._bind_cache(tgt._verify, cache)
+    outs = tgt._outputs(1, 2)
+    del outs["taps"]
+    with pytest.raises(ValueError, match="unbound \\['taps'\\]"):
+        tgt._verify.run(ins, outs)
+
+
+def test_drafter_refuses_a_cache_it_did_not_make(engines, artifacts):
+    drf = engines.drafter
+    cache = artifacts["drafter"].new_cache(1, 24)  # torch drafter's cache: shorter than the engine's
+    tok, pos, slots, mask = tree_inputs(cache, 2)
+    with pytest.raises(InputError):
+        drf(torch.randn(1, 2, 64), tok, pos, slots, mask, cache)

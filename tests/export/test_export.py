@@ -183,8 +183,10 @@ def test_gasv_graph_handles_filtered_rows(bundle, artifacts):
 def test_fp16_export_validates_with_fp32_statistics(artifacts, tmp_path):
     a = artifacts
     man = E.export_bundle(a["target"], a["drafter"], None, None, tmp_path / "fp16", fp16=True, max_tree=8,
-                          lint=False, progress=False)
+                          lint=False, progress=False, external_data=True)
     assert man.precision == "fp16"
+    for g in man.graphs.values():  # weights in external files, listed and present
+        assert g.external_data == g.file + ".data" and (man.dir / g.external_data).is_file()
     for name, g in man.graphs.items():
         assert g.precision == "fp16" and g.validation["ok"], (name, g.validation)
         assert g.validation["max_error"] > 1e-6  # really fp16 (not silently fp32)
