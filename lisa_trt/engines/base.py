@@ -94,3 +94,64 @@ class Timer:
 
         return _Ctx()
 
+
+
+class StaticCacheTarget:
+    """Shared host-side logic of exported-graph targets (ORT, TensorRT): conditions through the
+    torch model's own code (one source of truth) and caches of the engines' static length.
+
+    Subclasses set: config, manifest, max_cache_len, dtype, device, _cond (see load_conditions).
+    """
+
+    def check_cond(self, cond) -> int:
+        from ..models.llamagen import Transformer
+
+        return Transformer.check_cond(self, cond)
+
+    def null_cond(self, cond):
+        from ..models.llamagen import Transformer
+
+        return Transformer.null_cond(self._cond, cond)
+
+    def load_conditions(self, manifest) -> None:
+        """The null caption (t2i) shipped in the bundle, for null_cond."""
+        import types
+        from pathlib import Path
+
+        u = None
+        if "conditions" in (manifest.files or {}):
+            from ..io import load_safetensors
+
+            u = load_safetensors(Path(manifest.dir) / manifest.files["conditions"])[0]["uncond_embedding"]
+        self._cond = types.SimpleNamespace(config=self.config, cls_embedding=types.SimpleNamespace(uncond_embedding=u))
+
+    def new_cache(self, batch: int, extra: int = 0, dtype=None):
+        """A KVCache of the engines' static length (>= round_up(seq_len + extra, 8))."""
+        from ..config import find_multiple
+        from ..errors import InputError
+        from ..models.llamagen import KVCache
+
+        need = find_multiple(self.config.seq_len + extra, 8)
+        if need > self.max_cache_len:
+            raise InputError(f"a cache with {extra} extra slots needs length {need}, but these engines were exported "
+                             f"with a static cache of {self.max_cache_len} (max_tree {self.manifest.max_tree}); "
+                             "re-export with a larger --max-tree or use a smaller tree budget")
+        if dtype is not None and dtype != self.dtype:
+            raise InputError(f"the engines' KV cache is {self.dtype}; cannot make a {dtype} cache")
+        return KVCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
+
+
+class StaticCacheDrafter:
+    """Shared logic of exported-graph drafters: DrafterCache of the engines' static length."""
+
+    def new_cache(self, batch: int, max_len: int, dtype=None):
+        from ..config import find_multiple
+        from ..errors import InputError
+        from ..models.drafter import DrafterCache
+
+        if find_multiple(max_len, 8) > self.max_cache_len:
+            raise InputError(f"a drafter cache of {max_len} slots does not fit the engines' static length "
+                             f"{self.max_cache_len}; re-export with a larger --max-tree")
+        if dtype is not None and dtype != self.dtype:
+            raise InputError(f"the engines' drafter cache is {self.dtype}; cannot make a {dtype} cache")
+        return DrafterCache(self.config, batch, self.max_cache_len, self.dtype, self.device)

@@ -212,11 +212,9 @@ def trt_graph_model(manifest, graph: Graph, *, tables=None):
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    from ..export.manifest import file_sha256
+
+    return file_sha256(path)
 
 
 # ----------------------------------------------------------------------------- manifest record
@@ -413,23 +411,10 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
     return record
 
 
-class _NoBar:
-    def set_description(self, *_):
-        pass
-
-    def update(self, *_):
-        pass
-
-    def close(self):
-        pass
-
-
 def _progress(total: int, enabled: bool):
-    if not enabled:
-        return _NoBar()
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
-    return tqdm(total=total, unit="engine")
+    return progress_bar(total, enabled, unit="engine")
 
 
 __all__ = ["ENGINES_KEY", "EngineBuildError", "NoCudaDeviceError", "ProfileSpec", "TensorRTUnavailableError",

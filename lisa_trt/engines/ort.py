@@ -25,7 +25,6 @@ called from two threads at once. A service loads the engines once and either ser
 from __future__ import annotations
 
 import os
-import types
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -35,6 +34,7 @@ import torch
 from ..errors import InputError
 from ..export.io_spec import Graph, graph_spec
 from ..export.manifest import Manifest, read_manifest
+from .base import StaticCacheDrafter, StaticCacheTarget
 
 _NP = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
 
@@ -231,7 +231,7 @@ def _check_cache(cache, shape: tuple, dtype, device, what: str) -> None:
 
 # ----------------------------------------------------------------------------- target
 
-class OrtTarget:
+class OrtTarget(StaticCacheTarget):
     """The target through ONNX Runtime (TargetEngine protocol; drop-in for `Transformer`).
 
     Args:
@@ -252,45 +252,7 @@ class OrtTarget:
         self.device = self._verify.device
         spec = graph_spec(Graph.TARGET_VERIFY, n_layer=cfg.n_layer)
         self._aliases = list(spec.aliases.items())  # [(present, past)]
-        self._cond = types.SimpleNamespace(config=cfg, cls_embedding=types.SimpleNamespace(
-            uncond_embedding=self._load_uncond(manifest)))
-
-    @staticmethod
-    def _load_uncond(manifest: Manifest):
-        if "conditions" not in manifest.files:
-            return None
-        from ..io import load_safetensors
-
-        tensors, _ = load_safetensors(Path(manifest.dir) / manifest.files["conditions"])
-        return tensors["uncond_embedding"]
-
-    # -- conditions (the torch model's own logic: one source of truth) ------------------
-
-    def check_cond(self, cond) -> int:
-        from ..models.llamagen import Transformer
-
-        return Transformer.check_cond(self, cond)
-
-    def null_cond(self, cond):
-        from ..models.llamagen import Transformer
-
-        return Transformer.null_cond(self._cond, cond)
-
-    # -- cache ----------------------------------------------------------------------------
-
-    def new_cache(self, batch: int, extra: int = 0, dtype=None):
-        """A KVCache of the engine's static length (>= round_up(seq_len + extra, 8))."""
-        from ..config import find_multiple
-        from ..models.llamagen import KVCache
-
-        need = find_multiple(self.config.seq_len + extra, 8)
-        if need > self.max_cache_len:
-            raise InputError(f"a cache with {extra} extra slots needs length {need}, but these engines were exported "
-                             f"with a static cache of {self.max_cache_len} (max_tree {self.manifest.max_tree}); "
-                             "re-export with a larger --max-tree or use a smaller tree budget")
-        if dtype is not None and dtype != self.dtype:
-            raise InputError(f"the engines' KV cache is {self.dtype}; cannot make a {dtype} cache")
-        return KVCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
+        self.load_conditions(manifest)
 
     def _cache_pairs(self, cache) -> list:
         bufs = []
@@ -354,7 +316,7 @@ class OrtTarget:
 
 # ----------------------------------------------------------------------------- drafter
 
-class OrtDrafter:
+class OrtDrafter(StaticCacheDrafter):
     """The EAGLE-3 drafter through ONNX Runtime (DrafterEngine protocol; drop-in for `Drafter`).
 
     Args: as OrtTarget.
@@ -371,18 +333,6 @@ class OrtDrafter:
         self._project = GraphRunner(manifest.graph_path(Graph.DRAFTER_PROJECT), providers, threads, spin)
         self._step = GraphRunner(manifest.graph_path(Graph.DRAFTER_STEP), providers, threads, spin)
         self.device = self._step.device
-
-    def new_cache(self, batch: int, max_len: int, dtype=None):
-        """A DrafterCache of the engine's static length (>= round_up(max_len, 8))."""
-        from ..config import find_multiple
-        from ..models.drafter import DrafterCache
-
-        if find_multiple(max_len, 8) > self.max_cache_len:
-            raise InputError(f"a drafter cache of {max_len} slots does not fit the engines' static length "
-                             f"{self.max_cache_len}; re-export with a larger --max-tree")
-        if dtype is not None and dtype != self.dtype:
-            raise InputError(f"the engines' drafter cache is {self.dtype}; cannot make a {dtype} cache")
-        return DrafterCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
 
     def project_taps(self, taps: torch.Tensor) -> torch.Tensor:
         """fc on the target taps: (B, S, 3H_t) -> (B, S, hidden)."""

@@ -34,7 +34,6 @@ the pure helpers are unit-tested on CPU.
 from __future__ import annotations
 
 import contextlib
-import types
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -42,6 +41,7 @@ import torch
 
 from ..errors import InputError, LisaError
 from ..export.io_spec import Graph, GraphSpec, export_dims
+from .base import StaticCacheDrafter, StaticCacheTarget
 from .build import ProfileSpec, load_plan, require_tensorrt_gpu
 
 KV_BINDINGS = ("inplace", "swap")
@@ -283,7 +283,7 @@ class _TrtRunner:
 
 # ----------------------------------------------------------------------------- target
 
-class TrtTarget(_TrtRunner):
+class TrtTarget(StaticCacheTarget, _TrtRunner):
     """The target through TensorRT (TargetEngine protocol; drop-in for `Transformer`).
 
     Args:
@@ -295,41 +295,12 @@ class TrtTarget(_TrtRunner):
 
     def __init__(self, manifest, **kw):
         super().__init__(manifest, **kw)
-        self.config = cfg = manifest.target_config
+        self.config = manifest.target_config
         self.hash = manifest.target_hash
         self._prefill = self._graph(Graph.TARGET_PREFILL)
         self._verify = self._graph(Graph.TARGET_VERIFY)
         self.max_tree = seq_capacity(self._verify.profiles)
-        self._cond = types.SimpleNamespace(config=cfg, cls_embedding=types.SimpleNamespace(
-            uncond_embedding=_load_uncond(manifest)))
-
-    # -- conditions (the torch model's own logic: one source of truth) ------------------
-
-    def check_cond(self, cond) -> int:
-        from ..models.llamagen import Transformer
-
-        return Transformer.check_cond(self, cond)
-
-    def null_cond(self, cond):
-        from ..models.llamagen import Transformer
-
-        return Transformer.null_cond(self._cond, cond)
-
-    # -- cache ----------------------------------------------------------------------------
-
-    def new_cache(self, batch: int, extra: int = 0, dtype=None):
-        """A KVCache of the engine's static length (>= round_up(seq_len + extra, 8)) on the GPU."""
-        from ..config import find_multiple
-        from ..models.llamagen import KVCache
-
-        need = find_multiple(self.config.seq_len + extra, 8)
-        if need > self.max_cache_len:
-            raise InputError(f"a cache with {extra} extra slots needs length {need}, but these engines were exported "
-                             f"with a static cache of {self.max_cache_len} (max_tree {self.manifest.max_tree}); "
-                             "re-export with a larger --max-tree or use a smaller tree budget")
-        if dtype is not None and dtype != self.dtype:
-            raise InputError(f"the engines' KV cache is {self.dtype}; cannot make a {dtype} cache")
-        return KVCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
+        self.load_conditions(manifest)
 
     def _outputs(self, B: int, S: int) -> dict:
         cfg, dev = self.config, self.device
@@ -388,18 +359,11 @@ class TrtTarget(_TrtRunner):
         return TargetOutput(out["logits"], out["taps"] if taps else None, out["hidden"])
 
 
-def _load_uncond(manifest):
-    if "conditions" not in (manifest.files or {}):
-        return None
-    from ..io import load_safetensors
-
-    tensors, _ = load_safetensors(Path(manifest.dir) / manifest.files["conditions"])
-    return tensors["uncond_embedding"]
 
 
 # ----------------------------------------------------------------------------- drafter
 
-class TrtDrafter(_TrtRunner):
+class TrtDrafter(StaticCacheDrafter, _TrtRunner):
     """The EAGLE-3 drafter through TensorRT (DrafterEngine protocol; drop-in for `Drafter`).
 
     Args: as TrtTarget.
@@ -413,18 +377,6 @@ class TrtDrafter(_TrtRunner):
         self.hash = manifest.drafter["hash"]
         self._project = self._graph(Graph.DRAFTER_PROJECT)
         self._step = self._graph(Graph.DRAFTER_STEP)
-
-    def new_cache(self, batch: int, max_len: int, dtype=None):
-        """A DrafterCache of the engine's static length (>= round_up(max_len, 8)) on the GPU."""
-        from ..config import find_multiple
-        from ..models.drafter import DrafterCache
-
-        if find_multiple(max_len, 8) > self.max_cache_len:
-            raise InputError(f"a drafter cache of {max_len} slots does not fit the engines' static length "
-                             f"{self.max_cache_len}; re-export with a larger --max-tree")
-        if dtype is not None and dtype != self.dtype:
-            raise InputError(f"the engines' drafter cache is {self.dtype}; cannot make a {dtype} cache")
-        return DrafterCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
 
     def project_taps(self, taps: torch.Tensor) -> torch.Tensor:
         """fc on the target taps: (B, S, 3H_t) -> (B, S, hidden)."""

@@ -511,20 +511,7 @@ def _write_conditions(target, tmp: Path) -> dict:
     return {"conditions": "conditions.safetensors"}
 
 
-class _NoBar:
-    def set_description(self, *_):
-        pass
-
-    def update(self, *_):
-        pass
-
-    def close(self):
-        pass
-
-
 def _progress(total: int, enabled: bool):
-    if not enabled:
-        return _NoBar()
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
-    return tqdm(total=total, unit="graph")
+    return progress_bar(total, enabled, unit="graph")
