@@ -527,7 +527,12 @@ def _export_generation(model, target, sampling):
 
     from .runtime.autotune import default_tree_budgets
 
-    gen = {"sampling": dataclasses.asdict(sampling), "tree": default_tree_budgets(target.config)}
+    measured = None
+    if model == "demo":
+        from .runtime.demo import _measured_budgets
+
+        measured = _measured_budgets()
+    gen = {"sampling": dataclasses.asdict(sampling), "tree": default_tree_budgets(target.config, measured)}
     names = _class_names(model)
     if names:
         gen["class_names"] = names

@@ -20,16 +20,17 @@ import torch
 from ..errors import LisaError
 
 
-def _bundle_is_current(engine_dir: Path, target, drafter, tables) -> bool:
+def _bundle_is_current(engine_dir: Path, target, drafter, tables, generation: dict) -> bool:
+    """The cached export was made from these exact artifacts and settings."""
     from ..export.manifest import drafter_hash, read_manifest, tables_hash
     from ..models.checkpoints import target_hash
 
     try:
-        read_manifest(engine_dir, target_hash=target_hash(target), drafter_hash=drafter_hash(drafter),
-                      tables_hash=tables_hash(tables))
-        return True
+        man = read_manifest(engine_dir, target_hash=target_hash(target), drafter_hash=drafter_hash(drafter),
+                            tables_hash=tables_hash(tables))
     except LisaError:
         return False
+    return man.generation == generation
 
 
 def ensure_demo_bundle(engine_dir: Path, echo: Callable = print) -> Path:
@@ -42,22 +43,24 @@ def ensure_demo_bundle(engine_dir: Path, echo: Callable = print) -> Path:
     target = load_demo_target()
     drafter = load_drafter_by_name("demo-lisa", target)
     tables = load_tables_by_name("demo", target)
-    if _bundle_is_current(engine_dir, target, drafter, tables):
-        echo(f"using cached export {engine_dir}")
-        return engine_dir
     import dataclasses
+    import json
 
-    echo(f"exporting the demo model to {engine_dir} (once; validated against PyTorch) ...")
-    t0 = time.perf_counter()
     gen = {"sampling": dataclasses.asdict(demo_sampling()), "class_names": list(class_names()),
            "tree": default_tree_budgets(target.config, _measured_budgets())}
+    gen = json.loads(json.dumps(gen))  # as the manifest stores it (lists, not tuples)
+    if _bundle_is_current(engine_dir, target, drafter, tables, gen):
+        echo(f"using cached export {engine_dir}")
+        return engine_dir
+    echo(f"exporting the demo model to {engine_dir} (once; validated against PyTorch) ...")
+    t0 = time.perf_counter()
     export_full_bundle(target, drafter, tables, load_demo_vq(), engine_dir, generation=gen, progress=True)
     echo(f"exported in {time.perf_counter() - t0:.1f} s")
     return engine_dir
 
 
 def _measured_budgets() -> dict:
-    """Tree budgets chosen from the recorded cost curve (bench/demo_tree_budget.json), if shipped."""
+    """Tree budgets chosen from the measured cost curve by bench/tune_tree.py, if shipped."""
     from ..artifacts import ASSETS
 
     p = ASSETS / "tree_budgets.json"
