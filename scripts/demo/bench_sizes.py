@@ -84,6 +84,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--no-train", action="store_true", help="latency only (skip the training-step timing)")
+    ap.add_argument("--reps", type=int, default=5)
     a = ap.parse_args()
     setup_torch(a.threads, 0)
     res = {}
@@ -93,8 +95,8 @@ def main():
         cfg = TargetConfig(**BASE, **kw)
         model = Transformer(cfg).eval()
         params = sum(p.numel() for p in model.parameters())
-        lat = verify_latency(model, [1, 2, 4, 8, 16, 32])
-        st = train_step_time(model, a.batch)
+        lat = verify_latency(model, [1, 2, 4, 8, 16, 32], reps=a.reps)
+        st = None if a.no_train else train_step_time(model, a.batch)
         res[name] = dict(config=cfg.to_dict(), params_m=round(params / 1e6, 2), verify_ms_batch2=lat,
                          train_step_s=st, train_batch=a.batch)
         print(name, res[name]["params_m"], "M", lat, "train step", st, "s", flush=True)

@@ -8,12 +8,13 @@ an independent real set) and VQ reconstructions of real crops. Writes bench/demo
 docs/demo_samples.png (per class: generated samples | real crops).
 
     python scripts/demo/eval_demo.py
-    python scripts/demo/eval_demo.py --sweep 1.0,2.0,3.0,4.0 --per-class 8 --no-write   # choose the default CFG
+    python scripts/demo/eval_demo.py --sweep 1.0,2.0,3.0,4.0 --per-class 16   # choose the default CFG (runs/demo/cfg_sweep.json)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -64,17 +65,29 @@ def reference_rows(vq, scorer, per_class: int) -> dict:
 
 
 def sample_grid(gen: torch.Tensor, labels: torch.Tensor, n_gen: int, n_real: int, scale: int = 2) -> np.ndarray:
-    """Rows = classes: n_gen generated | white gap | n_real real held-out crops; upscaled x scale."""
+    """Rows = classes (name at the left): n_gen generated | gap | n_real real held-out crops."""
+    from PIL import Image, ImageDraw
+
     real, _ = demo_images("heldout", n_real, seed=2)
     gen8 = to_uint8(gen)  # (B, H, W, 3)
     real8 = real.permute(0, 2, 3, 1).numpy()
     blank = np.full_like(real8[0], 255)
     tiles = []
     for c in range(NUM_CLASSES):
-        idx = (labels == c).nonzero().flatten()[:n_gen]
-        tiles += [gen8[i] for i in idx] + [blank] + list(real8[c * n_real:(c + 1) * n_real])
-    img = grid(tiles, nrow=n_gen + 1 + n_real, pad=2)
-    return img.repeat(scale, 0).repeat(scale, 1)
+        g = [gen8[i] for i in (labels == c).nonzero().flatten()[:n_gen]]
+        tiles += g + [blank] * (n_gen - len(g)) + [blank] + list(real8[c * n_real:(c + 1) * n_real])
+    body = grid(tiles, nrow=n_gen + 1 + n_real, pad=2)
+    body = body.repeat(scale, 0).repeat(scale, 1)
+    left, top = 150, 24
+    canvas = Image.new("RGB", (body.shape[1] + left, body.shape[0] + top), "white")
+    canvas.paste(Image.fromarray(body), (left, top))
+    draw = ImageDraw.Draw(canvas)
+    cell = (real8.shape[1] + 2) * scale
+    draw.text((left + 4, 6), f"generated (vanilla sampling, demo defaults)", fill="black")
+    draw.text((left + (n_gen + 1) * cell + 4, 6), "real held-out crops", fill="black")
+    for c, name in enumerate(CLASS_NAMES):
+        draw.text((6, top + c * cell + cell // 2 - 6), f"{c} {name}", fill="black")
+    return np.asarray(canvas)
 
 
 def main():
@@ -89,6 +102,7 @@ def main():
     ap.add_argument("--out-json", type=Path, default=Path("bench/demo_quality.json"))
     ap.add_argument("--out-png", type=Path, default=Path("docs/demo_samples.png"))
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--runs", type=Path, default=Path("runs/demo"), help="recipe outputs (sweep, VQ report)")
     a = ap.parse_args()
     setup_torch(a.threads, a.seed)
     import dataclasses
@@ -100,12 +114,17 @@ def main():
     sampling = dataclasses.replace(base, **over)
     labels = torch.arange(NUM_CLASSES).repeat_interleave(a.per_class)
     if a.sweep:
+        rows = []
         for s in (float(v) for v in a.sweep.split(",")):
             sm = dataclasses.replace(sampling, cfg_scale=s)
             t = time.time()
             acc, fd = score_images(generate_images(target, vq, labels, sm, a.seed), labels, scorer)
+            rows.append({"cfg_scale": s, "top_k": sm.top_k, "temperature": sm.temperature, "class_acc": acc,
+                         "fd_demo": fd, "n": int(labels.shape[0])})
             print(f"cfg {s:.2f} top_k {sm.top_k} T {sm.temperature}: class_acc {acc:.3f} FD-demo {fd:.2f} "
                   f"({time.time() - t:.0f}s)", flush=True)
+        if not a.no_write:
+            write_json(a.runs / "cfg_sweep.json", {"command": "python " + " ".join(sys.argv), "rows": rows})
         return
     t = time.time()
     gen = generate_images(target, vq, labels, sampling, a.seed)
@@ -125,8 +144,11 @@ def main():
         "references": refs,
         "fd_demo_note": "Frechet distance in the demo scorer's 64-d penultimate features vs held-out real "
                         "crops (128/class); NOT FID. Small-sample estimates are biased upward.",
-        "assets": {k: str(p.relative_to(demo_paths()["target"].parents[2])) for k, p in demo_paths().items()},
+        "assets": {k: str(p.relative_to(demo_paths()["target"].parents[3])) for k, p in demo_paths().items()},
     }
+    for key, path in (("cfg_sweep", a.runs / "cfg_sweep.json"), ("vq", a.runs / "tokens" / "vq_report.json")):
+        if path.is_file():  # recipe by-products, when this checkout ran the recipe
+            report[key] = json.loads(path.read_text())
     print(f"class_acc {acc:.3f}  FD-demo {fd:.2f}  per class {per_class}")
     print(f"refs {refs}")
     if not a.no_write:

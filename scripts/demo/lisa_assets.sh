@@ -10,7 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/demo}
 STEPS=${STEPS:-400}
-COMMON=(--model demo --steps "$STEPS" --batch-size 8 --ttt-steps 4 --num-samples 512 --checkpoint-every 50 --seed 0)
+# self-distillation sequences at cfg 3.0 (the shipped drafters were made so; the demo default is 2.0)
+COMMON=(--model demo --steps "$STEPS" --batch-size 8 --ttt-steps 4 --num-samples 512 --cfg-scale 3.0 --checkpoint-every 50 --seed 0)
 
 export OMP_NUM_THREADS=1
 lisa-trt calibrate --model demo --out "$OUT/tables.safetensors" --rollouts 64 --seed 0 > "$OUT/calibrate.log" 2>&1 &
