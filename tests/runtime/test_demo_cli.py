@@ -1,0 +1,39 @@
+"""`lisa-trt demo` smoke test on the bundled model (small settings), as CI runs it."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from lisa_trt.artifacts import BUNDLED_DRAFTERS, BUNDLED_TABLES
+from lisa_trt.cli import main
+from lisa_trt.demo.registry import assets_present
+
+pytestmark = pytest.mark.skipif(
+    not (assets_present() and BUNDLED_DRAFTERS["demo-lisa"].is_file() and BUNDLED_TABLES["demo"].is_file()),
+    reason="bundled demo assets not built (scripts/demo/*)")
+
+
+@pytest.mark.slow
+def test_demo_runs_end_to_end(tmp_path):
+    r = CliRunner()
+    res = r.invoke(main, ["demo", "--out", str(tmp_path), "--num-images", "2"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["backend"] == "ort" and set(summary["results"]) == {"vanilla", "gasv"}
+    assert summary["results"]["gasv"]["mal"] >= 1.0
+    assert (tmp_path / "vanilla_vs_lisa.png").read_bytes()[:4] == b"\x89PNG"
+    # second run reuses the cached export
+    res = r.invoke(main, ["demo", "--out", str(tmp_path), "--num-images", "2"])
+    assert res.exit_code == 0 and "using cached export" in res.output
+
+
+def test_demo_names_resolve():
+    from lisa_trt.artifacts import load_drafter_by_name, load_tables_by_name
+    from lisa_trt.demo.registry import load_demo_target
+    from lisa_trt.models.checkpoints import target_hash
+
+    t = load_demo_target()
+    for name in ("demo-lisa", "demo-eagle3"):
+        assert load_drafter_by_name(name, t).config.target_hash == target_hash(t)
+    assert load_tables_by_name("demo", t).target_hash == target_hash(t)
