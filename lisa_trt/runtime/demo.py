@@ -102,7 +102,8 @@ def run_demo(out_dir: Path, *, num_images: int = 8, backend: str = "ort", verify
     base = results["vanilla"]["seconds_per_image"]
     for r in results.values():
         r["speedup"] = base / r["seconds_per_image"]
-    save_png(grid(images["vanilla"] + images[verify], nrow=num_images), out_dir / "vanilla_vs_lisa.png")
+    up = [im.repeat(3, axis=0).repeat(3, axis=1) for im in images["vanilla"] + images[verify]]  # 64 px is tiny
+    save_png(grid(up, nrow=num_images), out_dir / "vanilla_vs_lisa.png")
     summary = {"backend": pipe.backend, "verify": verify, "num_images": num_images, "seed": seed,
                "classes": [names[p] for p in prompts], "results": results,
                "grid": str(out_dir / "vanilla_vs_lisa.png"),
