@@ -25,8 +25,10 @@ def files(tmp_path_factory):
     r = CliRunner()
     res = r.invoke(main, ["train", "--model", str(d / "t.safetensors"), "--vq", str(d / "vq.safetensors"),
                           "--out", str(d / "run"), "--steps", "2", "--batch-size", "4", "--num-samples", "8",
-                          "--ttt-steps", "2"])
+                          "--ttt-steps", "2", "--eval-images", "2"])
     assert res.exit_code == 0, res.output
+    ev = json.loads((d / "run" / "eval_decode.json").read_text())
+    assert ev["images"] == 2 and ev["mal"] >= 1.0
     res = r.invoke(main, ["calibrate", "--model", str(d / "t.safetensors"), "--vq", str(d / "vq.safetensors"),
                           "--out", str(d / "tables.safetensors"), "--rollouts", "4", "--cfg-scale", "2"])
     assert res.exit_code == 0, res.output
