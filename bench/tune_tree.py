@@ -60,8 +60,6 @@ def main():
     probe = dict(tree_top_k=4, tree_depth=4, tree_tokens=24)
     res, t_probe = run(pipe, prompts, probe)
     committed, host = [], 0.0
-    from lisa_trt.speculative.decode import DecodeStats  # noqa: F401  (stats dicts come from it)
-
     steps = 0
     for st in res.stats:
         steps += st["steps"]

@@ -395,8 +395,6 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
     """Distil a drafter (LISA locality-informed loss, or EAGLE-3/EAGLE-1 baselines).
 
     Resumes from OUT/checkpoints after an interruption. Multi-GPU: run under torchrun."""
-    import dataclasses
-
     from .models.checkpoints import load_vq
     from .train.data import DataConfig
     from .train.losses import LossConfig

@@ -1,7 +1,5 @@
 """Loading: official layouts (DDP and raw), safetensors, strict errors, unsafe pickles refused."""
 
-import pickle
-
 import pytest
 import torch
 

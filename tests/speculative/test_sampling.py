@@ -1,7 +1,5 @@
 """CFG, temperature, top-k, top-p against hand-computed cases; the reference loop."""
 
-import math
-
 import torch
 
 from lisa_trt import generate
