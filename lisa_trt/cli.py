@@ -375,9 +375,10 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 @click.option("--batch-size", type=int, default=None)
 @click.option("--lr", type=float, default=None)
 @click.option("--ttt-steps", type=int, default=None)
-@click.option("--data", "source", type=click.Choice(["self", "tokens"]), default="self", show_default=True,
-              help="self: target-generated sequences; tokens: --token-file.")
+@click.option("--data", "source", type=click.Choice(["self", "tokens", "images"]), default="self", show_default=True,
+              help="self: target-generated sequences; tokens: --token-file; images: --image-dir encoded with the VQ.")
 @click.option("--token-file", default=None, type=click.Path())
+@click.option("--image-dir", default=None, type=click.Path(), help="One sub-folder of images per class (--data images).")
 @click.option("--num-samples", type=int, default=None, help="Self-distillation sequences.")
 @click.option("--features", type=click.Choice(["online", "cache"]), default="online", show_default=True)
 @click.option("--cfg-scale", type=float, default=None, help="Deployment CFG scale for self-distillation.")
@@ -390,7 +391,7 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 @click.option("--seed", type=int, default=0, show_default=True)
 @_handle_errors
 def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, steps, batch_size, lr,
-          ttt_steps, source, token_file, num_samples, features, cfg_scale, drafter_hidden, drafter_heads,
+          ttt_steps, source, token_file, image_dir, num_samples, features, cfg_scale, drafter_hidden, drafter_heads,
           checkpoint_every, bf16, eval_images, seed):
     """Distil a drafter (LISA locality-informed loss, or EAGLE-3/EAGLE-1 baselines).
 
@@ -407,6 +408,15 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
 
         raise InputError("training needs the VQ codebook (LISA locality geometry): pass --vq")
     vqm = load_vq(vq, None if vq == "demo" or str(vq).endswith(".safetensors") else vq_config)
+    if source == "images":
+        from .errors import InputError
+        from .train.data import encode_image_folder
+
+        if image_dir is None:
+            raise InputError("--data images needs --image-dir (one sub-folder of images per class)")
+        token_file = str(encode_image_folder(vqm, image_dir, Path(out_dir) / "image_tokens.safetensors",
+                                             grid=target.config.grid_size))
+        source = "tokens"
     data_kw = dict(source=source, token_file=token_file, features=features)
     if num_samples is not None:
         data_kw["num_samples"] = num_samples

@@ -81,3 +81,26 @@ def test_mismatched_tables_and_drafter_refused(files, tmp_path):
                           str(tmp_path / "d.safetensors"), "--tables", str(files / "tables.safetensors"),
                           "--verify", "gasv", "--classes", "1"])
     assert res.exit_code == 2 and "calibrate" in res.output
+
+
+def test_train_from_an_image_folder(files, tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    for c in ("0", "3"):
+        (tmp_path / "imgs" / c).mkdir(parents=True)
+        for i in range(20):  # > eval_samples (32) sequences in all
+            arr = (np.random.default_rng(i + int(c)).random((10, 12, 3)) * 255).astype("uint8")
+            Image.fromarray(arr).save(tmp_path / "imgs" / c / f"{i}.png")
+    r = CliRunner()
+    res = r.invoke(main, ["train", "--model", str(files / "t.safetensors"), "--vq", str(files / "vq.safetensors"),
+                          "--out", str(tmp_path / "run"), "--data", "images", "--image-dir", str(tmp_path / "imgs"),
+                          "--steps", "2", "--batch-size", "2", "--ttt-steps", "2", "--eval-images", "0"])
+    assert res.exit_code == 0, res.output
+    from lisa_trt.io import load_safetensors
+
+    t, _ = load_safetensors(tmp_path / "run" / "image_tokens.safetensors")
+    assert t["tokens"].shape == (40, 16) and sorted(set(t["classes"].tolist())) == [0, 3]
+    res = r.invoke(main, ["train", "--model", str(files / "t.safetensors"), "--vq", str(files / "vq.safetensors"),
+                          "--out", str(tmp_path / "run2"), "--data", "images", "--image-dir", str(tmp_path / "nope")])
+    assert res.exit_code == 2 and "sub-folder" in res.output

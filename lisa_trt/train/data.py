@@ -343,3 +343,50 @@ def _tqdm(it, enabled: bool, **kw):
     from tqdm.auto import tqdm
 
     return tqdm(it, **kw)
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
+
+
+def encode_image_folder(vq, folder, out_path, *, grid: int, batch: int = 32, progress: bool = True) -> Path:
+    """Encode a folder of images with the VQ into a token file for `--data tokens`.
+
+    Layout: one sub-folder per class, named by its class id ("0", "1", ...) or, when the names
+    are not all integers, numbered in sorted order. Images are centre-cropped to a square and
+    resized to grid * downsample pixels. Writes a .safetensors with "tokens" (N, grid^2) and
+    "classes" (N,) atomically, and returns its path.
+    """
+    from PIL import Image
+    from tqdm import tqdm
+
+    from ..io import save_safetensors
+
+    folder = Path(folder)
+    subdirs = sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+    if not subdirs:
+        raise InputError(f"{folder} must contain one sub-folder of images per class (e.g. {folder}/0/*.png)")
+    numeric = all(p.name.isdigit() for p in subdirs)
+    side = grid * vq.config.downsample
+    items = []
+    for i, d in enumerate(subdirs):
+        cid = int(d.name) if numeric else i
+        items += [(f, cid) for f in sorted(d.iterdir()) if f.suffix.lower() in IMAGE_SUFFIXES]
+    if not items:
+        raise InputError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {folder}/*/")
+
+    def load(path):
+        im = Image.open(path).convert("RGB")
+        w, h = im.size
+        s = min(w, h)
+        im = im.crop(((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s)).resize((side, side), Image.BICUBIC)
+        return torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).float() / 127.5 - 1.0
+
+    tokens = []
+    with torch.no_grad():
+        for a in tqdm(range(0, len(items), batch), desc="encode images", disable=not progress):
+            x = torch.stack([load(f) for f, _ in items[a: a + batch]])
+            tokens.append(vq.encode(x.to(vq.codebook().device)).cpu())
+    out_path = Path(out_path)
+    save_safetensors({"tokens": torch.cat(tokens).long(), "classes": torch.tensor([c for _, c in items])},
+                     out_path, metadata={"kind": "lisa-trt/tokens", "source": str(folder), "image_size": side})
+    return out_path
