@@ -141,6 +141,38 @@ class StaticCacheTarget:
         return KVCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
 
 
+    # -- prefill I/O shared by the graph backends ------------------------------------------
+
+    def _prefill_io(self, cond, cache) -> tuple[dict, dict]:
+        """(inputs, outputs) of the prefill graph for `cond` (outputs preallocated)."""
+        import torch
+
+        from ..errors import InputError
+
+        cfg, dev = self.config, self.device
+        B = self.check_cond(cond)
+        if B != cache.batch:
+            raise InputError(f"condition batch {B} does not match the cache batch {cache.batch}")
+        if cfg.model_type == "c2i":
+            inputs = dict(class_ids=cond.to(device=dev, dtype=torch.int64).contiguous())
+        else:
+            inputs = dict(caption_features=cond[0].to(device=dev, dtype=self.dtype).contiguous(),
+                          caption_mask=cond[1].to(device=dev, dtype=torch.bool).contiguous())
+        out = self._outputs(B, 1)
+        out["prefix_valid"] = torch.empty(B, cfg.cls_token_num, dtype=torch.bool, device=dev)
+        return inputs, out
+
+    def _prefill_done(self, cache, out: dict, taps: bool):
+        """Record the prefix in the cache bookkeeping; the TargetOutput of the prefill."""
+        from ..models.llamagen import TargetOutput
+
+        T = self.config.cls_token_num
+        cache.col_valid[:] = True
+        cache.col_valid[:, :T] = out["prefix_valid"].to(cache.col_valid.device)
+        cache.lengths.fill_(T)
+        return TargetOutput(out["logits"], out["taps"] if taps else None, out["hidden"])
+
+
 class StaticCacheDrafter:
     """Shared logic of exported-graph drafters: DrafterCache of the engines' static length."""
 
@@ -155,3 +187,24 @@ class StaticCacheDrafter:
         if dtype is not None and dtype != self.dtype:
             raise InputError(f"the engines' drafter cache is {self.dtype}; cannot make a {dtype} cache")
         return DrafterCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
+
+
+class GraphVQDecoder:
+    """Shared `decode_code` of the VQ-decoder graph runners (ORT, TensorRT)."""
+
+    def decode_code(self, indices, shape=None):
+        import torch
+
+        from ..errors import InputError
+
+        B, N = indices.shape
+        if N != self.grid * self.grid:
+            raise InputError(f"expected {self.grid * self.grid} tokens per image, got {N}")
+        V = self.config.codebook_size
+        if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= V):
+            raise InputError(f"image token ids must lie in [0, {V}); got {int(indices.min())}..{int(indices.max())}")
+        side = self.grid * self.config.downsample
+        out = torch.empty(B, 3, side, side, dtype=torch.float32, device=self.device)
+        self._run.run(dict(image_tokens=indices.to(device=self.device, dtype=torch.int64).contiguous()),
+                      dict(images=out))
+        return out

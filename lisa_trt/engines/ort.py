@@ -34,7 +34,7 @@ import torch
 from ..errors import InputError
 from ..export.io_spec import Graph, graph_spec
 from ..export.manifest import Manifest, read_manifest
-from .base import StaticCacheDrafter, StaticCacheTarget
+from .base import GraphVQDecoder, StaticCacheDrafter, StaticCacheTarget
 
 _NP = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
 
@@ -278,25 +278,10 @@ class OrtTarget(StaticCacheTarget):
 
     def prefill(self, cond, cache, taps: bool = False):
         """Write the condition prefix into the cache; logits of the last prefix position."""
-        from ..models.llamagen import TargetOutput
-
-        cfg, dev = self.config, self.device
-        B = self.check_cond(cond)
-        if B != cache.batch:
-            raise InputError(f"condition batch {B} does not match the cache batch {cache.batch}")
-        if cfg.model_type == "c2i":
-            inputs = dict(class_ids=_contig(cond, torch.int64, dev))
-        else:
-            inputs = dict(caption_features=_contig(cond[0], self.dtype, dev),
-                          caption_mask=_contig(cond[1], torch.bool, dev))
-        out = self._outputs(B, 1)
-        out["prefix_valid"] = torch.empty(B, cfg.cls_token_num, dtype=torch.bool, device=dev)
+        inputs, out = self._prefill_io(cond, cache)
         self._bind_cache(self._prefill, cache)
         self._prefill.run(inputs, out)
-        cache.col_valid[:] = True
-        cache.col_valid[:, : cfg.cls_token_num] = out["prefix_valid"].to(cache.col_valid.device)
-        cache.lengths.fill_(cfg.cls_token_num)
-        return TargetOutput(out["logits"], out["taps"] if taps else None, out["hidden"])
+        return self._prefill_done(cache, out, taps)
 
     def forward_tokens(self, tokens, positions, slots, mask, cache, taps: bool = False):
         """New tokens at absolute `positions`, K/V written at cache `slots` (see Transformer)."""
@@ -392,7 +377,7 @@ class OrtGASV:
         return GASVOutput(out["gate"], out["p_raw"], out["p_soft"])
 
 
-class OrtVQDecoder:
+class OrtVQDecoder(GraphVQDecoder):
     """The VQ decoder graph: token ids (B, h*w) -> images (B, 3, H, W) in about [-1, 1]."""
 
     def __init__(self, manifest: Manifest, *, providers=None, threads: Optional[int] = None, spin: bool = False):
@@ -400,16 +385,6 @@ class OrtVQDecoder:
         self.grid = manifest.target_config.grid_size
         self._run = GraphRunner(manifest.graph_path(Graph.VQ_DECODE), providers, threads, spin)
         self.device = self._run.device
-
-    def decode_code(self, indices: torch.Tensor, shape=None) -> torch.Tensor:
-        B, N = indices.shape
-        if N != self.grid * self.grid:
-            raise InputError(f"expected {self.grid * self.grid} tokens per image, got {N}")
-        check_tokens(indices, self.config.codebook_size)
-        side = self.grid * self.config.downsample
-        out = torch.empty(B, 3, side, side, dtype=torch.float32, device=self.device)
-        self._run.run(dict(image_tokens=_contig(indices, torch.int64, self.device)), dict(images=out))
-        return out
 
 
 class OrtEngines(NamedTuple):

@@ -41,7 +41,7 @@ import torch
 
 from ..errors import InputError, LisaError
 from ..export.io_spec import Graph, GraphSpec, export_dims
-from .base import StaticCacheDrafter, StaticCacheTarget
+from .base import GraphVQDecoder, StaticCacheDrafter, StaticCacheTarget
 from .build import ProfileSpec, load_plan, require_tensorrt_gpu
 
 KV_BINDINGS = ("inplace", "swap")
@@ -317,27 +317,12 @@ class TrtTarget(StaticCacheTarget, _TrtRunner):
 
     def prefill(self, cond, cache, taps: bool = False):
         """Write the condition prefix into the cache; logits of the last prefix position."""
-        from ..models.llamagen import TargetOutput
-
-        cfg, dev = self.config, self.device
-        B = self.check_cond(cond)
-        if B != cache.batch:
-            raise InputError(f"condition batch {B} does not match the cache batch {cache.batch}")
+        inputs, out = self._prefill_io(cond, cache)
         self._cache_ok(cache)
-        if cfg.model_type == "c2i":
-            inputs = dict(class_ids=_contig(cond, torch.int64, dev))
-        else:
-            inputs = dict(caption_features=_contig(cond[0], self.dtype, dev),
-                          caption_mask=_contig(cond[1], torch.bool, dev))
-        out = self._outputs(B, 1)
-        out["prefix_valid"] = torch.empty(B, cfg.cls_token_num, dtype=torch.bool, device=dev)
-        swaps = self._bind_kv(self._prefill, cache, cfg.n_layer, inputs, out)
+        swaps = self._bind_kv(self._prefill, cache, self.config.n_layer, inputs, out)
         self._prefill.run(inputs, out)
         self._apply_swaps(swaps)
-        cache.col_valid[:] = True
-        cache.col_valid[:, : cfg.cls_token_num] = out["prefix_valid"].to(cache.col_valid.device)
-        cache.lengths.fill_(cfg.cls_token_num)
-        return TargetOutput(out["logits"], out["taps"] if taps else None, out["hidden"])
+        return self._prefill_done(cache, out, taps)
 
     def forward_tokens(self, tokens, positions, slots, mask, cache, taps: bool = False):
         """New tokens at absolute `positions`, K/V written at cache `slots` (see Transformer)."""
@@ -438,7 +423,7 @@ class TrtGASV(_TrtRunner):
         return GASVOutput(out["gate"], out["p_raw"], out["p_soft"])
 
 
-class TrtVQDecoder(_TrtRunner):
+class TrtVQDecoder(GraphVQDecoder, _TrtRunner):
     """The VQ decoder engine: token ids (B, h*w) -> images (B, 3, H, W) in about [-1, 1]."""
 
     def __init__(self, manifest, **kw):
@@ -446,18 +431,6 @@ class TrtVQDecoder(_TrtRunner):
         self.config = manifest.vq_config
         self.grid = manifest.target_config.grid_size
         self._run = self._graph(Graph.VQ_DECODE)
-
-    def decode_code(self, indices: torch.Tensor, shape=None) -> torch.Tensor:
-        from .ort import check_tokens
-
-        B, N = indices.shape
-        if N != self.grid * self.grid:
-            raise InputError(f"expected {self.grid * self.grid} tokens per image, got {N}")
-        check_tokens(indices, self.config.codebook_size)
-        side = self.grid * self.config.downsample
-        out = torch.empty(B, 3, side, side, dtype=torch.float32, device=self.device)
-        self._run.run(dict(image_tokens=_contig(indices, torch.int64, self.device)), dict(images=out))
-        return out
 
 
 class TrtEngines(NamedTuple):
