@@ -189,6 +189,29 @@ class StaticCacheDrafter:
         return DrafterCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
 
 
+class GraphGASV:
+    """Shared call of the GASV graph runners (ORT, TensorRT): guided logits (N, V) -> GASVOutput.
+
+    Subclasses set: config (GASVConfig recorded at export), vocab_size, device, _run.
+    """
+
+    def __call__(self, logits, cfg=None):
+        import torch
+
+        from ..errors import InputError
+        from ..export.onnx import gasv_params
+        from ..speculative.gasv import GASVOutput, check_logits
+
+        check_logits(logits)
+        if logits.shape[1] != self.vocab_size:
+            raise InputError(f"GASV tables are for vocabulary {self.vocab_size}, logits have {logits.shape[1]}")
+        dev = self.device
+        out = {n: torch.empty(logits.shape, dtype=torch.float32, device=dev) for n in ("gate", "p_raw", "p_soft")}
+        self._run.run(dict(guided_logits=logits.to(device=dev, dtype=torch.float32).contiguous(),
+                           gasv_params=gasv_params(cfg or self.config).to(dev)), out)
+        return GASVOutput(out["gate"], out["p_raw"], out["p_soft"])
+
+
 class GraphVQDecoder:
     """Shared `decode_code` of the VQ-decoder graph runners (ORT, TensorRT)."""
 

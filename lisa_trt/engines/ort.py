@@ -34,7 +34,7 @@ import torch
 from ..errors import InputError
 from ..export.io_spec import Graph, graph_spec
 from ..export.manifest import Manifest, read_manifest
-from .base import GraphVQDecoder, StaticCacheDrafter, StaticCacheTarget
+from .base import GraphGASV, GraphVQDecoder, StaticCacheDrafter, StaticCacheTarget
 
 _NP = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
 
@@ -348,7 +348,7 @@ class OrtDrafter(StaticCacheDrafter):
 
 # ----------------------------------------------------------------------------- GASV, VQ
 
-class OrtGASV:
+class OrtGASV(GraphGASV):
     """The GASV graph: guided logits (N, V) -> GASVOutput(gate, p_raw, p_soft), dense path.
 
     `cfg` (GASVConfig) defaults to the constants recorded at export; any may be overridden
@@ -362,19 +362,6 @@ class OrtGASV:
         self._run = GraphRunner(manifest.graph_path(Graph.GASV), providers, threads, spin)
         self.device = self._run.device
         self.vocab_size = manifest.tables["vocab_size"]
-
-    def __call__(self, logits: torch.Tensor, cfg=None):
-        from ..export.onnx import gasv_params
-        from ..speculative.gasv import GASVOutput, check_logits
-
-        check_logits(logits)
-        if logits.shape[1] != self.vocab_size:
-            raise InputError(f"GASV tables are for vocabulary {self.vocab_size}, logits have {logits.shape[1]}")
-        dev = self.device
-        out = {n: torch.empty(logits.shape, dtype=torch.float32, device=dev) for n in ("gate", "p_raw", "p_soft")}
-        self._run.run(dict(guided_logits=_contig(logits, torch.float32, dev),
-                           gasv_params=gasv_params(cfg or self.config).to(dev)), out)
-        return GASVOutput(out["gate"], out["p_raw"], out["p_soft"])
 
 
 class OrtVQDecoder(GraphVQDecoder):

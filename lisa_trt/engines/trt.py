@@ -41,7 +41,7 @@ import torch
 
 from ..errors import InputError, LisaError
 from ..export.io_spec import Graph, GraphSpec, export_dims
-from .base import GraphVQDecoder, StaticCacheDrafter, StaticCacheTarget
+from .base import GraphGASV, GraphVQDecoder, StaticCacheDrafter, StaticCacheTarget
 from .build import ProfileSpec, load_plan, require_tensorrt_gpu
 
 KV_BINDINGS = ("inplace", "swap")
@@ -395,7 +395,7 @@ class TrtDrafter(StaticCacheDrafter, _TrtRunner):
 
 # ----------------------------------------------------------------------------- GASV, VQ
 
-class TrtGASV(_TrtRunner):
+class TrtGASV(GraphGASV, _TrtRunner):
     """The GASV engine (the lisa::gasv plugin graph): guided logits (N, V) -> GASVOutput."""
 
     def __init__(self, manifest, **kw):
@@ -408,19 +408,6 @@ class TrtGASV(_TrtRunner):
         tp.register()  # JIT plugins need the registration at run time; AOT ones do not mind
         self._run = self._graph(Graph.GASV)
         self.vocab_size = manifest.tables["vocab_size"]
-
-    def __call__(self, logits: torch.Tensor, cfg=None):
-        from ..export.onnx import gasv_params
-        from ..speculative.gasv import GASVOutput, check_logits
-
-        check_logits(logits)
-        if logits.shape[1] != self.vocab_size:
-            raise InputError(f"GASV tables are for vocabulary {self.vocab_size}, logits have {logits.shape[1]}")
-        dev = self.device
-        out = {n: torch.empty(logits.shape, dtype=torch.float32, device=dev) for n in ("gate", "p_raw", "p_soft")}
-        self._run.run(dict(guided_logits=_contig(logits, torch.float32, dev),
-                           gasv_params=gasv_params(cfg or self.config).to(dev)), out)
-        return GASVOutput(out["gate"], out["p_raw"], out["p_soft"])
 
 
 class TrtVQDecoder(GraphVQDecoder, _TrtRunner):

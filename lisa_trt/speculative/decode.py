@@ -127,11 +127,13 @@ class SpeculativeDecoder:
     def _verify(self, logits: torch.Tensor, tree: DraftTree, spec: SpecConfig, greedy: bool, gen):
         """Guided, filtered logits (B, N, V) at the tree nodes -> VerifyResult."""
         B, N, Vv = logits.shape
-        p = torch.softmax(logits, -1)
         if spec.method == "exact" or spec.method == "greedy":
             # greedy on the logits themselves: the same argmax as the reference loop (softmax can tie)
-            return V.verify_greedy(logits, tree) if greedy or spec.method == "greedy" else V.verify_exact(p, tree, gen)
+            if greedy or spec.method == "greedy":
+                return V.verify_greedy(logits, tree)
+            return V.verify_exact(torch.softmax(logits, -1), tree, gen)
         if spec.method == "lantern":
+            p = torch.softmax(logits, -1)
             nb = self._tables("LANTERN").lantern_neighbors
             k = min(spec.lantern_k, nb.shape[1])
             if greedy:
