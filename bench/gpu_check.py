@@ -18,7 +18,7 @@ after every section, so a run cut by a timeout keeps what it measured):
                  demo model (`demo` + drafter `demo-lisa` + tables `demo`), via lisa_trt.bench;
                  skipped with the reason when the demo assets are absent;
   tensorrt       when tensorrt imports: export the tiny model, build its engines
-                 (lisa_trt.engines.build), run TrtTarget against torch; else the reason.
+                 (lisa_trt.engines.build), run the TensorRT GraphTarget against torch; else the reason.
 With --cpu-smoke (or without CUDA) every section runs a tiny version on CPU in a few seconds.
 """
 
@@ -253,9 +253,9 @@ def section_demo_decode(ctx: Ctx) -> dict:
     if not assets_present():
         return {"skipped": "the bundled demo assets are absent (lisa_trt/assets/demo); build them with "
                            "scripts/demo/*.py"}
-    from lisa_trt.artifacts import BUNDLED_DRAFTERS, BUNDLED_TABLES
+    from lisa_trt.models.artifact_sets import bundled_file
 
-    missing = [str(p) for p in (BUNDLED_DRAFTERS["demo-lisa"], BUNDLED_TABLES["demo"]) if not p.is_file()]
+    missing = [str(p) for p in (bundled_file("demo-lisa", "drafters"), bundled_file("demo", "tables")) if not p.is_file()]
     if missing:
         return {"skipped": f"missing bundled drafter/tables: {missing}"}
     if ctx.smoke and not ctx.args.demo_on_cpu:

@@ -57,7 +57,7 @@ def main(argv=None):
     tables = load_tables_by_name("demo", target)
     drafters = {"eagle3": load_drafter_by_name("demo-eagle3", target), "lisa": load_drafter_by_name("demo-lisa", target)}
     sampling = demo_sampling()
-    spec = SpecConfig(top_k=a.tree_top_k, depth=a.tree_depth, total_tokens=a.tree_tokens)
+    spec = SpecConfig.make(top_k=a.tree_top_k, depth=a.tree_depth, total_tokens=a.tree_tokens)
     ncls = target.config.num_classes
     classes = [i % ncls for i in range(a.num_images)]
     g = target.config.grid_size

@@ -142,7 +142,7 @@ def inplace_check(engines, cond, committed, max_tree, reps, threads) -> dict:
     """
     import tempfile
 
-    from lisa_trt.engines.ort import GraphRunner
+    from lisa_trt.engines.ort import OrtRunner
     from lisa_trt.export.io_spec import Graph
 
     tgt = engines.target
@@ -155,17 +155,19 @@ def inplace_check(engines, cond, committed, max_tree, reps, threads) -> dict:
                cache_pointers_unchanged=ptrs == [t.data_ptr() for t in cache.k + cache.v],
                cache_written_in_place=not torch.equal(before, cache.k[0]))
     ins = dict(input_ids=toks, position_ids=pos, cache_slots=slots, attention_mask=mask)
-    outs = tgt._outputs(cache.batch, 1)
+    outs = tgt._verify.allocate(ins, ["logits", "taps", "hidden"])
     path = engines.manifest.graph_path(Graph.TARGET_VERIFY)
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ("in_place", "separate_present"):
-            runner = GraphRunner(path, threads=threads, profile=f"{tmp}/{mode}")
-            pairs = tgt._cache_pairs(cache)
-            scratch = [torch.empty_like(b) for _, _, b in pairs]  # kept alive while bound
-            for (past, present, buf), s in zip(pairs, scratch):
-                runner.bind(past, buf, output=False)
-                runner.bind(present, buf if mode == "in_place" else s, output=True)
-            res[f"verify_S1_{mode}_ms"] = median_ms(lambda: runner.run(ins, outs), reps)
+            runner = OrtRunner(path, tgt._verify.spec, tgt._verify.dims, engines.manifest.precision, threads=threads,
+                               profile=f"{tmp}/{mode}")
+            ins_kv, outs_kv, scratch = dict(ins), dict(outs), []  # scratch kept alive while bound
+            for i, (k, v) in enumerate(zip(cache.k, cache.v)):
+                for part, buf in (("key", k), ("value", v)):
+                    scratch.append(buf if mode == "in_place" else torch.empty_like(buf))
+                    ins_kv[f"past_key_values.{i}.{part}"] = buf
+                    outs_kv[f"present.{i}.{part}"] = scratch[-1]
+            res[f"verify_S1_{mode}_ms"] = median_ms(lambda: runner.run(ins_kv, outs_kv), reps)
             res[f"scatter_kernels_{mode}_us_per_run"] = _scatter_us_per_run(runner.session.end_profiling())
             del runner, scratch
     res["copy_avoided_us_per_run"] = round(res["scatter_kernels_separate_present_us_per_run"]
@@ -175,7 +177,7 @@ def inplace_check(engines, cond, committed, max_tree, reps, threads) -> dict:
 
 @torch.no_grad()
 def wrapper_overhead(engines, cond, committed, max_tree, reps) -> dict:
-    """OrtTarget.forward_tokens (checks, tensor prep, binding, run) vs the bare ORT run (S = 1).
+    """GraphTarget.forward_tokens (ORT) (checks, tensor prep, binding, run) vs the bare ORT run (S = 1).
 
     Measured twice in alternation (full, bare, full, bare), best median of each kept.
     """
@@ -183,12 +185,12 @@ def wrapper_overhead(engines, cond, committed, max_tree, reps) -> dict:
     cache = fill(tgt, cond, committed, max_tree)
     toks, pos, slots, mask = step_args(cache, 1, tgt.config.vocab_size)
     ins = dict(input_ids=toks, position_ids=pos, cache_slots=slots, attention_mask=mask)
-    outs = tgt._outputs(cache.batch, 1)  # alive while bound
+    outs = tgt._verify.allocate(ins, ["logits", "taps", "hidden"])  # alive while bound
     io, sess = tgt._verify._io, tgt._verify.session
     full, bare = [], []
     for _ in range(2):
         full.append(median_ms(lambda: tgt.forward_tokens(toks, pos, slots, mask, cache), 10 * reps, warmup=5))
-        tgt._verify.run(ins, outs)  # rebind every per-call tensor to live buffers before the bare runs
+        tgt._run_kv(tgt._verify, cache, tgt.config.n_layer, dict(ins), dict(outs))  # rebind to live buffers
         bare.append(median_ms(lambda: sess.run_with_iobinding(io), 10 * reps, warmup=5))
     f, b = min(full), min(bare)
     return dict(forward_tokens_ms=f, bare_run_ms=b, wrapper_ms=round(f - b, 3), wrapper_fraction=round((f - b) / f, 3))

@@ -71,7 +71,7 @@ def main():
     dec = SpeculativeDecoder(e.target, e.drafter, e.tables, gasv=e.gasv)
     for i, p in enumerate(prompts):
         _, st = dec.generate(torch.tensor([p]), sampling=pipe.sampling(), seed=i,
-                             spec=SpecConfig(method="gasv", top_k=4, depth=4, total_tokens=24))
+                             spec=SpecConfig.make("gasv", top_k=4, depth=4, total_tokens=24))
         committed += [int(x) for c in st.committed for x in c.cpu()]
     acc = acceptance(committed, 5)
     curve = json.loads(Path(a.curve).read_text())["models"]["demo"]

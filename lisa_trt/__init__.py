@@ -9,7 +9,7 @@ from .models.checkpoints import load_target, load_vq
 from .runtime.pipeline import GenerationResult, Pipeline
 from .speculative.autoregressive import generate
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402
 
 __all__ = ["GenerationResult", "LisaError", "Pipeline", "SamplingConfig", "TargetConfig", "VQConfig", "generate", "load_target",
            "load_vq", "target_config", "vq_config", "__version__"]

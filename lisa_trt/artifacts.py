@@ -1,4 +1,5 @@
-"""Name -> artifact resolution: `demo`, `demo-lisa`, `demo-eagle3` and bundled tables, or paths.
+"""Name -> artifact resolution: bundled drafters / tables of the registered artifact sets
+(models/artifact_sets.py: `demo-lisa`, `demo-eagle3`, `demo`), or paths.
 
 Every artifact is checked against the target it is used with (hash of output.weight): drafters
 by models/drafter.load_drafter, tables by calibration.tables.check_tables.
@@ -7,27 +8,19 @@ by models/drafter.load_drafter, tables by calibration.tables.check_tables.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from .errors import CheckpointError, InputError
+from .models.artifact_sets import artifact_set, bundled_file, bundled_names
 
-ASSETS = Path(__file__).resolve().parent / "assets" / "demo"
-BUNDLED_DRAFTERS = {"demo-lisa": ASSETS / "drafter_lisa.safetensors",
-                    "demo-eagle3": ASSETS / "drafter_eagle3.safetensors"}
-BUNDLED_TABLES = {"demo": ASSETS / "tables.safetensors"}
 _RECIPE = "scripts/demo/train_drafters.sh and scripts/demo/calibrate.sh rebuild them"
 
 
-def _bundled(name: str, table: dict, kind: str) -> Path:
-    path = table[name]
-    if not path.is_file():
-        raise CheckpointError(f"bundled {kind} {name!r} is missing ({path}); {_RECIPE}")
+def _bundled(name: str, kind: str) -> Optional[Path]:
+    path = bundled_file(name, kind)
+    if path is not None and not path.is_file():
+        raise CheckpointError(f"bundled {kind[:-1]} {name!r} is missing ({path}); {_RECIPE}")
     return path
-
-
-def load_target_by_name(model: str, config=None):
-    from .models.checkpoints import load_target
-
-    return load_target(model, config)
 
 
 def load_drafter_by_name(name: str, target):
@@ -35,10 +28,10 @@ def load_drafter_by_name(name: str, target):
     another target."""
     from .models.drafter import load_drafter
 
-    path = _bundled(name, BUNDLED_DRAFTERS, "drafter") if name in BUNDLED_DRAFTERS else Path(name)
+    path = _bundled(name, "drafters") or Path(name)
     if not path.is_file():
         raise InputError(f"drafter {name!r} not found; pass a .safetensors made by `lisa-trt train` "
-                         f"or one of {', '.join(BUNDLED_DRAFTERS)}")
+                         f"or one of {', '.join(bundled_names('drafters'))}")
     return load_drafter(path, target).eval()
 
 
@@ -47,7 +40,7 @@ def load_tables_by_name(name: str, target):
     from .calibration.tables import check_tables, load_tables
     from .models.checkpoints import target_hash
 
-    path = _bundled(name, BUNDLED_TABLES, "tables") if name in BUNDLED_TABLES else Path(name)
+    path = _bundled(name, "tables") or Path(name)
     if not path.is_file():
         raise InputError(f"tables {name!r} not found; make them with `lisa-trt calibrate`")
     tables = load_tables(path)
@@ -56,8 +49,23 @@ def load_tables_by_name(name: str, target):
 
 
 def default_drafter(model: str):
-    return "demo-lisa" if model == "demo" else None
+    """The drafter an artifact set uses by default (None for a checkpoint path)."""
+    s = artifact_set(model)
+    return s.default_drafter if s else None
 
 
 def default_tables(model: str):
-    return "demo" if model == "demo" else None
+    """The tables an artifact set uses by default (None for a checkpoint path)."""
+    s = artifact_set(model)
+    return s.default_tables if s else None
+
+
+def default_vq(model: str, vq=None):
+    """`vq` if given, else the artifact set's own VQ name (None for a checkpoint path)."""
+    s = artifact_set(model)
+    return vq or (s.vq if s else None)
+
+
+def vq_config_for(vq, vq_config):
+    """The VQ config name to pass to load_vq: none for set names and safetensors (self-describing)."""
+    return None if artifact_set(vq) is not None or str(vq).endswith(".safetensors") else vq_config

@@ -18,41 +18,16 @@ from tqdm import tqdm
 from .config import SamplingConfig
 from .errors import InputError
 from .io import write_json
-from .speculative.autoregressive import generate
-from .speculative.decode import DecodeStats, SpecConfig, SpeculativeDecoder
-from .speculative.sjd import sjd_generate
-
-ALL_METHODS = ("vanilla", "greedy", "exact", "lantern", "gasv", "sjd")
-
+from .speculative.methods import METHODS, SpecConfig, method_names
+from .speculative.run import run_method
 
 def parse_methods(text: str) -> list[str]:
+    """"vanilla,gasv" -> ["vanilla", "gasv"], each a registered method (speculative/methods.py)."""
     methods = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in methods if m not in ALL_METHODS]
+    bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
-        raise InputError(f"unknown bench method(s) {bad}; valid: {', '.join(ALL_METHODS)}")
+        raise InputError(f"unknown bench method(s) {bad}; valid: {', '.join(method_names())}")
     return methods
-
-
-def run_method(method: str, target, drafter, tables, cond, *, sampling: SamplingConfig,
-               spec: SpecConfig, seed: int, sjd_window: int = 16, gasv=None):
-    """One generation with `method` -> (tokens (B, N), DecodeStats)."""
-    if method == "vanilla":
-        t0 = time.perf_counter()
-        toks = generate(target, cond, seed=seed, **dataclasses.asdict(sampling))
-        st = DecodeStats(target_forwards=target.config.block_size)
-        st.committed = [torch.ones(toks.shape[0] * (target.config.block_size - 1))]
-        st.times = {"total": time.perf_counter() - t0}
-        return toks, st
-    if method == "sjd":
-        return sjd_generate(target, cond, sampling=sampling, window=sjd_window, seed=seed)
-    if drafter is None:
-        raise InputError(f"method {method!r} needs a drafter (--drafter)")
-    if method == "greedy":
-        sampling = dataclasses.replace(sampling, greedy=True)
-        spec = dataclasses.replace(spec, method="exact")
-    else:
-        spec = dataclasses.replace(spec, method=method)
-    return SpeculativeDecoder(target, drafter, tables, gasv=gasv).generate(cond, sampling=sampling, spec=spec, seed=seed)
 
 
 def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingConfig,
@@ -67,8 +42,9 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
         {"settings": {...}, "results": {method: {mal, seconds_per_image, speedup, mean_tvd,
         class_acc, fd_demo, ...}}}
     """
-    if "vanilla" not in methods:
-        methods = ["vanilla"] + list(methods)
+    baseline = method_names("ar")[0]
+    if baseline not in methods:
+        methods = [baseline] + list(methods)
     cls = torch.as_tensor(classes).long()
     results, tokens = {}, {}
     # warm-up (allocations, thread pools), not timed
@@ -92,13 +68,13 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
             for k, v in s.times.items():
                 times[k] = times.get(k, 0.0) + v / len(stats_all)
         results[m] = {
-            "mal": float(committed.mean()) if m != "vanilla" else 1.0,
+            "mal": float(committed.mean()) if METHODS[m].kind != "ar" else 1.0,
             "seconds_per_image": sum(secs) / len(secs),
             "mean_tvd": float(torch.cat(tvds).mean()) if tvds else 0.0,
             "target_forwards_per_image": sum(s.target_forwards for s in stats_all) / len(stats_all),
             "time_split": times,
         }
-    base = results["vanilla"]["seconds_per_image"]
+    base = results[baseline]["seconds_per_image"]
     for m, r in results.items():
         r["speedup"] = base / r["seconds_per_image"]
         if scorer_fn is not None and decode_fn is not None:

@@ -64,33 +64,42 @@ def sampling_options(fn):
     return fn
 
 
+def _method_choice(kind=None):
+    from .speculative.methods import method_names
+
+    return click.Choice(method_names(kind))
+
+
 def spec_options(fn):
     fn = click.option("--drafter", default=None, help="Drafter .safetensors, or demo-lisa / demo-eagle3 (demo default: demo-lisa).")(fn)
-    fn = click.option("--verify", type=click.Choice(["vanilla", "greedy", "exact", "lantern", "gasv", "sjd"]),
-                      default=None, help="Verification rule (default: vanilla AR loop).")(fn)
+    fn = click.option("--verify", type=_method_choice(), default=None,
+                      help="Decoding method (speculative/methods.py; default: vanilla AR loop).")(fn)
     fn = click.option("--tables", default=None, help="Calibration tables (lisa-trt calibrate); demo: bundled.")(fn)
     return spec_options_bench(fn)
 
 
 def spec_options_bench(fn):
-    from .speculative.decode import SpecConfig
+    """Tree budget and every registered method's options; defaults read from SpecConfig."""
+    from .speculative.methods import SpecConfig, cli_options
 
-    d = SpecConfig()
-    fn = click.option("--tree-top-k", type=int, default=d.top_k, show_default=True, help="EAGLE-2 tree: children per node.")(fn)
-    fn = click.option("--tree-depth", type=int, default=d.depth, show_default=True, help="EAGLE-2 tree: expansion rounds.")(fn)
-    fn = click.option("--tree-tokens", type=int, default=d.total_tokens, show_default=True, help="EAGLE-2 tree: nodes incl. root.")(fn)
-    fn = click.option("--lantern-delta", type=float, default=d.lantern_delta, show_default=True)(fn)
-    fn = click.option("--gasv-kappa", type=float, default=None, help="Override the tables' kappa.")(fn)
-    fn = click.option("--gasv-lambda", type=float, default=None, help="Override the tables' lambda.")(fn)
+    d = SpecConfig().flat()
+    for o in reversed(cli_options()):
+        default = d.get(o.name)
+        fn = click.option(o.flag, o.name, type=o.type, default=default, show_default=default is not None,
+                          help=o.help)(fn)
+    fn = click.option("--tree-top-k", type=int, default=d["top_k"], show_default=True, help="EAGLE-2 tree: children per node.")(fn)
+    fn = click.option("--tree-depth", type=int, default=d["depth"], show_default=True, help="EAGLE-2 tree: expansion rounds.")(fn)
+    fn = click.option("--tree-tokens", type=int, default=d["total_tokens"], show_default=True, help="EAGLE-2 tree: nodes incl. root.")(fn)
     return fn
 
 
-def make_spec(verify, top_k, depth, total, lantern_delta, kappa, lam):
-    from .speculative.decode import METHODS, SpecConfig
+def make_spec(verify, top_k, depth, total, lantern_delta=None, kappa=None, lam=None, **method_options):
+    """SpecConfig for `verify` (a non-tree method gets the first tree method's settings)."""
+    from .speculative.methods import SpecConfig, method_names
 
-    method = verify if verify in METHODS else "exact"
-    return SpecConfig(method=method, top_k=top_k, depth=depth, total_tokens=total,
-                      lantern_delta=lantern_delta, gasv_kappa=kappa, gasv_lambda=lam)
+    tree = method_names("tree")
+    return SpecConfig.make(verify if verify in tree else tree[0], top_k=top_k, depth=depth, total_tokens=total,
+                           lantern_delta=lantern_delta, gasv_kappa=kappa, gasv_lambda=lam, **method_options)
 
 
 def resolve_spec_artifacts(model, target, methods, drafter, tables):
@@ -98,8 +107,10 @@ def resolve_spec_artifacts(model, target, methods, drafter, tables):
     from .artifacts import default_drafter, default_tables, load_drafter_by_name, load_tables_by_name
     from .errors import InputError
 
-    needs_drafter = [m for m in methods if m not in ("vanilla", "sjd", None)]
-    needs_tables = [m for m in methods if m in ("lantern", "gasv")]
+    from .speculative.methods import get_method
+
+    needs_drafter = [m for m in methods if m is not None and get_method(m).needs_drafter]
+    needs_tables = [m for m in methods if m is not None and get_method(m).needs_tables]
     drafter = drafter or default_drafter(model)
     tables = tables or default_tables(model)
     if needs_drafter and drafter is None:
@@ -109,6 +120,24 @@ def resolve_spec_artifacts(model, target, methods, drafter, tables):
     dr = load_drafter_by_name(drafter, target) if needs_drafter else None
     tb = load_tables_by_name(tables, target) if needs_tables else None
     return dr, tb
+
+
+def _is_artifact_set(model) -> bool:
+    from .models.artifact_sets import artifact_set
+
+    return artifact_set(model) is not None
+
+
+def _default_vq(model, vq):
+    from .artifacts import default_vq
+
+    return default_vq(model, vq)
+
+
+def _vq_config_for(vq, vq_config):
+    from .artifacts import vq_config_for
+
+    return vq_config_for(vq, vq_config)
 
 
 def resolve_target(model, config, image_size, model_type):
@@ -128,11 +157,10 @@ def resolve_sampling(model, **given):
 
     from .config import SamplingConfig
 
-    base = SamplingConfig()
-    if model == "demo":
-        from .demo import registry
+    from .models.artifact_sets import artifact_set
 
-        base = getattr(registry, "demo_sampling", SamplingConfig)()
+    aset = artifact_set(model)
+    base = aset.extra("demo_sampling", SamplingConfig)() if aset is not None else SamplingConfig()
     return dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None and v is not False})
 
 
@@ -255,14 +283,16 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
     import numpy as np
     import torch
 
-    from . import generate as ar_generate
+    from .speculative.autoregressive import generate as ar_generate
     from .errors import InputError
+
+    from .models.family import family_of
 
     target = resolve_target(model, config, image_size, model_type)
     tc = target.config
     s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                          top_p=top_p, cfg_interval=cfg_interval, greedy=greedy)
-    if tc.model_type == "c2i":
+    if family_of(tc).class_conditioned(tc):
         if classes is None:
             raise InputError("c2i models need --classes (e.g. --classes 0,1,2)")
         names = _class_names(model)
@@ -275,7 +305,7 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
     if verify in (None, "vanilla"):
         tokens = ar_generate(target, cond, seed=seed, **dataclasses.asdict(s))
     else:
-        from .bench import run_method
+        from .speculative.run import run_method
 
         dr, tb = resolve_spec_artifacts(model, target, [verify], drafter, tables)
         spec = make_spec(verify, tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda)
@@ -293,8 +323,9 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
     from .io import write_json
 
     write_json(out / "stats.json", {"verify": verify or "vanilla", "sampling": dataclasses.asdict(s), **stats})
-    if vq is None and model == "demo":
-        vq = "demo"
+    from .artifacts import default_vq
+
+    vq = default_vq(model, vq)
     if vq is not None:
         paths = decode_and_save(tokens, vq, vq_config, tc, out)
         click.echo(f"wrote {len(paths)} images and tokens.npy to {out}")
@@ -303,11 +334,11 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
 
 
 def _class_names(model):
-    if model == "demo":
-        from .demo.registry import class_names
+    from .models.artifact_sets import artifact_set
 
-        return list(class_names())
-    return None
+    aset = artifact_set(model)
+    fn = aset.extra("class_names") if aset is not None else None
+    return list(fn()) if fn is not None else None
 
 
 def decode_and_save(tokens, vq, vq_config_name, tc, out):
@@ -316,7 +347,9 @@ def decode_and_save(tokens, vq, vq_config_name, tc, out):
     from .imaging import save_images, to_uint8
     from .models.checkpoints import load_vq
 
-    vqm = load_vq(vq, None if vq == "demo" or str(vq).endswith(".safetensors") else vq_config_name)
+    from .artifacts import vq_config_for
+
+    vqm = load_vq(vq, vq_config_for(vq, vq_config_name))
     g = tc.grid_size
     with torch.no_grad():
         imgs = vqm.decode_code(tokens, (tokens.shape[0], vqm.config.codebook_embed_dim, g, g))
@@ -348,12 +381,12 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
     from .speculative.gasv import GASVConfig
 
     target = resolve_target(model, config, image_size, model_type)
-    vq = vq or ("demo" if model == "demo" else None)
+    vq = _default_vq(model, vq)
     if vq is None:
         from .errors import InputError
 
         raise InputError("calibration needs the VQ codebook: pass --vq (e.g. vq_ds16_c2i.pt)")
-    vqm = load_vq(vq, None if vq == "demo" or str(vq).endswith(".safetensors") else vq_config)
+    vqm = load_vq(vq, _vq_config_for(vq, vq_config))
     s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                          cfg_interval=cfg_interval, greedy=greedy)
     tables = run_calibration(target, vqm.codebook().detach(), num_rollouts=rollouts,
@@ -402,12 +435,12 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
     from .train.trainer import TrainConfig, train_drafter
 
     target = resolve_target(model, config, image_size, model_type)
-    vq = vq or ("demo" if model == "demo" else None)
+    vq = _default_vq(model, vq)
     if vq is None:
         from .errors import InputError
 
         raise InputError("training needs the VQ codebook (LISA locality geometry): pass --vq")
-    vqm = load_vq(vq, None if vq == "demo" or str(vq).endswith(".safetensors") else vq_config)
+    vqm = load_vq(vq, _vq_config_for(vq, vq_config))
     if source == "images":
         from .errors import InputError
         from .train.data import encode_image_folder
@@ -422,7 +455,7 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
         data_kw["num_samples"] = num_samples
     if cfg_scale is not None:
         data_kw["cfg_scale"] = cfg_scale
-    elif model == "demo":
+    elif _is_artifact_set(model):
         data_kw["cfg_scale"] = resolve_sampling(model).cfg_scale
     kw = dict(steps=steps, batch_size=batch_size, lr=lr, ttt_steps=ttt_steps, drafter_hidden=drafter_hidden,
               drafter_heads=drafter_heads, checkpoint_every=checkpoint_every, seed=seed)
@@ -435,30 +468,13 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
     if eval_images and int(os.environ.get("RANK", "0")) == 0:  # one rank under torchrun
         from .models.drafter import load_drafter
 
+        from .train.evaluate import decode_eval
+
         ev = decode_eval(target, load_drafter(result["drafter"], target), cfg, eval_images)
         from .io import write_json
 
         write_json(Path(out_dir) / "eval_decode.json", ev)
         click.echo(f"held-out decoding ({eval_images} images, exact verification): MAL {ev['mal']:.3f}")
-
-
-def decode_eval(target, drafter, cfg, n: int) -> dict:
-    """Real MAL of the trained drafter: exact (lossless) tree speculation on held-out prompts
-    (seeds disjoint from the self-distillation data)."""
-    import dataclasses
-
-    import torch
-
-    from .config import SamplingConfig
-    from .speculative.decode import SpecConfig, SpeculativeDecoder
-
-    d = cfg.data
-    s = SamplingConfig(cfg_scale=d.cfg_scale, temperature=d.temperature, top_k=d.top_k, top_p=d.top_p)
-    spec = SpecConfig(method="exact", top_k=3, depth=3, total_tokens=10)
-    cond = torch.arange(n) % target.config.num_classes
-    _, st = SpeculativeDecoder(target, drafter.eval()).generate(cond, sampling=s, spec=spec, seed=1_000_003 + cfg.seed)
-    return {"mal": st.mal, "images": n, "sampling": dataclasses.asdict(s), "spec": dataclasses.asdict(spec),
-            "target_forwards": st.target_forwards}
 
 
 @main.command()
@@ -482,6 +498,7 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
     """Run every method on the same prompts and seeds in one process; JSON + speed/quality plot."""
     import torch
 
+    from .artifacts import default_drafter
     from .bench import parse_methods, run_bench, save_bench
 
     ms = parse_methods(methods)
@@ -497,11 +514,12 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
     cl = parse_classes(classes, ncls, names) if classes else list(range(ncls))
     cl = [cl[i % len(cl)] for i in range(num_images)]
     scorer_fn = decode_fn = None
-    if model == "demo":
-        from .demo.registry import load_demo_scorer, load_demo_vq
-        from .demo.scorer import score_images
+    from .models.artifact_sets import artifact_set
 
-        vqm, scorer = load_demo_vq(), load_demo_scorer()
+    aset = artifact_set(model)
+    if aset is not None and aset.extra("score_images") is not None:
+        score_images, scorer = aset.extra("score_images"), aset.extra("load_demo_scorer")()
+        vqm = aset.load_vq()
         g = target.config.grid_size
 
         def decode_fn(tokens):
@@ -514,7 +532,7 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
     spec = make_spec("gasv", tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda)
     report = run_bench(tgt_engine, dr_engine, tb, ms, cl, sampling=s, spec=spec, seed=seed, gasv=gasv_engine,
                        scorer_fn=scorer_fn, decode_fn=decode_fn, sjd_window=sjd_window,
-                       settings_extra={"model": model, "drafter": drafter or (model == "demo" and "demo-lisa") or None,
+                       settings_extra={"model": model, "drafter": drafter or default_drafter(model),
                                        "backend": backend, "command": " ".join(sys.argv)})
     save_bench(report, json_path, plot_path)
     for m, r in report["results"].items():
@@ -548,15 +566,15 @@ def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, dry_r
 def _ort_bench_engines(engine_dir, target, drafter, tables):
     """ORT engines for `bench --backend ort`, checked against the artifacts being benchmarked."""
     from .errors import InputError
-    from .engines.ort import load_ort_engines
+    from .engines.graph import load_engines
     from .export.manifest import drafter_hash, tables_hash
     from .models.checkpoints import target_hash
 
     if engine_dir is None:
         raise InputError("--backend ort needs --engine-dir (make one with `lisa-trt export`)")
-    e = load_ort_engines(engine_dir, target_hash=target_hash(target),
-                         drafter_hash=drafter_hash(drafter) if drafter is not None else None,
-                         tables_hash=tables_hash(tables) if tables is not None else None)
+    e = load_engines(engine_dir, "ort", target_hash=target_hash(target),
+                     drafter_hash=drafter_hash(drafter) if drafter is not None else None,
+                     tables_hash=tables_hash(tables) if tables is not None else None)
     return e.target, e.drafter, e.gasv
 
 
@@ -567,7 +585,7 @@ def _export_generation(model, target, sampling):
     from .runtime.autotune import default_tree_budgets
 
     measured = None
-    if model == "demo":
+    if _is_artifact_set(model):
         from .runtime.demo import _measured_budgets
 
         measured = _measured_budgets()
@@ -601,10 +619,10 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
     target = resolve_target(model, config, image_size, model_type)
     drafter = drafter or default_drafter(model)
     tables = tables or default_tables(model)
-    vq = vq or ("demo" if model == "demo" else None)
+    vq = _default_vq(model, vq)
     dr = load_drafter_by_name(drafter, target) if drafter else None
     tb = load_tables_by_name(tables, target) if tables else None
-    vqm = load_vq(vq, None if vq == "demo" or str(vq).endswith(".safetensors") else vq_config) if vq else None
+    vqm = load_vq(vq, _vq_config_for(vq, vq_config)) if vq else None
     s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                          cfg_interval=cfg_interval, greedy=greedy)
     man = export_full_bundle(target, dr, tb, vqm, out_dir, fp16=fp16, opset=opset, max_tree=max_tree,
@@ -620,7 +638,7 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
 @click.argument("prompts", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", "out_dir", default="outputs", show_default=True, type=click.Path())
 @click.option("--backend", type=click.Choice(["auto", "trt", "ort", "torch"]), default="auto", show_default=True)
-@click.option("--verify", type=click.Choice(["vanilla", "greedy", "exact", "lantern", "gasv", "sjd"]),
+@click.option("--verify", type=_method_choice(),
               default="gasv", show_default=True)
 @click.option("--threads", type=int, default=None, help="ORT intra-op threads (default: physical cores).")
 @sampling_options

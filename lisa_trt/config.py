@@ -7,7 +7,6 @@ names of LlamaGen's `ModelArgs` so that official settings carry over verbatim.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -22,7 +21,12 @@ def find_multiple(n: int, k: int) -> int:
 
 @dataclass(frozen=True)
 class TargetConfig:
-    """A LlamaGen GPT target (field names follow LlamaGen's ModelArgs)."""
+    """An autoregressive image target (field names follow LlamaGen's ModelArgs).
+
+    `model_type` selects the model family (models/family.py: "c2i" / "t2i" are LlamaGen; other
+    families register their own types). `grid_shape` (height, width) in tokens describes a
+    non-square image grid; None means a square grid of block_size tokens.
+    """
 
     dim: int = 4096
     n_layer: int = 32
@@ -38,17 +42,21 @@ class TargetConfig:
     norm_eps: float = 1e-5
     multiple_of: int = 256
     ffn_dim_multiplier: Optional[float] = None
+    grid_shape: Optional[tuple] = None  # (height, width) in tokens; None: square
 
     def __post_init__(self):
-        if self.model_type not in ("c2i", "t2i"):
-            raise ConfigError(f"model_type must be 'c2i' or 't2i', got {self.model_type!r}")
+        if not isinstance(self.model_type, str) or not self.model_type.isidentifier():
+            raise ConfigError(f"model_type must be a family's type name such as 'c2i' or 't2i', got {self.model_type!r}")
+        if self.grid_shape is not None:
+            object.__setattr__(self, "grid_shape", tuple(int(x) for x in self.grid_shape))
         if self.dim % self.n_head:
             raise ConfigError(f"dim {self.dim} is not divisible by n_head {self.n_head}")
         if self.n_head % self.kv_heads:
             raise ConfigError(f"n_head {self.n_head} is not divisible by n_kv_head {self.kv_heads}")
-        g = math.isqrt(self.block_size)
-        if g * g != self.block_size:
-            raise ConfigError(f"block_size {self.block_size} must be a square (grid x grid tokens)")
+        h, w = self.grid_hw
+        if h * w != self.block_size:
+            raise ConfigError(f"block_size {self.block_size} must be a square (grid x grid tokens) or match "
+                              f"grid_shape {self.grid_shape}")
         if (self.dim // self.n_head) % 4:
             raise ConfigError("head_dim must be a multiple of 4 for 2D RoPE")
 
@@ -68,8 +76,20 @@ class TargetConfig:
         return find_multiple(hidden, self.multiple_of)
 
     @property
+    def grid_hw(self) -> tuple[int, int]:
+        """(height, width) of the token grid."""
+        if self.grid_shape is not None:
+            return self.grid_shape
+        g = math.isqrt(self.block_size)
+        return (g, g)
+
+    @property
     def grid_size(self) -> int:
-        return math.isqrt(self.block_size)
+        """Side of a square token grid (ConfigError for a non-square grid: use grid_hw)."""
+        h, w = self.grid_hw
+        if h != w:
+            raise ConfigError(f"this target has a {h} x {w} token grid; use grid_hw instead of grid_size")
+        return h
 
     @property
     def seq_len(self) -> int:
@@ -83,7 +103,12 @@ class TargetConfig:
         return (min(2, L - 1), L // 2, max(L - 3, 0))
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["grid_shape"] is None:
+            del d["grid_shape"]  # square grids serialise as before
+        else:
+            d["grid_shape"] = list(d["grid_shape"])
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "TargetConfig":
@@ -223,9 +248,3 @@ class SamplingConfig:
     top_p: float = 1.0
     greedy: bool = False
     cfg_interval: int = -1
-
-
-def load_json_config(path, cls):
-    """Read a config JSON written by `save_json_config`."""
-    with open(path) as f:
-        return cls.from_dict(json.load(f))

@@ -34,6 +34,51 @@ def atomic_write(path):
         raise
 
 
+@contextlib.contextmanager
+def atomic_dir(out_dir, *, marker: str | None = None, what: str = "output"):
+    """Yield a hidden staging directory next to `out_dir`; on success it replaces `out_dir`.
+
+    The one atomic-directory helper (exports, bundles). On any failure (or interrupt) the
+    staging directory is removed and `out_dir` is left untouched. A previous `out_dir` is moved
+    aside, the new one renamed in, the old one deleted: a kill between the two renames leaves
+    no `out_dir` at all, never a half-written one. Entries get the umask's usual modes.
+
+    Args:
+        out_dir: the final directory.
+        marker: a file name an existing non-empty `out_dir` must contain to be replaced (e.g.
+            manifest.json), so that an unrelated directory is never deleted.
+        what: what the directory is, for the error message.
+    Raises:
+        InputError: `out_dir` exists, is not empty and lacks `marker`.
+    """
+    import shutil
+    import uuid
+
+    from .errors import InputError
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    if marker and out_dir.exists() and not (out_dir / marker).is_file() and any(out_dir.iterdir()):
+        raise InputError(f"{out_dir} exists and is not a lisa-trt {what} (no {marker}); "
+                         "choose an empty or new --out directory")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_UMASK)
+        for p in tmp.rglob("*"):
+            os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~_UMASK)
+        old = None
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
+            os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def write_json(path, obj) -> None:
     with atomic_write(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from ..config import SamplingConfig
 from ..errors import InputError
+from ..models.family import family_of
 from ..speculative.gasv import GASVConfig
 from .tables import GASVTables, target_hash_of, whiten, whitening
 
@@ -208,7 +209,7 @@ def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, num_rollouts: in
     cluster, centroids = kmeans(space, C, seed=seed, iters=kmeans_iters)
 
     if conds is None:
-        if target.config.model_type != "c2i":
+        if not family_of(target.config).class_conditioned(target.config):
             raise InputError("t2i calibration needs caption conditions: pass conds=(features, mask)")
         g = torch.Generator().manual_seed(seed)
         conds = torch.randint(0, target.config.num_classes, (num_rollouts,), generator=g).to(W.device)

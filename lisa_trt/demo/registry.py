@@ -108,5 +108,16 @@ def load_demo_scorer():
     return model.eval()
 
 
+def score_images(images, labels, scorer=None):
+    """(class accuracy, FD-demo) of decoded images under the demo scorer (bench quality)."""
+    from .scorer import score_images as _score
+
+    return _score(images, labels, scorer if scorer is not None else load_demo_scorer())
+
+
+# artifact-set provider hooks (models/artifact_sets.py)
+load_target = load_demo_target
+load_vq = load_demo_vq
+
 register_target("demo", demo_target_config)
 register_vq("demo", demo_vq_config)

@@ -119,14 +119,14 @@ def score_images(images: torch.Tensor, labels: torch.Tensor, scorer: DemoScorer 
     Args:
         images: (B, 3, H, W) uint8, or float in [-1, 1]; resized to the scorer's size if needed.
         labels: (B,) intended class ids.
-        scorer: a DemoScorer; default the bundled one (lisa_trt.demo.registry.load_demo_scorer).
+        scorer: a DemoScorer (the bundled one: lisa_trt.demo.registry.load_demo_scorer()).
         ref_per_class: held-out real crops per class for the reference statistics.
     Returns:
         (class_acc in [0, 1], fd_demo).
     """
     if scorer is None:
-        from .registry import load_demo_scorer
-        scorer = load_demo_scorer()
+        raise InputError("score_images needs a scorer: pass lisa_trt.demo.registry.load_demo_scorer() "
+                         "(or call lisa_trt.demo.registry.score_images, which does)")
     if labels.shape != (images.shape[0],):
         raise InputError(f"labels must be ({images.shape[0]},), got {tuple(labels.shape)}")
     feats, logits = extract(scorer, images)

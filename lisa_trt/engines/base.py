@@ -1,30 +1,49 @@
-"""The runner protocol every backend implements (DESIGN.md principle 3).
+"""The graph-runner protocol every backend implements, and the backend registry.
 
-The speculative loop (speculative/decode.py) talks to a `TargetEngine` and a `DrafterEngine`
-and never to a backend directly. Torch tensors are the array type; caches are preallocated
-torch buffers that the backend updates in place (ORT binds them through IO binding, TensorRT by
-address). A torch `Transformer` / `Drafter` already satisfies the protocols (torch eager
-backend); `engines/ort.py` and `engines/trt.py` implement them over exported graphs whose input
-and output names come from `export/io_spec.py`.
+Two levels (DESIGN.md principle 3):
 
-Graph kinds are explicit (principle 4): one entry point each.
+- `GraphRunner`: ONE exported graph at the named-tensor level (Polygraphy's BaseRunner is the
+  model): `run(inputs, outputs) -> dict` by the names of export/io_spec.py, `close()`, and an
+  explicit lifetime (`with runner: ...`). Outputs the caller does not preallocate are allocated
+  from the io spec (dynamic axes are read off the inputs). KV caches are updated in place: the
+  caller passes the same tensor as `past_key_values.{i}.*` input and `present.{i}.*` output.
+  A backend is one subclass implementing `_execute` plus a `Backend` that opens its graphs.
+- `TargetEngine` / `DrafterEngine`: what the decode loop needs. The torch `Transformer` /
+  `Drafter` satisfy them directly (eager); engines/graph.py's generic `GraphTarget`,
+  `GraphDrafter`, `GraphGASV`, `GraphVQ` implement them over any backend's runners.
+
+Adding a backend: write one file with a `GraphRunner` subclass and a `Backend` subclass, then
+`register_backend("name", MyBackend)` (built-in ones are registered lazily below by module
+path), and `engines.graph.load_engines(dir, "name")` opens every graph with it.
 """
 
 from __future__ import annotations
 
-import enum
-from typing import Protocol, runtime_checkable
+import abc
+import importlib
+from typing import Callable, Optional, Protocol, runtime_checkable
 
 import torch
 
+from ..errors import ConfigError, InputError, LisaError
+from ..export.io_spec import DYNAMIC_AXES, Graph, GraphKind, GraphSpec  # noqa: F401 (GraphKind re-exported)
+from ..timing import Timer  # noqa: F401 (re-exported)
 
-class GraphKind(enum.Enum):
-    PREFILL = "prefill"  # condition prefix -> cache, logits of the last prefix position
-    VERIFY_TREE = "verify_tree"  # S new tokens (a tree) at given positions/slots/mask
-    DRAFT_STEP = "draft_step"  # drafter: K beam nodes (or committed tokens) -> logits, hidden
-    GASV = "gasv"  # guided logits -> p_raw, p_soft, gate
-    VQ_DECODE = "vq_decode"  # token ids -> pixels
+_TORCH_DTYPES = {"int64": torch.int64, "bool": torch.bool, "float32": torch.float32}
 
+
+class RunnerError(LisaError, ValueError):
+    """A graph call with missing / unknown tensor names, or on a closed runner."""
+
+
+def torch_dtype(code: str, precision: str) -> torch.dtype:
+    """io-spec dtype code -> torch dtype ("act" is the export precision)."""
+    if code == "act":
+        return torch.float16 if precision == "fp16" else torch.float32
+    return _TORCH_DTYPES[code]
+
+
+# ----------------------------------------------------------------------------- decode-loop protocols
 
 @runtime_checkable
 class TargetEngine(Protocol):
@@ -70,164 +89,167 @@ class DrafterEngine(Protocol):
                 slots: torch.Tensor, mask: torch.Tensor, cache): ...
 
 
-class Timer:
-    """Accumulates wall time per phase (draft / verify / host) for the decode stats."""
+# ----------------------------------------------------------------------------- graph runner
 
-    def __init__(self):
-        import time
+class GraphRunner(abc.ABC):
+    """One graph, called by tensor name (the protocol every backend implements).
 
-        self._now = time.perf_counter
-        self.totals: dict[str, float] = {}
+    Args:
+        spec: the graph's io spec (export/io_spec.py).
+        dims: static axis sizes (io_spec.export_dims).
+        precision: "fp32" | "fp16" (dtype of the "act" tensors).
+        device: where inputs must live and outputs are allocated.
 
-    def add(self, phase: str, seconds: float) -> None:
-        self.totals[phase] = self.totals.get(phase, 0.0) + seconds
-
-    def measure(self, phase: str):
-        timer = self
-
-        class _Ctx:
-            def __enter__(self):
-                self.t0 = timer._now()
-
-            def __exit__(self, *exc):
-                timer.add(phase, timer._now() - self.t0)
-
-        return _Ctx()
-
-
-
-class StaticCacheTarget:
-    """Shared host-side logic of exported-graph targets (ORT, TensorRT): conditions through the
-    torch model's own code (one source of truth) and caches of the engines' static length.
-
-    Subclasses set: config, manifest, max_cache_len, dtype, device, _cond (see load_conditions).
+    Subclasses implement `_execute(inputs, outputs)` (every name bound, outputs preallocated)
+    and may override `_close()`. `kv_binding` is "inplace" (the present.* output may be the
+    same tensor as its past.* input) unless a backend needs "swap" (engines/graph.py then
+    double-buffers); `aliased` names outputs the backend itself aliases to inputs.
     """
 
-    def check_cond(self, cond) -> int:
-        from ..models.llamagen import Transformer
+    kv_binding: str = "inplace"
+    aliased: dict = {}
 
-        return Transformer.check_cond(self, cond)
+    def __init__(self, spec: GraphSpec, dims: dict, precision: str, device):
+        self.spec, self.dims, self.precision = spec, dict(dims), precision
+        self.device = torch.device(device)
+        self.input_names = spec.input_names
+        self.output_names = spec.output_names
+        self.name = spec.graph.value
+        self.closed = False
 
-    def null_cond(self, cond):
-        from ..models.llamagen import Transformer
+    # -- lifetime -------------------------------------------------------------------------
 
-        return Transformer.null_cond(self._cond, cond)
+    def __enter__(self):
+        return self
 
-    def load_conditions(self, manifest) -> None:
-        """The null caption (t2i) shipped in the bundle, for null_cond."""
-        import types
-        from pathlib import Path
+    def __exit__(self, *exc):
+        self.close()
 
-        u = None
-        if "conditions" in (manifest.files or {}):
-            from ..io import load_safetensors
+    def close(self) -> None:
+        """Release the backend's resources (sessions, contexts); the runner is unusable after."""
+        if not self.closed:
+            self.closed = True
+            self._close()
 
-            u = load_safetensors(Path(manifest.dir) / manifest.files["conditions"])[0]["uncond_embedding"]
-        self._cond = types.SimpleNamespace(config=self.config, cls_embedding=types.SimpleNamespace(uncond_embedding=u))
+    def _close(self) -> None:
+        pass
 
-    def new_cache(self, batch: int, extra: int = 0, dtype=None):
-        """A KVCache of the engines' static length (>= round_up(seq_len + extra, 8))."""
-        from ..config import find_multiple
-        from ..errors import InputError
-        from ..models.llamagen import KVCache
+    # -- calls ----------------------------------------------------------------------------
 
-        need = find_multiple(self.config.seq_len + extra, 8)
-        if need > self.max_cache_len:
-            raise InputError(f"a cache with {extra} extra slots needs length {need}, but these engines were exported "
-                             f"with a static cache of {self.max_cache_len} (max_tree {self.manifest.max_tree}); "
-                             "re-export with a larger --max-tree or use a smaller tree budget")
-        if dtype is not None and dtype != self.dtype:
-            raise InputError(f"the engines' KV cache is {self.dtype}; cannot make a {dtype} cache")
-        return KVCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
+    def output_shapes(self, inputs: dict) -> dict:
+        """{output name: shape} for these inputs (dynamic axes read off the input shapes)."""
+        d = dict(self.dims)
+        for t in self.spec.inputs:
+            x = inputs.get(t.name)
+            if x is None:
+                continue
+            for i, a in enumerate(t.axes):
+                if a in DYNAMIC_AXES and i < x.dim():
+                    d.setdefault(a, int(x.shape[i]))
+        return {t.name: t.shape(d) for t in self.spec.outputs}
 
-
-    # -- prefill I/O shared by the graph backends ------------------------------------------
-
-    def _prefill_io(self, cond, cache) -> tuple[dict, dict]:
-        """(inputs, outputs) of the prefill graph for `cond` (outputs preallocated)."""
-        import torch
-
-        from ..errors import InputError
-
-        cfg, dev = self.config, self.device
-        B = self.check_cond(cond)
-        if B != cache.batch:
-            raise InputError(f"condition batch {B} does not match the cache batch {cache.batch}")
-        if cfg.model_type == "c2i":
-            inputs = dict(class_ids=cond.to(device=dev, dtype=torch.int64).contiguous())
-        else:
-            inputs = dict(caption_features=cond[0].to(device=dev, dtype=self.dtype).contiguous(),
-                          caption_mask=cond[1].to(device=dev, dtype=torch.bool).contiguous())
-        out = self._outputs(B, 1)
-        out["prefix_valid"] = torch.empty(B, cfg.cls_token_num, dtype=torch.bool, device=dev)
-        return inputs, out
-
-    def _prefill_done(self, cache, out: dict, taps: bool):
-        """Record the prefix in the cache bookkeeping; the TargetOutput of the prefill."""
-        from ..models.llamagen import TargetOutput
-
-        T = self.config.cls_token_num
-        cache.col_valid[:] = True
-        cache.col_valid[:, :T] = out["prefix_valid"].to(cache.col_valid.device)
-        cache.lengths.fill_(T)
-        return TargetOutput(out["logits"], out["taps"] if taps else None, out["hidden"])
-
-
-class StaticCacheDrafter:
-    """Shared logic of exported-graph drafters: DrafterCache of the engines' static length."""
-
-    def new_cache(self, batch: int, max_len: int, dtype=None):
-        from ..config import find_multiple
-        from ..errors import InputError
-        from ..models.drafter import DrafterCache
-
-        if find_multiple(max_len, 8) > self.max_cache_len:
-            raise InputError(f"a drafter cache of {max_len} slots does not fit the engines' static length "
-                             f"{self.max_cache_len}; re-export with a larger --max-tree")
-        if dtype is not None and dtype != self.dtype:
-            raise InputError(f"the engines' drafter cache is {self.dtype}; cannot make a {dtype} cache")
-        return DrafterCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
-
-
-class GraphGASV:
-    """Shared call of the GASV graph runners (ORT, TensorRT): guided logits (N, V) -> GASVOutput.
-
-    Subclasses set: config (GASVConfig recorded at export), vocab_size, device, _run.
-    """
-
-    def __call__(self, logits, cfg=None):
-        import torch
-
-        from ..errors import InputError
-        from ..export.onnx import gasv_params
-        from ..speculative.gasv import GASVOutput, check_logits
-
-        check_logits(logits)
-        if logits.shape[1] != self.vocab_size:
-            raise InputError(f"GASV tables are for vocabulary {self.vocab_size}, logits have {logits.shape[1]}")
-        dev = self.device
-        out = {n: torch.empty(logits.shape, dtype=torch.float32, device=dev) for n in ("gate", "p_raw", "p_soft")}
-        self._run.run(dict(guided_logits=logits.to(device=dev, dtype=torch.float32).contiguous(),
-                           gasv_params=gasv_params(cfg or self.config).to(dev)), out)
-        return GASVOutput(out["gate"], out["p_raw"], out["p_soft"])
-
-
-class GraphVQDecoder:
-    """Shared `decode_code` of the VQ-decoder graph runners (ORT, TensorRT)."""
-
-    def decode_code(self, indices, shape=None):
-        import torch
-
-        from ..errors import InputError
-
-        B, N = indices.shape
-        if N != self.grid * self.grid:
-            raise InputError(f"expected {self.grid * self.grid} tokens per image, got {N}")
-        V = self.config.codebook_size
-        if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= V):
-            raise InputError(f"image token ids must lie in [0, {V}); got {int(indices.min())}..{int(indices.max())}")
-        side = self.grid * self.config.downsample
-        out = torch.empty(B, 3, side, side, dtype=torch.float32, device=self.device)
-        self._run.run(dict(image_tokens=indices.to(device=self.device, dtype=torch.int64).contiguous()),
-                      dict(images=out))
+    def allocate(self, inputs: dict, names) -> dict:
+        """Empty output tensors for `names`, shaped from the spec and the inputs."""
+        shapes = self.output_shapes(inputs)
+        out = {}
+        for n in names:
+            t = self.spec.output(n)
+            out[n] = torch.empty(shapes[n], dtype=torch_dtype(t.dtype, self.precision), device=self.device)
         return out
+
+    def run(self, inputs: dict, outputs=None) -> dict:
+        """Run the graph.
+
+        Args:
+            inputs: {input name: tensor}, every graph input (contiguous, on `device`).
+            outputs: None (allocate every output), a list of names (return only those), or a
+                dict {output name: preallocated tensor}; outputs left out are allocated.
+        Returns:
+            {output name: tensor} (the requested names, or every output).
+        Raises:
+            RunnerError: missing or unknown input names, unknown output names, closed runner.
+        """
+        if self.closed:
+            raise RunnerError(f"{self.name}: the runner is closed")
+        given = dict(outputs) if isinstance(outputs, dict) else {}
+        missing = [n for n in self.input_names if n not in inputs]
+        extra = sorted((set(inputs) - set(self.input_names)) | (set(given) - set(self.output_names)))
+        if missing or extra:
+            raise RunnerError(f"{self.name}: unbound {missing}, unknown {extra}")
+        if isinstance(outputs, (list, tuple)):
+            bad = [n for n in outputs if n not in self.output_names]
+            if bad:
+                raise RunnerError(f"{self.name}: unknown outputs {bad}; it has {self.output_names}")
+        todo = [n for n in self.output_names if n not in given]
+        if todo:
+            given.update(self.allocate(inputs, todo))
+        self._execute(inputs, given)
+        if isinstance(outputs, (list, tuple)):
+            return {n: given[n] for n in outputs}
+        return given
+
+    @abc.abstractmethod
+    def _execute(self, inputs: dict, outputs: dict) -> None:
+        """Run with every input and output bound (outputs are written in place)."""
+
+
+# ----------------------------------------------------------------------------- backends
+
+class Backend(abc.ABC):
+    """Opens the graphs of one engine directory for one backend.
+
+    Args:
+        manifest: the engine directory's Manifest.
+        **options: backend options (e.g. ORT `threads`, TensorRT `kv_binding`).
+    """
+
+    name = "?"
+
+    def __init__(self, manifest, **options):
+        self.manifest = manifest
+        self.options = options
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @abc.abstractmethod
+    def open(self, graph: Graph, spec: GraphSpec, dims: dict) -> GraphRunner:
+        """A runner for `graph` (its spec and static dims given)."""
+
+    def check(self) -> None:
+        """Raise (with the fix) when this backend cannot run here; called before any graph opens."""
+
+
+_BACKENDS: dict[str, Callable] = {}
+_BUILTIN = {"ort": "lisa_trt.engines.ort", "trt": "lisa_trt.engines.trt", "torch": "lisa_trt.engines.torch_runner"}
+
+
+def register_backend(name: str, backend: Callable) -> None:
+    """Make `backend` (a Backend subclass or factory(manifest, **options)) loadable by name."""
+    _BACKENDS[name] = backend
+
+
+def backend_names() -> list:
+    """Every backend name load_engines accepts (built-in and registered)."""
+    return sorted(set(_BUILTIN) | set(_BACKENDS))
+
+
+def get_backend(name: str) -> Callable:
+    """The Backend factory registered as `name` (built-ins are imported on first use)."""
+    if name not in _BACKENDS and name in _BUILTIN:
+        importlib.import_module(_BUILTIN[name])  # registers itself
+    if name not in _BACKENDS:
+        raise ConfigError(f"unknown backend {name!r}; valid names: {', '.join(backend_names())}")
+    return _BACKENDS[name]
+
+
+def check_static_len(need: int, have: int, what: str, hint: Optional[str] = None) -> None:
+    """Refuse a cache that does not fit the engines' static length."""
+    if need > have:
+        raise InputError(f"{what} needs length {need}, but these engines were exported with a static cache of "
+                         f"{have}; {hint or 're-export with a larger --max-tree'}")
+
+
+__all__ = ["Backend", "DrafterEngine", "GraphKind", "GraphRunner", "RunnerError", "TargetEngine", "Timer",
+           "backend_names", "check_static_len", "get_backend", "register_backend", "torch_dtype"]

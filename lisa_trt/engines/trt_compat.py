@@ -570,7 +570,7 @@ def check_trt_compat(engine_dir, *, trt_version: tuple = TRT_MIN_VERSION, profil
     """
     from ..export.io_spec import Graph, export_dims, graph_spec
     from ..export.manifest import read_manifest
-    from .build import profiles_from_io_spec, trt_graph_model
+    from .profiles import profiles_from_io_spec, trt_graph_model
 
     man = read_manifest(engine_dir)
     tcfg = man.target_config

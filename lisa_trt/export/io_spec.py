@@ -29,7 +29,11 @@ import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..engines.base import GraphKind
+import torch
+
+from ..errors import InputError
+from ..models.family import family_of
+
 
 IO_SPEC_VERSION = 1
 
@@ -38,6 +42,16 @@ DTYPES = ("int64", "bool", "float32", "act")
 
 # Order of the GASV graph's `gasv_params` input (GASVConfig fields; `lam` is lambda itself).
 GASV_PARAMS = ("kappa", "lam", "gamma_kappa", "gamma_lambda", "theta_clu", "theta_geo", "eps")
+
+
+class GraphKind(enum.Enum):
+    """What a graph does (one entry point each, DESIGN.md principle 4)."""
+
+    PREFILL = "prefill"  # condition prefix -> cache, logits of the last prefix position
+    VERIFY_TREE = "verify_tree"  # S new tokens (a tree) at given positions/slots/mask
+    DRAFT_STEP = "draft_step"  # drafter: K beam nodes (or committed tokens) -> logits, hidden
+    GASV = "gasv"  # guided logits -> p_raw, p_soft, gate
+    VQ_DECODE = "vq_decode"  # token ids -> pixels
 
 
 class Graph(enum.Enum):
@@ -172,13 +186,7 @@ def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> Gr
     )
     aliases = dict(zip(present_names(n_layer), past_names(n_layer)))
     if graph is Graph.TARGET_PREFILL:
-        if model_type == "c2i":
-            cond = (TensorSpec("class_ids", "int64", ("batch",), "class id per row (num_classes = unconditional)"),)
-        elif model_type == "t2i":
-            cond = (TensorSpec("caption_features", "act", ("batch", "prefix", "caption_dim"), "T5 features, valid tokens first"),
-                    TensorSpec("caption_mask", "bool", ("batch", "prefix"), "True for valid caption tokens (a prefix of each row)"))
-        else:
-            raise ValueError(f"model_type must be 'c2i' or 't2i', got {model_type!r}")
+        cond = tuple(TensorSpec(*c) for c in family_of(model_type).cond_specs(model_type))
         outs = tuple(TensorSpec(t.name, t.dtype, tuple("one" if a == "seq" else a for a in t.axes), t.doc + " (last prefix position)")
                      for t in target_out)
         outs += (TensorSpec("prefix_valid", "bool", ("batch", "prefix"), "valid prefix columns after LlamaGen's left padding"),)
@@ -213,6 +221,13 @@ def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> Gr
                          (TensorSpec("images", "float32", ("batch", "channels", "height", "width"), "pixels in about [-1, 1]"),),
                          doc="VQ decoder (VQModel.decode_code)")
     raise ValueError(f"unknown graph {graph}")
+
+
+def gasv_params(cfg) -> torch.Tensor:
+    """The GASV graph's `gasv_params` vector (io_spec.GASV_PARAMS order) from a GASVConfig."""
+    if cfg.theta_geo is None:
+        raise InputError("GASV theta_geo is not set; re-run `lisa-trt calibrate --model ...`")
+    return torch.tensor([float(getattr(cfg, n)) for n in GASV_PARAMS], dtype=torch.float32)
 
 
 def export_dims(target_cfg, *, max_cache_len: int, drafter_cfg=None, vq_cfg=None) -> dict:

@@ -161,7 +161,7 @@ def build_manifest(*, target, drafter, tables, vq, graphs: dict, precision: str,
     import onnx
     import torch
 
-    from .. import __version__
+    from .._version import __version__
     from ..config import SamplingConfig
     from ..models.checkpoints import target_hash
 

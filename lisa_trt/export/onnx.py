@@ -32,12 +32,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import os
-import shutil
-import tempfile
 import time
 import types
-import uuid
 from pathlib import Path
 from typing import Optional
 
@@ -47,7 +43,8 @@ import torch.nn.functional as F
 
 from ..config import find_multiple
 from ..errors import ArtifactMismatchError, InputError, LisaError
-from .io_spec import GASV_PARAMS, Graph, GraphSpec, export_dims, graph_spec
+from ..models.family import family_of
+from .io_spec import GASV_PARAMS, Graph, GraphSpec, export_dims, gasv_params, graph_spec  # noqa: F401 (gasv_params re-exported)
 
 
 DEFAULT_OPSET = 23  # ONNX Attention (SDPA with a mask) needs opset >= 23
@@ -139,7 +136,7 @@ class TargetPrefillGraph(_NamedGraph):
 
     def compute(self, x):
         m, cfg = self.model, self.model.config
-        cond = x["class_ids"] if cfg.model_type == "c2i" else (x["caption_features"], x["caption_mask"])
+        cond = family_of(cfg).cond_from_inputs(cfg, x)
         emb, valid = m.cond_embeddings(cond)  # (B, T, dim), (B, T) bool
         B, T, _ = emb.shape
         dev = emb.device
@@ -248,13 +245,6 @@ class VQDecodeGraph(_NamedGraph):
         return dict(images=self.vq.decode_code(tok, shape).float())
 
 
-def gasv_params(cfg) -> torch.Tensor:
-    """The GASV graph's `gasv_params` vector (io_spec.GASV_PARAMS order) from a GASVConfig."""
-    if cfg.theta_geo is None:
-        raise InputError("GASV theta_geo is not set; re-run `lisa-trt calibrate --model ...`")
-    return torch.tensor([float(getattr(cfg, n)) for n in GASV_PARAMS], dtype=torch.float32)
-
-
 # ----------------------------------------------------------------------------- loaders
 
 def onnx_from_torch(module: _NamedGraph, example: dict, path: Path, *, opset: int = DEFAULT_OPSET,
@@ -345,44 +335,12 @@ def _half_copy(module: nn.Module) -> nn.Module:
     return m
 
 
-@contextlib.contextmanager
 def staging_dir(out_dir: Path):
-    """Yield a hidden temp dir next to `out_dir`; on success it replaces `out_dir` atomically.
-
-    On any failure (or interrupt) the temp dir is removed and `out_dir` is left untouched. A
-    previous export in `out_dir` is moved aside, the new one renamed in, the old one deleted; a
-    kill between the two renames leaves no `out_dir` at all (never a half-written one).
-    """
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    """io.atomic_dir for an engine directory (an existing one must carry manifest.json)."""
+    from ..io import atomic_dir
     from .manifest import MANIFEST_NAME
 
-    if out_dir.exists() and not (out_dir / MANIFEST_NAME).is_file() and any(out_dir.iterdir()):
-        raise InputError(f"{out_dir} exists and is not a lisa-trt engine directory (no manifest.json); "
-                         "choose an empty or new --out directory")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
-    try:
-        yield tmp
-        _publish_permissions(tmp)
-        old = None
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
-            os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _publish_permissions(root: Path) -> None:
-    """mkdtemp / mkstemp create 0700 / 0600 entries; give the result the umask's usual modes."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(root, 0o777 & ~umask)
-    for p in root.rglob("*"):
-        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
+    return atomic_dir(out_dir, marker=MANIFEST_NAME, what="engine directory")
 
 
 def _check_inputs(target, drafter, tables) -> None:
@@ -501,13 +459,13 @@ def _external_file(path: Path) -> Optional[str]:
 
 
 def _write_conditions(target, tmp: Path) -> dict:
-    """t2i: the null caption (uncond_embedding) that null_cond needs at run time."""
-    if target.config.model_type != "t2i":
+    """What the family's null_cond needs at run time (t2i: the null caption), if anything."""
+    tensors = family_of(target.config).condition_tensors(target)
+    if not tensors:
         return {}
     from ..io import save_safetensors
 
-    u = target.cls_embedding.uncond_embedding.detach().float()
-    save_safetensors({"uncond_embedding": u}, tmp / "conditions.safetensors", metadata={"kind": "lisa-trt/conditions"})
+    save_safetensors(tensors, tmp / "conditions.safetensors", metadata={"kind": "lisa-trt/conditions"})
     return {"conditions": "conditions.safetensors"}
 
 

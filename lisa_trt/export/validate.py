@@ -76,7 +76,7 @@ def sample_inputs(graph: Graph, spec: GraphSpec, dims: dict, refs: dict, *, prec
         elif n == "guided_logits":
             x = _filtered_logits(shape, g)
         elif n == "gasv_params":
-            from .onnx import gasv_params
+            from .io_spec import gasv_params
 
             x = gasv_params(refs["tables"].config)
         else:  # caches, taps, hidden_in, caption_features
@@ -124,7 +124,9 @@ def reference_outputs(graph: Graph, refs: dict, inputs: dict) -> dict:
         cache = KVCache(cfg, B, L, torch.float32, "cpu")
         cache.k, cache.v = past[0::2], past[1::2]
         if graph is Graph.TARGET_PREFILL:
-            cond = x["class_ids"] if cfg.model_type == "c2i" else (x["caption_features"], x["caption_mask"])
+            from ..models.family import family_of
+
+            cond = family_of(cfg).cond_from_inputs(cfg, x)
             o = m.prefill(cond, cache, taps=True)
             res = dict(prefix_valid=cache.col_valid[:, : cfg.cls_token_num].clone())
         else:

@@ -169,14 +169,15 @@ def load_vq(path: PathLike, config=None, device="cpu"):
 
 
 def _bundled(kind: str, path):
-    """Registered bundle names (e.g. 'demo') resolve to shipped weights."""
+    """Registered artifact-set names (e.g. 'demo', models/artifact_sets.py) resolve to shipped weights."""
+    from .artifact_sets import artifact_set
+
     if not isinstance(path, str) or Path(path).suffix:
         return None
-    if path != "demo":
+    s = artifact_set(path)
+    if s is None:
         return None
-    from ..demo import registry
-
-    return registry.load_demo_target() if kind == "target" else registry.load_demo_vq()
+    return s.load_target() if kind == "target" else s.load_vq()
 
 
 def save_model(model, config, path: PathLike, dtype=None, extra_meta: dict | None = None) -> None:

@@ -22,7 +22,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import TargetConfig, find_multiple
-from ..errors import InputError
+from ..errors import ConfigError, InputError
+from .family import family_of
 
 Cond = Union[torch.Tensor, tuple]
 
@@ -231,6 +232,9 @@ class Transformer(nn.Module):
     def __init__(self, config: TargetConfig):
         super().__init__()
         self.config = cfg = config
+        if cfg.model_type not in ("c2i", "t2i"):
+            raise ConfigError(f"the LlamaGen Transformer serves model_type c2i / t2i, not {cfg.model_type!r} "
+                              "(another family builds its own model: models/family.py)")
         if cfg.model_type == "c2i":
             self.cls_embedding = LabelEmbedder(cfg.num_classes, cfg.dim)
         else:
@@ -251,42 +255,13 @@ class Transformer(nn.Module):
     # -- conditions ---------------------------------------------------------------------
 
     def null_cond(self, cond: Cond) -> Cond:
-        """The unconditional condition for CFG, same batch size as `cond`."""
-        if self.config.model_type == "c2i":
-            return torch.full_like(cond, self.config.num_classes)
-        # LlamaGen feeds uncond_embedding unrotated in all 120 slots, with the cond's mask.
-        # `_left_pad` rotates features by n_valid, so pre-rotate the other way: after padding,
-        # slot j holds uncond_embedding[j] exactly as in the official loop.
-        feats, mask = cond
-        T = feats.shape[1]
-        n_valid = mask.to(torch.bool).sum(1)
-        src = (torch.arange(T, device=feats.device)[None, :] - n_valid[:, None]) % T
-        u = self.cls_embedding.uncond_embedding.to(feats.dtype)
-        return u[src], mask
+        """The unconditional condition for CFG, same batch size as `cond` (models/family.py)."""
+        u = getattr(self.cls_embedding, "uncond_embedding", None)
+        return family_of(self.config).null_cond(self.config, cond, u)
 
     def check_cond(self, cond: Cond) -> int:
         """Validate a condition; returns the batch size. Raises InputError with the fix."""
-        cfg = self.config
-        if cfg.model_type == "c2i":
-            if not torch.is_tensor(cond) or cond.dim() != 1 or cond.dtype not in (torch.long, torch.int32, torch.int64):
-                raise InputError("c2i condition must be a 1-D LongTensor of class ids (B,)")
-            bad = cond[(cond < 0) | (cond > cfg.num_classes)]
-            if bad.numel():
-                raise InputError(f"unknown class id {int(bad[0])}: valid ids are 0..{cfg.num_classes - 1} "
-                                 f"(and {cfg.num_classes} = unconditional)")
-            return cond.shape[0]
-        if not (isinstance(cond, (tuple, list)) and len(cond) == 2):
-            raise InputError("t2i condition must be a tuple (caption_features (B, 120, C), caption_mask (B, 120))")
-        feats, mask = cond
-        want = (cfg.cls_token_num, cfg.caption_dim)
-        if feats.dim() != 3 or tuple(feats.shape[1:]) != want:
-            raise InputError(f"caption features have shape {tuple(feats.shape)}; expected (B, {want[0]}, {want[1]}) "
-                             "as the T5 encoder returns them")
-        if tuple(mask.shape) != tuple(feats.shape[:2]):
-            raise InputError(f"caption mask shape {tuple(mask.shape)} does not match features {tuple(feats.shape[:2])}")
-        if not torch.isfinite(feats).all():
-            raise InputError("caption features contain NaN or Inf")
-        return feats.shape[0]
+        return family_of(self.config).check_cond(self.config, cond)
 
     def _left_pad(self, cond):
         """Move the valid caption tokens to the end (LlamaGen's left padding); zero the rest."""

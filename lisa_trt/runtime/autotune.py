@@ -13,7 +13,6 @@ with the highest predicted speed is the default for that backend.
 
 from __future__ import annotations
 
-import time
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -53,20 +52,6 @@ def expected_mal(accept: Sequence[float], k: int, depth: int, total: int) -> flo
         reach *= p_level
         mal += reach
     return mal
-
-
-def measure_curve(step_fn: Callable[[int], None], sizes: Sequence[int], reps: int = 5) -> dict:
-    """Median latency (s) of step_fn(S) for each S (after one warm-up call)."""
-    out = {}
-    for s in sizes:
-        step_fn(s)
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            step_fn(s)
-            ts.append(time.perf_counter() - t0)
-        out[int(s)] = sorted(ts)[len(ts) // 2]
-    return out
 
 
 def best_tree(verify_cost: dict, draft_cost: Callable[[int], float], accept: Sequence[float],

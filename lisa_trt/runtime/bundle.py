@@ -8,10 +8,26 @@ target is refused (ArtifactMismatchError) before any work starts.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from ..errors import ArtifactMismatchError, InputError
+
+@dataclass
+class Bundle:
+    """Everything a Pipeline runs on: engines of one backend plus the bundle's tables and defaults."""
+
+    target: object
+    drafter: object = None
+    gasv: object = None  # GASV engine (ORT/TRT graph) or None for the torch reference
+    tables: object = None  # GASVTables (torch GASV and LANTERN neighbours)
+    vq: object = None  # has decode_code(indices, shape)
+    class_names: Optional[list] = None
+    generation: dict = field(default_factory=dict)
+    backend: str = "torch"
+    manifest: object = None
+
 
 WEIGHT_FILES = {"target_weights": "weights/target.safetensors", "drafter_weights": "weights/drafter.safetensors",
                 "vq_weights": "weights/vq.safetensors", "tables": "tables.safetensors"}
@@ -48,36 +64,31 @@ def _tables(man, engine_dir: Path):
 
 
 def open_bundle(engine_dir: Path, backend: str = "auto", *, threads: Optional[int] = None):
-    """-> runtime.pipeline._Engines for `backend` (auto | trt | ort | torch)."""
+    """-> Bundle for `backend` (auto | torch | any engines.base.backend_names()).
+
+    "torch" is the eager PyTorch models of the bundle's weights/ (with the torch GASV reference);
+    every other name opens the exported graphs through `engines.graph.load_engines`.
+    """
     from ..export.manifest import read_manifest
-    from .pipeline import _Engines
 
     man = read_manifest(engine_dir)
     backend = resolve_backend(engine_dir, backend)
     gen = dict(man.generation or {})
     names = gen.get("class_names")
     tables = _tables(man, engine_dir)
-    if backend == "ort":
-        from ..engines.ort import load_ort_engines
+    if backend != "torch":  # every graph backend (ort, trt, registered ones) through one loader
+        from ..engines.graph import load_engines
 
-        e = load_ort_engines(engine_dir, threads=threads)
-        return _Engines(target=e.target, drafter=e.drafter, gasv=e.gasv, tables=tables, vq=e.vq,
-                        class_names=names, generation=gen, backend="ort", manifest=man)
-    if backend == "trt":
-        from ..engines.trt import load_trt_engines
-
-        e = load_trt_engines(engine_dir)
-        return _Engines(target=e.target, drafter=e.drafter, gasv=e.gasv, tables=tables, vq=e.vq,
-                        class_names=names, generation=gen, backend="trt", manifest=man)
-    if backend != "torch":
-        raise InputError(f"unknown backend {backend!r}; valid: auto, trt, ort, torch")
+        opts = dict(threads=threads) if backend == "ort" and threads else {}
+        e = load_engines(engine_dir, backend, **opts)
+        return Bundle(target=e.target, drafter=e.drafter, gasv=e.gasv, tables=tables, vq=e.vq,
+                        class_names=names, generation=gen, backend=backend, manifest=man)
     return _torch_engines(man, engine_dir, tables, names, gen)
 
 
 def _torch_engines(man, engine_dir: Path, tables, names, gen):
     from ..models.checkpoints import load_target, load_vq, target_hash
     from ..models.drafter import load_drafter
-    from .pipeline import _Engines
 
     if "target_weights" not in man.files:
         raise InputError(f"{engine_dir} carries no PyTorch weights (weights/); use --backend ort, or re-export "
@@ -90,7 +101,7 @@ def _torch_engines(man, engine_dir: Path, tables, names, gen):
     vq = load_vq(engine_dir / man.files["vq_weights"]) if "vq_weights" in man.files else None
     if tables is not None:
         tables = tables.bind(target.output.weight)
-    return _Engines(target=target, drafter=drafter, gasv=None, tables=tables, vq=vq, class_names=names,
+    return Bundle(target=target, drafter=drafter, gasv=None, tables=tables, vq=vq, class_names=names,
                     generation=gen, backend="torch", manifest=man)
 
 
@@ -104,19 +115,16 @@ def export_full_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = Fal
     complete (an existing bundle at `out_dir` stays intact until the swap).
     """
     import dataclasses
-    import os
-    import shutil
-    import uuid
 
     from ..calibration.tables import save_tables
-    from ..export.manifest import read_manifest, write_manifest
+    from ..export.manifest import MANIFEST_NAME, read_manifest, write_manifest
     from ..export.onnx import DEFAULT_MAX_TREE, DEFAULT_OPSET, export_bundle
+    from ..io import atomic_dir
     from ..models.checkpoints import save_model
     from ..models.drafter import save_drafter
 
     out_dir = Path(out_dir)
-    stage = out_dir.parent / f".{out_dir.name}.staging-{uuid.uuid4().hex[:8]}"
-    try:
+    with atomic_dir(out_dir, marker=MANIFEST_NAME, what="engine directory") as stage:
         export_bundle(target, drafter, tables, vq, stage, fp16=fp16, opset=opset or DEFAULT_OPSET,
                       max_tree=max_tree or DEFAULT_MAX_TREE, generation=generation, progress=progress,
                       validate=validate, lint=lint)
@@ -133,16 +141,4 @@ def export_full_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = Fal
             files["tables"] = WEIGHT_FILES["tables"]
         man = read_manifest(stage)
         write_manifest(dataclasses.replace(man, files={**man.files, **files}), stage)
-        old = None
-        if out_dir.exists():
-            if not (out_dir / "manifest.json").is_file() and any(out_dir.iterdir()):
-                raise InputError(f"{out_dir} exists and is not a lisa-trt engine directory; choose another --out")
-            old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(out_dir, old)
-        os.replace(stage, out_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        if stage.exists():
-            shutil.rmtree(stage, ignore_errors=True)
     return read_manifest(out_dir)

@@ -61,7 +61,7 @@ def ensure_demo_bundle(engine_dir: Path, echo: Callable = print) -> Path:
 
 def _measured_budgets() -> dict:
     """Tree budgets chosen from the measured cost curve by bench/tune_tree.py, if shipped."""
-    from ..artifacts import ASSETS
+    from ..demo.registry import DEMO_DIR as ASSETS
 
     p = ASSETS / "tree_budgets.json"
     if p.is_file():

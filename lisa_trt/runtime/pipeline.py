@@ -23,11 +23,12 @@ import torch
 
 from ..config import SamplingConfig
 from ..errors import InputError
-from ..speculative.decode import METHODS, SpecConfig, SpeculativeDecoder
+from ..models.family import family_of
+from ..speculative.methods import METHODS, SpecConfig, method_names
+from .bundle import Bundle, open_bundle
 from .prompts import Prompt
 
-BACKENDS = ("auto", "trt", "ort", "torch")
-VERIFY = ("vanilla", "greedy", "exact", "lantern", "gasv", "sjd")
+BACKENDS = ("auto", "trt", "ort", "torch")  # plus any name registered with engines.base.register_backend
 
 
 @dataclass
@@ -39,19 +40,6 @@ class GenerationResult:
     stats: list = field(default_factory=list)
 
 
-@dataclass
-class _Engines:
-    target: object
-    drafter: object = None
-    gasv: object = None  # GASV engine (ORT/TRT graph) or None for the torch reference
-    tables: object = None  # GASVTables (torch GASV and LANTERN neighbours)
-    vq: object = None  # has decode_code(indices, shape)
-    class_names: Optional[list] = None
-    generation: dict = field(default_factory=dict)
-    backend: str = "torch"
-    manifest: object = None
-
-
 def _tree_budget(generation: dict, backend: str) -> dict:
     """Per-backend tree defaults recorded at export (from the measured cost curve)."""
     trees = generation.get("tree", {})
@@ -61,7 +49,7 @@ def _tree_budget(generation: dict, backend: str) -> dict:
 class Pipeline:
     """Tree speculation + GASV over one set of engines (see module docstring)."""
 
-    def __init__(self, engines: _Engines):
+    def __init__(self, engines: Bundle):
         self._e = engines
         self._lock = threading.Lock()
 
@@ -77,17 +65,18 @@ class Pipeline:
                 TensorRT is usable, else ort.
             threads: intra-op threads for ORT sessions (default: physical cores).
         """
-        from .bundle import open_bundle
+        from ..engines.base import backend_names
 
-        if backend not in BACKENDS:
-            raise InputError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+        valid = ["auto", "torch"] + [b for b in backend_names() if b != "torch"]
+        if backend not in valid:
+            raise InputError(f"unknown backend {backend!r}; valid: {', '.join(valid)}")
         return cls(open_bundle(Path(engine_dir), backend, threads=threads))
 
     @classmethod
     def from_models(cls, target, drafter=None, tables=None, vq=None, *, class_names=None,
                     generation: Optional[dict] = None) -> "Pipeline":
         """A torch-backend pipeline over in-memory models (no export needed)."""
-        return cls(_Engines(target=target, drafter=drafter, tables=tables, vq=vq, class_names=class_names,
+        return cls(Bundle(target=target, drafter=drafter, tables=tables, vq=vq, class_names=class_names,
                             generation=dict(generation or {}), backend="torch"))
 
     @property
@@ -109,8 +98,9 @@ class Pipeline:
         from .prompts import _class_id
 
         cfg = self.config
-        if cfg.model_type != "c2i":
-            raise InputError("t2i pipelines take prompts via `generate_t2i(features, mask)`")
+        if not family_of(cfg).class_conditioned(cfg):
+            raise InputError(f"Pipeline.generate takes class prompts; this bundle is {cfg.model_type}: run "
+                             "lisa_trt.speculative.run.run_method on its engines with a caption condition")
         ids, overrides = [], []
         for p in prompts:
             if isinstance(p, Prompt):
@@ -133,10 +123,11 @@ class Pipeline:
         return SamplingConfig(**base)
 
     def spec(self, verify: str, **over) -> SpecConfig:
+        """The bundle's tree budget for this backend, with `over` (flat SpecConfig names) applied."""
         tree = _tree_budget(self._e.generation, self._e.backend)
-        kw = {**{k: v for k, v in tree.items() if k in ("top_k", "depth", "total_tokens")},
-              **{k: v for k, v in over.items() if v is not None}}
-        return SpecConfig(method=verify if verify in METHODS else "exact", **kw)
+        kw = {**{k: v for k, v in tree.items() if k in ("top_k", "depth", "total_tokens")}, **over}
+        tree_methods = method_names("tree")
+        return SpecConfig.make(verify if verify in tree_methods else tree_methods[0], **kw)
 
     def generate(self, prompts: Sequence[Union[int, str, Prompt]], *, seed: int = 0, verify: str = "gasv",
                  cfg_scale: Optional[float] = None, temperature: Optional[float] = None,
@@ -147,7 +138,8 @@ class Pipeline:
         Args:
             prompts: class ids, class names, or Prompt objects (per-prompt seed / cfg).
             seed: base seed; prompt i uses its own seed or seed + i.
-            verify: vanilla | greedy | exact | lantern | gasv | sjd.
+            verify: a registered method (speculative/methods.py: vanilla, greedy, exact, lantern,
+                gasv, sjd, ...).
             cfg_scale, temperature, top_k, top_p, greedy: override the bundle's defaults.
             batch: decode all prompts in one batched call (same seed stream) instead of one call
                 per prompt (per-prompt seeds, reproducible one by one).
@@ -156,8 +148,8 @@ class Pipeline:
         Returns:
             GenerationResult(images, tokens (B, N), stats).
         """
-        if verify not in VERIFY:
-            raise InputError(f"unknown verification {verify!r}; valid: {', '.join(VERIFY)}")
+        if verify not in METHODS:
+            raise InputError(f"unknown verification {verify!r}; valid: {', '.join(method_names())}")
         cond, overrides = self._cond(prompts)
         tree_kw = {"top_k": tree.pop("tree_top_k", None), "depth": tree.pop("tree_depth", None),
                    "total_tokens": tree.pop("tree_tokens", None), **tree}
@@ -166,7 +158,8 @@ class Pipeline:
                 s = self.sampling(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                                   greedy=greedy or None)
                 toks, st = self._run(verify, cond, s, self.spec(verify, **tree_kw), seed)
-                tokens, stats = toks, [st] * len(cond)
+                # batch-level numbers, one independent dict per prompt
+                tokens, stats = toks, [{**st, "seed": seed, "class": int(c), "batch_row": i} for i, c in enumerate(cond)]
             else:
                 outs, stats = [], []
                 for i, (c, ov) in enumerate(zip(cond, overrides)):
@@ -181,25 +174,14 @@ class Pipeline:
         return GenerationResult(images=images, tokens=tokens, stats=stats)
 
     def _run(self, verify, cond, sampling, spec, seed) -> tuple[torch.Tensor, dict]:
-        from ..speculative.autoregressive import generate
-        from ..speculative.sjd import sjd_generate
+        from ..speculative.run import check_artifacts, run_method
 
         e = self._e
+        check_artifacts(verify, e.drafter, e.tables, e.gasv)
         t0 = time.perf_counter()
-        if verify == "vanilla":
-            toks = generate(e.target, cond, seed=seed, **dataclasses.asdict(sampling))
-            st = {"mal": 1.0, "target_forwards": e.target.config.block_size, "mean_tvd": 0.0}
-        elif verify == "sjd":
-            toks, s = sjd_generate(e.target, cond, sampling=sampling, seed=seed)
-            st = s.as_dict()
-        else:
-            if e.drafter is None:
-                raise InputError(f"--verify {verify} needs a drafter; this bundle has none (export with --drafter)")
-            if verify == "greedy":
-                sampling = dataclasses.replace(sampling, greedy=True)
-            dec = SpeculativeDecoder(e.target, e.drafter, e.tables, gasv=e.gasv)
-            toks, s = dec.generate(cond, sampling=sampling, spec=spec, seed=seed)
-            st = s.as_dict()
+        toks, s = run_method(verify, e.target, e.drafter, e.tables, cond, sampling=sampling, spec=spec, seed=seed,
+                             gasv=e.gasv)
+        st = s.as_dict()
         st["seconds"] = time.perf_counter() - t0
         st["verify"] = verify
         return toks.cpu(), st

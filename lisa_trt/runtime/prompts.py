@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..errors import InputError
+from ..models.family import family_of
 
 _KEYS = {"class", "caption_features", "seed", "cfg"}
 
@@ -51,6 +52,7 @@ def parse_prompts(path, *, model_type: str = "c2i", num_classes: int = 1000,
     if not p.is_file():
         raise InputError(f"prompts file not found: {p}")
     lines = p.read_text().splitlines()
+    classes = family_of(model_type).class_conditioned(model_type)
     jsonl = p.suffix in (".jsonl", ".json") or any(ln.lstrip().startswith("{") for ln in lines)
     prompts, errors = [], []
     for no, raw in enumerate(lines, 1):
@@ -58,7 +60,7 @@ def parse_prompts(path, *, model_type: str = "c2i", num_classes: int = 1000,
         if not text or text.startswith("#"):
             continue
         if not jsonl:
-            if model_type != "c2i":
+            if not classes:
                 errors.append(f"{p}:{no}: t2i prompts need JSONL lines with caption_features")
                 continue
             cid, err = _class_id(text, num_classes, class_names)
@@ -86,7 +88,7 @@ def parse_prompts(path, *, model_type: str = "c2i", num_classes: int = 1000,
         if cfg is not None and (not isinstance(cfg, (int, float)) or isinstance(cfg, bool) or cfg < 0):
             errors.append(f"{p}:{no}: cfg must be a non-negative number, got {cfg!r}")
             continue
-        if model_type == "c2i":
+        if classes:
             if "class" not in obj:
                 errors.append(f"{p}:{no}: missing \"class\" (c2i model)")
                 continue

@@ -22,37 +22,12 @@ from typing import Optional
 import torch
 
 from ..config import SamplingConfig
-from ..engines.base import Timer
 from ..errors import InputError
-from . import verify as V
+from ..timing import Timer
 from .autoregressive import cfg_batch
 from .sampling import cfg_combine, make_generator, process_logits, sample_from_logits, split_cfg
+from .methods import METHODS, RuleContext, SpecConfig, get_method  # noqa: F401 (METHODS, SpecConfig re-exported)
 from .tree import DraftTree, ExpandRequest, build_dynamic_tree
-
-METHODS = ("exact", "lantern", "gasv", "greedy")
-
-
-@dataclass(frozen=True)
-class SpecConfig:
-    """Speculation settings. Tree defaults follow EAGLE-2/LANTERN (K 10, depth 4-6, 60 nodes);
-    `lisa-trt` picks per-backend budgets from the measured cost curve (bench/)."""
-
-    method: str = "gasv"
-    top_k: int = 10
-    depth: int = 5
-    total_tokens: int = 60
-    lantern_k: int = 1000
-    lantern_delta: float = 0.1
-    lantern_residual: str = "clean"
-    gasv_kappa: Optional[float] = None  # None: the calibration tables' value
-    gasv_lambda: Optional[float] = None
-    gasv_support_k: Optional[int] = None  # top-K support path for GASV (see gasv.gasv_gate)
-
-    def __post_init__(self):
-        if self.method not in METHODS:
-            raise InputError(f"unknown verification method {self.method!r}; valid: {', '.join(METHODS)} "
-                             "(and 'vanilla', 'sjd' in the bench)")
-
 
 @dataclass
 class DecodeStats:
@@ -114,10 +89,10 @@ class SpeculativeDecoder:
     """Runs one batch of prompts with tree speculation; reusable across calls.
 
     Args:
-        target: a TargetEngine (torch Transformer, OrtTarget, TrtTarget).
-        drafter: a DrafterEngine (torch Drafter, OrtDrafter, TrtDrafter).
+        target: a TargetEngine (torch Transformer, engines.graph.GraphTarget).
+        drafter: a DrafterEngine (torch Drafter, engines.graph.GraphDrafter).
         tables: GASVTables bound to the target head (gasv) / with LANTERN neighbours (lantern).
-        gasv: optional GASV engine `gasv(logits (N, V), cfg) -> GASVOutput` (OrtGASV, TrtGASV);
+        gasv: optional GASV engine `gasv(logits (N, V), cfg) -> GASVOutput` (engines.graph.GraphGASV);
             default: the PyTorch reference `gasv_gate` over `tables`.
     """
 
@@ -125,40 +100,9 @@ class SpeculativeDecoder:
         self.target, self.drafter, self.tables, self.gasv = target, drafter, tables, gasv
 
     def _verify(self, logits: torch.Tensor, tree: DraftTree, spec: SpecConfig, greedy: bool, gen):
-        """Guided, filtered logits (B, N, V) at the tree nodes -> VerifyResult."""
-        B, N, Vv = logits.shape
-        if spec.method == "exact" or spec.method == "greedy":
-            # greedy on the logits themselves: the same argmax as the reference loop (softmax can tie)
-            if greedy or spec.method == "greedy":
-                return V.verify_greedy(logits, tree)
-            return V.verify_exact(torch.softmax(logits, -1), tree, gen)
-        if spec.method == "lantern":
-            p = torch.softmax(logits, -1)
-            nb = self._tables("LANTERN").lantern_neighbors
-            k = min(spec.lantern_k, nb.shape[1])
-            if greedy:
-                return V.verify_lantern_greedy(p, tree, nb, k=k, delta=spec.lantern_delta)
-            return V.verify_lantern(p, tree, gen, nb, k=k, delta=spec.lantern_delta, residual=spec.lantern_residual)
-        from .gasv import gasv_gate
-
-        cfg = self.gasv.config if self.gasv is not None else self._tables("GASV").config
-        over = {k: v for k, v in (("kappa", spec.gasv_kappa), ("lam", spec.gasv_lambda)) if v is not None}
-        if over:
-            cfg = dataclasses.replace(cfg, **over)
-        if self.gasv is not None:
-            out = self.gasv(logits.reshape(B * N, Vv), cfg)
-        else:
-            out = gasv_gate(logits.reshape(B * N, Vv), self.tables, cfg, support_k=spec.gasv_support_k)
-        p_raw, p_soft = out.p_raw.reshape(B, N, Vv), out.p_soft.reshape(B, N, Vv)
-        if greedy:
-            return V.verify_soft_greedy(p_raw, p_soft, out.gate.reshape(B, N, Vv), tree)
-        return V.verify_soft(p_raw, p_soft, tree, gen)
-
-    def _tables(self, what: str):
-        if self.tables is None:
-            raise InputError(f"{what} verification needs calibration tables: pass --tables "
-                             "(make them with `lisa-trt calibrate`)")
-        return self.tables
+        """Guided, filtered logits (B, N, V) at the tree nodes -> VerifyResult (the method's rule)."""
+        ctx = RuleContext(spec=spec, greedy=greedy, generator=gen, tables=self.tables, gasv=self.gasv)
+        return get_method(spec.method).rule(logits, tree, ctx)
 
     @torch.no_grad()
     def generate(self, cond, *, sampling: SamplingConfig = SamplingConfig(), spec: SpecConfig = SpecConfig(),
@@ -170,6 +114,11 @@ class SpeculativeDecoder:
             tokens (B, N) long, DecodeStats.
         """
         target, drafter = self.target, self.drafter
+        if get_method(spec.method).kind != "tree":
+            raise InputError(f"method {spec.method!r} does not use the tree decoder; run it with "
+                             "lisa_trt.speculative.run.run_method")
+        if get_method(spec.method).greedy_sampling:
+            sampling = dataclasses.replace(sampling, greedy=True)
         tc = target.config
         B = target.check_cond(cond)
         N_img = tc.block_size if num_tokens is None else int(num_tokens)
@@ -181,7 +130,7 @@ class SpeculativeDecoder:
 
         # -- prefill: the target's own first token, then the drafter entry for z_0 ----------
         with timer.measure("target"):
-            tcache = target.new_cache(2 * B if guide.cfg else B, extra=spec.total_tokens)
+            tcache = target.new_cache(2 * B if guide.cfg else B, extra=spec.tree.total_tokens)
             pre = target.prefill(cfg_batch(target, cond, sampling.cfg_scale), tcache, taps=True)
             stats.target_forwards += 1
         dev = tcache.lengths.device  # all bookkeeping lives with the engines' caches
@@ -192,7 +141,7 @@ class SpeculativeDecoder:
         n_done = torch.ones(B, dtype=torch.long, device=dev)  # committed tokens per (original) row
         active = torch.arange(B, device=dev)
         # drafter slots: the sequence plus one tree's expansion scratch (depth * top_k nodes)
-        dmax = tc.seq_len + max(spec.total_tokens, spec.depth * spec.top_k)
+        dmax = tc.seq_len + max(spec.tree.total_tokens, spec.tree.depth * spec.tree.top_k)
         with timer.measure("draft"):
             dcache = drafter.new_cache(tcache.batch, dmax)
             dcache.lengths.fill_(cls)
@@ -301,5 +250,6 @@ class SpeculativeDecoder:
             return logprobs(logits, (n_done + req.depth)[:, None].expand(-1, n))
 
         root_lp = logprobs(root_lp_raw, n_done)
-        return build_dynamic_tree(root_tok, root_lp, expand, top_k=spec.top_k, depth=spec.depth,
-                                  total_tokens=spec.total_tokens)
+        t = spec.tree
+        return build_dynamic_tree(root_tok, root_lp, expand, top_k=t.top_k, depth=t.depth,
+                                  total_tokens=t.total_tokens)

@@ -24,6 +24,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ..errors import InputError
+from .sampling import tvd  # noqa: F401 (re-exported; defined once in sampling.py)
 
 NEG_INF = float("-inf")
 
@@ -234,14 +235,3 @@ def gasv_gate(logits: torch.Tensor, tables, cfg: Optional[GASVConfig] = None, *,
     w = p_raw * gate
     p_soft = w / w.sum(-1, keepdim=True)       # > 0: the argmax has s_geo 0 and gate > 0
     return GASVOutput(gate, p_raw, p_soft)
-
-
-def tvd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Total variation distance 0.5 * sum |p - q| over the last axis.
-
-    Args:
-        p, q: (..., V) probability vectors.
-    Returns:
-        (...,) TVD per row.
-    """
-    return 0.5 * (p - q).abs().sum(-1)

@@ -90,3 +90,14 @@ def make_generator(seed: Optional[int], device="cpu") -> torch.Generator:
     else:
         g.manual_seed(int(seed))
     return g
+
+
+def tvd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Total variation distance 0.5 * sum |p - q| over the last axis (the one definition).
+
+    Args:
+        p, q: (..., V) probability vectors.
+    Returns:
+        (...,) TVD per row.
+    """
+    return 0.5 * (p - q).abs().sum(-1)

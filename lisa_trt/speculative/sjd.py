@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 
 from ..config import SamplingConfig
-from ..engines.base import Timer
+from ..timing import Timer
 from ..errors import InputError
 from .autoregressive import cfg_batch
 from .decode import DecodeStats, _Guide

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
+from .sampling import tvd  # noqa: F401 (re-exported; defined once in sampling.py)
 from .tree import DraftTree
 
 
@@ -88,11 +89,6 @@ class SJDResult:
 
     accept_len: Tensor
     token: Tensor
-
-
-def tvd(p: Tensor, q: Tensor) -> Tensor:
-    """Total variation distance 0.5 * sum |p - q| over the last axis: (..., V) -> (...)."""
-    return 0.5 * (p - q).abs().sum(-1)
 
 
 def _normalize(r: Tensor) -> Tensor:

@@ -28,6 +28,7 @@ import torch
 
 from ..errors import ConfigError, InputError
 from ..io import load_safetensors, save_safetensors, tensor_hash
+from ..models.family import family_of
 
 DATA_SOURCES = ("self", "tokens")
 FEATURE_MODES = ("online", "cache")
@@ -125,7 +126,7 @@ def load_token_file(path, tcfg) -> TokenDataset:
     ids in a sibling `<name>.classes.npy`. Only c2i targets are supported.
     """
     path = Path(path)
-    if tcfg.model_type != "c2i":
+    if not family_of(tcfg).class_conditioned(tcfg):
         raise InputError("token files hold class ids; t2i drafter training data (caption features) is "
                          "not supported yet")
     if not path.is_file():
@@ -169,7 +170,7 @@ def self_distill_tokens(target, n: int, *, cfg_scale: float = 4.0, temperature: 
     from ..speculative.autoregressive import generate
 
     tcfg = target.config
-    if tcfg.model_type != "c2i":
+    if not family_of(tcfg).class_conditioned(tcfg):
         raise InputError("self-distillation needs caption features for t2i targets; not supported yet "
                          "(pass a token file of a c2i target)")
     g = torch.Generator().manual_seed(seed)

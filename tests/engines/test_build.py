@@ -125,7 +125,11 @@ def test_build_without_tensorrt_names_what_is_missing(bundle):
     with pytest.raises(TensorRTUnavailableError, match="--backend ort"):
         T.load_trt_engines(bundle)
     with pytest.raises(TensorRTUnavailableError):
-        T.TrtTarget(read_manifest(bundle))
+        T.TrtBackend(read_manifest(bundle)).check()
+    from lisa_trt.engines.graph import load_engines
+
+    with pytest.raises(TensorRTUnavailableError, match="--backend ort"):
+        load_engines(bundle, "trt")
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="a CUDA device is present")
@@ -431,7 +435,7 @@ def test_runner_input_errors(fake):
     with pytest.raises(InputError, match="unknown class id"):
         eng.target.prefill(torch.tensor([99]), cache)
     with pytest.raises(InputError, match="kv_binding"):
-        T.TrtTarget(read_manifest(fake.dir), device="cpu", kv_binding="copy")
+        T.load_trt_engines(fake.dir, device="cpu", kv_binding="copy")
 
 
 # ----------------------------------------------------------------------------- gpu_check

@@ -225,17 +225,50 @@ def test_t2i_prefill_with_padded_captions_and_null_condition(tmp_path):
 
 
 def test_runner_refuses_to_run_with_stale_bindings(engines):
-    """Every per-call tensor must be bound on each run (a leftover would point at freed memory)."""
+    """Every input must be given on each run (a leftover binding would point at freed memory)."""
+    from lisa_trt.engines.base import RunnerError
+
     tgt = engines.target
     cache = tgt.new_cache(1)
     tgt.prefill(torch.tensor([1]), cache)
     tok, pos, slots, mask = tree_inputs(cache, 2)
-    ins = dict(input_ids=tok, position_ids=pos, cache_slots=slots, attention_mask=mask)
-    tgt._bind_cache(tgt._verify, cache)
-    outs = tgt._outputs(1, 2)
-    del outs["taps"]
-    with pytest.raises(ValueError, match="unbound \\['taps'\\]"):
-        tgt._verify.run(ins, outs)
+    ins = dict(input_ids=tok, position_ids=pos, cache_slots=slots)
+    with pytest.raises(RunnerError, match="unbound \\['attention_mask'"):
+        tgt._verify.run(ins)
+    with pytest.raises(RunnerError, match="unknown \\['bogus'\\]"):
+        tgt._verify.run(dict(ins, attention_mask=mask, bogus=tok))
+
+
+def test_runner_protocol_allocates_outputs_by_name_and_closes(engines):
+    """run(inputs, outputs=None | [names] | {name: buffer}) -> dict; close() ends the lifetime."""
+    from lisa_trt.engines.base import RunnerError
+    from lisa_trt.export.io_spec import Graph
+
+    proj = engines.drafter.runners[Graph.DRAFTER_PROJECT]
+    taps = torch.randn(2, 3, 192)
+    all_out = proj.run(dict(taps=taps))
+    assert set(all_out) == {"hidden"} and all_out["hidden"].shape == (2, 3, 64)
+    buf = torch.empty(2, 3, 64)
+    got = proj.run(dict(taps=taps), dict(hidden=buf))
+    assert got["hidden"] is buf and torch.equal(buf, all_out["hidden"])
+    assert list(proj.run(dict(taps=taps), ["hidden"])) == ["hidden"]
+    with pytest.raises(RunnerError, match="unknown outputs"):
+        proj.run(dict(taps=taps), ["nope"])
+
+
+def test_engines_close_every_runner(artifacts, tmp_path):
+    from lisa_trt.engines.base import RunnerError
+    from lisa_trt.engines.graph import load_engines
+    from lisa_trt.export.onnx import export_bundle
+
+    a = artifacts
+    export_bundle(a["target"], None, None, None, tmp_path / "e", max_tree=8, lint=False, progress=False)
+    with load_engines(tmp_path / "e", "ort", threads=1) as eng:
+        cache = eng.target.new_cache(1)
+        eng.target.prefill(torch.tensor([1]), cache)
+    assert eng.target._verify.closed and eng.target._prefill.closed
+    with pytest.raises(RunnerError, match="closed"):
+        eng.target.prefill(torch.tensor([1]), eng.target.new_cache(1))
 
 
 def test_drafter_refuses_a_cache_it_did_not_make(engines, artifacts):

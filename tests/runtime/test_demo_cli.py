@@ -5,12 +5,12 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from lisa_trt.artifacts import BUNDLED_DRAFTERS, BUNDLED_TABLES
+from lisa_trt.models.artifact_sets import bundled_file
 from lisa_trt.cli import main
 from lisa_trt.demo.registry import assets_present
 
 pytestmark = pytest.mark.skipif(
-    not (assets_present() and BUNDLED_DRAFTERS["demo-lisa"].is_file() and BUNDLED_TABLES["demo"].is_file()),
+    not (assets_present() and bundled_file("demo-lisa", "drafters").is_file() and bundled_file("demo", "tables").is_file()),
     reason="bundled demo assets not built (scripts/demo/*)")
 
 

@@ -136,3 +136,20 @@ def test_bench_ort_backend_same_json_as_torch(bundle, tmp_path):
         assert set(reps["ort"]["results"][m]) == set(reps["torch"]["results"][m])
         # same seeds, same numerics -> same acceptance
         assert reps["ort"]["results"][m]["mal"] == pytest.approx(reps["torch"]["results"][m]["mal"])
+
+
+def test_batched_generation_returns_one_independent_stats_dict_per_prompt(bundle):
+    pipe = Pipeline.from_dir(bundle, backend="torch")
+    res = pipe.generate([1, 2, 3], seed=4, verify="exact", batch=True, decode=False)
+    assert len(res.stats) == 3 and len({id(s) for s in res.stats}) == 3
+    assert [s["class"] for s in res.stats] == [1, 2, 3] and [s["batch_row"] for s in res.stats] == [0, 1, 2]
+    res.stats[0]["mal"] = -1.0  # editing one prompt's stats leaves the others alone
+    assert res.stats[1]["mal"] >= 1.0
+
+
+def test_unknown_method_and_backend_are_lisa_errors(bundle):
+    pipe = Pipeline.from_dir(bundle, backend="torch")
+    with pytest.raises(LisaError, match="unknown verification 'nope'.*vanilla"):
+        pipe.generate([1], verify="nope")
+    with pytest.raises(LisaError, match="unknown backend 'nope'"):
+        Pipeline.from_dir(bundle, backend="nope")

@@ -47,7 +47,7 @@ def test_greedy_speculation_is_token_identical(cfg_scale, tree):
     dec = SpeculativeDecoder(m, Drafter.from_target(m).eval())
     k, depth, total = tree
     toks, stats = dec.generate(cond, sampling=SamplingConfig(cfg_scale=cfg_scale, greedy=True),
-                               spec=SpecConfig(method="exact", top_k=k, depth=depth, total_tokens=total))
+                               spec=SpecConfig.make("exact", top_k=k, depth=depth, total_tokens=total))
     assert torch.equal(toks, ref)
     assert stats.target_forwards <= 16
 
@@ -63,7 +63,7 @@ def test_oracle_drafter_accepts_whole_paths(model_type):
     oracle = OracleDrafter(ref, m.config.cls_token_num, m.config.vocab_size)
     dec = SpeculativeDecoder(m, oracle)
     toks, stats = dec.generate(cond, sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
-                               spec=SpecConfig(method="exact", top_k=2, depth=3, total_tokens=10))
+                               spec=SpecConfig.make("exact", top_k=2, depth=3, total_tokens=10))
     assert torch.equal(toks, ref)
     # 16 tokens: prefill gives 1, then steps of 5 (root + 4 drafted levels): 5, 5, 5
     assert stats.target_forwards == 4
@@ -95,7 +95,7 @@ def test_exact_sampling_is_lossless():
     s = SamplingConfig(cfg_scale=2.0, temperature=1.0, top_k=8)
     ref = generate(m, cond, cfg_scale=2.0, top_k=8, seed=1)
     toks, stats = SpeculativeDecoder(m, d).generate(
-        cond, sampling=s, spec=SpecConfig(method="exact", top_k=3, depth=2, total_tokens=8), seed=2)
+        cond, sampling=s, spec=SpecConfig.make("exact", top_k=3, depth=2, total_tokens=8), seed=2)
     assert stats.mal > 1.05  # drafts really are accepted (and rejected) along the way
     for j in range(4):
         chi2, df = _chi2_homogeneity(toks[:, j], ref[:, j], V)

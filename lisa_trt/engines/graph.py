@@ -1,0 +1,352 @@
+"""Generic engines over any backend's graph runners (engines/base.py), and `load_engines`.
+
+`GraphTarget` / `GraphDrafter` are drop-in replacements for the torch `Transformer` / `Drafter`
+(same methods, shapes, KVCache / DrafterCache objects), `GraphGASV` for `gasv_gate`, `GraphVQ`
+for `VQModel.decode_code`. They speak tensor names from export/io_spec.py only; everything
+backend-specific (sessions, contexts, address binding) lives in the runner.
+
+    engines = load_engines("engines/demo", "ort", threads=1)
+    cache = engines.target.new_cache(2, extra=32)
+    out = engines.target.prefill(cond, cache, taps=True)
+    engines.close()                                   # or: with load_engines(...) as engines:
+
+KV caches are preallocated at the engines' static length (`new_cache`) and updated in place:
+each layer's buffer is passed as BOTH `past_key_values.{i}.*` and `present.{i}.*`. A runner whose
+`kv_binding` is "swap" gets a second buffer as present output, swapped in after the call.
+
+Thread safety: runners keep per-graph bindings, so one engine set must not be called from two
+threads at once; serialise calls or open one set per worker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import torch
+
+from ..config import find_multiple
+from ..errors import InputError
+from ..export.io_spec import Graph, export_dims, graph_spec
+from ..models.family import family_of
+from .base import GraphRunner, check_static_len, get_backend, torch_dtype
+
+
+def check_tokens(tokens: torch.Tensor, vocab: int) -> None:
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise InputError(f"image token ids must lie in [0, {vocab}); got {int(tokens.min())}..{int(tokens.max())}")
+
+
+def check_positions(positions: torch.Tensor, seq_len: int) -> None:
+    if positions.numel() and int(positions.max()) >= seq_len:
+        raise InputError(f"position {int(positions.max())} is past the end of the image (sequence length {seq_len})")
+
+
+def check_step(tokens, positions, slots, mask, batch: int, max_len: int, vocab: int, seq_len: int) -> None:
+    """Shapes, then the torch models' value checks (token ids, positions) plus slot bounds."""
+    B, S = tokens.shape
+    if positions.shape != (B, S) or slots.shape != (B, S) or tuple(mask.shape) != (B, S, max_len):
+        raise InputError(f"tokens {tuple(tokens.shape)}, positions {tuple(positions.shape)}, slots "
+                         f"{tuple(slots.shape)} and mask {tuple(mask.shape)} do not fit (B, S), (B, S), (B, S), "
+                         f"(B, S, Lmax={max_len})")
+    if B != batch:
+        raise InputError(f"batch {B} does not match the cache batch {batch}")
+    if not tokens.numel():
+        return
+    t_lo, t_hi, p_hi, s_lo, s_hi = torch.stack([tokens.min(), tokens.max(), positions.max(), slots.min(),
+                                                slots.max()]).tolist()  # one host sync
+    if t_lo < 0 or t_hi >= vocab:
+        check_tokens(tokens, vocab)
+    if p_hi >= seq_len:
+        check_positions(positions, seq_len)
+    if s_lo < 0 or s_hi >= max_len:
+        raise InputError(f"cache slots must lie in [0, {max_len}); got {s_lo}..{s_hi}")
+
+
+def _contig(t: torch.Tensor, dtype, device) -> torch.Tensor:
+    return t.to(device=device, dtype=dtype).contiguous()
+
+
+class _KVEngine:
+    """Shared state of the cache-owning engines: dtype, device, static length, KV binding."""
+
+    def __init__(self, manifest, runners: dict):
+        self.manifest = manifest
+        self.runners = runners
+        self.max_cache_len = manifest.max_cache_len
+        self.dtype = torch_dtype("act", manifest.precision)
+        self.device = next(iter(runners.values())).device
+        self._shadow: dict = {}
+        self._checked: dict = {}
+
+    def close(self) -> None:
+        for r in self.runners.values():
+            r.close()
+
+    def _check_cache(self, cache, shape: tuple, what: str) -> None:
+        """Buffers made by this engine's new_cache (checked again only when they change)."""
+        bufs = cache.k + cache.v
+        key = tuple((b.data_ptr(), tuple(b.shape), b.dtype) for b in bufs)
+        if self._checked.get(what) == key:
+            return
+        for buf in bufs:
+            if tuple(buf.shape) != shape or buf.dtype != self.dtype or buf.device != self.device \
+                    or not buf.is_contiguous():
+                raise InputError(f"{what} cache buffer {tuple(buf.shape)} {buf.dtype} on {buf.device} does not fit "
+                                 f"the engine ({shape} {self.dtype} on {self.device}, contiguous); make it with the "
+                                 "engine's new_cache")
+        self._checked[what] = key
+
+    def _step_inputs(self, tokens, positions, slots, mask) -> dict:
+        dev = self.device
+        return dict(input_ids=_contig(tokens, torch.int64, dev), position_ids=_contig(positions, torch.int64, dev),
+                    cache_slots=_contig(slots, torch.int64, dev), attention_mask=_contig(mask, torch.bool, dev))
+
+    def _run_kv(self, runner: GraphRunner, cache, n_layer: int, inputs: dict, outputs: dict) -> dict:
+        """Run with the cache bound in place (or double-buffered for kv_binding "swap")."""
+        swaps = []
+        for i in range(n_layer):
+            for part, bufs in (("key", cache.k), ("value", cache.v)):
+                past, present = f"past_key_values.{i}.{part}", f"present.{i}.{part}"
+                inputs[past] = bufs[i]
+                if runner.kv_binding == "inplace" or present in runner.aliased:
+                    outputs[present] = bufs[i]
+                else:
+                    key = (id(runner), present, tuple(bufs[i].shape))
+                    if key not in self._shadow:
+                        self._shadow[key] = torch.empty_like(bufs[i])
+                    outputs[present] = self._shadow[key]
+                    swaps.append((bufs, i, key))
+        out = runner.run(inputs, outputs)
+        for bufs, i, key in swaps:  # the engine wrote the updated cache into the shadow buffer
+            bufs[i], self._shadow[key] = self._shadow[key], bufs[i]
+        return out
+
+
+class GraphTarget(_KVEngine):
+    """The target over a backend's prefill + verify runners (TargetEngine protocol).
+
+    Args:
+        manifest: the engine directory's Manifest.
+        runners: {Graph.TARGET_PREFILL: runner, Graph.TARGET_VERIFY: runner}.
+    """
+
+    def __init__(self, manifest, runners: dict):
+        super().__init__(manifest, runners)
+        self.config = manifest.target_config
+        self.family = family_of(self.config)
+        self.hash = manifest.target_hash
+        self._prefill = runners[Graph.TARGET_PREFILL]
+        self._verify = runners[Graph.TARGET_VERIFY]
+        self.max_tree = getattr(self._verify, "seq_capacity", manifest.max_tree)
+        self._uncond = None
+        if "conditions" in (manifest.files or {}):  # the null caption (t2i) shipped in the bundle
+            from ..io import load_safetensors
+
+            self._uncond = load_safetensors(Path(manifest.dir) / manifest.files["conditions"])[0]["uncond_embedding"]
+
+    def check_cond(self, cond) -> int:
+        return self.family.check_cond(self.config, cond)
+
+    def null_cond(self, cond):
+        return self.family.null_cond(self.config, cond, self._uncond)
+
+    def new_cache(self, batch: int, extra: int = 0, dtype=None):
+        """A KVCache of the engines' static length (>= round_up(seq_len + extra, 8))."""
+        from ..models.llamagen import KVCache
+
+        need = find_multiple(self.config.seq_len + extra, 8)
+        check_static_len(need, self.max_cache_len, f"a cache with {extra} extra slots",
+                         f"re-export with a larger --max-tree (exported with max_tree {self.manifest.max_tree}) "
+                         "or use a smaller tree budget")
+        if dtype is not None and dtype != self.dtype:
+            raise InputError(f"the engines' KV cache is {self.dtype}; cannot make a {dtype} cache")
+        return KVCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
+
+    def _cache_ok(self, cache) -> None:
+        cfg = self.config
+        self._check_cache(cache, (cache.batch, cfg.kv_heads, self.max_cache_len, cfg.head_dim), "target")
+
+    def prefill(self, cond, cache, taps: bool = False):
+        """Write the condition prefix into the cache; logits of the last prefix position."""
+        from ..models.llamagen import TargetOutput
+
+        B = self.check_cond(cond)
+        if B != cache.batch:
+            raise InputError(f"condition batch {B} does not match the cache batch {cache.batch}")
+        self._cache_ok(cache)
+        inputs = self.family.cond_inputs(self.config, cond, self.device, self.dtype)
+        out = self._run_kv(self._prefill, cache, self.config.n_layer, inputs, {})
+        T = self.config.cls_token_num
+        cache.col_valid[:] = True
+        cache.col_valid[:, :T] = out["prefix_valid"].to(cache.col_valid.device)
+        cache.lengths.fill_(T)
+        return TargetOutput(out["logits"], out["taps"] if taps else None, out["hidden"])
+
+    def forward_tokens(self, tokens, positions, slots, mask, cache, taps: bool = False):
+        """New tokens at absolute `positions`, K/V written at cache `slots` (see Transformer)."""
+        from ..models.llamagen import TargetOutput
+
+        cfg = self.config
+        check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, cfg.vocab_size, cfg.seq_len)
+        self._cache_ok(cache)
+        out = self._run_kv(self._verify, cache, cfg.n_layer, self._step_inputs(tokens, positions, slots, mask), {})
+        return TargetOutput(out["logits"], out["taps"] if taps else None, out["hidden"])
+
+
+class GraphDrafter(_KVEngine):
+    """The EAGLE-3 drafter over a backend's project + step runners (DrafterEngine protocol)."""
+
+    def __init__(self, manifest, runners: dict):
+        super().__init__(manifest, runners)
+        self.config = manifest.drafter_config
+        if self.config is None:
+            raise InputError(f"{manifest.dir} has no drafter graphs; export with a drafter")
+        self.hash = manifest.drafter["hash"]
+        self._project = runners[Graph.DRAFTER_PROJECT]
+        self._step = runners[Graph.DRAFTER_STEP]
+
+    def new_cache(self, batch: int, max_len: int, dtype=None):
+        from ..models.drafter import DrafterCache
+
+        check_static_len(find_multiple(max_len, 8), self.max_cache_len, f"a drafter cache of {max_len} slots")
+        if dtype is not None and dtype != self.dtype:
+            raise InputError(f"the engines' drafter cache is {self.dtype}; cannot make a {dtype} cache")
+        return DrafterCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
+
+    def project_taps(self, taps: torch.Tensor) -> torch.Tensor:
+        """fc on the target taps: (B, S, 3H_t) -> (B, S, hidden)."""
+        return self._project.run(dict(taps=_contig(taps, self.dtype, self.device)), ["hidden"])["hidden"]
+
+    def forward(self, hidden_in, tokens, positions, slots, mask, cache):
+        """One drafter step; returns (logits (B, S, V) fp32, hidden_out (B, S, hidden))."""
+        cfg = self.config
+        check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, cfg.vocab_size, cfg.seq_len)
+        self._check_cache(cache, (cache.batch, cfg.n_head, self.max_cache_len, cfg.head_dim), "drafter")
+        inputs = dict(hidden_in=_contig(hidden_in, self.dtype, self.device),
+                      **self._step_inputs(tokens, positions, slots, mask))
+        out = self._run_kv(self._step, cache, 1, inputs, {})
+        return out["logits"], out["hidden"]
+
+    __call__ = forward
+
+
+class GraphGASV:
+    """The GASV graph: guided logits (N, V) -> GASVOutput(gate, p_raw, p_soft), dense path.
+
+    `cfg` (GASVConfig) defaults to the constants recorded at export; any may be overridden
+    per call (they are a graph input). Inputs and outputs go by io_spec names: a changed GASV
+    graph I/O changes this class only, never a runner.
+    """
+
+    def __init__(self, manifest, runner: GraphRunner):
+        self.config = manifest.gasv_config
+        if self.config is None:
+            raise InputError(f"{manifest.dir} has no GASV graph; export with --tables")
+        self.runners = {Graph.GASV: runner}
+        self._run = runner
+        self.device = runner.device
+        self.vocab_size = manifest.tables["vocab_size"]
+
+    def close(self) -> None:
+        self._run.close()
+
+    def __call__(self, logits, cfg=None):
+        from ..export.io_spec import gasv_params
+        from ..speculative.gasv import GASVOutput, check_logits
+
+        check_logits(logits)
+        if logits.shape[1] != self.vocab_size:
+            raise InputError(f"GASV tables are for vocabulary {self.vocab_size}, logits have {logits.shape[1]}")
+        dev = self.device
+        out = self._run.run(dict(guided_logits=logits.to(device=dev, dtype=torch.float32).contiguous(),
+                                 gasv_params=gasv_params(cfg or self.config).to(dev)))
+        return GASVOutput(out["gate"], out["p_raw"], out["p_soft"])
+
+
+class GraphVQ:
+    """The VQ decoder graph: token ids (B, h*w) -> images (B, 3, H, W) in about [-1, 1]."""
+
+    def __init__(self, manifest, runner: GraphRunner):
+        self.config = manifest.vq_config
+        self.grid = manifest.target_config.grid_size
+        self.runners = {Graph.VQ_DECODE: runner}
+        self._run = runner
+        self.device = runner.device
+
+    def close(self) -> None:
+        self._run.close()
+
+    def decode_code(self, indices, shape=None):
+        B, N = indices.shape
+        if N != self.grid * self.grid:
+            raise InputError(f"expected {self.grid * self.grid} tokens per image, got {N}")
+        check_tokens(indices, self.config.codebook_size)
+        return self._run.run(dict(image_tokens=_contig(indices, torch.int64, self.device)), ["images"])["images"]
+
+
+class Engines(NamedTuple):
+    """Every engine of one directory for one backend (None where the graph was not exported)."""
+
+    target: GraphTarget
+    drafter: Optional[GraphDrafter]
+    gasv: Optional[GraphGASV]
+    vq: Optional[GraphVQ]
+    manifest: object
+    backend: str = "?"
+
+    def close(self) -> None:
+        """Close every runner (sessions, contexts)."""
+        for e in (self.target, self.drafter, self.gasv, self.vq):
+            if e is not None:
+                e.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str] = None,
+                 drafter_hash: Optional[str] = None, tables_hash: Optional[str] = None, **options) -> Engines:
+    """Open every graph of an engine directory with one backend.
+
+    Args:
+        engine_dir: directory written by `export_bundle` (and `lisa-trt build` for "trt").
+        backend: a name from engines.base.backend_names() ("ort", "trt", "torch", registered ones).
+        target_hash / drafter_hash / tables_hash: refuse engines made for other artifacts.
+        **options: backend options (ORT: providers, threads, spin; TensorRT: device,
+            kv_binding, share_memory).
+    Returns:
+        Engines(target, drafter | None, gasv | None, vq | None, manifest, backend).
+    Raises:
+        ConfigError (unknown backend), ArtifactMismatchError / CheckpointError (read_manifest),
+        the backend's own errors when it cannot run here (e.g. TensorRTUnavailableError).
+    """
+    from ..export.manifest import read_manifest
+
+    factory = get_backend(backend)
+    man = read_manifest(engine_dir, target_hash=target_hash, drafter_hash=drafter_hash, tables_hash=tables_hash)
+    be = factory(man, **options)
+    be.check()
+    tcfg = man.target_config
+    dims = export_dims(tcfg, max_cache_len=man.max_cache_len, drafter_cfg=man.drafter_config, vq_cfg=man.vq_config)
+
+    def open_(*graphs):
+        return {g: be.open(g, graph_spec(g, n_layer=tcfg.n_layer, model_type=tcfg.model_type), dims)
+                for g in graphs}
+
+    drafter = gasv = vq = None
+    target = GraphTarget(man, open_(Graph.TARGET_PREFILL, Graph.TARGET_VERIFY))
+    if man.has(Graph.DRAFTER_STEP):
+        drafter = GraphDrafter(man, open_(Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP))
+    if man.has(Graph.GASV):
+        gasv = GraphGASV(man, open_(Graph.GASV)[Graph.GASV])
+    if man.has(Graph.VQ_DECODE):
+        vq = GraphVQ(man, open_(Graph.VQ_DECODE)[Graph.VQ_DECODE])
+    return Engines(target, drafter, gasv, vq, man, backend)
+
+
+__all__ = ["Engines", "GraphDrafter", "GraphGASV", "GraphTarget", "GraphVQ", "check_positions", "check_step",
+           "check_tokens", "load_engines"]

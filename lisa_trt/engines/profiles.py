@@ -1,0 +1,138 @@
+"""TensorRT optimisation profiles from the io spec, and the ONNX model TensorRT parses per graph.
+
+Shared by engines/build.py (building) and engines/trt_compat.py (the CPU compatibility check);
+both import from here, so neither imports the other's module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from ..errors import InputError
+from ..export.io_spec import Graph, export_dims, graph_spec, shape_ranges
+
+SEQ_SPLIT = 16  # the "step" profile covers S <= 16 (AR steps, drafter commits), "tree" the rest
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """One TensorRT optimisation profile: input name -> (min, opt, max) shapes."""
+
+    name: str
+    shapes: dict
+
+    def contains(self, shapes: dict) -> bool:
+        """True when every given input shape lies within [min, max] of this profile."""
+        for n, s in shapes.items():
+            mn, _, mx = self.shapes[n]
+            if len(s) != len(mn) or any(not a <= d <= b for a, d, b in zip(mn, s, mx)):
+                return False
+        return True
+
+    def max_volume(self) -> int:
+        v = 0
+        for _, _, mx in self.shapes.values():
+            n = 1
+            for d in mx:
+                n *= d
+            v += n
+        return v
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "shapes": {n: [list(s) for s in v] for n, v in self.shapes.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ProfileSpec":
+        return cls(d["name"], {n: tuple(tuple(int(x) for x in s) for s in v) for n, v in d["shapes"].items()})
+
+
+def _axis_ranges(graph: Graph, *, max_batch: int, max_tree: int, cfg: bool, seq_split: int) -> list:
+    """[(profile name, {axis: (min, opt, max)})] for the dynamic axes of one graph."""
+    gb = max_batch * (2 if cfg else 1)  # graph batch: CFG runs [cond; uncond]
+    batch = (1, min(2 if cfg else 1, gb), gb)
+    if graph is Graph.VQ_DECODE:
+        return [("images", {"batch": (1, 1, max_batch)})]
+    if graph is Graph.TARGET_PREFILL:
+        return [("prefill", {"batch": batch})]
+    if graph is Graph.GASV:  # rows = real prompts x tree nodes (after CFG combine)
+        return [("nodes", {"nodes": (1, max_tree, max_batch * max_tree)})]
+    if max_tree <= seq_split:
+        return [("tree", {"batch": batch, "seq": (1, max_tree, max_tree)})]
+    return [("step", {"batch": batch, "seq": (1, 1, seq_split)}),
+            ("tree", {"batch": batch, "seq": (1, max_tree, max_tree)})]
+
+
+def profiles_from_io_spec(manifest, *, max_batch: int = 1, max_tree: Optional[int] = None, cfg: bool = True,
+                          seq_split: int = SEQ_SPLIT, graphs: Optional[list] = None) -> dict:
+    """Optimisation profiles of every graph, derived from the io spec's dynamic axes.
+
+    Static axes come from the export (io_spec.export_dims); the dynamic ones are:
+      batch  1 .. max_batch x 2 (CFG batch), opt 2 (one prompt with CFG); VQ decode 1 .. max_batch;
+      seq    target_verify / drafter graphs: a "step" profile S in 1..seq_split (opt 1: AR steps,
+             drafter commits) and a "tree" profile S in 1..max_tree (opt max_tree: tree verification);
+      nodes  GASV rows 1 .. max_batch x max_tree.
+
+    Args:
+        manifest: a Manifest (export.manifest.read_manifest).
+        max_batch: prompts per call (real batch, before CFG doubling).
+        max_tree: tree-token budget; default and upper bound the export's max_tree (the static
+            cache has exactly that many scratch slots).
+        cfg: include the CFG doubling of the batch.
+        seq_split: largest S of the "step" profile.
+        graphs: graph names (default: every graph of the manifest).
+    Returns:
+        {graph name: [ProfileSpec, ...]} with one entry per graph input in every profile.
+    """
+    if max_batch < 1:
+        raise InputError(f"max_batch must be >= 1, got {max_batch}")
+    max_tree = manifest.max_tree if max_tree is None else int(max_tree)
+    if not 1 <= max_tree <= manifest.max_tree:
+        raise InputError(f"max_tree {max_tree} is outside 1..{manifest.max_tree}: the exported cache holds "
+                         f"{manifest.max_tree} tree slots; re-export with `lisa-trt export --max-tree N` for more")
+    tcfg = manifest.target_config
+    dims = export_dims(tcfg, max_cache_len=manifest.max_cache_len, drafter_cfg=manifest.drafter_config,
+                       vq_cfg=manifest.vq_config)
+    out = {}
+    for name in graphs or sorted(manifest.graphs):
+        graph = Graph(name)
+        spec = graph_spec(graph, n_layer=tcfg.n_layer, model_type=tcfg.model_type)
+        profs = []
+        for pname, ranges in _axis_ranges(graph, max_batch=max_batch, max_tree=max_tree, cfg=cfg,
+                                          seq_split=seq_split):
+            try:
+                shapes = shape_ranges(spec, dims, ranges)
+            except KeyError as e:
+                raise InputError(f"{name}: axis {e} has no size in the export (io_spec.export_dims)") from e
+            profs.append(ProfileSpec(pname, shapes))
+        out[name] = profs
+    return out
+
+
+# ----------------------------------------------------------------------------- graph files
+
+def trt_onnx_path(manifest, graph: Graph) -> Path:
+    """The ONNX file TensorRT builds for a graph: gasv.trt.onnx for GASV, the export otherwise."""
+    from .plugins.graph_rewrite import trt_variant_path
+
+    path = manifest.graph_path(graph)
+    return trt_variant_path(path) if graph is Graph.GASV else path
+
+
+def trt_graph_model(manifest, graph: Graph, *, tables=None):
+    """(onnx.ModelProto, path) of what TensorRT would parse for `graph` (no external weights).
+
+    For GASV: the written gasv.trt.onnx when it exists, else the plugin rewrite made in memory.
+    """
+    import onnx
+
+    from .plugins.graph_rewrite import rewrite_gasv
+
+    path = trt_onnx_path(manifest, graph)
+    if graph is Graph.GASV and not path.is_file():
+        return rewrite_gasv(manifest.graph_path(graph), tables=tables), path
+    return onnx.load(str(path), load_external_data=False), path
+
+
+__all__ = ["SEQ_SPLIT", "ProfileSpec", "profiles_from_io_spec", "trt_graph_model", "trt_onnx_path"]

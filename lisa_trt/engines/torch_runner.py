@@ -1,0 +1,119 @@
+"""The torch backend: the export wrappers (export/onnx.py's *Graph modules) run eagerly.
+
+Each runner calls the same `compute(named inputs) -> named outputs` the ONNX exporter traces,
+over the PyTorch weights an engine directory carries (`weights/`, written by `lisa-trt export`).
+It is the reference a new backend is compared with, and the backend to debug a graph-level
+problem in plain PyTorch (breakpoints, hooks). Caches are updated in place exactly as in the
+exported graphs (the models scatter into the bound `past_key_values.*` buffers).
+
+    engines = load_engines("engines/demo", "torch")
+
+Options: device (default "cpu"). fp16 bundles run the models in half precision.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import ArtifactMismatchError, InputError
+from ..export.io_spec import Graph
+from .base import Backend, GraphRunner, register_backend
+
+
+class TorchRunner(GraphRunner):
+    """One export wrapper module run eagerly (no_grad); results land in the given outputs."""
+
+    def __init__(self, module, spec, dims, precision, device):
+        super().__init__(spec, dims, precision, device)
+        self.module = module
+
+    def _execute(self, inputs: dict, outputs: dict) -> None:
+        with torch.no_grad():
+            res = self.module.compute(dict(inputs))
+        for name, dst in outputs.items():
+            src = res[name]
+            if src.data_ptr() != dst.data_ptr():  # present.* caches were updated in place already
+                dst.copy_(src.reshape(dst.shape))
+
+    def _close(self) -> None:
+        self.module = None
+
+
+class TorchBackend(Backend):
+    """Loads the bundle's PyTorch weights once; opens one export wrapper per graph."""
+
+    name = "torch"
+
+    def __init__(self, manifest, *, device="cpu"):
+        super().__init__(manifest)
+        self._device = torch.device(device)
+        self._models: dict = {}
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def check(self) -> None:
+        if "target_weights" not in (self.manifest.files or {}):
+            raise InputError(f"{self.manifest.dir} carries no PyTorch weights (weights/); use another backend, or "
+                             "re-export with `lisa-trt export` (which bundles them)")
+
+    def _file(self, key: str) -> Path:
+        return Path(self.manifest.dir) / self.manifest.files[key]
+
+    def _prepare(self, m):
+        m = m.to(self._device).eval()
+        return m.half() if self.manifest.precision == "fp16" else m
+
+    def _model(self, what: str):
+        if what in self._models:
+            return self._models[what]
+        from ..models.family import family_of
+
+        man = self.manifest
+        if what == "target":
+            from ..models.checkpoints import target_hash
+
+            m = family_of(man.target_config).load_target(self._file("target_weights"))
+            if target_hash(m) != man.target_hash:
+                raise ArtifactMismatchError(f"{self._file('target_weights')} does not match the manifest's target "
+                                            f"({target_hash(m)} vs {man.target_hash}); re-export the bundle")
+            m = self._prepare(m)
+        elif what == "drafter":
+            from ..models.drafter import load_drafter
+
+            m = self._prepare(load_drafter(self._file("drafter_weights"), self._model("target")))
+        elif what == "vq":
+            m = family_of(man.target_config).load_decoder(self._file("vq_weights")).to(self._device).eval()
+        else:  # tables, bound to the target head
+            from ..calibration.tables import load_tables
+
+            m = load_tables(self._file("tables"), self._model("target").output.weight.float())
+        self._models[what] = m
+        return m
+
+    def open(self, graph, spec, dims):
+        from ..export import onnx as X
+
+        if graph is Graph.TARGET_PREFILL:
+            module = X.TargetPrefillGraph(self._model("target"), self.manifest.max_cache_len)
+        elif graph is Graph.TARGET_VERIFY:
+            module = X.TargetVerifyGraph(self._model("target"))
+        elif graph is Graph.DRAFTER_PROJECT:
+            module = X.DrafterProjectGraph(self._model("drafter"))
+        elif graph is Graph.DRAFTER_STEP:
+            module = X.DrafterStepGraph(self._model("drafter"))
+        elif graph is Graph.GASV:
+            module = X.GASVGraph(self._model("tables")).to(self._device)
+        elif graph is Graph.VQ_DECODE:
+            module = X.VQDecodeGraph(self._model("vq"), self.manifest.target_config.grid_size)
+        else:
+            raise InputError(f"the torch backend has no wrapper for {graph.value}")
+        return TorchRunner(module, spec, dims, self.manifest.precision, self._device)
+
+
+register_backend("torch", TorchBackend)
+
+__all__ = ["TorchBackend", "TorchRunner"]

@@ -1,0 +1,96 @@
+"""The LlamaGen family (models/family.py seam): c2i class conditions and t2i T5 captions."""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import InputError
+from .family import ModelFamily, register_family
+
+
+class LlamaGenFamily(ModelFamily):
+    """LlamaGen: c2i (one class token, id num_classes = unconditional) and t2i (T5 captions)."""
+
+    name = "llamagen"
+    model_types = ("c2i", "t2i")
+
+    def check_cond(self, cfg, cond) -> int:
+        if cfg.model_type == "c2i":
+            if not torch.is_tensor(cond) or cond.dim() != 1 or cond.dtype not in (torch.long, torch.int32, torch.int64):
+                raise InputError("c2i condition must be a 1-D LongTensor of class ids (B,)")
+            bad = cond[(cond < 0) | (cond > cfg.num_classes)]
+            if bad.numel():
+                raise InputError(f"unknown class id {int(bad[0])}: valid ids are 0..{cfg.num_classes - 1} "
+                                 f"(and {cfg.num_classes} = unconditional)")
+            return cond.shape[0]
+        if not (isinstance(cond, (tuple, list)) and len(cond) == 2):
+            raise InputError("t2i condition must be a tuple (caption_features (B, 120, C), caption_mask (B, 120))")
+        feats, mask = cond
+        want = (cfg.cls_token_num, cfg.caption_dim)
+        if feats.dim() != 3 or tuple(feats.shape[1:]) != want:
+            raise InputError(f"caption features have shape {tuple(feats.shape)}; expected (B, {want[0]}, {want[1]}) "
+                             "as the T5 encoder returns them")
+        if tuple(mask.shape) != tuple(feats.shape[:2]):
+            raise InputError(f"caption mask shape {tuple(mask.shape)} does not match features {tuple(feats.shape[:2])}")
+        if not torch.isfinite(feats).all():
+            raise InputError("caption features contain NaN or Inf")
+        return feats.shape[0]
+
+    def null_cond(self, cfg, cond, uncond_embedding=None):
+        if cfg.model_type == "c2i":
+            return torch.full_like(cond, cfg.num_classes)
+        # LlamaGen feeds uncond_embedding unrotated in all 120 slots, with the cond's mask.
+        # `_left_pad` rotates features by n_valid, so pre-rotate the other way: after padding,
+        # slot j holds uncond_embedding[j] exactly as in the official loop.
+        feats, mask = cond
+        T = feats.shape[1]
+        n_valid = mask.to(torch.bool).sum(1)
+        src = (torch.arange(T, device=feats.device)[None, :] - n_valid[:, None]) % T
+        return uncond_embedding.to(feats.dtype)[src], mask
+
+    def class_conditioned(self, cfg_or_type) -> bool:
+        return getattr(cfg_or_type, "model_type", cfg_or_type) == "c2i"
+
+    def condition_tensors(self, target) -> dict:
+        u = getattr(target.cls_embedding, "uncond_embedding", None)  # t2i: the null caption
+        return {} if u is None else {"uncond_embedding": u.detach().float()}
+
+    def cond_specs(self, cfg_or_type) -> tuple:
+        model_type = getattr(cfg_or_type, "model_type", cfg_or_type)
+        if model_type == "c2i":
+            return (("class_ids", "int64", ("batch",), "class id per row (num_classes = unconditional)"),)
+        if model_type == "t2i":
+            return (("caption_features", "act", ("batch", "prefix", "caption_dim"), "T5 features, valid tokens first"),
+                    ("caption_mask", "bool", ("batch", "prefix"), "True for valid caption tokens (a prefix of each row)"))
+        raise ValueError(f"model_type must be 'c2i' or 't2i', got {model_type!r}")
+
+    def cond_inputs(self, cfg, cond, device, act_dtype) -> dict:
+        if cfg.model_type == "c2i":
+            return dict(class_ids=cond.to(device=device, dtype=torch.int64).contiguous())
+        return dict(caption_features=cond[0].to(device=device, dtype=act_dtype).contiguous(),
+                    caption_mask=cond[1].to(device=device, dtype=torch.bool).contiguous())
+
+    def cond_from_inputs(self, cfg, inputs: dict):
+        return inputs["class_ids"] if cfg.model_type == "c2i" else (inputs["caption_features"], inputs["caption_mask"])
+
+    def example_cond(self, cfg, batch: int, generator=None):
+        if cfg.model_type == "c2i":
+            return torch.randint(0, cfg.num_classes + 1, (batch,), generator=generator)
+        feats = torch.randn(batch, cfg.cls_token_num, cfg.caption_dim, generator=generator)
+        n = torch.randint(1, cfg.cls_token_num + 1, (batch,), generator=generator)
+        return feats, torch.arange(cfg.cls_token_num)[None, :] < n[:, None]
+
+    def load_target(self, path, config=None):
+        from .checkpoints import load_target
+
+        return load_target(path, config)
+
+    def load_decoder(self, path, config=None):
+        from .checkpoints import load_vq
+
+        return load_vq(path, config)
+
+
+register_family(LlamaGenFamily())
+
+__all__ = ["LlamaGenFamily"]

@@ -1,0 +1,248 @@
+"""The one registry of decoding methods, and the speculation settings they read.
+
+Every place that lists methods (the decode loop, Pipeline, `lisa-trt bench`, the CLI's
+`--verify` / `--methods` and their options) reads `METHODS` here. A method is:
+
+- `kind`: "tree" (drafter + EAGLE-2 tree + one verification rule), "ar" (the vanilla
+  autoregressive loop) or "sjd" (speculative Jacobi decoding, no drafter);
+- `needs_drafter` / `needs_tables`: the artifacts it requires;
+- `rule`: for tree methods, `rule(logits (B, N, V), tree, ctx) -> VerifyResult` where ctx is a
+  `RuleContext` (spec, greedy flag, generator, tables, GASV engine); the rule picks its greedy
+  variant itself from `ctx.greedy`;
+- `greedy_sampling`: the method forces greedy sampling (the "greedy" method is the exact rule
+  with argmax sampling everywhere: one definition, used by decode, Pipeline and bench);
+- `options`: the CLI options it reads (`MethodOption`: flag, SpecConfig field path, type, help).
+
+Adding a verification rule: write the rule function, `register_method(Method(...))`. Nothing
+else changes (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from ..errors import InputError, unknown_name
+from . import verify as V
+
+
+# ----------------------------------------------------------------------------- settings
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """EAGLE-2 dynamic tree budget (defaults follow EAGLE-2 / LANTERN: K 10, depth 4-6, 60 nodes)."""
+
+    top_k: int = 10
+    depth: int = 5
+    total_tokens: int = 60
+
+
+@dataclass(frozen=True)
+class LanternConfig:
+    """LANTERN relaxation: k latent neighbours, total-variation budget delta, residual mode."""
+
+    k: int = 1000
+    delta: float = 0.1
+    residual: str = "clean"
+
+
+@dataclass(frozen=True)
+class GASVRuleConfig:
+    """Per-run overrides of the calibrated GASV constants (None: the tables' value)."""
+
+    kappa: Optional[float] = None
+    lam: Optional[float] = None
+    support_k: Optional[int] = None  # top-K support path (see gasv.gasv_gate)
+
+
+# flat (CLI / legacy keyword) name -> (sub-config, field)
+FLAT_FIELDS = {"top_k": ("tree", "top_k"), "depth": ("tree", "depth"), "total_tokens": ("tree", "total_tokens"),
+               "lantern_k": ("lantern", "k"), "lantern_delta": ("lantern", "delta"),
+               "lantern_residual": ("lantern", "residual"), "gasv_kappa": ("gasv", "kappa"),
+               "gasv_lambda": ("gasv", "lam"), "gasv_support_k": ("gasv", "support_k")}
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculation settings: the method plus the parameters of the tree and of each rule.
+
+    `lisa-trt` picks per-backend tree budgets from the measured cost curve (bench/).
+    Build from flat keywords with `SpecConfig.make(method, top_k=..., lantern_delta=...)`.
+    """
+
+    method: str = "gasv"
+    tree: TreeConfig = field(default_factory=TreeConfig)
+    lantern: LanternConfig = field(default_factory=LanternConfig)
+    gasv: GASVRuleConfig = field(default_factory=GASVRuleConfig)
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise InputError(f"unknown verification method {self.method!r}; valid: {', '.join(METHODS)}")
+
+    @classmethod
+    def make(cls, method: str = "gasv", **flat) -> "SpecConfig":
+        """From flat names (FLAT_FIELDS: top_k, depth, lantern_delta, gasv_kappa ...); None = default."""
+        return cls(method=method).replace(**flat)
+
+    def replace(self, **flat) -> "SpecConfig":
+        """A copy with flat-named fields changed (None values are ignored)."""
+        subs = {}
+        for name, value in flat.items():
+            if name == "method":
+                continue
+            if name not in FLAT_FIELDS:
+                raise InputError(f"unknown speculation setting {name!r}; valid: {', '.join(FLAT_FIELDS)}")
+            if value is None:
+                continue
+            sub, f = FLAT_FIELDS[name]
+            subs.setdefault(sub, {})[f] = value
+        new = {k: dataclasses.replace(getattr(self, k), **v) for k, v in subs.items()}
+        if flat.get("method") is not None:
+            new["method"] = flat["method"]
+        return dataclasses.replace(self, **new)
+
+    def flat(self) -> dict:
+        """{flat name: value} (bench reports, CLI defaults)."""
+        return {n: getattr(getattr(self, s), f) for n, (s, f) in FLAT_FIELDS.items()}
+
+
+# ----------------------------------------------------------------------------- rules
+
+@dataclass
+class RuleContext:
+    """What a verification rule may read besides the logits and the tree."""
+
+    spec: SpecConfig
+    greedy: bool
+    generator: Optional[torch.Generator]
+    tables: object = None
+    gasv: object = None
+
+    def require_tables(self, what: str):
+        if self.tables is None:
+            raise InputError(f"{what} verification needs calibration tables: pass --tables "
+                             "(make them with `lisa-trt calibrate`)")
+        return self.tables
+
+
+def exact_rule(logits, tree, ctx: RuleContext):
+    """Exact speculative sampling (lossless); argmax of the logits themselves when greedy."""
+    if ctx.greedy:  # the same argmax as the reference loop (softmax can tie)
+        return V.verify_greedy(logits, tree)
+    return V.verify_exact(torch.softmax(logits, -1), tree, ctx.generator)
+
+
+def lantern_rule(logits, tree, ctx: RuleContext):
+    """LANTERN: relaxed acceptance over latent neighbours (tables' lantern_neighbors)."""
+    s = ctx.spec.lantern
+    p = torch.softmax(logits, -1)
+    nb = ctx.require_tables("LANTERN").lantern_neighbors
+    k = min(s.k, nb.shape[1])
+    if ctx.greedy:
+        return V.verify_lantern_greedy(p, tree, nb, k=k, delta=s.delta)
+    return V.verify_lantern(p, tree, ctx.generator, nb, k=k, delta=s.delta, residual=s.residual)
+
+
+def gasv_rule(logits, tree, ctx: RuleContext):
+    """LISA's GASV: gated soft target (the GASV engine when given, else the torch reference)."""
+    from .gasv import gasv_gate
+
+    B, N, Vv = logits.shape
+    g = ctx.spec.gasv
+    cfg = ctx.gasv.config if ctx.gasv is not None else ctx.require_tables("GASV").config
+    over = {k: v for k, v in (("kappa", g.kappa), ("lam", g.lam)) if v is not None}
+    if over:
+        cfg = dataclasses.replace(cfg, **over)
+    if ctx.gasv is not None:
+        out = ctx.gasv(logits.reshape(B * N, Vv), cfg)
+    else:
+        out = gasv_gate(logits.reshape(B * N, Vv), ctx.tables, cfg, support_k=g.support_k)
+    p_raw, p_soft = out.p_raw.reshape(B, N, Vv), out.p_soft.reshape(B, N, Vv)
+    if ctx.greedy:
+        return V.verify_soft_greedy(p_raw, p_soft, out.gate.reshape(B, N, Vv), tree)
+    return V.verify_soft(p_raw, p_soft, tree, ctx.generator)
+
+
+# ----------------------------------------------------------------------------- registry
+
+@dataclass(frozen=True)
+class MethodOption:
+    """A CLI option a method reads: `--flag` sets SpecConfig flat field `name`."""
+
+    flag: str
+    name: str
+    type: type
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class Method:
+    """One decoding method (see the module docstring)."""
+
+    name: str
+    kind: str  # "tree" | "ar" | "sjd"
+    doc: str
+    needs_drafter: bool = False
+    needs_tables: bool = False
+    rule: Optional[Callable] = None
+    greedy_sampling: bool = False
+    options: tuple = ()
+
+    def __post_init__(self):
+        if self.kind not in ("tree", "ar", "sjd"):
+            raise ValueError(f"method kind must be tree, ar or sjd, got {self.kind!r}")
+        if (self.kind == "tree") != (self.rule is not None):
+            raise ValueError(f"method {self.name}: tree methods (only) need a rule")
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register_method(method: Method) -> Method:
+    """Add (or replace) a method; it is then valid for decode, Pipeline, bench and the CLI."""
+    METHODS[method.name] = method
+    return method
+
+
+def get_method(name: str) -> Method:
+    m = METHODS.get(name)
+    if m is None:
+        raise unknown_name("method", name, METHODS)
+    return m
+
+
+def method_names(kind: Optional[str] = None) -> list:
+    """Registered names (in registration order), optionally of one kind."""
+    return [n for n, m in METHODS.items() if kind is None or m.kind == kind]
+
+
+def cli_options() -> list:
+    """Every MethodOption of the registered methods (each flag once)."""
+    seen, out = set(), []
+    for m in METHODS.values():
+        for o in m.options:
+            if o.flag not in seen:
+                seen.add(o.flag)
+                out.append(o)
+    return out
+
+
+register_method(Method("vanilla", "ar", "the autoregressive reference loop (one target forward per token)"))
+register_method(Method("greedy", "tree", "exact verification with argmax sampling everywhere", needs_drafter=True,
+                       rule=exact_rule, greedy_sampling=True))
+register_method(Method("exact", "tree", "exact speculative sampling (lossless)", needs_drafter=True, rule=exact_rule))
+register_method(Method("lantern", "tree", "LANTERN relaxed acceptance", needs_drafter=True, needs_tables=True,
+                       rule=lantern_rule,
+                       options=(MethodOption("--lantern-delta", "lantern_delta", float, "LANTERN TV budget delta."),)))
+register_method(Method("gasv", "tree", "LISA: GASV gated soft verification", needs_drafter=True, needs_tables=True,
+                       rule=gasv_rule,
+                       options=(MethodOption("--gasv-kappa", "gasv_kappa", float, "Override the tables' kappa."),
+                                MethodOption("--gasv-lambda", "gasv_lambda", float, "Override the tables' lambda."))))
+register_method(Method("sjd", "sjd", "speculative Jacobi decoding (no drafter)"))
+
+__all__ = ["FLAT_FIELDS", "GASVRuleConfig", "LanternConfig", "METHODS", "Method", "MethodOption", "RuleContext",
+           "SpecConfig", "TreeConfig", "cli_options", "exact_rule", "gasv_rule", "get_method", "lantern_rule",
+           "method_names", "register_method"]

@@ -1,0 +1,127 @@
+"""The backend seam: a toy backend in this one file runs the decode loop through load_engines, and
+every backend (ort, torch graph wrappers, the toy) gives the eager models' tokens."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
+from export_artifacts import make_artifacts  # noqa: E402
+
+from lisa_trt.config import SamplingConfig  # noqa: E402
+from lisa_trt.engines.base import Backend, GraphRunner, backend_names, get_backend, register_backend  # noqa: E402
+from lisa_trt.engines.graph import load_engines  # noqa: E402
+from lisa_trt.errors import ConfigError  # noqa: E402
+from lisa_trt.export.io_spec import Graph  # noqa: E402
+from lisa_trt.speculative.methods import SpecConfig  # noqa: E402
+from lisa_trt.speculative.run import run_method  # noqa: E402
+
+
+class ToyRunner(GraphRunner):
+    """Runs one export wrapper module eagerly and counts its calls (a backend in ~15 lines)."""
+
+    calls: dict = {}
+
+    def __init__(self, module, spec, dims, precision):
+        super().__init__(spec, dims, precision, "cpu")
+        self.module = module
+
+    def _execute(self, inputs, outputs):
+        ToyRunner.calls[self.name] = ToyRunner.calls.get(self.name, 0) + 1
+        with torch.no_grad():
+            res = self.module.compute(dict(inputs))
+        for n, dst in outputs.items():
+            if res[n].data_ptr() != dst.data_ptr():
+                dst.copy_(res[n])
+
+
+class ToyBackend(Backend):
+    name = "toy"
+    models: dict = {}
+
+    def open(self, graph, spec, dims):
+        from lisa_trt.export import onnx as X
+
+        a = ToyBackend.models
+        module = {Graph.TARGET_PREFILL: lambda: X.TargetPrefillGraph(a["target"], self.manifest.max_cache_len),
+                  Graph.TARGET_VERIFY: lambda: X.TargetVerifyGraph(a["target"]),
+                  Graph.DRAFTER_PROJECT: lambda: X.DrafterProjectGraph(a["drafter"]),
+                  Graph.DRAFTER_STEP: lambda: X.DrafterStepGraph(a["drafter"]),
+                  Graph.GASV: lambda: X.GASVGraph(a["tables"]),
+                  Graph.VQ_DECODE: lambda: X.VQDecodeGraph(a["vq"], self.manifest.target_config.grid_size)}[graph]()
+        return ToyRunner(module, spec, dims, self.manifest.precision)
+
+
+@pytest.fixture(scope="module")
+def artifacts():
+    return make_artifacts()
+
+
+@pytest.fixture(scope="module")
+def bundle(artifacts, tmp_path_factory):
+    from lisa_trt.runtime.bundle import export_full_bundle
+
+    a = artifacts
+    out = tmp_path_factory.mktemp("seam") / "eng"
+    export_full_bundle(a["target"], a["drafter"], a["tables"], a["vq"], out, max_tree=16, progress=False,
+                       lint=False, validate=False)
+    return out
+
+
+def _decode(engines_or_models, method, cond, tables):
+    t, d, gasv = engines_or_models
+    s = SamplingConfig(cfg_scale=2.0, temperature=1.0)
+    spec = SpecConfig.make(method, top_k=3, depth=3, total_tokens=10)
+    toks, st = run_method(method, t, d, tables, cond, sampling=s, spec=spec, seed=7, gasv=gasv)
+    return toks.cpu(), st
+
+
+def test_a_toy_backend_registered_in_a_test_runs_the_decode_loop(bundle, artifacts):
+    ToyBackend.models = artifacts
+    register_backend("toy", ToyBackend)
+    assert "toy" in backend_names() and get_backend("toy") is ToyBackend
+    ToyRunner.calls.clear()
+    with load_engines(bundle, "toy") as eng:
+        assert eng.backend == "toy"
+        cond = torch.tensor([2, 5])
+        a = artifacts
+        for method in ("exact", "gasv"):
+            got, _ = _decode((eng.target, eng.drafter, eng.gasv if method == "gasv" else None), method, cond,
+                             a["tables"])
+            want, _ = _decode((a["target"], a["drafter"], None), method, cond, a["tables"])
+            assert torch.equal(got, want), method
+        img = eng.vq.decode_code(got)
+        assert img.shape[:2] == (2, 3) and img.dtype == torch.float32
+    assert ToyRunner.calls["target_verify"] > 1 and ToyRunner.calls["drafter_step"] > 1 and ToyRunner.calls["gasv"] >= 1
+    assert eng.target._verify.closed and eng.vq._run.closed
+
+
+def test_unknown_backend_lists_the_valid_names(bundle):
+    with pytest.raises(ConfigError, match="unknown backend 'nope'.*ort.*torch.*trt"):
+        load_engines(bundle, "nope")
+
+
+@pytest.mark.parametrize("method", ["vanilla", "greedy", "exact", "lantern", "gasv", "sjd"])
+def test_every_method_gives_the_eager_tokens_on_every_graph_backend(bundle, artifacts, method):
+    """Token identity pinned for each method on ORT and on the torch graph runner."""
+    a = artifacts
+    cond = torch.tensor([1, 4])
+    want, _ = _decode((a["target"], a["drafter"], None), method, cond, a["tables"])
+    for backend, opts in (("ort", dict(threads=1)), ("torch", {})):
+        with load_engines(bundle, backend, **opts) as eng:
+            got, st = _decode((eng.target, eng.drafter, eng.gasv), method, cond, a["tables"])
+        assert torch.equal(got, want), (backend, method)
+        assert st.mal >= 1.0
+
+
+def test_torch_backend_needs_the_bundled_weights(artifacts, tmp_path):
+    from lisa_trt.errors import InputError
+    from lisa_trt.export.onnx import export_bundle
+
+    a = artifacts
+    export_bundle(a["target"], None, None, None, tmp_path / "e", max_tree=8, lint=False, progress=False,
+                  validate=False)
+    with pytest.raises(InputError, match="no PyTorch weights"):
+        load_engines(tmp_path / "e", "torch")

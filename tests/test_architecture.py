@@ -1,0 +1,145 @@
+"""The import floors of docs/architecture.md, proven by parsing every import (lazy ones included).
+
+    python -m pytest -q tests/test_architecture.py     # or: python tests/test_architecture.py
+
+Floors, top to bottom (a module may import its own floor and any floor below, never above):
+    cli -> runtime -> engines -> export / speculative / calibration / train -> models -> core
+and no two modules import each other, directly or through others (no import circles).
+"""
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "lisa_trt"
+
+# first package component (or top-level module) -> floor
+FLOORS = {
+    "cli": 6,
+    "runtime": 5, "bench": 5, "serve": 5, "server": 5,
+    "engines": 4,
+    "export": 3, "speculative": 3, "calibration": 3, "train": 3, "artifacts": 3, "demo": 3, "testing": 3,
+    "quantization": 3,
+    "models": 2,
+    "config": 1, "errors": 1, "io": 1, "progress": 1, "imaging": 1, "timing": 1, "_version": 1,
+}
+PUBLIC_API = "lisa_trt"  # the package __init__: the facade, above everything (imports Pipeline)
+
+
+def modules() -> dict:
+    out = {}
+    for p in ROOT.rglob("*.py"):
+        parts = ["lisa_trt", *p.relative_to(ROOT).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def import_edges(mods: dict) -> dict:
+    """{module: {imported lisa_trt module}} over every import statement, at any depth."""
+    edges = {m: set() for m in mods}
+    for m, p in mods.items():
+        pkg = m if p.name == "__init__.py" else m.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in mods]
+                names = subs if len(subs) == len(node.names) else [target, *subs]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for n in names:
+                if n in mods and n != m:
+                    edges[m].add(n)
+    return edges
+
+
+def floor(module: str):
+    parts = module.split(".")
+    if len(parts) == 1:
+        return 7  # the public facade
+    return FLOORS.get(parts[1])
+
+
+def upward_imports(edges: dict) -> list:
+    bad = []
+    for m, targets in edges.items():
+        for t in targets:
+            if floor(t) > floor(m):
+                bad.append(f"{m} (floor {floor(m)}) imports {t} (floor {floor(t)})")
+    return sorted(bad)
+
+
+def cycles(edges: dict) -> list:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(edges[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    x = stack.pop()
+                    on.discard(x)
+                    comp.append(x)
+                    if x == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_every_module_has_a_floor():
+    missing = sorted(m for m in modules() if floor(m) is None)
+    assert not missing, f"add these to FLOORS (docs/architecture.md): {missing}"
+
+
+def test_no_import_runs_up_a_floor():
+    bad = upward_imports(import_edges(modules()))
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_circles():
+    found = cycles(import_edges(modules()))
+    assert not found, found
+
+
+def test_the_checker_sees_violations():
+    """The two checks can fail: a made-up upward edge and a made-up circle are reported."""
+    edges = {"lisa_trt.models.x": {"lisa_trt.engines.y"}, "lisa_trt.engines.y": {"lisa_trt.models.x"}}
+    assert upward_imports(edges) == ["lisa_trt.models.x (floor 2) imports lisa_trt.engines.y (floor 4)"]
+    assert cycles(edges) == [["lisa_trt.engines.y", "lisa_trt.models.x"]]
+
+
+if __name__ == "__main__":
+    e = import_edges(modules())
+    problems = upward_imports(e) + [" <-> ".join(c) for c in cycles(e)]
+    print("\n".join(problems) or "import floors OK, no circles")
+    sys.exit(1 if problems else 0)
