@@ -38,16 +38,36 @@ def main():
 
 # ----------------------------------------------------------------------------- shared options
 
+def _model_type_choice():
+    from .models.family import model_types
+
+    return click.Choice(model_types())
+
+
+def config_options(config_help: str, required: bool = False):
+    """--config / --image-size / --model-type: the official-config group shared by every command."""
+
+    def deco(fn):
+        fn = click.option("--config", "config", required=required, default=None, help=config_help)(fn)
+        fn = click.option("--image-size", type=int, default=256, show_default=True,
+                          help="Image size for official configs (256/384/512).")(fn)
+        fn = click.option("--model-type", type=_model_type_choice(), default=None,
+                          help="Model family type for official configs (models/family.py; default c2i).")(fn)
+        return fn
+
+    return deco
+
+
 def model_options(fn):
     fn = click.option("--model", "model", required=True,
-                      help="Target checkpoint (.pt official / .safetensors) or 'demo'.")(fn)
-    fn = click.option("--config", "config", default=None,
-                      help="Target config name (GPT-B ... GPT-7B); default: the file's metadata.")(fn)
-    fn = click.option("--image-size", type=int, default=256, show_default=True,
-                      help="Image size for official configs (256/384/512).")(fn)
-    fn = click.option("--model-type", type=click.Choice(["c2i", "t2i"]), default=None,
-                      help="c2i or t2i for official configs (default c2i).")(fn)
-    return fn
+                      help="Target checkpoint (.pt official / .safetensors) or a bundled set such as 'demo'.")(fn)
+    return config_options("Target config name (GPT-B ... GPT-7B); default: the file's metadata.")(fn)
+
+
+def _backend_choice(*extra):
+    from .engines.base import backend_names
+
+    return click.Choice([*extra, *backend_names()])
 
 
 def sampling_options(fn):
@@ -62,6 +82,17 @@ def sampling_options(fn):
     fn = click.option("--greedy", is_flag=True, help="Argmax of the guided logits.")(fn)
     fn = click.option("--seed", type=int, default=0, show_default=True)(fn)
     return fn
+
+
+def _defaults(what: str):
+    """Default instances of the dataclasses that hold CLI defaults (one source of truth)."""
+    if what == "lantern":
+        from .speculative.methods import LanternConfig
+
+        return LanternConfig()
+    from .speculative.gasv import GASVConfig
+
+    return GASVConfig()
 
 
 def _method_choice(kind=None):
@@ -164,61 +195,12 @@ def resolve_sampling(model, **given):
     return dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None and v is not False})
 
 
-def parse_classes(text: str, num_classes: int, names=None) -> list[int]:
-    """'1,2,golden_retriever' -> ids; unknown ids/names are errors listing what is allowed."""
-    from .errors import InputError
-
-    ids = []
-    for tok in [t.strip() for t in text.split(",") if t.strip()]:
-        if tok.lstrip("-").isdigit():
-            i = int(tok)
-        elif names and tok in names:
-            i = names.index(tok)
-        else:
-            allowed = f"0..{num_classes - 1}" + (f" or one of {', '.join(names)}" if names else "")
-            raise InputError(f"unknown class {tok!r}; use ids {allowed}")
-        if not 0 <= i < num_classes:
-            raise InputError(f"unknown class id {i}; valid ids are 0..{num_classes - 1}")
-        ids.append(i)
-    if not ids:
-        raise InputError("no classes given; pass e.g. --classes 0,1,2")
-    return ids
-
-
-def load_caption_file(path, caption_dim: int):
-    """A .safetensors/.npy file of T5 features (+ mask) -> (features, mask) tensors."""
-    import numpy as np
-    import torch
-
-    from .errors import InputError
-    from .io import load_safetensors
-
-    p = Path(path)
-    if p.suffix == ".safetensors":
-        t, _ = load_safetensors(p)
-        if "caption_features" not in t:
-            raise InputError(f"{p} must hold 'caption_features' (B, 120, {caption_dim}) and 'caption_mask' (B, 120)")
-        feats = t["caption_features"].float()
-        mask = t.get("caption_mask", torch.ones(feats.shape[:2]))
-    elif p.suffix == ".npy":
-        feats = torch.from_numpy(np.load(p)).float()
-        mask_path = p.with_name(p.stem + "_mask.npy")
-        mask = torch.from_numpy(np.load(mask_path)) if mask_path.exists() else torch.ones(feats.shape[:2])
-    else:
-        raise InputError(f"caption features must be .safetensors or .npy, got {p.name}")
-    if feats.dim() == 2:
-        feats, mask = feats[None], mask.reshape(1, -1)
-    return feats, mask
-
-
 # ----------------------------------------------------------------------------- commands
 
 @main.command()
 @click.argument("src")
 @click.argument("dst")
-@click.option("--config", "config", required=True, help="Target config name (GPT-B ...) or VQ-16/VQ-8.")
-@click.option("--image-size", type=int, default=256, show_default=True)
-@click.option("--model-type", type=click.Choice(["c2i", "t2i"]), default=None)
+@config_options("Target config name (GPT-B ...) or VQ-16/VQ-8.", required=True)
 @_handle_errors
 def convert(src, dst, config, image_size, model_type):
     """Convert an official LlamaGen .pt (target or VQ) to safetensors + config JSON."""
@@ -237,9 +219,7 @@ def convert(src, dst, config, image_size, model_type):
 
 @main.command("random-checkpoint")
 @click.argument("out")
-@click.option("--config", "config", required=True, help="GPT-B ... GPT-7B, tiny, or VQ-16/VQ-8.")
-@click.option("--image-size", type=int, default=256, show_default=True)
-@click.option("--model-type", type=click.Choice(["c2i", "t2i"]), default=None)
+@config_options("GPT-B ... GPT-7B, tiny, or VQ-16/VQ-8.", required=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @_handle_errors
 def random_checkpoint(out, config, image_size, model_type, seed):
@@ -280,11 +260,11 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
     Writes PNGs (when a VQ is known), tokens.npy and stats.json."""
     import dataclasses
 
-    import numpy as np
     import torch
 
-    from .speculative.autoregressive import generate as ar_generate
     from .errors import InputError
+    from .runtime.outputs import class_names_of, decode_and_save, load_caption_file, parse_classes, save_generation
+    from .speculative.autoregressive import generate as ar_generate
 
     from .models.family import family_of
 
@@ -295,8 +275,7 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
     if family_of(tc).class_conditioned(tc):
         if classes is None:
             raise InputError("c2i models need --classes (e.g. --classes 0,1,2)")
-        names = _class_names(model)
-        cond = torch.tensor(parse_classes(classes, tc.num_classes, names))
+        cond = torch.tensor(parse_classes(classes, tc.num_classes, class_names_of(model)))
     else:
         if captions is None:
             raise InputError("t2i models need --captions FILE (T5 features + mask)")
@@ -313,16 +292,7 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
         stats = st.as_dict()
         click.echo(f"{verify}: MAL {stats['mal']:.2f}, {stats['target_forwards']} target forwards, "
                    f"mean TVD {stats['mean_tvd']:.4f}, {stats['times']['total']:.2f} s")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    from .io import atomic_write
-
-    with atomic_write(out / "tokens.npy") as tmp:
-        with open(tmp, "wb") as f:
-            np.save(f, tokens.cpu().numpy())
-    from .io import write_json
-
-    write_json(out / "stats.json", {"verify": verify or "vanilla", "sampling": dataclasses.asdict(s), **stats})
+    out = save_generation(out_dir, tokens, {"verify": verify or "vanilla", "sampling": dataclasses.asdict(s), **stats})
     from .artifacts import default_vq
 
     vq = default_vq(model, vq)
@@ -331,29 +301,6 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
         click.echo(f"wrote {len(paths)} images and tokens.npy to {out}")
     else:
         click.echo(f"wrote tokens.npy to {out} (pass --vq to decode images)")
-
-
-def _class_names(model):
-    from .models.artifact_sets import artifact_set
-
-    aset = artifact_set(model)
-    fn = aset.extra("class_names") if aset is not None else None
-    return list(fn()) if fn is not None else None
-
-
-def decode_and_save(tokens, vq, vq_config_name, tc, out):
-    import torch
-
-    from .imaging import save_images, to_uint8
-    from .models.checkpoints import load_vq
-
-    from .artifacts import vq_config_for
-
-    vqm = load_vq(vq, vq_config_for(vq, vq_config_name))
-    g = tc.grid_size
-    with torch.no_grad():
-        imgs = vqm.decode_code(tokens, (tokens.shape[0], vqm.config.codebook_embed_dim, g, g))
-    return save_images(to_uint8(imgs), out)
 
 
 @main.command()
@@ -366,9 +313,9 @@ def decode_and_save(tokens, vq, vq_config_name, tc, out):
 @click.option("--quantile", type=float, default=0.5, show_default=True)
 @click.option("--clusters", type=int, default=None, help="Default round(2 sqrt(V)).")
 @click.option("--cluster-space", type=click.Choice(["codebook", "w_tilde"]), default="codebook", show_default=True)
-@click.option("--lantern-k", type=int, default=1000, show_default=True)
-@click.option("--kappa", type=float, default=1.0, show_default=True)
-@click.option("--lambda", "lam", type=float, default=0.4, show_default=True)
+@click.option("--lantern-k", type=int, default=_defaults("lantern").k, show_default=True)
+@click.option("--kappa", type=float, default=_defaults("gasv").kappa, show_default=True)
+@click.option("--lambda", "lam", type=float, default=_defaults("gasv").lam, show_default=True)
 @sampling_options
 @_handle_errors
 def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, rollouts, samples_per_pos,
@@ -509,7 +456,9 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
     tgt_engine, dr_engine, gasv_engine = target, dr, None
     if backend == "ort":
         tgt_engine, dr_engine, gasv_engine = _ort_bench_engines(engine_dir, target, dr, tb)
-    names = _class_names(model)
+    from .runtime.outputs import class_names_of, parse_classes
+
+    names = class_names_of(model)
     ncls = target.config.num_classes
     cl = parse_classes(classes, ncls, names) if classes else list(range(ncls))
     cl = [cl[i % len(cl)] for i in range(num_images)]
@@ -578,24 +527,6 @@ def _ort_bench_engines(engine_dir, target, drafter, tables):
     return e.target, e.drafter, e.gasv
 
 
-def _export_generation(model, target, sampling):
-    """Default generation settings recorded in the bundle (sampling, class names, tree budgets)."""
-    import dataclasses
-
-    from .runtime.autotune import default_tree_budgets
-
-    measured = None
-    if _is_artifact_set(model):
-        from .runtime.demo import _measured_budgets
-
-        measured = _measured_budgets()
-    gen = {"sampling": dataclasses.asdict(sampling), "tree": default_tree_budgets(target.config, measured)}
-    names = _class_names(model)
-    if names:
-        gen["class_names"] = names
-    return gen
-
-
 @main.command("export")
 @model_options
 @click.option("--drafter", default=None, help="Drafter (.safetensors or demo-lisa / demo-eagle3; demo default demo-lisa).")
@@ -615,6 +546,7 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
     from .artifacts import default_drafter, default_tables, load_drafter_by_name, load_tables_by_name
     from .models.checkpoints import load_vq
     from .runtime.bundle import export_full_bundle
+    from .runtime.outputs import generation_defaults
 
     target = resolve_target(model, config, image_size, model_type)
     drafter = drafter or default_drafter(model)
@@ -626,7 +558,7 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
     s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                          cfg_interval=cfg_interval, greedy=greedy)
     man = export_full_bundle(target, dr, tb, vqm, out_dir, fp16=fp16, opset=opset, max_tree=max_tree,
-                             generation=_export_generation(model, target, s), validate=not no_validate)
+                             generation=generation_defaults(model, target, s), validate=not no_validate)
     for name, g in man.graphs.items():
         err = (g.validation or {}).get("max_error")
         click.echo(f"{name:16s} {g.precision}  max|ORT - torch| {err if err is not None else 'n/a'}")
@@ -637,7 +569,7 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
 @click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("prompts", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", "out_dir", default="outputs", show_default=True, type=click.Path())
-@click.option("--backend", type=click.Choice(["auto", "trt", "ort", "torch"]), default="auto", show_default=True)
+@click.option("--backend", type=_backend_choice("auto"), default="auto", show_default=True)
 @click.option("--verify", type=_method_choice(),
               default="gasv", show_default=True)
 @click.option("--threads", type=int, default=None, help="ORT intra-op threads (default: physical cores).")
@@ -652,7 +584,7 @@ def run(engine_dir, prompts, out_dir, backend, verify, threads, cfg_scale, tempe
 
     PROMPTS: a text file (one class id or name per line) or JSONL ({"class": ..., "seed": ..,
     "cfg": ..}); malformed lines are reported with their numbers before any work starts."""
-    from .io import write_json
+    from .runtime.outputs import save_run
     from .runtime.pipeline import Pipeline
     from .runtime.prompts import parse_prompts
 
@@ -662,15 +594,7 @@ def run(engine_dir, prompts, out_dir, backend, verify, threads, cfg_scale, tempe
     res = pipe.generate(ps, seed=seed, verify=verify, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                         top_p=top_p, greedy=greedy, tree_top_k=tree_top_k, tree_depth=tree_depth,
                         tree_tokens=tree_tokens)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    from .imaging import save_png
-
-    import numpy as np
-
-    for i, (img, p) in enumerate(zip(res.images, ps)):
-        save_png(np.asarray(img), out / f"img_{i:04d}_line{p.line}.png")
-    write_json(out / "stats.json", {"backend": pipe.backend, "verify": verify, "images": res.stats})
+    out = save_run(out_dir, res, ps, {"backend": pipe.backend, "verify": verify, "images": res.stats})
     mal = sum(st["mal"] for st in res.stats) / len(res.stats)
     secs = sum(st["seconds"] for st in res.stats)
     click.echo(f"{len(res.images)} images -> {out} ({pipe.backend}, {verify}): mean MAL {mal:.2f}, {secs:.2f} s")

@@ -1,0 +1,127 @@
+"""Library side of the generating commands: condition parsing, export-time generation defaults, and
+the files `lisa-trt generate` / `lisa-trt run` write (all writes atomic)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..errors import InputError
+from ..io import atomic_write, write_json
+
+
+def parse_classes(text: str, num_classes: int, names=None) -> list[int]:
+    """'1,2,golden_retriever' -> ids; unknown ids/names are errors listing what is allowed."""
+    ids = []
+    for tok in [t.strip() for t in text.split(",") if t.strip()]:
+        if tok.lstrip("-").isdigit():
+            i = int(tok)
+        elif names and tok in names:
+            i = names.index(tok)
+        else:
+            allowed = f"0..{num_classes - 1}" + (f" or one of {', '.join(names)}" if names else "")
+            raise InputError(f"unknown class {tok!r}; use ids {allowed}")
+        if not 0 <= i < num_classes:
+            raise InputError(f"unknown class id {i}; valid ids are 0..{num_classes - 1}")
+        ids.append(i)
+    if not ids:
+        raise InputError("no classes given; pass e.g. --classes 0,1,2")
+    return ids
+
+
+def load_caption_file(path, caption_dim: int):
+    """A .safetensors/.npy file of T5 features (+ mask) -> (features, mask) tensors."""
+    import numpy as np
+
+    from ..io import load_safetensors
+
+    p = Path(path)
+    if p.suffix == ".safetensors":
+        t, _ = load_safetensors(p)
+        if "caption_features" not in t:
+            raise InputError(f"{p} must hold 'caption_features' (B, 120, {caption_dim}) and 'caption_mask' (B, 120)")
+        feats = t["caption_features"].float()
+        mask = t.get("caption_mask", torch.ones(feats.shape[:2]))
+    elif p.suffix == ".npy":
+        feats = torch.from_numpy(np.load(p)).float()
+        mask_path = p.with_name(p.stem + "_mask.npy")
+        mask = torch.from_numpy(np.load(mask_path)) if mask_path.exists() else torch.ones(feats.shape[:2])
+    else:
+        raise InputError(f"caption features must be .safetensors or .npy, got {p.name}")
+    if feats.dim() == 2:
+        feats, mask = feats[None], mask.reshape(1, -1)
+    return feats, mask
+
+
+def class_names_of(model) -> Optional[list]:
+    """The class names an artifact set ships (e.g. the demo's), else None."""
+    from ..models.artifact_sets import artifact_set
+
+    aset = artifact_set(model)
+    fn = aset.extra("class_names") if aset is not None else None
+    return list(fn()) if fn is not None else None
+
+
+def generation_defaults(model, target, sampling) -> dict:
+    """Default generation settings recorded in an exported bundle: sampling, class names, and the
+    per-backend tree budgets (measured ones when the artifact set ships them)."""
+    from ..models.artifact_sets import artifact_set
+    from .autotune import default_tree_budgets
+
+    measured = None
+    if artifact_set(model) is not None:
+        from .demo import _measured_budgets
+
+        measured = _measured_budgets()
+    gen = {"sampling": dataclasses.asdict(sampling), "tree": default_tree_budgets(target.config, measured)}
+    names = class_names_of(model)
+    if names:
+        gen["class_names"] = names
+    return gen
+
+
+def decode_and_save(tokens, vq, vq_config_name, tc, out) -> list:
+    """Decode tokens with the VQ `vq` (path or set name) and write PNGs into `out`."""
+    from ..artifacts import vq_config_for
+    from ..imaging import save_images, to_uint8
+    from ..models.checkpoints import load_vq
+
+    vqm = load_vq(vq, vq_config_for(vq, vq_config_name))
+    g = tc.grid_size
+    with torch.no_grad():
+        imgs = vqm.decode_code(tokens, (tokens.shape[0], vqm.config.codebook_embed_dim, g, g))
+    return save_images(to_uint8(imgs), out)
+
+
+def save_generation(out_dir, tokens: torch.Tensor, record: dict) -> Path:
+    """tokens.npy and stats.json (`record`) into `out_dir` (created), each written atomically."""
+    import numpy as np
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_write(out / "tokens.npy") as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, tokens.cpu().numpy())
+    write_json(out / "stats.json", record)
+    return out
+
+
+def save_run(out_dir, result, prompts, record: dict) -> Path:
+    """`lisa-trt run`: one PNG per prompt (named by its line) and stats.json."""
+    import numpy as np
+
+    from ..imaging import save_png
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for i, (img, p) in enumerate(zip(result.images, prompts)):
+        save_png(np.asarray(img), out / f"img_{i:04d}_line{p.line}.png")
+    write_json(out / "stats.json", record)
+    return out
+
+
+__all__ = ["class_names_of", "decode_and_save", "generation_defaults", "load_caption_file", "parse_classes",
+           "save_generation", "save_run"]
