@@ -431,8 +431,9 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
 @click.option("--methods", default="vanilla,exact,lantern,gasv,sjd", show_default=True)
 @click.option("--num-images", type=int, default=8, show_default=True)
 @click.option("--classes", default=None, help="Class ids cycled over the images (default: all classes).")
-@click.option("--backend", type=click.Choice(["torch", "ort"]), default="torch", show_default=True)
-@click.option("--engine-dir", default=None, type=click.Path(), help="Exported bundle for --backend ort.")
+@click.option("--backend", type=_backend_choice(), default="torch", show_default=True,
+              help="torch: the in-memory models; any other: the exported graphs of --engine-dir.")
+@click.option("--engine-dir", default=None, type=click.Path(), help="Exported bundle for a graph backend (ort, trt, ...).")
 @click.option("--sjd-window", type=int, default=16, show_default=True)
 @sampling_options
 @spec_options_bench
@@ -454,8 +455,8 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
                          cfg_interval=cfg_interval, greedy=greedy)
     dr, tb = resolve_spec_artifacts(model, target, ms, drafter, tables)
     tgt_engine, dr_engine, gasv_engine = target, dr, None
-    if backend == "ort":
-        tgt_engine, dr_engine, gasv_engine = _ort_bench_engines(engine_dir, target, dr, tb)
+    if backend != "torch":
+        tgt_engine, dr_engine, gasv_engine = _graph_bench_engines(backend, engine_dir, target, dr, tb)
     from .runtime.outputs import class_names_of, parse_classes
 
     names = class_names_of(model)
@@ -512,16 +513,16 @@ def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, dry_r
     click.echo(json.dumps(rec, indent=2, default=str))
 
 
-def _ort_bench_engines(engine_dir, target, drafter, tables):
-    """ORT engines for `bench --backend ort`, checked against the artifacts being benchmarked."""
+def _graph_bench_engines(backend, engine_dir, target, drafter, tables):
+    """Graph engines for `bench --backend B`, checked against the artifacts being benchmarked."""
     from .errors import InputError
     from .engines.graph import load_engines
     from .export.manifest import drafter_hash, tables_hash
     from .models.checkpoints import target_hash
 
     if engine_dir is None:
-        raise InputError("--backend ort needs --engine-dir (make one with `lisa-trt export`)")
-    e = load_engines(engine_dir, "ort", target_hash=target_hash(target),
+        raise InputError(f"--backend {backend} needs --engine-dir (make one with `lisa-trt export`)")
+    e = load_engines(engine_dir, backend, target_hash=target_hash(target),
                      drafter_hash=drafter_hash(drafter) if drafter is not None else None,
                      tables_hash=tables_hash(tables) if tables is not None else None)
     return e.target, e.drafter, e.gasv

@@ -19,6 +19,14 @@ class ArtifactMismatchError(LisaError):
     """An artifact (tables, drafter, engines) made for another target or schema version."""
 
 
+class SpecError(ConfigError, ValueError):
+    """A graph io spec, registry entry or method definition that breaks its contract."""
+
+
+class UnknownTensorError(LisaError, KeyError):
+    """A tensor name a graph's io spec does not declare."""
+
+
 class InputError(LisaError):
     """Bad user input: class ids, caption features, prompt files, numeric problems."""
 

@@ -31,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, SpecError, UnknownTensorError
 from ..models.family import family_of
 
 
@@ -96,7 +96,7 @@ class TensorSpec:
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} of {self.name} is not one of {DTYPES}")
+            raise SpecError(f"dtype {self.dtype!r} of {self.name} is not one of {DTYPES}")
 
     def shape(self, dims: dict) -> tuple:
         """Concrete shape with every axis looked up in `dims`."""
@@ -136,7 +136,7 @@ def _by_name(specs, name, graph):
     for t in specs:
         if t.name == name:
             return t
-    raise KeyError(f"{graph.value} has no tensor {name!r}; it has {[t.name for t in specs]}")
+    raise UnknownTensorError(f"{graph.value} has no tensor {name!r}; it has {[t.name for t in specs]}")
 
 
 # ----------------------------------------------------------------------------- the table
@@ -176,7 +176,7 @@ def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> Gr
         model_type: "c2i" (prefill takes class_ids) or "t2i" (caption_features + caption_mask).
     """
     if graph in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY) and n_layer <= 0:
-        raise ValueError(f"{graph.value} needs the target's n_layer")
+        raise SpecError(f"{graph.value} needs the target's n_layer")
     past = _kv("past_key_values", n_layer, "kv_heads", "head_dim")
     present = _kv("present", n_layer, "kv_heads", "head_dim")
     target_out = (
@@ -220,7 +220,7 @@ def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> Gr
         return GraphSpec(graph, (TensorSpec("image_tokens", "int64", ("batch", "block"), "token ids, row-major grid"),),
                          (TensorSpec("images", "float32", ("batch", "channels", "height", "width"), "pixels in about [-1, 1]"),),
                          doc="VQ decoder (VQModel.decode_code)")
-    raise ValueError(f"unknown graph {graph}")
+    raise SpecError(f"unknown graph {graph}")
 
 
 def gasv_params(cfg) -> torch.Tensor:

@@ -20,6 +20,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..errors import SpecError
 from .io_spec import Graph, GraphSpec
 
 THRESHOLDS = {"fp32": 1e-4, "fp16": 5e-2}
@@ -156,7 +157,7 @@ def reference_outputs(graph: Graph, refs: dict, inputs: dict) -> dict:
         vq, tok = refs["vq"], x["image_tokens"]
         grid = refs["target"].config.grid_size
         return dict(images=vq.decode_code(tok, (tok.shape[0], vq.config.codebook_embed_dim, grid, grid)))
-    raise ValueError(f"no reference for {graph}")
+    raise SpecError(f"no reference for {graph}")
 
 
 # ----------------------------------------------------------------------------- compare

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, SpecError
 from .family import ModelFamily, register_family
 
 
@@ -62,7 +62,7 @@ class LlamaGenFamily(ModelFamily):
         if model_type == "t2i":
             return (("caption_features", "act", ("batch", "prefix", "caption_dim"), "T5 features, valid tokens first"),
                     ("caption_mask", "bool", ("batch", "prefix"), "True for valid caption tokens (a prefix of each row)"))
-        raise ValueError(f"model_type must be 'c2i' or 't2i', got {model_type!r}")
+        raise SpecError(f"model_type must be 'c2i' or 't2i', got {model_type!r}")
 
     def cond_inputs(self, cfg, cond, device, act_dtype) -> dict:
         if cfg.model_type == "c2i":

@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..errors import InputError, unknown_name
+from ..errors import InputError, SpecError, unknown_name
 from . import verify as V
 
 
@@ -193,9 +193,9 @@ class Method:
 
     def __post_init__(self):
         if self.kind not in ("tree", "ar", "sjd"):
-            raise ValueError(f"method kind must be tree, ar or sjd, got {self.kind!r}")
+            raise SpecError(f"method kind must be tree, ar or sjd, got {self.kind!r}")
         if (self.kind == "tree") != (self.rule is not None):
-            raise ValueError(f"method {self.name}: tree methods (only) need a rule")
+            raise SpecError(f"method {self.name}: tree methods (only) need a rule")
 
 
 METHODS: dict[str, Method] = {}
