@@ -28,7 +28,6 @@ from ..speculative.methods import METHODS, SpecConfig, method_names
 from .bundle import Bundle, open_bundle
 from .prompts import Prompt
 
-BACKENDS = ("auto", "trt", "ort", "torch")  # plus any name registered with engines.base.register_backend
 
 
 @dataclass
@@ -78,6 +77,20 @@ class Pipeline:
         """A torch-backend pipeline over in-memory models (no export needed)."""
         return cls(Bundle(target=target, drafter=drafter, tables=tables, vq=vq, class_names=class_names,
                             generation=dict(generation or {}), backend="torch"))
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the engines (ORT sessions, TensorRT contexts); the Pipeline is unusable after."""
+        for e in (self._e.target, self._e.drafter, self._e.gasv, self._e.vq):
+            if e is not None and hasattr(e, "close"):
+                e.close()
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def backend(self) -> str:

@@ -153,3 +153,10 @@ def test_unknown_method_and_backend_are_lisa_errors(bundle):
         pipe.generate([1], verify="nope")
     with pytest.raises(LisaError, match="unknown backend 'nope'"):
         Pipeline.from_dir(bundle, backend="nope")
+
+
+def test_pipeline_lifetime_closes_its_engines(bundle):
+    with Pipeline.from_dir(bundle, backend="ort", threads=1) as pipe:
+        assert pipe.generate([1], seed=0, verify="exact", decode=False).tokens.shape == (1, 16)
+    with pytest.raises(LisaError, match="closed"):
+        pipe.generate([1], seed=0, verify="exact", decode=False)
