@@ -1,1 +1,2 @@
-"""Backends behind one protocol (engines/base.py): torch eager, ONNX Runtime, TensorRT."""
+"""Backends behind one graph-runner protocol (engines/base.py); `engines.graph.load_engines(dir, backend)`
+opens any of them (ort, trt, torch, or one registered with `engines.base.register_backend`)."""

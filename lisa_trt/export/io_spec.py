@@ -29,8 +29,6 @@ import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
-import torch
-
 from ..errors import InputError, SpecError, UnknownTensorError
 from ..models.family import family_of
 
@@ -223,8 +221,10 @@ def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> Gr
     raise SpecError(f"unknown graph {graph}")
 
 
-def gasv_params(cfg) -> torch.Tensor:
-    """The GASV graph's `gasv_params` vector (io_spec.GASV_PARAMS order) from a GASVConfig."""
+def gasv_params(cfg):
+    """The GASV graph's `gasv_params` vector (io_spec.GASV_PARAMS order) from a GASVConfig (torch fp32)."""
+    import torch
+
     if cfg.theta_geo is None:
         raise InputError("GASV theta_geo is not set; re-run `lisa-trt calibrate --model ...`")
     return torch.tensor([float(getattr(cfg, n)) for n in GASV_PARAMS], dtype=torch.float32)
