@@ -264,7 +264,8 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
 
     from .errors import InputError
     from .runtime.outputs import class_names_of, decode_and_save, load_caption_file, parse_classes, save_generation
-    from .speculative.autoregressive import generate as ar_generate
+    from .speculative.methods import method_names
+    from .speculative.run import run_method
 
     from .models.family import family_of
 
@@ -280,19 +281,14 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
         if captions is None:
             raise InputError("t2i models need --captions FILE (T5 features + mask)")
         cond = load_caption_file(captions, tc.caption_dim)
-    stats = {}
-    if verify in (None, "vanilla"):
-        tokens = ar_generate(target, cond, seed=seed, **dataclasses.asdict(s))
-    else:
-        from .speculative.run import run_method
-
-        dr, tb = resolve_spec_artifacts(model, target, [verify], drafter, tables)
-        spec = make_spec(verify, tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda)
-        tokens, st = run_method(verify, target, dr, tb, cond, sampling=s, spec=spec, seed=seed)
-        stats = st.as_dict()
-        click.echo(f"{verify}: MAL {stats['mal']:.2f}, {stats['target_forwards']} target forwards, "
-                   f"mean TVD {stats['mean_tvd']:.4f}, {stats['times']['total']:.2f} s")
-    out = save_generation(out_dir, tokens, {"verify": verify or "vanilla", "sampling": dataclasses.asdict(s), **stats})
+    verify = verify or method_names("ar")[0]  # default: the vanilla AR loop
+    dr, tb = resolve_spec_artifacts(model, target, [verify], drafter, tables)
+    spec = make_spec(verify, tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda)
+    tokens, st = run_method(verify, target, dr, tb, cond, sampling=s, spec=spec, seed=seed)
+    stats = st.as_dict()
+    click.echo(f"{verify}: MAL {stats['mal']:.2f}, {stats['target_forwards']} target forwards, "
+               f"mean TVD {stats['mean_tvd']:.4f}, {stats['times']['total']:.2f} s")
+    out = save_generation(out_dir, tokens, {"verify": verify, "sampling": dataclasses.asdict(s), **stats})
     from .artifacts import default_vq
 
     vq = default_vq(model, vq)
