@@ -26,12 +26,11 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from ..errors import ArtifactMismatchError, CheckpointError, InputError, LisaError
-from ..export.io_spec import Graph, export_dims, graph_spec, shape_ranges
+from ..export.io_spec import Graph
 from .plugins.trt_plugin import TensorRTUnavailableError
 from .profiles import (SEQ_SPLIT, ProfileSpec, profiles_from_io_spec, trt_graph_model,  # noqa: F401 (re-exported)
                        trt_onnx_path)
