@@ -28,12 +28,18 @@ def _handle_errors(fn):
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="lisa-trt")
-def main():
+@click.option("--threads", "threads", type=click.IntRange(min=1), default=None, envvar="LISA_TRT_THREADS",
+              help="CPU threads for torch and ONNX Runtime (env LISA_TRT_THREADS; default: the CPUs this "
+                   "process may use, from its affinity and cgroup quota). Idle threads sleep, never spin.")
+def main(threads):
     """lisa-trt: LISA speculative decoding for autoregressive image generators.
 
     Pipeline: train (drafter) -> calibrate (GASV tables) -> export (ONNX) -> build (TensorRT)
     -> run. `lisa-trt demo` runs all of it on the bundled CPU model.
     """
+    from .threads import apply_thread_policy
+
+    apply_thread_policy(threads)
 
 
 # ----------------------------------------------------------------------------- shared options
@@ -50,14 +56,32 @@ def model_options(fn):
     return fn
 
 
+def _sampling_range(field):
+    """Click callback: the shared range check of lisa_trt.validation (vocab size checked later)."""
+
+    def cb(ctx, param, value):
+        from .validation import sampling_problems
+
+        problems = sampling_problems(**{field: value})
+        if problems:
+            raise click.BadParameter(problems[0].split(" ", 1)[1], ctx=ctx, param=param)
+        return value
+
+    return cb
+
+
 def sampling_options(fn):
     from .config import SamplingConfig
 
     d = SamplingConfig()
-    fn = click.option("--cfg-scale", type=float, default=None, help=f"CFG scale (default {d.cfg_scale}; demo: its own).")(fn)
-    fn = click.option("--temperature", type=float, default=None, help=f"Temperature (default {d.temperature}).")(fn)
-    fn = click.option("--top-k", type=int, default=None, help=f"Top-k, 0 = off (default {d.top_k}).")(fn)
-    fn = click.option("--top-p", type=float, default=None, help=f"Top-p (default {d.top_p}).")(fn)
+    fn = click.option("--cfg-scale", type=float, default=None, callback=_sampling_range("cfg_scale"),
+                      help=f"CFG scale >= 0, 1 = off (default {d.cfg_scale}; demo: its own).")(fn)
+    fn = click.option("--temperature", type=float, default=None, callback=_sampling_range("temperature"),
+                      help=f"Temperature > 0 (default {d.temperature}).")(fn)
+    fn = click.option("--top-k", type=int, default=None, callback=_sampling_range("top_k"),
+                      help=f"Top-k, 0 = off, at most the vocabulary size (default {d.top_k}).")(fn)
+    fn = click.option("--top-p", type=float, default=None, callback=_sampling_range("top_p"),
+                      help=f"Top-p in (0, 1] (default {d.top_p}).")(fn)
     fn = click.option("--cfg-interval", type=int, default=None, help="Guidance off after this step (-1 = always on).")(fn)
     fn = click.option("--greedy", is_flag=True, help="Argmax of the guided logits.")(fn)
     fn = click.option("--seed", type=int, default=0, show_default=True)(fn)
@@ -121,9 +145,9 @@ def resolve_target(model, config, image_size, model_type):
     return load_target(model, cfg)
 
 
-def resolve_sampling(model, **given):
+def resolve_sampling(model, vocab_size=None, **given):
     """SamplingConfig from CLI values; unset values come from the bundle defaults (demo) or
-    the dataclass defaults."""
+    the dataclass defaults. Checked with lisa_trt.validation (top-k against `vocab_size`)."""
     import dataclasses
 
     from .config import SamplingConfig
@@ -133,7 +157,11 @@ def resolve_sampling(model, **given):
         from .demo import registry
 
         base = getattr(registry, "demo_sampling", SamplingConfig)()
-    return dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None and v is not False})
+    s = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None and v is not False})
+    from .validation import check_sampling
+
+    check_sampling(s, vocab_size=vocab_size)
+    return s
 
 
 def parse_classes(text: str, num_classes: int, names=None) -> list[int]:
@@ -243,10 +271,11 @@ def random_checkpoint(out, config, image_size, model_type, seed):
 @sampling_options
 @spec_options
 @click.option("--out", "out_dir", default="outputs", show_default=True, type=click.Path())
+@click.option("--overwrite", is_flag=True, help="Write into a non-empty --out (earlier images/stats are removed).")
 @_handle_errors
 def generate(model, config, image_size, model_type, vq, vq_config, classes, captions, cfg_scale,
              temperature, top_k, top_p, cfg_interval, greedy, seed, drafter, verify, tables,
-             tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda, out_dir):
+             tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda, out_dir, overwrite):
     """Generate images: the reference AR loop, or tree speculation with --drafter/--verify.
 
     Writes PNGs (when a VQ is known), tokens.npy and stats.json."""
@@ -257,10 +286,15 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
 
     from . import generate as ar_generate
     from .errors import InputError
+    from .validation import check_out_dir, clear_previous_outputs
 
+    check_out_dir(out_dir, overwrite=overwrite)
     target = resolve_target(model, config, image_size, model_type)
+    if vq is None and model == "demo":
+        vq = "demo"
+    vqm = _load_vq_for(vq, vq_config, target.config) if vq is not None else None  # fails before generating
     tc = target.config
-    s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
+    s = resolve_sampling(model, target.config.vocab_size, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                          top_p=top_p, cfg_interval=cfg_interval, greedy=greedy)
     if tc.model_type == "c2i":
         if classes is None:
@@ -273,7 +307,11 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
         cond = load_caption_file(captions, tc.caption_dim)
     stats = {}
     if verify in (None, "vanilla"):
-        tokens = ar_generate(target, cond, seed=seed, **dataclasses.asdict(s))
+        from .progress import progress_bar
+
+        bar = progress_bar(tc.block_size, sys.stderr.isatty(), unit="token")
+        tokens = ar_generate(target, cond, seed=seed, on_token=lambda i: bar.update(1), **dataclasses.asdict(s))
+        bar.close()
     else:
         from .bench import run_method
 
@@ -285,6 +323,8 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
                    f"mean TVD {stats['mean_tvd']:.4f}, {stats['times']['total']:.2f} s")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if overwrite:
+        clear_previous_outputs(out)
     from .io import atomic_write
 
     with atomic_write(out / "tokens.npy") as tmp:
@@ -293,10 +333,8 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
     from .io import write_json
 
     write_json(out / "stats.json", {"verify": verify or "vanilla", "sampling": dataclasses.asdict(s), **stats})
-    if vq is None and model == "demo":
-        vq = "demo"
-    if vq is not None:
-        paths = decode_and_save(tokens, vq, vq_config, tc, out)
+    if vqm is not None:
+        paths = decode_and_save(tokens, vqm, vq_config, tc, out)
         click.echo(f"wrote {len(paths)} images and tokens.npy to {out}")
     else:
         click.echo(f"wrote tokens.npy to {out} (pass --vq to decode images)")
@@ -310,13 +348,25 @@ def _class_names(model):
     return None
 
 
-def decode_and_save(tokens, vq, vq_config_name, tc, out):
-    import torch
-
-    from .imaging import save_images, to_uint8
+def _load_vq_for(vq, vq_config_name, tc):
+    """Load the VQ (path or 'demo') and check its codebook matches the target's vocabulary."""
+    from .errors import InputError
     from .models.checkpoints import load_vq
 
     vqm = load_vq(vq, None if vq == "demo" or str(vq).endswith(".safetensors") else vq_config_name)
+    if vqm.config.codebook_size != tc.vocab_size:
+        raise InputError(f"--vq {vq} has {vqm.config.codebook_size} codes but the target's vocabulary is "
+                         f"{tc.vocab_size}; pass the VQ the target was trained with")
+    return vqm
+
+
+def decode_and_save(tokens, vq, vq_config_name, tc, out):
+    """Decode tokens with `vq` (a loaded VQ model, or a path / 'demo') and save PNGs into `out`."""
+    import torch
+
+    from .imaging import save_images, to_uint8
+
+    vqm = vq if hasattr(vq, "decode_code") else _load_vq_for(vq, vq_config_name, tc)
     g = tc.grid_size
     with torch.no_grad():
         imgs = vqm.decode_code(tokens, (tokens.shape[0], vqm.config.codebook_embed_dim, g, g))
@@ -346,7 +396,12 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
     from .calibration.tables import save_tables
     from .models.checkpoints import load_vq
     from .speculative.gasv import GASVConfig
+    from .validation import check_positive, probe_writable_file
 
+    check_positive(rollouts, "--rollouts")
+    check_positive(samples_per_pos, "--samples-per-pos")
+    check_positive(clusters, "--clusters")
+    probe_writable_file(out_path, "--out file")
     target = resolve_target(model, config, image_size, model_type)
     vq = vq or ("demo" if model == "demo" else None)
     if vq is None:
@@ -354,7 +409,7 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 
         raise InputError("calibration needs the VQ codebook: pass --vq (e.g. vq_ds16_c2i.pt)")
     vqm = load_vq(vq, None if vq == "demo" or str(vq).endswith(".safetensors") else vq_config)
-    s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
+    s = resolve_sampling(model, target.config.vocab_size, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                          cfg_interval=cfg_interval, greedy=greedy)
     tables = run_calibration(target, vqm.codebook().detach(), num_rollouts=rollouts,
                              samples_per_pos=samples_per_pos, quantile=quantile, n_clusters=clusters,
@@ -400,7 +455,16 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
     from .train.data import DataConfig
     from .train.losses import LossConfig
     from .train.trainer import TrainConfig, train_drafter
+    from .validation import check_positive, probe_writable_dir
 
+    for value, opt in ((steps, "--steps"), (batch_size, "--batch-size"), (num_samples, "--num-samples"),
+                       (checkpoint_every, "--checkpoint-every")):
+        check_positive(value, opt)
+    check_positive(eval_images, "--eval-images", allow_zero=True)
+    from .validation import check_sampling
+
+    check_sampling(cfg_scale=cfg_scale)
+    probe_writable_dir(out_dir, "--out run directory")
     target = resolve_target(model, config, image_size, model_type)
     vq = vq or ("demo" if model == "demo" else None)
     if vq is None:
@@ -428,8 +492,15 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
               drafter_heads=drafter_heads, checkpoint_every=checkpoint_every, seed=seed)
     cfg = TrainConfig(**{k: v for k, v in kw.items() if v is not None}, bf16=bf16, target_name=model,
                       loss=LossConfig(kind=loss), data=DataConfig(**data_kw))
-    result = train_drafter(target, vqm.codebook().detach(), cfg, out_dir)
-    click.echo(f"wrote {Path(out_dir) / 'drafter.safetensors'}; eval: {json.dumps(result.get('eval', {}))}")
+    from .train.messages import format_eval, resume_hint
+
+    try:
+        result = train_drafter(target, vqm.codebook().detach(), cfg, out_dir)
+    except KeyboardInterrupt:
+        click.echo("\n" + resume_hint(out_dir, cfg.steps), err=True)
+        sys.exit(130)
+    click.echo(f"wrote {Path(out_dir) / 'drafter.safetensors'}")
+    click.echo(format_eval(result.get("eval", {})))
     import os
 
     if eval_images and int(os.environ.get("RANK", "0")) == 0:  # one rank under torchrun
@@ -483,10 +554,15 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
     import torch
 
     from .bench import parse_methods, run_bench, save_bench
+    from .validation import check_positive, probe_writable_file
 
+    check_positive(num_images, "--num-images")
+    probe_writable_file(json_path, "--json file")
+    if plot_path:
+        probe_writable_file(plot_path, "--plot file")
     ms = parse_methods(methods)
     target = resolve_target(model, config, image_size, model_type)
-    s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
+    s = resolve_sampling(model, target.config.vocab_size, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                          cfg_interval=cfg_interval, greedy=greedy)
     dr, tb = resolve_spec_artifacts(model, target, ms, drafter, tables)
     tgt_engine, dr_engine, gasv_engine = target, dr, None
@@ -597,7 +673,9 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
     from .artifacts import default_drafter, default_tables, load_drafter_by_name, load_tables_by_name
     from .models.checkpoints import load_vq
     from .runtime.bundle import export_full_bundle
+    from .validation import probe_writable_dir
 
+    probe_writable_dir(out_dir, "--out engine directory")
     target = resolve_target(model, config, image_size, model_type)
     drafter = drafter or default_drafter(model)
     tables = tables or default_tables(model)
@@ -605,7 +683,7 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
     dr = load_drafter_by_name(drafter, target) if drafter else None
     tb = load_tables_by_name(tables, target) if tables else None
     vqm = load_vq(vq, None if vq == "demo" or str(vq).endswith(".safetensors") else vq_config) if vq else None
-    s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
+    s = resolve_sampling(model, target.config.vocab_size, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                          cfg_interval=cfg_interval, greedy=greedy)
     man = export_full_bundle(target, dr, tb, vqm, out_dir, fp16=fp16, opset=opset, max_tree=max_tree,
                              generation=_export_generation(model, target, s), validate=not no_validate)
@@ -619,6 +697,7 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
 @click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("prompts", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", "out_dir", default="outputs", show_default=True, type=click.Path())
+@click.option("--overwrite", is_flag=True, help="Write into a non-empty --out (earlier images/stats are removed).")
 @click.option("--backend", type=click.Choice(["auto", "trt", "ort", "torch"]), default="auto", show_default=True)
 @click.option("--verify", type=click.Choice(["vanilla", "greedy", "exact", "lantern", "gasv", "sjd"]),
               default="gasv", show_default=True)
@@ -628,7 +707,7 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
 @click.option("--tree-depth", type=int, default=None)
 @click.option("--tree-tokens", type=int, default=None)
 @_handle_errors
-def run(engine_dir, prompts, out_dir, backend, verify, threads, cfg_scale, temperature, top_k, top_p, cfg_interval,
+def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, cfg_scale, temperature, top_k, top_p, cfg_interval,
         greedy, seed, tree_top_k, tree_depth, tree_tokens):
     """Tree speculation + GASV over an engine directory: PNGs and per-image stats.
 
@@ -637,15 +716,19 @@ def run(engine_dir, prompts, out_dir, backend, verify, threads, cfg_scale, tempe
     from .io import write_json
     from .runtime.pipeline import Pipeline
     from .runtime.prompts import parse_prompts
+    from .validation import check_out_dir, clear_previous_outputs
 
+    check_out_dir(out_dir, overwrite=overwrite)
     pipe = Pipeline.from_dir(engine_dir, backend=backend, threads=threads)
     cfg = pipe.config
     ps = parse_prompts(prompts, model_type=cfg.model_type, num_classes=cfg.num_classes, class_names=pipe.class_names)
     res = pipe.generate(ps, seed=seed, verify=verify, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                         top_p=top_p, greedy=greedy, tree_top_k=tree_top_k, tree_depth=tree_depth,
-                        tree_tokens=tree_tokens)
+                        tree_tokens=tree_tokens, progress=sys.stderr.isatty())
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if overwrite:
+        clear_previous_outputs(out)
     from .imaging import save_png
 
     import numpy as np
@@ -669,7 +752,10 @@ def demo(out_dir, num_images, backend, verify, seed):
     """The whole pipeline on the bundled CPU model: export (cached), then vanilla vs LISA
     through ONNX Runtime; prints speed-up, MAL and quality, writes a side-by-side PNG grid."""
     from .runtime.demo import run_demo
+    from .validation import check_positive, probe_writable_dir
 
+    check_positive(num_images, "--num-images")
+    probe_writable_dir(out_dir, "--out directory")
     summary = run_demo(Path(out_dir), num_images=num_images, backend=backend, verify=verify, seed=seed,
                        echo=click.echo)
     click.echo(json.dumps(summary["results"], indent=2))

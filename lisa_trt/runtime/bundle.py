@@ -114,8 +114,12 @@ def export_full_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = Fal
     from ..models.checkpoints import save_model
     from ..models.drafter import save_drafter
 
+    from ..export.staging import check_replaceable, clean_stale_staging, staging_dir_name
+
     out_dir = Path(out_dir)
-    stage = out_dir.parent / f".{out_dir.name}.staging-{uuid.uuid4().hex[:8]}"
+    check_replaceable(out_dir)  # never delete files lisa-trt did not write (before any work)
+    clean_stale_staging(out_dir, echo=print if progress else None)  # leftovers of killed exports
+    stage = staging_dir_name(out_dir)
     try:
         export_bundle(target, drafter, tables, vq, stage, fp16=fp16, opset=opset or DEFAULT_OPSET,
                       max_tree=max_tree or DEFAULT_MAX_TREE, generation=generation, progress=progress,
@@ -135,8 +139,7 @@ def export_full_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = Fal
         write_manifest(dataclasses.replace(man, files={**man.files, **files}), stage)
         old = None
         if out_dir.exists():
-            if not (out_dir / "manifest.json").is_file() and any(out_dir.iterdir()):
-                raise InputError(f"{out_dir} exists and is not a lisa-trt engine directory; choose another --out")
+            check_replaceable(out_dir)  # again: files may have appeared during the export
             old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
             os.replace(out_dir, old)
         os.replace(stage, out_dir)

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -255,10 +256,12 @@ def load_latest_checkpoint(out_dir: Path) -> Optional[dict]:
         return None
     name = json.loads(latest.read_text())["file"]
     path = _ckpt_dir(out_dir) / name
+    from ..safe_load import safe_torch_load
+
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise CheckpointError(f"cannot read training checkpoint {path} ({e}); delete {latest} to start over") from e
+        return safe_torch_load(path, "training checkpoint")
+    except CheckpointError as e:
+        raise CheckpointError(f"{e}; delete {latest} to start the run over") from None
 
 
 # ----------------------------------------------------------------------------- eval
@@ -403,6 +406,8 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
         sched.load_state_dict(state["scheduler"])
         start, radius = state["step"], state["radius"]
         _set_rng_state(state["rng"])
+        if main:
+            print(f"resuming {out_dir} from step {start} of {cfg.steps} (its latest checkpoint)", file=sys.stderr)
     elif radius is None and codebook is not None:
         radius = _estimate_radius(features, len(train_set), cfg, codebook)
 
