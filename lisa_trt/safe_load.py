@@ -16,16 +16,12 @@ from pathlib import Path
 from .errors import CheckpointError
 
 _GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.<>]+)")
-_OPERAND = re.compile(r"Unsupported operand (\d+)")
 
 
 def refused_object(err: Exception) -> str | None:
     """The Python object a weights-only load refused to build (e.g. 'builtins.print'), if stated."""
     m = _GLOBAL.search(str(err))
-    if m:
-        return m.group(1)
-    m = _OPERAND.search(str(err))
-    return f"pickle opcode {m.group(1)}" if m else None
+    return m.group(1) if m else None
 
 
 def refusal_message(path, err: Exception, what: str = "checkpoint") -> str:
@@ -41,8 +37,7 @@ def refusal_message(path, err: Exception, what: str = "checkpoint") -> str:
 
 def is_refusal(err: Exception) -> bool:
     """True when `err` is torch's weights-only refusal (as opposed to a corrupt / truncated file)."""
-    text = str(err)
-    return isinstance(err, pickle.UnpicklingError) and ("Unsupported" in text or "Weights only load failed" in text)
+    return isinstance(err, pickle.UnpicklingError) and _GLOBAL.search(str(err)) is not None
 
 
 def unreadable_message(path, err: Exception, what: str = "checkpoint") -> str:
