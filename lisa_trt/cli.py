@@ -758,7 +758,7 @@ def demo(out_dir, num_images, backend, verify, seed):
     probe_writable_dir(out_dir, "--out directory")
     summary = run_demo(Path(out_dir), num_images=num_images, backend=backend, verify=verify, seed=seed,
                        echo=click.echo)
-    click.echo(json.dumps(summary["results"], indent=2))
+    click.echo(f"details: {Path(out_dir) / 'summary.json'}")
 
 
 if __name__ == "__main__":  # pragma: no cover
