@@ -1,4 +1,4 @@
-"""Atomic file writes and safetensors helpers (DESIGN.md principle 6: writes are temp + rename)."""
+"""Atomic file writes and safetensors helpers (docs/design.md principle 6: writes are temp + rename)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Offline rollout profiling: target + VQ codebook -> GASV / LANTERN tables (spec/lisa.md).
+"""Offline rollout profiling: target + VQ codebook -> GASV / LANTERN tables (docs/spec/lisa.md).
 
     whitening      invstd of output.weight, W~ = W * invstd, row norms of W~
     clusters       seeded k-means (k-means++ init, Lloyd) on the codebook (or on W~)
@@ -168,7 +168,7 @@ def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, num_rollouts: in
               sampling: SamplingConfig = SamplingConfig(), gasv: GASVConfig = GASVConfig(),
               batch_size: int = 8, min_cluster_samples: int = 32, kmeans_iters: int = 50,
               progress: bool = True) -> GASVTables:
-    """Make GASV + LANTERN tables for `target` by rollout profiling (spec/lisa.md "Calibration").
+    """Make GASV + LANTERN tables for `target` by rollout profiling (docs/spec/lisa.md "Calibration").
 
     Args:
         target: lisa_trt Transformer (eval).

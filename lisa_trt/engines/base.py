@@ -1,4 +1,4 @@
-"""The runner protocol every backend implements (DESIGN.md principle 3).
+"""The runner protocol every backend implements (docs/design.md principle 3).
 
 The speculative loop (speculative/decode.py) talks to a `TargetEngine` and a `DrafterEngine`
 and never to a backend directly. Torch tensors are the array type; caches are preallocated

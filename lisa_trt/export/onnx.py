@@ -1,4 +1,4 @@
-"""Export target + drafter + GASV + VQ decoder to ONNX (spec/deploy.md), atomically, validated.
+"""Export target + drafter + GASV + VQ decoder to ONNX (docs/spec/deploy.md), atomically, validated.
 
 `export_bundle(target, drafter, tables, vq, out_dir)` writes one engine directory:
 
@@ -53,7 +53,7 @@ from .io_spec import GASV_PARAMS, Graph, GraphSpec, export_dims, graph_spec
 DEFAULT_OPSET = 23  # ONNX Attention (SDPA with a mask) needs opset >= 23
 DEFAULT_MAX_TREE = 64
 EXTERNAL_DATA_BYTES = 32 << 20  # graphs with more weight bytes than this use external data
-_EXAMPLE = dict(batch=2, seq=3, nodes=3)  # trace sizes: never 1 on a dynamic axis (spec/deploy.md)
+_EXAMPLE = dict(batch=2, seq=3, nodes=3)  # trace sizes: never 1 on a dynamic axis (docs/spec/deploy.md)
 
 
 class ExportError(LisaError):
@@ -198,7 +198,7 @@ class DrafterStepGraph(_NamedGraph):
 
 
 class GASVGraph(_NamedGraph):
-    """gasv_gate's dense path (spec/lisa.md steps 1-5) with the constants as an input vector.
+    """gasv_gate's dense path (docs/spec/lisa.md steps 1-5) with the constants as an input vector.
 
     Reuses speculative/gasv.py's functions; only step 2 (modulated thresholds) is restated
     because lambda is a graph input here instead of a Python float.

@@ -1,6 +1,6 @@
 """Drafter distillation trainer: EAGLE-3 training-time test (TTT) unroll + LISA / baseline losses.
 
-TTT unroll (spec/speculative.md), with N image tokens z and target taps g (taps[:, j] belongs to
+TTT unroll (docs/spec/speculative.md), with N image tokens z and target taps g (taps[:, j] belongs to
 the position whose logits predict z_j):
   step 0, entry j (j = 0..N-2): hidden fc(g_j), token z_j, position C + j -> predicts z_{j+1}
   step s, entry j: hidden = the drafter's own step s-1 output at j, token z_{j+s}, position
@@ -43,7 +43,7 @@ from .losses import LossConfig, agreement_stats, combine_ttt, estimate_radius, l
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything a training run depends on (defaults: spec/lisa.md paper recipe where given)."""
+    """Everything a training run depends on (defaults: docs/spec/lisa.md paper recipe where given)."""
 
     steps: int = 1000
     batch_size: int = 8  # global batch (sequences), split evenly over DDP ranks
