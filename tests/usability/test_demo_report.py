@@ -4,7 +4,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
 from lisa_trt.runtime.demo_report import (format_quality, labelled_grid, quality_with_error, speed_explanation,
                                           wilson_interval)
