@@ -317,6 +317,9 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
 
         dr, tb = resolve_spec_artifacts(model, target, [verify], drafter, tables)
         spec = make_spec(verify, tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda)
+        click.echo(f"{verify}: decoding {len(cond) if torch.is_tensor(cond) else cond[0].shape[0]} image(s), "
+                   f"{tc.block_size} tokens each, draft tree top-k {spec.top_k} / depth {spec.depth} / "
+                   f"{spec.total_tokens} nodes (smaller trees are faster on a CPU: --tree-tokens) ...", err=True)
         tokens, st = run_method(verify, target, dr, tb, cond, sampling=s, spec=spec, seed=seed)
         stats = st.as_dict()
         click.echo(f"{verify}: MAL {stats['mal']:.2f}, {stats['target_forwards']} target forwards, "

@@ -165,3 +165,12 @@ def test_fd_with_one_image_is_nan_not_a_crash():
     with pytest.warns(UserWarning, match="at least 2 images"):
         acc, fd = score_images(torch.zeros(1, 3, 64, 64), torch.tensor([0]))
     assert math.isnan(fd) and 0.0 <= acc <= 1.0
+
+
+def test_overwrite_clears_only_our_outputs(tmp_path):
+    from lisa_trt.validation import clear_previous_outputs
+
+    for name in ("img_0000.png", "img_0001_line3.png", "tokens.npy", "stats.json", "notes.txt"):
+        (tmp_path / name).write_bytes(b"x")
+    removed = clear_previous_outputs(tmp_path)
+    assert len(removed) == 4 and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
