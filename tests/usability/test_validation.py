@@ -174,3 +174,14 @@ def test_overwrite_clears_only_our_outputs(tmp_path):
         (tmp_path / name).write_bytes(b"x")
     removed = clear_previous_outputs(tmp_path)
     assert len(removed) == 4 and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_bench_with_one_image_reports_fd_na(tmp_path):
+    from lisa_trt.demo.registry import assets_present
+
+    if not assets_present():
+        pytest.skip("bundled demo assets not built")
+    res = CliRunner().invoke(main, ["bench", "--model", "demo", "--methods", "vanilla", "--num-images", "1",
+                                    "--json", str(tmp_path / "b.json")])
+    assert res.exit_code == 0, res.output
+    assert "FD-demo n/a" in res.output and "indicative" in res.output
