@@ -55,3 +55,13 @@ def test_on_token_callback_counts_every_token():
     seen = []
     lisa_trt.generate(model, torch.tensor([0]), seed=0, on_token=seen.append)
     assert seen == list(range(1, model.config.block_size + 1))
+
+
+def test_pipeline_progress_one_step_per_image(capsys):
+    import lisa_trt
+
+    pipe = lisa_trt.Pipeline.from_models(testing.make_target(seed=0))
+    pipe.generate([0, 1], verify="vanilla", decode=False, progress=True)
+    assert "2/2" in capsys.readouterr().err
+    pipe.generate([0], verify="vanilla", decode=False)
+    assert capsys.readouterr().err == ""  # off by default (library use)
