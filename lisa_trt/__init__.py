@@ -3,13 +3,18 @@
 Public API (kept stable): load_target, load_vq, generate, Pipeline, TargetConfig, VQConfig, LisaError.
 """
 
+from .threads import set_passive_wait_env as _passive
+
+_passive()  # before torch loads OpenMP: idle threads sleep instead of spinning (see threads.py)
+
 from .config import SamplingConfig, TargetConfig, VQConfig, target_config, vq_config
 from .errors import LisaError
 from .models.checkpoints import load_target, load_vq
 from .runtime.pipeline import GenerationResult, Pipeline
 from .speculative.autoregressive import generate
+from .threads import apply_thread_policy
 
 from ._version import __version__  # noqa: E402
 
-__all__ = ["GenerationResult", "LisaError", "Pipeline", "SamplingConfig", "TargetConfig", "VQConfig", "generate", "load_target",
+__all__ = ["GenerationResult", "LisaError", "Pipeline", "SamplingConfig", "TargetConfig", "apply_thread_policy", "VQConfig", "generate", "load_target",
            "load_vq", "target_config", "vq_config", "__version__"]

@@ -1,7 +1,7 @@
 """`lisa-trt bench`: every method on the same prompts and seeds, in one process.
 
 Speed-up = vanilla seconds per image / method seconds per image, measured in the same run
-(spec/speculative.md metric conventions: batch 1, same batched CFG, VQ decode excluded).
+(docs/spec/speculative.md metric conventions: batch 1, same batched CFG, VQ decode excluded).
 Quality (class accuracy, FD-demo) comes from the demo scorer when the model has one.
 """
 

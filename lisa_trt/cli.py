@@ -28,12 +28,18 @@ def _handle_errors(fn):
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="lisa-trt")
-def main():
+@click.option("--threads", "threads", type=click.IntRange(min=1), default=None, envvar="LISA_TRT_THREADS",
+              help="CPU threads for torch and ONNX Runtime (env LISA_TRT_THREADS; default: the CPUs this "
+                   "process may use, from its affinity and cgroup quota). Idle threads sleep, never spin.")
+def main(threads):
     """lisa-trt: LISA speculative decoding for autoregressive image generators.
 
     Pipeline: train (drafter) -> calibrate (GASV tables) -> export (ONNX) -> build (TensorRT)
     -> run. `lisa-trt demo` runs all of it on the bundled CPU model.
     """
+    from .threads import apply_thread_policy
+
+    apply_thread_policy(threads)
 
 
 # ----------------------------------------------------------------------------- shared options
@@ -70,14 +76,32 @@ def _backend_choice(*extra):
     return click.Choice([*extra, *backend_names()])
 
 
+def _sampling_range(field):
+    """Click callback: the shared range check of lisa_trt.validation (vocab size checked later)."""
+
+    def cb(ctx, param, value):
+        from .validation import sampling_problems
+
+        problems = sampling_problems(**{field: value})
+        if problems:
+            raise click.BadParameter(problems[0].split(" ", 1)[1], ctx=ctx, param=param)
+        return value
+
+    return cb
+
+
 def sampling_options(fn):
     from .config import SamplingConfig
 
     d = SamplingConfig()
-    fn = click.option("--cfg-scale", type=float, default=None, help=f"CFG scale (default {d.cfg_scale}; demo: its own).")(fn)
-    fn = click.option("--temperature", type=float, default=None, help=f"Temperature (default {d.temperature}).")(fn)
-    fn = click.option("--top-k", type=int, default=None, help=f"Top-k, 0 = off (default {d.top_k}).")(fn)
-    fn = click.option("--top-p", type=float, default=None, help=f"Top-p (default {d.top_p}).")(fn)
+    fn = click.option("--cfg-scale", type=float, default=None, callback=_sampling_range("cfg_scale"),
+                      help=f"CFG scale >= 0, 1 = off (default {d.cfg_scale}; demo: its own).")(fn)
+    fn = click.option("--temperature", type=float, default=None, callback=_sampling_range("temperature"),
+                      help=f"Temperature > 0 (default {d.temperature}).")(fn)
+    fn = click.option("--top-k", type=int, default=None, callback=_sampling_range("top_k"),
+                      help=f"Top-k, 0 = off, at most the vocabulary size (default {d.top_k}).")(fn)
+    fn = click.option("--top-p", type=float, default=None, callback=_sampling_range("top_p"),
+                      help=f"Top-p in (0, 1] (default {d.top_p}).")(fn)
     fn = click.option("--cfg-interval", type=int, default=None, help="Guidance off after this step (-1 = always on).")(fn)
     fn = click.option("--greedy", is_flag=True, help="Argmax of the guided logits.")(fn)
     fn = click.option("--seed", type=int, default=0, show_default=True)(fn)
@@ -181,9 +205,9 @@ def resolve_target(model, config, image_size, model_type):
     return load_target(model, cfg)
 
 
-def resolve_sampling(model, **given):
+def resolve_sampling(model, vocab_size=None, **given):
     """SamplingConfig from CLI values; unset values come from the bundle defaults (demo) or
-    the dataclass defaults."""
+    the dataclass defaults. Checked with lisa_trt.validation (top-k against `vocab_size`)."""
     import dataclasses
 
     from .config import SamplingConfig
@@ -192,7 +216,11 @@ def resolve_sampling(model, **given):
 
     aset = artifact_set(model)
     base = aset.extra("demo_sampling", SamplingConfig)() if aset is not None else SamplingConfig()
-    return dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None and v is not False})
+    s = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None and v is not False})
+    from .validation import check_sampling
+
+    check_sampling(s, vocab_size=vocab_size)
+    return s
 
 
 # ----------------------------------------------------------------------------- commands
@@ -251,10 +279,11 @@ def random_checkpoint(out, config, image_size, model_type, seed):
 @sampling_options
 @spec_options
 @click.option("--out", "out_dir", default="outputs", show_default=True, type=click.Path())
+@click.option("--overwrite", is_flag=True, help="Write into a non-empty --out (earlier images/stats are removed).")
 @_handle_errors
 def generate(model, config, image_size, model_type, vq, vq_config, classes, captions, cfg_scale,
              temperature, top_k, top_p, cfg_interval, greedy, seed, drafter, verify, tables,
-             tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda, out_dir):
+             tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda, out_dir, overwrite):
     """Generate images: the reference AR loop, or tree speculation with --drafter/--verify.
 
     Writes PNGs (when a VQ is known), tokens.npy and stats.json."""
@@ -263,15 +292,20 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
     import torch
 
     from .errors import InputError
-    from .runtime.outputs import class_names_of, decode_and_save, load_caption_file, parse_classes, save_generation
+    from .runtime.outputs import (class_names_of, decode_and_save, load_caption_file, load_vq_for, parse_classes,
+                                  save_generation)
     from .speculative.methods import method_names
     from .speculative.run import run_method
+    from .validation import check_out_dir
 
     from .models.family import family_of
 
+    check_out_dir(out_dir, overwrite=overwrite)
     target = resolve_target(model, config, image_size, model_type)
+    vq = _default_vq(model, vq)
+    vqm = load_vq_for(vq, vq_config, tc=target.config) if vq is not None else None  # fails before generating
     tc = target.config
-    s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
+    s = resolve_sampling(model, target.config.vocab_size, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                          top_p=top_p, cfg_interval=cfg_interval, greedy=greedy)
     if family_of(tc).class_conditioned(tc):
         if classes is None:
@@ -284,16 +318,19 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
     verify = verify or method_names("ar")[0]  # default: the vanilla AR loop
     dr, tb = resolve_spec_artifacts(model, target, [verify], drafter, tables)
     spec = make_spec(verify, tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda)
+    n_img = len(cond) if torch.is_tensor(cond) else cond[0].shape[0]
+    click.echo(f"{verify}: decoding {n_img} image(s), {tc.block_size} tokens each"
+               + ("" if verify in method_names("ar") else
+                  f", draft tree top-k {spec.tree.top_k} / depth {spec.tree.depth} / {spec.tree.total_tokens} nodes "
+                  "(smaller trees are faster on a CPU: --tree-tokens)") + " ...", err=True)
     tokens, st = run_method(verify, target, dr, tb, cond, sampling=s, spec=spec, seed=seed)
     stats = st.as_dict()
     click.echo(f"{verify}: MAL {stats['mal']:.2f}, {stats['target_forwards']} target forwards, "
                f"mean TVD {stats['mean_tvd']:.4f}, {stats['times']['total']:.2f} s")
-    out = save_generation(out_dir, tokens, {"verify": verify, "sampling": dataclasses.asdict(s), **stats})
-    from .artifacts import default_vq
-
-    vq = default_vq(model, vq)
-    if vq is not None:
-        paths = decode_and_save(tokens, vq, vq_config, tc, out)
+    out = save_generation(out_dir, tokens, {"verify": verify, "sampling": dataclasses.asdict(s), **stats},
+                          overwrite=overwrite)
+    if vqm is not None:
+        paths = decode_and_save(tokens, vqm, vq_config, tc, out)
         click.echo(f"wrote {len(paths)} images and tokens.npy to {out}")
     else:
         click.echo(f"wrote tokens.npy to {out} (pass --vq to decode images)")
@@ -322,7 +359,12 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
     from .calibration.tables import save_tables
     from .models.checkpoints import load_vq
     from .speculative.gasv import GASVConfig
+    from .validation import check_positive, probe_writable_file
 
+    check_positive(rollouts, "--rollouts")
+    check_positive(samples_per_pos, "--samples-per-pos")
+    check_positive(clusters, "--clusters")
+    probe_writable_file(out_path, "--out file")
     target = resolve_target(model, config, image_size, model_type)
     vq = _default_vq(model, vq)
     if vq is None:
@@ -330,7 +372,8 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 
         raise InputError("calibration needs the VQ codebook: pass --vq (e.g. vq_ds16_c2i.pt)")
     vqm = load_vq(vq, _vq_config_for(vq, vq_config))
-    s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
+    s = resolve_sampling(model, target.config.vocab_size, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
+                         top_p=top_p,
                          cfg_interval=cfg_interval, greedy=greedy)
     tables = run_calibration(target, vqm.codebook().detach(), num_rollouts=rollouts,
                              samples_per_pos=samples_per_pos, quantile=quantile, n_clusters=clusters,
@@ -376,7 +419,16 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
     from .train.data import DataConfig
     from .train.losses import LossConfig
     from .train.trainer import TrainConfig, train_drafter
+    from .validation import check_positive, probe_writable_dir
 
+    for value, opt in ((steps, "--steps"), (batch_size, "--batch-size"), (num_samples, "--num-samples"),
+                       (checkpoint_every, "--checkpoint-every")):
+        check_positive(value, opt)
+    check_positive(eval_images, "--eval-images", allow_zero=True)
+    from .validation import check_sampling
+
+    check_sampling(cfg_scale=cfg_scale)
+    probe_writable_dir(out_dir, "--out run directory")
     target = resolve_target(model, config, image_size, model_type)
     vq = _default_vq(model, vq)
     if vq is None:
@@ -404,8 +456,15 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
               drafter_heads=drafter_heads, checkpoint_every=checkpoint_every, seed=seed)
     cfg = TrainConfig(**{k: v for k, v in kw.items() if v is not None}, bf16=bf16, target_name=model,
                       loss=LossConfig(kind=loss), data=DataConfig(**data_kw))
-    result = train_drafter(target, vqm.codebook().detach(), cfg, out_dir)
-    click.echo(f"wrote {Path(out_dir) / 'drafter.safetensors'}; eval: {json.dumps(result.get('eval', {}))}")
+    from .train.messages import format_eval, resume_hint
+
+    try:
+        result = train_drafter(target, vqm.codebook().detach(), cfg, out_dir)
+    except KeyboardInterrupt:
+        click.echo("\n" + resume_hint(out_dir, cfg.steps), err=True)
+        sys.exit(130)
+    click.echo(f"wrote {Path(out_dir) / 'drafter.safetensors'}")
+    click.echo(format_eval(result.get("eval", {})))
     import os
 
     if eval_images and int(os.environ.get("RANK", "0")) == 0:  # one rank under torchrun
@@ -444,10 +503,15 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
 
     from .artifacts import default_drafter
     from .bench import parse_methods, run_bench, save_bench
+    from .validation import check_positive, probe_writable_file
 
+    check_positive(num_images, "--num-images")
+    probe_writable_file(json_path, "--json file")
+    if plot_path:
+        probe_writable_file(plot_path, "--plot file")
     ms = parse_methods(methods)
     target = resolve_target(model, config, image_size, model_type)
-    s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
+    s = resolve_sampling(model, target.config.vocab_size, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                          cfg_interval=cfg_interval, greedy=greedy)
     dr, tb = resolve_spec_artifacts(model, target, ms, drafter, tables)
     tgt_engine, dr_engine, gasv_engine = target, dr, None
@@ -473,7 +537,11 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
                 return vqm.decode_code(tokens, (tokens.shape[0], vqm.config.codebook_embed_dim, g, g)).clamp(-1, 1)
 
         def scorer_fn(images, labels):
-            return score_images(images, labels, scorer)
+            import warnings
+
+            with warnings.catch_warnings():  # too few images for FD: said once below, in words
+                warnings.simplefilter("ignore", UserWarning)
+                return score_images(images, labels, scorer)
 
     spec = make_spec("gasv", tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda)
     report = run_bench(tgt_engine, dr_engine, tb, ms, cl, sampling=s, spec=spec, seed=seed, gasv=gasv_engine,
@@ -481,10 +549,17 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
                        settings_extra={"model": model, "drafter": drafter or default_drafter(model),
                                        "backend": backend, "command": " ".join(sys.argv)})
     save_bench(report, json_path, plot_path)
+    from .demo.scorer import INDICATIVE_BELOW
+
     for m, r in report["results"].items():
-        q = f", class_acc {r['class_acc']:.3f}, FD-demo {r['fd_demo']:.2f}" if "class_acc" in r else ""
+        fd = r.get("fd_demo", float("nan"))
+        q = (f", class_acc {r['class_acc']:.3f}, FD-demo {'n/a' if fd != fd else format(fd, '.2f')}"
+             if "class_acc" in r else "")
         click.echo(f"{m:8s} MAL {r['mal']:.2f}  {r['seconds_per_image']:.3f} s/img  speed-up {r['speedup']:.2f}x  "
                    f"TVD {r['mean_tvd']:.4f}{q}")
+    if model == "demo" and num_images < INDICATIVE_BELOW:
+        click.echo(f"quality from {num_images} images is indicative only (FD-demo is biased upwards below "
+                   f"{INDICATIVE_BELOW} images; bench/demo_quality.json uses 256)")
 
 
 @main.command()
@@ -544,7 +619,9 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
     from .models.checkpoints import load_vq
     from .runtime.bundle import export_full_bundle
     from .runtime.outputs import generation_defaults
+    from .validation import probe_writable_dir
 
+    probe_writable_dir(out_dir, "--out engine directory")
     target = resolve_target(model, config, image_size, model_type)
     drafter = drafter or default_drafter(model)
     tables = tables or default_tables(model)
@@ -552,7 +629,8 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
     dr = load_drafter_by_name(drafter, target) if drafter else None
     tb = load_tables_by_name(tables, target) if tables else None
     vqm = load_vq(vq, _vq_config_for(vq, vq_config)) if vq else None
-    s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
+    s = resolve_sampling(model, target.config.vocab_size, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
+                         top_p=top_p,
                          cfg_interval=cfg_interval, greedy=greedy)
     man = export_full_bundle(target, dr, tb, vqm, out_dir, fp16=fp16, opset=opset, max_tree=max_tree,
                              generation=generation_defaults(model, target, s), validate=not no_validate)
@@ -566,6 +644,7 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
 @click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("prompts", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", "out_dir", default="outputs", show_default=True, type=click.Path())
+@click.option("--overwrite", is_flag=True, help="Write into a non-empty --out (earlier images/stats are removed).")
 @click.option("--backend", type=_backend_choice("auto"), default="auto", show_default=True)
 @click.option("--verify", type=_method_choice(),
               default="gasv", show_default=True)
@@ -575,7 +654,7 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
 @click.option("--tree-depth", type=int, default=None)
 @click.option("--tree-tokens", type=int, default=None)
 @_handle_errors
-def run(engine_dir, prompts, out_dir, backend, verify, threads, cfg_scale, temperature, top_k, top_p, cfg_interval,
+def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, cfg_scale, temperature, top_k, top_p, cfg_interval,
         greedy, seed, tree_top_k, tree_depth, tree_tokens):
     """Tree speculation + GASV over an engine directory: PNGs and per-image stats.
 
@@ -584,14 +663,17 @@ def run(engine_dir, prompts, out_dir, backend, verify, threads, cfg_scale, tempe
     from .runtime.outputs import save_run
     from .runtime.pipeline import Pipeline
     from .runtime.prompts import parse_prompts
+    from .validation import check_out_dir, clear_previous_outputs
 
+    check_out_dir(out_dir, overwrite=overwrite)
     pipe = Pipeline.from_dir(engine_dir, backend=backend, threads=threads)
     cfg = pipe.config
     ps = parse_prompts(prompts, model_type=cfg.model_type, num_classes=cfg.num_classes, class_names=pipe.class_names)
     res = pipe.generate(ps, seed=seed, verify=verify, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                         top_p=top_p, greedy=greedy, tree_top_k=tree_top_k, tree_depth=tree_depth,
-                        tree_tokens=tree_tokens)
-    out = save_run(out_dir, res, ps, {"backend": pipe.backend, "verify": verify, "images": res.stats})
+                        tree_tokens=tree_tokens, progress=sys.stderr.isatty())
+    out = save_run(out_dir, res, ps, {"backend": pipe.backend, "verify": verify, "images": res.stats},
+                   overwrite=overwrite)
     mal = sum(st["mal"] for st in res.stats) / len(res.stats)
     secs = sum(st["seconds"] for st in res.stats)
     click.echo(f"{len(res.images)} images -> {out} ({pipe.backend}, {verify}): mean MAL {mal:.2f}, {secs:.2f} s")
@@ -608,10 +690,13 @@ def demo(out_dir, num_images, backend, verify, seed):
     """The whole pipeline on the bundled CPU model: export (cached), then vanilla vs LISA
     through ONNX Runtime; prints speed-up, MAL and quality, writes a side-by-side PNG grid."""
     from .runtime.demo import run_demo
+    from .validation import check_positive, probe_writable_dir
 
+    check_positive(num_images, "--num-images")
+    probe_writable_dir(out_dir, "--out directory")
     summary = run_demo(Path(out_dir), num_images=num_images, backend=backend, verify=verify, seed=seed,
                        echo=click.echo)
-    click.echo(json.dumps(summary["results"], indent=2))
+    click.echo(f"details: {Path(out_dir) / 'summary.json'}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,6 +1,6 @@
 """Frozen configuration dataclasses and name -> config registries.
 
-Model shapes live here and nowhere else (DESIGN.md principle 1). `TargetConfig` uses the field
+Model shapes live here and nowhere else (docs/design.md principle 1). `TargetConfig` uses the field
 names of LlamaGen's `ModelArgs` so that official settings carry over verbatim.
 """
 

@@ -1,4 +1,4 @@
-"""Atomic file writes and safetensors helpers (DESIGN.md principle 6: writes are temp + rename)."""
+"""Atomic file writes and safetensors helpers (docs/design.md principle 6: writes are temp + rename)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def atomic_write(path):
 
 
 @contextlib.contextmanager
-def atomic_dir(out_dir, *, marker: str | None = None, what: str = "output"):
+def atomic_dir(out_dir, *, marker: str | None = None, what: str = "output", check=None, stage_name=None):
     """Yield a hidden staging directory next to `out_dir`; on success it replaces `out_dir`.
 
     The one atomic-directory helper (exports, bundles). On any failure (or interrupt) the
@@ -48,6 +48,10 @@ def atomic_dir(out_dir, *, marker: str | None = None, what: str = "output"):
         marker: a file name an existing non-empty `out_dir` must contain to be replaced (e.g.
             manifest.json), so that an unrelated directory is never deleted.
         what: what the directory is, for the error message.
+        check: optional `check(out_dir)` that raises if `out_dir` must not be replaced; called
+            before any work and again just before the swap (export/staging.check_replaceable).
+        stage_name: optional `stage_name(out_dir) -> Path` for the staging directory (e.g. one
+            carrying the PID, so a later run can tell an abandoned leftover from a live one).
     Raises:
         InputError: `out_dir` exists, is not empty and lacks `marker`.
     """
@@ -61,7 +65,13 @@ def atomic_dir(out_dir, *, marker: str | None = None, what: str = "output"):
     if marker and out_dir.exists() and not (out_dir / marker).is_file() and any(out_dir.iterdir()):
         raise InputError(f"{out_dir} exists and is not a lisa-trt {what} (no {marker}); "
                          "choose an empty or new --out directory")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+    if check is not None:
+        check(out_dir)
+    if stage_name is not None:
+        tmp = Path(stage_name(out_dir))
+        tmp.mkdir()
+    else:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_UMASK)
@@ -69,6 +79,8 @@ def atomic_dir(out_dir, *, marker: str | None = None, what: str = "output"):
             os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~_UMASK)
         old = None
         if out_dir.exists():
+            if check is not None:
+                check(out_dir)  # again: files may have appeared meanwhile
             old = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
             os.replace(out_dir, old)
         os.replace(tmp, out_dir)

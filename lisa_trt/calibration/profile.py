@@ -1,4 +1,4 @@
-"""Offline rollout profiling: target + VQ codebook -> GASV / LANTERN tables (spec/lisa.md).
+"""Offline rollout profiling: target + VQ codebook -> GASV / LANTERN tables (docs/spec/lisa.md).
 
     whitening      invstd of output.weight, W~ = W * invstd, row norms of W~
     clusters       seeded k-means (k-means++ init, Lloyd) on the codebook (or on W~)
@@ -169,7 +169,7 @@ def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, num_rollouts: in
               sampling: SamplingConfig = SamplingConfig(), gasv: GASVConfig = GASVConfig(),
               batch_size: int = 8, min_cluster_samples: int = 32, kmeans_iters: int = 50,
               progress: bool = True) -> GASVTables:
-    """Make GASV + LANTERN tables for `target` by rollout profiling (spec/lisa.md "Calibration").
+    """Make GASV + LANTERN tables for `target` by rollout profiling (docs/spec/lisa.md "Calibration").
 
     Args:
         target: lisa_trt Transformer (eval).
@@ -201,6 +201,8 @@ def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, num_rollouts: in
         raise InputError(f"cluster_space must be 'codebook' or 'w_tilde', got {cluster_space!r}")
     if not 0.0 < quantile < 1.0 or samples_per_pos < 1:
         raise InputError("calibration needs 0 < quantile < 1 and samples_per_pos >= 1")
+    if conds is None and (not isinstance(num_rollouts, int) or num_rollouts < 1):
+        raise InputError(f"calibration needs num_rollouts >= 1 (--rollouts), got {num_rollouts!r}")
     codebook = F.normalize(vq_codebook.detach().float().cpu(), dim=1)
     invstd = whitening(W)
     w_tilde = whiten(W, invstd)                                          # (V, H)
@@ -218,15 +220,24 @@ def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, num_rollouts: in
     alt_gen = torch.Generator(device=W.device).manual_seed(seed + 1)
     cluster_dev = cluster.to(W.device).long()
     all_s, all_c = [], []
-    for s in tqdm(range(0, R, batch_size), desc="calibrate rollouts", disable=not progress):
+    # Bar in rollouts, advanced token by token (one batch can be all the rollouts: no 0/1 bar).
+    bar = tqdm(total=R, desc="calibrate rollouts", unit="rollout", disable=not progress,
+               bar_format="{l_bar}{bar}| {n:.1f}/{total} [{elapsed}<{remaining}]")
+    N = target.config.block_size
+    for s in range(0, R, batch_size):
         cond = _slice_cond(conds, s, s + batch_size)
+        nb = min(batch_size, R - s)
         tokens = generate(target, cond, cfg_scale=sampling.cfg_scale, temperature=sampling.temperature,
                           top_k=sampling.top_k, top_p=sampling.top_p, greedy=sampling.greedy,
-                          cfg_interval=sampling.cfg_interval, generator=gen)
+                          cfg_interval=sampling.cfg_interval, generator=gen,
+                          on_token=lambda _i, nb=nb: bar.update(0.9 * nb / N))
         logits = guided_rollout_logits(target, cond, tokens, sampling)  # (B, N, V)
         drift, top1 = drift_samples(logits.reshape(-1, V), w_tilde, samples_per_pos, alt_gen, gasv.eps)
         all_s.append(drift.cpu())
         all_c.append(cluster_dev[top1][:, None].expand_as(drift).cpu())
+        bar.n = s + nb  # the remaining 10 %: drift sampling of this batch
+        bar.refresh()
+    bar.close()
     beta, counts = cluster_budgets(torch.cat(all_s), torch.cat(all_c), C, quantile, min_cluster_samples)
     med = float(beta.median())
     if not (math.isfinite(med) and med > 0):

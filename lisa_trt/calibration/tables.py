@@ -53,7 +53,7 @@ def target_hash_of(target) -> str:
 
 @dataclass(frozen=True, eq=False)
 class GASVTables:
-    """Calibration tables for GASV and LANTERN (spec/lisa.md "Calibration").
+    """Calibration tables for GASV and LANTERN (docs/spec/lisa.md "Calibration").
 
     Attributes:
         invstd: (H,) fp32 per-dimension whitening of the head weight.

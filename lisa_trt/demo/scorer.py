@@ -9,6 +9,8 @@ Two numbers score a set of generated images with intended class labels:
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,6 +104,18 @@ def feature_stats(feats: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
 
 _REF_CACHE: dict = {}
 
+MIN_FD_IMAGES = 2        # fewer: no covariance, FD undefined
+INDICATIVE_BELOW = 64    # fewer: FD-demo is biased upwards and noisy (bench/ uses >= 64)
+
+
+def quality_label(n: int) -> str:
+    """How much an FD-demo / class accuracy from `n` images can be trusted, in words."""
+    if n < MIN_FD_IMAGES:
+        return f"FD not measured ({n} image; needs >= {MIN_FD_IMAGES})"
+    if n < INDICATIVE_BELOW:
+        return f"indicative ({n} images; FD is biased upwards below {INDICATIVE_BELOW})"
+    return f"{n} images"
+
 
 def reference_stats(scorer: DemoScorer, per_class: int = 128, seed: int = 0):
     """Feature stats of held-out real crops (cached per scorer object)."""
@@ -122,15 +136,22 @@ def score_images(images: torch.Tensor, labels: torch.Tensor, scorer: DemoScorer 
         scorer: a DemoScorer (the bundled one: lisa_trt.demo.registry.load_demo_scorer()).
         ref_per_class: held-out real crops per class for the reference statistics.
     Returns:
-        (class_acc in [0, 1], fd_demo).
+        (class_acc in [0, 1], fd_demo); fd_demo is NaN (with a warning) below MIN_FD_IMAGES
+        images, and is only indicative below INDICATIVE_BELOW (see `quality_label`).
     """
     if scorer is None:
         raise InputError("score_images needs a scorer: pass lisa_trt.demo.registry.load_demo_scorer() "
                          "(or call lisa_trt.demo.registry.score_images, which does)")
     if labels.shape != (images.shape[0],):
         raise InputError(f"labels must be ({images.shape[0]},), got {tuple(labels.shape)}")
+    if images.shape[0] < 1:
+        raise InputError("no images to score")
     feats, logits = extract(scorer, images)
     acc = (logits.argmax(-1) == labels).float().mean().item()
+    if images.shape[0] < MIN_FD_IMAGES:  # a covariance needs >= 2 samples; report "not measured"
+        warnings.warn(f"FD-demo needs at least {MIN_FD_IMAGES} images, got {images.shape[0]}; reported as NaN",
+                      stacklevel=2)
+        return acc, float("nan")
     mu, sig = feature_stats(feats)
     mu_r, sig_r = reference_stats(scorer, ref_per_class)
     return acc, frechet_distance(mu, sig, mu_r, sig_r)

@@ -1,6 +1,6 @@
 """The graph-runner protocol every backend implements, and the backend registry.
 
-Two levels (DESIGN.md principle 3):
+Two levels (docs/design.md principle 3):
 
 - `GraphRunner`: ONE exported graph at the named-tensor level (Polygraphy's BaseRunner is the
   model): `run(inputs, outputs) -> dict` by the names of export/io_spec.py, `close()`, and an

@@ -10,7 +10,7 @@
 
 Engines are strongly typed: the ONNX already carries its precision (fp16 export = fp16 weights
 and casts), TensorRT 10 builds it with NetworkDefinitionCreationFlag.STRONGLY_TYPED and 11 is
-strongly typed natively (spec/deploy.md); no FP16/BF16 builder flags are used.
+strongly typed natively (docs/spec/deploy.md); no FP16/BF16 builder flags are used.
 
 Plans are only ever deserialized after their sha256 matches the manifest record and the
 record's TensorRT version and GPU match the running ones (`load_plan`): a plan is code for the

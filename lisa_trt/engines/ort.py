@@ -63,7 +63,7 @@ def session_options(threads: Optional[int] = None, spin: bool = False, profile: 
     """Tuned ORT options: intra-op = physical cores, sequential, graph optimisation ALL.
 
     Args:
-        threads: intra-op threads (default: physical cores).
+        threads: intra-op threads (default: lisa_trt.threads policy: usable CPUs).
         spin: let idle intra-op threads spin after each op. Off by default: the runtime
             alternates several sessions (drafter, target) and host torch code on few cores,
             and spinning pools steal the CPU from each other (measured on the 2-core dev box:
@@ -74,7 +74,9 @@ def session_options(threads: Optional[int] = None, spin: bool = False, profile: 
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.intra_op_num_threads = threads or physical_cores()
+    from ..threads import ort_threads
+
+    so.intra_op_num_threads = ort_threads(threads)  # --threads / LISA_TRT_THREADS / usable CPUs
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

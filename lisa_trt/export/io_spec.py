@@ -1,4 +1,4 @@
-"""The one table of every exported graph's inputs and outputs (DESIGN.md principle 1).
+"""The one table of every exported graph's inputs and outputs (docs/design.md principle 1).
 
 The exporter names graph inputs/outputs from here, the ONNX Runtime (and TensorRT) runners bind
 tensors by these names, validation draws random inputs from the declared axes, TensorRT
@@ -213,7 +213,7 @@ def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> Gr
             TensorSpec("gate", "float32", ("nodes", "vocab"), "GASV gate, 0 outside the support"),
             TensorSpec("p_raw", "float32", ("nodes", "vocab"), "softmax of the logits"),
             TensorSpec("p_soft", "float32", ("nodes", "vocab"), "gated, renormalised target distribution"),
-        ), doc="GASV (spec/lisa.md steps 1-5), dense path, tables baked in as initializers")
+        ), doc="GASV (docs/spec/lisa.md steps 1-5), dense path, tables baked in as initializers")
     if graph is Graph.VQ_DECODE:
         return GraphSpec(graph, (TensorSpec("image_tokens", "int64", ("batch", "block"), "token ids, row-major grid"),),
                          (TensorSpec("images", "float32", ("batch", "channels", "height", "width"), "pixels in about [-1, 1]"),),

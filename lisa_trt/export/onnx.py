@@ -1,4 +1,4 @@
-"""Export target + drafter + GASV + VQ decoder to ONNX (spec/deploy.md), atomically, validated.
+"""Export target + drafter + GASV + VQ decoder to ONNX (docs/spec/deploy.md), atomically, validated.
 
 `export_bundle(target, drafter, tables, vq, out_dir)` writes one engine directory:
 
@@ -50,7 +50,7 @@ from .io_spec import GASV_PARAMS, Graph, GraphSpec, export_dims, gasv_params, gr
 DEFAULT_OPSET = 23  # ONNX Attention (SDPA with a mask) needs opset >= 23
 DEFAULT_MAX_TREE = 64
 EXTERNAL_DATA_BYTES = 32 << 20  # graphs with more weight bytes than this use external data
-_EXAMPLE = dict(batch=2, seq=3, nodes=3)  # trace sizes: never 1 on a dynamic axis (spec/deploy.md)
+_EXAMPLE = dict(batch=2, seq=3, nodes=3)  # trace sizes: never 1 on a dynamic axis (docs/spec/deploy.md)
 
 
 class ExportError(LisaError):
@@ -195,7 +195,7 @@ class DrafterStepGraph(_NamedGraph):
 
 
 class GASVGraph(_NamedGraph):
-    """gasv_gate's dense path (spec/lisa.md steps 1-5) with the constants as an input vector.
+    """gasv_gate's dense path (docs/spec/lisa.md steps 1-5) with the constants as an input vector.
 
     Reuses speculative/gasv.py's functions; only step 2 (modulated thresholds) is restated
     because lambda is a graph input here instead of a Python float.
@@ -335,12 +335,19 @@ def _half_copy(module: nn.Module) -> nn.Module:
     return m
 
 
-def staging_dir(out_dir: Path):
-    """io.atomic_dir for an engine directory (an existing one must carry manifest.json)."""
+def staging_dir(out_dir: Path, echo=None):
+    """io.atomic_dir for an engine directory (an existing one must carry manifest.json).
+
+    Leftovers of killed exports next to `out_dir` are removed first; an existing `out_dir` holding
+    files lisa-trt did not write is refused before any work (export/staging.py).
+    """
     from ..io import atomic_dir
     from .manifest import MANIFEST_NAME
+    from .staging import check_replaceable, clean_stale_staging, staging_dir_name
 
-    return atomic_dir(out_dir, marker=MANIFEST_NAME, what="engine directory")
+    clean_stale_staging(Path(out_dir), echo=echo)
+    return atomic_dir(out_dir, marker=MANIFEST_NAME, what="engine directory", check=check_replaceable,
+                      stage_name=staging_dir_name)
 
 
 def _check_inputs(target, drafter, tables) -> None:

@@ -8,7 +8,6 @@ other key must match exactly (the official loader's strict=False hides mistakes)
 from __future__ import annotations
 
 import json
-import pickle
 from pathlib import Path
 from typing import Union
 
@@ -16,6 +15,7 @@ import torch
 
 from ..config import TargetConfig, VQConfig, _GPT_SHAPES, target_config, vq_config
 from ..errors import CheckpointError, ConfigError
+from ..safe_load import safe_torch_load
 from ..io import load_safetensors, save_safetensors, tensor_hash, write_json
 
 PathLike = Union[str, Path]
@@ -34,32 +34,12 @@ def read_state_dict(path: PathLike) -> tuple[dict, dict]:
         raise CheckpointError(f"checkpoint not found: {path}")
     if path.suffix == ".safetensors":
         return load_safetensors(path)
-    try:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        if "Unsupported global" not in str(e):
-            raise CheckpointError(f"{path} is not a readable PyTorch checkpoint ({_first_error_line(e)})") from e
-        raise CheckpointError(
-            f"refusing to load {path}: its pickle asks to run code or build objects other than "
-            f"tensors ({_first_error_line(e)}). Official LlamaGen files contain only tensors; "
-            "convert a trusted file to safetensors elsewhere, or re-save it as a plain state dict."
-        ) from e
-    except Exception as e:
-        raise CheckpointError(f"{path} is not a readable PyTorch checkpoint ({e})") from e
+    obj = safe_torch_load(path, "checkpoint")  # weights_only; refusals in our own words
     if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
         obj = obj["model"]  # DDP training checkpoints
     if not isinstance(obj, dict) or not all(torch.is_tensor(v) for v in obj.values()):
         raise CheckpointError(f"{path} does not hold a state dict (a mapping of names to tensors)")
     return dict(obj), {}
-
-
-def _first_error_line(e: Exception) -> str:
-    """The informative line of torch's weights_only error (it names the refused global)."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    for ln in lines:
-        if "Unsupported" in ln or "WeightsUnpickler error" in ln:
-            return ln
-    return lines[0] if lines else type(e).__name__
 
 
 def _clean(sd: dict) -> dict:

@@ -1,4 +1,4 @@
-"""EAGLE-3-style drafter for LlamaGen targets (spec/speculative.md, "EAGLE-3 drafter").
+"""EAGLE-3-style drafter for LlamaGen targets (docs/spec/speculative.md, "EAGLE-3 drafter").
 
     g_t  = concat(target residual stream entering layers {2, L//2, L-3})   (B, S, 3H_t)
     h    = fc(g_t)                       at step 0 (the drafter's own output hidden later)

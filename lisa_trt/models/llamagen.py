@@ -1,10 +1,10 @@
 """LlamaGen GPT target with a static KV cache and explicit entry points.
 
 Parameter names follow LlamaGen's autoregressive/models/gpt.py so that official checkpoints load
-strictly. The math follows spec/llamagen.md: RMSNorm in fp32, SwiGLU FFN, plain SDPA, 2D RoPE
+strictly. The math follows docs/spec/llamagen.md: RMSNorm in fp32, SwiGLU FFN, plain SDPA, 2D RoPE
 on adjacent pairs with ZERO rows for the condition prefix, logits in fp32.
 
-Entry points (DESIGN.md principle 4, explicit modes):
+Entry points (docs/design.md principle 4, explicit modes):
 - `prefill(cond, cache)`: writes the condition prefix into the cache.
 - `forward_tokens(tokens, positions, slots, mask, cache)`: any set of new tokens at absolute
   sequence positions, written at cache slots, attending through an explicit mask. The reference

@@ -1,7 +1,7 @@
 """LlamaGen VQ tokenizer (VQGAN-style encoder/decoder, L2-normalised codebook lookup).
 
 Module and parameter names match LlamaGen's tokenizer/tokenizer_image/vq_model.py so that the
-official `vq_ds16_c2i.pt` / `vq_ds16_t2i.pt` load strictly (spec/llamagen.md, "VQ tokenizer").
+official `vq_ds16_c2i.pt` / `vq_ds16_t2i.pt` load strictly (docs/spec/llamagen.md, "VQ tokenizer").
 """
 
 from __future__ import annotations

@@ -117,14 +117,13 @@ def export_full_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = Fal
     import dataclasses
 
     from ..calibration.tables import save_tables
-    from ..export.manifest import MANIFEST_NAME, read_manifest, write_manifest
-    from ..export.onnx import DEFAULT_MAX_TREE, DEFAULT_OPSET, export_bundle
-    from ..io import atomic_dir
+    from ..export.manifest import read_manifest, write_manifest
+    from ..export.onnx import DEFAULT_MAX_TREE, DEFAULT_OPSET, export_bundle, staging_dir
     from ..models.checkpoints import save_model
     from ..models.drafter import save_drafter
 
     out_dir = Path(out_dir)
-    with atomic_dir(out_dir, marker=MANIFEST_NAME, what="engine directory") as stage:
+    with staging_dir(out_dir, echo=print if progress else None) as stage:
         export_bundle(target, drafter, tables, vq, stage, fp16=fp16, opset=opset or DEFAULT_OPSET,
                       max_tree=max_tree or DEFAULT_MAX_TREE, generation=generation, progress=progress,
                       validate=validate, lint=lint)

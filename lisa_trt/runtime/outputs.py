@@ -83,25 +83,46 @@ def generation_defaults(model, target, sampling) -> dict:
     return gen
 
 
-def decode_and_save(tokens, vq, vq_config_name, tc, out) -> list:
-    """Decode tokens with the VQ `vq` (path or set name) and write PNGs into `out`."""
+def load_vq_for(vq, vq_config_name, tc):
+    """Load the VQ (path or set name) and check its codebook matches the target's vocabulary."""
     from ..artifacts import vq_config_for
-    from ..imaging import save_images, to_uint8
     from ..models.checkpoints import load_vq
 
     vqm = load_vq(vq, vq_config_for(vq, vq_config_name))
+    if vqm.config.codebook_size != tc.vocab_size:
+        raise InputError(f"--vq {vq} has {vqm.config.codebook_size} codes but the target's vocabulary is "
+                         f"{tc.vocab_size}; pass the VQ the target was trained with")
+    return vqm
+
+
+def decode_and_save(tokens, vq, vq_config_name, tc, out) -> list:
+    """Decode tokens with `vq` (a loaded VQ model, or a path / set name) and write PNGs into `out`."""
+    from ..imaging import save_images, to_uint8
+
+    vqm = vq if hasattr(vq, "decode_code") else load_vq_for(vq, vq_config_name, tc)
     g = tc.grid_size
     with torch.no_grad():
         imgs = vqm.decode_code(tokens, (tokens.shape[0], vqm.config.codebook_embed_dim, g, g))
     return save_images(to_uint8(imgs), out)
 
 
-def save_generation(out_dir, tokens: torch.Tensor, record: dict) -> Path:
-    """tokens.npy and stats.json (`record`) into `out_dir` (created), each written atomically."""
-    import numpy as np
+def _fresh_out(out_dir, overwrite: bool) -> Path:
+    from ..validation import clear_previous_outputs
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if overwrite:
+        clear_previous_outputs(out)
+    return out
+
+
+def save_generation(out_dir, tokens: torch.Tensor, record: dict, *, overwrite: bool = False) -> Path:
+    """tokens.npy and stats.json (`record`) into `out_dir` (created), each written atomically.
+
+    With `overwrite`, earlier results there (PNGs, tokens.npy, stats.json) are removed first."""
+    import numpy as np
+
+    out = _fresh_out(out_dir, overwrite)
     with atomic_write(out / "tokens.npy") as tmp:
         with open(tmp, "wb") as f:
             np.save(f, tokens.cpu().numpy())
@@ -109,19 +130,18 @@ def save_generation(out_dir, tokens: torch.Tensor, record: dict) -> Path:
     return out
 
 
-def save_run(out_dir, result, prompts, record: dict) -> Path:
+def save_run(out_dir, result, prompts, record: dict, *, overwrite: bool = False) -> Path:
     """`lisa-trt run`: one PNG per prompt (named by its line) and stats.json."""
     import numpy as np
 
     from ..imaging import save_png
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _fresh_out(out_dir, overwrite)
     for i, (img, p) in enumerate(zip(result.images, prompts)):
         save_png(np.asarray(img), out / f"img_{i:04d}_line{p.line}.png")
     write_json(out / "stats.json", record)
     return out
 
 
-__all__ = ["class_names_of", "decode_and_save", "generation_defaults", "load_caption_file", "parse_classes",
+__all__ = ["class_names_of", "decode_and_save", "load_vq_for", "generation_defaults", "load_caption_file", "parse_classes",
            "save_generation", "save_run"]

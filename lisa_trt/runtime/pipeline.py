@@ -62,19 +62,27 @@ class Pipeline:
             backend: "trt" (built engines, TensorRT + GPU), "ort" (ONNX Runtime), "torch"
                 (the bundle's PyTorch weights), or "auto": trt when engines are built and
                 TensorRT is usable, else ort.
-            threads: intra-op threads for ORT sessions (default: physical cores).
+            threads: torch and ORT intra-op threads (default: `lisa_trt.threads` policy, i.e.
+                $LISA_TRT_THREADS or the CPUs this process may use; idle threads sleep).
         """
         from ..engines.base import backend_names
+        from ..threads import ensure_thread_policy
 
         valid = ["auto", "torch"] + [b for b in backend_names() if b != "torch"]
         if backend not in valid:
             raise InputError(f"unknown backend {backend!r}; valid: {', '.join(valid)}")
+        threads = ensure_thread_policy(threads)
         return cls(open_bundle(Path(engine_dir), backend, threads=threads))
 
     @classmethod
     def from_models(cls, target, drafter=None, tables=None, vq=None, *, class_names=None,
-                    generation: Optional[dict] = None) -> "Pipeline":
-        """A torch-backend pipeline over in-memory models (no export needed)."""
+                    generation: Optional[dict] = None, threads: Optional[int] = None) -> "Pipeline":
+        """A torch-backend pipeline over in-memory models (no export needed).
+
+        threads: torch intra-op threads (default: the `lisa_trt.threads` policy)."""
+        from ..threads import ensure_thread_policy
+
+        ensure_thread_policy(threads)
         return cls(Bundle(target=target, drafter=drafter, tables=tables, vq=vq, class_names=class_names,
                             generation=dict(generation or {}), backend="torch"))
 
@@ -145,7 +153,7 @@ class Pipeline:
     def generate(self, prompts: Sequence[Union[int, str, Prompt]], *, seed: int = 0, verify: str = "gasv",
                  cfg_scale: Optional[float] = None, temperature: Optional[float] = None,
                  top_k: Optional[int] = None, top_p: Optional[float] = None, greedy: bool = False,
-                 batch: bool = False, decode: bool = True, **tree) -> GenerationResult:
+                 batch: bool = False, decode: bool = True, progress: bool = False, **tree) -> GenerationResult:
         """Generate one image per prompt.
 
         Args:
@@ -157,12 +165,17 @@ class Pipeline:
             batch: decode all prompts in one batched call (same seed stream) instead of one call
                 per prompt (per-prompt seeds, reproducible one by one).
             decode: decode tokens to PIL images (needs the VQ decoder).
+            progress: show a progress bar (one step per image) on stderr.
             tree: top_k / depth / total_tokens overrides of the tree budget (e.g. depth=3).
         Returns:
             GenerationResult(images, tokens (B, N), stats).
         """
         if verify not in METHODS:
             raise InputError(f"unknown verification {verify!r}; valid: {', '.join(method_names())}")
+        from ..validation import check_sampling
+
+        check_sampling(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
+                       vocab_size=self.config.vocab_size)
         cond, overrides = self._cond(prompts)
         tree_kw = {"top_k": tree.pop("tree_top_k", None), "depth": tree.pop("tree_depth", None),
                    "total_tokens": tree.pop("tree_tokens", None), **tree}
@@ -174,7 +187,10 @@ class Pipeline:
                 # batch-level numbers, one independent dict per prompt
                 tokens, stats = toks, [{**st, "seed": seed, "class": int(c), "batch_row": i} for i, c in enumerate(cond)]
             else:
+                from ..progress import progress_bar
+
                 outs, stats = [], []
+                bar = progress_bar(len(cond), progress, unit="image")
                 for i, (c, ov) in enumerate(zip(cond, overrides)):
                     s = self.sampling(cfg_scale=ov.get("cfg") if ov.get("cfg") is not None else cfg_scale,
                                       temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy or None)
@@ -182,6 +198,8 @@ class Pipeline:
                     toks, st = self._run(verify, c[None], s, self.spec(verify, **tree_kw), sd)
                     outs.append(toks)
                     stats.append({**st, "seed": sd, "class": int(c)})
+                    bar.update(1)
+                bar.close()
                 tokens = torch.cat(outs)
             images = self.decode(tokens) if decode else []
         return GenerationResult(images=images, tokens=tokens, stats=stats)

@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 
 from ..errors import InputError
 from ..models.family import family_of
+from ..validation import sampling_problems
 
 _KEYS = {"class", "caption_features", "seed", "cfg"}
 
@@ -85,8 +86,9 @@ def parse_prompts(path, *, model_type: str = "c2i", num_classes: int = 1000,
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
             errors.append(f"{p}:{no}: seed must be a non-negative integer, got {seed!r}")
             continue
-        if cfg is not None and (not isinstance(cfg, (int, float)) or isinstance(cfg, bool) or cfg < 0):
-            errors.append(f"{p}:{no}: cfg must be a non-negative number, got {cfg!r}")
+        bad = sampling_problems(cfg_scale=cfg, names={"cfg_scale": "cfg"}) if cfg is not None else []
+        if bad:
+            errors.append(f"{p}:{no}: {bad[0]}")
             continue
         if classes:
             if "class" not in obj:

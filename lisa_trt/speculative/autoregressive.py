@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -32,7 +32,8 @@ def step_inputs(cache, tokens: torch.Tensor):
 def generate(target, cond, *, cfg_scale: float = 1.0, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, greedy: bool = False, seed: Optional[int] = None,
              cfg_interval: int = -1, num_tokens: Optional[int] = None,
-             generator: Optional[torch.Generator] = None) -> torch.Tensor:
+             generator: Optional[torch.Generator] = None,
+             on_token: Optional[Callable[[int], None]] = None) -> torch.Tensor:
     """Sample image tokens with the plain AR loop.
 
     Args:
@@ -43,6 +44,7 @@ def generate(target, cond, *, cfg_scale: float = 1.0, temperature: float = 1.0, 
         seed: seeds a private torch.Generator (the global RNG is untouched).
         cfg_interval: guidance off after this decode step (-1: always on).
         num_tokens: tokens to generate (default: the whole image, config.block_size).
+        on_token: called with the number of tokens done after each step (progress bars).
     Returns:
         LongTensor (B, N) of image token ids.
     """
@@ -67,4 +69,6 @@ def generate(target, cond, *, cfg_scale: float = 1.0, temperature: float = 1.0, 
         use_cfg = not (cfg_interval > -1 and i - 1 > cfg_interval)
         logits = process_logits(guided_logits(raw, cfg_scale, use_cfg), temperature, top_k, top_p)
         out[:, i] = sample_from_logits(logits, gen, greedy)
+        if on_token is not None:
+            on_token(i + 1)
     return out

@@ -1,6 +1,6 @@
 """Geometry-Aware Soft Verification (GASV): the PyTorch reference.
 
-Implements spec/lisa.md "Geometry-Aware Soft Verification", steps 1-5, for N verification nodes
+Implements docs/spec/lisa.md "Geometry-Aware Soft Verification", steps 1-5, for N verification nodes
 at once. Every other implementation (Triton kernel, TensorRT plugin, ONNX graph) is tested
 against `gasv_gate`.
 
@@ -31,7 +31,7 @@ NEG_INF = float("-inf")
 
 @dataclass(frozen=True)
 class GASVConfig:
-    """GASV constants (spec/lisa.md defaults). Stored in the calibration tables' metadata.
+    """GASV constants (docs/spec/lisa.md defaults). Stored in the calibration tables' metadata.
 
     `lam` is the spec's lambda (a Python keyword); `theta_geo` is None until calibration sets
     it (8 / median_c beta_c).
@@ -166,7 +166,7 @@ def _resolve_theta_geo(tables, cfg: GASVConfig) -> float:
 def gasv_gate(logits: torch.Tensor, tables, cfg: Optional[GASVConfig] = None, *,
               support_k: Optional[int] = None, force_gate_one: bool = False,
               check_inputs: bool = True) -> GASVOutput:
-    """GASV gate and soft target distribution for N verification nodes (spec/lisa.md 1-5).
+    """GASV gate and soft target distribution for N verification nodes (docs/spec/lisa.md 1-5).
 
     Args:
         logits: (N, V) fp32 target logits after CFG combine, temperature and top-k/top-p

@@ -1,6 +1,6 @@
 """Sampling math shared by the reference loop and every verification rule (pure functions).
 
-Semantics follow LlamaGen's generate.py (spec/llamagen.md, "Generation"): CFG on fp32 logits as
+Semantics follow LlamaGen's generate.py (docs/spec/llamagen.md, "Generation"): CFG on fp32 logits as
 `uncond + (cond - uncond) * scale`, then temperature, top-k (keep values >= k-th largest), top-p
 (HF style, the first token always kept), softmax, multinomial.
 """

@@ -1,4 +1,4 @@
-"""Speculative Jacobi Decoding (SJD): training-free, no drafter (spec/speculative.md).
+"""Speculative Jacobi Decoding (SJD): training-free, no drafter (docs/spec/speculative.md).
 
 A window of W draft tokens is verified with ONE causal target forward per iteration:
 [root, d_1 .. d_W] at positions root .. root + W. Draft d_j was drawn from p_prev_j (the

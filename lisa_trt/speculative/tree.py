@@ -1,4 +1,4 @@
-"""Draft trees for tree speculative decoding (spec/speculative.md, "EAGLE-2 dynamic draft tree").
+"""Draft trees for tree speculative decoding (docs/spec/speculative.md, "EAGLE-2 dynamic draft tree").
 
 A tree holds N = M + 1 nodes per batch row: node 0 is the ROOT (the last committed token, not yet
 in the target's KV cache), nodes 1..M are drafted tokens. Every tree in lisa-trt obeys:
@@ -237,7 +237,7 @@ children of each requested node. With CFG they are the guided, filtered log-prob
 
 def build_dynamic_tree(root_token: Tensor, root_logprobs: Tensor, expand_fn: ExpandFn, *,
                        top_k: int, depth: int, total_tokens: int) -> DraftTree:
-    """EAGLE-2 dynamic draft tree (spec/speculative.md; EAGLE's `topK_genrate`).
+    """EAGLE-2 dynamic draft tree (docs/spec/speculative.md; EAGLE's `topK_genrate`).
 
     1. The root's top-K drafter tokens are the depth-1 candidates (score = log q).
     2. `depth` rounds: the K beam nodes are expanded in one `expand_fn` call; each gets its top-K

@@ -1,4 +1,4 @@
-"""Tree verification rules (spec/speculative.md "Verification rules", spec/lisa.md GASV step 6).
+"""Tree verification rules (docs/spec/speculative.md "Verification rules", docs/spec/lisa.md GASV step 6).
 
 Every rule is a pure function of the target's GUIDED, FILTERED distribution at every tree node,
 p (B, N, V) (CFG combined, temperature, top-k/top-p; p[:, n] predicts node n's children), the
@@ -367,7 +367,7 @@ def verify_lantern(p: Tensor, tree: DraftTree, generator: Optional[torch.Generat
 
 def verify_soft(p_raw: Tensor, p_soft: Tensor, tree: DraftTree,
                 generator: Optional[torch.Generator]) -> VerifyResult:
-    """GASV sampling (spec/lisa.md step 6): the lossless rule against p_soft.
+    """GASV sampling (docs/spec/lisa.md step 6): the lossless rule against p_soft.
 
     Args:
         p_raw: (B, N, V) guided, filtered target probabilities (for the distortion stats).
@@ -461,7 +461,7 @@ def verify_lantern_greedy(p: Tensor, tree: DraftTree, neighbors: Tensor, *, k: i
 
 def verify_soft_greedy(p_raw: Tensor, p_soft: Tensor, gate: Tensor,
                        tree: DraftTree) -> VerifyResult:
-    """Greedy GASV (spec/lisa.md step 6, a choice): accept node v iff gate(v) >= 0.5 at its parent
+    """Greedy GASV (docs/spec/lisa.md step 6, a choice): accept node v iff gate(v) >= 0.5 at its parent
     and v is the argmax of p_soft among its drafted siblings (first in draft order on ties);
     longest accepted path; bonus = argmax p_raw at the last accepted node.
 

@@ -135,7 +135,9 @@ def load_token_file(path, tcfg) -> TokenDataset:
     if suffix == ".safetensors":
         d, _ = load_safetensors(path)
     elif suffix in (".pt", ".pth"):
-        d = torch.load(path, map_location="cpu", weights_only=True)
+        from ..safe_load import safe_torch_load
+
+        d = safe_torch_load(path, "token file")
     elif suffix == ".npz":
         with np.load(path, allow_pickle=False) as z:
             d = {k: torch.from_numpy(z[k]) for k in z.files}

@@ -1,4 +1,4 @@
-"""Drafter distillation losses: LISA (spec/lisa.md, "Locality-informed distillation"), plus the
+"""Drafter distillation losses: LISA (docs/spec/lisa.md, "Locality-informed distillation"), plus the
 plain EAGLE-3 loss and the EAGLE-1/LANTERN loss as baselines.
 
 Every function is pure: tensors in, tensors out. Positions are rows: logits are (M, V) for the
@@ -32,7 +32,7 @@ LOSS_KINDS = ("lisa", "eagle3", "eagle1")
 
 @dataclass(frozen=True)
 class LossConfig:
-    """Loss selection and constants (spec/lisa.md defaults). Every LISA term is switchable.
+    """Loss selection and constants (docs/spec/lisa.md defaults). Every LISA term is switchable.
 
     kind: "lisa" (the terms below), "eagle3" (sum_s 0.8^s soft CE) or "eagle1" (SmoothL1
     feature regression + eagle1_ce_weight * soft CE, step 0 only unless ttt_steps > 1).
@@ -127,7 +127,7 @@ def cosine_distance(c: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
 
 def locality_score(p_t: torch.Tensor, s_logits: torch.Tensor, codebook: torch.Tensor, radius: float,
                    k: int = 16) -> dict:
-    """LISA locality-mismatch score s = alpha (1 - a) (spec/lisa.md steps 1-3).
+    """LISA locality-mismatch score s = alpha (1 - a) (docs/spec/lisa.md steps 1-3).
 
     Args:
         p_t: (M, V) target probabilities; s_logits: (M, V) draft logits.
@@ -204,7 +204,7 @@ def nucleus_ce(t_logits: torch.Tensor, s_logits: torch.Tensor, top_p: float = 0.
 
 def lisa_weights(score: torch.Tensor, g_align: torch.Tensor, step: int, total_steps: int,
                  cfg: LossConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Position weights (spec/lisa.md step 5). Returns (w (M,), selected (M,) bool), no grad."""
+    """Position weights (docs/spec/lisa.md step 5). Returns (w (M,), selected (M,) bool), no grad."""
     if not cfg.selection:
         return torch.ones_like(score), torch.zeros_like(score, dtype=torch.bool)
     sel = select_positions(score, q_sel_schedule(step, total_steps, cfg.q_sel_start, cfg.q_sel_end))

@@ -1,6 +1,6 @@
 """Drafter distillation trainer: EAGLE-3 training-time test (TTT) unroll + LISA / baseline losses.
 
-TTT unroll (spec/speculative.md), with N image tokens z and target taps g (taps[:, j] belongs to
+TTT unroll (docs/spec/speculative.md), with N image tokens z and target taps g (taps[:, j] belongs to
 the position whose logits predict z_j):
   step 0, entry j (j = 0..N-2): hidden fc(g_j), token z_j, position C + j -> predicts z_{j+1}
   step s, entry j: hidden = the drafter's own step s-1 output at j, token z_{j+s}, position
@@ -24,6 +24,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,7 @@ from .losses import LossConfig, agreement_stats, combine_ttt, estimate_radius, l
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything a training run depends on (defaults: spec/lisa.md paper recipe where given)."""
+    """Everything a training run depends on (defaults: docs/spec/lisa.md paper recipe where given)."""
 
     steps: int = 1000
     batch_size: int = 8  # global batch (sequences), split evenly over DDP ranks
@@ -255,10 +256,12 @@ def load_latest_checkpoint(out_dir: Path) -> Optional[dict]:
         return None
     name = json.loads(latest.read_text())["file"]
     path = _ckpt_dir(out_dir) / name
+    from ..safe_load import safe_torch_load
+
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise CheckpointError(f"cannot read training checkpoint {path} ({e}); delete {latest} to start over") from e
+        return safe_torch_load(path, "training checkpoint")
+    except CheckpointError as e:
+        raise CheckpointError(f"{e}; delete {latest} to start the run over") from None
 
 
 # ----------------------------------------------------------------------------- eval
@@ -403,6 +406,8 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
         sched.load_state_dict(state["scheduler"])
         start, radius = state["step"], state["radius"]
         _set_rng_state(state["rng"])
+        if main:
+            print(f"resuming {out_dir} from step {start} of {cfg.steps} (its latest checkpoint)", file=sys.stderr)
     elif radius is None and codebook is not None:
         radius = _estimate_radius(features, len(train_set), cfg, codebook)
 

@@ -149,7 +149,7 @@ def test_dry_run_needs_no_tensorrt(bundle):
 
 @pytest.mark.trt
 @pytest.mark.skipif(not (HAS_TRT and HAS_CUDA), reason="needs TensorRT (not installable on these machines, "
-                    "spec/deploy.md) and a CUDA GPU")
+                    "docs/spec/deploy.md) and a CUDA GPU")
 def test_real_tensorrt_build_and_parity(bundle, tmp_path):
     import shutil
 

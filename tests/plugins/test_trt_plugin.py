@@ -39,7 +39,7 @@ def test_register_without_tensorrt_says_what_to_do():
 
 @pytest.mark.trt
 @pytest.mark.skipif(not HAS_TRT, reason="tensorrt (>= 10.9, tensorrt.plugin) is not installable on "
-                    "these machines (spec/deploy.md); the plugin is registered only where it is")
+                    "these machines (docs/spec/deploy.md); the plugin is registered only where it is")
 def test_register_with_real_tensorrt():
     tp.register()
     tp.register()  # idempotent

@@ -1,4 +1,4 @@
-"""GASV reference (spec/lisa.md steps 1-5): formulas, support paths, edge cases, TVD."""
+"""GASV reference (docs/spec/lisa.md steps 1-5): formulas, support paths, edge cases, TVD."""
 
 import math
 
@@ -31,7 +31,7 @@ def topk_filter(l, k):
 
 
 def naive_gasv(logits, t, cfg):
-    """Independent float64 loop over tokens, straight from spec/lisa.md."""
+    """Independent float64 loop over tokens, straight from docs/spec/lisa.md."""
     l = logits.double()
     N, V = l.shape
     W = t.w_tilde.double()

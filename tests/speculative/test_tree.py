@@ -123,7 +123,7 @@ def test_dynamic_tree_hand_checked():
 
 
 def _reference_eagle2(root_lp, table, K, depth, M):
-    """Plain-Python EAGLE-2 for one row (spec/speculative.md), Markov drafter."""
+    """Plain-Python EAGLE-2 for one row (docs/spec/speculative.md), Markov drafter."""
     cands = []   # (score, token, parent_cand, logprob)
     beam = []
     for t in torch.topk(root_lp, K).indices.tolist():

@@ -11,7 +11,7 @@ the K gathered rows of W~ instead of all V). Passes over the candidates:
   4. the gate per candidate (W~_i . W~_v over H in chunks, s_geo, g_geo, g_clu from pi) and
      p_raw, accumulating sum p_raw * g;
   5. p_soft = p_raw * g / sum.
-All math is spec/lisa.md steps 1-5, identical to `lisa_trt.speculative.gasv.gasv_gate` (the
+All math is docs/spec/lisa.md steps 1-5, identical to `lisa_trt.speculative.gasv.gasv_gate` (the
 reference this kernel is tested against). Outside the support the gate is 0.
 
 On CUDA tensors the kernel is JIT-compiled; on CPU tensors it runs only in Triton's interpreter

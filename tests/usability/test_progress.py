@@ -1,0 +1,67 @@
+"""Progress: calibrate's bar moves within a batch (never stuck at 0/1); Pipeline shows one step per image."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lisa_trt.calibration.profile import calibrate
+from lisa_trt.config import SamplingConfig
+from lisa_trt.errors import InputError
+
+testing = pytest.importorskip("lisa_trt.testing")
+
+
+class _Bar:
+    """Records every position a progress bar is moved to (tqdm itself rate-limits its output)."""
+
+    def __init__(self, total=None, **kw):
+        self.total, self.n, self.seen = total, 0.0, []
+        _Bar.last = self
+
+    def update(self, k=1):
+        self.n += k
+        self.seen.append(self.n)
+
+    def refresh(self):
+        self.seen.append(self.n)
+
+    def close(self):
+        pass
+
+
+def test_calibrate_bar_counts_rollouts_and_moves_within_a_batch(monkeypatch):
+    monkeypatch.setattr("lisa_trt.calibration.profile.tqdm", _Bar)
+    model = testing.make_target(seed=0)
+    codebook = F.normalize(torch.randn(256, 8, generator=torch.Generator().manual_seed(1)), dim=1)
+    calibrate(model, codebook, num_rollouts=3, batch_size=8, lantern_k=12, progress=True,
+              sampling=SamplingConfig(cfg_scale=2.0, top_k=40))
+    bar = _Bar.last
+    assert bar.total == 3 and bar.seen[-1] == 3
+    inside = [n for n in bar.seen if 0 < n < 3]
+    assert len(inside) >= model.config.block_size // 2  # moves token by token inside the one batch
+    assert inside == sorted(inside)
+
+
+def test_calibrate_refuses_zero_rollouts():
+    model = testing.make_target(seed=0)
+    with pytest.raises(InputError, match="num_rollouts"):
+        calibrate(model, torch.randn(256, 8), num_rollouts=0, progress=False)
+
+
+def test_on_token_callback_counts_every_token():
+    import lisa_trt
+
+    model = testing.make_target(seed=0)
+    seen = []
+    lisa_trt.generate(model, torch.tensor([0]), seed=0, on_token=seen.append)
+    assert seen == list(range(1, model.config.block_size + 1))
+
+
+def test_pipeline_progress_one_step_per_image(capsys):
+    import lisa_trt
+
+    pipe = lisa_trt.Pipeline.from_models(testing.make_target(seed=0))
+    pipe.generate([0, 1], verify="vanilla", decode=False, progress=True)
+    assert "2/2" in capsys.readouterr().err
+    pipe.generate([0], verify="vanilla", decode=False)
+    assert capsys.readouterr().err == ""  # off by default (library use)

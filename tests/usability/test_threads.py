@@ -1,0 +1,121 @@
+"""Thread policy: defaults from affinity / cgroup quota, --threads and LISA_TRT_THREADS, passive waiting."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from lisa_trt import threads as th
+from lisa_trt.cli import main
+from lisa_trt.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_cgroup_v2_and_v1_quota(tmp_path):
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert th.cgroup_cpu_limit(tmp_path) == 1.5
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert th.cgroup_cpu_limit(tmp_path) is None
+    v1 = tmp_path / "v1" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("200000")
+    (v1 / "cpu.cfs_period_us").write_text("100000")
+    assert th.cgroup_cpu_limit(tmp_path / "v1") == 2.0
+    (v1 / "cpu.cfs_quota_us").write_text("-1")
+    assert th.cgroup_cpu_limit(tmp_path / "v1") is None
+
+
+def test_default_respects_affinity_and_quota(monkeypatch):
+    monkeypatch.setattr(th, "affinity_cpus", lambda: 8)
+    monkeypatch.setattr(th, "physical_cores", lambda: None)
+    monkeypatch.setattr(th, "cgroup_cpu_limit", lambda root="/": 2.5)
+    assert th.available_cpus() == 2
+    monkeypatch.setattr(th, "cgroup_cpu_limit", lambda root="/": 0.5)
+    assert th.available_cpus() == 1
+    monkeypatch.setattr(th, "cgroup_cpu_limit", lambda root="/": None)
+    monkeypatch.setattr(th, "physical_cores", lambda: 4)
+    assert th.available_cpus() == 4
+
+
+def test_explicit_then_env_then_default(monkeypatch):
+    monkeypatch.setenv(th.ENV_THREADS, "3")
+    assert th.resolve_threads(None) == 3
+    assert th.resolve_threads(2) == 2
+    monkeypatch.delenv(th.ENV_THREADS)
+    monkeypatch.setattr(th, "available_cpus", lambda: 5)
+    assert th.resolve_threads(None) == 5
+    for bad in (0, -1, "two", 1.5, True):
+        with pytest.raises(InputError, match="positive integer"):
+            th.resolve_threads(bad)
+    monkeypatch.setenv(th.ENV_THREADS, "lots")
+    with pytest.raises(InputError, match="LISA_TRT_THREADS"):
+        th.resolve_threads(None)
+
+
+def test_apply_sets_torch_and_ort(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        assert th.apply_thread_policy(2) == 2 and torch.get_num_threads() == 2
+        assert th.ensure_thread_policy(None) == 2  # an applied policy is kept
+        from lisa_trt.engines.ort import session_options
+
+        so = session_options()
+        assert so.intra_op_num_threads == 2
+        assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+        assert session_options(threads=1).intra_op_num_threads == 1
+    finally:
+        th.apply_thread_policy(before)
+    assert os.environ.get("OMP_WAIT_POLICY", "").upper() in ("PASSIVE", "ACTIVE")  # set before torch, or by the user
+
+
+def test_cli_group_option_and_env(monkeypatch):
+    before = torch.get_num_threads()
+    r = CliRunner()
+    try:
+        res = r.invoke(main, ["--threads", "2", "random-checkpoint", "--help"])
+        assert res.exit_code == 0 and torch.get_num_threads() == 2
+        res = r.invoke(main, ["random-checkpoint", "--help"], env={"LISA_TRT_THREADS": "1"})
+        assert res.exit_code == 0 and torch.get_num_threads() == 1
+        res = r.invoke(main, ["--threads", "0", "random-checkpoint", "--help"])
+        assert res.exit_code == 2 and "--threads" in res.output
+    finally:
+        th.apply_thread_policy(before)
+
+
+def _clean_env():
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", th.ENV_THREADS)}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def _time_generate(tmp_path, tag):
+    out = tmp_path / tag
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "lisa_trt.cli", "generate", "--model", "demo", "--classes", "0",
+                        "--out", str(out)], env=_clean_env(), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    return time.perf_counter() - t0
+
+
+@pytest.mark.slow
+def test_cli_with_busy_neighbour_within_2x(tmp_path):
+    """Default policy (no thread env vars at all): a busy neighbour costs at most 2x."""
+    from lisa_trt.demo.registry import assets_present
+
+    if not assets_present():
+        pytest.skip("bundled demo assets not built")
+    quiet = min(_time_generate(tmp_path, "q1"), _time_generate(tmp_path, "q2"))
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        busy = _time_generate(tmp_path, "b1")
+    finally:
+        hog.kill()
+        hog.wait()
+    assert busy <= 2.0 * quiet, f"quiet {quiet:.1f} s, with a busy neighbour {busy:.1f} s"
