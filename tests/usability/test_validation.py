@@ -156,8 +156,8 @@ def test_fd_with_one_image_is_nan_not_a_crash():
 
     import torch
 
-    from lisa_trt.demo.registry import assets_present
-    from lisa_trt.demo.scorer import quality_label, score_images
+    from lisa_trt.demo.registry import assets_present, score_images
+    from lisa_trt.demo.scorer import quality_label
 
     assert "not measured" in quality_label(1) and "indicative" in quality_label(8) and quality_label(64) == "64 images"
     if not assets_present():
