@@ -379,6 +379,9 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
               help="self: target-generated sequences; tokens: --token-file; images: --image-dir encoded with the VQ.")
 @click.option("--token-file", default=None, type=click.Path())
 @click.option("--image-dir", default=None, type=click.Path(), help="One sub-folder of images per class (--data images).")
+@click.option("--captions", default=None, type=click.Path(),
+              help="t2i: captions .txt (needs --encoder) or caption features .safetensors (encode-captions).")
+@click.option("--encoder", "encoder_dir", default=None, type=click.Path(), help="t2i: local flan-t5-xl directory.")
 @click.option("--num-samples", type=int, default=None, help="Self-distillation sequences.")
 @click.option("--features", type=click.Choice(["online", "cache"]), default="online", show_default=True)
 @click.option("--cfg-scale", type=float, default=None, help="Deployment CFG scale for self-distillation.")
@@ -391,7 +394,7 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 @click.option("--seed", type=int, default=0, show_default=True)
 @_handle_errors
 def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, steps, batch_size, lr,
-          ttt_steps, source, token_file, image_dir, num_samples, features, cfg_scale, drafter_hidden, drafter_heads,
+          ttt_steps, source, token_file, image_dir, captions, encoder_dir, num_samples, features, cfg_scale, drafter_hidden, drafter_heads,
           checkpoint_every, bf16, eval_images, seed):
     """Distil a drafter (LISA locality-informed loss, or EAGLE-3/EAGLE-1 baselines).
 
@@ -418,6 +421,10 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
                                              grid=target.config.grid_size))
         source = "tokens"
     data_kw = dict(source=source, token_file=token_file, features=features)
+    if target.config.model_type == "t2i":
+        from .text.train import training_caption_file
+
+        data_kw["caption_file"] = training_caption_file(target.config, captions, encoder_dir, out_dir, source)
     if num_samples is not None:
         data_kw["num_samples"] = num_samples
     if cfg_scale is not None:
@@ -455,7 +462,9 @@ def decode_eval(target, drafter, cfg, n: int) -> dict:
     d = cfg.data
     s = SamplingConfig(cfg_scale=d.cfg_scale, temperature=d.temperature, top_k=d.top_k, top_p=d.top_p)
     spec = SpecConfig(method="exact", top_k=3, depth=3, total_tokens=10)
-    cond = torch.arange(n) % target.config.num_classes
+    from .train.captions import eval_conds
+
+    cond = eval_conds(target, d, n)
     _, st = SpeculativeDecoder(target, drafter.eval()).generate(cond, sampling=s, spec=spec, seed=1_000_003 + cfg.seed)
     return {"mal": st.mal, "images": n, "sampling": dataclasses.asdict(s), "spec": dataclasses.asdict(spec),
             "target_forwards": st.target_forwards}
@@ -623,22 +632,28 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
 @click.option("--verify", type=click.Choice(["vanilla", "greedy", "exact", "lantern", "gasv", "sjd"]),
               default="gasv", show_default=True)
 @click.option("--threads", type=int, default=None, help="ORT intra-op threads (default: physical cores).")
+@click.option("--encoder", "encoder_dir", default=None, type=click.Path(),
+              help="t2i: local flan-t5-xl directory, so PROMPTS may be captions (default $LISA_TRT_TEXT_ENCODER).")
 @sampling_options
 @click.option("--tree-top-k", type=int, default=None)
 @click.option("--tree-depth", type=int, default=None)
 @click.option("--tree-tokens", type=int, default=None)
 @_handle_errors
-def run(engine_dir, prompts, out_dir, backend, verify, threads, cfg_scale, temperature, top_k, top_p, cfg_interval,
-        greedy, seed, tree_top_k, tree_depth, tree_tokens):
+def run(engine_dir, prompts, out_dir, backend, verify, threads, encoder_dir, cfg_scale, temperature, top_k, top_p,
+        cfg_interval, greedy, seed, tree_top_k, tree_depth, tree_tokens):
     """Tree speculation + GASV over an engine directory: PNGs and per-image stats.
 
-    PROMPTS: a text file (one class id or name per line) or JSONL ({"class": ..., "seed": ..,
-    "cfg": ..}); malformed lines are reported with their numbers before any work starts."""
+    PROMPTS: a text file (one class id or name per line; t2i: one caption per line) or JSONL
+    ({"class" | "caption" | "caption_features": ..., "seed": .., "cfg": ..}); malformed lines
+    are reported with their numbers before any work starts."""
     from .io import write_json
     from .runtime.pipeline import Pipeline
     from .runtime.prompts import parse_prompts
 
-    pipe = Pipeline.from_dir(engine_dir, backend=backend, threads=threads)
+    from .text.prompts import precheck_prompts
+
+    precheck_prompts(engine_dir, prompts, encoder_dir)  # t2i: prompts + encoder checked before engines load
+    pipe = Pipeline.from_dir(engine_dir, backend=backend, threads=threads, text_encoder=encoder_dir)
     cfg = pipe.config
     ps = parse_prompts(prompts, model_type=cfg.model_type, num_classes=cfg.num_classes, class_names=pipe.class_names)
     res = pipe.generate(ps, seed=seed, verify=verify, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
@@ -674,6 +689,10 @@ def demo(out_dir, num_images, backend, verify, seed):
                        echo=click.echo)
     click.echo(json.dumps(summary["results"], indent=2))
 
+
+from .text.cli import encode_captions  # noqa: E402  (t2i: captions -> T5 features)
+
+main.add_command(encode_captions)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -61,14 +61,20 @@ def _tree_budget(generation: dict, backend: str) -> dict:
 class Pipeline:
     """Tree speculation + GASV over one set of engines (see module docstring)."""
 
-    def __init__(self, engines: _Engines):
+    def __init__(self, engines: _Engines, text_encoder=None):
         self._e = engines
         self._lock = threading.Lock()
+        self._text = None
+        if engines.target.config.model_type == "t2i":
+            from ..text.prompts import make_encoder
+
+            self._text = make_encoder(text_encoder, engines.target.config)
 
     # -- construction --------------------------------------------------------------------
 
     @classmethod
-    def from_dir(cls, engine_dir, backend: str = "auto", *, threads: Optional[int] = None) -> "Pipeline":
+    def from_dir(cls, engine_dir, backend: str = "auto", *, threads: Optional[int] = None,
+                 text_encoder=None) -> "Pipeline":
         """Open an exported engine directory (`lisa-trt export`).
 
         Args:
@@ -76,19 +82,21 @@ class Pipeline:
                 (the bundle's PyTorch weights), or "auto": trt when engines are built and
                 TensorRT is usable, else ort.
             threads: intra-op threads for ORT sessions (default: physical cores).
+            text_encoder: t2i: a local T5 directory (or CaptionEncoder) so that prompts may be
+                caption strings (default $LISA_TRT_TEXT_ENCODER; else feature files only).
         """
         from .bundle import open_bundle
 
         if backend not in BACKENDS:
             raise InputError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
-        return cls(open_bundle(Path(engine_dir), backend, threads=threads))
+        return cls(open_bundle(Path(engine_dir), backend, threads=threads), text_encoder=text_encoder)
 
     @classmethod
     def from_models(cls, target, drafter=None, tables=None, vq=None, *, class_names=None,
-                    generation: Optional[dict] = None) -> "Pipeline":
+                    generation: Optional[dict] = None, text_encoder=None) -> "Pipeline":
         """A torch-backend pipeline over in-memory models (no export needed)."""
         return cls(_Engines(target=target, drafter=drafter, tables=tables, vq=vq, class_names=class_names,
-                            generation=dict(generation or {}), backend="torch"))
+                            generation=dict(generation or {}), backend="torch"), text_encoder=text_encoder)
 
     @property
     def backend(self) -> str:
@@ -104,13 +112,16 @@ class Pipeline:
 
     # -- generation ----------------------------------------------------------------------
 
-    def _cond(self, prompts) -> tuple[torch.Tensor, list]:
-        """Class ids / names / Prompt objects -> (class ids (B,), per-prompt overrides)."""
+    def _cond(self, prompts) -> tuple:
+        """Class ids / names / Prompt objects (c2i) or captions / Prompt objects (t2i) ->
+        (condition, per-prompt overrides, per-prompt labels for the stats)."""
         from .prompts import _class_id
 
         cfg = self.config
         if cfg.model_type != "c2i":
-            raise InputError("t2i pipelines take prompts via `generate_t2i(features, mask)`")
+            from ..text.prompts import t2i_conds
+
+            return t2i_conds(prompts, cfg, self._text)
         ids, overrides = [], []
         for p in prompts:
             if isinstance(p, Prompt):
@@ -124,7 +135,7 @@ class Pipeline:
             overrides.append({})
         if not ids:
             raise InputError("no prompts given")
-        return torch.tensor(ids, dtype=torch.long), overrides
+        return torch.tensor(ids, dtype=torch.long), overrides, [{"class": i} for i in ids]
 
     def sampling(self, **over) -> SamplingConfig:
         base = {k: v for k, v in self._e.generation.get("sampling", {}).items()
@@ -145,7 +156,8 @@ class Pipeline:
         """Generate one image per prompt.
 
         Args:
-            prompts: class ids, class names, or Prompt objects (per-prompt seed / cfg).
+            prompts: class ids, class names, or Prompt objects (per-prompt seed / cfg); for t2i
+                caption strings (needs text_encoder) or Prompt(caption=... | caption_features=FILE).
             seed: base seed; prompt i uses its own seed or seed + i.
             verify: vanilla | greedy | exact | lantern | gasv | sjd.
             cfg_scale, temperature, top_k, top_p, greedy: override the bundle's defaults.
@@ -158,7 +170,9 @@ class Pipeline:
         """
         if verify not in VERIFY:
             raise InputError(f"unknown verification {verify!r}; valid: {', '.join(VERIFY)}")
-        cond, overrides = self._cond(prompts)
+        from ..text.prompts import cond_rows
+
+        cond, overrides, labels = self._cond(prompts)
         tree_kw = {"top_k": tree.pop("tree_top_k", None), "depth": tree.pop("tree_depth", None),
                    "total_tokens": tree.pop("tree_tokens", None), **tree}
         with self._lock:
@@ -166,16 +180,16 @@ class Pipeline:
                 s = self.sampling(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                                   greedy=greedy or None)
                 toks, st = self._run(verify, cond, s, self.spec(verify, **tree_kw), seed)
-                tokens, stats = toks, [st] * len(cond)
+                tokens, stats = toks, [st] * len(overrides)
             else:
                 outs, stats = [], []
-                for i, (c, ov) in enumerate(zip(cond, overrides)):
+                for i, ov in enumerate(overrides):
                     s = self.sampling(cfg_scale=ov.get("cfg") if ov.get("cfg") is not None else cfg_scale,
                                       temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy or None)
                     sd = ov.get("seed") if ov.get("seed") is not None else seed + i
-                    toks, st = self._run(verify, c[None], s, self.spec(verify, **tree_kw), sd)
+                    toks, st = self._run(verify, cond_rows(cond, i, i + 1), s, self.spec(verify, **tree_kw), sd)
                     outs.append(toks)
-                    stats.append({**st, "seed": sd, "class": int(c)})
+                    stats.append({**st, "seed": sd, **labels[i]})
                 tokens = torch.cat(outs)
             images = self.decode(tokens) if decode else []
         return GenerationResult(images=images, tokens=tokens, stats=stats)
