@@ -239,12 +239,13 @@ def random_checkpoint(out, config, image_size, model_type, seed):
 @click.option("--vq-config", default="VQ-16", show_default=True)
 @click.option("--classes", default=None, help="c2i: comma-separated class ids (or names for the demo).")
 @click.option("--captions", default=None, type=click.Path(exists=True),
-              help="t2i: .safetensors (caption_features, caption_mask) or .npy of T5 features.")
+              help="t2i: captions .txt (one per line, needs --encoder) or T5 features (.safetensors / .npy).")
+@click.option("--encoder", "encoder_dir", default=None, type=click.Path(), help="t2i: local flan-t5-xl directory (for a captions .txt).")
 @sampling_options
 @spec_options
 @click.option("--out", "out_dir", default="outputs", show_default=True, type=click.Path())
 @_handle_errors
-def generate(model, config, image_size, model_type, vq, vq_config, classes, captions, cfg_scale,
+def generate(model, config, image_size, model_type, vq, vq_config, classes, captions, encoder_dir, cfg_scale,
              temperature, top_k, top_p, cfg_interval, greedy, seed, drafter, verify, tables,
              tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda, out_dir):
     """Generate images: the reference AR loop, or tree speculation with --drafter/--verify.
@@ -268,9 +269,9 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
         names = _class_names(model)
         cond = torch.tensor(parse_classes(classes, tc.num_classes, names))
     else:
-        if captions is None:
-            raise InputError("t2i models need --captions FILE (T5 features + mask)")
-        cond = load_caption_file(captions, tc.caption_dim)
+        from .text.train import prompt_conds
+
+        cond, _ = prompt_conds(tc, captions, encoder_dir, what="generate")
     stats = {}
     if verify in (None, "vanilla"):
         tokens = ar_generate(target, cond, seed=seed, **dataclasses.asdict(s))
@@ -336,11 +337,14 @@ def decode_and_save(tokens, vq, vq_config_name, tc, out):
 @click.option("--lantern-k", type=int, default=1000, show_default=True)
 @click.option("--kappa", type=float, default=1.0, show_default=True)
 @click.option("--lambda", "lam", type=float, default=0.4, show_default=True)
+@click.option("--captions", default=None, type=click.Path(exists=True),
+              help="t2i: rollout prompts, cycled to --rollouts (captions .txt with --encoder, or T5 features).")
+@click.option("--encoder", "encoder_dir", default=None, type=click.Path(), help="t2i: local flan-t5-xl directory (for a captions .txt).")
 @sampling_options
 @_handle_errors
 def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, rollouts, samples_per_pos,
-              quantile, clusters, cluster_space, lantern_k, kappa, lam, cfg_scale, temperature, top_k,
-              top_p, cfg_interval, greedy, seed):
+              quantile, clusters, cluster_space, lantern_k, kappa, lam, captions, encoder_dir, cfg_scale, temperature,
+              top_k, top_p, cfg_interval, greedy, seed):
     """GASV whitening / cluster / budget tables and LANTERN neighbour lists, from rollouts."""
     from .calibration.profile import calibrate as run_calibration
     from .calibration.tables import save_tables
@@ -353,10 +357,15 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
         from .errors import InputError
 
         raise InputError("calibration needs the VQ codebook: pass --vq (e.g. vq_ds16_c2i.pt)")
+    conds = None
+    if target.config.model_type == "t2i":
+        from .text.train import prompt_conds
+
+        conds, _ = prompt_conds(target.config, captions, encoder_dir, n=rollouts, what="calibration rollouts")
     vqm = load_vq(vq, None if vq == "demo" or str(vq).endswith(".safetensors") else vq_config)
     s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                          cfg_interval=cfg_interval, greedy=greedy)
-    tables = run_calibration(target, vqm.codebook().detach(), num_rollouts=rollouts,
+    tables = run_calibration(target, vqm.codebook().detach(), conds=conds, num_rollouts=rollouts,
                              samples_per_pos=samples_per_pos, quantile=quantile, n_clusters=clusters,
                              cluster_space=cluster_space, lantern_k=lantern_k, seed=seed, sampling=s,
                              gasv=GASVConfig(kappa=kappa, lam=lam))
@@ -477,6 +486,9 @@ def decode_eval(target, drafter, cfg, n: int) -> dict:
 @click.option("--methods", default="vanilla,exact,lantern,gasv,sjd", show_default=True)
 @click.option("--num-images", type=int, default=8, show_default=True)
 @click.option("--classes", default=None, help="Class ids cycled over the images (default: all classes).")
+@click.option("--captions", default=None, type=click.Path(exists=True),
+              help="t2i: prompts cycled over the images (captions .txt with --encoder, or T5 features).")
+@click.option("--encoder", "encoder_dir", default=None, type=click.Path(), help="t2i: local flan-t5-xl directory (for a captions .txt).")
 @click.option("--backend", type=click.Choice(["torch", "ort"]), default="torch", show_default=True)
 @click.option("--engine-dir", default=None, type=click.Path(), help="Exported bundle for --backend ort.")
 @click.option("--sjd-window", type=int, default=16, show_default=True)
@@ -485,7 +497,8 @@ def decode_eval(target, drafter, cfg, n: int) -> dict:
 @click.option("--json", "json_path", required=True, type=click.Path())
 @click.option("--plot", "plot_path", default=None, type=click.Path())
 @_handle_errors
-def bench(model, config, image_size, model_type, drafter, tables, methods, num_images, classes, backend,
+def bench(model, config, image_size, model_type, drafter, tables, methods, num_images, classes, captions, encoder_dir,
+          backend,
           engine_dir, sjd_window, cfg_scale, temperature, top_k, top_p, cfg_interval, greedy, seed,
           tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda, json_path, plot_path):
     """Run every method on the same prompts and seeds in one process; JSON + speed/quality plot."""
@@ -495,6 +508,11 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
 
     ms = parse_methods(methods)
     target = resolve_target(model, config, image_size, model_type)
+    texts = None
+    if target.config.model_type == "t2i":  # prompts checked (and encoded) before engines load
+        from .text.train import prompt_conds
+
+        t2i_conds, texts = prompt_conds(target.config, captions, encoder_dir, n=num_images, what="bench")
     s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                          cfg_interval=cfg_interval, greedy=greedy)
     dr, tb = resolve_spec_artifacts(model, target, ms, drafter, tables)
@@ -503,8 +521,11 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
         tgt_engine, dr_engine, gasv_engine = _ort_bench_engines(engine_dir, target, dr, tb)
     names = _class_names(model)
     ncls = target.config.num_classes
-    cl = parse_classes(classes, ncls, names) if classes else list(range(ncls))
-    cl = [cl[i % len(cl)] for i in range(num_images)]
+    if texts is not None:
+        cl = t2i_conds
+    else:
+        cl = parse_classes(classes, ncls, names) if classes else list(range(ncls))
+        cl = [cl[i % len(cl)] for i in range(num_images)]
     scorer_fn = decode_fn = None
     if model == "demo":
         from .demo.registry import load_demo_scorer, load_demo_vq
@@ -524,7 +545,8 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
     report = run_bench(tgt_engine, dr_engine, tb, ms, cl, sampling=s, spec=spec, seed=seed, gasv=gasv_engine,
                        scorer_fn=scorer_fn, decode_fn=decode_fn, sjd_window=sjd_window,
                        settings_extra={"model": model, "drafter": drafter or (model == "demo" and "demo-lisa") or None,
-                                       "backend": backend, "command": " ".join(sys.argv)})
+                                       "backend": backend, "command": " ".join(sys.argv),
+                                       **({"captions": texts} if texts is not None else {})})
     save_bench(report, json_path, plot_path)
     for m, r in report["results"].items():
         q = f", class_acc {r['class_acc']:.3f}, FD-demo {r['fd_demo']:.2f}" if "class_acc" in r else ""

@@ -209,7 +209,8 @@ def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, num_rollouts: in
 
     if conds is None:
         if target.config.model_type != "c2i":
-            raise InputError("t2i calibration needs caption conditions: pass conds=(features, mask)")
+            raise InputError("t2i calibration needs caption conditions: pass conds=(features, mask) "
+                             "(CLI: `lisa-trt calibrate --captions CAPTIONS.txt --encoder T5_DIR`)")
         g = torch.Generator().manual_seed(seed)
         conds = torch.randint(0, target.config.num_classes, (num_rollouts,), generator=g).to(W.device)
     R = target.check_cond(conds)
