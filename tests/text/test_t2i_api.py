@@ -130,3 +130,37 @@ def test_train_from_token_file_and_resume_exact(target, tmp_path, monkeypatch):
 
     a, b = load_file(full["drafter"]), load_file(resumed["drafter"])
     assert all((a[k] - b[k]).abs().max() <= 1e-6 for k in a)
+
+
+def test_t2i_ddp_two_ranks_match_single_process(target, tmp_path):
+    """torchrun --nproc_per_node 2 (gloo) on caption self-distillation == one process."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    import lisa_trt
+    from lisa_trt.text.encoder import save_caption_features
+    from lisa_trt.train import DataConfig, LossConfig, TrainConfig, train_drafter
+
+    g = torch.Generator().manual_seed(2)
+    mask = torch.zeros(5, 6, dtype=torch.bool)
+    for i in range(5):
+        mask[i, : 2 + i % 4] = True
+    save_caption_features(tmp_path / "caps.safetensors", torch.randn(5, 6, 12, generator=g) * mask[..., None], mask)
+    root = str(Path(lisa_trt.__file__).resolve().parents[1])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    env.pop("WORLD_SIZE", None)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        str(Path(__file__).with_name("ddp_t2i_worker.py")), str(tmp_path / "ddp"),
+                        str(tmp_path / "caps.safetensors")], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    cfg = TrainConfig(steps=2, batch_size=4, ttt_steps=2, warmup_steps=1, checkpoint_every=1, log_every=1, lr=3e-3,
+                      loss=LossConfig(kind="eagle3"),
+                      data=DataConfig(num_samples=8, eval_samples=2, gen_batch=8, cfg_scale=3.0,
+                                      caption_file=str(tmp_path / "caps.safetensors")))
+    single = train_drafter(target, None, cfg, tmp_path / "single", progress=False)
+    a, b = load_file(tmp_path / "ddp" / "drafter.safetensors"), load_file(single["drafter"])
+    assert all((a[k] - b[k]).abs().max() < 1e-5 for k in a)
