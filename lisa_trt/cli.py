@@ -258,7 +258,9 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
 
     from . import generate as ar_generate
     from .errors import InputError
+    from .text.train import precheck_captions
 
+    precheck_captions(captions, encoder_dir)  # before any model loads
     target = resolve_target(model, config, image_size, model_type)
     tc = target.config
     s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
@@ -350,7 +352,9 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
     from .calibration.tables import save_tables
     from .models.checkpoints import load_vq
     from .speculative.gasv import GASVConfig
+    from .text.train import precheck_captions
 
+    precheck_captions(captions, encoder_dir)  # before any model loads
     target = resolve_target(model, config, image_size, model_type)
     vq = vq or ("demo" if model == "demo" else None)
     if vq is None:
@@ -412,7 +416,9 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
     from .train.data import DataConfig
     from .train.losses import LossConfig
     from .train.trainer import TrainConfig, train_drafter
+    from .text.train import precheck_captions
 
+    precheck_captions(captions, encoder_dir)  # before any model loads
     target = resolve_target(model, config, image_size, model_type)
     vq = vq or ("demo" if model == "demo" else None)
     if vq is None:
@@ -507,6 +513,9 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
     from .bench import parse_methods, run_bench, save_bench
 
     ms = parse_methods(methods)
+    from .text.train import precheck_captions
+
+    precheck_captions(captions, encoder_dir)  # before any model loads
     target = resolve_target(model, config, image_size, model_type)
     texts = None
     if target.config.model_type == "t2i":  # prompts checked (and encoded) before engines load

@@ -57,3 +57,14 @@ def prompt_conds(tcfg, captions, encoder_dir, n: Optional[int] = None, what: str
         feats, mask = cycle_conds((feats, mask), n)
         texts = [texts[i % len(texts)] for i in range(n)] if texts else []
     return (feats, mask), texts
+
+
+def precheck_captions(captions, encoder_dir) -> None:
+    """Cheap checks of --captions / --encoder before any model is loaded: a captions text file
+    must have no empty line and needs a usable encoder directory (or $LISA_TRT_TEXT_ENCODER)."""
+    if captions is None or is_feature_file(captions):
+        return
+    from .encoder import check_encoder_dir, resolve_encoder_dir
+
+    read_captions(captions)
+    check_encoder_dir(resolve_encoder_dir(encoder_dir))

@@ -96,6 +96,18 @@ def test_t2i_end_to_end(t2i, monkeypatch):
     for m, v in rep["results"].items():
         for key in ("mal", "seconds_per_image", "speedup", "mean_tvd"):
             assert isinstance(v[key], float), (m, key)
+    # the same through the exported ORT graphs
+    _ok(r.invoke(main, ["bench", *common, "--drafter", str(d / "run" / "drafter.safetensors"),
+                        "--tables", str(d / "tables.safetensors"), "--methods", "vanilla,gasv", "--num-images", "1",
+                        "--captions", str(d / "feats.safetensors"), "--cfg-scale", "3", "--backend", "ort",
+                        "--engine-dir", str(d / "engines"), "--tree-top-k", "3", "--tree-depth", "2",
+                        "--tree-tokens", "8", "--json", str(d / "b_ort.json")]))
+    assert json.loads((d / "b_ort.json").read_text())["results"]["gasv"]["mal"] >= 1.0
+    # generate: caption strings straight from a text file, images out
+    _ok(r.invoke(main, ["generate", *common, "--captions", str(prompts), "--encoder", str(d / "t5"), "--verify", "gasv",
+                        "--drafter", str(d / "run" / "drafter.safetensors"), "--tables", str(d / "tables.safetensors"),
+                        "--cfg-scale", "3", "--vq", str(d / "vq.safetensors"), "--out", str(d / "gen")]))
+    assert len(list((d / "gen").glob("*.png"))) == 2
 
 
 def test_run_refuses_captions_without_encoder_before_loading(t2i, tmp_path, monkeypatch):
