@@ -24,6 +24,30 @@ import torch
 from ..errors import InputError
 from ..io import load_safetensors, save_safetensors, tensor_hash
 
+LAZY_BYTES = 2 << 30  # caption feature files larger than this are read row by row (memory-mapped)
+
+
+class LazyFeatures:
+    """(M, L, C) caption features of a large safetensors file, read row by row on indexing
+    (safetensors memory-maps the file), so a 100k-caption table need not fit in RAM."""
+
+    def __init__(self, path):
+        from safetensors import safe_open
+
+        self.path = str(path)
+        self._f = safe_open(self.path, framework="pt")
+        self.shape = tuple(self._f.get_slice("caption_features").get_shape())
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, idx) -> torch.Tensor:
+        rows = torch.as_tensor(idx).long().reshape(-1).tolist()
+        sl = self._f.get_slice("caption_features")
+        if not rows:
+            return torch.zeros(0, *self.shape[1:])
+        return torch.cat([sl[r: r + 1] for r in rows])
+
 
 class CaptionRows:
     """The conditions of one batch: features, mask and null flags (moved together by .to)."""
@@ -57,11 +81,14 @@ class CaptionConds:
         return CaptionRows(self.feats[i].float(), self.mask[i], self.null[rows])
 
     def fingerprint(self) -> str:
+        M = self.feats.shape[0]
+        sample = self.feats[torch.arange(0, M, max(1, M // 64))].float().flatten()  # <= ~64 caption rows
         return tensor_hash(torch.cat([self.index.double(), self.null.double(), self.mask.flatten().double(),
-                                      self.feats.flatten()[:: max(1, self.feats.numel() // 65536)].double()]))
+                                      sample.double()]))
 
     def tensors(self) -> dict:
-        return {"caption_features": self.feats, "caption_mask": self.mask, "caption_index": self.index, "null": self.null}
+        feats = self.feats if torch.is_tensor(self.feats) else self.feats[torch.arange(self.feats.shape[0])]
+        return {"caption_features": feats, "caption_mask": self.mask, "caption_index": self.index, "null": self.null}
 
 
 def as_target_cond(target, cond):
@@ -104,7 +131,19 @@ def load_caption_table(path, tcfg) -> tuple[torch.Tensor, torch.Tensor]:
     if path is None:
         raise InputError("t2i training needs caption features: pass --captions FILE (captions .txt with --encoder, "
                          "or a .safetensors from `lisa-trt encode-captions`)")
-    f, m, _ = load_caption_features(path, tcfg)
+    p = Path(path)
+    if p.suffix.lower() == ".safetensors" and p.is_file() and p.stat().st_size > LAZY_BYTES:
+        from safetensors import safe_open
+
+        feats = LazyFeatures(p)
+        with safe_open(str(p), framework="pt") as f:
+            mask = f.get_tensor("caption_mask").to(torch.bool)
+        want = (tcfg.cls_token_num, tcfg.caption_dim)
+        if feats.shape[1:] != want or tuple(mask.shape) != feats.shape[:2]:
+            raise InputError(f"{p}: caption features {feats.shape} / mask {tuple(mask.shape)}; this target needs "
+                             f"(M, {want[0]}, {want[1]}) / (M, {want[0]})")
+        return feats, mask
+    f, m, _ = load_caption_features(p, tcfg)
     return f, m
 
 
@@ -210,4 +249,4 @@ def eval_conds(target, data_cfg, n: int):
     else:
         feats, mask = load_caption_table(data_cfg.caption_file, tcfg)
     idx = (torch.arange(n) + max(feats.shape[0] - n, 0)) % feats.shape[0]
-    return feats[idx], mask[idx]
+    return feats[idx].float(), mask[idx]

@@ -164,3 +164,28 @@ def test_t2i_ddp_two_ranks_match_single_process(target, tmp_path):
     single = train_drafter(target, None, cfg, tmp_path / "single", progress=False)
     a, b = load_file(tmp_path / "ddp" / "drafter.safetensors"), load_file(single["drafter"])
     assert all((a[k] - b[k]).abs().max() < 1e-5 for k in a)
+
+
+def test_large_caption_tables_are_read_lazily(target, tmp_path, monkeypatch):
+    import lisa_trt.train.captions as C
+    from lisa_trt.text.encoder import save_caption_features
+
+    g = torch.Generator().manual_seed(3)
+    mask = torch.zeros(7, 6, dtype=torch.bool)
+    mask[:, :4] = True
+    feats = torch.randn(7, 6, 12, generator=g) * mask[..., None]
+    save_caption_features(tmp_path / "c.safetensors", feats, mask, dtype="bfloat16")
+    ef, em = C.load_caption_table(tmp_path / "c.safetensors", target.config)
+    monkeypatch.setattr(C, "LAZY_BYTES", 0)
+    lf, lm = C.load_caption_table(tmp_path / "c.safetensors", target.config)
+    assert isinstance(lf, C.LazyFeatures) and torch.is_tensor(ef) and torch.equal(lm, em)
+    idx = torch.tensor([5, 0, 5])
+    assert torch.equal(lf[idx].float(), ef[idx])
+    a = C.CaptionConds(ef, em, torch.tensor([0, 3, 6]))
+    b = C.CaptionConds(lf, lm, torch.tensor([0, 3, 6]))
+    assert a.fingerprint() == b.fingerprint() and torch.equal(a[torch.tensor([2])].feats, b[torch.tensor([2])].feats)
+    ta = C.self_distill_caption_tokens(target, ef, em, 4, cfg_scale=3.0, seed=0, batch_size=4, progress=False)
+    tb = C.self_distill_caption_tokens(target, lf, lm, 4, cfg_scale=3.0, seed=0, batch_size=4, progress=False)
+    assert torch.equal(ta.tokens, tb.tokens)
+    with pytest.raises(InputError, match="this target needs"):
+        C.load_caption_table(tmp_path / "c.safetensors", make_target("t2i", cls_token_num=5).config)
