@@ -407,8 +407,8 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 @click.option("--seed", type=int, default=0, show_default=True)
 @_handle_errors
 def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, steps, batch_size, lr,
-          ttt_steps, source, token_file, image_dir, captions, encoder_dir, num_samples, features, cfg_scale, drafter_hidden, drafter_heads,
-          checkpoint_every, bf16, eval_images, seed):
+          ttt_steps, source, token_file, image_dir, captions, encoder_dir, num_samples, features, cfg_scale,
+          drafter_hidden, drafter_heads, checkpoint_every, bf16, eval_images, seed):
     """Distil a drafter (LISA locality-informed loss, or EAGLE-3/EAGLE-1 baselines).
 
     Resumes from OUT/checkpoints after an interruption. Multi-GPU: run under torchrun."""
@@ -425,6 +425,11 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
         from .errors import InputError
 
         raise InputError("training needs the VQ codebook (LISA locality geometry): pass --vq")
+    caption_file = None
+    if target.config.model_type == "t2i":  # captions encoded (or checked) before the VQ and any data work
+        from .text.train import training_caption_file
+
+        caption_file = training_caption_file(target.config, captions, encoder_dir, out_dir, source)
     vqm = load_vq(vq, None if vq == "demo" or str(vq).endswith(".safetensors") else vq_config)
     if source == "images":
         from .errors import InputError
@@ -435,11 +440,7 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
         token_file = str(encode_image_folder(vqm, image_dir, Path(out_dir) / "image_tokens.safetensors",
                                              grid=target.config.grid_size))
         source = "tokens"
-    data_kw = dict(source=source, token_file=token_file, features=features)
-    if target.config.model_type == "t2i":
-        from .text.train import training_caption_file
-
-        data_kw["caption_file"] = training_caption_file(target.config, captions, encoder_dir, out_dir, source)
+    data_kw = dict(source=source, token_file=token_file, features=features, caption_file=caption_file)
     if num_samples is not None:
         data_kw["num_samples"] = num_samples
     if cfg_scale is not None:

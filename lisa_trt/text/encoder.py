@@ -29,7 +29,6 @@ from ..errors import InputError
 from ..io import load_safetensors, save_safetensors
 
 MAX_LENGTH = 120  # LlamaGen t2i: cls_token_num = 120 caption slots
-TEXT_SUFFIXES = (".txt", ".captions", ".csv", "")
 _ENCODER_ENV = "LISA_TRT_TEXT_ENCODER"
 _CACHE_ENV = "LISA_TRT_CAPTION_CACHE"
 
@@ -277,12 +276,14 @@ class CaptionEncoder:
             raise InputError(f"caption {bad[0]} is empty or not a string; every prompt needs text")
         keys = [self.caption_key(c) for c in captions]
         valid: dict[str, torch.Tensor] = {}
-        todo = []
+        todo, queued = [], set()
         for c, k in zip(captions, keys):
+            if k in valid or k in queued:
+                continue
             v = self._lookup(k)
             if v is None:
-                if k not in valid and all(k != k2 for _, k2 in todo):
-                    todo.append((c, k))
+                todo.append((c, k))
+                queued.add(k)
             else:
                 valid[k] = v
         chunks = range(0, len(todo), self.batch_size)

@@ -17,6 +17,9 @@ def training_caption_file(tcfg, captions, encoder_dir, out_dir, source: str) -> 
     re-encode cheap)."""
     from .encoder import CaptionEncoder, save_caption_features
 
+    if source == "images":
+        raise InputError("--data images is for c2i targets (one folder per class); for t2i use --data self "
+                         "with --captions, or --data tokens with a token + caption-feature file")
     if captions is None:
         if source == "tokens":
             return None  # the token file carries caption_features (or fails with the fix)

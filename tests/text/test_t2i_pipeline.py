@@ -111,8 +111,6 @@ def test_t2i_end_to_end(t2i, monkeypatch):
 
 
 def test_run_refuses_captions_without_encoder_before_loading(t2i, tmp_path, monkeypatch):
-    from lisa_trt.export.manifest import read_manifest  # noqa: F401  (the bundle itself is not needed)
-
     monkeypatch.delenv("LISA_TRT_TEXT_ENCODER", raising=False)
     d, r = t2i, CliRunner()
     (tmp_path / "empty.txt").write_text("a red car\n\na dog\n")
