@@ -77,6 +77,17 @@ def test_t2i_end_to_end(t2i, monkeypatch):
                         "--out", str(d / "engines"), "--cfg-scale", "3"]))
     prompts = d / "prompts.txt"
     prompts.write_text("a red car on the street\nan old house at night\n")
+    # captions without an encoder, or an empty line: refused before any engine loads
+    from lisa_trt.runtime.pipeline import Pipeline
+
+    monkeypatch.delenv("LISA_TRT_TEXT_ENCODER", raising=False)
+    with monkeypatch.context() as mp:
+        mp.setattr(Pipeline, "from_dir", classmethod(lambda *a, **k: pytest.fail("engines loaded")))
+        res = r.invoke(main, ["run", str(d / "engines"), str(prompts), "--backend", "ort"])
+        assert res.exit_code == 2 and "--encoder" in res.output and "Traceback" not in res.output
+        (d / "gap.txt").write_text("a red car\n\nblue sky\n")
+        res = r.invoke(main, ["run", str(d / "engines"), str(d / "gap.txt"), "--encoder", str(d / "t5")])
+        assert res.exit_code == 2 and "line(s) 2" in res.output
     for rule in RULES:
         out = d / f"out_{rule}"
         _ok(r.invoke(main, ["run", str(d / "engines"), str(prompts), "--backend", "ort", "--verify", rule,
@@ -110,7 +121,7 @@ def test_t2i_end_to_end(t2i, monkeypatch):
     assert len(list((d / "gen").glob("*.png"))) == 2
 
 
-def test_run_refuses_captions_without_encoder_before_loading(t2i, tmp_path, monkeypatch):
+def test_caption_errors_before_any_work(t2i, tmp_path, monkeypatch):
     monkeypatch.delenv("LISA_TRT_TEXT_ENCODER", raising=False)
     d, r = t2i, CliRunner()
     (tmp_path / "empty.txt").write_text("a red car\n\na dog\n")
