@@ -157,32 +157,6 @@ def parse_classes(text: str, num_classes: int, names=None) -> list[int]:
     return ids
 
 
-def load_caption_file(path, caption_dim: int):
-    """A .safetensors/.npy file of T5 features (+ mask) -> (features, mask) tensors."""
-    import numpy as np
-    import torch
-
-    from .errors import InputError
-    from .io import load_safetensors
-
-    p = Path(path)
-    if p.suffix == ".safetensors":
-        t, _ = load_safetensors(p)
-        if "caption_features" not in t:
-            raise InputError(f"{p} must hold 'caption_features' (B, 120, {caption_dim}) and 'caption_mask' (B, 120)")
-        feats = t["caption_features"].float()
-        mask = t.get("caption_mask", torch.ones(feats.shape[:2]))
-    elif p.suffix == ".npy":
-        feats = torch.from_numpy(np.load(p)).float()
-        mask_path = p.with_name(p.stem + "_mask.npy")
-        mask = torch.from_numpy(np.load(mask_path)) if mask_path.exists() else torch.ones(feats.shape[:2])
-    else:
-        raise InputError(f"caption features must be .safetensors or .npy, got {p.name}")
-    if feats.dim() == 2:
-        feats, mask = feats[None], mask.reshape(1, -1)
-    return feats, mask
-
-
 # ----------------------------------------------------------------------------- commands
 
 @main.command()
