@@ -89,6 +89,13 @@ class Pipeline:
 
         if backend not in BACKENDS:
             raise InputError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+        if text_encoder is not None:  # t2i: check the encoder against the bundle before loading engines
+            from ..export.manifest import read_manifest
+            from ..text.prompts import make_encoder
+
+            tcfg = read_manifest(Path(engine_dir)).target_config
+            if tcfg.model_type == "t2i":
+                text_encoder = make_encoder(text_encoder, tcfg)
         return cls(open_bundle(Path(engine_dir), backend, threads=threads), text_encoder=text_encoder)
 
     @classmethod

@@ -94,12 +94,10 @@ def precheck_prompts(engine_dir, prompts_path, encoder_dir=None) -> None:
     check the T5 encoder directory, before any engine is loaded. No-op for c2i bundles."""
     from pathlib import Path
 
-    from ..config import TargetConfig
     from ..export.manifest import read_manifest
     from ..runtime.prompts import parse_prompts
 
-    man = read_manifest(Path(engine_dir))
-    tcfg = TargetConfig.from_dict(man.target["config"])
+    tcfg = read_manifest(Path(engine_dir)).target_config
     if tcfg.model_type != "t2i":
         return
     ps = parse_prompts(prompts_path, model_type="t2i")
