@@ -45,9 +45,12 @@ def default_device(device: str) -> str:
               help="Encoder precision (auto: bf16 on CUDA as LlamaGen does, fp32 on CPU).")
 @click.option("--save-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
 @click.option("--batch-size", type=int, default=16, show_default=True)
+@click.option("--preprocess", type=click.Choice(["lower", "none"]), default="lower", show_default=True,
+              help="Caption text before tokenization: lower-case + strip (LlamaGen) or as given.")
 @click.option("--cache-dir", default=None, type=click.Path(), help="Per-caption feature cache (default $LISA_TRT_CAPTION_CACHE).")
 @_errors
-def encode_captions(captions, encoder_dir, out_path, max_length, device, dtype, save_dtype, batch_size, cache_dir):
+def encode_captions(captions, encoder_dir, out_path, max_length, device, dtype, save_dtype, batch_size, preprocess,
+                    cache_dir):
     """Encode CAPTIONS (one caption per line, no empty lines) with a FLAN-T5 encoder, LlamaGen's
     t2i recipe: its tokenizer, max length 120, padded to max length; writes caption_features
     (N, 120, 2048) and caption_mask (N, 120) with the valid tokens first (the target left-pads)."""
@@ -58,11 +61,11 @@ def encode_captions(captions, encoder_dir, out_path, max_length, device, dtype, 
         raise InputError(f"--out must end in .safetensors, got {out_path}")
     caps = read_captions(captions)  # every check before the encoder loads
     enc = CaptionEncoder(encoder_dir, device=default_device(device), dtype=dtype, max_length=max_length,
-                         cache_dir=cache_dir, batch_size=batch_size)
+                         cache_dir=cache_dir, batch_size=batch_size, preprocess=preprocess)
     feats, mask = enc.encode(caps, progress=True)
     save_caption_features(out_path, feats, mask, caps, dtype=save_dtype,
                           meta={"encoder": str(enc.dir), "encoder_fingerprint": enc.fingerprint,
-                                "max_length": max_length, "encoder_dtype": enc.dtype})
+                                "max_length": max_length, "encoder_dtype": enc.dtype, "preprocess": preprocess})
     n = mask.sum(1)
     click.echo(f"wrote {out_path}: {len(caps)} captions, features {tuple(feats.shape)}, "
                f"{int(n.min())}..{int(n.max())} valid tokens per caption")

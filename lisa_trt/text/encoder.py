@@ -1,6 +1,8 @@
 """Captions -> FLAN-T5 features, LlamaGen's t2i recipe (spec/llamagen.md, "t2i").
 
-LlamaGen encodes a caption with the flan-t5-xl ENCODER through transformers: its tokenizer
+LlamaGen encodes a caption with the flan-t5-xl ENCODER through transformers: the caption is
+lower-cased and stripped (`preprocess="lower"`, LlamaGen's T5Embedder without its web-caption
+cleaning; see PREPROCESS), then its tokenizer
 with `max_length=120, padding="max_length", truncation=True, add_special_tokens=True`, then
 `last_hidden_state` (B, 120, 2048) and the tokenizer's attention mask. Those arrays have the
 valid tokens FIRST (right padding); the target moves them to the end itself (left padding,
@@ -29,6 +31,11 @@ from ..errors import InputError
 from ..io import load_safetensors, save_safetensors
 
 MAX_LENGTH = 120  # LlamaGen t2i: cls_token_num = 120 caption slots
+# Caption text before tokenization. "lower": text.lower().strip(), LlamaGen's T5Embedder with
+# use_text_preprocessing=False; its default additionally runs a web-caption cleaner (URLs, HTML,
+# CJK, punctuation runs; PixArt's clean_caption, needs ftfy + bs4) that is not reproduced here:
+# for plain captions it reduces to lower-casing, whitespace and punctuation spacing. "none": as given.
+PREPROCESS = ("lower", "none")
 _ENCODER_ENV = "LISA_TRT_TEXT_ENCODER"
 _CACHE_ENV = "LISA_TRT_CAPTION_CACHE"
 
@@ -190,10 +197,11 @@ class CaptionEncoder:
         max_length: caption slots (the target's cls_token_num; 120 for LlamaGen).
         cache_dir: on-disk feature cache (default $LISA_TRT_CAPTION_CACHE, else none).
         batch_size: captions per encoder forward.
+        preprocess: caption text before tokenization, "lower" (LlamaGen) or "none" (PREPROCESS).
     """
 
     def __init__(self, encoder_dir=None, *, device="cpu", dtype: str = "auto", max_length: int = MAX_LENGTH,
-                 cache_dir=None, batch_size: int = 16):
+                 cache_dir=None, batch_size: int = 16, preprocess: str = "lower"):
         self.dir = resolve_encoder_dir(encoder_dir)
         self._cfg = check_encoder_dir(self.dir)
         self.device = torch.device(device)
@@ -203,6 +211,9 @@ class CaptionEncoder:
             raise InputError(f"encoder dtype must be float32, bfloat16, float16 or auto, got {dtype!r}")
         if max_length < 1:
             raise InputError(f"max_length must be >= 1, got {max_length}")
+        if preprocess not in PREPROCESS:
+            raise InputError(f"preprocess must be one of {', '.join(PREPROCESS)}, got {preprocess!r}")
+        self.preprocess = preprocess
         self.dtype, self.max_length, self.batch_size = dtype, int(max_length), int(batch_size)
         self.fingerprint = encoder_fingerprint(self.dir)
         cache_dir = cache_dir or os.environ.get(_CACHE_ENV)
@@ -226,7 +237,11 @@ class CaptionEncoder:
             raise InputError(f"encoder max_length {self.max_length} != the target's {tcfg.cls_token_num} caption slots")
 
     def caption_key(self, caption: str) -> str:
-        return hashlib.sha256(f"{self.fingerprint}|{self.max_length}|{caption}".encode()).hexdigest()
+        return hashlib.sha256(f"{self.fingerprint}|{self.max_length}|{self.preprocess}|{caption}".encode()).hexdigest()
+
+    def prepare(self, caption: str) -> str:
+        """The text the tokenizer sees."""
+        return caption.lower().strip() if self.preprocess == "lower" else caption
 
     def _load(self):
         if self._model is None:
@@ -259,7 +274,7 @@ class CaptionEncoder:
     @torch.no_grad()
     def _encode_batch(self, captions: list[str]) -> list[torch.Tensor]:
         tok, model = self._load()
-        b = tok(captions, max_length=self.max_length, padding="max_length", truncation=True,
+        b = tok([self.prepare(c) for c in captions], max_length=self.max_length, padding="max_length", truncation=True,
                 return_attention_mask=True, add_special_tokens=True, return_tensors="pt")
         ids, att = b["input_ids"].to(self.device), b["attention_mask"].to(self.device)
         h = model(input_ids=ids, attention_mask=att).last_hidden_state.float().cpu()

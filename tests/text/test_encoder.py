@@ -19,7 +19,7 @@ def _reference(t5_dir, captions, L):
 
     tok = AutoTokenizer.from_pretrained(str(t5_dir))
     model = T5EncoderModel.from_pretrained(str(t5_dir)).eval()
-    b = tok(captions, max_length=L, padding="max_length", truncation=True, return_attention_mask=True,
+    b = tok([c.lower().strip() for c in captions], max_length=L, padding="max_length", truncation=True, return_attention_mask=True,
             add_special_tokens=True, return_tensors="pt")
     with torch.no_grad():
         h = model(input_ids=b.input_ids, attention_mask=b.attention_mask).last_hidden_state
@@ -27,7 +27,7 @@ def _reference(t5_dir, captions, L):
 
 
 def test_matches_t5_recipe_valid_tokens_first(t5_dir):
-    caps = ["a red car", "a small dog on the street in the city at night with a big tree"]
+    caps = ["A Red car ", "a small dog on the street in the city at night with a big tree"]
     enc = CaptionEncoder(t5_dir, max_length=8)
     feats, mask = enc.encode(caps)
     ref, ref_mask = _reference(t5_dir, caps, 8)
@@ -101,3 +101,17 @@ def test_target_checks_and_feature_files(t5_dir, tmp_path):
     # the target accepts the pair as is (it left-pads internally) and runs
     logits = target.teacher_forced_logits((feats, mask), torch.zeros(2, target.config.block_size, dtype=torch.long))
     assert torch.isfinite(logits).all()
+
+
+def test_preprocess(t5_dir, monkeypatch):
+    enc = CaptionEncoder(t5_dir, max_length=6)
+    assert enc.prepare("  A Red Car ") == "a red car"
+    raw = CaptionEncoder(t5_dir, max_length=6, preprocess="none")
+    assert raw.prepare(" A Red Car") == " A Red Car" and raw.caption_key("x") != enc.caption_key("x")
+    seen = []
+    tok, model = enc._load()
+    monkeypatch.setattr(enc, "_load", lambda: (lambda texts, **kw: seen.extend(texts) or tok(texts, **kw), model))
+    enc.encode(["A Photo OF a Cat"])
+    assert seen == ["a photo of a cat"]
+    with pytest.raises(InputError, match="preprocess"):
+        CaptionEncoder(t5_dir, preprocess="clean")
