@@ -14,6 +14,9 @@ after every section, so a run cut by a timeout keeps what it measured):
   verify_latency one target forward over S tree tokens (S = 1 .. 64, CFG batch 2, random tree
                  masks) on random official-shaped GPT-B / GPT-L / GPT-XL in bf16 (--dtype): the
                  cost curve that sets the tree budget; plus prefill latency and peak memory;
+                 GPT-XL-T2I is the text-to-image shape of the paper's LlamaGen setting
+                 (t2i_XL_stage1_256: 120 FLAN-T5 caption slots of 2048, 16x16 tokens, CFG batch
+                 with the null caption);
   demo_decode    vanilla vs speculative (GASV) decoding with the torch runner on the bundled
                  demo model (`demo` + drafter `demo-lisa` + tables `demo`), via lisa_trt.bench;
                  skipped with the reason when the demo assets are absent;
@@ -40,7 +43,35 @@ if str(ROOT) not in sys.path:
 
 SECTIONS = ("env", "gasv_kernel", "verify_latency", "demo_decode", "tensorrt")
 TREE_SIZES = (1, 2, 4, 8, 16, 32, 48, 64)
-MODELS = ("GPT-B", "GPT-L", "GPT-XL")
+MODELS = ("GPT-B", "GPT-L", "GPT-XL", "GPT-XL-T2I")
+
+
+def _latency_model(name: str):
+    """(TargetConfig, CFG condition (2 rows: cond, null) builder) for a --models entry.
+
+    "<config>-T2I" is the t2i variant (caption prefix); "tiny-t2i" its CPU-smoke size."""
+    from lisa_trt.config import target_config
+
+    if name.lower().endswith("-t2i"):
+        base = name[: -len("-t2i")]
+        extra = dict(cls_token_num=6, caption_dim=12) if base == "tiny" else {}
+        return target_config(base, model_type="t2i", **extra)
+    return target_config(name)
+
+
+def _latency_cond(model, device):
+    """[cond; uncond] for one prompt: class 1 / null class, or a 20-token caption / null caption."""
+    import torch
+
+    cfg = model.config
+    if cfg.model_type == "c2i":
+        return torch.tensor([1, cfg.num_classes], device=device)
+    g = torch.Generator().manual_seed(0)
+    feats = torch.randn(1, cfg.cls_token_num, cfg.caption_dim, generator=g).to(device)
+    mask = torch.zeros(1, cfg.cls_token_num, dtype=torch.bool, device=device)
+    mask[:, : min(20, cfg.cls_token_num)] = True  # valid tokens first, as the T5 tokenizer returns them
+    nf, nm = model.null_cond((feats, mask))
+    return torch.cat([feats, nf.to(feats.dtype)]), torch.cat([mask, nm])
 
 
 # ----------------------------------------------------------------------------- timing
@@ -199,11 +230,10 @@ def _tree(S: int, seed: int):
 def section_verify_latency(ctx: Ctx) -> dict:
     import torch
 
-    from lisa_trt.config import target_config
     from lisa_trt.models.llamagen import Transformer
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[ctx.args.dtype]
-    models = ("tiny",) if ctx.smoke else tuple(ctx.args.models.split(","))
+    models = ("tiny", "tiny-t2i") if ctx.smoke else tuple(ctx.args.models.split(","))
     sizes = (1, 4) if ctx.smoke else TREE_SIZES
     reps, warm = (2, 1) if ctx.smoke else (10, 3)
     B = 2  # CFG: [cond; uncond]
@@ -212,16 +242,17 @@ def section_verify_latency(ctx: Ctx) -> dict:
         if ctx.left() < 30 and not ctx.smoke:
             out["models"][name] = {"skipped": "time budget"}
             continue
-        cfg = target_config(name)
+        cfg = _latency_model(name)
         with torch.device(ctx.device):
             model = Transformer(cfg)
         model = model.to(dtype if ctx.cuda else torch.float32).eval()
         model.freqs_cis = model.freqs_cis.float()  # RoPE tables stay fp32 (as in the fp16 export)
-        res = {"dim": cfg.dim, "n_layer": cfg.n_layer, "vocab": cfg.vocab_size, "params_m":
+        res = {"dim": cfg.dim, "n_layer": cfg.n_layer, "vocab": cfg.vocab_size, "model_type": cfg.model_type,
+               "prefix": cfg.cls_token_num, "params_m":
                round(sum(p.numel() for p in model.parameters()) / 1e6, 1), "tree": {}}
         if ctx.cuda:
             torch.cuda.reset_peak_memory_stats()
-        cond = torch.tensor([1, cfg.num_classes], device=ctx.device)
+        cond = _latency_cond(model, ctx.device)
         with torch.no_grad():
             cache = model.new_cache(B, extra=max(sizes))
             res["prefill"] = time_ms(lambda: model.prefill(cond, cache), reps=reps, warmup=warm, cuda=ctx.cuda)

@@ -34,6 +34,7 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
               spec: SpecConfig, seed: int = 0, scorer_fn=None, decode_fn=None, sjd_window: int = 16,
               progress: bool = True, settings_extra: Optional[dict] = None, gasv=None) -> dict:
     """Run `methods` on one image per entry of `classes` (batch 1, seed + i for image i).
+    For t2i targets `classes` is a (features (B, L, C), mask (B, L)) condition, one row per image.
 
     Args:
         scorer_fn: optional (images uint8/float, labels) -> (class_acc, fd_demo).
@@ -45,17 +46,20 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
     baseline = method_names("ar")[0]
     if baseline not in methods:
         methods = [baseline] + list(methods)
-    cls = torch.as_tensor(classes).long()
+    from .text.prompts import cond_len, cond_rows
+
+    t2i = isinstance(classes, tuple)
+    cls = classes if t2i else torch.as_tensor(classes).long()
     results, tokens = {}, {}
     # warm-up (allocations, thread pools), not timed
     for m in methods:
-        run_method(m, target, drafter, tables, cls[:1], sampling=sampling, spec=spec, seed=seed,
+        run_method(m, target, drafter, tables, cond_rows(cls, 0, 1), sampling=sampling, spec=spec, seed=seed,
                    sjd_window=sjd_window, gasv=gasv)
     for m in methods:
         secs, stats_all, toks = [], [], []
-        for i in tqdm(range(len(cls)), desc=f"bench {m}", disable=not progress):
+        for i in tqdm(range(cond_len(cls)), desc=f"bench {m}", disable=not progress):
             t0 = time.perf_counter()
-            tk, st = run_method(m, target, drafter, tables, cls[i: i + 1], sampling=sampling,
+            tk, st = run_method(m, target, drafter, tables, cond_rows(cls, i, i + 1), sampling=sampling,
                                 spec=spec, seed=seed + i, sjd_window=sjd_window, gasv=gasv)
             secs.append(time.perf_counter() - t0)
             stats_all.append(st)
@@ -77,10 +81,10 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
     base = results[baseline]["seconds_per_image"]
     for m, r in results.items():
         r["speedup"] = base / r["seconds_per_image"]
-        if scorer_fn is not None and decode_fn is not None:
+        if scorer_fn is not None and decode_fn is not None and not t2i:
             acc, fd = scorer_fn(decode_fn(tokens[m]), cls)
             r["class_acc"], r["fd_demo"] = float(acc), float(fd)
-    settings = {"num_images": len(cls), "seed": seed, "classes": cls.tolist(),
+    settings = {"num_images": cond_len(cls), "seed": seed, **({} if t2i else {"classes": cls.tolist()}),
                 "sampling": dataclasses.asdict(sampling), "spec": dataclasses.asdict(spec),
                 "sjd_window": sjd_window, "torch_threads": torch.get_num_threads(),
                 **(settings_extra or {})}

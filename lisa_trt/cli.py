@@ -195,6 +195,12 @@ def _vq_config_for(vq, vq_config):
     return vq_config_for(vq, vq_config)
 
 
+def _class_conditioned(tc) -> bool:
+    from .models.family import family_of
+
+    return family_of(tc).class_conditioned(tc)
+
+
 def resolve_target(model, config, image_size, model_type):
     from .config import target_config
     from .models.checkpoints import load_target
@@ -275,13 +281,14 @@ def random_checkpoint(out, config, image_size, model_type, seed):
 @click.option("--vq-config", default="VQ-16", show_default=True)
 @click.option("--classes", default=None, help="c2i: comma-separated class ids (or names for the demo).")
 @click.option("--captions", default=None, type=click.Path(exists=True),
-              help="t2i: .safetensors (caption_features, caption_mask) or .npy of T5 features.")
+              help="t2i: captions .txt (one per line, needs --encoder) or T5 features (.safetensors / .npy).")
+@click.option("--encoder", "encoder_dir", default=None, type=click.Path(), help="t2i: local flan-t5-xl directory (for a captions .txt).")
 @sampling_options
 @spec_options
 @click.option("--out", "out_dir", default="outputs", show_default=True, type=click.Path())
 @click.option("--overwrite", is_flag=True, help="Write into a non-empty --out (earlier images/stats are removed).")
 @_handle_errors
-def generate(model, config, image_size, model_type, vq, vq_config, classes, captions, cfg_scale,
+def generate(model, config, image_size, model_type, vq, vq_config, classes, captions, encoder_dir, cfg_scale,
              temperature, top_k, top_p, cfg_interval, greedy, seed, drafter, verify, tables,
              tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda, out_dir, overwrite):
     """Generate images: the reference AR loop, or tree speculation with --drafter/--verify.
@@ -301,6 +308,9 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
     from .models.family import family_of
 
     check_out_dir(out_dir, overwrite=overwrite)
+    from .text.train import precheck_captions
+
+    precheck_captions(captions, encoder_dir)  # before any model loads
     target = resolve_target(model, config, image_size, model_type)
     vq = _default_vq(model, vq)
     vqm = load_vq_for(vq, vq_config, tc=target.config) if vq is not None else None  # fails before generating
@@ -312,9 +322,9 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
             raise InputError("c2i models need --classes (e.g. --classes 0,1,2)")
         cond = torch.tensor(parse_classes(classes, tc.num_classes, class_names_of(model)))
     else:
-        if captions is None:
-            raise InputError("t2i models need --captions FILE (T5 features + mask)")
-        cond = load_caption_file(captions, tc.caption_dim)
+        from .text.train import prompt_conds
+
+        cond, _ = prompt_conds(tc, captions, encoder_dir, what="generate")
     verify = verify or method_names("ar")[0]  # default: the vanilla AR loop
     dr, tb = resolve_spec_artifacts(model, target, [verify], drafter, tables)
     spec = make_spec(verify, tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda)
@@ -349,11 +359,14 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
 @click.option("--lantern-k", type=int, default=_defaults("lantern").k, show_default=True)
 @click.option("--kappa", type=float, default=_defaults("gasv").kappa, show_default=True)
 @click.option("--lambda", "lam", type=float, default=_defaults("gasv").lam, show_default=True)
+@click.option("--captions", default=None, type=click.Path(exists=True),
+              help="t2i: rollout prompts, cycled to --rollouts (captions .txt with --encoder, or T5 features).")
+@click.option("--encoder", "encoder_dir", default=None, type=click.Path(), help="t2i: local flan-t5-xl directory (for a captions .txt).")
 @sampling_options
 @_handle_errors
 def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, rollouts, samples_per_pos,
-              quantile, clusters, cluster_space, lantern_k, kappa, lam, cfg_scale, temperature, top_k,
-              top_p, cfg_interval, greedy, seed):
+              quantile, clusters, cluster_space, lantern_k, kappa, lam, captions, encoder_dir, cfg_scale, temperature,
+              top_k, top_p, cfg_interval, greedy, seed):
     """GASV whitening / cluster / budget tables and LANTERN neighbour lists, from rollouts."""
     from .calibration.profile import calibrate as run_calibration
     from .calibration.tables import save_tables
@@ -365,17 +378,25 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
     check_positive(samples_per_pos, "--samples-per-pos")
     check_positive(clusters, "--clusters")
     probe_writable_file(out_path, "--out file")
+    from .text.train import precheck_captions
+
+    precheck_captions(captions, encoder_dir)  # before any model loads
     target = resolve_target(model, config, image_size, model_type)
     vq = _default_vq(model, vq)
     if vq is None:
         from .errors import InputError
 
         raise InputError("calibration needs the VQ codebook: pass --vq (e.g. vq_ds16_c2i.pt)")
+    conds = None
+    if not _class_conditioned(target.config):
+        from .text.train import prompt_conds
+
+        conds, _ = prompt_conds(target.config, captions, encoder_dir, n=rollouts, what="calibration rollouts")
     vqm = load_vq(vq, _vq_config_for(vq, vq_config))
     s = resolve_sampling(model, target.config.vocab_size, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                          top_p=top_p,
                          cfg_interval=cfg_interval, greedy=greedy)
-    tables = run_calibration(target, vqm.codebook().detach(), num_rollouts=rollouts,
+    tables = run_calibration(target, vqm.codebook().detach(), conds=conds, num_rollouts=rollouts,
                              samples_per_pos=samples_per_pos, quantile=quantile, n_clusters=clusters,
                              cluster_space=cluster_space, lantern_k=lantern_k, seed=seed, sampling=s,
                              gasv=GASVConfig(kappa=kappa, lam=lam))
@@ -398,6 +419,9 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
               help="self: target-generated sequences; tokens: --token-file; images: --image-dir encoded with the VQ.")
 @click.option("--token-file", default=None, type=click.Path())
 @click.option("--image-dir", default=None, type=click.Path(), help="One sub-folder of images per class (--data images).")
+@click.option("--captions", default=None, type=click.Path(),
+              help="t2i: captions .txt (needs --encoder) or caption features .safetensors (encode-captions).")
+@click.option("--encoder", "encoder_dir", default=None, type=click.Path(), help="t2i: local flan-t5-xl directory.")
 @click.option("--num-samples", type=int, default=None, help="Self-distillation sequences.")
 @click.option("--features", type=click.Choice(["online", "cache"]), default="online", show_default=True)
 @click.option("--cfg-scale", type=float, default=None, help="Deployment CFG scale for self-distillation.")
@@ -410,8 +434,8 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 @click.option("--seed", type=int, default=0, show_default=True)
 @_handle_errors
 def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, steps, batch_size, lr,
-          ttt_steps, source, token_file, image_dir, num_samples, features, cfg_scale, drafter_hidden, drafter_heads,
-          checkpoint_every, bf16, eval_images, seed):
+          ttt_steps, source, token_file, image_dir, captions, encoder_dir, num_samples, features, cfg_scale,
+          drafter_hidden, drafter_heads, checkpoint_every, bf16, eval_images, seed):
     """Distil a drafter (LISA locality-informed loss, or EAGLE-3/EAGLE-1 baselines).
 
     Resumes from OUT/checkpoints after an interruption. Multi-GPU: run under torchrun."""
@@ -429,12 +453,20 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
 
     check_sampling(cfg_scale=cfg_scale)
     probe_writable_dir(out_dir, "--out run directory")
+    from .text.train import precheck_captions
+
+    precheck_captions(captions, encoder_dir)  # before any model loads
     target = resolve_target(model, config, image_size, model_type)
     vq = _default_vq(model, vq)
     if vq is None:
         from .errors import InputError
 
         raise InputError("training needs the VQ codebook (LISA locality geometry): pass --vq")
+    caption_file = None
+    if not _class_conditioned(target.config):  # captions encoded before any data work
+        from .text.train import training_caption_file
+
+        caption_file = training_caption_file(target.config, captions, encoder_dir, out_dir, source)
     vqm = load_vq(vq, _vq_config_for(vq, vq_config))
     if source == "images":
         from .errors import InputError
@@ -445,7 +477,7 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
         token_file = str(encode_image_folder(vqm, image_dir, Path(out_dir) / "image_tokens.safetensors",
                                              grid=target.config.grid_size))
         source = "tokens"
-    data_kw = dict(source=source, token_file=token_file, features=features)
+    data_kw = dict(source=source, token_file=token_file, features=features, caption_file=caption_file)
     if num_samples is not None:
         data_kw["num_samples"] = num_samples
     if cfg_scale is not None:
@@ -486,6 +518,9 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
 @click.option("--methods", default="vanilla,exact,lantern,gasv,sjd", show_default=True)
 @click.option("--num-images", type=int, default=8, show_default=True)
 @click.option("--classes", default=None, help="Class ids cycled over the images (default: all classes).")
+@click.option("--captions", default=None, type=click.Path(exists=True),
+              help="t2i: prompts cycled over the images (captions .txt with --encoder, or T5 features).")
+@click.option("--encoder", "encoder_dir", default=None, type=click.Path(), help="t2i: local flan-t5-xl directory (for a captions .txt).")
 @click.option("--backend", type=_backend_choice(), default="torch", show_default=True,
               help="torch: the in-memory models; any other: the exported graphs of --engine-dir.")
 @click.option("--engine-dir", default=None, type=click.Path(), help="Exported bundle for a graph backend (ort, trt, ...).")
@@ -495,7 +530,8 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
 @click.option("--json", "json_path", required=True, type=click.Path())
 @click.option("--plot", "plot_path", default=None, type=click.Path())
 @_handle_errors
-def bench(model, config, image_size, model_type, drafter, tables, methods, num_images, classes, backend,
+def bench(model, config, image_size, model_type, drafter, tables, methods, num_images, classes, captions, encoder_dir,
+          backend,
           engine_dir, sjd_window, cfg_scale, temperature, top_k, top_p, cfg_interval, greedy, seed,
           tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda, json_path, plot_path):
     """Run every method on the same prompts and seeds in one process; JSON + speed/quality plot."""
@@ -510,7 +546,15 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
     if plot_path:
         probe_writable_file(plot_path, "--plot file")
     ms = parse_methods(methods)
+    from .text.train import precheck_captions
+
+    precheck_captions(captions, encoder_dir)  # before any model loads
     target = resolve_target(model, config, image_size, model_type)
+    texts = None
+    if not _class_conditioned(target.config):  # prompts checked before engines load
+        from .text.train import prompt_conds
+
+        t2i_conds, texts = prompt_conds(target.config, captions, encoder_dir, n=num_images, what="bench")
     s = resolve_sampling(model, target.config.vocab_size, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                          cfg_interval=cfg_interval, greedy=greedy)
     dr, tb = resolve_spec_artifacts(model, target, ms, drafter, tables)
@@ -521,8 +565,11 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
 
     names = class_names_of(model)
     ncls = target.config.num_classes
-    cl = parse_classes(classes, ncls, names) if classes else list(range(ncls))
-    cl = [cl[i % len(cl)] for i in range(num_images)]
+    if texts is not None:
+        cl = t2i_conds
+    else:
+        cl = parse_classes(classes, ncls, names) if classes else list(range(ncls))
+        cl = [cl[i % len(cl)] for i in range(num_images)]
     scorer_fn = decode_fn = None
     from .models.artifact_sets import artifact_set
 
@@ -547,7 +594,8 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
     report = run_bench(tgt_engine, dr_engine, tb, ms, cl, sampling=s, spec=spec, seed=seed, gasv=gasv_engine,
                        scorer_fn=scorer_fn, decode_fn=decode_fn, sjd_window=sjd_window,
                        settings_extra={"model": model, "drafter": drafter or default_drafter(model),
-                                       "backend": backend, "command": " ".join(sys.argv)})
+                                       "backend": backend, "command": " ".join(sys.argv),
+                                       **({"captions": texts} if texts is not None else {})})
     save_bench(report, json_path, plot_path)
     from .demo.scorer import INDICATIVE_BELOW
 
@@ -649,24 +697,30 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
 @click.option("--verify", type=_method_choice(),
               default="gasv", show_default=True)
 @click.option("--threads", type=int, default=None, help="ORT intra-op threads (default: physical cores).")
+@click.option("--encoder", "encoder_dir", default=None, type=click.Path(),
+              help="t2i: local flan-t5-xl directory, so PROMPTS may be captions (default $LISA_TRT_TEXT_ENCODER).")
 @sampling_options
 @click.option("--tree-top-k", type=int, default=None)
 @click.option("--tree-depth", type=int, default=None)
 @click.option("--tree-tokens", type=int, default=None)
 @_handle_errors
-def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, cfg_scale, temperature, top_k, top_p, cfg_interval,
-        greedy, seed, tree_top_k, tree_depth, tree_tokens):
+def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, encoder_dir, cfg_scale, temperature, top_k,
+        top_p, cfg_interval, greedy, seed, tree_top_k, tree_depth, tree_tokens):
     """Tree speculation + GASV over an engine directory: PNGs and per-image stats.
 
-    PROMPTS: a text file (one class id or name per line) or JSONL ({"class": ..., "seed": ..,
-    "cfg": ..}); malformed lines are reported with their numbers before any work starts."""
+    PROMPTS: a text file (one class id or name per line; t2i: one caption per line) or JSONL
+    ({"class" | "caption" | "caption_features": ..., "seed": .., "cfg": ..}); malformed lines
+    are reported with their numbers before any work starts."""
     from .runtime.outputs import save_run
     from .runtime.pipeline import Pipeline
     from .runtime.prompts import parse_prompts
     from .validation import check_out_dir, clear_previous_outputs
 
     check_out_dir(out_dir, overwrite=overwrite)
-    pipe = Pipeline.from_dir(engine_dir, backend=backend, threads=threads)
+    from .text.prompts import precheck_prompts
+
+    precheck_prompts(engine_dir, prompts, encoder_dir)  # t2i: prompts + encoder checked before engines load
+    pipe = Pipeline.from_dir(engine_dir, backend=backend, threads=threads, text_encoder=encoder_dir)
     cfg = pipe.config
     ps = parse_prompts(prompts, model_type=cfg.model_type, num_classes=cfg.num_classes, class_names=pipe.class_names)
     res = pipe.generate(ps, seed=seed, verify=verify, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
@@ -698,6 +752,10 @@ def demo(out_dir, num_images, backend, verify, seed):
                        echo=click.echo)
     click.echo(f"details: {Path(out_dir) / 'summary.json'}")
 
+
+from .text.cli import encode_captions  # noqa: E402  (t2i: captions -> T5 features)
+
+main.add_command(encode_captions)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

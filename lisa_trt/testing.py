@@ -20,6 +20,9 @@ def make_target(model_type: str = "c2i", seed: int = 0, std: float = 0.1, **over
         for name, p in m.named_parameters():
             noise = torch.randn(p.shape, generator=g) * std
             p.copy_(1.0 + noise if name.endswith("norm.weight") else noise)
+        if model_type == "t2i":  # the null caption is a buffer: seed it too (not the global RNG)
+            u = m.cls_embedding.uncond_embedding
+            u.copy_(torch.randn(u.shape, generator=g) / u.shape[1] ** 0.5)
     return m.eval()
 
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1] / "lisa_trt"
 # first package component (or top-level module) -> floor
 FLOORS = {
     "cli": 6,
-    "runtime": 5, "bench": 5, "serve": 5, "server": 5,
+    "runtime": 5, "bench": 5, "serve": 5, "server": 5, "text": 5,
     "engines": 4,
     "export": 3, "speculative": 3, "calibration": 3, "train": 3, "artifacts": 3, "demo": 3, "testing": 3,
     "quantization": 3,

@@ -212,7 +212,8 @@ def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, num_rollouts: in
 
     if conds is None:
         if not family_of(target.config).class_conditioned(target.config):
-            raise InputError("t2i calibration needs caption conditions: pass conds=(features, mask)")
+            raise InputError("t2i calibration needs caption conditions: pass conds=(features, mask) "
+                             "(CLI: `lisa-trt calibrate --captions CAPTIONS.txt --encoder T5_DIR`)")
         g = torch.Generator().manual_seed(seed)
         conds = torch.randint(0, target.config.num_classes, (num_rollouts,), generator=g).to(W.device)
     R = target.check_cond(conds)

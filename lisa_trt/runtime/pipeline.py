@@ -29,7 +29,6 @@ from .bundle import Bundle, open_bundle
 from .prompts import Prompt
 
 
-
 @dataclass
 class GenerationResult:
     """images: PIL images (one per prompt); tokens (B, N); stats: one dict per prompt."""
@@ -48,14 +47,21 @@ def _tree_budget(generation: dict, backend: str) -> dict:
 class Pipeline:
     """Tree speculation + GASV over one set of engines (see module docstring)."""
 
-    def __init__(self, engines: Bundle):
+    def __init__(self, engines: Bundle, text_encoder=None):
         self._e = engines
         self._lock = threading.Lock()
+        self._text = None
+        tc = engines.target.config
+        if not family_of(tc).class_conditioned(tc):
+            from ..text.prompts import make_encoder
+
+            self._text = make_encoder(text_encoder, engines.target.config)
 
     # -- construction --------------------------------------------------------------------
 
     @classmethod
-    def from_dir(cls, engine_dir, backend: str = "auto", *, threads: Optional[int] = None) -> "Pipeline":
+    def from_dir(cls, engine_dir, backend: str = "auto", *, threads: Optional[int] = None,
+                 text_encoder=None) -> "Pipeline":
         """Open an exported engine directory (`lisa-trt export`).
 
         Args:
@@ -64,6 +70,8 @@ class Pipeline:
                 TensorRT is usable, else ort.
             threads: torch and ORT intra-op threads (default: `lisa_trt.threads` policy, i.e.
                 $LISA_TRT_THREADS or the CPUs this process may use; idle threads sleep).
+            text_encoder: t2i: a local T5 directory (or CaptionEncoder) so that prompts may be
+                caption strings (default $LISA_TRT_TEXT_ENCODER; else feature files only).
         """
         from ..engines.base import backend_names
         from ..threads import ensure_thread_policy
@@ -72,11 +80,19 @@ class Pipeline:
         if backend not in valid:
             raise InputError(f"unknown backend {backend!r}; valid: {', '.join(valid)}")
         threads = ensure_thread_policy(threads)
-        return cls(open_bundle(Path(engine_dir), backend, threads=threads))
+        if text_encoder is not None:  # t2i: check the encoder against the bundle before loading engines
+            from ..export.manifest import read_manifest
+            from ..text.prompts import make_encoder
+
+            tcfg = read_manifest(Path(engine_dir)).target_config
+            if not family_of(tcfg).class_conditioned(tcfg):
+                text_encoder = make_encoder(text_encoder, tcfg)
+        return cls(open_bundle(Path(engine_dir), backend, threads=threads), text_encoder=text_encoder)
 
     @classmethod
     def from_models(cls, target, drafter=None, tables=None, vq=None, *, class_names=None,
-                    generation: Optional[dict] = None, threads: Optional[int] = None) -> "Pipeline":
+                    generation: Optional[dict] = None, threads: Optional[int] = None,
+                    text_encoder=None) -> "Pipeline":
         """A torch-backend pipeline over in-memory models (no export needed).
 
         threads: torch intra-op threads (default: the `lisa_trt.threads` policy)."""
@@ -84,7 +100,7 @@ class Pipeline:
 
         ensure_thread_policy(threads)
         return cls(Bundle(target=target, drafter=drafter, tables=tables, vq=vq, class_names=class_names,
-                            generation=dict(generation or {}), backend="torch"))
+                          generation=dict(generation or {}), backend="torch"), text_encoder=text_encoder)
 
     # -- lifetime ------------------------------------------------------------------------
 
@@ -114,14 +130,16 @@ class Pipeline:
 
     # -- generation ----------------------------------------------------------------------
 
-    def _cond(self, prompts) -> tuple[torch.Tensor, list]:
-        """Class ids / names / Prompt objects -> (class ids (B,), per-prompt overrides)."""
+    def _cond(self, prompts) -> tuple:
+        """Class ids / names / Prompt objects (c2i) or captions / Prompt objects (t2i) ->
+        (condition, per-prompt overrides, per-prompt labels for the stats)."""
         from .prompts import _class_id
 
         cfg = self.config
         if not family_of(cfg).class_conditioned(cfg):
-            raise InputError(f"Pipeline.generate takes class prompts; this bundle is {cfg.model_type}: run "
-                             "lisa_trt.speculative.run.run_method on its engines with a caption condition")
+            from ..text.prompts import t2i_conds
+
+            return t2i_conds(prompts, cfg, self._text)
         ids, overrides = [], []
         for p in prompts:
             if isinstance(p, Prompt):
@@ -135,7 +153,7 @@ class Pipeline:
             overrides.append({})
         if not ids:
             raise InputError("no prompts given")
-        return torch.tensor(ids, dtype=torch.long), overrides
+        return torch.tensor(ids, dtype=torch.long), overrides, [{"class": i} for i in ids]
 
     def sampling(self, **over) -> SamplingConfig:
         base = {k: v for k, v in self._e.generation.get("sampling", {}).items()
@@ -157,7 +175,8 @@ class Pipeline:
         """Generate one image per prompt.
 
         Args:
-            prompts: class ids, class names, or Prompt objects (per-prompt seed / cfg).
+            prompts: class ids, class names, or Prompt objects (per-prompt seed / cfg); for t2i
+                caption strings (needs text_encoder) or Prompt(caption=... | caption_features=FILE).
             seed: base seed; prompt i uses its own seed or seed + i.
             verify: a registered method (speculative/methods.py: vanilla, greedy, exact, lantern,
                 gasv, sjd, ...).
@@ -172,11 +191,12 @@ class Pipeline:
         """
         if verify not in METHODS:
             raise InputError(f"unknown verification {verify!r}; valid: {', '.join(method_names())}")
+        from ..text.prompts import cond_rows
         from ..validation import check_sampling
 
         check_sampling(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                        vocab_size=self.config.vocab_size)
-        cond, overrides = self._cond(prompts)
+        cond, overrides, labels = self._cond(prompts)
         tree_kw = {"top_k": tree.pop("tree_top_k", None), "depth": tree.pop("tree_depth", None),
                    "total_tokens": tree.pop("tree_tokens", None), **tree}
         with self._lock:
@@ -185,19 +205,19 @@ class Pipeline:
                                   greedy=greedy or None)
                 toks, st = self._run(verify, cond, s, self.spec(verify, **tree_kw), seed)
                 # batch-level numbers, one independent dict per prompt
-                tokens, stats = toks, [{**st, "seed": seed, "class": int(c), "batch_row": i} for i, c in enumerate(cond)]
+                tokens, stats = toks, [{**st, "seed": seed, "batch_row": i, **labels[i]} for i in range(len(overrides))]
             else:
                 from ..progress import progress_bar
 
                 outs, stats = [], []
-                bar = progress_bar(len(cond), progress, unit="image")
-                for i, (c, ov) in enumerate(zip(cond, overrides)):
+                bar = progress_bar(len(overrides), progress, unit="image")
+                for i, ov in enumerate(overrides):
                     s = self.sampling(cfg_scale=ov.get("cfg") if ov.get("cfg") is not None else cfg_scale,
                                       temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy or None)
                     sd = ov.get("seed") if ov.get("seed") is not None else seed + i
-                    toks, st = self._run(verify, c[None], s, self.spec(verify, **tree_kw), sd)
+                    toks, st = self._run(verify, cond_rows(cond, i, i + 1), s, self.spec(verify, **tree_kw), sd)
                     outs.append(toks)
-                    stats.append({**st, "seed": sd, "class": int(c)})
+                    stats.append({**st, "seed": sd, **labels[i]})
                     bar.update(1)
                 bar.close()
                 tokens = torch.cat(outs)

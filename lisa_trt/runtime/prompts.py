@@ -1,7 +1,8 @@
 """Prompt files for `lisa-trt run`: plain text (one class id or name per line) or JSONL.
 
 JSONL lines: {"class": 3 | "coffee", "seed": 7, "cfg": 3.0} for c2i, or
-{"caption_features": "path.safetensors|.npy", "seed": ..., "cfg": ...} for t2i.
+{"caption": "a red car", ...} / {"caption_features": "path.safetensors|.npy", ...} for t2i.
+t2i plain text: one caption per line (encoded with the T5 encoder; an empty line is an error).
 Every line is checked before any work starts; all problems are reported with line numbers.
 """
 
@@ -16,7 +17,7 @@ from ..errors import InputError
 from ..models.family import family_of
 from ..validation import sampling_problems
 
-_KEYS = {"class", "caption_features", "seed", "cfg"}
+_KEYS = {"class", "caption", "caption_features", "seed", "cfg"}
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class Prompt:
     line: int
     class_id: Optional[int] = None
     caption_features: Optional[str] = None
+    caption: Optional[str] = None
     seed: Optional[int] = None
     cfg: Optional[float] = None
 
@@ -55,6 +57,10 @@ def parse_prompts(path, *, model_type: str = "c2i", num_classes: int = 1000,
     lines = p.read_text().splitlines()
     classes = family_of(model_type).class_conditioned(model_type)
     jsonl = p.suffix in (".jsonl", ".json") or any(ln.lstrip().startswith("{") for ln in lines)
+    if model_type == "t2i" and not jsonl:  # a captions file: every line is one caption
+        from ..text.encoder import read_captions
+
+        return [Prompt(no, caption=c) for no, c in enumerate(read_captions(p), 1)]
     prompts, errors = [], []
     for no, raw in enumerate(lines, 1):
         text = raw.strip()
@@ -100,9 +106,15 @@ def parse_prompts(path, *, model_type: str = "c2i", num_classes: int = 1000,
                 continue
             prompts.append(Prompt(no, class_id=cid, seed=seed, cfg=cfg))
         else:
-            feat = obj.get("caption_features")
+            feat, cap = obj.get("caption_features"), obj.get("caption")
+            if cap is not None:
+                if not isinstance(cap, str) or not cap.strip() or feat is not None:
+                    errors.append(f"{p}:{no}: \"caption\" must be non-empty text (and not given with caption_features)")
+                    continue
+                prompts.append(Prompt(no, caption=cap.strip(), seed=seed, cfg=cfg))
+                continue
             if not isinstance(feat, str):
-                errors.append(f"{p}:{no}: missing \"caption_features\" path (t2i model)")
+                errors.append(f"{p}:{no}: missing \"caption\" text or \"caption_features\" path (t2i model)")
                 continue
             fp = (p.parent / feat) if not Path(feat).is_absolute() else Path(feat)
             if not fp.is_file():

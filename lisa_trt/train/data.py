@@ -40,6 +40,7 @@ class DataConfig:
 
     source: str = "self"  # "self" (target-generated) | "tokens" (token_file)
     token_file: Optional[str] = None
+    caption_file: Optional[str] = None  # t2i: caption features .safetensors (train/captions.py)
     num_samples: int = 1024  # self-distillation: training sequences to generate
     eval_samples: int = 32  # held-out sequences (generated with other seeds / last rows of the file)
     cfg_scale: float = 4.0  # deployment CFG scale for self-distillation
@@ -71,10 +72,11 @@ class DataConfig:
 
 @dataclass
 class TokenDataset:
-    """Image token sequences and their training conditions (class ids; num_classes = null)."""
+    """Image token sequences and their training conditions (class ids; num_classes = null), or
+    for t2i targets a train.captions.CaptionConds (caption rows + null flags)."""
 
     tokens: torch.Tensor  # (N, block) long
-    cond: torch.Tensor  # (N,) long
+    cond: object  # (N,) long, or CaptionConds
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -85,15 +87,20 @@ class TokenDataset:
         return TokenDataset(self.tokens[:n], self.cond[:n]), TokenDataset(self.tokens[n:], self.cond[n:])
 
     def fingerprint(self) -> str:
+        if hasattr(self.cond, "fingerprint"):
+            return tensor_hash(self.tokens.flatten().double()) + self.cond.fingerprint()
         return tensor_hash(torch.cat([self.tokens.flatten(), self.cond]).double())
 
     def save(self, path) -> None:
+        if hasattr(self.cond, "tensors"):
+            save_safetensors({"tokens": self.tokens, **self.cond.tensors()}, path, metadata={"kind": "lisa-trt-tokens-t2i"})
+            return
         save_safetensors({"tokens": self.tokens, "classes": self.cond}, path, metadata={"kind": "lisa-trt-tokens"})
 
 
 @dataclass
 class Batch:
-    cond: torch.Tensor  # (B,)
+    cond: object  # (B,) class ids, or train.captions.CaptionRows
     tokens: torch.Tensor  # (B, N)
     taps: torch.Tensor  # (B, N, 3H): [:, j] from the position whose logits predict tokens[:, j]
     logits: torch.Tensor  # (B, N, V) fp32, aligned with taps
@@ -123,12 +130,13 @@ def load_token_file(path, tcfg) -> TokenDataset:
 
     Formats: .safetensors / .pt / .npz with "tokens" (N, block) and "classes" (N,);
     .npy of shape (N, block + 1) whose column 0 is the class id, or (N, block) with the class
-    ids in a sibling `<name>.classes.npy`. Only c2i targets are supported.
+    ids in a sibling `<name>.classes.npy`. t2i targets: see train/captions.py.
     """
     path = Path(path)
     if not family_of(tcfg).class_conditioned(tcfg):
-        raise InputError("token files hold class ids; t2i drafter training data (caption features) is "
-                         "not supported yet")
+        from .captions import load_caption_token_file
+
+        return load_caption_token_file(path, tcfg)
     if not path.is_file():
         raise InputError(f"token file {path} does not exist")
     suffix = path.suffix.lower()
@@ -173,8 +181,8 @@ def self_distill_tokens(target, n: int, *, cfg_scale: float = 4.0, temperature: 
 
     tcfg = target.config
     if not family_of(tcfg).class_conditioned(tcfg):
-        raise InputError("self-distillation needs caption features for t2i targets; not supported yet "
-                         "(pass a token file of a c2i target)")
+        raise InputError("t2i self-distillation samples from captions: use train.captions."
+                         "self_distill_caption_tokens (or `lisa-trt train --captions FILE`)")
     g = torch.Generator().manual_seed(seed)
     classes = torch.randint(0, tcfg.num_classes, (n,), generator=g)
     uncond = torch.randperm(n, generator=g)[: round(uncond_frac * n)]
@@ -196,6 +204,10 @@ def build_dataset(target, cfg: DataConfig, seed: int, data_dir: Path, *, is_main
     """(train, held-out) datasets. Self-distilled sequences are generated once (by the main rank)
     and stored in data_dir/selfdistill.safetensors, so a resumed run reads the same data."""
     tcfg = target.config
+    if tcfg.model_type == "t2i":
+        from .captions import build_caption_dataset
+
+        return build_caption_dataset(target, cfg, seed, data_dir, is_main=is_main, barrier=barrier, progress=progress)
     if cfg.source == "tokens":
         ds = load_token_file(cfg.token_file, tcfg)
         if len(ds) <= cfg.eval_samples:
@@ -254,9 +266,11 @@ class OnlineFeatures:
 
     @torch.no_grad()
     def batch(self, rows: torch.Tensor) -> Batch:
+        from .captions import as_target_cond
+
         device = self.target.output.weight.device
         cond, tokens = self.dataset.cond[rows].to(device), self.dataset.tokens[rows].to(device)
-        out = self.target.forward_train(cond, tokens, taps=True)
+        out = self.target.forward_train(as_target_cond(self.target, cond), tokens, taps=True)
         return Batch(cond, tokens, out.taps, out.logits.float(), out.hidden)
 
 

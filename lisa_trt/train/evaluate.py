@@ -24,7 +24,9 @@ def decode_eval(target, drafter, cfg, n: int) -> dict:
     d = cfg.data
     s = SamplingConfig(cfg_scale=d.cfg_scale, temperature=d.temperature, top_k=d.top_k, top_p=d.top_p)
     spec = SpecConfig.make("exact", top_k=3, depth=3, total_tokens=10)
-    cond = torch.arange(n) % target.config.num_classes
+    from .captions import eval_conds
+
+    cond = eval_conds(target, d, n)  # class ids 0..n-1 cycled (c2i) or held-out captions (t2i)
     _, st = SpeculativeDecoder(target, drafter.eval()).generate(cond, sampling=s, spec=spec, seed=1_000_003 + cfg.seed)
     return {"mal": st.mal, "images": n, "sampling": dataclasses.asdict(s), "spec": dataclasses.asdict(spec),
             "target_forwards": st.target_forwards}

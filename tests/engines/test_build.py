@@ -451,6 +451,7 @@ def test_gpu_check_cpu_smoke(tmp_path):
     assert all(v["status"] in ("ok", "skipped") for v in s.values()), {k: v.get("error") for k, v in s.items()}
     assert "importable" in s["env"]["tensorrt"]
     assert set(s["verify_latency"]["models"]["tiny"]["tree"]) == {"1", "4"}
+    assert s["verify_latency"]["models"]["tiny-t2i"]["model_type"] == "t2i"  # the GPT-XL-T2I path, tiny
     assert s["gasv_kernel"]["cases"][0]["torch_ref"]["median_ms"] > 0
     if not HAS_TRT:
         assert s["tensorrt"]["available"] is False and "--backend ort" in s["tensorrt"]["skipped"]

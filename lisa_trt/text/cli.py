@@ -1,0 +1,71 @@
+"""`lisa-trt encode-captions`: a captions file -> T5 features + mask (.safetensors).
+
+Registered on the main group by one line in lisa_trt/cli.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import click
+
+from ..errors import LisaError
+
+
+def _errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except LisaError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+
+    return wrapper
+
+
+def default_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@click.command("encode-captions")
+@click.argument("captions", type=click.Path(dir_okay=False))
+@click.option("--encoder", "encoder_dir", default=None, type=click.Path(),
+              help="Local flan-t5-xl directory (transformers layout); default $LISA_TRT_TEXT_ENCODER.")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="Output .safetensors.")
+@click.option("--max-length", type=int, default=120, show_default=True, help="Caption slots (the target's cls_token_num).")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:1 ... (auto: cuda if available).")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True,
+              help="Encoder precision (auto: bf16 on CUDA as LlamaGen does, fp32 on CPU).")
+@click.option("--save-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
+@click.option("--batch-size", type=int, default=16, show_default=True)
+@click.option("--preprocess", type=click.Choice(["lower", "none"]), default="lower", show_default=True,
+              help="Caption text before tokenization: lower-case + strip (LlamaGen) or as given.")
+@click.option("--cache-dir", default=None, type=click.Path(), help="Per-caption feature cache (default $LISA_TRT_CAPTION_CACHE).")
+@_errors
+def encode_captions(captions, encoder_dir, out_path, max_length, device, dtype, save_dtype, batch_size, preprocess,
+                    cache_dir):
+    """Encode CAPTIONS (one caption per line, no empty lines) with a FLAN-T5 encoder, LlamaGen's
+    t2i recipe: its tokenizer, max length 120, padded to max length; writes caption_features
+    (N, 120, 2048) and caption_mask (N, 120) with the valid tokens first (the target left-pads)."""
+    from ..errors import InputError
+    from .encoder import CaptionEncoder, read_captions, save_caption_features
+
+    if Path(out_path).suffix != ".safetensors":
+        raise InputError(f"--out must end in .safetensors, got {out_path}")
+    caps = read_captions(captions)  # every check before the encoder loads
+    enc = CaptionEncoder(encoder_dir, device=default_device(device), dtype=dtype, max_length=max_length,
+                         cache_dir=cache_dir, batch_size=batch_size, preprocess=preprocess)
+    feats, mask = enc.encode(caps, progress=True)
+    save_caption_features(out_path, feats, mask, caps, dtype=save_dtype,
+                          meta={"encoder": str(enc.dir), "encoder_fingerprint": enc.fingerprint,
+                                "max_length": max_length, "encoder_dtype": enc.dtype, "preprocess": preprocess})
+    n = mask.sum(1)
+    click.echo(f"wrote {out_path}: {len(caps)} captions, features {tuple(feats.shape)}, "
+               f"{int(n.min())}..{int(n.max())} valid tokens per caption")

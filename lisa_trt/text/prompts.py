@@ -1,0 +1,107 @@
+"""t2i prompts for `Pipeline.generate` / `lisa-trt run`: caption strings (encoded with the
+pipeline's T5 encoder, cached by caption hash) or precomputed feature files."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from ..errors import InputError
+
+
+def make_encoder(text_encoder, tcfg, device="cpu"):
+    """None, a CaptionEncoder, or a directory -> a CaptionEncoder checked against the target
+    (nothing is loaded yet). None stays None (then only feature files are accepted)."""
+    from .encoder import CaptionEncoder, resolve_encoder_dir
+
+    if text_encoder is None:
+        text_encoder = resolve_encoder_dir(None)
+        if text_encoder is None:
+            return None
+    enc = text_encoder if isinstance(text_encoder, CaptionEncoder) else \
+        CaptionEncoder(text_encoder, device=device, max_length=tcfg.cls_token_num)
+    enc.check_target(tcfg)
+    return enc
+
+
+def t2i_conds(prompts: Sequence, tcfg, encoder=None) -> tuple[tuple, list, list]:
+    """Prompts (caption strings, or runtime.prompts.Prompt with caption / caption_features)
+    -> ((features (B, L, C), mask (B, L)), per-prompt overrides, per-prompt labels).
+
+    Every prompt is checked (and a missing encoder reported) before anything is encoded.
+    """
+    from ..runtime.prompts import Prompt
+    from .encoder import load_caption_features
+
+    items, overrides = [], []
+    for i, p in enumerate(prompts):
+        if isinstance(p, Prompt):
+            overrides.append(dict(seed=p.seed, cfg=p.cfg))
+            if p.caption is not None:
+                items.append(("caption", p.caption))
+            elif p.caption_features is not None:
+                items.append(("file", p.caption_features))
+            else:
+                raise InputError(f"prompt on line {p.line} has no caption (t2i model)")
+        elif isinstance(p, str):
+            if not p.strip():
+                raise InputError(f"prompt {i} is an empty caption")
+            items.append(("caption", p.strip()))
+            overrides.append({})
+        else:
+            raise InputError(f"t2i prompts are caption strings or Prompt objects, got {type(p).__name__} "
+                             "(for precomputed features pass a Prompt(caption_features=FILE))")
+    if not items:
+        raise InputError("no prompts given")
+    captions = [v for k, v in items if k == "caption"]
+    if captions and encoder is None:
+        raise InputError("caption prompts need a T5 encoder: pass text_encoder=DIR (CLI: --encoder DIR, or set "
+                         "$LISA_TRT_TEXT_ENCODER), or give precomputed features "
+                         '({"caption_features": FILE} lines from `lisa-trt encode-captions`)')
+    rows: list[Optional[tuple]] = [None] * len(items)
+    for i, (k, v) in enumerate(items):
+        if k == "file":
+            f, m, _ = load_caption_features(v, tcfg)
+            if f.shape[0] != 1:
+                raise InputError(f"{v} holds {f.shape[0]} captions; a prompt line takes a file with one caption")
+            rows[i] = (f[0], m[0])
+    if captions:
+        feats, mask = encoder.encode(captions)
+        it = iter(range(len(captions)))
+        for i, (k, _) in enumerate(items):
+            if k == "caption":
+                j = next(it)
+                rows[i] = (feats[j], mask[j])
+    cond = (torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows]))
+    labels = [{"caption": v} if k == "caption" else {"caption_features": v} for k, v in items]
+    return cond, overrides, labels
+
+
+def cond_rows(cond, a: int, b: int):
+    """Rows a:b of a condition (class ids or (features, mask))."""
+    if isinstance(cond, (tuple, list)):
+        return tuple(c[a:b] for c in cond)
+    return cond[a:b]
+
+
+def cond_len(cond) -> int:
+    return cond[0].shape[0] if isinstance(cond, (tuple, list)) else len(cond)
+
+
+def precheck_prompts(engine_dir, prompts_path, encoder_dir=None) -> None:
+    """`lisa-trt run` on a t2i bundle: parse the prompts file and, when it holds captions,
+    check the T5 encoder directory, before any engine is loaded. No-op for c2i bundles."""
+    from pathlib import Path
+
+    from ..export.manifest import read_manifest
+    from ..runtime.prompts import parse_prompts
+
+    tcfg = read_manifest(Path(engine_dir)).target_config
+    if tcfg.model_type != "t2i":
+        return
+    ps = parse_prompts(prompts_path, model_type="t2i")
+    if any(p.caption is not None for p in ps) and make_encoder(encoder_dir, tcfg) is None:
+        raise InputError(f"{prompts_path} holds captions; encoding them needs a T5 encoder: pass --encoder DIR "
+                         "(a local flan-t5-xl directory) or set $LISA_TRT_TEXT_ENCODER, or use "
+                         '{"caption_features": FILE} lines from `lisa-trt encode-captions`')
