@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1] / "lisa_trt"
 FLOORS = {
     "cli": 6,
     "runtime": 5, "bench": 5, "serve": 5, "server": 5, "text": 5,
+    "text.encoder": 2,  # the caption encoder is a model (train/ uses it); text's prompt plumbing is runtime
     "engines": 4,
     "export": 3, "speculative": 3, "calibration": 3, "train": 3, "artifacts": 3, "demo": 3, "testing": 3,
     "quantization": 3,
@@ -65,6 +66,8 @@ def floor(module: str):
     parts = module.split(".")
     if len(parts) == 1:
         return 7  # the public facade
+    if len(parts) > 2 and ".".join(parts[1:3]) in FLOORS:  # a module placed apart from its package
+        return FLOORS[".".join(parts[1:3])]
     return FLOORS.get(parts[1])
 
 

@@ -104,7 +104,7 @@ def as_target_cond(target, cond):
 
 
 def _check(tokens, conds: CaptionConds, tcfg, where: str):
-    from .data import TokenDataset
+    from .dataset import TokenDataset
 
     if tokens.dim() != 2 or tokens.shape[1] != tcfg.block_size:
         raise InputError(f"{where}: tokens have shape {tuple(tokens.shape)}; expected (N, {tcfg.block_size})")
@@ -185,7 +185,7 @@ def self_distill_caption_tokens(target, feats: torch.Tensor, mask: torch.Tensor,
     pure function of the arguments. round(uncond_frac * n) rows are trained with the null caption.
     """
     from ..speculative.autoregressive import generate
-    from .data import TokenDataset, _tqdm
+    from .dataset import TokenDataset, _tqdm
 
     M = feats.shape[0]
     if M == 0:
@@ -212,7 +212,7 @@ def build_caption_dataset(target, cfg, seed: int, data_dir: Path, *, is_main: bo
     """(train, held-out) for a t2i target; self-distilled tokens are stored once in
     data_dir/selfdistill.safetensors (tokens + caption_index + null) and re-read on resume."""
     from ..models.checkpoints import target_hash
-    from .data import _matches
+    from .dataset import _matches
 
     tcfg = target.config
     if cfg.source == "tokens":

@@ -27,8 +27,9 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, InputError
-from ..io import load_safetensors, save_safetensors, tensor_hash
+from ..io import load_safetensors, save_safetensors
 from ..models.family import family_of
+from .dataset import TokenDataset, _matches, _tqdm  # noqa: F401  (re-exported: train.data.TokenDataset)
 
 DATA_SOURCES = ("self", "tokens")
 FEATURE_MODES = ("online", "cache")
@@ -68,34 +69,6 @@ class DataConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-@dataclass
-class TokenDataset:
-    """Image token sequences and their training conditions (class ids; num_classes = null), or
-    for t2i targets a train.captions.CaptionConds (caption rows + null flags)."""
-
-    tokens: torch.Tensor  # (N, block) long
-    cond: object  # (N,) long, or CaptionConds
-
-    def __len__(self) -> int:
-        return self.tokens.shape[0]
-
-    def split(self, n_eval: int) -> tuple["TokenDataset", "TokenDataset"]:
-        """(first len - n_eval rows, last n_eval rows)."""
-        n = len(self) - n_eval
-        return TokenDataset(self.tokens[:n], self.cond[:n]), TokenDataset(self.tokens[n:], self.cond[n:])
-
-    def fingerprint(self) -> str:
-        if hasattr(self.cond, "fingerprint"):
-            return tensor_hash(self.tokens.flatten().double()) + self.cond.fingerprint()
-        return tensor_hash(torch.cat([self.tokens.flatten(), self.cond]).double())
-
-    def save(self, path) -> None:
-        if hasattr(self.cond, "tensors"):
-            save_safetensors({"tokens": self.tokens, **self.cond.tensors()}, path, metadata={"kind": "lisa-trt-tokens-t2i"})
-            return
-        save_safetensors({"tokens": self.tokens, "classes": self.cond}, path, metadata={"kind": "lisa-trt-tokens"})
 
 
 @dataclass
@@ -230,16 +203,6 @@ def build_dataset(target, cfg: DataConfig, seed: int, data_dir: Path, *, is_main
     return _check_tokens(t["tokens"], t["classes"], tcfg, str(path)).split(cfg.eval_samples)
 
 
-def _matches(path: Path, key: dict) -> bool:
-    if not path.is_file():
-        return False
-    try:
-        _, meta = load_safetensors(path)
-    except Exception:
-        return False
-    return meta.get("key") == key
-
-
 # ----------------------------------------------------------------------------- batch order
 
 def epoch_permutation(n: int, epoch: int, seed: int) -> torch.Tensor:
@@ -352,14 +315,6 @@ def _human(n: int) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
         n /= 1024
     return f"{n:.1f} TiB"
-
-
-def _tqdm(it, enabled: bool, **kw):
-    if not enabled:
-        return it
-    from tqdm.auto import tqdm
-
-    return tqdm(it, **kw)
 
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
