@@ -149,8 +149,11 @@ class Pipeline:
             seed: base seed; prompt i uses its own seed or seed + i.
             verify: vanilla | greedy | exact | lantern | gasv | sjd.
             cfg_scale, temperature, top_k, top_p, greedy: override the bundle's defaults.
-            batch: decode all prompts in one batched call (same seed stream) instead of one call
-                per prompt (per-prompt seeds, reproducible one by one).
+            batch: decode all prompts as one batch, each row with its own generator seeded by its
+                prompt seed (results do not depend on which prompts share the batch; this is
+                the serving path). batch=False decodes one call per prompt with a single
+                generator stream per call (the CLI's `run` semantics; different random numbers
+                from batch=True for the same seed).
             decode: decode tokens to PIL images (needs the VQ decoder).
             tree: top_k / depth / total_tokens overrides of the tree budget (e.g. depth=3).
         Returns:
@@ -163,10 +166,14 @@ class Pipeline:
                    "total_tokens": tree.pop("tree_tokens", None), **tree}
         with self._lock:
             if batch:
-                s = self.sampling(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
-                                  greedy=greedy or None)
-                toks, st = self._run(verify, cond, s, self.spec(verify, **tree_kw), seed)
-                tokens, stats = toks, [st] * len(cond)
+                cfgs = {ov.get("cfg") for ov in overrides if ov.get("cfg") is not None}
+                if len(cfgs) > 1:
+                    raise InputError(f"batch=True decodes one CFG scale, got {sorted(cfgs)}; "
+                                     "group prompts by cfg (or use batch=False)")
+                s = self.sampling(cfg_scale=cfgs.pop() if cfgs else cfg_scale, temperature=temperature,
+                                  top_k=top_k, top_p=top_p, greedy=greedy or None)
+                seeds = [ov["seed"] if ov.get("seed") is not None else seed + i for i, ov in enumerate(overrides)]
+                tokens, stats = self._run_rows(verify, cond, s, self.spec(verify, **tree_kw), seeds)
             else:
                 outs, stats = [], []
                 for i, (c, ov) in enumerate(zip(cond, overrides)):
@@ -203,6 +210,39 @@ class Pipeline:
         st["seconds"] = time.perf_counter() - t0
         st["verify"] = verify
         return toks.cpu(), st
+
+    def _run_rows(self, verify, cond, sampling, spec, seeds) -> tuple[torch.Tensor, list]:
+        """One batched decode with per-row seeds -> tokens (B, N), one stats dict per row."""
+        from ..speculative.autoregressive import generate
+        from ..speculative.sampling import RowGenerators
+
+        e = self._e
+        t0 = time.perf_counter()
+        if verify == "sjd":  # the Jacobi loop has no per-row RNG: decode rows one by one
+            outs, stats = [], []
+            for c, sd in zip(cond, seeds):
+                toks, st = self._run(verify, c[None], sampling, spec, sd)
+                outs.append(toks)
+                stats.append({**st, "seed": sd, "class": int(c)})
+            return torch.cat(outs), stats
+        if verify == "vanilla":
+            gen = RowGenerators(seeds, "cuda" if e.backend == "trt" else "cpu")
+            toks = generate(e.target, cond, generator=gen, **dataclasses.asdict(sampling))
+            rows = [{"mal": 1.0, "mean_tvd": 0.0, "steps": e.target.config.block_size} for _ in seeds]
+            fwd = e.target.config.block_size
+        else:
+            if e.drafter is None:
+                raise InputError(f"--verify {verify} needs a drafter; this bundle has none (export with --drafter)")
+            if verify == "greedy":
+                sampling = dataclasses.replace(sampling, greedy=True)
+            dec = SpeculativeDecoder(e.target, e.drafter, e.tables, gasv=e.gasv)
+            toks, s = dec.generate(cond, sampling=sampling, spec=spec, seeds=seeds)
+            rows = [s.row(b) for b in range(len(seeds))]
+            fwd = s.target_forwards
+        sec = time.perf_counter() - t0
+        stats = [{**r, "seconds": sec, "verify": verify, "seed": sd, "class": int(c), "batch": len(seeds),
+                  "batch_target_forwards": fwd} for r, sd, c in zip(rows, seeds, cond)]
+        return toks.cpu(), stats
 
     def decode(self, tokens: torch.Tensor) -> list:
         """Token ids (B, N) -> PIL images."""
