@@ -675,5 +675,7 @@ def demo(out_dir, num_images, backend, verify, seed):
     click.echo(json.dumps(summary["results"], indent=2))
 
 
+from .serve.cli import register as _register_serve; _register_serve(main)  # noqa: E402,E702 serve, triton-repo
+
 if __name__ == "__main__":  # pragma: no cover
     main()

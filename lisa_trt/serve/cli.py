@@ -1,4 +1,4 @@
-"""`lisa-trt serve` and `lisa-trt triton-repo` (registered on the main group by lisa_trt/cli.py)."""
+"""`lisa-trt serve` and `lisa-trt triton-repo`; lisa_trt/cli.py adds them with `register(main)`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import sys
 
 import click
 
-from ..cli import main
 from ..errors import LisaError
 
 
@@ -25,7 +24,7 @@ def _errors(fn):
     return wrapper
 
 
-@main.command("serve")
+@click.command("serve")
 @click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--backend", type=click.Choice(["auto", "ort", "trt", "torch"]), default="auto", show_default=True,
               help="auto: TensorRT when engines are built and a GPU is usable, else ONNX Runtime.")
@@ -56,7 +55,7 @@ def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max
                    threads=threads, drain_timeout=drain_timeout, echo=click.echo))
 
 
-@main.command("triton-repo")
+@click.command("triton-repo")
 @click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("repo_dir", type=click.Path(file_okay=False))
 @click.option("--backend", type=click.Choice(["auto", "ort", "trt", "torch"]), default="trt", show_default=True,
@@ -78,3 +77,10 @@ def triton_repo_cmd(engine_dir, repo_dir, backend, max_batch, max_queue_delay_ms
                             max_queue_delay_ms=max_queue_delay_ms, instances=instances, kind=kind,
                             copy_engines=copy_engines)
     click.echo(f"wrote Triton model repository {out} (model 'lisa'): tritonserver --model-repository {repo_dir}")
+
+
+def register(group: click.Group) -> click.Group:
+    """Add `serve` and `triton-repo` to the `lisa-trt` group."""
+    group.add_command(serve_cmd)
+    group.add_command(triton_repo_cmd)
+    return group
