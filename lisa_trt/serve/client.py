@@ -42,6 +42,14 @@ def make_inputs(module, prompt, seed: Optional[int] = None, **knobs) -> list:
     return out
 
 
+def server_message(text: str) -> str:
+    """The ServeRequestError message inside a Triton error (PyTriton sends the traceback)."""
+    import re
+
+    found = re.findall(r"ServeRequestError: (.+)", text)
+    return found[-1].strip() if found else text
+
+
 def parse_result(res) -> tuple[np.ndarray, dict]:
     """tritonclient InferResult (one row) -> (image (H, W, 3) uint8, stats) or ServeError."""
     err = res.as_numpy("error").reshape(-1)[0]
@@ -73,7 +81,7 @@ class LisaClient:
         try:
             res = self.client.infer(MODEL, make_inputs(self._http, prompt, seed, **knobs))
         except InferenceServerException as e:
-            raise ServeError(e.message() if callable(getattr(e, "message", None)) else str(e)) from e
+            raise ServeError(server_message(e.message() if callable(getattr(e, "message", None)) else str(e))) from e
         return parse_result(res)
 
     def close(self):
