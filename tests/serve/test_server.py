@@ -2,11 +2,8 @@
 bounded waits, servers always stopped. Skipped without the `serve` extra."""
 
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -25,103 +22,18 @@ from lisa_trt.artifacts import BUNDLED_DRAFTERS, BUNDLED_TABLES
 from lisa_trt.demo.registry import assets_present
 from lisa_trt.runtime.prompts import Prompt
 from lisa_trt.serve.client import LisaClient, ServeError
+from lisa_trt.serve.process import ServerProcess, alive, descendants
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not (assets_present() and BUNDLED_DRAFTERS["demo-lisa"].is_file() and BUNDLED_TABLES["demo"].is_file()),
     reason="bundled demo assets not built (scripts/demo/*)")]
 
-START_TIMEOUT, REQUEST_TIMEOUT, STOP_TIMEOUT = 180, 300, 120
+REQUEST_TIMEOUT, STOP_TIMEOUT = 300, 120
 
 
-def _free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def descendants(pid):
-    """pids of every process below `pid` (from /proc)."""
-    kids = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            kids.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        for c in kids.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-class Server:
-    """`lisa-trt serve` in a subprocess; stop() = SIGTERM, wait, then kill what is left."""
-
-    def __init__(self, engine_dir, log_path, window_ms=20, max_batch=16):
-        self.http, self.grpc, self.metrics = _free_ports(3)
-        self.log_path = log_path
-        cmd = [sys.executable, "-m", "lisa_trt.cli", "serve", str(engine_dir), "--backend", "ort", "--threads", "1",
-               "--http-port", str(self.http), "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics),
-               "--max-batch", str(max_batch), "--max-queue-delay-ms", str(window_ms)]
-        self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        self.url = f"127.0.0.1:{self.http}"
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _wait_ready(self):
-        t0 = time.monotonic()
-        c = LisaClient(self.url, timeout=10)
-        while time.monotonic() - t0 < START_TIMEOUT:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited ({self.proc.returncode}):\n{self.text()[-3000:]}")
-            if c.ready():
-                c.close()
-                return
-            time.sleep(0.5)
-        raise AssertionError(f"server not ready after {START_TIMEOUT} s:\n{self.text()[-3000:]}")
-
-    def text(self):
-        self.log.flush()
-        with open(self.log_path) as f:
-            return f.read()
-
-    def stop(self):
-        kids = descendants(self.proc.pid)
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                pass
-        for pid in kids + [self.proc.pid]:
-            if _alive(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-        self.proc.wait(30)
-        self.log.close()
-        return kids
+def Server(engine_dir, log_path, window_ms=20, max_batch=16):
+    return ServerProcess(engine_dir, log_path, backend="ort", threads=1, window_ms=window_ms, max_batch=max_batch,
+                         stop_timeout=STOP_TIMEOUT)
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +149,7 @@ def test_sigterm_completes_in_flight_requests_and_leaves_no_process(engine_dir, 
         assert all(img.shape == (64, 64, 3) for img, _ in box["r"])
         assert srv.proc.wait(STOP_TIMEOUT) == 0, srv.text()[-3000:]
         time.sleep(1.0)
-        left = [p for p in kids + descendants(srv.proc.pid) if _alive(p)]
+        left = [p for p in kids + descendants(srv.proc.pid) if alive(p)]
         assert not left, f"processes left after SIGTERM: {left}"
     finally:
         srv.stop()
