@@ -156,8 +156,8 @@ class ServeModel:
                     knobs = self._knobs(*(cols[k][i] for k in KNOBS))
                     mine.append(_Row(r, i, cid, 0 if seed is None else seed, knobs))
                 rows.extend(mine)
-            except LisaError as e:
-                errors[r] = str(e)
+            except Exception as e:  # noqa: BLE001 - any malformed input is this request's error only
+                errors[r] = str(e) if isinstance(e, LisaError) else f"malformed request: {type(e).__name__}: {e}"
                 if len(sizes) <= r:
                     sizes.append(1)
         return rows, errors, sizes
