@@ -756,6 +756,7 @@ def demo(out_dir, num_images, backend, verify, seed):
 from .text.cli import encode_captions  # noqa: E402  (t2i: captions -> T5 features)
 
 main.add_command(encode_captions)
+from .serve.cli import register as _register_serve; _register_serve(main)  # noqa: E402,E702 serve, triton-repo
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -181,8 +181,11 @@ class Pipeline:
             verify: a registered method (speculative/methods.py: vanilla, greedy, exact, lantern,
                 gasv, sjd, ...).
             cfg_scale, temperature, top_k, top_p, greedy: override the bundle's defaults.
-            batch: decode all prompts in one batched call (same seed stream) instead of one call
-                per prompt (per-prompt seeds, reproducible one by one).
+            batch: decode all prompts as one batch, each row with its own generator seeded by its
+                prompt seed (results do not depend on which prompts share the batch; this is
+                the serving path). batch=False decodes one call per prompt with a single
+                generator stream per call (the CLI's `run` semantics; different random numbers
+                from batch=True for the same seed).
             decode: decode tokens to PIL images (needs the VQ decoder).
             progress: show a progress bar (one step per image) on stderr.
             tree: top_k / depth / total_tokens overrides of the tree budget (e.g. depth=3).
@@ -201,11 +204,15 @@ class Pipeline:
                    "total_tokens": tree.pop("tree_tokens", None), **tree}
         with self._lock:
             if batch:
-                s = self.sampling(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
-                                  greedy=greedy or None)
-                toks, st = self._run(verify, cond, s, self.spec(verify, **tree_kw), seed)
-                # batch-level numbers, one independent dict per prompt
-                tokens, stats = toks, [{**st, "seed": seed, "batch_row": i, **labels[i]} for i in range(len(overrides))]
+                cfgs = {ov.get("cfg") for ov in overrides if ov.get("cfg") is not None}
+                if len(cfgs) > 1:
+                    raise InputError(f"batch=True decodes one CFG scale, got {sorted(cfgs)}; "
+                                     "group prompts by cfg (or use batch=False)")
+                s = self.sampling(cfg_scale=cfgs.pop() if cfgs else cfg_scale, temperature=temperature,
+                                  top_k=top_k, top_p=top_p, greedy=greedy or None)
+                seeds = [ov["seed"] if ov.get("seed") is not None else seed + i for i, ov in enumerate(overrides)]
+                tokens, stats = self._run_rows(verify, cond, s, self.spec(verify, **tree_kw), seeds)
+                stats = [{**st, **labels[i]} for i, st in enumerate(stats)]
             else:
                 from ..progress import progress_bar
 
@@ -236,6 +243,29 @@ class Pipeline:
         st["seconds"] = time.perf_counter() - t0
         st["verify"] = verify
         return toks.cpu(), st
+
+    def _run_rows(self, verify, cond, sampling, spec, seeds) -> tuple[torch.Tensor, list]:
+        """One batched decode with per-row seeds -> tokens (B, N), one stats dict per row."""
+        from ..speculative.methods import get_method
+        from ..speculative.run import check_artifacts, run_method
+        from ..text.prompts import cond_rows
+
+        e = self._e
+        if get_method(verify).kind == "sjd":  # the Jacobi loop has no per-row RNG: decode rows one by one
+            outs, stats = [], []
+            for i, sd in enumerate(seeds):
+                toks, st = self._run(verify, cond_rows(cond, i, i + 1), sampling, spec, sd)
+                outs.append(toks)
+                stats.append({**st, "seed": sd})
+            return torch.cat(outs), stats
+        check_artifacts(verify, e.drafter, e.tables, e.gasv)
+        t0 = time.perf_counter()
+        toks, s = run_method(verify, e.target, e.drafter, e.tables, cond, sampling=sampling, spec=spec,
+                             seed=seeds[0], seeds=seeds, gasv=e.gasv)
+        sec = time.perf_counter() - t0
+        stats = [{**s.row(b), "seconds": sec, "verify": verify, "seed": sd, "batch": len(seeds),
+                  "batch_target_forwards": s.target_forwards} for b, sd in enumerate(seeds)]
+        return toks.cpu(), stats
 
     def decode(self, tokens: torch.Tensor) -> list:
         """Token ids (B, N) -> PIL images."""

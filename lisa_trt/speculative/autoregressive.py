@@ -33,7 +33,7 @@ def generate(target, cond, *, cfg_scale: float = 1.0, temperature: float = 1.0, 
              top_p: float = 1.0, greedy: bool = False, seed: Optional[int] = None,
              cfg_interval: int = -1, num_tokens: Optional[int] = None,
              generator: Optional[torch.Generator] = None,
-             on_token: Optional[Callable[[int], None]] = None) -> torch.Tensor:
+             on_token: Optional[Callable[[int], None]] = None, seeds=None) -> torch.Tensor:
     """Sample image tokens with the plain AR loop.
 
     Args:
@@ -45,6 +45,8 @@ def generate(target, cond, *, cfg_scale: float = 1.0, temperature: float = 1.0, 
         cfg_interval: guidance off after this decode step (-1: always on).
         num_tokens: tokens to generate (default: the whole image, config.block_size).
         on_token: called with the number of tokens done after each step (progress bars).
+        seeds: one seed per row instead of `seed`: each row draws from its own generator
+            (sampling.RowGenerators), so a row's tokens do not depend on the rest of the batch.
     Returns:
         LongTensor (B, N) of image token ids.
     """
@@ -55,7 +57,14 @@ def generate(target, cond, *, cfg_scale: float = 1.0, temperature: float = 1.0, 
         raise InputError(f"num_tokens must be in 1..{cfg.block_size}, got {N}")
     full = cfg_batch(target, cond, cfg_scale)
     cache = target.new_cache(2 * B if cfg_scale > 1.0 else B)
-    gen = generator or make_generator(seed, cache.lengths.device)
+    if seeds is not None:
+        from .sampling import RowGenerators
+
+        if len(seeds) != B:
+            raise InputError(f"{len(seeds)} seeds for {B} prompts; pass one seed per prompt")
+        gen = RowGenerators(seeds, cache.lengths.device)
+    else:
+        gen = generator or make_generator(seed, cache.lengths.device)
     raw = target.prefill(full, cache).logits[:, -1]
     out = torch.empty(B, N, dtype=torch.long, device=raw.device)
     for i in range(N):

@@ -25,7 +25,7 @@ from ..config import SamplingConfig
 from ..errors import InputError
 from ..timing import Timer
 from .autoregressive import cfg_batch
-from .sampling import cfg_combine, make_generator, process_logits, sample_from_logits, split_cfg
+from .sampling import RowGenerators, cfg_combine, make_generator, process_logits, sample_from_logits, split_cfg
 from .methods import METHODS, RuleContext, SpecConfig, get_method  # noqa: F401 (METHODS, SpecConfig re-exported)
 from .tree import DraftTree, ExpandRequest, build_dynamic_tree
 
@@ -35,6 +35,7 @@ class DecodeStats:
 
     committed: list = field(default_factory=list)  # per step: (active rows,) tokens committed
     tvd: list = field(default_factory=list)  # per step: (active rows,) mean TVD(p_raw, law)
+    rows: list = field(default_factory=list)  # per step: (active rows,) original row indices
     target_forwards: int = 0
     drafter_calls: int = 0
     times: dict = field(default_factory=dict)  # seconds: draft, target, accept, host, total
@@ -51,6 +52,14 @@ class DecodeStats:
         if not self.tvd:
             return 0.0
         return float(torch.cat([t.float().cpu() for t in self.tvd]).mean())
+
+    def row(self, b: int) -> dict:
+        """MAL and mean TVD of original row b alone (its own steps)."""
+        com = [c[r == b].float().cpu() for c, r in zip(self.committed, self.rows)]
+        tv = [t[r == b].float().cpu() for t, r in zip(self.tvd, self.rows)]
+        com, tv = torch.cat(com) if com else torch.ones(1), torch.cat(tv) if tv else torch.zeros(1)
+        return {"mal": float(com.mean()) if com.numel() else 1.0,
+                "mean_tvd": float(tv.mean()) if tv.numel() else 0.0, "steps": int(com.numel())}
 
     def as_dict(self) -> dict:
         return {"mal": self.mal, "mean_tvd": self.mean_tvd, "steps": len(self.committed),
@@ -107,8 +116,12 @@ class SpeculativeDecoder:
     @torch.no_grad()
     def generate(self, cond, *, sampling: SamplingConfig = SamplingConfig(), spec: SpecConfig = SpecConfig(),
                  seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
-                 num_tokens: Optional[int] = None) -> tuple[torch.Tensor, DecodeStats]:
+                 num_tokens: Optional[int] = None, seeds=None) -> tuple[torch.Tensor, DecodeStats]:
         """Generate image tokens for `cond` with tree speculation.
+
+        seeds: one seed per row (instead of seed/generator): each row draws from its own
+            generator (sampling.RowGenerators), so a row's tokens do not depend on the other
+            rows of the batch (served requests batched together == decoded alone).
 
         Returns:
             tokens (B, N) long, DecodeStats.
@@ -134,7 +147,12 @@ class SpeculativeDecoder:
             pre = target.prefill(cfg_batch(target, cond, sampling.cfg_scale), tcache, taps=True)
             stats.target_forwards += 1
         dev = tcache.lengths.device  # all bookkeeping lives with the engines' caches
-        gen = generator or make_generator(seed, dev)
+        if seeds is not None:
+            if len(seeds) != B:
+                raise InputError(f"{len(seeds)} seeds for {B} prompts; pass one seed per prompt")
+            gen = RowGenerators(seeds, dev, cap=spec.tree.total_tokens + spec.tree.depth + 1)
+        else:
+            gen = generator or make_generator(seed, dev)
         first = sample_from_logits(guide(pre.logits[:, -1], torch.zeros(B, dtype=torch.long, device=dev)), gen, greedy)
         out = torch.full((B, N_img), -1, dtype=torch.long, device=dev)
         out[:, 0] = first
@@ -171,12 +189,14 @@ class SpeculativeDecoder:
             with timer.measure("accept"):
                 token_index = n_done[active][:, None] + tree.depths  # z index each node predicts
                 logits = guide(tout.logits, token_index)
-                res = self._verify(logits, tree, spec, greedy, gen)
+                res = self._verify(logits, tree, spec, greedy,
+                                   gen.select(active) if isinstance(gen, RowGenerators) else gen)
             # -- commit: compact caches, feed the drafter the accepted path ------------------
             with timer.measure("host"):
                 acc = res.accept_len  # (Bc,)
                 ncom = acc + 1
                 stats.committed.append(ncom)
+                stats.rows.append(active.clone())
                 stats.tvd.append(res.tvd)
                 cols = torch.arange(res.tokens.shape[1], device=dev)[None]
                 take = cols < ncom[:, None]  # (Bc, D+1)

@@ -27,27 +27,35 @@ def check_artifacts(method: str, drafter, tables, gasv=None) -> None:
 
 
 def run_method(method: str, target, drafter, tables, cond, *, sampling: SamplingConfig,
-               spec: SpecConfig, seed: int, sjd_window: int = 16, gasv=None):
+               spec: SpecConfig, seed: int, sjd_window: int = 16, gasv=None, seeds=None):
     """One generation with `method` -> (tokens (B, N), DecodeStats).
 
     Tree methods use `spec`'s tree and rule parameters with `spec.method` set to `method`.
+    seeds: optional one seed per row (instead of `seed`): every row draws from its own generator,
+    so its tokens do not depend on the other rows (the serving path). Not for the SJD loop.
     """
     m = get_method(method)
     if m.greedy_sampling:
         sampling = dataclasses.replace(sampling, greedy=True)
     if m.kind == "ar":
         t0 = time.perf_counter()
-        toks = generate(target, cond, seed=seed, **dataclasses.asdict(sampling))
+        toks = generate(target, cond, seed=seed, seeds=seeds, **dataclasses.asdict(sampling))
         st = DecodeStats(target_forwards=target.config.block_size)
-        st.committed = [torch.ones(toks.shape[0] * (target.config.block_size - 1))]
+        n = toks.shape[0] * (target.config.block_size - 1)
+        st.committed, st.rows = [torch.ones(n)], [torch.arange(toks.shape[0]).repeat_interleave(
+            target.config.block_size - 1)]
         st.times = {"total": time.perf_counter() - t0}
         return toks, st
     if m.kind == "sjd":
+        if seeds is not None:
+            raise InputError("the SJD loop has no per-row generators; decode its rows one by one")
         return sjd_generate(target, cond, sampling=sampling, window=sjd_window, seed=seed)
     if drafter is None:
         raise InputError(f"method {method!r} needs a drafter (--drafter)")
     spec = dataclasses.replace(spec, method=method)
-    return SpeculativeDecoder(target, drafter, tables, gasv=gasv).generate(cond, sampling=sampling, spec=spec, seed=seed)
+    return SpeculativeDecoder(target, drafter, tables, gasv=gasv).generate(cond, sampling=sampling, spec=spec,
+                                                                           seed=None if seeds is not None else seed,
+                                                                           seeds=seeds)
 
 
 __all__ = ["check_artifacts", "run_method"]

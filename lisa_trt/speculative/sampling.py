@@ -79,8 +79,63 @@ def sample_from_logits(logits: torch.Tensor, generator: Optional[torch.Generator
     if greedy:
         return logits.argmax(dim=-1)
     probs = torch.softmax(logits, dim=-1)
+    if isinstance(generator, RowGenerators):
+        return generator.multinomial(probs)
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def uniform(shape, generator=None, device="cpu") -> torch.Tensor:
+    """U[0, 1) draws of `shape` (rows first) from a torch.Generator or RowGenerators."""
+    if isinstance(generator, RowGenerators):
+        return generator.rand(shape)
+    return torch.rand(shape, generator=generator, device=device)
+
+
+class RowGenerators:
+    """One private torch.Generator per batch row, so that row b's random draws depend only on
+    its own seed and never on which other rows share the batch (served requests decoded
+    together give the images they would give alone).
+
+    Every draw takes a fixed-size block per row: `rand((B, *dims))` draws `cap` values per
+    dim from each row's generator and slices the first `dims`, so the layout of a row's
+    numbers does not depend on the batch-wide tree depth / width. `select(idx)` keeps the
+    generators of rows still decoding (rows are dropped as they finish).
+    """
+
+    def __init__(self, seeds, device="cpu", cap: int = 64, _gens=None):
+        self.device, self.cap = device, int(cap)
+        self.gens = list(_gens) if _gens is not None else [make_generator(int(s), device) for s in seeds]
+
+    def __len__(self) -> int:
+        return len(self.gens)
+
+    def select(self, idx) -> "RowGenerators":
+        """The generators of rows `idx` (a 1-D index tensor or list), same state objects."""
+        return RowGenerators(None, self.device, self.cap, [self.gens[int(i)] for i in idx])
+
+    def _check(self, B: int) -> None:
+        if B != len(self.gens):
+            raise InputError(f"internal: {B} rows drawn with {len(self.gens)} row generators")
+
+    def rand(self, shape) -> torch.Tensor:
+        B, dims = int(shape[0]), tuple(int(d) for d in shape[1:])
+        self._check(B)
+        if any(d > self.cap for d in dims):
+            raise InputError(f"internal: per-row draw {dims} exceeds the fixed block {self.cap}; "
+                             "raise RowGenerators(cap=...)")
+        block = (self.cap,) * len(dims)
+        sl = tuple(slice(0, d) for d in dims)
+        return torch.stack([torch.rand(block, generator=g, device=self.device)[sl] for g in self.gens]) \
+            if B else torch.empty(shape, device=self.device)
+
+    def multinomial(self, probs: torch.Tensor) -> torch.Tensor:
+        """probs (B, ..., V) -> one draw per (row, ...) position, row b from generator b."""
+        B = probs.shape[0]
+        self._check(B)
+        out = [torch.multinomial(probs[b].reshape(-1, probs.shape[-1]), 1, generator=g).reshape(probs.shape[1:-1])
+               for b, g in enumerate(self.gens)]
+        return torch.stack(out) if out else torch.empty(probs.shape[:-1], dtype=torch.long, device=probs.device)
 
 
 def make_generator(seed: Optional[int], device="cpu") -> torch.Generator:

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from .sampling import tvd  # noqa: F401 (re-exported; defined once in sampling.py)
+from .sampling import tvd, uniform  # noqa: F401 (tvd re-exported; defined once in sampling.py)
 from .tree import DraftTree
 
 
@@ -278,8 +278,8 @@ def verify_tree(p: Tensor, tree: DraftTree, generator: Optional[torch.Generator]
     p_ref = p if p_ref is None else p_ref
     kids = tree.children()                                                  # (B, N, C)
     C = kids.shape[-1]
-    u_acc = torch.rand((B, D + 1, max(C, 1)), generator=generator, device=dev)
-    u_bonus = torch.rand((B,), generator=generator, device=dev)
+    u_acc = uniform((B, D + 1, max(C, 1)), generator, dev)
+    u_bonus = uniform((B,), generator, dev)
     rows = torch.arange(B, device=dev)
     cur = torch.zeros(B, dtype=torch.long, device=dev)
     alive = torch.ones(B, dtype=torch.bool, device=dev)

@@ -1,0 +1,184 @@
+"""Load test of `lisa-trt serve`: N concurrent clients on 127.0.0.1 for a bounded time.
+
+For each batching window (Triton's max_queue_delay) a fresh server is started on the engine
+directory, warmed up with one request, then N client threads send requests back to back for
+--duration seconds (random class, unique seed each). Clients stop issuing at the deadline and
+wait for their in-flight request (bounded by --request-timeout). Recorded per window:
+throughput (images/s over the whole run including the drain), latency p50/p95/p99, the batch
+sizes the server reported, failed and lost requests, and Triton's own execution counters.
+
+    python bench/serve_load.py --clients 32 --duration 60 --windows 0,5,20 --json bench/serve.json
+
+Add --unbatched to also measure --max-batch 1 (every request decoded alone) as a baseline.
+Without --engine-dir the demo model is exported (cached) to runs/serve_bench/engines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import threading
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+
+def percentiles(xs):
+    if not xs:
+        return {}
+    a = np.asarray(xs)
+    return {f"p{q}": float(np.percentile(a, q)) for q in (50, 95, 99)} | {"mean": float(a.mean()),
+                                                                          "max": float(a.max())}
+
+
+def triton_counters(metrics_port: int) -> dict:
+    """nv_inference_* counters of model 'lisa' from Triton's Prometheus endpoint."""
+    out = {}
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    except OSError as e:
+        return {"error": str(e)}
+    for line in text.splitlines():
+        if line.startswith("nv_inference_") and 'model="lisa"' in line:
+            name, val = line.split("{")[0], line.rsplit(" ", 1)[1]
+            out[name] = float(val)
+    return out
+
+
+WINDOW_NOTE = ("window = Triton's max_queue_delay. At window 0 Triton's dynamic batcher still batches the "
+               "requests already queued when the model frees up, so under a closed loop of many clients "
+               "window 0 batches too; max_batch 1 (window 0) is the no-batching baseline.")
+
+
+def ratios(runs, max_batch) -> dict:
+    """Throughput of every run over window 0 (same max batch) and over the unbatched run."""
+    out = {}
+    for name, base in (("w0", next((r for r in runs if r["window_ms"] == 0 and r["max_batch"] == max_batch), None)),
+                       ("unbatched", next((r for r in runs if r["max_batch"] == 1), None))):
+        if base and base["throughput_img_s"] > 0:
+            out.update({f"w{r['window_ms']:g}_b{r['max_batch']}_over_{name}": r["throughput_img_s"] / base["throughput_img_s"]
+                        for r in runs if r is not base})
+    return out
+
+
+def run_window(engine_dir, window_ms, *, clients, duration, max_batch, threads, request_timeout, log_dir,
+               num_classes, seed0):
+    from lisa_trt.serve.client import LisaClient, ServeError
+    from lisa_trt.serve.process import ServerProcess
+
+    log = Path(log_dir) / f"server_w{window_ms:g}_b{max_batch}.log"
+    with ServerProcess(engine_dir, log, threads=threads, window_ms=window_ms, max_batch=max_batch,
+                       stop_timeout=request_timeout) as srv:
+        warm = LisaClient(srv.url, timeout=request_timeout)
+        warm.generate("0", seed=0)
+        warm.close()
+        before = triton_counters(srv.metrics)
+        lock = threading.Lock()
+        rec = {"latency": [], "batch": [], "failed": [], "issued": 0}
+        counter = iter(range(seed0, 10**9))
+        t0 = time.monotonic()
+        deadline = t0 + duration
+        last_done = [t0]
+
+        def client(k):
+            rng = random.Random(k)
+            c = LisaClient(srv.url, timeout=request_timeout)
+            try:
+                while time.monotonic() < deadline:
+                    with lock:
+                        seed = next(counter)
+                        rec["issued"] += 1
+                    s = time.monotonic()
+                    try:
+                        _, st = c.generate(str(rng.randrange(num_classes)), seed=seed)
+                        with lock:
+                            rec["latency"].append(time.monotonic() - s)
+                            rec["batch"].append(int(st["batch"]))
+                            last_done[0] = max(last_done[0], time.monotonic())
+                    except (ServeError, OSError, Exception) as e:  # noqa: BLE001 - every failure is counted
+                        with lock:
+                            rec["failed"].append(f"{type(e).__name__}: {str(e)[:200]}")
+            finally:
+                c.close()
+
+        ths = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(clients)]
+        [t.start() for t in ths]
+        [t.join(duration + request_timeout + 30) for t in ths]
+        hung = sum(t.is_alive() for t in ths)
+        after = triton_counters(srv.metrics)
+    done = len(rec["latency"])
+    elapsed = last_done[0] - t0
+    execs = after.get("nv_inference_exec_count", 0) - before.get("nv_inference_exec_count", 0)
+    reqs = after.get("nv_inference_count", 0) - before.get("nv_inference_count", 0)
+    return {"window_ms": window_ms, "max_batch": max_batch, "clients": clients, "duration_s": duration,
+            "issued": rec["issued"], "completed": done, "failed": len(rec["failed"]),
+            "lost": rec["issued"] - done - len(rec["failed"]), "hung_clients": hung,
+            "failures": rec["failed"][:10], "elapsed_s": elapsed,
+            "throughput_img_s": done / elapsed if elapsed > 0 else 0.0,
+            "latency_s": percentiles(rec["latency"]),
+            "batch_sizes": dict(sorted(Counter(rec["batch"]).items())),
+            "mean_batch": float(np.mean(rec["batch"])) if rec["batch"] else 0.0,
+            "triton": {"executions": execs, "inferences": reqs,
+                       "mean_batch_per_execution": reqs / execs if execs else 0.0}}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engine-dir", default=None)
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--duration", type=float, default=60.0)
+    ap.add_argument("--windows", default="0,5,20", help="Batching windows in ms (comma-separated).")
+    ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--unbatched", action="store_true", help="Also run --max-batch 1 (window 0) as a baseline.")
+    ap.add_argument("--threads", type=int, default=1, help="ORT threads of the server.")
+    ap.add_argument("--request-timeout", type=float, default=300.0)
+    ap.add_argument("--json", default="bench/serve.json")
+    ap.add_argument("--log-dir", default="runs/serve_bench")
+    args = ap.parse_args(argv)
+
+    from lisa_trt.io import write_json
+    from lisa_trt.runtime.pipeline import Pipeline
+
+    Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+    eng = args.engine_dir
+    if eng is None:
+        from lisa_trt.runtime.demo import ensure_demo_bundle
+
+        eng = ensure_demo_bundle(Path(args.log_dir) / "engines")
+    ncls = Pipeline.from_dir(eng, backend="ort", threads=1).config.num_classes
+    load0 = os.getloadavg()
+    runs = []
+    plan = [(float(w), args.max_batch) for w in args.windows.split(",") if w.strip()]
+    if args.unbatched:
+        plan.append((0.0, 1))
+    for i, (w, mb) in enumerate(plan):
+        print(f"window {w:g} ms, max batch {mb}: {args.clients} clients for {args.duration:g} s ...", flush=True)
+        r = run_window(eng, w, clients=args.clients, duration=args.duration, max_batch=mb, threads=args.threads,
+                       request_timeout=args.request_timeout, log_dir=args.log_dir, num_classes=ncls,
+                       seed0=1_000_000 * (i + 1))
+        r["loadavg_after"] = os.getloadavg()
+        runs.append(r)
+        print(f"  {r['throughput_img_s']:.3f} img/s, p50 {r['latency_s'].get('p50', 0):.1f} s, "
+              f"p99 {r['latency_s'].get('p99', 0):.1f} s, batches {r['batch_sizes']}, failed {r['failed']}, "
+              f"lost {r['lost']}", flush=True)
+    summary = ratios(runs, args.max_batch)
+    report = {"settings": {"engine_dir": str(eng), "backend": "ort", "ort_threads": args.threads,
+                           "clients": args.clients, "duration_s": args.duration, "max_batch": args.max_batch,
+                           "command": " ".join([Path(sys.argv[0]).as_posix()] + (argv or sys.argv[1:]))},
+              "machine": {"cpus": os.cpu_count(), "loadavg_before": load0,
+                          "note": "shared 2-core CPU machine with other engineers' jobs running: absolute "
+                                  "numbers are noisy, compare windows within this file only"},
+              "runs": runs, "ratios": summary,
+              "window_semantics": WINDOW_NOTE,
+              "zero_failed": all(r["failed"] == 0 and r["lost"] == 0 and r["hung_clients"] == 0 for r in runs)}
+    write_json(args.json, report)
+    print(f"wrote {args.json}: ratios {summary}")
+
+
+if __name__ == "__main__":
+    main()

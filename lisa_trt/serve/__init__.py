@@ -1,0 +1,7 @@
+"""Serving on NVIDIA Triton Inference Server: `lisa-trt serve` (PyTriton, CPU or GPU) and
+`lisa-trt triton-repo` (a model repository for the Triton container on GPU servers).
+
+model.py holds the framework-free request handling both share; server.py the PyTriton
+process; repo.py the repository writer; client.py a small tritonclient helper.
+PyTriton is optional (`pip install 'lisa-trt[serve]'`); importing this package does not need it.
+"""

@@ -1,0 +1,88 @@
+"""A small tritonclient helper for model 'lisa' (used by the tests, bench/serve_load.py, docs).
+
+    from lisa_trt.serve.client import LisaClient
+    c = LisaClient("127.0.0.1:8000")
+    image, stats = c.generate("coffee", seed=3, verify="gasv", cfg_scale=4.0)
+
+`generate` raises ServeError with the server's message for a rejected request (Triton error or
+a non-empty `error` output).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from ..errors import LisaError
+from .model import INPUTS
+
+MODEL = "lisa"
+_TYPES = {"str": "BYTES", np.int64: "INT64", np.int32: "INT32", np.float32: "FP32"}
+
+
+class ServeError(LisaError):
+    """The server rejected a request (bad input) or failed it."""
+
+
+def make_inputs(module, prompt, seed: Optional[int] = None, **knobs) -> list:
+    """tritonclient InferInput list (module: tritonclient.http or tritonclient.grpc), one row."""
+    vals = {"prompt": prompt, "seed": seed, **knobs}
+    out = []
+    for name, v in vals.items():
+        if v is None:
+            continue
+        if name not in INPUTS:
+            raise ServeError(f"unknown input {name!r}; valid: {', '.join(INPUTS)}")
+        dt, kind = INPUTS[name]
+        arr = np.array([[str(v).encode()]], dtype=object) if kind == "str" else np.array([[v]], dtype=dt)
+        inp = module.InferInput(name, list(arr.shape), _TYPES["str" if kind == "str" else dt])
+        inp.set_data_from_numpy(arr)
+        out.append(inp)
+    return out
+
+
+def server_message(text: str) -> str:
+    """The ServeRequestError message inside a Triton error (PyTriton sends the traceback)."""
+    import re
+
+    found = re.findall(r"ServeRequestError: (.+)", text)
+    return found[-1].strip() if found else text
+
+
+def parse_result(res) -> tuple[np.ndarray, dict]:
+    """tritonclient InferResult (one row) -> (image (H, W, 3) uint8, stats) or ServeError."""
+    err = res.as_numpy("error").reshape(-1)[0]
+    err = err.decode() if isinstance(err, bytes) else str(err)
+    if err:
+        raise ServeError(err)
+    stats = {k: res.as_numpy(k).reshape(-1)[0].item() for k in ("mal", "tvd", "seconds", "batch")}
+    return res.as_numpy("image")[0], stats
+
+
+class LisaClient:
+    """HTTP client for one server (thread-safe for one request at a time per instance)."""
+
+    def __init__(self, url: str = "127.0.0.1:8000", timeout: float = 600.0):
+        import tritonclient.http as http
+
+        self._http = http
+        self.client = http.InferenceServerClient(url, connection_timeout=timeout, network_timeout=timeout)
+
+    def ready(self) -> bool:
+        try:
+            return bool(self.client.is_server_ready() and self.client.is_model_ready(MODEL))
+        except Exception:  # noqa: BLE001 - not up yet
+            return False
+
+    def generate(self, prompt, seed: Optional[int] = None, **knobs) -> tuple[np.ndarray, dict]:
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            res = self.client.infer(MODEL, make_inputs(self._http, prompt, seed, **knobs))
+        except InferenceServerException as e:
+            raise ServeError(server_message(e.message() if callable(getattr(e, "message", None)) else str(e))) from e
+        return parse_result(res)
+
+    def close(self):
+        self.client.close()

@@ -1,0 +1,231 @@
+"""The served model: Triton requests -> validated rows -> one speculative batch -> responses.
+
+Framework-free (numpy in, numpy out) so that PyTriton (`lisa-trt serve`) and the Triton Python
+backend (`lisa-trt triton-repo`) share it, and tests can drive it without a server.
+
+Every request carries its rows with a leading batch dimension (usually 1 row). Inputs, all
+(n, 1): `prompt` (BYTES: class id or class name), `seed` (INT64) and the optional knobs
+`verify` (BYTES), `cfg_scale`, `temperature`, `top_p`, `lantern_delta`, `gasv_kappa`,
+`gasv_lambda` (FP32) and `top_k` (INT32). Outputs: `image` (n, H, W, 3) UINT8, `mal`, `tvd`,
+`seconds` (n, 1) FP32, `batch` (n, 1) INT32 (rows decoded together) and `error` (n, 1) BYTES
+(empty on success).
+
+Rows that share every sampling setting are decoded as ONE batch with per-row seeds
+(Pipeline.generate(batch=True)), so a row's image depends only on its own prompt and seed.
+A bad row gets its message in `error` and its batch-mates are still served; when every row
+of an execution is bad the execution raises (Triton then answers each request with an error).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+from ..errors import InputError, LisaError
+
+LOG = logging.getLogger("lisa_trt.serve")
+
+# name -> (numpy dtype, kind) of every input; "str" inputs are BYTES
+INPUTS = {"prompt": (np.bytes_, "str"), "seed": (np.int64, "int"), "verify": (np.bytes_, "str"),
+          "cfg_scale": (np.float32, "float"), "temperature": (np.float32, "float"), "top_k": (np.int32, "int"),
+          "top_p": (np.float32, "float"), "lantern_delta": (np.float32, "float"),
+          "gasv_kappa": (np.float32, "float"), "gasv_lambda": (np.float32, "float")}
+REQUIRED = ("prompt",)
+OUTPUTS = {"image": np.uint8, "mal": np.float32, "tvd": np.float32, "seconds": np.float32, "batch": np.int32,
+           "error": np.bytes_}
+KNOBS = ("verify", "cfg_scale", "temperature", "top_k", "top_p", "lantern_delta", "gasv_kappa", "gasv_lambda")
+
+
+class ServeRequestError(LisaError):
+    """Every request of one Triton execution was invalid (each message is included)."""
+
+
+@dataclass(frozen=True)
+class _Row:
+    req: int
+    idx: int
+    class_id: int
+    seed: int
+    knobs: tuple  # (verify, cfg_scale, temperature, top_k, top_p, lantern_delta, gasv_kappa, gasv_lambda)
+
+
+def _range(name, v, lo, hi, lo_open=False):
+    if not math.isfinite(v) or v < lo or (lo_open and v == lo) or v > hi:
+        left = "(" if lo_open else "["
+        raise InputError(f"{name}={v} is out of range; valid: {left}{lo}, {hi}]")
+    return v
+
+
+class ServeModel:
+    """Validates, groups and decodes Triton requests on one Pipeline.
+
+    Args:
+        pipeline: a runtime Pipeline (engines loaded once).
+        max_batch: largest number of rows decoded together (larger groups are split).
+    """
+
+    def __init__(self, pipeline, max_batch: int = 16):
+        self.pipe = pipeline
+        self.max_batch = int(max_batch)
+        self._lock = threading.Lock()
+        gen = pipeline._e.generation
+        self.defaults = pipeline.sampling()
+        self.default_verify = "gasv" if pipeline._e.drafter is not None else "vanilla"
+        self.vocab = pipeline.config.vocab_size
+        self.tree = gen.get("tree", {})
+
+    # -- parsing -------------------------------------------------------------------------
+
+    def _column(self, req: Mapping, name: str, n: int):
+        """Input `name` of one request as a list of n Python values (None when absent)."""
+        if name not in req:
+            if name in REQUIRED:
+                raise InputError(f"missing input {name!r} (BYTES, shape (n, 1): a class id or name)")
+            return [None] * n
+        a = np.asarray(req[name])
+        dtype, kind = INPUTS[name]
+        if a.ndim == 0 or a.shape[0] != n or a.size != n:
+            raise InputError(f"input {name!r} must have shape (n, 1) with n = {n} rows, got {a.shape}")
+        vals = a.reshape(n).tolist()
+        if kind == "str":
+            if a.dtype.kind not in ("O", "S", "U"):
+                raise InputError(f"input {name!r} must be BYTES (a string), got {a.dtype}")
+            return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in vals]
+        if kind == "int" and a.dtype.kind not in ("i", "u"):
+            raise InputError(f"input {name!r} must be an integer ({np.dtype(dtype).name}), got {a.dtype}")
+        if kind == "float" and a.dtype.kind not in ("f", "i", "u"):
+            raise InputError(f"input {name!r} must be a number ({np.dtype(dtype).name}), got {a.dtype}")
+        return [float(v) if kind == "float" else int(v) for v in vals]
+
+    def _knobs(self, verify, cfg, temp, top_k, top_p, delta, kappa, lam) -> tuple:
+        from ..runtime.pipeline import VERIFY
+
+        verify = verify or self.default_verify
+        if verify not in VERIFY:
+            raise InputError(f"unknown verify rule {verify!r}; valid: {', '.join(VERIFY)}")
+        if verify not in ("vanilla", "sjd") and self.pipe._e.drafter is None:
+            raise InputError(f"verify={verify} needs a drafter; this engine directory has none (use vanilla)")
+        d = self.defaults
+        cfg = _range("cfg_scale", d.cfg_scale if cfg is None else cfg, 1.0, 100.0)
+        temp = _range("temperature", d.temperature if temp is None else temp, 0.0, 100.0, lo_open=True)
+        top_k = int(_range("top_k", d.top_k if top_k is None else top_k, 0, self.vocab))
+        top_p = _range("top_p", d.top_p if top_p is None else top_p, 0.0, 1.0, lo_open=True)
+        if delta is not None:
+            _range("lantern_delta", delta, 0.0, 1.0)
+        if kappa is not None:
+            _range("gasv_kappa", kappa, 0.0, 1e6)
+        if lam is not None:
+            _range("gasv_lambda", lam, 0.0, 1e6)
+        return (verify, float(cfg), float(temp), top_k, float(top_p), delta, kappa, lam)
+
+    def parse(self, requests: Sequence[Mapping]) -> tuple[list, dict, list]:
+        """-> (rows, {request index: error message}, rows per request)."""
+        rows, errors, sizes = [], {}, []
+        from ..runtime.prompts import _class_id
+
+        cfg = self.pipe.config
+        for r, req in enumerate(requests):
+            req = getattr(req, "data", req)
+            try:
+                unknown = sorted(set(req) - set(INPUTS))
+                if unknown:
+                    raise InputError(f"unknown input(s) {', '.join(unknown)}; valid: {', '.join(INPUTS)}")
+                if "prompt" not in req:
+                    raise InputError("missing input 'prompt' (BYTES, shape (n, 1): a class id or name)")
+                n = int(np.asarray(req["prompt"]).shape[0]) if np.asarray(req["prompt"]).ndim else 0
+                sizes.append(max(n, 1))
+                if n < 1:
+                    raise InputError("input 'prompt' must have shape (n, 1) with n >= 1")
+                if n > self.max_batch:
+                    raise InputError(f"a request of {n} rows exceeds --max-batch {self.max_batch}")
+                cols = {name: self._column(req, name, n) for name in INPUTS}
+                if cfg.model_type != "c2i":
+                    raise InputError("this engine is text-to-image: serving takes class prompts only "
+                                     "(run T5 features through `lisa-trt run` instead)")
+                mine = []
+                for i in range(n):
+                    cid, err = _class_id(cols["prompt"][i], cfg.num_classes, self.pipe.class_names)
+                    if err:
+                        raise InputError(err)
+                    seed = cols["seed"][i]
+                    knobs = self._knobs(*(cols[k][i] for k in KNOBS))
+                    mine.append(_Row(r, i, cid, 0 if seed is None else seed, knobs))
+                rows.extend(mine)
+            except Exception as e:  # noqa: BLE001 - any malformed input is this request's error only
+                errors[r] = str(e) if isinstance(e, LisaError) else f"malformed request: {type(e).__name__}: {e}"
+                if len(sizes) <= r:
+                    sizes.append(1)
+        return rows, errors, sizes
+
+    # -- execution -----------------------------------------------------------------------
+
+    def _decode_group(self, knobs: tuple, rows: list) -> list:
+        """One batched decode -> per row (image uint8 (H, W, 3), stats dict)."""
+        from ..runtime.prompts import Prompt
+
+        verify, cfg, temp, top_k, top_p, delta, kappa, lam = knobs
+        spec = {k: v for k, v in (("lantern_delta", delta), ("gasv_kappa", kappa), ("gasv_lambda", lam))
+                if v is not None}
+        prompts = [Prompt(i, class_id=r.class_id, seed=r.seed, cfg=cfg) for i, r in enumerate(rows)]
+        res = self.pipe.generate(prompts, verify=verify, temperature=temp, top_k=top_k, top_p=top_p,
+                                 batch=True, **spec)
+        return [(np.asarray(img, dtype=np.uint8), st) for img, st in zip(res.images, res.stats)]
+
+    def infer(self, requests: Sequence[Mapping]) -> list[dict]:
+        """Triton execution (a list of requests) -> one output dict per request (PyTriton).
+
+        PyTriton can only fail a whole execution: a request that is bad as a whole gets its
+        message in `error`, unless every request is bad (then this raises ServeRequestError)."""
+        out = self.infer_each(requests)
+        msgs = [err for err, _ in out]
+        if out and all(m is not None for m in msgs):
+            raise ServeRequestError(msgs[0] if len(msgs) == 1 else
+                                    "; ".join(f"request {i}: {m}" for i, m in enumerate(msgs)))
+        return [resp for _, resp in out]
+
+    def infer_each(self, requests: Sequence[Mapping]) -> list[tuple]:
+        """-> per request (error message or None, output dict). The message is set for a request
+        that is invalid as a whole (the Triton Python backend answers it with a TritonError);
+        its output dict then carries the message in `error` on every row."""
+        rows, errors, sizes = self.parse(requests)
+        results = {}  # (req, idx) -> (image, stats) or error string
+        groups: dict = {}
+        for row in rows:
+            groups.setdefault(row.knobs, []).append(row)
+        with self._lock:
+            for knobs, members in groups.items():
+                for k in range(0, len(members), self.max_batch):
+                    chunk = members[k:k + self.max_batch]
+                    try:
+                        out = self._decode_group(knobs, chunk)
+                    except LisaError as e:
+                        out = [str(e)] * len(chunk)
+                    except Exception as e:  # noqa: BLE001 - one failed batch must not stop the server
+                        LOG.exception("decode failed")
+                        out = [f"internal error while decoding: {type(e).__name__}: {e}"] * len(chunk)
+                    results.update({(r.req, r.idx): o for r, o in zip(chunk, out)})
+        return [(errors.get(r), self._response(r, sizes[r], errors.get(r), results)) for r in range(len(requests))]
+
+    def _response(self, r: int, n: int, error: Optional[str], results: dict) -> dict:
+        got = [error if error is not None else results.get((r, i), "internal error: row not decoded")
+               for i in range(n)]
+        shapes = [g[0].shape for g in got if not isinstance(g, str)]
+        h, w = shapes[0][:2] if shapes else (0, 0)
+        img = np.zeros((n, h, w, 3), dtype=np.uint8)
+        mal, tvd, sec = (np.zeros((n, 1), np.float32) for _ in range(3))
+        bat = np.zeros((n, 1), np.int32)
+        err = np.array([[b""] for _ in range(n)], dtype=object)
+        for i, g in enumerate(got):
+            if isinstance(g, str):
+                err[i, 0] = g.encode()
+                continue
+            img[i] = g[0]
+            st = g[1]
+            mal[i, 0], tvd[i, 0], sec[i, 0] = st["mal"], st["mean_tvd"], st["seconds"]
+            bat[i, 0] = st.get("batch", 1)
+        return {"image": img, "mal": mal, "tvd": tvd, "seconds": sec, "batch": bat, "error": err}

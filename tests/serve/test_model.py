@@ -1,0 +1,131 @@
+"""ServeModel (no server): validation per request, batch-mates served, grouping, responses;
+the Triton repository (config parses, model.py runs with a stand-in pb_utils); libpython."""
+
+import json
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from lisa_trt.runtime.prompts import Prompt
+from lisa_trt.serve.model import ServeModel, ServeRequestError
+
+
+def _b(*s):
+    return np.array([[x.encode()] for x in s], dtype=object)
+
+
+@pytest.fixture(scope="module")
+def model(pipe):
+    return ServeModel(pipe, max_batch=4)
+
+
+def test_rows_batched_and_equal_to_pipeline(model, pipe):
+    reqs = [{"prompt": _b("c1"), "seed": np.array([[7]])}, {"prompt": _b("3", "2"), "seed": np.array([[8], [9]])},
+            {"prompt": _b("4"), "seed": np.array([[1]]), "cfg_scale": np.array([[1.0]], np.float32)}]
+    out = model.infer_each(reqs)
+    assert [e for e, _ in out] == [None, None, None]
+    r0, r1, r2 = (o for _, o in out)
+    assert r1["image"].shape == (2, 8, 8, 3) and r1["image"].dtype == np.uint8
+    assert r0["batch"][0, 0] == 3 and r2["batch"][0, 0] == 1  # cfg 1.0 is another group
+    ref = pipe.generate([Prompt(0, class_id=1, seed=7), Prompt(1, class_id=3, seed=8), Prompt(2, class_id=2, seed=9)],
+                        verify="gasv", batch=True)
+    got = [r0["image"][0], r1["image"][0], r1["image"][1]]
+    assert all(np.array_equal(np.asarray(a), b) for a, b in zip(ref.images, got))
+    assert (r0["error"] == b"").all() and r0["mal"][0, 0] >= 1.0 and r0["seconds"][0, 0] > 0
+
+
+@pytest.mark.parametrize("bad, msg", [
+    ({"prompt": _b("nope")}, "unknown class"),
+    ({"prompt": _b("99")}, "unknown class id 99"),
+    ({"prompt": _b("1"), "seed": np.array([[1.5]])}, "must be an integer"),
+    ({"prompt": np.array([[1]])}, "must be BYTES"),
+    ({"prompt": _b("1"), "seed": np.array([[1], [2]])}, "shape"),
+    ({"prompt": _b("1", "2", "3", "4", "5")}, "exceeds --max-batch 4"),
+    ({"prompt": _b("1"), "top_p": np.array([[2.0]], np.float32)}, "top_p=2.0 is out of range"),
+    ({"prompt": _b("1"), "temperature": np.array([[0.0]], np.float32)}, "temperature"),
+    ({"prompt": _b("1"), "cfg_scale": np.array([[np.nan]], np.float32)}, "cfg_scale"),
+    ({"prompt": _b("1"), "verify": _b("bogus")}, "unknown verify rule"),
+    ({"prompt": _b("1"), "lantern_delta": np.array([[-1]], np.float32)}, "lantern_delta"),
+    ({"seed": np.array([[1]])}, "missing input 'prompt'"),
+    ({"prompt": _b("1"), "colour": _b("red")}, "unknown input"),
+])
+def test_bad_request_gets_its_error_and_batch_mates_are_served(model, bad, msg):
+    out = model.infer_each([bad, {"prompt": _b("2"), "seed": np.array([[3]])}])
+    assert out[0][0] is not None and msg in out[0][0]
+    assert msg in out[0][1]["error"][0, 0].decode()
+    assert out[1][0] is None and out[1][1]["image"].shape == (1, 8, 8, 3)
+    with pytest.raises(ServeRequestError, match=msg.split("=")[0]):
+        model.infer([bad])  # alone: the whole execution fails (Triton answers with the message)
+
+
+def test_triton_repo_config_parses_and_model_runs(pipe, tmp_path, monkeypatch):
+    from lisa_trt.serve.repo import MODEL_PY, config_pbtxt
+
+    text = config_pbtxt(engine_dir="engines", backend="trt", max_batch=8, max_queue_delay_ms=5, instances=2,
+                        kind="gpu")
+    try:
+        from google.protobuf import text_format
+        from tritonclient.grpc import model_config_pb2
+    except Exception:  # noqa: BLE001
+        pytest.skip("tritonclient[grpc] not installed (the serve extra)")
+    cfg = text_format.Parse(text, model_config_pb2.ModelConfig())
+    assert cfg.backend == "python" and cfg.max_batch_size == 8 and cfg.dynamic_batching.max_queue_delay_microseconds == 5000
+    assert [i.name for i in cfg.input][:2] == ["prompt", "seed"] and not cfg.input[0].optional and cfg.input[1].optional
+    assert {o.name for o in cfg.output} == {"image", "mal", "tvd", "seconds", "batch", "error"}
+    assert cfg.instance_group[0].count == 2 and cfg.parameters["engine_dir"].string_value == "engines"
+
+    # model.py under a stand-in triton_python_backend_utils, on the in-memory pipeline
+    class Tensor:
+        def __init__(self, name, arr):
+            self.name, self.arr = name, arr
+
+        def as_numpy(self):
+            return self.arr
+
+    class Response:
+        def __init__(self, output_tensors, error=None):
+            self.outputs, self.error = output_tensors, error
+
+    pb = types.SimpleNamespace(Tensor=Tensor, InferenceResponse=Response, TritonError=lambda m: m,
+                               get_input_tensor_by_name=lambda req, n: req.get(n))
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
+    import lisa_trt.runtime.pipeline as P
+
+    monkeypatch.setattr(P.Pipeline, "from_dir", classmethod(lambda cls, d, backend="auto": pipe))
+    (tmp_path / "model.py").write_text(MODEL_PY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    mod = importlib.import_module("model")
+    m = mod.TritonPythonModel()
+    cfg_json = {"max_batch_size": 8, "input": [{"name": i.name} for i in cfg.input],
+                "parameters": {"engine_dir": {"string_value": "engines"}, "backend": {"string_value": "ort"}}}
+    m.initialize({"model_config": json.dumps(cfg_json), "model_repository": str(tmp_path), "model_version": "1"})
+    res = m.execute([{"prompt": Tensor("prompt", _b("c2")), "seed": Tensor("seed", np.array([[4]]))},
+                     {"prompt": Tensor("prompt", _b("zzz"))}])
+    assert res[0].error is None and {t.name for t in res[0].outputs} >= {"image", "mal"}
+    assert "unknown class" in res[1].error
+    sys.modules.pop("model", None)
+
+
+def test_write_triton_repo_refuses_foreign_dirs(tmp_path):
+    from lisa_trt import LisaError
+    from lisa_trt.serve.repo import write_triton_repo
+
+    with pytest.raises(LisaError):
+        write_triton_repo(tmp_path, tmp_path / "repo")  # not an engine directory
+
+
+def test_libpython_first_on_ld_library_path():
+    from lisa_trt.serve.server import fix_libpython_path, libpython_dir
+
+    env = {"LD_LIBRARY_PATH": "/x:/y"}
+    d = fix_libpython_path(env)
+    if libpython_dir() is None:
+        assert d is None and env["LD_LIBRARY_PATH"] == "/x:/y"
+    else:
+        assert env["LD_LIBRARY_PATH"].split(":") == [d, "/x", "/y"]
+        fix_libpython_path(env)
+        assert env["LD_LIBRARY_PATH"].split(":") == [d, "/x", "/y"]  # idempotent
