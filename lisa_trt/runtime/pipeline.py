@@ -256,14 +256,14 @@ class Pipeline:
             for i, sd in enumerate(seeds):
                 toks, st = self._run(verify, cond_rows(cond, i, i + 1), sampling, spec, sd)
                 outs.append(toks)
-                stats.append({**st, "seed": sd})
+                stats.append({**st, "seed": sd, "batch_row": i})
             return torch.cat(outs), stats
         check_artifacts(verify, e.drafter, e.tables, e.gasv)
         t0 = time.perf_counter()
         toks, s = run_method(verify, e.target, e.drafter, e.tables, cond, sampling=sampling, spec=spec,
                              seed=seeds[0], seeds=seeds, gasv=e.gasv)
         sec = time.perf_counter() - t0
-        stats = [{**s.row(b), "seconds": sec, "verify": verify, "seed": sd, "batch": len(seeds),
+        stats = [{**s.row(b), "seconds": sec, "verify": verify, "seed": sd, "batch": len(seeds), "batch_row": b,
                   "batch_target_forwards": s.target_forwards} for b, sd in enumerate(seeds)]
         return toks.cpu(), stats
 

@@ -103,11 +103,11 @@ class ServeModel:
         return [float(v) if kind == "float" else int(v) for v in vals]
 
     def _knobs(self, verify, cfg, temp, top_k, top_p, delta, kappa, lam) -> tuple:
-        from ..runtime.pipeline import VERIFY
+        from ..speculative.methods import METHODS, method_names
 
         verify = verify or self.default_verify
-        if verify not in VERIFY:
-            raise InputError(f"unknown verify rule {verify!r}; valid: {', '.join(VERIFY)}")
+        if verify not in METHODS:
+            raise InputError(f"unknown verify rule {verify!r}; valid: {', '.join(method_names())}")
         if verify not in ("vanilla", "sjd") and self.pipe._e.drafter is None:
             raise InputError(f"verify={verify} needs a drafter; this engine directory has none (use vanilla)")
         d = self.defaults
