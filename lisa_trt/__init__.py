@@ -1,6 +1,6 @@
 """lisa-trt: LISA speculative decoding for autoregressive image generators, deployable.
 
-Public API (kept stable): load_target, load_vq, generate, Pipeline, TargetConfig, VQConfig, LisaError.
+Public API (kept stable): load_target, load_vq, generate, teacher_forced_logits, Pipeline, TargetConfig, VQConfig, LisaError.
 """
 
 from .config import SamplingConfig, TargetConfig, VQConfig, target_config, vq_config
@@ -9,7 +9,19 @@ from .models.checkpoints import load_target, load_vq
 from .runtime.pipeline import GenerationResult, Pipeline
 from .speculative.autoregressive import generate
 
+
+def teacher_forced_logits(target, *inputs):
+    """Full-sequence fp32 logits of a target (no cache).
+
+    Chameleon family: `teacher_forced_logits(target, input_ids (B, T))` -> (B, T, V) raw head
+    logits over the whole vocabulary ([:, t] predicts token t + 1). LlamaGen:
+    `teacher_forced_logits(target, cond, tokens (B, N))` -> (B, N, V).
+    """
+    return target.teacher_forced_logits(*inputs)
+
+
 __version__ = "0.1.0"
 
 __all__ = ["GenerationResult", "LisaError", "Pipeline", "SamplingConfig", "TargetConfig", "VQConfig", "generate", "load_target",
+           "teacher_forced_logits",
            "load_vq", "target_config", "vq_config", "__version__"]

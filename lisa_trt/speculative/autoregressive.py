@@ -32,7 +32,8 @@ def step_inputs(cache, tokens: torch.Tensor):
 def generate(target, cond, *, cfg_scale: float = 1.0, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, greedy: bool = False, seed: Optional[int] = None,
              cfg_interval: int = -1, num_tokens: Optional[int] = None,
-             generator: Optional[torch.Generator] = None) -> torch.Tensor:
+             generator: Optional[torch.Generator] = None, max_new_tokens: Optional[int] = None,
+             image_tokens_only: bool = False) -> torch.Tensor:
     """Sample image tokens with the plain AR loop.
 
     Args:
@@ -43,9 +44,19 @@ def generate(target, cond, *, cfg_scale: float = 1.0, temperature: float = 1.0, 
         seed: seeds a private torch.Generator (the global RNG is untouched).
         cfg_interval: guidance off after this decode step (-1: always on).
         num_tokens: tokens to generate (default: the whole image, config.block_size).
+        max_new_tokens, image_tokens_only: Chameleon-family targets only, where `cond` is the
+            prompt's input_ids (B, T): generate N new tokens over the raw head (optionally
+            restricted to image-code tokens); see models/chameleon_decode.py.
     Returns:
         LongTensor (B, N) of image token ids.
     """
+    if getattr(target, "family", "llamagen") == "chameleon":
+        from ..models.chameleon_decode import generate_tokens
+
+        if max_new_tokens is None:
+            raise InputError("Chameleon-family targets need max_new_tokens=N")
+        return generate_tokens(target, cond, max_new_tokens, greedy=greedy, image_tokens_only=image_tokens_only,
+                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, generator=generator)
     cfg = target.config
     B = target.check_cond(cond)
     N = cfg.block_size if num_tokens is None else int(num_tokens)
