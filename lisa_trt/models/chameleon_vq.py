@@ -235,6 +235,8 @@ def load_chameleon_vq(path, device="cpu") -> ChameleonVQGAN:
     from .checkpoints import strict_load
 
     path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"VQGAN not found: {path} (a folder with vqgan.yaml and vqgan.ckpt)")
     folder = path if path.is_dir() else path.parent
     ckpt = path if path.is_file() else next((folder / n for n in ("vqgan.safetensors", "vqgan.ckpt")
                                              if (folder / n).is_file()), None)

@@ -87,5 +87,5 @@ def test_mismatched_yaml_fails_clearly(tmp_path):
     (tmp_path / "vqgan.yaml").unlink()
     with pytest.raises(LisaError, match="neither vqgan.yaml nor vqgan.json"):
         load_chameleon_vq(tmp_path)
-    with pytest.raises(LisaError, match="no vqgan.ckpt"):
+    with pytest.raises(LisaError, match="VQGAN not found"):
         load_chameleon_vq(tmp_path / "nowhere")
