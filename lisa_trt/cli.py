@@ -40,7 +40,7 @@ def main():
 
 def model_options(fn):
     fn = click.option("--model", "model", required=True,
-                      help="Target checkpoint (.pt official / .safetensors) or 'demo'.")(fn)
+                      help="Target checkpoint (.pt official / .safetensors), 'demo', or a Chameleon / Lumina-mGPT directory.")(fn)
     fn = click.option("--config", "config", default=None,
                       help="Target config name (GPT-B ... GPT-7B); default: the file's metadata.")(fn)
     fn = click.option("--image-size", type=int, default=256, show_default=True,
@@ -240,17 +240,26 @@ def random_checkpoint(out, config, image_size, model_type, seed):
 @click.option("--classes", default=None, help="c2i: comma-separated class ids (or names for the demo).")
 @click.option("--captions", default=None, type=click.Path(exists=True),
               help="t2i: .safetensors (caption_features, caption_mask) or .npy of T5 features.")
+@click.option("--prompt", "prompts", multiple=True,
+              help="Chameleon / Lumina-mGPT directory models: a text prompt (repeat for a batch).")
 @sampling_options
 @spec_options
 @click.option("--out", "out_dir", default="outputs", show_default=True, type=click.Path())
 @_handle_errors
-def generate(model, config, image_size, model_type, vq, vq_config, classes, captions, cfg_scale,
+def generate(model, config, image_size, model_type, vq, vq_config, classes, captions, prompts, cfg_scale,
              temperature, top_k, top_p, cfg_interval, greedy, seed, drafter, verify, tables,
              tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda, out_dir):
     """Generate images: the reference AR loop, or tree speculation with --drafter/--verify.
 
     Writes PNGs (when a VQ is known), tokens.npy and stats.json."""
     import dataclasses
+
+    if Path(model).is_dir():  # Chameleon family (Lumina-mGPT): text prompts, see docs/chameleon.md
+        from .models.lumina import cli_generate
+
+        size_given = click.get_current_context().get_parameter_source("image_size").name != "DEFAULT"
+        return cli_generate(model, prompts, out_dir, image_size if size_given else None, vq, cfg_scale,
+                            temperature, top_k, greedy, seed, verify)
 
     import numpy as np
     import torch

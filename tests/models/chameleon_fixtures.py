@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-N_CODES = 32  # image-code tokens at ids 4 .. 4 + N_CODES - 1
+N_CODES = 32  # image-code tokens at ids 4 .. 4 + N_CODES - 1 (protocol tokens at 40..48)
 VOCAB = 96
 
 
@@ -19,7 +19,27 @@ def vocabulary_map(vocab: int = VOCAB, n_codes: int = N_CODES) -> dict:
         names[4 + c] = code_name(c)
     for i in range(4 + n_codes, vocab):
         names[i] = f"tok{i}"
+    for i, n in enumerate(LUMINA_SPECIALS):  # Lumina-mGPT's protocol tokens, by name
+        names[40 + i] = n
     return {n: i for i, n in names.items()}
+
+
+LUMINA_SPECIALS = ["<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>", "<reserved08801>",
+                   "<reserved08802>", "<reserved08803>", "<reserved08804>", "<unk>"]
+
+
+def save_tokenizer(folder, vocab: int = VOCAB) -> None:
+    """A word-level tokenizer.json over the tiny vocabulary (protocol tokens as special tokens)."""
+    import json
+    from pathlib import Path
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel(vocab=vocabulary_map(vocab), unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(LUMINA_SPECIALS + ["<s>", "</s>"])
+    tok.save(str(Path(folder) / "tokenizer.json"))
+    (Path(folder) / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
 
 
 def hf_config(**over):
