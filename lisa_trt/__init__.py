@@ -10,14 +10,14 @@ from .runtime.pipeline import GenerationResult, Pipeline
 from .speculative.autoregressive import generate
 
 
-def teacher_forced_logits(target, *inputs):
+def teacher_forced_logits(target, *inputs, **kw):
     """Full-sequence fp32 logits of a target (no cache).
 
     Chameleon family: `teacher_forced_logits(target, input_ids (B, T))` -> (B, T, V) raw head
     logits over the whole vocabulary ([:, t] predicts token t + 1). LlamaGen:
     `teacher_forced_logits(target, cond, tokens (B, N))` -> (B, N, V).
     """
-    return target.teacher_forced_logits(*inputs)
+    return target.teacher_forced_logits(*inputs, **kw)
 
 
 __version__ = "0.1.0"

@@ -29,11 +29,11 @@ def step_inputs(cache, tokens: torch.Tensor):
 
 
 @torch.no_grad()
-def generate(target, cond, *, cfg_scale: float = 1.0, temperature: float = 1.0, top_k: int = 0,
+def generate(target, cond=None, *, cfg_scale: float = 1.0, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, greedy: bool = False, seed: Optional[int] = None,
              cfg_interval: int = -1, num_tokens: Optional[int] = None,
              generator: Optional[torch.Generator] = None, max_new_tokens: Optional[int] = None,
-             image_tokens_only: bool = False) -> torch.Tensor:
+             image_tokens_only: bool = False, input_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Sample image tokens with the plain AR loop.
 
     Args:
@@ -44,9 +44,9 @@ def generate(target, cond, *, cfg_scale: float = 1.0, temperature: float = 1.0, 
         seed: seeds a private torch.Generator (the global RNG is untouched).
         cfg_interval: guidance off after this decode step (-1: always on).
         num_tokens: tokens to generate (default: the whole image, config.block_size).
-        max_new_tokens, image_tokens_only: Chameleon-family targets only, where `cond` is the
-            prompt's input_ids (B, T): generate N new tokens over the raw head (optionally
-            restricted to image-code tokens); see models/chameleon_decode.py.
+        max_new_tokens, image_tokens_only, input_ids: Chameleon-family targets only, where
+            `cond` (or `input_ids=`) is the prompt (B, T): generate N new tokens over the raw head
+            (optionally restricted to image-code tokens); see models/chameleon_decode.py.
     Returns:
         LongTensor (B, N) of image token ids.
     """
@@ -55,7 +55,8 @@ def generate(target, cond, *, cfg_scale: float = 1.0, temperature: float = 1.0, 
 
         if max_new_tokens is None:
             raise InputError("Chameleon-family targets need max_new_tokens=N")
-        return generate_tokens(target, cond, max_new_tokens, greedy=greedy, image_tokens_only=image_tokens_only,
+        prompt = cond if cond is not None else input_ids
+        return generate_tokens(target, prompt, max_new_tokens, greedy=greedy, image_tokens_only=image_tokens_only,
                                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, generator=generator)
     cfg = target.config
     B = target.check_cond(cond)

@@ -64,6 +64,9 @@ def test_cached_greedy_equals_full_recompute_and_hf(pair):
         full = torch.cat([full, nxt], 1)
     assert torch.equal(new, full[:, 5:])
     assert torch.equal(new, hf_greedy_raw(hf, ids, 12))
+    kw = lisa_trt.generate(target, input_ids=ids, max_new_tokens=3, greedy=True)
+    assert torch.equal(kw, new[:, :3])
+    assert torch.equal(lisa_trt.teacher_forced_logits(target, input_ids=ids), lisa_trt.teacher_forced_logits(target, ids))
 
 
 def test_image_tokens_only_restricts_to_codes(pair):
