@@ -197,6 +197,13 @@ class ChameleonVQGAN(nn.Module):
         return self.decoder(self.post_quant_conv(quant))
 
 
+def to_uint8(images: torch.Tensor):
+    """Decoder output (B, 3, H, W) -> uint8 (B, H, W, 3) numpy, Chameleon's conversion:
+    clamp to [-1, 1], map to [0, 1], times 255, truncated."""
+    x = (images.detach().float().clamp(-1.0, 1.0) + 1.0) / 2.0
+    return (x.permute(0, 2, 3, 1).cpu().numpy() * 255).astype("uint8")
+
+
 def _read_vq_config(path: Path) -> ChameleonVQConfig:
     js, ym = path / "vqgan.json", path / "vqgan.yaml"
     if js.is_file():

@@ -180,10 +180,10 @@ def generate_images(model_dir, captions: Sequence[str], out_dir, *, image_size: 
     """`lisa-trt generate --model DIR --prompt ...`: tokens.npy always, PNGs when a VQGAN is found."""
     import numpy as np
 
-    from ..imaging import save_images, to_uint8
+    from ..imaging import save_images
     from ..io import atomic_write, write_json
     from .chameleon_io import load_chameleon
-    from .chameleon_vq import load_chameleon_vq
+    from .chameleon_vq import load_chameleon_vq, to_uint8
 
     model_dir, out = Path(model_dir), Path(out_dir)
     target = load_chameleon(model_dir)

@@ -119,6 +119,28 @@ def test_sharded_checkpoint_loads(tmp_path):
     assert (lisa_trt.teacher_forced_logits(target, ids) - hf_raw_logits(hf, ids)).abs().max() < 1e-4
 
 
+def test_transformers4_config_layout_and_bf16_weights(tmp_path):
+    """config.json as transformers 4.x wrote it (rope_theta / rope_scaling) and bf16 shards."""
+    hf = make_hf_model(seed=9, num_key_value_heads=2)
+    d = save_hf(hf.to(torch.bfloat16), tmp_path / "old")
+    cfg = json.loads((d / "config.json").read_text())
+    rope = cfg.pop("rope_parameters")
+    cfg.update(rope_theta=rope["rope_theta"], rope_scaling=None, torch_dtype="bfloat16")
+    (d / "config.json").write_text(json.dumps(cfg))
+    target = lisa_trt.load_target(d)
+    assert target.lm_head.weight.dtype == torch.float32
+    ids = _ids()
+    from transformers import ChameleonForConditionalGeneration
+
+    hf = ChameleonForConditionalGeneration.from_pretrained(str(d), dtype=torch.float32).eval()
+    ref = hf_raw_logits(hf, ids)  # the same bf16-rounded weights, computed in fp32
+    assert (lisa_trt.teacher_forced_logits(target, ids) - ref).abs().max() < 1e-4
+    cfg["rope_scaling"] = {"type": "dynamic", "factor": 2.0}
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(LisaError, match="RoPE scaling 'dynamic' is not supported"):
+        lisa_trt.load_target(d)
+
+
 def test_wrong_directories_fail_clearly(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -48,6 +48,13 @@ def test_decoder_shapes_and_determinism():
         m.decode_code(torch.full((1, 2, 2), 32))
 
 
+def test_to_uint8_follows_chameleon():
+    from lisa_trt.models.chameleon_vq import to_uint8
+
+    x = torch.tensor([-2.0, -1.0, 0.0, 0.5, 1.0, 3.0]).view(1, 1, 1, 6).expand(1, 3, 1, 6)
+    assert to_uint8(x)[0, 0, :, 0].tolist() == [0, 0, 127, 191, 255, 255]
+
+
 def test_official_names_match_hf_encoder():
     pytest.importorskip("transformers")
     from transformers import ChameleonVQVAE, ChameleonVQVAEConfig
