@@ -12,6 +12,7 @@ target slot/position and reads project_taps(tap at x_{j-1}); its logits predict 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -94,3 +95,42 @@ def train_drafter(drafter: ChameleonDrafter, target, sequences: torch.Tensor, *,
         losses.append(float(loss.detach()))
     drafter.eval()
     return losses
+
+
+def save_chameleon_drafter(drafter: ChameleonDrafter, path) -> None:
+    """Write `path` (safetensors, embedding excluded) + `path.json`; both carry the config,
+    the family and the target hash (atomic)."""
+    from ..io import save_safetensors, write_json
+    from .drafter import ARTIFACT_KIND, SCHEMA_VERSION
+
+    path = Path(path)
+    meta = {"kind": ARTIFACT_KIND, "schema_version": SCHEMA_VERSION, "family": "chameleon",
+            "max_positions": drafter.max_positions, "config": drafter.config.to_dict()}
+    save_safetensors(dict(drafter.state_dict()), path, metadata=meta)
+    write_json(path.with_suffix(".json"), meta)
+
+
+def load_chameleon_drafter(path, target) -> ChameleonDrafter:
+    """Load a drafter made for this ChameleonTarget; refuses other targets and families."""
+    from ..errors import ArtifactMismatchError, CheckpointError
+    from ..io import load_safetensors
+    from .drafter import ARTIFACT_KIND, SCHEMA_VERSION
+
+    path = Path(path)
+    tensors, meta = load_safetensors(path)
+    if meta.get("kind") != ARTIFACT_KIND or meta.get("family") != "chameleon":
+        raise CheckpointError(f"{path} is not a Chameleon-family lisa-trt drafter "
+                              "(make one with lisa_trt.models.chameleon_drafter.train_drafter)")
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise ArtifactMismatchError(f"{path} has drafter schema version {meta.get('schema_version')}; "
+                                    f"this lisa-trt reads version {SCHEMA_VERSION}")
+    cfg = DrafterConfig.from_dict(meta["config"])
+    if cfg.target_hash != target_hash(target):
+        raise ArtifactMismatchError(f"drafter {path} was trained for target hash {cfg.target_hash}, but the "
+                                    f"loaded target has hash {target_hash(target)}: train one for this target")
+    d = ChameleonDrafter(cfg, target.model.embed_tokens, meta["max_positions"])
+    try:
+        d.load_state_dict(tensors, strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"{path} does not match its own drafter config: {e}") from e
+    return d.to(target.lm_head.weight.device).eval()

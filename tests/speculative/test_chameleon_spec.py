@@ -80,3 +80,30 @@ def test_exact_speculation_is_lossless(setup):
         p = torch.bincount(ref[:, col], minlength=96).float() / ref.shape[0]
         q = torch.bincount(got[:, col], minlength=96).float() / got.shape[0]
         assert 0.5 * (p - q).abs().sum() < 0.12, col
+
+
+def test_drafter_artifact_and_cli_speculation(setup, tmp_path):
+    from click.testing import CliRunner
+
+    from lisa_trt.cli import main
+    from lisa_trt.models.chameleon_drafter import load_chameleon_drafter, save_chameleon_drafter
+
+    target, tok, drafter = setup
+    save_chameleon_drafter(drafter, tmp_path / "drafter.safetensors")
+    back = load_chameleon_drafter(tmp_path / "drafter.safetensors", target)
+    for a, b in zip(drafter.state_dict().values(), back.state_dict().values()):
+        assert torch.equal(a, b)
+    other = lisa_trt.load_target(save_hf(make_hf_model(seed=6), tmp_path / "other"))
+    with pytest.raises(lisa_trt.LisaError, match="target hash"):
+        load_chameleon_drafter(tmp_path / "drafter.safetensors", other)
+    model_dir = Path(target.source_dir)
+    args = ["generate", "--model", str(model_dir), "--prompt", "a", "--image-size", "64", "--greedy"]
+    r1 = CliRunner().invoke(main, args + ["--out", str(tmp_path / "ar")])
+    r2 = CliRunner().invoke(main, args + ["--out", str(tmp_path / "sp"), "--verify", "greedy",
+                                          "--drafter", str(tmp_path / "drafter.safetensors"), "--tree-top-k", "3",
+                                          "--tree-tokens", "12"])
+    assert r1.exit_code == 0 and r2.exit_code == 0, r1.output + r2.output
+    assert "MAL" in r2.output
+    import numpy as np
+
+    assert np.array_equal(np.load(tmp_path / "ar" / "tokens.npy"), np.load(tmp_path / "sp" / "tokens.npy"))
