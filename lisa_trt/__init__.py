@@ -1,6 +1,7 @@
 """lisa-trt: LISA speculative decoding for autoregressive image generators, deployable.
 
-Public API (kept stable): load_target, load_vq, generate, teacher_forced_logits, Pipeline, TargetConfig, VQConfig, LisaError.
+Public API (kept stable): load_target, load_vq, generate, teacher_forced_logits, Pipeline,
+TargetConfig, VQConfig, LisaError.
 """
 
 from .config import SamplingConfig, TargetConfig, VQConfig, target_config, vq_config

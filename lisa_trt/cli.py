@@ -254,7 +254,7 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
     Writes PNGs (when a VQ is known), tokens.npy and stats.json."""
     import dataclasses
 
-    if Path(model).is_dir():  # Chameleon family (Lumina-mGPT): text prompts, see docs/chameleon.md
+    if model != "demo" and Path(model).is_dir():  # Chameleon family (Lumina-mGPT): text prompts, see docs/chameleon.md
         from .models.lumina import cli_generate
 
         size_given = click.get_current_context().get_parameter_source("image_size").name != "DEFAULT"

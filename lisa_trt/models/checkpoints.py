@@ -132,15 +132,14 @@ def load_target(path: PathLike, config=None, device="cpu"):
         config: registry name ("GPT-B", ...), a TargetConfig, or None to use the file's metadata
             (safetensors written by `save_model` / `lisa-trt convert`).
     """
+    from .chameleon_io import is_chameleon_dir, load_chameleon
     from .llamagen import Transformer
 
-    from .chameleon_io import is_chameleon_dir, load_chameleon
-
-    if is_chameleon_dir(path):  # HF directory (config.json model_type "chameleon"): Lumina-mGPT family
-        return load_chameleon(path, device=device)
     bundled = _bundled("target", path)
     if bundled is not None:
         return bundled
+    if is_chameleon_dir(path):  # HF directory (config.json model_type "chameleon"): Lumina-mGPT family
+        return load_chameleon(path, device=device)
     sd, meta = read_state_dict(path)
     cfg = _resolve_target_config(config, meta)
     model = Transformer(cfg)
