@@ -72,8 +72,9 @@ class LuminaTokenizer:
         return int(i)
 
     def prompt_ids(self, caption: str, width: int, height: int) -> list[int]:
-        text = TEMPLATE.format(w=width, h=height, caption=caption)
-        return [self.bos] + self.tok.encode(text, add_special_tokens=False).ids + [self.sep]
+        # Lumina-mGPT tokenizes the whole turn, separator included (it is an added token)
+        text = TEMPLATE.format(w=width, h=height, caption=caption) + SEP
+        return [self.bos] + self.tok.encode(text, add_special_tokens=False).ids
 
     def span_prefix(self, width: int, height: int) -> list[int]:
         hg, wg = grids(width, height)
