@@ -8,13 +8,15 @@ The loop of speculative/decode.py, specialised to the family's differences:
   token, so trees only ever hold that token at those depths (any other candidate has score
   -inf and is rejected) and verification commits it with probability 1;
 - code positions are restricted to the image-code tokens after CFG, then temperature / top-k.
-Verification: `greedy` (token-identical to lumina.generate_image_tokens(greedy=True)) and
-`exact` (lossless speculative sampling). LANTERN / GASV need calibration tables over the
-image-code sub-vocabulary, which do not exist for this family yet.
+Verification: `greedy` (token-identical to lumina.generate_image_tokens(greedy=True)),
+`exact` (lossless speculative sampling), and the relaxed rules `lantern` and `gasv` on the
+image-code sub-vocabulary with tables from calibration/chameleon_tables.py (the row-end token is
+one extra, forced entry of that sub-vocabulary).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -29,20 +31,25 @@ from .sampling import make_generator, process_logits, sample_from_logits
 from .tree import ExpandRequest, build_dynamic_tree
 
 
+METHODS = ("greedy", "exact", "lantern", "gasv")
+
+
 @dataclass(frozen=True)
 class LuminaSpec:
-    method: str = "greedy"  # greedy | exact
+    method: str = "greedy"  # greedy | exact | lantern | gasv (the last two need code tables)
     cfg_scale: float = 3.0
     temperature: float = 1.0
     top_k: int = 2000
     tree_top_k: int = 4
     depth: int = 4
     total_tokens: int = 16
+    lantern_k: int = 1000
+    lantern_delta: float = 0.1
 
     def __post_init__(self):
-        if self.method not in ("greedy", "exact"):
-            raise InputError(f"Chameleon-family speculation supports greedy and exact verification, not "
-                             f"{self.method!r} (LANTERN / GASV tables over image codes are not built yet)")
+        if self.method not in METHODS:
+            raise InputError(f"Chameleon-family speculation supports {', '.join(METHODS)} verification, "
+                             f"not {self.method!r}")
 
 
 class _Law:
@@ -71,9 +78,12 @@ class _Law:
 
 @torch.no_grad()
 def speculative_image_tokens(target, drafter, tokenizer, captions: Sequence[str], width: int, height: int,
-                             spec: LuminaSpec = LuminaSpec(), seed: Optional[int] = None
+                             spec: LuminaSpec = LuminaSpec(), seed: Optional[int] = None, tables=None
                              ) -> tuple[LuminaImages, DecodeStats]:
-    """Generate one image span per caption with tree speculation (see module docstring)."""
+    """Generate one image span per caption with tree speculation (see module docstring).
+
+    tables: GASVTables over the image codes (calibrate_chameleon), for lantern / gasv."""
+    verify = _verifier(target, tokenizer, spec, tables)
     hg, wg = grids(width, height)
     h_lat, w_lat = hg * LATENT_PER_GRID, wg * LATENT_PER_GRID
     dev = target.lm_head.weight.device
@@ -112,8 +122,9 @@ def speculative_image_tokens(target, drafter, tokenizer, captions: Sequence[str]
         mask = tcache.attention_mask(slots, law.dup(tree.ancestors))
         tout = target.forward_tokens(law.dup(tree.tokens), pos, slots, mask, tcache, taps=True)
         stats.target_forwards += 1
-        logits = law(tout.logits, n_done[active][:, None] + tree.depths)
-        res = V.verify_greedy(logits, tree) if greedy else V.verify_exact(torch.softmax(logits, -1), tree, gen)
+        span_index = n_done[active][:, None] + tree.depths
+        res = verify(law(tout.logits, span_index), tree, law.forced[span_index.clamp(max=L - 1)], gen)
+        stats.tvd.append(res.tvd)
         ncom = res.accept_len + 1
         stats.committed.append(ncom)
         cols = torch.arange(res.tokens.shape[1], device=dev)[None]
@@ -176,3 +187,40 @@ def _draft(drafter, dcache, tcache, law, spec, root_tok, root_lp_raw, root_h, n_
 
     return build_dynamic_tree(root_tok, logprobs(root_lp_raw, n_done), expand, top_k=spec.tree_top_k,
                               depth=spec.depth, total_tokens=spec.total_tokens)
+
+
+def _verifier(target, tokenizer, spec: LuminaSpec, tables):
+    """verify(logits (B, N, V), tree, forced (B, N), gen) -> VerifyResult for spec.method."""
+    if spec.method == "greedy":
+        return lambda logits, tree, forced, gen: V.verify_greedy(logits, tree)
+    if spec.method == "exact":
+        return lambda logits, tree, forced, gen: V.verify_exact(torch.softmax(logits, -1), tree, gen)
+    from ..calibration.chameleon_tables import CodeVocab, extend, sub_logits
+    from .gasv import gasv_gate
+
+    if tables is None:
+        raise InputError(f"{spec.method} verification needs image-code calibration tables "
+                         "(lisa_trt.calibration.chameleon_tables.calibrate_chameleon)")
+    vocab = CodeVocab.for_target(target, tokenizer.newline)
+    if tables.vocab_size != vocab.K:
+        raise InputError(f"the tables cover {tables.vocab_size} codes; this target has {vocab.K} image codes")
+    dev = target.lm_head.weight.device
+    lut, back = vocab.lut(target.config.vocab_size, dev), vocab.back(dev)
+    nb = tables.lantern_neighbors.long().to(dev)
+    nb = torch.cat([nb, torch.zeros(2, nb.shape[1], dtype=torch.long, device=dev)])  # row end / other rows
+
+    def verify(logits, tree, forced, gen):
+        sub_tree = dataclasses.replace(tree, tokens=lut[tree.tokens])
+        sub = sub_logits(logits, vocab, forced)
+        if spec.method == "lantern":
+            res = V.verify_lantern(extend(torch.softmax(sub, -1), forced), sub_tree, gen, nb,
+                                   k=min(spec.lantern_k, nb.shape[1]), delta=spec.lantern_delta)
+        else:
+            B, N, K = sub.shape
+            out = gasv_gate(sub.reshape(B * N, K), tables)
+            res = V.verify_soft(extend(out.p_raw.view(B, N, K), forced), extend(out.p_soft.view(B, N, K), forced),
+                                sub_tree, gen)
+        tok = torch.where(res.tokens >= 0, back[res.tokens.clamp(min=0)], res.tokens)
+        return dataclasses.replace(res, tokens=tok, bonus=back[res.bonus])
+
+    return verify

@@ -49,8 +49,8 @@ def test_exact_sampling_keeps_the_span_structure(setup):
     assert ((got.tokens[:, ~ends] >= 4) & (got.tokens[:, ~ends] < 4 + N_CODES)).all()
     again, _ = speculative_image_tokens(target, drafter, tok, ["x", "y", "z"], 32, 64, spec, seed=0)
     assert torch.equal(got.tokens, again.tokens)
-    with pytest.raises(lisa_trt.LisaError, match="greedy and exact"):
-        LuminaSpec(method="gasv")
+    with pytest.raises(lisa_trt.LisaError, match="not 'sjd'"):
+        LuminaSpec(method="sjd")
 
 
 def test_drafter_trains_on_target_taps(setup):
@@ -107,3 +107,51 @@ def test_drafter_artifact_and_cli_speculation(setup, tmp_path):
     import numpy as np
 
     assert np.array_equal(np.load(tmp_path / "ar" / "tokens.npy"), np.load(tmp_path / "sp" / "tokens.npy"))
+
+
+@pytest.fixture(scope="module")
+def code_tables(setup):
+    from lisa_trt.calibration.chameleon_tables import calibrate_chameleon
+
+    target, tok, _ = setup
+    codebook = torch.randn(N_CODES, 8, generator=torch.Generator().manual_seed(0))
+    return calibrate_chameleon(target, tok, codebook, [f"tok{60 + i}" for i in range(6)], 64, 64, cfg_scale=2.0,
+                               top_k=16, samples_per_pos=4, n_clusters=4, lantern_k=8, batch_size=3,
+                               min_cluster_samples=8)
+
+
+def test_code_tables_cover_the_image_codes(code_tables, setup):
+    assert code_tables.vocab_size == N_CODES and code_tables.w_tilde.shape == (N_CODES, 32)
+    assert code_tables.lantern_neighbors.shape == (N_CODES, 8) and code_tables.theta_geo > 0
+    assert code_tables.settings["family"] == "chameleon"
+
+
+@pytest.mark.parametrize("method", ["lantern", "gasv"])
+def test_relaxed_rules_keep_the_span_structure(setup, code_tables, method):
+    target, tok, drafter = setup
+    spec = LuminaSpec(method=method, cfg_scale=2.0, top_k=16, tree_top_k=3, depth=3, total_tokens=8,
+                      lantern_k=8, lantern_delta=0.3)
+    got, stats = speculative_image_tokens(target, drafter, tok, ["x", "tok61"], 64, 32, spec, seed=1,
+                                          tables=code_tables)
+    ends = row_end_mask(2, 4)
+    assert (got.tokens[:, ends] == tok.newline).all()
+    assert ((got.tokens[:, ~ends] >= 4) & (got.tokens[:, ~ends] < 4 + N_CODES)).all()
+    assert stats.mal > 1.0 and stats.mean_tvd >= 0.0
+    with pytest.raises(lisa_trt.LisaError, match="calibration tables"):
+        speculative_image_tokens(target, drafter, tok, ["x"], 32, 32, spec)
+
+
+def test_lantern_with_zero_budget_is_lossless(setup, code_tables):
+    """LANTERN with delta = 0 ('clean' residual) is exact: same marginals as the reference sampler."""
+    target, tok, drafter = setup
+    caps = ["x"] * 200
+    ref = torch.cat([generate_image_tokens(target, tok, caps, 32, 32, cfg_scale=2.0, top_k=4, seed=s).tokens
+                     for s in range(2)])
+    spec = LuminaSpec(method="lantern", cfg_scale=2.0, top_k=4, tree_top_k=3, depth=3, total_tokens=8,
+                      lantern_k=8, lantern_delta=0.0)
+    got = torch.cat([speculative_image_tokens(target, drafter, tok, caps, 32, 32, spec, seed=20 + s,
+                                              tables=code_tables)[0].tokens for s in range(2)])
+    for col in (0, 1, 3, 4):
+        p = torch.bincount(ref[:, col], minlength=96).float() / ref.shape[0]
+        q = torch.bincount(got[:, col], minlength=96).float() / got.shape[0]
+        assert 0.5 * (p - q).abs().sum() < 0.12, col
