@@ -259,7 +259,8 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
 
         size_given = click.get_current_context().get_parameter_source("image_size").name != "DEFAULT"
         return cli_generate(model, prompts, out_dir, image_size if size_given else None, vq, cfg_scale,
-                            temperature, top_k, greedy, seed, verify, drafter, (tree_top_k, tree_depth, tree_tokens))
+                            temperature, top_k, greedy, seed, verify, drafter, (tree_top_k, tree_depth, tree_tokens),
+                            tables)
 
     import numpy as np
     import torch

@@ -144,3 +144,14 @@ def _teacher_forced_guided(target, tokenizer, caps, width, height, span, cfg_sca
         unc = torch.stack([tf(prefix, b) for b in range(len(caps))])
         x = unc + cfg_scale * (x - unc)
     return process_logits(restrict(x, image_token_ids(target)), temperature, top_k)
+
+
+def load_chameleon_tables(path, target, newline: int) -> GASVTables:
+    """Load tables written by `save_tables` for this target's image codes (hash checked), bound
+    to the head's code rows."""
+    from .tables import check_tables, load_tables
+
+    vocab = CodeVocab.for_target(target, newline)
+    tables = load_tables(path)
+    check_tables(tables, target_hash_of(target), vocab.K)
+    return tables.bind(target.lm_head.weight.detach()[vocab.code_ids.to(target.lm_head.weight.device)])

@@ -155,3 +155,22 @@ def test_lantern_with_zero_budget_is_lossless(setup, code_tables):
         p = torch.bincount(ref[:, col], minlength=96).float() / ref.shape[0]
         q = torch.bincount(got[:, col], minlength=96).float() / got.shape[0]
         assert 0.5 * (p - q).abs().sum() < 0.12, col
+
+
+def test_cli_gasv_with_code_tables(setup, code_tables, tmp_path):
+    from click.testing import CliRunner
+
+    from lisa_trt.calibration.tables import save_tables
+    from lisa_trt.cli import main
+    from lisa_trt.models.chameleon_drafter import save_chameleon_drafter
+
+    target, tok, drafter = setup
+    save_tables(code_tables, tmp_path / "tables.safetensors")
+    save_chameleon_drafter(drafter, tmp_path / "d.safetensors")
+    args = ["generate", "--model", target.source_dir, "--prompt", "a", "--image-size", "64", "--top-k", "16",
+            "--drafter", str(tmp_path / "d.safetensors"), "--tree-top-k", "3", "--tree-tokens", "8",
+            "--out", str(tmp_path / "o")]
+    r = CliRunner().invoke(main, args + ["--verify", "gasv", "--tables", str(tmp_path / "tables.safetensors")])
+    assert r.exit_code == 0 and "gasv: MAL" in r.output, r.output
+    r = CliRunner().invoke(main, args + ["--verify", "gasv"])
+    assert r.exit_code != 0 and "--tables" in r.output
