@@ -204,7 +204,7 @@ def generate_images(model_dir, captions: Sequence[str], out_dir, *, image_size: 
 
         if drafter is None:
             raise InputError(f"--verify {verify} needs --drafter FILE (a Chameleon-family drafter)")
-        spec = LuminaSpec(method="greedy" if greedy else verify, cfg_scale=cfg_scale, temperature=temperature,
+        spec = LuminaSpec(method=verify, greedy=greedy, cfg_scale=cfg_scale, temperature=temperature,
                           top_k=top_k, tree_top_k=tree[0], depth=tree[1], total_tokens=tree[2])
         tb = None
         if verify in ("lantern", "gasv"):

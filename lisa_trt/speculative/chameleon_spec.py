@@ -45,6 +45,7 @@ class LuminaSpec:
     total_tokens: int = 16
     lantern_k: int = 1000
     lantern_delta: float = 0.1
+    greedy: bool = False  # lantern / gasv: their greedy rules (verify_lantern_greedy / verify_soft_greedy)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -65,7 +66,7 @@ class _Law:
         if self.cfg:
             x = x[self.B:] + self.s.cfg_scale * (x[: self.B] - x[self.B:])
         x = restrict(x, self.allowed)
-        if self.s.method != "greedy":
+        if self.s.method != "greedy" and not (self.s.greedy and self.s.method == "exact"):
             x = process_logits(x, self.s.temperature, self.s.top_k)
         at_end = self.forced[span_index.clamp(max=self.forced.numel() - 1)]
         one_hot = torch.full_like(x, float("-inf"))
@@ -96,7 +97,7 @@ def speculative_image_tokens(target, drafter, tokenizer, captions: Sequence[str]
     ids, valid = _batch(rows, dev)
     T = ids.shape[1]
     stats, gen = DecodeStats(), make_generator(seed, dev)
-    greedy = spec.method == "greedy"
+    greedy = spec.method == "greedy" or (spec.greedy and spec.method == "exact")
     tcache = target.new_cache(ids.shape[0], T + L + spec.total_tokens)
     pre = target.prefill(ids, tcache, valid, taps=True)
     stats.target_forwards += 1
@@ -191,7 +192,7 @@ def _draft(drafter, dcache, tcache, law, spec, root_tok, root_lp_raw, root_h, n_
 
 def _verifier(target, tokenizer, spec: LuminaSpec, tables):
     """verify(logits (B, N, V), tree, forced (B, N), gen) -> VerifyResult for spec.method."""
-    if spec.method == "greedy":
+    if spec.method == "greedy" or (spec.method == "exact" and spec.greedy):
         return lambda logits, tree, forced, gen: V.verify_greedy(logits, tree)
     if spec.method == "exact":
         return lambda logits, tree, forced, gen: V.verify_exact(torch.softmax(logits, -1), tree, gen)
@@ -213,13 +214,15 @@ def _verifier(target, tokenizer, spec: LuminaSpec, tables):
         sub_tree = dataclasses.replace(tree, tokens=lut[tree.tokens])
         sub = sub_logits(logits, vocab, forced)
         if spec.method == "lantern":
-            res = V.verify_lantern(extend(torch.softmax(sub, -1), forced), sub_tree, gen, nb,
-                                   k=min(spec.lantern_k, nb.shape[1]), delta=spec.lantern_delta)
+            p, k = extend(torch.softmax(sub, -1), forced), min(spec.lantern_k, nb.shape[1])
+            res = (V.verify_lantern_greedy(p, sub_tree, nb, k=k, delta=spec.lantern_delta) if spec.greedy else
+                   V.verify_lantern(p, sub_tree, gen, nb, k=k, delta=spec.lantern_delta))
         else:
             B, N, K = sub.shape
             out = gasv_gate(sub.reshape(B * N, K), tables)
-            res = V.verify_soft(extend(out.p_raw.view(B, N, K), forced), extend(out.p_soft.view(B, N, K), forced),
-                                sub_tree, gen)
+            p_raw, p_soft = (extend(t.view(B, N, K), forced) for t in (out.p_raw, out.p_soft))
+            res = (V.verify_soft_greedy(p_raw, p_soft, extend(out.gate.view(B, N, K), forced), sub_tree)
+                   if spec.greedy else V.verify_soft(p_raw, p_soft, sub_tree, gen))
         tok = torch.where(res.tokens >= 0, back[res.tokens.clamp(min=0)], res.tokens)
         return dataclasses.replace(res, tokens=tok, bonus=back[res.bonus])
 

@@ -126,11 +126,11 @@ def test_code_tables_cover_the_image_codes(code_tables, setup):
     assert code_tables.settings["family"] == "chameleon"
 
 
-@pytest.mark.parametrize("method", ["lantern", "gasv"])
-def test_relaxed_rules_keep_the_span_structure(setup, code_tables, method):
+@pytest.mark.parametrize("method,greedy", [("lantern", False), ("gasv", False), ("lantern", True), ("gasv", True)])
+def test_relaxed_rules_keep_the_span_structure(setup, code_tables, method, greedy):
     target, tok, drafter = setup
     spec = LuminaSpec(method=method, cfg_scale=2.0, top_k=16, tree_top_k=3, depth=3, total_tokens=8,
-                      lantern_k=8, lantern_delta=0.3)
+                      lantern_k=8, lantern_delta=0.3, greedy=greedy)
     got, stats = speculative_image_tokens(target, drafter, tok, ["x", "tok61"], 64, 32, spec, seed=1,
                                           tables=code_tables)
     ends = row_end_mask(2, 4)
