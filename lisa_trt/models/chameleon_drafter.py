@@ -79,22 +79,45 @@ def drafter_loss(drafter: ChameleonDrafter, target, input_ids: torch.Tensor, sta
 
 
 def train_drafter(drafter: ChameleonDrafter, target, sequences: torch.Tensor, *, steps: int = 10, lr: float = 1e-3,
-                  batch_size: int = 4, seed: int = 0, start: int = 1) -> list[float]:
-    """A few AdamW steps of `drafter_loss` over rows of `sequences` (B, T); returns the losses."""
+                  batch_size: int = 4, seed: int = 0, start: int = 1, checkpoint=None,
+                  save_every: int = 50) -> list[float]:
+    """AdamW steps of `drafter_loss` over random rows of `sequences` (N, T); returns the losses.
+
+    checkpoint: optional path of a resumable training state (drafter, optimizer, step, sampler
+        RNG), written atomically every `save_every` steps and at the end; when it exists, training
+        resumes from it, so an interrupted run continues exactly where it stopped.
+    """
     g = torch.Generator().manual_seed(seed)
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    step = 0
+    if checkpoint is not None and Path(checkpoint).is_file():
+        state = torch.load(str(checkpoint), map_location="cpu", weights_only=True)
+        drafter.load_state_dict(state["drafter"])
+        opt.load_state_dict(state["optimizer"])
+        g.set_state(state["rng"])
+        step = int(state["step"])
     losses = []
     drafter.train()
-    for _ in range(steps):
+    while step < steps:
         idx = torch.randint(0, sequences.shape[0], (min(batch_size, sequences.shape[0]),), generator=g)
         loss = drafter_loss(drafter, target, sequences[idx].to(target.lm_head.weight.device), start)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
+        step += 1
+        if checkpoint is not None and (step % save_every == 0 or step == steps):
+            _save_state(checkpoint, drafter, opt, g, step)
     drafter.eval()
     return losses
+
+
+def _save_state(path, drafter, opt, g, step: int) -> None:
+    from ..io import atomic_write
+
+    with atomic_write(path) as tmp:
+        torch.save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "rng": g.get_state(),
+                    "step": step}, str(tmp))
 
 
 def save_chameleon_drafter(drafter: ChameleonDrafter, path) -> None:

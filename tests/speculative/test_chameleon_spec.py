@@ -174,3 +174,23 @@ def test_cli_gasv_with_code_tables(setup, code_tables, tmp_path):
     assert r.exit_code == 0 and "gasv: MAL" in r.output, r.output
     r = CliRunner().invoke(main, args + ["--verify", "gasv"])
     assert r.exit_code != 0 and "--tables" in r.output
+
+
+def test_drafter_training_resumes_exactly(setup, tmp_path):
+    target, tok, _ = setup
+    seqs = torch.randint(4, 4 + N_CODES, (6, 20), generator=torch.Generator().manual_seed(3))
+
+    def fresh():
+        torch.manual_seed(2)
+        return ChameleonDrafter.from_chameleon(target, hidden=16, n_head=2)
+
+    straight = fresh()
+    train_drafter(straight, target, seqs, steps=6, lr=3e-3)
+    resumed = fresh()
+    ck = tmp_path / "state.pt"
+    first = train_drafter(resumed, target, seqs, steps=3, lr=3e-3, checkpoint=ck, save_every=1)
+    again = fresh()  # a new process: fresh weights, the state file brings everything back
+    second = train_drafter(again, target, seqs, steps=6, lr=3e-3, checkpoint=ck, save_every=1)
+    assert len(first) == 3 and len(second) == 3
+    for a, b in zip(straight.state_dict().values(), again.state_dict().values()):
+        assert torch.equal(a, b)
