@@ -211,6 +211,30 @@ class ChameleonCache(KVCache):
         self.pad = self.pad[index]
 
 
+def prefill_plan(input_ids: torch.Tensor, cache: ChameleonCache, valid: Optional[torch.Tensor] = None):
+    """Reset `cache` for a (left-padded) prompt; (slots, positions, mask (B, T, Lmax)) of its tokens.
+
+    Shared by the torch target and the exported-graph runners (engines/chameleon_ort.py)."""
+    B, T = input_ids.shape
+    if B != cache.batch:
+        raise InputError(f"prompt batch {B} does not match the cache batch {cache.batch}")
+    if T > cache.max_len:
+        raise InputError(f"prompt of {T} tokens does not fit a cache of {cache.max_len}")
+    dev = input_ids.device
+    valid = torch.ones(B, T, dtype=torch.bool, device=dev) if valid is None else valid.to(torch.bool)
+    if (valid[:, 1:].int() < valid[:, :-1].int()).any() or not valid[:, -1].all():
+        raise InputError("prompts must be left-padded: padding first, then the real tokens")
+    cache.pad = (~valid).sum(1)
+    cache.col_valid[:] = True
+    cache.col_valid[:, :T] = valid
+    cache.lengths.zero_()
+    slots = torch.arange(T, device=dev)[None].expand(B, T)
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=dev))[None].expand(B, T, T)
+    mask = cache.attention_mask(slots, causal) & cache.col_valid[:, None, :]
+    mask[:, :, :T] |= torch.eye(T, dtype=torch.bool, device=dev)  # padded rows see themselves
+    return slots, cache.positions(slots).clamp(min=0), mask
+
+
 # ----------------------------------------------------------------------------- model
 
 class ChameleonTarget(nn.Module):
@@ -298,24 +322,8 @@ class ChameleonTarget(nn.Module):
                 never attended to; positions count from each row's first real token.
         """
         self.check_ids(input_ids)
-        B, T = input_ids.shape
-        if B != cache.batch:
-            raise InputError(f"prompt batch {B} does not match the cache batch {cache.batch}")
-        if T > cache.max_len:
-            raise InputError(f"prompt of {T} tokens does not fit a cache of {cache.max_len}")
-        dev = input_ids.device
-        valid = torch.ones(B, T, dtype=torch.bool, device=dev) if valid is None else valid.to(torch.bool)
-        if (valid[:, 1:].int() < valid[:, :-1].int()).any() or not valid[:, -1].all():
-            raise InputError("prompts must be left-padded: padding first, then the real tokens")
-        cache.pad = (~valid).sum(1)
-        cache.col_valid[:] = True
-        cache.col_valid[:, :T] = valid
-        cache.lengths.zero_()
-        slots = torch.arange(T, device=dev)[None].expand(B, T)
-        causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=dev))[None].expand(B, T, T)
-        mask = cache.attention_mask(slots, causal) & cache.col_valid[:, None, :]
-        mask[:, :, :T] |= torch.eye(T, dtype=torch.bool, device=dev)  # padded rows see themselves
-        pos = cache.positions(slots).clamp(min=0)
+        T = input_ids.shape[1]
+        slots, pos, mask = prefill_plan(input_ids, cache, valid)
         out = self._run(self.model.embed_tokens(input_ids), pos, mask[:, None], cache, slots, taps)
         cache.lengths.fill_(T)
         return TargetOutput(out.logits[:, -1:], None if out.taps is None else out.taps[:, -1:], out.hidden[:, -1:])

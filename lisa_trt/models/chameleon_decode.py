@@ -35,12 +35,18 @@ def image_vocab(vocabulary_map: Optional[dict], vocab_size: int) -> dict[int, in
                      f"its vocabulary ({vocab_size}) is too small for Lumina-mGPT's image codes 4..8195")
 
 
+def device_of(target) -> torch.device:
+    """Device of a torch target (its head) or of an exported-graph runner (`.device`)."""
+    dev = getattr(target, "device", None)
+    return dev if isinstance(dev, torch.device) else target.lm_head.weight.device
+
+
 def image_token_ids(target) -> torch.Tensor:
     """Sorted LongTensor of the token ids that are VQ image codes (cached on the target)."""
     ids = getattr(target, "_image_token_ids", None)
     if ids is None:
         vm = image_vocab(target.config.vocabulary_map, target.config.vocab_size)
-        ids = torch.tensor(sorted(vm), dtype=torch.long, device=target.lm_head.weight.device)
+        ids = torch.tensor(sorted(vm), dtype=torch.long, device=device_of(target))
         target._image_token_ids = ids
     return ids
 

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..errors import InputError
-from ..models.chameleon_decode import image_token_ids, restrict
+from ..models.chameleon_decode import device_of, image_token_ids, restrict
 from ..models.lumina import LATENT_PER_GRID, LuminaImages, _batch, grids, row_end_mask, tokens_to_codes
 from . import verify as V
 from .decode import DecodeStats
@@ -79,15 +79,18 @@ class _Law:
 
 @torch.no_grad()
 def speculative_image_tokens(target, drafter, tokenizer, captions: Sequence[str], width: int, height: int,
-                             spec: LuminaSpec = LuminaSpec(), seed: Optional[int] = None, tables=None
-                             ) -> tuple[LuminaImages, DecodeStats]:
+                             spec: LuminaSpec = LuminaSpec(), seed: Optional[int] = None, tables=None,
+                             gasv=None) -> tuple[LuminaImages, DecodeStats]:
     """Generate one image span per caption with tree speculation (see module docstring).
 
-    tables: GASVTables over the image codes (calibrate_chameleon), for lantern / gasv."""
-    verify = _verifier(target, tokenizer, spec, tables)
+    target / drafter: the torch models or their exported-graph runners (engines/chameleon_ort.py).
+    tables: GASVTables over the image codes (calibrate_chameleon), for lantern / gasv.
+    gasv: optional callable code logits (N, K) -> GASVOutput (the exported GASV graph); default
+        gasv_gate(., tables) in torch."""
+    verify = _verifier(target, tokenizer, spec, tables, gasv)
     hg, wg = grids(width, height)
     h_lat, w_lat = hg * LATENT_PER_GRID, wg * LATENT_PER_GRID
-    dev = target.lm_head.weight.device
+    dev = device_of(target)
     prefix = tokenizer.span_prefix(width, height)
     rows = [tokenizer.prompt_ids(c, width, height) + prefix for c in captions]
     B, L = len(captions), h_lat * (w_lat + 1)
@@ -190,7 +193,7 @@ def _draft(drafter, dcache, tcache, law, spec, root_tok, root_lp_raw, root_h, n_
                               depth=spec.depth, total_tokens=spec.total_tokens)
 
 
-def _verifier(target, tokenizer, spec: LuminaSpec, tables):
+def _verifier(target, tokenizer, spec: LuminaSpec, tables, gasv=None):
     """verify(logits (B, N, V), tree, forced (B, N), gen) -> VerifyResult for spec.method."""
     if spec.method == "greedy" or (spec.method == "exact" and spec.greedy):
         return lambda logits, tree, forced, gen: V.verify_greedy(logits, tree)
@@ -205,7 +208,7 @@ def _verifier(target, tokenizer, spec: LuminaSpec, tables):
     vocab = CodeVocab.for_target(target, tokenizer.newline)
     if tables.vocab_size != vocab.K:
         raise InputError(f"the tables cover {tables.vocab_size} codes; this target has {vocab.K} image codes")
-    dev = target.lm_head.weight.device
+    dev = device_of(target)
     lut, back = vocab.lut(target.config.vocab_size, dev), vocab.back(dev)
     nb = tables.lantern_neighbors.long().to(dev)
     nb = torch.cat([nb, torch.zeros(2, nb.shape[1], dtype=torch.long, device=dev)])  # row end / other rows
@@ -219,7 +222,7 @@ def _verifier(target, tokenizer, spec: LuminaSpec, tables):
                    V.verify_lantern(p, sub_tree, gen, nb, k=k, delta=spec.lantern_delta))
         else:
             B, N, K = sub.shape
-            out = gasv_gate(sub.reshape(B * N, K), tables)
+            out = gasv(sub.reshape(B * N, K)) if gasv is not None else gasv_gate(sub.reshape(B * N, K), tables)
             p_raw, p_soft = (extend(t.view(B, N, K), forced) for t in (out.p_raw, out.p_soft))
             res = (V.verify_soft_greedy(p_raw, p_soft, extend(out.gate.view(B, N, K), forced), sub_tree)
                    if spec.greedy else V.verify_soft(p_raw, p_soft, sub_tree, gen))
