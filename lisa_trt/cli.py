@@ -312,6 +312,16 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
         click.echo(f"wrote tokens.npy to {out} (pass --vq to decode images)")
 
 
+def _chameleon_size(image_size, default: int = 512) -> int:
+    """--image-size for Chameleon directory models: the given one, else Lumina-mGPT's default."""
+    given = click.get_current_context().get_parameter_source("image_size").name != "DEFAULT"
+    return image_size if given else default
+
+
+def _is_chameleon(model) -> bool:
+    return model != "demo" and Path(model).is_dir()
+
+
 def _class_names(model):
     if model == "demo":
         from .demo.registry import class_names
@@ -346,12 +356,23 @@ def decode_and_save(tokens, vq, vq_config_name, tc, out):
 @click.option("--lantern-k", type=int, default=1000, show_default=True)
 @click.option("--kappa", type=float, default=1.0, show_default=True)
 @click.option("--lambda", "lam", type=float, default=0.4, show_default=True)
+@click.option("--captions-file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Chameleon directory models: rollout captions, one per line (default: built-in list).")
 @sampling_options
 @_handle_errors
 def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, rollouts, samples_per_pos,
-              quantile, clusters, cluster_space, lantern_k, kappa, lam, cfg_scale, temperature, top_k,
+              quantile, clusters, cluster_space, lantern_k, kappa, lam, captions_file, cfg_scale, temperature, top_k,
               top_p, cfg_interval, greedy, seed):
     """GASV whitening / cluster / budget tables and LANTERN neighbour lists, from rollouts."""
+    if _is_chameleon(model):  # image-code tables (runtime/chameleon.py, docs/chameleon.md)
+        from .runtime.chameleon import calibrate_cli
+
+        t = calibrate_cli(model, out_path, image_size=_chameleon_size(image_size), vq=vq, captions_file=captions_file,
+                          rollouts=rollouts, samples_per_pos=samples_per_pos, quantile=quantile, clusters=clusters,
+                          lantern_k=lantern_k, kappa=kappa, lam=lam, cfg_scale=3.0 if cfg_scale is None else cfg_scale,
+                          temperature=1.0 if temperature is None else temperature,
+                          top_k=2000 if top_k is None else top_k, seed=seed)
+        return click.echo(f"wrote {out_path}: {t.n_clusters} clusters over {t.vocab_size} image codes")
     from .calibration.profile import calibrate as run_calibration
     from .calibration.tables import save_tables
     from .models.checkpoints import load_vq
@@ -399,13 +420,24 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 @click.option("--eval-images", type=int, default=4, show_default=True,
               help="Held-out prompts decoded with the trained drafter (real MAL, exact verification); 0 = skip.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--captions-file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Chameleon directory models: self-distillation captions, one per line (default: built-in list).")
 @_handle_errors
 def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, steps, batch_size, lr,
           ttt_steps, source, token_file, image_dir, num_samples, features, cfg_scale, drafter_hidden, drafter_heads,
-          checkpoint_every, bf16, eval_images, seed):
+          checkpoint_every, bf16, eval_images, seed, captions_file):
     """Distil a drafter (LISA locality-informed loss, or EAGLE-3/EAGLE-1 baselines).
 
     Resumes from OUT/checkpoints after an interruption. Multi-GPU: run under torchrun."""
+    if _is_chameleon(model):  # EAGLE-3 step-0 KL distillation, resumable (runtime/chameleon.py)
+        from .runtime.chameleon import train_cli
+
+        kw = dict(num_samples=num_samples, steps=steps, batch_size=batch_size, lr=lr, cfg_scale=cfg_scale,
+                  checkpoint_every=checkpoint_every)
+        info = train_cli(model, out_dir, image_size=_chameleon_size(image_size), captions_file=captions_file,
+                         drafter_hidden=drafter_hidden, drafter_heads=drafter_heads, seed=seed,
+                         **{k: v for k, v in kw.items() if v is not None})
+        return click.echo(f"wrote {Path(out_dir) / 'drafter.safetensors'} ({info['steps']} steps)")
     from .models.checkpoints import load_vq
     from .train.data import DataConfig
     from .train.losses import LossConfig
@@ -599,11 +631,26 @@ def _export_generation(model, target, sampling):
 @click.option("--opset", type=int, default=None, help="ONNX opset (default 23: ONNX Attention).")
 @click.option("--max-tree", type=int, default=None, help="Largest tree the engines verify (static cache length).")
 @click.option("--no-validate", is_flag=True, help="Skip the ORT-vs-PyTorch check of every graph.")
+@click.option("--max-prompt", type=int, default=None,
+              help="Chameleon directory models: most prompt tokens a run may use (static cache; default 128).")
 @sampling_options
 @_handle_errors
 def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_config, out_dir, fp16, opset, max_tree,
-               no_validate, cfg_scale, temperature, top_k, top_p, cfg_interval, greedy, seed):
+               no_validate, max_prompt, cfg_scale, temperature, top_k, top_p, cfg_interval, greedy, seed):
     """ONNX graphs for target, drafter, GASV and VQ decoder + manifest (validated, atomic)."""
+    if _is_chameleon(model):  # export/chameleon_onnx.py (fp32; docs/chameleon.md)
+        from .errors import InputError
+        from .runtime.chameleon import export_cli
+
+        if fp16:
+            raise InputError("--fp16 is not available for Chameleon-family exports yet (fp32 graphs)")
+        gen = {k: v for k, v in dict(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k).items() if v is not None}
+        man = export_cli(model, out_dir, image_size=_chameleon_size(image_size), drafter=drafter, tables=tables, vq=vq,
+                         max_prompt=max_prompt, max_tree=max_tree, opset=opset, generation=gen,
+                         validate=not no_validate)
+        for name, g in man["graphs"].items():
+            click.echo(f"{name:16s} fp32  max|ORT - torch| {g.get('validation', {}).get('max_abs', 'n/a')}")
+        return click.echo(f"wrote {out_dir} ({len(man['graphs'])} graphs, cache {man['max_cache_len']} slots)")
     from .artifacts import default_drafter, default_tables, load_drafter_by_name, load_tables_by_name
     from .models.checkpoints import load_vq
     from .runtime.bundle import export_full_bundle
@@ -643,7 +690,20 @@ def run(engine_dir, prompts, out_dir, backend, verify, threads, cfg_scale, tempe
     """Tree speculation + GASV over an engine directory: PNGs and per-image stats.
 
     PROMPTS: a text file (one class id or name per line) or JSONL ({"class": ..., "seed": ..,
-    "cfg": ..}); malformed lines are reported with their numbers before any work starts."""
+    "cfg": ..}); malformed lines are reported with their numbers before any work starts.
+    Chameleon engine directories (lisa-trt export --model DIR): one caption per line."""
+    from .export.chameleon_onnx import is_chameleon_engine
+
+    if is_chameleon_engine(engine_dir):  # runtime/chameleon.py, ONNX Runtime
+        from .errors import InputError
+        from .runtime.chameleon import run_cli
+
+        if backend not in ("auto", "ort"):
+            raise InputError(f"Chameleon engine directories run on ONNX Runtime only (--backend ort), not {backend}")
+        st = run_cli(engine_dir, prompts, out_dir, verify=verify, cfg_scale=cfg_scale, temperature=temperature,
+                     top_k=top_k, greedy=greedy, seed=seed, tree=(tree_top_k, tree_depth, tree_tokens), threads=threads)
+        mal = f", MAL {st['mal']:.2f}" if "mal" in st else ""
+        return click.echo(f"{len(st['captions'])} images -> {out_dir} (ort, {verify}){mal}, {st['seconds']:.2f} s")
     from .io import write_json
     from .runtime.pipeline import Pipeline
     from .runtime.prompts import parse_prompts

@@ -24,7 +24,7 @@ import torch
 
 from ..errors import ConfigError, InputError
 from ..speculative.sampling import make_generator, process_logits, sample_from_logits
-from .chameleon_decode import append_step, image_token_ids, image_vocab, restrict
+from .chameleon_decode import append_step, device_of, image_token_ids, image_vocab, restrict
 
 PATCH = 32  # pixels per size-token grid
 LATENT_PER_GRID = 2  # VQ codes per grid side (16-pixel codes)
@@ -119,7 +119,7 @@ def generate_image_tokens(target, tokenizer: LuminaTokenizer, captions: Sequence
     """Sample one image per caption with Lumina-mGPT's protocol (KV-cached, CFG as batch halves)."""
     hg, wg = grids(width, height)
     h_lat, w_lat = hg * LATENT_PER_GRID, wg * LATENT_PER_GRID
-    dev = target.lm_head.weight.device
+    dev = device_of(target)
     prefix = tokenizer.span_prefix(width, height)
     rows = [tokenizer.prompt_ids(c, width, height) + prefix for c in captions]
     use_cfg = cfg_scale != 1.0
