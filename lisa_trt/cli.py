@@ -430,8 +430,12 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
 
     Resumes from OUT/checkpoints after an interruption. Multi-GPU: run under torchrun."""
     if _is_chameleon(model):  # EAGLE-3 step-0 KL distillation, resumable (runtime/chameleon.py)
+        from .errors import InputError
         from .runtime.chameleon import train_cli
 
+        if source != "self" or bf16 or features != "online":
+            raise InputError("Chameleon directory models train on target rollouts only (--data self, fp32, "
+                             "--features online); see docs/chameleon.md")
         kw = dict(num_samples=num_samples, steps=steps, batch_size=batch_size, lr=lr, cfg_scale=cfg_scale,
                   checkpoint_every=checkpoint_every)
         info = train_cli(model, out_dir, image_size=_chameleon_size(image_size), captions_file=captions_file,
@@ -579,6 +583,13 @@ def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, dry_r
 
     Needs TensorRT and an NVIDIA GPU; without them it says what is missing and how to run the
     bundle through ONNX Runtime instead (`lisa-trt run ENGINE_DIR PROMPTS --backend ort`)."""
+    from .export.chameleon_onnx import is_chameleon_engine
+
+    if is_chameleon_engine(engine_dir):
+        from .errors import InputError
+
+        raise InputError(f"{engine_dir} is a Chameleon-family engine directory: TensorRT engines are not available "
+                         "for this family yet; run it with ONNX Runtime (`lisa-trt run ENGINE_DIR CAPTIONS`)")
     from .engines.build import build_engines
 
     rec = build_engines(engine_dir, profiles=None, timing_cache=timing_cache, refit=refit,
