@@ -84,9 +84,9 @@ class ChameleonStepGraph(_NamedGraph):
         m = self.model
         cache = _ShimCache([x[n] for n in self.spec.input_names if n.startswith("past_key_values.")])
         h = m.model.embed_tokens(x["input_ids"])
-        out = m._run(h, x["position_ids"], x["attention_mask"][:, None], cache, x["cache_slots"], True)
-        sl = slice(-1, None) if self.last_only else slice(None)
-        res = dict(logits=out.logits[:, sl], taps=out.taps[:, sl], hidden=out.hidden[:, sl])
+        out = m._run(h, x["position_ids"], x["attention_mask"][:, None], cache, x["cache_slots"], True,
+                     last_only=self.last_only)
+        res = dict(logits=out.logits, taps=out.taps, hidden=out.hidden)
         res.update(zip([n for n in self.spec.output_names if n.startswith("present.")], cache.presents()))
         return res
 

@@ -279,16 +279,17 @@ class ChameleonTarget(nn.Module):
             raise InputError(f"token ids must be in 0..{self.config.vocab_size - 1}; got "
                              f"{int(ids.min())}..{int(ids.max())}")
 
-    def _run(self, h, positions, mask, cache, slots, taps: bool) -> TargetOutput:
+    def _run(self, h, positions, mask, cache, slots, taps: bool, last_only: bool = False) -> TargetOutput:
+        """The decoder stack; last_only: taps, norm and head at the last position only (prefill)."""
         cos, sin = self.rope(positions)
         tap_ids = self.config.tap_layers if taps else ()
         tapped = []
         for i, layer in enumerate(self.model.layers):
             if i in tap_ids:
-                tapped.extend([h] * tap_ids.count(i))
+                tapped.extend([h[:, -1:] if last_only else h] * tap_ids.count(i))
             kv = (cache.k[i], cache.v[i]) if cache is not None else None
             h = layer(h, cos, sin, mask, kv, slots)
-        hidden = self.model.norm(h)
+        hidden = self.model.norm(h[:, -1:] if last_only else h)
         logits = self.lm_head(hidden).float()
         return TargetOutput(logits, torch.cat(tapped, dim=-1) if taps else None, hidden)
 
@@ -324,9 +325,9 @@ class ChameleonTarget(nn.Module):
         self.check_ids(input_ids)
         T = input_ids.shape[1]
         slots, pos, mask = prefill_plan(input_ids, cache, valid)
-        out = self._run(self.model.embed_tokens(input_ids), pos, mask[:, None], cache, slots, taps)
+        out = self._run(self.model.embed_tokens(input_ids), pos, mask[:, None], cache, slots, taps, last_only=True)
         cache.lengths.fill_(T)
-        return TargetOutput(out.logits[:, -1:], None if out.taps is None else out.taps[:, -1:], out.hidden[:, -1:])
+        return out
 
     def forward_tokens(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                        mask: torch.Tensor, cache: ChameleonCache, taps: bool = False) -> TargetOutput:
