@@ -66,7 +66,7 @@ def config_options(config_help: str, required: bool = False):
 
 def model_options(fn):
     fn = click.option("--model", "model", required=True,
-                      help="Target checkpoint (.pt official / .safetensors) or a bundled set such as 'demo'.")(fn)
+                      help="Target checkpoint (.pt official / .safetensors) a bundled set such as 'demo', or a Chameleon / Lumina-mGPT directory.")(fn)
     return config_options("Target config name (GPT-B ... GPT-7B); default: the file's metadata.")(fn)
 
 
@@ -283,12 +283,14 @@ def random_checkpoint(out, config, image_size, model_type, seed):
 @click.option("--captions", default=None, type=click.Path(exists=True),
               help="t2i: captions .txt (one per line, needs --encoder) or T5 features (.safetensors / .npy).")
 @click.option("--encoder", "encoder_dir", default=None, type=click.Path(), help="t2i: local flan-t5-xl directory (for a captions .txt).")
+@click.option("--prompt", "prompts", multiple=True,
+              help="Chameleon / Lumina-mGPT directory models: a text prompt (repeat for a batch).")
 @sampling_options
 @spec_options
 @click.option("--out", "out_dir", default="outputs", show_default=True, type=click.Path())
 @click.option("--overwrite", is_flag=True, help="Write into a non-empty --out (earlier images/stats are removed).")
 @_handle_errors
-def generate(model, config, image_size, model_type, vq, vq_config, classes, captions, encoder_dir, cfg_scale,
+def generate(model, config, image_size, model_type, vq, vq_config, classes, captions, encoder_dir, prompts, cfg_scale,
              temperature, top_k, top_p, cfg_interval, greedy, seed, drafter, verify, tables,
              tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda, out_dir, overwrite):
     """Generate images: the reference AR loop, or tree speculation with --drafter/--verify.
@@ -296,6 +298,13 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
     Writes PNGs (when a VQ is known), tokens.npy and stats.json."""
     import dataclasses
 
+    if _is_chameleon(model):  # Chameleon family (Lumina-mGPT): text prompts, see docs/chameleon.md
+        from .models.lumina import cli_generate
+
+        size_given = click.get_current_context().get_parameter_source("image_size").name != "DEFAULT"
+        return cli_generate(model, prompts, out_dir, image_size if size_given else None, vq, cfg_scale,
+                            temperature, top_k, greedy, seed, verify, drafter, (tree_top_k, tree_depth, tree_tokens),
+                            tables)
     import torch
 
     from .errors import InputError
@@ -346,6 +355,19 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
         click.echo(f"wrote tokens.npy to {out} (pass --vq to decode images)")
 
 
+def _chameleon_size(image_size, default: int = 512) -> int:
+    """--image-size for Chameleon directory models: the given one, else Lumina-mGPT's default."""
+    given = click.get_current_context().get_parameter_source("image_size").name != "DEFAULT"
+    return image_size if given else default
+
+
+def _is_chameleon(model) -> bool:
+    """A Chameleon / Lumina-mGPT HF directory (docs/chameleon.md), not a bundled artifact set."""
+    from .models.artifact_sets import artifact_set
+
+    return artifact_set(model) is None and Path(model).is_dir()
+
+
 @main.command()
 @model_options
 @click.option("--vq", "vq", default=None, help="VQ checkpoint whose codebook defines the geometry ('demo' for the demo).")
@@ -362,12 +384,23 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
 @click.option("--captions", default=None, type=click.Path(exists=True),
               help="t2i: rollout prompts, cycled to --rollouts (captions .txt with --encoder, or T5 features).")
 @click.option("--encoder", "encoder_dir", default=None, type=click.Path(), help="t2i: local flan-t5-xl directory (for a captions .txt).")
+@click.option("--captions-file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Chameleon directory models: rollout captions, one per line (default: built-in list).")
 @sampling_options
 @_handle_errors
 def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, rollouts, samples_per_pos,
-              quantile, clusters, cluster_space, lantern_k, kappa, lam, captions, encoder_dir, cfg_scale, temperature,
-              top_k, top_p, cfg_interval, greedy, seed):
+              quantile, clusters, cluster_space, lantern_k, kappa, lam, captions, encoder_dir, captions_file, cfg_scale,
+              temperature, top_k, top_p, cfg_interval, greedy, seed):
     """GASV whitening / cluster / budget tables and LANTERN neighbour lists, from rollouts."""
+    if _is_chameleon(model):  # image-code tables (runtime/chameleon.py, docs/chameleon.md)
+        from .runtime.chameleon import calibrate_cli
+
+        t = calibrate_cli(model, out_path, image_size=_chameleon_size(image_size), vq=vq, captions_file=captions_file,
+                          rollouts=rollouts, samples_per_pos=samples_per_pos, quantile=quantile, clusters=clusters,
+                          lantern_k=lantern_k, kappa=kappa, lam=lam, cfg_scale=3.0 if cfg_scale is None else cfg_scale,
+                          temperature=1.0 if temperature is None else temperature,
+                          top_k=2000 if top_k is None else top_k, seed=seed)
+        return click.echo(f"wrote {out_path}: {t.n_clusters} clusters over {t.vocab_size} image codes")
     from .calibration.profile import calibrate as run_calibration
     from .calibration.tables import save_tables
     from .models.checkpoints import load_vq
@@ -432,13 +465,28 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 @click.option("--eval-images", type=int, default=4, show_default=True,
               help="Held-out prompts decoded with the trained drafter (real MAL, exact verification); 0 = skip.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--captions-file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Chameleon directory models: self-distillation captions, one per line (default: built-in list).")
 @_handle_errors
 def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, steps, batch_size, lr,
           ttt_steps, source, token_file, image_dir, captions, encoder_dir, num_samples, features, cfg_scale,
-          drafter_hidden, drafter_heads, checkpoint_every, bf16, eval_images, seed):
+          drafter_hidden, drafter_heads, checkpoint_every, bf16, eval_images, seed, captions_file):
     """Distil a drafter (LISA locality-informed loss, or EAGLE-3/EAGLE-1 baselines).
 
     Resumes from OUT/checkpoints after an interruption. Multi-GPU: run under torchrun."""
+    if _is_chameleon(model):  # EAGLE-3 step-0 KL distillation, resumable (runtime/chameleon.py)
+        from .errors import InputError
+        from .runtime.chameleon import train_cli
+
+        if source != "self" or bf16 or features != "online":
+            raise InputError("Chameleon directory models train on target rollouts only (--data self, fp32, "
+                             "--features online); see docs/chameleon.md")
+        kw = dict(num_samples=num_samples, steps=steps, batch_size=batch_size, lr=lr, cfg_scale=cfg_scale,
+                  checkpoint_every=checkpoint_every)
+        info = train_cli(model, out_dir, image_size=_chameleon_size(image_size), captions_file=captions_file,
+                         drafter_hidden=drafter_hidden, drafter_heads=drafter_heads, seed=seed,
+                         **{k: v for k, v in kw.items() if v is not None})
+        return click.echo(f"wrote {Path(out_dir) / 'drafter.safetensors'} ({info['steps']} steps)")
     from .models.checkpoints import load_vq
     from .train.data import DataConfig
     from .train.losses import LossConfig
@@ -624,6 +672,13 @@ def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, dry_r
 
     Needs TensorRT and an NVIDIA GPU; without them it says what is missing and how to run the
     bundle through ONNX Runtime instead (`lisa-trt run ENGINE_DIR PROMPTS --backend ort`)."""
+    from .export.chameleon_onnx import is_chameleon_engine
+
+    if is_chameleon_engine(engine_dir):
+        from .errors import InputError
+
+        raise InputError(f"{engine_dir} is a Chameleon-family engine directory: TensorRT engines are not available "
+                         "for this family yet; run it with ONNX Runtime (`lisa-trt run ENGINE_DIR CAPTIONS`)")
     from .engines.build import build_engines
 
     rec = build_engines(engine_dir, profiles=None, timing_cache=timing_cache, refit=refit,
@@ -658,11 +713,26 @@ def _graph_bench_engines(backend, engine_dir, target, drafter, tables):
 @click.option("--opset", type=int, default=None, help="ONNX opset (default 23: ONNX Attention).")
 @click.option("--max-tree", type=int, default=None, help="Largest tree the engines verify (static cache length).")
 @click.option("--no-validate", is_flag=True, help="Skip the ORT-vs-PyTorch check of every graph.")
+@click.option("--max-prompt", type=int, default=None,
+              help="Chameleon directory models: most prompt tokens a run may use (static cache; default 128).")
 @sampling_options
 @_handle_errors
 def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_config, out_dir, fp16, opset, max_tree,
-               no_validate, cfg_scale, temperature, top_k, top_p, cfg_interval, greedy, seed):
+               no_validate, max_prompt, cfg_scale, temperature, top_k, top_p, cfg_interval, greedy, seed):
     """ONNX graphs for target, drafter, GASV and VQ decoder + manifest (validated, atomic)."""
+    if _is_chameleon(model):  # export/chameleon_onnx.py (fp32; docs/chameleon.md)
+        from .errors import InputError
+        from .runtime.chameleon import export_cli
+
+        if fp16:
+            raise InputError("--fp16 is not available for Chameleon-family exports yet (fp32 graphs)")
+        gen = {k: v for k, v in dict(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k).items() if v is not None}
+        man = export_cli(model, out_dir, image_size=_chameleon_size(image_size), drafter=drafter, tables=tables, vq=vq,
+                         max_prompt=max_prompt, max_tree=max_tree, opset=opset, generation=gen,
+                         validate=not no_validate)
+        for name, g in man["graphs"].items():
+            click.echo(f"{name:16s} fp32  max|ORT - torch| {g.get('validation', {}).get('max_abs', 'n/a')}")
+        return click.echo(f"wrote {out_dir} ({len(man['graphs'])} graphs, cache {man['max_cache_len']} slots)")
     from .artifacts import default_drafter, default_tables, load_drafter_by_name, load_tables_by_name
     from .models.checkpoints import load_vq
     from .runtime.bundle import export_full_bundle
@@ -710,7 +780,20 @@ def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, encod
 
     PROMPTS: a text file (one class id or name per line; t2i: one caption per line) or JSONL
     ({"class" | "caption" | "caption_features": ..., "seed": .., "cfg": ..}); malformed lines
-    are reported with their numbers before any work starts."""
+    are reported with their numbers before any work starts.
+    Chameleon engine directories (lisa-trt export --model DIR): one caption per line."""
+    from .export.chameleon_onnx import is_chameleon_engine
+
+    if is_chameleon_engine(engine_dir):  # runtime/chameleon.py, ONNX Runtime
+        from .errors import InputError
+        from .runtime.chameleon import run_cli
+
+        if backend not in ("auto", "ort"):
+            raise InputError(f"Chameleon engine directories run on ONNX Runtime only (--backend ort), not {backend}")
+        st = run_cli(engine_dir, prompts, out_dir, verify=verify, cfg_scale=cfg_scale, temperature=temperature,
+                     top_k=top_k, greedy=greedy, seed=seed, tree=(tree_top_k, tree_depth, tree_tokens), threads=threads)
+        mal = f", MAL {st['mal']:.2f}" if "mal" in st else ""
+        return click.echo(f"{len(st['captions'])} images -> {out_dir} (ort, {verify}){mal}, {st['seconds']:.2f} s")
     from .runtime.outputs import save_run
     from .runtime.pipeline import Pipeline
     from .runtime.prompts import parse_prompts

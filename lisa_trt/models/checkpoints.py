@@ -107,15 +107,19 @@ def load_target(path: PathLike, config=None, device="cpu"):
     """Load a LlamaGen target (official .pt or lisa-trt safetensors), eval mode, fp32.
 
     Args:
-        path: checkpoint file, or a registered bundle name such as "demo".
+        path: checkpoint file, a registered bundle name such as "demo", or an HF Chameleon /
+            Lumina-mGPT directory (config.json + safetensors; see docs/chameleon.md).
         config: registry name ("GPT-B", ...), a TargetConfig, or None to use the file's metadata
             (safetensors written by `save_model` / `lisa-trt convert`).
     """
+    from .chameleon_io import is_chameleon_dir, load_chameleon
     from .llamagen import Transformer
 
     bundled = _bundled("target", path)
     if bundled is not None:
         return bundled
+    if is_chameleon_dir(path):  # HF directory (config.json model_type "chameleon"): Lumina-mGPT family
+        return load_chameleon(path, device=device)
     sd, meta = read_state_dict(path)
     cfg = _resolve_target_config(config, meta)
     model = Transformer(cfg)

@@ -29,11 +29,12 @@ def step_inputs(cache, tokens: torch.Tensor):
 
 
 @torch.no_grad()
-def generate(target, cond, *, cfg_scale: float = 1.0, temperature: float = 1.0, top_k: int = 0,
+def generate(target, cond=None, *, cfg_scale: float = 1.0, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, greedy: bool = False, seed: Optional[int] = None,
              cfg_interval: int = -1, num_tokens: Optional[int] = None,
              generator: Optional[torch.Generator] = None,
-             on_token: Optional[Callable[[int], None]] = None, seeds=None) -> torch.Tensor:
+             on_token: Optional[Callable[[int], None]] = None, seeds=None, max_new_tokens: Optional[int] = None,
+             image_tokens_only: bool = False, input_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Sample image tokens with the plain AR loop.
 
     Args:
@@ -47,9 +48,20 @@ def generate(target, cond, *, cfg_scale: float = 1.0, temperature: float = 1.0, 
         on_token: called with the number of tokens done after each step (progress bars).
         seeds: one seed per row instead of `seed`: each row draws from its own generator
             (sampling.RowGenerators), so a row's tokens do not depend on the rest of the batch.
+        max_new_tokens, image_tokens_only, input_ids: Chameleon-family targets only, where
+            `cond` (or `input_ids=`) is the prompt (B, T): generate N new tokens over the raw head
+            (optionally restricted to image-code tokens); see models/chameleon_decode.py.
     Returns:
         LongTensor (B, N) of image token ids.
     """
+    if getattr(target, "family", "llamagen") == "chameleon":
+        from ..models.chameleon_decode import generate_tokens
+
+        if max_new_tokens is None:
+            raise InputError("Chameleon-family targets need max_new_tokens=N")
+        prompt = cond if cond is not None else input_ids
+        return generate_tokens(target, prompt, max_new_tokens, greedy=greedy, image_tokens_only=image_tokens_only,
+                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, generator=generator)
     cfg = target.config
     B = target.check_cond(cond)
     N = cfg.block_size if num_tokens is None else int(num_tokens)

@@ -1,0 +1,342 @@
+"""Chameleon-architecture target (Chameleon, Lumina-mGPT) with a static KV cache.
+
+Module and parameter names follow HF transformers' `ChameleonForConditionalGeneration`
+(`model.embed_tokens`, `model.layers.N.self_attn.q_proj`, ..., `model.norm`, `lm_head`), so HF
+checkpoint directories load strictly (see chameleon_io.py). The math follows HF's reference:
+RMSNorm in fp32, per-head q/k LayerNorm (statistics over head_dim, one gamma/beta per head)
+applied before RoPE, rotate-half RoPE on absolute positions, GQA, SwiGLU MLP, and the
+`swin_norm` variant that normalises the sub-layer OUTPUT instead of its input.
+
+Entry points mirror the LlamaGen target (models/llamagen.py), so the decode loop can drive it:
+- `prefill(input_ids, cache, valid=None)`: writes a (left-padded) text prompt into the cache.
+- `forward_tokens(tokens, positions, slots, mask, cache)`: new tokens at absolute positions,
+  written at cache slots, attending through an explicit (tree) mask.
+- `forward_full(input_ids)`: full causal forward without a cache (teacher forcing).
+Logits are the RAW lm_head output over the whole vocabulary (HF's forward masks image tokens
+for text generation; image generation needs them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..config import find_multiple
+from ..errors import ConfigError, InputError
+from .llamagen import KVCache, RMSNorm, TargetOutput
+
+_ACTS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu}
+
+
+@dataclass(frozen=True)
+class ChameleonConfig:
+    """Shapes of a Chameleon-architecture decoder, read from an HF config.json."""
+
+    vocab_size: int = 65536
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 32
+    max_position_embeddings: int = 4096
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_linear_factor: float = 1.0  # HF rope_type "linear": positions / factor
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    swin_norm: bool = False
+    tie_word_embeddings: bool = False
+    bos_token_id: Optional[int] = 1
+    eos_token_id: Optional[int] = 2
+    vocabulary_map: Optional[dict] = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                              f"{self.num_attention_heads}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(f"num_attention_heads {self.num_attention_heads} is not divisible by "
+                              f"num_key_value_heads {self.num_key_value_heads}")
+        if self.hidden_act not in _ACTS:
+            raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; valid: {', '.join(_ACTS)}")
+
+    # -- names the shared KVCache / decode loop read ------------------------------------
+    @property
+    def n_layer(self) -> int:
+        return self.num_hidden_layers
+
+    @property
+    def n_head(self) -> int:
+        return self.num_attention_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads
+
+    @property
+    def dim(self) -> int:
+        return self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def tap_layers(self) -> tuple[int, int, int]:
+        """EAGLE-3 taps: residual stream entering layers {2, L//2, L-3} (0-based)."""
+        L = self.num_hidden_layers
+        return (min(2, L - 1), L // 2, max(L - 3, 0))
+
+    def describe(self) -> str:
+        return (f"chameleon {self.num_hidden_layers} layers x hidden {self.hidden_size}, heads "
+                f"{self.num_attention_heads}/{self.num_key_value_heads} kv, vocab {self.vocab_size}, "
+                f"intermediate {self.intermediate_size}, swin_norm={self.swin_norm}")
+
+
+# ----------------------------------------------------------------------------- layers
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class HeadLayerNorm(nn.Module):
+    """LayerNorm over head_dim with one gamma/beta per head: weight/bias (H, D) (HF layout)."""
+
+    def __init__(self, heads: int, head_dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(heads, head_dim))
+        self.bias = nn.Parameter(torch.zeros(heads, head_dim))
+
+    def forward(self, x):  # x (..., H, D)
+        return F.layer_norm(x, (x.shape[-1],), None, None, self.eps) * self.weight + self.bias
+
+
+class ChameleonAttention(nn.Module):
+    def __init__(self, cfg: ChameleonConfig):
+        super().__init__()
+        self.n_head, self.n_kv, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
+        b = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.dim, cfg.n_head * self.head_dim, bias=b)
+        self.k_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=b)
+        self.v_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=b)
+        self.o_proj = nn.Linear(cfg.dim, cfg.dim, bias=b)
+        self.q_norm = HeadLayerNorm(cfg.n_head, self.head_dim)
+        self.k_norm = HeadLayerNorm(cfg.kv_heads, self.head_dim)
+
+    def forward(self, x, cos, sin, mask, kv=None, slots=None):
+        """x (B, S, dim); cos/sin (B, S, D); mask (B, 1, S, L) bool or None (causal)."""
+        B, S, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(B, S, self.n_head, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(B, S, self.n_kv, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(B, S, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, S, D)
+        c, s = cos[:, None].to(q.dtype), sin[:, None].to(q.dtype)
+        q, k = q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+        if kv is not None:
+            k_cache, v_cache = kv
+            idx = slots[:, None, :, None].expand(B, self.n_kv, S, self.head_dim)
+            k_cache.scatter_(2, idx, k.to(k_cache.dtype))
+            v_cache.scatter_(2, idx, v.to(v_cache.dtype))
+            k, v = k_cache, v_cache
+        if self.n_kv != self.n_head:  # GQA: query head h reads kv head h // (H / Hkv)
+            k = k.repeat_interleave(self.n_head // self.n_kv, dim=1)
+            v = v.repeat_interleave(self.n_head // self.n_kv, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        return self.o_proj(y.transpose(1, 2).reshape(B, S, -1))
+
+
+class ChameleonMLP(nn.Module):
+    def __init__(self, cfg: ChameleonConfig):
+        super().__init__()
+        b = cfg.mlp_bias
+        self.gate_proj = nn.Linear(cfg.dim, cfg.intermediate_size, bias=b)
+        self.up_proj = nn.Linear(cfg.dim, cfg.intermediate_size, bias=b)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.dim, bias=b)
+        self.act = _ACTS[cfg.hidden_act]
+
+    def forward(self, x):
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class ChameleonDecoderLayer(nn.Module):
+    """Pre-norm block; with swin_norm the norms apply to the attention / MLP outputs."""
+
+    def __init__(self, cfg: ChameleonConfig):
+        super().__init__()
+        self.swin = cfg.swin_norm
+        self.self_attn = ChameleonAttention(cfg)
+        self.mlp = ChameleonMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.dim, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, kv=None, slots=None):
+        if self.swin:
+            h = x + self.input_layernorm(self.self_attn(x, cos, sin, mask, kv, slots))
+            return h + self.post_attention_layernorm(self.mlp(h))
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, slots)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class ChameleonBody(nn.Module):
+    def __init__(self, cfg: ChameleonConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(ChameleonDecoderLayer(cfg) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.dim, cfg.rms_norm_eps)
+
+
+# ----------------------------------------------------------------------------- cache
+
+class ChameleonCache(KVCache):
+    """KVCache plus `pad` (B,): left-padding slots of each row's prompt.
+
+    A token at cache slot j of row b has RoPE position j - pad[b] (HF's left-padded batches
+    number positions from each row's first real token)."""
+
+    def __init__(self, cfg: ChameleonConfig, batch: int, max_len: int, dtype, device):
+        super().__init__(cfg, batch, max_len, dtype, device)
+        self.pad = torch.zeros(batch, dtype=torch.long, device=device)
+
+    def positions(self, slots: torch.Tensor) -> torch.Tensor:
+        return slots - self.pad[:, None]
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        super().select_rows(index)
+        self.pad = self.pad[index]
+
+
+def prefill_plan(input_ids: torch.Tensor, cache: ChameleonCache, valid: Optional[torch.Tensor] = None):
+    """Reset `cache` for a (left-padded) prompt; (slots, positions, mask (B, T, Lmax)) of its tokens.
+
+    Shared by the torch target and the exported-graph runners (engines/chameleon_ort.py)."""
+    B, T = input_ids.shape
+    if B != cache.batch:
+        raise InputError(f"prompt batch {B} does not match the cache batch {cache.batch}")
+    if T > cache.max_len:
+        raise InputError(f"prompt of {T} tokens does not fit a cache of {cache.max_len}")
+    dev = input_ids.device
+    valid = torch.ones(B, T, dtype=torch.bool, device=dev) if valid is None else valid.to(torch.bool)
+    if (valid[:, 1:].int() < valid[:, :-1].int()).any() or not valid[:, -1].all():
+        raise InputError("prompts must be left-padded: padding first, then the real tokens")
+    cache.pad = (~valid).sum(1)
+    cache.col_valid[:] = True
+    cache.col_valid[:, :T] = valid
+    cache.lengths.zero_()
+    slots = torch.arange(T, device=dev)[None].expand(B, T)
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=dev))[None].expand(B, T, T)
+    mask = cache.attention_mask(slots, causal) & cache.col_valid[:, None, :]
+    mask[:, :, :T] |= torch.eye(T, dtype=torch.bool, device=dev)  # padded rows see themselves
+    return slots, cache.positions(slots).clamp(min=0), mask
+
+
+# ----------------------------------------------------------------------------- model
+
+class ChameleonTarget(nn.Module):
+    """Chameleon-architecture decoder with HF parameter names (see module docstring)."""
+
+    family = "chameleon"
+
+    def __init__(self, config: ChameleonConfig):
+        super().__init__()
+        self.config = cfg = config
+        self.model = ChameleonBody(cfg)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.register_buffer("inv_freq", torch.empty(cfg.head_dim // 2), persistent=False)
+        self.reset_buffers()
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+
+    def reset_buffers(self) -> None:
+        """Recompute RoPE frequencies (after `to_empty`) and re-tie the head if configured."""
+        cfg, hd = self.config, self.config.head_dim
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float) / hd))
+        self.inv_freq = (inv_freq / cfg.rope_linear_factor).to(self.lm_head.weight.device)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def output(self) -> nn.Linear:
+        """The output head (name shared with the LlamaGen target: hashes, GASV tables)."""
+        return self.lm_head
+
+    def rope(self, positions: torch.Tensor):
+        """cos, sin (B, S, head_dim) fp32 for absolute positions (B, S), as HF computes them."""
+        freqs = positions[..., None].float() * self.inv_freq  # (B, S, D/2)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos(), emb.sin()
+
+    def check_ids(self, ids: torch.Tensor) -> None:
+        if not torch.is_tensor(ids) or ids.dim() != 2 or ids.dtype not in (torch.long, torch.int32):
+            raise InputError("input_ids must be a 2-D integer tensor (B, T)")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size):
+            raise InputError(f"token ids must be in 0..{self.config.vocab_size - 1}; got "
+                             f"{int(ids.min())}..{int(ids.max())}")
+
+    def _run(self, h, positions, mask, cache, slots, taps: bool, last_only: bool = False) -> TargetOutput:
+        """The decoder stack; last_only: taps, norm and head at the last position only (prefill)."""
+        cos, sin = self.rope(positions)
+        tap_ids = self.config.tap_layers if taps else ()
+        tapped = []
+        for i, layer in enumerate(self.model.layers):
+            if i in tap_ids:
+                tapped.extend([h[:, -1:] if last_only else h] * tap_ids.count(i))
+            kv = (cache.k[i], cache.v[i]) if cache is not None else None
+            h = layer(h, cos, sin, mask, kv, slots)
+        hidden = self.model.norm(h[:, -1:] if last_only else h)
+        logits = self.lm_head(hidden).float()
+        return TargetOutput(logits, torch.cat(tapped, dim=-1) if taps else None, hidden)
+
+    def new_cache(self, batch: int, max_len: int, dtype=None) -> ChameleonCache:
+        """A cache for `batch` rows of up to `max_len` tokens (prompt + generated + scratch)."""
+        if max_len > self.config.max_position_embeddings:
+            raise InputError(f"{max_len} tokens exceed max_position_embeddings "
+                             f"{self.config.max_position_embeddings} of this checkpoint")
+        p = self.lm_head.weight
+        return ChameleonCache(self.config, batch, find_multiple(max_len, 8), dtype or p.dtype, p.device)
+
+    def forward_full(self, input_ids: torch.Tensor, taps: bool = False) -> TargetOutput:
+        """Full causal forward without a cache; logits[:, t] predicts input_ids[:, t + 1]."""
+        self.check_ids(input_ids)
+        B, T = input_ids.shape
+        pos = torch.arange(T, device=input_ids.device)[None].expand(B, T)
+        return self._run(self.model.embed_tokens(input_ids), pos, None, None, None, taps)
+
+    @torch.no_grad()
+    def teacher_forced_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T, V) fp32 raw head logits over the whole vocabulary."""
+        return self.forward_full(input_ids).logits
+
+    def prefill(self, input_ids: torch.Tensor, cache: ChameleonCache, valid: Optional[torch.Tensor] = None,
+                taps: bool = False) -> TargetOutput:
+        """Write a prompt into slots 0..T-1; logits of its last position (B, 1, V).
+
+        Args:
+            input_ids: (B, T) prompt ids, LEFT-padded when rows differ in length.
+            valid: (B, T) bool, False on padding (default: all valid). Padding slots are
+                never attended to; positions count from each row's first real token.
+        """
+        self.check_ids(input_ids)
+        T = input_ids.shape[1]
+        slots, pos, mask = prefill_plan(input_ids, cache, valid)
+        out = self._run(self.model.embed_tokens(input_ids), pos, mask[:, None], cache, slots, taps, last_only=True)
+        cache.lengths.fill_(T)
+        return out
+
+    def forward_tokens(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                       mask: torch.Tensor, cache: ChameleonCache, taps: bool = False) -> TargetOutput:
+        """New tokens (B, S) at absolute RoPE `positions`, K/V written at cache `slots`.
+
+        mask: (B, S, Lmax) bool, True = may attend (see KVCache.attention_mask); trees verify
+        through it exactly as for the LlamaGen target. Returns logits (B, S, V) fp32.
+        """
+        if int(positions.max()) >= self.config.max_position_embeddings:
+            raise InputError(f"position {int(positions.max())} is past max_position_embeddings "
+                             f"{self.config.max_position_embeddings}")
+        return self._run(self.model.embed_tokens(tokens), positions, mask[:, None], cache, slots, taps)

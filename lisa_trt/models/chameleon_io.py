@@ -1,0 +1,173 @@
+"""Loading HF-format Chameleon / Lumina-mGPT checkpoint directories, strictly.
+
+A directory holds `config.json` (`model_type: "chameleon"`) and the weights as
+`model.safetensors`, or shards listed in `model.safetensors.index.json`. Every key of the
+decoder must be present with the right shape and nothing unknown may remain, except the
+`model.vqmodel.*` entries HF stores for the VQ encoder (unused for generation: images are
+decoded with the VQGAN of chameleon_vq.py). Errors name the configuration the file implies.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Union
+
+import torch
+
+from ..errors import CheckpointError, ConfigError
+from .chameleon import ChameleonConfig, ChameleonTarget
+
+PathLike = Union[str, Path]
+SUPPORTED_MODEL_TYPES = ("chameleon", "chameleon_xllmx")
+_IGNORED_PREFIXES = ("model.vqmodel.",)
+_CONFIG_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                  "num_attention_heads", "max_position_embeddings", "rms_norm_eps", "hidden_act",
+                  "attention_bias", "mlp_bias", "swin_norm", "tie_word_embeddings", "bos_token_id",
+                  "eos_token_id", "vocabulary_map")
+
+
+def is_chameleon_dir(path) -> bool:
+    """True for a directory (the only checkpoint form of this family)."""
+    return isinstance(path, (str, Path)) and Path(path).is_dir()
+
+
+def _rope(raw: dict) -> tuple[float, float]:
+    """(rope_theta, linear factor) from transformers 4.x (rope_theta/rope_scaling) or 5.x
+    (rope_parameters) config.json layouts."""
+    params = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or {}
+    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind == "default":
+        return theta, 1.0
+    if kind == "linear":
+        return theta, float(params.get("factor", scaling.get("factor", 1.0)))
+    raise ConfigError(f"RoPE scaling {kind!r} is not supported (supported: default, linear)")
+
+
+def read_chameleon_config(path: PathLike) -> ChameleonConfig:
+    """Parse `DIR/config.json` into a ChameleonConfig; clear errors for wrong directories."""
+    path = Path(path)
+    cfg_path = path / "config.json" if path.is_dir() else path
+    if not cfg_path.is_file():
+        raise ConfigError(f"{path} has no config.json: a Chameleon / Lumina-mGPT checkpoint is an HF "
+                          "directory with config.json and model*.safetensors (see docs/chameleon.md)")
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{cfg_path} is not valid JSON ({e})") from e
+    mt = raw.get("model_type")
+    if mt not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(f"{cfg_path} has model_type {mt!r}; lisa-trt loads directories of model_type "
+                          f"{' / '.join(SUPPORTED_MODEL_TYPES)} (Chameleon, Lumina-mGPT). LlamaGen "
+                          "checkpoints are single .pt / .safetensors files, not directories.")
+    kw = {k: raw[k] for k in _CONFIG_FIELDS if k in raw and raw[k] is not None}
+    kw["num_key_value_heads"] = raw.get("num_key_value_heads") or raw["num_attention_heads"]
+    if isinstance(kw.get("eos_token_id"), list):
+        kw["eos_token_id"] = kw["eos_token_id"][0]
+    kw["rope_theta"], kw["rope_linear_factor"] = _rope(raw)
+    try:
+        return ChameleonConfig(**kw)
+    except TypeError as e:
+        raise ConfigError(f"{cfg_path}: {e}") from e
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as e:
+            raise CheckpointError(f"{index} is not a valid safetensors index ({e})") from e
+        files = sorted({path / f for f in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{index} lists shards that are missing: {', '.join(missing)}")
+        return files
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    others = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.safetensors"))
+    hint = f" (found {', '.join(others)})" if others else ""
+    raise CheckpointError(f"{path} has no model.safetensors or model.safetensors.index.json{hint}; "
+                          "re-save the model with save_pretrained(safe_serialization=True)")
+
+
+def read_chameleon_weights(path: PathLike) -> dict:
+    """All tensors of a (possibly sharded) safetensors checkpoint directory."""
+    from safetensors import safe_open
+
+    sd = {}
+    for f in _weight_files(Path(path)):
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                for k in h.keys():
+                    sd[k] = h.get_tensor(k)
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{f} is not a readable safetensors file ({e})") from e
+    return sd
+
+
+def implied_config(sd: dict) -> str:
+    """Describe the config a state dict implies (from tensor shapes)."""
+    try:
+        vocab, hidden = sd["model.embed_tokens.weight"].shape
+        layers = 1 + max(int(k.split(".")[2]) for k in sd if k.startswith("model.layers."))
+        heads = sd["model.layers.0.self_attn.q_norm.weight"].shape[0]
+        kv = sd["model.layers.0.self_attn.k_norm.weight"].shape[0]
+        inter = sd["model.layers.0.mlp.gate_proj.weight"].shape[0]
+    except (KeyError, ValueError, IndexError):
+        return ""
+    return (f"the weights imply vocab_size={vocab}, hidden_size={hidden}, num_hidden_layers={layers}, "
+            f"num_attention_heads={heads}, num_key_value_heads={kv}, intermediate_size={inter}")
+
+
+def strict_load_chameleon(model: ChameleonTarget, sd: dict, where: str) -> None:
+    """Strict load with every problem listed and the config the weights imply."""
+    sd = {k: v for k, v in sd.items() if not k.startswith(_IGNORED_PREFIXES)}
+    own = model.state_dict()
+    if model.config.tie_word_embeddings:
+        own.pop("lm_head.weight", None)
+        sd.pop("lm_head.weight", None)
+    missing = sorted(set(own) - set(sd))
+    unexpected = sorted(set(sd) - set(own))
+    shapes = [f"{k}: file {tuple(sd[k].shape)} vs config {tuple(own[k].shape)}"
+              for k in sorted(set(own) & set(sd)) if tuple(own[k].shape) != tuple(sd[k].shape)]
+    if missing or unexpected or shapes:
+        def show(xs):
+            return ", ".join(xs[:8]) + (f" (+{len(xs) - 8} more)" if len(xs) > 8 else "")
+        lines = [f"{where}: weights do not match config.json ({model.config.describe()}):"]
+        if missing:
+            lines.append(f"  missing keys: {show(missing)}")
+        if unexpected:
+            lines.append(f"  unexpected keys: {show(unexpected)}")
+        if shapes:
+            lines.append(f"  shape mismatches: {show(shapes)}")
+        implied = implied_config(sd)
+        if implied:
+            lines.append(f"  hint: {implied}; fix config.json or use the matching weights")
+        raise CheckpointError("\n".join(lines))
+    with torch.no_grad():
+        for k, t in model.state_dict().items():
+            if k in sd:
+                t.copy_(sd[k].to(t.dtype))
+
+
+def load_chameleon(path: PathLike, device="cpu", dtype=torch.float32) -> ChameleonTarget:
+    """Load an HF Chameleon / Lumina-mGPT directory into a ChameleonTarget (eval mode).
+
+    Args:
+        path: directory with config.json and model.safetensors (or shards + index).
+        dtype: parameter dtype (fp32 default; a 7B model needs ~28 GiB in fp32, ~14 GiB in bf16).
+    """
+    path = Path(path)
+    cfg = read_chameleon_config(path)
+    sd = read_chameleon_weights(path)
+    with torch.device("meta"):  # no random init of billions of weights: all are loaded below
+        model = ChameleonTarget(cfg)
+    model = model.to_empty(device="cpu").to(dtype)
+    model.reset_buffers()
+    strict_load_chameleon(model, sd, str(path))
+    model.source_dir = str(path)
+    return model.eval().to(device)

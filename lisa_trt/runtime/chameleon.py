@@ -1,0 +1,228 @@
+"""Chameleon-family (Lumina-mGPT) commands: train, calibrate, export and run for `--model DIR`.
+
+The CLI (cli.py) dispatches here when `--model` is a Chameleon checkpoint directory or the
+engine directory holds `chameleon_engine.json`; everything goes through the family's Python
+APIs (models/chameleon_drafter.py, calibration/chameleon_tables.py, export/chameleon_onnx.py,
+engines/chameleon_ort.py, speculative/chameleon_spec.py).
+
+- `train_cli`: self-distillation captions -> target rollouts (saved once, `sequences.safetensors`)
+  -> `train_drafter` with a resumable state file (`train_state.pt`) -> `drafter.safetensors`.
+  An interrupted run resumes exactly where it stopped when started again with the same --out.
+- `calibrate_cli`: image-code GASV / LANTERN tables from rollouts.
+- `export_cli`: validated ONNX engine directory.
+- `run_cli`: captions file -> tree speculation through ONNX Runtime -> PNGs + stats.json.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from ..errors import InputError
+
+# Self-distillation / calibration captions when none are given (generic, varied scenes).
+DEFAULT_CAPTIONS = (
+    "a red fox in the snow", "a bowl of ramen on a wooden table", "a lighthouse at sunset",
+    "a portrait of an old man with a beard", "a city street at night in the rain", "a cat sleeping on a sofa",
+    "a mountain lake with pine trees", "a bouquet of sunflowers in a vase", "an astronaut riding a horse",
+    "a watercolor painting of a harbor", "a close-up of a hummingbird", "a cozy library with tall shelves",
+)
+
+
+def read_captions(path) -> list[str]:
+    """Captions file: one caption per line; blank lines and lines starting with '#' are skipped."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"captions file {p} does not exist")
+    caps = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines()]
+    caps = [c for c in caps if c and not c.startswith("#")]
+    if not caps:
+        raise InputError(f"{p} holds no captions (one caption per line)")
+    return caps
+
+
+def _captions(path, n: Optional[int] = None) -> list[str]:
+    caps = read_captions(path) if path else list(DEFAULT_CAPTIONS)
+    if n is not None:
+        caps = (caps * (n // len(caps) + 1))[:n]
+    return caps
+
+
+def _load(model_dir):
+    from ..models.chameleon_io import load_chameleon
+    from ..models.lumina import LuminaTokenizer
+
+    return load_chameleon(model_dir), LuminaTokenizer(model_dir)
+
+
+def _vq(model_dir, vq):
+    from ..models.chameleon_vq import load_chameleon_vq
+    from ..models.lumina import find_vq_dir
+
+    d = Path(vq) if vq else find_vq_dir(Path(model_dir))
+    return load_chameleon_vq(d) if d is not None else None
+
+
+# ----------------------------------------------------------------------------- train
+
+def rollout_sequences(target, tok, captions: Sequence[str], image_size: int, *, cfg_scale: float, top_k: int,
+                      seed: int, batch_size: int = 8) -> torch.Tensor:
+    """Prompt + span-prefix + sampled span ids per caption, truncated to a common length (N, T)."""
+    from ..models.lumina import generate_image_tokens
+
+    seqs = []
+    for i in range(0, len(captions), batch_size):
+        chunk = list(captions[i:i + batch_size])
+        res = generate_image_tokens(target, tok, chunk, image_size, image_size, cfg_scale=cfg_scale, top_k=top_k,
+                                    seed=seed + i)
+        for c, span in zip(chunk, res.tokens.cpu()):
+            head = tok.prompt_ids(c, image_size, image_size) + tok.span_prefix(image_size, image_size)
+            seqs.append(torch.cat([torch.tensor(head), span]))
+    n = min(len(s) for s in seqs)
+    return torch.stack([s[:n] for s in seqs])
+
+
+def train_cli(model_dir, out_dir, *, image_size: int, captions_file=None, num_samples: int = 32, steps: int = 100,
+              batch_size: int = 4, lr: float = 1e-3, cfg_scale: float = 3.0, top_k: int = 2000,
+              drafter_hidden: Optional[int] = None, drafter_heads: Optional[int] = None,
+              checkpoint_every: int = 50, seed: int = 0) -> dict:
+    """`lisa-trt train --model DIR`: resumable drafter distillation (see module docstring)."""
+    from ..io import load_safetensors, save_safetensors, write_json
+    from ..models.chameleon_drafter import ChameleonDrafter, save_chameleon_drafter, train_drafter
+    from ..models.checkpoints import target_hash
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    target, tok = _load(model_dir)
+    seq_file = out / "sequences.safetensors"
+    if seq_file.is_file():
+        tensors, meta = load_safetensors(seq_file)
+        if meta.get("target_hash") != target_hash(target):
+            raise InputError(f"{out} holds a run for another target ({meta.get('target_hash')}); use a new --out")
+        seqs = tensors["sequences"]
+    else:
+        seqs = rollout_sequences(target, tok, _captions(captions_file, num_samples), image_size,
+                                 cfg_scale=cfg_scale, top_k=top_k, seed=seed)
+        save_safetensors({"sequences": seqs}, seq_file, metadata={"target_hash": target_hash(target),
+                                                                 "image_size": str(image_size)})
+    torch.manual_seed(seed)
+    drafter = ChameleonDrafter.from_chameleon(target, hidden=drafter_hidden, n_head=drafter_heads)
+    t0 = time.perf_counter()
+    losses = train_drafter(drafter, target, seqs, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
+                           checkpoint=out / "train_state.pt", save_every=checkpoint_every)
+    save_chameleon_drafter(drafter, out / "drafter.safetensors")
+    info = {"family": "chameleon", "steps": steps, "sequences": list(seqs.shape), "losses_this_run": losses,
+            "seconds": round(time.perf_counter() - t0, 2)}
+    write_json(out / "train_log.json", info)
+    return info
+
+
+# ----------------------------------------------------------------------------- calibrate
+
+def calibrate_cli(model_dir, out_path, *, image_size: int, vq=None, captions_file=None, rollouts: int = 16,
+                  samples_per_pos: int = 8, quantile: float = 0.5, clusters: Optional[int] = None,
+                  lantern_k: int = 1000, kappa: float = 1.0, lam: float = 0.4, cfg_scale: float = 3.0,
+                  temperature: float = 1.0, top_k: int = 2000, seed: int = 0):
+    """`lisa-trt calibrate --model DIR`: image-code tables (needs the VQGAN codebook)."""
+    from ..calibration.chameleon_tables import calibrate_chameleon
+    from ..calibration.tables import save_tables
+    from ..speculative.gasv import GASVConfig
+
+    target, tok = _load(model_dir)
+    vqm = _vq(model_dir, vq)
+    if vqm is None:
+        raise InputError("calibration needs the VQGAN codebook: pass --vq FOLDER (vqgan.yaml + vqgan.ckpt) or "
+                         "put it in MODEL_DIR/vqgan/ (see docs/chameleon.md)")
+    tables = calibrate_chameleon(target, tok, vqm.codebook.detach(), _captions(captions_file, rollouts), image_size,
+                                 image_size, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
+                                 samples_per_pos=samples_per_pos, quantile=quantile, n_clusters=clusters,
+                                 lantern_k=lantern_k, seed=seed, gasv=GASVConfig(kappa=kappa, lam=lam))
+    save_tables(tables, out_path)
+    return tables
+
+
+# ----------------------------------------------------------------------------- export / run
+
+def export_cli(model_dir, out_dir, *, image_size: int, drafter=None, tables=None, vq=None,
+               max_prompt: Optional[int] = None, max_tree: Optional[int] = None, opset: Optional[int] = None,
+               generation: Optional[dict] = None, validate: bool = True) -> dict:
+    """`lisa-trt export --model DIR`: target, drafter, GASV and VQGAN graphs, validated."""
+    from ..calibration.chameleon_tables import load_chameleon_tables
+    from ..export import chameleon_onnx as X
+    from ..models.chameleon_drafter import load_chameleon_drafter
+
+    target, tok = _load(model_dir)
+    dr = load_chameleon_drafter(drafter, target) if drafter else None
+    tb = load_chameleon_tables(tables, target, tok.newline) if tables else None
+    return X.export_chameleon(target, dr, tb, _vq(model_dir, vq), model_dir, out_dir, image_size=image_size,
+                              max_prompt=max_prompt or X.DEFAULT_MAX_PROMPT, max_tree=max_tree or X.DEFAULT_MAX_TREE,
+                              opset=opset or X.DEFAULT_OPSET, generation=generation, validate=validate)
+
+
+def run_engine(engine_dir, captions: Sequence[str], out_dir, *, verify: str = "gasv", cfg_scale=None,
+               temperature=None, top_k=None, greedy: bool = False, seed: int = 0, tree=(None, None, None),
+               threads: Optional[int] = None) -> dict:
+    """Generate one image per caption through the engine directory's ONNX graphs.
+
+    verify: vanilla (reference loop on the target graphs) or greedy / exact / lantern / gasv tree
+    speculation (drafter graphs; lantern / gasv need the exported tables). Writes img_NNNN.png
+    (with a VQGAN graph), tokens.npy (code grids) and stats.json; returns the stats."""
+    import numpy as np
+
+    from ..engines.chameleon_ort import load_chameleon_engines
+    from ..imaging import save_images
+    from ..io import atomic_write, write_json
+    from ..models.chameleon_vq import to_uint8
+    from ..models.lumina import generate_image_tokens
+    from ..speculative.chameleon_spec import LuminaSpec, speculative_image_tokens
+
+    eng = load_chameleon_engines(engine_dir, threads=threads)
+    man, size = eng.manifest, int(eng.manifest["image_size"])
+    gen = man.get("generation", {})
+    cfg_scale = gen.get("cfg_scale", 3.0) if cfg_scale is None else cfg_scale
+    temperature = gen.get("temperature", 1.0) if temperature is None else temperature
+    top_k = gen.get("top_k", 2000) if top_k is None else top_k
+    longest = max(len(eng.tokenizer.prompt_ids(c, size, size)) for c in captions)
+    if longest > man["max_prompt"]:
+        raise InputError(f"a caption takes {longest} prompt tokens; the engines were exported for at most "
+                         f"{man['max_prompt']}: shorten it or re-export with a larger --max-prompt")
+    t0 = time.perf_counter()
+    if verify == "vanilla":
+        res = generate_image_tokens(eng.target, eng.tokenizer, captions, size, size, cfg_scale=cfg_scale,
+                                    temperature=temperature, top_k=top_k, greedy=greedy, seed=seed)
+        stats = {}
+    else:
+        if eng.drafter is None:
+            raise InputError(f"--verify {verify} needs drafter graphs: export with --drafter")
+        if verify in ("lantern", "gasv") and eng.tables is None:
+            raise InputError(f"--verify {verify} needs the image-code tables: export with --tables")
+        if verify == "sjd":
+            raise InputError("--verify sjd is not available for the Chameleon family (vanilla, greedy, exact, "
+                             "lantern or gasv)")
+        kw = {k: v for k, v in zip(("tree_top_k", "depth", "total_tokens"), tree) if v is not None}
+        spec = LuminaSpec(method=verify, greedy=greedy, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
+                          **kw)
+        res, st = speculative_image_tokens(eng.target, eng.drafter, eng.tokenizer, captions, size, size, spec,
+                                           seed=seed, tables=eng.tables,
+                                           gasv=eng.gasv if verify == "gasv" else None)
+        stats = st.as_dict()
+    seconds = time.perf_counter() - t0
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_write(out / "tokens.npy") as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, res.codes.cpu().numpy())
+    paths = save_images(to_uint8(eng.vq.decode_code(res.codes).cpu()), out) if eng.vq is not None else []
+    info = {"family": "chameleon", "backend": "ort", "verify": verify, "captions": list(captions),
+            "image_size": size, "cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k,
+            "greedy": greedy, "seed": seed, "seconds": round(seconds, 3), "images": [p.name for p in paths], **stats}
+    write_json(out / "stats.json", info)
+    return info
+
+
+def run_cli(engine_dir, prompts_file, out_dir, **kw) -> dict:
+    """`lisa-trt run ENGINE_DIR CAPTIONS.txt` for a Chameleon engine directory."""
+    return run_engine(engine_dir, read_captions(prompts_file), out_dir, **kw)

@@ -1,0 +1,139 @@
+"""Chameleon family end to end on a tiny random checkpoint: `lisa-trt train` (resumable),
+`calibrate`, `export` (every graph validated against torch) and `run` through ONNX Runtime with
+every verification rule, images out; greedy speculation through the ORT graphs is
+token-identical to the torch reference loop; clear errors for wrong engine directories."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+pytest.importorskip("onnxruntime")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+
+import lisa_trt  # noqa: E402
+from chameleon_fixtures import N_CODES, make_hf_model, save_hf, save_tokenizer  # noqa: E402
+
+pytestmark = pytest.mark.slow
+SIZE = 64  # 4 x 4 latent codes + 4 row ends per image
+
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from lisa_trt.cli import main
+
+    r = CliRunner().invoke(main, [str(a) for a in args])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    return r.output
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    from lisa_trt.models.chameleon_vq import ChameleonVQConfig, ChameleonVQGAN, save_chameleon_vq
+
+    root = tmp_path_factory.mktemp("cham_e2e")
+    d = save_hf(make_hf_model(seed=5, num_key_value_heads=2, swin_norm=True), root / "model")
+    save_tokenizer(d)
+    torch.manual_seed(0)
+    vq = ChameleonVQGAN(ChameleonVQConfig(embed_dim=8, n_embed=N_CODES, z_channels=32, ch=32, ch_mult=(1, 2),
+                                          num_res_blocks=1, resolution=16))
+    save_chameleon_vq(vq, d / "vqgan")
+    caps = root / "captions.txt"
+    caps.write_text("# captions\na red fox\n\ntok70 tok71 tok72\na lighthouse\n")
+    common = ["--model", d, "--image-size", SIZE, "--captions-file", caps, "--seed", 0]
+    _cli("train", *common, "--out", root / "run", "--steps", 3, "--num-samples", 3, "--batch-size", 2,
+         "--drafter-hidden", 16, "--drafter-heads", 2, "--cfg-scale", 2.0, "--checkpoint-every", 1)
+    _cli("calibrate", *common, "--out", root / "tables.safetensors", "--rollouts", 4, "--samples-per-pos", 2,
+         "--clusters", 4, "--lantern-k", 8, "--top-k", 16, "--cfg-scale", 2.0)
+    out = _cli("export", "--model", d, "--image-size", SIZE, "--drafter", root / "run" / "drafter.safetensors",
+               "--tables", root / "tables.safetensors", "--out", root / "eng", "--max-prompt", 32, "--max-tree", 16,
+               "--cfg-scale", 2.0, "--top-k", 16)
+    assert "wrote" in out and "gasv" in out and "vq_decode" in out
+    return root, d, caps
+
+
+def test_train_resumes_from_its_state(pipeline):
+    root, d, caps = pipeline
+    log = json.loads((root / "run" / "train_log.json").read_text())
+    assert log["steps"] == 3 and len(log["losses_this_run"]) == 3
+    # the same command with more steps continues from train_state.pt (3 new steps, not 6)
+    _cli("train", "--model", d, "--image-size", SIZE, "--captions-file", caps, "--out", root / "run", "--steps", 6,
+         "--batch-size", 2, "--drafter-hidden", 16, "--drafter-heads", 2, "--checkpoint-every", 1)
+    log = json.loads((root / "run" / "train_log.json").read_text())
+    assert len(log["losses_this_run"]) == 3
+
+
+def test_export_manifest_and_validation(pipeline):
+    root, _, _ = pipeline
+    man = json.loads((root / "eng" / "chameleon_engine.json").read_text())
+    assert set(man["graphs"]) == {"target_prefill", "target_verify", "drafter_project", "drafter_step", "gasv",
+                                  "vq_decode"}
+    for g in man["graphs"].values():
+        assert g["validation"]["max_rel"] < 1e-3
+    assert man["tables"]["vocab_size"] == N_CODES and man["image_size"] == SIZE
+
+
+@pytest.mark.parametrize("verify", ["vanilla", "greedy", "exact", "lantern", "gasv"])
+def test_run_every_rule_through_ort(pipeline, verify, tmp_path):
+    root, _, caps = pipeline
+    out = _cli("run", root / "eng", caps, "--out", tmp_path, "--verify", verify, "--threads", 1)
+    assert "3 images" in out
+    st = json.loads((tmp_path / "stats.json").read_text())
+    assert st["backend"] == "ort" and len(st["images"]) == 3
+    codes = np.load(tmp_path / "tokens.npy")
+    assert codes.shape == (3, 4, 4) and codes.min() >= 0 and codes.max() < N_CODES
+    if verify != "vanilla":
+        assert st["mal"] >= 1.0
+
+
+def test_ort_greedy_speculation_matches_torch(pipeline):
+    from lisa_trt.engines.chameleon_ort import load_chameleon_engines
+    from lisa_trt.models.chameleon_drafter import load_chameleon_drafter
+    from lisa_trt.models.lumina import LuminaTokenizer, generate_image_tokens
+    from lisa_trt.speculative.chameleon_spec import LuminaSpec, speculative_image_tokens
+
+    root, d, _ = pipeline
+    target, tok = lisa_trt.load_target(d), LuminaTokenizer(d)
+    eng = load_chameleon_engines(root / "eng", threads=1)
+    caps = ["a red fox", "tok70 tok71 tok72 tok73 tok74"]  # different lengths: left padding
+    ref = generate_image_tokens(target, tok, caps, SIZE, SIZE, cfg_scale=2.0, greedy=True)
+    spec = LuminaSpec(method="greedy", cfg_scale=2.0, tree_top_k=3, depth=3, total_tokens=8)
+    got, _ = speculative_image_tokens(eng.target, eng.drafter, eng.tokenizer, caps, SIZE, SIZE, spec)
+    assert torch.equal(got.tokens, ref.tokens)
+    drafter = load_chameleon_drafter(root / "run" / "drafter.safetensors", target)
+    tor, _ = speculative_image_tokens(target, drafter, tok, caps, SIZE, SIZE, spec)
+    assert torch.equal(tor.tokens, ref.tokens)
+    # GASV graph == torch gasv_gate on code logits
+    from lisa_trt.calibration.chameleon_tables import load_chameleon_tables
+    from lisa_trt.speculative.gasv import gasv_gate
+
+    tables = load_chameleon_tables(root / "tables.safetensors", target, tok.newline)
+    x = 3 * torch.randn(5, N_CODES, generator=torch.Generator().manual_seed(0))
+    a, b = eng.gasv(x), gasv_gate(x, tables)
+    assert torch.allclose(a.p_soft, b.p_soft, atol=1e-5) and torch.allclose(a.gate, b.gate, atol=1e-5)
+
+
+def test_wrong_engine_directories_are_clear(pipeline, tmp_path):
+    from lisa_trt.engines.chameleon_ort import load_chameleon_engines
+
+    root, _, caps = pipeline
+    with pytest.raises(lisa_trt.LisaError, match="not a Chameleon engine directory"):
+        load_chameleon_engines(tmp_path)
+    long_caps = tmp_path / "long.txt"
+    long_caps.write_text(" ".join(["tok70"] * 40) + "\n")
+    from click.testing import CliRunner
+
+    from lisa_trt.cli import main
+
+    r = CliRunner().invoke(main, ["run", str(root / "eng"), str(long_caps), "--out", str(tmp_path / "o")])
+    assert r.exit_code != 0 and "--max-prompt" in r.output
+    r = CliRunner().invoke(main, ["build", str(root / "eng")])
+    assert r.exit_code != 0 and "Chameleon-family engine directory" in r.output
+    r = CliRunner().invoke(main, ["run", str(root / "eng"), str(caps), "--verify", "sjd", "--out", str(tmp_path / "s")])
+    assert r.exit_code != 0 and "sjd" in r.output

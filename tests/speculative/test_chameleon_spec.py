@@ -1,0 +1,196 @@
+"""Tree speculation for Lumina-mGPT image spans on a tiny random Chameleon checkpoint:
+greedy speculation is token-identical to the reference loop, row ends are forced (never
+drafted), exact sampling keeps the span structure, and the drafter trains."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+
+import lisa_trt  # noqa: E402
+from chameleon_fixtures import N_CODES, make_hf_model, save_hf, save_tokenizer  # noqa: E402
+from lisa_trt.models.chameleon_drafter import ChameleonDrafter, train_drafter  # noqa: E402
+from lisa_trt.models.lumina import LuminaTokenizer, generate_image_tokens, row_end_mask  # noqa: E402
+from lisa_trt.speculative.chameleon_spec import LuminaSpec, speculative_image_tokens  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = save_hf(make_hf_model(seed=5, num_key_value_heads=2), tmp_path_factory.mktemp("spec"))
+    save_tokenizer(d)
+    target = lisa_trt.load_target(d)
+    torch.manual_seed(0)
+    return target, LuminaTokenizer(d), ChameleonDrafter.from_chameleon(target)
+
+
+@pytest.mark.parametrize("cfg_scale", [1.0, 3.0])
+def test_greedy_speculation_matches_reference(setup, cfg_scale):
+    target, tok, drafter = setup
+    caps = ["a red fox", "tok70 tok71 tok72"]
+    ref = generate_image_tokens(target, tok, caps, 64, 96, cfg_scale=cfg_scale, greedy=True)
+    spec = LuminaSpec(method="greedy", cfg_scale=cfg_scale, tree_top_k=3, depth=3, total_tokens=8)
+    got, stats = speculative_image_tokens(target, drafter, tok, caps, 64, 96, spec)
+    assert torch.equal(got.tokens, ref.tokens) and torch.equal(got.codes, ref.codes)
+    assert stats.target_forwards < ref.tokens.shape[1]  # forced row ends at least come for free
+    assert stats.mal > 1.0
+
+
+def test_exact_sampling_keeps_the_span_structure(setup):
+    target, tok, drafter = setup
+    spec = LuminaSpec(method="exact", cfg_scale=2.0, top_k=10, tree_top_k=3, depth=2, total_tokens=6)
+    got, _ = speculative_image_tokens(target, drafter, tok, ["x", "y", "z"], 32, 64, spec, seed=0)
+    ends = row_end_mask(4, 2)
+    assert (got.tokens[:, ends] == tok.newline).all()
+    assert ((got.tokens[:, ~ends] >= 4) & (got.tokens[:, ~ends] < 4 + N_CODES)).all()
+    again, _ = speculative_image_tokens(target, drafter, tok, ["x", "y", "z"], 32, 64, spec, seed=0)
+    assert torch.equal(got.tokens, again.tokens)
+    with pytest.raises(lisa_trt.LisaError, match="not 'sjd'"):
+        LuminaSpec(method="sjd")
+
+
+def test_drafter_trains_on_target_taps(setup):
+    target, tok, _ = setup
+    torch.manual_seed(1)
+    drafter = ChameleonDrafter.from_chameleon(target, hidden=16, n_head=2)
+    seqs = []
+    for i in range(4):
+        ref = generate_image_tokens(target, tok, [f"tok{60 + i}"], 64, 64, top_k=8, seed=i)
+        prompt = tok.prompt_ids(f"tok{60 + i}", 64, 64) + tok.span_prefix(64, 64)
+        seqs.append(torch.cat([torch.tensor(prompt), ref.tokens[0]]))
+    n = min(len(s) for s in seqs)
+    losses = train_drafter(drafter, target, torch.stack([s[:n] for s in seqs]), steps=30, lr=3e-3)
+    assert losses[-1] < 0.7 * losses[0]
+
+
+def test_exact_speculation_is_lossless(setup):
+    """Marginals of the first span codes under exact speculation match the reference sampler."""
+    target, tok, drafter = setup
+    caps = ["x"] * 200
+    ref = torch.cat([generate_image_tokens(target, tok, caps, 32, 32, cfg_scale=2.0, top_k=4, seed=s).tokens
+                     for s in range(2)])
+    spec = LuminaSpec(method="exact", cfg_scale=2.0, top_k=4, tree_top_k=3, depth=3, total_tokens=8)
+    got = torch.cat([speculative_image_tokens(target, drafter, tok, caps, 32, 32, spec, seed=10 + s)[0].tokens
+                     for s in range(2)])
+    for col in (0, 1, 3, 4):  # the four codes of a 2x2 latent grid (2 and 5 are row ends)
+        p = torch.bincount(ref[:, col], minlength=96).float() / ref.shape[0]
+        q = torch.bincount(got[:, col], minlength=96).float() / got.shape[0]
+        assert 0.5 * (p - q).abs().sum() < 0.12, col
+
+
+def test_drafter_artifact_and_cli_speculation(setup, tmp_path):
+    from click.testing import CliRunner
+
+    from lisa_trt.cli import main
+    from lisa_trt.models.chameleon_drafter import load_chameleon_drafter, save_chameleon_drafter
+
+    target, tok, drafter = setup
+    save_chameleon_drafter(drafter, tmp_path / "drafter.safetensors")
+    back = load_chameleon_drafter(tmp_path / "drafter.safetensors", target)
+    for a, b in zip(drafter.state_dict().values(), back.state_dict().values()):
+        assert torch.equal(a, b)
+    other = lisa_trt.load_target(save_hf(make_hf_model(seed=6), tmp_path / "other"))
+    with pytest.raises(lisa_trt.LisaError, match="target hash"):
+        load_chameleon_drafter(tmp_path / "drafter.safetensors", other)
+    model_dir = Path(target.source_dir)
+    args = ["generate", "--model", str(model_dir), "--prompt", "a", "--image-size", "64", "--greedy"]
+    r1 = CliRunner().invoke(main, args + ["--out", str(tmp_path / "ar")])
+    r2 = CliRunner().invoke(main, args + ["--out", str(tmp_path / "sp"), "--verify", "greedy",
+                                          "--drafter", str(tmp_path / "drafter.safetensors"), "--tree-top-k", "3",
+                                          "--tree-tokens", "12"])
+    assert r1.exit_code == 0 and r2.exit_code == 0, r1.output + r2.output
+    assert "MAL" in r2.output
+    import numpy as np
+
+    assert np.array_equal(np.load(tmp_path / "ar" / "tokens.npy"), np.load(tmp_path / "sp" / "tokens.npy"))
+
+
+@pytest.fixture(scope="module")
+def code_tables(setup):
+    from lisa_trt.calibration.chameleon_tables import calibrate_chameleon
+
+    target, tok, _ = setup
+    codebook = torch.randn(N_CODES, 8, generator=torch.Generator().manual_seed(0))
+    return calibrate_chameleon(target, tok, codebook, [f"tok{60 + i}" for i in range(6)], 64, 64, cfg_scale=2.0,
+                               top_k=16, samples_per_pos=4, n_clusters=4, lantern_k=8, batch_size=3,
+                               min_cluster_samples=8)
+
+
+def test_code_tables_cover_the_image_codes(code_tables, setup):
+    assert code_tables.vocab_size == N_CODES and code_tables.w_tilde.shape == (N_CODES, 32)
+    assert code_tables.lantern_neighbors.shape == (N_CODES, 8) and code_tables.theta_geo > 0
+    assert code_tables.settings["family"] == "chameleon"
+
+
+@pytest.mark.parametrize("method,greedy", [("lantern", False), ("gasv", False), ("lantern", True), ("gasv", True)])
+def test_relaxed_rules_keep_the_span_structure(setup, code_tables, method, greedy):
+    target, tok, drafter = setup
+    spec = LuminaSpec(method=method, cfg_scale=2.0, top_k=16, tree_top_k=3, depth=3, total_tokens=8,
+                      lantern_k=8, lantern_delta=0.3, greedy=greedy)
+    got, stats = speculative_image_tokens(target, drafter, tok, ["x", "tok61"], 64, 32, spec, seed=1,
+                                          tables=code_tables)
+    ends = row_end_mask(2, 4)
+    assert (got.tokens[:, ends] == tok.newline).all()
+    assert ((got.tokens[:, ~ends] >= 4) & (got.tokens[:, ~ends] < 4 + N_CODES)).all()
+    assert stats.mal > 1.0 and stats.mean_tvd >= 0.0
+    with pytest.raises(lisa_trt.LisaError, match="calibration tables"):
+        speculative_image_tokens(target, drafter, tok, ["x"], 32, 32, spec)
+
+
+def test_lantern_with_zero_budget_is_lossless(setup, code_tables):
+    """LANTERN with delta = 0 ('clean' residual) is exact: same marginals as the reference sampler."""
+    target, tok, drafter = setup
+    caps = ["x"] * 200
+    ref = torch.cat([generate_image_tokens(target, tok, caps, 32, 32, cfg_scale=2.0, top_k=4, seed=s).tokens
+                     for s in range(2)])
+    spec = LuminaSpec(method="lantern", cfg_scale=2.0, top_k=4, tree_top_k=3, depth=3, total_tokens=8,
+                      lantern_k=8, lantern_delta=0.0)
+    got = torch.cat([speculative_image_tokens(target, drafter, tok, caps, 32, 32, spec, seed=20 + s,
+                                              tables=code_tables)[0].tokens for s in range(2)])
+    for col in (0, 1, 3, 4):
+        p = torch.bincount(ref[:, col], minlength=96).float() / ref.shape[0]
+        q = torch.bincount(got[:, col], minlength=96).float() / got.shape[0]
+        assert 0.5 * (p - q).abs().sum() < 0.12, col
+
+
+def test_cli_gasv_with_code_tables(setup, code_tables, tmp_path):
+    from click.testing import CliRunner
+
+    from lisa_trt.calibration.tables import save_tables
+    from lisa_trt.cli import main
+    from lisa_trt.models.chameleon_drafter import save_chameleon_drafter
+
+    target, tok, drafter = setup
+    save_tables(code_tables, tmp_path / "tables.safetensors")
+    save_chameleon_drafter(drafter, tmp_path / "d.safetensors")
+    args = ["generate", "--model", target.source_dir, "--prompt", "a", "--image-size", "64", "--top-k", "16",
+            "--drafter", str(tmp_path / "d.safetensors"), "--tree-top-k", "3", "--tree-tokens", "8",
+            "--out", str(tmp_path / "o")]
+    r = CliRunner().invoke(main, args + ["--verify", "gasv", "--tables", str(tmp_path / "tables.safetensors")])
+    assert r.exit_code == 0 and "gasv: MAL" in r.output, r.output
+    r = CliRunner().invoke(main, args + ["--verify", "gasv"])
+    assert r.exit_code != 0 and "--tables" in r.output
+
+
+def test_drafter_training_resumes_exactly(setup, tmp_path):
+    target, tok, _ = setup
+    seqs = torch.randint(4, 4 + N_CODES, (6, 20), generator=torch.Generator().manual_seed(3))
+
+    def fresh():
+        torch.manual_seed(2)
+        return ChameleonDrafter.from_chameleon(target, hidden=16, n_head=2)
+
+    straight = fresh()
+    train_drafter(straight, target, seqs, steps=6, lr=3e-3)
+    resumed = fresh()
+    ck = tmp_path / "state.pt"
+    first = train_drafter(resumed, target, seqs, steps=3, lr=3e-3, checkpoint=ck, save_every=1)
+    again = fresh()  # a new process: fresh weights, the state file brings everything back
+    second = train_drafter(again, target, seqs, steps=6, lr=3e-3, checkpoint=ck, save_every=1)
+    assert len(first) == 3 and len(second) == 3
+    for a, b in zip(straight.state_dict().values(), again.state_dict().values()):
+        assert torch.equal(a, b)
