@@ -299,7 +299,7 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
     import dataclasses
 
     if _is_chameleon(model):  # Chameleon family (Lumina-mGPT): text prompts, see docs/chameleon.md
-        from .models.lumina import cli_generate
+        from .runtime.chameleon import cli_generate
 
         size_given = click.get_current_context().get_parameter_source("image_size").name != "DEFAULT"
         return cli_generate(model, prompts, out_dir, image_size if size_given else None, vq, cfg_scale,

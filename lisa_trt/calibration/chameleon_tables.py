@@ -32,7 +32,7 @@ class CodeVocab:
 
     @classmethod
     def for_target(cls, target, newline: int) -> "CodeVocab":
-        from ..models.chameleon_decode import image_vocab
+        from ..speculative.chameleon_decode import image_vocab
 
         vm = image_vocab(target.config.vocabulary_map, target.config.vocab_size)
         ids = sorted(vm)
@@ -84,7 +84,7 @@ def calibrate_chameleon(target, tokenizer, vq_codebook: torch.Tensor, captions: 
     Returns:
         GASVTables with vocab_size K (the code tokens), bound to the head's code rows.
     """
-    from ..models.lumina import LATENT_PER_GRID, generate_image_tokens, grids, row_end_mask
+    from ..speculative.lumina import LATENT_PER_GRID, generate_image_tokens, grids, row_end_mask
 
     vocab = CodeVocab.for_target(target, tokenizer.newline)
     if int(vocab.codes.max()) >= vq_codebook.shape[0]:
@@ -129,7 +129,7 @@ def calibrate_chameleon(target, tokenizer, vq_codebook: torch.Tensor, captions: 
 
 def _teacher_forced_guided(target, tokenizer, caps, width, height, span, cfg_scale, temperature, top_k):
     """(B, L, V) guided, code-restricted, filtered logits predicting each span token."""
-    from ..models.chameleon_decode import image_token_ids, restrict
+    from ..speculative.chameleon_decode import image_token_ids, restrict
     from ..speculative.sampling import process_logits
 
     prefix = tokenizer.span_prefix(width, height)

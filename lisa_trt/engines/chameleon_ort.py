@@ -273,7 +273,7 @@ class ChameleonEngines(NamedTuple):
 def load_chameleon_engines(engine_dir, providers=None, threads: Optional[int] = None) -> ChameleonEngines:
     """Open every graph of a Chameleon engine directory with ONNX Runtime."""
     from ..calibration.tables import load_tables
-    from ..models.lumina import LuminaTokenizer
+    from ..speculative.lumina import LuminaTokenizer
 
     man = read_chameleon_engine(engine_dir)
     d, g = Path(man["dir"]), man["graphs"]

@@ -52,7 +52,7 @@ _TOL = 1e-3
 
 def latent_grid(image_size: int) -> tuple[int, int]:
     """(h_lat, w_lat) code grid of a square Lumina image."""
-    from ..models.lumina import LATENT_PER_GRID, grids
+    from ..speculative.lumina import LATENT_PER_GRID, grids
 
     hg, wg = grids(image_size, image_size)
     return hg * LATENT_PER_GRID, wg * LATENT_PER_GRID
@@ -216,7 +216,7 @@ def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, ima
     from ..calibration.tables import save_tables, target_hash_of
     from ..io import write_json
     from ..models.checkpoints import target_hash
-    from ..models.lumina import LuminaTokenizer
+    from ..speculative.lumina import LuminaTokenizer
     from .manifest import file_sha256
 
     if opset < 23:

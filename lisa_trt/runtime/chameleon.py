@@ -53,14 +53,14 @@ def _captions(path, n: Optional[int] = None) -> list[str]:
 
 def _load(model_dir):
     from ..models.chameleon_io import load_chameleon
-    from ..models.lumina import LuminaTokenizer
+    from ..speculative.lumina import LuminaTokenizer
 
     return load_chameleon(model_dir), LuminaTokenizer(model_dir)
 
 
 def _vq(model_dir, vq):
     from ..models.chameleon_vq import load_chameleon_vq
-    from ..models.lumina import find_vq_dir
+    from ..speculative.lumina import find_vq_dir
 
     d = Path(vq) if vq else find_vq_dir(Path(model_dir))
     return load_chameleon_vq(d) if d is not None else None
@@ -71,7 +71,7 @@ def _vq(model_dir, vq):
 def rollout_sequences(target, tok, captions: Sequence[str], image_size: int, *, cfg_scale: float, top_k: int,
                       seed: int, batch_size: int = 8) -> torch.Tensor:
     """Prompt + span-prefix + sampled span ids per caption, truncated to a common length (N, T)."""
-    from ..models.lumina import generate_image_tokens
+    from ..speculative.lumina import generate_image_tokens
 
     seqs = []
     for i in range(0, len(captions), batch_size):
@@ -176,7 +176,7 @@ def run_engine(engine_dir, captions: Sequence[str], out_dir, *, verify: str = "g
     from ..imaging import save_images
     from ..io import atomic_write, write_json
     from ..models.chameleon_vq import to_uint8
-    from ..models.lumina import generate_image_tokens
+    from ..speculative.lumina import generate_image_tokens
     from ..speculative.chameleon_spec import LuminaSpec, speculative_image_tokens
 
     eng = load_chameleon_engines(engine_dir, threads=threads)
@@ -226,3 +226,86 @@ def run_engine(engine_dir, captions: Sequence[str], out_dir, *, verify: str = "g
 def run_cli(engine_dir, prompts_file, out_dir, **kw) -> dict:
     """`lisa-trt run ENGINE_DIR CAPTIONS.txt` for a Chameleon engine directory."""
     return run_engine(engine_dir, read_captions(prompts_file), out_dir, **kw)
+
+
+# ----------------------------------------------------------------------------- lisa-trt generate --model DIR
+
+def generate_images(model_dir, captions: Sequence[str], out_dir, *, image_size: int = 512, vq=None,
+                    cfg_scale: float = 3.0, temperature: float = 1.0, top_k: int = 2000, greedy: bool = False,
+                    seed: int = 0, drafter=None, verify: Optional[str] = None, tree=(4, 4, 16),
+                    tables=None) -> dict:
+    """`lisa-trt generate --model DIR --prompt ...`: tokens.npy always, PNGs when a VQGAN is found.
+
+    With `drafter` (a file from save_chameleon_drafter) and verify "greedy" / "exact" (or
+    "lantern" / "gasv" with image-code `tables` from calibrate_chameleon + save_tables), the span
+    is decoded with tree speculation (speculative/chameleon_spec.py)."""
+    import numpy as np
+
+    from ..imaging import save_images
+    from ..io import atomic_write, write_json
+    from ..models.chameleon_io import load_chameleon
+    from ..models.chameleon_vq import load_chameleon_vq, to_uint8
+    from ..speculative.lumina import LuminaTokenizer, find_vq_dir, generate_image_tokens
+
+    model_dir, out = Path(model_dir), Path(out_dir)
+    target = load_chameleon(model_dir)
+    tok = LuminaTokenizer(model_dir)
+    stats = {}
+    if verify in (None, "vanilla"):
+        res = generate_image_tokens(target, tok, captions, image_size, image_size, cfg_scale=cfg_scale,
+                                    temperature=temperature, top_k=top_k, greedy=greedy, seed=seed)
+    else:
+        from ..speculative.chameleon_spec import LuminaSpec, speculative_image_tokens
+        from ..models.chameleon_drafter import load_chameleon_drafter
+
+        if drafter is None:
+            raise InputError(f"--verify {verify} needs --drafter FILE (a Chameleon-family drafter)")
+        spec = LuminaSpec(method=verify, greedy=greedy, cfg_scale=cfg_scale, temperature=temperature,
+                          top_k=top_k, tree_top_k=tree[0], depth=tree[1], total_tokens=tree[2])
+        tb = None
+        if verify in ("lantern", "gasv"):
+            from ..calibration.chameleon_tables import load_chameleon_tables
+
+            if tables is None:
+                raise InputError(f"--verify {verify} needs --tables FILE (image-code tables, see docs/chameleon.md)")
+            tb = load_chameleon_tables(tables, target, tok.newline)
+        res, st = speculative_image_tokens(target, load_chameleon_drafter(drafter, target), tok, captions,
+                                           image_size, image_size, spec, seed=seed, tables=tb)
+        stats = st.as_dict()
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_write(out / "tokens.npy") as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, res.codes.numpy())
+    write_json(out / "stats.json", {"family": "chameleon", "captions": list(captions), "image_size": image_size,
+                                    "cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k,
+                                    "greedy": greedy, "seed": seed, "verify": verify or "vanilla", **stats})
+    vq_dir = Path(vq) if vq else find_vq_dir(model_dir)
+    paths = []
+    if vq_dir is not None:
+        vqm = load_chameleon_vq(vq_dir)
+        paths = save_images(to_uint8(vqm.decode_code(res.codes)), out)
+    return {"codes": res.codes, "images": paths, "stats": stats}
+
+
+def cli_generate(model_dir, prompts, out_dir, image_size, vq, cfg_scale, temperature, top_k, greedy, seed,
+                 verify, drafter=None, tree=(4, 4, 16), tables=None) -> None:
+    """The `lisa-trt generate --model DIR --prompt TEXT` path (Lumina-mGPT defaults where None)."""
+    import click
+
+    if not prompts:
+        raise InputError("Chameleon / Lumina-mGPT models need --prompt TEXT (repeat it for a batch)")
+    if verify not in (None, "vanilla", "greedy", "exact", "lantern", "gasv"):
+        raise InputError(f"--verify {verify} is not available for the Chameleon family "
+                         "(vanilla, greedy, exact, lantern or gasv)")
+    res = generate_images(model_dir, list(prompts), out_dir, image_size=image_size or 512, vq=vq,
+                          cfg_scale=3.0 if cfg_scale is None else cfg_scale,
+                          temperature=1.0 if temperature is None else temperature,
+                          top_k=2000 if top_k is None else top_k, greedy=greedy, seed=seed,
+                          drafter=drafter, verify=verify, tree=tree, tables=tables)
+    if res["stats"]:
+        click.echo(f"{verify}: MAL {res['stats']['mal']:.2f}, {res['stats']['target_forwards']} target forwards")
+    if res["images"]:
+        click.echo(f"wrote {len(res['images'])} images and tokens.npy to {out_dir}")
+    else:
+        click.echo(f"wrote tokens.npy (VQ codes) to {out_dir}; no VQGAN found: pass --vq FOLDER "
+                   "(vqgan.yaml + vqgan.ckpt) or put it in MODEL_DIR/vqgan/")

@@ -50,12 +50,12 @@ def generate(target, cond=None, *, cfg_scale: float = 1.0, temperature: float = 
             (sampling.RowGenerators), so a row's tokens do not depend on the rest of the batch.
         max_new_tokens, image_tokens_only, input_ids: Chameleon-family targets only, where
             `cond` (or `input_ids=`) is the prompt (B, T): generate N new tokens over the raw head
-            (optionally restricted to image-code tokens); see models/chameleon_decode.py.
+            (optionally restricted to image-code tokens); see speculative/chameleon_decode.py.
     Returns:
         LongTensor (B, N) of image token ids.
     """
     if getattr(target, "family", "llamagen") == "chameleon":
-        from ..models.chameleon_decode import generate_tokens
+        from .chameleon_decode import generate_tokens
 
         if max_new_tokens is None:
             raise InputError("Chameleon-family targets need max_new_tokens=N")

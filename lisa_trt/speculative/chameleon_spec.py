@@ -23,8 +23,8 @@ from typing import Optional, Sequence
 import torch
 
 from ..errors import InputError
-from ..models.chameleon_decode import device_of, image_token_ids, restrict
-from ..models.lumina import LATENT_PER_GRID, LuminaImages, _batch, grids, row_end_mask, tokens_to_codes
+from .chameleon_decode import device_of, image_token_ids, restrict
+from .lumina import LATENT_PER_GRID, LuminaImages, _batch, grids, row_end_mask, tokens_to_codes
 from . import verify as V
 from .decode import DecodeStats
 from .sampling import make_generator, process_logits, sample_from_logits

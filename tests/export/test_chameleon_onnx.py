@@ -95,7 +95,7 @@ def test_run_every_rule_through_ort(pipeline, verify, tmp_path):
 def test_ort_greedy_speculation_matches_torch(pipeline):
     from lisa_trt.engines.chameleon_ort import load_chameleon_engines
     from lisa_trt.models.chameleon_drafter import load_chameleon_drafter
-    from lisa_trt.models.lumina import LuminaTokenizer, generate_image_tokens
+    from lisa_trt.speculative.lumina import LuminaTokenizer, generate_image_tokens
     from lisa_trt.speculative.chameleon_spec import LuminaSpec, speculative_image_tokens
 
     root, d, _ = pipeline

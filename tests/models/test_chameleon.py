@@ -80,7 +80,7 @@ def test_image_tokens_only_restricts_to_codes(pair):
 
 def test_left_padded_batch_matches_unpadded_rows(pair):
     _, target, _ = pair
-    from lisa_trt.models.chameleon_decode import generate_tokens
+    from lisa_trt.speculative.chameleon_decode import generate_tokens
 
     a, b = _ids(1, 7, seed=4), _ids(1, 4, seed=5)
     padded = torch.cat([a, torch.cat([torch.zeros(1, 3, dtype=torch.long), b], 1)])

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 import lisa_trt  # noqa: E402
 from chameleon_fixtures import N_CODES, make_hf_model, save_hf, save_tokenizer  # noqa: E402
 from lisa_trt.models.chameleon_drafter import ChameleonDrafter, train_drafter  # noqa: E402
-from lisa_trt.models.lumina import LuminaTokenizer, generate_image_tokens, row_end_mask  # noqa: E402
+from lisa_trt.speculative.lumina import LuminaTokenizer, generate_image_tokens, row_end_mask  # noqa: E402
 from lisa_trt.speculative.chameleon_spec import LuminaSpec, speculative_image_tokens  # noqa: E402
 
 

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..errors import ConfigError, InputError
-from ..speculative.sampling import make_generator, process_logits, sample_from_logits
+from .sampling import make_generator, process_logits, sample_from_logits
 from .chameleon_decode import append_step, device_of, image_token_ids, image_vocab, restrict
 
 PATCH = 32  # pixels per size-token grid
@@ -173,83 +173,3 @@ def find_vq_dir(model_dir: Path) -> Optional[Path]:
         if any((d / n).is_file() for n in ("vqgan.ckpt", "vqgan.safetensors")):
             return d
     return None
-
-
-def generate_images(model_dir, captions: Sequence[str], out_dir, *, image_size: int = 512, vq=None,
-                    cfg_scale: float = 3.0, temperature: float = 1.0, top_k: int = 2000, greedy: bool = False,
-                    seed: int = 0, drafter=None, verify: Optional[str] = None, tree=(4, 4, 16),
-                    tables=None) -> dict:
-    """`lisa-trt generate --model DIR --prompt ...`: tokens.npy always, PNGs when a VQGAN is found.
-
-    With `drafter` (a file from save_chameleon_drafter) and verify "greedy" / "exact" (or
-    "lantern" / "gasv" with image-code `tables` from calibrate_chameleon + save_tables), the span
-    is decoded with tree speculation (speculative/chameleon_spec.py)."""
-    import numpy as np
-
-    from ..imaging import save_images
-    from ..io import atomic_write, write_json
-    from .chameleon_io import load_chameleon
-    from .chameleon_vq import load_chameleon_vq, to_uint8
-
-    model_dir, out = Path(model_dir), Path(out_dir)
-    target = load_chameleon(model_dir)
-    tok = LuminaTokenizer(model_dir)
-    stats = {}
-    if verify in (None, "vanilla"):
-        res = generate_image_tokens(target, tok, captions, image_size, image_size, cfg_scale=cfg_scale,
-                                    temperature=temperature, top_k=top_k, greedy=greedy, seed=seed)
-    else:
-        from ..speculative.chameleon_spec import LuminaSpec, speculative_image_tokens
-        from .chameleon_drafter import load_chameleon_drafter
-
-        if drafter is None:
-            raise InputError(f"--verify {verify} needs --drafter FILE (a Chameleon-family drafter)")
-        spec = LuminaSpec(method=verify, greedy=greedy, cfg_scale=cfg_scale, temperature=temperature,
-                          top_k=top_k, tree_top_k=tree[0], depth=tree[1], total_tokens=tree[2])
-        tb = None
-        if verify in ("lantern", "gasv"):
-            from ..calibration.chameleon_tables import load_chameleon_tables
-
-            if tables is None:
-                raise InputError(f"--verify {verify} needs --tables FILE (image-code tables, see docs/chameleon.md)")
-            tb = load_chameleon_tables(tables, target, tok.newline)
-        res, st = speculative_image_tokens(target, load_chameleon_drafter(drafter, target), tok, captions,
-                                           image_size, image_size, spec, seed=seed, tables=tb)
-        stats = st.as_dict()
-    out.mkdir(parents=True, exist_ok=True)
-    with atomic_write(out / "tokens.npy") as tmp:
-        with open(tmp, "wb") as f:
-            np.save(f, res.codes.numpy())
-    write_json(out / "stats.json", {"family": "chameleon", "captions": list(captions), "image_size": image_size,
-                                    "cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k,
-                                    "greedy": greedy, "seed": seed, "verify": verify or "vanilla", **stats})
-    vq_dir = Path(vq) if vq else find_vq_dir(model_dir)
-    paths = []
-    if vq_dir is not None:
-        vqm = load_chameleon_vq(vq_dir)
-        paths = save_images(to_uint8(vqm.decode_code(res.codes)), out)
-    return {"codes": res.codes, "images": paths, "stats": stats}
-
-
-def cli_generate(model_dir, prompts, out_dir, image_size, vq, cfg_scale, temperature, top_k, greedy, seed,
-                 verify, drafter=None, tree=(4, 4, 16), tables=None) -> None:
-    """The `lisa-trt generate --model DIR --prompt TEXT` path (Lumina-mGPT defaults where None)."""
-    import click
-
-    if not prompts:
-        raise InputError("Chameleon / Lumina-mGPT models need --prompt TEXT (repeat it for a batch)")
-    if verify not in (None, "vanilla", "greedy", "exact", "lantern", "gasv"):
-        raise InputError(f"--verify {verify} is not available for the Chameleon family "
-                         "(vanilla, greedy, exact, lantern or gasv)")
-    res = generate_images(model_dir, list(prompts), out_dir, image_size=image_size or 512, vq=vq,
-                          cfg_scale=3.0 if cfg_scale is None else cfg_scale,
-                          temperature=1.0 if temperature is None else temperature,
-                          top_k=2000 if top_k is None else top_k, greedy=greedy, seed=seed,
-                          drafter=drafter, verify=verify, tree=tree, tables=tables)
-    if res["stats"]:
-        click.echo(f"{verify}: MAL {res['stats']['mal']:.2f}, {res['stats']['target_forwards']} target forwards")
-    if res["images"]:
-        click.echo(f"wrote {len(res['images'])} images and tokens.npy to {out_dir}")
-    else:
-        click.echo(f"wrote tokens.npy (VQ codes) to {out_dir}; no VQGAN found: pass --vq FOLDER "
-                   "(vqgan.yaml + vqgan.ckpt) or put it in MODEL_DIR/vqgan/")

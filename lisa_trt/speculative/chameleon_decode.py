@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from ..errors import InputError
-from ..speculative.sampling import make_generator, process_logits, sample_from_logits
+from .sampling import make_generator, process_logits, sample_from_logits
 
 LUMINA_IMAGE_CODES = range(4, 8196)  # the 8,192 VQ codes of the Chameleon / Lumina-mGPT tokenizer
 
