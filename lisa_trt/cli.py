@@ -589,10 +589,12 @@ def _export_generation(model, target, sampling):
 @click.option("--opset", type=int, default=None, help="ONNX opset (default 23: ONNX Attention).")
 @click.option("--max-tree", type=int, default=None, help="Largest tree the engines verify (static cache length).")
 @click.option("--no-validate", is_flag=True, help="Skip the ORT-vs-PyTorch check of every graph.")
+@click.option("--quantize", type=click.Choice(["none", "int8", "int4"]), default="none", show_default=True,
+              help="ONNX Runtime weight quantization of target + drafter graphs (docs/quantization.md).")
 @sampling_options
 @_handle_errors
 def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_config, out_dir, fp16, opset, max_tree,
-               no_validate, cfg_scale, temperature, top_k, top_p, cfg_interval, greedy, seed):
+               no_validate, quantize, cfg_scale, temperature, top_k, top_p, cfg_interval, greedy, seed):
     """ONNX graphs for target, drafter, GASV and VQ decoder + manifest (validated, atomic)."""
     from .artifacts import default_drafter, default_tables, load_drafter_by_name, load_tables_by_name
     from .models.checkpoints import load_vq
@@ -608,11 +610,14 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
     s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                          cfg_interval=cfg_interval, greedy=greedy)
     man = export_full_bundle(target, dr, tb, vqm, out_dir, fp16=fp16, opset=opset, max_tree=max_tree,
-                             generation=_export_generation(model, target, s), validate=not no_validate)
+                             generation=_export_generation(model, target, s), validate=not no_validate,
+                             quantize=quantize)
     for name, g in man.graphs.items():
         err = (g.validation or {}).get("max_error")
-        click.echo(f"{name:16s} {g.precision}  max|ORT - torch| {err if err is not None else 'n/a'}")
-    click.echo(f"wrote {out_dir} ({len(man.graphs)} graphs, {man.precision}, opset {man.opset})")
+        prec = (g.quantization or {}).get("mode", g.precision)
+        click.echo(f"{name:16s} {prec}  max|ORT - torch| {err if err is not None else 'n/a'}")
+    q = "" if man.quantization == "none" else f", {man.quantization} weights"
+    click.echo(f"wrote {out_dir} ({len(man.graphs)} graphs, {man.precision}{q}, opset {man.opset})")
 
 
 @main.command()
