@@ -194,7 +194,7 @@ def validate_quantized(graph: Graph, path, refs: dict, dims: dict, mode: str, *,
 
 def quantize_bundle(engine_dir, mode: str, refs: dict, *, block_size: int = DEFAULT_BLOCK_SIZE,
                     accuracy_level: int = DEFAULT_ACCURACY_LEVEL, validate: bool = True,
-                    external_bytes: Optional[int] = None):
+                    external_bytes: Optional[int] = None, threshold: Optional[float] = None):
     """Quantize the target and drafter graphs of an exported engine directory in place.
 
     Meant for a staging directory (runtime/bundle.export_full_bundle calls it before the
@@ -205,6 +205,8 @@ def quantize_bundle(engine_dir, mode: str, refs: dict, *, block_size: int = DEFA
         mode: "none" (no-op), "int8" or "int4".
         refs: {"target", "drafter", "tables", "vq"}: the fp32 models the graphs were exported from.
         validate: compare each quantized graph with PyTorch (fail beyond QUANT_THRESHOLDS[mode]).
+        external_bytes: weight size above which a graph keeps external data (default: exporter's).
+        threshold: override QUANT_THRESHOLDS[mode] (scaled error on random inputs).
     Returns:
         The updated Manifest.
     Raises:
@@ -240,7 +242,7 @@ def quantize_bundle(engine_dir, mode: str, refs: dict, *, block_size: int = DEFA
         new = dataclasses.replace(entry, sha256=M.file_sha256(path), external_data=info["external_data"],
                                   quantization=info)
         if validate:
-            rep = validate_quantized(graph, path, refs, dims, mode)
+            rep = validate_quantized(graph, path, refs, dims, mode, threshold=threshold)
             new = new.with_validation(rep)
             if not rep["ok"]:
                 raise QuantizationError(
