@@ -1,8 +1,9 @@
 """Issue 12 speed record: reference torch loop vs ONNX Runtime vanilla / LISA at fp32 / int8 / int4.
 
 ONE run (one invocation), threads pinned to 1, every configuration in its own fresh worker
-process (so its peak RSS is its own), rounds interleaved (config A, B, ... then A, B, ... again)
-so slow phases of the shared machine hit every configuration; ratios are taken inside the run.
+process (so its peak RSS is its own), rounds interleaved (config A, B, ... then A, B, ... again,
+round r on images r*N .. (r+1)*N - 1) so slow phases of the shared machine hit every
+configuration; figures are pooled over the rounds and ratios are taken inside the run.
 
 1. Demo model (MEASURED): `--images` class-conditional images (CFG on, batch 1, seeds 0..N-1):
    torch vanilla fp32 (the reference PyTorch loop), ORT vanilla fp32/int8/int4, ORT LISA (GASV,
@@ -14,7 +15,7 @@ so slow phases of the shared machine hit every configuration; ratios are taken i
    tokens); the acceptance (MAL) and the per-step host time are BORROWED from the demo rows of the
    same run, so its seconds per image are a projection, labelled as such.
 
-    python bench/speed.py --images 16 --rounds 2 --json bench/speed.json --plot bench/speed.png
+    python bench/speed.py --images 8 --rounds 2 --json bench/speed.json --plot bench/speed.png
 
 Writes the JSON (with the machine load before/after), the PNG, and the never-slower choices
 (runtime/autotune.choose_decoding) per precision into lisa_trt/assets/demo/decode_choice.json.
@@ -42,6 +43,13 @@ COMMITTED = 128
 
 
 def peak_rss_mib() -> float:
+    """Peak RSS of this process (VmHWM: unlike ru_maxrss it is not inherited from the parent across exec)."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
@@ -65,10 +73,11 @@ def worker_demo(a) -> dict:
 
     pin_threads()
     pipe = Pipeline.from_dir(a.engine_dir, backend=a.backend, threads=1)
-    prompts = [i % pipe.config.num_classes for i in range(a.images)]
+    first = a.round * a.images  # round r: images r*N .. (r+1)*N - 1 (seeds and classes), same for every config
+    prompts = [i % pipe.config.num_classes for i in range(first, first + a.images)]
     pipe.generate(prompts[:1], seed=10_000, verify=a.verify)  # warm-up: sessions, allocations
     t0 = time.perf_counter()
-    res = pipe.generate(prompts, seed=0, verify=a.verify, decode=False)
+    res = pipe.generate(prompts, seed=first, verify=a.verify, decode=False)
     t_tok = (time.perf_counter() - t0) / a.images
     t0 = time.perf_counter()
     images = pipe.decode(res.tokens)
@@ -79,7 +88,7 @@ def worker_demo(a) -> dict:
     return {"tokens_seconds_per_image": t_tok, "decode_seconds_per_image": t_dec,
             "seconds_per_image": t_tok + t_dec, "mal": float(np.mean([s["mal"] for s in res.stats])),
             "steps_per_image": float(np.mean(steps)), "class_acc": float(acc),
-            "correct": int(round(acc * a.images)), "tree": dataclasses.asdict(pipe.spec(a.verify)) if a.verify != "vanilla"
+            "correct": int(round(acc * a.images)), "images": a.images, "tree": dataclasses.asdict(pipe.spec(a.verify)) if a.verify != "vanilla"
             else None, "peak_rss_mib": peak_rss_mib()}
 
 
@@ -189,11 +198,19 @@ def prepare_gptb(work: Path) -> tuple[dict, dict]:
 
 # ----------------------------------------------------------------------------- analysis
 
-def best_of(rows: list) -> dict:
-    """Per-config figures: the fastest round (least disturbed by the shared machine), all rounds kept."""
-    best = min(rows, key=lambda r: r["seconds_per_image"])
-    return {**best, "rounds_seconds_per_image": [round(r["seconds_per_image"], 4) for r in rows],
-            "peak_rss_mib": max(r["peak_rss_mib"] for r in rows)}
+def pooled(rows: list) -> dict:
+    """Per-config figures over the rounds (different images, interleaved with the other configs):
+    mean seconds per image, pooled class accuracy, max peak RSS; per-round values kept."""
+    n = len(rows)
+    out = {k: sum(r[k] for r in rows) / n for k in ("tokens_seconds_per_image", "decode_seconds_per_image",
+                                                  "seconds_per_image", "mal", "steps_per_image")}
+    correct = sum(r["correct"] for r in rows)
+    images = sum(r["images"] for r in rows)
+    out.update(class_acc=correct / images, correct=correct, images=images, tree=rows[0]["tree"],
+               class_acc_stderr=(correct / images * (1 - correct / images) / images) ** 0.5,
+               rounds_seconds_per_image=[round(r["seconds_per_image"], 4) for r in rows],
+               peak_rss_mib=max(r["peak_rss_mib"] for r in rows))
+    return out
 
 
 def key(cfg) -> str:
@@ -299,6 +316,7 @@ def main(argv=None) -> None:
     ap.add_argument("--verify", default="vanilla")
     ap.add_argument("--model", default="demo")
     ap.add_argument("--tree", default="{}")
+    ap.add_argument("--round", type=int, default=0)
     a = ap.parse_args(argv)
     if a.worker:
         print(json.dumps((worker_demo if a.worker == "demo" else worker_costs)(a)))
@@ -330,11 +348,11 @@ def main(argv=None) -> None:
     rows = {key(c): [] for c in DEMO_CONFIGS}
     for r in range(a.rounds):
         for be, p, m in DEMO_CONFIGS:
-            res = run_worker("demo", engine_dir=dirs[p], backend=be, verify=m, images=a.images)
+            res = run_worker("demo", engine_dir=dirs[p], backend=be, verify=m, images=a.images, round=r)
             rows[key((be, p, m))].append(res)
             print(f"round {r} {be}/{p}/{m}: {res['seconds_per_image']:.3f} s/image, MAL {res['mal']:.2f}, "
                   f"acc {res['class_acc']:.2f}, RSS {res['peak_rss_mib']} MiB", flush=True)
-    demo = {k: best_of(v) for k, v in rows.items()}
+    demo = {k: pooled(v) for k, v in rows.items()}
     add_speedups(demo)
     report["demo"] = demo
     ch = choices(demo, tree)

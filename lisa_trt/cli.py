@@ -572,6 +572,11 @@ def _export_generation(model, target, sampling):
 
         measured = _measured_budgets()
     gen = {"sampling": dataclasses.asdict(sampling), "tree": default_tree_budgets(target.config, measured)}
+    if model == "demo":  # never slower: the measured choice per precision (bench/speed.py)
+        from .runtime.autotune import record_choices
+        from .runtime.demo import _measured_choices
+
+        gen = record_choices(gen, _measured_choices())
     names = _class_names(model)
     if names:
         gen["class_names"] = names
@@ -678,6 +683,30 @@ def demo(out_dir, num_images, backend, verify, seed):
     summary = run_demo(Path(out_dir), num_images=num_images, backend=backend, verify=verify, seed=seed,
                        echo=click.echo)
     click.echo(json.dumps(summary["results"], indent=2))
+
+
+@main.command("quantize-trt")
+@click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--mode", type=click.Choice(["int8", "fp8", "int4"]), required=True,
+              help="int8 / fp8: Q/DQ on weights + activations (calibrated); int4: 4-bit weight-only.")
+@click.option("--out", "out_dir", required=True, type=click.Path(), help="New engine directory to write.")
+@click.option("--venv", default=None, type=click.Path(),
+              help="ModelOpt venv (default $LISA_TRT_MODELOPT_VENV or ~/.cache/lisa-trt/modelopt-venv).")
+@click.option("--install/--no-install", default=True, show_default=True,
+              help="Create the venv and pip install nvidia-modelopt[onnx] into it when missing.")
+@click.option("--calibration-steps", type=int, default=4, show_default=True)
+@_handle_errors
+def quantize_trt_cmd(engine_dir, mode, out_dir, venv, install, calibration_steps):
+    """TensorRT Q/DQ graphs through NVIDIA ModelOpt, run in its own venv (docs/quantization.md)."""
+    from .export.trt_quantize import quantize_trt
+
+    man = quantize_trt(engine_dir, out_dir, mode, venv=Path(venv) if venv else None, install=install,
+                       samples=calibration_steps, echo=click.echo)
+    for name, g in sorted(man.graphs.items()):
+        if g.quantization:
+            click.echo(f"{name:16s} {g.quantization['mode']}  {g.quantization['qdq']}")
+    click.echo(f"wrote {out_dir} ({man.quantization}; TensorRT-compatibility check passed); "
+               f"build with `lisa-trt build {out_dir}`")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -37,7 +37,7 @@ def ensure_demo_bundle(engine_dir: Path, echo: Callable = print) -> Path:
     """Export the bundled demo model into `engine_dir` unless an up-to-date export is there."""
     from ..artifacts import load_drafter_by_name, load_tables_by_name
     from ..demo.registry import class_names, demo_sampling, load_demo_target, load_demo_vq
-    from .autotune import default_tree_budgets
+    from .autotune import default_tree_budgets, record_choices
     from .bundle import export_full_bundle
 
     target = load_demo_target()
@@ -48,6 +48,7 @@ def ensure_demo_bundle(engine_dir: Path, echo: Callable = print) -> Path:
 
     gen = {"sampling": dataclasses.asdict(demo_sampling()), "class_names": list(class_names()),
            "tree": default_tree_budgets(target.config, _measured_budgets())}
+    gen = record_choices(gen, _measured_choices())  # never slower: what each precision runs (bench/speed.py)
     gen = json.loads(json.dumps(gen))  # as the manifest stores it (lists, not tuples)
     if _bundle_is_current(engine_dir, target, drafter, tables, gen):
         echo(f"using cached export {engine_dir}")
@@ -57,6 +58,19 @@ def ensure_demo_bundle(engine_dir: Path, echo: Callable = print) -> Path:
     export_full_bundle(target, drafter, tables, load_demo_vq(), engine_dir, generation=gen, progress=True)
     echo(f"exported in {time.perf_counter() - t0:.1f} s")
     return engine_dir
+
+
+def _measured_choices() -> list:
+    """Never-slower choices per precision measured by bench/speed.py (assets/demo/decode_choice.json)."""
+    from ..artifacts import ASSETS
+    from .autotune import DecodeChoice
+
+    p = ASSETS / "decode_choice.json"
+    if not p.is_file():
+        return []
+    import json
+
+    return [DecodeChoice.from_dict(d) for d in json.loads(p.read_text()).get("choices", [])]
 
 
 def _measured_budgets() -> dict:
@@ -114,4 +128,9 @@ def run_demo(out_dir: Path, *, num_images: int = 8, backend: str = "ort", verify
     echo(f"LISA ({verify}): {l['seconds_per_image']:.2f} s/image, speed-up {l['speedup']:.2f}x, MAL {l['mal']:.2f}, "
          f"mean TVD {l['mean_tvd']:.3f}, class acc {l['class_acc']:.2f}, FD-demo {l['fd_demo']:.1f}")
     echo(f"grid (top: vanilla, bottom: LISA): {summary['grid']}")
+    from .autotune import recorded_choice
+
+    choice = recorded_choice(pipe._e.generation, pipe.backend, "fp32")
+    if choice is not None:
+        echo(f"default decoding ({choice.reason})")
     return summary
