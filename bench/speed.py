@@ -178,8 +178,16 @@ def prepare_gptb(work: Path) -> tuple[dict, dict]:
     drafter = Drafter.from_target(target).eval()
     out = work / "gptb"
     t0 = time.perf_counter()
-    export_bundle(target, drafter, None, None, out, max_tree=16, lint=False, validate=False, progress=False)
-    info = {"description": desc, "export_seconds": round(time.perf_counter() - t0, 1)}
+    from lisa_trt.export.manifest import read_manifest
+    from lisa_trt.models.checkpoints import target_hash
+
+    try:  # same seed -> same random model: an earlier export in --workdir is reused
+        reuse = read_manifest(out, target_hash=target_hash(target)) is not None
+    except Exception:  # noqa: BLE001 - absent or stale: export again
+        reuse = False
+    if not reuse:
+        export_bundle(target, drafter, None, None, out, max_tree=16, lint=False, validate=False, progress=False)
+    info = {"description": desc, "export_seconds": round(time.perf_counter() - t0, 1), "reused_export": reuse}
     dirs, q = quantized_copies(out, dict(target=target, drafter=drafter, tables=None, vq=None), validate=False)
     from lisa_trt.export.io_spec import Graph, export_dims
     from lisa_trt.export.manifest import read_manifest
@@ -221,11 +229,12 @@ def projection(demo: dict, demo_costs: dict, gb_costs: dict, tree: dict) -> dict
     """GPT-B seconds per image (tokens only) from its measured graph costs + the demo's MAL and host time."""
     N = 256
     M, K, D = tree["total_tokens"], tree["top_k"], tree["depth"]
-    ms = lambda c, what, s: c[what]["median"][str(s)] / 1e3  # noqa: E731
+    # min over the repetitions: on the loaded machine the median of a few-ms call is mostly queueing
+    ms = lambda c, what, s: c[what]["min"][str(s)] / 1e3  # noqa: E731
     tq = demo["torch/fp32/vanilla"]
     host_torch = tq["tokens_seconds_per_image"] / N - ms(demo_costs["torch"], "verify_ms", 1)
     out = {"label": "PROJECTION: GPT-B graph costs measured in this run; MAL and host time per step borrowed "
-                    "from the demo rows of this run; tokens only (no VQ decode); the GASV graph is costed "
+                    "from the demo rows of this run (host = measured step time - min graph costs); tokens only (no VQ decode); the GASV graph is costed "
                     "at the demo's vocabulary (inside the borrowed host time)",
            "torch/fp32/vanilla": {"seconds_per_image": N * (ms(gb_costs["torch"], "verify_ms", 1) + host_torch),
                                   "peak_rss_mib": gb_costs["torch"]["peak_rss_mib"]}}
@@ -297,13 +306,33 @@ def plot(demo: dict, proj: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def gptb_part(a, report: dict, dirs: dict, demo: dict, tree: dict) -> dict:
+    """Graph costs of the demo and of a random GPT-B (ORT fp32/int8/int4, torch) -> projected rows."""
+    tj = json.dumps(tree)
+    demo_costs = {p: run_worker("costs", engine_dir=dirs[p], backend="ort", tree=tj, reps=a.reps)
+                  for p in PRECISIONS}
+    demo_costs["torch"] = run_worker("costs", backend="torch", model="demo", tree=tj, reps=a.reps)
+    gdirs, ginfo = prepare_gptb(Path(a.workdir))
+    gb_costs = {p: run_worker("costs", engine_dir=gdirs[p], backend="ort", tree=tj, reps=a.reps)
+                for p in PRECISIONS}
+    gb_costs["torch"] = run_worker("costs", backend="torch", model="GPT-B", tree=tj, reps=a.reps)
+    proj = projection(demo, demo_costs, gb_costs, tree)
+    add_speedups(proj)
+    report["gptb_projection"] = {**proj, "model": ginfo, "graph_costs_ms": gb_costs, "demo_graph_costs_ms": demo_costs}
+    for k, r in proj.items():
+        if isinstance(r, dict):
+            print(f"GPT-B PROJECTION {k}: {r['seconds_per_image']:.2f} s/image, "
+                  f"{r['speedup_vs_torch_fp32']:.2f}x torch", flush=True)
+    return proj
+
+
 # ----------------------------------------------------------------------------- main
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=7, help="repetitions of each graph-cost timing")
+    ap.add_argument("--reps", type=int, default=9, help="repetitions of each graph-cost timing")
     ap.add_argument("--json", default=str(ROOT / "bench" / "speed.json"))
     ap.add_argument("--plot", default=str(ROOT / "bench" / "speed.png"))
     ap.add_argument("--workdir", default="/tmp/lisa-speed")
@@ -362,24 +391,14 @@ def main(argv=None) -> None:
     if not a.no_assets:
         write_json(ROOT / "lisa_trt" / "assets" / "demo" / "decode_choice.json",
                    {"source": "bench/speed.json", "choices": [c.to_dict() for c in ch]})
+    write_json(a.json, report)  # the measured part is kept even if the projection fails
+    proj = {}
     if not a.no_gptb:
-        tj = json.dumps(tree)
-        demo_costs = {p: run_worker("costs", engine_dir=dirs[p], backend="ort", tree=tj, reps=a.reps)
-                      for p in PRECISIONS}
-        demo_costs["torch"] = run_worker("costs", backend="torch", model="demo", tree=tj, reps=a.reps)
-        gdirs, ginfo = prepare_gptb(work)
-        gb_costs = {p: run_worker("costs", engine_dir=gdirs[p], backend="ort", tree=tj, reps=a.reps)
-                    for p in PRECISIONS}
-        gb_costs["torch"] = run_worker("costs", backend="torch", model="GPT-B", tree=tj, reps=a.reps)
-        proj = projection(demo, demo_costs, gb_costs, tree)
-        add_speedups(proj)
-        report["gptb_projection"] = {**proj, "model": ginfo, "graph_costs_ms": gb_costs, "demo_graph_costs_ms": demo_costs}
-        for k, r in proj.items():
-            if isinstance(r, dict):
-                print(f"GPT-B PROJECTION {k}: {r['seconds_per_image']:.2f} s/image, "
-                      f"{r['speedup_vs_torch_fp32']:.2f}x torch", flush=True)
-    else:
-        proj = {}
+        try:
+            proj = gptb_part(a, report, dirs, demo, tree)
+        except Exception as e:  # noqa: BLE001 - keep the measured demo rows, say what failed
+            report["gptb_projection"] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+            print("GPT-B projection failed:", e, flush=True)
     report["machine"]["load_average_at_end"] = list(os.getloadavg())
     report["wall_seconds"] = round(time.time() - t_start, 1)
     write_json(a.json, report)
