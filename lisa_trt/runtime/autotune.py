@@ -198,9 +198,8 @@ def record_choices(generation: dict, choices: Sequence[DecodeChoice]) -> dict:
     """generation settings + {"decode": {backend: {precision: choice}}} (and the tree budget of a
     winning tree as that backend's default); returns a new dict for the bundle manifest."""
     gen = json.loads(json.dumps(generation or {}))
-    dec = gen.setdefault("decode", {})
     for c in choices:
-        dec.setdefault(c.backend, {})[c.precision] = c.to_dict()
+        gen.setdefault("decode", {}).setdefault(c.backend, {})[c.precision] = c.to_dict()
         if c.method == "tree":
             gen.setdefault("tree", {})[c.backend] = dict(c.tree)
     return gen

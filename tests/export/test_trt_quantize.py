@@ -92,3 +92,25 @@ def test_modelopt_qdq_graphs_pass_the_tensorrt_check(bundle, tmp_path, mode):
     assert rep.ok
     read_manifest(out)  # hashes recorded for the new files
     assert not os.path.exists(str(out) + ".partial")
+
+
+def test_cli_exposes_quantize_options():
+    from click.testing import CliRunner
+
+    from lisa_trt.cli import main
+
+    r = CliRunner()
+    out = r.invoke(main, ["export", "--help"]).output
+    assert "--quantize [none|int8|int4]" in out
+    out = r.invoke(main, ["quantize-trt", "--help"]).output
+    assert "--mode [int8|fp8|int4]" in out and "--install / --no-install" in out
+    bad = r.invoke(main, ["export", "--model", "demo", "--out", "x", "--quantize", "int2"])
+    assert bad.exit_code != 0 and "int2" in bad.output
+
+
+def test_quantize_trt_without_venv_fails_cleanly(bundle, tmp_path, monkeypatch):
+    """--no-install and no venv: a LisaError that says how to create it, and no output directory."""
+    monkeypatch.setenv("LISA_TRT_MODELOPT_VENV", str(tmp_path / "none"))
+    with pytest.raises(ModelOptError, match="--install"):
+        quantize_trt(bundle.dir, tmp_path / "out", "int8", install=False)
+    assert not (tmp_path / "out").exists()

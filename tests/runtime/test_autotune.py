@@ -90,3 +90,19 @@ def test_choices_are_recorded_in_the_bundle_settings_and_read_back():
     assert auto_method(gen, "ort", "int8")[:2] == ("vanilla", None)
     assert auto_method(gen, "ort", "fp32", "gasv")[:2] == ("gasv", keep.tree)
     assert auto_method(gen, "torch", "fp32", "gasv")[0] == "gasv"
+    assert record_choices({"tree": {}}, []) == {"tree": {}}  # nothing measured: settings unchanged
+
+
+def test_demo_export_records_the_shipped_choices(monkeypatch, tmp_path):
+    import json
+
+    import lisa_trt.artifacts as A
+    from lisa_trt.runtime.demo import _measured_choices
+
+    c = choose_decoding(backend="ort", precision="int8",
+                        measured=[{"top_k": 2, "depth": 1, "total_tokens": 4, "speedup": 0.9}])
+    (tmp_path / "decode_choice.json").write_text(json.dumps({"choices": [c.to_dict()]}))
+    monkeypatch.setattr(A, "ASSETS", tmp_path)
+    assert _measured_choices() == [c]
+    gen = record_choices({}, _measured_choices())
+    assert auto_method(gen, "ort", "int8")[0] == "vanilla"
