@@ -93,7 +93,7 @@ def _quantize_int4(src: Path, dst: Path, block_size: int, accuracy_level: int) -
     q.model.save_model_to_file(str(dst), use_external_data_format=True)
 
 
-def _save_like_export(tmp_model: Path, dst: Path, external_bytes: int) -> Optional[str]:
+def _save_like_export(tmp_model: Path, dst: Path, external_bytes: Optional[int]) -> Optional[str]:
     """Re-save a quantized model at `dst` with the exporter's external-data rule; -> data file name."""
     import onnx
 
