@@ -117,6 +117,12 @@ def export_full_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = Fal
     from ..models.drafter import save_drafter
 
     out_dir = Path(out_dir)
+    if quantize != "none":
+        from ..export.quantize import check_mode
+
+        check_mode(quantize)
+        if fp16:
+            raise InputError(f"--quantize {quantize} quantizes fp32 graphs; drop --fp16")
     stage = out_dir.parent / f".{out_dir.name}.staging-{uuid.uuid4().hex[:8]}"
     try:
         export_bundle(target, drafter, tables, vq, stage, fp16=fp16, opset=opset or DEFAULT_OPSET,

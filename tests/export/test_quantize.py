@@ -130,3 +130,14 @@ def test_bad_requests_are_refused(fp32_dir, tmp_path, artifacts):
     d = tmp_path / "none"
     shutil.copytree(fp32_dir, d)
     assert quantize_bundle(d, "none", artifacts).quantization == "none"
+
+
+def test_export_refuses_quantize_with_fp16_before_exporting(artifacts, tmp_path):
+    from lisa_trt.runtime.bundle import export_full_bundle
+
+    a = artifacts
+    with pytest.raises(InputError, match="drop --fp16"):
+        export_full_bundle(a["target"], a["drafter"], a["tables"], a["vq"], tmp_path / "x", fp16=True, quantize="int8")
+    with pytest.raises(InputError, match="valid: none, int8, int4"):
+        export_full_bundle(a["target"], a["drafter"], a["tables"], a["vq"], tmp_path / "x", quantize="fp4")
+    assert not (tmp_path / "x").exists()
