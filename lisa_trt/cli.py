@@ -621,6 +621,11 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
         err = (g.validation or {}).get("max_error")
         prec = (g.quantization or {}).get("mode", g.precision)
         click.echo(f"{name:16s} {prec}  max|ORT - torch| {err if err is not None else 'n/a'}")
+    if man.quantization != "none":
+        from .export.quantize import quantization_summary
+
+        for line in quantization_summary(man):
+            click.echo(line)
     q = "" if man.quantization == "none" else f", {man.quantization} weights"
     click.echo(f"wrote {out_dir} ({len(man.graphs)} graphs, {man.precision}{q}, opset {man.opset})")
 
