@@ -713,12 +713,14 @@ def _graph_bench_engines(backend, engine_dir, target, drafter, tables):
 @click.option("--opset", type=int, default=None, help="ONNX opset (default 23: ONNX Attention).")
 @click.option("--max-tree", type=int, default=None, help="Largest tree the engines verify (static cache length).")
 @click.option("--no-validate", is_flag=True, help="Skip the ORT-vs-PyTorch check of every graph.")
+@click.option("--quantize", type=click.Choice(["none", "int8", "int4"]), default="none", show_default=True,
+              help="ONNX Runtime weight quantization of target + drafter graphs (docs/quantization.md).")
 @click.option("--max-prompt", type=int, default=None,
               help="Chameleon directory models: most prompt tokens a run may use (static cache; default 128).")
 @sampling_options
 @_handle_errors
 def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_config, out_dir, fp16, opset, max_tree,
-               no_validate, max_prompt, cfg_scale, temperature, top_k, top_p, cfg_interval, greedy, seed):
+               no_validate, max_prompt, quantize, cfg_scale, temperature, top_k, top_p, cfg_interval, greedy, seed):
     """ONNX graphs for target, drafter, GASV and VQ decoder + manifest (validated, atomic)."""
     if _is_chameleon(model):  # export/chameleon_onnx.py (fp32; docs/chameleon.md)
         from .errors import InputError
@@ -751,11 +753,19 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
                          top_p=top_p,
                          cfg_interval=cfg_interval, greedy=greedy)
     man = export_full_bundle(target, dr, tb, vqm, out_dir, fp16=fp16, opset=opset, max_tree=max_tree,
-                             generation=generation_defaults(model, target, s), validate=not no_validate)
+                             generation=generation_defaults(model, target, s), validate=not no_validate,
+                             quantize=quantize)
     for name, g in man.graphs.items():
         err = (g.validation or {}).get("max_error")
-        click.echo(f"{name:16s} {g.precision}  max|ORT - torch| {err if err is not None else 'n/a'}")
-    click.echo(f"wrote {out_dir} ({len(man.graphs)} graphs, {man.precision}, opset {man.opset})")
+        prec = (g.quantization or {}).get("mode", g.precision)
+        click.echo(f"{name:16s} {prec}  max|ORT - torch| {err if err is not None else 'n/a'}")
+    if man.quantization != "none":
+        from .export.quantize import quantization_summary
+
+        for line in quantization_summary(man):
+            click.echo(line)
+    q = "" if man.quantization == "none" else f", {man.quantization} weights"
+    click.echo(f"wrote {out_dir} ({len(man.graphs)} graphs, {man.precision}{q}, opset {man.opset})")
 
 
 @main.command()
@@ -834,6 +844,31 @@ def demo(out_dir, num_images, backend, verify, seed):
     summary = run_demo(Path(out_dir), num_images=num_images, backend=backend, verify=verify, seed=seed,
                        echo=click.echo)
     click.echo(f"details: {Path(out_dir) / 'summary.json'}")
+
+
+@main.command("quantize-trt")
+@click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--mode", type=click.Choice(["int8", "fp8", "int4"]), required=True,
+              help="int8 / fp8: Q/DQ on weights + activations (calibrated); int4: 4-bit weight-only.")
+@click.option("--out", "out_dir", required=True, type=click.Path(), help="New engine directory to write.")
+@click.option("--venv", default=None, type=click.Path(),
+              help="ModelOpt venv (default $LISA_TRT_MODELOPT_VENV or ~/.cache/lisa-trt/modelopt-venv).")
+@click.option("--install/--no-install", default=True, show_default=True,
+              help="Create the venv and pip install nvidia-modelopt[onnx] into it when missing.")
+@click.option("--calibration-steps", type=int, default=4, show_default=True)
+@_handle_errors
+def quantize_trt_cmd(engine_dir, mode, out_dir, venv, install, calibration_steps):
+    """TensorRT Q/DQ graphs through NVIDIA ModelOpt, run in its own venv (docs/quantization.md)."""
+    from .export.trt_quantize import quantize_trt
+
+    man = quantize_trt(engine_dir, out_dir, mode, venv=Path(venv) if venv else None, install=install,
+                       samples=calibration_steps, echo=click.echo)
+    for name, g in sorted(man.graphs.items()):
+        if g.quantization:
+            click.echo(f"{name:16s} {g.quantization['mode']}  {g.quantization['qdq']}")
+    click.echo(f"wrote {out_dir} ({man.quantization}; TensorRT-compatibility check passed); "
+               f"build with `lisa-trt build {out_dir}`")
+
 
 
 from .text.cli import encode_captions  # noqa: E402  (t2i: captions -> T5 features)

@@ -71,6 +71,7 @@ class GraphEntry:
     export_seconds: float = 0.0
     validation: Optional[dict] = None
     lint: Optional[dict] = None
+    quantization: Optional[dict] = None  # export/quantize.py: mode, ops, data_sha256, ...
 
     def with_validation(self, report: dict) -> "GraphEntry":
         return dataclasses.replace(self, validation=report)
@@ -93,6 +94,7 @@ class Manifest:
     tables: Optional[dict] = None  # {"hash", "target_hash", "vocab_size", "n_clusters", "gasv"}
     vq: Optional[dict] = None  # {"hash", "config"}
     generation: dict = field(default_factory=dict)
+    quantization: str = "none"  # none | int8 | int4 (weights of target + drafter; export/quantize.py)
     files: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
     created: str = ""
@@ -151,7 +153,8 @@ class Manifest:
         d = dict(d)
         known = {f.name for f in dataclasses.fields(cls)} - {"dir"}
         d = {k: v for k, v in d.items() if k in known}
-        d["graphs"] = {k: GraphEntry(**v) for k, v in d.get("graphs", {}).items()}
+        gknown = {f.name for f in dataclasses.fields(GraphEntry)}
+        d["graphs"] = {k: GraphEntry(**{a: b for a, b in v.items() if a in gknown}) for k, v in d.get("graphs", {}).items()}
         return cls(**d, dir=Path(dir) if dir is not None else None)
 
 
@@ -252,6 +255,10 @@ def _check_files(man: Manifest) -> None:
         if have != g.sha256:
             raise ArtifactMismatchError(f"{p} has sha256 {have[:16]}, but the manifest records {g.sha256[:16]}: "
                                         "the graph was changed after export. Re-export the directory.")
+        want = (g.quantization or {}).get("data_sha256")
+        if want and g.external_data and file_sha256(Path(man.dir) / g.external_data) != want:
+            raise ArtifactMismatchError(f"{Path(man.dir) / g.external_data} (quantized weights of {g.file}) differs "
+                                        "from the exported one (sha256 mismatch). Re-export the directory.")
 
 
 def check_manifest(man: Manifest, *, target_hash: Optional[str] = None, drafter_hash: Optional[str] = None,

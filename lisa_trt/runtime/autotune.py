@@ -9,10 +9,19 @@ t_verify(S) is the measured latency of one target forward over S new tokens (CFG
 t_draft(K, D) = (D + 1) drafter calls (D expansions of K nodes + one commit call), and MAL
 comes from per-depth acceptance rates measured on the model (bench/ records them). The budget
 with the highest predicted speed is the default for that backend.
+
+Never slower (`choose_decoding`): per backend and precision, the best tree (measured speed-ups
+when a timed run exists, else the cost model) is kept only if it beats vanilla by MIN_GAIN;
+otherwise SJD (if measured faster) or vanilla decoding is the default, and the reason says so.
+The choices are recorded in the bundle's generation settings (`record_choices`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -85,3 +94,114 @@ def best_tree(verify_cost: dict, draft_cost: Callable[[int], float], accept: Seq
         table.append({"top_k": k, "depth": d, "total_tokens": m, "mal": mal, "step_s": t, "speedup": mal * t1 / t})
     best = max(table, key=lambda r: r["speedup"])
     return {k: best[k] for k in ("top_k", "depth", "total_tokens")}, table
+
+
+# ----------------------------------------------------------------------------- never slower
+
+# A tree must beat vanilla by this factor before it replaces it: cost-model and timing noise on a
+# shared CPU is a few percent, and a tie is not worth the drafter's memory and complexity.
+MIN_GAIN = 1.05
+
+
+@dataclass(frozen=True)
+class DecodeChoice:
+    """What a backend + precision runs by default, and why (recorded in the bundle).
+
+    method: "tree" (speculative decoding with `tree`), "sjd" or "vanilla".
+    speedup: the expected speed-up over vanilla at the same precision of what is chosen
+        (1.0 for vanilla); `measured` says whether it comes from a timed run or the cost model.
+    best_tree / best_tree_speedup: the best tree that was considered, even when it lost.
+    """
+
+    backend: str
+    precision: str
+    method: str
+    tree: Optional[dict]
+    speedup: float
+    measured: bool
+    best_tree: Optional[dict]
+    best_tree_speedup: Optional[float]
+    reason: str
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DecodeChoice":
+        return cls(**{f.name: d.get(f.name) for f in dataclasses.fields(cls)})
+
+
+def _tree_key(t: dict) -> tuple:
+    return int(t["top_k"]), int(t["depth"]), int(t["total_tokens"])
+
+
+def choose_decoding(*, backend: str, precision: str, verify_cost: Optional[dict] = None,
+                    draft_cost: Optional[Callable[[int], float]] = None, accept: Optional[Sequence[float]] = None,
+                    host_step_s: float = 0.0, measured: Optional[Sequence[dict]] = None,
+                    sjd_speedup: Optional[float] = None, min_gain: float = MIN_GAIN) -> DecodeChoice:
+    """Never slower than vanilla: the best tree if it beats vanilla by `min_gain`, else SJD or vanilla.
+
+    Args:
+        backend / precision: what the choice is for (ort / trt / torch; fp32 / fp16 / int8 / int4).
+        verify_cost / draft_cost / accept: the cost model of `best_tree` (measured curve of the
+            target at this backend + precision, drafter cost, per-depth acceptance).
+        host_step_s: extra host seconds a speculative step pays over a vanilla step (tree
+            building, verification rule, cache compaction), added to every tree's step time.
+        measured: timed runs, [{"top_k", "depth", "total_tokens", "speedup"}] with speedup =
+            vanilla seconds / tree seconds in the same run; they override the predictions.
+        sjd_speedup: measured SJD speed-up over vanilla, if SJD was timed.
+        min_gain: least speed-up that counts as a win.
+    Returns:
+        DecodeChoice (method tree | sjd | vanilla, with the reason in words).
+    """
+    best, best_s, is_measured = None, None, False
+    if measured:
+        win = max(measured, key=lambda r: r["speedup"])
+        best, best_s, is_measured = {k: int(win[k]) for k in ("top_k", "depth", "total_tokens")}, \
+            float(win["speedup"]), True
+    elif verify_cost and draft_cost is not None and accept:
+        vc = {k: v + host_step_s for k, v in verify_cost.items()}
+        best, table = best_tree(vc, draft_cost, accept)
+        t1 = verify_cost[min(verify_cost)]  # a vanilla step does not pay the speculative host work
+        best_s = max(r["speedup"] for r in table) * t1 / vc[min(vc)]
+    where = f"{backend}/{precision}"
+    how = "measured" if is_measured else "predicted"
+    if best is not None and best_s >= min_gain:
+        return DecodeChoice(backend, precision, "tree", best, best_s, is_measured, best, best_s,
+                            f"{where}: tree K{best['top_k']}/D{best['depth']}/{best['total_tokens']} "
+                            f"{how} {best_s:.2f}x vanilla")
+    lost = ("no tree was measured or predicted" if best is None else
+            f"no tree beats vanilla (best K{best['top_k']}/D{best['depth']}/{best['total_tokens']} "
+            f"{how} {best_s:.2f}x < {min_gain:.2f}x)")
+    if sjd_speedup is not None and sjd_speedup >= min_gain:
+        return DecodeChoice(backend, precision, "sjd", None, float(sjd_speedup), True, best, best_s,
+                            f"{where}: {lost}; SJD measured {sjd_speedup:.2f}x, running SJD")
+    return DecodeChoice(backend, precision, "vanilla", None, 1.0, is_measured, best, best_s,
+                        f"{where}: {lost}; running vanilla decoding")
+
+
+def record_choices(generation: dict, choices: Sequence[DecodeChoice]) -> dict:
+    """generation settings + {"decode": {backend: {precision: choice}}} (and the tree budget of a
+    winning tree as that backend's default); returns a new dict for the bundle manifest."""
+    gen = json.loads(json.dumps(generation or {}))
+    for c in choices:
+        gen.setdefault("decode", {}).setdefault(c.backend, {})[c.precision] = c.to_dict()
+        if c.method == "tree":
+            gen.setdefault("tree", {})[c.backend] = dict(c.tree)
+    return gen
+
+
+def recorded_choice(generation: dict, backend: str, precision: str) -> Optional[DecodeChoice]:
+    """The choice a bundle recorded for backend + precision (None when nothing was recorded)."""
+    d = ((generation or {}).get("decode") or {}).get(backend, {}).get(precision)
+    return DecodeChoice.from_dict(d) if d else None
+
+
+def auto_method(generation: dict, backend: str, precision: str, requested: str = "gasv") -> tuple[str, Optional[dict], str]:
+    """(verify method, tree or None, message) for `--verify auto`: the recorded choice, else `requested`."""
+    c = recorded_choice(generation, backend, precision)
+    if c is None:
+        return requested, None, f"{backend}/{precision}: no recorded choice; running {requested}"
+    if c.method == "tree":
+        return requested, c.tree, c.reason
+    return c.method, None, c.reason

@@ -107,12 +107,14 @@ def _torch_engines(man, engine_dir: Path, tables, names, gen):
 
 def export_full_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, opset: Optional[int] = None,
                        max_tree: Optional[int] = None, generation: Optional[dict] = None, progress: bool = True,
-                       validate: bool = True, lint: bool = True):
+                       validate: bool = True, lint: bool = True, quantize: str = "none"):
     """`lisa-trt export`: the ONNX graphs (export/onnx.py) plus weights/ and tables.safetensors.
 
     Atomic as a whole: everything is written into a hidden staging directory next to `out_dir`
     and swapped in at the end, so an interrupted export never leaves a directory that looks
     complete (an existing bundle at `out_dir` stays intact until the swap).
+    `quantize` (none | int8 | int4) quantizes the target and drafter graphs after the export
+    (export/quantize.py); the bundled PyTorch weights stay fp32.
     """
     import dataclasses
 
@@ -123,10 +125,21 @@ def export_full_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = Fal
     from ..models.drafter import save_drafter
 
     out_dir = Path(out_dir)
+    if quantize != "none":
+        from ..export.quantize import check_mode
+
+        check_mode(quantize)
+        if fp16:
+            raise InputError(f"--quantize {quantize} quantizes fp32 graphs; drop --fp16")
     with staging_dir(out_dir, echo=print if progress else None) as stage:
         export_bundle(target, drafter, tables, vq, stage, fp16=fp16, opset=opset or DEFAULT_OPSET,
                       max_tree=max_tree or DEFAULT_MAX_TREE, generation=generation, progress=progress,
                       validate=validate, lint=lint)
+        if quantize != "none":
+            from ..export.quantize import quantize_bundle
+
+            quantize_bundle(stage, quantize, dict(target=target, drafter=drafter, tables=tables, vq=vq),
+                            validate=validate)
         files = {"target_weights": WEIGHT_FILES["target_weights"]}
         save_model(target, target.config, stage / WEIGHT_FILES["target_weights"])
         if drafter is not None:

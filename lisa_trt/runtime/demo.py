@@ -38,7 +38,7 @@ def ensure_demo_bundle(engine_dir: Path, echo: Callable = print) -> Path:
     """Export the bundled demo model into `engine_dir` unless an up-to-date export is there."""
     from ..artifacts import load_drafter_by_name, load_tables_by_name
     from ..demo.registry import class_names, demo_sampling, load_demo_target, load_demo_vq
-    from .autotune import default_tree_budgets
+    from .autotune import default_tree_budgets, record_choices
     from .bundle import export_full_bundle
 
     target = load_demo_target()
@@ -49,6 +49,7 @@ def ensure_demo_bundle(engine_dir: Path, echo: Callable = print) -> Path:
 
     gen = {"sampling": dataclasses.asdict(demo_sampling()), "class_names": list(class_names()),
            "tree": default_tree_budgets(target.config, _measured_budgets())}
+    gen = record_choices(gen, _measured_choices())  # never slower: what each precision runs (bench/speed.py)
     gen = json.loads(json.dumps(gen))  # as the manifest stores it (lists, not tuples)
     if _bundle_is_current(engine_dir, target, drafter, tables, gen):
         echo(f"using cached export {engine_dir}")
@@ -58,6 +59,19 @@ def ensure_demo_bundle(engine_dir: Path, echo: Callable = print) -> Path:
     export_full_bundle(target, drafter, tables, load_demo_vq(), engine_dir, generation=gen, progress=True)
     echo(f"exported in {time.perf_counter() - t0:.1f} s")
     return engine_dir
+
+
+def _measured_choices() -> list:
+    """Never-slower choices per precision measured by bench/speed.py (assets/demo/decode_choice.json)."""
+    from ..demo.registry import DEMO_DIR as ASSETS
+    from .autotune import DecodeChoice
+
+    p = ASSETS / "decode_choice.json"
+    if not p.is_file():
+        return []
+    import json
+
+    return [DecodeChoice.from_dict(d) for d in json.loads(p.read_text()).get("choices", [])]
 
 
 def _measured_budgets() -> dict:
@@ -123,7 +137,7 @@ def run_demo(out_dir: Path, *, num_images: int = 8, backend: str = "ort", verify
     grid_path = out_dir / "vanilla_vs_lisa.png"
     save_png(labelled_grid(rows, [names[c] for c in cols]), grid_path)
     spec = pipe.spec(verify)
-    tree = {"top_k": spec.top_k, "depth": spec.depth, "total_tokens": spec.total_tokens}
+    tree = {"top_k": spec.tree.top_k, "depth": spec.tree.depth, "total_tokens": spec.tree.total_tokens}
     speed = speed_explanation(results["vanilla"], results[verify], verify=verify, backend=pipe.backend,
                               threads=ort_threads(), tree=tree, tokens_per_image=pipe.config.block_size)
     summary = {"backend": pipe.backend, "verify": verify, "num_images": num_images, "seed": seed,
@@ -138,6 +152,11 @@ def run_demo(out_dir: Path, *, num_images: int = 8, backend: str = "ort", verify
     for line in speed:
         echo(line)
     echo(f"grid (rows: method, columns: class): {grid_path}")
+    from .autotune import recorded_choice
+
+    choice = recorded_choice(pipe._e.generation, pipe.backend, "fp32")
+    if choice is not None:
+        echo(f"default decoding ({choice.reason})")
     return summary
 
 

@@ -71,12 +71,16 @@ def generation_defaults(model, target, sampling) -> dict:
     from ..models.artifact_sets import artifact_set
     from .autotune import default_tree_budgets
 
-    measured = None
+    measured, choices = None, []
     if artifact_set(model) is not None:
-        from .demo import _measured_budgets
+        from .demo import _measured_budgets, _measured_choices
 
-        measured = _measured_budgets()
+        measured, choices = _measured_budgets(), _measured_choices()
     gen = {"sampling": dataclasses.asdict(sampling), "tree": default_tree_budgets(target.config, measured)}
+    if choices:  # never slower: the measured choice per precision (bench/speed.py)
+        from .autotune import record_choices
+
+        gen = record_choices(gen, choices)
     names = class_names_of(model)
     if names:
         gen["class_names"] = names

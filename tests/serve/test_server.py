@@ -18,14 +18,15 @@ try:
 except Exception as e:  # noqa: BLE001 - ImportError, or pytriton broken by the numpy in this env
     pytest.skip(f"serving tests need the serve extra (nvidia-pytriton, tritonclient): {e}", allow_module_level=True)
 
-from lisa_trt.artifacts import BUNDLED_DRAFTERS, BUNDLED_TABLES
+from lisa_trt.models.artifact_sets import bundled_file
 from lisa_trt.demo.registry import assets_present
 from lisa_trt.runtime.prompts import Prompt
 from lisa_trt.serve.client import LisaClient, ServeError
 from lisa_trt.serve.process import ServerProcess, alive, descendants
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    not (assets_present() and BUNDLED_DRAFTERS["demo-lisa"].is_file() and BUNDLED_TABLES["demo"].is_file()),
+    not (assets_present() and bundled_file("demo-lisa", "drafters") is not None
+         and bundled_file("demo", "tables") is not None),
     reason="bundled demo assets not built (scripts/demo/*)")]
 
 REQUEST_TIMEOUT, STOP_TIMEOUT = 300, 120

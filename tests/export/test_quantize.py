@@ -1,0 +1,143 @@
+"""export --quantize: the quantized graphs hold the quantized ops, run through the unchanged ORT
+runners (in-place KV caches, external data) close to torch, and the manifest records and guards them."""
+
+import shutil
+
+import pytest
+import torch
+
+from lisa_trt.errors import ArtifactMismatchError, InputError
+from lisa_trt.export.io_spec import Graph
+from lisa_trt.export.quantize import QUANT_THRESHOLDS, float_matmuls, op_counts, quantize_bundle, quantize_graph
+
+
+@pytest.fixture(scope="module")
+def fp32_dir(artifacts, tmp_path_factory):
+    from lisa_trt.export.onnx import export_bundle
+
+    out = tmp_path_factory.mktemp("qsrc") / "fp32"
+    export_bundle(artifacts["target"], artifacts["drafter"], artifacts["tables"], artifacts["vq"], out,
+                  max_tree=16, lint=False, validate=False, progress=False)
+    return out
+
+
+def _quantized(fp32_dir, tmp_path_factory, artifacts, mode, **kw):
+    out = tmp_path_factory.mktemp(f"q{mode}") / mode
+    shutil.copytree(fp32_dir, out)
+    return quantize_bundle(out, mode, artifacts, **kw)
+
+
+@pytest.fixture(scope="module")
+def int8(fp32_dir, tmp_path_factory, artifacts):
+    return _quantized(fp32_dir, tmp_path_factory, artifacts, "int8")
+
+
+@pytest.fixture(scope="module")
+def int4(fp32_dir, tmp_path_factory, artifacts):
+    # external_bytes=0: every quantized graph keeps its weights in external data (the large-model layout)
+    # the tiny random model is int4's worst case (random weights, random inputs): looser threshold
+    return _quantized(fp32_dir, tmp_path_factory, artifacts, "int4", block_size=16, external_bytes=0, threshold=0.6)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_quantized_graphs_hold_the_quantized_ops_and_no_float_matmul(mode, int8, int4, fp32_dir):
+    man = int8 if mode == "int8" else int4
+    op = "MatMulInteger" if mode == "int8" else "MatMulNBits"
+    for g in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY, Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP):
+        path = man.graph_path(g)
+        n_src = float_matmuls(fp32_dir / path.name)
+        assert n_src > 0
+        assert op_counts(path).get(op) == n_src, g  # every weight MatMul was replaced
+        assert float_matmuls(path) == 0
+        assert man.graphs[g.value].quantization["mode"] == mode
+    for g in (Graph.GASV, Graph.VQ_DECODE):  # stay fp32, untouched
+        assert man.graphs[g.value].quantization is None
+        assert op_counts(man.graph_path(g)).get(op) is None
+
+
+def test_manifest_records_precision_hashes_and_validation(int8, int4):
+    for mode, man in (("int8", int8), ("int4", int4)):
+        assert man.quantization == mode and man.precision == "fp32"  # fp32 activations, quantized weights
+        e = man.graphs["target_verify"]
+        assert e.quantization["source_sha256"] != e.sha256
+        v = e.validation
+        assert v["ok"] and v["precision"] == mode and v["threshold"] == (QUANT_THRESHOLDS[mode] if mode == "int8" else 0.6)
+        assert 0 < v["max_abs_logit_diff"] < 5 and v["top1_agreement"] > 0.5
+    assert int4.graphs["target_verify"].external_data and int4.graphs["target_verify"].quantization["data_sha256"]
+    assert int4.graphs["target_verify"].quantization["block_size"] == 16
+
+
+@pytest.mark.parametrize("mode,tol", [("int8", 0.1), ("int4", 0.6)])
+def test_ort_runner_loads_quantized_engines_unchanged_and_stays_close_to_torch(mode, tol, int8, int4, artifacts):
+    from lisa_trt.engines.ort import load_ort_engines
+
+    man = int8 if mode == "int8" else int4
+    e = load_ort_engines(man.dir, threads=1)
+    tgt, ref = e.target, artifacts["target"]
+    cond = torch.tensor([3, 7])
+    c_ort, c_ref = tgt.new_cache(2, extra=8), ref.new_cache(2, extra=8)
+    ptrs = [t.data_ptr() for t in c_ort.k + c_ort.v]
+    o, r = tgt.prefill(cond, c_ort, taps=True), ref.prefill(cond, c_ref, taps=True)
+    scale = max(1.0, r.logits.abs().max().item())
+    assert (o.logits - r.logits).abs().max().item() <= tol * scale
+    tok = r.logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+    pos = c_ref.lengths[:, None].clone()
+    slots = pos.clone()
+    anc = torch.ones(2, 1, 1, dtype=torch.bool)
+    o2 = tgt.forward_tokens(tok, pos, slots, c_ort.attention_mask(slots, anc), c_ort)
+    L = c_ref.max_len
+    r2 = ref.forward_tokens(tok, pos, slots, c_ref.attention_mask(slots, anc), c_ref)
+    assert (o2.logits - r2.logits).abs().max().item() <= tol * max(1.0, r2.logits.abs().max().item())
+    assert [t.data_ptr() for t in c_ort.k + c_ort.v] == ptrs  # KV cache still updated in place
+    assert (c_ort.k[0][:, :, :L] - c_ref.k[0]).abs().max().item() <= tol
+    assert not torch.equal(c_ort.k[1][:, :, int(slots[0, 0])], torch.zeros_like(c_ort.k[1][:, :, 0]))
+
+
+def test_int8_greedy_tokens_mostly_agree_with_torch(int8, artifacts):
+    from lisa_trt.engines.ort import load_ort_engines
+    from lisa_trt.speculative.autoregressive import generate
+
+    e = load_ort_engines(int8.dir, threads=1)
+    cond = torch.tensor([1, 4])
+    a = generate(e.target, cond, cfg_scale=2.0, greedy=True, generator=torch.Generator().manual_seed(3))
+    b = generate(artifacts["target"], cond, cfg_scale=2.0, greedy=True, generator=torch.Generator().manual_seed(3))
+    # greedy decoding diverges after the first flipped argmax; the prefix before it must be long
+    first_diff = (a != b).float().argmax(-1)
+    same = torch.where((a == b).all(-1), torch.full_like(first_diff, a.shape[1]), first_diff)
+    assert same.float().mean().item() >= 0.25 * a.shape[1]
+
+
+def test_tampered_quantized_graph_or_weights_are_refused(int4, tmp_path):
+    from lisa_trt.export.manifest import read_manifest
+
+    for victim in ("target_verify.onnx", int4.graphs["target_verify"].external_data):
+        d = tmp_path / victim.replace(".", "_")
+        shutil.copytree(int4.dir, d)
+        data = bytearray((d / victim).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (d / victim).write_bytes(bytes(data))
+        with pytest.raises(ArtifactMismatchError, match="sha256|differs"):
+            read_manifest(d)
+
+
+def test_bad_requests_are_refused(fp32_dir, tmp_path, artifacts):
+    from lisa_trt.export.quantize import check_mode
+
+    with pytest.raises(InputError, match="valid: none, int8, int4"):
+        check_mode("int2")
+    with pytest.raises(InputError, match="nothing to quantize"):
+        quantize_graph(fp32_dir / "gasv.onnx", tmp_path / "g.onnx", "int8")
+    d = tmp_path / "none"
+    shutil.copytree(fp32_dir, d)
+    assert quantize_bundle(d, "none", artifacts).quantization == "none"
+
+
+def test_export_refuses_quantize_with_fp16_before_exporting(artifacts, tmp_path):
+    from lisa_trt.runtime.bundle import export_full_bundle
+
+    a = artifacts
+    with pytest.raises(InputError, match="drop --fp16"):
+        export_full_bundle(a["target"], a["drafter"], a["tables"], a["vq"], tmp_path / "x", fp16=True, quantize="int8")
+    with pytest.raises(InputError, match="valid: none, int8, int4"):
+        export_full_bundle(a["target"], a["drafter"], a["tables"], a["vq"], tmp_path / "x", quantize="fp4")
+    assert not (tmp_path / "x").exists()
