@@ -96,13 +96,13 @@ def test_choices_are_recorded_in_the_bundle_settings_and_read_back():
 def test_demo_export_records_the_shipped_choices(monkeypatch, tmp_path):
     import json
 
-    import lisa_trt.artifacts as A
+    import lisa_trt.demo.registry as A
     from lisa_trt.runtime.demo import _measured_choices
 
     c = choose_decoding(backend="ort", precision="int8",
                         measured=[{"top_k": 2, "depth": 1, "total_tokens": 4, "speedup": 0.9}])
     (tmp_path / "decode_choice.json").write_text(json.dumps({"choices": [c.to_dict()]}))
-    monkeypatch.setattr(A, "ASSETS", tmp_path)
+    monkeypatch.setattr(A, "DEMO_DIR", tmp_path)
     assert _measured_choices() == [c]
     gen = record_choices({}, _measured_choices())
     assert auto_method(gen, "ort", "int8")[0] == "vanilla"
