@@ -859,7 +859,7 @@ def demo(out_dir, num_images, backend, verify, seed):
 @_handle_errors
 def quantize_trt_cmd(engine_dir, mode, out_dir, venv, install, calibration_steps):
     """TensorRT Q/DQ graphs through NVIDIA ModelOpt, run in its own venv (docs/quantization.md)."""
-    from .export.trt_quantize import quantize_trt
+    from .engines.trt_quantize import quantize_trt
 
     man = quantize_trt(engine_dir, out_dir, mode, venv=Path(venv) if venv else None, install=install,
                        samples=calibration_steps, echo=click.echo)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lisa_trt.export.io_spec import Graph
-from lisa_trt.export.trt_quantize import (MODELOPT_REQUIREMENT, ModelOptError, calibration_inputs, default_venv,
+from lisa_trt.engines.trt_quantize import (MODELOPT_REQUIREMENT, ModelOptError, calibration_inputs, default_venv,
                                           ensure_venv, modelopt_command, qdq_counts, quantize_trt, venv_python)
 
 

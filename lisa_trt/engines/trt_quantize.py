@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..errors import LisaError
-from .io_spec import Graph, export_dims, graph_spec
+from ..export.io_spec import Graph, export_dims, graph_spec
 
 MODELOPT_VERSION = "0.47.0"
 MODELOPT_REQUIREMENT = f"nvidia-modelopt[onnx]=={MODELOPT_VERSION}"
@@ -133,7 +133,7 @@ def calibration_inputs(graph: Graph, man, samples: int = 4, seed: int = 0, seq: 
     """
     import numpy as np
 
-    from .validate import sample_inputs, to_numpy
+    from ..export.validate import sample_inputs, to_numpy
 
     tcfg = man.target_config
     spec = graph_spec(graph, n_layer=tcfg.n_layer, model_type=tcfg.model_type)
@@ -198,7 +198,7 @@ def quantize_graph_modelopt(src: Path, dst: Path, mode: str, graph: Graph, man, 
 
 def _move_graph(src: Path, dst: Path) -> None:
     """Re-save `src` (and its external data) as `dst` with data in `<dst>.data` when large."""
-    from .quantize import _save_like_export
+    from ..export.quantize import _save_like_export
 
     _save_like_export(src, dst, None)
 
@@ -221,8 +221,8 @@ def quantize_trt(engine_dir, out_dir, mode: str, *, venv: Optional[Path] = None,
     Raises:
         ModelOptError: ModelOpt unavailable or failing; TrtCompatError: a graph TensorRT cannot parse.
     """
-    from . import manifest as M
-    from .onnx import staging_dir
+    from ..export import manifest as M
+    from ..export.onnx import staging_dir
 
     if mode not in TRT_MODES:
         raise ModelOptError(f"unknown TensorRT quantization {mode!r}; valid: {', '.join(TRT_MODES)}")
@@ -254,7 +254,7 @@ def quantize_trt(engine_dir, out_dir, mode: str, *, venv: Optional[Path] = None,
         new = dataclasses.replace(man, graphs=graphs, quantization=f"trt-{mode}")
         M.write_manifest(new, tmp)
         if check:
-            from ..engines.trt_compat import check_trt_compat
+            from .trt_compat import check_trt_compat
 
             check_trt_compat(tmp, graphs=[g.value for g in QDQ_GRAPHS if g.value in graphs])
     return M.read_manifest(out_dir)
