@@ -22,7 +22,7 @@ class GraphKind(enum.Enum):
     PREFILL = "prefill"  # condition prefix -> cache, logits of the last prefix position
     VERIFY_TREE = "verify_tree"  # S new tokens (a tree) at given positions/slots/mask
     DRAFT_STEP = "draft_step"  # drafter: K beam nodes (or committed tokens) -> logits, hidden
-    GASV = "gasv"  # guided logits -> p_raw, p_soft, gate
+    GASV = "gasv"  # guided logits + node tokens / parents -> p, delta_eff, cand, gate
     VQ_DECODE = "vq_decode"  # token ids -> pixels
 
 
@@ -190,26 +190,37 @@ class StaticCacheDrafter:
 
 
 class GraphGASV:
-    """Shared call of the GASV graph runners (ORT, TensorRT): guided logits (N, V) -> GASVOutput.
+    """Shared call of the GASV graph runners (ORT, TensorRT): GASV v2 per-node gates.
 
+    (logits (N, V), tokens (N,), parents (N,), cfg) -> GASVGates, as `gasv.gasv_gates`.
     Subclasses set: config (GASVConfig recorded at export), vocab_size, device, _run.
     """
 
-    def __call__(self, logits, cfg=None):
+    def __call__(self, logits, tokens, parents, cfg=None):
         import torch
 
         from ..errors import InputError
-        from ..export.onnx import gasv_params
-        from ..speculative.gasv import GASVOutput, check_logits
+        from ..export.io_spec import GASV_K
+        from ..speculative.gasv import GASVGates, check_logits
 
         check_logits(logits)
+        cfg = cfg or self.config
         if logits.shape[1] != self.vocab_size:
             raise InputError(f"GASV tables are for vocabulary {self.vocab_size}, logits have {logits.shape[1]}")
-        dev = self.device
-        out = {n: torch.empty(logits.shape, dtype=torch.float32, device=dev) for n in ("gate", "p_raw", "p_soft")}
+        if cfg.scope != "neighbours" or cfg.neighbours > GASV_K:
+            raise InputError(f"the GASV graph gates the first {GASV_K} codebook neighbours (scope 'neighbours'); "
+                             f"got scope {cfg.scope!r}, neighbours {cfg.neighbours}: use the torch backend")
+        dev, N = self.device, logits.shape[0]
+        out = dict(p=torch.empty(logits.shape, dtype=torch.float32, device=dev),
+                   delta_eff=torch.empty(N, dtype=torch.float32, device=dev),
+                   cand=torch.empty(N, GASV_K, dtype=torch.int64, device=dev),
+                   gate=torch.empty(N, GASV_K, dtype=torch.float32, device=dev))
         self._run.run(dict(guided_logits=logits.to(device=dev, dtype=torch.float32).contiguous(),
-                           gasv_params=gasv_params(cfg or self.config).to(dev)), out)
-        return GASVOutput(out["gate"], out["p_raw"], out["p_soft"])
+                           node_tokens=tokens.to(device=dev, dtype=torch.int64).contiguous(),
+                           node_parents=parents.to(device=dev, dtype=torch.int64).contiguous(),
+                           gasv_params=cfg.params(dev)), out)
+        k = cfg.neighbours
+        return GASVGates(out["p"], out["delta_eff"], out["cand"][:, :k], out["gate"][:, :k])
 
 
 class GraphVQDecoder:

@@ -36,8 +36,13 @@ IO_SPEC_VERSION = 1
 DYNAMIC_AXES = ("batch", "seq", "nodes")
 DTYPES = ("int64", "bool", "float32", "act")
 
-# Order of the GASV graph's `gasv_params` input (GASVConfig fields; `lam` is lambda itself).
-GASV_PARAMS = ("kappa", "lam", "gamma_kappa", "gamma_lambda", "theta_clu", "theta_geo", "eps")
+# Order of the GASV graph's `gasv_params` input (GASVConfig numeric fields; `lam` is lambda
+# itself): speculative/gasv.PARAMS, the one definition.
+from ..speculative.gasv import PARAMS as GASV_PARAMS  # noqa: E402
+
+# Candidate columns of the GASV graph (the first GASV_K codebook neighbours of each drafted
+# token, baked in at export; the run-time `neighbours` knob masks the rest, <= GASV_K).
+GASV_K = 64
 
 
 class Graph(enum.Enum):
@@ -201,13 +206,16 @@ def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> Gr
                          dict(zip(present_names(1), past_names(1))), "one drafter step (Drafter.forward)")
     if graph is Graph.GASV:
         return GraphSpec(graph, (
-            TensorSpec("guided_logits", "float32", ("nodes", "vocab"), "CFG-combined, filtered logits (-inf outside the support)"),
-            TensorSpec("gasv_params", "float32", ("n_gasv_params",), f"GASV constants in the order {GASV_PARAMS}"),
+            TensorSpec("guided_logits", "float32", ("nodes", "vocab"), "CFG-combined, filtered logits (-inf outside the support), one row per tree node"),
+            TensorSpec("node_tokens", "int64", ("nodes",), "each node's token d (the drafted token)"),
+            TensorSpec("node_parents", "int64", ("nodes",), "row of each node's parent, -1 for roots"),
+            TensorSpec("gasv_params", "float32", ("n_gasv_params",), f"GASV knobs in the order {GASV_PARAMS}"),
         ), (
-            TensorSpec("gate", "float32", ("nodes", "vocab"), "GASV gate, 0 outside the support"),
-            TensorSpec("p_raw", "float32", ("nodes", "vocab"), "softmax of the logits"),
-            TensorSpec("p_soft", "float32", ("nodes", "vocab"), "gated, renormalised target distribution"),
-        ), doc="GASV (spec/lisa.md steps 1-5), dense path, tables baked in as initializers")
+            TensorSpec("p", "float32", ("nodes", "vocab"), "softmax of each row"),
+            TensorSpec("delta_eff", "float32", ("nodes",), "modulated mass budget of each row as a parent"),
+            TensorSpec("cand", "int64", ("nodes", "gasv_k"), "candidates N(d) of each node's token, -1 padded"),
+            TensorSpec("gate", "float32", ("nodes", "gasv_k"), "gates g(v|d) at the node's parent, 0 on padding / off support"),
+        ), doc="GASV v2 gates (spec/lisa.md steps 1-4, gasv.gasv_core), tables baked in as initializers")
     if graph is Graph.VQ_DECODE:
         return GraphSpec(graph, (TensorSpec("image_tokens", "int64", ("batch", "block"), "token ids, row-major grid"),),
                          (TensorSpec("images", "float32", ("batch", "channels", "height", "width"), "pixels in about [-1, 1]"),),
@@ -227,7 +235,8 @@ def export_dims(target_cfg, *, max_cache_len: int, drafter_cfg=None, vq_cfg=None
     t = target_cfg
     dims = dict(one=1, vocab=t.vocab_size, dim=t.dim, tap_dim=3 * t.dim, kv_heads=t.kv_heads,
                 head_dim=t.head_dim, cache_len=max_cache_len, prefix=t.cls_token_num,
-                caption_dim=t.caption_dim, block=t.block_size, n_gasv_params=len(GASV_PARAMS))
+                caption_dim=t.caption_dim, block=t.block_size, n_gasv_params=len(GASV_PARAMS),
+                gasv_k=GASV_K)
     if drafter_cfg is not None:
         dims.update(draft_hidden=drafter_cfg.hidden, draft_heads=drafter_cfg.n_head,
                     draft_head_dim=drafter_cfg.head_dim)

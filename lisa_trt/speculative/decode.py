@@ -44,9 +44,18 @@ class SpecConfig:
     lantern_k: int = 1000
     lantern_delta: float = 0.1
     lantern_residual: str = "clean"
-    gasv_kappa: Optional[float] = None  # None: the calibration tables' value
+    lantern_gamma: float = 0.0  # uncertainty-modulated LANTERN budget (0 = plain LANTERN)
+    gasv_kappa: Optional[float] = None  # None: the calibration tables' value (GASVConfig)
     gasv_lambda: Optional[float] = None
-    gasv_support_k: Optional[int] = None  # top-K support path for GASV (see gasv.gasv_gate)
+    gasv_delta: Optional[float] = None
+    gasv_neighbours: Optional[int] = None
+    gasv_scope: Optional[str] = None
+
+    def gasv_overrides(self) -> dict:
+        """GASVConfig fields set on this spec (None fields keep the tables' values)."""
+        pairs = (("kappa", self.gasv_kappa), ("lam", self.gasv_lambda), ("delta", self.gasv_delta),
+                 ("neighbours", self.gasv_neighbours), ("scope", self.gasv_scope))
+        return {k: v for k, v in pairs if v is not None}
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -117,8 +126,8 @@ class SpeculativeDecoder:
         target: a TargetEngine (torch Transformer, OrtTarget, TrtTarget).
         drafter: a DrafterEngine (torch Drafter, OrtDrafter, TrtDrafter).
         tables: GASVTables bound to the target head (gasv) / with LANTERN neighbours (lantern).
-        gasv: optional GASV engine `gasv(logits (N, V), cfg) -> GASVOutput` (OrtGASV, TrtGASV);
-            default: the PyTorch reference `gasv_gate` over `tables`.
+        gasv: optional GASV engine `gasv(logits (N, V), tokens (N,), parents (N,), cfg) -> GASVGates`
+            (OrtGASV, TrtGASV); default: the PyTorch reference `gasv_gates` over `tables`.
     """
 
     def __init__(self, target, drafter, tables=None, gasv=None):
@@ -136,23 +145,28 @@ class SpeculativeDecoder:
             p = torch.softmax(logits, -1)
             nb = self._tables("LANTERN").lantern_neighbors
             k = min(spec.lantern_k, nb.shape[1])
+            dn = V.lantern_delta_eff(logits, spec.lantern_delta, spec.lantern_gamma) if spec.lantern_gamma else None
             if greedy:
-                return V.verify_lantern_greedy(p, tree, nb, k=k, delta=spec.lantern_delta)
-            return V.verify_lantern(p, tree, gen, nb, k=k, delta=spec.lantern_delta, residual=spec.lantern_residual)
-        from .gasv import gasv_gate
+                return V.verify_lantern_greedy(p, tree, nb, k=k, delta=spec.lantern_delta, delta_nodes=dn)
+            return V.verify_lantern(p, tree, gen, nb, k=k, delta=spec.lantern_delta, residual=spec.lantern_residual,
+                                    delta_nodes=dn)
+        from .gasv import gasv_gates
 
         cfg = self.gasv.config if self.gasv is not None else self._tables("GASV").config
-        over = {k: v for k, v in (("kappa", spec.gasv_kappa), ("lam", spec.gasv_lambda)) if v is not None}
-        if over:
-            cfg = dataclasses.replace(cfg, **over)
-        if self.gasv is not None:
-            out = self.gasv(logits.reshape(B * N, Vv), cfg)
+        if spec.gasv_overrides():
+            cfg = dataclasses.replace(cfg, **spec.gasv_overrides())
+        offs = torch.arange(B, device=tree.parents.device)[:, None] * N
+        tok = tree.tokens.clamp(min=0).reshape(-1)
+        par = torch.where(tree.parents >= 0, tree.parents + offs, -1).reshape(-1)
+        if self.gasv is not None and cfg.scope == "neighbours":
+            out = self.gasv(logits.reshape(B * N, Vv), tok, par, cfg)
         else:
-            out = gasv_gate(logits.reshape(B * N, Vv), self.tables, cfg, support_k=spec.gasv_support_k)
-        p_raw, p_soft = out.p_raw.reshape(B, N, Vv), out.p_soft.reshape(B, N, Vv)
+            out = gasv_gates(logits.reshape(B * N, Vv), tok, par, self.tables, cfg)
+        K = out.cand.shape[-1]
+        p, cand, gate = out.p.reshape(B, N, Vv), out.cand.reshape(B, N, K), out.gate.reshape(B, N, K)
         if greedy:
-            return V.verify_soft_greedy(p_raw, p_soft, out.gate.reshape(B, N, Vv), tree)
-        return V.verify_soft(p_raw, p_soft, tree, gen)
+            return V.verify_gasv_greedy(p, tree, cand, gate, out.delta_eff.reshape(B, N))
+        return V.verify_gasv(p, tree, gen, cand, gate, out.delta_eff.reshape(B, N))
 
     def _tables(self, what: str):
         if self.tables is None:
