@@ -349,7 +349,7 @@ class OrtDrafter(StaticCacheDrafter):
 # ----------------------------------------------------------------------------- GASV, VQ
 
 class OrtGASV(GraphGASV):
-    """The GASV graph: guided logits (N, V) -> GASVOutput(gate, p_raw, p_soft), dense path.
+    """The GASV graph: (guided logits (N, V), node tokens, node parents) -> GASVGates (v2).
 
     `cfg` (GASVConfig) defaults to the constants recorded at export; any may be overridden
     per call (they are a graph input).

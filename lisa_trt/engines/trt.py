@@ -396,7 +396,7 @@ class TrtDrafter(StaticCacheDrafter, _TrtRunner):
 # ----------------------------------------------------------------------------- GASV, VQ
 
 class TrtGASV(GraphGASV, _TrtRunner):
-    """The GASV engine (the lisa::gasv plugin graph): guided logits (N, V) -> GASVOutput."""
+    """The GASV engine (the lisa::gasv plugin graph): GASV v2 per-node gates -> GASVGates."""
 
     def __init__(self, manifest, **kw):
         super().__init__(manifest, **kw)

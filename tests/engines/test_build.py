@@ -397,15 +397,17 @@ def test_trt_target_matches_torch_through_the_binding_protocol(fake, kv_binding)
 def test_trt_gasv_and_vq_match_the_references(fake):
     from export_artifacts import make_artifacts
 
-    from lisa_trt.speculative.gasv import gasv_gate
+    from lisa_trt.speculative.gasv import gasv_gates
 
     a = make_artifacts()
     eng = T.load_trt_engines(fake.dir, device="cpu")
     logits = torch.randn(5, 256) * 3
     logits[1, 50:] = float("-inf")
-    got, want = eng.gasv(logits), gasv_gate(logits, a["tables"])
-    for k in ("gate", "p_raw", "p_soft"):
+    tok, par = torch.tensor([1, 2, 3, 4, 5]), torch.tensor([-1, 0, 0, 2, 1])
+    got, want = eng.gasv(logits, tok, par), gasv_gates(logits, tok, par, a["tables"])
+    for k in ("p", "delta_eff", "gate"):
         assert _close(getattr(got, k), getattr(want, k), 1e-5)
+    assert torch.equal(got.cand, want.cand)
     toks = torch.randint(0, 256, (1, 16))                      # the default profiles: max_batch 1
     g = a["target"].config.grid_size
     with torch.no_grad():
