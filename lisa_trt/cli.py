@@ -80,9 +80,35 @@ def spec_options_bench(fn):
     fn = click.option("--tree-depth", type=int, default=d.depth, show_default=True, help="EAGLE-2 tree: expansion rounds.")(fn)
     fn = click.option("--tree-tokens", type=int, default=d.total_tokens, show_default=True, help="EAGLE-2 tree: nodes incl. root.")(fn)
     fn = click.option("--lantern-delta", type=float, default=d.lantern_delta, show_default=True)(fn)
-    fn = click.option("--gasv-kappa", type=float, default=None, help="Override the tables' kappa.")(fn)
-    fn = click.option("--gasv-lambda", type=float, default=None, help="Override the tables' lambda.")(fn)
+    fn = click.option("--kappa", "--gasv-kappa", "gasv_kappa", type=float, default=None,
+                      help="GASV kappa (tables' default); larger = faster, more distortion.")(fn)
+    fn = click.option("--lambda", "--gasv-lambda", "gasv_lambda", type=float, default=None,
+                      help="GASV lambda in (0, 1] (tables' default); SMALLER = faster, more distortion.")(fn)
+    return knob_options(fn)
+
+
+def _store_knob(ctx, param, value):
+    if value is not None:
+        ctx.meta.setdefault("lisa_knobs", {})[param.name] = value
+    return value
+
+
+def knob_options(fn):
+    """GASV v2 / modulated-LANTERN knobs (kept in the click context: `spec_knobs()`)."""
+    opts = [("--delta", "gasv_delta", float, "GASV mass budget per sibling (0 = exact); larger = faster."),
+            ("--neighbours", "gasv_neighbours", int, "GASV candidates per draft (codebook neighbours K_n)."),
+            ("--scope", "gasv_scope", click.Choice(["neighbours", "cluster", "support"]),
+             "GASV candidate set (ablation; neighbours is the method)."),
+            ("--lantern-gamma", "lantern_gamma", float, "Uncertainty-modulated LANTERN budget (0 = plain LANTERN).")]
+    for flag, name, typ, hlp in reversed(opts):
+        fn = click.option(flag, name, type=typ, default=None, expose_value=False, callback=_store_knob, help=hlp)(fn)
     return fn
+
+
+def spec_knobs() -> dict:
+    """The knob_options given on the command line ({SpecConfig field: value})."""
+    ctx = click.get_current_context(silent=True)
+    return dict(ctx.meta.get("lisa_knobs", {})) if ctx is not None else {}
 
 
 def make_spec(verify, top_k, depth, total, lantern_delta, kappa, lam):
@@ -90,7 +116,7 @@ def make_spec(verify, top_k, depth, total, lantern_delta, kappa, lam):
 
     method = verify if verify in METHODS else "exact"
     return SpecConfig(method=method, top_k=top_k, depth=depth, total_tokens=total,
-                      lantern_delta=lantern_delta, gasv_kappa=kappa, gasv_lambda=lam)
+                      lantern_delta=lantern_delta, gasv_kappa=kappa, gasv_lambda=lam, **spec_knobs())
 
 
 def resolve_spec_artifacts(model, target, methods, drafter, tables):
@@ -334,8 +360,12 @@ def decode_and_save(tokens, vq, vq_config_name, tc, out):
 @click.option("--clusters", type=int, default=None, help="Default round(2 sqrt(V)).")
 @click.option("--cluster-space", type=click.Choice(["codebook", "w_tilde"]), default="codebook", show_default=True)
 @click.option("--lantern-k", type=int, default=1000, show_default=True)
-@click.option("--kappa", type=float, default=1.0, show_default=True)
-@click.option("--lambda", "lam", type=float, default=0.4, show_default=True)
+@click.option("--kappa", type=float, default=1.0, show_default=True, help="GASV default kappa stored in the tables.")
+@click.option("--lambda", "lam", type=float, default=0.6, show_default=True, help="GASV default lambda (0, 1].")
+@click.option("--delta", type=float, default=None, expose_value=False, callback=_store_knob,
+              help="GASV default mass budget (default 1: no cap).")
+@click.option("--neighbours", type=int, default=None, expose_value=False, callback=_store_knob,
+              help="GASV K_n: candidates per draft, also the calibration's N(z) (default 16).")
 @sampling_options
 @_handle_errors
 def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, rollouts, samples_per_pos,
@@ -359,7 +389,7 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
     tables = run_calibration(target, vqm.codebook().detach(), num_rollouts=rollouts,
                              samples_per_pos=samples_per_pos, quantile=quantile, n_clusters=clusters,
                              cluster_space=cluster_space, lantern_k=lantern_k, seed=seed, sampling=s,
-                             gasv=GASVConfig(kappa=kappa, lam=lam))
+                             gasv=GASVConfig(kappa=kappa, lam=lam, **spec_knobs()))
     save_tables(tables, out_path)
     click.echo(f"wrote {out_path}: {tables.n_clusters} clusters, theta_geo {tables.theta_geo:.3f}, "
                f"LANTERN k {tables.lantern_neighbors.shape[1]}")
@@ -627,6 +657,11 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
 @click.option("--tree-top-k", type=int, default=None)
 @click.option("--tree-depth", type=int, default=None)
 @click.option("--tree-tokens", type=int, default=None)
+@click.option("--kappa", "gasv_kappa", type=float, default=None, expose_value=False, callback=_store_knob,
+              help="GASV kappa (larger = faster).")
+@click.option("--lambda", "gasv_lambda", type=float, default=None, expose_value=False, callback=_store_knob,
+              help="GASV lambda (smaller = faster).")
+@knob_options
 @_handle_errors
 def run(engine_dir, prompts, out_dir, backend, verify, threads, cfg_scale, temperature, top_k, top_p, cfg_interval,
         greedy, seed, tree_top_k, tree_depth, tree_tokens):
@@ -643,7 +678,7 @@ def run(engine_dir, prompts, out_dir, backend, verify, threads, cfg_scale, tempe
     ps = parse_prompts(prompts, model_type=cfg.model_type, num_classes=cfg.num_classes, class_names=pipe.class_names)
     res = pipe.generate(ps, seed=seed, verify=verify, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                         top_p=top_p, greedy=greedy, tree_top_k=tree_top_k, tree_depth=tree_depth,
-                        tree_tokens=tree_tokens)
+                        tree_tokens=tree_tokens, **spec_knobs())
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     from .imaging import save_png

@@ -152,7 +152,9 @@ class Pipeline:
             batch: decode all prompts in one batched call (same seed stream) instead of one call
                 per prompt (per-prompt seeds, reproducible one by one).
             decode: decode tokens to PIL images (needs the VQ decoder).
-            tree: top_k / depth / total_tokens overrides of the tree budget (e.g. depth=3).
+            tree: top_k / depth / total_tokens overrides of the tree budget (e.g. depth=3), and
+                verification knobs (SpecConfig fields): gasv_kappa, gasv_lambda, gasv_delta,
+                gasv_neighbours, gasv_scope (None: the tables' values), lantern_delta, lantern_gamma.
         Returns:
             GenerationResult(images, tokens (B, N), stats).
         """
