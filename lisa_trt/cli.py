@@ -105,6 +105,16 @@ def knob_options(fn):
     return fn
 
 
+def _store_meta(ctx, param, value):
+    ctx.meta[param.name] = value
+    return value
+
+
+def _meta(name, default=None):
+    ctx = click.get_current_context(silent=True)
+    return ctx.meta.get(name, default) if ctx is not None else default
+
+
 def spec_knobs() -> dict:
     """The knob_options given on the command line ({SpecConfig field: value})."""
     ctx = click.get_current_context(silent=True)
@@ -503,6 +513,11 @@ def decode_eval(target, drafter, cfg, n: int) -> dict:
 @click.option("--sjd-window", type=int, default=16, show_default=True)
 @sampling_options
 @spec_options_bench
+@click.option("--sweep", "bench_sweep", multiple=True, expose_value=False, callback=_store_meta,
+              help='Knob grid, repeatable: "gasv:kappa=0.5,1,2;lambda=0.6,0.3", "lantern:delta=0.1,0.2;gamma=1".')
+@click.option("--quality-cache", "bench_quality_cache", default=None, type=click.Path(), expose_value=False,
+              callback=_store_meta, help="Directory caching the quality reference features (real crops, vanilla "
+              "samples); default runs/quality_cache.")
 @click.option("--json", "json_path", required=True, type=click.Path())
 @click.option("--plot", "plot_path", default=None, type=click.Path())
 @_handle_errors
@@ -518,7 +533,10 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
     target = resolve_target(model, config, image_size, model_type)
     s = resolve_sampling(model, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                          cfg_interval=cfg_interval, greedy=greedy)
-    dr, tb = resolve_spec_artifacts(model, target, ms, drafter, tables)
+    from .bench import parse_sweep
+
+    runs = [r for text in (_meta("bench_sweep") or ()) for r in parse_sweep(text)]
+    dr, tb = resolve_spec_artifacts(model, target, ms + [m for _, m, _ in runs], drafter, tables)
     tgt_engine, dr_engine, gasv_engine = target, dr, None
     if backend == "ort":
         tgt_engine, dr_engine, gasv_engine = _ort_bench_engines(engine_dir, target, dr, tb)
@@ -526,7 +544,7 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
     ncls = target.config.num_classes
     cl = parse_classes(classes, ncls, names) if classes else list(range(ncls))
     cl = [cl[i % len(cl)] for i in range(num_images)]
-    scorer_fn = decode_fn = None
+    scorer_fn = decode_fn = quality = None
     if model == "demo":
         from .demo.registry import load_demo_scorer, load_demo_vq
         from .demo.scorer import score_images
@@ -541,16 +559,48 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
         def scorer_fn(images, labels):
             return score_images(images, labels, scorer)
 
+        quality = _bench_quality(target, scorer, decode_fn, cl, s, seed)
     spec = make_spec("gasv", tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda)
     report = run_bench(tgt_engine, dr_engine, tb, ms, cl, sampling=s, spec=spec, seed=seed, gasv=gasv_engine,
-                       scorer_fn=scorer_fn, decode_fn=decode_fn, sjd_window=sjd_window,
+                       scorer_fn=scorer_fn, decode_fn=decode_fn, sjd_window=sjd_window, runs=runs,
+                       quality=quality if model == "demo" and len(cl) >= 32 else None,
                        settings_extra={"model": model, "drafter": drafter or (model == "demo" and "demo-lisa") or None,
                                        "backend": backend, "command": " ".join(sys.argv)})
     save_bench(report, json_path, plot_path)
     for m, r in report["results"].items():
         q = f", class_acc {r['class_acc']:.3f}, FD-demo {r['fd_demo']:.2f}" if "class_acc" in r else ""
+        if "kid_real" in r:
+            q = (f", acc {r['class_acc']:.3f}+-{r['class_acc_se']:.3f}, KID-real {1e3 * r['kid_real']:.2f}"
+                 f"+-{1e3 * r['kid_real_se']:.2f}e-3" + (f", KID-vanilla {1e3 * r['kid_vanilla']:.2f}+-"
+                 f"{1e3 * r['kid_vanilla_se']:.2f}e-3" if "kid_vanilla" in r else "")
+                 + {True: " [neutral]", False: " [not neutral]", None: " [underpowered]"}[r["quality_neutral"]])
         click.echo(f"{m:8s} MAL {r['mal']:.2f}  {r['seconds_per_image']:.3f} s/img  speed-up {r['speedup']:.2f}x  "
                    f"TVD {r['mean_tvd']:.4f}{q}")
+
+
+def _bench_quality(target, scorer, decode_fn, classes, sampling, seed):
+    """The quality reference of a demo bench: real held-out crops and vanilla samples drawn with
+    seeds disjoint from the bench's (seed + 1_000_003 + i), cached on disk."""
+    import dataclasses
+
+    import torch
+
+    from .io import tensor_hash
+    from .quality import QualityReference
+    from .speculative.autoregressive import generate as ar_generate
+
+    vseed = seed + 1_000_003
+
+    def vanilla_images():
+        cond = torch.as_tensor(classes).long()
+        toks = torch.cat([ar_generate(target, cond[i: i + 64], seed=vseed + i, **dataclasses.asdict(sampling))
+                          for i in range(0, len(cond), 64)])
+        return decode_fn(toks)
+
+    key = {"target": tensor_hash(target.output.weight), "sampling": dataclasses.asdict(sampling),
+           "classes": list(map(int, classes)), "seed": vseed}
+    return QualityReference(scorer, vanilla_fn=vanilla_images, vanilla_key=key,
+                            cache_dir=_meta("bench_quality_cache") or "runs/quality_cache")
 
 
 @main.command()
