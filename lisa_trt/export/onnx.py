@@ -224,7 +224,8 @@ class GASVGraph(_NamedGraph):
         prm = dict(zip(GASV_PARAMS, x["gasv_params"].unbind(0)))
         tok = x["node_tokens"]
         cols = torch.arange(GASV_K, device=tok.device)[None, :].to(torch.float32)
-        cand = torch.where(cols < prm["neighbours"], self.nb[tok.clamp(min=0)], -1)
+        # no int64 Clip here: this subgraph stays in the TensorRT variant (TensorRT's Clip is float-only)
+        cand = torch.where(cols < prm["neighbours"], self.nb[torch.where(tok >= 0, tok, 0)], -1)
         p, delta_eff, gate = gasv_core(x["guided_logits"], tok, x["node_parents"], cand, self.w_tilde, self.n2,
                                        self.cluster, self.beta, prm)
         return dict(p=p, delta_eff=delta_eff, cand=cand, gate=gate)
