@@ -29,7 +29,6 @@ ONNX Runtime against the PyTorch reference `gasv_gates` on random logits (`verif
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
