@@ -68,7 +68,8 @@ def test_profiles_cover_every_input_with_io_spec_shapes(man):
     assert tree.shapes["input_ids"] == ((1, 1), (2, 16), (6, 16))
     assert tree.shapes["attention_mask"][2] == (6, 16, man.max_cache_len)
     (nodes,) = profs["gasv"]
-    assert nodes.shapes["guided_logits"] == ((1, 256), (16, 256), (48, 256)) and nodes.shapes["gasv_params"][0] == (7,)
+    assert nodes.shapes["guided_logits"] == ((1, 256), (16, 256), (48, 256)) and nodes.shapes["gasv_params"][0] == (10,)
+    assert nodes.shapes["node_tokens"] == ((1,), (16,), (48,)) and nodes.shapes["node_parents"][2] == (48,)
     (vq,) = profs["vq_decode"]
     assert vq.shapes["image_tokens"] == ((1, 16), (1, 16), (3, 16))              # images: no CFG
 
@@ -188,8 +189,9 @@ class FakeEngine:
         self.inputs = [i.name for i in model.graph.input]
         self.outputs = [o.name for o in model.graph.output]
         if gr.plugin_nodes(model):
-            self._run = lambda feeds: gr.emulate_trt_variant(model, feeds["guided_logits"], feeds["gasv_params"])
-            self.dtypes = {"guided_logits": np.float32, "gasv_params": np.float32}
+            self._run = lambda feeds: gr.emulate_trt_variant(model, *(feeds[n] for n in gr.GRAPH_INPUTS))
+            self.dtypes = {"guided_logits": np.float32, "node_tokens": np.int64, "node_parents": np.int64,
+                           "gasv_params": np.float32}
         else:
             sess = ort.InferenceSession(d["onnx"], providers=["CPUExecutionProvider"])
             self._run = lambda feeds: dict(zip(self.outputs, sess.run(self.outputs, feeds)))
