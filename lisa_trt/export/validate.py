@@ -1,7 +1,7 @@
 """Check exported graphs against PyTorch (random valid inputs) and lint them with Polygraphy.
 
 The reference is always the fp32 PyTorch model through its public API (`prefill`,
-`forward_tokens`, `Drafter.forward`, `gasv_gate`, `decode_code`), not the export wrappers, so a
+`forward_tokens`, `Drafter.forward`, `gasv_gates`, `decode_code`), not the export wrappers, so a
 wrapper bug is caught too. fp16 graphs are compared with the same fp32 reference under a looser
 threshold. Error = max |onnx - torch| / max(1, max |torch|) per output (finite entries; the
 positions of infinities must agree); integer and bool outputs must match exactly.
