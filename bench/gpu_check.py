@@ -8,8 +8,8 @@ Sections (each guarded: an error is recorded and the next section runs; the JSON
 after every section, so a run cut by a timeout keeps what it measured):
   env            torch / CUDA / GPU / triton / onnxruntime / polygraphy versions, and whether
                  `import tensorrt` works there (the import error otherwise);
-  gasv_kernel    the Triton GASV kernel vs the PyTorch reference `gasv_gate` at V=16384,
-                 H=1280, C=256 (GPT-XL head): max |difference| of gate / p_soft, and median
+  gasv_kernel    the GASV v2 Triton kernel vs the PyTorch reference `gasv_gates` at V=16384,
+                 H=1280, C=256 (GPT-XL head): max |difference| of p / delta_eff / gate, and median
                  latency of both for 2 / 64 / 128 rows, dense and top-2000 support;
   verify_latency one target forward over S tree tokens (S = 1 .. 64, CFG batch 2, random tree
                  masks) on random official-shaped GPT-B / GPT-L / GPT-XL in bf16 (--dtype): the
@@ -151,10 +151,12 @@ def section_env(ctx: Ctx) -> dict:
 
 
 def _gasv_case(V, H, C, N, *, top_k, seed, device):
+    """GASV v2 inputs: N tree nodes (a chain) with filtered logits, node tokens near the top."""
     import types
 
     import torch
 
+    from lisa_trt.calibration.profile import lantern_neighbors
     from lisa_trt.speculative.gasv import GASVConfig
 
     g = torch.Generator().manual_seed(seed)
@@ -164,22 +166,26 @@ def _gasv_case(V, H, C, N, *, top_k, seed, device):
     if top_k:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    cfg = GASVConfig(theta_geo=2.5)
+    parents = torch.arange(N) - 1
+    tokens = logits[parents.clamp(min=0)].argsort(-1, descending=True)[:, 1]
+    cfg = GASVConfig(theta_geo=2.5, neighbours=16)
+    nb = lantern_neighbors(torch.randn(V, 8, generator=g), 64)
     tables = types.SimpleNamespace(w_tilde=wt.to(device), w_tilde_norm2=(wt * wt).sum(1).to(device),
                                    cluster=torch.randint(0, C, (V,), generator=g, dtype=torch.int32).to(device),
-                                   beta=(0.5 + 2 * torch.rand(C, generator=g)).to(device), theta_geo=2.5, config=cfg)
-    return logits.to(device), tables, cfg
+                                   beta=(0.5 + 2 * torch.rand(C, generator=g)).to(device), lantern_neighbors=nb.to(device),
+                                   vocab_size=V, theta_geo=2.5, config=cfg)
+    return logits.to(device), tokens.to(device), parents.to(device), tables, cfg
 
 
 def section_gasv_kernel(ctx: Ctx) -> dict:
     import torch
 
-    from lisa_trt.speculative.gasv import gasv_gate
+    from lisa_trt.speculative.gasv import gasv_gates
 
     V, H, C = (256, 32, 8) if ctx.smoke else (16384, 1280, 256)
     rows = (4,) if ctx.smoke else (2, 64, 128)
     reps, warm = (2, 1) if ctx.smoke else (20, 3)
-    out = {"V": V, "H": H, "C": C, "cases": []}
+    out = {"V": V, "H": H, "C": C, "gasv_version": 2, "cases": []}
     kernel = ctx.cuda or os.environ.get("TRITON_INTERPRET") == "1"
     gt = None
     if kernel:
@@ -187,20 +193,18 @@ def section_gasv_kernel(ctx: Ctx) -> dict:
     else:
         out["triton_kernel"] = "skipped: no CUDA (set TRITON_INTERPRET=1 to run the interpreter on CPU)"
     for N in rows:
-        for support in (None, 2000 if not ctx.smoke else 16):
-            top_k = support or 0
-            logits, tables, cfg = _gasv_case(V, H, C, N, top_k=top_k, seed=N, device=ctx.device)
-            case = {"rows": N, "support_k": support}
+        for top_k in (0, 2000 if not ctx.smoke else 16):
+            logits, tokens, parents, tables, cfg = _gasv_case(V, H, C, N, top_k=top_k, seed=N, device=ctx.device)
+            case = {"rows": N, "top_k": top_k}
             with torch.no_grad():
-                ref = gasv_gate(logits, tables, cfg, support_k=support, check_inputs=False)
-                case["torch_ref"] = time_ms(lambda: gasv_gate(logits, tables, cfg, support_k=support,
-                                                              check_inputs=False),
+                ref = gasv_gates(logits, tokens, parents, tables, cfg, check_inputs=False)
+                case["torch_ref"] = time_ms(lambda: gasv_gates(logits, tokens, parents, tables, cfg, check_inputs=False),
                                             reps=reps, warmup=warm, cuda=ctx.cuda)
                 if gt is not None:
-                    got = gt.gasv_triton(logits, tables, cfg, support_k=support, check_inputs=False)
+                    got = gt.gasv_triton(logits, tokens, parents, tables, cfg, check_inputs=False)
                     case["max_abs_diff"] = {k: float((getattr(got, k) - getattr(ref, k)).abs().max())
-                                            for k in ("gate", "p_raw", "p_soft")}
-                    case["triton"] = time_ms(lambda: gt.gasv_triton(logits, tables, cfg, support_k=support,
+                                            for k in ("p", "delta_eff", "gate")}
+                    case["triton"] = time_ms(lambda: gt.gasv_triton(logits, tokens, parents, tables, cfg,
                                                                     check_inputs=False),
                                              reps=reps, warmup=warm, cuda=ctx.cuda)
                     case["speedup"] = round(case["torch_ref"]["median_ms"] / max(case["triton"]["median_ms"], 1e-9), 2)

@@ -2,12 +2,19 @@
 
 Speed-up = vanilla seconds per image / method seconds per image, measured in the same run
 (docs/spec/speculative.md metric conventions: batch 1, same batched CFG, VQ decode excluded).
-Quality (class accuracy, FD-demo) comes from the demo scorer when the model has one.
+Quality comes from the demo scorer when the model has one: with a `QualityReference`
+(lisa_trt.quality) class accuracy +- SE, KID-demo vs real crops and vs vanilla samples +- SE,
+FD-demo; otherwise the legacy (class accuracy, FD-demo) pair.
+
+`--sweep` grids (`parse_sweep`): "gasv:kappa=0.5,1,2;lambda=0.6,0.3" runs gasv at every
+combination, each a labelled point (`gasv[kappa=0.5,lambda=0.6]`); the Pareto plot draws MAL
+against KID-demo with error bars, one curve per rule.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import time
 from typing import Optional
@@ -18,8 +25,9 @@ from tqdm import tqdm
 from .config import SamplingConfig
 from .errors import InputError
 from .io import write_json
-from .speculative.methods import METHODS, SpecConfig, method_names
+from .speculative.methods import FLAT_FIELDS, METHODS, SpecConfig, method_names
 from .speculative.run import run_method
+
 
 def parse_methods(text: str) -> list[str]:
     """"vanilla,gasv" -> ["vanilla", "gasv"], each a registered method (speculative/methods.py)."""
@@ -30,48 +38,109 @@ def parse_methods(text: str) -> list[str]:
     return methods
 
 
+# --sweep knob names -> SpecConfig fields (per rule where the name is shared)
+_KNOBS = {"kappa": "gasv_kappa", "lambda": "gasv_lambda", "lam": "gasv_lambda", "neighbours": "gasv_neighbours",
+          "scope": "gasv_scope", "gamma": "lantern_gamma", "lantern_gamma": "lantern_gamma",
+          "lantern_delta": "lantern_delta", "gasv_delta": "gasv_delta"}
+
+
+def _knob_field(method: str, name: str) -> str:
+    if name == "delta":
+        return {"gasv": "gasv_delta", "lantern": "lantern_delta"}.get(method, "")
+    field = _KNOBS.get(name, name)
+    if field not in FLAT_FIELDS:
+        raise InputError(f"unknown sweep knob {name!r} for {method}; use kappa, lambda, delta, neighbours, scope, "
+                         "gamma (LANTERN) or a SpecConfig field")
+    return field
+
+
+def _value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_sweep(text: str) -> list[tuple[str, str, dict]]:
+    """"rule:knob=a,b;knob2=c" -> [(label, rule, {SpecConfig field: value})], the full grid.
+
+    Example: "gasv:kappa=0.5,1;delta=0.2" -> gasv[kappa=0.5,delta=0.2], gasv[kappa=1,delta=0.2].
+    """
+    method, _, grid = text.partition(":")
+    method = method.strip()
+    if method not in METHODS or METHODS[method].kind != "tree" and grid:
+        raise InputError(f"bad sweep {text!r}: 'RULE:knob=v1,v2;knob=v' with RULE in exact, lantern, gasv")
+    axes = []
+    for part in filter(None, (p.strip() for p in grid.split(";"))):
+        name, eq, vals = part.partition("=")
+        if not eq or not vals.strip():
+            raise InputError(f"bad sweep axis {part!r} in {text!r}: expected knob=v1,v2")
+        field = _knob_field(method, name.strip())
+        if not field:
+            raise InputError(f"knob {name!r} does not apply to {method}")
+        axes.append([(name.strip(), field, _value(v.strip())) for v in vals.split(",") if v.strip()])
+    runs = []
+    for combo in itertools.product(*axes):
+        label = method + ("[" + ",".join(f"{n}={v}" for n, _, v in combo) + "]" if combo else "")
+        runs.append((label, method, {f: v for _, f, v in combo}))
+    return runs
+
+
 def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingConfig,
               spec: SpecConfig, seed: int = 0, scorer_fn=None, decode_fn=None, sjd_window: int = 16,
-              progress: bool = True, settings_extra: Optional[dict] = None, gasv=None) -> dict:
-    """Run `methods` on one image per entry of `classes` (batch 1, seed + i for image i).
-    For t2i targets `classes` is a (features (B, L, C), mask (B, L)) condition, one row per image.
+              progress: bool = True, settings_extra: Optional[dict] = None, gasv=None,
+              runs: Optional[list] = None, quality=None) -> dict:
+    """Run every method / sweep point on one image per entry of `classes` (batch 1, seed + i).
 
     Args:
-        scorer_fn: optional (images uint8/float, labels) -> (class_acc, fd_demo).
-        decode_fn: optional tokens -> images for the scorer.
+        methods: rule names (each run with `spec`).
+        runs: extra labelled points [(label, rule, {SpecConfig field: value})] (`parse_sweep`).
+        scorer_fn: optional legacy (images, labels) -> (class_acc, fd_demo).
+        decode_fn: optional tokens -> images for the scorer / quality harness.
+        quality: optional lisa_trt.quality.QualityReference (needs decode_fn): the full harness.
     Returns:
-        {"settings": {...}, "results": {method: {mal, seconds_per_image, speedup, mean_tvd,
-        class_acc, fd_demo, ...}}}
+        {"settings": {...}, "results": {label: {method, knobs, mal, seconds_per_image, speedup,
+        mean_tvd, [quality keys], ...}}}
     """
-    baseline = method_names("ar")[0]
-    if baseline not in methods:
-        methods = [baseline] + list(methods)
+    from .quality import evaluate, quality_neutral
+
     from .text.prompts import cond_len, cond_rows
 
-    t2i = isinstance(classes, tuple)
+    baseline = method_names("ar")[0]
+    todo = [(m, m, {}) for m in methods] + list(runs or [])
+    if baseline not in [m for _, m, _ in todo]:
+        todo = [(baseline, baseline, {})] + todo
+    labels = [t[0] for t in todo]
+    if len(set(labels)) != len(labels):
+        raise InputError(f"duplicate bench points: {labels}")
+    t2i = isinstance(classes, tuple)  # (features (B, L, C), mask (B, L)): one row per image
     cls = classes if t2i else torch.as_tensor(classes).long()
     results, tokens = {}, {}
+    specs = {label: spec.replace(**over) for label, _, over in todo}
     # warm-up (allocations, thread pools), not timed
-    for m in methods:
+    for m in dict.fromkeys(m for _, m, _ in todo):
         run_method(m, target, drafter, tables, cond_rows(cls, 0, 1), sampling=sampling, spec=spec, seed=seed,
                    sjd_window=sjd_window, gasv=gasv)
-    for m in methods:
+    for label, m, over in todo:
         secs, stats_all, toks = [], [], []
-        for i in tqdm(range(cond_len(cls)), desc=f"bench {m}", disable=not progress):
+        for i in tqdm(range(cond_len(cls)), desc=f"bench {label}", disable=not progress):
             t0 = time.perf_counter()
             tk, st = run_method(m, target, drafter, tables, cond_rows(cls, i, i + 1), sampling=sampling,
-                                spec=spec, seed=seed + i, sjd_window=sjd_window, gasv=gasv)
+                                spec=specs[label], seed=seed + i, sjd_window=sjd_window, gasv=gasv)
             secs.append(time.perf_counter() - t0)
             stats_all.append(st)
             toks.append(tk)
-        tokens[m] = torch.cat([t.cpu() for t in toks])
+        tokens[label] = torch.cat([t.cpu() for t in toks])
         committed = torch.cat([c.float().cpu() for s in stats_all for c in s.committed])
         tvds = [t.float().cpu() for s in stats_all for t in s.tvd]
         times = {}
         for s in stats_all:
             for k, v in s.times.items():
                 times[k] = times.get(k, 0.0) + v / len(stats_all)
-        results[m] = {
+        results[label] = {
+            "method": m, "knobs": over,
             "mal": float(committed.mean()) if METHODS[m].kind != "ar" else 1.0,
             "seconds_per_image": sum(secs) / len(secs),
             "mean_tvd": float(torch.cat(tvds).mean()) if tvds else 0.0,
@@ -79,11 +148,19 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
             "time_split": times,
         }
     base = results[baseline]["seconds_per_image"]
-    for m, r in results.items():
+    for label, r in results.items():
         r["speedup"] = base / r["seconds_per_image"]
-        if scorer_fn is not None and decode_fn is not None and not t2i:
-            acc, fd = scorer_fn(decode_fn(tokens[m]), cls)
+        if t2i:
+            continue  # no class labels to score captions against
+        if decode_fn is not None and quality is not None:
+            r.update(evaluate(decode_fn(tokens[label]), cls, quality))
+        elif scorer_fn is not None and decode_fn is not None:
+            acc, fd = scorer_fn(decode_fn(tokens[label]), cls)
             r["class_acc"], r["fd_demo"] = float(acc), float(fd)
+    if quality is not None and decode_fn is not None and not t2i:
+        v = results[baseline]
+        for r in results.values():
+            r["quality_neutral"] = None if r["underpowered"] else quality_neutral(r, v)
     settings = {"num_images": cond_len(cls), "seed": seed, **({} if t2i else {"classes": cls.tolist()}),
                 "sampling": dataclasses.asdict(sampling), "spec": dataclasses.asdict(spec),
                 "sjd_window": sjd_window, "torch_threads": torch.get_num_threads(),
@@ -94,7 +171,50 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
 def save_bench(report: dict, json_path, plot_path=None) -> None:
     write_json(json_path, report)
     if plot_path:
-        plot_speed_quality(report, plot_path)
+        if all("kid_real" in r for r in report["results"].values()):
+            plot_pareto(report, plot_path)
+        else:
+            plot_speed_quality(report, plot_path)
+
+
+def plot_pareto(report: dict, path) -> None:
+    """MAL against KID-demo (+- 1 SE) per point, one curve per rule (sorted by MAL); two panels:
+    KID vs the cached vanilla samples (when measured) and KID vs real held-out crops."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .io import atomic_write
+
+    res = report["results"]
+    keys = [k for k in ("kid_vanilla", "kid_real") if all(k in r for r in res.values())]
+    fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.5), squeeze=False)
+    rules = list(dict.fromkeys(r.get("method", m) for m, r in res.items()))
+    for ax, key in zip(axes[0], keys):
+        for j, rule in enumerate(rules):
+            pts = sorted(((r["mal"], r[key], r[key + "_se"], m) for m, r in res.items()
+                          if r.get("method", m) == rule), key=lambda t: t[0])
+            xs, ys, es, names = zip(*pts)
+            ax.errorbar(xs, ys, yerr=es, fmt="o-", color=f"C{j}", capsize=3, ms=4, label=rule)
+            if len(pts) > 1:
+                for x, y, n in zip(xs, ys, names):
+                    ax.annotate(n.split("[", 1)[-1].rstrip("]"), (x, y), textcoords="offset points",
+                                xytext=(3, 3), fontsize=6)
+        v = res["vanilla"]
+        ax.axhspan(v[key] - 2 * v[key + "_se"], v[key] + 2 * v[key + "_se"], color="grey", alpha=0.2,
+                   label="vanilla +- 2 SE")
+        ax.set_xlabel("mean accepted length (MAL)")
+        ax.set_ylabel(f"{'KID-demo vs vanilla samples' if key == 'kid_vanilla' else 'KID-demo vs real crops'}"
+                      " (lower is better)")
+        ax.legend(fontsize=7)
+    s = report["settings"]
+    fig.suptitle(f"{s.get('model', '')} {s.get('drafter', '') or ''}: {s['num_images']} images per point, "
+                 "error bars 1 SE", fontsize=9)
+    fig.tight_layout()
+    with atomic_write(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
 
 
 def plot_speed_quality(report: dict, path) -> None:

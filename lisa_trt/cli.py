@@ -140,12 +140,53 @@ def spec_options_bench(fn):
     d = SpecConfig().flat()
     for o in reversed(cli_options()):
         default = d.get(o.name)
-        fn = click.option(o.flag, o.name, type=o.type, default=default, show_default=default is not None,
-                          help=o.help)(fn)
+        if o.name in _EXPOSED_KNOBS:  # parameters of the command functions
+            fn = click.option(o.flag, *o.aliases, o.name, type=o.type, default=default,
+                              show_default=default is not None, help=o.help)(fn)
+        else:  # kept in the click context (spec_knobs), so commands need no new parameters
+            fn = click.option(o.flag, *o.aliases, o.name, type=o.type, default=None, expose_value=False,
+                              callback=_store_knob, help=o.help)(fn)
     fn = click.option("--tree-top-k", type=int, default=d["top_k"], show_default=True, help="EAGLE-2 tree: children per node.")(fn)
     fn = click.option("--tree-depth", type=int, default=d["depth"], show_default=True, help="EAGLE-2 tree: expansion rounds.")(fn)
     fn = click.option("--tree-tokens", type=int, default=d["total_tokens"], show_default=True, help="EAGLE-2 tree: nodes incl. root.")(fn)
     return fn
+
+
+_EXPOSED_KNOBS = ("lantern_delta", "gasv_kappa", "gasv_lambda")
+
+
+def method_knob_options(fn):
+    """Every registered method's options, kept in the click context (`spec_knobs()`); None = the
+    bundle's / tables' value."""
+    from .speculative.methods import cli_options
+
+    for o in reversed(cli_options()):
+        fn = click.option(o.flag, *o.aliases, o.name, type=o.type, default=None, expose_value=False,
+                          callback=_store_knob, help=o.help)(fn)
+    return fn
+
+
+def _store_knob(ctx, param, value):
+    if value is not None:
+        ctx.meta.setdefault("lisa_knobs", {})[param.name] = value
+    return value
+
+
+def _store_meta(ctx, param, value):
+    ctx.meta[param.name] = value
+    return value
+
+
+def _meta(name, default=None):
+    ctx = click.get_current_context(silent=True)
+    return ctx.meta.get(name, default) if ctx is not None else default
+
+
+def spec_knobs() -> dict:
+    """The method options given on the command line that are not command parameters
+    ({SpecConfig flat name: value}: gasv_delta, gasv_neighbours, gasv_scope, lantern_gamma ...)."""
+    ctx = click.get_current_context(silent=True)
+    return dict(ctx.meta.get("lisa_knobs", {})) if ctx is not None else {}
 
 
 def make_spec(verify, top_k, depth, total, lantern_delta=None, kappa=None, lam=None, **method_options):
@@ -154,7 +195,8 @@ def make_spec(verify, top_k, depth, total, lantern_delta=None, kappa=None, lam=N
 
     tree = method_names("tree")
     return SpecConfig.make(verify if verify in tree else tree[0], top_k=top_k, depth=depth, total_tokens=total,
-                           lantern_delta=lantern_delta, gasv_kappa=kappa, gasv_lambda=lam, **method_options)
+                           lantern_delta=lantern_delta, gasv_kappa=kappa, gasv_lambda=lam,
+                           **{**spec_knobs(), **method_options})
 
 
 def resolve_spec_artifacts(model, target, methods, drafter, tables):
@@ -386,6 +428,10 @@ def _is_chameleon(model) -> bool:
 @click.option("--encoder", "encoder_dir", default=None, type=click.Path(), help="t2i: local flan-t5-xl directory (for a captions .txt).")
 @click.option("--captions-file", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Chameleon directory models: rollout captions, one per line (default: built-in list).")
+@click.option("--delta", type=float, default=None, expose_value=False, callback=_store_knob,
+              help="GASV default mass budget (default 1: no cap).")
+@click.option("--neighbours", type=int, default=None, expose_value=False, callback=_store_knob,
+              help="GASV K_n: candidates per draft, also the calibration's N(z) (default 16).")
 @sampling_options
 @_handle_errors
 def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, rollouts, samples_per_pos,
@@ -432,7 +478,7 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
     tables = run_calibration(target, vqm.codebook().detach(), conds=conds, num_rollouts=rollouts,
                              samples_per_pos=samples_per_pos, quantile=quantile, n_clusters=clusters,
                              cluster_space=cluster_space, lantern_k=lantern_k, seed=seed, sampling=s,
-                             gasv=GASVConfig(kappa=kappa, lam=lam))
+                             gasv=GASVConfig(kappa=kappa, lam=lam, **spec_knobs()))
     save_tables(tables, out_path)
     click.echo(f"wrote {out_path}: {tables.n_clusters} clusters, theta_geo {tables.theta_geo:.3f}, "
                f"LANTERN k {tables.lantern_neighbors.shape[1]}")
@@ -575,6 +621,11 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
 @click.option("--sjd-window", type=int, default=16, show_default=True)
 @sampling_options
 @spec_options_bench
+@click.option("--sweep", "bench_sweep", multiple=True, expose_value=False, callback=_store_meta,
+              help='Knob grid, repeatable: "gasv:kappa=0.5,1,2;lambda=0.6,0.3", "lantern:delta=0.1,0.2;gamma=1".')
+@click.option("--quality-cache", "bench_quality_cache", default=None, type=click.Path(), expose_value=False,
+              callback=_store_meta, help="Directory caching the quality reference features (real crops, vanilla "
+              "samples); default runs/quality_cache.")
 @click.option("--json", "json_path", required=True, type=click.Path())
 @click.option("--plot", "plot_path", default=None, type=click.Path())
 @_handle_errors
@@ -605,7 +656,10 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
         t2i_conds, texts = prompt_conds(target.config, captions, encoder_dir, n=num_images, what="bench")
     s = resolve_sampling(model, target.config.vocab_size, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                          cfg_interval=cfg_interval, greedy=greedy)
-    dr, tb = resolve_spec_artifacts(model, target, ms, drafter, tables)
+    from .bench import parse_sweep
+
+    runs = [r for text in (_meta("bench_sweep") or ()) for r in parse_sweep(text)]
+    dr, tb = resolve_spec_artifacts(model, target, ms + [m for _, m, _ in runs], drafter, tables)
     tgt_engine, dr_engine, gasv_engine = target, dr, None
     if backend != "torch":
         tgt_engine, dr_engine, gasv_engine = _graph_bench_engines(backend, engine_dir, target, dr, tb)
@@ -618,7 +672,7 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
     else:
         cl = parse_classes(classes, ncls, names) if classes else list(range(ncls))
         cl = [cl[i % len(cl)] for i in range(num_images)]
-    scorer_fn = decode_fn = None
+    scorer_fn = decode_fn = quality = None
     from .models.artifact_sets import artifact_set
 
     aset = artifact_set(model)
@@ -638,9 +692,12 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
                 warnings.simplefilter("ignore", UserWarning)
                 return score_images(images, labels, scorer)
 
+        if texts is None:
+            quality = _bench_quality(target, scorer, decode_fn, cl, s, seed)
     spec = make_spec("gasv", tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda)
     report = run_bench(tgt_engine, dr_engine, tb, ms, cl, sampling=s, spec=spec, seed=seed, gasv=gasv_engine,
-                       scorer_fn=scorer_fn, decode_fn=decode_fn, sjd_window=sjd_window,
+                       scorer_fn=scorer_fn, decode_fn=decode_fn, sjd_window=sjd_window, runs=runs,
+                       quality=quality if aset is not None and texts is None and len(cl) >= 32 else None,
                        settings_extra={"model": model, "drafter": drafter or default_drafter(model),
                                        "backend": backend, "command": " ".join(sys.argv),
                                        **({"captions": texts} if texts is not None else {})})
@@ -651,11 +708,41 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
         fd = r.get("fd_demo", float("nan"))
         q = (f", class_acc {r['class_acc']:.3f}, FD-demo {'n/a' if fd != fd else format(fd, '.2f')}"
              if "class_acc" in r else "")
+        if "kid_real" in r:
+            q = (f", acc {r['class_acc']:.3f}+-{r['class_acc_se']:.3f}, KID-real {1e3 * r['kid_real']:.2f}"
+                 f"+-{1e3 * r['kid_real_se']:.2f}e-3" + (f", KID-vanilla {1e3 * r['kid_vanilla']:.2f}+-"
+                 f"{1e3 * r['kid_vanilla_se']:.2f}e-3" if "kid_vanilla" in r else "")
+                 + {True: " [neutral]", False: " [not neutral]", None: " [underpowered]"}[r["quality_neutral"]])
         click.echo(f"{m:8s} MAL {r['mal']:.2f}  {r['seconds_per_image']:.3f} s/img  speed-up {r['speedup']:.2f}x  "
                    f"TVD {r['mean_tvd']:.4f}{q}")
     if model == "demo" and num_images < INDICATIVE_BELOW:
         click.echo(f"quality from {num_images} images is indicative only (FD-demo is biased upwards below "
                    f"{INDICATIVE_BELOW} images; bench/demo_quality.json uses 256)")
+
+
+def _bench_quality(target, scorer, decode_fn, classes, sampling, seed):
+    """The quality reference of a demo bench: real held-out crops and vanilla samples drawn with
+    seeds disjoint from the bench's (seed + 1_000_003 + i), cached on disk."""
+    import dataclasses
+
+    import torch
+
+    from .io import tensor_hash
+    from .quality import QualityReference
+    from .speculative.autoregressive import generate as ar_generate
+
+    vseed = seed + 1_000_003
+
+    def vanilla_images():
+        cond = torch.as_tensor(classes).long()
+        toks = torch.cat([ar_generate(target, cond[i: i + 64], seed=vseed + i, **dataclasses.asdict(sampling))
+                          for i in range(0, len(cond), 64)])
+        return decode_fn(toks)
+
+    key = {"target": tensor_hash(target.output.weight), "sampling": dataclasses.asdict(sampling),
+           "classes": list(map(int, classes)), "seed": vseed}
+    return QualityReference(scorer, vanilla_fn=vanilla_images, vanilla_key=key,
+                            cache_dir=_meta("bench_quality_cache") or "runs/quality_cache")
 
 
 @main.command()
@@ -783,6 +870,7 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
 @click.option("--tree-top-k", type=int, default=None)
 @click.option("--tree-depth", type=int, default=None)
 @click.option("--tree-tokens", type=int, default=None)
+@method_knob_options
 @_handle_errors
 def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, encoder_dir, cfg_scale, temperature, top_k,
         top_p, cfg_interval, greedy, seed, tree_top_k, tree_depth, tree_tokens):
@@ -818,7 +906,7 @@ def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, encod
     ps = parse_prompts(prompts, model_type=cfg.model_type, num_classes=cfg.num_classes, class_names=pipe.class_names)
     res = pipe.generate(ps, seed=seed, verify=verify, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                         top_p=top_p, greedy=greedy, tree_top_k=tree_top_k, tree_depth=tree_depth,
-                        tree_tokens=tree_tokens, progress=sys.stderr.isatty())
+                        tree_tokens=tree_tokens, progress=sys.stderr.isatty(), **spec_knobs())
     out = save_run(out_dir, res, ps, {"backend": pipe.backend, "verify": verify, "images": res.stats},
                    overwrite=overwrite)
     mal = sum(st["mal"] for st in res.stats) / len(res.stats)

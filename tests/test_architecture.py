@@ -20,7 +20,7 @@ FLOORS = {
     "text.encoder": 2,  # the caption encoder is a model (train/ uses it); text's prompt plumbing is runtime
     "engines": 4,
     "export": 3, "speculative": 3, "calibration": 3, "train": 3, "artifacts": 3, "demo": 3, "testing": 3,
-    "quantization": 3,
+    "quantization": 3, "quality": 3,
     "models": 2,
     "config": 1, "errors": 1, "io": 1, "progress": 1, "imaging": 1, "timing": 1, "_version": 1,
     "safe_load": 1, "threads": 1, "validation": 1,

@@ -67,6 +67,32 @@ def test_bench_json_schema_and_plot(files):
     assert (files / "b.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_sweep_and_knobs(files):
+    """--sweep grids become labelled points; the lossless GASV point reproduces exact; the knobs
+    reach the rule (kappa up / lambda down -> MAL and TVD up)."""
+    r = CliRunner()
+    res = r.invoke(main, ["bench", "--model", str(files / "t.safetensors"), "--drafter",
+                          str(files / "run" / "drafter.safetensors"), "--tables", str(files / "tables.safetensors"),
+                          "--methods", "exact", "--num-images", "3", "--cfg-scale", "2", "--tree-top-k", "3",
+                          "--tree-depth", "2", "--tree-tokens", "8", "--neighbours", "12",
+                          "--sweep", "gasv:kappa=0,4;lambda=1,0.05", "--sweep", "lantern:delta=0.2;gamma=0,1",
+                          "--json", str(files / "s.json"), "--plot", str(files / "s.png")])
+    assert res.exit_code == 0, res.output
+    rep = json.loads((files / "s.json").read_text())["results"]
+    assert set(rep) == {"vanilla", "exact", "gasv[kappa=0,lambda=1]", "gasv[kappa=0,lambda=0.05]",
+                        "gasv[kappa=4,lambda=1]", "gasv[kappa=4,lambda=0.05]", "lantern[delta=0.2,gamma=0]",
+                        "lantern[delta=0.2,gamma=1]"}
+    lossless, loose = rep["gasv[kappa=0,lambda=1]"], rep["gasv[kappa=4,lambda=0.05]"]
+    assert lossless["mal"] == rep["exact"]["mal"] and lossless["mean_tvd"] < 1e-5
+    assert loose["mal"] > lossless["mal"] and loose["mean_tvd"] > 0.01
+    assert loose["knobs"] == {"gasv_kappa": 4, "gasv_lambda": 0.05} and loose["method"] == "gasv"
+    assert rep["lantern[delta=0.2,gamma=1]"]["knobs"] == {"lantern_delta": 0.2, "lantern_gamma": 1}
+    assert (files / "s.png").read_bytes()[:4] == b"\x89PNG"
+    res = r.invoke(main, ["bench", "--model", str(files / "t.safetensors"), "--methods", "exact",
+                          "--sweep", "gasv:sigma=1", "--json", str(files / "x.json")])
+    assert res.exit_code == 2 and "unknown sweep knob" in res.output
+
+
 def test_mismatched_tables_and_drafter_refused(files, tmp_path):
     other = make_target(std=0.3, seed=5)
     save_model(other, other.config, tmp_path / "o.safetensors")

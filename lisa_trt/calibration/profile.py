@@ -2,11 +2,12 @@
 
     whitening      invstd of output.weight, W~ = W * invstd, row norms of W~
     clusters       seeded k-means (k-means++ init, Lloyd) on the codebook (or on W~)
-    budgets        R rollouts of the target itself; at each position the top-1 i and S
-                   alternatives v ~ p_raw (i excluded: the target's own plausible OTHER choices);
-                   beta_c = q-quantile of s_geo(v) over positions whose top-1 is in cluster c,
-                   global quantile for clusters with < 32 samples; theta_geo = 8 / median(beta)
     LANTERN        K nearest codes of every code by L2 on the normalised codebook
+    budgets        R rollouts of the target itself; at each position the SAMPLED token z and S
+                   candidates v ~ p restricted to N(z) (its K_n codebook neighbours, the GASV v2
+                   candidate set); beta_c = q-quantile of s(v|z) over positions whose z is in
+                   cluster c (the statistic the runtime gates on), global quantile for clusters
+                   with < 32 samples; theta_geo = 8 / median(beta)
 
 Everything is deterministic for a given seed (private torch.Generators; the global RNG is
 untouched).
@@ -116,41 +117,47 @@ def guided_rollout_logits(target, cond, tokens: torch.Tensor, sampling: Sampling
     return process_logits(guided, sampling.temperature, sampling.top_k, sampling.top_p)
 
 
-def drift_samples(logits: torch.Tensor, w_tilde: torch.Tensor, S: int, generator: torch.Generator,
-                  eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
-    """s_geo(v) for S alternatives v ~ p_raw (top-1 excluded) at each position.
+def drift_samples(logits: torch.Tensor, tokens: torch.Tensor, w_tilde: torch.Tensor, neighbors: torch.Tensor,
+                  S: int, generator: torch.Generator, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """s(v|z) for S candidates v ~ p restricted to N(z) at each position (spec/lisa.md Calibration).
+
+    z is the token the rollout sampled at the position; N(z) its K_n codebook neighbours (the
+    runtime's candidate set) inside the support of p. s(v|z) = |l_z - l_v| / ||W~_z - W~_v||: the
+    statistic GASV v2 gates on.
 
     Args:
-        logits: (M, V) filtered logits.
-        w_tilde: (V, H) whitened head.
+        logits: (M, V) filtered logits; tokens: (M,) sampled tokens z.
+        w_tilde: (V, H) whitened head; neighbors: (V, K_n) candidate table (nearest first).
     Returns:
-        s (M', S) drift values and top1 (M',) for the M' positions with any alternative mass.
+        s (M', S) drift values and z (M',) for the M' positions with any candidate mass.
     """
-    i = logits.argmax(-1)                                                # (M,)
-    p = torch.softmax(logits, -1).scatter(1, i[:, None], 0.0)            # alternatives only
-    keep = p.sum(-1) > 0
-    i, p, logits = i[keep], p[keep], logits[keep]
-    if not len(i):
-        return torch.empty(0, S), i
-    v = torch.multinomial(p, S, replacement=True, generator=generator)   # (M', S)
-    gap = logits.gather(1, i[:, None]) - logits.gather(1, v)             # (M', S) >= 0
-    dist = (w_tilde[i][:, None, :] - w_tilde[v]).norm(dim=-1)            # (M', S)
-    return gap / (dist + eps), i
+    z = tokens.long()
+    nb = neighbors.to(logits.device).long()[z]                           # (M, K_n)
+    p = torch.softmax(logits, -1).gather(1, nb)                          # p restricted to N(z)
+    keep = (p.sum(-1) > 0) & torch.isfinite(logits.gather(1, z[:, None])[:, 0])
+    z, p, nb, logits = z[keep], p[keep], nb[keep], logits[keep]
+    if not len(z):
+        return torch.empty(0, S), z
+    v = nb.gather(1, torch.multinomial(p, S, replacement=True, generator=generator))  # (M', S)
+    gap = (logits.gather(1, z[:, None]) - logits.gather(1, v)).abs()     # (M', S)
+    dist = (w_tilde[z][:, None, :] - w_tilde[v]).norm(dim=-1)            # (M', S)
+    return gap / (dist + eps), z
 
 
 def cluster_budgets(s: torch.Tensor, c: torch.Tensor, C: int, q: float,
                     min_samples: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
-    """beta_c = q-quantile of the drifts whose top-1 lies in cluster c (global if < min_samples).
+    """beta_c = q-quantile of the drifts whose token z lies in cluster c (global if < min_samples).
 
     Args:
-        s: (M,) drift samples; c: (M,) cluster of each sample's top-1.
+        s: (M,) drift samples; c: (M,) cluster of each sample's sampled token z.
     Returns:
         beta (C,) fp32, counts (C,) samples per cluster.
     """
     s, c = s.flatten().double(), c.flatten().long()
     if not len(s):
-        raise InputError("calibration rollouts produced no alternative tokens (every position had a "
-                         "single-token support): calibrate with top_k > 1 / temperature > 0")
+        raise InputError("calibration rollouts produced no candidate tokens (no position had mass on "
+                         "the sampled token's codebook neighbours): calibrate with top_k > 1 / "
+                         "temperature > 0, or more neighbours")
     glob = torch.quantile(s, q)
     counts = torch.bincount(c, minlength=C)
     beta = torch.full((C,), float(glob), dtype=torch.float64)
@@ -220,6 +227,10 @@ def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, num_rollouts: in
     gen = torch.Generator(device=W.device).manual_seed(seed)
     alt_gen = torch.Generator(device=W.device).manual_seed(seed + 1)
     cluster_dev = cluster.to(W.device).long()
+    neighbors = lantern_neighbors(codebook, min(lantern_k, V - 1))
+    if gasv.neighbours > neighbors.shape[1]:
+        raise InputError(f"GASV neighbours {gasv.neighbours} exceeds lantern_k {neighbors.shape[1]}")
+    cand = neighbors[:, : gasv.neighbours].to(W.device)
     all_s, all_c = [], []
     # Bar in rollouts, advanced token by token (one batch can be all the rollouts: no 0/1 bar).
     bar = tqdm(total=R, desc="calibrate rollouts", unit="rollout", disable=not progress,
@@ -233,9 +244,10 @@ def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, num_rollouts: in
                           cfg_interval=sampling.cfg_interval, generator=gen,
                           on_token=lambda _i, nb=nb: bar.update(0.9 * nb / N))
         logits = guided_rollout_logits(target, cond, tokens, sampling)  # (B, N, V)
-        drift, top1 = drift_samples(logits.reshape(-1, V), w_tilde, samples_per_pos, alt_gen, gasv.eps)
+        drift, z = drift_samples(logits.reshape(-1, V), tokens.reshape(-1), w_tilde, cand, samples_per_pos,
+                                 alt_gen, gasv.eps)
         all_s.append(drift.cpu())
-        all_c.append(cluster_dev[top1][:, None].expand_as(drift).cpu())
+        all_c.append(cluster_dev[z][:, None].expand_as(drift).cpu())
         bar.n = s + nb  # the remaining 10 %: drift sampling of this batch
         bar.refresh()
     bar.close()
@@ -244,7 +256,7 @@ def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, num_rollouts: in
     if not (math.isfinite(med) and med > 0):
         raise InputError(f"calibration gave median drift budget {med}; GASV needs > 0 (are the "
                          "target's logits degenerate?)")
-    settings = dict(num_rollouts=R, samples_per_pos=samples_per_pos, quantile=quantile,
+    settings = dict(num_rollouts=R, samples_per_pos=samples_per_pos, quantile=quantile, statistic="s(v|z), v in N(z)",
                     min_cluster_samples=min_cluster_samples, kmeans_iters=kmeans_iters,
                     sampling=dict(cfg_scale=sampling.cfg_scale, temperature=sampling.temperature,
                                   top_k=sampling.top_k, top_p=sampling.top_p, greedy=sampling.greedy,
@@ -252,7 +264,7 @@ def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, num_rollouts: in
                     n_samples=int(counts.sum()), clusters_with_own_budget=int((counts >= min_cluster_samples).sum()))
     tables = GASVTables(invstd=invstd.cpu(), w_tilde_norm2=(w_tilde * w_tilde).sum(1).cpu(),
                         cluster=cluster, centroids=centroids, beta=beta,
-                        lantern_neighbors=lantern_neighbors(codebook, min(lantern_k, V - 1)),
+                        lantern_neighbors=neighbors,
                         config=GASVConfig(**{**gasv.to_dict(), "theta_geo": 8.0 / med}),
                         target_hash=target_hash_of(target), vocab_size=V, seed=seed,
                         cluster_space=cluster_space, settings=settings)

@@ -1,7 +1,8 @@
 """GASV / LANTERN calibration tables: format, save/load, binding to a target, checks.
 
 One safetensors file holds every table plus JSON metadata (schema version, target hash,
-vocabulary size, the GASV constants, seed, calibration settings).
+vocabulary size, the GASV version (2) and knobs, seed, calibration settings). Version-1 tables
+(GASV version 1, retired) are refused with a message to re-run `lisa-trt calibrate`.
 
 Storage choice: the whitened head W~ = W * invstd (V x H, as large as the target's head) is
 NOT stored. The file keeps invstd (H,) and the squared row norms of W~ (V,); W~ is recomputed
@@ -23,9 +24,9 @@ from typing import Optional
 import torch
 
 from ..errors import ArtifactMismatchError, CheckpointError, InputError
-from ..speculative.gasv import GASVConfig
+from ..speculative.gasv import GASV_VERSION, GASVConfig
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # = the GASV version the tables are made for (spec/lisa.md GASV version 2)
 FORMAT = "lisa-trt/gasv-tables"
 _TENSORS = ("invstd", "w_tilde_norm2", "cluster", "centroids", "beta", "lantern_neighbors")
 
@@ -138,7 +139,7 @@ class GASVTables:
         return dataclasses.replace(self, config=dataclasses.replace(self.config, **overrides))
 
     def metadata(self) -> dict:
-        return {"format": FORMAT, "schema_version": self.schema_version,
+        return {"format": FORMAT, "schema_version": self.schema_version, "gasv_version": GASV_VERSION,
                 "target_hash": self.target_hash, "vocab_size": self.vocab_size,
                 "n_clusters": self.n_clusters, "hidden_size": self.hidden_size,
                 "lantern_k": int(self.lantern_neighbors.shape[1]), "seed": self.seed,
@@ -167,9 +168,15 @@ def load_tables(path, head_weight: Optional[torch.Tensor] = None) -> GASVTables:
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a lisa-trt GASV tables file (format "
                               f"{meta.get('format')!r}); make one with `lisa-trt calibrate --model ...`")
-    if meta.get("schema_version") != SCHEMA_VERSION:
+    version = meta.get("schema_version")
+    if version == 1 or (version == SCHEMA_VERSION and meta.get("gasv_version") != GASV_VERSION):
         raise ArtifactMismatchError(
-            f"{path} has tables schema version {meta.get('schema_version')}, this lisa-trt reads "
+            f"{path} holds GASV version-1 calibration tables (gate anchored on the target's top-1, "
+            f"retired); this lisa-trt runs GASV version {GASV_VERSION}. Re-run `lisa-trt calibrate "
+            "--model ...` to make version-2 tables (the budgets beta_c are measured differently).")
+    if version != SCHEMA_VERSION:
+        raise ArtifactMismatchError(
+            f"{path} has tables schema version {version}, this lisa-trt reads "
             f"version {SCHEMA_VERSION}. Re-run `lisa-trt calibrate --model ...`.")
     missing = [n for n in _TENSORS if n not in tensors]
     if missing:

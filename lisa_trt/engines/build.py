@@ -221,7 +221,7 @@ def build_plan(onnx_path: Path, profiles: list, plan_path: Path, *, timing_cache
 
 def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=None, refit: bool = False,
                   workspace: Optional[int] = None, max_batch: int = 1, max_tree: Optional[int] = None,
-                  graphs: Optional[list] = None, tables=None, gasv_support_k: Optional[int] = None,
+                  graphs: Optional[list] = None, tables=None,
                   check: bool = True, dry_run: bool = False, progress: bool = True) -> dict:
     """Build a TensorRT engine for every graph of an exported engine directory.
 
@@ -235,7 +235,6 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
         max_batch / max_tree: ranges of the default profiles.
         graphs: graph names to build (default all).
         tables: GASV tables for the plugin rewrite (default: recovered from gasv.onnx and verified).
-        gasv_support_k: build GASV over the top-K support (`lisa::gasv_support`) instead of dense.
         check: run check_trt_compat first (fails before any TensorRT work).
         dry_run: check and plan only: no TensorRT needed, nothing written; returns the plan.
     Returns:
@@ -259,7 +258,7 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
 
     trt = None if dry_run else require_tensorrt_gpu()
     if not dry_run and Graph.GASV.value in names:  # gasv.trt.onnx: what the check and the build read
-        write_trt_variant(man.graph_path(Graph.GASV), tables=tables, support_k=gasv_support_k)
+        write_trt_variant(man.graph_path(Graph.GASV), tables=tables)
     if check:
         check_trt_compat(engine_dir, profiles=profiles, max_batch=max_batch, graphs=names, tables=tables)
     plan = {n: {"onnx": trt_onnx_path(man, Graph(n)).name, "plan": f"{n}{PLAN_SUFFIX}",
@@ -281,7 +280,7 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
     record = {"format": ENGINES_FORMAT, "schema_version": ENGINES_SCHEMA, "tensorrt_version": trt.__version__,
               **device_info(), "strongly_typed": True, "refit": bool(refit), "workspace": workspace,
               "timing_cache": str(timing_cache) if timing_cache else None, "max_batch": max_batch,
-              "max_tree": max_tree or man.max_tree, "gasv_support_k": gasv_support_k,
+              "max_tree": max_tree or man.max_tree,
               "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "graphs": plan}
     old = engines_record(engine_dir) or {}
     if old.get("graphs") and graphs:  # partial rebuild: keep the other graphs' entries

@@ -1,7 +1,7 @@
 """Generic engines over any backend's graph runners (engines/base.py), and `load_engines`.
 
 `GraphTarget` / `GraphDrafter` are drop-in replacements for the torch `Transformer` / `Drafter`
-(same methods, shapes, KVCache / DrafterCache objects), `GraphGASV` for `gasv_gate`, `GraphVQ`
+(same methods, shapes, KVCache / DrafterCache objects), `GraphGASV` for `gasv_gates`, `GraphVQ`
 for `VQModel.decode_code`. They speak tensor names from export/io_spec.py only; everything
 backend-specific (sessions, contexts, address binding) lives in the runner.
 
@@ -232,7 +232,9 @@ class GraphDrafter(_KVEngine):
 
 
 class GraphGASV:
-    """The GASV graph: guided logits (N, V) -> GASVOutput(gate, p_raw, p_soft), dense path.
+    """The GASV graph, GASV v2 per-node gates (docs/spec/lisa.md steps 1-4):
+    (guided logits (N, V), node tokens (N,), node parents (N,), cfg) -> GASVGates, as
+    `speculative.gasv.gasv_gates` computes them.
 
     `cfg` (GASVConfig) defaults to the constants recorded at export; any may be overridden
     per call (they are a graph input). Inputs and outputs go by io_spec names: a changed GASV
@@ -251,18 +253,24 @@ class GraphGASV:
     def close(self) -> None:
         self._run.close()
 
-    def __call__(self, logits, cfg=None):
-        from ..export.io_spec import gasv_params
-        from ..speculative.gasv import GASVOutput, check_logits
+    def __call__(self, logits, tokens, parents, cfg=None):
+        from ..export.io_spec import GASV_K
+        from ..speculative.gasv import GASVGates, check_logits
 
         check_logits(logits)
+        cfg = cfg or self.config
         if logits.shape[1] != self.vocab_size:
             raise InputError(f"GASV tables are for vocabulary {self.vocab_size}, logits have {logits.shape[1]}")
+        if cfg.scope != "neighbours" or cfg.neighbours > GASV_K:
+            raise InputError(f"the GASV graph gates the first {GASV_K} codebook neighbours (scope 'neighbours'); "
+                             f"got scope {cfg.scope!r}, neighbours {cfg.neighbours}: use the torch backend")
         dev = self.device
         out = self._run.run(dict(guided_logits=logits.to(device=dev, dtype=torch.float32).contiguous(),
-                                 gasv_params=gasv_params(cfg or self.config).to(dev)))
-        return GASVOutput(out["gate"], out["p_raw"], out["p_soft"])
-
+                                 node_tokens=tokens.to(device=dev, dtype=torch.int64).contiguous(),
+                                 node_parents=parents.to(device=dev, dtype=torch.int64).contiguous(),
+                                 gasv_params=cfg.params(dev)))
+        k = cfg.neighbours
+        return GASVGates(out["p"], out["delta_eff"], out["cand"][:, :k], out["gate"][:, :k])
 
 class GraphVQ:
     """The VQ decoder graph: token ids (B, h*w) -> images (B, 3, H, W) in about [-1, 1]."""

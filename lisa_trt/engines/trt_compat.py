@@ -411,7 +411,7 @@ def _check_plugin(node, ctx) -> tuple:
     """The attributes, arity and input dtypes TensorRT's parser and the plugin expect.
 
     Returns (violations, warnings). Attributes: plugin_namespace and domain "lisa",
-    plugin_version "1", num_warps (declared by register()), aot 0/1 (absent: the JIT
+    plugin_version "2" (GASV v2), num_warps (declared by register()), aot 0/1 (absent: the JIT
     implementation, which needs Python and the registration at run time: a warning).
     """
     from .plugins import graph_rewrite as gr
@@ -435,11 +435,11 @@ def _check_plugin(node, ctx) -> tuple:
         bad.append(f"plugin attribute aot must be 0 (JIT) or 1 (AOT), has {aot!r}")
     if _attr(node, "num_warps") is None:
         bad.append("plugin node lacks its num_warps attribute (declared by the plugin's register())")
-    if len(node.input) != tp.N_INPUTS[node.op_type] or len(node.output) != tp.N_OUTPUTS:
-        bad.append(f"{tp.NAMESPACE}::{node.op_type} takes {tp.N_INPUTS[node.op_type]} inputs and {tp.N_OUTPUTS} "
+    if len(node.input) != tp.N_INPUTS or len(node.output) != tp.N_OUTPUTS:
+        bad.append(f"{tp.NAMESPACE}::{node.op_type} takes {tp.N_INPUTS} inputs and {tp.N_OUTPUTS} "
                    f"outputs, the node has {len(node.input)} / {len(node.output)}")
         return bad, warn
-    want = gr.plugin_input_dtypes(tp.PLUGINS[node.op_type])
+    want = gr.plugin_input_dtypes()
     for name, w in zip(node.input, want):
         dt = ctx.types.get(name)
         if dt is not None and ONNX_DTYPE_NAMES.get(dt) != w:

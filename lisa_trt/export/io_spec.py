@@ -38,8 +38,13 @@ IO_SPEC_VERSION = 1
 DYNAMIC_AXES = ("batch", "seq", "nodes")
 DTYPES = ("int64", "bool", "float32", "act")
 
-# Order of the GASV graph's `gasv_params` input (GASVConfig fields; `lam` is lambda itself).
-GASV_PARAMS = ("kappa", "lam", "gamma_kappa", "gamma_lambda", "theta_clu", "theta_geo", "eps")
+# Order of the GASV graph's `gasv_params` input (GASVConfig numeric fields; `lam` is lambda
+# itself): speculative/gasv.PARAMS, the one definition.
+from ..speculative.gasv import PARAMS as GASV_PARAMS  # noqa: E402
+
+# Candidate columns of the GASV graph (the first GASV_K codebook neighbours of each drafted
+# token, baked in at export; the run-time `neighbours` knob masks the rest, <= GASV_K).
+GASV_K = 64
 
 
 class GraphKind(enum.Enum):
@@ -48,7 +53,7 @@ class GraphKind(enum.Enum):
     PREFILL = "prefill"  # condition prefix -> cache, logits of the last prefix position
     VERIFY_TREE = "verify_tree"  # S new tokens (a tree) at given positions/slots/mask
     DRAFT_STEP = "draft_step"  # drafter: K beam nodes (or committed tokens) -> logits, hidden
-    GASV = "gasv"  # guided logits -> p_raw, p_soft, gate
+    GASV = "gasv"  # guided logits + node tokens / parents -> p, delta_eff, cand, gate
     VQ_DECODE = "vq_decode"  # token ids -> pixels
 
 
@@ -207,13 +212,16 @@ def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> Gr
                          dict(zip(present_names(1), past_names(1))), "one drafter step (Drafter.forward)")
     if graph is Graph.GASV:
         return GraphSpec(graph, (
-            TensorSpec("guided_logits", "float32", ("nodes", "vocab"), "CFG-combined, filtered logits (-inf outside the support)"),
-            TensorSpec("gasv_params", "float32", ("n_gasv_params",), f"GASV constants in the order {GASV_PARAMS}"),
+            TensorSpec("guided_logits", "float32", ("nodes", "vocab"), "CFG-combined, filtered logits (-inf outside the support), one row per tree node"),
+            TensorSpec("node_tokens", "int64", ("nodes",), "each node's token d (the drafted token)"),
+            TensorSpec("node_parents", "int64", ("nodes",), "row of each node's parent, -1 for roots"),
+            TensorSpec("gasv_params", "float32", ("n_gasv_params",), f"GASV knobs in the order {GASV_PARAMS}"),
         ), (
-            TensorSpec("gate", "float32", ("nodes", "vocab"), "GASV gate, 0 outside the support"),
-            TensorSpec("p_raw", "float32", ("nodes", "vocab"), "softmax of the logits"),
-            TensorSpec("p_soft", "float32", ("nodes", "vocab"), "gated, renormalised target distribution"),
-        ), doc="GASV (docs/spec/lisa.md steps 1-5), dense path, tables baked in as initializers")
+            TensorSpec("p", "float32", ("nodes", "vocab"), "softmax of each row"),
+            TensorSpec("delta_eff", "float32", ("nodes",), "modulated mass budget of each row as a parent"),
+            TensorSpec("cand", "int64", ("nodes", "gasv_k"), "candidates N(d) of each node's token, -1 padded"),
+            TensorSpec("gate", "float32", ("nodes", "gasv_k"), "gates g(v|d) at the node's parent, 0 on padding / off support"),
+        ), doc="GASV v2 gates (docs/spec/lisa.md steps 1-4, gasv.gasv_core), tables baked in as initializers")
     if graph is Graph.VQ_DECODE:
         return GraphSpec(graph, (TensorSpec("image_tokens", "int64", ("batch", "block"), "token ids, row-major grid"),),
                          (TensorSpec("images", "float32", ("batch", "channels", "height", "width"), "pixels in about [-1, 1]"),),
@@ -223,11 +231,7 @@ def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> Gr
 
 def gasv_params(cfg):
     """The GASV graph's `gasv_params` vector (io_spec.GASV_PARAMS order) from a GASVConfig (torch fp32)."""
-    import torch
-
-    if cfg.theta_geo is None:
-        raise InputError("GASV theta_geo is not set; re-run `lisa-trt calibrate --model ...`")
-    return torch.tensor([float(getattr(cfg, n)) for n in GASV_PARAMS], dtype=torch.float32)
+    return cfg.params()
 
 
 def export_dims(target_cfg, *, max_cache_len: int, drafter_cfg=None, vq_cfg=None) -> dict:
@@ -242,7 +246,8 @@ def export_dims(target_cfg, *, max_cache_len: int, drafter_cfg=None, vq_cfg=None
     t = target_cfg
     dims = dict(one=1, vocab=t.vocab_size, dim=t.dim, tap_dim=3 * t.dim, kv_heads=t.kv_heads,
                 head_dim=t.head_dim, cache_len=max_cache_len, prefix=t.cls_token_num,
-                caption_dim=t.caption_dim, block=t.block_size, n_gasv_params=len(GASV_PARAMS))
+                caption_dim=t.caption_dim, block=t.block_size, n_gasv_params=len(GASV_PARAMS),
+                gasv_k=GASV_K)
     if drafter_cfg is not None:
         dims.update(draft_hidden=drafter_cfg.hidden, draft_heads=drafter_cfg.n_head,
                     draft_head_dim=drafter_cfg.head_dim)

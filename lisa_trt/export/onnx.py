@@ -6,7 +6,7 @@
     target_verify.onnx    S new tokens / a draft tree over the static cache, taps + hidden
     drafter_project.onnx  drafter fc on the target taps
     drafter_step.onnx     one drafter step over its own static cache
-    gasv.onnx             GASV gate / p_raw / p_soft as plain ONNX ops (tables as initializers)
+    gasv.onnx             GASV v2 per-node gates as plain ONNX ops (tables as initializers)
     vq_decode.onnx        VQ decoder
     conditions.safetensors  (t2i) the null caption for CFG
     manifest.json         graphs, precision, opset, io spec version, hashes, settings
@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from ..config import find_multiple
 from ..errors import ArtifactMismatchError, InputError, LisaError
 from ..models.family import family_of
-from .io_spec import GASV_PARAMS, Graph, GraphSpec, export_dims, gasv_params, graph_spec  # noqa: F401 (gasv_params re-exported)
+from .io_spec import GASV_K, GASV_PARAMS, Graph, GraphSpec, export_dims, gasv_params, graph_spec  # noqa: F401 (gasv_params re-exported)
 
 
 DEFAULT_OPSET = 23  # ONNX Attention (SDPA with a mask) needs opset >= 23
@@ -195,43 +195,37 @@ class DrafterStepGraph(_NamedGraph):
 
 
 class GASVGraph(_NamedGraph):
-    """gasv_gate's dense path (docs/spec/lisa.md steps 1-5) with the constants as an input vector.
+    """GASV v2 per-node gates (docs/spec/lisa.md steps 1-4): calls `gasv.gasv_core`, the reference.
 
-    Reuses speculative/gasv.py's functions; only step 2 (modulated thresholds) is restated
-    because lambda is a graph input here instead of a Python float.
+    The first GASV_K codebook neighbours of every token are baked in (-1 padded when the tables
+    hold fewer); the `neighbours` entry of gasv_params masks columns >= K_n (scope "neighbours";
+    the other scopes are PyTorch-reference ablations).
     """
 
     def __init__(self, tables):
         super().__init__(graph_spec(Graph.GASV))
         if tables.w_tilde is None:
             raise InputError("GASV tables are not bound to the target head; call tables.bind(target.output.weight)")
+        nb = tables.lantern_neighbors.detach().long().cpu()[:, :GASV_K]
+        if nb.shape[1] < GASV_K:
+            nb = torch.cat([nb, torch.full((nb.shape[0], GASV_K - nb.shape[1]), -1, dtype=torch.long)], 1)
+        self.register_buffer("nb", nb)
         self.register_buffer("w_tilde", tables.w_tilde.detach().float().cpu())
         self.register_buffer("n2", tables.w_tilde_norm2.detach().float().cpu())
         self.register_buffer("cluster", tables.cluster.detach().long().cpu())
         self.register_buffer("beta", tables.beta.detach().float().cpu())
 
     def compute(self, x):
-        from ..speculative import gasv as G
+        from ..speculative.gasv import gasv_core
 
-        logits, p = x["guided_logits"], x["gasv_params"]
-        prm = dict(zip(GASV_PARAMS, p.unbind(0)))
-        cfg = types.SimpleNamespace(eps=prm["eps"], theta_clu=prm["theta_clu"])
-        p_raw = torch.softmax(logits, dim=-1)  # (N, V)
-        r = G.uncertainty(logits)  # (N,)
-        kappa_eff = prm["kappa"] * (1.0 + prm["gamma_kappa"] * r)
-        log_lambda_eff = torch.log(prm["lam"]) - prm["gamma_lambda"] * r
-        i = logits.argmax(-1)  # (N,)
-        l_i = logits.gather(1, i[:, None])  # (N, 1)
-        pi = G.cluster_logsumexp(logits, self.cluster, self.beta.shape[0])  # (N, C)
-        c_i = self.cluster[i]
-        w_i = self.w_tilde[i]  # (N, H)
-        dot = w_i @ self.w_tilde.T  # (N, V)
-        gate = G._gate_on_candidates(logits, dot, self.n2[None, :], l_i=l_i, n2_i=self.n2[i][:, None],
-                                     pi_cand=pi[:, self.cluster], pi_i=pi.gather(1, c_i[:, None]),
-                                     beta_i=self.beta[c_i][:, None], kappa_eff=kappa_eff[:, None],
-                                     log_lambda_eff=log_lambda_eff[:, None], theta_geo=prm["theta_geo"], cfg=cfg)
-        w = p_raw * gate
-        return dict(gate=gate, p_raw=p_raw, p_soft=w / w.sum(-1, keepdim=True))
+        prm = dict(zip(GASV_PARAMS, x["gasv_params"].unbind(0)))
+        tok = x["node_tokens"]
+        cols = torch.arange(GASV_K, device=tok.device)[None, :].to(torch.float32)
+        # no int64 Clip here: this subgraph stays in the TensorRT variant (TensorRT's Clip is float-only)
+        cand = torch.where(cols < prm["neighbours"], self.nb[torch.where(tok >= 0, tok, 0)], -1)
+        p, delta_eff, gate = gasv_core(x["guided_logits"], tok, x["node_parents"], cand, self.w_tilde, self.n2,
+                                       self.cluster, self.beta, prm)
+        return dict(p=p, delta_eff=delta_eff, cand=cand, gate=gate)
 
 
 class VQDecodeGraph(_NamedGraph):

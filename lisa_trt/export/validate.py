@@ -1,7 +1,7 @@
 """Check exported graphs against PyTorch (random valid inputs) and lint them with Polygraphy.
 
 The reference is always the fp32 PyTorch model through its public API (`prefill`,
-`forward_tokens`, `Drafter.forward`, `gasv_gate`, `decode_code`), not the export wrappers, so a
+`forward_tokens`, `Drafter.forward`, `gasv_gates`, `decode_code`), not the export wrappers, so a
 wrapper bug is caught too. fp16 graphs are compared with the same fp32 reference under a looser
 threshold. Error = max |onnx - torch| / max(1, max |torch|) per output (finite entries; the
 positions of infinities must agree); integer and bool outputs must match exactly.
@@ -74,6 +74,10 @@ def sample_inputs(graph: Graph, spec: GraphSpec, dims: dict, refs: dict, *, prec
         elif n == "attention_mask":
             x = torch.rand(shape, generator=g) < 0.5
             x.scatter_(2, out["cache_slots"][:, :, None], True)  # every query sees at least itself
+        elif n == "node_tokens":
+            x = torch.randint(0, tcfg.vocab_size, shape, generator=g)
+        elif n == "node_parents":  # a tree: node 0 is a root, every other node's parent comes before it
+            x = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, shape[0])])
         elif n == "guided_logits":
             x = _filtered_logits(shape, g)
         elif n == "gasv_params":
@@ -147,12 +151,16 @@ def reference_outputs(graph: Graph, refs: dict, inputs: dict) -> dict:
                            x["attention_mask"], cache)
         return {"logits": logits, "hidden": hidden, **_interleave(cache.k, cache.v)}
     if graph is Graph.GASV:
-        from ..speculative.gasv import GASVConfig, gasv_gate
-        from .io_spec import GASV_PARAMS
+        from ..speculative.gasv import GASVConfig, gasv_gates
+        from .io_spec import GASV_K, GASV_PARAMS
 
         cfg = GASVConfig(**dict(zip(GASV_PARAMS, x["gasv_params"].tolist())))
-        o = gasv_gate(x["guided_logits"], refs["tables"], cfg)
-        return dict(gate=o.gate, p_raw=o.p_raw, p_soft=o.p_soft)
+        o = gasv_gates(x["guided_logits"], x["node_tokens"], x["node_parents"], refs["tables"], cfg)
+        N, k = o.cand.shape
+        cand = torch.full((N, GASV_K), -1, dtype=torch.long)
+        gate = torch.zeros(N, GASV_K)
+        cand[:, :k], gate[:, :k] = o.cand, o.gate
+        return dict(p=o.p, delta_eff=o.delta_eff, cand=cand, gate=gate)
     if graph is Graph.VQ_DECODE:
         vq, tok = refs["vq"], x["image_tokens"]
         grid = refs["target"].config.grid_size

@@ -188,7 +188,9 @@ class Pipeline:
                 from batch=True for the same seed).
             decode: decode tokens to PIL images (needs the VQ decoder).
             progress: show a progress bar (one step per image) on stderr.
-            tree: top_k / depth / total_tokens overrides of the tree budget (e.g. depth=3).
+            tree: top_k / depth / total_tokens overrides of the tree budget (e.g. depth=3), and
+                verification knobs (SpecConfig fields): gasv_kappa, gasv_lambda, gasv_delta,
+                gasv_neighbours, gasv_scope (None: the tables' values), lantern_delta, lantern_gamma.
         Returns:
             GenerationResult(images, tokens (B, N), stats).
         """

@@ -101,8 +101,8 @@ class SpeculativeDecoder:
         target: a TargetEngine (torch Transformer, engines.graph.GraphTarget).
         drafter: a DrafterEngine (torch Drafter, engines.graph.GraphDrafter).
         tables: GASVTables bound to the target head (gasv) / with LANTERN neighbours (lantern).
-        gasv: optional GASV engine `gasv(logits (N, V), cfg) -> GASVOutput` (engines.graph.GraphGASV);
-            default: the PyTorch reference `gasv_gate` over `tables`.
+        gasv: optional GASV engine `gasv(logits (N, V), tokens (N,), parents (N,), cfg) -> GASVGates`
+            (engines.graph.GraphGASV); default: the PyTorch reference `gasv_gates` over `tables`.
     """
 
     def __init__(self, target, drafter, tables=None, gasv=None):

@@ -47,6 +47,7 @@ class LanternConfig:
     k: int = 1000
     delta: float = 0.1
     residual: str = "clean"
+    gamma: float = 0.0  # uncertainty-modulated budget (docs/spec/lisa.md step 2; 0 = plain LANTERN)
 
 
 @dataclass(frozen=True)
@@ -55,14 +56,23 @@ class GASVRuleConfig:
 
     kappa: Optional[float] = None
     lam: Optional[float] = None
-    support_k: Optional[int] = None  # top-K support path (see gasv.gasv_gate)
+    delta: Optional[float] = None
+    neighbours: Optional[int] = None
+    scope: Optional[str] = None  # neighbours | cluster | support (ablation)
+
+    def overrides(self) -> dict:
+        """GASVConfig fields set here (None fields keep the tables' values)."""
+        pairs = (("kappa", self.kappa), ("lam", self.lam), ("delta", self.delta),
+                 ("neighbours", self.neighbours), ("scope", self.scope))
+        return {k: v for k, v in pairs if v is not None}
 
 
 # flat (CLI / legacy keyword) name -> (sub-config, field)
 FLAT_FIELDS = {"top_k": ("tree", "top_k"), "depth": ("tree", "depth"), "total_tokens": ("tree", "total_tokens"),
                "lantern_k": ("lantern", "k"), "lantern_delta": ("lantern", "delta"),
-               "lantern_residual": ("lantern", "residual"), "gasv_kappa": ("gasv", "kappa"),
-               "gasv_lambda": ("gasv", "lam"), "gasv_support_k": ("gasv", "support_k")}
+               "lantern_residual": ("lantern", "residual"), "lantern_gamma": ("lantern", "gamma"),
+               "gasv_kappa": ("gasv", "kappa"), "gasv_lambda": ("gasv", "lam"), "gasv_delta": ("gasv", "delta"),
+               "gasv_neighbours": ("gasv", "neighbours"), "gasv_scope": ("gasv", "scope")}
 
 
 @dataclass(frozen=True)
@@ -141,29 +151,34 @@ def lantern_rule(logits, tree, ctx: RuleContext):
     p = torch.softmax(logits, -1)
     nb = ctx.require_tables("LANTERN").lantern_neighbors
     k = min(s.k, nb.shape[1])
+    dn = V.lantern_delta_eff(logits, s.delta, s.gamma) if s.gamma else None
     if ctx.greedy:
-        return V.verify_lantern_greedy(p, tree, nb, k=k, delta=s.delta)
-    return V.verify_lantern(p, tree, ctx.generator, nb, k=k, delta=s.delta, residual=s.residual)
+        return V.verify_lantern_greedy(p, tree, nb, k=k, delta=s.delta, delta_nodes=dn)
+    return V.verify_lantern(p, tree, ctx.generator, nb, k=k, delta=s.delta, residual=s.residual, delta_nodes=dn)
 
 
 def gasv_rule(logits, tree, ctx: RuleContext):
-    """LISA's GASV: gated soft target (the GASV engine when given, else the torch reference)."""
-    from .gasv import gasv_gate
+    """LISA's GASV v2 (draft-anchored, docs/spec/lisa.md): per parent node, gated neighbour mass
+    moves onto each drafted child (the GASV engine when given, else the torch reference)."""
+    from .gasv import gasv_gates
 
     B, N, Vv = logits.shape
-    g = ctx.spec.gasv
     cfg = ctx.gasv.config if ctx.gasv is not None else ctx.require_tables("GASV").config
-    over = {k: v for k, v in (("kappa", g.kappa), ("lam", g.lam)) if v is not None}
+    over = ctx.spec.gasv.overrides()
     if over:
         cfg = dataclasses.replace(cfg, **over)
-    if ctx.gasv is not None:
-        out = ctx.gasv(logits.reshape(B * N, Vv), cfg)
+    offs = torch.arange(B, device=tree.parents.device)[:, None] * N
+    tok = tree.tokens.clamp(min=0).reshape(-1)
+    par = torch.where(tree.parents >= 0, tree.parents + offs, -1).reshape(-1)
+    if ctx.gasv is not None and cfg.scope == "neighbours":
+        out = ctx.gasv(logits.reshape(B * N, Vv), tok, par, cfg)
     else:
-        out = gasv_gate(logits.reshape(B * N, Vv), ctx.tables, cfg, support_k=g.support_k)
-    p_raw, p_soft = out.p_raw.reshape(B, N, Vv), out.p_soft.reshape(B, N, Vv)
+        out = gasv_gates(logits.reshape(B * N, Vv), tok, par, ctx.require_tables("GASV"), cfg)
+    K = out.cand.shape[-1]
+    p, cand, gate = out.p.reshape(B, N, Vv), out.cand.reshape(B, N, K), out.gate.reshape(B, N, K)
     if ctx.greedy:
-        return V.verify_soft_greedy(p_raw, p_soft, out.gate.reshape(B, N, Vv), tree)
-    return V.verify_soft(p_raw, p_soft, tree, ctx.generator)
+        return V.verify_gasv_greedy(p, tree, cand, gate, out.delta_eff.reshape(B, N))
+    return V.verify_gasv(p, tree, ctx.generator, cand, gate, out.delta_eff.reshape(B, N))
 
 
 # ----------------------------------------------------------------------------- registry
@@ -176,6 +191,7 @@ class MethodOption:
     name: str
     type: type
     help: str = ""
+    aliases: tuple = ()  # further flags for the same setting (e.g. --gasv-kappa for --kappa)
 
 
 @dataclass(frozen=True)
@@ -236,11 +252,23 @@ register_method(Method("greedy", "tree", "exact verification with argmax samplin
 register_method(Method("exact", "tree", "exact speculative sampling (lossless)", needs_drafter=True, rule=exact_rule))
 register_method(Method("lantern", "tree", "LANTERN relaxed acceptance", needs_drafter=True, needs_tables=True,
                        rule=lantern_rule,
-                       options=(MethodOption("--lantern-delta", "lantern_delta", float, "LANTERN TV budget delta."),)))
+                       options=(MethodOption("--lantern-delta", "lantern_delta", float, "LANTERN TV budget delta."),
+                                MethodOption("--lantern-gamma", "lantern_gamma", float,
+                                             "Uncertainty-modulated LANTERN budget (0 = plain LANTERN)."))))
 register_method(Method("gasv", "tree", "LISA: GASV gated soft verification", needs_drafter=True, needs_tables=True,
                        rule=gasv_rule,
-                       options=(MethodOption("--gasv-kappa", "gasv_kappa", float, "Override the tables' kappa."),
-                                MethodOption("--gasv-lambda", "gasv_lambda", float, "Override the tables' lambda."))))
+                       options=(MethodOption("--kappa", "gasv_kappa", float,
+                                             "GASV kappa (larger: more permissive, faster, more distortion).",
+                                             ("--gasv-kappa",)),
+                                MethodOption("--lambda", "gasv_lambda", float,
+                                             "GASV lambda in (0, 1] (smaller: more permissive; 1 = cluster branch off).",
+                                             ("--gasv-lambda",)),
+                                MethodOption("--delta", "gasv_delta", float,
+                                             "GASV mass budget per sibling (0 = exact; 1 = no cap)."),
+                                MethodOption("--neighbours", "gasv_neighbours", int,
+                                             "GASV candidates per drafted token (codebook neighbours)."),
+                                MethodOption("--scope", "gasv_scope", str,
+                                             "GASV candidate scope: neighbours | cluster | support (ablation)."))))
 register_method(Method("sjd", "sjd", "speculative Jacobi decoding (no drafter)"))
 
 __all__ = ["FLAT_FIELDS", "GASVRuleConfig", "LanternConfig", "METHODS", "Method", "MethodOption", "RuleContext",

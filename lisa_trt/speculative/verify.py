@@ -10,7 +10,7 @@ distribution r (initially p at the node); an accepted child becomes the current 
 the bonus token is sampled from the final residual r and the walk stops. A leaf's bonus is
 sampled from p at the leaf. All random numbers are drawn up front, in a fixed layout
 (u_accept (B, D + 1, C), u_bonus (B,)), so rules that agree numerically give the same outputs for
-the same generator state (LANTERN delta=0 == exact, verify_soft(p, p) == exact).
+the same generator state (LANTERN delta=0 == exact, GASV with zero gates or delta 0 == exact).
 
 Per sibling x the rules are (r and q normalised):
 - exact, deterministic drafts (EAGLE-2, q treated as one-hot): accept w.p. r(x); on rejection
@@ -22,15 +22,18 @@ Per sibling x the rules are (r and q normalised):
   neighbours; m = max j with c_j <= delta (lambda mode, delta > 1: c_j <= (delta - 1) r(x));
   accept w.p. min(1, r(x) + c_m); on rejection zero x and its m merged neighbours (clean) or
   x and its first k neighbours (residual="lantern_repo", the reference repo's over-pruning).
-- soft (GASV): the exact deterministic rule against p_soft instead of p.
+- gasv (GASV v2, spec/lisa.md step 5): the candidates N(x) with gates g(v|x) (gasv.py) lend
+  mass m(v) = r(v) g(v|x) min(1, delta_eff / M), M = sum r g; accept w.p. min(1, r(x) + sum m);
+  on rejection r <- r - m, r(x) = 0. Gates 0 (kappa 0 and lambda 1) or delta 0: exactly `exact`.
+- LANTERN and GASV budgets may be uncertainty-modulated per parent (delta_eff, gasv.modulate).
 
 Greedy rules score every node at once and take the longest accepted root->leaf path (first one on
 ties, EAGLE's evaluate_posterior); bonus = argmax at the last accepted node.
 
 Stats: `pos_tvd[b, i]` = TVD between the raw target distribution and the law of the token
 committed at the i-th committed position of this step. For deterministic drafts (exact, lantern,
-soft) the law GIVEN the drafted siblings is computed in closed form (0 up to rounding for exact,
-TVD(p_raw, p_soft) for verify_soft, the moved mass for LANTERN with one draft, possibly more
+gasv) the law GIVEN the drafted siblings is computed in closed form (0 up to rounding for exact,
+the moved mass for LANTERN and GASV with one draft (<= delta_eff), possibly more
 with several siblings, each of which may move up to delta of the current residual). For sampled
 drafts the law is p only marginally over the draws, so pos_tvd = TVD(p_ref, p) = 0. Greedy
 rules report 0.
@@ -157,12 +160,21 @@ class LanternRule:
     k: int
     delta: float
     residual: str = "clean"
+    delta_nodes: Optional[Tensor] = None  # (B, N) modulated budget per parent (lantern_gamma)
     needs_q = False
     law_given_drafts = True
 
-    def step(self, r: Tensor, x: Tensor, q: Optional[Tensor]):
+    @property
+    def per_node(self) -> bool:
+        return self.delta_nodes is not None
+
+    def step_node(self, r: Tensor, x: Tensor, q: Optional[Tensor], node: Tensor, parent: Tensor):
+        rows = torch.arange(r.shape[0], device=r.device)
+        return self.step(r, x, q, self.delta_nodes[rows, parent])
+
+    def step(self, r: Tensor, x: Tensor, q: Optional[Tensor], delta=None):
         rn = _normalize(r)
-        nb, m, c_m = _lantern_merge(rn, x, self.neighbors, self.k, self.delta)
+        nb, m, c_m = _lantern_merge(rn, x, self.neighbors, self.k, self.delta if delta is None else delta)
         a = (rn.gather(1, x[:, None])[:, 0] + c_m).clamp(max=1.0)
         if self.residual == "clean":
             drop = torch.where(torch.arange(nb.shape[1], device=nb.device) < m[:, None], nb, -1)
@@ -184,7 +196,9 @@ def _lantern_merge(rn: Tensor, x: Tensor, neighbors: Tensor, k: int, delta: floa
     """
     nb = neighbors[x, :k].long()                                            # (B, k)
     c = rn.gather(1, nb).cumsum(-1)                                         # (B, k) c_1..c_k
-    if delta > 1.0:   # lambda mode: bound relative to p(x)
+    if isinstance(delta, Tensor):   # per-row (modulated) budget, delta <= 1
+        thr = delta.to(c.dtype)[:, None]
+    elif delta > 1.0:   # lambda mode: bound relative to p(x)
         thr = (delta - 1.0) * rn.gather(1, x[:, None])                       # (B, 1)
     else:
         thr = torch.full_like(c[:, :1], float(delta))
@@ -226,10 +240,40 @@ def lantern_relaxed_distribution(p: Tensor, x: Tensor, neighbors: Tensor, *, k: 
     return out.scatter_add(1, x[:, None], c_m[:, None]), c_m
 
 
+@dataclass(frozen=True)
+class GASVRule:
+    """GASV v2 sibling step (spec/lisa.md step 5) on per-node gates from gasv.gasv_gates.
+
+    cand, gate: (B, N, K) candidates of each node's token and their gates at its parent;
+    delta_eff: (B, N) each node's budget as a parent.
+    """
+
+    cand: Tensor
+    gate: Tensor
+    delta_eff: Tensor
+    needs_q = False
+    law_given_drafts = True
+    per_node = True
+
+    def step_node(self, r: Tensor, x: Tensor, q: Optional[Tensor], node: Tensor, parent: Tensor):
+        from .gasv import moved_mass
+
+        rows = torch.arange(r.shape[0], device=r.device)
+        cand = self.cand[rows, node]                                        # (B, K)
+        rn = _normalize(r)
+        m = moved_mass(rn, cand, self.gate[rows, node], self.delta_eff[rows, parent])
+        a = (rn.gather(1, x[:, None])[:, 0] + m.sum(-1)).clamp(max=1.0)
+        r_rej = (rn.scatter_add(1, cand.clamp(min=0), -m)).clamp(min=0.0)
+        return a, _zero(r_rej, x[:, None]), q
+
+
 # ----------------------------------------------------------------------------- the tree walk
 
-def _scan_siblings(r: Tensor, drafts: Tensor, u: Tensor, rule, q: Optional[Tensor]):
+def _scan_siblings(r: Tensor, drafts: Tensor, u: Tensor, rule, q: Optional[Tensor],
+                   nodes: Optional[Tensor] = None, parent: Optional[Tensor] = None):
     """Try the drafted siblings (B, C) (-1 padded) in order against r (B, V).
+
+    nodes (B, C) (the siblings' node ids) and parent (B,) are passed to per-node rules.
 
     Returns:
         choice (B,) slot of the accepted sibling or -1; residual (B, V) after rejecting every
@@ -244,7 +288,10 @@ def _scan_siblings(r: Tensor, drafts: Tensor, u: Tensor, rule, q: Optional[Tenso
         x = drafts[:, j]
         real = x >= 0
         xs = x.clamp(min=0)
-        a, r_rej, q_rej = rule.step(r, xs, q)
+        if getattr(rule, "per_node", False):
+            a, r_rej, q_rej = rule.step_node(r, xs, q, nodes[:, j].clamp(min=0), parent)
+        else:
+            a, r_rej, q_rej = rule.step(r, xs, q)
         a = torch.where(real, a, 0.0)
         out.scatter_add_(1, xs[:, None], (reach * a)[:, None])
         reach = reach * (1.0 - a)
@@ -259,7 +306,7 @@ def _scan_siblings(r: Tensor, drafts: Tensor, u: Tensor, rule, q: Optional[Tenso
 
 def verify_tree(p: Tensor, tree: DraftTree, generator: Optional[torch.Generator], rule, *,
                 p_ref: Optional[Tensor] = None) -> VerifyResult:
-    """Generic sampling verification (the engine of verify_exact / _sampled / lantern / soft).
+    """Generic sampling verification (the engine of verify_exact / _sampled / lantern / gasv).
 
     Args:
         p: (B, N, V) target distribution at every node that the rule verifies against.
@@ -293,7 +340,7 @@ def verify_tree(p: Tensor, tree: DraftTree, generator: Optional[torch.Generator]
         drafts = torch.where(ch >= 0, tree.tokens.gather(1, ch.clamp(min=0)), -1)
         q = tree.child_q[rows, cur].float() if rule.needs_q else None
         choice, resid, dist = _scan_siblings(p[rows, cur].float(), drafts, u_acc[:, level],
-                                             rule, q)
+                                             rule, q, ch, cur)
         law = dist if rule.law_given_drafts else _normalize(p[rows, cur].float())
         pos_tvd[:, level] = torch.where(alive, tvd(_normalize(p_ref[rows, cur].float()), law), 0.0)
         acc = alive & (choice >= 0)
@@ -344,7 +391,7 @@ def verify_exact_sampled(p: Tensor, tree: DraftTree,
 
 def verify_lantern(p: Tensor, tree: DraftTree, generator: Optional[torch.Generator],
                    neighbors: Tensor, *, k: int = 1000, delta: float = 0.1,
-                   residual: str = "clean") -> VerifyResult:
+                   residual: str = "clean", delta_nodes: Optional[Tensor] = None) -> VerifyResult:
     """LANTERN relaxed speculative sampling (deterministic drafts, q = 1).
 
     Args:
@@ -357,28 +404,39 @@ def verify_lantern(p: Tensor, tree: DraftTree, generator: Optional[torch.Generat
             is exactly the relaxed distribution; delta = 0 is exact) or "lantern_repo" (zero x
             and its first k neighbours as the reference code does: over-prunes, and is NOT exact
             at delta = 0).
+        delta_nodes: (B, N) per-parent budget (modulated LANTERN, `lantern_delta_eff`), replacing
+            delta; None = the constant delta.
     Returns:
         VerifyResult; pos_tvd = TVD(p, law of the committed token) per position.
     """
     _check_lantern(neighbors, k, delta, residual, p.shape[-1])
-    rule = LanternRule(neighbors.to(p.device), int(k), float(delta), residual)
+    if delta_nodes is not None:
+        delta_nodes = _check_delta_nodes(delta_nodes, p, delta)
+    rule = LanternRule(neighbors.to(p.device), int(k), float(delta), residual, delta_nodes)
     return verify_tree(p, tree, generator, rule)
 
 
-def verify_soft(p_raw: Tensor, p_soft: Tensor, tree: DraftTree,
-                generator: Optional[torch.Generator]) -> VerifyResult:
-    """GASV sampling (docs/spec/lisa.md step 6): the lossless rule against p_soft.
+def verify_gasv(p: Tensor, tree: DraftTree, generator: Optional[torch.Generator], cand: Tensor,
+                gate: Tensor, delta_eff: Tensor) -> VerifyResult:
+    """GASV v2 sampling (docs/spec/lisa.md steps 5-6): siblings in draft order, each lent the gated
+    mass of its candidates from the residual, capped by the parent's delta_eff.
 
     Args:
-        p_raw: (B, N, V) guided, filtered target probabilities (for the distortion stats).
-        p_soft: (B, N, V) GASV soft distributions (gasv.py).
+        p: (B, N, V) guided, filtered target probabilities at every node (GASVGates.p).
+        tree: DraftTree; generator: torch.Generator.
+        cand, gate: (B, N, K) candidates of each node's token and their gates at its parent.
+        delta_eff: (B, N) mass budget of each node as a parent.
     Returns:
-        VerifyResult; output distributed exactly as p_soft; pos_tvd = TVD(p_raw, p_soft) at the
-        committed positions. p_soft == p_raw gives verify_exact's outputs.
+        VerifyResult; pos_tvd = TVD(p, closed-form law of the committed token) per position.
+        Zero gates or delta_eff 0 give verify_exact's outputs for the same generator state.
     """
-    if p_soft.shape != p_raw.shape:
-        raise InputError(f"p_soft {tuple(p_soft.shape)} must match p_raw {tuple(p_raw.shape)}")
-    return verify_tree(p_soft, tree, generator, ExactRule(), p_ref=p_raw)
+    B, N, V = _check_p(p, tree)
+    if cand.shape[:2] != (B, N) or gate.shape != cand.shape or delta_eff.shape != (B, N):
+        raise InputError(f"GASV cand / gate must be (B, N, K) and delta_eff (B, N) for (B, N) = "
+                         f"{(B, N)}; got {tuple(cand.shape)}, {tuple(gate.shape)}, {tuple(delta_eff.shape)}")
+    dev = p.device
+    rule = GASVRule(cand.to(dev).long(), gate.to(dev).float(), delta_eff.to(dev).float())
+    return verify_tree(p, tree, generator, rule)
 
 
 # ----------------------------------------------------------------------------- greedy rules
@@ -410,12 +468,6 @@ def _greedy_result(tree: DraftTree, ok: Tensor, bonus_scores: Tensor) -> VerifyR
     return VerifyResult(path, accept_len, bonus, toks, torch.zeros(path.shape, device=path.device))
 
 
-def _parent_gather(x: Tensor, tree: DraftTree) -> Tensor:
-    """x (B, N, V) at every node -> (B, N): x[b, parent(n), token(n)] (root: x[b, 0, root])."""
-    par = tree.parents.clamp(min=0)
-    return x[torch.arange(x.shape[0], device=x.device)[:, None], par, _draft_tokens(tree)]
-
-
 def _draft_tokens(tree: DraftTree) -> Tensor:
     """(B, N) node tokens with the root's replaced by 0 (root is never verified)."""
     return torch.where(tree.parents >= 0, tree.tokens, 0)
@@ -436,8 +488,28 @@ def verify_greedy(p: Tensor, tree: DraftTree) -> VerifyResult:
     return _greedy_result(tree, ok, am)
 
 
+def lantern_delta_eff(logits: Tensor, delta: float, gamma: float) -> Tensor:
+    """Modulated LANTERN budget (spec/lisa.md step 2 with gamma_delta = gamma):
+    min(1, delta (1 + gamma r_u)) per row of logits (..., V) -> (...); gamma 0 = constant delta."""
+    from .gasv import uncertainty
+
+    if not gamma >= 0 or not 0 <= delta <= 1:
+        raise InputError(f"modulated LANTERN needs 0 <= delta <= 1 and lantern_gamma >= 0, got "
+                         f"delta {delta}, gamma {gamma}")
+    r = uncertainty(logits.reshape(-1, logits.shape[-1]).float()).reshape(logits.shape[:-1])
+    return torch.clamp(delta * (1.0 + gamma * r), max=1.0)
+
+
+def _check_delta_nodes(delta_nodes: Tensor, p: Tensor, delta: float) -> Tensor:
+    if tuple(delta_nodes.shape) != tuple(p.shape[:2]):
+        raise InputError(f"delta_nodes must be (B, N) = {tuple(p.shape[:2])}, got {tuple(delta_nodes.shape)}")
+    if delta > 1.0:
+        raise InputError("a per-node (modulated) LANTERN budget cannot be combined with lambda mode (delta > 1)")
+    return delta_nodes.to(p.device).float()
+
+
 def verify_lantern_greedy(p: Tensor, tree: DraftTree, neighbors: Tensor, *, k: int = 1000,
-                          delta: float = 0.1) -> VerifyResult:
+                          delta: float = 0.1, delta_nodes: Optional[Tensor] = None) -> VerifyResult:
     """LANTERN greedy: accept node x (merged set A = x + its m neighbours under p at the parent)
     iff p(A) >= max_{y not in A} p(y); longest accepted path; bonus = argmax p.
 
@@ -449,6 +521,8 @@ def verify_lantern_greedy(p: Tensor, tree: DraftTree, neighbors: Tensor, *, k: i
     rows = torch.arange(B, device=p.device)[:, None]
     pp = _normalize(p.float())[rows, tree.parents.clamp(min=0)].reshape(B * N, V)  # parent dist
     x = _draft_tokens(tree).reshape(-1)
+    if delta_nodes is not None:
+        delta = _check_delta_nodes(delta_nodes, p, delta)[rows, tree.parents.clamp(min=0)].reshape(-1)
     nb, m, c_m = _lantern_merge(pp, x, neighbors.to(p.device), k, delta)
     merged = torch.where(torch.arange(k, device=p.device) < m[:, None], nb, -1)
     first_nb = torch.where(merged >= 0, merged, x[:, None])   # padded entries point at x itself
@@ -459,31 +533,31 @@ def verify_lantern_greedy(p: Tensor, tree: DraftTree, neighbors: Tensor, *, k: i
     return _greedy_result(tree, ok, p.argmax(-1))
 
 
-def verify_soft_greedy(p_raw: Tensor, p_soft: Tensor, gate: Tensor,
-                       tree: DraftTree) -> VerifyResult:
-    """Greedy GASV (docs/spec/lisa.md step 6, a choice): accept node v iff gate(v) >= 0.5 at its parent
-    and v is the argmax of p_soft among its drafted siblings (first in draft order on ties);
-    longest accepted path; bonus = argmax p_raw at the last accepted node.
+def verify_gasv_greedy(p: Tensor, tree: DraftTree, cand: Tensor, gate: Tensor,
+                       delta_eff: Tensor) -> VerifyResult:
+    """Greedy GASV (docs/spec/lisa.md step 7): accept node d iff its single-sibling effective
+    probability a = min(1, p(d) + sum m) at its parent is >= the largest effective probability
+    p(v) - m(v) of any other token; longest accepted path; bonus = argmax p. With zero gates this
+    is greedy decoding.
 
     Args:
-        p_raw, p_soft, gate: (B, N, V) at every node (gate from gasv.py).
-        tree: DraftTree.
+        p: (B, N, V) target probabilities; cand, gate (B, N, K); delta_eff (B, N): as verify_gasv.
     """
-    B, N, V = _check_p(p_raw, tree)
-    if p_soft.shape != p_raw.shape or gate.shape != p_raw.shape:
-        raise InputError("p_raw, p_soft and gate must all be (B, N, V)")
-    s = torch.where(tree.valid, _parent_gather(p_soft.float(), tree), float("-inf"))
-    g = _parent_gather(gate.float(), tree)
+    from .gasv import moved_mass
+
+    B, N, V = _check_p(p, tree)
+    K = cand.shape[-1]
+    rows = torch.arange(B, device=p.device)[:, None]
     par = tree.parents.clamp(min=0)
-    real = tree.valid & (tree.parents >= 0)
-    best = torch.full((B, N), float("-inf"), device=s.device).scatter_reduce(
-        1, par, torch.where(real, s, float("-inf")), reduce="amax")           # (B, N) per parent
-    is_best = real & (s == best.gather(1, par))
-    idx = torch.arange(N, device=s.device).expand(B, N)
-    first = torch.full((B, N), N, device=s.device, dtype=torch.long).scatter_reduce(
-        1, par, torch.where(is_best, idx, N), reduce="amin")
-    ok = is_best & (first.gather(1, par) == idx) & (g >= 0.5)
-    return _greedy_result(tree, ok, p_raw.argmax(-1))
+    pp = _normalize(p.float())[rows, par].reshape(B * N, V)                # parent distribution
+    x = _draft_tokens(tree).reshape(-1)
+    c = cand.to(p.device).long().reshape(B * N, K)
+    m = moved_mass(pp, c, gate.to(p.device).float().reshape(B * N, K),
+                   delta_eff.to(p.device).float()[rows, par].reshape(-1))
+    a = (pp.gather(1, x[:, None])[:, 0] + m.sum(-1)).clamp(max=1.0)
+    eff = pp.scatter_add(1, c.clamp(min=0), -m).scatter(1, x[:, None], float("-inf"))
+    ok = (a >= eff.max(-1).values).reshape(B, N)
+    return _greedy_result(tree, ok, p.argmax(-1))
 
 
 # ----------------------------------------------------------------------------- SJD

@@ -3,17 +3,27 @@
 # GASV / LANTERN calibration tables for the bundled demo target, then copy them into the package.
 #
 #   bash scripts/demo/lisa_assets.sh            # ~40 min on 2 CPU cores (both drafters in parallel)
+#   ONLY=tables bash scripts/demo/lisa_assets.sh # GASV v2 tables only (a few minutes, 1 thread)
 #
 # Needs the demo target/VQ in lisa_trt/assets/demo (stages 1-6). Resumable: re-running continues
-# the drafter runs from their checkpoints.
+# the drafter runs from their checkpoints. The tables are GASV version 2 (beta_c measured on
+# s(v|z) over the sampled token's K_n = 16 codebook neighbours, the statistic the runtime gates on).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/demo}
 STEPS=${STEPS:-400}
+mkdir -p "$OUT"
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+
+if [ "${ONLY:-}" = "tables" ]; then
+  lisa-trt calibrate --model demo --out "$OUT/tables.safetensors" --rollouts 64 --seed 0 > "$OUT/calibrate.log" 2>&1
+  cp "$OUT/tables.safetensors" lisa_trt/assets/demo/tables.safetensors
+  echo "wrote lisa_trt/assets/demo/tables.safetensors"
+  exit 0
+fi
 # self-distillation sequences at cfg 3.0 (the shipped drafters were made so; the demo default is 2.0)
 COMMON=(--model demo --steps "$STEPS" --batch-size 8 --ttt-steps 4 --num-samples 512 --cfg-scale 3.0 --checkpoint-every 50 --seed 0)
 
-export OMP_NUM_THREADS=1
 lisa-trt calibrate --model demo --out "$OUT/tables.safetensors" --rollouts 64 --seed 0 > "$OUT/calibrate.log" 2>&1 &
 lisa-trt train "${COMMON[@]}" --loss lisa --out "$OUT/drafter_lisa" > "$OUT/drafter_lisa.log" 2>&1 &
 lisa-trt train "${COMMON[@]}" --loss eagle3 --out "$OUT/drafter_eagle3" > "$OUT/drafter_eagle3.log" 2>&1 &

@@ -23,7 +23,7 @@ def tiny():
 
 
 def _cal(model, codebook, seed, **kw):
-    kw = {"num_rollouts": 6, "batch_size": 4, "lantern_k": 12, "progress": False,
+    kw = {"num_rollouts": 6, "batch_size": 4, "lantern_k": 20, "progress": False,
           "sampling": SamplingConfig(cfg_scale=2.0, top_k=40), **kw}
     return calibrate(model, codebook, seed=seed, **kw)
 
@@ -42,7 +42,7 @@ def test_tables_content_and_round_trip(tiny, tmp_path):
     t = _cal(model, codebook, seed=0)
     V = 256
     assert t.n_clusters == default_n_clusters(V) == 32
-    assert t.cluster.dtype == torch.int32 and t.lantern_neighbors.shape == (V, 12)
+    assert t.cluster.dtype == torch.int32 and t.lantern_neighbors.shape == (V, 20)
     assert t.lantern_neighbors.dtype == torch.int16
     assert math.isclose(t.theta_geo, 8.0 / float(t.beta.median()), rel_tol=1e-6)
     assert torch.all(t.beta > 0)
@@ -89,19 +89,25 @@ def test_lantern_neighbors_nearest_first_self_excluded():
         lantern_neighbors(e, 50)
 
 
-def test_drift_samples_formula_and_top1_exclusion():
+def test_drift_samples_are_the_runtime_statistic_over_neighbours():
+    """s(v|z) = |l_z - l_v| / ||W~_z - W~_v||, z the sampled token, v drawn from p restricted to N(z)."""
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(5, 30, generator=g)
     logits[4] = float("-inf")
-    logits[4, 2] = 1.0                             # single-token support: no alternatives
+    logits[4, 2] = 1.0                             # single-token support: no candidate mass
     w = torch.randn(30, 6, generator=g)
-    s, top1 = drift_samples(logits, w, 16, torch.Generator().manual_seed(0))
-    assert s.shape == (4, 16) and torch.equal(top1, logits[:4].argmax(-1))
-    assert torch.all(s > 0)                        # the top-1 itself is never sampled
-    # recompute one sample by hand: find v from the ratio
-    i = int(top1[0])
-    cand = (logits[0, i] - logits[0]) / ((w[i] - w).norm(dim=1) + 1e-6)
-    assert torch.isclose(cand, s[0, 0], rtol=1e-5).any()
+    nb = torch.stack([torch.randperm(30, generator=g)[:4] for _ in range(30)])
+    nb = torch.where(nb == torch.arange(30)[:, None], (nb + 1) % 30, nb)    # self excluded
+    z = torch.tensor([0, 5, 7, 9, 2])
+    s, zz = drift_samples(logits, z, w, nb, 16, torch.Generator().manual_seed(0))
+    assert s.shape == (4, 16) and torch.equal(zz, z[:4])
+    for r in range(4):
+        zr = int(z[r])
+        allowed = (logits[r, zr] - logits[r, nb[zr]]).abs() / ((w[zr] - w[nb[zr]]).norm(dim=1) + 1e-6)
+        assert all(torch.isclose(allowed, x, rtol=1e-5).any() for x in s[r])   # only N(z) is sampled
+    # the sampled token is the anchor, not the top-1: the statistic changes with z
+    s2, _ = drift_samples(logits, torch.tensor([1, 5, 7, 9, 2]), w, nb, 16, torch.Generator().manual_seed(0))
+    assert not torch.equal(s, s2)
 
 
 def test_cluster_budgets_quantiles_and_fallback():
@@ -112,7 +118,7 @@ def test_cluster_budgets_quantiles_and_fallback():
     assert beta[0] == pytest.approx(50.5)
     glob = float(torch.quantile(s.double(), 0.5))
     assert beta[1] == pytest.approx(glob) and beta[2] == pytest.approx(glob)
-    with pytest.raises(InputError, match="no alternative"):
+    with pytest.raises(InputError, match="no candidate"):
         cluster_budgets(torch.empty(0), torch.empty(0, dtype=torch.long), 3, 0.5)
 
 
@@ -122,8 +128,10 @@ def test_bad_inputs_are_refused(tiny):
         calibrate(model, codebook[:100], progress=False)
     with pytest.raises(InputError, match="cluster_space"):
         calibrate(model, codebook, cluster_space="pixels", progress=False)
-    with pytest.raises(InputError, match="single-token"):
+    with pytest.raises(InputError, match="no candidate"):
         _cal(model, codebook, seed=0, sampling=SamplingConfig(top_k=1))
+    with pytest.raises(InputError, match="neighbours"):
+        _cal(model, codebook, seed=0, lantern_k=8)
 
 
 def test_t2i_needs_conditions_and_works_with_them(tiny):

@@ -8,7 +8,7 @@ import torch
 from lisa_trt.calibration.tables import (FORMAT, SCHEMA_VERSION, GASVTables, check_tables, load_tables,
                                          save_tables, whiten, whitening)
 from lisa_trt.errors import ArtifactMismatchError, CheckpointError
-from lisa_trt.speculative.gasv import GASVConfig, gasv_gate
+from lisa_trt.speculative.gasv import GASV_VERSION, GASVConfig, gasv_gates
 
 
 def _tables(V=64, H=16, C=5, seed=0):
@@ -20,7 +20,7 @@ def _tables(V=64, H=16, C=5, seed=0):
                    cluster=torch.randint(0, C, (V,), generator=g, dtype=torch.int32),
                    centroids=torch.randn(C, 8, generator=g), beta=torch.rand(C, generator=g) + 0.5,
                    lantern_neighbors=torch.randint(0, V, (V, 10), generator=g).to(torch.int16),
-                   config=GASVConfig(kappa=1.1, lam=0.6, theta_geo=3.5), target_hash="abcd" * 4,
+                   config=GASVConfig(kappa=1.1, lam=0.6, neighbours=8, theta_geo=3.5), target_hash="abcd" * 4,
                    vocab_size=V, seed=7, settings={"num_rollouts": 4})
     return t, W
 
@@ -53,8 +53,9 @@ def test_save_load_round_trip(tmp_path):
     assert json.loads(meta["format"]) == FORMAT and json.loads(meta["schema_version"]) == SCHEMA_VERSION
     assert json.loads(meta["gasv"])["lam"] == 0.6
     bound = load_tables(path, head_weight=W)
-    logits = torch.randn(3, 64)
-    for a, b in zip(gasv_gate(logits, bound), gasv_gate(logits, t.bind(W))):
+    assert json.loads(meta["gasv_version"]) == GASV_VERSION == 2
+    logits, tok, par = torch.randn(3, 64), torch.tensor([1, 2, 3]), torch.tensor([-1, 0, 0])
+    for a, b in zip(gasv_gates(logits, tok, par, bound), gasv_gates(logits, tok, par, t.bind(W))):
         assert torch.equal(a, b)
 
 
@@ -96,3 +97,23 @@ def test_inconsistent_tables_are_refused():
                                                    "lantern_neighbors", "config", "target_hash",
                                                    "vocab_size")},
                       "cluster": torch.full((64,), 9, dtype=torch.int32)})
+
+
+def test_version_1_tables_are_refused_with_the_fix(tmp_path):
+    from lisa_trt.io import save_safetensors
+
+    t, _ = _tables()
+    tensors = {n: getattr(t, n) for n in ("invstd", "w_tilde_norm2", "cluster", "centroids", "beta",
+                                          "lantern_neighbors")}
+    meta = t.metadata()
+    meta.pop("gasv_version")
+    meta["schema_version"] = 1
+    meta["gasv"] = {"kappa": 1.0, "lam": 0.4, "gamma_kappa": 1.0, "gamma_lambda": 1.0, "theta_clu": 8.0,
+                    "theta_geo": 60.0, "eps": 1e-6}
+    save_safetensors(tensors, tmp_path / "v1.safetensors", meta)
+    with pytest.raises(ArtifactMismatchError, match="version-1.*Re-run `lisa-trt calibrate"):
+        load_tables(tmp_path / "v1.safetensors")
+    meta["schema_version"] = SCHEMA_VERSION                      # a v2 schema without the GASV version
+    save_safetensors(tensors, tmp_path / "v1b.safetensors", meta)
+    with pytest.raises(ArtifactMismatchError, match="lisa-trt calibrate"):
+        load_tables(tmp_path / "v1b.safetensors")

@@ -68,7 +68,8 @@ def test_profiles_cover_every_input_with_io_spec_shapes(man):
     assert tree.shapes["input_ids"] == ((1, 1), (2, 16), (6, 16))
     assert tree.shapes["attention_mask"][2] == (6, 16, man.max_cache_len)
     (nodes,) = profs["gasv"]
-    assert nodes.shapes["guided_logits"] == ((1, 256), (16, 256), (48, 256)) and nodes.shapes["gasv_params"][0] == (7,)
+    assert nodes.shapes["guided_logits"] == ((1, 256), (16, 256), (48, 256)) and nodes.shapes["gasv_params"][0] == (10,)
+    assert nodes.shapes["node_tokens"] == ((1,), (16,), (48,)) and nodes.shapes["node_parents"][2] == (48,)
     (vq,) = profs["vq_decode"]
     assert vq.shapes["image_tokens"] == ((1, 16), (1, 16), (3, 16))              # images: no CFG
 
@@ -192,8 +193,9 @@ class FakeEngine:
         self.inputs = [i.name for i in model.graph.input]
         self.outputs = [o.name for o in model.graph.output]
         if gr.plugin_nodes(model):
-            self._run = lambda feeds: gr.emulate_trt_variant(model, feeds["guided_logits"], feeds["gasv_params"])
-            self.dtypes = {"guided_logits": np.float32, "gasv_params": np.float32}
+            self._run = lambda feeds: gr.emulate_trt_variant(model, *(feeds[n] for n in gr.GRAPH_INPUTS))
+            self.dtypes = {"guided_logits": np.float32, "node_tokens": np.int64, "node_parents": np.int64,
+                           "gasv_params": np.float32}
         else:
             sess = ort.InferenceSession(d["onnx"], providers=["CPUExecutionProvider"])
             self._run = lambda feeds: dict(zip(self.outputs, sess.run(self.outputs, feeds)))
@@ -401,15 +403,17 @@ def test_trt_target_matches_torch_through_the_binding_protocol(fake, kv_binding)
 def test_trt_gasv_and_vq_match_the_references(fake):
     from export_artifacts import make_artifacts
 
-    from lisa_trt.speculative.gasv import gasv_gate
+    from lisa_trt.speculative.gasv import gasv_gates
 
     a = make_artifacts()
     eng = T.load_trt_engines(fake.dir, device="cpu")
     logits = torch.randn(5, 256) * 3
     logits[1, 50:] = float("-inf")
-    got, want = eng.gasv(logits), gasv_gate(logits, a["tables"])
-    for k in ("gate", "p_raw", "p_soft"):
+    tok, par = torch.tensor([1, 2, 3, 4, 5]), torch.tensor([-1, 0, 0, 2, 1])
+    got, want = eng.gasv(logits, tok, par), gasv_gates(logits, tok, par, a["tables"])
+    for k in ("p", "delta_eff", "gate"):
         assert _close(getattr(got, k), getattr(want, k), 1e-5)
+    assert torch.equal(got.cand, want.cand)
     toks = torch.randint(0, 256, (1, 16))                      # the default profiles: max_batch 1
     g = a["target"].config.grid_size
     with torch.no_grad():

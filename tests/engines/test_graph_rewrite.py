@@ -23,7 +23,7 @@ from export_artifacts import make_tables  # noqa: E402
 
 from lisa_trt.engines.plugins import graph_rewrite as gr  # noqa: E402
 from lisa_trt.engines.plugins import trt_plugin as tp  # noqa: E402
-from lisa_trt.export.io_spec import GASV_PARAMS  # noqa: E402
+from lisa_trt.export.io_spec import GASV_K  # noqa: E402
 from lisa_trt.speculative.gasv import GASVConfig  # noqa: E402
 from lisa_trt.testing import make_target  # noqa: E402
 
@@ -45,28 +45,28 @@ def plain(tables, tmp_path_factory):
     target = make_target()
     module = GASVGraph(tables)
     dims = export_dims(target.config, max_cache_len=40)
-    example = sample_inputs(Graph.GASV, module.spec, dims, dict(target=target, tables=tables), nodes=3)
+    example = sample_inputs(Graph.GASV, module.spec, dims, dict(target=target, tables=tables), nodes=4)
     path = tmp_path_factory.mktemp("gasv") / "gasv.onnx"
     onnx_from_torch(module, example, path)
     return path
 
 
-def _logits(V, rows=5, seed=0):
+def _inputs(V, rows=5, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, V, generator=g) * 3
     x[1, V // 3:] = float("-inf")                   # a filtered row
     kth = torch.topk(x[2], 7).values[-1]
     x[2] = x[2].masked_fill(x[2] < kth, float("-inf"))  # 7 finite logits
-    return x.numpy()
+    tokens = x.argsort(-1, descending=True)[:, 1]   # near the top: gates open
+    tokens[3] = 0
+    parents = torch.tensor([-1, 0, 0, 1, 2][:rows])
+    return x.numpy(), tokens.numpy(), parents.numpy()
 
 
-def _params(cfg):
-    return np.array([getattr(cfg, n) for n in GASV_PARAMS], dtype=np.float32)
-
-
-def _run_plain(path, logits, params):
+def _run_plain(path, logits, tokens, parents, params):
     s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return dict(zip(gr.GRAPH_OUTPUTS, s.run(list(gr.GRAPH_OUTPUTS), {"guided_logits": logits, "gasv_params": params})))
+    feeds = {"guided_logits": logits, "node_tokens": tokens, "node_parents": parents, "gasv_params": params}
+    return dict(zip(gr.GRAPH_OUTPUTS, s.run(list(gr.GRAPH_OUTPUTS), feeds)))
 
 
 def _vocab(path):
@@ -90,25 +90,28 @@ def test_rewrite_is_valid_onnx_with_one_plugin_node(plain, tables):
     m = gr.rewrite_gasv(plain)
     onnx.checker.check_model(m)
     assert hashlib.sha256(plain.read_bytes()).hexdigest() == before  # the ORT graph is untouched
-    assert [i.name for i in m.graph.input] == ["guided_logits", "gasv_params"]
-    assert [o.name for o in m.graph.output] == ["gate", "p_raw", "p_soft"]
+    assert [i.name for i in m.graph.input] == list(gr.GRAPH_INPUTS)
+    assert [o.name for o in m.graph.output] == ["p", "delta_eff", "cand", "gate"]
     assert {(o.domain, o.version) for o in m.opset_import} >= {("", 23), ("lisa", 1)}
     ops = [n.op_type for n in m.graph.node]
-    assert "ScatterND" not in ops and "MatMul" not in ops  # the plain body is gone
+    assert "ScatterND" not in ops and "MatMul" not in ops and "Softmax" not in ops  # the plain body is gone
     (node,) = gr.plugin_nodes(m)
     assert (node.op_type, node.domain) == ("gasv", "lisa")
     a = _attrs(node)
-    assert a["plugin_namespace"] == b"lisa" and a["plugin_version"] == b"1" and a["aot"] == 1
+    assert a["plugin_namespace"] == b"lisa" and a["plugin_version"] == b"2" and a["aot"] == 1
     assert a["num_warps"] == 4
-    assert len(node.input) == tp.N_INPUTS["gasv"] and len(node.output) == tp.N_OUTPUTS
-    assert node.input[0] == "guided_logits" and list(node.output[:3]) == ["gate", "p_raw", "p_soft"]
+    assert len(node.input) == tp.N_INPUTS and list(node.output) == ["p", "delta_eff", "gate"]
+    assert node.input[0] == "guided_logits" and node.input[-1] == "gasv_params"
     inits = {t.name: onnx.numpy_helper.to_array(t) for t in m.graph.initializer}
     V, H = tables.w_tilde.shape
-    w, n2, cl, beta = (inits[n] for n in node.input[1:5])
+    nb, w, n2, cl, beta = (inits[n] for n in node.input[3:8])
+    assert nb.shape == (V, GASV_K) and nb.dtype == np.int32
     assert w.shape == (V, H) and w.dtype == np.float32
     assert n2.shape == (V,) and cl.shape == (V,) and cl.dtype == np.int32 and beta.shape == (C,)
     np.testing.assert_allclose(w, tables.w_tilde.numpy(), rtol=0, atol=0)
     np.testing.assert_array_equal(cl, tables.cluster.numpy())
+    np.testing.assert_array_equal(nb[:, :20], tables.lantern_neighbors.numpy())
+    assert (nb[:, 20:] == -1).all()
     np.testing.assert_allclose(beta, tables.beta.numpy(), rtol=0, atol=0)
 
 
@@ -117,29 +120,32 @@ def test_tables_recovered_from_the_graph_are_the_exported_ones(plain, tables):
     for k in ("w_tilde", "w_tilde_norm2", "beta"):
         np.testing.assert_allclose(t[k], getattr(tables, k).numpy(), rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(t["cluster"], tables.cluster.numpy())
+    np.testing.assert_array_equal(t["nb"][:, :20], tables.lantern_neighbors.numpy())
 
 
 def test_verify_tables_refuses_wrong_tables(plain, tables):
     t = gr.gasv_tables_from_onnx(onnx.load(str(plain)))
-    t["beta"] = t["beta"][::-1].copy()
+    t["beta"] = t["beta"][::-1].copy() * 3
     with pytest.raises(gr.GraphRewriteError, match="do not reproduce"):
         gr.verify_tables(onnx.load(str(plain)), t)
 
 
-@pytest.mark.parametrize("cfg", [GASVConfig(theta_geo=3.0),
-                                 GASVConfig(kappa=1.3, lam=0.25, gamma_kappa=0.4, gamma_lambda=2.0, theta_clu=5.0,
-                                            theta_geo=1.7, eps=1e-5)])
+@pytest.mark.parametrize("cfg", [GASVConfig(theta_geo=3.0, neighbours=12, kappa=1.5, lam=0.3),
+                                 GASVConfig(kappa=1.3, lam=0.25, delta=0.2, neighbours=5, gamma_kappa=0.4,
+                                            gamma_lambda=2.0, gamma_delta=1.0, theta_clu=5.0, theta_geo=1.7,
+                                            eps=1e-5)])
 def test_trt_variant_computes_the_plain_graph(plain, cfg):
-    # parameter reordering (7 -> 8, log lambda, 1/log V) and the tables are wired right
+    # the plugin reference path (ORT up to the plugin + gasv_gates on its inputs) == the plain graph
     m = gr.rewrite_gasv(plain)
-    V = _vocab(plain)
-    logits, params = _logits(V), _params(cfg)
-    want = _run_plain(plain, logits, params)
-    got = gr.emulate_trt_variant(m, logits, params)
-    for k in gr.GRAPH_OUTPUTS:
+    logits, tokens, parents = _inputs(_vocab(plain))
+    params = cfg.params().numpy()
+    want = _run_plain(plain, logits, tokens, parents, params)
+    got = gr.emulate_trt_variant(m, logits, tokens, parents, params)
+    np.testing.assert_array_equal(got["cand"], want["cand"])
+    for k in ("p", "delta_eff", "gate"):
         np.testing.assert_allclose(got[k], want[k], rtol=0, atol=2e-6)
-    assert got["params"][0] == pytest.approx(1 / np.log(V))
-    assert got["params"][2] == pytest.approx(np.log(cfg.lam))
+    np.testing.assert_array_equal(got["params"], params)
+    assert (want["gate"] > 0).any() and (want["gate"][1:, : cfg.neighbours] == 0).any()   # teeth
 
 
 def test_explicit_tables_give_the_same_graph(plain, tables):
@@ -152,23 +158,6 @@ def test_explicit_tables_give_the_same_graph(plain, tables):
         np.testing.assert_allclose(ia[k], ib[k], rtol=1e-6, atol=1e-6)
 
 
-def test_support_variant_uses_topk_ids(plain):
-    m = gr.rewrite_gasv(plain, support_k=16)
-    onnx.checker.check_model(m)
-    (node,) = gr.plugin_nodes(m)
-    assert node.op_type == "gasv_support" and len(node.input) == tp.N_INPUTS["gasv_support"]
-    assert [n.op_type for n in m.graph.node if n.op_type in ("TopK", "Cast")] == ["TopK", "Cast"]
-    logits = _logits(_vocab(plain))
-    logits[0, :] = -np.inf
-    logits[0, :10] = np.arange(10)                 # rows with <= 16 finite logits: equal to dense
-    logits = logits[[0, 2]]
-    params = _params(GASVConfig(theta_geo=2.0))
-    want = _run_plain(plain, logits, params)
-    got = gr.emulate_trt_variant(m, logits, params)
-    for k in gr.GRAPH_OUTPUTS:
-        np.testing.assert_allclose(got[k], want[k], rtol=0, atol=2e-6)
-
-
 def test_write_trt_variant_next_to_the_source(plain, tmp_path):
     src = tmp_path / "gasv.onnx"
     src.write_bytes(plain.read_bytes())
@@ -179,13 +168,11 @@ def test_write_trt_variant_next_to_the_source(plain, tmp_path):
     assert "aot" not in _attrs(node)  # JIT variant
 
 
-def test_rewrite_refuses_other_graphs_and_bad_support(plain, tmp_path):
+def test_rewrite_refuses_other_graphs(plain, tmp_path):
     from onnx import TensorProto, helper
 
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-    with pytest.raises(gr.GraphRewriteError, match="not a lisa-trt GASV graph"):
+    with pytest.raises(gr.GraphRewriteError, match="not a lisa-trt GASV v2 graph"):
         gr.rewrite_gasv(helper.make_model(g))
-    with pytest.raises(gr.GraphRewriteError, match="support_k"):
-        gr.rewrite_gasv(plain, support_k=5000)

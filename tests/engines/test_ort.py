@@ -117,17 +117,20 @@ def test_drafter_matches_torch_and_updates_its_cache_in_place(engines, artifacts
 
 
 def test_gasv_and_vq_runners_match_torch(engines, artifacts):
-    from lisa_trt.speculative.gasv import gasv_gate
+    import dataclasses
+
+    from lisa_trt.speculative.gasv import gasv_gates
 
     logits = torch.randn(5, 256) * 3
     logits[2, 10:] = float("-inf")
-    have, want = engines.gasv(logits), gasv_gate(logits, artifacts["tables"])
-    assert close(have.p_soft, want.p_soft) and close(have.gate, want.gate) and close(have.p_raw, want.p_raw)
-    cfg = artifacts["tables"].config
-    import dataclasses
-
-    k2 = dataclasses.replace(cfg, kappa=2.5, lam=0.2)  # constants are a run-time input
-    assert close(engines.gasv(logits, k2).p_soft, gasv_gate(logits, artifacts["tables"], k2).p_soft)
+    tok, par = torch.tensor([1, 2, 3, 4, 5]), torch.tensor([-1, 0, 0, 2, 1])
+    tables = artifacts["tables"]
+    for cfg in (None, dataclasses.replace(tables.config, kappa=2.5, lam=0.2, neighbours=4)):  # run-time knobs
+        have, want = engines.gasv(logits, tok, par, cfg), gasv_gates(logits, tok, par, tables, cfg)
+        assert torch.equal(have.cand, want.cand)
+        assert close(have.gate, want.gate) and close(have.p, want.p) and close(have.delta_eff, want.delta_eff)
+    with pytest.raises(InputError, match="torch backend"):
+        engines.gasv(logits, tok, par, dataclasses.replace(tables.config, scope="cluster"))
     tok = torch.randint(0, 256, (2, 16))
     vq = artifacts["vq"]
     assert close(engines.vq.decode_code(tok), vq.decode_code(tok, (2, 8, 4, 4)))
@@ -153,7 +156,7 @@ def test_bad_inputs_are_refused_like_torch(engines):
     with pytest.raises(InputError, match="new_cache"):
         tgt.forward_tokens(tok, pos, slots, mask, foreign)
     with pytest.raises(InputError, match="empty support"):
-        engines.gasv(torch.full((1, 256), float("-inf")))
+        engines.gasv(torch.full((1, 256), float("-inf")), torch.zeros(1, dtype=torch.long), torch.tensor([-1]))
 
 
 def test_loading_refuses_engines_of_another_target(engines):

@@ -188,15 +188,18 @@ def test_functions_and_subgraphs_are_walked():
 def _plugin_model(**attr_overrides):
     from lisa_trt.engines.plugins import trt_plugin as tp
 
-    ins = ["logits", "w", "n2", "cl", "beta", "params"]
-    node = tp.onnx_plugin_node(ins, ["gate", "p_raw", "p_soft", "pi"])
+    ins = ["logits", "tok", "par", "nb", "w", "n2", "cl", "beta", "params"]
+    node = tp.onnx_plugin_node(ins, ["p", "delta_eff", "gate"])
     keep = [a for a in node.attribute if a.name not in attr_overrides]
     del node.attribute[:]
     node.attribute.extend(keep + [helper.make_attribute(k, v) for k, v in attr_overrides.items() if v is not None])
-    inits = [helper.make_tensor("w", F32, [4, 2], [0.0] * 8), helper.make_tensor("n2", F32, [4], [0.0] * 4),
-             helper.make_tensor("cl", TensorProto.INT32, [4], [0, 1, 0, 1]),
-             helper.make_tensor("beta", F32, [2], [1.0, 1.0]), helper.make_tensor("params", F32, [8], [0.0] * 8)]
-    return model([node], [vi("logits", F32, ("N", 4))], [vi(n, F32, ("N", 4)) for n in ("gate", "p_raw", "p_soft")],
+    I32 = TensorProto.INT32
+    inits = [helper.make_tensor("nb", I32, [4, 2], [1, 2, 0, 2, 3, 1, 2, 0]),
+             helper.make_tensor("w", F32, [4, 2], [0.0] * 8), helper.make_tensor("n2", F32, [4], [0.0] * 4),
+             helper.make_tensor("cl", I32, [4], [0, 1, 0, 1]),
+             helper.make_tensor("beta", F32, [2], [1.0, 1.0]), helper.make_tensor("params", F32, [10], [0.0] * 10)]
+    return model([node], [vi("logits", F32, ("N", 4)), vi("tok", I32, ("N",)), vi("par", I32, ("N",))],
+                 [vi("p", F32, ("N", 4)), vi("delta_eff", F32, ("N",)), vi("gate", F32, ("N", 2))],
                  inits=inits, opset=17, extra_opsets=[helper.make_opsetid("lisa", 1)])
 
 
@@ -205,8 +208,8 @@ def test_plugin_node_attributes():
     assert gc.ok and gc.plugins == ["lisa_gasv"] and gc.min_trt_version == (10, 9)
     v = tc.check_model(_plugin_model(plugin_namespace=None)).violations
     assert any("plugin_namespace='lisa'" in x for x in v), v
-    v = tc.check_model(_plugin_model(plugin_version="2")).violations
-    assert any("plugin_version='1'" in x for x in v), v
+    v = tc.check_model(_plugin_model(plugin_version="1")).violations      # the retired GASV v1 plugin
+    assert any("plugin_version='2'" in x for x in v), v
     gc = tc.check_model(_plugin_model(aot=None))
     assert gc.ok and any("JIT" in w for w in gc.warnings)
 

@@ -2,6 +2,7 @@
 
 import torch
 
+from lisa_trt.calibration.profile import lantern_neighbors
 from lisa_trt.calibration.tables import GASVTables, whiten, whitening
 from lisa_trt.config import vq_config
 from lisa_trt.models.checkpoints import target_hash
@@ -20,8 +21,9 @@ def make_tables(target, C=8, seed=0) -> GASVTables:
     return GASVTables(invstd=invstd, w_tilde_norm2=(wt * wt).sum(1),
                       cluster=torch.randint(0, C, (V,), generator=g, dtype=torch.int32),
                       centroids=torch.randn(C, 4, generator=g), beta=0.5 + 2 * torch.rand(C, generator=g),
-                      lantern_neighbors=torch.zeros(V, 3, dtype=torch.int16),
-                      config=GASVConfig(theta_geo=3.0), target_hash=target_hash(target),
+                      lantern_neighbors=lantern_neighbors(torch.randn(V, 6, generator=g), 20),
+                      config=GASVConfig(theta_geo=3.0, neighbours=12, kappa=1.5, lam=0.3),
+                      target_hash=target_hash(target),
                       vocab_size=V).bind(W)
 
 

@@ -164,19 +164,33 @@ def test_lint_passes_on_an_exported_graph(bundle, artifacts):
     assert res["failing_nodes"] == 0 and res["passing_nodes"] > 10
 
 
-def test_gasv_graph_handles_filtered_rows(bundle, artifacts):
-    from lisa_trt.speculative.gasv import gasv_gate
+def test_gasv_graph_calls_the_reference_on_filtered_rows(bundle, artifacts):
+    import dataclasses
+
+    from lisa_trt.export.io_spec import GASV_K
+    from lisa_trt.speculative.gasv import gasv_gates
 
     V = artifacts["target"].config.vocab_size
-    logits = torch.randn(3, V) * 4
-    logits[1, 5:] = float("-inf")  # top-5 support
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, V, generator=g) * 2
+    logits[1, 40:] = float("-inf")  # a top-40 support
     logits[2, 1:] = float("-inf")  # a single token
-    have = run_onnx(bundle.graph_path(Graph.GASV), dict(guided_logits=logits, gasv_params=E.gasv_params(
-        artifacts["tables"].config)))
-    want = gasv_gate(logits, artifacts["tables"])
-    assert torch.allclose(have["p_soft"], want.p_soft, atol=1e-5)
-    assert torch.allclose(have["gate"], want.gate, atol=1e-5)
-    assert have["p_soft"][2, 0] == 1.0 and have["p_soft"][1, 5:].abs().max() == 0
+    tokens = torch.tensor([3, 7, 0, 11, 2])
+    parents = torch.tensor([-1, 0, 0, 1, 2])
+    tables = artifacts["tables"]
+    for cfg in (tables.config, dataclasses.replace(tables.config, neighbours=5, kappa=3.0, lam=0.1, delta=0.3,
+                                                   gamma_delta=1.0)):
+        have = run_onnx(bundle.graph_path(Graph.GASV), dict(guided_logits=logits, node_tokens=tokens,
+                                                             node_parents=parents, gasv_params=E.gasv_params(cfg)))
+        want = gasv_gates(logits, tokens, parents, tables, cfg)
+        k = cfg.neighbours
+        assert have["gate"].shape == (5, GASV_K)
+        assert torch.allclose(have["gate"][:, :k], want.gate, atol=1e-5)
+        assert (have["gate"][:, k:] == 0).all() and (have["cand"][:, k:] == -1).all()
+        assert torch.equal(have["cand"][:, :k], want.cand)
+        assert torch.allclose(have["p"], want.p, atol=1e-6)
+        assert torch.allclose(have["delta_eff"], want.delta_eff, atol=1e-6)
+        assert (want.gate > 0).any() and (want.gate[1:] == 0).any()       # teeth
 
 
 @pytest.mark.slow

@@ -62,7 +62,8 @@ def test_drafter_step_has_one_aliased_cache_and_taps_projection():
 def test_gasv_params_follow_the_config_fields():
     fields = set(GASVConfig().to_dict())
     assert set(GASV_PARAMS) <= fields
-    assert graph_spec(Graph.GASV).output_names == ["gate", "p_raw", "p_soft"]
+    assert graph_spec(Graph.GASV).output_names == ["p", "delta_eff", "cand", "gate"]
+    assert graph_spec(Graph.GASV).input_names == ["guided_logits", "node_tokens", "node_parents", "gasv_params"]
 
 
 def test_describe_lists_every_graph():

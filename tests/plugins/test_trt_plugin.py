@@ -46,14 +46,13 @@ def test_register_with_real_tensorrt():
 
 
 @pytest.mark.parametrize("sm,target", [(89, "sm_89"), (90, "sm_90a")])
-@pytest.mark.parametrize("support", [False, True])
-def test_aot_kernel_ptx(sm, target, support):
-    k = tp.aot_kernel(16384, 1280, 256, sm=sm, support=support)
+def test_aot_kernel_ptx(sm, target):
+    k = tp.aot_kernel(16384, 1280, 256, 64, sm=sm)
     assert re.search(rf"^\.target {target}\b", k.ptx, re.M)
     assert re.search(r"^\.version 8\.4\b", k.ptx, re.M)      # PTX_VERSION
     params = re.findall(rf"\.param [^\n]*{k.name}_param_(\d+)", k.ptx)
-    # inputs (6 or 7) + 5 int32 scalars + 4 outputs; Triton's scratch pointers stripped
-    assert len(params) == k.n_params == (16 if support else 15)
+    # 9 inputs + 5 int32 scalars + 3 outputs; Triton's scratch pointers stripped
+    assert len(params) == k.n_params == 17
     assert k.block_x == 128 and k.shared_mem >= 0
 
 
@@ -61,24 +60,23 @@ def test_onnx_plugin_node_is_valid_onnx():
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper
 
-    ins = ["logits", "w_tilde", "w_tilde_norm2", "cluster", "beta", "params"]
-    outs = ["gate", "p_raw", "p_soft", "pi"]
-    node = tp.onnx_plugin_node(ins, outs)
+    node = tp.onnx_plugin_node(tp.INPUTS, tp.OUTPUTS)
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     assert node.op_type == "gasv" and node.domain == "lisa"
-    assert attrs["plugin_namespace"] == b"lisa" and attrs["plugin_version"] == b"1" and attrs["aot"] == 1
+    assert attrs["plugin_namespace"] == b"lisa" and attrs["plugin_version"] == b"2" and attrs["aot"] == 1
     f32, i32 = TensorProto.FLOAT, TensorProto.INT32
-    shapes = {"logits": (f32, ["N", 256]), "w_tilde": (f32, [256, 64]), "w_tilde_norm2": (f32, [256]),
-              "cluster": (i32, [256]), "beta": (f32, [32]), "params": (f32, [8])}
+    shapes = {"logits": (f32, ["N", 256]), "tokens": (i32, ["N"]), "parents": (i32, ["N"]), "nb": (i32, [256, 64]),
+              "w_tilde": (f32, [256, 64]), "w_tilde_norm2": (f32, [256]), "cluster": (i32, [256]),
+              "beta": (f32, [32]), "params": (f32, [10])}
+    outs = {"p": ["N", 256], "delta_eff": ["N"], "gate": ["N", 64]}
     graph = helper.make_graph([node], "gasv_trt",
-                              [helper.make_tensor_value_info(n, *shapes[n]) for n in ins],
-                              [helper.make_tensor_value_info(n, f32, ["N", 256]) for n in outs[:3]]
-                              + [helper.make_tensor_value_info("pi", f32, ["N", 32])])
+                              [helper.make_tensor_value_info(n, *shapes[n]) for n in tp.INPUTS],
+                              [helper.make_tensor_value_info(n, f32, outs[n]) for n in tp.OUTPUTS])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid("lisa", 1)])
     onnx.checker.check_model(model)
-    with pytest.raises(Exception, match="takes 7 inputs"):
-        tp.onnx_plugin_node(ins, outs, support=True)
+    with pytest.raises(Exception, match="takes 9 inputs"):
+        tp.onnx_plugin_node(tp.INPUTS[:-1], tp.OUTPUTS)
 
 
 # --- registration against a stand-in for tensorrt.plugin -------------------------------------
@@ -126,32 +124,32 @@ def _fake_trtp():
     return m, reg
 
 
-@pytest.mark.parametrize("op,support", [("gasv", False), ("gasv_support", True)])
-def test_registration_schema_and_aot_launch(op, support):
+def test_registration_schema_and_aot_launch():
     trtp, reg = _fake_trtp()
     trt = types.SimpleNamespace(float32="f32")
-    tp._register_one(trt, trtp, f"lisa::{op}", support, sm=89)
-    fns = reg[f"lisa::{op}"]
+    tp._register_one(trt, trtp, "lisa::gasv", sm=89)
+    fns = reg["lisa::gasv"]
     assert set(fns) == {"register", "impl", "aot_impl", "autotune"}
     sig = inspect.signature(fns["register"])
     tensors = [n for n, p in sig.parameters.items() if p.annotation is _Desc]
     attrs = [n for n, p in sig.parameters.items() if p.annotation is not _Desc]
-    assert len(tensors) == tp.N_INPUTS[op] and attrs == ["num_warps"]
+    assert tensors == list(tp.INPUTS) and attrs == ["num_warps"]
     assert len(typing.get_args(sig.return_annotation)) == tp.N_OUTPUTS
     names = lambda k: list(inspect.signature(fns[k]).parameters)  # noqa: E731
     assert names("impl") == tensors + attrs + ["outputs", "stream"]
     assert names("aot_impl") == tensors + attrs + ["outputs", "tactic"]
     assert names("autotune") == tensors + ["outputs"]
     combos = fns["autotune"](*[None] * len(tensors), outputs=None)
-    assert len(combos[0][0].split(",")) == tp.N_INPUTS[op] + tp.N_OUTPUTS
+    assert len(combos[0][0].split(",")) == tp.N_INPUTS + tp.N_OUTPUTS
 
-    N, V, H, C, K = "N", 16384, 1280, 256, 2000
-    descs = {"logits": _Desc(N, V), "ids": _Desc(N, K), "w_tilde": _Desc(V, H), "w_tilde_norm2": _Desc(V),
-             "cluster": _Desc(V), "beta": _Desc(C), "params": _Desc(8)}
+    N, V, H, C, KW = "N", 16384, 1280, 256, 64
+    descs = {"logits": _Desc(N, V), "tokens": _Desc(N), "parents": _Desc(N), "nb": _Desc(V, KW),
+             "w_tilde": _Desc(V, H), "w_tilde_norm2": _Desc(V), "cluster": _Desc(V), "beta": _Desc(C),
+             "params": _Desc(10)}
     args = [descs[n] for n in tensors]
     outs = fns["register"](*args, num_warps=4)
-    assert outs[3] == ("desc", ["N", C])
+    assert outs[1] == ("desc", ["N"]) and outs[2] == ("desc", ["N", KW])
     name, ptx, launch, extra = fns["aot_impl"](*args, num_warps=4, outputs=outs, tactic=0)
     assert name == b"gasv_kernel" and b".target sm_89" in ptx
     assert launch.grid_x.v == "N" and launch.block_x == 128
-    assert [e.v for e in extra] == [V, H, C, K if support else V, H]   # V, H, C, L, stride_w
+    assert [e.v for e in extra] == [V, H, C, KW, H]   # V, H, C, KW, stride_w

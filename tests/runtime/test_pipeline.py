@@ -53,6 +53,24 @@ def test_ort_equals_torch_tokens(bundle, verify):
     assert a.stats[0]["mal"] >= 1.0 and a.stats[1]["class"] == 3
 
 
+def test_gasv_knobs_reach_every_backend(parts, bundle):
+    """Pipeline.generate knobs: the lossless setting reproduces exact; ORT (the GASV graph with
+    run-time knobs) == torch (the reference) on loose knobs, which accept more."""
+    t, d, tables, vq = parts
+    mem = Pipeline.from_models(t, d, tables, vq, generation=GEN)
+    ex = mem.generate([1, 2], seed=3, verify="exact", decode=False)
+    ll = mem.generate([1, 2], seed=3, verify="gasv", decode=False, gasv_kappa=0.0, gasv_lambda=1.0)
+    assert torch.equal(ex.tokens, ll.tokens)
+    knobs = dict(gasv_kappa=3.0, gasv_lambda=0.2, gasv_delta=0.5, gasv_neighbours=8)
+    ort = Pipeline.from_dir(bundle, backend="ort", threads=1).generate([1, 2], seed=3, verify="gasv", decode=False,
+                                                                     **knobs)
+    tch = Pipeline.from_dir(bundle, backend="torch").generate([1, 2], seed=3, verify="gasv", decode=False, **knobs)
+    assert torch.equal(ort.tokens, tch.tokens)
+    assert sum(s["mal"] for s in tch.stats) > sum(s["mal"] for s in ex.stats)
+    lan = mem.generate([1, 2], seed=3, verify="lantern", decode=False, lantern_delta=0.2, lantern_gamma=1.0)
+    assert all(s["mean_tvd"] >= 0 for s in lan.stats)
+
+
 def test_pipeline_matches_library_decoder(parts, bundle):
     """The bundle's torch backend == the in-memory models (weights round-trip exactly)."""
     t, d, tables, vq = parts

@@ -102,3 +102,46 @@ def test_exact_sampling_is_lossless():
         assert chi2 < chi2_critical(df), (j, chi2, df)
     chi2, df = _chi2_homogeneity(toks[:, 0] * V + toks[:, 1], ref[:, 0] * V + ref[:, 1], V * V)
     assert chi2 < chi2_critical(df), ("pair", chi2, df)
+
+
+def _gasv_tables(m, **cfg):
+    """Synthetic (uncalibrated) GASV tables bound to the target's head."""
+    from lisa_trt.calibration.profile import lantern_neighbors
+    from lisa_trt.calibration.tables import GASVTables, whiten, whitening
+    from lisa_trt.speculative.gasv import GASVConfig
+
+    V, W = m.config.vocab_size, m.output.weight
+    g = torch.Generator().manual_seed(0)
+    invstd = whitening(W)
+    wt = whiten(W, invstd)
+    t = GASVTables(invstd=invstd, w_tilde_norm2=(wt * wt).sum(1), cluster=torch.randint(0, 4, (V,), generator=g),
+                   centroids=torch.randn(4, 3, generator=g), beta=torch.ones(4),
+                   lantern_neighbors=lantern_neighbors(torch.randn(V, 5, generator=g), min(16, V - 1)),
+                   config=GASVConfig(theta_geo=2.0, neighbours=min(8, V - 1), **cfg), target_hash="0" * 16,
+                   vocab_size=V)
+    return t.bind(W)
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_gasv_lossless_limit_is_token_identical_to_exact(greedy):
+    """kappa 0 & lambda 1, or delta 0: the same tokens as the exact rule with the same seed (CFG,
+    batch 3, several siblings per node); greedy mode == greedy decoding."""
+    import dataclasses
+
+    m = make_target(std=0.3)
+    cond = make_cond(m, batch=3)
+    d = Drafter.from_target(m).eval()
+    s = SamplingConfig(cfg_scale=2.0, greedy=greedy)
+    spec = SpecConfig(method="exact", top_k=3, depth=3, total_tokens=10)
+    ref, st_ref = SpeculativeDecoder(m, d).generate(cond, sampling=s, spec=spec, seed=5)
+    if greedy:
+        assert torch.equal(ref, generate(m, cond, cfg_scale=2.0, greedy=True))
+    gspec = dataclasses.replace(spec, method="gasv")
+    for kw in (dict(kappa=0.0, lam=1.0), dict(delta=0.0)):
+        toks, _ = SpeculativeDecoder(m, d, _gasv_tables(m, **kw)).generate(cond, sampling=s, spec=gspec, seed=5)
+        assert torch.equal(toks, ref), kw
+    # the test has teeth: open knobs accept more and change the tokens
+    loose = dataclasses.replace(gspec, gasv_kappa=5.0, gasv_lambda=0.05)
+    toks, st = SpeculativeDecoder(m, d, _gasv_tables(m, kappa=0.0, lam=1.0)).generate(
+        cond, sampling=s, spec=loose, seed=5)
+    assert st.mal > st_ref.mal and not torch.equal(toks, ref)

@@ -18,10 +18,9 @@ from scipy import stats
 from lisa_trt.errors import InputError
 from lisa_trt.speculative.tree import (DraftTree, build_dynamic_tree, build_static_tree,
                                        preset_template, static_tree_from_topk)
-from lisa_trt.speculative.verify import (lantern_relaxed_distribution, sjd_accept, tvd,
-                                         verify_exact, verify_exact_sampled, verify_greedy,
-                                         verify_lantern, verify_lantern_greedy, verify_soft,
-                                         verify_soft_greedy)
+from lisa_trt.speculative.verify import (lantern_delta_eff, lantern_relaxed_distribution, sjd_accept, tvd,
+                                         verify_exact, verify_exact_sampled, verify_gasv, verify_gasv_greedy,
+                                         verify_greedy, verify_lantern, verify_lantern_greedy)
 
 ALPHA = 1e-3   # significance level of every chi-square test below (fixed seeds: deterministic)
 
@@ -350,54 +349,124 @@ def test_lantern_greedy_hand_example():
                  verify_greedy(p2, tree2))
 
 
-# ----------------------------------------------------------------------------- GASV (soft)
+# ----------------------------------------------------------------------------- GASV v2
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_soft_with_identity_is_exact(seed):
+def _gasv_inputs(tree, V, seed, K=3, zero_frac=0.3, delta=(0.05, 0.6)):
+    """Synthetic per-node candidates (ring neighbours of the node token), gates and budgets."""
+    g = torch.Generator().manual_seed(seed)
+    B, N = tree.tokens.shape
+    cand = _ring_neighbors(V)[tree.tokens.clamp(min=0)][..., :K].long()        # (B, N, K)
+    gate = torch.rand(B, N, K, generator=g)
+    gate = torch.where(torch.rand(B, N, K, generator=g) < zero_frac, 0.0, gate)
+    d_eff = delta[0] + (delta[1] - delta[0]) * torch.rand(B, N, generator=g)
+    return cand, gate, d_eff
+
+
+def _naive_gasv_law(p, sibs, cand, gate, delta):
+    """Law of the committed token at one node, straight from spec/lisa.md step 5 (float64)."""
+    r = p.double().clone()
+    law = torch.zeros_like(r)
+    reach = 1.0
+    for d, c, g in zip(sibs, cand, gate):
+        w = torch.zeros_like(r)
+        for v, gv in zip(c.tolist(), g.tolist()):
+            w[v] += r[v] * gv
+        M = float(w.sum())
+        m = w * (min(1.0, delta / M) if M > 0 else 0.0)
+        a = min(1.0, float(r[d] + m.sum()))
+        law[d] += reach * a
+        reach *= 1 - a
+        r = (r - m).clamp(min=0)
+        r[d] = 0
+        r = r / r.sum()
+    return law + reach * r
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gasv_zero_gates_or_zero_budget_is_exact(seed):
     tree, p = _random_case(seed)
+    cand, gate, d_eff = _gasv_inputs(tree, 8, seed)
     a = verify_exact(p, tree, torch.Generator().manual_seed(seed))
-    b = verify_soft(p, p.clone(), tree, torch.Generator().manual_seed(seed))
-    assert _same(a, b) and b.pos_tvd.abs().max() < 1e-6
+    b = verify_gasv(p, tree, torch.Generator().manual_seed(seed), cand, torch.zeros_like(gate), d_eff)
+    c = verify_gasv(p, tree, torch.Generator().manual_seed(seed), cand, gate, torch.zeros_like(d_eff))
+    assert _same(a, b) and _same(a, c)
+    assert b.pos_tvd.abs().max() < 1e-5 and c.pos_tvd.abs().max() < 1e-5
+    d = verify_gasv(p, tree, torch.Generator().manual_seed(seed), cand, gate, d_eff)
+    assert d.accept_len.sum() > a.accept_len.sum()       # the test has teeth: gates do accept more
 
 
-def test_soft_samples_p_soft_and_reports_tvd():
+def test_gasv_committed_token_law_matches_closed_form():
+    """Sequential siblings with the residual: empirical first-token frequencies == the spec's law
+    (chi-square, 4 siblings at the root), and pos_tvd == TVD(p, law)."""
     B, V = 20000, 6
     m = Markov(V, 4, seed=4)
     tree = _fixed_tree(B)
-    zero = torch.zeros(B, dtype=torch.long)
-    p_raw = m.probs(tree, zero)
-    gate = torch.sigmoid(torch.randn(1, tree.n_nodes, V, generator=torch.Generator().manual_seed(1)) * 2)
-    p_soft = p_raw * gate
-    p_soft = p_soft / p_soft.sum(-1, keepdim=True)
-    res = verify_soft(p_raw, p_soft, tree, torch.Generator().manual_seed(9))
-    n = res.n_committed
-    path_nodes = res.path.clamp(min=0)
-    expect = tvd(p_raw[0][path_nodes], p_soft[0][path_nodes])             # (B, D+1)
-    expect = torch.where(torch.arange(expect.shape[1]) < n[:, None], expect, 0.0)
-    assert torch.allclose(res.pos_tvd, expect, atol=1e-5)
-    assert chi2_pvalue(res.tokens[:, 0], p_soft[0, 0]) > ALPHA
-    assert chi2_pvalue(res.tokens[:, 0], p_raw[0, 0]) < ALPHA              # it is not p_raw
+    p = m.probs(tree, torch.zeros(B, dtype=torch.long))
+    cand, gate, d_eff = _gasv_inputs(tree, V, 7, K=4, zero_frac=0.2)
+    cand, gate, d_eff = cand[:1].expand(B, -1, -1), gate[:1].expand(B, -1, -1), d_eff[:1].expand(B, -1)
+    res = verify_gasv(p, tree, torch.Generator().manual_seed(9), cand, gate, d_eff)
+    kids = tree.children()[0, 0]
+    kids = kids[kids >= 0]
+    law = _naive_gasv_law(p[0, 0], tree.tokens[0, kids].tolist(), cand[0, kids], gate[0, kids], float(d_eff[0, 0]))
+    assert len(kids) >= 3
+    assert chi2_pvalue(res.tokens[:, 0], law) > ALPHA
+    assert chi2_pvalue(res.tokens[:, 0], p[0, 0]) < ALPHA                 # it is not p
+    assert torch.allclose(res.pos_tvd[:, 0], tvd(p[0, 0].double(), law).float().expand(B), atol=1e-5)
 
 
-def test_soft_greedy_rule():
-    # root children tokens [1, 2, 3] (nodes 1..3); node 1 has child token 0 (node 4)
-    tree = DraftTree.from_parents(torch.tensor([[5, 1, 2, 3, 0]]), torch.tensor([[-1, 0, 0, 0, 1]]))
-    p_raw = torch.tensor([0.40, 0.20, 0.25, 0.10, 0.05]).expand(1, 5, 5).clone()
-    p_soft = torch.tensor([0.10, 0.20, 0.50, 0.15, 0.05]).expand(1, 5, 5).clone()
-    gate = torch.ones(1, 5, 5)
-    r = verify_soft_greedy(p_raw, p_soft, gate, tree)
-    # best drafted sibling under p_soft is token 2 (node 2), a leaf: bonus = argmax p_raw = 0
-    assert r.path.tolist() == [[0, 2, -1]] and r.tokens.tolist() == [[2, 0, -1]]
-    gate[0, 0, 2] = 0.4                   # gate of token 2 at the root below 0.5: nothing accepted
-    r = verify_soft_greedy(p_raw, p_soft, gate, tree)
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_gasv_single_sibling_tvd_is_at_most_delta_eff(seed):
+    B, V = 256, 8
+    g = torch.Generator().manual_seed(seed)
+    t = preset_template("chain4")
+    topk = torch.randint(0, V, (B, t.n_nodes, 4), generator=g)
+    tree = static_tree_from_topk(t, torch.zeros(B, dtype=torch.long), topk)
+    p = torch.softmax(torch.randn(B, t.n_nodes, V, generator=g) * 1.5, -1)
+    cand, gate, d_eff = _gasv_inputs(tree, V, seed, K=5, zero_frac=0.0)
+    res = verify_gasv(p, tree, torch.Generator().manual_seed(seed), cand, gate, d_eff)
+    budget = d_eff.gather(1, res.path.clamp(min=0))                         # parent of each position
+    assert (res.pos_tvd <= budget + 1e-5).all()
+    assert res.pos_tvd.max() > 0.05
+
+
+def test_gasv_greedy_with_zero_gates_is_greedy_and_gates_relax_it():
+    for seed in (0, 3):
+        tree, p = _random_case(seed)
+        cand, gate, d_eff = _gasv_inputs(tree, 8, seed)
+        a = verify_greedy(p, tree)
+        b = verify_gasv_greedy(p, tree, cand, torch.zeros_like(gate), d_eff)
+        assert _same(a, b)
+        c = verify_gasv_greedy(p, tree, cand, gate, d_eff)
+        assert (c.accept_len >= a.accept_len).all() and c.accept_len.sum() > a.accept_len.sum()
+    # hand example: root children tokens [1, 2]; p = [.40, .35, .25 ...]: token 1 is not the argmax,
+    # but its neighbour 0 lends it 0.1 (gate 1, delta 0.1): a = 0.45 >= max(0.30, 0.25) -> accepted
+    tree = DraftTree.from_parents(torch.tensor([[5, 1, 2]]), torch.tensor([[-1, 0, 0]]))
+    p = torch.tensor([0.40, 0.35, 0.25, 0.0, 0.0, 0.0]).expand(1, 3, 6).clone()
+    cand = torch.tensor([[[0, -1], [0, -1], [0, -1]]])
+    gate = torch.tensor([[[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]]])
+    r = verify_gasv_greedy(p, tree, cand, gate, torch.full((1, 3), 0.1))
+    assert r.path.tolist() == [[0, 1]] and r.tokens.tolist() == [[1, 0]]
+    r = verify_gasv_greedy(p, tree, cand, gate, torch.full((1, 3), 0.02))   # 0.37 < 0.38: rejected
     assert r.accept_len.tolist() == [0] and r.bonus.tolist() == [0]
-    # with p_soft == p_raw and the argmax drafted it is plain greedy
-    tree2, p2 = _random_case(3)
-    ones = torch.ones_like(p2)
-    g_res = verify_greedy(p2, tree2)
-    s_res = verify_soft_greedy(p2, p2, ones, tree2)
-    took = g_res.accept_len > 0
-    assert (s_res.accept_len[took] >= g_res.accept_len[took]).all()
+
+
+def test_modulated_lantern():
+    tree, p = _random_case(0)
+    nb = _ring_neighbors(8)
+    logits = p.log()
+    a = verify_lantern(p, tree, torch.Generator().manual_seed(0), nb, k=7, delta=0.2)
+    same = lantern_delta_eff(logits, 0.2, 0.0)
+    assert torch.allclose(same, torch.tensor(0.2))
+    b = verify_lantern(p, tree, torch.Generator().manual_seed(0), nb, k=7, delta=0.2, delta_nodes=same)
+    assert _same(a, b)
+    mod = lantern_delta_eff(logits, 0.2, 1.0)
+    assert (mod >= 0.2 - 1e-6).all() and (mod > 0.21).any() and (mod <= 0.4 + 1e-6).all()
+    c = verify_lantern(p, tree, torch.Generator().manual_seed(0), nb, k=7, delta=0.2, delta_nodes=mod)
+    assert c.accept_len.sum() >= a.accept_len.sum()
+    g1 = verify_lantern_greedy(p, tree, nb, k=7, delta=0.2)
+    assert _same(g1, verify_lantern_greedy(p, tree, nb, k=7, delta=0.2, delta_nodes=same))
+    with pytest.raises(InputError):
+        lantern_delta_eff(logits, 1.5, 1.0)
 
 
 # ----------------------------------------------------------------------------- SJD

@@ -1,34 +1,34 @@
 """The TensorRT variant of the GASV graph: swap its plain-ONNX body for the `lisa::gasv` plugin.
 
-`export_bundle` writes `gasv.onnx` as plain ONNX ops (ONNX Runtime runs it). Its cluster-mass
-step is a ScatterND with reduction="add", which TensorRT's ONNX parser refuses ("ScatterND with
-reduction is not supported", onnx-tensorrt onnxOpImporters.cpp), and the dense path is several
-(N, V) passes anyway. This module produces `gasv.trt.onnx`: the same graph inputs and outputs
-(io_spec Graph.GASV), whose body is one `lisa::gasv` plugin node (trt_plugin.onnx_plugin_node,
-Triton PTX baked in with aot=1) fed by:
+`export_bundle` writes `gasv.onnx` (GASV v2 per-node gates, `gasv.gasv_core`) as plain ONNX ops
+(ONNX Runtime runs it). Its cluster-mass step is a ScatterND with reduction="add", which
+TensorRT's ONNX parser refuses ("ScatterND with reduction is not supported"). This module
+produces `gasv.trt.onnx`: the same graph inputs and outputs (io_spec Graph.GASV), whose p,
+delta_eff and gate come from one `lisa::gasv` plugin node (trt_plugin.onnx_plugin_node, Triton PTX
+baked in with aot=1) fed by:
 
-  guided_logits (N, V) fp32 ............................. plugin input 0
-  [ids (N, K) int32 = Cast(TopK(guided_logits, K))] ....... gasv_support only
-  w_tilde (V, H), w_tilde_norm2 (V,), cluster (V,) int32,
-  beta (C,) ............................................... initializers (the GASV tables)
-  params (8,) = gasv_triton.PARAM_NAMES from gasv_params (7,) (io_spec.GASV_PARAMS order):
-      Concat(1/log V, kappa, Log(lam), gamma_kappa, gamma_lambda, theta_geo, theta_clu, eps)
+  guided_logits (N, V) fp32 ............................. plugin input `logits`
+  Cast(node_tokens), Cast(node_parents) int32 ............ `tokens`, `parents`
+  nb (V, GASV_K) int32, w_tilde (V, H), w_tilde_norm2 (V,),
+  cluster (V,) int32, beta (C,) ........................... initializers (the GASV tables)
+  gasv_params (P,) ........................................ `params` as is (gasv.PARAMS order)
 
-The rewrite is an onnx-graphsurgeon subgraph replacement: the producers of the three outputs
-are disconnected, the plugin subgraph is attached, and `cleanup()` drops the old body and its
-initializers. The ORT graph file is never modified.
+`cand` keeps its plain-ONNX producers (a Gather of the neighbour table and a Where on the
+`neighbours` knob, both TensorRT-parsable). The rewrite is an onnx-graphsurgeon subgraph
+replacement: the producers of p, delta_eff and gate are disconnected, the plugin is attached,
+and `cleanup()` drops what no output needs. The ORT graph file is never modified.
 
 The tables come from the caller (`tables=`, a bound GASVTables or a dict of arrays) or are
 recovered from the exported graph's initializers (`gasv_tables_from_onnx`): W~ by its name,
 the others by shape and dtype. Recovered tables are verified by running the original graph in
-ONNX Runtime against the PyTorch reference `gasv_gate` on random logits (`verify_tables`).
+ONNX Runtime against the PyTorch reference `gasv_gates` on random logits (`verify_tables`).
+`emulate_trt_variant` is the plugin's CPU reference path: ONNX Runtime up to the plugin, then
+`gasv_gates` on the plugin's own inputs.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -37,24 +37,24 @@ from . import trt_plugin as tp
 
 TRT_SUFFIX = ".trt.onnx"
 EXTERNAL_DATA_BYTES = 32 << 20  # like export/onnx.py: larger weights go to an external file
-MAX_TOPK = 3840  # TensorRT's TopK limit (onnx-tensorrt docs/operators.md: "K input must be less than 3840")
 # Plugin inputs in order, with their ONNX element types (the kernel's parameter types,
-# gasv_triton.signature): the dense plugin has no `ids`.
-PLUGIN_INPUTS = (("logits", "float32"), ("ids", "int32"), ("w_tilde", "float32"),
-                 ("w_tilde_norm2", "float32"), ("cluster", "int32"), ("beta", "float32"),
+# gasv_triton.signature).
+PLUGIN_INPUTS = (("logits", "float32"), ("tokens", "int32"), ("parents", "int32"), ("nb", "int32"),
+                 ("w_tilde", "float32"), ("w_tilde_norm2", "float32"), ("cluster", "int32"), ("beta", "float32"),
                  ("params", "float32"))
-PLUGIN_OUTPUTS = ("gate", "p_raw", "p_soft", "pi")
-GRAPH_INPUTS = ("guided_logits", "gasv_params")  # io_spec Graph.GASV
-GRAPH_OUTPUTS = ("gate", "p_raw", "p_soft")
+PLUGIN_OUTPUTS = ("p", "delta_eff", "gate")
+GRAPH_INPUTS = ("guided_logits", "node_tokens", "node_parents", "gasv_params")  # io_spec Graph.GASV
+GRAPH_OUTPUTS = ("p", "delta_eff", "cand", "gate")
+TABLES = ("nb", "w_tilde", "w_tilde_norm2", "cluster", "beta")
 
 
 class GraphRewriteError(LisaError):
     """The GASV graph does not have the structure the rewrite expects."""
 
 
-def plugin_input_dtypes(support: bool) -> list:
+def plugin_input_dtypes() -> list:
     """Expected ONNX element type names of the plugin inputs, in order."""
-    return [dt for name, dt in PLUGIN_INPUTS if support or name != "ids"]
+    return [dt for _, dt in PLUGIN_INPUTS]
 
 
 def trt_variant_path(onnx_path) -> Path:
@@ -66,22 +66,33 @@ def trt_variant_path(onnx_path) -> Path:
 # ----------------------------------------------------------------------------- tables
 
 def _tables_dict(tables) -> dict:
-    """GASVTables (bound) or a dict -> {w_tilde, w_tilde_norm2, cluster, beta} numpy arrays."""
+    """GASVTables (bound) or a dict -> {nb, w_tilde, w_tilde_norm2, cluster, beta} numpy arrays.
+
+    nb is the neighbour table padded / cut to io_spec.GASV_K columns (-1 padding), as baked
+    into the GASV graph."""
+    from ...export.io_spec import GASV_K
+
     if isinstance(tables, dict):
-        d = tables
+        d = dict(tables)
     else:
         if getattr(tables, "w_tilde", None) is None:
             raise GraphRewriteError("the GASV tables are not bound to the target head (w_tilde missing); "
                                     "pass tables.bind(target.output.weight)")
         d = {k: getattr(tables, k) for k in ("w_tilde", "w_tilde_norm2", "cluster", "beta")}
+        d["nb"] = tables.lantern_neighbors
     out = {}
-    for k, dt in (("w_tilde", np.float32), ("w_tilde_norm2", np.float32), ("cluster", np.int32),
+    for k, dt in (("nb", np.int32), ("w_tilde", np.float32), ("w_tilde_norm2", np.float32), ("cluster", np.int32),
                   ("beta", np.float32)):
         v = d[k]
         v = v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
         out[k] = np.ascontiguousarray(v.astype(dt))
+    nb = out["nb"][:, :GASV_K]
+    if nb.shape[1] < GASV_K:
+        nb = np.concatenate([nb, np.full((nb.shape[0], GASV_K - nb.shape[1]), -1, np.int32)], 1)
+    out["nb"] = np.ascontiguousarray(nb)
     V, H = out["w_tilde"].shape
-    if out["w_tilde_norm2"].shape != (V,) or out["cluster"].shape != (V,) or out["beta"].ndim != 1:
+    if (out["w_tilde_norm2"].shape != (V,) or out["cluster"].shape != (V,) or out["beta"].ndim != 1
+            or out["nb"].shape[0] != V):
         shapes = {k: v.shape for k, v in out.items()}
         raise GraphRewriteError(f"inconsistent GASV tables: shapes {shapes}")
     if V and (out["cluster"].min() < 0 or out["cluster"].max() >= out["beta"].shape[0]):
@@ -107,9 +118,13 @@ def gasv_tables_from_onnx(model) -> dict:
 
     Args:
         model: onnx.ModelProto of the exported (plain) GASV graph.
+    The neighbour table nb is the one 2-D integer initializer of shape (V, GASV_K).
+
     Returns:
-        {"w_tilde" (V, H) f32, "w_tilde_norm2" (V,) f32, "cluster" (V,) i32, "beta" (C,) f32}.
+        {"nb" (V, K) i32, "w_tilde" (V, H) f32, "w_tilde_norm2" (V,) f32, "cluster" (V,) i32,
+         "beta" (C,) f32}.
     """
+    from ...export.io_spec import GASV_K
     from onnx import numpy_helper
 
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -134,35 +149,66 @@ def gasv_tables_from_onnx(model) -> dict:
     if len(beta) != 1:
         raise GraphRewriteError(f"cannot identify beta (C >= {need}) in the GASV graph ({len(beta)} candidates); "
                                 "pass the tables explicitly (tables=...)")
-    return _tables_dict({"w_tilde": w, "w_tilde_norm2": n2[0], "cluster": cluster, "beta": beta[0]})
+    nb = _unique([a for a in others if a.ndim == 2 and a.dtype.kind in "iu" and a.shape == (V, GASV_K)])
+    if len(nb) != 1:
+        raise GraphRewriteError(f"cannot identify the neighbour table ({V}, {GASV_K}) in the GASV graph "
+                                f"({len(nb)} candidates); pass the tables explicitly (tables=...)")
+    return _tables_dict({"nb": nb[0], "w_tilde": w, "w_tilde_norm2": n2[0], "cluster": cluster, "beta": beta[0]})
 
 
-def verify_tables(model, tables: dict, *, rows: int = 3, seed: int = 0, tol: float = 1e-4) -> float:
-    """Run the plain GASV graph in ONNX Runtime and compare with `gasv_gate` on `tables`.
+class _Tables:
+    """A GASVTables stand-in over numpy table arrays (for `gasv_gates`)."""
 
-    Returns the largest |difference| over gate and p_soft; raises GraphRewriteError above `tol`.
-    """
-    import onnxruntime as ort
+    def __init__(self, tab: dict, cfg):
+        import torch
+
+        self.w_tilde = torch.from_numpy(np.asarray(tab["w_tilde"], np.float32))
+        self.w_tilde_norm2 = torch.from_numpy(np.asarray(tab["w_tilde_norm2"], np.float32))
+        self.cluster = torch.from_numpy(np.asarray(tab["cluster"])).long()
+        self.beta = torch.from_numpy(np.asarray(tab["beta"], np.float32))
+        self.lantern_neighbors = torch.from_numpy(np.asarray(tab["nb"])).long()
+        self.vocab_size = self.w_tilde.shape[0]
+        self.config, self.theta_geo = cfg, cfg.theta_geo
+
+
+def _random_nodes(V: int, rows: int, seed: int):
     import torch
 
-    from ...speculative.gasv import GASVConfig, gasv_gate
-
-    V = tables["w_tilde"].shape[0]
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(rows, V, generator=g) * 3.0
     if V > 4:  # filtered rows: keep the top half of each row
         kth = torch.topk(logits, V // 2, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    cfg = GASVConfig(kappa=1.1, lam=0.5, gamma_kappa=0.7, gamma_lambda=1.3, theta_clu=6.0, theta_geo=2.5)
-    from ...export.io_spec import GASV_PARAMS
+    tokens = torch.randint(0, V, (rows,), generator=g)
+    parents = torch.arange(rows) - 1                                     # a chain
+    return logits, tokens, parents
 
-    params = np.array([getattr(cfg, n) for n in GASV_PARAMS], dtype=np.float32)
+
+def verify_tables(model, tables: dict, *, rows: int = 4, seed: int = 0, tol: float = 1e-4) -> float:
+    """Run the plain GASV graph in ONNX Runtime and compare with `gasv_gates` on `tables`.
+
+    Returns the largest |difference| over p, delta_eff and gate; raises GraphRewriteError above
+    `tol` (or when the candidates differ).
+    """
+    import onnxruntime as ort
+
+    from ...speculative.gasv import GASVConfig, gasv_gates
+
+    nbw = int((np.asarray(tables["nb"]) >= 0).all(0).sum())
+    cfg = GASVConfig(kappa=1.1, lam=0.5, delta=0.5, neighbours=max(1, min(16, nbw)), gamma_kappa=0.7,
+                     gamma_lambda=1.3, gamma_delta=0.5, theta_clu=6.0, theta_geo=2.5)
+    logits, tokens, parents = _random_nodes(tables["w_tilde"].shape[0], rows, seed)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    gate, _, p_soft = sess.run(list(GRAPH_OUTPUTS), {"guided_logits": logits.numpy(), "gasv_params": params})
-    t = {k: torch.from_numpy(v) for k, v in tables.items()}
-    ns = type("T", (), dict(t, theta_geo=cfg.theta_geo, config=cfg))
-    ref = gasv_gate(logits, ns, cfg)
-    err = max(float(np.abs(gate - ref.gate.numpy()).max()), float(np.abs(p_soft - ref.p_soft.numpy()).max()))
+    p, delta_eff, cand, gate = sess.run(list(GRAPH_OUTPUTS), {
+        "guided_logits": logits.numpy(), "node_tokens": tokens.numpy(), "node_parents": parents.numpy(),
+        "gasv_params": cfg.params().numpy()})
+    ref = gasv_gates(logits, tokens, parents, _Tables(tables, cfg), cfg)
+    k = cfg.neighbours
+    if not np.array_equal(cand[:, :k], ref.cand.numpy()):
+        raise GraphRewriteError("the neighbour table recovered from the GASV graph does not reproduce its "
+                                "candidates; pass the tables explicitly (tables=...)")
+    err = max(float(np.abs(p - ref.p.numpy()).max()), float(np.abs(delta_eff - ref.delta_eff.numpy()).max()),
+              float(np.abs(gate[:, :k] - ref.gate.numpy()).max()))
     if not err <= tol:
         raise GraphRewriteError(f"the GASV tables recovered from the graph do not reproduce it (max error {err:.3g}); "
                                 "pass the tables explicitly (tables=...)")
@@ -179,16 +225,13 @@ def _load(model_or_path):
     return model_or_path
 
 
-def rewrite_gasv(model_or_path, *, tables=None, support_k: Optional[int] = None, aot: bool = True,
-                 num_warps: int = 4, verify: bool = True):
-    """The TensorRT variant of a GASV graph: one `lisa::gasv` (or `gasv_support`) plugin node.
+def rewrite_gasv(model_or_path, *, tables=None, aot: bool = True, num_warps: int = 4, verify: bool = True):
+    """The TensorRT variant of a GASV graph: p, delta_eff and gate from one `lisa::gasv` plugin node.
 
     Args:
         model_or_path: the exported plain gasv.onnx (path or ModelProto); not modified.
-        tables: bound GASVTables or {w_tilde, w_tilde_norm2, cluster, beta}; None -> recovered
+        tables: bound GASVTables or {nb, w_tilde, w_tilde_norm2, cluster, beta}; None -> recovered
             from the graph's initializers (and checked with `verify_tables` when verify=True).
-        support_k: None -> dense `lisa::gasv`; K -> `lisa::gasv_support` over TopK(K) ids per row
-            (equal to the dense result when each row has at most K finite logits).
         aot: mark the node for the AOT implementation (Triton PTX, no Python at run time).
         num_warps: kernel launch width (a plugin attribute).
         verify: when the tables are recovered from the graph, check them against the reference.
@@ -202,8 +245,9 @@ def rewrite_gasv(model_or_path, *, tables=None, support_k: Optional[int] = None,
     names_in = [i.name for i in src.graph.input]
     names_out = [o.name for o in src.graph.output]
     if tuple(names_in) != GRAPH_INPUTS or tuple(names_out) != GRAPH_OUTPUTS:
-        raise GraphRewriteError(f"not a lisa-trt GASV graph: inputs {names_in}, outputs {names_out}; expected "
-                                f"{list(GRAPH_INPUTS)} -> {list(GRAPH_OUTPUTS)} (io_spec Graph.GASV)")
+        raise GraphRewriteError(f"not a lisa-trt GASV v2 graph: inputs {names_in}, outputs {names_out}; expected "
+                                f"{list(GRAPH_INPUTS)} -> {list(GRAPH_OUTPUTS)} (io_spec Graph.GASV); re-export "
+                                "with this lisa-trt")
     if tables is None:
         tab = gasv_tables_from_onnx(src)
         if verify:
@@ -212,73 +256,29 @@ def rewrite_gasv(model_or_path, *, tables=None, support_k: Optional[int] = None,
         tab = _tables_dict(tables)
     V, H = tab["w_tilde"].shape
     C = tab["beta"].shape[0]
-    if support_k is not None and not 1 <= support_k <= min(V, MAX_TOPK - 1):
-        raise GraphRewriteError(f"support_k must be in 1..{min(V, MAX_TOPK - 1)} (TensorRT TopK K < {MAX_TOPK}), "
-                                f"got {support_k}")
 
     graph = gs.import_onnx(src)
     tensors = graph.tensors()
-    logits, gp = tensors["guided_logits"], tensors["gasv_params"]
-    outs = [tensors[n] for n in GRAPH_OUTPUTS]
+    outs = [tensors[n] for n in PLUGIN_OUTPUTS]
     for o in outs:
-        o.inputs.clear()  # disconnect the plain-ONNX body; cleanup() removes it
-
-    params = _params_subgraph(graph, gp, V)
-    ids = None
-    if support_k is not None:
-        k = gs.Constant("gasv_trt.k", np.array([support_k], dtype=np.int64))
-        vals = gs.Variable("gasv_trt.topk_values", dtype=np.float32)
-        idx64 = gs.Variable("gasv_trt.topk_ids", dtype=np.int64)
-        graph.nodes.append(gs.Node("TopK", "gasv_trt.topk", attrs=dict(axis=-1, largest=1, sorted=1),
-                                   inputs=[logits, k], outputs=[vals, idx64]))
-        ids = gs.Variable("gasv_trt.ids", dtype=np.int32)
-        graph.nodes.append(gs.Node("Cast", "gasv_trt.ids_int32", attrs=dict(to=onnx.TensorProto.INT32),
-                                   inputs=[idx64], outputs=[ids]))
-    consts = [gs.Constant(f"gasv_trt.{k}", tab[k]) for k in ("w_tilde", "w_tilde_norm2", "cluster", "beta")]
-    ins = [logits] + ([ids] if ids is not None else []) + consts + [params]
-    pi = gs.Variable("gasv_trt.pi", dtype=np.float32)
-    proto = tp.onnx_plugin_node([t.name for t in ins], [o.name for o in outs] + [pi.name],
-                                support=support_k is not None, aot=aot, num_warps=num_warps,
-                                name="lisa_gasv_support" if support_k is not None else "lisa_gasv")
-    graph.nodes.append(gs.Node(proto.op_type, proto.name, attrs=_attrs(proto), inputs=ins,
-                               outputs=outs + [pi], domain=proto.domain))
+        o.inputs.clear()  # disconnect the plain-ONNX body; cleanup() removes what cand does not need
+    ints = []
+    for name in ("node_tokens", "node_parents"):
+        v = gs.Variable(f"gasv_trt.{name}_int32", dtype=np.int32)
+        graph.nodes.append(gs.Node("Cast", f"gasv_trt.cast_{name}", attrs=dict(to=onnx.TensorProto.INT32),
+                                   inputs=[tensors[name]], outputs=[v]))
+        ints.append(v)
+    consts = [gs.Constant(f"gasv_trt.{k}", tab[k]) for k in TABLES]
+    ins = [tensors["guided_logits"]] + ints + consts + [tensors["gasv_params"]]
+    proto = tp.onnx_plugin_node([t.name for t in ins], [o.name for o in outs], aot=aot, num_warps=num_warps)
+    graph.nodes.append(gs.Node(proto.op_type, proto.name, attrs=_attrs(proto), inputs=ins, outputs=outs,
+                               domain=proto.domain))
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     model = gs.export_onnx(graph)
     _fix_opsets(model, src)
     model.doc_string = (f"TensorRT variant of {src.graph.name or 'gasv'}: lisa::{proto.op_type} plugin "
-                        f"(V={V}, H={H}, C={C}, aot={int(aot)}); not runnable by ONNX Runtime")
+                        f"(GASV v2, V={V}, H={H}, C={C}, aot={int(aot)}); not runnable by ONNX Runtime")
     return model
-
-
-def _params_subgraph(graph, gp, V: int):
-    """gasv_params (7,) in io_spec.GASV_PARAMS order -> kernel params (8,) in PARAM_NAMES order."""
-    import onnx_graphsurgeon as gs
-
-    from ...export.io_spec import GASV_PARAMS
-    from .gasv_triton import PARAM_NAMES  # the kernel's params order (imports triton)
-
-    parts = []
-    for j, name in enumerate(PARAM_NAMES):
-        if name == "inv_log_v":
-            parts.append(gs.Constant("gasv_trt.inv_log_v",
-                                     np.array([1.0 / math.log(V) if V > 1 else 0.0], dtype=np.float32)))
-            continue
-        src = "lam" if name == "log_lambda" else name
-        if src not in GASV_PARAMS:
-            raise GraphRewriteError(f"kernel parameter {name!r} has no source in io_spec.GASV_PARAMS {GASV_PARAMS}")
-        out = gs.Variable(f"gasv_trt.p{j}_{src}", dtype=np.float32)
-        graph.nodes.append(gs.Node("Gather", f"gasv_trt.gather_{src}", attrs=dict(axis=0),
-                                   inputs=[gp, gs.Constant(f"gasv_trt.idx_{src}",
-                                                           np.array([GASV_PARAMS.index(src)], dtype=np.int64))],
-                                   outputs=[out]))
-        if name == "log_lambda":
-            log = gs.Variable("gasv_trt.p_log_lambda", dtype=np.float32)
-            graph.nodes.append(gs.Node("Log", "gasv_trt.log_lambda", inputs=[out], outputs=[log]))
-            out = log
-        parts.append(out)
-    params = gs.Variable("gasv_trt.params", dtype=np.float32, shape=[len(PARAM_NAMES)])
-    graph.nodes.append(gs.Node("Concat", "gasv_trt.params", attrs=dict(axis=0), inputs=parts, outputs=[params]))
-    return params
 
 
 def _attrs(node) -> dict:
@@ -309,7 +309,7 @@ def write_trt_variant(onnx_path, out_path=None, **kwargs) -> Path:
     Args:
         onnx_path: the exported gasv.onnx.
         out_path: destination (default gasv.trt.onnx beside the source).
-        **kwargs: `rewrite_gasv` options (tables, support_k, aot, num_warps, verify).
+        **kwargs: `rewrite_gasv` options (tables, aot, num_warps, verify).
     """
     import onnx
 
@@ -331,7 +331,7 @@ def plugin_nodes(model) -> list:
     return [n for n in model.graph.node if n.domain == tp.NAMESPACE or n.op_type in tp.PLUGINS]
 
 
-__all__ = ["GraphRewriteError", "MAX_TOPK", "PLUGIN_INPUTS", "PLUGIN_OUTPUTS", "TRT_SUFFIX",
+__all__ = ["GraphRewriteError", "emulate_trt_variant", "PLUGIN_INPUTS", "PLUGIN_OUTPUTS", "TRT_SUFFIX",
            "gasv_tables_from_onnx", "plugin_input_dtypes", "plugin_nodes", "rewrite_gasv",
            "trt_variant_path", "verify_tables", "write_trt_variant"]
 
@@ -340,7 +340,7 @@ __all__ = ["GraphRewriteError", "MAX_TOPK", "PLUGIN_INPUTS", "PLUGIN_OUTPUTS", "
 # ----------------------------------------------------------------------------- CPU emulation
 
 def _plugin_inputs_model(model):
-    """A copy of a TensorRT-variant model without the plugin node, its inputs as graph outputs."""
+    """A copy of a TensorRT-variant model without the plugin node; its inputs (and cand) as graph outputs."""
     import onnx
 
     m = onnx.ModelProto()
@@ -353,48 +353,44 @@ def _plugin_inputs_model(model):
     del m.graph.node[:]
     m.graph.node.extend(keep)
     del m.graph.output[:]
-    m.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in node.input)
+    m.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in list(node.input) + ["cand"])
     del m.opset_import[:]
     m.opset_import.extend([o for o in model.opset_import if o.domain != tp.NAMESPACE])
     return m, node
 
 
-def emulate_trt_variant(model, guided_logits, gasv_params) -> dict:
-    """Run a TensorRT-variant GASV graph on CPU: ONNX Runtime up to the plugin, then the
-    PyTorch reference (`gasv_gate`) with the plugin's own inputs (params decoded).
+def emulate_trt_variant(model, guided_logits, node_tokens, node_parents, gasv_params) -> dict:
+    """The plugin's CPU reference path: run a TensorRT-variant GASV graph with ONNX Runtime up to
+    the plugin, then the PyTorch reference (`gasv_gates`) on the plugin's own inputs.
 
-    This checks the rewrite's wiring (tables, parameter order, TopK ids) without TensorRT; the
-    kernel itself is checked against the same reference in tests/plugins.
+    This checks the rewrite's wiring (tables, casts, parameter vector, the cand subgraph) without
+    TensorRT; the kernel itself is checked against the same reference in tests/plugins.
     Returns:
-        {"gate", "p_raw", "p_soft", "params"} numpy arrays.
+        {"p", "delta_eff", "cand", "gate", "params"} numpy arrays (cand, gate: GASV_K columns).
     """
     import onnxruntime as ort
     import torch
 
-    from ...speculative.gasv import GASVConfig, gasv_gate
+    from ...speculative.gasv import PARAMS, GASVConfig, gasv_gates
 
     sub, node = _plugin_inputs_model(model)
+    feeds = {"guided_logits": np.asarray(guided_logits, np.float32), "node_tokens": np.asarray(node_tokens, np.int64),
+             "node_parents": np.asarray(node_parents, np.int64), "gasv_params": np.asarray(gasv_params, np.float32)}
     sess = ort.InferenceSession(sub.SerializeToString(), providers=["CPUExecutionProvider"])
-    vals = dict(zip(node.input, sess.run(list(node.input), {"guided_logits": np.asarray(guided_logits, np.float32),
-                                                            "gasv_params": np.asarray(gasv_params, np.float32)})))
-    support = node.op_type == "gasv_support"
-    names = [n for n, _ in PLUGIN_INPUTS if support or n != "ids"]
-    x = dict(zip(names, (vals[i] for i in node.input)))
+    fetch = list(node.input) + ["cand"]
+    vals = dict(zip(fetch, sess.run(fetch, feeds)))
+    x = {n: vals[i] for (n, _), i in zip(PLUGIN_INPUTS, node.input)}
+    for (n, dt) in PLUGIN_INPUTS:
+        if x[n].dtype != np.dtype(dt):
+            raise GraphRewriteError(f"plugin input {n} is {x[n].dtype}, the kernel takes {dt}")
     p = x["params"]
-    V = x["logits"].shape[1]
-    if V > 1 and abs(float(p[0]) - 1.0 / math.log(V)) > 1e-6:
-        raise GraphRewriteError(f"params[0] = {p[0]} is not 1/log V")
-    cfg = GASVConfig(kappa=float(p[1]), lam=float(math.exp(p[2])), gamma_kappa=float(p[3]),
-                     gamma_lambda=float(p[4]), theta_geo=float(p[5]), theta_clu=float(p[6]), eps=float(p[7]))
-    tables = type("T", (), {k: torch.from_numpy(np.asarray(x[k])) for k in
-                            ("w_tilde", "w_tilde_norm2", "cluster", "beta")})
-    logits = torch.from_numpy(np.asarray(x["logits"]))
-    support_k = None
-    if support:
-        ids = torch.from_numpy(x["ids"]).long()
-        want = torch.topk(logits, ids.shape[1], dim=-1).values  # values: ties may pick other ids
-        if not torch.equal(logits.gather(1, ids).sort(-1).values, want.sort(-1).values):
-            raise GraphRewriteError("the plugin's ids input is not the top-K support of the logits")
-        support_k = ids.shape[1]
-    out = gasv_gate(logits, tables, cfg, support_k=support_k)
-    return {"gate": out.gate.numpy(), "p_raw": out.p_raw.numpy(), "p_soft": out.p_soft.numpy(), "params": p}
+    cfg = GASVConfig(**{k: (int(round(float(v))) if k == "neighbours" else float(v)) for k, v in zip(PARAMS, p)})
+    out = gasv_gates(torch.from_numpy(x["logits"]), torch.from_numpy(x["tokens"]).long(),
+                     torch.from_numpy(x["parents"]).long(), _Tables(x, cfg), cfg)
+    K = x["nb"].shape[1]
+    gate = np.zeros((len(x["logits"]), K), np.float32)
+    gate[:, : cfg.neighbours] = out.gate.numpy()
+    cand = vals["cand"]
+    if not np.array_equal(cand[:, : cfg.neighbours], out.cand.numpy()) or (cand[:, cfg.neighbours:] != -1).any():
+        raise GraphRewriteError("the TensorRT variant's cand output does not match the plugin's neighbour table")
+    return {"p": out.p.numpy(), "delta_eff": out.delta_eff.numpy(), "cand": cand, "gate": gate, "params": p}

@@ -1,24 +1,22 @@
-"""TensorRT Python plugins `lisa::gasv` (dense) and `lisa::gasv_support` (top-K support).
+"""TensorRT Python plugin `lisa::gasv`: GASV v2 per-node gates (the Triton kernel of gasv_triton.py).
 
-Both run the GASV Triton kernel (gasv_triton.py). `register()` defines them with
-`tensorrt.plugin` (TensorRT >= 10.9 for `aot_impl`):
-  - register: shapes/dtypes (gate, p_raw, p_soft like the logits; pi (N, C));
+`register()` defines it with `tensorrt.plugin` (TensorRT >= 10.9 for `aot_impl`):
+  - register: shapes/dtypes (p like the logits, delta_eff (N,), gate (N, KW));
   - autotune: one fp32/int32 combination, linear format;
   - impl (JIT): torch views of the TensorRT buffers + a Triton JIT launch (Python at run time);
   - aot_impl: the kernel's PTX (Triton AOT, no Python at run time), launch grid (N,) x
-    num_warps * 32 threads, and the int32 scalars V, H, C, L, stride_w as symbolic expressions.
+    num_warps * 32 threads, and the int32 scalars V, H, C, KW, stride_w as symbolic expressions.
 
 Plugin I/O order = the kernel's parameter order (TensorRT passes inputs, then the extra int32
 scalars, then outputs):
-  inputs   logits (N, V) fp32 | [ids (N, K) int32, gasv_support only] | w_tilde (V, H) fp32 |
-           w_tilde_norm2 (V,) fp32 | cluster (V,) int32 | beta (C,) fp32 | params (8,) fp32
-  outputs  gate, p_raw, p_soft (N, V) fp32 | pi (N, C) fp32
-`params` = gasv_triton.kernel_params(V, cfg, theta_geo): GASV constants as a graph constant
-(QDP extra arguments can only be int32 expressions).
+  inputs   logits (N, V) fp32 | tokens (N,) int32 | parents (N,) int32 | nb (V, KW) int32 |
+           w_tilde (V, H) fp32 | w_tilde_norm2 (V,) fp32 | cluster (V,) int32 | beta (C,) fp32 |
+           params (P,) fp32 = GASVConfig.params() (gasv.PARAMS order; the graph's gasv_params)
+  outputs  p (N, V) fp32 | delta_eff (N,) fp32 | gate (N, KW) fp32
 
-ONNX: a node with op_type "gasv" / "gasv_support", domain "lisa", attribute
-plugin_namespace="lisa", plugin_version="1", and aot=1 for the AOT variant (`onnx_plugin_node`).
-ONNX Runtime cannot run it: only the TensorRT variant of a graph carries it.
+ONNX: a node with op_type "gasv", domain "lisa", attribute plugin_namespace="lisa",
+plugin_version="2", and aot=1 for the AOT variant (`onnx_plugin_node`). ONNX Runtime cannot run
+it: only the TensorRT variant of a graph carries it.
 
 This module imports without TensorRT (and without triton): tensorrt is imported inside
 `register()`, triton inside the PTX helpers. Note: no `from __future__ import annotations` here,
@@ -31,11 +29,13 @@ from typing import Optional
 from ...errors import LisaError
 
 NAMESPACE = "lisa"
-PLUGINS = {"gasv": False, "gasv_support": True}  # op name -> has the ids input
-PLUGIN_VERSION = "1"
-N_INPUTS = {"gasv": 6, "gasv_support": 7}
-N_OUTPUTS = 4
-INT_SCALARS = ("V", "H", "C", "L", "stride_w")
+PLUGINS = ("gasv",)
+PLUGIN_VERSION = "2"  # GASV version 2 (the version-1 plugin, gate over the whole vocabulary, is retired)
+INPUTS = ("logits", "tokens", "parents", "nb", "w_tilde", "w_tilde_norm2", "cluster", "beta", "params")
+OUTPUTS = ("p", "delta_eff", "gate")
+N_INPUTS = len(INPUTS)
+N_OUTPUTS = len(OUTPUTS)
+INT_SCALARS = ("V", "H", "C", "KW", "stride_w")
 # PTX ISA of the shipped kernel (choice): 8.4 loads on CUDA >= 12.4 drivers (R550+); Triton 3.9
 # would otherwise emit 8.8 (sm_89) / 9.x (sm_90a), needing the newest drivers.
 PTX_VERSION = 84
@@ -81,23 +81,22 @@ class AotKernel:
     sm: int
 
 
-def aot_kernel(V: int, H: int, C: int, *, sm: int = 89, support: bool = False,
-               num_warps: int = 4, ptx_version: Optional[int] = PTX_VERSION) -> AotKernel:
+def aot_kernel(V: int, H: int, C: int, KW: int = 64, *, sm: int = 89, num_warps: int = 4,
+               ptx_version: Optional[int] = PTX_VERSION) -> AotKernel:
     """The plugin's AOT kernel: Triton PTX for `sm` with the scratch parameters stripped.
 
-    Works without a GPU and without TensorRT (this is what CI tests). V, H, C pick the tiles.
+    Works without a GPU and without TensorRT (this is what CI tests). V, H, C, KW pick the tiles.
     """
     from . import gasv_triton as gt
 
-    k = gt.compile_ptx(V, H, C, sm=sm, has_ids=support, num_warps=num_warps, ptx_version=ptx_version)
-    keep = gt.n_launch_params(support)
+    k = gt.compile_ptx(V, H, C, KW, sm=sm, num_warps=num_warps, ptx_version=ptx_version)
+    keep = gt.n_launch_params()
     ptx = gt.strip_scratch_params(k.asm["ptx"], k.metadata.name, keep)
     return AotKernel(name=k.metadata.name, ptx=ptx, block_x=k.metadata.num_warps * 32,
                      shared_mem=int(k.metadata.shared), n_params=keep, sm=sm)
 
 
-def onnx_plugin_node(inputs, outputs, *, support: bool = False, aot: bool = True,
-                     name: str = "lisa_gasv", num_warps: int = 4):
+def onnx_plugin_node(inputs, outputs, *, aot: bool = True, name: str = "lisa_gasv", num_warps: int = 4):
     """An onnx NodeProto that TensorRT's parser maps to the plugin (TensorRT variant only).
 
     Args:
@@ -105,14 +104,13 @@ def onnx_plugin_node(inputs, outputs, *, support: bool = False, aot: bool = True
     """
     import onnx
 
-    op = "gasv_support" if support else "gasv"
-    if len(inputs) != N_INPUTS[op] or len(outputs) != N_OUTPUTS:
-        raise LisaError(f"{NAMESPACE}::{op} takes {N_INPUTS[op]} inputs and {N_OUTPUTS} outputs, "
+    if len(inputs) != N_INPUTS or len(outputs) != N_OUTPUTS:
+        raise LisaError(f"{NAMESPACE}::gasv takes {N_INPUTS} inputs and {N_OUTPUTS} outputs, "
                         f"got {len(inputs)} / {len(outputs)}")
     attrs = dict(plugin_namespace=NAMESPACE, plugin_version=PLUGIN_VERSION, num_warps=num_warps)
     if aot:
         attrs["aot"] = 1
-    return onnx.helper.make_node(op, list(inputs), list(outputs), name=name, domain=NAMESPACE, **attrs)
+    return onnx.helper.make_node("gasv", list(inputs), list(outputs), name=name, domain=NAMESPACE, **attrs)
 
 
 def _device_sm() -> int:
@@ -124,7 +122,7 @@ def _device_sm() -> int:
 
 
 def register(sm: Optional[int] = None) -> None:
-    """Register lisa::gasv and lisa::gasv_support with TensorRT (idempotent).
+    """Register lisa::gasv with TensorRT (idempotent).
 
     Args:
         sm: SM the AOT PTX is compiled for; default the current CUDA device's (89 without one).
@@ -135,8 +133,7 @@ def register(sm: Optional[int] = None) -> None:
     if _REGISTERED:
         return
     trt, trtp = require_tensorrt()
-    for op, support in PLUGINS.items():
-        _register_one(trt, trtp, f"{NAMESPACE}::{op}", support, sm)
+    _register_one(trt, trtp, f"{NAMESPACE}::gasv", sm)
     _REGISTERED = True
 
 
@@ -145,93 +142,57 @@ def _static(expr, default: int) -> int:
     return int(expr.constant_value) if getattr(expr, "is_constant", False) else default
 
 
-def _register_one(trt, trtp, plugin_id: str, support: bool, sm: Optional[int]) -> None:
-    """Define register / autotune / impl / aot_impl for one plugin id.
+def _register_one(trt, trtp, plugin_id: str, sm: Optional[int]) -> None:
+    """Define register / autotune / impl / aot_impl for the plugin id.
 
     tensorrt.plugin matches the impl / aot_impl parameters to the register function's names,
-    so each variant spells its parameters out (no *args).
+    so the parameters are spelled out (no *args).
     """
     from typing import List, Tuple, Union
 
     Desc, Tensor = trtp.TensorDesc, trtp.Tensor
-    Out4 = Tuple[Desc, Desc, Desc, Desc]
+    Out3 = Tuple[Desc, Desc, Desc]
     AotRet = Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymExprs]
     Combo = trtp.AutoTuneCombination
+    types = "FP32, INT32, INT32, INT32, FP32, FP32, INT32, FP32, FP32, FP32, FP32, FP32"
 
-    def out_desc(logits, beta):
-        pi = trtp.from_shape_expr((logits.shape_expr[0], beta.shape_expr[0]), dtype=trt.float32)
-        return logits.like(), logits.like(), logits.like(), pi
+    @trtp.register(plugin_id)
+    def _desc(logits: Desc, tokens: Desc, parents: Desc, nb: Desc, w_tilde: Desc, w_tilde_norm2: Desc,
+              cluster: Desc, beta: Desc, params: Desc, num_warps: int) -> Out3:
+        n = logits.shape_expr[0]
+        delta = trtp.from_shape_expr((n,), dtype=trt.float32)
+        gate = trtp.from_shape_expr((n, nb.shape_expr[1]), dtype=trt.float32)
+        return logits.like(), delta, gate
 
-    def run_jit(tensors, ids, outputs, stream, num_warps):
+    @trtp.impl(plugin_id)
+    def _impl(logits: Tensor, tokens: Tensor, parents: Tensor, nb: Tensor, w_tilde: Tensor,
+              w_tilde_norm2: Tensor, cluster: Tensor, beta: Tensor, params: Tensor, num_warps: int,
+              outputs: Tuple[Tensor], stream: int) -> None:
         import torch
 
         from . import gasv_triton as gt
 
         with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
-            t = [torch.as_tensor(a, device="cuda") for a in tensors]
+            t = [torch.as_tensor(a, device="cuda") for a in (logits, tokens, parents, nb, w_tilde, w_tilde_norm2,
+                                                              cluster, beta, params)]
             o = [torch.as_tensor(x, device="cuda") for x in outputs]
-            i = None if ids is None else torch.as_tensor(ids, device="cuda")
-            gt.launch_kernel(t[0], i, *t[1:], *o, num_warps=num_warps)
+            gt.launch_kernel(*t, *o, num_warps=num_warps)
 
-    def aot(logits, ids, w_tilde, beta, num_warps):
-        V, H, C = logits.shape_expr[1], w_tilde.shape_expr[1], beta.shape_expr[0]
-        L = V if ids is None else ids.shape_expr[1]
-        k = aot_kernel(_static(V, 16384), _static(H, 1280), _static(C, 256),
-                       sm=sm or _device_sm(), support=ids is not None, num_warps=num_warps)
+    @trtp.aot_impl(plugin_id)
+    def _aot(logits: Desc, tokens: Desc, parents: Desc, nb: Desc, w_tilde: Desc, w_tilde_norm2: Desc,
+             cluster: Desc, beta: Desc, params: Desc, num_warps: int, outputs: Tuple[Desc],
+             tactic: int) -> AotRet:
+        V, H, C, KW = logits.shape_expr[1], w_tilde.shape_expr[1], beta.shape_expr[0], nb.shape_expr[1]
+        k = aot_kernel(_static(V, 16384), _static(H, 1280), _static(C, 256), _static(KW, 64),
+                       sm=sm or _device_sm(), num_warps=num_warps)
         launch = trtp.KernelLaunchParams()
         launch.grid_x = logits.shape_expr[0]
         launch.block_x = k.block_x
         launch.shared_mem = k.shared_mem
-        extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(e) for e in (V, H, C, L, H)])
+        extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(e) for e in (V, H, C, KW, H)])
         return k.name.encode(), k.ptx.encode(), launch, extra
 
-    if support:
-        types = "FP32, INT32, FP32, FP32, INT32, FP32, FP32, FP32, FP32, FP32, FP32"
-
-        @trtp.register(plugin_id)
-        def _desc(logits: Desc, ids: Desc, w_tilde: Desc, w_tilde_norm2: Desc, cluster: Desc,
-                  beta: Desc, params: Desc, num_warps: int) -> Out4:
-            return out_desc(logits, beta)
-
-        @trtp.impl(plugin_id)
-        def _impl(logits: Tensor, ids: Tensor, w_tilde: Tensor, w_tilde_norm2: Tensor,
-                  cluster: Tensor, beta: Tensor, params: Tensor, num_warps: int,
-                  outputs: Tuple[Tensor], stream: int) -> None:
-            run_jit([logits, w_tilde, w_tilde_norm2, cluster, beta, params], ids, outputs, stream,
-                    num_warps)
-
-        @trtp.aot_impl(plugin_id)
-        def _aot(logits: Desc, ids: Desc, w_tilde: Desc, w_tilde_norm2: Desc, cluster: Desc,
-                 beta: Desc, params: Desc, num_warps: int, outputs: Tuple[Desc],
-                 tactic: int) -> AotRet:
-            return aot(logits, ids, w_tilde, beta, num_warps)
-
-        @trtp.autotune(plugin_id)
-        def _autotune(logits: Desc, ids: Desc, w_tilde: Desc, w_tilde_norm2: Desc, cluster: Desc,
-                      beta: Desc, params: Desc, outputs: Tuple[Desc]) -> List[Combo]:
-            return [trtp.AutoTuneCombination(types, "LINEAR")]
-    else:
-        types = "FP32, FP32, FP32, INT32, FP32, FP32, FP32, FP32, FP32, FP32"
-
-        @trtp.register(plugin_id)
-        def _desc(logits: Desc, w_tilde: Desc, w_tilde_norm2: Desc, cluster: Desc, beta: Desc,
-                  params: Desc, num_warps: int) -> Out4:
-            return out_desc(logits, beta)
-
-        @trtp.impl(plugin_id)
-        def _impl(logits: Tensor, w_tilde: Tensor, w_tilde_norm2: Tensor, cluster: Tensor,
-                  beta: Tensor, params: Tensor, num_warps: int, outputs: Tuple[Tensor],
-                  stream: int) -> None:
-            run_jit([logits, w_tilde, w_tilde_norm2, cluster, beta, params], None, outputs, stream,
-                    num_warps)
-
-        @trtp.aot_impl(plugin_id)
-        def _aot(logits: Desc, w_tilde: Desc, w_tilde_norm2: Desc, cluster: Desc, beta: Desc,
-                 params: Desc, num_warps: int, outputs: Tuple[Desc], tactic: int) -> AotRet:
-            return aot(logits, None, w_tilde, beta, num_warps)
-
-        @trtp.autotune(plugin_id)
-        def _autotune(logits: Desc, w_tilde: Desc, w_tilde_norm2: Desc, cluster: Desc, beta: Desc,
-                      params: Desc, outputs: Tuple[Desc]) -> List[Combo]:
-            return [trtp.AutoTuneCombination(types, "LINEAR")]
-
+    @trtp.autotune(plugin_id)
+    def _autotune(logits: Desc, tokens: Desc, parents: Desc, nb: Desc, w_tilde: Desc, w_tilde_norm2: Desc,
+                  cluster: Desc, beta: Desc, params: Desc, outputs: Tuple[Desc]) -> List[Combo]:
+        return [trtp.AutoTuneCombination(types, "LINEAR")]

@@ -1,0 +1,136 @@
+"""GASV v2 frontier on the demo model (issue 10): MAL against quality with standard errors.
+
+    OMP_NUM_THREADS=1 nohup python bench/gasv_frontier.py --json bench/gasv_frontier.json \
+        --plot bench/gasv_frontier.png --rounds 8 --per-round 32 > runs/frontier.log 2>&1 &
+
+Points (same prompts = classes cycled, same seeds for every point): vanilla, exact, LANTERN at
+several deltas, modulated LANTERN (lantern_gamma), GASV v2 (neighbours scope over a small
+kappa / lambda / delta grid, and the cluster scope). Images are generated in ROUNDS: each round
+adds `per_round` new images (new seeds) to every point, and the JSON / PNG are rewritten after
+every round, so whenever the run is stopped every point has the same number of images.
+
+Generation is BATCHED (rows of one batch share nothing but the batch; MAL and TVD are per-row
+statistics), so this script measures acceptance and quality, not wall-clock speed. Quality
+uses lisa_trt.quality (class accuracy +- SE, KID-demo vs real held-out crops and vs an
+independent set of vanilla samples +- SE, FD-demo). Quality claims need >= 256 images per point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+
+import torch
+
+from lisa_trt.artifacts import load_drafter_by_name, load_tables_by_name
+from lisa_trt.bench import plot_pareto
+from lisa_trt.demo.registry import demo_sampling, load_demo_scorer, load_demo_target, load_demo_vq
+from lisa_trt.io import write_json
+from lisa_trt.quality import QualityReference, evaluate, quality_neutral
+from lisa_trt.speculative.autoregressive import generate
+from lisa_trt.speculative.decode import SpecConfig, SpeculativeDecoder
+
+POINTS = [  # (label, method, SpecConfig overrides); the most informative first
+    ("vanilla", "vanilla", {}),
+    ("exact", "exact", {}),
+    ("lantern[delta=0.2]", "lantern", {"lantern_delta": 0.2}),
+    ("gasv[kappa=1,lambda=0.6]", "gasv", {"gasv_kappa": 1.0, "gasv_lambda": 0.6}),
+    ("lantern[delta=0.3]", "lantern", {"lantern_delta": 0.3}),
+    ("gasv[kappa=0.5,lambda=0.8]", "gasv", {"gasv_kappa": 0.5, "gasv_lambda": 0.8}),
+    ("lantern[delta=0.1]", "lantern", {"lantern_delta": 0.1}),
+    ("lantern[delta=0.2,gamma=1]", "lantern", {"lantern_delta": 0.2, "lantern_gamma": 1.0}),
+    ("gasv[kappa=2,lambda=0.4]", "gasv", {"gasv_kappa": 2.0, "gasv_lambda": 0.4}),
+    ("gasv[kappa=1,lambda=0.6,delta=0.2]", "gasv", {"gasv_kappa": 1.0, "gasv_lambda": 0.6, "gasv_delta": 0.2}),
+    ("gasv-cluster[kappa=1,lambda=0.6]", "gasv", {"gasv_kappa": 1.0, "gasv_lambda": 0.6, "gasv_scope": "cluster"}),
+    ("lantern[delta=0.4]", "lantern", {"lantern_delta": 0.4}),
+]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--per-round", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--drafter", default="demo-lisa")
+    ap.add_argument("--tree", default="3,3,10", help="top_k,depth,total_tokens")
+    ap.add_argument("--vanilla-ref", type=int, default=256, help="independent vanilla samples for KID-vs-vanilla")
+    ap.add_argument("--points", default=None, help="'|'-separated labels (default: all)")
+    ap.add_argument("--cache", default="runs/quality_cache")
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--plot", default=None)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    target, vq, scorer = load_demo_target(), load_demo_vq(), load_demo_scorer()
+    tables = load_tables_by_name("demo", target)
+    drafter = load_drafter_by_name(a.drafter, target)
+    sampling = demo_sampling()
+    k, d, n = (int(x) for x in a.tree.split(","))
+    base = SpecConfig(top_k=k, depth=d, total_tokens=n)
+    points = [p for p in POINTS if a.points is None or p[0] in a.points.split("|")]
+    if not points or points[0][0] != "vanilla":
+        raise SystemExit("--points must start with vanilla and name points of POINTS")
+    ncls, g = target.config.num_classes, target.config.grid_size
+
+    def decode(tokens):
+        with torch.no_grad():
+            return vq.decode_code(tokens, (tokens.shape[0], vq.config.codebook_embed_dim, g, g)).clamp(-1, 1)
+
+    def vanilla_ref():
+        cond = torch.arange(a.vanilla_ref) % ncls
+        return decode(torch.cat([generate(target, cond[i: i + 64], seed=a.seed + 7_000_003 + i,
+                                          **dataclasses.asdict(sampling)) for i in range(0, a.vanilla_ref, 64)]))
+
+    ref = QualityReference(scorer, vanilla_fn=vanilla_ref, cache_dir=a.cache,
+                           vanilla_key={"n": a.vanilla_ref, "seed": a.seed + 7_000_003, "classes": "cycled",
+                                        "sampling": dataclasses.asdict(sampling), "model": "demo"})
+    acc = {p[0]: {"tokens": [], "committed": [], "tvd": [], "seconds": 0.0} for p in points}
+    dec = SpeculativeDecoder(target, drafter, tables)
+    t_start = time.time()
+    for r in range(a.rounds):
+        for label, method, over in points:
+            st_acc = acc[label]
+            for b0 in range(0, a.per_round, a.batch):
+                i0 = r * a.per_round + b0
+                cond = torch.arange(i0, i0 + min(a.batch, a.per_round - b0)) % ncls
+                seed = a.seed + 1000 * r + b0
+                t0 = time.perf_counter()
+                if method == "vanilla":
+                    toks = generate(target, cond, seed=seed, **dataclasses.asdict(sampling))
+                else:
+                    spec = dataclasses.replace(base, method=method, **over)
+                    toks, st = dec.generate(cond, sampling=sampling, spec=spec, seed=seed)
+                    st_acc["committed"] += [c.float().cpu() for c in st.committed]
+                    st_acc["tvd"] += [t.float().cpu() for t in st.tvd]
+                st_acc["seconds"] += time.perf_counter() - t0
+                st_acc["tokens"].append(toks.cpu())
+        results = {}
+        for label, method, over in points:
+            s = acc[label]
+            toks = torch.cat(s["tokens"])
+            labels = torch.arange(toks.shape[0]) % ncls       # the cond of image i is i % ncls
+            res = {"method": method if "cluster" not in label else "gasv-cluster", "knobs": over,
+                   "images": int(toks.shape[0]),
+                   "mal": float(torch.cat(s["committed"]).mean()) if s["committed"] else 1.0,
+                   "mean_tvd": float(torch.cat(s["tvd"]).mean()) if s["tvd"] else 0.0,
+                   "cpu_seconds_per_image_batched": s["seconds"] / toks.shape[0]}
+            res.update(evaluate(decode(toks), labels, ref))
+            results[label] = res
+        for res in results.values():
+            res["quality_neutral"] = None if res["underpowered"] else quality_neutral(res, results["vanilla"])
+        report = {"settings": {"model": "demo", "drafter": a.drafter, "tree": a.tree, "num_images": (r + 1) * a.per_round,
+                               "rounds_done": r + 1, "batch": a.batch, "seed": a.seed, "vanilla_ref": a.vanilla_ref,
+                               "sampling": dataclasses.asdict(sampling), "tables_gasv": tables.config.to_dict(),
+                               "elapsed_s": round(time.time() - t_start, 1), "torch_threads": 1,
+                               "command": " ".join([sys.executable.rsplit("/", 1)[-1]] + sys.argv)},
+                  "results": results}
+        write_json(a.json, report)
+        if a.plot:
+            plot_pareto(report, a.plot)
+        print(f"round {r + 1}: {(r + 1) * a.per_round} images per point, {time.time() - t_start:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
