@@ -6,6 +6,12 @@ k-means clusters and LANTERN neighbours) and the target's head rows of the code 
 whitening and the drift budgets). Tables are the family-agnostic `GASVTables` with vocab_size K,
 bound to the head's code rows; `CodeVocab` translates token ids <-> sub-vocabulary indices
 (K = the forced row-end token, K + 1 = any other token, which never has probability mass).
+
+The tables are GASV version 2 (docs/spec/lisa.md "Calibration"): the drift budgets beta_c are
+quantiles of the draft-anchored statistic s(v|z) over the codebook neighbours N(z) of each code z
+the rollouts sampled (calibration/profile.drift_samples, the LlamaGen calibration's own
+function), the LANTERN neighbour table doubles as GASV's candidate table, and the metadata
+records GASV version 2 (calibration/tables.py refuses version-1 files).
 """
 
 from __future__ import annotations
@@ -82,7 +88,10 @@ def calibrate_chameleon(target, tokenizer, vq_codebook: torch.Tensor, captions: 
         captions: rollout prompts (one image each) at `width` x `height`, sampled with the
             deployment settings (cfg_scale, temperature, top_k).
     Returns:
-        GASVTables with vocab_size K (the code tokens), bound to the head's code rows.
+        GASVTables (GASV version 2) with vocab_size K (the code tokens), bound to the head's
+        code rows. `gasv.neighbours` (the candidates N(z) per drafted code, also the
+        calibration's) is clamped to the neighbour table's width min(lantern_k, K - 1) and
+        recorded in the tables' config.
     """
     from ..speculative.lumina import LATENT_PER_GRID, generate_image_tokens, grids, row_end_mask
 
@@ -98,6 +107,10 @@ def calibrate_chameleon(target, tokenizer, vq_codebook: torch.Tensor, captions: 
     w_tilde = whiten(W, invstd)
     C = n_clusters or default_n_clusters(K)
     cluster, centroids = kmeans(codebook, C, seed=seed)
+    neighbors = lantern_neighbors(codebook, min(lantern_k, K - 1))
+    n_cand = min(gasv.neighbours, int(neighbors.shape[1]))
+    cand = neighbors[:, :n_cand].to(dev)
+    lut = vocab.lut(target.config.vocab_size, dev)
     hg, wg = grids(width, height)
     h_lat, w_lat = hg * LATENT_PER_GRID, wg * LATENT_PER_GRID
     codes_at = ~row_end_mask(h_lat, w_lat)
@@ -109,20 +122,22 @@ def calibrate_chameleon(target, tokenizer, vq_codebook: torch.Tensor, captions: 
                                      temperature=temperature, top_k=top_k, seed=seed + i).tokens
         logits = _teacher_forced_guided(target, tokenizer, caps, width, height, span, cfg_scale, temperature, top_k)
         sub = logits[:, codes_at.to(dev)][..., vocab.code_ids.to(dev)].reshape(-1, K)
-        drift, top1 = drift_samples(sub, w_tilde, samples_per_pos, alt, gasv.eps)
+        z = lut[span[:, codes_at.to(span.device)].to(dev)].reshape(-1)      # the sampled codes
+        drift, z = drift_samples(sub, z, w_tilde, cand, samples_per_pos, alt, gasv.eps)
         all_s.append(drift.cpu())
-        all_c.append(cluster.long()[top1.cpu()][:, None].expand_as(drift))
+        all_c.append(cluster.long()[z.cpu()][:, None].expand_as(drift))
     beta, counts = cluster_budgets(torch.cat(all_s), torch.cat(all_c), C, quantile, min_cluster_samples)
     med = float(beta.median())
     if not med > 0:
         raise InputError(f"calibration gave median drift budget {med}; GASV needs > 0")
     settings = dict(family="chameleon", rollouts=len(captions), width=width, height=height, cfg_scale=cfg_scale,
                     temperature=temperature, top_k=top_k, samples_per_pos=samples_per_pos, quantile=quantile,
-                    n_samples=int(counts.sum()))
+                    statistic="s(v|z), v in N(z)", min_cluster_samples=min_cluster_samples,
+                    n_samples=int(counts.sum()), clusters_with_own_budget=int((counts >= min_cluster_samples).sum()))
     tables = GASVTables(invstd=invstd.cpu(), w_tilde_norm2=(w_tilde * w_tilde).sum(1).cpu(), cluster=cluster,
                         centroids=centroids, beta=beta,
-                        lantern_neighbors=lantern_neighbors(codebook, min(lantern_k, K - 1)),
-                        config=GASVConfig(**{**gasv.to_dict(), "theta_geo": 8.0 / med}),
+                        lantern_neighbors=neighbors,
+                        config=GASVConfig(**{**gasv.to_dict(), "neighbours": n_cand, "theta_geo": 8.0 / med}),
                         target_hash=target_hash_of(target), vocab_size=K, seed=seed, settings=settings)
     return tables.bind(target.lm_head.weight.detach()[vocab.code_ids.to(dev)])
 

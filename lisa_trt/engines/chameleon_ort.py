@@ -4,8 +4,9 @@
 and `ChameleonDrafter` in speculative/chameleon_spec.py: same methods (`new_cache`, `prefill`,
 `forward_tokens`; `new_cache`, `project_taps`, `forward`), same cache objects, torch tensors
 bound to ORT by address with each K/V buffer bound as past input AND present output (updated in
-place; engines/ort.OrtRunner). `OrtCodeGASV` runs the GASV graph over the image-code
-sub-vocabulary; `OrtChameleonVQ` decodes code grids to pixels.
+place; engines/ort.OrtRunner). `OrtCodeGASV` runs the GASV v2 graph over the image-code
+sub-vocabulary (per-node gates, engines/graph.GraphGASV's call); `OrtChameleonVQ` decodes code
+grids to pixels.
 
     eng = load_chameleon_engines("engines/lumina")
     images, stats = speculative_image_tokens(eng.target, eng.drafter, eng.tokenizer, captions, ...)
@@ -216,28 +217,21 @@ class OrtChameleonDrafter:
 
 
 class OrtCodeGASV(GraphGASV):
-    """The GASV graph over the K image codes: code logits (N, K) -> GASVOutput."""
+    """The GASV v2 graph over the K image codes: (code logits (N, K), node tokens (N,) as code
+    indices, node parent rows (N,), cfg) -> GASVGates, as `speculative.gasv.gasv_gates` computes
+    them with the code tables (the call itself is GraphGASV's: same io_spec names and checks)."""
 
     def __init__(self, man: dict, config, providers=None, threads: Optional[int] = None):
+        from ..export.io_spec import GASV_K, GASV_PARAMS, graph_spec
+
         d = Path(man["dir"])
         self.config = config
         self.vocab_size = int(man["tables"]["vocab_size"])
-        self._run = _runner(d, man, Graph.GASV, providers, threads)
+        path = d / man["graphs"][Graph.GASV.value]["file"]
+        dims = dict(vocab=self.vocab_size, gasv_k=GASV_K, n_gasv_params=len(GASV_PARAMS))
+        self._run = OrtRunner(path, graph_spec(Graph.GASV), dims, "fp32", providers=providers, threads=threads)
         self.runners = {Graph.GASV: self._run}
         self.device = self._run.device
-
-    def __call__(self, logits, cfg=None):
-        from ..export.io_spec import gasv_params
-        from ..speculative.gasv import GASVOutput, check_logits
-
-        check_logits(logits)
-        if logits.shape[1] != self.vocab_size:
-            raise InputError(f"GASV tables are for {self.vocab_size} image codes, logits have {logits.shape[1]}")
-        dev = self.device
-        out = {n: torch.empty(logits.shape, dtype=torch.float32, device=dev) for n in ("gate", "p_raw", "p_soft")}
-        self._run.run(dict(guided_logits=logits.to(device=dev, dtype=torch.float32).contiguous(),
-                           gasv_params=gasv_params(cfg or self.config).to(dev)), out)
-        return GASVOutput(out["gate"], out["p_raw"], out["p_soft"])
 
 
 class OrtChameleonVQ:

@@ -8,9 +8,11 @@ one self-contained engine directory:
     target_verify.onnx    S new tokens / a draft tree over the static cache (taps + hidden)
     drafter_project.onnx  drafter fc on the target taps          (with a drafter)
     drafter_step.onnx     one drafter step over its static cache  (with a drafter)
-    gasv.onnx             GASV over the image-code sub-vocabulary (with tables)
+    gasv.onnx             GASV v2 per-node gates over the image-code sub-vocabulary (with
+                          tables): code logits, node tokens / parents -> p, delta_eff, cand, gate
     vq_decode.onnx        Chameleon VQGAN: code grid -> pixels    (with a VQGAN)
-    tables.safetensors    the image-code tables (LANTERN neighbours, GASV constants)
+    tables.safetensors    the image-code tables (GASV version 2: LANTERN / candidate neighbours,
+                          drift budgets, GASV constants)
     config.json, tokenizer.json, tokenizer_config.json   the checkpoint's, for the runtime
     chameleon_engine.json manifest: graphs, hashes, static sizes, validation, settings
 
@@ -155,8 +157,14 @@ def _examples(graph: Graph, module, target, drafter, L: int, seed: int) -> dict:
     if graph is Graph.GASV:
         from .onnx import gasv_params
 
-        K = module.w_tilde.shape[0]
-        return dict(guided_logits=3 * torch.randn(3, K, generator=g), gasv_params=gasv_params(module._cfg))
+        K, N = module.w_tilde.shape[0], 5
+        logits = 3 * torch.randn(N, K, generator=g)
+        kth = torch.topk(logits[2], max(1, K // 2)).values[-1]   # one top-k filtered row (-inf off support)
+        logits[2] = logits[2].masked_fill(logits[2] < kth, float("-inf"))
+        # a tree: node 0 is the root (parent -1), every other node's parent comes before it
+        parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, N)])
+        return dict(guided_logits=logits, node_tokens=torch.randint(0, K, (N,), generator=g),
+                    node_parents=parents, gasv_params=gasv_params(module._cfg))
     if graph is Graph.VQ_DECODE:
         n = module.vq.config.n_embed
         return dict(image_tokens=torch.randint(0, n, (2,) + module.latent, generator=g))

@@ -124,9 +124,10 @@ def train_cli(model_dir, out_dir, *, image_size: int, captions_file=None, num_sa
 
 def calibrate_cli(model_dir, out_path, *, image_size: int, vq=None, captions_file=None, rollouts: int = 16,
                   samples_per_pos: int = 8, quantile: float = 0.5, clusters: Optional[int] = None,
-                  lantern_k: int = 1000, kappa: float = 1.0, lam: float = 0.4, cfg_scale: float = 3.0,
+                  lantern_k: int = 1000, kappa: float = 1.0, lam: float = 0.6, cfg_scale: float = 3.0,
                   temperature: float = 1.0, top_k: int = 2000, seed: int = 0):
-    """`lisa-trt calibrate --model DIR`: image-code tables (needs the VQGAN codebook)."""
+    """`lisa-trt calibrate --model DIR`: image-code GASV version-2 tables (needs the VQGAN codebook);
+    kappa / lambda defaults are docs/spec/lisa.md's."""
     from ..calibration.chameleon_tables import calibrate_chameleon
     from ..calibration.tables import save_tables
     from ..speculative.gasv import GASVConfig

@@ -12,6 +12,14 @@ Verification: `greedy` (token-identical to lumina.generate_image_tokens(greedy=T
 `exact` (lossless speculative sampling), and the relaxed rules `lantern` and `gasv` on the
 image-code sub-vocabulary with tables from calibration/chameleon_tables.py (the row-end token is
 one extra, forced entry of that sub-vocabulary).
+
+GASV is version 2 (docs/spec/lisa.md), applied exactly as the LlamaGen path does
+(speculative/methods.py `gasv_rule`): the tree's tokens (as sub-vocabulary indices) and parents
+are flattened over the batch with per-row offsets, `gasv_gates` (or the exported GASV graph)
+gives p, delta_eff and each node's candidates / gates at its parent over the K codes, and
+`verify_gasv` / `verify_gasv_greedy` run on the sub-vocabulary (K codes + row end + other).
+Nodes that are not a code drafted at a code position (the forced row end, anything under a
+forced parent) get no candidates: their parent's law is one-hot and GASV moves no mass there.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from .chameleon_decode import device_of, image_token_ids, restrict
 from .lumina import LATENT_PER_GRID, LuminaImages, _batch, grids, row_end_mask, tokens_to_codes
 from . import verify as V
 from .decode import DecodeStats
+from .methods import GASVRuleConfig
 from .sampling import make_generator, process_logits, sample_from_logits
 from .tree import ExpandRequest, build_dynamic_tree
 
@@ -45,7 +54,8 @@ class LuminaSpec:
     total_tokens: int = 16
     lantern_k: int = 1000
     lantern_delta: float = 0.1
-    greedy: bool = False  # lantern / gasv: their greedy rules (verify_lantern_greedy / verify_soft_greedy)
+    greedy: bool = False  # lantern / gasv: their greedy rules (verify_lantern_greedy / verify_gasv_greedy)
+    gasv: GASVRuleConfig = GASVRuleConfig()  # per-run overrides of the tables' GASV v2 constants
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -84,9 +94,10 @@ def speculative_image_tokens(target, drafter, tokenizer, captions: Sequence[str]
     """Generate one image span per caption with tree speculation (see module docstring).
 
     target / drafter: the torch models or their exported-graph runners (engines/chameleon_ort.py).
-    tables: GASVTables over the image codes (calibrate_chameleon), for lantern / gasv.
-    gasv: optional callable code logits (N, K) -> GASVOutput (the exported GASV graph); default
-        gasv_gate(., tables) in torch."""
+    tables: GASVTables (version 2) over the image codes (calibrate_chameleon), for lantern / gasv.
+    gasv: optional GASV v2 engine over the codes, (code logits (N, K), node tokens (N,), node
+        parent rows (N,), GASVConfig) -> GASVGates (engines/chameleon_ort.OrtCodeGASV, the
+        exported GASV graph); default gasv.gasv_gates(., tables) in torch."""
     verify = _verifier(target, tokenizer, spec, tables, gasv)
     hg, wg = grids(width, height)
     h_lat, w_lat = hg * LATENT_PER_GRID, wg * LATENT_PER_GRID
@@ -100,7 +111,7 @@ def speculative_image_tokens(target, drafter, tokenizer, captions: Sequence[str]
     ids, valid = _batch(rows, dev)
     T = ids.shape[1]
     stats, gen = DecodeStats(), make_generator(seed, dev)
-    greedy = spec.method == "greedy" or (spec.greedy and spec.method == "exact")
+    greedy = spec.method == "greedy" or spec.greedy  # greedy rules take the argmax first token too
     tcache = target.new_cache(ids.shape[0], T + L + spec.total_tokens)
     pre = target.prefill(ids, tcache, valid, taps=True)
     stats.target_forwards += 1
@@ -200,7 +211,6 @@ def _verifier(target, tokenizer, spec: LuminaSpec, tables, gasv=None):
     if spec.method == "exact":
         return lambda logits, tree, forced, gen: V.verify_exact(torch.softmax(logits, -1), tree, gen)
     from ..calibration.chameleon_tables import CodeVocab, extend, sub_logits
-    from .gasv import gasv_gate
 
     if tables is None:
         raise InputError(f"{spec.method} verification needs image-code calibration tables "
@@ -212,6 +222,12 @@ def _verifier(target, tokenizer, spec: LuminaSpec, tables, gasv=None):
     lut, back = vocab.lut(target.config.vocab_size, dev), vocab.back(dev)
     nb = tables.lantern_neighbors.long().to(dev)
     nb = torch.cat([nb, torch.zeros(2, nb.shape[1], dtype=torch.long, device=dev)])  # row end / other rows
+    gasv_cfg = None
+    if spec.method == "gasv":
+        gasv_cfg = gasv.config if gasv is not None else tables.config
+        over = spec.gasv.overrides()
+        if over:
+            gasv_cfg = dataclasses.replace(gasv_cfg, **over)
 
     def verify(logits, tree, forced, gen):
         sub_tree = dataclasses.replace(tree, tokens=lut[tree.tokens])
@@ -221,12 +237,47 @@ def _verifier(target, tokenizer, spec: LuminaSpec, tables, gasv=None):
             res = (V.verify_lantern_greedy(p, sub_tree, nb, k=k, delta=spec.lantern_delta) if spec.greedy else
                    V.verify_lantern(p, sub_tree, gen, nb, k=k, delta=spec.lantern_delta))
         else:
-            B, N, K = sub.shape
-            out = gasv(sub.reshape(B * N, K)) if gasv is not None else gasv_gate(sub.reshape(B * N, K), tables)
-            p_raw, p_soft = (extend(t.view(B, N, K), forced) for t in (out.p_raw, out.p_soft))
-            res = (V.verify_soft_greedy(p_raw, p_soft, extend(out.gate.view(B, N, K), forced), sub_tree)
-                   if spec.greedy else V.verify_soft(p_raw, p_soft, sub_tree, gen))
+            p, cand, gate, delta_eff = _code_gasv(sub, sub_tree, forced, vocab.K, tables, gasv, gasv_cfg)
+            res = (V.verify_gasv_greedy(p, sub_tree, cand, gate, delta_eff) if spec.greedy else
+                   V.verify_gasv(p, sub_tree, gen, cand, gate, delta_eff))
         tok = torch.where(res.tokens >= 0, back[res.tokens.clamp(min=0)], res.tokens)
         return dataclasses.replace(res, tokens=tok, bonus=back[res.bonus])
 
     return verify
+
+
+def _code_gasv(sub, sub_tree, forced, K: int, tables, gasv, cfg):
+    """GASV v2 quantities of a tree over the image-code sub-vocabulary.
+
+    Args:
+        sub: (B, N, K) guided, filtered code logits (forced rows: placeholder zeros).
+        sub_tree: the DraftTree with sub-vocabulary tokens (codes 0..K-1, row end K, other K + 1).
+        forced: (B, N) rows whose law is one-hot on the row end.
+        tables / gasv / cfg: bound code tables, the optional GASV engine, the GASVConfig.
+    Returns:
+        p (B, N, K + 2) extended distributions; cand, gate (B, N, Kn) over code indices;
+        delta_eff (B, N).
+    """
+    from ..calibration.chameleon_tables import extend
+    from .gasv import gasv_gates
+
+    B, N, _ = sub.shape
+    dev = sub.device
+    tok = sub_tree.tokens.clamp(min=0)
+    par = sub_tree.parents
+    # gates only for a code drafted under a code row (the forced row end has a one-hot law)
+    code = (tok < K) & (par >= 0) & ~forced.gather(1, par.clamp(min=0))
+    offs = torch.arange(B, device=dev)[:, None] * N
+    flat_tok = torch.where(code, tok, 0).reshape(-1)
+    flat_par = torch.where(code, par + offs, -1).reshape(-1)
+    logits = sub.reshape(B * N, K)
+    if gasv is not None and cfg.scope == "neighbours":
+        out = gasv(logits, flat_tok, flat_par, cfg)
+    else:
+        out = gasv_gates(logits, flat_tok, flat_par, tables, cfg)
+    keep = code.reshape(-1, 1).to(out.gate.device)
+    Kn = out.cand.shape[-1]
+    cand = torch.where(keep, out.cand.long(), -1).reshape(B, N, Kn).to(dev)
+    gate = torch.where(keep, out.gate.float(), 0.0).reshape(B, N, Kn).to(dev)
+    p = extend(out.p.to(dev).reshape(B, N, K), forced)
+    return p, cand, gate, out.delta_eff.to(dev).reshape(B, N)

@@ -109,14 +109,23 @@ def test_ort_greedy_speculation_matches_torch(pipeline):
     drafter = load_chameleon_drafter(root / "run" / "drafter.safetensors", target)
     tor, _ = speculative_image_tokens(target, drafter, tok, caps, SIZE, SIZE, spec)
     assert torch.equal(tor.tokens, ref.tokens)
-    # GASV graph == torch gasv_gate on code logits
+    # GASV v2 graph == torch gasv_gates on code logits, a tree of code tokens and its parents
     from lisa_trt.calibration.chameleon_tables import load_chameleon_tables
-    from lisa_trt.speculative.gasv import gasv_gate
+    from lisa_trt.speculative.gasv import gasv_gates
 
     tables = load_chameleon_tables(root / "tables.safetensors", target, tok.newline)
-    x = 3 * torch.randn(5, N_CODES, generator=torch.Generator().manual_seed(0))
-    a, b = eng.gasv(x), gasv_gate(x, tables)
-    assert torch.allclose(a.p_soft, b.p_soft, atol=1e-5) and torch.allclose(a.gate, b.gate, atol=1e-5)
+    assert eng.gasv.config == tables.config and tables.metadata()["gasv_version"] == 2
+    g = torch.Generator().manual_seed(0)
+    x = 3 * torch.randn(6, N_CODES, generator=g)
+    x[3, x[3] < x[3].median()] = float("-inf")  # a top-k filtered row: off-support candidates get no gate
+    toks = torch.randint(0, N_CODES, (6,), generator=g)
+    parents = torch.tensor([-1, 0, 0, 1, -1, 4])  # two trees (batch rows flattened with offsets)
+    a, b = eng.gasv(x, toks, parents), gasv_gates(x, toks, parents, tables, tables.config)
+    assert a.cand.shape == b.cand.shape == (6, tables.config.neighbours)
+    assert torch.equal(a.cand, b.cand)
+    assert torch.allclose(a.p, b.p, atol=1e-5) and torch.allclose(a.delta_eff, b.delta_eff, atol=1e-5)
+    assert torch.allclose(a.gate, b.gate, atol=1e-5)
+    assert bool((b.gate[[0, 4]] == 0).all()) and bool((b.gate > 0).any())  # roots: no gates; some gate opens
 
 
 def test_wrong_engine_directories_are_clear(pipeline, tmp_path):

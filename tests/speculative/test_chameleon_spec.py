@@ -126,6 +126,51 @@ def test_code_tables_cover_the_image_codes(code_tables, setup):
     assert code_tables.settings["family"] == "chameleon"
 
 
+def test_code_tables_are_gasv_version_2(code_tables, setup, tmp_path):
+    """Calibration writes tables GASV v2 accepts: version-2 metadata, beta from the draft-anchored
+    statistic s(v|z) over N(z), a neighbour table that covers the candidates."""
+    from lisa_trt.calibration.chameleon_tables import load_chameleon_tables
+    from lisa_trt.calibration.tables import save_tables
+    from lisa_trt.io import load_safetensors
+    from lisa_trt.speculative.gasv import GASV_VERSION, gasv_gates
+
+    target, tok, _ = setup
+    assert GASV_VERSION == 2 and code_tables.metadata()["gasv_version"] == 2
+    assert code_tables.settings["statistic"] == "s(v|z), v in N(z)" and code_tables.settings["n_samples"] > 0
+    # the default 16 candidates are clamped to the 8-wide neighbour table (recorded in the config)
+    assert code_tables.config.neighbours == 8 <= code_tables.lantern_neighbors.shape[1]
+    assert code_tables.beta.shape == (4,) and bool((code_tables.beta > 0).all())
+    save_tables(code_tables, tmp_path / "t.safetensors")
+    assert load_safetensors(tmp_path / "t.safetensors")[1]["gasv_version"] == 2
+    back = load_chameleon_tables(tmp_path / "t.safetensors", target, tok.newline)
+    assert back.config == code_tables.config and torch.equal(back.beta, code_tables.beta)
+    assert torch.allclose(back.w_tilde, code_tables.w_tilde)
+    x = 3 * torch.randn(4, N_CODES, generator=torch.Generator().manual_seed(0))
+    out = gasv_gates(x, torch.tensor([0, 5, 7, 9]), torch.tensor([-1, 0, 0, 1]), back)
+    assert out.cand.shape == (4, 8) and out.gate.shape == (4, 8) and bool((out.gate[0] == 0).all())
+
+
+def test_gasv_lossless_limit_is_exact(setup, code_tables):
+    """GASV v2 with delta 0 (no budget) is exact speculative sampling: the same tokens as the
+    `exact` rule for the same seed; greedy GASV with zero gates (kappa 0, lambda 1) is greedy
+    decoding."""
+    from lisa_trt.speculative.methods import GASVRuleConfig
+
+    target, tok, drafter = setup
+    kw = dict(cfg_scale=2.0, top_k=8, tree_top_k=3, depth=3, total_tokens=8)
+    caps = ["x", "tok61", "a red fox"]
+    exact, _ = speculative_image_tokens(target, drafter, tok, caps, 64, 32, LuminaSpec(method="exact", **kw), seed=3)
+    soft, st = speculative_image_tokens(target, drafter, tok, caps, 64, 32,
+                                        LuminaSpec(method="gasv", gasv=GASVRuleConfig(delta=0.0), **kw), seed=3,
+                                        tables=code_tables)
+    assert torch.equal(exact.tokens, soft.tokens) and st.mean_tvd < 1e-5
+    ref = generate_image_tokens(target, tok, caps, 64, 32, cfg_scale=2.0, greedy=True)
+    g, _ = speculative_image_tokens(target, drafter, tok, caps, 64, 32,
+                                    LuminaSpec(method="gasv", greedy=True, gasv=GASVRuleConfig(kappa=0.0, lam=1.0),
+                                               **kw), tables=code_tables)
+    assert torch.equal(g.tokens, ref.tokens)
+
+
 @pytest.mark.parametrize("method,greedy", [("lantern", False), ("gasv", False), ("lantern", True), ("gasv", True)])
 def test_relaxed_rules_keep_the_span_structure(setup, code_tables, method, greedy):
     target, tok, drafter = setup
@@ -137,6 +182,8 @@ def test_relaxed_rules_keep_the_span_structure(setup, code_tables, method, greed
     assert (got.tokens[:, ends] == tok.newline).all()
     assert ((got.tokens[:, ~ends] >= 4) & (got.tokens[:, ~ends] < 4 + N_CODES)).all()
     assert stats.mal > 1.0 and stats.mean_tvd >= 0.0
+    if method == "gasv" and not greedy:  # GASV v2 moves gated neighbour mass onto the drafts
+        assert stats.mean_tvd > 0.0
     with pytest.raises(lisa_trt.LisaError, match="calibration tables"):
         speculative_image_tokens(target, drafter, tok, ["x"], 32, 32, spec)
 
