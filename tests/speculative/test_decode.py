@@ -126,22 +126,21 @@ def _gasv_tables(m, **cfg):
 def test_gasv_lossless_limit_is_token_identical_to_exact(greedy):
     """kappa 0 & lambda 1, or delta 0: the same tokens as the exact rule with the same seed (CFG,
     batch 3, several siblings per node); greedy mode == greedy decoding."""
-    import dataclasses
 
     m = make_target(std=0.3)
     cond = make_cond(m, batch=3)
     d = Drafter.from_target(m).eval()
     s = SamplingConfig(cfg_scale=2.0, greedy=greedy)
-    spec = SpecConfig(method="exact", top_k=3, depth=3, total_tokens=10)
+    spec = SpecConfig.make("exact", top_k=3, depth=3, total_tokens=10)
     ref, st_ref = SpeculativeDecoder(m, d).generate(cond, sampling=s, spec=spec, seed=5)
     if greedy:
         assert torch.equal(ref, generate(m, cond, cfg_scale=2.0, greedy=True))
-    gspec = dataclasses.replace(spec, method="gasv")
+    gspec = spec.replace(method="gasv")
     for kw in (dict(kappa=0.0, lam=1.0), dict(delta=0.0)):
         toks, _ = SpeculativeDecoder(m, d, _gasv_tables(m, **kw)).generate(cond, sampling=s, spec=gspec, seed=5)
         assert torch.equal(toks, ref), kw
     # the test has teeth: open knobs accept more and change the tokens
-    loose = dataclasses.replace(gspec, gasv_kappa=5.0, gasv_lambda=0.05)
+    loose = gspec.replace(gasv_kappa=5.0, gasv_lambda=0.05)
     toks, st = SpeculativeDecoder(m, d, _gasv_tables(m, kappa=0.0, lam=1.0)).generate(
         cond, sampling=s, spec=loose, seed=5)
     assert st.mal > st_ref.mal and not torch.equal(toks, ref)
