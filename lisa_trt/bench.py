@@ -22,7 +22,8 @@ from .speculative.autoregressive import generate
 from .speculative.decode import DecodeStats, SpecConfig, SpeculativeDecoder
 from .speculative.sjd import sjd_generate
 
-ALL_METHODS = ("vanilla", "greedy", "exact", "lantern", "gasv", "sjd")
+ALL_METHODS = ("vanilla", "greedy", "exact", "lantern", "gasv", "sjd", "oracle")
+NO_DRAFTER = ("vanilla", "sjd", "oracle")  # methods that need no trained drafter
 
 
 def parse_methods(text: str) -> list[str]:
@@ -45,6 +46,12 @@ def run_method(method: str, target, drafter, tables, cond, *, sampling: Sampling
         return toks, st
     if method == "sjd":
         return sjd_generate(target, cond, sampling=sampling, window=sjd_window, seed=seed)
+    if method == "oracle":  # the target's own top-k at every node, exact verification (the ceiling)
+        from .speculative.oracle import oracle_pair
+
+        proxy, oracle = oracle_pair(target)
+        spec = dataclasses.replace(spec, method="exact")
+        return SpeculativeDecoder(proxy, oracle, tables).generate(cond, sampling=sampling, spec=spec, seed=seed)
     if drafter is None:
         raise InputError(f"method {method!r} needs a drafter (--drafter)")
     if method == "greedy":
@@ -65,7 +72,7 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
         decode_fn: optional tokens -> images for the scorer.
     Returns:
         {"settings": {...}, "results": {method: {mal, seconds_per_image, speedup, mean_tvd,
-        class_acc, fd_demo, ...}}}
+        class_acc, fd_demo, drafter_efficiency (with "oracle" in methods), ...}}}
     """
     if "vanilla" not in methods:
         methods = ["vanilla"] + list(methods)
@@ -104,6 +111,10 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
         if scorer_fn is not None and decode_fn is not None:
             acc, fd = scorer_fn(decode_fn(tokens[m]), cls)
             r["class_acc"], r["fd_demo"] = float(acc), float(fd)
+    from .speculative.oracle import drafter_efficiency
+
+    for m, e in drafter_efficiency(results).items():
+        results[m]["drafter_efficiency"] = e  # MAL / oracle MAL (same tree budget and seeds)
     settings = {"num_images": len(cls), "seed": seed, "classes": cls.tolist(),
                 "sampling": dataclasses.asdict(sampling), "spec": dataclasses.asdict(spec),
                 "sjd_window": sjd_window, "torch_threads": torch.get_num_threads(),

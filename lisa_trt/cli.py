@@ -98,7 +98,7 @@ def resolve_spec_artifacts(model, target, methods, drafter, tables):
     from .artifacts import default_drafter, default_tables, load_drafter_by_name, load_tables_by_name
     from .errors import InputError
 
-    needs_drafter = [m for m in methods if m not in ("vanilla", "sjd", None)]
+    needs_drafter = [m for m in methods if m not in ("vanilla", "sjd", "oracle", None)]
     needs_tables = [m for m in methods if m in ("lantern", "gasv")]
     drafter = drafter or default_drafter(model)
     tables = tables or default_tables(model)
@@ -520,7 +520,8 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
     for m, r in report["results"].items():
         q = f", class_acc {r['class_acc']:.3f}, FD-demo {r['fd_demo']:.2f}" if "class_acc" in r else ""
         click.echo(f"{m:8s} MAL {r['mal']:.2f}  {r['seconds_per_image']:.3f} s/img  speed-up {r['speedup']:.2f}x  "
-                   f"TVD {r['mean_tvd']:.4f}{q}")
+                   f"TVD {r['mean_tvd']:.4f}{q}" + (f"  efficiency {r['drafter_efficiency']:.2f}"
+                                                    if "drafter_efficiency" in r else ""))
 
 
 @main.command()
