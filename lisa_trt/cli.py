@@ -384,6 +384,8 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 @click.option("--cfg-scale", type=float, default=None, help="Deployment CFG scale for self-distillation.")
 @click.option("--drafter-hidden", type=int, default=None)
 @click.option("--drafter-heads", type=int, default=None)
+@click.option("--draft-vocab", type=int, default=None,
+              help="Reduced draft vocabulary: the head predicts only the N most frequent training codes (EAGLE-3 d2t).")
 @click.option("--checkpoint-every", type=int, default=None)
 @click.option("--bf16", is_flag=True)
 @click.option("--eval-images", type=int, default=4, show_default=True,
@@ -392,7 +394,7 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 @_handle_errors
 def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, steps, batch_size, lr,
           ttt_steps, source, token_file, image_dir, num_samples, features, cfg_scale, drafter_hidden, drafter_heads,
-          checkpoint_every, bf16, eval_images, seed):
+          checkpoint_every, bf16, eval_images, seed, draft_vocab):
     """Distil a drafter (LISA locality-informed loss, or EAGLE-3/EAGLE-1 baselines).
 
     Resumes from OUT/checkpoints after an interruption. Multi-GPU: run under torchrun."""
@@ -425,7 +427,7 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
     elif model == "demo":
         data_kw["cfg_scale"] = resolve_sampling(model).cfg_scale
     kw = dict(steps=steps, batch_size=batch_size, lr=lr, ttt_steps=ttt_steps, drafter_hidden=drafter_hidden,
-              drafter_heads=drafter_heads, checkpoint_every=checkpoint_every, seed=seed)
+              drafter_heads=drafter_heads, checkpoint_every=checkpoint_every, seed=seed, draft_vocab=draft_vocab)
     cfg = TrainConfig(**{k: v for k, v in kw.items() if v is not None}, bf16=bf16, target_name=model,
                       loss=LossConfig(kind=loss), data=DataConfig(**data_kw))
     result = train_drafter(target, vqm.codebook().detach(), cfg, out_dir)

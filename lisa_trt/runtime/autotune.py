@@ -100,3 +100,19 @@ def best_tree(verify_cost: dict, draft_cost: Callable[[int], float], accept: Seq
         table.append({"top_k": k, "depth": d, "total_tokens": m, "mal": mal, "step_s": t, "speedup": mal * t1 / t})
     best = max(table, key=lambda r: r["speedup"])
     return {k: best[k] for k in ("top_k", "depth", "total_tokens")}, table
+
+
+def draft_cost_for_head(measured: Callable[[int], float], measured_cfg, cfg) -> Callable[[int], float]:
+    """A drafter call cost for `cfg` from one measured on a drafter of `measured_cfg`.
+
+    The drafter step scales with its FLOPs (models/draft_vocab.drafter_step_flops), whose head
+    term is hidden x head_size: a reduced draft vocabulary (`--draft-vocab N`) shrinks it, a
+    full 16,384-code head dominates it. The measured cost is rescaled per node count by the
+    FLOP ratio, so best_tree() sees the cheaper (or dearer) drafter.
+    """
+    from ..models.draft_vocab import config_step_flops
+
+    def cost(n: int) -> float:
+        return measured(n) * config_step_flops(cfg, n) / config_step_flops(measured_cfg, n)
+
+    return cost

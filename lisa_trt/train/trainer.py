@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from ..errors import ArtifactMismatchError, CheckpointError, ConfigError
 from ..io import atomic_write, write_json
+from ..models.draft_vocab import build_d2t, in_vocab_mass, restrict
 from ..models.drafter import Drafter, save_drafter
 from .data import Batch, DataConfig, FeatureCache, OnlineFeatures, batch_indices, build_dataset, epoch_permutation
 from .losses import LossConfig, agreement_stats, combine_ttt, estimate_radius, locality_score, mal_proxy, step_loss
@@ -63,6 +64,7 @@ class TrainConfig:
     drafter_heads: Optional[int] = None
     drafter_ffn: Optional[int] = None
     init_head_from_target: bool = True
+    draft_vocab: int = 0  # 0: full head; N: the N most frequent training codes (models/draft_vocab.py)
     target_name: str = ""
     loss: LossConfig = field(default_factory=LossConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -136,15 +138,26 @@ class _Unroll(nn.Module):
 
 
 def ttt_loss(outs: list, batch: Batch, cfg: LossConfig, *, codebook=None, radius=None, step: int = 0,
-             total_steps: int = 1) -> tuple[torch.Tensor, dict]:
-    """sum_s decay^s * loss_s over the valid entries of each unroll step, plus per-step stats."""
+             total_steps: int = 1, d2t=None) -> tuple[torch.Tensor, dict]:
+    """sum_s decay^s * loss_s over the valid entries of each unroll step, plus per-step stats.
+
+    With a reduced draft vocabulary (`d2t`) the losses run on the draft vocabulary (target
+    renormalised over it, codebook rows d2t); top-1 agreement stays over the full vocabulary.
+    """
     V = batch.logits.shape[-1]
+    if d2t is not None:
+        codebook = None if codebook is None else codebook.index_select(0, d2t.to(codebook.device))
     losses, stats = [], {"loss_s": [], "top1_s": [], "in_nbhd_s": []}
     extra = {}
     for s, (logits, hidden) in enumerate(outs):
         n = logits.shape[1] - s
         s_l = logits[:, :n].reshape(-1, V)
         t_l = batch.logits[:, s + 1:].reshape(-1, V)
+        t_full, s_full = t_l, s_l
+        if d2t is not None:
+            t_l, s_l, _ = restrict(t_l, s_l, d2t)
+            if s == 0:
+                stats["in_vocab_mass_0"] = float(in_vocab_mass(t_full, d2t).mean())
         kw = {}
         if cfg.kind == "eagle1":
             kw = dict(pred_hidden=hidden[:, :n].reshape(-1, hidden.shape[-1]),
@@ -153,7 +166,7 @@ def ttt_loss(outs: list, batch: Batch, cfg: LossConfig, *, codebook=None, radius
                              total_steps=total_steps, **kw)
         losses.append(loss)
         stats["loss_s"].append(float(loss.detach()))
-        stats["top1_s"].append(float(agreement_stats(t_l, s_l.detach())["top1"].mean()))
+        stats["top1_s"].append(float(agreement_stats(t_full, s_full.detach())["top1"].mean()))
         if "in_nbhd" in st:
             stats["in_nbhd_s"].append(float(st["in_nbhd"]))
         elif codebook is not None and radius is not None:
@@ -314,10 +327,15 @@ def _truncate_metrics(path: Path, step: int) -> None:
         tmp.write_text("".join(ln + "\n" for ln in keep))
 
 
-def _make_drafter(target, cfg: TrainConfig) -> Drafter:
+def _make_drafter(target, cfg: TrainConfig, train_tokens: Optional[torch.Tensor] = None) -> Drafter:
+    d2t = None
+    if cfg.draft_vocab:
+        if train_tokens is None:
+            raise ConfigError("a reduced draft vocabulary is counted on the training tokens; none were given")
+        d2t = build_d2t(train_tokens, target.config.vocab_size, cfg.draft_vocab)
     return Drafter.from_target(target, hidden=cfg.drafter_hidden, n_head=cfg.drafter_heads,
                                ffn_hidden=cfg.drafter_ffn, target_name=cfg.target_name,
-                               init_head_from_target=cfg.init_head_from_target)
+                               init_head_from_target=cfg.init_head_from_target, d2t=d2t)
 
 
 def _estimate_radius(features, n: int, cfg: TrainConfig, codebook) -> float:
@@ -374,7 +392,7 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
     else:
         features = OnlineFeatures(target, train_set)
 
-    drafter = _make_drafter(target, cfg).train()
+    drafter = _make_drafter(target, cfg, train_set.tokens).train()
     if cfg.loss.kind == "eagle1" and drafter.config.hidden != target.config.dim:
         raise ConfigError("the eagle1 loss regresses the target's hidden state: drafter_hidden must equal "
                           f"the target dim {target.config.dim}")
@@ -424,7 +442,7 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
             batch = features.batch(rows)
             outs = model(batch.taps, batch.tokens)
             loss, stats = ttt_loss(outs, batch, cfg.loss, codebook=codebook, radius=radius, step=step,
-                                   total_steps=cfg.steps)
+                                   total_steps=cfg.steps, d2t=drafter.d2t)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
