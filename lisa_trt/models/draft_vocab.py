@@ -110,3 +110,25 @@ def config_step_flops(cfg, n_nodes: int, context: Optional[int] = None) -> float
     head = getattr(cfg, "draft_vocab", 0) or cfg.vocab_size
     return drafter_step_flops(cfg.hidden, cfg.target_dim, cfg.ffn_hidden, cfg.tap_dim, head, n_nodes,
                               cfg.seq_len if context is None else context)
+
+
+def prune_head(drafter, d2t: torch.Tensor):
+    """A copy of a full-head `drafter` whose head keeps only the rows `d2t` (no retraining).
+
+    A quick lower bound on what `--draft-vocab N` gives (a drafter trained with the reduced
+    head learns to put its mass on the kept codes); used by bench/draft_vocab.py.
+    """
+    import dataclasses
+
+    from .drafter import Drafter
+
+    cfg = drafter.config
+    if cfg.draft_vocab:
+        raise ConfigError("prune_head needs a full-vocabulary drafter")
+    d2t = check_d2t(d2t, cfg.vocab_size)
+    small = Drafter(dataclasses.replace(cfg, draft_vocab=int(d2t.numel())), drafter.embed_weight, d2t=d2t)
+    state = dict(drafter.state_dict())
+    state["lm_head.weight"] = state["lm_head.weight"].index_select(0, d2t.to(state["lm_head.weight"].device))
+    state["d2t"] = d2t
+    small.load_state_dict(state, strict=True)
+    return small.to(drafter.lm_head.weight.device).train(drafter.training)
