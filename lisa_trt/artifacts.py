@@ -12,7 +12,8 @@ from .errors import CheckpointError, InputError
 
 ASSETS = Path(__file__).resolve().parent / "assets" / "demo"
 BUNDLED_DRAFTERS = {"demo-lisa": ASSETS / "drafter_lisa.safetensors",
-                    "demo-eagle3": ASSETS / "drafter_eagle3.safetensors"}
+                    "demo-eagle3": ASSETS / "drafter_eagle3.safetensors",
+                    "demo-medusa-lisa": ASSETS / "medusa_lisa.safetensors"}
 BUNDLED_TABLES = {"demo": ASSETS / "tables.safetensors"}
 _RECIPE = "scripts/demo/train_drafters.sh and scripts/demo/calibrate.sh rebuild them"
 
@@ -31,14 +32,17 @@ def load_target_by_name(model: str, config=None):
 
 
 def load_drafter_by_name(name: str, target):
-    """A drafter file path or a bundled name (demo-lisa, demo-eagle3), refused if made for
-    another target."""
+    """A drafter file path or a bundled name (demo-lisa, demo-eagle3, demo-medusa-lisa), refused
+    if made for another target. Medusa artifacts load as MedusaHeads (speculative/medusa.py)."""
     from .models.drafter import load_drafter
+    from .models.medusa import is_medusa_file, load_medusa
 
     path = _bundled(name, BUNDLED_DRAFTERS, "drafter") if name in BUNDLED_DRAFTERS else Path(name)
     if not path.is_file():
         raise InputError(f"drafter {name!r} not found; pass a .safetensors made by `lisa-trt train` "
                          f"or one of {', '.join(BUNDLED_DRAFTERS)}")
+    if is_medusa_file(path):
+        return load_medusa(path, target).eval()
     return load_drafter(path, target).eval()
 
 

@@ -59,6 +59,9 @@ def run_method(method: str, target, drafter, tables, cond, *, sampling: Sampling
         spec = dataclasses.replace(spec, method="exact")
     else:
         spec = dataclasses.replace(spec, method=method)
+    from .speculative.medusa import speculative_engines
+
+    target, drafter = speculative_engines(target, drafter)  # Medusa heads run as a (proxy, drafter) pair
     return SpeculativeDecoder(target, drafter, tables, gasv=gasv).generate(cond, sampling=sampling, spec=spec, seed=seed)
 
 

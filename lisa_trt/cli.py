@@ -384,6 +384,9 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 @click.option("--cfg-scale", type=float, default=None, help="Deployment CFG scale for self-distillation.")
 @click.option("--drafter-hidden", type=int, default=None)
 @click.option("--drafter-heads", type=int, default=None)
+@click.option("--arch", type=click.Choice(["eagle3", "medusa"]), default="eagle3", show_default=True,
+              help="Drafter architecture: EAGLE-3 drafter, or Medusa heads on the target's last hidden state.")
+@click.option("--medusa-heads", type=int, default=4, show_default=True, help="Number of Medusa heads (--arch medusa).")
 @click.option("--draft-vocab", type=int, default=None,
               help="Reduced draft vocabulary: the head predicts only the N most frequent training codes (EAGLE-3 d2t).")
 @click.option("--checkpoint-every", type=int, default=None)
@@ -394,7 +397,7 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 @_handle_errors
 def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, steps, batch_size, lr,
           ttt_steps, source, token_file, image_dir, num_samples, features, cfg_scale, drafter_hidden, drafter_heads,
-          checkpoint_every, bf16, eval_images, seed, draft_vocab):
+          checkpoint_every, bf16, eval_images, seed, arch, medusa_heads, draft_vocab):
     """Distil a drafter (LISA locality-informed loss, or EAGLE-3/EAGLE-1 baselines).
 
     Resumes from OUT/checkpoints after an interruption. Multi-GPU: run under torchrun."""
@@ -430,14 +433,19 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
               drafter_heads=drafter_heads, checkpoint_every=checkpoint_every, seed=seed, draft_vocab=draft_vocab)
     cfg = TrainConfig(**{k: v for k, v in kw.items() if v is not None}, bf16=bf16, target_name=model,
                       loss=LossConfig(kind=loss), data=DataConfig(**data_kw))
-    result = train_drafter(target, vqm.codebook().detach(), cfg, out_dir)
-    click.echo(f"wrote {Path(out_dir) / 'drafter.safetensors'}; eval: {json.dumps(result.get('eval', {}))}")
+    if arch == "medusa":
+        from .train.medusa import train_medusa
+
+        result = train_medusa(target, vqm.codebook().detach(), cfg, out_dir, n_heads=medusa_heads)
+    else:
+        result = train_drafter(target, vqm.codebook().detach(), cfg, out_dir)
+    click.echo(f"wrote {result['drafter']}; eval: {json.dumps(result.get('eval', {}))}")
     import os
 
     if eval_images and int(os.environ.get("RANK", "0")) == 0:  # one rank under torchrun
-        from .models.drafter import load_drafter
+        from .artifacts import load_drafter_by_name
 
-        ev = decode_eval(target, load_drafter(result["drafter"], target), cfg, eval_images)
+        ev = decode_eval(target, load_drafter_by_name(result["drafter"], target), cfg, eval_images)
         from .io import write_json
 
         write_json(Path(out_dir) / "eval_decode.json", ev)
@@ -458,7 +466,10 @@ def decode_eval(target, drafter, cfg, n: int) -> dict:
     s = SamplingConfig(cfg_scale=d.cfg_scale, temperature=d.temperature, top_k=d.top_k, top_p=d.top_p)
     spec = SpecConfig(method="exact", top_k=3, depth=3, total_tokens=10)
     cond = torch.arange(n) % target.config.num_classes
-    _, st = SpeculativeDecoder(target, drafter.eval()).generate(cond, sampling=s, spec=spec, seed=1_000_003 + cfg.seed)
+    from .speculative.medusa import speculative_engines
+
+    _, st = SpeculativeDecoder(*speculative_engines(target, drafter.eval())).generate(
+        cond, sampling=s, spec=spec, seed=1_000_003 + cfg.seed)
     return {"mal": st.mal, "images": n, "sampling": dataclasses.asdict(s), "spec": dataclasses.asdict(spec),
             "target_forwards": st.target_forwards}
 

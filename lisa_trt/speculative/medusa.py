@@ -96,3 +96,14 @@ def medusa_pair(target, heads):
     """(target proxy, drafter) for SpeculativeDecoder; `heads`: MedusaHeads or OrtMedusaHeads."""
     proxy = target if isinstance(target, MedusaTarget) else MedusaTarget(target)
     return proxy, MedusaDrafter(heads, heads.config.dim)
+
+
+def speculative_engines(target, drafter):
+    """(target, drafter) for SpeculativeDecoder: Medusa heads are wrapped by medusa_pair, any
+    other drafter passes through unchanged."""
+    from ..export.medusa_onnx import OrtMedusaHeads
+    from ..models.medusa import MedusaHeads
+
+    if isinstance(drafter, (MedusaHeads, OrtMedusaHeads)):
+        return medusa_pair(target, drafter)
+    return target, drafter
