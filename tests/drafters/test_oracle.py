@@ -89,3 +89,17 @@ def test_demo_oracle_ceiling_is_above_the_bundled_drafter():
         mo += run_method("oracle", target, None, None, cond, sampling=s, spec=spec, seed=10 + i)[1].mal
         md += run_method("exact", target, drafter, None, cond, sampling=s, spec=spec, seed=10 + i)[1].mal
     assert mo >= md
+
+
+def test_run_bench_reports_the_oracle_and_drafter_efficiency():
+    from lisa_trt.bench import run_bench
+    from lisa_trt.models.drafter import Drafter
+
+    m = make_target(std=0.3)
+    rep = run_bench(m, Drafter.from_target(m).eval(), None, ["exact", "oracle"], [0, 1],
+                    sampling=SamplingConfig(cfg_scale=2.0), spec=SpecConfig(top_k=2, depth=2, total_tokens=6),
+                    progress=False)
+    r = rep["results"]
+    assert set(r) == {"vanilla", "exact", "oracle"}
+    assert r["exact"]["drafter_efficiency"] == pytest.approx(r["exact"]["mal"] / r["oracle"]["mal"])
+    assert "drafter_efficiency" not in r["vanilla"] and "drafter_efficiency" not in r["oracle"]
