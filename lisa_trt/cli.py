@@ -384,6 +384,9 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 @click.option("--cfg-scale", type=float, default=None, help="Deployment CFG scale for self-distillation.")
 @click.option("--drafter-hidden", type=int, default=None)
 @click.option("--drafter-heads", type=int, default=None)
+@click.option("--eval-every", type=int, default=0, show_default=True,
+              help="Every N steps: held-out MAL proxy, top-1/top-3 agreement and real decoding MAL "
+                   "(--eval-images prompts) logged to metrics.jsonl; 0 = only at the end.")
 @click.option("--arch", type=click.Choice(["eagle3", "medusa"]), default="eagle3", show_default=True,
               help="Drafter architecture: EAGLE-3 drafter, or Medusa heads on the target's last hidden state.")
 @click.option("--medusa-heads", type=int, default=4, show_default=True, help="Number of Medusa heads (--arch medusa).")
@@ -397,7 +400,7 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 @_handle_errors
 def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, steps, batch_size, lr,
           ttt_steps, source, token_file, image_dir, num_samples, features, cfg_scale, drafter_hidden, drafter_heads,
-          checkpoint_every, bf16, eval_images, seed, arch, medusa_heads, draft_vocab):
+          checkpoint_every, bf16, eval_images, seed, eval_every, arch, medusa_heads, draft_vocab):
     """Distil a drafter (LISA locality-informed loss, or EAGLE-3/EAGLE-1 baselines).
 
     Resumes from OUT/checkpoints after an interruption. Multi-GPU: run under torchrun."""
@@ -430,7 +433,8 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
     elif model == "demo":
         data_kw["cfg_scale"] = resolve_sampling(model).cfg_scale
     kw = dict(steps=steps, batch_size=batch_size, lr=lr, ttt_steps=ttt_steps, drafter_hidden=drafter_hidden,
-              drafter_heads=drafter_heads, checkpoint_every=checkpoint_every, seed=seed, draft_vocab=draft_vocab)
+              drafter_heads=drafter_heads, checkpoint_every=checkpoint_every, seed=seed, draft_vocab=draft_vocab,
+              eval_every=eval_every or None)
     cfg = TrainConfig(**{k: v for k, v in kw.items() if v is not None}, bf16=bf16, target_name=model,
                       loss=LossConfig(kind=loss), data=DataConfig(**data_kw))
     if arch == "medusa":
@@ -438,7 +442,10 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
 
         result = train_medusa(target, vqm.codebook().detach(), cfg, out_dir, n_heads=medusa_heads)
     else:
-        result = train_drafter(target, vqm.codebook().detach(), cfg, out_dir)
+        def eval_fn(drafter, step):  # real decoding MAL on held-out prompts (exact verification)
+            return {"decode_mal": decode_eval(target, drafter, cfg, eval_images)["mal"]} if eval_images else {}
+
+        result = train_drafter(target, vqm.codebook().detach(), cfg, out_dir, eval_fn=eval_fn)
     click.echo(f"wrote {result['drafter']}; eval: {json.dumps(result.get('eval', {}))}")
     import os
 

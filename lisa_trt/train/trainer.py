@@ -60,6 +60,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     log_every: int = 10
     eval_depth: int = 0  # chain depth of the MAL proxy (0: ttt_steps)
+    eval_every: int = 0  # > 0: held-out eval (MAL proxy, top-1/top-3, + eval_fn) every N steps -> metrics.jsonl
     drafter_hidden: Optional[int] = None  # None: the target's dim
     drafter_heads: Optional[int] = None
     drafter_ffn: Optional[int] = None
@@ -290,6 +291,7 @@ def evaluate_mal_proxy(drafter: Drafter, features, n_rows: int, depth: int, batc
     was_training = drafter.training
     drafter.eval()
     acc, top1, per_acc, per_top = [], [], [[] for _ in range(depth)], [[] for _ in range(depth)]
+    per_top3 = [[] for _ in range(depth)]
     for lo in range(0, n_rows, batch_size):
         b = features.batch(torch.arange(lo, min(lo + batch_size, n_rows)))
         outs = ttt_unroll(drafter, b.taps, b.tokens, depth)
@@ -300,6 +302,7 @@ def evaluate_mal_proxy(drafter: Drafter, features, n_rows: int, depth: int, batc
             st = agreement_stats(b.logits[:, s + 1:], logits[:, : N - 1 - s])
             per_acc[s].append(st["accept"].flatten())
             per_top[s].append(st["top1"].flatten())
+            per_top3[s].append(st["top3"].flatten())
             a_s.append(st["accept"][:, :n_chain].flatten())
             t_s.append(st["top1"][:, :n_chain].flatten())
         acc.append(mal_proxy(torch.stack(a_s)))
@@ -309,6 +312,7 @@ def evaluate_mal_proxy(drafter: Drafter, features, n_rows: int, depth: int, batc
     return {"mal_proxy": float(torch.cat(acc).mean()), "mal_top1": float(torch.cat(top1).mean()),
             "accept_s": [float(torch.cat(per_acc[s]).mean()) for s in steps],
             "top1_s": [float(torch.cat(per_top[s]).mean()) for s in steps],
+            "top3_s": [float(torch.cat(per_top3[s]).mean()) for s in steps],
             "depth": len(steps), "sequences": n_rows}
 
 
@@ -325,6 +329,19 @@ def _truncate_metrics(path: Path, step: int) -> None:
     keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
     with atomic_write(path) as tmp:
         tmp.write_text("".join(ln + "\n" for ln in keep))
+
+
+def _periodic_eval(drafter, target, eval_set, cfg: TrainConfig, batch_size: int, step: int, metrics_path: Path,
+                   eval_fn=None) -> None:
+    """One "eval" record in metrics.jsonl: held-out MAL proxy, top-1/top-3 per step, eval_fn's."""
+    ev = evaluate_mal_proxy(drafter, OnlineFeatures(target, eval_set), len(eval_set),
+                            cfg.eval_depth or cfg.ttt_steps, batch_size=batch_size)
+    if eval_fn is not None:
+        was = drafter.training
+        ev.update(eval_fn(drafter.eval(), step))
+        drafter.train(was)
+    with open(metrics_path, "a") as f:
+        f.write(json.dumps({"step": step, "eval": ev}) + "\n")
 
 
 def _make_drafter(target, cfg: TrainConfig, train_tokens: Optional[torch.Tensor] = None) -> Drafter:
@@ -348,13 +365,15 @@ def _estimate_radius(features, n: int, cfg: TrainConfig, codebook) -> float:
 
 
 def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConfig, out_dir,
-                  progress: bool = True) -> dict:
+                  progress: bool = True, eval_fn=None) -> dict:
     """Distil an EAGLE-3 drafter from `target` (resumes from out_dir/checkpoints if present).
 
     Args:
         target: lisa_trt Transformer (frozen; under DDP place it on cuda:LOCAL_RANK first).
         codebook: (V, d) VQ codebook (L2-normalised here); required by the LISA selection,
             optional otherwise (then no in-neighbourhood metric).
+        eval_fn: optional (drafter, step) -> dict, called with train_cfg.eval_every (e.g. real
+            decoding MAL on held-out prompts); its result is logged with the held-out proxies.
         train_cfg: TrainConfig.
         out_dir: run directory: drafter.safetensors (+ .json), metrics.jsonl, eval.json,
             train_config.json, checkpoints/, data/, features/.
@@ -459,6 +478,8 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
                 steps.set_postfix(loss=f"{rec['loss']:.4f}", top1=f"{stats['top1_s'][0]:.3f}")
         if main and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
             save_checkpoint(out_dir, done, drafter, opt, sched, cfg, radius, len(train_set), cfg.keep_checkpoints)
+        if main and cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.steps):
+            _periodic_eval(drafter, target, eval_set, cfg, per_rank, done, metrics_path, eval_fn)
         dist.barrier()
         _after_step(done)
 
