@@ -384,6 +384,8 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 @click.option("--cfg-scale", type=float, default=None, help="Deployment CFG scale for self-distillation.")
 @click.option("--drafter-hidden", type=int, default=None)
 @click.option("--drafter-heads", type=int, default=None)
+@click.option("--loss-off", default="", help="LISA terms to switch off (ablation), comma-separated: "
+              "selection, soft_gate, veto, truncated_ce, kd.")
 @click.option("--eval-every", type=int, default=0, show_default=True,
               help="Every N steps: held-out MAL proxy, top-1/top-3 agreement and real decoding MAL "
                    "(--eval-images prompts) logged to metrics.jsonl; 0 = only at the end.")
@@ -400,7 +402,7 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 @_handle_errors
 def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, steps, batch_size, lr,
           ttt_steps, source, token_file, image_dir, num_samples, features, cfg_scale, drafter_hidden, drafter_heads,
-          checkpoint_every, bf16, eval_images, seed, eval_every, arch, medusa_heads, draft_vocab):
+          checkpoint_every, bf16, eval_images, seed, loss_off, eval_every, arch, medusa_heads, draft_vocab):
     """Distil a drafter (LISA locality-informed loss, or EAGLE-3/EAGLE-1 baselines).
 
     Resumes from OUT/checkpoints after an interruption. Multi-GPU: run under torchrun."""
@@ -436,7 +438,7 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
               drafter_heads=drafter_heads, checkpoint_every=checkpoint_every, seed=seed, draft_vocab=draft_vocab,
               eval_every=eval_every or None)
     cfg = TrainConfig(**{k: v for k, v in kw.items() if v is not None}, bf16=bf16, target_name=model,
-                      loss=LossConfig(kind=loss), data=DataConfig(**data_kw))
+                      loss=LossConfig(kind=loss, **_loss_switches(loss_off)), data=DataConfig(**data_kw))
     if arch == "medusa":
         from .train.medusa import train_medusa
 
@@ -457,6 +459,18 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
 
         write_json(Path(out_dir) / "eval_decode.json", ev)
         click.echo(f"held-out decoding ({eval_images} images, exact verification): MAL {ev['mal']:.3f}")
+
+
+def _loss_switches(text: str) -> dict:
+    """--loss-off "selection,kd" -> {"selection": False, "kd": False} (LossConfig switches)."""
+    from .errors import InputError
+
+    valid = ("selection", "soft_gate", "veto", "truncated_ce", "kd")
+    names = [n.strip() for n in (text or "").split(",") if n.strip()]
+    bad = [n for n in names if n not in valid]
+    if bad:
+        raise InputError(f"unknown LISA term(s) {bad} in --loss-off; valid: {', '.join(valid)}")
+    return {n: False for n in names}
 
 
 def decode_eval(target, drafter, cfg, n: int) -> dict:

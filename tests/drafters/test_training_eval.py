@@ -35,3 +35,18 @@ def test_eval_every_logs_heldout_records_and_plots(tmp_path):
     out = tmp_path / "curve.png"
     subprocess.run([sys.executable, "bench/plot_training.py", str(tmp_path), "--out", str(out)], check=True)
     assert out.stat().st_size > 1000
+
+
+def test_loss_off_switches():
+    import pytest
+
+    from lisa_trt.cli import _loss_switches
+    from lisa_trt.errors import InputError
+    from lisa_trt.train.losses import LossConfig
+
+    assert _loss_switches("") == {}
+    sw = _loss_switches("selection, kd")
+    assert sw == {"selection": False, "kd": False}
+    assert not LossConfig(kind="lisa", **sw).needs_codebook
+    with pytest.raises(InputError, match="loss-off"):
+        _loss_switches("gate")
