@@ -30,14 +30,16 @@ class MedusaTarget:
     """TargetEngine proxy whose outputs carry the final hidden state in `taps`."""
 
     def __init__(self, target):
-        self._target = target
+        self.inner = target  # the wrapped TargetEngine
 
-    def __getattr__(self, name):
-        return getattr(self._target, name)
+    def __getattr__(self, name):  # only called for attributes not found on the proxy
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     @property
     def config(self):
-        return self._target.config
+        return self.inner.config
 
     @staticmethod
     def _swap(out):
@@ -49,10 +51,10 @@ class MedusaTarget:
         return TargetOutput(out.logits, out.hidden, out.hidden)
 
     def prefill(self, cond, cache, taps: bool = False):
-        return self._swap(self._target.prefill(cond, cache, taps=taps))
+        return self._swap(self.inner.prefill(cond, cache, taps=taps))
 
     def forward_tokens(self, tokens, positions, slots, mask, cache, taps: bool = False):
-        return self._swap(self._target.forward_tokens(tokens, positions, slots, mask, cache, taps=taps))
+        return self._swap(self.inner.forward_tokens(tokens, positions, slots, mask, cache, taps=taps))
 
 
 class _NoKV:  # a one-layer, one-head, width-4 KVCache config: the bookkeeping the loop reads

@@ -33,19 +33,21 @@ class RecordingTarget:
     is delegated unchanged to the wrapped engine)."""
 
     def __init__(self, target):
-        self._target = target
+        self.inner = target  # the wrapped TargetEngine
         self.last_cond = None
 
     def __getattr__(self, name):  # only called for attributes not found on the proxy
-        return getattr(self._target, name)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     @property
     def config(self):
-        return self._target.config
+        return self.inner.config
 
     def prefill(self, cond, cache, taps: bool = False):
         self.last_cond = cond
-        return self._target.prefill(cond, cache, taps=taps)
+        return self.inner.prefill(cond, cache, taps=taps)
 
 
 class OracleDrafter:
@@ -70,10 +72,10 @@ class OracleDrafter:
             raise InputError("the oracle drafter's cache is made after the target's prefill; "
                              "call target.prefill (the decode loop does) before drafter.new_cache")
         extra = max(0, int(max_len) - self.config.seq_len)
-        cache = self.target._target.new_cache(batch, extra=extra)
+        cache = self.target.inner.new_cache(batch, extra=extra)
         if cache.max_len < max_len:
             raise InputError(f"the oracle needs a cache of {max_len} slots, the target gives {cache.max_len}")
-        self.target._target.prefill(cond, cache)
+        self.target.inner.prefill(cond, cache)
         return cache
 
     def project_taps(self, taps: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -82,7 +84,7 @@ class OracleDrafter:
 
     def forward(self, hidden_in, tokens, positions, slots, mask, cache):
         """(raw target logits (B, S, V), target hidden (B, S, H)) for tokens at positions/slots."""
-        out = self.target._target.forward_tokens(tokens, positions, slots, mask, cache, taps=False)
+        out = self.target.inner.forward_tokens(tokens, positions, slots, mask, cache, taps=False)
         hidden = out.hidden if getattr(out, "hidden", None) is not None else out.logits[..., :1]
         return out.logits, hidden
 
