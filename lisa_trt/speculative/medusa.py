@@ -19,7 +19,6 @@ of (target, drafter); verification (exact / lantern / gasv / greedy) is unchange
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import torch
 
