@@ -65,7 +65,7 @@ def sampling_options(fn):
 
 
 def spec_options(fn):
-    fn = click.option("--drafter", default=None, help="Drafter .safetensors, or demo-lisa / demo-eagle3 (demo default: demo-lisa).")(fn)
+    fn = click.option("--drafter", default=None, help="Drafter .safetensors, or demo-lisa / demo-eagle3 / demo-medusa-lisa (demo default: demo-lisa).")(fn)
     fn = click.option("--verify", type=click.Choice(["vanilla", "greedy", "exact", "lantern", "gasv", "sjd"]),
                       default=None, help="Verification rule (default: vanilla AR loop).")(fn)
     fn = click.option("--tables", default=None, help="Calibration tables (lisa-trt calibrate); demo: bundled.")(fn)
@@ -497,7 +497,7 @@ def decode_eval(target, drafter, cfg, n: int) -> dict:
 
 @main.command()
 @model_options
-@click.option("--drafter", default=None, help="Drafter path or demo-lisa / demo-eagle3.")
+@click.option("--drafter", default=None, help="Drafter path or demo-lisa / demo-eagle3 / demo-medusa-lisa.")
 @click.option("--tables", default=None, help="Calibration tables (demo: bundled).")
 @click.option("--methods", default="vanilla,exact,lantern,gasv,sjd", show_default=True)
 @click.option("--num-images", type=int, default=8, show_default=True)
@@ -615,7 +615,7 @@ def _export_generation(model, target, sampling):
 
 @main.command("export")
 @model_options
-@click.option("--drafter", default=None, help="Drafter (.safetensors or demo-lisa / demo-eagle3; demo default demo-lisa).")
+@click.option("--drafter", default=None, help="Drafter (.safetensors or demo-lisa / demo-eagle3 / demo-medusa-lisa; demo default demo-lisa).")
 @click.option("--tables", default=None, help="Calibration tables (demo: bundled).")
 @click.option("--vq", "vq", default=None, help="VQ checkpoint for the decoder graph (demo: bundled).")
 @click.option("--vq-config", default="VQ-16", show_default=True)

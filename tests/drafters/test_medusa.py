@@ -82,3 +82,20 @@ def test_artifact_checks(tmp_path):
         load_medusa(tmp_path / "m.safetensors", make_target(seed=1))
     with pytest.raises(ConfigError):
         MedusaHeads.from_target(t, n_heads=0)
+
+
+def test_bundled_demo_medusa_lisa_loads_by_name_and_decodes():
+    from lisa_trt.artifacts import BUNDLED_DRAFTERS, load_drafter_by_name
+    from lisa_trt.demo.registry import assets_present, demo_sampling, load_demo_target
+    from lisa_trt.speculative.medusa import speculative_engines
+
+    if not (assets_present() and BUNDLED_DRAFTERS["demo-medusa-lisa"].is_file()):
+        pytest.skip("demo assets not present")
+    target = load_demo_target()
+    heads = load_drafter_by_name("demo-medusa-lisa", target)
+    assert isinstance(heads, MedusaHeads) and heads.config.n_heads == 4
+    ref = generate(target, torch.tensor([2]), cfg_scale=2.0, greedy=True)[:, :24]
+    toks, st = SpeculativeDecoder(*speculative_engines(target, heads)).generate(
+        torch.tensor([2]), sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
+        spec=SpecConfig(method="exact", top_k=3, depth=3, total_tokens=10), num_tokens=24)
+    assert torch.equal(toks, ref) and st.mal > 1.0
