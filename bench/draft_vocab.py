@@ -94,6 +94,8 @@ def main():
     ap.add_argument("--nodes", type=int, default=10, help="nodes per expansion call (tree top_k)")
     ap.add_argument("--count-images", type=int, default=16)
     ap.add_argument("--eval-images", type=int, default=8)
+    ap.add_argument("--cost-only", action="store_true",
+                    help="re-measure the step cost only; keep the acceptance rows of an existing --json")
     a = ap.parse_args()
     torch.set_num_threads(1)
     from lisa_trt.io import write_json
@@ -102,7 +104,16 @@ def main():
     base = cost[0]["median_s"]
     for r in cost:
         r["relative_to_full"] = r["median_s"] / base
-    acc = demo_acceptance((1.0, 0.5, 0.25), a.count_images, a.eval_images)
+    if a.cost_only:
+        import json
+        from pathlib import Path
+
+        old = json.loads(Path(a.json).read_text()) if Path(a.json).is_file() else {}
+        acc = old.get("demo_acceptance_pruned_head", [])
+        a.count_images = old.get("settings", {}).get("count_images", a.count_images)
+        a.eval_images = old.get("settings", {}).get("eval_images", a.eval_images)
+    else:
+        acc = demo_acceptance((1.0, 0.5, 0.25), a.count_images, a.eval_images)
     rec = {"cost_gpt_b_16384": cost, "demo_acceptance_pruned_head": acc,
            "settings": {"nodes_per_call": a.nodes, "cfg_batch": 2, "reps": a.reps, "threads": 1,
                         "count_images": a.count_images, "eval_images": a.eval_images,
