@@ -82,7 +82,7 @@ def test_demo_oracle_ceiling_is_above_the_bundled_drafter():
     target = load_demo_target()
     drafter = load_drafter_by_name("demo-lisa", target)
     s = demo_sampling()
-    spec = SpecConfig(method="exact")
+    spec = SpecConfig(method="exact", top_k=3, depth=3, total_tokens=10)  # the CPU tree budget
     mo = md = 0.0
     for i, c in enumerate([0, 3, 5, 7]):
         cond = torch.tensor([c])
