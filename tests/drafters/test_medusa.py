@@ -99,3 +99,27 @@ def test_bundled_demo_medusa_lisa_loads_by_name_and_decodes():
         torch.tensor([2]), sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
         spec=SpecConfig(method="exact", top_k=3, depth=3, total_tokens=10), num_tokens=24)
     assert torch.equal(toks, ref) and st.mal > 1.0
+
+
+def test_medusa_with_an_ort_target_and_ort_heads(tmp_path):
+    """Every graph through ONNX Runtime: OrtTarget + OrtMedusaHeads give torch's tokens."""
+    pytest.importorskip("onnxruntime")
+    from lisa_trt.engines.ort import load_ort_engines
+    from lisa_trt.export.medusa_onnx import export_medusa_onnx, load_ort_medusa
+    from lisa_trt.export.onnx import export_bundle
+
+    t = make_target(std=0.3)
+    torch.manual_seed(1)
+    heads = MedusaHeads.from_target(t, n_heads=2).eval()
+    with torch.no_grad():
+        for blk in heads.blocks:
+            blk.linear.weight.normal_(std=0.05)
+    export_bundle(t, None, None, None, tmp_path / "e", max_tree=8, lint=False, progress=False)
+    export_medusa_onnx(heads, tmp_path / "e")
+    eng = load_ort_engines(tmp_path / "e", threads=1)
+    cond = torch.tensor([1])
+    s, spec = SamplingConfig(cfg_scale=2.0), SpecConfig(method="exact", top_k=2, depth=2, total_tokens=6)
+    a, sa = SpeculativeDecoder(*medusa_pair(eng.target, load_ort_medusa(tmp_path / "e", t))).generate(
+        cond, sampling=s, spec=spec, seed=5)
+    b, sb = SpeculativeDecoder(*medusa_pair(t, heads)).generate(cond, sampling=s, spec=spec, seed=5)
+    assert torch.equal(a, b) and sa.mal == pytest.approx(sb.mal)
