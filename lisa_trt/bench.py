@@ -23,7 +23,6 @@ from .speculative.decode import DecodeStats, SpecConfig, SpeculativeDecoder
 from .speculative.sjd import sjd_generate
 
 ALL_METHODS = ("vanilla", "greedy", "exact", "lantern", "gasv", "sjd", "oracle")
-NO_DRAFTER = ("vanilla", "sjd", "oracle")  # methods that need no trained drafter
 
 
 def parse_methods(text: str) -> list[str]:

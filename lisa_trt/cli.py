@@ -442,6 +442,12 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
     if arch == "medusa":
         from .train.medusa import train_medusa
 
+        if draft_vocab or eval_every:
+            from .errors import InputError
+
+            raise InputError("--draft-vocab and --eval-every apply to the EAGLE-3 drafter (--arch eagle3); "
+                             "Medusa heads keep the full vocabulary and evaluate once at the end")
+
         result = train_medusa(target, vqm.codebook().detach(), cfg, out_dir, n_heads=medusa_heads)
     else:
         def eval_fn(drafter, step):  # real decoding MAL on held-out prompts (exact verification)
