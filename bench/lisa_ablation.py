@@ -49,13 +49,21 @@ def main(argv=None):
     ap.add_argument("--tree-tokens", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--sweep", default="0.6:0.4,0.8:0.4,1.0:0.4,1.0:0.6,1.1:0.4,1.3:0.3,1.5:0.2")
+    ap.add_argument("--drafters", default="eagle3=demo-eagle3,lisa=demo-lisa",
+                    help="label=drafter (path or bundled name), comma-separated; e.g. the issue 11 ablation "
+                         "eagle3=runs/e3/drafter.safetensors,lisa=runs/lisa/...,lisa-no-kd=runs/nokd/...")
+    ap.add_argument("--methods", default="exact,lantern,gasv", help="verification rules per drafter")
+    ap.add_argument("--oracle", action="store_true", help="also the oracle drafter (exact): the MAL ceiling")
+    ap.add_argument("--no-sweep", action="store_true", help="skip the GASV kappa/lambda sweep")
     ap.add_argument("--json", required=True)
     ap.add_argument("--plot", default=None)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     target, vq, scorer = load_demo_target(), load_demo_vq(), load_demo_scorer()
     tables = load_tables_by_name("demo", target)
-    drafters = {"eagle3": load_drafter_by_name("demo-eagle3", target), "lisa": load_drafter_by_name("demo-lisa", target)}
+    pairs = [kv.split("=", 1) for kv in a.drafters.split(",") if kv.strip()]
+    drafters = {k.strip(): load_drafter_by_name(v.strip(), target) for k, v in pairs}
+    methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     sampling = demo_sampling()
     spec = SpecConfig.make(top_k=a.tree_top_k, depth=a.tree_depth, total_tokens=a.tree_tokens)
     ncls = target.config.num_classes
@@ -69,9 +77,10 @@ def main(argv=None):
         return float(acc), float(fd)
 
     runs = [("vanilla", "vanilla", None, spec)]
-    runs += [(f"{d}/{m}", m, d, spec) for d in ("eagle3", "lisa") for m in ("exact", "lantern", "gasv")]
-    runs += [("sjd", "sjd", None, spec)]
-    sweep = [tuple(float(x) for x in kv.split(":")) for kv in a.sweep.split(",") if kv]
+    runs += [(f"{d}/{m}", m, d, spec) for d in drafters for m in methods]
+    runs += [("sjd", "sjd", None, spec)] + ([("oracle", "oracle", None, spec)] if a.oracle else [])
+    sweep = [] if a.no_sweep or "lisa" not in drafters else [
+        tuple(float(x) for x in kv.split(":")) for kv in a.sweep.split(",") if kv]
     runs += [(f"lisa/gasv k{k} l{l}", "gasv", "lisa", dataclasses.replace(spec, gasv_kappa=k, gasv_lambda=l))
              for k, l in sweep]
     # warm-up
@@ -86,6 +95,10 @@ def main(argv=None):
         results[label] = r
         print(f"{label:24s} MAL {r['mal']:.3f}  {r['seconds_per_image']:.3f} s/img  TVD {r['mean_tvd']:.4f}  "
               f"acc {r['class_acc']:.3f}  FD {r['fd_demo']:.2f}", flush=True)
+    if "oracle" in results:  # drafter efficiency: MAL / oracle MAL (same prompts, seeds, tree)
+        for r in results.values():
+            if r.get("drafter"):
+                r["drafter_efficiency"] = r["mal"] / results["oracle"]["mal"]
     base = results["vanilla"]["seconds_per_image"]
     for r in results.values():
         r["speedup"] = base / r["seconds_per_image"]

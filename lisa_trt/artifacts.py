@@ -24,14 +24,17 @@ def _bundled(name: str, kind: str) -> Optional[Path]:
 
 
 def load_drafter_by_name(name: str, target):
-    """A drafter file path or a bundled name (demo-lisa, demo-eagle3), refused if made for
-    another target."""
+    """A drafter file path or a bundled name (demo-lisa, demo-eagle3, demo-medusa-lisa), refused
+    if made for another target. Medusa artifacts load as MedusaHeads (speculative/medusa.py)."""
     from .models.drafter import load_drafter
+    from .models.medusa import is_medusa_file, load_medusa
 
     path = _bundled(name, "drafters") or Path(name)
     if not path.is_file():
         raise InputError(f"drafter {name!r} not found; pass a .safetensors made by `lisa-trt train` "
                          f"or one of {', '.join(bundled_names('drafters'))}")
+    if is_medusa_file(path):
+        return load_medusa(path, target).eval()
     return load_drafter(path, target).eval()
 
 

@@ -102,7 +102,7 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
         quality: optional lisa_trt.quality.QualityReference (needs decode_fn): the full harness.
     Returns:
         {"settings": {...}, "results": {label: {method, knobs, mal, seconds_per_image, speedup,
-        mean_tvd, [quality keys], ...}}}
+        mean_tvd, drafter_efficiency (with "oracle" among the points), [quality keys], ...}}}
     """
     from .quality import evaluate, quality_neutral
 
@@ -161,6 +161,10 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
         v = results[baseline]
         for r in results.values():
             r["quality_neutral"] = None if r["underpowered"] else quality_neutral(r, v)
+    from .speculative.oracle import drafter_efficiency
+
+    for m, e in drafter_efficiency(results).items():
+        results[m]["drafter_efficiency"] = e  # MAL / oracle MAL (same tree budget and seeds)
     settings = {"num_images": cond_len(cls), "seed": seed, **({} if t2i else {"classes": cls.tolist()}),
                 "sampling": dataclasses.asdict(sampling), "spec": dataclasses.asdict(spec),
                 "sjd_window": sjd_window, "torch_threads": torch.get_num_threads(),

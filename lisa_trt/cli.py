@@ -126,7 +126,7 @@ def _method_choice(kind=None):
 
 
 def spec_options(fn):
-    fn = click.option("--drafter", default=None, help="Drafter .safetensors, or demo-lisa / demo-eagle3 (demo default: demo-lisa).")(fn)
+    fn = click.option("--drafter", default=None, help="Drafter .safetensors, or demo-lisa / demo-eagle3 / demo-medusa-lisa (demo default: demo-lisa).")(fn)
     fn = click.option("--verify", type=_method_choice(), default=None,
                       help="Decoding method (speculative/methods.py; default: vanilla AR loop).")(fn)
     fn = click.option("--tables", default=None, help="Calibration tables (lisa-trt calibrate); demo: bundled.")(fn)
@@ -506,6 +506,16 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 @click.option("--cfg-scale", type=float, default=None, help="Deployment CFG scale for self-distillation.")
 @click.option("--drafter-hidden", type=int, default=None)
 @click.option("--drafter-heads", type=int, default=None)
+@click.option("--loss-off", default="", help="LISA terms to switch off (ablation), comma-separated: "
+              "selection, soft_gate, veto, truncated_ce, kd.")
+@click.option("--eval-every", type=int, default=0, show_default=True,
+              help="Every N steps: held-out MAL proxy, top-1/top-3 agreement and real decoding MAL "
+                   "(--eval-images prompts) logged to metrics.jsonl; 0 = only at the end.")
+@click.option("--arch", type=click.Choice(["eagle3", "medusa"]), default="eagle3", show_default=True,
+              help="Drafter architecture: EAGLE-3 drafter, or Medusa heads on the target's last hidden state.")
+@click.option("--medusa-heads", type=int, default=4, show_default=True, help="Number of Medusa heads (--arch medusa).")
+@click.option("--draft-vocab", type=int, default=None,
+              help="Reduced draft vocabulary: the head predicts only the N most frequent training codes (EAGLE-3 d2t).")
 @click.option("--checkpoint-every", type=int, default=None)
 @click.option("--bf16", is_flag=True)
 @click.option("--eval-images", type=int, default=4, show_default=True,
@@ -516,7 +526,8 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 @_handle_errors
 def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, steps, batch_size, lr,
           ttt_steps, source, token_file, image_dir, captions, encoder_dir, num_samples, features, cfg_scale,
-          drafter_hidden, drafter_heads, checkpoint_every, bf16, eval_images, seed, captions_file):
+          drafter_hidden, drafter_heads, checkpoint_every, bf16, eval_images, seed, captions_file, loss_off, eval_every,
+          arch, medusa_heads, draft_vocab):
     """Distil a drafter (LISA locality-informed loss, or EAGLE-3/EAGLE-1 baselines).
 
     Resumes from OUT/checkpoints after an interruption. Multi-GPU: run under torchrun."""
@@ -579,35 +590,60 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
     elif _is_artifact_set(model):
         data_kw["cfg_scale"] = resolve_sampling(model).cfg_scale
     kw = dict(steps=steps, batch_size=batch_size, lr=lr, ttt_steps=ttt_steps, drafter_hidden=drafter_hidden,
-              drafter_heads=drafter_heads, checkpoint_every=checkpoint_every, seed=seed)
+              drafter_heads=drafter_heads, checkpoint_every=checkpoint_every, seed=seed, draft_vocab=draft_vocab,
+              eval_every=eval_every or None)
     cfg = TrainConfig(**{k: v for k, v in kw.items() if v is not None}, bf16=bf16, target_name=model,
-                      loss=LossConfig(kind=loss), data=DataConfig(**data_kw))
+                      loss=LossConfig(kind=loss, **_loss_switches(loss_off)), data=DataConfig(**data_kw))
+    from .train.evaluate import decode_eval
     from .train.messages import format_eval, resume_hint
 
     try:
-        result = train_drafter(target, vqm.codebook().detach(), cfg, out_dir)
+        if arch == "medusa":
+            from .train.medusa import train_medusa
+
+            if draft_vocab or eval_every:
+                from .errors import InputError
+
+                raise InputError("--draft-vocab and --eval-every apply to the EAGLE-3 drafter (--arch eagle3); "
+                                 "Medusa heads keep the full vocabulary and evaluate once at the end")
+            result = train_medusa(target, vqm.codebook().detach(), cfg, out_dir, n_heads=medusa_heads)
+        else:
+            def eval_fn(drafter, step):  # real decoding MAL on held-out prompts (exact verification)
+                return {"decode_mal": decode_eval(target, drafter, cfg, eval_images)["mal"]} if eval_images else {}
+
+            result = train_drafter(target, vqm.codebook().detach(), cfg, out_dir, eval_fn=eval_fn)
     except KeyboardInterrupt:
         click.echo("\n" + resume_hint(out_dir, cfg.steps), err=True)
         sys.exit(130)
-    click.echo(f"wrote {Path(out_dir) / 'drafter.safetensors'}")
+    click.echo(f"wrote {result.get('drafter', Path(out_dir) / 'drafter.safetensors')}")
     click.echo(format_eval(result.get("eval", {})))
     import os
 
     if eval_images and int(os.environ.get("RANK", "0")) == 0:  # one rank under torchrun
-        from .models.drafter import load_drafter
+        from .artifacts import load_drafter_by_name
 
-        from .train.evaluate import decode_eval
-
-        ev = decode_eval(target, load_drafter(result["drafter"], target), cfg, eval_images)
+        ev = decode_eval(target, load_drafter_by_name(str(result["drafter"]), target), cfg, eval_images)
         from .io import write_json
 
         write_json(Path(out_dir) / "eval_decode.json", ev)
         click.echo(f"held-out decoding ({eval_images} images, exact verification): MAL {ev['mal']:.3f}")
 
 
+def _loss_switches(text: str) -> dict:
+    """--loss-off "selection,kd" -> {"selection": False, "kd": False} (LossConfig switches)."""
+    from .errors import InputError
+
+    valid = ("selection", "soft_gate", "veto", "truncated_ce", "kd")
+    names = [n.strip() for n in (text or "").split(",") if n.strip()]
+    bad = [n for n in names if n not in valid]
+    if bad:
+        raise InputError(f"unknown LISA term(s) {bad} in --loss-off; valid: {', '.join(valid)}")
+    return {n: False for n in names}
+
+
 @main.command()
 @model_options
-@click.option("--drafter", default=None, help="Drafter path or demo-lisa / demo-eagle3.")
+@click.option("--drafter", default=None, help="Drafter path or demo-lisa / demo-eagle3 / demo-medusa-lisa.")
 @click.option("--tables", default=None, help="Calibration tables (demo: bundled).")
 @click.option("--methods", default="vanilla,exact,lantern,gasv,sjd", show_default=True)
 @click.option("--num-images", type=int, default=8, show_default=True)
@@ -714,7 +750,8 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
                  f"{1e3 * r['kid_vanilla_se']:.2f}e-3" if "kid_vanilla" in r else "")
                  + {True: " [neutral]", False: " [not neutral]", None: " [underpowered]"}[r["quality_neutral"]])
         click.echo(f"{m:8s} MAL {r['mal']:.2f}  {r['seconds_per_image']:.3f} s/img  speed-up {r['speedup']:.2f}x  "
-                   f"TVD {r['mean_tvd']:.4f}{q}")
+                   f"TVD {r['mean_tvd']:.4f}{q}" + (f"  efficiency {r['drafter_efficiency']:.2f}"
+                                                    if "drafter_efficiency" in r else ""))
     if model == "demo" and num_images < INDICATIVE_BELOW:
         click.echo(f"quality from {num_images} images is indicative only (FD-demo is biased upwards below "
                    f"{INDICATIVE_BELOW} images; bench/demo_quality.json uses 256)")
@@ -791,7 +828,7 @@ def _graph_bench_engines(backend, engine_dir, target, drafter, tables):
 
 @main.command("export")
 @model_options
-@click.option("--drafter", default=None, help="Drafter (.safetensors or demo-lisa / demo-eagle3; demo default demo-lisa).")
+@click.option("--drafter", default=None, help="Drafter (.safetensors or demo-lisa / demo-eagle3 / demo-medusa-lisa; demo default demo-lisa).")
 @click.option("--tables", default=None, help="Calibration tables (demo: bundled).")
 @click.option("--vq", "vq", default=None, help="VQ checkpoint for the decoder graph (demo: bundled).")
 @click.option("--vq-config", default="VQ-16", show_default=True)

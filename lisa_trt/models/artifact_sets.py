@@ -78,7 +78,8 @@ def bundled_names(kind: str) -> list:
 _DEMO = ASSETS / "demo"
 register_artifact_set(ArtifactSet(
     "demo", "lisa_trt.demo.registry",
-    drafters={"demo-lisa": _DEMO / "drafter_lisa.safetensors", "demo-eagle3": _DEMO / "drafter_eagle3.safetensors"},
+    drafters={"demo-lisa": _DEMO / "drafter_lisa.safetensors", "demo-eagle3": _DEMO / "drafter_eagle3.safetensors",
+              "demo-medusa-lisa": _DEMO / "medusa_lisa.safetensors"},
     tables={"demo": _DEMO / "tables.safetensors"}, default_drafter="demo-lisa", default_tables="demo", vq="demo"))
 
 __all__ = ["ArtifactSet", "artifact_set", "bundled_file", "bundled_names", "register_artifact_set"]

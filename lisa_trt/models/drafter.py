@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from ..config import TargetConfig, find_multiple
 from ..errors import ArtifactMismatchError, CheckpointError, ConfigError, InputError
 from .checkpoints import target_hash
+from .draft_vocab import check_d2t, to_full_vocab
 from .llamagen import KVCache, RMSNorm, apply_rotary_emb, precompute_freqs_cis_2d
 
 SCHEMA_VERSION = 1
@@ -76,8 +77,11 @@ class DrafterConfig:
     norm_eps: float = 1e-5
     target_name: str = ""
     target_hash: str = ""
+    draft_vocab: int = 0  # 0: the head predicts every code; N: only the d2t codes (draft_vocab.py)
 
     def __post_init__(self):
+        if not 0 <= self.draft_vocab <= self.vocab_size:
+            raise ConfigError(f"draft_vocab {self.draft_vocab} must lie in 0..{self.vocab_size} (0 = full vocabulary)")
         if self.hidden % self.n_head:
             raise ConfigError(f"drafter hidden {self.hidden} is not divisible by n_head {self.n_head}")
         if self.head_dim % 4:
@@ -93,6 +97,11 @@ class DrafterConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden // self.n_head
+
+    @property
+    def head_size(self) -> int:
+        """Rows of lm_head: the draft vocabulary size (the target's vocabulary when not reduced)."""
+        return self.draft_vocab or self.vocab_size
 
     @property
     def grid_size(self) -> int:
@@ -116,7 +125,7 @@ class DrafterConfig:
     @classmethod
     def for_target(cls, tcfg: TargetConfig, *, hidden: Optional[int] = None, n_head: Optional[int] = None,
                    ffn_hidden: Optional[int] = None, target_name: str = "",
-                   target_hash: str = "") -> "DrafterConfig":
+                   target_hash: str = "", draft_vocab: int = 0) -> "DrafterConfig":
         """Drafter shapes for a target: same width/heads/FFN as one target layer by default."""
         hidden = hidden or tcfg.dim
         if n_head is None:
@@ -126,7 +135,7 @@ class DrafterConfig:
         return cls(target_dim=tcfg.dim, hidden=hidden, n_head=n_head, ffn_hidden=ffn_hidden,
                    vocab_size=tcfg.vocab_size, tap_dim=3 * tcfg.dim, block_size=tcfg.block_size,
                    cls_token_num=tcfg.cls_token_num, rope_base=tcfg.rope_base, norm_eps=tcfg.norm_eps,
-                   target_name=target_name, target_hash=target_hash)
+                   target_name=target_name, target_hash=target_hash, draft_vocab=draft_vocab)
 
 
 # ----------------------------------------------------------------------------- cache
@@ -203,9 +212,12 @@ class Drafter(nn.Module):
         cfg: DrafterConfig.
         embedding: the target's token embedding weight (V, target_dim) or nn.Embedding. It is
             kept as a non-persistent buffer (frozen, never saved with the drafter).
+        d2t: with cfg.draft_vocab = N, the (N,) draft -> target id map (a persistent buffer,
+            saved with the drafter); default arange(N) until trained/loaded.
     """
 
-    def __init__(self, cfg: DrafterConfig, embedding: Union[nn.Embedding, torch.Tensor]):
+    def __init__(self, cfg: DrafterConfig, embedding: Union[nn.Embedding, torch.Tensor],
+                 d2t: Optional[torch.Tensor] = None):
         super().__init__()
         self.config = cfg
         weight = embedding.weight if isinstance(embedding, nn.Embedding) else embedding
@@ -215,10 +227,18 @@ class Drafter(nn.Module):
         self.fc = nn.Linear(cfg.tap_dim, cfg.hidden, bias=False)
         self.midlayer = DrafterLayer(cfg)
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.head_size, bias=False)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=0.02)
+        if cfg.draft_vocab:
+            d2t = torch.arange(cfg.draft_vocab) if d2t is None else check_d2t(d2t, cfg.vocab_size)
+            if d2t.numel() != cfg.draft_vocab:
+                raise ConfigError(f"d2t has {d2t.numel()} ids; the config says draft_vocab {cfg.draft_vocab}")
+            d2t = d2t.to(weight.device)
+        elif d2t is not None:
+            raise ConfigError("a d2t map needs DrafterConfig.draft_vocab = len(d2t)")
+        self.register_buffer("d2t", d2t, persistent=True)  # None (not saved) for a full head
         self.register_buffer("embed_weight", weight.detach(), persistent=False)
         freqs = precompute_freqs_cis_2d(cfg.grid_size, cfg.head_dim, cfg.rope_base, cfg.cls_token_num)
         self.register_buffer("freqs_cis", freqs.to(weight.device), persistent=False)
@@ -228,18 +248,21 @@ class Drafter(nn.Module):
     @classmethod
     def from_target(cls, target: nn.Module, *, hidden: Optional[int] = None, n_head: Optional[int] = None,
                     ffn_hidden: Optional[int] = None, target_name: str = "",
-                    init_head_from_target: bool = True) -> "Drafter":
+                    init_head_from_target: bool = True, d2t: Optional[torch.Tensor] = None) -> "Drafter":
         """A fresh drafter for `target` (config + hash from the target, embedding shared).
 
         With `init_head_from_target` and hidden == target dim, `norm`/`lm_head` start as copies
-        of the target's final norm and output head (a warm start; they are trained).
+        of the target's final norm and output head (a warm start; they are trained); with a
+        reduced vocabulary (`d2t`, see draft_vocab.py) the head copies the target rows d2t.
         """
+        n = 0 if d2t is None else int(torch.as_tensor(d2t).numel())
         cfg = DrafterConfig.for_target(target.config, hidden=hidden, n_head=n_head, ffn_hidden=ffn_hidden,
-                                       target_name=target_name, target_hash=target_hash(target))
-        d = cls(cfg, target.tok_embeddings).to(target.output.weight.device)
+                                       target_name=target_name, target_hash=target_hash(target), draft_vocab=n)
+        d = cls(cfg, target.tok_embeddings, d2t=d2t).to(target.output.weight.device)
         if init_head_from_target and cfg.hidden == cfg.target_dim:
             with torch.no_grad():
-                d.lm_head.weight.copy_(target.output.weight)
+                w = target.output.weight
+                d.lm_head.weight.copy_(w if d.d2t is None else w.index_select(0, d.d2t))
                 d.norm.weight.copy_(target.norm.weight)
         return d
 
@@ -277,7 +300,7 @@ class Drafter(nn.Module):
         y = attend(q, k, v)  # (B, H, S, D)
         h = hidden_in + layer.self_attn.o_proj(y.transpose(1, 2).reshape(B, S, -1))
         out = h + layer.mlp(layer.post_attention_layernorm(h))
-        logits = self.lm_head(self.norm(out)).float()
+        logits = to_full_vocab(self.lm_head(self.norm(out)).float(), self.d2t, self.config.vocab_size)
         return logits, out
 
     def forward(self, hidden_in: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
@@ -293,7 +316,8 @@ class Drafter(nn.Module):
             mask: (B, S, Lmax) bool, True = may attend (DrafterCache.attention_mask).
             cache: DrafterCache from `new_cache`.
         Returns:
-            logits (B, S, V) fp32 predicting the token after each entry's token;
+            logits (B, S, V) fp32 predicting the token after each entry's token (with a reduced
+                draft vocabulary, codes outside it get draft_vocab.OUT_OF_VOCAB_LOGIT);
             hidden_out (B, S, hidden) to feed the next step.
         """
         def attend(q, k, v):
@@ -387,7 +411,7 @@ def load_drafter(path, target: nn.Module, *, map_location=None, check_target: bo
                 f"drafter {path} was trained for target hash {cfg.target_hash}{name}, but the loaded "
                 f"target has hash {have}. A drafter only works with the exact target it was distilled "
                 "from: load that target, or train a drafter for this one with `lisa-trt train`.")
-    drafter = Drafter(cfg, target.tok_embeddings)
+    drafter = Drafter(cfg, target.tok_embeddings, d2t=tensors.get("d2t"))
     try:
         drafter.load_state_dict(tensors, strict=True)
     except RuntimeError as e:

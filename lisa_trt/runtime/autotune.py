@@ -205,3 +205,19 @@ def auto_method(generation: dict, backend: str, precision: str, requested: str =
     if c.method == "tree":
         return requested, c.tree, c.reason
     return c.method, None, c.reason
+
+
+def draft_cost_for_head(measured: Callable[[int], float], measured_cfg, cfg) -> Callable[[int], float]:
+    """A drafter call cost for `cfg` from one measured on a drafter of `measured_cfg`.
+
+    The drafter step scales with its FLOPs (models/draft_vocab.drafter_step_flops), whose head
+    term is hidden x head_size: a reduced draft vocabulary (`--draft-vocab N`) shrinks it, a
+    full 16,384-code head dominates it. The measured cost is rescaled per node count by the
+    FLOP ratio, so best_tree() sees the cheaper (or dearer) drafter.
+    """
+    from ..models.draft_vocab import config_step_flops
+
+    def cost(n: int) -> float:
+        return measured(n) * config_step_flops(cfg, n) / config_step_flops(measured_cfg, n)
+
+    return cost

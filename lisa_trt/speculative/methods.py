@@ -206,6 +206,8 @@ class Method:
     rule: Optional[Callable] = None
     greedy_sampling: bool = False
     options: tuple = ()
+    # (target) -> (target proxy, drafter): a method that brings its own drafter (the oracle)
+    drafter_factory: Optional[Callable] = None
 
     def __post_init__(self):
         if self.kind not in ("tree", "ar", "sjd"):
@@ -270,6 +272,17 @@ register_method(Method("gasv", "tree", "LISA: GASV gated soft verification", nee
                                 MethodOption("--scope", "gasv_scope", str,
                                              "GASV candidate scope: neighbours | cluster | support (ablation)."))))
 register_method(Method("sjd", "sjd", "speculative Jacobi decoding (no drafter)"))
+
+
+def _oracle_pair(target):
+    from .oracle import oracle_pair
+
+    return oracle_pair(target)
+
+
+register_method(Method("oracle", "tree", "exact verification of the target's own top-k at every tree node: "
+                       "the best MAL any drafter can reach on the tree (a ceiling; its timings mean nothing)",
+                       rule=exact_rule, drafter_factory=_oracle_pair))
 
 __all__ = ["FLAT_FIELDS", "GASVRuleConfig", "LanternConfig", "METHODS", "Method", "MethodOption", "RuleContext",
            "SpecConfig", "TreeConfig", "cli_options", "exact_rule", "gasv_rule", "get_method", "lantern_rule",

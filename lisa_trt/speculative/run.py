@@ -50,8 +50,14 @@ def run_method(method: str, target, drafter, tables, cond, *, sampling: Sampling
         if seeds is not None:
             raise InputError("the SJD loop has no per-row generators; decode its rows one by one")
         return sjd_generate(target, cond, sampling=sampling, window=sjd_window, seed=seed)
-    if drafter is None:
+    if m.drafter_factory is not None:  # the method brings its own drafter (the oracle)
+        target, drafter = m.drafter_factory(target)
+    elif drafter is None:
         raise InputError(f"method {method!r} needs a drafter (--drafter)")
+    else:
+        from .medusa import speculative_engines
+
+        target, drafter = speculative_engines(target, drafter)  # Medusa heads run as a (proxy, drafter) pair
     spec = dataclasses.replace(spec, method=method)
     return SpeculativeDecoder(target, drafter, tables, gasv=gasv).generate(cond, sampling=sampling, spec=spec,
                                                                            seed=None if seeds is not None else seed,

@@ -27,7 +27,10 @@ def decode_eval(target, drafter, cfg, n: int) -> dict:
     from .captions import eval_conds
 
     cond = eval_conds(target, d, n)  # class ids 0..n-1 cycled (c2i) or held-out captions (t2i)
-    _, st = SpeculativeDecoder(target, drafter.eval()).generate(cond, sampling=s, spec=spec, seed=1_000_003 + cfg.seed)
+    from ..speculative.medusa import speculative_engines
+
+    _, st = SpeculativeDecoder(*speculative_engines(target, drafter.eval())).generate(
+        cond, sampling=s, spec=spec, seed=1_000_003 + cfg.seed)
     return {"mal": st.mal, "images": n, "sampling": dataclasses.asdict(s), "spec": dataclasses.asdict(spec),
             "target_forwards": st.target_forwards}
 

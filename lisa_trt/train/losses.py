@@ -296,10 +296,14 @@ def step_loss(t_logits: torch.Tensor, s_logits: torch.Tensor, cfg: LossConfig, *
 def agreement_stats(t_logits: torch.Tensor, s_logits: torch.Tensor) -> dict:
     """Per-position acceptance proxies: top1 agreement and 1 - TVD (lossless accept prob).
 
-    Returns dict of (M,) tensors: top1 (float 0/1), accept (sum_v min(p_t, p_s)).
+    Returns dict of (M,) tensors: top1 (float 0/1), top3 (target argmax among the draft's top 3),
+    accept (sum_v min(p_t, p_s)).
     """
     pt, ps = t_logits.float().softmax(-1), s_logits.float().softmax(-1)
-    return {"top1": (t_logits.argmax(-1) == s_logits.argmax(-1)).float(),
+    t1 = t_logits.argmax(-1)
+    k = min(3, s_logits.shape[-1])
+    return {"top1": (t1 == s_logits.argmax(-1)).float(),
+            "top3": (s_logits.topk(k, -1).indices == t1[..., None]).any(-1).float(),
             "accept": torch.minimum(pt, ps).sum(-1)}
 
 

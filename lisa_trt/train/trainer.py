@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from ..errors import ArtifactMismatchError, CheckpointError, ConfigError
 from ..io import atomic_write, write_json
+from ..models.draft_vocab import build_d2t, in_vocab_mass, restrict
 from ..models.drafter import Drafter, save_drafter
 from .data import Batch, DataConfig, FeatureCache, OnlineFeatures, batch_indices, build_dataset, epoch_permutation
 from .losses import LossConfig, agreement_stats, combine_ttt, estimate_radius, locality_score, mal_proxy, step_loss
@@ -60,10 +61,12 @@ class TrainConfig:
     keep_checkpoints: int = 2
     log_every: int = 10
     eval_depth: int = 0  # chain depth of the MAL proxy (0: ttt_steps)
+    eval_every: int = 0  # > 0: held-out eval (MAL proxy, top-1/top-3, + eval_fn) every N steps -> metrics.jsonl
     drafter_hidden: Optional[int] = None  # None: the target's dim
     drafter_heads: Optional[int] = None
     drafter_ffn: Optional[int] = None
     init_head_from_target: bool = True
+    draft_vocab: int = 0  # 0: full head; N: the N most frequent training codes (models/draft_vocab.py)
     target_name: str = ""
     loss: LossConfig = field(default_factory=LossConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -137,15 +140,26 @@ class _Unroll(nn.Module):
 
 
 def ttt_loss(outs: list, batch: Batch, cfg: LossConfig, *, codebook=None, radius=None, step: int = 0,
-             total_steps: int = 1) -> tuple[torch.Tensor, dict]:
-    """sum_s decay^s * loss_s over the valid entries of each unroll step, plus per-step stats."""
+             total_steps: int = 1, d2t=None) -> tuple[torch.Tensor, dict]:
+    """sum_s decay^s * loss_s over the valid entries of each unroll step, plus per-step stats.
+
+    With a reduced draft vocabulary (`d2t`) the losses run on the draft vocabulary (target
+    renormalised over it, codebook rows d2t); top-1 agreement stays over the full vocabulary.
+    """
     V = batch.logits.shape[-1]
+    if d2t is not None:
+        codebook = None if codebook is None else codebook.index_select(0, d2t.to(codebook.device))
     losses, stats = [], {"loss_s": [], "top1_s": [], "in_nbhd_s": []}
     extra = {}
     for s, (logits, hidden) in enumerate(outs):
         n = logits.shape[1] - s
         s_l = logits[:, :n].reshape(-1, V)
         t_l = batch.logits[:, s + 1:].reshape(-1, V)
+        t_full, s_full = t_l, s_l
+        if d2t is not None:
+            t_l, s_l, _ = restrict(t_l, s_l, d2t)
+            if s == 0:
+                stats["in_vocab_mass_0"] = float(in_vocab_mass(t_full, d2t).mean())
         kw = {}
         if cfg.kind == "eagle1":
             kw = dict(pred_hidden=hidden[:, :n].reshape(-1, hidden.shape[-1]),
@@ -154,7 +168,7 @@ def ttt_loss(outs: list, batch: Batch, cfg: LossConfig, *, codebook=None, radius
                              total_steps=total_steps, **kw)
         losses.append(loss)
         stats["loss_s"].append(float(loss.detach()))
-        stats["top1_s"].append(float(agreement_stats(t_l, s_l.detach())["top1"].mean()))
+        stats["top1_s"].append(float(agreement_stats(t_full, s_full.detach())["top1"].mean()))
         if "in_nbhd" in st:
             stats["in_nbhd_s"].append(float(st["in_nbhd"]))
         elif codebook is not None and radius is not None:
@@ -280,6 +294,7 @@ def evaluate_mal_proxy(drafter: Drafter, features, n_rows: int, depth: int, batc
     was_training = drafter.training
     drafter.eval()
     acc, top1, per_acc, per_top = [], [], [[] for _ in range(depth)], [[] for _ in range(depth)]
+    per_top3 = [[] for _ in range(depth)]
     for lo in range(0, n_rows, batch_size):
         b = features.batch(torch.arange(lo, min(lo + batch_size, n_rows)))
         outs = ttt_unroll(drafter, b.taps, b.tokens, depth)
@@ -290,6 +305,7 @@ def evaluate_mal_proxy(drafter: Drafter, features, n_rows: int, depth: int, batc
             st = agreement_stats(b.logits[:, s + 1:], logits[:, : N - 1 - s])
             per_acc[s].append(st["accept"].flatten())
             per_top[s].append(st["top1"].flatten())
+            per_top3[s].append(st["top3"].flatten())
             a_s.append(st["accept"][:, :n_chain].flatten())
             t_s.append(st["top1"][:, :n_chain].flatten())
         acc.append(mal_proxy(torch.stack(a_s)))
@@ -299,6 +315,7 @@ def evaluate_mal_proxy(drafter: Drafter, features, n_rows: int, depth: int, batc
     return {"mal_proxy": float(torch.cat(acc).mean()), "mal_top1": float(torch.cat(top1).mean()),
             "accept_s": [float(torch.cat(per_acc[s]).mean()) for s in steps],
             "top1_s": [float(torch.cat(per_top[s]).mean()) for s in steps],
+            "top3_s": [float(torch.cat(per_top3[s]).mean()) for s in steps],
             "depth": len(steps), "sequences": n_rows}
 
 
@@ -317,10 +334,28 @@ def _truncate_metrics(path: Path, step: int) -> None:
         tmp.write_text("".join(ln + "\n" for ln in keep))
 
 
-def _make_drafter(target, cfg: TrainConfig) -> Drafter:
+def _periodic_eval(drafter, target, eval_set, cfg: TrainConfig, batch_size: int, step: int, metrics_path: Path,
+                   eval_fn=None) -> None:
+    """One "eval" record in metrics.jsonl: held-out MAL proxy, top-1/top-3 per step, eval_fn's."""
+    ev = evaluate_mal_proxy(drafter, OnlineFeatures(target, eval_set), len(eval_set),
+                            cfg.eval_depth or cfg.ttt_steps, batch_size=batch_size)
+    if eval_fn is not None:
+        was = drafter.training
+        ev.update(eval_fn(drafter.eval(), step))
+        drafter.train(was)
+    with open(metrics_path, "a") as f:
+        f.write(json.dumps({"step": step, "eval": ev}) + "\n")
+
+
+def _make_drafter(target, cfg: TrainConfig, train_tokens: Optional[torch.Tensor] = None) -> Drafter:
+    d2t = None
+    if cfg.draft_vocab:
+        if train_tokens is None:
+            raise ConfigError("a reduced draft vocabulary is counted on the training tokens; none were given")
+        d2t = build_d2t(train_tokens, target.config.vocab_size, cfg.draft_vocab)
     return Drafter.from_target(target, hidden=cfg.drafter_hidden, n_head=cfg.drafter_heads,
                                ffn_hidden=cfg.drafter_ffn, target_name=cfg.target_name,
-                               init_head_from_target=cfg.init_head_from_target)
+                               init_head_from_target=cfg.init_head_from_target, d2t=d2t)
 
 
 def _estimate_radius(features, n: int, cfg: TrainConfig, codebook) -> float:
@@ -333,13 +368,15 @@ def _estimate_radius(features, n: int, cfg: TrainConfig, codebook) -> float:
 
 
 def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConfig, out_dir,
-                  progress: bool = True) -> dict:
+                  progress: bool = True, eval_fn=None) -> dict:
     """Distil an EAGLE-3 drafter from `target` (resumes from out_dir/checkpoints if present).
 
     Args:
         target: lisa_trt Transformer (frozen; under DDP place it on cuda:LOCAL_RANK first).
         codebook: (V, d) VQ codebook (L2-normalised here); required by the LISA selection,
             optional otherwise (then no in-neighbourhood metric).
+        eval_fn: optional (drafter, step) -> dict, called with train_cfg.eval_every (e.g. real
+            decoding MAL on held-out prompts); its result is logged with the held-out proxies.
         train_cfg: TrainConfig.
         out_dir: run directory: drafter.safetensors (+ .json), metrics.jsonl, eval.json,
             train_config.json, checkpoints/, data/, features/.
@@ -377,7 +414,7 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
     else:
         features = OnlineFeatures(target, train_set)
 
-    drafter = _make_drafter(target, cfg).train()
+    drafter = _make_drafter(target, cfg, train_set.tokens).train()
     if cfg.loss.kind == "eagle1" and drafter.config.hidden != target.config.dim:
         raise ConfigError("the eagle1 loss regresses the target's hidden state: drafter_hidden must equal "
                           f"the target dim {target.config.dim}")
@@ -429,7 +466,7 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
             batch = features.batch(rows)
             outs = model(batch.taps, batch.tokens)
             loss, stats = ttt_loss(outs, batch, cfg.loss, codebook=codebook, radius=radius, step=step,
-                                   total_steps=cfg.steps)
+                                   total_steps=cfg.steps, d2t=drafter.d2t)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
@@ -446,6 +483,8 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
                 steps.set_postfix(loss=f"{rec['loss']:.4f}", top1=f"{stats['top1_s'][0]:.3f}")
         if main and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
             save_checkpoint(out_dir, done, drafter, opt, sched, cfg, radius, len(train_set), cfg.keep_checkpoints)
+        if main and cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.steps):
+            _periodic_eval(drafter, target, eval_set, cfg, per_rank, done, metrics_path, eval_fn)
         dist.barrier()
         _after_step(done)
 

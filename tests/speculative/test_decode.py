@@ -126,7 +126,6 @@ def _gasv_tables(m, **cfg):
 def test_gasv_lossless_limit_is_token_identical_to_exact(greedy):
     """kappa 0 & lambda 1, or delta 0: the same tokens as the exact rule with the same seed (CFG,
     batch 3, several siblings per node); greedy mode == greedy decoding."""
-
     m = make_target(std=0.3)
     cond = make_cond(m, batch=3)
     d = Drafter.from_target(m).eval()

@@ -1,0 +1,112 @@
+"""The oracle drafter: the target's own distribution at every tree node (teacher forcing on the tree).
+
+No trained drafter can propose better candidates than the target itself: at every node of the
+draft tree the oracle returns the TARGET's logits given the committed prefix and the node's
+ancestors, so the EAGLE-2 tree it grows holds the target's own top-k at each node. For a given
+tree budget (top_k, depth, total_tokens) and verification rule its mean accepted length (MAL)
+is the ceiling a drafter can reach; `lisa-trt bench --methods oracle` reports it and every
+drafter's MAL as a fraction of it ("drafter efficiency").
+
+It implements the DrafterEngine protocol of engines/base.py over any TargetEngine (torch,
+ONNX Runtime, TensorRT): its "drafter cache" is a second target KV cache with the condition
+prefix written in. The protocol does not pass the condition to the drafter, so the oracle is
+used as a pair (`oracle_pair`): a thin target proxy records the condition of the last prefill
+and the oracle prefills its own cache with it in `new_cache`. Timings of an oracle run are not
+meaningful (each drafting level is a full target forward); only its MAL is.
+
+Positions and slots match exactly: the decode loop gives the drafter entry of committed token
+z_j position = slot = cls + j, the target's own position and slot of z_j, and tree nodes at
+depth d below a root at position P get position P + d, as in verification.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..errors import InputError
+
+
+class RecordingTarget:
+    """A TargetEngine proxy that remembers the condition of its last `prefill` (everything else
+    is delegated unchanged to the wrapped engine)."""
+
+    def __init__(self, target):
+        self.inner = target  # the wrapped TargetEngine
+        self.last_cond = None
+
+    def __getattr__(self, name):  # only called for attributes not found on the proxy
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @property
+    def config(self):
+        return self.inner.config
+
+    def prefill(self, cond, cache, taps: bool = False):
+        self.last_cond = cond
+        return self.inner.prefill(cond, cache, taps=taps)
+
+
+class OracleDrafter:
+    """DrafterEngine whose logits at every node are the target's (see the module docstring).
+
+    Args:
+        target: the RecordingTarget the decode loop runs (its last prefill condition is the
+            prefix of the oracle's cache).
+    """
+
+    def __init__(self, target: RecordingTarget):
+        if not isinstance(target, RecordingTarget):
+            raise InputError("OracleDrafter needs the RecordingTarget the decode loop uses; "
+                             "build both with lisa_trt.speculative.oracle.oracle_pair(target)")
+        self.target = target
+        self.config = target.config
+
+    def new_cache(self, batch: int, max_len: int, dtype=None):
+        """A target KV cache of >= max_len slots with the condition prefix already written."""
+        cond = self.target.last_cond
+        if cond is None:
+            raise InputError("the oracle drafter's cache is made after the target's prefill; "
+                             "call target.prefill (the decode loop does) before drafter.new_cache")
+        extra = max(0, int(max_len) - self.config.seq_len)
+        cache = self.target.inner.new_cache(batch, extra=extra)
+        if cache.max_len < max_len:
+            raise InputError(f"the oracle needs a cache of {max_len} slots, the target gives {cache.max_len}")
+        self.target.inner.prefill(cond, cache)
+        return cache
+
+    def project_taps(self, taps: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """The oracle reads no target features (it recomputes them); taps pass through."""
+        return taps
+
+    def forward(self, hidden_in, tokens, positions, slots, mask, cache):
+        """(raw target logits (B, S, V), target hidden (B, S, H)) for tokens at positions/slots."""
+        out = self.target.inner.forward_tokens(tokens, positions, slots, mask, cache, taps=False)
+        hidden = out.hidden if getattr(out, "hidden", None) is not None else out.logits[..., :1]
+        return out.logits, hidden
+
+
+def oracle_pair(target):
+    """(target proxy, oracle drafter) to pass to SpeculativeDecoder in place of (target, drafter)."""
+    proxy = target if isinstance(target, RecordingTarget) else RecordingTarget(target)
+    return proxy, OracleDrafter(proxy)
+
+
+def drafter_efficiency(results: dict, oracle_key: str = "oracle") -> dict:
+    """MAL of every drafter method as a fraction of the oracle's (same tree budget, same run).
+
+    `results` maps method -> {"mal": ...}; methods without a drafter (vanilla, sjd) and the
+    oracle itself are skipped. Exact-family methods (greedy, exact) are compared with the exact
+    oracle; relaxed ones (lantern, gasv) too, so their figure can exceed 1 (they accept more than
+    any drafter can under exact verification).
+    """
+    if oracle_key not in results:
+        return {}
+    ref = float(results[oracle_key]["mal"])
+    if ref <= 0:
+        raise InputError(f"oracle MAL {ref} is not positive")
+    skip = {oracle_key, "vanilla", "sjd"}
+    return {m: float(r["mal"]) / ref for m, r in results.items() if m not in skip}

@@ -1,0 +1,127 @@
+"""Medusa heads: model, the decode loop adapter, training (plain and LISA), ONNX export + ORT."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lisa_trt import generate
+from lisa_trt.config import SamplingConfig
+from lisa_trt.errors import ArtifactMismatchError, ConfigError
+from lisa_trt.models.medusa import MedusaHeads, load_medusa, save_medusa
+from lisa_trt.speculative.decode import SpecConfig, SpeculativeDecoder
+from lisa_trt.speculative.medusa import medusa_pair
+from lisa_trt.testing import make_target
+
+torch.set_num_threads(1)
+
+
+def test_fresh_heads_equal_the_target_head_and_depth_selects_the_head():
+    t = make_target(std=0.3)
+    m = MedusaHeads.from_target(t, n_heads=3)
+    h = torch.randn(2, 5, t.config.dim)
+    out = m(h)
+    assert out.shape == (2, 5, 3, t.config.vocab_size)
+    assert torch.allclose(out[:, :, 0], t.output(h).float(), atol=1e-5)
+    with torch.no_grad():
+        m.heads[1].weight.mul_(2.0)
+    depth = torch.tensor([[0, 1, 2, 3, 1]] * 2)
+    lo = m.head_logits(h, depth)
+    assert torch.allclose(lo[:, 1], m(h)[:, 1, 1]) and torch.allclose(lo[:, 0], m(h)[:, 0, 0])
+    assert (lo[:, 3] == 0).all()  # past the last head: flat
+
+
+@pytest.mark.parametrize("cfg_scale", [1.0, 2.0])
+def test_greedy_medusa_speculation_is_token_identical(cfg_scale):
+    t = make_target(std=0.3)
+    cond = torch.tensor([1, 5])
+    ref = generate(t, cond, cfg_scale=cfg_scale, greedy=True)
+    proxy, dr = medusa_pair(t, MedusaHeads.from_target(t, n_heads=3).eval())
+    toks, st = SpeculativeDecoder(proxy, dr).generate(cond, sampling=SamplingConfig(cfg_scale=cfg_scale, greedy=True),
+                                                      spec=SpecConfig(method="exact", top_k=2, depth=2, total_tokens=6))
+    assert torch.equal(toks, ref)
+    assert st.mal >= 1.0
+
+
+@pytest.mark.parametrize("loss", ["eagle3", "lisa"])
+def test_train_save_load_export_and_run_with_ort(tmp_path, loss):
+    from lisa_trt.train import DataConfig, LossConfig, TrainConfig
+    from lisa_trt.train.medusa import train_medusa
+
+    t = make_target(seed=0)
+    codebook = F.normalize(torch.randn(256, 8, generator=torch.Generator().manual_seed(7)), dim=-1)
+    cfg = TrainConfig(steps=3, batch_size=4, warmup_steps=1, log_every=1, loss=LossConfig(kind=loss),
+                      data=DataConfig(num_samples=8, eval_samples=2, gen_batch=8, cfg_scale=2.0))
+    res = train_medusa(t, codebook, cfg, tmp_path, n_heads=2, progress=False)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2, 3] and all(len(r["top1_h"]) == 2 for r in lines)
+    assert len(res["eval"]["accept_h"]) == 2
+    heads = load_medusa(res["drafter"], t)
+    if loss == "lisa":
+        return
+    pytest.importorskip("onnxruntime")
+    from lisa_trt.export.medusa_onnx import export_medusa_onnx, load_ort_medusa
+
+    export_medusa_onnx(heads, tmp_path / "onnx")
+    ort_heads = load_ort_medusa(tmp_path / "onnx", t)
+    h, d = torch.randn(2, 4, t.config.dim), torch.tensor([[0, 1, 2, 0], [1, 1, 0, 3]])
+    assert torch.allclose(ort_heads.head_logits(h, d), heads.head_logits(h, d), atol=1e-4)
+    cond = torch.tensor([3])
+    s, spec = SamplingConfig(cfg_scale=2.0), SpecConfig(method="exact", top_k=2, depth=2, total_tokens=6)
+    a, sa = SpeculativeDecoder(*medusa_pair(t, ort_heads)).generate(cond, sampling=s, spec=spec, seed=4)
+    b, sb = SpeculativeDecoder(*medusa_pair(t, heads)).generate(cond, sampling=s, spec=spec, seed=4)
+    assert torch.equal(a, b) and sa.mal == sb.mal
+
+
+def test_artifact_checks(tmp_path):
+    t = make_target(seed=0)
+    m = MedusaHeads.from_target(t, n_heads=2)
+    save_medusa(m, tmp_path / "m.safetensors")
+    with pytest.raises(ArtifactMismatchError):
+        load_medusa(tmp_path / "m.safetensors", make_target(seed=1))
+    with pytest.raises(ConfigError):
+        MedusaHeads.from_target(t, n_heads=0)
+
+
+def test_bundled_demo_medusa_lisa_loads_by_name_and_decodes():
+    from lisa_trt.artifacts import load_drafter_by_name
+    from lisa_trt.models.artifact_sets import bundled_file
+    from lisa_trt.demo.registry import assets_present, demo_sampling, load_demo_target
+    from lisa_trt.speculative.medusa import speculative_engines
+
+    if not (assets_present() and bundled_file("demo-medusa-lisa", "drafters") is not None
+            and bundled_file("demo-medusa-lisa", "drafters").is_file()):
+        pytest.skip("demo assets not present")
+    target = load_demo_target()
+    heads = load_drafter_by_name("demo-medusa-lisa", target)
+    assert isinstance(heads, MedusaHeads) and heads.config.n_heads == 4
+    ref = generate(target, torch.tensor([2]), cfg_scale=2.0, greedy=True)[:, :24]
+    toks, st = SpeculativeDecoder(*speculative_engines(target, heads)).generate(
+        torch.tensor([2]), sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
+        spec=SpecConfig(method="exact", top_k=3, depth=3, total_tokens=10), num_tokens=24)
+    assert torch.equal(toks, ref) and st.mal > 1.0
+
+
+def test_medusa_with_an_ort_target_and_ort_heads(tmp_path):
+    """Every graph through ONNX Runtime: OrtTarget + OrtMedusaHeads give torch's tokens."""
+    pytest.importorskip("onnxruntime")
+    from lisa_trt.engines.ort import load_ort_engines
+    from lisa_trt.export.medusa_onnx import export_medusa_onnx, load_ort_medusa
+    from lisa_trt.export.onnx import export_bundle
+
+    t = make_target(std=0.3)
+    torch.manual_seed(1)
+    heads = MedusaHeads.from_target(t, n_heads=2).eval()
+    with torch.no_grad():
+        for blk in heads.blocks:
+            blk.linear.weight.normal_(std=0.05)
+    export_bundle(t, None, None, None, tmp_path / "e", max_tree=8, lint=False, progress=False)
+    export_medusa_onnx(heads, tmp_path / "e")
+    eng = load_ort_engines(tmp_path / "e", threads=1)
+    cond = torch.tensor([1])
+    s, spec = SamplingConfig(cfg_scale=2.0), SpecConfig(method="exact", top_k=2, depth=2, total_tokens=6)
+    a, sa = SpeculativeDecoder(*medusa_pair(eng.target, load_ort_medusa(tmp_path / "e", t))).generate(
+        cond, sampling=s, spec=spec, seed=5)
+    b, sb = SpeculativeDecoder(*medusa_pair(t, heads)).generate(cond, sampling=s, spec=spec, seed=5)
+    assert torch.equal(a, b) and sa.mal == pytest.approx(sb.mal)
