@@ -70,7 +70,7 @@ def demo_acceptance(fracs, n_count: int, n_eval: int) -> list:
     count_cond = torch.arange(n_count) % ncls
     counted = generate(target, count_cond, seed=12345, cfg_scale=s.cfg_scale, temperature=s.temperature,
                        top_k=s.top_k, top_p=s.top_p)
-    spec = SpecConfig(method="exact", top_k=3, depth=3, total_tokens=10)
+    spec = SpecConfig.make("exact", top_k=3, depth=3, total_tokens=10)
     rows = []
     for f in fracs:
         n = int(V * f)

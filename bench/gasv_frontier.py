@@ -30,7 +30,7 @@ from lisa_trt.demo.registry import demo_sampling, load_demo_scorer, load_demo_ta
 from lisa_trt.io import write_json
 from lisa_trt.quality import QualityReference, evaluate, quality_neutral
 from lisa_trt.speculative.autoregressive import generate
-from lisa_trt.speculative.decode import SpecConfig, SpeculativeDecoder
+from lisa_trt.speculative.decode import SpecConfig, SpeculativeDecoder  # noqa: F401
 
 POINTS = [  # (label, method, SpecConfig overrides); the most informative first
     ("vanilla", "vanilla", {}),
@@ -68,7 +68,7 @@ def main(argv=None):
     drafter = load_drafter_by_name(a.drafter, target)
     sampling = demo_sampling()
     k, d, n = (int(x) for x in a.tree.split(","))
-    base = SpecConfig(top_k=k, depth=d, total_tokens=n)
+    base = SpecConfig.make(top_k=k, depth=d, total_tokens=n)
     points = [p for p in POINTS if a.points is None or p[0] in a.points.split("|")]
     if not points or points[0][0] != "vanilla":
         raise SystemExit("--points must start with vanilla and name points of POINTS")
@@ -100,7 +100,7 @@ def main(argv=None):
                 if method == "vanilla":
                     toks = generate(target, cond, seed=seed, **dataclasses.asdict(sampling))
                 else:
-                    spec = dataclasses.replace(base, method=method, **over)
+                    spec = base.replace(method=method, **over)
                     toks, st = dec.generate(cond, sampling=sampling, spec=spec, seed=seed)
                     st_acc["committed"] += [c.float().cpu() for c in st.committed]
                     st_acc["tvd"] += [t.float().cpu() for t in st.tvd]

@@ -966,7 +966,7 @@ def demo(out_dir, num_images, backend, verify, seed):
 
     check_positive(num_images, "--num-images")
     probe_writable_dir(out_dir, "--out directory")
-    summary = run_demo(Path(out_dir), num_images=num_images, backend=backend, verify=verify, seed=seed,
+    run_demo(Path(out_dir), num_images=num_images, backend=backend, verify=verify, seed=seed,
                        echo=click.echo)
     click.echo(f"details: {Path(out_dir) / 'summary.json'}")
 

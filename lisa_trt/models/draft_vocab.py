@@ -120,13 +120,11 @@ def prune_head(drafter, d2t: torch.Tensor):
     """
     import dataclasses
 
-    from .drafter import Drafter
-
     cfg = drafter.config
     if cfg.draft_vocab:
         raise ConfigError("prune_head needs a full-vocabulary drafter")
     d2t = check_d2t(d2t, cfg.vocab_size)
-    small = Drafter(dataclasses.replace(cfg, draft_vocab=int(d2t.numel())), drafter.embed_weight, d2t=d2t)
+    small = type(drafter)(dataclasses.replace(cfg, draft_vocab=int(d2t.numel())), drafter.embed_weight, d2t=d2t)
     state = dict(drafter.state_dict())
     state["lm_head.weight"] = state["lm_head.weight"].index_select(0, d2t.to(state["lm_head.weight"].device))
     state["d2t"] = d2t

@@ -102,9 +102,8 @@ def medusa_pair(target, heads):
 def speculative_engines(target, drafter):
     """(target, drafter) for SpeculativeDecoder: Medusa heads are wrapped by medusa_pair, any
     other drafter passes through unchanged."""
-    from ..export.medusa_onnx import OrtMedusaHeads
     from ..models.medusa import MedusaHeads
 
-    if isinstance(drafter, (MedusaHeads, OrtMedusaHeads)):
+    if isinstance(drafter, MedusaHeads) or getattr(drafter, "is_medusa", False):  # torch or ORT heads
         return medusa_pair(target, drafter)
     return target, drafter

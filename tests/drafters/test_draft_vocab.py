@@ -69,7 +69,7 @@ def test_reduced_head_proposes_only_draft_codes_and_round_trips(tmp_path):
         return lo, h
 
     back.forward = spy
-    dec.generate(cond, sampling=SamplingConfig(cfg_scale=2.0), spec=SpecConfig(method="exact", top_k=3, depth=2,
+    dec.generate(cond, sampling=SamplingConfig(cfg_scale=2.0), spec=SpecConfig.make("exact", top_k=3, depth=2,
                                                                                 total_tokens=8), seed=0)
     proposed = torch.cat(seen).unique()
     assert torch.isin(proposed, d2t).all()
@@ -116,7 +116,7 @@ def test_export_and_ort_keep_the_interface(tmp_path):
     export_bundle(target, drafter, None, None, tmp_path / "e", max_tree=8, lint=False, progress=False)
     eng = load_ort_engines(tmp_path / "e", threads=1)
     cond = torch.tensor([1])
-    s, spec = SamplingConfig(cfg_scale=2.0, greedy=True), SpecConfig(method="exact", top_k=2, depth=2, total_tokens=6)
+    s, spec = SamplingConfig(cfg_scale=2.0, greedy=True), SpecConfig.make("exact", top_k=2, depth=2, total_tokens=6)
     a, sa = SpeculativeDecoder(eng.target, eng.drafter).generate(cond, sampling=s, spec=spec)
     b, sb = SpeculativeDecoder(target, drafter).generate(cond, sampling=s, spec=spec)
     assert torch.equal(a, b) and sa.mal == pytest.approx(sb.mal)

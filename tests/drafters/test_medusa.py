@@ -39,7 +39,7 @@ def test_greedy_medusa_speculation_is_token_identical(cfg_scale):
     ref = generate(t, cond, cfg_scale=cfg_scale, greedy=True)
     proxy, dr = medusa_pair(t, MedusaHeads.from_target(t, n_heads=3).eval())
     toks, st = SpeculativeDecoder(proxy, dr).generate(cond, sampling=SamplingConfig(cfg_scale=cfg_scale, greedy=True),
-                                                      spec=SpecConfig(method="exact", top_k=2, depth=2, total_tokens=6))
+                                                      spec=SpecConfig.make("exact", top_k=2, depth=2, total_tokens=6))
     assert torch.equal(toks, ref)
     assert st.mal >= 1.0
 
@@ -61,14 +61,15 @@ def test_train_save_load_export_and_run_with_ort(tmp_path, loss):
     if loss == "lisa":
         return
     pytest.importorskip("onnxruntime")
-    from lisa_trt.export.medusa_onnx import export_medusa_onnx, load_ort_medusa
+    from lisa_trt.engines.medusa_ort import load_ort_medusa
+    from lisa_trt.export.medusa_onnx import export_medusa_onnx
 
     export_medusa_onnx(heads, tmp_path / "onnx")
     ort_heads = load_ort_medusa(tmp_path / "onnx", t)
     h, d = torch.randn(2, 4, t.config.dim), torch.tensor([[0, 1, 2, 0], [1, 1, 0, 3]])
     assert torch.allclose(ort_heads.head_logits(h, d), heads.head_logits(h, d), atol=1e-4)
     cond = torch.tensor([3])
-    s, spec = SamplingConfig(cfg_scale=2.0), SpecConfig(method="exact", top_k=2, depth=2, total_tokens=6)
+    s, spec = SamplingConfig(cfg_scale=2.0), SpecConfig.make("exact", top_k=2, depth=2, total_tokens=6)
     a, sa = SpeculativeDecoder(*medusa_pair(t, ort_heads)).generate(cond, sampling=s, spec=spec, seed=4)
     b, sb = SpeculativeDecoder(*medusa_pair(t, heads)).generate(cond, sampling=s, spec=spec, seed=4)
     assert torch.equal(a, b) and sa.mal == sb.mal
@@ -99,7 +100,7 @@ def test_bundled_demo_medusa_lisa_loads_by_name_and_decodes():
     ref = generate(target, torch.tensor([2]), cfg_scale=2.0, greedy=True)[:, :24]
     toks, st = SpeculativeDecoder(*speculative_engines(target, heads)).generate(
         torch.tensor([2]), sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
-        spec=SpecConfig(method="exact", top_k=3, depth=3, total_tokens=10), num_tokens=24)
+        spec=SpecConfig.make("exact", top_k=3, depth=3, total_tokens=10), num_tokens=24)
     assert torch.equal(toks, ref) and st.mal > 1.0
 
 
@@ -107,7 +108,8 @@ def test_medusa_with_an_ort_target_and_ort_heads(tmp_path):
     """Every graph through ONNX Runtime: OrtTarget + OrtMedusaHeads give torch's tokens."""
     pytest.importorskip("onnxruntime")
     from lisa_trt.engines.ort import load_ort_engines
-    from lisa_trt.export.medusa_onnx import export_medusa_onnx, load_ort_medusa
+    from lisa_trt.engines.medusa_ort import load_ort_medusa
+    from lisa_trt.export.medusa_onnx import export_medusa_onnx
     from lisa_trt.export.onnx import export_bundle
 
     t = make_target(std=0.3)
@@ -120,7 +122,7 @@ def test_medusa_with_an_ort_target_and_ort_heads(tmp_path):
     export_medusa_onnx(heads, tmp_path / "e")
     eng = load_ort_engines(tmp_path / "e", threads=1)
     cond = torch.tensor([1])
-    s, spec = SamplingConfig(cfg_scale=2.0), SpecConfig(method="exact", top_k=2, depth=2, total_tokens=6)
+    s, spec = SamplingConfig(cfg_scale=2.0), SpecConfig.make("exact", top_k=2, depth=2, total_tokens=6)
     a, sa = SpeculativeDecoder(*medusa_pair(eng.target, load_ort_medusa(tmp_path / "e", t))).generate(
         cond, sampling=s, spec=spec, seed=5)
     b, sb = SpeculativeDecoder(*medusa_pair(t, heads)).generate(cond, sampling=s, spec=spec, seed=5)

@@ -21,7 +21,7 @@ def test_greedy_oracle_accepts_whole_paths(model_type):
     proxy, oracle = oracle_pair(m)
     toks, stats = SpeculativeDecoder(proxy, oracle).generate(
         cond, sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
-        spec=SpecConfig(method="exact", top_k=1, depth=3, total_tokens=5))
+        spec=SpecConfig.make("exact", top_k=1, depth=3, total_tokens=5))
     assert torch.equal(toks, ref)
     # 16 tokens: the prefill gives 1, then every step commits root + 4 drafted levels
     assert stats.target_forwards == 4
@@ -36,7 +36,7 @@ def test_greedy_oracle_on_a_dynamic_tree_is_lossless_and_near_full_depth():
     proxy, oracle = oracle_pair(m)
     toks, stats = SpeculativeDecoder(proxy, oracle).generate(
         cond, sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
-        spec=SpecConfig(method="exact", top_k=2, depth=3, total_tokens=10))
+        spec=SpecConfig.make("exact", top_k=2, depth=3, total_tokens=10))
     assert torch.equal(toks, ref)
     assert stats.mal >= 4.0
 
@@ -47,7 +47,7 @@ def test_oracle_exact_mal_beats_an_untrained_drafter():
     m = make_target(std=0.3)
     cond = make_cond(m, batch=2)
     s = SamplingConfig(cfg_scale=2.0)
-    spec = SpecConfig(method="exact", top_k=3, depth=3, total_tokens=10)
+    spec = SpecConfig.make("exact", top_k=3, depth=3, total_tokens=10)
     mal_o = run_method("oracle", m, None, None, cond, sampling=s, spec=spec, seed=3)[1].mal
     mal_d = run_method("exact", m, Drafter.from_target(m).eval(), None, cond, sampling=s, spec=spec, seed=3)[1].mal
     assert mal_o > mal_d
@@ -82,7 +82,7 @@ def test_demo_oracle_ceiling_is_above_the_bundled_drafter():
     target = load_demo_target()
     drafter = load_drafter_by_name("demo-lisa", target)
     s = demo_sampling()
-    spec = SpecConfig(method="exact", top_k=3, depth=3, total_tokens=10)  # the CPU tree budget
+    spec = SpecConfig.make("exact", top_k=3, depth=3, total_tokens=10)  # the CPU tree budget
     mo = md = 0.0
     for i, c in enumerate([0, 3, 5, 7]):
         cond = torch.tensor([c])
@@ -97,7 +97,7 @@ def test_run_bench_reports_the_oracle_and_drafter_efficiency():
 
     m = make_target(std=0.3)
     rep = run_bench(m, Drafter.from_target(m).eval(), None, ["exact", "oracle"], [0, 1],
-                    sampling=SamplingConfig(cfg_scale=2.0), spec=SpecConfig(top_k=2, depth=2, total_tokens=6),
+                    sampling=SamplingConfig(cfg_scale=2.0), spec=SpecConfig.make(top_k=2, depth=2, total_tokens=6),
                     progress=False)
     r = rep["results"]
     assert set(r) == {"vanilla", "exact", "oracle"}
