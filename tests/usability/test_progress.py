@@ -33,7 +33,7 @@ def test_calibrate_bar_counts_rollouts_and_moves_within_a_batch(monkeypatch):
     monkeypatch.setattr("lisa_trt.calibration.profile.tqdm", _Bar)
     model = testing.make_target(seed=0)
     codebook = F.normalize(torch.randn(256, 8, generator=torch.Generator().manual_seed(1)), dim=1)
-    calibrate(model, codebook, num_rollouts=3, batch_size=8, lantern_k=12, progress=True,
+    calibrate(model, codebook, num_rollouts=3, batch_size=8, lantern_k=16, progress=True,
               sampling=SamplingConfig(cfg_scale=2.0, top_k=40))
     bar = _Bar.last
     assert bar.total == 3 and bar.seen[-1] == 3
