@@ -146,9 +146,10 @@ def spec_options_bench(fn):
         else:  # kept in the click context (spec_knobs), so commands need no new parameters
             fn = click.option(o.flag, *o.aliases, o.name, type=o.type, default=None, expose_value=False,
                               callback=_store_knob, help=o.help)(fn)
-    fn = click.option("--tree-top-k", type=int, default=d["top_k"], show_default=True, help="EAGLE-2 tree: children per node.")(fn)
-    fn = click.option("--tree-depth", type=int, default=d["depth"], show_default=True, help="EAGLE-2 tree: expansion rounds.")(fn)
-    fn = click.option("--tree-tokens", type=int, default=d["total_tokens"], show_default=True, help="EAGLE-2 tree: nodes incl. root.")(fn)
+    tuned = " (default: the tree tuned for the backend: runtime/autotune.py, measured where shipped)"
+    fn = click.option("--tree-top-k", type=int, default=None, help="EAGLE-2 tree: children per node" + tuned)(fn)
+    fn = click.option("--tree-depth", type=int, default=None, help="EAGLE-2 tree: expansion rounds" + tuned)(fn)
+    fn = click.option("--tree-tokens", type=int, default=None, help="EAGLE-2 tree: nodes incl. root" + tuned)(fn)
     return fn
 
 
@@ -189,10 +190,36 @@ def spec_knobs() -> dict:
     return dict(ctx.meta.get("lisa_knobs", {})) if ctx is not None else {}
 
 
-def make_spec(verify, top_k, depth, total, lantern_delta=None, kappa=None, lam=None, **method_options):
-    """SpecConfig for `verify` (a non-tree method gets the first tree method's settings)."""
+def backend_tree(model, target, backend: str = "torch") -> dict:
+    """The tree budget tuned for `backend` (measured ones when the artifact set ships them; the
+    small CPU tree for torch on a CPU, the EAGLE-2 GPU tree on CUDA / TensorRT)."""
+    import torch
+
+    from .models.artifact_sets import artifact_set
+    from .runtime.autotune import default_tree_budgets
+
+    measured = None
+    if artifact_set(model) is not None:
+        from .runtime.demo import _measured_budgets
+
+        measured = _measured_budgets()
+    budgets = default_tree_budgets(target.config, measured)
+    if backend == "torch" and torch.cuda.is_available():
+        return budgets["trt"]
+    return budgets.get(backend, budgets["default"])
+
+
+def make_spec(verify, top_k, depth, total, lantern_delta=None, kappa=None, lam=None, *, tree_default=None,
+              **method_options):
+    """SpecConfig for `verify` (a non-tree method gets the first tree method's settings).
+
+    Tree settings left as None take `tree_default` (the backend's tuned tree, `backend_tree`)."""
     from .speculative.methods import SpecConfig, method_names
 
+    td = tree_default or {}
+    top_k = td.get("top_k") if top_k is None else top_k
+    depth = td.get("depth") if depth is None else depth
+    total = td.get("total_tokens") if total is None else total
     tree = method_names("tree")
     return SpecConfig.make(verify if verify in tree else tree[0], top_k=top_k, depth=depth, total_tokens=total,
                            lantern_delta=lantern_delta, gasv_kappa=kappa, gasv_lambda=lam,
@@ -345,7 +372,8 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
 
         size_given = click.get_current_context().get_parameter_source("image_size").name != "DEFAULT"
         return cli_generate(model, prompts, out_dir, image_size if size_given else None, vq, cfg_scale,
-                            temperature, top_k, greedy, seed, verify, drafter, (tree_top_k, tree_depth, tree_tokens),
+                            temperature, top_k, greedy, seed, verify, drafter,
+                            tuple(d if v is None else v for v, d in zip((tree_top_k, tree_depth, tree_tokens), (4, 4, 16))),
                             tables)
     import torch
 
@@ -378,17 +406,25 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
         cond, _ = prompt_conds(tc, captions, encoder_dir, what="generate")
     verify = verify or method_names("ar")[0]  # default: the vanilla AR loop
     dr, tb = resolve_spec_artifacts(model, target, [verify], drafter, tables)
-    spec = make_spec(verify, tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda)
+    spec = make_spec(verify, tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda,
+                     tree_default=backend_tree(model, target, "torch"))
     n_img = len(cond) if torch.is_tensor(cond) else cond[0].shape[0]
     click.echo(f"{verify}: decoding {n_img} image(s), {tc.block_size} tokens each"
                + ("" if verify in method_names("ar") else
                   f", draft tree top-k {spec.tree.top_k} / depth {spec.tree.depth} / {spec.tree.total_tokens} nodes "
                   "(smaller trees are faster on a CPU: --tree-tokens)") + " ...", err=True)
-    tokens, st = run_method(verify, target, dr, tb, cond, sampling=s, spec=spec, seed=seed)
+    from .progress import progress_bar
+
+    bar = progress_bar(n_img * tc.block_size, sys.stderr.isatty(), unit="token")
+    tokens, st = run_method(verify, target, dr, tb, cond, sampling=s, spec=spec, seed=seed,
+                            on_progress=lambda done: bar.update(done - bar.n))
+    bar.close()
     stats = st.as_dict()
     click.echo(f"{verify}: MAL {stats['mal']:.2f}, {stats['target_forwards']} target forwards, "
                f"mean TVD {stats['mean_tvd']:.4f}, {stats['times']['total']:.2f} s")
-    out = save_generation(out_dir, tokens, {"verify": verify, "sampling": dataclasses.asdict(s), **stats},
+    tree_rec = dataclasses.asdict(spec.tree) if verify in method_names("tree") else None
+    out = save_generation(out_dir, tokens, {"verify": verify, "sampling": dataclasses.asdict(s), "tree": tree_rec,
+                                            **stats},
                           overwrite=overwrite)
     if vqm is not None:
         paths = decode_and_save(tokens, vqm, vq_config, tc, out)
@@ -730,7 +766,8 @@ def bench(model, config, image_size, model_type, drafter, tables, methods, num_i
 
         if texts is None:
             quality = _bench_quality(target, scorer, decode_fn, cl, s, seed)
-    spec = make_spec("gasv", tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda)
+    spec = make_spec("gasv", tree_top_k, tree_depth, tree_tokens, lantern_delta, gasv_kappa, gasv_lambda,
+                     tree_default=backend_tree(model, target, backend))
     report = run_bench(tgt_engine, dr_engine, tb, ms, cl, sampling=s, spec=spec, seed=seed, gasv=gasv_engine,
                        scorer_fn=scorer_fn, decode_fn=decode_fn, sjd_window=sjd_window, runs=runs,
                        quality=quality if aset is not None and texts is None and len(cl) >= 32 else None,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 
 class _NoBar:
+    n = 0
+
     def set_description(self, *_):
         pass
 

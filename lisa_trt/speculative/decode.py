@@ -116,9 +116,12 @@ class SpeculativeDecoder:
     @torch.no_grad()
     def generate(self, cond, *, sampling: SamplingConfig = SamplingConfig(), spec: SpecConfig = SpecConfig(),
                  seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
-                 num_tokens: Optional[int] = None, seeds=None) -> tuple[torch.Tensor, DecodeStats]:
+                 num_tokens: Optional[int] = None, seeds=None,
+                 on_progress=None) -> tuple[torch.Tensor, DecodeStats]:
         """Generate image tokens for `cond` with tree speculation.
 
+        on_progress: optional callback(tokens done, summed over rows) after every step (progress
+            bars; costs one host sync per step, so leave it None on the hot path).
         seeds: one seed per row (instead of seed/generator): each row draws from its own
             generator (sampling.RowGenerators), so a row's tokens do not depend on the other
             rows of the batch (served requests batched together == decoded alone).
@@ -213,6 +216,8 @@ class SpeculativeDecoder:
                 root_lp = d_logits.gather(1, guide.dup(last)[:, None, None].expand(-1, 1, d_logits.shape[-1]))[:, 0]
                 root_h = d_hidden.gather(1, guide.dup(last)[:, None, None].expand(-1, 1, d_hidden.shape[-1]))[:, 0]
             n_done[active] += ncom
+            if on_progress is not None:
+                on_progress(int(n_done.sum()))
             keep = n_done[active] < N_img
             if not bool(keep.all()):
                 idx = torch.nonzero(keep).flatten()

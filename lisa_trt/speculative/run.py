@@ -27,19 +27,22 @@ def check_artifacts(method: str, drafter, tables, gasv=None) -> None:
 
 
 def run_method(method: str, target, drafter, tables, cond, *, sampling: SamplingConfig,
-               spec: SpecConfig, seed: int, sjd_window: int = 16, gasv=None, seeds=None):
+               spec: SpecConfig, seed: int, sjd_window: int = 16, gasv=None, seeds=None, on_progress=None):
     """One generation with `method` -> (tokens (B, N), DecodeStats).
 
     Tree methods use `spec`'s tree and rule parameters with `spec.method` set to `method`.
     seeds: optional one seed per row (instead of `seed`): every row draws from its own generator,
     so its tokens do not depend on the other rows (the serving path). Not for the SJD loop.
+    on_progress: optional callback(tokens done over all rows) for progress bars (AR and tree methods).
     """
     m = get_method(method)
     if m.greedy_sampling:
         sampling = dataclasses.replace(sampling, greedy=True)
     if m.kind == "ar":
         t0 = time.perf_counter()
-        toks = generate(target, cond, seed=seed, seeds=seeds, **dataclasses.asdict(sampling))
+        B = len(cond) if torch.is_tensor(cond) else cond[0].shape[0]
+        cb = None if on_progress is None else (lambda i: on_progress(i * B))
+        toks = generate(target, cond, seed=seed, seeds=seeds, on_token=cb, **dataclasses.asdict(sampling))
         st = DecodeStats(target_forwards=target.config.block_size)
         n = toks.shape[0] * (target.config.block_size - 1)
         st.committed, st.rows = [torch.ones(n)], [torch.arange(toks.shape[0]).repeat_interleave(
@@ -61,7 +64,7 @@ def run_method(method: str, target, drafter, tables, cond, *, sampling: Sampling
     spec = dataclasses.replace(spec, method=method)
     return SpeculativeDecoder(target, drafter, tables, gasv=gasv).generate(cond, sampling=sampling, spec=spec,
                                                                            seed=None if seeds is not None else seed,
-                                                                           seeds=seeds)
+                                                                           seeds=seeds, on_progress=on_progress)
 
 
 __all__ = ["check_artifacts", "run_method"]

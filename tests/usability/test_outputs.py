@@ -103,3 +103,27 @@ def test_ctrl_c_in_train_prints_resume_hint(tmp_path, monkeypatch):
     res = CliRunner().invoke(main, ["train", "--model", "demo", "--out", str(tmp_path / "run"), "--steps", "5"])
     assert res.exit_code == 130
     assert "training interrupted" in res.output and "same command" in res.output
+
+
+def test_generate_defaults_to_the_backends_tuned_tree(tmp_path):
+    """Without --tree-* options, generate uses the tree tuned for its backend (the small CPU tree
+    on a CPU), not the 60-node GPU tree; explicit options still win."""
+    import json
+
+    import torch
+    from click.testing import CliRunner
+
+    from lisa_trt.cli import main
+    from lisa_trt.demo.registry import assets_present
+    from lisa_trt.runtime.autotune import CPU_TREE
+
+    if not assets_present() or torch.cuda.is_available():
+        pytest.skip("needs the bundled demo assets and a CPU-only machine")
+    r = CliRunner().invoke(main, ["generate", "--model", "demo", "--classes", "1", "--verify", "exact",
+                                  "--out", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "a" / "stats.json").read_text())["tree"] == CPU_TREE
+    r = CliRunner().invoke(main, ["generate", "--model", "demo", "--classes", "1", "--verify", "exact",
+                                  "--tree-tokens", "6", "--out", str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "b" / "stats.json").read_text())["tree"]["total_tokens"] == 6

@@ -65,3 +65,25 @@ def test_pipeline_progress_one_step_per_image(capsys):
     assert "2/2" in capsys.readouterr().err
     pipe.generate([0], verify="vanilla", decode=False)
     assert capsys.readouterr().err == ""  # off by default (library use)
+
+
+def test_speculative_progress_callback_counts_to_the_whole_image():
+    """run_method reports tokens done over all rows, for the AR loop and for tree speculation
+    (what `lisa-trt generate`'s token bar shows)."""
+    import torch
+
+    from lisa_trt.config import SamplingConfig
+    from lisa_trt.models.drafter import Drafter
+    from lisa_trt.speculative.methods import SpecConfig
+    from lisa_trt.speculative.run import run_method
+    from lisa_trt.testing import make_cond, make_target
+
+    m = make_target()
+    d = Drafter.from_target(m).eval()
+    cond = make_cond(m, batch=2)
+    for method in ("vanilla", "exact"):
+        seen = []
+        run_method(method, m, d, None, cond, sampling=SamplingConfig(cfg_scale=2.0),
+                   spec=SpecConfig.make(method if method != "vanilla" else "exact", top_k=2, depth=2, total_tokens=6),
+                   seed=0, on_progress=seen.append)
+        assert seen and seen == sorted(seen) and seen[-1] == 2 * m.config.block_size, (method, seen)
