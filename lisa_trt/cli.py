@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from pathlib import Path
 
 import click
 
-from .errors import LisaError
+from .clitools import handle_errors
 
 
-def _handle_errors(fn):
-    """Print LisaError as a one-paragraph message (no traceback) and exit 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*a, **kw):
-        try:
-            return fn(*a, **kw)
-        except LisaError as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(2)
-
-    return wrapper
+_handle_errors = handle_errors  # clitools.py: LisaError -> message, exit 2
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -378,8 +366,7 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
     import torch
 
     from .errors import InputError
-    from .runtime.outputs import (class_names_of, decode_and_save, load_caption_file, load_vq_for, parse_classes,
-                                  save_generation)
+    from .runtime.outputs import class_names_of, decode_and_save, load_vq_for, parse_classes, save_generation
     from .speculative.methods import method_names
     from .speculative.run import run_method
     from .validation import check_out_dir
@@ -969,7 +956,7 @@ def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, encod
     from .runtime.outputs import save_run
     from .runtime.pipeline import Pipeline
     from .runtime.prompts import parse_prompts
-    from .validation import check_out_dir, clear_previous_outputs
+    from .validation import check_out_dir
 
     check_out_dir(out_dir, overwrite=overwrite)
     from .text.prompts import precheck_prompts

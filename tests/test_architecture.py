@@ -23,7 +23,7 @@ FLOORS = {
     "quantization": 3, "quality": 3,
     "models": 2,
     "config": 1, "errors": 1, "io": 1, "progress": 1, "imaging": 1, "timing": 1, "_version": 1,
-    "safe_load": 1, "threads": 1, "validation": 1,
+    "safe_load": 1, "threads": 1, "validation": 1, "clitools": 1,
 }
 PUBLIC_API = "lisa_trt"  # the package __init__: the facade, above everything (imports Pipeline)
 

@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import sys
 
 import click
 
-from ..errors import LisaError
+from ..clitools import handle_errors
 
 
-def _errors(fn):
-    """LisaError -> one-paragraph message, exit 2 (as the other commands do)."""
-
-    @functools.wraps(fn)
-    def wrapper(*a, **kw):
-        try:
-            return fn(*a, **kw)
-        except LisaError as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(2)
-
-    return wrapper
+_errors = handle_errors  # clitools.py: LisaError -> message, exit 2
 
 
 @click.command("serve")

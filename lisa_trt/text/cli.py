@@ -5,25 +5,14 @@ Registered on the main group by one line in lisa_trt/cli.py.
 
 from __future__ import annotations
 
-import functools
-import sys
 from pathlib import Path
 
 import click
 
-from ..errors import LisaError
+from ..clitools import handle_errors
 
 
-def _errors(fn):
-    @functools.wraps(fn)
-    def wrapper(*a, **kw):
-        try:
-            return fn(*a, **kw)
-        except LisaError as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(2)
-
-    return wrapper
+_errors = handle_errors  # clitools.py: LisaError -> message, exit 2
 
 
 def default_device(device: str) -> str:
