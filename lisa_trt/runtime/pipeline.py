@@ -162,9 +162,11 @@ class Pipeline:
         return SamplingConfig(**base)
 
     def spec(self, verify: str, **over) -> SpecConfig:
-        """The bundle's tree budget for this backend, with `over` (flat SpecConfig names) applied."""
+        """The bundle's tree budget for this backend, with `over` (flat SpecConfig names) applied;
+        None values in `over` keep the bundle's setting."""
         tree = _tree_budget(self._e.generation, self._e.backend)
-        kw = {**{k: v for k, v in tree.items() if k in ("top_k", "depth", "total_tokens")}, **over}
+        kw = {**{k: v for k, v in tree.items() if k in ("top_k", "depth", "total_tokens")},
+              **{k: v for k, v in over.items() if v is not None}}
         tree_methods = method_names("tree")
         return SpecConfig.make(verify if verify in tree_methods else tree_methods[0], **kw)
 

@@ -178,3 +178,20 @@ def test_pipeline_lifetime_closes_its_engines(bundle):
         assert pipe.generate([1], seed=0, verify="exact", decode=False).tokens.shape == (1, 16)
     with pytest.raises(LisaError, match="closed"):
         pipe.generate([1], seed=0, verify="exact", decode=False)
+
+
+def test_unset_tree_options_keep_the_bundles_tuned_budget(bundle):
+    """`run` passes tree_top_k=None etc. when the user gives no tree option: the Pipeline must then
+    decode with the budget recorded for its backend, not SpecConfig's GPU-sized default."""
+    pipe = Pipeline.from_dir(bundle, backend="ort", threads=1)
+    from lisa_trt.runtime.pipeline import _tree_budget
+    from lisa_trt.speculative.methods import SpecConfig
+
+    recorded = _tree_budget(pipe._e.generation, "ort")
+    assert recorded and recorded["total_tokens"] < SpecConfig().tree.total_tokens  # the test has teeth
+    spec = pipe.spec("gasv", top_k=None, depth=None, total_tokens=None, gasv_kappa=None)
+    assert (spec.tree.top_k, spec.tree.depth, spec.tree.total_tokens) == \
+        (recorded["top_k"], recorded["depth"], recorded["total_tokens"])
+    res = pipe.generate([1], seed=0, verify="exact", decode=False, tree_top_k=None, tree_depth=None, tree_tokens=None)
+    assert res.stats[0]["mal"] <= recorded["depth"] + 2  # the longest path of the recorded tree + bonus
+    assert pipe.spec("gasv", total_tokens=7).tree.total_tokens == 7
