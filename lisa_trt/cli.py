@@ -402,9 +402,10 @@ def generate(model, config, image_size, model_type, vq, vq_config, classes, capt
                   "(smaller trees are faster on a CPU: --tree-tokens)") + " ...", err=True)
     from .progress import progress_bar
 
-    bar = progress_bar(n_img * tc.block_size, sys.stderr.isatty(), unit="token")
-    tokens, st = run_method(verify, target, dr, tb, cond, sampling=s, spec=spec, seed=seed,
-                            on_progress=lambda done: bar.update(done - bar.n))
+    show = sys.stderr.isatty()
+    bar = progress_bar(n_img * tc.block_size, show, unit="token")
+    tokens, st = run_method(verify, target, dr, tb, cond, sampling=s, spec=spec, seed=seed,  # no bar: no per-step sync
+                            on_progress=(lambda done: bar.update(done - bar.n)) if show else None)
     bar.close()
     stats = st.as_dict()
     click.echo(f"{verify}: MAL {stats['mal']:.2f}, {stats['target_forwards']} target forwards, "

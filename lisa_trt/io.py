@@ -91,6 +91,21 @@ def atomic_dir(out_dir, *, marker: str | None = None, what: str = "output", chec
         raise
 
 
+def state_dict_problems(own: dict, sd: dict, other: str = "model") -> list:
+    """Lines listing the missing / unexpected keys and shape mismatches of `sd` against `own`
+    (empty when they match): the body of every strict-loading error."""
+    missing = sorted(set(own) - set(sd))
+    unexpected = sorted(set(sd) - set(own))
+    shapes = [f"{k}: file {tuple(sd[k].shape)} vs {other} {tuple(own[k].shape)}"
+              for k in sorted(set(own) & set(sd)) if tuple(own[k].shape) != tuple(sd[k].shape)]
+
+    def show(xs):
+        return ", ".join(xs[:8]) + (f" (+{len(xs) - 8} more)" if len(xs) > 8 else "")
+
+    return [f"  {name}: {show(xs)}" for name, xs in
+            (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)) if xs]
+
+
 def write_json(path, obj) -> None:
     with atomic_write(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from ..config import find_multiple
 from ..errors import ConfigError, InputError
-from .llamagen import KVCache, RMSNorm, TargetOutput
+from .llamagen import KVCache, RMSNorm, TargetOutput, cached_attention
 
 _ACTS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu}
 
@@ -138,16 +138,7 @@ class ChameleonAttention(nn.Module):
         v = self.v_proj(x).view(B, S, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, S, D)
         c, s = cos[:, None].to(q.dtype), sin[:, None].to(q.dtype)
         q, k = q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
-        if kv is not None:
-            k_cache, v_cache = kv
-            idx = slots[:, None, :, None].expand(B, self.n_kv, S, self.head_dim)
-            k_cache.scatter_(2, idx, k.to(k_cache.dtype))
-            v_cache.scatter_(2, idx, v.to(v_cache.dtype))
-            k, v = k_cache, v_cache
-        if self.n_kv != self.n_head:  # GQA: query head h reads kv head h // (H / Hkv)
-            k = k.repeat_interleave(self.n_head // self.n_kv, dim=1)
-            v = v.repeat_interleave(self.n_head // self.n_kv, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        y = cached_attention(q, k, v, mask, kv, slots)
         return self.o_proj(y.transpose(1, 2).reshape(B, S, -1))
 
 

@@ -16,6 +16,7 @@ from typing import Union
 import torch
 
 from ..errors import CheckpointError, ConfigError
+from ..io import state_dict_problems
 from .chameleon import ChameleonConfig, ChameleonTarget
 
 PathLike = Union[str, Path]
@@ -130,20 +131,9 @@ def strict_load_chameleon(model: ChameleonTarget, sd: dict, where: str) -> None:
     if model.config.tie_word_embeddings:
         own.pop("lm_head.weight", None)
         sd.pop("lm_head.weight", None)
-    missing = sorted(set(own) - set(sd))
-    unexpected = sorted(set(sd) - set(own))
-    shapes = [f"{k}: file {tuple(sd[k].shape)} vs config {tuple(own[k].shape)}"
-              for k in sorted(set(own) & set(sd)) if tuple(own[k].shape) != tuple(sd[k].shape)]
-    if missing or unexpected or shapes:
-        def show(xs):
-            return ", ".join(xs[:8]) + (f" (+{len(xs) - 8} more)" if len(xs) > 8 else "")
-        lines = [f"{where}: weights do not match config.json ({model.config.describe()}):"]
-        if missing:
-            lines.append(f"  missing keys: {show(missing)}")
-        if unexpected:
-            lines.append(f"  unexpected keys: {show(unexpected)}")
-        if shapes:
-            lines.append(f"  shape mismatches: {show(shapes)}")
+    problems = state_dict_problems(own, sd, other="config")
+    if problems:
+        lines = [f"{where}: weights do not match config.json ({model.config.describe()}):", *problems]
         implied = implied_config(sd)
         if implied:
             lines.append(f"  hint: {implied}; fix config.json or use the matching weights")

@@ -16,7 +16,7 @@ import torch
 from ..config import TargetConfig, VQConfig, _GPT_SHAPES, target_config, vq_config
 from ..errors import CheckpointError, ConfigError
 from ..safe_load import safe_torch_load
-from ..io import load_safetensors, save_safetensors, tensor_hash, write_json
+from ..io import load_safetensors, save_safetensors, state_dict_problems, tensor_hash, write_json
 
 PathLike = Union[str, Path]
 _DROP_SUFFIXES = ("freqs_cis",)
@@ -72,20 +72,9 @@ def guess_target_config(sd: dict) -> str:
 def strict_load(model: torch.nn.Module, sd: dict, what: str, hint: str = "") -> None:
     """load_state_dict(strict=True) with an error that lists every problem and a likely fix."""
     own = model.state_dict()
-    missing = sorted(set(own) - set(sd))
-    unexpected = sorted(set(sd) - set(own))
-    shapes = [f"{k}: file {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
-              for k in sorted(set(own) & set(sd)) if tuple(own[k].shape) != tuple(sd[k].shape)]
-    if missing or unexpected or shapes:
-        def show(xs):
-            return ", ".join(xs[:8]) + (f" (+{len(xs) - 8} more)" if len(xs) > 8 else "")
-        lines = [f"checkpoint does not match the {what} configuration:"]
-        if missing:
-            lines.append(f"  missing keys: {show(missing)}")
-        if unexpected:
-            lines.append(f"  unexpected keys: {show(unexpected)}")
-        if shapes:
-            lines.append(f"  shape mismatches: {show(shapes)}")
+    problems = state_dict_problems(own, sd)
+    if problems:
+        lines = [f"checkpoint does not match the {what} configuration:", *problems]
         if hint:
             lines.append(f"  hint: {hint}; pass the matching config (e.g. --config GPT-L --image-size 384)")
         raise CheckpointError("\n".join(lines))

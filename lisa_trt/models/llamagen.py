@@ -81,6 +81,25 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+def cached_attention(q, k, v, mask, kv: Optional[tuple] = None, slots=None):
+    """SDPA of q (B, H, S, D) over k / v (B, Hkv, S, D); with a static cache kv = (k_cache,
+    v_cache) (B, Hkv, L, D) the new K/V are first written at cache `slots` (B, S) and attention
+    reads the whole cache. GQA: query head h reads kv head h // (H / Hkv). mask (B, 1, S, L)
+    bool, or None for causal attention over the new tokens alone."""
+    B, n_kv, S, D = k.shape
+    if kv is not None:
+        k_cache, v_cache = kv
+        idx = slots[:, None, :, None].expand(B, n_kv, S, D)
+        k_cache.scatter_(2, idx, k.to(k_cache.dtype))
+        v_cache.scatter_(2, idx, v.to(v_cache.dtype))
+        k, v = k_cache, v_cache
+    rep = q.shape[1] // n_kv
+    if rep != 1:
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: TargetConfig):
         super().__init__()
@@ -97,16 +116,7 @@ class Attention(nn.Module):
         k = apply_rotary_emb(k.view(B, S, self.n_kv, self.head_dim), freqs)
         v = v.view(B, S, self.n_kv, self.head_dim)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, S, D)
-        if kv is not None:
-            k_cache, v_cache = kv
-            idx = slots[:, None, :, None].expand(B, self.n_kv, S, self.head_dim)
-            k_cache.scatter_(2, idx, k.to(k_cache.dtype))
-            v_cache.scatter_(2, idx, v.to(v_cache.dtype))
-            k, v = k_cache, v_cache
-        if self.n_kv != self.n_head:
-            k = k.repeat_interleave(self.n_head // self.n_kv, dim=1)
-            v = v.repeat_interleave(self.n_head // self.n_kv, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        y = cached_attention(q, k, v, mask, kv, slots)
         return self.wo(y.transpose(1, 2).reshape(B, S, -1))
 
 
