@@ -31,6 +31,7 @@ from lisa_trt.io import write_json
 from lisa_trt.quality import QualityReference, evaluate, quality_neutral
 from lisa_trt.speculative.autoregressive import generate
 from lisa_trt.speculative.decode import SpecConfig, SpeculativeDecoder  # noqa: F401
+from lisa_trt.speculative.sjd import sjd_generate
 
 POINTS = [  # (label, method, SpecConfig overrides); the most informative first
     ("vanilla", "vanilla", {}),
@@ -45,6 +46,11 @@ POINTS = [  # (label, method, SpecConfig overrides); the most informative first
     ("gasv[kappa=1,lambda=0.6,delta=0.2]", "gasv", {"gasv_kappa": 1.0, "gasv_lambda": 0.6, "gasv_delta": 0.2}),
     ("gasv-cluster[kappa=1,lambda=0.6]", "gasv", {"gasv_kappa": 1.0, "gasv_lambda": 0.6, "gasv_scope": "cluster"}),
     ("lantern[delta=0.4]", "lantern", {"lantern_delta": 0.4}),
+    ("sjd", "sjd", {}),
+    ("lantern[delta=0.05]", "lantern", {"lantern_delta": 0.05}),
+    ("gasv[kappa=2,lambda=0.4,delta=0.3]", "gasv", {"gasv_kappa": 2.0, "gasv_lambda": 0.4, "gasv_delta": 0.3}),
+    ("gasv-cluster[kappa=0.5,lambda=0.8]", "gasv", {"gasv_kappa": 0.5, "gasv_lambda": 0.8, "gasv_scope": "cluster"}),
+    ("gasv-support[kappa=0.5,lambda=0.8]", "gasv", {"gasv_kappa": 0.5, "gasv_lambda": 0.8, "gasv_scope": "support"}),
 ]
 
 
@@ -61,6 +67,9 @@ def main(argv=None):
     ap.add_argument("--cache", default="runs/quality_cache")
     ap.add_argument("--json", required=True)
     ap.add_argument("--plot", default=None)
+    ap.add_argument("--label-prefix", default="", help="prefix for this run's labels (e.g. 'eagle3:')")
+    ap.add_argument("--merge", action="store_true",
+                    help="add this run's points to the existing --json (same settings; vanilla must match)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     target, vq, scorer = load_demo_target(), load_demo_vq(), load_demo_scorer()
@@ -99,6 +108,9 @@ def main(argv=None):
                 t0 = time.perf_counter()
                 if method == "vanilla":
                     toks = generate(target, cond, seed=seed, **dataclasses.asdict(sampling))
+                elif method == "sjd":  # no drafter: Jacobi iterations over a window of the target alone
+                    toks, st = sjd_generate(target, cond, sampling=sampling, seed=seed)
+                    st_acc["committed"] += [c.float().cpu() for c in st.committed]
                 else:
                     spec = base.replace(method=method, **over)
                     toks, st = dec.generate(cond, sampling=sampling, spec=spec, seed=seed)
@@ -111,7 +123,7 @@ def main(argv=None):
             s = acc[label]
             toks = torch.cat(s["tokens"])
             labels = torch.arange(toks.shape[0]) % ncls       # the cond of image i is i % ncls
-            res = {"method": method if "cluster" not in label else "gasv-cluster", "knobs": over,
+            res = {"method": method if "-" not in label.split("[")[0] else label.split("[")[0], "knobs": over,
                    "images": int(toks.shape[0]),
                    "mal": float(torch.cat(s["committed"]).mean()) if s["committed"] else 1.0,
                    "mean_tvd": float(torch.cat(s["tvd"]).mean()) if s["tvd"] else 0.0,
@@ -126,10 +138,36 @@ def main(argv=None):
                                "elapsed_s": round(time.time() - t_start, 1), "torch_threads": 1,
                                "command": " ".join([sys.executable.rsplit("/", 1)[-1]] + sys.argv)},
                   "results": results}
+        if a.merge:
+            report = _merge(a, report)
         write_json(a.json, report)
         if a.plot:
             plot_pareto(report, a.plot)
         print(f"round {r + 1}: {(r + 1) * a.per_round} images per point, {time.time() - t_start:.0f} s", flush=True)
+
+
+def _merge(a, report: dict) -> dict:
+    """This run's points added to the existing frontier file. The vanilla point is regenerated
+    with the same prompts and seeds; it must reproduce the stored one (same class accuracy) once
+    both have the same number of images, else the runs are not comparable and we stop."""
+    import json
+    from pathlib import Path
+
+    old = json.loads(Path(a.json).read_text())
+    keys = ("model", "tree", "seed", "sampling", "vanilla_ref", "tables_gasv")
+    diff = [k for k in keys if old["settings"].get(k) != report["settings"].get(k)]
+    if diff:
+        raise SystemExit(f"--merge: settings {diff} differ from {a.json}; run with the same ones")
+    van, ov = report["results"]["vanilla"], old["results"].get("vanilla")
+    if ov and ov["images"] == van["images"] and abs(ov["class_acc"] - van["class_acc"]) > 1e-9:
+        raise SystemExit("--merge: vanilla does not reproduce the stored run (different seeds or code)")
+    runs = [r for r in old["settings"].get("merged_runs", []) if r.get("command") != report["settings"]["command"]]
+    merged = dict(old["results"])
+    for label, res in report["results"].items():
+        if label != "vanilla":
+            res = dict(res, drafter=report["settings"]["drafter"])
+            merged[a.label_prefix + label] = res
+    return {"settings": dict(old["settings"], merged_runs=runs + [report["settings"]]), "results": merged}
 
 
 if __name__ == "__main__":
