@@ -70,7 +70,12 @@ def main(argv=None):
     ap.add_argument("--label-prefix", default="", help="prefix for this run's labels (e.g. 'eagle3:')")
     ap.add_argument("--merge", action="store_true",
                     help="add this run's points to the existing --json (same settings; vanilla must match)")
+    ap.add_argument("--combine", nargs="+", default=None, metavar="JSON",
+                    help="only merge frontier files made with --merge from the same stored file into --json "
+                         "(parallel runs on several cores), redraw --plot, and stop")
     a = ap.parse_args(argv)
+    if a.combine:
+        return _combine(a.combine, a.json, a.plot)
     torch.set_num_threads(1)
     target, vq, scorer = load_demo_target(), load_demo_vq(), load_demo_scorer()
     tables = load_tables_by_name("demo", target)
@@ -95,6 +100,16 @@ def main(argv=None):
     ref = QualityReference(scorer, vanilla_fn=vanilla_ref, cache_dir=a.cache,
                            vanilla_key={"n": a.vanilla_ref, "seed": a.seed + 7_000_003, "classes": "cycled",
                                         "sampling": dataclasses.asdict(sampling), "model": "demo"})
+    if a.merge:  # refuse before hours of work, not after the first round
+        import json
+        from pathlib import Path
+
+        bad = [p[0] for p in points if p[1] == "gasv" and not {"gasv_kappa", "gasv_lambda"} <= set(p[2])]
+        if bad:
+            raise SystemExit(f"--merge: GASV points {bad} must set kappa and lambda explicitly")
+        _check_mergeable(json.loads(Path(a.json).read_text())["settings"],
+                         {"model": "demo", "tree": a.tree, "seed": a.seed, "vanilla_ref": a.vanilla_ref,
+                          "sampling": dataclasses.asdict(sampling), "tables_gasv": tables.config.to_dict()}, a.json)
     acc = {p[0]: {"tokens": [], "committed": [], "tvd": [], "seconds": 0.0} for p in points}
     dec = SpeculativeDecoder(target, drafter, tables)
     t_start = time.time()
@@ -146,6 +161,39 @@ def main(argv=None):
         print(f"round {r + 1}: {(r + 1) * a.per_round} images per point, {time.time() - t_start:.0f} s", flush=True)
 
 
+def _check_mergeable(old: dict, new: dict, path) -> None:
+    """Same model, tree, seeds, sampling and calibration statistics. The tables' DEFAULT knobs
+    (kappa, lambda) may differ (the demo tables now ship the frontier's pick): every merged GASV
+    point sets them explicitly."""
+    keys = ("model", "tree", "seed", "sampling", "vanilla_ref")
+    diff = [k for k in keys if old.get(k) != new.get(k)]
+    strip = lambda t: {k: v for k, v in (t or {}).items() if k not in ("kappa", "lam")}  # noqa: E731
+    if strip(old.get("tables_gasv")) != strip(new.get("tables_gasv")):
+        diff.append("tables_gasv")
+    if diff:
+        raise SystemExit(f"--merge: settings {diff} differ from {path}; run with the same ones")
+
+
+def _combine(paths, out, plot) -> None:
+    """Union of the points of several merged frontier files (the first one's settings and vanilla)."""
+    import json
+    from pathlib import Path
+
+    reports = [json.loads(Path(p).read_text()) for p in paths]
+    base = reports[0]
+    for p, rep in zip(paths[1:], reports[1:]):
+        _check_mergeable(base["settings"], rep["settings"], p)
+        for label, res in rep["results"].items():
+            if label not in base["results"]:
+                base["results"][label] = res
+        runs = base["settings"].setdefault("merged_runs", [])
+        runs += [r for r in rep["settings"].get("merged_runs", []) if r not in runs]
+    base["settings"]["combined_from"] = [str(p) for p in paths]
+    write_json(out, base)
+    if plot:
+        plot_pareto(base, plot)
+
+
 def _merge(a, report: dict) -> dict:
     """This run's points added to the existing frontier file. The vanilla point is regenerated
     with the same prompts and seeds; it must reproduce the stored one (same class accuracy) once
@@ -154,10 +202,7 @@ def _merge(a, report: dict) -> dict:
     from pathlib import Path
 
     old = json.loads(Path(a.json).read_text())
-    keys = ("model", "tree", "seed", "sampling", "vanilla_ref", "tables_gasv")
-    diff = [k for k in keys if old["settings"].get(k) != report["settings"].get(k)]
-    if diff:
-        raise SystemExit(f"--merge: settings {diff} differ from {a.json}; run with the same ones")
+    _check_mergeable(old["settings"], report["settings"], a.json)
     van, ov = report["results"]["vanilla"], old["results"].get("vanilla")
     if ov and ov["images"] == van["images"] and abs(ov["class_acc"] - van["class_acc"]) > 1e-9:
         raise SystemExit("--merge: vanilla does not reproduce the stored run (different seeds or code)")
@@ -166,6 +211,8 @@ def _merge(a, report: dict) -> dict:
     for label, res in report["results"].items():
         if label != "vanilla":
             res = dict(res, drafter=report["settings"]["drafter"])
+            if a.label_prefix:  # another drafter: its own curve in the plot
+                res["method"] = a.label_prefix + res["method"]
             merged[a.label_prefix + label] = res
     return {"settings": dict(old["settings"], merged_runs=runs + [report["settings"]]), "results": merged}
 
