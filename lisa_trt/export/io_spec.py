@@ -66,6 +66,7 @@ class Graph(enum.Enum):
     DRAFTER_STEP = "drafter_step"
     GASV = "gasv"
     VQ_DECODE = "vq_decode"
+    MEDUSA_HEADS = "medusa_heads"  # the drafter of a Medusa bundle (in place of the two drafter graphs)
 
     @property
     def kind(self) -> GraphKind:
@@ -85,6 +86,7 @@ _KINDS = {
     Graph.DRAFTER_STEP: GraphKind.DRAFT_STEP,
     Graph.GASV: GraphKind.GASV,
     Graph.VQ_DECODE: GraphKind.VQ_DECODE,
+    Graph.MEDUSA_HEADS: GraphKind.DRAFT_STEP,
 }
 
 
@@ -226,6 +228,12 @@ def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> Gr
         return GraphSpec(graph, (TensorSpec("image_tokens", "int64", ("batch", "block"), "token ids, row-major grid"),),
                          (TensorSpec("images", "float32", ("batch", "channels", "height", "width"), "pixels in about [-1, 1]"),),
                          doc="VQ decoder (VQModel.decode_code)")
+    if graph is Graph.MEDUSA_HEADS:
+        return GraphSpec(graph, (
+            TensorSpec("hidden", "float32", ("batch", "seq", "dim"), "the target's final hidden state of the last committed token, fp32"),
+            TensorSpec("depth", "int64", ("batch", "seq"), "which head each row reads (tree depth - 1); >= n_heads: flat logits"),
+        ), (TensorSpec("logits", "float32", ("batch", "seq", "vocab"), "logits of head `depth`, fp32"),),
+            doc="Medusa heads (MedusaHeads.head_logits): k heads on the target's last hidden state, head `depth` selected")
     raise SpecError(f"unknown graph {graph}")
 
 
