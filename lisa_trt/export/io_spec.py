@@ -248,7 +248,7 @@ def export_dims(target_cfg, *, max_cache_len: int, drafter_cfg=None, vq_cfg=None
     Args:
         target_cfg: TargetConfig.
         max_cache_len: the static cache length Lmax (round_up(seq_len + max_tree, 8)).
-        drafter_cfg: DrafterConfig or None.
+        drafter_cfg: DrafterConfig, MedusaConfig (adds nothing: the heads graph uses dim / vocab) or None.
         vq_cfg: VQConfig or None.
     """
     t = target_cfg
@@ -256,7 +256,9 @@ def export_dims(target_cfg, *, max_cache_len: int, drafter_cfg=None, vq_cfg=None
                 head_dim=t.head_dim, cache_len=max_cache_len, prefix=t.cls_token_num,
                 caption_dim=t.caption_dim, block=t.block_size, n_gasv_params=len(GASV_PARAMS),
                 gasv_k=GASV_K)
-    if drafter_cfg is not None:
+    from ..models.medusa import MedusaConfig
+
+    if drafter_cfg is not None and not isinstance(drafter_cfg, MedusaConfig):  # Medusa heads: no draft axes
         dims.update(draft_hidden=drafter_cfg.hidden, draft_heads=drafter_cfg.n_head,
                     draft_head_dim=drafter_cfg.head_dim)
     if vq_cfg is not None:

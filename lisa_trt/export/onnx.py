@@ -423,8 +423,8 @@ def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, o
     lmax = max_cache_len(tcfg, max_tree)
     precision = "fp16" if fp16 else "fp32"
     medusa = is_medusa(drafter)
-    dims = export_dims(tcfg, max_cache_len=lmax, drafter_cfg=drafter.config if drafter is not None and not medusa
-                       else None, vq_cfg=vq.config if vq is not None else None)
+    dims = export_dims(tcfg, max_cache_len=lmax, drafter_cfg=drafter.config if drafter is not None else None,
+                       vq_cfg=vq.config if vq is not None else None)
     refs = dict(target=target, drafter=drafter, tables=tables, vq=vq)
     t_exp = _half_copy(target) if fp16 else target
     d_exp = (_half_copy(drafter) if fp16 else drafter) if drafter is not None and not medusa else None
