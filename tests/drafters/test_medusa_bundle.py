@@ -182,3 +182,38 @@ def test_tensorrt_path_checks_the_heads_graph_like_the_others(bundle):
     plan = json.loads(res.output)["graphs"]["medusa_heads"]
     assert plan["onnx"] == "medusa_heads.onnx" and plan["profiles"]
     assert all(set(p["shapes"]) == {"hidden", "depth"} for p in plan["profiles"])
+
+
+@pytest.mark.slow
+def test_demo_medusa_bundle_end_to_end(tmp_path):
+    """The bundled demo-medusa-lisa: `lisa-trt export --model demo --drafter demo-medusa-lisa`, then
+    `lisa-trt run` through ORT; exact verification gives the PyTorch path's tokens (~1.5 min)."""
+    from lisa_trt.artifacts import default_tables, load_drafter_by_name, load_tables_by_name
+    from lisa_trt.demo.registry import assets_present, load_demo_target
+    from lisa_trt.models.artifact_sets import bundled_file
+
+    path = bundled_file("demo-medusa-lisa", "drafters") if assets_present() else None
+    if path is None or not path.is_file():
+        pytest.skip("demo assets not present")
+    out = tmp_path / "eng"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("lisa_trt.export.validate.lint_graph", lambda *a, **k: {"status": "skipped"})
+        res = CliRunner().invoke(main, ["export", "--model", "demo", "--drafter", "demo-medusa-lisa", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    man = read_manifest(out)
+    assert man.drafter_arch == "medusa" and man.medusa_config.n_heads == 4 and man.graphs["medusa_heads"].validation["ok"]
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("cat\n")
+    tree = ["--tree-top-k", "3", "--tree-depth", "3", "--tree-tokens", "10"]
+    res = CliRunner().invoke(main, ["run", str(out), str(prompts), "--out", str(tmp_path / "o"), "--backend", "ort",
+                                    "--verify", "exact", "--threads", "1", *tree])
+    assert res.exit_code == 0, res.output
+    assert len(list((tmp_path / "o").glob("*.png"))) == 1
+    target = load_demo_target()
+    ref = Pipeline.from_models(target, load_drafter_by_name("demo-medusa-lisa", target),
+                               load_tables_by_name(default_tables("demo"), target), None,
+                               generation=man.generation, class_names=man.generation["class_names"])
+    kw = dict(seed=0, verify="exact", decode=False, tree_top_k=3, tree_depth=3, tree_tokens=10)
+    a = Pipeline.from_dir(out, backend="ort", threads=1).generate(["cat"], **kw)
+    b = ref.generate(["cat"], **kw)
+    assert torch.equal(a.tokens, b.tokens) and a.stats[0]["mal"] > 1.0
