@@ -196,7 +196,7 @@ class DrafterStepGraph(_NamedGraph):
 
 
 class MedusaHeadsGraph(_NamedGraph):
-    """MedusaHeads.head_logits: (hidden, depth) -> logits of head `depth` (fp32, any precision)."""
+    """MedusaHeads.head_logits: (hidden, depth) -> logits of head `depth` (always fp32, also in --fp16 bundles)."""
 
     def __init__(self, heads):
         super().__init__(graph_spec(Graph.MEDUSA_HEADS))
