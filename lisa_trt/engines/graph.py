@@ -327,7 +327,8 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
         **options: backend options (ORT: providers, threads, spin; TensorRT: device,
             kv_binding, share_memory).
     Returns:
-        Engines(target, drafter | None, gasv | None, vq | None, manifest, backend).
+        Engines(target, drafter | None, gasv | None, vq | None, manifest, backend); the drafter
+        is a GraphDrafter, or GraphMedusaHeads for a bundle exported with Medusa heads.
     Raises:
         ConfigError (unknown backend), ArtifactMismatchError / CheckpointError (read_manifest),
         the backend's own errors when it cannot run here (e.g. TensorRTUnavailableError).
@@ -349,6 +350,10 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
     target = GraphTarget(man, open_(Graph.TARGET_PREFILL, Graph.TARGET_VERIFY))
     if man.has(Graph.DRAFTER_STEP):
         drafter = GraphDrafter(man, open_(Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP))
+    elif man.has(Graph.MEDUSA_HEADS):  # a Medusa bundle: its heads are the drafter (engines/medusa_graph.py)
+        from .medusa_graph import GraphMedusaHeads
+
+        drafter = GraphMedusaHeads(man, open_(Graph.MEDUSA_HEADS)[Graph.MEDUSA_HEADS])
     if man.has(Graph.GASV):
         gasv = GraphGASV(man, open_(Graph.GASV)[Graph.GASV])
     if man.has(Graph.VQ_DECODE):

@@ -85,6 +85,14 @@ class TorchBackend(Backend):
             from ..models.drafter import load_drafter
 
             m = self._prepare(load_drafter(self._file("drafter_weights"), self._model("target")))
+        elif what == "medusa":  # fp32 like its graph (MedusaHeadsGraph)
+            from ..models.medusa import load_medusa
+
+            m = load_medusa(self._file("drafter_weights"), self._model("target"), check_target=False)
+            if m.config.target_hash != man.target_hash:
+                raise ArtifactMismatchError(f"{self._file('drafter_weights')} holds Medusa heads for target "
+                                            f"{m.config.target_hash}, the bundle's is {man.target_hash}; re-export it")
+            m = m.float().to(self._device).eval()
         elif what == "vq":
             m = family_of(man.target_config).load_decoder(self._file("vq_weights")).to(self._device).eval()
         else:  # tables, bound to the target head
@@ -105,6 +113,8 @@ class TorchBackend(Backend):
             module = X.DrafterProjectGraph(self._model("drafter"))
         elif graph is Graph.DRAFTER_STEP:
             module = X.DrafterStepGraph(self._model("drafter"))
+        elif graph is Graph.MEDUSA_HEADS:
+            module = X.MedusaHeadsGraph(self._model("medusa"))
         elif graph is Graph.GASV:
             module = X.GASVGraph(self._model("tables")).to(self._device)
         elif graph is Graph.VQ_DECODE:

@@ -66,6 +66,7 @@ class Graph(enum.Enum):
     DRAFTER_STEP = "drafter_step"
     GASV = "gasv"
     VQ_DECODE = "vq_decode"
+    MEDUSA_HEADS = "medusa_heads"  # the drafter of a Medusa bundle (in place of the two drafter graphs)
 
     @property
     def kind(self) -> GraphKind:
@@ -85,6 +86,7 @@ _KINDS = {
     Graph.DRAFTER_STEP: GraphKind.DRAFT_STEP,
     Graph.GASV: GraphKind.GASV,
     Graph.VQ_DECODE: GraphKind.VQ_DECODE,
+    Graph.MEDUSA_HEADS: GraphKind.DRAFT_STEP,
 }
 
 
@@ -226,6 +228,12 @@ def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> Gr
         return GraphSpec(graph, (TensorSpec("image_tokens", "int64", ("batch", "block"), "token ids, row-major grid"),),
                          (TensorSpec("images", "float32", ("batch", "channels", "height", "width"), "pixels in about [-1, 1]"),),
                          doc="VQ decoder (VQModel.decode_code)")
+    if graph is Graph.MEDUSA_HEADS:
+        return GraphSpec(graph, (
+            TensorSpec("hidden", "float32", ("batch", "seq", "dim"), "the target's final hidden state of the last committed token, fp32"),
+            TensorSpec("depth", "int64", ("batch", "seq"), "which head each row reads (tree depth - 1); >= n_heads: flat logits"),
+        ), (TensorSpec("logits", "float32", ("batch", "seq", "vocab"), "logits of head `depth`, fp32"),),
+            doc="Medusa heads (MedusaHeads.head_logits): k heads on the target's last hidden state, head `depth` selected")
     raise SpecError(f"unknown graph {graph}")
 
 
@@ -240,7 +248,7 @@ def export_dims(target_cfg, *, max_cache_len: int, drafter_cfg=None, vq_cfg=None
     Args:
         target_cfg: TargetConfig.
         max_cache_len: the static cache length Lmax (round_up(seq_len + max_tree, 8)).
-        drafter_cfg: DrafterConfig or None.
+        drafter_cfg: DrafterConfig, MedusaConfig (adds nothing: the heads graph uses dim / vocab) or None.
         vq_cfg: VQConfig or None.
     """
     t = target_cfg
@@ -248,7 +256,9 @@ def export_dims(target_cfg, *, max_cache_len: int, drafter_cfg=None, vq_cfg=None
                 head_dim=t.head_dim, cache_len=max_cache_len, prefix=t.cls_token_num,
                 caption_dim=t.caption_dim, block=t.block_size, n_gasv_params=len(GASV_PARAMS),
                 gasv_k=GASV_K)
-    if drafter_cfg is not None:
+    from ..models.medusa import MedusaConfig
+
+    if drafter_cfg is not None and not isinstance(drafter_cfg, MedusaConfig):  # Medusa heads: no draft axes
         dims.update(draft_hidden=drafter_cfg.hidden, draft_heads=drafter_cfg.n_head,
                     draft_head_dim=drafter_cfg.head_dim)
     if vq_cfg is not None:

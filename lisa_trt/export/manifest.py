@@ -42,6 +42,13 @@ def drafter_hash(drafter) -> str:
     return state_hash(dict(drafter.state_dict()))
 
 
+def drafter_arch(drafter) -> str:
+    """"medusa" for MedusaHeads, "eagle3" for every other drafter (recorded in the manifest)."""
+    from ..models.medusa import MedusaHeads
+
+    return "medusa" if isinstance(drafter, MedusaHeads) else "eagle3"
+
+
 def tables_hash(tables) -> str:
     """Identity of GASV tables: hash of the calibrated tensors and the target hash.
 
@@ -90,7 +97,7 @@ class Manifest:
     max_cache_len: int
     target: dict  # {"hash", "config"}
     graphs: dict  # name -> GraphEntry
-    drafter: Optional[dict] = None  # {"hash", "config"}
+    drafter: Optional[dict] = None  # {"hash", "config", "arch": "eagle3" | "medusa"} (no arch: eagle3)
     tables: Optional[dict] = None  # {"hash", "target_hash", "vocab_size", "n_clusters", "gasv"}
     vq: Optional[dict] = None  # {"hash", "config"}
     generation: dict = field(default_factory=dict)
@@ -125,10 +132,23 @@ class Manifest:
         return TargetConfig.from_dict(self.target["config"])
 
     @property
+    def drafter_arch(self) -> Optional[str]:
+        """"eagle3" (drafter_project + drafter_step graphs), "medusa" (medusa_heads), None."""
+        return (self.drafter.get("arch") or "eagle3") if self.drafter else None
+
+    @property
     def drafter_config(self):
+        """The EAGLE-3 DrafterConfig (None without a drafter or for Medusa heads: medusa_config)."""
         from ..models.drafter import DrafterConfig
 
-        return DrafterConfig.from_dict(self.drafter["config"]) if self.drafter else None
+        return DrafterConfig.from_dict(self.drafter["config"]) if self.drafter_arch == "eagle3" else None
+
+    @property
+    def medusa_config(self):
+        """The MedusaConfig of a Medusa bundle's heads, else None."""
+        from ..models.medusa import MedusaConfig
+
+        return MedusaConfig.from_dict(self.drafter["config"]) if self.drafter_arch == "medusa" else None
 
     @property
     def vq_config(self):
@@ -179,7 +199,8 @@ def build_manifest(*, target, drafter, tables, vq, graphs: dict, precision: str,
     return Manifest(
         precision=precision, opset=opset, max_tree=max_tree, max_cache_len=max_cache_len,
         target={"hash": target_hash(target), "config": target.config.to_dict()},
-        drafter=None if drafter is None else {"hash": drafter_hash(drafter), "config": drafter.config.to_dict()},
+        drafter=None if drafter is None else {"hash": drafter_hash(drafter), "config": drafter.config.to_dict(),
+                                              "arch": drafter_arch(drafter)},
         tables=None if tables is None else {
             "hash": tables_hash(tables), "target_hash": tables.target_hash, "vocab_size": tables.vocab_size,
             "n_clusters": tables.n_clusters, "gasv": tables.config.to_dict()},

@@ -6,6 +6,7 @@
     target_verify.onnx    S new tokens / a draft tree over the static cache, taps + hidden
     drafter_project.onnx  drafter fc on the target taps
     drafter_step.onnx     one drafter step over its own static cache
+    medusa_heads.onnx     (Medusa drafter, instead of the two above) k heads on the target's hidden
     gasv.onnx             GASV v2 per-node gates as plain ONNX ops (tables as initializers)
     vq_decode.onnx        VQ decoder
     conditions.safetensors  (t2i) the null caption for CFG
@@ -194,6 +195,24 @@ class DrafterStepGraph(_NamedGraph):
         return {"logits": logits, "hidden": hidden, "present.0.key": k, "present.0.value": v}
 
 
+class MedusaHeadsGraph(_NamedGraph):
+    """MedusaHeads.head_logits: (hidden, depth) -> logits of head `depth` (always fp32, also in --fp16 bundles)."""
+
+    def __init__(self, heads):
+        super().__init__(graph_spec(Graph.MEDUSA_HEADS))
+        self.heads = heads
+
+    def compute(self, x):
+        return dict(logits=self.heads.head_logits(x["hidden"], x["depth"]))
+
+
+def is_medusa(drafter) -> bool:
+    """True for Medusa heads (exported as one medusa_heads graph instead of the drafter graphs)."""
+    from .manifest import drafter_arch
+
+    return drafter is not None and drafter_arch(drafter) == "medusa"
+
+
 class GASVGraph(_NamedGraph):
     """GASV v2 per-node gates (docs/spec/lisa.md steps 1-4): calls `gasv.gasv_core`, the reference.
 
@@ -367,7 +386,8 @@ def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, o
 
     Args:
         target: the target Transformer (fp32, eval).
-        drafter: its Drafter, or None (no drafter graphs).
+        drafter: its Drafter, its MedusaHeads (one fp32 medusa_heads graph), or None (no drafter
+            graphs).
         tables: GASVTables for the target (bound or not), or None (no GASV graph).
         vq: VQModel, or None (no VQ decoder graph).
         out_dir: destination directory (replaced if it is an existing engine directory).
@@ -402,14 +422,17 @@ def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, o
     tcfg = target.config
     lmax = max_cache_len(tcfg, max_tree)
     precision = "fp16" if fp16 else "fp32"
+    medusa = is_medusa(drafter)
     dims = export_dims(tcfg, max_cache_len=lmax, drafter_cfg=drafter.config if drafter is not None else None,
                        vq_cfg=vq.config if vq is not None else None)
     refs = dict(target=target, drafter=drafter, tables=tables, vq=vq)
     t_exp = _half_copy(target) if fp16 else target
-    d_exp = (_half_copy(drafter) if fp16 else drafter) if drafter is not None else None
+    d_exp = (_half_copy(drafter) if fp16 else drafter) if drafter is not None and not medusa else None
     builders = [(Graph.TARGET_PREFILL, lambda: TargetPrefillGraph(t_exp, lmax), precision),
                 (Graph.TARGET_VERIFY, lambda: TargetVerifyGraph(t_exp), precision)]
-    if drafter is not None:
+    if medusa:  # fp32 like GASV / VQ: the decode loop hands the heads an fp32 hidden state
+        builders.append((Graph.MEDUSA_HEADS, lambda: MedusaHeadsGraph(drafter.eval()), "fp32"))
+    elif drafter is not None:
         builders += [(Graph.DRAFTER_PROJECT, lambda: DrafterProjectGraph(d_exp), precision),
                      (Graph.DRAFTER_STEP, lambda: DrafterStepGraph(d_exp), precision)]
     if tables is not None:

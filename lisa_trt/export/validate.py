@@ -1,7 +1,7 @@
 """Check exported graphs against PyTorch (random valid inputs) and lint them with Polygraphy.
 
 The reference is always the fp32 PyTorch model through its public API (`prefill`,
-`forward_tokens`, `Drafter.forward`, `gasv_gates`, `decode_code`), not the export wrappers, so a
+`forward_tokens`, `Drafter.forward`, `MedusaHeads.head_logits`, `gasv_gates`, `decode_code`), not the export wrappers, so a
 wrapper bug is caught too. fp16 graphs are compared with the same fp32 reference under a looser
 threshold. Error = max |onnx - torch| / max(1, max |torch|) per output (finite entries; the
 positions of infinities must agree); integer and bool outputs must match exactly.
@@ -80,6 +80,8 @@ def sample_inputs(graph: Graph, spec: GraphSpec, dims: dict, refs: dict, *, prec
             x = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, shape[0])])
         elif n == "guided_logits":
             x = _filtered_logits(shape, g)
+        elif n == "depth":  # Medusa heads: every head, and depths past the last one (flat logits)
+            x = torch.randint(0, refs["drafter"].config.n_heads + 1, shape, generator=g)
         elif n == "gasv_params":
             from .io_spec import gasv_params
 
@@ -161,6 +163,8 @@ def reference_outputs(graph: Graph, refs: dict, inputs: dict) -> dict:
         gate = torch.zeros(N, GASV_K)
         cand[:, :k], gate[:, :k] = o.cand, o.gate
         return dict(p=o.p, delta_eff=o.delta_eff, cand=cand, gate=gate)
+    if graph is Graph.MEDUSA_HEADS:
+        return dict(logits=refs["drafter"].head_logits(x["hidden"], x["depth"]))
     if graph is Graph.VQ_DECODE:
         vq, tok = refs["vq"], x["image_tokens"]
         grid = refs["target"].config.grid_size

@@ -112,10 +112,10 @@ class MedusaHeads(nn.Module):
         """Logits of head `depth` (B, S) long for each row: (B, S, V). Depths past the last head
         get flat logits (no information: the tree ranks those nodes last)."""
         allh = self.forward(hidden)  # (B, S, k, V)
-        k = allh.shape[2]
-        idx = depth.clamp(0, k - 1)[..., None, None].expand(*depth.shape, 1, allh.shape[-1])
-        out = allh.gather(2, idx)[:, :, 0]
-        return torch.where((depth < k)[..., None], out, torch.zeros_like(out))
+        # a one-hot select (Equal / Where / ReduceSum), exact (one value plus zeros): exports to
+        # ONNX without an int64 Clip or a data-dependent Gather, which TensorRT's parser refuses
+        sel = depth[..., None] == torch.arange(allh.shape[2], device=depth.device)  # (B, S, k)
+        return torch.where(sel[..., None], allh, torch.zeros((), dtype=allh.dtype, device=allh.device)).sum(2)
 
 
 def save_medusa(heads: MedusaHeads, path) -> None:

@@ -31,6 +31,7 @@ class Bundle:
 
 WEIGHT_FILES = {"target_weights": "weights/target.safetensors", "drafter_weights": "weights/drafter.safetensors",
                 "vq_weights": "weights/vq.safetensors", "tables": "tables.safetensors"}
+MEDUSA_WEIGHTS = "weights/medusa.safetensors"  # a Medusa bundle's "drafter_weights" (models/medusa.py format)
 
 
 def resolve_backend(engine_dir: Path, backend: str) -> str:
@@ -88,7 +89,6 @@ def open_bundle(engine_dir: Path, backend: str = "auto", *, threads: Optional[in
 
 def _torch_engines(man, engine_dir: Path, tables, names, gen):
     from ..models.checkpoints import load_target, load_vq, target_hash
-    from ..models.drafter import load_drafter
 
     if "target_weights" not in man.files:
         raise InputError(f"{engine_dir} carries no PyTorch weights (weights/); use --backend ort, or re-export "
@@ -97,12 +97,29 @@ def _torch_engines(man, engine_dir: Path, tables, names, gen):
     if target_hash(target) != man.target_hash:
         raise ArtifactMismatchError(f"{engine_dir}/weights/target.safetensors does not match the manifest's target "
                                     f"({target_hash(target)} vs {man.target_hash}); re-export the bundle")
-    drafter = load_drafter(engine_dir / man.files["drafter_weights"], target) if "drafter_weights" in man.files else None
+    drafter = _load_drafter(man, engine_dir, target) if "drafter_weights" in man.files else None
     vq = load_vq(engine_dir / man.files["vq_weights"]) if "vq_weights" in man.files else None
     if tables is not None:
         tables = tables.bind(target.output.weight)
     return Bundle(target=target, drafter=drafter, gasv=None, tables=tables, vq=vq, class_names=names,
                     generation=gen, backend="torch", manifest=man)
+
+
+def _load_drafter(man, engine_dir: Path, target):
+    """The bundle's PyTorch drafter: a Drafter, or MedusaHeads for a Medusa bundle (manifest arch)."""
+    path = engine_dir / man.files["drafter_weights"]
+    if man.drafter_arch == "medusa":
+        from ..export.manifest import drafter_hash
+        from ..models.medusa import load_medusa
+
+        heads = load_medusa(path, target)
+        if drafter_hash(heads) != man.drafter["hash"]:
+            raise ArtifactMismatchError(f"{path} are not the Medusa heads the bundle was exported with (hash "
+                                        f"{drafter_hash(heads)} vs {man.drafter['hash']}); re-export the bundle")
+        return heads
+    from ..models.drafter import load_drafter
+
+    return load_drafter(path, target)
 
 
 def export_full_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, opset: Optional[int] = None,
@@ -132,7 +149,7 @@ def export_full_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = Fal
         if fp16:
             raise InputError(f"--quantize {quantize} quantizes fp32 graphs; drop --fp16")
     with staging_dir(out_dir, echo=print if progress else None) as stage:
-        export_bundle(target, drafter, tables, vq, stage, fp16=fp16, opset=opset or DEFAULT_OPSET,
+        man0 = export_bundle(target, drafter, tables, vq, stage, fp16=fp16, opset=opset or DEFAULT_OPSET,
                       max_tree=max_tree or DEFAULT_MAX_TREE, generation=generation, progress=progress,
                       validate=validate, lint=lint)
         if quantize != "none":
@@ -142,7 +159,12 @@ def export_full_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = Fal
                             validate=validate)
         files = {"target_weights": WEIGHT_FILES["target_weights"]}
         save_model(target, target.config, stage / WEIGHT_FILES["target_weights"])
-        if drafter is not None:
+        if drafter is not None and man0.drafter_arch == "medusa":
+            from ..models.medusa import save_medusa
+
+            save_medusa(drafter, stage / MEDUSA_WEIGHTS)  # + weights/medusa.json (its config)
+            files["drafter_weights"] = MEDUSA_WEIGHTS
+        elif drafter is not None:
             save_drafter(drafter, stage / WEIGHT_FILES["drafter_weights"])
             files["drafter_weights"] = WEIGHT_FILES["drafter_weights"]
         if vq is not None:
