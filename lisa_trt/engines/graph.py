@@ -29,7 +29,7 @@ from ..config import find_multiple
 from ..errors import InputError
 from ..export.io_spec import Graph, export_dims, graph_spec
 from ..models.family import family_of
-from .base import GraphRunner, check_static_len, get_backend, torch_dtype
+from .base import GraphRunner, StaticTensors, check_static_len, get_backend, torch_dtype
 
 
 def check_tokens(tokens: torch.Tensor, vocab: int) -> None:
@@ -78,6 +78,7 @@ class _KVEngine:
         self.device = next(iter(runners.values())).device
         self._shadow: dict = {}
         self._checked: dict = {}
+        self._static: dict = {}  # id(runner) -> StaticTensors of the cache bound last (in-place runners)
 
     def close(self) -> None:
         for r in self.runners.values():
@@ -86,9 +87,10 @@ class _KVEngine:
     def _check_cache(self, cache, shape: tuple, what: str) -> None:
         """Buffers made by this engine's new_cache (checked again only when they change)."""
         bufs = cache.k + cache.v
-        key = tuple((b.data_ptr(), tuple(b.shape), b.dtype) for b in bufs)
-        if self._checked.get(what) == key:
+        seen = self._checked.get(what)  # the buffers checked last (by identity: no per-step cost)
+        if seen is not None and len(seen) == len(bufs) and all(a is b for a, b in zip(seen, bufs)):
             return
+        key = tuple(bufs)
         for buf in bufs:
             if tuple(buf.shape) != shape or buf.dtype != self.dtype or buf.device != self.device \
                     or not buf.is_contiguous():
@@ -103,7 +105,20 @@ class _KVEngine:
                     cache_slots=_contig(slots, torch.int64, dev), attention_mask=_contig(mask, torch.bool, dev))
 
     def _run_kv(self, runner: GraphRunner, cache, n_layer: int, inputs: dict, outputs: dict) -> dict:
-        """Run with the cache bound in place (or double-buffered for kv_binding "swap")."""
+        """Run with the cache bound in place (or double-buffered for kv_binding "swap").
+
+        In place, the cache buffers travel as one StaticTensors per (runner, cache buffers), so
+        a backend binds them once per cache and then only the per-step tensors."""
+        if runner.kv_binding == "inplace":
+            bufs = cache.k + cache.v
+            st = self._static.get(id(runner))
+            if st is None or len(st.key) != len(bufs) or any(a is not b for a, b in zip(st.key, bufs)):
+                past, present = {}, {}
+                for i in range(n_layer):
+                    for part, b in (("key", cache.k), ("value", cache.v)):
+                        past[f"past_key_values.{i}.{part}"] = present[f"present.{i}.{part}"] = b[i]
+                st = self._static[id(runner)] = StaticTensors(past, present, key=tuple(bufs))
+            return runner.run_static(inputs, outputs, st)
         swaps = []
         for i in range(n_layer):
             for part, bufs in (("key", cache.k), ("value", cache.v)):
@@ -249,15 +264,26 @@ class GraphGASV:
         self._run = runner
         self.device = runner.device
         self.vocab_size = manifest.tables["vocab_size"]
+        self._param_cache: dict = {}
 
     def close(self) -> None:
         self._run.close()
+
+    def _params(self, cfg) -> torch.Tensor:
+        """cfg.params on the engine's device, made once per config (frozen dataclass: hashable)."""
+        hit = self._param_cache.get(cfg)
+        if hit is None:
+            if len(self._param_cache) > 64:
+                self._param_cache.clear()
+            hit = self._param_cache[cfg] = cfg.params(self.device)
+        return hit
 
     def __call__(self, logits, tokens, parents, cfg=None):
         from ..export.io_spec import GASV_K
         from ..speculative.gasv import GASVGates, check_logits
 
-        check_logits(logits)
+        if not bool(torch.isfinite(logits.amax(-1)).all()):  # NaN / +inf / an empty row: say which
+            check_logits(logits)
         cfg = cfg or self.config
         if logits.shape[1] != self.vocab_size:
             raise InputError(f"GASV tables are for vocabulary {self.vocab_size}, logits have {logits.shape[1]}")
@@ -268,7 +294,7 @@ class GraphGASV:
         out = self._run.run(dict(guided_logits=logits.to(device=dev, dtype=torch.float32).contiguous(),
                                  node_tokens=tokens.to(device=dev, dtype=torch.int64).contiguous(),
                                  node_parents=parents.to(device=dev, dtype=torch.int64).contiguous(),
-                                 gasv_params=cfg.params(dev)))
+                                 gasv_params=self._params(cfg)))
         k = cfg.neighbours
         return GASVGates(out["p"], out["delta_eff"], out["cand"][:, :k], out["gate"][:, :k])
 

@@ -83,17 +83,12 @@ class DraftTree:
         B, N = tokens.shape
         dev = tokens.device
         valid = torch.ones(B, N, dtype=torch.bool, device=dev) if valid is None else valid.bool()
-        check_parents(parents, valid)
-        closure = ancestor_closure(parents)                                # (B, N, N)
-        depths = closure.sum(-1) - 1                                       # (B, N)
-        eye = torch.eye(N, dtype=torch.bool, device=dev)
-        ancestors = torch.where(valid[:, :, None], closure, eye)
+        depths, ancestors, retrieve = _structure(parents, valid)
         logprobs = (torch.zeros(B, N, device=dev) if logprobs is None else logprobs.float())
         logprobs = logprobs.clone()
         logprobs[:, 0] = 0.0
         if scores is None:
             scores = torch.where(ancestors, logprobs[:, None, :], 0.0).sum(-1)
-        retrieve = retrieve_paths(parents, depths, ancestors, valid)
         return cls(tokens, parents, depths, ancestors, valid, logprobs, scores.float(), retrieve,
                    child_q)
 
@@ -143,10 +138,43 @@ class DraftTree:
         """
         md = torch.as_tensor(max_depth, device=self.tokens.device).long().clamp(min=0)
         md = md.expand(self.batch_size) if md.dim() == 0 else md
-        valid = self.valid & (self.depths <= md[:, None])
+        hide = self.valid & (self.depths > md[:, None])
+        if not bool(hide.any()):  # nothing to hide (every step but the last few): the same tree
+            return self
+        valid = self.valid & ~hide
         return DraftTree.from_parents(self.tokens, self.parents, valid=valid,
                                       logprobs=self.logprobs, scores=self.scores,
                                       child_q=self.child_q)
+
+
+_STRUCTURES: dict = {}  # small CPU trees: (shape, parents, valid) -> (depths, ancestors, retrieve)
+_CACHE_NODES = 256  # cache the structure of trees with B * N up to this (the shapes recur every step)
+
+
+def _structure(parents: Tensor, valid: Tensor) -> tuple:
+    """Checked depths (B, N), ancestors (B, N, N) and retrieve paths of a tree shape.
+
+    Small CPU trees are cached by their parent pointers and validity (a dynamic tree takes one
+    of few shapes step after step): a hit returns the very tensors computed before, which are
+    never modified in place (DraftTree is frozen; consumers read them)."""
+    key = None
+    if parents.device.type == "cpu" and parents.numel() <= _CACHE_NODES:
+        key = (tuple(parents.shape), parents.numpy().tobytes(), valid.numpy().tobytes())
+        hit = _STRUCTURES.get(key)
+        if hit is not None:
+            return hit
+    check_parents(parents, valid)
+    B, N = parents.shape
+    closure = ancestor_closure(parents)                                    # (B, N, N)
+    depths = closure.sum(-1) - 1                                           # (B, N)
+    eye = torch.eye(N, dtype=torch.bool, device=parents.device)
+    ancestors = torch.where(valid[:, :, None], closure, eye)
+    out = (depths, ancestors, retrieve_paths(parents, depths, ancestors, valid))
+    if key is not None:
+        if len(_STRUCTURES) >= 4096:
+            _STRUCTURES.clear()
+        _STRUCTURES[key] = out
+    return out
 
 
 def check_parents(parents: Tensor, valid: Tensor) -> None:

@@ -284,7 +284,10 @@ def _scan_siblings(r: Tensor, drafts: Tensor, u: Tensor, rule, q: Optional[Tenso
     reach = torch.ones(B, device=r.device)
     choice = torch.full((B,), -1, dtype=torch.long, device=r.device)
     r = _normalize(r)
+    n_real = (drafts >= 0).sum(0).tolist()  # per sibling slot: rows with a real draft (CPU: no sync cost)
     for j in range(drafts.shape[1]):
+        if not n_real[j]:  # padding in every row: the step would change nothing (a = 0, r kept)
+            continue
         x = drafts[:, j]
         real = x >= 0
         xs = x.clamp(min=0)
@@ -345,8 +348,12 @@ def verify_tree(p: Tensor, tree: DraftTree, generator: Optional[torch.Generator]
         pos_tvd[:, level] = torch.where(alive, tvd(_normalize(p_ref[rows, cur].float()), law), 0.0)
         acc = alive & (choice >= 0)
         fin = alive & ~acc
-        drawn = _sample(resid, u_bonus)
-        bonus = torch.where(fin, drawn, bonus)
+        any_fin = bool(fin.any())
+        if any_fin:  # the bonus is drawn (from u_bonus, consumed up front) only where a row stops
+            drawn = _sample(resid, u_bonus)
+            bonus = torch.where(fin, drawn, bonus)
+        else:
+            drawn = bonus
         nxt = ch.gather(1, choice.clamp(min=0)[:, None])[:, 0] if C else cur
         acc_tok = drafts.gather(1, choice.clamp(min=0)[:, None])[:, 0] if C else cur
         out_tok[:, level] = torch.where(acc, acc_tok, torch.where(fin, drawn, -1))
