@@ -265,6 +265,7 @@ class GraphGASV:
         self.device = runner.device
         self.vocab_size = manifest.tables["vocab_size"]
         self._param_cache: dict = {}
+        self._no_static = StaticTensors({}, {})  # run_static: names checked once, output shapes cached
 
     def close(self) -> None:
         self._run.close()
@@ -291,10 +292,10 @@ class GraphGASV:
             raise InputError(f"the GASV graph gates the first {GASV_K} codebook neighbours (scope 'neighbours'); "
                              f"got scope {cfg.scope!r}, neighbours {cfg.neighbours}: use the torch backend")
         dev = self.device
-        out = self._run.run(dict(guided_logits=logits.to(device=dev, dtype=torch.float32).contiguous(),
-                                 node_tokens=tokens.to(device=dev, dtype=torch.int64).contiguous(),
-                                 node_parents=parents.to(device=dev, dtype=torch.int64).contiguous(),
-                                 gasv_params=self._params(cfg)))
+        out = self._run.run_static(dict(guided_logits=logits.to(device=dev, dtype=torch.float32).contiguous(),
+                                        node_tokens=tokens.to(device=dev, dtype=torch.int64).contiguous(),
+                                        node_parents=parents.to(device=dev, dtype=torch.int64).contiguous(),
+                                        gasv_params=self._params(cfg)), {}, self._no_static)
         k = cfg.neighbours
         return GASVGates(out["p"], out["delta_eff"], out["cand"][:, :k], out["gate"][:, :k])
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
 import torch
@@ -62,6 +62,7 @@ class DraftTree:
     scores: Tensor
     retrieve: Tensor
     child_q: Optional[Tensor] = None
+    kids: Optional[Tensor] = field(default=None, repr=False, compare=False)  # children() when known
 
     @classmethod
     def from_parents(cls, tokens: Tensor, parents: Tensor, *, valid: Optional[Tensor] = None,
@@ -83,14 +84,14 @@ class DraftTree:
         B, N = tokens.shape
         dev = tokens.device
         valid = torch.ones(B, N, dtype=torch.bool, device=dev) if valid is None else valid.bool()
-        depths, ancestors, retrieve = _structure(parents, valid)
+        depths, ancestors, retrieve, kids = _structure(parents, valid)
         logprobs = (torch.zeros(B, N, device=dev) if logprobs is None else logprobs.float())
         logprobs = logprobs.clone()
         logprobs[:, 0] = 0.0
         if scores is None:
             scores = torch.where(ancestors, logprobs[:, None, :], 0.0).sum(-1)
         return cls(tokens, parents, depths, ancestors, valid, logprobs, scores.float(), retrieve,
-                   child_q)
+                   child_q, kids)
 
     @property
     def batch_size(self) -> int:
@@ -117,16 +118,9 @@ class DraftTree:
 
     def children(self) -> Tensor:
         """(B, N, C) long child table in sibling (draft) order, -1 padded; C = max children."""
-        B, N = self.tokens.shape
-        is_child = (self.parents[:, None, :] == torch.arange(N, device=self.tokens.device)[None, :, None])
-        is_child &= self.valid[:, None, :]                                  # (B, N parent, N child)
-        rank = is_child.long().cumsum(-1) - 1
-        C = int(is_child.sum(-1).max()) if N > 1 else 0
-        table = torch.full((B, N, C + 1), -1, dtype=torch.long, device=self.tokens.device)
-        col = torch.where(is_child, rank, C)
-        src = torch.arange(N, device=self.tokens.device).expand(B, N, N)
-        table.scatter_(2, col, src)   # non-children land in the dump column C
-        return table[..., :C]
+        if self.kids is not None:
+            return self.kids
+        return children_table(self.parents, self.valid)
 
     def truncate(self, max_depth: Union[int, Tensor]) -> "DraftTree":
         """Hide nodes deeper than `max_depth` (end of image: at most remaining - 1 drafts).
@@ -169,12 +163,29 @@ def _structure(parents: Tensor, valid: Tensor) -> tuple:
     depths = closure.sum(-1) - 1                                           # (B, N)
     eye = torch.eye(N, dtype=torch.bool, device=parents.device)
     ancestors = torch.where(valid[:, :, None], closure, eye)
-    out = (depths, ancestors, retrieve_paths(parents, depths, ancestors, valid))
+    out = (depths, ancestors, retrieve_paths(parents, depths, ancestors, valid), None)
+    if key is not None:  # cached: the child table too (verification reads it every step)
+        out = out[:3] + (children_table(parents, valid),)
     if key is not None:
         if len(_STRUCTURES) >= 4096:
             _STRUCTURES.clear()
         _STRUCTURES[key] = out
     return out
+
+
+def children_table(parents: Tensor, valid: Tensor) -> Tensor:
+    """(B, N, C) long child table in sibling (draft) order, -1 padded; C = max children."""
+    B, N = parents.shape
+    dev = parents.device
+    is_child = (parents[:, None, :] == torch.arange(N, device=dev)[None, :, None])
+    is_child &= valid[:, None, :]                                           # (B, N parent, N child)
+    rank = is_child.long().cumsum(-1) - 1
+    C = int(is_child.sum(-1).max()) if N > 1 else 0
+    table = torch.full((B, N, C + 1), -1, dtype=torch.long, device=dev)
+    col = torch.where(is_child, rank, C)
+    src = torch.arange(N, device=dev).expand(B, N, N)
+    table.scatter_(2, col, src)   # non-children land in the dump column C
+    return table[..., :C]
 
 
 def check_parents(parents: Tensor, valid: Tensor) -> None:
