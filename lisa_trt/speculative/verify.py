@@ -276,10 +276,11 @@ class GASVRule:
 # ----------------------------------------------------------------------------- the tree walk
 
 def _scan_siblings(r: Tensor, drafts: Tensor, u: Tensor, rule, q: Optional[Tensor],
-                   nodes: Optional[Tensor] = None, parent: Optional[Tensor] = None):
+                   nodes: Optional[Tensor] = None, parent: Optional[Tensor] = None, normalized: bool = False):
     """Try the drafted siblings (B, C) (-1 padded) in order against r (B, V).
 
-    nodes (B, C) (the siblings' node ids) and parent (B,) are passed to per-node rules.
+    nodes (B, C) (the siblings' node ids) and parent (B,) are passed to per-node rules;
+    normalized: r is already `_normalize`d (the caller's copy is reused).
 
     Returns:
         choice (B,) slot of the accepted sibling or -1; residual (B, V) after rejecting every
@@ -289,7 +290,8 @@ def _scan_siblings(r: Tensor, drafts: Tensor, u: Tensor, rule, q: Optional[Tenso
     out = torch.zeros(B, V, device=r.device)
     reach = torch.ones(B, device=r.device)
     choice = torch.full((B,), -1, dtype=torch.long, device=r.device)
-    r = _normalize(r)
+    if not normalized:
+        r = _normalize(r)
     per_node = getattr(rule, "per_node", False)
     n_real = (drafts >= 0).sum(0).tolist()  # per sibling slot: rows with a real draft (CPU: no sync cost)
     for j in range(drafts.shape[1]):
@@ -351,10 +353,11 @@ def verify_tree(p: Tensor, tree: DraftTree, generator: Optional[torch.Generator]
         ch = kids[rows, cur]                                                # (B, C)
         drafts = torch.where(ch >= 0, tree.tokens.gather(1, ch.clamp(min=0)), -1)
         q = tree.child_q[rows, cur].float() if rule.needs_q else None
-        choice, resid, dist = _scan_siblings(p[rows, cur].float(), drafts, u_acc[:, level],
-                                             rule, q, ch, cur)
-        law = dist if rule.law_given_drafts else _normalize(p[rows, cur].float())
-        pos_tvd[:, level] = torch.where(alive, tvd(_normalize(p_ref[rows, cur].float()), law), 0.0)
+        pn = _normalize(p[rows, cur].float())  # the scan starts from it; the stats compare with it
+        choice, resid, dist = _scan_siblings(pn, drafts, u_acc[:, level], rule, q, ch, cur, normalized=True)
+        law = dist if rule.law_given_drafts else pn
+        ref = pn if p_ref is p else _normalize(p_ref[rows, cur].float())
+        pos_tvd[:, level] = torch.where(alive, tvd(ref, law), 0.0)
         acc = alive & (choice >= 0)
         fin = alive & ~acc
         any_fin = bool(fin.any())
