@@ -182,6 +182,38 @@ def test_cache_binding_is_reused_and_refreshed(engines, artifacts):
     assert close(out.logits, want.logits)
 
 
+def test_static_kv_binding_survives_a_plain_run_on_another_cache(engines, artifacts):
+    """The KV caches stay bound between steps (run_static); a plain `run` with other buffers in
+    between must not leave the next step writing into (or reading) those buffers."""
+    from lisa_trt.engines.base import RunnerError, StaticTensors
+
+    tgt, ref = engines.target, artifacts["target"]
+    a, b = tgt.new_cache(1), tgt.new_cache(1)
+    tgt.prefill(torch.tensor([2]), a)
+    tgt.prefill(torch.tensor([5]), b)
+    ra = ref.new_cache(1, extra=16)
+    ref.prefill(torch.tensor([2]), ra)
+    args = tree_inputs(a, 3)
+    tgt.forward_tokens(*args, a)  # binds a's buffers once
+    ref.forward_tokens(*args, ra)
+    a.compact(args[2][:, :1], torch.ones(1, dtype=torch.long))
+    ra.compact(args[2][:, :1], torch.ones(1, dtype=torch.long))
+    tok, pos, slots, mask = tree_inputs(b, 2, seed=1)
+    kv = {}
+    for i in range(tgt.config.n_layer):
+        kv[f"past_key_values.{i}.key"], kv[f"past_key_values.{i}.value"] = b.k[i], b.v[i]
+    outs = {n.replace("past_key_values", "present"): t for n, t in kv.items()}
+    tgt._verify.run(dict(input_ids=tok, position_ids=pos, cache_slots=slots, attention_mask=mask, **kv), outs)
+    b_k = [t.clone() for t in b.k]
+    args2 = tree_inputs(a, 2, seed=2)
+    out = tgt.forward_tokens(*args2, a)  # must run on a again, not on b
+    want = ref.forward_tokens(*args2, ra)
+    assert close(out.logits, want.logits)
+    assert all(torch.equal(x, y) for x, y in zip(b.k, b_k))
+    with pytest.raises(RunnerError, match="unbound"):  # names are checked once per signature
+        tgt._verify.run_static(dict(input_ids=tok), {}, StaticTensors(kv, outs))
+
+
 @pytest.mark.slow
 def test_fp16_engines_track_fp32_torch(artifacts, tmp_path):
     from lisa_trt.engines.ort import load_ort_engines
