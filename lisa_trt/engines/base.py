@@ -243,6 +243,11 @@ class Backend(abc.ABC):
     def check(self) -> None:
         """Raise (with the fix) when this backend cannot run here; called before any graph opens."""
 
+    def can_open(self, graph: Graph) -> bool:
+        """Whether `open(graph)` can work here (optional graphs, e.g. drafter_commit, are opened
+        only then): by default, whether the bundle exported it."""
+        return self.manifest.has(graph)
+
 
 _BACKENDS: dict[str, Callable] = {}
 _BUILTIN = {"ort": "lisa_trt.engines.ort", "trt": "lisa_trt.engines.trt", "torch": "lisa_trt.engines.torch_runner"}

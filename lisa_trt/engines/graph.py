@@ -220,6 +220,12 @@ class GraphDrafter(_KVEngine):
         self.hash = manifest.drafter["hash"]
         self._project = runners[Graph.DRAFTER_PROJECT]
         self._step = runners[Graph.DRAFTER_STEP]
+        self._commit = runners.get(Graph.DRAFTER_COMMIT)  # optional (bundles before it lack it)
+
+    @property
+    def fused_commit(self) -> bool:
+        """True when `commit` runs fc + step as one engine call (the drafter_commit graph)."""
+        return self._commit is not None
 
     def new_cache(self, batch: int, max_len: int, dtype=None):
         from ..models.drafter import DrafterCache
@@ -244,6 +250,18 @@ class GraphDrafter(_KVEngine):
         return out["logits"], out["hidden"]
 
     __call__ = forward
+
+    def commit(self, taps, tokens, positions, slots, mask, cache):
+        """`forward(project_taps(taps), ...)`: one engine call with the drafter_commit graph,
+        two (project, step) without it. Returns (logits (B, S, V) fp32, hidden_out (B, S, hidden))."""
+        if self._commit is None:
+            return self.forward(self.project_taps(taps), tokens, positions, slots, mask, cache)
+        cfg = self.config
+        check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, cfg.vocab_size, cfg.seq_len)
+        self._check_cache(cache, (cache.batch, cfg.n_head, self.max_cache_len, cfg.head_dim), "drafter")
+        inputs = dict(taps=_contig(taps, self.dtype, self.device), **self._step_inputs(tokens, positions, slots, mask))
+        out = self._run_kv(self._commit, cache, 1, inputs, {})
+        return out["logits"], out["hidden"]
 
 
 class GraphGASV:
@@ -375,7 +393,8 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
     drafter = gasv = vq = None
     target = GraphTarget(man, open_(Graph.TARGET_PREFILL, Graph.TARGET_VERIFY))
     if man.has(Graph.DRAFTER_STEP):
-        drafter = GraphDrafter(man, open_(Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP))
+        optional = [g for g in (Graph.DRAFTER_COMMIT,) if be.can_open(g)]
+        drafter = GraphDrafter(man, open_(Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP, *optional))
     if man.has(Graph.GASV):
         gasv = GraphGASV(man, open_(Graph.GASV)[Graph.GASV])
     if man.has(Graph.VQ_DECODE):

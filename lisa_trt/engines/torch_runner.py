@@ -105,6 +105,8 @@ class TorchBackend(Backend):
             module = X.DrafterProjectGraph(self._model("drafter"))
         elif graph is Graph.DRAFTER_STEP:
             module = X.DrafterStepGraph(self._model("drafter"))
+        elif graph is Graph.DRAFTER_COMMIT:
+            module = X.DrafterCommitGraph(self._model("drafter"))
         elif graph is Graph.GASV:
             module = X.GASVGraph(self._model("tables")).to(self._device)
         elif graph is Graph.VQ_DECODE:

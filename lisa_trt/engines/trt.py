@@ -235,6 +235,13 @@ class TrtBackend(Backend):
     def check(self) -> None:
         require_tensorrt_gpu()
 
+    def can_open(self, graph) -> bool:
+        """Exported AND built (an optional graph added after `lisa-trt build` waits for a rebuild)."""
+        from .build import engines_record
+
+        rec = engines_record(self.manifest.dir) or {}
+        return self.manifest.has(graph) and graph.value in rec.get("graphs", {})
+
     def open(self, graph, spec, dims):
         if graph is Graph.GASV:
             from .plugins import trt_plugin as tp

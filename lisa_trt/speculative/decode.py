@@ -167,7 +167,7 @@ class SpeculativeDecoder:
         with timer.measure("draft"):
             dcache = drafter.new_cache(tcache.batch, dmax)
             dcache.lengths.fill_(cls)
-            d_logits, d_hidden = self._drafter_commit(dcache, drafter.project_taps(pre.taps),
+            d_logits, d_hidden = self._drafter_commit(dcache, pre.taps,
                                                       guide.dup(first[:, None]))
             root_lp, root_h = d_logits[:, -1], d_hidden[:, -1]
 
@@ -213,7 +213,7 @@ class SpeculativeDecoder:
             with timer.measure("draft"):
                 taps = tout.taps.gather(1, guide.dup(path)[:, :, None].expand(-1, -1, tout.taps.shape[-1]))
                 new_tok = res.tokens.clamp(min=0)  # (Bc, D+1): accepted drafts then bonus
-                d_logits, d_hidden = self._drafter_commit(dcache, drafter.project_taps(taps),
+                d_logits, d_hidden = self._drafter_commit(dcache, taps,
                                                           guide.dup(new_tok), counts=guide.dup(ncom))
                 last = (ncom - 1)
                 root_lp = d_logits.gather(1, guide.dup(last)[:, None, None].expand(-1, 1, d_logits.shape[-1]))[:, 0]
@@ -236,11 +236,12 @@ class SpeculativeDecoder:
 
     # -- drafter helpers -------------------------------------------------------------------
 
-    def _drafter_commit(self, dcache, hidden_in, tokens, counts=None):
+    def _drafter_commit(self, dcache, taps, tokens, counts=None):
         """Append drafter entries for committed tokens (row b: the first counts[b] of them).
 
-        Entry j consumes hidden_in[:, j] (projected target taps of the token before) and
-        tokens[:, j]; it sits at position/slot dcache.lengths + j.
+        Entry j consumes fc(taps[:, j]) (the projected target taps of the token before) and
+        tokens[:, j]; it sits at position/slot dcache.lengths + j. A drafter with a fused commit
+        (engines.graph.GraphDrafter over a drafter_commit graph) does fc + step in one call.
         """
         Bd, S = tokens.shape
         dev = dcache.lengths.device
@@ -252,7 +253,10 @@ class SpeculativeDecoder:
             causal = self._causal[(S, dev)] = torch.tril(torch.ones(S, S, dtype=torch.bool, device=dev))
         slots = slots.clamp(max=dcache.max_len - 1)
         mask = dcache.attention_mask(slots, causal[None].expand(Bd, S, S))
-        logits, hidden = self.drafter.forward(hidden_in, tokens, pos, slots, mask, dcache)
+        if getattr(self.drafter, "fused_commit", False):
+            logits, hidden = self.drafter.commit(taps, tokens, pos, slots, mask, dcache)
+        else:
+            logits, hidden = self.drafter.forward(self.drafter.project_taps(taps), tokens, pos, slots, mask, dcache)
         dcache.lengths += S if counts is None else counts
         return logits, hidden
 

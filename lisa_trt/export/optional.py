@@ -1,0 +1,71 @@
+"""Optional graphs added to an existing bundle (old bundles keep loading without them).
+
+`drafter_commit` (drafter fc + step in one call, engines.graph.GraphDrafter.commit) is exported
+by `export_bundle` since it exists; `add_graphs` gives a bundle exported before it the graph from
+the bundle's own PyTorch weights, validated against PyTorch like a fresh export:
+
+    from lisa_trt.export.optional import add_graphs
+    add_graphs("runs/demo/demo_run/engines")     # -> ["drafter_commit"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Optional
+
+from ..errors import InputError
+from .io_spec import Graph, export_dims
+from .onnx import DrafterCommitGraph, _export_graph, _half_copy
+
+OPTIONAL_GRAPHS = (Graph.DRAFTER_COMMIT,)
+
+
+def add_graphs(engine_dir, graphs=OPTIONAL_GRAPHS, *, opset: Optional[int] = None, validate: bool = True,
+               lint: bool = False) -> list:
+    """Add optional graphs (e.g. drafter_commit) to an existing fp32/fp16 bundle from its own
+    PyTorch weights, validated like a fresh export; the manifest gains their entries (every
+    other key, a TensorRT build record included, is kept). Graphs already there are skipped.
+
+    Returns:
+        The names of the graphs added.
+    Raises:
+        InputError: no PyTorch weights in the bundle, a quantized bundle, or no drafter.
+    """
+    from ..engines.torch_runner import TorchBackend
+    from ..io import write_json
+    from . import manifest as M
+
+    engine_dir = Path(engine_dir)
+    man = M.read_manifest(engine_dir)
+    todo = [g for g in graphs if not man.has(g)]
+    if not todo:
+        return []
+    if man.quantization != "none":
+        raise InputError(f"{engine_dir} is quantized ({man.quantization}); re-export it to add {[g.value for g in todo]}")
+    if man.drafter_config is None:
+        raise InputError(f"{engine_dir} has no drafter; {[g.value for g in todo]} need one")
+    be = TorchBackend(man)
+    be.check()
+    refs = dict(target=be._model("target").float(), drafter=be._model("drafter").float(), tables=None, vq=None)
+    if "tables" in (man.files or {}):
+        refs["tables"] = be._model("tables")
+    tcfg = man.target_config
+    dims = export_dims(tcfg, max_cache_len=man.max_cache_len, drafter_cfg=man.drafter_config)
+    fp16 = man.precision == "fp16"
+    t_exp = _half_copy(refs["target"]) if fp16 else refs["target"]
+    d_exp = _half_copy(refs["drafter"]) if fp16 else refs["drafter"]
+    build = {Graph.DRAFTER_COMMIT: lambda: DrafterCommitGraph(d_exp)}
+    raw = json.loads((engine_dir / M.MANIFEST_NAME).read_text())
+    for g in todo:
+        if g not in build:
+            raise InputError(f"{g.value} is not an optional graph; re-export the bundle")
+        entry = _export_graph(g, build[g], man.precision, engine_dir, dims, refs, (t_exp, d_exp),
+                              opset=opset or man.opset, external_data=None, validate=validate, lint=lint)
+        raw["graphs"][g.value] = dataclasses.asdict(entry)
+    write_json(engine_dir / M.MANIFEST_NAME, raw)
+    return [g.value for g in todo]
+
+
+__all__ = ["OPTIONAL_GRAPHS", "add_graphs"]
