@@ -164,7 +164,9 @@ def main():
     if a.worker:
         print(json.dumps(measure(a.engine_dir, a.images, methods)))
         return
-    report = {"command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "batch": 1, "cfg": True,
+    bundle_graphs = sorted(json.loads((Path(a.engine_dir) / "manifest.json").read_text())["graphs"])
+    report = {"command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "bundle_graphs": bundle_graphs,
+              "batch": 1, "cfg": True,
               "threads": 1, "images": a.images, "note": a.note,
               "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
               "loadavg_start": os.getloadavg()}

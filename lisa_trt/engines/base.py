@@ -227,6 +227,9 @@ class Backend(abc.ABC):
     """
 
     name = "?"
+    # Optional graphs this backend can open (export.optional.OPTIONAL_GRAPHS, e.g. drafter_commit);
+    # a backend that does not list one gets the engines' fallback (e.g. drafter_project + step).
+    optional_graphs: tuple = ()
 
     def __init__(self, manifest, **options):
         self.manifest = manifest
@@ -244,9 +247,9 @@ class Backend(abc.ABC):
         """Raise (with the fix) when this backend cannot run here; called before any graph opens."""
 
     def can_open(self, graph: Graph) -> bool:
-        """Whether `open(graph)` can work here (optional graphs, e.g. drafter_commit, are opened
-        only then): by default, whether the bundle exported it."""
-        return self.manifest.has(graph)
+        """Whether to open an optional graph (e.g. drafter_commit): this backend lists it in
+        `optional_graphs` and the bundle exported it."""
+        return graph in self.optional_graphs and self.manifest.has(graph)
 
 
 _BACKENDS: dict[str, Callable] = {}

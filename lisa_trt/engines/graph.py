@@ -264,6 +264,9 @@ class GraphDrafter(_KVEngine):
         return out["logits"], out["hidden"]
 
 
+_NO_STATIC = StaticTensors({}, {})  # GASV calls go through run_static: names checked once, shapes cached
+
+
 class GraphGASV:
     """The GASV graph, GASV v2 per-node gates (docs/spec/lisa.md steps 1-4):
     (guided logits (N, V), node tokens (N,), node parents (N,), cfg) -> GASVGates, as
@@ -283,18 +286,18 @@ class GraphGASV:
         self.device = runner.device
         self.vocab_size = manifest.tables["vocab_size"]
         self._param_cache: dict = {}
-        self._no_static = StaticTensors({}, {})  # run_static: names checked once, output shapes cached
 
     def close(self) -> None:
         self._run.close()
 
     def _params(self, cfg) -> torch.Tensor:
         """cfg.params on the engine's device, made once per config (frozen dataclass: hashable)."""
-        hit = self._param_cache.get(cfg)
+        cache = self.__dict__.setdefault("_param_cache", {})  # (subclasses may skip __init__)
+        hit = cache.get(cfg)
         if hit is None:
-            if len(self._param_cache) > 64:
-                self._param_cache.clear()
-            hit = self._param_cache[cfg] = cfg.params(self.device)
+            if len(cache) > 64:
+                cache.clear()
+            hit = cache[cfg] = cfg.params(self.device)
         return hit
 
     def __call__(self, logits, tokens, parents, cfg=None):
@@ -313,7 +316,7 @@ class GraphGASV:
         out = self._run.run_static(dict(guided_logits=logits.to(device=dev, dtype=torch.float32).contiguous(),
                                         node_tokens=tokens.to(device=dev, dtype=torch.int64).contiguous(),
                                         node_parents=parents.to(device=dev, dtype=torch.int64).contiguous(),
-                                        gasv_params=self._params(cfg)), {}, self._no_static)
+                                        gasv_params=self._params(cfg)), {}, _NO_STATIC)
         k = cfg.neighbours
         return GASVGates(out["p"], out["delta_eff"], out["cand"][:, :k], out["gate"][:, :k])
 

@@ -30,6 +30,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..export.io_spec import Graph
 from .base import Backend, GraphRunner, register_backend, torch_dtype
 from .graph import Engines, load_engines
 
@@ -213,6 +214,7 @@ class OrtBackend(Backend):
     session, default physical cores), spin (intra-op thread spinning), profile (file prefix)."""
 
     name = "ort"
+    optional_graphs = (Graph.DRAFTER_COMMIT,)
 
     def open(self, graph, spec, dims):
         m = self.manifest

@@ -45,6 +45,7 @@ class TorchBackend(Backend):
     """Loads the bundle's PyTorch weights once; opens one export wrapper per graph."""
 
     name = "torch"
+    optional_graphs = (Graph.DRAFTER_COMMIT,)
 
     def __init__(self, manifest, *, device="cpu"):
         super().__init__(manifest)
