@@ -33,7 +33,6 @@ def add_graphs(engine_dir, graphs=OPTIONAL_GRAPHS, *, opset: Optional[int] = Non
     Raises:
         InputError: no PyTorch weights in the bundle, a quantized bundle, or no drafter.
     """
-    from ..engines.torch_runner import TorchBackend
     from ..io import write_json
     from . import manifest as M
 
@@ -46,11 +45,7 @@ def add_graphs(engine_dir, graphs=OPTIONAL_GRAPHS, *, opset: Optional[int] = Non
         raise InputError(f"{engine_dir} is quantized ({man.quantization}); re-export it to add {[g.value for g in todo]}")
     if man.drafter_config is None:
         raise InputError(f"{engine_dir} has no drafter; {[g.value for g in todo]} need one")
-    be = TorchBackend(man)
-    be.check()
-    refs = dict(target=be._model("target").float(), drafter=be._model("drafter").float(), tables=None, vq=None)
-    if "tables" in (man.files or {}):
-        refs["tables"] = be._model("tables")
+    refs = _bundle_models(engine_dir, man)
     tcfg = man.target_config
     dims = export_dims(tcfg, max_cache_len=man.max_cache_len, drafter_cfg=man.drafter_config)
     fp16 = man.precision == "fp16"
@@ -66,6 +61,29 @@ def add_graphs(engine_dir, graphs=OPTIONAL_GRAPHS, *, opset: Optional[int] = Non
         raw["graphs"][g.value] = dataclasses.asdict(entry)
     write_json(engine_dir / M.MANIFEST_NAME, raw)
     return [g.value for g in todo]
+
+
+def _bundle_models(engine_dir: Path, man) -> dict:
+    """The bundle's own fp32 PyTorch target / drafter / tables (weights/ written by `lisa-trt export`)."""
+    from ..calibration.tables import load_tables
+    from ..errors import ArtifactMismatchError
+    from ..models.checkpoints import target_hash
+    from ..models.drafter import load_drafter
+    from ..models.family import family_of
+
+    files = man.files or {}
+    if "target_weights" not in files or "drafter_weights" not in files:
+        raise InputError(f"{engine_dir} carries no PyTorch weights (weights/); re-export it with `lisa-trt export` "
+                         "(which bundles them and writes every graph)")
+    target = family_of(man.target_config).load_target(engine_dir / files["target_weights"]).float().eval()
+    if target_hash(target) != man.target_hash:
+        raise ArtifactMismatchError(f"{files['target_weights']} does not match the manifest's target "
+                                    f"({target_hash(target)} vs {man.target_hash}); re-export the bundle")
+    refs = dict(target=target, drafter=load_drafter(engine_dir / files["drafter_weights"], target).float().eval(),
+                tables=None, vq=None)
+    if "tables" in files:
+        refs["tables"] = load_tables(engine_dir / files["tables"], target.output.weight.float())
+    return refs
 
 
 __all__ = ["OPTIONAL_GRAPHS", "add_graphs"]
