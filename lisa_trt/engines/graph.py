@@ -84,6 +84,16 @@ class _KVEngine:
         for r in self.runners.values():
             r.close()
 
+    def _release(self) -> None:
+        """Forget the bound / checked cache buffers (a new cache is about to be made), so that an
+        old cache is not kept alive by its binding; a cache still in use is rebound on its next call."""
+        self._static.clear()
+        self._checked.clear()
+        for r in self.runners.values():
+            release = getattr(r, "release_static", None)
+            if release is not None:
+                release()
+
     def _check_cache(self, cache, shape: tuple, what: str) -> None:
         """Buffers made by this engine's new_cache (checked again only when they change)."""
         bufs = cache.k + cache.v
@@ -176,6 +186,7 @@ class GraphTarget(_KVEngine):
                          "or use a smaller tree budget")
         if dtype is not None and dtype != self.dtype:
             raise InputError(f"the engines' KV cache is {self.dtype}; cannot make a {dtype} cache")
+        self._release()
         return KVCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
 
     def _cache_ok(self, cache) -> None:
@@ -233,6 +244,7 @@ class GraphDrafter(_KVEngine):
         check_static_len(find_multiple(max_len, 8), self.max_cache_len, f"a drafter cache of {max_len} slots")
         if dtype is not None and dtype != self.dtype:
             raise InputError(f"the engines' drafter cache is {self.dtype}; cannot make a {dtype} cache")
+        self._release()
         return DrafterCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
 
     def project_taps(self, taps: torch.Tensor) -> torch.Tensor:

@@ -183,7 +183,8 @@ class OrtRunner(GraphRunner):
                 self._bind(name, t, output=False)
             for name, t in static.outputs.items():
                 self._bind(name, t, output=True)
-            self._static, self._checked, self._shapes = static, set(), {}
+            self._static, self._shapes = static, {}
+            self._checked = {(tuple(inputs), tuple(outputs))}
         sig = (tuple(inputs), tuple(outputs))
         if sig not in self._checked:
             self._check_names({**inputs, **static.inputs}, {**outputs, **static.outputs})
@@ -203,6 +204,10 @@ class OrtRunner(GraphRunner):
             self._bind(name, t, output=True)
         self._launch()
         return given
+
+    def release_static(self) -> None:
+        """Drop the reference to the static tensors bound last (the next run_static binds again)."""
+        self._static = None
 
     def _close(self) -> None:
         self._io = self._raw = self._run_raw = self.session = self._static = None
