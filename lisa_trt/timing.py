@@ -15,17 +15,25 @@ class Timer:
     def add(self, phase: str, seconds: float) -> None:
         self.totals[phase] = self.totals.get(phase, 0.0) + seconds
 
-    def measure(self, phase: str):
-        timer = self
+    def measure(self, phase: str) -> "_Measure":
+        """Context manager adding the time spent inside it to `phase`."""
+        return _Measure(self, phase)
 
-        class _Ctx:
-            def __enter__(self):
-                self.t0 = timer._now()
 
-            def __exit__(self, *exc):
-                timer.add(phase, timer._now() - self.t0)
+class _Measure:
+    """One timed section (a plain class: `measure` runs several times per decode step)."""
 
-        return _Ctx()
+    __slots__ = ("timer", "phase", "t0")
+
+    def __init__(self, timer: Timer, phase: str):
+        self.timer, self.phase, self.t0 = timer, phase, 0.0
+
+    def __enter__(self):
+        self.t0 = self.timer._now()
+        return self
+
+    def __exit__(self, *exc):
+        self.timer.add(self.phase, self.timer._now() - self.t0)
 
 
 __all__ = ["Timer"]

@@ -172,10 +172,7 @@ class GraphRunner(abc.ABC):
         if self.closed:
             raise RunnerError(f"{self.name}: the runner is closed")
         given = dict(outputs) if isinstance(outputs, dict) else {}
-        missing = [n for n in self.input_names if n not in inputs]
-        extra = sorted((set(inputs) - set(self.input_names)) | (set(given) - set(self.output_names)))
-        if missing or extra:
-            raise RunnerError(f"{self.name}: unbound {missing}, unknown {extra}")
+        self._check_names(inputs, given)
         if isinstance(outputs, (list, tuple)):
             bad = [n for n in outputs if n not in self.output_names]
             if bad:
@@ -188,9 +185,35 @@ class GraphRunner(abc.ABC):
             return {n: given[n] for n in outputs}
         return given
 
+    def _check_names(self, inputs, outputs) -> None:
+        missing = [n for n in self.input_names if n not in inputs]
+        extra = sorted((set(inputs) - set(self.input_names)) | (set(outputs) - set(self.output_names)))
+        if missing or extra:
+            raise RunnerError(f"{self.name}: unbound {missing}, unknown {extra}")
+
+    def run_static(self, inputs: dict, outputs: dict, static: "StaticTensors") -> dict:
+        """`run` with long-lived tensors (the KV caches) passed apart in `static`.
+
+        A backend may bind the static tensors once and then only the per-call ones while the
+        SAME `static` object comes back (engines/graph.py keeps one per cache); this default
+        simply merges them. Returns {output name: tensor} for (at least) the non-static outputs.
+        """
+        return self.run({**inputs, **static.inputs}, {**outputs, **static.outputs})
+
     @abc.abstractmethod
     def _execute(self, inputs: dict, outputs: dict) -> None:
         """Run with every input and output bound (outputs are written in place)."""
+
+
+class StaticTensors:
+    """Tensors bound on every call of a runner that do not change between calls (KV caches):
+    {input name: tensor} and {output name: tensor}. Identity matters: a runner may keep them
+    bound for as long as it is handed the same object (make a new one when a tensor changes)."""
+
+    __slots__ = ("inputs", "outputs", "key")
+
+    def __init__(self, inputs: dict, outputs: dict, key=None):
+        self.inputs, self.outputs, self.key = inputs, outputs, key
 
 
 # ----------------------------------------------------------------------------- backends
@@ -204,6 +227,9 @@ class Backend(abc.ABC):
     """
 
     name = "?"
+    # Optional graphs this backend can open (export.optional.OPTIONAL_GRAPHS, e.g. drafter_commit);
+    # a backend that does not list one gets the engines' fallback (e.g. drafter_project + step).
+    optional_graphs: tuple = ()
 
     def __init__(self, manifest, **options):
         self.manifest = manifest
@@ -219,6 +245,11 @@ class Backend(abc.ABC):
 
     def check(self) -> None:
         """Raise (with the fix) when this backend cannot run here; called before any graph opens."""
+
+    def can_open(self, graph: Graph) -> bool:
+        """Whether to open an optional graph (e.g. drafter_commit): this backend lists it in
+        `optional_graphs` and the bundle exported it."""
+        return graph in self.optional_graphs and self.manifest.has(graph)
 
 
 _BACKENDS: dict[str, Callable] = {}
@@ -251,5 +282,5 @@ def check_static_len(need: int, have: int, what: str, hint: Optional[str] = None
                          f"{have}; {hint or 're-export with a larger --max-tree'}")
 
 
-__all__ = ["Backend", "DrafterEngine", "GraphKind", "GraphRunner", "RunnerError", "TargetEngine", "Timer",
-           "backend_names", "check_static_len", "get_backend", "register_backend", "torch_dtype"]
+__all__ = ["Backend", "DrafterEngine", "GraphKind", "GraphRunner", "RunnerError", "StaticTensors", "TargetEngine",
+           "Timer", "backend_names", "check_static_len", "get_backend", "register_backend", "torch_dtype"]

@@ -29,7 +29,7 @@ from ..config import find_multiple
 from ..errors import InputError
 from ..export.io_spec import Graph, export_dims, graph_spec
 from ..models.family import family_of
-from .base import GraphRunner, check_static_len, get_backend, torch_dtype
+from .base import GraphRunner, StaticTensors, check_static_len, get_backend, torch_dtype
 
 
 def check_tokens(tokens: torch.Tensor, vocab: int) -> None:
@@ -78,17 +78,29 @@ class _KVEngine:
         self.device = next(iter(runners.values())).device
         self._shadow: dict = {}
         self._checked: dict = {}
+        self._static: dict = {}  # id(runner) -> StaticTensors of the cache bound last (in-place runners)
 
     def close(self) -> None:
         for r in self.runners.values():
             r.close()
 
+    def _release(self) -> None:
+        """Forget the bound / checked cache buffers (a new cache is about to be made), so that an
+        old cache is not kept alive by its binding; a cache still in use is rebound on its next call."""
+        self._static.clear()
+        self._checked.clear()
+        for r in self.runners.values():
+            release = getattr(r, "release_static", None)
+            if release is not None:
+                release()
+
     def _check_cache(self, cache, shape: tuple, what: str) -> None:
         """Buffers made by this engine's new_cache (checked again only when they change)."""
         bufs = cache.k + cache.v
-        key = tuple((b.data_ptr(), tuple(b.shape), b.dtype) for b in bufs)
-        if self._checked.get(what) == key:
+        seen = self._checked.get(what)  # the buffers checked last (by identity: no per-step cost)
+        if seen is not None and len(seen) == len(bufs) and all(a is b for a, b in zip(seen, bufs)):
             return
+        key = tuple(bufs)
         for buf in bufs:
             if tuple(buf.shape) != shape or buf.dtype != self.dtype or buf.device != self.device \
                     or not buf.is_contiguous():
@@ -103,7 +115,20 @@ class _KVEngine:
                     cache_slots=_contig(slots, torch.int64, dev), attention_mask=_contig(mask, torch.bool, dev))
 
     def _run_kv(self, runner: GraphRunner, cache, n_layer: int, inputs: dict, outputs: dict) -> dict:
-        """Run with the cache bound in place (or double-buffered for kv_binding "swap")."""
+        """Run with the cache bound in place (or double-buffered for kv_binding "swap").
+
+        In place, the cache buffers travel as one StaticTensors per (runner, cache buffers), so
+        a backend binds them once per cache and then only the per-step tensors."""
+        if runner.kv_binding == "inplace":
+            bufs = cache.k + cache.v
+            st = self._static.get(id(runner))
+            if st is None or len(st.key) != len(bufs) or any(a is not b for a, b in zip(st.key, bufs)):
+                past, present = {}, {}
+                for i in range(n_layer):
+                    for part, b in (("key", cache.k), ("value", cache.v)):
+                        past[f"past_key_values.{i}.{part}"] = present[f"present.{i}.{part}"] = b[i]
+                st = self._static[id(runner)] = StaticTensors(past, present, key=tuple(bufs))
+            return runner.run_static(inputs, outputs, st)
         swaps = []
         for i in range(n_layer):
             for part, bufs in (("key", cache.k), ("value", cache.v)):
@@ -161,6 +186,7 @@ class GraphTarget(_KVEngine):
                          "or use a smaller tree budget")
         if dtype is not None and dtype != self.dtype:
             raise InputError(f"the engines' KV cache is {self.dtype}; cannot make a {dtype} cache")
+        self._release()
         return KVCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
 
     def _cache_ok(self, cache) -> None:
@@ -205,6 +231,12 @@ class GraphDrafter(_KVEngine):
         self.hash = manifest.drafter["hash"]
         self._project = runners[Graph.DRAFTER_PROJECT]
         self._step = runners[Graph.DRAFTER_STEP]
+        self._commit = runners.get(Graph.DRAFTER_COMMIT)  # optional (bundles before it lack it)
+
+    @property
+    def fused_commit(self) -> bool:
+        """True when `commit` runs fc + step as one engine call (the drafter_commit graph)."""
+        return self._commit is not None
 
     def new_cache(self, batch: int, max_len: int, dtype=None):
         from ..models.drafter import DrafterCache
@@ -212,6 +244,7 @@ class GraphDrafter(_KVEngine):
         check_static_len(find_multiple(max_len, 8), self.max_cache_len, f"a drafter cache of {max_len} slots")
         if dtype is not None and dtype != self.dtype:
             raise InputError(f"the engines' drafter cache is {self.dtype}; cannot make a {dtype} cache")
+        self._release()
         return DrafterCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
 
     def project_taps(self, taps: torch.Tensor) -> torch.Tensor:
@@ -229,6 +262,21 @@ class GraphDrafter(_KVEngine):
         return out["logits"], out["hidden"]
 
     __call__ = forward
+
+    def commit(self, taps, tokens, positions, slots, mask, cache):
+        """`forward(project_taps(taps), ...)`: one engine call with the drafter_commit graph,
+        two (project, step) without it. Returns (logits (B, S, V) fp32, hidden_out (B, S, hidden))."""
+        if self._commit is None:
+            return self.forward(self.project_taps(taps), tokens, positions, slots, mask, cache)
+        cfg = self.config
+        check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, cfg.vocab_size, cfg.seq_len)
+        self._check_cache(cache, (cache.batch, cfg.n_head, self.max_cache_len, cfg.head_dim), "drafter")
+        inputs = dict(taps=_contig(taps, self.dtype, self.device), **self._step_inputs(tokens, positions, slots, mask))
+        out = self._run_kv(self._commit, cache, 1, inputs, {})
+        return out["logits"], out["hidden"]
+
+
+_NO_STATIC = StaticTensors({}, {})  # GASV calls go through run_static: names checked once, shapes cached
 
 
 class GraphGASV:
@@ -249,15 +297,27 @@ class GraphGASV:
         self._run = runner
         self.device = runner.device
         self.vocab_size = manifest.tables["vocab_size"]
+        self._param_cache: dict = {}
 
     def close(self) -> None:
         self._run.close()
+
+    def _params(self, cfg) -> torch.Tensor:
+        """cfg.params on the engine's device, made once per config (frozen dataclass: hashable)."""
+        cache = self.__dict__.setdefault("_param_cache", {})  # (subclasses may skip __init__)
+        hit = cache.get(cfg)
+        if hit is None:
+            if len(cache) > 64:
+                cache.clear()
+            hit = cache[cfg] = cfg.params(self.device)
+        return hit
 
     def __call__(self, logits, tokens, parents, cfg=None):
         from ..export.io_spec import GASV_K
         from ..speculative.gasv import GASVGates, check_logits
 
-        check_logits(logits)
+        if not bool(torch.isfinite(logits.amax(-1)).all()):  # NaN / +inf / an empty row: say which
+            check_logits(logits)
         cfg = cfg or self.config
         if logits.shape[1] != self.vocab_size:
             raise InputError(f"GASV tables are for vocabulary {self.vocab_size}, logits have {logits.shape[1]}")
@@ -265,10 +325,10 @@ class GraphGASV:
             raise InputError(f"the GASV graph gates the first {GASV_K} codebook neighbours (scope 'neighbours'); "
                              f"got scope {cfg.scope!r}, neighbours {cfg.neighbours}: use the torch backend")
         dev = self.device
-        out = self._run.run(dict(guided_logits=logits.to(device=dev, dtype=torch.float32).contiguous(),
-                                 node_tokens=tokens.to(device=dev, dtype=torch.int64).contiguous(),
-                                 node_parents=parents.to(device=dev, dtype=torch.int64).contiguous(),
-                                 gasv_params=cfg.params(dev)))
+        out = self._run.run_static(dict(guided_logits=logits.to(device=dev, dtype=torch.float32).contiguous(),
+                                        node_tokens=tokens.to(device=dev, dtype=torch.int64).contiguous(),
+                                        node_parents=parents.to(device=dev, dtype=torch.int64).contiguous(),
+                                        gasv_params=self._params(cfg)), {}, _NO_STATIC)
         k = cfg.neighbours
         return GASVGates(out["p"], out["delta_eff"], out["cand"][:, :k], out["gate"][:, :k])
 
@@ -349,7 +409,8 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
     drafter = gasv = vq = None
     target = GraphTarget(man, open_(Graph.TARGET_PREFILL, Graph.TARGET_VERIFY))
     if man.has(Graph.DRAFTER_STEP):
-        drafter = GraphDrafter(man, open_(Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP))
+        optional = [g for g in (Graph.DRAFTER_COMMIT,) if be.can_open(g)]
+        drafter = GraphDrafter(man, open_(Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP, *optional))
     elif man.has(Graph.MEDUSA_HEADS):  # a Medusa bundle: its heads are the drafter (engines/medusa_graph.py)
         from .medusa_graph import GraphMedusaHeads
 

@@ -30,7 +30,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .base import Backend, GraphRunner, register_backend
+from ..export.io_spec import Graph
+from .base import Backend, GraphRunner, register_backend, torch_dtype
 from .graph import Engines, load_engines
 
 _NP = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
@@ -126,6 +127,12 @@ class OrtRunner(GraphRunner):
         self._raw = getattr(self._io, "_iobinding", None)
         self._devices: dict = {}
         self._bound: dict = {}  # name -> (address, shape, dtype) currently bound
+        self._static = None  # the StaticTensors bound now (run_static)
+        self._checked: set = set()  # (input names, output names) signatures checked with _static
+        self._shapes: dict = {}  # per-call input shapes -> [(output name, shape, dtype)] to allocate
+        # The C session's run skips the Python wrapper's (WebGPU graph capture) bookkeeping.
+        self._run_raw = getattr(self.session, "_sess", None) if self._raw is not None and \
+            self.session.get_providers()[0] in ("CPUExecutionProvider", "CUDAExecutionProvider") else None
 
     def _bind(self, name: str, t: torch.Tensor, output: bool) -> None:
         key = (t.data_ptr(), tuple(t.shape), t.dtype)
@@ -147,16 +154,63 @@ class OrtRunner(GraphRunner):
         self._bound[name] = key
 
     def _execute(self, inputs: dict, outputs: dict) -> None:
+        self._static = None  # any name may be rebound here: run_static binds its tensors again
         for name, t in inputs.items():
             self._bind(name, t, output=False)
         for name, t in outputs.items():
             self._bind(name, t, output=True)
+        self._launch()
+
+    def _launch(self) -> None:
         if self.device.type == "cuda":  # ORT runs on its own stream: inputs must be ready
             torch.cuda.current_stream().synchronize()
-        self.session.run_with_iobinding(self._io)
+        if self._run_raw is not None:
+            self._run_raw.run_with_iobinding(self._raw, None)
+        else:
+            self.session.run_with_iobinding(self._io)
+
+    def run_static(self, inputs: dict, outputs: dict, static) -> dict:
+        """`run` with the static tensors (KV caches) bound once per StaticTensors object: a call
+        with the object bound last binds only the per-call inputs and outputs (the names are
+        checked once per signature, output shapes computed once per input shapes)."""
+        if self.closed:
+            from .base import RunnerError
+
+            raise RunnerError(f"{self.name}: the runner is closed")
+        if static is not self._static:
+            self._check_names({**inputs, **static.inputs}, {**outputs, **static.outputs})
+            for name, t in static.inputs.items():
+                self._bind(name, t, output=False)
+            for name, t in static.outputs.items():
+                self._bind(name, t, output=True)
+            self._static, self._shapes = static, {}
+            self._checked = {(tuple(inputs), tuple(outputs))}
+        sig = (tuple(inputs), tuple(outputs))
+        if sig not in self._checked:
+            self._check_names({**inputs, **static.inputs}, {**outputs, **static.outputs})
+            self._checked.add(sig)
+        key = tuple(tuple(t.shape) for t in inputs.values())
+        todo = self._shapes.get(key)
+        if todo is None:
+            shapes = self.output_shapes({**inputs, **static.inputs})
+            todo = self._shapes[key] = [(n, shapes[n], torch_dtype(self.spec.output(n).dtype, self.precision))
+                                        for n in self.output_names if n not in outputs and n not in static.outputs]
+        given = dict(outputs)
+        for n, shape, dtype in todo:
+            given[n] = torch.empty(shape, dtype=dtype, device=self.device)
+        for name, t in inputs.items():
+            self._bind(name, t, output=False)
+        for name, t in given.items():
+            self._bind(name, t, output=True)
+        self._launch()
+        return given
+
+    def release_static(self) -> None:
+        """Drop the reference to the static tensors bound last (the next run_static binds again)."""
+        self._static = None
 
     def _close(self) -> None:
-        self._io = self._raw = self.session = None
+        self._io = self._raw = self._run_raw = self.session = self._static = None
         self._bound.clear()
 
 
@@ -165,6 +219,7 @@ class OrtBackend(Backend):
     session, default physical cores), spin (intra-op thread spinning), profile (file prefix)."""
 
     name = "ort"
+    optional_graphs = (Graph.DRAFTER_COMMIT,)
 
     def open(self, graph, spec, dims):
         m = self.manifest

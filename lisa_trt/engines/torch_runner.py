@@ -45,6 +45,7 @@ class TorchBackend(Backend):
     """Loads the bundle's PyTorch weights once; opens one export wrapper per graph."""
 
     name = "torch"
+    optional_graphs = (Graph.DRAFTER_COMMIT,)
 
     def __init__(self, manifest, *, device="cpu"):
         super().__init__(manifest)
@@ -115,6 +116,8 @@ class TorchBackend(Backend):
             module = X.DrafterStepGraph(self._model("drafter"))
         elif graph is Graph.MEDUSA_HEADS:
             module = X.MedusaHeadsGraph(self._model("medusa"))
+        elif graph is Graph.DRAFTER_COMMIT:
+            module = X.DrafterCommitGraph(self._model("drafter"))
         elif graph is Graph.GASV:
             module = X.GASVGraph(self._model("tables")).to(self._device)
         elif graph is Graph.VQ_DECODE:

@@ -221,6 +221,7 @@ class TrtBackend(Backend):
     share_memory (per-profile contexts share one activation buffer)."""
 
     name = "trt"
+    optional_graphs = (Graph.DRAFTER_COMMIT,)
 
     def __init__(self, manifest, *, device=None, kv_binding: str = "inplace", share_memory: bool = True):
         if kv_binding not in KV_BINDINGS:
@@ -234,6 +235,13 @@ class TrtBackend(Backend):
 
     def check(self) -> None:
         require_tensorrt_gpu()
+
+    def can_open(self, graph) -> bool:
+        """Exported AND built (an optional graph added after `lisa-trt build` waits for a rebuild)."""
+        from .build import engines_record
+
+        rec = engines_record(self.manifest.dir) or {}
+        return super().can_open(graph) and graph.value in rec.get("graphs", {})
 
     def open(self, graph, spec, dims):
         if graph is Graph.GASV:

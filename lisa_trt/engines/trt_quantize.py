@@ -45,7 +45,8 @@ from ..export.io_spec import Graph, export_dims, graph_spec
 MODELOPT_VERSION = "0.47.0"
 MODELOPT_REQUIREMENT = f"nvidia-modelopt[onnx]=={MODELOPT_VERSION}"
 TRT_MODES = ("int8", "fp8", "int4")
-QDQ_GRAPHS = (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY, Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP)
+QDQ_GRAPHS = (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY, Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP,
+              Graph.DRAFTER_COMMIT)
 _MARKER = "lisa-trt-modelopt.json"
 _CALIB_METHOD = {"int8": "entropy", "fp8": "max", "int4": "rtn_dq"}
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")

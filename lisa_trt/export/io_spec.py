@@ -64,6 +64,7 @@ class Graph(enum.Enum):
     TARGET_VERIFY = "target_verify"
     DRAFTER_PROJECT = "drafter_project"
     DRAFTER_STEP = "drafter_step"
+    DRAFTER_COMMIT = "drafter_commit"  # optional: drafter_project + drafter_step in one call
     GASV = "gasv"
     VQ_DECODE = "vq_decode"
     MEDUSA_HEADS = "medusa_heads"  # the drafter of a Medusa bundle (in place of the two drafter graphs)
@@ -80,10 +81,13 @@ class Graph(enum.Enum):
 _KINDS = {
     Graph.TARGET_PREFILL: GraphKind.PREFILL,
     Graph.TARGET_VERIFY: GraphKind.VERIFY_TREE,
-    # fc on the taps is the first half of a drafter step (a separate graph because the decode
-    # loop calls project_taps and forward separately).
+    # fc on the taps is the first half of a drafter step (a separate graph for the callers of
+    # project_taps; the decode loop's commits use drafter_commit when the bundle has it).
     Graph.DRAFTER_PROJECT: GraphKind.DRAFT_STEP,
     Graph.DRAFTER_STEP: GraphKind.DRAFT_STEP,
+    # the decode loop's commit of accepted tokens: fc on their taps, then the step (one call
+    # instead of two; bundles without it run project + step)
+    Graph.DRAFTER_COMMIT: GraphKind.DRAFT_STEP,
     Graph.GASV: GraphKind.GASV,
     Graph.VQ_DECODE: GraphKind.VQ_DECODE,
     Graph.MEDUSA_HEADS: GraphKind.DRAFT_STEP,
@@ -204,14 +208,19 @@ def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> Gr
         return GraphSpec(graph, (TensorSpec("taps", "act", ("batch", "seq", "tap_dim"), "target taps"),),
                          (TensorSpec("hidden", "act", ("batch", "seq", "draft_hidden"), "fc(taps)"),),
                          doc="drafter fc on the target taps (Drafter.project_taps)")
-    if graph is Graph.DRAFTER_STEP:
+    if graph in (Graph.DRAFTER_STEP, Graph.DRAFTER_COMMIT):
         dpast = _kv("past_key_values", 1, "draft_heads", "draft_head_dim")
         dpresent = _kv("present", 1, "draft_heads", "draft_head_dim")
-        ins = (TensorSpec("hidden_in", "act", ("batch", "seq", "draft_hidden"), "projected taps or the drafter's previous hidden"),)
+        if graph is Graph.DRAFTER_COMMIT:
+            ins = (TensorSpec("taps", "act", ("batch", "seq", "tap_dim"), "target taps of the tokens before the new ones"),)
+            doc = "drafter commit: fc on the taps, then one drafter step (Drafter.project_taps + Drafter.forward)"
+        else:
+            ins = (TensorSpec("hidden_in", "act", ("batch", "seq", "draft_hidden"), "projected taps or the drafter's previous hidden"),)
+            doc = "one drafter step (Drafter.forward)"
         outs = (TensorSpec("logits", "float32", ("batch", "seq", "vocab"), "drafter logits, fp32"),
                 TensorSpec("hidden", "act", ("batch", "seq", "draft_hidden"), "drafter output hidden (next step's hidden_in)"))
         return GraphSpec(graph, ins + _new_tokens() + dpast, outs + dpresent,
-                         dict(zip(present_names(1), past_names(1))), "one drafter step (Drafter.forward)")
+                         dict(zip(present_names(1), past_names(1))), doc)
     if graph is Graph.GASV:
         return GraphSpec(graph, (
             TensorSpec("guided_logits", "float32", ("nodes", "vocab"), "CFG-combined, filtered logits (-inf outside the support), one row per tree node"),

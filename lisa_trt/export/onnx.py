@@ -195,6 +195,21 @@ class DrafterStepGraph(_NamedGraph):
         return {"logits": logits, "hidden": hidden, "present.0.key": k, "present.0.value": v}
 
 
+class DrafterCommitGraph(_NamedGraph):
+    """The decode loop's drafter commit in one graph: Drafter.forward(project_taps(taps), ...)."""
+
+    def __init__(self, drafter):
+        super().__init__(graph_spec(Graph.DRAFTER_COMMIT))
+        self.drafter = drafter
+
+    def compute(self, x):
+        cache = _ShimCache([x["past_key_values.0.key"], x["past_key_values.0.value"]])
+        logits, hidden = self.drafter(self.drafter.project_taps(x["taps"]), x["input_ids"], x["position_ids"],
+                                      x["cache_slots"], x["attention_mask"], cache)
+        k, v = cache.presents()
+        return {"logits": logits, "hidden": hidden, "present.0.key": k, "present.0.value": v}
+
+
 class MedusaHeadsGraph(_NamedGraph):
     """MedusaHeads.head_logits: (hidden, depth) -> logits of head `depth` (always fp32, also in --fp16 bundles)."""
 
@@ -410,7 +425,6 @@ def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, o
         ExportError: a graph failed to export, validate or lint.
     """
     from . import manifest as M
-    from .validate import lint_graph, sample_inputs, validate_graph
 
     if opset < 23:
         raise InputError(f"opset {opset} is too old: the graphs use ONNX Attention (opset >= 23)")
@@ -434,7 +448,8 @@ def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, o
         builders.append((Graph.MEDUSA_HEADS, lambda: MedusaHeadsGraph(drafter.eval()), "fp32"))
     elif drafter is not None:
         builders += [(Graph.DRAFTER_PROJECT, lambda: DrafterProjectGraph(d_exp), precision),
-                     (Graph.DRAFTER_STEP, lambda: DrafterStepGraph(d_exp), precision)]
+                     (Graph.DRAFTER_STEP, lambda: DrafterStepGraph(d_exp), precision),
+                     (Graph.DRAFTER_COMMIT, lambda: DrafterCommitGraph(d_exp), precision)]
     if tables is not None:
         builders.append((Graph.GASV, lambda: GASVGraph(tables), "fp32"))
     if vq is not None:
@@ -445,28 +460,8 @@ def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, o
         bar = _progress(len(builders), progress)
         for graph, build, prec in builders:
             bar.set_description(f"export {graph.value}")
-            t0 = time.perf_counter()
-            module = build()
-            example = sample_inputs(graph, module.spec, dims, refs, precision=prec, seed=0, **_EXAMPLE)
-            with _export_mode(t_exp, d_exp):
-                path = onnx_from_torch(module, example, tmp / graph.filename, opset=opset,
-                                       external_data=external_data)
-            if prec == "fp16":
-                set_softmax_fp32(path)
-            entry = M.GraphEntry(name=graph.value, kind=graph.kind.value, file=graph.filename, precision=prec,
-                                 sha256=M.file_sha256(path), external_data=_external_file(path),
-                                 export_seconds=round(time.perf_counter() - t0, 2))
-            if validate:
-                report = validate_graph(graph, path, module.spec, dims, refs, precision=prec)
-                entry = entry.with_validation(report.to_dict())
-                if not report.ok:
-                    raise ExportError(f"{graph.value} does not match PyTorch: {report.summary()}")
-            if lint:
-                lres = lint_graph(path, sample_inputs(graph, module.spec, dims, refs, precision=prec, seed=1, **_EXAMPLE))
-                entry = entry.with_lint(lres)
-                if lres["status"] == "failed":
-                    raise ExportError(f"polygraphy lint found errors in {graph.value}: {lres.get('errors')}")
-            graphs[graph.value] = entry
+            graphs[graph.value] = _export_graph(graph, build, prec, tmp, dims, refs, (t_exp, d_exp), opset=opset,
+                                                external_data=external_data, validate=validate, lint=lint)
             bar.update(1)
         bar.close()
         extra_files = _write_conditions(target, tmp)
@@ -475,6 +470,35 @@ def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, o
                                generation=generation, files=extra_files)
         M.write_manifest(man, tmp)
     return M.read_manifest(out_dir)
+
+
+def _export_graph(graph, build, prec: str, dest: Path, dims: dict, refs: dict, models: tuple, *, opset: int,
+                  external_data, validate: bool, lint: bool):
+    """Export, validate and lint one graph into `dest`; its manifest GraphEntry."""
+    from . import manifest as M
+    from .validate import lint_graph, sample_inputs, validate_graph
+
+    t0 = time.perf_counter()
+    module = build()
+    example = sample_inputs(graph, module.spec, dims, refs, precision=prec, seed=0, **_EXAMPLE)
+    with _export_mode(*models):
+        path = onnx_from_torch(module, example, dest / graph.filename, opset=opset, external_data=external_data)
+    if prec == "fp16":
+        set_softmax_fp32(path)
+    entry = M.GraphEntry(name=graph.value, kind=graph.kind.value, file=graph.filename, precision=prec,
+                         sha256=M.file_sha256(path), external_data=_external_file(path),
+                         export_seconds=round(time.perf_counter() - t0, 2))
+    if validate:
+        report = validate_graph(graph, path, module.spec, dims, refs, precision=prec)
+        entry = entry.with_validation(report.to_dict())
+        if not report.ok:
+            raise ExportError(f"{graph.value} does not match PyTorch: {report.summary()}")
+    if lint:
+        lres = lint_graph(path, sample_inputs(graph, module.spec, dims, refs, precision=prec, seed=1, **_EXAMPLE))
+        entry = entry.with_lint(lres)
+        if lres["status"] == "failed":
+            raise ExportError(f"polygraphy lint found errors in {graph.value}: {lres.get('errors')}")
+    return entry
 
 
 def _external_file(path: Path) -> Optional[str]:

@@ -36,7 +36,8 @@ from ..errors import InputError
 from .io_spec import Graph, export_dims, graph_spec
 
 QUANT_MODES = ("none", "int8", "int4")
-QUANTIZED_GRAPHS = (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY, Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP)
+QUANTIZED_GRAPHS = (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY, Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP,
+                    Graph.DRAFTER_COMMIT)
 # Scaled error thresholds vs the fp32 torch model (random inputs, random caches). The logits of a
 # trained model move by ~0.1 (int8) / ~0.3 (int4) at most; the KV-cache outputs by less.
 QUANT_THRESHOLDS = {"int8": 0.1, "int4": 0.3}

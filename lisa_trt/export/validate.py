@@ -144,13 +144,13 @@ def reference_outputs(graph: Graph, refs: dict, inputs: dict) -> dict:
         return res
     if graph is Graph.DRAFTER_PROJECT:
         return dict(hidden=refs["drafter"].project_taps(x["taps"]))
-    if graph is Graph.DRAFTER_STEP:
+    if graph in (Graph.DRAFTER_STEP, Graph.DRAFTER_COMMIT):
         d = refs["drafter"]
         k, v = x["past_key_values.0.key"].clone(), x["past_key_values.0.value"].clone()
         cache = DrafterCache(d.config, k.shape[0], k.shape[2], torch.float32, "cpu")
         cache.k, cache.v = [k], [v]
-        logits, hidden = d(x["hidden_in"], x["input_ids"], x["position_ids"], x["cache_slots"],
-                           x["attention_mask"], cache)
+        h_in = d.project_taps(x["taps"]) if graph is Graph.DRAFTER_COMMIT else x["hidden_in"]
+        logits, hidden = d(h_in, x["input_ids"], x["position_ids"], x["cache_slots"], x["attention_mask"], cache)
         return {"logits": logits, "hidden": hidden, **_interleave(cache.k, cache.v)}
     if graph is Graph.GASV:
         from ..speculative.gasv import GASVConfig, gasv_gates

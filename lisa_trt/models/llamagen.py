@@ -220,6 +220,15 @@ class KVCache:
             return
         src = src_slots.clamp(min=0)
         dst = (self.lengths[:, None] + torch.arange(A, device=src.device)[None, :]).clamp(max=self.max_len - 1)
+        if src.device.type == "cpu":
+            # Only entries that move matter: the root and an accepted first child usually sit at
+            # their destination already, and padding (j >= counts) is never read.
+            moved = ((src != dst) & (torch.arange(A)[None, :] < counts[:, None])).any(0).nonzero().flatten()
+            if not moved.numel():
+                self.lengths += counts
+                return
+            A = int(moved.max()) + 1
+            src, dst = src[:, :A], dst[:, :A]
         for buf in self.k + self.v:
             H, D = buf.shape[1], buf.shape[3]
             rows = buf.gather(2, src[:, None, :, None].expand(B, H, A, D))

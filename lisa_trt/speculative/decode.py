@@ -107,6 +107,7 @@ class SpeculativeDecoder:
 
     def __init__(self, target, drafter, tables=None, gasv=None):
         self.target, self.drafter, self.tables, self.gasv = target, drafter, tables, gasv
+        self._causal: dict = {}  # (S, device) -> (S, S) causal mask of a drafter commit
 
     def _verify(self, logits: torch.Tensor, tree: DraftTree, spec: SpecConfig, greedy: bool, gen):
         """Guided, filtered logits (B, N, V) at the tree nodes -> VerifyResult (the method's rule)."""
@@ -166,19 +167,20 @@ class SpeculativeDecoder:
         with timer.measure("draft"):
             dcache = drafter.new_cache(tcache.batch, dmax)
             dcache.lengths.fill_(cls)
-            d_logits, d_hidden = self._drafter_commit(dcache, drafter.project_taps(pre.taps),
+            d_logits, d_hidden = self._drafter_commit(dcache, pre.taps,
                                                       guide.dup(first[:, None]))
             root_lp, root_h = d_logits[:, -1], d_hidden[:, -1]
 
         while active.numel():
             Bc = active.numel()
-            remaining = N_img - n_done[active]  # (Bc,) >= 1
-            root_tok = out[active, n_done[active] - 1]
+            nd = n_done[active]  # (Bc,) committed tokens of the active rows (one gather per step)
+            remaining = N_img - nd  # (Bc,) >= 1
+            root_tok = out[active, nd - 1]
             root_pos = tcache.lengths[:Bc]  # cond half (uncond half identical)
             # -- draft a tree -------------------------------------------------------------
             with timer.measure("draft"):
                 tree = self._draft(dcache, root_tok, root_lp, root_h, root_pos, guide, spec,
-                                   n_done[active], stats)
+                                   nd, stats)
                 tree = tree.truncate(remaining - 1)
             # -- verify it with one target forward ------------------------------------------
             with timer.measure("target"):
@@ -190,7 +192,7 @@ class SpeculativeDecoder:
                 tout = target.forward_tokens(tok2, pos, slots, mask, tcache, taps=True)
                 stats.target_forwards += 1
             with timer.measure("accept"):
-                token_index = n_done[active][:, None] + tree.depths  # z index each node predicts
+                token_index = nd[:, None] + tree.depths  # z index each node predicts
                 logits = guide(tout.logits, token_index)
                 res = self._verify(logits, tree, spec, greedy,
                                    gen.select(active) if isinstance(gen, RowGenerators) else gen)
@@ -203,22 +205,24 @@ class SpeculativeDecoder:
                 stats.tvd.append(res.tvd)
                 cols = torch.arange(res.tokens.shape[1], device=dev)[None]
                 take = cols < ncom[:, None]  # (Bc, D+1)
-                out[active[:, None].expand_as(take)[take], (n_done[active][:, None] + cols)[take]] = res.tokens[take]
+                r_i, c_i = take.nonzero(as_tuple=True)  # one nonzero for the three masked reads
+                out[active[r_i], nd[r_i] + c_i] = res.tokens[r_i, c_i]
                 path = res.path.clamp(min=0)  # (Bc, D+1) node ids, root first
                 src = slots[: Bc].gather(1, path)
                 tcache.compact(guide.dup(src), guide.dup(ncom))
             with timer.measure("draft"):
                 taps = tout.taps.gather(1, guide.dup(path)[:, :, None].expand(-1, -1, tout.taps.shape[-1]))
                 new_tok = res.tokens.clamp(min=0)  # (Bc, D+1): accepted drafts then bonus
-                d_logits, d_hidden = self._drafter_commit(dcache, drafter.project_taps(taps),
+                d_logits, d_hidden = self._drafter_commit(dcache, taps,
                                                           guide.dup(new_tok), counts=guide.dup(ncom))
                 last = (ncom - 1)
                 root_lp = d_logits.gather(1, guide.dup(last)[:, None, None].expand(-1, 1, d_logits.shape[-1]))[:, 0]
                 root_h = d_hidden.gather(1, guide.dup(last)[:, None, None].expand(-1, 1, d_hidden.shape[-1]))[:, 0]
-            n_done[active] += ncom
+            nd = nd + ncom
+            n_done[active] = nd
             if on_progress is not None:
                 on_progress(int(n_done.sum()))
-            keep = n_done[active] < N_img
+            keep = nd < N_img
             if not bool(keep.all()):
                 idx = torch.nonzero(keep).flatten()
                 rows2 = guide.rows(idx, Bc)
@@ -232,21 +236,27 @@ class SpeculativeDecoder:
 
     # -- drafter helpers -------------------------------------------------------------------
 
-    def _drafter_commit(self, dcache, hidden_in, tokens, counts=None):
+    def _drafter_commit(self, dcache, taps, tokens, counts=None):
         """Append drafter entries for committed tokens (row b: the first counts[b] of them).
 
-        Entry j consumes hidden_in[:, j] (projected target taps of the token before) and
-        tokens[:, j]; it sits at position/slot dcache.lengths + j.
+        Entry j consumes fc(taps[:, j]) (the projected target taps of the token before) and
+        tokens[:, j]; it sits at position/slot dcache.lengths + j. A drafter with a fused commit
+        (engines.graph.GraphDrafter over a drafter_commit graph) does fc + step in one call.
         """
         Bd, S = tokens.shape
         dev = dcache.lengths.device
         slots = dcache.lengths[:, None] + torch.arange(S, device=dev)[None]
         n_pos = self.target.config.seq_len
         pos = slots.clamp(max=n_pos - 1)
-        causal = torch.tril(torch.ones(S, S, dtype=torch.bool, device=dev))[None].expand(Bd, S, S)
-        mask = dcache.attention_mask(slots.clamp(max=dcache.max_len - 1), causal)
-        logits, hidden = self.drafter.forward(hidden_in, tokens, pos, slots.clamp(max=dcache.max_len - 1),
-                                              mask, dcache)
+        causal = self._causal.get((S, dev))
+        if causal is None:
+            causal = self._causal[(S, dev)] = torch.tril(torch.ones(S, S, dtype=torch.bool, device=dev))
+        slots = slots.clamp(max=dcache.max_len - 1)
+        mask = dcache.attention_mask(slots, causal[None].expand(Bd, S, S))
+        if getattr(self.drafter, "fused_commit", False):
+            logits, hidden = self.drafter.commit(taps, tokens, pos, slots, mask, dcache)
+        else:
+            logits, hidden = self.drafter.forward(self.drafter.project_taps(taps), tokens, pos, slots, mask, dcache)
         dcache.lengths += S if counts is None else counts
         return logits, hidden
 

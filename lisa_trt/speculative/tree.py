@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
 import torch
@@ -62,6 +62,7 @@ class DraftTree:
     scores: Tensor
     retrieve: Tensor
     child_q: Optional[Tensor] = None
+    kids: Optional[Tensor] = field(default=None, repr=False, compare=False)  # children() when known
 
     @classmethod
     def from_parents(cls, tokens: Tensor, parents: Tensor, *, valid: Optional[Tensor] = None,
@@ -83,19 +84,14 @@ class DraftTree:
         B, N = tokens.shape
         dev = tokens.device
         valid = torch.ones(B, N, dtype=torch.bool, device=dev) if valid is None else valid.bool()
-        check_parents(parents, valid)
-        closure = ancestor_closure(parents)                                # (B, N, N)
-        depths = closure.sum(-1) - 1                                       # (B, N)
-        eye = torch.eye(N, dtype=torch.bool, device=dev)
-        ancestors = torch.where(valid[:, :, None], closure, eye)
+        depths, ancestors, retrieve, kids = _structure(parents, valid)
         logprobs = (torch.zeros(B, N, device=dev) if logprobs is None else logprobs.float())
         logprobs = logprobs.clone()
         logprobs[:, 0] = 0.0
         if scores is None:
             scores = torch.where(ancestors, logprobs[:, None, :], 0.0).sum(-1)
-        retrieve = retrieve_paths(parents, depths, ancestors, valid)
         return cls(tokens, parents, depths, ancestors, valid, logprobs, scores.float(), retrieve,
-                   child_q)
+                   child_q, kids)
 
     @property
     def batch_size(self) -> int:
@@ -122,16 +118,9 @@ class DraftTree:
 
     def children(self) -> Tensor:
         """(B, N, C) long child table in sibling (draft) order, -1 padded; C = max children."""
-        B, N = self.tokens.shape
-        is_child = (self.parents[:, None, :] == torch.arange(N, device=self.tokens.device)[None, :, None])
-        is_child &= self.valid[:, None, :]                                  # (B, N parent, N child)
-        rank = is_child.long().cumsum(-1) - 1
-        C = int(is_child.sum(-1).max()) if N > 1 else 0
-        table = torch.full((B, N, C + 1), -1, dtype=torch.long, device=self.tokens.device)
-        col = torch.where(is_child, rank, C)
-        src = torch.arange(N, device=self.tokens.device).expand(B, N, N)
-        table.scatter_(2, col, src)   # non-children land in the dump column C
-        return table[..., :C]
+        if self.kids is not None:
+            return self.kids
+        return children_table(self.parents, self.valid)
 
     def truncate(self, max_depth: Union[int, Tensor]) -> "DraftTree":
         """Hide nodes deeper than `max_depth` (end of image: at most remaining - 1 drafts).
@@ -143,10 +132,60 @@ class DraftTree:
         """
         md = torch.as_tensor(max_depth, device=self.tokens.device).long().clamp(min=0)
         md = md.expand(self.batch_size) if md.dim() == 0 else md
-        valid = self.valid & (self.depths <= md[:, None])
+        hide = self.valid & (self.depths > md[:, None])
+        if not bool(hide.any()):  # nothing to hide (every step but the last few): the same tree
+            return self
+        valid = self.valid & ~hide
         return DraftTree.from_parents(self.tokens, self.parents, valid=valid,
                                       logprobs=self.logprobs, scores=self.scores,
                                       child_q=self.child_q)
+
+
+_STRUCTURES: dict = {}  # small CPU trees: (shape, parents, valid) -> (depths, ancestors, retrieve)
+_CACHE_NODES = 256  # cache the structure of trees with B * N up to this (the shapes recur every step)
+
+
+def _structure(parents: Tensor, valid: Tensor) -> tuple:
+    """Checked depths (B, N), ancestors (B, N, N) and retrieve paths of a tree shape.
+
+    Small CPU trees are cached by their parent pointers and validity (a dynamic tree takes one
+    of few shapes step after step): a hit returns the very tensors computed before, which are
+    never modified in place (DraftTree is frozen; consumers read them)."""
+    key = None
+    if parents.device.type == "cpu" and parents.numel() <= _CACHE_NODES:
+        key = (tuple(parents.shape), parents.numpy().tobytes(), valid.numpy().tobytes())
+        hit = _STRUCTURES.get(key)
+        if hit is not None:
+            return hit
+    check_parents(parents, valid)
+    B, N = parents.shape
+    closure = ancestor_closure(parents)                                    # (B, N, N)
+    depths = closure.sum(-1) - 1                                           # (B, N)
+    eye = torch.eye(N, dtype=torch.bool, device=parents.device)
+    ancestors = torch.where(valid[:, :, None], closure, eye)
+    out = (depths, ancestors, retrieve_paths(parents, depths, ancestors, valid), None)
+    if key is not None:  # cached: the child table too (verification reads it every step)
+        out = out[:3] + (children_table(parents, valid),)
+    if key is not None:
+        if len(_STRUCTURES) >= 4096:
+            _STRUCTURES.clear()
+        _STRUCTURES[key] = out
+    return out
+
+
+def children_table(parents: Tensor, valid: Tensor) -> Tensor:
+    """(B, N, C) long child table in sibling (draft) order, -1 padded; C = max children."""
+    B, N = parents.shape
+    dev = parents.device
+    is_child = (parents[:, None, :] == torch.arange(N, device=dev)[None, :, None])
+    is_child &= valid[:, None, :]                                           # (B, N parent, N child)
+    rank = is_child.long().cumsum(-1) - 1
+    C = int(is_child.sum(-1).max()) if N > 1 else 0
+    table = torch.full((B, N, C + 1), -1, dtype=torch.long, device=dev)
+    col = torch.where(is_child, rank, C)
+    src = torch.arange(N, device=dev).expand(B, N, N)
+    table.scatter_(2, col, src)   # non-children land in the dump column C
+    return table[..., :C]
 
 
 def check_parents(parents: Tensor, valid: Tensor) -> None:

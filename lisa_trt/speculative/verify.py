@@ -110,6 +110,12 @@ def _sample(r: Tensor, u: Tensor) -> Tensor:
     return torch.where(r.gather(1, idx[:, None])[:, 0] > 0, idx, last_pos.clamp(min=0))
 
 
+def _zero1(r: Tensor, x: Tensor) -> Tensor:
+    """r (B, V) >= 0 with token x (B,) (>= 0) of each row set to 0: `_zero(r, x[:, None])` in one op
+    (r(x) * 0 == 0 for the non-negative, finite rows every rule passes)."""
+    return r.scatter(1, x[:, None], 0.0)
+
+
 def _zero(r: Tensor, idx: Tensor) -> Tensor:
     """r (B, V) with the tokens idx (B, k) set to 0 (negative idx ignored)."""
     V = r.shape[-1]
@@ -130,7 +136,7 @@ class ExactRule:
     def step(self, r: Tensor, x: Tensor, q: Optional[Tensor]):
         rn = _normalize(r)
         a = rn.gather(1, x[:, None])[:, 0]
-        return a, _zero(rn, x[:, None]), q
+        return a, _zero1(rn, x), q
 
 
 @dataclass(frozen=True)
@@ -149,7 +155,7 @@ class SampledRule:
         drawn = qx > 0
         a = torch.where(drawn, (rx / qx.clamp(min=1e-30)).clamp(max=1.0), 0.0)
         r_rej = torch.where(drawn[:, None], (rn - qn).clamp(min=0.0), rn)
-        return a, r_rej, _zero(qn, x[:, None])
+        return a, r_rej, _zero1(qn, x)
 
 
 @dataclass(frozen=True)
@@ -264,16 +270,17 @@ class GASVRule:
         m = moved_mass(rn, cand, self.gate[rows, node], self.delta_eff[rows, parent])
         a = (rn.gather(1, x[:, None])[:, 0] + m.sum(-1)).clamp(max=1.0)
         r_rej = (rn.scatter_add(1, cand.clamp(min=0), -m)).clamp(min=0.0)
-        return a, _zero(r_rej, x[:, None]), q
+        return a, _zero1(r_rej, x), q
 
 
 # ----------------------------------------------------------------------------- the tree walk
 
 def _scan_siblings(r: Tensor, drafts: Tensor, u: Tensor, rule, q: Optional[Tensor],
-                   nodes: Optional[Tensor] = None, parent: Optional[Tensor] = None):
+                   nodes: Optional[Tensor] = None, parent: Optional[Tensor] = None, normalized: bool = False):
     """Try the drafted siblings (B, C) (-1 padded) in order against r (B, V).
 
-    nodes (B, C) (the siblings' node ids) and parent (B,) are passed to per-node rules.
+    nodes (B, C) (the siblings' node ids) and parent (B,) are passed to per-node rules;
+    normalized: r is already `_normalize`d (the caller's copy is reused).
 
     Returns:
         choice (B,) slot of the accepted sibling or -1; residual (B, V) after rejecting every
@@ -283,24 +290,31 @@ def _scan_siblings(r: Tensor, drafts: Tensor, u: Tensor, rule, q: Optional[Tenso
     out = torch.zeros(B, V, device=r.device)
     reach = torch.ones(B, device=r.device)
     choice = torch.full((B,), -1, dtype=torch.long, device=r.device)
-    r = _normalize(r)
+    if not normalized:
+        r = _normalize(r)
+    per_node = getattr(rule, "per_node", False)
+    n_real = (drafts >= 0).sum(0).tolist()  # per sibling slot: rows with a real draft (CPU: no sync cost)
     for j in range(drafts.shape[1]):
+        if not n_real[j]:  # padding in every row: the step would change nothing (a = 0, r kept)
+            continue
         x = drafts[:, j]
+        full = n_real[j] == B  # every row has a real draft here: the padding selects are identities
         real = x >= 0
-        xs = x.clamp(min=0)
-        if getattr(rule, "per_node", False):
-            a, r_rej, q_rej = rule.step_node(r, xs, q, nodes[:, j].clamp(min=0), parent)
+        xs = x if full else x.clamp(min=0)
+        if per_node:
+            a, r_rej, q_rej = rule.step_node(r, xs, q, nodes[:, j] if full else nodes[:, j].clamp(min=0), parent)
         else:
             a, r_rej, q_rej = rule.step(r, xs, q)
-        a = torch.where(real, a, 0.0)
+        if not full:
+            a = torch.where(real, a, 0.0)
         out.scatter_add_(1, xs[:, None], (reach * a)[:, None])
         reach = reach * (1.0 - a)
         choice = torch.where(real & (choice < 0) & (u[:, j] < a), j, choice)
         # The residual chain assumes every sibling so far was rejected: it is only used (for the
         # bonus and for `out`) when that is the case.
-        r = torch.where(real[:, None], _normalize(r_rej), r)
+        r = _normalize(r_rej) if full else torch.where(real[:, None], _normalize(r_rej), r)
         if q is not None:
-            q = torch.where(real[:, None], q_rej, q)
+            q = q_rej if full else torch.where(real[:, None], q_rej, q)
     return choice, r, out + reach[:, None] * r
 
 
@@ -339,14 +353,19 @@ def verify_tree(p: Tensor, tree: DraftTree, generator: Optional[torch.Generator]
         ch = kids[rows, cur]                                                # (B, C)
         drafts = torch.where(ch >= 0, tree.tokens.gather(1, ch.clamp(min=0)), -1)
         q = tree.child_q[rows, cur].float() if rule.needs_q else None
-        choice, resid, dist = _scan_siblings(p[rows, cur].float(), drafts, u_acc[:, level],
-                                             rule, q, ch, cur)
-        law = dist if rule.law_given_drafts else _normalize(p[rows, cur].float())
-        pos_tvd[:, level] = torch.where(alive, tvd(_normalize(p_ref[rows, cur].float()), law), 0.0)
+        pn = _normalize(p[rows, cur].float())  # the scan starts from it; the stats compare with it
+        choice, resid, dist = _scan_siblings(pn, drafts, u_acc[:, level], rule, q, ch, cur, normalized=True)
+        law = dist if rule.law_given_drafts else pn
+        ref = pn if p_ref is p else _normalize(p_ref[rows, cur].float())
+        pos_tvd[:, level] = torch.where(alive, tvd(ref, law), 0.0)
         acc = alive & (choice >= 0)
         fin = alive & ~acc
-        drawn = _sample(resid, u_bonus)
-        bonus = torch.where(fin, drawn, bonus)
+        any_fin = bool(fin.any())
+        if any_fin:  # the bonus is drawn (from u_bonus, consumed up front) only where a row stops
+            drawn = _sample(resid, u_bonus)
+            bonus = torch.where(fin, drawn, bonus)
+        else:
+            drawn = bonus
         nxt = ch.gather(1, choice.clamp(min=0)[:, None])[:, 0] if C else cur
         acc_tok = drafts.gather(1, choice.clamp(min=0)[:, None])[:, 0] if C else cur
         out_tok[:, level] = torch.where(acc, acc_tok, torch.where(fin, drawn, -1))

@@ -310,8 +310,8 @@ def fake(bundle, tmp_path, monkeypatch):
 def test_build_records_engines_in_the_manifest(fake):
     rec = fake.record
     assert rec["tensorrt_version"] == "10.99.0-fake" and rec["gpu"] == "Fake GPU" and rec["strongly_typed"]
-    assert set(rec["graphs"]) == {"target_prefill", "target_verify", "drafter_project", "drafter_step", "gasv",
-                                  "vq_decode"}
+    assert set(rec["graphs"]) == {"target_prefill", "target_verify", "drafter_project", "drafter_step",
+                                  "drafter_commit", "gasv", "vq_decode"}
     g = rec["graphs"]["target_verify"]
     assert [p["name"] for p in g["profiles"]] == ["step", "tree"] and len(g["plan_sha256"]) == 64
     assert rec["graphs"]["gasv"]["onnx"] == "gasv.trt.onnx" and (fake.dir / "gasv.trt.onnx").is_file()

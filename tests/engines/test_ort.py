@@ -116,6 +116,62 @@ def test_drafter_matches_torch_and_updates_its_cache_in_place(engines, artifacts
     assert close(lo2, lr2)
 
 
+def test_drafter_commit_graph_is_project_then_step_in_one_call(engines, artifacts):
+    """The optional drafter_commit graph (exported by default) equals fc + step, torch and ORT."""
+    drf, ref = engines.drafter, artifacts["drafter"]
+    assert drf.fused_commit
+    taps = torch.randn(2, 3, 192)
+    c_one, c_two, c_ref = drf.new_cache(2, 24), drf.new_cache(2, 24), ref.new_cache(2, 24)
+    for c in (c_one, c_two, c_ref):
+        c.lengths.fill_(1)
+    tokens, positions, slots, mask = tree_inputs(c_one, 3, seed=4)
+    calls = {"n": 0}
+    step_run = drf._step.run_static
+
+    def counted(*a, **k):
+        calls["n"] += 1
+        return step_run(*a, **k)
+
+    drf._step.run_static = counted
+    try:
+        lo, ho = drf.commit(taps, tokens, positions, slots, mask, c_one)
+    finally:
+        drf._step.run_static = step_run
+    assert calls["n"] == 0  # one call of drafter_commit, no drafter_step
+    l2, h2 = drf(drf.project_taps(taps), tokens, positions, slots, mask, c_two)
+    L = c_ref.max_len
+    lr, hr = ref(ref.project_taps(taps), tokens, positions, slots, mask[:, :, :L], c_ref)
+    assert close(lo, l2) and close(ho, h2) and close(lo, lr) and close(ho, hr)
+    assert close(c_one.k[0], c_two.k[0]) and close(c_one.k[0][:, :, :L], c_ref.k[0])
+
+
+def test_bundle_without_drafter_commit_still_loads_and_decodes(engines, artifacts, tmp_path):
+    """drafter_commit is optional: an older bundle commits through project + step, same tokens."""
+    import json
+    import shutil
+
+    from lisa_trt.engines.ort import load_ort_engines
+    from lisa_trt.export.optional import add_graphs
+    from lisa_trt.speculative.decode import SpeculativeDecoder, SpecConfig
+
+    old = tmp_path / "old"
+    shutil.copytree(engines.manifest.dir, old)
+    raw = json.loads((old / "manifest.json").read_text())
+    del raw["graphs"]["drafter_commit"]
+    (old / "manifest.json").write_text(json.dumps(raw))
+    (old / "drafter_commit.onnx").unlink()
+    with load_ort_engines(old, threads=1) as e_old:
+        assert not e_old.drafter.fused_commit
+        spec = SpecConfig.make("exact", top_k=2, depth=1, total_tokens=4)
+        cond = torch.tensor([3])
+        t_old, _ = SpeculativeDecoder(e_old.target, e_old.drafter).generate(cond, spec=spec, seed=0, num_tokens=12)
+        t_new, _ = SpeculativeDecoder(engines.target, engines.drafter).generate(cond, spec=spec, seed=0,
+                                                                                num_tokens=12)
+        assert torch.equal(t_old, t_new)
+    with pytest.raises(InputError, match="PyTorch weights"):  # export_bundle alone ships no weights
+        add_graphs(old)
+
+
 def test_gasv_and_vq_runners_match_torch(engines, artifacts):
     import dataclasses
 
@@ -180,6 +236,38 @@ def test_cache_binding_is_reused_and_refreshed(engines, artifacts):
     out = tgt.forward_tokens(*args, a)
     want = ref.forward_tokens(*args, ra)
     assert close(out.logits, want.logits)
+
+
+def test_static_kv_binding_survives_a_plain_run_on_another_cache(engines, artifacts):
+    """The KV caches stay bound between steps (run_static); a plain `run` with other buffers in
+    between must not leave the next step writing into (or reading) those buffers."""
+    from lisa_trt.engines.base import RunnerError, StaticTensors
+
+    tgt, ref = engines.target, artifacts["target"]
+    a, b = tgt.new_cache(1), tgt.new_cache(1)
+    tgt.prefill(torch.tensor([2]), a)
+    tgt.prefill(torch.tensor([5]), b)
+    ra = ref.new_cache(1, extra=16)
+    ref.prefill(torch.tensor([2]), ra)
+    args = tree_inputs(a, 3)
+    tgt.forward_tokens(*args, a)  # binds a's buffers once
+    ref.forward_tokens(*args, ra)
+    a.compact(args[2][:, :1], torch.ones(1, dtype=torch.long))
+    ra.compact(args[2][:, :1], torch.ones(1, dtype=torch.long))
+    tok, pos, slots, mask = tree_inputs(b, 2, seed=1)
+    kv = {}
+    for i in range(tgt.config.n_layer):
+        kv[f"past_key_values.{i}.key"], kv[f"past_key_values.{i}.value"] = b.k[i], b.v[i]
+    outs = {n.replace("past_key_values", "present"): t for n, t in kv.items()}
+    tgt._verify.run(dict(input_ids=tok, position_ids=pos, cache_slots=slots, attention_mask=mask, **kv), outs)
+    b_k = [t.clone() for t in b.k]
+    args2 = tree_inputs(a, 2, seed=2)
+    out = tgt.forward_tokens(*args2, a)  # must run on a again, not on b
+    want = ref.forward_tokens(*args2, ra)
+    assert close(out.logits, want.logits)
+    assert all(torch.equal(x, y) for x, y in zip(b.k, b_k))
+    with pytest.raises(RunnerError, match="unbound"):  # names are checked once per signature
+        tgt._verify.run_static(dict(input_ids=tok), {}, StaticTensors(kv, outs))
 
 
 @pytest.mark.slow

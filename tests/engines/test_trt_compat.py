@@ -52,7 +52,8 @@ def vi(name, t=F32, shape=(2, 3)):
 def test_passes_on_the_tiny_export(bundle):
     r = tc.check_trt_compat(bundle)
     assert r.ok, r.summary()
-    assert set(r.graphs) == {"target_prefill", "target_verify", "drafter_project", "drafter_step", "gasv", "vq_decode"}
+    assert set(r.graphs) == {"target_prefill", "target_verify", "drafter_project", "drafter_step", "drafter_commit",
+                             "gasv", "vq_decode"}
     assert r.graphs["gasv"].file == "gasv.trt.onnx" and r.graphs["gasv"].plugins == ["lisa_gasv"]
     assert r.graphs["target_verify"].ops["Attention"] == 4          # one per layer, native IAttention
     assert r.min_trt_version == (10, 14)                             # ONNX Attention

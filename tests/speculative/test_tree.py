@@ -241,3 +241,55 @@ def test_sample_without_replacement_first_draw_law():
     sec = draws[draws[:, 0] == 0, 1]
     emp = torch.bincount(sec, minlength=4).float() / len(sec)
     assert torch.allclose(emp, torch.tensor([0, 0.6, 0.3, 0.1]), atol=0.02)
+
+
+def test_cached_structure_and_noop_truncate_match_a_fresh_computation():
+    """Small trees reuse their shape's buffers across steps; they must equal a fresh build."""
+    from lisa_trt.speculative import tree as T
+
+    tr = _hand_tree()
+    T._STRUCTURES.clear()
+    fresh = DraftTree.from_parents(tr.tokens, tr.parents, logprobs=tr.logprobs)   # computes, caches
+    again = DraftTree.from_parents(tr.tokens, tr.parents, logprobs=tr.logprobs)   # cache hit
+    T._STRUCTURES.clear()
+    old = T._CACHE_NODES
+    T._CACHE_NODES = 0                                                             # no cache at all
+    try:
+        plain = DraftTree.from_parents(tr.tokens, tr.parents, logprobs=tr.logprobs)
+        plain_cut = plain.truncate(torch.tensor([1, 2]))
+    finally:
+        T._CACHE_NODES = old
+    for t in (fresh, again):
+        for name in ("depths", "ancestors", "valid", "retrieve", "scores"):
+            assert torch.equal(getattr(t, name), getattr(plain, name)), name
+        assert torch.equal(t.children(), T.children_table(plain.parents, plain.valid))
+    assert plain.kids is None and again.kids is not None
+    assert fresh.truncate(3) is fresh                        # nothing deeper than 3: the same tree
+    cut = fresh.truncate(torch.tensor([1, 2]))               # hides nodes: a new, consistent tree
+    for name in ("valid", "ancestors", "retrieve", "depths"):
+        assert torch.equal(getattr(cut, name), getattr(plain_cut, name)), name
+    assert torch.equal(cut.children(), plain_cut.children())
+
+
+def test_compact_moves_only_what_changes_with_the_same_visible_cache():
+    """KVCache.compact skips entries already in place; the visible cache equals a full copy."""
+    from lisa_trt.models.llamagen import KVCache, TargetConfig
+
+    cfg = TargetConfig(vocab_size=64, n_layer=2, n_head=2, dim=16, block_size=16, num_classes=4)
+    g = torch.Generator().manual_seed(0)
+    for src_rows, counts in (([[5, 6, 7], [5, 7, 9]], [2, 3]), ([[5, 6, 0], [5, 6, 7]], [2, 3]),
+                             ([[5, 8, 9], [5, 6, 7]], [3, 1])):
+        a = KVCache(cfg, 2, 24, torch.float32, "cpu")
+        for buf in a.k + a.v:
+            buf.copy_(torch.randn(buf.shape, generator=g))
+        a.lengths.fill_(5)
+        b_k, b_v = [t.clone() for t in a.k], [t.clone() for t in a.v]
+        src, cnt = torch.tensor(src_rows), torch.tensor(counts)
+        a.compact(src, cnt)
+        for ref, got in zip(b_k + b_v, a.k + a.v):  # reference: copy every entry
+            for r in range(2):
+                ref[r, :, 5:5 + 3] = ref[r, :, src[r]].clone()
+            for r in range(2):
+                n = 5 + int(cnt[r])
+                assert torch.equal(got[r, :, :n], ref[r, :, :n])
+        assert a.lengths.tolist() == [5 + c for c in counts]
