@@ -61,7 +61,7 @@ class Pipeline:
 
     @classmethod
     def from_dir(cls, engine_dir, backend: str = "auto", *, threads: Optional[int] = None,
-                 text_encoder=None, compile=None) -> "Pipeline":
+                 text_encoder=None, compile=None, device: Optional[str] = None) -> "Pipeline":
         """Open an exported engine directory (`lisa-trt export`).
 
         Args:
@@ -74,6 +74,7 @@ class Pipeline:
                 caption strings (default $LISA_TRT_TEXT_ENCODER; else feature files only).
             compile: torch backend only: torch.compile the per-step graphs ("default" = Inductor,
                 "cuda-graphs" = Inductor + CUDA-graph capture on CUDA, True = the device's best).
+            device: torch backend only: run the bundle's graph wrappers on this device ("cuda").
         """
         from ..engines.base import backend_names
         from ..threads import ensure_thread_policy
@@ -89,7 +90,7 @@ class Pipeline:
             tcfg = read_manifest(Path(engine_dir)).target_config
             if not family_of(tcfg).class_conditioned(tcfg):
                 text_encoder = make_encoder(text_encoder, tcfg)
-        return cls(open_bundle(Path(engine_dir), backend, threads=threads, compile=compile),
+        return cls(open_bundle(Path(engine_dir), backend, threads=threads, compile=compile, device=device),
                    text_encoder=text_encoder)
 
     @classmethod
