@@ -17,9 +17,12 @@ after every section, so a run cut by a timeout keeps what it measured):
                  GPT-XL-T2I is the text-to-image shape of the paper's LlamaGen setting
                  (t2i_XL_stage1_256: 120 FLAN-T5 caption slots of 2048, 16x16 tokens, CFG batch
                  with the null caption);
-  demo_decode    vanilla vs speculative (GASV) decoding with the torch runner on the bundled
-                 demo model (`demo` + drafter `demo-lisa` + tables `demo`), via lisa_trt.bench;
-                 skipped with the reason when the demo assets are absent;
+  demo_decode    vanilla vs speculative (exact, LANTERN, GASV) decoding with the torch runner on
+                 the bundled demo model (`demo` + drafter `demo-lisa` + tables `demo`), via
+                 lisa_trt.bench; skipped with the reason when the demo assets are absent;
+  compiled_decode the same methods through an exported demo bundle on the torch graph backend,
+                 eager vs torch.compile (Inductor) vs torch.compile + CUDA graphs
+                 (`Pipeline.from_dir(dir, backend="torch", compile=...)`), compile time apart;
   tensorrt       when tensorrt imports: export the tiny model, build its engines
                  (lisa_trt.engines.build), run the TensorRT GraphTarget against torch; else the reason.
 With --cpu-smoke (or without CUDA) every section runs a tiny version on CPU in a few seconds.
@@ -41,7 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-SECTIONS = ("env", "gasv_kernel", "verify_latency", "demo_decode", "tensorrt")
+SECTIONS = ("env", "gasv_kernel", "verify_latency", "demo_decode", "compiled_decode", "tensorrt")
+DECODE_METHODS = ("vanilla", "exact", "lantern", "gasv")
 TREE_SIZES = (1, 2, 4, 8, 16, 32, 48, 64)
 MODELS = ("GPT-B", "GPT-L", "GPT-XL", "GPT-XL-T2I")
 
@@ -308,7 +312,7 @@ def section_demo_decode(ctx: Ctx) -> dict:
     n = 1 if ctx.smoke else ctx.args.demo_images
     classes = [i % target.config.num_classes for i in range(n)]
     out = {"device": str(ctx.device), "sampling": sampling.__dict__, "spec": spec.__dict__, "images": n}
-    for method in ("vanilla", "gasv"):  # separately: a failure of one keeps the other's numbers
+    for method in DECODE_METHODS:  # separately: a failure of one keeps the other's numbers
         try:
             cond = torch.tensor([classes[0]], device=ctx.device)
             run_method(method, target, drafter, tables, cond, sampling=sampling, spec=spec, seed=0)  # warm-up
@@ -324,8 +328,69 @@ def section_demo_decode(ctx: Ctx) -> dict:
             out[method] = {"seconds_per_image": round(statistics.mean(secs), 4), "mal": round(statistics.mean(mals), 3)}
         except Exception as e:
             out[method] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-2000:]}
-    if "seconds_per_image" in out.get("vanilla", {}) and "seconds_per_image" in out.get("gasv", {}):
-        out["speedup"] = round(out["vanilla"]["seconds_per_image"] / out["gasv"]["seconds_per_image"], 3)
+    _speedups(out)
+    return out
+
+
+def _speedups(out: dict) -> None:
+    base = out.get("vanilla", {}).get("seconds_per_image")
+    for m in DECODE_METHODS[1:]:
+        if base and "seconds_per_image" in out.get(m, {}):
+            out[m]["speedup_vs_vanilla"] = round(base / out[m]["seconds_per_image"], 3)
+    if "speedup_vs_vanilla" in out.get("gasv", {}):
+        out["speedup"] = out["gasv"]["speedup_vs_vanilla"]
+
+
+def section_compiled_decode(ctx: Ctx) -> dict:
+    """Demo bundle on the torch graph backend: eager vs Inductor vs Inductor + CUDA graphs."""
+    import tempfile
+
+    import torch
+
+    from lisa_trt.demo.registry import assets_present
+
+    if not assets_present():
+        return {"skipped": "the bundled demo assets are absent"}
+    if ctx.smoke and not ctx.args.demo_on_cpu:
+        return {"skipped": "cpu smoke (pass --demo-on-cpu to run the demo on CPU)"}
+    from lisa_trt import load_target
+    from lisa_trt.artifacts import load_drafter_by_name, load_tables_by_name
+    from lisa_trt.demo.registry import load_demo_vq
+    from lisa_trt.runtime.bundle import export_full_bundle
+    from lisa_trt.runtime.pipeline import Pipeline
+
+    target = load_target("demo").eval()
+    work = Path(tempfile.mkdtemp(prefix="gpu_check_bundle_"))
+    t0 = time.perf_counter()
+    export_full_bundle(target, load_drafter_by_name("demo-lisa", target), load_tables_by_name("demo", target),
+                       load_demo_vq(), work / "eng", progress=False, lint=False, validate=False)
+    out = {"export_seconds": round(time.perf_counter() - t0, 1), "device": str(ctx.device)}
+    n = 1 if ctx.smoke else ctx.args.demo_images
+    modes = [("eager", None), ("inductor", "default")] + ([("cuda-graphs", "cuda-graphs")] if ctx.cuda else [])
+    for name, mode in modes:
+        row = out[name] = {}
+        try:
+            # the torch graph backend puts its runners on the bundle's device option
+            pipe = Pipeline.from_dir(work / "eng", backend="torch", compile=mode, device=str(ctx.device))
+            for method in DECODE_METHODS:
+                t0 = time.perf_counter()
+                pipe.generate([0], seed=10_000, verify=method, decode=False)
+                warm = time.perf_counter() - t0
+                secs, mals = [], []
+                for i in range(n):
+                    t0 = time.perf_counter()
+                    res = pipe.generate([i % 8], seed=i, verify=method, decode=False)
+                    if ctx.cuda:
+                        torch.cuda.synchronize()
+                    secs.append(time.perf_counter() - t0)
+                    mals.append(res.stats[0].get("mal", 1.0))
+                row[method] = {"seconds_per_image": round(statistics.mean(secs), 4), "warmup_seconds": round(warm, 2),
+                               "mal": round(statistics.mean(mals), 3)}
+            _speedups(row)
+            pipe.close()
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"
+            row["traceback"] = traceback.format_exc()[-2000:]
     return out
 
 
@@ -367,7 +432,8 @@ def section_tensorrt(ctx: Ctx) -> dict:
 
 
 RUNNERS = {"env": section_env, "gasv_kernel": section_gasv_kernel, "verify_latency": section_verify_latency,
-           "demo_decode": section_demo_decode, "tensorrt": section_tensorrt}
+           "demo_decode": section_demo_decode, "compiled_decode": section_compiled_decode,
+           "tensorrt": section_tensorrt}
 
 
 # ----------------------------------------------------------------------------- main

@@ -8,7 +8,12 @@ exported graphs (the models scatter into the bound `past_key_values.*` buffers).
 
     engines = load_engines("engines/demo", "torch")
 
-Options: device (default "cpu"). fp16 bundles run the models in half precision.
+Options: device (default "cpu"); compile (default off): torch.compile the per-step graphs (target
+verify, drafter step / commit) -- "default" is Inductor (C++ kernels on a CPU, Triton on a GPU),
+"cuda-graphs" adds CUDA-graph capture ("reduce-overhead", CUDA only; the KV buffers are marked as
+static addresses so a captured graph replays on the same cache), True picks "cuda-graphs" on CUDA
+and "default" elsewhere. Shapes that change (tree size, rows that finish) recompile once each
+(dynamic shapes after the first change). fp16 bundles run the models in half precision.
 """
 
 from __future__ import annotations
@@ -22,16 +27,45 @@ from ..export.io_spec import Graph
 from .base import Backend, GraphRunner, register_backend
 
 
-class TorchRunner(GraphRunner):
-    """One export wrapper module run eagerly (no_grad); results land in the given outputs."""
+COMPILED_GRAPHS = ("target_verify", "drafter_step", "drafter_commit")  # the per-step hot path
+COMPILE_MODES = {"default": "default", "cuda-graphs": "reduce-overhead"}
 
-    def __init__(self, module, spec, dims, precision, device):
+
+def compile_mode(option, device: torch.device):
+    """The torch.compile mode for a `compile` option, or None (eager); errors name the fix."""
+    if option in (None, False, "off", "none"):
+        return None
+    if option is True or option == "auto":
+        option = "cuda-graphs" if device.type == "cuda" else "default"
+    if option not in COMPILE_MODES:
+        raise InputError(f"compile={option!r}: use one of off, auto, {', '.join(COMPILE_MODES)}")
+    if option == "cuda-graphs" and device.type != "cuda":
+        raise InputError("compile='cuda-graphs' captures CUDA graphs and needs device='cuda'; on a CPU use "
+                         "compile='default' (Inductor)")
+    return COMPILE_MODES[option]
+
+
+class TorchRunner(GraphRunner):
+    """One export wrapper module run eagerly (no_grad) or torch.compile'd; results land in the
+    given outputs."""
+
+    def __init__(self, module, spec, dims, precision, device, mode=None):
         super().__init__(spec, dims, precision, device)
         self.module = module
+        self.mode = mode
+        self._fn = module.compute
+        if mode is not None:
+            self._fn = torch.compile(module.compute, mode=mode, fullgraph=False)
+        self._static: set = set()
 
     def _execute(self, inputs: dict, outputs: dict) -> None:
+        if self.mode == "reduce-overhead":  # captured graphs replay on the same cache buffers
+            for name, t in inputs.items():
+                if name.startswith("past_key_values.") and t.data_ptr() not in self._static:
+                    torch._dynamo.mark_static_address(t)
+                    self._static.add(t.data_ptr())
         with torch.no_grad():
-            res = self.module.compute(dict(inputs))
+            res = self._fn(dict(inputs))
         for name, dst in outputs.items():
             src = res[name]
             if src.data_ptr() != dst.data_ptr():  # present.* caches were updated in place already
@@ -47,9 +81,10 @@ class TorchBackend(Backend):
     name = "torch"
     optional_graphs = (Graph.DRAFTER_COMMIT,)
 
-    def __init__(self, manifest, *, device="cpu"):
+    def __init__(self, manifest, *, device="cpu", compile=None):
         super().__init__(manifest)
         self._device = torch.device(device)
+        self._mode = compile_mode(compile, self._device)
         self._models: dict = {}
 
     @property
@@ -124,9 +159,10 @@ class TorchBackend(Backend):
             module = X.VQDecodeGraph(self._model("vq"), self.manifest.target_config.grid_size)
         else:
             raise InputError(f"the torch backend has no wrapper for {graph.value}")
-        return TorchRunner(module, spec, dims, self.manifest.precision, self._device)
+        mode = self._mode if graph.value in COMPILED_GRAPHS else None
+        return TorchRunner(module, spec, dims, self.manifest.precision, self._device, mode=mode)
 
 
 register_backend("torch", TorchBackend)
 
-__all__ = ["TorchBackend", "TorchRunner"]
+__all__ = ["COMPILE_MODES", "TorchBackend", "TorchRunner", "compile_mode"]

@@ -64,11 +64,15 @@ def _tables(man, engine_dir: Path):
     return tables
 
 
-def open_bundle(engine_dir: Path, backend: str = "auto", *, threads: Optional[int] = None):
+def open_bundle(engine_dir: Path, backend: str = "auto", *, threads: Optional[int] = None, compile=None,
+                device: Optional[str] = None):
     """-> Bundle for `backend` (auto | torch | any engines.base.backend_names()).
 
     "torch" is the eager PyTorch models of the bundle's weights/ (with the torch GASV reference);
-    every other name opens the exported graphs through `engines.graph.load_engines`.
+    every other name opens the exported graphs through `engines.graph.load_engines`. With
+    `compile` (torch only: "default" Inductor, "cuda-graphs", True = auto) the torch backend runs
+    the graph wrappers with the per-step graphs torch.compile'd (engines/torch_runner.py);
+    `device` (torch only, e.g. "cuda") also selects the graph wrappers, on that device.
     """
     from ..export.manifest import read_manifest
 
@@ -77,10 +81,15 @@ def open_bundle(engine_dir: Path, backend: str = "auto", *, threads: Optional[in
     gen = dict(man.generation or {})
     names = gen.get("class_names")
     tables = _tables(man, engine_dir)
-    if backend != "torch":  # every graph backend (ort, trt, registered ones) through one loader
+    graph_torch = compile not in (None, False, "off", "none") or device is not None
+    if graph_torch and backend != "torch":
+        raise InputError(f"compile / device are options of the torch backend; got backend {backend!r}")
+    if backend != "torch" or graph_torch:
         from ..engines.graph import load_engines
 
         opts = dict(threads=threads) if backend == "ort" and threads else {}
+        if backend == "torch":
+            opts = dict(compile=compile, device=device or "cpu")
         e = load_engines(engine_dir, backend, **opts)
         return Bundle(target=e.target, drafter=e.drafter, gasv=e.gasv, tables=tables, vq=e.vq,
                         class_names=names, generation=gen, backend=backend, manifest=man)

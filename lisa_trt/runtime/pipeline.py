@@ -61,7 +61,7 @@ class Pipeline:
 
     @classmethod
     def from_dir(cls, engine_dir, backend: str = "auto", *, threads: Optional[int] = None,
-                 text_encoder=None) -> "Pipeline":
+                 text_encoder=None, compile=None, device: Optional[str] = None) -> "Pipeline":
         """Open an exported engine directory (`lisa-trt export`).
 
         Args:
@@ -72,6 +72,9 @@ class Pipeline:
                 $LISA_TRT_THREADS or the CPUs this process may use; idle threads sleep).
             text_encoder: t2i: a local T5 directory (or CaptionEncoder) so that prompts may be
                 caption strings (default $LISA_TRT_TEXT_ENCODER; else feature files only).
+            compile: torch backend only: torch.compile the per-step graphs ("default" = Inductor,
+                "cuda-graphs" = Inductor + CUDA-graph capture on CUDA, True = the device's best).
+            device: torch backend only: run the bundle's graph wrappers on this device ("cuda").
         """
         from ..engines.base import backend_names
         from ..threads import ensure_thread_policy
@@ -87,7 +90,8 @@ class Pipeline:
             tcfg = read_manifest(Path(engine_dir)).target_config
             if not family_of(tcfg).class_conditioned(tcfg):
                 text_encoder = make_encoder(text_encoder, tcfg)
-        return cls(open_bundle(Path(engine_dir), backend, threads=threads), text_encoder=text_encoder)
+        return cls(open_bundle(Path(engine_dir), backend, threads=threads, compile=compile, device=device),
+                   text_encoder=text_encoder)
 
     @classmethod
     def from_models(cls, target, drafter=None, tables=None, vq=None, *, class_names=None,
