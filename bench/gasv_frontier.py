@@ -53,6 +53,9 @@ POINTS = [  # (label, method, SpecConfig overrides); the most informative first
     ("gasv-support[kappa=0.5,lambda=0.8]", "gasv", {"gasv_kappa": 0.5, "gasv_lambda": 0.8, "gasv_scope": "support"}),
 ]
 
+# a GASV label without delta means no mass cap (delta 1), whatever the tables' default is
+POINTS = [(lab, m, dict(o, gasv_delta=o.get("gasv_delta", 1.0)) if m == "gasv" else o) for lab, m, o in POINTS]
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
@@ -104,9 +107,10 @@ def main(argv=None):
         import json
         from pathlib import Path
 
-        bad = [p[0] for p in points if p[1] == "gasv" and not {"gasv_kappa", "gasv_lambda"} <= set(p[2])]
+        bad = [p[0] for p in points if p[1] == "gasv" and not {"gasv_kappa", "gasv_lambda", "gasv_delta"} <= set(p[2])
+               and tables.config.delta != 1.0]
         if bad:
-            raise SystemExit(f"--merge: GASV points {bad} must set kappa and lambda explicitly")
+            raise SystemExit(f"--merge: GASV points {bad} must set kappa, lambda and delta explicitly")
         _check_mergeable(json.loads(Path(a.json).read_text())["settings"],
                          {"model": "demo", "tree": a.tree, "seed": a.seed, "vanilla_ref": a.vanilla_ref,
                           "sampling": dataclasses.asdict(sampling), "tables_gasv": tables.config.to_dict()}, a.json)
@@ -163,11 +167,11 @@ def main(argv=None):
 
 def _check_mergeable(old: dict, new: dict, path) -> None:
     """Same model, tree, seeds, sampling and calibration statistics. The tables' DEFAULT knobs
-    (kappa, lambda) may differ (the demo tables now ship the frontier's pick): every merged GASV
-    point sets them explicitly."""
+    (kappa, lambda, delta) may differ (the demo tables ship the frontier's pick): merged GASV
+    points set kappa and lambda explicitly (and delta, unless the tables' default is 1 = no cap)."""
     keys = ("model", "tree", "seed", "sampling", "vanilla_ref")
     diff = [k for k in keys if old.get(k) != new.get(k)]
-    strip = lambda t: {k: v for k, v in (t or {}).items() if k not in ("kappa", "lam")}  # noqa: E731
+    strip = lambda t: {k: v for k, v in (t or {}).items() if k not in ("kappa", "lam", "delta")}  # noqa: E731
     if strip(old.get("tables_gasv")) != strip(new.get("tables_gasv")):
         diff.append("tables_gasv")
     if diff:

@@ -8,7 +8,7 @@
 # Needs the demo target/VQ in lisa_trt/assets/demo (stages 1-6). Resumable: re-running continues
 # the drafter runs from their checkpoints. The tables are GASV version 2 (beta_c measured on
 # s(v|z) over the sampled token's K_n = 16 codebook neighbours, the statistic the runtime gates on).
-# Shipped GASV defaults kappa 0.5, lambda 0.8: the fastest quality-neutral point of bench/gasv_frontier.json.
+# Shipped GASV defaults kappa 2, lambda 0.4, delta 0.3: the fastest quality-neutral GASV point of bench/gasv_frontier.json.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/demo}
@@ -17,7 +17,7 @@ mkdir -p "$OUT"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 if [ "${ONLY:-}" = "tables" ]; then
-  lisa-trt calibrate --model demo --out "$OUT/tables.safetensors" --rollouts 64 --seed 0 --kappa 0.5 --lambda 0.8 > "$OUT/calibrate.log" 2>&1
+  lisa-trt calibrate --model demo --out "$OUT/tables.safetensors" --rollouts 64 --seed 0 --kappa 2 --lambda 0.4 --delta 0.3 > "$OUT/calibrate.log" 2>&1
   cp "$OUT/tables.safetensors" lisa_trt/assets/demo/tables.safetensors
   echo "wrote lisa_trt/assets/demo/tables.safetensors"
   exit 0
@@ -25,7 +25,7 @@ fi
 # self-distillation sequences at cfg 3.0 (the shipped drafters were made so; the demo default is 2.0)
 COMMON=(--model demo --steps "$STEPS" --batch-size 8 --ttt-steps 4 --num-samples 512 --cfg-scale 3.0 --checkpoint-every 50 --seed 0)
 
-lisa-trt calibrate --model demo --out "$OUT/tables.safetensors" --rollouts 64 --seed 0 --kappa 0.5 --lambda 0.8 > "$OUT/calibrate.log" 2>&1 &
+lisa-trt calibrate --model demo --out "$OUT/tables.safetensors" --rollouts 64 --seed 0 --kappa 2 --lambda 0.4 --delta 0.3 > "$OUT/calibrate.log" 2>&1 &
 lisa-trt train "${COMMON[@]}" --loss lisa --out "$OUT/drafter_lisa" > "$OUT/drafter_lisa.log" 2>&1 &
 lisa-trt train "${COMMON[@]}" --loss eagle3 --out "$OUT/drafter_eagle3" > "$OUT/drafter_eagle3.log" 2>&1 &
 wait
