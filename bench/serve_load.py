@@ -171,8 +171,9 @@ def main(argv=None):
                            "clients": args.clients, "duration_s": args.duration, "max_batch": args.max_batch,
                            "command": " ".join([Path(sys.argv[0]).as_posix()] + (argv or sys.argv[1:]))},
               "machine": {"cpus": os.cpu_count(), "loadavg_before": load0,
-                          "note": "shared 2-core CPU machine with other engineers' jobs running: absolute "
-                                  "numbers are noisy, compare windows within this file only"},
+                          "note": ("quiet 2-core CPU machine (no other job; see loadavg_before)" if load0[0] < 1.5
+                                   else "shared 2-core CPU machine with other jobs running: absolute numbers are "
+                                        "noisy, compare windows within this file only")},
               "runs": runs, "ratios": summary,
               "window_semantics": WINDOW_NOTE,
               "zero_failed": all(r["failed"] == 0 and r["lost"] == 0 and r["hung_clients"] == 0 for r in runs)}

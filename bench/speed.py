@@ -362,8 +362,9 @@ def main(argv=None) -> None:
     report = {"command": "python bench/speed.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "machine": {"logical_cpus": os.cpu_count(), "threads": 1, "torch": torch.__version__,
                           "onnxruntime": onnxruntime.__version__, "load_average_at_start": list(os.getloadavg()),
-                          "loaded": "shared 2-core machine, other engineers' jobs running during the whole run; "
-                                    "absolute seconds are noisy, ratios inside this run much less"},
+                          "loaded": ("quiet: no other job ran (see the load averages)" if os.getloadavg()[0] < 1.5
+                                     else "shared 2-core machine with other jobs running: absolute seconds are noisy, "
+                                          "ratios inside this run much less")},
               "images": a.images, "rounds": a.rounds, "batch": 1, "cfg": True}
     refs = demo_refs()
     fp32 = ensure_demo_bundle(work / "demo", echo=print)

@@ -182,8 +182,8 @@ def save_bench(report: dict, json_path, plot_path=None) -> None:
 
 
 def plot_pareto(report: dict, path) -> None:
-    """MAL against KID-demo (+- 1 SE) per point, one curve per rule (sorted by MAL); two panels:
-    KID vs the cached vanilla samples (when measured) and KID vs real held-out crops."""
+    """MAL against quality (+- 1 SE) per point, one curve per rule (sorted by MAL); panels: class
+    accuracy, KID vs the cached vanilla samples (when measured), KID vs real held-out crops."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -192,7 +192,10 @@ def plot_pareto(report: dict, path) -> None:
     from .io import atomic_write
 
     res = report["results"]
-    keys = [k for k in ("kid_vanilla", "kid_real") if all(k in r for r in res.values())]
+    keys = [k for k in ("class_acc", "kid_vanilla", "kid_real") if all(k in r and k + "_se" in r for r in res.values())]
+    ylabels = {"class_acc": "class accuracy (higher is better)",
+               "kid_vanilla": "KID-demo vs vanilla samples (lower is better)",
+               "kid_real": "KID-demo vs real crops (lower is better)"}
     fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.5), squeeze=False)
     rules = list(dict.fromkeys(r.get("method", m) for m, r in res.items()))
     for ax, key in zip(axes[0], keys):
@@ -209,8 +212,7 @@ def plot_pareto(report: dict, path) -> None:
         ax.axhspan(v[key] - 2 * v[key + "_se"], v[key] + 2 * v[key + "_se"], color="grey", alpha=0.2,
                    label="vanilla +- 2 SE")
         ax.set_xlabel("mean accepted length (MAL)")
-        ax.set_ylabel(f"{'KID-demo vs vanilla samples' if key == 'kid_vanilla' else 'KID-demo vs real crops'}"
-                      " (lower is better)")
+        ax.set_ylabel(ylabels[key])
         ax.legend(fontsize=7)
     s = report["settings"]
     fig.suptitle(f"{s.get('model', '')} {s.get('drafter', '') or ''}: {s['num_images']} images per point, "
