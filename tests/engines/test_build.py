@@ -451,12 +451,14 @@ def test_gpu_check_cpu_smoke(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     d = json.loads(out.read_text())
     s = d["sections"]
-    assert d["mode"] == "cpu-smoke" and set(s) == {"env", "gasv_kernel", "verify_latency", "demo_decode", "tensorrt"}
+    assert d["mode"] == "cpu-smoke" and set(s) == {"env", "gasv_kernel", "verify_latency", "demo_decode",
+                                                    "compiled_decode", "tensorrt"}
     assert all(v["status"] in ("ok", "skipped") for v in s.values()), {k: v.get("error") for k, v in s.items()}
     assert "importable" in s["env"]["tensorrt"]
     assert set(s["verify_latency"]["models"]["tiny"]["tree"]) == {"1", "4"}
     assert s["verify_latency"]["models"]["tiny-t2i"]["model_type"] == "t2i"  # the GPT-XL-T2I path, tiny
     assert s["gasv_kernel"]["cases"][0]["torch_ref"]["median_ms"] > 0
+    assert "--demo-on-cpu" in s["compiled_decode"]["skipped"]  # the smoke skips the demo sections
     if not HAS_TRT:
         assert s["tensorrt"]["available"] is False and "--backend ort" in s["tensorrt"]["skipped"]
 
