@@ -23,25 +23,19 @@ If the engine-only ceiling is below 1.3x, no host optimisation can reach it on t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import platform
-import statistics
 import sys
 import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ort_cost_curve import median_ms  # noqa: E402
+
 
 def _ms(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return round(1000 * statistics.median(ts), 4)
+    return median_ms(fn, reps, warmup=3)  # bench/ort_cost_curve.py: median of reps after warm-up
 
 
 def engine_costs(engine_dir: str, s_list, reps: int) -> dict:

@@ -1,22 +1,16 @@
 """The backend seam: a toy backend in this one file runs the decode loop through load_engines, and
 every backend (ort, torch graph wrappers, the toy) gives the eager models' tokens."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
-from export_artifacts import make_artifacts  # noqa: E402
-
-from lisa_trt.config import SamplingConfig  # noqa: E402
-from lisa_trt.engines.base import Backend, GraphRunner, backend_names, get_backend, register_backend  # noqa: E402
-from lisa_trt.engines.graph import load_engines  # noqa: E402
-from lisa_trt.errors import ConfigError  # noqa: E402
-from lisa_trt.export.io_spec import Graph  # noqa: E402
-from lisa_trt.speculative.methods import SpecConfig  # noqa: E402
-from lisa_trt.speculative.run import run_method  # noqa: E402
+from lisa_trt.config import SamplingConfig
+from lisa_trt.engines.base import Backend, GraphRunner, backend_names, get_backend, register_backend
+from lisa_trt.engines.graph import load_engines
+from lisa_trt.errors import ConfigError
+from lisa_trt.export.io_spec import Graph
+from lisa_trt.speculative.methods import SpecConfig
+from lisa_trt.speculative.run import run_method
 
 
 class ToyRunner(GraphRunner):
@@ -52,22 +46,6 @@ class ToyBackend(Backend):
                   Graph.GASV: lambda: X.GASVGraph(a["tables"]),
                   Graph.VQ_DECODE: lambda: X.VQDecodeGraph(a["vq"], self.manifest.target_config.grid_size)}[graph]()
         return ToyRunner(module, spec, dims, self.manifest.precision)
-
-
-@pytest.fixture(scope="module")
-def artifacts():
-    return make_artifacts()
-
-
-@pytest.fixture(scope="module")
-def bundle(artifacts, tmp_path_factory):
-    from lisa_trt.runtime.bundle import export_full_bundle
-
-    a = artifacts
-    out = tmp_path_factory.mktemp("seam") / "eng"
-    export_full_bundle(a["target"], a["drafter"], a["tables"], a["vq"], out, max_tree=16, progress=False,
-                       lint=False, validate=False)
-    return out
 
 
 def _decode(engines_or_models, method, cond, tables):

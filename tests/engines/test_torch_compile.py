@@ -1,37 +1,15 @@
 """The torch backend with torch.compile (issue 12 item 4): Inductor on this CPU gives the eager
 backend's logits and the eager models' tokens; CUDA graphs are refused off CUDA with the fix."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
-from export_artifacts import make_artifacts  # noqa: E402
-
-from lisa_trt.config import SamplingConfig  # noqa: E402
-from lisa_trt.engines.graph import load_engines  # noqa: E402
-from lisa_trt.engines.torch_runner import compile_mode  # noqa: E402
-from lisa_trt.errors import InputError  # noqa: E402
-from lisa_trt.speculative.methods import SpecConfig  # noqa: E402
-from lisa_trt.speculative.run import run_method  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def artifacts():
-    return make_artifacts()
-
-
-@pytest.fixture(scope="module")
-def bundle(artifacts, tmp_path_factory):
-    from lisa_trt.runtime.bundle import export_full_bundle
-
-    a = artifacts
-    out = tmp_path_factory.mktemp("compile") / "eng"
-    export_full_bundle(a["target"], a["drafter"], a["tables"], a["vq"], out, max_tree=16, progress=False,
-                       lint=False, validate=False)
-    return out
+from lisa_trt.config import SamplingConfig
+from lisa_trt.engines.graph import load_engines
+from lisa_trt.engines.torch_runner import compile_mode
+from lisa_trt.errors import InputError
+from lisa_trt.speculative.methods import SpecConfig
+from lisa_trt.speculative.run import run_method
 
 
 def test_compile_modes_and_their_errors():
