@@ -31,6 +31,7 @@ from lisa_trt.io import write_json
 from lisa_trt.quality import QualityReference, evaluate, quality_neutral
 from lisa_trt.speculative.autoregressive import generate
 from lisa_trt.speculative.decode import SpecConfig, SpeculativeDecoder  # noqa: F401
+from lisa_trt.speculative.oracle import oracle_pair
 from lisa_trt.speculative.sjd import sjd_generate
 
 POINTS = [  # (label, method, SpecConfig overrides); the most informative first
@@ -51,6 +52,7 @@ POINTS = [  # (label, method, SpecConfig overrides); the most informative first
     ("gasv[kappa=2,lambda=0.4,delta=0.3]", "gasv", {"gasv_kappa": 2.0, "gasv_lambda": 0.4, "gasv_delta": 0.3}),
     ("gasv-cluster[kappa=0.5,lambda=0.8]", "gasv", {"gasv_kappa": 0.5, "gasv_lambda": 0.8, "gasv_scope": "cluster"}),
     ("gasv-support[kappa=0.5,lambda=0.8]", "gasv", {"gasv_kappa": 0.5, "gasv_lambda": 0.8, "gasv_scope": "support"}),
+    ("oracle", "oracle", {}),  # the target's own top-k at every node, exact: the drafter ceiling (issue 11)
 ]
 
 # a GASV label without delta means no mass cap (delta 1), whatever the tables' default is
@@ -114,8 +116,9 @@ def main(argv=None):
         _check_mergeable(json.loads(Path(a.json).read_text())["settings"],
                          {"model": "demo", "tree": a.tree, "seed": a.seed, "vanilla_ref": a.vanilla_ref,
                           "sampling": dataclasses.asdict(sampling), "tables_gasv": tables.config.to_dict()}, a.json)
-    acc = {p[0]: {"tokens": [], "committed": [], "tvd": [], "seconds": 0.0} for p in points}
+    acc = {p[0]: {"tokens": [], "committed": [], "tvd": [], "img_mal": [], "seconds": 0.0} for p in points}
     dec = SpeculativeDecoder(target, drafter, tables)
+    oracle_dec = SpeculativeDecoder(*oracle_pair(target), tables) if any(p[1] == "oracle" for p in points) else None
     t_start = time.time()
     for r in range(a.rounds):
         for label, method, over in points:
@@ -132,9 +135,11 @@ def main(argv=None):
                     st_acc["committed"] += [c.float().cpu() for c in st.committed]
                 else:
                     spec = base.replace(method=method, **over)
-                    toks, st = dec.generate(cond, sampling=sampling, spec=spec, seed=seed)
+                    toks, st = (oracle_dec if method == "oracle" else dec).generate(cond, sampling=sampling, spec=spec,
+                                                                                    seed=seed)
                     st_acc["committed"] += [c.float().cpu() for c in st.committed]
                     st_acc["tvd"] += [t.float().cpu() for t in st.tvd]
+                    st_acc["img_mal"] += [st.row(b)["mal"] for b in range(len(cond))]
                 st_acc["seconds"] += time.perf_counter() - t0
                 st_acc["tokens"].append(toks.cpu())
         results = {}
@@ -146,6 +151,10 @@ def main(argv=None):
                    "images": int(toks.shape[0]),
                    "mal": float(torch.cat(s["committed"]).mean()) if s["committed"] else 1.0,
                    "mean_tvd": float(torch.cat(s["tvd"]).mean()) if s["tvd"] else 0.0,
+                   # standard error of the MAL over images (each image's own MAL; images are independent)
+                   "mal_se": float(torch.tensor(s["img_mal"]).std() / len(s["img_mal"]) ** 0.5) if len(s["img_mal"]) > 1
+                   else None,
+                   "mal_per_image": [round(x, 4) for x in s["img_mal"]],  # for paired drafter comparisons
                    "cpu_seconds_per_image_batched": s["seconds"] / toks.shape[0]}
             res.update(evaluate(decode(toks), labels, ref))
             results[label] = res
@@ -159,7 +168,7 @@ def main(argv=None):
                   "results": results}
         if a.merge:
             report = _merge(a, report)
-        write_json(a.json, report)
+        write_json(a.json, _efficiency(report))
         if a.plot:
             plot_pareto(report, a.plot)
         print(f"round {r + 1}: {(r + 1) * a.per_round} images per point, {time.time() - t_start:.0f} s", flush=True)
@@ -193,9 +202,20 @@ def _combine(paths, out, plot) -> None:
         runs = base["settings"].setdefault("merged_runs", [])
         runs += [r for r in rep["settings"].get("merged_runs", []) if r not in runs]
     base["settings"]["combined_from"] = [str(p) for p in paths]
-    write_json(out, base)
+    write_json(out, _efficiency(base))
     if plot:
         plot_pareto(base, plot)
+
+
+def _efficiency(report: dict) -> dict:
+    """Every drafter point's MAL as a fraction of the oracle's ("drafter efficiency"; same prompts,
+    seeds and tree), when the file holds an oracle point."""
+    res = report["results"]
+    if "oracle" in res:
+        for label, r in res.items():
+            if r["method"] not in ("vanilla", "sjd", "oracle"):
+                r["drafter_efficiency"] = r["mal"] / res["oracle"]["mal"]
+    return report
 
 
 def _merge(a, report: dict) -> dict:

@@ -1,118 +1,94 @@
-"""Issue 5 ablation on the demo model, in ONE process (ratios from one run):
+"""Issue 11 item 3: the distillation ablation at matched budget, with paired error bars.
 
-    {EAGLE-3 drafter, LISA drafter} x {exact, lantern, gasv} (+ vanilla, sjd): MAL, speed-up
-    (torch backend), mean TVD, class accuracy, FD-demo; and a GASV kappa/lambda sweep with the
-    LISA drafter drawn as a speed-vs-quality plot.
+The decoding runs are `bench/gasv_frontier.py` jobs (batched, same prompts and seeds, class
+accuracy +- SE), one per drafter, each merged into a copy of one base file that holds the stored
+vanilla point, then joined here:
 
-    python bench/lisa_ablation.py --num-images 32 --json bench/lisa_ablation.json --plot bench/gasv_sweep.png
+    python bench/gasv_frontier.py --drafter runs/lisa/drafter.safetensors --label-prefix lisa: \\
+        --points "vanilla|exact|gasv[kappa=2,lambda=0.4,delta=0.3]" --merge --json A.json ...
+    python bench/gasv_frontier.py --points "vanilla|oracle" --merge --json O.json ...
+    python bench/lisa_ablation.py --combine O.json A.json B.json ... --json bench/lisa_ablation.json \\
+        --plot bench/lisa_ablation.png
 
-Every method sees the same prompts (classes cycled) and the same seeds (seed + i for image i).
+Labels are DRAFTER:RULE (e.g. `lisa-no-kd:exact`). For every drafter and rule this adds a summary:
+MAL +- SE over images, drafter efficiency (exact MAL / the exact oracle's MAL, same images), and the
+PAIRED difference to the reference drafters (`--refs`, default eagle3 and lisa) on the images both
+were decoded on (image i has the same prompt and seed in every job, so the pairing is exact): the
+mean per-image MAL difference +- its SE, and whether it is beyond 2 SE. Prints the table as
+Markdown.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import sys
-import time
-
-import torch
-
-from lisa_trt.artifacts import load_drafter_by_name, load_tables_by_name
-from lisa_trt.bench import run_method
-from lisa_trt.demo.registry import demo_sampling, load_demo_scorer, load_demo_target, load_demo_vq
-from lisa_trt.demo.scorer import score_images
-from lisa_trt.io import write_json
-from lisa_trt.speculative.decode import SpecConfig
+import importlib.util
+import json
+import math
+from pathlib import Path
 
 
-def run_all(label, method, target, drafter, tables, classes, sampling, spec, seed):
-    toks, mal, tvd, secs = [], [], [], []
-    for i, c in enumerate(classes):
-        t0 = time.perf_counter()
-        tk, st = run_method(method, target, drafter, tables, torch.tensor([c]), sampling=sampling, spec=spec,
-                            seed=seed + i)
-        secs.append(time.perf_counter() - t0)
-        toks.append(tk.cpu())
-        mal += [float(x) for c_ in st.committed for x in c_.float().cpu()]
-        tvd += [float(x) for t_ in st.tvd for x in t_.float().cpu()]
-    return {"label": label, "method": method, "tokens": torch.cat(toks), "seconds_per_image": sum(secs) / len(secs),
-            "mal": sum(mal) / len(mal) if method != "vanilla" else 1.0, "mean_tvd": sum(tvd) / len(tvd) if tvd else 0.0}
+def _frontier():
+    spec = importlib.util.spec_from_file_location("gasv_frontier", Path(__file__).with_name("gasv_frontier.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--num-images", type=int, default=32)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tree-top-k", type=int, default=3)
-    ap.add_argument("--tree-depth", type=int, default=3)
-    ap.add_argument("--tree-tokens", type=int, default=10)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--sweep", default="0.6:0.4,0.8:0.4,1.0:0.4,1.0:0.6,1.1:0.4,1.3:0.3,1.5:0.2")
-    ap.add_argument("--drafters", default="eagle3=demo-eagle3,lisa=demo-lisa",
-                    help="label=drafter (path or bundled name), comma-separated; e.g. the issue 11 ablation "
-                         "eagle3=runs/e3/drafter.safetensors,lisa=runs/lisa/...,lisa-no-kd=runs/nokd/...")
-    ap.add_argument("--methods", default="exact,lantern,gasv", help="verification rules per drafter")
-    ap.add_argument("--oracle", action="store_true", help="also the oracle drafter (exact): the MAL ceiling")
-    ap.add_argument("--no-sweep", action="store_true", help="skip the GASV kappa/lambda sweep")
-    ap.add_argument("--json", required=True)
-    ap.add_argument("--plot", default=None)
-    a = ap.parse_args(argv)
-    torch.set_num_threads(a.threads)
-    target, vq, scorer = load_demo_target(), load_demo_vq(), load_demo_scorer()
-    tables = load_tables_by_name("demo", target)
-    pairs = [kv.split("=", 1) for kv in a.drafters.split(",") if kv.strip()]
-    drafters = {k.strip(): load_drafter_by_name(v.strip(), target) for k, v in pairs}
-    methods = [m.strip() for m in a.methods.split(",") if m.strip()]
-    sampling = demo_sampling()
-    spec = SpecConfig.make(top_k=a.tree_top_k, depth=a.tree_depth, total_tokens=a.tree_tokens)
-    ncls = target.config.num_classes
-    classes = [i % ncls for i in range(a.num_images)]
-    g = target.config.grid_size
-
-    def quality(tokens):
-        with torch.no_grad():
-            imgs = vq.decode_code(tokens, (tokens.shape[0], vq.config.codebook_embed_dim, g, g)).clamp(-1, 1)
-        acc, fd = score_images(imgs, torch.tensor(classes), scorer)
-        return float(acc), float(fd)
-
-    runs = [("vanilla", "vanilla", None, spec)]
-    runs += [(f"{d}/{m}", m, d, spec) for d in drafters for m in methods]
-    runs += [("sjd", "sjd", None, spec)] + ([("oracle", "oracle", None, spec)] if a.oracle else [])
-    sweep = [] if a.no_sweep or "lisa" not in drafters else [
-        tuple(float(x) for x in kv.split(":")) for kv in a.sweep.split(",") if kv]
-    runs += [(f"lisa/gasv k{k} l{l}", "gasv", "lisa", dataclasses.replace(spec, gasv_kappa=k, gasv_lambda=l))
-             for k, l in sweep]
-    # warm-up
-    run_method("vanilla", target, None, None, torch.tensor([0]), sampling=sampling, spec=spec, seed=0)
-    results = {}
-    for label, method, dname, sp in runs:
-        r = run_all(label, method, target, drafters.get(dname), tables, classes, sampling, sp, a.seed)
-        r["class_acc"], r["fd_demo"] = quality(r.pop("tokens"))
-        r["drafter"] = dname
-        if sp.gasv_kappa is not None:
-            r["kappa"], r["lambda"] = sp.gasv_kappa, sp.gasv_lambda
-        results[label] = r
-        print(f"{label:24s} MAL {r['mal']:.3f}  {r['seconds_per_image']:.3f} s/img  TVD {r['mean_tvd']:.4f}  "
-              f"acc {r['class_acc']:.3f}  FD {r['fd_demo']:.2f}", flush=True)
-    if "oracle" in results:  # drafter efficiency: MAL / oracle MAL (same prompts, seeds, tree)
-        for r in results.values():
-            if r.get("drafter"):
-                r["drafter_efficiency"] = r["mal"] / results["oracle"]["mal"]
-    base = results["vanilla"]["seconds_per_image"]
-    for r in results.values():
-        r["speedup"] = base / r["seconds_per_image"]
-    report = {"settings": {"num_images": a.num_images, "seed": a.seed, "classes": classes,
-                           "sampling": dataclasses.asdict(sampling), "spec": dataclasses.asdict(spec),
-                           "tables_gasv": tables.config.to_dict(), "torch_threads": a.threads, "backend": "torch",
-                           "command": "python " + " ".join(sys.argv)},
-              "results": results}
-    write_json(a.json, report)
-    if a.plot:
-        plot(report, a.plot)
+def paired(a: list, b: list) -> dict:
+    """Mean and SE of the per-image difference a - b over the images both have (the first n)."""
+    n = min(len(a), len(b))
+    if n < 2:
+        raise SystemExit("paired comparison needs per-image MALs of >= 2 common images "
+                         "(frontier files made before mal_per_image existed cannot be paired)")
+    d = [x - y for x, y in zip(a[:n], b[:n])]
+    m = sum(d) / n
+    se = math.sqrt(sum((x - m) ** 2 for x in d) / (n - 1) / n)
+    return {"diff": m, "se": se, "images": n, "beyond_2se": abs(m) > 2 * se}
 
 
-def plot(report, path):
+def summarize(report: dict, refs: list) -> dict:
+    res = report["results"]
+    rows = {}
+    for label, r in sorted(res.items()):
+        if ":" not in label:
+            continue
+        name, rule = label.split(":", 1)
+        row = {"drafter": name, "rule": rule, "images": r["images"], "mal": r["mal"], "mal_se": r.get("mal_se"),
+               "class_acc": r.get("class_acc"), "class_acc_se": r.get("class_acc_se"), "mean_tvd": r.get("mean_tvd")}
+        if "oracle" in res and rule == "exact":
+            o = res["oracle"]
+            n = min(len(r["mal_per_image"]), len(o["mal_per_image"]))
+            row["drafter_efficiency"] = (sum(r["mal_per_image"][:n]) / n) / (sum(o["mal_per_image"][:n]) / n)
+            row["oracle_mal_same_images"] = sum(o["mal_per_image"][:n]) / n
+        for ref in refs:
+            other = res.get(f"{ref}:{rule}")
+            if other is not None and ref != name:
+                row[f"vs_{ref}"] = paired(r["mal_per_image"], other["mal_per_image"])
+        rows[label] = row
+    return rows
+
+
+def markdown(rows: dict, report: dict, refs: list) -> str:
+    o = report["results"].get("oracle")
+    out = []
+    if o:
+        out.append(f"oracle (exact): MAL {o['mal']:.3f} +- {o['mal_se']:.3f} ({o['images']} images)\n")
+    head = "| drafter | rule | images | MAL +- SE | efficiency | " + " | ".join(f"d vs {r} (paired)" for r in refs)
+    out += [head + " | class acc |", "|" + "---|" * (6 + len(refs))]
+    for row in rows.values():
+        eff = f"{row['drafter_efficiency']:.3f}" if "drafter_efficiency" in row else ""
+        cmp_ = []
+        for ref in refs:
+            p = row.get(f"vs_{ref}")
+            cmp_.append("" if p is None else f"{p['diff']:+.3f} +- {p['se']:.3f}{' *' if p['beyond_2se'] else ''}")
+        acc = "" if row["class_acc"] is None else f"{row['class_acc']:.3f} +- {row['class_acc_se']:.3f}"
+        out.append(f"| {row['drafter']} | {row['rule']} | {row['images']} | {row['mal']:.3f} +- {row['mal_se']:.3f} | "
+                   f"{eff} | " + " | ".join(cmp_) + f" | {acc} |")
+    out.append("\n`*`: paired difference beyond 2 standard errors.")
+    return "\n".join(out)
+
+
+def plot(rows: dict, report: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -120,28 +96,52 @@ def plot(report, path):
 
     from lisa_trt.io import atomic_write
 
-    res = report["results"]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key, lab in ((axes[0], "mean_tvd", "mean TVD(p_raw, law) per step"), (axes[1], "fd_demo", "FD-demo")):
-        sw = [r for r in res.values() if "kappa" in r]
-        ax.plot([r["mal"] for r in sw], [r[key] for r in sw], "o-", color="C2", label="LISA GASV sweep")
-        for r in sw:
-            ax.annotate(f"k{r['kappa']} l{r['lambda']}", (r["mal"], r[key]), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
-        for name, r in res.items():
-            if "kappa" in r:
-                continue
-            ax.scatter(r["mal"], r[key], marker="s", s=30)
-            ax.annotate(name, (r["mal"], r[key]), fontsize=7, xytext=(3, -9), textcoords="offset points")
-        ax.set_xlabel("mean accepted length (MAL)")
-        ax.set_ylabel(lab)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"demo model, {report['settings']['num_images']} images, torch backend", fontsize=9)
+    rules = sorted({r["rule"] for r in rows.values()}, key=lambda r: (r != "exact", r))
+    names = list(dict.fromkeys(r["drafter"] for r in rows.values()))
+    names.sort(key=lambda n: (n not in ("eagle3", "lisa"), n))
+    fig, axes = plt.subplots(1, len(rules), figsize=(5 * len(rules), 3.8), squeeze=False)
+    for ax, rule in zip(axes[0], rules):
+        xs = [n for n in names if f"{n}:{rule}" in rows]
+        ys = [rows[f"{n}:{rule}"]["mal"] for n in xs]
+        es = [2 * rows[f"{n}:{rule}"]["mal_se"] for n in xs]
+        ax.bar(range(len(xs)), ys, yerr=es, capsize=3, color=["C0" if n == "eagle3" else "C1" if n == "lisa" else "C7"
+                                                               for n in xs])
+        if rule == "exact" and "oracle" in report["results"]:
+            ax.axhline(report["results"]["oracle"]["mal"], color="k", ls="--", lw=1, label="oracle drafter")
+            ax.legend(fontsize=7, loc="lower right")
+        ax.set_xticks(range(len(xs)))
+        ax.set_xticklabels(xs, rotation=30, ha="right", fontsize=7)
+        lo = min(ys) - 0.15
+        ax.set_ylim(max(1.0, lo), None)
+        ax.set_title(f"{rule}: MAL (error bars 2 SE over images)", fontsize=9)
+    fig.suptitle("drafter ablation at matched budget (demo model)", fontsize=9)
     fig.tight_layout()
     with atomic_write(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--combine", nargs="+", required=True, metavar="JSON",
+                    help="frontier files made with gasv_frontier.py --merge from the same base file")
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--plot", default=None)
+    ap.add_argument("--refs", default="eagle3,lisa", help="drafters every other one is paired against")
+    ap.add_argument("--recipe", default=None, help="a JSON file describing the training runs, stored as settings.training")
+    a = ap.parse_args(argv)
+    refs = [r for r in a.refs.split(",") if r]
+    _frontier()._combine(a.combine, a.json, None)
+    report = json.loads(Path(a.json).read_text())
+    report["summary"] = summarize(report, refs)
+    if a.recipe:
+        report["settings"]["training"] = json.loads(Path(a.recipe).read_text())
+    from lisa_trt.io import write_json
+
+    write_json(a.json, report)
+    if a.plot:
+        plot(report["summary"], report, Path(a.plot))
+    print(markdown(report["summary"], report, refs))
 
 
 if __name__ == "__main__":

@@ -36,21 +36,31 @@ def plot(runs: list, labels: list, out: Path) -> None:
     from lisa_trt.io import atomic_write
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for data, label in zip(runs, labels):
+    for i, (data, label) in enumerate(zip(runs, labels)):
+        col = f"C{i}"
         tr, ev = data["train"], data["eval"]
-        axes[0].plot([r["step"] for r in tr], [r["loss"] for r in tr], label=label, lw=0.8)
+        # the step-0 cross-entropy to the target's token is logged by every loss (ce_0); the
+        # losses themselves have different scales and are not comparable
+        key = "ce_0" if tr and all("ce_0" in r for r in tr) else "loss"
+        xs, ys = [r["step"] for r in tr], [r[key] for r in tr]
+        axes[0].plot(xs, ys, color=col, lw=0.5, alpha=0.35)
+        w = 5
+        sm = [sum(ys[max(0, j - w + 1): j + 1]) / len(ys[max(0, j - w + 1): j + 1]) for j in range(len(ys))]
+        axes[0].plot(xs, sm, color=col, lw=1.5, label=f"{label} ({key}, mean of {w} logs)")
         steps = [r["step"] for r in ev]
-        axes[1].plot(steps, [r["eval"]["top1_s"][0] for r in ev], "-o", ms=3, label=f"{label} top-1")
-        axes[1].plot(steps, [r["eval"]["top3_s"][0] for r in ev], "--s", ms=3, label=f"{label} top-3")
+        axes[1].plot(steps, [r["eval"]["top1_s"][0] for r in ev], "-o", color=col, ms=3, label=f"{label} top-1")
+        axes[1].plot(steps, [r["eval"]["top3_s"][0] for r in ev], "--s", color=col, ms=3, label=f"{label} top-3")
         if any("decode_mal" in r["eval"] for r in ev):
             axes[2].plot([r["step"] for r in ev if "decode_mal" in r["eval"]],
-                         [r["eval"]["decode_mal"] for r in ev if "decode_mal" in r["eval"]], "-o", ms=3,
+                         [r["eval"]["decode_mal"] for r in ev if "decode_mal" in r["eval"]], "-o", color=col, ms=3,
                          label=f"{label} decoding")
-        axes[2].plot(steps, [r["eval"]["mal_proxy"] for r in ev], ":", label=f"{label} proxy")
-    for ax, title in zip(axes, ("training loss", "held-out agreement (step 0)", "MAL (exact)")):
+        axes[2].plot(steps, [r["eval"]["mal_proxy"] for r in ev], ":", color=col, label=f"{label} proxy")
+    for ax, title in zip(axes, ("training: step-0 cross-entropy", "held-out agreement with the target (step 0)",
+                                "held-out MAL (exact): decoding and teacher-forced proxy")):
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step")
         ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     with atomic_write(out) as tmp:
         fig.savefig(tmp, format="png", dpi=120)

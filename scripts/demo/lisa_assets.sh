@@ -2,8 +2,10 @@
 # Stage 7 of the demo recipe: the LISA and EAGLE-3 drafters (same data, same budget) and the
 # GASV / LANTERN calibration tables for the bundled demo target, then copy them into the package.
 #
-#   bash scripts/demo/lisa_assets.sh            # ~40 min on 2 CPU cores (both drafters in parallel)
-#   ONLY=tables bash scripts/demo/lisa_assets.sh # GASV v2 tables only (a few minutes, 1 thread)
+#   bash scripts/drafters/retrain_and_ablate.sh runs/issue11   # the drafters (issue 11 recipe: 8,192
+#                                                              # sequences at cfg 2.0, 400 steps, batch 16)
+#   RUNS=runs/issue11 bash scripts/demo/lisa_assets.sh         # tables + copy both drafters (fp16)
+#   ONLY=tables bash scripts/demo/lisa_assets.sh               # GASV v2 tables only (a few minutes, 1 thread)
 #
 # Needs the demo target/VQ in lisa_trt/assets/demo (stages 1-6). Resumable: re-running continues
 # the drafter runs from their checkpoints. The tables are GASV version 2 (beta_c measured on
@@ -12,7 +14,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/demo}
-STEPS=${STEPS:-400}
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
@@ -22,17 +23,15 @@ if [ "${ONLY:-}" = "tables" ]; then
   echo "wrote lisa_trt/assets/demo/tables.safetensors"
   exit 0
 fi
-# self-distillation sequences at cfg 3.0 (the shipped drafters were made so; the demo default is 2.0)
-COMMON=(--model demo --steps "$STEPS" --batch-size 8 --ttt-steps 4 --num-samples 512 --cfg-scale 3.0 --checkpoint-every 50 --seed 0)
-
-lisa-trt calibrate --model demo --out "$OUT/tables.safetensors" --rollouts 64 --seed 0 --kappa 2 --lambda 0.4 --delta 0.3 > "$OUT/calibrate.log" 2>&1 &
-lisa-trt train "${COMMON[@]}" --loss lisa --out "$OUT/drafter_lisa" > "$OUT/drafter_lisa.log" 2>&1 &
-lisa-trt train "${COMMON[@]}" --loss eagle3 --out "$OUT/drafter_eagle3" > "$OUT/drafter_eagle3.log" 2>&1 &
-wait
+RUNS=${RUNS:-runs/issue11}
+for kind in lisa eagle3; do
+  [ -f "$RUNS/$kind/drafter.safetensors" ] || { echo "no $RUNS/$kind/drafter.safetensors: run scripts/drafters/retrain_and_ablate.sh $RUNS first" >&2; exit 1; }
+done
+lisa-trt calibrate --model demo --out "$OUT/tables.safetensors" --rollouts 64 --seed 0 --kappa 2 --lambda 0.4 --delta 0.3 > "$OUT/calibrate.log" 2>&1
 
 A=lisa_trt/assets/demo
 cp "$OUT/tables.safetensors" "$A/tables.safetensors"
-python - "$OUT" "$A" <<'PY'
+python - "$RUNS" "$A" <<'PY'
 import sys
 from pathlib import Path
 import torch
@@ -41,7 +40,7 @@ from lisa_trt.models.drafter import load_drafter, save_drafter
 out, assets = Path(sys.argv[1]), Path(sys.argv[2])
 target = load_demo_target()
 for kind in ("lisa", "eagle3"):
-    d = load_drafter(out / f"drafter_{kind}" / "drafter.safetensors", target)
+    d = load_drafter(out / kind / "drafter.safetensors", target)
     d = d.to(torch.float16)  # shipped in fp16 (loaded back as fp32)
     save_drafter(d, assets / f"drafter_{kind}.safetensors")
     print("wrote", assets / f"drafter_{kind}.safetensors")
