@@ -113,7 +113,7 @@ def plot(rows: dict, report: dict, path: Path) -> None:
         ax.set_xticklabels(xs, rotation=30, ha="right", fontsize=7)
         lo = min(ys) - 0.15
         ax.set_ylim(max(1.0, lo), None)
-        ax.set_title(f"{rule}: MAL (error bars 2 SE over images)", fontsize=9)
+        ax.set_title(f"{rule}: MAL (bars: 2 SE over images, unpaired;\npaired differences: the JSON summary)", fontsize=8)
     fig.suptitle("drafter ablation at matched budget (demo model)", fontsize=9)
     fig.tight_layout()
     with atomic_write(path) as tmp:
