@@ -72,5 +72,20 @@ for pair in "soft_gate truncated_ce" "kd"; do
   done
   wait
 done
+# 3. real-image tokens vs self-distillation (EAGLE-3 loss): 1,024 crops per class as PNG folders
+python - "$RUNS/images" <<'PY'
+import sys
+from pathlib import Path
+from PIL import Image
+from lisa_trt.demo.data import NUM_CLASSES, make_crops
+for c in range(NUM_CLASSES):
+    d = Path(sys.argv[1]) / str(c)
+    d.mkdir(parents=True, exist_ok=True)
+    for i, a in enumerate(make_crops(c, 1024, split="train", seed=5)):
+        Image.fromarray(a).save(d / f"{i:04d}.png")
+PY
+train eagle3-images 0 --loss eagle3 --data images --image-dir "$RUNS/images" --eval-every 0
+job eagle3-images $((ABL_IMAGES / 32)) "vanilla|exact|$GASV" \
+  --drafter "$RUNS/eagle3-images/drafter.safetensors" --label-prefix eagle3-images:
 python bench/lisa_ablation.py --combine "$RUNS"/abl_oracle.json "$RUNS"/abl_eagle3.json "$RUNS"/abl_lisa.json \
-  "$RUNS"/abl_lisa-no-*.json --json bench/lisa_ablation.json --plot bench/lisa_ablation.png
+  "$RUNS"/abl_lisa-no-*.json "$RUNS"/abl_eagle3-images.json --json bench/lisa_ablation.json --plot bench/lisa_ablation.png
