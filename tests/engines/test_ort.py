@@ -22,11 +22,6 @@ def close(a, b, tol=TIGHT):
 
 
 @pytest.fixture(scope="module")
-def artifacts():
-    return make_artifacts()
-
-
-@pytest.fixture(scope="module")
 def engines(artifacts, tmp_path_factory):
     from lisa_trt.engines.ort import load_ort_engines
     from lisa_trt.export.onnx import export_bundle
