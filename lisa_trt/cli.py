@@ -545,13 +545,16 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
 @click.option("--eval-images", type=int, default=4, show_default=True,
               help="Held-out prompts decoded with the trained drafter (real MAL, exact verification); 0 = skip.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--extend", is_flag=True,
+              help="Continue a finished (or interrupted) run in OUT to a larger --steps, all other settings equal; "
+                   "the cosine schedule is stretched to the new total (a warm restart).")
 @click.option("--captions-file", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Chameleon directory models: self-distillation captions, one per line (default: built-in list).")
 @_handle_errors
 def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, steps, batch_size, lr,
           ttt_steps, source, token_file, image_dir, captions, encoder_dir, num_samples, features, cfg_scale,
           drafter_hidden, drafter_heads, checkpoint_every, bf16, eval_images, seed, captions_file, loss_off, eval_every,
-          arch, medusa_heads, draft_vocab):
+          arch, medusa_heads, draft_vocab, extend):
     """Distil a drafter (LISA locality-informed loss, or EAGLE-3/EAGLE-1 baselines).
 
     Resumes from OUT/checkpoints after an interruption. Multi-GPU: run under torchrun."""
@@ -625,17 +628,17 @@ def train(model, config, image_size, model_type, vq, vq_config, out_dir, loss, s
         if arch == "medusa":
             from .train.medusa import train_medusa
 
-            if draft_vocab or eval_every:
+            if draft_vocab or eval_every or extend:
                 from .errors import InputError
 
-                raise InputError("--draft-vocab and --eval-every apply to the EAGLE-3 drafter (--arch eagle3); "
+                raise InputError("--draft-vocab, --eval-every and --extend apply to the EAGLE-3 drafter (--arch eagle3); "
                                  "Medusa heads keep the full vocabulary and evaluate once at the end")
             result = train_medusa(target, vqm.codebook().detach(), cfg, out_dir, n_heads=medusa_heads)
         else:
             def eval_fn(drafter, step):  # real decoding MAL on held-out prompts (exact verification)
                 return {"decode_mal": decode_eval(target, drafter, cfg, eval_images)["mal"]} if eval_images else {}
 
-            result = train_drafter(target, vqm.codebook().detach(), cfg, out_dir, eval_fn=eval_fn)
+            result = train_drafter(target, vqm.codebook().detach(), cfg, out_dir, eval_fn=eval_fn, extend=extend)
     except KeyboardInterrupt:
         click.echo("\n" + resume_hint(out_dir, cfg.steps), err=True)
         sys.exit(130)

@@ -211,6 +211,8 @@ def lisa_weights(score: torch.Tensor, g_align: torch.Tensor, step: int, total_st
     w_veto = veto_schedule(step, total_steps, cfg.veto_warmup) if cfg.veto else 1.0
     g = g_align if cfg.soft_gate else torch.ones_like(g_align)
     w = torch.where(sel, w_veto * (1 + cfg.beta_sel * (1 - g)), torch.full_like(score, cfg.w_base))
+    # spec v2: divided by the batch mean, so LISA redistributes supervision instead of shrinking it
+    w = w / w.mean().clamp_min(1e-12)
     return w.detach(), sel
 
 

@@ -367,8 +367,33 @@ def _estimate_radius(features, n: int, cfg: TrainConfig, codebook) -> float:
     return estimate_radius(torch.cat(probs), codebook, cfg.loss.top_kc, cfg.loss.nbhd_size)
 
 
+def _check_resume(saved: dict, cfg: TrainConfig, at_step: int, out_dir: Path, extend: bool) -> Optional[str]:
+    """Refuse to resume a run under different settings; with `extend`, a larger `steps` is allowed.
+
+    Returns a note for the log when the run is extended (the cosine schedule is stretched to the new
+    total: the learning rate rises back to its value at that point of the longer schedule)."""
+    now = json.loads(json.dumps(cfg.to_dict(), sort_keys=True))
+    if saved == now:
+        return None
+    differ = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+    if differ == ["steps"]:
+        if extend and cfg.steps > at_step:
+            lr0, lr1 = cfg.lr * lr_factor(at_step, TrainConfig.from_dict(saved)), cfg.lr * lr_factor(at_step, cfg)
+            return (f"extending {out_dir} from {saved['steps']} to {cfg.steps} steps at its step-{at_step} checkpoint: "
+                    f"the cosine schedule now ends at step {cfg.steps} (learning rate {lr0:.2e} -> {lr1:.2e}, "
+                    "a warm restart)")
+        if extend:
+            raise ConfigError(f"--extend needs more steps than the checkpoint's {at_step} in {out_dir} "
+                              f"(got --steps {cfg.steps})")
+        raise ConfigError(f"{out_dir} holds a run of {saved['steps']} steps (checkpoint at step {at_step}); "
+                          f"--steps {cfg.steps} differs: pass --extend to continue it to {cfg.steps} steps, "
+                          "or use a new out_dir")
+    raise ConfigError(f"{out_dir} holds a run with a different TrainConfig ({', '.join(differ)} differ); use a new "
+                      "out_dir or the same settings to resume")
+
+
 def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConfig, out_dir,
-                  progress: bool = True, eval_fn=None) -> dict:
+                  progress: bool = True, eval_fn=None, extend: bool = False) -> dict:
     """Distil an EAGLE-3 drafter from `target` (resumes from out_dir/checkpoints if present).
 
     Args:
@@ -377,6 +402,8 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
             optional otherwise (then no in-neighbourhood metric).
         eval_fn: optional (drafter, step) -> dict, called with train_cfg.eval_every (e.g. real
             decoding MAL on held-out prompts); its result is logged with the held-out proxies.
+        extend: resume a run whose checkpoint was made with fewer `steps` (everything else equal);
+            the cosine schedule is stretched to the new total (a warm restart).
         train_cfg: TrainConfig.
         out_dir: run directory: drafter.safetensors (+ .json), metrics.jsonl, eval.json,
             train_config.json, checkpoints/, data/, features/.
@@ -431,9 +458,7 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
     start, radius = 0, cfg.loss.radius
     state = load_latest_checkpoint(out_dir)
     if state is not None:
-        if json.loads(state["train_config"]) != json.loads(json.dumps(cfg.to_dict(), sort_keys=True)):
-            raise ConfigError(f"{out_dir} holds a run with a different TrainConfig; use a new out_dir or "
-                              "the same settings to resume")
+        note = _check_resume(json.loads(state["train_config"]), cfg, state["step"], out_dir, extend)
         if state["drafter_config"] != drafter.config.to_dict():
             raise ArtifactMismatchError(
                 f"{out_dir} holds a run for target hash {state['drafter_config'].get('target_hash')}, not for this "
@@ -444,7 +469,7 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
         start, radius = state["step"], state["radius"]
         _set_rng_state(state["rng"])
         if main:
-            print(f"resuming {out_dir} from step {start} of {cfg.steps} (its latest checkpoint)", file=sys.stderr)
+            print(note or f"resuming {out_dir} from step {start} of {cfg.steps} (its latest checkpoint)", file=sys.stderr)
     elif radius is None and codebook is not None:
         radius = _estimate_radius(features, len(train_set), cfg, codebook)
 

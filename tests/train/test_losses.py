@@ -100,21 +100,29 @@ def test_eagle1_loss_by_hand():
 
 
 def test_lisa_weights_by_hand():
+    """Raw weights (w_base / w_veto (1 + beta_sel (1 - g_align))) divided by their batch mean (spec v2)."""
     cfg = L.LossConfig()
     score = torch.tensor([0.0, 0.1, 0.5, 0.9])
     g = torch.tensor([1.0, 0.5, 0.5, 0.2])
+
+    def normed(raw):
+        return [x * len(raw) / sum(raw) for x in raw]
+
     # last of 21 steps: q_sel = 0.5 (threshold 0.3), w_veto = 1
     w, sel = L.lisa_weights(score, g, 20, 21, cfg)
     assert sel.tolist() == [False, False, True, True]
-    assert w.tolist() == pytest.approx([0.1, 0.1, 1 + 2 * 0.5, 1 + 2 * 0.8])
+    assert w.tolist() == pytest.approx(normed([0.1, 0.1, 1 + 2 * 0.5, 1 + 2 * 0.8]))
+    assert float(w.mean()) == pytest.approx(1.0)
     # step 1 of 20 -> w_veto = 1 / 2 = 0.5, q_sel = 0.9 - 0.4/19 ~ 0.879 (threshold ~0.78) -> only the last
     w, sel = L.lisa_weights(score, g, 1, 20, cfg)
     assert sel.tolist() == [False, False, False, True]
-    assert w.tolist() == pytest.approx([0.1, 0.1, 0.1, 0.5 * (1 + 2 * 0.8)])
+    assert w.tolist() == pytest.approx(normed([0.1, 0.1, 0.1, 0.5 * (1 + 2 * 0.8)]))
     w, _ = L.lisa_weights(score, g, 1, 20, L.LossConfig(soft_gate=False))
-    assert w.tolist() == pytest.approx([0.1, 0.1, 0.1, 0.5])
+    assert w.tolist() == pytest.approx(normed([0.1, 0.1, 0.1, 0.5]))
     w, _ = L.lisa_weights(score, g, 1, 20, L.LossConfig(veto=False))
-    assert w.tolist() == pytest.approx([0.1, 0.1, 0.1, 2.6])
+    assert w.tolist() == pytest.approx(normed([0.1, 0.1, 0.1, 2.6]))
+    # the selected position gets 26x an unselected one, whatever the batch mean
+    assert float(w[3] / w[0]) == pytest.approx(26.0)
     w, sel = L.lisa_weights(score, g, 1, 20, L.LossConfig(selection=False))
     assert w.tolist() == [1.0] * 4 and not sel.any()
 
@@ -129,13 +137,14 @@ def test_lisa_loss_composition_by_hand():
     # row 1: N = {e0}, alpha = 0.5, draft argmax e2 -> s = 0.5 > median 0.25 -> selected
     # KL on K: row 0 K = {0}: KL = 0; row 1 K = {0, 2}: p~t = (5/7, 2/7), p~s = (1/9, 8/9)
     kl1 = 5 / 7 * math.log((5 / 7) / (1 / 9)) + 2 / 7 * math.log((2 / 7) / (8 / 9))
-    w1 = 1 + 2 * (1 - math.exp(-kl1))
+    raw1 = 1 + 2 * (1 - math.exp(-kl1))
+    w0, w1 = 0.1 * 2 / (0.1 + raw1), raw1 * 2 / (0.1 + raw1)  # divided by the batch mean (spec v2)
     # nucleus 0.6: row 0 keeps {0} (0.7), row 1 keeps {0, 1} (0.5 then 0.8) renormalised (5/8, 3/8)
     ce0 = -math.log(0.6)
     ce1 = -(5 / 8 * math.log(0.1) + 3 / 8 * math.log(0.1))
-    want = (0.1 * ce0 + w1 * ce1) / 2 + (0.1 * 0.0 + w1 * kl1) / 2
+    want = (w0 * ce0 + w1 * ce1) / 2 + (w0 * 0.0 + w1 * kl1) / 2
     assert loss.item() == pytest.approx(want, rel=1e-5)
-    assert st["sel_frac"].item() == 0.5
+    assert st["sel_frac"].item() == 0.5 and st["w_mean"].item() == pytest.approx(1.0)
     # gradient flows to the draft logits only through CE and KD (weights are constants)
     s_req = s.clone().requires_grad_(True)
     L.lisa_loss(t, s_req, E, 0.2, 0, 1, cfg)[0].backward()

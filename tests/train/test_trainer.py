@@ -121,6 +121,34 @@ def test_resume_after_kill_is_exact(tmp_path, target, codebook, monkeypatch):
         train_drafter(make_target(seed=3), codebook, cfg, tmp_path / "run", progress=False)
 
 
+def test_extend_a_finished_run(tmp_path, target, codebook, capsys):
+    """--extend continues a finished run to more steps (cosine stretched); without it a larger --steps is refused."""
+    cfg = small_cfg(steps=2, checkpoint_every=1, lr=3e-3)
+    first = train_drafter(target, codebook, cfg, tmp_path / "run", progress=False)
+    before = _params(first["drafter"], target)
+    longer = small_cfg(steps=4, checkpoint_every=1, lr=3e-3)
+    with pytest.raises(ConfigError, match="pass --extend"):
+        train_drafter(target, codebook, longer, tmp_path / "run", progress=False)
+    with pytest.raises(ConfigError, match="more steps than the checkpoint"):
+        train_drafter(target, codebook, small_cfg(steps=2, checkpoint_every=1, lr=1e-3), tmp_path / "x",
+                      progress=False)  # a fresh run: nothing to compare, trains
+        train_drafter(target, codebook, small_cfg(steps=1, checkpoint_every=1, lr=1e-3), tmp_path / "x",
+                      progress=False, extend=True)
+    with pytest.raises(ConfigError, match=r"different TrainConfig \(lr, steps differ\)"):
+        train_drafter(target, codebook, small_cfg(steps=4, checkpoint_every=1, lr=1e-3), tmp_path / "run",
+                      progress=False, extend=True)
+    capsys.readouterr()
+    out = train_drafter(target, codebook, longer, tmp_path / "run", progress=False, extend=True)
+    assert "extending" in capsys.readouterr().err and out["steps"] == 4
+    assert json.loads((tmp_path / "run" / "checkpoints" / "latest.json").read_text())["step"] == 4
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    # the learning rate of the extension follows the 4-step cosine, not the finished 2-step one
+    assert rows[2]["lr"] == pytest.approx(3e-3 * T.lr_factor(3, longer))
+    after = _params(out["drafter"], target)
+    assert sum(float((after[k] - before[k]).abs().sum()) for k in after) > 0
+
+
 def test_token_file_cached_features_and_baseline_losses(tmp_path, target, capsys):
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 256, (10, 16), generator=g)
