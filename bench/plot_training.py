@@ -5,6 +5,9 @@ records: MAL proxy, top-1 / top-3 agreement per TTT step, real decoding MAL) and
 loss, held-out top-1 and top-3 agreement (step 0) and decoding MAL against the step.
 
     python bench/plot_training.py runs/lisa runs/eagle3 --labels LISA,EAGLE-3 --out bench/drafter_training.png
+
+`--mark 400` draws a dotted line at step 400 on every panel (e.g. where `lisa-trt train --extend`
+continued a finished run: the learning rate restarts there).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ def read_run(run: Path) -> dict:
     return {"train": train, "eval": ev}
 
 
-def plot(runs: list, labels: list, out: Path) -> None:
+def plot(runs: list, labels: list, out: Path, marks: tuple = ()) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -55,6 +58,11 @@ def plot(runs: list, labels: list, out: Path) -> None:
                          [r["eval"]["decode_mal"] for r in ev if "decode_mal" in r["eval"]], "-o", color=col, ms=3,
                          label=f"{label} decoding")
         axes[2].plot(steps, [r["eval"]["mal_proxy"] for r in ev], ":", color=col, label=f"{label} proxy")
+    for m in marks:
+        for ax in axes:
+            ax.axvline(m, color="0.4", ls=":", lw=1)
+        axes[0].annotate(f"--extend from {m}\n(learning rate restarts)", (m, 0.97), xycoords=("data", "axes fraction"),
+                         fontsize=7, ha="left", va="top", color="0.3")
     for ax, title in zip(axes, ("training: step-0 cross-entropy", "held-out agreement with the target (step 0)",
                                 "held-out MAL (exact): decoding and teacher-forced proxy")):
         ax.set_title(title, fontsize=9)
@@ -72,11 +80,13 @@ def main():
     ap.add_argument("runs", nargs="+")
     ap.add_argument("--labels", default=None, help="comma-separated, one per run (default: directory names)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--mark", default="", help="comma-separated steps to mark (e.g. where --extend continued the runs)")
     a = ap.parse_args()
     labels = a.labels.split(",") if a.labels else [Path(r).name for r in a.runs]
     if len(labels) != len(a.runs):
         raise SystemExit("--labels needs one label per run")
-    plot([read_run(Path(r)) for r in a.runs], labels, Path(a.out))
+    marks = tuple(int(m) for m in a.mark.split(",") if m.strip())
+    plot([read_run(Path(r)) for r in a.runs], labels, Path(a.out), marks)
 
 
 if __name__ == "__main__":

@@ -367,8 +367,13 @@ def _estimate_radius(features, n: int, cfg: TrainConfig, codebook) -> float:
     return estimate_radius(torch.cat(probs), codebook, cfg.loss.top_kc, cfg.loss.nbhd_size)
 
 
+# settings that change what is logged and saved, not what is learnt: an extension may change them
+_BOOKKEEPING = ("eval_every", "checkpoint_every", "log_every", "keep_checkpoints")
+
+
 def _check_resume(saved: dict, cfg: TrainConfig, at_step: int, out_dir: Path, extend: bool) -> Optional[str]:
-    """Refuse to resume a run under different settings; with `extend`, a larger `steps` is allowed.
+    """Refuse to resume a run under different settings; with `extend`, a larger `steps` is allowed
+    (and other logging / checkpoint cadences).
 
     Returns a note for the log when the run is extended (the cosine schedule is stretched to the new
     total: the learning rate rises back to its value at that point of the longer schedule)."""
@@ -376,7 +381,7 @@ def _check_resume(saved: dict, cfg: TrainConfig, at_step: int, out_dir: Path, ex
     if saved == now:
         return None
     differ = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
-    if differ == ["steps"]:
+    if "steps" in differ and set(differ) <= {"steps", *_BOOKKEEPING}:
         if extend and cfg.steps > at_step:
             lr0, lr1 = cfg.lr * lr_factor(at_step, TrainConfig.from_dict(saved)), cfg.lr * lr_factor(at_step, cfg)
             return (f"extending {out_dir} from {saved['steps']} to {cfg.steps} steps at its step-{at_step} checkpoint: "
