@@ -12,7 +12,8 @@ vanilla point, then joined here:
 
 Labels are DRAFTER:RULE (e.g. `lisa-no-kd:exact`). For every drafter and rule this adds a summary:
 MAL +- SE over images, drafter efficiency (exact MAL / the exact oracle's MAL on the same images; per-image
-means when a drafter was decoded on fewer images than the oracle), and the
+means when a drafter was decoded on fewer images than the oracle) with its SE (paired over images, delta
+method), and the
 PAIRED difference to the reference drafters (`--refs`, default eagle3 and lisa) on the images both
 were decoded on (image i has the same prompt and seed in every job, so the pairing is exact): the
 mean per-image MAL difference +- its SE, and whether it is beyond 2 SE. Prints the table as
@@ -47,6 +48,18 @@ def paired(a: list, b: list) -> dict:
     return {"diff": m, "se": se, "images": n, "beyond_2se": abs(m) > 2 * se}
 
 
+def ratio_se(a: list, b: list) -> float:
+    """SE of sum(a) / sum(b) over paired per-image values (delta method), on the first common images."""
+    n = min(len(a), len(b))
+    if n < 2:
+        return float("nan")
+    ma, mb = sum(a[:n]) / n, sum(b[:n]) / n
+    r = ma / mb
+    z = [(x - r * y) / mb for x, y in zip(a[:n], b[:n])]
+    mz = sum(z) / n
+    return math.sqrt(sum((v - mz) ** 2 for v in z) / (n - 1) / n)
+
+
 def summarize(report: dict, refs: list) -> dict:
     res = report["results"]
     rows = {}
@@ -64,6 +77,8 @@ def summarize(report: dict, refs: list) -> dict:
                 n = min(len(r["mal_per_image"]), len(o["mal_per_image"]))
                 row["drafter_efficiency"] = sum(r["mal_per_image"][:n]) / sum(o["mal_per_image"][:n])
                 row["efficiency_on"] = f"per-image means over the first {n} images"
+            if r.get("mal_per_image") and o.get("mal_per_image"):  # paired over images (delta method)
+                row["drafter_efficiency_se"] = ratio_se(r["mal_per_image"], o["mal_per_image"])
         for ref in refs:
             other = res.get(f"{ref}:{rule}")
             if other is not None and ref != name:
@@ -81,6 +96,8 @@ def markdown(rows: dict, report: dict, refs: list) -> str:
     out += [head + " | class acc |", "|" + "---|" * (6 + len(refs))]
     for row in rows.values():
         eff = f"{row['drafter_efficiency']:.3f}" if "drafter_efficiency" in row else ""
+        if eff and row.get("drafter_efficiency_se") is not None:
+            eff += f" +- {row['drafter_efficiency_se']:.3f}"
         cmp_ = []
         for ref in refs:
             p = row.get(f"vs_{ref}")
@@ -102,16 +119,25 @@ def plot(rows: dict, report: dict, path: Path) -> None:
 
     rules = sorted({r["rule"] for r in rows.values()}, key=lambda r: (r != "exact", r))
     names = list(dict.fromkeys(r["drafter"] for r in rows.values()))
-    names.sort(key=lambda n: (n not in ("eagle3", "lisa"), n))
+    # the two losses first (their shorter runs before the longer ones), then the ablations
+    names.sort(key=lambda n: (n.split("-")[0] not in ("eagle3", "lisa") or "-" in n and not n.split("-")[1].isdigit(),
+                              len(n), n))
+
+    def colour(n):  # blue: EAGLE-3 loss, orange: LISA loss (pale: the shorter run), grey: ablations
+        base, _, rest = n.partition("-")
+        if base in ("eagle3", "lisa") and (not rest or rest.isdigit()):
+            return matplotlib.colors.to_rgba("C0" if base == "eagle3" else "C1", 1.0 if rest else 0.45)
+        return matplotlib.colors.to_rgba("C7")
     fig, axes = plt.subplots(1, len(rules), figsize=(5 * len(rules), 3.8), squeeze=False)
     for ax, rule in zip(axes[0], rules):
         xs = [n for n in names if f"{n}:{rule}" in rows]
         ys = [rows[f"{n}:{rule}"]["mal"] for n in xs]
         es = [2 * rows[f"{n}:{rule}"]["mal_se"] for n in xs]
-        ax.bar(range(len(xs)), ys, yerr=es, capsize=3, color=["C0" if n == "eagle3" else "C1" if n == "lisa" else "C7"
-                                                               for n in xs])
+        ax.bar(range(len(xs)), ys, yerr=es, capsize=3, color=[colour(n) for n in xs])
         if rule == "exact" and "oracle" in report["results"]:
-            ax.axhline(report["results"]["oracle"]["mal"], color="k", ls="--", lw=1, label="oracle drafter")
+            o = report["results"]["oracle"]["mal"]
+            ax.axhline(o, color="k", ls="--", lw=1, label="oracle drafter")
+            ax.axhline(0.9 * o, color="k", ls=":", lw=1, label="0.9 of the oracle")
             ax.legend(fontsize=7, loc="lower right")
         ax.set_xticks(range(len(xs)))
         ax.set_xticklabels(xs, rotation=30, ha="right", fontsize=7)

@@ -27,7 +27,11 @@ def read_run(run: Path) -> dict:
             continue
         r = json.loads(ln)
         (ev if "eval" in r else train).append(r)
-    return {"train": train, "eval": ev}
+    cfg_path = Path(run) / "train_config.json"
+    loss = json.loads(cfg_path.read_text()).get("loss", {}) if cfg_path.is_file() else {}
+    # what ce_0 measures: the LISA loss logs its nucleus-truncated CE, the others the full soft CE
+    ce = "nucleus CE" if loss.get("kind") == "lisa" and loss.get("truncated_ce", True) else "soft CE"
+    return {"train": train, "eval": ev, "ce_kind": ce}
 
 
 def plot(runs: list, labels: list, out: Path, marks: tuple = ()) -> None:
@@ -42,14 +46,16 @@ def plot(runs: list, labels: list, out: Path, marks: tuple = ()) -> None:
     for i, (data, label) in enumerate(zip(runs, labels)):
         col = f"C{i}"
         tr, ev = data["train"], data["eval"]
-        # the step-0 cross-entropy to the target's token is logged by every loss (ce_0); the
-        # losses themselves have different scales and are not comparable
+        # step-0 cross-entropy to the target's distribution (ce_0): the full soft CE for the EAGLE-3
+        # loss, the nucleus (top-p) CE for the LISA loss: a curve per run, not comparable across
+        # losses (the losses themselves have different scales too)
         key = "ce_0" if tr and all("ce_0" in r for r in tr) else "loss"
         xs, ys = [r["step"] for r in tr], [r[key] for r in tr]
         axes[0].plot(xs, ys, color=col, lw=0.5, alpha=0.35)
         w = 5
         sm = [sum(ys[max(0, j - w + 1): j + 1]) / len(ys[max(0, j - w + 1): j + 1]) for j in range(len(ys))]
-        axes[0].plot(xs, sm, color=col, lw=1.5, label=f"{label} ({key}, mean of {w} logs)")
+        what = data.get("ce_kind", "soft CE") if key == "ce_0" else "loss"
+        axes[0].plot(xs, sm, color=col, lw=1.5, label=f"{label} ({what}, mean of {w} logs)")
         steps = [r["step"] for r in ev]
         axes[1].plot(steps, [r["eval"]["top1_s"][0] for r in ev], "-o", color=col, ms=3, label=f"{label} top-1")
         axes[1].plot(steps, [r["eval"]["top3_s"][0] for r in ev], "--s", color=col, ms=3, label=f"{label} top-3")
@@ -63,7 +69,7 @@ def plot(runs: list, labels: list, out: Path, marks: tuple = ()) -> None:
             ax.axvline(m, color="0.4", ls=":", lw=1)
         axes[0].annotate(f"--extend from {m}\n(learning rate restarts)", (m, 0.97), xycoords=("data", "axes fraction"),
                          fontsize=7, ha="left", va="top", color="0.3")
-    for ax, title in zip(axes, ("training: step-0 cross-entropy", "held-out agreement with the target (step 0)",
+    for ax, title in zip(axes, ("training: step-0 cross-entropy (each loss's own)", "held-out agreement with the target (step 0)",
                                 "held-out MAL (exact): decoding and teacher-forced proxy")):
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step")

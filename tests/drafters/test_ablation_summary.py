@@ -51,6 +51,12 @@ def test_summary_efficiency_and_refs(tmp_path):
     assert nk["vs_lisa"]["images"] == 4 and nk["vs_lisa"]["diff"] == pytest.approx(0.01)
     nk_mals = res["lisa-no-kd:exact"]["mal_per_image"]
     assert nk["drafter_efficiency"] == pytest.approx(sum(nk_mals) / (sum(base[:4]) + 0.5 * 4))  # oracle on ITS 4 images
+    # the efficiency's SE, paired over images (delta method): by hand, and zero for an exact proportion
+    r = sum(base) / sum(x + 0.5 for x in base)
+    z = [(x - r * (x + 0.5)) / (sum(base) / 8 + 0.5) for x in base]
+    mz = sum(z) / 8
+    assert e["drafter_efficiency_se"] == pytest.approx(math.sqrt(sum((v - mz) ** 2 for v in z) / 7 / 8))
+    assert m.ratio_se([2.0, 4.0, 6.0], [1.0, 2.0, 3.0]) == pytest.approx(0.0, abs=1e-12)
     md = m.markdown(rows, {"results": res}, ["eagle3", "lisa"])
     assert "| lisa | exact | 8 |" in md and "-0.100 +- 0.000 *" in md
     # combine + plot end to end through the CLI entry point

@@ -73,7 +73,14 @@ def test_drafter_efficiency():
 
 @pytest.mark.slow
 def test_demo_oracle_ceiling_is_above_the_bundled_drafter():
-    """On the demo model, same prompts and seeds: oracle exact MAL >= demo-lisa exact MAL."""
+    """On the demo model, same prompts and seeds, greedy decoding: the oracle drafts the target's argmax at
+    every node, so exact verification accepts (nearly) its whole chain every round (MAL 4.25-5 here,
+    against 1.9 under sampling); the bundled drafter can at best tie it.
+
+    (Under sampling the ceiling holds in expectation only: the retrained demo-lisa reaches 0.9 of the
+    oracle, and 4 images cannot separate the two; bench/lisa_ablation.json measures it on 256.)"""
+    from dataclasses import replace
+
     from lisa_trt.artifacts import load_drafter_by_name
     from lisa_trt.demo.registry import assets_present, demo_sampling, load_demo_target
 
@@ -81,14 +88,14 @@ def test_demo_oracle_ceiling_is_above_the_bundled_drafter():
         pytest.skip("demo assets not present")
     target = load_demo_target()
     drafter = load_drafter_by_name("demo-lisa", target)
-    s = demo_sampling()
+    s = replace(demo_sampling(), greedy=True)
     spec = SpecConfig.make("exact", top_k=3, depth=3, total_tokens=10)  # the CPU tree budget
-    mo = md = 0.0
-    for i, c in enumerate([0, 3, 5, 7]):
+    for i, c in enumerate([0, 5]):
         cond = torch.tensor([c])
-        mo += run_method("oracle", target, None, None, cond, sampling=s, spec=spec, seed=10 + i)[1].mal
-        md += run_method("exact", target, drafter, None, cond, sampling=s, spec=spec, seed=10 + i)[1].mal
-    assert mo >= md
+        o = run_method("oracle", target, None, None, cond, sampling=s, spec=spec, seed=10 + i)[1]
+        d = run_method("exact", target, drafter, None, cond, sampling=s, spec=spec, seed=10 + i)[1]
+        assert o.mal >= 4.0
+        assert o.mal >= d.mal and d.mal > 1.0
 
 
 def test_run_bench_reports_the_oracle_and_drafter_efficiency():
