@@ -119,15 +119,17 @@ def plot(rows: dict, report: dict, path: Path) -> None:
 
     rules = sorted({r["rule"] for r in rows.values()}, key=lambda r: (r != "exact", r))
     names = list(dict.fromkeys(r["drafter"] for r in rows.values()))
-    # the two losses first (their shorter runs before the longer ones), then the ablations
-    names.sort(key=lambda n: (n.split("-")[0] not in ("eagle3", "lisa") or "-" in n and not n.split("-")[1].isdigit(),
-                              len(n), n))
-
-    def colour(n):  # blue: EAGLE-3 loss, orange: LISA loss (pale: the shorter run), grey: ablations
+    def loss_run(n):  # "eagle3" / "lisa" / "lisa-1600" -> (loss, longer run?); ablations -> None
         base, _, rest = n.partition("-")
-        if base in ("eagle3", "lisa") and (not rest or rest.isdigit()):
-            return matplotlib.colors.to_rgba("C0" if base == "eagle3" else "C1", 1.0 if rest else 0.45)
-        return matplotlib.colors.to_rgba("C7")
+        return (base, bool(rest)) if base in ("eagle3", "lisa") and (not rest or rest.isdigit()) else None
+
+    def colour(n):  # blue: EAGLE-3 loss, orange: LISA loss (pale: the 400-step run), grey: ablations
+        run = loss_run(n)
+        if run is None:
+            return matplotlib.colors.to_rgba("C7")
+        return matplotlib.colors.to_rgba("C0" if run[0] == "eagle3" else "C1", 1.0 if run[1] else 0.45)
+
+    names.sort(key=lambda n: (loss_run(n) is None, len(n), n))  # the two losses' runs first, then the ablations
     fig, axes = plt.subplots(1, len(rules), figsize=(5 * len(rules), 3.8), squeeze=False)
     for ax, rule in zip(axes[0], rules):
         xs = [n for n in names if f"{n}:{rule}" in rows]

@@ -546,8 +546,9 @@ def calibrate(model, config, image_size, model_type, vq, vq_config, out_path, ro
               help="Held-out prompts decoded with the trained drafter (real MAL, exact verification); 0 = skip.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--extend", is_flag=True,
-              help="Continue a finished (or interrupted) run in OUT to a larger --steps, all other settings equal; "
-                   "the cosine schedule is stretched to the new total (a warm restart).")
+              help="Continue a finished (or interrupted) run in OUT to a larger --steps; only the logging / "
+                   "checkpoint / eval cadence may change too. The cosine schedule is stretched to the new total "
+                   "(a warm restart).")
 @click.option("--captions-file", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Chameleon directory models: self-distillation captions, one per line (default: built-in list).")
 @_handle_errors

@@ -430,6 +430,14 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
         if codebook.shape[0] != target.config.vocab_size:
             raise ConfigError(f"codebook has {codebook.shape[0]} rows; the target vocabulary has "
                               f"{target.config.vocab_size}")
+    # settings checked against the checkpoint before any data is generated
+    state = load_latest_checkpoint(out_dir)
+    note = None
+    if state is not None:
+        note = _check_resume(json.loads(state["train_config"]), cfg, state["step"], out_dir, extend)
+    elif extend:
+        raise ConfigError(f"--extend: {out_dir} holds no checkpoint to continue; check the path, or drop "
+                          "--extend to start a new run")
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     main = dist.main
@@ -461,9 +469,7 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_factor(k, cfg))
 
     start, radius = 0, cfg.loss.radius
-    state = load_latest_checkpoint(out_dir)
     if state is not None:
-        note = _check_resume(json.loads(state["train_config"]), cfg, state["step"], out_dir, extend)
         if state["drafter_config"] != drafter.config.to_dict():
             raise ArtifactMismatchError(
                 f"{out_dir} holds a run for target hash {state['drafter_config'].get('target_hash')}, not for this "

@@ -3,12 +3,13 @@
 # GASV / LANTERN calibration tables for the bundled demo target, then copy them into the package.
 #
 #   bash scripts/drafters/retrain_and_ablate.sh runs/issue11   # the drafters (issue 11 recipe: 8,192
-#                                                              # sequences at cfg 2.0, 400 steps, batch 16)
+#                                                              # sequences at cfg 2.0, batch 16, 400 steps
+#                                                              # then --extend to 1,600)
 #   RUNS=runs/issue11 bash scripts/demo/lisa_assets.sh         # tables + copy both drafters (fp16)
 #   ONLY=tables bash scripts/demo/lisa_assets.sh               # GASV v2 tables only (a few minutes, 1 thread)
 #
-# Needs the demo target/VQ in lisa_trt/assets/demo (stages 1-6). Resumable: re-running continues
-# the drafter runs from their checkpoints. The tables are GASV version 2 (beta_c measured on
+# Needs the demo target/VQ in lisa_trt/assets/demo (stages 1-6) and the finished drafter runs in
+# RUNS (the training script resumes them after an interruption). The tables are GASV version 2 (beta_c measured on
 # s(v|z) over the sampled token's K_n = 16 codebook neighbours, the statistic the runtime gates on).
 # Shipped GASV defaults kappa 2, lambda 0.4, delta 0.3: the fastest quality-neutral GASV point of bench/gasv_frontier.json.
 set -euo pipefail

@@ -129,10 +129,12 @@ def test_extend_a_finished_run(tmp_path, target, codebook, capsys):
     longer = small_cfg(steps=4, checkpoint_every=2, lr=3e-3)  # a new checkpoint cadence is allowed too
     with pytest.raises(ConfigError, match="pass --extend"):
         train_drafter(target, codebook, longer, tmp_path / "run", progress=False)
+    # nothing to extend: refused before any data is made
+    with pytest.raises(ConfigError, match="no checkpoint to continue"):
+        train_drafter(target, codebook, longer, tmp_path / "typo", progress=False, extend=True)
+    assert not (tmp_path / "typo").exists()
     with pytest.raises(ConfigError, match="more steps than the checkpoint"):
-        train_drafter(target, codebook, small_cfg(steps=2, checkpoint_every=1, lr=1e-3), tmp_path / "x",
-                      progress=False)  # a fresh run: nothing to compare, trains
-        train_drafter(target, codebook, small_cfg(steps=1, checkpoint_every=1, lr=1e-3), tmp_path / "x",
+        train_drafter(target, codebook, small_cfg(steps=1, checkpoint_every=1, lr=3e-3), tmp_path / "run",
                       progress=False, extend=True)
     with pytest.raises(ConfigError, match=r"different TrainConfig \(lr, steps differ\)"):
         train_drafter(target, codebook, small_cfg(steps=4, checkpoint_every=1, lr=1e-3), tmp_path / "run",
