@@ -49,7 +49,14 @@ def main() -> None:
     cond = torch.cat([classes, torch.full_like(classes, cfg.num_classes)])  # class rows, then unconditional
     seq = torch.cat([toks, toks])
     want = teacher_forced_logits(ref, cond, seq)
-    out = {"images": a.images, "tokens_per_image": toks.shape[1], "note": __doc__.split("\n\n")[0], "engines": {}}
+    from pathlib import Path
+
+    from lisa_trt.export.int8_isa import cpu_kind
+
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "?")
+    out = {"images": a.images, "tokens_per_image": toks.shape[1], "note": __doc__.split("\n\n")[0],
+           "cpu": cpu, "cpu_kind": cpu_kind(), "engines": {}}
     for spec in a.engines:
         name, path = spec.split("=", 1)
         t0 = time.perf_counter()

@@ -148,6 +148,21 @@ def demo_refs():
                 tables=tables.bind(target.output.weight), vq=load_demo_vq())
 
 
+def _cpu_name() -> str:
+    try:
+        return next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                    if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        return "?"
+
+
+def _cpu_kind() -> str:
+    """vnni | avx2 | other: the int8 MatMul path ONNX Runtime takes here (export/int8_isa.py)."""
+    from lisa_trt.export.int8_isa import cpu_kind
+
+    return cpu_kind()
+
+
 def quantized_copies(src: Path, refs: dict, validate: bool = True) -> dict:
     """{precision: engine dir}: fp32 `src` plus int8 / int4 copies (export/quantize.py)."""
     from lisa_trt.export.quantize import quantize_bundle
@@ -361,6 +376,7 @@ def main(argv=None) -> None:
     work.mkdir(parents=True, exist_ok=True)
     report = {"command": "python bench/speed.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "machine": {"logical_cpus": os.cpu_count(), "threads": 1, "torch": torch.__version__,
+                          "cpu": _cpu_name(), "cpu_kind": _cpu_kind(),
                           "onnxruntime": onnxruntime.__version__, "load_average_at_start": list(os.getloadavg()),
                           "loaded": ("quiet: no other job ran (see the load averages)" if os.getloadavg()[0] < 1.5
                                      else "shared 2-core machine with other jobs running: absolute seconds are noisy, "

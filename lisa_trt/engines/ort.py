@@ -34,6 +34,7 @@ from ..export.io_spec import Graph
 from .base import Backend, GraphRunner, register_backend, torch_dtype
 from .graph import Engines, load_engines
 
+_WARNED: set = set()  # bundles whose int8 CPU-kind warning was given in this process
 _NP = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
 
 
@@ -220,6 +221,17 @@ class OrtBackend(Backend):
 
     name = "ort"
     optional_graphs = (Graph.DRAFTER_COMMIT,)
+
+    def check(self) -> None:
+        """Warn (once per bundle) when int8 graphs run on a CPU kind their validation did not cover."""
+        from ..export.int8_isa import isa_warning
+
+        msg = isa_warning(self.manifest)
+        if msg and str(self.manifest.dir) not in _WARNED:
+            import warnings
+
+            _WARNED.add(str(self.manifest.dir))
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
     def open(self, graph, spec, dims):
         m = self.manifest

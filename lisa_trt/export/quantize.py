@@ -4,8 +4,12 @@ Applied after `export_bundle` to the target and drafter graphs of an engine dire
 verify, drafter project, drafter step); the GASV and VQ graphs stay fp32.
 
     int8  dynamic quantization (onnxruntime.quantization.quantize_dynamic): the weights of every
-          MatMul with a constant B become per-channel symmetric int8; activations are quantized per
-          call (DynamicQuantizeLinear -> MatMulInteger, which ORT fuses into DynamicQuantizeMatMul).
+          MatMul with a constant B become per-channel symmetric int8 with 7-bit range [-64, 63]
+          (`reduce_range`); activations are quantized per call to uint8 (DynamicQuantizeLinear ->
+          MatMulInteger, which ORT fuses into DynamicQuantizeMatMul). The 7-bit range is what makes
+          the graph compute the same integers on every x86 CPU: without VNNI, ORT adds pairs of
+          u8 x s8 products in saturating int16, and full-range weights overflow it (issue 23,
+          export/int8_isa.py, docs/quantization.md).
     int4  4-bit weight-only MatMulNBits (onnxruntime's MatMulNBitsQuantizer, RTN, blocks of
           `block_size` along K, symmetric). `accuracy_level` is the ORT compute type of the op
           (0 = fp32 dequantized compute, 4 = int8 activations; 4 is the fast CPU path).
@@ -18,6 +22,11 @@ EXTERNAL_DATA_BYTES keep their weights in `<file>.data`.
 Each quantized graph is validated against the fp32 PyTorch model on random valid inputs
 (export/validate.py) with precision-appropriate thresholds (QUANT_THRESHOLDS; the error is
 max |onnx - torch| / max(1, max |torch|) per output) and the raw max |logit diff| is reported.
+int8 graphs are validated for every kind of x86 CPU, not only the one exporting: the static
+bound of export/int8_isa.py proves that no pair sum can saturate (then every kind computes the
+same integers); where it does not hold, the graph is also run as the other kind computes it
+(int8_isa.emulate) and the worst kind counts. The manifest records which kinds were covered, and
+the runtime warns when an int8 graph runs on a kind it was not validated for.
 The manifest records the bundle's quantization, and per graph the mode, the op counts, the
 sha256 of the quantized .onnx (and of its external data, checked on load) and the validation.
 """
@@ -74,14 +83,38 @@ def float_matmuls(path) -> int:
     return sum(1 for n in m.graph.node if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in inits)
 
 
+def head_matmuls(model) -> list[str]:
+    """Names of the MatMul nodes that produce the `logits` output (the output head), walking back
+    through elementwise / shape ops only."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    found, todo, seen = [], [o.name for o in model.graph.output if o.name == "logits"], set()
+    while todo:
+        t = todo.pop()
+        n = producer.get(t)
+        if n is None or n.name in seen:
+            continue
+        seen.add(n.name)
+        if n.op_type == "MatMul":
+            found.append(n.name)
+        elif n.op_type in ("Reshape", "Transpose", "Cast", "Add", "Mul", "Slice", "Gather", "Squeeze", "Unsqueeze",
+                           "Identity", "Div", "Where", "Concat"):
+            todo.extend(n.input)
+    return found
+
+
 # ----------------------------------------------------------------------------- one graph
+
+# int8 weights in [-64, 63]: 2 * 255 * 64 = 32,640 <= 32,767, so no u8 x s8 pair sum leaves int16 on
+# any x86 CPU (bench/int8_isa.json compares the schemes on both kinds of CPU).
+INT8_REDUCE_RANGE = True
+
 
 def _quantize_int8(src: Path, dst: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True,
-                     op_types_to_quantize=["MatMul"], use_external_data_format=True,
-                     extra_options={"MatMulConstBOnly": True})
+                     reduce_range=INT8_REDUCE_RANGE, op_types_to_quantize=["MatMul"],
+                     use_external_data_format=True, extra_options={"MatMulConstBOnly": True})
 
 
 def _quantize_int4(src: Path, dst: Path, block_size: int, accuracy_level: int) -> None:
@@ -158,7 +191,10 @@ def quantize_graph(src, dst, mode: str, *, block_size: int = DEFAULT_BLOCK_SIZE,
             "quantized_matmuls": ops.get(wanted, 0), "float_matmuls_left": float_matmuls(dst),
             "external_data": data, "seconds": round(time.perf_counter() - t0, 2)}
     if mode == "int8":
-        info.update(method="onnxruntime.quantize_dynamic", weight_type="QInt8", per_channel=True)
+        from .int8_isa import saturation_bound
+
+        info.update(method="onnxruntime.quantize_dynamic", weight_type="QInt8", per_channel=True,
+                    reduce_range=INT8_REDUCE_RANGE, bound=saturation_bound(dst))
     else:
         info.update(method="onnxruntime.MatMulNBitsQuantizer (RTN)", bits=4, block_size=block_size,
                     symmetric=True, accuracy_level=accuracy_level)
@@ -175,6 +211,8 @@ def validate_quantized(graph: Graph, path, refs: dict, dims: dict, mode: str, *,
 
     Returns the ValidationReport dict (scaled errors per output, `ok`) plus `max_abs_logit_diff`
     (raw max |logits_onnx - logits_torch|) and `top1_agreement` (argmax equality of the logits).
+    int8 graphs also get `isa` (see `_isa_validation`): the errors hold for every x86 CPU kind
+    listed in `isa["covered"]`, and `ok` requires all of them.
     """
     from .validate import reference_outputs, run_onnx, sample_inputs, validate_graph
 
@@ -182,6 +220,10 @@ def validate_quantized(graph: Graph, path, refs: dict, dims: dict, mode: str, *,
     thr = QUANT_THRESHOLDS[mode] if threshold is None else threshold
     rep = validate_graph(graph, path, spec, dims, refs, precision="fp32", seed=seed, threshold=thr).to_dict()
     rep["precision"] = mode
+    if mode == "int8":
+        rep["isa"] = _isa_validation(graph, path, spec, dims, refs, seed, rep)
+        rep["max_error"] = max(rep["isa"]["max_error_by_kind"].values())
+        rep["ok"] = rep["max_error"] <= thr
     if "logits" in spec.output_names:
         inputs = sample_inputs(graph, spec, dims, refs, precision="fp32", seed=seed + 1, batch=2, seq=6, nodes=6)
         have = run_onnx(path, inputs)["logits"].float()
@@ -189,6 +231,57 @@ def validate_quantized(graph: Graph, path, refs: dict, dims: dict, mode: str, *,
         rep["max_abs_logit_diff"] = float((have - want).abs().max())
         rep["top1_agreement"] = float((have.argmax(-1) == want.argmax(-1)).float().mean())
     return rep
+
+
+def _isa_validation(graph: Graph, path, spec, dims: dict, refs: dict, seed: int, rep: dict) -> dict:
+    """What an int8 graph computes on each x86 CPU kind, checked on this CPU.
+
+    If the static bound holds (no u8 x s8 pair sum can leave int16), every kind computes the same
+    integers as this CPU and the measured error stands for all. Otherwise the graph is also run as
+    each other x86 kind computes it (int8_isa.emulate, on the same validation inputs).
+    """
+    from .int8_isa import cpu_kind, run_emulated, saturation_bound
+    from .validate import output_error, reference_outputs, sample_inputs
+
+    here, bound = cpu_kind(), saturation_bound(path)
+    out = {"validated_on": here, "bound": bound}
+    if bound["exact_on_every_x86"]:
+        out.update(how="bound: no pair sum can saturate, every x86 kind computes the same integers",
+                   covered=["vnni", "avx2"], max_error_by_kind={"vnni": rep["max_error"], "avx2": rep["max_error"]})
+        return out
+    errs = {}
+    if here in ("vnni", "avx2"):
+        errs[here] = rep["max_error"]
+    inputs = sample_inputs(graph, spec, dims, refs, precision="fp32", seed=seed, batch=3, seq=5, nodes=4)
+    want = reference_outputs(graph, refs, inputs)
+    for kind, emu in (("vnni", "exact"), ("avx2", "avx2")):
+        if kind in errs:
+            continue
+        have = run_emulated(path, inputs, emu)
+        errs[kind] = max(output_error(have[n], want[n]) for n in spec.output_names)
+    out.update(how="emulated: the bound does not hold, so each other x86 kind's arithmetic was run here",
+               covered=["vnni", "avx2"], max_error_by_kind=errs)
+    return out
+
+
+def passing_alternative(graph: Graph, fp32_path, refs: dict, dims: dict, mode: str, *,
+                        block_size: int = DEFAULT_BLOCK_SIZE, accuracy_level: int = DEFAULT_ACCURACY_LEVEL) -> str:
+    """Advice after `mode` failed on `graph`: a precision that was checked to pass on it."""
+    for alt in ("int4",) if mode == "int8" else ("int8",):
+        with tempfile.TemporaryDirectory(prefix="lisa-alt-", dir=Path(fp32_path).parent) as tmp:
+            q = Path(tmp) / Path(fp32_path).name
+            try:
+                quantize_graph(fp32_path, q, alt, block_size=block_size, accuracy_level=accuracy_level,
+                               external_bytes=0)
+                rep = validate_quantized(graph, q, refs, dims, alt)
+            except QuantizationError:
+                continue
+            if rep["ok"]:
+                return (f"--quantize {alt} passes on {graph.value} (checked: max scaled error "
+                        f"{rep['max_error']:.3g} <= {rep['threshold']:.3g}); or keep fp32 (drop --quantize: "
+                        "the fp32 graphs passed validation)")
+    return f"keep fp32 for this model (drop --quantize: the fp32 graphs passed validation; {graph.value} fails " \
+           + ("int4 too)" if mode == "int8" else "int8 too)")
 
 
 # ----------------------------------------------------------------------------- bundle
@@ -235,25 +328,45 @@ def quantize_bundle(engine_dir, mode: str, refs: dict, *, block_size: int = DEFA
         entry = graphs[graph.value]
         path = engine_dir / entry.file
         src_sha = entry.sha256
-        info = quantize_graph(path, path, mode, block_size=block_size, accuracy_level=accuracy_level,
-                              external_bytes=external_bytes)
-        info["source_sha256"] = src_sha
-        if info["external_data"]:
-            info["data_sha256"] = M.file_sha256(engine_dir / info["external_data"])
-        new = dataclasses.replace(entry, sha256=M.file_sha256(path), external_data=info["external_data"],
-                                  quantization=info)
-        if validate:
-            rep = validate_quantized(graph, path, refs, dims, mode, threshold=threshold)
-            new = new.with_validation(rep)
-            if not rep["ok"]:
-                raise QuantizationError(
-                    f"{graph.value} [{mode}] is too far from PyTorch: max scaled error {rep['max_error']:.3g} > "
-                    f"{rep['threshold']:.3g}. Try --quantize int8 (if int4), or keep fp32 for this model.")
+        with tempfile.TemporaryDirectory(prefix="lisa-fp32-", dir=engine_dir) as keep:
+            # the fp32 graph stays reachable (hard links: no copy) for the advice after a failure
+            src = _link_graph(path, Path(keep), entry.external_data)
+            info = quantize_graph(src, path, mode, block_size=block_size, accuracy_level=accuracy_level,
+                                  external_bytes=external_bytes)
+            info["source_sha256"] = src_sha
+            if info["external_data"]:
+                info["data_sha256"] = M.file_sha256(engine_dir / info["external_data"])
+            new = dataclasses.replace(entry, sha256=M.file_sha256(path), external_data=info["external_data"],
+                                      quantization=info)
+            if validate:
+                rep = validate_quantized(graph, path, refs, dims, mode, threshold=threshold)
+                new = new.with_validation(rep)
+                if not rep["ok"]:
+                    kinds = (rep.get("isa") or {}).get("max_error_by_kind")
+                    where = ("" if not kinds else " (per CPU kind: "
+                             + ", ".join(f"{k} {v:.3g}" for k, v in sorted(kinds.items())) + ")")
+                    advice = passing_alternative(graph, src, refs, dims, mode, block_size=block_size,
+                                                 accuracy_level=accuracy_level)
+                    raise QuantizationError(
+                        f"{graph.value} [{mode}] is too far from PyTorch: max scaled error {rep['max_error']:.3g} > "
+                        f"{rep['threshold']:.3g}{where}. Fix: {advice}.")
         graphs[graph.value] = new
     man = dataclasses.replace(man, graphs=graphs, quantization=mode)
     M.write_manifest(man, engine_dir)
     _drop_stale_data(engine_dir, man)
     return M.read_manifest(engine_dir)
+
+
+def _link_graph(path: Path, folder: Path, external_data: Optional[str]) -> Path:
+    """Hard-link (or copy) a graph file and its external data into `folder`; -> the linked graph."""
+    import shutil
+
+    for p in [path] + ([path.with_name(external_data)] if external_data else []):
+        try:
+            os.link(p, folder / p.name)
+        except OSError:
+            shutil.copy2(p, folder / p.name)
+    return folder / path.name
 
 
 def _drop_stale_data(engine_dir: Path, man) -> None:
@@ -275,9 +388,11 @@ def quantization_summary(man) -> list[str]:
         diff = v.get("max_abs_logit_diff")
         lines.append(f"{name:16s} {q['mode']}  {q['quantized_matmuls']} quantized MatMuls"
                      + (f", max|logit diff| {diff:.3g}" if diff is not None else "")
-                     + (f", max scaled error {v['max_error']:.3g}" if "max_error" in v else ""))
+                     + (f", max scaled error {v['max_error']:.3g}" if "max_error" in v else "")
+                     + (f", valid on x86 {'+'.join(v['isa']['covered'])} ({v['isa']['how'].split(':')[0]})"
+                        if v.get("isa") else ""))
     return lines
 
 
-__all__ = ["QUANT_MODES", "QUANT_THRESHOLDS", "QuantizationError", "check_mode", "op_counts", "quantize_bundle",
-           "quantize_graph", "quantization_summary", "validate_quantized"]
+__all__ = ["QUANT_MODES", "QUANT_THRESHOLDS", "QuantizationError", "check_mode", "head_matmuls", "op_counts",
+           "passing_alternative", "quantize_bundle", "quantize_graph", "quantization_summary", "validate_quantized"]

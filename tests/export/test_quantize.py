@@ -141,3 +141,39 @@ def test_export_refuses_quantize_with_fp16_before_exporting(artifacts, tmp_path)
     with pytest.raises(InputError, match="valid: none, int8, int4"):
         export_full_bundle(a["target"], a["drafter"], a["tables"], a["vq"], tmp_path / "x", quantize="fp4")
     assert not (tmp_path / "x").exists()
+
+
+def test_int8_graphs_are_validated_for_every_x86_kind_and_old_bundles_warn_where_it_matters(int8, tmp_path,
+                                                                                           monkeypatch):
+    import json
+    import warnings
+
+    from lisa_trt.engines import ort as ort_mod
+    from lisa_trt.engines.ort import load_ort_engines
+    from lisa_trt.export import int8_isa
+
+    for g in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY, Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP):
+        e = int8.graphs[g.value]
+        assert e.quantization["reduce_range"] and e.quantization["bound"]["exact_on_every_x86"]
+        assert set(e.validation["isa"]["covered"]) == {"vnni", "avx2"}
+    # a bundle made before issue 23: no CPU-kind record, full-range weights unknown
+    old = tmp_path / "old"
+    shutil.copytree(int8.dir, old)
+    mj = json.loads((old / "manifest.json").read_text())
+    for g in mj["graphs"].values():
+        if g.get("quantization"):
+            g["quantization"].pop("bound", None)
+            g["quantization"].pop("reduce_range", None)
+            (g.get("validation") or {}).pop("isa", None)
+    (old / "manifest.json").write_text(json.dumps(mj))
+    for kind, warns in (("avx2", True), ("vnni", False)):
+        monkeypatch.setattr(int8_isa, "cpu_kind", lambda: kind)
+        ort_mod._WARNED.clear()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            load_ort_engines(old, threads=1)
+            load_ort_engines(int8.dir, threads=1)  # validated for every kind: never warns
+        got = [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)]
+        assert bool(got) == warns, (kind, got)
+        if warns:
+            assert len(got) == 1 and "target_verify" in got[0] and "Re-export" in got[0] and str(old) in got[0]
