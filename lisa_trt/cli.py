@@ -28,6 +28,21 @@ def main(threads):
     from .threads import apply_thread_policy
 
     apply_thread_policy(threads)
+    _plain_runtime_warnings()
+
+
+def _plain_runtime_warnings() -> None:
+    """lisa-trt's own RuntimeWarnings print as one `warning: ...` line (no source line)."""
+    import warnings
+
+    default = warnings.formatwarning
+
+    def fmt(message, category, filename, lineno, line=None):
+        if issubclass(category, RuntimeWarning) and "lisa_trt" in str(filename):
+            return f"warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    warnings.formatwarning = fmt
 
 
 # ----------------------------------------------------------------------------- shared options
@@ -927,8 +942,9 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
 @click.option("--out", "out_dir", default="outputs", show_default=True, type=click.Path())
 @click.option("--overwrite", is_flag=True, help="Write into a non-empty --out (earlier images/stats are removed).")
 @click.option("--backend", type=_backend_choice("auto"), default="auto", show_default=True)
-@click.option("--verify", type=_method_choice(),
-              default="gasv", show_default=True)
+@click.option("--verify", type=click.Choice(["auto"] + list(_method_choice().choices)), default="auto", show_default=True,
+              help="Decoding method; auto: the bundle's recorded never-slower choice for the backend and "
+                   "precision (printed with its reason; a bundle without one runs gasv).")
 @click.option("--threads", type=int, default=None, help="ORT intra-op threads (default: physical cores).")
 @click.option("--encoder", "encoder_dir", default=None, type=click.Path(),
               help="t2i: local flan-t5-xl directory, so PROMPTS may be captions (default $LISA_TRT_TEXT_ENCODER).")
@@ -940,7 +956,7 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
 @_handle_errors
 def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, encoder_dir, cfg_scale, temperature, top_k,
         top_p, cfg_interval, greedy, seed, tree_top_k, tree_depth, tree_tokens):
-    """Tree speculation + GASV over an engine directory: PNGs and per-image stats.
+    """Generate with an engine directory (default --verify auto: the bundle's recorded fastest method): PNGs and per-image stats.
 
     PROMPTS: a text file (one class id or name per line; t2i: one caption per line) or JSONL
     ({"class" | "caption" | "caption_features": ..., "seed": .., "cfg": ..}); malformed lines
@@ -954,6 +970,9 @@ def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, encod
 
         if backend not in ("auto", "ort"):
             raise InputError(f"Chameleon engine directories run on ONNX Runtime only (--backend ort), not {backend}")
+        if verify == "auto":  # Chameleon bundles record no decode choice yet
+            verify = "gasv"
+            click.echo("verify auto: this Chameleon bundle records no decode choice; running gasv")
         st = run_cli(engine_dir, prompts, out_dir, verify=verify, cfg_scale=cfg_scale, temperature=temperature,
                      top_k=top_k, greedy=greedy, seed=seed, tree=(tree_top_k, tree_depth, tree_tokens), threads=threads)
         mal = f", MAL {st['mal']:.2f}" if "mal" in st else ""
@@ -970,9 +989,12 @@ def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, encod
     pipe = Pipeline.from_dir(engine_dir, backend=backend, threads=threads, text_encoder=encoder_dir)
     cfg = pipe.config
     ps = parse_prompts(prompts, model_type=cfg.model_type, num_classes=cfg.num_classes, class_names=pipe.class_names)
+    if verify == "auto":
+        click.echo(f"verify auto: {pipe.resolve_verify(verify)[2]}")
     res = pipe.generate(ps, seed=seed, verify=verify, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                         top_p=top_p, greedy=greedy, tree_top_k=tree_top_k, tree_depth=tree_depth,
                         tree_tokens=tree_tokens, progress=sys.stderr.isatty(), **spec_knobs())
+    verify = res.stats[0]["verify"] if res.stats else verify  # what "auto" ran
     out = save_run(out_dir, res, ps, {"backend": pipe.backend, "verify": verify, "images": res.stats},
                    overwrite=overwrite)
     mal = sum(st["mal"] for st in res.stats) / len(res.stats)

@@ -1,7 +1,8 @@
 """The embeddable API: load an engine directory once, generate many times.
 
     pipe = lisa_trt.Pipeline.from_dir("engines/demo", backend="auto")
-    result = pipe.generate(["coffee", 3], seed=0, verify="gasv")
+    result = pipe.generate(["coffee", 3], seed=0)              # verify="auto": the bundle's recorded choice
+    result = pipe.generate(["coffee", 3], seed=0, verify="gasv")  # or a method by name
     result.images[0].save("coffee.png"); result.stats[0]["mal"]
 
 Thread safety: a Pipeline owns its engines (ORT sessions / TensorRT contexts) and decodes one
@@ -27,6 +28,8 @@ from ..models.family import family_of
 from ..speculative.methods import METHODS, SpecConfig, method_names
 from .bundle import Bundle, open_bundle
 from .prompts import Prompt
+
+AUTO = "auto"  # verify="auto": the bundle's recorded never-slower choice (Pipeline.resolve_verify)
 
 
 @dataclass
@@ -159,6 +162,31 @@ class Pipeline:
             raise InputError("no prompts given")
         return torch.tensor(ids, dtype=torch.long), overrides, [{"class": i} for i in ids]
 
+    @property
+    def precision(self) -> str:
+        """The key of the bundle's recorded decode choices: its quantization (int8 / int4) if any,
+        else its graphs' precision (fp32 / fp16); fp32 for in-memory models."""
+        man = self._e.manifest
+        if man is None:
+            return "fp32"
+        q = getattr(man, "quantization", None) or "none"
+        return q if q != "none" else man.precision
+
+    def resolve_verify(self, verify: str = AUTO, requested: str = "gasv") -> tuple[str, dict, str]:
+        """`verify` -> (method, tree settings, why).
+
+        "auto" is the bundle's recorded never-slower choice for this backend and precision
+        (runtime/autotune.auto_method: vanilla or SJD where no tree beat vanilla when measured, else
+        `requested` with the recorded tree); a bundle with no recorded choice runs `requested`.
+        Any other name is returned as is, with no tree settings.
+        """
+        if verify != AUTO:
+            return verify, {}, f"{verify} (asked for)"
+        from .autotune import auto_method
+
+        method, tree, why = auto_method(self._e.generation, self._e.backend, self.precision, requested)
+        return method, dict(tree or {}), why
+
     def sampling(self, **over) -> SamplingConfig:
         base = {k: v for k, v in self._e.generation.get("sampling", {}).items()
                 if k in {f.name for f in dataclasses.fields(SamplingConfig)}}
@@ -174,7 +202,7 @@ class Pipeline:
         tree_methods = method_names("tree")
         return SpecConfig.make(verify if verify in tree_methods else tree_methods[0], **kw)
 
-    def generate(self, prompts: Sequence[Union[int, str, Prompt]], *, seed: int = 0, verify: str = "gasv",
+    def generate(self, prompts: Sequence[Union[int, str, Prompt]], *, seed: int = 0, verify: str = AUTO,
                  cfg_scale: Optional[float] = None, temperature: Optional[float] = None,
                  top_k: Optional[int] = None, top_p: Optional[float] = None, greedy: bool = False,
                  batch: bool = False, decode: bool = True, progress: bool = False, **tree) -> GenerationResult:
@@ -185,7 +213,9 @@ class Pipeline:
                 caption strings (needs text_encoder) or Prompt(caption=... | caption_features=FILE).
             seed: base seed; prompt i uses its own seed or seed + i.
             verify: a registered method (speculative/methods.py: vanilla, greedy, exact, lantern,
-                gasv, sjd, ...).
+                gasv, sjd, ...), or "auto" (the default): the bundle's recorded never-slower choice
+                for this backend and precision (`resolve_verify`; the stats say what ran and why).
+                Explicit tree settings below still win over the recorded tree.
             cfg_scale, temperature, top_k, top_p, greedy: override the bundle's defaults.
             batch: decode all prompts as one batch, each row with its own generator seeded by its
                 prompt seed (results do not depend on which prompts share the batch; this is
@@ -200,8 +230,9 @@ class Pipeline:
         Returns:
             GenerationResult(images, tokens (B, N), stats).
         """
-        if verify not in METHODS:
-            raise InputError(f"unknown verification {verify!r}; valid: {', '.join(method_names())}")
+        if verify != AUTO and verify not in METHODS:
+            raise InputError(f"unknown verification {verify!r}; valid: auto, {', '.join(method_names())}")
+        verify, auto_tree, why = self.resolve_verify(verify)
         from ..text.prompts import cond_rows
         from ..validation import check_sampling
 
@@ -210,6 +241,9 @@ class Pipeline:
         cond, overrides, labels = self._cond(prompts)
         tree_kw = {"top_k": tree.pop("tree_top_k", None), "depth": tree.pop("tree_depth", None),
                    "total_tokens": tree.pop("tree_tokens", None), **tree}
+        for k, v in auto_tree.items():  # the recorded tree of --verify auto, under explicit settings
+            if k in ("top_k", "depth", "total_tokens") and tree_kw.get(k) is None:
+                tree_kw[k] = v
         with self._lock:
             if batch:
                 cfgs = {ov.get("cfg") for ov in overrides if ov.get("cfg") is not None}
@@ -237,6 +271,8 @@ class Pipeline:
                 bar.close()
                 tokens = torch.cat(outs)
             images = self.decode(tokens) if decode else []
+        for st in stats:
+            st["verify_reason"] = why
         return GenerationResult(images=images, tokens=tokens, stats=stats)
 
     def _run(self, verify, cond, sampling, spec, seed) -> tuple[torch.Tensor, dict]:

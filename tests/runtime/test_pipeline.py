@@ -195,3 +195,45 @@ def test_unset_tree_options_keep_the_bundles_tuned_budget(bundle):
     res = pipe.generate([1], seed=0, verify="exact", decode=False, tree_top_k=None, tree_depth=None, tree_tokens=None)
     assert res.stats[0]["mal"] <= recorded["depth"] + 2  # the longest path of the recorded tree + bonus
     assert pipe.spec("gasv", total_tokens=7).tree.total_tokens == 7
+
+
+def _choice(backend, precision, method, tree=None):
+    from lisa_trt.runtime.autotune import DecodeChoice
+
+    return DecodeChoice(backend=backend, precision=precision, method=method, tree=tree, speedup=1.0, measured=True,
+                        best_tree=None, best_tree_speedup=0.75, reason=f"{backend}/{precision}: recorded {method}").to_dict()
+
+
+def test_verify_auto_runs_the_recorded_choice_for_the_backend_and_precision(parts, tmp_path):
+    """Issue 27 item 5: run / Pipeline default to the bundle's recorded never-slower choice; an
+    explicit --verify still wins; a bundle with no record runs gasv, as before."""
+    t, d, tables, vq = parts
+    gen = {**GEN, "decode": {"ort": {"fp32": _choice("ort", "fp32", "vanilla")},
+                             "torch": {"fp32": _choice("torch", "fp32", "tree", {"top_k": 2, "depth": 1,
+                                                                                  "total_tokens": 3})}}}
+    out = tmp_path / "eng"
+    export_full_bundle(t, d, tables, vq, out, generation=gen, progress=False, lint=False, validate=False)
+    ort = Pipeline.from_dir(out, backend="ort", threads=1)
+    assert ort.precision == "fp32"
+    a = ort.generate([1], seed=2)
+    assert a.stats[0]["verify"] == "vanilla" and "recorded vanilla" in a.stats[0]["verify_reason"]
+    assert torch.equal(a.tokens, ort.generate([1], seed=2, verify="vanilla").tokens)
+    assert ort.generate([1], seed=2, verify="gasv").stats[0]["verify"] == "gasv"  # explicit wins
+    tch = Pipeline.from_dir(out, backend="torch")
+    m, tree, why = tch.resolve_verify("auto")
+    assert (m, tree) == ("gasv", {"top_k": 2, "depth": 1, "total_tokens": 3}) and "recorded tree" in why
+    assert tch.generate([1], seed=2).stats[0]["verify"] == "gasv"
+    assert Pipeline.from_models(t, d, tables, vq, generation=GEN).resolve_verify("auto")[0] == "gasv"  # no record
+    with pytest.raises(LisaError, match="valid: auto, "):
+        ort.generate([1], verify="fastest")
+    r = CliRunner().invoke(main, ["run", str(out), str(_prompt_file(tmp_path)), "--out", str(tmp_path / "o"),
+                                  "--backend", "ort", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    assert "verify auto: ort/fp32: recorded vanilla" in r.output and "(ort, vanilla)" in r.output
+    assert json.loads((tmp_path / "o" / "stats.json").read_text())["verify"] == "vanilla"
+
+
+def _prompt_file(tmp_path):
+    p = tmp_path / "auto.txt"
+    p.write_text("1\n")
+    return p
