@@ -1,0 +1,728 @@
+"""Memory plan of a deployment: will these engines, at these settings, fit this GPU?
+
+    p = make_plan("Lumina-mGPT-7B", gpu="rtx4090", precision="fp16", batch=2, tree=64, image_size=768)
+    p.fits, p.total, p.table()          # bytes per engine and part, the total against the device
+    check_plan(engine_dir, memory_gib=24, batch=1, tree=64)   # PlanError (an InputError) with the table
+
+Pure arithmetic over configs: known names (GPT-B ... GPT-3B, Lumina-mGPT-7B, Janus-Pro-7B) come
+from `config.py` and the family facts below, a checkpoint from its metadata (safetensors header,
+`<name>.json` sidecar, or an HF `config.json`), an engine directory from its manifest. No weights
+are read and no model is built.
+
+What is counted (docs/deployment.md explains each formula and which numbers are estimates):
+  weights      parameters x bytes: matmul weights at the precision (int8 / fp8: 1 byte + an fp32
+               scale per output channel; int4: 0.5 byte + an fp16 scale per block of 32 inputs,
+               export/quantize.py's MatMulNBits blocks), embeddings and norms at the activation
+               precision (fp16, fp32 for an fp32 plan). ONE copy of the target weights: prefill
+               and verify share them (one engine with two profiles, or ORT sessions sharing
+               initializers, docs/spec/deploy.md); `weight_copies=2` plans separate engines.
+  KV cache     2 x layers x kv_heads x head_dim x max_cache_len x rows x kv bytes, rows = batch x 2
+               with CFG; kv bytes 2 (fp16) for every precision but fp32 (4): int8 / fp8 / int4
+               quantize weights, the cache stays fp16. max_cache_len = round_up(prompt + span
+               prefix + image tokens + tree, 8), the exporters' rule (export/onnx.max_cache_len,
+               export/chameleon_onnx.engine_cache_len).
+  drafter      EAGLE-3 (models/drafter.py): fc 3H -> H, one decoder layer at the target's width
+               (q/k/v read embedding + hidden, 2H wide), own head over the image codes, plus the copy
+               of the target's input embedding its exported step graph carries; its one-layer cache.
+  tables       the GASV graph's baked tensors (export/onnx.GASVGraph): W~ (codes x H fp32), row
+               norms, cluster ids (int64), betas, GASV_K neighbours per code (int64).
+  vq decoder   decoder + post_quant_conv + codebook in fp16 (parameter counts of the project's
+               VQ models, pinned by tests/engines/test_plan.py).
+  activations  ESTIMATE, per engine, its largest call: rows x S x (6 H + 2 F) x act bytes (residual,
+               norm, q, k, v, attention out; gate and up of the MLP), attention scores rows x heads x
+               S x max_cache_len x 4 (fp32, as if not fused), and the outputs (fp32 logits
+               rows x S x vocab, taps 3H, hidden H). S = prompt for prefill, tree for verify.
+               VQ decoder: batch x 4 feature maps of pixels x ch x 2 bytes at full resolution.
+  overhead     ESTIMATE: CUDA context + cuBLAS / cuDNN / TensorRT runtime (CONTEXT_BYTES).
+  builder      ESTIMATE: during `lisa-trt build` the builder holds the engine being built plus its
+               workspace (WORKSPACE_BYTES unless --workspace is given): the build peak is the largest
+               engine's weights + activations + workspace + overhead.
+fits = the run total and the build peak are both within the device's usable memory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Optional
+
+from ..config import find_multiple
+from ..errors import ConfigError, InputError
+
+MIB, GIB = 1 << 20, 1 << 30
+CONTEXT_BYTES = 1 * GIB  # CUDA context + library handles + TensorRT runtime (estimate)
+WORKSPACE_BYTES = 1 * GIB  # planned builder workspace (pass `lisa-trt build --workspace 1024` to hold it)
+INT4_BLOCK = 32  # export/quantize.DEFAULT_BLOCK_SIZE (one fp16 scale per block)
+GASV_K = 64  # export/io_spec.GASV_K: neighbour columns baked into the GASV graph
+MAX_BATCH_SEARCH = 4096  # largest batch the search tries
+MAX_TREE_SEARCH = 1024  # largest tree the search tries (TensorRT-Edge-LLM verifies <= 128 draft tokens)
+DEFAULT_GPU = "rtx4090"  # the project's target GPU
+
+
+class PlanError(InputError):
+    """The deployment does not fit the device; the message carries the plan's table."""
+
+
+# ----------------------------------------------------------------------------- devices
+
+@dataclass(frozen=True)
+class GPU:
+    """A device: total memory as CUDA reports it, less what the system keeps."""
+
+    name: str
+    label: str
+    total: int
+    reserved: int = 0  # Jetson: unified memory the OS and the CPU side of the process keep
+
+    @property
+    def usable(self) -> int:
+        return self.total - self.reserved
+
+
+# totals: nvidia-smi's "MiB" of each board (desktop / data-centre); Jetson AGX Orin: the module's
+# unified LPDDR5, of which an estimated 4 GiB stays with the OS and the CPU side of the process.
+GPUS = {g.name: g for g in (
+    GPU("rtx4090", "GeForce RTX 4090 24 GB", 24564 * MIB),
+    GPU("l4", "NVIDIA L4 24 GB", 23034 * MIB),
+    GPU("a10", "NVIDIA A10 24 GB", 23028 * MIB),
+    GPU("a100-40", "NVIDIA A100 40 GB", 40960 * MIB),
+    GPU("a100-80", "NVIDIA A100 80 GB", 81920 * MIB),
+    GPU("h100", "NVIDIA H100 80 GB", 81559 * MIB),
+    GPU("h200", "NVIDIA H200 141 GB", 143771 * MIB),
+    GPU("orin-32", "Jetson AGX Orin 32 GB", 32 * GIB, 4 * GIB),
+    GPU("orin-64", "Jetson AGX Orin 64 GB", 64 * GIB, 4 * GIB),
+)}
+
+
+def resolve_gpu(gpu: Optional[str] = None, memory_gib: Optional[float] = None) -> GPU:
+    """A named GPU, or a device of `memory_gib` GiB (not both; neither: DEFAULT_GPU)."""
+    if gpu is not None and memory_gib is not None:
+        raise InputError("give either --gpu NAME or --memory-gib N, not both")
+    if gpu is None and memory_gib is None:
+        gpu = DEFAULT_GPU
+    if gpu is not None:
+        if gpu not in GPUS:
+            raise InputError(f"unknown GPU {gpu!r}; valid: {', '.join(GPUS)} (or --memory-gib N for another device)")
+        return GPUS[gpu]
+    if not memory_gib > 0:
+        raise InputError(f"--memory-gib must be a positive number of GiB, got {memory_gib}")
+    return GPU(f"{memory_gib:g}GiB", f"a device with {memory_gib:g} GiB", int(memory_gib * GIB))
+
+
+# ----------------------------------------------------------------------------- precisions
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    weight: float  # bytes per matmul weight
+    scale_per_row: int  # extra bytes per output channel (int8 / fp8 per-channel scales)
+    scale_per_block: float  # extra bytes per weight (int4 block scales)
+    act: int  # activations, embeddings, norms
+    kv: int  # KV cache
+
+
+PRECISIONS = {p.name: p for p in (
+    Precision("fp32", 4, 0, 0.0, 4, 4),
+    Precision("fp16", 2, 0, 0.0, 2, 2),
+    Precision("bf16", 2, 0, 0.0, 2, 2),
+    Precision("int8", 1, 4, 0.0, 2, 2),
+    Precision("fp8", 1, 4, 0.0, 2, 2),
+    Precision("int4", 0.5, 0, 2 / INT4_BLOCK, 2, 2),
+)}
+
+
+def resolve_precision(name: str) -> Precision:
+    if name not in PRECISIONS:
+        raise InputError(f"unknown precision {name!r}; valid: {', '.join(PRECISIONS)}")
+    return PRECISIONS[name]
+
+
+# ----------------------------------------------------------------------------- shapes
+
+@dataclass(frozen=True)
+class Weights:
+    """Parameters split by how they are stored: matmuls (quantizable) and the rest."""
+
+    linear: int = 0  # matmul weights
+    rows: int = 0  # output channels of those matmuls (per-channel scales)
+    other: int = 0  # embeddings, norms, biases
+
+    def __add__(self, o: "Weights") -> "Weights":
+        return Weights(self.linear + o.linear, self.rows + o.rows, self.other + o.other)
+
+    def bytes(self, p: Precision) -> int:
+        return int(math.ceil(self.linear * (p.weight + p.scale_per_block))) + self.rows * p.scale_per_row + self.other * p.act
+
+    @property
+    def params(self) -> int:
+        return self.linear + self.other
+
+
+def lin(n_in: int, n_out: int, bias: bool = False) -> Weights:
+    return Weights(n_in * n_out, n_out, n_out if bias else 0)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the planner needs of a model, whatever its family."""
+
+    name: str
+    family: str  # llamagen | chameleon | janus
+    n_layer: int
+    dim: int
+    n_head: int
+    kv_heads: int
+    ffn: int
+    vocab: int  # rows of the target's logits (image vocabulary, or the whole one for Chameleon)
+    image_tokens: int  # tokens of one image span (row-end tokens included)
+    span_prefix: int  # tokens between prompt and image codes that the cache holds (Lumina: 3)
+    prompt_len: int  # condition prefix / most prompt tokens
+    codes: int  # image codes (GASV rows, the drafter's head)
+    target: Weights  # the deployed target (prefill + verify)
+    image_embed: Weights  # what the drafter's step graph carries to embed a token
+    vq_params: int  # decoder + post_quant_conv + codebook
+    vq_ch: int  # channels of the decoder's full-resolution feature maps
+    pixels: int  # height x width of one image
+    image_size: int
+    draft_head: int = 0  # drafter head rows (0: codes)
+    draft_hidden: int = 0  # 0: dim
+    draft_ffn: int = 0  # 0: ffn
+    max_cache_len: int = 0  # fixed by an engine directory (0: computed from the settings)
+    max_tree: int = 0  # an engine directory's largest tree (0: any)
+    has_drafter: bool = True
+    has_tables: bool = True
+    has_vq: bool = True
+    precision: str = ""  # an engine directory's own precision ("" for names / checkpoints)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    def cache_len(self, prompt: int, tree: int) -> int:
+        if self.max_cache_len:
+            return self.max_cache_len
+        return find_multiple(prompt + self.span_prefix + self.image_tokens + tree, 8)
+
+
+# parameter counts of the image decoders (pinned against the project's models by the tests)
+VQ16_DECODE_PARAMS = 42_449_795 + 2_304 + 16384 * 8  # LlamaGen VQ-16 (also Janus' VQ: same config)
+CHAMELEON_VQ_DECODE_PARAMS = 39_294_851 + 65_792 + 8192 * 256  # Chameleon VQGAN (models/chameleon_vq.py)
+
+
+def _scale(w: Weights, n: int) -> Weights:
+    return Weights(w.linear * n, w.rows * n, w.other * n)
+
+
+def llama_layer(dim: int, n_head: int, kv_heads: int, ffn: int) -> Weights:
+    """A Llama block (LlamaGen's TransformerBlock, DeepSeek-LLM's): q/k/v/o, SwiGLU MLP, two RMSNorms."""
+    hd = dim // n_head
+    return (lin(dim, (n_head + 2 * kv_heads) * hd) + lin(dim, dim) + _scale(lin(dim, ffn), 2) + lin(ffn, dim)
+            + Weights(other=2 * dim))
+
+
+def _llamagen_shape(cfg, name: str) -> ModelShape:
+    """A TargetConfig (models/llamagen.Transformer's parameters)."""
+    layer = llama_layer(cfg.dim, cfg.n_head, cfg.kv_heads, cfg.ffn_hidden)
+    if cfg.model_type == "t2i":
+        cond = lin(cfg.caption_dim, cfg.dim) + lin(cfg.dim, cfg.dim)  # CaptionMLP (+ its fixed null caption)
+        cond = cond + Weights(other=cfg.cls_token_num * cfg.caption_dim)
+    else:
+        cond = Weights(other=(cfg.num_classes + 1) * cfg.dim)  # LabelEmbedder
+    target = _scale(layer, cfg.n_layer) + cond + Weights(other=cfg.vocab_size * cfg.dim + cfg.dim) + lin(cfg.dim, cfg.vocab_size)
+    h, w = cfg.grid_hw
+    return ModelShape(name=name, family="llamagen", n_layer=cfg.n_layer, dim=cfg.dim, n_head=cfg.n_head,
+                      kv_heads=cfg.kv_heads, ffn=cfg.ffn_hidden, vocab=cfg.vocab_size, image_tokens=cfg.block_size,
+                      span_prefix=0, prompt_len=cfg.cls_token_num, codes=cfg.vocab_size, target=target,
+                      image_embed=Weights(other=cfg.vocab_size * cfg.dim), vq_params=VQ16_DECODE_PARAMS, vq_ch=128,
+                      pixels=h * w * 256, image_size=h * 16)
+
+
+def chameleon_layer(dim: int, n_head: int, kv_heads: int, ffn: int, attention_bias: bool = False,
+                    mlp_bias: bool = False) -> Weights:
+    hd = dim // n_head
+    attn = (lin(dim, n_head * hd, attention_bias) + _scale(lin(dim, kv_heads * hd, attention_bias), 2)
+            + lin(dim, dim, attention_bias))
+    qk_norm = Weights(other=2 * (n_head + kv_heads) * hd)  # per-head LayerNorm weight + bias
+    mlp = _scale(lin(dim, ffn, mlp_bias), 2) + lin(ffn, dim, mlp_bias)
+    return attn + qk_norm + mlp + Weights(other=2 * dim)
+
+
+LUMINA_CODES = 8192  # Chameleon VQGAN n_embed
+
+
+def lumina_span(image_size: int) -> int:
+    """Tokens of one square Lumina image span: h_lat rows of (w_lat codes + row end), 16 px codes
+    (speculative/lumina.py: 32-px size grids, 2 codes per grid side)."""
+    if image_size <= 0 or image_size % 32:
+        raise InputError(f"Lumina-mGPT images are multiples of 32 px (512 / 768 / 1024), got {image_size}")
+    lat = image_size // 16
+    return lat * (lat + 1)
+
+
+def _chameleon_shape(cfg, name: str, image_size: int, prompt_len: int) -> ModelShape:
+    """A ChameleonConfig (models/chameleon.ChameleonTarget's parameters)."""
+    layer = chameleon_layer(cfg.dim, cfg.n_head, cfg.kv_heads, cfg.intermediate_size, cfg.attention_bias,
+                            cfg.mlp_bias)
+    head = Weights() if cfg.tie_word_embeddings else lin(cfg.dim, cfg.vocab_size)
+    target = _scale(layer, cfg.n_layer) + Weights(other=cfg.vocab_size * cfg.dim + cfg.dim) + head
+    return ModelShape(name=name, family="chameleon", n_layer=cfg.n_layer, dim=cfg.dim, n_head=cfg.n_head,
+                      kv_heads=cfg.kv_heads, ffn=cfg.intermediate_size, vocab=cfg.vocab_size,
+                      image_tokens=lumina_span(image_size), span_prefix=3, prompt_len=prompt_len,
+                      codes=LUMINA_CODES, target=target, image_embed=Weights(other=cfg.vocab_size * cfg.dim),
+                      vq_params=CHAMELEON_VQ_DECODE_PARAMS, vq_ch=128, pixels=image_size ** 2, image_size=image_size)
+
+
+# Janus-Pro-7B: the DeepSeek-LLM-7B backbone (Janus-Pro paper, arXiv 2501.17811, Table 1: 7B with
+# vocabulary 100K, embedding 4096, 32 heads, 30 layers; HF text_config: LlamaConfig, vocab 102400,
+# intermediate 11008 (DeepSeek-LLM-7B), MHA (32 kv heads)). Image generation (transformers
+# models/janus/configuration_janus.py, JanusVQVAEConfig: 16384 codes of dim 8, channel multipliers
+# 1,1,2,2,4, i.e. LlamaGen's VQ-16; image_token_embed_dim "same as the text embeddings"): gen_embed
+# (16384 x 8) -> gen_aligner (8 -> H -> H, GELU MLP) into the LM; gen_head (H -> H -> 16384) out of
+# it. Images are 384 px: 24 x 24 = 576 codes (patch 16). Deployed for generation: the text
+# embedding (prompts), the layers, the final norm and the gen_* modules; the text lm_head and the
+# SigLIP understanding encoder are not part of the image engines.
+JANUS = dict(n_layer=30, dim=4096, n_head=32, kv_heads=32, ffn=11008, text_vocab=102400, codes=16384,
+             code_dim=8, image_size=384, patch=16)
+
+
+def janus_target(n_layer: int, dim: int, n_head: int, kv_heads: int, ffn: int, text_vocab: int, codes: int,
+                 code_dim: int) -> tuple[Weights, Weights]:
+    """(target weights, image-token embedding path) of a Janus generation deployment."""
+    layer = llama_layer(dim, n_head, kv_heads, ffn)
+    embed = Weights(other=codes * code_dim) + lin(code_dim, dim, True) + lin(dim, dim, True)  # gen_embed + aligner
+    head = lin(dim, dim, True) + lin(dim, codes, True)  # gen_head
+    return _scale(layer, n_layer) + Weights(other=text_vocab * dim + dim) + embed + head, embed
+
+
+def _janus_shape(name: str, image_size: int, prompt_len: int, **over) -> ModelShape:
+    j = {**JANUS, **over}
+    if image_size != j["image_size"]:
+        raise InputError(f"Janus-Pro generates {j['image_size']} px images ({j['image_size'] // 16} x "
+                         f"{j['image_size'] // 16} codes); got --image-size {image_size}")
+    target, embed = janus_target(j["n_layer"], j["dim"], j["n_head"], j["kv_heads"], j["ffn"], j["text_vocab"],
+                                 j["codes"], j["code_dim"])
+    side = image_size // j["patch"]
+    return ModelShape(name=name, family="janus", n_layer=j["n_layer"], dim=j["dim"], n_head=j["n_head"],
+                      kv_heads=j["kv_heads"], ffn=j["ffn"], vocab=j["codes"], image_tokens=side * side,
+                      span_prefix=0, prompt_len=prompt_len, codes=j["codes"], target=target, image_embed=embed,
+                      vq_params=VQ16_DECODE_PARAMS, vq_ch=128, pixels=image_size ** 2, image_size=image_size)
+
+
+LLAMAGEN_NAMES = ("GPT-B", "GPT-L", "GPT-XL", "GPT-XXL", "GPT-3B")
+KNOWN = (*LLAMAGEN_NAMES, "Lumina-mGPT-7B", "Janus-Pro-7B")
+DEFAULT_PROMPT = 128  # text prompt tokens of Lumina / Janus (export/chameleon_onnx.DEFAULT_MAX_PROMPT)
+DEFAULT_SIZE = {"llamagen": 256, "chameleon": 768, "janus": 384}
+
+
+def known_shape(name: str, image_size: Optional[int] = None, prompt_len: Optional[int] = None) -> ModelShape:
+    """The shape of a known name (GPT-B ... GPT-3B, Lumina-mGPT-7B, Janus-Pro-7B)."""
+    from ..config import _GPT_SHAPES, target_config
+
+    if name == "Lumina-mGPT-7B":
+        from ..models.chameleon import ChameleonConfig
+
+        return _chameleon_shape(ChameleonConfig(), name, image_size or DEFAULT_SIZE["chameleon"],
+                                prompt_len or DEFAULT_PROMPT)  # Chameleon-7B: the dataclass defaults
+    if name == "Janus-Pro-7B":
+        return _janus_shape(name, image_size or DEFAULT_SIZE["janus"], prompt_len or DEFAULT_PROMPT)
+    if name in _GPT_SHAPES:
+        size = image_size or DEFAULT_SIZE["llamagen"]
+        if size % 16:
+            raise InputError(f"LlamaGen images are multiples of 16 px (VQ-16), got --image-size {size}")
+        return _llamagen_shape(target_config(name, image_size=size), name)
+    raise InputError(f"unknown model {name!r}: give a known name ({', '.join(KNOWN)}), a checkpoint "
+                     "(.safetensors with its config), a Chameleon / Lumina-mGPT directory, or an engine directory")
+
+
+def safetensors_metadata(path) -> dict:
+    """The metadata of a .safetensors file, from its header only (no tensor is read)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise InputError(f"{path} is not a safetensors file (too short)")
+        (n,) = struct.unpack("<Q", head)
+        if n > 100 << 20:
+            raise InputError(f"{path} has an implausible safetensors header of {n} bytes")
+        try:
+            header = json.loads(f.read(n))
+        except ValueError as e:
+            raise InputError(f"{path} is not a safetensors file ({e})") from e
+    return header.get("__metadata__") or {}
+
+
+def _checkpoint_config(path: Path):
+    from ..config import TargetConfig
+
+    meta = safetensors_metadata(path) if path.suffix == ".safetensors" else {}
+    cfg = meta.get("config")
+    if isinstance(cfg, str):
+        cfg = json.loads(cfg)
+    side = path.with_suffix(".json")
+    if cfg is None and side.is_file():
+        cfg = json.loads(side.read_text()).get("config")
+    if cfg is None:
+        raise InputError(f"{path} carries no config (lisa-trt safetensors have one; official .pt files do not): "
+                         "plan the known name instead, e.g. `lisa-trt plan GPT-L --image-size 384`")
+    return TargetConfig.from_dict(cfg)
+
+
+def _engine_shape(d: Path) -> ModelShape:
+    """An engine directory: LlamaGen manifest.json or a Chameleon engine (chameleon_engine.json)."""
+    from ..export.chameleon_onnx import ENGINE_FILE
+    from ..export.manifest import MANIFEST_NAME, read_manifest
+
+    if (d / ENGINE_FILE).is_file():
+        from ..models.chameleon_io import read_chameleon_config
+
+        man = json.loads((d / ENGINE_FILE).read_text())
+        cfg = read_chameleon_config(d)
+        s = _chameleon_shape(cfg, d.name, int(man["image_size"]), int(man["max_prompt"]))
+        dr = (man.get("drafter") or {}).get("config") or {}
+        return replace(s, max_cache_len=int(man["max_cache_len"]), max_tree=int(man["max_tree"]),
+                       has_drafter=man.get("drafter") is not None, has_tables=man.get("tables") is not None,
+                       has_vq=man.get("vq") is not None, precision=man.get("precision", "fp32"),
+                       codes=int((man.get("tables") or {}).get("vocab_size") or s.codes),
+                       draft_head=int(dr.get("draft_vocab") or dr.get("vocab_size") or 0),
+                       draft_hidden=int(dr.get("hidden", 0)), draft_ffn=int(dr.get("ffn_hidden", 0)))
+    if not (d / MANIFEST_NAME).is_file():
+        raise InputError(f"{d} is neither an engine directory (no {MANIFEST_NAME}) nor a Chameleon / Lumina-mGPT "
+                         "checkpoint directory (no config.json)")
+    man = read_manifest(d, check_files=False)
+    s = _llamagen_shape(man.target_config, d.name)
+    dc = man.drafter_config
+    prec = man.quantization if man.quantization != "none" else man.precision
+    vq = man.vq_config
+    return replace(s, max_cache_len=man.max_cache_len, max_tree=man.max_tree, has_drafter=dc is not None,
+                   has_tables=man.tables is not None, has_vq=vq is not None, precision=prec,
+                   draft_head=dc.head_size if dc else 0, draft_hidden=dc.hidden if dc else 0,
+                   draft_ffn=dc.ffn_hidden if dc else 0,
+                   vq_ch=vq.ch * vq.decoder_ch_mult[0] if vq else s.vq_ch,
+                   codes=int((man.tables or {}).get("vocab_size") or s.codes))
+
+
+def resolve_model(model, image_size: Optional[int] = None, prompt_len: Optional[int] = None) -> ModelShape:
+    """A known name, a checkpoint file, a Chameleon / Lumina-mGPT directory, or an engine directory."""
+    if isinstance(model, ModelShape):
+        return model
+    name = str(model)
+    if name in KNOWN or not Path(name).exists():
+        if not Path(name).exists() and (Path(name).suffix or "/" in name):
+            raise InputError(f"{name} not found: give an existing checkpoint or engine directory, or a known name "
+                             f"({', '.join(KNOWN)})")
+        return known_shape(name, image_size, prompt_len)
+    p = Path(name)
+    if p.is_dir():
+        from ..export.chameleon_onnx import ENGINE_FILE
+        from ..export.manifest import MANIFEST_NAME
+
+        if (p / MANIFEST_NAME).is_file() or (p / ENGINE_FILE).is_file():
+            if image_size or prompt_len:
+                raise InputError(f"{p} is an engine directory: its image size and prompt length are fixed at "
+                                 "export; drop --image-size / --prompt-len (or plan the checkpoint)")
+            return _engine_shape(p)
+        from ..models.chameleon_io import read_chameleon_config
+
+        return _chameleon_shape(read_chameleon_config(p), p.name, image_size or DEFAULT_SIZE["chameleon"],
+                                prompt_len or DEFAULT_PROMPT)
+    cfg = _checkpoint_config(p)
+    if image_size and image_size != cfg.grid_hw[0] * 16:
+        raise InputError(f"{p} is a {cfg.grid_hw[0] * 16} px checkpoint; drop --image-size or plan another one")
+    s = _llamagen_shape(cfg, p.stem)
+    return replace(s, prompt_len=prompt_len or s.prompt_len)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+def drafter_weights(s: ModelShape) -> Weights:
+    """EAGLE-3 drafter (models/drafter.Drafter) + the embedding its step graph carries."""
+    H, Hd = s.dim, s.draft_hidden or s.dim
+    F = s.draft_ffn or s.ffn
+    layer = lin(3 * H, Hd) + _scale(lin(H + Hd, Hd), 3) + lin(Hd, Hd) + _scale(lin(Hd, F), 2) + lin(F, Hd)
+    norms = Weights(other=3 * Hd + H)  # hidden_norm, post_attention_layernorm, norm; input_layernorm (target width)
+    return layer + norms + lin(Hd, s.draft_head or s.codes) + s.image_embed
+
+
+def table_bytes(s: ModelShape) -> int:
+    """GASV graph initializers: W~ fp32, row norms fp32, cluster int64, betas fp32, neighbours int64."""
+    K = s.codes
+    clusters = round(2 * math.sqrt(K))  # calibration's default round(2 sqrt(V))
+    return K * s.dim * 4 + K * 4 + K * 8 + clusters * 4 + K * GASV_K * 8
+
+
+def _step_act(rows: int, S: int, H: int, F: int, heads: int, L: int, vocab: int, act: int, taps: bool) -> int:
+    hidden = rows * S * (6 * H + 2 * F) * act
+    scores = rows * heads * S * L * 4
+    outs = rows * S * vocab * 4 + rows * S * (4 * H if taps else H) * act
+    return hidden + scores + outs
+
+
+@dataclass
+class Plan:
+    """Bytes per engine and part, the totals and the verdict (see the module docstring)."""
+
+    model: str
+    family: str
+    gpu: str
+    gpu_label: str
+    usable: int
+    precision: str
+    batch: int
+    tree: int
+    cfg: bool
+    image_size: int
+    prompt_len: int
+    rows: int
+    max_cache_len: int
+    engines: dict  # engine -> {part: bytes}
+    overhead: int
+    workspace: int
+    total: int
+    build_peak: int
+    fits: bool
+    max_batch: Optional[int] = None
+    max_tree: Optional[int] = None
+    fitting_precisions: list = field(default_factory=list)  # lower precisions that fit these settings
+    search_limits: dict = field(default_factory=dict)  # the searches' upper ends (a result there means ">=")
+    notes: list = field(default_factory=list)
+
+    @property
+    def reason(self) -> str:
+        if self.fits:
+            return ""
+        need = max(self.total, self.build_peak)
+        what = "the run" if self.total >= self.build_peak else "the TensorRT build"
+        return (f"{self.model} at {self.precision}, batch {self.batch}{' x 2 (CFG)' if self.cfg else ''}, tree "
+                f"{self.tree} needs {need / GIB:.2f} GiB for {what}; {self.gpu_label} has {self.usable / GIB:.2f} GiB. "
+                + _advice(self))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["reason"] = self.reason
+        d["total_gib"] = round(self.total / GIB, 3)
+        d["build_peak_gib"] = round(self.build_peak / GIB, 3)
+        d["usable_gib"] = round(self.usable / GIB, 3)
+        return d
+
+    def _found(self, what: str) -> str:
+        v = getattr(self, f"max_{what}")
+        if not v:
+            return "none"
+        return f">= {v}" if v == self.search_limits.get(what) else str(v)
+
+    def table(self) -> str:
+        parts = ("weights", "kv_cache", "activations")
+        g = lambda b: f"{b / GIB:8.2f}"  # noqa: E731
+        lines = [f"{self.model} ({self.family}) on {self.gpu_label}: {self.precision}, {self.image_size} px, batch "
+                 f"{self.batch}{' with CFG (' + str(self.rows) + ' rows)' if self.cfg else ' (no CFG)'}, tree "
+                 f"{self.tree}, prompt {self.prompt_len}, cache {self.max_cache_len} slots",
+                 f"{'engine':14s} {'weights':>8s} {'kv cache':>8s} {'activ.':>8s} {'total':>8s}  (GiB)"]
+        for name, e in self.engines.items():
+            lines.append(f"{name:14s} " + " ".join(g(e.get(p, 0)) for p in parts) + " " + g(sum(e.values())))
+        lines.append(f"{'overhead':14s} {'':8s} {'':8s} {'':8s} {g(self.overhead)}  CUDA context + runtime (estimate)")
+        lines.append(f"{'run total':14s} {'':8s} {'':8s} {'':8s} {g(self.total)}  of {self.usable / GIB:.2f} usable")
+        lines.append(f"{'build peak':14s} {'':8s} {'':8s} {'':8s} {g(self.build_peak)}  largest engine + "
+                     f"{self.workspace / GIB:.2f} GiB builder workspace + overhead")
+        if self.search_limits:
+            lines.append(f"fits: {'yes' if self.fits else 'NO'}; largest batch {self._found('batch')} (tree {self.tree}), "
+                         f"largest tree {self._found('tree')} (batch {self.batch})")
+        else:
+            lines.append(f"fits: {'yes' if self.fits else 'NO'}")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _advice(p: Plan) -> str:
+    low = f"--precision {p.fitting_precisions[0]} fits" if p.fitting_precisions else "no lower precision fits"
+    if p.max_batch:
+        tree = f", --tree {p.max_tree} or less" if p.max_tree else ""
+        return f"Use --batch {p.max_batch} or less{tree}, or a lower precision ({low})."
+    if p.max_tree:
+        return f"Use --tree {p.max_tree} or less, or a lower precision ({low})."
+    return f"No batch or tree fits: {low}; otherwise use a larger GPU."
+
+
+def _parts(s: ModelShape, prec: Precision, batch: int, tree: int, cfg: bool, prompt: int, copies: int) -> tuple:
+    rows = batch * (2 if cfg else 1)
+    L = s.cache_len(prompt, tree)
+    a = prec.act
+    kv = 2 * s.n_layer * s.kv_heads * s.head_dim * L * rows * prec.kv
+    act = max(_step_act(rows, prompt, s.dim, s.ffn, s.n_head, L, 0, a, False) + rows * s.vocab * 4 + rows * 4 * s.dim * a,
+              _step_act(rows, tree, s.dim, s.ffn, s.n_head, L, s.vocab, a, True))
+    engines = {"target": {"weights": s.target.bytes(prec) * copies, "kv_cache": kv, "activations": act}}
+    if s.has_drafter:
+        Hd = s.draft_hidden or s.dim
+        heads = max(1, Hd // s.head_dim)
+        S = max(tree, prompt)
+        dkv = 2 * heads * (Hd // heads) * L * rows * prec.kv
+        dact = _step_act(rows, S, Hd, s.draft_ffn or s.ffn, heads, L, s.draft_head or s.codes, a, False) + rows * S * 3 * s.dim * a
+        engines["drafter"] = {"weights": drafter_weights(s).bytes(prec), "kv_cache": dkv, "activations": dact}
+    if s.has_tables:
+        nodes = batch * tree
+        engines["gasv"] = {"weights": table_bytes(s), "activations": nodes * (3 * s.codes + GASV_K * s.dim) * 4}
+    if s.has_vq:
+        engines["vq_decode"] = {"weights": s.vq_params * 2, "activations": batch * 4 * s.pixels * s.vq_ch * 2}
+    return rows, L, engines
+
+
+def _totals(engines: dict, overhead: int, workspace: int) -> tuple[int, int]:
+    total = sum(sum(e.values()) for e in engines.values()) + overhead
+    peak = max(e["weights"] + e.get("activations", 0) for e in engines.values()) + workspace + overhead
+    return total, peak
+
+
+def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] = None,
+              precision: Optional[str] = None, batch: int = 1, tree: Optional[int] = None,
+              image_size: Optional[int] = None, prompt_len: Optional[int] = None, cfg: bool = True,
+              workspace: Optional[int] = None, weight_copies: int = 1, search: bool = True) -> Plan:
+    """The memory plan of `model` on a device.
+
+    Args:
+        model: a known name, a checkpoint, a Chameleon directory, an engine directory, or a ModelShape.
+        gpu / memory_gib: a name of GPUS, or the device's memory in GiB (exactly one).
+        precision: fp32 | fp16 | bf16 | int8 | fp8 | int4 (default: an engine directory's own, else fp16).
+        batch: images per call (prompts); with cfg the engines run 2 x batch rows.
+        tree: draft-tree nodes verified per call (default: an engine directory's max_tree, else 64).
+        image_size / prompt_len: for names and checkpoints (engine directories fix them).
+        workspace: builder workspace in bytes (default WORKSPACE_BYTES).
+        weight_copies: copies of the target weights (2: separate prefill and verify engines).
+        search: also compute the largest batch and tree that fit.
+    """
+    device = resolve_gpu(gpu, memory_gib)
+    s = resolve_model(model, image_size, prompt_len)
+    prec = resolve_precision(precision or s.precision or "fp16")
+    tree = (s.max_tree or 64) if tree is None else tree
+    for v, what in ((batch, "--batch"), (tree, "--tree"), (weight_copies, "weight copies")):
+        if not isinstance(v, int) or v < 1:
+            raise InputError(f"{what} must be a positive integer, got {v!r}")
+    if s.max_tree and tree > s.max_tree:
+        raise InputError(f"--tree {tree} exceeds the engine directory's max_tree {s.max_tree} (its static cache); "
+                         "re-export with a larger --max-tree or plan a smaller tree")
+    prompt = s.prompt_len
+    ws = WORKSPACE_BYTES if workspace is None else int(workspace)
+
+    def evaluate(b: int, t: int):
+        rows, L, engines = _parts(s, prec, b, t, cfg, prompt, weight_copies)
+        total, peak = _totals(engines, CONTEXT_BYTES, ws)
+        return rows, L, engines, total, peak, max(total, peak) <= device.usable
+
+    rows, L, engines, total, peak, fits = evaluate(batch, tree)
+    notes = []
+    if s.precision and precision and precision != s.precision:
+        notes.append(f"planned at {precision}; the engine directory was exported at {s.precision}")
+    if weight_copies > 1:
+        notes.append(f"{weight_copies} copies of the target weights (separate prefill / verify engines)")
+    plan = Plan(model=s.name, family=s.family, gpu=device.name, gpu_label=device.label, usable=device.usable,
+                precision=prec.name, batch=batch, tree=tree, cfg=cfg, image_size=s.image_size, prompt_len=prompt,
+                rows=rows, max_cache_len=L, engines=engines, overhead=CONTEXT_BYTES, workspace=ws, total=total,
+                build_peak=peak, fits=fits, notes=notes)
+    if search and not fits:
+        plan.fitting_precisions = [q for q in ("fp16", "int8", "int4")
+                                   if PRECISIONS[q].weight < prec.weight
+                                   and make_plan(s, gpu=gpu, memory_gib=memory_gib, precision=q, batch=batch, tree=tree,
+                                                 cfg=cfg, workspace=workspace, weight_copies=weight_copies,
+                                                 search=False).fits]
+    if search:
+        plan.max_batch = largest(lambda b: evaluate(b, tree)[-1], MAX_BATCH_SEARCH)
+        plan.max_tree = largest(lambda t: evaluate(batch, t)[-1], s.max_tree or MAX_TREE_SEARCH)
+        plan.search_limits = {"batch": MAX_BATCH_SEARCH, "tree": s.max_tree or MAX_TREE_SEARCH}
+    return plan
+
+
+def largest(ok, hi: int) -> Optional[int]:
+    """Largest n in 1..hi with ok(n), for ok monotone (true then false); None when ok(1) is false."""
+    if not ok(1):
+        return None
+    lo = 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def check_plan(model, **kw) -> Plan:
+    """make_plan(model, **kw) (without the searches unless it fails); PlanError with the table when it does not fit.
+
+    What `lisa-trt build` and `lisa-trt run` call before any work."""
+    plan = make_plan(model, search=False, **kw)
+    if not plan.fits:
+        plan = make_plan(model, search=True, **kw)
+        raise PlanError(f"{plan.reason}\n{plan.table()}")
+    return plan
+
+
+def _engine_record(engine_dir) -> tuple[dict, str]:
+    """(the engine directory's manifest dict, family) without checking files."""
+    from ..export.chameleon_onnx import ENGINE_FILE
+    from ..export.manifest import MANIFEST_NAME
+
+    d = Path(engine_dir)
+    for name, family in ((ENGINE_FILE, "chameleon"), (MANIFEST_NAME, "llamagen")):
+        if (d / name).is_file():
+            try:
+                return json.loads((d / name).read_text()), family
+            except ValueError as e:
+                raise InputError(f"{d / name} is not valid JSON ({e}); re-export the engine directory") from e
+    return {}, ""
+
+
+def engines_recorded(engine_dir) -> bool:
+    """True when `lisa-trt build` recorded TensorRT engines in the manifest (what --backend auto uses)."""
+    man, _ = _engine_record(engine_dir)
+    return bool((man.get("engines") or {}).get("graphs"))
+
+
+def run_uses_cfg(engine_dir, cfg_scale: Optional[float] = None) -> bool:
+    """Whether a run doubles its rows for CFG: the given scale, else the bundle's default
+    (else the family's: LlamaGen's SamplingConfig 1.0 = off, Lumina-mGPT's 3.0 = on)."""
+    man, family = _engine_record(engine_dir)
+    if cfg_scale is None:
+        cfg_scale = (man.get("generation") or {}).get("cfg_scale")
+    if cfg_scale is None:
+        cfg_scale = 3.0 if family == "chameleon" else 1.0
+    return float(cfg_scale) != 1.0
+
+
+def preflight(engine_dir, *, gpu: Optional[str] = None, memory_gib: Optional[float] = None, gpu_backend: bool,
+              batch: int = 1, tree: Optional[int] = None, cfg: Optional[bool] = None,
+              cfg_scale: Optional[float] = None, workspace: Optional[int] = None) -> Optional[Plan]:
+    """The memory check `lisa-trt run` / `build` make before any work (PlanError when it does not fit).
+
+    With --gpu / --memory-gib it always checks. Without them it checks only a GPU backend
+    (`gpu_backend`: TensorRT, or auto with built engines) against the visible CUDA device, and
+    returns None when there is none: a CPU run is never refused by a GPU plan.
+    cfg: None = from the run's CFG scale or the bundle's default (run_uses_cfg).
+    """
+    if gpu is None and memory_gib is None:
+        if not gpu_backend:
+            return None
+        memory_gib = device_memory_gib()
+        if memory_gib is None:
+            return None
+    if cfg is None:
+        cfg = run_uses_cfg(engine_dir, cfg_scale)
+    return check_plan(engine_dir, gpu=gpu, memory_gib=memory_gib, batch=batch, tree=tree, cfg=cfg,
+                      workspace=workspace)
+
+
+def device_memory_gib() -> Optional[float]:
+    """Total memory of the visible CUDA device 0 in GiB, None without one (no CUDA init otherwise)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        return torch.cuda.get_device_properties(0).total_memory / GIB
+    except Exception:  # noqa: BLE001 - a broken CUDA setup is the backend's to report
+        return None
+
+
+__all__ = ["CONTEXT_BYTES", "DEFAULT_GPU", "GPUS", "KNOWN", "PRECISIONS", "WORKSPACE_BYTES", "GPU", "ModelShape",
+           "Plan", "PlanError", "Precision", "Weights", "check_plan", "device_memory_gib", "drafter_weights",
+           "engines_recorded", "known_shape", "largest", "make_plan", "preflight", "resolve_gpu", "resolve_model",
+           "resolve_precision", "run_uses_cfg", "table_bytes"]
