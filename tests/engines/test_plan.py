@@ -295,3 +295,16 @@ def test_cli_plan_does_not_fit(tmp_path):
 def test_cli_plan_errors(args, msg):
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 2 and msg in r.output
+
+
+def test_docs_table_is_current():
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("plan_table", root / "scripts" / "plan_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    doc = (root / "docs" / "deployment.md").read_text()
+    assert mod.splice(doc, mod.table()) == doc, "python scripts/plan_table.py --write docs/deployment.md"
+    assert "| Lumina-mGPT-7B | 768 | fp16 |" in doc and "| Janus-Pro-7B | 384 | int4 |" in doc
