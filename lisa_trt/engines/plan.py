@@ -27,7 +27,8 @@ What is counted (docs/deployment.md explains each formula and which numbers are 
   tables       the GASV graph's baked tensors (export/onnx.GASVGraph): W~ (codes x H fp32), row
                norms, cluster ids (int64), betas, GASV_K neighbours per code (int64).
   vq decoder   decoder + post_quant_conv + codebook in fp16 (parameter counts of the project's
-               VQ models, pinned by tests/engines/test_plan.py).
+               VQ models, pinned by tests/engines/test_plan.py; an engine directory: the size of
+               its vq_decode graph files).
   activations  ESTIMATE, per engine, its largest call: rows x S x (6 H + 2 F) x act bytes (residual,
                norm, q, k, v, attention out; gate and up of the MLP), attention scores rows x heads x
                S x max_cache_len x 4 (fp32, as if not fused), and the outputs (fp32 logits
@@ -332,7 +333,8 @@ def known_shape(name: str, image_size: Optional[int] = None, prompt_len: Optiona
         size = image_size or DEFAULT_SIZE["llamagen"]
         if size % 16:
             raise InputError(f"LlamaGen images are multiples of 16 px (VQ-16), got --image-size {size}")
-        return _llamagen_shape(target_config(name, image_size=size), name)
+        s = _llamagen_shape(target_config(name, image_size=size), name)
+        return replace(s, prompt_len=prompt_len or s.prompt_len)
     raise InputError(f"unknown model {name!r}: give a known name ({', '.join(KNOWN)}), a checkpoint "
                      "(.safetensors with its config), a Chameleon / Lumina-mGPT directory, or an engine directory")
 
@@ -372,6 +374,7 @@ def _checkpoint_config(path: Path):
 def _engine_shape(d: Path) -> ModelShape:
     """An engine directory: LlamaGen manifest.json or a Chameleon engine (chameleon_engine.json)."""
     from ..export.chameleon_onnx import ENGINE_FILE
+    from ..export.io_spec import Graph
     from ..export.manifest import MANIFEST_NAME, read_manifest
 
     if (d / ENGINE_FILE).is_file():
@@ -395,7 +398,14 @@ def _engine_shape(d: Path) -> ModelShape:
     dc = man.drafter_config
     prec = man.quantization if man.quantization != "none" else man.precision
     vq = man.vq_config
-    return replace(s, max_cache_len=man.max_cache_len, max_tree=man.max_tree, has_drafter=dc is not None,
+    vq_params = s.vq_params
+    if vq is not None and man.has(Graph.VQ_DECODE):  # this bundle's decoder: its exported weights
+        g = man.graphs[Graph.VQ_DECODE.value]
+        files = [d / g.file] + ([d / g.external_data] if g.external_data else [])
+        size = sum(f.stat().st_size for f in files if f.is_file())
+        vq_params = size // (4 if man.precision == "fp32" else 2) or vq_params
+    return replace(s, max_cache_len=man.max_cache_len, vq_params=vq_params,
+                   pixels=s.pixels // 256 * vq.downsample ** 2 if vq else s.pixels, max_tree=man.max_tree, has_drafter=dc is not None,
                    has_tables=man.tables is not None, has_vq=vq is not None, precision=prec,
                    draft_head=dc.head_size if dc else 0, draft_hidden=dc.hidden if dc else 0,
                    draft_ffn=dc.ffn_hidden if dc else 0,

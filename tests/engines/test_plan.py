@@ -160,6 +160,22 @@ def test_checkpoint_reads_only_its_header(tmp_path):
         make_plan(str(pt), memory_gib=4)
 
 
+def test_prompt_len_and_chameleon_directory(tmp_path):
+    assert known_shape("GPT-B").prompt_len == 1 and known_shape("GPT-B", prompt_len=120).prompt_len == 120
+    # round_up(120 + 256 + 64, 8) = 440 slots (vs round_up(1 + 256 + 64, 8) = 328 for one class token)
+    assert make_plan("GPT-B", prompt_len=120, tree=64, search=False).max_cache_len == 440
+    assert make_plan("GPT-B", tree=64, search=False).max_cache_len == 328
+    d = tmp_path / "lumina"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(dict(
+        model_type="chameleon", vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2)))
+    p = make_plan(str(d), memory_gib=4, image_size=512, prompt_len=16, search=False)
+    # 16 prompt + 3 span prefix + 32 x 33 + 64 tree = 1139 -> 1144 slots
+    assert p.family == "chameleon" and p.max_cache_len == 1144
+    assert p.engines["target"]["kv_cache"] == 2 * 2 * 2 * 16 * 1144 * 2 * 2
+
+
 # ----------------------------------------------------------------------------- verdicts
 
 def test_lumina_768_fp16_cfg_batch2_tree64_fits_a_4090():
