@@ -279,6 +279,22 @@ def test_run_refuses_before_loading_anything(bundle, tmp_path, monkeypatch):
     assert r.exit_code == 2, r.output
     assert "0.50 GiB" in r.output and "run total" in r.output
     assert not out.exists()
+    # TensorRT without --gpu: the visible device is the budget ...
+    monkeypatch.setattr(P, "device_memory_gib", lambda: 0.5)
+    r = CliRunner().invoke(main, ["run", str(bundle), str(prompts), "--out", str(out), "--backend", "trt"])
+    assert r.exit_code == 2 and "run total" in r.output, r.output
+    # ... but a CPU run is not checked against it: it goes on to open the engines
+    r = CliRunner().invoke(main, ["run", str(bundle), str(prompts), "--out", str(out), "--backend", "ort"])
+    assert isinstance(r.exception, AssertionError) and "engines were opened" in str(r.exception)
+
+
+def test_preflight_for_build(bundle, monkeypatch):
+    """What `lisa-trt build` calls: the visible device, CFG rows; nothing without a device."""
+    monkeypatch.setattr(P, "device_memory_gib", lambda: None)
+    assert preflight(bundle, gpu_backend=True, batch=8, cfg=True) is None
+    monkeypatch.setattr(P, "device_memory_gib", lambda: 4.0)
+    p = preflight(bundle, gpu_backend=True, batch=8, tree=16, cfg=True, workspace=512 << 20)
+    assert p.rows == 16 and p.workspace == 512 << 20 and p.usable == 4 * GIB
 
 
 # ----------------------------------------------------------------------------- CLI
