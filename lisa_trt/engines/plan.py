@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..config import find_multiple
-from ..errors import ConfigError, InputError
+from ..errors import InputError
 
 MIB, GIB = 1 << 20, 1 << 30
 CONTEXT_BYTES = 1 * GIB  # CUDA context + library handles + TensorRT runtime (estimate)
@@ -155,7 +155,8 @@ class Weights:
         return Weights(self.linear + o.linear, self.rows + o.rows, self.other + o.other)
 
     def bytes(self, p: Precision) -> int:
-        return int(math.ceil(self.linear * (p.weight + p.scale_per_block))) + self.rows * p.scale_per_row + self.other * p.act
+        matmuls = int(math.ceil(self.linear * (p.weight + p.scale_per_block))) + self.rows * p.scale_per_row
+        return matmuls + self.other * p.act
 
     @property
     def params(self) -> int:
@@ -232,7 +233,8 @@ def _llamagen_shape(cfg, name: str) -> ModelShape:
         cond = cond + Weights(other=cfg.cls_token_num * cfg.caption_dim)
     else:
         cond = Weights(other=(cfg.num_classes + 1) * cfg.dim)  # LabelEmbedder
-    target = _scale(layer, cfg.n_layer) + cond + Weights(other=cfg.vocab_size * cfg.dim + cfg.dim) + lin(cfg.dim, cfg.vocab_size)
+    embed_norm = Weights(other=cfg.vocab_size * cfg.dim + cfg.dim)  # tok_embeddings, final norm
+    target = _scale(layer, cfg.n_layer) + cond + embed_norm + lin(cfg.dim, cfg.vocab_size)
     h, w = cfg.grid_hw
     return ModelShape(name=name, family="llamagen", n_layer=cfg.n_layer, dim=cfg.dim, n_head=cfg.n_head,
                       kv_heads=cfg.kv_heads, ffn=cfg.ffn_hidden, vocab=cfg.vocab_size, image_tokens=cfg.block_size,
@@ -404,8 +406,8 @@ def _engine_shape(d: Path) -> ModelShape:
         files = [d / g.file] + ([d / g.external_data] if g.external_data else [])
         size = sum(f.stat().st_size for f in files if f.is_file())
         vq_params = size // (4 if man.precision == "fp32" else 2) or vq_params
-    return replace(s, max_cache_len=man.max_cache_len, vq_params=vq_params,
-                   pixels=s.pixels // 256 * vq.downsample ** 2 if vq else s.pixels, max_tree=man.max_tree, has_drafter=dc is not None,
+    return replace(s, max_cache_len=man.max_cache_len, max_tree=man.max_tree, vq_params=vq_params,
+                   pixels=s.pixels // 256 * vq.downsample ** 2 if vq else s.pixels, has_drafter=dc is not None,
                    has_tables=man.tables is not None, has_vq=vq is not None, precision=prec,
                    draft_head=dc.head_size if dc else 0, draft_hidden=dc.hidden if dc else 0,
                    draft_ffn=dc.ffn_hidden if dc else 0,
@@ -536,7 +538,8 @@ class Plan:
         lines.append(f"{'build peak':14s} {'':8s} {'':8s} {'':8s} {g(self.build_peak)}  largest engine + "
                      f"{self.workspace / GIB:.2f} GiB builder workspace + overhead")
         if self.search_limits:
-            lines.append(f"fits: {'yes' if self.fits else 'NO'}; largest batch {self._found('batch')} (tree {self.tree}), "
+            verdict = "yes" if self.fits else "NO"
+            lines.append(f"fits: {verdict}; largest batch {self._found('batch')} (tree {self.tree}), "
                          f"largest tree {self._found('tree')} (batch {self.batch})")
         else:
             lines.append(f"fits: {'yes' if self.fits else 'NO'}")
@@ -559,15 +562,17 @@ def _parts(s: ModelShape, prec: Precision, batch: int, tree: int, cfg: bool, pro
     L = s.cache_len(prompt, tree)
     a = prec.act
     kv = 2 * s.n_layer * s.kv_heads * s.head_dim * L * rows * prec.kv
-    act = max(_step_act(rows, prompt, s.dim, s.ffn, s.n_head, L, 0, a, False) + rows * s.vocab * 4 + rows * 4 * s.dim * a,
-              _step_act(rows, tree, s.dim, s.ffn, s.n_head, L, s.vocab, a, True))
+    last = rows * s.vocab * 4 + rows * 4 * s.dim * a  # prefill outputs at the last prompt position
+    act = max(_step_act(rows, prompt, s.dim, s.ffn, s.n_head, L, 0, a, False) + last,  # prefill
+              _step_act(rows, tree, s.dim, s.ffn, s.n_head, L, s.vocab, a, True))  # tree verification
     engines = {"target": {"weights": s.target.bytes(prec) * copies, "kv_cache": kv, "activations": act}}
     if s.has_drafter:
         Hd = s.draft_hidden or s.dim
         heads = max(1, Hd // s.head_dim)
         S = max(tree, prompt)
         dkv = 2 * heads * (Hd // heads) * L * rows * prec.kv
-        dact = _step_act(rows, S, Hd, s.draft_ffn or s.ffn, heads, L, s.draft_head or s.codes, a, False) + rows * S * 3 * s.dim * a
+        dact = (_step_act(rows, S, Hd, s.draft_ffn or s.ffn, heads, L, s.draft_head or s.codes, a, False)
+                + rows * S * 3 * s.dim * a)  # + the taps it reads
         engines["drafter"] = {"weights": drafter_weights(s).bytes(prec), "kv_cache": dkv, "activations": dact}
     if s.has_tables:
         nodes = batch * tree
