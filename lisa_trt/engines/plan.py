@@ -52,12 +52,12 @@ from typing import Optional
 
 from ..config import find_multiple
 from ..errors import InputError
+from ..export.io_spec import GASV_K  # neighbour columns baked into the GASV graph
+from ..export.quantize import DEFAULT_BLOCK_SIZE as INT4_BLOCK  # int4 weights: one fp16 scale per block
 
 MIB, GIB = 1 << 20, 1 << 30
 CONTEXT_BYTES = 1 * GIB  # CUDA context + library handles + TensorRT runtime (estimate)
 WORKSPACE_BYTES = 1 * GIB  # planned builder workspace (pass `lisa-trt build --workspace 1024` to hold it)
-INT4_BLOCK = 32  # export/quantize.DEFAULT_BLOCK_SIZE (one fp16 scale per block)
-GASV_K = 64  # export/io_spec.GASV_K: neighbour columns baked into the GASV graph
 MAX_BATCH_SEARCH = 4096  # largest batch the search tries
 MAX_TREE_SEARCH = 1024  # largest tree the search tries (TensorRT-Edge-LLM verifies <= 128 draft tokens)
 DEFAULT_GPU = "rtx4090"  # the project's target GPU
