@@ -96,6 +96,24 @@ def sampling_options(fn):
     return fn
 
 
+def _gpu_choice():
+    from .engines.plan import GPUS
+
+    return click.Choice(list(GPUS))
+
+
+def device_options(what: str):
+    """--gpu / --memory-gib: the device a memory plan is checked against (engines/plan.py)."""
+
+    def deco(fn):
+        fn = click.option("--memory-gib", type=float, default=None,
+                          help="Device memory in GiB (instead of --gpu).")(fn)
+        fn = click.option("--gpu", type=_gpu_choice(), default=None, help=what)(fn)
+        return fn
+
+    return deco
+
+
 def _defaults(what: str):
     """Default instances of the dataclasses that hold CLI defaults (one source of truth)."""
     if what == "lantern":
@@ -838,24 +856,6 @@ def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, dry_r
                         workspace=(workspace << 20) if workspace else None, max_batch=max_batch,
                         max_tree=max_tree, dry_run=dry_run)
     click.echo(json.dumps(rec, indent=2, default=str))
-
-
-def _gpu_choice():
-    from .engines.plan import GPUS
-
-    return click.Choice(list(GPUS))
-
-
-def device_options(what: str):
-    """--gpu / --memory-gib: the device a memory plan is checked against (engines/plan.py)."""
-
-    def deco(fn):
-        fn = click.option("--memory-gib", type=float, default=None,
-                          help="Device memory in GiB (instead of --gpu).")(fn)
-        fn = click.option("--gpu", type=_gpu_choice(), default=None, help=what)(fn)
-        return fn
-
-    return deco
 
 
 @main.command()
