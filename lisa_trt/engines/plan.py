@@ -554,7 +554,7 @@ def _advice(p: Plan) -> str:
         return f"Use --batch {p.max_batch} or less{tree}, or a lower precision ({low})."
     if p.max_tree:
         return f"Use --tree {p.max_tree} or less, or a lower precision ({low})."
-    return f"No batch or tree fits: {low}; otherwise use a larger GPU."
+    return (f"No batch fits at tree {p.tree} and no tree at batch {p.batch}: {low}; otherwise use a larger GPU.")
 
 
 def _parts(s: ModelShape, prec: Precision, batch: int, tree: int, cfg: bool, prompt: int, copies: int) -> tuple:
