@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from lisa_trt.cli import main
+from lisa_trt.engines import model_shapes as S
 from lisa_trt.engines import plan as P
 from lisa_trt.engines.plan import GIB, PlanError, check_plan, known_shape, make_plan, preflight
 
@@ -14,7 +15,7 @@ from lisa_trt.engines.plan import GIB, PlanError, check_plan, known_shape, make_
 def tiny_shape():
     from lisa_trt.config import target_config
 
-    return P._llamagen_shape(target_config("tiny"), "tiny")
+    return S._llamagen_shape(target_config("tiny"), "tiny")
 
 
 # ----------------------------------------------------------------------------- formulas
@@ -70,12 +71,12 @@ def test_target_counts_match_the_models():
     for cfg in (target_config("tiny"), target_config("tiny", model_type="t2i", cls_token_num=3, caption_dim=32)):
         m = Transformer(cfg)
         buffers = sum(b.numel() for k, b in m.named_buffers() if k.endswith("uncond_embedding"))
-        assert P._llamagen_shape(cfg, "x").target.params == n(m) + buffers
+        assert S._llamagen_shape(cfg, "x").target.params == n(m) + buffers
     ccfg = ChameleonConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2)
     with torch.device("meta"):
         cm = ChameleonTarget(ccfg)
-    assert P._chameleon_shape(ccfg, "x", 512, 16).target.params == n(cm)
+    assert S._chameleon_shape(ccfg, "x", 512, 16).target.params == n(cm)
 
 
 def test_drafter_count_matches_the_model():
@@ -102,8 +103,8 @@ def test_vq_decoder_counts_match_the_models():
     import torch
 
     with torch.device("meta"):
-        assert decode_params(VQModel(vq_config("VQ-16"))) == P.VQ16_DECODE_PARAMS
-        assert decode_params(ChameleonVQGAN(ChameleonVQConfig())) == P.CHAMELEON_VQ_DECODE_PARAMS
+        assert decode_params(VQModel(vq_config("VQ-16"))) == S.VQ16_DECODE_PARAMS
+        assert decode_params(ChameleonVQGAN(ChameleonVQConfig())) == S.CHAMELEON_VQ_DECODE_PARAMS
 
 
 def test_cache_rules_match_the_exporters():
@@ -125,7 +126,7 @@ def test_cache_rules_match_the_exporters():
 def test_known_names():
     from lisa_trt.config import _GPT_SHAPES
 
-    for name in P.LLAMAGEN_NAMES:
+    for name in S.LLAMAGEN_NAMES:
         s = known_shape(name)
         assert (s.n_layer, s.n_head, s.dim) == _GPT_SHAPES[name] and s.image_tokens == 256 and s.vocab == 16384
     assert known_shape("GPT-L", 384).image_tokens == 576
@@ -151,7 +152,7 @@ def test_checkpoint_reads_only_its_header(tmp_path):
     path = tmp_path / "t.safetensors"
     save_model(Transformer(cfg), cfg, path)
     (tmp_path / "t.json").unlink()  # the header alone is enough
-    assert P.safetensors_metadata(path)["config"]
+    assert S.safetensors_metadata(path)["config"]
     p = make_plan(str(path), memory_gib=4, search=False)
     assert p.engines["target"]["weights"] == 2 * 247040
     pt = tmp_path / "official.pt"
