@@ -78,6 +78,7 @@ class ModelShape:
     has_tables: bool = True
     has_vq: bool = True
     precision: str = ""  # an engine directory's own precision ("" for names / checkpoints)
+    max_positions: int = 0  # the checkpoint's RoPE position limit (0: none recorded)
 
     @property
     def head_dim(self) -> int:
@@ -156,7 +157,8 @@ def _chameleon_shape(cfg, name: str, image_size: int, prompt_len: int) -> ModelS
                       kv_heads=cfg.kv_heads, ffn=cfg.intermediate_size, vocab=cfg.vocab_size,
                       image_tokens=lumina_span(image_size), span_prefix=3, prompt_len=prompt_len,
                       codes=LUMINA_CODES, target=target, image_embed=Weights(other=cfg.vocab_size * cfg.dim),
-                      vq_params=CHAMELEON_VQ_DECODE_PARAMS, vq_ch=128, pixels=image_size ** 2, image_size=image_size)
+                      vq_params=CHAMELEON_VQ_DECODE_PARAMS, vq_ch=128, pixels=image_size ** 2, image_size=image_size,
+                      max_positions=cfg.max_position_embeddings)
 
 
 # Janus-Pro-7B: the DeepSeek-LLM-7B backbone (Janus-Pro paper, arXiv 2501.17811, Table 1: 7B with

@@ -320,6 +320,9 @@ def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] =
     notes = []
     if s.precision and precision and precision != s.precision:
         notes.append(f"planned at {precision}; the engine directory was exported at {s.precision}")
+    if s.max_positions and L - tree > s.max_positions:
+        notes.append(f"the sequence spans {L - tree} positions, beyond this config's max_position_embeddings "
+                     f"{s.max_positions}: the checkpoint for {s.image_size} px must allow them (the exporter checks)")
     if weight_copies > 1:
         notes.append(f"{weight_copies} copies of the target weights (separate prefill / verify engines)")
     plan = Plan(model=s.name, family=s.family, gpu=device.name, gpu_label=device.label, usable=device.usable,

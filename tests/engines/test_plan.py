@@ -135,6 +135,9 @@ def test_known_names():
     assert lum.image_tokens == 48 * 49 and 7.0e9 < lum.target.params < 7.1e9
     jan = known_shape("Janus-Pro-7B")
     assert (jan.n_layer, jan.dim, jan.vocab, jan.image_tokens) == (30, 4096, 16384, 576)
+    long = lambda size: any("max_position_embeddings" in n for n in  # noqa: E731
+                            make_plan("Lumina-mGPT-7B", image_size=size, search=False).notes)
+    assert long(1024) and not long(768)  # 128 + 3 + 64 x 65 = 4296 > 4096 positions
     with pytest.raises(P.InputError, match="384 px"):
         known_shape("Janus-Pro-7B", 512)
     with pytest.raises(P.InputError, match="multiples of 32"):
