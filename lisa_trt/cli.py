@@ -102,6 +102,12 @@ def _gpu_choice():
     return click.Choice(list(GPUS))
 
 
+def _precision_choice():
+    from .engines.plan import PRECISIONS
+
+    return click.Choice(list(PRECISIONS))
+
+
 def device_options(what: str):
     """--gpu / --memory-gib: the device a memory plan is checked against (engines/plan.py)."""
 
@@ -861,7 +867,7 @@ def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, dry_r
 @main.command()
 @click.argument("model")
 @device_options("GPU to plan for (default rtx4090); or --memory-gib.")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8", "fp8", "int4"]), default=None,
+@click.option("--precision", type=_precision_choice(), default=None,
               help="Weight precision (default: an engine directory's own, else fp16).")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True, help="Images per call.")
 @click.option("--tree", type=click.IntRange(min=1), default=None,
