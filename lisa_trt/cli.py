@@ -111,6 +111,30 @@ def sampling_options(fn):
     return fn
 
 
+def _gpu_choice():
+    from .engines.plan import GPUS
+
+    return click.Choice(list(GPUS))
+
+
+def _precision_choice():
+    from .engines.plan import PRECISIONS
+
+    return click.Choice(list(PRECISIONS))
+
+
+def device_options(what: str):
+    """--gpu / --memory-gib: the device a memory plan is checked against (engines/plan.py)."""
+
+    def deco(fn):
+        fn = click.option("--memory-gib", type=float, default=None,
+                          help="Device memory in GiB (instead of --gpu).")(fn)
+        fn = click.option("--gpu", type=_gpu_choice(), default=None, help=what)(fn)
+        return fn
+
+    return deco
+
+
 def _defaults(what: str):
     """Default instances of the dataclasses that hold CLI defaults (one source of truth)."""
     if what == "lantern":
@@ -855,6 +879,49 @@ def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, dry_r
     click.echo(json.dumps(rec, indent=2, default=str))
 
 
+@main.command()
+@click.argument("model")
+@device_options("GPU to plan for (default rtx4090); or --memory-gib.")
+@click.option("--precision", type=_precision_choice(), default=None,
+              help="Weight precision (default: an engine directory's own, else fp16).")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True, help="Images per call.")
+@click.option("--tree", type=click.IntRange(min=1), default=None,
+              help="Draft-tree nodes verified per call (default: an engine directory's max tree, else 64).")
+@click.option("--image-size", type=click.IntRange(min=1), default=None,
+              help="Pixels (default: GPT-* 256, Lumina-mGPT 768, Janus-Pro 384).")
+@click.option("--prompt-len", type=click.IntRange(min=1), default=None,
+              help="Prompt tokens in the cache (default: LlamaGen's condition prefix, 128 for text prompts).")
+@click.option("--no-cfg", is_flag=True, help="No classifier-free guidance (CFG doubles the rows).")
+@click.option("--workspace", type=click.IntRange(min=0), default=None,
+              help="Builder workspace in MiB (default 1024, as `lisa-trt build --workspace`).")
+@click.option("--weight-copies", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Copies of the target weights (2: separate prefill and verify engines).")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the plan (with `fits`) here.")
+@_handle_errors
+def plan(model, gpu, memory_gib, precision, batch, tree, image_size, prompt_len, no_cfg, workspace, weight_copies,
+         json_path):
+    """Memory plan: weights, KV cache, drafter, tables, activations per engine against a GPU.
+
+    MODEL: a known name (GPT-B, GPT-L, GPT-XL, GPT-XXL, GPT-3B, Lumina-mGPT-7B, Janus-Pro-7B),
+    a checkpoint (.safetensors with its config, or a Chameleon / Lumina-mGPT directory), or an
+    engine directory. Prints the table and the largest batch and tree that fit. Exit status 0
+    when it fits, 1 when it does not (with the reason), 2 for bad input (docs/deployment.md)."""
+    from .engines.plan import make_plan
+
+    p = make_plan(model, gpu=gpu, memory_gib=memory_gib, precision=precision, batch=batch, tree=tree,
+                  image_size=image_size, prompt_len=prompt_len, cfg=not no_cfg,
+                  workspace=None if workspace is None else workspace << 20, weight_copies=weight_copies)
+    click.echo(p.table())
+    if json_path:
+        from .io import write_json
+
+        write_json(json_path, p.to_dict())
+        click.echo(f"wrote {json_path}")
+    if not p.fits:
+        click.echo(f"does not fit: {p.reason}", err=True)
+        sys.exit(1)
+
+
 def _graph_bench_engines(backend, engine_dir, target, drafter, tables):
     """Graph engines for `bench --backend B`, checked against the artifacts being benchmarked."""
     from .errors import InputError
@@ -952,17 +1019,26 @@ def export_cmd(model, config, image_size, model_type, drafter, tables, vq, vq_co
 @click.option("--tree-top-k", type=int, default=None)
 @click.option("--tree-depth", type=int, default=None)
 @click.option("--tree-tokens", type=int, default=None)
+@device_options("Check the memory plan against this GPU before any work (default: the visible CUDA device "
+                "when the backend is TensorRT; CPU runs are not checked).")
 @method_knob_options
 @_handle_errors
 def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, encoder_dir, cfg_scale, temperature, top_k,
-        top_p, cfg_interval, greedy, seed, tree_top_k, tree_depth, tree_tokens):
+        top_p, cfg_interval, greedy, seed, tree_top_k, tree_depth, tree_tokens, gpu, memory_gib):
     """Generate with an engine directory (default --verify auto: the bundle's recorded fastest method): PNGs and per-image stats.
 
     PROMPTS: a text file (one class id or name per line; t2i: one caption per line) or JSONL
     ({"class" | "caption" | "caption_features": ..., "seed": .., "cfg": ..}); malformed lines
     are reported with their numbers before any work starts.
-    Chameleon engine directories (lisa-trt export --model DIR): one caption per line."""
+    Chameleon engine directories (lisa-trt export --model DIR): one caption per line.
+    A GPU run (or --gpu / --memory-gib) is refused before any work when its memory plan does not
+    fit (`lisa-trt plan ENGINE_DIR`)."""
+    from .engines.plan import engines_recorded, preflight
     from .export.chameleon_onnx import is_chameleon_engine
+
+    gpu_backend = backend == "trt" or (backend == "auto" and engines_recorded(engine_dir))
+    preflight(engine_dir, gpu=gpu, memory_gib=memory_gib, gpu_backend=gpu_backend, batch=1, tree=tree_tokens,
+              cfg_scale=cfg_scale)  # run decodes one prompt per call
 
     if is_chameleon_engine(engine_dir):  # runtime/chameleon.py, ONNX Runtime
         from .errors import InputError
