@@ -101,6 +101,19 @@ class ServeModel:
         self.vocab = pipeline.config.vocab_size
         self.tree = gen.get("tree", {})
 
+    def warm_up(self, prompt: str = "0") -> float:
+        """Decode one request (class `prompt`, seed 0) through infer_each; -> seconds.
+
+        Raises:
+            LisaError with the failure's message (the model must not be reported ready)."""
+        import time
+
+        t0 = time.perf_counter()
+        (err, _), = self.infer_each([{"prompt": np.array([[prompt.encode()]], dtype=object)}])
+        if err is not None:
+            raise LisaError(f"warm-up request (class {prompt}) failed: {err}")
+        return time.perf_counter() - t0
+
     # -- parsing -------------------------------------------------------------------------
 
     def _column(self, req: Mapping, name: str, n: int):
@@ -182,8 +195,8 @@ class ServeModel:
                 errors[r] = RequestFailure(" ".join(str(e).split()))
             except Exception:  # noqa: BLE001 - a parsing bug is ours, not the client's
                 errors[r] = internal_failure("while parsing a request")
-                if len(sizes) <= r:
-                    sizes.append(1)
+            if len(sizes) <= r:
+                sizes.append(1)
         return rows, errors, sizes
 
     # -- execution -----------------------------------------------------------------------

@@ -60,8 +60,11 @@ class TritonPythonModel:
         threads = int(params.get("threads", "0")) or None
         pipe = Pipeline.from_dir(engine_dir, backend=params.get("backend", "auto"), threads=threads)
         self.model = ServeModel(pipe, max_batch=int(cfg.get("max_batch_size", 16)) or 1)
-        logging.getLogger("lisa_trt.serve").info("instance %s loaded (%s, %s threads)", args.get("model_instance_name"),
-                                                 pipe.backend, threads or "default")
+        # a first decode here fails the load with its message (a failing model_warmup request would
+        # take tritonserver down natively); Triton's model_warmup then runs one request end to end
+        self.model.warm_up()
+        logging.getLogger("lisa_trt.serve").info("instance %s loaded and warmed up (%s, %s threads)",
+                                                 args.get("model_instance_name"), pipe.backend, threads or "default")
 
     def execute(self, requests):
         batch = []
