@@ -32,6 +32,7 @@ import numpy as np
 from ..errors import InputError, LisaError
 
 LOG = logging.getLogger("lisa_trt.serve")
+MODEL_NAME = "lisa"  # the served model's name (Triton repository, endpoints)
 
 # name -> (numpy dtype, kind) of every input; "str" inputs are BYTES
 INPUTS = {"prompt": (np.bytes_, "str"), "seed": (np.int64, "int"), "verify": (np.bytes_, "str"),

@@ -26,8 +26,7 @@ import uuid
 from pathlib import Path
 
 from ..errors import InputError
-from .model import INPUTS, REQUIRED
-from .server import MODEL_NAME
+from .model import INPUTS, MODEL_NAME, REQUIRED
 
 _TRITON_TYPES = {"str": "TYPE_STRING", "int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32",
                  "uint8": "TYPE_UINT8"}

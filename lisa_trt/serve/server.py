@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from ..errors import InputError, LisaError
+from .model import MODEL_NAME
 
-MODEL_NAME = "lisa"
 LOG = logging.getLogger("lisa_trt.serve")
 class ServeUnavailableError(LisaError):
     """PyTriton (the `serve` extra) is not installed, or Triton could not start."""
@@ -148,14 +148,12 @@ def triton_command(repo: Path, backends: Path, *, host: str, http_port: int, grp
 
 def triton_env(environ=os.environ) -> dict:
     """tritonserver's environment: bundled libraries and this libpython first, this lisa_trt importable."""
-    import lisa_trt
-
     _, libs = _triton_dist()
     env = dict(environ)
     fix_libpython_path(env)
     env["LD_LIBRARY_PATH"] = ":".join(p for p in (env.get("LD_LIBRARY_PATH", ""), str(libs)) if p)
     env["PATH"] = f"{Path(sys.exec_prefix) / 'bin'}:{env.get('PATH', '')}"
-    src = str(Path(lisa_trt.__file__).resolve().parent.parent)  # the stubs import the lisa_trt serving them
+    src = str(Path(__file__).resolve().parents[2])  # the stubs import the lisa_trt serving them
     env["PYTHONPATH"] = ":".join([src] + [p for p in env.get("PYTHONPATH", "").split(":") if p and p != src])
     return env
 
