@@ -215,10 +215,10 @@ class ServeModel:
         return [(np.asarray(img, dtype=np.uint8), st) for img, st in zip(res.images, res.stats)]
 
     def infer(self, requests: Sequence[Mapping]) -> list[dict]:
-        """Triton execution (a list of requests) -> one output dict per request (PyTriton).
-
-        PyTriton can only fail a whole execution: a request that is bad as a whole gets its
-        message in `error`, unless every request is bad (then this raises ServeRequestError)."""
+        """A list of requests -> one output dict per request (in-process use, e.g. PyTriton's
+        `infer_func`, which can only fail a whole execution): a request that is bad as a whole gets
+        its message in `error`, unless every request is bad (then this raises ServeRequestError).
+        The served model (repo.py's model.py) uses infer_each, which fails requests one by one."""
         out = self.infer_each(requests)
         msgs = [err for err, _ in out]
         if out and all(m is not None for m in msgs):

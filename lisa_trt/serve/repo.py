@@ -61,9 +61,10 @@ class TritonPythonModel:
         self.model = ServeModel(pipe, max_batch=int(cfg.get("max_batch_size", 16)) or 1)
         # a first decode here fails the load with its message (a failing model_warmup request would
         # take tritonserver down natively); Triton's model_warmup then runs one request end to end
-        self.model.warm_up()
-        logging.getLogger("lisa_trt.serve").info("instance %s loaded and warmed up (%s, %s threads)",
-                                                 args.get("model_instance_name"), pipe.backend, threads or "default")
+        secs = self.model.warm_up()
+        logging.getLogger("lisa_trt.serve").info("instance %s loaded and warmed up (%s, %s threads; warm-up decode "
+                                                 "%.1f s)", args.get("model_instance_name"), pipe.backend,
+                                                 threads or "default", secs)
 
     def execute(self, requests):
         batch = []

@@ -166,6 +166,7 @@ def _die_with_parent():
 def ready_status(host: str, port: int, timeout: float = 2.0) -> Optional[int]:
     """HTTP status of GET /v2/health/ready (None while nothing answers)."""
     h = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
+    h = f"[{h}]" if ":" in h else h
     try:
         with urllib.request.urlopen(f"http://{h}:{port}/v2/health/ready", timeout=timeout) as r:
             return r.status
