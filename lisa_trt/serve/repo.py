@@ -62,6 +62,7 @@ class TritonPythonModel:
         # a first decode here fails the load with its message (a failing model_warmup request would
         # take tritonserver down natively); Triton's model_warmup then runs one request end to end
         secs = self.model.warm_up()
+        self.instance, self.answered = args.get("model_instance_name"), False
         logging.getLogger("lisa_trt.serve").info("instance %s loaded and warmed up (%s, %s threads; warm-up decode "
                                                  "%.1f s)", args.get("model_instance_name"), pipe.backend,
                                                  threads or "default", secs)
@@ -83,6 +84,10 @@ class TritonPythonModel:
             else:  # the client's mistake: 400; the server's own fault: 500 (traceback in the server log)
                 code = pb_utils.TritonError.INTERNAL if err.internal else pb_utils.TritonError.INVALID_ARG
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(err), code)))
+        if not self.answered:  # the first is Triton's model_warmup request, before the model is ready
+            self.answered = True
+            logging.getLogger("lisa_trt.serve").info("instance %s answered its first request (%s)", self.instance,
+                                                     "ok" if all(r.error is None for r in responses) else "failed")
         return responses
 
     def finalize(self):
