@@ -86,8 +86,9 @@ class TritonPythonModel:
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(err), code)))
         if not self.answered:  # the first is Triton's model_warmup request, before the model is ready
             self.answered = True
+            errs = [r.error().message() for r in responses if r.has_error()]
             logging.getLogger("lisa_trt.serve").info("instance %s answered its first request (%s)", self.instance,
-                                                     "ok" if all(r.error is None for r in responses) else "failed")
+                                                     f"failed: {errs[0]}" if errs else "ok")
         return responses
 
     def finalize(self):

@@ -130,15 +130,30 @@ def test_triton_repo_config_parses_and_model_runs(pipe, tmp_path, monkeypatch):
         def as_numpy(self):
             return self.arr
 
-    class Response:
+    class Response:  # pb_utils.InferenceResponse: output_tensors(), has_error(), error()
         def __init__(self, output_tensors, error=None):
-            self.outputs, self.error = output_tensors, error
+            self._outputs, self._error = output_tensors, error
+
+        def output_tensors(self):
+            return self._outputs
+
+        def has_error(self):
+            return self._error is not None
+
+        def error(self):
+            return self._error
 
     class TritonError:  # triton_python_backend_utils.TritonError(message, code)
         INVALID_ARG, INTERNAL = "INVALID_ARG", "INTERNAL"
 
         def __init__(self, message, code="INTERNAL"):
-            self.msg, self.code = message, code
+            self._msg, self._code = message, code
+
+        def message(self):
+            return self._msg
+
+        def code(self):
+            return self._code
 
     pb = types.SimpleNamespace(Tensor=Tensor, InferenceResponse=Response, TritonError=TritonError,
                                get_input_tensor_by_name=lambda req, n: req.get(n))
@@ -157,11 +172,12 @@ def test_triton_repo_config_parses_and_model_runs(pipe, tmp_path, monkeypatch):
     m.initialize({"model_config": json.dumps(cfg_json), "model_repository": str(tmp_path), "model_version": "1"})
     res = m.execute([{"prompt": Tensor("prompt", _b("c2")), "seed": Tensor("seed", np.array([[4]]))},
                      {"prompt": Tensor("prompt", _b("zzz"))}])
-    assert res[0].error is None and {t.name for t in res[0].outputs} >= {"image", "mal"}
-    assert "unknown class" in res[1].error.msg and res[1].error.code == "INVALID_ARG"  # HTTP 400
+    assert not res[0].has_error() and {t.name for t in res[0].output_tensors()} >= {"image", "mal"}
+    assert "unknown class" in res[1].error().message() and res[1].error().code() == "INVALID_ARG"  # HTTP 400
     monkeypatch.setattr(m.model, "_decode_group", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
     (bad,) = m.execute([{"prompt": Tensor("prompt", _b("c2"))}])
-    assert bad.error.code == "INTERNAL" and "request id" in bad.error.msg and "boom" not in bad.error.msg
+    err = bad.error()
+    assert err.code() == "INTERNAL" and "request id" in err.message() and "boom" not in err.message()
     sys.modules.pop("model", None)
 
 
