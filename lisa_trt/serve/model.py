@@ -252,7 +252,8 @@ class ServeModel:
             resp = self._response(r, sizes[r], errors.get(r), results)
             err = errors.get(r)
             if err is None:  # a row that failed in decoding fails its request (internal faults first)
-                failed = [results[(r, i)] for i in range(sizes[r]) if isinstance(results.get((r, i)), str)]
+                got = [results.get((r, i), "internal error: row not decoded") for i in range(sizes[r])]
+                failed = [g for g in got if isinstance(g, str)]
                 failed.sort(key=lambda f: not getattr(f, "internal", True))
                 err = (failed[0] if isinstance(failed[0], RequestFailure) else RequestFailure(failed[0], True)) \
                     if failed else None
