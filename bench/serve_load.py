@@ -10,7 +10,14 @@ sizes the server reported, failed and lost requests, and Triton's own execution 
     python bench/serve_load.py --clients 32 --duration 60 --windows 0,5,20 --json bench/serve.json
 
 Add --unbatched to also measure --max-batch 1 (every request decoded alone) as a baseline.
+--instances 1,2 repeats every run with that many model instances (--threads is the server's
+total, split between them). --malformed 0.1 makes 10 % of the requests malformed (unknown
+class, out-of-range knob, wrong dtype, too many rows, unknown verify rule): each must get a 4xx
+and every valid one must succeed; both are recorded.
 Without --engine-dir the demo model is exported (cached) to runs/serve_bench/engines.
+
+    python bench/serve_load.py --clients 32 --duration 60 --windows 5 --instances 1,2 --threads 2 \
+        --malformed 0.1 --json bench/serve_mixed.json
 """
 
 from __future__ import annotations
@@ -66,20 +73,52 @@ def ratios(runs, max_batch) -> dict:
     return out
 
 
+MALFORMED = ("unknown_class", "top_p_out_of_range", "seed_dtype", "too_many_rows", "unknown_verify")
+
+
+def send_malformed(url, kind, max_batch, timeout) -> tuple:
+    """One malformed request of `kind` -> (HTTP status or None, message)."""
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException
+
+    def inp(name, arr, dt):
+        i = http.InferInput(name, list(arr.shape), dt)
+        i.set_data_from_numpy(arr)
+        return i
+
+    one = np.array([[b"1"]], dtype=object)
+    inputs = {"unknown_class": [inp("prompt", np.array([[b"no-such-class"]], dtype=object), "BYTES")],
+              "top_p_out_of_range": [inp("prompt", one, "BYTES"), inp("top_p", np.array([[2.0]], np.float32), "FP32")],
+              "seed_dtype": [inp("prompt", one, "BYTES"), inp("seed", np.array([[1.5]], np.float32), "FP32")],
+              "too_many_rows": [inp("prompt", np.array([[b"1"]] * (max_batch + 1), dtype=object), "BYTES")],
+              "unknown_verify": [inp("prompt", one, "BYTES"), inp("verify", np.array([[b"bogus"]], dtype=object),
+                                                                  "BYTES")]}[kind]
+    c = http.InferenceServerClient(url, connection_timeout=timeout, network_timeout=timeout)
+    try:
+        c.infer("lisa", inputs)
+        return 200, "accepted"
+    except InferenceServerException as e:
+        st = e.status()
+        return (int(st) if st and str(st).isdigit() else None), e.message()
+    finally:
+        c.close()
+
+
 def run_window(engine_dir, window_ms, *, clients, duration, max_batch, threads, request_timeout, log_dir,
-               num_classes, seed0):
+               num_classes, seed0, instances=1, malformed=0.0):
     from lisa_trt.serve.client import LisaClient, ServeError
     from lisa_trt.serve.process import ServerProcess
 
-    log = Path(log_dir) / f"server_w{window_ms:g}_b{max_batch}.log"
+    log = Path(log_dir) / f"server_w{window_ms:g}_b{max_batch}_i{instances}.log"
     with ServerProcess(engine_dir, log, threads=threads, window_ms=window_ms, max_batch=max_batch,
-                       stop_timeout=request_timeout) as srv:
+                       instances=instances, stop_timeout=request_timeout) as srv:
         warm = LisaClient(srv.url, timeout=request_timeout)
         warm.generate("0", seed=0)
         warm.close()
         before = triton_counters(srv.metrics)
         lock = threading.Lock()
-        rec = {"latency": [], "batch": [], "failed": [], "issued": 0}
+        rec = {"latency": [], "batch": [], "failed": [], "issued": 0, "bad_sent": Counter(), "bad_4xx": Counter(),
+               "bad_wrong": []}
         counter = iter(range(seed0, 10**9))
         t0 = time.monotonic()
         deadline = t0 + duration
@@ -90,6 +129,16 @@ def run_window(engine_dir, window_ms, *, clients, duration, max_batch, threads, 
             c = LisaClient(srv.url, timeout=request_timeout)
             try:
                 while time.monotonic() < deadline:
+                    if malformed and rng.random() < malformed:
+                        kind = rng.choice(MALFORMED)
+                        status, msg = send_malformed(srv.url, kind, max_batch, request_timeout)
+                        with lock:
+                            rec["bad_sent"][kind] += 1
+                            if status is not None and 400 <= status < 500 and "Traceback" not in msg:
+                                rec["bad_4xx"][kind] += 1
+                            else:
+                                rec["bad_wrong"].append(f"{kind}: {status} {msg[:200]}")
+                        continue
                     with lock:
                         seed = next(counter)
                         rec["issued"] += 1
@@ -115,7 +164,11 @@ def run_window(engine_dir, window_ms, *, clients, duration, max_batch, threads, 
     elapsed = last_done[0] - t0
     execs = after.get("nv_inference_exec_count", 0) - before.get("nv_inference_exec_count", 0)
     reqs = after.get("nv_inference_count", 0) - before.get("nv_inference_count", 0)
-    return {"window_ms": window_ms, "max_batch": max_batch, "clients": clients, "duration_s": duration,
+    bad = {"sent": sum(rec["bad_sent"].values()), "got_4xx": sum(rec["bad_4xx"].values()),
+           "by_kind": {k: [rec["bad_sent"][k], rec["bad_4xx"][k]] for k in MALFORMED if rec["bad_sent"][k]},
+           "wrong": rec["bad_wrong"][:10]}
+    return {"window_ms": window_ms, "max_batch": max_batch, "instances": instances, "server_threads": threads,
+            "clients": clients, "duration_s": duration, "malformed_fraction": malformed, "malformed": bad,
             "issued": rec["issued"], "completed": done, "failed": len(rec["failed"]),
             "lost": rec["issued"] - done - len(rec["failed"]), "hung_clients": hung,
             "failures": rec["failed"][:10], "elapsed_s": elapsed,
@@ -135,7 +188,9 @@ def main(argv=None):
     ap.add_argument("--windows", default="0,5,20", help="Batching windows in ms (comma-separated).")
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--unbatched", action="store_true", help="Also run --max-batch 1 (window 0) as a baseline.")
-    ap.add_argument("--threads", type=int, default=1, help="ORT threads of the server.")
+    ap.add_argument("--threads", type=int, default=1, help="ORT threads of the server (split between instances).")
+    ap.add_argument("--instances", default="1", help="Model instances per server (comma-separated: one run each).")
+    ap.add_argument("--malformed", type=float, default=0.0, help="Fraction of malformed requests (e.g. 0.1).")
     ap.add_argument("--request-timeout", type=float, default=300.0)
     ap.add_argument("--json", default="bench/serve.json")
     ap.add_argument("--log-dir", default="runs/serve_bench")
@@ -156,27 +211,37 @@ def main(argv=None):
     plan = [(float(w), args.max_batch) for w in args.windows.split(",") if w.strip()]
     if args.unbatched:
         plan.append((0.0, 1))
-    for i, (w, mb) in enumerate(plan):
-        print(f"window {w:g} ms, max batch {mb}: {args.clients} clients for {args.duration:g} s ...", flush=True)
+    plan = [(w, mb, int(n)) for n in args.instances.split(",") if n.strip() for w, mb in plan]
+    for i, (w, mb, n) in enumerate(plan):
+        print(f"window {w:g} ms, max batch {mb}, {n} instance(s): {args.clients} clients for {args.duration:g} s ...",
+              flush=True)
         r = run_window(eng, w, clients=args.clients, duration=args.duration, max_batch=mb, threads=args.threads,
                        request_timeout=args.request_timeout, log_dir=args.log_dir, num_classes=ncls,
-                       seed0=1_000_000 * (i + 1))
+                       seed0=1_000_000 * (i + 1), instances=n, malformed=args.malformed)
         r["loadavg_after"] = os.getloadavg()
         runs.append(r)
         print(f"  {r['throughput_img_s']:.3f} img/s, p50 {r['latency_s'].get('p50', 0):.1f} s, "
               f"p99 {r['latency_s'].get('p99', 0):.1f} s, batches {r['batch_sizes']}, failed {r['failed']}, "
-              f"lost {r['lost']}", flush=True)
-    summary = ratios(runs, args.max_batch)
+              f"lost {r['lost']}, malformed {r['malformed']['got_4xx']}/{r['malformed']['sent']} got 4xx", flush=True)
+    summary = ratios([r for r in runs if r["instances"] == runs[0]["instances"]], args.max_batch)
+    for r in runs:
+        base = next((b for b in runs if b["instances"] == 1 and b["window_ms"] == r["window_ms"]
+                     and b["max_batch"] == r["max_batch"]), None)
+        if r["instances"] != 1 and base and base["throughput_img_s"] > 0:
+            summary[f"w{r['window_ms']:g}_b{r['max_batch']}_i{r['instances']}_over_i1"] = \
+                r["throughput_img_s"] / base["throughput_img_s"]
     report = {"settings": {"engine_dir": str(eng), "backend": "ort", "ort_threads": args.threads,
                            "clients": args.clients, "duration_s": args.duration, "max_batch": args.max_batch,
+                           "instances": args.instances, "malformed_fraction": args.malformed,
                            "command": " ".join([Path(sys.argv[0]).as_posix()] + (argv or sys.argv[1:]))},
               "machine": {"cpus": os.cpu_count(), "loadavg_before": load0,
-                          "note": ("quiet 2-core CPU machine (no other job; see loadavg_before)" if load0[0] < 1.5
-                                   else "shared 2-core CPU machine with other jobs running: absolute numbers are "
-                                        "noisy, compare windows within this file only")},
+                          "note": ("quiet 2-core CPU machine (no other job; see loadavg_before)" if load0[0] < 1.5 else "shared 2-core CPU machine with other jobs running (see loadavg_before/"
+                                        "_after): absolute numbers are noisy and lower than on a quiet machine, "
+                                        "compare runs within this file only")},
               "runs": runs, "ratios": summary,
               "window_semantics": WINDOW_NOTE,
-              "zero_failed": all(r["failed"] == 0 and r["lost"] == 0 and r["hung_clients"] == 0 for r in runs)}
+              "zero_failed": all(r["failed"] == 0 and r["lost"] == 0 and r["hung_clients"] == 0 for r in runs),
+              "every_malformed_got_4xx": all(r["malformed"]["got_4xx"] == r["malformed"]["sent"] for r in runs)}
     write_json(args.json, report)
     print(f"wrote {args.json}: ratios {summary}")
 

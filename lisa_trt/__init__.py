@@ -10,10 +10,23 @@ _passive()  # before torch loads OpenMP: idle threads sleep instead of spinning 
 
 from .config import SamplingConfig, TargetConfig, VQConfig, target_config, vq_config
 from .errors import LisaError
-from .models.checkpoints import load_target, load_vq
-from .runtime.pipeline import GenerationResult, Pipeline
-from .speculative.autoregressive import generate
 from .threads import apply_thread_policy
+
+# torch-backed names load on first use (PEP 562), so that `import lisa_trt` and the CLI's start
+# (`--help`, `serve` refusing a taken port) do not pay for importing torch
+_LAZY = {"load_target": ".models.checkpoints", "load_vq": ".models.checkpoints",
+         "GenerationResult": ".runtime.pipeline", "Pipeline": ".runtime.pipeline",
+         "generate": ".speculative.autoregressive"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 

@@ -25,22 +25,35 @@ _errors = handle_errors  # clitools.py: LisaError -> message, exit 2
               help="Most prompts decoded together (Triton's max_batch_size).")
 @click.option("--max-queue-delay-ms", type=float, default=5.0, show_default=True,
               help="Batching window: how long Triton holds a request to batch it with later ones.")
-@click.option("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: cores).")
+@click.option("--threads", type=int, default=None,
+              help="ONNX Runtime / torch threads in all, split evenly between the instances (default: the CPUs).")
+@click.option("--instances", type=int, default=1, show_default=True,
+              help="Model instances (Triton instance group); on CPU they share --threads; with --gpus, per GPU.")
+@click.option("--gpus", default=None, help="Comma-separated GPU ids: --instances instance(s) on each (KIND_GPU).")
 @click.option("--drain-timeout", type=int, default=60, show_default=True,
               help="Seconds SIGTERM waits for in-flight requests.")
+@click.option("--start-timeout", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for the model to load and answer its warm-up request.")
 @_errors
 def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max_batch, max_queue_delay_ms,
-              threads, drain_timeout):
+              threads, instances, gpus, drain_timeout, start_timeout):
     """Serve ENGINE_DIR on NVIDIA Triton Inference Server (PyTriton) with dynamic batching.
 
     Model 'lisa': inputs prompt (class id/name), seed, verify, cfg_scale, temperature, top_k,
     top_p, lantern_delta, gasv_kappa, gasv_lambda; outputs image (H, W, 3 uint8), mal, tvd,
-    seconds, batch, error. SIGTERM finishes in-flight requests and exits. See docs/serving.md."""
+    seconds, batch, error. Ready (/v2/health/ready 200) once the model is loaded and has answered a
+    warm-up request. SIGTERM finishes in-flight requests and exits. See docs/serving.md."""
+    from ..errors import InputError
     from .server import serve
 
+    try:
+        gpu_ids = [int(g) for g in gpus.split(",") if g.strip()] if gpus else None
+    except ValueError:
+        raise InputError(f"--gpus {gpus!r}: give comma-separated GPU ids, e.g. --gpus 0,1") from None
     sys.exit(serve(engine_dir, backend=backend, host=host, http_port=http_port, grpc_port=grpc_port,
                    metrics_port=metrics_port, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms,
-                   threads=threads, drain_timeout=drain_timeout, echo=click.echo))
+                   threads=threads, instances=instances, gpus=gpu_ids, drain_timeout=drain_timeout,
+                   start_timeout=start_timeout, echo=click.echo))
 
 
 @click.command("triton-repo")
@@ -52,19 +65,49 @@ def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max
 @click.option("--max-queue-delay-ms", type=float, default=5.0, show_default=True)
 @click.option("--instances", type=int, default=1, show_default=True, help="Model instances (per GPU: KIND_GPU).")
 @click.option("--kind", type=click.Choice(["gpu", "cpu"]), default="gpu", show_default=True)
+@click.option("--gpus", default=None, help="Comma-separated GPU ids (instances on each; default: every GPU).")
+@click.option("--threads", type=int, default=0, show_default=True, help="CPU threads per instance (0: default).")
 @click.option("--copy-engines", is_flag=True, help="Copy ENGINE_DIR into the repository (self-contained).")
 @_errors
-def triton_repo_cmd(engine_dir, repo_dir, backend, max_batch, max_queue_delay_ms, instances, kind, copy_engines):
+def triton_repo_cmd(engine_dir, repo_dir, backend, max_batch, max_queue_delay_ms, instances, kind, gpus, threads,
+                    copy_engines):
     """Write a Triton model repository (config.pbtxt + Python-backend model.py) for ENGINE_DIR.
 
     For GPU servers running the Triton container with TensorRT:
     tritonserver --model-repository REPO_DIR (lisa-trt must be importable there)."""
+    from ..errors import InputError
     from .repo import write_triton_repo
 
+    try:
+        gpu_ids = [int(g) for g in gpus.split(",") if g.strip()] if gpus else None
+    except ValueError:
+        raise InputError(f"--gpus {gpus!r}: give comma-separated GPU ids, e.g. --gpus 0,1") from None
     out = write_triton_repo(engine_dir, repo_dir, backend=backend, max_batch=max_batch,
                             max_queue_delay_ms=max_queue_delay_ms, instances=instances, kind=kind,
-                            copy_engines=copy_engines)
+                            copy_engines=copy_engines, gpus=gpu_ids, threads=threads)
     click.echo(f"wrote Triton model repository {out} (model 'lisa'): tritonserver --model-repository {repo_dir}")
+
+
+def preflight(args) -> None:
+    """`serve`'s port check from its raw arguments, before the full CLI (and torch) is imported.
+
+    Exits 2 with the one-line message when a port is taken; anything it cannot parse is left
+    for the real command to report."""
+    from ..errors import LisaError
+    from .server import check_ports
+
+    try:
+        ctx = serve_cmd.make_context("serve", list(args), resilient_parsing=True)
+        p = ctx.params
+        ports = {"--http-port": p["http_port"], "--grpc-port": p["grpc_port"], "--metrics-port": p["metrics_port"]}
+        host = p["host"]
+    except (click.exceptions.ClickException, click.exceptions.Exit, KeyError, TypeError):
+        return
+    try:
+        check_ports(host, ports)
+    except LisaError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
 
 
 def register(group: click.Group) -> click.Group:

@@ -22,7 +22,11 @@ _TYPES = {"str": "BYTES", np.int64: "INT64", np.int32: "INT32", np.float32: "FP3
 
 
 class ServeError(LisaError):
-    """The server rejected a request (bad input) or failed it."""
+    """The server rejected a request (bad input: `status` 400) or failed it (500)."""
+
+    def __init__(self, message: str, status: Optional[int] = None):
+        super().__init__(message)
+        self.status = status
 
 
 def make_inputs(module, prompt, seed: Optional[int] = None, **knobs) -> list:
@@ -43,11 +47,10 @@ def make_inputs(module, prompt, seed: Optional[int] = None, **knobs) -> list:
 
 
 def server_message(text: str) -> str:
-    """The ServeRequestError message inside a Triton error (PyTriton sends the traceback)."""
+    """The server's one-line message inside a Triton error (without Triton's request-id prefix)."""
     import re
 
-    found = re.findall(r"ServeRequestError: (.+)", text)
-    return found[-1].strip() if found else text
+    return re.sub(r"^\[request id: [^\]]*\] ", "", text.strip())
 
 
 def parse_result(res) -> tuple[np.ndarray, dict]:
@@ -81,7 +84,9 @@ class LisaClient:
         try:
             res = self.client.infer(MODEL, make_inputs(self._http, prompt, seed, **knobs))
         except InferenceServerException as e:
-            raise ServeError(server_message(e.message() if callable(getattr(e, "message", None)) else str(e))) from e
+            status = e.status() if callable(getattr(e, "status", None)) else None
+            raise ServeError(server_message(e.message() if callable(getattr(e, "message", None)) else str(e)),
+                             int(status) if status and str(status).isdigit() else None) from e
         return parse_result(res)
 
     def close(self):

@@ -12,8 +12,10 @@ Every request carries its rows with a leading batch dimension (usually 1 row). I
 
 Rows that share every sampling setting are decoded as ONE batch with per-row seeds
 (Pipeline.generate(batch=True)), so a row's image depends only on its own prompt and seed.
-A bad row gets its message in `error` and its batch-mates are still served; when every row
-of an execution is bad the execution raises (Triton then answers each request with an error).
+A bad request gets a RequestFailure (one line naming the field and the fix; the Triton model
+answers it with INVALID_ARG, HTTP 400) and its batch-mates are still served. A fault of the
+server itself (an exception while decoding) is logged with its traceback under a request id;
+the request gets only "internal error (request id ...)" (INTERNAL, HTTP 500).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import uuid
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
@@ -29,6 +32,7 @@ import numpy as np
 from ..errors import InputError, LisaError
 
 LOG = logging.getLogger("lisa_trt.serve")
+MODEL_NAME = "lisa"  # the served model's name (Triton repository, endpoints)
 
 # name -> (numpy dtype, kind) of every input; "str" inputs are BYTES
 INPUTS = {"prompt": (np.bytes_, "str"), "seed": (np.int64, "int"), "verify": (np.bytes_, "str"),
@@ -43,6 +47,25 @@ KNOBS = ("verify", "cfg_scale", "temperature", "top_k", "top_p", "lantern_delta"
 
 class ServeRequestError(LisaError):
     """Every request of one Triton execution was invalid (each message is included)."""
+
+
+class RequestFailure(str):
+    """Why one request failed: its one-line message; `internal` is True for a server fault (500),
+    False for a bad request (400)."""
+
+    internal: bool = False
+
+    def __new__(cls, message: str, internal: bool = False):
+        obj = super().__new__(cls, message)
+        obj.internal = internal
+        return obj
+
+
+def internal_failure(context: str) -> RequestFailure:
+    """Log the exception being handled with a new request id; the client sees only the id."""
+    rid = uuid.uuid4().hex[:12]
+    LOG.error("internal error (request id %s) %s", rid, context, exc_info=True)
+    return RequestFailure(f"internal error (request id {rid}); the details are in the server log", internal=True)
 
 
 @dataclass(frozen=True)
@@ -78,6 +101,19 @@ class ServeModel:
         self.default_verify = "gasv" if pipeline._e.drafter is not None else "vanilla"
         self.vocab = pipeline.config.vocab_size
         self.tree = gen.get("tree", {})
+
+    def warm_up(self, prompt: str = "0") -> float:
+        """Decode one request (class `prompt`, seed 0) through infer_each; -> seconds.
+
+        Raises:
+            LisaError with the failure's message (the model must not be reported ready)."""
+        import time
+
+        t0 = time.perf_counter()
+        (err, _), = self.infer_each([{"prompt": np.array([[prompt.encode()]], dtype=object)}])
+        if err is not None:
+            raise LisaError(f"warm-up request (class {prompt}) failed: {err}")
+        return time.perf_counter() - t0
 
     # -- parsing -------------------------------------------------------------------------
 
@@ -156,10 +192,12 @@ class ServeModel:
                     knobs = self._knobs(*(cols[k][i] for k in KNOBS))
                     mine.append(_Row(r, i, cid, 0 if seed is None else seed, knobs))
                 rows.extend(mine)
-            except Exception as e:  # noqa: BLE001 - any malformed input is this request's error only
-                errors[r] = str(e) if isinstance(e, LisaError) else f"malformed request: {type(e).__name__}: {e}"
-                if len(sizes) <= r:
-                    sizes.append(1)
+            except LisaError as e:  # any malformed input is this request's error only
+                errors[r] = RequestFailure(" ".join(str(e).split()))
+            except Exception:  # noqa: BLE001 - a parsing bug is ours, not the client's
+                errors[r] = internal_failure("while parsing a request")
+            if len(sizes) <= r:
+                sizes.append(1)
         return rows, errors, sizes
 
     # -- execution -----------------------------------------------------------------------
@@ -177,10 +215,10 @@ class ServeModel:
         return [(np.asarray(img, dtype=np.uint8), st) for img, st in zip(res.images, res.stats)]
 
     def infer(self, requests: Sequence[Mapping]) -> list[dict]:
-        """Triton execution (a list of requests) -> one output dict per request (PyTriton).
-
-        PyTriton can only fail a whole execution: a request that is bad as a whole gets its
-        message in `error`, unless every request is bad (then this raises ServeRequestError)."""
+        """A list of requests -> one output dict per request (in-process use, e.g. PyTriton's
+        `infer_func`, which can only fail a whole execution): a request that is bad as a whole gets
+        its message in `error`, unless every request is bad (then this raises ServeRequestError).
+        The served model (repo.py's model.py) uses infer_each, which fails requests one by one."""
         out = self.infer_each(requests)
         msgs = [err for err, _ in out]
         if out and all(m is not None for m in msgs):
@@ -189,9 +227,10 @@ class ServeModel:
         return [resp for _, resp in out]
 
     def infer_each(self, requests: Sequence[Mapping]) -> list[tuple]:
-        """-> per request (error message or None, output dict). The message is set for a request
-        that is invalid as a whole (the Triton Python backend answers it with a TritonError);
-        its output dict then carries the message in `error` on every row."""
+        """-> per request (RequestFailure or None, output dict). A failure is set for a request
+        that is invalid as a whole, or any of whose rows failed (the Triton Python backend answers
+        it with a TritonError: INVALID_ARG, or INTERNAL when `failure.internal`); the output
+        dict carries each row's message in `error`."""
         rows, errors, sizes = self.parse(requests)
         results = {}  # (req, idx) -> (image, stats) or error string
         groups: dict = {}
@@ -203,13 +242,23 @@ class ServeModel:
                     chunk = members[k:k + self.max_batch]
                     try:
                         out = self._decode_group(knobs, chunk)
-                    except LisaError as e:
-                        out = [str(e)] * len(chunk)
-                    except Exception as e:  # noqa: BLE001 - one failed batch must not stop the server
-                        LOG.exception("decode failed")
-                        out = [f"internal error while decoding: {type(e).__name__}: {e}"] * len(chunk)
+                    except InputError as e:  # a setting the engines refuse (validated rows): the client's
+                        out = [RequestFailure(" ".join(str(e).split()))] * len(chunk)
+                    except Exception:  # noqa: BLE001 - one failed batch must not stop the server
+                        out = [internal_failure(f"while decoding {len(chunk)} row(s) with {knobs}")] * len(chunk)
                     results.update({(r.req, r.idx): o for r, o in zip(chunk, out)})
-        return [(errors.get(r), self._response(r, sizes[r], errors.get(r), results)) for r in range(len(requests))]
+        out = []
+        for r in range(len(requests)):
+            resp = self._response(r, sizes[r], errors.get(r), results)
+            err = errors.get(r)
+            if err is None:  # a row that failed in decoding fails its request (internal faults first)
+                got = [results.get((r, i), "internal error: row not decoded") for i in range(sizes[r])]
+                failed = [g for g in got if isinstance(g, str)]
+                failed.sort(key=lambda f: not getattr(f, "internal", True))
+                err = (failed[0] if isinstance(failed[0], RequestFailure) else RequestFailure(failed[0], True)) \
+                    if failed else None
+            out.append((err, resp))
+        return out
 
     def _response(self, r: int, n: int, error: Optional[str], results: dict) -> dict:
         got = [error if error is not None else results.get((r, i), "internal error: row not decoded")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from ..errors import LisaError
 
@@ -61,16 +62,19 @@ class ServerProcess:
     """
 
     def __init__(self, engine_dir, log_path, *, backend: str = "ort", threads: int = 1, window_ms: float = 20.0,
-                 max_batch: int = 16, start_timeout: float = 180.0, stop_timeout: float = 120.0):
-        self.http, self.grpc, self.metrics = free_ports(3)
+                 max_batch: int = 16, instances: int = 1, start_timeout: float = 180.0, stop_timeout: float = 120.0,
+                 ports: Optional[tuple] = None, wait: bool = True):
+        self.http, self.grpc, self.metrics = ports or free_ports(3)
         self.url = f"127.0.0.1:{self.http}"
         self.log_path, self.stop_timeout = Path(log_path), stop_timeout
-        cmd = [sys.executable, "-m", "lisa_trt.cli", "serve", str(engine_dir), "--backend", backend,
-               "--threads", str(threads), "--http-port", str(self.http), "--grpc-port", str(self.grpc),
-               "--metrics-port", str(self.metrics), "--max-batch", str(max_batch),
+        cmd = [sys.executable, "-m", "lisa_trt", "serve", str(engine_dir), "--backend", backend,
+               "--threads", str(threads), "--instances", str(instances), "--http-port", str(self.http),
+               "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics), "--max-batch", str(max_batch),
                "--max-queue-delay-ms", str(window_ms)]
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        if not wait:
+            return
         try:
             self._wait_ready(start_timeout)
         except BaseException:

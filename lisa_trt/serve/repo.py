@@ -1,26 +1,32 @@
-"""`lisa-trt triton-repo ENGINE_DIR REPO_DIR`: a Triton model repository for GPU servers.
+"""`lisa-trt triton-repo ENGINE_DIR REPO_DIR`: a Triton model repository (also what `lisa-trt serve` runs).
 
 Layout (model 'lisa', Python backend):
 
-    REPO_DIR/lisa/config.pbtxt     inputs/outputs of serve/model.py, dynamic batcher, instances
+    REPO_DIR/lisa/config.pbtxt     inputs/outputs of serve/model.py, dynamic batcher, instance
+                                   groups, one warm-up request (model_warmup)
+    REPO_DIR/lisa/warmup/prompt    the warm-up request's prompt (class 0, Triton's BYTES layout)
     REPO_DIR/lisa/1/model.py       TritonPythonModel: Pipeline.from_dir(engine_dir) + ServeModel
     REPO_DIR/lisa/1/engines/       (with --copy-engines) a copy of ENGINE_DIR
 
 Run it in the Triton container (with TensorRT and lisa-trt installed):
-`tritonserver --model-repository REPO_DIR`. The repository is written atomically (staged next
-to REPO_DIR, then renamed); an existing REPO_DIR that is not a lisa-trt repository is refused.
+`tritonserver --model-repository REPO_DIR`. Triton loads the model, runs the warm-up request
+through it and only then reports the model (and, with strict readiness, the server) ready.
+Request errors: a bad request gets TritonError INVALID_ARG (HTTP 400, gRPC INVALID_ARGUMENT)
+with a one-line message; a server fault gets INTERNAL (HTTP 500) with a request id, and the
+traceback goes to the server log. The repository is written atomically (staged next to
+REPO_DIR, then renamed); an existing REPO_DIR that is not a lisa-trt repository is refused.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import struct
 import uuid
 from pathlib import Path
 
 from ..errors import InputError
-from .model import INPUTS, REQUIRED
-from .server import MODEL_NAME
+from .model import INPUTS, MODEL_NAME, REQUIRED
 
 _TRITON_TYPES = {"str": "TYPE_STRING", "int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32",
                  "uint8": "TYPE_UINT8"}
@@ -30,25 +36,36 @@ _OUTPUTS = (("image", "TYPE_UINT8", "-1, -1, 3"), ("mal", "TYPE_FP32", "1"), ("t
 MODEL_PY = '''"""Triton Python-backend model written by `lisa-trt triton-repo`: lisa-trt Pipeline + ServeModel."""
 
 import json
+import logging
 import os
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        logging.basicConfig(level=logging.INFO, format="lisa-trt %(levelname)s %(name)s: %(message)s")
+        cfg = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
+        if args.get("model_instance_kind") == "GPU":  # one instance per listed GPU: pin it before CUDA starts
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(args["model_instance_device_id"])
         from lisa_trt.runtime.pipeline import Pipeline
         from lisa_trt.serve.model import ServeModel
 
-        cfg = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
         engine_dir = params["engine_dir"]
         if not os.path.isabs(engine_dir):
             engine_dir = os.path.join(args["model_repository"], args["model_version"], engine_dir)
         self.names = [i["name"] for i in cfg["input"]]
-        pipe = Pipeline.from_dir(engine_dir, backend=params.get("backend", "auto"))
+        threads = int(params.get("threads", "0")) or None
+        pipe = Pipeline.from_dir(engine_dir, backend=params.get("backend", "auto"), threads=threads)
         self.model = ServeModel(pipe, max_batch=int(cfg.get("max_batch_size", 16)) or 1)
+        # a first decode here fails the load with its message (a failing model_warmup request would
+        # take tritonserver down natively); Triton's model_warmup then runs one request end to end
+        secs = self.model.warm_up()
+        self.instance, self.answered = args.get("model_instance_name"), False
+        logging.getLogger("lisa_trt.serve").info("instance %s loaded and warmed up (%s, %s threads; warm-up decode "
+                                                 "%.1f s)", args.get("model_instance_name"), pipe.backend,
+                                                 threads or "default", secs)
 
     def execute(self, requests):
         batch = []
@@ -61,21 +78,50 @@ class TritonPythonModel:
             batch.append(data)
         responses = []
         for err, out in self.model.infer_each(batch):
-            if err is not None:
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(err)))
-            else:
+            if err is None:
                 responses.append(pb_utils.InferenceResponse(
                     output_tensors=[pb_utils.Tensor(k, v) for k, v in out.items()]))
+            else:  # the client's mistake: 400; the server's own fault: 500 (traceback in the server log)
+                code = pb_utils.TritonError.INTERNAL if err.internal else pb_utils.TritonError.INVALID_ARG
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(err), code)))
+        if not self.answered:  # the first is Triton's model_warmup request, before the model is ready
+            self.answered = True
+            errs = [r.error().message() for r in responses if r.has_error()]
+            logging.getLogger("lisa_trt.serve").info("instance %s answered its first request (%s)", self.instance,
+                                                     f"failed: {errs[0]}" if errs else "ok")
         return responses
 
     def finalize(self):
         self.model = None
 '''
 
+WARMUP_PROMPT = "0"  # class id 0: every class-conditioned bundle has it
+
+
+def warmup_bytes(text: str = WARMUP_PROMPT) -> bytes:
+    """One BYTES element as Triton reads a warm-up input_data_file: uint32 length (little endian) + bytes."""
+    raw = text.encode()
+    return struct.pack("<I", len(raw)) + raw
+
+
+def _instance_groups(instances: int, kind: str, gpus) -> str:
+    if gpus:
+        ids = ", ".join(str(int(g)) for g in gpus)
+        return f"instance_group [ {{ count: {instances} kind: KIND_GPU gpus: [ {ids} ] }} ]\n"
+    return f"instance_group [ {{ count: {instances} kind: KIND_{kind.upper()} }} ]\n"
+
 
 def config_pbtxt(*, engine_dir: str, backend: str, max_batch: int, max_queue_delay_ms: float, instances: int,
-                 kind: str) -> str:
-    """The model's config.pbtxt (protobuf text format of Triton's ModelConfig)."""
+                 kind: str, gpus=None, threads: int = 0, warmup: bool = True) -> str:
+    """The model's config.pbtxt (protobuf text format of Triton's ModelConfig).
+
+    Args:
+        instances: model instances (Triton instance group count; per GPU when `gpus` is given).
+        kind: "cpu" or "gpu" (KIND_CPU / KIND_GPU) when `gpus` is not given.
+        gpus: GPU ids: one instance group over them, `instances` instances on each.
+        threads: ONNX Runtime / torch threads of each instance (0: lisa-trt's default policy).
+        warmup: Triton sends one request (class 0) to every instance before reporting it ready.
+    """
     def typ(dt, k):
         import numpy as np
 
@@ -88,22 +134,25 @@ def config_pbtxt(*, engine_dir: str, backend: str, max_batch: int, max_queue_del
     return (f'name: "{MODEL_NAME}"\nbackend: "python"\nmax_batch_size: {max_batch}\n'
             f"input [\n{ins}\n]\noutput [\n{outs}\n]\n"
             f"dynamic_batching {{ max_queue_delay_microseconds: {int(round(max_queue_delay_ms * 1000))} }}\n"
-            f"instance_group [ {{ count: {instances} kind: KIND_{kind.upper()} }} ]\n"
-            f'parameters {{ key: "engine_dir" value: {{ string_value: "{engine_dir}" }} }}\n'
-            f'parameters {{ key: "backend" value: {{ string_value: "{backend}" }} }}\n')
+            + _instance_groups(instances, kind, gpus)
+            + (f'model_warmup [ {{ name: "lisa_warmup" batch_size: 1 inputs {{ key: "prompt" value: '
+               f'{{ data_type: TYPE_STRING dims: [ 1 ] input_data_file: "prompt" }} }} }} ]\n' if warmup else "")
+            + f'parameters {{ key: "engine_dir" value: {{ string_value: "{engine_dir}" }} }}\n'
+            f'parameters {{ key: "backend" value: {{ string_value: "{backend}" }} }}\n'
+            f'parameters {{ key: "threads" value: {{ string_value: "{int(threads)}" }} }}\n')
 
 
 def write_triton_repo(engine_dir, repo_dir, *, backend: str = "trt", max_batch: int = 16,
                       max_queue_delay_ms: float = 5.0, instances: int = 1, kind: str = "gpu",
-                      copy_engines: bool = False) -> Path:
-    """Write the repository (see module docstring); returns REPO_DIR."""
+                      copy_engines: bool = False, gpus=None, threads: int = 0, warmup: bool = True) -> Path:
+    """Write the repository (see module docstring and config_pbtxt); returns REPO_DIR."""
     from ..export.manifest import read_manifest
 
     engine_dir, repo_dir = Path(engine_dir).resolve(), Path(repo_dir)
     read_manifest(engine_dir)  # refuse anything that is not an engine directory
-    if max_batch < 1 or instances < 1 or max_queue_delay_ms < 0:
-        raise InputError(f"need --max-batch >= 1, --instances >= 1, --max-queue-delay-ms >= 0 "
-                         f"(got {max_batch}, {instances}, {max_queue_delay_ms})")
+    if max_batch < 1 or instances < 1 or max_queue_delay_ms < 0 or threads < 0:
+        raise InputError(f"need --max-batch >= 1, --instances >= 1, --max-queue-delay-ms >= 0, --threads >= 1 "
+                         f"(got {max_batch}, {instances}, {max_queue_delay_ms}, {threads})")
     if repo_dir.exists() and any(repo_dir.iterdir()) and not (repo_dir / MODEL_NAME / "config.pbtxt").is_file():
         raise InputError(f"{repo_dir} exists and is not a lisa-trt Triton repository; choose another directory")
     stage = repo_dir.parent / f".{repo_dir.name}.staging-{uuid.uuid4().hex[:8]}"
@@ -115,9 +164,12 @@ def write_triton_repo(engine_dir, repo_dir, *, backend: str = "trt", max_batch: 
             shutil.copytree(engine_dir, ver / "engines")
             where = "engines"
         (ver / "model.py").write_text(MODEL_PY)
+        if warmup:
+            (stage / MODEL_NAME / "warmup").mkdir()
+            (stage / MODEL_NAME / "warmup" / "prompt").write_bytes(warmup_bytes())
         (stage / MODEL_NAME / "config.pbtxt").write_text(config_pbtxt(
             engine_dir=where, backend=backend, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms,
-            instances=instances, kind=kind))
+            instances=instances, kind=kind, gpus=gpus, threads=threads, warmup=warmup))
         old = None
         if repo_dir.exists():
             old = repo_dir.parent / f".{repo_dir.name}.old-{uuid.uuid4().hex[:8]}"

@@ -1,11 +1,15 @@
-"""`lisa-trt serve`: one engine directory behind NVIDIA Triton Inference Server (via PyTriton).
+"""`lisa-trt serve`: one engine directory behind NVIDIA Triton Inference Server.
 
-PyTriton starts the `tritonserver` binary it bundles; Triton's dynamic batcher groups requests
-that arrive within `--max-queue-delay-ms` (up to `--max-batch` rows) and hands them to
-ServeModel.infer, which decodes rows with equal settings as one speculative batch.
+`serve` writes a Triton model repository for ENGINE_DIR (repo.py: Python-backend model
+'lisa', dynamic batcher, `--instances` instance groups, one warm-up request) into a temporary
+directory and runs the `tritonserver` binary that PyTriton bundles on it. Triton loads the
+model, sends it the warm-up request, and opens its HTTP / gRPC / metrics endpoints only after
+that, so `/v2/health/ready` (and gRPC ServerReady) never answers before the model can serve;
+`serve` prints the moment it first answers 200.
 
-Endpoints (Triton's own): HTTP/REST (KServe v2) on --http-port, gRPC on --grpc-port, Prometheus
-metrics on --metrics-port (`/metrics`), health at `/v2/health/live` and `/v2/health/ready`.
+Every port is checked before Triton starts: a taken one is refused with a one-line message
+(Triton itself would crash natively). Bad requests get HTTP 400 (gRPC INVALID_ARGUMENT) with a
+one-line message, server faults HTTP 500 with a request id (traceback in the server log).
 
 SIGTERM / SIGINT: Triton stops taking new requests, finishes the in-flight ones (up to
 `--drain-timeout` seconds), stops its Python-backend stubs, and the process exits 0.
@@ -13,22 +17,28 @@ SIGTERM / SIGINT: Triton stops taking new requests, finishes the in-flight ones 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import logging
 import os
+import shutil
 import signal
+import socket
+import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
-from ..errors import LisaError
+from ..errors import InputError, LisaError
+from .model import MODEL_NAME
 
-MODEL_NAME = "lisa"
 LOG = logging.getLogger("lisa_trt.serve")
-
-
 class ServeUnavailableError(LisaError):
     """PyTriton (the `serve` extra) is not installed, or Triton could not start."""
 
@@ -70,89 +80,181 @@ def fix_libpython_path(environ=os.environ) -> Optional[str]:
     return d
 
 
-def model_tensors():
-    """PyTriton input / output Tensor specs (every input (n, 1); image (n, H, W, 3))."""
-    import numpy as np
-    from pytriton.model_config import Tensor
+def check_ports(host: str, ports: dict) -> None:
+    """Refuse, before anything starts, a port that is out of range, repeated, or already taken.
 
-    from .model import INPUTS, REQUIRED
+    Args:
+        ports: {option name: port}, e.g. {"--http-port": 8000, ...}.
+    Raises:
+        InputError naming the option and the port.
+    """
+    seen = {}
+    for opt, port in ports.items():
+        if not 1 <= int(port) <= 65535:
+            raise InputError(f"{opt} {port} is not a TCP port (use 1..65535)")
+        if port in seen:
+            raise InputError(f"{opt} and {seen[port]} are both {port}; give each endpoint its own port")
+        seen[port] = opt
+    for opt, port in ports.items():
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Triton binds: TIME_WAIT is no conflict
+            try:
+                s.bind((host, int(port)))
+            except OSError as e:
+                why = "already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+                raise InputError(f"port {port} ({opt}) on {host} is {why}; stop what holds it or pass another "
+                                 f"{opt}") from None
 
-    ins = [Tensor(name=n, dtype=bytes if k == "str" else dt, shape=(1,), optional=n not in REQUIRED)
-           for n, (dt, k) in INPUTS.items()]
-    outs = [Tensor(name="image", dtype=np.uint8, shape=(-1, -1, 3))]
-    outs += [Tensor(name=n, dtype=dt, shape=(1,)) for n, dt in (("mal", np.float32), ("tvd", np.float32),
-                                                                ("seconds", np.float32), ("batch", np.int32))]
-    outs.append(Tensor(name="error", dtype=bytes, shape=(1,)))
-    return ins, outs
 
-
-def start_triton(serve_model, *, host: str = "127.0.0.1", http_port: int = 8000, grpc_port: int = 8001,
-                 metrics_port: int = 8002, max_batch: int = 16, max_queue_delay_ms: float = 5.0,
-                 drain_timeout: int = 60, log_verbose: int = 0):
-    """Start Triton with `serve_model` bound as model 'lisa'; returns the running Triton."""
+def _triton_dist() -> tuple[Path, Path]:
+    """(the tritonserver directory PyTriton ships, its bundled shared libraries)."""
     require_pytriton()
-    fix_libpython_path()
-    from pytriton.model_config import DynamicBatcher, ModelConfig
-    from pytriton.triton import Triton, TritonConfig
+    import pytriton
+    from pytriton.utils.distribution import get_libs_path
 
-    cfg = TritonConfig(http_address=host, http_port=http_port, grpc_address=host, grpc_port=grpc_port,
-                       metrics_address=host, metrics_port=metrics_port, allow_metrics=True, allow_cpu_metrics=True,
-                       allow_gpu_metrics=False, exit_timeout_secs=drain_timeout, log_verbose=log_verbose,
-                       strict_readiness=True)
-    triton = Triton(config=cfg)
-    ins, outs = model_tensors()
-    batcher = DynamicBatcher(max_queue_delay_microseconds=int(round(max_queue_delay_ms * 1000)))
+    return Path(pytriton.__file__).parent / "tritonserver", Path(get_libs_path())
+
+
+def backend_dir(dest: Path) -> Path:
+    """A Triton backend directory with the Python backend and the stub for this interpreter."""
+    dist, _ = _triton_dist()
+    ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stub = dist / "python_backend_stubs" / ver / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise ServeUnavailableError(f"PyTriton has no Python-backend stub for Python {ver} ({stub}); "
+                                    "serve from a Python version it supports (3.8 .. 3.13)")
+    py = dest / "python"
+    py.mkdir(parents=True, exist_ok=True)
+    for f in (dist / "backends" / "python").iterdir():
+        if f.is_file():
+            os.symlink(f, py / f.name)
+    os.symlink(stub, py / "triton_python_backend_stub")
+    return dest
+
+
+def triton_command(repo: Path, backends: Path, *, host: str, http_port: int, grpc_port: int, metrics_port: int,
+                   drain_timeout: int, gpu_metrics: bool = False, log_verbose: int = 0) -> list[str]:
+    """The tritonserver command line: load every model at start-up, strict readiness."""
+    dist, _ = _triton_dist()
+    return [str(dist / "bin" / "tritonserver"), f"--model-repository={repo}", f"--backend-directory={backends}",
+            "--model-control-mode=none", "--strict-readiness=true", "--exit-on-error=true",
+            f"--exit-timeout-secs={drain_timeout}", f"--log-verbose={log_verbose}",
+            f"--http-address={host}", f"--http-port={http_port}", f"--grpc-address={host}", f"--grpc-port={grpc_port}",
+            "--allow-metrics=true", f"--metrics-address={host}", f"--metrics-port={metrics_port}",
+            "--allow-cpu-metrics=true", f"--allow-gpu-metrics={'true' if gpu_metrics else 'false'}",
+            # a unique shared-memory prefix: several servers side by side never share a region
+            f"--backend-config=python,shm-region-prefix-name=lisa{os.getpid()}_{int(time.time() * 1000) % 10**8}_"]
+
+
+def triton_env(environ=os.environ) -> dict:
+    """tritonserver's environment: bundled libraries and this libpython first, this lisa_trt importable."""
+    _, libs = _triton_dist()
+    env = dict(environ)
+    fix_libpython_path(env)
+    env["LD_LIBRARY_PATH"] = ":".join(p for p in (env.get("LD_LIBRARY_PATH", ""), str(libs)) if p)
+    env["PATH"] = f"{Path(sys.exec_prefix) / 'bin'}:{env.get('PATH', '')}"
+    src = str(Path(__file__).resolve().parents[2])  # the stubs import the lisa_trt serving them
+    env["PYTHONPATH"] = ":".join([src] + [p for p in env.get("PYTHONPATH", "").split(":") if p and p != src])
+    return env
+
+
+def _die_with_parent():
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: tritonserver never outlives `lisa-trt serve`
+
+
+def ready_status(host: str, port: int, timeout: float = 2.0) -> Optional[int]:
+    """HTTP status of GET /v2/health/ready (None while nothing answers)."""
+    h = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
+    h = f"[{h}]" if ":" in h else h
     try:
-        triton.bind(model_name=MODEL_NAME, infer_func=serve_model.infer, inputs=ins, outputs=outs,
-                    config=ModelConfig(batching=True, max_batch_size=max_batch, batcher=batcher))
-        triton.run()
-    except Exception as e:
-        triton.stop()
-        raise ServeUnavailableError(f"Triton did not start ({type(e).__name__}: {e}); check that ports "
-                                    f"{http_port}/{grpc_port}/{metrics_port} on {host} are free") from e
-    return triton
+        with urllib.request.urlopen(f"http://{h}:{port}/v2/health/ready", timeout=timeout) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def split_threads(threads: Optional[int], instances: int) -> int:
+    """ORT/torch threads of each instance: --threads (default: the CPUs this process may use) split evenly."""
+    total = threads or len(os.sched_getaffinity(0))
+    return max(1, total // instances)
 
 
 def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_port: int = 8000,
           grpc_port: int = 8001, metrics_port: int = 8002, max_batch: int = 16, max_queue_delay_ms: float = 5.0,
-          threads: Optional[int] = None, drain_timeout: int = 60, echo: Callable = print) -> int:
-    """Load the engines, serve until SIGTERM/SIGINT, drain in-flight requests, return 0."""
-    require_pytriton()
-    from ..runtime.pipeline import Pipeline
-    from .model import ServeModel
+          threads: Optional[int] = None, instances: int = 1, gpus: Optional[Sequence[int]] = None,
+          drain_timeout: int = 60, start_timeout: float = 600.0, echo: Callable = print) -> int:
+    """Check the ports, start Triton on a repository for ENGINE_DIR, report readiness, serve until
+    SIGTERM/SIGINT, drain in-flight requests; returns 0 (1 when Triton failed)."""
+    from ..export.manifest import read_manifest
+    from .repo import write_triton_repo
 
     if max_batch < 1:
-        raise ServeUnavailableError(f"--max-batch must be >= 1, got {max_batch}")
+        raise InputError(f"--max-batch must be >= 1, got {max_batch}")
     if max_queue_delay_ms < 0:
-        raise ServeUnavailableError(f"--max-queue-delay-ms must be >= 0, got {max_queue_delay_ms}")
+        raise InputError(f"--max-queue-delay-ms must be >= 0, got {max_queue_delay_ms}")
+    if instances < 1 or (threads is not None and threads < 1):
+        raise InputError(f"--instances and --threads must be >= 1, got {instances} and {threads}")
+    check_ports(host, {"--http-port": http_port, "--grpc-port": grpc_port, "--metrics-port": metrics_port})
+    read_manifest(Path(engine_dir))  # refuse anything that is not an engine directory, before Triton
+    require_pytriton()
+    t0 = time.perf_counter()
     stop = threading.Event()
-
-    def on_signal(signum, _frame):
-        stop.set()
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    work = Path(tempfile.mkdtemp(prefix="lisa-serve-"))
+    proc = None
     try:
-        t0 = time.perf_counter()
-        pipe = Pipeline.from_dir(engine_dir, backend=backend, threads=threads)
-        model = ServeModel(pipe, max_batch=max_batch)
-        triton = start_triton(model, host=host, http_port=http_port, grpc_port=grpc_port,
-                              metrics_port=metrics_port, max_batch=max_batch,
-                              max_queue_delay_ms=max_queue_delay_ms, drain_timeout=drain_timeout)
-        echo(f"serving {engine_dir} ({pipe.backend}) as model '{MODEL_NAME}' in {time.perf_counter() - t0:.1f} s: "
-             f"http://{host}:{http_port}/v2/models/{MODEL_NAME} grpc {host}:{grpc_port} "
-             f"metrics http://{host}:{metrics_port}/metrics (batch <= {max_batch}, window {max_queue_delay_ms} ms)")
+        per = split_threads(threads, instances)
+        repo = write_triton_repo(engine_dir, work / "repo", backend=backend, max_batch=max_batch,
+                                 max_queue_delay_ms=max_queue_delay_ms, instances=instances,
+                                 kind="gpu" if gpus else "cpu", gpus=list(gpus) if gpus else None, threads=per)
+        cmd = triton_command(repo, backend_dir(work / "backends"), host=host, http_port=http_port,
+                             grpc_port=grpc_port, metrics_port=metrics_port, drain_timeout=drain_timeout,
+                             gpu_metrics=bool(gpus))
+        where = f"{len(gpus)} GPU(s) x {instances}" if gpus else f"{instances} x {per} CPU thread(s)"
+        echo(f"starting Triton for {engine_dir} (model '{MODEL_NAME}', {where}, batch <= {max_batch}, "
+             f"window {max_queue_delay_ms} ms) ...")
         sys.stdout.flush()
-        try:
-            while not stop.wait(0.5):
-                if not triton.is_alive():
-                    print("Triton exited unexpectedly; see its log above", file=sys.stderr)
-                    return 1
-            echo("signal received: finishing in-flight requests, then exiting")
-            sys.stdout.flush()
-        finally:
-            triton.stop()
-        echo("stopped")
+        proc = subprocess.Popen(cmd, env=triton_env(), preexec_fn=_die_with_parent, start_new_session=True)
+        while ready_status(host, http_port) != 200:
+            if proc.poll() is not None:
+                raise ServeUnavailableError(f"Triton exited ({proc.returncode}) before model '{MODEL_NAME}' was "
+                                            "ready; its log is above")
+            if stop.is_set():
+                echo("signal received before the model was ready: stopping")
+                return 0
+            if time.perf_counter() - t0 > start_timeout:
+                raise ServeUnavailableError(f"model '{MODEL_NAME}' not ready after {start_timeout:g} s; "
+                                            "its log is above")
+            time.sleep(0.1)
+        echo(f"ready after {time.perf_counter() - t0:.1f} s (model '{MODEL_NAME}' loaded and warmed up): "
+             f"http://{host}:{http_port}/v2/models/{MODEL_NAME} grpc {host}:{grpc_port} "
+             f"metrics http://{host}:{metrics_port}/metrics")
+        sys.stdout.flush()
+        while not stop.wait(0.5):
+            if proc.poll() is not None:
+                print(f"Triton exited unexpectedly ({proc.returncode}); see its log above", file=sys.stderr)
+                return 1
+        echo("signal received: finishing in-flight requests, then exiting")
+        sys.stdout.flush()
         return 0
     finally:
+        if proc is not None:
+            _stop(proc, drain_timeout)
+        shutil.rmtree(work, ignore_errors=True)
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _stop(proc: subprocess.Popen, drain_timeout: int) -> None:
+    """SIGTERM Triton (it drains, up to --exit-timeout-secs); SIGKILL its group if it hangs beyond."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(drain_timeout + 30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    print("stopped", flush=True)

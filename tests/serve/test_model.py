@@ -1,5 +1,6 @@
-"""ServeModel (no server): validation per request, batch-mates served, grouping, responses;
-the Triton repository (config parses, model.py runs with a stand-in pb_utils); libpython."""
+"""ServeModel (no server): validation per request, batch-mates served, grouping, responses,
+client errors vs server faults; the Triton repository (config parses, model.py runs with a
+stand-in pb_utils and answers 400 / 500 codes); port checks; libpython."""
 
 import json
 import sys
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from lisa_trt.runtime.prompts import Prompt
-from lisa_trt.serve.model import ServeModel, ServeRequestError
+from lisa_trt.serve.model import RequestFailure, ServeModel, ServeRequestError
 
 
 def _b(*s):
@@ -54,17 +55,49 @@ def test_rows_batched_and_equal_to_pipeline(model, pipe):
 def test_bad_request_gets_its_error_and_batch_mates_are_served(model, bad, msg):
     out = model.infer_each([bad, {"prompt": _b("2"), "seed": np.array([[3]])}])
     assert out[0][0] is not None and msg in out[0][0]
+    assert isinstance(out[0][0], RequestFailure) and not out[0][0].internal  # the client's error: 400
+    assert "\n" not in out[0][0] and "Traceback" not in out[0][0] and ".py" not in out[0][0]
     assert msg in out[0][1]["error"][0, 0].decode()
     assert out[1][0] is None and out[1][1]["image"].shape == (1, 8, 8, 3)
     with pytest.raises(ServeRequestError, match=msg.split("=")[0]):
         model.infer([bad])  # alone: the whole execution fails (Triton answers with the message)
 
 
+def test_server_fault_is_internal_with_request_id_and_traceback_only_in_log(model, monkeypatch, caplog):
+    real = model._decode_group
+
+    def decode(knobs, rows):
+        if knobs[1] == 1.0:  # the cfg 1.0 group breaks; the other group must still be served
+            raise RuntimeError("boom in /secret/path/engine.py")
+        return real(knobs, rows)
+
+    monkeypatch.setattr(model, "_decode_group", decode)
+    with caplog.at_level("ERROR", logger="lisa_trt.serve"):
+        out = model.infer_each([{"prompt": _b("1"), "cfg_scale": np.array([[1.0]], np.float32)},
+                                {"prompt": _b("2"), "seed": np.array([[3]])}])
+    err = out[0][0]
+    assert isinstance(err, RequestFailure) and err.internal
+    assert "internal error (request id " in err and "boom" not in err and "/secret" not in err
+    rid = err.split("request id ")[1].split(")")[0]
+    assert len(rid) == 12 and any(rid in r.getMessage() and r.exc_info for r in caplog.records)
+    assert "boom in /secret/path" in caplog.text  # the traceback is in the server log
+    assert out[1][0] is None and out[1][1]["image"].shape == (1, 8, 8, 3)
+
+
+def test_warm_up_decodes_once_or_raises(model, monkeypatch):
+    from lisa_trt import LisaError
+
+    assert model.warm_up() > 0
+    monkeypatch.setattr(model, "_decode_group", lambda *a: (_ for _ in ()).throw(RuntimeError("x")))
+    with pytest.raises(LisaError, match="warm-up request .* failed: internal error"):
+        model.warm_up()
+
+
 def test_triton_repo_config_parses_and_model_runs(pipe, tmp_path, monkeypatch):
-    from lisa_trt.serve.repo import MODEL_PY, config_pbtxt
+    from lisa_trt.serve.repo import MODEL_PY, config_pbtxt, warmup_bytes
 
     text = config_pbtxt(engine_dir="engines", backend="trt", max_batch=8, max_queue_delay_ms=5, instances=2,
-                        kind="gpu")
+                        kind="gpu", threads=3)
     try:
         from google.protobuf import text_format
         from tritonclient.grpc import model_config_pb2
@@ -75,6 +108,19 @@ def test_triton_repo_config_parses_and_model_runs(pipe, tmp_path, monkeypatch):
     assert [i.name for i in cfg.input][:2] == ["prompt", "seed"] and not cfg.input[0].optional and cfg.input[1].optional
     assert {o.name for o in cfg.output} == {"image", "mal", "tvd", "seconds", "batch", "error"}
     assert cfg.instance_group[0].count == 2 and cfg.parameters["engine_dir"].string_value == "engines"
+    assert cfg.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+    assert cfg.parameters["threads"].string_value == "3"
+    (w,) = cfg.model_warmup  # one warm-up request, class 0 from warmup/prompt
+    assert w.batch_size == 1 and w.inputs["prompt"].input_data_file == "prompt"
+    assert warmup_bytes() == b"\x01\x00\x00\x00" + b"0"
+    gpu = text_format.Parse(config_pbtxt(engine_dir="e", backend="trt", max_batch=4, max_queue_delay_ms=0,
+                                         instances=1, kind="cpu", gpus=[0, 2]), model_config_pb2.ModelConfig())
+    assert gpu.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+    assert list(gpu.instance_group[0].gpus) == [0, 2] and gpu.instance_group[0].count == 1
+    cpu = text_format.Parse(config_pbtxt(engine_dir="e", backend="ort", max_batch=4, max_queue_delay_ms=0,
+                                         instances=3, kind="cpu", warmup=False), model_config_pb2.ModelConfig())
+    assert cpu.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+    assert cpu.instance_group[0].count == 3 and not cpu.model_warmup
 
     # model.py under a stand-in triton_python_backend_utils, on the in-memory pipeline
     class Tensor:
@@ -84,16 +130,37 @@ def test_triton_repo_config_parses_and_model_runs(pipe, tmp_path, monkeypatch):
         def as_numpy(self):
             return self.arr
 
-    class Response:
+    class Response:  # pb_utils.InferenceResponse: output_tensors(), has_error(), error()
         def __init__(self, output_tensors, error=None):
-            self.outputs, self.error = output_tensors, error
+            self._outputs, self._error = output_tensors, error
 
-    pb = types.SimpleNamespace(Tensor=Tensor, InferenceResponse=Response, TritonError=lambda m: m,
+        def output_tensors(self):
+            return self._outputs
+
+        def has_error(self):
+            return self._error is not None
+
+        def error(self):
+            return self._error
+
+    class TritonError:  # triton_python_backend_utils.TritonError(message, code)
+        INVALID_ARG, INTERNAL = "INVALID_ARG", "INTERNAL"
+
+        def __init__(self, message, code="INTERNAL"):
+            self._msg, self._code = message, code
+
+        def message(self):
+            return self._msg
+
+        def code(self):
+            return self._code
+
+    pb = types.SimpleNamespace(Tensor=Tensor, InferenceResponse=Response, TritonError=TritonError,
                                get_input_tensor_by_name=lambda req, n: req.get(n))
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
     import lisa_trt.runtime.pipeline as P
 
-    monkeypatch.setattr(P.Pipeline, "from_dir", classmethod(lambda cls, d, backend="auto": pipe))
+    monkeypatch.setattr(P.Pipeline, "from_dir", classmethod(lambda cls, d, backend="auto", threads=None: pipe))
     (tmp_path / "model.py").write_text(MODEL_PY)
     monkeypatch.syspath_prepend(str(tmp_path))
     import importlib
@@ -105,8 +172,12 @@ def test_triton_repo_config_parses_and_model_runs(pipe, tmp_path, monkeypatch):
     m.initialize({"model_config": json.dumps(cfg_json), "model_repository": str(tmp_path), "model_version": "1"})
     res = m.execute([{"prompt": Tensor("prompt", _b("c2")), "seed": Tensor("seed", np.array([[4]]))},
                      {"prompt": Tensor("prompt", _b("zzz"))}])
-    assert res[0].error is None and {t.name for t in res[0].outputs} >= {"image", "mal"}
-    assert "unknown class" in res[1].error
+    assert not res[0].has_error() and {t.name for t in res[0].output_tensors()} >= {"image", "mal"}
+    assert "unknown class" in res[1].error().message() and res[1].error().code() == "INVALID_ARG"  # HTTP 400
+    monkeypatch.setattr(m.model, "_decode_group", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+    (bad,) = m.execute([{"prompt": Tensor("prompt", _b("c2"))}])
+    err = bad.error()
+    assert err.code() == "INTERNAL" and "request id" in err.message() and "boom" not in err.message()
     sys.modules.pop("model", None)
 
 
@@ -129,3 +200,30 @@ def test_libpython_first_on_ld_library_path():
         assert env["LD_LIBRARY_PATH"].split(":") == [d, "/x", "/y"]
         fix_libpython_path(env)
         assert env["LD_LIBRARY_PATH"].split(":") == [d, "/x", "/y"]  # idempotent
+
+
+def test_check_ports_refuses_taken_repeated_and_invalid_ports():
+    import socket
+
+    from lisa_trt import LisaError
+    from lisa_trt.serve.process import free_ports
+    from lisa_trt.serve.server import check_ports
+
+    a, b, c = free_ports(3)
+    check_ports("127.0.0.1", {"--http-port": a, "--grpc-port": b, "--metrics-port": c})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", c))
+        s.listen()
+        with pytest.raises(LisaError, match=f"port {c} \\(--metrics-port\\) on 127.0.0.1 is already in use"):
+            check_ports("127.0.0.1", {"--http-port": a, "--grpc-port": b, "--metrics-port": c})
+    with pytest.raises(LisaError, match="--grpc-port and --http-port are both"):
+        check_ports("127.0.0.1", {"--http-port": a, "--grpc-port": a, "--metrics-port": c})
+    with pytest.raises(LisaError, match="--http-port 0 is not a TCP port"):
+        check_ports("127.0.0.1", {"--http-port": 0})
+
+
+def test_threads_split_between_instances():
+    from lisa_trt.serve.server import split_threads
+
+    assert split_threads(8, 2) == 4 and split_threads(2, 2) == 1 and split_threads(1, 2) == 1
+    assert split_threads(None, 1) >= 1
