@@ -172,17 +172,21 @@ class Pipeline:
         q = getattr(man, "quantization", None) or "none"
         return q if q != "none" else man.precision
 
-    def resolve_verify(self, verify: str = AUTO, requested: str = "gasv") -> tuple[str, dict, str]:
+    def resolve_verify(self, verify: str = AUTO, requested: Optional[str] = None) -> tuple[str, dict, str]:
         """`verify` -> (method, tree settings, why).
 
         "auto" is the bundle's recorded never-slower choice for this backend and precision
         (runtime/autotune.auto_method: vanilla or SJD where no tree beat vanilla when measured, else
-        `requested` with the recorded tree); a bundle with no recorded choice runs `requested`.
+        `requested` with the recorded tree); a bundle with no recorded choice runs `requested`
+        (default: gasv when the bundle has a drafter, else vanilla).
         Any other name is returned as is, with no tree settings.
         """
         if verify != AUTO:
             return verify, {}, f"{verify} (asked for)"
         from .autotune import auto_method
+
+        if requested is None:
+            requested = "gasv" if self._e.drafter is not None else "vanilla"
 
         method, tree, why = auto_method(self._e.generation, self._e.backend, self.precision, requested)
         return method, dict(tree or {}), why

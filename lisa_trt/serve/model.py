@@ -98,7 +98,7 @@ class ServeModel:
         self._lock = threading.Lock()
         gen = pipeline._e.generation
         self.defaults = pipeline.sampling()
-        self.default_verify = "gasv" if pipeline._e.drafter is not None else "vanilla"
+        self.default_verify = "auto"  # the bundle's recorded never-slower choice (Pipeline.resolve_verify)
         self.vocab = pipeline.config.vocab_size
         self.tree = gen.get("tree", {})
 
@@ -142,9 +142,10 @@ class ServeModel:
         from ..speculative.methods import METHODS, method_names
 
         verify = verify or self.default_verify
-        if verify not in METHODS:
-            raise InputError(f"unknown verify rule {verify!r}; valid: {', '.join(method_names())}")
-        if verify not in ("vanilla", "sjd") and self.pipe._e.drafter is None:
+        if verify != "auto" and verify not in METHODS:
+            raise InputError(f"unknown verify rule {verify!r}; valid: auto, {', '.join(method_names())}")
+        method = self.pipe.resolve_verify(verify)[0]
+        if method not in ("vanilla", "sjd") and self.pipe._e.drafter is None:
             raise InputError(f"verify={verify} needs a drafter; this engine directory has none (use vanilla)")
         d = self.defaults
         cfg = _range("cfg_scale", d.cfg_scale if cfg is None else cfg, 1.0, 100.0)
