@@ -329,8 +329,8 @@ def quantize_bundle(engine_dir, mode: str, refs: dict, *, block_size: int = DEFA
         path = engine_dir / entry.file
         src_sha = entry.sha256
         with tempfile.TemporaryDirectory(prefix="lisa-fp32-", dir=engine_dir) as keep:
-            # the fp32 graph stays reachable (hard links: no copy) for the advice after a failure
-            src = _link_graph(path, Path(keep), entry.external_data)
+            # the fp32 graph moves aside (no copy) and stays readable for the advice after a failure
+            src = _move_graph(path, Path(keep), entry.external_data)
             info = quantize_graph(src, path, mode, block_size=block_size, accuracy_level=accuracy_level,
                                   external_bytes=external_bytes)
             info["source_sha256"] = src_sha
@@ -357,15 +357,11 @@ def quantize_bundle(engine_dir, mode: str, refs: dict, *, block_size: int = DEFA
     return M.read_manifest(engine_dir)
 
 
-def _link_graph(path: Path, folder: Path, external_data: Optional[str]) -> Path:
-    """Hard-link (or copy) a graph file and its external data into `folder`; -> the linked graph."""
-    import shutil
-
+def _move_graph(path: Path, folder: Path, external_data: Optional[str]) -> Path:
+    """Move a graph file and its external data into `folder` (same file system: a rename, no copy;
+    onnx refuses hard-linked external data); -> the moved graph. Its relative data location holds."""
     for p in [path] + ([path.with_name(external_data)] if external_data else []):
-        try:
-            os.link(p, folder / p.name)
-        except OSError:
-            shutil.copy2(p, folder / p.name)
+        os.replace(p, folder / p.name)
     return folder / path.name
 
 

@@ -177,3 +177,20 @@ def test_int8_graphs_are_validated_for_every_x86_kind_and_old_bundles_warn_where
         assert bool(got) == warns, (kind, got)
         if warns:
             assert len(got) == 1 and "target_verify" in got[0] and "Re-export" in got[0] and str(old) in got[0]
+
+
+def test_quantize_a_graph_whose_fp32_weights_are_external_data(artifacts, tmp_path):
+    """Large models export their weights as <graph>.onnx.data: quantizing them must work (the fp32
+    graph is moved aside, not hard-linked: onnx refuses hard-linked external data)."""
+    from lisa_trt.export.onnx import export_bundle
+
+    out = tmp_path / "ext"
+    export_bundle(artifacts["target"], None, None, None, out, max_tree=16, lint=False, validate=False,
+                  progress=False, external_data=True)
+    assert (out / "target_verify.onnx.data").is_file()
+    man = quantize_bundle(out, "int8", artifacts, external_bytes=0)
+    for g in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY):
+        e = man.graphs[g.value]
+        assert e.validation["ok"] and e.external_data and (out / e.external_data).is_file()
+        assert op_counts(man.graph_path(g)).get("MatMulInteger")
+    assert not list(out.glob("lisa-fp32-*"))  # the moved fp32 graphs are gone
