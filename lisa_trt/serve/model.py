@@ -108,7 +108,7 @@ class ServeModel:
         verify = verify or self.default_verify
         if verify not in METHODS:
             raise InputError(f"unknown verify rule {verify!r}; valid: {', '.join(method_names())}")
-        if verify not in ("vanilla", "sjd") and self.pipe._e.drafter is None:
+        if METHODS[verify].kind == "tree" and self.pipe._e.drafter is None:
             raise InputError(f"verify={verify} needs a drafter; this engine directory has none (use vanilla)")
         d = self.defaults
         cfg = _range("cfg_scale", d.cfg_scale if cfg is None else cfg, 1.0, 100.0)

@@ -7,12 +7,16 @@ min(1, p_now(d_j) / p_prev(d_j)); the first rejection is resampled from norm(max
 p_prev)) (verify.sjd_accept). Unaccepted slots become the next drafts, re-sampled from this
 iteration's distributions (the Jacobi update). The accepted K/V are already contiguous, so the
 cache only advances its lengths.
+
+The Jacobi update is the loop's one seam (`redraft`): how the next drafts are drawn from their
+new distributions. SJD draws them independently; MC-SJD (speculative/mcsjd.py) couples each
+new draft with the previous draft at the same image position.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -28,8 +32,16 @@ from .verify import sjd_accept
 @torch.no_grad()
 def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), window: int = 16,
                  seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
-                 num_tokens: Optional[int] = None) -> tuple[torch.Tensor, DecodeStats]:
-    """Generate tokens with SJD. Returns (tokens (B, N), DecodeStats)."""
+                 num_tokens: Optional[int] = None,
+                 redraft: Optional[Callable] = None) -> tuple[torch.Tensor, DecodeStats]:
+    """Generate tokens with SJD. Returns (tokens (B, N), DecodeStats).
+
+    redraft: optional `redraft(p_new, p_old, old, has_old, gen) -> drafts (B, window)`, the
+        Jacobi update: p_new (B, window, V) are the distributions the next drafts must follow,
+        old (B, window) the drafts the same image positions had in this iteration, drawn from
+        p_old (B, window, V); has_old (B, window) is False for fresh slots (no previous draft).
+        None: independent draws from p_new (plain SJD).
+    """
     tc = target.config
     B = target.check_cond(cond)
     N_img = tc.block_size if num_tokens is None else int(num_tokens)
@@ -90,10 +102,17 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
             # Jacobi update: slot j of the next window was slot k + 1 + j of this one
             src = (k[:, None] + 1 + torch.arange(window, device=dev)[None])  # (B, window)
             fresh = src >= S - 1
-            p_next = p_now[:, :-1].gather(1, src.clamp(max=max(S - 2, 0))[:, :, None].expand(-1, -1, V)) if W else p_prev
-            p_prev = torch.where(fresh[..., None], uniform, p_next)
-            flat = p_prev.reshape(-1, V)
-            drafts = torch.multinomial(flat, 1, generator=gen).reshape(B, window)
+            srcc = src.clamp(max=max(S - 2, 0))
+            p_next = p_now[:, :-1].gather(1, srcc[:, :, None].expand(-1, -1, V)) if W else p_prev
+            p_new = torch.where(fresh[..., None], uniform, p_next)
+            if redraft is None:
+                drafts = torch.multinomial(p_new.reshape(-1, V), 1, generator=gen).reshape(B, window)
+            else:
+                old = drafts.gather(1, srcc)
+                p_old = p_prev.gather(1, srcc[:, :, None].expand(-1, -1, V))
+                has_old = ~fresh if W else torch.zeros_like(fresh)
+                drafts = redraft(p_new, p_old, old, has_old, gen)
+            p_prev = p_new
             n_done += ncom
     stats.times = dict(timer.totals)
     stats.times["total"] = time.perf_counter() - t0
