@@ -20,14 +20,14 @@ Every place that lists methods (the decode loop, Pipeline, `lisa-trt bench`, the
   spec) -> (tokens, DecodeStats)` (None: plain SJD, speculative/sjd.py).
 
 Adding a decoding rule: one file that defines the rule (and its settings dataclass) and calls
-`register_method(Method(...))`, imported by `_DECODER_MODULES` at the end of this module.
+`register_method(Method(...))`; a decoder shipped with lisa-trt is imported by the package's
+`speculative/__init__.py` (so importing this module registers it; no import circle).
 Nothing else changes (see docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -349,12 +349,6 @@ def _oracle_pair(target):
 register_method(Method("oracle", "tree", "exact verification of the target's own top-k at every tree node: "
                        "the best MAL any drafter can reach on the tree (a ceiling; its timings mean nothing)",
                        rule=exact_rule, drafter_factory=_oracle_pair))
-
-# Decoders that live in their own file and register themselves there (a rule is one file).
-_DECODER_MODULES = ("mcsjd",)
-
-for _mod in _DECODER_MODULES:
-    importlib.import_module(f"{__package__}.{_mod}")
 
 __all__ = ["FLAT_FIELDS", "GASVRuleConfig", "LanternConfig", "METHODS", "Method", "MethodOption", "RuleContext",
            "SpecConfig", "TreeConfig", "cli_options", "exact_rule", "gasv_rule", "get_method", "lantern_rule",
