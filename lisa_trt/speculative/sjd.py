@@ -8,9 +8,10 @@ p_prev)) (verify.sjd_accept). Unaccepted slots become the next drafts, re-sample
 iteration's distributions (the Jacobi update). The accepted K/V are already contiguous, so the
 cache only advances its lengths.
 
-The Jacobi update is the loop's one seam (`redraft`): how the next drafts are drawn from their
-new distributions. SJD draws them independently; MC-SJD (speculative/mcsjd.py) couples each
-new draft with the previous draft at the same image position.
+The loop has two seams: `redraft` (the Jacobi update: how the next drafts are drawn from their
+new distributions; SJD draws them independently, MC-SJD (speculative/mcsjd.py) couples each new
+draft with the previous draft at the same image position) and `accept` (the verification of the
+window; SJD's test above, GSD's grouped test in speculative/gsd.py).
 """
 
 from __future__ import annotations
@@ -29,11 +30,22 @@ from .sampling import make_generator, sample_from_logits
 from .verify import sjd_accept
 
 
+def _step_tvd(slot_tvd, k, from_bonus, W):
+    """Mean TVD over the k + 1 tokens a step commits: the accepted drafts (slots < k) and the
+    resampled slot k carry their slot's TVD; a fresh draw from p_now (bonus) carries 0."""
+    if slot_tvd is None:
+        return torch.zeros(k.shape, device=k.device)
+    j = torch.arange(W, device=k.device)[None]
+    take = (j < k[:, None]) | ((j == k[:, None]) & ~from_bonus[:, None])
+    return (slot_tvd.float() * take).sum(-1) / (k + 1).float()
+
+
 @torch.no_grad()
 def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), window: int = 16,
                  seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
                  num_tokens: Optional[int] = None,
-                 redraft: Optional[Callable] = None) -> tuple[torch.Tensor, DecodeStats]:
+                 redraft: Optional[Callable] = None,
+                 accept: Optional[Callable] = None) -> tuple[torch.Tensor, DecodeStats]:
     """Generate tokens with SJD. Returns (tokens (B, N), DecodeStats).
 
     redraft: optional `redraft(p_new, p_old, old, has_old, gen) -> drafts (B, window)`, the
@@ -41,6 +53,10 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
         old (B, window) the drafts the same image positions had in this iteration, drawn from
         p_old (B, window, V); has_old (B, window) is False for fresh slots (no previous draft).
         None: independent draws from p_new (plain SJD).
+    accept: optional `accept(p_now, p_prev, drafts, gen) -> (SJDResult, tvd)`, the verification
+        of the W window drafts ((B, W, V), (B, W, V), (B, W)); tvd (B, W) is the total variation
+        distance between the law of the token each slot commits and p_now there (None: 0, a
+        lossless rule). None: `verify.sjd_accept` (plain SJD, lossless).
     """
     tc = target.config
     B = target.check_cond(cond)
@@ -78,7 +94,11 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
         with timer.measure("accept"):
             idx = n_done[:, None] + torch.arange(S, device=dev)[None]  # z index each slot predicts
             p_now = torch.softmax(guide(logits, idx), -1)  # (B, S, V)
-            if W:
+            slot_tvd = None
+            if W and accept is not None:
+                res, slot_tvd = accept(p_now[:, :W], p_prev[:, :W], drafts[:, :W], gen)
+                acc_len, res_tok = res.accept_len, res.token
+            elif W:
                 res = sjd_accept(p_now[:, :W], p_prev[:, :W], drafts[:, :W], gen)
                 acc_len, res_tok = res.accept_len, res.token
             else:
@@ -88,12 +108,13 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
             full = k >= W
             bonus = sample_from_logits(torch.log(p_now[torch.arange(B, device=dev), k.clamp(max=S - 1)]), gen, sampling.greedy)
             # a fresh draw from p_now at slot k when the window ran out or was cut at the image end
-            last = torch.where(full | (acc_len > k) | (res_tok < 0), bonus, res_tok)
+            from_bonus = full | (acc_len > k) | (res_tok < 0)
+            last = torch.where(from_bonus, bonus, res_tok)
             ncom = torch.where(n_done < N_img, k + 1, 0)
         with timer.measure("host"):
             live = n_done < N_img
             stats.committed.append(ncom[live])
-            stats.tvd.append(torch.zeros(int(live.sum()), device=dev))
+            stats.tvd.append(_step_tvd(slot_tvd, k, from_bonus, W)[live])
             for j in range(W + 1):
                 take = live & (j <= k)
                 tok = torch.where(j < k, drafts[:, min(j, max(W - 1, 0))] if W else last, last)

@@ -582,7 +582,7 @@ def verify_gasv_greedy(p: Tensor, tree: DraftTree, cand: Tensor, gate: Tensor,
 # ----------------------------------------------------------------------------- SJD
 
 def sjd_accept(p_now: Tensor, p_prev: Tensor, drafts: Tensor,
-               generator: Optional[torch.Generator]) -> SJDResult:
+               generator: Optional[torch.Generator], accept_prob: Optional[Tensor] = None) -> SJDResult:
     """Speculative Jacobi Decoding acceptance over a window of W drafts.
 
     Draft x_j (sampled from p_prev[:, j] in the previous Jacobi iteration) is accepted with
@@ -595,6 +595,8 @@ def sjd_accept(p_now: Tensor, p_prev: Tensor, drafts: Tensor,
         p_prev: (B, W, V) previous-iteration distributions the drafts were drawn from.
         drafts: (B, W) long.
         generator: torch.Generator.
+        accept_prob: optional (B, W) acceptance probabilities replacing min(1, p_now / p_prev)
+            (a relaxed rule such as GSD's grouped test); rejection and residual are unchanged.
     Returns:
         SJDResult(accept_len (B,), token (B,), -1 when all W were accepted).
     """
@@ -608,6 +610,8 @@ def sjd_accept(p_now: Tensor, p_prev: Tensor, drafts: Tensor,
     xn = pn.gather(2, drafts.long()[..., None])[..., 0]                    # (B, W)
     xp = pp.gather(2, drafts.long()[..., None])[..., 0]
     a = torch.where(xp > 0, (xn / xp.clamp(min=1e-30)).clamp(max=1.0), (xn > 0).float())
+    if accept_prob is not None:
+        a = accept_prob.to(a.device, a.dtype)
     accept_len = (u < a).long().cumprod(-1).sum(-1)                        # (B,)
     j = accept_len.clamp(max=W - 1)
     rows = torch.arange(B, device=p_now.device)
