@@ -23,6 +23,7 @@ import torch
 
 from ..errors import InputError
 from .methods import Method, MethodOption, register_method
+from .verify import jacobi_residual, ratio_accept, sjd_accept
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def group_acceptance(p_now: torch.Tensor, p_prev: torch.Tensor, group: int, prob
     near = (pw - ps[..., :, None]).abs() < prob_gap
     near = near | (off == 0)                                        # x itself always counts
     pg, qg = (pw * near).sum(-1), (qw * near).sum(-1)               # (..., V) by rank
-    a_sorted = torch.where(qg > 0, (pg / qg.clamp(min=1e-30)).clamp(max=1.0), (ps > 0).float())
+    a_sorted = torch.where(qg > 0, ratio_accept(pg, qg), (ps > 0).float())
     return torch.empty_like(a_sorted).scatter_(-1, order, a_sorted)
 
 
@@ -70,8 +71,7 @@ def committed_law(p_now: torch.Tensor, p_prev: torch.Tensor, a: torch.Tensor) ->
     resampled from norm(max(0, p_now - p_prev)) (p_now if empty): p_prev * a + (1 - beta) * r."""
     pn, pp = p_now.float(), p_prev.float()
     kept = pp * a
-    resid = (pn - pp).clamp(min=0.0)
-    resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, pn)
+    resid = jacobi_residual(pn, pp)
     resid = resid / resid.sum(-1, keepdim=True)
     return kept + (1.0 - kept.sum(-1, keepdim=True)) * resid
 
@@ -79,7 +79,6 @@ def committed_law(p_now: torch.Tensor, p_prev: torch.Tensor, a: torch.Tensor) ->
 def gsd_accept(p_now, p_prev, drafts, generator: Optional[torch.Generator], settings: GSDSettings = GSDSettings()):
     """The SJD loop's `accept` seam with GSD's grouped test -> (SJDResult, tvd (B, W))."""
     from .sampling import tvd
-    from .verify import sjd_accept
 
     pn = p_now.float() / p_now.float().sum(-1, keepdim=True)
     pp = p_prev.float() / p_prev.float().sum(-1, keepdim=True)

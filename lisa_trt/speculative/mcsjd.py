@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from .methods import Method, register_method
+from .verify import jacobi_residual, ratio_accept
 
 
 def maximal_coupling(p_new: torch.Tensor, p_old: torch.Tensor, old: torch.Tensor,
@@ -41,12 +42,9 @@ def maximal_coupling(p_new: torch.Tensor, p_old: torch.Tensor, old: torch.Tensor
     V = p_new.shape[-1]
     pn, po = p_new.reshape(-1, V).float(), p_old.reshape(-1, V).float()
     x = old.reshape(-1, 1).long()
-    xn, xo = pn.gather(1, x)[:, 0], po.gather(1, x)[:, 0]
-    keep_p = torch.where(xo > 0, (xn / xo.clamp(min=1e-30)).clamp(max=1.0), (xn > 0).float())
+    keep_p = ratio_accept(pn.gather(1, x)[:, 0], po.gather(1, x)[:, 0])
     u = torch.rand(keep_p.shape, generator=generator, device=pn.device)
-    resid = (pn - po).clamp(min=0.0)
-    resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, pn)
-    y = torch.multinomial(resid, 1, generator=generator)[:, 0]
+    y = torch.multinomial(jacobi_residual(pn, po), 1, generator=generator)[:, 0]
     return torch.where(u < keep_p, x[:, 0], y).reshape(old.shape)
 
 
