@@ -30,6 +30,10 @@ from .sampling import make_generator, sample_from_logits
 from .verify import sjd_accept
 
 
+def _sjd_test(p_now, p_prev, drafts, gen):
+    return sjd_accept(p_now, p_prev, drafts, gen), None  # lossless: TVD 0
+
+
 def _step_tvd(slot_tvd, k, from_bonus, W):
     """Mean TVD over the k + 1 tokens a step commits: the accepted drafts (slots < k) and the
     resampled slot k carry their slot's TVD; a fresh draw from p_now (bonus) carries 0."""
@@ -95,11 +99,8 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
             idx = n_done[:, None] + torch.arange(S, device=dev)[None]  # z index each slot predicts
             p_now = torch.softmax(guide(logits, idx), -1)  # (B, S, V)
             slot_tvd = None
-            if W and accept is not None:
-                res, slot_tvd = accept(p_now[:, :W], p_prev[:, :W], drafts[:, :W], gen)
-                acc_len, res_tok = res.accept_len, res.token
-            elif W:
-                res = sjd_accept(p_now[:, :W], p_prev[:, :W], drafts[:, :W], gen)
+            if W:
+                res, slot_tvd = (accept or _sjd_test)(p_now[:, :W], p_prev[:, :W], drafts[:, :W], gen)
                 acc_len, res_tok = res.accept_len, res.token
             else:
                 acc_len = torch.zeros(B, dtype=torch.long, device=dev)
