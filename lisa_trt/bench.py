@@ -47,7 +47,8 @@ _KNOBS = {"kappa": "gasv_kappa", "lambda": "gasv_lambda", "lam": "gasv_lambda", 
 def _knob_field(method: str, name: str) -> str:
     if name == "delta":
         return {"gasv": "gasv_delta", "lantern": "lantern_delta"}.get(method, "")
-    field = _KNOBS.get(name, name)
+    own = f"{method.replace('-', '_')}_{name}"  # a knob registered with the method's own settings
+    field = own if METHODS[method].settings is not None and own in FLAT_FIELDS else _KNOBS.get(name, name)
     if field not in FLAT_FIELDS:
         raise InputError(f"unknown sweep knob {name!r} for {method}; use kappa, lambda, delta, neighbours, scope, "
                          "gamma (LANTERN) or a SpecConfig field")
@@ -70,8 +71,9 @@ def parse_sweep(text: str) -> list[tuple[str, str, dict]]:
     """
     method, _, grid = text.partition(":")
     method = method.strip()
-    if method not in METHODS or METHODS[method].kind != "tree" and grid:
-        raise InputError(f"bad sweep {text!r}: 'RULE:knob=v1,v2;knob=v' with RULE in exact, lantern, gasv")
+    if method not in METHODS or METHODS[method].kind != "tree" and METHODS[method].settings is None and grid:
+        raise InputError(f"bad sweep {text!r}: 'RULE:knob=v1,v2;knob=v' with RULE in exact, lantern, gasv "
+                         "or a method with settings (gsd)")
     axes = []
     for part in filter(None, (p.strip() for p in grid.split(";"))):
         name, eq, vals = part.partition("=")

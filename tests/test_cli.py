@@ -66,3 +66,24 @@ def test_clear_errors(runner, tmp_path):
     assert r.exit_code == 2 and "GPT-B" in r.output
     r = runner.invoke(main, ["generate", "--model", str(pt), "--config", "GPT-B", "--classes", "1"])
     assert r.exit_code == 2 and "missing keys" in r.output and "Traceback" not in r.output
+
+
+def test_generate_runs_the_jacobi_decoders_and_passes_their_knobs(runner, tmp_path):
+    """`--verify mcsjd` and `--verify gsd --gsd-group N` (a knob registered by gsd.py): the knob
+    reaches the rule (group 1 is SJD token for token; a wide group changes the tokens)."""
+    pt = tmp_path / "tiny.pt"
+    assert runner.invoke(main, ["random-checkpoint", str(pt), "--config", "tiny"]).exit_code == 0
+    toks = {}
+    for name, extra in (("sjd", []), ("mcsjd", []), ("gsd1", ["--gsd-group", "1"]),
+                        ("gsd64", ["--gsd-group", "64", "--gsd-prob-gap", "1"])):
+        verify = name.rstrip("0123456789")
+        r = runner.invoke(main, ["generate", "--model", str(pt), "--config", "tiny", "--classes", "1,2",
+                                 "--cfg-scale", "2", "--verify", verify, "--seed", "4", *extra,
+                                 "--out", str(tmp_path / name)])
+        assert r.exit_code == 0, r.output
+        toks[name] = np.load(tmp_path / name / "tokens.npy")
+        toks[name + "_tvd"] = json.loads((tmp_path / name / "stats.json").read_text())["mean_tvd"]
+        assert toks[name].shape == (2, 16)
+    assert (toks["gsd1"] == toks["sjd"]).all() and toks["gsd1_tvd"] == pytest.approx(0.0, abs=1e-6)
+    assert toks["sjd_tvd"] == 0.0 and toks["mcsjd_tvd"] == 0.0
+    assert toks["gsd64_tvd"] > 1e-4  # the wide group moved the law: the knob reached the rule

@@ -196,13 +196,15 @@ def run_engine(engine_dir, captions: Sequence[str], out_dir, *, verify: str = "g
                                     temperature=temperature, top_k=top_k, greedy=greedy, seed=seed)
         stats = {}
     else:
+        from ..speculative.methods import get_method
+
+        if get_method(verify).kind == "sjd":
+            raise InputError(f"--verify {verify} (a Jacobi decoder) is not available for the Chameleon family "
+                             "(vanilla, greedy, exact, lantern or gasv)")
         if eng.drafter is None:
             raise InputError(f"--verify {verify} needs drafter graphs: export with --drafter")
         if verify in ("lantern", "gasv") and eng.tables is None:
             raise InputError(f"--verify {verify} needs the image-code tables: export with --tables")
-        if verify == "sjd":
-            raise InputError("--verify sjd is not available for the Chameleon family (vanilla, greedy, exact, "
-                             "lantern or gasv)")
         kw = {k: v for k, v in zip(("tree_top_k", "depth", "total_tokens"), tree) if v is not None}
         spec = LuminaSpec(method=verify, greedy=greedy, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                           **kw)

@@ -145,7 +145,7 @@ class ServeModel:
         if verify != "auto" and verify not in METHODS:
             raise InputError(f"unknown verify rule {verify!r}; valid: auto, {', '.join(method_names())}")
         method = self.pipe.resolve_verify(verify)[0]
-        if method not in ("vanilla", "sjd") and self.pipe._e.drafter is None:
+        if METHODS[method].kind == "tree" and self.pipe._e.drafter is None:
             raise InputError(f"verify={verify} needs a drafter; this engine directory has none (use vanilla)")
         d = self.defaults
         cfg = _range("cfg_scale", d.cfg_scale if cfg is None else cfg, 1.0, 100.0)

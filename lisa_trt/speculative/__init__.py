@@ -1,1 +1,6 @@
-"""Speculative decoding: sampling math, draft trees, verification rules, decode loops."""
+"""Speculative decoding: sampling math, draft trees, verification rules, decode loops.
+
+The decoders that live in their own file register themselves in the method registry
+(methods.py) when imported; importing any module of this package imports them here first."""
+
+from . import mcsjd, gsd  # noqa: F401, I001  (register "mcsjd", then "gsd")

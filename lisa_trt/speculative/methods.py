@@ -11,10 +11,18 @@ Every place that lists methods (the decode loop, Pipeline, `lisa-trt bench`, the
   variant itself from `ctx.greedy`;
 - `greedy_sampling`: the method forces greedy sampling (the "greedy" method is the exact rule
   with argmax sampling everywhere: one definition, used by decode, Pipeline and bench);
-- `options`: the CLI options it reads (`MethodOption`: flag, SpecConfig field path, type, help).
+- `options`: the CLI options it reads (`MethodOption`: flag, SpecConfig flat field, type, help);
+- `settings`: optional frozen dataclass of the method's own knobs. Registering the method
+  registers its flat names `<method>_<field>` ('-' written '_'; e.g. `gsd_group`) in
+  `FLAT_FIELDS`, so `SpecConfig.make(..., gsd_group=...)`, Pipeline keywords, bench sweeps and
+  the CLI options reach them; a rule reads them with `spec.settings("gsd")`;
+- `loop`: for "sjd" methods, the Jacobi decoder `loop(target, cond, *, sampling, window, seed,
+  spec) -> (tokens, DecodeStats)` (None: plain SJD, speculative/sjd.py).
 
-Adding a verification rule: write the rule function, `register_method(Method(...))`. Nothing
-else changes (see docs/architecture.md).
+Adding a decoding rule: one file that defines the rule (and its settings dataclass) and calls
+`register_method(Method(...))`; a decoder shipped with lisa-trt is imported by the package's
+`speculative/__init__.py` (so importing this module registers it; no import circle).
+Nothing else changes (see docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -87,10 +95,24 @@ class SpecConfig:
     tree: TreeConfig = field(default_factory=TreeConfig)
     lantern: LanternConfig = field(default_factory=LanternConfig)
     gasv: GASVRuleConfig = field(default_factory=GASVRuleConfig)
+    # settings of methods registered with their own `settings` dataclass: ((key, instance), ...)
+    # (only the ones changed from their defaults; read them with `settings(name)`)
+    rules: tuple = ()
 
     def __post_init__(self):
         if self.method not in METHODS:
             raise InputError(f"unknown verification method {self.method!r}; valid: {', '.join(METHODS)}")
+
+    def settings(self, name: str):
+        """The settings dataclass of registered method `name` (its defaults unless changed)."""
+        key = _settings_key(name)
+        if key not in _SETTINGS:
+            raise InputError(f"method {name!r} has no registered settings; with settings: {', '.join(_SETTINGS)}")
+        got = dict(self.rules).get(key)
+        return _SETTINGS[key]() if got is None else got
+
+    def _sub(self, key: str):
+        return getattr(self, key) if key in _BUILTIN_SUBS else self.settings(key)
 
     @classmethod
     def make(cls, method: str = "gasv", **flat) -> "SpecConfig":
@@ -109,14 +131,26 @@ class SpecConfig:
                 continue
             sub, f = FLAT_FIELDS[name]
             subs.setdefault(sub, {})[f] = value
-        new = {k: dataclasses.replace(getattr(self, k), **v) for k, v in subs.items()}
+        new = {k: dataclasses.replace(self._sub(k), **v) for k, v in subs.items() if k in _BUILTIN_SUBS}
+        rules = dict(self.rules)
+        rules.update({k: dataclasses.replace(self._sub(k), **v) for k, v in subs.items() if k not in _BUILTIN_SUBS})
+        if rules:
+            new["rules"] = tuple(sorted(rules.items()))
         if flat.get("method") is not None:
             new["method"] = flat["method"]
         return dataclasses.replace(self, **new)
 
     def flat(self) -> dict:
         """{flat name: value} (bench reports, CLI defaults)."""
-        return {n: getattr(getattr(self, s), f) for n, (s, f) in FLAT_FIELDS.items()}
+        return {n: getattr(self._sub(s), f) for n, (s, f) in FLAT_FIELDS.items()}
+
+
+_BUILTIN_SUBS = ("tree", "lantern", "gasv")
+_SETTINGS: dict = {}  # settings key -> settings dataclass, filled by register_method
+
+
+def _settings_key(name: str) -> str:
+    return name.replace("-", "_")
 
 
 # ----------------------------------------------------------------------------- rules
@@ -208,21 +242,53 @@ class Method:
     options: tuple = ()
     # (target) -> (target proxy, drafter): a method that brings its own drafter (the oracle)
     drafter_factory: Optional[Callable] = None
+    settings: Optional[type] = None  # frozen dataclass of the method's own knobs (module docstring)
+    loop: Optional[Callable] = None  # "sjd" methods: the Jacobi decoder (None: plain SJD)
 
     def __post_init__(self):
         if self.kind not in ("tree", "ar", "sjd"):
             raise SpecError(f"method kind must be tree, ar or sjd, got {self.kind!r}")
         if (self.kind == "tree") != (self.rule is not None):
             raise SpecError(f"method {self.name}: tree methods (only) need a rule")
+        if self.loop is not None and self.kind != "sjd":
+            raise SpecError(f"method {self.name}: only sjd methods take a loop")
+        if self.settings is not None and not (dataclasses.is_dataclass(self.settings)
+                                              and self.settings.__dataclass_params__.frozen):
+            raise SpecError(f"method {self.name}: settings must be a frozen dataclass")
 
 
 METHODS: dict[str, Method] = {}
 
 
 def register_method(method: Method) -> Method:
-    """Add (or replace) a method; it is then valid for decode, Pipeline, bench and the CLI."""
+    """Add (or replace) a method; it is then valid for decode, Pipeline, bench and the CLI.
+
+    A method with `settings` registers the flat names `<key>_<field>` of its settings' fields
+    (key: the name with '-' written '_'); every option must name a known flat field."""
+    if method.settings is not None:
+        key = _settings_key(method.name)
+        if key in _BUILTIN_SUBS:
+            raise SpecError(f"method {method.name}: settings key {key!r} is taken by SpecConfig")
+        for name in [n for n, (s, _) in FLAT_FIELDS.items() if s == key]:
+            del FLAT_FIELDS[name]  # re-registration replaces the old settings
+        _SETTINGS[key] = method.settings
+        for f in dataclasses.fields(method.settings):
+            FLAT_FIELDS[f"{key}_{f.name}"] = (key, f.name)
+    for o in method.options:
+        if o.name not in FLAT_FIELDS:
+            raise SpecError(f"method {method.name}: option {o.flag} names unknown setting {o.name!r}")
     METHODS[method.name] = method
     return method
+
+
+def unregister_method(name: str) -> None:
+    """Remove a method and the flat names of its settings (tests, plugins that unload)."""
+    m = METHODS.pop(name)
+    if m.settings is not None:
+        key = _settings_key(name)
+        _SETTINGS.pop(key, None)
+        for n in [n for n, (s, _) in FLAT_FIELDS.items() if s == key]:
+            del FLAT_FIELDS[n]
 
 
 def get_method(name: str) -> Method:
@@ -286,4 +352,4 @@ register_method(Method("oracle", "tree", "exact verification of the target's own
 
 __all__ = ["FLAT_FIELDS", "GASVRuleConfig", "LanternConfig", "METHODS", "Method", "MethodOption", "RuleContext",
            "SpecConfig", "TreeConfig", "cli_options", "exact_rule", "gasv_rule", "get_method", "lantern_rule",
-           "method_names", "register_method"]
+           "method_names", "register_method", "unregister_method"]

@@ -26,6 +26,10 @@ def check_artifacts(method: str, drafter, tables, gasv=None) -> None:
                          "(make them with `lisa-trt calibrate`)")
 
 
+def _plain_sjd(target, cond, *, sampling, window, seed, spec):
+    return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed)
+
+
 def run_method(method: str, target, drafter, tables, cond, *, sampling: SamplingConfig,
                spec: SpecConfig, seed: int, sjd_window: int = 16, gasv=None, seeds=None, on_progress=None):
     """One generation with `method` -> (tokens (B, N), DecodeStats).
@@ -52,7 +56,8 @@ def run_method(method: str, target, drafter, tables, cond, *, sampling: Sampling
     if m.kind == "sjd":
         if seeds is not None:
             raise InputError("the SJD loop has no per-row generators; decode its rows one by one")
-        return sjd_generate(target, cond, sampling=sampling, window=sjd_window, seed=seed)
+        loop = m.loop or _plain_sjd
+        return loop(target, cond, sampling=sampling, window=sjd_window, seed=seed, spec=spec)
     if m.drafter_factory is not None:  # the method brings its own drafter (the oracle)
         target, drafter = m.drafter_factory(target)
     elif drafter is None:

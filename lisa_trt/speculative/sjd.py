@@ -7,12 +7,17 @@ min(1, p_now(d_j) / p_prev(d_j)); the first rejection is resampled from norm(max
 p_prev)) (verify.sjd_accept). Unaccepted slots become the next drafts, re-sampled from this
 iteration's distributions (the Jacobi update). The accepted K/V are already contiguous, so the
 cache only advances its lengths.
+
+The loop has two seams: `redraft` (the Jacobi update: how the next drafts are drawn from their
+new distributions; SJD draws them independently, MC-SJD (speculative/mcsjd.py) couples each new
+draft with the previous draft at the same image position) and `accept` (the verification of the
+window; SJD's test above, GSD's grouped test in speculative/gsd.py).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -25,11 +30,38 @@ from .sampling import make_generator, sample_from_logits
 from .verify import sjd_accept
 
 
+def _sjd_test(p_now, p_prev, drafts, gen):
+    return sjd_accept(p_now, p_prev, drafts, gen), None  # lossless: TVD 0
+
+
+def _step_tvd(slot_tvd, k, from_bonus, W):
+    """Mean TVD over the k + 1 tokens a step commits: the accepted drafts (slots < k) and the
+    resampled slot k carry their slot's TVD; a fresh draw from p_now (bonus) carries 0."""
+    if slot_tvd is None:
+        return torch.zeros(k.shape, device=k.device)
+    j = torch.arange(W, device=k.device)[None]
+    take = (j < k[:, None]) | ((j == k[:, None]) & ~from_bonus[:, None])
+    return (slot_tvd.float() * take).sum(-1) / (k + 1).float()
+
+
 @torch.no_grad()
 def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), window: int = 16,
                  seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
-                 num_tokens: Optional[int] = None) -> tuple[torch.Tensor, DecodeStats]:
-    """Generate tokens with SJD. Returns (tokens (B, N), DecodeStats)."""
+                 num_tokens: Optional[int] = None,
+                 redraft: Optional[Callable] = None,
+                 accept: Optional[Callable] = None) -> tuple[torch.Tensor, DecodeStats]:
+    """Generate tokens with SJD. Returns (tokens (B, N), DecodeStats).
+
+    redraft: optional `redraft(p_new, p_old, old, has_old, gen) -> drafts (B, window)`, the
+        Jacobi update: p_new (B, window, V) are the distributions the next drafts must follow,
+        old (B, window) the drafts the same image positions had in this iteration, drawn from
+        p_old (B, window, V); has_old (B, window) is False for fresh slots (no previous draft).
+        None: independent draws from p_new (plain SJD).
+    accept: optional `accept(p_now, p_prev, drafts, gen) -> (SJDResult, tvd)`, the verification
+        of the W window drafts ((B, W, V), (B, W, V), (B, W)); tvd (B, W) is the total variation
+        distance between the law of the token each slot commits and p_now there (None: 0, a
+        lossless rule). None: `verify.sjd_accept` (plain SJD, lossless).
+    """
     tc = target.config
     B = target.check_cond(cond)
     N_img = tc.block_size if num_tokens is None else int(num_tokens)
@@ -66,8 +98,9 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
         with timer.measure("accept"):
             idx = n_done[:, None] + torch.arange(S, device=dev)[None]  # z index each slot predicts
             p_now = torch.softmax(guide(logits, idx), -1)  # (B, S, V)
+            slot_tvd = None
             if W:
-                res = sjd_accept(p_now[:, :W], p_prev[:, :W], drafts[:, :W], gen)
+                res, slot_tvd = (accept or _sjd_test)(p_now[:, :W], p_prev[:, :W], drafts[:, :W], gen)
                 acc_len, res_tok = res.accept_len, res.token
             else:
                 acc_len = torch.zeros(B, dtype=torch.long, device=dev)
@@ -76,12 +109,13 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
             full = k >= W
             bonus = sample_from_logits(torch.log(p_now[torch.arange(B, device=dev), k.clamp(max=S - 1)]), gen, sampling.greedy)
             # a fresh draw from p_now at slot k when the window ran out or was cut at the image end
-            last = torch.where(full | (acc_len > k) | (res_tok < 0), bonus, res_tok)
+            from_bonus = full | (acc_len > k) | (res_tok < 0)
+            last = torch.where(from_bonus, bonus, res_tok)
             ncom = torch.where(n_done < N_img, k + 1, 0)
         with timer.measure("host"):
             live = n_done < N_img
             stats.committed.append(ncom[live])
-            stats.tvd.append(torch.zeros(int(live.sum()), device=dev))
+            stats.tvd.append(_step_tvd(slot_tvd, k, from_bonus, W)[live])
             for j in range(W + 1):
                 take = live & (j <= k)
                 tok = torch.where(j < k, drafts[:, min(j, max(W - 1, 0))] if W else last, last)
@@ -90,10 +124,17 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
             # Jacobi update: slot j of the next window was slot k + 1 + j of this one
             src = (k[:, None] + 1 + torch.arange(window, device=dev)[None])  # (B, window)
             fresh = src >= S - 1
-            p_next = p_now[:, :-1].gather(1, src.clamp(max=max(S - 2, 0))[:, :, None].expand(-1, -1, V)) if W else p_prev
-            p_prev = torch.where(fresh[..., None], uniform, p_next)
-            flat = p_prev.reshape(-1, V)
-            drafts = torch.multinomial(flat, 1, generator=gen).reshape(B, window)
+            srcc = src.clamp(max=max(S - 2, 0))
+            p_next = p_now[:, :-1].gather(1, srcc[:, :, None].expand(-1, -1, V)) if W else p_prev
+            p_new = torch.where(fresh[..., None], uniform, p_next)
+            if redraft is None:
+                drafts = torch.multinomial(p_new.reshape(-1, V), 1, generator=gen).reshape(B, window)
+            else:
+                old = drafts.gather(1, srcc)
+                p_old = p_prev.gather(1, srcc[:, :, None].expand(-1, -1, V))
+                has_old = ~fresh if W else torch.zeros_like(fresh)
+                drafts = redraft(p_new, p_old, old, has_old, gen)
+            p_prev = p_new
             n_done += ncom
     stats.times = dict(timer.totals)
     stats.times["total"] = time.perf_counter() - t0

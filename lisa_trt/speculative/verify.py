@@ -581,8 +581,19 @@ def verify_gasv_greedy(p: Tensor, tree: DraftTree, cand: Tensor, gate: Tensor,
 
 # ----------------------------------------------------------------------------- SJD
 
+def ratio_accept(x_now: Tensor, x_prev: Tensor) -> Tensor:
+    """min(1, x_now / x_prev) elementwise, with x / 0 = 1 for x > 0 and 0 / 0 = 0 (the SJD test)."""
+    return torch.where(x_prev > 0, (x_now / x_prev.clamp(min=1e-30)).clamp(max=1.0), (x_now > 0).float())
+
+
+def jacobi_residual(p_now: Tensor, p_prev: Tensor) -> Tensor:
+    """max(0, p_now - p_prev) over the last axis (unnormalised), p_now where that is empty."""
+    resid = (p_now - p_prev).clamp(min=0.0)
+    return torch.where(resid.sum(-1, keepdim=True) > 0, resid, p_now)
+
+
 def sjd_accept(p_now: Tensor, p_prev: Tensor, drafts: Tensor,
-               generator: Optional[torch.Generator]) -> SJDResult:
+               generator: Optional[torch.Generator], accept_prob: Optional[Tensor] = None) -> SJDResult:
     """Speculative Jacobi Decoding acceptance over a window of W drafts.
 
     Draft x_j (sampled from p_prev[:, j] in the previous Jacobi iteration) is accepted with
@@ -595,6 +606,8 @@ def sjd_accept(p_now: Tensor, p_prev: Tensor, drafts: Tensor,
         p_prev: (B, W, V) previous-iteration distributions the drafts were drawn from.
         drafts: (B, W) long.
         generator: torch.Generator.
+        accept_prob: optional (B, W) acceptance probabilities replacing min(1, p_now / p_prev)
+            (a relaxed rule such as GSD's grouped test); rejection and residual are unchanged.
     Returns:
         SJDResult(accept_len (B,), token (B,), -1 when all W were accepted).
     """
@@ -607,11 +620,12 @@ def sjd_accept(p_now: Tensor, p_prev: Tensor, drafts: Tensor,
     pn, pp = _normalize(p_now.float()), _normalize(p_prev.float())
     xn = pn.gather(2, drafts.long()[..., None])[..., 0]                    # (B, W)
     xp = pp.gather(2, drafts.long()[..., None])[..., 0]
-    a = torch.where(xp > 0, (xn / xp.clamp(min=1e-30)).clamp(max=1.0), (xn > 0).float())
+    a = ratio_accept(xn, xp)
+    if accept_prob is not None:
+        a = accept_prob.to(a.device, a.dtype)
     accept_len = (u < a).long().cumprod(-1).sum(-1)                        # (B,)
     j = accept_len.clamp(max=W - 1)
     rows = torch.arange(B, device=p_now.device)
-    resid = (pn[rows, j] - pp[rows, j]).clamp(min=0.0)
-    resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, pn[rows, j])
+    resid = jacobi_residual(pn[rows, j], pp[rows, j])
     token = torch.where(accept_len < W, _sample(resid, u_res), -1)
     return SJDResult(accept_len, token)

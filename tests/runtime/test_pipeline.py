@@ -53,6 +53,22 @@ def test_ort_equals_torch_tokens(bundle, verify):
     assert a.stats[0]["mal"] >= 1.0 and a.stats[1]["class"] == 3
 
 
+def test_mcsjd_runs_through_pipeline_on_every_backend(parts, bundle):
+    """MC-SJD (no drafter needed) via Pipeline on ORT, the torch graphs and the in-memory models:
+    the same tokens; batch=True decodes row by row with each prompt's seed."""
+    t, d, tables, vq = parts
+    mem = Pipeline.from_models(t, None, None, vq, generation=GEN)
+    ort = Pipeline.from_dir(bundle, backend="ort", threads=1)
+    tch = Pipeline.from_dir(bundle, backend="torch")
+    want = mem.generate([1, 4], seed=2, verify="mcsjd", decode=False)
+    for pipe in (ort, tch):
+        got = pipe.generate([1, 4], seed=2, verify="mcsjd", decode=False)
+        assert torch.equal(got.tokens, want.tokens)
+    assert all(s["verify"] == "mcsjd" and s["mal"] >= 1.0 for s in want.stats)
+    b = ort.generate([1, 4], seed=2, verify="mcsjd", decode=False, batch=True)
+    assert torch.equal(b.tokens, want.tokens) and [s["batch_row"] for s in b.stats] == [0, 1]
+
+
 def test_gasv_knobs_reach_every_backend(parts, bundle):
     """Pipeline.generate knobs: the lossless setting reproduces exact; ORT (the GASV graph with
     run-time knobs) == torch (the reference) on loose knobs, which accept more."""

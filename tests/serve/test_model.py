@@ -227,3 +227,17 @@ def test_threads_split_between_instances():
 
     assert split_threads(8, 2) == 4 and split_threads(2, 2) == 1 and split_threads(1, 2) == 1
     assert split_threads(None, 1) >= 1
+
+
+def test_drafterless_engines_serve_the_jacobi_decoders_and_refuse_tree_rules(pipe):
+    """The drafter check reads the method's kind: mcsjd / gsd need no drafter, exact does."""
+    from lisa_trt.runtime.pipeline import Pipeline
+
+    e = pipe._e
+    bare = Pipeline.from_models(e.target, None, None, e.vq, class_names=e.class_names, generation=e.generation)
+    m = ServeModel(bare, max_batch=4)
+    for verify in ("mcsjd", "gsd", "sjd"):
+        out = m.infer_each([{"prompt": _b("1", "2"), "seed": np.array([[1], [2]]), "verify": _b(verify, verify)}])
+        assert out[0][0] is None and out[0][1]["image"].shape == (2, 8, 8, 3), (verify, out[0][0])
+    out = m.infer_each([{"prompt": _b("1"), "verify": _b("exact")}])
+    assert out[0][0] is not None and "needs a drafter" in out[0][0]

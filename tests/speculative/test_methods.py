@@ -12,8 +12,9 @@ from lisa_trt.errors import InputError
 from lisa_trt.models.drafter import Drafter
 from lisa_trt.speculative import verify as V
 from lisa_trt.speculative.decode import SpeculativeDecoder
-from lisa_trt.speculative.methods import (METHODS, LanternConfig, Method, SpecConfig, TreeConfig, get_method,
-                                          method_names, register_method)
+from lisa_trt.speculative.methods import (FLAT_FIELDS, METHODS, LanternConfig, Method, MethodOption, SpecConfig,
+                                          TreeConfig, cli_options, get_method, method_names, register_method,
+                                          unregister_method)
 from lisa_trt.speculative.run import check_artifacts, run_method
 from lisa_trt.testing import make_target
 
@@ -37,7 +38,8 @@ def test_spec_config_nests_rule_parameters_and_reads_flat_names():
 
 
 def test_one_registry_feeds_bench_and_declares_needs():
-    assert method_names() == ["vanilla", "greedy", "exact", "lantern", "gasv", "sjd", "oracle"]
+    assert method_names() == ["vanilla", "greedy", "exact", "lantern", "gasv", "sjd", "oracle", "mcsjd", "gsd"]
+    assert method_names("sjd") == ["sjd", "mcsjd", "gsd"]
     assert method_names("tree") == ["greedy", "exact", "lantern", "gasv", "oracle"]
     assert not get_method("oracle").needs_drafter and get_method("oracle").drafter_factory is not None
     assert parse_methods("vanilla, gasv") == ["vanilla", "gasv"]
@@ -92,3 +94,53 @@ def test_a_toy_rule_registered_here_runs_through_decode_and_run_method(models):
         assert st.target_forwards == len(seen) + 1
     finally:
         METHODS.pop("toy")
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyKnobs:
+    keep: int = 0  # accept at most this many drafts per step (through the exact rule)
+    label: str = "toy"
+
+
+def test_a_rule_with_knobs_is_one_file_too(models):
+    """A rule's settings are registered with it: SpecConfig / FLAT_FIELDS are not edited, and the
+    flat names reach SpecConfig.make, replace, flat, the CLI option list and the rule."""
+    seen = []
+
+    def capped(logits, tree, ctx):
+        k = ctx.spec.settings("toy-knobs")
+        seen.append(k)
+        return V.verify_greedy(logits, tree)
+
+    assert "toy_knobs_keep" not in FLAT_FIELDS
+    register_method(Method("toy-knobs", "tree", "a toy rule with knobs", needs_drafter=True, rule=capped,
+                           settings=ToyKnobs,
+                           options=(MethodOption("--toy-keep", "toy_knobs_keep", int, "toy cap"),)))
+    try:
+        s = SpecConfig.make("toy-knobs", depth=2, toy_knobs_keep=3)
+        assert s.settings("toy-knobs") == ToyKnobs(keep=3) and s.tree.depth == 2
+        assert s.replace(toy_knobs_label="x").settings("toy-knobs") == ToyKnobs(keep=3, label="x")
+        assert SpecConfig().settings("toy-knobs") == ToyKnobs()  # defaults when not set
+        assert s.flat()["toy_knobs_keep"] == 3 and SpecConfig().flat()["toy_knobs_keep"] == 0
+        assert s == SpecConfig.make("toy-knobs", depth=2, toy_knobs_keep=3)  # value semantics
+        assert "--toy-keep" in [o.flag for o in cli_options()]
+        t, d = models
+        spec = s.replace(top_k=3, total_tokens=8)
+        run_method("toy-knobs", t, d, None, torch.tensor([3]), sampling=SamplingConfig(greedy=True), spec=spec,
+                   seed=0)
+        assert seen and all(k.keep == 3 for k in seen)
+    finally:
+        unregister_method("toy-knobs")
+    assert "toy_knobs_keep" not in FLAT_FIELDS and "toy-knobs" not in METHODS
+    with pytest.raises(InputError, match="unknown speculation setting"):
+        SpecConfig().replace(toy_knobs_keep=1)
+
+
+def test_bad_settings_and_options_are_refused_at_registration():
+    from lisa_trt.errors import SpecError
+
+    with pytest.raises(SpecError, match="frozen dataclass"):
+        Method("bad", "sjd", "x", settings=dict)
+    with pytest.raises(SpecError, match="unknown setting 'nope_x'"):
+        register_method(Method("bad", "sjd", "x", options=(MethodOption("--nope", "nope_x", int),)))
+    assert "bad" not in METHODS
