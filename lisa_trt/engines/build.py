@@ -219,7 +219,8 @@ def build_plan(onnx_path: Path, profiles: list, plan_path: Path, *, timing_cache
     except LisaError:
         raise
     except Exception as e:
-        raise EngineBuildError(f"TensorRT could not build {onnx_path.name}: {type(e).__name__}: {e}") from e
+        raise EngineBuildError(f"TensorRT could not build {onnx_path.name}: {type(e).__name__}: {e} (TensorRT's "
+                               "parser / builder messages are logged above)") from e
     with atomic_write(plan_path) as tmp:
         save_engine(engine, str(tmp))
     return time.perf_counter() - t0

@@ -316,10 +316,16 @@ class _TimingCache:
         return True
 
 
-class HostMemory(bytes):  # IHostMemory: a buffer
+class HostMemory(bytes):  # IHostMemory: a buffer; tensorrt/__init__.py gives it __enter__ / __exit__
     @property
     def nbytes(self):
         return len(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
 
 
 class Builder:
@@ -430,11 +436,6 @@ class Engine:
     graph through graph_rewrite.emulate_trt_variant)."""
 
     def __init__(self, core, plan: bytes):
-        import onnx
-        import onnxruntime as ort
-
-        from lisa_trt.engines.plugins import graph_rewrite as gr
-
         d = json.loads(bytes(plan))
         self.core, self.plan = core, d
         self.inputs = [n for n, _, _ in d["inputs"]]
@@ -444,16 +445,27 @@ class Engine:
         self.profiles = d["profiles"]
         self.num_optimization_profiles = len(self.profiles)
         self.aliases = dict(d.get("aliases") or {})
-        model = onnx.load(d["onnx"])
-        if gr.plugin_nodes(model):
-            self._run = lambda feeds: gr.emulate_trt_variant(model, *(feeds[n] for n in gr.GRAPH_INPUTS))
-        else:
-            sess = ort.InferenceSession(d["onnx"], providers=["CPUExecutionProvider"])
-            self._run = lambda feeds: dict(zip(self.outputs, sess.run(self.outputs, feeds)))
+        self._runner = None  # ONNX Runtime session made on first execute (EngineFromNetwork deserializes too)
         self.calls = []
         core.engines.append(self)
         if core.version_tuple >= (10, 15):  # ICudaEngine::getAliasedInputTensor (TensorRT 10.15+)
             self.get_aliased_input_tensor = lambda name: self.aliases.get(name)
+
+    def _run(self, feeds):
+        if self._runner is None:
+            import onnx
+            import onnxruntime as ort
+
+            from lisa_trt.engines.plugins import graph_rewrite as gr
+
+            path = self.plan["onnx"]
+            model = onnx.load(path)
+            if gr.plugin_nodes(model):
+                self._runner = lambda f: gr.emulate_trt_variant(model, *(f[n] for n in gr.GRAPH_INPUTS))
+            else:
+                sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+                self._runner = lambda f: dict(zip(self.outputs, sess.run(self.outputs, f)))
+        return self._runner(feeds)
 
     @property
     def num_io_tensors(self):
