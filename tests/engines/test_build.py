@@ -147,6 +147,59 @@ def test_dry_run_needs_no_tensorrt(bundle):
     assert not (bundle / "gasv.trt.onnx").exists() and B.engines_record(bundle) is None  # nothing written
 
 
+@pytest.fixture(scope="module")
+def full_bundle(tmp_path_factory):
+    """A `lisa-trt export`-style bundle (weights/ and tables.safetensors beside the graphs)."""
+    from export_artifacts import make_artifacts
+
+    from lisa_trt.runtime.bundle import export_full_bundle
+
+    a = make_artifacts()
+    out = tmp_path_factory.mktemp("full") / "eng"
+    export_full_bundle(a["target"], a["drafter"], a["tables"], a["vq"], out, max_tree=16, progress=False,
+                       lint=False, validate=False)
+    return out
+
+
+def test_dry_run_uses_the_bundles_own_tables(full_bundle, monkeypatch):
+    """The GASV rewrite takes the bundle's tables.safetensors, not a recovery by role from gasv.onnx
+    (which is ambiguous on the demo bundle: "cannot identify beta ... 2 candidates")."""
+    from lisa_trt.engines.plugins import graph_rewrite as gr
+
+    bundle = full_bundle
+
+    def ambiguous(model):
+        raise gr.GraphRewriteError("cannot identify beta (C >= 64) in the GASV graph (2 candidates)")
+
+    monkeypatch.setattr(gr, "gasv_tables_from_onnx", ambiguous)
+    assert (bundle / "tables.safetensors").is_file()
+    plan = B.build_engines(bundle, dry_run=True)
+    assert plan["graphs"]["gasv"]["onnx"] == "gasv.trt.onnx"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_cli_build_dry_run_on_the_demo_bundle(tmp_path, fp16):
+    """What a new user runs: `lisa-trt export --model demo --drafter demo-lisa [--fp16]`, then
+    `lisa-trt build DIR --dry-run` (the part of `build` a machine without TensorRT can check)."""
+    from click.testing import CliRunner
+
+    from lisa_trt.cli import main
+    from lisa_trt.demo.registry import assets_present
+
+    if not assets_present():
+        pytest.skip("the bundled demo assets are absent")
+    d = tmp_path / ("demo16" if fp16 else "demo")
+    r = CliRunner()
+    res = r.invoke(main, ["export", "--model", "demo", "--drafter", "demo-lisa", "--out", str(d), "--no-validate"]
+                   + (["--fp16"] if fp16 else []))
+    assert res.exit_code == 0, res.output
+    res = r.invoke(main, ["build", str(d), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.output[res.output.index("{"):])
+    assert plan["dry_run"] and plan["graphs"]["gasv"]["onnx"] == "gasv.trt.onnx"
+
+
 @pytest.mark.trt
 @pytest.mark.skipif(not (HAS_TRT and HAS_CUDA), reason="needs TensorRT (not installable on these machines, "
                     "docs/spec/deploy.md) and a CUDA GPU")
