@@ -4,11 +4,13 @@
 - without TensorRT / a GPU, building and running stop with an error naming what is missing and
   the ONNX Runtime alternative;
 - plans are never deserialized unless their manifest record matches (hash, TensorRT, GPU);
-- the runners' binding logic (names, shapes, dtypes, profile choice, in-place KV caches) runs
-  end to end against a *fake* `tensorrt` module whose engines execute the ONNX graphs with
-  ONNX Runtime through the bound raw addresses: parity with the torch models proves the
-  runner side; the real TensorRT parser/builder is not exercised (tests marked trt do, where
-  TensorRT is installed);
+- engines are built by the REAL `build_plan` (Polygraphy's NetworkFromOnnxPath / CreateConfig /
+  EngineFromNetwork / SaveEngine) over the fake native core of tests/contract/trt_fake.py, and
+  the runners' binding logic (names, shapes, dtypes, profile choice, KV bindings) runs end to end
+  on its engines, which execute the ONNX graphs with ONNX Runtime through the bound raw
+  addresses; the fake context rejects out-of-profile shapes and writes scratch into outputs
+  before reading inputs, so in-place binding of a non-aliased engine shows its hazard. The real
+  TensorRT parser/builder is not exercised (tests marked trt do, where TensorRT is installed);
 - bench/gpu_check.py runs in CPU smoke mode in seconds.
 """
 
