@@ -3,7 +3,7 @@
     man = read_manifest(dir) ──▶ profiles_from_io_spec(man)  (pure: prefill, tree verification
          │                        S = 1..max_tree in two buckets, batch 1..2*max_batch for CFG)
          ├─▶ check_trt_compat(dir)      (CPU: ops, dtypes, io spec, profiles)
-         ├─▶ gasv.trt.onnx              (plugins/graph_rewrite: lisa::gasv plugin node)
+         ├─▶ gasv.trt.onnx              (plugins/graph_rewrite: lisa::gasv2 plugin node)
          └─▶ per graph: network_from_onnx_path(strongly_typed=True) ─▶ CreateConfig(profiles,
              timing cache, refit, workspace) ─▶ engine_from_network ─▶ save_engine(<graph>.plan)
     manifest.json["engines"] = {TensorRT version, GPU, profiles, plan sha256 ...}  (atomic)
@@ -184,9 +184,14 @@ def _network_flags(trt) -> Optional[bool]:
 
 
 def build_plan(onnx_path: Path, profiles: list, plan_path: Path, *, timing_cache=None, refit: bool = False,
-               workspace: Optional[int] = None) -> float:
+               workspace: Optional[int] = None, tf32: bool = True) -> float:
     """Build one strongly typed engine with Polygraphy's loaders and save it atomically.
 
+    tf32: keep TensorRT's TF32 tactics for fp32 matmuls/convolutions. TensorRT enables
+    BuilderFlag.TF32 by default, but Polygraphy's CreateConfig CLEARS it unless `tf32=True`
+    (polygraphy/backend/trt/config.py: `self.tf32 = util.default(tf32, False)`, then
+    `config.clear_flag(TF32)`), so it is passed explicitly. It is allowed in strongly typed
+    networks (it only affects fp32 tensors; fp16 exports are unaffected).
     Returns the build time in seconds. Raises EngineBuildError with TensorRT's message.
     """
     import tensorrt as trt
@@ -205,6 +210,7 @@ def build_plan(onnx_path: Path, profiles: list, plan_path: Path, *, timing_cache
             trt_profiles.append(prof)
         tc = Path(timing_cache) if timing_cache else None
         config = CreateConfig(
+            tf32=bool(tf32),
             profiles=trt_profiles,
             load_timing_cache=str(tc) if tc is not None and tc.is_file() else None,
             refittable=True if refit else None,
@@ -213,7 +219,8 @@ def build_plan(onnx_path: Path, profiles: list, plan_path: Path, *, timing_cache
     except LisaError:
         raise
     except Exception as e:
-        raise EngineBuildError(f"TensorRT could not build {onnx_path.name}: {type(e).__name__}: {e}") from e
+        raise EngineBuildError(f"TensorRT could not build {onnx_path.name}: {type(e).__name__}: {e} (TensorRT's "
+                               "parser / builder messages are logged above)") from e
     with atomic_write(plan_path) as tmp:
         save_engine(engine, str(tmp))
     return time.perf_counter() - t0
@@ -234,7 +241,8 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
         workspace: builder workspace limit in bytes (default: TensorRT's).
         max_batch / max_tree: ranges of the default profiles.
         graphs: graph names to build (default all).
-        tables: GASV tables for the plugin rewrite (default: recovered from gasv.onnx and verified).
+        tables: GASV tables for the plugin rewrite (default: the bundle's tables.safetensors, else
+            recovered from gasv.onnx); checked against the plain graph in ONNX Runtime.
         check: run check_trt_compat first (fails before any TensorRT work).
         dry_run: check and plan only: no TensorRT needed, nothing written; returns the plan.
     Returns:
@@ -254,9 +262,11 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
         raise InputError(f"{engine_dir} has no graph(s) {unknown}; it has {sorted(man.graphs)}")
     profiles = profiles or profiles_from_io_spec(man, max_batch=max_batch, max_tree=max_tree, graphs=names)
     from .plugins import trt_plugin as tp
-    from .plugins.graph_rewrite import write_trt_variant
+    from .plugins.graph_rewrite import tables_from_bundle, write_trt_variant
 
     trt = None if dry_run else require_tensorrt_gpu()
+    if tables is None and Graph.GASV.value in names:
+        tables = tables_from_bundle(man)  # the bundle's tables.safetensors (None: recover from gasv.onnx)
     if not dry_run and Graph.GASV.value in names:  # gasv.trt.onnx: what the check and the build read
         write_trt_variant(man.graph_path(Graph.GASV), tables=tables)
     if check:
@@ -266,7 +276,7 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
     if dry_run:
         return {"format": ENGINES_FORMAT, "dry_run": True, "graphs": plan}
     if Graph.GASV.value in names:
-        tp.register()  # the parser maps the lisa::gasv node to the registered plugin
+        tp.register()  # the parser maps the lisa::gasv2 node to the registered plugin
     bar = _progress(len(names), progress)
     for n in names:
         bar.set_description(f"build {n}")

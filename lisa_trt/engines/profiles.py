@@ -123,14 +123,17 @@ def trt_onnx_path(manifest, graph: Graph) -> Path:
 def trt_graph_model(manifest, graph: Graph, *, tables=None):
     """(onnx.ModelProto, path) of what TensorRT would parse for `graph` (no external weights).
 
-    For GASV: the written gasv.trt.onnx when it exists, else the plugin rewrite made in memory.
+    For GASV: the written gasv.trt.onnx when it exists, else the plugin rewrite made in memory
+    (tables: the given ones, else the bundle's tables.safetensors, else recovered from gasv.onnx).
     """
     import onnx
 
-    from .plugins.graph_rewrite import rewrite_gasv
+    from .plugins.graph_rewrite import rewrite_gasv, tables_from_bundle
 
     path = trt_onnx_path(manifest, graph)
     if graph is Graph.GASV and not path.is_file():
+        if tables is None:
+            tables = tables_from_bundle(manifest)
         return rewrite_gasv(manifest.graph_path(graph), tables=tables), path
     return onnx.load(str(path), load_external_data=False), path
 

@@ -17,13 +17,23 @@ How a call runs (TrtRunner):
   - inputs and outputs are torch CUDA tensors bound by address (`set_input_shape`,
     `set_tensor_address(name, t.data_ptr())`), then `execute_async_v3` on the current torch
     stream: no host copies, no synchronisation;
-  - KV caches (`kv_binding="inplace"`, default): each layer's buffer is bound as BOTH
-    `past_key_values.{i}.*` and `present.{i}.*`. Engines whose outputs TensorRT reports as
-    aliased (IKVCacheUpdateLayer, TensorRT >= 10.15, `get_aliased_input_tensor`) require exactly
-    that. For the exported ScatterElements graphs the same-buffer binding relies on the cache
-    being read only by the scatter that writes it (true for these graphs; TensorRT does not
-    document it). `kv_binding="swap"` binds `present.*` to a second buffer set and swaps the
-    two after each call (always safe, one extra cache of memory, no copies).
+  - KV caches (`kv_binding="swap"`, the default): `present.*` is bound to a second buffer set
+    and the two are swapped after each call (engines/graph.py; no copies, one extra cache of
+    memory). Outputs the engine itself reports as aliased to an input
+    (`ICudaEngine.get_aliased_input_tensor`, TensorRT >= 10.15, IKVCacheUpdateLayer) are always
+    bound to that input's buffer, as TensorRT requires. `kv_binding="inplace"` (opt-in) binds one
+    buffer as both `past_key_values.*` and `present.*` for engines that do not report the alias:
+    that is NOT a documented TensorRT contract (a kernel may write the output while another
+    still reads the input), so it is only for engines checked against the torch backend on the
+    GPU they run on (bench/gpu_check.py `tensorrt` section: tokens identical to torch).
+  - checks TensorRT's contracts before enqueueing: `set_input_shape` returns False for a shape
+    outside the context's profile (NvInferRuntime.h) -> TrtRuntimeError; every bound tensor has
+    the engine's dtype (`get_tensor_dtype`); every address is 256-byte aligned
+    (`setTensorAddress`: "The pointer must have at least 256-byte alignment"); a misaligned
+    input is copied into an aligned buffer, a misaligned output is refused.
+  - the standard plugins are registered (`trt.init_libnvinfer_plugins`) before any plan is
+    deserialized: an engine holding one (e.g. ScatterElements with a reduction) fails to load
+    otherwise.
 
 TensorRT is imported lazily; constructing a runner without TensorRT or without a GPU raises
 TensorRTUnavailableError / NoCudaDeviceError naming what is missing and the ONNX Runtime
@@ -35,6 +45,7 @@ the pure helpers are unit-tested on CPU.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from pathlib import Path
 from typing import Optional
 
@@ -47,8 +58,11 @@ from .build import load_plan, require_tensorrt_gpu
 from .profiles import ProfileSpec
 from .graph import Engines, load_engines
 
-KV_BINDINGS = ("inplace", "swap")
-_LOGGER = None
+KV_BINDINGS = ("swap", "inplace")
+DEFAULT_KV_BINDING = "swap"  # in-place binding is opt-in (module docstring)
+ALIGNMENT = 256  # NvInferRuntime.h IExecutionContext::setTensorAddress: at least 256-byte alignment
+_LOGGERS = weakref.WeakKeyDictionary()  # per tensorrt module (one in practice; tests swap fake modules)
+_PLUGINS_READY = weakref.WeakSet()
 
 
 class TrtRuntimeError(LisaError):
@@ -115,10 +129,44 @@ def _on(device: torch.device):
 
 
 def _logger(trt):
-    global _LOGGER
-    if _LOGGER is None:
-        _LOGGER = trt.Logger(trt.Logger.WARNING)
-    return _LOGGER
+    if trt not in _LOGGERS:
+        _LOGGERS[trt] = trt.Logger(trt.Logger.WARNING)
+    return _LOGGERS[trt]
+
+
+def init_plugins(trt) -> None:
+    """Register TensorRT's standard plugins once (`init_libnvinfer_plugins(logger, "")`, pyCore.cpp);
+    Polygraphy's loaders do it before parsing, a bare Runtime does not before deserializing."""
+    if trt not in _PLUGINS_READY:
+        if not trt.init_libnvinfer_plugins(_logger(trt), ""):
+            raise TrtRuntimeError("TensorRT could not register its standard plugins (init_libnvinfer_plugins "
+                                  "returned False); check that libnvinfer_plugin is installed with tensorrt")
+        _PLUGINS_READY.add(trt)
+
+
+def trt_torch_dtypes(trt) -> dict:
+    """{trt.DataType: torch dtype} for the types lisa-trt graphs bind."""
+    d = trt.DataType
+    pairs = [("FLOAT", torch.float32), ("HALF", torch.float16), ("BF16", torch.bfloat16), ("INT32", torch.int32),
+             ("INT64", torch.int64), ("BOOL", torch.bool), ("INT8", torch.int8), ("UINT8", torch.uint8)]
+    return {getattr(d, n): t for n, t in pairs if hasattr(d, n)}
+
+
+def aligned(t: torch.Tensor, alignment: int = ALIGNMENT) -> bool:
+    """Whether a tensor's address satisfies TensorRT's binding alignment."""
+    return t.data_ptr() % alignment == 0
+
+
+def aligned_input(t: torch.Tensor, alignment: int = ALIGNMENT) -> torch.Tensor:
+    """`t`, or an aligned contiguous copy when its address is not (a view at an odd offset)."""
+    if aligned(t, alignment):
+        return t
+    c = torch.empty_like(t, memory_format=torch.contiguous_format)
+    if not aligned(c, alignment):  # the caching allocators give 512-byte aligned blocks; be explicit
+        raw = torch.empty(t.numel() * t.element_size() + alignment, dtype=torch.uint8, device=t.device)
+        off = (-raw.data_ptr()) % alignment
+        c = raw[off: off + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+    return c.copy_(t)
 
 
 class TrtRunner(GraphRunner):
@@ -133,14 +181,18 @@ class TrtRunner(GraphRunner):
     """
 
     def __init__(self, engine_dir, spec: GraphSpec, dims: dict, precision: str, device, *,
-                 share_memory: bool = True, kv_binding: str = "inplace"):
+                 share_memory: bool = True, kv_binding: str = DEFAULT_KV_BINDING):
         trt = require_tensorrt_gpu()
+        if kv_binding not in KV_BINDINGS:
+            raise InputError(f"kv_binding must be one of {KV_BINDINGS}, got {kv_binding!r}")
         super().__init__(spec, dims, precision, device)
         graph = spec.graph
         self.trt, self.graph, self.kv_binding = trt, graph, kv_binding
         plan, rec = load_plan(engine_dir, graph)
         self.profiles = [ProfileSpec.from_dict(p) for p in rec["profiles"]]
+        self.alignment = ALIGNMENT if self.device.type == "cuda" else 1  # CPU: only the tests' fake engine
         with _on(self.device):
+            init_plugins(trt)
             self.engine = trt.Runtime(_logger(trt)).deserialize_cuda_engine(plan)
             if self.engine is None:
                 raise TrtRuntimeError(f"TensorRT could not deserialize {rec['plan']}; rebuild with `lisa-trt build`")
@@ -153,9 +205,27 @@ class TrtRunner(GraphRunner):
             if sorted(self.inputs) != sorted(self.input_names) or sorted(self.outputs) != sorted(self.output_names):
                 raise TrtRuntimeError(f"{rec['plan']} has tensors {names}, the io spec {self.input_names} -> "
                                       f"{self.output_names}; rebuild with `lisa-trt build`")
+            self.dtypes = self._check_dtypes(names, rec["plan"])
             self.aliased = self._aliased_outputs()
             self._memory = None
             self.contexts = self._make_contexts(share_memory)
+
+    def _check_dtypes(self, names: list, plan: str) -> dict:
+        """{tensor: torch dtype} of the engine (`get_tensor_dtype`), checked against the io spec."""
+        table = trt_torch_dtypes(self.trt)
+        out, bad = {}, []
+        for n in names:
+            dt = self.engine.get_tensor_dtype(n)
+            t = self.spec.input(n) if n in self.input_names else self.spec.output(n)
+            want = torch_dtype(t.dtype, self.precision)
+            got = table.get(dt)
+            if got != want:
+                bad.append(f"{n}: engine {getattr(dt, 'name', dt)}, io spec {want}")
+            out[n] = want
+        if bad:
+            raise TrtRuntimeError(f"{plan} does not have the io spec's tensor dtypes ({'; '.join(bad)}); rebuild it "
+                                  "with `lisa-trt build` from this export")
+        return out
 
     def _aliased_outputs(self) -> dict:
         """{output: input} TensorRT itself aliases (IKVCacheUpdateLayer; TensorRT >= 10.15)."""
@@ -202,28 +272,45 @@ class TrtRunner(GraphRunner):
     def _close(self) -> None:
         self.contexts, self.engine, self._memory = [], None, None
 
+    def _bind(self, ctx, name: str, t: torch.Tensor) -> None:
+        if t.dtype != self.dtypes[name]:
+            raise TrtRuntimeError(f"{self.graph.value}: {name} is {t.dtype}, the engine takes {self.dtypes[name]}")
+        if not t.is_contiguous():
+            raise TrtRuntimeError(f"{self.graph.value}: {name} is not contiguous; TensorRT binds dense tensors")
+        if not aligned(t, self.alignment):
+            raise TrtRuntimeError(f"{self.graph.value}: {name} at address {t.data_ptr():#x} is not {self.alignment}-"
+                                  "byte aligned (TensorRT setTensorAddress); pass a freshly allocated tensor")
+        if not ctx.set_tensor_address(name, t.data_ptr()):
+            raise TrtRuntimeError(f"TensorRT refused the address of {name} ({self.graph.value})")
+
     def _execute(self, inputs: dict, outputs: dict) -> None:
         """Bind torch CUDA tensors by address and enqueue on the current torch stream."""
         k = select_profile(self.profiles, {n: tuple(inputs[n].shape) for n in self.inputs})
-        ctx = self.contexts[k]
+        ctx, prof = self.contexts[k], self.profiles[k]
         for n in self.inputs:
             t = inputs[n]
-            ctx.set_input_shape(n, tuple(t.shape))
-            ctx.set_tensor_address(n, t.data_ptr())
+            if t.dtype == self.dtypes[n] and t.is_contiguous():
+                t = aligned_input(t, self.alignment)  # a view at an odd offset: an aligned copy
+            if not ctx.set_input_shape(n, tuple(t.shape)):  # False: outside this context's profile
+                lo, _, hi = prof.shapes.get(n, (None, None, None))
+                raise TrtRuntimeError(f"TensorRT refused {n} of shape {tuple(t.shape)} for {self.graph.value} "
+                                      f"(profile {prof.name}: {lo}..{hi}); rebuild with larger --max-batch / "
+                                      "--max-tree (`lisa-trt build`)")
+            self._bind(ctx, n, t)
         for n in self.outputs:
-            ctx.set_tensor_address(n, outputs[n].data_ptr())
+            self._bind(ctx, n, outputs[n])
         if not ctx.execute_async_v3(_stream(self.device)):
-            raise TrtRuntimeError(f"TensorRT failed to enqueue {self.graph.value} (profile {self.profiles[k].name})")
+            raise TrtRuntimeError(f"TensorRT failed to enqueue {self.graph.value} (profile {prof.name})")
 
 
 class TrtBackend(Backend):
-    """Options: device (CUDA device, default "cuda"), kv_binding ("inplace" | "swap"),
-    share_memory (per-profile contexts share one activation buffer)."""
+    """Options: device (CUDA device, default "cuda"), kv_binding ("swap", default | "inplace", opt-in:
+    see the module docstring), share_memory (per-profile contexts share one activation buffer)."""
 
     name = "trt"
     optional_graphs = (Graph.DRAFTER_COMMIT,)
 
-    def __init__(self, manifest, *, device=None, kv_binding: str = "inplace", share_memory: bool = True):
+    def __init__(self, manifest, *, device=None, kv_binding: str = DEFAULT_KV_BINDING, share_memory: bool = True):
         if kv_binding not in KV_BINDINGS:
             raise InputError(f"kv_binding must be one of {KV_BINDINGS}, got {kv_binding!r}")
         super().__init__(manifest, kv_binding=kv_binding, share_memory=share_memory)
@@ -254,7 +341,7 @@ class TrtBackend(Backend):
 register_backend("trt", TrtBackend)
 
 
-def load_trt_engines(engine_dir, *, device=None, kv_binding: str = "inplace", share_memory: bool = True,
+def load_trt_engines(engine_dir, *, device=None, kv_binding: str = DEFAULT_KV_BINDING, share_memory: bool = True,
                      target_hash: Optional[str] = None, drafter_hash: Optional[str] = None,
                      tables_hash: Optional[str] = None) -> Engines:
     """`load_engines(engine_dir, "trt", ...)` after `lisa-trt build`.
@@ -269,5 +356,6 @@ def load_trt_engines(engine_dir, *, device=None, kv_binding: str = "inplace", sh
                         tables_hash=tables_hash, device=device, kv_binding=kv_binding, share_memory=share_memory)
 
 
-__all__ = ["KV_BINDINGS", "TrtBackend", "TrtRunner", "TrtRuntimeError", "io_shapes", "load_trt_engines",
-           "select_profile", "seq_capacity", "torch_dtype"]
+__all__ = ["ALIGNMENT", "DEFAULT_KV_BINDING", "KV_BINDINGS", "TrtBackend", "TrtRunner", "TrtRuntimeError", "io_shapes", "load_trt_engines",
+           "aligned", "aligned_input", "init_plugins", "select_profile", "seq_capacity", "torch_dtype",
+           "trt_torch_dtypes"]

@@ -1,7 +1,7 @@
 """TensorRT compatibility of the exported graphs, checked on CPU (no TensorRT needed).
 
 For every graph TensorRT would build from an engine directory (the plain ONNX graph, or its
-TensorRT variant: gasv.trt.onnx with the `lisa::gasv` plugin):
+TensorRT variant: gasv.trt.onnx with the `lisa::gasv2` plugin):
   1. every node (including those of local functions and If/Loop/Scan subgraphs) is an ONNX op
      TensorRT's parser imports in the targeted version range, with its documented
      restrictions (ScatterND without reduction, Attention with one output and no past_key ...),
@@ -27,7 +27,8 @@ Sources of the support table (reference, read on 2026-11-30):
   - onnx/onnx-tensorrt PR #1043 "10.14-GA Release: Added support for the Attention operator";
     PR #1046 (maintainer: "RMSNorm support will be available in the 10.15 release").
   - shared/spec/deploy.md (IAttention 10.14, IKVCacheUpdateLayer 10.15, IRotaryEmbedding
-    10.15.1; Python plugins: op_type = plugin name, plugin_namespace / plugin_version / aot).
+    10.15.1; Python plugins: op_type = plugin name, plugin_namespace / plugin_version (always "1" for
+    tensorrt.plugin, `_lib.py`) / aot).
 TensorRT 11 keeps the 10.x ONNX importers (it removes weak typing, not ops), so the same table
 is used for 11.x. Nothing here was run against a real TensorRT parser.
 """
@@ -411,13 +412,22 @@ def _check_plugin(node, ctx) -> tuple:
     """The attributes, arity and input dtypes TensorRT's parser and the plugin expect.
 
     Returns (violations, warnings). Attributes: plugin_namespace and domain "lisa",
-    plugin_version "2" (GASV v2), num_warps (declared by register()), aot 0/1 (absent: the JIT
-    implementation, which needs Python and the registration at run time: a warning).
+    plugin_version "1" (the only version `tensorrt.plugin` registers: `_lib.py`
+    `_TemplatePluginCreator`, `self.plugin_version = "1"`; the parser's creator lookup is by exact
+    name, version and namespace, onnx-tensorrt FallbackPluginImporter), num_warps (declared by
+    register()), aot 0/1 (required: lisa::gasv2 defines both a JIT and an AOT implementation, and
+    without the attribute the parser leaves the choice to a PREFER_{AOT,JIT}_PYTHON_PLUGINS network
+    flag, else `tensorrt.plugin` refuses to create it: `_lib.py` "has both AOT and JIT
+    implementations"; aot=0 (JIT, Python at run time) is a warning). GASV generations differ by op name (gasv2), so the
+    retired v1 op names are refused.
     """
     from .plugins import graph_rewrite as gr
     from .plugins import trt_plugin as tp
 
     bad, warn = [], []
+    if node.op_type in tp.RETIRED_PLUGINS:
+        return [f"{tp.NAMESPACE}::{node.op_type} is the retired GASV v1 plugin; the current plugin is "
+                f"{tp.PLUGIN_ID} (re-run the rewrite: lisa-trt build, or graph_rewrite.write_trt_variant)"], warn
     if node.op_type not in tp.PLUGINS:
         return [f"unknown lisa plugin {node.op_type!r} (known: {sorted(tp.PLUGINS)})"], warn
     ns = _attr(node, "plugin_namespace")
@@ -425,12 +435,19 @@ def _check_plugin(node, ctx) -> tuple:
         bad.append(f"plugin node needs string attribute plugin_namespace={tp.NAMESPACE!r}, has {ns!r}")
     if node.domain != tp.NAMESPACE:
         bad.append(f"plugin node domain must be {tp.NAMESPACE!r} (TensorRT >= 10.10 reads the namespace from it)")
-    ver = _attr(node, "plugin_version")
+    ver = _attr(node, "plugin_version", tp.PLUGIN_VERSION)  # the parser's default is "1" too
     if ver != tp.PLUGIN_VERSION:
-        bad.append(f"plugin node needs plugin_version={tp.PLUGIN_VERSION!r}, has {ver!r}")
+        bad.append(f"plugin node has plugin_version={ver!r}, but tensorrt.plugin registers every plugin as version "
+                   f"{tp.PLUGIN_VERSION!r} and the parser looks it up by exact version (\"Plugin not found\"); "
+                   f"set plugin_version={tp.PLUGIN_VERSION!r} (plugin generations differ by name)")
     aot = _attr(node, "aot")
     if aot is None:
-        warn.append("plugin node has no aot attribute: TensorRT uses the JIT implementation (Python at run time)")
+        bad.append(f"plugin node has no aot attribute; {tp.PLUGIN_ID} has both JIT and AOT implementations, so "
+                   "tensorrt.plugin refuses to create it unless the network sets PREFER_AOT/PREFER_JIT_PYTHON_PLUGINS; "
+                   "set aot=1 (AOT, no Python at run time) or aot=0 (JIT)")
+    elif aot == 0:
+        warn.append("plugin node has aot=0: TensorRT uses the JIT implementation (Python and the registration at "
+                    "run time)")
     elif aot not in (0, 1):
         bad.append(f"plugin attribute aot must be 0 (JIT) or 1 (AOT), has {aot!r}")
     if _attr(node, "num_warps") is None:

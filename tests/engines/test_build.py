@@ -4,15 +4,16 @@
 - without TensorRT / a GPU, building and running stop with an error naming what is missing and
   the ONNX Runtime alternative;
 - plans are never deserialized unless their manifest record matches (hash, TensorRT, GPU);
-- the runners' binding logic (names, shapes, dtypes, profile choice, in-place KV caches) runs
-  end to end against a *fake* `tensorrt` module whose engines execute the ONNX graphs with
-  ONNX Runtime through the bound raw addresses: parity with the torch models proves the
-  runner side; the real TensorRT parser/builder is not exercised (tests marked trt do, where
-  TensorRT is installed);
+- engines are built by the REAL `build_plan` (Polygraphy's NetworkFromOnnxPath / CreateConfig /
+  EngineFromNetwork / SaveEngine) over the fake native core of tests/contract/trt_fake.py, and
+  the runners' binding logic (names, shapes, dtypes, profile choice, KV bindings) runs end to end
+  on its engines, which execute the ONNX graphs with ONNX Runtime through the bound raw
+  addresses; the fake context rejects out-of-profile shapes and writes scratch into outputs
+  before reading inputs, so in-place binding of a non-aliased engine shows its hazard. The real
+  TensorRT parser/builder is not exercised (tests marked trt do, where TensorRT is installed);
 - bench/gpu_check.py runs in CPU smoke mode in seconds.
 """
 
-import ctypes
 import json
 import os
 import subprocess
@@ -148,6 +149,59 @@ def test_dry_run_needs_no_tensorrt(bundle):
     assert not (bundle / "gasv.trt.onnx").exists() and B.engines_record(bundle) is None  # nothing written
 
 
+@pytest.fixture(scope="module")
+def full_bundle(tmp_path_factory):
+    """A `lisa-trt export`-style bundle (weights/ and tables.safetensors beside the graphs)."""
+    from export_artifacts import make_artifacts
+
+    from lisa_trt.runtime.bundle import export_full_bundle
+
+    a = make_artifacts()
+    out = tmp_path_factory.mktemp("full") / "eng"
+    export_full_bundle(a["target"], a["drafter"], a["tables"], a["vq"], out, max_tree=16, progress=False,
+                       lint=False, validate=False)
+    return out
+
+
+def test_dry_run_uses_the_bundles_own_tables(full_bundle, monkeypatch):
+    """The GASV rewrite takes the bundle's tables.safetensors, not a recovery by role from gasv.onnx
+    (which is ambiguous on the demo bundle: "cannot identify beta ... 2 candidates")."""
+    from lisa_trt.engines.plugins import graph_rewrite as gr
+
+    bundle = full_bundle
+
+    def ambiguous(model):
+        raise gr.GraphRewriteError("cannot identify beta (C >= 64) in the GASV graph (2 candidates)")
+
+    monkeypatch.setattr(gr, "gasv_tables_from_onnx", ambiguous)
+    assert (bundle / "tables.safetensors").is_file()
+    plan = B.build_engines(bundle, dry_run=True)
+    assert plan["graphs"]["gasv"]["onnx"] == "gasv.trt.onnx"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_cli_build_dry_run_on_the_demo_bundle(tmp_path, fp16):
+    """What a new user runs: `lisa-trt export --model demo --drafter demo-lisa [--fp16]`, then
+    `lisa-trt build DIR --dry-run` (the part of `build` a machine without TensorRT can check)."""
+    from click.testing import CliRunner
+
+    from lisa_trt.cli import main
+    from lisa_trt.demo.registry import assets_present
+
+    if not assets_present():
+        pytest.skip("the bundled demo assets are absent")
+    d = tmp_path / ("demo16" if fp16 else "demo")
+    r = CliRunner()
+    res = r.invoke(main, ["export", "--model", "demo", "--drafter", "demo-lisa", "--out", str(d), "--no-validate"]
+                   + (["--fp16"] if fp16 else []))
+    assert res.exit_code == 0, res.output
+    res = r.invoke(main, ["build", str(d), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.output[res.output.index("{"):])
+    assert plan["dry_run"] and plan["graphs"]["gasv"]["onnx"] == "gasv.trt.onnx"
+
+
 @pytest.mark.trt
 @pytest.mark.skipif(not (HAS_TRT and HAS_CUDA), reason="needs TensorRT (not installable on these machines, "
                     "docs/spec/deploy.md) and a CUDA GPU")
@@ -169,136 +223,51 @@ def test_real_tensorrt_build_and_parity(bundle, tmp_path):
 
 # ----------------------------------------------------------------------------- fake TensorRT
 
-_NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
-       "tensor(bool)": np.bool_, "tensor(int32)": np.int32}
+sys.path.insert(0, str(ROOT / "tests" / "contract"))
+import trt_core  # noqa: E402
+import trt_fake  # noqa: E402
 
 
-def _view(ptr: int, shape, dtype) -> np.ndarray:
-    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    return np.frombuffer((ctypes.c_char * n).from_address(ptr), dtype=dtype).reshape(shape)
+class _StubCreator:
+    """What tensorrt.plugin registers for lisa::gasv2 (name, version "1", namespace, the declared
+    attribute as a field), used when NVIDIA's wheel is not unpacked; tests/contract checks this
+    picture against the vendor's code."""
+
+    name, plugin_version = "gasv2", "1"
+    field_names = [trt_core.PluginField("num_warps", np.array([]), trt_core.PluginFieldType.INT64)]
+
+    def create_plugin(self, name, namespace, fc, phase, request=None):
+        return types.SimpleNamespace(name=name, namespace=namespace, fields={f.name: f.data for f in fc})
 
 
-class FakeEngine:
-    """Runs the ONNX graph a fake plan points to with ONNX Runtime (GASV: the plugin emulation)."""
-
-    def __init__(self, trt, plan: bytes):
-        import onnx
-        import onnxruntime as ort
-
-        from lisa_trt.engines.plugins import graph_rewrite as gr
-
-        d = json.loads(plan)
-        self.trt, self.num_optimization_profiles = trt, d["profiles"]
-        model = onnx.load(d["onnx"])
-        self.inputs = [i.name for i in model.graph.input]
-        self.outputs = [o.name for o in model.graph.output]
-        if gr.plugin_nodes(model):
-            self._run = lambda feeds: gr.emulate_trt_variant(model, *(feeds[n] for n in gr.GRAPH_INPUTS))
-            self.dtypes = {"guided_logits": np.float32, "node_tokens": np.int64, "node_parents": np.int64,
-                           "gasv_params": np.float32}
-        else:
-            sess = ort.InferenceSession(d["onnx"], providers=["CPUExecutionProvider"])
-            self._run = lambda feeds: dict(zip(self.outputs, sess.run(self.outputs, feeds)))
-            self.dtypes = {i.name: _NP[i.type] for i in sess.get_inputs()}
-        self.calls = []
-        trt.engines.append(self)
-
-    @property
-    def num_io_tensors(self):
-        return len(self.inputs) + len(self.outputs)
-
-    def get_tensor_name(self, i):
-        return (self.inputs + self.outputs)[i]
-
-    def get_tensor_mode(self, name):
-        return self.trt.TensorIOMode.INPUT if name in self.inputs else self.trt.TensorIOMode.OUTPUT
-
-    def get_device_memory_size_for_profile_v2(self, i):
-        return 1024 * (i + 1)
-
-    def create_execution_context(self, strategy=None):
-        return FakeContext(self, strategy)
+def FakeTRT(version="10.15.1.29"):
+    """The fake native core of tests/contract/trt_fake.py (Polygraphy's real loaders run over it)."""
+    return trt_fake.make_fake_trt(version)
 
 
-class FakeContext:
-    def __init__(self, engine, strategy):
-        self.engine, self.strategy, self.profile, self.memory = engine, strategy, None, None
-        self.shapes, self.addr = {}, {}
+def _install(fake, monkeypatch, request):
+    from lisa_trt.engines.plugins import trt_plugin as tp
 
-    def set_device_memory(self, ptr, size):
-        self.memory = (ptr, size)
-
-    def set_optimization_profile_async(self, i, stream):
-        self.profile = i
-
-    def set_input_shape(self, name, shape):
-        assert name in self.engine.inputs
-        self.shapes[name] = tuple(shape)
-        return True
-
-    def set_tensor_address(self, name, ptr):
-        self.addr[name] = ptr
-        return True
-
-    def execute_async_v3(self, stream):
-        e = self.engine
-        feeds = {n: _view(self.addr[n], self.shapes[n], e.dtypes[n]).copy() for n in e.inputs}
-        outs = e._run(feeds)  # computed completely before anything is written (like an aliasing engine)
-        for n in e.outputs:
-            arr = np.asarray(outs[n])
-            _view(self.addr[n], arr.shape, arr.dtype)[...] = arr
-        e.calls.append({"profile": self.profile, "shapes": dict(self.shapes), "addr": dict(self.addr)})
-        return True
-
-
-class FakeTRT(types.ModuleType):
-    """Just the tensorrt API surface lisa_trt.engines.trt uses."""
-
-    __version__ = "10.99.0-fake"
-
-    def __init__(self):
-        super().__init__("tensorrt")
-        self.engines = []
-        self.TensorIOMode = types.SimpleNamespace(INPUT="input", OUTPUT="output")
-        self.ExecutionContextAllocationStrategy = types.SimpleNamespace(USER_MANAGED="user")
-        trt = self
-
-        class Logger:
-            WARNING = 2
-
-            def __init__(self, level):
-                self.level = level
-
-        class Runtime:
-            def __init__(self, logger):
-                pass
-
-            def deserialize_cuda_engine(self, plan):
-                return FakeEngine(trt, plan)
-
-        self.Logger, self.Runtime = Logger, Runtime
-
-
-@pytest.fixture
-def fake(bundle, tmp_path, monkeypatch):
-    """A copy of the tiny bundle 'built' with the fake TensorRT (plans = pointers to the ONNX)."""
-    import shutil
-
-    fake = FakeTRT()
+    trt_fake.reset_polygraphy_trt()                      # Polygraphy caches the tensorrt it imported first
+    request.addfinalizer(trt_fake.reset_polygraphy_trt)
     monkeypatch.setitem(sys.modules, "tensorrt", fake)
     for mod in (B, T):
         monkeypatch.setattr(mod, "require_tensorrt_gpu", lambda: fake)
     monkeypatch.setattr(B, "gpu_name", lambda: "Fake GPU")
     monkeypatch.setattr(B, "device_info", lambda: {"gpu": "Fake GPU", "compute_capability": "8.9", "cuda": "12.8"})
-    from lisa_trt.engines.plugins import trt_plugin as tp
+    monkeypatch.setattr(tp, "register", lambda sm=None: fake.get_plugin_registry().register_creator(
+        _StubCreator(), tp.NAMESPACE))
 
-    monkeypatch.setattr(tp, "register", lambda sm=None: None)
 
-    def fake_build_plan(onnx_path, profiles, plan_path, **kw):
-        plan_path.write_text(json.dumps({"onnx": str(onnx_path), "profiles": len(profiles)}))
-        return 0.0
+@pytest.fixture
+def fake(bundle, tmp_path, monkeypatch, request):
+    """A copy of the tiny bundle built by the REAL build_plan (Polygraphy's NetworkFromOnnxPath /
+    CreateConfig / EngineFromNetwork / SaveEngine) over the fake native core; plans are JSON
+    records the fake runtime executes with ONNX Runtime."""
+    import shutil
 
-    monkeypatch.setattr(B, "build_plan", fake_build_plan)
+    fake = FakeTRT()
+    _install(fake, monkeypatch, request)
     d = tmp_path / "engines"
     shutil.copytree(bundle, d)
     man = read_manifest(d)
@@ -309,7 +278,7 @@ def fake(bundle, tmp_path, monkeypatch):
 
 def test_build_records_engines_in_the_manifest(fake):
     rec = fake.record
-    assert rec["tensorrt_version"] == "10.99.0-fake" and rec["gpu"] == "Fake GPU" and rec["strongly_typed"]
+    assert rec["tensorrt_version"] == "10.15.1.29" and rec["gpu"] == "Fake GPU" and rec["strongly_typed"]
     assert set(rec["graphs"]) == {"target_prefill", "target_verify", "drafter_project", "drafter_step",
                                   "drafter_commit", "gasv", "vq_decode"}
     g = rec["graphs"]["target_verify"]
@@ -329,7 +298,7 @@ def test_plans_are_checked_before_deserialization(fake):
         B.load_plan(fake.dir, Graph.TARGET_VERIFY)
     plan.write_bytes(data)
     fake.trt.__version__ = "10.98.0"
-    with pytest.raises(ArtifactMismatchError, match="built with TensorRT 10.99.0-fake"):
+    with pytest.raises(ArtifactMismatchError, match="built with TensorRT 10.15.1.29"):
         B.load_plan(fake.dir, Graph.TARGET_VERIFY)
     rec = B.engines_record(fake.dir)
     del rec["graphs"]["vq_decode"]
@@ -359,16 +328,34 @@ def _close(a, b, tol=1e-4):
     return (a.float() - b.float()).abs().max().item() <= tol * max(1.0, b.float().abs().max().item())
 
 
-@pytest.mark.parametrize("kv_binding", ["inplace", "swap"])
-def test_trt_target_matches_torch_through_the_binding_protocol(fake, kv_binding):
+@pytest.fixture
+def fake_aliased(bundle, tmp_path, monkeypatch, request):
+    """As `fake`, but the engines report present.* as aliased to past_key_values.* (what
+    IKVCacheUpdateLayer engines do, ICudaEngine::getAliasedInputTensor, TensorRT >= 10.15)."""
+    import shutil
+
+    fake = FakeTRT()
+    fake.plan_aliases = lambda net: {t.name: t.name.replace("present.", "past_key_values.") for t in net.outputs
+                                     if t.name.startswith("present.")}
+    _install(fake, monkeypatch, request)
+    d = tmp_path / "engines"
+    shutil.copytree(bundle, d)
+    B.build_engines(d, profiles=B.profiles_from_io_spec(read_manifest(d), seq_split=4), progress=False)
+    return types.SimpleNamespace(trt=fake, dir=d)
+
+
+@pytest.mark.parametrize("case", ["swap-default", "aliased-engine"])
+def test_trt_target_matches_torch_through_the_binding_protocol(request, case):
     from export_artifacts import make_artifacts
 
     from lisa_trt.engines.base import DrafterEngine, TargetEngine
     from lisa_trt.models.checkpoints import target_hash
 
+    fake = request.getfixturevalue("fake" if case == "swap-default" else "fake_aliased")
     a = make_artifacts()
     target, drafter = a["target"], a["drafter"]
-    eng = T.load_trt_engines(fake.dir, device="cpu", kv_binding=kv_binding, target_hash=target_hash(target))
+    eng = T.load_trt_engines(fake.dir, device="cpu", target_hash=target_hash(target))  # default: swap
+    assert eng.target._verify.kv_binding == "swap" == T.DEFAULT_KV_BINDING
     assert isinstance(eng.target, TargetEngine) and isinstance(eng.drafter, DrafterEngine)
     cond = torch.tensor([3, 10])                                   # [cond; uncond]
     tc, ec = target.new_cache(2, extra=16), eng.target.new_cache(2, extra=16)
@@ -376,7 +363,7 @@ def test_trt_target_matches_torch_through_the_binding_protocol(fake, kv_binding)
         w, g = target.prefill(cond, tc, taps=True), eng.target.prefill(cond, ec, taps=True)
         assert _close(g.logits, w.logits) and _close(g.taps, w.taps)
         assert torch.equal(ec.lengths, tc.lengths) and torch.equal(ec.col_valid, tc.col_valid)
-        verify = next(e for e in fake.trt.engines if "input_ids" in e.inputs and "past_key_values.3.key" in e.inputs)
+        verify = eng.target._verify.engine   # the fake ICudaEngine (records its calls)
         for S, profile in ((1, "step"), (6, "tree")):
             tok, pos, slots, mask = _tree(tc, S, seed=S)
             w = target.forward_tokens(tok, pos, slots, mask, tc, taps=True)
@@ -385,7 +372,7 @@ def test_trt_target_matches_torch_through_the_binding_protocol(fake, kv_binding)
             call = verify.calls[-1]
             assert eng.target._verify.profiles[call["profile"]].name == profile
             same = call["addr"]["present.0.key"] == call["addr"]["past_key_values.0.key"]
-            assert same == (kv_binding == "inplace")
+            assert same == (case == "aliased-engine")   # separate present buffers unless TensorRT aliases them
             assert call["addr"]["present.0.key"] == ec.k[0].data_ptr()  # the cache now holds the update
         for kt, ke in zip(tc.k + tc.v, ec.k + ec.v):
             assert _close(ke, kt)
@@ -398,6 +385,58 @@ def test_trt_target_matches_torch_through_the_binding_protocol(fake, kv_binding)
         lt, ht = drafter(h_t[:, :3], tok, pos, slots, mask, dt)
         le, he = eng.drafter(h_t[:, :3], tok, pos, slots, mask, de)
         assert _close(le, lt) and _close(he, ht) and _close(de.k[0], dt.k[0])
+
+
+def test_inplace_binding_is_opt_in_and_the_fake_exposes_its_hazard(fake):
+    """In-place binding of an engine that reports no alias: the fake context writes its outputs
+    (scratch first) while inputs may still be read, as TensorRT may; the shared cache is
+    corrupted and the logits differ from torch. That is why "swap" is the default."""
+    from export_artifacts import make_artifacts
+
+    target = make_artifacts()["target"]
+    eng = T.load_trt_engines(fake.dir, device="cpu", kv_binding="inplace")
+    tc, ec = target.new_cache(2, extra=16), eng.target.new_cache(2, extra=16)
+    with torch.no_grad():
+        target.prefill(torch.tensor([3, 10]), tc)
+        eng.target.prefill(torch.tensor([3, 10]), ec)
+        tok, pos, slots, mask = _tree(tc, 3, seed=3)
+        w = target.forward_tokens(tok, pos, slots, mask, tc)
+        g = eng.target.forward_tokens(tok, pos, slots, mask, ec)
+    assert not _close(g.logits, w.logits)   # the aliasing hazard changes the result
+    verify = eng.target._verify.engine
+    assert verify.calls[-1]["addr"]["present.0.key"] == verify.calls[-1]["addr"]["past_key_values.0.key"]
+
+
+def test_fake_context_enforces_profiles_and_dtypes(fake):
+    """set_input_shape is False outside the selected profile (the runner raises, not the fake);
+    the runner refuses a tensor of another dtype than the engine's."""
+    from lisa_trt.export.io_spec import export_dims
+
+    man = read_manifest(fake.dir)
+    dims = export_dims(man.target_config, max_cache_len=man.max_cache_len, drafter_cfg=man.drafter_config,
+                       vq_cfg=man.vq_config)
+    runner = T.TrtRunner(fake.dir, graph_spec(Graph.VQ_DECODE), dims, "fp32", "cpu")
+    e = next(x for x in fake.trt.engines if x.inputs == ["image_tokens"])
+    ctx = e.create_execution_context()
+    ctx.set_optimization_profile_async(0, 0)
+    lo, _, hi = e.profiles[0]["image_tokens"]
+    assert ctx.set_input_shape("image_tokens", lo) and not ctx.set_input_shape("image_tokens", [hi[0] + 1, hi[1]])
+    assert not ctx.set_input_shape("image_tokens", [1]) and not ctx.execute_async_v3(0)  # addresses unset
+    with pytest.raises(T.TrtRuntimeError, match="the engine takes torch.int64"):
+        runner.run({"image_tokens": torch.zeros(1, 16, dtype=torch.int32)})
+    # a profile chosen for the call whose context then refuses the shape: the bool is checked
+    runner.profiles[0].shapes["image_tokens"] = ((1, 16), (1, 16), (9, 16))   # lie about the bounds
+    with pytest.raises(T.TrtRuntimeError, match="TensorRT refused image_tokens of shape"):
+        runner.run({"image_tokens": torch.zeros(5, 16, dtype=torch.int64)})
+
+
+def test_alignment_helpers():
+    raw = torch.zeros(4096, dtype=torch.uint8)
+    off = (-raw.data_ptr()) % 256
+    view = raw[off + 8: off + 8 + 1024]
+    assert not T.aligned(view) and T.aligned(raw[off:])
+    c = T.aligned_input(view)
+    assert T.aligned(c) and torch.equal(c, view) and c.data_ptr() != view.data_ptr()
 
 
 def test_trt_gasv_and_vq_match_the_references(fake):
@@ -469,3 +508,4 @@ def test_partial_rebuild_keeps_the_other_engines(fake):
     assert set(rec["graphs"]) == set(before) and rec["graphs"]["target_verify"] == before["target_verify"]
     with pytest.raises(InputError, match="has no graph"):
         B.build_engines(fake.dir, graphs=["nope"], progress=False)
+

@@ -96,9 +96,9 @@ def test_rewrite_is_valid_onnx_with_one_plugin_node(plain, tables):
     ops = [n.op_type for n in m.graph.node]
     assert "ScatterND" not in ops and "MatMul" not in ops and "Softmax" not in ops  # the plain body is gone
     (node,) = gr.plugin_nodes(m)
-    assert (node.op_type, node.domain) == ("gasv", "lisa")
+    assert (node.op_type, node.domain) == ("gasv2", "lisa")
     a = _attrs(node)
-    assert a["plugin_namespace"] == b"lisa" and a["plugin_version"] == b"2" and a["aot"] == 1
+    assert a["plugin_namespace"] == b"lisa" and a["plugin_version"] == b"1" and a["aot"] == 1
     assert a["num_warps"] == 4
     assert len(node.input) == tp.N_INPUTS and list(node.output) == ["p", "delta_eff", "gate"]
     assert node.input[0] == "guided_logits" and node.input[-1] == "gasv_params"
@@ -165,7 +165,7 @@ def test_write_trt_variant_next_to_the_source(plain, tmp_path):
     assert out == tmp_path / "gasv.trt.onnx" and out.is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gasv.onnx", "gasv.trt.onnx"]  # no temp files left
     (node,) = gr.plugin_nodes(onnx.load(str(out)))
-    assert "aot" not in _attrs(node)  # JIT variant
+    assert _attrs(node)["aot"] == 0  # JIT variant, explicit (both impls are registered: kSTRICT_JIT)
 
 
 def test_rewrite_refuses_other_graphs(plain, tmp_path):

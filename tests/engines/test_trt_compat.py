@@ -186,11 +186,13 @@ def test_functions_and_subgraphs_are_walked():
     assert any("then_branch/" in v and "Det" in v for v in tc.check_model(m).violations)
 
 
-def _plugin_model(**attr_overrides):
+def _plugin_model(op_type=None, **attr_overrides):
     from lisa_trt.engines.plugins import trt_plugin as tp
 
     ins = ["logits", "tok", "par", "nb", "w", "n2", "cl", "beta", "params"]
     node = tp.onnx_plugin_node(ins, ["p", "delta_eff", "gate"])
+    if op_type:
+        node.op_type = op_type
     keep = [a for a in node.attribute if a.name not in attr_overrides]
     del node.attribute[:]
     node.attribute.extend(keep + [helper.make_attribute(k, v) for k, v in attr_overrides.items() if v is not None])
@@ -209,9 +211,15 @@ def test_plugin_node_attributes():
     assert gc.ok and gc.plugins == ["lisa_gasv"] and gc.min_trt_version == (10, 9)
     v = tc.check_model(_plugin_model(plugin_namespace=None)).violations
     assert any("plugin_namespace='lisa'" in x for x in v), v
-    v = tc.check_model(_plugin_model(plugin_version="1")).violations      # the retired GASV v1 plugin
-    assert any("plugin_version='2'" in x for x in v), v
-    gc = tc.check_model(_plugin_model(aot=None))
+    # tensorrt.plugin registers every plugin as version "1" (_lib.py); "2" would be "Plugin not found"
+    v = tc.check_model(_plugin_model(plugin_version="2")).violations
+    assert any("plugin_version='2'" in x and "set plugin_version='1'" in x for x in v), v
+    v = tc.check_model(_plugin_model(op_type="gasv")).violations           # the retired GASV v1 plugin name
+    assert any("retired GASV v1" in x and "lisa::gasv2" in x for x in v), v
+    # no aot attribute: both impls are registered, so tensorrt.plugin (_lib.py) refuses to pick one
+    v = tc.check_model(_plugin_model(aot=None)).violations
+    assert any("no aot attribute" in x for x in v), v
+    gc = tc.check_model(_plugin_model(aot=0))
     assert gc.ok and any("JIT" in w for w in gc.warnings)
 
 

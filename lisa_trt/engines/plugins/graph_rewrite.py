@@ -1,10 +1,10 @@
-"""The TensorRT variant of the GASV graph: swap its plain-ONNX body for the `lisa::gasv` plugin.
+"""The TensorRT variant of the GASV graph: swap its plain-ONNX body for the `lisa::gasv2` plugin.
 
 `export_bundle` writes `gasv.onnx` (GASV v2 per-node gates, `gasv.gasv_core`) as plain ONNX ops
 (ONNX Runtime runs it). Its cluster-mass step is a ScatterND with reduction="add", which
 TensorRT's ONNX parser refuses ("ScatterND with reduction is not supported"). This module
 produces `gasv.trt.onnx`: the same graph inputs and outputs (io_spec Graph.GASV), whose p,
-delta_eff and gate come from one `lisa::gasv` plugin node (trt_plugin.onnx_plugin_node, Triton PTX
+delta_eff and gate come from one `lisa::gasv2` plugin node (trt_plugin.onnx_plugin_node, Triton PTX
 baked in with aot=1) fed by:
 
   guided_logits (N, V) fp32 ............................. plugin input `logits`
@@ -29,6 +29,7 @@ ONNX Runtime against the PyTorch reference `gasv_gates` on random logits (`verif
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -156,6 +157,43 @@ def gasv_tables_from_onnx(model) -> dict:
     return _tables_dict({"nb": nb[0], "w_tilde": w, "w_tilde_norm2": n2[0], "cluster": cluster, "beta": beta[0]})
 
 
+def tables_from_bundle(manifest) -> Optional[dict]:
+    """The GASV tables of an engine directory from its own `tables.safetensors` (None if it has none).
+
+    A bundle made by `lisa-trt export` carries the calibration tables it baked into gasv.onnx;
+    they are used as they are instead of recovering them from the graph by role (which can be
+    ambiguous, e.g. two float vectors that could be beta). W~ is not stored in the tables file
+    (it is the target head times invstd): it is the graph's initializer named `w_tilde`.
+    The result is still checked against the plain graph (`verify_tables`) by the caller.
+
+    Raises:
+        ArtifactMismatchError: the tables were calibrated for another target than the bundle's.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    from ...calibration.tables import load_tables
+    from ...errors import ArtifactMismatchError
+    from ...export.io_spec import Graph
+
+    if "tables" not in (manifest.files or {}) or not manifest.has(Graph.GASV):
+        return None
+    path = Path(manifest.dir) / manifest.files["tables"]
+    if not path.is_file():
+        return None
+    tables = load_tables(path)
+    if manifest.target_hash and tables.target_hash != manifest.target_hash:
+        raise ArtifactMismatchError(f"{path} was calibrated for target {tables.target_hash}, the bundle is for "
+                                    f"{manifest.target_hash}; re-export the bundle")
+    model = onnx.load(str(manifest.graph_path(Graph.GASV)))
+    w = next((numpy_helper.to_array(t) for t in model.graph.initializer if t.name == "w_tilde"), None)
+    if w is None or w.ndim != 2:
+        raise GraphRewriteError(f"{manifest.graph_path(Graph.GASV)} has no 2-D `w_tilde` initializer; re-export "
+                                "the bundle with this lisa-trt, or pass the tables explicitly (tables=...)")
+    return _tables_dict({"nb": tables.lantern_neighbors, "w_tilde": w, "w_tilde_norm2": tables.w_tilde_norm2,
+                         "cluster": tables.cluster, "beta": tables.beta})
+
+
 class _Tables:
     """A GASVTables stand-in over numpy table arrays (for `gasv_gates`)."""
 
@@ -226,7 +264,7 @@ def _load(model_or_path):
 
 
 def rewrite_gasv(model_or_path, *, tables=None, aot: bool = True, num_warps: int = 4, verify: bool = True):
-    """The TensorRT variant of a GASV graph: p, delta_eff and gate from one `lisa::gasv` plugin node.
+    """The TensorRT variant of a GASV graph: p, delta_eff and gate from one `lisa::gasv2` plugin node.
 
     Args:
         model_or_path: the exported plain gasv.onnx (path or ModelProto); not modified.
@@ -234,7 +272,7 @@ def rewrite_gasv(model_or_path, *, tables=None, aot: bool = True, num_warps: int
             from the graph's initializers (and checked with `verify_tables` when verify=True).
         aot: mark the node for the AOT implementation (Triton PTX, no Python at run time).
         num_warps: kernel launch width (a plugin attribute).
-        verify: when the tables are recovered from the graph, check them against the reference.
+        verify: check the tables (recovered or given) against the plain graph in ONNX Runtime.
     Returns:
         onnx.ModelProto with the io-spec inputs/outputs of the GASV graph and opset import lisa:1.
     """
@@ -248,12 +286,9 @@ def rewrite_gasv(model_or_path, *, tables=None, aot: bool = True, num_warps: int
         raise GraphRewriteError(f"not a lisa-trt GASV v2 graph: inputs {names_in}, outputs {names_out}; expected "
                                 f"{list(GRAPH_INPUTS)} -> {list(GRAPH_OUTPUTS)} (io_spec Graph.GASV); re-export "
                                 "with this lisa-trt")
-    if tables is None:
-        tab = gasv_tables_from_onnx(src)
-        if verify:
-            verify_tables(src, tab)
-    else:
-        tab = _tables_dict(tables)
+    tab = gasv_tables_from_onnx(src) if tables is None else _tables_dict(tables)
+    if verify:  # recovered or given: they must reproduce the plain graph (ONNX Runtime vs gasv_gates)
+        verify_tables(src, tab)
     V, H = tab["w_tilde"].shape
     C = tab["beta"].shape[0]
 

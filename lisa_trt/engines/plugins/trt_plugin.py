@@ -1,4 +1,4 @@
-"""TensorRT Python plugin `lisa::gasv`: GASV v2 per-node gates (the Triton kernel of gasv_triton.py).
+"""TensorRT Python plugin `lisa::gasv2`: GASV v2 per-node gates (the Triton kernel of gasv_triton.py).
 
 `register()` defines it with `tensorrt.plugin` (TensorRT >= 10.9 for `aot_impl`):
   - register: shapes/dtypes (p like the logits, delta_eff (N,), gate (N, KW));
@@ -14,9 +14,22 @@ scalars, then outputs):
            params (P,) fp32 = GASVConfig.params() (gasv.PARAMS order; the graph's gasv_params)
   outputs  p (N, V) fp32 | delta_eff (N,) fp32 | gate (N, KW) fp32
 
-ONNX: a node with op_type "gasv", domain "lisa", attribute plugin_namespace="lisa",
-plugin_version="2", and aot=1 for the AOT variant (`onnx_plugin_node`). ONNX Runtime cannot run
-it: only the TensorRT variant of a graph carries it.
+ONNX: a node with op_type "gasv2" (= the plugin name), domain "lisa", attribute
+plugin_namespace="lisa", plugin_version="1", and aot=1 (AOT) or aot=0 (JIT) (`onnx_plugin_node`).
+ONNX Runtime cannot run it: only the TensorRT variant of a graph carries it.
+
+Why version "1" and the generation in the NAME: every plugin registered through `tensorrt.plugin`
+gets version "1" (`tensorrt/plugin/_lib.py`, `_TemplatePluginCreator.__init__`:
+`self.plugin_version = "1"`; `_register_plugin_creator` looks it up again with
+`get_creator(name, "1", namespace)`), and TensorRT's ONNX parser finds a plugin creator by the
+exact (op_type, plugin_version [default "1"], plugin_namespace [else the node's domain]) triple
+(onnx-tensorrt `onnxOpCheckers.cpp` FallbackPluginImporter / `importPluginCreator`: "Plugin not
+found, are the plugin name, version, and namespace correct?"). So GASV v2 is told apart from the
+retired v1 plugin (`lisa::gasv`, gate over the vocabulary) by its name `gasv2`, never by version.
+Only the attributes the registered function declares (`num_warps`) become plugin fields: the
+parser loads the creator's field names from the node (onnxOpImporters.cpp `loadFields`);
+`plugin_namespace`, `plugin_version` and `aot` are read by the parser itself (`aot` selects
+kSTRICT_AOT / kSTRICT_JIT, importerUtils.cpp `createPlugin`).
 
 This module imports without TensorRT (and without triton): tensorrt is imported inside
 `register()`, triton inside the PTX helpers. Note: no `from __future__ import annotations` here,
@@ -29,8 +42,11 @@ from typing import Optional
 from ...errors import LisaError
 
 NAMESPACE = "lisa"
-PLUGINS = ("gasv",)
-PLUGIN_VERSION = "2"  # GASV version 2 (the version-1 plugin, gate over the whole vocabulary, is retired)
+PLUGIN_NAME = "gasv2"  # GASV version 2; the generation is in the name (module docstring)
+PLUGIN_ID = f"{NAMESPACE}::{PLUGIN_NAME}"
+PLUGINS = (PLUGIN_NAME,)
+RETIRED_PLUGINS = ("gasv", "gasv_support")  # GASV v1 (gate over the whole vocabulary): graphs must be re-made
+PLUGIN_VERSION = "1"  # what tensorrt.plugin registers every plugin as (_lib.py); never anything else
 INPUTS = ("logits", "tokens", "parents", "nb", "w_tilde", "w_tilde_norm2", "cluster", "beta", "params")
 OUTPUTS = ("p", "delta_eff", "gate")
 N_INPUTS = len(INPUTS)
@@ -62,7 +78,7 @@ def require_tensorrt():
         import tensorrt.plugin as trtp
     except Exception as e:
         raise TensorRTUnavailableError(
-            f"TensorRT is not importable here ({type(e).__name__}: {e}). The lisa::gasv plugin needs "
+            f"TensorRT is not importable here ({type(e).__name__}: {e}). The lisa::gasv2 plugin needs "
             "the TensorRT >= 10.9 Python bindings (pip install tensorrt from NVIDIA's index) and a "
             "GPU. Without them use the ONNX Runtime backend (`--backend ort`), which runs GASV as "
             "plain ONNX ops / PyTorch.") from e
@@ -105,12 +121,13 @@ def onnx_plugin_node(inputs, outputs, *, aot: bool = True, name: str = "lisa_gas
     import onnx
 
     if len(inputs) != N_INPUTS or len(outputs) != N_OUTPUTS:
-        raise LisaError(f"{NAMESPACE}::gasv takes {N_INPUTS} inputs and {N_OUTPUTS} outputs, "
+        raise LisaError(f"{PLUGIN_ID} takes {N_INPUTS} inputs and {N_OUTPUTS} outputs, "
                         f"got {len(inputs)} / {len(outputs)}")
-    attrs = dict(plugin_namespace=NAMESPACE, plugin_version=PLUGIN_VERSION, num_warps=num_warps)
-    if aot:
-        attrs["aot"] = 1
-    return onnx.helper.make_node("gasv", list(inputs), list(outputs), name=name, domain=NAMESPACE, **attrs)
+    # aot is always set: with both a JIT and an AOT implementation registered, a node without it
+    # makes tensorrt.plugin refuse to create the plugin unless the network carries a PREFER_* flag
+    # (_lib.py `_TemplatePluginCreator.create_plugin`); the parser maps aot=1 / 0 to kSTRICT_AOT / JIT.
+    attrs = dict(plugin_namespace=NAMESPACE, plugin_version=PLUGIN_VERSION, num_warps=num_warps, aot=int(bool(aot)))
+    return onnx.helper.make_node(PLUGIN_NAME, list(inputs), list(outputs), name=name, domain=NAMESPACE, **attrs)
 
 
 def _device_sm() -> int:
@@ -122,7 +139,7 @@ def _device_sm() -> int:
 
 
 def register(sm: Optional[int] = None) -> None:
-    """Register lisa::gasv with TensorRT (idempotent).
+    """Register lisa::gasv2 with TensorRT (idempotent).
 
     Args:
         sm: SM the AOT PTX is compiled for; default the current CUDA device's (89 without one).
@@ -133,13 +150,25 @@ def register(sm: Optional[int] = None) -> None:
     if _REGISTERED:
         return
     trt, trtp = require_tensorrt()
-    _register_one(trt, trtp, f"{NAMESPACE}::gasv", sm)
+    _register_one(trt, trtp, PLUGIN_ID, sm)
     _REGISTERED = True
 
 
-def _static(expr, default: int) -> int:
-    """The value of a TensorRT shape expression when it is a build-time constant."""
-    return int(expr.constant_value) if getattr(expr, "is_constant", False) else default
+def _static(expr, default: int, what: str = "dimension") -> int:
+    """The value of a `tensorrt.plugin.ShapeExpr` that must be a build-time constant.
+
+    `tensorrt.plugin` semantics (`_tensor.py`, ShapeExpr): `is_fake` is True for the placeholder
+    expressions of shape inference (`get_output_data_types`), and `is_constant` RAISES
+    RuntimeError on those, so `is_fake` is tested first; `constant_value` is a METHOD. A fake
+    expression gives `default`; a real one that is not constant is an error (the kernel's tiles
+    are compiled for these sizes), naming the dimension.
+    """
+    if expr.is_fake:
+        return default
+    if not expr.is_constant:
+        raise LisaError(f"{PLUGIN_ID}: {what} is not a build-time constant; the GASV tables are initializers "
+                        "of the TensorRT graph, so their sizes must be static (re-run the graph rewrite)")
+    return int(expr.constant_value())
 
 
 def _register_one(trt, trtp, plugin_id: str, sm: Optional[int]) -> None:
@@ -183,7 +212,8 @@ def _register_one(trt, trtp, plugin_id: str, sm: Optional[int]) -> None:
              cluster: Desc, beta: Desc, params: Desc, num_warps: int, outputs: Tuple[Desc],
              tactic: int) -> AotRet:
         V, H, C, KW = logits.shape_expr[1], w_tilde.shape_expr[1], beta.shape_expr[0], nb.shape_expr[1]
-        k = aot_kernel(_static(V, 16384), _static(H, 1280), _static(C, 256), _static(KW, 64),
+        k = aot_kernel(_static(V, 16384, "V (logits.shape[1])"), _static(H, 1280, "H (w_tilde.shape[1])"),
+                       _static(C, 256, "C (beta.shape[0])"), _static(KW, 64, "KW (nb.shape[1])"),
                        sm=sm or _device_sm(), num_warps=num_warps)
         launch = trtp.KernelLaunchParams()
         launch.grid_x = logits.shape_expr[0]
