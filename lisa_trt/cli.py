@@ -858,12 +858,15 @@ def _bench_quality(target, scorer, decode_fn, classes, sampling, seed):
 @click.option("--refit", is_flag=True, help="Build refittable engines (weight swaps without rebuild).")
 @click.option("--workspace", type=int, default=None, help="Builder workspace limit in MiB.")
 @click.option("--dry-run", is_flag=True, help="Check compatibility and print the profiles; build nothing.")
+@device_options("Check the memory plan against this GPU first (default: the visible CUDA device).")
 @_handle_errors
-def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, dry_run):
+def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, dry_run, gpu, memory_gib):
     """TensorRT engines for every graph of an exported bundle (Polygraphy loaders, strongly typed).
 
     Needs TensorRT and an NVIDIA GPU; without them it says what is missing and how to run the
-    bundle through ONNX Runtime instead (`lisa-trt run ENGINE_DIR PROMPTS --backend ort`)."""
+    bundle through ONNX Runtime instead (`lisa-trt run ENGINE_DIR PROMPTS --backend ort`).
+    Before any TensorRT work the memory plan (`lisa-trt plan ENGINE_DIR`) is checked against
+    --gpu / --memory-gib or the visible CUDA device, and a plan that does not fit is refused."""
     from .export.chameleon_onnx import is_chameleon_engine
 
     if is_chameleon_engine(engine_dir):
@@ -871,6 +874,10 @@ def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, dry_r
 
         raise InputError(f"{engine_dir} is a Chameleon-family engine directory: TensorRT engines are not available "
                          "for this family yet; run it with ONNX Runtime (`lisa-trt run ENGINE_DIR CAPTIONS`)")
+    from .engines.plan import preflight
+
+    preflight(engine_dir, gpu=gpu, memory_gib=memory_gib, gpu_backend=True, batch=max_batch, tree=max_tree,
+              cfg=True, workspace=(workspace << 20) if workspace else None)  # before any TensorRT work
     from .engines.build import build_engines
 
     rec = build_engines(engine_dir, profiles=None, timing_cache=timing_cache, refit=refit,

@@ -301,6 +301,19 @@ def test_preflight_for_build(bundle, monkeypatch):
     assert p.rows == 16 and p.workspace == 512 << 20 and p.usable == 4 * GIB
 
 
+def test_build_refuses_a_plan_that_does_not_fit_before_any_tensorrt_work(bundle, monkeypatch):
+    from lisa_trt.engines import build as B
+
+    def boom(*a, **k):
+        raise AssertionError("build_engines was called")
+
+    monkeypatch.setattr(B, "build_engines", boom)
+    r = CliRunner().invoke(main, ["build", str(bundle), "--dry-run", "--memory-gib", "0.5", "--max-batch", "4"])
+    assert r.exit_code == 2 and "run total" in r.output and "0.50 GiB" in r.output, r.output
+    r = CliRunner().invoke(main, ["build", str(bundle), "--dry-run", "--memory-gib", "500"])
+    assert isinstance(r.exception, AssertionError) and "build_engines was called" in str(r.exception)
+
+
 # ----------------------------------------------------------------------------- CLI
 
 def test_cli_plan_fits_and_json(tmp_path):
