@@ -23,6 +23,8 @@ from .io_spec import IO_SPEC_VERSION, Graph
 FORMAT = "lisa-trt/engine-bundle"
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+CHAMELEON_ENGINE_FILE = "chameleon_engine.json"  # the manifest of export/chameleon_onnx.py's directories
+DEFAULT_FAMILY = "llamagen"  # manifests written before the `family` field are LlamaGen's
 
 
 # ----------------------------------------------------------------------------- hashes
@@ -108,6 +110,7 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
     io_spec_version: int = IO_SPEC_VERSION
     format: str = FORMAT
+    family: str = DEFAULT_FAMILY  # the model family the graphs are of (bundle_family)
     dir: Optional[Path] = None  # where it was read from (not serialised)
 
     # -- access --------------------------------------------------------------------------
@@ -187,6 +190,7 @@ def build_manifest(*, target, drafter, tables, vq, graphs: dict, precision: str,
     from .._version import __version__
     from ..config import SamplingConfig
     from ..models.checkpoints import target_hash
+    from ..models.family import family_of
 
     versions = {"lisa_trt": __version__, "torch": torch.__version__, "onnx": onnx.__version__,
                 "python": platform.python_version()}
@@ -206,7 +210,8 @@ def build_manifest(*, target, drafter, tables, vq, graphs: dict, precision: str,
             "n_clusters": tables.n_clusters, "gasv": tables.config.to_dict()},
         vq=None if vq is None else {"hash": vq_hash(vq), "config": vq.config.to_dict()},
         graphs=dict(graphs), generation=dict(generation or dataclasses.asdict(SamplingConfig())),
-        files=dict(files or {}), versions=versions, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        files=dict(files or {}), versions=versions, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        family=family_of(target.config).name)
 
 
 def write_manifest(manifest: Manifest, engine_dir) -> Path:
@@ -216,6 +221,56 @@ def write_manifest(manifest: Manifest, engine_dir) -> Path:
     path = Path(engine_dir) / MANIFEST_NAME
     write_json(path, manifest.to_dict())
     return path
+
+
+def manifest_path(engine_dir) -> Optional[Path]:
+    """The manifest file of an engine directory: manifest.json, else the Chameleon engine file
+    (chameleon_engine.json); None when it holds neither."""
+    d = Path(engine_dir)
+    for name in (MANIFEST_NAME, CHAMELEON_ENGINE_FILE):
+        if (d / name).is_file():
+            return d / name
+    return None
+
+
+def raw_manifest(engine_dir) -> dict:
+    """The manifest of an engine directory as a plain dict (no file or hash checks).
+
+    Raises:
+        InputError: the directory holds no manifest (says what an engine directory holds and how
+            to make one), or it is not readable JSON.
+    """
+    from ..errors import InputError
+
+    path = manifest_path(engine_dir)
+    if path is None:
+        raise InputError(f"{engine_dir} is not an engine directory: one holds the exported ONNX graphs and their "
+                         f"manifest ({MANIFEST_NAME}, or {CHAMELEON_ENGINE_FILE} for Chameleon-family exports). "
+                         "Make one with `lisa-trt export --model NAME_OR_CHECKPOINT --out DIR` (a Chameleon / "
+                         "Lumina-mGPT model: `--model CHECKPOINT_DIR --image-size N`)")
+    try:
+        rec = json.loads(path.read_text())
+    except ValueError as e:
+        raise InputError(f"{path} is not valid JSON ({e}); re-export the engine directory") from e
+    if not isinstance(rec, dict):
+        raise InputError(f"{path} is not a lisa-trt manifest (a JSON object); re-export the engine directory")
+    return rec
+
+
+def bundle_family(engine_dir) -> str:
+    """The model family of an engine directory ("llamagen", "chameleon"), from its manifest's
+    `family` field.
+
+    Manifests written before the field fall back to which manifest the directory holds: a
+    Chameleon engine file (chameleon_engine.json) -> "chameleon", a manifest.json -> "llamagen".
+    Raises:
+        InputError: no engine directory (what one holds and how to make one), unreadable manifest.
+    """
+    rec = raw_manifest(engine_dir)
+    fam = rec.get("family")
+    if fam:
+        return str(fam)
+    return "chameleon" if manifest_path(engine_dir).name == CHAMELEON_ENGINE_FILE else DEFAULT_FAMILY
 
 
 def file_sha256(path: Path) -> str:
