@@ -111,6 +111,7 @@ class Manifest:
     io_spec_version: int = IO_SPEC_VERSION
     format: str = FORMAT
     family: str = DEFAULT_FAMILY  # the model family the graphs are of (bundle_family)
+    layout: dict = field(default_factory=dict)  # the family's static sequence layout (Chameleon: image size, prompt)
     dir: Optional[Path] = None  # where it was read from (not serialised)
 
     # -- access --------------------------------------------------------------------------
@@ -129,10 +130,28 @@ class Manifest:
         return self.target["hash"]
 
     @property
-    def target_config(self):
-        from ..config import TargetConfig
+    def export_family(self):
+        """The family's graph hooks (export/families.py): specs, dims, inputs, references."""
+        from .families import export_family
 
-        return TargetConfig.from_dict(self.target["config"])
+        return export_family(self.family)
+
+    @property
+    def target_config(self):
+        """The target's configuration (the family reads it: LlamaGen from the manifest, Chameleon
+        from the bundle's config.json)."""
+        return self.export_family.target_config(self)
+
+    def spec(self, graph: Graph):
+        """The io spec of one of the bundle's graphs (its family's)."""
+        return self.export_family.graph_spec(graph, self.target_config)
+
+    @property
+    def dims(self) -> dict:
+        """Static axis sizes of the bundle's graphs (the family's export_dims for this export)."""
+        return self.export_family.export_dims(self.target_config, max_cache_len=self.max_cache_len,
+                                              drafter_cfg=self.drafter_config, vq_cfg=self.vq_config,
+                                              codes=(self.tables or {}).get("vocab_size"), layout=self.layout)
 
     @property
     def drafter_arch(self) -> Optional[str]:
@@ -155,9 +174,7 @@ class Manifest:
 
     @property
     def vq_config(self):
-        from ..config import VQConfig
-
-        return VQConfig.from_dict(self.vq["config"]) if self.vq else None
+        return self.export_family.vq_config(self) if self.vq else None
 
     @property
     def gasv_config(self):
@@ -182,15 +199,18 @@ class Manifest:
 
 
 def build_manifest(*, target, drafter, tables, vq, graphs: dict, precision: str, opset: int, max_tree: int,
-                   max_cache_len: int, generation: Optional[dict] = None, files: Optional[dict] = None) -> Manifest:
-    """The manifest of a fresh export (hashes computed from the artifacts themselves)."""
+                   max_cache_len: int, generation: Optional[dict] = None, files: Optional[dict] = None,
+                   layout: Optional[dict] = None) -> Manifest:
+    """The manifest of a fresh export (hashes computed from the artifacts themselves; the target's
+    family says how its configurations are recorded, export/families.py)."""
     import onnx
     import torch
 
     from .._version import __version__
-    from ..config import SamplingConfig
     from ..models.checkpoints import target_hash
-    from ..models.family import family_of
+    from .families import export_family
+
+    fam = export_family(target)
 
     versions = {"lisa_trt": __version__, "torch": torch.__version__, "onnx": onnx.__version__,
                 "python": platform.python_version()}
@@ -200,18 +220,22 @@ def build_manifest(*, target, drafter, tables, vq, graphs: dict, precision: str,
         versions["onnxruntime"] = onnxruntime.__version__
     except ImportError:
         pass
+    dr = None
+    if drafter is not None:
+        dr = {"hash": drafter_hash(drafter), "config": drafter.config.to_dict(), "arch": drafter_arch(drafter)}
+        if getattr(drafter, "max_positions", None):  # a drafter with its own RoPE table (Chameleon)
+            dr["max_positions"] = int(drafter.max_positions)
     return Manifest(
         precision=precision, opset=opset, max_tree=max_tree, max_cache_len=max_cache_len,
-        target={"hash": target_hash(target), "config": target.config.to_dict()},
-        drafter=None if drafter is None else {"hash": drafter_hash(drafter), "config": drafter.config.to_dict(),
-                                              "arch": drafter_arch(drafter)},
+        target={"hash": target_hash(target), "config": fam.config_record(target.config)},
+        drafter=dr,
         tables=None if tables is None else {
             "hash": tables_hash(tables), "target_hash": tables.target_hash, "vocab_size": tables.vocab_size,
             "n_clusters": tables.n_clusters, "gasv": tables.config.to_dict()},
-        vq=None if vq is None else {"hash": vq_hash(vq), "config": vq.config.to_dict()},
-        graphs=dict(graphs), generation=dict(generation or dataclasses.asdict(SamplingConfig())),
+        vq=None if vq is None else {"hash": vq_hash(vq), "config": fam.config_record(vq.config)},
+        graphs=dict(graphs), generation=dict(generation or fam.default_generation()),
         files=dict(files or {}), versions=versions, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        family=family_of(target.config).name)
+        family=fam.name, layout=dict(layout or {}))
 
 
 def write_manifest(manifest: Manifest, engine_dir) -> Path:
