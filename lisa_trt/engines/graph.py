@@ -20,6 +20,7 @@ threads at once; serialise calls or open one set per worker.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -379,6 +380,10 @@ class Engines(NamedTuple):
         self.close()
 
 
+# families whose engines are not GraphTarget / GraphVQ (module with open_engines(man, backend, **options))
+_FAMILY_ENGINES = {"chameleon": "lisa_trt.engines.chameleon_ort"}
+
+
 def open_graphs(man, backend: str, **options):
     """(the checked Backend, open(*graphs) -> {graph: runner}) for an engine directory's Manifest:
     each graph opened with its family's io spec and the export's static axes (export/families.py)."""
@@ -404,7 +409,9 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
             kv_binding, share_memory).
     Returns:
         Engines(target, drafter | None, gasv | None, vq | None, manifest, backend); the drafter
-        is a GraphDrafter, or GraphMedusaHeads for a bundle exported with Medusa heads.
+        is a GraphDrafter, or GraphMedusaHeads for a bundle exported with Medusa heads. A
+        Chameleon-family directory gives its ChameleonEngines (engines/chameleon_ort.py: the same
+        fields plus tables and tokenizer).
     Raises:
         ConfigError (unknown backend), ArtifactMismatchError / CheckpointError (read_manifest),
         the backend's own errors when it cannot run here (e.g. TensorRTUnavailableError).
@@ -412,6 +419,8 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
     from ..export.manifest import read_manifest
 
     man = read_manifest(engine_dir, target_hash=target_hash, drafter_hash=drafter_hash, tables_hash=tables_hash)
+    if man.family in _FAMILY_ENGINES:  # another family's engine classes over the same runners
+        return importlib.import_module(_FAMILY_ENGINES[man.family]).open_engines(man, backend, **options)
     be, open_ = open_graphs(man, backend, **options)
     drafter = gasv = vq = None
     target = GraphTarget(man, open_(Graph.TARGET_PREFILL, Graph.TARGET_VERIFY))

@@ -265,12 +265,14 @@ def _engine_shape(d: Path) -> ModelShape:
         from ..models.chameleon_io import read_chameleon_config
 
         man = raw_manifest(d)
+        lay = man.get("layout") or man  # manifest.json keeps them in `layout`; older chameleon_engine.json at the top
         cfg = read_chameleon_config(d)
-        s = _chameleon_shape(cfg, d.name, int(man["image_size"]), int(man["max_prompt"]))
+        s = _chameleon_shape(cfg, d.name, int(lay["image_size"]), int(lay["max_prompt"]))
         dr = (man.get("drafter") or {}).get("config") or {}
+        q = man.get("quantization") or "none"
         return replace(s, max_cache_len=int(man["max_cache_len"]), max_tree=int(man["max_tree"]),
                        has_drafter=man.get("drafter") is not None, has_tables=man.get("tables") is not None,
-                       has_vq=man.get("vq") is not None, precision=man.get("precision", "fp32"),
+                       has_vq=man.get("vq") is not None, precision=q if q != "none" else man.get("precision", "fp32"),
                        codes=int((man.get("tables") or {}).get("vocab_size") or s.codes),
                        draft_head=int(dr.get("draft_vocab") or dr.get("vocab_size") or 0),
                        draft_hidden=int(dr.get("hidden", 0)), draft_ffn=int(dr.get("ffn_hidden", 0)))
