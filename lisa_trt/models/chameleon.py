@@ -66,9 +66,15 @@ class ChameleonConfig:
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; valid: {', '.join(_ACTS)}")
 
     # -- names the shared KVCache / decode loop read ------------------------------------
+    model_type = "chameleon"  # the family registry key (models/family.py)
+
     @property
     def n_layer(self) -> int:
         return self.num_hidden_layers
+
+    @property
+    def n_positions(self) -> int:
+        return self.max_position_embeddings
 
     @property
     def n_head(self) -> int:
@@ -96,6 +102,29 @@ class ChameleonConfig:
         return (f"chameleon {self.num_hidden_layers} layers x hidden {self.hidden_size}, heads "
                 f"{self.num_attention_heads}/{self.num_key_value_heads} kv, vocab {self.vocab_size}, "
                 f"intermediate {self.intermediate_size}, swin_norm={self.swin_norm}")
+
+
+# ----------------------------------------------------------------------------- image vocabulary
+
+LUMINA_IMAGE_CODES = range(4, 8196)  # the 8,192 VQ codes of the Chameleon / Lumina-mGPT tokenizer
+
+
+def _img_name_to_code(name: str) -> int:
+    """'IMGIMG' + digits spelt A..J + one closing char -> VQ code (HF's bpe2img rule)."""
+    return int("".join(str(ord(c) - ord("A")) if "A" <= c <= "J" else c for c in name[len("IMGIMG"):-1]))
+
+
+def image_vocab(vocabulary_map: Optional[dict], vocab_size: int) -> dict[int, int]:
+    """{token id: VQ code} for every image-code token of the vocabulary."""
+    if vocabulary_map:
+        found = {int(i): _img_name_to_code(n) for n, i in vocabulary_map.items() if n.startswith("IMGIMG")}
+        if found:
+            return found
+    if vocab_size >= LUMINA_IMAGE_CODES.stop:
+        return {t: t - LUMINA_IMAGE_CODES.start for t in LUMINA_IMAGE_CODES}
+    raise InputError("this checkpoint's config.json has no vocabulary_map with IMGIMG* image tokens and "
+                     f"its vocabulary ({vocab_size}) is too small for Lumina-mGPT's image codes 4..8195")
+
 
 
 # ----------------------------------------------------------------------------- layers
@@ -185,21 +214,10 @@ class ChameleonBody(nn.Module):
 # ----------------------------------------------------------------------------- cache
 
 class ChameleonCache(KVCache):
-    """KVCache plus `pad` (B,): left-padding slots of each row's prompt.
+    """KVCache (its `pad` (B,): left-padding slots of each row's prompt).
 
     A token at cache slot j of row b has RoPE position j - pad[b] (HF's left-padded batches
     number positions from each row's first real token)."""
-
-    def __init__(self, cfg: ChameleonConfig, batch: int, max_len: int, dtype, device):
-        super().__init__(cfg, batch, max_len, dtype, device)
-        self.pad = torch.zeros(batch, dtype=torch.long, device=device)
-
-    def positions(self, slots: torch.Tensor) -> torch.Tensor:
-        return slots - self.pad[:, None]
-
-    def select_rows(self, index: torch.Tensor) -> None:
-        super().select_rows(index)
-        self.pad = self.pad[index]
 
 
 def prefill_plan(input_ids: torch.Tensor, cache: ChameleonCache, valid: Optional[torch.Tensor] = None):
@@ -224,6 +242,62 @@ def prefill_plan(input_ids: torch.Tensor, cache: ChameleonCache, valid: Optional
     mask = cache.attention_mask(slots, causal) & cache.col_valid[:, None, :]
     mask[:, :, :T] |= torch.eye(T, dtype=torch.bool, device=dev)  # padded rows see themselves
     return slots, cache.positions(slots).clamp(min=0), mask
+
+
+# ----------------------------------------------------------------------------- conditions
+
+@dataclass
+class Prompts:
+    """A batch of token-id prompts: the condition of prompt-id families (Chameleon, Janus).
+
+    ids (B, T) LEFT-padded, valid (B, T) False on padding; uncond: the unconditional rows of
+    CFG when the protocol defines them (Lumina-mGPT: the image span's prefix alone), else None
+    (CFG needs them)."""
+
+    ids: torch.Tensor
+    valid: torch.Tensor
+    uncond: Optional["Prompts"] = None
+
+    @property
+    def batch(self) -> int:
+        return self.ids.shape[0]
+
+    @classmethod
+    def of(cls, cond, valid: Optional[torch.Tensor] = None) -> "Prompts":
+        """ids (B, T), (ids, valid) or Prompts -> Prompts."""
+        if isinstance(cond, Prompts):
+            return cond
+        if isinstance(cond, (tuple, list)) and len(cond) == 2:
+            cond, valid = cond
+        if not torch.is_tensor(cond) or cond.dim() != 2 or cond.dtype not in (torch.long, torch.int32):
+            raise InputError("a prompt must be a 2-D integer tensor of token ids (B, T), optionally with a "
+                             "(B, T) bool mask of real tokens: (ids, valid)")
+        valid = torch.ones(cond.shape, dtype=torch.bool, device=cond.device) if valid is None else valid.to(torch.bool)
+        if tuple(valid.shape) != tuple(cond.shape):
+            raise InputError(f"prompt mask shape {tuple(valid.shape)} does not match the ids {tuple(cond.shape)}")
+        return cls(cond.long(), valid)
+
+    @classmethod
+    def from_rows(cls, rows, device) -> "Prompts":
+        """Left-pad lists of ids -> Prompts."""
+        T = max(len(r) for r in rows)
+        ids = torch.zeros(len(rows), T, dtype=torch.long, device=device)
+        valid = torch.zeros(len(rows), T, dtype=torch.bool, device=device)
+        for i, r in enumerate(rows):
+            ids[i, T - len(r):] = torch.tensor(list(r), dtype=torch.long)
+            valid[i, T - len(r):] = True
+        return cls(ids, valid)
+
+    def cat(self, other: "Prompts") -> "Prompts":
+        """Rows of self then other, re-left-padded to one width."""
+        T = max(self.ids.shape[1], other.ids.shape[1])
+
+        def pad(p):
+            n = T - p.ids.shape[1]
+            return (torch.nn.functional.pad(p.ids, (n, 0)), torch.nn.functional.pad(p.valid, (n, 0)))
+
+        (a, av), (b, bv) = pad(self), pad(other)
+        return Prompts(torch.cat([a, b]), torch.cat([av, bv]))
 
 
 # ----------------------------------------------------------------------------- model
@@ -284,8 +358,40 @@ class ChameleonTarget(nn.Module):
         logits = self.lm_head(hidden).float()
         return TargetOutput(logits, torch.cat(tapped, dim=-1) if taps else None, hidden)
 
-    def new_cache(self, batch: int, max_len: int, dtype=None) -> ChameleonCache:
-        """A cache for `batch` rows of up to `max_len` tokens (prompt + generated + scratch)."""
+    # -- the generic loops' condition protocol (models/family.py) ------------------------
+
+    def check_cond(self, cond) -> int:
+        """Validate a prompt condition (ids, (ids, valid) or Prompts); returns the batch size."""
+        p = Prompts.of(cond)
+        self.check_ids(p.ids)
+        return p.batch
+
+    def null_cond(self, cond) -> Prompts:
+        """The CFG unconditional rows the prompt carries (Prompts.uncond)."""
+        p = Prompts.of(cond)
+        if p.uncond is None:
+            raise InputError("classifier-free guidance needs the unconditional rows: build the prompt with the "
+                             "family's prompt encoding (e.g. lumina.encode_prompts), or use cfg_scale 1")
+        return p.uncond
+
+    @staticmethod
+    def cfg_rows(cond, null) -> Prompts:
+        """[cond; null] as one left-padded batch."""
+        return Prompts.of(cond).cat(Prompts.of(null))
+
+    def prompt_len(self, cond) -> int:
+        """Cache slots the prefill of `cond` writes (its padded width)."""
+        return Prompts.of(cond).ids.shape[1]
+
+    def new_cache(self, batch: int, max_len: Optional[int] = None, dtype=None, *, extra: int = 0,
+                  prompt_len: Optional[int] = None, n_tokens: Optional[int] = None) -> ChameleonCache:
+        """A cache for `batch` rows of up to `max_len` tokens (prompt + generated + scratch).
+
+        The generic loops pass prompt_len, n_tokens and extra instead (max_len = their sum)."""
+        if max_len is None:
+            if prompt_len is None or n_tokens is None:
+                raise InputError("new_cache needs max_len, or prompt_len and n_tokens")
+            max_len = int(prompt_len) + int(n_tokens) + int(extra)
         if max_len > self.config.max_position_embeddings:
             raise InputError(f"{max_len} tokens exceed max_position_embeddings "
                              f"{self.config.max_position_embeddings} of this checkpoint")
@@ -304,15 +410,18 @@ class ChameleonTarget(nn.Module):
         """(B, T, V) fp32 raw head logits over the whole vocabulary."""
         return self.forward_full(input_ids).logits
 
-    def prefill(self, input_ids: torch.Tensor, cache: ChameleonCache, valid: Optional[torch.Tensor] = None,
+    def prefill(self, input_ids, cache: ChameleonCache, valid: Optional[torch.Tensor] = None,
                 taps: bool = False) -> TargetOutput:
         """Write a prompt into slots 0..T-1; logits of its last position (B, 1, V).
 
         Args:
-            input_ids: (B, T) prompt ids, LEFT-padded when rows differ in length.
+            input_ids: (B, T) prompt ids, LEFT-padded when rows differ in length (or the
+                condition forms of `Prompts.of`: (ids, valid), Prompts).
             valid: (B, T) bool, False on padding (default: all valid). Padding slots are
                 never attended to; positions count from each row's first real token.
         """
+        p = Prompts.of(input_ids, valid)
+        input_ids, valid = p.ids, p.valid
         self.check_ids(input_ids)
         T = input_ids.shape[1]
         slots, pos, mask = prefill_plan(input_ids, cache, valid)
