@@ -93,7 +93,8 @@ def register_family(family: ModelFamily) -> ModelFamily:
 
 
 # built-in families, imported on first use (model_type -> module that registers it)
-_BUILTIN = {"c2i": "lisa_trt.models.llamagen_family", "t2i": "lisa_trt.models.llamagen_family"}
+_BUILTIN = {"c2i": "lisa_trt.models.llamagen_family", "t2i": "lisa_trt.models.llamagen_family",
+            "janus": "lisa_trt.models.families.janus"}
 
 
 def model_types() -> list:
