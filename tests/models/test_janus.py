@@ -152,6 +152,7 @@ def test_strict_load_has_exactly_the_hf_generation_keys(gqa):
     assert target.family == "janus" and cfg.model_type == "janus"
     assert (cfg.block_size, cfg.vocab_size, cfg.grid_hw, cfg.image_size) == (16, CODES, (GRID, GRID), 16)
     assert (cfg.n_layer, cfg.n_head, cfg.kv_heads, cfg.dim, cfg.head_dim) == (3, 4, 2, 32, 8)
+    assert J.JanusConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     assert cfg.tap_layers == (2, 1, 0) and (cfg.bos_token_id, cfg.pad_token_id, cfg.boi_token_id) == (BOS, PAD, BOI)
     hf_sd = hf.state_dict()
     want = {k for k in hf_sd if not k.startswith(J.checkpoint.TARGET_IGNORED)}

@@ -19,7 +19,7 @@ The tokens image generation needs (bos, pad and `generation_kwargs.boi_token_id`
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Optional, Union
 
@@ -199,6 +199,17 @@ class JanusConfig:
         """EAGLE-3 taps: residual stream entering layers {2, L//2, L-3} (0-based)."""
         L = self.num_hidden_layers
         return (min(2, L - 1), L // 2, max(L - 3, 0))
+
+    def to_dict(self) -> dict:
+        """JSON-able fields (manifests); from_dict inverts it."""
+        d = asdict(self)
+        d["vq"]["channel_multiplier"] = list(self.vq.channel_multiplier)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "JanusConfig":
+        d = dict(d)
+        return cls(**{**d, "vq": JanusVQConfig(**d.get("vq", {}))})
 
     def with_overrides(self, **kw) -> "JanusConfig":
         names = {f.name for f in fields(self)}

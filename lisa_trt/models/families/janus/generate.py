@@ -11,6 +11,10 @@ mirrors transformers' `JanusForConditionalGeneration.generate(generation_mode="i
 
 With G == 1 there are no unconditional rows (guided = l_c). transformers 5.24 itself fails for
 guidance_scale <= 1 (its loop doubles the batch but then skips the CFG processor).
+
+Greedy codes equal transformers' when the checkpoint's generation_config adds no other logits
+processors (repetition penalty etc.). Sampling draws from softmax(guided / temperature) with
+its own generator: it does not replay transformers' RNG stream nor its default top_k=50.
 """
 
 from __future__ import annotations
