@@ -197,7 +197,7 @@ def register_family(family: ModelFamily) -> ModelFamily:
 # THE registration list of built-in families, imported on first use (model_type -> module that
 # registers it). Adding a family adds its model types here and nothing else outside its package.
 _BUILTIN = {"c2i": "lisa_trt.models.llamagen_family", "t2i": "lisa_trt.models.llamagen_family",
-            "chameleon": "lisa_trt.models.families.chameleon"}
+            "chameleon": "lisa_trt.models.families.chameleon", "janus": "lisa_trt.models.families.janus"}
 
 
 def model_types() -> list:
