@@ -38,7 +38,7 @@ class CodeVocab:
 
     @classmethod
     def for_target(cls, target, newline: int) -> "CodeVocab":
-        from ..models.chameleon import image_vocab
+        from ..models.families.chameleon.model import image_vocab
 
         vm = image_vocab(target.config.vocabulary_map, target.config.vocab_size)
         ids = sorted(vm)

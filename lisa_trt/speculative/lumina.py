@@ -13,7 +13,7 @@ import torch
 from ..models.families.chameleon.lumina import (END, LATENT_PER_GRID, NEWLINE, PATCH, SEP, START, TEMPLATE,  # noqa: F401
                                                 LuminaImages, LuminaTokenizer, grids, row_end_mask, size_token,
                                                 span_request, tokens_to_codes)
-from ..models.chameleon_vq import find_vq_dir  # noqa: F401 (re-exported)
+from ..models.families.chameleon.vq import find_vq_dir  # noqa: F401 (re-exported)
 from .autoregressive import generate
 from .sampling import cfg_active
 

@@ -31,7 +31,7 @@ def chameleon_setup(tmp: Path):
     import lisa_trt
     from chameleon_fixtures import N_CODES, make_hf_model, save_hf, save_tokenizer
     from lisa_trt.calibration.chameleon_tables import calibrate_chameleon
-    from lisa_trt.models.chameleon_drafter import ChameleonDrafter
+    from lisa_trt.models.families.chameleon.drafter import ChameleonDrafter
     from lisa_trt.speculative.lumina import LuminaTokenizer
 
     d = save_hf(make_hf_model(seed=5, num_key_value_heads=2), tmp)

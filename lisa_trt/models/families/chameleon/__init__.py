@@ -22,7 +22,7 @@ class ChameleonFamily(ModelFamily):
         return "an HF directory (config.json of model_type chameleon + model*.safetensors)"
 
     def claims(self, path) -> bool:
-        from ...chameleon_io import SUPPORTED_MODEL_TYPES
+        from .checkpoint import SUPPORTED_MODEL_TYPES
 
         cfg = Path(path) / "config.json"
         if not cfg.is_file():
@@ -36,7 +36,7 @@ class ChameleonFamily(ModelFamily):
         return any((Path(path) / n).is_file() for n in ("vqgan.ckpt", "vqgan.safetensors"))
 
     def load_target(self, path, config=None, device="cpu"):
-        from ...chameleon_io import load_chameleon
+        from .checkpoint import load_chameleon
 
         return load_chameleon(path, device=device)
 
@@ -45,8 +45,8 @@ class ChameleonFamily(ModelFamily):
 
         From a model directory the VQ also maps vocabulary ids to codes (`token_codes`), so
         `tokens_to_pixels(vq, tokens)` takes what `generate` returns."""
-        from ...chameleon_io import read_chameleon_config
-        from ...chameleon_vq import find_vq_dir, load_chameleon_vq
+        from .checkpoint import read_chameleon_config
+        from ...vq import find_vq_dir, load_chameleon_vq
 
         path = Path(path)
         folder = find_vq_dir(path) if path.is_dir() else path
@@ -55,7 +55,7 @@ class ChameleonFamily(ModelFamily):
                               "vqgan.safetensors) in DIR/vqgan/ (docs/chameleon.md)")
         vq = load_chameleon_vq(folder, device=device)
         if path.is_dir() and self.claims(path):
-            from ...chameleon import image_vocab
+            from .model import image_vocab
 
             cfg = read_chameleon_config(path)
             lut = torch.full((cfg.vocab_size,), -1, dtype=torch.long)
@@ -67,7 +67,7 @@ class ChameleonFamily(ModelFamily):
     # -- conditions: token-id prompts (models/chameleon.Prompts) ---------------------------
 
     def check_cond(self, cfg, cond) -> int:
-        from ...chameleon import Prompts
+        from .model import Prompts
 
         p = Prompts.of(cond)
         if p.ids.numel() and (int(p.ids.min()) < 0 or int(p.ids.max()) >= cfg.vocab_size):
@@ -75,7 +75,7 @@ class ChameleonFamily(ModelFamily):
         return p.batch
 
     def null_cond(self, cfg, cond, uncond_embedding=None):
-        from ...chameleon import Prompts
+        from .model import Prompts
 
         p = Prompts.of(cond)
         if p.uncond is None:
@@ -87,18 +87,18 @@ class ChameleonFamily(ModelFamily):
                 ("valid", "bool", ("batch", "prompt"), "False on left padding"))
 
     def cond_inputs(self, cfg, cond, device, act_dtype) -> dict:
-        from ...chameleon import Prompts
+        from .model import Prompts
 
         p = Prompts.of(cond)
         return dict(input_ids=p.ids.to(device).contiguous(), valid=p.valid.to(device).contiguous())
 
     def cond_from_inputs(self, cfg, inputs: dict):
-        from ...chameleon import Prompts
+        from .model import Prompts
 
         return Prompts(inputs["input_ids"], inputs["valid"])
 
     def example_cond(self, cfg, batch: int, generator=None):
-        from ...chameleon import Prompts
+        from .model import Prompts
 
         return Prompts.of(torch.randint(0, cfg.vocab_size, (batch, 8), generator=generator))
 
@@ -106,7 +106,7 @@ class ChameleonFamily(ModelFamily):
 
     def image_ids(self, target) -> torch.Tensor:
         """Sorted token ids of the image codes (cached on the target)."""
-        from ...chameleon import image_vocab
+        from .model import image_vocab
 
         ids = getattr(target, "_image_token_ids", None)
         if ids is None:
@@ -116,7 +116,7 @@ class ChameleonFamily(ModelFamily):
         return ids
 
     def sub_vocab(self, target, forced_id: int) -> SubVocab:
-        from ...chameleon import image_vocab
+        from .model import image_vocab
 
         vm = image_vocab(target.config.vocabulary_map, target.config.vocab_size)
         ids = sorted(vm)

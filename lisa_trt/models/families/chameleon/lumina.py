@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 import torch
 
 from ....errors import ConfigError, InputError
-from ...chameleon import Prompts, image_vocab
+from .model import Prompts, image_vocab
 from ...family import SequenceLayout
 
 PATCH = 32  # pixels per size-token grid

@@ -19,7 +19,7 @@ import torch
 
 from ....errors import CheckpointError, ConfigError
 from ....io import state_dict_problems
-from ...chameleon_io import _weight_files
+from ...hf import weight_files as _weight_files
 from .config import JanusConfig, read_janus_config
 from .target import JanusTarget
 from .vq import JanusVQ

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Optional, Union
 
-from ...chameleon_io import _rope
+from ...hf import rope_params as _rope
 from ....errors import ConfigError
 
 PathLike = Union[str, Path]

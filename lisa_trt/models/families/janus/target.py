@@ -39,7 +39,8 @@ import torch.nn.functional as F
 
 from ....config import find_multiple
 from ....errors import InputError
-from ...chameleon import ChameleonCache, prefill_plan, rotate_half
+from ...llamagen import KVCache
+from ...prompts import prefill_plan, rotate_half
 from ...llamagen import RMSNorm, TargetOutput, cached_attention
 from . import cond as C
 from .config import JanusConfig
@@ -147,8 +148,8 @@ class JanusBody(nn.Module):
 
 # ----------------------------------------------------------------------------- cache
 
-class JanusCache(ChameleonCache):
-    """ChameleonCache (per-row left padding `pad`, positions(slots) = slots - pad) that also
+class JanusCache(KVCache):
+    """KVCache (per-row left padding `pad`, positions(slots) = slots - pad) that also
     records `prompt_budget`, the longest prompt `prefill` accepts (max_len - block_size - extra)."""
 
     def __init__(self, cfg: JanusConfig, batch: int, max_len: int, prompt_budget: int, dtype, device):

@@ -19,8 +19,8 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from ..errors import InputError, CheckpointError, ConfigError
-from .vq import AttnBlock, Downsample, ResnetBlock, Upsample, group_norm, swish
+from ....errors import InputError, CheckpointError, ConfigError
+from ...vq import AttnBlock, Downsample, ResnetBlock, Upsample, group_norm, swish
 
 _TRAINING_ONLY = ("loss.",)  # discriminator / LPIPS weights some training checkpoints carry
 
@@ -204,7 +204,7 @@ class ChameleonVQGAN(nn.Module):
         carries a model's `token_codes` (vocabulary id -> code, -1 elsewhere; set by
         load_decoder from a model directory), of vocabulary ids: a generated image span (codes
         with row-end tokens between rows: the rows are the row ends) or plain code tokens."""
-        from .vq import grid_of
+        from ...vq import grid_of
 
         lut = getattr(self, "token_codes", None)
         if lut is not None and tokens.dim() == 2:
@@ -269,7 +269,7 @@ def _read_vq_weights(ckpt: Path) -> dict:
 def load_chameleon_vq(path, device="cpu") -> ChameleonVQGAN:
     """Load the VQGAN from a folder with vqgan.yaml (or vqgan.json) and vqgan.ckpt (or
     vqgan.safetensors); strict apart from training-only `loss.*` entries."""
-    from .checkpoints import strict_load
+    from ...checkpoints import strict_load
 
     path = Path(path)
     if not path.exists():
@@ -296,7 +296,7 @@ def find_vq_dir(model_dir) -> Optional[Path]:
 
 def save_chameleon_vq(model: ChameleonVQGAN, folder) -> None:
     """Write vqgan.safetensors + vqgan.json (atomic)."""
-    from ..io import save_safetensors, write_json
+    from ....io import save_safetensors, write_json
 
     folder = Path(folder)
     save_safetensors(model.state_dict(), folder / "vqgan.safetensors")
