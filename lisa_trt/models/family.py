@@ -73,6 +73,22 @@ class SequenceLayout:
         return torch.where((f >= 0)[..., None], one_hot, logits)
 
 
+@dataclass
+class Request:
+    """One batch of prompts, encoded by the family's prompter: what the decode loops and the
+    image decoder need. cond: the family's condition (B rows); layout: what is generated;
+    grid: (h, w) of the VQ code grid the tokens decode to; prompts: the source texts / ids."""
+
+    cond: object
+    layout: SequenceLayout
+    grid: tuple
+    prompts: tuple = ()
+
+    @property
+    def batch(self) -> int:
+        return len(self.prompts)
+
+
 @dataclass(frozen=True)
 class SubVocab:
     """The codebook inside a wider head: code_ids (K,) sorted token ids, codes (K,) their VQ rows,
@@ -162,6 +178,21 @@ class ModelFamily:
             raise InputError(f"num_tokens must be in 1..{block}, got {N}")
         return SequenceLayout(N)
 
+    # -- prompts and pixels ---------------------------------------------------------------
+
+    default_image_size: Optional[int] = None  # pixels when a request names none (None: the config's)
+
+    def prompter(self, target, source=None):
+        """An object whose `encode(prompts, *, image_size=None, cfg=False) -> Request` turns a
+        batch of prompts (texts, or what the family takes) into a Request. `source`: where the
+        tokenizer / encoder lives (the checkpoint directory by default)."""
+        raise NotImplementedError(f"the {self.name} family has no text prompter")
+
+    def tokens_to_codes(self, target, tokens: torch.Tensor, request: Request) -> torch.Tensor:
+        """Generated tokens (B, N) -> VQ codes (B, h, w) (default: the tokens on request.grid)."""
+        h, w = request.grid
+        return tokens.reshape(tokens.shape[0], h, w)
+
     # -- artifacts ------------------------------------------------------------------------
 
     def claims_decoder(self, path) -> bool:
@@ -247,5 +278,5 @@ def detect_family(path) -> ModelFamily:
     raise ConfigError(f"{path} is not a checkpoint any family loads. lisa-trt loads {known}")
 
 
-__all__ = ["ModelFamily", "SequenceLayout", "SubVocab", "UnknownModelTypeError", "detect_family", "families",
+__all__ = ["ModelFamily", "Request", "SequenceLayout", "SubVocab", "UnknownModelTypeError", "detect_family", "families",
            "family_of", "model_types", "register_family"]

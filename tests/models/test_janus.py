@@ -501,3 +501,40 @@ def test_public_calls_equal_transformers(pair):
     with torch.no_grad():
         ref = hf.decode_image_tokens(toks).permute(0, 3, 1, 2)
     assert close(lisa_trt.tokens_to_pixels(vq, toks), ref)
+
+
+def save_tokenizer(folder):
+    """A word-level tokenizer.json over the tiny text vocabulary with Janus' special tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {"<pad>": PAD, "<s>": BOS, "</s>": 2, "<|User|>:": 3, "<|Assistant|>:": 4, "<begin_of_image>": BOI}
+    vocab.update({f"w{i}": i for i in range(8, TEXT_VOCAB)})
+    vocab["<unk>"] = 5
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<|User|>:", "<|Assistant|>:", "<begin_of_image>", "<s>", "</s>", "<pad>"])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS)])
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def test_text_prompts_through_the_family_prompter(gqa, tmp_path):
+    """Request of the family's prompter: BOS + conversation format + BOI, left-padded; the generic
+    loop on it equals transformers generate on the same ids and mask."""
+    import shutil as sh
+
+    import lisa_trt
+
+    hf, _, d = gqa
+    d2 = tmp_path / "withtok"
+    sh.copytree(d, d2)
+    save_tokenizer(d2)
+    target = lisa_trt.load_target(str(d2))
+    req = F.family_of("janus").prompter(target).encode(["w10 w11 w12", "w20"], cfg=True)
+    ids, valid = req.cond
+    assert ids[0].tolist() == [BOS, 3, 10, 11, 12, 4, BOI] and ids[1, 2:].tolist() == [BOS, 3, 20, 4, BOI]
+    assert valid[0].all() and valid[1].tolist() == [False, False] + [True] * 5
+    assert req.layout.n_tokens == 16 and req.grid == (GRID, GRID)
+    toks = lisa_trt.generate(target, req.cond, cfg_scale=5.0, greedy=True)
+    assert torch.equal(toks, hf_generate(hf, ids, 5.0, valid))
+    with pytest.raises(InputError, match="generates 16 x 16 images only"):
+        F.family_of("janus").prompter(target).encode(["w10"], image_size=32)

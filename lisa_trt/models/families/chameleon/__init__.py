@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ....errors import ConfigError, InputError
-from ...family import ModelFamily, SequenceLayout, SubVocab, register_family
+from ...family import ModelFamily, Request, SequenceLayout, SubVocab, register_family
 
 
 class ChameleonFamily(ModelFamily):
@@ -17,6 +17,7 @@ class ChameleonFamily(ModelFamily):
 
     name = "chameleon"
     model_types = ("chameleon",)
+    default_image_size = 512  # Lumina-mGPT's 512 checkpoints (768 / 1024 models: pass the size)
 
     def describe_checkpoint(self) -> str:
         return "an HF directory (config.json of model_type chameleon + model*.safetensors)"
@@ -102,6 +103,17 @@ class ChameleonFamily(ModelFamily):
 
         return Prompts.of(torch.randint(0, cfg.vocab_size, (batch, 8), generator=generator))
 
+    # -- prompts and pixels ----------------------------------------------------------------
+
+    def prompter(self, target, source=None):
+        """Lumina-mGPT's text-to-image protocol over the checkpoint's tokenizer.json."""
+        return _LuminaPrompter(target, source if source is not None else getattr(target, "source_dir", None))
+
+    def tokens_to_codes(self, target, tokens, request):
+        from .lumina import tokens_to_codes
+
+        return tokens_to_codes(target, tokens, *request.grid)
+
     # -- sequence layout -------------------------------------------------------------------
 
     def image_ids(self, target) -> torch.Tensor:
@@ -128,6 +140,22 @@ class ChameleonFamily(ModelFamily):
         if n_tokens is None:
             raise InputError("Chameleon-family targets need max_new_tokens=N (the raw head has no image length)")
         return SequenceLayout(int(n_tokens), self.image_ids(target) if image_tokens_only else None)
+
+
+class _LuminaPrompter:
+    def __init__(self, target, source):
+        from .lumina import LuminaTokenizer
+
+        if source is None:
+            raise InputError("text prompts need the checkpoint directory (its tokenizer.json): pass it as source")
+        self.target, self.tok = target, LuminaTokenizer(source)
+
+    def encode(self, prompts, *, image_size=None, cfg: bool = False, width=None, height=None) -> Request:
+        from .lumina import span_request
+
+        size = image_size or ChameleonFamily.default_image_size
+        cond, layout, grid = span_request(self.target, self.tok, list(prompts), width or size, height or size, cfg)
+        return Request(cond, layout, grid, tuple(prompts))
 
 
 CHAMELEON = register_family(ChameleonFamily())

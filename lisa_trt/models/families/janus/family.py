@@ -62,6 +62,14 @@ class JanusFamily(ModelFamily):
 
         return load_janus_vq(path, config, device=device)
 
+    default_image_size = 384
+
+    def prompter(self, target, source=None):
+        """Janus-Pro's image-generation prompt over the checkpoint's tokenizer.json (prompts.py)."""
+        from .prompts import JanusPrompter
+
+        return JanusPrompter(target, source if source is not None else getattr(target, "source_dir", None))
+
     def tokens_to_pixels(self, vq, tokens):
         """Raw VQ decoder output (B, 3, H, W) for codes (B, N) or (B, h, w)."""
         return vq.tokens_to_pixels(tokens)
