@@ -38,7 +38,7 @@ class CodeVocab:
 
     @classmethod
     def for_target(cls, target, newline: int) -> "CodeVocab":
-        from ..speculative.chameleon_decode import image_vocab
+        from ..models.families.chameleon.model import image_vocab
 
         vm = image_vocab(target.config.vocabulary_map, target.config.vocab_size)
         ids = sorted(vm)
@@ -144,7 +144,7 @@ def calibrate_chameleon(target, tokenizer, vq_codebook: torch.Tensor, captions: 
 
 def _teacher_forced_guided(target, tokenizer, caps, width, height, span, cfg_scale, temperature, top_k):
     """(B, L, V) guided, code-restricted, filtered logits predicting each span token."""
-    from ..speculative.chameleon_decode import image_token_ids, restrict
+    from ..models.family import family_of
     from ..speculative.sampling import process_logits
 
     prefix = tokenizer.span_prefix(width, height)
@@ -158,7 +158,8 @@ def _teacher_forced_guided(target, tokenizer, caps, width, height, span, cfg_sca
     if cfg_scale != 1.0:
         unc = torch.stack([tf(prefix, b) for b in range(len(caps))])
         x = unc + cfg_scale * (x - unc)
-    return process_logits(restrict(x, image_token_ids(target)), temperature, top_k)
+    layout = family_of(target.config).free_layout(target, 1, image_tokens_only=True)
+    return layout.law(x, None, lambda z: process_logits(z, temperature, top_k))
 
 
 def load_chameleon_tables(path, target, newline: int) -> GASVTables:

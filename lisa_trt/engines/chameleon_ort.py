@@ -105,7 +105,7 @@ class OrtChameleonTarget:
     family = "chameleon"
 
     def __init__(self, man: dict, providers=None, threads: Optional[int] = None):
-        from ..models.chameleon_io import read_chameleon_config
+        from ..models.families.chameleon.checkpoint import read_chameleon_config
 
         d = Path(man["dir"])
         self.config = read_chameleon_config(d)
@@ -118,7 +118,7 @@ class OrtChameleonTarget:
 
     def new_cache(self, batch: int, max_len: int, dtype=None):
         """A ChameleonCache of the engines' static length (`max_len` must fit it)."""
-        from ..models.chameleon import ChameleonCache
+        from ..models.families.chameleon.model import ChameleonCache
 
         if max_len > self.max_cache_len:
             raise InputError(f"{max_len} cache slots do not fit the engines' static length {self.max_cache_len}; "
@@ -147,7 +147,7 @@ class OrtChameleonTarget:
 
     def prefill(self, input_ids, cache, valid=None, taps: bool = False):
         """A left-padded prompt (B, T) into slots 0..T-1; outputs of its last position."""
-        from ..models.chameleon import prefill_plan
+        from ..models.families.chameleon.model import prefill_plan
 
         T = input_ids.shape[1]
         slots, pos, mask = prefill_plan(input_ids, cache, valid)

@@ -176,8 +176,12 @@ class GraphTarget(_KVEngine):
     def null_cond(self, cond):
         return self.family.null_cond(self.config, cond, self._uncond)
 
-    def new_cache(self, batch: int, extra: int = 0, dtype=None):
-        """A KVCache of the engines' static length (>= round_up(seq_len + extra, 8))."""
+    def prompt_len(self, cond) -> int:
+        return self.config.cls_token_num
+
+    def new_cache(self, batch: int, extra: int = 0, dtype=None, *, prompt_len=None, n_tokens=None):
+        """A KVCache of the engines' static length (>= round_up(seq_len + extra, 8)); prompt_len /
+        n_tokens (the generic loops pass them) are implied by the config."""
         from ..models.llamagen import KVCache
 
         need = find_multiple(self.config.seq_len + extra, 8)

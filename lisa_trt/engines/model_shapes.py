@@ -208,7 +208,7 @@ def known_shape(name: str, image_size: Optional[int] = None, prompt_len: Optiona
     from ..config import _GPT_SHAPES, target_config
 
     if name == "Lumina-mGPT-7B":
-        from ..models.chameleon import ChameleonConfig
+        from ..models.families.chameleon.model import ChameleonConfig
 
         return _chameleon_shape(ChameleonConfig(), name, image_size or DEFAULT_SIZE["chameleon"],
                                 prompt_len or DEFAULT_PROMPT)  # Chameleon-7B: the dataclass defaults
@@ -263,7 +263,7 @@ def _engine_shape(d: Path) -> ModelShape:
     from ..export.manifest import MANIFEST_NAME, read_manifest
 
     if (d / ENGINE_FILE).is_file():
-        from ..models.chameleon_io import read_chameleon_config
+        from ..models.families.chameleon.checkpoint import read_chameleon_config
 
         man = json.loads((d / ENGINE_FILE).read_text())
         cfg = read_chameleon_config(d)
@@ -318,7 +318,7 @@ def resolve_model(model, image_size: Optional[int] = None, prompt_len: Optional[
                 raise InputError(f"{p} is an engine directory: its image size and prompt length are fixed at "
                                  "export; drop --image-size / --prompt-len (or plan the checkpoint)")
             return _engine_shape(p)
-        from ..models.chameleon_io import read_chameleon_config
+        from ..models.families.chameleon.checkpoint import read_chameleon_config
 
         return _chameleon_shape(read_chameleon_config(p), p.name, image_size or DEFAULT_SIZE["chameleon"],
                                 prompt_len or DEFAULT_PROMPT)

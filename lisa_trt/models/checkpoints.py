@@ -93,22 +93,28 @@ def _resolve_target_config(config, meta: dict) -> TargetConfig:
 
 
 def load_target(path: PathLike, config=None, device="cpu"):
-    """Load a LlamaGen target (official .pt or lisa-trt safetensors), eval mode, fp32.
+    """Load a target of any family, eval mode, fp32 (the public `lisa_trt.load_target`).
 
     Args:
-        path: checkpoint file, a registered bundle name such as "demo", or an HF Chameleon /
-            Lumina-mGPT directory (config.json + safetensors; see docs/chameleon.md).
-        config: registry name ("GPT-B", ...), a TargetConfig, or None to use the file's metadata
-            (safetensors written by `save_model` / `lisa-trt convert`).
+        path: a registered bundle name such as "demo", a LlamaGen checkpoint file (official .pt
+            or lisa-trt safetensors), or an HF checkpoint directory of a registered family
+            (Chameleon / Lumina-mGPT, Janus-Pro; see docs/families.md); models/family.py's
+            `detect_family` decides.
+        config: LlamaGen files: a registry name ("GPT-B", ...), a TargetConfig, or None to use
+            the file's metadata. Directory families read their config.json.
     """
-    from .chameleon_io import is_chameleon_dir, load_chameleon
-    from .llamagen import Transformer
+    from .family import detect_family
 
     bundled = _bundled("target", path)
     if bundled is not None:
         return bundled
-    if is_chameleon_dir(path):  # HF directory (config.json model_type "chameleon"): Lumina-mGPT family
-        return load_chameleon(path, device=device)
+    return detect_family(path).load_target(path, config, device=device)
+
+
+def load_llamagen_target(path: PathLike, config=None, device="cpu"):
+    """Load a LlamaGen target (official .pt or lisa-trt safetensors), eval mode, fp32."""
+    from .llamagen import Transformer
+
     sd, meta = read_state_dict(path)
     cfg = _resolve_target_config(config, meta)
     model = Transformer(cfg)
@@ -117,12 +123,30 @@ def load_target(path: PathLike, config=None, device="cpu"):
 
 
 def load_vq(path: PathLike, config=None, device="cpu"):
-    """Load a LlamaGen VQ tokenizer; config: "VQ-16", "VQ-8", a VQConfig, or None (metadata)."""
-    from .vq import VQModel
+    """Load the image decoder (VQ) of any family (the public `lisa_trt.load_vq`).
+
+    path: "demo" (a bundle name), a LlamaGen VQ file (config: "VQ-16", "VQ-8", a VQConfig, or
+    None for the file's metadata), or a family's checkpoint directory (its decoder)."""
+    from .family import detect_family, families
 
     bundled = _bundled("vq", path)
     if bundled is not None:
         return bundled
+    p = Path(path)
+    if p.is_dir():
+        for fam in families():
+            if fam.claims(p):
+                return fam.load_decoder(p, config, device=device)
+        for fam in families():  # a bare decoder folder (e.g. Chameleon's vqgan/)
+            if fam.claims_decoder(p):
+                return fam.load_decoder(p, config, device=device)
+    return detect_family(path).load_decoder(path, config, device=device)
+
+
+def load_llamagen_vq(path: PathLike, config=None, device="cpu"):
+    """Load a LlamaGen VQ tokenizer; config: "VQ-16", "VQ-8", a VQConfig, or None (metadata)."""
+    from .vq import VQModel
+
     sd, meta = read_state_dict(path)
     if isinstance(config, VQConfig):
         cfg = config

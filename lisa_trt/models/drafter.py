@@ -154,6 +154,7 @@ class DrafterCache(KVCache):
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.col_valid = torch.ones(batch, max_len, dtype=torch.bool, device=device)
         self.col_valid[:, : cfg.cls_token_num] = False
+        self.pad = torch.zeros(batch, dtype=torch.long, device=device)
         self.max_len = max_len
 
 

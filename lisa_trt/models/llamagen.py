@@ -180,6 +180,9 @@ class KVCache:
 
     `lengths` (B,) is the committed length of each row (prefix included); `col_valid` (B, Lmax)
     is False for padded t2i text slots, which no query may attend to (except themselves).
+    `pad` (B,) is the number of left-padding slots of each row whose positions count from its
+    first real token (prompt-id families); `positions(slots)` = slots - pad is the RoPE position
+    of a token at those slots (LlamaGen: pad 0, positions are the slots).
     """
 
     def __init__(self, cfg: TargetConfig, batch: int, max_len: int, dtype, device):
@@ -188,7 +191,12 @@ class KVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layer)]
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.col_valid = torch.ones(batch, max_len, dtype=torch.bool, device=device)
+        self.pad = torch.zeros(batch, dtype=torch.long, device=device)
         self.max_len = max_len
+
+    def positions(self, slots: torch.Tensor) -> torch.Tensor:
+        """RoPE positions (B, S) of tokens at cache `slots` (B, S): slots - pad."""
+        return slots - self.pad[:, None]
 
     @property
     def batch(self) -> int:
@@ -241,6 +249,7 @@ class KVCache:
         self.v = [t[index] for t in self.v]
         self.lengths = self.lengths[index]
         self.col_valid = self.col_valid[index]
+        self.pad = self.pad[index]
 
 
 # ----------------------------------------------------------------------------- model
@@ -324,8 +333,14 @@ class Transformer(nn.Module):
         logits = self.output(hidden).float()
         return TargetOutput(logits, torch.cat(tapped, dim=-1) if taps else None, hidden)
 
-    def new_cache(self, batch: int, extra: int = 0, dtype=None) -> KVCache:
-        """A cache for `batch` rows holding the full sequence plus `extra` scratch slots."""
+    def prompt_len(self, cond: Cond) -> int:
+        """Cache slots the prefill of `cond` writes (the class / caption prefix)."""
+        return self.config.cls_token_num
+
+    def new_cache(self, batch: int, extra: int = 0, dtype=None, *, prompt_len=None, n_tokens=None) -> KVCache:
+        """A cache for `batch` rows holding the full sequence plus `extra` scratch slots.
+
+        prompt_len / n_tokens (the generic loops pass them) are implied by the config here."""
         p = self.output.weight
         return KVCache(self.config, batch, find_multiple(self.config.seq_len + extra, 8),
                        dtype or p.dtype, p.device)
@@ -390,3 +405,5 @@ class Transformer(nn.Module):
     def teacher_forced_logits(self, cond: Cond, tokens: torch.Tensor) -> torch.Tensor:
         """(B, N, V) fp32 logits; [:, j] predicts tokens[:, j] from cond and tokens[:, :j]."""
         return self.forward_train(cond, tokens).logits
+
+    image_logits = teacher_forced_logits  # the head is the codebook: lisa_trt.image_logits

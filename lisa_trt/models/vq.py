@@ -11,6 +11,23 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import VQConfig
+from ..errors import InputError
+
+
+def grid_of(tokens: torch.Tensor) -> torch.Tensor:
+    """(B, h, w) unchanged; (B, N) with N a square -> (B, sqrt N, sqrt N); anything else refused."""
+    import math
+
+    if not torch.is_tensor(tokens) or tokens.dtype not in (torch.long, torch.int32, torch.int64):
+        raise InputError("tokens must be an integer tensor (B, N) or (B, h, w)")
+    if tokens.dim() == 3:
+        return tokens.long()
+    if tokens.dim() == 2:
+        n = math.isqrt(tokens.shape[1])
+        if n * n == tokens.shape[1]:
+            return tokens.long().view(tokens.shape[0], n, n)
+        raise InputError(f"{tokens.shape[1]} tokens per image are not a square grid; pass them as (B, h, w)")
+    raise InputError(f"tokens must be (B, N) or (B, h, w); got shape {tuple(tokens.shape)}")
 
 
 def swish(x: torch.Tensor) -> torch.Tensor:
@@ -245,6 +262,16 @@ class VQModel(nn.Module):
     def decode_code(self, indices: torch.Tensor, shape) -> torch.Tensor:
         """indices (B, h*w), shape (B, C, h, w) -> images (B, 3, H, W) in about [-1, 1]."""
         return self.decode(self.quantize.get_codebook_entry(indices, shape))
+
+    @torch.no_grad()
+    def tokens_to_pixels(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Codes (B, N) (a square grid, row-major) or (B, h, w) -> (B, 3, H, W), raw decoder output."""
+        tokens = grid_of(tokens)
+        B, h, w = tokens.shape
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.quantize.embedding.weight.shape[0]):
+            raise InputError(f"VQ codes must be in 0..{self.quantize.embedding.weight.shape[0] - 1}; got "
+                             f"{int(tokens.min())}..{int(tokens.max())}")
+        return self.decode_code(tokens.reshape(B, h * w), (B, self.quantize.embedding.weight.shape[1], h, w))
 
     def forward(self, images: torch.Tensor):
         """Training forward: (recon, codebook_loss, commit_loss, indices)."""

@@ -52,14 +52,14 @@ def _captions(path, n: Optional[int] = None) -> list[str]:
 
 
 def _load(model_dir):
-    from ..models.chameleon_io import load_chameleon
+    from ..models.families.chameleon.checkpoint import load_chameleon
     from ..speculative.lumina import LuminaTokenizer
 
     return load_chameleon(model_dir), LuminaTokenizer(model_dir)
 
 
 def _vq(model_dir, vq):
-    from ..models.chameleon_vq import load_chameleon_vq
+    from ..models.families.chameleon.vq import load_chameleon_vq
     from ..speculative.lumina import find_vq_dir
 
     d = Path(vq) if vq else find_vq_dir(Path(model_dir))
@@ -91,7 +91,7 @@ def train_cli(model_dir, out_dir, *, image_size: int, captions_file=None, num_sa
               checkpoint_every: int = 50, seed: int = 0) -> dict:
     """`lisa-trt train --model DIR`: resumable drafter distillation (see module docstring)."""
     from ..io import load_safetensors, save_safetensors, write_json
-    from ..models.chameleon_drafter import ChameleonDrafter, save_chameleon_drafter, train_drafter
+    from ..models.families.chameleon.drafter import ChameleonDrafter, save_chameleon_drafter, train_drafter
     from ..models.checkpoints import target_hash
 
     out = Path(out_dir)
@@ -153,7 +153,7 @@ def export_cli(model_dir, out_dir, *, image_size: int, drafter=None, tables=None
     """`lisa-trt export --model DIR`: target, drafter, GASV and VQGAN graphs, validated."""
     from ..calibration.chameleon_tables import load_chameleon_tables
     from ..export import chameleon_onnx as X
-    from ..models.chameleon_drafter import load_chameleon_drafter
+    from ..models.families.chameleon.drafter import load_chameleon_drafter
 
     target, tok = _load(model_dir)
     dr = load_chameleon_drafter(drafter, target) if drafter else None
@@ -176,7 +176,7 @@ def run_engine(engine_dir, captions: Sequence[str], out_dir, *, verify: str = "g
     from ..engines.chameleon_ort import load_chameleon_engines
     from ..imaging import save_images
     from ..io import atomic_write, write_json
-    from ..models.chameleon_vq import to_uint8
+    from ..models.families.chameleon.vq import to_uint8
     from ..speculative.lumina import generate_image_tokens
     from ..speculative.chameleon_spec import LuminaSpec, speculative_image_tokens
 
@@ -246,8 +246,8 @@ def generate_images(model_dir, captions: Sequence[str], out_dir, *, image_size: 
 
     from ..imaging import save_images
     from ..io import atomic_write, write_json
-    from ..models.chameleon_io import load_chameleon
-    from ..models.chameleon_vq import load_chameleon_vq, to_uint8
+    from ..models.families.chameleon.checkpoint import load_chameleon
+    from ..models.families.chameleon.vq import load_chameleon_vq, to_uint8
     from ..speculative.lumina import LuminaTokenizer, find_vq_dir, generate_image_tokens
 
     model_dir, out = Path(model_dir), Path(out_dir)
@@ -259,7 +259,7 @@ def generate_images(model_dir, captions: Sequence[str], out_dir, *, image_size: 
                                     temperature=temperature, top_k=top_k, greedy=greedy, seed=seed)
     else:
         from ..speculative.chameleon_spec import LuminaSpec, speculative_image_tokens
-        from ..models.chameleon_drafter import load_chameleon_drafter
+        from ..models.families.chameleon.drafter import load_chameleon_drafter
 
         if drafter is None:
             raise InputError(f"--verify {verify} needs --drafter FILE (a Chameleon-family drafter)")

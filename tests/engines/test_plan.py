@@ -64,7 +64,7 @@ def test_target_counts_match_the_models():
     import torch
 
     from lisa_trt.config import target_config
-    from lisa_trt.models.chameleon import ChameleonConfig, ChameleonTarget
+    from lisa_trt.models.families.chameleon.model import ChameleonConfig, ChameleonTarget
     from lisa_trt.models.llamagen import Transformer
 
     n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
@@ -93,7 +93,7 @@ def test_drafter_count_matches_the_model():
 
 def test_vq_decoder_counts_match_the_models():
     from lisa_trt.config import vq_config
-    from lisa_trt.models.chameleon_vq import ChameleonVQConfig, ChameleonVQGAN
+    from lisa_trt.models.families.chameleon.vq import ChameleonVQConfig, ChameleonVQGAN
     from lisa_trt.models.vq import VQModel
 
     def decode_params(m):

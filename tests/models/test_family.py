@@ -31,7 +31,7 @@ def test_llamagen_is_the_family_of_c2i_and_t2i():
 
 
 def test_unknown_model_types_name_the_registered_ones():
-    with pytest.raises(F.UnknownModelTypeError, match="c2i, t2i"):
+    with pytest.raises(F.UnknownModelTypeError, match="c2i, chameleon, janus, t2i"):
         F.family_of("x2i")
     assert issubclass(F.UnknownModelTypeError, ConfigError)
     from lisa_trt.models.llamagen import Transformer

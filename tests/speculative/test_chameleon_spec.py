@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 import lisa_trt  # noqa: E402
 from chameleon_fixtures import N_CODES, make_hf_model, save_hf, save_tokenizer  # noqa: E402
-from lisa_trt.models.chameleon_drafter import ChameleonDrafter, train_drafter  # noqa: E402
+from lisa_trt.models.families.chameleon.drafter import ChameleonDrafter, train_drafter  # noqa: E402
 from lisa_trt.speculative.lumina import LuminaTokenizer, generate_image_tokens, row_end_mask  # noqa: E402
 from lisa_trt.speculative.chameleon_spec import LuminaSpec, speculative_image_tokens  # noqa: E402
 
@@ -86,7 +86,7 @@ def test_drafter_artifact_and_cli_speculation(setup, tmp_path):
     from click.testing import CliRunner
 
     from lisa_trt.cli import main
-    from lisa_trt.models.chameleon_drafter import load_chameleon_drafter, save_chameleon_drafter
+    from lisa_trt.models.families.chameleon.drafter import load_chameleon_drafter, save_chameleon_drafter
 
     target, tok, drafter = setup
     save_chameleon_drafter(drafter, tmp_path / "drafter.safetensors")
@@ -209,7 +209,7 @@ def test_cli_gasv_with_code_tables(setup, code_tables, tmp_path):
 
     from lisa_trt.calibration.tables import save_tables
     from lisa_trt.cli import main
-    from lisa_trt.models.chameleon_drafter import save_chameleon_drafter
+    from lisa_trt.models.families.chameleon.drafter import save_chameleon_drafter
 
     target, tok, drafter = setup
     save_tables(code_tables, tmp_path / "tables.safetensors")

@@ -25,9 +25,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..config import find_multiple
-from ..errors import ConfigError, InputError
-from .llamagen import KVCache, RMSNorm, TargetOutput, cached_attention
+from ....config import find_multiple
+from ....errors import ConfigError, InputError
+from ...llamagen import KVCache, RMSNorm, TargetOutput, cached_attention
+from ...prompts import Prompts, prefill_plan, rotate_half  # noqa: F401 (Prompts re-exported)
 
 _ACTS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu}
 
@@ -66,9 +67,15 @@ class ChameleonConfig:
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; valid: {', '.join(_ACTS)}")
 
     # -- names the shared KVCache / decode loop read ------------------------------------
+    model_type = "chameleon"  # the family registry key (models/family.py)
+
     @property
     def n_layer(self) -> int:
         return self.num_hidden_layers
+
+    @property
+    def n_positions(self) -> int:
+        return self.max_position_embeddings
 
     @property
     def n_head(self) -> int:
@@ -98,12 +105,30 @@ class ChameleonConfig:
                 f"intermediate {self.intermediate_size}, swin_norm={self.swin_norm}")
 
 
+# ----------------------------------------------------------------------------- image vocabulary
+
+LUMINA_IMAGE_CODES = range(4, 8196)  # the 8,192 VQ codes of the Chameleon / Lumina-mGPT tokenizer
+
+
+def _img_name_to_code(name: str) -> int:
+    """'IMGIMG' + digits spelt A..J + one closing char -> VQ code (HF's bpe2img rule)."""
+    return int("".join(str(ord(c) - ord("A")) if "A" <= c <= "J" else c for c in name[len("IMGIMG"):-1]))
+
+
+def image_vocab(vocabulary_map: Optional[dict], vocab_size: int) -> dict[int, int]:
+    """{token id: VQ code} for every image-code token of the vocabulary."""
+    if vocabulary_map:
+        found = {int(i): _img_name_to_code(n) for n, i in vocabulary_map.items() if n.startswith("IMGIMG")}
+        if found:
+            return found
+    if vocab_size >= LUMINA_IMAGE_CODES.stop:
+        return {t: t - LUMINA_IMAGE_CODES.start for t in LUMINA_IMAGE_CODES}
+    raise InputError("this checkpoint's config.json has no vocabulary_map with IMGIMG* image tokens and "
+                     f"its vocabulary ({vocab_size}) is too small for Lumina-mGPT's image codes 4..8195")
+
+
+
 # ----------------------------------------------------------------------------- layers
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
 
 class HeadLayerNorm(nn.Module):
     """LayerNorm over head_dim with one gamma/beta per head: weight/bias (H, D) (HF layout)."""
@@ -185,46 +210,13 @@ class ChameleonBody(nn.Module):
 # ----------------------------------------------------------------------------- cache
 
 class ChameleonCache(KVCache):
-    """KVCache plus `pad` (B,): left-padding slots of each row's prompt.
+    """KVCache (its `pad` (B,): left-padding slots of each row's prompt).
 
     A token at cache slot j of row b has RoPE position j - pad[b] (HF's left-padded batches
     number positions from each row's first real token)."""
 
-    def __init__(self, cfg: ChameleonConfig, batch: int, max_len: int, dtype, device):
-        super().__init__(cfg, batch, max_len, dtype, device)
-        self.pad = torch.zeros(batch, dtype=torch.long, device=device)
 
-    def positions(self, slots: torch.Tensor) -> torch.Tensor:
-        return slots - self.pad[:, None]
-
-    def select_rows(self, index: torch.Tensor) -> None:
-        super().select_rows(index)
-        self.pad = self.pad[index]
-
-
-def prefill_plan(input_ids: torch.Tensor, cache: ChameleonCache, valid: Optional[torch.Tensor] = None):
-    """Reset `cache` for a (left-padded) prompt; (slots, positions, mask (B, T, Lmax)) of its tokens.
-
-    Shared by the torch target and the exported-graph runners (engines/chameleon_ort.py)."""
-    B, T = input_ids.shape
-    if B != cache.batch:
-        raise InputError(f"prompt batch {B} does not match the cache batch {cache.batch}")
-    if T > cache.max_len:
-        raise InputError(f"prompt of {T} tokens does not fit a cache of {cache.max_len}")
-    dev = input_ids.device
-    valid = torch.ones(B, T, dtype=torch.bool, device=dev) if valid is None else valid.to(torch.bool)
-    if (valid[:, 1:].int() < valid[:, :-1].int()).any() or not valid[:, -1].all():
-        raise InputError("prompts must be left-padded: padding first, then the real tokens")
-    cache.pad = (~valid).sum(1)
-    cache.col_valid[:] = True
-    cache.col_valid[:, :T] = valid
-    cache.lengths.zero_()
-    slots = torch.arange(T, device=dev)[None].expand(B, T)
-    causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=dev))[None].expand(B, T, T)
-    mask = cache.attention_mask(slots, causal) & cache.col_valid[:, None, :]
-    mask[:, :, :T] |= torch.eye(T, dtype=torch.bool, device=dev)  # padded rows see themselves
-    return slots, cache.positions(slots).clamp(min=0), mask
-
+# ----------------------------------------------------------------------------- conditions
 
 # ----------------------------------------------------------------------------- model
 
@@ -284,8 +276,40 @@ class ChameleonTarget(nn.Module):
         logits = self.lm_head(hidden).float()
         return TargetOutput(logits, torch.cat(tapped, dim=-1) if taps else None, hidden)
 
-    def new_cache(self, batch: int, max_len: int, dtype=None) -> ChameleonCache:
-        """A cache for `batch` rows of up to `max_len` tokens (prompt + generated + scratch)."""
+    # -- the generic loops' condition protocol (models/family.py) ------------------------
+
+    def check_cond(self, cond) -> int:
+        """Validate a prompt condition (ids, (ids, valid) or Prompts); returns the batch size."""
+        p = Prompts.of(cond)
+        self.check_ids(p.ids)
+        return p.batch
+
+    def null_cond(self, cond) -> Prompts:
+        """The CFG unconditional rows the prompt carries (Prompts.uncond)."""
+        p = Prompts.of(cond)
+        if p.uncond is None:
+            raise InputError("classifier-free guidance needs the unconditional rows: build the prompt with the "
+                             "family's prompt encoding (e.g. lumina.encode_prompts), or use cfg_scale 1")
+        return p.uncond
+
+    @staticmethod
+    def cfg_rows(cond, null) -> Prompts:
+        """[cond; null] as one left-padded batch."""
+        return Prompts.of(cond).cat(Prompts.of(null))
+
+    def prompt_len(self, cond) -> int:
+        """Cache slots the prefill of `cond` writes (its padded width)."""
+        return Prompts.of(cond).ids.shape[1]
+
+    def new_cache(self, batch: int, max_len: Optional[int] = None, dtype=None, *, extra: int = 0,
+                  prompt_len: Optional[int] = None, n_tokens: Optional[int] = None) -> ChameleonCache:
+        """A cache for `batch` rows of up to `max_len` tokens (prompt + generated + scratch).
+
+        The generic loops pass prompt_len, n_tokens and extra instead (max_len = their sum)."""
+        if max_len is None:
+            if prompt_len is None or n_tokens is None:
+                raise InputError("new_cache needs max_len, or prompt_len and n_tokens")
+            max_len = int(prompt_len) + int(n_tokens) + int(extra)
         if max_len > self.config.max_position_embeddings:
             raise InputError(f"{max_len} tokens exceed max_position_embeddings "
                              f"{self.config.max_position_embeddings} of this checkpoint")
@@ -304,15 +328,18 @@ class ChameleonTarget(nn.Module):
         """(B, T, V) fp32 raw head logits over the whole vocabulary."""
         return self.forward_full(input_ids).logits
 
-    def prefill(self, input_ids: torch.Tensor, cache: ChameleonCache, valid: Optional[torch.Tensor] = None,
+    def prefill(self, input_ids, cache: ChameleonCache, valid: Optional[torch.Tensor] = None,
                 taps: bool = False) -> TargetOutput:
         """Write a prompt into slots 0..T-1; logits of its last position (B, 1, V).
 
         Args:
-            input_ids: (B, T) prompt ids, LEFT-padded when rows differ in length.
+            input_ids: (B, T) prompt ids, LEFT-padded when rows differ in length (or the
+                condition forms of `Prompts.of`: (ids, valid), Prompts).
             valid: (B, T) bool, False on padding (default: all valid). Padding slots are
                 never attended to; positions count from each row's first real token.
         """
+        p = Prompts.of(input_ids, valid)
+        input_ids, valid = p.ids, p.valid
         self.check_ids(input_ids)
         T = input_ids.shape[1]
         slots, pos, mask = prefill_plan(input_ids, cache, valid)

@@ -17,8 +17,8 @@ from typing import Optional
 
 import torch
 
-from .checkpoints import target_hash
-from .drafter import Drafter, DrafterConfig
+from ...checkpoints import target_hash
+from ...drafter import Drafter, DrafterConfig
 
 
 def rope_1d_table(n_pos: int, head_dim: int, base: float) -> torch.Tensor:
@@ -113,7 +113,7 @@ def train_drafter(drafter: ChameleonDrafter, target, sequences: torch.Tensor, *,
 
 
 def _save_state(path, drafter, opt, g, step: int) -> None:
-    from ..io import atomic_write
+    from ....io import atomic_write
 
     with atomic_write(path) as tmp:
         torch.save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "rng": g.get_state(),
@@ -123,8 +123,8 @@ def _save_state(path, drafter, opt, g, step: int) -> None:
 def save_chameleon_drafter(drafter: ChameleonDrafter, path) -> None:
     """Write `path` (safetensors, embedding excluded) + `path.json`; both carry the config,
     the family and the target hash (atomic)."""
-    from ..io import save_safetensors, write_json
-    from .drafter import ARTIFACT_KIND, SCHEMA_VERSION
+    from ....io import save_safetensors, write_json
+    from ...drafter import ARTIFACT_KIND, SCHEMA_VERSION
 
     path = Path(path)
     meta = {"kind": ARTIFACT_KIND, "schema_version": SCHEMA_VERSION, "family": "chameleon",
@@ -135,9 +135,9 @@ def save_chameleon_drafter(drafter: ChameleonDrafter, path) -> None:
 
 def load_chameleon_drafter(path, target) -> ChameleonDrafter:
     """Load a drafter made for this ChameleonTarget; refuses other targets and families."""
-    from ..errors import ArtifactMismatchError, CheckpointError
-    from ..io import load_safetensors
-    from .drafter import ARTIFACT_KIND, SCHEMA_VERSION
+    from ....errors import ArtifactMismatchError, CheckpointError
+    from ....io import load_safetensors
+    from ...drafter import ARTIFACT_KIND, SCHEMA_VERSION
 
     path = Path(path)
     tensors, meta = load_safetensors(path)
