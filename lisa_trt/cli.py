@@ -358,8 +358,8 @@ def random_checkpoint(out, config, image_size, model_type, seed):
 
     from .config import target_config, vq_config
     from .io import atomic_write
-    from .models.llamagen import Transformer
-    from .models.vq import VQModel
+    from .models.families.llamagen.model import Transformer
+    from .models.families.llamagen.vq import VQModel
 
     torch.manual_seed(seed)
     if config.startswith("VQ"):
