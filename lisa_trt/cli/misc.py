@@ -45,8 +45,8 @@ def random_checkpoint(out, model_cfg, seed):
     import torch
 
     from ..io import atomic_write
-    from ..models.llamagen import Transformer
-    from ..models.vq import VQModel
+    from ..models.families.llamagen.model import Transformer
+    from ..models.families.llamagen.vq import VQModel
 
     torch.manual_seed(seed)
     is_vq, cfg = _official(model_cfg)

@@ -126,7 +126,7 @@ class OrtChameleonTarget:
         return ChameleonCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
 
     def _run(self, runner, tokens, positions, slots, mask, cache, S_out: int):
-        from ..models.llamagen import TargetOutput
+        from ..models.layers import TargetOutput
 
         cfg, dev = self.config, self.device
         shape = (cache.batch, cfg.kv_heads, self.max_cache_len, cfg.head_dim)

@@ -182,7 +182,7 @@ class GraphTarget(_KVEngine):
     def new_cache(self, batch: int, extra: int = 0, dtype=None, *, prompt_len=None, n_tokens=None):
         """A KVCache of the engines' static length (>= round_up(seq_len + extra, 8)); prompt_len /
         n_tokens (the generic loops pass them) are implied by the config."""
-        from ..models.llamagen import KVCache
+        from ..models.layers import KVCache
 
         need = find_multiple(self.config.seq_len + extra, 8)
         check_static_len(need, self.max_cache_len, f"a cache with {extra} extra slots",
@@ -199,7 +199,7 @@ class GraphTarget(_KVEngine):
 
     def prefill(self, cond, cache, taps: bool = False):
         """Write the condition prefix into the cache; logits of the last prefix position."""
-        from ..models.llamagen import TargetOutput
+        from ..models.layers import TargetOutput
 
         B = self.check_cond(cond)
         if B != cache.batch:
@@ -215,7 +215,7 @@ class GraphTarget(_KVEngine):
 
     def forward_tokens(self, tokens, positions, slots, mask, cache, taps: bool = False):
         """New tokens at absolute `positions`, K/V written at cache `slots` (see Transformer)."""
-        from ..models.llamagen import TargetOutput
+        from ..models.layers import TargetOutput
 
         cfg = self.config
         check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, cfg.vocab_size, cfg.seq_len)

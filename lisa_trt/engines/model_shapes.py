@@ -108,7 +108,7 @@ def llama_layer(dim: int, n_head: int, kv_heads: int, ffn: int) -> Weights:
 
 
 def _llamagen_shape(cfg, name: str) -> ModelShape:
-    """A TargetConfig (models/llamagen.Transformer's parameters)."""
+    """A TargetConfig (models/families/llamagen/model.Transformer's parameters)."""
     layer = llama_layer(cfg.dim, cfg.n_head, cfg.kv_heads, cfg.ffn_hidden)
     if cfg.model_type == "t2i":
         cond = lin(cfg.caption_dim, cfg.dim) + lin(cfg.dim, cfg.dim)  # CaptionMLP (+ its fixed null caption)

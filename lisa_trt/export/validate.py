@@ -120,7 +120,7 @@ def _interleave(ks, vs, prefix="present") -> dict:
 def reference_outputs(graph: Graph, refs: dict, inputs: dict) -> dict:
     """fp32 PyTorch outputs of the public API for the graph's named inputs."""
     from ..models.drafter import DrafterCache
-    from ..models.llamagen import KVCache
+    from ..models.layers import KVCache
 
     x = {k: _f32(v) for k, v in inputs.items()}
     if graph in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY):

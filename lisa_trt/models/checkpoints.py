@@ -13,8 +13,7 @@ from typing import Union
 
 import torch
 
-from ..config import TargetConfig, VQConfig, _GPT_SHAPES, target_config, vq_config
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError
 from ..safe_load import safe_torch_load
 from ..io import load_safetensors, save_safetensors, state_dict_problems, tensor_hash, write_json
 
@@ -52,23 +51,6 @@ def _clean(sd: dict) -> dict:
     return out
 
 
-def guess_target_config(sd: dict) -> str:
-    """Describe the official config a state dict most likely needs (from tensor shapes)."""
-    try:
-        vocab, dim = sd["tok_embeddings.weight"].shape
-        n_layer = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("layers."))
-    except (KeyError, ValueError):
-        return ""
-    t2i = "cls_embedding.uncond_embedding" in sd
-    names = [n for n, (L, _, d) in _GPT_SHAPES.items() if L == n_layer and d == dim]
-    kind = "t2i" if t2i else "c2i"
-    extra = ""
-    if not t2i and "cls_embedding.embedding_table.weight" in sd:
-        extra = f", num_classes={sd['cls_embedding.embedding_table.weight'].shape[0] - 1}"
-    found = names[0] if names else f"a custom config (dim={dim}, n_layer={n_layer})"
-    return f"the file looks like {found} ({kind}, vocab_size={vocab}{extra})"
-
-
 def strict_load(model: torch.nn.Module, sd: dict, what: str, hint: str = "") -> None:
     """load_state_dict(strict=True) with an error that lists every problem and a likely fix."""
     own = model.state_dict()
@@ -79,17 +61,6 @@ def strict_load(model: torch.nn.Module, sd: dict, what: str, hint: str = "") -> 
             lines.append(f"  hint: {hint}; pass the matching config (e.g. --config GPT-L --image-size 384)")
         raise CheckpointError("\n".join(lines))
     model.load_state_dict({k: v.to(own[k].dtype) for k, v in sd.items()}, strict=True)
-
-
-def _resolve_target_config(config, meta: dict) -> TargetConfig:
-    if isinstance(config, TargetConfig):
-        return config
-    if config is None:
-        if "config" in meta:
-            return TargetConfig.from_dict(meta["config"])
-        raise ConfigError("no config given and the file carries none: pass a registry name "
-                          "(e.g. 'GPT-B') or a TargetConfig")
-    return target_config(config)
 
 
 def load_target(path: PathLike, config=None, device="cpu"):
@@ -111,17 +82,6 @@ def load_target(path: PathLike, config=None, device="cpu"):
     return detect_family(path).load_target(path, config, device=device)
 
 
-def load_llamagen_target(path: PathLike, config=None, device="cpu"):
-    """Load a LlamaGen target (official .pt or lisa-trt safetensors), eval mode, fp32."""
-    from .llamagen import Transformer
-
-    sd, meta = read_state_dict(path)
-    cfg = _resolve_target_config(config, meta)
-    model = Transformer(cfg)
-    strict_load(model, _clean(sd), f"target {cfg.n_layer}x{cfg.dim} ({cfg.model_type})", guess_target_config(sd))
-    return model.float().eval().to(device)
-
-
 def load_vq(path: PathLike, config=None, device="cpu"):
     """Load the image decoder (VQ) of any family (the public `lisa_trt.load_vq`).
 
@@ -141,28 +101,6 @@ def load_vq(path: PathLike, config=None, device="cpu"):
             if fam.claims_decoder(p):
                 return fam.load_decoder(p, config, device=device)
     return detect_family(path).load_decoder(path, config, device=device)
-
-
-def load_llamagen_vq(path: PathLike, config=None, device="cpu"):
-    """Load a LlamaGen VQ tokenizer; config: "VQ-16", "VQ-8", a VQConfig, or None (metadata)."""
-    from .vq import VQModel
-
-    sd, meta = read_state_dict(path)
-    if isinstance(config, VQConfig):
-        cfg = config
-    elif config is None:
-        if "config" not in meta:
-            raise ConfigError("no VQ config given and the file carries none: pass 'VQ-16' or 'VQ-8'")
-        cfg = VQConfig.from_dict(meta["config"])
-    else:
-        cfg = vq_config(config)
-    model = VQModel(cfg)
-    hint = ""
-    if "quantize.embedding.weight" in sd:
-        n, d = sd["quantize.embedding.weight"].shape
-        hint = f"the file has a {n} x {d} codebook"
-    strict_load(model, _clean(sd), "VQ", hint)
-    return model.float().eval().to(device)
 
 
 def _bundled(kind: str, path):

@@ -49,7 +49,8 @@ from ..config import TargetConfig, find_multiple
 from ..errors import ArtifactMismatchError, CheckpointError, ConfigError, InputError
 from .checkpoints import target_hash
 from .draft_vocab import check_d2t, to_full_vocab
-from .llamagen import KVCache, RMSNorm, apply_rotary_emb, precompute_freqs_cis_2d
+from .layers import KVCache, RMSNorm
+from .rope import apply_rotary_emb, precompute_freqs_cis_2d
 
 SCHEMA_VERSION = 1
 ARTIFACT_KIND = "lisa-trt-drafter"

@@ -2,7 +2,7 @@
 
 A family owns its conditioning (validate a condition, the null condition for CFG, the prefill
 graph's condition inputs), checkpoint loading, and the image decoder. LlamaGen (class-to-image
-`c2i` and text-to-image `t2i`, models/llamagen_family.py) is the first family; a second one (e.g. Chameleon / Lumina-mGPT)
+`c2i` and text-to-image `t2i`, models/families/llamagen/) is the first family; a second one (e.g. Chameleon / Lumina-mGPT)
 registers its own `ModelFamily` subclass under its `model_type` names and nothing else in the
 speculative loop, the engines or the runtime changes.
 
@@ -10,7 +10,7 @@ speculative loop, the engines or the runtime changes.
     B = fam.check_cond(cfg, cond)        # InputError with the fix on a bad condition
     inputs = fam.cond_inputs(cfg, cond, device, act_dtype)   # prefill graph inputs by name
 
-Floors: models (this file imports only core modules; models/llamagen.py calls into it).
+Floors: models (this file imports only core modules; families/*/ call into it).
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def register_family(family: ModelFamily) -> ModelFamily:
 
 # THE registration list of built-in families, imported on first use (model_type -> module that
 # registers it). Adding a family adds its model types here and nothing else outside its package.
-_BUILTIN = {"c2i": "lisa_trt.models.llamagen_family", "t2i": "lisa_trt.models.llamagen_family",
+_BUILTIN = {"c2i": "lisa_trt.models.families.llamagen", "t2i": "lisa_trt.models.families.llamagen",
             "chameleon": "lisa_trt.models.families.chameleon", "janus": "lisa_trt.models.families.janus"}
 
 

@@ -34,7 +34,7 @@ def test_unknown_model_types_name_the_registered_ones():
     with pytest.raises(F.UnknownModelTypeError, match="c2i, chameleon, janus, t2i"):
         F.family_of("x2i")
     assert issubclass(F.UnknownModelTypeError, ConfigError)
-    from lisa_trt.models.llamagen import Transformer
+    from lisa_trt.models.families.llamagen.model import Transformer
 
     with pytest.raises(ConfigError, match="LlamaGen Transformer serves"):
         Transformer(TargetConfig(dim=64, n_layer=2, n_head=4, vocab_size=256, block_size=16, model_type="toy"))

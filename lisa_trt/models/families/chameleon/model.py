@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from ....config import find_multiple
 from ....errors import ConfigError, InputError
-from ...llamagen import KVCache, RMSNorm, TargetOutput, cached_attention
+from ...layers import KVCache, RMSNorm, TargetOutput, cached_attention
 from ...prompts import Prompts, prefill_plan, rotate_half  # noqa: F401 (Prompts re-exported)
 
 _ACTS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu}

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from ....errors import InputError, CheckpointError, ConfigError
-from ...vq import AttnBlock, Downsample, ResnetBlock, Upsample, group_norm, swish
+from ...vqgan import AttnBlock, Downsample, ResnetBlock, Upsample, group_norm, swish
 
 _TRAINING_ONLY = ("loss.",)  # discriminator / LPIPS weights some training checkpoints carry
 
@@ -204,7 +204,7 @@ class ChameleonVQGAN(nn.Module):
         carries a model's `token_codes` (vocabulary id -> code, -1 elsewhere; set by
         load_decoder from a model directory), of vocabulary ids: a generated image span (codes
         with row-end tokens between rows: the rows are the row ends) or plain code tokens."""
-        from ...vq import grid_of
+        from ...vqgan import grid_of
 
         lut = getattr(self, "token_codes", None)
         if lut is not None and tokens.dim() == 2:

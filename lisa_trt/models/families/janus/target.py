@@ -39,9 +39,9 @@ import torch.nn.functional as F
 
 from ....config import find_multiple
 from ....errors import InputError
-from ...llamagen import KVCache
+from ...layers import KVCache
 from ...prompts import prefill_plan, rotate_half
-from ...llamagen import RMSNorm, TargetOutput, cached_attention
+from ...layers import RMSNorm, TargetOutput, cached_attention
 from . import cond as C
 from .config import JanusConfig
 

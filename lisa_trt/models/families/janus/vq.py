@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ....errors import InputError
-from ...vq import AttnBlock, ResnetBlock, Upsample, group_norm, swish
+from ...vqgan import AttnBlock, ResnetBlock, Upsample, group_norm, swish
 from .config import JanusVQConfig
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import InputError, SpecError
-from .family import ModelFamily, register_family
+from ....errors import InputError, SpecError
+from ...family import ModelFamily, register_family
 
 
 class LlamaGenFamily(ModelFamily):
@@ -89,12 +89,12 @@ class LlamaGenFamily(ModelFamily):
         return not Path(path).is_dir()  # single files (a missing one fails in read_state_dict, clearly)
 
     def load_target(self, path, config=None, device="cpu"):
-        from .checkpoints import load_llamagen_target
+        from .checkpoint import load_llamagen_target
 
         return load_llamagen_target(path, config, device)
 
     def load_decoder(self, path, config=None, device="cpu"):
-        from .checkpoints import load_llamagen_vq
+        from .checkpoint import load_llamagen_vq
 
         return load_llamagen_vq(path, config, device)
 
