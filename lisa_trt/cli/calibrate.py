@@ -29,14 +29,17 @@ def _lantern_k() -> int:
 @click.option("--rollouts", type=int, default=64, show_default=True, help="Images generated for the drift budgets.")
 @click.option("--samples-per-pos", type=int, default=8, show_default=True,
               help="Alternative tokens sampled per position (drift samples).")
-@click.option("--quantile", type=float, default=0.5, show_default=True, help="Per-cluster drift quantile kept as the budget, in (0, 1).")
+@click.option("--quantile", type=float, default=0.5, show_default=True,
+              help="Per-cluster drift quantile kept as the budget, in (0, 1).")
 @click.option("--clusters", type=int, default=None, help="Default round(2 sqrt(V)).")
 @click.option("--cluster-space", type=click.Choice(["codebook", "w_tilde"]), default="codebook", show_default=True,
               help="k-means on the normalised codebook, or on w_tilde.")
-@click.option("--lantern-k", type=int, default=_lantern_k(), show_default=True, help="LANTERN neighbours per code (clamped to V - 1).")
+@click.option("--lantern-k", type=int, default=_lantern_k(), show_default=True,
+              help="LANTERN neighbours per code (clamped to V - 1).")
 @opt.knob_options(only=("gasv_kappa", "gasv_lambda", "gasv_delta", "gasv_neighbours"), defaults=_gasv_defaults(),
                   helps={"gasv_delta": "GASV default mass budget (default 1: no cap).",
-                         "gasv_neighbours": "GASV K_n: candidates per draft, also the calibration's N(z) (default 16)."})
+                         "gasv_neighbours": "GASV K_n: candidates per draft, also the calibration's N(z) "
+                                            "(default 16)."})
 @opt.captions_option("t2i: rollout prompts, cycled to --rollouts (captions .txt with --encoder, or T5 features).")
 @opt.encoder_option()
 @opt.captions_file_option("Chameleon directory models: rollout captions, one per line (default: built-in list).")

@@ -266,7 +266,8 @@ def device_options(what: str):
     from ..engines.plan import GPUS
 
     return compose(click.option("--gpu", type=click.Choice(list(GPUS)), default=None, help=what),
-                   click.option("--memory-gib", type=float, default=None, help="Device memory in GiB (instead of --gpu)."))
+                   click.option("--memory-gib", type=float, default=None,
+                                help="Device memory in GiB (instead of --gpu)."))
 
 
 def precision_option(help: str):

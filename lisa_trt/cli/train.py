@@ -30,13 +30,18 @@ _T = _defaults()
 @click.option("--loss", type=click.Choice(["lisa", "eagle3", "eagle1"]), default="lisa", show_default=True,
               help="LISA locality-informed loss, or the EAGLE-3 / EAGLE-1 baselines.")
 @click.option("--steps", type=int, default=None, help=f"Optimiser steps (default {_T.steps}).")
-@click.option("--batch-size", type=int, default=None, help=f"Global batch in sequences, split over DDP ranks (default {_T.batch_size}).")
-@click.option("--lr", type=float, default=None, help=f"Peak AdamW learning rate, warmup then cosine decay (default {_T.lr}).")
-@click.option("--ttt-steps", type=int, default=None, help=f"Training-time-test steps of the drafter loss (default {_T.ttt_steps}).")
+@click.option("--batch-size", type=int, default=None,
+              help=f"Global batch in sequences, split over DDP ranks (default {_T.batch_size}).")
+@click.option("--lr", type=float, default=None,
+              help=f"Peak AdamW learning rate, warmup then cosine decay (default {_T.lr}).")
+@click.option("--ttt-steps", type=int, default=None,
+              help=f"Training-time-test steps of the drafter loss (default {_T.ttt_steps}).")
 @click.option("--data", "data", type=click.Choice(["self", "tokens", "images"]), default="self", show_default=True,
               help="self: target-generated sequences; tokens: --token-file; images: --image-dir encoded with the VQ.")
-@click.option("--token-file", default=None, type=click.Path(), help="Token ids (.pt / .npy / .npz / .safetensors) for --data tokens.")
-@click.option("--image-dir", default=None, type=click.Path(), help="One sub-folder of images per class (--data images).")
+@click.option("--token-file", default=None, type=click.Path(),
+              help="Token ids (.pt / .npy / .npz / .safetensors) for --data tokens.")
+@click.option("--image-dir", default=None, type=click.Path(),
+              help="One sub-folder of images per class (--data images).")
 @opt.captions_option("t2i: captions .txt (needs --encoder) or caption features .safetensors (encode-captions).",
                      exists=False)
 @opt.encoder_option("t2i: local flan-t5-xl directory.")
@@ -56,7 +61,8 @@ _T = _defaults()
 @click.option("--medusa-heads", type=int, default=4, show_default=True, help="Number of Medusa heads (--arch medusa).")
 @click.option("--draft-vocab", type=int, default=None,
               help="Reduced draft vocabulary: the head predicts only the N most frequent training codes (EAGLE-3 d2t).")
-@click.option("--checkpoint-every", type=int, default=None, help=f"Steps between resumable checkpoints (default {_T.checkpoint_every}).")
+@click.option("--checkpoint-every", type=int, default=None,
+              help=f"Steps between resumable checkpoints (default {_T.checkpoint_every}).")
 @click.option("--bf16", is_flag=True, help="bf16 autocast (default fp32).")
 @click.option("--eval-images", type=int, default=4, show_default=True,
               help="Held-out prompts decoded with the trained drafter (real MAL, exact verification); 0 = skip.")
@@ -175,8 +181,8 @@ def _fit(target, vqm, cfg, out_dir, o: dict, echo) -> dict:
             from ..train.medusa import train_medusa
 
             if o["draft_vocab"] or o["eval_every"] or o["extend"]:
-                raise InputError("--draft-vocab, --eval-every and --extend apply to the EAGLE-3 drafter (--arch eagle3); "
-                                 "Medusa heads keep the full vocabulary and evaluate once at the end")
+                raise InputError("--draft-vocab, --eval-every and --extend apply to the EAGLE-3 drafter "
+                                 "(--arch eagle3); Medusa heads keep the full vocabulary and evaluate once at the end")
             return train_medusa(target, codebook, cfg, out_dir, n_heads=o["medusa_heads"])
 
         def eval_fn(drafter, step):  # real decoding MAL on held-out prompts (exact verification)

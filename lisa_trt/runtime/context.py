@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Union
 
 from ..config import SamplingConfig
-from ..errors import InputError
+from ..errors import InputError, LisaError
 from ..models.hub import resolve_model
 from ..speculative.methods import METHODS, Method, SpecConfig, method_names
 
@@ -163,32 +163,32 @@ def spec_artifacts(source, target, methods, drafter, tables) -> tuple:
 
 # ----------------------------------------------------------------------------- families
 
-@dataclass(frozen=True)
-class _OwnEntriesFamily:
-    """TEMPORARY stand-in (until models/family.py registers this family): a family whose commands
-    are its own runtime entries (below), named like the module that holds them."""
-
-    name: str
-
-
 def _detect(source, *, engine: bool = False):
-    """The family of a model source or engine directory.
+    """The family of a model source (models/family.detect_family) or of an engine directory.
 
-    TEMPORARY (swap for `models.family.detect_family(source)` once it lands): today's rule of the
-    CLI: a directory that is not a bundled artifact set (`--model DIR`), or an engine directory
-    holding chameleon_engine.json, is the Chameleon / Lumina-mGPT family; anything else is
-    LlamaGen's (c2i / t2i share one family object; `RunContext.bind` asks the loaded target's config).
+    An artifact set's family is its target config's (None until `RunContext.bind` when its
+    provider does not say); an engine directory written by export/chameleon_onnx.py is the
+    Chameleon family's, any other the family of its manifest's target config.
     """
     from ..models.artifact_sets import artifact_set
-    from ..models.family import family_of
+    from ..models.family import detect_family, family_of
 
     if engine:
         from ..export.chameleon_onnx import is_chameleon_engine
 
-        own = is_chameleon_engine(source)
-    else:
-        own = artifact_set(source) is None and isinstance(source, (str, Path)) and Path(source).is_dir()
-    return _OwnEntriesFamily("chameleon") if own else family_of("c2i")
+        if is_chameleon_engine(source):
+            return family_of("chameleon")
+        from ..export.manifest import read_manifest
+
+        try:
+            return family_of(read_manifest(Path(source), check_files=False).target_config)
+        except (LisaError, OSError, ValueError):  # not a readable bundle: Pipeline.from_dir says why
+            return None
+    aset = artifact_set(source)
+    if aset is not None:
+        cfg = aset.extra("demo_target_config")
+        return family_of(cfg()) if cfg is not None else None
+    return detect_family(source)
 
 
 # ----------------------------------------------------------------------------- the run context
@@ -280,14 +280,15 @@ def resolve(model=None, *, engine_dir=None, verify=None, default_verify: Optiona
         backend: the backend the run decodes on.
     """
     if (model is None) == (engine_dir is None):
-        raise InputError("resolve() takes a model or an engine directory")
+        raise TypeError("resolve() takes a model or an engine_dir, not both")
     source = resolve_model(model if engine_dir is None else engine_dir)
     family = _detect(source, engine=engine_dir is not None)
     given_s = dict(sampling or {})
     seed = given_s.pop("seed", None)
     model_cfg = dict(model_cfg or {})
     method = resolve_method(verify, auto=auto, default=default_verify)
-    given = {"model": model if engine_dir is None else engine_dir, "verify": verify, "sampling": given_s, "tree": dict(tree or {}), "knobs": dict(knobs or {}),
+    given = {"model": model if engine_dir is None else engine_dir, "verify": verify, "sampling": given_s,
+             "tree": dict(tree or {}), "knobs": dict(knobs or {}),
              "image_size": model_cfg.get("image_size") if model_cfg.pop("image_size_given", False) else None}
     return RunContext(source=source, family=family, method=method,
                       sampling=resolve_sampling(source, **given_s), spec=resolve_spec(method, tree=tree, knobs=knobs),
@@ -302,7 +303,8 @@ def _chameleon_generate(rc, *, prompts, out_dir, vq, drafter, tables, **_):
     from .chameleon import cli_generate
 
     s, t = rc.given["sampling"], rc.given["tree"]
-    tree = tuple(d if t.get(k) is None else t[k] for k, d in (("tree_top_k", 4), ("tree_depth", 4), ("tree_tokens", 16)))
+    tree = tuple(d if t.get(k) is None else t[k]
+                 for k, d in (("tree_top_k", 4), ("tree_depth", 4), ("tree_tokens", 16)))
     return cli_generate(rc.source, prompts, out_dir, rc.given["image_size"], vq, s.get("cfg_scale"),
                         s.get("temperature"), s.get("top_k"), bool(s.get("greedy")), rc.seed, rc.given["verify"],
                         drafter, tree, tables)
