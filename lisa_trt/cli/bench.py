@@ -52,16 +52,10 @@ def _bench(rc, *, drafter, tables, methods, num_images, classes, captions, encod
     from ..artifacts import default_drafter
     from ..bench import parse_methods, parse_sweep, run_bench, save_bench
     from ..runtime.context import spec_artifacts
-    from ..text.train import precheck_captions
-    from ..validation import check_positive, probe_writable_file
 
-    check_positive(num_images, "--num-images")
-    probe_writable_file(json_path, "--json file")
-    if plot_path:
-        probe_writable_file(plot_path, "--plot file")
     ms = parse_methods(methods)
-    precheck_captions(captions, encoder_dir)  # before any model loads
-    rc = rc.bind(rc.load_target())
+    rc = rc.load(counts={"--num-images": num_images}, files={"--json file": json_path, "--plot file": plot_path},
+                 captions=captions, encoder_dir=encoder_dir)
     conds, texts = _prompts(rc, classes, captions, encoder_dir, num_images)  # checked before engines load
     runs = [r for text in sweeps for r in parse_sweep(text)]
     dr, tb = spec_artifacts(rc.source, rc.target, ms + [m for _, m, _ in runs], drafter, tables)

@@ -66,15 +66,10 @@ def _calibrate(rc, *, out_path, vq, vq_config, rollouts, samples_per_pos, quanti
     from ..errors import InputError
     from ..models.checkpoints import load_vq
     from ..runtime.context import gasv_calibration
-    from ..text.train import precheck_captions, prompt_conds
-    from ..validation import check_positive, probe_writable_file
+    from ..text.train import prompt_conds
 
-    check_positive(rollouts, "--rollouts")
-    check_positive(samples_per_pos, "--samples-per-pos")
-    check_positive(clusters, "--clusters")
-    probe_writable_file(out_path, "--out file")
-    precheck_captions(captions, encoder_dir)  # before any model loads
-    rc = rc.bind(rc.load_target())
+    rc = rc.load(counts={"--rollouts": rollouts, "--samples-per-pos": samples_per_pos, "--clusters": clusters},
+                 files={"--out file": out_path}, captions=captions, encoder_dir=encoder_dir)
     vq = default_vq(rc.source, vq)
     if vq is None:
         raise InputError("calibration needs the VQ codebook: pass --vq (e.g. vq_ds16_c2i.pt)")

@@ -46,10 +46,8 @@ def _export(rc, *, out_dir, drafter, tables, vq, vq_config, fp16, opset, max_tre
     from ..models.checkpoints import load_vq
     from ..runtime.bundle import export_full_bundle
     from ..runtime.outputs import generation_defaults
-    from ..validation import probe_writable_dir
 
-    probe_writable_dir(out_dir, "--out engine directory")
-    rc = rc.bind(rc.load_target())
+    rc = rc.load(dirs={"--out engine directory": out_dir})
     target, source = rc.target, rc.source
     drafter, tables, vq = drafter or default_drafter(source), tables or default_tables(source), default_vq(source, vq)
     dr = load_drafter_by_name(drafter, target) if drafter else None

@@ -69,12 +69,10 @@ def _generate(rc, *, out_dir, overwrite, vq, vq_config, classes, captions, encod
     from ..runtime.context import spec_artifacts
     from ..runtime.outputs import decode_and_save, load_vq_for, save_generation
     from ..speculative.run import run_method
-    from ..text.train import precheck_captions
     from ..validation import check_out_dir
 
     check_out_dir(out_dir, overwrite=overwrite)
-    precheck_captions(captions, encoder_dir)  # before any model loads
-    rc = rc.bind(rc.load_target())  # the tuned tree; top-k checked against the vocabulary
+    rc = rc.load(captions=captions, encoder_dir=encoder_dir)  # the tuned tree; top-k vs the vocabulary
     tc, m, spec = rc.target.config, rc.method, rc.spec
     vq = default_vq(rc.source, vq)
     vqm = load_vq_for(vq, vq_config, tc=tc) if vq is not None else None  # fails before generating

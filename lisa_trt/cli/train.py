@@ -95,18 +95,6 @@ def _loss_switches(text: str) -> dict:
     return {n: False for n in names}
 
 
-def _check(o: dict, out_dir) -> None:
-    """Every count and the run directory, before any model loads."""
-    from ..text.train import precheck_captions
-    from ..validation import check_positive, probe_writable_dir
-
-    for name in ("steps", "batch_size", "num_samples", "checkpoint_every"):
-        check_positive(o[name], "--" + name.replace("_", "-"))
-    check_positive(o["eval_images"], "--eval-images", allow_zero=True)
-    probe_writable_dir(out_dir, "--out run directory")
-    precheck_captions(o["captions"], o["encoder_dir"])
-
-
 def _data_config(rc, vqm, out_dir, o: dict):
     """DataConfig: captions encoded (t2i) and an image folder tokenised before any training."""
     from ..errors import InputError
@@ -148,8 +136,9 @@ def _train(rc, *, out_dir, vq, vq_config, echo, **o):
     from ..train.losses import LossConfig
     from ..train.trainer import TrainConfig
 
-    _check(o, out_dir)
-    rc = rc.bind(rc.load_target())
+    counts = {"--" + n.replace("_", "-"): o[n] for n in ("steps", "batch_size", "num_samples", "checkpoint_every")}
+    rc = rc.load(counts=counts, counts_or_zero={"--eval-images": o["eval_images"]},
+                 dirs={"--out run directory": out_dir}, captions=o["captions"], encoder_dir=o["encoder_dir"])
     vq = default_vq(rc.source, vq)
     if vq is None:
         raise InputError("training needs the VQ codebook (LISA locality geometry): pass --vq")

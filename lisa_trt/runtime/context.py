@@ -244,6 +244,29 @@ class RunContext:
             cfg = target_config(c["config"], image_size=c.get("image_size", 256), model_type=c.get("model_type"))
         return load_target(self.source, cfg)
 
+    def load(self, *, counts: Optional[Mapping] = None, counts_or_zero: Optional[Mapping] = None,
+             files: Optional[Mapping] = None, dirs: Optional[Mapping] = None, captions=None,
+             encoder_dir=None) -> "RunContext":
+        """The prelude of a generic entry, then `bind(load_target())`.
+
+        Before any model loads: every count of `counts` ({option: value}) is >= 1 (>= 0 in
+        `counts_or_zero`), every output of `files` / `dirs` ({what: path}) is writable, and t2i
+        captions with their encoder are checked. Messages name the option."""
+        from ..text.train import precheck_captions
+        from ..validation import check_positive, probe_writable_dir, probe_writable_file
+
+        for option, value in (counts or {}).items():
+            check_positive(value, option)
+        for option, value in (counts_or_zero or {}).items():
+            check_positive(value, option, allow_zero=True)
+        for what, path in (files or {}).items():
+            if path:
+                probe_writable_file(path, what)
+        for what, path in (dirs or {}).items():
+            probe_writable_dir(path, what)
+        precheck_captions(captions, encoder_dir)
+        return self.bind(self.load_target())
+
     def bind(self, target, backend: Optional[str] = None) -> "RunContext":
         """This context for a loaded target: its family, the tree tuned for `backend` under the
         given tree, top-k checked against its vocabulary."""
