@@ -71,7 +71,7 @@ def hub_name(name) -> Optional[tuple]:
     if m is None or "--" in m["repo"] or ".." in m["repo"] or len(m["repo"]) > 96:
         raise HubModelError(
             f"--model {name!r} is neither an existing file or directory nor a Hugging Face name: use org/name "
-            "or org/name@revision (letters, digits, '-', '_', '.'), e.g. Alpha-VLLM/Lumina-mGPT-7B-768")
+            "or org/name@revision (letters, digits, '-', '_', '.'), e.g. my-org/my-model@main")
     return m["repo"], m["rev"]
 
 

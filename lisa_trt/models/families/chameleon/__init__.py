@@ -118,21 +118,14 @@ class ChameleonFamily(ModelFamily):
 
     def image_ids(self, target) -> torch.Tensor:
         """Sorted token ids of the image codes (cached on the target)."""
-        from .model import image_vocab
+        from .vocab import image_ids
 
-        ids = getattr(target, "_image_token_ids", None)
-        if ids is None:
-            vm = image_vocab(target.config.vocabulary_map, target.config.vocab_size)
-            ids = torch.tensor(sorted(vm), dtype=torch.long)
-            target._image_token_ids = ids
-        return ids
+        return image_ids(target)
 
     def sub_vocab(self, target, forced_id: int) -> SubVocab:
-        from .model import image_vocab
+        from .vocab import sub_vocab
 
-        vm = image_vocab(target.config.vocabulary_map, target.config.vocab_size)
-        ids = sorted(vm)
-        return SubVocab(torch.tensor(ids), torch.tensor([vm[i] for i in ids]), int(forced_id))
+        return sub_vocab(target, forced_id)
 
     def free_layout(self, target, n_tokens=None, image_tokens_only: bool = False) -> SequenceLayout:
         """`n_tokens` free tokens over the raw head (optionally image codes only): the public

@@ -124,7 +124,7 @@ def span_request(target, tokenizer: LuminaTokenizer, captions: Sequence[str], wi
     Returns (Prompts: prompt + span prefix per caption, with the CFG rows (the span prefix alone,
     from position 0) when `cfg`; SequenceLayout: the span, image codes allowed, row ends forced;
     (h_lat, w_lat))."""
-    from . import CHAMELEON
+    from .vocab import image_ids, sub_vocab
 
     hg, wg = grids(width, height)
     h_lat, w_lat = hg * LATENT_PER_GRID, wg * LATENT_PER_GRID
@@ -137,8 +137,7 @@ def span_request(target, tokenizer: LuminaTokenizer, captions: Sequence[str], wi
         prompts.uncond = Prompts.from_rows([prefix] * len(captions), dev)
     ends = row_end_mask(h_lat, w_lat)
     forced = torch.where(ends, torch.tensor(tokenizer.newline), torch.tensor(-1))
-    layout = SequenceLayout(int(ends.numel()), CHAMELEON.image_ids(target).to(dev), forced,
-                            CHAMELEON.sub_vocab(target, tokenizer.newline))
+    layout = SequenceLayout(int(ends.numel()), image_ids(target).to(dev), forced, sub_vocab(target, tokenizer.newline))
     return prompts, layout, (h_lat, w_lat)
 
 
