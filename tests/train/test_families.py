@@ -245,3 +245,50 @@ def test_codebooks_and_wrong_inputs_are_clear(cham, janus, tmp_path):
         train_drafter(janus, None, _cfg(), tmp_path / "x", progress=False)
     with pytest.raises(ConfigError, match="draft-vocab"):
         T._d2t_within(torch.tensor([4, 5]), req.layout.allowed, N_CODES + 1)
+
+
+def test_cached_features_and_bf16_for_prompt_families(janus, cham, tmp_path):
+    from lisa_trt.train import data as D
+
+    target = janus
+    cfg = _cfg(steps=1, data=DataConfig(num_samples=6, eval_samples=2, gen_batch=8, cfg_scale=3.0, top_k=8,
+                                        features="cache", shard_size=4))
+    req = prompt_request(target, _janus_prompts())
+    train_drafter(target, None, cfg, tmp_path / "cache", progress=False, request=req)
+    train, _ = D.build_dataset(target, cfg.data, cfg.seed, tmp_path / "cache" / "data", request=req)
+    cache = D.FeatureCache(target, train, tmp_path / "cache" / "features", shard_size=4)
+    assert cache.complete()
+    rows = torch.tensor([5, 0, 3])
+    a, b = cache.batch(rows), D.OnlineFeatures(target, train).batch(rows)
+    for f in ("taps", "logits", "hidden", "tokens", "start"):
+        assert torch.allclose(getattr(a, f).float(), getattr(b, f).float(), atol=1e-5), f
+    req = family_of(cham.config).prompter(cham).encode(CAPS, image_size=32, cfg=True)
+    res = train_drafter(cham, None, _cfg(steps=1, bf16=True), tmp_path / "bf16", progress=False, request=req)
+    assert torch.isfinite(torch.tensor(_metrics(tmp_path / "bf16")[0]["loss"])) and res["steps"] == 1
+
+
+@pytest.mark.slow
+def test_ddp_two_ranks_match_single_process_janus(janus, tmp_path):
+    """torchrun --nproc_per_node 2 (gloo on CPU) on a Janus drafter == one process, same global batch."""
+    import importlib.util
+    import os
+    import subprocess
+
+    worker = Path(__file__).with_name("ddp_family_worker.py")
+    spec = importlib.util.spec_from_file_location("ddp_family_worker", worker)
+    w = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(w)
+    root = str(Path(lisa_trt.__file__).resolve().parents[1])
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    env.pop("WORLD_SIZE", None)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        str(worker), janus.source_dir, str(tmp_path / "ddp")], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len((tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()) == 2  # rank 0 writes once
+    single = train_drafter(janus, None, w.config(), tmp_path / "single", progress=False, request=w.request(janus))
+    a = load_drafter(tmp_path / "ddp" / "drafter.safetensors", janus).state_dict()
+    b = load_drafter(single["drafter"], janus).state_dict()
+    for k in a:
+        assert (a[k] - b[k]).abs().max() < 1e-5, k
