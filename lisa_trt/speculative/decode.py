@@ -192,7 +192,8 @@ class SpeculativeDecoder:
         dmax = cls + N_img + max(spec.tree.total_tokens, spec.tree.depth * spec.tree.top_k)
         with timer.measure("draft"):
             dcache = drafter.new_cache(tcache.batch, dmax)
-            dcache.col_valid[:, :cls] = False  # the prompt holds no drafter entries
+            if not getattr(drafter, "keeps_prompt", False):  # the oracle's cache holds the target's prompt
+                dcache.col_valid[:, :cls] = False  # the prompt holds no drafter entries
             dcache.lengths.fill_(cls)
             dcache.pad = tcache.pad.clone()  # drafter positions count like the target's
             d_logits, d_hidden = self._drafter_commit(dcache, pre.taps,
