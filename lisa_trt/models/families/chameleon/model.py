@@ -328,6 +328,62 @@ class ChameleonTarget(nn.Module):
         """(B, T, V) fp32 raw head logits over the whole vocabulary."""
         return self.forward_full(input_ids).logits
 
+    # -- the drafter / training protocol (models/drafter.py, train/trainer.py) ------------
+
+    def forward_train(self, cond, tokens: torch.Tensor, taps: bool = False) -> TargetOutput:
+        """Teacher forcing of generated tokens after a (left-padded) prompt, without a cache.
+
+        Args:
+            cond: the prompt (ids (B, T), (ids, valid) or Prompts; the span prefix included), as
+                `prefill` takes it: positions count from each row's first real token.
+            tokens: (B, N) the tokens generated after it (e.g. a Lumina image span).
+        Returns:
+            logits (B, N, V): [:, j] predicts tokens[:, j] from the prompt and tokens[:, :j]
+            ([:, 0] from the prompt alone); taps / hidden aligned the same way. Equal to prefill +
+            forward_tokens of tokens[:, :-1] (the decode loops' view).
+        """
+        p = Prompts.of(cond)
+        ids, valid = p.ids, p.valid
+        self.check_ids(ids)
+        if not torch.is_tensor(tokens) or tokens.dim() != 2 or tokens.shape[0] != ids.shape[0] or tokens.shape[1] < 1:
+            raise InputError(f"tokens must be (B={ids.shape[0]}, N>=1) token ids; got "
+                             f"{tuple(tokens.shape) if torch.is_tensor(tokens) else type(tokens).__name__}")
+        self.check_ids(tokens)
+        B, T = ids.shape
+        x = self.model.embed_tokens(torch.cat([ids, tokens[:, :-1]], dim=1))
+        L = x.shape[1]
+        if L > self.config.max_position_embeddings:
+            raise InputError(f"{L} tokens exceed max_position_embeddings {self.config.max_position_embeddings}")
+        col = torch.ones(B, L, dtype=torch.bool, device=x.device)
+        col[:, :T] = valid
+        eye = torch.eye(L, dtype=torch.bool, device=x.device)
+        mask = (torch.tril(torch.ones(L, L, dtype=torch.bool, device=x.device))[None] & col[:, None, :]) | eye
+        pos = (torch.arange(L, device=x.device)[None] - (~valid).sum(1, keepdim=True)).clamp(min=0)
+        out = self._run(x, pos, mask[:, None], None, None, taps)
+        sl = slice(T - 1, None)
+        return TargetOutput(out.logits[:, sl], None if out.taps is None else out.taps[:, sl], out.hidden[:, sl])
+
+    def start_positions(self, cond) -> torch.Tensor:
+        """(B,) RoPE position of the first generated token of each row: its real prompt length."""
+        return Prompts.of(cond).valid.sum(1).to(self.lm_head.weight.device)
+
+    def token_embedding_table(self) -> torch.Tensor:
+        """(V, dim) token embedding (the drafter's frozen E)."""
+        return self.model.embed_tokens.weight
+
+    @property
+    def final_norm(self) -> RMSNorm:
+        """The final norm: logits = lm_head(final_norm(h))."""
+        return self.model.norm
+
+    def drafter_shape(self) -> dict:
+        """DrafterConfig fields of this target's drafter: 1-D RoPE over absolute positions (the
+        prompt length varies, so no fixed condition prefix), full-vocabulary logits."""
+        c = self.config
+        return dict(target_dim=c.dim, n_head=c.n_head, head_dim=c.head_dim, ffn_hidden=c.intermediate_size,
+                    vocab_size=c.vocab_size, block_size=1, cls_token_num=0, rope_base=c.rope_theta,
+                    norm_eps=c.rms_norm_eps, rope="1d", max_positions=c.max_position_embeddings, warm_head=True)
+
     def prefill(self, input_ids, cache: ChameleonCache, valid: Optional[torch.Tensor] = None,
                 taps: bool = False) -> TargetOutput:
         """Write a prompt into slots 0..T-1; logits of its last position (B, 1, V).

@@ -164,6 +164,11 @@ class JanusConfig:
         return self.num_hidden_layers
 
     @property
+    def n_positions(self) -> int:
+        """RoPE positions the model accepts (the tree decoder clamps drafter positions to it)."""
+        return self.max_position_embeddings
+
+    @property
     def n_head(self) -> int:
         return self.num_attention_heads
 

@@ -206,6 +206,26 @@ class JanusTarget(nn.Module):
         """The generation head up to its last Linear: act(proj_out(normed))."""
         return self.model.generation_head.features(normed)
 
+    def token_embedding_table(self) -> torch.Tensor:
+        """(codebook, dim) embedding of every image code through the generation path (the
+        drafter's frozen E; the aligner acts per token, so the table is exact). No grad."""
+        with torch.no_grad():
+            codes = torch.arange(self.config.codebook_size, device=self.output.weight.device)
+            return self.embed_image_tokens(codes[None])[0]
+
+    def drafter_shape(self) -> dict:
+        """DrafterConfig fields of this target's drafter: 1-D RoPE over absolute positions (the
+        prompt length varies: no fixed prefix), codebook logits. The target's logits pass the
+        generation head's proj_out + act before `output`, so a drafter head does not warm-start."""
+        c = self.config
+        return dict(target_dim=c.dim, n_head=c.n_head, head_dim=c.head_dim, ffn_hidden=c.intermediate_size,
+                    vocab_size=c.codebook_size, block_size=c.block_size, cls_token_num=0, rope_base=c.rope_theta,
+                    norm_eps=c.rms_norm_eps, rope="1d", max_positions=c.max_position_embeddings, warm_head=False)
+
+    def start_positions(self, cond) -> torch.Tensor:
+        """(B,) RoPE position of the first image token of each row: its real prompt length."""
+        return C.split_cond(cond)[1].sum(1).to(self.output.weight.device)
+
     # -- conditions ---------------------------------------------------------------------
     def check_cond(self, cond) -> int:
         """Validate prompt_ids (B, T) or (prompt_ids, mask); returns B (InputError with the fix)."""

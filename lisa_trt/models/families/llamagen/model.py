@@ -174,6 +174,28 @@ class Transformer(nn.Module):
             raise InputError(f"image token ids must lie in [0, {V}); got {int(tokens.min())}..{int(tokens.max())}")
         return self.tok_embeddings(tokens)
 
+    # -- the drafter / training protocol (models/drafter.py, train/trainer.py) ------------
+
+    def drafter_shape(self) -> dict:
+        """DrafterConfig fields of this target's drafter (drafter.config_shape: 2-D RoPE)."""
+        from ...drafter import config_shape
+
+        return config_shape(self.config)
+
+    def token_embedding_table(self) -> torch.Tensor:
+        """(V, dim) embedding of the image tokens (the drafter's frozen E)."""
+        return self.tok_embeddings.weight
+
+    @property
+    def final_norm(self) -> RMSNorm:
+        """The final norm: logits = output(final_norm(h))."""
+        return self.norm
+
+    def start_positions(self, cond: Cond) -> torch.Tensor:
+        """(B,) position of the first image token of each row: cls_token_num (no padding)."""
+        B = self.check_cond(cond)
+        return torch.full((B,), self.config.cls_token_num, dtype=torch.long, device=self.output.weight.device)
+
     # -- core ---------------------------------------------------------------------------
 
     def _run(self, h, freqs, mask, cache: Optional[KVCache], slots, taps: bool) -> TargetOutput:
