@@ -27,7 +27,7 @@ import torch
 
 from ..config import find_multiple
 from ..errors import InputError
-from ..export.io_spec import Graph, export_dims, graph_spec
+from ..export.io_spec import Graph
 from ..models.family import family_of
 from .base import GraphRunner, StaticTensors, check_static_len, get_backend, torch_dtype
 
@@ -233,6 +233,9 @@ class GraphDrafter(_KVEngine):
         if self.config is None:
             raise InputError(f"{manifest.dir} has no drafter graphs; export with a drafter")
         self.hash = manifest.drafter["hash"]
+        # RoPE positions the drafter takes: its own table's length where it has one (Chameleon), else
+        # the image sequence (LlamaGen)
+        self.max_positions = int(manifest.drafter.get("max_positions") or self.config.seq_len)
         self._project = runners[Graph.DRAFTER_PROJECT]
         self._step = runners[Graph.DRAFTER_STEP]
         self._commit = runners.get(Graph.DRAFTER_COMMIT)  # optional (bundles before it lack it)
@@ -258,7 +261,7 @@ class GraphDrafter(_KVEngine):
     def forward(self, hidden_in, tokens, positions, slots, mask, cache):
         """One drafter step; returns (logits (B, S, V) fp32, hidden_out (B, S, hidden))."""
         cfg = self.config
-        check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, cfg.vocab_size, cfg.seq_len)
+        check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, cfg.vocab_size, self.max_positions)
         self._check_cache(cache, (cache.batch, cfg.n_head, self.max_cache_len, cfg.head_dim), "drafter")
         inputs = dict(hidden_in=_contig(hidden_in, self.dtype, self.device),
                       **self._step_inputs(tokens, positions, slots, mask))
@@ -273,7 +276,7 @@ class GraphDrafter(_KVEngine):
         if self._commit is None:
             return self.forward(self.project_taps(taps), tokens, positions, slots, mask, cache)
         cfg = self.config
-        check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, cfg.vocab_size, cfg.seq_len)
+        check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, cfg.vocab_size, self.max_positions)
         self._check_cache(cache, (cache.batch, cfg.n_head, self.max_cache_len, cfg.head_dim), "drafter")
         inputs = dict(taps=_contig(taps, self.dtype, self.device), **self._step_inputs(tokens, positions, slots, mask))
         out = self._run_kv(self._commit, cache, 1, inputs, {})
@@ -380,6 +383,19 @@ class Engines(NamedTuple):
         self.close()
 
 
+def open_graphs(man, backend: str, **options):
+    """(the checked Backend, open(*graphs) -> {graph: runner}) for an engine directory's Manifest:
+    each graph opened with its family's io spec and the export's static axes (export/families.py)."""
+    be = get_backend(backend)(man, **options)
+    be.check()
+    dims = man.dims
+
+    def open_(*graphs):
+        return {g: be.open(g, man.spec(g), dims) for g in graphs}
+
+    return be, open_
+
+
 def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str] = None,
                  drafter_hash: Optional[str] = None, tables_hash: Optional[str] = None, **options) -> Engines:
     """Open every graph of an engine directory with one backend.
@@ -399,17 +415,8 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
     """
     from ..export.manifest import read_manifest
 
-    factory = get_backend(backend)
     man = read_manifest(engine_dir, target_hash=target_hash, drafter_hash=drafter_hash, tables_hash=tables_hash)
-    be = factory(man, **options)
-    be.check()
-    tcfg = man.target_config
-    dims = export_dims(tcfg, max_cache_len=man.max_cache_len, drafter_cfg=man.drafter_config, vq_cfg=man.vq_config)
-
-    def open_(*graphs):
-        return {g: be.open(g, graph_spec(g, n_layer=tcfg.n_layer, model_type=tcfg.model_type), dims)
-                for g in graphs}
-
+    be, open_ = open_graphs(man, backend, **options)
     drafter = gasv = vq = None
     target = GraphTarget(man, open_(Graph.TARGET_PREFILL, Graph.TARGET_VERIFY))
     if man.has(Graph.DRAFTER_STEP):
@@ -427,4 +434,4 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
 
 
 __all__ = ["Engines", "GraphDrafter", "GraphGASV", "GraphTarget", "GraphVQ", "check_positions", "check_step",
-           "check_tokens", "load_engines"]
+           "check_tokens", "load_engines", "open_graphs"]

@@ -257,15 +257,14 @@ def _checkpoint_config(path: Path):
 
 
 def _engine_shape(d: Path) -> ModelShape:
-    """An engine directory: LlamaGen manifest.json or a Chameleon engine (chameleon_engine.json)."""
-    from ..export.chameleon_onnx import ENGINE_FILE
+    """An engine directory of either family (export.manifest.bundle_family)."""
     from ..export.io_spec import Graph
-    from ..export.manifest import MANIFEST_NAME, read_manifest
+    from ..export.manifest import bundle_family, raw_manifest, read_manifest
 
-    if (d / ENGINE_FILE).is_file():
+    if bundle_family(d) == "chameleon":
         from ..models.families.chameleon.checkpoint import read_chameleon_config
 
-        man = json.loads((d / ENGINE_FILE).read_text())
+        man = raw_manifest(d)
         cfg = read_chameleon_config(d)
         s = _chameleon_shape(cfg, d.name, int(man["image_size"]), int(man["max_prompt"]))
         dr = (man.get("drafter") or {}).get("config") or {}
@@ -275,9 +274,6 @@ def _engine_shape(d: Path) -> ModelShape:
                        codes=int((man.get("tables") or {}).get("vocab_size") or s.codes),
                        draft_head=int(dr.get("draft_vocab") or dr.get("vocab_size") or 0),
                        draft_hidden=int(dr.get("hidden", 0)), draft_ffn=int(dr.get("ffn_hidden", 0)))
-    if not (d / MANIFEST_NAME).is_file():
-        raise InputError(f"{d} is neither an engine directory (no {MANIFEST_NAME}) nor a Chameleon / Lumina-mGPT "
-                         "checkpoint directory (no config.json)")
     man = read_manifest(d, check_files=False)
     s = _llamagen_shape(man.target_config, d.name)
     dc = man.drafter_config
@@ -310,10 +306,9 @@ def resolve_model(model, image_size: Optional[int] = None, prompt_len: Optional[
         return known_shape(name, image_size, prompt_len)
     p = Path(name)
     if p.is_dir():
-        from ..export.chameleon_onnx import ENGINE_FILE
-        from ..export.manifest import MANIFEST_NAME
+        from ..export.manifest import manifest_path
 
-        if (p / MANIFEST_NAME).is_file() or (p / ENGINE_FILE).is_file():
+        if manifest_path(p) is not None:
             if image_size or prompt_len:
                 raise InputError(f"{p} is an engine directory: its image size and prompt length are fixed at "
                                  "export; drop --image-size / --prompt-len (or plan the checkpoint)")

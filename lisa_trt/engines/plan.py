@@ -368,18 +368,13 @@ def check_plan(model, **kw) -> Plan:
 
 
 def _engine_record(engine_dir) -> tuple[dict, str]:
-    """(the engine directory's manifest dict, family) without checking files."""
-    from ..export.chameleon_onnx import ENGINE_FILE
-    from ..export.manifest import MANIFEST_NAME
+    """(the engine directory's manifest dict, family) without checking files; ({}, "") when the
+    directory is no engine directory."""
+    from ..export.manifest import bundle_family, manifest_path, raw_manifest
 
-    d = Path(engine_dir)
-    for name, family in ((ENGINE_FILE, "chameleon"), (MANIFEST_NAME, "llamagen")):
-        if (d / name).is_file():
-            try:
-                return json.loads((d / name).read_text()), family
-            except ValueError as e:
-                raise InputError(f"{d / name} is not valid JSON ({e}); re-export the engine directory") from e
-    return {}, ""
+    if manifest_path(engine_dir) is None:
+        return {}, ""
+    return raw_manifest(engine_dir), bundle_family(engine_dir)
 
 
 def engines_recorded(engine_dir) -> bool:

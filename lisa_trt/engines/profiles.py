@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import InputError
-from ..export.io_spec import Graph, export_dims, graph_spec, shape_ranges
+from ..export.io_spec import Graph, shape_ranges
 
 SEQ_SPLIT = 16  # the "step" profile covers S <= 16 (AR steps, drafter commits), "tree" the rest
 
@@ -68,7 +68,7 @@ def profiles_from_io_spec(manifest, *, max_batch: int = 1, max_tree: Optional[in
                           seq_split: int = SEQ_SPLIT, graphs: Optional[list] = None) -> dict:
     """Optimisation profiles of every graph, derived from the io spec's dynamic axes.
 
-    Static axes come from the export (io_spec.export_dims); the dynamic ones are:
+    Static axes come from the export (the family's export_dims); the dynamic ones are:
       batch  1 .. max_batch x 2 (CFG batch), opt 2 (one prompt with CFG); VQ decode 1 .. max_batch;
       seq    target_verify / drafter graphs: a "step" profile S in 1..seq_split (opt 1: AR steps,
              drafter commits) and a "tree" profile S in 1..max_tree (opt max_tree: tree verification);
@@ -91,20 +91,18 @@ def profiles_from_io_spec(manifest, *, max_batch: int = 1, max_tree: Optional[in
     if not 1 <= max_tree <= manifest.max_tree:
         raise InputError(f"max_tree {max_tree} is outside 1..{manifest.max_tree}: the exported cache holds "
                          f"{manifest.max_tree} tree slots; re-export with `lisa-trt export --max-tree N` for more")
-    tcfg = manifest.target_config
-    dims = export_dims(tcfg, max_cache_len=manifest.max_cache_len, drafter_cfg=manifest.drafter_config,
-                       vq_cfg=manifest.vq_config)
+    dims = manifest.dims  # the family's static axes and io specs (export/families.py)
     out = {}
     for name in graphs or sorted(manifest.graphs):
         graph = Graph(name)
-        spec = graph_spec(graph, n_layer=tcfg.n_layer, model_type=tcfg.model_type)
+        spec = manifest.spec(graph)
         profs = []
         for pname, ranges in _axis_ranges(graph, max_batch=max_batch, max_tree=max_tree, cfg=cfg,
                                           seq_split=seq_split):
             try:
                 shapes = shape_ranges(spec, dims, ranges)
             except KeyError as e:
-                raise InputError(f"{name}: axis {e} has no size in the export (io_spec.export_dims)") from e
+                raise InputError(f"{name}: axis {e} has no size in the export (the family's export_dims)") from e
             profs.append(ProfileSpec(pname, shapes))
         out[name] = profs
     return out

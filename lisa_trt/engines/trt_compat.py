@@ -585,21 +585,19 @@ def check_trt_compat(engine_dir, *, trt_version: tuple = TRT_MIN_VERSION, profil
     Returns:
         CompatReport.
     """
-    from ..export.io_spec import Graph, export_dims, graph_spec
+    from ..export.io_spec import Graph
     from ..export.manifest import read_manifest
     from .profiles import profiles_from_io_spec, trt_graph_model
 
     man = read_manifest(engine_dir)
-    tcfg = man.target_config
-    dims = export_dims(tcfg, max_cache_len=man.max_cache_len, drafter_cfg=man.drafter_config,
-                       vq_cfg=man.vq_config)
+    dims = man.dims  # the family's static axes and io specs (export/families.py)
     names = sorted(graphs) if graphs else sorted(man.graphs)
     profiles = profiles if profiles is not None else profiles_from_io_spec(man, max_batch=max_batch, graphs=names)
     report = CompatReport(engine_dir=str(engine_dir), trt_version=tuple(trt_version))
     for name in names:
         entry, graph = man.graphs[name], Graph(name)
         model, path = trt_graph_model(man, graph, tables=tables)
-        spec = graph_spec(graph, n_layer=tcfg.n_layer, model_type=tcfg.model_type)
+        spec = man.spec(graph)
         gc = check_model(model, graph=name, file=Path(path).name, trt_version=tuple(trt_version), spec=spec,
                          dims=dims, precision=entry.precision, profiles=profiles.get(name))
         if name not in profiles:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..errors import LisaError
-from ..export.io_spec import Graph, export_dims, graph_spec
+from ..export.io_spec import Graph
 
 MODELOPT_VERSION = "0.47.0"
 MODELOPT_REQUIREMENT = f"nvidia-modelopt[onnx]=={MODELOPT_VERSION}"
@@ -136,11 +136,10 @@ def calibration_inputs(graph: Graph, man, samples: int = 4, seed: int = 0, seq: 
 
     from ..export.validate import sample_inputs, to_numpy
 
-    tcfg = man.target_config
-    spec = graph_spec(graph, n_layer=tcfg.n_layer, model_type=tcfg.model_type)
-    dims = export_dims(tcfg, max_cache_len=man.max_cache_len, drafter_cfg=man.drafter_config, vq_cfg=man.vq_config)
-    refs = {"target": types.SimpleNamespace(config=tcfg)}
-    steps = [sample_inputs(graph, spec, dims, refs, seed=seed + i, batch=2, seq=seq, nodes=seq) for i in range(samples)]
+    spec, dims = man.spec(graph), man.dims  # the family's (export/families.py)
+    refs = {"target": types.SimpleNamespace(config=man.target_config)}
+    steps = [sample_inputs(graph, spec, dims, refs, seed=seed + i, batch=2, seq=seq, nodes=seq,
+                           family=man.export_family) for i in range(samples)]
     data = {n: np.concatenate([to_numpy(s[n]) for s in steps], axis=0) for n in spec.input_names}
     shapes = ",".join(f"{n}:{'x'.join(str(d) for d in steps[0][n].shape)}" for n in spec.input_names)
     return data, shapes

@@ -39,11 +39,11 @@ import torch
 from ..config import find_multiple
 from ..errors import ArtifactMismatchError, InputError
 from .io_spec import Graph, GraphSpec, TensorSpec, graph_spec
+from .manifest import CHAMELEON_ENGINE_FILE as ENGINE_FILE
 from .onnx import (DEFAULT_OPSET, DrafterProjectGraph, DrafterStepGraph, ExportError, GASVGraph, _export_mode,
                    _NamedGraph, _ShimCache, onnx_from_torch, staging_dir)
 
 ENGINE_KIND = "lisa-trt/chameleon-engine"
-ENGINE_FILE = "chameleon_engine.json"
 SCHEMA_VERSION = 1
 DEFAULT_MAX_PROMPT = 128
 DEFAULT_MAX_TREE = 64
@@ -302,5 +302,13 @@ def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, ima
 
 
 def is_chameleon_engine(path) -> bool:
-    """True when `path` is an engine directory written by export_chameleon."""
-    return (Path(path) / ENGINE_FILE).is_file()
+    """True when `path` is a Chameleon-family engine directory (export.manifest.bundle_family);
+    False for a LlamaGen one and for a directory that is no engine directory at all.
+
+    A thin wrapper kept for cli.py; new code calls bundle_family."""
+    from .manifest import bundle_family
+
+    try:
+        return bundle_family(path) == "chameleon"
+    except InputError:
+        return False

@@ -176,8 +176,35 @@ def _new_tokens(mask_axis: str = "cache_len") -> tuple:
     )
 
 
+def token_inputs() -> tuple:
+    """The new-token inputs of the target verify and drafter step graphs (ids, positions, slots, mask)."""
+    return _new_tokens()
+
+
+def target_kv(n_layer: int) -> tuple:
+    """(past inputs, present outputs, aliases) of a target graph's static K/V caches."""
+    if n_layer <= 0:
+        raise SpecError("target graphs need the target's n_layer")
+    return (_kv("past_key_values", n_layer, "kv_heads", "head_dim"), _kv("present", n_layer, "kv_heads", "head_dim"),
+            dict(zip(present_names(n_layer), past_names(n_layer))))
+
+
+def target_outputs(last: bool = False, where: str = "last prefix position") -> tuple:
+    """logits / taps / hidden of a target graph: per new token, or (last) at one position only."""
+    out = (
+        TensorSpec("logits", "float32", ("batch", "seq", "vocab"), "next-token logits of each entry, fp32"),
+        TensorSpec("taps", "act", ("batch", "seq", "tap_dim"), "EAGLE-3 taps: residual stream entering layers {2, L/2, L-3}"),
+        TensorSpec("hidden", "act", ("batch", "seq", "dim"), "final normed hidden state"),
+    )
+    if not last:
+        return out
+    return tuple(TensorSpec(t.name, t.dtype, tuple("one" if a == "seq" else a for a in t.axes), f"{t.doc} ({where})")
+                 for t in out)
+
+
 def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> GraphSpec:
-    """The I/O spec of one graph.
+    """The I/O spec of one graph (LlamaGen's prefill and VQ decoder; the other graphs are shared by
+    the families, whose own specs come from export/families.py).
 
     Args:
         graph: which graph.
@@ -186,23 +213,16 @@ def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> Gr
     """
     if graph in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY) and n_layer <= 0:
         raise SpecError(f"{graph.value} needs the target's n_layer")
-    past = _kv("past_key_values", n_layer, "kv_heads", "head_dim")
-    present = _kv("present", n_layer, "kv_heads", "head_dim")
-    target_out = (
-        TensorSpec("logits", "float32", ("batch", "seq", "vocab"), "next-token logits of each entry, fp32"),
-        TensorSpec("taps", "act", ("batch", "seq", "tap_dim"), "EAGLE-3 taps: residual stream entering layers {2, L/2, L-3}"),
-        TensorSpec("hidden", "act", ("batch", "seq", "dim"), "final normed hidden state"),
-    )
-    aliases = dict(zip(present_names(n_layer), past_names(n_layer)))
+    if graph in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY):
+        past, present, aliases = target_kv(n_layer)
     if graph is Graph.TARGET_PREFILL:
         cond = tuple(TensorSpec(*c) for c in family_of(model_type).cond_specs(model_type))
-        outs = tuple(TensorSpec(t.name, t.dtype, tuple("one" if a == "seq" else a for a in t.axes), t.doc + " (last prefix position)")
-                     for t in target_out)
+        outs = target_outputs(last=True)
         outs += (TensorSpec("prefix_valid", "bool", ("batch", "prefix"), "valid prefix columns after LlamaGen's left padding"),)
         return GraphSpec(graph, cond + past, outs + present, aliases,
                          "condition prefix -> cache slots [0, prefix); logits at the last prefix position")
     if graph is Graph.TARGET_VERIFY:
-        return GraphSpec(graph, _new_tokens() + past, target_out + present, aliases,
+        return GraphSpec(graph, _new_tokens() + past, target_outputs() + present, aliases,
                          "S new tokens (a draft tree in topological order) over the static cache")
     if graph is Graph.DRAFTER_PROJECT:
         return GraphSpec(graph, (TensorSpec("taps", "act", ("batch", "seq", "tap_dim"), "target taps"),),
@@ -222,17 +242,7 @@ def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> Gr
         return GraphSpec(graph, ins + _new_tokens() + dpast, outs + dpresent,
                          dict(zip(present_names(1), past_names(1))), doc)
     if graph is Graph.GASV:
-        return GraphSpec(graph, (
-            TensorSpec("guided_logits", "float32", ("nodes", "vocab"), "CFG-combined, filtered logits (-inf outside the support), one row per tree node"),
-            TensorSpec("node_tokens", "int64", ("nodes",), "each node's token d (the drafted token)"),
-            TensorSpec("node_parents", "int64", ("nodes",), "row of each node's parent, -1 for roots"),
-            TensorSpec("gasv_params", "float32", ("n_gasv_params",), f"GASV knobs in the order {GASV_PARAMS}"),
-        ), (
-            TensorSpec("p", "float32", ("nodes", "vocab"), "softmax of each row"),
-            TensorSpec("delta_eff", "float32", ("nodes",), "modulated mass budget of each row as a parent"),
-            TensorSpec("cand", "int64", ("nodes", "gasv_k"), "candidates N(d) of each node's token, -1 padded"),
-            TensorSpec("gate", "float32", ("nodes", "gasv_k"), "gates g(v|d) at the node's parent, 0 on padding / off support"),
-        ), doc="GASV v2 gates (docs/spec/lisa.md steps 1-4, gasv.gasv_core), tables baked in as initializers")
+        return gasv_spec()
     if graph is Graph.VQ_DECODE:
         return GraphSpec(graph, (TensorSpec("image_tokens", "int64", ("batch", "block"), "token ids, row-major grid"),),
                          (TensorSpec("images", "float32", ("batch", "channels", "height", "width"), "pixels in about [-1, 1]"),),
@@ -244,6 +254,22 @@ def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> Gr
         ), (TensorSpec("logits", "float32", ("batch", "seq", "vocab"), "logits of head `depth`, fp32"),),
             doc="Medusa heads (MedusaHeads.head_logits): k heads on the target's last hidden state, head `depth` selected")
     raise SpecError(f"unknown graph {graph}")
+
+
+def gasv_spec(vocab_axis: str = "vocab") -> GraphSpec:
+    """The GASV graph over a vocabulary axis (LlamaGen: the whole vocabulary; a family whose GASV
+    tables cover a sub-vocabulary names its own axis, e.g. Chameleon's image "codes")."""
+    return GraphSpec(Graph.GASV, (
+        TensorSpec("guided_logits", "float32", ("nodes", vocab_axis), "CFG-combined, filtered logits (-inf outside the support), one row per tree node"),
+        TensorSpec("node_tokens", "int64", ("nodes",), "each node's token d (the drafted token)"),
+        TensorSpec("node_parents", "int64", ("nodes",), "row of each node's parent, -1 for roots"),
+        TensorSpec("gasv_params", "float32", ("n_gasv_params",), f"GASV knobs in the order {GASV_PARAMS}"),
+    ), (
+        TensorSpec("p", "float32", ("nodes", vocab_axis), "softmax of each row"),
+        TensorSpec("delta_eff", "float32", ("nodes",), "modulated mass budget of each row as a parent"),
+        TensorSpec("cand", "int64", ("nodes", "gasv_k"), "candidates N(d) of each node's token, -1 padded"),
+        TensorSpec("gate", "float32", ("nodes", "gasv_k"), "gates g(v|d) at the node's parent, 0 on padding / off support"),
+    ), doc="GASV v2 gates (docs/spec/lisa.md steps 1-4, gasv.gasv_core), tables baked in as initializers")
 
 
 def gasv_params(cfg):

@@ -23,6 +23,8 @@ from .io_spec import IO_SPEC_VERSION, Graph
 FORMAT = "lisa-trt/engine-bundle"
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+CHAMELEON_ENGINE_FILE = "chameleon_engine.json"  # the manifest of export/chameleon_onnx.py's directories
+DEFAULT_FAMILY = "llamagen"  # manifests written before the `family` field are LlamaGen's
 
 
 # ----------------------------------------------------------------------------- hashes
@@ -108,6 +110,8 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
     io_spec_version: int = IO_SPEC_VERSION
     format: str = FORMAT
+    family: str = DEFAULT_FAMILY  # the model family the graphs are of (bundle_family)
+    layout: dict = field(default_factory=dict)  # the family's static sequence layout (Chameleon: image size, prompt)
     dir: Optional[Path] = None  # where it was read from (not serialised)
 
     # -- access --------------------------------------------------------------------------
@@ -126,10 +130,28 @@ class Manifest:
         return self.target["hash"]
 
     @property
-    def target_config(self):
-        from ..config import TargetConfig
+    def export_family(self):
+        """The family's graph hooks (export/families.py): specs, dims, inputs, references."""
+        from .families import export_family
 
-        return TargetConfig.from_dict(self.target["config"])
+        return export_family(self.family)
+
+    @property
+    def target_config(self):
+        """The target's configuration (the family reads it: LlamaGen from the manifest, Chameleon
+        from the bundle's config.json)."""
+        return self.export_family.target_config(self)
+
+    def spec(self, graph: Graph):
+        """The io spec of one of the bundle's graphs (its family's)."""
+        return self.export_family.graph_spec(graph, self.target_config)
+
+    @property
+    def dims(self) -> dict:
+        """Static axis sizes of the bundle's graphs (the family's export_dims for this export)."""
+        return self.export_family.export_dims(self.target_config, max_cache_len=self.max_cache_len,
+                                              drafter_cfg=self.drafter_config, vq_cfg=self.vq_config,
+                                              codes=(self.tables or {}).get("vocab_size"), layout=self.layout)
 
     @property
     def drafter_arch(self) -> Optional[str]:
@@ -152,9 +174,7 @@ class Manifest:
 
     @property
     def vq_config(self):
-        from ..config import VQConfig
-
-        return VQConfig.from_dict(self.vq["config"]) if self.vq else None
+        return self.export_family.vq_config(self) if self.vq else None
 
     @property
     def gasv_config(self):
@@ -179,14 +199,18 @@ class Manifest:
 
 
 def build_manifest(*, target, drafter, tables, vq, graphs: dict, precision: str, opset: int, max_tree: int,
-                   max_cache_len: int, generation: Optional[dict] = None, files: Optional[dict] = None) -> Manifest:
-    """The manifest of a fresh export (hashes computed from the artifacts themselves)."""
+                   max_cache_len: int, generation: Optional[dict] = None, files: Optional[dict] = None,
+                   layout: Optional[dict] = None) -> Manifest:
+    """The manifest of a fresh export (hashes computed from the artifacts themselves; the target's
+    family says how its configurations are recorded, export/families.py)."""
     import onnx
     import torch
 
     from .._version import __version__
-    from ..config import SamplingConfig
     from ..models.checkpoints import target_hash
+    from .families import export_family
+
+    fam = export_family(target)
 
     versions = {"lisa_trt": __version__, "torch": torch.__version__, "onnx": onnx.__version__,
                 "python": platform.python_version()}
@@ -196,17 +220,22 @@ def build_manifest(*, target, drafter, tables, vq, graphs: dict, precision: str,
         versions["onnxruntime"] = onnxruntime.__version__
     except ImportError:
         pass
+    dr = None
+    if drafter is not None:
+        dr = {"hash": drafter_hash(drafter), "config": drafter.config.to_dict(), "arch": drafter_arch(drafter)}
+        if getattr(drafter, "max_positions", None):  # a drafter with its own RoPE table (Chameleon)
+            dr["max_positions"] = int(drafter.max_positions)
     return Manifest(
         precision=precision, opset=opset, max_tree=max_tree, max_cache_len=max_cache_len,
-        target={"hash": target_hash(target), "config": target.config.to_dict()},
-        drafter=None if drafter is None else {"hash": drafter_hash(drafter), "config": drafter.config.to_dict(),
-                                              "arch": drafter_arch(drafter)},
+        target={"hash": target_hash(target), "config": fam.config_record(target.config)},
+        drafter=dr,
         tables=None if tables is None else {
             "hash": tables_hash(tables), "target_hash": tables.target_hash, "vocab_size": tables.vocab_size,
             "n_clusters": tables.n_clusters, "gasv": tables.config.to_dict()},
-        vq=None if vq is None else {"hash": vq_hash(vq), "config": vq.config.to_dict()},
-        graphs=dict(graphs), generation=dict(generation or dataclasses.asdict(SamplingConfig())),
-        files=dict(files or {}), versions=versions, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        vq=None if vq is None else {"hash": vq_hash(vq), "config": fam.config_record(vq.config)},
+        graphs=dict(graphs), generation=dict(generation or fam.default_generation()),
+        files=dict(files or {}), versions=versions, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        family=fam.name, layout=dict(layout or {}))
 
 
 def write_manifest(manifest: Manifest, engine_dir) -> Path:
@@ -216,6 +245,56 @@ def write_manifest(manifest: Manifest, engine_dir) -> Path:
     path = Path(engine_dir) / MANIFEST_NAME
     write_json(path, manifest.to_dict())
     return path
+
+
+def manifest_path(engine_dir) -> Optional[Path]:
+    """The manifest file of an engine directory: manifest.json, else the Chameleon engine file
+    (chameleon_engine.json); None when it holds neither."""
+    d = Path(engine_dir)
+    for name in (MANIFEST_NAME, CHAMELEON_ENGINE_FILE):
+        if (d / name).is_file():
+            return d / name
+    return None
+
+
+def raw_manifest(engine_dir) -> dict:
+    """The manifest of an engine directory as a plain dict (no file or hash checks).
+
+    Raises:
+        InputError: the directory holds no manifest (says what an engine directory holds and how
+            to make one), or it is not readable JSON.
+    """
+    from ..errors import InputError
+
+    path = manifest_path(engine_dir)
+    if path is None:
+        raise InputError(f"{engine_dir} is not an engine directory: one holds the exported ONNX graphs and their "
+                         f"manifest ({MANIFEST_NAME}, or {CHAMELEON_ENGINE_FILE} for Chameleon-family exports). "
+                         "Make one with `lisa-trt export --model NAME_OR_CHECKPOINT --out DIR` (a Chameleon / "
+                         "Lumina-mGPT model: `--model CHECKPOINT_DIR --image-size N`)")
+    try:
+        rec = json.loads(path.read_text())
+    except ValueError as e:
+        raise InputError(f"{path} is not valid JSON ({e}); re-export the engine directory") from e
+    if not isinstance(rec, dict):
+        raise InputError(f"{path} is not a lisa-trt manifest (a JSON object); re-export the engine directory")
+    return rec
+
+
+def bundle_family(engine_dir) -> str:
+    """The model family of an engine directory ("llamagen", "chameleon"), from its manifest's
+    `family` field.
+
+    Manifests written before the field fall back to which manifest the directory holds: a
+    Chameleon engine file (chameleon_engine.json) -> "chameleon", a manifest.json -> "llamagen".
+    Raises:
+        InputError: no engine directory (what one holds and how to make one), unreadable manifest.
+    """
+    rec = raw_manifest(engine_dir)
+    fam = rec.get("family")
+    if fam:
+        return str(fam)
+    return "chameleon" if manifest_path(engine_dir).name == CHAMELEON_ENGINE_FILE else DEFAULT_FAMILY
 
 
 def file_sha256(path: Path) -> str:

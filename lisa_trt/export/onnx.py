@@ -45,7 +45,8 @@ import torch.nn.functional as F
 from ..config import find_multiple
 from ..errors import ArtifactMismatchError, InputError, LisaError
 from ..models.family import family_of
-from .io_spec import GASV_K, GASV_PARAMS, Graph, GraphSpec, export_dims, gasv_params, graph_spec  # noqa: F401 (gasv_params re-exported)
+from .families import export_family
+from .io_spec import GASV_K, GASV_PARAMS, Graph, GraphSpec, export_dims, gasv_params, graph_spec  # noqa: F401 (gasv_params, export_dims re-exported)
 
 
 DEFAULT_OPSET = 23  # ONNX Attention (SDPA with a mask) needs opset >= 23
@@ -236,8 +237,8 @@ class GASVGraph(_NamedGraph):
     the other scopes are PyTorch-reference ablations).
     """
 
-    def __init__(self, tables):
-        super().__init__(graph_spec(Graph.GASV))
+    def __init__(self, tables, spec: Optional[GraphSpec] = None):
+        super().__init__(spec or graph_spec(Graph.GASV))  # a family may name the vocabulary axis (Chameleon: codes)
         if tables.w_tilde is None:
             raise InputError("GASV tables are not bound to the target head; call tables.bind(target.output.weight)")
         nb = tables.lantern_neighbors.detach().long().cpu()[:, :GASV_K]
@@ -354,10 +355,15 @@ def set_softmax_fp32(path: Path) -> int:
 
 # ----------------------------------------------------------------------------- bundle
 
+# RoPE tables of the models (LlamaGen / drafters: freqs_cis, Chameleon: inv_freq): kept fp32 in fp16
+# exports (an fp16 frequency is off by ~1e-3 relative: a radian at position 1000)
+_FP32_BUFFERS = ("freqs_cis", "inv_freq")
+
+
 def _half_copy(module: nn.Module) -> nn.Module:
     """fp16 copy for `--fp16`; the RoPE tables stay fp32 (norm statistics and logits already are)."""
     m = copy.deepcopy(module).half()
-    for name in ("freqs_cis",):
+    for name in _FP32_BUFFERS:
         if hasattr(m, name):
             setattr(m, name, getattr(module, name).float().clone())
     return m
@@ -436,40 +442,75 @@ def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, o
     tcfg = target.config
     lmax = max_cache_len(tcfg, max_tree)
     precision = "fp16" if fp16 else "fp32"
-    medusa = is_medusa(drafter)
-    dims = export_dims(tcfg, max_cache_len=lmax, drafter_cfg=drafter.config if drafter is not None else None,
-                       vq_cfg=vq.config if vq is not None else None)
+    dims = export_family(target).export_dims(tcfg, max_cache_len=lmax,
+                                             drafter_cfg=drafter.config if drafter is not None else None,
+                                             vq_cfg=vq.config if vq is not None else None)
     refs = dict(target=target, drafter=drafter, tables=tables, vq=vq)
     t_exp = _half_copy(target) if fp16 else target
-    d_exp = (_half_copy(drafter) if fp16 else drafter) if drafter is not None and not medusa else None
+    d_exp = half_drafter(drafter, fp16)
     builders = [(Graph.TARGET_PREFILL, lambda: TargetPrefillGraph(t_exp, lmax), precision),
                 (Graph.TARGET_VERIFY, lambda: TargetVerifyGraph(t_exp), precision)]
-    if medusa:  # fp32 like GASV / VQ: the decode loop hands the heads an fp32 hidden state
-        builders.append((Graph.MEDUSA_HEADS, lambda: MedusaHeadsGraph(drafter.eval()), "fp32"))
-    elif drafter is not None:
-        builders += [(Graph.DRAFTER_PROJECT, lambda: DrafterProjectGraph(d_exp), precision),
-                     (Graph.DRAFTER_STEP, lambda: DrafterStepGraph(d_exp), precision),
-                     (Graph.DRAFTER_COMMIT, lambda: DrafterCommitGraph(d_exp), precision)]
+    builders += drafter_builders(drafter, d_exp, precision)
     if tables is not None:
         builders.append((Graph.GASV, lambda: GASVGraph(tables), "fp32"))
     if vq is not None:
         builders.append((Graph.VQ_DECODE, lambda: VQDecodeGraph(vq.eval(), tcfg.grid_size), "fp32"))
 
-    graphs = {}
     with staging_dir(Path(out_dir)) as tmp:
-        bar = _progress(len(builders), progress)
-        for graph, build, prec in builders:
-            bar.set_description(f"export {graph.value}")
-            graphs[graph.value] = _export_graph(graph, build, prec, tmp, dims, refs, (t_exp, d_exp), opset=opset,
-                                                external_data=external_data, validate=validate, lint=lint)
-            bar.update(1)
-        bar.close()
+        graphs = export_graphs(builders, tmp, dims, refs, (t_exp, d_exp), opset=opset, external_data=external_data,
+                               validate=validate, lint=lint, progress=progress)
         extra_files = _write_conditions(target, tmp)
         man = M.build_manifest(target=target, drafter=drafter, tables=tables, vq=vq, graphs=graphs,
                                precision=precision, opset=opset, max_tree=max_tree, max_cache_len=lmax,
                                generation=generation, files=extra_files)
         M.write_manifest(man, tmp)
     return M.read_manifest(out_dir)
+
+
+def half_drafter(drafter, fp16: bool):
+    """The drafter module the drafter graphs are traced from (fp16 copy for --fp16; None for none or
+    for Medusa heads, whose one graph is traced from the fp32 heads)."""
+    if drafter is None or is_medusa(drafter):
+        return None
+    return _half_copy(drafter) if fp16 else drafter
+
+
+def drafter_builders(drafter, d_exp, precision: str, *, commit: bool = True) -> list:
+    """[(graph, build, precision)] of the drafter graphs: Medusa's fp32 heads graph, or the EAGLE-3
+    drafter's project / step (+ commit) graphs traced from `d_exp` (half_drafter). Family-independent."""
+    if drafter is None:
+        return []
+    if is_medusa(drafter):  # fp32 like GASV / VQ: the decode loop hands the heads an fp32 hidden state
+        return [(Graph.MEDUSA_HEADS, lambda: MedusaHeadsGraph(drafter.eval()), "fp32")]
+    out = [(Graph.DRAFTER_PROJECT, lambda: DrafterProjectGraph(d_exp), precision),
+           (Graph.DRAFTER_STEP, lambda: DrafterStepGraph(d_exp), precision)]
+    if commit:
+        out.append((Graph.DRAFTER_COMMIT, lambda: DrafterCommitGraph(d_exp), precision))
+    return out
+
+
+def export_graphs(builders, dest: Path, dims: dict, refs: dict, models: tuple, *, opset: int,
+                  external_data: Optional[bool] = None, validate: bool = True, lint: bool = True,
+                  progress: bool = True) -> dict:
+    """Export, validate and lint every graph of `builders` into `dest` (the loop of every family's export).
+
+    Args:
+        builders: [(Graph, build() -> graph wrapper module, precision)].
+        dims: static axis sizes (the family's export_dims).
+        refs: the fp32 models {"target", "drafter", "tables", "vq"}: the validation reference.
+        models: the (possibly fp16) modules the wrappers trace, for _export_mode.
+    Returns:
+        {graph name: GraphEntry}.
+    """
+    graphs = {}
+    bar = _progress(len(builders), progress)
+    for graph, build, prec in builders:
+        bar.set_description(f"export {graph.value}")
+        graphs[graph.value] = _export_graph(graph, build, prec, dest, dims, refs, models, opset=opset,
+                                            external_data=external_data, validate=validate, lint=lint)
+        bar.update(1)
+    bar.close()
+    return graphs
 
 
 def _export_graph(graph, build, prec: str, dest: Path, dims: dict, refs: dict, models: tuple, *, opset: int,

@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import InputError
-from .io_spec import Graph, export_dims, graph_spec
+from .families import export_family
+from .io_spec import Graph
 
 QUANT_MODES = ("none", "int8", "int4")
 QUANTIZED_GRAPHS = (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY, Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP,
@@ -216,7 +217,7 @@ def validate_quantized(graph: Graph, path, refs: dict, dims: dict, mode: str, *,
     """
     from .validate import reference_outputs, run_onnx, sample_inputs, validate_graph
 
-    spec = graph_spec(graph, n_layer=refs["target"].config.n_layer, model_type=refs["target"].config.model_type)
+    spec = export_family(refs["target"]).graph_spec(graph, refs["target"].config)
     thr = QUANT_THRESHOLDS[mode] if threshold is None else threshold
     rep = validate_graph(graph, path, spec, dims, refs, precision="fp32", seed=seed, threshold=thr).to_dict()
     rep["precision"] = mode
@@ -317,10 +318,7 @@ def quantize_bundle(engine_dir, mode: str, refs: dict, *, block_size: int = DEFA
     if man.precision != "fp32":
         raise InputError(f"--quantize {mode} quantizes fp32 graphs; this export is {man.precision}. "
                          "Export without --fp16.")
-    tcfg = refs["target"].config
-    dims = export_dims(tcfg, max_cache_len=man.max_cache_len,
-                       drafter_cfg=refs["drafter"].config if refs.get("drafter") is not None else None,
-                       vq_cfg=refs["vq"].config if refs.get("vq") is not None else None)
+    dims = man.dims  # the family's static axes (export/families.py)
     graphs = dict(man.graphs)
     for graph in QUANTIZED_GRAPHS:
         if graph.value not in graphs:

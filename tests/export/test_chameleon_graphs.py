@@ -28,6 +28,9 @@ def engines(tmp_path_factory):
     target = lisa_trt.load_target(d)
     man = export_chameleon(target, None, None, None, d, root / "eng", image_size=32, max_prompt=16, max_tree=8)
     assert set(man["graphs"]) == {"target_prefill", "target_verify"}
+    from lisa_trt.export.manifest import bundle_family
+
+    assert man["family"] == "chameleon" and bundle_family(root / "eng") == "chameleon"
     return target, load_chameleon_engines(root / "eng", threads=1)
 
 

@@ -1,0 +1,324 @@
+"""What differs between model families in the exported graphs (the export side of the family seam).
+
+An `ExportFamily` answers, for one family: the io spec of each graph, the static axis sizes of
+an export, valid random inputs of each graph and their PyTorch reference outputs (what
+export/validate.py compares an exported graph with), and how an engine directory's manifest
+gives back the target / VQ configurations.
+
+    fam = export_family(target)            # a target, a config, a Manifest or a family name
+    spec = fam.graph_spec(Graph.TARGET_VERIFY, target.config)
+    dims = fam.export_dims(target.config, max_cache_len=L, drafter_cfg=dc)
+    x = fam.sample_inputs(Graph.TARGET_VERIFY, spec, dims, refs, seed=0)
+    want = fam.reference_outputs(Graph.TARGET_VERIFY, refs, x)
+
+The generic exporter (export/onnx.py), validation, quantization, the graph engines and the
+TensorRT checks ask the family and never name one. LlamaGen's is defined here; a family
+registers its own with `register_export_family` (built-in ones are imported by module name on
+first use: the Chameleon family lives in export/chameleon_onnx.py). The drafter, GASV and
+Medusa graphs are family-independent: `ExportFamily` draws and references them itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+
+import torch
+
+from ..errors import ConfigError, SpecError
+from .io_spec import Graph, GraphSpec
+
+_TORCH = {"int64": torch.int64, "bool": torch.bool, "float32": torch.float32}
+
+
+def act_dtype(precision: str) -> torch.dtype:
+    """The dtype of "act" tensors for an export precision ("fp16" -> float16, else float32)."""
+    return torch.float16 if precision == "fp16" else torch.float32
+
+
+def spec_dtype(code: str, precision: str) -> torch.dtype:
+    """io-spec dtype code -> torch dtype."""
+    return act_dtype(precision) if code == "act" else _TORCH[code]
+
+
+class ExportFamily:
+    """One model family's graphs. Subclasses implement the target / VQ parts; the drafter, GASV and
+    Medusa graphs are shared (their inputs and references come from this base class)."""
+
+    name = "?"
+
+    # -- specs ----------------------------------------------------------------------------
+
+    def graph_spec(self, graph: Graph, cfg) -> GraphSpec:
+        """The io spec of `graph` for a target configuration."""
+        raise NotImplementedError
+
+    def export_dims(self, cfg, *, max_cache_len: int, drafter_cfg=None, vq_cfg=None, codes: Optional[int] = None,
+                    layout: Optional[dict] = None) -> dict:
+        """Sizes of every static axis of one export (codes: the GASV tables' vocabulary;
+        layout: the family's static sequence layout recorded in the manifest)."""
+        raise NotImplementedError
+
+    def prefill_max_seq(self, layout: Optional[dict]) -> Optional[int]:
+        """Most tokens the prefill graph takes on its "seq" axis (None: it has no such axis)."""
+        return None
+
+    def default_generation(self) -> dict:
+        """Generation settings a bundle records when the export is given none."""
+        return {}
+
+    def config_record(self, cfg) -> dict:
+        """A configuration (target, VQ) as the manifest records it."""
+        import dataclasses
+
+        return cfg.to_dict() if hasattr(cfg, "to_dict") else dataclasses.asdict(cfg)
+
+    # -- manifests ------------------------------------------------------------------------
+
+    def target_config(self, man):
+        """The target configuration an engine directory's Manifest was exported for."""
+        raise NotImplementedError
+
+    def vq_config(self, man):
+        """The image decoder's configuration (None when the bundle has no decoder graph)."""
+        raise NotImplementedError
+
+    # -- validation inputs ----------------------------------------------------------------
+
+    def input_range(self, name: str, refs: dict, dims: dict) -> Optional[tuple]:
+        """[lo, hi) of an integer input's valid values (None: not an id input of this family)."""
+        if name == "depth":  # Medusa heads: every head, and depths past the last one (flat logits)
+            return 0, refs["drafter"].config.n_heads + 1
+        return None
+
+    def sample_inputs(self, graph: Graph, spec: GraphSpec, dims: dict, refs: dict, *, precision: str = "fp32",
+                      seed: int = 0, batch: int = 2, seq: int = 3, nodes: int = 3) -> dict:
+        """Random inputs that satisfy the graph's contract (valid ids, distinct slots, non-empty masks).
+
+        Args:
+            graph, spec: the graph and its io spec.
+            dims: static axis sizes (export_dims).
+            refs: {"target", "drafter", "tables", "vq"} models (for id ranges and GASV constants).
+            precision: "fp32" or "fp16" ("act" tensors get that dtype).
+            batch, seq, nodes: sizes of the dynamic axes.
+        Returns:
+            {input name: tensor}.
+        """
+        g = torch.Generator().manual_seed(seed)
+        d = dict(dims, batch=batch, seq=seq, nodes=nodes)
+        out = {}
+        for t in spec.inputs:
+            shape, dt, n = t.shape(d), spec_dtype(t.dtype, precision), t.name
+            rng = self.input_range(n, refs, d)
+            if rng is not None:
+                x = torch.randint(rng[0], rng[1], shape, generator=g)
+            elif n == "caption_mask":
+                lens = torch.randint(1, shape[1] + 1, (shape[0],), generator=g)
+                x = torch.arange(shape[1])[None, :] < lens[:, None]  # valid tokens first
+            elif n == "cache_slots":
+                x = torch.stack([torch.randperm(d["cache_len"], generator=g)[: shape[1]] for _ in range(shape[0])])
+            elif n == "attention_mask":
+                x = torch.rand(shape, generator=g) < 0.5
+                x.scatter_(2, out["cache_slots"][:, :, None], True)  # every query sees at least itself
+            elif n == "node_parents":  # a tree: node 0 is a root, every other node's parent comes before it
+                x = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, shape[0])])
+            elif n == "guided_logits":
+                x = filtered_logits(shape, g)
+            elif n == "gasv_params":
+                x = refs["tables"].config.params()
+            else:  # caches, taps, hidden_in, caption_features
+                x = torch.randn(shape, generator=g) * (0.5 if n.startswith("past_") else 1.0)
+            out[n] = x.to(dt)
+        return out
+
+    # -- references -----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def reference_outputs(self, graph: Graph, refs: dict, inputs: dict) -> dict:
+        """fp32 PyTorch outputs of the models' public API for the graph's named inputs."""
+        x = {k: _f32(v) for k, v in inputs.items()}
+        if graph in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY):
+            return self.target_reference(graph, refs, x)
+        if graph is Graph.VQ_DECODE:
+            return self.vq_reference(refs, x)
+        if graph is Graph.DRAFTER_PROJECT:
+            return dict(hidden=refs["drafter"].project_taps(x["taps"]))
+        if graph in (Graph.DRAFTER_STEP, Graph.DRAFTER_COMMIT):
+            from ..models.drafter import DrafterCache
+
+            d = refs["drafter"]
+            k, v = x["past_key_values.0.key"].clone(), x["past_key_values.0.value"].clone()
+            cache = DrafterCache(d.config, k.shape[0], k.shape[2], torch.float32, "cpu")
+            cache.k, cache.v = [k], [v]
+            h_in = d.project_taps(x["taps"]) if graph is Graph.DRAFTER_COMMIT else x["hidden_in"]
+            logits, hidden = d(h_in, x["input_ids"], x["position_ids"], x["cache_slots"], x["attention_mask"], cache)
+            return {"logits": logits, "hidden": hidden, **interleave(cache.k, cache.v)}
+        if graph is Graph.GASV:
+            from ..speculative.gasv import GASVConfig, gasv_gates
+            from .io_spec import GASV_K, GASV_PARAMS
+
+            cfg = GASVConfig(**dict(zip(GASV_PARAMS, x["gasv_params"].tolist())))
+            o = gasv_gates(x["guided_logits"], x["node_tokens"], x["node_parents"], refs["tables"], cfg)
+            N, k = o.cand.shape
+            cand = torch.full((N, GASV_K), -1, dtype=torch.long)
+            gate = torch.zeros(N, GASV_K)
+            cand[:, :k], gate[:, :k] = o.cand, o.gate
+            return dict(p=o.p, delta_eff=o.delta_eff, cand=cand, gate=gate)
+        if graph is Graph.MEDUSA_HEADS:
+            return dict(logits=refs["drafter"].head_logits(x["hidden"], x["depth"]))
+        raise SpecError(f"no reference for {graph}")
+
+    def target_reference(self, graph: Graph, refs: dict, x: dict) -> dict:
+        """Outputs of the target's prefill / forward_tokens for the graph's (fp32) inputs."""
+        raise NotImplementedError
+
+    def vq_reference(self, refs: dict, x: dict) -> dict:
+        raise NotImplementedError
+
+
+def _f32(x):
+    return x.float() if torch.is_tensor(x) and x.is_floating_point() else x
+
+
+def interleave(ks, vs, prefix: str = "present") -> dict:
+    """[k_i], [v_i] -> {"present.{i}.key": k_i, "present.{i}.value": v_i}."""
+    out = {}
+    for i, (k, v) in enumerate(zip(ks, vs)):
+        out[f"{prefix}.{i}.key"], out[f"{prefix}.{i}.value"] = k, v
+    return out
+
+
+def past_of(x: dict, n_layer: int) -> list:
+    """The past_key_values.{i}.key / value inputs, interleaved, cloned (the reference writes into them)."""
+    return [x[f"past_key_values.{i}.{p}"].clone() for i in range(n_layer) for p in ("key", "value")]
+
+
+def filtered_logits(shape, g) -> torch.Tensor:
+    """Random logits, each row top-k filtered with its own k (row 0 keeps the full support)."""
+    N, V = shape
+    x = torch.randn(N, V, generator=g) * 3.0
+    for i in range(1, N):
+        k = int(torch.randint(1, V + 1, (1,), generator=g))
+        kth = torch.topk(x[i], k).values[-1]
+        x[i] = x[i].masked_fill(x[i] < kth, float("-inf"))
+    return x
+
+
+# ----------------------------------------------------------------------------- LlamaGen
+
+class LlamaGenGraphs(ExportFamily):
+    """LlamaGen (c2i / t2i): the io_spec table as it stands, condition prefix prefill, VQ-16 decoder."""
+
+    name = "llamagen"
+
+    def graph_spec(self, graph, cfg):
+        from .io_spec import graph_spec
+
+        return graph_spec(graph, n_layer=getattr(cfg, "n_layer", 0), model_type=getattr(cfg, "model_type", "c2i"))
+
+    def export_dims(self, cfg, *, max_cache_len, drafter_cfg=None, vq_cfg=None, codes=None, layout=None):
+        from .io_spec import export_dims
+
+        return export_dims(cfg, max_cache_len=max_cache_len, drafter_cfg=drafter_cfg, vq_cfg=vq_cfg)
+
+    def default_generation(self):
+        import dataclasses
+
+        from ..config import SamplingConfig
+
+        return dataclasses.asdict(SamplingConfig())
+
+    def target_config(self, man):
+        from ..config import TargetConfig
+
+        return TargetConfig.from_dict(man.target["config"])
+
+    def vq_config(self, man):
+        from ..config import VQConfig
+
+        return VQConfig.from_dict(man.vq["config"]) if man.vq else None
+
+    def input_range(self, name, refs, dims):
+        tcfg = refs["target"].config
+        if name == "class_ids":
+            return 0, tcfg.num_classes + 1
+        if name in ("input_ids", "node_tokens"):
+            return 0, tcfg.vocab_size
+        if name == "image_tokens":
+            return 0, refs["vq"].config.codebook_size
+        if name == "position_ids":
+            return tcfg.cls_token_num, tcfg.seq_len
+        return super().input_range(name, refs, dims)
+
+    def target_reference(self, graph, refs, x):
+        from ..models.family import family_of
+        from ..models.layers import KVCache
+
+        m = refs["target"]
+        cfg = m.config
+        past = past_of(x, cfg.n_layer)
+        cache = KVCache(cfg, past[0].shape[0], past[0].shape[2], torch.float32, "cpu")
+        cache.k, cache.v = past[0::2], past[1::2]
+        if graph is Graph.TARGET_PREFILL:
+            o = m.prefill(family_of(cfg).cond_from_inputs(cfg, x), cache, taps=True)
+            res = dict(prefix_valid=cache.col_valid[:, : cfg.cls_token_num].clone())
+        else:
+            o = m.forward_tokens(x["input_ids"], x["position_ids"], x["cache_slots"], x["attention_mask"], cache,
+                                 taps=True)
+            res = {}
+        res.update(logits=o.logits, taps=o.taps, hidden=o.hidden, **interleave(cache.k, cache.v))
+        return res
+
+    def vq_reference(self, refs, x):
+        vq, tok = refs["vq"], x["image_tokens"]
+        grid = refs["target"].config.grid_size
+        return dict(images=vq.decode_code(tok, (tok.shape[0], vq.config.codebook_embed_dim, grid, grid)))
+
+
+# ----------------------------------------------------------------------------- registry
+
+_FAMILIES: dict[str, ExportFamily] = {}
+_BUILTIN = {"chameleon": "lisa_trt.export.chameleon_onnx"}  # family name -> module that registers it
+
+
+def register_export_family(family: ExportFamily) -> ExportFamily:
+    """Make `family` the export family of its `name` (a later registration replaces an earlier one)."""
+    _FAMILIES[family.name] = family
+    return family
+
+
+register_export_family(LlamaGenGraphs())
+
+
+def family_name(obj) -> str:
+    """The family name of a family name, a Manifest, a target (torch or graph engine) or a config."""
+    if isinstance(obj, str):
+        return obj
+    fam = getattr(obj, "family", None)  # Manifest.family, ChameleonTarget.family, GraphTarget.family
+    if isinstance(fam, str):
+        return fam
+    if fam is not None and isinstance(getattr(fam, "name", None), str):
+        return fam.name
+    cfg = getattr(obj, "config", obj)
+    fam = getattr(cfg, "family", None)
+    if isinstance(fam, str):
+        return fam
+    from ..models.family import family_of
+
+    return family_of(cfg).name
+
+
+def export_family(obj) -> ExportFamily:
+    """The ExportFamily of a family name, a Manifest, a target or a target config."""
+    name = family_name(obj)
+    if name not in _FAMILIES and name in _BUILTIN:
+        importlib.import_module(_BUILTIN[name])  # registers itself
+    fam = _FAMILIES.get(name)
+    if fam is None:
+        raise ConfigError(f"no export family {name!r}; known: {', '.join(sorted(set(_FAMILIES) | set(_BUILTIN)))} "
+                          "(a family registers one with export.families.register_export_family)")
+    return fam
+
+
+__all__ = ["ExportFamily", "LlamaGenGraphs", "act_dtype", "export_family", "family_name", "filtered_logits",
+           "interleave", "past_of", "register_export_family", "spec_dtype"]

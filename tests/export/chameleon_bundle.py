@@ -1,0 +1,94 @@
+"""A tiny Chameleon-family deployment for export / engine tests: HF checkpoint directory (with
+tokenizer and VQGAN), a briefly trained drafter, image-code tables; all deterministic.
+
+    art = make_chameleon_artifacts(root)      # {"model_dir", "drafter", "tables", "size", ...}
+    export_cli(art["model_dir"], out, **export_kwargs(art))
+
+`golden_runs(engine_dir)` decodes the golden captions with every verification rule through
+runtime.chameleon.run_engine; tests/export/data/chameleon_run_golden.json holds what the fp32
+export gave before the Chameleon export was folded into the generic exporter (token identity).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+
+from chameleon_fixtures import N_CODES, make_hf_model, save_hf, save_tokenizer  # noqa: E402
+
+SIZE = 64  # 4 x 4 latent codes + 4 row ends per image
+GOLDEN_CAPTIONS = ["a red fox", "tok70 tok71 tok72 tok73 tok74"]  # different lengths: left padding
+GOLDEN_RUNS = (("vanilla", False), ("vanilla", True), ("greedy", True), ("exact", False), ("lantern", False),
+               ("gasv", False))
+GOLDEN = Path(__file__).resolve().parent / "data" / "chameleon_run_golden.json"
+
+
+def make_chameleon_artifacts(root) -> dict:
+    """Checkpoint dir + drafter.safetensors + tables.safetensors under `root` (seconds on a CPU)."""
+    from lisa_trt.models.chameleon_drafter import ChameleonDrafter, save_chameleon_drafter, train_drafter
+    from lisa_trt.models.chameleon_io import load_chameleon
+    from lisa_trt.models.chameleon_vq import ChameleonVQConfig, ChameleonVQGAN, save_chameleon_vq
+    from lisa_trt.runtime.chameleon import calibrate_cli, rollout_sequences
+    from lisa_trt.speculative.lumina import LuminaTokenizer
+
+    root = Path(root)
+    d = save_hf(make_hf_model(seed=5, num_key_value_heads=2, swin_norm=True), root / "model")
+    save_tokenizer(d)
+    torch.manual_seed(0)
+    vq = ChameleonVQGAN(ChameleonVQConfig(embed_dim=8, n_embed=N_CODES, z_channels=32, ch=32, ch_mult=(1, 2),
+                                          num_res_blocks=1, resolution=16))
+    save_chameleon_vq(vq, d / "vqgan")
+    target, tok = load_chameleon(d), LuminaTokenizer(d)
+    seqs = rollout_sequences(target, tok, ["a red fox", "a lighthouse", "tok70 tok71"], SIZE, cfg_scale=2.0,
+                             top_k=16, seed=0)
+    torch.manual_seed(0)
+    drafter = ChameleonDrafter.from_chameleon(target, hidden=16, n_head=2)
+    train_drafter(drafter, target, seqs, steps=3, batch_size=2, seed=0)
+    save_chameleon_drafter(drafter, root / "drafter.safetensors")
+    calibrate_cli(d, root / "tables.safetensors", image_size=SIZE, captions_file=None, rollouts=4,
+                  samples_per_pos=2, clusters=4, lantern_k=8, top_k=16, cfg_scale=2.0, seed=0)
+    return {"model_dir": d, "drafter": root / "drafter.safetensors", "tables": root / "tables.safetensors",
+            "size": SIZE}
+
+
+def export_kwargs(art: dict, **over) -> dict:
+    kw = dict(image_size=art["size"], drafter=art["drafter"], tables=art["tables"], max_prompt=32, max_tree=16,
+              generation={"cfg_scale": 2.0, "top_k": 16})
+    kw.update(over)
+    return kw
+
+
+def golden_runs(engine_dir, out_root) -> dict:
+    """{"<verify>-<greedy|sample>": {"codes": nested list, "mal": .., "target_forwards": ..}}."""
+    from lisa_trt.runtime.chameleon import run_engine
+
+    import numpy as np
+
+    res = {}
+    for verify, greedy in GOLDEN_RUNS:
+        key = f"{verify}-{'greedy' if greedy else 'sample'}"
+        out = Path(out_root) / key
+        st = run_engine(engine_dir, GOLDEN_CAPTIONS, out, verify=verify, greedy=greedy, seed=3, threads=1,
+                        tree=(3, 3, 8))
+        res[key] = {"codes": np.load(out / "tokens.npy").tolist(), "mal": st.get("mal"),
+                    "target_forwards": st.get("target_forwards")}
+    return res
+
+
+if __name__ == "__main__":  # record the golden file: python tests/export/chameleon_bundle.py
+    import json
+    import tempfile
+
+    from lisa_trt.runtime.chameleon import export_cli
+
+    with tempfile.TemporaryDirectory() as tmp:
+        art = make_chameleon_artifacts(Path(tmp) / "art")
+        export_cli(art["model_dir"], Path(tmp) / "eng", **export_kwargs(art))
+        runs = golden_runs(Path(tmp) / "eng", Path(tmp) / "runs")
+    GOLDEN.parent.mkdir(exist_ok=True)
+    GOLDEN.write_text(json.dumps(runs, indent=1) + "\n")
+    print(f"wrote {GOLDEN}: {sorted(runs)}")
