@@ -125,6 +125,7 @@ class ModelFamily:
 
     name = "?"
     model_types: tuple = ()
+    generic_cli = True  # the CLI's generic command entries serve this family (False: refused with the fix)
 
     def describe_checkpoint(self) -> str:
         """What a checkpoint of this family looks like (for errors naming the fix)."""

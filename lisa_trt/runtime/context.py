@@ -282,8 +282,11 @@ class RunContext:
 
     def run(self, command: str, generic: Callable, **options):
         """`command` through the family's own runtime entry when it has one, else `generic(self, **options)`."""
-        entry = _FAMILY_ENTRIES.get(getattr(self.family, "name", None), {}).get(command, generic)
-        return entry(self, **options)
+        entry = _FAMILY_ENTRIES.get(getattr(self.family, "name", None), {}).get(command)
+        if entry is None and not getattr(self.family, "generic_cli", True):
+            raise InputError(f"`lisa-trt {command}` does not run {self.family.name} models yet; use the Python API "
+                             "(lisa_trt.load_target / generate / tokens_to_pixels, SpeculativeDecoder; docs/families.md)")
+        return (entry or generic)(self, **options)
 
 
 def resolve(model=None, *, engine_dir=None, verify=None, default_verify: Optional[str] = None, auto: bool = False,

@@ -538,3 +538,15 @@ def test_text_prompts_through_the_family_prompter(gqa, tmp_path):
     assert torch.equal(toks, hf_generate(hf, ids, 5.0, valid))
     with pytest.raises(InputError, match="generates 16 x 16 images only"):
         F.family_of("janus").prompter(target).encode(["w10"], image_size=32)
+
+
+def test_cli_refuses_janus_directories_clearly(gqa, tmp_path):
+    """The CLI's commands do not run Janus yet: they say so and name the Python API, before any work."""
+    from click.testing import CliRunner
+
+    from lisa_trt.cli import main
+
+    _, _, d = gqa
+    r = CliRunner().invoke(main, ["generate", "--model", str(d), "--out", str(tmp_path / "o")])
+    assert r.exit_code != 0 and "does not run janus models yet" in r.output and "Python API" in r.output
+    assert not (tmp_path / "o").exists()

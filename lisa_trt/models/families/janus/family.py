@@ -15,6 +15,7 @@ class JanusFamily(ModelFamily):
 
     name = "janus"
     model_types = (MODEL_TYPE,)
+    generic_cli = False  # the CLI commands do not take Janus prompts yet (docs/families.md, "Not done yet")
 
     def claims(self, path) -> bool:
         """True for a directory whose config.json has model_type "janus"."""
