@@ -194,6 +194,13 @@ class ModelFamily:
         h, w = request.grid
         return tokens.reshape(tokens.shape[0], h, w)
 
+    def teacher_forced_logits(self, target, cond, tokens: torch.Tensor) -> torch.Tensor:
+        """Raw head logits (B, N, V) of one cache-free forward: [:, j] predicts tokens[:, j] from
+        `cond` (the CFG batch's rows included) and tokens[:, :j] (calibration's teacher forcing).
+
+        Default: the target's own `teacher_forced_logits(cond, tokens)` (LlamaGen, Janus)."""
+        return target.teacher_forced_logits(cond, tokens)
+
     # -- artifacts ------------------------------------------------------------------------
 
     def claims_decoder(self, path) -> bool:

@@ -138,23 +138,41 @@ def train_cli(model_dir, out_dir, *, image_size: int, captions_file=None, num_sa
 
 def calibrate_cli(model_dir, out_path, *, image_size: int, vq=None, captions_file=None, rollouts: int = 16,
                   samples_per_pos: int = 8, quantile: float = 0.5, clusters: Optional[int] = None,
-                  lantern_k: int = 1000, kappa: float = 1.0, lam: float = 0.6, cfg_scale: float = 3.0,
-                  temperature: float = 1.0, top_k: int = 2000, seed: int = 0):
-    """`lisa-trt calibrate --model DIR`: image-code GASV version-2 tables (needs the VQGAN codebook);
-    kappa / lambda defaults are docs/spec/lisa.md's."""
-    from ..calibration.chameleon_tables import calibrate_chameleon
-    from ..calibration.tables import save_tables
-    from ..speculative.gasv import GASVConfig
+                  cluster_space: str = "codebook", lantern_k: int = 1000, gasv=None, kappa: Optional[float] = None,
+                  lam: Optional[float] = None, delta: Optional[float] = None, neighbours: Optional[int] = None,
+                  scope: Optional[str] = None, cfg_scale: float = 3.0, temperature: float = 1.0, top_k: int = 2000,
+                  top_p: float = 1.0, cfg_interval: int = -1, greedy: bool = False, seed: int = 0,
+                  batch_size: int = 8, progress: bool = True):
+    """`lisa-trt calibrate --model DIR`: image-code GASV version-2 tables (needs the VQGAN codebook),
+    made by the one calibration driver (calibration/profile.py) over Lumina-mGPT's span layout.
 
+    The GASV constants recorded are `gasv` (a GASVConfig; default docs/spec/lisa.md's) with every
+    knob given here applied (kappa, lambda, delta, neighbours, scope; None keeps it), exactly as
+    for LlamaGen targets; `neighbours` is clamped to the neighbour table's width."""
+    import dataclasses
+
+    from ..calibration.profile import calibrate
+    from ..calibration.tables import save_tables
+    from ..config import SamplingConfig
+    from ..speculative.gasv import GASVConfig
+    from ..speculative.lumina import span_request
+    from ..speculative.sampling import cfg_active
+
+    knobs = dict(kappa=kappa, lam=lam, delta=delta, neighbours=neighbours, scope=scope)
+    gasv = dataclasses.replace(gasv or GASVConfig(), **{k: v for k, v in knobs.items() if v is not None})
+    sampling = SamplingConfig(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
+                              cfg_interval=cfg_interval, greedy=greedy)
     target, tok = _load(model_dir)
     vqm = _vq(model_dir, vq)
     if vqm is None:
         raise InputError("calibration needs the VQGAN codebook: pass --vq FOLDER (vqgan.yaml + vqgan.ckpt) or "
                          "put it in MODEL_DIR/vqgan/ (see docs/chameleon.md)")
-    tables = calibrate_chameleon(target, tok, vqm.codebook.detach(), _captions(captions_file, rollouts), image_size,
-                                 image_size, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
-                                 samples_per_pos=samples_per_pos, quantile=quantile, n_clusters=clusters,
-                                 lantern_k=lantern_k, seed=seed, gasv=GASVConfig(kappa=kappa, lam=lam))
+    captions = _captions(captions_file, rollouts)
+    prompts, layout, _ = span_request(target, tok, captions, image_size, image_size, cfg_active(cfg_scale))
+    tables = calibrate(target, vqm.codebook.detach(), conds=prompts, layout=layout, samples_per_pos=samples_per_pos,
+                       quantile=quantile, n_clusters=clusters, cluster_space=cluster_space, lantern_k=lantern_k,
+                       seed=seed, sampling=sampling, gasv=gasv, batch_size=batch_size, progress=progress,
+                       settings=dict(width=image_size, height=image_size))
     save_tables(tables, out_path)
     return tables
 

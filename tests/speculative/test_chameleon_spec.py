@@ -117,13 +117,16 @@ def test_drafter_artifact_and_cli_speculation(setup, tmp_path):
 
 @pytest.fixture(scope="module")
 def code_tables(setup):
-    from lisa_trt.calibration.chameleon_tables import calibrate_chameleon
+    """The one calibration driver over Lumina-mGPT's span request (image codes = its sub-vocabulary)."""
+    from lisa_trt.calibration.profile import calibrate
+    from lisa_trt.config import SamplingConfig
+    from lisa_trt.speculative.lumina import span_request
 
     target, tok, _ = setup
     codebook = torch.randn(N_CODES, 8, generator=torch.Generator().manual_seed(0))
-    return calibrate_chameleon(target, tok, codebook, [f"tok{60 + i}" for i in range(6)], 64, 64, cfg_scale=2.0,
-                               top_k=16, samples_per_pos=4, n_clusters=4, lantern_k=8, batch_size=3,
-                               min_cluster_samples=8)
+    prompts, layout, _ = span_request(target, tok, [f"tok{60 + i}" for i in range(6)], 64, 64, cfg=True)
+    return calibrate(target, codebook, conds=prompts, layout=layout, sampling=SamplingConfig(cfg_scale=2.0, top_k=16),
+                     samples_per_pos=4, n_clusters=4, lantern_k=8, batch_size=3, min_cluster_samples=8, progress=False)
 
 
 def test_code_tables_cover_the_image_codes(code_tables, setup):
@@ -135,8 +138,8 @@ def test_code_tables_cover_the_image_codes(code_tables, setup):
 def test_code_tables_are_gasv_version_2(code_tables, setup, tmp_path):
     """Calibration writes tables GASV v2 accepts: version-2 metadata, beta from the draft-anchored
     statistic s(v|z) over N(z), a neighbour table that covers the candidates."""
-    from lisa_trt.calibration.chameleon_tables import load_chameleon_tables
-    from lisa_trt.calibration.tables import save_tables
+    from lisa_trt.calibration.tables import load_tables_for, save_tables
+    from lisa_trt.models.families.chameleon import CHAMELEON
     from lisa_trt.io import load_safetensors
     from lisa_trt.speculative.gasv import GASV_VERSION, gasv_gates
 
@@ -148,7 +151,7 @@ def test_code_tables_are_gasv_version_2(code_tables, setup, tmp_path):
     assert code_tables.beta.shape == (4,) and bool((code_tables.beta > 0).all())
     save_tables(code_tables, tmp_path / "t.safetensors")
     assert load_safetensors(tmp_path / "t.safetensors")[1]["gasv_version"] == 2
-    back = load_chameleon_tables(tmp_path / "t.safetensors", target, tok.newline)
+    back = load_tables_for(tmp_path / "t.safetensors", target, CHAMELEON.sub_vocab(target, tok.newline))
     assert back.config == code_tables.config and torch.equal(back.beta, code_tables.beta)
     assert torch.allclose(back.w_tilde, code_tables.w_tilde)
     x = 3 * torch.randn(4, N_CODES, generator=torch.Generator().manual_seed(0))

@@ -134,6 +134,22 @@ class ChameleonFamily(ModelFamily):
             raise InputError("Chameleon-family targets need max_new_tokens=N (the raw head has no image length)")
         return SequenceLayout(int(n_tokens), self.image_ids(target) if image_tokens_only else None)
 
+    def teacher_forced_logits(self, target, cond, tokens: torch.Tensor) -> torch.Tensor:
+        """Raw head logits (B, N, V): [:, j] predicts tokens[:, j] from row b's prompt and tokens[:, :j].
+
+        One cache-free forward per row over its real prompt tokens (left padding stripped; the
+        CFG rows are the span prefix alone, from position 0), so a row's logits never depend on
+        the other rows of the batch."""
+        from .model import Prompts
+
+        p = Prompts.of(cond)
+        N = tokens.shape[1]
+        rows = []
+        for b in range(p.batch):
+            ids = torch.cat([p.ids[b][p.valid[b]], tokens[b, :-1].to(p.ids.device)])
+            rows.append(target.forward_full(ids[None]).logits[0, -N:])
+        return torch.stack(rows)
+
 
 class _LuminaPrompter:
     def __init__(self, target, source):
