@@ -26,6 +26,7 @@ EXEMPT = ("models/families/", "models/family.py")
 # module (path under lisa_trt/) -> the rules it still breaks; shrinks to {} as the seam closes
 DEBT = {
     "calibration/chameleon_tables.py": ['file name', 'imports a family', 'names a family'],
+    "calibration/profile.py": ['names a family'],
     "cli/misc.py": ['imports a family'],
     "engines/chameleon_ort.py": ['file name', 'imports a family', 'names a family'],
     "engines/model_shapes.py": ['branches on model_type', 'imports a family', 'names a family'],

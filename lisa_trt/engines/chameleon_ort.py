@@ -21,8 +21,10 @@ import torch
 
 from ..errors import ArtifactMismatchError, CheckpointError, InputError
 from ..export.io_spec import Graph
+from ..models.prompts import PromptTarget
 from .graph import GraphGASV
 from .ort import OrtRunner
+
 
 
 class _FileSpec:
@@ -99,8 +101,9 @@ def _check_step(tokens, positions, slots, mask, batch, max_len, vocab, max_pos) 
         raise InputError(f"cache slots must lie in [0, {max_len}); got {s_lo}..{s_hi}")
 
 
-class OrtChameleonTarget:
-    """The Chameleon target through ONNX Runtime (drop-in for ChameleonTarget in the spec loop)."""
+class OrtChameleonTarget(PromptTarget):
+    """The Chameleon target through ONNX Runtime (drop-in for ChameleonTarget in the decode loops:
+    the same condition protocol, models/prompts.PromptTarget)."""
 
     family = "chameleon"
 
@@ -116,10 +119,16 @@ class OrtChameleonTarget:
         self._verify = _runner(d, man, Graph.TARGET_VERIFY, providers, threads)
         self.device = self._verify.device
 
-    def new_cache(self, batch: int, max_len: int, dtype=None):
-        """A ChameleonCache of the engines' static length (`max_len` must fit it)."""
+    def new_cache(self, batch: int, max_len: Optional[int] = None, dtype=None, *, extra: int = 0,
+                  prompt_len: Optional[int] = None, n_tokens: Optional[int] = None):
+        """A ChameleonCache of the engines' static length (`max_len`, or prompt_len + n_tokens +
+        extra as the generic loops pass them, must fit it)."""
         from ..models.families.chameleon.model import ChameleonCache
 
+        if max_len is None:
+            if prompt_len is None or n_tokens is None:
+                raise InputError("new_cache needs max_len, or prompt_len and n_tokens")
+            max_len = int(prompt_len) + int(n_tokens) + int(extra)
         if max_len > self.max_cache_len:
             raise InputError(f"{max_len} cache slots do not fit the engines' static length {self.max_cache_len}; "
                              "re-export with a larger --max-prompt / --max-tree or a smaller image")
@@ -147,8 +156,10 @@ class OrtChameleonTarget:
 
     def prefill(self, input_ids, cache, valid=None, taps: bool = False):
         """A left-padded prompt (B, T) into slots 0..T-1; outputs of its last position."""
-        from ..models.families.chameleon.model import prefill_plan
+        from ..models.prompts import Prompts, prefill_plan
 
+        p = Prompts.of(input_ids, valid)
+        input_ids, valid = p.ids, p.valid
         T = input_ids.shape[1]
         slots, pos, mask = prefill_plan(input_ids, cache, valid)
         _check_step(input_ids, pos, slots, mask, cache.batch, self.max_cache_len, self.config.vocab_size,

@@ -92,3 +92,38 @@ def prefill_plan(input_ids: torch.Tensor, cache, valid: Optional[torch.Tensor] =
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
+
+
+class PromptTarget:
+    """The condition protocol of a prompt-id target (models/family.py), shared by the torch model
+    and its exported-graph runners: `config.vocab_size` is all it reads."""
+
+    def check_ids(self, ids: torch.Tensor) -> None:
+        if not torch.is_tensor(ids) or ids.dim() != 2 or ids.dtype not in (torch.long, torch.int32):
+            raise InputError("input_ids must be a 2-D integer tensor (B, T)")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size):
+            raise InputError(f"token ids must be in 0..{self.config.vocab_size - 1}; got "
+                             f"{int(ids.min())}..{int(ids.max())}")
+
+    def check_cond(self, cond) -> int:
+        """Validate a prompt condition (ids, (ids, valid) or Prompts); returns the batch size."""
+        p = Prompts.of(cond)
+        self.check_ids(p.ids)
+        return p.batch
+
+    def null_cond(self, cond) -> Prompts:
+        """The CFG unconditional rows the prompt carries (Prompts.uncond)."""
+        p = Prompts.of(cond)
+        if p.uncond is None:
+            raise InputError("classifier-free guidance needs the unconditional rows: build the prompt with the "
+                             "family's prompter (family_of(cfg).prompter(target).encode(..., cfg=True)), or use cfg_scale 1")
+        return p.uncond
+
+    @staticmethod
+    def cfg_rows(cond, null) -> Prompts:
+        """[cond; null] as one left-padded batch."""
+        return Prompts.of(cond).cat(Prompts.of(null))
+
+    def prompt_len(self, cond) -> int:
+        """Cache slots the prefill of `cond` writes (its padded width)."""
+        return Prompts.of(cond).ids.shape[1]

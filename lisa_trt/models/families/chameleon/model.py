@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from ....config import find_multiple
 from ....errors import ConfigError, InputError
 from ...layers import KVCache, RMSNorm, TargetOutput, cached_attention
-from ...prompts import Prompts, prefill_plan, rotate_half  # noqa: F401 (Prompts re-exported)
+from ...prompts import Prompts, PromptTarget, prefill_plan, rotate_half  # noqa: F401 (Prompts re-exported)
 
 _ACTS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu}
 
@@ -220,7 +220,7 @@ class ChameleonCache(KVCache):
 
 # ----------------------------------------------------------------------------- model
 
-class ChameleonTarget(nn.Module):
+class ChameleonTarget(PromptTarget, nn.Module):
     """Chameleon-architecture decoder with HF parameter names (see module docstring)."""
 
     family = "chameleon"
@@ -255,13 +255,6 @@ class ChameleonTarget(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos(), emb.sin()
 
-    def check_ids(self, ids: torch.Tensor) -> None:
-        if not torch.is_tensor(ids) or ids.dim() != 2 or ids.dtype not in (torch.long, torch.int32):
-            raise InputError("input_ids must be a 2-D integer tensor (B, T)")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size):
-            raise InputError(f"token ids must be in 0..{self.config.vocab_size - 1}; got "
-                             f"{int(ids.min())}..{int(ids.max())}")
-
     def _run(self, h, positions, mask, cache, slots, taps: bool, last_only: bool = False) -> TargetOutput:
         """The decoder stack; last_only: taps, norm and head at the last position only (prefill)."""
         cos, sin = self.rope(positions)
@@ -277,29 +270,6 @@ class ChameleonTarget(nn.Module):
         return TargetOutput(logits, torch.cat(tapped, dim=-1) if taps else None, hidden)
 
     # -- the generic loops' condition protocol (models/family.py) ------------------------
-
-    def check_cond(self, cond) -> int:
-        """Validate a prompt condition (ids, (ids, valid) or Prompts); returns the batch size."""
-        p = Prompts.of(cond)
-        self.check_ids(p.ids)
-        return p.batch
-
-    def null_cond(self, cond) -> Prompts:
-        """The CFG unconditional rows the prompt carries (Prompts.uncond)."""
-        p = Prompts.of(cond)
-        if p.uncond is None:
-            raise InputError("classifier-free guidance needs the unconditional rows: build the prompt with the "
-                             "family's prompt encoding (e.g. lumina.encode_prompts), or use cfg_scale 1")
-        return p.uncond
-
-    @staticmethod
-    def cfg_rows(cond, null) -> Prompts:
-        """[cond; null] as one left-padded batch."""
-        return Prompts.of(cond).cat(Prompts.of(null))
-
-    def prompt_len(self, cond) -> int:
-        """Cache slots the prefill of `cond` writes (its padded width)."""
-        return Prompts.of(cond).ids.shape[1]
 
     def new_cache(self, batch: int, max_len: Optional[int] = None, dtype=None, *, extra: int = 0,
                   prompt_len: Optional[int] = None, n_tokens: Optional[int] = None) -> ChameleonCache:
