@@ -343,7 +343,7 @@ def _chameleon_calibrate(rc, *, out_path, vq, captions_file, rollouts, samples_p
     s, k = rc.given["sampling"], rc.given["knobs"]
     t = calibrate_cli(rc.source, out_path, image_size=rc.image_size(512), vq=vq, captions_file=captions_file,
                       rollouts=rollouts, samples_per_pos=samples_per_pos, quantile=quantile, clusters=clusters,
-                      lantern_k=lantern_k, kappa=k["gasv_kappa"], lam=k["gasv_lambda"],
+                      lantern_k=lantern_k, gasv=gasv_calibration(rc.spec),
                       cfg_scale=3.0 if s.get("cfg_scale") is None else s["cfg_scale"],
                       temperature=1.0 if s.get("temperature") is None else s["temperature"],
                       top_k=2000 if s.get("top_k") is None else s["top_k"], seed=rc.seed)
