@@ -241,7 +241,7 @@ def _tree(S: int, seed: int):
 def section_verify_latency(ctx: Ctx) -> dict:
     import torch
 
-    from lisa_trt.models.llamagen import Transformer
+    from lisa_trt.models.families.llamagen.model import Transformer
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[ctx.args.dtype]
     models = ("tiny", "tiny-t2i") if ctx.smoke else tuple(ctx.args.models.split(","))

@@ -1,7 +1,8 @@
 """lisa-trt: LISA speculative decoding for autoregressive image generators, deployable.
 
-Public API (kept stable): load_target, load_vq, generate, teacher_forced_logits, Pipeline,
-TargetConfig, VQConfig, LisaError.
+Public API (kept stable): load_target, load_vq, generate, teacher_forced_logits, image_logits,
+tokens_to_pixels, Pipeline, TargetConfig, VQConfig, LisaError. Every call works for every model
+family (LlamaGen, Chameleon / Lumina-mGPT, Janus-Pro; docs/families.md).
 """
 
 from .threads import set_passive_wait_env as _passive
@@ -30,6 +31,25 @@ def __getattr__(name):
 
 
 
+def image_logits(target, prompt_ids, image_tokens):
+    """Raw per-row logits of the image head (no CFG), (B, N, codebook) fp32: position k predicts
+    image token k from the prompt and image_tokens[:, :k] (families with an image head: Janus-Pro;
+    LlamaGen: the condition as prompt, the same as teacher_forced_logits)."""
+    fn = getattr(target, "image_logits", None)
+    if fn is None:
+        from .errors import InputError
+
+        raise InputError(f"{type(target).__name__} has no separate image head; use teacher_forced_logits")
+    return fn(prompt_ids, image_tokens)
+
+
+def tokens_to_pixels(vq, tokens):
+    """Image tokens -> (B, 3, H, W) float, the raw decoder output (no clamp, no rescale), for the
+    decoder of any family (`load_vq`): codes (B, N) / (B, h, w), or what that family's
+    `generate` returns."""
+    return vq.tokens_to_pixels(tokens)
+
+
 def teacher_forced_logits(target, *inputs, **kw):
     """Full-sequence fp32 logits of a target (no cache).
 
@@ -43,5 +63,5 @@ def teacher_forced_logits(target, *inputs, **kw):
 from ._version import __version__  # noqa: E402
 
 __all__ = ["GenerationResult", "LisaError", "Pipeline", "SamplingConfig", "TargetConfig", "apply_thread_policy",
-           "VQConfig", "generate", "load_target", "teacher_forced_logits",
+           "VQConfig", "generate", "image_logits", "load_target", "teacher_forced_logits", "tokens_to_pixels",
            "load_vq", "target_config", "vq_config", "__version__"]

@@ -27,6 +27,7 @@ from .errors import InputError
 from .io import write_json
 from .speculative.methods import FLAT_FIELDS, METHODS, SpecConfig, method_names
 from .speculative.run import run_method
+from .runtime.context import resolve_method
 
 
 def parse_methods(text: str) -> list[str]:
@@ -97,7 +98,7 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
     """Run every method / sweep point on one image per entry of `classes` (batch 1, seed + i).
 
     Args:
-        methods: rule names (each run with `spec`).
+        methods: rule names or Methods (each run with `spec`), looked up once here.
         runs: extra labelled points [(label, rule, {SpecConfig field: value})] (`parse_sweep`).
         scorer_fn: optional legacy (images, labels) -> (class_acc, fd_demo).
         decode_fn: optional tokens -> images for the scorer / quality harness.
@@ -110,10 +111,11 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
 
     from .text.prompts import cond_len, cond_rows
 
-    baseline = method_names("ar")[0]
-    todo = [(m, m, {}) for m in methods] + list(runs or [])
+    baseline = resolve_method(method_names("ar")[0])
+    todo = [(m.name, m, {}) for m in map(resolve_method, methods)]
+    todo += [(label, resolve_method(rule), over) for label, rule, over in runs or []]
     if baseline not in [m for _, m, _ in todo]:
-        todo = [(baseline, baseline, {})] + todo
+        todo = [(baseline.name, baseline, {})] + todo
     labels = [t[0] for t in todo]
     if len(set(labels)) != len(labels):
         raise InputError(f"duplicate bench points: {labels}")
@@ -122,14 +124,14 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
     results, tokens = {}, {}
     specs = {label: spec.replace(**over) for label, _, over in todo}
     # warm-up (allocations, thread pools), not timed
-    for m in dict.fromkeys(m for _, m, _ in todo):
+    for m in dict.fromkeys(m.name for _, m, _ in todo):
         run_method(m, target, drafter, tables, cond_rows(cls, 0, 1), sampling=sampling, spec=spec, seed=seed,
                    sjd_window=sjd_window, gasv=gasv)
     for label, m, over in todo:
         secs, stats_all, toks = [], [], []
         for i in tqdm(range(cond_len(cls)), desc=f"bench {label}", disable=not progress):
             t0 = time.perf_counter()
-            tk, st = run_method(m, target, drafter, tables, cond_rows(cls, i, i + 1), sampling=sampling,
+            tk, st = run_method(m.name, target, drafter, tables, cond_rows(cls, i, i + 1), sampling=sampling,
                                 spec=specs[label], seed=seed + i, sjd_window=sjd_window, gasv=gasv)
             secs.append(time.perf_counter() - t0)
             stats_all.append(st)
@@ -142,14 +144,14 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
             for k, v in s.times.items():
                 times[k] = times.get(k, 0.0) + v / len(stats_all)
         results[label] = {
-            "method": m, "knobs": over,
-            "mal": float(committed.mean()) if METHODS[m].kind != "ar" else 1.0,
+            "method": m.name, "knobs": over,
+            "mal": float(committed.mean()) if m.kind != "ar" else 1.0,
             "seconds_per_image": sum(secs) / len(secs),
             "mean_tvd": float(torch.cat(tvds).mean()) if tvds else 0.0,
             "target_forwards_per_image": sum(s.target_forwards for s in stats_all) / len(stats_all),
             "time_split": times,
         }
-    base = results[baseline]["seconds_per_image"]
+    base = results[baseline.name]["seconds_per_image"]
     for label, r in results.items():
         r["speedup"] = base / r["seconds_per_image"]
         if t2i:
@@ -160,7 +162,7 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
             acc, fd = scorer_fn(decode_fn(tokens[label]), cls)
             r["class_acc"], r["fd_demo"] = float(acc), float(fd)
     if quality is not None and decode_fn is not None and not t2i:
-        v = results[baseline]
+        v = results[baseline.name]
         for r in results.values():
             r["quality_neutral"] = None if r["underpowered"] else quality_neutral(r, v)
     from .speculative.oracle import drafter_efficiency

@@ -92,6 +92,11 @@ class TargetConfig:
         return h
 
     @property
+    def n_positions(self) -> int:
+        """Positions a sequence may use (the generic loops clamp drafter positions below it)."""
+        return self.seq_len
+
+    @property
     def seq_len(self) -> int:
         """Length of the full sequence [condition prefix] + [z_0 .. z_{N-1}]."""
         return self.cls_token_num + self.block_size

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .config import target_config
-from .models.llamagen import Transformer
+from .models.families.llamagen.model import Transformer
 
 
 def make_target(model_type: str = "c2i", seed: int = 0, std: float = 0.1, **overrides) -> Transformer:

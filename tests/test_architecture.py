@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1] / "lisa_trt"
 
 # first package component (or top-level module) -> floor
 FLOORS = {
-    "cli": 6, "launcher": 6, "__main__": 6,
+    "cli": 6, "launcher": 6, "__main__": 6,  # cli: the lisa_trt/cli/ package, one module per command group
     "runtime": 5, "bench": 5, "serve": 5, "server": 5, "text": 5,
     "text.encoder": 2,  # the caption encoder is a model (train/ uses it); text's prompt plumbing is runtime
     "engines": 4,

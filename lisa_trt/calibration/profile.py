@@ -1,13 +1,21 @@
 """Offline rollout profiling: target + VQ codebook -> GASV / LANTERN tables (docs/spec/lisa.md).
 
-    whitening      invstd of output.weight, W~ = W * invstd, row norms of W~
+One driver for every model family (models/family.py). The family answers what is rolled out
+(the request's SequenceLayout: length, allowed ids, forced indices, and the sub-vocabulary when
+the head is wider than the codebook) and the cache-free forward of teacher forcing
+(`ModelFamily.teacher_forced_logits`); everything else is generic:
+
+    codebook       the head rows and VQ rows of the K codes (`code_geometry`: LlamaGen and Janus
+                   K = V, the head; Chameleon the K image-code tokens of `layout.sub_vocab`)
+    whitening      invstd of those head rows, W~ = W * invstd, row norms of W~
     clusters       seeded k-means (k-means++ init, Lloyd) on the codebook (or on W~)
     LANTERN        K nearest codes of every code by L2 on the normalised codebook
-    budgets        R rollouts of the target itself; at each position the SAMPLED token z and S
+    budgets        R rollouts of the target itself (speculative/autoregressive.generate with the
+                   layout); at each SAMPLED index (forced ones excluded) the sampled code z and S
                    candidates v ~ p restricted to N(z) (its K_n codebook neighbours, the GASV v2
-                   candidate set); beta_c = q-quantile of s(v|z) over positions whose z is in
-                   cluster c (the statistic the runtime gates on), global quantile for clusters
-                   with < 32 samples; theta_geo = 8 / median(beta)
+                   candidate set), p the decode loops' law (`rollout_law`); beta_c = q-quantile of
+                   s(v|z) over positions whose z is in cluster c (the statistic the runtime gates
+                   on), global quantile for clusters with < 32 samples; theta_geo = 8 / median(beta)
 
 Everything is deterministic for a given seed (private torch.Generators; the global RNG is
 untouched).
@@ -24,7 +32,8 @@ from tqdm.auto import tqdm
 
 from ..config import SamplingConfig
 from ..errors import InputError
-from ..models.family import family_of
+from ..models.family import SequenceLayout, SubVocab, family_of
+from ..models.prompts import Prompts
 from ..speculative.gasv import GASVConfig
 from .tables import GASVTables, target_hash_of, whiten, whitening
 
@@ -105,16 +114,20 @@ def lantern_neighbors(codebook: torch.Tensor, k: int, *, chunk: int = 1024) -> t
     return out
 
 
-def guided_rollout_logits(target, cond, tokens: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-    """Teacher-forced, CFG-combined, temperature/top-k/top-p filtered logits (B, N, V) of `tokens`."""
-    from ..speculative.autoregressive import cfg_batch
-    from ..speculative.sampling import guided_logits, process_logits
+def rollout_law(target, full_cond, tokens: torch.Tensor, sampling: SamplingConfig,
+                layout: SequenceLayout) -> torch.Tensor:
+    """Teacher-forced law (B, N, V) of rollout `tokens` (B, N): the logits the decode loops sample.
 
-    cfg_on = sampling.cfg_scale > 1.0
-    full = cfg_batch(target, cond, sampling.cfg_scale)
-    raw = target.teacher_forced_logits(full, torch.cat([tokens, tokens]) if cfg_on else tokens)
-    guided = guided_logits(raw, sampling.cfg_scale, True)
-    return process_logits(guided, sampling.temperature, sampling.top_k, sampling.top_p)
+    The family's cache-free forward (`ModelFamily.teacher_forced_logits`) over the CFG batch
+    `full_cond` (= autoregressive.cfg_batch), then the decode loop's own guide
+    (speculative/decode.py: CFG combine, off after cfg_interval, the layout's restriction,
+    temperature / top-k / top-p, one-hot laws at forced indices)."""
+    from ..speculative.decode import _Guide
+
+    guide = _Guide(sampling, layout)
+    raw = family_of(target.config).teacher_forced_logits(target, full_cond, guide.dup(tokens))
+    index = torch.arange(tokens.shape[1], device=raw.device)[None].expand(tokens.shape[0], -1)
+    return guide(raw, index)
 
 
 def drift_samples(logits: torch.Tensor, tokens: torch.Tensor, w_tilde: torch.Tensor, neighbors: torch.Tensor,
@@ -169,83 +182,127 @@ def cluster_budgets(s: torch.Tensor, c: torch.Tensor, C: int, q: float,
     return beta.float(), counts
 
 
-@torch.no_grad()
-def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, num_rollouts: int = 64,
-              samples_per_pos: int = 8, quantile: float = 0.5, n_clusters: Optional[int] = None,
-              cluster_space: str = "codebook", lantern_k: int = 1000, seed: int = 0,
-              sampling: SamplingConfig = SamplingConfig(), gasv: GASVConfig = GASVConfig(),
-              batch_size: int = 8, min_cluster_samples: int = 32, kmeans_iters: int = 50,
-              progress: bool = True) -> GASVTables:
-    """Make GASV + LANTERN tables for `target` by rollout profiling (docs/spec/lisa.md "Calibration").
+def code_geometry(target, vq_codebook: torch.Tensor, sub_vocab: Optional[SubVocab] = None):
+    """The codebook the tables cover, inside the target's head.
 
-    Args:
-        target: lisa_trt Transformer (eval).
-        vq_codebook: (V, d) VQ codebook (L2-normalised here if it is not already).
-        conds: rollout conditions; default `num_rollouts` seeded random class ids (c2i only;
-            t2i needs (features, mask) given here).
-        num_rollouts: images generated (R); ignored when conds is given.
-        samples_per_pos: alternatives S per position.
-        quantile: q of the per-cluster drift quantile.
-        n_clusters: C; default round(2 sqrt(V)).
-        cluster_space: "codebook" (k-means on the normalised codebook) or "w_tilde".
-        lantern_k: LANTERN neighbours per code (clamped to V - 1).
-        seed: one seed for rollouts, alternative sampling and k-means.
-        sampling: CFG scale / temperature / top-k / top-p of the rollouts (deployment settings).
-        gasv: GASV constants to store; theta_geo is replaced by 8 / median(beta).
-        batch_size: rollouts per target batch.
-        min_cluster_samples: clusters with fewer samples use the global quantile.
-        progress: tqdm bar over rollout batches.
-    Returns:
-        GASVTables bound to the target's head.
-    """
-    from ..speculative.autoregressive import generate
-
+    Returns (head rows (K, H) fp32, L2-normalised codebook rows (K, d) on the CPU, lut): without a
+    sub-vocabulary the head is the codebook (K = V, lut None: LlamaGen, Janus); with one
+    (Chameleon) the K code tokens' head rows and the VQ rows of their codes, and lut (V,) token
+    id -> code index (subvocab.py's map: K for the forced token, K + 1 for any other)."""
     W = target.output.weight.detach().float()
     V = W.shape[0]
-    if vq_codebook.dim() != 2 or vq_codebook.shape[0] != V:
-        raise InputError(f"VQ codebook must be (V={V}, d) for this target, got {tuple(vq_codebook.shape)}")
+    cb = vq_codebook.detach().float().cpu()
+    if vq_codebook.dim() != 2:
+        raise InputError(f"the VQ codebook must be a 2-D (n_codes, d) tensor, got {tuple(vq_codebook.shape)}")
+    if sub_vocab is None:
+        if cb.shape[0] != V:
+            raise InputError(f"VQ codebook must be (V={V}, d) for this target, got {tuple(vq_codebook.shape)}")
+        return W, F.normalize(cb, dim=1), None
+    if int(sub_vocab.codes.max()) >= cb.shape[0]:
+        raise InputError(f"the VQ codebook has {cb.shape[0]} rows; the vocabulary's image tokens use codes up "
+                         f"to {int(sub_vocab.codes.max())}")
+    rows = W[sub_vocab.code_ids.to(W.device)]
+    return rows, F.normalize(cb[sub_vocab.codes], dim=1), sub_vocab.lut(V, W.device)
+
+
+def rollout_drifts(target, cond, tokens: torch.Tensor, layout: SequenceLayout, lut: Optional[torch.Tensor],
+                   sampling: SamplingConfig, w_tilde: torch.Tensor, cand: torch.Tensor, S: int,
+                   generator: torch.Generator, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drift samples s(v|z) (M, S) and sampled codes z (M,) of one rollout batch `tokens` (B, N).
+
+    Every sampled (not forced) index counts; the law and the tokens are taken over the codebook
+    (the sub-vocabulary's columns and code indices when the head is wider)."""
+    from ..speculative.autoregressive import cfg_batch
+
+    law = rollout_law(target, cfg_batch(target, cond, sampling.cfg_scale), tokens, sampling, layout)  # (B, N, V)
+    forced = layout.forced_mask(law.device)
+    if forced is not None:
+        law, tokens = law[:, ~forced], tokens[:, ~forced.to(tokens.device)]
+    if lut is not None:
+        law, tokens = law[..., layout.sub_vocab.code_ids.to(law.device)], lut[tokens.to(lut.device)]
+    return drift_samples(law.reshape(-1, law.shape[-1]), tokens.reshape(-1), w_tilde, cand, S, generator, eps)
+
+
+@torch.no_grad()
+def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, layout: Optional[SequenceLayout] = None,
+              num_rollouts: int = 64, samples_per_pos: int = 8, quantile: float = 0.5,
+              n_clusters: Optional[int] = None, cluster_space: str = "codebook", lantern_k: int = 1000,
+              seed: int = 0, sampling: SamplingConfig = SamplingConfig(), gasv: GASVConfig = GASVConfig(),
+              batch_size: int = 8, min_cluster_samples: int = 32, kmeans_iters: int = 50,
+              progress: bool = True, settings: Optional[dict] = None) -> GASVTables:
+    """Make GASV + LANTERN tables for a target of any family by rollout profiling (docs/spec/lisa.md
+    "Calibration").
+
+    Rollouts run through the generic AR loop (speculative/autoregressive.generate) with `layout`;
+    their teacher-forced law is the decode loops' (`rollout_law`); the tables cover the family's
+    codebook (`code_geometry`: the head, or the layout's sub-vocabulary).
+
+    Args:
+        target: a torch target of any family (eval).
+        vq_codebook: (n_codes, d) VQ codebook (L2-normalised here): (V, d) when the head is the
+            codebook; with a sub-vocabulary, the rows its codes index (Chameleon's VQGAN).
+        conds: rollout conditions, one row per rollout, sliced into batches of `batch_size`
+            (prompt-id `Prompts` are re-left-padded per batch); default `num_rollouts` seeded
+            random class ids (class-conditioned families only; t2i: (features, mask); Janus:
+            prompt ids; Chameleon: the Prompts of lumina.span_request).
+        layout: the SequenceLayout of every rollout (default: the family's whole image; Chameleon:
+            span_request's, whose `sub_vocab` selects the K image codes).
+        num_rollouts: images generated (R); ignored when conds is given.
+        samples_per_pos: alternatives S per sampled position.
+        quantile: q of the per-cluster drift quantile.
+        n_clusters: C; default round(2 sqrt(K)).
+        cluster_space: "codebook" (k-means on the normalised codebook) or "w_tilde".
+        lantern_k: LANTERN neighbours per code (clamped to K - 1).
+        seed: one seed for rollouts (one generator over all batches), alternative sampling and k-means.
+        sampling: CFG scale / interval, temperature / top-k / top-p, greedy of the rollouts.
+        gasv: GASV constants to store; `neighbours` (the candidates N(z), also the calibration's)
+            is clamped to the neighbour table's width and theta_geo set to 8 / median(beta).
+        batch_size: rollouts per target batch.
+        min_cluster_samples: clusters with fewer samples use the global quantile.
+        progress: tqdm bar over rollouts.
+        settings: extra informational settings to record (e.g. the image size).
+    Returns:
+        GASVTables (vocab_size K) bound to the head rows of the codebook.
+    """
+    from ..speculative.autoregressive import generate, layout_for
+
+    layout = layout if layout is not None else layout_for(target)
+    head, codebook, lut = code_geometry(target, vq_codebook, layout.sub_vocab)
+    K, dev = head.shape[0], head.device
     if cluster_space not in ("codebook", "w_tilde"):
         raise InputError(f"cluster_space must be 'codebook' or 'w_tilde', got {cluster_space!r}")
     if not 0.0 < quantile < 1.0 or samples_per_pos < 1:
         raise InputError("calibration needs 0 < quantile < 1 and samples_per_pos >= 1")
     if conds is None and (not isinstance(num_rollouts, int) or num_rollouts < 1):
         raise InputError(f"calibration needs num_rollouts >= 1 (--rollouts), got {num_rollouts!r}")
-    codebook = F.normalize(vq_codebook.detach().float().cpu(), dim=1)
-    invstd = whitening(W)
-    w_tilde = whiten(W, invstd)                                          # (V, H)
-    C = n_clusters or default_n_clusters(V)
+    invstd = whitening(head)
+    w_tilde = whiten(head, invstd)                                       # (K, H)
+    C = n_clusters or default_n_clusters(K)
     space = codebook if cluster_space == "codebook" else w_tilde.cpu()
     cluster, centroids = kmeans(space, C, seed=seed, iters=kmeans_iters)
 
-    if conds is None:
-        if not family_of(target.config).class_conditioned(target.config):
-            raise InputError("t2i calibration needs caption conditions: pass conds=(features, mask) "
-                             "(CLI: `lisa-trt calibrate --captions CAPTIONS.txt --encoder T5_DIR`)")
-        g = torch.Generator().manual_seed(seed)
-        conds = torch.randint(0, target.config.num_classes, (num_rollouts,), generator=g).to(W.device)
+    conds = conds if conds is not None else _random_classes(target, num_rollouts, seed, dev)
     R = target.check_cond(conds)
-    gen = torch.Generator(device=W.device).manual_seed(seed)
-    alt_gen = torch.Generator(device=W.device).manual_seed(seed + 1)
-    cluster_dev = cluster.to(W.device).long()
-    neighbors = lantern_neighbors(codebook, min(lantern_k, V - 1))
-    if gasv.neighbours > neighbors.shape[1]:
-        raise InputError(f"GASV neighbours {gasv.neighbours} exceeds lantern_k {neighbors.shape[1]}")
-    cand = neighbors[:, : gasv.neighbours].to(W.device)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    alt_gen = torch.Generator(device=dev).manual_seed(seed + 1)
+    neighbors = lantern_neighbors(codebook, min(lantern_k, K - 1))
+    n_cand = min(int(gasv.neighbours), int(neighbors.shape[1]))
+    cand = neighbors[:, :n_cand].to(dev)
+    cluster_dev = cluster.to(dev).long()
     all_s, all_c = [], []
     # Bar in rollouts, advanced token by token (one batch can be all the rollouts: no 0/1 bar).
     bar = tqdm(total=R, desc="calibrate rollouts", unit="rollout", disable=not progress,
                bar_format="{l_bar}{bar}| {n:.1f}/{total} [{elapsed}<{remaining}]")
-    N = target.config.block_size
+    N = layout.n_tokens
     for s in range(0, R, batch_size):
         cond = _slice_cond(conds, s, s + batch_size)
         nb = min(batch_size, R - s)
-        tokens = generate(target, cond, cfg_scale=sampling.cfg_scale, temperature=sampling.temperature,
-                          top_k=sampling.top_k, top_p=sampling.top_p, greedy=sampling.greedy,
-                          cfg_interval=sampling.cfg_interval, generator=gen,
+        tokens = generate(target, cond, layout=layout, cfg_scale=sampling.cfg_scale,
+                          temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                          greedy=sampling.greedy, cfg_interval=sampling.cfg_interval, generator=gen,
                           on_token=lambda _i, nb=nb: bar.update(0.9 * nb / N))
-        logits = guided_rollout_logits(target, cond, tokens, sampling)  # (B, N, V)
-        drift, z = drift_samples(logits.reshape(-1, V), tokens.reshape(-1), w_tilde, cand, samples_per_pos,
-                                 alt_gen, gasv.eps)
+        drift, z = rollout_drifts(target, cond, tokens, layout, lut, sampling, w_tilde, cand, samples_per_pos,
+                                  alt_gen, gasv.eps)
         all_s.append(drift.cpu())
         all_c.append(cluster_dev[z][:, None].expand_as(drift).cpu())
         bar.n = s + nb  # the remaining 10 %: drift sampling of this batch
@@ -256,22 +313,39 @@ def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, num_rollouts: in
     if not (math.isfinite(med) and med > 0):
         raise InputError(f"calibration gave median drift budget {med}; GASV needs > 0 (are the "
                          "target's logits degenerate?)")
-    settings = dict(num_rollouts=R, samples_per_pos=samples_per_pos, quantile=quantile, statistic="s(v|z), v in N(z)",
-                    min_cluster_samples=min_cluster_samples, kmeans_iters=kmeans_iters,
-                    sampling=dict(cfg_scale=sampling.cfg_scale, temperature=sampling.temperature,
-                                  top_k=sampling.top_k, top_p=sampling.top_p, greedy=sampling.greedy,
-                                  cfg_interval=sampling.cfg_interval),
-                    n_samples=int(counts.sum()), clusters_with_own_budget=int((counts >= min_cluster_samples).sum()))
+    info = dict(family=family_of(target.config).name, num_rollouts=R, samples_per_pos=samples_per_pos,
+                quantile=quantile, statistic="s(v|z), v in N(z)", min_cluster_samples=min_cluster_samples,
+                kmeans_iters=kmeans_iters, sampling=_sampling_dict(sampling), n_samples=int(counts.sum()),
+                clusters_with_own_budget=int((counts >= min_cluster_samples).sum()), **(settings or {}))
     tables = GASVTables(invstd=invstd.cpu(), w_tilde_norm2=(w_tilde * w_tilde).sum(1).cpu(),
-                        cluster=cluster, centroids=centroids, beta=beta,
-                        lantern_neighbors=neighbors,
-                        config=GASVConfig(**{**gasv.to_dict(), "theta_geo": 8.0 / med}),
-                        target_hash=target_hash_of(target), vocab_size=V, seed=seed,
-                        cluster_space=cluster_space, settings=settings)
-    return tables.bind(target.output.weight)
+                        cluster=cluster, centroids=centroids, beta=beta, lantern_neighbors=neighbors,
+                        config=GASVConfig(**{**gasv.to_dict(), "neighbours": n_cand, "theta_geo": 8.0 / med}),
+                        target_hash=target_hash_of(target), vocab_size=K, seed=seed,
+                        cluster_space=cluster_space, settings=info)
+    return tables.bind(head)
+
+
+def _random_classes(target, n: int, seed: int, device) -> torch.Tensor:
+    if not family_of(target.config).class_conditioned(target.config):
+        raise InputError("this target is not class-conditioned: calibration needs its rollout conditions "
+                         "(t2i: conds=(features, mask), CLI `lisa-trt calibrate --captions CAPTIONS.txt --encoder "
+                         "T5_DIR`; prompt-id families: the prompts, e.g. lumina.span_request's)")
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, target.config.num_classes, (n,), generator=g).to(device)
+
+
+def _sampling_dict(s: SamplingConfig) -> dict:
+    return dict(cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, greedy=s.greedy,
+                cfg_interval=s.cfg_interval)
 
 
 def _slice_cond(cond, a: int, b: int):
+    """Rollouts a..b-1 of a condition (tensors, tuples of tensors, Prompts with their CFG rows)."""
+    if isinstance(cond, Prompts):
+        ids, valid = cond.ids[a:b], cond.valid[a:b]
+        pad = int((~valid).all(0).long().cumprod(0).sum())  # columns that are padding in every row
+        uncond = None if cond.uncond is None else _slice_cond(cond.uncond, a, b)
+        return Prompts(ids[:, pad:], valid[:, pad:], uncond)
     if isinstance(cond, (tuple, list)):
         return tuple(c[a:b] for c in cond)
     return cond[a:b]

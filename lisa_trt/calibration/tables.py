@@ -189,6 +189,25 @@ def load_tables(path, head_weight: Optional[torch.Tensor] = None) -> GASVTables:
     return tables.bind(head_weight) if head_weight is not None else tables
 
 
+def head_rows(target, sub_vocab=None) -> torch.Tensor:
+    """The head rows tables are bound to: output.weight (V, H), or the K code rows of a
+    sub-vocabulary (models.family.SubVocab: Chameleon's image codes) (K, H)."""
+    w = target.output.weight.detach()
+    return w if sub_vocab is None else w[sub_vocab.code_ids.to(w.device)]
+
+
+def tables_for(tables: GASVTables, target, sub_vocab=None) -> GASVTables:
+    """`tables` checked against `target` (hash, codebook size) and bound to its head rows."""
+    rows = head_rows(target, sub_vocab)
+    check_tables(tables, target_hash_of(target), rows.shape[0])
+    return tables.bind(rows)
+
+
+def load_tables_for(path, target, sub_vocab=None) -> GASVTables:
+    """Read tables made for `target` (hash checked) over its codebook, bound to its head rows."""
+    return tables_for(load_tables(path), target, sub_vocab)
+
+
 def check_tables(tables: GASVTables, target_hash: str, vocab: int) -> None:
     """Refuse tables made for another target or vocabulary.
 

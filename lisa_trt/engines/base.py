@@ -49,7 +49,7 @@ def torch_dtype(code: str, precision: str) -> torch.dtype:
 class TargetEngine(Protocol):
     """What the decode loop needs from a target backend.
 
-    Same methods and shapes as `lisa_trt.models.llamagen.Transformer`:
+    Same methods and shapes as `lisa_trt.models.families.llamagen.model.Transformer`:
     - new_cache(batch, extra) -> KVCache (lengths (B,), col_valid (B, Lmax), k/v buffers)
     - prefill(cond, cache, taps) -> TargetOutput (logits (B, 1, V) fp32, taps (B, 1, 3H))
     - forward_tokens(tokens (B,S), positions (B,S), slots (B,S), mask (B,S,Lmax), cache, taps)

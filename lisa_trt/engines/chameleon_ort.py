@@ -21,6 +21,7 @@ import torch
 
 from ..errors import ArtifactMismatchError, CheckpointError, InputError
 from ..export.io_spec import Graph
+from ..models.prompts import PromptTarget
 from .graph import GraphDrafter, GraphGASV, _contig, _KVEngine, check_step, check_tokens, open_graphs
 
 FAMILY = "chameleon"
@@ -45,8 +46,9 @@ def read_chameleon_manifest(engine_dir):
     return man
 
 
-class GraphChameleonTarget(_KVEngine):
-    """The Chameleon target over a backend's prefill + verify runners (drop-in for ChameleonTarget)."""
+class GraphChameleonTarget(PromptTarget, _KVEngine):
+    """The Chameleon target over a backend's prefill + verify runners (drop-in for ChameleonTarget
+    in the decode loops: the same condition protocol, models/prompts.PromptTarget)."""
 
     family = FAMILY
 
@@ -57,10 +59,16 @@ class GraphChameleonTarget(_KVEngine):
         self._prefill = runners[Graph.TARGET_PREFILL]
         self._verify = runners[Graph.TARGET_VERIFY]
 
-    def new_cache(self, batch: int, max_len: int, dtype=None):
-        """A ChameleonCache of the engines' static length (`max_len` must fit it)."""
-        from ..models.chameleon import ChameleonCache
+    def new_cache(self, batch: int, max_len: Optional[int] = None, dtype=None, *, extra: int = 0,
+                  prompt_len: Optional[int] = None, n_tokens: Optional[int] = None):
+        """A ChameleonCache of the engines' static length (`max_len`, or prompt_len + n_tokens +
+        extra as the generic loops pass them, must fit it)."""
+        from ..models.families.chameleon.model import ChameleonCache
 
+        if max_len is None:
+            if prompt_len is None or n_tokens is None:
+                raise InputError("new_cache needs max_len, or prompt_len and n_tokens")
+            max_len = int(prompt_len) + int(n_tokens) + int(extra)
         if max_len > self.max_cache_len:
             raise InputError(f"{max_len} cache slots do not fit the engines' static length {self.max_cache_len}; "
                              "re-export with a larger --max-prompt / --max-tree or a smaller image")
@@ -70,7 +78,7 @@ class GraphChameleonTarget(_KVEngine):
         return ChameleonCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
 
     def _step(self, runner, tokens, positions, slots, mask, cache, taps: bool):
-        from ..models.llamagen import TargetOutput
+        from ..models.layers import TargetOutput
 
         cfg = self.config
         check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, cfg.vocab_size,
@@ -82,10 +90,11 @@ class GraphChameleonTarget(_KVEngine):
     def prefill(self, cond, cache, valid: Optional[torch.Tensor] = None, taps: bool = False):
         """A left-padded prompt (B, T) into slots 0..T-1; outputs of its last position.
 
-        cond: the prompt ids (B, T), or (ids, valid) with valid (B, T) False on the padding."""
-        from ..models.chameleon import prefill_plan
+        cond: the prompt ids (B, T), or the condition forms of `Prompts.of` ((ids, valid), Prompts)."""
+        from ..models.prompts import Prompts, prefill_plan
 
-        ids, valid = cond if isinstance(cond, (tuple, list)) else (cond, valid)
+        p = Prompts.of(cond, valid)
+        ids, valid = p.ids, p.valid
         slots, pos, mask = prefill_plan(ids, cache, valid)
         out = self._step(self._prefill, ids, pos, slots, mask, cache, taps)
         cache.lengths.fill_(ids.shape[1])

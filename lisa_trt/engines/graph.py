@@ -177,9 +177,13 @@ class GraphTarget(_KVEngine):
     def null_cond(self, cond):
         return self.family.null_cond(self.config, cond, self._uncond)
 
-    def new_cache(self, batch: int, extra: int = 0, dtype=None):
-        """A KVCache of the engines' static length (>= round_up(seq_len + extra, 8))."""
-        from ..models.llamagen import KVCache
+    def prompt_len(self, cond) -> int:
+        return self.config.cls_token_num
+
+    def new_cache(self, batch: int, extra: int = 0, dtype=None, *, prompt_len=None, n_tokens=None):
+        """A KVCache of the engines' static length (>= round_up(seq_len + extra, 8)); prompt_len /
+        n_tokens (the generic loops pass them) are implied by the config."""
+        from ..models.layers import KVCache
 
         need = find_multiple(self.config.seq_len + extra, 8)
         check_static_len(need, self.max_cache_len, f"a cache with {extra} extra slots",
@@ -196,7 +200,7 @@ class GraphTarget(_KVEngine):
 
     def prefill(self, cond, cache, taps: bool = False):
         """Write the condition prefix into the cache; logits of the last prefix position."""
-        from ..models.llamagen import TargetOutput
+        from ..models.layers import TargetOutput
 
         B = self.check_cond(cond)
         if B != cache.batch:
@@ -212,7 +216,7 @@ class GraphTarget(_KVEngine):
 
     def forward_tokens(self, tokens, positions, slots, mask, cache, taps: bool = False):
         """New tokens at absolute `positions`, K/V written at cache `slots` (see Transformer)."""
-        from ..models.llamagen import TargetOutput
+        from ..models.layers import TargetOutput
 
         cfg = self.config
         check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, cfg.vocab_size, cfg.seq_len)
@@ -230,9 +234,7 @@ class GraphDrafter(_KVEngine):
         if self.config is None:
             raise InputError(f"{manifest.dir} has no drafter graphs; export with a drafter")
         self.hash = manifest.drafter["hash"]
-        # RoPE positions the drafter takes: its own table's length where it has one (Chameleon), else
-        # the image sequence (LlamaGen)
-        self.max_positions = int(manifest.drafter.get("max_positions") or self.config.seq_len)
+        self.max_positions = self.config.n_positions  # rows of its RoPE table (1-D: the target's positions)
         self._project = runners[Graph.DRAFTER_PROJECT]
         self._step = runners[Graph.DRAFTER_STEP]
         self._commit = runners.get(Graph.DRAFTER_COMMIT)  # optional (bundles before it lack it)
@@ -380,10 +382,6 @@ class Engines(NamedTuple):
         self.close()
 
 
-# families whose engines are not GraphTarget / GraphVQ (module with open_engines(man, backend, **options))
-_FAMILY_ENGINES = {"chameleon": "lisa_trt.engines.chameleon_ort"}
-
-
 def open_graphs(man, backend: str, **options):
     """(the checked Backend, open(*graphs) -> {graph: runner}) for an engine directory's Manifest:
     each graph opened with its family's io spec and the export's static axes (export/families.py)."""
@@ -419,8 +417,9 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
     from ..export.manifest import read_manifest
 
     man = read_manifest(engine_dir, target_hash=target_hash, drafter_hash=drafter_hash, tables_hash=tables_hash)
-    if man.family in _FAMILY_ENGINES:  # another family's engine classes over the same runners
-        return importlib.import_module(_FAMILY_ENGINES[man.family]).open_engines(man, backend, **options)
+    own = man.export_family.engines_module  # a family with its own engine classes over the same runners
+    if own is not None:
+        return importlib.import_module(own).open_engines(man, backend, **options)
     be, open_ = open_graphs(man, backend, **options)
     drafter = gasv = vq = None
     target = GraphTarget(man, open_(Graph.TARGET_PREFILL, Graph.TARGET_VERIFY))

@@ -92,7 +92,7 @@ class ModelShape:
 
 # parameter counts of the image decoders (pinned against the project's models by the tests)
 VQ16_DECODE_PARAMS = 42_449_795 + 2_304 + 16384 * 8  # LlamaGen VQ-16 (also Janus' VQ: same config)
-CHAMELEON_VQ_DECODE_PARAMS = 39_294_851 + 65_792 + 8192 * 256  # Chameleon VQGAN (models/chameleon_vq.py)
+CHAMELEON_VQ_DECODE_PARAMS = 39_294_851 + 65_792 + 8192 * 256  # Chameleon VQGAN (models/families/chameleon/vq.py)
 
 
 def repeat(w: Weights, n: int) -> Weights:
@@ -108,7 +108,7 @@ def llama_layer(dim: int, n_head: int, kv_heads: int, ffn: int) -> Weights:
 
 
 def _llamagen_shape(cfg, name: str) -> ModelShape:
-    """A TargetConfig (models/llamagen.Transformer's parameters)."""
+    """A TargetConfig (models/families/llamagen/model.Transformer's parameters)."""
     layer = llama_layer(cfg.dim, cfg.n_head, cfg.kv_heads, cfg.ffn_hidden)
     if cfg.model_type == "t2i":
         cond = lin(cfg.caption_dim, cfg.dim) + lin(cfg.dim, cfg.dim)  # CaptionMLP (+ its fixed null caption)
@@ -148,7 +148,7 @@ def lumina_span(image_size: int) -> int:
 
 
 def _chameleon_shape(cfg, name: str, image_size: int, prompt_len: int) -> ModelShape:
-    """A ChameleonConfig (models/chameleon.ChameleonTarget's parameters)."""
+    """A ChameleonConfig (models/families/chameleon/model.ChameleonTarget's parameters)."""
     layer = chameleon_layer(cfg.dim, cfg.n_head, cfg.kv_heads, cfg.intermediate_size, cfg.attention_bias,
                             cfg.mlp_bias)
     head = Weights() if cfg.tie_word_embeddings else lin(cfg.dim, cfg.vocab_size)
@@ -208,7 +208,7 @@ def known_shape(name: str, image_size: Optional[int] = None, prompt_len: Optiona
     from ..config import _GPT_SHAPES, target_config
 
     if name == "Lumina-mGPT-7B":
-        from ..models.chameleon import ChameleonConfig
+        from ..models.families.chameleon.model import ChameleonConfig
 
         return _chameleon_shape(ChameleonConfig(), name, image_size or DEFAULT_SIZE["chameleon"],
                                 prompt_len or DEFAULT_PROMPT)  # Chameleon-7B: the dataclass defaults
@@ -262,7 +262,7 @@ def _engine_shape(d: Path) -> ModelShape:
     from ..export.manifest import bundle_family, raw_manifest, read_manifest
 
     if bundle_family(d) == "chameleon":
-        from ..models.chameleon_io import read_chameleon_config
+        from ..models.families.chameleon.checkpoint import read_chameleon_config
 
         man = raw_manifest(d)
         lay = man.get("layout") or man  # manifest.json keeps them in `layout`; older chameleon_engine.json at the top
@@ -315,7 +315,7 @@ def resolve_model(model, image_size: Optional[int] = None, prompt_len: Optional[
                 raise InputError(f"{p} is an engine directory: its image size and prompt length are fixed at "
                                  "export; drop --image-size / --prompt-len (or plan the checkpoint)")
             return _engine_shape(p)
-        from ..models.chameleon_io import read_chameleon_config
+        from ..models.families.chameleon.checkpoint import read_chameleon_config
 
         return _chameleon_shape(read_chameleon_config(p), p.name, image_size or DEFAULT_SIZE["chameleon"],
                                 prompt_len or DEFAULT_PROMPT)

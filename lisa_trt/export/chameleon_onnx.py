@@ -22,7 +22,7 @@ weights (export/quantize.py):
 Both target graphs take the verify graph's token inputs (input_ids, position_ids, cache_slots,
 attention_mask): the host computes per-row RoPE positions (left padding, the CFG unconditional
 half from position 0), slots and the mask exactly as `ChameleonTarget.prefill` /
-`forward_tokens` do (models/chameleon.prefill_plan), so the graphs carry no family logic beyond
+`forward_tokens` do (models/prompts.prefill_plan), so the graphs carry no family logic beyond
 the model itself. K/V caches are inputs AND outputs updated in place (ScatterElements into the
 bound buffer, see export/onnx.py).
 
@@ -81,6 +81,7 @@ class ChameleonGraphs(ExportFamily):
     """The Chameleon family's graphs: token-input prefill, image-code GASV, grid VQGAN decoder."""
 
     name = FAMILY
+    engines_module = "lisa_trt.engines.chameleon_ort"  # GraphChameleonTarget, GraphChameleonVQ
 
     def graph_spec(self, graph: Graph, cfg) -> GraphSpec:
         if graph is Graph.TARGET_PREFILL:
@@ -123,12 +124,12 @@ class ChameleonGraphs(ExportFamily):
         return d
 
     def target_config(self, man):
-        from ..models.chameleon_io import read_chameleon_config
+        from ..models.families.chameleon.checkpoint import read_chameleon_config
 
         return read_chameleon_config(Path(man.dir) / (man.files or {}).get("config", "config.json"))
 
     def vq_config(self, man):
-        from ..models.chameleon_vq import ChameleonVQConfig
+        from ..models.families.chameleon.vq import ChameleonVQConfig
 
         if not man.vq:
             return None
@@ -155,7 +156,8 @@ class ChameleonGraphs(ExportFamily):
         if graph is not Graph.TARGET_PREFILL:
             return super().sample_inputs(graph, spec, dims, refs, precision=precision, seed=seed, batch=batch,
                                          seq=seq, nodes=nodes)
-        from ..models.chameleon import ChameleonCache, prefill_plan
+        from ..models.layers import KVCache
+        from ..models.prompts import prefill_plan
 
         # a left-padded prompt batch (row 0 full, the others padded: the CFG unconditional rows), its
         # slots / positions / mask made by prefill_plan, the host side of the torch target's prefill
@@ -164,7 +166,7 @@ class ChameleonGraphs(ExportFamily):
         ids = torch.randint(0, tc.vocab_size, (B, T), generator=g)
         pad = torch.cat([torch.zeros(1, dtype=torch.long), torch.randint(0, T, (B - 1,), generator=g)])
         valid = torch.arange(T)[None, :] >= pad[:, None]
-        plan = ChameleonCache(replace(tc, num_hidden_layers=1), B, dims["cache_len"], torch.float32, "cpu")
+        plan = KVCache(replace(tc, num_hidden_layers=1), B, dims["cache_len"], torch.float32, "cpu")
         slots, pos, mask = prefill_plan(ids, plan, valid)
         x = dict(input_ids=ids, position_ids=pos, cache_slots=slots.contiguous(), attention_mask=mask)
         act = torch.float16 if precision == "fp16" else torch.float32
@@ -174,13 +176,12 @@ class ChameleonGraphs(ExportFamily):
         return x
 
     def target_reference(self, graph, refs, x):
-        from ..models.chameleon import ChameleonCache
+        from ..models.layers import KVCache
 
         m = refs["target"]
         cfg = m.config
         past = past_of(x, cfg.n_layer)
-        cache = ChameleonCache(replace(cfg, num_hidden_layers=1), past[0].shape[0], past[0].shape[2],
-                               torch.float32, "cpu")
+        cache = KVCache(replace(cfg, num_hidden_layers=1), past[0].shape[0], past[0].shape[2], torch.float32, "cpu")
         cache.k, cache.v = past[0::2], past[1::2]
         if graph is Graph.TARGET_PREFILL:
             T = x["input_ids"].shape[1]

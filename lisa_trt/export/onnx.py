@@ -88,7 +88,7 @@ def _export_mode(*models):
     same checks on the host before calling a graph.
     """
     from ..models.drafter import Drafter
-    from ..models.llamagen import Transformer
+    from ..models.families.llamagen.model import Transformer
 
     patched, seen = [], set()
     for m in models:

@@ -13,8 +13,7 @@ from typing import Union
 
 import torch
 
-from ..config import TargetConfig, VQConfig, _GPT_SHAPES, target_config, vq_config
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError
 from ..safe_load import safe_torch_load
 from ..io import load_safetensors, save_safetensors, state_dict_problems, tensor_hash, write_json
 
@@ -52,23 +51,6 @@ def _clean(sd: dict) -> dict:
     return out
 
 
-def guess_target_config(sd: dict) -> str:
-    """Describe the official config a state dict most likely needs (from tensor shapes)."""
-    try:
-        vocab, dim = sd["tok_embeddings.weight"].shape
-        n_layer = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("layers."))
-    except (KeyError, ValueError):
-        return ""
-    t2i = "cls_embedding.uncond_embedding" in sd
-    names = [n for n, (L, _, d) in _GPT_SHAPES.items() if L == n_layer and d == dim]
-    kind = "t2i" if t2i else "c2i"
-    extra = ""
-    if not t2i and "cls_embedding.embedding_table.weight" in sd:
-        extra = f", num_classes={sd['cls_embedding.embedding_table.weight'].shape[0] - 1}"
-    found = names[0] if names else f"a custom config (dim={dim}, n_layer={n_layer})"
-    return f"the file looks like {found} ({kind}, vocab_size={vocab}{extra})"
-
-
 def strict_load(model: torch.nn.Module, sd: dict, what: str, hint: str = "") -> None:
     """load_state_dict(strict=True) with an error that lists every problem and a likely fix."""
     own = model.state_dict()
@@ -81,64 +63,44 @@ def strict_load(model: torch.nn.Module, sd: dict, what: str, hint: str = "") -> 
     model.load_state_dict({k: v.to(own[k].dtype) for k, v in sd.items()}, strict=True)
 
 
-def _resolve_target_config(config, meta: dict) -> TargetConfig:
-    if isinstance(config, TargetConfig):
-        return config
-    if config is None:
-        if "config" in meta:
-            return TargetConfig.from_dict(meta["config"])
-        raise ConfigError("no config given and the file carries none: pass a registry name "
-                          "(e.g. 'GPT-B') or a TargetConfig")
-    return target_config(config)
-
-
 def load_target(path: PathLike, config=None, device="cpu"):
-    """Load a LlamaGen target (official .pt or lisa-trt safetensors), eval mode, fp32.
+    """Load a target of any family, eval mode, fp32 (the public `lisa_trt.load_target`).
 
     Args:
-        path: checkpoint file, a registered bundle name such as "demo", or an HF Chameleon /
-            Lumina-mGPT directory (config.json + safetensors; see docs/chameleon.md).
-        config: registry name ("GPT-B", ...), a TargetConfig, or None to use the file's metadata
-            (safetensors written by `save_model` / `lisa-trt convert`).
+        path: a registered bundle name such as "demo", a LlamaGen checkpoint file (official .pt
+            or lisa-trt safetensors), or an HF checkpoint directory of a registered family
+            (Chameleon / Lumina-mGPT, Janus-Pro; see docs/families.md); models/family.py's
+            `detect_family` decides.
+        config: LlamaGen files: a registry name ("GPT-B", ...), a TargetConfig, or None to use
+            the file's metadata. Directory families read their config.json.
     """
-    from .chameleon_io import is_chameleon_dir, load_chameleon
-    from .llamagen import Transformer
+    from .family import detect_family
 
     bundled = _bundled("target", path)
     if bundled is not None:
         return bundled
-    if is_chameleon_dir(path):  # HF directory (config.json model_type "chameleon"): Lumina-mGPT family
-        return load_chameleon(path, device=device)
-    sd, meta = read_state_dict(path)
-    cfg = _resolve_target_config(config, meta)
-    model = Transformer(cfg)
-    strict_load(model, _clean(sd), f"target {cfg.n_layer}x{cfg.dim} ({cfg.model_type})", guess_target_config(sd))
-    return model.float().eval().to(device)
+    return detect_family(path).load_target(path, config, device=device)
 
 
 def load_vq(path: PathLike, config=None, device="cpu"):
-    """Load a LlamaGen VQ tokenizer; config: "VQ-16", "VQ-8", a VQConfig, or None (metadata)."""
-    from .vq import VQModel
+    """Load the image decoder (VQ) of any family (the public `lisa_trt.load_vq`).
+
+    path: "demo" (a bundle name), a LlamaGen VQ file (config: "VQ-16", "VQ-8", a VQConfig, or
+    None for the file's metadata), or a family's checkpoint directory (its decoder)."""
+    from .family import detect_family, families
 
     bundled = _bundled("vq", path)
     if bundled is not None:
         return bundled
-    sd, meta = read_state_dict(path)
-    if isinstance(config, VQConfig):
-        cfg = config
-    elif config is None:
-        if "config" not in meta:
-            raise ConfigError("no VQ config given and the file carries none: pass 'VQ-16' or 'VQ-8'")
-        cfg = VQConfig.from_dict(meta["config"])
-    else:
-        cfg = vq_config(config)
-    model = VQModel(cfg)
-    hint = ""
-    if "quantize.embedding.weight" in sd:
-        n, d = sd["quantize.embedding.weight"].shape
-        hint = f"the file has a {n} x {d} codebook"
-    strict_load(model, _clean(sd), "VQ", hint)
-    return model.float().eval().to(device)
+    p = Path(path)
+    if p.is_dir():
+        for fam in families():
+            if fam.claims(p):
+                return fam.load_decoder(p, config, device=device)
+        for fam in families():  # a bare decoder folder (e.g. Chameleon's vqgan/)
+            if fam.claims_decoder(p):
+                return fam.load_decoder(p, config, device=device)
+    return detect_family(path).load_decoder(path, config, device=device)
 
 
 def _bundled(kind: str, path):

@@ -1,13 +1,23 @@
-"""EAGLE-3-style drafter for LlamaGen targets (docs/spec/speculative.md, "EAGLE-3 drafter").
+"""EAGLE-3-style drafter for the targets of every model family (docs/spec/speculative.md,
+"EAGLE-3 drafter").
 
     g_t  = concat(target residual stream entering layers {2, L//2, L-3})   (B, S, 3H_t)
     h    = fc(g_t)                       at step 0 (the drafter's own output hidden later)
     a    = hidden_norm(h);  e = input_layernorm(E[x])   with E the TARGET's frozen embedding
-    h'   = h + o_proj(attn(q/k/v(concat(e, a))))         2D RoPE from the target's table
+    h'   = h + o_proj(attn(q/k/v(concat(e, a))))         RoPE: 2-D grid table or 1-D positions
     out  = h' + mlp(post_attention_layernorm(h'))        -> hidden_out
     logits = lm_head(norm(out))                          own head over the image vocabulary
 
 Parameter names follow the EAGLE-3 reference (`fc`, `midlayer.*`, `norm`, `lm_head`).
+
+What the drafter takes from its target (the target protocol every family's target offers):
+- `drafter_shape()`: a dict of DrafterConfig fields (width, heads, FFN, vocabulary, norm eps,
+  RoPE kind "2d" (LlamaGen's grid table with cls_token_num prefix rows) or "1d" (absolute
+  positions, `max_positions` rows: Chameleon / Lumina-mGPT, Janus-Pro), and `warm_head`:
+  whether the target's logits are `output(final_norm(h))`, so the head can warm-start);
+- `token_embedding_table()`: (V, dim) frozen embedding E of the tokens the decode loop commits
+  (LlamaGen / Chameleon: the token embedding; Janus: its generation path over the codebook);
+- `output` / `final_norm`: the head and final norm a warm start copies.
 
 Positions (a deliberate choice, documented): the drafter entry that consumes token x sits at
 x's absolute sequence position (prefix included), exactly the target's position/slot of x.
@@ -49,7 +59,8 @@ from ..config import TargetConfig, find_multiple
 from ..errors import ArtifactMismatchError, CheckpointError, ConfigError, InputError
 from .checkpoints import target_hash
 from .draft_vocab import check_d2t, to_full_vocab
-from .llamagen import KVCache, RMSNorm, apply_rotary_emb, precompute_freqs_cis_2d
+from .layers import KVCache, RMSNorm
+from .rope import apply_rotary_emb, precompute_freqs_cis_2d
 
 SCHEMA_VERSION = 1
 ARTIFACT_KIND = "lisa-trt-drafter"
@@ -78,18 +89,27 @@ class DrafterConfig:
     target_name: str = ""
     target_hash: str = ""
     draft_vocab: int = 0  # 0: the head predicts every code; N: only the d2t codes (draft_vocab.py)
+    rope: str = "2d"  # "2d": LlamaGen's grid table; "1d": absolute positions 0..max_positions-1
+    max_positions: int = 0  # rows of the 1-D RoPE table (the target's position limit)
 
     def __post_init__(self):
         if not 0 <= self.draft_vocab <= self.vocab_size:
             raise ConfigError(f"draft_vocab {self.draft_vocab} must lie in 0..{self.vocab_size} (0 = full vocabulary)")
         if self.hidden % self.n_head:
             raise ConfigError(f"drafter hidden {self.hidden} is not divisible by n_head {self.n_head}")
-        if self.head_dim % 4:
-            raise ConfigError(f"drafter head_dim {self.head_dim} must be a multiple of 4 for 2D RoPE; "
-                              "choose n_head so that hidden / n_head is")
+        if self.rope not in ROPE_KINDS:
+            raise ConfigError(f"unknown drafter rope {self.rope!r}; valid: {', '.join(ROPE_KINDS)}")
         if self.tap_dim != 3 * self.target_dim:
             raise ConfigError(f"tap_dim {self.tap_dim} must be 3 x target_dim ({3 * self.target_dim}): "
                               "EAGLE-3 taps three layers of the target")
+        if self.rope == "1d":
+            if self.head_dim % 2 or self.max_positions < 1:
+                raise ConfigError(f"a 1-D RoPE drafter needs an even head_dim (got {self.head_dim}) and "
+                                  f"max_positions >= 1 (got {self.max_positions})")
+            return
+        if self.head_dim % 4:
+            raise ConfigError(f"drafter head_dim {self.head_dim} must be a multiple of 4 for 2D RoPE; "
+                              "choose n_head so that hidden / n_head is")
         g = int(round(self.block_size ** 0.5))
         if g * g != self.block_size:
             raise ConfigError(f"block_size {self.block_size} must be a square")
@@ -111,8 +131,19 @@ class DrafterConfig:
     def seq_len(self) -> int:
         return self.cls_token_num + self.block_size
 
+    @property
+    def n_positions(self) -> int:
+        """Rows of the RoPE table: positions 0..n_positions-1 are valid."""
+        return self.max_positions if self.rope == "1d" else self.seq_len
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The fields; `rope` / `max_positions` only when not at their defaults, so 2-D drafter
+        files, manifests and checkpoints read exactly as before these fields existed."""
+        d = dataclasses.asdict(self)
+        for k in _LATE_FIELDS:
+            if d[k] == _DEFAULTS[k]:
+                del d[k]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "DrafterConfig":
@@ -126,16 +157,46 @@ class DrafterConfig:
     def for_target(cls, tcfg: TargetConfig, *, hidden: Optional[int] = None, n_head: Optional[int] = None,
                    ffn_hidden: Optional[int] = None, target_name: str = "",
                    target_hash: str = "", draft_vocab: int = 0) -> "DrafterConfig":
-        """Drafter shapes for a target: same width/heads/FFN as one target layer by default."""
-        hidden = hidden or tcfg.dim
+        """Drafter shapes for a TargetConfig (2-D RoPE): `for_shape(config_shape(tcfg))`."""
+        return cls.for_shape(config_shape(tcfg), hidden=hidden, n_head=n_head, ffn_hidden=ffn_hidden,
+                             target_name=target_name, target_hash=target_hash, draft_vocab=draft_vocab)
+
+    @classmethod
+    def for_shape(cls, shape: dict, *, hidden: Optional[int] = None, n_head: Optional[int] = None,
+                  ffn_hidden: Optional[int] = None, target_name: str = "", target_hash: str = "",
+                  draft_vocab: int = 0) -> "DrafterConfig":
+        """Drafter shapes from a target's `drafter_shape()`: one target layer's width / heads /
+        FFN by default; a narrower drafter keeps the target's head_dim and an 8/3 SwiGLU FFN."""
+        dim = shape["target_dim"]
+        hidden = hidden or dim
         if n_head is None:
-            n_head = tcfg.n_head if hidden == tcfg.dim else max(1, hidden // tcfg.head_dim)
+            n_head = shape["n_head"] if hidden == dim else max(1, hidden // shape["head_dim"])
         if ffn_hidden is None:
-            ffn_hidden = tcfg.ffn_hidden if hidden == tcfg.dim else find_multiple(int(8 * hidden / 3), 32)
-        return cls(target_dim=tcfg.dim, hidden=hidden, n_head=n_head, ffn_hidden=ffn_hidden,
-                   vocab_size=tcfg.vocab_size, tap_dim=3 * tcfg.dim, block_size=tcfg.block_size,
-                   cls_token_num=tcfg.cls_token_num, rope_base=tcfg.rope_base, norm_eps=tcfg.norm_eps,
-                   target_name=target_name, target_hash=target_hash, draft_vocab=draft_vocab)
+            ffn_hidden = shape["ffn_hidden"] if hidden == dim else find_multiple(int(8 * hidden / 3), 32)
+        fields = {k: shape[k] for k in ("vocab_size", "block_size", "cls_token_num", "rope_base", "norm_eps",
+                                        "rope", "max_positions")}
+        return cls(target_dim=dim, hidden=hidden, n_head=n_head, ffn_hidden=ffn_hidden, tap_dim=3 * dim,
+                   target_name=target_name, target_hash=target_hash, draft_vocab=draft_vocab, **fields)
+
+
+ROPE_KINDS = ("2d", "1d")
+_LATE_FIELDS = ("rope", "max_positions")  # added after schema 1: omitted from to_dict at their defaults
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DrafterConfig)}
+
+
+def config_shape(tcfg: TargetConfig) -> dict:
+    """`drafter_shape()` of a target described by a core TargetConfig (2-D RoPE over its grid with
+    the cls_token_num prefix rows; the head warm-starts from output(norm(h)))."""
+    return dict(target_dim=tcfg.dim, n_head=tcfg.n_head, head_dim=tcfg.head_dim, ffn_hidden=tcfg.ffn_hidden,
+                vocab_size=tcfg.vocab_size, block_size=tcfg.block_size, cls_token_num=tcfg.cls_token_num,
+                rope_base=tcfg.rope_base, norm_eps=tcfg.norm_eps, rope="2d", max_positions=0, warm_head=True)
+
+
+def rope_1d_table(n_pos: int, head_dim: int, base: float) -> torch.Tensor:
+    """(n_pos, head_dim // 2, 2) cos/sin for adjacent-pair RoPE over 1-D positions, fp32."""
+    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    ang = torch.outer(torch.arange(n_pos, dtype=torch.float), inv)
+    return torch.stack([ang.cos(), ang.sin()], dim=-1)
 
 
 # ----------------------------------------------------------------------------- cache
@@ -154,6 +215,7 @@ class DrafterCache(KVCache):
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.col_valid = torch.ones(batch, max_len, dtype=torch.bool, device=device)
         self.col_valid[:, : cfg.cls_token_num] = False
+        self.pad = torch.zeros(batch, dtype=torch.long, device=device)
         self.max_len = max_len
 
 
@@ -240,8 +302,17 @@ class Drafter(nn.Module):
             raise ConfigError("a d2t map needs DrafterConfig.draft_vocab = len(d2t)")
         self.register_buffer("d2t", d2t, persistent=True)  # None (not saved) for a full head
         self.register_buffer("embed_weight", weight.detach(), persistent=False)
-        freqs = precompute_freqs_cis_2d(cfg.grid_size, cfg.head_dim, cfg.rope_base, cfg.cls_token_num)
+        if cfg.rope == "1d":
+            freqs = rope_1d_table(cfg.max_positions, cfg.head_dim, cfg.rope_base)
+        else:
+            freqs = precompute_freqs_cis_2d(cfg.grid_size, cfg.head_dim, cfg.rope_base, cfg.cls_token_num)
         self.register_buffer("freqs_cis", freqs.to(weight.device), persistent=False)
+        self.family: Optional[str] = None  # the target's family name when not LlamaGen (saved with the drafter)
+
+    @property
+    def max_positions(self) -> int:
+        """Rows of the RoPE table (positions the drafter accepts)."""
+        return self.config.n_positions
 
     # -- construction --------------------------------------------------------------------
 
@@ -249,21 +320,26 @@ class Drafter(nn.Module):
     def from_target(cls, target: nn.Module, *, hidden: Optional[int] = None, n_head: Optional[int] = None,
                     ffn_hidden: Optional[int] = None, target_name: str = "",
                     init_head_from_target: bool = True, d2t: Optional[torch.Tensor] = None) -> "Drafter":
-        """A fresh drafter for `target` (config + hash from the target, embedding shared).
+        """A fresh drafter for a target of any family (config + hash from the target, embedding shared).
 
-        With `init_head_from_target` and hidden == target dim, `norm`/`lm_head` start as copies
-        of the target's final norm and output head (a warm start; they are trained); with a
-        reduced vocabulary (`d2t`, see draft_vocab.py) the head copies the target rows d2t.
+        The shapes come from `target.drafter_shape()`, the frozen embedding from
+        `target.token_embedding_table()` (module docstring). With `init_head_from_target`,
+        hidden == target dim and a target whose logits are output(final_norm(h)), `norm` /
+        `lm_head` start as copies of the target's final norm and output head (a warm start;
+        they are trained); with a reduced vocabulary (`d2t`, see draft_vocab.py) the head copies
+        the target rows d2t.
         """
+        shape = target.drafter_shape()
         n = 0 if d2t is None else int(torch.as_tensor(d2t).numel())
-        cfg = DrafterConfig.for_target(target.config, hidden=hidden, n_head=n_head, ffn_hidden=ffn_hidden,
-                                       target_name=target_name, target_hash=target_hash(target), draft_vocab=n)
-        d = cls(cfg, target.tok_embeddings, d2t=d2t).to(target.output.weight.device)
-        if init_head_from_target and cfg.hidden == cfg.target_dim:
+        cfg = DrafterConfig.for_shape(shape, hidden=hidden, n_head=n_head, ffn_hidden=ffn_hidden,
+                                      target_name=target_name, target_hash=target_hash(target), draft_vocab=n)
+        d = cls(cfg, target.token_embedding_table(), d2t=d2t).to(target.output.weight.device)
+        d.family = getattr(target, "family", None)
+        if init_head_from_target and shape.get("warm_head", True) and cfg.hidden == cfg.target_dim:
             with torch.no_grad():
                 w = target.output.weight
                 d.lm_head.weight.copy_(w if d.d2t is None else w.index_select(0, d.d2t))
-                d.norm.weight.copy_(target.norm.weight)
+                d.norm.weight.copy_(target.final_norm.weight)
         return d
 
     def new_cache(self, batch: int, max_len: int, dtype=None) -> DrafterCache:
@@ -372,22 +448,40 @@ def save_drafter(drafter: Drafter, path) -> None:
     """Write `path` (safetensors; the target embedding is not included) + `path.json` config.
 
     Both carry the config with the target's hash, so the safetensors file alone is complete.
+    A drafter of another family than LlamaGen also records the family (and, for 1-D RoPE, the
+    position limit as older readers expect it: `max_positions`).
     """
     from ..io import save_safetensors, write_json
 
     path = Path(path)
-    meta = {"kind": ARTIFACT_KIND, "schema_version": SCHEMA_VERSION, "config": drafter.config.to_dict()}
+    meta = {"kind": ARTIFACT_KIND, "schema_version": SCHEMA_VERSION}
+    if drafter.family:
+        meta["family"] = drafter.family
+    if drafter.config.rope == "1d":
+        meta["max_positions"] = drafter.config.max_positions
+    meta["config"] = drafter.config.to_dict()
     save_safetensors(dict(drafter.state_dict()), path, metadata=meta)
     write_json(_config_path(path), meta)
 
 
-def load_drafter(path, target: nn.Module, *, map_location=None, check_target: bool = True) -> Drafter:
-    """Load a drafter for `target`; refuses one made for another target.
+def _stored_config(meta: dict) -> DrafterConfig:
+    """The DrafterConfig of a file's metadata (files written before `rope` existed record a 1-D
+    drafter as family metadata + `max_positions` beside the config)."""
+    d = dict(meta["config"])
+    if "max_positions" in meta and "rope" not in d:
+        d.update(rope="1d", max_positions=int(meta["max_positions"]))
+    return DrafterConfig.from_dict(d)
+
+
+def load_drafter(path, target: nn.Module, *, map_location=None, check_target: bool = True,
+                 family: Optional[str] = None) -> Drafter:
+    """Load a drafter for `target` (any family); refuses one made for another target.
 
     Args:
         path: the .safetensors file written by `save_drafter`.
-        target: the target Transformer (its embedding is shared, its hash checked).
+        target: the target (its embedding table is shared, its hash checked).
         check_target: compare the stored target hash with target_hash(target).
+        family: refuse files that do not record this family (e.g. "chameleon").
     Raises:
         ArtifactMismatchError: made for a different target or an unknown schema version.
         CheckpointError: unreadable file or missing/unknown tensors.
@@ -399,10 +493,14 @@ def load_drafter(path, target: nn.Module, *, map_location=None, check_target: bo
     if meta.get("kind") != ARTIFACT_KIND or "config" not in meta:
         raise CheckpointError(f"{path} is not a lisa-trt drafter (no drafter config in its metadata); "
                               "make one with `lisa-trt train`")
+    if family is not None and meta.get("family") != family:
+        got = f"family {meta['family']}" if meta.get("family") else "no family: a class / caption drafter"
+        raise CheckpointError(f"{path} is not a {family}-family lisa-trt drafter (it records {got}); train one "
+                              "for this model with `lisa-trt train`")
     if meta.get("schema_version") != SCHEMA_VERSION:
         raise ArtifactMismatchError(f"{path} has drafter schema version {meta.get('schema_version')}; this "
                                     f"lisa-trt reads version {SCHEMA_VERSION}. Retrain or convert the drafter.")
-    cfg = DrafterConfig.from_dict(meta["config"])
+    cfg = _stored_config(meta)
     if check_target:
         have = target_hash(target)
         if cfg.target_hash != have:
@@ -411,7 +509,8 @@ def load_drafter(path, target: nn.Module, *, map_location=None, check_target: bo
                 f"drafter {path} was trained for target hash {cfg.target_hash}{name}, but the loaded "
                 f"target has hash {have}. A drafter only works with the exact target it was distilled "
                 "from: load that target, or train a drafter for this one with `lisa-trt train`.")
-    drafter = Drafter(cfg, target.tok_embeddings, d2t=tensors.get("d2t"))
+    drafter = Drafter(cfg, target.token_embedding_table(), d2t=tensors.get("d2t"))
+    drafter.family = meta.get("family")
     try:
         drafter.load_state_dict(tensors, strict=True)
     except RuntimeError as e:
@@ -426,4 +525,4 @@ def read_drafter_config(path) -> DrafterConfig:
     cp = _config_path(path)
     if not cp.is_file():
         raise CheckpointError(f"no drafter config {cp} next to {path}")
-    return DrafterConfig.from_dict(json.loads(cp.read_text())["config"])
+    return _stored_config(json.loads(cp.read_text()))

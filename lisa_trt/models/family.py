@@ -2,7 +2,7 @@
 
 A family owns its conditioning (validate a condition, the null condition for CFG, the prefill
 graph's condition inputs), checkpoint loading, and the image decoder. LlamaGen (class-to-image
-`c2i` and text-to-image `t2i`, models/llamagen_family.py) is the first family; a second one (e.g. Chameleon / Lumina-mGPT)
+`c2i` and text-to-image `t2i`, models/families/llamagen/) is the first family; a second one (e.g. Chameleon / Lumina-mGPT)
 registers its own `ModelFamily` subclass under its `model_type` names and nothing else in the
 speculative loop, the engines or the runtime changes.
 
@@ -10,17 +10,109 @@ speculative loop, the engines or the runtime changes.
     B = fam.check_cond(cfg, cond)        # InputError with the fix on a bad condition
     inputs = fam.cond_inputs(cfg, cond, device, act_dtype)   # prefill graph inputs by name
 
-Floors: models (this file imports only core modules; models/llamagen.py calls into it).
+Floors: models (this file imports only core modules; families/*/ call into it).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError
+
+
+@dataclass(frozen=True)
+class SequenceLayout:
+    """What a decode loop generates after the prompt: the family's answer for one request.
+
+    n_tokens: tokens to generate.
+    allowed: sorted LongTensor of the token ids that may be sampled or drafted (None: the whole
+        head; Chameleon: the image-code tokens).
+    forced: (n_tokens,) LongTensor, the token id forced at index i or -1 where it is sampled
+        (Lumina-mGPT's row ends); None: nothing forced. Forced tokens are never sampled: the
+        AR loop writes them, the tree loops see a one-hot law there.
+    sub_vocab: optional `SubVocab` the relaxed rules (LANTERN, GASV) and calibration work over
+        when the head is wider than the codebook (None: the head is the codebook).
+    """
+
+    n_tokens: int
+    allowed: Optional[torch.Tensor] = None
+    forced: Optional[torch.Tensor] = None
+    sub_vocab: Optional["SubVocab"] = None
+
+    def __post_init__(self):
+        if int(self.n_tokens) < 1:
+            raise InputError(f"the number of tokens to generate must be >= 1, got {self.n_tokens}")
+        if self.forced is not None and self.forced.numel() != int(self.n_tokens):
+            raise InputError(f"forced has {self.forced.numel()} entries for {self.n_tokens} tokens")
+
+    def forced_mask(self, device) -> Optional[torch.Tensor]:
+        """(n_tokens,) bool, True where the token is forced (None when nothing is)."""
+        return None if self.forced is None else (self.forced >= 0).to(device)
+
+    def law(self, logits: torch.Tensor, token_index: torch.Tensor, process) -> torch.Tensor:
+        """Guided logits (B, ..., V) of token indices (B, ...) -> the law sampled / verified.
+
+        Restricts to `allowed`, applies `process` (temperature / top-k / top-p), then makes forced
+        indices one-hot on their token. A layout with nothing to do returns process(logits)."""
+        if self.allowed is not None:
+            keep = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+            keep[self.allowed.to(logits.device)] = True
+            logits = logits.masked_fill(~keep, float("-inf"))
+        logits = process(logits)
+        if self.forced is None or token_index is None:
+            return logits
+        f = self.forced.to(logits.device)[token_index.clamp(max=self.forced.numel() - 1)]  # (B, ...)
+        one_hot = torch.full_like(logits, float("-inf"))
+        one_hot.scatter_(-1, f.clamp(min=0)[..., None], 0.0)
+        return torch.where((f >= 0)[..., None], one_hot, logits)
+
+
+@dataclass
+class Request:
+    """One batch of prompts, encoded by the family's prompter: what the decode loops and the
+    image decoder need. cond: the family's condition (B rows); layout: what is generated;
+    grid: (h, w) of the VQ code grid the tokens decode to; prompts: the source texts / ids."""
+
+    cond: object
+    layout: SequenceLayout
+    grid: tuple
+    prompts: tuple = ()
+
+    @property
+    def batch(self) -> int:
+        return len(self.prompts)
+
+
+@dataclass(frozen=True)
+class SubVocab:
+    """The codebook inside a wider head: code_ids (K,) sorted token ids, codes (K,) their VQ rows,
+    forced_id: the one forced token (row end) that gets sub index K (anything else K + 1)."""
+
+    code_ids: torch.Tensor
+    codes: torch.Tensor
+    forced_id: int
+
+    @property
+    def K(self) -> int:
+        return int(self.code_ids.numel())
+
+    def lut(self, vocab_size: int, device) -> torch.Tensor:
+        """(V,) token id -> sub index (codes 0..K-1, forced token K, anything else K + 1)."""
+        t = torch.full((vocab_size,), self.K + 1, dtype=torch.long, device=device)
+        t[self.code_ids.to(device)] = torch.arange(self.K, device=device)
+        t[self.forced_id] = self.K
+        return t
+
+    def back(self, device) -> torch.Tensor:
+        """(K + 2,) sub index -> token id (K + 1 maps to the forced token: never committed)."""
+        f = torch.tensor([self.forced_id, self.forced_id], device=device)
+        return torch.cat([self.code_ids.to(device), f])
 
 
 class ModelFamily:
@@ -33,6 +125,11 @@ class ModelFamily:
 
     name = "?"
     model_types: tuple = ()
+    generic_cli = True  # the CLI's generic command entries serve this family (False: refused with the fix)
+
+    def describe_checkpoint(self) -> str:
+        """What a checkpoint of this family looks like (for errors naming the fix)."""
+        return "?"
 
     # -- conditioning ---------------------------------------------------------------------
 
@@ -68,14 +165,58 @@ class ModelFamily:
         """A random valid condition (validation, tests)."""
         raise NotImplementedError
 
+    def claims(self, path) -> bool:
+        """True when `path` (a checkpoint file or directory) holds a model of this family."""
+        return False
+
+    # -- sequence layout ------------------------------------------------------------------
+
+    def free_layout(self, target, n_tokens: Optional[int] = None, image_tokens_only: bool = False) -> SequenceLayout:
+        """`n_tokens` free tokens (default: the whole image, config.block_size)."""
+        block = target.config.block_size
+        N = block if n_tokens is None else int(n_tokens)
+        if not 1 <= N <= block:
+            raise InputError(f"num_tokens must be in 1..{block}, got {N}")
+        return SequenceLayout(N)
+
+    # -- prompts and pixels ---------------------------------------------------------------
+
+    default_image_size: Optional[int] = None  # pixels when a request names none (None: the config's)
+
+    def prompter(self, target, source=None):
+        """An object whose `encode(prompts, *, image_size=None, cfg=False) -> Request` turns a
+        batch of prompts (texts, or what the family takes) into a Request. `source`: where the
+        tokenizer / encoder lives (the checkpoint directory by default)."""
+        raise NotImplementedError(f"the {self.name} family has no text prompter")
+
+    def tokens_to_codes(self, target, tokens: torch.Tensor, request: Request) -> torch.Tensor:
+        """Generated tokens (B, N) -> VQ codes (B, h, w) (default: the tokens on request.grid)."""
+        h, w = request.grid
+        return tokens.reshape(tokens.shape[0], h, w)
+
+    def teacher_forced_logits(self, target, cond, tokens: torch.Tensor) -> torch.Tensor:
+        """Raw head logits (B, N, V) of one cache-free forward: [:, j] predicts tokens[:, j] from
+        `cond` (the CFG batch's rows included) and tokens[:, :j] (calibration's teacher forcing).
+
+        Default: the target's own `teacher_forced_logits(cond, tokens)` (LlamaGen, Janus)."""
+        return target.teacher_forced_logits(cond, tokens)
+
     # -- artifacts ------------------------------------------------------------------------
 
-    def load_target(self, path, config=None):
+    def claims_decoder(self, path) -> bool:
+        """True when `path` is a bare image-decoder folder of this family (no model beside it)."""
+        return False
+
+    def load_target(self, path, config=None, device="cpu"):
         raise NotImplementedError
 
-    def load_decoder(self, path, config=None):
+    def load_decoder(self, path, config=None, device="cpu"):
         """The image decoder (tokens -> pixels) of this family."""
         raise NotImplementedError
+
+    def tokens_to_pixels(self, vq, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, N) or (B, h, w) tokens -> (B, 3, H, W) float: the raw decoder output (no clamp)."""
+        return vq.tokens_to_pixels(tokens)
 
 
 class UnknownModelTypeError(ConfigError, ValueError):
@@ -92,8 +233,10 @@ def register_family(family: ModelFamily) -> ModelFamily:
     return family
 
 
-# built-in families, imported on first use (model_type -> module that registers it)
-_BUILTIN = {"c2i": "lisa_trt.models.llamagen_family", "t2i": "lisa_trt.models.llamagen_family"}
+# THE registration list of built-in families, imported on first use (model_type -> module that
+# registers it). Adding a family adds its model types here and nothing else outside its package.
+_BUILTIN = {"c2i": "lisa_trt.models.families.llamagen", "t2i": "lisa_trt.models.families.llamagen",
+            "chameleon": "lisa_trt.models.families.chameleon", "janus": "lisa_trt.models.families.janus"}
 
 
 def model_types() -> list:
@@ -113,4 +256,35 @@ def family_of(cfg_or_type) -> ModelFamily:
     return fam
 
 
-__all__ = ["ModelFamily", "UnknownModelTypeError", "family_of", "model_types", "register_family"]
+def families() -> list:
+    """Every family (built-in ones imported), in registration order, without duplicates."""
+    for module in dict.fromkeys(_BUILTIN.values()):
+        importlib.import_module(module)
+    return list(dict.fromkeys(_FAMILIES.values()))
+
+
+def detect_family(path) -> ModelFamily:
+    """The family whose `claims(path)` is True (checkpoint files and HF directories).
+
+    Raises ConfigError naming what each family loads when none claims it."""
+    fams = families()
+    for fam in fams:
+        if fam.claims(path):
+            return fam
+    p = Path(path)
+    known = "; ".join(f"{f.name}: {f.describe_checkpoint()}" for f in fams)
+    if p.is_dir():
+        cfg = p / "config.json"
+        if not cfg.is_file():
+            raise ConfigError(f"{path} has no config.json: a checkpoint directory is an HF directory with "
+                              f"config.json and model*.safetensors. lisa-trt loads {known}")
+        try:
+            mt = json.loads(cfg.read_text()).get("model_type")
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{cfg} is not valid JSON ({e})") from e
+        raise ConfigError(f"{cfg} has model_type {mt!r}, which no family loads. lisa-trt loads {known}")
+    raise ConfigError(f"{path} is not a checkpoint any family loads. lisa-trt loads {known}")
+
+
+__all__ = ["ModelFamily", "Request", "SequenceLayout", "SubVocab", "UnknownModelTypeError", "detect_family", "families",
+           "family_of", "model_types", "register_family"]

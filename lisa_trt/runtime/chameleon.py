@@ -2,12 +2,13 @@
 
 The CLI (cli.py) dispatches here when `--model` is a Chameleon checkpoint directory or the
 engine directory's manifest says family "chameleon"; everything goes through the family's Python
-APIs (models/chameleon_drafter.py, calibration/chameleon_tables.py, export/chameleon_onnx.py,
+APIs (models/families/chameleon/drafter.py, calibration/chameleon_tables.py, export/chameleon_onnx.py,
 engines/chameleon_ort.py, speculative/chameleon_spec.py).
 
-- `train_cli`: self-distillation captions -> target rollouts (saved once, `sequences.safetensors`)
-  -> `train_drafter` with a resumable state file (`train_state.pt`) -> `drafter.safetensors`.
-  An interrupted run resumes exactly where it stopped when started again with the same --out.
+- `train_cli`: self-distillation captions -> target rollouts (saved once, OUT/data) -> the generic
+  trainer (train/trainer.py: TTT unroll, LISA / EAGLE-3 losses, bf16, DDP, checkpoints in
+  OUT/checkpoints) -> `drafter.safetensors`. An interrupted run resumes exactly where it stopped
+  when started again with the same --out.
 - `calibrate_cli`: image-code GASV / LANTERN tables from rollouts.
 - `export_cli`: validated ONNX engine directory.
 - `run_cli`: captions file -> tree speculation through ONNX Runtime -> PNGs + stats.json.
@@ -52,14 +53,14 @@ def _captions(path, n: Optional[int] = None) -> list[str]:
 
 
 def _load(model_dir):
-    from ..models.chameleon_io import load_chameleon
+    from ..models.families.chameleon.checkpoint import load_chameleon
     from ..speculative.lumina import LuminaTokenizer
 
     return load_chameleon(model_dir), LuminaTokenizer(model_dir)
 
 
 def _vq(model_dir, vq):
-    from ..models.chameleon_vq import load_chameleon_vq
+    from ..models.families.chameleon.vq import load_chameleon_vq
     from ..speculative.lumina import find_vq_dir
 
     d = Path(vq) if vq else find_vq_dir(Path(model_dir))
@@ -68,55 +69,68 @@ def _vq(model_dir, vq):
 
 # ----------------------------------------------------------------------------- train
 
-def rollout_sequences(target, tok, captions: Sequence[str], image_size: int, *, cfg_scale: float, top_k: int,
-                      seed: int, batch_size: int = 8) -> torch.Tensor:
-    """Prompt + span-prefix + sampled span ids per caption, truncated to a common length (N, T)."""
-    from ..speculative.lumina import generate_image_tokens
-
-    seqs = []
-    for i in range(0, len(captions), batch_size):
-        chunk = list(captions[i:i + batch_size])
-        res = generate_image_tokens(target, tok, chunk, image_size, image_size, cfg_scale=cfg_scale, top_k=top_k,
-                                    seed=seed + i)
-        for c, span in zip(chunk, res.tokens.cpu()):
-            head = tok.prompt_ids(c, image_size, image_size) + tok.span_prefix(image_size, image_size)
-            seqs.append(torch.cat([torch.tensor(head), span]))
-    n = min(len(s) for s in seqs)
-    return torch.stack([s[:n] for s in seqs])
-
-
 def train_cli(model_dir, out_dir, *, image_size: int, captions_file=None, num_samples: int = 32, steps: int = 100,
               batch_size: int = 4, lr: float = 1e-3, cfg_scale: float = 3.0, top_k: int = 2000,
               drafter_hidden: Optional[int] = None, drafter_heads: Optional[int] = None,
-              checkpoint_every: int = 50, seed: int = 0) -> dict:
-    """`lisa-trt train --model DIR`: resumable drafter distillation (see module docstring)."""
-    from ..io import load_safetensors, save_safetensors, write_json
-    from ..models.chameleon_drafter import ChameleonDrafter, save_chameleon_drafter, train_drafter
-    from ..models.checkpoints import target_hash
+              checkpoint_every: int = 50, seed: int = 0, vq=None, loss: Optional[str] = None,
+              ttt_steps: Optional[int] = None, bf16: bool = False, features: str = "online",
+              eval_samples: Optional[int] = None, extend: Optional[bool] = None, device=None,
+              progress: bool = False, **train_kw) -> dict:
+    """`lisa-trt train --model DIR`: the generic drafter trainer (train/trainer.py) on Lumina spans.
+
+    Self-distillation rollouts of the captions (the family prompter's requests, stored once under
+    OUT/data), the EAGLE-3 TTT unroll with the LISA loss when the VQGAN codebook is found
+    (MODEL_DIR/vqgan or `vq`; else the EAGLE-3 loss), bf16, DDP under torchrun (the target on
+    cuda:LOCAL_RANK when CUDA is there, or `device`), atomic resumable checkpoints
+    (OUT/checkpoints), metrics.jsonl and the MAL-proxy eval (eval.json). Started again with the
+    same OUT, a run resumes where it stopped, keeping the rollout settings of its first start;
+    with more `steps` it continues (extend=None: automatically).
+
+    train_kw: any other TrainConfig field (warmup_steps, weight_decay, draft_vocab, ...).
+    Returns (and writes to OUT/train_log.json on rank 0) {"family", "steps", "loss", "seconds",
+    "sequences", "losses_this_run", "eval"}; the drafter is OUT/drafter.safetensors
+    (models/families/chameleon/drafter.load_chameleon_drafter).
+    """
+    import json
+    import os
+
+    from ..io import write_json
+    from ..models.families.chameleon.checkpoint import load_chameleon
+    from ..models.family import family_of
+    from ..train.data import DataConfig
+    from ..train.losses import LossConfig
+    from ..train.trainer import TrainConfig, train_drafter
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    target, tok = _load(model_dir)
-    seq_file = out / "sequences.safetensors"
-    if seq_file.is_file():
-        tensors, meta = load_safetensors(seq_file)
-        if meta.get("target_hash") != target_hash(target):
-            raise InputError(f"{out} holds a run for another target ({meta.get('target_hash')}); use a new --out")
-        seqs = tensors["sequences"]
-    else:
-        seqs = rollout_sequences(target, tok, _captions(captions_file, num_samples), image_size,
-                                 cfg_scale=cfg_scale, top_k=top_k, seed=seed)
-        save_safetensors({"sequences": seqs}, seq_file, metadata={"target_hash": target_hash(target),
-                                                                 "image_size": str(image_size)})
-    torch.manual_seed(seed)
-    drafter = ChameleonDrafter.from_chameleon(target, hidden=drafter_hidden, n_head=drafter_heads)
+    if device is None:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
+    target = load_chameleon(model_dir, device=device)
+    vqm = _vq(model_dir, vq)
+    codebook = None if vqm is None else vqm.codebook.detach()
+    data = dict(num_samples=num_samples, cfg_scale=cfg_scale, top_k=top_k, features=features, gen_batch=8,
+                eval_samples=num_samples // 8 if eval_samples is None else eval_samples)
+    if (out / "train_config.json").is_file():  # a run keeps the rollouts of its first start
+        saved = json.loads((out / "train_config.json").read_text()).get("data", {})
+        data.update({k: saved[k] for k in data if k in saved})
+    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, checkpoint_every=checkpoint_every, log_every=1,
+                      seed=seed, warmup_steps=min(50, steps // 20), drafter_hidden=drafter_hidden,
+                      drafter_heads=drafter_heads, bf16=bf16, target_name="chameleon",
+                      **({} if ttt_steps is None else {"ttt_steps": ttt_steps}), **train_kw,
+                      loss=LossConfig(kind=loss or ("lisa" if codebook is not None else "eagle3")),
+                      data=DataConfig(**data))
+    captions = _captions(captions_file, data["num_samples"] + data["eval_samples"])
+    request = family_of(target.config).prompter(target, model_dir).encode(captions, image_size=image_size, cfg=True)
+    latest = out / "checkpoints" / "latest.json"
+    start = json.loads(latest.read_text())["step"] if latest.is_file() else 0
     t0 = time.perf_counter()
-    losses = train_drafter(drafter, target, seqs, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
-                           checkpoint=out / "train_state.pt", save_every=checkpoint_every)
-    save_chameleon_drafter(drafter, out / "drafter.safetensors")
-    info = {"family": "chameleon", "steps": steps, "sequences": list(seqs.shape), "losses_this_run": losses,
-            "seconds": round(time.perf_counter() - t0, 2)}
-    write_json(out / "train_log.json", info)
+    res = train_drafter(target, codebook, cfg, out, progress=progress, request=request,
+                        extend=0 < start < steps if extend is None else extend)
+    info = {"family": "chameleon", "steps": steps, "loss": cfg.loss.kind, "seconds": round(time.perf_counter() - t0, 2),
+            "sequences": [len(captions), request.layout.n_tokens], "eval": res.get("eval", {})}
+    if int(os.environ.get("RANK", "0")) == 0:
+        recs = [json.loads(ln) for ln in Path(res["metrics"]).read_text().splitlines() if ln.strip()]
+        info["losses_this_run"] = [r["loss"] for r in recs if "loss" in r and r["step"] > start]
+        write_json(out / "train_log.json", info)
     return info
 
 
@@ -124,23 +138,41 @@ def train_cli(model_dir, out_dir, *, image_size: int, captions_file=None, num_sa
 
 def calibrate_cli(model_dir, out_path, *, image_size: int, vq=None, captions_file=None, rollouts: int = 16,
                   samples_per_pos: int = 8, quantile: float = 0.5, clusters: Optional[int] = None,
-                  lantern_k: int = 1000, kappa: float = 1.0, lam: float = 0.6, cfg_scale: float = 3.0,
-                  temperature: float = 1.0, top_k: int = 2000, seed: int = 0):
-    """`lisa-trt calibrate --model DIR`: image-code GASV version-2 tables (needs the VQGAN codebook);
-    kappa / lambda defaults are docs/spec/lisa.md's."""
-    from ..calibration.chameleon_tables import calibrate_chameleon
-    from ..calibration.tables import save_tables
-    from ..speculative.gasv import GASVConfig
+                  cluster_space: str = "codebook", lantern_k: int = 1000, gasv=None, kappa: Optional[float] = None,
+                  lam: Optional[float] = None, delta: Optional[float] = None, neighbours: Optional[int] = None,
+                  scope: Optional[str] = None, cfg_scale: float = 3.0, temperature: float = 1.0, top_k: int = 2000,
+                  top_p: float = 1.0, cfg_interval: int = -1, greedy: bool = False, seed: int = 0,
+                  batch_size: int = 8, progress: bool = True):
+    """`lisa-trt calibrate --model DIR`: image-code GASV version-2 tables (needs the VQGAN codebook),
+    made by the one calibration driver (calibration/profile.py) over Lumina-mGPT's span layout.
 
+    The GASV constants recorded are `gasv` (a GASVConfig; default docs/spec/lisa.md's) with every
+    knob given here applied (kappa, lambda, delta, neighbours, scope; None keeps it), exactly as
+    for LlamaGen targets; `neighbours` is clamped to the neighbour table's width."""
+    import dataclasses
+
+    from ..calibration.profile import calibrate
+    from ..calibration.tables import save_tables
+    from ..config import SamplingConfig
+    from ..speculative.gasv import GASVConfig
+    from ..speculative.lumina import span_request
+    from ..speculative.sampling import cfg_active
+
+    knobs = dict(kappa=kappa, lam=lam, delta=delta, neighbours=neighbours, scope=scope)
+    gasv = dataclasses.replace(gasv or GASVConfig(), **{k: v for k, v in knobs.items() if v is not None})
+    sampling = SamplingConfig(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
+                              cfg_interval=cfg_interval, greedy=greedy)
     target, tok = _load(model_dir)
     vqm = _vq(model_dir, vq)
     if vqm is None:
         raise InputError("calibration needs the VQGAN codebook: pass --vq FOLDER (vqgan.yaml + vqgan.ckpt) or "
                          "put it in MODEL_DIR/vqgan/ (see docs/chameleon.md)")
-    tables = calibrate_chameleon(target, tok, vqm.codebook.detach(), _captions(captions_file, rollouts), image_size,
-                                 image_size, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
-                                 samples_per_pos=samples_per_pos, quantile=quantile, n_clusters=clusters,
-                                 lantern_k=lantern_k, seed=seed, gasv=GASVConfig(kappa=kappa, lam=lam))
+    captions = _captions(captions_file, rollouts)
+    prompts, layout, _ = span_request(target, tok, captions, image_size, image_size, cfg_active(cfg_scale))
+    tables = calibrate(target, vqm.codebook.detach(), conds=prompts, layout=layout, samples_per_pos=samples_per_pos,
+                       quantile=quantile, n_clusters=clusters, cluster_space=cluster_space, lantern_k=lantern_k,
+                       seed=seed, sampling=sampling, gasv=gasv, batch_size=batch_size, progress=progress,
+                       settings=dict(width=image_size, height=image_size))
     save_tables(tables, out_path)
     return tables
 
@@ -158,7 +190,7 @@ def export_cli(model_dir, out_dir, *, image_size: int, drafter=None, tables=None
     each graph's errors vs PyTorch: max_error scaled, max_abs raw)."""
     from ..calibration.chameleon_tables import load_chameleon_tables
     from ..export import chameleon_onnx as X
-    from ..models.chameleon_drafter import load_chameleon_drafter
+    from ..models.families.chameleon.drafter import load_chameleon_drafter
 
     target, tok = _load(model_dir)
     dr = load_chameleon_drafter(drafter, target) if drafter else None
@@ -183,7 +215,7 @@ def run_engine(engine_dir, captions: Sequence[str], out_dir, *, verify: str = "g
     from ..engines.chameleon_ort import load_chameleon_engines
     from ..imaging import save_images
     from ..io import atomic_write, write_json
-    from ..models.chameleon_vq import to_uint8
+    from ..models.families.chameleon.vq import to_uint8
     from ..speculative.lumina import generate_image_tokens
     from ..speculative.chameleon_spec import LuminaSpec, speculative_image_tokens
 
@@ -255,8 +287,8 @@ def generate_images(model_dir, captions: Sequence[str], out_dir, *, image_size: 
 
     from ..imaging import save_images
     from ..io import atomic_write, write_json
-    from ..models.chameleon_io import load_chameleon
-    from ..models.chameleon_vq import load_chameleon_vq, to_uint8
+    from ..models.families.chameleon.checkpoint import load_chameleon
+    from ..models.families.chameleon.vq import load_chameleon_vq, to_uint8
     from ..speculative.lumina import LuminaTokenizer, find_vq_dir, generate_image_tokens
 
     model_dir, out = Path(model_dir), Path(out_dir)
@@ -268,7 +300,7 @@ def generate_images(model_dir, captions: Sequence[str], out_dir, *, image_size: 
                                     temperature=temperature, top_k=top_k, greedy=greedy, seed=seed)
     else:
         from ..speculative.chameleon_spec import LuminaSpec, speculative_image_tokens
-        from ..models.chameleon_drafter import load_chameleon_drafter
+        from ..models.families.chameleon.drafter import load_chameleon_drafter
 
         if drafter is None:
             raise InputError(f"--verify {verify} needs --drafter FILE (a Chameleon-family drafter)")

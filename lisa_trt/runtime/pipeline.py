@@ -13,7 +13,6 @@ worker (ORT sessions are then independent; on one GPU, prefer batching prompts i
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,11 +24,10 @@ import torch
 from ..config import SamplingConfig
 from ..errors import InputError
 from ..models.family import family_of
-from ..speculative.methods import METHODS, SpecConfig, method_names
+from ..speculative.methods import Method, SpecConfig
 from .bundle import Bundle, open_bundle
+from .context import AUTO, TREE_NAMES, resolve_method, resolve_sampling, resolve_spec
 from .prompts import Prompt
-
-AUTO = "auto"  # verify="auto": the bundle's recorded never-slower choice (Pipeline.resolve_verify)
 
 
 @dataclass
@@ -68,6 +66,8 @@ class Pipeline:
         """Open an exported engine directory (`lisa-trt export`).
 
         Args:
+            engine_dir: the directory, or a Hugging Face name `org/name[@revision]` of one
+                (resolved through the local HF cache, models/hub.py).
             backend: "trt" (built engines, TensorRT + GPU), "ort" (ONNX Runtime), "torch"
                 (the bundle's PyTorch weights), or "auto": trt when engines are built and
                 TensorRT is usable, else ort.
@@ -80,11 +80,13 @@ class Pipeline:
             device: torch backend only: run the bundle's graph wrappers on this device ("cuda").
         """
         from ..engines.base import backend_names
+        from ..models.hub import resolve_model
         from ..threads import ensure_thread_policy
 
         valid = ["auto", "torch"] + [b for b in backend_names() if b != "torch"]
         if backend not in valid:
             raise InputError(f"unknown backend {backend!r}; valid: {', '.join(valid)}")
+        engine_dir = resolve_model(engine_dir)  # the resolve step's source (a Hub name: its snapshot)
         threads = ensure_thread_policy(threads)
         if text_encoder is not None:  # t2i: check the encoder against the bundle before loading engines
             from ..export.manifest import read_manifest
@@ -181,6 +183,8 @@ class Pipeline:
         (default: gasv when the bundle has a drafter, else vanilla).
         Any other name is returned as is, with no tree settings.
         """
+        if isinstance(verify, Method):
+            verify = verify.name
         if verify != AUTO:
             return verify, {}, f"{verify} (asked for)"
         from .autotune import auto_method
@@ -191,25 +195,24 @@ class Pipeline:
         method, tree, why = auto_method(self._e.generation, self._e.backend, self.precision, requested)
         return method, dict(tree or {}), why
 
-    def sampling(self, **over) -> SamplingConfig:
-        base = {k: v for k, v in self._e.generation.get("sampling", {}).items()
-                if k in {f.name for f in dataclasses.fields(SamplingConfig)}}
-        base.update({k: v for k, v in over.items() if v is not None})
-        return SamplingConfig(**base)
+    def sampling(self, base: Optional[SamplingConfig] = None, **over) -> SamplingConfig:
+        """The bundle's sampling defaults (or `base`), with the `over` values that are set applied."""
+        return resolve_sampling(self._e.generation.get("sampling", {}) if base is None else base, check=False,
+                                **over)
 
-    def spec(self, verify: str, **over) -> SpecConfig:
+    def spec(self, verify, **over) -> SpecConfig:
         """The bundle's tree budget for this backend, with `over` (flat SpecConfig names) applied;
-        None values in `over` keep the bundle's setting."""
-        tree = _tree_budget(self._e.generation, self._e.backend)
-        kw = {**{k: v for k, v in tree.items() if k in ("top_k", "depth", "total_tokens")},
-              **{k: v for k, v in over.items() if v is not None}}
-        tree_methods = method_names("tree")
-        return SpecConfig.make(verify if verify in tree_methods else tree_methods[0], **kw)
+        None values in `over` keep the bundle's setting. `verify`: a method name or Method."""
+        tree = {k: v for k, v in over.items() if k in TREE_NAMES}
+        knobs = {k: v for k, v in over.items() if k not in TREE_NAMES}
+        return resolve_spec(verify, tree=tree, tree_default=_tree_budget(self._e.generation, self._e.backend),
+                            knobs=knobs)
 
-    def generate(self, prompts: Sequence[Union[int, str, Prompt]], *, seed: int = 0, verify: str = AUTO,
+    def generate(self, prompts: Sequence[Union[int, str, Prompt]], *, seed: int = 0, verify: Union[str, Method] = AUTO,
                  cfg_scale: Optional[float] = None, temperature: Optional[float] = None,
                  top_k: Optional[int] = None, top_p: Optional[float] = None, greedy: bool = False,
-                 batch: bool = False, decode: bool = True, progress: bool = False, **tree) -> GenerationResult:
+                 batch: bool = False, decode: bool = True, progress: bool = False,
+                 sampling: Optional[SamplingConfig] = None, **tree) -> GenerationResult:
         """Generate one image per prompt.
 
         Args:
@@ -217,10 +220,12 @@ class Pipeline:
                 caption strings (needs text_encoder) or Prompt(caption=... | caption_features=FILE).
             seed: base seed; prompt i uses its own seed or seed + i.
             verify: a registered method (speculative/methods.py: vanilla, greedy, exact, lantern,
-                gasv, sjd, ...), or "auto" (the default): the bundle's recorded never-slower choice
-                for this backend and precision (`resolve_verify`; the stats say what ran and why).
-                Explicit tree settings below still win over the recorded tree.
+                gasv, sjd, ...) or its Method, or "auto" (the default): the bundle's recorded
+                never-slower choice for this backend and precision (`resolve_verify`; the stats say
+                what ran and why). Explicit tree settings below still win over the recorded tree.
             cfg_scale, temperature, top_k, top_p, greedy: override the bundle's defaults.
+            sampling: a SamplingConfig used instead of the bundle's defaults (the values above and a
+                prompt's own cfg still override it).
             batch: decode all prompts as one batch, each row with its own generator seeded by its
                 prompt seed (results do not depend on which prompts share the batch; this is
                 the serving path). batch=False decodes one call per prompt with a single
@@ -234,9 +239,9 @@ class Pipeline:
         Returns:
             GenerationResult(images, tokens (B, N), stats).
         """
-        if verify != AUTO and verify not in METHODS:
-            raise InputError(f"unknown verification {verify!r}; valid: auto, {', '.join(method_names())}")
-        verify, auto_tree, why = self.resolve_verify(verify)
+        requested = resolve_method(verify, auto=True)  # the one lookup by name (None: auto)
+        name, auto_tree, why = self.resolve_verify(AUTO if requested is None else requested)
+        method = requested or resolve_method(name)  # what auto chose
         from ..text.prompts import cond_rows
         from ..validation import check_sampling
 
@@ -248,16 +253,17 @@ class Pipeline:
         for k, v in auto_tree.items():  # the recorded tree of --verify auto, under explicit settings
             if k in ("top_k", "depth", "total_tokens") and tree_kw.get(k) is None:
                 tree_kw[k] = v
+        spec = self.spec(method, **tree_kw)
         with self._lock:
             if batch:
                 cfgs = {ov.get("cfg") for ov in overrides if ov.get("cfg") is not None}
                 if len(cfgs) > 1:
                     raise InputError(f"batch=True decodes one CFG scale, got {sorted(cfgs)}; "
                                      "group prompts by cfg (or use batch=False)")
-                s = self.sampling(cfg_scale=cfgs.pop() if cfgs else cfg_scale, temperature=temperature,
+                s = self.sampling(sampling, cfg_scale=cfgs.pop() if cfgs else cfg_scale, temperature=temperature,
                                   top_k=top_k, top_p=top_p, greedy=greedy or None)
                 seeds = [ov["seed"] if ov.get("seed") is not None else seed + i for i, ov in enumerate(overrides)]
-                tokens, stats = self._run_rows(verify, cond, s, self.spec(verify, **tree_kw), seeds)
+                tokens, stats = self._run_rows(method, cond, s, spec, seeds)
                 stats = [{**st, **labels[i]} for i, st in enumerate(stats)]
             else:
                 from ..progress import progress_bar
@@ -265,10 +271,10 @@ class Pipeline:
                 outs, stats = [], []
                 bar = progress_bar(len(overrides), progress, unit="image")
                 for i, ov in enumerate(overrides):
-                    s = self.sampling(cfg_scale=ov.get("cfg") if ov.get("cfg") is not None else cfg_scale,
+                    s = self.sampling(sampling, cfg_scale=ov.get("cfg") if ov.get("cfg") is not None else cfg_scale,
                                       temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy or None)
                     sd = ov.get("seed") if ov.get("seed") is not None else seed + i
-                    toks, st = self._run(verify, cond_rows(cond, i, i + 1), s, self.spec(verify, **tree_kw), sd)
+                    toks, st = self._run(method, cond_rows(cond, i, i + 1), s, spec, sd)
                     outs.append(toks)
                     stats.append({**st, "seed": sd, **labels[i]})
                     bar.update(1)
@@ -279,39 +285,39 @@ class Pipeline:
             st["verify_reason"] = why
         return GenerationResult(images=images, tokens=tokens, stats=stats)
 
-    def _run(self, verify, cond, sampling, spec, seed) -> tuple[torch.Tensor, dict]:
+    def _run(self, method: Method, cond, sampling, spec, seed) -> tuple[torch.Tensor, dict]:
+        """One decode with the resolved method, SamplingConfig and SpecConfig."""
         from ..speculative.run import check_artifacts, run_method
 
-        e = self._e
-        check_artifacts(verify, e.drafter, e.tables, e.gasv)
+        e, method = self._e, resolve_method(method)
+        check_artifacts(method.name, e.drafter, e.tables, e.gasv)  # speculative/run.py takes names
         t0 = time.perf_counter()
-        toks, s = run_method(verify, e.target, e.drafter, e.tables, cond, sampling=sampling, spec=spec, seed=seed,
-                             gasv=e.gasv)
+        toks, s = run_method(method.name, e.target, e.drafter, e.tables, cond, sampling=sampling, spec=spec,
+                             seed=seed, gasv=e.gasv)
         st = s.as_dict()
         st["seconds"] = time.perf_counter() - t0
-        st["verify"] = verify
+        st["verify"] = method.name
         return toks.cpu(), st
 
-    def _run_rows(self, verify, cond, sampling, spec, seeds) -> tuple[torch.Tensor, list]:
+    def _run_rows(self, method: Method, cond, sampling, spec, seeds) -> tuple[torch.Tensor, list]:
         """One batched decode with per-row seeds -> tokens (B, N), one stats dict per row."""
-        from ..speculative.methods import get_method
         from ..speculative.run import check_artifacts, run_method
         from ..text.prompts import cond_rows
 
-        e = self._e
-        if get_method(verify).kind == "sjd":  # the Jacobi loop has no per-row RNG: decode rows one by one
+        e, method = self._e, resolve_method(method)
+        if method.kind == "sjd":  # the Jacobi loop has no per-row RNG: decode rows one by one
             outs, stats = [], []
             for i, sd in enumerate(seeds):
-                toks, st = self._run(verify, cond_rows(cond, i, i + 1), sampling, spec, sd)
+                toks, st = self._run(method, cond_rows(cond, i, i + 1), sampling, spec, sd)
                 outs.append(toks)
                 stats.append({**st, "seed": sd, "batch_row": i})
             return torch.cat(outs), stats
-        check_artifacts(verify, e.drafter, e.tables, e.gasv)
+        check_artifacts(method.name, e.drafter, e.tables, e.gasv)
         t0 = time.perf_counter()
-        toks, s = run_method(verify, e.target, e.drafter, e.tables, cond, sampling=sampling, spec=spec,
+        toks, s = run_method(method.name, e.target, e.drafter, e.tables, cond, sampling=sampling, spec=spec,
                              seed=seeds[0], seeds=seeds, gasv=e.gasv)
         sec = time.perf_counter() - t0
-        stats = [{**s.row(b), "seconds": sec, "verify": verify, "seed": sd, "batch": len(seeds), "batch_row": b,
+        stats = [{**s.row(b), "seconds": sec, "verify": method.name, "seed": sd, "batch": len(seeds), "batch_row": b,
                   "batch_target_forwards": s.target_forwards} for b, sd in enumerate(seeds)]
         return toks.cpu(), stats
 

@@ -1,4 +1,4 @@
-"""`lisa-trt serve` and `lisa-trt triton-repo`; lisa_trt/cli.py adds them with `register(main)`."""
+"""`lisa-trt serve` and `lisa-trt triton-repo`; lisa_trt/cli/__init__.py adds them with `register(main)`."""
 
 from __future__ import annotations
 

@@ -74,7 +74,8 @@ class _Row:
     idx: int
     class_id: int
     seed: int
-    knobs: tuple  # (verify, cfg_scale, temperature, top_k, top_p, lantern_delta, gasv_kappa, gasv_lambda)
+    knobs: tuple  # (verify: Method or "auto", cfg_scale, temperature, top_k, top_p, lantern_delta, gasv_kappa,
+    #               gasv_lambda): rows with equal knobs decode together
 
 
 def _range(name, v, lo, hi, lo_open=False):
@@ -139,13 +140,12 @@ class ServeModel:
         return [float(v) if kind == "float" else int(v) for v in vals]
 
     def _knobs(self, verify, cfg, temp, top_k, top_p, delta, kappa, lam) -> tuple:
-        from ..speculative.methods import METHODS, method_names
+        from ..runtime.context import AUTO, resolve_method
 
         verify = verify or self.default_verify
-        if verify != "auto" and verify not in METHODS:
-            raise InputError(f"unknown verify rule {verify!r}; valid: auto, {', '.join(method_names())}")
-        method = self.pipe.resolve_verify(verify)[0]
-        if METHODS[method].kind == "tree" and self.pipe._e.drafter is None:
+        requested = resolve_method(verify, auto=True, noun="verify rule")  # None: auto
+        method = requested or resolve_method(self.pipe.resolve_verify(verify)[0])
+        if method.kind == "tree" and self.pipe._e.drafter is None:
             raise InputError(f"verify={verify} needs a drafter; this engine directory has none (use vanilla)")
         d = self.defaults
         cfg = _range("cfg_scale", d.cfg_scale if cfg is None else cfg, 1.0, 100.0)
@@ -158,7 +158,7 @@ class ServeModel:
             _range("gasv_kappa", kappa, 0.0, 1e6)
         if lam is not None:
             _range("gasv_lambda", lam, 0.0, 1e6)
-        return (verify, float(cfg), float(temp), top_k, float(top_p), delta, kappa, lam)
+        return (requested or AUTO, float(cfg), float(temp), top_k, float(top_p), delta, kappa, lam)
 
     def parse(self, requests: Sequence[Mapping]) -> tuple[list, dict, list]:
         """-> (rows, {request index: error message}, rows per request)."""
@@ -205,14 +205,16 @@ class ServeModel:
 
     def _decode_group(self, knobs: tuple, rows: list) -> list:
         """One batched decode -> per row (image uint8 (H, W, 3), stats dict)."""
+        from ..runtime.context import resolve_sampling
         from ..runtime.prompts import Prompt
 
         verify, cfg, temp, top_k, top_p, delta, kappa, lam = knobs
+        sampling = resolve_sampling(self.defaults, check=False, cfg_scale=cfg, temperature=temp, top_k=top_k,
+                                    top_p=top_p)  # ranges checked by _knobs (serving's own)
         spec = {k: v for k, v in (("lantern_delta", delta), ("gasv_kappa", kappa), ("gasv_lambda", lam))
                 if v is not None}
         prompts = [Prompt(i, class_id=r.class_id, seed=r.seed, cfg=cfg) for i, r in enumerate(rows)]
-        res = self.pipe.generate(prompts, verify=verify, temperature=temp, top_k=top_k, top_p=top_p,
-                                 batch=True, **spec)
+        res = self.pipe.generate(prompts, verify=verify, sampling=sampling, batch=True, **spec)
         return [(np.asarray(img, dtype=np.uint8), st) for img, st in zip(res.images, res.stats)]
 
     def infer(self, requests: Sequence[Mapping]) -> list[dict]:
@@ -246,7 +248,8 @@ class ServeModel:
                     except InputError as e:  # a setting the engines refuse (validated rows): the client's
                         out = [RequestFailure(" ".join(str(e).split()))] * len(chunk)
                     except Exception:  # noqa: BLE001 - one failed batch must not stop the server
-                        out = [internal_failure(f"while decoding {len(chunk)} row(s) with {knobs}")] * len(chunk)
+                        out = [internal_failure(f"while decoding {len(chunk)} row(s) with "
+                                                f"{(getattr(knobs[0], 'name', knobs[0]), *knobs[1:])}")] * len(chunk)
                     results.update({(r.req, r.idx): o for r, o in zip(chunk, out)})
         out = []
         for r in range(len(requests)):

@@ -1,4 +1,9 @@
-"""The reference autoregressive loop (LlamaGen generate.py semantics) on the static KV cache."""
+"""The reference autoregressive loop (LlamaGen generate.py semantics) on the static KV cache.
+
+One loop for every family: the family answers what is generated (models/family.py
+`SequenceLayout`: how many tokens, which ids may be sampled, which are forced) and what the
+condition and its CFG rows are; the loop only prefills, steps and samples.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +12,34 @@ from typing import Callable, Optional
 import torch
 
 from ..errors import InputError
-from .sampling import guided_logits, make_generator, process_logits, sample_from_logits
+from ..models.family import SequenceLayout, family_of
+from .sampling import cfg_active, guided_logits, make_generator, process_logits, sample_from_logits
 
 
 def cfg_batch(target, cond, cfg_scale: float):
-    """[cond; uncond] when CFG is on (cfg_scale > 1), else cond unchanged."""
-    if cfg_scale <= 1.0:
+    """[cond; uncond] when CFG is on (sampling.cfg_active), else cond unchanged.
+
+    A target whose conditions need more than concatenation (prompts of different lengths,
+    re-left-padded together) provides `cfg_rows(cond, null)`."""
+    if not cfg_active(cfg_scale):
         return cond
     null = target.null_cond(cond)
+    rows = getattr(target, "cfg_rows", None)
+    if rows is not None:
+        return rows(cond, null)
     if isinstance(cond, (tuple, list)):
         return tuple(torch.cat([c, n]) for c, n in zip(cond, null))
     return torch.cat([cond, null])
+
+
+def layout_for(target, num_tokens: Optional[int] = None, image_tokens_only: bool = False) -> SequenceLayout:
+    """The family's layout of `num_tokens` free tokens (default: the whole image)."""
+    return family_of(target.config).free_layout(target, num_tokens, image_tokens_only)
+
+
+def new_target_cache(target, rows: int, full_cond, n_tokens: int, extra: int = 0):
+    """A target cache for `rows` rows: the prompt of `full_cond`, n_tokens and `extra` scratch."""
+    return target.new_cache(rows, extra=extra, prompt_len=target.prompt_len(full_cond), n_tokens=n_tokens)
 
 
 def step_inputs(cache, tokens: torch.Tensor):
@@ -25,7 +47,7 @@ def step_inputs(cache, tokens: torch.Tensor):
     B = tokens.shape[0]
     slots = cache.lengths[:, None]  # (B, 1)
     ones = torch.ones(B, 1, 1, dtype=torch.bool, device=tokens.device)
-    return slots, slots, cache.attention_mask(slots, ones)
+    return cache.positions(slots), slots, cache.attention_mask(slots, ones)
 
 
 @torch.no_grad()
@@ -34,41 +56,38 @@ def generate(target, cond=None, *, cfg_scale: float = 1.0, temperature: float = 
              cfg_interval: int = -1, num_tokens: Optional[int] = None,
              generator: Optional[torch.Generator] = None,
              on_token: Optional[Callable[[int], None]] = None, seeds=None, max_new_tokens: Optional[int] = None,
-             image_tokens_only: bool = False, input_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Sample image tokens with the plain AR loop.
+             image_tokens_only: bool = False, input_ids: Optional[torch.Tensor] = None,
+             layout: Optional[SequenceLayout] = None) -> torch.Tensor:
+    """Sample tokens with the plain AR loop.
 
     Args:
-        target: a lisa_trt Transformer (eval).
-        cond: class ids (B,) for c2i; (caption_features (B, 120, C), caption_mask (B, 120)) for t2i.
+        target: a target of any family (torch model or engines.graph target), eval mode.
+        cond: the family's condition: LlamaGen c2i class ids (B,), t2i (caption_features
+            (B, 120, C), caption_mask (B, 120)); prompt-id families (Chameleon, Janus) the prompt
+            ids (B, T) (also as `input_ids=`), (ids, valid) or models.chameleon.Prompts.
         cfg_scale: guidance scale; CFG runs as batch [cond; uncond] when > 1.
         greedy: argmax of the guided logits instead of sampling.
         seed: seeds a private torch.Generator (the global RNG is untouched).
         cfg_interval: guidance off after this decode step (-1: always on).
-        num_tokens: tokens to generate (default: the whole image, config.block_size).
+        num_tokens / max_new_tokens: tokens to generate (default: the family's whole image;
+            Chameleon's raw head has none and needs it).
+        image_tokens_only: restrict sampling to the image-code tokens (families whose head is
+            wider than the codebook).
+        layout: the family's SequenceLayout of this request (overrides the three above).
         on_token: called with the number of tokens done after each step (progress bars).
         seeds: one seed per row instead of `seed`: each row draws from its own generator
             (sampling.RowGenerators), so a row's tokens do not depend on the rest of the batch.
-        max_new_tokens, image_tokens_only, input_ids: Chameleon-family targets only, where
-            `cond` (or `input_ids=`) is the prompt (B, T): generate N new tokens over the raw head
-            (optionally restricted to image-code tokens); see speculative/chameleon_decode.py.
     Returns:
-        LongTensor (B, N) of image token ids.
+        LongTensor (B, N) of token ids.
     """
-    if getattr(target, "family", "llamagen") == "chameleon":
-        from .chameleon_decode import generate_tokens
-
-        if max_new_tokens is None:
-            raise InputError("Chameleon-family targets need max_new_tokens=N")
-        prompt = cond if cond is not None else input_ids
-        return generate_tokens(target, prompt, max_new_tokens, greedy=greedy, image_tokens_only=image_tokens_only,
-                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, generator=generator)
-    cfg = target.config
+    cond = cond if cond is not None else input_ids
     B = target.check_cond(cond)
-    N = cfg.block_size if num_tokens is None else int(num_tokens)
-    if not 1 <= N <= cfg.block_size:
-        raise InputError(f"num_tokens must be in 1..{cfg.block_size}, got {N}")
+    if layout is None:
+        layout = layout_for(target, num_tokens if num_tokens is not None else max_new_tokens, image_tokens_only)
+    N = layout.n_tokens
+    cfg = cfg_active(cfg_scale)
     full = cfg_batch(target, cond, cfg_scale)
-    cache = target.new_cache(2 * B if cfg_scale > 1.0 else B)
+    cache = new_target_cache(target, 2 * B if cfg else B, full, N)
     if seeds is not None:
         from .sampling import RowGenerators
 
@@ -79,17 +98,25 @@ def generate(target, cond=None, *, cfg_scale: float = 1.0, temperature: float = 
         gen = generator or make_generator(seed, cache.lengths.device)
     raw = target.prefill(full, cache).logits[:, -1]
     out = torch.empty(B, N, dtype=torch.long, device=raw.device)
+    forced = None if layout.forced is None else layout.forced.tolist()
+
+    def process(x):
+        return process_logits(x, temperature, top_k, top_p)
+
     for i in range(N):
         if i > 0:
             x = out[:, i - 1 : i]
-            x = torch.cat([x, x]) if cfg_scale > 1.0 else x
+            x = torch.cat([x, x]) if cfg else x
             pos, slots, mask = step_inputs(cache, x)
             raw = target.forward_tokens(x, pos, slots, mask, cache).logits[:, -1]
             cache.lengths += 1
-        # Official decode step index for z_i is i - 1; guidance stops when it exceeds cfg_interval.
-        use_cfg = not (cfg_interval > -1 and i - 1 > cfg_interval)
-        logits = process_logits(guided_logits(raw, cfg_scale, use_cfg), temperature, top_k, top_p)
-        out[:, i] = sample_from_logits(logits, gen, greedy)
+        if forced is not None and forced[i] >= 0:  # never sampled: no random draw either
+            out[:, i] = forced[i]
+        else:
+            # Official decode step index for z_i is i - 1; guidance stops when it exceeds cfg_interval.
+            use_cfg = not (cfg_interval > -1 and i - 1 > cfg_interval)
+            logits = layout.law(guided_logits(raw, cfg_scale, use_cfg), None, process)
+            out[:, i] = sample_from_logits(logits, gen, greedy)
         if on_token is not None:
             on_token(i + 1)
     return out

@@ -24,9 +24,12 @@ import torch
 from ..config import SamplingConfig
 from ..errors import InputError
 from ..timing import Timer
-from .autoregressive import cfg_batch
-from .sampling import RowGenerators, cfg_combine, make_generator, process_logits, sample_from_logits, split_cfg
+from .autoregressive import cfg_batch, layout_for, new_target_cache
+from .sampling import (RowGenerators, cfg_active, cfg_combine, make_generator, process_logits, sample_from_logits,
+                       split_cfg)
 from .methods import METHODS, RuleContext, SpecConfig, get_method  # noqa: F401 (METHODS, SpecConfig re-exported)
+from ..models.family import SequenceLayout
+from .subvocab import RELAXED, SubVocabVerifier
 from .tree import DraftTree, ExpandRequest, build_dynamic_tree
 
 @dataclass
@@ -68,11 +71,15 @@ class DecodeStats:
 
 
 class _Guide:
-    """Raw logits of the (CFG) batch -> guided, filtered logits of the real rows."""
+    """Raw logits of the (CFG) batch -> guided, filtered logits of the real rows, restricted and
+    forced by the family's SequenceLayout (models/family.py)."""
 
-    def __init__(self, sampling: SamplingConfig):
-        self.s = sampling
-        self.cfg = sampling.cfg_scale > 1.0
+    def __init__(self, sampling: SamplingConfig, layout=None):
+        self.s, self.layout = sampling, layout if layout is not None else SequenceLayout(1)  # None: free tokens
+        self.cfg = cfg_active(sampling.cfg_scale)
+
+    def _process(self, x: torch.Tensor) -> torch.Tensor:
+        return process_logits(x, self.s.temperature, self.s.top_k, self.s.top_p)
 
     def __call__(self, raw: torch.Tensor, token_index: Optional[torch.Tensor] = None) -> torch.Tensor:
         s = self.s
@@ -83,7 +90,12 @@ class _Guide:
                 guided = torch.where(off, split_cfg(raw)[0].float(), guided)
         else:
             guided = raw.float()
-        return process_logits(guided, s.temperature, s.top_k, s.top_p)
+        return self.layout.law(guided, token_index, self._process)
+
+    def forced(self, token_index: torch.Tensor) -> Optional[torch.Tensor]:
+        """(B, N) bool: nodes at forced indices (None when the layout forces nothing)."""
+        f = self.layout.forced_mask(token_index.device)
+        return None if f is None else f[token_index.clamp(max=f.numel() - 1)]
 
     def dup(self, x: torch.Tensor) -> torch.Tensor:
         """Rows of the real batch -> rows of the CFG batch (same tokens in both halves)."""
@@ -108,18 +120,32 @@ class SpeculativeDecoder:
     def __init__(self, target, drafter, tables=None, gasv=None):
         self.target, self.drafter, self.tables, self.gasv = target, drafter, tables, gasv
         self._causal: dict = {}  # (S, device) -> (S, S) causal mask of a drafter commit
+        self._sub = {}  # id(sub_vocab) -> SubVocabVerifier
 
-    def _verify(self, logits: torch.Tensor, tree: DraftTree, spec: SpecConfig, greedy: bool, gen):
-        """Guided, filtered logits (B, N, V) at the tree nodes -> VerifyResult (the method's rule)."""
+    def _verify(self, logits: torch.Tensor, tree: DraftTree, spec: SpecConfig, greedy: bool, gen, guide,
+                token_index):
+        """Guided, filtered logits (B, N, V) at the tree nodes -> VerifyResult (the method's rule).
+
+        A layout with a sub-vocabulary runs the relaxed rules over the codebook (subvocab.py)."""
         ctx = RuleContext(spec=spec, greedy=greedy, generator=gen, tables=self.tables, gasv=self.gasv)
+        sv = guide.layout.sub_vocab
+        if sv is not None and spec.method in RELAXED:
+            ver = self._sub.get(id(sv))
+            if ver is None:
+                ver = self._sub[id(sv)] = SubVocabVerifier(sv, logits.shape[-1], self.tables, logits.device)
+            return ver(spec.method, logits, tree, guide.forced(token_index), ctx)
         return get_method(spec.method).rule(logits, tree, ctx)
 
     @torch.no_grad()
     def generate(self, cond, *, sampling: SamplingConfig = SamplingConfig(), spec: SpecConfig = SpecConfig(),
                  seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
                  num_tokens: Optional[int] = None, seeds=None,
-                 on_progress=None) -> tuple[torch.Tensor, DecodeStats]:
+                 on_progress=None, layout=None) -> tuple[torch.Tensor, DecodeStats]:
         """Generate image tokens for `cond` with tree speculation.
+
+        layout: the family's SequenceLayout of the request (models/family.py; default: the
+            whole image, or `num_tokens` of it): which ids may be drafted / sampled, which
+            are forced (one-hot laws for the drafter and the target alike).
 
         on_progress: optional callback(tokens done, summed over rows) after every step (progress
             bars; costs one host sync per step, so leave it None on the hot path).
@@ -136,19 +162,19 @@ class SpeculativeDecoder:
                              "lisa_trt.speculative.run.run_method")
         if get_method(spec.method).greedy_sampling:
             sampling = dataclasses.replace(sampling, greedy=True)
-        tc = target.config
         B = target.check_cond(cond)
-        N_img = tc.block_size if num_tokens is None else int(num_tokens)
-        if not 1 <= N_img <= tc.block_size:
-            raise InputError(f"num_tokens must be in 1..{tc.block_size}, got {N_img}")
-        guide, timer, stats = _Guide(sampling), Timer(), DecodeStats()
-        greedy, cls = sampling.greedy, tc.cls_token_num
+        layout = layout if layout is not None else layout_for(target, num_tokens)
+        N_img = layout.n_tokens
+        guide, timer, stats = _Guide(sampling, layout), Timer(), DecodeStats()
+        greedy = sampling.greedy
         t_start = time.perf_counter()
 
         # -- prefill: the target's own first token, then the drafter entry for z_0 ----------
         with timer.measure("target"):
-            tcache = target.new_cache(2 * B if guide.cfg else B, extra=spec.tree.total_tokens)
-            pre = target.prefill(cfg_batch(target, cond, sampling.cfg_scale), tcache, taps=True)
+            full = cfg_batch(target, cond, sampling.cfg_scale)
+            cls = target.prompt_len(full)  # prompt slots (LlamaGen: the class / caption prefix)
+            tcache = new_target_cache(target, 2 * B if guide.cfg else B, full, N_img, extra=spec.tree.total_tokens)
+            pre = target.prefill(full, tcache, taps=True)
             stats.target_forwards += 1
         dev = tcache.lengths.device  # all bookkeeping lives with the engines' caches
         if seeds is not None:
@@ -163,10 +189,13 @@ class SpeculativeDecoder:
         n_done = torch.ones(B, dtype=torch.long, device=dev)  # committed tokens per (original) row
         active = torch.arange(B, device=dev)
         # drafter slots: the sequence plus one tree's expansion scratch (depth * top_k nodes)
-        dmax = tc.seq_len + max(spec.tree.total_tokens, spec.tree.depth * spec.tree.top_k)
+        dmax = cls + N_img + max(spec.tree.total_tokens, spec.tree.depth * spec.tree.top_k)
         with timer.measure("draft"):
             dcache = drafter.new_cache(tcache.batch, dmax)
+            if not getattr(drafter, "keeps_prompt", False):  # the oracle's cache holds the target's prompt
+                dcache.col_valid[:, :cls] = False  # the prompt holds no drafter entries
             dcache.lengths.fill_(cls)
+            dcache.pad = tcache.pad.clone()  # drafter positions count like the target's
             d_logits, d_hidden = self._drafter_commit(dcache, pre.taps,
                                                       guide.dup(first[:, None]))
             root_lp, root_h = d_logits[:, -1], d_hidden[:, -1]
@@ -176,7 +205,7 @@ class SpeculativeDecoder:
             nd = n_done[active]  # (Bc,) committed tokens of the active rows (one gather per step)
             remaining = N_img - nd  # (Bc,) >= 1
             root_tok = out[active, nd - 1]
-            root_pos = tcache.lengths[:Bc]  # cond half (uncond half identical)
+            root_pos = tcache.positions(tcache.lengths[:, None])[:, 0]  # every row (CFG halves may differ)
             # -- draft a tree -------------------------------------------------------------
             with timer.measure("draft"):
                 tree = self._draft(dcache, root_tok, root_lp, root_h, root_pos, guide, spec,
@@ -187,7 +216,7 @@ class SpeculativeDecoder:
                 Nn = tree.n_nodes
                 tok2 = guide.dup(tree.tokens)
                 slots = tcache.lengths[:, None] + torch.arange(Nn, device=dev)[None]
-                pos = guide.dup(tree.positions(root_pos))
+                pos = root_pos[:, None] + guide.dup(torch.where(tree.valid, tree.depths, 0))
                 mask = tcache.attention_mask(slots, guide.dup(tree.ancestors))
                 tout = target.forward_tokens(tok2, pos, slots, mask, tcache, taps=True)
                 stats.target_forwards += 1
@@ -195,7 +224,7 @@ class SpeculativeDecoder:
                 token_index = nd[:, None] + tree.depths  # z index each node predicts
                 logits = guide(tout.logits, token_index)
                 res = self._verify(logits, tree, spec, greedy,
-                                   gen.select(active) if isinstance(gen, RowGenerators) else gen)
+                                   gen.select(active) if isinstance(gen, RowGenerators) else gen, guide, token_index)
             # -- commit: compact caches, feed the drafter the accepted path ------------------
             with timer.measure("host"):
                 acc = res.accept_len  # (Bc,)
@@ -246,8 +275,7 @@ class SpeculativeDecoder:
         Bd, S = tokens.shape
         dev = dcache.lengths.device
         slots = dcache.lengths[:, None] + torch.arange(S, device=dev)[None]
-        n_pos = self.target.config.seq_len
-        pos = slots.clamp(max=n_pos - 1)
+        pos = dcache.positions(slots).clamp(max=self.target.config.n_positions - 1)
         causal = self._causal.get((S, dev))
         if causal is None:
             causal = self._causal[(S, dev)] = torch.tril(torch.ones(S, S, dtype=torch.bool, device=dev))
@@ -262,7 +290,7 @@ class SpeculativeDecoder:
 
     def _draft(self, dcache, root_tok, root_lp_raw, root_h, root_pos, guide, spec, n_done, stats):
         """EAGLE-2 dynamic tree from the drafter's guided, filtered distributions."""
-        n_pos = self.target.config.seq_len
+        n_pos = self.target.config.n_positions
         hist = {"h": root_h[:, None]}  # hidden_out of the previous call's nodes (CFG rows)
         L = dcache.lengths
 
@@ -274,7 +302,7 @@ class SpeculativeDecoder:
             parent = guide.dup(req.parent_slot)
             h_in = hist["h"].gather(1, parent[:, :, None].expand(-1, -1, hist["h"].shape[-1]))
             slots = L[:, None] + req.slot_offset + torch.arange(n, device=L.device)[None]
-            pos = guide.dup(root_pos[:, None] + req.depth).expand(-1, n).clamp(max=n_pos - 1)
+            pos = (root_pos[:, None] + req.depth).expand(-1, n).clamp(max=n_pos - 1)
             cols = req.slot_offset + n
             tree_slots = L[:, None] + torch.arange(cols, device=L.device)[None]
             m = dcache.attention_mask(slots, torch.zeros(slots.shape[0], n, n, dtype=torch.bool, device=L.device))

@@ -1,175 +1,30 @@
-"""Lumina-mGPT's text-to-image protocol on a Chameleon-architecture target.
+"""Lumina-mGPT image spans through the generic decode loops (speculative/autoregressive.py).
 
-Facts (Lumina-mGPT's FlexARItemProcessor / inference solver; read, not copied):
-- Prompt: `<bos>` + "Generate an image of {W}x{H} according to the following prompt:\\n{caption}"
-  + the turn separator `<reserved08706>`; the tokenizer is the checkpoint's tokenizer.json.
-- Image span: `<racm3:break>` (image start), two size tokens `<reserved{8800 + n:05d}>` for the
-  height then width in 32-pixel grids, then per latent row (2 rows per grid, 16 px per VQ code)
-  w_lat image-code tokens and the row-end token `<reserved08799>`, then `<eoss>` (image end).
-- Row-end and end tokens are FORCED at their positions (never sampled or drafted); every other
-  span position samples among the image-code tokens only, after CFG and top-k.
-- CFG: the unconditional sequence is the image span alone, starting at position 0
-  (`[<racm3:break>, h, w, ...]`), guided = uncond + scale * (cond - uncond). Lumina's defaults:
-  cfg 3.0 (4.0 in its demos), image top-k 2000, temperature 1.0.
-Here start and size tokens are forced from the requested size (Lumina lets the model emit them).
+The protocol (prompt template, span layout, forced row ends, CFG rows) is the Chameleon
+family's: models/families/chameleon/lumina.py; this module keeps the names older code imports.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 
-from ..errors import ConfigError, InputError
-from .sampling import make_generator, process_logits, sample_from_logits
-from .chameleon_decode import append_step, device_of, image_token_ids, image_vocab, restrict
-
-PATCH = 32  # pixels per size-token grid
-LATENT_PER_GRID = 2  # VQ codes per grid side (16-pixel codes)
-TEMPLATE = "Generate an image of {w}x{h} according to the following prompt:\n{caption}"
-START, END, NEWLINE, SEP = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
-
-
-def size_token(n_grids: int) -> str:
-    return f"<reserved{8800 + n_grids:05d}>"
-
-
-class LuminaTokenizer:
-    """The checkpoint's tokenizer.json (HF `tokenizers`) plus the protocol's special ids."""
-
-    def __init__(self, path):
-        try:
-            from tokenizers import Tokenizer
-        except ImportError as e:
-            raise ConfigError("text prompts need the `tokenizers` package: pip install 'lisa-trt[chameleon]'") from e
-        path = Path(path)
-        file = path / "tokenizer.json" if path.is_dir() else path
-        if not file.is_file():
-            raise ConfigError(f"no tokenizer.json in {path}: copy the checkpoint's tokenizer.json (and "
-                              "tokenizer_config.json) into the model directory (see docs/chameleon.md)")
-        self.tok = Tokenizer.from_file(str(file))
-        self.bos = self.id(self._bos_name(file.parent))
-        self.start, self.end, self.newline, self.sep = (self.id(n) for n in (START, END, NEWLINE, SEP))
-
-    @staticmethod
-    def _bos_name(folder: Path) -> str:
-        import json
-
-        cfg = folder / "tokenizer_config.json"
-        if cfg.is_file():
-            bos = json.loads(cfg.read_text()).get("bos_token")
-            bos = bos.get("content") if isinstance(bos, dict) else bos
-            if bos:
-                return bos
-        return "<s>"
-
-    def id(self, name: str) -> int:
-        i = self.tok.token_to_id(name)
-        if i is None:
-            raise ConfigError(f"the tokenizer has no token {name!r}: is this a Lumina-mGPT / Chameleon tokenizer?")
-        return int(i)
-
-    def prompt_ids(self, caption: str, width: int, height: int) -> list[int]:
-        # Lumina-mGPT tokenizes the whole turn, separator included (it is an added token)
-        text = TEMPLATE.format(w=width, h=height, caption=caption) + SEP
-        return [self.bos] + self.tok.encode(text, add_special_tokens=False).ids
-
-    def span_prefix(self, width: int, height: int) -> list[int]:
-        hg, wg = grids(width, height)
-        return [self.start, self.id(size_token(hg)), self.id(size_token(wg))]
-
-
-def grids(width: int, height: int) -> tuple[int, int]:
-    if width % PATCH or height % PATCH or width <= 0 or height <= 0:
-        raise InputError(f"image size {width}x{height}: width and height must be positive multiples of {PATCH}")
-    return height // PATCH, width // PATCH
-
-
-def row_end_mask(h_lat: int, w_lat: int) -> torch.Tensor:
-    """(h_lat * (w_lat + 1),) bool: True at span positions that hold the forced row-end token.
-    Samplers and tree drafters must skip these positions."""
-    m = torch.zeros(h_lat, w_lat + 1, dtype=torch.bool)
-    m[:, -1] = True
-    return m.flatten()
-
-
-@dataclass
-class LuminaImages:
-    tokens: torch.Tensor  # (B, L) the span after the size tokens: codes and row ends (token ids)
-    codes: torch.Tensor  # (B, h_lat, w_lat) VQ code indices
-
-
-def _batch(rows: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad rows of ids -> (ids (B, T), valid (B, T))."""
-    T = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), T, dtype=torch.long, device=device)
-    valid = torch.zeros(len(rows), T, dtype=torch.bool, device=device)
-    for i, r in enumerate(rows):
-        ids[i, T - len(r):] = torch.tensor(r, dtype=torch.long)
-        valid[i, T - len(r):] = True
-    return ids, valid
+from ..models.families.chameleon.lumina import (END, LATENT_PER_GRID, NEWLINE, PATCH, SEP, START, TEMPLATE,  # noqa: F401
+                                                LuminaImages, LuminaTokenizer, grids, row_end_mask, size_token,
+                                                span_request, tokens_to_codes)
+from ..models.families.chameleon.vq import find_vq_dir  # noqa: F401 (re-exported)
+from .autoregressive import generate
+from .sampling import cfg_active
 
 
 @torch.no_grad()
 def generate_image_tokens(target, tokenizer: LuminaTokenizer, captions: Sequence[str], width: int, height: int,
                           *, cfg_scale: float = 3.0, temperature: float = 1.0, top_k: int = 2000,
-                          greedy: bool = False, seed: Optional[int] = None) -> LuminaImages:
-    """Sample one image per caption with Lumina-mGPT's protocol (KV-cached, CFG as batch halves)."""
-    hg, wg = grids(width, height)
-    h_lat, w_lat = hg * LATENT_PER_GRID, wg * LATENT_PER_GRID
-    dev = device_of(target)
-    prefix = tokenizer.span_prefix(width, height)
-    rows = [tokenizer.prompt_ids(c, width, height) + prefix for c in captions]
-    use_cfg = cfg_scale != 1.0
-    if use_cfg:
-        rows += [prefix] * len(captions)  # the unconditional sequence: the span alone, from position 0
-    ids, valid = _batch(rows, dev)
-    B, L = len(captions), h_lat * (w_lat + 1)
-    cache = target.new_cache(ids.shape[0], ids.shape[1] + L)
-    gen = make_generator(seed, dev)
-    allowed = image_token_ids(target)
-    forced = row_end_mask(h_lat, w_lat)
-    raw = target.prefill(ids, cache, valid).logits[:, -1]
-    out = torch.empty(B, L, dtype=torch.long, device=dev)
-    for i in range(L):
-        if i > 0:
-            x = out[:, i - 1: i]
-            x = torch.cat([x, x]) if use_cfg else x
-            pos, slots, mask = append_step(cache, x)
-            raw = target.forward_tokens(x, pos, slots, mask, cache).logits[:, -1]
-            cache.lengths += 1
-        if forced[i]:
-            out[:, i] = tokenizer.newline
-            continue
-        logits = raw.float()
-        if use_cfg:
-            cond, uncond = logits[:B], logits[B:]
-            logits = uncond + cfg_scale * (cond - uncond)
-        logits = restrict(logits, allowed)
-        if not greedy:
-            logits = process_logits(logits, temperature, top_k)
-        out[:, i] = sample_from_logits(logits, gen, greedy)
+                          greedy: bool = False, seed: Optional[int] = None, top_p: float = 1.0,
+                          cfg_interval: int = -1, seeds=None) -> LuminaImages:
+    """Sample one image per caption with Lumina-mGPT's protocol (the generic AR loop)."""
+    prompts, layout, (h_lat, w_lat) = span_request(target, tokenizer, captions, width, height, cfg_active(cfg_scale))
+    out = generate(target, prompts, layout=layout, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
+                   top_p=top_p, greedy=greedy, seed=seed, cfg_interval=cfg_interval, seeds=seeds)
     return LuminaImages(out, tokens_to_codes(target, out, h_lat, w_lat))
-
-
-def tokens_to_codes(target, span: torch.Tensor, h_lat: int, w_lat: int) -> torch.Tensor:
-    """Span tokens (B, h_lat * (w_lat + 1)) -> VQ codes (B, h_lat, w_lat) (row ends dropped)."""
-    vm = image_vocab(target.config.vocabulary_map, target.config.vocab_size)
-    lut = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
-    for t, c in vm.items():
-        lut[t] = c
-    grid = span.view(span.shape[0], h_lat, w_lat + 1)[:, :, :w_lat].cpu()
-    codes = lut[grid]
-    if (codes < 0).any():
-        raise InputError("the image span holds non-image tokens where codes belong")
-    return codes
-
-
-def find_vq_dir(model_dir: Path) -> Optional[Path]:
-    """Where a VQGAN is expected beside a checkpoint (docs/chameleon.md): DIR/vqgan/ or DIR."""
-    for d in (model_dir / "vqgan", model_dir):
-        if any((d / n).is_file() for n in ("vqgan.ckpt", "vqgan.safetensors")):
-            return d
-    return None

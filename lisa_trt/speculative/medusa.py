@@ -42,7 +42,7 @@ class MedusaTarget:
 
     @staticmethod
     def _swap(out):
-        from ..models.llamagen import TargetOutput
+        from ..models.layers import TargetOutput
 
         if out.hidden is None:
             raise InputError("Medusa heads need the target's final hidden state; this target engine returns none "
@@ -68,7 +68,7 @@ class MedusaDrafter:
 
     def new_cache(self, batch: int, max_len: int, dtype=None):
         from ..config import find_multiple
-        from ..models.llamagen import KVCache
+        from ..models.layers import KVCache
 
         return KVCache(_NoKV, batch, find_multiple(max_len, 8), torch.float32, self._device())
 

@@ -58,6 +58,8 @@ class OracleDrafter:
             prefix of the oracle's cache).
     """
 
+    keeps_prompt = True  # its cache is the target's, prompt included (the decode loop keeps it valid)
+
     def __init__(self, target: RecordingTarget):
         if not isinstance(target, RecordingTarget):
             raise InputError("OracleDrafter needs the RecordingTarget the decode loop uses; "

@@ -20,6 +20,12 @@ def split_cfg(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x[:half], x[half:]
 
 
+def cfg_active(cfg_scale: float) -> bool:
+    """THE rule for every family and loop: guidance runs as [cond; uncond] rows when
+    cfg_scale > 1 (LlamaGen's and transformers' rule); cfg_scale <= 1 means no guidance."""
+    return cfg_scale > 1.0
+
+
 def cfg_combine(logits: torch.Tensor, scale: float) -> torch.Tensor:
     """(2B, ..., V) CFG batch -> (B, ..., V) guided fp32 logits."""
     cond, uncond = split_cfg(logits.float())
@@ -68,7 +74,7 @@ def guided_logits(raw: torch.Tensor, cfg_scale: float, use_cfg: bool) -> torch.T
         raw: (2B, ..., V) when CFG is on (cfg_scale > 1), else (B, ..., V).
         use_cfg: False after `cfg_interval`: the conditional half alone is used.
     """
-    if cfg_scale > 1.0:
+    if cfg_active(cfg_scale):
         return cfg_combine(raw, cfg_scale) if use_cfg else split_cfg(raw)[0].float()
     return raw.float()
 

@@ -93,7 +93,10 @@ class CaptionConds:
 
 def as_target_cond(target, cond):
     """A batch condition as the target takes it: CaptionRows -> (features, mask) with the null
-    rows replaced by the target's null caption; class ids pass through."""
+    rows replaced by the target's null caption; prompt rows (train/requests.PromptRows) ->
+    (ids, valid); class ids pass through."""
+    if hasattr(cond, "as_cond"):
+        return cond.as_cond()
     if not isinstance(cond, CaptionRows):
         return cond
     feats, mask = cond.feats.to(target.output.weight.dtype), cond.mask

@@ -78,6 +78,7 @@ class Batch:
     taps: torch.Tensor  # (B, N, 3H): [:, j] from the position whose logits predict tokens[:, j]
     logits: torch.Tensor  # (B, N, V) fp32, aligned with taps
     hidden: torch.Tensor  # (B, N, H) final normed hidden, aligned with taps
+    start: Optional[torch.Tensor] = None  # (B,) position of tokens[:, 0] (None: cls_token_num)
 
 
 # ----------------------------------------------------------------------------- token files
@@ -173,14 +174,29 @@ def self_distill_tokens(target, n: int, *, cfg_scale: float = 4.0, temperature: 
 
 
 def build_dataset(target, cfg: DataConfig, seed: int, data_dir: Path, *, is_main: bool = True,
-                  barrier=lambda: None, progress: bool = True) -> tuple[TokenDataset, TokenDataset]:
+                  barrier=lambda: None, progress: bool = True, request=None,
+                  resuming: bool = False) -> tuple[TokenDataset, TokenDataset]:
     """(train, held-out) datasets. Self-distilled sequences are generated once (by the main rank)
-    and stored in data_dir/selfdistill.safetensors, so a resumed run reads the same data."""
+    and stored in data_dir/selfdistill.safetensors, so a resumed run reads the same data.
+
+    request: for prompt-id families (Chameleon, Janus), the prompts and layout to roll out
+        (a models.family.Request, train/requests.py); class ids / captions otherwise.
+    resuming: the run has a checkpoint (prompt rollouts must then match the stored ones)."""
     tcfg = target.config
+    if request is not None:
+        from .requests import build_prompt_dataset
+
+        return build_prompt_dataset(target, request, cfg, seed, data_dir, is_main=is_main, barrier=barrier,
+                                    progress=progress, resuming=resuming)
     if tcfg.model_type == "t2i":
         from .captions import build_caption_dataset
 
         return build_caption_dataset(target, cfg, seed, data_dir, is_main=is_main, barrier=barrier, progress=progress)
+    fam = family_of(tcfg)
+    if not fam.class_conditioned(tcfg):
+        raise InputError(f"{fam.name} targets are prompt-conditioned: train them on rollouts of prompts "
+                         "(train_drafter(..., request=family.prompter(target).encode(texts, cfg=True)), or "
+                         "train.requests.prompt_request(target, prompt_ids))")
     if cfg.source == "tokens":
         ds = load_token_file(cfg.token_file, tcfg)
         if len(ds) <= cfg.eval_samples:
@@ -233,14 +249,20 @@ class OnlineFeatures:
 
         device = self.target.output.weight.device
         cond, tokens = self.dataset.cond[rows].to(device), self.dataset.tokens[rows].to(device)
-        out = self.target.forward_train(as_target_cond(self.target, cond), tokens, taps=True)
-        return Batch(cond, tokens, out.taps, out.logits.float(), out.hidden)
+        tc = as_target_cond(self.target, cond)
+        out = self.target.forward_train(tc, tokens, taps=True)
+        return Batch(cond, tokens, out.taps, out.logits.float(), out.hidden, self.target.start_positions(tc))
 
 
-def estimate_cache_bytes(n: int, tcfg, dtype: str = "float32") -> int:
-    """Bytes of a feature cache: n x block x (3H taps + H hidden) x element size."""
+def estimate_cache_bytes(n: int, tcfg, dtype: str = "float32", n_tokens: Optional[int] = None,
+                         hidden: Optional[int] = None) -> int:
+    """Bytes of a feature cache: n x tokens x (3H taps + H' hidden) x element size.
+
+    n_tokens: tokens per sequence (default tcfg.block_size); hidden: width H' of the final hidden
+    the head reads (default tcfg.dim)."""
     size = torch.tensor([], dtype=getattr(torch, dtype)).element_size()
-    return n * tcfg.block_size * 4 * tcfg.dim * size
+    n_tokens = tcfg.block_size if n_tokens is None else n_tokens
+    return n * n_tokens * (3 * tcfg.dim + (tcfg.dim if hidden is None else hidden)) * size
 
 
 class FeatureCache:
@@ -269,8 +291,9 @@ class FeatureCache:
     def build(self, batch_size: int = 16, progress: bool = True) -> None:
         """Compute and write missing shards (prints the size estimate first)."""
         tcfg = self.target.config
-        est = estimate_cache_bytes(len(self.dataset), tcfg, self.dtype)
-        print(f"feature cache: {len(self.dataset)} sequences x {tcfg.block_size} positions x {4 * tcfg.dim} "
+        N, H = self.dataset.tokens.shape[1], self.target.output.in_features
+        est = estimate_cache_bytes(len(self.dataset), tcfg, self.dtype, N, H)
+        print(f"feature cache: {len(self.dataset)} sequences x {N} positions x {3 * tcfg.dim + H} "
               f"{self.dtype} = {_human(est)} in {self.n_shards} shards at {self.root}", flush=True)
         online = OnlineFeatures(self.target, self.dataset)
         dt = getattr(torch, self.dtype)
@@ -302,11 +325,14 @@ class FeatureCache:
             o = r % self.shard_size
             taps.append(h.get_slice("taps")[o:o + 1])
             hidden.append(h.get_slice("hidden")[o:o + 1])
+        from .captions import as_target_cond
+
         wdt = self.target.output.weight.dtype
         hid = torch.cat(hidden).to(device=device, dtype=wdt)
         logits = self.target.output(hid).float()
-        return Batch(self.dataset.cond[rows].to(device), self.dataset.tokens[rows].to(device),
-                     torch.cat(taps).to(device=device, dtype=wdt), logits, hid)
+        cond = self.dataset.cond[rows].to(device)
+        return Batch(cond, self.dataset.tokens[rows].to(device), torch.cat(taps).to(device=device, dtype=wdt),
+                     logits, hid, self.target.start_positions(as_target_cond(self.target, cond)))
 
 
 def _human(n: int) -> str:

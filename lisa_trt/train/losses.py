@@ -188,6 +188,12 @@ def soft_ce(t_logits: torch.Tensor, s_logits: torch.Tensor) -> torch.Tensor:
     return -(t_logits.float().softmax(-1) * s_logits.float().log_softmax(-1)).sum(-1)
 
 
+def kl_to_target(t_logits: torch.Tensor, s_logits: torch.Tensor) -> torch.Tensor:
+    """KL(p_t || p_s) = soft CE - H(p_t): (M, V) x2 -> (M,) (the soft CE without its floor)."""
+    lt, ls = t_logits.float().log_softmax(-1), s_logits.float().log_softmax(-1)
+    return (lt.exp() * (lt - ls)).nan_to_num(0.0).sum(-1)
+
+
 def nucleus_ce(t_logits: torch.Tensor, s_logits: torch.Tensor, top_p: float = 0.9) -> torch.Tensor:
     """Truncated CE over the target nucleus S_t (top-p, first token always kept):
     -sum_{v in S_t} p~_t(v) log p_s(v) with p~_t renormalised on S_t. (M, V) x2 -> (M,)."""

@@ -15,6 +15,20 @@ atomic checkpoints every N steps (model, optimiser, scheduler, RNG states, step,
 resumed exactly, JSONL metrics, final MAL-proxy eval on held-out sequences. Multi-GPU: run the
 same entry point under torchrun (WORLD_SIZE set -> torch.distributed + DDP); single process
 otherwise. Rank 0 writes every file.
+
+Every model family trains through this one loop; what differs is asked of the target and of
+the family's layout, never named (models/drafter.py lists the drafter protocol):
+- teacher forcing: `target.forward_train(cond, tokens, taps=True)` (logits [:, j] predict
+  tokens[:, j], taps aligned) and `target.start_positions(cond)`, the position of tokens[:, 0]
+  (LlamaGen: cls_token_num; prompt-id families: each row's real prompt length, left padding);
+- data: class ids / captions (LlamaGen) or a `request` (models.family.Request: prompts + the
+  family's SequenceLayout, rolled out through the generic AR loop, train/requests.py);
+- the trained vocabulary (`TrainVocab`, from the layout): where the layout restricts sampling to
+  `allowed` ids (Chameleon: the image codes inside the whole-vocabulary head), the drafter head
+  predicts those ids only (d2t) and the losses compare the target renormalised over them (the
+  law the decode loop samples from); forced indices (Lumina's row ends) carry no loss and count
+  as accepted in the MAL proxy (the decode loop commits them with probability 1);
+- the LISA codebook: one row per head id, or the VQ rows of the layout's SubVocab codes.
 """
 
 from __future__ import annotations
@@ -39,7 +53,8 @@ from ..io import atomic_write, write_json
 from ..models.draft_vocab import build_d2t, in_vocab_mass, restrict
 from ..models.drafter import Drafter, save_drafter
 from .data import Batch, DataConfig, FeatureCache, OnlineFeatures, batch_indices, build_dataset, epoch_permutation
-from .losses import LossConfig, agreement_stats, combine_ttt, estimate_radius, locality_score, mal_proxy, step_loss
+from .losses import (LossConfig, agreement_stats, combine_ttt, estimate_radius, kl_to_target, locality_score, mal_proxy,
+                     step_loss)
 
 
 @dataclass(frozen=True)
@@ -100,7 +115,8 @@ def unroll_mask(n: int, s: int, device=None) -> torch.Tensor:
     return torch.cat(blocks, dim=1)[None]
 
 
-def ttt_unroll(drafter: Drafter, taps: torch.Tensor, tokens: torch.Tensor, n_steps: int) -> list:
+def ttt_unroll(drafter: Drafter, taps: torch.Tensor, tokens: torch.Tensor, n_steps: int,
+               start: Optional[torch.Tensor] = None) -> list:
     """Run the EAGLE-3 training-time-test unroll.
 
     Args:
@@ -108,6 +124,8 @@ def ttt_unroll(drafter: Drafter, taps: torch.Tensor, tokens: torch.Tensor, n_ste
         taps: (B, N, 3H) target taps aligned with tokens (forward_train convention).
         tokens: (B, N) image tokens.
         n_steps: unroll steps S.
+        start: (B,) position of tokens[:, 0] per row (target.start_positions); None: the
+            drafter's cls_token_num (LlamaGen's fixed prefix).
     Returns:
         list over s of (logits (B, N-1, V), hidden (B, N-1, H)); entry j of step s predicts
         tokens[:, j + s + 1] and is meaningful for j < N - 1 - s.
@@ -121,7 +139,10 @@ def ttt_unroll(drafter: Drafter, taps: torch.Tensor, tokens: torch.Tensor, n_ste
     outs = []
     for s in range(min(n_steps, n0)):
         idx = (j + s).clamp(max=N - 1)  # token consumed by entry j at step s
-        pos = (C + idx)[None].expand(B, n0)
+        if start is None:
+            pos = (C + idx)[None].expand(B, n0)
+        else:
+            pos = start.to(tokens.device)[:, None] + idx[None]  # (B, n0): per-row prompt lengths
         logits, hidden, k, v = drafter.forward_kv(hidden, tokens[:, idx], pos, k, v,
                                                   unroll_mask(n0, s, tokens.device))
         outs.append((logits, hidden))
@@ -135,16 +156,55 @@ class _Unroll(nn.Module):
         super().__init__()
         self.drafter, self.n_steps = drafter, n_steps
 
-    def forward(self, taps, tokens):
-        return ttt_unroll(self.drafter, taps, tokens, self.n_steps)
+    def forward(self, taps, tokens, start=None):
+        return ttt_unroll(self.drafter, taps, tokens, self.n_steps, start)
+
+
+@dataclass(frozen=True)
+class TrainVocab:
+    """What the family's layout says about the trained tokens (module docstring).
+
+    ids: (K,) sorted token ids that may be generated (SequenceLayout.allowed), None: every id.
+    trained: (N,) bool, False at forced token indices (no loss there), None: every index.
+    """
+
+    ids: Optional[torch.Tensor] = None
+    trained: Optional[torch.Tensor] = None
+
+    @classmethod
+    def of(cls, layout) -> "TrainVocab":
+        if layout is None:
+            return cls()
+        trained = None if layout.forced is None else (layout.forced < 0)
+        return cls(layout.allowed, trained)
+
+    def keep(self, s: int, device) -> Optional[torch.Tensor]:
+        """(N - 1 - s,) bool over the entries of unroll step s (entry j predicts index j + s + 1)."""
+        return None if self.trained is None else self.trained[s + 1:].to(device)
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits (..., V) with -inf outside the allowed ids (unchanged without a restriction)."""
+        if self.ids is None:
+            return logits
+        keep = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+        keep[self.ids.to(logits.device)] = True
+        return logits.masked_fill(~keep, float("-inf"))
+
+    def gather(self, *logits: torch.Tensor) -> tuple:
+        """Logits (..., V) restricted to the allowed ids (unchanged without a restriction)."""
+        if self.ids is None:
+            return logits
+        return tuple(x.index_select(-1, self.ids.to(x.device)) for x in logits)
 
 
 def ttt_loss(outs: list, batch: Batch, cfg: LossConfig, *, codebook=None, radius=None, step: int = 0,
-             total_steps: int = 1, d2t=None) -> tuple[torch.Tensor, dict]:
+             total_steps: int = 1, d2t=None, vocab: TrainVocab = TrainVocab()) -> tuple[torch.Tensor, dict]:
     """sum_s decay^s * loss_s over the valid entries of each unroll step, plus per-step stats.
 
     With a reduced draft vocabulary (`d2t`) the losses run on the draft vocabulary (target
-    renormalised over it, codebook rows d2t); top-1 agreement stays over the full vocabulary.
+    renormalised over it, codebook rows d2t); top-1 agreement stays over the full vocabulary
+    (over `vocab.ids` when the layout restricts it). Entries predicting a forced index
+    (`vocab.trained` False) are dropped.
     """
     V = batch.logits.shape[-1]
     if d2t is not None:
@@ -153,17 +213,22 @@ def ttt_loss(outs: list, batch: Batch, cfg: LossConfig, *, codebook=None, radius
     extra = {}
     for s, (logits, hidden) in enumerate(outs):
         n = logits.shape[1] - s
-        s_l = logits[:, :n].reshape(-1, V)
-        t_l = batch.logits[:, s + 1:].reshape(-1, V)
-        t_full, s_full = t_l, s_l
+        s_l, t_l, keep = logits[:, :n], batch.logits[:, s + 1:], vocab.keep(s, logits.device)
+        h_s, h_t = hidden[:, :n], (batch.hidden[:, s + 1:] if cfg.kind == "eagle1" else None)
+        if keep is not None:
+            s_l, t_l, h_s = s_l[:, keep], t_l[:, keep], h_s[:, keep]
+            h_t = None if h_t is None else h_t[:, keep]
+        if s_l.shape[1] == 0:
+            continue
+        s_l, t_l = s_l.reshape(-1, V), t_l.reshape(-1, V)
+        t_full, s_full = vocab.gather(t_l, s_l)  # agreement over what the layout lets the loop sample
         if d2t is not None:
-            t_l, s_l, _ = restrict(t_l, s_l, d2t)
             if s == 0:
-                stats["in_vocab_mass_0"] = float(in_vocab_mass(t_full, d2t).mean())
+                stats["in_vocab_mass_0"] = float(in_vocab_mass(vocab.mask(t_l), d2t).mean())
+            t_l, s_l, _ = restrict(t_l, s_l, d2t)
         kw = {}
         if cfg.kind == "eagle1":
-            kw = dict(pred_hidden=hidden[:, :n].reshape(-1, hidden.shape[-1]),
-                      target_hidden=batch.hidden[:, s + 1:].reshape(-1, batch.hidden.shape[-1]))
+            kw = dict(pred_hidden=h_s.reshape(-1, h_s.shape[-1]), target_hidden=h_t.reshape(-1, h_t.shape[-1]))
         loss, st = step_loss(t_l, s_l, cfg, codebook=codebook, radius=radius, step=step,
                              total_steps=total_steps, **kw)
         losses.append(loss)
@@ -176,6 +241,9 @@ def ttt_loss(outs: list, batch: Batch, cfg: LossConfig, *, codebook=None, radius
             stats["in_nbhd_s"].append(float(loc["in_nbhd"].mean()))
         if s == 0:
             extra = {k: float(v) for k, v in st.items() if k not in ("in_nbhd",)}
+            stats["kl_0"] = float(kl_to_target(t_l, s_l.detach()).mean())  # 0 when the drafter matches
+    if not losses:
+        raise ConfigError("no trained position in this batch: every predicted token is forced by the layout")
     total = combine_ttt(losses, cfg.ttt_decay)
     stats.update({f"{k}_0": v for k, v in extra.items()})
     return total, stats
@@ -281,13 +349,15 @@ def load_latest_checkpoint(out_dir: Path) -> Optional[dict]:
 # ----------------------------------------------------------------------------- eval
 
 @torch.no_grad()
-def evaluate_mal_proxy(drafter: Drafter, features, n_rows: int, depth: int, batch_size: int = 8) -> dict:
+def evaluate_mal_proxy(drafter: Drafter, features, n_rows: int, depth: int, batch_size: int = 8,
+                       vocab: TrainVocab = TrainVocab()) -> dict:
     """Chain acceptance proxies on held-out sequences (teacher-forced TTT unroll of `depth`).
 
     accept_s = sum_v min(p_t, p_s) is the lossless acceptance probability of a sampled draft at
     step s; since accepted tokens are distributed as the target (as are self-distilled data),
     mal_proxy = 1 + sum_d prod_{s<d} accept_s estimates the chain MAL under exact sampling
     (per CFG half, temperature 1). mal_top1 uses top-1 agreement instead (greedy chain).
+    With a layout (`vocab`): both laws over the allowed ids; forced indices are accepted (1).
     """
     if n_rows == 0:
         return {}
@@ -297,12 +367,15 @@ def evaluate_mal_proxy(drafter: Drafter, features, n_rows: int, depth: int, batc
     per_top3 = [[] for _ in range(depth)]
     for lo in range(0, n_rows, batch_size):
         b = features.batch(torch.arange(lo, min(lo + batch_size, n_rows)))
-        outs = ttt_unroll(drafter, b.taps, b.tokens, depth)
+        outs = ttt_unroll(drafter, b.taps, b.tokens, depth, b.start)
         N = b.tokens.shape[1]
         n_chain = N - 1 - len(outs) + 1  # entries whose every step is valid
         a_s, t_s = [], []
         for s, (logits, _) in enumerate(outs):
-            st = agreement_stats(b.logits[:, s + 1:], logits[:, : N - 1 - s])
+            st = agreement_stats(*vocab.gather(b.logits[:, s + 1:], logits[:, : N - 1 - s]))
+            keep = vocab.keep(s, logits.device)
+            if keep is not None:  # forced tokens are committed with probability 1
+                st = {k: torch.where(keep, v, torch.ones_like(v)) for k, v in st.items()}
             per_acc[s].append(st["accept"].flatten())
             per_top[s].append(st["top1"].flatten())
             per_top3[s].append(st["top3"].flatten())
@@ -335,10 +408,10 @@ def _truncate_metrics(path: Path, step: int) -> None:
 
 
 def _periodic_eval(drafter, target, eval_set, cfg: TrainConfig, batch_size: int, step: int, metrics_path: Path,
-                   eval_fn=None) -> None:
+                   eval_fn=None, vocab: TrainVocab = TrainVocab()) -> None:
     """One "eval" record in metrics.jsonl: held-out MAL proxy, top-1/top-3 per step, eval_fn's."""
     ev = evaluate_mal_proxy(drafter, OnlineFeatures(target, eval_set), len(eval_set),
-                            cfg.eval_depth or cfg.ttt_steps, batch_size=batch_size)
+                            cfg.eval_depth or cfg.ttt_steps, batch_size=batch_size, vocab=vocab)
     if eval_fn is not None:
         was = drafter.training
         ev.update(eval_fn(drafter.eval(), step))
@@ -347,24 +420,65 @@ def _periodic_eval(drafter, target, eval_set, cfg: TrainConfig, batch_size: int,
         f.write(json.dumps({"step": step, "eval": ev}) + "\n")
 
 
-def _make_drafter(target, cfg: TrainConfig, train_tokens: Optional[torch.Tensor] = None) -> Drafter:
+def _d2t_within(tokens: torch.Tensor, ids: torch.Tensor, n: int) -> torch.Tensor:
+    """The n most frequent of `ids` in `tokens` (ties: lower id first), ascending."""
+    if not 1 <= n <= ids.numel():
+        raise ConfigError(f"--draft-vocab must lie in 1..{ids.numel()} (the ids this layout may generate), got {n}")
+    ids = ids.cpu()
+    counts = torch.bincount(tokens.reshape(-1).cpu(), minlength=int(ids.max()) + 1)[ids].double()
+    score = counts - torch.arange(ids.numel(), dtype=torch.double) / (2.0 * ids.numel())
+    return ids[score.topk(n).indices].sort().values
+
+
+def _make_drafter(target, cfg: TrainConfig, train_tokens: Optional[torch.Tensor] = None,
+                  vocab: TrainVocab = TrainVocab()) -> Drafter:
     d2t = None
-    if cfg.draft_vocab:
+    if vocab.ids is not None:  # the head predicts what the layout lets the loop draft
+        d2t = vocab.ids.cpu()
+        if cfg.draft_vocab:
+            toks = train_tokens if vocab.trained is None else train_tokens[:, vocab.trained.cpu()]
+            d2t = _d2t_within(toks, d2t, cfg.draft_vocab)
+    elif cfg.draft_vocab:
         if train_tokens is None:
             raise ConfigError("a reduced draft vocabulary is counted on the training tokens; none were given")
-        d2t = build_d2t(train_tokens, target.config.vocab_size, cfg.draft_vocab)
+        d2t = build_d2t(train_tokens, target.output.out_features, cfg.draft_vocab)
     return Drafter.from_target(target, hidden=cfg.drafter_hidden, n_head=cfg.drafter_heads,
                                ffn_hidden=cfg.drafter_ffn, target_name=cfg.target_name,
                                init_head_from_target=cfg.init_head_from_target, d2t=d2t)
 
 
-def _estimate_radius(features, n: int, cfg: TrainConfig, codebook) -> float:
-    """Radius for median |N| = nbhd_size on the first (unshuffled) training sequences."""
+def _estimate_radius(features, n: int, cfg: TrainConfig, codebook, vocab: TrainVocab = TrainVocab(),
+                     d2t=None) -> float:
+    """Radius for median |N| = nbhd_size on the first (unshuffled) training sequences (over the
+    layout's trained indices and the drafter's vocabulary when the layout restricts it)."""
     probs = []
     for lo in range(0, min(n, 32), cfg.batch_size):
         b = features.batch(torch.arange(lo, min(lo + cfg.batch_size, n, 32)))
-        probs.append(b.logits[:, 1:].reshape(-1, b.logits.shape[-1]).softmax(-1))
+        lg, keep = b.logits[:, 1:], vocab.keep(0, b.logits.device)
+        if keep is not None:
+            lg = lg[:, keep]
+        if vocab.ids is not None and d2t is not None:
+            lg = lg.index_select(-1, d2t.to(lg.device))
+        probs.append(lg.reshape(-1, lg.shape[-1]).softmax(-1))
+    if vocab.ids is not None and d2t is not None:
+        codebook = codebook.index_select(0, d2t.to(codebook.device))
     return estimate_radius(torch.cat(probs), codebook, cfg.loss.top_kc, cfg.loss.nbhd_size)
+
+
+def _vocab_codebook(codebook: torch.Tensor, head_size: int, layout) -> torch.Tensor:
+    """One L2-normalised row per head id: the codebook as given (head_size rows), or the VQ rows
+    of a layout's SubVocab codes scattered to their token ids (zero rows elsewhere; the losses
+    only read the drafter's vocabulary, which lies inside the codes)."""
+    codebook = F.normalize(codebook.detach().float(), dim=-1)
+    if codebook.shape[0] == head_size:
+        return codebook
+    sv = getattr(layout, "sub_vocab", None)
+    if sv is not None and codebook.shape[0] > int(sv.codes.max()):
+        full = codebook.new_zeros(head_size, codebook.shape[1])
+        full[sv.code_ids.to(codebook.device)] = codebook[sv.codes.to(codebook.device)]
+        return full
+    raise ConfigError(f"codebook has {codebook.shape[0]} rows; the target head has {head_size} ids"
+                      + ("" if sv is None else f" and the layout's sub-vocabulary {sv.K} codes"))
 
 
 # settings that change what is logged and saved, not what is learnt: an extension may change them
@@ -398,13 +512,18 @@ def _check_resume(saved: dict, cfg: TrainConfig, at_step: int, out_dir: Path, ex
 
 
 def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConfig, out_dir,
-                  progress: bool = True, eval_fn=None, extend: bool = False) -> dict:
+                  progress: bool = True, eval_fn=None, extend: bool = False, request=None) -> dict:
     """Distil an EAGLE-3 drafter from `target` (resumes from out_dir/checkpoints if present).
 
     Args:
-        target: lisa_trt Transformer (frozen; under DDP place it on cuda:LOCAL_RANK first).
-        codebook: (V, d) VQ codebook (L2-normalised here); required by the LISA selection,
-            optional otherwise (then no in-neighbourhood metric).
+        target: a target of any family (LlamaGen Transformer, ChameleonTarget, JanusTarget; frozen;
+            under DDP place it on cuda:LOCAL_RANK first).
+        codebook: VQ codebook (L2-normalised here): (V, d) one row per head id, or, for a layout
+            with a sub-vocabulary (Chameleon), the VQ's own (n_codes, d) rows; required by the
+            LISA selection, optional otherwise (then no in-neighbourhood metric).
+        request: prompt-id families: the prompts and layout to self-distil from (a
+            models.family.Request: the family prompter's `encode(texts, cfg=True)`, or
+            train.requests.prompt_request(target, ids)); None for class ids / captions (cfg.data).
         eval_fn: optional (drafter, step) -> dict, called with train_cfg.eval_every (e.g. real
             decoding MAL on held-out prompts); its result is logged with the held-out proxies.
         extend: resume a run whose checkpoint was made with fewer `steps` (everything else equal);
@@ -425,11 +544,10 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
                           "loss kind 'eagle3'")
     target.eval()
     device = target.output.weight.device
+    layout = None if request is None else request.layout
+    vocab = TrainVocab.of(layout)
     if codebook is not None:
-        codebook = F.normalize(codebook.detach().float().to(device), dim=-1)
-        if codebook.shape[0] != target.config.vocab_size:
-            raise ConfigError(f"codebook has {codebook.shape[0]} rows; the target vocabulary has "
-                              f"{target.config.vocab_size}")
+        codebook = _vocab_codebook(codebook.to(device), target.output.out_features, layout)
     # settings checked against the checkpoint before any data is generated
     state = load_latest_checkpoint(out_dir)
     note = None
@@ -444,7 +562,8 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
     show = progress and main
 
     train_set, eval_set = build_dataset(target, cfg.data, cfg.seed, out_dir / "data", is_main=main,
-                                        barrier=dist.barrier, progress=show)
+                                        barrier=dist.barrier, progress=show, request=request,
+                                        resuming=state is not None)
     if cfg.data.features == "cache":
         root = Path(cfg.data.cache_dir) if cfg.data.cache_dir else out_dir / "features"
         features = FeatureCache(target, train_set, root, shard_size=cfg.data.shard_size, dtype=cfg.data.cache_dtype)
@@ -454,10 +573,11 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
     else:
         features = OnlineFeatures(target, train_set)
 
-    drafter = _make_drafter(target, cfg, train_set.tokens).train()
-    if cfg.loss.kind == "eagle1" and drafter.config.hidden != target.config.dim:
+    drafter = _make_drafter(target, cfg, train_set.tokens, vocab).train()
+    width = target.output.in_features  # the final hidden the target's head reads (Batch.hidden)
+    if cfg.loss.kind == "eagle1" and drafter.config.hidden != width:
         raise ConfigError("the eagle1 loss regresses the target's hidden state: drafter_hidden must equal "
-                          f"the target dim {target.config.dim}")
+                          f"its width {width}")
     model = _Unroll(drafter, cfg.ttt_steps)
     if dist.enabled:
         ids = None
@@ -482,7 +602,7 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
         if main:
             print(note or f"resuming {out_dir} from step {start} of {cfg.steps} (its latest checkpoint)", file=sys.stderr)
     elif radius is None and codebook is not None:
-        radius = _estimate_radius(features, len(train_set), cfg, codebook)
+        radius = _estimate_radius(features, len(train_set), cfg, codebook, vocab, drafter.d2t)
 
     metrics_path = out_dir / "metrics.jsonl"
     if main:
@@ -500,9 +620,9 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
         rows = batch_indices(step, len(train_set), cfg.batch_size, cfg.seed, dist.rank, dist.world)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
             batch = features.batch(rows)
-            outs = model(batch.taps, batch.tokens)
+            outs = model(batch.taps, batch.tokens, batch.start)
             loss, stats = ttt_loss(outs, batch, cfg.loss, codebook=codebook, radius=radius, step=step,
-                                   total_steps=cfg.steps, d2t=drafter.d2t)
+                                   total_steps=cfg.steps, d2t=drafter.d2t, vocab=vocab)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
@@ -520,7 +640,7 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
         if main and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
             save_checkpoint(out_dir, done, drafter, opt, sched, cfg, radius, len(train_set), cfg.keep_checkpoints)
         if main and cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.steps):
-            _periodic_eval(drafter, target, eval_set, cfg, per_rank, done, metrics_path, eval_fn)
+            _periodic_eval(drafter, target, eval_set, cfg, per_rank, done, metrics_path, eval_fn, vocab)
         dist.barrier()
         _after_step(done)
 
@@ -529,7 +649,7 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
     if main:
         depth = cfg.eval_depth or cfg.ttt_steps
         ev = OnlineFeatures(target, eval_set)
-        result["eval"] = evaluate_mal_proxy(drafter, ev, len(eval_set), depth, batch_size=per_rank)
+        result["eval"] = evaluate_mal_proxy(drafter, ev, len(eval_set), depth, batch_size=per_rank, vocab=vocab)
         write_json(out_dir / "eval.json", result["eval"])
         save_drafter(drafter, out_dir / "drafter.safetensors")
     dist.barrier()

@@ -20,7 +20,7 @@ from lisa_trt.errors import ArtifactMismatchError
 from lisa_trt.export.manifest import Manifest, drafter_hash, read_manifest
 from lisa_trt.models.checkpoints import save_model
 from lisa_trt.models.medusa import MedusaHeads, save_medusa
-from lisa_trt.models.vq import VQModel
+from lisa_trt.models.families.llamagen.vq import VQModel
 from lisa_trt.runtime.pipeline import Pipeline
 from lisa_trt.testing import make_target
 

@@ -64,8 +64,8 @@ def test_target_counts_match_the_models():
     import torch
 
     from lisa_trt.config import target_config
-    from lisa_trt.models.chameleon import ChameleonConfig, ChameleonTarget
-    from lisa_trt.models.llamagen import Transformer
+    from lisa_trt.models.families.chameleon.model import ChameleonConfig, ChameleonTarget
+    from lisa_trt.models.families.llamagen.model import Transformer
 
     n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     for cfg in (target_config("tiny"), target_config("tiny", model_type="t2i", cls_token_num=3, caption_dim=32)):
@@ -82,7 +82,7 @@ def test_target_counts_match_the_models():
 def test_drafter_count_matches_the_model():
     from lisa_trt.config import target_config
     from lisa_trt.models.drafter import Drafter
-    from lisa_trt.models.llamagen import Transformer
+    from lisa_trt.models.families.llamagen.model import Transformer
 
     t = Transformer(target_config("tiny"))
     d = Drafter.from_target(t)
@@ -93,8 +93,8 @@ def test_drafter_count_matches_the_model():
 
 def test_vq_decoder_counts_match_the_models():
     from lisa_trt.config import vq_config
-    from lisa_trt.models.chameleon_vq import ChameleonVQConfig, ChameleonVQGAN
-    from lisa_trt.models.vq import VQModel
+    from lisa_trt.models.families.chameleon.vq import ChameleonVQConfig, ChameleonVQGAN
+    from lisa_trt.models.families.llamagen.vq import VQModel
 
     def decode_params(m):
         return sum(p.numel() for c in (m.decoder, m.post_quant_conv) for p in c.parameters()) + \
@@ -149,7 +149,7 @@ def test_known_names():
 def test_checkpoint_reads_only_its_header(tmp_path):
     from lisa_trt.config import target_config
     from lisa_trt.models.checkpoints import save_model
-    from lisa_trt.models.llamagen import Transformer
+    from lisa_trt.models.families.llamagen.model import Transformer
 
     cfg = target_config("tiny")
     path = tmp_path / "t.safetensors"

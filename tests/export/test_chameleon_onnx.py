@@ -35,7 +35,7 @@ def _cli(*args):
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
-    from lisa_trt.models.chameleon_vq import ChameleonVQConfig, ChameleonVQGAN, save_chameleon_vq
+    from lisa_trt.models.families.chameleon.vq import ChameleonVQConfig, ChameleonVQGAN, save_chameleon_vq
 
     root = tmp_path_factory.mktemp("cham_e2e")
     d = save_hf(make_hf_model(seed=5, num_key_value_heads=2, swin_norm=True), root / "model")
@@ -95,7 +95,7 @@ def test_run_every_rule_through_ort(pipeline, verify, tmp_path):
 
 def test_ort_greedy_speculation_matches_torch(pipeline):
     from lisa_trt.engines.chameleon_ort import load_chameleon_engines
-    from lisa_trt.models.chameleon_drafter import load_chameleon_drafter
+    from lisa_trt.models.families.chameleon.drafter import load_chameleon_drafter
     from lisa_trt.speculative.lumina import LuminaTokenizer, generate_image_tokens
     from lisa_trt.speculative.chameleon_spec import LuminaSpec, speculative_image_tokens
 

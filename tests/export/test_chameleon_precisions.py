@@ -23,7 +23,7 @@ MODEL_GRAPHS = ("target_prefill", "target_verify", "drafter_project", "drafter_s
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from lisa_trt.models.chameleon_drafter import ChameleonDrafter
+    from lisa_trt.models.families.chameleon.drafter import ChameleonDrafter
 
     root = tmp_path_factory.mktemp("cham_prec")
     d = save_hf(make_hf_model(seed=7, num_key_value_heads=2), root / "model")

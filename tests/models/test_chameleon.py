@@ -80,15 +80,13 @@ def test_image_tokens_only_restricts_to_codes(pair):
 
 def test_left_padded_batch_matches_unpadded_rows(pair):
     _, target, _ = pair
-    from lisa_trt.speculative.chameleon_decode import generate_tokens
-
     a, b = _ids(1, 7, seed=4), _ids(1, 4, seed=5)
     padded = torch.cat([a, torch.cat([torch.zeros(1, 3, dtype=torch.long), b], 1)])
     valid = torch.ones(2, 7, dtype=torch.bool)
     valid[1, :3] = False
-    both = generate_tokens(target, padded, 6, valid=valid)
-    assert torch.equal(both[0], generate_tokens(target, a, 6)[0])
-    assert torch.equal(both[1], generate_tokens(target, b, 6)[0])
+    both = lisa_trt.generate(target, (padded, valid), max_new_tokens=6, greedy=True)
+    assert torch.equal(both[0], lisa_trt.generate(target, a, max_new_tokens=6, greedy=True)[0])
+    assert torch.equal(both[1], lisa_trt.generate(target, b, max_new_tokens=6, greedy=True)[0])
 
 
 def test_tree_mask_verification_matches_sequential(pair):

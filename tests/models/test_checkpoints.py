@@ -6,8 +6,9 @@ import torch
 import lisa_trt
 from lisa_trt import LisaError
 from lisa_trt.config import target_config, vq_config
-from lisa_trt.models.checkpoints import guess_target_config, target_hash
-from lisa_trt.models.vq import VQModel
+from lisa_trt.models.checkpoints import target_hash
+from lisa_trt.models.families.llamagen.checkpoint import guess_target_config
+from lisa_trt.models.families.llamagen.vq import VQModel
 from lisa_trt.testing import make_cond, make_target
 
 
@@ -54,7 +55,7 @@ def test_strict_error_names_keys_shapes_and_config(tmp_path):
 
 
 def test_guess_official_config():
-    from lisa_trt.models.llamagen import Transformer
+    from lisa_trt.models.families.llamagen.model import Transformer
 
     with torch.device("meta"):
         sd = Transformer(target_config("GPT-B")).state_dict()

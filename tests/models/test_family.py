@@ -31,10 +31,10 @@ def test_llamagen_is_the_family_of_c2i_and_t2i():
 
 
 def test_unknown_model_types_name_the_registered_ones():
-    with pytest.raises(F.UnknownModelTypeError, match="c2i, t2i"):
+    with pytest.raises(F.UnknownModelTypeError, match="c2i, chameleon, janus, t2i"):
         F.family_of("x2i")
     assert issubclass(F.UnknownModelTypeError, ConfigError)
-    from lisa_trt.models.llamagen import Transformer
+    from lisa_trt.models.families.llamagen.model import Transformer
 
     with pytest.raises(ConfigError, match="LlamaGen Transformer serves"):
         Transformer(TargetConfig(dim=64, n_layer=2, n_head=4, vocab_size=256, block_size=16, model_type="toy"))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lisa_trt import LisaError, generate
-from lisa_trt.models.llamagen import apply_rotary_emb, precompute_freqs_cis_2d
+from lisa_trt.models.rope import apply_rotary_emb, precompute_freqs_cis_2d
 from lisa_trt.speculative.autoregressive import step_inputs
 from lisa_trt.testing import make_cond, make_target
 

@@ -12,8 +12,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from chameleon_fixtures import N_CODES, make_hf_model, save_hf, save_tokenizer  # noqa: E402
-from lisa_trt.speculative.chameleon_decode import restrict, image_token_ids  # noqa: E402
-from lisa_trt.models.chameleon_vq import ChameleonVQConfig, ChameleonVQGAN, save_chameleon_vq  # noqa: E402
+from lisa_trt.models.families.chameleon import CHAMELEON  # noqa: E402
+from lisa_trt.models.families.chameleon.vq import ChameleonVQConfig, ChameleonVQGAN, save_chameleon_vq  # noqa: E402
 from lisa_trt.speculative.lumina import (LuminaTokenizer, generate_image_tokens, grids, row_end_mask,  # noqa: E402
                                     tokens_to_codes)
 
@@ -56,7 +56,7 @@ def test_span_structure_and_cfg_math(model_dir):
         unc = torch.tensor([tok.span_prefix(64, 64)])
         c = lisa_trt.teacher_forced_logits(target, torch.cat([cond, span[b:b + 1, :-1]], 1))[0, cond.shape[1] - 1:]
         u = lisa_trt.teacher_forced_logits(target, torch.cat([unc, span[b:b + 1, :-1]], 1))[0, unc.shape[1] - 1:]
-        want = restrict(u + scale * (c - u), image_token_ids(target)).argmax(-1)
+        want = CHAMELEON.free_layout(target, 1, image_tokens_only=True).law(u + scale * (c - u), None, lambda x: x).argmax(-1)
         assert torch.equal(span[b, ~ends], want[~ends])
 
 

@@ -1,6 +1,6 @@
 """Tree speculation for Lumina-mGPT image spans on a tiny random Chameleon checkpoint:
 greedy speculation is token-identical to the reference loop, row ends are forced (never
-drafted), exact sampling keeps the span structure, and the drafter trains."""
+drafted), exact sampling keeps the span structure, and the drafter trains (the generic trainer)."""
 
 import sys
 from pathlib import Path
@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 import lisa_trt  # noqa: E402
 from chameleon_fixtures import N_CODES, make_hf_model, save_hf, save_tokenizer  # noqa: E402
-from lisa_trt.models.chameleon_drafter import ChameleonDrafter, train_drafter  # noqa: E402
+from lisa_trt.models.families.chameleon.drafter import ChameleonDrafter  # noqa: E402
 from lisa_trt.speculative.lumina import LuminaTokenizer, generate_image_tokens, row_end_mask  # noqa: E402
 from lisa_trt.speculative.chameleon_spec import LuminaSpec, speculative_image_tokens  # noqa: E402
 
@@ -53,18 +53,24 @@ def test_exact_sampling_keeps_the_span_structure(setup):
         LuminaSpec(method="sjd")
 
 
-def test_drafter_trains_on_target_taps(setup):
+def test_drafter_trains_on_target_taps(setup, tmp_path):
+    """The generic trainer (train/trainer.py) on Lumina span rollouts: the loss decreases."""
+    import json
+
+    from lisa_trt.models.family import family_of
+    from lisa_trt.train import DataConfig, LossConfig, TrainConfig, train_drafter
+
     target, tok, _ = setup
+    req = family_of(target.config).prompter(target).encode([f"tok{60 + i}" for i in range(4)], image_size=64,
+                                                           cfg=False)
+    cfg = TrainConfig(steps=30, batch_size=4, ttt_steps=1, warmup_steps=1, checkpoint_every=30, lr=3e-3,
+                      drafter_hidden=16, drafter_heads=2, loss=LossConfig(kind="eagle3"),
+                      data=DataConfig(num_samples=4, eval_samples=0, cfg_scale=1.0, top_k=8, uncond_frac=0.0))
     torch.manual_seed(1)
-    drafter = ChameleonDrafter.from_chameleon(target, hidden=16, n_head=2)
-    seqs = []
-    for i in range(4):
-        ref = generate_image_tokens(target, tok, [f"tok{60 + i}"], 64, 64, top_k=8, seed=i)
-        prompt = tok.prompt_ids(f"tok{60 + i}", 64, 64) + tok.span_prefix(64, 64)
-        seqs.append(torch.cat([torch.tensor(prompt), ref.tokens[0]]))
-    n = min(len(s) for s in seqs)
-    losses = train_drafter(drafter, target, torch.stack([s[:n] for s in seqs]), steps=30, lr=3e-3)
-    assert losses[-1] < 0.7 * losses[0]
+    train_drafter(target, None, cfg, tmp_path, progress=False, request=req)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # KL(target || drafter) at step 0 (the soft CE without the target entropy's floor) falls
+    assert rows[-1]["kl_0"] < 0.7 * rows[0]["kl_0"]
 
 
 def test_exact_speculation_is_lossless(setup):
@@ -86,7 +92,7 @@ def test_drafter_artifact_and_cli_speculation(setup, tmp_path):
     from click.testing import CliRunner
 
     from lisa_trt.cli import main
-    from lisa_trt.models.chameleon_drafter import load_chameleon_drafter, save_chameleon_drafter
+    from lisa_trt.models.families.chameleon.drafter import load_chameleon_drafter, save_chameleon_drafter
 
     target, tok, drafter = setup
     save_chameleon_drafter(drafter, tmp_path / "drafter.safetensors")
@@ -111,13 +117,16 @@ def test_drafter_artifact_and_cli_speculation(setup, tmp_path):
 
 @pytest.fixture(scope="module")
 def code_tables(setup):
-    from lisa_trt.calibration.chameleon_tables import calibrate_chameleon
+    """The one calibration driver over Lumina-mGPT's span request (image codes = its sub-vocabulary)."""
+    from lisa_trt.calibration.profile import calibrate
+    from lisa_trt.config import SamplingConfig
+    from lisa_trt.speculative.lumina import span_request
 
     target, tok, _ = setup
     codebook = torch.randn(N_CODES, 8, generator=torch.Generator().manual_seed(0))
-    return calibrate_chameleon(target, tok, codebook, [f"tok{60 + i}" for i in range(6)], 64, 64, cfg_scale=2.0,
-                               top_k=16, samples_per_pos=4, n_clusters=4, lantern_k=8, batch_size=3,
-                               min_cluster_samples=8)
+    prompts, layout, _ = span_request(target, tok, [f"tok{60 + i}" for i in range(6)], 64, 64, cfg=True)
+    return calibrate(target, codebook, conds=prompts, layout=layout, sampling=SamplingConfig(cfg_scale=2.0, top_k=16),
+                     samples_per_pos=4, n_clusters=4, lantern_k=8, batch_size=3, min_cluster_samples=8, progress=False)
 
 
 def test_code_tables_cover_the_image_codes(code_tables, setup):
@@ -129,8 +138,8 @@ def test_code_tables_cover_the_image_codes(code_tables, setup):
 def test_code_tables_are_gasv_version_2(code_tables, setup, tmp_path):
     """Calibration writes tables GASV v2 accepts: version-2 metadata, beta from the draft-anchored
     statistic s(v|z) over N(z), a neighbour table that covers the candidates."""
-    from lisa_trt.calibration.chameleon_tables import load_chameleon_tables
-    from lisa_trt.calibration.tables import save_tables
+    from lisa_trt.calibration.tables import load_tables_for, save_tables
+    from lisa_trt.models.families.chameleon import CHAMELEON
     from lisa_trt.io import load_safetensors
     from lisa_trt.speculative.gasv import GASV_VERSION, gasv_gates
 
@@ -142,7 +151,7 @@ def test_code_tables_are_gasv_version_2(code_tables, setup, tmp_path):
     assert code_tables.beta.shape == (4,) and bool((code_tables.beta > 0).all())
     save_tables(code_tables, tmp_path / "t.safetensors")
     assert load_safetensors(tmp_path / "t.safetensors")[1]["gasv_version"] == 2
-    back = load_chameleon_tables(tmp_path / "t.safetensors", target, tok.newline)
+    back = load_tables_for(tmp_path / "t.safetensors", target, CHAMELEON.sub_vocab(target, tok.newline))
     assert back.config == code_tables.config and torch.equal(back.beta, code_tables.beta)
     assert torch.allclose(back.w_tilde, code_tables.w_tilde)
     x = 3 * torch.randn(4, N_CODES, generator=torch.Generator().manual_seed(0))
@@ -209,7 +218,7 @@ def test_cli_gasv_with_code_tables(setup, code_tables, tmp_path):
 
     from lisa_trt.calibration.tables import save_tables
     from lisa_trt.cli import main
-    from lisa_trt.models.chameleon_drafter import save_chameleon_drafter
+    from lisa_trt.models.families.chameleon.drafter import save_chameleon_drafter
 
     target, tok, drafter = setup
     save_tables(code_tables, tmp_path / "tables.safetensors")
@@ -223,21 +232,31 @@ def test_cli_gasv_with_code_tables(setup, code_tables, tmp_path):
     assert r.exit_code != 0 and "--tables" in r.output
 
 
-def test_drafter_training_resumes_exactly(setup, tmp_path):
+def test_drafter_training_resumes_exactly(setup, tmp_path, monkeypatch):
+    """An interrupted generic training run resumes from its checkpoint to the same weights."""
+    from lisa_trt.models.drafter import load_drafter
+    from lisa_trt.models.family import family_of
+    from lisa_trt.train import DataConfig, LossConfig, TrainConfig, train_drafter
+    from lisa_trt.train import trainer as T
+
     target, tok, _ = setup
-    seqs = torch.randint(4, 4 + N_CODES, (6, 20), generator=torch.Generator().manual_seed(3))
+    req = family_of(target.config).prompter(target).encode(["a", "tok61", "x", "y"], image_size=32, cfg=True)
+    cfg = TrainConfig(steps=6, batch_size=2, ttt_steps=2, warmup_steps=1, checkpoint_every=1, lr=3e-3,
+                      drafter_hidden=16, drafter_heads=2, loss=LossConfig(kind="eagle3"),
+                      data=DataConfig(num_samples=6, eval_samples=0, cfg_scale=2.0, top_k=8))
+    straight = train_drafter(target, None, cfg, tmp_path / "a", progress=False, request=req)
 
-    def fresh():
-        torch.manual_seed(2)
-        return ChameleonDrafter.from_chameleon(target, hidden=16, n_head=2)
+    class Stop(Exception):
+        pass
 
-    straight = fresh()
-    train_drafter(straight, target, seqs, steps=6, lr=3e-3)
-    resumed = fresh()
-    ck = tmp_path / "state.pt"
-    first = train_drafter(resumed, target, seqs, steps=3, lr=3e-3, checkpoint=ck, save_every=1)
-    again = fresh()  # a new process: fresh weights, the state file brings everything back
-    second = train_drafter(again, target, seqs, steps=6, lr=3e-3, checkpoint=ck, save_every=1)
-    assert len(first) == 3 and len(second) == 3
-    for a, b in zip(straight.state_dict().values(), again.state_dict().values()):
-        assert torch.equal(a, b)
+    def stop(step):
+        if step == 3:
+            raise Stop
+    monkeypatch.setattr(T, "_after_step", stop)
+    with pytest.raises(Stop):
+        train_drafter(target, None, cfg, tmp_path / "b", progress=False, request=req)
+    monkeypatch.setattr(T, "_after_step", lambda step: None)
+    again = train_drafter(target, None, cfg, tmp_path / "b", progress=False, request=req)
+    a, b = load_drafter(straight["drafter"], target), load_drafter(again["drafter"], target)
+    for x, y in zip(a.state_dict().values(), b.state_dict().values()):
+        assert torch.equal(x, y)

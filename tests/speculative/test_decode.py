@@ -18,7 +18,7 @@ class OracleDrafter:
         self.inner = None
 
     def new_cache(self, batch, max_len, dtype=None):
-        from lisa_trt.models.llamagen import KVCache
+        from lisa_trt.models.layers import KVCache
 
         class Cfg:  # a 1-layer cache with the KVCache conventions
             kv_heads, head_dim, n_layer = 1, 4, 1

@@ -25,9 +25,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..config import find_multiple
-from ..errors import ConfigError, InputError
-from .llamagen import KVCache, RMSNorm, TargetOutput, cached_attention
+from ....config import find_multiple
+from ....errors import ConfigError, InputError
+from ...layers import KVCache, RMSNorm, TargetOutput, cached_attention
+from ...prompts import Prompts, PromptTarget, prefill_plan, rotate_half  # noqa: F401 (Prompts re-exported)
 
 _ACTS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu}
 
@@ -66,9 +67,15 @@ class ChameleonConfig:
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; valid: {', '.join(_ACTS)}")
 
     # -- names the shared KVCache / decode loop read ------------------------------------
+    model_type = "chameleon"  # the family registry key (models/family.py)
+
     @property
     def n_layer(self) -> int:
         return self.num_hidden_layers
+
+    @property
+    def n_positions(self) -> int:
+        return self.max_position_embeddings
 
     @property
     def n_head(self) -> int:
@@ -98,12 +105,30 @@ class ChameleonConfig:
                 f"intermediate {self.intermediate_size}, swin_norm={self.swin_norm}")
 
 
+# ----------------------------------------------------------------------------- image vocabulary
+
+LUMINA_IMAGE_CODES = range(4, 8196)  # the 8,192 VQ codes of the Chameleon / Lumina-mGPT tokenizer
+
+
+def _img_name_to_code(name: str) -> int:
+    """'IMGIMG' + digits spelt A..J + one closing char -> VQ code (HF's bpe2img rule)."""
+    return int("".join(str(ord(c) - ord("A")) if "A" <= c <= "J" else c for c in name[len("IMGIMG"):-1]))
+
+
+def image_vocab(vocabulary_map: Optional[dict], vocab_size: int) -> dict[int, int]:
+    """{token id: VQ code} for every image-code token of the vocabulary."""
+    if vocabulary_map:
+        found = {int(i): _img_name_to_code(n) for n, i in vocabulary_map.items() if n.startswith("IMGIMG")}
+        if found:
+            return found
+    if vocab_size >= LUMINA_IMAGE_CODES.stop:
+        return {t: t - LUMINA_IMAGE_CODES.start for t in LUMINA_IMAGE_CODES}
+    raise InputError("this checkpoint's config.json has no vocabulary_map with IMGIMG* image tokens and "
+                     f"its vocabulary ({vocab_size}) is too small for Lumina-mGPT's image codes 4..8195")
+
+
+
 # ----------------------------------------------------------------------------- layers
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
 
 class HeadLayerNorm(nn.Module):
     """LayerNorm over head_dim with one gamma/beta per head: weight/bias (H, D) (HF layout)."""
@@ -185,50 +210,17 @@ class ChameleonBody(nn.Module):
 # ----------------------------------------------------------------------------- cache
 
 class ChameleonCache(KVCache):
-    """KVCache plus `pad` (B,): left-padding slots of each row's prompt.
+    """KVCache (its `pad` (B,): left-padding slots of each row's prompt).
 
     A token at cache slot j of row b has RoPE position j - pad[b] (HF's left-padded batches
     number positions from each row's first real token)."""
 
-    def __init__(self, cfg: ChameleonConfig, batch: int, max_len: int, dtype, device):
-        super().__init__(cfg, batch, max_len, dtype, device)
-        self.pad = torch.zeros(batch, dtype=torch.long, device=device)
 
-    def positions(self, slots: torch.Tensor) -> torch.Tensor:
-        return slots - self.pad[:, None]
-
-    def select_rows(self, index: torch.Tensor) -> None:
-        super().select_rows(index)
-        self.pad = self.pad[index]
-
-
-def prefill_plan(input_ids: torch.Tensor, cache: ChameleonCache, valid: Optional[torch.Tensor] = None):
-    """Reset `cache` for a (left-padded) prompt; (slots, positions, mask (B, T, Lmax)) of its tokens.
-
-    Shared by the torch target and the exported-graph runners (engines/chameleon_ort.py)."""
-    B, T = input_ids.shape
-    if B != cache.batch:
-        raise InputError(f"prompt batch {B} does not match the cache batch {cache.batch}")
-    if T > cache.max_len:
-        raise InputError(f"prompt of {T} tokens does not fit a cache of {cache.max_len}")
-    dev = input_ids.device
-    valid = torch.ones(B, T, dtype=torch.bool, device=dev) if valid is None else valid.to(torch.bool)
-    if (valid[:, 1:].int() < valid[:, :-1].int()).any() or not valid[:, -1].all():
-        raise InputError("prompts must be left-padded: padding first, then the real tokens")
-    cache.pad = (~valid).sum(1)
-    cache.col_valid[:] = True
-    cache.col_valid[:, :T] = valid
-    cache.lengths.zero_()
-    slots = torch.arange(T, device=dev)[None].expand(B, T)
-    causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=dev))[None].expand(B, T, T)
-    mask = cache.attention_mask(slots, causal) & cache.col_valid[:, None, :]
-    mask[:, :, :T] |= torch.eye(T, dtype=torch.bool, device=dev)  # padded rows see themselves
-    return slots, cache.positions(slots).clamp(min=0), mask
-
+# ----------------------------------------------------------------------------- conditions
 
 # ----------------------------------------------------------------------------- model
 
-class ChameleonTarget(nn.Module):
+class ChameleonTarget(PromptTarget, nn.Module):
     """Chameleon-architecture decoder with HF parameter names (see module docstring)."""
 
     family = "chameleon"
@@ -263,13 +255,6 @@ class ChameleonTarget(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos(), emb.sin()
 
-    def check_ids(self, ids: torch.Tensor) -> None:
-        if not torch.is_tensor(ids) or ids.dim() != 2 or ids.dtype not in (torch.long, torch.int32):
-            raise InputError("input_ids must be a 2-D integer tensor (B, T)")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size):
-            raise InputError(f"token ids must be in 0..{self.config.vocab_size - 1}; got "
-                             f"{int(ids.min())}..{int(ids.max())}")
-
     def _run(self, h, positions, mask, cache, slots, taps: bool, last_only: bool = False) -> TargetOutput:
         """The decoder stack; last_only: taps, norm and head at the last position only (prefill)."""
         cos, sin = self.rope(positions)
@@ -284,8 +269,17 @@ class ChameleonTarget(nn.Module):
         logits = self.lm_head(hidden).float()
         return TargetOutput(logits, torch.cat(tapped, dim=-1) if taps else None, hidden)
 
-    def new_cache(self, batch: int, max_len: int, dtype=None) -> ChameleonCache:
-        """A cache for `batch` rows of up to `max_len` tokens (prompt + generated + scratch)."""
+    # -- the generic loops' condition protocol (models/family.py) ------------------------
+
+    def new_cache(self, batch: int, max_len: Optional[int] = None, dtype=None, *, extra: int = 0,
+                  prompt_len: Optional[int] = None, n_tokens: Optional[int] = None) -> ChameleonCache:
+        """A cache for `batch` rows of up to `max_len` tokens (prompt + generated + scratch).
+
+        The generic loops pass prompt_len, n_tokens and extra instead (max_len = their sum)."""
+        if max_len is None:
+            if prompt_len is None or n_tokens is None:
+                raise InputError("new_cache needs max_len, or prompt_len and n_tokens")
+            max_len = int(prompt_len) + int(n_tokens) + int(extra)
         if max_len > self.config.max_position_embeddings:
             raise InputError(f"{max_len} tokens exceed max_position_embeddings "
                              f"{self.config.max_position_embeddings} of this checkpoint")
@@ -304,15 +298,74 @@ class ChameleonTarget(nn.Module):
         """(B, T, V) fp32 raw head logits over the whole vocabulary."""
         return self.forward_full(input_ids).logits
 
-    def prefill(self, input_ids: torch.Tensor, cache: ChameleonCache, valid: Optional[torch.Tensor] = None,
+    # -- the drafter / training protocol (models/drafter.py, train/trainer.py) ------------
+
+    def forward_train(self, cond, tokens: torch.Tensor, taps: bool = False) -> TargetOutput:
+        """Teacher forcing of generated tokens after a (left-padded) prompt, without a cache.
+
+        Args:
+            cond: the prompt (ids (B, T), (ids, valid) or Prompts; the span prefix included), as
+                `prefill` takes it: positions count from each row's first real token.
+            tokens: (B, N) the tokens generated after it (e.g. a Lumina image span).
+        Returns:
+            logits (B, N, V): [:, j] predicts tokens[:, j] from the prompt and tokens[:, :j]
+            ([:, 0] from the prompt alone); taps / hidden aligned the same way. Equal to prefill +
+            forward_tokens of tokens[:, :-1] (the decode loops' view).
+        """
+        p = Prompts.of(cond)
+        ids, valid = p.ids, p.valid
+        self.check_ids(ids)
+        if not torch.is_tensor(tokens) or tokens.dim() != 2 or tokens.shape[0] != ids.shape[0] or tokens.shape[1] < 1:
+            raise InputError(f"tokens must be (B={ids.shape[0]}, N>=1) token ids; got "
+                             f"{tuple(tokens.shape) if torch.is_tensor(tokens) else type(tokens).__name__}")
+        self.check_ids(tokens)
+        B, T = ids.shape
+        x = self.model.embed_tokens(torch.cat([ids, tokens[:, :-1]], dim=1))
+        L = x.shape[1]
+        if L > self.config.max_position_embeddings:
+            raise InputError(f"{L} tokens exceed max_position_embeddings {self.config.max_position_embeddings}")
+        col = torch.ones(B, L, dtype=torch.bool, device=x.device)
+        col[:, :T] = valid
+        eye = torch.eye(L, dtype=torch.bool, device=x.device)
+        mask = (torch.tril(torch.ones(L, L, dtype=torch.bool, device=x.device))[None] & col[:, None, :]) | eye
+        pos = (torch.arange(L, device=x.device)[None] - (~valid).sum(1, keepdim=True)).clamp(min=0)
+        out = self._run(x, pos, mask[:, None], None, None, taps)
+        sl = slice(T - 1, None)
+        return TargetOutput(out.logits[:, sl], None if out.taps is None else out.taps[:, sl], out.hidden[:, sl])
+
+    def start_positions(self, cond) -> torch.Tensor:
+        """(B,) RoPE position of the first generated token of each row: its real prompt length."""
+        return Prompts.of(cond).valid.sum(1).to(self.lm_head.weight.device)
+
+    def token_embedding_table(self) -> torch.Tensor:
+        """(V, dim) token embedding (the drafter's frozen E)."""
+        return self.model.embed_tokens.weight
+
+    @property
+    def final_norm(self) -> RMSNorm:
+        """The final norm: logits = lm_head(final_norm(h))."""
+        return self.model.norm
+
+    def drafter_shape(self) -> dict:
+        """DrafterConfig fields of this target's drafter: 1-D RoPE over absolute positions (the
+        prompt length varies, so no fixed condition prefix), full-vocabulary logits."""
+        c = self.config
+        return dict(target_dim=c.dim, n_head=c.n_head, head_dim=c.head_dim, ffn_hidden=c.intermediate_size,
+                    vocab_size=c.vocab_size, block_size=1, cls_token_num=0, rope_base=c.rope_theta,
+                    norm_eps=c.rms_norm_eps, rope="1d", max_positions=c.max_position_embeddings, warm_head=True)
+
+    def prefill(self, input_ids, cache: ChameleonCache, valid: Optional[torch.Tensor] = None,
                 taps: bool = False) -> TargetOutput:
         """Write a prompt into slots 0..T-1; logits of its last position (B, 1, V).
 
         Args:
-            input_ids: (B, T) prompt ids, LEFT-padded when rows differ in length.
+            input_ids: (B, T) prompt ids, LEFT-padded when rows differ in length (or the
+                condition forms of `Prompts.of`: (ids, valid), Prompts).
             valid: (B, T) bool, False on padding (default: all valid). Padding slots are
                 never attended to; positions count from each row's first real token.
         """
+        p = Prompts.of(input_ids, valid)
+        input_ids, valid = p.ids, p.valid
         self.check_ids(input_ids)
         T = input_ids.shape[1]
         slots, pos, mask = prefill_plan(input_ids, cache, valid)

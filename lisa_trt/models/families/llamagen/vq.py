@@ -10,78 +10,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..config import VQConfig
-
-
-def swish(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.sigmoid(x)
-
-
-def group_norm(ch: int) -> nn.GroupNorm:
-    return nn.GroupNorm(num_groups=32, num_channels=ch, eps=1e-6, affine=True)
-
-
-class ResnetBlock(nn.Module):
-    def __init__(self, cin: int, cout: int):
-        super().__init__()
-        self.in_channels, self.out_channels = cin, cout
-        self.norm1 = group_norm(cin)
-        self.conv1 = nn.Conv2d(cin, cout, 3, 1, 1)
-        self.norm2 = group_norm(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1)
-        if cin != cout:
-            self.nin_shortcut = nn.Conv2d(cin, cout, 1, 1, 0)
-
-    def forward(self, x):
-        h = self.conv1(swish(self.norm1(x)))
-        h = self.conv2(swish(self.norm2(h)))
-        if self.in_channels != self.out_channels:
-            x = self.nin_shortcut(x)
-        return x + h
-
-
-class AttnBlock(nn.Module):
-    """Single-head spatial self-attention with 1x1 conv projections."""
-
-    def __init__(self, ch: int):
-        super().__init__()
-        self.norm = group_norm(ch)
-        self.q = nn.Conv2d(ch, ch, 1)
-        self.k = nn.Conv2d(ch, ch, 1)
-        self.v = nn.Conv2d(ch, ch, 1)
-        self.proj_out = nn.Conv2d(ch, ch, 1)
-
-    def forward(self, x):
-        h = self.norm(x)
-        q, k, v = self.q(h), self.k(h), self.v(h)
-        b, c, hh, ww = q.shape
-        q = q.reshape(b, c, hh * ww).permute(0, 2, 1)  # (B, HW, C)
-        k = k.reshape(b, c, hh * ww)  # (B, C, HW)
-        w = torch.bmm(q, k) * (int(c) ** -0.5)
-        w = F.softmax(w, dim=2)
-        v = v.reshape(b, c, hh * ww)
-        out = torch.bmm(v, w.permute(0, 2, 1)).reshape(b, c, hh, ww)
-        return x + self.proj_out(out)
-
-
-class Downsample(nn.Module):
-    def __init__(self, ch: int):
-        super().__init__()
-        self.conv = nn.Conv2d(ch, ch, 3, 2, 0)
-
-    def forward(self, x):
-        return self.conv(F.pad(x, (0, 1, 0, 1), mode="constant", value=0))
-
-
-class Upsample(nn.Module):
-    def __init__(self, ch: int):
-        super().__init__()
-        self.conv = nn.Conv2d(ch, ch, 3, 1, 1)
-
-    def forward(self, x):
-        dtype = x.dtype
-        x = F.interpolate(x.float(), scale_factor=2.0, mode="nearest").to(dtype)
-        return self.conv(x)
+from ....config import VQConfig
+from ....errors import InputError
+from ...vqgan import AttnBlock, Downsample, ResnetBlock, Upsample, grid_of, group_norm, swish  # noqa: F401
 
 
 class _Level(nn.Module):
@@ -245,6 +176,16 @@ class VQModel(nn.Module):
     def decode_code(self, indices: torch.Tensor, shape) -> torch.Tensor:
         """indices (B, h*w), shape (B, C, h, w) -> images (B, 3, H, W) in about [-1, 1]."""
         return self.decode(self.quantize.get_codebook_entry(indices, shape))
+
+    @torch.no_grad()
+    def tokens_to_pixels(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Codes (B, N) (a square grid, row-major) or (B, h, w) -> (B, 3, H, W), raw decoder output."""
+        tokens = grid_of(tokens)
+        B, h, w = tokens.shape
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.quantize.embedding.weight.shape[0]):
+            raise InputError(f"VQ codes must be in 0..{self.quantize.embedding.weight.shape[0] - 1}; got "
+                             f"{int(tokens.min())}..{int(tokens.max())}")
+        return self.decode_code(tokens.reshape(B, h * w), (B, self.quantize.embedding.weight.shape[1], h, w))
 
     def forward(self, images: torch.Tensor):
         """Training forward: (recon, codebook_loss, commit_loss, indices)."""

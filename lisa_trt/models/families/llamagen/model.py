@@ -21,53 +21,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..config import TargetConfig, find_multiple
-from ..errors import ConfigError, InputError
-from .family import family_of
+from ....config import TargetConfig, find_multiple
+from ....errors import ConfigError, InputError
+from ...family import family_of
+from ...layers import KVCache, RMSNorm, TargetOutput, cached_attention  # noqa: F401 (KVCache re-exported)
+from ...rope import apply_rotary_emb, precompute_freqs_cis_2d
 
 Cond = Union[torch.Tensor, tuple]
-
-
-# ----------------------------------------------------------------------------- RoPE (2D)
-
-def precompute_freqs_cis_2d(grid_size: int, n_elem: int, base: float = 10000.0,
-                            cls_token_num: int = 1) -> torch.Tensor:
-    """cos/sin table (cls_token_num + grid^2, n_elem // 2, 2), fp32.
-
-    Half of the rotation pairs use the row index, half the column (row first). The first
-    `cls_token_num` rows are all zero, so q and k of the condition prefix are exactly zero.
-    """
-    half = n_elem // 2
-    freqs = 1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
-    t = torch.arange(grid_size, device=freqs.device)
-    freqs = torch.outer(t, freqs)  # (grid, half // 2)
-    grid = torch.cat([freqs[:, None, :].expand(-1, grid_size, -1),
-                      freqs[None, :, :].expand(grid_size, -1, -1)], dim=-1)  # (g, g, half)
-    cache = torch.stack([torch.cos(grid), torch.sin(grid)], dim=-1).flatten(0, 1)  # (g*g, half, 2)
-    return torch.cat([torch.zeros(cls_token_num, half, 2), cache])
-
-
-def apply_rotary_emb(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs (2j, 2j+1). x (B, S, H, D); freqs (B or 1, S, D // 2, 2)."""
-    xs = x.float().reshape(*x.shape[:-1], -1, 2)  # (B, S, H, D/2, 2)
-    f = freqs.unsqueeze(2)  # (B, S, 1, D/2, 2)
-    out = torch.stack([xs[..., 0] * f[..., 0] - xs[..., 1] * f[..., 1],
-                       xs[..., 1] * f[..., 0] + xs[..., 0] * f[..., 1]], dim=-1)
-    return out.flatten(3).type_as(x)
-
-
-# ----------------------------------------------------------------------------- layers
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        xf = x.float()
-        out = xf * torch.rsqrt(torch.mean(xf * xf, dim=-1, keepdim=True) + self.eps)
-        return out.type_as(x) * self.weight
 
 
 class FeedForward(nn.Module):
@@ -79,25 +39,6 @@ class FeedForward(nn.Module):
 
     def forward(self, x):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-def cached_attention(q, k, v, mask, kv: Optional[tuple] = None, slots=None):
-    """SDPA of q (B, H, S, D) over k / v (B, Hkv, S, D); with a static cache kv = (k_cache,
-    v_cache) (B, Hkv, L, D) the new K/V are first written at cache `slots` (B, S) and attention
-    reads the whole cache. GQA: query head h reads kv head h // (H / Hkv). mask (B, 1, S, L)
-    bool, or None for causal attention over the new tokens alone."""
-    B, n_kv, S, D = k.shape
-    if kv is not None:
-        k_cache, v_cache = kv
-        idx = slots[:, None, :, None].expand(B, n_kv, S, D)
-        k_cache.scatter_(2, idx, k.to(k_cache.dtype))
-        v_cache.scatter_(2, idx, v.to(v_cache.dtype))
-        k, v = k_cache, v_cache
-    rep = q.shape[1] // n_kv
-    if rep != 1:
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
 
 
 class Attention(nn.Module):
@@ -164,83 +105,6 @@ class CaptionEmbedder(nn.Module):
 
     def forward(self, features):
         return self.cap_proj(features)
-
-
-# ----------------------------------------------------------------------------- cache
-
-@dataclass
-class TargetOutput:
-    logits: torch.Tensor  # (B, S, V) fp32
-    taps: Optional[torch.Tensor] = None  # (B, S, 3H): residual stream entering the tap layers
-    hidden: Optional[torch.Tensor] = None  # (B, S, H): final normed hidden state
-
-
-class KVCache:
-    """Static, preallocated K/V per layer, (B, H_kv, Lmax, D), written at absolute slots.
-
-    `lengths` (B,) is the committed length of each row (prefix included); `col_valid` (B, Lmax)
-    is False for padded t2i text slots, which no query may attend to (except themselves).
-    """
-
-    def __init__(self, cfg: TargetConfig, batch: int, max_len: int, dtype, device):
-        shape = (batch, cfg.kv_heads, max_len, cfg.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layer)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layer)]
-        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        self.col_valid = torch.ones(batch, max_len, dtype=torch.bool, device=device)
-        self.max_len = max_len
-
-    @property
-    def batch(self) -> int:
-        return self.lengths.shape[0]
-
-    def attention_mask(self, slots: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
-        """(B, S, Lmax) bool: committed columns plus each node's ancestors' slots (self included).
-
-        Args:
-            slots: (B, S) cache slots of the new nodes.
-            ancestors: (B, S, S) bool, ancestors[b, i, j] = node j is an ancestor of i (or i == j).
-        """
-        B, S = slots.shape
-        cols = torch.arange(self.max_len, device=slots.device)
-        mask = (cols[None, :] < self.lengths[:, None]) & self.col_valid  # (B, L)
-        mask = mask[:, None, :].expand(B, S, self.max_len).clone()
-        tree = torch.zeros(B, S, self.max_len, dtype=torch.bool, device=slots.device)
-        tree.scatter_(2, slots[:, None, :].expand(B, S, S), ancestors)
-        return mask | tree
-
-    def compact(self, src_slots: torch.Tensor, counts: torch.Tensor) -> None:
-        """Copy rows src_slots[b, :counts[b]] to lengths[b] + (0..counts[b]-1); lengths += counts.
-
-        Entries past counts[b] are padding: they are written past the new length, where no
-        mask can see them and the next step overwrites them.
-        """
-        B, A = src_slots.shape
-        if A == 0:
-            return
-        src = src_slots.clamp(min=0)
-        dst = (self.lengths[:, None] + torch.arange(A, device=src.device)[None, :]).clamp(max=self.max_len - 1)
-        if src.device.type == "cpu":
-            # Only entries that move matter: the root and an accepted first child usually sit at
-            # their destination already, and padding (j >= counts) is never read.
-            moved = ((src != dst) & (torch.arange(A)[None, :] < counts[:, None])).any(0).nonzero().flatten()
-            if not moved.numel():
-                self.lengths += counts
-                return
-            A = int(moved.max()) + 1
-            src, dst = src[:, :A], dst[:, :A]
-        for buf in self.k + self.v:
-            H, D = buf.shape[1], buf.shape[3]
-            rows = buf.gather(2, src[:, None, :, None].expand(B, H, A, D))
-            buf.scatter_(2, dst[:, None, :, None].expand(B, H, A, D), rows)
-        self.lengths += counts
-
-    def select_rows(self, index: torch.Tensor) -> None:
-        """Keep only batch rows `index` (e.g. drop finished prompts)."""
-        self.k = [t[index] for t in self.k]
-        self.v = [t[index] for t in self.v]
-        self.lengths = self.lengths[index]
-        self.col_valid = self.col_valid[index]
 
 
 # ----------------------------------------------------------------------------- model
@@ -310,6 +174,28 @@ class Transformer(nn.Module):
             raise InputError(f"image token ids must lie in [0, {V}); got {int(tokens.min())}..{int(tokens.max())}")
         return self.tok_embeddings(tokens)
 
+    # -- the drafter / training protocol (models/drafter.py, train/trainer.py) ------------
+
+    def drafter_shape(self) -> dict:
+        """DrafterConfig fields of this target's drafter (drafter.config_shape: 2-D RoPE)."""
+        from ...drafter import config_shape
+
+        return config_shape(self.config)
+
+    def token_embedding_table(self) -> torch.Tensor:
+        """(V, dim) embedding of the image tokens (the drafter's frozen E)."""
+        return self.tok_embeddings.weight
+
+    @property
+    def final_norm(self) -> RMSNorm:
+        """The final norm: logits = output(final_norm(h))."""
+        return self.norm
+
+    def start_positions(self, cond: Cond) -> torch.Tensor:
+        """(B,) position of the first image token of each row: cls_token_num (no padding)."""
+        B = self.check_cond(cond)
+        return torch.full((B,), self.config.cls_token_num, dtype=torch.long, device=self.output.weight.device)
+
     # -- core ---------------------------------------------------------------------------
 
     def _run(self, h, freqs, mask, cache: Optional[KVCache], slots, taps: bool) -> TargetOutput:
@@ -324,8 +210,14 @@ class Transformer(nn.Module):
         logits = self.output(hidden).float()
         return TargetOutput(logits, torch.cat(tapped, dim=-1) if taps else None, hidden)
 
-    def new_cache(self, batch: int, extra: int = 0, dtype=None) -> KVCache:
-        """A cache for `batch` rows holding the full sequence plus `extra` scratch slots."""
+    def prompt_len(self, cond: Cond) -> int:
+        """Cache slots the prefill of `cond` writes (the class / caption prefix)."""
+        return self.config.cls_token_num
+
+    def new_cache(self, batch: int, extra: int = 0, dtype=None, *, prompt_len=None, n_tokens=None) -> KVCache:
+        """A cache for `batch` rows holding the full sequence plus `extra` scratch slots.
+
+        prompt_len / n_tokens (the generic loops pass them) are implied by the config here."""
         p = self.output.weight
         return KVCache(self.config, batch, find_multiple(self.config.seq_len + extra, 8),
                        dtype or p.dtype, p.device)
@@ -390,3 +282,5 @@ class Transformer(nn.Module):
     def teacher_forced_logits(self, cond: Cond, tokens: torch.Tensor) -> torch.Tensor:
         """(B, N, V) fp32 logits; [:, j] predicts tokens[:, j] from cond and tokens[:, :j]."""
         return self.forward_train(cond, tokens).logits
+
+    image_logits = teacher_forced_logits  # the head is the codebook: lisa_trt.image_logits

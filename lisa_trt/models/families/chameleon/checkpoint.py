@@ -15,9 +15,10 @@ from typing import Union
 
 import torch
 
-from ..errors import CheckpointError, ConfigError
-from ..io import state_dict_problems
-from .chameleon import ChameleonConfig, ChameleonTarget
+from ....errors import CheckpointError, ConfigError
+from ....io import state_dict_problems
+from ...hf import rope_params, weight_files
+from .model import ChameleonConfig, ChameleonTarget
 
 PathLike = Union[str, Path]
 SUPPORTED_MODEL_TYPES = ("chameleon", "chameleon_xllmx")
@@ -31,20 +32,6 @@ _CONFIG_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_
 def is_chameleon_dir(path) -> bool:
     """True for a directory (the only checkpoint form of this family)."""
     return isinstance(path, (str, Path)) and Path(path).is_dir()
-
-
-def _rope(raw: dict) -> tuple[float, float]:
-    """(rope_theta, linear factor) from transformers 4.x (rope_theta/rope_scaling) or 5.x
-    (rope_parameters) config.json layouts."""
-    params = raw.get("rope_parameters") or {}
-    scaling = raw.get("rope_scaling") or {}
-    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
-    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind == "default":
-        return theta, 1.0
-    if kind == "linear":
-        return theta, float(params.get("factor", scaling.get("factor", 1.0)))
-    raise ConfigError(f"RoPE scaling {kind!r} is not supported (supported: default, linear)")
 
 
 def read_chameleon_config(path: PathLike) -> ChameleonConfig:
@@ -67,32 +54,11 @@ def read_chameleon_config(path: PathLike) -> ChameleonConfig:
     kw["num_key_value_heads"] = raw.get("num_key_value_heads") or raw["num_attention_heads"]
     if isinstance(kw.get("eos_token_id"), list):
         kw["eos_token_id"] = kw["eos_token_id"][0]
-    kw["rope_theta"], kw["rope_linear_factor"] = _rope(raw)
+    kw["rope_theta"], kw["rope_linear_factor"] = rope_params(raw)
     try:
         return ChameleonConfig(**kw)
     except TypeError as e:
         raise ConfigError(f"{cfg_path}: {e}") from e
-
-
-def _weight_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError) as e:
-            raise CheckpointError(f"{index} is not a valid safetensors index ({e})") from e
-        files = sorted({path / f for f in weight_map.values()})
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise CheckpointError(f"{index} lists shards that are missing: {', '.join(missing)}")
-        return files
-    single = path / "model.safetensors"
-    if single.is_file():
-        return [single]
-    others = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.safetensors"))
-    hint = f" (found {', '.join(others)})" if others else ""
-    raise CheckpointError(f"{path} has no model.safetensors or model.safetensors.index.json{hint}; "
-                          "re-save the model with save_pretrained(safe_serialization=True)")
 
 
 def read_chameleon_weights(path: PathLike) -> dict:
@@ -100,7 +66,7 @@ def read_chameleon_weights(path: PathLike) -> dict:
     from safetensors import safe_open
 
     sd = {}
-    for f in _weight_files(Path(path)):
+    for f in weight_files(Path(path)):
         try:
             with safe_open(str(f), framework="pt") as h:
                 for k in h.keys():

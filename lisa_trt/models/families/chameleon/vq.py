@@ -14,12 +14,13 @@ import json
 import pickle
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn as nn
 
-from ..errors import CheckpointError, ConfigError
-from .vq import AttnBlock, Downsample, ResnetBlock, Upsample, group_norm, swish
+from ....errors import InputError, CheckpointError, ConfigError
+from ...vqgan import AttnBlock, Downsample, ResnetBlock, Upsample, group_norm, swish
 
 _TRAINING_ONLY = ("loss.",)  # discriminator / LPIPS weights some training checkpoints carry
 
@@ -197,6 +198,35 @@ class ChameleonVQGAN(nn.Module):
         return self.decoder(self.post_quant_conv(quant))
 
 
+    @torch.no_grad()
+    def tokens_to_pixels(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) raw decoder output of VQ codes (B, h, w) / (B, N square), or, when the VQ
+        carries a model's `token_codes` (vocabulary id -> code, -1 elsewhere; set by
+        load_decoder from a model directory), of vocabulary ids: a generated image span (codes
+        with row-end tokens between rows: the rows are the row ends) or plain code tokens."""
+        from ...vqgan import grid_of
+
+        lut = getattr(self, "token_codes", None)
+        if lut is not None and tokens.dim() == 2:
+            lut = lut.to(tokens.device)
+            if int(tokens.min()) < 0 or int(tokens.max()) >= lut.numel():
+                raise InputError(f"token ids must be in 0..{lut.numel() - 1}")
+            codes = lut[tokens]
+            is_code = codes >= 0
+            n = int(is_code[0].sum())
+            if not bool((is_code.sum(1) == n).all()) or n == 0:
+                raise InputError("every row must hold the same number of image-code tokens")
+            other = (~is_code[0]).sum()
+            codes = codes[is_code].view(tokens.shape[0], n)
+            rows = int(other)
+            if rows and n % rows == 0:  # row ends: one per latent row
+                return self.decode_code(codes.view(tokens.shape[0], rows, n // rows))
+            tokens = codes
+        elif lut is not None:
+            tokens = lut.to(tokens.device)[tokens]
+        return self.decode_code(grid_of(tokens))
+
+
 def to_uint8(images: torch.Tensor):
     """Decoder output (B, 3, H, W) -> uint8 (B, H, W, 3) numpy, Chameleon's conversion:
     clamp to [-1, 1], map to [0, 1], times 255, truncated."""
@@ -239,7 +269,7 @@ def _read_vq_weights(ckpt: Path) -> dict:
 def load_chameleon_vq(path, device="cpu") -> ChameleonVQGAN:
     """Load the VQGAN from a folder with vqgan.yaml (or vqgan.json) and vqgan.ckpt (or
     vqgan.safetensors); strict apart from training-only `loss.*` entries."""
-    from .checkpoints import strict_load
+    from ...checkpoints import strict_load
 
     path = Path(path)
     if not path.exists():
@@ -255,9 +285,18 @@ def load_chameleon_vq(path, device="cpu") -> ChameleonVQGAN:
     return model.float().eval().to(device)
 
 
+def find_vq_dir(model_dir) -> Optional[Path]:
+    """Where a VQGAN is expected beside a checkpoint (docs/chameleon.md): DIR/vqgan/ or DIR."""
+    model_dir = Path(model_dir)
+    for d in (model_dir / "vqgan", model_dir):
+        if any((d / n).is_file() for n in ("vqgan.ckpt", "vqgan.safetensors")):
+            return d
+    return None
+
+
 def save_chameleon_vq(model: ChameleonVQGAN, folder) -> None:
     """Write vqgan.safetensors + vqgan.json (atomic)."""
-    from ..io import save_safetensors, write_json
+    from ....io import save_safetensors, write_json
 
     folder = Path(folder)
     save_safetensors(model.state_dict(), folder / "vqgan.safetensors")

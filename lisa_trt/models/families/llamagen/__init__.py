@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import InputError, SpecError
-from .family import ModelFamily, register_family
+from ....errors import InputError, SpecError
+from ...family import ModelFamily, register_family
 
 
 class LlamaGenFamily(ModelFamily):
@@ -80,15 +80,23 @@ class LlamaGenFamily(ModelFamily):
         n = torch.randint(1, cfg.cls_token_num + 1, (batch,), generator=generator)
         return feats, torch.arange(cfg.cls_token_num)[None, :] < n[:, None]
 
-    def load_target(self, path, config=None):
-        from .checkpoints import load_target
+    def describe_checkpoint(self) -> str:
+        return "an official .pt or a lisa-trt .safetensors file"
 
-        return load_target(path, config)
+    def claims(self, path) -> bool:
+        from pathlib import Path
 
-    def load_decoder(self, path, config=None):
-        from .checkpoints import load_vq
+        return not Path(path).is_dir()  # single files (a missing one fails in read_state_dict, clearly)
 
-        return load_vq(path, config)
+    def load_target(self, path, config=None, device="cpu"):
+        from .checkpoint import load_llamagen_target
+
+        return load_llamagen_target(path, config, device)
+
+    def load_decoder(self, path, config=None, device="cpu"):
+        from .checkpoint import load_llamagen_vq
+
+        return load_llamagen_vq(path, config, device)
 
 
 register_family(LlamaGenFamily())

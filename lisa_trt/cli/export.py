@@ -1,0 +1,177 @@
+"""`lisa-trt export`, `build`, `plan` and `quantize-trt`: ONNX bundles, TensorRT engines, memory plans."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ..clitools import handle_errors
+from . import options as opt
+
+
+@click.command("export")
+@opt.model_options()
+@opt.drafter_option("Drafter (.safetensors or demo-lisa / demo-eagle3 / demo-medusa-lisa; demo default demo-lisa).")
+@opt.tables_option("Calibration tables (demo: bundled).")
+@opt.vq_options("VQ checkpoint for the decoder graph (demo: bundled).")
+@opt.out_option("Engine directory to write.", required=True)
+@click.option("--fp16", is_flag=True, help="fp16 graphs (norm statistics, softmax, logits kept fp32).")
+@click.option("--opset", type=int, default=None, help="ONNX opset (default 23: ONNX Attention).")
+@opt.max_tree_option("Largest tree the engines verify (static cache length).")
+@click.option("--no-validate", is_flag=True, help="Skip the ORT-vs-PyTorch check of every graph.")
+@click.option("--quantize", type=click.Choice(["none", "int8", "int4"]), default="none", show_default=True,
+              help="ONNX Runtime weight quantization of target + drafter graphs (docs/quantization.md).")
+@click.option("--max-prompt", type=int, default=None,
+              help="Chameleon directory models: most prompt tokens a run may use (static cache; default 128).")
+@opt.sampling_options
+@handle_errors
+def export_cmd(model, model_cfg, drafter, tables, vq, vq_config, out_dir, fp16, opset, max_tree, no_validate, quantize,
+               max_prompt, sampling):
+    """ONNX graphs for target, drafter, GASV and VQ decoder + manifest (validated, atomic)."""
+    from ..runtime.context import resolve
+
+    rc = resolve(model, sampling=sampling, model_cfg=model_cfg)
+    rc.run("export", _export, out_dir=out_dir, drafter=drafter, tables=tables, vq=vq, vq_config=vq_config, fp16=fp16,
+           opset=opset, max_tree=max_tree, validate=not no_validate, quantize=quantize, max_prompt=max_prompt,
+           echo=click.echo)
+
+
+def _export(rc, *, out_dir, drafter, tables, vq, vq_config, fp16, opset, max_tree, validate, quantize, echo, **_):
+    """The family-seam export (runtime/bundle.export_full_bundle)."""
+    from ..artifacts import default_drafter, default_tables, default_vq, load_drafter_by_name, load_tables_by_name
+    from ..artifacts import vq_config_for
+    from ..models.checkpoints import load_vq
+    from ..runtime.bundle import export_full_bundle
+    from ..runtime.outputs import generation_defaults
+
+    rc = rc.load(dirs={"--out engine directory": out_dir})
+    target, source = rc.target, rc.source
+    drafter, tables, vq = drafter or default_drafter(source), tables or default_tables(source), default_vq(source, vq)
+    dr = load_drafter_by_name(drafter, target) if drafter else None
+    tb = load_tables_by_name(tables, target) if tables else None
+    vqm = load_vq(vq, vq_config_for(vq, vq_config)) if vq else None
+    man = export_full_bundle(target, dr, tb, vqm, out_dir, fp16=fp16, opset=opset, max_tree=max_tree,
+                             generation=generation_defaults(source, target, rc.sampling), validate=validate,
+                             quantize=quantize)
+    for name, g in man.graphs.items():
+        err = (g.validation or {}).get("max_error")
+        prec = (g.quantization or {}).get("mode", g.precision)
+        echo(f"{name:16s} {prec}  max|ORT - torch| {err if err is not None else 'n/a'}")
+    if man.quantization != "none":
+        from ..export.quantize import quantization_summary
+
+        for line in quantization_summary(man):
+            echo(line)
+    q = "" if man.quantization == "none" else f", {man.quantization} weights"
+    echo(f"wrote {out_dir} ({len(man.graphs)} graphs, {man.precision}{q}, opset {man.opset})")
+
+
+@click.command()
+@opt.engine_dir_argument
+@click.option("--max-batch", type=int, default=1, show_default=True, help="Prompts per call (CFG doubles it).")
+@opt.max_tree_option("Largest tree verified at once (default: the export's).")
+@click.option("--timing-cache", default=None, type=click.Path(), help="Reuse/update a TensorRT timing cache.")
+@click.option("--refit", is_flag=True, help="Build refittable engines (weight swaps without rebuild).")
+@opt.workspace_option("Builder workspace limit in MiB.")
+@click.option("--dry-run", is_flag=True, help="Check compatibility and print the profiles; build nothing.")
+@opt.device_options("Check the memory plan against this GPU first (default: the visible CUDA device).")
+@handle_errors
+def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, dry_run, gpu, memory_gib):
+    """TensorRT engines for every graph of an exported bundle (Polygraphy loaders, strongly typed).
+
+    Needs TensorRT and an NVIDIA GPU; without them it says what is missing and how to run the
+    bundle through ONNX Runtime instead (`lisa-trt run ENGINE_DIR PROMPTS --backend ort`).
+    Before any TensorRT work the memory plan (`lisa-trt plan ENGINE_DIR`) is checked against
+    --gpu / --memory-gib or the visible CUDA device, and a plan that does not fit is refused."""
+    from ..runtime.context import resolve
+
+    resolve(engine_dir=engine_dir, backend="trt").run(
+        "build", _build, max_batch=max_batch, max_tree=max_tree, timing_cache=timing_cache, refit=refit,
+        workspace=(workspace << 20) if workspace else None, dry_run=dry_run, gpu=gpu, memory_gib=memory_gib,
+        echo=click.echo)
+
+
+def _build(rc, *, max_batch, max_tree, timing_cache, refit, workspace, dry_run, gpu, memory_gib, echo, **_):
+    """The family-seam build (engines/build.py), after the memory plan."""
+    from ..engines.build import build_engines
+    from ..engines.plan import preflight
+
+    preflight(rc.source, gpu=gpu, memory_gib=memory_gib, gpu_backend=True, batch=max_batch, tree=max_tree,
+              cfg=True, workspace=workspace)  # before any TensorRT work
+    rec = build_engines(rc.source, profiles=None, timing_cache=timing_cache, refit=refit, workspace=workspace,
+                        max_batch=max_batch, max_tree=max_tree, dry_run=dry_run)
+    echo(json.dumps(rec, indent=2, default=str))
+
+
+@click.command()
+@click.argument("model")
+@opt.device_options("GPU to plan for (default rtx4090); or --memory-gib.")
+@opt.precision_option("Weight precision (default: an engine directory's own, else fp16).")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True, help="Images per call.")
+@click.option("--tree", type=click.IntRange(min=1), default=None,
+              help="Draft-tree nodes verified per call (default: an engine directory's max tree, else 64).")
+@opt.image_size_option(type=click.IntRange(min=1), default=None,
+                       help="Pixels (default: GPT-* 256, Lumina-mGPT 768, Janus-Pro 384).")
+@click.option("--prompt-len", type=click.IntRange(min=1), default=None,
+              help="Prompt tokens in the cache (default: LlamaGen's condition prefix, 128 for text prompts).")
+@click.option("--no-cfg", is_flag=True, help="No classifier-free guidance (CFG doubles the rows).")
+@opt.workspace_option("Builder workspace in MiB (default 1024, as `lisa-trt build --workspace`).",
+                      type=click.IntRange(min=0))
+@click.option("--weight-copies", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Copies of the target weights (2: separate prefill and verify engines).")
+@opt.json_option("Write the plan (with `fits`) here.", dir_okay=False)
+@handle_errors
+def plan(model, gpu, memory_gib, precision, batch, tree, image_size, prompt_len, no_cfg, workspace, weight_copies,
+         json_path):
+    """Memory plan: weights, KV cache, drafter, tables, activations per engine against a GPU.
+
+    MODEL: a known name (GPT-B, GPT-L, GPT-XL, GPT-XXL, GPT-3B, Lumina-mGPT-7B, Janus-Pro-7B),
+    a checkpoint (.safetensors with its config, or a Chameleon / Lumina-mGPT directory), a Hugging
+    Face name org/name (local cache), or an engine directory. Prints the table and the largest
+    batch and tree that fit. Exit status 0 when it fits, 1 when it does not (with the reason), 2
+    for bad input (docs/deployment.md)."""
+    from ..engines.plan import make_plan
+    from ..models.hub import resolve_model
+
+    p = make_plan(resolve_model(model), gpu=gpu, memory_gib=memory_gib, precision=precision, batch=batch, tree=tree,
+                  image_size=image_size, prompt_len=prompt_len, cfg=not no_cfg,
+                  workspace=None if workspace is None else workspace << 20, weight_copies=weight_copies)
+    click.echo(p.table())
+    if json_path:
+        from ..io import write_json
+
+        write_json(json_path, p.to_dict())
+        click.echo(f"wrote {json_path}")
+    if not p.fits:
+        click.echo(f"does not fit: {p.reason}", err=True)
+        sys.exit(1)
+
+
+@click.command("quantize-trt")
+@opt.engine_dir_argument
+@click.option("--mode", type=click.Choice(["int8", "fp8", "int4"]), required=True,
+              help="int8 / fp8: Q/DQ on weights + activations (calibrated); int4: 4-bit weight-only.")
+@opt.out_option("New engine directory to write.", required=True)
+@click.option("--venv", default=None, type=click.Path(),
+              help="ModelOpt venv (default $LISA_TRT_MODELOPT_VENV or ~/.cache/lisa-trt/modelopt-venv).")
+@click.option("--install/--no-install", default=True, show_default=True,
+              help="Create the venv and pip install nvidia-modelopt[onnx] into it when missing.")
+@click.option("--calibration-steps", type=int, default=4, show_default=True, help="Calibration steps per graph.")
+@handle_errors
+def quantize_trt_cmd(engine_dir, mode, out_dir, venv, install, calibration_steps):
+    """TensorRT Q/DQ graphs through NVIDIA ModelOpt, run in its own venv (docs/quantization.md)."""
+    from ..engines.trt_quantize import quantize_trt
+
+    man = quantize_trt(engine_dir, out_dir, mode, venv=Path(venv) if venv else None, install=install,
+                       samples=calibration_steps, echo=click.echo)
+    for name, g in sorted(man.graphs.items()):
+        if g.quantization:
+            click.echo(f"{name:16s} {g.quantization['mode']}  {g.quantization['qdq']}")
+    click.echo(f"wrote {out_dir} ({man.quantization}; TensorRT-compatibility check passed); "
+               f"build with `lisa-trt build {out_dir}`")
+
+
+COMMANDS = (export_cmd, build, plan, quantize_trt_cmd)

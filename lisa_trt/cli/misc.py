@@ -1,0 +1,80 @@
+"""`lisa-trt convert`, `random-checkpoint` and `demo`: checkpoints and the bundled demo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..clitools import handle_errors
+from . import options as opt
+
+
+def _official(model_cfg):
+    """--config / --image-size / --model-type -> (is a VQ config, its config)."""
+    from ..config import target_config, vq_config
+
+    name = model_cfg["config"]
+    if name.startswith("VQ"):
+        return True, vq_config(name)
+    return False, target_config(name, image_size=model_cfg["image_size"], model_type=model_cfg["model_type"])
+
+
+@click.command()
+@click.argument("src")
+@click.argument("dst")
+@opt.config_options("Target config name (GPT-B ...) or VQ-16/VQ-8.", required=True)
+@handle_errors
+def convert(src, dst, model_cfg):
+    """Convert an official LlamaGen .pt (target or VQ) to safetensors + config JSON."""
+    from ..models.checkpoints import load_target, load_vq, save_model
+
+    is_vq, cfg = _official(model_cfg)
+    model = load_vq(src, cfg) if is_vq else load_target(src, cfg)
+    save_model(model, cfg, dst)
+    click.echo(f"wrote {dst} (+ {Path(dst).with_suffix('.json').name})")
+
+
+@click.command("random-checkpoint")
+@click.argument("out")
+@opt.config_options("GPT-B ... GPT-7B, tiny, or VQ-16/VQ-8.", required=True)
+@opt.seed_option
+@handle_errors
+def random_checkpoint(out, model_cfg, seed):
+    """Write a randomly initialised checkpoint in the official layout ({"model": state_dict})."""
+    import torch
+
+    from ..io import atomic_write
+    from ..models.families.llamagen.model import Transformer
+    from ..models.families.llamagen.vq import VQModel
+
+    torch.manual_seed(seed)
+    is_vq, cfg = _official(model_cfg)
+    model = VQModel(cfg) if is_vq else Transformer(cfg)
+    with atomic_write(out) as tmp:
+        torch.save({"model": model.state_dict()}, tmp)
+    click.echo(f"wrote {out}")
+
+
+@click.command()
+@opt.out_option("Directory for the exported engines (cached), the PNG grid and summary.json.",
+                default="lisa-trt-demo")
+@opt.num_images_option("Images per method (one per class, cycled).")
+@opt.backend_option(["ort", "torch"], default="ort")
+@opt.verify_option(choices=["exact", "lantern", "gasv"], default="gasv",
+                   help="Verification rule of the LISA run (vanilla is the baseline).")
+@opt.seed_option
+@handle_errors
+def demo(out_dir, num_images, backend, verify, seed):
+    """The whole pipeline on the bundled CPU model: export (cached), then vanilla vs LISA
+    through ONNX Runtime; prints speed-up, MAL and quality, writes a side-by-side PNG grid."""
+    from ..runtime.demo import run_demo
+    from ..validation import check_positive, probe_writable_dir
+
+    check_positive(num_images, "--num-images")
+    probe_writable_dir(out_dir, "--out directory")
+    run_demo(Path(out_dir), num_images=num_images, backend=backend, verify=verify, seed=seed, echo=click.echo)
+    click.echo(f"details: {Path(out_dir) / 'summary.json'}")
+
+
+COMMANDS = (convert, random_checkpoint, demo)

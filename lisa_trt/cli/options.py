@@ -1,0 +1,285 @@
+"""Every option that two or more `lisa-trt` commands share, each declared once here (docs/cli.md).
+
+Options that travel together reach the command as ONE dict parameter, which is what the resolve
+step (runtime/context.py) takes:
+
+    model_cfg   --config / --image-size / --model-type (+ image_size_given)
+    sampling    --cfg-scale --temperature --top-k --top-p --cfg-interval --greedy --seed
+    tree        --tree-top-k --tree-depth --tree-tokens
+    knobs       every registered method's options (speculative/methods.py MethodOption), by
+                SpecConfig flat name: --lantern-delta, --kappa, --lambda, --delta, --gsd-group ...
+
+Options used by one command only are declared in that command's module. A factory takes the
+per-command wording (help, default, required); defaults otherwise come from the dataclasses.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import click
+
+
+def compose(*decorators):
+    """One decorator applying `decorators` so that `--help` lists them in the order given."""
+
+    def deco(fn):
+        for d in reversed(decorators):
+            fn = d(fn)
+        return fn
+
+    return deco
+
+
+def packed(into: str, *decorators, extra=None):
+    """Options whose values reach the command as one dict `into` ({parameter name: value}).
+
+    extra: optional (click context, dict) -> dict of further entries (e.g. where a value came from)."""
+
+    def deco(fn):
+        names: list = []
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kw):
+            group = {n: kw.pop(n) for n in names}
+            if extra is not None:
+                group.update(extra(click.get_current_context(), group))
+            return fn(*args, **{into: group}, **kw)
+
+        wrapper.__click_params__ = list(getattr(fn, "__click_params__", []))
+        before = len(wrapper.__click_params__)
+        compose(*decorators)(wrapper)
+        names.extend(p.name for p in wrapper.__click_params__[before:])
+        return wrapper
+
+    return deco
+
+
+# ----------------------------------------------------------------------------- model and its config
+
+def image_size_option(**kw):
+    kw.setdefault("help", "Image size for official configs (256/384/512).")
+    return click.option("--image-size", "image_size", **kw)
+
+
+def config_options(config_help: str, required: bool = False):
+    """--config / --image-size / --model-type (the official-config group) -> `model_cfg`."""
+    from ..models.family import model_types
+
+    def given(ctx, group):
+        return {"image_size_given": ctx.get_parameter_source("image_size").name != "DEFAULT"}
+
+    return packed(
+        "model_cfg",
+        click.option("--config", "config", required=required, default=None, help=config_help),
+        image_size_option(type=int, default=256, show_default=True),
+        click.option("--model-type", type=click.Choice(model_types()), default=None,
+                     help="Model family type for official configs (models/family.py; default c2i)."),
+        extra=given)
+
+
+def model_options(config_help: str = "Target config name (GPT-B ... GPT-7B); default: the file's metadata."):
+    """--model and its official-config group."""
+    return compose(
+        click.option("--model", "model", required=True,
+                     help="Target checkpoint (.pt official / .safetensors), a bundled set such as 'demo', a "
+                          "Chameleon / Lumina-mGPT directory, or a Hugging Face name org/name[@revision] "
+                          "(from the local HF cache; docs/cli.md)."),
+        config_options(config_help))
+
+
+def vq_options(help: str):
+    """--vq / --vq-config."""
+    return compose(click.option("--vq", "vq", default=None, help=help),
+                   click.option("--vq-config", default="VQ-16", show_default=True,
+                                help="VQ config of an official .pt VQ (VQ-16 / VQ-8; safetensors carry their own)."))
+
+
+# ----------------------------------------------------------------------------- outputs
+
+def out_option(help: str = None, *, dest: str = "out_dir", default=None, required: bool = False, **path):
+    """--out: the directory (or file) a command writes."""
+    return click.option("--out", dest, default=default, required=required, show_default=default is not None,
+                        type=click.Path(**path), help=help)
+
+
+overwrite_option = click.option("--overwrite", is_flag=True,
+                                help="Write into a non-empty --out (earlier images/stats are removed).")
+
+
+def json_option(help: str = None, *, required: bool = False, **path):
+    return click.option("--json", "json_path", required=required, default=None, type=click.Path(**path), help=help)
+
+
+# ----------------------------------------------------------------------------- prompts
+
+def classes_option(help: str):
+    return click.option("--classes", default=None, help=help)
+
+
+def captions_option(help: str, *, exists: bool = True):
+    return click.option("--captions", default=None, type=click.Path(exists=exists), help=help)
+
+
+def encoder_option(help: str = "t2i: local flan-t5-xl directory (for a captions .txt)."):
+    return click.option("--encoder", "encoder_dir", default=None, type=click.Path(), help=help)
+
+
+def captions_file_option(help: str):
+    return click.option("--captions-file", default=None, type=click.Path(exists=True, dir_okay=False), help=help)
+
+
+prompt_option = click.option("--prompt", "prompts", multiple=True,
+                             help="Chameleon / Lumina-mGPT directory models: a text prompt (repeat for a batch).")
+
+
+def num_images_option(help: str = None):
+    return click.option("--num-images", type=int, default=8, show_default=True, help=help)
+
+
+# ----------------------------------------------------------------------------- sampling
+
+def _sampling_range(field):
+    """Click callback: the shared range check of lisa_trt.validation (vocab size checked later)."""
+
+    def cb(ctx, param, value):
+        from ..validation import sampling_problems
+
+        problems = sampling_problems(**{field: value})
+        if problems:
+            raise click.BadParameter(problems[0].split(" ", 1)[1], ctx=ctx, param=param)
+        return value
+
+    return cb
+
+
+def seed_option(fn=None, *, help: str = None):
+    opt = click.option("--seed", type=int, default=0, show_default=True, help=help)
+    return opt if fn is None else opt(fn)
+
+
+def cfg_scale_option(help: str, *, checked: bool = True):
+    return click.option("--cfg-scale", type=float, default=None, help=help,
+                        callback=_sampling_range("cfg_scale") if checked else None)
+
+
+def sampling_options(fn):
+    """The sampling options (SamplingConfig's defaults; an artifact set's own) -> `sampling`."""
+    from ..config import SamplingConfig
+
+    d = SamplingConfig()
+    return packed(
+        "sampling",
+        cfg_scale_option(f"CFG scale >= 0, 1 = off (default {d.cfg_scale}; demo: its own)."),
+        click.option("--temperature", type=float, default=None, callback=_sampling_range("temperature"),
+                     help=f"Temperature > 0 (default {d.temperature})."),
+        click.option("--top-k", type=int, default=None, callback=_sampling_range("top_k"),
+                     help=f"Top-k, 0 = off, at most the vocabulary size (default {d.top_k})."),
+        click.option("--top-p", type=float, default=None, callback=_sampling_range("top_p"),
+                     help=f"Top-p in (0, 1] (default {d.top_p})."),
+        click.option("--cfg-interval", type=int, default=None, help="Guidance off after this step (-1 = always on)."),
+        click.option("--greedy", is_flag=True, help="Argmax of the guided logits."),
+        seed_option())(fn)
+
+
+# ----------------------------------------------------------------------------- speculation
+
+def verify_option(*, auto: bool = False, choices=None, default=None, help: str = None):
+    """--verify: a registered method (speculative/methods.py), "auto" first when `auto`, or `choices`."""
+    if choices is None:
+        from ..speculative.methods import method_names
+
+        choices = (["auto"] if auto else []) + method_names()
+    return click.option("--verify", type=click.Choice(list(choices)), default=default,
+                        show_default=default is not None, help=help)
+
+
+def drafter_option(help: str):
+    return click.option("--drafter", default=None, help=help)
+
+
+def tables_option(help: str):
+    return click.option("--tables", default=None, help=help)
+
+
+def tree_options(fn):
+    """The EAGLE-2 tree budget (None: the backend's tuned tree / the bundle's) -> `tree`."""
+    tuned = " (default: the tree tuned for the backend: runtime/autotune.py, measured where shipped)"
+    return packed(
+        "tree",
+        click.option("--tree-top-k", type=int, default=None, help="EAGLE-2 tree: children per node" + tuned),
+        click.option("--tree-depth", type=int, default=None, help="EAGLE-2 tree: expansion rounds" + tuned),
+        click.option("--tree-tokens", type=int, default=None, help="EAGLE-2 tree: nodes incl. root" + tuned))(fn)
+
+
+def knob_options(*, only=None, defaults=None, helps=None, show_defaults: bool = True):
+    """Every registered method's options (MethodOption) -> `knobs` ({SpecConfig flat name: value}).
+
+    The one route of every rule knob: a method registered with options gets them on every command
+    that decorates with this. None values mean the tables' / bundle's / dataclass value.
+    Args:
+        only: flat names to offer (default: all); defaults: {flat name: value passed when not
+        given}; helps: {flat name: help}; show_defaults: show SpecConfig's defaults in --help.
+    """
+    from ..speculative.methods import SpecConfig, cli_options
+
+    flat, defaults, helps = SpecConfig().flat(), defaults or {}, helps or {}
+    opts = []
+    for o in cli_options():
+        if only is not None and o.name not in only:
+            continue
+        kw = dict(default=defaults[o.name], show_default=True) if o.name in defaults else \
+            dict(default=flat.get(o.name) if show_defaults else None, show_default=True, callback=_unless_given)
+        opts.append(click.option(o.flag, *o.aliases, o.name, type=o.type, help=helps.get(o.name, o.help), **kw))
+    return packed("knobs", *opts)
+
+
+def _unless_given(ctx, param, value):
+    """A default shown in --help only: None (the tables' / bundle's value) unless given."""
+    return None if ctx.get_parameter_source(param.name).name == "DEFAULT" else value
+
+
+# ----------------------------------------------------------------------------- engines and devices
+
+def engine_dir_argument(fn):
+    return click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))(fn)
+
+
+def backend_option(choices, *, default: str, help: str = None):
+    return click.option("--backend", type=click.Choice(list(choices)), default=default, show_default=True, help=help)
+
+
+def backend_choices(*extra) -> list:
+    """`extra` then every registered backend (engines/base.py)."""
+    from ..engines.base import backend_names
+
+    return [*extra, *backend_names()]
+
+
+def threads_option(help: str, **kw):
+    kw.setdefault("type", int)
+    return click.option("--threads", "threads", default=None, help=help, **kw)
+
+
+def device_options(what: str):
+    """--gpu / --memory-gib: the device a memory plan is checked against (engines/plan.py)."""
+    from ..engines.plan import GPUS
+
+    return compose(click.option("--gpu", type=click.Choice(list(GPUS)), default=None, help=what),
+                   click.option("--memory-gib", type=float, default=None,
+                                help="Device memory in GiB (instead of --gpu)."))
+
+
+def precision_option(help: str):
+    from ..engines.plan import PRECISIONS
+
+    return click.option("--precision", type=click.Choice(list(PRECISIONS)), default=None, help=help)
+
+
+def max_tree_option(help: str):
+    return click.option("--max-tree", type=int, default=None, help=help)
+
+
+def workspace_option(help: str, **kw):
+    kw.setdefault("type", int)
+    return click.option("--workspace", default=None, help=help, **kw)

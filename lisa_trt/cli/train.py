@@ -1,0 +1,201 @@
+"""`lisa-trt train`: distil a drafter (LISA loss, EAGLE-3 / EAGLE-1 baselines, Medusa heads)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from ..clitools import handle_errors
+from . import options as opt
+
+LOSS_TERMS = ("selection", "soft_gate", "veto", "truncated_ce", "kd")
+
+
+def _defaults():
+    """TrainConfig's defaults, shown in --help (the dataclass is the one source)."""
+    from ..train.trainer import TrainConfig
+
+    return TrainConfig()
+
+
+_T = _defaults()
+
+
+@click.command()
+@opt.model_options()
+@opt.vq_options("VQ checkpoint (codebook geometry for the LISA loss); 'demo' for the demo.")
+@opt.out_option("Run directory (resumed if it has checkpoints).", required=True)
+@click.option("--loss", type=click.Choice(["lisa", "eagle3", "eagle1"]), default="lisa", show_default=True,
+              help="LISA locality-informed loss, or the EAGLE-3 / EAGLE-1 baselines.")
+@click.option("--steps", type=int, default=None, help=f"Optimiser steps (default {_T.steps}).")
+@click.option("--batch-size", type=int, default=None,
+              help=f"Global batch in sequences, split over DDP ranks (default {_T.batch_size}).")
+@click.option("--lr", type=float, default=None,
+              help=f"Peak AdamW learning rate, warmup then cosine decay (default {_T.lr}).")
+@click.option("--ttt-steps", type=int, default=None,
+              help=f"Training-time-test steps of the drafter loss (default {_T.ttt_steps}).")
+@click.option("--data", "data", type=click.Choice(["self", "tokens", "images"]), default="self", show_default=True,
+              help="self: target-generated sequences; tokens: --token-file; images: --image-dir encoded with the VQ.")
+@click.option("--token-file", default=None, type=click.Path(),
+              help="Token ids (.pt / .npy / .npz / .safetensors) for --data tokens.")
+@click.option("--image-dir", default=None, type=click.Path(),
+              help="One sub-folder of images per class (--data images).")
+@opt.captions_option("t2i: captions .txt (needs --encoder) or caption features .safetensors (encode-captions).",
+                     exists=False)
+@opt.encoder_option("t2i: local flan-t5-xl directory.")
+@click.option("--num-samples", type=int, default=None, help="Self-distillation sequences.")
+@click.option("--features", type=click.Choice(["online", "cache"]), default="online", show_default=True,
+              help="Target features: computed every step, or once into OUT/features (safetensors shards).")
+@opt.cfg_scale_option("Deployment CFG scale for self-distillation.", checked=False)
+@click.option("--drafter-hidden", type=int, default=None, help="Drafter width (default: the target's dim).")
+@click.option("--drafter-heads", type=int, default=None, help="Drafter attention heads (default: the target's).")
+@click.option("--loss-off", default="", help="LISA terms to switch off (ablation), comma-separated: "
+              "selection, soft_gate, veto, truncated_ce, kd.")
+@click.option("--eval-every", type=int, default=0, show_default=True,
+              help="Every N steps: held-out MAL proxy, top-1/top-3 agreement and real decoding MAL "
+                   "(--eval-images prompts) logged to metrics.jsonl; 0 = only at the end.")
+@click.option("--arch", type=click.Choice(["eagle3", "medusa"]), default="eagle3", show_default=True,
+              help="Drafter architecture: EAGLE-3 drafter, or Medusa heads on the target's last hidden state.")
+@click.option("--medusa-heads", type=int, default=4, show_default=True, help="Number of Medusa heads (--arch medusa).")
+@click.option("--draft-vocab", type=int, default=None,
+              help="Reduced draft vocabulary: the head predicts only the N most frequent training codes (EAGLE-3 d2t).")
+@click.option("--checkpoint-every", type=int, default=None,
+              help=f"Steps between resumable checkpoints (default {_T.checkpoint_every}).")
+@click.option("--bf16", is_flag=True, help="bf16 autocast (default fp32).")
+@click.option("--eval-images", type=int, default=4, show_default=True,
+              help="Held-out prompts decoded with the trained drafter (real MAL, exact verification); 0 = skip.")
+@opt.seed_option
+@click.option("--extend", is_flag=True,
+              help="Continue a finished (or interrupted) run in OUT to a larger --steps; only the logging / "
+                   "checkpoint / eval cadence may change too. The cosine schedule is stretched to the new total "
+                   "(a warm restart).")
+@opt.captions_file_option("Chameleon directory models: self-distillation captions, one per line (default: built-in "
+                          "list).")
+@handle_errors
+def train(model, model_cfg, vq, vq_config, out_dir, cfg_scale, seed, **options):
+    """Distil a drafter (LISA locality-informed loss, or EAGLE-3/EAGLE-1 baselines).
+
+    Resumes from OUT/checkpoints after an interruption. Multi-GPU: run under torchrun."""
+    from ..runtime.context import resolve
+
+    rc = resolve(model, sampling={"cfg_scale": cfg_scale, "seed": seed}, model_cfg=model_cfg)
+    rc.run("train", _train, out_dir=out_dir, vq=vq, vq_config=vq_config, echo=click.echo, **options)
+
+
+def _loss_switches(text: str) -> dict:
+    """--loss-off "selection,kd" -> {"selection": False, "kd": False} (LossConfig switches)."""
+    from ..errors import InputError
+
+    names = [n.strip() for n in (text or "").split(",") if n.strip()]
+    bad = [n for n in names if n not in LOSS_TERMS]
+    if bad:
+        raise InputError(f"unknown LISA term(s) {bad} in --loss-off; valid: {', '.join(LOSS_TERMS)}")
+    return {n: False for n in names}
+
+
+def _data_config(rc, vqm, out_dir, o: dict):
+    """DataConfig: captions encoded (t2i) and an image folder tokenised before any training."""
+    from ..errors import InputError
+    from ..train.data import DataConfig
+
+    tc, source, token_file = rc.target.config, o["data"], o["token_file"]
+    caption_file = None
+    if not rc.family.class_conditioned(tc):  # captions encoded before any data work
+        from ..text.train import training_caption_file
+
+        caption_file = training_caption_file(tc, o["captions"], o["encoder_dir"], out_dir, source)
+    if source == "images":
+        from ..train.data import encode_image_folder
+
+        if o["image_dir"] is None:
+            raise InputError("--data images needs --image-dir (one sub-folder of images per class)")
+        token_file = str(encode_image_folder(vqm, o["image_dir"], Path(out_dir) / "image_tokens.safetensors",
+                                             grid=tc.grid_size))
+        source = "tokens"
+    kw = dict(source=source, token_file=token_file, features=o["features"], caption_file=caption_file)
+    if o["num_samples"] is not None:
+        kw["num_samples"] = o["num_samples"]
+    if rc.given["sampling"].get("cfg_scale") is not None or _is_set(rc.source):
+        kw["cfg_scale"] = rc.sampling.cfg_scale  # given, else an artifact set's deployment scale
+    return DataConfig(**kw)
+
+
+def _is_set(source) -> bool:
+    from ..models.artifact_sets import artifact_set
+
+    return artifact_set(source) is not None
+
+
+def _train(rc, *, out_dir, vq, vq_config, echo, **o):
+    """The family-seam training (train/trainer.py, train/medusa.py)."""
+    from ..artifacts import default_vq, vq_config_for
+    from ..errors import InputError
+    from ..models.checkpoints import load_vq
+    from ..train.losses import LossConfig
+    from ..train.trainer import TrainConfig
+
+    counts = {"--" + n.replace("_", "-"): o[n] for n in ("steps", "batch_size", "num_samples", "checkpoint_every")}
+    rc = rc.load(counts=counts, counts_or_zero={"--eval-images": o["eval_images"]},
+                 dirs={"--out run directory": out_dir}, captions=o["captions"], encoder_dir=o["encoder_dir"])
+    vq = default_vq(rc.source, vq)
+    if vq is None:
+        raise InputError("training needs the VQ codebook (LISA locality geometry): pass --vq")
+    vqm = load_vq(vq, vq_config_for(vq, vq_config))
+    data = _data_config(rc, vqm, out_dir, o)
+    kw = {k: o[k] for k in ("steps", "batch_size", "lr", "ttt_steps", "drafter_hidden", "drafter_heads",
+                            "checkpoint_every", "draft_vocab")}
+    kw.update(seed=rc.seed, eval_every=o["eval_every"] or None)
+    cfg = TrainConfig(**{k: v for k, v in kw.items() if v is not None}, bf16=o["bf16"], target_name=str(rc.source),
+                      loss=LossConfig(kind=o["loss"], **_loss_switches(o["loss_off"])), data=data)
+    result = _fit(rc.target, vqm, cfg, out_dir, o, echo)
+    echo(f"wrote {result.get('drafter', Path(out_dir) / 'drafter.safetensors')}")
+    from ..train.messages import format_eval
+
+    echo(format_eval(result.get("eval", {})))
+    _held_out_decoding(rc.target, result, cfg, out_dir, o["eval_images"], echo)
+
+
+def _fit(target, vqm, cfg, out_dir, o: dict, echo) -> dict:
+    """Train the EAGLE-3 drafter or the Medusa heads; Ctrl-C says how to resume (exit 130)."""
+    from ..errors import InputError
+    from ..train.evaluate import decode_eval
+    from ..train.messages import resume_hint
+    from ..train.trainer import train_drafter
+
+    codebook, eval_images = vqm.codebook().detach(), o["eval_images"]
+    try:
+        if o["arch"] == "medusa":
+            from ..train.medusa import train_medusa
+
+            if o["draft_vocab"] or o["eval_every"] or o["extend"]:
+                raise InputError("--draft-vocab, --eval-every and --extend apply to the EAGLE-3 drafter "
+                                 "(--arch eagle3); Medusa heads keep the full vocabulary and evaluate once at the end")
+            return train_medusa(target, codebook, cfg, out_dir, n_heads=o["medusa_heads"])
+
+        def eval_fn(drafter, step):  # real decoding MAL on held-out prompts (exact verification)
+            return {"decode_mal": decode_eval(target, drafter, cfg, eval_images)["mal"]} if eval_images else {}
+
+        return train_drafter(target, codebook, cfg, out_dir, eval_fn=eval_fn, extend=o["extend"])
+    except KeyboardInterrupt:
+        echo("\n" + resume_hint(out_dir, cfg.steps), err=True)
+        sys.exit(130)
+
+
+def _held_out_decoding(target, result, cfg, out_dir, eval_images, echo) -> None:
+    """Decode held-out prompts with the trained drafter (one rank under torchrun) -> eval_decode.json."""
+    import os
+
+    if not eval_images or int(os.environ.get("RANK", "0")) != 0:
+        return
+    from ..artifacts import load_drafter_by_name
+    from ..io import write_json
+    from ..train.evaluate import decode_eval
+
+    ev = decode_eval(target, load_drafter_by_name(str(result["drafter"]), target), cfg, eval_images)
+    write_json(Path(out_dir) / "eval_decode.json", ev)
+    echo(f"held-out decoding ({eval_images} images, exact verification): MAL {ev['mal']:.3f}")
+
+
+COMMANDS = (train,)

@@ -1,0 +1,1 @@
+"""Model family packages; each registers a ModelFamily (models/family.py)"""

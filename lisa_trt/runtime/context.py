@@ -1,0 +1,409 @@
+"""The resolve step: a run's source, family, method, sampling and speculation settings, as objects, once.
+
+Every `lisa-trt` command, `Pipeline`, `lisa-trt bench` and `lisa-trt serve` build their settings
+here, and hand the objects down (a `Method`, a `SamplingConfig`, a `SpecConfig`) instead of
+names and loose values:
+
+    rc = resolve("demo", verify="gasv", sampling={"cfg_scale": 4.0, "seed": 3},
+                 tree={"tree_depth": 3}, knobs={"gasv_kappa": 2.0})
+    rc.method        # Method("gasv", ...), looked up once (resolve_method)
+    rc.sampling      # SamplingConfig: the source's defaults with the given values (resolve_sampling)
+    rc.spec          # SpecConfig: given tree and rule knobs (resolve_spec)
+    rc = rc.bind(rc.load_target())   # the target: tuned tree for the backend, top-k vs its vocabulary
+    rc.run("generate", generic_entry, out_dir=..., echo=click.echo)
+
+`RunContext.run` calls the family's own runtime entry for a command when the family has one
+(the Chameleon / Lumina-mGPT directory commands of runtime/chameleon.py, called with their own
+signatures), else the generic entry the caller passes: the CLI never asks which family it runs.
+
+Floors: runtime (imports models, speculative, export, artifacts and runtime/chameleon.py; never
+runtime/pipeline.py, bench.py or serve, which import this module).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Union
+
+from ..config import SamplingConfig
+from ..errors import InputError, LisaError
+from ..models.hub import resolve_model
+from ..speculative.methods import METHODS, Method, SpecConfig, method_names
+
+AUTO = "auto"  # verify="auto": the bundle's recorded never-slower choice (Pipeline.resolve_verify)
+
+# CLI / Pipeline names of the tree budget -> SpecConfig flat names
+TREE_NAMES = {"tree_top_k": "top_k", "tree_depth": "depth", "tree_tokens": "total_tokens",
+              "top_k": "top_k", "depth": "depth", "total_tokens": "total_tokens"}
+
+
+# ----------------------------------------------------------------------------- resolve functions
+
+def resolve_method(verify, *, auto: bool = False, default: Optional[str] = None,
+                   noun: str = "verification") -> Optional[Method]:
+    """A decoding method name (or a Method) -> the registered Method; the one lookup of a run.
+
+    Args:
+        verify: a registered name, a Method (returned as is), None (then `default`), or "auto"
+            when `auto` is True (returns None: the bundle decides, Pipeline.resolve_verify).
+        noun: how the error names the value ("verification", "verify rule").
+    Raises:
+        InputError: an unknown name, listing the valid ones.
+    """
+    if isinstance(verify, Method):
+        return verify
+    verify = default if verify is None else verify
+    if verify is None or (auto and verify == AUTO):
+        return None
+    m = METHODS.get(verify)
+    if m is None:
+        raise InputError(f"unknown {noun} {verify!r}; valid: {'auto, ' if auto else ''}{', '.join(method_names())}")
+    return m
+
+
+def resolve_sampling(base=None, *, vocab_size: Optional[int] = None, check: bool = True, **given) -> SamplingConfig:
+    """SamplingConfig from defaults and the values given (None / False = not given).
+
+    Args:
+        base: a SamplingConfig; a dict of its fields (a bundle's recorded `generation["sampling"]`,
+            other keys ignored); a model source whose artifact set records sampling defaults (the
+            demo's); or None: the dataclass defaults.
+        check: range-check the result (lisa_trt.validation; top-k against `vocab_size` when known).
+    """
+    from ..models.artifact_sets import artifact_set
+
+    if isinstance(base, Mapping):
+        names = {f.name for f in dataclasses.fields(SamplingConfig)}
+        base = SamplingConfig(**{k: v for k, v in base.items() if k in names})
+    elif not isinstance(base, SamplingConfig):
+        aset = artifact_set(base)
+        base = aset.extra("demo_sampling", SamplingConfig)() if aset is not None else SamplingConfig()
+    s = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None and v is not False})
+    if check:
+        from ..validation import check_sampling
+
+        check_sampling(s, vocab_size=vocab_size)
+    return s
+
+
+def resolve_spec(method=None, *, tree: Optional[Mapping] = None, tree_default: Optional[Mapping] = None,
+                 knobs: Optional[Mapping] = None) -> SpecConfig:
+    """SpecConfig for `method` (a Method or name; None: SpecConfig's default rule).
+
+    A non-tree method gets the first tree method's settings (its rule parameters go unused).
+    Args:
+        tree: the tree budget given (tree_top_k / tree_depth / tree_tokens or SpecConfig's top_k /
+            depth / total_tokens; None = not given) over `tree_default` (the backend's tuned tree,
+            a bundle's recorded one).
+        knobs: rule knobs by SpecConfig flat name (FLAT_FIELDS: lantern_delta, gasv_kappa, ...;
+            None = the tables' / dataclass value).
+    """
+    m = resolve_method(method)
+    name = None if m is None else (m.name if m.kind == "tree" else method_names("tree")[0])
+    flat = {TREE_NAMES[k]: v for k, v in (tree_default or {}).items() if k in TREE_NAMES and v is not None}
+    flat.update({TREE_NAMES.get(k, k): v for k, v in (tree or {}).items() if v is not None})
+    flat.update({k: v for k, v in (knobs or {}).items() if v is not None})
+    return SpecConfig.make(**({} if name is None else {"method": name}), **flat)
+
+
+def gasv_calibration(spec: SpecConfig):
+    """The GASVConfig a calibration records: the defaults with the spec's GASV knobs applied."""
+    from ..speculative.gasv import GASVConfig
+
+    return GASVConfig(**spec.gasv.overrides())
+
+
+def tuned_tree(source, target, backend: str = "torch") -> dict:
+    """The tree budget tuned for `backend` (measured ones when the artifact set ships them; the
+    small CPU tree for torch on a CPU, the EAGLE-2 GPU tree on CUDA / TensorRT)."""
+    import torch
+
+    from ..models.artifact_sets import artifact_set
+    from .autotune import default_tree_budgets
+
+    measured = _measured_budgets() if artifact_set(source) is not None else None
+    budgets = default_tree_budgets(target.config, measured)
+    if backend == "torch" and torch.cuda.is_available():
+        return budgets["trt"]
+    return budgets.get(backend, budgets["default"])
+
+
+def _measured_budgets() -> dict:
+    """Tree budgets bench/tune_tree.py measured for the bundled set (assets/demo/tree_budgets.json).
+
+    The file runtime/demo._measured_budgets reads too; read here directly because runtime/demo.py
+    imports the Pipeline, which imports this module (no import circles)."""
+    import json
+
+    from ..demo.registry import DEMO_DIR
+
+    p = DEMO_DIR / "tree_budgets.json"
+    return json.loads(p.read_text()) if p.is_file() else {}
+
+
+def spec_artifacts(source, target, methods, drafter, tables) -> tuple:
+    """(drafter, tables) that `methods` need, loaded for `target` (the artifact set's own by default)."""
+    from ..artifacts import default_drafter, default_tables, load_drafter_by_name, load_tables_by_name
+
+    ms = [m for m in (resolve_method(x) for x in methods) if m is not None]
+    needs_drafter = [m.name for m in ms if m.needs_drafter]
+    needs_tables = [m.name for m in ms if m.needs_tables]
+    drafter = drafter or default_drafter(source)
+    tables = tables or default_tables(source)
+    if needs_drafter and drafter is None:
+        raise InputError(f"{needs_drafter[0]} verification needs --drafter (train one with `lisa-trt train`)")
+    if needs_tables and tables is None:
+        raise InputError(f"{needs_tables[0]} verification needs --tables (make them with `lisa-trt calibrate`)")
+    dr = load_drafter_by_name(drafter, target) if needs_drafter else None
+    tb = load_tables_by_name(tables, target) if needs_tables else None
+    return dr, tb
+
+
+# ----------------------------------------------------------------------------- families
+
+def _detect(source, *, engine: bool = False):
+    """The family of a model source (models/family.detect_family) or of an engine directory.
+
+    An artifact set's family is its target config's (None until `RunContext.bind` when its
+    provider does not say); an engine directory written by export/chameleon_onnx.py is the
+    Chameleon family's, any other the family of its manifest's target config.
+    """
+    from ..models.artifact_sets import artifact_set
+    from ..models.family import detect_family, family_of
+
+    if engine:
+        from ..export.chameleon_onnx import is_chameleon_engine
+
+        if is_chameleon_engine(source):
+            return family_of("chameleon")
+        from ..export.manifest import read_manifest
+
+        try:
+            return family_of(read_manifest(Path(source), check_files=False).target_config)
+        except (LisaError, OSError, ValueError):  # not a readable bundle: Pipeline.from_dir says why
+            return None
+    aset = artifact_set(source)
+    if aset is not None:
+        cfg = aset.extra("demo_target_config")
+        return family_of(cfg()) if cfg is not None else None
+    return detect_family(source)
+
+
+# ----------------------------------------------------------------------------- the run context
+
+@dataclass(frozen=True)
+class RunContext:
+    """What one run uses, resolved once (see the module docstring).
+
+    Attributes:
+        source: the model source: a local path, an artifact-set name, or a Hub name's snapshot
+            directory (models/hub.py); for engine commands the engine directory.
+        family: the family object (models/family.py).
+        method: the decoding Method (None: "auto", or a command that decodes nothing).
+        sampling: SamplingConfig (range-checked; top-k against the vocabulary after `bind`).
+        spec: SpecConfig for `method` (tuned tree after `bind`).
+        seed: the base seed.
+        given: the values as given ({"model", "verify", "sampling", "tree", "knobs", "image_size"};
+            None = not given), for family entries that take raw values.
+        model_cfg: --config / --image-size / --model-type (official configs).
+        backend: the backend the run decodes on ("torch" for in-memory models).
+        target: the loaded target, after `bind`.
+    """
+
+    source: Union[str, Path]
+    family: Any
+    method: Optional[Method] = None
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    seed: int = 0
+    given: Mapping = field(default_factory=dict)
+    model_cfg: Mapping = field(default_factory=dict)
+    backend: str = "torch"
+    target: Any = None
+
+    @property
+    def verify(self) -> str:
+        """The method's name, or "auto"."""
+        return AUTO if self.method is None else self.method.name
+
+    def image_size(self, default: int) -> int:
+        """--image-size when given on the command line, else `default` (the family's own)."""
+        size = self.given.get("image_size")
+        return default if size is None else size
+
+    def load_target(self):
+        """The target model of `source` (with --config / --image-size / --model-type when given)."""
+        from ..config import target_config
+        from ..models.checkpoints import load_target
+
+        c = self.model_cfg
+        cfg = None
+        if c.get("config") is not None:
+            cfg = target_config(c["config"], image_size=c.get("image_size", 256), model_type=c.get("model_type"))
+        return load_target(self.source, cfg)
+
+    def load(self, *, counts: Optional[Mapping] = None, counts_or_zero: Optional[Mapping] = None,
+             files: Optional[Mapping] = None, dirs: Optional[Mapping] = None, captions=None,
+             encoder_dir=None) -> "RunContext":
+        """The prelude of a generic entry, then `bind(load_target())`.
+
+        Before any model loads: every count of `counts` ({option: value}) is >= 1 (>= 0 in
+        `counts_or_zero`), every output of `files` / `dirs` ({what: path}) is writable, and t2i
+        captions with their encoder are checked. Messages name the option."""
+        from ..text.train import precheck_captions
+        from ..validation import check_positive, probe_writable_dir, probe_writable_file
+
+        for option, value in (counts or {}).items():
+            check_positive(value, option)
+        for option, value in (counts_or_zero or {}).items():
+            check_positive(value, option, allow_zero=True)
+        for what, path in (files or {}).items():
+            if path:
+                probe_writable_file(path, what)
+        for what, path in (dirs or {}).items():
+            probe_writable_dir(path, what)
+        precheck_captions(captions, encoder_dir)
+        return self.bind(self.load_target())
+
+    def bind(self, target, backend: Optional[str] = None) -> "RunContext":
+        """This context for a loaded target: its family, the tree tuned for `backend` under the
+        given tree, top-k checked against its vocabulary."""
+        from ..models.family import family_of
+        from ..validation import check_sampling
+
+        backend = backend or self.backend
+        check_sampling(self.sampling, vocab_size=target.config.vocab_size)
+        spec = resolve_spec(self.method if self.method is not None else self.spec.method,
+                            tree=self.given.get("tree"), tree_default=tuned_tree(self.source, target, backend),
+                            knobs=self.given.get("knobs"))
+        return dataclasses.replace(self, target=target, family=family_of(target.config), spec=spec, backend=backend)
+
+    def run(self, command: str, generic: Callable, **options):
+        """`command` through the family's own runtime entry when it has one, else `generic(self, **options)`."""
+        entry = _FAMILY_ENTRIES.get(getattr(self.family, "name", None), {}).get(command)
+        if entry is None and not getattr(self.family, "generic_cli", True):
+            raise InputError(f"`lisa-trt {command}` does not run {self.family.name} models yet; use the Python API "
+                             "(lisa_trt.load_target / generate / tokens_to_pixels, SpeculativeDecoder; docs/families.md)")
+        return (entry or generic)(self, **options)
+
+
+def resolve(model=None, *, engine_dir=None, verify=None, default_verify: Optional[str] = None, auto: bool = False,
+            sampling: Optional[Mapping] = None, tree: Optional[Mapping] = None, knobs: Optional[Mapping] = None,
+            model_cfg: Optional[Mapping] = None, backend: str = "torch") -> RunContext:
+    """The resolve step of a run (module docstring).
+
+    Args:
+        model: --model (a path, an artifact-set name or a Hugging Face name); or
+        engine_dir: an exported engine directory (run, build).
+        verify / default_verify: the method name (None: `default_verify`); "auto" allowed with `auto`.
+        sampling: the sampling options given ({cfg_scale, temperature, top_k, top_p, cfg_interval,
+            greedy, seed}; None = not given).
+        tree: the tree budget given ({tree_top_k, tree_depth, tree_tokens}).
+        knobs: rule knobs given, by SpecConfig flat name.
+        model_cfg: {config, image_size, model_type, image_size_given} (official configs).
+        backend: the backend the run decodes on.
+    """
+    if (model is None) == (engine_dir is None):
+        raise TypeError("resolve() takes a model or an engine_dir, not both")
+    source = resolve_model(model if engine_dir is None else engine_dir)
+    family = _detect(source, engine=engine_dir is not None)
+    given_s = dict(sampling or {})
+    seed = given_s.pop("seed", None)
+    model_cfg = dict(model_cfg or {})
+    method = resolve_method(verify, auto=auto, default=default_verify)
+    given = {"model": model if engine_dir is None else engine_dir, "verify": verify, "sampling": given_s,
+             "tree": dict(tree or {}), "knobs": dict(knobs or {}),
+             "image_size": model_cfg.get("image_size") if model_cfg.pop("image_size_given", False) else None}
+    return RunContext(source=source, family=family, method=method,
+                      sampling=resolve_sampling(source, **given_s), spec=resolve_spec(method, tree=tree, knobs=knobs),
+                      seed=0 if seed is None else seed, given=given, model_cfg=model_cfg, backend=backend)
+
+
+# ----------------------------------------------------------------------------- family entries
+# The Chameleon / Lumina-mGPT directory commands (runtime/chameleon.py), with today's signatures
+# and messages; they take the raw values given (the family's own defaults apply to the rest).
+
+def _chameleon_generate(rc, *, prompts, out_dir, vq, drafter, tables, **_):
+    from .chameleon import cli_generate
+
+    s, t = rc.given["sampling"], rc.given["tree"]
+    tree = tuple(d if t.get(k) is None else t[k]
+                 for k, d in (("tree_top_k", 4), ("tree_depth", 4), ("tree_tokens", 16)))
+    return cli_generate(rc.source, prompts, out_dir, rc.given["image_size"], vq, s.get("cfg_scale"),
+                        s.get("temperature"), s.get("top_k"), bool(s.get("greedy")), rc.seed, rc.given["verify"],
+                        drafter, tree, tables)
+
+
+def _chameleon_calibrate(rc, *, out_path, vq, captions_file, rollouts, samples_per_pos, quantile, clusters,
+                         lantern_k, echo, **_):
+    from .chameleon import calibrate_cli
+
+    s, k = rc.given["sampling"], rc.given["knobs"]
+    t = calibrate_cli(rc.source, out_path, image_size=rc.image_size(512), vq=vq, captions_file=captions_file,
+                      rollouts=rollouts, samples_per_pos=samples_per_pos, quantile=quantile, clusters=clusters,
+                      lantern_k=lantern_k, gasv=gasv_calibration(rc.spec),
+                      cfg_scale=3.0 if s.get("cfg_scale") is None else s["cfg_scale"],
+                      temperature=1.0 if s.get("temperature") is None else s["temperature"],
+                      top_k=2000 if s.get("top_k") is None else s["top_k"], seed=rc.seed)
+    echo(f"wrote {out_path}: {t.n_clusters} clusters over {t.vocab_size} image codes")
+
+
+def _chameleon_train(rc, *, out_dir, data, bf16, features, captions_file, drafter_hidden, drafter_heads,
+                     num_samples, steps, batch_size, lr, checkpoint_every, echo, **_):
+    from .chameleon import train_cli
+
+    if data != "self" or bf16 or features != "online":
+        raise InputError("Chameleon directory models train on target rollouts only (--data self, fp32, "
+                         "--features online); see docs/chameleon.md")
+    kw = dict(num_samples=num_samples, steps=steps, batch_size=batch_size, lr=lr,
+              cfg_scale=rc.given["sampling"].get("cfg_scale"), checkpoint_every=checkpoint_every)
+    info = train_cli(rc.source, out_dir, image_size=rc.image_size(512), captions_file=captions_file,
+                     drafter_hidden=drafter_hidden, drafter_heads=drafter_heads, seed=rc.seed,
+                     **{k: v for k, v in kw.items() if v is not None})
+    echo(f"wrote {Path(out_dir) / 'drafter.safetensors'} ({info['steps']} steps)")
+
+
+def _chameleon_export(rc, *, out_dir, drafter, tables, vq, fp16, opset, max_tree, max_prompt, validate, echo, **_):
+    from .chameleon import export_cli
+
+    if fp16:
+        raise InputError("--fp16 is not available for Chameleon-family exports yet (fp32 graphs)")
+    s = rc.given["sampling"]
+    gen = {k: s[k] for k in ("cfg_scale", "temperature", "top_k") if s.get(k) is not None}
+    man = export_cli(rc.source, out_dir, image_size=rc.image_size(512), drafter=drafter, tables=tables, vq=vq,
+                     max_prompt=max_prompt, max_tree=max_tree, opset=opset, generation=gen, validate=validate)
+    for name, g in man["graphs"].items():
+        echo(f"{name:16s} fp32  max|ORT - torch| {g.get('validation', {}).get('max_abs', 'n/a')}")
+    echo(f"wrote {out_dir} ({len(man['graphs'])} graphs, cache {man['max_cache_len']} slots)")
+
+
+def _chameleon_run(rc, *, prompts, out_dir, threads, echo, **_):
+    from .chameleon import run_cli
+
+    if rc.backend not in ("auto", "ort"):
+        raise InputError(f"Chameleon engine directories run on ONNX Runtime only (--backend ort), not {rc.backend}")
+    verify = rc.verify
+    if verify == AUTO:  # Chameleon bundles record no decode choice yet
+        verify = "gasv"
+        echo("verify auto: this Chameleon bundle records no decode choice; running gasv")
+    s, t = rc.given["sampling"], rc.given["tree"]
+    st = run_cli(rc.source, prompts, out_dir, verify=verify, cfg_scale=s.get("cfg_scale"),
+                 temperature=s.get("temperature"), top_k=s.get("top_k"), greedy=bool(s.get("greedy")), seed=rc.seed,
+                 tree=(t.get("tree_top_k"), t.get("tree_depth"), t.get("tree_tokens")), threads=threads)
+    mal = f", MAL {st['mal']:.2f}" if "mal" in st else ""
+    echo(f"{len(st['captions'])} images -> {out_dir} (ort, {verify}){mal}, {st['seconds']:.2f} s")
+
+
+def _chameleon_build(rc, **_):
+    raise InputError(f"{rc.source} is a Chameleon-family engine directory: TensorRT engines are not available "
+                     "for this family yet; run it with ONNX Runtime (`lisa-trt run ENGINE_DIR CAPTIONS`)")
+
+
+_FAMILY_ENTRIES = {"chameleon": {"generate": _chameleon_generate, "calibrate": _chameleon_calibrate,
+                                 "train": _chameleon_train, "export": _chameleon_export, "run": _chameleon_run,
+                                 "build": _chameleon_build}}
+
+__all__ = ["AUTO", "RunContext", "gasv_calibration", "resolve", "resolve_method", "resolve_sampling", "resolve_spec",
+           "spec_artifacts", "tuned_tree"]
