@@ -51,7 +51,7 @@ def _same_meta(got, rec):
 @pytest.mark.parametrize("name", SAME)
 def test_tables_are_bit_identical(name, tmp_path):
     got, rec = _replay(name, tmp_path)
-    assert got["tensors"] == rec["tensors"] and got["w_tilde"] == rec["w_tilde"]
+    assert got["tensors"] == rec["tensors"] and got.get("w_tilde") == rec.get("w_tilde")
     gs, rs = _same_meta(got, rec)
     if name.startswith("llamagen"):
         assert gs == {**rs, "family": "llamagen"}

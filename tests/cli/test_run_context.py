@@ -117,7 +117,7 @@ def test_calibrate_train_export_on_a_directory(model_dir, monkeypatch, tmp_path)
     assert r.exit_code == 0, r.output
     assert "5 clusters over 8192 image codes" in r.output
     kw = seen["kw"]
-    assert kw["image_size"] == 512 and kw["rollouts"] == 3 and (kw["kappa"], kw["lam"]) == (1.0, 0.6)
+    assert kw["image_size"] == 512 and kw["rollouts"] == 3 and (kw["gasv"].kappa, kw["gasv"].lam) == (1.0, 0.6)
     assert (kw["cfg_scale"], kw["temperature"], kw["top_k"]) == (3.0, 1.0, 2000)
 
     seen = _record(monkeypatch, "train_cli", {"steps": 2})

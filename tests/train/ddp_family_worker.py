@@ -1,4 +1,4 @@
-"""Run by torchrun in test_families.test_ddp_two_ranks_match_single_process_janus: a two-rank gloo
+"""Run by torchrun in test_train_families.test_ddp_two_ranks_match_single_process_janus: a two-rank gloo
 training run of a Janus-Pro drafter (a prompt-id family) on a tiny random checkpoint.
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 ddp_family_worker.py MODEL_DIR OUT

@@ -207,49 +207,27 @@ def test_chameleon_cli_calibrate_passes_delta_and_neighbours(chameleon_dir, tmp_
 def test_speculative_decoder_accepts_janus_tables(janus, janus_tables):
     """SpeculativeDecoder(target, drafter, tables).generate(prompt_ids, spec=gasv | lantern) on Janus.
 
-    Two stand-ins until the Janus family has them (owned elsewhere): JanusConfig lacks
-    `n_positions` (the decode loop clamps drafter positions with it), and the generic Drafter
-    cannot be built for Janus yet, so the test uses the EAGLE-3 drafter with 1-D RoPE
-    (ChameleonDrafter) over Janus' image-token embeddings (untrained: MAL is not the point)."""
+    The drafter is the generic Drafter built for the Janus target (untrained: MAL is not the point)."""
     import dataclasses
 
-    from lisa_trt.models.checkpoints import target_hash
-    from lisa_trt.models.drafter import DrafterConfig
-    from lisa_trt.models.families.chameleon.drafter import ChameleonDrafter
+    from lisa_trt.models.drafter import Drafter
     from lisa_trt.speculative.decode import SpeculativeDecoder
     from lisa_trt.speculative.methods import SpecConfig
 
     TJ, target, _ = janus
-    cfg = target.config
-
-    class WithPositions(type(cfg)):
-        @property
-        def n_positions(self):
-            return self.max_position_embeddings
-
-    target.config = WithPositions(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
-    try:
-        with torch.no_grad():
-            emb = target.embed_image_tokens(torch.arange(cfg.codebook_size)[None])[0]  # (codebook, dim)
-        dc = DrafterConfig(target_dim=cfg.dim, hidden=cfg.dim, n_head=cfg.n_head, ffn_hidden=cfg.intermediate_size,
-                           vocab_size=cfg.codebook_size, tap_dim=3 * cfg.dim, block_size=1, cls_token_num=0,
-                           rope_base=cfg.rope_theta, norm_eps=cfg.rms_norm_eps, target_name="janus",
-                           target_hash=target_hash(target))
-        torch.manual_seed(0)
-        drafter = ChameleonDrafter(dc, emb, cfg.max_position_embeddings).eval()
-        ids = TJ.prompts(2, 6, seed=9)
-        dec = SpeculativeDecoder(target, drafter, janus_tables)
-        s = SamplingConfig(cfg_scale=2.0, top_k=24)
-        tree = dict(top_k=3, depth=3, total_tokens=8)
-        for method in ("lantern", "gasv"):
-            out, stats = dec.generate(ids, sampling=s, spec=SpecConfig.make(method, **tree), seed=0)
-            assert out.shape == (2, TJ.GRID * TJ.GRID) and bool(((out >= 0) & (out < TJ.CODES)).all())
-            assert stats.mal >= 1.0
-        exact, _ = dec.generate(ids, sampling=s, spec=SpecConfig.make("exact", **tree), seed=5)
-        lossless, st = dec.generate(ids, sampling=s, spec=SpecConfig.make("gasv", gasv_delta=0.0, **tree), seed=5)
-        assert torch.equal(exact, lossless) and st.mean_tvd < 1e-5
-        greedy = dataclasses.replace(s, greedy=True)
-        g, _ = dec.generate(ids, sampling=greedy, spec=SpecConfig.make("gasv", gasv_kappa=0.0, gasv_lambda=1.0, **tree))
-        assert torch.equal(g, generate(target, ids, cfg_scale=2.0, top_k=24, greedy=True))
-    finally:
-        target.config = cfg
+    torch.manual_seed(0)
+    drafter = Drafter.from_target(target).eval()
+    ids = TJ.prompts(2, 6, seed=9)
+    dec = SpeculativeDecoder(target, drafter, janus_tables)
+    s = SamplingConfig(cfg_scale=2.0, top_k=24)
+    tree = dict(top_k=3, depth=3, total_tokens=8)
+    for method in ("lantern", "gasv"):
+        out, stats = dec.generate(ids, sampling=s, spec=SpecConfig.make(method, **tree), seed=0)
+        assert out.shape == (2, TJ.GRID * TJ.GRID) and bool(((out >= 0) & (out < TJ.CODES)).all())
+        assert stats.mal >= 1.0
+    exact, _ = dec.generate(ids, sampling=s, spec=SpecConfig.make("exact", **tree), seed=5)
+    lossless, st = dec.generate(ids, sampling=s, spec=SpecConfig.make("gasv", gasv_delta=0.0, **tree), seed=5)
+    assert torch.equal(exact, lossless) and st.mean_tvd < 1e-5
+    greedy = dataclasses.replace(s, greedy=True)
+    g, _ = dec.generate(ids, sampling=greedy, spec=SpecConfig.make("gasv", gasv_kappa=0.0, gasv_lambda=1.0, **tree))
+    assert torch.equal(g, generate(target, ids, cfg_scale=2.0, top_k=24, greedy=True))
