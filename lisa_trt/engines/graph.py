@@ -20,6 +20,7 @@ threads at once; serialise calls or open one set per worker.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -233,9 +234,7 @@ class GraphDrafter(_KVEngine):
         if self.config is None:
             raise InputError(f"{manifest.dir} has no drafter graphs; export with a drafter")
         self.hash = manifest.drafter["hash"]
-        # RoPE positions the drafter takes: its own table's length where it has one (Chameleon), else
-        # the image sequence (LlamaGen)
-        self.max_positions = int(manifest.drafter.get("max_positions") or self.config.seq_len)
+        self.max_positions = self.config.n_positions  # rows of its RoPE table (1-D: the target's positions)
         self._project = runners[Graph.DRAFTER_PROJECT]
         self._step = runners[Graph.DRAFTER_STEP]
         self._commit = runners.get(Graph.DRAFTER_COMMIT)  # optional (bundles before it lack it)
@@ -408,7 +407,9 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
             kv_binding, share_memory).
     Returns:
         Engines(target, drafter | None, gasv | None, vq | None, manifest, backend); the drafter
-        is a GraphDrafter, or GraphMedusaHeads for a bundle exported with Medusa heads.
+        is a GraphDrafter, or GraphMedusaHeads for a bundle exported with Medusa heads. A
+        Chameleon-family directory gives its ChameleonEngines (engines/chameleon_ort.py: the same
+        fields plus tables and tokenizer).
     Raises:
         ConfigError (unknown backend), ArtifactMismatchError / CheckpointError (read_manifest),
         the backend's own errors when it cannot run here (e.g. TensorRTUnavailableError).
@@ -416,6 +417,9 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
     from ..export.manifest import read_manifest
 
     man = read_manifest(engine_dir, target_hash=target_hash, drafter_hash=drafter_hash, tables_hash=tables_hash)
+    own = man.export_family.engines_module  # a family with its own engine classes over the same runners
+    if own is not None:
+        return importlib.import_module(own).open_engines(man, backend, **options)
     be, open_ = open_graphs(man, backend, **options)
     drafter = gasv = vq = None
     target = GraphTarget(man, open_(Graph.TARGET_PREFILL, Graph.TARGET_VERIFY))

@@ -92,7 +92,7 @@ class ModelShape:
 
 # parameter counts of the image decoders (pinned against the project's models by the tests)
 VQ16_DECODE_PARAMS = 42_449_795 + 2_304 + 16384 * 8  # LlamaGen VQ-16 (also Janus' VQ: same config)
-CHAMELEON_VQ_DECODE_PARAMS = 39_294_851 + 65_792 + 8192 * 256  # Chameleon VQGAN (models/chameleon_vq.py)
+CHAMELEON_VQ_DECODE_PARAMS = 39_294_851 + 65_792 + 8192 * 256  # Chameleon VQGAN (models/families/chameleon/vq.py)
 
 
 def repeat(w: Weights, n: int) -> Weights:
@@ -148,7 +148,7 @@ def lumina_span(image_size: int) -> int:
 
 
 def _chameleon_shape(cfg, name: str, image_size: int, prompt_len: int) -> ModelShape:
-    """A ChameleonConfig (models/chameleon.ChameleonTarget's parameters)."""
+    """A ChameleonConfig (models/families/chameleon/model.ChameleonTarget's parameters)."""
     layer = chameleon_layer(cfg.dim, cfg.n_head, cfg.kv_heads, cfg.intermediate_size, cfg.attention_bias,
                             cfg.mlp_bias)
     head = Weights() if cfg.tie_word_embeddings else lin(cfg.dim, cfg.vocab_size)
@@ -265,12 +265,14 @@ def _engine_shape(d: Path) -> ModelShape:
         from ..models.families.chameleon.checkpoint import read_chameleon_config
 
         man = raw_manifest(d)
+        lay = man.get("layout") or man  # manifest.json keeps them in `layout`; older chameleon_engine.json at the top
         cfg = read_chameleon_config(d)
-        s = _chameleon_shape(cfg, d.name, int(man["image_size"]), int(man["max_prompt"]))
+        s = _chameleon_shape(cfg, d.name, int(lay["image_size"]), int(lay["max_prompt"]))
         dr = (man.get("drafter") or {}).get("config") or {}
+        q = man.get("quantization") or "none"
         return replace(s, max_cache_len=int(man["max_cache_len"]), max_tree=int(man["max_tree"]),
                        has_drafter=man.get("drafter") is not None, has_tables=man.get("tables") is not None,
-                       has_vq=man.get("vq") is not None, precision=man.get("precision", "fp32"),
+                       has_vq=man.get("vq") is not None, precision=q if q != "none" else man.get("precision", "fp32"),
                        codes=int((man.get("tables") or {}).get("vocab_size") or s.codes),
                        draft_head=int(dr.get("draft_vocab") or dr.get("vocab_size") or 0),
                        draft_hidden=int(dr.get("hidden", 0)), draft_ffn=int(dr.get("ffn_hidden", 0)))

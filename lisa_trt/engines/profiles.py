@@ -48,13 +48,19 @@ class ProfileSpec:
         return cls(d["name"], {n: tuple(tuple(int(x) for x in s) for s in v) for n, v in d["shapes"].items()})
 
 
-def _axis_ranges(graph: Graph, *, max_batch: int, max_tree: int, cfg: bool, seq_split: int) -> list:
-    """[(profile name, {axis: (min, opt, max)})] for the dynamic axes of one graph."""
+def _axis_ranges(graph: Graph, *, max_batch: int, max_tree: int, cfg: bool, seq_split: int,
+                 prefill_seq: Optional[int] = None) -> list:
+    """[(profile name, {axis: (min, opt, max)})] for the dynamic axes of one graph.
+
+    prefill_seq: most prompt tokens of a prefill graph with a "seq" axis (a text prompt:
+    Chameleon), None for a fixed condition prefix (LlamaGen)."""
     gb = max_batch * (2 if cfg else 1)  # graph batch: CFG runs [cond; uncond]
     batch = (1, min(2 if cfg else 1, gb), gb)
     if graph is Graph.VQ_DECODE:
         return [("images", {"batch": (1, 1, max_batch)})]
     if graph is Graph.TARGET_PREFILL:
+        if prefill_seq:  # prompts of 1 .. max_prompt tokens, optimised for half of it
+            return [("prefill", {"batch": batch, "seq": (1, max(1, prefill_seq // 2), prefill_seq)})]
         return [("prefill", {"batch": batch})]
     if graph is Graph.GASV:  # rows = real prompts x tree nodes (after CFG combine)
         return [("nodes", {"nodes": (1, max_tree, max_batch * max_tree)})]
@@ -72,6 +78,8 @@ def profiles_from_io_spec(manifest, *, max_batch: int = 1, max_tree: Optional[in
       batch  1 .. max_batch x 2 (CFG batch), opt 2 (one prompt with CFG); VQ decode 1 .. max_batch;
       seq    target_verify / drafter graphs: a "step" profile S in 1..seq_split (opt 1: AR steps,
              drafter commits) and a "tree" profile S in 1..max_tree (opt max_tree: tree verification);
+             a prefill that takes the prompt's tokens (Chameleon) 1..max_prompt (the family's
+             prefill_max_seq of the manifest's layout);
       nodes  GASV rows 1 .. max_batch x max_tree.
 
     Args:
@@ -92,13 +100,14 @@ def profiles_from_io_spec(manifest, *, max_batch: int = 1, max_tree: Optional[in
         raise InputError(f"max_tree {max_tree} is outside 1..{manifest.max_tree}: the exported cache holds "
                          f"{manifest.max_tree} tree slots; re-export with `lisa-trt export --max-tree N` for more")
     dims = manifest.dims  # the family's static axes and io specs (export/families.py)
+    prefill_seq = manifest.export_family.prefill_max_seq(manifest.layout)
     out = {}
     for name in graphs or sorted(manifest.graphs):
         graph = Graph(name)
         spec = manifest.spec(graph)
         profs = []
         for pname, ranges in _axis_ranges(graph, max_batch=max_batch, max_tree=max_tree, cfg=cfg,
-                                          seq_split=seq_split):
+                                          seq_split=seq_split, prefill_seq=prefill_seq):
             try:
                 shapes = shape_ranges(spec, dims, ranges)
             except KeyError as e:

@@ -46,6 +46,9 @@ class ExportFamily:
     Medusa graphs are shared (their inputs and references come from this base class)."""
 
     name = "?"
+    # module whose open_engines(manifest, backend, **options) opens the family's bundles when its
+    # engines are not engines/graph.py's GraphTarget / GraphVQ (None: those)
+    engines_module: Optional[str] = None
 
     # -- specs ----------------------------------------------------------------------------
 

@@ -221,10 +221,8 @@ def build_manifest(*, target, drafter, tables, vq, graphs: dict, precision: str,
     except ImportError:
         pass
     dr = None
-    if drafter is not None:
+    if drafter is not None:  # (a 1-D RoPE drafter's max_positions is in its config)
         dr = {"hash": drafter_hash(drafter), "config": drafter.config.to_dict(), "arch": drafter_arch(drafter)}
-        if getattr(drafter, "max_positions", None):  # a drafter with its own RoPE table (Chameleon)
-            dr["max_positions"] = int(drafter.max_positions)
     return Manifest(
         precision=precision, opset=opset, max_tree=max_tree, max_cache_len=max_cache_len,
         target={"hash": target_hash(target), "config": fam.config_record(target.config)},

@@ -1,7 +1,7 @@
 """Chameleon-family (Lumina-mGPT) commands: train, calibrate, export and run for `--model DIR`.
 
 The CLI (cli.py) dispatches here when `--model` is a Chameleon checkpoint directory or the
-engine directory holds `chameleon_engine.json`; everything goes through the family's Python
+engine directory's manifest says family "chameleon"; everything goes through the family's Python
 APIs (models/families/chameleon/drafter.py, calibration/chameleon_tables.py, export/chameleon_onnx.py,
 engines/chameleon_ort.py, speculative/chameleon_spec.py).
 
@@ -181,8 +181,13 @@ def calibrate_cli(model_dir, out_path, *, image_size: int, vq=None, captions_fil
 
 def export_cli(model_dir, out_dir, *, image_size: int, drafter=None, tables=None, vq=None,
                max_prompt: Optional[int] = None, max_tree: Optional[int] = None, opset: Optional[int] = None,
-               generation: Optional[dict] = None, validate: bool = True) -> dict:
-    """`lisa-trt export --model DIR`: target, drafter, GASV and VQGAN graphs, validated."""
+               generation: Optional[dict] = None, validate: bool = True, fp16: bool = False,
+               quantize: str = "none") -> dict:
+    """`lisa-trt export --model DIR`: target, drafter, GASV and VQGAN graphs, validated.
+
+    fp16: fp16 target / drafter graphs; quantize: "none" | "int8" | "int4" weights of an fp32
+    export (export/quantize.py). Returns the manifest as a dict (graphs[name]["validation"] holds
+    each graph's errors vs PyTorch: max_error scaled, max_abs raw)."""
     from ..calibration.chameleon_tables import load_chameleon_tables
     from ..export import chameleon_onnx as X
     from ..models.families.chameleon.drafter import load_chameleon_drafter
@@ -190,9 +195,11 @@ def export_cli(model_dir, out_dir, *, image_size: int, drafter=None, tables=None
     target, tok = _load(model_dir)
     dr = load_chameleon_drafter(drafter, target) if drafter else None
     tb = load_chameleon_tables(tables, target, tok.newline) if tables else None
-    return X.export_chameleon(target, dr, tb, _vq(model_dir, vq), model_dir, out_dir, image_size=image_size,
-                              max_prompt=max_prompt or X.DEFAULT_MAX_PROMPT, max_tree=max_tree or X.DEFAULT_MAX_TREE,
-                              opset=opset or X.DEFAULT_OPSET, generation=generation, validate=validate)
+    man = X.export_chameleon(target, dr, tb, _vq(model_dir, vq), model_dir, out_dir, image_size=image_size,
+                             max_prompt=max_prompt or X.DEFAULT_MAX_PROMPT, max_tree=max_tree or X.DEFAULT_MAX_TREE,
+                             opset=opset or X.DEFAULT_OPSET, generation=generation, validate=validate, fp16=fp16,
+                             quantize=quantize)
+    return man.to_dict()
 
 
 def run_engine(engine_dir, captions: Sequence[str], out_dir, *, verify: str = "gasv", cfg_scale=None,
@@ -213,15 +220,16 @@ def run_engine(engine_dir, captions: Sequence[str], out_dir, *, verify: str = "g
     from ..speculative.chameleon_spec import LuminaSpec, speculative_image_tokens
 
     eng = load_chameleon_engines(engine_dir, threads=threads)
-    man, size = eng.manifest, int(eng.manifest["image_size"])
-    gen = man.get("generation", {})
+    man = eng.manifest
+    size, max_prompt = int(man.layout["image_size"]), int(man.layout["max_prompt"])
+    gen = man.generation or {}
     cfg_scale = gen.get("cfg_scale", 3.0) if cfg_scale is None else cfg_scale
     temperature = gen.get("temperature", 1.0) if temperature is None else temperature
     top_k = gen.get("top_k", 2000) if top_k is None else top_k
     longest = max(len(eng.tokenizer.prompt_ids(c, size, size)) for c in captions)
-    if longest > man["max_prompt"]:
+    if longest > max_prompt:
         raise InputError(f"a caption takes {longest} prompt tokens; the engines were exported for at most "
-                         f"{man['max_prompt']}: shorten it or re-export with a larger --max-prompt")
+                         f"{max_prompt}: shorten it or re-export with a larger --max-prompt")
     t0 = time.perf_counter()
     if verify == "vanilla":
         res = generate_image_tokens(eng.target, eng.tokenizer, captions, size, size, cfg_scale=cfg_scale,
@@ -251,7 +259,8 @@ def run_engine(engine_dir, captions: Sequence[str], out_dir, *, verify: str = "g
         with open(tmp, "wb") as f:
             np.save(f, res.codes.cpu().numpy())
     paths = save_images(to_uint8(eng.vq.decode_code(res.codes).cpu()), out) if eng.vq is not None else []
-    info = {"family": "chameleon", "backend": "ort", "verify": verify, "captions": list(captions),
+    quant = man.quantization if man.quantization != "none" else man.precision
+    info = {"family": "chameleon", "backend": "ort", "precision": quant, "verify": verify, "captions": list(captions),
             "image_size": size, "cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k,
             "greedy": greedy, "seed": seed, "seconds": round(seconds, 3), "images": [p.name for p in paths], **stats}
     write_json(out / "stats.json", info)

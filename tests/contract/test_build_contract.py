@@ -124,3 +124,34 @@ def test_a_plugin_node_with_another_version_is_not_found(core, bundle, tmp_path,
         B.build_plan(out, B.profiles_from_io_spec(read_manifest(d))["gasv"], d / "gasv.plan")
     log = capfd.readouterr()
     assert "Plugin not found, are the plugin name, version, and namespace correct?" in log.out + log.err
+
+
+@pytest.fixture(scope="module")
+def chameleon_bundle(tmp_path_factory):
+    """A tiny Chameleon-family bundle (image-code GASV over K = 32 codes), made before any fake `tensorrt`."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    from chameleon_bundle import export_kwargs, make_chameleon_artifacts
+
+    from lisa_trt.runtime.chameleon import export_cli
+
+    root = tmp_path_factory.mktemp("cham")
+    art = make_chameleon_artifacts(root / "art")
+    export_cli(art["model_dir"], root / "eng", **export_kwargs(art, validate=False))
+    return root / "eng"
+
+
+def test_a_chameleon_bundle_builds_through_polygraphy_and_the_vendor_plugin(core, chameleon_bundle, tmp_path):
+    from chameleon_bundle import N_CODES
+
+    d = _copy(chameleon_bundle, tmp_path)
+    rec = B.build_engines(d, max_batch=2, progress=False)
+    assert set(rec["graphs"]) == {"target_prefill", "target_verify", "drafter_project", "drafter_step", "gasv",
+                                  "vq_decode"}
+    plans = {Path(p["onnx"]).name: p for p in core.builds}
+    assert all(p["tf32"] and p["strongly_typed"] for p in core.builds)
+    gasv = plans["gasv.trt.onnx"]["plugins"]
+    assert [g["op"] for g in gasv] == [tp.PLUGIN_NAME]                 # found by ("gasv2", "1", "lisa")
+    assert gasv[0]["extra_args"][0] == N_CODES                          # V: the image-code sub-vocabulary
+    (pre,) = rec["graphs"]["target_prefill"]["profiles"]               # the prompt axis of the prefill graph
+    assert pre["shapes"]["input_ids"][2] == [4, 32]

@@ -27,10 +27,12 @@ def engines(tmp_path_factory):
     save_tokenizer(d)
     target = lisa_trt.load_target(d)
     man = export_chameleon(target, None, None, None, d, root / "eng", image_size=32, max_prompt=16, max_tree=8)
-    assert set(man["graphs"]) == {"target_prefill", "target_verify"}
+    assert set(man.graphs) == {"target_prefill", "target_verify"}
     from lisa_trt.export.manifest import bundle_family
 
-    assert man["family"] == "chameleon" and bundle_family(root / "eng") == "chameleon"
+    assert man.family == "chameleon" and bundle_family(root / "eng") == "chameleon"
+    for g in man.graphs.values():  # validated against the torch target's prefill / forward_tokens
+        assert g.validation["ok"] and g.validation["max_error"] < 1e-4, g.validation
     return target, load_chameleon_engines(root / "eng", threads=1)
 
 

@@ -71,12 +71,13 @@ def test_train_resumes_from_its_state(pipeline):
 
 def test_export_manifest_and_validation(pipeline):
     root, _, _ = pipeline
-    man = json.loads((root / "eng" / "chameleon_engine.json").read_text())
+    man = json.loads((root / "eng" / "manifest.json").read_text())
+    assert man["family"] == "chameleon" and man["precision"] == "fp32"
     assert set(man["graphs"]) == {"target_prefill", "target_verify", "drafter_project", "drafter_step", "gasv",
                                   "vq_decode"}
-    for g in man["graphs"].values():
-        assert g["validation"]["max_rel"] < 1e-3
-    assert man["tables"]["vocab_size"] == N_CODES and man["image_size"] == SIZE
+    for g in man["graphs"].values():  # vs the torch models' public API (export/validate.py, fp32 threshold)
+        assert g["validation"]["ok"] and g["validation"]["max_error"] < 1e-4
+    assert man["tables"]["vocab_size"] == N_CODES and man["layout"]["image_size"] == SIZE
 
 
 @pytest.mark.parametrize("verify", ["vanilla", "greedy", "exact", "lantern", "gasv"])
