@@ -365,17 +365,18 @@ def _chameleon_train(rc, *, out_dir, data, bf16, features, captions_file, drafte
     echo(f"wrote {Path(out_dir) / 'drafter.safetensors'} ({info['steps']} steps)")
 
 
-def _chameleon_export(rc, *, out_dir, drafter, tables, vq, fp16, opset, max_tree, max_prompt, validate, echo, **_):
+def _chameleon_export(rc, *, out_dir, drafter, tables, vq, fp16, opset, max_tree, max_prompt, validate, quantize,
+                      echo, **_):
     from .chameleon import export_cli
 
-    if fp16:
-        raise InputError("--fp16 is not available for Chameleon-family exports yet (fp32 graphs)")
     s = rc.given["sampling"]
     gen = {k: s[k] for k in ("cfg_scale", "temperature", "top_k") if s.get(k) is not None}
     man = export_cli(rc.source, out_dir, image_size=rc.image_size(512), drafter=drafter, tables=tables, vq=vq,
-                     max_prompt=max_prompt, max_tree=max_tree, opset=opset, generation=gen, validate=validate)
+                     max_prompt=max_prompt, max_tree=max_tree, opset=opset, generation=gen, validate=validate,
+                     fp16=fp16, quantize=quantize)
     for name, g in man["graphs"].items():
-        echo(f"{name:16s} fp32  max|ORT - torch| {g.get('validation', {}).get('max_abs', 'n/a')}")
+        prec = (g.get("quantization") or {}).get("mode", g.get("precision", "fp32"))
+        echo(f"{name:16s} {prec:5s} max|ORT - torch| {g.get('validation', {}).get('max_abs', 'n/a')}")
     echo(f"wrote {out_dir} ({len(man['graphs'])} graphs, cache {man['max_cache_len']} slots)")
 
 
@@ -396,14 +397,8 @@ def _chameleon_run(rc, *, prompts, out_dir, threads, echo, **_):
     echo(f"{len(st['captions'])} images -> {out_dir} (ort, {verify}){mal}, {st['seconds']:.2f} s")
 
 
-def _chameleon_build(rc, **_):
-    raise InputError(f"{rc.source} is a Chameleon-family engine directory: TensorRT engines are not available "
-                     "for this family yet; run it with ONNX Runtime (`lisa-trt run ENGINE_DIR CAPTIONS`)")
-
-
 _FAMILY_ENTRIES = {"chameleon": {"generate": _chameleon_generate, "calibrate": _chameleon_calibrate,
-                                 "train": _chameleon_train, "export": _chameleon_export, "run": _chameleon_run,
-                                 "build": _chameleon_build}}
+                                 "train": _chameleon_train, "export": _chameleon_export, "run": _chameleon_run}}
 
 __all__ = ["AUTO", "RunContext", "gasv_calibration", "resolve", "resolve_method", "resolve_sampling", "resolve_spec",
            "spec_artifacts", "tuned_tree"]

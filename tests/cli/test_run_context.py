@@ -132,8 +132,10 @@ def test_calibrate_train_export_on_a_directory(model_dir, monkeypatch, tmp_path)
     r = CliRunner().invoke(main, ["export", "--model", str(model_dir), "--out", str(tmp_path / "e"), "--top-k", "7"])
     assert r.exit_code == 0, r.output
     assert seen["kw"]["generation"] == {"top_k": 7} and seen["kw"]["validate"] is True and "99 slots" in r.output
-    r = CliRunner().invoke(main, ["export", "--model", str(model_dir), "--out", str(tmp_path / "e"), "--fp16"])
-    assert r.exit_code == 2 and "--fp16 is not available for Chameleon-family exports" in r.output
+    r = CliRunner().invoke(main, ["export", "--model", str(model_dir), "--out", str(tmp_path / "e"), "--fp16",
+                                  "--quantize", "int8"])
+    assert r.exit_code == 0, r.output
+    assert seen["kw"]["fp16"] is True and seen["kw"]["quantize"] == "int8"
 
 
 def test_run_and_build_on_a_family_engine_directory(monkeypatch, tmp_path):
@@ -150,7 +152,7 @@ def test_run_and_build_on_a_family_engine_directory(monkeypatch, tmp_path):
     r = CliRunner().invoke(main, ["run", str(e), str(prompts), "--backend", "torch"])
     assert r.exit_code == 2 and "ONNX Runtime only" in r.output
     r = CliRunner().invoke(main, ["build", str(e)])
-    assert r.exit_code == 2 and "TensorRT engines are not available for this family" in r.output
+    assert r.exit_code == 2 and "no manifest.json" in r.output and "lisa-trt export" in r.output  # a legacy dir
 
 
 # ----------------------------------------------------------------------------- Pipeline / bench / serve
