@@ -72,3 +72,27 @@ def test_zipar_is_registered_with_its_own_knob():
     assert SpecConfig.make("gasv", zipar_window=3).settings("zipar").window == 3
     with pytest.raises(InputError, match="window"):
         SpecConfig.make("gasv", zipar_window=0)
+
+
+def test_sparse_laws_and_chunked_tvd_pass_are_exact(tiny):
+    """The TVD bookkeeping: top-k-sparse laws give the dense TVD; the teacher-forced pass gives
+    the same TVD in chunks of 3 as in one chunk."""
+    from lisa_trt.speculative.decode import _Guide
+    from lisa_trt.speculative.sampling import process_logits, tvd
+    from lisa_trt.speculative.zipar import _Laws, _raster_tvd
+
+    g = torch.Generator().manual_seed(1)
+    p = torch.softmax(process_logits(torch.randn(2, 5, 40, generator=g), 1.0, 6, 1.0), -1)
+    q = torch.softmax(torch.randn(2, 5, 40, generator=g), -1)
+    laws = _Laws(2, 5, 40, 6, "cpu")
+    laws.put(torch.arange(5), p)
+    assert torch.allclose(laws.tvd(q, 0, 5), tvd(p, q), atol=1e-6)
+    toks, _ = _run(tiny, 1, SamplingConfig(cfg_scale=2.0, top_k=8))
+    N = toks.shape[1]
+    dense = _Laws(2, N, tiny.config.vocab_size, 0, "cpu")
+    dense.put(torch.arange(N), torch.full((2, N, tiny.config.vocab_size), 1.0 / tiny.config.vocab_size))
+    guide = _Guide(SamplingConfig(cfg_scale=2.0, top_k=8))
+    cond = torch.cat([torch.tensor([1, 4]), tiny.null_cond(torch.tensor([1, 4]))])
+    a = _raster_tvd(tiny, cond, toks, dense, guide, N, chunk=3)
+    b = _raster_tvd(tiny, cond, toks, dense, guide, N, chunk=256)
+    assert torch.allclose(a, b, atol=1e-5) and float(a[:, 1:].min()) > 0.5
