@@ -1,8 +1,8 @@
 """The training-free decoders on the demo model: MAL per target forward and per-token TVD for
-vanilla, sjd, mcsjd and gsd (docs/spec/decoders.md), on the same classes and seeds.
+vanilla, sjd, mcsjd, sjd-pac, gsd and zipar (docs/spec/decoders.md), on the same classes and seeds.
 
     python bench/decoders.py --images 16                 # writes bench/decoders.json
-    python bench/decoders.py --images 4 --out /tmp/d.json --gsd-group 1,14,25
+    python bench/decoders.py --images 4 --out /tmp/d.json --gsd-group 1,14,25 --zipar-window 2,8
 
 MAL = committed tokens per target forward (the prefill excluded, docs/spec/speculative.md),
 pooled over all images; `mal_se` is the standard error over images; `mal_vs_sjd` = MAL / SJD's
@@ -53,8 +53,9 @@ def main():
     ap.add_argument("--images", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--window", type=int, default=16, help="SJD window (all Jacobi decoders)")
-    ap.add_argument("--methods", default="vanilla,sjd,mcsjd")
+    ap.add_argument("--methods", default="vanilla,sjd,mcsjd,sjd-pac")
     ap.add_argument("--gsd-group", default="14,25", help="GSD group sizes, one point each ('' for none)")
+    ap.add_argument("--zipar-window", default="4,8", help="ZipAR windows, one point each ('' for none)")
     ap.add_argument("--loaded", action="store_true", help="record that the machine was busy (timings not quiet)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "decoders.json"))
     a = ap.parse_args()
@@ -64,6 +65,8 @@ def main():
     points = [(m, m, SpecConfig()) for m in a.methods.split(",") if m]
     points += [(f"gsd[group={g}]", "gsd", SpecConfig().replace(gsd_group=int(g)))
                for g in a.gsd_group.split(",") if g]
+    points += [(f"zipar[window={w}]", "zipar", SpecConfig().replace(zipar_window=int(w)))
+               for w in a.zipar_window.split(",") if w]
     results = {}
     for label, method, spec in points:
         results[label] = measure(target, label, method, spec, classes, a.seed, a.window)

@@ -57,11 +57,12 @@ def coupled_redraft(p_new, p_old, old, has_old, generator):
     return torch.where(has_old, coupled, fresh)
 
 
-def mcsjd_generate(target, cond, *, sampling, window, seed, spec=None):
+def mcsjd_generate(target, cond, *, sampling, window, seed, spec=None, layout=None):
     """MC-SJD on one batch -> (tokens (B, N), DecodeStats): the SJD loop with coupled drafts."""
     from .sjd import sjd_generate
 
-    return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed, redraft=coupled_redraft)
+    return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed, redraft=coupled_redraft,
+                        layout=layout)
 
 
 register_method(Method("mcsjd", "sjd", "MC-SJD: speculative Jacobi decoding with maximally coupled drafts "

@@ -26,18 +26,21 @@ def check_artifacts(method: str, drafter, tables, gasv=None) -> None:
                          "(make them with `lisa-trt calibrate`)")
 
 
-def _plain_sjd(target, cond, *, sampling, window, seed, spec):
-    return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed)
+def _plain_sjd(target, cond, *, sampling, window, seed, spec, layout=None):
+    return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed, layout=layout)
 
 
 def run_method(method: str, target, drafter, tables, cond, *, sampling: SamplingConfig,
-               spec: SpecConfig, seed: int, sjd_window: int = 16, gasv=None, seeds=None, on_progress=None):
+               spec: SpecConfig, seed: int, sjd_window: int = 16, gasv=None, seeds=None, on_progress=None,
+               layout=None):
     """One generation with `method` -> (tokens (B, N), DecodeStats).
 
     Tree methods use `spec`'s tree and rule parameters with `spec.method` set to `method`.
     seeds: optional one seed per row (instead of `seed`): every row draws from its own generator,
     so its tokens do not depend on the other rows (the serving path). Not for the SJD loop.
     on_progress: optional callback(tokens done over all rows) for progress bars (AR and tree methods).
+    layout: optional SequenceLayout of the request (models/family.py; Chameleon spans), passed to
+        the tree decoder and to every Jacobi-family loop (`loop(..., layout=layout)`).
     """
     m = get_method(method)
     if m.greedy_sampling:
@@ -46,18 +49,20 @@ def run_method(method: str, target, drafter, tables, cond, *, sampling: Sampling
         t0 = time.perf_counter()
         B = len(cond) if torch.is_tensor(cond) else cond[0].shape[0]
         cb = None if on_progress is None else (lambda i: on_progress(i * B))
-        toks = generate(target, cond, seed=seed, seeds=seeds, on_token=cb, **dataclasses.asdict(sampling))
-        st = DecodeStats(target_forwards=target.config.block_size)
-        n = toks.shape[0] * (target.config.block_size - 1)
-        st.committed, st.rows = [torch.ones(n)], [torch.arange(toks.shape[0]).repeat_interleave(
-            target.config.block_size - 1)]
+        toks = generate(target, cond, seed=seed, seeds=seeds, on_token=cb, layout=layout,
+                        **dataclasses.asdict(sampling))
+        N = toks.shape[1]
+        st = DecodeStats(target_forwards=N)
+        st.committed, st.rows = [torch.ones(toks.shape[0] * (N - 1))], [torch.arange(toks.shape[0]).repeat_interleave(
+            N - 1)]
         st.times = {"total": time.perf_counter() - t0}
         return toks, st
     if m.kind == "sjd":
         if seeds is not None:
             raise InputError("the SJD loop has no per-row generators; decode its rows one by one")
         loop = m.loop or _plain_sjd
-        return loop(target, cond, sampling=sampling, window=sjd_window, seed=seed, spec=spec)
+        kw = {} if layout is None else {"layout": layout}
+        return loop(target, cond, sampling=sampling, window=sjd_window, seed=seed, spec=spec, **kw)
     if m.drafter_factory is not None:  # the method brings its own drafter (the oracle)
         target, drafter = m.drafter_factory(target)
     elif drafter is None:
@@ -69,7 +74,8 @@ def run_method(method: str, target, drafter, tables, cond, *, sampling: Sampling
     spec = dataclasses.replace(spec, method=method)
     return SpeculativeDecoder(target, drafter, tables, gasv=gasv).generate(cond, sampling=sampling, spec=spec,
                                                                            seed=None if seeds is not None else seed,
-                                                                           seeds=seeds, on_progress=on_progress)
+                                                                           seeds=seeds, on_progress=on_progress,
+                                                                           layout=layout)
 
 
 __all__ = ["check_artifacts", "run_method"]

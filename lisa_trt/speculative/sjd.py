@@ -24,10 +24,33 @@ import torch
 from ..config import SamplingConfig
 from ..timing import Timer
 from ..errors import InputError
-from .autoregressive import cfg_batch
+from .autoregressive import cfg_batch, layout_for, new_target_cache
 from .decode import DecodeStats, _Guide
 from .sampling import make_generator, sample_from_logits
 from .verify import sjd_accept
+
+
+def draft_prior(layout, V: int, device):
+    """`prior(token_index (B, W)) -> (B, W, V)`: the law fresh Jacobi slots are drafted from:
+    uniform over the layout's allowed tokens (the whole head when None), one-hot where the
+    layout forces a token (Lumina-mGPT's row ends), so forced slots are always accepted."""
+    base = torch.zeros(V, device=device)
+    if layout.allowed is None:
+        base.fill_(1.0 / V)
+    else:
+        ids = layout.allowed.to(device)
+        base[ids] = 1.0 / ids.numel()
+    forced = None if layout.forced is None else layout.forced.to(device)
+
+    def prior(idx: torch.Tensor) -> torch.Tensor:
+        out = base.expand(*idx.shape, V)
+        if forced is None:
+            return out
+        f = forced[idx.clamp(max=forced.numel() - 1)]
+        one_hot = torch.zeros_like(out).scatter_(-1, f.clamp(min=0)[..., None], 1.0)
+        return torch.where((f >= 0)[..., None], one_hot, out)
+
+    return prior
 
 
 def _sjd_test(p_now, p_prev, drafts, gen):
@@ -49,8 +72,12 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
                  seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
                  num_tokens: Optional[int] = None,
                  redraft: Optional[Callable] = None,
-                 accept: Optional[Callable] = None) -> tuple[torch.Tensor, DecodeStats]:
+                 accept: Optional[Callable] = None, layout=None) -> tuple[torch.Tensor, DecodeStats]:
     """Generate tokens with SJD. Returns (tokens (B, N), DecodeStats).
+
+    layout: the family's SequenceLayout of the request (models/family.py; default: the family's
+        free layout of `num_tokens`): which tokens may be drafted, which are forced (one-hot
+        laws, always accepted), positions from the cache (left-padded prompt rows).
 
     redraft: optional `redraft(p_new, p_old, old, has_old, gen) -> drafts (B, window)`, the
         Jacobi update: p_new (B, window, V) are the distributions the next drafts must follow,
@@ -64,24 +91,26 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
     """
     tc = target.config
     B = target.check_cond(cond)
-    N_img = tc.block_size if num_tokens is None else int(num_tokens)
+    layout = layout if layout is not None else layout_for(target, num_tokens)
+    N_img = layout.n_tokens
     if window < 1:
         raise InputError(f"SJD window must be >= 1, got {window}")
-    guide, timer, stats = _Guide(sampling), Timer(), DecodeStats()
+    guide, timer, stats = _Guide(sampling, layout), Timer(), DecodeStats()
     V = tc.vocab_size
     t0 = time.perf_counter()
     with timer.measure("target"):
-        cache = target.new_cache(2 * B if guide.cfg else B, extra=window + 1)
-        pre = target.prefill(cfg_batch(target, cond, sampling.cfg_scale), cache)
+        full = cfg_batch(target, cond, sampling.cfg_scale)
+        cache = new_target_cache(target, 2 * B if guide.cfg else B, full, N_img, extra=window + 1)
+        pre = target.prefill(full, cache)
         stats.target_forwards += 1
     dev = cache.lengths.device
     gen = generator or make_generator(seed, dev)
     out = torch.full((B, N_img), -1, dtype=torch.long, device=dev)
     out[:, 0] = sample_from_logits(guide(pre.logits[:, -1], torch.zeros(B, dtype=torch.long, device=dev)), gen, sampling.greedy)
     n_done = torch.ones(B, dtype=torch.long, device=dev)
-    uniform = torch.full((V,), 1.0 / V, device=dev)
-    p_prev = uniform.expand(B, window, V).clone()
-    drafts = torch.multinomial(uniform, B * window, replacement=True, generator=gen).reshape(B, window)
+    prior = draft_prior(layout, V, dev)
+    p_prev = prior(n_done[:, None] + torch.arange(window, device=dev)[None]).clone()
+    drafts = torch.multinomial(p_prev.reshape(-1, V), 1, generator=gen).reshape(B, window)
     while bool((n_done < N_img).any()):
         # finished rows keep running with W = 0 effective drafts; their outputs are ignored
         W = int(min(window, int((N_img - n_done).max()) - 1))
@@ -90,7 +119,7 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
             toks = torch.cat([root, drafts[:, :W]], 1)  # (B, W + 1)
             S = W + 1
             slots = cache.lengths[:, None] + torch.arange(S, device=dev)[None]
-            pos = slots.clamp(max=tc.seq_len - 1)
+            pos = cache.positions(slots).clamp(max=tc.n_positions - 1)
             causal = torch.tril(torch.ones(S, S, dtype=torch.bool, device=dev))[None].expand(slots.shape[0], S, S)
             mask = cache.attention_mask(slots.clamp(max=cache.max_len - 1), causal)
             logits = target.forward_tokens(guide.dup(toks), pos, slots.clamp(max=cache.max_len - 1), mask, cache).logits
@@ -126,7 +155,8 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
             fresh = src >= S - 1
             srcc = src.clamp(max=max(S - 2, 0))
             p_next = p_now[:, :-1].gather(1, srcc[:, :, None].expand(-1, -1, V)) if W else p_prev
-            p_new = torch.where(fresh[..., None], uniform, p_next)
+            p_new = torch.where(fresh[..., None], prior(n_done[:, None] + ncom[:, None] + torch.arange(
+                window, device=dev)[None]), p_next)
             if redraft is None:
                 drafts = torch.multinomial(p_new.reshape(-1, V), 1, generator=gen).reshape(B, window)
             else:

@@ -52,7 +52,8 @@ def _decode(engines_or_models, method, cond, tables):
     t, d, gasv = engines_or_models
     s = SamplingConfig(cfg_scale=2.0, temperature=1.0)
     spec = SpecConfig.make(method, top_k=3, depth=3, total_tokens=10)
-    toks, st = run_method(method, t, d, tables, cond, sampling=s, spec=spec, seed=7, gasv=gasv)
+    window = 4 if method == "sjd-pac" else 16  # SJD-PAC's window tree must fit the bundle's max_tree
+    toks, st = run_method(method, t, d, tables, cond, sampling=s, spec=spec, seed=7, gasv=gasv, sjd_window=window)
     return toks.cpu(), st
 
 
@@ -81,7 +82,8 @@ def test_unknown_backend_lists_the_valid_names(bundle):
         load_engines(bundle, "nope")
 
 
-@pytest.mark.parametrize("method", ["vanilla", "greedy", "exact", "lantern", "gasv", "sjd", "mcsjd", "gsd"])
+@pytest.mark.parametrize("method", ["vanilla", "greedy", "exact", "lantern", "gasv", "sjd", "mcsjd", "gsd", "sjd-pac",
+                                    "zipar"])
 def test_every_method_gives_the_eager_tokens_on_every_graph_backend(bundle, artifacts, method):
     """Token identity pinned for each method on ORT and on the torch graph runner."""
     a = artifacts

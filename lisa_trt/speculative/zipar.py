@@ -1,0 +1,249 @@
+"""ZipAR: row-parallel "next-set" decoding through spatial locality (He et al., ICML 2025,
+arXiv 2412.04062); training-free, approximate. docs/spec/decoders.md.
+
+Raster order makes token (r, c) wait for the whole row above, though it mostly depends on the
+tokens spatially near it. ZipAR starts row r once `window` tokens of row r - 1 are decoded and
+then advances every row in flight by one token per target forward, so rows run staggered by
+`window` tokens and an image of H rows of W tokens takes about W + (H - 1) * window forwards
+instead of H * W. Token (r, c) is sampled from the target's law given the tokens decoded so far
+(all rows above up to column c + window - 1 of row r - 1, ...), not the whole raster prefix:
+the tokens of row r - 1 right of its window are missing from its context. That is the
+approximation; the loop measures it: after decoding, one teacher-forced target pass over the
+tokens gives each token's true raster conditional, and DecodeStats.tvd holds the total
+variation distance between the law each token was drawn from and that conditional (the per-token
+TVD lantern / gasv / gsd report).
+
+Rules followed (the authors' code, LlamaGen-ZipAR `decode_n_tokens_zipar`):
+- the first row is decoded token by token; row 1 starts when row 0 is complete, row r >= 2
+  when row r - 1 holds `window` tokens;
+- the first token of a new row is predicted by feeding the last decoded token of the row above
+  at the raster position just before the row start (the "auxiliary" token); its K/V are never
+  read by another query (here: masked; the authors overwrite them later);
+- every query attends to the prompt and to the decoded tokens at raster positions before it
+  (here: an explicit mask over the cache; undecoded slots are invisible, see docs).
+Chameleon / Lumina-mGPT spans (a forced row-end token closing each row) are rows of W + 1
+tokens, the row end included, as the authors' Lumina-mGPT code counts them; forced tokens are
+one-hot laws (TVD 0). A layout whose forced tokens are not row ends of a regular grid is refused.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..errors import InputError
+from .methods import Method, MethodOption, register_method
+
+
+@dataclass(frozen=True)
+class ZipARSettings:
+    """ZipAR knobs (flat names zipar_window, zipar_measure_tvd; CLI --zipar-window)."""
+
+    window: int = 8  # tokens of row r - 1 decoded before row r starts (the LlamaGen code's default)
+    measure_tvd: bool = True  # one teacher-forced pass after decoding measures the per-token TVD
+
+    def __post_init__(self):
+        if int(self.window) < 1:
+            raise InputError(f"ZipAR window must be >= 1, got {self.window}")
+
+
+def row_length(target, layout) -> int:
+    """Tokens per image row of `layout`: the forced-token period (row ends) or the grid width."""
+    n = int(layout.n_tokens)
+    if layout.forced is not None and bool((layout.forced >= 0).any()):
+        f = (layout.forced >= 0).cpu()
+        L = int(f.nonzero()[0, 0]) + 1
+        if not torch.equal(f, torch.arange(n) % L == L - 1):
+            raise InputError("ZipAR decodes image rows; this layout forces tokens that are not the row ends "
+                             "of a regular grid: use sjd, mcsjd or a tree method instead")
+        return L
+    hw = getattr(target.config, "grid_hw", None)
+    if hw is None:
+        raise InputError(f"ZipAR needs the image grid; {type(target.config).__name__} has no grid_hw")
+    return int(hw[1])
+
+
+def schedule(n_tokens: int, row_len: int, window: int) -> list:
+    """The forwards of ZipAR over one image (the same for every batch row).
+
+    Returns a list of steps; a step is a list of feeds (fed, src, predicts): the token at image
+    index `src` is fed at the slot of index `fed` (fed != src for a row start's auxiliary token),
+    and the query's logits give the law of index `predicts` (-1: K/V only). Index 0 comes from
+    the prefill."""
+    rows = (n_tokens + row_len - 1) // row_len
+    start = [r * row_len for r in range(rows)]
+    length = [min(row_len, n_tokens - s) for s in start]
+    n = [0] * rows
+    n[0] = 1
+    started = [True] + [False] * (rows - 1)
+    pending = [0]  # decoded, not fed yet
+    steps, decoded = [], 1
+    while decoded < n_tokens:
+        for r in range(1, rows):
+            need = length[r - 1] if r == 1 else min(window, length[r - 1])
+            if not started[r] and n[r - 1] >= need:
+                started[r] = True
+        feeds, by_fed = [], {}
+        for i in pending:
+            r = i // row_len
+            nxt = i + 1 if i + 1 < start[r] + length[r] and n[r] == i + 1 - start[r] else -1
+            by_fed[i] = len(feeds)
+            feeds.append([i, i, nxt])
+        for r in range(1, rows):
+            if started[r] and n[r] == 0:
+                prev = start[r] - 1
+                if prev in by_fed:
+                    feeds[by_fed[prev]][2] = start[r]
+                else:  # the auxiliary token: the last decoded token of the row above
+                    feeds.append([prev, start[r - 1] + n[r - 1] - 1, start[r]])
+        pending = []
+        for fed, src, pred in feeds:
+            if pred >= 0:
+                n[pred // row_len] += 1
+                pending.append(pred)
+                decoded += 1
+        steps.append([tuple(f) for f in feeds])
+        if not any(f[2] >= 0 for f in feeds):
+            raise RuntimeError("ZipAR schedule made no progress")  # a bug, not a user error
+    return steps
+
+
+def _step_inputs(cache, base, feeds, in_cache, N: int, dev):
+    """Slots (R, S), the RoPE positions and the attention mask (R, S, Lmax) of one step."""
+    fed = torch.tensor([f[0] for f in feeds], device=dev)
+    aux = torch.tensor([f[0] != f[1] for f in feeds], device=dev)
+    slots = base[:, None] + fed[None]  # (R, S)
+    S = fed.numel()
+    # among the step's own feeds: real (non-auxiliary) tokens at earlier raster positions, and self
+    anc = ((fed[None, :] <= fed[:, None]) & ~aux[None, :]) | torch.eye(S, dtype=torch.bool, device=dev)
+    mask = cache.attention_mask(slots, anc[None].expand(slots.shape[0], S, S))
+    vis = in_cache[None, :] & (torch.arange(N, device=dev)[None, :] <= fed[:, None])  # (S, N) decoded before
+    cols = (base[:, None] + torch.arange(N, device=dev)[None]).clamp(max=cache.max_len - 1)  # (R, N)
+    extra = torch.zeros_like(mask)
+    extra.scatter_(2, cols[:, None, :].expand(-1, S, -1), vis[None].expand(slots.shape[0], S, N))
+    return slots, mask | extra
+
+
+@torch.no_grad()
+def zipar_generate(target, cond, *, sampling, window=None, seed=None, spec=None, layout=None,
+                   generator: Optional[torch.Generator] = None):
+    """ZipAR on one batch -> (tokens (B, N), DecodeStats with per-token TVD).
+
+    window: unused (the SJD window of the loop protocol); ZipAR's window is `spec`'s
+    zipar_window. layout: the family's SequenceLayout (default: the family's free layout)."""
+    from ..timing import Timer
+    from .autoregressive import cfg_batch, layout_for, new_target_cache
+    from .decode import DecodeStats, _Guide
+    from .methods import SpecConfig
+    from .sampling import make_generator, sample_from_logits
+
+    s = (spec or SpecConfig()).settings("zipar")
+    B = target.check_cond(cond)
+    layout = layout if layout is not None else layout_for(target)
+    N = layout.n_tokens
+    steps = schedule(N, row_length(target, layout), int(s.window))
+    guide, timer, stats = _Guide(sampling, layout), Timer(), DecodeStats()
+    t0 = time.perf_counter()
+    with timer.measure("target"):
+        full = cfg_batch(target, cond, sampling.cfg_scale)
+        cache = new_target_cache(target, 2 * B if guide.cfg else B, full, N, extra=1)
+        pre = target.prefill(full, cache)
+        stats.target_forwards += 1
+    dev = cache.lengths.device
+    gen = generator or make_generator(seed, dev)
+    base = cache.lengths.clone()  # slot of image index 0 per (CFG) row; lengths stay at the prompt
+    out = torch.full((B, N), -1, dtype=torch.long, device=dev)
+    laws = _Laws(B, N, target.config.vocab_size, sampling.top_k, dev) if s.measure_tvd else None
+    first = guide(pre.logits[:, -1], torch.zeros(B, dtype=torch.long, device=dev))
+    out[:, 0] = sample_from_logits(first, gen, sampling.greedy)
+    in_cache = torch.zeros(N, dtype=torch.bool, device=dev)
+    made = []  # per step: the image indices it decoded
+    for feeds in steps:
+        with timer.measure("target"):
+            slots, mask = _step_inputs(cache, base, feeds, in_cache, N, dev)
+            src = torch.tensor([f[1] for f in feeds], device=dev)
+            pos = cache.positions(slots).clamp(max=target.config.n_positions - 1)
+            toks = guide.dup(out[:, src])
+            logits = target.forward_tokens(toks, pos, slots.clamp(max=cache.max_len - 1), mask, cache).logits
+            stats.target_forwards += 1
+        with timer.measure("accept"):
+            k = [j for j, f in enumerate(feeds) if f[2] >= 0]
+            pred = torch.tensor([feeds[j][2] for j in k], device=dev)
+            lg = guide(logits[:, k], pred[None].expand(B, -1))  # (B, P, V)
+            out[:, pred] = sample_from_logits(lg, gen, sampling.greedy)
+            if laws is not None:
+                laws.put(pred, torch.softmax(lg.float(), -1))
+            for f in feeds:
+                if f[0] == f[1]:
+                    in_cache[f[0]] = True
+            made.append(pred)
+            stats.committed.append(torch.full((B,), len(k), device=dev))
+    if laws is not None:
+        with timer.measure("tvd"):
+            per_token = _raster_tvd(target, full, out, laws, guide, N)
+        stats.tvd = [per_token[:, m].mean(1) for m in made]
+    else:
+        stats.tvd = [torch.zeros(B, device=dev) for _ in made]
+    stats.times = dict(timer.totals)
+    stats.times["total"] = time.perf_counter() - t0
+    return out, stats
+
+
+class _Laws:
+    """The law each token was drawn from, kept sparse when top-k filtering bounds its support
+    (Lumina-mGPT: 2000 of 65536 tokens), so the TVD pass stays cheap at real sizes."""
+
+    def __init__(self, B: int, N: int, V: int, top_k: int, dev):
+        self.k = V if not top_k or top_k >= V else int(top_k)
+        self.val = torch.zeros(B, N, self.k, device=dev)
+        self.idx = torch.zeros(B, N, self.k, dtype=torch.long, device=dev)
+
+    def put(self, where: torch.Tensor, p: torch.Tensor) -> None:
+        """p (B, P, V) the laws of image indices `where` (P,)."""
+        v, i = p.topk(self.k, dim=-1) if self.k < p.shape[-1] else (p, torch.arange(p.shape[-1], device=p.device)
+                                                                     .expand_as(p))
+        self.val[:, where], self.idx[:, where] = v, i
+
+    def tvd(self, p: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        """TV(law_i, p_i) for image indices lo .. hi - 1, p (B, hi - lo, V): the law is 0 off its support."""
+        v, i = self.val[:, lo:hi], self.idx[:, lo:hi]
+        pa = p.gather(-1, i)
+        return 0.5 * ((pa - v).abs().sum(-1) + (1.0 - pa.sum(-1)).clamp(min=0.0))
+
+
+@torch.no_grad()
+def _raster_tvd(target, full, tokens, laws: _Laws, guide, N: int, chunk: int = 256) -> torch.Tensor:
+    """(B, N) TVD between each token's ZipAR law and its raster conditional given the tokens
+    before it: one teacher-forced target pass in chunks of `chunk` tokens (index 0 came from the
+    prefill, exactly: 0)."""
+    from .autoregressive import new_target_cache
+
+    B = tokens.shape[0]
+    cache = new_target_cache(target, 2 * B if guide.cfg else B, full, N)
+    target.prefill(full, cache)
+    dev = cache.lengths.device
+    out = torch.zeros(B, N, device=dev)
+    for lo in range(0, N - 1, chunk):
+        S = min(chunk, N - 1 - lo)
+        slots = cache.lengths[:, None] + torch.arange(S, device=dev)[None]
+        causal = torch.tril(torch.ones(S, S, dtype=torch.bool, device=dev))[None].expand(slots.shape[0], S, S)
+        mask = cache.attention_mask(slots, causal)
+        pos = cache.positions(slots).clamp(max=target.config.n_positions - 1)
+        logits = target.forward_tokens(guide.dup(tokens[:, lo:lo + S]), pos, slots, mask, cache).logits
+        cache.lengths += S
+        idx = torch.arange(lo + 1, lo + 1 + S, device=dev)[None].expand(B, -1)
+        p_ar = torch.softmax(guide(logits, idx).float(), -1)  # (B, S, V): the laws of index lo + 1 ..
+        out[:, lo + 1:lo + 1 + S] = laws.tvd(p_ar, lo + 1, lo + 1 + S)
+    return out
+
+
+register_method(Method(
+    "zipar", "sjd", "ZipAR: row-parallel next-set decoding, a row starts once a window of the row above "
+    "is decoded (approximate: reports TVD; no drafter)", settings=ZipARSettings, loop=zipar_generate,
+    options=(MethodOption("--zipar-window", "zipar_window", int, "ZipAR: tokens of the row above decoded "
+                          "before a row starts (smaller: more rows in parallel, fewer forwards, more distortion)."),)))
+
+__all__ = ["ZipARSettings", "row_length", "schedule", "zipar_generate"]

@@ -1,0 +1,98 @@
+"""ZipAR (speculative/zipar.py): the row schedule (staggered rows, fewer forwards), a full-row
+window is the AR loop (same tokens under a one-hot law, TVD 0 when sampling), a short window
+reports a positive per-token TVD with valid tokens under batch 2 + CFG, and its knob is
+registered with it."""
+
+import pytest
+import torch
+
+from lisa_trt import generate
+from lisa_trt.config import SamplingConfig
+from lisa_trt.errors import InputError
+from lisa_trt.models.family import SequenceLayout
+from lisa_trt.speculative.methods import FLAT_FIELDS, SpecConfig, cli_options, get_method
+from lisa_trt.speculative.run import run_method
+from lisa_trt.speculative.zipar import row_length, schedule
+from lisa_trt.testing import make_target
+
+
+def test_schedule_staggers_rows_by_the_window():
+    steps = schedule(16, 4, 2)  # 4 rows of 4
+    assert len(steps) == (4 - 1) + 4 + 2 * 2  # row 0 alone, row 1 after it, then rows 2 tokens apart
+    made = [f[2] for s in steps for f in s if f[2] >= 0]
+    assert sorted(made) == list(range(1, 16))
+    # a row starts from the row above's last decoded token, fed just before the row start
+    assert (7, 5, 8) in steps[5]
+    assert len(schedule(16, 4, 4)) == 15 and len(schedule(16, 4, 1)) < len(steps)
+    assert all(len(s) == 1 for s in schedule(16, 4, 4))  # a full-row window: one token per forward
+
+
+def test_row_length_from_the_layout_or_the_grid():
+    t = make_target(std=0.3)
+    assert row_length(t, SequenceLayout(t.config.block_size)) == t.config.grid_hw[1]
+    ends = torch.tensor([-1, -1, 7] * 3)
+    assert row_length(t, SequenceLayout(9, forced=ends)) == 3
+    with pytest.raises(InputError, match="row ends"):
+        row_length(t, SequenceLayout(9, forced=torch.tensor([-1, 7, -1] + [-1] * 6)))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return make_target(std=0.3)
+
+
+def _run(t, window, sampling, cond=torch.tensor([1, 4]), seed=0):
+    return run_method("zipar", t, None, None, cond, sampling=sampling,
+                      spec=SpecConfig.make("gasv", zipar_window=window), seed=seed)
+
+
+def test_a_full_row_window_is_the_ar_loop(tiny):
+    w = tiny.config.grid_hw[1]
+    ref = generate(tiny, torch.tensor([1, 4]), cfg_scale=2.0, top_k=1)
+    toks, st = _run(tiny, w, SamplingConfig(cfg_scale=2.0, top_k=1))
+    assert torch.equal(toks, ref) and st.target_forwards == tiny.config.block_size
+    _, st = _run(tiny, w, SamplingConfig(cfg_scale=2.0))
+    assert st.mean_tvd < 1e-5  # every token drawn from its exact raster conditional
+
+
+def test_a_short_window_is_faster_and_reports_its_distortion(tiny):
+    toks, st = _run(tiny, 1, SamplingConfig(cfg_scale=2.0))
+    N = tiny.config.block_size
+    assert toks.shape == (2, N) and ((toks >= 0) & (toks < tiny.config.vocab_size)).all()
+    assert st.target_forwards < N and st.mal > 1.2
+    assert st.mean_tvd > 0.01 and float(torch.cat(st.tvd).max()) <= 1.0
+    again, _ = _run(tiny, 1, SamplingConfig(cfg_scale=2.0))
+    assert torch.equal(toks, again)
+
+
+def test_zipar_is_registered_with_its_own_knob():
+    m = get_method("zipar")
+    assert m.kind == "sjd" and not m.needs_drafter and m.settings is not None
+    assert "zipar_window" in FLAT_FIELDS and "--zipar-window" in {o.flag for o in cli_options()}
+    assert SpecConfig.make("gasv", zipar_window=3).settings("zipar").window == 3
+    with pytest.raises(InputError, match="window"):
+        SpecConfig.make("gasv", zipar_window=0)
+
+
+def test_sparse_laws_and_chunked_tvd_pass_are_exact(tiny):
+    """The TVD bookkeeping: top-k-sparse laws give the dense TVD; the teacher-forced pass gives
+    the same TVD in chunks of 3 as in one chunk."""
+    from lisa_trt.speculative.decode import _Guide
+    from lisa_trt.speculative.sampling import process_logits, tvd
+    from lisa_trt.speculative.zipar import _Laws, _raster_tvd
+
+    g = torch.Generator().manual_seed(1)
+    p = torch.softmax(process_logits(torch.randn(2, 5, 40, generator=g), 1.0, 6, 1.0), -1)
+    q = torch.softmax(torch.randn(2, 5, 40, generator=g), -1)
+    laws = _Laws(2, 5, 40, 6, "cpu")
+    laws.put(torch.arange(5), p)
+    assert torch.allclose(laws.tvd(q, 0, 5), tvd(p, q), atol=1e-6)
+    toks, _ = _run(tiny, 1, SamplingConfig(cfg_scale=2.0, top_k=8))
+    N = toks.shape[1]
+    dense = _Laws(2, N, tiny.config.vocab_size, 0, "cpu")
+    dense.put(torch.arange(N), torch.full((2, N, tiny.config.vocab_size), 1.0 / tiny.config.vocab_size))
+    guide = _Guide(SamplingConfig(cfg_scale=2.0, top_k=8))
+    cond = torch.cat([torch.tensor([1, 4]), tiny.null_cond(torch.tensor([1, 4]))])
+    a = _raster_tvd(tiny, cond, toks, dense, guide, N, chunk=3)
+    b = _raster_tvd(tiny, cond, toks, dense, guide, N, chunk=256)
+    assert torch.allclose(a, b, atol=1e-5) and float(a[:, 1:].min()) > 0.5
