@@ -9,6 +9,38 @@ from pathlib import Path
 from ..errors import CheckpointError, ConfigError
 
 
+class HFDecoderShape:
+    """The config protocol (n_layer, n_positions, n_head, kv_heads, dim, tap_layers) over an HF
+    decoder config's field names; a family's frozen config dataclass inherits it."""
+
+    @property
+    def n_layer(self) -> int:
+        return self.num_hidden_layers
+
+    @property
+    def n_positions(self) -> int:
+        """RoPE positions the model accepts (the tree decoder clamps drafter positions to it)."""
+        return self.max_position_embeddings
+
+    @property
+    def n_head(self) -> int:
+        return self.num_attention_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads
+
+    @property
+    def dim(self) -> int:
+        return self.hidden_size
+
+    @property
+    def tap_layers(self) -> tuple[int, int, int]:
+        """EAGLE-3 taps: residual stream entering layers {2, L//2, L-3} (0-based)."""
+        L = self.num_hidden_layers
+        return (min(2, L - 1), L // 2, max(L - 3, 0))
+
+
 def rope_params(raw: dict) -> tuple[float, float]:
     """(rope_theta, linear factor) from transformers 4.x (rope_theta/rope_scaling) or 5.x
     (rope_parameters) config.json layouts."""
