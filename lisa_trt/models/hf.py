@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable, Optional
 
 from ..errors import CheckpointError, ConfigError
 
@@ -74,3 +75,20 @@ def weight_files(path: Path) -> list[Path]:
     hint = f" (found {', '.join(others)})" if others else ""
     raise CheckpointError(f"{path} has no model.safetensors or model.safetensors.index.json{hint}; "
                           "re-save the model with save_pretrained(safe_serialization=True)")
+
+
+def read_weights(path: Path, keep: Optional[Callable[[str], bool]] = None) -> dict:
+    """{key: tensor} of a (possibly sharded) safetensors checkpoint directory, for the keys with
+    keep(key) (all by default)."""
+    from safetensors import safe_open
+
+    sd = {}
+    for f in weight_files(Path(path)):
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                for k in h.keys():
+                    if keep is None or keep(k):
+                        sd[k] = h.get_tensor(k)
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{f} is not a readable safetensors file ({e})") from e
+    return sd

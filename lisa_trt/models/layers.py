@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import TargetConfig
+from ..errors import InputError
 
 
 class RMSNorm(nn.Module):
@@ -153,6 +154,34 @@ def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor):
     freqs = positions[..., None].float() * inv_freq  # (B, S, D/2)
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
+
+
+class RotaryTarget:
+    """What an HF-decoder target (an nn.Module whose config has head_dim, rope_theta and
+    rope_linear_factor, and whose `output` is its head) shares: the non-persistent `inv_freq`
+    buffer, `rope(positions)`, and the normal(0.02) init of its Linear / Embedding weights."""
+
+    def _init_rope_and_weights(self) -> None:
+        self.register_buffer("inv_freq", torch.empty(self.config.head_dim // 2), persistent=False)
+        self.reset_buffers()
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+
+    def reset_buffers(self) -> None:
+        """Recompute the RoPE frequencies (after `to_empty`), as transformers does."""
+        cfg = self.config
+        self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_linear_factor).to(self.output.weight.device)
+
+    def rope(self, positions: torch.Tensor):
+        """cos, sin (B, S, head_dim) fp32 for absolute positions (B, S)."""
+        return rope_cos_sin(self.inv_freq, positions)
+
+    def check_positions(self, positions: torch.Tensor) -> None:
+        """InputError for a RoPE position past the config's max_position_embeddings."""
+        n = self.config.max_position_embeddings
+        if positions.numel() and int(positions.max()) >= n:
+            raise InputError(f"position {int(positions.max())} is past max_position_embeddings {n}")
 
 
 class HeadLayerNorm(nn.Module):

@@ -96,3 +96,18 @@ def test_mismatched_yaml_fails_clearly(tmp_path):
         load_chameleon_vq(tmp_path)
     with pytest.raises(LisaError, match="VQGAN not found"):
         load_chameleon_vq(tmp_path / "nowhere")
+
+
+def test_load_vq_from_a_model_directory_maps_vocabulary_ids(tmp_path):
+    """lisa_trt.load_vq(MODEL_DIR) finds DIR/vqgan/ and decodes what generate returns (vocabulary ids)."""
+    pytest.importorskip("transformers")
+    import lisa_trt
+    from chameleon_fixtures import make_hf_model, save_hf
+
+    d = save_hf(make_hf_model(seed=1), tmp_path / "model")
+    vq = _randomized(ChameleonVQConfig(embed_dim=8, n_embed=32, z_channels=32, ch=32, ch_mult=(1, 2),
+                                       num_res_blocks=1, resolution=16))
+    save_chameleon_vq(vq, d / "vqgan")
+    loaded = lisa_trt.load_vq(d)
+    codes = torch.randint(0, 32, (1, 4))
+    assert torch.equal(lisa_trt.tokens_to_pixels(loaded, codes + 4), vq.decode_code(codes.view(1, 2, 2)))

@@ -17,7 +17,7 @@ import torch
 
 from ....errors import CheckpointError, ConfigError
 from ....io import state_dict_problems
-from ...hf import rope_params, weight_files
+from ...hf import read_weights, rope_params
 from .model import ChameleonConfig, ChameleonTarget
 
 PathLike = Union[str, Path]
@@ -63,17 +63,7 @@ def read_chameleon_config(path: PathLike) -> ChameleonConfig:
 
 def read_chameleon_weights(path: PathLike) -> dict:
     """All tensors of a (possibly sharded) safetensors checkpoint directory."""
-    from safetensors import safe_open
-
-    sd = {}
-    for f in weight_files(Path(path)):
-        try:
-            with safe_open(str(f), framework="pt") as h:
-                for k in h.keys():
-                    sd[k] = h.get_tensor(k)
-        except Exception as e:  # safetensors raises its own error types
-            raise CheckpointError(f"{f} is not a readable safetensors file ({e})") from e
-    return sd
+    return read_weights(Path(path))
 
 
 def implied_config(sd: dict) -> str:

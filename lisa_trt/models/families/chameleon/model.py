@@ -27,8 +27,7 @@ import torch.nn as nn
 from ....config import find_multiple
 from ....errors import ConfigError, InputError
 from ...hf import HFDecoderShape
-from ...layers import (ACTIVATIONS, DecoderStack, KVCache, RMSNorm, TargetOutput, rope_cos_sin, rope_inv_freq,
-                       teacher_forcing_plan)
+from ...layers import ACTIVATIONS, DecoderStack, KVCache, RMSNorm, RotaryTarget, TargetOutput, teacher_forcing_plan
 from ...prompts import Prompts, PromptTarget, prefill_plan  # noqa: F401 (Prompts re-exported)
 
 
@@ -111,7 +110,7 @@ class ChameleonCache(KVCache):
 
 # ----------------------------------------------------------------------------- model
 
-class ChameleonTarget(PromptTarget, nn.Module):
+class ChameleonTarget(PromptTarget, RotaryTarget, nn.Module):
     """Chameleon-architecture decoder with HF parameter names (see module docstring)."""
 
     family = "chameleon"
@@ -121,27 +120,18 @@ class ChameleonTarget(PromptTarget, nn.Module):
         self.config = cfg = config
         self.model = DecoderStack(cfg, cfg.vocab_size, qk_norm=True, swin_norm=cfg.swin_norm)  # HF `model.*`
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        self.register_buffer("inv_freq", torch.empty(cfg.head_dim // 2), persistent=False)
-        self.reset_buffers()
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, std=0.02)
+        self._init_rope_and_weights()
 
     def reset_buffers(self) -> None:
         """Recompute RoPE frequencies (after `to_empty`) and re-tie the head if configured."""
-        cfg = self.config
-        self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_linear_factor).to(self.lm_head.weight.device)
-        if cfg.tie_word_embeddings:
+        super().reset_buffers()
+        if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     @property
     def output(self) -> nn.Linear:
         """The output head (name shared with the LlamaGen target: hashes, GASV tables)."""
         return self.lm_head
-
-    def rope(self, positions: torch.Tensor):
-        """cos, sin (B, S, head_dim) fp32 for absolute positions (B, S), as HF computes them."""
-        return rope_cos_sin(self.inv_freq, positions)
 
     def _run(self, h, positions, mask, cache, slots, taps: bool, last_only: bool = False) -> TargetOutput:
         """The decoder stack; last_only: taps, norm and head at the last position only (prefill)."""
@@ -257,7 +247,5 @@ class ChameleonTarget(PromptTarget, nn.Module):
         mask: (B, S, Lmax) bool, True = may attend (see KVCache.attention_mask); trees verify
         through it exactly as for the LlamaGen target. Returns logits (B, S, V) fp32.
         """
-        if int(positions.max()) >= self.config.max_position_embeddings:
-            raise InputError(f"position {int(positions.max())} is past max_position_embeddings "
-                             f"{self.config.max_position_embeddings}")
+        self.check_positions(positions)
         return self._run(self.model.embed_tokens(tokens), positions, mask[:, None], cache, slots, taps)

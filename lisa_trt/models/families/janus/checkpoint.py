@@ -13,13 +13,13 @@ the meta device and materialised with `to_empty` (no random init of billions of 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Optional, Union
 
 import torch
 
 from ....errors import CheckpointError, ConfigError
 from ....io import state_dict_problems
-from ...hf import weight_files as _weight_files
+from ...hf import read_weights
 from .config import JanusConfig, read_janus_config
 from .target import JanusTarget
 from .vq import JanusVQ
@@ -33,24 +33,6 @@ TARGET_IGNORED = (
 )
 VQ_PREFIX = "model.vqmodel."
 VQ_IGNORED = ("encoder.", "quant_conv.")  # image -> codes; generation only decodes
-
-
-def read_weights(path: PathLike, keep: Callable[[str], bool]) -> dict:
-    """{key: tensor} of the (possibly sharded) safetensors checkpoint for keys with keep(key)."""
-    from safetensors import safe_open
-
-    sd = {}
-    for f in _weight_files(Path(path)):
-        try:
-            with safe_open(str(f), framework="pt") as h:
-                for k in h.keys():
-                    if keep(k):
-                        sd[k] = h.get_tensor(k)
-        except CheckpointError:
-            raise
-        except Exception as e:  # safetensors raises its own error types
-            raise CheckpointError(f"{f} is not a readable safetensors file ({e})") from e
-    return sd
 
 
 def _implied(sd: dict) -> str:

@@ -38,8 +38,7 @@ import torch.nn as nn
 
 from ....config import find_multiple
 from ....errors import InputError
-from ...layers import (ACTIVATIONS, DecoderStack, KVCache, RMSNorm, TargetOutput, rope_cos_sin, rope_inv_freq,
-                       teacher_forcing_plan)
+from ...layers import ACTIVATIONS, DecoderStack, KVCache, RMSNorm, RotaryTarget, TargetOutput, teacher_forcing_plan
 from ...prompts import prefill_plan
 from . import cond as C
 from .config import JanusConfig
@@ -99,7 +98,7 @@ class JanusCache(KVCache):
 
 # ----------------------------------------------------------------------------- model
 
-class JanusTarget(nn.Module):
+class JanusTarget(RotaryTarget, nn.Module):
     """Janus-Pro image generator: Llama decoder + generation embeddings / aligner / head."""
 
     family = "janus"
@@ -108,16 +107,7 @@ class JanusTarget(nn.Module):
         super().__init__()
         self.config = cfg = config
         self.model = JanusBody(cfg)
-        self.register_buffer("inv_freq", torch.empty(cfg.head_dim // 2), persistent=False)
-        self.reset_buffers()
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, std=0.02)
-
-    def reset_buffers(self) -> None:
-        """Recompute the RoPE frequencies (after `to_empty`), as transformers' Llama does."""
-        cfg = self.config
-        self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_linear_factor).to(self.output.weight.device)
+        self._init_rope_and_weights()
 
     def set_max_prompt_tokens(self, n: int) -> None:
         """Change the prompt budget (caches made afterwards reserve `n` prompt slots)."""
@@ -175,10 +165,6 @@ class JanusTarget(nn.Module):
         return C.null_cond(self.config, cond)
 
     # -- core ---------------------------------------------------------------------------
-    def rope(self, positions: torch.Tensor):
-        """cos, sin (B, S, head_dim) fp32 for absolute positions (B, S)."""
-        return rope_cos_sin(self.inv_freq, positions)
-
     def _run(self, h, positions, mask, cache, slots, taps: bool, last_only: bool = False) -> TargetOutput:
         """Decoder stack + generation head; last_only: taps / head at the last position (prefill)."""
         cos, sin = self.rope(positions)
@@ -244,9 +230,7 @@ class JanusTarget(nn.Module):
         mask: (B, S, Lmax) bool, True = may attend (KVCache.attention_mask); trees verify
         through it as for ChameleonTarget. Returns logits (B, S, codebook) fp32.
         """
-        if positions.numel() and int(positions.max()) >= self.config.max_position_embeddings:
-            raise InputError(f"position {int(positions.max())} is past max_position_embeddings "
-                             f"{self.config.max_position_embeddings}")
+        self.check_positions(positions)
         return self._run(self.embed_image_tokens(tokens), positions, mask[:, None], cache, slots, taps)
 
     def forward_train(self, cond, image_tokens: torch.Tensor, taps: bool = False) -> TargetOutput:
