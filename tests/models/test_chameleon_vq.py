@@ -102,12 +102,11 @@ def test_load_vq_from_a_model_directory_maps_vocabulary_ids(tmp_path):
     """lisa_trt.load_vq(MODEL_DIR) finds DIR/vqgan/ and decodes what generate returns (vocabulary ids)."""
     pytest.importorskip("transformers")
     import lisa_trt
-    from chameleon_fixtures import make_hf_model, save_hf
+    from chameleon_fixtures import TINY_VQ, save_model_dir
 
-    d = save_hf(make_hf_model(seed=1), tmp_path / "model")
-    vq = _randomized(ChameleonVQConfig(embed_dim=8, n_embed=32, z_channels=32, ch=32, ch_mult=(1, 2),
-                                       num_res_blocks=1, resolution=16))
-    save_chameleon_vq(vq, d / "vqgan")
+    d = save_model_dir(tmp_path / "model", seed=1)
+    vq = _randomized(ChameleonVQConfig(**TINY_VQ))
+    save_chameleon_vq(vq, d / "vqgan")  # random weights, so the pixels say which VQ decoded
     loaded = lisa_trt.load_vq(d)
     codes = torch.randint(0, 32, (1, 4))
     assert torch.equal(lisa_trt.tokens_to_pixels(loaded, codes + 4), vq.decode_code(codes.view(1, 2, 2)))
