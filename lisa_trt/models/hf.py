@@ -41,6 +41,14 @@ class HFDecoderShape:
         L = self.num_hidden_layers
         return (min(2, L - 1), L // 2, max(L - 3, 0))
 
+    def rope_1d_drafter_shape(self, vocab_size: int, block_size: int, warm_head: bool) -> dict:
+        """A target's `drafter_shape()` for this decoder: 1-D RoPE over absolute positions (the
+        prompt length varies, so no fixed condition prefix), one layer's width / heads / FFN."""
+        return dict(target_dim=self.dim, n_head=self.n_head, head_dim=self.head_dim,
+                    ffn_hidden=self.intermediate_size, vocab_size=vocab_size, block_size=block_size,
+                    cls_token_num=0, rope_base=self.rope_theta, norm_eps=self.rms_norm_eps, rope="1d",
+                    max_positions=self.max_position_embeddings, warm_head=warm_head)
+
 
 def rope_params(raw: dict) -> tuple[float, float]:
     """(rope_theta, linear factor) from transformers 4.x (rope_theta/rope_scaling) or 5.x

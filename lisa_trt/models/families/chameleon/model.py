@@ -216,10 +216,7 @@ class ChameleonTarget(PromptTarget, RotaryTarget, nn.Module):
     def drafter_shape(self) -> dict:
         """DrafterConfig fields of this target's drafter: 1-D RoPE over absolute positions (the
         prompt length varies, so no fixed condition prefix), full-vocabulary logits."""
-        c = self.config
-        return dict(target_dim=c.dim, n_head=c.n_head, head_dim=c.head_dim, ffn_hidden=c.intermediate_size,
-                    vocab_size=c.vocab_size, block_size=1, cls_token_num=0, rope_base=c.rope_theta,
-                    norm_eps=c.rms_norm_eps, rope="1d", max_positions=c.max_position_embeddings, warm_head=True)
+        return self.config.rope_1d_drafter_shape(self.config.vocab_size, block_size=1, warm_head=True)
 
     def prefill(self, input_ids, cache: ChameleonCache, valid: Optional[torch.Tensor] = None,
                 taps: bool = False) -> TargetOutput:

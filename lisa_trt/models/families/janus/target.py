@@ -147,9 +147,7 @@ class JanusTarget(RotaryTarget, nn.Module):
         prompt length varies: no fixed prefix), codebook logits. The target's logits pass the
         generation head's proj_out + act before `output`, so a drafter head does not warm-start."""
         c = self.config
-        return dict(target_dim=c.dim, n_head=c.n_head, head_dim=c.head_dim, ffn_hidden=c.intermediate_size,
-                    vocab_size=c.codebook_size, block_size=c.block_size, cls_token_num=0, rope_base=c.rope_theta,
-                    norm_eps=c.rms_norm_eps, rope="1d", max_positions=c.max_position_embeddings, warm_head=False)
+        return c.rope_1d_drafter_shape(c.codebook_size, block_size=c.block_size, warm_head=False)
 
     def start_positions(self, cond) -> torch.Tensor:
         """(B,) RoPE position of the first image token of each row: its real prompt length."""
