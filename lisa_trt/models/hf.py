@@ -85,6 +85,37 @@ def weight_files(path: Path) -> list[Path]:
                           "re-save the model with save_pretrained(safe_serialization=True)")
 
 
+def empty_model(make: Callable, dtype):
+    """make() built on the meta device (no random init of weights that are all loaded next),
+    then materialised, uninitialised, on the CPU in `dtype`. Call `reset_buffers()` after."""
+    import torch
+
+    with torch.device("meta"):
+        model = make()
+    return model.to_empty(device="cpu").to(dtype)
+
+
+def strict_copy(model, sd: dict, where: str, describe: str, hint: str = "", ignore=()) -> None:
+    """Copy `sd` into `model`'s tensors, strictly: every missing, unknown or mis-shaped key is
+    listed with the config expected (`describe`) and `hint` (e.g. what the weights imply).
+    `ignore`: keys neither side needs (a tied head)."""
+    import torch
+
+    from ..io import state_dict_problems
+
+    own = {k: t for k, t in model.state_dict().items() if k not in ignore}
+    sd = {k: t for k, t in sd.items() if k not in ignore}
+    problems = state_dict_problems(own, sd, other="config")
+    if problems:
+        lines = [f"{where}: weights do not match config.json ({describe}):", *problems]
+        if hint:
+            lines.append(f"  hint: {hint}; fix config.json or use the matching weights")
+        raise CheckpointError("\n".join(lines))
+    with torch.no_grad():
+        for k, t in own.items():
+            t.copy_(sd[k].to(t.dtype))
+
+
 def read_weights(path: Path, keep: Optional[Callable[[str], bool]] = None) -> dict:
     """{key: tensor} of a (possibly sharded) safetensors checkpoint directory, for the keys with
     keep(key) (all by default)."""

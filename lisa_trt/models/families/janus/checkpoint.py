@@ -17,9 +17,8 @@ from typing import Optional, Union
 
 import torch
 
-from ....errors import CheckpointError, ConfigError
-from ....io import state_dict_problems
-from ...hf import read_weights
+from ....errors import ConfigError
+from ...hf import empty_model, read_weights, strict_copy
 from .config import JanusConfig, read_janus_config
 from .target import JanusTarget
 from .vq import JanusVQ
@@ -48,19 +47,6 @@ def _implied(sd: dict) -> str:
             f"{inter}, codebook {codes} x {code_dim}")
 
 
-def _strict_copy(model: torch.nn.Module, sd: dict, where: str, describe: str, hint: str = "") -> None:
-    own = model.state_dict()
-    problems = state_dict_problems(own, sd, other="config")
-    if problems:
-        lines = [f"{where}: weights do not match config.json ({describe}):", *problems]
-        if hint:
-            lines.append(f"  hint: {hint}; fix config.json or use the matching weights")
-        raise CheckpointError("\n".join(lines))
-    with torch.no_grad():
-        for k, t in own.items():
-            t.copy_(sd[k].to(t.dtype))
-
-
 def _config(path: Path, config) -> JanusConfig:
     if isinstance(config, JanusConfig):
         return config
@@ -84,11 +70,9 @@ def load_janus_target(path: PathLike, config: Optional[Union[JanusConfig, dict]]
     path = Path(path)
     cfg = _config(path, config)
     sd = read_weights(path, lambda k: not k.startswith(TARGET_IGNORED))
-    with torch.device("meta"):
-        model = JanusTarget(cfg)
-    model = model.to_empty(device="cpu").to(dtype)
+    model = empty_model(lambda: JanusTarget(cfg), dtype)
     model.reset_buffers()
-    _strict_copy(model, sd, str(path), cfg.describe(), _implied(sd))
+    strict_copy(model, sd, str(path), cfg.describe(), _implied(sd))
     model.source_dir = str(path)
     return model.eval().to(device)
 
@@ -100,12 +84,10 @@ def load_janus_vq(path: PathLike, config: Optional[Union[JanusConfig, dict]] = N
     cfg = _config(path, config).vq
     raw = read_weights(path, lambda k: k.startswith(VQ_PREFIX))
     sd = {k[len(VQ_PREFIX):]: v for k, v in raw.items() if not k[len(VQ_PREFIX):].startswith(VQ_IGNORED)}
-    with torch.device("meta"):
-        model = JanusVQ(cfg)
-    model = model.to_empty(device="cpu").to(dtype)
+    model = empty_model(lambda: JanusVQ(cfg), dtype)
     hint = ""
     if "quantize.embedding.weight" in sd:
         n, d = sd["quantize.embedding.weight"].shape
         hint = f"the file has a {n} x {d} codebook"
-    _strict_copy(model, sd, f"{path} (VQ decoder, {VQ_PREFIX}*)", str(cfg), hint)
+    strict_copy(model, sd, f"{path} (VQ decoder, {VQ_PREFIX}*)", str(cfg), hint)
     return model.eval().to(device)
