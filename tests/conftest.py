@@ -13,3 +13,25 @@ os.environ.setdefault("LISA_TRT_THREADS", "1")
 def _deterministic():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def kill_training(monkeypatch):
+    """kill_training(run, at=3): call run() (a train_drafter call) with the trainer killed right
+    after step `at` (its update done, not yet checkpointed); the kill is then lifted, so the next
+    train_drafter call on that directory resumes. Fails when run() was not killed."""
+    from lisa_trt.train import trainer as T
+
+    class Killed(Exception):
+        pass
+
+    def kill(run, at: int = 3):
+        def stop(step):
+            if step == at:
+                raise Killed
+        monkeypatch.setattr(T, "_after_step", stop)
+        with pytest.raises(Killed):
+            run()
+        monkeypatch.setattr(T, "_after_step", lambda step: None)
+
+    return kill

@@ -45,11 +45,6 @@ DEBT = {
     "serve/model.py": ['branches on model_type'],
     "speculative/chameleon_spec.py": ['file name', 'names a family'],
     "speculative/lumina.py": ['file name', 'imports a family', 'names a family'],
-    "testing.py": ['branches on model_type', 'imports a family'],
-    "text/encoder.py": ['branches on model_type', 'names a family'],
-    "text/prompts.py": ['branches on model_type'],
-    "train/captions.py": ['branches on model_type'],
-    "train/data.py": ['branches on model_type'],
 }
 
 

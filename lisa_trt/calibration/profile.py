@@ -122,9 +122,9 @@ def rollout_law(target, full_cond, tokens: torch.Tensor, sampling: SamplingConfi
     `full_cond` (= autoregressive.cfg_batch), then the decode loop's own guide
     (speculative/decode.py: CFG combine, off after cfg_interval, the layout's restriction,
     temperature / top-k / top-p, one-hot laws at forced indices)."""
-    from ..speculative.decode import _Guide
+    from ..speculative.decode import Guide
 
-    guide = _Guide(sampling, layout)
+    guide = Guide(sampling, layout)
     raw = family_of(target.config).teacher_forced_logits(target, full_cond, guide.dup(tokens))
     index = torch.arange(tokens.shape[1], device=raw.device)[None].expand(tokens.shape[0], -1)
     return guide(raw, index)

@@ -145,6 +145,12 @@ class ModelFamily:
         """True when conditions are class ids (prompt files, training data, calibration use them)."""
         return False
 
+    def caption_shape(self, cfg) -> Optional[tuple]:
+        """(slots L, width C) of the text-encoder caption features that condition `cfg`'s targets
+        (text/, train/captions.py encode and check them); None when conditions are not caption
+        features (class ids, token-id prompts)."""
+        return None
+
     def condition_tensors(self, target) -> dict:
         """Tensors an engine bundle must carry for null_cond at run time ({} when none)."""
         return {}
@@ -164,6 +170,17 @@ class ModelFamily:
     def example_cond(self, cfg, batch: int, generator=None):
         """A random valid condition (validation, tests)."""
         raise NotImplementedError
+
+    def random_cond(self, cfg, batch: int, generator=None):
+        """A random condition for tests and smoke checks (lisa_trt.testing.make_cond); default
+        `example_cond`."""
+        return self.example_cond(cfg, batch, generator)
+
+    def random_target(self, model_type: str, seed: int = 0, std: float = 0.1, **overrides):
+        """A tiny random target of `model_type` with weights large enough for peaky logits, in
+        seconds on a CPU and without downloads (lisa_trt.testing.make_target)."""
+        raise NotImplementedError(f"the {self.name} family builds no tiny random target; load a checkpoint "
+                                  "(HF families: a tiny model saved by transformers)")
 
     def claims(self, path) -> bool:
         """True when `path` (a checkpoint file or directory) holds a model of this family."""

@@ -5,8 +5,49 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable, Optional
 
 from ..errors import CheckpointError, ConfigError
+
+
+class HFDecoderShape:
+    """The config protocol (n_layer, n_positions, n_head, kv_heads, dim, tap_layers) over an HF
+    decoder config's field names; a family's frozen config dataclass inherits it."""
+
+    @property
+    def n_layer(self) -> int:
+        return self.num_hidden_layers
+
+    @property
+    def n_positions(self) -> int:
+        """RoPE positions the model accepts (the tree decoder clamps drafter positions to it)."""
+        return self.max_position_embeddings
+
+    @property
+    def n_head(self) -> int:
+        return self.num_attention_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads
+
+    @property
+    def dim(self) -> int:
+        return self.hidden_size
+
+    @property
+    def tap_layers(self) -> tuple[int, int, int]:
+        """EAGLE-3 taps: residual stream entering layers {2, L//2, L-3} (0-based)."""
+        L = self.num_hidden_layers
+        return (min(2, L - 1), L // 2, max(L - 3, 0))
+
+    def rope_1d_drafter_shape(self, vocab_size: int, block_size: int, warm_head: bool) -> dict:
+        """A target's `drafter_shape()` for this decoder: 1-D RoPE over absolute positions (the
+        prompt length varies, so no fixed condition prefix), one layer's width / heads / FFN."""
+        return dict(target_dim=self.dim, n_head=self.n_head, head_dim=self.head_dim,
+                    ffn_hidden=self.intermediate_size, vocab_size=vocab_size, block_size=block_size,
+                    cls_token_num=0, rope_base=self.rope_theta, norm_eps=self.rms_norm_eps, rope="1d",
+                    max_positions=self.max_position_embeddings, warm_head=warm_head)
 
 
 def rope_params(raw: dict) -> tuple[float, float]:
@@ -42,3 +83,51 @@ def weight_files(path: Path) -> list[Path]:
     hint = f" (found {', '.join(others)})" if others else ""
     raise CheckpointError(f"{path} has no model.safetensors or model.safetensors.index.json{hint}; "
                           "re-save the model with save_pretrained(safe_serialization=True)")
+
+
+def empty_model(make: Callable, dtype):
+    """make() built on the meta device (no random init of weights that are all loaded next),
+    then materialised, uninitialised, on the CPU in `dtype`. Call `reset_buffers()` after."""
+    import torch
+
+    with torch.device("meta"):
+        model = make()
+    return model.to_empty(device="cpu").to(dtype)
+
+
+def strict_copy(model, sd: dict, where: str, describe: str, hint: str = "", ignore=()) -> None:
+    """Copy `sd` into `model`'s tensors, strictly: every missing, unknown or mis-shaped key is
+    listed with the config expected (`describe`) and `hint` (e.g. what the weights imply).
+    `ignore`: keys neither side needs (a tied head)."""
+    import torch
+
+    from ..io import state_dict_problems
+
+    own = {k: t for k, t in model.state_dict().items() if k not in ignore}
+    sd = {k: t for k, t in sd.items() if k not in ignore}
+    problems = state_dict_problems(own, sd, other="config")
+    if problems:
+        lines = [f"{where}: weights do not match config.json ({describe}):", *problems]
+        if hint:
+            lines.append(f"  hint: {hint}; fix config.json or use the matching weights")
+        raise CheckpointError("\n".join(lines))
+    with torch.no_grad():
+        for k, t in own.items():
+            t.copy_(sd[k].to(t.dtype))
+
+
+def read_weights(path: Path, keep: Optional[Callable[[str], bool]] = None) -> dict:
+    """{key: tensor} of a (possibly sharded) safetensors checkpoint directory, for the keys with
+    keep(key) (all by default)."""
+    from safetensors import safe_open
+
+    sd = {}
+    for f in weight_files(Path(path)):
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                for k in h.keys():
+                    if keep is None or keep(k):
+                        sd[k] = h.get_tensor(k)
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{f} is not a readable safetensors file ({e})") from e
+    return sd

@@ -1,16 +1,19 @@
 """Building blocks every target family shares: RMSNorm, the static KV cache (per-row positions
-through `pad`), cached attention over explicit (tree) masks, and the targets' output record."""
+through `pad`), cached attention over explicit (tree) masks, the targets' output record, and the
+HF-named Llama-style decoder (attention with optional per-head q/k norm, SwiGLU MLP, pre- or
+post-norm block, rotate-half RoPE) the HF-directory families (Chameleon, Janus) parameterise."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import TargetConfig
+from ..errors import InputError
 
 
 class RMSNorm(nn.Module):
@@ -126,3 +129,173 @@ class KVCache:
         self.lengths = self.lengths[index]
         self.col_valid = self.col_valid[index]
         self.pad = self.pad[index]
+
+
+# ----------------------------------------------------------------------------- HF decoder
+
+# HF `hidden_act` names -> functions (transformers' ACT2FN for the ones these models use)
+ACTIVATIONS: dict[str, Callable] = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu,
+                                    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_inv_freq(head_dim: int, theta: float, linear_factor: float = 1.0) -> torch.Tensor:
+    """(head_dim // 2,) fp32 inverse frequencies of rotate-half RoPE (HF "default" / "linear")."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    return inv_freq / linear_factor
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor):
+    """cos, sin (B, S, head_dim) fp32 for absolute positions (B, S), as HF computes them."""
+    freqs = positions[..., None].float() * inv_freq  # (B, S, D/2)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+class RotaryTarget:
+    """What an HF-decoder target (an nn.Module whose config has head_dim, rope_theta and
+    rope_linear_factor, and whose `output` is its head) shares: the non-persistent `inv_freq`
+    buffer, `rope(positions)`, and the normal(0.02) init of its Linear / Embedding weights."""
+
+    def _init_rope_and_weights(self) -> None:
+        self.register_buffer("inv_freq", torch.empty(self.config.head_dim // 2), persistent=False)
+        self.reset_buffers()
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+
+    def reset_buffers(self) -> None:
+        """Recompute the RoPE frequencies (after `to_empty`), as transformers does."""
+        cfg = self.config
+        self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_linear_factor).to(self.output.weight.device)
+
+    def rope(self, positions: torch.Tensor):
+        """cos, sin (B, S, head_dim) fp32 for absolute positions (B, S)."""
+        return rope_cos_sin(self.inv_freq, positions)
+
+    def check_positions(self, positions: torch.Tensor) -> None:
+        """InputError for a RoPE position past the config's max_position_embeddings."""
+        n = self.config.max_position_embeddings
+        if positions.numel() and int(positions.max()) >= n:
+            raise InputError(f"position {int(positions.max())} is past max_position_embeddings {n}")
+
+
+class HeadLayerNorm(nn.Module):
+    """LayerNorm over head_dim with one gamma/beta per head: weight/bias (H, D) (HF layout)."""
+
+    def __init__(self, heads: int, head_dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(heads, head_dim))
+        self.bias = nn.Parameter(torch.zeros(heads, head_dim))
+
+    def forward(self, x):  # x (..., H, D)
+        return F.layer_norm(x, (x.shape[-1],), None, None, self.eps) * self.weight + self.bias
+
+
+class Attention(nn.Module):
+    """GQA self-attention with HF names (`q_proj` .. `o_proj`), rotate-half RoPE, static cache.
+
+    qk_norm: per-head LayerNorm of q and k (`q_norm`, `k_norm`) before RoPE (Chameleon)."""
+
+    def __init__(self, dim: int, n_head: int, kv_heads: int, head_dim: int, bias: bool = False,
+                 qk_norm: bool = False):
+        super().__init__()
+        self.n_head, self.n_kv, self.head_dim = n_head, kv_heads, head_dim
+        self.q_proj = nn.Linear(dim, n_head * head_dim, bias=bias)
+        self.k_proj = nn.Linear(dim, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(dim, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(n_head * head_dim, dim, bias=bias)
+        self.qk_norm = qk_norm
+        if qk_norm:
+            self.q_norm = HeadLayerNorm(n_head, head_dim)
+            self.k_norm = HeadLayerNorm(kv_heads, head_dim)
+
+    def forward(self, x, cos, sin, mask, kv=None, slots=None):
+        """x (B, S, dim); cos/sin (B, S, D) fp32; mask (B, 1, S, L) bool or None (causal)."""
+        B, S, _ = x.shape
+        q = self.q_proj(x).view(B, S, self.n_head, self.head_dim)
+        k = self.k_proj(x).view(B, S, self.n_kv, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, S, D)
+        v = self.v_proj(x).view(B, S, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, S, D)
+        c, s = cos[:, None].to(q.dtype), sin[:, None].to(q.dtype)
+        q, k = q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+        y = cached_attention(q, k, v, mask, kv, slots)
+        return self.o_proj(y.transpose(1, 2).reshape(B, S, -1))
+
+
+class SwiGLU(nn.Module):
+    """down_proj(act(gate_proj(x)) * up_proj(x)) (HF `mlp.{gate,up,down}_proj`)."""
+
+    def __init__(self, dim: int, hidden: int, bias: bool = False, act: str = "silu"):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=bias)
+        self.up_proj = nn.Linear(dim, hidden, bias=bias)
+        self.down_proj = nn.Linear(hidden, dim, bias=bias)
+        self.act = ACTIVATIONS[act]
+
+    def forward(self, x):
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block (`self_attn`, `mlp`, `input_layernorm`, `post_attention_layernorm`) of an
+    HF-shaped config (dim, n_head, kv_heads, head_dim, intermediate_size, hidden_act,
+    attention_bias, mlp_bias, rms_norm_eps). swin_norm: the norms apply to the attention / MLP
+    OUTPUTS instead of their inputs (Chameleon's variant)."""
+
+    def __init__(self, cfg, qk_norm: bool = False, swin_norm: bool = False):
+        super().__init__()
+        self.swin = swin_norm
+        self.self_attn = Attention(cfg.dim, cfg.n_head, cfg.kv_heads, cfg.head_dim, cfg.attention_bias, qk_norm)
+        self.mlp = SwiGLU(cfg.dim, cfg.intermediate_size, cfg.mlp_bias, cfg.hidden_act)
+        self.input_layernorm = RMSNorm(cfg.dim, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, kv=None, slots=None):
+        if self.swin:
+            h = x + self.input_layernorm(self.self_attn(x, cos, sin, mask, kv, slots))
+            return h + self.post_attention_layernorm(self.mlp(h))
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, slots)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DecoderStack(nn.Module):
+    """`embed_tokens`, `layers.N` (DecoderLayer), `norm`: an HF `*Model` body."""
+
+    def __init__(self, cfg, vocab_size: int, qk_norm: bool = False, swin_norm: bool = False):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, qk_norm, swin_norm) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.dim, cfg.rms_norm_eps)
+
+    def run(self, h, cos, sin, mask, cache, slots, tap_ids=(), last_only: bool = False):
+        """The layers over h (B, S, dim); returns (h, taps): taps (B, S or 1, 3 dim) = the residual
+        stream entering `tap_ids` (None when empty); last_only: taps at the last position only."""
+        tapped = []
+        for i, layer in enumerate(self.layers):
+            if i in tap_ids:
+                tapped.extend([h[:, -1:] if last_only else h] * tap_ids.count(i))
+            kv = (cache.k[i], cache.v[i]) if cache is not None else None
+            h = layer(h, cos, sin, mask, kv, slots)
+        return h, (torch.cat(tapped, dim=-1) if tap_ids else None)
+
+
+def teacher_forcing_plan(valid: torch.Tensor, length: int):
+    """Mask (B, 1, L, L) and RoPE positions (B, L) of a left-padded prompt (valid (B, T)) followed
+    by L - T generated tokens, without a cache: causal, padding columns hidden (each row sees
+    itself), positions counted from each row's first real token."""
+    B, T = valid.shape
+    dev = valid.device
+    col = torch.ones(B, length, dtype=torch.bool, device=dev)
+    col[:, :T] = valid
+    eye = torch.eye(length, dtype=torch.bool, device=dev)
+    mask = (torch.tril(torch.ones(length, length, dtype=torch.bool, device=dev))[None] & col[:, None, :]) | eye
+    pos = (torch.arange(length, device=dev)[None] - (~valid).sum(1, keepdim=True)).clamp(min=0)
+    return mask[:, None], pos

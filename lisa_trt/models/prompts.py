@@ -89,11 +89,6 @@ def prefill_plan(input_ids: torch.Tensor, cache, valid: Optional[torch.Tensor] =
     return slots, cache.positions(slots).clamp(min=0), mask
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 class PromptTarget:
     """The condition protocol of a prompt-id target (models/family.py), shared by the torch model
     and its exported-graph runners: `config.vocab_size` is all it reads."""

@@ -1,7 +1,10 @@
 """VQGAN building blocks shared by the families' image decoders (resnet / attention / resampling
-blocks, GroupNorm(32), swish) and the token-grid helper of `tokens_to_pixels`."""
+blocks, GroupNorm(32), swish, resolution levels, the mid block, the codebook, the decoder stack)
+and the token-grid helper of `tokens_to_pixels`."""
 
 from __future__ import annotations
+
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -95,3 +98,90 @@ class Upsample(nn.Module):
         dtype = x.dtype
         x = F.interpolate(x.float(), scale_factor=2.0, mode="nearest").to(dtype)
         return self.conv(x)
+
+
+class Level(nn.Module):
+    """One resolution level: `n_res` ResnetBlocks, each followed by an AttnBlock when `with_attn`,
+    then an optional 2x resampler (`downsample` / `upsample`). `blocks` names the ResnetBlock list
+    in the state dict (taming / transformers: "block", LlamaGen: "res")."""
+
+    def __init__(self, cin: int, cout: int, n_res: int, with_attn: bool, resample: Optional[str] = None,
+                 blocks: str = "block"):
+        super().__init__()
+        self._blocks = blocks
+        setattr(self, blocks, nn.ModuleList())
+        self.attn = nn.ModuleList()
+        for _ in range(n_res):
+            getattr(self, blocks).append(ResnetBlock(cin, cout))
+            cin = cout
+            if with_attn:
+                self.attn.append(AttnBlock(cout))
+        if resample == "down":
+            self.downsample = Downsample(cout)
+        elif resample == "up":
+            self.upsample = Upsample(cout)
+
+    def forward(self, h):
+        for j, block in enumerate(getattr(self, self._blocks)):
+            h = block(h)
+            if len(self.attn):
+                h = self.attn[j](h)
+        if hasattr(self, "downsample"):
+            h = self.downsample(h)
+        if hasattr(self, "upsample"):
+            h = self.upsample(h)
+        return h
+
+
+class Mid(nn.Module):
+    """`block_1`, `attn_1` (an AttnBlock, or Identity without attention), `block_2`."""
+
+    def __init__(self, ch: int, attn: bool = True):
+        super().__init__()
+        self.block_1, self.attn_1, self.block_2 = ResnetBlock(ch, ch), AttnBlock(ch) if attn else nn.Identity(), \
+            ResnetBlock(ch, ch)
+
+    def forward(self, h):
+        return self.block_2(self.attn_1(self.block_1(h)))
+
+
+class Codebook(nn.Module):
+    """`embedding` (n, d): the VQ codebook under the name `quantize.embedding`."""
+
+    def __init__(self, n: int, d: int):
+        super().__init__()
+        self.embedding = nn.Embedding(n, d)
+
+
+class VQDecoder(nn.Module):
+    """conv_in -> mid -> `up` levels (ResnetBlocks (+ attention), 2x upsampling but the finest) ->
+    swish(norm_out) -> conv_out.
+
+    Args:
+        attn_at: level index i (0 = finest) -> whether its blocks carry attention.
+        finest_first: `up[0]` is the finest level (taming's layout, run in reverse), else the
+            coarsest (transformers' Janus layout, run in order).
+        mid_attn: the mid block's attention (Identity without).
+    """
+
+    def __init__(self, z_channels: int, ch: int, ch_mult, num_res_blocks: int, out_channels: int,
+                 attn_at: Callable[[int], bool], finest_first: bool = False, mid_attn: bool = True):
+        super().__init__()
+        n = len(ch_mult)
+        cin = ch * ch_mult[-1]
+        self.finest_first = finest_first
+        self.conv_in = nn.Conv2d(z_channels, cin, 3, 1, 1)
+        self.mid = Mid(cin, mid_attn)
+        levels = []
+        for i in reversed(range(n)):  # coarsest first
+            levels.append(Level(cin, ch * ch_mult[i], num_res_blocks + 1, attn_at(i), "up" if i else None))
+            cin = ch * ch_mult[i]
+        self.up = nn.ModuleList(levels[::-1] if finest_first else levels)
+        self.norm_out = group_norm(cin)
+        self.conv_out = nn.Conv2d(cin, out_channels, 3, 1, 1)
+
+    def forward(self, z):
+        h = self.mid(self.conv_in(z))
+        for level in (reversed(self.up) if self.finest_first else self.up):
+            h = level(h)
+        return self.conv_out(swish(self.norm_out(h)))

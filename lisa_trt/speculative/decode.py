@@ -70,9 +70,10 @@ class DecodeStats:
                 "times": dict(self.times)}
 
 
-class _Guide:
+class Guide:
     """Raw logits of the (CFG) batch -> guided, filtered logits of the real rows, restricted and
-    forced by the family's SequenceLayout (models/family.py)."""
+    forced by the family's SequenceLayout (models/family.py). Public: the tree decoder, SJD and
+    calibration rollouts share it, so every loop guides, filters and forces the same way."""
 
     def __init__(self, sampling: SamplingConfig, layout=None):
         self.s, self.layout = sampling, layout if layout is not None else SequenceLayout(1)  # None: free tokens
@@ -165,7 +166,7 @@ class SpeculativeDecoder:
         B = target.check_cond(cond)
         layout = layout if layout is not None else layout_for(target, num_tokens)
         N_img = layout.n_tokens
-        guide, timer, stats = _Guide(sampling, layout), Timer(), DecodeStats()
+        guide, timer, stats = Guide(sampling, layout), Timer(), DecodeStats()
         greedy = sampling.greedy
         t_start = time.perf_counter()
 

@@ -25,7 +25,7 @@ from ..config import SamplingConfig
 from ..timing import Timer
 from ..errors import InputError
 from .autoregressive import cfg_batch, layout_for, new_target_cache
-from .decode import DecodeStats, _Guide
+from .decode import DecodeStats, Guide
 from .sampling import make_generator, sample_from_logits
 from .verify import sjd_accept
 
@@ -95,7 +95,7 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
     N_img = layout.n_tokens
     if window < 1:
         raise InputError(f"SJD window must be >= 1, got {window}")
-    guide, timer, stats = _Guide(sampling, layout), Timer(), DecodeStats()
+    guide, timer, stats = Guide(sampling, layout), Timer(), DecodeStats()
     V = tc.vocab_size
     t0 = time.perf_counter()
     with timer.measure("target"):

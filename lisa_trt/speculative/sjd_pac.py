@@ -146,7 +146,7 @@ def sjd_pac_generate(target, cond, *, sampling, window: int = 16, seed: Optional
     """SJD-PAC on one batch -> (tokens (B, N), DecodeStats). window: draft columns per forward."""
     from ..timing import Timer
     from .autoregressive import cfg_batch, layout_for, new_target_cache
-    from .decode import DecodeStats, _Guide
+    from .decode import DecodeStats, Guide
     from .mcsjd import maximal_coupling
     from .methods import SpecConfig
     from .sampling import make_generator, sample_from_logits
@@ -160,7 +160,7 @@ def sjd_pac_generate(target, cond, *, sampling, window: int = 16, seed: Optional
     N_img = layout.n_tokens
     if window < 1:
         raise InputError(f"SJD-PAC window must be >= 1, got {window}")
-    guide, timer, stats = _Guide(sampling, layout), Timer(), DecodeStats()
+    guide, timer, stats = Guide(sampling, layout), Timer(), DecodeStats()
     V = tc.vocab_size
     t0 = time.perf_counter()
     n_max = window_tree(K, D, window).col.numel()

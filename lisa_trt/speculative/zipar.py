@@ -136,7 +136,7 @@ def zipar_generate(target, cond, *, sampling, window=None, seed=None, spec=None,
     zipar_window. layout: the family's SequenceLayout (default: the family's free layout)."""
     from ..timing import Timer
     from .autoregressive import cfg_batch, layout_for, new_target_cache
-    from .decode import DecodeStats, _Guide
+    from .decode import DecodeStats, Guide
     from .methods import SpecConfig
     from .sampling import make_generator, sample_from_logits
 
@@ -145,7 +145,7 @@ def zipar_generate(target, cond, *, sampling, window=None, seed=None, spec=None,
     layout = layout if layout is not None else layout_for(target)
     N = layout.n_tokens
     steps = schedule(N, row_length(target, layout), int(s.window))
-    guide, timer, stats = _Guide(sampling, layout), Timer(), DecodeStats()
+    guide, timer, stats = Guide(sampling, layout), Timer(), DecodeStats()
     t0 = time.perf_counter()
     with timer.measure("target"):
         full = cfg_batch(target, cond, sampling.cfg_scale)

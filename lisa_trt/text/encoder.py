@@ -29,6 +29,7 @@ import torch
 
 from ..errors import InputError
 from ..io import load_safetensors, save_safetensors
+from ..models.family import family_of
 
 MAX_LENGTH = 120  # LlamaGen t2i: cls_token_num = 120 caption slots
 # Caption text before tokenization. "lower": text.lower().strip(), LlamaGen's T5Embedder with
@@ -91,7 +92,7 @@ def load_caption_features(path, tcfg=None) -> tuple[torch.Tensor, torch.Tensor, 
 
     Formats: .safetensors with `caption_features` and `caption_mask` (as `encode-captions`
     writes), or .npy features with an optional sibling `<name>_mask.npy`. With `tcfg` the
-    shape is checked against the target (L = cls_token_num, C = caption_dim).
+    shape is checked against the target (caption_shape: L slots, C wide).
     """
     import numpy as np
 
@@ -121,7 +122,7 @@ def load_caption_features(path, tcfg=None) -> tuple[torch.Tensor, torch.Tensor, 
     if feats.dim() != 3 or tuple(mask.shape) != tuple(feats.shape[:2]):
         raise InputError(f"{p}: features {tuple(feats.shape)} / mask {tuple(mask.shape)}; expected (N, L, C) / (N, L)")
     if tcfg is not None:
-        want = (tcfg.cls_token_num, tcfg.caption_dim)
+        want = caption_shape(tcfg)
         if tuple(feats.shape[1:]) != want:
             raise InputError(f"{p}: caption features are (N, {feats.shape[1]}, {feats.shape[2]}); this target needs "
                              f"(N, {want[0]}, {want[1]}) (encode with --max-length {want[0]} and a "
@@ -130,6 +131,16 @@ def load_caption_features(path, tcfg=None) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 # ----------------------------------------------------------------------------- encoder
+
+def caption_shape(tcfg) -> tuple[int, int]:
+    """(slots L, width C) of the caption features that condition `tcfg`'s targets (its family
+    answers); InputError for a target whose conditions are not captions."""
+    shape = family_of(tcfg).caption_shape(tcfg)
+    if shape is None:
+        raise InputError(f"captions condition text-to-image targets only; this {tcfg.model_type!r} target takes "
+                         "other conditions (class ids: pass class ids; token-id prompts: pass prompts)")
+    return tuple(shape)
+
 
 def resolve_encoder_dir(encoder_dir=None) -> Optional[Path]:
     """The given directory, else $LISA_TRT_TEXT_ENCODER, else None."""
@@ -228,13 +239,12 @@ class CaptionEncoder:
 
     def check_target(self, tcfg) -> None:
         """Raise unless this encoder's features fit the target's caption slots."""
-        if tcfg.model_type != "t2i":
-            raise InputError("captions condition t2i targets only; this target is c2i (use class ids)")
-        if self.dim != tcfg.caption_dim:
+        slots, width = caption_shape(tcfg)
+        if self.dim != width:
             raise InputError(f"the T5 encoder at {self.dir} gives {self.dim}-wide features but the target expects "
-                             f"{tcfg.caption_dim} (LlamaGen t2i uses flan-t5-xl, d_model 2048)")
-        if self.max_length != tcfg.cls_token_num:
-            raise InputError(f"encoder max_length {self.max_length} != the target's {tcfg.cls_token_num} caption slots")
+                             f"{width} (flan-t5-xl gives d_model 2048)")
+        if self.max_length != slots:
+            raise InputError(f"encoder max_length {self.max_length} != the target's {slots} caption slots")
 
     def caption_key(self, caption: str) -> str:
         return hashlib.sha256(f"{self.fingerprint}|{self.max_length}|{self.preprocess}|{caption}".encode()).hexdigest()
@@ -333,8 +343,7 @@ def caption_conds(source, tcfg, *, encoder=None, encoder_dir=None, device="cpu",
 
     All checks happen before the encoder is loaded. Returns (features, mask, captions or []).
     """
-    if tcfg.model_type != "t2i":
-        raise InputError("captions condition t2i targets only; this target is c2i (pass class ids)")
+    slots, _ = caption_shape(tcfg)
     if isinstance(source, (list, tuple)):
         captions = list(source)
     elif is_feature_file(source):
@@ -343,7 +352,7 @@ def caption_conds(source, tcfg, *, encoder=None, encoder_dir=None, device="cpu",
     else:
         captions = read_captions(source)
     if encoder is None:
-        encoder = CaptionEncoder(encoder_dir, device=device, max_length=tcfg.cls_token_num)
+        encoder = CaptionEncoder(encoder_dir, device=device, max_length=slots)
     encoder.check_target(tcfg)
     feats, mask = encoder.encode(captions, progress=progress)
     return feats, mask, captions

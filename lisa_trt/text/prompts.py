@@ -13,14 +13,14 @@ from ..errors import InputError
 def make_encoder(text_encoder, tcfg, device="cpu"):
     """None, a CaptionEncoder, or a directory -> a CaptionEncoder checked against the target
     (nothing is loaded yet). None stays None (then only feature files are accepted)."""
-    from .encoder import CaptionEncoder, resolve_encoder_dir
+    from .encoder import CaptionEncoder, caption_shape, resolve_encoder_dir
 
     if text_encoder is None:
         text_encoder = resolve_encoder_dir(None)
         if text_encoder is None:
             return None
     enc = text_encoder if isinstance(text_encoder, CaptionEncoder) else \
-        CaptionEncoder(text_encoder, device=device, max_length=tcfg.cls_token_num)
+        CaptionEncoder(text_encoder, device=device, max_length=caption_shape(tcfg)[0])
     enc.check_target(tcfg)
     return enc
 
@@ -95,12 +95,13 @@ def precheck_prompts(engine_dir, prompts_path, encoder_dir=None) -> None:
     from pathlib import Path
 
     from ..export.manifest import read_manifest
+    from ..models.family import family_of
     from ..runtime.prompts import parse_prompts
 
     tcfg = read_manifest(Path(engine_dir)).target_config
-    if tcfg.model_type != "t2i":
+    if family_of(tcfg).caption_shape(tcfg) is None:
         return
-    ps = parse_prompts(prompts_path, model_type="t2i")
+    ps = parse_prompts(prompts_path, model_type=tcfg.model_type)
     if any(p.caption is not None for p in ps) and make_encoder(encoder_dir, tcfg) is None:
         raise InputError(f"{prompts_path} holds captions; encoding them needs a T5 encoder: pass --encoder DIR "
                          "(a local flan-t5-xl directory) or set $LISA_TRT_TEXT_ENCODER, or use "

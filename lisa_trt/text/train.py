@@ -15,7 +15,7 @@ def training_caption_file(tcfg, captions, encoder_dir, out_dir, source: str) -> 
     captions .txt encoded once into OUT/data/caption_features.safetensors (reused on resume
     when the captions and encoder are unchanged; the encoder's per-caption cache makes a
     re-encode cheap)."""
-    from .encoder import CaptionEncoder, save_caption_features
+    from .encoder import CaptionEncoder, caption_shape, save_caption_features
 
     if source == "images":
         raise InputError("--data images is for c2i targets (one folder per class); for t2i use --data self "
@@ -32,7 +32,7 @@ def training_caption_file(tcfg, captions, encoder_dir, out_dir, source: str) -> 
         load_caption_features(captions, tcfg)  # shape check before any work
         return str(captions)
     caps = read_captions(captions)
-    enc = CaptionEncoder(encoder_dir, device=_device(), max_length=tcfg.cls_token_num,
+    enc = CaptionEncoder(encoder_dir, device=_device(), max_length=caption_shape(tcfg)[0],
                          cache_dir=Path(out_dir) / "data" / "caption_cache")
     enc.check_target(tcfg)
     feats, mask = enc.encode(caps, progress=int(os.environ.get("RANK", "0")) == 0)

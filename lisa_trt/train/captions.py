@@ -23,6 +23,8 @@ import torch
 
 from ..errors import InputError
 from ..io import load_safetensors, save_safetensors, tensor_hash
+from ..models.family import family_of
+from ..text.encoder import caption_shape
 
 LAZY_BYTES = 2 << 30  # caption feature files larger than this are read row by row (memory-mapped)
 
@@ -115,7 +117,7 @@ def _check(tokens, conds: CaptionConds, tcfg, where: str):
         raise InputError(f"{where}: tokens must be integers")
     if len(conds) != tokens.shape[0]:
         raise InputError(f"{where}: {tokens.shape[0]} sequences but {len(conds)} caption conditions")
-    want = (tcfg.cls_token_num, tcfg.caption_dim)
+    want = caption_shape(tcfg)
     if conds.feats.dim() != 3 or tuple(conds.feats.shape[1:]) != want:
         raise InputError(f"{where}: caption features are {tuple(conds.feats.shape)}; this target needs (M, {want[0]}, "
                          f"{want[1]}) (encode with `lisa-trt encode-captions --max-length {want[0]}`)")
@@ -141,7 +143,7 @@ def load_caption_table(path, tcfg) -> tuple[torch.Tensor, torch.Tensor]:
         feats = LazyFeatures(p)
         with safe_open(str(p), framework="pt") as f:
             mask = f.get_tensor("caption_mask").to(torch.bool)
-        want = (tcfg.cls_token_num, tcfg.caption_dim)
+        want = caption_shape(tcfg)
         if feats.shape[1:] != want or tuple(mask.shape) != feats.shape[:2]:
             raise InputError(f"{p}: caption features {feats.shape} / mask {tuple(mask.shape)}; this target needs "
                              f"(M, {want[0]}, {want[1]}) / (M, {want[0]})")
@@ -244,7 +246,7 @@ def eval_conds(target, data_cfg, n: int):
     """Held-out decoding prompts for a t2i drafter: the last n captions of the table
     (cycled when the table is smaller). Class ids for c2i targets."""
     tcfg = target.config
-    if tcfg.model_type == "c2i":
+    if family_of(tcfg).class_conditioned(tcfg):
         return torch.arange(n) % tcfg.num_classes
     if data_cfg.caption_file is None and data_cfg.token_file:
         c = load_caption_token_file(data_cfg.token_file, tcfg).cond

@@ -188,11 +188,11 @@ def build_dataset(target, cfg: DataConfig, seed: int, data_dir: Path, *, is_main
 
         return build_prompt_dataset(target, request, cfg, seed, data_dir, is_main=is_main, barrier=barrier,
                                     progress=progress, resuming=resuming)
-    if tcfg.model_type == "t2i":
+    fam = family_of(tcfg)
+    if fam.caption_shape(tcfg) is not None:
         from .captions import build_caption_dataset
 
         return build_caption_dataset(target, cfg, seed, data_dir, is_main=is_main, barrier=barrier, progress=progress)
-    fam = family_of(tcfg)
     if not fam.class_conditioned(tcfg):
         raise InputError(f"{fam.name} targets are prompt-conditioned: train them on rollouts of prompts "
                          "(train_drafter(..., request=family.prompter(target).encode(texts, cfg=True)), or "

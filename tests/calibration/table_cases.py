@@ -44,11 +44,10 @@ def summary(tables) -> dict:
 
 def chameleon_target(tmp: Path):
     import lisa_trt
-    from chameleon_fixtures import make_hf_model, save_hf, save_tokenizer
+    from chameleon_fixtures import save_model_dir
     from lisa_trt.speculative.lumina import LuminaTokenizer
 
-    d = save_hf(make_hf_model(seed=5, num_key_value_heads=2), tmp)
-    save_tokenizer(d)
+    d = save_model_dir(tmp, seed=5, vq=False, num_key_value_heads=2)
     return lisa_trt.load_target(d), LuminaTokenizer(d)
 
 
@@ -90,16 +89,9 @@ def chameleon_one_batch(tmp: Path):
 
 def chameleon_model_dir(tmp: Path) -> Path:
     """A tiny checkpoint directory with tokenizer and VQGAN (tests/export/chameleon_bundle.py's)."""
-    from chameleon_fixtures import N_CODES, make_hf_model, save_hf, save_tokenizer
-    from lisa_trt.models.families.chameleon.vq import ChameleonVQConfig, ChameleonVQGAN, save_chameleon_vq
+    from chameleon_fixtures import save_model_dir
 
-    d = save_hf(make_hf_model(seed=5, num_key_value_heads=2), tmp / "model")
-    save_tokenizer(d)
-    torch.manual_seed(0)
-    vq = ChameleonVQGAN(ChameleonVQConfig(embed_dim=8, n_embed=N_CODES, z_channels=32, ch=32, ch_mult=(1, 2),
-                                          num_res_blocks=1, resolution=16))
-    save_chameleon_vq(vq, d / "vqgan")
-    return d
+    return save_model_dir(tmp / "model", seed=5, num_key_value_heads=2)
 
 
 def chameleon_cli(tmp: Path):

@@ -14,11 +14,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
-from chameleon_fixtures import N_CODES, make_hf_model, save_hf, save_tokenizer  # noqa: E402
+from chameleon_fixtures import N_CODES, save_model_dir  # noqa: E402,F401 (N_CODES re-exported)
 
 SIZE = 64  # 4 x 4 latent codes + 4 row ends per image
 GOLDEN_CAPTIONS = ["a red fox", "tok70 tok71 tok72 tok73 tok74"]  # different lengths: left padding
@@ -34,16 +32,9 @@ def make_chameleon_artifacts(root) -> dict:
     golden runs, so the golden checks the export and run path alone."""
     import shutil
 
-    from lisa_trt.models.families.chameleon.vq import ChameleonVQConfig, ChameleonVQGAN, save_chameleon_vq
-
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    d = save_hf(make_hf_model(seed=5, num_key_value_heads=2, swin_norm=True), root / "model")
-    save_tokenizer(d)
-    torch.manual_seed(0)
-    vq = ChameleonVQGAN(ChameleonVQConfig(embed_dim=8, n_embed=N_CODES, z_channels=32, ch=32, ch_mult=(1, 2),
-                                          num_res_blocks=1, resolution=16))
-    save_chameleon_vq(vq, d / "vqgan")
+    d = save_model_dir(root / "model", seed=5, num_key_value_heads=2, swin_norm=True)
     data = GOLDEN.parent
     shutil.copy(data / "chameleon_drafter.safetensors", root / "drafter.safetensors")
     shutil.copy(data / "chameleon_tables.safetensors", root / "tables.safetensors")

@@ -14,7 +14,7 @@ pytest.importorskip("onnxruntime")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 import lisa_trt  # noqa: E402
-from chameleon_fixtures import make_hf_model, save_hf, save_tokenizer  # noqa: E402
+from chameleon_fixtures import save_model_dir  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +23,7 @@ def engines(tmp_path_factory):
     from lisa_trt.export.chameleon_onnx import export_chameleon
 
     root = tmp_path_factory.mktemp("cham_graphs")
-    d = save_hf(make_hf_model(seed=7, num_key_value_heads=2), root / "model")
-    save_tokenizer(d)
+    d = save_model_dir(root / "model", seed=7, vq=False, num_key_value_heads=2)
     target = lisa_trt.load_target(d)
     man = export_chameleon(target, None, None, None, d, root / "eng", image_size=32, max_prompt=16, max_tree=8)
     assert set(man.graphs) == {"target_prefill", "target_verify"}

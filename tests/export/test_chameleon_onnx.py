@@ -17,7 +17,7 @@ pytest.importorskip("onnxruntime")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 import lisa_trt  # noqa: E402
-from chameleon_fixtures import N_CODES, make_hf_model, save_hf, save_tokenizer  # noqa: E402
+from chameleon_fixtures import N_CODES, save_model_dir  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SIZE = 64  # 4 x 4 latent codes + 4 row ends per image
@@ -35,15 +35,8 @@ def _cli(*args):
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
-    from lisa_trt.models.families.chameleon.vq import ChameleonVQConfig, ChameleonVQGAN, save_chameleon_vq
-
     root = tmp_path_factory.mktemp("cham_e2e")
-    d = save_hf(make_hf_model(seed=5, num_key_value_heads=2, swin_norm=True), root / "model")
-    save_tokenizer(d)
-    torch.manual_seed(0)
-    vq = ChameleonVQGAN(ChameleonVQConfig(embed_dim=8, n_embed=N_CODES, z_channels=32, ch=32, ch_mult=(1, 2),
-                                          num_res_blocks=1, resolution=16))
-    save_chameleon_vq(vq, d / "vqgan")
+    d = save_model_dir(root / "model", seed=5, num_key_value_heads=2, swin_norm=True)
     caps = root / "captions.txt"
     caps.write_text("# captions\na red fox\n\ntok70 tok71 tok72\na lighthouse\n")
     common = ["--model", d, "--image-size", SIZE, "--captions-file", caps, "--seed", 0]

@@ -13,7 +13,7 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("onnxruntime")
 
 import lisa_trt  # noqa: E402
-from chameleon_bundle import make_hf_model, save_hf, save_tokenizer  # noqa: E402
+from chameleon_bundle import save_model_dir  # noqa: E402
 from lisa_trt.errors import InputError  # noqa: E402
 from lisa_trt.export.io_spec import Graph  # noqa: E402
 
@@ -26,8 +26,7 @@ def models(tmp_path_factory):
     from lisa_trt.models.families.chameleon.drafter import ChameleonDrafter
 
     root = tmp_path_factory.mktemp("cham_prec")
-    d = save_hf(make_hf_model(seed=7, num_key_value_heads=2), root / "model")
-    save_tokenizer(d)
+    d = save_model_dir(root / "model", seed=7, vq=False, num_key_value_heads=2)
     target = lisa_trt.load_target(d)
     torch.manual_seed(0)
     drafter = ChameleonDrafter.from_chameleon(target, hidden=16, n_head=2)

@@ -29,14 +29,13 @@ def llamagen_setup():
 
 def chameleon_setup(tmp: Path):
     import lisa_trt
-    from chameleon_fixtures import make_hf_model, save_hf, save_tokenizer
+    from chameleon_fixtures import save_model_dir
     from lisa_trt.calibration.tables import load_tables_for
     from lisa_trt.models.families.chameleon import CHAMELEON
     from lisa_trt.models.families.chameleon.drafter import ChameleonDrafter
     from lisa_trt.speculative.lumina import LuminaTokenizer
 
-    d = save_hf(make_hf_model(seed=5, num_key_value_heads=2), tmp)
-    save_tokenizer(d)
+    d = save_model_dir(tmp, seed=5, vq=False, num_key_value_heads=2)
     target = lisa_trt.load_target(d)
     tok = LuminaTokenizer(d)
     torch.manual_seed(0)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # hf_fixtures, when imported from another folder
+
+from hf_fixtures import randomize  # noqa: E402,F401 (re-exported)
 
 N_CODES = 32  # image-code tokens at ids 4 .. 4 + N_CODES - 1 (protocol tokens at 40..48)
 VOCAB = 96
@@ -55,19 +62,6 @@ def hf_config(**over):
     return ChameleonConfig(**kw)
 
 
-def randomize(model, seed: int = 0) -> None:
-    """Non-trivial values everywhere (the q/k norm gammas/betas too, not just ones/zeros)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name and name.endswith("weight"):
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(0.08 * torch.randn(p.shape, generator=g))
-
-
 def make_hf_model(seed: int = 0, **over):
     from transformers import ChameleonForConditionalGeneration
 
@@ -83,6 +77,23 @@ def save_hf(model, path, max_shard_size=None):
     kw = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(str(path), safe_serialization=True, **kw)
     return path
+
+
+TINY_VQ = dict(embed_dim=8, n_embed=N_CODES, z_channels=32, ch=32, ch_mult=(1, 2), num_res_blocks=1, resolution=16)
+
+
+def save_model_dir(path, seed: int = 5, vq: bool = True, **over):
+    """A tiny checkpoint directory at `path`: make_hf_model(seed, **over), its tokenizer, and
+    (vq) a VQGAN (TINY_VQ, built after torch.manual_seed(0)) in path/vqgan/, as users lay it out."""
+    from lisa_trt.models.families.chameleon.vq import ChameleonVQConfig, ChameleonVQGAN, save_chameleon_vq
+
+    d = save_hf(make_hf_model(seed=seed, **over), path)
+    save_tokenizer(d)
+    if not vq:
+        return d
+    torch.manual_seed(0)
+    save_chameleon_vq(ChameleonVQGAN(ChameleonVQConfig(**TINY_VQ)), Path(d) / "vqgan")
+    return d
 
 
 def hf_raw_logits(model, input_ids: torch.Tensor) -> torch.Tensor:

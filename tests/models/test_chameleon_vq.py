@@ -96,3 +96,17 @@ def test_mismatched_yaml_fails_clearly(tmp_path):
         load_chameleon_vq(tmp_path)
     with pytest.raises(LisaError, match="VQGAN not found"):
         load_chameleon_vq(tmp_path / "nowhere")
+
+
+def test_load_vq_from_a_model_directory_maps_vocabulary_ids(tmp_path):
+    """lisa_trt.load_vq(MODEL_DIR) finds DIR/vqgan/ and decodes what generate returns (vocabulary ids)."""
+    pytest.importorskip("transformers")
+    import lisa_trt
+    from chameleon_fixtures import TINY_VQ, save_model_dir
+
+    d = save_model_dir(tmp_path / "model", seed=1)
+    vq = _randomized(ChameleonVQConfig(**TINY_VQ))
+    save_chameleon_vq(vq, d / "vqgan")  # random weights, so the pixels say which VQ decoded
+    loaded = lisa_trt.load_vq(d)
+    codes = torch.randint(0, 32, (1, 4))
+    assert torch.equal(lisa_trt.tokens_to_pixels(loaded, codes + 4), vq.decode_code(codes.view(1, 2, 2)))

@@ -30,6 +30,25 @@ def test_llamagen_is_the_family_of_c2i_and_t2i():
     assert torch.equal(back[0], cap[0]) and torch.equal(back[1], cap[1])
 
 
+def test_the_family_answers_caption_shape_and_the_tiny_test_targets():
+    """The generic text / training layers ask the family (caption_shape), and lisa_trt.testing
+    builds through it (random_target / random_cond), instead of branching on model_type."""
+    from lisa_trt.testing import make_cond
+    from lisa_trt.text.encoder import caption_shape
+
+    c2i, t2i = make_target("c2i"), make_target("t2i")
+    fam = F.family_of("c2i")
+    assert fam.caption_shape(c2i.config) is None
+    assert fam.caption_shape(t2i.config) == caption_shape(t2i.config) == (6, 12)
+    with pytest.raises(InputError, match="captions condition text-to-image targets only"):
+        caption_shape(c2i.config)
+    assert F.family_of("chameleon").caption_shape(object()) is None
+    assert fam.check_cond(t2i.config, make_cond(t2i, batch=3)) == 3
+    assert bool((make_cond(c2i, batch=8) < c2i.config.num_classes).all())  # real classes, never the null id
+    with pytest.raises(NotImplementedError, match="tiny random target"):
+        F.family_of("janus").random_target("janus")
+
+
 def test_unknown_model_types_name_the_registered_ones():
     with pytest.raises(F.UnknownModelTypeError, match="c2i, chameleon, janus, t2i"):
         F.family_of("x2i")

@@ -48,19 +48,18 @@ def hf_config(**text_over):
         image_token_id=5)
 
 
+def _large(name, p, g):
+    """Large enough that greedy codes vary: embeddings N(0, 1), matrices 3 / sqrt(fan_in)."""
+    if "embed" in name or p.dim() == 1:
+        return torch.randn(p.shape, generator=g)
+    return 3.0 * torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5
+
+
 def randomize(model, seed: int) -> None:
-    """Every parameter random and large enough that greedy codes vary (norm gammas too)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name and name.endswith("weight"):
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-            elif "embed" in name or p.dim() == 1:
-                p.copy_(torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(3.0 * torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
+    """Every parameter random (norm gammas too)."""
+    from hf_fixtures import randomize as _randomize
+
+    _randomize(model, seed, weights=_large)
 
 
 def make_hf(seed: int = 0, **text_over):

@@ -94,7 +94,7 @@ def test_caption_dataset_null_rows_and_token_file(target, tmp_path):
         load_caption_token_file(tmp_path / "bad.safetensors", target.config)
 
 
-def test_train_from_token_file_and_resume_exact(target, tmp_path, monkeypatch):
+def test_train_from_token_file_and_resume_exact(target, tmp_path, kill_training):
     """t2i drafter training on a token+feature file; a killed run resumes to the same weights."""
     import lisa_trt.train.trainer as T
     from lisa_trt.train.captions import self_distill_caption_tokens
@@ -115,16 +115,7 @@ def test_train_from_token_file_and_resume_exact(target, tmp_path, monkeypatch):
                         data=DataConfig(source="tokens", token_file=str(tmp_path / "tok.safetensors"), eval_samples=2))
     full = T.train_drafter(target, None, cfg, tmp_path / "full", progress=False)
 
-    class Killed(Exception):
-        pass
-
-    def kill(step):
-        if step == 3:
-            raise Killed
-    monkeypatch.setattr(T, "_after_step", kill)
-    with pytest.raises(Killed):
-        T.train_drafter(target, None, cfg, tmp_path / "run", progress=False)
-    monkeypatch.setattr(T, "_after_step", lambda step: None)
+    kill_training(lambda: T.train_drafter(target, None, cfg, tmp_path / "run", progress=False))
     resumed = T.train_drafter(target, None, cfg, tmp_path / "run", progress=False)
     from safetensors.torch import load_file
 

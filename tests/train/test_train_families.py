@@ -22,7 +22,7 @@ pytest.importorskip("tokenizers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 import lisa_trt  # noqa: E402
-from chameleon_fixtures import N_CODES, make_hf_model, save_hf, save_tokenizer  # noqa: E402
+from chameleon_fixtures import N_CODES, save_model_dir  # noqa: E402
 from lisa_trt.config import SamplingConfig  # noqa: E402
 from lisa_trt.errors import ConfigError, InputError  # noqa: E402
 from lisa_trt.models.drafter import Drafter, load_drafter  # noqa: E402
@@ -39,8 +39,7 @@ CAPS = ["a red fox", "tok70 tok71 tok72", "x", "tok61 tok62 tok63 tok64"]
 
 @pytest.fixture(scope="module")
 def cham(tmp_path_factory):
-    d = save_hf(make_hf_model(seed=5, num_key_value_heads=2), tmp_path_factory.mktemp("cham"))
-    save_tokenizer(d)
+    d = save_model_dir(tmp_path_factory.mktemp("cham"), seed=5, vq=False, num_key_value_heads=2)
     target = lisa_trt.load_target(d)
     with torch.no_grad():  # a peaked head: the drafter has something to learn
         target.lm_head.weight.mul_(25.0)
@@ -185,22 +184,13 @@ def test_forced_tokens_carry_no_loss(cham):
     assert torch.allclose(loss, again)
 
 
-def test_chameleon_resume_after_kill_is_exact(cham, tmp_path, monkeypatch):
+def test_chameleon_resume_after_kill_is_exact(cham, tmp_path, kill_training):
     target = cham
     req = family_of(target.config).prompter(target).encode(CAPS, image_size=32, cfg=True)
     cfg = _cfg(steps=4, checkpoint_every=2, drafter_hidden=16, drafter_heads=2)
     full = train_drafter(target, None, cfg, tmp_path / "full", progress=False, request=req)
 
-    class Killed(Exception):
-        pass
-
-    def kill(step):
-        if step == 3:
-            raise Killed
-    monkeypatch.setattr(T, "_after_step", kill)
-    with pytest.raises(Killed):
-        train_drafter(target, None, cfg, tmp_path / "run", progress=False, request=req)
-    monkeypatch.setattr(T, "_after_step", lambda step: None)
+    kill_training(lambda: train_drafter(target, None, cfg, tmp_path / "run", progress=False, request=req))
     torch.manual_seed(99)
     resumed = train_drafter(target, None, cfg, tmp_path / "run", progress=False, request=req)
     a, b = load_drafter(full["drafter"], target).state_dict(), load_drafter(resumed["drafter"], target).state_dict()

@@ -85,21 +85,12 @@ def _params(path, target):
     return load_drafter(path, target).state_dict()
 
 
-class _Killed(Exception):
-    pass
-
-
-def test_resume_after_kill_is_exact(tmp_path, target, codebook, monkeypatch):
+def test_resume_after_kill_is_exact(tmp_path, target, codebook, kill_training):
     cfg = small_cfg(steps=4, checkpoint_every=2, lr=3e-3)
     full = train_drafter(target, codebook, cfg, tmp_path / "full", progress=False)
 
-    def kill(step):
-        if step == 3:  # the step-3 update happened but was never checkpointed
-            raise _Killed
-    monkeypatch.setattr(T, "_after_step", kill)
-    with pytest.raises(_Killed):
-        train_drafter(target, codebook, cfg, tmp_path / "run", progress=False)
-    monkeypatch.setattr(T, "_after_step", lambda step: None)
+    # the step-3 update happens but is never checkpointed
+    kill_training(lambda: train_drafter(target, codebook, cfg, tmp_path / "run", progress=False))
     assert json.loads((tmp_path / "run" / "checkpoints" / "latest.json").read_text())["step"] == 2
     state = T.load_latest_checkpoint(tmp_path / "run")  # weights_only load
     assert state["step"] == 2 and {"model", "optimizer", "scheduler", "rng", "data", "radius"} <= set(state)

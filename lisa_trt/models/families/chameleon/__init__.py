@@ -47,7 +47,7 @@ class ChameleonFamily(ModelFamily):
         From a model directory the VQ also maps vocabulary ids to codes (`token_codes`), so
         `tokens_to_pixels(vq, tokens)` takes what `generate` returns."""
         from .checkpoint import read_chameleon_config
-        from ..llamagen.vq import find_vq_dir, load_chameleon_vq
+        from .vq import find_vq_dir, load_chameleon_vq
 
         path = Path(path)
         folder = find_vq_dir(path) if path.is_dir() else path

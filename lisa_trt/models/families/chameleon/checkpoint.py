@@ -15,9 +15,8 @@ from typing import Union
 
 import torch
 
-from ....errors import CheckpointError, ConfigError
-from ....io import state_dict_problems
-from ...hf import rope_params, weight_files
+from ....errors import ConfigError
+from ...hf import empty_model, read_weights, rope_params, strict_copy
 from .model import ChameleonConfig, ChameleonTarget
 
 PathLike = Union[str, Path]
@@ -63,17 +62,7 @@ def read_chameleon_config(path: PathLike) -> ChameleonConfig:
 
 def read_chameleon_weights(path: PathLike) -> dict:
     """All tensors of a (possibly sharded) safetensors checkpoint directory."""
-    from safetensors import safe_open
-
-    sd = {}
-    for f in weight_files(Path(path)):
-        try:
-            with safe_open(str(f), framework="pt") as h:
-                for k in h.keys():
-                    sd[k] = h.get_tensor(k)
-        except Exception as e:  # safetensors raises its own error types
-            raise CheckpointError(f"{f} is not a readable safetensors file ({e})") from e
-    return sd
+    return read_weights(Path(path))
 
 
 def implied_config(sd: dict) -> str:
@@ -93,21 +82,8 @@ def implied_config(sd: dict) -> str:
 def strict_load_chameleon(model: ChameleonTarget, sd: dict, where: str) -> None:
     """Strict load with every problem listed and the config the weights imply."""
     sd = {k: v for k, v in sd.items() if not k.startswith(_IGNORED_PREFIXES)}
-    own = model.state_dict()
-    if model.config.tie_word_embeddings:
-        own.pop("lm_head.weight", None)
-        sd.pop("lm_head.weight", None)
-    problems = state_dict_problems(own, sd, other="config")
-    if problems:
-        lines = [f"{where}: weights do not match config.json ({model.config.describe()}):", *problems]
-        implied = implied_config(sd)
-        if implied:
-            lines.append(f"  hint: {implied}; fix config.json or use the matching weights")
-        raise CheckpointError("\n".join(lines))
-    with torch.no_grad():
-        for k, t in model.state_dict().items():
-            if k in sd:
-                t.copy_(sd[k].to(t.dtype))
+    tied = ("lm_head.weight",) if model.config.tie_word_embeddings else ()
+    strict_copy(model, sd, where, model.config.describe(), implied_config(sd), ignore=tied)
 
 
 def load_chameleon(path: PathLike, device="cpu", dtype=torch.float32) -> ChameleonTarget:
@@ -120,9 +96,7 @@ def load_chameleon(path: PathLike, device="cpu", dtype=torch.float32) -> Chamele
     path = Path(path)
     cfg = read_chameleon_config(path)
     sd = read_chameleon_weights(path)
-    with torch.device("meta"):  # no random init of billions of weights: all are loaded below
-        model = ChameleonTarget(cfg)
-    model = model.to_empty(device="cpu").to(dtype)
+    model = empty_model(lambda: ChameleonTarget(cfg), dtype)  # no random init of billions of weights
     model.reset_buffers()
     strict_load_chameleon(model, sd, str(path))
     model.source_dir = str(path)

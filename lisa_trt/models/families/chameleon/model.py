@@ -23,18 +23,16 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ....config import find_multiple
 from ....errors import ConfigError, InputError
-from ...layers import KVCache, RMSNorm, TargetOutput, cached_attention
-from ...prompts import Prompts, PromptTarget, prefill_plan, rotate_half  # noqa: F401 (Prompts re-exported)
-
-_ACTS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu}
+from ...hf import HFDecoderShape
+from ...layers import ACTIVATIONS, DecoderStack, KVCache, RMSNorm, RotaryTarget, TargetOutput, teacher_forcing_plan
+from ...prompts import Prompts, PromptTarget, prefill_plan  # noqa: F401 (Prompts re-exported)
 
 
 @dataclass(frozen=True)
-class ChameleonConfig:
+class ChameleonConfig(HFDecoderShape):
     """Shapes of a Chameleon-architecture decoder, read from an HF config.json."""
 
     vocab_size: int = 65536
@@ -63,41 +61,15 @@ class ChameleonConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(f"num_attention_heads {self.num_attention_heads} is not divisible by "
                               f"num_key_value_heads {self.num_key_value_heads}")
-        if self.hidden_act not in _ACTS:
-            raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; valid: {', '.join(_ACTS)}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; valid: {', '.join(ACTIVATIONS)}")
 
     # -- names the shared KVCache / decode loop read ------------------------------------
     model_type = "chameleon"  # the family registry key (models/family.py)
 
     @property
-    def n_layer(self) -> int:
-        return self.num_hidden_layers
-
-    @property
-    def n_positions(self) -> int:
-        return self.max_position_embeddings
-
-    @property
-    def n_head(self) -> int:
-        return self.num_attention_heads
-
-    @property
-    def kv_heads(self) -> int:
-        return self.num_key_value_heads
-
-    @property
-    def dim(self) -> int:
-        return self.hidden_size
-
-    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
-
-    @property
-    def tap_layers(self) -> tuple[int, int, int]:
-        """EAGLE-3 taps: residual stream entering layers {2, L//2, L-3} (0-based)."""
-        L = self.num_hidden_layers
-        return (min(2, L - 1), L // 2, max(L - 3, 0))
 
     def describe(self) -> str:
         return (f"chameleon {self.num_hidden_layers} layers x hidden {self.hidden_size}, heads "
@@ -127,86 +99,6 @@ def image_vocab(vocabulary_map: Optional[dict], vocab_size: int) -> dict[int, in
                      f"its vocabulary ({vocab_size}) is too small for Lumina-mGPT's image codes 4..8195")
 
 
-
-# ----------------------------------------------------------------------------- layers
-
-class HeadLayerNorm(nn.Module):
-    """LayerNorm over head_dim with one gamma/beta per head: weight/bias (H, D) (HF layout)."""
-
-    def __init__(self, heads: int, head_dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(heads, head_dim))
-        self.bias = nn.Parameter(torch.zeros(heads, head_dim))
-
-    def forward(self, x):  # x (..., H, D)
-        return F.layer_norm(x, (x.shape[-1],), None, None, self.eps) * self.weight + self.bias
-
-
-class ChameleonAttention(nn.Module):
-    def __init__(self, cfg: ChameleonConfig):
-        super().__init__()
-        self.n_head, self.n_kv, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
-        b = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.dim, cfg.n_head * self.head_dim, bias=b)
-        self.k_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=b)
-        self.v_proj = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=b)
-        self.o_proj = nn.Linear(cfg.dim, cfg.dim, bias=b)
-        self.q_norm = HeadLayerNorm(cfg.n_head, self.head_dim)
-        self.k_norm = HeadLayerNorm(cfg.kv_heads, self.head_dim)
-
-    def forward(self, x, cos, sin, mask, kv=None, slots=None):
-        """x (B, S, dim); cos/sin (B, S, D); mask (B, 1, S, L) bool or None (causal)."""
-        B, S, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, S, self.n_head, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(B, S, self.n_kv, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(B, S, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, S, D)
-        c, s = cos[:, None].to(q.dtype), sin[:, None].to(q.dtype)
-        q, k = q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
-        y = cached_attention(q, k, v, mask, kv, slots)
-        return self.o_proj(y.transpose(1, 2).reshape(B, S, -1))
-
-
-class ChameleonMLP(nn.Module):
-    def __init__(self, cfg: ChameleonConfig):
-        super().__init__()
-        b = cfg.mlp_bias
-        self.gate_proj = nn.Linear(cfg.dim, cfg.intermediate_size, bias=b)
-        self.up_proj = nn.Linear(cfg.dim, cfg.intermediate_size, bias=b)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.dim, bias=b)
-        self.act = _ACTS[cfg.hidden_act]
-
-    def forward(self, x):
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-
-class ChameleonDecoderLayer(nn.Module):
-    """Pre-norm block; with swin_norm the norms apply to the attention / MLP outputs."""
-
-    def __init__(self, cfg: ChameleonConfig):
-        super().__init__()
-        self.swin = cfg.swin_norm
-        self.self_attn = ChameleonAttention(cfg)
-        self.mlp = ChameleonMLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.dim, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.rms_norm_eps)
-
-    def forward(self, x, cos, sin, mask, kv=None, slots=None):
-        if self.swin:
-            h = x + self.input_layernorm(self.self_attn(x, cos, sin, mask, kv, slots))
-            return h + self.post_attention_layernorm(self.mlp(h))
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, slots)
-        return h + self.mlp(self.post_attention_layernorm(h))
-
-
-class ChameleonBody(nn.Module):
-    def __init__(self, cfg: ChameleonConfig):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.layers = nn.ModuleList(ChameleonDecoderLayer(cfg) for _ in range(cfg.n_layer))
-        self.norm = RMSNorm(cfg.dim, cfg.rms_norm_eps)
-
-
 # ----------------------------------------------------------------------------- cache
 
 class ChameleonCache(KVCache):
@@ -216,11 +108,9 @@ class ChameleonCache(KVCache):
     number positions from each row's first real token)."""
 
 
-# ----------------------------------------------------------------------------- conditions
-
 # ----------------------------------------------------------------------------- model
 
-class ChameleonTarget(PromptTarget, nn.Module):
+class ChameleonTarget(PromptTarget, RotaryTarget, nn.Module):
     """Chameleon-architecture decoder with HF parameter names (see module docstring)."""
 
     family = "chameleon"
@@ -228,20 +118,14 @@ class ChameleonTarget(PromptTarget, nn.Module):
     def __init__(self, config: ChameleonConfig):
         super().__init__()
         self.config = cfg = config
-        self.model = ChameleonBody(cfg)
+        self.model = DecoderStack(cfg, cfg.vocab_size, qk_norm=True, swin_norm=cfg.swin_norm)  # HF `model.*`
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        self.register_buffer("inv_freq", torch.empty(cfg.head_dim // 2), persistent=False)
-        self.reset_buffers()
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, std=0.02)
+        self._init_rope_and_weights()
 
     def reset_buffers(self) -> None:
         """Recompute RoPE frequencies (after `to_empty`) and re-tie the head if configured."""
-        cfg, hd = self.config, self.config.head_dim
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float) / hd))
-        self.inv_freq = (inv_freq / cfg.rope_linear_factor).to(self.lm_head.weight.device)
-        if cfg.tie_word_embeddings:
+        super().reset_buffers()
+        if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     @property
@@ -249,25 +133,12 @@ class ChameleonTarget(PromptTarget, nn.Module):
         """The output head (name shared with the LlamaGen target: hashes, GASV tables)."""
         return self.lm_head
 
-    def rope(self, positions: torch.Tensor):
-        """cos, sin (B, S, head_dim) fp32 for absolute positions (B, S), as HF computes them."""
-        freqs = positions[..., None].float() * self.inv_freq  # (B, S, D/2)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos(), emb.sin()
-
     def _run(self, h, positions, mask, cache, slots, taps: bool, last_only: bool = False) -> TargetOutput:
         """The decoder stack; last_only: taps, norm and head at the last position only (prefill)."""
         cos, sin = self.rope(positions)
-        tap_ids = self.config.tap_layers if taps else ()
-        tapped = []
-        for i, layer in enumerate(self.model.layers):
-            if i in tap_ids:
-                tapped.extend([h[:, -1:] if last_only else h] * tap_ids.count(i))
-            kv = (cache.k[i], cache.v[i]) if cache is not None else None
-            h = layer(h, cos, sin, mask, kv, slots)
+        h, tapped = self.model.run(h, cos, sin, mask, cache, slots, self.config.tap_layers if taps else (), last_only)
         hidden = self.model.norm(h[:, -1:] if last_only else h)
-        logits = self.lm_head(hidden).float()
-        return TargetOutput(logits, torch.cat(tapped, dim=-1) if taps else None, hidden)
+        return TargetOutput(self.lm_head(hidden).float(), tapped, hidden)
 
     # -- the generic loops' condition protocol (models/family.py) ------------------------
 
@@ -319,17 +190,13 @@ class ChameleonTarget(PromptTarget, nn.Module):
             raise InputError(f"tokens must be (B={ids.shape[0]}, N>=1) token ids; got "
                              f"{tuple(tokens.shape) if torch.is_tensor(tokens) else type(tokens).__name__}")
         self.check_ids(tokens)
-        B, T = ids.shape
+        T = ids.shape[1]
         x = self.model.embed_tokens(torch.cat([ids, tokens[:, :-1]], dim=1))
         L = x.shape[1]
         if L > self.config.max_position_embeddings:
             raise InputError(f"{L} tokens exceed max_position_embeddings {self.config.max_position_embeddings}")
-        col = torch.ones(B, L, dtype=torch.bool, device=x.device)
-        col[:, :T] = valid
-        eye = torch.eye(L, dtype=torch.bool, device=x.device)
-        mask = (torch.tril(torch.ones(L, L, dtype=torch.bool, device=x.device))[None] & col[:, None, :]) | eye
-        pos = (torch.arange(L, device=x.device)[None] - (~valid).sum(1, keepdim=True)).clamp(min=0)
-        out = self._run(x, pos, mask[:, None], None, None, taps)
+        mask, pos = teacher_forcing_plan(valid, L)
+        out = self._run(x, pos, mask, None, None, taps)
         sl = slice(T - 1, None)
         return TargetOutput(out.logits[:, sl], None if out.taps is None else out.taps[:, sl], out.hidden[:, sl])
 
@@ -349,10 +216,7 @@ class ChameleonTarget(PromptTarget, nn.Module):
     def drafter_shape(self) -> dict:
         """DrafterConfig fields of this target's drafter: 1-D RoPE over absolute positions (the
         prompt length varies, so no fixed condition prefix), full-vocabulary logits."""
-        c = self.config
-        return dict(target_dim=c.dim, n_head=c.n_head, head_dim=c.head_dim, ffn_hidden=c.intermediate_size,
-                    vocab_size=c.vocab_size, block_size=1, cls_token_num=0, rope_base=c.rope_theta,
-                    norm_eps=c.rms_norm_eps, rope="1d", max_positions=c.max_position_embeddings, warm_head=True)
+        return self.config.rope_1d_drafter_shape(self.config.vocab_size, block_size=1, warm_head=True)
 
     def prefill(self, input_ids, cache: ChameleonCache, valid: Optional[torch.Tensor] = None,
                 taps: bool = False) -> TargetOutput:
@@ -380,7 +244,5 @@ class ChameleonTarget(PromptTarget, nn.Module):
         mask: (B, S, Lmax) bool, True = may attend (see KVCache.attention_mask); trees verify
         through it exactly as for the LlamaGen target. Returns logits (B, S, V) fp32.
         """
-        if int(positions.max()) >= self.config.max_position_embeddings:
-            raise InputError(f"position {int(positions.max())} is past max_position_embeddings "
-                             f"{self.config.max_position_embeddings}")
+        self.check_positions(positions)
         return self._run(self.model.embed_tokens(tokens), positions, mask[:, None], cache, slots, taps)

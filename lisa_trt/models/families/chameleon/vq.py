@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from ....errors import InputError, CheckpointError, ConfigError
-from ...vqgan import AttnBlock, Downsample, ResnetBlock, Upsample, group_norm, swish
+from ...vqgan import Codebook, Level, Mid, VQDecoder, group_norm, swish
 
 _TRAINING_ONLY = ("loss.",)  # discriminator / LPIPS weights some training checkpoints carry
 
@@ -72,20 +72,6 @@ class ChameleonVQConfig:
                    double_z=vq.get("double_latent", False), attn_type=vq.get("attn_type") or "none" if "attn_type" in vq else "vanilla")
 
 
-def _attn(ch: int, kind: str) -> nn.Module:
-    return AttnBlock(ch) if kind == "vanilla" else nn.Identity()
-
-
-def _mid(ch: int, kind: str) -> nn.Module:
-    mid = nn.Module()
-    mid.block_1, mid.attn_1, mid.block_2 = ResnetBlock(ch, ch), _attn(ch, kind), ResnetBlock(ch, ch)
-    return mid
-
-
-def _run_mid(mid, h):
-    return mid.block_2(mid.attn_1(mid.block_1(h)))
-
-
 class Encoder(nn.Module):
     def __init__(self, c: ChameleonVQConfig):
         super().__init__()
@@ -93,73 +79,29 @@ class Encoder(nn.Module):
         res, mults = c.resolution, (1,) + tuple(c.ch_mult)
         self.down = nn.ModuleList()
         for i in range(len(c.ch_mult)):
-            level, cin, cout = nn.Module(), c.ch * mults[i], c.ch * mults[i + 1]
-            level.block, level.attn = nn.ModuleList(), nn.ModuleList()
-            for _ in range(c.num_res_blocks):
-                level.block.append(ResnetBlock(cin, cout))
-                cin = cout
-                if res in c.attn_resolutions:
-                    level.attn.append(AttnBlock(cout))
-            if i != len(c.ch_mult) - 1:
-                level.downsample = Downsample(cout)
-                res //= 2
-            self.down.append(level)
-        self.mid = _mid(cin, c.attn_type)
+            last = i == len(c.ch_mult) - 1
+            self.down.append(Level(c.ch * mults[i], c.ch * mults[i + 1], c.num_res_blocks,
+                                   res in c.attn_resolutions, None if last else "down"))
+            res = res if last else res // 2
+        cin = c.ch * c.ch_mult[-1]
+        self.mid = Mid(cin, c.attn_type == "vanilla")
         self.norm_out = group_norm(cin)
         self.conv_out = nn.Conv2d(cin, 2 * c.z_channels if c.double_z else c.z_channels, 3, 1, 1)
 
     def forward(self, x):
         h = self.conv_in(x)
-        for i, level in enumerate(self.down):
-            for j, block in enumerate(level.block):
-                h = block(h)
-                if len(level.attn):
-                    h = level.attn[j](h)
-            if hasattr(level, "downsample"):
-                h = level.downsample(h)
-        return self.conv_out(swish(self.norm_out(_run_mid(self.mid, h))))
+        for level in self.down:
+            h = level(h)
+        return self.conv_out(swish(self.norm_out(self.mid(h))))
 
 
-class Decoder(nn.Module):
-    def __init__(self, c: ChameleonVQConfig):
-        super().__init__()
-        n = len(c.ch_mult)
-        cin, res = c.ch * c.ch_mult[-1], c.resolution // 2 ** (n - 1)
-        self.conv_in = nn.Conv2d(c.z_channels, cin, 3, 1, 1)
-        self.mid = _mid(cin, c.attn_type)
-        levels = []
-        for i in reversed(range(n)):
-            level, cout = nn.Module(), c.ch * c.ch_mult[i]
-            level.block, level.attn = nn.ModuleList(), nn.ModuleList()
-            for _ in range(c.num_res_blocks + 1):
-                level.block.append(ResnetBlock(cin, cout))
-                cin = cout
-                if res in c.attn_resolutions:
-                    level.attn.append(AttnBlock(cout))
-            if i != 0:
-                level.upsample = Upsample(cout)
-                res *= 2
-            levels.insert(0, level)
-        self.up = nn.ModuleList(levels)  # up[0] is the finest level, as in taming
-        self.norm_out = group_norm(cin)
-        self.conv_out = nn.Conv2d(cin, c.out_ch, 3, 1, 1)
-
-    def forward(self, z):
-        h = _run_mid(self.mid, self.conv_in(z))
-        for level in reversed(self.up):
-            for j, block in enumerate(level.block):
-                h = block(h)
-                if len(level.attn):
-                    h = level.attn[j](h)
-            if hasattr(level, "upsample"):
-                h = level.upsample(h)
-        return self.conv_out(swish(self.norm_out(h)))
-
-
-class _Codebook(nn.Module):
-    def __init__(self, n: int, d: int):
-        super().__init__()
-        self.embedding = nn.Embedding(n, d)
+def _decoder(c: ChameleonVQConfig) -> VQDecoder:
+    """taming's decoder: `up[0]` is the finest level; attention at `attn_resolutions`."""
+    n = len(c.ch_mult)
+    coarsest = c.resolution // 2 ** (n - 1)
+    return VQDecoder(c.z_channels, c.ch, c.ch_mult, c.num_res_blocks, c.out_ch,
+                     attn_at=lambda i: coarsest * 2 ** (n - 1 - i) in c.attn_resolutions,
+                     finest_first=True, mid_attn=c.attn_type == "vanilla")
 
 
 class ChameleonVQGAN(nn.Module):
@@ -169,8 +111,8 @@ class ChameleonVQGAN(nn.Module):
         super().__init__()
         self.config = c = config
         self.encoder = Encoder(c)
-        self.decoder = Decoder(c)
-        self.quantize = _Codebook(c.n_embed, c.embed_dim)
+        self.decoder = _decoder(c)
+        self.quantize = Codebook(c.n_embed, c.embed_dim)
         self.quant_conv = nn.Conv2d(c.z_channels, c.embed_dim, 1)
         self.post_quant_conv = nn.Conv2d(c.embed_dim, c.z_channels, 1)
 

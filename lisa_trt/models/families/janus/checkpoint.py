@@ -13,13 +13,12 @@ the meta device and materialised with `to_empty` (no random init of billions of 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Optional, Union
 
 import torch
 
-from ....errors import CheckpointError, ConfigError
-from ....io import state_dict_problems
-from ...hf import weight_files as _weight_files
+from ....errors import ConfigError
+from ...hf import empty_model, read_weights, strict_copy
 from .config import JanusConfig, read_janus_config
 from .target import JanusTarget
 from .vq import JanusVQ
@@ -35,24 +34,6 @@ VQ_PREFIX = "model.vqmodel."
 VQ_IGNORED = ("encoder.", "quant_conv.")  # image -> codes; generation only decodes
 
 
-def read_weights(path: PathLike, keep: Callable[[str], bool]) -> dict:
-    """{key: tensor} of the (possibly sharded) safetensors checkpoint for keys with keep(key)."""
-    from safetensors import safe_open
-
-    sd = {}
-    for f in _weight_files(Path(path)):
-        try:
-            with safe_open(str(f), framework="pt") as h:
-                for k in h.keys():
-                    if keep(k):
-                        sd[k] = h.get_tensor(k)
-        except CheckpointError:
-            raise
-        except Exception as e:  # safetensors raises its own error types
-            raise CheckpointError(f"{f} is not a readable safetensors file ({e})") from e
-    return sd
-
-
 def _implied(sd: dict) -> str:
     """The shapes a target state dict implies (for the mismatch hint)."""
     try:
@@ -64,19 +45,6 @@ def _implied(sd: dict) -> str:
         return ""
     return (f"the weights imply text vocab {vocab}, hidden_size {hidden}, {layers} layers, intermediate_size "
             f"{inter}, codebook {codes} x {code_dim}")
-
-
-def _strict_copy(model: torch.nn.Module, sd: dict, where: str, describe: str, hint: str = "") -> None:
-    own = model.state_dict()
-    problems = state_dict_problems(own, sd, other="config")
-    if problems:
-        lines = [f"{where}: weights do not match config.json ({describe}):", *problems]
-        if hint:
-            lines.append(f"  hint: {hint}; fix config.json or use the matching weights")
-        raise CheckpointError("\n".join(lines))
-    with torch.no_grad():
-        for k, t in own.items():
-            t.copy_(sd[k].to(t.dtype))
 
 
 def _config(path: Path, config) -> JanusConfig:
@@ -102,11 +70,9 @@ def load_janus_target(path: PathLike, config: Optional[Union[JanusConfig, dict]]
     path = Path(path)
     cfg = _config(path, config)
     sd = read_weights(path, lambda k: not k.startswith(TARGET_IGNORED))
-    with torch.device("meta"):
-        model = JanusTarget(cfg)
-    model = model.to_empty(device="cpu").to(dtype)
+    model = empty_model(lambda: JanusTarget(cfg), dtype)
     model.reset_buffers()
-    _strict_copy(model, sd, str(path), cfg.describe(), _implied(sd))
+    strict_copy(model, sd, str(path), cfg.describe(), _implied(sd))
     model.source_dir = str(path)
     return model.eval().to(device)
 
@@ -118,12 +84,10 @@ def load_janus_vq(path: PathLike, config: Optional[Union[JanusConfig, dict]] = N
     cfg = _config(path, config).vq
     raw = read_weights(path, lambda k: k.startswith(VQ_PREFIX))
     sd = {k[len(VQ_PREFIX):]: v for k, v in raw.items() if not k[len(VQ_PREFIX):].startswith(VQ_IGNORED)}
-    with torch.device("meta"):
-        model = JanusVQ(cfg)
-    model = model.to_empty(device="cpu").to(dtype)
+    model = empty_model(lambda: JanusVQ(cfg), dtype)
     hint = ""
     if "quantize.embedding.weight" in sd:
         n, d = sd["quantize.embedding.weight"].shape
         hint = f"the file has a {n} x {d} codebook"
-    _strict_copy(model, sd, f"{path} (VQ decoder, {VQ_PREFIX}*)", str(cfg), hint)
+    strict_copy(model, sd, f"{path} (VQ decoder, {VQ_PREFIX}*)", str(cfg), hint)
     return model.eval().to(device)

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Optional, Union
 
-from ...hf import rope_params as _rope
+from ...hf import HFDecoderShape, rope_params as _rope
 from ....errors import ConfigError
 
 PathLike = Union[str, Path]
@@ -70,7 +70,7 @@ class JanusVQConfig:
 
 
 @dataclass(frozen=True)
-class JanusConfig:
+class JanusConfig(HFDecoderShape):
     """A Janus-Pro target in image-generation mode (Llama decoder + generation path).
 
     `vocab_size` is the CODEBOOK size (the generation head's width), as the decode loops read
@@ -160,27 +160,6 @@ class JanusConfig:
         return self.num_image_tokens
 
     @property
-    def n_layer(self) -> int:
-        return self.num_hidden_layers
-
-    @property
-    def n_positions(self) -> int:
-        """RoPE positions the model accepts (the tree decoder clamps drafter positions to it)."""
-        return self.max_position_embeddings
-
-    @property
-    def n_head(self) -> int:
-        return self.num_attention_heads
-
-    @property
-    def kv_heads(self) -> int:
-        return self.num_key_value_heads
-
-    @property
-    def dim(self) -> int:
-        return self.hidden_size
-
-    @property
     def grid_hw(self) -> tuple[int, int]:
         """(height, width) of the token grid (row-major raster order)."""
         return (self.vq.grid, self.vq.grid)
@@ -198,12 +177,6 @@ class JanusConfig:
     def seq_len(self) -> int:
         """Committed tokens a default cache holds: prompt budget + one image."""
         return self.max_prompt_tokens + self.num_image_tokens
-
-    @property
-    def tap_layers(self) -> tuple[int, int, int]:
-        """EAGLE-3 taps: residual stream entering layers {2, L//2, L-3} (0-based)."""
-        L = self.num_hidden_layers
-        return (min(2, L - 1), L // 2, max(L - 3, 0))
 
     def to_dict(self) -> dict:
         """JSON-able fields (manifests); from_dict inverts it."""

@@ -35,77 +35,16 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ....config import find_multiple
 from ....errors import InputError
-from ...layers import KVCache
-from ...prompts import prefill_plan, rotate_half
-from ...layers import RMSNorm, TargetOutput, cached_attention
+from ...layers import ACTIVATIONS, DecoderStack, KVCache, RMSNorm, RotaryTarget, TargetOutput, teacher_forcing_plan
+from ...prompts import prefill_plan
 from . import cond as C
 from .config import JanusConfig
 
-ACTS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu,
-        "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
-
 
 # ----------------------------------------------------------------------------- layers
-
-class LlamaAttention(nn.Module):
-    def __init__(self, cfg: JanusConfig):
-        super().__init__()
-        self.n_head, self.n_kv, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
-        b = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.dim, cfg.n_head * cfg.head_dim, bias=b)
-        self.k_proj = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=b)
-        self.v_proj = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=b)
-        self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.dim, bias=b)
-
-    def forward(self, x, cos, sin, mask, kv=None, slots=None):
-        """x (B, S, dim); cos/sin (B, S, D) fp32; mask (B, 1, S, L) bool or None (causal)."""
-        B, S, _ = x.shape
-        q = self.q_proj(x).view(B, S, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, S, D)
-        k = self.k_proj(x).view(B, S, self.n_kv, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, S, self.n_kv, self.head_dim).transpose(1, 2)
-        c, s = cos[:, None].to(q.dtype), sin[:, None].to(q.dtype)
-        q, k = q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
-        y = cached_attention(q, k, v, mask, kv, slots)
-        return self.o_proj(y.transpose(1, 2).reshape(B, S, -1))
-
-
-class LlamaMLP(nn.Module):
-    def __init__(self, cfg: JanusConfig):
-        super().__init__()
-        b = cfg.mlp_bias
-        self.gate_proj = nn.Linear(cfg.dim, cfg.intermediate_size, bias=b)
-        self.up_proj = nn.Linear(cfg.dim, cfg.intermediate_size, bias=b)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.dim, bias=b)
-        self.act = ACTS[cfg.hidden_act]
-
-    def forward(self, x):
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-
-class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: JanusConfig):
-        super().__init__()
-        self.self_attn = LlamaAttention(cfg)
-        self.mlp = LlamaMLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.dim, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.rms_norm_eps)
-
-    def forward(self, x, cos, sin, mask, kv=None, slots=None):
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, slots)
-        return h + self.mlp(self.post_attention_layernorm(h))
-
-
-class LlamaBody(nn.Module):
-    def __init__(self, cfg: JanusConfig):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.text_vocab_size, cfg.dim)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.n_layer))
-        self.norm = RMSNorm(cfg.dim, cfg.rms_norm_eps)
-
 
 class GenerationAligner(nn.Module):
     """code_dim -> projection_dim: fc1, then (act, Linear) per hidden layer (HF JanusVQVAEAlignerMLP)."""
@@ -115,7 +54,7 @@ class GenerationAligner(nn.Module):
         self.fc1 = nn.Linear(cfg.code_dim, cfg.projection_dim)
         self.hidden_layers = nn.ModuleList(nn.Linear(cfg.projection_dim, cfg.projection_dim)
                                            for _ in range(1, cfg.aligner_layers))
-        self.act = ACTS[cfg.gen_act]
+        self.act = ACTIVATIONS[cfg.gen_act]
 
     def forward(self, x):
         x = self.fc1(x)
@@ -131,7 +70,7 @@ class GenerationHead(nn.Module):
         super().__init__()
         self.proj_out = nn.Linear(cfg.head_input_dim, cfg.projection_dim)
         self.vision_head = nn.Linear(cfg.projection_dim, cfg.codebook_size)
-        self.act = ACTS[cfg.gen_act]
+        self.act = ACTIVATIONS[cfg.gen_act]
 
     def features(self, x):
         return self.act(self.proj_out(x))
@@ -140,7 +79,7 @@ class GenerationHead(nn.Module):
 class JanusBody(nn.Module):
     def __init__(self, cfg: JanusConfig):
         super().__init__()
-        self.language_model = LlamaBody(cfg)
+        self.language_model = DecoderStack(cfg, cfg.text_vocab_size)  # transformers' LlamaModel
         self.generation_embeddings = nn.Embedding(cfg.codebook_size, cfg.code_dim)
         self.generation_aligner = GenerationAligner(cfg)
         self.generation_head = GenerationHead(cfg)
@@ -159,7 +98,7 @@ class JanusCache(KVCache):
 
 # ----------------------------------------------------------------------------- model
 
-class JanusTarget(nn.Module):
+class JanusTarget(RotaryTarget, nn.Module):
     """Janus-Pro image generator: Llama decoder + generation embeddings / aligner / head."""
 
     family = "janus"
@@ -168,17 +107,7 @@ class JanusTarget(nn.Module):
         super().__init__()
         self.config = cfg = config
         self.model = JanusBody(cfg)
-        self.register_buffer("inv_freq", torch.empty(cfg.head_dim // 2), persistent=False)
-        self.reset_buffers()
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, std=0.02)
-
-    def reset_buffers(self) -> None:
-        """Recompute the RoPE frequencies (after `to_empty`), as transformers' Llama does."""
-        cfg, hd = self.config, self.config.head_dim
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float) / hd))
-        self.inv_freq = (inv_freq / cfg.rope_linear_factor).to(self.output.weight.device)
+        self._init_rope_and_weights()
 
     def set_max_prompt_tokens(self, n: int) -> None:
         """Change the prompt budget (caches made afterwards reserve `n` prompt slots)."""
@@ -218,9 +147,7 @@ class JanusTarget(nn.Module):
         prompt length varies: no fixed prefix), codebook logits. The target's logits pass the
         generation head's proj_out + act before `output`, so a drafter head does not warm-start."""
         c = self.config
-        return dict(target_dim=c.dim, n_head=c.n_head, head_dim=c.head_dim, ffn_hidden=c.intermediate_size,
-                    vocab_size=c.codebook_size, block_size=c.block_size, cls_token_num=0, rope_base=c.rope_theta,
-                    norm_eps=c.rms_norm_eps, rope="1d", max_positions=c.max_position_embeddings, warm_head=False)
+        return c.rope_1d_drafter_shape(c.codebook_size, block_size=c.block_size, warm_head=False)
 
     def start_positions(self, cond) -> torch.Tensor:
         """(B,) RoPE position of the first image token of each row: its real prompt length."""
@@ -236,25 +163,13 @@ class JanusTarget(nn.Module):
         return C.null_cond(self.config, cond)
 
     # -- core ---------------------------------------------------------------------------
-    def rope(self, positions: torch.Tensor):
-        """cos, sin (B, S, head_dim) fp32 for absolute positions (B, S)."""
-        freqs = positions[..., None].float() * self.inv_freq  # (B, S, D/2)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos(), emb.sin()
-
     def _run(self, h, positions, mask, cache, slots, taps: bool, last_only: bool = False) -> TargetOutput:
         """Decoder stack + generation head; last_only: taps / head at the last position (prefill)."""
         cos, sin = self.rope(positions)
-        tap_ids = self.config.tap_layers if taps else ()
-        tapped = []
-        for i, layer in enumerate(self.model.language_model.layers):
-            if i in tap_ids:
-                tapped.extend([h[:, -1:] if last_only else h] * tap_ids.count(i))
-            kv = (cache.k[i], cache.v[i]) if cache is not None else None
-            h = layer(h, cos, sin, mask, kv, slots)
+        lm = self.model.language_model
+        h, tapped = lm.run(h, cos, sin, mask, cache, slots, self.config.tap_layers if taps else (), last_only)
         feats = self.head_features(self.final_norm(h[:, -1:] if last_only else h))
-        logits = self.output(feats).float()
-        return TargetOutput(logits, torch.cat(tapped, dim=-1) if taps else None, feats)
+        return TargetOutput(self.output(feats).float(), tapped, feats)
 
     def _embed_prompt(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.language_model.embed_tokens(ids)
@@ -313,9 +228,7 @@ class JanusTarget(nn.Module):
         mask: (B, S, Lmax) bool, True = may attend (KVCache.attention_mask); trees verify
         through it as for ChameleonTarget. Returns logits (B, S, codebook) fp32.
         """
-        if positions.numel() and int(positions.max()) >= self.config.max_position_embeddings:
-            raise InputError(f"position {int(positions.max())} is past max_position_embeddings "
-                             f"{self.config.max_position_embeddings}")
+        self.check_positions(positions)
         return self._run(self.embed_image_tokens(tokens), positions, mask[:, None], cache, slots, taps)
 
     def forward_train(self, cond, image_tokens: torch.Tensor, taps: bool = False) -> TargetOutput:
@@ -330,15 +243,11 @@ class JanusTarget(nn.Module):
                 or image_tokens.shape[1] < 1:
             raise InputError(f"image_tokens must be (B={ids.shape[0]}, N>=1) codes; got "
                              f"{tuple(image_tokens.shape) if torch.is_tensor(image_tokens) else type(image_tokens)}")
-        B, T = ids.shape
+        T = ids.shape[1]
         x = torch.cat([self._embed_prompt(ids), self.embed_image_tokens(image_tokens[:, :-1])], dim=1)
         L = x.shape[1]
-        col = torch.ones(B, L, dtype=torch.bool, device=x.device)
-        col[:, :T] = valid
-        eye = torch.eye(L, dtype=torch.bool, device=x.device)
-        mask = (torch.tril(torch.ones(L, L, dtype=torch.bool, device=x.device))[None] & col[:, None, :]) | eye
-        pos = (torch.arange(L, device=x.device)[None] - (~valid).sum(1, keepdim=True)).clamp(min=0)
-        out = self._run(x, pos, mask[:, None], None, None, taps)
+        mask, pos = teacher_forcing_plan(valid, L)
+        out = self._run(x, pos, mask, None, None, taps)
         sl = slice(T - 1, None)
         return TargetOutput(out.logits[:, sl], None if out.taps is None else out.taps[:, sl], out.hidden[:, sl])
 

@@ -19,57 +19,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ....errors import InputError
-from ...vqgan import AttnBlock, ResnetBlock, Upsample, group_norm, swish
+from ...vqgan import Codebook, VQDecoder
 from .config import JanusVQConfig
-
-
-class _Mid(nn.Module):
-    def __init__(self, ch: int):
-        super().__init__()
-        self.block_1, self.attn_1, self.block_2 = ResnetBlock(ch, ch), AttnBlock(ch), ResnetBlock(ch, ch)
-
-    def forward(self, h):
-        return self.block_2(self.attn_1(self.block_1(h)))
-
-
-class JanusVQDecoder(nn.Module):
-    def __init__(self, c: JanusVQConfig):
-        super().__init__()
-        n = len(c.channel_multiplier)
-        cin = c.base_channels * c.channel_multiplier[-1]
-        self.conv_in = nn.Conv2d(c.latent_channels, cin, 3, 1, 1)
-        self.mid = _Mid(cin)
-        self.up = nn.ModuleList()
-        for i_level in reversed(range(n)):  # coarsest first
-            level, cout = nn.Module(), c.base_channels * c.channel_multiplier[i_level]
-            level.block, level.attn = nn.ModuleList(), nn.ModuleList()
-            for _ in range(c.num_res_blocks + 1):
-                level.block.append(ResnetBlock(cin, cout))
-                cin = cout
-                if i_level == n - 1:
-                    level.attn.append(AttnBlock(cout))
-            if i_level != 0:
-                level.upsample = Upsample(cout)
-            self.up.append(level)
-        self.norm_out = group_norm(cin)
-        self.conv_out = nn.Conv2d(cin, c.out_channels, 3, 1, 1)
-
-    def forward(self, z):
-        h = self.mid(self.conv_in(z))
-        for level in self.up:
-            for j, block in enumerate(level.block):
-                h = block(h)
-                if len(level.attn):
-                    h = level.attn[j](h)
-            if hasattr(level, "upsample"):
-                h = level.upsample(h)
-        return self.conv_out(swish(self.norm_out(h)))
-
-
-class _Codebook(nn.Module):
-    def __init__(self, n: int, d: int):
-        super().__init__()
-        self.embedding = nn.Embedding(n, d)
 
 
 class JanusVQ(nn.Module):
@@ -78,9 +29,11 @@ class JanusVQ(nn.Module):
     def __init__(self, config: JanusVQConfig):
         super().__init__()
         self.config = c = config
-        self.quantize = _Codebook(c.codebook_size, c.embed_dim)
+        self.quantize = Codebook(c.codebook_size, c.embed_dim)
         self.post_quant_conv = nn.Conv2d(c.embed_dim, c.latent_channels, 1)
-        self.decoder = JanusVQDecoder(c)
+        n = len(c.channel_multiplier)  # transformers' JanusVQVAEDecoder: attention at the coarsest level
+        self.decoder = VQDecoder(c.latent_channels, c.base_channels, c.channel_multiplier, c.num_res_blocks,
+                                 c.out_channels, attn_at=lambda i: i == n - 1)
 
     def _grid(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, N) or (B, h, w) codes -> (B, grid, grid) after checks."""

@@ -51,6 +51,9 @@ class LlamaGenFamily(ModelFamily):
     def class_conditioned(self, cfg_or_type) -> bool:
         return getattr(cfg_or_type, "model_type", cfg_or_type) == "c2i"
 
+    def caption_shape(self, cfg):
+        return (cfg.cls_token_num, cfg.caption_dim) if cfg.model_type == "t2i" else None
+
     def condition_tensors(self, target) -> dict:
         u = getattr(target.cls_embedding, "uncond_embedding", None)  # t2i: the null caption
         return {} if u is None else {"uncond_embedding": u.detach().float()}
@@ -79,6 +82,37 @@ class LlamaGenFamily(ModelFamily):
         feats = torch.randn(batch, cfg.cls_token_num, cfg.caption_dim, generator=generator)
         n = torch.randint(1, cfg.cls_token_num + 1, (batch,), generator=generator)
         return feats, torch.arange(cfg.cls_token_num)[None, :] < n[:, None]
+
+    def random_cond(self, cfg, batch: int, generator=None):
+        """Real class ids (c2i), or caption features with a different valid length per row (t2i)."""
+        if cfg.model_type == "c2i":
+            return torch.randint(0, cfg.num_classes, (batch,), generator=generator)
+        feats = torch.randn(batch, cfg.cls_token_num, cfg.caption_dim, generator=generator)
+        mask = torch.zeros(batch, cfg.cls_token_num)
+        for b in range(batch):
+            mask[b, : min(2 + b, cfg.cls_token_num)] = 1  # valid tokens first
+        return feats, mask
+
+    def random_target(self, model_type: str = "c2i", seed: int = 0, std: float = 0.1, **overrides):
+        """The "tiny" config (t2i: 6 caption slots of width 12), every weight N(0, std) (norm
+        gammas 1 + N(0, std)), the null caption seeded too."""
+        from ....config import target_config
+        from .model import Transformer
+
+        g = torch.Generator().manual_seed(seed)
+        kw = dict(model_type=model_type)
+        if model_type == "t2i":
+            kw.update(cls_token_num=6, caption_dim=12)
+        kw.update(overrides)
+        m = Transformer(target_config("tiny", **kw))
+        with torch.no_grad():
+            for name, p in m.named_parameters():
+                noise = torch.randn(p.shape, generator=g) * std
+                p.copy_(1.0 + noise if name.endswith("norm.weight") else noise)
+            if model_type == "t2i":  # the null caption is a buffer: seed it too (not the global RNG)
+                u = m.cls_embedding.uncond_embedding
+                u.copy_(torch.randn(u.shape, generator=g) / u.shape[1] ** 0.5)
+        return m.eval()
 
     def describe_checkpoint(self) -> str:
         return "an official .pt or a lisa-trt .safetensors file"

@@ -12,36 +12,12 @@ import torch.nn.functional as F
 
 from ....config import VQConfig
 from ....errors import InputError
-from ...vqgan import AttnBlock, Downsample, ResnetBlock, Upsample, grid_of, group_norm, swish  # noqa: F401
+from ...vqgan import AttnBlock, Level, ResnetBlock, grid_of, group_norm, swish
 
 
-class _Level(nn.Module):
-    """One resolution level (`conv_blocks.N`): res blocks, optional attn blocks, resampler."""
-
-    def __init__(self, cin, cout, n_res, with_attn, resample=None):
-        super().__init__()
-        self.res = nn.ModuleList()
-        self.attn = nn.ModuleList()
-        for _ in range(n_res):
-            self.res.append(ResnetBlock(cin, cout))
-            cin = cout
-            if with_attn:
-                self.attn.append(AttnBlock(cout))
-        if resample == "down":
-            self.downsample = Downsample(cout)
-        elif resample == "up":
-            self.upsample = Upsample(cout)
-
-    def forward(self, h):
-        for i, res in enumerate(self.res):
-            h = res(h)
-            if len(self.attn):
-                h = self.attn[i](h)
-        if hasattr(self, "downsample"):
-            h = self.downsample(h)
-        if hasattr(self, "upsample"):
-            h = self.upsample(h)
-        return h
+def _Level(cin, cout, n_res, with_attn, resample=None) -> Level:
+    """One resolution level (`conv_blocks.N`): `res.M`, `attn.M`, `downsample` / `upsample`."""
+    return Level(cin, cout, n_res, with_attn, resample, blocks="res")
 
 
 def _mid(ch: int) -> nn.ModuleList:
