@@ -40,7 +40,6 @@ DEBT = {
     "export/quantize.py": ['imports a family'],
     "export/validate.py": ['imports a family'],
     "runtime/chameleon.py": ['file name', 'imports a family', 'names a family'],
-    "runtime/context.py": ['names a family'],
     "safe_load.py": ['names a family'],
     "serve/model.py": ['branches on model_type'],
     "speculative/chameleon_spec.py": ['file name', 'names a family'],

@@ -82,6 +82,17 @@ class ChameleonGraphs(ExportFamily):
 
     name = FAMILY
     engines_module = "lisa_trt.engines.chameleon_ort"  # GraphChameleonTarget, GraphChameleonVQ
+    exports_bundle = True
+
+    def export_bundle(self, target, drafter, tables, vq, out_dir, *, source, image_size=None, max_prompt=None,
+                      max_tree=None, opset=None, generation=None, validate=True, fp16=False, quantize="none"):
+        """`export_chameleon` with the family's defaults (its image size, DEFAULT_MAX_PROMPT / _TREE / _OPSET)."""
+        from ..models.family import family_of
+
+        return export_chameleon(target, drafter, tables, vq, source, out_dir,
+                                image_size=image_size or family_of(target.config).default_image_size, max_prompt=max_prompt or DEFAULT_MAX_PROMPT,
+                                max_tree=max_tree or DEFAULT_MAX_TREE, opset=opset or DEFAULT_OPSET,
+                                generation=generation, validate=validate, fp16=fp16, quantize=quantize)
 
     def graph_spec(self, graph: Graph, cfg) -> GraphSpec:
         if graph is Graph.TARGET_PREFILL:

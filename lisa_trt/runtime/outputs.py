@@ -76,7 +76,12 @@ def generation_defaults(model, target, sampling) -> dict:
         from .demo import _measured_budgets, _measured_choices
 
         measured, choices = _measured_budgets(), _measured_choices()
-    gen = {"sampling": dataclasses.asdict(sampling), "tree": default_tree_budgets(target.config, measured)}
+    from ..models.family import family_of
+
+    own = family_of(target.config).default_tree  # a family's own tree budget (when no measured one)
+    trees = {b: dict(own) for b in ("default", "ort", "torch")} if own and measured is None else None
+    gen = {"sampling": dataclasses.asdict(sampling),
+           "tree": {**default_tree_budgets(target.config, measured), **(trees or {})}}
     if choices:  # never slower: the measured choice per precision (bench/speed.py)
         from .autotune import record_choices
 

@@ -31,26 +31,34 @@ def _plain_sjd(target, cond, *, sampling, window, seed, spec):
 
 
 def run_method(method: str, target, drafter, tables, cond, *, sampling: SamplingConfig,
-               spec: SpecConfig, seed: int, sjd_window: int = 16, gasv=None, seeds=None, on_progress=None):
+               spec: SpecConfig, seed: int, sjd_window: int = 16, gasv=None, seeds=None, on_progress=None,
+               layout=None):
     """One generation with `method` -> (tokens (B, N), DecodeStats).
 
     Tree methods use `spec`'s tree and rule parameters with `spec.method` set to `method`.
     seeds: optional one seed per row (instead of `seed`): every row draws from its own generator,
     so its tokens do not depend on the other rows (the serving path). Not for the SJD loop.
     on_progress: optional callback(tokens done over all rows) for progress bars (AR and tree methods).
+    layout: the family's SequenceLayout of the request (models/family.py; None: the whole image).
     """
     m = get_method(method)
+    if layout is not None and m.kind == "sjd":
+        raise InputError(f"--verify {method} (a Jacobi decoder) does not decode a prompter's sequence layout (forced "
+                         "tokens, a sub-vocabulary) yet; use vanilla or a tree method (greedy, exact, lantern, gasv)")
     if m.greedy_sampling:
         sampling = dataclasses.replace(sampling, greedy=True)
     if m.kind == "ar":
         t0 = time.perf_counter()
-        B = len(cond) if torch.is_tensor(cond) else cond[0].shape[0]
-        cb = None if on_progress is None else (lambda i: on_progress(i * B))
-        toks = generate(target, cond, seed=seed, seeds=seeds, on_token=cb, **dataclasses.asdict(sampling))
-        st = DecodeStats(target_forwards=target.config.block_size)
-        n = toks.shape[0] * (target.config.block_size - 1)
-        st.committed, st.rows = [torch.ones(n)], [torch.arange(toks.shape[0]).repeat_interleave(
-            target.config.block_size - 1)]
+        cb = None
+        if on_progress is not None:
+            B = target.check_cond(cond)
+            cb = lambda i: on_progress(i * B)  # noqa: E731
+        toks = generate(target, cond, seed=seed, seeds=seeds, on_token=cb, layout=layout,
+                        **dataclasses.asdict(sampling))
+        N = toks.shape[1]
+        st = DecodeStats(target_forwards=N)
+        n = toks.shape[0] * (N - 1)
+        st.committed, st.rows = [torch.ones(n)], [torch.arange(toks.shape[0]).repeat_interleave(N - 1)]
         st.times = {"total": time.perf_counter() - t0}
         return toks, st
     if m.kind == "sjd":
@@ -69,7 +77,8 @@ def run_method(method: str, target, drafter, tables, cond, *, sampling: Sampling
     spec = dataclasses.replace(spec, method=method)
     return SpeculativeDecoder(target, drafter, tables, gasv=gasv).generate(cond, sampling=sampling, spec=spec,
                                                                            seed=None if seeds is not None else seed,
-                                                                           seeds=seeds, on_progress=on_progress)
+                                                                           seeds=seeds, on_progress=on_progress,
+                                                                           layout=layout)
 
 
 __all__ = ["check_artifacts", "run_method"]

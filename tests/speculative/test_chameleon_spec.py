@@ -228,7 +228,7 @@ def test_cli_gasv_with_code_tables(setup, code_tables, tmp_path):
             "--out", str(tmp_path / "o")]
     r = CliRunner().invoke(main, args + ["--verify", "gasv", "--tables", str(tmp_path / "tables.safetensors")])
     assert r.exit_code == 0 and "gasv: MAL" in r.output, r.output
-    r = CliRunner().invoke(main, args + ["--verify", "gasv"])
+    r = CliRunner().invoke(main, args + ["--verify", "gasv", "--overwrite"])
     assert r.exit_code != 0 and "--tables" in r.output
 
 
