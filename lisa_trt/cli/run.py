@@ -71,10 +71,10 @@ def _run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, echo, **_):
                         temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"], greedy=s["greedy"],
                         progress=sys.stderr.isatty(), **rc.given["tree"], **rc.given["knobs"])
     verify = res.stats[0]["verify"] if res.stats else rc.verify  # what "auto" ran
-    out = save_run(out_dir, res, ps, {"backend": pipe.backend, "verify": verify, "images": res.stats},
-                   overwrite=overwrite)
     mal = sum(st["mal"] for st in res.stats) / len(res.stats)
     secs = sum(st["seconds"] for st in res.stats)
+    out = save_run(out_dir, res, ps, {"family": pipe.family.name, "backend": pipe.backend, "verify": verify,
+                                      "mal": mal, "seconds": secs, "images": res.stats}, overwrite=overwrite)
     echo(f"{len(res.images)} images -> {out} ({pipe.backend}, {verify}): mean MAL {mal:.2f}, {secs:.2f} s")
 
 

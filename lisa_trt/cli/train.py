@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -180,20 +181,25 @@ def _train(rc, *, out_dir, vq, vq_config, echo, **o):
     if rc.family.prompted:
         data, request = _prompted_data(rc, out_dir, o)
         o = dict(o, eval_images=0)  # held-out decoding runs on class / caption conditions
-        for k, v in rc.family.train_defaults.items():
-            if k in o and o[k] is None:
-                o[k] = v
     else:
         data = _data_config(rc, load_vq(vq, vq_config_for(vq, vq_config)), out_dir, o)
     kw = {k: o[k] for k in ("steps", "batch_size", "lr", "ttt_steps", "drafter_hidden", "drafter_heads",
                             "checkpoint_every", "draft_vocab")}
     kw.update(seed=rc.seed, eval_every=o["eval_every"] or None)
-    if request is not None:
+    if request is not None:  # the family's TrainConfig defaults for its self-distillation runs
+        import dataclasses
+
+        names = {f.name for f in dataclasses.fields(TrainConfig)}
+        for k, v in rc.family.train_defaults.items():
+            if k in names and kw.get(k) is None:
+                kw[k] = v
         kw.setdefault("warmup_steps", min(50, (kw["steps"] or TrainConfig().steps) // 20))
     cfg = TrainConfig(**{k: v for k, v in kw.items() if v is not None}, bf16=o["bf16"],
                       target_name=rc.family.name if request is not None else str(rc.source),
                       loss=LossConfig(kind=o["loss"], **_loss_switches(o["loss_off"])), data=data)
+    start, t0 = _step_done(out_dir), time.perf_counter()
     result = _fit(rc.target, codebook, cfg, out_dir, o, echo, request)
+    _train_log(rc, cfg, result, out_dir, start, time.perf_counter() - t0)
     echo(f"wrote {result.get('drafter', Path(out_dir) / 'drafter.safetensors')}")
     from ..train.messages import format_eval
 
@@ -250,6 +256,31 @@ def _codebook(rc, vq, vq_config, loss: str):
             raise InputError(f"the LISA loss needs the VQ codebook: pass --vq FOLDER, put the decoder beside the "
                              f"model, or train with --loss eagle3 ({e})") from e
         return None
+
+
+def _step_done(out_dir) -> int:
+    """The step of OUT's latest checkpoint (0: a fresh run)."""
+    import json
+
+    latest = Path(out_dir) / "checkpoints" / "latest.json"
+    return json.loads(latest.read_text())["step"] if latest.is_file() else 0
+
+
+def _train_log(rc, cfg, result, out_dir, start: int, seconds: float) -> None:
+    """OUT/train_log.json (rank 0): family, steps, loss kind, seconds, this run's losses, the eval."""
+    import json
+    import os
+
+    from ..io import write_json
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    metrics = Path(result.get("metrics", Path(out_dir) / "metrics.jsonl"))
+    recs = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln.strip()] if metrics.is_file() else []
+    write_json(Path(out_dir) / "train_log.json",
+               {"family": rc.family.name, "steps": cfg.steps, "loss": cfg.loss.kind, "seconds": round(seconds, 2),
+                "losses_this_run": [r["loss"] for r in recs if "loss" in r and r.get("step", 0) > start],
+                "eval": result.get("eval", {})})
 
 
 def _resuming_shorter(out_dir, steps: int) -> bool:

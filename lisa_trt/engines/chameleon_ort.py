@@ -1,15 +1,14 @@
 """Graph engines over a Chameleon-family engine directory (export/chameleon_onnx.py), any backend.
 
 The family's part of engines/graph.py: `GraphChameleonTarget` is a drop-in replacement for
-`ChameleonTarget` in speculative/chameleon_spec.py (same `new_cache`, `prefill`,
-`forward_tokens`, same ChameleonCache objects), and `GraphChameleonVQ` decodes code grids to
+`ChameleonTarget` in the generic decode loops (same `new_cache`, `prefill`, `forward_tokens`,
+same ChameleonCache objects), and `GraphChameleonVQ` decodes code grids to
 pixels. The drafter and the GASV graph are the generic `GraphDrafter` and `GraphGASV`. Runners
 come from the backend registry (engines/base.py; ONNX Runtime by default) with the family's io
 specs and static axes, and the KV caches are bound in place exactly as for LlamaGen
 (`_KVEngine._run_kv`): the cache dtype is the bundle's precision (fp16 bundles: fp16 caches).
 
-    eng = load_chameleon_engines("engines/lumina")
-    images, stats = speculative_image_tokens(eng.target, eng.drafter, eng.tokenizer, captions, ...)
+    Pipeline.from_dir("engines/lumina", backend="ort").generate(["a red fox"])   # opens these engines
 """
 
 from __future__ import annotations
@@ -154,7 +153,7 @@ class ChameleonEngines(NamedTuple):
 def open_engines(man, backend: str = "ort", **options) -> ChameleonEngines:
     """The engines of a read Chameleon Manifest (engines/graph.load_engines calls this for the family)."""
     from ..calibration.tables import load_tables
-    from ..speculative.lumina import LuminaTokenizer
+    from ..models.families.chameleon.lumina import LuminaTokenizer
 
     d = Path(man.dir)
     tables = load_tables(d / man.files["tables"]) if "tables" in (man.files or {}) else None

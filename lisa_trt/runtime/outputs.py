@@ -140,7 +140,8 @@ def save_generation(out_dir, tokens: torch.Tensor, record: dict, *, overwrite: b
 
 
 def save_run(out_dir, result, prompts, record: dict, *, overwrite: bool = False) -> Path:
-    """`lisa-trt run`: one PNG per prompt (named by its line) and stats.json."""
+    """`lisa-trt run`: one PNG per prompt (named by its line), tokens.npy (the code grids of a
+    prompted family, else the tokens) and stats.json."""
     import numpy as np
 
     from ..imaging import save_png
@@ -148,6 +149,10 @@ def save_run(out_dir, result, prompts, record: dict, *, overwrite: bool = False)
     out = _fresh_out(out_dir, overwrite)
     for i, (img, p) in enumerate(zip(result.images, prompts)):
         save_png(np.asarray(img), out / f"img_{i:04d}_line{p.line}.png")
+    toks = result.codes if getattr(result, "codes", None) is not None else result.tokens
+    with atomic_write(out / "tokens.npy") as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, toks.cpu().numpy())
     write_json(out / "stats.json", record)
     return out
 

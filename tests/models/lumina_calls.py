@@ -50,6 +50,13 @@ class LuminaSpec:
     greedy: bool = False
     gasv: GASVRuleConfig = field(default_factory=GASVRuleConfig)
 
+    def __post_init__(self):
+        from lisa_trt.errors import InputError
+        from lisa_trt.speculative.methods import get_method
+
+        if get_method(self.method).kind != "tree":
+            raise InputError(f"tree speculation runs a tree method, not {self.method!r}")
+
     def sampling(self) -> SamplingConfig:
         return SamplingConfig(cfg_scale=self.cfg_scale, temperature=self.temperature, top_k=self.top_k,
                               greedy=self.greedy or self.method == "greedy")
@@ -76,3 +83,36 @@ def speculative_image_tokens(target, drafter, tokenizer, captions: Sequence[str]
     out, stats = run_method(cfg.method, target, drafter, tables, prompts, sampling=sampling, spec=cfg, seed=seed,
                             seeds=seeds, gasv=gasv, layout=layout)
     return LuminaImages(out, tokens_to_codes(target, out, h, w)), stats
+
+
+def load_chameleon_tables(path, target, newline: int):
+    """Image-code tables bound to this target's code rows (calibration.tables.load_tables_for with
+    the family's sub-vocabulary; the request layout's `sub_vocab` is the same object)."""
+    from lisa_trt.calibration.tables import load_tables_for
+    from lisa_trt.models.family import family_of
+
+    return load_tables_for(path, target, family_of(target.config).sub_vocab(target, newline))
+
+
+_CALIBRATE_FLAGS = {"image_size": "--image-size", "captions_file": "--captions-file", "rollouts": "--rollouts",
+                    "samples_per_pos": "--samples-per-pos", "quantile": "--quantile", "clusters": "--clusters",
+                    "cluster_space": "--cluster-space", "lantern_k": "--lantern-k", "kappa": "--kappa",
+                    "lam": "--lambda", "delta": "--delta", "neighbours": "--neighbours", "cfg_scale": "--cfg-scale",
+                    "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
+
+
+def calibrate_cli(model_dir, out_path, **kw):
+    """`lisa-trt calibrate --model DIR --out OUT` (the generic entry) with these settings; the tables
+    written, bound to the target's code rows (as calibration returns them)."""
+    from click.testing import CliRunner
+
+    import lisa_trt
+    from lisa_trt.cli import main
+
+    args = ["calibrate", "--model", str(model_dir), "--out", str(out_path)]
+    for k, v in kw.items():
+        if v is not None:
+            args += [_CALIBRATE_FLAGS[k], str(v)]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    return load_chameleon_tables(out_path, lisa_trt.load_target(str(model_dir)), LuminaTokenizer(model_dir).newline)

@@ -22,8 +22,8 @@ class ChameleonFamily(ModelFamily):
     default_sampling = {"cfg_scale": 3.0, "temperature": 1.0, "top_k": 2000}  # Lumina-mGPT's defaults
     default_tree = {"top_k": 4, "depth": 4, "total_tokens": 16}
     train_data = ("self",)  # self-distillation from the prompter's requests (rollouts of the target)
-    train_defaults = {"steps": 100, "batch_size": 4, "lr": 1e-3, "checkpoint_every": 50, "num_samples": 32,
-                      "gen_batch": 8}
+    train_defaults = {"steps": 100, "batch_size": 4, "lr": 1e-3, "checkpoint_every": 50, "log_every": 1,
+                      "num_samples": 32, "gen_batch": 8}
     # self-distillation / calibration captions when none are given (generic, varied scenes)
     default_captions = (
         "a red fox in the snow", "a bowl of ramen on a wooden table", "a lighthouse at sunset",
