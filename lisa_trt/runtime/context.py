@@ -266,7 +266,8 @@ class RunContext:
                 probe_writable_file(path, what)
         for what, path in (dirs or {}).items():
             probe_writable_dir(path, what)
-        precheck_captions(captions, encoder_dir)
+        if not getattr(self.family, "prompted", False):  # T5 caption files (a prompted family reads texts)
+            precheck_captions(captions, encoder_dir)
         return self.bind(self.load_target())
 
     def bind(self, target, backend: Optional[str] = None) -> "RunContext":

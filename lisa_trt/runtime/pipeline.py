@@ -223,11 +223,13 @@ class Pipeline:
         return Path(man.dir) if man is not None and getattr(man, "dir", None) else None
 
     def _request(self, texts, sampling: SamplingConfig):
-        """A prompted family's Request for `texts` (the bundle's image size; CFG rows when guided)."""
+        """A prompted family's Request for `texts` (the bundle's image size, or `generation["image_size"]`
+        of in-memory models, else the family's; CFG rows when guided)."""
         from ..speculative.sampling import cfg_active
 
         man = self._e.manifest
         size = (getattr(man, "layout", None) or {}).get("image_size") if man is not None else None
+        size = self._e.generation.get("image_size") if size is None else size  # from_models(generation=...)
         return self.family.prompter(self._e.target, self._source()).encode(
             list(texts), image_size=size, cfg=cfg_active(sampling.cfg_scale))
 

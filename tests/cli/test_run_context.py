@@ -145,6 +145,13 @@ def test_calibrate_and_train_on_a_directory(model_dir, tmp_path):
     cfg = json.loads((tmp_path / "run" / "train_config.json").read_text())
     assert cfg["steps"] == 2 and cfg["data"]["cfg_scale"] == 2.5 and cfg["data"]["top_k"] == 2000
     assert (tmp_path / "run" / "drafter.safetensors").is_file()
+    r = CliRunner().invoke(main, ["bench", "--model", str(model_dir), "--methods", "exact", "--num-images", "2",
+                                  "--image-size", "32", "--drafter", str(tmp_path / "run" / "drafter.safetensors"),
+                                  "--tree-tokens", "6", "--json", str(tmp_path / "b.json")])
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "b.json").read_text())
+    assert set(rep["results"]) == {"vanilla", "exact"} and rep["settings"]["num_images"] == 2
+    assert rep["settings"]["captions"][:2] == ["a red fox in the snow", "a bowl of ramen on a wooden table"]
 
 
 def test_run_and_build_on_a_legacy_engine_directory(tmp_path):
@@ -160,6 +167,31 @@ def test_run_and_build_on_a_legacy_engine_directory(tmp_path):
 
 
 # ----------------------------------------------------------------------------- Pipeline / bench / serve
+
+def test_pipeline_runs_a_prompted_family(model_dir):
+    """Pipeline over an in-memory Chameleon target: captions through the family's prompter, the
+    family's sampling defaults, code grids in `codes`; one generator per batch with row_seeds=False
+    equals the generic dispatch on the whole request."""
+    import lisa_trt
+    from lisa_trt.models.family import family_of
+    from lisa_trt.runtime.pipeline import Pipeline
+    from lisa_trt.speculative.run import run_method
+
+    t = lisa_trt.load_target(str(model_dir))
+    pipe = Pipeline.from_models(t, vq=lisa_trt.load_vq(str(model_dir)), generation={"image_size": 32}, threads=1)
+    assert pipe.sampling().cfg_scale == 3.0 and pipe.sampling().top_k == 2000  # the family's defaults
+    res = pipe.generate(["a red fox", "tok70 tok71"], verify="vanilla", seed=1)
+    assert res.codes.shape == (2, 2, 2) and len(res.images) == 2 and res.images[0].size == (4, 4)
+    assert res.stats[0]["caption"] == "a red fox"
+    both = pipe.generate(["a red fox", "tok70 tok71"], verify="vanilla", seed=1, batch=True, row_seeds=False,
+                         decode=False)
+    req = family_of(t.config).prompter(t).encode(["a red fox", "tok70 tok71"], image_size=32, cfg=True)
+    want, _ = run_method("vanilla", t, None, None, req.cond, sampling=pipe.sampling(), spec=SpecConfig(), seed=1,
+                         layout=req.layout)
+    assert torch.equal(both.tokens, want)
+    with pytest.raises(InputError, match="caption strings"):
+        pipe.generate([3], verify="vanilla")
+
 
 def test_pipeline_looks_the_method_up_once(monkeypatch):
     from lisa_trt.runtime import pipeline as P
