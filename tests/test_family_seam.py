@@ -27,7 +27,6 @@ EXEMPT = ("models/families/", "models/family.py")
 DEBT = {
     "calibration/profile.py": ['names a family'],
     "cli/misc.py": ['imports a family'],
-    "engines/chameleon_ort.py": ['file name', 'imports a family', 'names a family'],
     "engines/model_shapes.py": ['branches on model_type', 'imports a family', 'names a family'],
     "engines/plan.py": ['names a family'],
     # the family's export plugin reads its config.json / VQGAN config for Manifest.target_config / vq_config

@@ -166,7 +166,6 @@ def _prompted_data(rc, out_dir, o: dict):
 def _train(rc, *, out_dir, vq, vq_config, echo, **o):
     """The family-seam training (train/trainer.py, train/medusa.py)."""
     from ..artifacts import default_vq, vq_config_for
-    from ..errors import InputError
     from ..models.checkpoints import load_vq
     from ..train.losses import LossConfig
     from ..train.trainer import TrainConfig

@@ -81,7 +81,7 @@ class ChameleonGraphs(ExportFamily):
     """The Chameleon family's graphs: token-input prefill, image-code GASV, grid VQGAN decoder."""
 
     name = FAMILY
-    engines_module = "lisa_trt.engines.chameleon_ort"  # GraphChameleonTarget, GraphChameleonVQ
+    engines_module = "lisa_trt.engines.prompt_graph"  # GraphPromptTarget, GraphGridVQ (token-prompt targets)
     exports_bundle = True
 
     def export_bundle(self, target, drafter, tables, vq, out_dir, *, source, image_size=None, max_prompt=None,

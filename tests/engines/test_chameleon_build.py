@@ -111,7 +111,7 @@ def built(bundles, tmp_path, monkeypatch, request):
 def test_build_records_engines_and_the_trt_backend_decodes_like_ort(built):
     import torch
 
-    from lisa_trt.engines.chameleon_ort import load_chameleon_engines
+    from lumina_calls import load_chameleon_engines
     from lumina_calls import LuminaSpec, speculative_image_tokens
 
     rec = built.record

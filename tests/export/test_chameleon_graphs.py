@@ -19,7 +19,7 @@ from chameleon_fixtures import make_hf_model, save_hf, save_tokenizer  # noqa: E
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    from lisa_trt.engines.chameleon_ort import load_chameleon_engines
+    from lumina_calls import load_chameleon_engines
     from lisa_trt.export.chameleon_onnx import export_chameleon
 
     root = tmp_path_factory.mktemp("cham_graphs")

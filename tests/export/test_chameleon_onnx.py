@@ -94,7 +94,7 @@ def test_run_every_rule_through_ort(pipeline, verify, tmp_path):
 
 
 def test_ort_greedy_speculation_matches_torch(pipeline):
-    from lisa_trt.engines.chameleon_ort import load_chameleon_engines
+    from lumina_calls import load_chameleon_engines
     from lisa_trt.models.families.chameleon.drafter import load_chameleon_drafter
     from lumina_calls import LuminaTokenizer, generate_image_tokens
     from lumina_calls import LuminaSpec, speculative_image_tokens
@@ -130,10 +130,10 @@ def test_ort_greedy_speculation_matches_torch(pipeline):
 
 
 def test_wrong_engine_directories_are_clear(pipeline, tmp_path):
-    from lisa_trt.engines.chameleon_ort import load_chameleon_engines
+    from lumina_calls import load_chameleon_engines
 
     root, _, caps = pipeline
-    with pytest.raises(lisa_trt.LisaError, match="not a Chameleon engine directory"):
+    with pytest.raises(lisa_trt.LisaError, match="not a complete lisa-trt engine directory"):
         load_chameleon_engines(tmp_path)
     long_caps = tmp_path / "long.txt"
     long_caps.write_text(" ".join(["tok70"] * 40) + "\n")

@@ -116,3 +116,27 @@ def calibrate_cli(model_dir, out_path, **kw):
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output + repr(r.exception)
     return load_chameleon_tables(out_path, lisa_trt.load_target(str(model_dir)), LuminaTokenizer(model_dir).newline)
+
+
+class _Engines:
+    """A token-prompt engine directory's engines (engines/prompt_graph.PromptEngines) plus the
+    Lumina tokenizer its prompter reads from the directory (the tests' span_request calls)."""
+
+    def __init__(self, eng, tokenizer):
+        self._eng, self.tokenizer = eng, tokenizer
+
+    def __getattr__(self, name):
+        return getattr(self._eng, name)
+
+    def close(self):
+        self._eng.close()
+
+
+def load_chameleon_engines(engine_dir, providers=None, threads: Optional[int] = None, *, backend: str = "ort",
+                           **options):
+    """engines.graph.load_engines(engine_dir, backend) (ONNX Runtime options: providers / threads)."""
+    from lisa_trt.engines.graph import load_engines
+
+    if backend == "ort":
+        options = dict(options, providers=providers, threads=threads)
+    return _Engines(load_engines(engine_dir, backend, **options), LuminaTokenizer(engine_dir))
