@@ -38,15 +38,20 @@ def load_drafter_by_name(name: str, target):
     return load_drafter(path, target).eval()
 
 
-def load_tables_by_name(name: str, target):
-    """Calibration tables (path or 'demo') bound to the target's head, checked against it."""
-    from .calibration.tables import check_tables, load_tables
+def load_tables_by_name(name: str, target, sub_vocab=None):
+    """Calibration tables (path or 'demo') bound to the target's head, checked against it.
+
+    sub_vocab: the request layout's sub-vocabulary when the head is wider than the codebook
+    (models/family.SubVocab): the tables are bound to those head rows."""
+    from .calibration.tables import check_tables, load_tables, tables_for
     from .models.checkpoints import target_hash
 
     path = _bundled(name, "tables") or Path(name)
     if not path.is_file():
         raise InputError(f"tables {name!r} not found; make them with `lisa-trt calibrate`")
     tables = load_tables(path)
+    if sub_vocab is not None:
+        return tables_for(tables, target, sub_vocab)
     check_tables(tables, target_hash(target), target.config.vocab_size)
     return tables.bind(target.output.weight)
 

@@ -94,7 +94,7 @@ def parse_sweep(text: str) -> list[tuple[str, str, dict]]:
 def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingConfig,
               spec: SpecConfig, seed: int = 0, scorer_fn=None, decode_fn=None, sjd_window: int = 16,
               progress: bool = True, settings_extra: Optional[dict] = None, gasv=None,
-              runs: Optional[list] = None, quality=None) -> dict:
+              runs: Optional[list] = None, quality=None, requests: Optional[list] = None) -> dict:
     """Run every method / sweep point on one image per entry of `classes` (batch 1, seed + i).
 
     Args:
@@ -103,6 +103,8 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
         scorer_fn: optional legacy (images, labels) -> (class_acc, fd_demo).
         decode_fn: optional tokens -> images for the scorer / quality harness.
         quality: optional lisa_trt.quality.QualityReference (needs decode_fn): the full harness.
+        requests: a prompted family's Requests, one per image (models/family.py; `classes` unused):
+            each image decodes its request's condition with its layout.
     Returns:
         {"settings": {...}, "results": {label: {method, knobs, mal, seconds_per_image, speedup,
         mean_tvd, drafter_efficiency (with "oracle" among the points), [quality keys], ...}}}
@@ -119,20 +121,28 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
     labels = [t[0] for t in todo]
     if len(set(labels)) != len(labels):
         raise InputError(f"duplicate bench points: {labels}")
-    t2i = isinstance(classes, tuple)  # (features (B, L, C), mask (B, L)): one row per image
+    t2i = isinstance(classes, tuple) or requests is not None  # no class labels to score
     cls = classes if t2i else torch.as_tensor(classes).long()
+    n_images = len(requests) if requests is not None else cond_len(cls)
+
+    def image(i):  # (condition, layout) of image i
+        if requests is not None:
+            return requests[i].cond, requests[i].layout
+        return cond_rows(cls, i, i + 1), None
+
     results, tokens = {}, {}
     specs = {label: spec.replace(**over) for label, _, over in todo}
     # warm-up (allocations, thread pools), not timed
     for m in dict.fromkeys(m.name for _, m, _ in todo):
-        run_method(m, target, drafter, tables, cond_rows(cls, 0, 1), sampling=sampling, spec=spec, seed=seed,
-                   sjd_window=sjd_window, gasv=gasv)
+        run_method(m, target, drafter, tables, image(0)[0], sampling=sampling, spec=spec, seed=seed,
+                   sjd_window=sjd_window, gasv=gasv, layout=image(0)[1])
     for label, m, over in todo:
         secs, stats_all, toks = [], [], []
-        for i in tqdm(range(cond_len(cls)), desc=f"bench {label}", disable=not progress):
+        for i in tqdm(range(n_images), desc=f"bench {label}", disable=not progress):
             t0 = time.perf_counter()
-            tk, st = run_method(m.name, target, drafter, tables, cond_rows(cls, i, i + 1), sampling=sampling,
-                                spec=specs[label], seed=seed + i, sjd_window=sjd_window, gasv=gasv)
+            cond, layout = image(i)
+            tk, st = run_method(m.name, target, drafter, tables, cond, sampling=sampling, spec=specs[label],
+                                seed=seed + i, sjd_window=sjd_window, gasv=gasv, layout=layout)
             secs.append(time.perf_counter() - t0)
             stats_all.append(st)
             toks.append(tk)
@@ -169,7 +179,7 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
 
     for m, e in drafter_efficiency(results).items():
         results[m]["drafter_efficiency"] = e  # MAL / oracle MAL (same tree budget and seeds)
-    settings = {"num_images": cond_len(cls), "seed": seed, **({} if t2i else {"classes": cls.tolist()}),
+    settings = {"num_images": n_images, "seed": seed, **({} if t2i else {"classes": cls.tolist()}),
                 "sampling": dataclasses.asdict(sampling), "spec": dataclasses.asdict(spec),
                 "sjd_window": sjd_window, "torch_threads": torch.get_num_threads(),
                 **(settings_extra or {})}

@@ -25,10 +25,8 @@ EXEMPT = ("models/families/", "models/family.py")
 
 # module (path under lisa_trt/) -> the rules it still breaks; shrinks to {} as the seam closes
 DEBT = {
-    "calibration/chameleon_tables.py": ['file name', 'imports a family', 'names a family'],
     "calibration/profile.py": ['names a family'],
     "cli/misc.py": ['imports a family'],
-    "engines/chameleon_ort.py": ['file name', 'imports a family', 'names a family'],
     "engines/model_shapes.py": ['branches on model_type', 'imports a family', 'names a family'],
     "engines/plan.py": ['names a family'],
     # the family's export plugin reads its config.json / VQGAN config for Manifest.target_config / vq_config
@@ -39,12 +37,7 @@ DEBT = {
     "export/onnx.py": ['imports a family'],
     "export/quantize.py": ['imports a family'],
     "export/validate.py": ['imports a family'],
-    "runtime/chameleon.py": ['file name', 'imports a family', 'names a family'],
-    "runtime/context.py": ['names a family'],
     "safe_load.py": ['names a family'],
-    "serve/model.py": ['branches on model_type'],
-    "speculative/chameleon_spec.py": ['file name', 'names a family'],
-    "speculative/lumina.py": ['file name', 'imports a family', 'names a family'],
 }
 
 

@@ -18,7 +18,8 @@ from . import options as opt
               help="Comma-separated methods (speculative/methods.py); vanilla, the speed-up baseline, always runs.")
 @opt.num_images_option("Images per method (prompt i with seed + i).")
 @opt.classes_option("Class ids cycled over the images (default: all classes).")
-@opt.captions_option("t2i: prompts cycled over the images (captions .txt with --encoder, or T5 features).")
+@opt.captions_option("t2i: prompts cycled over the images (captions .txt with --encoder, or T5 features); "
+                     "text-prompt models (Lumina-mGPT, Janus-Pro): a captions .txt (default: the family's list).")
 @opt.encoder_option()
 @opt.backend_option(opt.backend_choices(), default="torch",
                     help="torch: the in-memory models; any other: the exported graphs of --engine-dir.")
@@ -57,15 +58,17 @@ def _bench(rc, *, drafter, tables, methods, num_images, classes, captions, encod
     rc = rc.load(counts={"--num-images": num_images}, files={"--json file": json_path, "--plot file": plot_path},
                  captions=captions, encoder_dir=encoder_dir)
     conds, texts = _prompts(rc, classes, captions, encoder_dir, num_images)  # checked before engines load
+    requests = [rc.request([t]) for t in texts] if rc.family.prompted else None  # one per image
     runs = [r for text in sweeps for r in parse_sweep(text)]
-    dr, tb = spec_artifacts(rc.source, rc.target, ms + [m for _, m, _ in runs], drafter, tables)
+    dr, tb = spec_artifacts(rc.source, rc.target, ms + [m for _, m, _ in runs], drafter, tables,
+                            requests[0].layout.sub_vocab if requests else None)
     engines = (rc.target, dr, None) if rc.backend == "torch" else _graph_engines(rc, engine_dir, dr, tb)
     scorer_fn, decode_fn, quality = _scoring(rc, conds, texts, quality_cache)
     extra = {"model": rc.given["model"], "drafter": drafter or default_drafter(rc.source), "backend": rc.backend,
              "command": " ".join(sys.argv), **({"captions": texts} if texts is not None else {})}
     report = run_bench(engines[0], engines[1], tb, ms, conds, sampling=rc.sampling, spec=rc.spec, seed=rc.seed,
                        gasv=engines[2], scorer_fn=scorer_fn, decode_fn=decode_fn, sjd_window=sjd_window, runs=runs,
-                       quality=quality, settings_extra=extra)
+                       quality=quality, settings_extra=extra, requests=requests)
     save_bench(report, json_path, plot_path)
     _print_report(report, echo, scored=scorer_fn is not None, num_images=num_images)
 
@@ -75,6 +78,10 @@ def _prompts(rc, classes, captions, encoder_dir, num_images) -> tuple:
     from ..runtime.outputs import class_names_of, parse_classes
 
     tc = rc.target.config
+    if rc.family.prompted:  # text prompts (--captions: one per line; else the family's list), cycled
+        from ..runtime.prompts import caption_list
+
+        return None, caption_list(rc.family, captions, num_images)
     if not rc.family.class_conditioned(tc):
         from ..text.train import prompt_conds
 

@@ -25,7 +25,7 @@ from . import options as opt
 @click.option("--quantize", type=click.Choice(["none", "int8", "int4"]), default="none", show_default=True,
               help="ONNX Runtime weight quantization of target + drafter graphs (docs/quantization.md).")
 @click.option("--max-prompt", type=int, default=None,
-              help="Chameleon directory models: most prompt tokens a run may use (static cache; default 128).")
+              help="Text-prompt models (Lumina-mGPT): most prompt tokens a run may use (static cache; default 128).")
 @opt.sampling_options
 @handle_errors
 def export_cmd(model, model_cfg, drafter, tables, vq, vq_config, out_dir, fp16, opset, max_tree, no_validate, quantize,
@@ -39,8 +39,22 @@ def export_cmd(model, model_cfg, drafter, tables, vq, vq_config, out_dir, fp16, 
            echo=click.echo)
 
 
-def _export(rc, *, out_dir, drafter, tables, vq, vq_config, fp16, opset, max_tree, validate, quantize, echo, **_):
-    """The family-seam export (runtime/bundle.export_full_bundle)."""
+def _export_family(rc):
+    """The bound target's ExportFamily (export/families.py), or an InputError naming what is missing."""
+    from ..errors import ConfigError, InputError
+    from ..export import families as export_registry  # the ExportFamily registry (no family package)
+
+    try:
+        return export_registry.export_family(rc.target)
+    except ConfigError as e:
+        raise InputError(f"{rc.family.name} models cannot be exported yet: the family registers no ExportFamily "
+                         "(the io specs, static axes and PyTorch references of its target and VQ graphs, "
+                         "export/families.py); generate, train and calibrate run in memory. " + str(e)) from e
+
+
+def _export(rc, *, out_dir, drafter, tables, vq, vq_config, fp16, opset, max_tree, validate, quantize, max_prompt,
+            echo, **_):
+    """The family-seam export: runtime/bundle.export_full_bundle, or the family's own bundle writer."""
     from ..artifacts import default_drafter, default_tables, default_vq, load_drafter_by_name, load_tables_by_name
     from ..artifacts import vq_config_for
     from ..models.checkpoints import load_vq
@@ -48,14 +62,20 @@ def _export(rc, *, out_dir, drafter, tables, vq, vq_config, fp16, opset, max_tre
     from ..runtime.outputs import generation_defaults
 
     rc = rc.load(dirs={"--out engine directory": out_dir})
-    target, source = rc.target, rc.source
+    target, source, xf = rc.target, rc.source, _export_family(rc)
     drafter, tables, vq = drafter or default_drafter(source), tables or default_tables(source), default_vq(source, vq)
+    sub_vocab = rc.request(["x"], cfg=False).layout.sub_vocab if rc.family.prompted else None
     dr = load_drafter_by_name(drafter, target) if drafter else None
-    tb = load_tables_by_name(tables, target) if tables else None
-    vqm = load_vq(vq, vq_config_for(vq, vq_config)) if vq else None
-    man = export_full_bundle(target, dr, tb, vqm, out_dir, fp16=fp16, opset=opset, max_tree=max_tree,
-                             generation=generation_defaults(source, target, rc.sampling), validate=validate,
-                             quantize=quantize)
+    tb = load_tables_by_name(tables, target, sub_vocab) if tables else None
+    vqm = load_vq(vq, vq_config_for(vq, vq_config)) if vq else _own_decoder(rc)
+    generation = generation_defaults(source, target, rc.sampling)
+    if xf.exports_bundle:
+        man = xf.export_bundle(target, dr, tb, vqm, out_dir, source=source, image_size=rc.given.get("image_size"),
+                               max_prompt=max_prompt, max_tree=max_tree, opset=opset, generation=generation,
+                               validate=validate, fp16=fp16, quantize=quantize)
+    else:
+        man = export_full_bundle(target, dr, tb, vqm, out_dir, fp16=fp16, opset=opset, max_tree=max_tree,
+                                 generation=generation, validate=validate, quantize=quantize)
     for name, g in man.graphs.items():
         err = (g.validation or {}).get("max_error")
         prec = (g.quantization or {}).get("mode", g.precision)
@@ -67,6 +87,19 @@ def _export(rc, *, out_dir, drafter, tables, vq, vq_config, fp16, opset, max_tre
             echo(line)
     q = "" if man.quantization == "none" else f", {man.quantization} weights"
     echo(f"wrote {out_dir} ({len(man.graphs)} graphs, {man.precision}{q}, opset {man.opset})")
+
+
+def _own_decoder(rc):
+    """A prompted family's decoder beside its checkpoint (e.g. DIR/vqgan/), or None."""
+    from ..errors import ConfigError
+    from ..models.checkpoints import load_vq
+
+    if not rc.family.prompted:
+        return None
+    try:
+        return load_vq(rc.source)
+    except ConfigError:
+        return None
 
 
 @click.command()

@@ -35,7 +35,7 @@ def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, encod
     PROMPTS: a text file (one class id or name per line; t2i: one caption per line) or JSONL
     ({"class" | "caption" | "caption_features": ..., "seed": .., "cfg": ..}); malformed lines
     are reported with their numbers before any work starts.
-    Chameleon engine directories (lisa-trt export --model DIR): one caption per line.
+    Text-prompt models (Lumina-mGPT, Janus-Pro engine directories): one caption per line.
     A GPU run (or --gpu / --memory-gib) is refused before any work when its memory plan does not
     fit (`lisa-trt plan ENGINE_DIR`)."""
     from ..engines.plan import engines_recorded, preflight
@@ -62,7 +62,8 @@ def _run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, echo, **_):
     precheck_prompts(rc.source, prompts, encoder_dir)  # t2i: prompts + encoder checked before engines load
     pipe = Pipeline.from_dir(rc.source, backend=rc.backend, threads=threads, text_encoder=encoder_dir)
     cfg = pipe.config
-    ps = parse_prompts(prompts, model_type=cfg.model_type, num_classes=cfg.num_classes, class_names=pipe.class_names)
+    ps = parse_prompts(prompts, model_type=cfg.model_type, num_classes=getattr(cfg, "num_classes", 0),
+                       class_names=pipe.class_names)
     if rc.method is None:
         echo(f"verify auto: {pipe.resolve_verify(rc.verify)[2]}")
     s = rc.given["sampling"]
@@ -70,10 +71,10 @@ def _run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, echo, **_):
                         temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"], greedy=s["greedy"],
                         progress=sys.stderr.isatty(), **rc.given["tree"], **rc.given["knobs"])
     verify = res.stats[0]["verify"] if res.stats else rc.verify  # what "auto" ran
-    out = save_run(out_dir, res, ps, {"backend": pipe.backend, "verify": verify, "images": res.stats},
-                   overwrite=overwrite)
     mal = sum(st["mal"] for st in res.stats) / len(res.stats)
     secs = sum(st["seconds"] for st in res.stats)
+    out = save_run(out_dir, res, ps, {"family": pipe.family.name, "backend": pipe.backend, "verify": verify,
+                                      "mal": mal, "seconds": secs, "images": res.stats}, overwrite=overwrite)
     echo(f"{len(res.images)} images -> {out} ({pipe.backend}, {verify}): mean MAL {mal:.2f}, {secs:.2f} s")
 
 

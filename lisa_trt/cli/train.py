@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -71,8 +72,8 @@ _T = _defaults()
               help="Continue a finished (or interrupted) run in OUT to a larger --steps; only the logging / "
                    "checkpoint / eval cadence may change too. The cosine schedule is stretched to the new total "
                    "(a warm restart).")
-@opt.captions_file_option("Chameleon directory models: self-distillation captions, one per line (default: built-in "
-                          "list).")
+@opt.captions_file_option("Text-prompt models (Lumina-mGPT, Janus-Pro): self-distillation captions, one per line "
+                          "(default: the family's built-in list).")
 @handle_errors
 def train(model, model_cfg, vq, vq_config, out_dir, cfg_scale, seed, **options):
     """Distil a drafter (LISA locality-informed loss, or EAGLE-3/EAGLE-1 baselines).
@@ -128,28 +129,76 @@ def _is_set(source) -> bool:
     return artifact_set(source) is not None
 
 
+def _check_capabilities(fam, o: dict) -> None:
+    """Refuse what the family's training does not support (models/family.py `train_data`), naming the fix."""
+    from ..errors import InputError
+
+    if fam is None:
+        return
+    if o["data"] not in fam.train_data:
+        raise InputError(f"{fam.name} models train on {' / '.join('--data ' + d for d in fam.train_data)} only "
+                         f"(target rollouts of the prompts), not --data {o['data']}; see docs/families.md")
+    if fam.prompted and o["arch"] != "eagle3":
+        raise InputError(f"--arch {o['arch']} trains on class / caption conditions; {fam.name} models train the "
+                         "EAGLE-3 drafter (--arch eagle3)")
+
+
+def _prompted_data(rc, out_dir, o: dict):
+    """(DataConfig, Request) of a prompted family: the family's self-distillation defaults, the given
+    values, and (when OUT already holds a run) the rollout settings of its first start."""
+    import json
+
+    from ..runtime.prompts import caption_list
+    from ..train.data import DataConfig
+
+    fam, d = rc.family, rc.family.train_defaults
+    n = o["num_samples"] if o["num_samples"] is not None else d.get("num_samples", DataConfig.num_samples)
+    data = dict(num_samples=n, cfg_scale=rc.sampling.cfg_scale, top_k=rc.sampling.top_k, features=o["features"],
+                gen_batch=d.get("gen_batch", DataConfig.gen_batch), eval_samples=n // 8)
+    saved = Path(out_dir) / "train_config.json"
+    if saved.is_file():  # a run keeps the rollouts of its first start
+        first = json.loads(saved.read_text()).get("data", {})
+        data.update({k: first[k] for k in data if k in first})
+    request = rc.request(caption_list(fam, o["captions_file"], data["num_samples"] + data["eval_samples"]), cfg=True)
+    return DataConfig(**data), request
+
+
 def _train(rc, *, out_dir, vq, vq_config, echo, **o):
     """The family-seam training (train/trainer.py, train/medusa.py)."""
     from ..artifacts import default_vq, vq_config_for
-    from ..errors import InputError
     from ..models.checkpoints import load_vq
     from ..train.losses import LossConfig
     from ..train.trainer import TrainConfig
 
+    _check_capabilities(rc.family, o)
     counts = {"--" + n.replace("_", "-"): o[n] for n in ("steps", "batch_size", "num_samples", "checkpoint_every")}
     rc = rc.load(counts=counts, counts_or_zero={"--eval-images": o["eval_images"]},
                  dirs={"--out run directory": out_dir}, captions=o["captions"], encoder_dir=o["encoder_dir"])
-    vq = default_vq(rc.source, vq)
-    if vq is None:
-        raise InputError("training needs the VQ codebook (LISA locality geometry): pass --vq")
-    vqm = load_vq(vq, vq_config_for(vq, vq_config))
-    data = _data_config(rc, vqm, out_dir, o)
+    _check_capabilities(rc.family, o)
+    vq, request = default_vq(rc.source, vq), None
+    codebook = _codebook(rc, vq, vq_config, o["loss"])
+    if rc.family.prompted:
+        data, request = _prompted_data(rc, out_dir, o)
+        o = dict(o, eval_images=0)  # held-out decoding runs on class / caption conditions
+    else:
+        data = _data_config(rc, load_vq(vq, vq_config_for(vq, vq_config)), out_dir, o)
     kw = {k: o[k] for k in ("steps", "batch_size", "lr", "ttt_steps", "drafter_hidden", "drafter_heads",
                             "checkpoint_every", "draft_vocab")}
     kw.update(seed=rc.seed, eval_every=o["eval_every"] or None)
-    cfg = TrainConfig(**{k: v for k, v in kw.items() if v is not None}, bf16=o["bf16"], target_name=str(rc.source),
+    if request is not None:  # the family's TrainConfig defaults for its self-distillation runs
+        import dataclasses
+
+        names = {f.name for f in dataclasses.fields(TrainConfig)}
+        for k, v in rc.family.train_defaults.items():
+            if k in names and kw.get(k) is None:
+                kw[k] = v
+        kw.setdefault("warmup_steps", min(50, (kw["steps"] or TrainConfig().steps) // 20))
+    cfg = TrainConfig(**{k: v for k, v in kw.items() if v is not None}, bf16=o["bf16"],
+                      target_name=rc.family.name if request is not None else str(rc.source),
                       loss=LossConfig(kind=o["loss"], **_loss_switches(o["loss_off"])), data=data)
-    result = _fit(rc.target, vqm, cfg, out_dir, o, echo)
+    start, t0 = _step_done(out_dir), time.perf_counter()
+    result = _fit(rc.target, codebook, cfg, out_dir, o, echo, request)
+    _train_log(rc, cfg, result, out_dir, start, time.perf_counter() - t0)
     echo(f"wrote {result.get('drafter', Path(out_dir) / 'drafter.safetensors')}")
     from ..train.messages import format_eval
 
@@ -157,14 +206,16 @@ def _train(rc, *, out_dir, vq, vq_config, echo, **o):
     _held_out_decoding(rc.target, result, cfg, out_dir, o["eval_images"], echo)
 
 
-def _fit(target, vqm, cfg, out_dir, o: dict, echo) -> dict:
-    """Train the EAGLE-3 drafter or the Medusa heads; Ctrl-C says how to resume (exit 130)."""
+def _fit(target, codebook, cfg, out_dir, o: dict, echo, request=None) -> dict:
+    """Train the EAGLE-3 drafter or the Medusa heads; Ctrl-C says how to resume (exit 130).
+
+    request: a prompted family's self-distillation Request (the prompter's)."""
     from ..errors import InputError
     from ..train.evaluate import decode_eval
     from ..train.messages import resume_hint
     from ..train.trainer import train_drafter
 
-    codebook, eval_images = vqm.codebook().detach(), o["eval_images"]
+    eval_images = o["eval_images"]
     try:
         if o["arch"] == "medusa":
             from ..train.medusa import train_medusa
@@ -177,10 +228,67 @@ def _fit(target, vqm, cfg, out_dir, o: dict, echo) -> dict:
         def eval_fn(drafter, step):  # real decoding MAL on held-out prompts (exact verification)
             return {"decode_mal": decode_eval(target, drafter, cfg, eval_images)["mal"]} if eval_images else {}
 
+        if request is not None:
+            return train_drafter(target, codebook, cfg, out_dir, request=request,
+                                 extend=o["extend"] or _resuming_shorter(out_dir, cfg.steps))
         return train_drafter(target, codebook, cfg, out_dir, eval_fn=eval_fn, extend=o["extend"])
     except KeyboardInterrupt:
         echo("\n" + resume_hint(out_dir, cfg.steps), err=True)
         sys.exit(130)
+
+
+def _codebook(rc, vq, vq_config, loss: str):
+    """The VQ codebook (the LISA locality geometry): --vq (or the artifact set's), or a prompted
+    family's decoder beside the checkpoint; None only for a prompted family's EAGLE losses."""
+    from ..artifacts import vq_config_for
+    from ..errors import ConfigError, InputError
+    from ..models.checkpoints import load_vq
+
+    if vq is not None:
+        return rc.family.codebook(load_vq(vq, vq_config_for(vq, vq_config)))
+    if not rc.family.prompted:
+        raise InputError("training needs the VQ codebook (LISA locality geometry): pass --vq")
+    try:
+        return rc.family.codebook(load_vq(rc.source))
+    except ConfigError as e:
+        if loss == "lisa":
+            raise InputError(f"the LISA loss needs the VQ codebook: pass --vq FOLDER, put the decoder beside the "
+                             f"model, or train with --loss eagle3 ({e})") from e
+        return None
+
+
+def _step_done(out_dir) -> int:
+    """The step of OUT's latest checkpoint (0: a fresh run)."""
+    import json
+
+    latest = Path(out_dir) / "checkpoints" / "latest.json"
+    return json.loads(latest.read_text())["step"] if latest.is_file() else 0
+
+
+def _train_log(rc, cfg, result, out_dir, start: int, seconds: float) -> None:
+    """OUT/train_log.json (rank 0): family, steps, loss kind, seconds, this run's losses, the eval."""
+    import json
+    import os
+
+    from ..io import write_json
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    metrics = Path(result.get("metrics", Path(out_dir) / "metrics.jsonl"))
+    recs = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln.strip()] if metrics.is_file() else []
+    write_json(Path(out_dir) / "train_log.json",
+               {"family": rc.family.name, "steps": cfg.steps, "loss": cfg.loss.kind, "seconds": round(seconds, 2),
+                "losses_this_run": [r["loss"] for r in recs if "loss" in r and r.get("step", 0) > start],
+                "eval": result.get("eval", {})})
+
+
+def _resuming_shorter(out_dir, steps: int) -> bool:
+    """True when OUT holds an interrupted / finished run with fewer steps (self-distillation of
+    prompts continues it automatically, as its first start recorded the rollouts)."""
+    import json
+
+    latest = Path(out_dir) / "checkpoints" / "latest.json"
+    return latest.is_file() and 0 < json.loads(latest.read_text())["step"] < steps
 
 
 def _held_out_decoding(target, result, cfg, out_dir, eval_images, echo) -> None:

@@ -408,8 +408,8 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
     Returns:
         Engines(target, drafter | None, gasv | None, vq | None, manifest, backend); the drafter
         is a GraphDrafter, or GraphMedusaHeads for a bundle exported with Medusa heads. A
-        Chameleon-family directory gives its ChameleonEngines (engines/chameleon_ort.py: the same
-        fields plus tables and tokenizer).
+        token-prompt family's directory (its ExportFamily's engines_module) gives PromptEngines
+        (engines/prompt_graph.py: the same fields plus the tables).
     Raises:
         ConfigError (unknown backend), ArtifactMismatchError / CheckpointError (read_manifest),
         the backend's own errors when it cannot run here (e.g. TensorRTUnavailableError).

@@ -140,7 +140,7 @@ LUMINA_CODES = 8192  # Chameleon VQGAN n_embed
 
 def lumina_span(image_size: int) -> int:
     """Tokens of one square Lumina image span: h_lat rows of (w_lat codes + row end), 16 px codes
-    (speculative/lumina.py: 32-px size grids, 2 codes per grid side)."""
+    (models/families/chameleon/lumina.py: 32-px size grids, 2 codes per grid side)."""
     if image_size <= 0 or image_size % 32:
         raise InputError(f"Lumina-mGPT images are multiples of 32 px (512 / 768 / 1024), got {image_size}")
     lat = image_size // 16

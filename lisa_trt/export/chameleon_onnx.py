@@ -58,7 +58,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 def latent_grid(image_size: int) -> tuple[int, int]:
     """(h_lat, w_lat) code grid of a square Lumina image."""
-    from ..speculative.lumina import LATENT_PER_GRID, grids
+    from ..models.families.chameleon.lumina import LATENT_PER_GRID, grids
 
     hg, wg = grids(image_size, image_size)
     return hg * LATENT_PER_GRID, wg * LATENT_PER_GRID
@@ -81,7 +81,18 @@ class ChameleonGraphs(ExportFamily):
     """The Chameleon family's graphs: token-input prefill, image-code GASV, grid VQGAN decoder."""
 
     name = FAMILY
-    engines_module = "lisa_trt.engines.chameleon_ort"  # GraphChameleonTarget, GraphChameleonVQ
+    engines_module = "lisa_trt.engines.prompt_graph"  # GraphPromptTarget, GraphGridVQ (token-prompt targets)
+    exports_bundle = True
+
+    def export_bundle(self, target, drafter, tables, vq, out_dir, *, source, image_size=None, max_prompt=None,
+                      max_tree=None, opset=None, generation=None, validate=True, fp16=False, quantize="none"):
+        """`export_chameleon` with the family's defaults (its image size, DEFAULT_MAX_PROMPT / _TREE / _OPSET)."""
+        from ..models.family import family_of
+
+        return export_chameleon(target, drafter, tables, vq, source, out_dir,
+                                image_size=image_size or family_of(target.config).default_image_size, max_prompt=max_prompt or DEFAULT_MAX_PROMPT,
+                                max_tree=max_tree or DEFAULT_MAX_TREE, opset=opset or DEFAULT_OPSET,
+                                generation=generation, validate=validate, fp16=fp16, quantize=quantize)
 
     def graph_spec(self, graph: Graph, cfg) -> GraphSpec:
         if graph is Graph.TARGET_PREFILL:
@@ -116,7 +127,7 @@ class ChameleonGraphs(ExportFamily):
         return int((layout or {}).get("max_prompt") or DEFAULT_MAX_PROMPT)
 
     def default_generation(self) -> dict:
-        return {}  # runtime/chameleon.run_engine applies Lumina-mGPT's defaults
+        return {}  # the Pipeline applies the family's defaults (ChameleonFamily.default_sampling)
 
     def config_record(self, cfg) -> dict:
         d = super().config_record(cfg)
@@ -238,7 +249,7 @@ class ChameleonVQGraph(_NamedGraph):
 
 def _check_artifacts(target, drafter, tables, tok):
     """Drafter and tables made for this target (tables bound to the head's code rows)."""
-    from ..calibration.chameleon_tables import CodeVocab
+    from ..models.families.chameleon import CHAMELEON
     from ..calibration.tables import target_hash_of
     from ..models.checkpoints import target_hash
 
@@ -247,10 +258,10 @@ def _check_artifacts(target, drafter, tables, tok):
         raise ArtifactMismatchError(f"the drafter was trained for target {drafter.config.target_hash}, not {th}")
     if tables is None:
         return None
-    vocab = CodeVocab.for_target(target, tok.newline)
+    vocab = CHAMELEON.sub_vocab(target, tok.newline)
     if tables.target_hash not in ("", None, target_hash_of(target)) or tables.vocab_size != vocab.K:
         raise ArtifactMismatchError("the tables were calibrated for another target or code vocabulary; "
-                                    "re-run calibrate_chameleon for this target")
+                                    "re-run `lisa-trt calibrate --model DIR` for this target")
     if tables.w_tilde is None:
         w = target.lm_head.weight.detach()
         tables = tables.bind(w[vocab.code_ids.to(w.device)])
@@ -281,7 +292,7 @@ def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, ima
     Args:
         target: ChameleonTarget (fp32, eval) loaded from an HF directory.
         drafter: its ChameleonDrafter, or None.
-        tables: image-code GASVTables (calibrate_chameleon / load_chameleon_tables), or None.
+        tables: image-code GASVTables (`lisa-trt calibrate --model DIR`; calibration.tables.load_tables_for), or None.
         vq: ChameleonVQGAN, or None (no pixels, tokens only at run time).
         tokenizer_dir: folder with tokenizer.json (+ tokenizer_config.json): the checkpoint dir.
         out_dir: destination (replaced atomically if it is an engine directory).
@@ -298,7 +309,7 @@ def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, ima
         lint: run `polygraphy check lint` on every graph.
     """
     from ..calibration.tables import save_tables
-    from ..speculative.lumina import LuminaTokenizer
+    from ..models.families.chameleon.lumina import LuminaTokenizer
     from . import manifest as M
 
     if opset < 23:

@@ -49,6 +49,16 @@ class ExportFamily:
     # module whose open_engines(manifest, backend, **options) opens the family's bundles when its
     # engines are not engines/graph.py's GraphTarget / GraphVQ (None: those)
     engines_module: Optional[str] = None
+    # True when the family writes its whole engine directory itself (`export_bundle`: a prompt of
+    # tokens, the tokenizer copied in, a static prompt budget); False: runtime/bundle.export_full_bundle
+    exports_bundle: bool = False
+
+    def export_bundle(self, target, drafter, tables, vq, out_dir, *, source, image_size=None, max_prompt=None,
+                      max_tree=None, opset=None, generation=None, validate=True, fp16=False, quantize="none"):
+        """Write a validated engine directory for `target` (families with `exports_bundle`); returns its Manifest.
+
+        source: the checkpoint directory (tokenizer files); None values take the family's defaults."""
+        raise NotImplementedError(f"the {self.name} export family writes no bundle itself (exports_bundle False)")
 
     # -- specs ----------------------------------------------------------------------------
 

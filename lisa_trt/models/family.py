@@ -125,7 +125,13 @@ class ModelFamily:
 
     name = "?"
     model_types: tuple = ()
-    generic_cli = True  # the CLI's generic command entries serve this family (False: refused with the fix)
+    # -- capabilities and defaults the generic commands read (the family is never named there)
+    prompted = False  # conditions are text prompts encoded by `prompter` (--prompt, captions files)
+    default_sampling: dict = {}  # SamplingConfig values replacing the dataclass defaults (no artifact set)
+    default_tree: dict = {}  # tree budget {top_k, depth, total_tokens} when none is given or recorded
+    train_data: tuple = ("self", "tokens", "images")  # the `lisa-trt train --data` sources it supports
+    train_defaults: dict = {}  # TrainConfig / DataConfig values of its self-distillation runs
+    default_captions: tuple = ()  # prompted families: self-distillation / calibration captions when none given
 
     def describe_checkpoint(self) -> str:
         """What a checkpoint of this family looks like (for errors naming the fix)."""
@@ -234,6 +240,21 @@ class ModelFamily:
     def tokens_to_pixels(self, vq, tokens: torch.Tensor) -> torch.Tensor:
         """(B, N) or (B, h, w) tokens -> (B, 3, H, W) float: the raw decoder output (no clamp)."""
         return vq.tokens_to_pixels(tokens)
+
+    def codes_to_pixels(self, vq, codes: torch.Tensor) -> torch.Tensor:
+        """VQ code grids (B, h, w) (what `tokens_to_codes` returns) -> raw decoder output (B, 3, H, W)."""
+        return self.tokens_to_pixels(vq, codes)
+
+    def codebook(self, vq) -> torch.Tensor:
+        """The decoder's codebook rows (n_codes, d), detached: the geometry LISA, LANTERN and GASV use."""
+        cb = vq.codebook
+        return (cb() if callable(cb) else cb).detach()
+
+    def to_uint8(self, pixels: torch.Tensor):
+        """Raw decoder output (B, 3, H, W) -> uint8 (B, H, W, 3) numpy, the family's own conversion."""
+        from ..imaging import to_uint8
+
+        return to_uint8(pixels)
 
 
 class UnknownModelTypeError(ConfigError, ValueError):

@@ -68,7 +68,7 @@ class Prompts:
 def prefill_plan(input_ids: torch.Tensor, cache, valid: Optional[torch.Tensor] = None):
     """Reset `cache` for a (left-padded) prompt; (slots, positions, mask (B, T, Lmax)) of its tokens.
 
-    Shared by the torch target and the exported-graph runners (engines/chameleon_ort.py)."""
+    Shared by the torch target and the exported-graph runners (engines/prompt_graph.py)."""
     B, T = input_ids.shape
     if B != cache.batch:
         raise InputError(f"prompt batch {B} does not match the cache batch {cache.batch}")

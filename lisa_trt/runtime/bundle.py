@@ -77,10 +77,6 @@ def open_bundle(engine_dir: Path, backend: str = "auto", *, threads: Optional[in
     from ..export.manifest import read_manifest
 
     man = read_manifest(engine_dir)
-    if man.export_family.engines_module is not None:  # the family's own engines (engines/graph.load_engines)
-        raise InputError(f"{engine_dir} is a {man.family}-family engine directory, which the Pipeline does not run "
-                         "yet: run it with `lisa-trt run ENGINE_DIR PROMPTS`, or open its engines with "
-                         "engines.graph.load_engines(ENGINE_DIR, backend)")
     backend = resolve_backend(engine_dir, backend)
     gen = dict(man.generation or {})
     names = gen.get("class_names")

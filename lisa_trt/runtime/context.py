@@ -12,12 +12,13 @@ names and loose values:
     rc = rc.bind(rc.load_target())   # the target: tuned tree for the backend, top-k vs its vocabulary
     rc.run("generate", generic_entry, out_dir=..., echo=click.echo)
 
-`RunContext.run` calls the family's own runtime entry for a command when the family has one
-(the Chameleon / Lumina-mGPT directory commands of runtime/chameleon.py, called with their own
-signatures), else the generic entry the caller passes: the CLI never asks which family it runs.
+`RunContext.run` calls the one entry the caller passes for every family; what differs between
+families comes from the family's hooks and capabilities (models/family.py: `prompted` and
+`RunContext.request`, `default_sampling`, `default_tree`, `train_data`, ...): the CLI never asks
+which family it runs.
 
-Floors: runtime (imports models, speculative, export, artifacts and runtime/chameleon.py; never
-runtime/pipeline.py, bench.py or serve, which import this module).
+Floors: runtime (imports models, speculative, export and artifacts; never runtime/pipeline.py,
+bench.py or serve, which import this module).
 """
 
 from __future__ import annotations
@@ -123,6 +124,11 @@ def tuned_tree(source, target, backend: str = "torch") -> dict:
     from ..models.artifact_sets import artifact_set
     from .autotune import default_tree_budgets
 
+    from ..models.family import family_of
+
+    own = family_of(target.config).default_tree
+    if own and backend in ("torch", "ort") and artifact_set(source) is None:
+        return dict(own)
     measured = _measured_budgets() if artifact_set(source) is not None else None
     budgets = default_tree_budgets(target.config, measured)
     if backend == "torch" and torch.cuda.is_available():
@@ -143,8 +149,9 @@ def _measured_budgets() -> dict:
     return json.loads(p.read_text()) if p.is_file() else {}
 
 
-def spec_artifacts(source, target, methods, drafter, tables) -> tuple:
-    """(drafter, tables) that `methods` need, loaded for `target` (the artifact set's own by default)."""
+def spec_artifacts(source, target, methods, drafter, tables, sub_vocab=None) -> tuple:
+    """(drafter, tables) that `methods` need, loaded for `target` (the artifact set's own by default);
+    tables bound to `sub_vocab` (a request layout's) when given."""
     from ..artifacts import default_drafter, default_tables, load_drafter_by_name, load_tables_by_name
 
     ms = [m for m in (resolve_method(x) for x in methods) if m is not None]
@@ -157,7 +164,7 @@ def spec_artifacts(source, target, methods, drafter, tables) -> tuple:
     if needs_tables and tables is None:
         raise InputError(f"{needs_tables[0]} verification needs --tables (make them with `lisa-trt calibrate`)")
     dr = load_drafter_by_name(drafter, target) if needs_drafter else None
-    tb = load_tables_by_name(tables, target) if needs_tables else None
+    tb = load_tables_by_name(tables, target, sub_vocab) if needs_tables else None
     return dr, tb
 
 
@@ -167,17 +174,12 @@ def _detect(source, *, engine: bool = False):
     """The family of a model source (models/family.detect_family) or of an engine directory.
 
     An artifact set's family is its target config's (None until `RunContext.bind` when its
-    provider does not say); an engine directory written by export/chameleon_onnx.py is the
-    Chameleon family's, any other the family of its manifest's target config.
+    provider does not say); an engine directory's is its manifest's target config's.
     """
     from ..models.artifact_sets import artifact_set
     from ..models.family import detect_family, family_of
 
     if engine:
-        from ..export.chameleon_onnx import is_chameleon_engine
-
-        if is_chameleon_engine(source):
-            return family_of("chameleon")
         from ..export.manifest import read_manifest
 
         try:
@@ -264,7 +266,8 @@ class RunContext:
                 probe_writable_file(path, what)
         for what, path in (dirs or {}).items():
             probe_writable_dir(path, what)
-        precheck_captions(captions, encoder_dir)
+        if not getattr(self.family, "prompted", False):  # T5 caption files (a prompted family reads texts)
+            precheck_captions(captions, encoder_dir)
         return self.bind(self.load_target())
 
     def bind(self, target, backend: Optional[str] = None) -> "RunContext":
@@ -274,19 +277,32 @@ class RunContext:
         from ..validation import check_sampling
 
         backend = backend or self.backend
-        check_sampling(self.sampling, vocab_size=target.config.vocab_size)
+        s = self.sampling
+        if self.given.get("sampling", {}).get("top_k") is None:  # a default top-k (the family's) caps nothing
+            s = dataclasses.replace(s, top_k=0)
+        check_sampling(s, vocab_size=target.config.vocab_size)
         spec = resolve_spec(self.method if self.method is not None else self.spec.method,
                             tree=self.given.get("tree"), tree_default=tuned_tree(self.source, target, backend),
                             knobs=self.given.get("knobs"))
         return dataclasses.replace(self, target=target, family=family_of(target.config), spec=spec, backend=backend)
 
-    def run(self, command: str, generic: Callable, **options):
-        """`command` through the family's own runtime entry when it has one, else `generic(self, **options)`."""
-        entry = _FAMILY_ENTRIES.get(getattr(self.family, "name", None), {}).get(command)
-        if entry is None and not getattr(self.family, "generic_cli", True):
-            raise InputError(f"`lisa-trt {command}` does not run {self.family.name} models yet; use the Python API "
-                             "(lisa_trt.load_target / generate / tokens_to_pixels, SpeculativeDecoder; docs/families.md)")
-        return (entry or generic)(self, **options)
+    def run(self, command: str, entry: Callable, **options):
+        """`entry(self, **options)`: the one (generic) entry of `command` for every family."""
+        return entry(self, **options)
+
+    def request(self, prompts, *, cfg: Optional[bool] = None, image_size: Optional[int] = None):
+        """Text prompts -> the family prompter's Request for the bound target (prompted families).
+
+        cfg: encode the unconditional rows (default: when the run's CFG scale guides);
+        image_size: default --image-size when given, else the prompter's own (the family's)."""
+        from ..speculative.sampling import cfg_active
+
+        if not prompts:
+            raise InputError(f"{self.family.name} models take text prompts: pass --prompt TEXT (repeat it for a "
+                             "batch) or a captions file")
+        size = self.given.get("image_size") if image_size is None else image_size
+        cfg = cfg_active(self.sampling.cfg_scale) if cfg is None else cfg
+        return self.family.prompter(self.target, self.source).encode(list(prompts), image_size=size, cfg=cfg)
 
 
 def resolve(model=None, *, engine_dir=None, verify=None, default_verify: Optional[str] = None, auto: bool = False,
@@ -316,89 +332,16 @@ def resolve(model=None, *, engine_dir=None, verify=None, default_verify: Optiona
     given = {"model": model if engine_dir is None else engine_dir, "verify": verify, "sampling": given_s,
              "tree": dict(tree or {}), "knobs": dict(knobs or {}),
              "image_size": model_cfg.get("image_size") if model_cfg.pop("image_size_given", False) else None}
+    base = source
+    if family is not None and family.default_sampling and engine_dir is None:
+        from ..models.artifact_sets import artifact_set
+
+        if artifact_set(source) is None:
+            base = SamplingConfig(**family.default_sampling)
     return RunContext(source=source, family=family, method=method,
-                      sampling=resolve_sampling(source, **given_s), spec=resolve_spec(method, tree=tree, knobs=knobs),
+                      sampling=resolve_sampling(base, **given_s), spec=resolve_spec(method, tree=tree, knobs=knobs),
                       seed=0 if seed is None else seed, given=given, model_cfg=model_cfg, backend=backend)
 
-
-# ----------------------------------------------------------------------------- family entries
-# The Chameleon / Lumina-mGPT directory commands (runtime/chameleon.py), with today's signatures
-# and messages; they take the raw values given (the family's own defaults apply to the rest).
-
-def _chameleon_generate(rc, *, prompts, out_dir, vq, drafter, tables, **_):
-    from .chameleon import cli_generate
-
-    s, t = rc.given["sampling"], rc.given["tree"]
-    tree = tuple(d if t.get(k) is None else t[k]
-                 for k, d in (("tree_top_k", 4), ("tree_depth", 4), ("tree_tokens", 16)))
-    return cli_generate(rc.source, prompts, out_dir, rc.given["image_size"], vq, s.get("cfg_scale"),
-                        s.get("temperature"), s.get("top_k"), bool(s.get("greedy")), rc.seed, rc.given["verify"],
-                        drafter, tree, tables)
-
-
-def _chameleon_calibrate(rc, *, out_path, vq, captions_file, rollouts, samples_per_pos, quantile, clusters,
-                         lantern_k, echo, **_):
-    from .chameleon import calibrate_cli
-
-    s, k = rc.given["sampling"], rc.given["knobs"]
-    t = calibrate_cli(rc.source, out_path, image_size=rc.image_size(512), vq=vq, captions_file=captions_file,
-                      rollouts=rollouts, samples_per_pos=samples_per_pos, quantile=quantile, clusters=clusters,
-                      lantern_k=lantern_k, gasv=gasv_calibration(rc.spec),
-                      cfg_scale=3.0 if s.get("cfg_scale") is None else s["cfg_scale"],
-                      temperature=1.0 if s.get("temperature") is None else s["temperature"],
-                      top_k=2000 if s.get("top_k") is None else s["top_k"], seed=rc.seed)
-    echo(f"wrote {out_path}: {t.n_clusters} clusters over {t.vocab_size} image codes")
-
-
-def _chameleon_train(rc, *, out_dir, data, bf16, features, captions_file, drafter_hidden, drafter_heads,
-                     num_samples, steps, batch_size, lr, checkpoint_every, echo, **_):
-    from .chameleon import train_cli
-
-    if data != "self" or bf16 or features != "online":
-        raise InputError("Chameleon directory models train on target rollouts only (--data self, fp32, "
-                         "--features online); see docs/chameleon.md")
-    kw = dict(num_samples=num_samples, steps=steps, batch_size=batch_size, lr=lr,
-              cfg_scale=rc.given["sampling"].get("cfg_scale"), checkpoint_every=checkpoint_every)
-    info = train_cli(rc.source, out_dir, image_size=rc.image_size(512), captions_file=captions_file,
-                     drafter_hidden=drafter_hidden, drafter_heads=drafter_heads, seed=rc.seed,
-                     **{k: v for k, v in kw.items() if v is not None})
-    echo(f"wrote {Path(out_dir) / 'drafter.safetensors'} ({info['steps']} steps)")
-
-
-def _chameleon_export(rc, *, out_dir, drafter, tables, vq, fp16, opset, max_tree, max_prompt, validate, quantize,
-                      echo, **_):
-    from .chameleon import export_cli
-
-    s = rc.given["sampling"]
-    gen = {k: s[k] for k in ("cfg_scale", "temperature", "top_k") if s.get(k) is not None}
-    man = export_cli(rc.source, out_dir, image_size=rc.image_size(512), drafter=drafter, tables=tables, vq=vq,
-                     max_prompt=max_prompt, max_tree=max_tree, opset=opset, generation=gen, validate=validate,
-                     fp16=fp16, quantize=quantize)
-    for name, g in man["graphs"].items():
-        prec = (g.get("quantization") or {}).get("mode", g.get("precision", "fp32"))
-        echo(f"{name:16s} {prec:5s} max|ORT - torch| {g.get('validation', {}).get('max_abs', 'n/a')}")
-    echo(f"wrote {out_dir} ({len(man['graphs'])} graphs, cache {man['max_cache_len']} slots)")
-
-
-def _chameleon_run(rc, *, prompts, out_dir, threads, echo, **_):
-    from .chameleon import run_cli
-
-    if rc.backend not in ("auto", "ort"):
-        raise InputError(f"Chameleon engine directories run on ONNX Runtime only (--backend ort), not {rc.backend}")
-    verify = rc.verify
-    if verify == AUTO:  # Chameleon bundles record no decode choice yet
-        verify = "gasv"
-        echo("verify auto: this Chameleon bundle records no decode choice; running gasv")
-    s, t = rc.given["sampling"], rc.given["tree"]
-    st = run_cli(rc.source, prompts, out_dir, verify=verify, cfg_scale=s.get("cfg_scale"),
-                 temperature=s.get("temperature"), top_k=s.get("top_k"), greedy=bool(s.get("greedy")), seed=rc.seed,
-                 tree=(t.get("tree_top_k"), t.get("tree_depth"), t.get("tree_tokens")), threads=threads)
-    mal = f", MAL {st['mal']:.2f}" if "mal" in st else ""
-    echo(f"{len(st['captions'])} images -> {out_dir} (ort, {verify}){mal}, {st['seconds']:.2f} s")
-
-
-_FAMILY_ENTRIES = {"chameleon": {"generate": _chameleon_generate, "calibrate": _chameleon_calibrate,
-                                 "train": _chameleon_train, "export": _chameleon_export, "run": _chameleon_run}}
 
 __all__ = ["AUTO", "RunContext", "gasv_calibration", "resolve", "resolve_method", "resolve_sampling", "resolve_spec",
            "spec_artifacts", "tuned_tree"]

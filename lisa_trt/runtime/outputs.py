@@ -76,7 +76,12 @@ def generation_defaults(model, target, sampling) -> dict:
         from .demo import _measured_budgets, _measured_choices
 
         measured, choices = _measured_budgets(), _measured_choices()
-    gen = {"sampling": dataclasses.asdict(sampling), "tree": default_tree_budgets(target.config, measured)}
+    from ..models.family import family_of
+
+    own = family_of(target.config).default_tree  # a family's own tree budget (when no measured one)
+    trees = {b: dict(own) for b in ("default", "ort", "torch")} if own and measured is None else None
+    gen = {"sampling": dataclasses.asdict(sampling),
+           "tree": {**default_tree_budgets(target.config, measured), **(trees or {})}}
     if choices:  # never slower: the measured choice per precision (bench/speed.py)
         from .autotune import record_choices
 
@@ -135,7 +140,8 @@ def save_generation(out_dir, tokens: torch.Tensor, record: dict, *, overwrite: b
 
 
 def save_run(out_dir, result, prompts, record: dict, *, overwrite: bool = False) -> Path:
-    """`lisa-trt run`: one PNG per prompt (named by its line) and stats.json."""
+    """`lisa-trt run`: one PNG per prompt (named by its line), tokens.npy (the code grids of a
+    prompted family, else the tokens) and stats.json."""
     import numpy as np
 
     from ..imaging import save_png
@@ -143,6 +149,10 @@ def save_run(out_dir, result, prompts, record: dict, *, overwrite: bool = False)
     out = _fresh_out(out_dir, overwrite)
     for i, (img, p) in enumerate(zip(result.images, prompts)):
         save_png(np.asarray(img), out / f"img_{i:04d}_line{p.line}.png")
+    toks = result.codes if getattr(result, "codes", None) is not None else result.tokens
+    with atomic_write(out / "tokens.npy") as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, toks.cpu().numpy())
     write_json(out / "stats.json", record)
     return out
 

@@ -32,11 +32,13 @@ from .prompts import Prompt
 
 @dataclass
 class GenerationResult:
-    """images: PIL images (one per prompt); tokens (B, N); stats: one dict per prompt."""
+    """images: PIL images (one per prompt); tokens (B, N); stats: one dict per prompt; codes: the
+    code grids of a prompted family's tokens (family.tokens_to_codes)."""
 
     images: list
     tokens: torch.Tensor
     stats: list = field(default_factory=list)
+    codes: Optional[torch.Tensor] = None  # prompted families: the VQ code grids (B, h, w) of `tokens`
 
 
 def _tree_budget(generation: dict, backend: str) -> dict:
@@ -53,7 +55,8 @@ class Pipeline:
         self._lock = threading.Lock()
         self._text = None
         tc = engines.target.config
-        if not family_of(tc).class_conditioned(tc):
+        self.family = family_of(tc)
+        if not self.family.class_conditioned(tc) and not self.family.prompted:
             from ..text.prompts import make_encoder
 
             self._text = make_encoder(text_encoder, engines.target.config)
@@ -93,7 +96,8 @@ class Pipeline:
             from ..text.prompts import make_encoder
 
             tcfg = read_manifest(Path(engine_dir)).target_config
-            if not family_of(tcfg).class_conditioned(tcfg):
+            fam = family_of(tcfg)
+            if not fam.class_conditioned(tcfg) and not fam.prompted:
                 text_encoder = make_encoder(text_encoder, tcfg)
         return cls(open_bundle(Path(engine_dir), backend, threads=threads, compile=compile, device=device),
                    text_encoder=text_encoder)
@@ -145,6 +149,13 @@ class Pipeline:
         from .prompts import _class_id
 
         cfg = self.config
+        if self.family.prompted:  # text prompts: encoded per call by the family's prompter (_request)
+            texts = [p.caption if isinstance(p, Prompt) else p for p in prompts]
+            if not texts or not all(isinstance(t, str) and t.strip() for t in texts):
+                raise InputError(f"{self.family.name} pipelines take caption strings (or Prompt(caption=...)); "
+                                 f"got {list(prompts)!r}")
+            overrides = [dict(seed=p.seed, cfg=p.cfg) if isinstance(p, Prompt) else {} for p in prompts]
+            return texts, overrides, [{"caption": t} for t in texts]
         if not family_of(cfg).class_conditioned(cfg):
             from ..text.prompts import t2i_conds
 
@@ -196,28 +207,51 @@ class Pipeline:
         return method, dict(tree or {}), why
 
     def sampling(self, base: Optional[SamplingConfig] = None, **over) -> SamplingConfig:
-        """The bundle's sampling defaults (or `base`), with the `over` values that are set applied."""
-        return resolve_sampling(self._e.generation.get("sampling", {}) if base is None else base, check=False,
-                                **over)
+        """The bundle's sampling defaults (or `base`), with the `over` values that are set applied.
+
+        The bundle's: its recorded `generation["sampling"]` (or flat sampling keys of `generation`)
+        over the family's own defaults (models/family.py `default_sampling`)."""
+        if base is None:
+            gen = self._e.generation
+            base = {**self.family.default_sampling, **{k: v for k, v in gen.items() if not isinstance(v, dict)},
+                    **gen.get("sampling", {})}
+        return resolve_sampling(base, check=False, **over)
+
+    def _source(self):
+        """Where the family prompter finds its tokenizer: the engine directory, else the checkpoint's."""
+        man = self._e.manifest
+        return Path(man.dir) if man is not None and getattr(man, "dir", None) else None
+
+    def _request(self, texts, sampling: SamplingConfig):
+        """A prompted family's Request for `texts` (the bundle's image size, or `generation["image_size"]`
+        of in-memory models, else the family's; CFG rows when guided)."""
+        from ..speculative.sampling import cfg_active
+
+        man = self._e.manifest
+        size = (getattr(man, "layout", None) or {}).get("image_size") if man is not None else None
+        size = self._e.generation.get("image_size") if size is None else size  # from_models(generation=...)
+        return self.family.prompter(self._e.target, self._source()).encode(
+            list(texts), image_size=size, cfg=cfg_active(sampling.cfg_scale))
 
     def spec(self, verify, **over) -> SpecConfig:
         """The bundle's tree budget for this backend, with `over` (flat SpecConfig names) applied;
         None values in `over` keep the bundle's setting. `verify`: a method name or Method."""
         tree = {k: v for k, v in over.items() if k in TREE_NAMES}
         knobs = {k: v for k, v in over.items() if k not in TREE_NAMES}
-        return resolve_spec(verify, tree=tree, tree_default=_tree_budget(self._e.generation, self._e.backend),
-                            knobs=knobs)
+        default = _tree_budget(self._e.generation, self._e.backend) or self.family.default_tree
+        return resolve_spec(verify, tree=tree, tree_default=default, knobs=knobs)
 
     def generate(self, prompts: Sequence[Union[int, str, Prompt]], *, seed: int = 0, verify: Union[str, Method] = AUTO,
                  cfg_scale: Optional[float] = None, temperature: Optional[float] = None,
                  top_k: Optional[int] = None, top_p: Optional[float] = None, greedy: bool = False,
-                 batch: bool = False, decode: bool = True, progress: bool = False,
+                 batch: bool = False, row_seeds: bool = True, decode: bool = True, progress: bool = False,
                  sampling: Optional[SamplingConfig] = None, **tree) -> GenerationResult:
         """Generate one image per prompt.
 
         Args:
             prompts: class ids, class names, or Prompt objects (per-prompt seed / cfg); for t2i
-                caption strings (needs text_encoder) or Prompt(caption=... | caption_features=FILE).
+                caption strings (needs text_encoder) or Prompt(caption=... | caption_features=FILE);
+                for a prompted family (Lumina-mGPT, Janus-Pro) caption strings or Prompt(caption=...).
             seed: base seed; prompt i uses its own seed or seed + i.
             verify: a registered method (speculative/methods.py: vanilla, greedy, exact, lantern,
                 gasv, sjd, ...) or its Method, or "auto" (the default): the bundle's recorded
@@ -231,6 +265,8 @@ class Pipeline:
                 the serving path). batch=False decodes one call per prompt with a single
                 generator stream per call (the CLI's `run` semantics; different random numbers
                 from batch=True for the same seed).
+            row_seeds: with batch=True, False draws the whole batch from one generator seeded with
+                `seed` (the rows then depend on the batch; one call, as `lisa-trt generate` decodes).
             decode: decode tokens to PIL images (needs the VQ decoder).
             progress: show a progress bar (one step per image) on stderr.
             tree: top_k / depth / total_tokens overrides of the tree budget (e.g. depth=3), and
@@ -263,49 +299,63 @@ class Pipeline:
                 s = self.sampling(sampling, cfg_scale=cfgs.pop() if cfgs else cfg_scale, temperature=temperature,
                                   top_k=top_k, top_p=top_p, greedy=greedy or None)
                 seeds = [ov["seed"] if ov.get("seed") is not None else seed + i for i, ov in enumerate(overrides)]
-                tokens, stats = self._run_rows(method, cond, s, spec, seeds)
+                req = self._request(cond, s) if self.family.prompted else None
+                c, layout = (req.cond, req.layout) if req is not None else (cond, None)
+                if row_seeds:
+                    tokens, stats = self._run_rows(method, c, s, spec, seeds, layout)
+                else:  # one generator stream over the whole batch (seeded with `seed`)
+                    tokens, st = self._run(method, c, s, spec, seed, layout)
+                    stats = [{**st, "seed": seed, "batch": len(seeds), "batch_row": b} for b in range(len(seeds))]
                 stats = [{**st, **labels[i]} for i, st in enumerate(stats)]
+                codes = self.family.tokens_to_codes(self._e.target, tokens, req) if req is not None else None
             else:
                 from ..progress import progress_bar
 
-                outs, stats = [], []
+                outs, codes, stats = [], [], []
                 bar = progress_bar(len(overrides), progress, unit="image")
                 for i, ov in enumerate(overrides):
                     s = self.sampling(sampling, cfg_scale=ov.get("cfg") if ov.get("cfg") is not None else cfg_scale,
                                       temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy or None)
                     sd = ov.get("seed") if ov.get("seed") is not None else seed + i
-                    toks, st = self._run(method, cond_rows(cond, i, i + 1), s, spec, sd)
+                    if self.family.prompted:
+                        req = self._request(cond[i:i + 1], s)
+                        toks, st = self._run(method, req.cond, s, spec, sd, req.layout)
+                        codes.append(self.family.tokens_to_codes(self._e.target, toks, req))
+                    else:
+                        toks, st = self._run(method, cond_rows(cond, i, i + 1), s, spec, sd)
                     outs.append(toks)
                     stats.append({**st, "seed": sd, **labels[i]})
                     bar.update(1)
                 bar.close()
                 tokens = torch.cat(outs)
-            images = self.decode(tokens) if decode else []
+                codes = torch.cat(codes) if codes else None
+            images = self.decode(tokens if codes is None else codes) if decode else []
         for st in stats:
             st["verify_reason"] = why
-        return GenerationResult(images=images, tokens=tokens, stats=stats)
+        return GenerationResult(images=images, tokens=tokens, stats=stats, codes=codes)
 
-    def _run(self, method: Method, cond, sampling, spec, seed) -> tuple[torch.Tensor, dict]:
-        """One decode with the resolved method, SamplingConfig and SpecConfig."""
+    def _run(self, method: Method, cond, sampling, spec, seed, layout=None) -> tuple[torch.Tensor, dict]:
+        """One decode with the resolved method, SamplingConfig and SpecConfig (and a prompted
+        family's request layout)."""
         from ..speculative.run import check_artifacts, run_method
 
         e, method = self._e, resolve_method(method)
         check_artifacts(method.name, e.drafter, e.tables, e.gasv)  # speculative/run.py takes names
         t0 = time.perf_counter()
         toks, s = run_method(method.name, e.target, e.drafter, e.tables, cond, sampling=sampling, spec=spec,
-                             seed=seed, gasv=e.gasv)
+                             seed=seed, gasv=e.gasv, layout=layout)
         st = s.as_dict()
         st["seconds"] = time.perf_counter() - t0
         st["verify"] = method.name
         return toks.cpu(), st
 
-    def _run_rows(self, method: Method, cond, sampling, spec, seeds) -> tuple[torch.Tensor, list]:
+    def _run_rows(self, method: Method, cond, sampling, spec, seeds, layout=None) -> tuple[torch.Tensor, list]:
         """One batched decode with per-row seeds -> tokens (B, N), one stats dict per row."""
         from ..speculative.run import check_artifacts, run_method
         from ..text.prompts import cond_rows
 
         e, method = self._e, resolve_method(method)
-        if method.kind == "sjd":  # the Jacobi loop has no per-row RNG: decode rows one by one
+        if method.kind == "sjd" and layout is None:  # the Jacobi loop has no per-row RNG: decode rows one by one
             outs, stats = [], []
             for i, sd in enumerate(seeds):
                 toks, st = self._run(method, cond_rows(cond, i, i + 1), sampling, spec, sd)
@@ -315,14 +365,14 @@ class Pipeline:
         check_artifacts(method.name, e.drafter, e.tables, e.gasv)
         t0 = time.perf_counter()
         toks, s = run_method(method.name, e.target, e.drafter, e.tables, cond, sampling=sampling, spec=spec,
-                             seed=seeds[0], seeds=seeds, gasv=e.gasv)
+                             seed=seeds[0], seeds=seeds, gasv=e.gasv, layout=layout)
         sec = time.perf_counter() - t0
         stats = [{**s.row(b), "seconds": sec, "verify": method.name, "seed": sd, "batch": len(seeds), "batch_row": b,
                   "batch_target_forwards": s.target_forwards} for b, sd in enumerate(seeds)]
         return toks.cpu(), stats
 
     def decode(self, tokens: torch.Tensor) -> list:
-        """Token ids (B, N) -> PIL images."""
+        """Token ids (B, N) (a prompted family: its code grids (B, h, w), GenerationResult.codes) -> PIL images."""
         from PIL import Image
 
         from ..imaging import to_uint8
@@ -330,6 +380,9 @@ class Pipeline:
         vq = self._e.vq
         if vq is None:
             raise InputError("this bundle has no VQ decoder; export with the VQ (or pass decode=False)")
+        if self.family.prompted:
+            with torch.no_grad():
+                return [Image.fromarray(a) for a in self.family.to_uint8(self.family.codes_to_pixels(vq, tokens))]
         g = self.config.grid_size
         with torch.no_grad():
             imgs = vq.decode_code(tokens, (tokens.shape[0], vq.config.codebook_embed_dim, g, g))

@@ -55,8 +55,15 @@ def parse_prompts(path, *, model_type: str = "c2i", num_classes: int = 1000,
     if not p.is_file():
         raise InputError(f"prompts file not found: {p}")
     lines = p.read_text().splitlines()
-    classes = family_of(model_type).class_conditioned(model_type)
+    fam = family_of(model_type)
+    classes = fam.class_conditioned(model_type)
     jsonl = p.suffix in (".jsonl", ".json") or any(ln.lstrip().startswith("{") for ln in lines)
+    if fam.prompted and not jsonl:  # text prompts: one caption per line ('#' lines and blank lines skipped)
+        prompts = [Prompt(no, caption=ln.strip()) for no, ln in enumerate(lines, 1)
+                   if ln.strip() and not ln.strip().startswith("#")]
+        if not prompts:
+            raise InputError(f"{p} holds no captions (one caption per line)")
+        return prompts
     if model_type == "t2i" and not jsonl:  # a captions file: every line is one caption
         from ..text.encoder import read_captions
 
@@ -127,3 +134,28 @@ def parse_prompts(path, *, model_type: str = "c2i", num_classes: int = 1000,
     if not prompts:
         raise InputError(f"prompts file {p} has no prompts")
     return prompts
+
+
+# ----------------------------------------------------------------------------- text prompts (prompted families)
+
+def read_text_prompts(path) -> list[str]:
+    """A captions file of a prompted family: one caption per line; blank lines and lines starting
+    with '#' are skipped."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"captions file {p} does not exist")
+    caps = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines()]
+    caps = [c for c in caps if c and not c.startswith("#")]
+    if not caps:
+        raise InputError(f"{p} holds no captions (one caption per line)")
+    return caps
+
+
+def caption_list(family, path=None, n: Optional[int] = None) -> list[str]:
+    """Captions of `path` (read_text_prompts), else the family's `default_captions`, cycled to `n`."""
+    caps = read_text_prompts(path) if path else list(family.default_captions)
+    if not caps:
+        raise InputError(f"{family.name} models need captions here: pass --captions-file FILE (one per line)")
+    if n is not None:
+        caps = (caps * (n // len(caps) + 1))[:n]
+    return caps

@@ -72,10 +72,11 @@ def internal_failure(context: str) -> RequestFailure:
 class _Row:
     req: int
     idx: int
-    class_id: int
+    class_id: Optional[int]  # class-conditioned families
     seed: int
     knobs: tuple  # (verify: Method or "auto", cfg_scale, temperature, top_k, top_p, lantern_delta, gasv_kappa,
     #               gasv_lambda): rows with equal knobs decode together
+    caption: Optional[str] = None  # prompted families (text prompts)
 
 
 def _range(name, v, lo, hi, lo_open=False):
@@ -181,17 +182,24 @@ class ServeModel:
                 if n > self.max_batch:
                     raise InputError(f"a request of {n} rows exceeds --max-batch {self.max_batch}")
                 cols = {name: self._column(req, name, n) for name in INPUTS}
-                if cfg.model_type != "c2i":
-                    raise InputError("this engine is text-to-image: serving takes class prompts only "
-                                     "(run T5 features through `lisa-trt run` instead)")
+                fam = self.pipe.family
+                if not fam.prompted and not fam.class_conditioned(cfg):
+                    raise InputError("this engine is conditioned on caption features: serving takes class or "
+                                     "text prompts only (run T5 features through `lisa-trt run` instead)")
                 mine = []
                 for i in range(n):
-                    cid, err = _class_id(cols["prompt"][i], cfg.num_classes, self.pipe.class_names)
-                    if err:
-                        raise InputError(err)
+                    cid, caption = None, None
+                    if fam.prompted:  # a text prompt, encoded by the family's prompter
+                        caption = str(cols["prompt"][i]).strip()
+                        if not caption:
+                            raise InputError("input 'prompt' must be non-empty text for this engine")
+                    else:
+                        cid, err = _class_id(cols["prompt"][i], cfg.num_classes, self.pipe.class_names)
+                        if err:
+                            raise InputError(err)
                     seed = cols["seed"][i]
                     knobs = self._knobs(*(cols[k][i] for k in KNOBS))
-                    mine.append(_Row(r, i, cid, 0 if seed is None else seed, knobs))
+                    mine.append(_Row(r, i, cid, 0 if seed is None else seed, knobs, caption))
                 rows.extend(mine)
             except LisaError as e:  # any malformed input is this request's error only
                 errors[r] = RequestFailure(" ".join(str(e).split()))
@@ -213,7 +221,7 @@ class ServeModel:
                                     top_p=top_p)  # ranges checked by _knobs (serving's own)
         spec = {k: v for k, v in (("lantern_delta", delta), ("gasv_kappa", kappa), ("gasv_lambda", lam))
                 if v is not None}
-        prompts = [Prompt(i, class_id=r.class_id, seed=r.seed, cfg=cfg) for i, r in enumerate(rows)]
+        prompts = [Prompt(i, class_id=r.class_id, caption=r.caption, seed=r.seed, cfg=cfg) for i, r in enumerate(rows)]
         res = self.pipe.generate(prompts, verify=verify, sampling=sampling, batch=True, **spec)
         return [(np.asarray(img, dtype=np.uint8), st) for img, st in zip(res.images, res.stats)]
 

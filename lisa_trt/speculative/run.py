@@ -47,14 +47,16 @@ def run_method(method: str, target, drafter, tables, cond, *, sampling: Sampling
         sampling = dataclasses.replace(sampling, greedy=True)
     if m.kind == "ar":
         t0 = time.perf_counter()
-        B = len(cond) if torch.is_tensor(cond) else cond[0].shape[0]
-        cb = None if on_progress is None else (lambda i: on_progress(i * B))
+        cb = None
+        if on_progress is not None:
+            B = target.check_cond(cond)
+            cb = lambda i: on_progress(i * B)  # noqa: E731
         toks = generate(target, cond, seed=seed, seeds=seeds, on_token=cb, layout=layout,
                         **dataclasses.asdict(sampling))
         N = toks.shape[1]
         st = DecodeStats(target_forwards=N)
-        st.committed, st.rows = [torch.ones(toks.shape[0] * (N - 1))], [torch.arange(toks.shape[0]).repeat_interleave(
-            N - 1)]
+        n = toks.shape[0] * (N - 1)
+        st.committed, st.rows = [torch.ones(n)], [torch.arange(toks.shape[0]).repeat_interleave(N - 1)]
         st.times = {"total": time.perf_counter() - t0}
         return toks, st
     if m.kind == "sjd":

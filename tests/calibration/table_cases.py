@@ -45,7 +45,7 @@ def summary(tables) -> dict:
 def chameleon_target(tmp: Path):
     import lisa_trt
     from chameleon_fixtures import save_model_dir
-    from lisa_trt.speculative.lumina import LuminaTokenizer
+    from lumina_calls import LuminaTokenizer
 
     d = save_model_dir(tmp, seed=5, vq=False, num_key_value_heads=2)
     return lisa_trt.load_target(d), LuminaTokenizer(d)
@@ -63,7 +63,7 @@ def chameleon_tables(target, tok, captions, width, height, *, cfg_scale=3.0, tem
     driver over Lumina-mGPT's span request (image codes = the layout's sub-vocabulary)."""
     from lisa_trt.calibration.profile import calibrate
     from lisa_trt.config import SamplingConfig
-    from lisa_trt.speculative.lumina import span_request
+    from lumina_calls import span_request
 
     prompts, layout, _ = span_request(target, tok, captions, width, height, cfg_scale > 1)
     return calibrate(target, chameleon_codebook(), conds=prompts, layout=layout, progress=False,
@@ -95,21 +95,21 @@ def chameleon_model_dir(tmp: Path) -> Path:
 
 
 def chameleon_cli(tmp: Path):
-    """runtime/chameleon.calibrate_cli as tests/export/chameleon_bundle.py calls it (captions of
-    different lengths, one batch)."""
-    from lisa_trt.runtime.chameleon import calibrate_cli
+    """`lisa-trt calibrate --model DIR` (the generic entry; tests/models/lumina_calls.calibrate_cli)
+    with the family's built-in captions (different lengths, one batch)."""
+    from lumina_calls import calibrate_cli
 
-    return calibrate_cli(chameleon_model_dir(tmp), tmp / "t.safetensors", image_size=64, captions_file=None,
-                         rollouts=4, samples_per_pos=2, clusters=4, lantern_k=8, top_k=16, cfg_scale=2.0, seed=0)
+    return calibrate_cli(chameleon_model_dir(tmp), tmp / "t.safetensors", image_size=64, rollouts=4,
+                         samples_per_pos=2, clusters=4, lantern_k=8, top_k=16, cfg_scale=2.0, seed=0)
 
 
 def chameleon_cli_two_batches(tmp: Path):
     """calibrate_cli over 10 captions of different lengths: two rollout batches (8 + 2)."""
-    from lisa_trt.runtime.chameleon import calibrate_cli
+    from lumina_calls import calibrate_cli
 
-    return calibrate_cli(chameleon_model_dir(tmp), tmp / "t.safetensors", image_size=32, captions_file=None,
-                         rollouts=10, samples_per_pos=3, clusters=3, lantern_k=6, top_k=12, cfg_scale=3.0, seed=1,
-                         kappa=1.2, lam=0.5)
+    return calibrate_cli(chameleon_model_dir(tmp), tmp / "t.safetensors", image_size=32, rollouts=10,
+                         samples_per_pos=3, clusters=3, lantern_k=6, top_k=12, cfg_scale=3.0, seed=1, kappa=1.2,
+                         lam=0.5)
 
 
 def llamagen_tiny(tmp: Path):

@@ -54,7 +54,7 @@ def chameleon(tmp_path_factory):
 
 def test_chameleon_law_is_the_span_loops(chameleon):
     """Image codes only, CFG rows = the span prefix, row ends forced (one-hot law)."""
-    from lisa_trt.speculative.lumina import span_request
+    from lumina_calls import span_request
 
     target, tok = chameleon
     prompts, layout, _ = span_request(target, tok, ["a red fox", "tok70 tok71 tok72", "x"], 64, 96, cfg=True)
@@ -172,19 +172,20 @@ def chameleon_dir(tmp_path_factory):
 
 
 def test_chameleon_calibrate_cli_records_every_gasv_knob(chameleon_dir, tmp_path):
-    """runtime.chameleon.calibrate_cli dropped delta / neighbours (GASVConfig(kappa, lam) only)."""
+    """The former Chameleon-only calibrate_cli dropped delta / neighbours (GASVConfig(kappa, lam) only);
+    the generic `lisa-trt calibrate` records every knob for every family."""
     from lisa_trt.calibration.tables import load_tables
-    from lisa_trt.runtime.chameleon import calibrate_cli
+    from lumina_calls import calibrate_cli
 
     kw = dict(image_size=32, rollouts=2, samples_per_pos=2, clusters=3, lantern_k=8, top_k=12, cfg_scale=2.0)
     t = calibrate_cli(chameleon_dir, tmp_path / "a.safetensors", kappa=1.3, lam=0.5, delta=0.25, neighbours=4, **kw)
     assert (t.config.kappa, t.config.lam, t.config.delta, t.config.neighbours) == (1.3, 0.5, 0.25, 4)
     assert load_tables(tmp_path / "a.safetensors").config == t.config
-    base = GASVConfig(gamma_delta=0.5, theta_clu=4.0, delta=0.7, scope="cluster")
-    u = calibrate_cli(chameleon_dir, tmp_path / "b.safetensors", gasv=base, neighbours=6, cluster_space="w_tilde",
+    u = calibrate_cli(chameleon_dir, tmp_path / "b.safetensors", delta=0.7, neighbours=6, cluster_space="w_tilde",
                       top_p=0.9, **kw)
+    base = GASVConfig()
     assert (u.config.gamma_delta, u.config.theta_clu, u.config.delta, u.config.scope, u.config.neighbours) == \
-        (0.5, 4.0, 0.7, "cluster", 6)
+        (base.gamma_delta, base.theta_clu, 0.7, base.scope, 6)
     assert u.cluster_space == "w_tilde" and u.settings["sampling"]["top_p"] == 0.9
     assert u.settings["family"] == "chameleon" and (u.settings["width"], u.settings["height"]) == (32, 32)
 

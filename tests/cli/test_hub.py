@@ -83,14 +83,15 @@ def test_malformed_names_are_refused(bad):
 
 
 def test_the_cli_resolves_model_names(cache, monkeypatch):
-    """`generate --model org/name` hands the snapshot to the family's entry; a missing one exits 2."""
+    """`generate --model org/name` hands the snapshot to the generic entry; a missing one exits 2."""
     snap = make_cache(cache)
     from lisa_trt.cli import main
+    from lisa_trt.cli import generate as G
 
     seen = {}
-    monkeypatch.setattr("lisa_trt.runtime.chameleon.cli_generate", lambda *a: seen.setdefault("args", a))
+    monkeypatch.setattr(G, "_generate", lambda rc, **kw: seen.update(source=rc.source, prompts=kw["prompts"]))
     r = CliRunner().invoke(main, ["generate", "--model", "org/name", "--prompt", "a fox"])
     assert r.exit_code == 0, r.output
-    assert seen["args"][0] == snap and seen["args"][1] == ("a fox",)
+    assert seen["source"] == snap and seen["prompts"] == ("a fox",)
     r = CliRunner().invoke(main, ["generate", "--model", "org/missing", "--prompt", "a fox"])
     assert r.exit_code == 2 and "huggingface-cli download org/missing" in r.output and "Traceback" not in r.output

@@ -1,9 +1,9 @@
 """The resolve step (runtime/context.py): objects made once, family entries chosen outside the CLI.
 
 - `resolve` turns a run's names and loose values into a Method, a SamplingConfig and a SpecConfig;
-- `RunContext.run` sends a Chameleon / Lumina-mGPT directory (or engine directory) to the
-  runtime/chameleon.py functions with the signatures and defaults the CLI used, and everything
-  else to the generic entry;
+- `RunContext.run` sends every family to the one generic entry; a Chameleon / Lumina-mGPT directory
+  gets its family's defaults (sampling, tree, image size) and capabilities (training data) from
+  the family's hooks;
 - Pipeline, bench and serve take their settings from the same functions (one lookup by name).
 """
 
@@ -73,89 +73,125 @@ def test_generic_entries_are_used_for_other_families():
     assert ctx is rc and kw == {"a": 1}
 
 
-# ----------------------------------------------------------------------------- family entries via the CLI
+# ----------------------------------------------------------------------------- every family through the generic entries
 
-@pytest.fixture
-def model_dir(tmp_path):
-    d = tmp_path / "lumina"
-    d.mkdir()
-    (d / "config.json").write_text('{"model_type": "chameleon"}')
-    return d
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny Chameleon / Lumina-mGPT directory (tokenizer + VQGAN), tests/calibration/table_cases.py's."""
+    import sys
+    from pathlib import Path
 
+    pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "calibration"))
+    import table_cases as tc
 
-def _record(monkeypatch, name, ret=None):
-    seen = {}
-
-    def fn(*a, **kw):
-        seen["args"], seen["kw"] = a, kw
-        return ret
-
-    monkeypatch.setattr(f"lisa_trt.runtime.chameleon.{name}", fn)
-    return seen
+    return tc.chameleon_model_dir(tmp_path_factory.mktemp("lumina"))
 
 
-def test_generate_on_a_directory_calls_the_family_entry_as_before(model_dir, monkeypatch, tmp_path):
-    seen = _record(monkeypatch, "cli_generate")
+def test_run_context_has_no_family_entries():
+    assert not hasattr(C, "_FAMILY_ENTRIES")
+    rc = C.resolve("x.safetensors")
+    assert rc.run("train", lambda ctx, **kw: kw, a=1) == {"a": 1}
+
+
+def test_generate_on_a_directory_uses_the_family_defaults(model_dir, tmp_path):
+    import numpy as np
+
     r = CliRunner().invoke(main, ["generate", "--model", str(model_dir), "--prompt", "a", "--prompt", "b",
-                                  "--tree-depth", "3", "--top-k", "50", "--seed", "2", "--out", str(tmp_path / "o")])
+                                  "--image-size", "32", "--seed", "2", "--out", str(tmp_path / "o")])
     assert r.exit_code == 0, r.output
-    a = seen["args"]
-    assert a[0] == str(model_dir) and a[1] == ("a", "b") and a[2] == str(tmp_path / "o")
-    assert a[3] is None and a[5:10] == (None, None, 50, False, 2)  # image size / sampling: the family's defaults
-    assert a[10] is None and a[12] == (4, 3, 16)  # verify not given; tree (4, 4, 16) with the depth given
-    r = CliRunner().invoke(main, ["generate", "--model", str(model_dir), "--prompt", "a", "--image-size", "384"])
-    assert r.exit_code == 0 and seen["args"][3] == 384
+    st = json.loads((tmp_path / "o" / "stats.json").read_text())
+    assert st["family"] == "chameleon" and st["verify"] == "vanilla" and st["prompts"] == ["a", "b"]
+    s = st["sampling"]
+    assert (s["cfg_scale"], s["temperature"], s["top_k"]) == (3.0, 1.0, 2000)  # Lumina-mGPT's defaults
+    assert np.load(tmp_path / "o" / "tokens.npy").shape == (2, 2, 2) and len(list((tmp_path / "o").glob("*.png"))) == 2
+    rc = C.resolve(str(model_dir), verify="exact", tree={"tree_depth": 3})
+    rc = rc.bind(lisa_trt_load(model_dir))
+    assert (rc.spec.tree.top_k, rc.spec.tree.depth, rc.spec.tree.total_tokens) == (4, 3, 16)  # the family's tree
+    r = CliRunner().invoke(main, ["generate", "--model", str(model_dir), "--out", str(tmp_path / "p")])
+    assert r.exit_code == 2 and "--prompt" in r.output and not (tmp_path / "p").exists()
+    r = CliRunner().invoke(main, ["generate", "--model", str(model_dir), "--prompt", "a", "--image-size", "32",
+                                  "--verify", "sjd", "--out", str(tmp_path / "q")])
+    assert r.exit_code == 2 and "Jacobi" in r.output
 
 
-def test_calibrate_train_export_on_a_directory(model_dir, monkeypatch, tmp_path):
-    class T:
-        n_clusters, vocab_size = 5, 8192
+def lisa_trt_load(d):
+    import lisa_trt
 
-    seen = _record(monkeypatch, "calibrate_cli", T())
-    r = CliRunner().invoke(main, ["calibrate", "--model", str(model_dir), "--out", str(tmp_path / "t.safetensors"),
-                                  "--rollouts", "3"])
+    return lisa_trt.load_target(str(d))
+
+
+def test_calibrate_and_train_on_a_directory(model_dir, tmp_path):
+    from lisa_trt.calibration.tables import load_tables
+
+    out = tmp_path / "t.safetensors"
+    r = CliRunner().invoke(main, ["calibrate", "--model", str(model_dir), "--out", str(out), "--rollouts", "2",
+                                  "--image-size", "32", "--samples-per-pos", "2", "--clusters", "3", "--lantern-k", "4"])
     assert r.exit_code == 0, r.output
-    assert "5 clusters over 8192 image codes" in r.output
-    kw = seen["kw"]
-    assert kw["image_size"] == 512 and kw["rollouts"] == 3 and (kw["gasv"].kappa, kw["gasv"].lam) == (1.0, 0.6)
-    assert (kw["cfg_scale"], kw["temperature"], kw["top_k"]) == (3.0, 1.0, 2000)
-
-    seen = _record(monkeypatch, "train_cli", {"steps": 2})
+    t = load_tables(out)
+    assert "3 clusters over" in r.output and t.settings["family"] == "chameleon"
+    assert (t.config.kappa, t.config.lam) == (1.0, 0.6)
+    s = t.settings["sampling"]
+    assert (s["cfg_scale"], s["temperature"], s["top_k"]) == (3.0, 1.0, 2000)
+    r = CliRunner().invoke(main, ["train", "--model", str(model_dir), "--out", str(tmp_path / "run"), "--data",
+                                  "tokens", "--token-file", "x.npy"])
+    assert r.exit_code == 2 and "train on --data self only" in r.output
+    r = CliRunner().invoke(main, ["train", "--model", str(model_dir), "--out", str(tmp_path / "run"), "--arch", "medusa"])
+    assert r.exit_code == 2 and "--arch eagle3" in r.output
     r = CliRunner().invoke(main, ["train", "--model", str(model_dir), "--out", str(tmp_path / "run"), "--steps", "2",
-                                  "--cfg-scale", "2.5"])
+                                  "--num-samples", "2", "--batch-size", "2", "--image-size", "32", "--cfg-scale", "2.5"])
     assert r.exit_code == 0, r.output
-    assert seen["kw"]["steps"] == 2 and seen["kw"]["cfg_scale"] == 2.5 and "batch_size" not in seen["kw"]
-    r = CliRunner().invoke(main, ["train", "--model", str(model_dir), "--out", str(tmp_path / "run"), "--bf16"])
-    assert r.exit_code == 2 and "train on target rollouts only" in r.output
-
-    seen = _record(monkeypatch, "export_cli", {"graphs": {"target": {}}, "max_cache_len": 99})
-    r = CliRunner().invoke(main, ["export", "--model", str(model_dir), "--out", str(tmp_path / "e"), "--top-k", "7"])
+    cfg = json.loads((tmp_path / "run" / "train_config.json").read_text())
+    assert cfg["steps"] == 2 and cfg["data"]["cfg_scale"] == 2.5 and cfg["data"]["top_k"] == 2000
+    assert (tmp_path / "run" / "drafter.safetensors").is_file()
+    r = CliRunner().invoke(main, ["bench", "--model", str(model_dir), "--methods", "exact", "--num-images", "2",
+                                  "--image-size", "32", "--drafter", str(tmp_path / "run" / "drafter.safetensors"),
+                                  "--tree-tokens", "6", "--json", str(tmp_path / "b.json")])
     assert r.exit_code == 0, r.output
-    assert seen["kw"]["generation"] == {"top_k": 7} and seen["kw"]["validate"] is True and "99 slots" in r.output
-    r = CliRunner().invoke(main, ["export", "--model", str(model_dir), "--out", str(tmp_path / "e"), "--fp16",
-                                  "--quantize", "int8"])
-    assert r.exit_code == 0, r.output
-    assert seen["kw"]["fp16"] is True and seen["kw"]["quantize"] == "int8"
+    rep = json.loads((tmp_path / "b.json").read_text())
+    assert set(rep["results"]) == {"vanilla", "exact"} and rep["settings"]["num_images"] == 2
+    assert rep["settings"]["captions"][:2] == ["a red fox in the snow", "a bowl of ramen on a wooden table"]
 
 
-def test_run_and_build_on_a_family_engine_directory(monkeypatch, tmp_path):
+def test_run_and_build_on_a_legacy_engine_directory(tmp_path):
     e = tmp_path / "eng"
     e.mkdir()
     (e / "chameleon_engine.json").write_text(json.dumps({"image_size": 64}))
     prompts = tmp_path / "p.txt"
     prompts.write_text("a fox\n")
-    seen = _record(monkeypatch, "run_cli", {"captions": ["a fox"], "seconds": 0.5, "mal": 2.0})
-    r = CliRunner().invoke(main, ["run", str(e), str(prompts), "--out", str(tmp_path / "o"), "--tree-tokens", "9"])
-    assert r.exit_code == 0, r.output
-    assert "running gasv" in r.output and "(ort, gasv), MAL 2.00" in r.output
-    assert seen["kw"]["verify"] == "gasv" and seen["kw"]["tree"] == (None, None, 9)
-    r = CliRunner().invoke(main, ["run", str(e), str(prompts), "--backend", "torch"])
-    assert r.exit_code == 2 and "ONNX Runtime only" in r.output
+    r = CliRunner().invoke(main, ["run", str(e), str(prompts), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "lisa-trt export" in r.output
     r = CliRunner().invoke(main, ["build", str(e)])
-    assert r.exit_code == 2 and "no manifest.json" in r.output and "lisa-trt export" in r.output  # a legacy dir
+    assert r.exit_code == 2 and "no manifest.json" in r.output and "lisa-trt export" in r.output
 
 
 # ----------------------------------------------------------------------------- Pipeline / bench / serve
+
+def test_pipeline_runs_a_prompted_family(model_dir):
+    """Pipeline over an in-memory Chameleon target: captions through the family's prompter, the
+    family's sampling defaults, code grids in `codes`; one generator per batch with row_seeds=False
+    equals the generic dispatch on the whole request."""
+    import lisa_trt
+    from lisa_trt.models.family import family_of
+    from lisa_trt.runtime.pipeline import Pipeline
+    from lisa_trt.speculative.run import run_method
+
+    t = lisa_trt.load_target(str(model_dir))
+    pipe = Pipeline.from_models(t, vq=lisa_trt.load_vq(str(model_dir)), generation={"image_size": 32}, threads=1)
+    assert pipe.sampling().cfg_scale == 3.0 and pipe.sampling().top_k == 2000  # the family's defaults
+    res = pipe.generate(["a red fox", "tok70 tok71"], verify="vanilla", seed=1)
+    assert res.codes.shape == (2, 2, 2) and len(res.images) == 2 and res.images[0].size == (4, 4)
+    assert res.stats[0]["caption"] == "a red fox"
+    both = pipe.generate(["a red fox", "tok70 tok71"], verify="vanilla", seed=1, batch=True, row_seeds=False,
+                         decode=False)
+    req = family_of(t.config).prompter(t).encode(["a red fox", "tok70 tok71"], image_size=32, cfg=True)
+    want, _ = run_method("vanilla", t, None, None, req.cond, sampling=pipe.sampling(), spec=SpecConfig(), seed=1,
+                         layout=req.layout)
+    assert torch.equal(both.tokens, want)
+    with pytest.raises(InputError, match="caption strings"):
+        pipe.generate([3], verify="vanilla")
+
 
 def test_pipeline_looks_the_method_up_once(monkeypatch):
     from lisa_trt.runtime import pipeline as P

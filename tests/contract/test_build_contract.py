@@ -133,7 +133,7 @@ def chameleon_bundle(tmp_path_factory):
     pytest.importorskip("tokenizers")
     from chameleon_bundle import export_kwargs, make_chameleon_artifacts
 
-    from lisa_trt.runtime.chameleon import export_cli
+    from chameleon_bundle import export_cli
 
     root = tmp_path_factory.mktemp("cham")
     art = make_chameleon_artifacts(root / "art")

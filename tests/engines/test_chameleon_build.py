@@ -25,7 +25,7 @@ ALL = {"target_prefill", "target_verify", "drafter_project", "drafter_step", "ga
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
     """fp32 and fp16 exports of the tiny Chameleon deployment (every graph; validation is the export tests')."""
-    from lisa_trt.runtime.chameleon import export_cli
+    from chameleon_bundle import export_cli
 
     root = tmp_path_factory.mktemp("cham_build")
     art = make_chameleon_artifacts(root / "art")
@@ -111,8 +111,8 @@ def built(bundles, tmp_path, monkeypatch, request):
 def test_build_records_engines_and_the_trt_backend_decodes_like_ort(built):
     import torch
 
-    from lisa_trt.engines.chameleon_ort import load_chameleon_engines
-    from lisa_trt.speculative.chameleon_spec import LuminaSpec, speculative_image_tokens
+    from lumina_calls import load_chameleon_engines
+    from lumina_calls import LuminaSpec, speculative_image_tokens
 
     rec = built.record
     assert set(rec["graphs"]) == ALL and rec["strongly_typed"] and B.engines_built(built.dir)

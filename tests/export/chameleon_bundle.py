@@ -4,9 +4,10 @@ tokenizer and VQGAN), a briefly trained drafter, image-code tables; all determin
     art = make_chameleon_artifacts(root)      # {"model_dir", "drafter", "tables", "size", ...}
     export_cli(art["model_dir"], out, **export_kwargs(art))
 
-`golden_runs(engine_dir)` decodes the golden captions with every verification rule through
-runtime.chameleon.run_engine; tests/export/data/chameleon_run_golden.json holds what the fp32
-export gave before the Chameleon export was folded into the generic exporter (token identity).
+`golden_runs(engine_dir)` decodes the golden captions with every verification rule through the
+generic Pipeline (one batch, one generator, as the former runtime/chameleon.run_engine did);
+tests/export/data/chameleon_run_golden.json holds what the fp32 export gave before the Chameleon
+export was folded into the generic exporter (token identity).
 """
 
 from __future__ import annotations
@@ -49,28 +50,48 @@ def export_kwargs(art: dict, **over) -> dict:
     return kw
 
 
-def golden_runs(engine_dir, out_root) -> dict:
-    """{"<verify>-<greedy|sample>": {"codes": nested list, "mal": .., "target_forwards": ..}}."""
-    from lisa_trt.runtime.chameleon import run_engine
+def export_cli(model_dir, out_dir, *, image_size, drafter=None, tables=None, max_prompt=None, max_tree=None,
+               generation=None, validate=True, fp16=False, quantize="none"):
+    """`lisa-trt export --model DIR` (the generic export command) with these settings; the Manifest."""
+    from click.testing import CliRunner
 
-    import numpy as np
+    from lisa_trt.cli import main
+    from lisa_trt.export.manifest import read_manifest
+
+    args = ["export", "--model", model_dir, "--out", out_dir, "--image-size", image_size, "--quantize", quantize]
+    args += ["--drafter", drafter] if drafter else []
+    args += ["--tables", tables] if tables else []
+    args += ["--max-prompt", max_prompt] if max_prompt else []
+    args += ["--max-tree", max_tree] if max_tree else []
+    args += ["--fp16"] if fp16 else []
+    args += [] if validate else ["--no-validate"]
+    for k, v in (generation or {}).items():
+        args += ["--" + k.replace("_", "-"), v]
+    r = CliRunner().invoke(main, [str(a) for a in args])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    return read_manifest(out_dir)
+
+
+def golden_runs(engine_dir, out_root=None) -> dict:
+    """{"<verify>-<greedy|sample>": {"codes": nested list, "mal": .., "target_forwards": ..}}: the
+    golden captions decoded as one batch from one generator (Pipeline batch=True, row_seeds=False)."""
+    from lisa_trt.runtime.pipeline import Pipeline
 
     res = {}
-    for verify, greedy in GOLDEN_RUNS:
-        key = f"{verify}-{'greedy' if greedy else 'sample'}"
-        out = Path(out_root) / key
-        st = run_engine(engine_dir, GOLDEN_CAPTIONS, out, verify=verify, greedy=greedy, seed=3, threads=1,
-                        tree=(3, 3, 8))
-        res[key] = {"codes": np.load(out / "tokens.npy").tolist(), "mal": st.get("mal"),
-                    "target_forwards": st.get("target_forwards")}
+    with Pipeline.from_dir(engine_dir, backend="ort", threads=1) as pipe:
+        for verify, greedy in GOLDEN_RUNS:
+            key = f"{verify}-{'greedy' if greedy else 'sample'}"
+            r = pipe.generate(GOLDEN_CAPTIONS, verify=verify, greedy=greedy, seed=3, batch=True, row_seeds=False,
+                              decode=False, tree_top_k=3, tree_depth=3, tree_tokens=8)
+            st = r.stats[0]
+            res[key] = {"codes": r.codes.tolist(), "mal": st.get("mal") if verify != "vanilla" else None,
+                        "target_forwards": st.get("target_forwards") if verify != "vanilla" else None}
     return res
 
 
 if __name__ == "__main__":  # re-record the golden runs (only on a commit whose tokens are the reference)
     import json
     import tempfile
-
-    from lisa_trt.runtime.chameleon import export_cli
 
     with tempfile.TemporaryDirectory() as tmp:
         art = make_chameleon_artifacts(Path(tmp) / "art")

@@ -1,5 +1,6 @@
 """Token identity of Chameleon engine runs across refactors: a tiny fp32 bundle (trained drafter,
-image-code tables, VQGAN) decoded with every verification rule through runtime.chameleon.run_engine
+image-code tables, VQGAN), exported by `lisa-trt export` and decoded with every verification rule
+through the generic Pipeline (one batch, one generator),
 gives exactly the codes (and speculation statistics) recorded in data/chameleon_run_golden.json,
 which were recorded before the Chameleon export and runners were folded into the generic layers."""
 
@@ -11,14 +12,12 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 pytest.importorskip("onnxruntime")
 
-from chameleon_bundle import GOLDEN, export_kwargs, golden_runs, make_chameleon_artifacts  # noqa: E402
+from chameleon_bundle import GOLDEN, export_cli, export_kwargs, golden_runs, make_chameleon_artifacts  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
 def test_run_engine_tokens_match_the_recorded_golden(tmp_path):
-    from lisa_trt.runtime.chameleon import export_cli
-
     art = make_chameleon_artifacts(tmp_path / "art")
     export_cli(art["model_dir"], tmp_path / "eng", **export_kwargs(art))
     got = golden_runs(tmp_path / "eng", tmp_path / "runs")

@@ -19,7 +19,7 @@ from chameleon_fixtures import save_model_dir  # noqa: E402
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    from lisa_trt.engines.chameleon_ort import load_chameleon_engines
+    from lumina_calls import load_chameleon_engines
     from lisa_trt.export.chameleon_onnx import export_chameleon
 
     root = tmp_path_factory.mktemp("cham_graphs")

@@ -87,10 +87,10 @@ def test_run_every_rule_through_ort(pipeline, verify, tmp_path):
 
 
 def test_ort_greedy_speculation_matches_torch(pipeline):
-    from lisa_trt.engines.chameleon_ort import load_chameleon_engines
+    from lumina_calls import load_chameleon_engines
     from lisa_trt.models.families.chameleon.drafter import load_chameleon_drafter
-    from lisa_trt.speculative.lumina import LuminaTokenizer, generate_image_tokens
-    from lisa_trt.speculative.chameleon_spec import LuminaSpec, speculative_image_tokens
+    from lumina_calls import LuminaTokenizer, generate_image_tokens
+    from lumina_calls import LuminaSpec, speculative_image_tokens
 
     root, d, _ = pipeline
     target, tok = lisa_trt.load_target(d), LuminaTokenizer(d)
@@ -104,7 +104,7 @@ def test_ort_greedy_speculation_matches_torch(pipeline):
     tor, _ = speculative_image_tokens(target, drafter, tok, caps, SIZE, SIZE, spec)
     assert torch.equal(tor.tokens, ref.tokens)
     # GASV v2 graph == torch gasv_gates on code logits, a tree of code tokens and its parents
-    from lisa_trt.calibration.chameleon_tables import load_chameleon_tables
+    from lumina_calls import load_chameleon_tables
     from lisa_trt.speculative.gasv import gasv_gates
 
     tables = load_chameleon_tables(root / "tables.safetensors", target, tok.newline)
@@ -123,10 +123,10 @@ def test_ort_greedy_speculation_matches_torch(pipeline):
 
 
 def test_wrong_engine_directories_are_clear(pipeline, tmp_path):
-    from lisa_trt.engines.chameleon_ort import load_chameleon_engines
+    from lumina_calls import load_chameleon_engines
 
     root, _, caps = pipeline
-    with pytest.raises(lisa_trt.LisaError, match="not a Chameleon engine directory"):
+    with pytest.raises(lisa_trt.LisaError, match="not a complete lisa-trt engine directory"):
         load_chameleon_engines(tmp_path)
     long_caps = tmp_path / "long.txt"
     long_caps.write_text(" ".join(["tok70"] * 40) + "\n")

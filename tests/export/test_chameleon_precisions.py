@@ -69,7 +69,7 @@ def _prompt_and_tree(target, B=3):
 @torch.no_grad()
 def _engines_vs_torch(man, target):
     """max |engine - torch| of the prefill and verify logits (same prompt, same tree), scaled."""
-    from lisa_trt.engines.chameleon_ort import load_chameleon_engines
+    from lumina_calls import load_chameleon_engines
 
     eng = load_chameleon_engines(man.dir, threads=1)
     ids, valid, toks, anc, depth = _prompt_and_tree(target)
@@ -107,8 +107,8 @@ def test_fp16_bundle_is_validated_and_runs_with_fp16_caches(fp16, models):
 
 @torch.no_grad()
 def test_fp16_greedy_speculation_runs(fp16, models):
-    from lisa_trt.engines.chameleon_ort import load_chameleon_engines
-    from lisa_trt.speculative.chameleon_spec import LuminaSpec, speculative_image_tokens
+    from lumina_calls import load_chameleon_engines
+    from lumina_calls import LuminaSpec, speculative_image_tokens
 
     eng = load_chameleon_engines(fp16.dir, threads=1)
     spec = LuminaSpec(method="greedy", cfg_scale=2.0, tree_top_k=2, depth=2, total_tokens=4)
@@ -168,17 +168,20 @@ def test_bad_precision_requests_are_refused_before_exporting(models, tmp_path):
 
 
 def test_generic_entry_points_know_the_family(fp16, tmp_path):
-    from lisa_trt.engines.chameleon_ort import load_chameleon_engines
+    from lumina_calls import load_chameleon_engines
     from lisa_trt.engines.graph import load_engines
-    from lisa_trt.errors import ArtifactMismatchError
+    from lisa_trt.errors import CheckpointError
     from lisa_trt.runtime.bundle import open_bundle
 
     eng = load_engines(fp16.dir, "ort", threads=1)  # dispatches on the manifest's family
-    assert type(eng.target).__name__ == "GraphChameleonTarget" and eng.backend == "ort" and eng.tokenizer
-    with pytest.raises(InputError, match="chameleon-family engine directory.*lisa-trt run"):
-        open_bundle(fp16.dir, "ort")
+    assert type(eng.target).__name__ == "GraphPromptTarget" and eng.backend == "ort" and eng.manifest.family == "chameleon"
+    b = open_bundle(fp16.dir, "ort")  # the Pipeline's bundle opens the family's engines like any other
+    assert type(b.target).__name__ == "GraphPromptTarget" and b.manifest.family == "chameleon"
+    for e in (b.target, b.drafter, b.gasv, b.vq):
+        if e is not None:
+            e.close()
     old = tmp_path / "old"
     old.mkdir()
     (old / "chameleon_engine.json").write_text('{"kind": "lisa-trt/chameleon-engine"}')
-    with pytest.raises(ArtifactMismatchError, match="older lisa-trt.*re-export"):
+    with pytest.raises(CheckpointError, match="no manifest.json.*lisa-trt export"):  # refused, naming the fix
         load_chameleon_engines(old)

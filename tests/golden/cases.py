@@ -33,7 +33,7 @@ def chameleon_setup(tmp: Path):
     from lisa_trt.calibration.tables import load_tables_for
     from lisa_trt.models.families.chameleon import CHAMELEON
     from lisa_trt.models.families.chameleon.drafter import ChameleonDrafter
-    from lisa_trt.speculative.lumina import LuminaTokenizer
+    from lisa_trt.models.families.chameleon.lumina import LuminaTokenizer
 
     d = save_model_dir(tmp, seed=5, vq=False, num_key_value_heads=2)
     target = lisa_trt.load_target(d)
@@ -81,20 +81,34 @@ def ch_raw(s, greedy, image_only):
                              seed=3)
 
 
-def ch_ar(s, cfg_scale, greedy, seed):
-    from lisa_trt.speculative.lumina import generate_image_tokens
+def _request(s, cfg_scale):
+    """The family prompter's Request for CAPS (a 64 x 96 image; CFG rows when guided)."""
+    from lisa_trt.models.family import family_of
+    from lisa_trt.speculative.sampling import cfg_active
 
-    return generate_image_tokens(s["target"], s["tok"], CAPS, 64, 96, cfg_scale=cfg_scale, greedy=greedy,
-                                 top_k=16, seed=seed).tokens
+    return family_of(s["target"].config).prompter(s["target"]).encode(CAPS, cfg=cfg_active(cfg_scale), width=64,
+                                                                       height=96)
+
+
+def ch_ar(s, cfg_scale, greedy, seed):
+    from lisa_trt.config import SamplingConfig
+    from lisa_trt.speculative.methods import SpecConfig
+    from lisa_trt.speculative.run import run_method
+
+    req = _request(s, cfg_scale)
+    return run_method("vanilla", s["target"], None, None, req.cond, layout=req.layout, seed=seed, spec=SpecConfig(),
+                      sampling=SamplingConfig(cfg_scale=cfg_scale, top_k=16, greedy=greedy))[0]
 
 
 def ch_spec(s, method, cfg_scale, greedy, seed):
-    from lisa_trt.speculative.chameleon_spec import LuminaSpec, speculative_image_tokens
+    from lisa_trt.config import SamplingConfig
+    from lisa_trt.speculative.methods import SpecConfig
+    from lisa_trt.speculative.run import run_method
 
-    spec = LuminaSpec(method=method, cfg_scale=cfg_scale, top_k=16, tree_top_k=3, depth=3, total_tokens=8,
-                      lantern_k=8, greedy=greedy)
-    return speculative_image_tokens(s["target"], s["drafter"], s["tok"], CAPS, 64, 96, spec, seed=seed,
-                                    tables=s["tables"])[0].tokens
+    req = _request(s, cfg_scale)
+    spec = SpecConfig.make(method, top_k=3, depth=3, total_tokens=8, lantern_k=8)
+    return run_method(method, s["target"], s["drafter"], s["tables"], req.cond, layout=req.layout, seed=seed,
+                      spec=spec, sampling=SamplingConfig(cfg_scale=cfg_scale, top_k=16, greedy=greedy))[0]
 
 
 LLAMAGEN = {

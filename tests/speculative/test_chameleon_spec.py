@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 import lisa_trt  # noqa: E402
 from chameleon_fixtures import N_CODES, make_hf_model, save_hf, save_tokenizer  # noqa: E402
 from lisa_trt.models.families.chameleon.drafter import ChameleonDrafter  # noqa: E402
-from lisa_trt.speculative.lumina import LuminaTokenizer, generate_image_tokens, row_end_mask  # noqa: E402
-from lisa_trt.speculative.chameleon_spec import LuminaSpec, speculative_image_tokens  # noqa: E402
+from lumina_calls import LuminaTokenizer, generate_image_tokens, row_end_mask  # noqa: E402
+from lumina_calls import LuminaSpec, speculative_image_tokens  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +51,13 @@ def test_exact_sampling_keeps_the_span_structure(setup):
     assert torch.equal(got.tokens, again.tokens)
     with pytest.raises(lisa_trt.LisaError, match="not 'sjd'"):
         LuminaSpec(method="sjd")
+    from lisa_trt.models.family import family_of
+    from lisa_trt.speculative.run import run_method
+
+    req = family_of(target.config).prompter(target).encode(["x"], image_size=32)
+    with pytest.raises(lisa_trt.LisaError, match="Jacobi decoder"):  # the generic dispatch refuses a layout
+        run_method("sjd", target, None, None, req.cond, sampling=spec.sampling(), spec=spec.spec(), seed=0,
+                   layout=req.layout)
 
 
 def test_drafter_trains_on_target_taps(setup, tmp_path):
@@ -120,7 +127,7 @@ def code_tables(setup):
     """The one calibration driver over Lumina-mGPT's span request (image codes = its sub-vocabulary)."""
     from lisa_trt.calibration.profile import calibrate
     from lisa_trt.config import SamplingConfig
-    from lisa_trt.speculative.lumina import span_request
+    from lumina_calls import span_request
 
     target, tok, _ = setup
     codebook = torch.randn(N_CODES, 8, generator=torch.Generator().manual_seed(0))
@@ -228,7 +235,7 @@ def test_cli_gasv_with_code_tables(setup, code_tables, tmp_path):
             "--out", str(tmp_path / "o")]
     r = CliRunner().invoke(main, args + ["--verify", "gasv", "--tables", str(tmp_path / "tables.safetensors")])
     assert r.exit_code == 0 and "gasv: MAL" in r.output, r.output
-    r = CliRunner().invoke(main, args + ["--verify", "gasv"])
+    r = CliRunner().invoke(main, args + ["--verify", "gasv", "--overwrite"])
     assert r.exit_code != 0 and "--tables" in r.output
 
 

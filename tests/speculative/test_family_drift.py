@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "golden"))
 import lisa_trt  # noqa: E402
 import cases  # noqa: E402
 from lisa_trt.config import SamplingConfig  # noqa: E402
-from lisa_trt.speculative.chameleon_spec import speculative_image_tokens  # noqa: E402
-from lisa_trt.speculative.lumina import generate_image_tokens  # noqa: E402
+from lumina_calls import speculative_image_tokens  # noqa: E402
+from lumina_calls import generate_image_tokens  # noqa: E402
 from lisa_trt.speculative.methods import SpecConfig  # noqa: E402
 
 

@@ -151,8 +151,8 @@ def test_chameleon_drafter_trains_on_the_image_codes(cham, tmp_path):
     assert torch.equal(d.d2t, req.layout.allowed) and d.config.rope == "1d"  # the head: image codes only
     assert res["eval"]["mal_proxy"] >= 1.0 and res["eval"]["sequences"] == 2
     # greedy speculation with the trained drafter == the reference loop (Lumina spans, CFG)
-    from lisa_trt.speculative.lumina import LuminaTokenizer, generate_image_tokens
-    from lisa_trt.speculative.chameleon_spec import LuminaSpec, speculative_image_tokens
+    from lumina_calls import LuminaTokenizer, generate_image_tokens
+    from lumina_calls import LuminaSpec, speculative_image_tokens
 
     tok = LuminaTokenizer(target.source_dir)
     ref = generate_image_tokens(target, tok, CAPS[:2], 64, 64, cfg_scale=2.0, greedy=True)

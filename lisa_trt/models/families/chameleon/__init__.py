@@ -18,6 +18,19 @@ class ChameleonFamily(ModelFamily):
     name = "chameleon"
     model_types = ("chameleon",)
     default_image_size = 512  # Lumina-mGPT's 512 checkpoints (768 / 1024 models: pass the size)
+    prompted = True  # Lumina-mGPT text prompts (the CLI's --prompt / captions files)
+    default_sampling = {"cfg_scale": 3.0, "temperature": 1.0, "top_k": 2000}  # Lumina-mGPT's defaults
+    default_tree = {"top_k": 4, "depth": 4, "total_tokens": 16}
+    train_data = ("self",)  # self-distillation from the prompter's requests (rollouts of the target)
+    train_defaults = {"steps": 100, "batch_size": 4, "lr": 1e-3, "checkpoint_every": 50, "log_every": 1,
+                      "num_samples": 32, "gen_batch": 8}
+    # self-distillation / calibration captions when none are given (generic, varied scenes)
+    default_captions = (
+        "a red fox in the snow", "a bowl of ramen on a wooden table", "a lighthouse at sunset",
+        "a portrait of an old man with a beard", "a city street at night in the rain", "a cat sleeping on a sofa",
+        "a mountain lake with pine trees", "a bouquet of sunflowers in a vase", "an astronaut riding a horse",
+        "a watercolor painting of a harbor", "a close-up of a hummingbird", "a cozy library with tall shelves",
+    )
 
     def describe_checkpoint(self) -> str:
         return "an HF directory (config.json of model_type chameleon + model*.safetensors)"
@@ -108,6 +121,16 @@ class ChameleonFamily(ModelFamily):
     def prompter(self, target, source=None):
         """Lumina-mGPT's text-to-image protocol over the checkpoint's tokenizer.json."""
         return _LuminaPrompter(target, source if source is not None else getattr(target, "source_dir", None))
+
+    def codes_to_pixels(self, vq, codes):
+        """Code grids (B, h, w) (row ends dropped) through the VQGAN decoder (or its graph)."""
+        return vq.decode_code(codes)
+
+    def to_uint8(self, pixels):
+        """Chameleon's conversion: clamp to [-1, 1], map to [0, 255], truncate."""
+        from .vq import to_uint8
+
+        return to_uint8(pixels)
 
     def tokens_to_codes(self, target, tokens, request):
         from .lumina import tokens_to_codes

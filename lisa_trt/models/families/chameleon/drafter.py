@@ -11,7 +11,7 @@ Everything family-specific comes from the target's drafter protocol (`ChameleonT
   allowed ids) and maps them back to the full width.
 Entries follow the LlamaGen drafter's protocol: the entry consuming token x_j sits at x_j's
 target slot/position and reads project_taps(tap at x_{j-1}); its logits predict x_{j+1}.
-Training: `lisa_trt.train.train_drafter` (runtime/chameleon.train_cli for `lisa-trt train --model`).
+Training: `lisa_trt.train.train_drafter` (`lisa-trt train --model DIR`, the generic entry).
 """
 
 from __future__ import annotations

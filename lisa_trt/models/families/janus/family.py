@@ -15,7 +15,11 @@ class JanusFamily(ModelFamily):
 
     name = "janus"
     model_types = (MODEL_TYPE,)
-    generic_cli = False  # the CLI commands do not take Janus prompts yet (docs/families.md, "Not done yet")
+    prompted = True  # text prompts through JanusPrompter (the CLI's --prompt / captions files)
+    default_sampling = {"cfg_scale": 5.0}  # transformers' / Janus-Pro's image-generation guidance
+    train_data = ("self",)  # self-distillation from prompt requests
+    default_captions = ("a red fox in the snow", "a lighthouse at sunset", "a bowl of fruit on a table",
+                        "a cat sleeping on a sofa", "a mountain lake with pine trees", "a city street at night")
 
     def claims(self, path) -> bool:
         """True for a directory whose config.json has model_type "janus"."""
@@ -70,6 +74,10 @@ class JanusFamily(ModelFamily):
         from .prompts import JanusPrompter
 
         return JanusPrompter(target, source if source is not None else getattr(target, "source_dir", None))
+
+    def codebook(self, vq):
+        """The VQ's code embeddings (n_codes, d) (the decoder L2-normalises them, as calibration does)."""
+        return vq.quantize.embedding.weight.detach()
 
     def tokens_to_pixels(self, vq, tokens):
         """Raw VQ decoder output (B, 3, H, W) for codes (B, N) or (B, h, w)."""

@@ -1,15 +1,16 @@
-"""Graph engines over a Chameleon-family engine directory (export/chameleon_onnx.py), any backend.
+"""Graph engines for token-prompt targets (models/prompts.PromptTarget) over any backend.
 
-The family's part of engines/graph.py: `GraphChameleonTarget` is a drop-in replacement for
-`ChameleonTarget` in speculative/chameleon_spec.py (same `new_cache`, `prefill`,
-`forward_tokens`, same ChameleonCache objects), and `GraphChameleonVQ` decodes code grids to
-pixels. The drafter and the GASV graph are the generic `GraphDrafter` and `GraphGASV`. Runners
-come from the backend registry (engines/base.py; ONNX Runtime by default) with the family's io
-specs and static axes, and the KV caches are bound in place exactly as for LlamaGen
-(`_KVEngine._run_kv`): the cache dtype is the bundle's precision (fp16 bundles: fp16 caches).
+A family whose exported target takes a prompt of tokens (left-padded rows, per-row RoPE
+positions) rather than LlamaGen's condition prefix names this module as its ExportFamily's
+`engines_module` (export/families.py); engines/graph.load_engines then opens its directories
+here. `GraphPromptTarget` is a drop-in replacement for the torch target in the generic decode
+loops (same `new_cache`, `prefill`, `forward_tokens`, KVCache objects) and `GraphGridVQ` decodes
+code grids to pixels. The drafter and the GASV graph are the generic `GraphDrafter` and
+`GraphGASV`. Runners come from the backend registry with the family's io specs and static axes,
+and the KV caches are bound exactly as for LlamaGen (`_KVEngine._run_kv`): the cache dtype is the
+bundle's precision (fp16 bundles: fp16 caches).
 
-    eng = load_chameleon_engines("engines/lumina")
-    images, stats = speculative_image_tokens(eng.target, eng.drafter, eng.tokenizer, captions, ...)
+    Pipeline.from_dir("engines/lumina", backend="ort").generate(["a red fox"])   # opens these engines
 """
 
 from __future__ import annotations
@@ -19,38 +20,16 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ..errors import ArtifactMismatchError, CheckpointError, InputError
+from ..errors import ArtifactMismatchError, InputError
 from ..export.io_spec import Graph
 from ..models.prompts import PromptTarget
 from .graph import GraphDrafter, GraphGASV, _contig, _KVEngine, check_step, check_tokens, open_graphs
 
-FAMILY = "chameleon"
 
-
-def read_chameleon_manifest(engine_dir):
-    """The Manifest of a Chameleon engine directory, graph files and hashes checked."""
-    from ..export.manifest import CHAMELEON_ENGINE_FILE, MANIFEST_NAME, read_manifest
-
-    d = Path(engine_dir)
-    if not (d / MANIFEST_NAME).is_file():
-        if (d / CHAMELEON_ENGINE_FILE).is_file():
-            raise ArtifactMismatchError(f"{d} was exported by an older lisa-trt ({CHAMELEON_ENGINE_FILE}); engine "
-                                        f"directories of every family now carry {MANIFEST_NAME}: re-export it with "
-                                        "`lisa-trt export --model DIR ...`")
-        raise CheckpointError(f"{d} is not a Chameleon engine directory (no {MANIFEST_NAME}); make one with "
-                              "`lisa-trt export --model DIR ...` or lisa_trt.export.chameleon_onnx.export_chameleon")
-    man = read_manifest(d)
-    if man.family != FAMILY:
-        raise InputError(f"{d} is a {man.family} engine directory, not a Chameleon-family one; open it with "
-                         "lisa_trt.engines.graph.load_engines or Pipeline.from_dir")
-    return man
-
-
-class GraphChameleonTarget(PromptTarget, _KVEngine):
-    """The Chameleon target over a backend's prefill + verify runners (drop-in for ChameleonTarget
-    in the decode loops: the same condition protocol, models/prompts.PromptTarget)."""
-
-    family = FAMILY
+class GraphPromptTarget(PromptTarget, _KVEngine):
+    """A token-prompt target over a backend's prefill + verify runners: a drop-in for the torch
+    target in the decode loops (the condition protocol of models/prompts.PromptTarget; per-row left
+    padding in the KVCache `pad`, RoPE positions = slots - pad)."""
 
     def __init__(self, manifest, runners: dict):
         super().__init__(manifest, runners)
@@ -61,9 +40,9 @@ class GraphChameleonTarget(PromptTarget, _KVEngine):
 
     def new_cache(self, batch: int, max_len: Optional[int] = None, dtype=None, *, extra: int = 0,
                   prompt_len: Optional[int] = None, n_tokens: Optional[int] = None):
-        """A ChameleonCache of the engines' static length (`max_len`, or prompt_len + n_tokens +
-        extra as the generic loops pass them, must fit it)."""
-        from ..models.families.chameleon.model import ChameleonCache
+        """A KVCache of the engines' static length (`max_len`, or prompt_len + n_tokens + extra as
+        the generic loops pass them, must fit it)."""
+        from ..models.layers import KVCache
 
         if max_len is None:
             if prompt_len is None or n_tokens is None:
@@ -75,7 +54,7 @@ class GraphChameleonTarget(PromptTarget, _KVEngine):
         if dtype is not None and dtype != self.dtype:
             raise InputError(f"the engines' KV cache is {self.dtype}; cannot make a {dtype} cache")
         self._release()
-        return ChameleonCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
+        return KVCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
 
     def _step(self, runner, tokens, positions, slots, mask, cache, taps: bool):
         from ..models.layers import TargetOutput
@@ -101,12 +80,13 @@ class GraphChameleonTarget(PromptTarget, _KVEngine):
         return out
 
     def forward_tokens(self, tokens, positions, slots, mask, cache, taps: bool = False):
-        """New tokens at RoPE `positions`, K/V written at cache `slots` (see ChameleonTarget)."""
+        """New tokens at RoPE `positions`, K/V written at cache `slots` (the torch target's protocol)."""
         return self._step(self._verify, tokens, positions, slots, mask, cache, taps)
 
 
-class GraphChameleonVQ:
-    """The VQGAN decoder graph: codes (B, h, w) -> images (B, 3, h*ds, w*ds) in about [-1, 1]."""
+class GraphGridVQ:
+    """A code-grid decoder graph: codes (B, h, w) (the manifest's latent grid) -> images
+    (B, 3, h*ds, w*ds) in about [-1, 1]."""
 
     def __init__(self, manifest, runner):
         self.config = manifest.vq_config
@@ -127,17 +107,16 @@ class GraphChameleonVQ:
         return self._run.run(dict(image_tokens=_contig(codes, torch.int64, self.device)), ["images"])["images"]
 
 
-class ChameleonEngines(NamedTuple):
-    """Every engine of a Chameleon directory for one backend (engines/graph.Engines' fields first)."""
+class PromptEngines(NamedTuple):
+    """Every engine of a token-prompt directory for one backend (engines/graph.Engines' fields first)."""
 
-    target: GraphChameleonTarget
+    target: GraphPromptTarget
     drafter: Optional[GraphDrafter]
     gasv: Optional[GraphGASV]
-    vq: Optional[GraphChameleonVQ]
+    vq: Optional[GraphGridVQ]
     manifest: object
     backend: str
     tables: Optional[object]  # GASVTables (unbound: LANTERN neighbours, GASV constants)
-    tokenizer: object  # LuminaTokenizer
 
     def close(self) -> None:
         for e in (self.target, self.drafter, self.gasv, self.vq):
@@ -151,10 +130,9 @@ class ChameleonEngines(NamedTuple):
         self.close()
 
 
-def open_engines(man, backend: str = "ort", **options) -> ChameleonEngines:
-    """The engines of a read Chameleon Manifest (engines/graph.load_engines calls this for the family)."""
+def open_engines(man, backend: str = "ort", **options) -> PromptEngines:
+    """The engines of a read Manifest (engines/graph.load_engines calls this for the family)."""
     from ..calibration.tables import load_tables
-    from ..speculative.lumina import LuminaTokenizer
 
     d = Path(man.dir)
     tables = load_tables(d / man.files["tables"]) if "tables" in (man.files or {}) else None
@@ -162,24 +140,12 @@ def open_engines(man, backend: str = "ort", **options) -> ChameleonEngines:
         raise ArtifactMismatchError(f"{d}/tables.safetensors was made for target {tables.target_hash}, not "
                                     f"{man.target_hash}; re-export the directory")
     _, open_ = open_graphs(man, backend, **options)
-    target = GraphChameleonTarget(man, open_(Graph.TARGET_PREFILL, Graph.TARGET_VERIFY))
+    target = GraphPromptTarget(man, open_(Graph.TARGET_PREFILL, Graph.TARGET_VERIFY))
     drafter = GraphDrafter(man, open_(Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP)) if man.has(Graph.DRAFTER_STEP) \
         else None
     gasv = GraphGASV(man, open_(Graph.GASV)[Graph.GASV]) if man.has(Graph.GASV) else None
-    vq = GraphChameleonVQ(man, open_(Graph.VQ_DECODE)[Graph.VQ_DECODE]) if man.has(Graph.VQ_DECODE) else None
-    return ChameleonEngines(target, drafter, gasv, vq, man, backend, tables, LuminaTokenizer(d))
+    vq = GraphGridVQ(man, open_(Graph.VQ_DECODE)[Graph.VQ_DECODE]) if man.has(Graph.VQ_DECODE) else None
+    return PromptEngines(target, drafter, gasv, vq, man, backend, tables)
 
 
-def load_chameleon_engines(engine_dir, providers=None, threads: Optional[int] = None, *, backend: str = "ort",
-                           **options) -> ChameleonEngines:
-    """Open every graph of a Chameleon engine directory (ONNX Runtime unless `backend` says otherwise).
-
-    providers / threads: ONNX Runtime options; other backends take theirs in **options."""
-    man = read_chameleon_manifest(engine_dir)
-    if backend == "ort":
-        options = dict(options, providers=providers, threads=threads)
-    return open_engines(man, backend, **options)
-
-
-__all__ = ["ChameleonEngines", "GraphChameleonTarget", "GraphChameleonVQ", "load_chameleon_engines", "open_engines",
-           "read_chameleon_manifest"]
+__all__ = ["GraphGridVQ", "GraphPromptTarget", "PromptEngines", "open_engines"]
