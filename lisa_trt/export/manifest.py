@@ -112,6 +112,7 @@ class Manifest:
     format: str = FORMAT
     family: str = DEFAULT_FAMILY  # the model family the graphs are of (bundle_family)
     layout: dict = field(default_factory=dict)  # the family's static sequence layout (Chameleon: image size, prompt)
+    weights: dict = field(default_factory=dict)  # the graphs' shared weights file (export/weights.py); {} before it
     dir: Optional[Path] = None  # where it was read from (not serialised)
 
     # -- access --------------------------------------------------------------------------
@@ -200,7 +201,7 @@ class Manifest:
 
 def build_manifest(*, target, drafter, tables, vq, graphs: dict, precision: str, opset: int, max_tree: int,
                    max_cache_len: int, generation: Optional[dict] = None, files: Optional[dict] = None,
-                   layout: Optional[dict] = None) -> Manifest:
+                   layout: Optional[dict] = None, weights: Optional[dict] = None) -> Manifest:
     """The manifest of a fresh export (hashes computed from the artifacts themselves; the target's
     family says how its configurations are recorded, export/families.py)."""
     import onnx
@@ -233,7 +234,7 @@ def build_manifest(*, target, drafter, tables, vq, graphs: dict, precision: str,
         vq=None if vq is None else {"hash": vq_hash(vq), "config": fam.config_record(vq.config)},
         graphs=dict(graphs), generation=dict(generation or fam.default_generation()),
         files=dict(files or {}), versions=versions, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        family=fam.name, layout=dict(layout or {}))
+        family=fam.name, layout=dict(layout or {}), weights=dict(weights or {}))
 
 
 def write_manifest(manifest: Manifest, engine_dir) -> Path:
@@ -343,6 +344,10 @@ def read_manifest(engine_dir, *, target_hash: Optional[str] = None, drafter_hash
 
 
 def _check_files(man: Manifest) -> None:
+    from .weights import check_shared, verify_shared
+
+    # the shared weights file: its size always; its sha256 where quantized graphs used to check theirs
+    (verify_shared if man.quantization != "none" else check_shared)(man)
     for name, g in man.graphs.items():
         p = Path(man.dir) / g.file
         if not p.is_file():
