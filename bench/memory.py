@@ -7,7 +7,9 @@ Measures engine directories that are already exported (by `lisa-trt export`, und
     python bench/memory.py --label gptl --fp32-weights 1371000000 \\
         before-fp32=DIR:EXPORT_TIME_LOG after-fp32=DIR:EXPORT_TIME_LOG ... --json bench/memory.json
 
-`--run LABEL,...` chooses which bundles get an ORT run (the slow part); `--src LABEL=PYTHONPATH`
+`--run LABEL,...` chooses which bundles get an ORT `lisa-trt run` (needs a VQ decoder in the
+bundle); `--decode LABEL,LABEL+one-copy` runs the target-only probe instead (load, CFG prefill,
+`--steps` sampled tokens through GraphTarget, batch 2), default or one-copy ORT mode; `--src LABEL=PYTHONPATH`
 runs the `run` of that bundle with another checkout (e.g. the code before the change, for a
 bundle in the old layout). Every row records machine, load and date.
 """
@@ -98,6 +100,50 @@ def ort_run(d: Path, pythonpath: str, threads: int) -> dict:
         return rec
 
 
+DECODE = r"""
+import resource, sys, time, torch
+from lisa_trt.engines.graph import load_engines
+d, steps, one = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+opts = dict(one_copy=True) if one else {}
+t0 = time.perf_counter()
+e = load_engines(d, "ort", threads=2, **opts)
+t = e.target
+g = torch.Generator().manual_seed(0)
+cache = t.new_cache(2, extra=8)
+out = t.prefill(torch.tensor([3, t.config.num_classes]), cache)  # CFG: cond + uncond rows
+T, toks = t.config.cls_token_num, []
+t1 = time.perf_counter()
+for i in range(steps):
+    lg = out.logits[:, -1].float()
+    tok = torch.multinomial(torch.softmax(lg[1] + 4.0 * (lg[0] - lg[1]), -1), 1, generator=g)
+    toks.append(int(tok))
+    pos = torch.full((2, 1), T + i)
+    mask = torch.zeros(2, 1, t.max_cache_len, dtype=torch.bool)
+    mask[:, :, :T + i + 1] = True
+    out = t.forward_tokens(tok.expand(2, 1).contiguous(), pos, pos.clone(), mask, cache)
+dt = (time.perf_counter() - t1) / steps
+print("RESULT", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, round(dt, 4), toks[:16])
+"""
+
+
+def ort_decode(d: Path, pythonpath: str, steps: int, one_copy: bool) -> dict:
+    """The target through ORT: load, CFG prefill, `steps` sampled tokens (batch 2); peak RSS of
+    that process, s/token, the first tokens (equal across modes for the same seed)."""
+    env = dict(os.environ, PYTHONPATH=pythonpath, OMP_NUM_THREADS="1")
+    load0 = os.getloadavg()
+    p = subprocess.run([sys.executable, "-c", DECODE, str(d), str(steps), "1" if one_copy else "0"],
+                       capture_output=True, text=True, env=env)
+    rec = dict(rc=p.returncode, loadavg_before=load0, loadavg_after=os.getloadavg(), steps=steps, one_copy=one_copy,
+               pythonpath=pythonpath)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT"):
+            _, rss, dt, toks = line.split(" ", 3)
+            rec.update(peak_rss_bytes=int(rss), s_per_token=float(dt), first_tokens=json.loads(toks))
+    if p.returncode:
+        rec["error"] = (p.stderr or p.stdout).strip().splitlines()[-3:]
+    return rec
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundles", nargs="+", help="LABEL=ENGINE_DIR[:EXPORT_TIME_V_LOG]")
@@ -106,6 +152,8 @@ def main(argv=None) -> int:
     ap.add_argument("--run", default="", help="comma-separated labels to run through ORT")
     ap.add_argument("--src", action="append", default=[], help="LABEL=PYTHONPATH for that bundle's ORT run")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--decode", default="", help="comma-separated LABEL[+one-copy] to run the target decode probe on")
+    ap.add_argument("--steps", type=int, default=16, help="decode probe: sampled tokens")
     ap.add_argument("--json", type=Path, required=True, help="results file (a list of labelled blocks is extended)")
     a = ap.parse_args(argv)
     src = dict(s.split("=", 1) for s in a.src)
@@ -127,6 +175,16 @@ def main(argv=None) -> int:
                 r["target_1p5x_plus_1GB"] = 1.5 * a.fp32_weights + 1e9
                 r["meets_target"] = r["peak_rss_bytes"] <= r["target_1p5x_plus_1GB"]
             row["ort_run"] = r
+        for want in a.decode.split(","):
+            lab, _, mode = want.partition("+")
+            if lab == label:
+                # one-copy is this checkout's mode (engines/ort.ExclusiveSessions): always run it with REPO
+                r = ort_decode(d, str(REPO) if mode == "one-copy" else src.get(label, str(REPO)), a.steps,
+                               mode == "one-copy")
+                if "peak_rss_bytes" in r:
+                    r["peak_rss_over_fp32_weights"] = round(r["peak_rss_bytes"] / a.fp32_weights, 3)
+                    r["meets_1p5x_plus_1GB"] = r["peak_rss_bytes"] <= 1.5 * a.fp32_weights + 1e9
+                row.setdefault("ort_decode", {})["one-copy" if mode == "one-copy" else "default"] = r
         rows[label] = row
         print(label, json.dumps(row)[:400], flush=True)
     block = {"label": a.label, "fp32_weight_bytes": a.fp32_weights, "rows": rows,

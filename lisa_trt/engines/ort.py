@@ -8,7 +8,9 @@ bound to ONNX Runtime by address (IO binding), and each layer's K/V buffer is bo
 caches are preallocated once (`new_cache`) and updated in place: no per-step cache copy.
 
 Sessions: intra-op threads = physical cores, sequential execution, every graph optimisation,
-no thread spinning (several sessions alternate; see `session_options`).
+no thread spinning (several sessions alternate; see `session_options`). One-copy mode
+(`one_copy=True` or LISA_TRT_ORT_ONE_COPY=1, `ExclusiveSessions`) keeps only one of the target's
+prefill / verify sessions open, so the target's pre-packed weights are in memory once.
 The host-side input checks of the torch models (token ids, positions, condition validity) run
 here before each call, with the torch models' own messages.
 
