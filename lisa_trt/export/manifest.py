@@ -344,8 +344,6 @@ def read_manifest(engine_dir, *, target_hash: Optional[str] = None, drafter_hash
 
 
 def _check_files(man: Manifest) -> None:
-    from .weights import check_shared, verify_shared
-
     # the shared weights file: its size always; its sha256 where quantized graphs used to check theirs
     (verify_shared if man.quantization != "none" else check_shared)(man)
     for name, g in man.graphs.items():
@@ -362,6 +360,34 @@ def _check_files(man: Manifest) -> None:
         if want and g.external_data and file_sha256(Path(man.dir) / g.external_data) != want:
             raise ArtifactMismatchError(f"{Path(man.dir) / g.external_data} (quantized weights of {g.file}) differs "
                                         "from the exported one (sha256 mismatch). Re-export the directory.")
+
+
+def check_shared(man) -> None:
+    """The shared weights file exists and has the recorded size (its sha256 is checked by
+    `verify_shared`, which reads the whole file)."""
+    from ..errors import CheckpointError
+
+    rec = man.weights or {}
+    if not rec.get("file"):
+        return
+    p = Path(man.dir) / rec["file"]
+    if not p.is_file():
+        raise CheckpointError(f"{man.dir} lacks {rec['file']} (the weights of its graphs); re-export the directory")
+    if p.stat().st_size != rec["bytes"]:
+        from ..errors import ArtifactMismatchError
+
+        raise ArtifactMismatchError(f"{p} has {p.stat().st_size} bytes, the manifest records {rec['bytes']}: the "
+                                    "weights were changed after export. Re-export the directory.")
+
+
+def verify_shared(man) -> None:
+    """check_shared plus the recorded sha256 of the shared weights file."""
+    from ..errors import ArtifactMismatchError
+    check_shared(man)
+    rec = man.weights or {}
+    if rec.get("file") and file_sha256(Path(man.dir) / rec["file"]) != rec["sha256"]:
+        raise ArtifactMismatchError(f"{Path(man.dir) / rec['file']} differs from the exported weights (sha256 "
+                                    "mismatch). Re-export the directory.")
 
 
 def check_manifest(man: Manifest, *, target_hash: Optional[str] = None, drafter_hash: Optional[str] = None,

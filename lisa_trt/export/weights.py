@@ -243,35 +243,7 @@ def state_dict_from_bundle(man, what: str) -> dict:
     return sd
 
 
-def check_shared(man) -> None:
-    """The shared weights file exists and has the recorded size (its sha256 is checked by
-    `verify_shared`, which reads the whole file)."""
-    from ..errors import CheckpointError
-
-    rec = man.weights or {}
-    if not rec.get("file"):
-        return
-    p = Path(man.dir) / rec["file"]
-    if not p.is_file():
-        raise CheckpointError(f"{man.dir} lacks {rec['file']} (the weights of its graphs); re-export the directory")
-    if p.stat().st_size != rec["bytes"]:
-        from ..errors import ArtifactMismatchError
-
-        raise ArtifactMismatchError(f"{p} has {p.stat().st_size} bytes, the manifest records {rec['bytes']}: the "
-                                    "weights were changed after export. Re-export the directory.")
-
-
-def verify_shared(man) -> None:
-    """check_shared plus the recorded sha256 of the shared weights file."""
-    from ..errors import ArtifactMismatchError
-    from .manifest import file_sha256
-
-    check_shared(man)
-    rec = man.weights or {}
-    if rec.get("file") and file_sha256(Path(man.dir) / rec["file"]) != rec["sha256"]:
-        raise ArtifactMismatchError(f"{Path(man.dir) / rec['file']} differs from the exported weights (sha256 "
-                                    "mismatch). Re-export the directory.")
-
+from .manifest import check_shared, verify_shared  # noqa: E402 (re-exported: the checks live with the manifest)
 
 __all__ = ["REST_FILE", "SHARED_DATA", "check_shared", "has_index", "share_weights", "state_dict_from_bundle",
            "verify_shared"]
