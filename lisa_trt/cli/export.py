@@ -26,17 +26,20 @@ from . import options as opt
               help="ONNX Runtime weight quantization of target + drafter graphs (docs/quantization.md).")
 @click.option("--max-prompt", type=int, default=None,
               help="Text-prompt models (Lumina-mGPT): most prompt tokens a run may use (static cache; default 128).")
+@click.option("--torch-weights", is_flag=True,
+              help="Also write the fp32 PyTorch weights (weights/*.safetensors, a second copy); by default the torch "
+                   "backend reads the graphs' shared weights file (docs/deployment.md).")
 @opt.sampling_options
 @handle_errors
 def export_cmd(model, model_cfg, drafter, tables, vq, vq_config, out_dir, fp16, opset, max_tree, no_validate, quantize,
-               max_prompt, sampling):
+               max_prompt, torch_weights, sampling):
     """ONNX graphs for target, drafter, GASV and VQ decoder + manifest (validated, atomic)."""
     from ..runtime.context import resolve
 
     rc = resolve(model, sampling=sampling, model_cfg=model_cfg)
     rc.run("export", _export, out_dir=out_dir, drafter=drafter, tables=tables, vq=vq, vq_config=vq_config, fp16=fp16,
            opset=opset, max_tree=max_tree, validate=not no_validate, quantize=quantize, max_prompt=max_prompt,
-           echo=click.echo)
+           torch_weights=torch_weights, echo=click.echo)
 
 
 def _export_family(rc):
@@ -53,7 +56,7 @@ def _export_family(rc):
 
 
 def _export(rc, *, out_dir, drafter, tables, vq, vq_config, fp16, opset, max_tree, validate, quantize, max_prompt,
-            echo, **_):
+            echo, torch_weights=False, **_):
     """The family-seam export: runtime/bundle.export_full_bundle, or the family's own bundle writer."""
     from ..artifacts import default_drafter, default_tables, default_vq, load_drafter_by_name, load_tables_by_name
     from ..artifacts import vq_config_for
@@ -75,7 +78,8 @@ def _export(rc, *, out_dir, drafter, tables, vq, vq_config, fp16, opset, max_tre
                                validate=validate, fp16=fp16, quantize=quantize)
     else:
         man = export_full_bundle(target, dr, tb, vqm, out_dir, fp16=fp16, opset=opset, max_tree=max_tree,
-                                 generation=generation, validate=validate, quantize=quantize)
+                                 generation=generation, validate=validate, quantize=quantize,
+                                 torch_weights=torch_weights)
     for name, g in man.graphs.items():
         err = (g.validation or {}).get("max_error")
         prec = (g.quantization or {}).get("mode", g.precision)

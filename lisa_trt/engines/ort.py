@@ -8,7 +8,9 @@ bound to ONNX Runtime by address (IO binding), and each layer's K/V buffer is bo
 caches are preallocated once (`new_cache`) and updated in place: no per-step cache copy.
 
 Sessions: intra-op threads = physical cores, sequential execution, every graph optimisation,
-no thread spinning (several sessions alternate; see `session_options`).
+no thread spinning (several sessions alternate; see `session_options`). One-copy mode
+(`one_copy=True` or LISA_TRT_ORT_ONE_COPY=1, `ExclusiveSessions`) keeps only one of the target's
+prefill / verify sessions open, so the target's pre-packed weights are in memory once.
 The host-side input checks of the torch models (token ids, positions, condition validity) run
 here before each call, with the torch models' own messages.
 
@@ -116,24 +118,44 @@ class OrtRunner(GraphRunner):
     """
 
     def __init__(self, path, spec, dims, precision, *, providers=None, threads: Optional[int] = None,
-                 spin: bool = False, profile: Optional[str] = None):
+                 spin: bool = False, profile: Optional[str] = None, exclusive: Optional["ExclusiveSessions"] = None):
         self.path = Path(path)
-        self.session = make_session(path, providers, threads, spin, profile)
-        device = torch.device("cuda", 0) if self.session.get_providers()[0] == "CUDAExecutionProvider" \
-            else torch.device("cpu")
-        super().__init__(spec, dims, precision, device)
+        self._make = lambda: make_session(path, providers, threads, spin, profile)
+        self._exclusive = exclusive  # one-copy mode: the session is opened on use, the group's other one closed
+        self.session = None
+        self._devices: dict = {}
+        self._shapes: dict = {}  # per-call input shapes -> [(output name, shape, dtype)] to allocate
+        if exclusive is None:
+            self._open()
+            on_cuda = self.session.get_providers()[0] == "CUDAExecutionProvider"
+        else:
+            on_cuda = (providers or default_providers())[0] == "CUDAExecutionProvider"
+            self._forget()
+        super().__init__(spec, dims, precision, torch.device("cuda", 0) if on_cuda else torch.device("cpu"))
+
+    def _open(self) -> None:
+        self.session = self._make()
         self._io = self.session.io_binding()
         # The public IOBinding.bind_* rebuild an OrtDevice per call (~10 us each); bind through
         # the underlying C binding with a cached device when this onnxruntime exposes it.
         self._raw = getattr(self._io, "_iobinding", None)
-        self._devices: dict = {}
         self._bound: dict = {}  # name -> (address, shape, dtype) currently bound
         self._static = None  # the StaticTensors bound now (run_static)
         self._checked: set = set()  # (input names, output names) signatures checked with _static
-        self._shapes: dict = {}  # per-call input shapes -> [(output name, shape, dtype)] to allocate
         # The C session's run skips the Python wrapper's (WebGPU graph capture) bookkeeping.
         self._run_raw = getattr(self.session, "_sess", None) if self._raw is not None and \
             self.session.get_providers()[0] in ("CPUExecutionProvider", "CUDAExecutionProvider") else None
+
+    def _forget(self) -> None:
+        """Drop the session (and its weights) and every binding; the next call opens it again."""
+        self.session = self._io = self._raw = self._run_raw = self._static = None
+        self._bound, self._checked = {}, set()
+
+    def _ensure(self) -> None:
+        if self._exclusive is not None:
+            self._exclusive.acquire(self)
+        if self.session is None:
+            self._open()
 
     def _bind(self, name: str, t: torch.Tensor, output: bool) -> None:
         key = (t.data_ptr(), tuple(t.shape), t.dtype)
@@ -155,6 +177,7 @@ class OrtRunner(GraphRunner):
         self._bound[name] = key
 
     def _execute(self, inputs: dict, outputs: dict) -> None:
+        self._ensure()
         self._static = None  # any name may be rebound here: run_static binds its tensors again
         for name, t in inputs.items():
             self._bind(name, t, output=False)
@@ -178,6 +201,7 @@ class OrtRunner(GraphRunner):
             from .base import RunnerError
 
             raise RunnerError(f"{self.name}: the runner is closed")
+        self._ensure()
         if static is not self._static:
             self._check_names({**inputs, **static.inputs}, {**outputs, **static.outputs})
             for name, t in static.inputs.items():
@@ -211,13 +235,44 @@ class OrtRunner(GraphRunner):
         self._static = None
 
     def _close(self) -> None:
-        self._io = self._raw = self._run_raw = self.session = self._static = None
-        self._bound.clear()
+        if self._exclusive is not None:
+            self._exclusive.release(self)
+        self._forget()
+
+
+class ExclusiveSessions:
+    """One-copy mode (`OrtBackend(..., one_copy=True)`, or LISA_TRT_ORT_ONE_COPY=1): the target's
+    prefill and verify sessions are never open at the same time.
+
+    ONNX Runtime's CPU sessions each keep a pre-packed copy of their MatMul weights, and its Python
+    API cannot share pre-packed weights between sessions, so two open target sessions hold the
+    target twice. Here a runner opens its session when called and closes the other one first:
+    the same graphs and kernels (identical outputs), one copy of the target in memory, at the cost
+    of a session load per switch (two per generation: prefill, then the decode loop).
+    """
+
+    def __init__(self):
+        self.active = None
+        self.switches = 0
+
+    def acquire(self, runner) -> None:
+        if self.active is runner:
+            return
+        if self.active is not None:
+            self.active._forget()
+            self.switches += 1
+        self.active = runner
+
+    def release(self, runner) -> None:
+        if self.active is runner:
+            self.active = None
 
 
 class OrtBackend(Backend):
     """Options: providers (default CUDA if available, else CPU), threads (intra-op threads per
-    session, default physical cores), spin (intra-op thread spinning), profile (file prefix)."""
+    session, default physical cores), spin (intra-op thread spinning), profile (file prefix),
+    one_copy (default: env LISA_TRT_ORT_ONE_COPY): never keep the target's prefill and verify
+    sessions open together (ExclusiveSessions: one copy of the target's weights in memory)."""
 
     name = "ort"
     optional_graphs = (Graph.DRAFTER_COMMIT,)
@@ -235,7 +290,13 @@ class OrtBackend(Backend):
 
     def open(self, graph, spec, dims):
         m = self.manifest
-        return OrtRunner(m.graph_path(graph), spec, dims, m.precision, **self.options)
+        opts = dict(self.options)
+        one_copy = opts.pop("one_copy", None)
+        if one_copy is None:
+            one_copy = os.environ.get("LISA_TRT_ORT_ONE_COPY", "") not in ("", "0")
+        if one_copy and graph in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY):
+            opts["exclusive"] = self.__dict__.setdefault("_exclusive", ExclusiveSessions())
+        return OrtRunner(m.graph_path(graph), spec, dims, m.precision, **opts)
 
 
 register_backend("ort", OrtBackend)
@@ -249,4 +310,4 @@ def load_ort_engines(engine_dir, providers=None, threads: Optional[int] = None, 
                         tables_hash=tables_hash, providers=providers, threads=threads, spin=spin)
 
 
-__all__ = ["OrtBackend", "OrtRunner", "load_ort_engines", "make_session", "physical_cores", "session_options"]
+__all__ = ["ExclusiveSessions", "OrtBackend", "OrtRunner", "load_ort_engines", "make_session", "physical_cores", "session_options"]

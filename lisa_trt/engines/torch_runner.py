@@ -1,7 +1,8 @@
 """The torch backend: the export wrappers (export/onnx.py's *Graph modules) run eagerly.
 
 Each runner calls the same `compute(named inputs) -> named outputs` the ONNX exporter traces,
-over the PyTorch weights an engine directory carries (`weights/`, written by `lisa-trt export`).
+over the PyTorch models rebuilt from the bundle's shared weights file (export/weights.py; or its
+`weights/*.safetensors` where an older or `--torch-weights` export wrote them).
 It is the reference a new backend is compared with, and the backend to debug a graph-level
 problem in plain PyTorch (breakpoints, hooks). Caches are updated in place exactly as in the
 exported graphs (the models scatter into the bound `past_key_values.*` buffers).
@@ -92,9 +93,11 @@ class TorchBackend(Backend):
         return self._device
 
     def check(self) -> None:
-        if "target_weights" not in (self.manifest.files or {}):
-            raise InputError(f"{self.manifest.dir} carries no PyTorch weights (weights/); use another backend, or "
-                             "re-export with `lisa-trt export` (which bundles them)")
+        from ..export.weights import has_index
+
+        if "target_weights" not in (self.manifest.files or {}) and not has_index(self.manifest, "target"):
+            raise InputError(f"{self.manifest.dir} carries no PyTorch weights (neither weights/ nor an index of its "
+                             "shared weights file); use another backend, or re-export it with `lisa-trt export`")
 
     def _file(self, key: str) -> Path:
         return Path(self.manifest.dir) / self.manifest.files[key]
@@ -109,18 +112,14 @@ class TorchBackend(Backend):
         from ..models.family import family_of
 
         man = self.manifest
-        if what == "target":
-            from ..models.checkpoints import target_hash
+        if what == "target":  # weights/ when the bundle has them, else its shared weights file (hash checked)
+            from ..export.weights import model_from_bundle
 
-            m = family_of(man.target_config).load_target(self._file("target_weights"))
-            if target_hash(m) != man.target_hash:
-                raise ArtifactMismatchError(f"{self._file('target_weights')} does not match the manifest's target "
-                                            f"({target_hash(m)} vs {man.target_hash}); re-export the bundle")
-            m = self._prepare(m)
+            m = self._prepare(model_from_bundle(man, "target"))
         elif what == "drafter":
-            from ..models.drafter import load_drafter
+            from ..export.weights import model_from_bundle
 
-            m = self._prepare(load_drafter(self._file("drafter_weights"), self._model("target")))
+            m = self._prepare(model_from_bundle(man, "drafter", self._model("target")))
         elif what == "medusa":  # fp32 like its graph (MedusaHeadsGraph)
             from ..models.medusa import load_medusa
 
@@ -130,7 +129,9 @@ class TorchBackend(Backend):
                                             f"{m.config.target_hash}, the bundle's is {man.target_hash}; re-export it")
             m = m.float().to(self._device).eval()
         elif what == "vq":
-            m = family_of(man.target_config).load_decoder(self._file("vq_weights")).to(self._device).eval()
+            from ..export.weights import model_from_bundle
+
+            m = model_from_bundle(man, "vq").to(self._device).eval()
         else:  # tables, bound to the target head
             from ..calibration.tables import load_tables
 

@@ -245,7 +245,8 @@ def quantize_trt(engine_dir, out_dir, mode: str, *, venv: Optional[Path] = None,
             info = quantize_graph_modelopt(src, tmp / entry.file, mode, graph, man, venv=venv, samples=samples)
             info.update(modelopt=versions, source_sha256=entry.sha256)
             data = _data_name(tmp / entry.file)
-            if entry.external_data and entry.external_data != data:
+            shared = any(g.external_data == entry.external_data for n, g in graphs.items() if n != graph.value)
+            if entry.external_data and entry.external_data != data and not shared:  # keep a shared weights file
                 (tmp / entry.external_data).unlink(missing_ok=True)
             if data:
                 info["data_sha256"] = M.file_sha256(tmp / data)

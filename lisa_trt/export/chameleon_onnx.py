@@ -347,18 +347,25 @@ def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, ima
     with staging_dir(Path(out_dir)) as tmp:
         graphs = export_graphs(builders, tmp, dims, refs, (t_exp, d_exp), opset=opset, validate=validate, lint=lint,
                                progress=progress)
+        weights = None
+        if quantize == "none":  # one deduplicated weights file (export/weights.py); quantized: after quantizing
+            from .weights import share_weights
+
+            graphs, weights = share_weights(tmp, graphs)
         files = _copy_checkpoint_files(target, tokenizer_dir, tmp)
         if tables is not None:
             save_tables(replace(tables, w_tilde=None), tmp / "tables.safetensors")
             files["tables"] = "tables.safetensors"
         man = M.build_manifest(target=target, drafter=drafter, tables=tables, vq=vq, graphs=graphs,
                                precision=precision, opset=opset, max_tree=max_tree, max_cache_len=L,
-                               generation=generation, files=files, layout=layout)
+                               generation=generation, files=files, layout=layout, weights=weights)
         M.write_manifest(man, tmp)
         if quantize != "none":
             from .quantize import quantize_bundle
+            from .weights import share_bundle
 
             quantize_bundle(tmp, quantize, refs, validate=validate)
+            share_bundle(tmp)
     return M.read_manifest(out_dir)
 
 

@@ -112,6 +112,7 @@ class Manifest:
     format: str = FORMAT
     family: str = DEFAULT_FAMILY  # the model family the graphs are of (bundle_family)
     layout: dict = field(default_factory=dict)  # the family's static sequence layout (Chameleon: image size, prompt)
+    weights: dict = field(default_factory=dict)  # the graphs' shared weights file (export/weights.py); {} before it
     dir: Optional[Path] = None  # where it was read from (not serialised)
 
     # -- access --------------------------------------------------------------------------
@@ -200,7 +201,7 @@ class Manifest:
 
 def build_manifest(*, target, drafter, tables, vq, graphs: dict, precision: str, opset: int, max_tree: int,
                    max_cache_len: int, generation: Optional[dict] = None, files: Optional[dict] = None,
-                   layout: Optional[dict] = None) -> Manifest:
+                   layout: Optional[dict] = None, weights: Optional[dict] = None) -> Manifest:
     """The manifest of a fresh export (hashes computed from the artifacts themselves; the target's
     family says how its configurations are recorded, export/families.py)."""
     import onnx
@@ -233,7 +234,7 @@ def build_manifest(*, target, drafter, tables, vq, graphs: dict, precision: str,
         vq=None if vq is None else {"hash": vq_hash(vq), "config": fam.config_record(vq.config)},
         graphs=dict(graphs), generation=dict(generation or fam.default_generation()),
         files=dict(files or {}), versions=versions, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        family=fam.name, layout=dict(layout or {}))
+        family=fam.name, layout=dict(layout or {}), weights=dict(weights or {}))
 
 
 def write_manifest(manifest: Manifest, engine_dir) -> Path:
@@ -343,6 +344,8 @@ def read_manifest(engine_dir, *, target_hash: Optional[str] = None, drafter_hash
 
 
 def _check_files(man: Manifest) -> None:
+    # the shared weights file: its size always; its sha256 where quantized graphs used to check theirs
+    (verify_shared if man.quantization != "none" else check_shared)(man)
     for name, g in man.graphs.items():
         p = Path(man.dir) / g.file
         if not p.is_file():
@@ -357,6 +360,34 @@ def _check_files(man: Manifest) -> None:
         if want and g.external_data and file_sha256(Path(man.dir) / g.external_data) != want:
             raise ArtifactMismatchError(f"{Path(man.dir) / g.external_data} (quantized weights of {g.file}) differs "
                                         "from the exported one (sha256 mismatch). Re-export the directory.")
+
+
+def check_shared(man) -> None:
+    """The shared weights file exists and has the recorded size (its sha256 is checked by
+    `verify_shared`, which reads the whole file)."""
+    from ..errors import CheckpointError
+
+    rec = man.weights or {}
+    if not rec.get("file"):
+        return
+    p = Path(man.dir) / rec["file"]
+    if not p.is_file():
+        raise CheckpointError(f"{man.dir} lacks {rec['file']} (the weights of its graphs); re-export the directory")
+    if p.stat().st_size != rec["bytes"]:
+        from ..errors import ArtifactMismatchError
+
+        raise ArtifactMismatchError(f"{p} has {p.stat().st_size} bytes, the manifest records {rec['bytes']}: the "
+                                    "weights were changed after export. Re-export the directory.")
+
+
+def verify_shared(man) -> None:
+    """check_shared plus the recorded sha256 of the shared weights file."""
+    from ..errors import ArtifactMismatchError
+    check_shared(man)
+    rec = man.weights or {}
+    if rec.get("file") and file_sha256(Path(man.dir) / rec["file"]) != rec["sha256"]:
+        raise ArtifactMismatchError(f"{Path(man.dir) / rec['file']} differs from the exported weights (sha256 "
+                                    "mismatch). Re-export the directory.")
 
 
 def check_manifest(man: Manifest, *, target_hash: Optional[str] = None, drafter_hash: Optional[str] = None,

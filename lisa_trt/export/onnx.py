@@ -402,7 +402,7 @@ def _check_inputs(target, drafter, tables) -> None:
 def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, opset: int = DEFAULT_OPSET,
                   max_tree: int = DEFAULT_MAX_TREE, generation: Optional[dict] = None,
                   validate: bool = True, lint: bool = True, progress: bool = True,
-                  external_data: Optional[bool] = None):
+                  external_data: Optional[bool] = None, share: bool = True):
     """Export a deployable engine directory (ONNX graphs + manifest.json), atomically.
 
     Args:
@@ -423,7 +423,10 @@ def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, o
         lint: run `polygraphy check lint` on every graph (recorded in the manifest; a lint
             failure fails the export).
         progress: show a progress bar.
-        external_data: force external weight files on/off (default: by size).
+        external_data: force external weight files on/off (default: by size) while exporting.
+        share: finally move every graph's weights into the one deduplicated weights file
+            (export/weights.py) and index the models' state dicts into it (torch backend). Off
+            when the graphs are rewritten afterwards (quantization shares them after that).
     Returns:
         The Manifest of the written directory.
     Raises:
@@ -460,9 +463,14 @@ def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, o
         graphs = export_graphs(builders, tmp, dims, refs, (t_exp, d_exp), opset=opset, external_data=external_data,
                                validate=validate, lint=lint, progress=progress)
         extra_files = _write_conditions(target, tmp)
+        weights = None
+        if share:
+            from .weights import share_weights
+
+            graphs, weights = share_weights(tmp, graphs, models=dict(target=t_exp, drafter=d_exp, vq=vq))
         man = M.build_manifest(target=target, drafter=drafter, tables=tables, vq=vq, graphs=graphs,
                                precision=precision, opset=opset, max_tree=max_tree, max_cache_len=lmax,
-                               generation=generation, files=extra_files)
+                               generation=generation, files=extra_files, weights=weights)
         M.write_manifest(man, tmp)
     return M.read_manifest(out_dir)
 

@@ -66,21 +66,17 @@ def add_graphs(engine_dir, graphs=OPTIONAL_GRAPHS, *, opset: Optional[int] = Non
 def _bundle_models(engine_dir: Path, man) -> dict:
     """The bundle's own fp32 PyTorch target / drafter / tables (weights/ written by `lisa-trt export`)."""
     from ..calibration.tables import load_tables
-    from ..errors import ArtifactMismatchError
-    from ..models.checkpoints import target_hash
-    from ..models.drafter import load_drafter
-    from ..models.family import family_of
+    from .weights import has_index, model_from_bundle
 
     files = man.files or {}
-    if "target_weights" not in files or "drafter_weights" not in files:
+    if "target_weights" not in files and not has_index(man, "target"):
         raise InputError(f"{engine_dir} carries no PyTorch weights (weights/); re-export it with `lisa-trt export` "
                          "(which bundles them and writes every graph)")
-    target = family_of(man.target_config).load_target(engine_dir / files["target_weights"]).float().eval()
-    if target_hash(target) != man.target_hash:
-        raise ArtifactMismatchError(f"{files['target_weights']} does not match the manifest's target "
-                                    f"({target_hash(target)} vs {man.target_hash}); re-export the bundle")
-    refs = dict(target=target, drafter=load_drafter(engine_dir / files["drafter_weights"], target).float().eval(),
-                tables=None, vq=None)
+    if man.precision != "fp32" and "target_weights" not in files:
+        raise InputError(f"{engine_dir} is an {man.precision} bundle without fp32 PyTorch weights; re-export it with "
+                         "`lisa-trt export` (which writes every graph)")
+    target = model_from_bundle(man, "target").float().eval()
+    refs = dict(target=target, drafter=model_from_bundle(man, "drafter", target).float().eval(), tables=None, vq=None)
     if "tables" in files:
         refs["tables"] = load_tables(engine_dir / files["tables"], target.output.weight.float())
     return refs

@@ -328,7 +328,10 @@ def quantize_bundle(engine_dir, mode: str, refs: dict, *, block_size: int = DEFA
         src_sha = entry.sha256
         with tempfile.TemporaryDirectory(prefix="lisa-fp32-", dir=engine_dir) as keep:
             # the fp32 graph moves aside (no copy) and stays readable for the advice after a failure
-            src = _move_graph(path, Path(keep), entry.external_data)
+            if entry.external_data and entry.external_data == (man.weights or {}).get("file"):
+                src = _detach_graph(path, Path(keep))  # the shared weights file stays for the other graphs
+            else:
+                src = _move_graph(path, Path(keep), entry.external_data)
             info = quantize_graph(src, path, mode, block_size=block_size, accuracy_level=accuracy_level,
                                   external_bytes=external_bytes)
             info["source_sha256"] = src_sha
@@ -352,8 +355,24 @@ def quantize_bundle(engine_dir, mode: str, refs: dict, *, block_size: int = DEFA
     man = dataclasses.replace(man, graphs=graphs, quantization=mode)
     M.write_manifest(man, engine_dir)
     _drop_stale_data(engine_dir, man)
+    if man.weights:  # it shared its weights: share them again, quantized (no torch index: not fp32 any more)
+        from .weights import share_bundle
+
+        return share_bundle(engine_dir)
     return M.read_manifest(engine_dir)
 
+
+def _detach_graph(path: Path, folder: Path) -> Path:
+    """A graph over the shared weights file, copied into `folder` with its own weights (the
+    quantizers rewrite one graph's data file); -> the copy."""
+    import onnx
+
+    model = onnx.load(str(path))
+    dst = folder / path.name
+    onnx.save(model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=dst.name + ".data", size_threshold=1024)
+    os.unlink(path)
+    return dst
 
 def _move_graph(path: Path, folder: Path, external_data: Optional[str]) -> Path:
     """Move a graph file and its external data into `folder` (same file system: a rename, no copy;

@@ -1,8 +1,10 @@
 """Engine directories (`lisa-trt export`): open one for a backend, with every artifact checked.
 
-Layout: the ONNX graphs and manifest.json of export/onnx.py, plus (written by `lisa-trt export`)
-`weights/` with the PyTorch weights (torch backend) and `tables.safetensors` (LANTERN neighbours
-and the GASV constants). The manifest records each artifact's hash; anything made for another
+Layout: the ONNX graphs and manifest.json of export/onnx.py, their one shared weights file
+`weights.onnx.data` (export/weights.py; the torch backend rebuilds the models from it), and
+`tables.safetensors` (LANTERN neighbours and the GASV constants); `weights/` holds what no graph
+carries (`rest.safetensors`) and, with `--torch-weights` or in quantized bundles, the fp32
+PyTorch weights. The manifest records each artifact's hash; anything made for another
 target is refused (ArtifactMismatchError) before any work starts.
 """
 
@@ -97,17 +99,16 @@ def open_bundle(engine_dir: Path, backend: str = "auto", *, threads: Optional[in
 
 
 def _torch_engines(man, engine_dir: Path, tables, names, gen):
-    from ..models.checkpoints import load_target, load_vq, target_hash
+    from ..export.weights import has_index, model_from_bundle
 
-    if "target_weights" not in man.files:
-        raise InputError(f"{engine_dir} carries no PyTorch weights (weights/); use --backend ort, or re-export "
-                         "with `lisa-trt export` (which bundles them)")
-    target = load_target(engine_dir / man.files["target_weights"])
-    if target_hash(target) != man.target_hash:
-        raise ArtifactMismatchError(f"{engine_dir}/weights/target.safetensors does not match the manifest's target "
-                                    f"({target_hash(target)} vs {man.target_hash}); re-export the bundle")
-    drafter = _load_drafter(man, engine_dir, target) if "drafter_weights" in man.files else None
-    vq = load_vq(engine_dir / man.files["vq_weights"]) if "vq_weights" in man.files else None
+    files = man.files or {}
+    target = model_from_bundle(man, "target")  # weights/ when the bundle has them, else its shared weights file
+    drafter = None
+    if "drafter_weights" in files:
+        drafter = _load_drafter(man, engine_dir, target)
+    elif man.drafter_arch == "eagle3" and has_index(man, "drafter"):
+        drafter = model_from_bundle(man, "drafter", target)
+    vq = model_from_bundle(man, "vq") if "vq_weights" in files or has_index(man, "vq") else None
     if tables is not None:
         tables = tables.bind(target.output.weight)
     return Bundle(target=target, drafter=drafter, gasv=None, tables=tables, vq=vq, class_names=names,
@@ -133,14 +134,18 @@ def _load_drafter(man, engine_dir: Path, target):
 
 def export_full_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, opset: Optional[int] = None,
                        max_tree: Optional[int] = None, generation: Optional[dict] = None, progress: bool = True,
-                       validate: bool = True, lint: bool = True, quantize: str = "none"):
-    """`lisa-trt export`: the ONNX graphs (export/onnx.py) plus weights/ and tables.safetensors.
+                       validate: bool = True, lint: bool = True, quantize: str = "none",
+                       torch_weights: bool = False):
+    """`lisa-trt export`: the ONNX graphs (export/onnx.py) over one shared weights file
+    (export/weights.py) plus tables.safetensors.
 
     Atomic as a whole: everything is written into a hidden staging directory next to `out_dir`
     and swapped in at the end, so an interrupted export never leaves a directory that looks
     complete (an existing bundle at `out_dir` stays intact until the swap).
     `quantize` (none | int8 | int4) quantizes the target and drafter graphs after the export
-    (export/quantize.py); the bundled PyTorch weights stay fp32.
+    (export/quantize.py). The torch backend reads the models from the shared weights file; the
+    separate fp32 PyTorch weights (weights/*.safetensors, a second copy) are written only with
+    `torch_weights` and for quantized bundles (whose graphs no longer hold fp32 weights).
     """
     import dataclasses
 
@@ -160,23 +165,28 @@ def export_full_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = Fal
     with staging_dir(out_dir, echo=print if progress else None) as stage:
         man0 = export_bundle(target, drafter, tables, vq, stage, fp16=fp16, opset=opset or DEFAULT_OPSET,
                       max_tree=max_tree or DEFAULT_MAX_TREE, generation=generation, progress=progress,
-                      validate=validate, lint=lint)
+                      validate=validate, lint=lint, share=quantize == "none")
         if quantize != "none":
             from ..export.quantize import quantize_bundle
+            from ..export.weights import share_bundle
 
             quantize_bundle(stage, quantize, dict(target=target, drafter=drafter, tables=tables, vq=vq),
                             validate=validate)
-        files = {"target_weights": WEIGHT_FILES["target_weights"]}
-        save_model(target, target.config, stage / WEIGHT_FILES["target_weights"])
-        if drafter is not None and man0.drafter_arch == "medusa":
+            share_bundle(stage)  # the quantized weights once (prefill / verify / drafter graphs share them)
+        files = {}
+        fp32_copy = torch_weights or quantize != "none"
+        if fp32_copy:
+            files["target_weights"] = WEIGHT_FILES["target_weights"]
+            save_model(target, target.config, stage / WEIGHT_FILES["target_weights"])
+        if drafter is not None and man0.drafter_arch == "medusa":  # small heads: their own file, always
             from ..models.medusa import save_medusa
 
             save_medusa(drafter, stage / MEDUSA_WEIGHTS)  # + weights/medusa.json (its config)
             files["drafter_weights"] = MEDUSA_WEIGHTS
-        elif drafter is not None:
+        elif drafter is not None and fp32_copy:
             save_drafter(drafter, stage / WEIGHT_FILES["drafter_weights"])
             files["drafter_weights"] = WEIGHT_FILES["drafter_weights"]
-        if vq is not None:
+        if vq is not None and fp32_copy:
             save_model(vq, vq.config, stage / WEIGHT_FILES["vq_weights"])
             files["vq_weights"] = WEIGHT_FILES["vq_weights"]
         if tables is not None:

@@ -101,7 +101,12 @@ def test_torch_backend_needs_the_bundled_weights(artifacts, tmp_path):
     from lisa_trt.export.onnx import export_bundle
 
     a = artifacts
+    # without the shared weights file's index (share=False) there is nothing to rebuild the models from
     export_bundle(a["target"], None, None, None, tmp_path / "e", max_tree=8, lint=False, progress=False,
-                  validate=False)
+                  validate=False, share=False)
     with pytest.raises(InputError, match="no PyTorch weights"):
         load_engines(tmp_path / "e", "torch")
+    # the default export indexes the models into its one weights file: the torch backend reads it
+    export_bundle(a["target"], None, None, None, tmp_path / "s", max_tree=8, lint=False, progress=False,
+                  validate=False)
+    load_engines(tmp_path / "s", "torch").close()

@@ -11,6 +11,7 @@ from lisa_trt.errors import ArtifactMismatchError, CheckpointError, InputError
 from lisa_trt.export import onnx as E
 from lisa_trt.export.io_spec import IO_SPEC_VERSION, Graph, graph_spec
 from lisa_trt.export.manifest import drafter_hash, read_manifest, tables_hash
+from lisa_trt.export.weights import SHARED_DATA
 from lisa_trt.export.validate import THRESHOLDS, lint_graph, run_onnx, sample_inputs
 from lisa_trt.models.checkpoints import target_hash
 
@@ -202,8 +203,8 @@ def test_fp16_export_validates_with_fp32_statistics(artifacts, tmp_path):
     man = E.export_bundle(a["target"], a["drafter"], None, None, tmp_path / "fp16", fp16=True, max_tree=8,
                           lint=False, progress=False, external_data=True)
     assert man.precision == "fp16"
-    for g in man.graphs.values():  # weights in external files, listed and present
-        assert g.external_data == g.file + ".data" and (man.dir / g.external_data).is_file()
+    for g in man.graphs.values():  # weights in the one shared external file, listed and present
+        assert g.external_data == SHARED_DATA and (man.dir / g.external_data).is_file()
     for name, g in man.graphs.items():
         assert g.precision == "fp16" and g.validation["ok"], (name, g.validation)
         assert g.validation["max_error"] > 1e-6  # really fp16 (not silently fp32)

@@ -63,7 +63,8 @@ def test_manifest_records_precision_hashes_and_validation(int8, int4):
         v = e.validation
         assert v["ok"] and v["precision"] == mode and v["threshold"] == (QUANT_THRESHOLDS[mode] if mode == "int8" else 0.6)
         assert 0 < v["max_abs_logit_diff"] < 5 and v["top1_agreement"] > 0.5
-    assert int4.graphs["target_verify"].external_data and int4.graphs["target_verify"].quantization["data_sha256"]
+    # the quantized weights live in the bundle's one shared weights file, its sha256 in the manifest
+    assert int4.graphs["target_verify"].external_data == int4.weights["file"] and int4.weights["sha256"]
     assert int4.graphs["target_verify"].quantization["block_size"] == 16
 
 
@@ -187,7 +188,7 @@ def test_quantize_a_graph_whose_fp32_weights_are_external_data(artifacts, tmp_pa
     out = tmp_path / "ext"
     export_bundle(artifacts["target"], None, None, None, out, max_tree=16, lint=False, validate=False,
                   progress=False, external_data=True)
-    assert (out / "target_verify.onnx.data").is_file()
+    assert (out / "weights.onnx.data").is_file()  # the one shared weights file (export/weights.py)
     man = quantize_bundle(out, "int8", artifacts, external_bytes=0)
     for g in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY):
         e = man.graphs[g.value]
