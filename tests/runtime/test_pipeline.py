@@ -37,7 +37,8 @@ def parts():
 def bundle(parts, tmp_path_factory):
     out = tmp_path_factory.mktemp("b") / "eng"
     t, d, tables, vq = parts
-    export_full_bundle(t, d, tables, vq, out, generation=GEN, progress=False, lint=False)
+    # torch_weights: the bench test below passes the bundle's fp32 PyTorch files as checkpoints
+    export_full_bundle(t, d, tables, vq, out, generation=GEN, progress=False, lint=False, torch_weights=True)
     return out
 
 
@@ -146,7 +147,7 @@ def test_interrupted_export_leaves_nothing(parts, tmp_path, monkeypatch):
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("lisa_trt.models.drafter.save_drafter", boom)
+    monkeypatch.setattr("lisa_trt.calibration.tables.save_tables", boom)  # after the graphs, before the manifest
     out = tmp_path / "eng"
     with pytest.raises(KeyboardInterrupt):
         B.export_full_bundle(t, d, tables, vq, out, generation=GEN, progress=False, validate=False, lint=False)
