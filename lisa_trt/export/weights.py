@@ -259,7 +259,7 @@ def model_from_bundle(man, what: str, target=None):
         ArtifactMismatchError: the weights are not the manifest's target's.
     """
     from ..errors import ArtifactMismatchError, InputError
-    from ..models.checkpoints import strict_load, target_hash
+    from ..models.checkpoints import target_hash
     from ..models.family import family_of
 
     files = man.files or {}
@@ -276,28 +276,21 @@ def model_from_bundle(man, what: str, target=None):
             return family_of(man.target_config).load_decoder(d / files[key]).eval()
     elif has_index(man, what):
         sd = state_dict_from_bundle(man, what)
-        if man.family != "llamagen":
-            raise InputError(f"{man.dir}: the torch backend rebuilds only LlamaGen-family models from a bundle's "
-                             "shared weights; re-export with `lisa-trt export --torch-weights`")
-        if what == "target":
-            from ..models.families.llamagen.model import Transformer
-
-            m = Transformer(man.target_config)
-            strict_load(m, sd, "target")
-            m = m.float().eval()
-        elif what == "drafter":
+        fam = family_of(man.target_config)
+        if what == "drafter":
             from ..models.drafter import Drafter
 
             drafter = Drafter(man.drafter_config, target.token_embedding_table(), d2t=sd.get("d2t"))
             drafter.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in sd.items()},
                                     strict=True)
             return drafter.to(target.output.weight.device).eval()
-        else:
-            from ..models.families.llamagen.vq import VQModel
-
-            m = VQModel(man.vq_config)
-            strict_load(m, sd, "VQ")
-            return m.float().eval()
+        m = fam.target_from_state(man.target_config, sd) if what == "target" else \
+            fam.decoder_from_state(man.vq_config, sd)
+        if m is None:
+            raise InputError(f"{man.dir}: the torch backend cannot rebuild this {fam.name} {what} from the bundle's "
+                             "shared weights; re-export with `lisa-trt export --torch-weights`")
+        if what == "vq":
+            return m
     else:
         raise InputError(f"{man.dir} carries no PyTorch weights for its {what} (neither weights/ nor an index of its "
                          "shared weights file); use another backend, or re-export it with `lisa-trt export`")

@@ -237,6 +237,16 @@ class ModelFamily:
         """The image decoder (tokens -> pixels) of this family."""
         raise NotImplementedError
 
+    def target_from_state(self, config, state_dict: dict):
+        """A target of `config` with exactly `state_dict` (strict), fp32, eval: how the torch backend
+        rebuilds a model from a bundle's shared weights file (export/weights.py). None: this family
+        cannot (the bundle then needs its PyTorch copy, `lisa-trt export --torch-weights`)."""
+        return None
+
+    def decoder_from_state(self, config, state_dict: dict):
+        """The image decoder of `config` with exactly `state_dict` (strict), fp32, eval; None: cannot."""
+        return None
+
     def tokens_to_pixels(self, vq, tokens: torch.Tensor) -> torch.Tensor:
         """(B, N) or (B, h, w) tokens -> (B, 3, H, W) float: the raw decoder output (no clamp)."""
         return vq.tokens_to_pixels(tokens)

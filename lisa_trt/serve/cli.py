@@ -40,7 +40,7 @@ def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max
     """Serve ENGINE_DIR on NVIDIA Triton Inference Server (PyTriton) with dynamic batching.
 
     Model 'lisa': inputs prompt (class id/name), seed, verify, cfg_scale, temperature, top_k,
-    top_p, lantern_delta, gasv_kappa, gasv_lambda; outputs image (H, W, 3 uint8), mal, tvd,
+    top_p and every registered method's knob (lantern_delta, gasv_kappa, gsd_group, zipar_window, ...); outputs image (H, W, 3 uint8), mal, tvd,
     seconds, batch, error. Ready (/v2/health/ready 200) once the model is loaded and has answered a
     warm-up request. SIGTERM finishes in-flight requests and exits. See docs/serving.md."""
     from ..errors import InputError

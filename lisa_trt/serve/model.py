@@ -5,8 +5,10 @@ backend (`lisa-trt triton-repo`) share it, and tests can drive it without a serv
 
 Every request carries its rows with a leading batch dimension (usually 1 row). Inputs, all
 (n, 1): `prompt` (BYTES: class id or class name), `seed` (INT64) and the optional knobs
-`verify` (BYTES), `cfg_scale`, `temperature`, `top_p`, `lantern_delta`, `gasv_kappa`,
-`gasv_lambda` (FP32) and `top_k` (INT32). Outputs: `image` (n, H, W, 3) UINT8, `mal`, `tvd`,
+`verify` (BYTES), `cfg_scale`, `temperature`, `top_p` (FP32), `top_k` (INT32) and every
+registered method's own knob by its setting name (METHOD_KNOBS: `lantern_delta`, `gasv_kappa`,
+`gasv_lambda`, `gsd_group`, `sjd_pac_tree_width`, `zipar_window`, ...; FP32 / INT32 / BYTES by
+the knob's type). Outputs: `image` (n, H, W, 3) UINT8, `mal`, `tvd`,
 `seconds` (n, 1) FP32, `batch` (n, 1) INT32 (rows decoded together) and `error` (n, 1) BYTES
 (empty on success).
 
@@ -34,15 +36,41 @@ from ..errors import InputError, LisaError
 LOG = logging.getLogger("lisa_trt.serve")
 MODEL_NAME = "lisa"  # the served model's name (Triton repository, endpoints)
 
-# name -> (numpy dtype, kind) of every input; "str" inputs are BYTES
-INPUTS = {"prompt": (np.bytes_, "str"), "seed": (np.int64, "int"), "verify": (np.bytes_, "str"),
-          "cfg_scale": (np.float32, "float"), "temperature": (np.float32, "float"), "top_k": (np.int32, "int"),
-          "top_p": (np.float32, "float"), "lantern_delta": (np.float32, "float"),
-          "gasv_kappa": (np.float32, "float"), "gasv_lambda": (np.float32, "float")}
+_KINDS = {float: (np.float32, "float"), int: (np.int32, "int"), str: (np.bytes_, "str")}
+SAMPLING_KNOBS = ("verify", "cfg_scale", "temperature", "top_k", "top_p")
+# name -> (numpy dtype, kind) of the fixed inputs; "str" inputs are BYTES
+BASE_INPUTS = {"prompt": (np.bytes_, "str"), "seed": (np.int64, "int"), "verify": (np.bytes_, "str"),
+               "cfg_scale": (np.float32, "float"), "temperature": (np.float32, "float"), "top_k": (np.int32, "int"),
+               "top_p": (np.float32, "float")}
 REQUIRED = ("prompt",)
 OUTPUTS = {"image": np.uint8, "mal": np.float32, "tvd": np.float32, "seconds": np.float32, "batch": np.int32,
            "error": np.bytes_}
-KNOBS = ("verify", "cfg_scale", "temperature", "top_k", "top_p", "lantern_delta", "gasv_kappa", "gasv_lambda")
+_RANGES = {"lantern_delta": (0.0, 1.0), "gasv_kappa": (0.0, 1e6), "gasv_lambda": (0.0, 1e6)}  # serving's own checks
+
+
+def method_knobs() -> dict:
+    """name -> (numpy dtype, kind) of every registered method's knob (speculative/methods.py
+    MethodOption: lantern_delta, gasv_kappa, gsd_group, zipar_window, ...): a method that declares a
+    setting in its own file is servable with no edit here. (Read on use: importing the method
+    registry imports torch, which `serve`'s port check must not wait for.)"""
+    from ..speculative import methods  # importing the package registers every method
+
+    return {o.name: _KINDS[o.type] for o in methods.cli_options()}
+
+
+def inputs() -> dict:
+    """name -> (numpy dtype, kind) of every input: BASE_INPUTS, then method_knobs()."""
+    return {**BASE_INPUTS, **method_knobs()}
+
+
+def __getattr__(name):  # INPUTS / KNOBS / METHOD_KNOBS, computed on first use (PEP 562)
+    if name == "INPUTS":
+        return inputs()
+    if name == "METHOD_KNOBS":
+        return method_knobs()
+    if name == "KNOBS":
+        return SAMPLING_KNOBS + tuple(method_knobs())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ServeRequestError(LisaError):
@@ -74,8 +102,8 @@ class _Row:
     idx: int
     class_id: Optional[int]  # class-conditioned families
     seed: int
-    knobs: tuple  # (verify: Method or "auto", cfg_scale, temperature, top_k, top_p, lantern_delta, gasv_kappa,
-    #               gasv_lambda): rows with equal knobs decode together
+    knobs: tuple  # (verify: Method or "auto", cfg_scale, temperature, top_k, top_p, *METHOD_KNOBS values):
+    #               rows with equal knobs decode together
     caption: Optional[str] = None  # prompted families (text prompts)
 
 
@@ -126,7 +154,7 @@ class ServeModel:
                 raise InputError(f"missing input {name!r} (BYTES, shape (n, 1): a class id or name)")
             return [None] * n
         a = np.asarray(req[name])
-        dtype, kind = INPUTS[name]
+        dtype, kind = inputs()[name]
         if a.ndim == 0 or a.shape[0] != n or a.size != n:
             raise InputError(f"input {name!r} must have shape (n, 1) with n = {n} rows, got {a.shape}")
         vals = a.reshape(n).tolist()
@@ -140,8 +168,8 @@ class ServeModel:
             raise InputError(f"input {name!r} must be a number ({np.dtype(dtype).name}), got {a.dtype}")
         return [float(v) if kind == "float" else int(v) for v in vals]
 
-    def _knobs(self, verify, cfg, temp, top_k, top_p, delta, kappa, lam) -> tuple:
-        from ..runtime.context import AUTO, resolve_method
+    def _knobs(self, verify, cfg, temp, top_k, top_p, *method_values) -> tuple:
+        from ..runtime.context import AUTO, resolve_method, resolve_spec
 
         verify = verify or self.default_verify
         requested = resolve_method(verify, auto=True, noun="verify rule")  # None: auto
@@ -153,13 +181,19 @@ class ServeModel:
         temp = _range("temperature", d.temperature if temp is None else temp, 0.0, 100.0, lo_open=True)
         top_k = int(_range("top_k", d.top_k if top_k is None else top_k, 0, self.vocab))
         top_p = _range("top_p", d.top_p if top_p is None else top_p, 0.0, 1.0, lo_open=True)
-        if delta is not None:
-            _range("lantern_delta", delta, 0.0, 1.0)
-        if kappa is not None:
-            _range("gasv_kappa", kappa, 0.0, 1e6)
-        if lam is not None:
-            _range("gasv_lambda", lam, 0.0, 1e6)
-        return (requested or AUTO, float(cfg), float(temp), top_k, float(top_p), delta, kappa, lam)
+        mk = method_knobs()
+        given = {k: v for k, v in zip(mk, method_values) if v is not None}
+        for k, v in given.items():
+            if k in _RANGES:
+                _range(k, v, *_RANGES[k])
+            elif mk[k][1] == "float" and not math.isfinite(v):
+                raise InputError(f"{k}={v} is not a finite number")
+        if given:  # the method's own settings check their values (speculative/methods.py SpecConfig.make)
+            try:
+                resolve_spec(method, knobs=given)
+            except (TypeError, ValueError) as e:
+                raise InputError(f"{', '.join(sorted(given))}: {e}") from e
+        return (requested or AUTO, float(cfg), float(temp), top_k, float(top_p), *method_values)
 
     def parse(self, requests: Sequence[Mapping]) -> tuple[list, dict, list]:
         """-> (rows, {request index: error message}, rows per request)."""
@@ -170,9 +204,10 @@ class ServeModel:
         for r, req in enumerate(requests):
             req = getattr(req, "data", req)
             try:
-                unknown = sorted(set(req) - set(INPUTS))
+                names = inputs()
+                unknown = sorted(set(req) - set(names))
                 if unknown:
-                    raise InputError(f"unknown input(s) {', '.join(unknown)}; valid: {', '.join(INPUTS)}")
+                    raise InputError(f"unknown input(s) {', '.join(unknown)}; valid: {', '.join(names)}")
                 if "prompt" not in req:
                     raise InputError("missing input 'prompt' (BYTES, shape (n, 1): a class id or name)")
                 n = int(np.asarray(req["prompt"]).shape[0]) if np.asarray(req["prompt"]).ndim else 0
@@ -181,7 +216,7 @@ class ServeModel:
                     raise InputError("input 'prompt' must have shape (n, 1) with n >= 1")
                 if n > self.max_batch:
                     raise InputError(f"a request of {n} rows exceeds --max-batch {self.max_batch}")
-                cols = {name: self._column(req, name, n) for name in INPUTS}
+                cols = {name: self._column(req, name, n) for name in names}
                 fam = self.pipe.family
                 if not fam.prompted and not fam.class_conditioned(cfg):
                     raise InputError("this engine is conditioned on caption features: serving takes class or "
@@ -198,7 +233,8 @@ class ServeModel:
                         if err:
                             raise InputError(err)
                     seed = cols["seed"][i]
-                    knobs = self._knobs(*(cols[k][i] for k in KNOBS))
+                    knob_names = SAMPLING_KNOBS + tuple(k for k in names if k not in BASE_INPUTS)
+                    knobs = self._knobs(*(cols[k][i] for k in knob_names))
                     mine.append(_Row(r, i, cid, 0 if seed is None else seed, knobs, caption))
                 rows.extend(mine)
             except LisaError as e:  # any malformed input is this request's error only
@@ -216,11 +252,10 @@ class ServeModel:
         from ..runtime.context import resolve_sampling
         from ..runtime.prompts import Prompt
 
-        verify, cfg, temp, top_k, top_p, delta, kappa, lam = knobs
+        verify, cfg, temp, top_k, top_p, *method_values = knobs
         sampling = resolve_sampling(self.defaults, check=False, cfg_scale=cfg, temperature=temp, top_k=top_k,
                                     top_p=top_p)  # ranges checked by _knobs (serving's own)
-        spec = {k: v for k, v in (("lantern_delta", delta), ("gasv_kappa", kappa), ("gasv_lambda", lam))
-                if v is not None}
+        spec = {k: v for k, v in zip(method_knobs(), method_values) if v is not None}
         prompts = [Prompt(i, class_id=r.class_id, caption=r.caption, seed=r.seed, cfg=cfg) for i, r in enumerate(rows)]
         res = self.pipe.generate(prompts, verify=verify, sampling=sampling, batch=True, **spec)
         return [(np.asarray(img, dtype=np.uint8), st) for img, st in zip(res.images, res.stats)]

@@ -139,4 +139,4 @@ def test_wrong_engine_directories_are_clear(pipeline, tmp_path):
     r = CliRunner().invoke(main, ["build", str(root / "eng"), "--memory-gib", "24"])
     assert r.exit_code != 0 and "--backend ort" in r.output  # the generic build: no TensorRT here
     r = CliRunner().invoke(main, ["run", str(root / "eng"), str(caps), "--verify", "sjd", "--out", str(tmp_path / "s")])
-    assert r.exit_code != 0 and "sjd" in r.output
+    assert r.exit_code == 0, r.output  # the Jacobi decoders run on the engine directory's graphs too

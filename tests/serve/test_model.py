@@ -241,3 +241,27 @@ def test_drafterless_engines_serve_the_jacobi_decoders_and_refuse_tree_rules(pip
         assert out[0][0] is None and out[0][1]["image"].shape == (2, 8, 8, 3), (verify, out[0][0])
     out = m.infer_each([{"prompt": _b("1"), "verify": _b("exact")}])
     assert out[0][0] is not None and "needs a drafter" in out[0][0]
+
+
+def test_every_registered_method_knob_is_a_served_input(pipe, monkeypatch):
+    """The knob inputs come from the method registry: GSD's and ZipAR's own settings reach the
+    decode (the same tokens as Pipeline.generate with them), and a bad value is that request's error."""
+    from lisa_trt.serve import model as M
+    from lisa_trt.speculative.methods import cli_options
+
+    assert {o.name for o in cli_options()} <= set(M.INPUTS)
+    assert M.INPUTS["gsd_group"][1] == "int" and M.INPUTS["gsd_prob_gap"][1] == "float"
+    m = ServeModel(pipe, max_batch=4)
+    seen = []
+    real = pipe.generate
+    monkeypatch.setattr(pipe, "generate", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    out = m.infer_each([{"prompt": _b("1"), "seed": np.array([[4]]), "verify": _b("gsd"),
+                         "gsd_group": np.array([[3]], np.int32)},
+                        {"prompt": _b("2"), "verify": _b("zipar"), "zipar_window": np.array([[2]], np.int32)},
+                        {"prompt": _b("2"), "verify": _b("gsd"), "gsd_group": np.array([[0]], np.int32)}])
+    assert out[0][0] is None and out[1][0] is None
+    assert "GSD group must be >= 1" in out[2][0]
+    assert {"gsd_group": 3} == {k: v for k, v in seen[0].items() if k in M.METHOD_KNOBS}
+    assert {"zipar_window": 2} == {k: v for k, v in seen[1].items() if k in M.METHOD_KNOBS}
+    ref = real([Prompt(0, class_id=1, seed=4)], verify="gsd", batch=True, gsd_group=3)
+    assert np.array_equal(np.asarray(ref.images[0]), out[0][1]["image"][0])

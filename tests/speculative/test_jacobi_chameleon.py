@@ -15,9 +15,9 @@ pytest.importorskip("tokenizers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 import lisa_trt  # noqa: E402
-from chameleon_fixtures import N_CODES, make_hf_model, save_hf, save_tokenizer  # noqa: E402
+from chameleon_fixtures import N_CODES, save_model_dir  # noqa: E402
 from lisa_trt.config import SamplingConfig  # noqa: E402
-from lisa_trt.speculative.lumina import LuminaTokenizer, generate_image_tokens, row_end_mask, span_request  # noqa: E402
+from lumina_calls import LuminaTokenizer, generate_image_tokens, load_chameleon_engines, row_end_mask, span_request  # noqa: E402
 from lisa_trt.speculative.methods import SpecConfig  # noqa: E402
 from lisa_trt.speculative.run import run_method  # noqa: E402
 
@@ -26,8 +26,7 @@ CAPS = ["a red fox", "tok70 tok71 tok72"]  # two prompts of different lengths (l
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    d = save_hf(make_hf_model(seed=5, num_key_value_heads=2), tmp_path_factory.mktemp("jacobi"))
-    save_tokenizer(d)
+    d = save_model_dir(tmp_path_factory.mktemp("jacobi"), seed=5, vq=False, num_key_value_heads=2)
     return lisa_trt.load_target(d), LuminaTokenizer(d)
 
 
@@ -62,13 +61,12 @@ def test_sampled_spans_keep_their_structure(setup, method):
 
 @pytest.mark.slow
 def test_the_jacobi_family_runs_on_the_onnx_runtime_graphs(setup, tmp_path):
-    """The exported target graphs (engines/chameleon_ort.py) through the same generic loops: a
+    """The exported target graphs (engines/prompt_graph.py) through the same generic loops: a
     one-hot law gives the eager AR loop's tokens for every Jacobi-family decoder."""
     pytest.importorskip("onnxruntime")
     from click.testing import CliRunner
 
     from lisa_trt.cli import main
-    from lisa_trt.engines.chameleon_ort import load_chameleon_engines
 
     target, tok = setup
     r = CliRunner().invoke(main, ["export", "--model", str(target.source_dir), "--image-size", "64", "--out",

@@ -93,6 +93,22 @@ class LlamaGenFamily(ModelFamily):
             mask[b, : min(2 + b, cfg.cls_token_num)] = 1  # valid tokens first
         return feats, mask
 
+    def target_from_state(self, config, state_dict: dict):
+        from ...checkpoints import strict_load
+        from .model import Transformer
+
+        m = Transformer(config)
+        strict_load(m, state_dict, "target")
+        return m.float().eval()
+
+    def decoder_from_state(self, config, state_dict: dict):
+        from ...checkpoints import strict_load
+        from .vq import VQModel
+
+        m = VQModel(config)
+        strict_load(m, state_dict, "VQ")
+        return m.float().eval()
+
     def random_target(self, model_type: str = "c2i", seed: int = 0, std: float = 0.1, **overrides):
         """The "tiny" config (t2i: 6 caption slots of width 12), every weight N(0, std) (norm
         gammas 1 + N(0, std)), the null caption seeded too."""
