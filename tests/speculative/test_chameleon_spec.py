@@ -54,10 +54,12 @@ def test_exact_sampling_keeps_the_span_structure(setup):
     from lisa_trt.models.family import family_of
     from lisa_trt.speculative.run import run_method
 
-    req = family_of(target.config).prompter(target).encode(["x"], image_size=32)
-    with pytest.raises(lisa_trt.LisaError, match="Jacobi decoder"):  # the generic dispatch refuses a layout
-        run_method("sjd", target, None, None, req.cond, sampling=spec.sampling(), spec=spec.spec(), seed=0,
-                   layout=req.layout)
+    req = family_of(target.config).prompter(target).encode(["x"], image_size=32, cfg=True)
+    toks, _ = run_method("sjd", target, None, None, req.cond, sampling=spec.sampling(), spec=spec.spec(), seed=0,
+                         layout=req.layout)  # the Jacobi decoders read the family's layout (forced row ends)
+    forced = req.layout.forced_mask(toks.device)
+    assert forced.any() and (toks[:, forced] == req.layout.forced[forced.cpu()].to(toks.device)).all()
+    assert ((toks[:, ~forced] >= 4) & (toks[:, ~forced] < 4 + N_CODES)).all()
 
 
 def test_drafter_trains_on_target_taps(setup, tmp_path):
