@@ -30,7 +30,7 @@ def refusal_message(path, err: Exception, what: str = "checkpoint") -> str:
     named = f" (it asks for {obj})" if obj else ""
     return (f"refusing to load {what} {path}: the file's pickle would run code or build Python objects "
             f"other than tensors{named}, and lisa-trt only reads plain tensors from .pt files. Official "
-            "LlamaGen checkpoints contain only tensors, so this file was made differently or has been "
+            "checkpoints contain only tensors, so this file was made differently or has been "
             "tampered with. If you wrote it yourself, re-save just the weights (torch.save(model.state_dict(), "
             "path)) or convert them to .safetensors, then try again.")
 

@@ -329,7 +329,7 @@ def _random_classes(target, n: int, seed: int, device) -> torch.Tensor:
     if not family_of(target.config).class_conditioned(target.config):
         raise InputError("this target is not class-conditioned: calibration needs its rollout conditions "
                          "(t2i: conds=(features, mask), CLI `lisa-trt calibrate --captions CAPTIONS.txt --encoder "
-                         "T5_DIR`; prompt-id families: the prompts, e.g. lumina.span_request's)")
+                         "T5_DIR`; prompt-id families: their prompts, e.g. the Request of the family's prompter)")
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, target.config.num_classes, (n,), generator=g).to(device)
 

@@ -44,13 +44,14 @@ def random_checkpoint(out, model_cfg, seed):
     """Write a randomly initialised checkpoint in the official layout ({"model": state_dict})."""
     import torch
 
+    from ..config import TargetConfig
     from ..io import atomic_write
-    from ..models.families.llamagen.model import Transformer
-    from ..models.families.llamagen.vq import VQModel
+    from ..models.family import family_of
 
     torch.manual_seed(seed)
     is_vq, cfg = _official(model_cfg)
-    model = VQModel(cfg) if is_vq else Transformer(cfg)
+    fam = family_of((model_cfg["model_type"] or TargetConfig.model_type) if is_vq else cfg)
+    model = fam.init_decoder(cfg) if is_vq else fam.init_target(cfg)
     with atomic_write(out) as tmp:
         torch.save({"model": model.state_dict()}, tmp)
     click.echo(f"wrote {out}")

@@ -48,9 +48,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..config import SamplingConfig
 from ..errors import InputError
 from ..export.io_spec import GASV_K  # neighbour columns baked into the GASV graph
 from ..export.quantize import DEFAULT_BLOCK_SIZE as INT4_BLOCK  # int4 weights: one fp16 scale per block
+from ..models.family import family_named
 from .model_shapes import KNOWN, ModelShape, Weights, repeat, known_shape, lin, resolve_model
 
 MIB, GIB = 1 << 20, 1 << 30
@@ -390,7 +392,7 @@ def run_uses_cfg(engine_dir, cfg_scale: Optional[float] = None) -> bool:
     if cfg_scale is None:
         cfg_scale = (man.get("generation") or {}).get("cfg_scale")
     if cfg_scale is None:
-        cfg_scale = 3.0 if family == "chameleon" else 1.0
+        cfg_scale = (family_named(family).default_sampling if family else {}).get("cfg_scale", SamplingConfig.cfg_scale)
     return float(cfg_scale) != 1.0
 
 

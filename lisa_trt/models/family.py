@@ -237,6 +237,14 @@ class ModelFamily:
         """The image decoder (tokens -> pixels) of this family."""
         raise NotImplementedError
 
+    def init_target(self, config):
+        """A randomly initialised target of `config` (the module's own init; `lisa-trt random-checkpoint`)."""
+        raise NotImplementedError(f"the {self.name} family writes no random checkpoint")
+
+    def init_decoder(self, config):
+        """A randomly initialised image decoder of `config` (`lisa-trt random-checkpoint`)."""
+        raise NotImplementedError(f"the {self.name} family writes no random image-decoder checkpoint")
+
     def target_from_state(self, config, state_dict: dict):
         """A target of `config` with exactly `state_dict` (strict), fp32, eval: how the torch backend
         rebuilds a model from a bundle's shared weights file (export/weights.py). None: this family
@@ -311,6 +319,18 @@ def families() -> list:
     return list(dict.fromkeys(_FAMILIES.values()))
 
 
+def family_named(name: str) -> ModelFamily:
+    """The family whose `name` is `name` (an engine manifest's `family` field).
+
+    Raises UnknownModelTypeError listing the registered families when none is."""
+    for fam in families():
+        if fam.name == name:
+            return fam
+    raise UnknownModelTypeError(f"unknown model family {name!r}; registered: "
+                                f"{', '.join(f.name for f in families())} (a bundle from a newer lisa-trt? "
+                                "upgrade, or re-export it with this one)")
+
+
 def detect_family(path) -> ModelFamily:
     """The family whose `claims(path)` is True (checkpoint files and HF directories).
 
@@ -334,5 +354,5 @@ def detect_family(path) -> ModelFamily:
     raise ConfigError(f"{path} is not a checkpoint any family loads. lisa-trt loads {known}")
 
 
-__all__ = ["ModelFamily", "Request", "SequenceLayout", "SubVocab", "UnknownModelTypeError", "detect_family", "families",
+__all__ = ["ModelFamily", "Request", "SequenceLayout", "SubVocab", "UnknownModelTypeError", "detect_family", "families", "family_named",
            "family_of", "model_types", "register_family"]

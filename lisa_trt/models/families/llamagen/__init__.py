@@ -93,6 +93,16 @@ class LlamaGenFamily(ModelFamily):
             mask[b, : min(2 + b, cfg.cls_token_num)] = 1  # valid tokens first
         return feats, mask
 
+    def init_target(self, config):
+        from .model import Transformer
+
+        return Transformer(config)
+
+    def init_decoder(self, config):
+        from .vq import VQModel
+
+        return VQModel(config)
+
     def target_from_state(self, config, state_dict: dict):
         from ...checkpoints import strict_load
         from .model import Transformer
