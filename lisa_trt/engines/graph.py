@@ -360,7 +360,10 @@ class GraphVQ:
 
 
 class Engines(NamedTuple):
-    """Every engine of one directory for one backend (None where the graph was not exported)."""
+    """Every engine of one directory for one backend (None where the graph was not exported).
+
+    `tables`: the bundle's GASVTables (unbound: LANTERN neighbours, GASV constants) when a family's
+    own engine module opens them with the graphs (engines/prompt_graph.py); None otherwise."""
 
     target: GraphTarget
     drafter: Optional[GraphDrafter]
@@ -368,6 +371,7 @@ class Engines(NamedTuple):
     vq: Optional[GraphVQ]
     manifest: object
     backend: str = "?"
+    tables: Optional[object] = None
 
     def close(self) -> None:
         """Close every runner (sessions, contexts)."""
@@ -408,8 +412,8 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
     Returns:
         Engines(target, drafter | None, gasv | None, vq | None, manifest, backend); the drafter
         is a GraphDrafter, or GraphMedusaHeads for a bundle exported with Medusa heads. A
-        token-prompt family's directory (its ExportFamily's engines_module) gives PromptEngines
-        (engines/prompt_graph.py: the same fields plus the tables).
+        token-prompt family's directory (its ExportFamily's engines_module) gives its own target
+        and VQ classes and the bundle's tables (engines/prompt_graph.py).
     Raises:
         ConfigError (unknown backend), ArtifactMismatchError / CheckpointError (read_manifest),
         the backend's own errors when it cannot run here (e.g. TensorRTUnavailableError).

@@ -16,14 +16,14 @@ bundle's precision (fp16 bundles: fp16 caches).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
 from ..errors import ArtifactMismatchError, InputError
 from ..export.io_spec import Graph
 from ..models.prompts import PromptTarget
-from .graph import GraphDrafter, GraphGASV, _contig, _KVEngine, check_step, check_tokens, open_graphs
+from .graph import Engines, GraphDrafter, GraphGASV, _contig, _KVEngine, check_step, check_tokens, open_graphs
 
 
 class GraphPromptTarget(PromptTarget, _KVEngine):
@@ -107,30 +107,7 @@ class GraphGridVQ:
         return self._run.run(dict(image_tokens=_contig(codes, torch.int64, self.device)), ["images"])["images"]
 
 
-class PromptEngines(NamedTuple):
-    """Every engine of a token-prompt directory for one backend (engines/graph.Engines' fields first)."""
-
-    target: GraphPromptTarget
-    drafter: Optional[GraphDrafter]
-    gasv: Optional[GraphGASV]
-    vq: Optional[GraphGridVQ]
-    manifest: object
-    backend: str
-    tables: Optional[object]  # GASVTables (unbound: LANTERN neighbours, GASV constants)
-
-    def close(self) -> None:
-        for e in (self.target, self.drafter, self.gasv, self.vq):
-            if e is not None:
-                e.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-def open_engines(man, backend: str = "ort", **options) -> PromptEngines:
+def open_engines(man, backend: str = "ort", **options) -> Engines:
     """The engines of a read Manifest (engines/graph.load_engines calls this for the family)."""
     from ..calibration.tables import load_tables
 
@@ -145,7 +122,7 @@ def open_engines(man, backend: str = "ort", **options) -> PromptEngines:
         else None
     gasv = GraphGASV(man, open_(Graph.GASV)[Graph.GASV]) if man.has(Graph.GASV) else None
     vq = GraphGridVQ(man, open_(Graph.VQ_DECODE)[Graph.VQ_DECODE]) if man.has(Graph.VQ_DECODE) else None
-    return PromptEngines(target, drafter, gasv, vq, man, backend, tables)
+    return Engines(target, drafter, gasv, vq, man, backend, tables)
 
 
-__all__ = ["GraphGridVQ", "GraphPromptTarget", "PromptEngines", "open_engines"]
+__all__ = ["GraphGridVQ", "GraphPromptTarget", "open_engines"]

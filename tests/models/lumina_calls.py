@@ -119,7 +119,7 @@ def calibrate_cli(model_dir, out_path, **kw):
 
 
 class _Engines:
-    """A token-prompt engine directory's engines (engines/prompt_graph.PromptEngines) plus the
+    """A token-prompt engine directory's engines (engines/graph.Engines, with its tables) plus the
     Lumina tokenizer its prompter reads from the directory (the tests' span_request calls)."""
 
     def __init__(self, eng, tokenizer):
