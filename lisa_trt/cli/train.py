@@ -144,8 +144,10 @@ def _check_capabilities(fam, o: dict) -> None:
 
 
 def _prompted_data(rc, out_dir, o: dict):
-    """(DataConfig, Request) of a prompted family: the family's self-distillation defaults, the given
-    values, and (when OUT already holds a run) the rollout settings of its first start."""
+    """(DataConfig, Request, held-out Request | None) of a prompted family: the family's
+    self-distillation defaults, the given values, and (when OUT already holds a run) the rollout
+    settings of its first start. The held-out request: `--eval-images` of the held-out captions
+    (the list's last `eval_samples`, cycled), for decoding MAL with seeds the rollouts never used."""
     import json
 
     from ..runtime.prompts import caption_list
@@ -159,8 +161,12 @@ def _prompted_data(rc, out_dir, o: dict):
     if saved.is_file():  # a run keeps the rollouts of its first start
         first = json.loads(saved.read_text()).get("data", {})
         data.update({k: first[k] for k in data if k in first})
-    request = rc.request(caption_list(fam, o["captions_file"], data["num_samples"] + data["eval_samples"]), cfg=True)
-    return DataConfig(**data), request
+    texts = caption_list(fam, o["captions_file"], data["num_samples"] + data["eval_samples"])
+    request = rc.request(texts, cfg=True)
+    held = texts[data["num_samples"]:] or texts
+    k = o["eval_images"]
+    held_out = rc.request((held * (k // len(held) + 1))[:k], cfg=True) if k else None
+    return DataConfig(**data), request, held_out
 
 
 def _train(rc, *, out_dir, vq, vq_config, echo, **o):
@@ -175,11 +181,10 @@ def _train(rc, *, out_dir, vq, vq_config, echo, **o):
     rc = rc.load(counts=counts, counts_or_zero={"--eval-images": o["eval_images"]},
                  dirs={"--out run directory": out_dir}, captions=o["captions"], encoder_dir=o["encoder_dir"])
     _check_capabilities(rc.family, o)
-    vq, request = default_vq(rc.source, vq), None
+    vq, request, held_out = default_vq(rc.source, vq), None, None
     codebook = _codebook(rc, vq, vq_config, o["loss"])
     if rc.family.prompted:
-        data, request = _prompted_data(rc, out_dir, o)
-        o = dict(o, eval_images=0)  # held-out decoding runs on class / caption conditions
+        data, request, held_out = _prompted_data(rc, out_dir, o)
     else:
         data = _data_config(rc, load_vq(vq, vq_config_for(vq, vq_config)), out_dir, o)
     kw = {k: o[k] for k in ("steps", "batch_size", "lr", "ttt_steps", "drafter_hidden", "drafter_heads",
@@ -197,19 +202,20 @@ def _train(rc, *, out_dir, vq, vq_config, echo, **o):
                       target_name=rc.family.name if request is not None else str(rc.source),
                       loss=LossConfig(kind=o["loss"], **_loss_switches(o["loss_off"])), data=data)
     start, t0 = _step_done(out_dir), time.perf_counter()
-    result = _fit(rc.target, codebook, cfg, out_dir, o, echo, request)
+    result = _fit(rc.target, codebook, cfg, out_dir, o, echo, request, held_out)
     _train_log(rc, cfg, result, out_dir, start, time.perf_counter() - t0)
     echo(f"wrote {result.get('drafter', Path(out_dir) / 'drafter.safetensors')}")
     from ..train.messages import format_eval
 
     echo(format_eval(result.get("eval", {})))
-    _held_out_decoding(rc.target, result, cfg, out_dir, o["eval_images"], echo)
+    _held_out_decoding(rc.target, result, cfg, out_dir, o["eval_images"], echo, held_out)
 
 
-def _fit(target, codebook, cfg, out_dir, o: dict, echo, request=None) -> dict:
+def _fit(target, codebook, cfg, out_dir, o: dict, echo, request=None, held_out=None) -> dict:
     """Train the EAGLE-3 drafter or the Medusa heads; Ctrl-C says how to resume (exit 130).
 
-    request: a prompted family's self-distillation Request (the prompter's)."""
+    request: a prompted family's self-distillation Request (the prompter's); held_out: its
+    held-out decoding Request (`--eval-images` prompts), or None."""
     from ..errors import InputError
     from ..train.evaluate import decode_eval
     from ..train.messages import resume_hint
@@ -226,10 +232,12 @@ def _fit(target, codebook, cfg, out_dir, o: dict, echo, request=None) -> dict:
             return train_medusa(target, codebook, cfg, out_dir, n_heads=o["medusa_heads"])
 
         def eval_fn(drafter, step):  # real decoding MAL on held-out prompts (exact verification)
-            return {"decode_mal": decode_eval(target, drafter, cfg, eval_images)["mal"]} if eval_images else {}
+            if not eval_images:
+                return {}
+            return {"decode_mal": decode_eval(target, drafter, cfg, eval_images, held_out)["mal"]}
 
         if request is not None:
-            return train_drafter(target, codebook, cfg, out_dir, request=request,
+            return train_drafter(target, codebook, cfg, out_dir, request=request, eval_fn=eval_fn,
                                  extend=o["extend"] or _resuming_shorter(out_dir, cfg.steps))
         return train_drafter(target, codebook, cfg, out_dir, eval_fn=eval_fn, extend=o["extend"])
     except KeyboardInterrupt:
@@ -291,8 +299,9 @@ def _resuming_shorter(out_dir, steps: int) -> bool:
     return latest.is_file() and 0 < json.loads(latest.read_text())["step"] < steps
 
 
-def _held_out_decoding(target, result, cfg, out_dir, eval_images, echo) -> None:
-    """Decode held-out prompts with the trained drafter (one rank under torchrun) -> eval_decode.json."""
+def _held_out_decoding(target, result, cfg, out_dir, eval_images, echo, held_out=None) -> None:
+    """Decode held-out prompts with the trained drafter (one rank under torchrun) -> eval_decode.json
+    (held_out: a prompted family's held-out Request)."""
     import os
 
     if not eval_images or int(os.environ.get("RANK", "0")) != 0:
@@ -301,7 +310,7 @@ def _held_out_decoding(target, result, cfg, out_dir, eval_images, echo) -> None:
     from ..io import write_json
     from ..train.evaluate import decode_eval
 
-    ev = decode_eval(target, load_drafter_by_name(str(result["drafter"]), target), cfg, eval_images)
+    ev = decode_eval(target, load_drafter_by_name(str(result["drafter"]), target), cfg, eval_images, held_out)
     write_json(Path(out_dir) / "eval_decode.json", ev)
     echo(f"held-out decoding ({eval_images} images, exact verification): MAL {ev['mal']:.3f}")
 

@@ -11,19 +11,29 @@ from ..speculative.decode import SpeculativeDecoder
 from ..speculative.methods import SpecConfig
 
 
-def decode_eval(target, drafter, cfg, n: int) -> dict:
+def decode_eval(target, drafter, cfg, n: int, request=None) -> dict:
     """Real MAL of the trained drafter: exact (lossless) tree speculation on held-out prompts
     (seeds disjoint from the self-distillation data).
 
     Args:
         target, drafter: the models; cfg: the TrainConfig (its data sampling settings and seed).
-        n: number of held-out class prompts (class ids 0..n-1, cycled).
+        n: number of held-out prompts (class ids 0..n-1 cycled, or t2i held-out captions).
+        request: prompt-id families: the held-out prompts, encoded by the family's prompter with
+            the CFG rows (models.family.Request, `n` of them); decoded over its layout.
     Returns:
         {"mal", "images", "sampling", "spec", "target_forwards"}.
     """
     d = cfg.data
     s = SamplingConfig(cfg_scale=d.cfg_scale, temperature=d.temperature, top_k=d.top_k, top_p=d.top_p)
     spec = SpecConfig.make("exact", top_k=3, depth=3, total_tokens=10)
+    if request is not None:
+        from ..speculative.run import run_method
+
+        _, st = run_method("exact", target, drafter.eval(), None, request.cond, sampling=s, spec=spec,
+                           seed=1_000_003 + cfg.seed, layout=request.layout)
+        return {"mal": st.mal, "images": request.batch, "sampling": dataclasses.asdict(s),
+                "spec": dataclasses.asdict(spec), "target_forwards": st.target_forwards,
+                "prompts": list(request.prompts)}
     from .captions import eval_conds
 
     cond = eval_conds(target, d, n)  # class ids 0..n-1 cycled (c2i) or held-out captions (t2i)

@@ -141,8 +141,11 @@ def test_calibrate_and_train_on_a_directory(model_dir, tmp_path):
     r = CliRunner().invoke(main, ["train", "--model", str(model_dir), "--out", str(tmp_path / "run"), "--arch", "medusa"])
     assert r.exit_code == 2 and "--arch eagle3" in r.output
     r = CliRunner().invoke(main, ["train", "--model", str(model_dir), "--out", str(tmp_path / "run"), "--steps", "2",
-                                  "--num-samples", "2", "--batch-size", "2", "--image-size", "32", "--cfg-scale", "2.5"])
+                                  "--num-samples", "2", "--batch-size", "2", "--image-size", "32", "--cfg-scale", "2.5",
+                                  "--eval-images", "2"])
     assert r.exit_code == 0, r.output
+    ev = json.loads((tmp_path / "run" / "eval_decode.json").read_text())  # held-out prompts, real decoding
+    assert ev["images"] == 2 and len(ev["prompts"]) == 2 and ev["mal"] >= 1.0 and ev["sampling"]["cfg_scale"] == 2.5
     cfg = json.loads((tmp_path / "run" / "train_config.json").read_text())
     assert cfg["steps"] == 2 and cfg["data"]["cfg_scale"] == 2.5 and cfg["data"]["top_k"] == 2000
     assert (tmp_path / "run" / "drafter.safetensors").is_file()

@@ -41,7 +41,7 @@ def pipeline(tmp_path_factory):
     caps.write_text("# captions\na red fox\n\ntok70 tok71 tok72\na lighthouse\n")
     common = ["--model", d, "--image-size", SIZE, "--captions-file", caps, "--seed", 0]
     _cli("train", *common, "--out", root / "run", "--steps", 3, "--num-samples", 3, "--batch-size", 2,
-         "--drafter-hidden", 16, "--drafter-heads", 2, "--cfg-scale", 2.0, "--checkpoint-every", 1)
+         "--drafter-hidden", 16, "--drafter-heads", 2, "--cfg-scale", 2.0, "--checkpoint-every", 1, "--eval-images", 0)
     _cli("calibrate", *common, "--out", root / "tables.safetensors", "--rollouts", 4, "--samples-per-pos", 2,
          "--clusters", 4, "--lantern-k", 8, "--top-k", 16, "--cfg-scale", 2.0)
     out = _cli("export", "--model", d, "--image-size", SIZE, "--drafter", root / "run" / "drafter.safetensors",
@@ -57,7 +57,7 @@ def test_train_resumes_from_its_state(pipeline):
     assert log["steps"] == 3 and len(log["losses_this_run"]) == 3
     # the same command with more steps continues from train_state.pt (3 new steps, not 6)
     _cli("train", "--model", d, "--image-size", SIZE, "--captions-file", caps, "--out", root / "run", "--steps", 6,
-         "--batch-size", 2, "--drafter-hidden", 16, "--drafter-heads", 2, "--checkpoint-every", 1)
+         "--batch-size", 2, "--drafter-hidden", 16, "--drafter-heads", 2, "--checkpoint-every", 1, "--eval-images", 0)
     log = json.loads((root / "run" / "train_log.json").read_text())
     assert len(log["losses_this_run"]) == 3
 

@@ -568,8 +568,11 @@ def test_every_cli_command_runs_janus_directories(gqa, tmp_path):
     r = cli("calibrate", "--model", d, "--out", tmp_path / "t.safetensors", "--rollouts", "2", "--samples-per-pos", "2",
             "--clusters", "2", "--lantern-k", "4")
     assert r.exit_code == 0, r.output
-    r = cli("train", "--model", d, "--out", tmp_path / "run", "--steps", "1", "--num-samples", "2", "--batch-size", "2")
-    assert r.exit_code == 0, r.output
+    r = cli("train", "--model", d, "--out", tmp_path / "run", "--steps", "1", "--num-samples", "2", "--batch-size", "2",
+            "--eval-images", "2")
+    assert r.exit_code == 0 and "held-out decoding (2 images" in r.output, r.output
+    ev = json.loads((tmp_path / "run" / "eval_decode.json").read_text())  # real decoding of held-out prompts
+    assert ev["images"] == 2 and len(ev["prompts"]) == 2 and ev["mal"] >= 1.0 and ev["target_forwards"] > 0
     r = cli("generate", "--model", d, "--prompt", "w10", "--verify", "gasv", "--drafter",
             tmp_path / "run" / "drafter.safetensors", "--tables", tmp_path / "t.safetensors", "--tree-tokens", "6",
             "--out", tmp_path / "s")
