@@ -63,3 +63,37 @@ def test_sharing_changes_no_output(artifacts, tmp_path):
     assert (shared.dir / SHARED_DATA).stat().st_size < 0.6 * sum(
         (man.dir / g.file).stat().st_size for g in man.graphs.values())
     read_manifest(shared.dir)  # checks the recorded files
+
+
+def test_torch_backend_on_an_fp16_bundle_runs_the_fp16_values(artifacts, tmp_path):
+    """An fp16 bundle carries no fp32 copy: the torch backend rebuilds the target from the fp16
+    values (exactly the rounded weights) and runs it in half precision; greedy tokens equal a
+    decode of the fp32 target whose weights were rounded to fp16 (the tiny model's logits are
+    peaky, so half-precision arithmetic flips no argmax), and the whole draft-tree loop is
+    lossless against the same backend's plain decoding (the random drafter
+    is rejected often; exactness, not acceptance, is the point)."""
+    from lisa_trt.config import SamplingConfig
+    from lisa_trt.engines.graph import load_engines
+    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.speculative.autoregressive import generate
+    from lisa_trt.speculative.methods import SpecConfig
+    from lisa_trt.speculative.run import run_method
+
+    a = artifacts
+    man = export_bundle(a["target"], a["drafter"], None, None, tmp_path / "h", fp16=True, max_tree=8, lint=False,
+                        validate=False, progress=False)
+    assert man.precision == "fp16" and "target_weights" not in (man.files or {})
+    rebuilt = model_from_bundle(man, "target")
+    for name, t in a["target"].state_dict().items():
+        assert torch.equal(rebuilt.state_dict()[name].float(), t.half().float()), name
+    rounded = type(a["target"])(a["target"].config)
+    rounded.load_state_dict({k: v.half().float() for k, v in a["target"].state_dict().items()})
+    cond = torch.tensor([1, 3])
+    want = generate(rounded.eval(), cond, greedy=True, cfg_scale=1.0, seed=0)
+    s = SamplingConfig(greedy=True, cfg_scale=1.0)
+    with load_engines(man.dir, "torch") as e:
+        assert next(e.target.runners[Graph.TARGET_VERIFY].module.parameters()).dtype == torch.float16
+        plain, _ = run_method("vanilla", e.target, None, None, cond, sampling=s, spec=SpecConfig(), seed=0)
+        tree, _ = run_method("exact", e.target, e.drafter, None, cond, sampling=s,
+                              spec=SpecConfig.make("exact", top_k=2, depth=2, total_tokens=6), seed=0)
+    assert torch.equal(plain.cpu(), want) and torch.equal(tree.cpu(), want)
