@@ -269,3 +269,27 @@ def test_drafter_training_resumes_exactly(setup, tmp_path, monkeypatch):
     a, b = load_drafter(straight["drafter"], target), load_drafter(again["drafter"], target)
     for x, y in zip(a.state_dict().values(), b.state_dict().values()):
         assert torch.equal(x, y)
+
+
+def test_coupled_drafting_on_a_span(setup):
+    """Coupled tree drafting (speculative/coupled.py) on the span layout: forced row ends are
+    committed, image codes elsewhere, and the tokens do not depend on the drafter's tree."""
+    from lisa_trt.config import SamplingConfig
+    from lisa_trt.speculative.methods import SpecConfig
+    from lisa_trt.speculative.run import run_method
+    from lumina_calls import span_request
+
+    target, tok, drafter = setup
+    prompts, layout, (h, w) = span_request(target, tok, ["x", "tok70 tok71"], 32, 64, True)
+    s = SamplingConfig(cfg_scale=2.0, top_k=10)
+    got = []
+    for tree in ((3, 2, 6), (2, 3, 8)):
+        spec = SpecConfig.make("coupled", top_k=tree[0], depth=tree[1], total_tokens=tree[2])
+        toks, st = run_method("coupled", target, drafter, None, prompts, sampling=s, spec=spec, seed=0, layout=layout)
+        got.append(toks)
+        assert st.mal >= 1.0 and st.mean_tvd == 0.0
+    ends = row_end_mask(h, w)
+    assert torch.equal(got[0], got[1])
+    assert (got[0][:, ends] == tok.newline).all()
+    assert ((got[0][:, ~ends] >= 4) & (got[0][:, ~ends] < 4 + N_CODES)).all()
+
