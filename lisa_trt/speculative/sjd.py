@@ -14,7 +14,7 @@ each bringing its forward inputs, verification and next drafts. The chain has tw
 own: `redraft` (the Jacobi update: how the next drafts are drawn from their new distributions;
 SJD draws them independently, MC-SJD (speculative/mcsjd.py) couples each new draft with the
 previous draft at the same image position) and `accept` (the verification of the window;
-SJD's test above, GSD's grouped test in speculative/gsd.py).
+SJD's test above, GSD's grouped test in speculative/gsd.py, GASV's in speculative/sjd_gasv.py).
 """
 
 from __future__ import annotations
