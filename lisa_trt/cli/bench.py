@@ -25,7 +25,7 @@ from . import options as opt
                     help="torch: the in-memory models; any other: the exported graphs of --engine-dir.")
 @click.option("--engine-dir", default=None, type=click.Path(),
               help="Exported bundle for a graph backend (ort, trt, ...).")
-@click.option("--sjd-window", type=int, default=16, show_default=True, help="SJD: draft tokens per Jacobi window.")
+@opt.sjd_window_option
 @opt.sampling_options
 @opt.tree_options
 @opt.knob_options()

@@ -198,6 +198,12 @@ def drafter_option(help: str):
     return click.option("--drafter", default=None, help=help)
 
 
+def sjd_window_option(fn):
+    """`--sjd-window` (the Jacobi-family decoders' draft tokens per window) -> `sjd_window`."""
+    return click.option("--sjd-window", type=click.IntRange(min=1), default=16, show_default=True,
+                        help="SJD family (sjd, mcsjd, sjd-pac, gsd, sjd-gasv): draft tokens per Jacobi window.")(fn)
+
+
 def tables_option(help: str):
     return click.option("--tables", default=None, help=help)
 

@@ -124,11 +124,12 @@ class SpeculativeDecoder:
         self._sub = {}  # id(sub_vocab) -> SubVocabVerifier
 
     def _verify(self, logits: torch.Tensor, tree: DraftTree, spec: SpecConfig, greedy: bool, gen, guide,
-                token_index):
+                token_index, session=None, rows=None):
         """Guided, filtered logits (B, N, V) at the tree nodes -> VerifyResult (the method's rule).
 
         A layout with a sub-vocabulary runs the relaxed rules over the codebook (subvocab.py)."""
-        ctx = RuleContext(spec=spec, greedy=greedy, generator=gen, tables=self.tables, gasv=self.gasv)
+        ctx = RuleContext(spec=spec, greedy=greedy, generator=gen, tables=self.tables, gasv=self.gasv,
+                          session=session, rows=rows, token_index=token_index)
         sv = guide.layout.sub_vocab
         if sv is not None and spec.method in RELAXED:
             ver = self._sub.get(id(sv))
@@ -184,7 +185,15 @@ class SpeculativeDecoder:
             gen = RowGenerators(seeds, dev, cap=spec.tree.total_tokens + spec.tree.depth + 1)
         else:
             gen = generator or make_generator(seed, dev)
-        first = sample_from_logits(guide(pre.logits[:, -1], torch.zeros(B, dtype=torch.long, device=dev)), gen, greedy)
+        meth = get_method(spec.method)
+        session = None
+        if meth.session is not None and not greedy:  # per-decode state of the method (coupled drafting)
+            session = meth.session(batch=B, vocab=pre.logits.shape[-1], generator=gen, device=dev, spec=spec)
+        first_law = guide(pre.logits[:, -1], torch.zeros(B, dtype=torch.long, device=dev))
+        if session is not None:
+            first = session.sample(first_law, torch.zeros(B, dtype=torch.long, device=dev), torch.arange(B, device=dev))
+        else:
+            first = sample_from_logits(first_law, gen, greedy)
         out = torch.full((B, N_img), -1, dtype=torch.long, device=dev)
         out[:, 0] = first
         n_done = torch.ones(B, dtype=torch.long, device=dev)  # committed tokens per (original) row
@@ -210,7 +219,7 @@ class SpeculativeDecoder:
             # -- draft a tree -------------------------------------------------------------
             with timer.measure("draft"):
                 tree = self._draft(dcache, root_tok, root_lp, root_h, root_pos, guide, spec,
-                                   nd, stats)
+                                   nd, stats, session, active)
                 tree = tree.truncate(remaining - 1)
             # -- verify it with one target forward ------------------------------------------
             with timer.measure("target"):
@@ -225,7 +234,8 @@ class SpeculativeDecoder:
                 token_index = nd[:, None] + tree.depths  # z index each node predicts
                 logits = guide(tout.logits, token_index)
                 res = self._verify(logits, tree, spec, greedy,
-                                   gen.select(active) if isinstance(gen, RowGenerators) else gen, guide, token_index)
+                                   gen.select(active) if isinstance(gen, RowGenerators) else gen, guide, token_index,
+                                   session, active)
             # -- commit: compact caches, feed the drafter the accepted path ------------------
             with timer.measure("host"):
                 acc = res.accept_len  # (Bc,)
@@ -289,14 +299,17 @@ class SpeculativeDecoder:
         dcache.lengths += S if counts is None else counts
         return logits, hidden
 
-    def _draft(self, dcache, root_tok, root_lp_raw, root_h, root_pos, guide, spec, n_done, stats):
-        """EAGLE-2 dynamic tree from the drafter's guided, filtered distributions."""
+    def _draft(self, dcache, root_tok, root_lp_raw, root_h, root_pos, guide, spec, n_done, stats, session=None,
+               rows=None):
+        """EAGLE-2 dynamic tree from the drafter's guided, filtered distributions (transformed by
+        the method's session when it has one: Method.session)."""
         n_pos = self.target.config.n_positions
         hist = {"h": root_h[:, None]}  # hidden_out of the previous call's nodes (CFG rows)
         L = dcache.lengths
 
         def logprobs(raw, token_index):
-            return torch.log_softmax(guide(raw, token_index), -1)
+            lp = torch.log_softmax(guide(raw, token_index), -1)
+            return lp if session is None else session.draft(lp, token_index, rows)
 
         def expand(req: ExpandRequest) -> torch.Tensor:
             n = req.tokens.shape[1]

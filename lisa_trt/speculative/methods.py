@@ -16,6 +16,9 @@ Every place that lists methods (the decode loop, Pipeline, `lisa-trt bench`, the
   registers its flat names `<method>_<field>` ('-' written '_'; e.g. `gsd_group`) in
   `FLAT_FIELDS`, so `SpecConfig.make(..., gsd_group=...)`, Pipeline keywords, bench sweeps and
   the CLI options reach them; a rule reads them with `spec.settings("gsd")`;
+- `session`: for tree methods, optional per-decode state made by the tree decoder (it may
+  draw the first token and transform the drafter's laws; the rule reads `ctx.session`;
+  speculative/coupled.py);
 - `loop`: for "sjd" methods, the Jacobi decoder `loop(target, cond, *, sampling, window, seed,
   spec) -> (tokens, DecodeStats)` (None: plain SJD, speculative/sjd.py).
 
@@ -164,6 +167,10 @@ class RuleContext:
     generator: Optional[torch.Generator]
     tables: object = None
     gasv: object = None
+    # set by the tree decoder for methods with a `session` (e.g. coupled drafting):
+    session: object = None  # the method's per-decode state (Method.session)
+    rows: Optional[torch.Tensor] = None  # (B,) original batch rows of the verified rows
+    token_index: Optional[torch.Tensor] = None  # (B, N) image-token index each node's law predicts
 
     def require_tables(self, what: str):
         if self.tables is None:
@@ -244,6 +251,11 @@ class Method:
     drafter_factory: Optional[Callable] = None
     settings: Optional[type] = None  # frozen dataclass of the method's own knobs (module docstring)
     loop: Optional[Callable] = None  # "sjd" methods: the Jacobi decoder (None: plain SJD)
+    # tree methods: per-decode state `session(batch=, vocab=, generator=, device=, spec=) -> obj`
+    # made once per generate call (not for greedy sampling); obj.sample(logits (B, V), token_index
+    # (B,), rows) draws the target's first token, obj.draft(logprobs (B, n, V), token_index (B, n),
+    # rows) transforms every drafter law the tree is built from; the rule reads it as ctx.session
+    session: Optional[Callable] = None
 
     def __post_init__(self):
         if self.kind not in ("tree", "ar", "sjd"):
@@ -252,6 +264,8 @@ class Method:
             raise SpecError(f"method {self.name}: tree methods (only) need a rule")
         if self.loop is not None and self.kind != "sjd":
             raise SpecError(f"method {self.name}: only sjd methods take a loop")
+        if self.session is not None and self.kind != "tree":
+            raise SpecError(f"method {self.name}: only tree methods take a session")
         if self.settings is not None and not (dataclasses.is_dataclass(self.settings)
                                               and self.settings.__dataclass_params__.frozen):
             raise SpecError(f"method {self.name}: settings must be a frozen dataclass")

@@ -40,7 +40,8 @@ def run_method(method: str, target, drafter, tables, cond, *, sampling: Sampling
     so its tokens do not depend on the other rows (the serving path). Not for the SJD loop.
     on_progress: optional callback(tokens done over all rows) for progress bars (AR and tree methods).
     layout: optional SequenceLayout of the request (models/family.py; Chameleon spans), passed to
-        the tree decoder and to every Jacobi-family loop (`loop(..., layout=layout)`).
+        the tree decoder and to every Jacobi-family loop (`loop(..., layout=layout)`); a Jacobi
+        loop whose method needs tables also gets `tables=` and `gasv=` (the GASV engine).
     """
     m = get_method(method)
     if m.greedy_sampling:
@@ -64,6 +65,8 @@ def run_method(method: str, target, drafter, tables, cond, *, sampling: Sampling
             raise InputError("the SJD loop has no per-row generators; decode its rows one by one")
         loop = m.loop or _plain_sjd
         kw = {} if layout is None else {"layout": layout}
+        if m.needs_tables:  # a Jacobi loop with a table-driven rule (sjd-gasv) reads the tables / GASV engine
+            kw.update(tables=tables, gasv=gasv)
         return loop(target, cond, sampling=sampling, window=sjd_window, seed=seed, spec=spec, **kw)
     if m.drafter_factory is not None:  # the method brings its own drafter (the oracle)
         target, drafter = m.drafter_factory(target)

@@ -8,10 +8,13 @@ p_prev)) (verify.sjd_accept). Unaccepted slots become the next drafts, re-sample
 iteration's distributions (the Jacobi update). The accepted K/V are already contiguous, so the
 cache only advances its lengths.
 
-The loop has two seams: `redraft` (the Jacobi update: how the next drafts are drawn from their
-new distributions; SJD draws them independently, MC-SJD (speculative/mcsjd.py) couples each new
-draft with the previous draft at the same image position) and `accept` (the verification of the
-window; SJD's test above, GSD's grouped test in speculative/gsd.py).
+This is the one Jacobi loop (setup, prefill, guide, timer, stats, commits). Its window SHAPE is a
+seam: `ChainWindow` (SJD's chain, below) or SJD-PAC's tree window (speculative/sjd_pac.py),
+each bringing its forward inputs, verification and next drafts. The chain has two seams of its
+own: `redraft` (the Jacobi update: how the next drafts are drawn from their new distributions;
+SJD draws them independently, MC-SJD (speculative/mcsjd.py) couples each new draft with the
+previous draft at the same image position) and `accept` (the verification of the window;
+SJD's test above, GSD's grouped test in speculative/gsd.py, GASV's in speculative/sjd_gasv.py).
 """
 
 from __future__ import annotations
@@ -67,13 +70,90 @@ def _step_tvd(slot_tvd, k, from_bonus, W):
     return (slot_tvd.float() * take).sum(-1) / (k + 1).float()
 
 
+class ChainWindow:
+    """SJD's window shape: a chain of W drafts after the root, verified slot by slot (the loop's
+    `redraft` and `accept` seams, module docstring). One object per decode (it holds the drafts)."""
+
+    name = "SJD"
+
+    def __init__(self, redraft: Optional[Callable] = None, accept: Optional[Callable] = None):
+        self.redraft, self.accept = redraft, accept
+
+    def scratch(self, window: int) -> int:
+        """Cache slots one forward needs beyond the committed prefix."""
+        return window + 1
+
+    def start(self, p0: torch.Tensor, gen) -> None:
+        """First drafts from the prior laws p0 (B, window, V)."""
+        B, window, V = p0.shape
+        self.window, self.V = window, V
+        self.p_prev = p0
+        self.drafts = torch.multinomial(p0.reshape(-1, V), 1, generator=gen).reshape(B, window)
+
+    def inputs(self, root: torch.Tensor, cache, W: int, n_positions: int):
+        """(tokens (B, S), positions, slots, mask, token-index offsets (S,)) of one forward."""
+        dev = root.device
+        toks = torch.cat([root, self.drafts[:, :W]], 1)  # (B, W + 1)
+        S = W + 1
+        slots = cache.lengths[:, None] + torch.arange(S, device=dev)[None]
+        pos = cache.positions(slots).clamp(max=n_positions - 1)
+        causal = torch.tril(torch.ones(S, S, dtype=torch.bool, device=dev))[None].expand(slots.shape[0], S, S)
+        slots = slots.clamp(max=cache.max_len - 1)
+        return toks, pos, slots, cache.attention_mask(slots, causal), torch.arange(S, device=dev)
+
+    def verify(self, p_now: torch.Tensor, W: int, n_done: torch.Tensor, N_img: int, gen, greedy: bool):
+        """-> (committed tokens this step (B,), their tokens (B, W + 1), mean TVD (B,))."""
+        B, S, _ = p_now.shape
+        dev = p_now.device
+        drafts = self.drafts
+        slot_tvd = None
+        if W:
+            res, slot_tvd = (self.accept or _sjd_test)(p_now[:, :W], self.p_prev[:, :W], drafts[:, :W], gen)
+            acc_len, res_tok = res.accept_len, res.token
+        else:
+            acc_len = torch.zeros(B, dtype=torch.long, device=dev)
+            res_tok = acc_len - 1
+        k = torch.minimum(acc_len, (N_img - n_done - 1).clamp(min=0))
+        full = k >= W
+        bonus = sample_from_logits(torch.log(p_now[torch.arange(B, device=dev), k.clamp(max=S - 1)]), gen, greedy)
+        # a fresh draw from p_now at slot k when the window ran out or was cut at the image end
+        from_bonus = full | (acc_len > k) | (res_tok < 0)
+        last = torch.where(from_bonus, bonus, res_tok)
+        ncom = torch.where(n_done < N_img, k + 1, 0)
+        base = torch.cat([drafts[:, :W], last[:, None]], 1)
+        toks = torch.where(torch.arange(W + 1, device=dev)[None] < k[:, None], base, last[:, None])
+        self.k = k
+        return ncom, toks, _step_tvd(slot_tvd, k, from_bonus, W)
+
+    def advance(self, p_now: torch.Tensor, ncom: torch.Tensor, cache, guide, prior, n_next: torch.Tensor, W: int, gen):
+        """Keep the accepted K/V (contiguous: the lengths advance) and make the next drafts."""
+        B, S, V = p_now.shape
+        dev = p_now.device
+        window, k = self.window, self.k
+        cache.lengths += guide.dup(ncom)
+        # Jacobi update: slot j of the next window was slot k + 1 + j of this one
+        src = (k[:, None] + 1 + torch.arange(window, device=dev)[None])  # (B, window)
+        fresh = src >= S - 1
+        srcc = src.clamp(max=max(S - 2, 0))
+        p_next = p_now[:, :-1].gather(1, srcc[:, :, None].expand(-1, -1, V)) if W else self.p_prev
+        p_new = torch.where(fresh[..., None], prior(n_next[:, None] + torch.arange(window, device=dev)[None]), p_next)
+        if self.redraft is None:
+            self.drafts = torch.multinomial(p_new.reshape(-1, V), 1, generator=gen).reshape(B, window)
+        else:
+            old = self.drafts.gather(1, srcc)
+            p_old = self.p_prev.gather(1, srcc[:, :, None].expand(-1, -1, V))
+            has_old = ~fresh if W else torch.zeros_like(fresh)
+            self.drafts = self.redraft(p_new, p_old, old, has_old, gen)
+        self.p_prev = p_new
+
+
 @torch.no_grad()
 def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), window: int = 16,
                  seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
                  num_tokens: Optional[int] = None,
                  redraft: Optional[Callable] = None,
-                 accept: Optional[Callable] = None, layout=None) -> tuple[torch.Tensor, DecodeStats]:
-    """Generate tokens with SJD. Returns (tokens (B, N), DecodeStats).
+                 accept: Optional[Callable] = None, layout=None, shape=None) -> tuple[torch.Tensor, DecodeStats]:
+    """Generate tokens with SJD (the one Jacobi loop). Returns (tokens (B, N), DecodeStats).
 
     layout: the family's SequenceLayout of the request (models/family.py; default: the family's
         free layout of `num_tokens`): which tokens may be drafted, which are forced (one-hot
@@ -88,19 +168,28 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
         of the W window drafts ((B, W, V), (B, W, V), (B, W)); tvd (B, W) is the total variation
         distance between the law of the token each slot commits and p_now there (None: 0, a
         lossless rule). None: `verify.sjd_accept` (plain SJD, lossless).
+    shape: the window shape, a fresh object per call with `scratch(window)`, `start(p0, gen)`,
+        `inputs(root, cache, W, n_positions)`, `verify(p_now, W, n_done, N, gen, greedy)` and
+        `advance(p_now, ncom, cache, guide, prior, n_next, W, gen)` (ChainWindow; SJD-PAC's tree
+        window, speculative/sjd_pac.py). None: ChainWindow(redraft, accept); a shape brings its
+        own drafting and verification, so redraft / accept must then be None.
     """
+    if shape is None:
+        shape = ChainWindow(redraft, accept)
+    elif redraft is not None or accept is not None:
+        raise InputError("sjd_generate: pass redraft / accept to the window shape, not with `shape`")
     tc = target.config
     B = target.check_cond(cond)
     layout = layout if layout is not None else layout_for(target, num_tokens)
     N_img = layout.n_tokens
     if window < 1:
-        raise InputError(f"SJD window must be >= 1, got {window}")
+        raise InputError(f"{shape.name} window must be >= 1, got {window}")
     guide, timer, stats = Guide(sampling, layout), Timer(), DecodeStats()
     V = tc.vocab_size
     t0 = time.perf_counter()
     with timer.measure("target"):
         full = cfg_batch(target, cond, sampling.cfg_scale)
-        cache = new_target_cache(target, 2 * B if guide.cfg else B, full, N_img, extra=window + 1)
+        cache = new_target_cache(target, 2 * B if guide.cfg else B, full, N_img, extra=shape.scratch(window))
         pre = target.prefill(full, cache)
         stats.target_forwards += 1
     dev = cache.lengths.device
@@ -109,62 +198,26 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
     out[:, 0] = sample_from_logits(guide(pre.logits[:, -1], torch.zeros(B, dtype=torch.long, device=dev)), gen, sampling.greedy)
     n_done = torch.ones(B, dtype=torch.long, device=dev)
     prior = draft_prior(layout, V, dev)
-    p_prev = prior(n_done[:, None] + torch.arange(window, device=dev)[None]).clone()
-    drafts = torch.multinomial(p_prev.reshape(-1, V), 1, generator=gen).reshape(B, window)
+    shape.start(prior(n_done[:, None] + torch.arange(window, device=dev)[None]).clone(), gen)
     while bool((n_done < N_img).any()):
         # finished rows keep running with W = 0 effective drafts; their outputs are ignored
         W = int(min(window, int((N_img - n_done).max()) - 1))
         with timer.measure("target"):
             root = out.gather(1, (n_done - 1)[:, None])
-            toks = torch.cat([root, drafts[:, :W]], 1)  # (B, W + 1)
-            S = W + 1
-            slots = cache.lengths[:, None] + torch.arange(S, device=dev)[None]
-            pos = cache.positions(slots).clamp(max=tc.n_positions - 1)
-            causal = torch.tril(torch.ones(S, S, dtype=torch.bool, device=dev))[None].expand(slots.shape[0], S, S)
-            mask = cache.attention_mask(slots.clamp(max=cache.max_len - 1), causal)
-            logits = target.forward_tokens(guide.dup(toks), pos, slots.clamp(max=cache.max_len - 1), mask, cache).logits
+            toks, pos, slots, mask, offs = shape.inputs(root, cache, W, tc.n_positions)
+            logits = target.forward_tokens(guide.dup(toks), pos, slots, mask, cache).logits
             stats.target_forwards += 1
         with timer.measure("accept"):
-            idx = n_done[:, None] + torch.arange(S, device=dev)[None]  # z index each slot predicts
-            p_now = torch.softmax(guide(logits, idx), -1)  # (B, S, V)
-            slot_tvd = None
-            if W:
-                res, slot_tvd = (accept or _sjd_test)(p_now[:, :W], p_prev[:, :W], drafts[:, :W], gen)
-                acc_len, res_tok = res.accept_len, res.token
-            else:
-                acc_len = torch.zeros(B, dtype=torch.long, device=dev)
-                res_tok = acc_len - 1
-            k = torch.minimum(acc_len, (N_img - n_done - 1).clamp(min=0))
-            full = k >= W
-            bonus = sample_from_logits(torch.log(p_now[torch.arange(B, device=dev), k.clamp(max=S - 1)]), gen, sampling.greedy)
-            # a fresh draw from p_now at slot k when the window ran out or was cut at the image end
-            from_bonus = full | (acc_len > k) | (res_tok < 0)
-            last = torch.where(from_bonus, bonus, res_tok)
-            ncom = torch.where(n_done < N_img, k + 1, 0)
+            p_now = torch.softmax(guide(logits, n_done[:, None] + offs[None]), -1)  # (B, S, V)
+            ncom, step_toks, step_tvd = shape.verify(p_now, W, n_done, N_img, gen, sampling.greedy)
         with timer.measure("host"):
             live = n_done < N_img
             stats.committed.append(ncom[live])
-            stats.tvd.append(_step_tvd(slot_tvd, k, from_bonus, W)[live])
+            stats.tvd.append(step_tvd[live])
             for j in range(W + 1):
-                take = live & (j <= k)
-                tok = torch.where(j < k, drafts[:, min(j, max(W - 1, 0))] if W else last, last)
-                out[take, (n_done + j)[take].clamp(max=N_img - 1)] = tok[take]
-            cache.lengths += guide.dup(ncom)
-            # Jacobi update: slot j of the next window was slot k + 1 + j of this one
-            src = (k[:, None] + 1 + torch.arange(window, device=dev)[None])  # (B, window)
-            fresh = src >= S - 1
-            srcc = src.clamp(max=max(S - 2, 0))
-            p_next = p_now[:, :-1].gather(1, srcc[:, :, None].expand(-1, -1, V)) if W else p_prev
-            p_new = torch.where(fresh[..., None], prior(n_done[:, None] + ncom[:, None] + torch.arange(
-                window, device=dev)[None]), p_next)
-            if redraft is None:
-                drafts = torch.multinomial(p_new.reshape(-1, V), 1, generator=gen).reshape(B, window)
-            else:
-                old = drafts.gather(1, srcc)
-                p_old = p_prev.gather(1, srcc[:, :, None].expand(-1, -1, V))
-                has_old = ~fresh if W else torch.zeros_like(fresh)
-                drafts = redraft(p_new, p_old, old, has_old, gen)
-            p_prev = p_new
+                take = ncom > j
+                out[take, (n_done + j)[take].clamp(max=N_img - 1)] = step_toks[take, j]
+            shape.advance(p_now, ncom, cache, guide, prior, n_done + ncom, W, gen)
             n_done += ncom
     stats.times = dict(timer.totals)
     stats.times["total"] = time.perf_counter() - t0

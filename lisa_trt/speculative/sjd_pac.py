@@ -33,7 +33,6 @@ at the end of a fully accepted window).
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -41,6 +40,7 @@ import torch
 
 from ..errors import InputError
 from .methods import Method, MethodOption, register_method
+from .sampling import sample_from_logits
 from .verify import jacobi_residual, ratio_accept
 
 
@@ -140,105 +140,94 @@ def rrs_column(p, q, cand, alive, gen):
     return pick, p
 
 
-@torch.no_grad()
+class TreeWindow:
+    """SJD-PAC's window shape for the one Jacobi loop (sjd.py `sjd_generate(shape=...)`): the
+    K-ary proactive tree of depth D after the root, then a chain; recursive rejection sampling
+    per column; adaptive continuation (MC-SJD's coupling) for the next drafts."""
+
+    name = "SJD-PAC"
+
+    def __init__(self, K: int, D: int):
+        self.K, self.D = int(K), int(D)
+
+    def scratch(self, window: int) -> int:
+        return window_tree(self.K, self.D, window).col.numel()
+
+    def start(self, p0: torch.Tensor, gen) -> None:
+        B, window, V = p0.shape
+        self.window = window
+        self.q = p0  # (B, window, V): column c + 1's draft law
+        first = torch.multinomial(p0.reshape(-1, V), 1, generator=gen).reshape(B, window)
+        self.cand = without_replacement(p0, first, self.K, gen)  # (B, window, K)
+
+    def inputs(self, root: torch.Tensor, cache, W: int, n_positions: int):
+        dev = root.device
+        tr = self.tr = window_tree(self.K, self.D, W)
+        tr_col, tr_br = tr.col.to(dev), tr.branch.to(dev)
+        Nn = tr_col.numel()
+        node_tok = self.cand[:, (tr_col[1:] - 1).clamp(min=0), tr_br[1:]] if W else root[:, :0]
+        self.ids = torch.cat([root, node_tok], 1)  # (B, Nn) node tokens, -1 for an empty candidate
+        toks = self.toks = self.ids.clamp(min=0)
+        slots = self.slots = (cache.lengths[:, None] + torch.arange(Nn, device=dev)[None]).clamp(max=cache.max_len - 1)
+        pos = (cache.positions(cache.lengths[:, None]) + tr_col[None]).clamp(max=n_positions - 1)
+        mask = cache.attention_mask(slots, tr.ancestors.to(dev)[None].expand(slots.shape[0], Nn, Nn))
+        return toks, pos, slots, mask, tr_col
+
+    def verify(self, p_now: torch.Tensor, W: int, n_done: torch.Tensor, N_img: int, gen, greedy: bool):
+        B = p_now.shape[0]
+        dev = p_now.device
+        tr, ids, q = self.tr, self.ids, self.q
+        ch = tr.children.to(dev)
+        rows = torch.arange(B, device=dev)
+        lim = (N_img - n_done - 1).clamp(min=0)  # drafts a row may still commit
+        cur = torch.zeros(B, dtype=torch.long, device=dev)
+        alive = n_done < N_img
+        acc = torch.zeros(B, dtype=torch.long, device=dev)
+        last = torch.full((B,), -1, dtype=torch.long, device=dev)
+        for c in range(1, W + 1):
+            kids = ch[cur]  # (B, K)
+            stop = alive & ((kids[:, 0] < 0) | (c > lim))  # no child here / image end: bonus below
+            alive = alive & ~stop
+            p_par = p_now[rows, cur]
+            pick, resid = rrs_column(p_par, q[:, c - 1], torch.where(kids >= 0, node_tok_at(ids, kids), -1),
+                                     alive, gen)
+            rejected = alive & (pick < 0)
+            draw = torch.multinomial(resid, 1, generator=gen)[:, 0]
+            last = torch.where(rejected, draw, last)
+            took = alive & (pick >= 0)
+            cur = torch.where(took, kids.gather(1, pick.clamp(min=0)[:, None])[:, 0], cur)
+            acc = acc + took.long()
+            alive = took
+        # rows that stopped without a rejection commit a fresh draw from p_now at their node
+        bonus = sample_from_logits(torch.log(p_now[rows, cur]), gen, greedy)
+        last = torch.where(last < 0, bonus, last)
+        ncom = torch.where(n_done < N_img, acc + 1, 0)
+        path = self.path = _path(tr.parent.to(dev), cur, W)  # (B, W + 1) node ids root first (-1 after the end)
+        path_tok = self.toks.gather(1, path.clamp(min=0))  # (B, W + 1): root, then the accepted drafts
+        base = torch.cat([path_tok[:, 1:], last[:, None]], 1)
+        toks = torch.where(torch.arange(W + 1, device=dev)[None] < acc[:, None], base, last[:, None])
+        self.acc = acc
+        return ncom, toks, torch.zeros(B, device=dev)  # lossless: TVD 0
+
+    def advance(self, p_now: torch.Tensor, ncom: torch.Tensor, cache, guide, prior, n_next: torch.Tensor, W: int, gen):
+        from .mcsjd import maximal_coupling
+
+        B = p_now.shape[0]
+        cache.compact(guide.dup(self.slots[:B].gather(1, self.path.clamp(min=0))), guide.dup(ncom))
+        self.q, self.cand = _next_drafts(p_now, self.q, self.cand, self.path, self.acc, ncom, self.tr, W,
+                                         self.window, self.K, prior, n_next, gen, maximal_coupling)
+
+
 def sjd_pac_generate(target, cond, *, sampling, window: int = 16, seed: Optional[int] = None, spec=None,
                      layout=None, generator: Optional[torch.Generator] = None):
-    """SJD-PAC on one batch -> (tokens (B, N), DecodeStats). window: draft columns per forward."""
-    from ..timing import Timer
-    from .autoregressive import cfg_batch, layout_for, new_target_cache
-    from .decode import DecodeStats, Guide
-    from .mcsjd import maximal_coupling
+    """SJD-PAC on one batch -> (tokens (B, N), DecodeStats): the one Jacobi loop (sjd.py) with the
+    tree window. window: draft columns per forward."""
     from .methods import SpecConfig
-    from .sampling import make_generator, sample_from_logits
-    from .sjd import draft_prior
+    from .sjd import sjd_generate
 
     s = (spec or SpecConfig()).settings("sjd-pac")
-    K, D = int(s.tree_width), int(s.tree_depth)
-    tc = target.config
-    B = target.check_cond(cond)
-    layout = layout if layout is not None else layout_for(target)
-    N_img = layout.n_tokens
-    if window < 1:
-        raise InputError(f"SJD-PAC window must be >= 1, got {window}")
-    guide, timer, stats = Guide(sampling, layout), Timer(), DecodeStats()
-    V = tc.vocab_size
-    t0 = time.perf_counter()
-    n_max = window_tree(K, D, window).col.numel()
-    with timer.measure("target"):
-        full = cfg_batch(target, cond, sampling.cfg_scale)
-        cache = new_target_cache(target, 2 * B if guide.cfg else B, full, N_img, extra=n_max)
-        pre = target.prefill(full, cache)
-        stats.target_forwards += 1
-    dev = cache.lengths.device
-    gen = generator or make_generator(seed, dev)
-    rows = torch.arange(B, device=dev)
-    out = torch.full((B, N_img), -1, dtype=torch.long, device=dev)
-    out[:, 0] = sample_from_logits(guide(pre.logits[:, -1], torch.zeros(B, dtype=torch.long, device=dev)), gen,
-                                   sampling.greedy)
-    n_done = torch.ones(B, dtype=torch.long, device=dev)
-    prior = draft_prior(layout, V, dev)
-    cols = torch.arange(1, window + 1, device=dev)[None]
-    q = prior(n_done[:, None] + cols - 1).clone()  # (B, window, V): column c + 1's draft law
-    first = torch.multinomial(q.reshape(-1, V), 1, generator=gen).reshape(B, window)
-    cand = without_replacement(q, first, K, gen)  # (B, window, K)
-    while bool((n_done < N_img).any()):
-        W = int(min(window, int((N_img - n_done).max()) - 1))
-        tr = window_tree(K, D, W)
-        tr_col, tr_br, ch = tr.col.to(dev), tr.branch.to(dev), tr.children.to(dev)
-        Nn = tr_col.numel()
-        with timer.measure("target"):
-            root = out.gather(1, (n_done - 1)[:, None])
-            node_tok = cand[:, (tr_col[1:] - 1).clamp(min=0), tr_br[1:]] if W else root[:, :0]
-            ids = torch.cat([root, node_tok], 1)  # (B, Nn) node tokens, -1 for an empty candidate
-            toks = ids.clamp(min=0)
-            slots = (cache.lengths[:, None] + torch.arange(Nn, device=dev)[None]).clamp(max=cache.max_len - 1)
-            pos = (cache.positions(cache.lengths[:, None]) + tr_col[None]).clamp(max=tc.n_positions - 1)
-            mask = cache.attention_mask(slots, tr.ancestors.to(dev)[None].expand(slots.shape[0], Nn, Nn))
-            logits = target.forward_tokens(guide.dup(toks), pos, slots, mask, cache).logits
-            stats.target_forwards += 1
-        with timer.measure("accept"):
-            p_now = torch.softmax(guide(logits, n_done[:, None] + tr_col[None]), -1)  # (B, Nn, V)
-            lim = (N_img - n_done - 1).clamp(min=0)  # drafts a row may still commit
-            cur = torch.zeros(B, dtype=torch.long, device=dev)
-            alive = n_done < N_img
-            acc = torch.zeros(B, dtype=torch.long, device=dev)
-            last = torch.full((B,), -1, dtype=torch.long, device=dev)
-            for c in range(1, W + 1):
-                kids = ch[cur]  # (B, K)
-                stop = alive & ((kids[:, 0] < 0) | (c > lim))  # no child here / image end: bonus below
-                alive = alive & ~stop
-                p_par = p_now[rows, cur]
-                pick, resid = rrs_column(p_par, q[:, c - 1], torch.where(kids >= 0, node_tok_at(ids, kids), -1),
-                                         alive, gen)
-                rejected = alive & (pick < 0)
-                draw = torch.multinomial(resid, 1, generator=gen)[:, 0]
-                last = torch.where(rejected, draw, last)
-                took = alive & (pick >= 0)
-                cur = torch.where(took, kids.gather(1, pick.clamp(min=0)[:, None])[:, 0], cur)
-                acc = acc + took.long()
-                alive = took
-            # rows that stopped without a rejection commit a fresh draw from p_now at their node
-            bonus = sample_from_logits(torch.log(p_now[rows, cur]), gen, sampling.greedy)
-            last = torch.where(last < 0, bonus, last)
-            live = n_done < N_img
-            ncom = torch.where(live, acc + 1, 0)
-        with timer.measure("host"):
-            stats.committed.append(ncom[live])
-            stats.tvd.append(torch.zeros(int(live.sum()), device=dev))
-            path = _path(tr.parent.to(dev), cur, W)  # (B, W + 1) node ids root first (-1 after the end)
-            path_tok = toks.gather(1, path.clamp(min=0))  # (B, W + 1): root, then the accepted drafts
-            for j in range(W + 1):
-                take = live & (j <= acc)
-                tok = path_tok[:, j + 1] if j < W else last
-                tok = torch.where(j < acc, tok, last)
-                out[take, (n_done + j)[take].clamp(max=N_img - 1)] = tok[take]
-            cache.compact(guide.dup(slots[:B].gather(1, path.clamp(min=0))), guide.dup(ncom))
-            q, cand = _next_drafts(p_now, q, cand, path, acc, ncom, tr, W, window, K, prior,
-                                   n_done + ncom, gen, maximal_coupling)
-            n_done += ncom
-    stats.times = dict(timer.totals)
-    stats.times["total"] = time.perf_counter() - t0
-    return out, stats
+    return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed, generator=generator,
+                        layout=layout, shape=TreeWindow(s.tree_width, s.tree_depth))
 
 
 def node_tok_at(toks: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
@@ -301,4 +290,4 @@ register_method(Method(
              MethodOption("--sjd-pac-depth", "sjd_pac_tree_depth", int, "SJD-PAC: depth of the proactive draft "
                           "tree, the root included (D; the window continues as a chain)."))))
 
-__all__ = ["SJDPACSettings", "WindowTree", "rrs_column", "sjd_pac_generate", "window_tree", "without_replacement"]
+__all__ = ["SJDPACSettings", "TreeWindow", "WindowTree", "rrs_column", "sjd_pac_generate", "window_tree", "without_replacement"]

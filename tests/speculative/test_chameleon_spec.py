@@ -269,3 +269,52 @@ def test_drafter_training_resumes_exactly(setup, tmp_path, monkeypatch):
     a, b = load_drafter(straight["drafter"], target), load_drafter(again["drafter"], target)
     for x, y in zip(a.state_dict().values(), b.state_dict().values()):
         assert torch.equal(x, y)
+
+
+def test_coupled_drafting_on_a_span(setup):
+    """Coupled tree drafting (speculative/coupled.py) on the span layout: forced row ends are
+    committed, image codes elsewhere, and the tokens do not depend on the drafter's tree."""
+    from lisa_trt.config import SamplingConfig
+    from lisa_trt.speculative.methods import SpecConfig
+    from lisa_trt.speculative.run import run_method
+    from lumina_calls import span_request
+
+    target, tok, drafter = setup
+    prompts, layout, (h, w) = span_request(target, tok, ["x", "tok70 tok71"], 32, 64, True)
+    s = SamplingConfig(cfg_scale=2.0, top_k=10)
+    got = []
+    for tree in ((3, 2, 6), (2, 3, 8)):
+        spec = SpecConfig.make("coupled", top_k=tree[0], depth=tree[1], total_tokens=tree[2])
+        toks, st = run_method("coupled", target, drafter, None, prompts, sampling=s, spec=spec, seed=0, layout=layout)
+        got.append(toks)
+        assert st.mal >= 1.0 and st.mean_tvd == 0.0
+    ends = row_end_mask(h, w)
+    assert torch.equal(got[0], got[1])
+    assert (got[0][:, ends] == tok.newline).all()
+    assert ((got[0][:, ~ends] >= 4) & (got[0][:, ~ends] < 4 + N_CODES)).all()
+
+
+def test_sjd_gasv_on_a_span(setup, code_tables):
+    """GASV inside Jacobi windows over the image codes (the tables' sub-vocabulary): delta 0 is
+    MC-SJD (its default drafts) token for token; relaxed, the span keeps its structure and
+    reports TVD."""
+    from lisa_trt.config import SamplingConfig
+    from lisa_trt.speculative.methods import SpecConfig
+    from lisa_trt.speculative.run import run_method
+    from lumina_calls import span_request
+
+    target, tok, _ = setup
+    prompts, layout, (h, w) = span_request(target, tok, ["x", "tok70 tok71"], 64, 64, True)
+    s = SamplingConfig(cfg_scale=2.0, top_k=16)
+    ref, _ = run_method("mcsjd", target, None, None, prompts, sampling=s, spec=SpecConfig(), seed=1, sjd_window=4,
+                        layout=layout)
+    same, st0 = run_method("sjd-gasv", target, None, code_tables, prompts, sampling=s,
+                           spec=SpecConfig.make("gasv", gasv_delta=0.0), seed=1, sjd_window=4, layout=layout)
+    assert torch.equal(same, ref) and st0.mean_tvd == 0.0
+    got, st = run_method("sjd-gasv", target, None, code_tables, prompts, sampling=s,
+                         spec=SpecConfig.make("gasv", gasv_kappa=8.0, gasv_lambda=0.2), seed=1, sjd_window=4,
+                         layout=layout)
+    ends = row_end_mask(h, w)
+    assert (got[:, ends] == tok.newline).all()
+    assert ((got[:, ~ends] >= 4) & (got[:, ~ends] < 4 + N_CODES)).all()
+    assert st.mean_tvd > 0

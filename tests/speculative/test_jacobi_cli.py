@@ -35,3 +35,23 @@ def test_generate_and_bench_run_the_new_decoders(tmp_path):
     assert set(rep) == {"vanilla", "sjd", "mcsjd", "sjd-pac", "gsd", "zipar"}
     assert rep["sjd-pac"]["mean_tvd"] == 0.0 and rep["zipar"]["mean_tvd"] > 0 and rep["gsd"]["mean_tvd"] > 0
     assert rep["zipar"]["target_forwards_per_image"] < rep["vanilla"]["target_forwards_per_image"]
+
+
+def test_generate_takes_the_sjd_window(tmp_path):
+    """`lisa-trt generate --sjd-window` reaches the Jacobi loop (other windows, other decodes; the
+    tokens stay the AR loop's under a one-hot law); stats.json records it; 0 is refused."""
+    r = CliRunner()
+    pt = tmp_path / "tiny.pt"
+    assert r.invoke(main, ["random-checkpoint", str(pt), "--config", "tiny"]).exit_code == 0
+    base = ["generate", "--model", str(pt), "--config", "tiny", "--classes", "1", "--seed", "4", "--verify", "sjd",
+            "--top-k", "1"]
+    stats = {}
+    for w in (1, 8):
+        res = r.invoke(main, base + ["--sjd-window", str(w), "--out", str(tmp_path / f"w{w}")])
+        assert res.exit_code == 0, res.output
+        stats[w] = json.loads((tmp_path / f"w{w}" / "stats.json").read_text())
+        assert stats[w]["sjd_window"] == w
+    assert stats[1]["target_forwards"] != stats[8]["target_forwards"]
+    assert np.array_equal(np.load(tmp_path / "w1" / "tokens.npy"), np.load(tmp_path / "w8" / "tokens.npy"))
+    res = r.invoke(main, base + ["--sjd-window", "0", "--out", str(tmp_path / "w0")])
+    assert res.exit_code != 0 and "sjd-window" in res.output
