@@ -199,7 +199,7 @@ def _janus_shape(name: str, image_size: int, prompt_len: int, **over) -> ModelSh
 
 LLAMAGEN_NAMES = ("GPT-B", "GPT-L", "GPT-XL", "GPT-XXL", "GPT-3B")
 KNOWN = (*LLAMAGEN_NAMES, "Lumina-mGPT-7B", "Janus-Pro-7B")
-DEFAULT_PROMPT = 128  # text prompt tokens of Lumina / Janus (export/chameleon_onnx.DEFAULT_MAX_PROMPT)
+DEFAULT_PROMPT = 128  # text prompt tokens of Lumina / Janus (models/families/chameleon/export.DEFAULT_MAX_PROMPT)
 DEFAULT_SIZE = {"llamagen": 256, "chameleon": 768, "janus": 384}
 
 

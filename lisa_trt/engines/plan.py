@@ -19,7 +19,7 @@ What is counted (docs/deployment.md explains each formula and which numbers are 
                with CFG; kv bytes 2 (fp16) for every precision but fp32 (4): int8 / fp8 / int4
                quantize weights, the cache stays fp16. max_cache_len = round_up(prompt + span
                prefix + image tokens + tree, 8), the exporters' rule (export/onnx.max_cache_len,
-               export/chameleon_onnx.engine_cache_len).
+               models/families/chameleon/export.engine_cache_len).
   drafter      EAGLE-3 (models/drafter.py): fc 3H -> H, one decoder layer at the target's width
                (q/k/v read embedding + hidden, 2H wide), own head over the image codes, plus the copy
                of the target's input embedding its exported step graph carries; its one-layer cache.

@@ -109,7 +109,7 @@ def test_vq_decoder_counts_match_the_models():
 
 def test_cache_rules_match_the_exporters():
     from lisa_trt.config import target_config
-    from lisa_trt.export.chameleon_onnx import engine_cache_len, span_length
+    from lisa_trt.models.families.chameleon.export import engine_cache_len, span_length
     from lisa_trt.export.onnx import max_cache_len
 
     for name, size in (("GPT-B", 256), ("GPT-XL", 384), ("GPT-3B", 512)):
