@@ -6,12 +6,13 @@ Floors, top to bottom (a module may import its own floor and any floor below, ne
     cli -> runtime -> engines -> export / speculative / calibration / train -> models -> core
 and no two modules import each other, directly or through others (no import circles).
 
-One explicit exception to "a package is one floor": a family package's export plugin,
-models/families/<name>/export.py (and anything under models/families/<name>/export/), sits at
-the export floor. It holds the family's ExportFamily (graph wrappers, io specs, manifest config
-readers) and may import export/; nothing below the export floor imports it (the family package
-itself never does), and the generic export registry reaches it through ModelFamily.export_module
-(importlib), never through a static import.
+One explicit exception to "a package is one floor": a family package's plugins (FAMILY_PLUGINS).
+models/families/<name>/export.py (and anything under models/families/<name>/export/) sits at
+the export floor: it holds the family's ExportFamily (graph wrappers, io specs, manifest config
+readers) and may import export/. models/families/<name>/shapes.py sits at the engines floor: the
+family's memory-plan shapes over engines/model_shapes.py. Nothing below a plugin's floor imports
+it (the family package itself never does); the generic registries reach them through
+ModelFamily.export_module / shapes_module (importlib), never through a static import.
 """
 
 import ast
@@ -69,7 +70,7 @@ def import_edges(mods: dict) -> dict:
     return edges
 
 
-FAMILY_PLUGINS = {"export": "export"}  # models/families/<name>/<plugin> -> the floor it sits at
+FAMILY_PLUGINS = {"export": "export", "shapes": "engines"}  # models/families/<name>/<plugin> -> its floor
 
 
 def floor(module: str):

@@ -51,7 +51,7 @@ from typing import Optional
 from ..errors import InputError
 from ..export.io_spec import GASV_K  # neighbour columns baked into the GASV graph
 from ..export.quantize import DEFAULT_BLOCK_SIZE as INT4_BLOCK  # int4 weights: one fp16 scale per block
-from .model_shapes import KNOWN, ModelShape, Weights, repeat, known_shape, lin, resolve_model
+from .model_shapes import ModelShape, Weights, known_names, known_shape, lin, repeat, resolve_model
 
 MIB, GIB = 1 << 20, 1 << 30
 CONTEXT_BYTES = 1 * GIB  # CUDA context + library handles + TensorRT runtime (estimate)
@@ -428,7 +428,7 @@ def device_memory_gib() -> Optional[float]:
         return None
 
 
-__all__ = ["CONTEXT_BYTES", "DEFAULT_GPU", "GPUS", "KNOWN", "PRECISIONS", "WORKSPACE_BYTES", "GPU", "ModelShape",
+__all__ = ["CONTEXT_BYTES", "DEFAULT_GPU", "GPUS", "PRECISIONS", "WORKSPACE_BYTES", "GPU", "ModelShape",
            "Plan", "PlanError", "Precision", "Weights", "check_plan", "device_memory_gib", "drafter_weights",
-           "engines_recorded", "known_shape", "largest", "make_plan", "preflight", "resolve_gpu", "resolve_model",
+           "engines_recorded", "known_names", "known_shape", "largest", "make_plan", "preflight", "resolve_gpu", "resolve_model",
            "resolve_precision", "run_uses_cfg", "table_bytes"]

@@ -136,6 +136,9 @@ class ModelFamily:
     # by convention the package's `export` sub-module, which sits at the export floor
     # (tests/test_architecture.py); None: the family cannot be exported
     export_module: Optional[str] = None
+    # the module with the family's memory-plan shapes (engines/model_shapes.py imports it on first use):
+    # by convention the package's `shapes` sub-module, at the engines floor; None: cannot be planned
+    shapes_module: Optional[str] = None
 
     def describe_checkpoint(self) -> str:
         """What a checkpoint of this family looks like (for errors naming the fix)."""
