@@ -5,6 +5,14 @@
 Floors, top to bottom (a module may import its own floor and any floor below, never above):
     cli -> runtime -> engines -> export / speculative / calibration / train -> models -> core
 and no two modules import each other, directly or through others (no import circles).
+
+One explicit exception to "a package is one floor": a family package's plugins (FAMILY_PLUGINS).
+models/families/<name>/export.py (and anything under models/families/<name>/export/) sits at
+the export floor: it holds the family's ExportFamily (graph wrappers, io specs, manifest config
+readers) and may import export/. models/families/<name>/shapes.py sits at the engines floor: the
+family's memory-plan shapes over engines/model_shapes.py. Nothing below a plugin's floor imports
+it (the family package itself never does); the generic registries reach them through
+ModelFamily.export_module / shapes_module (importlib), never through a static import.
 """
 
 import ast
@@ -62,10 +70,15 @@ def import_edges(mods: dict) -> dict:
     return edges
 
 
+FAMILY_PLUGINS = {"export": "export", "shapes": "engines"}  # models/families/<name>/<plugin> -> its floor
+
+
 def floor(module: str):
     parts = module.split(".")
     if len(parts) == 1:
         return 7  # the public facade
+    if len(parts) > 4 and parts[1:3] == ["models", "families"] and parts[4] in FAMILY_PLUGINS:
+        return FLOORS[FAMILY_PLUGINS[parts[4]]]  # a family's export plugin (module docstring)
     if len(parts) > 2 and ".".join(parts[1:3]) in FLOORS:  # a module placed apart from its package
         return FLOORS[".".join(parts[1:3])]
     return FLOORS.get(parts[1])
@@ -140,6 +153,30 @@ def test_the_checker_sees_violations():
     edges = {"lisa_trt.models.x": {"lisa_trt.engines.y"}, "lisa_trt.engines.y": {"lisa_trt.models.x"}}
     assert upward_imports(edges) == ["lisa_trt.models.x (floor 2) imports lisa_trt.engines.y (floor 4)"]
     assert cycles(edges) == [["lisa_trt.engines.y", "lisa_trt.models.x"]]
+
+
+def test_a_family_export_plugin_sits_at_the_export_floor():
+    """models/families/<name>/export.py may import export/; its family package may not import it."""
+    plugin, model = "lisa_trt.models.families.fam.export", "lisa_trt.models.families.fam.model"
+    assert floor(plugin) == FLOORS["export"] and floor(model) == FLOORS["models"]
+    assert floor("lisa_trt.models.families.fam.export.graphs") == FLOORS["export"]
+    edges = {plugin: {"lisa_trt.export.onnx", model}, model: {plugin}, "lisa_trt.export.onnx": set()}
+    assert upward_imports(edges) == [f"{model} (floor 2) imports {plugin} (floor 3)"]
+    assert "lisa_trt.models.families.fam.export" in modules_named_export_plugins(edges)
+
+
+def modules_named_export_plugins(edges) -> list:
+    return sorted(m for m in edges if floor(m) == FLOORS["export"] and m.startswith("lisa_trt.models."))
+
+
+def test_the_family_export_plugins_are_found_without_a_static_import():
+    """No module imports a family's export plugin statically: export/families.py loads it by name."""
+    e = import_edges(modules())
+    plugins = set(modules_named_export_plugins(e))
+    assert plugins, "expected the built-in families' export plugins (models/families/*/export.py)"
+    importers = sorted(f"{m} imports {t}" for m, ts in e.items() for t in ts & plugins
+                       if not m.startswith("lisa_trt.models.families.") and not m.startswith("lisa_trt.tests"))
+    assert not importers, importers
 
 
 if __name__ == "__main__":

@@ -45,10 +45,10 @@ def export_cmd(model, model_cfg, drafter, tables, vq, vq_config, out_dir, fp16, 
 def _export_family(rc):
     """The bound target's ExportFamily (export/families.py), or an InputError naming what is missing."""
     from ..errors import ConfigError, InputError
-    from ..export import families as export_registry  # the ExportFamily registry (no family package)
+    from ..export.families import export_family
 
     try:
-        return export_registry.export_family(rc.target)
+        return export_family(rc.target)
     except ConfigError as e:
         raise InputError(f"{rc.family.name} models cannot be exported yet: the family registers no ExportFamily "
                          "(the io specs, static axes and PyTorch references of its target and VQ graphs, "

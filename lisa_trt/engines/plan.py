@@ -19,7 +19,7 @@ What is counted (docs/deployment.md explains each formula and which numbers are 
                with CFG; kv bytes 2 (fp16) for every precision but fp32 (4): int8 / fp8 / int4
                quantize weights, the cache stays fp16. max_cache_len = round_up(prompt + span
                prefix + image tokens + tree, 8), the exporters' rule (export/onnx.max_cache_len,
-               export/chameleon_onnx.engine_cache_len).
+               models/families/chameleon/export.engine_cache_len).
   drafter      EAGLE-3 (models/drafter.py): fc 3H -> H, one decoder layer at the target's width
                (q/k/v read embedding + hidden, 2H wide), own head over the image codes, plus the copy
                of the target's input embedding its exported step graph carries; its one-layer cache.
@@ -53,7 +53,7 @@ from ..errors import InputError
 from ..export.io_spec import GASV_K  # neighbour columns baked into the GASV graph
 from ..export.quantize import DEFAULT_BLOCK_SIZE as INT4_BLOCK  # int4 weights: one fp16 scale per block
 from ..models.family import family_named
-from .model_shapes import KNOWN, ModelShape, Weights, repeat, known_shape, lin, resolve_model
+from .model_shapes import ModelShape, Weights, known_names, known_shape, lin, repeat, resolve_model
 
 MIB, GIB = 1 << 20, 1 << 30
 CONTEXT_BYTES = 1 * GIB  # CUDA context + library handles + TensorRT runtime (estimate)
@@ -430,7 +430,7 @@ def device_memory_gib() -> Optional[float]:
         return None
 
 
-__all__ = ["CONTEXT_BYTES", "DEFAULT_GPU", "GPUS", "KNOWN", "PRECISIONS", "WORKSPACE_BYTES", "GPU", "ModelShape",
+__all__ = ["CONTEXT_BYTES", "DEFAULT_GPU", "GPUS", "PRECISIONS", "WORKSPACE_BYTES", "GPU", "ModelShape",
            "Plan", "PlanError", "Precision", "Weights", "check_plan", "device_memory_gib", "drafter_weights",
-           "engines_recorded", "known_shape", "largest", "make_plan", "preflight", "resolve_gpu", "resolve_model",
+           "engines_recorded", "known_names", "known_shape", "largest", "make_plan", "preflight", "resolve_gpu", "resolve_model",
            "resolve_precision", "run_uses_cfg", "table_bytes"]

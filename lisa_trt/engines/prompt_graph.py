@@ -37,6 +37,18 @@ class GraphPromptTarget(PromptTarget, _KVEngine):
         self.hash = manifest.target_hash
         self._prefill = runners[Graph.TARGET_PREFILL]
         self._verify = runners[Graph.TARGET_VERIFY]
+        xf = manifest.export_family  # the family's condition protocol and prompt vocabulary
+        self._cond = xf.prompt_condition(self.config)
+        self._prompt_vocab = xf.prompt_vocab_size(self.config)
+
+    def check_cond(self, cond) -> int:
+        return PromptTarget.check_cond(self, cond) if self._cond is None else self._cond.check_cond(cond)
+
+    def null_cond(self, cond):
+        return PromptTarget.null_cond(self, cond) if self._cond is None else self._cond.null_cond(cond)
+
+    def cfg_rows(self, cond, null):
+        return PromptTarget.cfg_rows(cond, null) if self._cond is None else self._cond.cfg_rows(cond, null)
 
     def new_cache(self, batch: int, max_len: Optional[int] = None, dtype=None, *, extra: int = 0,
                   prompt_len: Optional[int] = None, n_tokens: Optional[int] = None):
@@ -56,11 +68,11 @@ class GraphPromptTarget(PromptTarget, _KVEngine):
         self._release()
         return KVCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
 
-    def _step(self, runner, tokens, positions, slots, mask, cache, taps: bool):
+    def _step(self, runner, tokens, positions, slots, mask, cache, taps: bool, vocab: Optional[int] = None):
         from ..models.layers import TargetOutput
 
         cfg = self.config
-        check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, cfg.vocab_size,
+        check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, vocab or cfg.vocab_size,
                    cfg.max_position_embeddings)
         self._check_cache(cache, (cache.batch, cfg.kv_heads, self.max_cache_len, cfg.head_dim), "target")
         out = self._run_kv(runner, cache, cfg.n_layer, self._step_inputs(tokens, positions, slots, mask), {})
@@ -75,7 +87,7 @@ class GraphPromptTarget(PromptTarget, _KVEngine):
         p = Prompts.of(cond, valid)
         ids, valid = p.ids, p.valid
         slots, pos, mask = prefill_plan(ids, cache, valid)
-        out = self._step(self._prefill, ids, pos, slots, mask, cache, taps)
+        out = self._step(self._prefill, ids, pos, slots, mask, cache, taps, self._prompt_vocab)
         cache.lengths.fill_(ids.shape[1])
         return out
 
@@ -98,6 +110,12 @@ class GraphGridVQ:
 
     def close(self) -> None:
         self._run.close()
+
+    def tokens_to_pixels(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Codes (B, h * w) or (B, h, w) on the exported latent grid -> images (decode_code)."""
+        if torch.is_tensor(tokens) and tokens.dim() == 2 and tokens.shape[1] == self.latent[0] * self.latent[1]:
+            tokens = tokens.reshape(tokens.shape[0], *self.latent)
+        return self.decode_code(tokens)
 
     def decode_code(self, codes: torch.Tensor) -> torch.Tensor:
         if codes.dim() != 3 or tuple(codes.shape[1:]) != self.latent:

@@ -12,10 +12,12 @@ gives back the target / VQ configurations.
     want = fam.reference_outputs(Graph.TARGET_VERIFY, refs, x)
 
 The generic exporter (export/onnx.py), validation, quantization, the graph engines and the
-TensorRT checks ask the family and never name one. LlamaGen's is defined here; a family
-registers its own with `register_export_family` (built-in ones are imported by module name on
-first use: the Chameleon family lives in export/chameleon_onnx.py). The drafter, GASV and
-Medusa graphs are family-independent: `ExportFamily` draws and references them itself.
+TensorRT checks ask the family and never name one. Each family package defines its own in an
+`export` sub-module (models/families/<name>/export.py, which sits at the export floor:
+tests/test_architecture.py) and registers it with `register_export_family`; this registry imports
+that module on first use from the model family's `ModelFamily.export_module`, so it imports no
+family itself. The drafter, GASV and Medusa graphs are family-independent: `ExportFamily` draws
+and references them itself.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ class ExportFamily:
     # True when the family writes its whole engine directory itself (`export_bundle`: a prompt of
     # tokens, the tokenizer copied in, a static prompt budget); False: runtime/bundle.export_full_bundle
     exports_bundle: bool = False
+    # manifest file names the family's engine directories held before manifest.json (bundle_family)
+    legacy_manifests: tuple = ()
+    # True for the one family whose manifest.json files written before the `family` field are its own
+    unnamed_manifest: bool = False
 
     def export_bundle(self, target, drafter, tables, vq, out_dir, *, source, image_size=None, max_prompt=None,
                       max_tree=None, opset=None, generation=None, validate=True, fp16=False, quantize="none"):
@@ -59,6 +65,25 @@ class ExportFamily:
 
         source: the checkpoint directory (tokenizer files); None values take the family's defaults."""
         raise NotImplementedError(f"the {self.name} export family writes no bundle itself (exports_bundle False)")
+
+    def export_patches(self, model) -> dict:
+        """{attribute: replacement} shadowing `model`'s data-dependent host checks while it is traced
+        (export/onnx._export_mode; the runners check on the host). {}: nothing to patch."""
+        return {}
+
+    # -- token-prompt graph targets (engines/prompt_graph.py) ------------------------------
+
+    def prompt_vocab_size(self, cfg) -> int:
+        """Token ids (exclusive bound) the prefill graph of a token-prompt family takes: its prompt
+        vocabulary (default cfg.vocab_size, the head's)."""
+        return cfg.vocab_size
+
+    def prompt_condition(self, cfg):
+        """The condition protocol of the family's token-prompt graph target: an object with
+        check_cond(cond) -> batch, null_cond(cond) (CFG's unconditional rows) and cfg_rows(cond, null)
+        ([cond; null] as one prefill batch), each as the family's torch target does it. None: the
+        protocol of models/prompts.PromptTarget (Prompts that carry their own unconditional rows)."""
+        return None
 
     # -- specs ----------------------------------------------------------------------------
 
@@ -217,81 +242,9 @@ def filtered_logits(shape, g) -> torch.Tensor:
     return x
 
 
-# ----------------------------------------------------------------------------- LlamaGen
-
-class LlamaGenGraphs(ExportFamily):
-    """LlamaGen (c2i / t2i): the io_spec table as it stands, condition prefix prefill, VQ-16 decoder."""
-
-    name = "llamagen"
-
-    def graph_spec(self, graph, cfg):
-        from .io_spec import graph_spec
-
-        return graph_spec(graph, n_layer=getattr(cfg, "n_layer", 0), model_type=getattr(cfg, "model_type", "c2i"))
-
-    def export_dims(self, cfg, *, max_cache_len, drafter_cfg=None, vq_cfg=None, codes=None, layout=None):
-        from .io_spec import export_dims
-
-        return export_dims(cfg, max_cache_len=max_cache_len, drafter_cfg=drafter_cfg, vq_cfg=vq_cfg)
-
-    def default_generation(self):
-        import dataclasses
-
-        from ..config import SamplingConfig
-
-        return dataclasses.asdict(SamplingConfig())
-
-    def target_config(self, man):
-        from ..config import TargetConfig
-
-        return TargetConfig.from_dict(man.target["config"])
-
-    def vq_config(self, man):
-        from ..config import VQConfig
-
-        return VQConfig.from_dict(man.vq["config"]) if man.vq else None
-
-    def input_range(self, name, refs, dims):
-        tcfg = refs["target"].config
-        if name == "class_ids":
-            return 0, tcfg.num_classes + 1
-        if name in ("input_ids", "node_tokens"):
-            return 0, tcfg.vocab_size
-        if name == "image_tokens":
-            return 0, refs["vq"].config.codebook_size
-        if name == "position_ids":
-            return tcfg.cls_token_num, tcfg.seq_len
-        return super().input_range(name, refs, dims)
-
-    def target_reference(self, graph, refs, x):
-        from ..models.family import family_of
-        from ..models.layers import KVCache
-
-        m = refs["target"]
-        cfg = m.config
-        past = past_of(x, cfg.n_layer)
-        cache = KVCache(cfg, past[0].shape[0], past[0].shape[2], torch.float32, "cpu")
-        cache.k, cache.v = past[0::2], past[1::2]
-        if graph is Graph.TARGET_PREFILL:
-            o = m.prefill(family_of(cfg).cond_from_inputs(cfg, x), cache, taps=True)
-            res = dict(prefix_valid=cache.col_valid[:, : cfg.cls_token_num].clone())
-        else:
-            o = m.forward_tokens(x["input_ids"], x["position_ids"], x["cache_slots"], x["attention_mask"], cache,
-                                 taps=True)
-            res = {}
-        res.update(logits=o.logits, taps=o.taps, hidden=o.hidden, **interleave(cache.k, cache.v))
-        return res
-
-    def vq_reference(self, refs, x):
-        vq, tok = refs["vq"], x["image_tokens"]
-        grid = refs["target"].config.grid_size
-        return dict(images=vq.decode_code(tok, (tok.shape[0], vq.config.codebook_embed_dim, grid, grid)))
-
-
 # ----------------------------------------------------------------------------- registry
 
 _FAMILIES: dict[str, ExportFamily] = {}
-_BUILTIN = {"chameleon": "lisa_trt.export.chameleon_onnx"}  # family name -> module that registers it
 
 
 def register_export_family(family: ExportFamily) -> ExportFamily:
@@ -300,7 +253,43 @@ def register_export_family(family: ExportFamily) -> ExportFamily:
     return family
 
 
-register_export_family(LlamaGenGraphs())
+def _model_families() -> list:
+    from ..models.family import families
+
+    return families()
+
+
+def _load(name: str) -> None:
+    """Import the export plugin of the model family called `name` (its `export_module`), if any."""
+    for fam in _model_families():
+        if fam.name == name and getattr(fam, "export_module", None):
+            importlib.import_module(fam.export_module)  # registers itself
+
+
+def export_families() -> list:
+    """Every family's ExportFamily (each model family's export plugin imported), registration order."""
+    for fam in _model_families():
+        if fam.name not in _FAMILIES and getattr(fam, "export_module", None):
+            importlib.import_module(fam.export_module)
+    return list(_FAMILIES.values())
+
+
+def legacy_manifest_files() -> tuple:
+    """Manifest file names families wrote before manifest.json (ExportFamily.legacy_manifests)."""
+    return tuple(n for f in export_families() for n in f.legacy_manifests)
+
+
+def unnamed_manifest_family(file_name: str) -> str:
+    """The family of a manifest without a `family` field, from its file name: the family that wrote
+    that legacy file, else the family whose manifests predate the field (`unnamed_manifest`)."""
+    fams = export_families()
+    for f in fams:
+        if file_name in f.legacy_manifests:
+            return f.name
+    for f in fams:
+        if f.unnamed_manifest:
+            return f.name
+    raise ConfigError(f"{file_name} names no family and no export family claims unnamed manifests; re-export it")
 
 
 def family_name(obj) -> str:
@@ -324,14 +313,16 @@ def family_name(obj) -> str:
 def export_family(obj) -> ExportFamily:
     """The ExportFamily of a family name, a Manifest, a target or a target config."""
     name = family_name(obj)
-    if name not in _FAMILIES and name in _BUILTIN:
-        importlib.import_module(_BUILTIN[name])  # registers itself
+    if name not in _FAMILIES:
+        _load(name)
     fam = _FAMILIES.get(name)
     if fam is None:
-        raise ConfigError(f"no export family {name!r}; known: {', '.join(sorted(set(_FAMILIES) | set(_BUILTIN)))} "
-                          "(a family registers one with export.families.register_export_family)")
+        known = ", ".join(f.name for f in export_families())
+        raise ConfigError(f"no export family {name!r}; known: {known} (a family package registers one in the "
+                          "module its ModelFamily.export_module names, with export.families.register_export_family)")
     return fam
 
 
-__all__ = ["ExportFamily", "LlamaGenGraphs", "act_dtype", "export_family", "family_name", "filtered_logits",
-           "interleave", "past_of", "register_export_family", "spec_dtype"]
+__all__ = ["ExportFamily", "act_dtype", "export_families", "export_family", "family_name", "filtered_logits",
+           "interleave", "legacy_manifest_files", "past_of", "register_export_family", "spec_dtype",
+           "unnamed_manifest_family"]

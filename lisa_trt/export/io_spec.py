@@ -218,7 +218,7 @@ def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> Gr
     if graph is Graph.TARGET_PREFILL:
         cond = tuple(TensorSpec(*c) for c in family_of(model_type).cond_specs(model_type))
         outs = target_outputs(last=True)
-        outs += (TensorSpec("prefix_valid", "bool", ("batch", "prefix"), "valid prefix columns after LlamaGen's left padding"),)
+        outs += (TensorSpec("prefix_valid", "bool", ("batch", "prefix"), "valid prefix columns after the condition's left padding"),)
         return GraphSpec(graph, cond + past, outs + present, aliases,
                          "condition prefix -> cache slots [0, prefix); logits at the last prefix position")
     if graph is Graph.TARGET_VERIFY:

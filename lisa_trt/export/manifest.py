@@ -23,8 +23,6 @@ from .io_spec import IO_SPEC_VERSION, Graph
 FORMAT = "lisa-trt/engine-bundle"
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-CHAMELEON_ENGINE_FILE = "chameleon_engine.json"  # the manifest of export/chameleon_onnx.py's directories
-DEFAULT_FAMILY = "llamagen"  # manifests written before the `family` field are LlamaGen's
 
 
 # ----------------------------------------------------------------------------- hashes
@@ -110,10 +108,16 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
     io_spec_version: int = IO_SPEC_VERSION
     format: str = FORMAT
-    family: str = DEFAULT_FAMILY  # the model family the graphs are of (bundle_family)
-    layout: dict = field(default_factory=dict)  # the family's static sequence layout (Chameleon: image size, prompt)
+    family: str = ""  # the model family the graphs are of (bundle_family; "": a manifest older than the field)
+    layout: dict = field(default_factory=dict)  # the family's static sequence layout (e.g. image size, prompt)
     weights: dict = field(default_factory=dict)  # the graphs' shared weights file (export/weights.py); {} before it
     dir: Optional[Path] = None  # where it was read from (not serialised)
+
+    def __post_init__(self):
+        if not self.family:  # written before the field: the family whose unnamed manifests these are
+            from .families import unnamed_manifest_family
+
+            object.__setattr__(self, "family", unnamed_manifest_family(MANIFEST_NAME))  # frozen dataclass
 
     # -- access --------------------------------------------------------------------------
 
@@ -139,8 +143,8 @@ class Manifest:
 
     @property
     def target_config(self):
-        """The target's configuration (the family reads it: LlamaGen from the manifest, Chameleon
-        from the bundle's config.json)."""
+        """The target's configuration (the family reads it: from the manifest's record, or from the
+        checkpoint's config.json the bundle carries)."""
         return self.export_family.target_config(self)
 
     def spec(self, graph: Graph):
@@ -247,10 +251,16 @@ def write_manifest(manifest: Manifest, engine_dir) -> Path:
 
 
 def manifest_path(engine_dir) -> Optional[Path]:
-    """The manifest file of an engine directory: manifest.json, else the Chameleon engine file
-    (chameleon_engine.json); None when it holds neither."""
+    """The manifest file of an engine directory: manifest.json, else a manifest a family wrote
+    before it (ExportFamily.legacy_manifests); None when it holds none."""
     d = Path(engine_dir)
-    for name in (MANIFEST_NAME, CHAMELEON_ENGINE_FILE):
+    if (d / MANIFEST_NAME).is_file():
+        return d / MANIFEST_NAME
+    if not d.is_dir():
+        return None
+    from .families import legacy_manifest_files
+
+    for name in legacy_manifest_files():
         if (d / name).is_file():
             return d / name
     return None
@@ -268,9 +278,8 @@ def raw_manifest(engine_dir) -> dict:
     path = manifest_path(engine_dir)
     if path is None:
         raise InputError(f"{engine_dir} is not an engine directory: one holds the exported ONNX graphs and their "
-                         f"manifest ({MANIFEST_NAME}, or {CHAMELEON_ENGINE_FILE} for Chameleon-family exports). "
-                         "Make one with `lisa-trt export --model NAME_OR_CHECKPOINT --out DIR` (a Chameleon / "
-                         "Lumina-mGPT model: `--model CHECKPOINT_DIR --image-size N`)")
+                         f"manifest ({MANIFEST_NAME}). Make one with `lisa-trt export --model NAME_OR_CHECKPOINT "
+                         "--out DIR` (a text-prompt model directory: `--model CHECKPOINT_DIR --image-size N`)")
     try:
         rec = json.loads(path.read_text())
     except ValueError as e:
@@ -281,11 +290,12 @@ def raw_manifest(engine_dir) -> dict:
 
 
 def bundle_family(engine_dir) -> str:
-    """The model family of an engine directory ("llamagen", "chameleon"), from its manifest's
+    """The model family of an engine directory (its ExportFamily's name), from its manifest's
     `family` field.
 
-    Manifests written before the field fall back to which manifest the directory holds: a
-    Chameleon engine file (chameleon_engine.json) -> "chameleon", a manifest.json -> "llamagen".
+    Manifests written before the field fall back to which manifest the directory holds: a family's
+    legacy manifest file -> that family, a manifest.json -> the family whose unnamed manifests
+    these are (export/families.unnamed_manifest_family).
     Raises:
         InputError: no engine directory (what one holds and how to make one), unreadable manifest.
     """
@@ -293,7 +303,9 @@ def bundle_family(engine_dir) -> str:
     fam = rec.get("family")
     if fam:
         return str(fam)
-    return "chameleon" if manifest_path(engine_dir).name == CHAMELEON_ENGINE_FILE else DEFAULT_FAMILY
+    from .families import unnamed_manifest_family
+
+    return unnamed_manifest_family(manifest_path(engine_dir).name)
 
 
 def file_sha256(path: Path) -> str:

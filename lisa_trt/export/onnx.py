@@ -83,24 +83,23 @@ class _ShimCache:
 def _export_mode(*models):
     """Replace the data-dependent host checks of the models with check-free versions.
 
-    Transformer.embed_tokens / check_cond and Drafter.embed / _freqs raise InputError after
-    reading tensor values (`int(x.max())`), which torch.export cannot trace. The runners run the
-    same checks on the host before calling a graph.
+    A target's host checks (its family's ExportFamily.export_patches: e.g. embed_tokens /
+    check_cond) and Drafter.embed / _freqs raise InputError after reading tensor values
+    (`int(x.max())`), which torch.export cannot trace. The runners run the same checks on the
+    host before calling a graph.
     """
     from ..models.drafter import Drafter
-    from ..models.families.llamagen.model import Transformer
 
     patched, seen = [], set()
     for m in models:
         if m is None or id(m) in seen:
             continue
         seen.add(id(m))
-        if isinstance(m, Transformer):
-            patches = dict(embed_tokens=m.tok_embeddings.forward,
-                           check_cond=lambda cond, _m=m: None)
-        elif isinstance(m, Drafter):
+        if isinstance(m, Drafter):
             patches = dict(embed=lambda tokens, _m=m: F.embedding(tokens, _m.embed_weight),
                            _freqs=lambda positions, _m=m: _m.freqs_cis[positions])
+        elif getattr(m, "config", None) is not None and getattr(m.config, "model_type", None):
+            patches = export_family(m).export_patches(m)  # the target's family (ExportFamily.export_patches)
         else:
             continue
         for name, fn in patches.items():

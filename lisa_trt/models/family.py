@@ -132,6 +132,13 @@ class ModelFamily:
     train_data: tuple = ("self", "tokens", "images")  # the `lisa-trt train --data` sources it supports
     train_defaults: dict = {}  # TrainConfig / DataConfig values of its self-distillation runs
     default_captions: tuple = ()  # prompted families: self-distillation / calibration captions when none given
+    # the module that registers the family's ExportFamily (export/families.py imports it on first use):
+    # by convention the package's `export` sub-module, which sits at the export floor
+    # (tests/test_architecture.py); None: the family cannot be exported
+    export_module: Optional[str] = None
+    # the module with the family's memory-plan shapes (engines/model_shapes.py imports it on first use):
+    # by convention the package's `shapes` sub-module, at the engines floor; None: cannot be planned
+    shapes_module: Optional[str] = None
 
     def describe_checkpoint(self) -> str:
         """What a checkpoint of this family looks like (for errors naming the fix)."""

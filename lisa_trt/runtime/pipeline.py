@@ -222,6 +222,20 @@ class Pipeline:
         man = self._e.manifest
         return Path(man.dir) if man is not None and getattr(man, "dir", None) else None
 
+    def check_prompt(self, text: str) -> None:
+        """InputError naming the fix when a prompted family's text prompt does not fit the engine
+        directory's prompt budget (its ExportFamily.prefill_max_seq: `lisa-trt export --max-prompt`);
+        serve checks each row with it, so one long prompt does not fail its batch-mates."""
+        man = self._e.manifest
+        xf = getattr(man, "export_family", None) if man is not None else None
+        budget = xf.prefill_max_seq(getattr(man, "layout", None)) if xf is not None and self.family.prompted else None
+        if budget is None:
+            return
+        n = self._e.target.prompt_len(self._request([text], SamplingConfig(cfg_scale=1.0)).cond)  # the bundle's size
+        if n > budget:
+            raise InputError(f"the prompt is {n} tokens; this engine directory takes at most {budget} "
+                             "(shorten it, or re-export with a larger --max-prompt)")
+
     def _request(self, texts, sampling: SamplingConfig):
         """A prompted family's Request for `texts` (the bundle's image size, or `generation["image_size"]`
         of in-memory models, else the family's; CFG rows when guided)."""

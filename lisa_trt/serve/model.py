@@ -228,6 +228,7 @@ class ServeModel:
                         caption = str(cols["prompt"][i]).strip()
                         if not caption:
                             raise InputError("input 'prompt' must be non-empty text for this engine")
+                        self.pipe.check_prompt(caption)  # the bundle's prompt budget, per row
                     else:
                         cid, err = _class_id(cols["prompt"][i], cfg.num_classes, self.pipe.class_names)
                         if err:

@@ -10,12 +10,14 @@ from lisa_trt.cli import main
 from lisa_trt.engines import model_shapes as S
 from lisa_trt.engines import plan as P
 from lisa_trt.engines.plan import GIB, PlanError, check_plan, known_shape, make_plan, preflight
+from lisa_trt.models.families.chameleon import shapes as CS  # the families' shape plugins
+from lisa_trt.models.families.llamagen import shapes as LS
 
 
 def tiny_shape():
     from lisa_trt.config import target_config
 
-    return S._llamagen_shape(target_config("tiny"), "tiny")
+    return LS.config_shape(target_config("tiny"), "tiny")
 
 
 # ----------------------------------------------------------------------------- formulas
@@ -71,12 +73,12 @@ def test_target_counts_match_the_models():
     for cfg in (target_config("tiny"), target_config("tiny", model_type="t2i", cls_token_num=3, caption_dim=32)):
         m = Transformer(cfg)
         buffers = sum(b.numel() for k, b in m.named_buffers() if k.endswith("uncond_embedding"))
-        assert S._llamagen_shape(cfg, "x").target.params == n(m) + buffers
+        assert LS.config_shape(cfg, "x").target.params == n(m) + buffers
     ccfg = ChameleonConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2)
     with torch.device("meta"):
         cm = ChameleonTarget(ccfg)
-    assert S._chameleon_shape(ccfg, "x", 512, 16).target.params == n(cm)
+    assert CS.config_shape(ccfg, "x", 512, 16).target.params == n(cm)
 
 
 def test_drafter_count_matches_the_model():
@@ -104,12 +106,12 @@ def test_vq_decoder_counts_match_the_models():
 
     with torch.device("meta"):
         assert decode_params(VQModel(vq_config("VQ-16"))) == S.VQ16_DECODE_PARAMS
-        assert decode_params(ChameleonVQGAN(ChameleonVQConfig())) == S.CHAMELEON_VQ_DECODE_PARAMS
+        assert decode_params(ChameleonVQGAN(ChameleonVQConfig())) == CS.CHAMELEON_VQ_DECODE_PARAMS
 
 
 def test_cache_rules_match_the_exporters():
     from lisa_trt.config import target_config
-    from lisa_trt.export.chameleon_onnx import engine_cache_len, span_length
+    from lisa_trt.models.families.chameleon.export import engine_cache_len, span_length
     from lisa_trt.export.onnx import max_cache_len
 
     for name, size in (("GPT-B", 256), ("GPT-XL", 384), ("GPT-3B", 512)):
@@ -123,10 +125,24 @@ def test_cache_rules_match_the_exporters():
 
 # ----------------------------------------------------------------------------- names
 
+def test_shapes_come_from_the_family_plugins():
+    """model_shapes dispatches to each family's shape plugin (ModelFamily.shapes_module)."""
+    assert set(S.known_names()) == {*LS.NAMES, "Lumina-mGPT-7B", "Janus-Pro-7B"}
+    assert S.default_sizes() == {"llamagen": 256, "chameleon": 768, "janus": 384}
+    with pytest.raises(P.InputError, match="unknown model"):
+        known_shape("GPT-nope")
+
+
+def test_a_directory_no_family_claims_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(P.InputError, match="which no family loads"):
+        P.resolve_model(tmp_path)
+
+
 def test_known_names():
     from lisa_trt.config import _GPT_SHAPES
 
-    for name in S.LLAMAGEN_NAMES:
+    for name in LS.NAMES:
         s = known_shape(name)
         assert (s.n_layer, s.n_head, s.dim) == _GPT_SHAPES[name] and s.image_tokens == 256 and s.vocab == 16384
     assert known_shape("GPT-L", 384).image_tokens == 576

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from lisa_trt.errors import InputError
-from lisa_trt.export.manifest import CHAMELEON_ENGINE_FILE, MANIFEST_NAME, bundle_family
+from lisa_trt.export.manifest import MANIFEST_NAME, bundle_family
+from lisa_trt.models.families.chameleon.export import ENGINE_FILE as CHAMELEON_ENGINE_FILE
 
 
 def _write(d, name, rec):
@@ -36,7 +37,7 @@ def test_no_engine_directory_is_a_clear_error(tmp_path):
 
 
 def test_is_chameleon_engine_is_a_wrapper(tmp_path):
-    from lisa_trt.export.chameleon_onnx import is_chameleon_engine
+    from lisa_trt.models.families.chameleon.export import is_chameleon_engine
 
     assert is_chameleon_engine(_write(tmp_path / "c", MANIFEST_NAME, {"family": "chameleon"}))
     assert not is_chameleon_engine(_write(tmp_path / "l", MANIFEST_NAME, {"family": "llamagen"}))

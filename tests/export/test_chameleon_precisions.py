@@ -34,7 +34,7 @@ def models(tmp_path_factory):
 
 
 def _export(models, name, **kw):
-    from lisa_trt.export.chameleon_onnx import export_chameleon
+    from lisa_trt.models.families.chameleon.export import export_chameleon
 
     root, d, target, drafter = models
     return export_chameleon(target, drafter, None, None, d, root / name, image_size=SIZE, max_prompt=MAX_PROMPT,

@@ -60,6 +60,11 @@ class JanusVQConfig:
             raise ConfigError(f"VQ decoder channels {bad} are not multiples of 32 (its GroupNorms use 32 groups)")
 
     @property
+    def n_embed(self) -> int:
+        """Codes the decoder takes (the name engine decoders read)."""
+        return self.codebook_size
+
+    @property
     def downsample(self) -> int:
         """Pixels per token side: one 2x upsampling per level but the last."""
         return 2 ** (len(self.channel_multiplier) - 1)

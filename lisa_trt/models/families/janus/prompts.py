@@ -69,7 +69,10 @@ class JanusPrompter:
         if image_size not in (None, cfg_.image_size):
             raise InputError(f"this Janus checkpoint generates {cfg_.image_size} x {cfg_.image_size} images only, "
                              f"not {image_size}")
-        p = Prompts.from_rows([self.ids(t) for t in prompts], self.target.output.weight.device)
+        dev = getattr(self.target, "device", None)  # graph engines: theirs; the torch target: its head's
+        if not isinstance(dev, (str, torch.device)):
+            dev = self.target.output.weight.device
+        p = Prompts.from_rows([self.ids(t) for t in prompts], dev)
         g = cfg_.grid_hw
         return Request((p.ids, p.valid), SequenceLayout(cfg_.block_size), tuple(g), tuple(prompts))
 

@@ -28,29 +28,25 @@ bound buffer, see export/onnx.py).
 
 This module is the family's part only: the target / VQGAN graph wrappers, the static sequence
 layout (image size -> span -> cache length) and `ChameleonGraphs`, the family's io specs, axes,
-random inputs and PyTorch references (the export/families.py seam).
+random inputs and PyTorch references (the export/families.py seam). It is the family package's
+export plugin: it sits at the export floor (tests/test_architecture.py), the family package never
+imports it, and export/families.py finds it through `ChameleonFamily.export_module`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import shutil
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-import torch
-
-from ..config import find_multiple
-from ..errors import ArtifactMismatchError, InputError
-from .families import ExportFamily, interleave, past_of, register_export_family
-from .io_spec import GASV_K, GASV_PARAMS, Graph, GraphSpec, TensorSpec, gasv_spec, graph_spec, target_kv, \
-    target_outputs, token_inputs
-from .manifest import CHAMELEON_ENGINE_FILE as ENGINE_FILE  # noqa: F401 (the manifest of older exports)
-from .onnx import (DEFAULT_OPSET, GASVGraph, _NamedGraph, _ShimCache, _half_copy, drafter_builders, export_graphs,
-                   half_drafter, staging_dir)
+from ....errors import ArtifactMismatchError, InputError
+from ....export.families import ExportFamily, interleave, register_export_family
+from ....export.io_spec import GASV_K, GASV_PARAMS, Graph, GraphSpec, TensorSpec, gasv_spec, graph_spec
+from ....export.onnx import DEFAULT_OPSET, _NamedGraph
+from ....export.prompt_graphs import (PromptStepGraph, check_export_options, prompt_cache_len, prompt_prefill_inputs,
+                                      prompt_prefill_spec, prompt_reference_cache, write_prompt_bundle)
 
 FAMILY = "chameleon"
+ENGINE_FILE = "chameleon_engine.json"  # the manifest of this family's directories before manifest.json
 DEFAULT_MAX_PROMPT = 128
 DEFAULT_MAX_TREE = 64
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -58,7 +54,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 def latent_grid(image_size: int) -> tuple[int, int]:
     """(h_lat, w_lat) code grid of a square Lumina image."""
-    from ..models.families.chameleon.lumina import LATENT_PER_GRID, grids
+    from .lumina import LATENT_PER_GRID, grids
 
     hg, wg = grids(image_size, image_size)
     return hg * LATENT_PER_GRID, wg * LATENT_PER_GRID
@@ -72,7 +68,7 @@ def span_length(image_size: int) -> int:
 
 def engine_cache_len(image_size: int, max_prompt: int, max_tree: int) -> int:
     """Static cache length: prompt + span prefix (3) + span + tree scratch, rounded to 8."""
-    return find_multiple(max_prompt + 3 + span_length(image_size) + max_tree, 8)
+    return prompt_cache_len(max_prompt, 3 + span_length(image_size), max_tree)
 
 
 # ----------------------------------------------------------------------------- the family's graphs
@@ -83,11 +79,12 @@ class ChameleonGraphs(ExportFamily):
     name = FAMILY
     engines_module = "lisa_trt.engines.prompt_graph"  # GraphPromptTarget, GraphGridVQ (token-prompt targets)
     exports_bundle = True
+    legacy_manifests = (ENGINE_FILE,)
 
     def export_bundle(self, target, drafter, tables, vq, out_dir, *, source, image_size=None, max_prompt=None,
                       max_tree=None, opset=None, generation=None, validate=True, fp16=False, quantize="none"):
         """`export_chameleon` with the family's defaults (its image size, DEFAULT_MAX_PROMPT / _TREE / _OPSET)."""
-        from ..models.family import family_of
+        from ...family import family_of
 
         return export_chameleon(target, drafter, tables, vq, source, out_dir,
                                 image_size=image_size or family_of(target.config).default_image_size, max_prompt=max_prompt or DEFAULT_MAX_PROMPT,
@@ -96,9 +93,7 @@ class ChameleonGraphs(ExportFamily):
 
     def graph_spec(self, graph: Graph, cfg) -> GraphSpec:
         if graph is Graph.TARGET_PREFILL:
-            past, present, aliases = target_kv(cfg.n_layer)
-            return GraphSpec(graph, token_inputs() + past, target_outputs(last=True, where="last prompt position")
-                             + present, aliases, "left-padded prompt -> cache slots [0, T); outputs at its last position")
+            return prompt_prefill_spec(cfg.n_layer)
         if graph is Graph.GASV:
             return gasv_spec("codes")
         if graph is Graph.VQ_DECODE:
@@ -135,12 +130,12 @@ class ChameleonGraphs(ExportFamily):
         return d
 
     def target_config(self, man):
-        from ..models.families.chameleon.checkpoint import read_chameleon_config
+        from .checkpoint import read_chameleon_config
 
         return read_chameleon_config(Path(man.dir) / (man.files or {}).get("config", "config.json"))
 
     def vq_config(self, man):
-        from ..models.families.chameleon.vq import ChameleonVQConfig
+        from .vq import ChameleonVQConfig
 
         if not man.vq:
             return None
@@ -167,33 +162,13 @@ class ChameleonGraphs(ExportFamily):
         if graph is not Graph.TARGET_PREFILL:
             return super().sample_inputs(graph, spec, dims, refs, precision=precision, seed=seed, batch=batch,
                                          seq=seq, nodes=nodes)
-        from ..models.layers import KVCache
-        from ..models.prompts import prefill_plan
-
-        # a left-padded prompt batch (row 0 full, the others padded: the CFG unconditional rows), its
-        # slots / positions / mask made by prefill_plan, the host side of the torch target's prefill
-        g = torch.Generator().manual_seed(seed)
-        tc, B, T = refs["target"].config, batch, seq
-        ids = torch.randint(0, tc.vocab_size, (B, T), generator=g)
-        pad = torch.cat([torch.zeros(1, dtype=torch.long), torch.randint(0, T, (B - 1,), generator=g)])
-        valid = torch.arange(T)[None, :] >= pad[:, None]
-        plan = KVCache(replace(tc, num_hidden_layers=1), B, dims["cache_len"], torch.float32, "cpu")
-        slots, pos, mask = prefill_plan(ids, plan, valid)
-        x = dict(input_ids=ids, position_ids=pos, cache_slots=slots.contiguous(), attention_mask=mask)
-        act = torch.float16 if precision == "fp16" else torch.float32
-        for t in spec.inputs:
-            if t.name.startswith("past_"):
-                x[t.name] = (torch.randn(t.shape(dict(dims, batch=B)), generator=g) * 0.5).to(act)
-        return x
+        tc = refs["target"].config  # a left-padded prompt batch (export/prompt_graphs.py)
+        return prompt_prefill_inputs(spec, dims, tc, tc.vocab_size, precision=precision, seed=seed, batch=batch,
+                                     seq=seq)
 
     def target_reference(self, graph, refs, x):
-        from ..models.layers import KVCache
-
         m = refs["target"]
-        cfg = m.config
-        past = past_of(x, cfg.n_layer)
-        cache = KVCache(replace(cfg, num_hidden_layers=1), past[0].shape[0], past[0].shape[2], torch.float32, "cpu")
-        cache.k, cache.v = past[0::2], past[1::2]
+        cache = prompt_reference_cache(m.config, x)
         if graph is Graph.TARGET_PREFILL:
             T = x["input_ids"].shape[1]
             valid = x["attention_mask"][:, -1, :T]  # what the last prompt position may see: the valid columns
@@ -212,25 +187,15 @@ FAMILY_GRAPHS = register_export_family(ChameleonGraphs())
 
 # ----------------------------------------------------------------------------- wrappers
 
-class ChameleonStepGraph(_NamedGraph):
-    """ChameleonTarget._run over a static cache with host-made positions / slots / mask.
+class ChameleonStepGraph(PromptStepGraph):
+    """ChameleonTarget._run over a static cache with host-made positions / slots / mask
+    (export/prompt_graphs.PromptStepGraph over the token embedding).
 
     last_only: the prefill graph (outputs at the last input position only)."""
 
     def __init__(self, model, last_only: bool):
-        super().__init__(FAMILY_GRAPHS.graph_spec(Graph.TARGET_PREFILL if last_only else Graph.TARGET_VERIFY,
-                                                  model.config))
-        self.model, self.last_only = model, last_only
-
-    def compute(self, x):
-        m = self.model
-        cache = _ShimCache([x[n] for n in self.spec.input_names if n.startswith("past_key_values.")])
-        h = m.model.embed_tokens(x["input_ids"])
-        out = m._run(h, x["position_ids"], x["attention_mask"][:, None], cache, x["cache_slots"], True,
-                     last_only=self.last_only)
-        res = dict(logits=out.logits, taps=out.taps, hidden=out.hidden)
-        res.update(zip([n for n in self.spec.output_names if n.startswith("present.")], cache.presents()))
-        return res
+        spec = FAMILY_GRAPHS.graph_spec(Graph.TARGET_PREFILL if last_only else Graph.TARGET_VERIFY, model.config)
+        super().__init__(model, spec, lambda m, ids: m.model.embed_tokens(ids), last_only)
 
 
 class ChameleonVQGraph(_NamedGraph):
@@ -249,9 +214,9 @@ class ChameleonVQGraph(_NamedGraph):
 
 def _check_artifacts(target, drafter, tables, tok):
     """Drafter and tables made for this target (tables bound to the head's code rows)."""
-    from ..models.families.chameleon import CHAMELEON
-    from ..calibration.tables import target_hash_of
-    from ..models.checkpoints import target_hash
+    from . import CHAMELEON
+    from ....calibration.tables import target_hash_of
+    from ...checkpoints import target_hash
 
     th = target_hash(target)
     if drafter is not None and drafter.config.target_hash not in ("", None, th):
@@ -266,21 +231,6 @@ def _check_artifacts(target, drafter, tables, tok):
         w = target.lm_head.weight.detach()
         tables = tables.bind(w[vocab.code_ids.to(w.device)])
     return tables
-
-
-def _copy_checkpoint_files(target, tokenizer_dir: Path, dest: Path) -> dict:
-    """config.json + the tokenizer files of the checkpoint into the bundle; {role: file}."""
-    files = {}
-    for name in ("config.json",) + TOKENIZER_FILES:
-        src = Path(getattr(target, "source_dir", "") or tokenizer_dir) / name
-        if not src.is_file():
-            src = tokenizer_dir / name
-        if src.is_file():
-            shutil.copyfile(src, dest / name)
-            files[name.split(".")[0]] = name
-    if "config" not in files:
-        raise InputError("the target has no source directory with config.json; load it with lisa_trt.load_target(DIR)")
-    return files
 
 
 def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, image_size: int,
@@ -308,65 +258,27 @@ def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, ima
             quantized for ONNX Runtime (export/quantize.py; not with fp16).
         lint: run `polygraphy check lint` on every graph.
     """
-    from ..calibration.tables import save_tables
-    from ..models.families.chameleon.lumina import LuminaTokenizer
-    from . import manifest as M
+    from .lumina import LuminaTokenizer
 
-    if opset < 23:
-        raise InputError(f"opset {opset} is too old: the graphs use ONNX Attention (opset >= 23)")
-    if quantize != "none":
-        from .quantize import check_mode
-
-        check_mode(quantize)
-        if fp16:
-            raise InputError(f"--quantize {quantize} quantizes fp32 graphs; drop --fp16")
+    check_export_options(opset, fp16, quantize)  # before any work
     tokenizer_dir = Path(tokenizer_dir)
     tables = _check_artifacts(target, drafter, tables, LuminaTokenizer(tokenizer_dir))
     L = engine_cache_len(image_size, max_prompt, max_tree)
     if L > target.config.max_position_embeddings + max_tree:
         raise InputError(f"a {image_size}px image with a {max_prompt}-token prompt needs {L} cache slots; this "
                          f"checkpoint has max_position_embeddings {target.config.max_position_embeddings}")
-    target, drafter = target.eval(), drafter.eval() if drafter is not None else None
-    precision = "fp16" if fp16 else "fp32"
     layout = {"image_size": int(image_size), "max_prompt": int(max_prompt), "latent": list(latent_grid(image_size))}
-    dims = FAMILY_GRAPHS.export_dims(target.config, max_cache_len=L, drafter_cfg=drafter.config if drafter else None,
-                                     vq_cfg=vq.config if vq is not None else None,
-                                     codes=tables.vocab_size if tables is not None else None, layout=layout)
-    refs = dict(target=target, drafter=drafter, tables=tables, vq=vq)
-    t_exp = _half_copy(target) if fp16 else target
-    d_exp = half_drafter(drafter, fp16)
-    builders = [(Graph.TARGET_PREFILL, lambda: ChameleonStepGraph(t_exp, True), precision),
+
+    def target_builders(t_exp, precision):
+        return [(Graph.TARGET_PREFILL, lambda: ChameleonStepGraph(t_exp, True), precision),
                 (Graph.TARGET_VERIFY, lambda: ChameleonStepGraph(t_exp, False), precision)]
-    builders += drafter_builders(drafter, d_exp, precision, commit=False)  # the Lumina loop runs project + step
-    if tables is not None:
-        gspec = FAMILY_GRAPHS.graph_spec(Graph.GASV, target.config)
-        builders.append((Graph.GASV, lambda: GASVGraph(tables, gspec), "fp32"))
-    if vq is not None:
-        builders.append((Graph.VQ_DECODE, lambda: ChameleonVQGraph(vq.eval(), target.config), "fp32"))
 
-    with staging_dir(Path(out_dir)) as tmp:
-        graphs = export_graphs(builders, tmp, dims, refs, (t_exp, d_exp), opset=opset, validate=validate, lint=lint,
-                               progress=progress)
-        weights = None
-        if quantize == "none":  # one deduplicated weights file (export/weights.py); quantized: after quantizing
-            from .weights import share_weights
-
-            graphs, weights = share_weights(tmp, graphs)
-        files = _copy_checkpoint_files(target, tokenizer_dir, tmp)
-        if tables is not None:
-            save_tables(replace(tables, w_tilde=None), tmp / "tables.safetensors")
-            files["tables"] = "tables.safetensors"
-        man = M.build_manifest(target=target, drafter=drafter, tables=tables, vq=vq, graphs=graphs,
-                               precision=precision, opset=opset, max_tree=max_tree, max_cache_len=L,
-                               generation=generation, files=files, layout=layout, weights=weights)
-        M.write_manifest(man, tmp)
-        if quantize != "none":
-            from .quantize import quantize_bundle
-            from .weights import share_bundle
-
-            quantize_bundle(tmp, quantize, refs, validate=validate)
-            share_bundle(tmp)
-    return M.read_manifest(out_dir)
+    vq_builder = (lambda: ChameleonVQGraph(vq.eval(), target.config)) if vq is not None else None
+    return write_prompt_bundle(FAMILY_GRAPHS, target, drafter, tables, vq, out_dir, source=tokenizer_dir,
+                               target_builders=target_builders, vq_builder=vq_builder, layout=layout,
+                               max_cache_len=L, max_tree=max_tree, files=("config.json",) + TOKENIZER_FILES,
+                               opset=opset, generation=generation, validate=validate, fp16=fp16, quantize=quantize,
+                               lint=lint, progress=progress)
 
 
 def is_chameleon_engine(path) -> bool:
@@ -374,7 +286,7 @@ def is_chameleon_engine(path) -> bool:
     False for a LlamaGen one and for a directory that is no engine directory at all.
 
     A thin wrapper kept for cli.py; new code calls bundle_family."""
-    from .manifest import bundle_family
+    from ....export.manifest import bundle_family
 
     try:
         return bundle_family(path) == FAMILY

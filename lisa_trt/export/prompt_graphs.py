@@ -1,0 +1,203 @@
+"""The export side of token-prompt targets (models/prompts.py: left-padded prompt rows, per-row
+RoPE positions), shared by every family whose target takes a prompt of tokens rather than a
+condition prefix (engines/prompt_graph.py runs what these export).
+
+    spec = prompt_prefill_spec(n_layer)                  # token inputs + past -> last-position outputs
+    g = PromptStepGraph(model, spec, embed, last_only)   # model._run over host-made positions / slots / mask
+    man = write_prompt_bundle(xf, target, drafter, tables, vq, out_dir, ...)   # the whole engine directory
+    x = prompt_prefill_inputs(spec, dims, vocab, seed=0) # a valid left-padded batch (validation)
+    L = prompt_cache_len(max_prompt, n_tokens, max_tree) # the static cache length of one export
+
+Both target graphs take the verify graph's token inputs (input_ids, position_ids, cache_slots,
+attention_mask): the host computes positions, slots and the mask exactly as the torch target's
+prefill / forward_tokens do (models/prompts.prefill_plan), so the graphs carry no family logic
+beyond the model. A family supplies `embed` (its prompt or image-token embedding) and a target
+with `_run(h, positions, mask, cache, slots, taps, last_only=...)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+import torch
+
+from ..config import find_multiple
+from .io_spec import Graph, GraphSpec, target_kv, target_outputs, token_inputs
+from .onnx import _NamedGraph, _ShimCache
+
+
+def prompt_prefill_spec(n_layer: int, doc: str = "left-padded prompt -> cache slots [0, T); outputs at its last "
+                                                 "position") -> GraphSpec:
+    """The prefill graph of a token-prompt target: the verify graph's token inputs + the caches."""
+    past, present, aliases = target_kv(n_layer)
+    return GraphSpec(Graph.TARGET_PREFILL, token_inputs() + past,
+                     target_outputs(last=True, where="last prompt position") + present, aliases, doc)
+
+
+def prompt_cache_len(max_prompt: int, n_tokens: int, max_tree: int) -> int:
+    """Static cache length: the prompt budget + the generated tokens + tree scratch, rounded to 8."""
+    return find_multiple(int(max_prompt) + int(n_tokens) + int(max_tree), 8)
+
+
+class PromptStepGraph(_NamedGraph):
+    """`model._run` over a static cache with host-made positions / slots / mask.
+
+    embed(model, ids): token ids (B, S) -> input embeddings (B, S, dim), without host checks (traced);
+    last_only: the prefill graph (outputs at the last input position only)."""
+
+    def __init__(self, model, spec: GraphSpec, embed: Callable, last_only: bool):
+        super().__init__(spec)
+        self.model, self.last_only = model, last_only
+        self._embed = embed  # a plain function of (model, ids): no second path to the model's modules
+
+    def compute(self, x):
+        cache = _ShimCache([x[n] for n in self.spec.input_names if n.startswith("past_key_values.")])
+        h = self._embed(self.model, x["input_ids"])
+        out = self.model._run(h, x["position_ids"], x["attention_mask"][:, None], cache, x["cache_slots"], True,
+                              last_only=self.last_only)
+        res = dict(logits=out.logits, taps=out.taps, hidden=out.hidden)
+        res.update(zip([n for n in self.spec.output_names if n.startswith("present.")], cache.presents()))
+        return res
+
+
+def prompt_prefill_inputs(spec: GraphSpec, dims: dict, cfg, vocab: int, *, precision: str = "fp32", seed: int = 0,
+                          batch: int = 2, seq: int = 3) -> dict:
+    """Valid random inputs of a token-prompt prefill graph: a left-padded batch (row 0 full, the
+    others padded, as CFG's unconditional rows may be) of ids in [0, vocab), its slots / positions /
+    mask from models/prompts.prefill_plan (the host side of the torch prefill), random caches."""
+    from ..models.layers import KVCache
+    from ..models.prompts import prefill_plan
+
+    g = torch.Generator().manual_seed(seed)
+    B, T = batch, seq
+    ids = torch.randint(0, vocab, (B, T), generator=g)
+    pad = torch.cat([torch.zeros(1, dtype=torch.long), torch.randint(0, T, (B - 1,), generator=g)])
+    valid = torch.arange(T)[None, :] >= pad[:, None]
+    plan = KVCache(replace(cfg, num_hidden_layers=1), B, dims["cache_len"], torch.float32, "cpu")
+    slots, pos, mask = prefill_plan(ids, plan, valid)
+    x = dict(input_ids=ids, position_ids=pos, cache_slots=slots.contiguous(), attention_mask=mask)
+    act = torch.float16 if precision == "fp16" else torch.float32
+    for t in spec.inputs:
+        if t.name.startswith("past_"):
+            x[t.name] = (torch.randn(t.shape(dict(dims, batch=B)), generator=g) * 0.5).to(act)
+    return x
+
+
+def prompt_reference_cache(cfg, x: dict):
+    """A KVCache over the (cloned) past inputs of a graph's fp32 inputs, for the torch reference."""
+    from ..models.layers import KVCache
+    from .families import past_of
+
+    past = past_of(x, cfg.n_layer)
+    cache = KVCache(replace(cfg, num_hidden_layers=1), past[0].shape[0], past[0].shape[2], torch.float32, "cpu")
+    cache.k, cache.v = past[0::2], past[1::2]
+    return cache
+
+
+def copy_checkpoint_files(target, source, dest, names) -> dict:
+    """The checkpoint files `names` (config.json, tokenizer files, ...) into the bundle `dest`, from
+    the target's source directory, else `source`; {role (file stem): file}. config.json is required."""
+    import shutil
+    from pathlib import Path
+
+    from ..errors import InputError
+
+    files = {}
+    for name in names:
+        src = Path(getattr(target, "source_dir", "") or source) / name
+        if not src.is_file():
+            src = Path(source) / name
+        if src.is_file():
+            shutil.copyfile(src, Path(dest) / name)
+            files[name.split(".")[0]] = name
+    if "config" not in files:
+        raise InputError("the target has no source directory with config.json; load it with lisa_trt.load_target(DIR)")
+    return files
+
+
+def check_export_options(opset: int, fp16: bool, quantize: str) -> None:
+    """InputError with the fix for an opset without ONNX Attention, an unknown quantization mode, or
+    quantization asked of fp16 graphs."""
+    from ..errors import InputError
+
+    if opset < 23:
+        raise InputError(f"opset {opset} is too old: the graphs use ONNX Attention (opset >= 23)")
+    if quantize != "none":
+        from .quantize import check_mode
+
+        check_mode(quantize)
+        if fp16:
+            raise InputError(f"--quantize {quantize} quantizes fp32 graphs; drop --fp16")
+
+
+def write_prompt_bundle(xf, target, drafter, tables, vq, out_dir, *, source, target_builders, vq_builder, layout: dict,
+                        max_cache_len: int, max_tree: int, files: tuple, opset: int, generation=None,
+                        validate: bool = True, fp16: bool = False, quantize: str = "none", lint: bool = False,
+                        progress: bool = False):
+    """Write a token-prompt family's engine directory (the export loop of every such family); its Manifest.
+
+    Traces, validates (export/validate.py) and stages every graph atomically (export/onnx.py): the
+    family's two target graphs, the drafter's project / step graphs, GASV over the tables' vocabulary
+    and the family's decoder graph; one shared weights file (quantized: after quantizing,
+    export/quantize.py); the checkpoint `files` and the tables beside them; manifest family = xf.name.
+
+    Args:
+        xf: the family's ExportFamily (graph specs, axes, references).
+        tables: bound GASVTables checked against the target, or None.
+        target_builders: (t_exp) -> [(Graph, build, precision)] for TARGET_PREFILL / TARGET_VERIFY,
+            t_exp being the target to trace (an fp16 copy with fp16).
+        vq_builder: () -> the decoder graph wrapper (with a vq), or None.
+        layout: the family's static sequence layout (the manifest records it).
+        files: checkpoint files to copy (config.json first).
+    """
+    from pathlib import Path
+
+    from ..calibration.tables import save_tables
+    from . import manifest as M
+    from .onnx import GASVGraph, _half_copy, drafter_builders, export_graphs, half_drafter, staging_dir
+
+    check_export_options(opset, fp16, quantize)
+    target, drafter = target.eval(), drafter.eval() if drafter is not None else None
+    precision = "fp16" if fp16 else "fp32"
+    dims = xf.export_dims(target.config, max_cache_len=max_cache_len, drafter_cfg=drafter.config if drafter else None,
+                          vq_cfg=vq.config if vq is not None else None,
+                          codes=tables.vocab_size if tables is not None else None, layout=layout)
+    refs = dict(target=target, drafter=drafter, tables=tables, vq=vq)
+    t_exp = _half_copy(target) if fp16 else target
+    d_exp = half_drafter(drafter, fp16)
+    builders = list(target_builders(t_exp, precision))
+    builders += drafter_builders(drafter, d_exp, precision, commit=False)  # the prompt loops run project + step
+    if tables is not None:
+        gspec = xf.graph_spec(Graph.GASV, target.config)
+        builders.append((Graph.GASV, lambda: GASVGraph(tables, gspec), "fp32"))
+    if vq is not None and vq_builder is not None:
+        builders.append((Graph.VQ_DECODE, vq_builder, "fp32"))
+
+    with staging_dir(Path(out_dir)) as tmp:
+        graphs = export_graphs(builders, tmp, dims, refs, (t_exp, d_exp), opset=opset, validate=validate, lint=lint,
+                               progress=progress)
+        weights = None
+        if quantize == "none":  # one deduplicated weights file (export/weights.py); quantized: after quantizing
+            from .weights import share_weights
+
+            graphs, weights = share_weights(tmp, graphs)
+        copied = copy_checkpoint_files(target, source, tmp, files)
+        if tables is not None:
+            save_tables(replace(tables, w_tilde=None), tmp / "tables.safetensors")
+            copied["tables"] = "tables.safetensors"
+        man = M.build_manifest(target=target, drafter=drafter, tables=tables, vq=vq, graphs=graphs,
+                               precision=precision, opset=opset, max_tree=max_tree, max_cache_len=max_cache_len,
+                               generation=generation, files=copied, layout=layout, weights=weights)
+        M.write_manifest(man, tmp)
+        if quantize != "none":
+            from .quantize import quantize_bundle
+            from .weights import share_bundle
+
+            quantize_bundle(tmp, quantize, refs, validate=validate)
+            share_bundle(tmp)
+    return M.read_manifest(out_dir)
+
+
+__all__ = ["PromptStepGraph", "check_export_options", "copy_checkpoint_files", "write_prompt_bundle", "prompt_cache_len", "prompt_prefill_inputs", "prompt_prefill_spec",
+           "prompt_reference_cache"]
