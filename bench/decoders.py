@@ -300,7 +300,7 @@ def run_frontier(a, echo=print) -> dict:
     quality = {lab: {k: v for k, v in (old or {}).get("results", {}).get(lab, {}).items()
                      if k.startswith(("class_acc", "kid", "fd_", "n", "underpowered"))} for lab in accs}
     ref = None
-    t_start = time.time()
+    t_start, ran = time.time(), False
     while True:
         counts = {lab: len(accs[lab]["tok"]) for lab in labels}
         goal = min(a.images, (min(counts.values()) // a.per_round + 1) * a.per_round)
@@ -320,12 +320,15 @@ def run_frontier(a, echo=print) -> dict:
                 ref = ref or _reference()
                 quality[lab] = _quality(fr, s["tokens"], ref)
             echo(f"  {lab:24s} {len(s['tok'])} images  {time.time() - t_start:.0f} s", flush=True)
+        ran = True
         write_report(a, settings, kept, accs, quality, t_start)
         echo(f"round to {goal} images: wrote {a.out}  ({time.time() - t_start:.0f} s)", flush=True)
-    return write_report(a, settings, kept, accs, quality, t_start, tokens=False)
+    if not ran and old is not None:  # only re-summarised: keep the run's own time and command
+        settings.update({k: old["settings"][k] for k in ("elapsed_s", "command") if k in old["settings"]})
+    return write_report(a, settings, kept, accs, quality, t_start, tokens=False, keep_run=not ran)
 
 
-def write_report(a, settings, kept, accs, quality, t_start, tokens=True) -> dict:
+def write_report(a, settings, kept, accs, quality, t_start, tokens=True, keep_run=False) -> dict:
     """The JSON (atomically), the token side file and the plot from the accumulators."""
     from lisa_trt.io import write_json
 
@@ -339,8 +342,9 @@ def write_report(a, settings, kept, accs, quality, t_start, tokens=True) -> dict
         for r in results.values():
             if "class_acc" in r and not r.get("underpowered", True):
                 r["quality_neutral"] = quality_neutral(r, results["vanilla"])
-    report = {"settings": dict(settings, elapsed_s=round(time.time() - t_start, 1),
-                               command=" ".join(["python"] + sys.argv)),
+    run = {} if keep_run and "elapsed_s" in settings else {"elapsed_s": round(time.time() - t_start, 1),
+                                                          "command": " ".join(["python"] + sys.argv)}
+    report = {"settings": dict(settings, **run),
               "summary": derived(results), "results": results}
     if tokens:
         _save_tokens(a.state, {lab: s["tokens"] for lab, s in accs.items() if s["tokens"] is not None})
