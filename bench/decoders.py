@@ -1,85 +1,479 @@
-"""The training-free decoders on the demo model: MAL per target forward and per-token TVD for
-vanilla, sjd, mcsjd, sjd-pac, gsd and zipar (docs/spec/decoders.md), on the same classes and seeds.
+"""Issue 27's decoder frontier on the demo model: every decoder on the same classes and seeds,
+MAL per target forward +- SE, mean per-token TVD, class accuracy +- SE and KID-demo +- SE.
 
-    python bench/decoders.py --images 16                 # writes bench/decoders.json
-    python bench/decoders.py --images 4 --out /tmp/d.json --gsd-group 1,14,25 --zipar-window 2,8
+    OMP_NUM_THREADS=1 nohup python bench/decoders.py --images 256 > runs/decoders.log 2>&1 &
+    python bench/decoders.py --images 256 --methods 'gsd[group=6]'      # one more point, merged
+    python bench/decoders.py --timing --images 16                        # quiet machine only
 
-MAL = committed tokens per target forward (the prefill excluded, docs/spec/speculative.md),
-pooled over all images; `mal_se` is the standard error over images; `mal_vs_sjd` = MAL / SJD's
-MAL. Seconds are recorded too, but they are only meaningful on a quiet machine (`loaded` in the
-output says whether the caller declared the machine busy).
+Points are labels `method[knob=value,...]` (knobs are the method's flat settings without the
+`<method>_` prefix: `gsd[group=14]` -> gsd_group=14); `lisa-exact` / `lisa-gasv` are the tree
+methods `exact` / `gasv` with the demo's trained drafter (`--drafter`) and tables, `oracle` the
+target's own top-k in the same tree (the drafter ceiling). Image i has class i % classes; batch j
+(images j*batch .. (j+1)*batch - 1) is decoded as one batch with seed `seed + j`, so every point
+sees the same classes and seeds whatever run produced it.
+
+ROUNDS: each round brings every requested point to the next multiple of `--per-round` images
+(at most `--images`); after every round the JSON is rewritten atomically (lisa_trt.io.write_json)
+with the tokens in a side file (`--state`), so a stopped run resumes where it was, and every point
+keeps the same number of images. Points already in the JSON and not requested are kept (merge);
+settings that change the images (seed, batch, sampling, window, tree, drafter) must match.
+
+Rows are BATCHED (batch > 1): this measures acceptance and quality, not speed (`loaded: true`).
+MAL = committed tokens per target forward (prefill excluded, docs/spec/speculative.md), pooled
+over images; `mal_se` is the standard error of the per-image MAL; the MC-SJD / SJD ratio is the
+ratio of mean per-image MALs with a paired delta-method SE. Quality uses lisa_trt.quality (KID vs
+real held-out crops; >= 256 images per point for claims). `--timing` is a separate small mode:
+seconds per image at batch 1 on the demo bundle's torch and ONNX Runtime engines.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+import os
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from lisa_trt.demo.registry import demo_sampling, load_demo_target
-from lisa_trt.io import write_json
-from lisa_trt.speculative.methods import SpecConfig
-from lisa_trt.speculative.run import run_method
-
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_POINTS = ("vanilla", "sjd", "mcsjd", "sjd-pac", "gsd[group=14]", "zipar[window=4]", "lisa-exact",
+                  "lisa-gasv", "gsd[group=25]", "zipar[window=8]", "oracle")
+ALIASES = {"lisa-exact": "exact", "lisa-gasv": "gasv", "lisa-lantern": "lantern"}  # drafter-tree methods
+GASV_KNOBS = {"kappa": "gasv_kappa", "lambda": "gasv_lambda", "delta": "gasv_delta", "scope": "gasv_scope"}
+SAME = ("model", "seed", "batch", "window", "tree", "drafter", "sampling")  # settings that change the images
 
 
-def measure(target, label, method, spec, classes, seed, window):
-    """One method over the images -> {mal, mal_se, mean_tvd, forwards_per_image, seconds_per_image}."""
-    tokens = forwards = 0.0
-    per_image, tvds, secs = [], [], []
-    for i, c in enumerate(classes):
+def parse_point(label: str) -> tuple[str, dict]:
+    """'gsd[group=14]' -> ('gsd', {'gsd_group': 14}); 'lisa-gasv[kappa=1]' -> ('gasv', {'gasv_kappa': 1})."""
+    base, _, rest = label.partition("[")
+    method = ALIASES.get(base, base)
+    over = {}
+    for kv in filter(None, rest.rstrip("]").split(",")):
+        k, v = kv.split("=")
+        name = GASV_KNOBS.get(k) if method == "gasv" else None
+        name = name or f"{method.replace('-', '_')}_{k}"
+        try:
+            over[name] = int(v)
+        except ValueError:
+            try:
+                over[name] = float(v)
+            except ValueError:
+                over[name] = v
+    return method, over
+
+
+def split_points(text: str) -> list:
+    """'vanilla,gsd[group=14,prob_gap=0.1];sjd' -> ['vanilla', 'gsd[group=14,prob_gap=0.1]', 'sjd']."""
+    out, cur, depth = [], "", 0
+    for ch in text:
+        depth += (ch == "[") - (ch == "]")
+        if ch in ",;" and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur.strip())
+    return [x for x in out if x]
+
+
+def row_stats(st, B: int, kind: str, n_commit: int):
+    """Per row of one batch -> (committed tokens, forwards, mean TVD over its steps).
+
+    Tree decoders record the row of every step (DecodeStats.rows). The Jacobi loops record the
+    live rows only, in row order, without their indices; a row is live until it has committed
+    `n_commit` tokens, so the rows are reconstructed exactly from the running totals."""
+    tok, fwd = [0.0] * B, [0] * B
+    tvd_sum = [0.0] * B
+    if kind == "ar":
+        return [float(n_commit)] * B, [n_commit] * B, [0.0] * B
+    tvds = st.tvd if len(st.tvd) == len(st.committed) else [None] * len(st.committed)
+    for i, (c, t) in enumerate(zip(st.committed, tvds)):
+        c = c.float().cpu()
+        t = t.float().cpu() if t is not None else torch.zeros_like(c)
+        if st.rows and len(st.rows) == len(st.committed):
+            rows = st.rows[i].cpu().tolist()
+        else:
+            rows = [b for b in range(B) if tok[b] < n_commit]
+            if len(rows) != c.numel():
+                raise RuntimeError(f"step {i}: {c.numel()} committed entries for {len(rows)} live rows")
+        for j, b in enumerate(rows):
+            tok[b] += float(c[j])
+            fwd[b] += 1
+            tvd_sum[b] += float(t[j])
+    if any(abs(x - n_commit) > 1e-6 for x in tok):
+        raise RuntimeError(f"rows committed {tok}, expected {n_commit} each")
+    return tok, fwd, [s / max(f, 1) for s, f in zip(tvd_sum, fwd)]
+
+
+def mean_se(xs):
+    n = len(xs)
+    if n == 0:
+        return float("nan"), float("nan")
+    m = sum(xs) / n
+    return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1) / n) if n > 1 else float("nan"))
+
+
+def ratio_se(a, b):
+    """Ratio of the means of paired samples a, b (same images) and its delta-method SE. With a, b
+    the target forwards per image of two points (every image commits the same tokens), it is the
+    inverse ratio of their pooled MALs: ratio_se(fwd_sjd, fwd_x) = MAL_x / MAL_sjd."""
+    n = min(len(a), len(b))
+    a, b = a[:n], b[:n]
+    ma, mb = sum(a) / n, sum(b) / n
+    if n < 2:
+        return ma / mb, float("nan")
+    va = sum((x - ma) ** 2 for x in a) / (n - 1)
+    vb = sum((y - mb) ** 2 for y in b) / (n - 1)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(a, b)) / (n - 1)
+    r = ma / mb
+    var = (va - 2 * r * cov + r * r * vb) / (mb * mb) / n
+    return r, math.sqrt(max(var, 0.0))
+
+
+class Frontier:
+    """The generation side: demo target, drafter, tables, and one batch of any point."""
+
+    def __init__(self, a):
+        from lisa_trt.demo.registry import demo_sampling, load_demo_target
+
+        self.a = a
+        self.target = load_demo_target()
+        self.sampling = demo_sampling()
+        self.ncls = self.target.config.num_classes
+        self.n_tokens = self.target.config.grid_size ** 2
+        self._drafter = self._tables = None
+        k, d, n = (int(x) for x in a.tree.split(","))
+        self.tree = {"top_k": k, "depth": d, "total_tokens": n}
+
+    def artifacts(self):
+        from lisa_trt.artifacts import load_drafter_by_name, load_tables_by_name
+
+        if self._drafter is None:
+            self._drafter = load_drafter_by_name(self.a.drafter, self.target)
+            self._tables = load_tables_by_name("demo", self.target)
+        return self._drafter, self._tables
+
+    def batch(self, label: str, j: int) -> dict:
+        """Batch j of point `label` -> {tokens (B, N) int16, tok, fwd, tvd per row, seconds}."""
+        from lisa_trt.speculative.methods import SpecConfig, get_method
+        from lisa_trt.speculative.run import run_method
+
+        method, over = parse_point(label)
+        m = get_method(method)
+        i0 = j * self.a.batch
+        cond = torch.arange(i0, i0 + self.a.batch) % self.ncls
+        spec = SpecConfig.make(method=method, **self.tree).replace(**over)
+        drafter = tables = None
+        if m.kind == "tree" or m.needs_tables:
+            drafter, tables = self.artifacts()
         t0 = time.perf_counter()
-        _, st = run_method(method, target, None, None, torch.tensor([c]), sampling=demo_sampling(), spec=spec,
-                           seed=seed + i, sjd_window=window)
-        secs.append(time.perf_counter() - t0)
-        com = torch.cat([x.float() for x in st.committed])
-        tokens, forwards = tokens + float(com.sum()), forwards + com.numel()
-        per_image.append(float(com.mean()))
-        tvds.extend(float(t) for x in st.tvd for t in x.float())
-    n = len(per_image)
-    mean = sum(per_image) / n
-    se = math.sqrt(sum((m - mean) ** 2 for m in per_image) / (n - 1) / n) if n > 1 else float("nan")
-    return {"method": method, "mal": tokens / forwards, "mal_se": se, "mal_per_image": per_image,
-            "mean_tvd": sum(tvds) / len(tvds) if tvds else 0.0,
-            "target_forwards_per_image": forwards / n + 1, "seconds_per_image": sum(secs) / n}
+        with torch.no_grad():
+            toks, st = run_method(method, self.target, drafter, tables, cond, sampling=self.sampling, spec=spec,
+                                  seed=self.a.seed + j, sjd_window=self.a.window)
+        sec = time.perf_counter() - t0
+        tok, fwd, tvd = row_stats(st, len(cond), m.kind, toks.shape[1] - 1)
+        return {"tokens": toks.to(torch.int16).cpu(), "tok": tok, "fwd": fwd, "tvd": tvd, "seconds": sec}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--images", type=int, default=16)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--window", type=int, default=16, help="SJD window (all Jacobi decoders)")
-    ap.add_argument("--methods", default="vanilla,sjd,mcsjd,sjd-pac")
-    ap.add_argument("--gsd-group", default="14,25", help="GSD group sizes, one point each ('' for none)")
-    ap.add_argument("--zipar-window", default="4,8", help="ZipAR windows, one point each ('' for none)")
-    ap.add_argument("--loaded", action="store_true", help="record that the machine was busy (timings not quiet)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "decoders.json"))
-    a = ap.parse_args()
-    torch.set_num_threads(1)
-    target = load_demo_target()
-    classes = [i % target.config.num_classes for i in range(a.images)]
-    points = [(m, m, SpecConfig()) for m in a.methods.split(",") if m]
-    points += [(f"gsd[group={g}]", "gsd", SpecConfig().replace(gsd_group=int(g)))
-               for g in a.gsd_group.split(",") if g]
-    points += [(f"zipar[window={w}]", "zipar", SpecConfig().replace(zipar_window=int(w)))
-               for w in a.zipar_window.split(",") if w]
-    results = {}
-    for label, method, spec in points:
-        results[label] = measure(target, label, method, spec, classes, a.seed, a.window)
-        r = results[label]
-        print(f"{label:16s} MAL {r['mal']:.3f} +- {r['mal_se']:.3f}  TVD {r['mean_tvd']:.4f}  "
-              f"{r['seconds_per_image']:.2f} s/img", flush=True)
+def summarize(label: str, acc: dict, quality: dict) -> dict:
+    method, over = parse_point(label)
+    n = len(acc["tok"])
+    img_mal = [t / f for t, f in zip(acc["tok"], acc["fwd"])]
+    m, se = mean_se(img_mal)
+    f, f_se = mean_se([float(x) for x in acc["fwd"]])
+    t = sum(acc["tok"]) / n  # the same for every image (all tokens but the prefill's)
+    tvd, tvd_se = mean_se(acc["tvd"])
+    res = {"method": method, "knobs": over, "images": n,
+           "mal": t / f,  # pooled: committed tokens per target forward over all images
+           "mal_se": t * f_se / f ** 2 if n > 1 else float("nan"),  # delta method on forwards per image
+           "mal_mean_per_image": m, "mal_mean_per_image_se": se, "mean_tvd": tvd, "mean_tvd_se": tvd_se,
+           "target_forwards_per_image": f + 1,
+           "cpu_seconds_per_image_batched_loaded": acc["seconds"] / n,
+           "raw": {k: [round(x, 5) for x in acc[k]] for k in ("tok", "fwd", "tvd")}}
+    if method in ("exact", "gasv", "lantern"):
+        res["drafter"] = "settings.drafter"
+    res.update(quality)
+    return res
+
+
+def load_state(a):
+    """(report, accumulators) from an earlier run of the same settings, or empty ones."""
+    import json
+
+    if not Path(a.out).is_file():
+        return None, {}
+    rep = json.loads(Path(a.out).read_text())
+    toks = torch.load(a.state) if Path(a.state).is_file() else {}
+    accs = {}
+    for label, r in rep.get("results", {}).items():
+        if "raw" in r and label in toks and toks[label].shape[0] == r["images"]:
+            accs[label] = {"tok": list(r["raw"]["tok"]), "fwd": list(r["raw"]["fwd"]), "tvd": list(r["raw"]["tvd"]),
+                           "seconds": r["cpu_seconds_per_image_batched_loaded"] * r["images"],
+                           "tokens": toks[label]}
+    return rep, accs
+
+
+def check_settings(old: dict, new: dict, path) -> None:
+    diff = [k for k in SAME if old.get(k) != new.get(k)]
+    if diff:
+        raise SystemExit(f"{path}: settings {diff} differ from this run ({[old.get(k) for k in diff]} vs "
+                         f"{[new.get(k) for k in diff]}); use the same ones or another --out")
+
+
+def derived(results: dict) -> dict:
+    """Every point's pooled MAL over SJD's (paired over the common images, delta-method SE:
+    MAL_x / MAL_sjd = mean forwards of SJD / mean forwards of x), the MC-SJD / SJD verdict."""
+    out = {}
     if "sjd" in results:
+        sj = results["sjd"]
+        for label, r in results.items():
+            r["mal_vs_sjd"], r["mal_vs_sjd_se"] = ratio_se(sj["raw"]["fwd"], r["raw"]["fwd"])
+        if "mcsjd" in results:
+            r = results["mcsjd"]
+            out["mcsjd_over_sjd"] = {"ratio": r["mal_vs_sjd"], "se": r["mal_vs_sjd_se"],
+                                     "images": min(r["images"], sj["images"]), "target": 1.3,
+                                     "above_1.3_by_2se": r["mal_vs_sjd"] - 2 * r["mal_vs_sjd_se"] >= 1.3,
+                                     "below_1.3_by_2se": r["mal_vs_sjd"] + 2 * r["mal_vs_sjd_se"] < 1.3}
+    if "oracle" in results:
         for r in results.values():
-            r["mal_vs_sjd"] = r["mal"] / results["sjd"]["mal"]
-    write_json(a.out, {"settings": {"images": a.images, "classes": classes, "seed": a.seed, "window": a.window,
-                                    "sampling": vars(demo_sampling()), "torch_threads": 1, "loaded": a.loaded},
-                       "results": results})
-    print(f"wrote {a.out}")
+            if r["method"] in ("exact", "gasv", "lantern"):
+                r["drafter_efficiency"] = r["mal"] / results["oracle"]["mal"]
+    return out
+
+
+def plot(report: dict, path) -> None:
+    """MAL per forward against class accuracy and KID-demo (+- 1 SE both ways)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lisa_trt.io import atomic_write
+
+    res = report["results"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for ax, q, yl in ((axes[0], "class_acc", "class accuracy (higher is better)"),
+                      (axes[1], "kid_real", "KID-demo vs real crops (lower is better)")):
+        for label, r in sorted(res.items()):
+            if q not in r:
+                continue
+            lossless = r["mean_tvd"] < 1e-6
+            ax.errorbar(r["mal"], r[q], xerr=r["mal_se"], yerr=r.get(q + "_se"), fmt="o" if lossless else "s",
+                        capsize=3, label=label)
+            ax.annotate(label, (r["mal"], r[q]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        if "vanilla" in res and q in res["vanilla"]:
+            v, s = res["vanilla"][q], res["vanilla"].get(q + "_se", 0)
+            ax.axhspan(v - 2 * s, v + 2 * s, color="grey", alpha=0.15, label="vanilla +- 2 SE")
+        ax.set_xlabel("MAL (committed tokens per target forward)")
+        ax.set_ylabel(yl)
+        ax.grid(alpha=0.3)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7, loc="lower left")
+    n = sorted({r["images"] for r in res.values()})
+    fig.suptitle(f"demo decoders, {'/'.join(map(str, n))} images per point (circles: lossless, squares: relaxed)")
+    fig.tight_layout()
+    with atomic_write(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+
+
+def run_frontier(a, echo=print) -> dict:
+    torch.set_num_threads(1)
+    fr = Frontier(a)
+    if a.images % a.batch or a.per_round % a.batch:
+        raise SystemExit("--images and --per-round must be multiples of --batch")
+    settings = {"model": "demo", "seed": a.seed, "batch": a.batch, "window": a.window, "tree": fr.tree,
+                "drafter": a.drafter, "sampling": dataclasses.asdict(fr.sampling), "classes": "image i: i % "
+                f"{fr.ncls}", "seeds": "batch j: seed + j", "torch_threads": torch.get_num_threads(),
+                "loaded": True, "note": "rows batched, machine shared: acceptance and quality only, no speed claims",
+                "tables_gasv": fr.artifacts()[1].config.to_dict()}  # lisa-gasv without knobs: these defaults
+    old, accs = load_state(a)
+    if old is not None:
+        check_settings(old["settings"], settings, a.out)
+    labels = split_points(a.methods) if a.methods else list(DEFAULT_POINTS)
+    kept = {k: v for k, v in (old or {}).get("results", {}).items() if k not in labels and k not in accs}
+    for lab in labels:
+        accs.setdefault(lab, {"tok": [], "fwd": [], "tvd": [], "seconds": 0.0, "tokens": None})
+    quality = {lab: {k: v for k, v in (old or {}).get("results", {}).get(lab, {}).items()
+                     if k.startswith(("class_acc", "kid", "fd_", "n", "underpowered"))} for lab in accs}
+    ref = None
+    t_start, ran = time.time(), False
+    while True:
+        counts = {lab: len(accs[lab]["tok"]) for lab in labels}
+        goal = min(a.images, (min(counts.values()) // a.per_round + 1) * a.per_round)
+        todo = [lab for lab in labels if counts[lab] < goal]
+        if not todo:
+            break
+        for lab in todo:
+            s = accs[lab]
+            for j in range(counts[lab] // a.batch, goal // a.batch):
+                b = fr.batch(lab, j)
+                s["tok"] += b["tok"]
+                s["fwd"] += b["fwd"]
+                s["tvd"] += b["tvd"]
+                s["seconds"] += b["seconds"]
+                s["tokens"] = b["tokens"] if s["tokens"] is None else torch.cat([s["tokens"], b["tokens"]])
+            if not a.no_quality and len(s["tok"]) >= 32:  # lisa_trt.quality refuses fewer
+                ref = ref or _reference()
+                quality[lab] = _quality(fr, s["tokens"], ref)
+            echo(f"  {lab:24s} {len(s['tok'])} images  {time.time() - t_start:.0f} s", flush=True)
+        ran = True
+        write_report(a, settings, kept, accs, quality, t_start)
+        echo(f"round to {goal} images: wrote {a.out}  ({time.time() - t_start:.0f} s)", flush=True)
+    if not ran and old is not None:  # only re-summarised: keep the run's own time and command
+        settings.update({k: old["settings"][k] for k in ("elapsed_s", "command") if k in old["settings"]})
+    return write_report(a, settings, kept, accs, quality, t_start, tokens=False, keep_run=not ran)
+
+
+def write_report(a, settings, kept, accs, quality, t_start, tokens=True, keep_run=False) -> dict:
+    """The JSON (atomically), the token side file and the plot from the accumulators."""
+    from lisa_trt.io import write_json
+
+    results = dict(kept)
+    for lab in accs:
+        if accs[lab]["tok"]:
+            results[lab] = summarize(lab, accs[lab], quality.get(lab, {}))
+    if "vanilla" in results and "class_acc" in results["vanilla"]:
+        from lisa_trt.quality import quality_neutral
+
+        for r in results.values():
+            if "class_acc" in r and not r.get("underpowered", True):
+                r["quality_neutral"] = quality_neutral(r, results["vanilla"])
+    run = {} if keep_run and "elapsed_s" in settings else {"elapsed_s": round(time.time() - t_start, 1),
+                                                          "command": " ".join(["python"] + sys.argv)}
+    report = {"settings": dict(settings, **run),
+              "summary": derived(results), "results": results}
+    if tokens:
+        _save_tokens(a.state, {lab: s["tokens"] for lab, s in accs.items() if s["tokens"] is not None})
+    write_json(a.out, report)
+    if a.plot:
+        plot(report, a.plot)
+    return report
+
+
+def _save_tokens(path, toks: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    torch.save(toks, tmp)
+    os.replace(tmp, path)
+
+
+def _reference():
+    from lisa_trt.demo.registry import load_demo_scorer
+    from lisa_trt.quality import QualityReference
+
+    return QualityReference(load_demo_scorer())  # KID vs the real held-out crops (deterministic)
+
+
+def _quality(fr, tokens, ref) -> dict:
+    from lisa_trt.demo.registry import load_demo_vq
+    from lisa_trt.quality import evaluate
+
+    vq = load_demo_vq()
+    g = fr.target.config.grid_size
+    imgs = []
+    with torch.no_grad():
+        for i in range(0, tokens.shape[0], 64):
+            t = tokens[i: i + 64].long()
+            imgs.append(vq.decode_code(t, (t.shape[0], vq.config.codebook_embed_dim, g, g)).clamp(-1, 1))
+    labels = torch.arange(tokens.shape[0]) % fr.ncls
+    return evaluate(torch.cat(imgs), labels, ref)
+
+
+def run_timing(a) -> dict:
+    """Seconds per image at batch 1 on the demo bundle's torch and ORT engines (quiet machine)."""
+    from lisa_trt.io import write_json
+    from lisa_trt.runtime.demo import ensure_demo_bundle
+    from lisa_trt.runtime.pipeline import Pipeline
+
+    bundle = Path(a.engine_dir) if a.engine_dir else ensure_demo_bundle(Path(a.workdir) / "demo", echo=print)
+    labels = [x for x in (a.methods or "vanilla,sjd,mcsjd,sjd-pac,gsd,zipar,exact,gasv").split(",") if x]
+    load0 = os.getloadavg()
+    rows = {}
+    for backend in ("torch", "ort"):
+        try:
+            pipe = Pipeline.from_dir(bundle, backend=backend, threads=1)
+        except Exception as e:  # noqa: BLE001 - a backend that is not installed is reported, not fatal
+            rows[backend] = {"error": f"{type(e).__name__}: {e}"}
+            continue
+        prompts = [i % pipe.config.num_classes for i in range(a.images)]
+        for lab in labels:
+            method, over = parse_point(lab)
+            try:
+                pipe.generate(prompts[:1], seed=10_000, verify=method, decode=False, **over)  # warm-up
+                t0 = time.perf_counter()
+                res = pipe.generate(prompts, seed=a.seed, verify=method, decode=False, **over)
+                sec = (time.perf_counter() - t0) / a.images
+                rows.setdefault(backend, {})[lab] = {"tokens_seconds_per_image": sec,
+                                                     "mal": sum(s["mal"] for s in res.stats) / len(res.stats)}
+                print(f"{backend:5s} {lab:20s} {sec:.3f} s/image", flush=True)
+            except Exception as e:  # noqa: BLE001
+                rows.setdefault(backend, {})[lab] = {"error": f"{type(e).__name__}: {e}"}
+                print(f"{backend:5s} {lab:20s} {type(e).__name__}: {e}", flush=True)
+    load1 = os.getloadavg()
+    rep = {"images": a.images, "batch": 1, "threads": 1, "seed": a.seed, "bundle": str(bundle),
+           "load_average_before_after": [list(load0), list(load1)],
+           "quiet": max(load0[0], load1[0]) < 1.2, "results": rows}
+    write_json(a.timing_out, rep)
+    print(f"wrote {a.timing_out}")
+    return rep
+
+
+def markdown_table(report: dict) -> str:
+    """The frontier as a Markdown table (docs/spec/decoders.md, README)."""
+    res = report["results"]
+    lines = ["| point | images | MAL per target forward +- SE | MAL / SJD +- SE | mean TVD | class acc +- SE "
+             "| KID-demo vs real +- SE |", "|---|---|---|---|---|---|---|"]
+    fmt = lambda r, k, d=3: (f"{r[k]:.{d}f} +- {r[k + '_se']:.{d}f}" if k in r else "-")  # noqa: E731
+    for label, r in sorted(res.items(), key=lambda kv: kv[1]["mal"]):
+        lines.append(f"| {label} | {r['images']} | {fmt(r, 'mal', 2)} | "
+                     f"{fmt(r, 'mal_vs_sjd', 2) if 'mal_vs_sjd' in r else '-'} | {r['mean_tvd']:.3f} | "
+                     f"{fmt(r, 'class_acc')} | {fmt(r, 'kid_real')} |")
+    return "\n".join(lines)
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--images", type=int, default=256, help="images per point (the run stops there)")
+    ap.add_argument("--per-round", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--window", type=int, default=16, help="Jacobi window of every SJD-family decoder")
+    ap.add_argument("--tree", default="3,3,10", help="top_k,depth,total_tokens of the drafter tree")
+    ap.add_argument("--drafter", default="demo-lisa")
+    ap.add_argument("--methods", default=None,
+                    help="points, comma-separated (commas inside [...] belong to the point); default: "
+                         + ",".join(DEFAULT_POINTS) + ". Points already in --out are kept.")
+    ap.add_argument("--no-quality", action="store_true", help="skip class accuracy / KID (tests)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "decoders.json"))
+    ap.add_argument("--plot", default=str(ROOT / "bench" / "decoders.png"))
+    ap.add_argument("--state", default=None, help="token side file (default: runs/<out name>.tokens.pt)")
+    ap.add_argument("--timing", action="store_true", help="the small seconds-per-image mode (quiet machine)")
+    ap.add_argument("--timing-out", default=str(ROOT / "bench" / "decoders_timing.json"))
+    ap.add_argument("--workdir", default="/tmp/lisa-decoders", help="--timing: where the demo bundle is exported")
+    ap.add_argument("--engine-dir", default=None, help="--timing: an existing demo bundle (no export)")
+    ap.add_argument("--table", action="store_true", help="print --out as a Markdown table and stop")
+    return ap
+
+
+def main(argv=None):
+    a = build_parser().parse_args(argv)
+    if a.state is None:
+        a.state = str(ROOT / "runs" / (Path(a.out).stem + ".tokens.pt"))
+    if a.table:
+        import json
+
+        print(markdown_table(json.loads(Path(a.out).read_text())))
+        return None
+    if a.timing:
+        if a.images > 64:
+            a.images = 16
+        return run_timing(a)
+    return run_frontier(a)
 
 
 if __name__ == "__main__":
