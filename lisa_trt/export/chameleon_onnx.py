@@ -47,8 +47,9 @@ from .families import ExportFamily, interleave, past_of, register_export_family
 from .io_spec import GASV_K, GASV_PARAMS, Graph, GraphSpec, TensorSpec, gasv_spec, graph_spec, target_kv, \
     target_outputs, token_inputs
 from .manifest import CHAMELEON_ENGINE_FILE as ENGINE_FILE  # noqa: F401 (the manifest of older exports)
-from .onnx import (DEFAULT_OPSET, GASVGraph, _NamedGraph, _ShimCache, _half_copy, drafter_builders, export_graphs,
+from .onnx import (DEFAULT_OPSET, GASVGraph, _NamedGraph, _ShimCache, drafter_builders, export_graphs,
                    half_drafter, staging_dir)
+from .sizing import PrecisionCopy
 
 FAMILY = "chameleon"
 DEFAULT_MAX_PROMPT = 128
@@ -333,10 +334,10 @@ def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, ima
                                      vq_cfg=vq.config if vq is not None else None,
                                      codes=tables.vocab_size if tables is not None else None, layout=layout)
     refs = dict(target=target, drafter=drafter, tables=tables, vq=vq)
-    t_exp = _half_copy(target) if fp16 else target
+    t_exp = PrecisionCopy(target, fp16)  # converted per graph, freed after each (export/sizing.py)
     d_exp = half_drafter(drafter, fp16)
-    builders = [(Graph.TARGET_PREFILL, lambda: ChameleonStepGraph(t_exp, True), precision),
-                (Graph.TARGET_VERIFY, lambda: ChameleonStepGraph(t_exp, False), precision)]
+    builders = [(Graph.TARGET_PREFILL, lambda: ChameleonStepGraph(t_exp.get(), True), precision),
+                (Graph.TARGET_VERIFY, lambda: ChameleonStepGraph(t_exp.get(), False), precision)]
     builders += drafter_builders(drafter, d_exp, precision, commit=False)  # the Lumina loop runs project + step
     if tables is not None:
         gspec = FAMILY_GRAPHS.graph_spec(Graph.GASV, target.config)
