@@ -317,6 +317,8 @@ def measure(a) -> int:
 
 
 def _commit() -> str:
+    if os.environ.get("LISA_BENCH_COMMIT"):  # a snapshot of a commit (no .git)
+        return os.environ["LISA_BENCH_COMMIT"]
     try:
         return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True).stdout.strip() + (" (+ uncommitted)" if subprocess.run(
