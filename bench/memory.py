@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # this checkout's lisa_trt (the subprocesses get it via PYTHONPATH)
 
 
 def bundle_bytes(d: Path) -> dict:
@@ -284,8 +286,13 @@ def measure(a) -> int:
             flags = {"fp16": ["--fp16"], "fp32": [], "int8": ["--quantize", "int8"]}[prec]
             if prec != "fp16" and not a.validate_all:
                 flags = flags + ["--no-validate"]
-            row = {"export": _sh(lt + ["export", *model, "--out", str(d), *flags], work / f"{key}_{prec}_export.log"),
-                   "validated": "--no-validate" not in flags}
+            log = work / f"{key}_{prec}_export.log"
+            if a.reuse_exports and (d / "manifest.json").is_file() and log.is_file():  # measured by an earlier run
+                row = {"export": dict(time_v(log.read_text(errors="replace")), rc=0, log=str(log), reused=True),
+                       "validated": "--no-validate" not in flags}
+            else:
+                row = {"export": _sh(lt + ["export", *model, "--out", str(d), *flags], log),
+                       "validated": "--no-validate" not in flags}
             if row["export"]["rc"] == 0:
                 row["bytes"] = bundle_bytes(d)
                 row["distinct_weight_bytes"] = distinct_weight_bytes(d)
@@ -294,7 +301,7 @@ def measure(a) -> int:
                 if "peak_rss_bytes" in row["export"]:
                     row["export"]["peak_rss_over_fp32_weights"] = round(row["export"]["peak_rss_bytes"] / fp32_bytes, 3)
                 if prec in a.run and shape["kind"] == "llamagen":
-                    modes = {"default": False, "one-copy": True} if prec == "fp32" else {"default": False}
+                    modes = {"one-copy": True, "default": False} if prec in ("fp32", "fp16") else {"default": False}
                     for mode, one in modes.items():
                         r = ort_decode(d, str(REPO), a.steps, one)
                         r["loaded"] = True
@@ -313,6 +320,7 @@ def measure(a) -> int:
                             "loadavg_end": os.getloadavg(), "loaded": True}
         _write(a.json, out, blocks + [block])
         blocks.append(block)
+        plot(argparse.Namespace(json=a.json, png=a.json.with_suffix(".png")))
     return 0
 
 
@@ -337,8 +345,88 @@ def _write(path: Path, old: dict, blocks: list) -> None:
     os.replace(tmp, path)
 
 
+# the issue's own measurement of the old layout (main before ba3a035: one .onnx.data per graph plus
+# weights/target.safetensors), random GPT-XL c2i 384 fp16 bundle, this machine: not re-measured
+BEFORE_GPTXL = {"commit": "before ba3a035 (issue 26 report)", "fp16_bundle_bytes": 6.2e9,
+                "fp16_distinct_weight_bytes": 1.55e9, "export_peak_rss_bytes": 10.1e9,
+                "ort_run_fp16_peak_rss_bytes": 7.7e9, "fp32_weight_bytes": 3.1e9}
+
+
+def plot(a) -> int:
+    """bench/memory.png: each ratio of each measured shape against the issue's target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rec = json.loads(a.json.read_text())
+    blocks = [b for b in rec.get("blocks", []) if b.get("run") == "measure"]
+    panels = [("fp16 bundle / distinct weights", 1.1), ("export peak RSS / fp32 weights", 2.5),
+              ("ORT run peak RSS / fp32 weights", None)]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
+    for ax, (title, target) in zip(axes, panels):
+        bars, labels, colors, targets = [], [], [], []
+        for b in blocks:
+            rows, w = b["rows"], b["fp32_weight_bytes"]
+            tag = b["shape"]
+            if title.startswith("fp16"):
+                if tag == "gptxl":
+                    bars.append(BEFORE_GPTXL["fp16_bundle_bytes"] / BEFORE_GPTXL["fp16_distinct_weight_bytes"])
+                    labels.append(f"{tag}\nbefore")
+                    colors.append("#bbbbbb")
+                if "bundle_over_distinct" in rows.get("fp16", {}):
+                    bars.append(rows["fp16"]["bundle_over_distinct"])
+                    labels.append(f"{tag}\nafter")
+                    colors.append("#2b7bb9")
+            elif title.startswith("export"):
+                if tag == "gptxl":
+                    bars.append(BEFORE_GPTXL["export_peak_rss_bytes"] / BEFORE_GPTXL["fp32_weight_bytes"])
+                    labels.append(f"{tag} fp16\nbefore")
+                    colors.append("#bbbbbb")
+                for prec in ("fp16", "fp32", "int8"):
+                    e = rows.get(prec, {}).get("export", {})
+                    if "peak_rss_over_fp32_weights" in e:
+                        bars.append(e["peak_rss_over_fp32_weights"])
+                        labels.append(f"{tag} {prec}\nafter")
+                        colors.append("#2b7bb9")
+            else:
+                lim = (1.5 * w + 1e9) / w
+                for prec in ("fp32", "int8"):
+                    for mode, r in rows.get(prec, {}).get("ort_decode", {}).items():
+                        if "peak_rss_over_fp32_weights" in r:
+                            bars.append(r["peak_rss_over_fp32_weights"])
+                            labels.append(f"{tag} {prec}\n{mode}")
+                            colors.append("#2b7bb9" if r["peak_rss_bytes"] <= 1.5 * w + 1e9 else "#d9534f")
+                            targets.append((len(bars) - 1, lim))
+        x = range(len(bars))
+        ax.bar(x, bars, color=colors)
+        for i, v in enumerate(bars):
+            ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(list(x), labels, fontsize=7)
+        if target is not None:
+            ax.axhline(target, color="k", ls="--", lw=1, label=f"target {target}x")
+        for i, lim in targets:
+            ax.hlines(lim, i - 0.4, i + 0.4, colors="k", linestyles="--", lw=1)
+        if targets:
+            ax.plot([], [], "k--", lw=1, label="target 1.5x + 1 GB")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7)
+    fig.suptitle("issue 26 memory (grey: before, issue report; blue: after, measured; red: misses target). "
+                 "2-core shared CPU VM, loaded", fontsize=9)
+    fig.tight_layout()
+    tmp = a.png.with_name(a.png.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, a.png)
+    return 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["plot"]:
+        ap = argparse.ArgumentParser(prog="bench/memory.py plot")
+        ap.add_argument("--json", type=Path, default=REPO / "bench" / "memory.json")
+        ap.add_argument("--png", type=Path, default=REPO / "bench" / "memory.png")
+        return plot(ap.parse_args(argv[1:]))
     if argv[:1] == ["measure"]:
         ap = argparse.ArgumentParser(prog="bench/memory.py measure")
         ap.add_argument("--shape", action="append", choices=sorted(SHAPES), required=True)
@@ -348,6 +436,8 @@ def main(argv=None) -> int:
         ap.add_argument("--steps", type=int, default=16)
         ap.add_argument("--validate-all", action="store_true", help="validate fp32 / int8 exports too (fp16 always)")
         ap.add_argument("--keep", action="store_true", help="keep the bundles (default: deleted once measured)")
+        ap.add_argument("--reuse-exports", action="store_true",
+                        help="measure a bundle already in --work (and its export log) instead of exporting again")
         ap.add_argument("--work", default="/tmp/size_mem")
         ap.add_argument("--json", type=Path, default=REPO / "bench" / "memory.json")
         return measure(ap.parse_args(argv[1:]))
