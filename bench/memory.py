@@ -26,8 +26,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # this checkout's lisa_trt (the subprocesses get it via PYTHONPATH)
 
 
 def bundle_bytes(d: Path) -> dict:
@@ -144,7 +147,309 @@ def ort_decode(d: Path, pythonpath: str, steps: int, one_copy: bool) -> dict:
     return rec
 
 
+# ----------------------------------------------------------------------------- one run: checkpoints -> bundles -> figures
+
+SHAPES = {
+    # lisa-trt random-checkpoint --config GPT-XL --image-size 384 (775M parameters) + a random VQ-16
+    "gptxl": dict(label="random GPT-XL c2i 384 (775M)", kind="llamagen"),
+    # a Chameleon-family shape of about 1.5B parameters (HF directory, 2 GB shards + index json)
+    "chameleon-1.5b": dict(label="random Chameleon-family 1.5B (hidden 2048, 24 layers, vocab 65536)",
+                           kind="chameleon", hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
+                           num_attention_heads=16, vocab_size=65536),
+}
+
+
+def _sh(cmd: list, log: Path, env_extra: Optional[dict] = None) -> dict:
+    """Run `cmd` under /usr/bin/time -v (OMP_NUM_THREADS=1, this checkout first on PYTHONPATH);
+    its log; peak RSS and wall seconds."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **(env_extra or {}))
+    load0 = os.getloadavg()
+    with open(log, "w") as f:
+        p = subprocess.run(["/usr/bin/time", "-v", *cmd], stdout=f, stderr=subprocess.STDOUT, env=env)
+    text = log.read_text(errors="replace")
+    rec = dict(time_v(text), rc=p.returncode, loadavg_before=[round(x, 2) for x in load0],
+               loadavg_after=[round(x, 2) for x in os.getloadavg()], command=" ".join(str(c) for c in cmd), log=str(log))
+    if p.returncode:
+        rec["error"] = text.strip().splitlines()[-25:-22] if "Command being timed" in text else text.strip().splitlines()[-3:]
+    return rec
+
+
+def make_llamagen(work: Path) -> tuple[Path, Path]:
+    ck, vq = work / "gptxl.pt", work / "vq16.pt"
+    lt = [sys.executable, "-m", "lisa_trt", "random-checkpoint"]
+    if not ck.is_file():
+        subprocess.run(lt + ["--config", "GPT-XL", "--image-size", "384", str(ck)], check=True,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    if not vq.is_file():
+        subprocess.run(lt + ["--config", "VQ-16", str(vq)], check=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    return ck, vq
+
+
+def make_chameleon(work: Path, shape: dict, shard_bytes: int = 2 << 30) -> Path:
+    """A random HF Chameleon directory of `shape`, written shard by shard (never the whole model in
+    memory): config.json, model-0000x-of-0000y.safetensors + model.safetensors.index.json, a
+    word-level tokenizer over the vocabulary, no VQGAN (tokens only)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from lisa_trt.models.families.chameleon.model import ChameleonConfig, ChameleonTarget
+
+    d = work / "chameleon"
+    if (d / "model.safetensors.index.json").is_file():
+        return d
+    d.mkdir(parents=True, exist_ok=True)
+    V, n_codes = shape["vocab_size"], 8192
+    vmap = {"<pad>": 0, "<s>": 1, "</s>": 2, "<image>": 3}
+    vmap.update({"IMGIMG" + "".join(chr(ord("A") + int(c)) for c in str(i)) + "Z": 4 + i for i in range(n_codes)})
+    specials = ["<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>", "<reserved08801>", "<reserved08802>",
+                "<reserved08803>", "<reserved08804>", "<unk>"]
+    for i, n in enumerate(specials):
+        vmap[n] = 4 + n_codes + i
+    nxt = 4 + n_codes + len(specials)
+    for i in range(nxt, V):
+        vmap[f"tok{i}"] = i
+    cfg = dict(model_type="chameleon", vocab_size=V, hidden_size=shape["hidden_size"],
+               intermediate_size=shape["intermediate_size"], num_hidden_layers=shape["num_hidden_layers"],
+               num_attention_heads=shape["num_attention_heads"], num_key_value_heads=shape["num_attention_heads"],
+               max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0, hidden_act="silu",
+               swin_norm=False, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+               vocabulary_map=vmap, torch_dtype="bfloat16")
+    ours = {k: v for k, v in cfg.items() if k not in ("model_type", "hidden_act", "torch_dtype")}
+    ours = {k: v for k, v in ours.items() if k in ChameleonConfig.__dataclass_fields__}
+    with torch.device("meta"):
+        shapes = {k: (tuple(t.shape), t.dtype) for k, t in ChameleonTarget(ChameleonConfig(**ours)).state_dict().items()}
+    g = torch.Generator().manual_seed(0)
+    shards, cur, cur_bytes = [], {}, 0
+    for k, (shp, dt) in shapes.items():
+        if k.endswith("norm.weight") or k.endswith("layernorm.weight"):
+            t = torch.ones(shp)
+        else:
+            t = torch.randn(shp, generator=g) * 0.02
+        cur[k] = t.to(torch.bfloat16)  # bf16, as Lumina-mGPT ships
+        cur_bytes += cur[k].numel() * 2
+        if cur_bytes >= shard_bytes:
+            shards.append(cur)
+            save_file(cur, str(d / f"shard-{len(shards)}.tmp"))
+            cur, cur_bytes = {}, 0
+    if cur:
+        shards.append(cur)
+        save_file(cur, str(d / f"shard-{len(shards)}.tmp"))
+    n, wmap = len(shards), {}
+    for i, sh in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{n:05d}.safetensors"
+        os.replace(d / f"shard-{i}.tmp", d / name)
+        wmap.update({k: name for k in sh})
+    shards.clear()
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wmap}))
+    (d / "config.json").write_text(json.dumps(cfg))
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel(vocab=vmap, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(specials + ["<s>", "</s>"])
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    return d
+
+
+def _manifest_export(d: Path) -> dict:
+    try:
+        m = json.loads((d / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {"manifest_export": m.get("export") or {},
+            "graph_peak_rss_bytes": {k: g.get("peak_rss_bytes") for k, g in (m.get("graphs") or {}).items()}}
+
+
+def measure(a) -> int:
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    out = json.loads(a.json.read_text()) if a.json.is_file() else {}
+    blocks = [b for b in out.get("blocks", []) if b.get("run") != "measure" or b.get("shape") not in a.shape]
+    lt = [sys.executable, "-m", "lisa_trt"]
+    for key in a.shape:
+        shape = SHAPES[key]
+        t0 = time.time()
+        if shape["kind"] == "llamagen":
+            ck, vq = make_llamagen(work)
+            model = ["--model", str(ck), "--config", "GPT-XL", "--image-size", "384", "--vq", str(vq)]
+            fp32_bytes = ck.stat().st_size + vq.stat().st_size  # the official .pt files: fp32 state dicts
+        else:
+            ck = make_chameleon(work, shape)
+            model = ["--model", str(ck), "--image-size", "512"]
+            idx = json.loads((ck / "model.safetensors.index.json").read_text())
+            fp32_bytes = 2 * sum((ck / f).stat().st_size for f in set(idx["weight_map"].values()))  # bf16 files
+        block = {"run": "measure", "shape": key, "label": shape["label"], "fp32_weight_bytes": fp32_bytes,
+                 "commit": _commit(), "rows": {}, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        for prec in a.precisions:
+            d = work / f"{key}_{prec}"
+            flags = {"fp16": ["--fp16"], "fp32": [], "int8": ["--quantize", "int8"]}[prec]
+            if prec != "fp16" and not a.validate_all:
+                flags = flags + ["--no-validate"]
+            log = work / f"{key}_{prec}_export.log"
+            if a.reuse_exports and (d / "manifest.json").is_file() and log.is_file():  # measured by an earlier run
+                row = {"export": dict(time_v(log.read_text(errors="replace")), rc=0, log=str(log), reused=True),
+                       "validated": "--no-validate" not in flags}
+            else:
+                row = {"export": _sh(lt + ["export", *model, "--out", str(d), *flags], log),
+                       "validated": "--no-validate" not in flags}
+            if row["export"]["rc"] == 0:
+                row["bytes"] = bundle_bytes(d)
+                row["distinct_weight_bytes"] = distinct_weight_bytes(d)
+                row["bundle_over_distinct"] = round(row["bytes"]["total"] / row["distinct_weight_bytes"], 3)
+                row["export"].update(_manifest_export(d))
+                if "peak_rss_bytes" in row["export"]:
+                    row["export"]["peak_rss_over_fp32_weights"] = round(row["export"]["peak_rss_bytes"] / fp32_bytes, 3)
+                if prec in a.run and shape["kind"] == "llamagen":
+                    modes = {"one-copy": True, "default": False} if prec in ("fp32", "fp16") else {"default": False}
+                    for mode, one in modes.items():
+                        r = ort_decode(d, str(REPO), a.steps, one)
+                        r["loaded"] = True
+                        if "peak_rss_bytes" in r:
+                            r["peak_rss_over_fp32_weights"] = round(r["peak_rss_bytes"] / fp32_bytes, 3)
+                            r["target_bytes"] = 1.5 * fp32_bytes + 1e9
+                            r["meets_1p5x_plus_1GB"] = r["peak_rss_bytes"] <= r["target_bytes"]
+                        row.setdefault("ort_decode", {})[mode] = r
+                if not a.keep:
+                    subprocess.run(["rm", "-rf", str(d)])
+            block["rows"][prec] = row
+            print(key, prec, json.dumps(row)[:600], flush=True)
+            _write(a.json, out, blocks + [block])
+        block["seconds"] = round(time.time() - t0)
+        block["machine"] = {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                            "loadavg_end": os.getloadavg(), "loaded": True}
+        _write(a.json, out, blocks + [block])
+        blocks.append(block)
+        plot(argparse.Namespace(json=a.json, png=a.json.with_suffix(".png")))
+    return 0
+
+
+def _commit() -> str:
+    if os.environ.get("LISA_BENCH_COMMIT"):  # a snapshot of a commit (no .git)
+        return os.environ["LISA_BENCH_COMMIT"]
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip() + (" (+ uncommitted)" if subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+            text=True).stdout.strip() else "")
+    except OSError:
+        return "?"
+
+
+def _write(path: Path, old: dict, blocks: list) -> None:
+    """bench/memory.json, atomically (the other keys of the file kept)."""
+    rec = dict(old)
+    rec.update(issue=26, blocks=blocks)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(rec, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+# the issue's own measurement of the old layout (main before ba3a035: one .onnx.data per graph plus
+# weights/target.safetensors), random GPT-XL c2i 384 fp16 bundle, this machine: not re-measured
+BEFORE_GPTXL = {"commit": "before ba3a035 (issue 26 report)", "fp16_bundle_bytes": 6.2e9,
+                "fp16_distinct_weight_bytes": 1.55e9, "export_peak_rss_bytes": 10.1e9,
+                "ort_run_fp16_peak_rss_bytes": 7.7e9, "fp32_weight_bytes": 3.1e9}
+
+
+def plot(a) -> int:
+    """bench/memory.png: each ratio of each measured shape against the issue's target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rec = json.loads(a.json.read_text())
+    blocks = [b for b in rec.get("blocks", []) if b.get("run") == "measure"]
+    panels = [("fp16 bundle / distinct weights", 1.1), ("export peak RSS / fp32 weights", 2.5),
+              ("ORT run peak RSS / fp32 weights", None)]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
+    for ax, (title, target) in zip(axes, panels):
+        bars, labels, colors, targets = [], [], [], []
+        for b in blocks:
+            rows, w = b["rows"], b["fp32_weight_bytes"]
+            tag = b["shape"]
+            if title.startswith("fp16"):
+                if tag == "gptxl":  # before: the issue's figures
+                    bars.append(BEFORE_GPTXL["fp16_bundle_bytes"] / BEFORE_GPTXL["fp16_distinct_weight_bytes"])
+                    labels.append(f"{tag}\nbefore")
+                    colors.append("#bbbbbb")
+                if "bundle_over_distinct" in rows.get("fp16", {}):
+                    bars.append(rows["fp16"]["bundle_over_distinct"])
+                    labels.append(f"{tag}\nafter")
+                    colors.append("#2b7bb9")
+            elif title.startswith("export"):
+                if tag == "gptxl":
+                    bars.append(BEFORE_GPTXL["export_peak_rss_bytes"] / BEFORE_GPTXL["fp32_weight_bytes"])
+                    labels.append(f"{tag} fp16\nbefore")
+                    colors.append("#bbbbbb")
+                for prec in ("fp16", "fp32", "int8"):
+                    e = rows.get(prec, {}).get("export", {})
+                    if "peak_rss_over_fp32_weights" in e:
+                        bars.append(e["peak_rss_over_fp32_weights"])
+                        labels.append(f"{tag} {prec}\nafter")
+                        colors.append("#2b7bb9")
+            else:
+                lim = (1.5 * w + 1e9) / w
+                if tag == "gptxl":
+                    bars.append(BEFORE_GPTXL["ort_run_fp16_peak_rss_bytes"] / BEFORE_GPTXL["fp32_weight_bytes"])
+                    labels.append(f"{tag} fp16 run\nbefore")
+                    colors.append("#bbbbbb")
+                    targets.append((len(bars) - 1, lim))
+                for prec in ("fp16", "fp32", "int8"):
+                    for mode, r in rows.get(prec, {}).get("ort_decode", {}).items():
+                        if "peak_rss_over_fp32_weights" in r:
+                            bars.append(r["peak_rss_over_fp32_weights"])
+                            labels.append(f"{tag} {prec}\n{mode}")
+                            colors.append("#2b7bb9" if r["peak_rss_bytes"] <= 1.5 * w + 1e9 else "#d9534f")
+                            targets.append((len(bars) - 1, lim))
+        x = range(len(bars))
+        ax.bar(x, bars, color=colors)
+        for i, v in enumerate(bars):
+            ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(list(x), labels, fontsize=7)
+        if target is not None:
+            ax.axhline(target, color="k", ls="--", lw=1, label=f"target {target}x")
+        for i, lim in targets:
+            ax.hlines(lim, i - 0.4, i + 0.4, colors="k", linestyles="--", lw=1)
+        if targets:
+            ax.plot([], [], "k--", lw=1, label="target 1.5x + 1 GB")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7)
+    fig.suptitle("issue 26 memory (grey: before, issue report; blue: after, measured; red: misses target). "
+                 "2-core shared CPU VM, loaded", fontsize=9)
+    fig.tight_layout()
+    tmp = a.png.with_name(a.png.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, a.png)
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["plot"]:
+        ap = argparse.ArgumentParser(prog="bench/memory.py plot")
+        ap.add_argument("--json", type=Path, default=REPO / "bench" / "memory.json")
+        ap.add_argument("--png", type=Path, default=REPO / "bench" / "memory.png")
+        return plot(ap.parse_args(argv[1:]))
+    if argv[:1] == ["measure"]:
+        ap = argparse.ArgumentParser(prog="bench/memory.py measure")
+        ap.add_argument("--shape", action="append", choices=sorted(SHAPES), required=True)
+        ap.add_argument("--precisions", type=lambda s: s.split(","), default=["fp16", "fp32", "int8"])
+        ap.add_argument("--run", type=lambda s: s.split(","), default=["fp32", "int8"],
+                        help="bundles to run through ONNX Runtime (decode probe)")
+        ap.add_argument("--steps", type=int, default=16)
+        ap.add_argument("--validate-all", action="store_true", help="validate fp32 / int8 exports too (fp16 always)")
+        ap.add_argument("--keep", action="store_true", help="keep the bundles (default: deleted once measured)")
+        ap.add_argument("--reuse-exports", action="store_true",
+                        help="measure a bundle already in --work (and its export log) instead of exporting again")
+        ap.add_argument("--work", default="/tmp/size_mem")
+        ap.add_argument("--json", type=Path, default=REPO / "bench" / "memory.json")
+        return measure(ap.parse_args(argv[1:]))
+    return legacy_main(argv)
+
+
+def legacy_main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundles", nargs="+", help="LABEL=ENGINE_DIR[:EXPORT_TIME_V_LOG]")
     ap.add_argument("--label", required=True, help="the model shape measured (e.g. random GPT-L c2i 256)")

@@ -76,6 +76,7 @@ class GraphEntry:
     sha256: str
     external_data: Optional[str] = None
     export_seconds: float = 0.0
+    peak_rss_bytes: Optional[int] = None  # the exporting process's high-water mark when this graph was done
     validation: Optional[dict] = None
     lint: Optional[dict] = None
     quantization: Optional[dict] = None  # export/quantize.py: mode, ops, data_sha256, ...
@@ -111,6 +112,7 @@ class Manifest:
     family: str = ""  # the model family the graphs are of (bundle_family; "": a manifest older than the field)
     layout: dict = field(default_factory=dict)  # the family's static sequence layout (e.g. image size, prompt)
     weights: dict = field(default_factory=dict)  # the graphs' shared weights file (export/weights.py); {} before it
+    export: dict = field(default_factory=dict)  # how the export went: peak_rss_bytes, ... (export/sizing.py); {} before it
     dir: Optional[Path] = None  # where it was read from (not serialised)
 
     def __post_init__(self):
@@ -205,7 +207,8 @@ class Manifest:
 
 def build_manifest(*, target, drafter, tables, vq, graphs: dict, precision: str, opset: int, max_tree: int,
                    max_cache_len: int, generation: Optional[dict] = None, files: Optional[dict] = None,
-                   layout: Optional[dict] = None, weights: Optional[dict] = None) -> Manifest:
+                   layout: Optional[dict] = None, weights: Optional[dict] = None,
+                   started: Optional[float] = None) -> Manifest:
     """The manifest of a fresh export (hashes computed from the artifacts themselves; the target's
     family says how its configurations are recorded, export/families.py)."""
     import onnx
@@ -214,6 +217,7 @@ def build_manifest(*, target, drafter, tables, vq, graphs: dict, precision: str,
     from .._version import __version__
     from ..models.checkpoints import target_hash
     from .families import export_family
+    from .sizing import export_record
 
     fam = export_family(target)
 
@@ -238,7 +242,8 @@ def build_manifest(*, target, drafter, tables, vq, graphs: dict, precision: str,
         vq=None if vq is None else {"hash": vq_hash(vq), "config": fam.config_record(vq.config)},
         graphs=dict(graphs), generation=dict(generation or fam.default_generation()),
         files=dict(files or {}), versions=versions, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        family=fam.name, layout=dict(layout or {}), weights=dict(weights or {}))
+        family=fam.name, layout=dict(layout or {}), weights=dict(weights or {}),
+        export=export_record(dict(target=target, drafter=drafter, vq=vq), started))
 
 
 def write_manifest(manifest: Manifest, engine_dir) -> Path:

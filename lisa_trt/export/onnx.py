@@ -31,7 +31,7 @@ an interrupted or failed export leaves no directory that looks complete.
 from __future__ import annotations
 
 import contextlib
-import copy
+import dataclasses
 import logging
 import time
 import types
@@ -46,6 +46,7 @@ from ..config import find_multiple
 from ..errors import ArtifactMismatchError, InputError, LisaError
 from ..models.family import family_of
 from .families import export_family
+from .sizing import PrecisionCopy, resolve
 from .io_spec import GASV_K, GASV_PARAMS, Graph, GraphSpec, export_dims, gasv_params, graph_spec  # noqa: F401 (gasv_params, export_dims re-exported)
 
 
@@ -360,12 +361,11 @@ _FP32_BUFFERS = ("freqs_cis", "inv_freq")
 
 
 def _half_copy(module: nn.Module) -> nn.Module:
-    """fp16 copy for `--fp16`; the RoPE tables stay fp32 (norm statistics and logits already are)."""
-    m = copy.deepcopy(module).half()
-    for name in _FP32_BUFFERS:
-        if hasattr(m, name):
-            setattr(m, name, getattr(module, name).float().clone())
-    return m
+    """fp16 copy for `--fp16`; the RoPE tables stay fp32 (norm statistics and logits already are).
+    Made tensor by tensor (export/sizing.py): no intermediate fp32 copy."""
+    from .sizing import half_copy
+
+    return half_copy(module)
 
 
 def staging_dir(out_dir: Path, echo=None):
@@ -448,10 +448,11 @@ def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, o
                                              drafter_cfg=drafter.config if drafter is not None else None,
                                              vq_cfg=vq.config if vq is not None else None)
     refs = dict(target=target, drafter=drafter, tables=tables, vq=vq)
-    t_exp = _half_copy(target) if fp16 else target
+    started = time.time()
+    t_exp = PrecisionCopy(target, fp16)  # converted per graph, freed after each (export/sizing.py)
     d_exp = half_drafter(drafter, fp16)
-    builders = [(Graph.TARGET_PREFILL, lambda: TargetPrefillGraph(t_exp, lmax), precision),
-                (Graph.TARGET_VERIFY, lambda: TargetVerifyGraph(t_exp), precision)]
+    builders = [(Graph.TARGET_PREFILL, lambda: TargetPrefillGraph(t_exp.get(), lmax), precision),
+                (Graph.TARGET_VERIFY, lambda: TargetVerifyGraph(t_exp.get()), precision)]
     builders += drafter_builders(drafter, d_exp, precision)
     if tables is not None:
         builders.append((Graph.GASV, lambda: GASVGraph(tables), "fp32"))
@@ -469,17 +470,18 @@ def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, o
             graphs, weights = share_weights(tmp, graphs, models=dict(target=t_exp, drafter=d_exp, vq=vq))
         man = M.build_manifest(target=target, drafter=drafter, tables=tables, vq=vq, graphs=graphs,
                                precision=precision, opset=opset, max_tree=max_tree, max_cache_len=lmax,
-                               generation=generation, files=extra_files, weights=weights)
+                               generation=generation, files=extra_files, weights=weights, started=started)
         M.write_manifest(man, tmp)
     return M.read_manifest(out_dir)
 
 
 def half_drafter(drafter, fp16: bool):
-    """The drafter module the drafter graphs are traced from (fp16 copy for --fp16; None for none or
-    for Medusa heads, whose one graph is traced from the fp32 heads)."""
+    """The drafter module the drafter graphs are traced from (a PrecisionCopy: the fp16 copy for
+    --fp16 is made per graph; None for none or for Medusa heads, whose one graph is traced from
+    the fp32 heads)."""
     if drafter is None or is_medusa(drafter):
         return None
-    return _half_copy(drafter) if fp16 else drafter
+    return PrecisionCopy(drafter, fp16)
 
 
 def drafter_builders(drafter, d_exp, precision: str, *, commit: bool = True) -> list:
@@ -489,10 +491,10 @@ def drafter_builders(drafter, d_exp, precision: str, *, commit: bool = True) -> 
         return []
     if is_medusa(drafter):  # fp32 like GASV / VQ: the decode loop hands the heads an fp32 hidden state
         return [(Graph.MEDUSA_HEADS, lambda: MedusaHeadsGraph(drafter.eval()), "fp32")]
-    out = [(Graph.DRAFTER_PROJECT, lambda: DrafterProjectGraph(d_exp), precision),
-           (Graph.DRAFTER_STEP, lambda: DrafterStepGraph(d_exp), precision)]
+    out = [(Graph.DRAFTER_PROJECT, lambda: DrafterProjectGraph(resolve(d_exp)), precision),
+           (Graph.DRAFTER_STEP, lambda: DrafterStepGraph(resolve(d_exp)), precision)]
     if commit:
-        out.append((Graph.DRAFTER_COMMIT, lambda: DrafterCommitGraph(d_exp), precision))
+        out.append((Graph.DRAFTER_COMMIT, lambda: DrafterCommitGraph(resolve(d_exp)), precision))
     return out
 
 
@@ -509,15 +511,35 @@ def export_graphs(builders, dest: Path, dims: dict, refs: dict, models: tuple, *
     Returns:
         {graph name: GraphEntry}.
     """
+    from ..progress import WorkEta, fmt_seconds
+    from .sizing import peak_rss_bytes
+
     graphs = {}
     bar = _progress(len(builders), progress)
-    for graph, build, prec in builders:
+    eta = WorkEta([_graph_work(g, refs) for g, _, _ in builders], floor=1 << 20)  # ETA by weight bytes
+    for i, (graph, build, prec) in enumerate(builders):
         bar.set_description(f"export {graph.value}")
+        bar.set_postfix_str(f"graph ~{fmt_seconds(eta.step_eta(i))}, all ~{fmt_seconds(eta.eta())} left")
+        t0 = time.perf_counter()
         graphs[graph.value] = _export_graph(graph, build, prec, dest, dims, refs, models, opset=opset,
                                             external_data=external_data, validate=validate, lint=lint)
+        eta.finish(i, time.perf_counter() - t0)
+        bar.write(f"{graph.value}: {fmt_seconds(time.perf_counter() - t0)}, peak RSS "
+                  f"{peak_rss_bytes() / 2**30:.2f} GiB; ~{fmt_seconds(eta.eta())} left")
         bar.update(1)
     bar.close()
     return graphs
+
+
+def _graph_work(graph, refs: dict) -> int:
+    """The weight bytes a graph's export handles (its ETA weight): its model's parameters + buffers."""
+    from .io_spec import GraphKind
+    from .sizing import module_bytes
+
+    what = {GraphKind.PREFILL: "target", GraphKind.VERIFY_TREE: "target", GraphKind.DRAFT_STEP: "drafter",
+            GraphKind.VQ_DECODE: "vq"}.get(graph.kind)
+    m = refs.get(what) if what else None
+    return module_bytes(m) if hasattr(m, "parameters") else 0
 
 
 def _export_graph(graph, build, prec: str, dest: Path, dims: dict, refs: dict, models: tuple, *, opset: int,
@@ -526,27 +548,34 @@ def _export_graph(graph, build, prec: str, dest: Path, dims: dict, refs: dict, m
     from . import manifest as M
     from .validate import lint_graph, sample_inputs, validate_graph
 
+    from .sizing import free_all, peak_rss_bytes
+
     t0 = time.perf_counter()
     module = build()
-    example = sample_inputs(graph, module.spec, dims, refs, precision=prec, seed=0, **_EXAMPLE)
-    with _export_mode(*models):
+    spec = module.spec
+    example = sample_inputs(graph, spec, dims, refs, precision=prec, seed=0, **_EXAMPLE)
+    live = [m.peek() if isinstance(m, PrecisionCopy) else m for m in models]  # never builds a copy
+    with _export_mode(*module.children(), *live):
         path = onnx_from_torch(module, example, dest / graph.filename, opset=opset, external_data=external_data)
+    del module, example, live
+    free_all(models)  # the graph is written: its precision copy goes before the validation session opens
     if prec == "fp16":
         set_softmax_fp32(path)
     entry = M.GraphEntry(name=graph.value, kind=graph.kind.value, file=graph.filename, precision=prec,
                          sha256=M.file_sha256(path), external_data=_external_file(path),
                          export_seconds=round(time.perf_counter() - t0, 2))
     if validate:
-        report = validate_graph(graph, path, module.spec, dims, refs, precision=prec)
+        report = validate_graph(graph, path, spec, dims, refs, precision=prec)
         entry = entry.with_validation(report.to_dict())
         if not report.ok:
             raise ExportError(f"{graph.value} does not match PyTorch: {report.summary()}")
     if lint:
-        lres = lint_graph(path, sample_inputs(graph, module.spec, dims, refs, precision=prec, seed=1, **_EXAMPLE))
+        lres = lint_graph(path, sample_inputs(graph, spec, dims, refs, precision=prec, seed=1, **_EXAMPLE))
         entry = entry.with_lint(lres)
         if lres["status"] == "failed":
             raise ExportError(f"polygraphy lint found errors in {graph.value}: {lres.get('errors')}")
-    return entry
+    free_all(())  # what validation and lint opened
+    return dataclasses.replace(entry, peak_rss_bytes=peak_rss_bytes())
 
 
 def _external_file(path: Path) -> Optional[str]:

@@ -146,16 +146,19 @@ def write_prompt_bundle(xf, target, drafter, tables, vq, out_dir, *, source, tar
         xf: the family's ExportFamily (graph specs, axes, references).
         tables: bound GASVTables checked against the target, or None.
         target_builders: (t_exp) -> [(Graph, build, precision)] for TARGET_PREFILL / TARGET_VERIFY,
-            t_exp being the target to trace (an fp16 copy with fp16).
+            t_exp being the target to trace: a sizing.PrecisionCopy (the fp16
+            copy with fp16, made per graph); build wrappers over `sizing.resolve(t_exp)`.
         vq_builder: () -> the decoder graph wrapper (with a vq), or None.
         layout: the family's static sequence layout (the manifest records it).
         files: checkpoint files to copy (config.json first).
     """
+    import time
     from pathlib import Path
 
     from ..calibration.tables import save_tables
     from . import manifest as M
-    from .onnx import GASVGraph, _half_copy, drafter_builders, export_graphs, half_drafter, staging_dir
+    from .onnx import GASVGraph, drafter_builders, export_graphs, half_drafter, staging_dir
+    from .sizing import PrecisionCopy
 
     check_export_options(opset, fp16, quantize)
     target, drafter = target.eval(), drafter.eval() if drafter is not None else None
@@ -164,7 +167,8 @@ def write_prompt_bundle(xf, target, drafter, tables, vq, out_dir, *, source, tar
                           vq_cfg=vq.config if vq is not None else None,
                           codes=tables.vocab_size if tables is not None else None, layout=layout)
     refs = dict(target=target, drafter=drafter, tables=tables, vq=vq)
-    t_exp = _half_copy(target) if fp16 else target
+    started = time.time()
+    t_exp = PrecisionCopy(target, fp16)  # converted per graph, freed after each (export/sizing.py)
     d_exp = half_drafter(drafter, fp16)
     builders = list(target_builders(t_exp, precision))
     builders += drafter_builders(drafter, d_exp, precision, commit=False)  # the prompt loops run project + step
@@ -188,7 +192,8 @@ def write_prompt_bundle(xf, target, drafter, tables, vq, out_dir, *, source, tar
             copied["tables"] = "tables.safetensors"
         man = M.build_manifest(target=target, drafter=drafter, tables=tables, vq=vq, graphs=graphs,
                                precision=precision, opset=opset, max_tree=max_tree, max_cache_len=max_cache_len,
-                               generation=generation, files=copied, layout=layout, weights=weights)
+                               generation=generation, files=copied, layout=layout, weights=weights,
+                               started=started)
         M.write_manifest(man, tmp)
         if quantize != "none":
             from .quantize import quantize_bundle

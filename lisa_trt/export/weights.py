@@ -175,7 +175,9 @@ def _index_models(w: _Writer, models: dict, d: Path):
         if module is None:
             continue
         entries = {}
-        for name, t in module.state_dict().items():
+        # a PrecisionCopy (export/sizing.py) converts one tensor at a time: no whole copy for the index
+        items = module.state_items() if hasattr(module, "state_items") else module.state_dict().items()
+        for name, t in items:
             t = t.detach().cpu().contiguous()
             code = _onnx_type(t.dtype)
             hit, transposed = None, False
@@ -308,9 +310,16 @@ def share_bundle(engine_dir, models: Optional[dict] = None):
     the manifest gains the `weights` record. Returns the new Manifest."""
     from . import manifest as M
 
+    from .sizing import peak_rss_bytes
+
     man = M.read_manifest(engine_dir, check_files=False)
     graphs, rec = share_weights(engine_dir, dict(man.graphs), models=models)
-    M.write_manifest(dataclasses.replace(man, graphs=graphs, weights=rec), engine_dir)
+    export = dict(man.export or {})
+    if export:  # the export continued in this process (quantization): its peak so far
+        export["peak_rss_bytes"] = max(int(export.get("peak_rss_bytes") or 0), peak_rss_bytes())
+        if export.get("fp32_parameter_bytes"):
+            export["peak_rss_over_fp32_parameters"] = round(export["peak_rss_bytes"] / export["fp32_parameter_bytes"], 3)
+    M.write_manifest(dataclasses.replace(man, graphs=graphs, weights=rec, export=export), engine_dir)
     return M.read_manifest(engine_dir)
 
 

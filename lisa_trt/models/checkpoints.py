@@ -60,7 +60,7 @@ def strict_load(model: torch.nn.Module, sd: dict, what: str, hint: str = "") -> 
         if hint:
             lines.append(f"  hint: {hint}; pass the matching config (e.g. --config GPT-L --image-size 384)")
         raise CheckpointError("\n".join(lines))
-    model.load_state_dict({k: v.to(own[k].dtype) for k, v in sd.items()}, strict=True)
+    model.load_state_dict(sd, strict=True)  # copies into the model's tensors, converting each (a bf16 file as it is)
 
 
 def load_target(path: PathLike, config=None, device="cpu"):

@@ -131,3 +131,45 @@ def read_weights(path: Path, keep: Optional[Callable[[str], bool]] = None) -> di
         except Exception as e:  # safetensors raises its own error types
             raise CheckpointError(f"{f} is not a readable safetensors file ({e})") from e
     return sd
+
+
+def stream_weights(model, path: Path, where: str, describe: str, hint: Callable[[dict], str] = lambda sd: "",
+                   ignore=(), skip: Callable[[str], bool] = lambda k: False) -> None:
+    """`strict_copy` of a (possibly sharded) safetensors directory, one tensor at a time.
+
+    The keys and shapes of every shard are checked first from the files' headers (nothing is
+    read), then each tensor is read, converted to the model's dtype and copied into place, and
+    dropped: the peak is the model plus one tensor, not the model plus the whole checkpoint (a
+    bf16 checkpoint is read as it is and converted tensor by tensor). `skip(key)`: entries
+    nobody needs (e.g. an HF VQ encoder); `hint(shapes)`: what the shapes imply, for the error.
+    """
+    import torch
+    from safetensors import safe_open
+
+    from ..io import state_dict_problems
+
+    files = weight_files(Path(path))
+    where_is, shapes = {}, {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                for k in h.keys():
+                    if not skip(k) and k not in ignore:
+                        where_is[k] = f
+                        shapes[k] = torch.empty(h.get_slice(k).get_shape(), device="meta")
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{f} is not a readable safetensors file ({e})") from e
+    own = {k: t for k, t in model.state_dict().items() if k not in ignore}
+    problems = state_dict_problems(own, shapes, other="config")
+    if problems:
+        lines = [f"{where}: weights do not match config.json ({describe}):", *problems]
+        h = hint(shapes)
+        if h:
+            lines.append(f"  hint: {h}; fix config.json or use the matching weights")
+        raise CheckpointError("\n".join(lines))
+    with torch.no_grad():
+        for f in files:
+            with safe_open(str(f), framework="pt") as h:
+                for k in h.keys():
+                    if k in own and where_is.get(k) == f:
+                        own[k].copy_(h.get_tensor(k))  # copy_ converts the dtype

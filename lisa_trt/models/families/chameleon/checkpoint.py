@@ -16,7 +16,7 @@ from typing import Union
 import torch
 
 from ....errors import ConfigError
-from ...hf import empty_model, read_weights, rope_params, strict_copy
+from ...hf import empty_model, read_weights, rope_params, stream_weights, strict_copy
 from .model import ChameleonConfig, ChameleonTarget
 
 PathLike = Union[str, Path]
@@ -95,9 +95,10 @@ def load_chameleon(path: PathLike, device="cpu", dtype=torch.float32) -> Chamele
     """
     path = Path(path)
     cfg = read_chameleon_config(path)
-    sd = read_chameleon_weights(path)
     model = empty_model(lambda: ChameleonTarget(cfg), dtype)  # no random init of billions of weights
     model.reset_buffers()
-    strict_load_chameleon(model, sd, str(path))
+    tied = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
+    stream_weights(model, path, str(path), cfg.describe(), implied_config, ignore=tied,  # shard by shard
+                   skip=lambda k: k.startswith(_IGNORED_PREFIXES))
     model.source_dir = str(path)
     return model.eval().to(device)

@@ -42,6 +42,7 @@ from ....errors import ArtifactMismatchError, InputError
 from ....export.families import ExportFamily, interleave, register_export_family
 from ....export.io_spec import GASV_K, GASV_PARAMS, Graph, GraphSpec, TensorSpec, gasv_spec, graph_spec
 from ....export.onnx import DEFAULT_OPSET, _NamedGraph
+from ....export.sizing import resolve
 from ....export.prompt_graphs import (PromptStepGraph, check_export_options, prompt_cache_len, prompt_prefill_inputs,
                                       prompt_prefill_spec, prompt_reference_cache, write_prompt_bundle)
 
@@ -270,8 +271,8 @@ def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, ima
     layout = {"image_size": int(image_size), "max_prompt": int(max_prompt), "latent": list(latent_grid(image_size))}
 
     def target_builders(t_exp, precision):
-        return [(Graph.TARGET_PREFILL, lambda: ChameleonStepGraph(t_exp, True), precision),
-                (Graph.TARGET_VERIFY, lambda: ChameleonStepGraph(t_exp, False), precision)]
+        return [(Graph.TARGET_PREFILL, lambda: ChameleonStepGraph(resolve(t_exp), True), precision),
+                (Graph.TARGET_VERIFY, lambda: ChameleonStepGraph(resolve(t_exp), False), precision)]
 
     vq_builder = (lambda: ChameleonVQGraph(vq.eval(), target.config)) if vq is not None else None
     return write_prompt_bundle(FAMILY_GRAPHS, target, drafter, tables, vq, out_dir, source=tokenizer_dir,

@@ -36,6 +36,7 @@ from ....errors import ArtifactMismatchError, InputError
 from ....export.families import ExportFamily, interleave, register_export_family
 from ....export.io_spec import GASV_K, GASV_PARAMS, Graph, GraphSpec, TensorSpec, graph_spec
 from ....export.onnx import DEFAULT_OPSET, _NamedGraph
+from ....export.sizing import resolve
 from ....export.prompt_graphs import (PromptStepGraph, check_export_options, prompt_cache_len, prompt_prefill_inputs,
                                       prompt_prefill_spec, prompt_reference_cache, write_prompt_bundle)
 from . import cond as C
@@ -256,9 +257,9 @@ def export_janus(target, drafter, tables, vq, source, out_dir, *, image_size: Op
 
     def target_builders(t_exp, precision):
         spec = FAMILY_GRAPHS.graph_spec
-        return [(Graph.TARGET_PREFILL, lambda: PromptStepGraph(t_exp, spec(Graph.TARGET_PREFILL, cfg), _embed_prompt,
+        return [(Graph.TARGET_PREFILL, lambda: PromptStepGraph(resolve(t_exp), spec(Graph.TARGET_PREFILL, cfg), _embed_prompt,
                                                                True), precision),
-                (Graph.TARGET_VERIFY, lambda: PromptStepGraph(t_exp, spec(Graph.TARGET_VERIFY, cfg), _embed_codes,
+                (Graph.TARGET_VERIFY, lambda: PromptStepGraph(resolve(t_exp), spec(Graph.TARGET_VERIFY, cfg), _embed_codes,
                                                               False), precision)]
 
     vq_builder = (lambda: JanusVQGraph(vq.eval(), cfg)) if vq is not None else None

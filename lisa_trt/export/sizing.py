@@ -1,0 +1,176 @@
+"""Export at size: precision copies made graph by graph and freed as the export goes, and the
+export's memory measured.
+
+An fp16 export used to hold three things at once for its whole run: the fp32 models (the
+validation reference), a deep copy of them (fp32 first, then halved) and whatever the exporter
+and the validation session built. Now:
+
+* `half_copy` builds the fp16 copy tensor by tensor (no intermediate fp32 copy);
+* `PrecisionCopy` makes that copy only when a graph is traced from it and drops it as soon as
+  that graph is written (before its validation session opens); the next graph of the same model
+  converts again (seconds, against minutes of tracing);
+* `state_items` gives the same converted tensors one at a time, for the torch index of the
+  shared weights file (export/weights.py), so no whole copy is rebuilt at the end;
+* `peak_rss_bytes` is the process's high-water mark (`getrusage`, no psutil), recorded per graph
+  and for the whole export in the manifest (`export.peak_rss_bytes`);
+* `release_memory` runs the garbage collector and returns freed heap pages to the system
+  (glibc `malloc_trim`), so a freed copy does not stay in the resident set.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import gc
+import resource
+import sys
+from typing import Iterator, Optional
+
+FP32_BUFFERS = ("freqs_cis", "inv_freq")  # RoPE tables: kept fp32 in fp16 exports (see onnx._half_copy)
+
+
+def peak_rss_bytes() -> int:
+    """The high-water mark of this process's resident set, in bytes (ru_maxrss: KiB on Linux,
+    bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def current_rss_bytes() -> Optional[int]:
+    """The resident set now (Linux /proc), or None where it cannot be read."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_LIBC = None
+
+
+def release_memory() -> None:
+    """Collect garbage, then give freed heap memory back to the system (glibc only; a no-op elsewhere)."""
+    global _LIBC
+    gc.collect()
+    if _LIBC is None:
+        try:
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.malloc_trim  # noqa: B018 (probe)
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+def _keeps_fp32(name: str) -> bool:
+    return name in FP32_BUFFERS  # the module's own RoPE table (a top-level attribute), as _half_copy did
+
+
+def half_copy(module):
+    """An fp16 copy of `module` (floating parameters and buffers halved; its top-level RoPE tables
+    FP32_BUFFERS kept fp32), made tensor by tensor: the peak is the fp16 copy, never a second fp32
+    one. The same tensors as `copy.deepcopy(module).half()` with the RoPE tables restored."""
+    import torch
+
+    memo = {}
+    for p in module.parameters():
+        if p.is_floating_point():
+            memo[id(p)] = torch.nn.Parameter(p.detach().half(), requires_grad=p.requires_grad)
+    for name, b in module.named_buffers():
+        if id(b) in memo or not b.is_floating_point():
+            continue
+        memo[id(b)] = b.detach().float().clone() if _keeps_fp32(name) else b.detach().half()
+    m = copy.deepcopy(module, memo)
+    for name in FP32_BUFFERS:  # a RoPE table that is a plain attribute (not a buffer): deep-copied fp32 already
+        if hasattr(module, name) and torch.is_tensor(getattr(module, name)):
+            t = getattr(m, name)
+            if t.is_floating_point() and t.dtype != torch.float32:
+                setattr(m, name, getattr(module, name).float().clone())
+    return m
+
+
+class PrecisionCopy:
+    """The module a graph is traced from, in the bundle's precision, made on demand.
+
+    fp32 exports trace the caller's model itself (`get` returns it, `free` keeps it); fp16 ones
+    get a `half_copy` that lives from the first `get` to the next `free`."""
+
+    def __init__(self, module, fp16: bool):
+        self.module, self.fp16, self._copy = module, bool(fp16), None
+
+    def get(self):
+        if not self.fp16:
+            return self.module
+        if self._copy is None:
+            self._copy = half_copy(self.module)
+        return self._copy
+
+    def peek(self):
+        """The module if it exists now (None for a freed fp16 copy)."""
+        return self.module if not self.fp16 else self._copy
+
+    def free(self) -> None:
+        if self._copy is not None:
+            self._copy = None
+            release_memory()
+
+    @property
+    def config(self):
+        return self.module.config
+
+    def state_items(self) -> Iterator[tuple]:
+        """(name, tensor) of the copy's state dict, converted one tensor at a time (what
+        `get().state_dict()` would hold, without building the copy)."""
+        for name, t in self.module.state_dict().items():
+            if self.fp16 and t.is_floating_point():
+                t = t.float() if _keeps_fp32(name) else t.half()
+            yield name, t
+
+    def state_dict(self):
+        return dict(self.state_items())
+
+
+def resolve(m):
+    """A PrecisionCopy's current module (building it), anything else as it is."""
+    return m.get() if isinstance(m, PrecisionCopy) else m
+
+
+def free_all(models) -> None:
+    """Drop the fp16 copies of `models` (PrecisionCopy entries; others are left alone)."""
+    for m in models or ():
+        if isinstance(m, PrecisionCopy):
+            m.free()
+    release_memory()
+
+
+def module_bytes(module) -> int:
+    """Bytes of a module's parameters and buffers (0 for None)."""
+    if module is None:
+        return 0
+    if isinstance(module, PrecisionCopy):
+        module = module.module
+    seen, n = set(), 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            n += t.numel() * t.element_size()
+    return n
+
+
+def export_record(models: dict, started: Optional[float] = None) -> dict:
+    """The manifest's `export` record: the process's peak RSS so far, the fp32-equivalent bytes of
+    the exported models (the ratio's denominator), and the wall time since `started`."""
+    import time
+
+    fp32 = 0
+    for m in models.values():
+        if m is None or not hasattr(m, "parameters"):
+            continue
+        fp32 += sum(t.numel() * 4 for t in m.parameters() if t.is_floating_point())
+    rec = {"peak_rss_bytes": peak_rss_bytes(), "fp32_parameter_bytes": int(fp32),
+           "measured": "getrusage(RUSAGE_SELF).ru_maxrss of the exporting process (checkpoint loading included)"}
+    if fp32:
+        rec["peak_rss_over_fp32_parameters"] = round(rec["peak_rss_bytes"] / fp32, 3)
+    if started is not None:
+        rec["seconds"] = round(time.time() - started, 1)
+    return rec
