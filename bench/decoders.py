@@ -41,7 +41,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_POINTS = ("vanilla", "sjd", "mcsjd", "sjd-pac", "gsd[group=14]", "zipar[window=4]", "lisa-exact",
                   "lisa-gasv", "gsd[group=25]", "zipar[window=8]", "oracle")
-ALIASES = {"lisa-exact": "exact", "lisa-gasv": "gasv", "lisa-lantern": "lantern"}  # drafter-tree methods
+ALIASES = {"lisa-exact": "exact", "lisa-gasv": "gasv", "lisa-lantern": "lantern", "lisa-coupled": "coupled"}  # drafter-tree methods
 GASV_KNOBS = {"kappa": "gasv_kappa", "lambda": "gasv_lambda", "delta": "gasv_delta", "scope": "gasv_scope"}
 SAME = ("model", "seed", "batch", "window", "tree", "drafter", "sampling")  # settings that change the images
 
