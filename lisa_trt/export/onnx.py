@@ -574,7 +574,7 @@ def _export_graph(graph, build, prec: str, dest: Path, dims: dict, refs: dict, m
         entry = entry.with_lint(lres)
         if lres["status"] == "failed":
             raise ExportError(f"polygraphy lint found errors in {graph.value}: {lres.get('errors')}")
-    free_all(())  # what validation and lint opened
+    free_all(models)  # what validation and lint opened (returned to the system for large models)
     return dataclasses.replace(entry, peak_rss_bytes=peak_rss_bytes())
 
 

@@ -62,6 +62,17 @@ def release_memory() -> None:
         _LIBC.malloc_trim(0)
 
 
+RELEASE_MIN_BYTES = 256 << 20  # below this, a garbage collection costs more time than it returns memory
+
+
+def release_if_large(models) -> None:
+    """`release_memory` when the models (modules, PrecisionCopy entries, None) hold at least
+    RELEASE_MIN_BYTES: a big export gets its freed copies back from the allocator, while a small
+    one (the tests' tiny models, in a long-lived process) does not pay a full collection per graph."""
+    if sum(module_bytes(m) for m in models or ()) >= RELEASE_MIN_BYTES:
+        release_memory()
+
+
 def _keeps_fp32(name: str) -> bool:
     return name in FP32_BUFFERS  # the module's own RoPE table (a top-level attribute), as _half_copy did
 
@@ -112,7 +123,7 @@ class PrecisionCopy:
     def free(self) -> None:
         if self._copy is not None:
             self._copy = None
-            release_memory()
+            release_if_large((self.module,))
 
     @property
     def config(self):
@@ -136,11 +147,13 @@ def resolve(m):
 
 
 def free_all(models) -> None:
-    """Drop the fp16 copies of `models` (PrecisionCopy entries; others are left alone)."""
-    for m in models or ():
-        if isinstance(m, PrecisionCopy):
-            m.free()
-    release_memory()
+    """Drop the fp16 copies of `models` (PrecisionCopy entries; others are left alone), then give
+    freed memory back when the models are large (release_if_large)."""
+    models = tuple(models or ())
+    for m in models:
+        if isinstance(m, PrecisionCopy) and m._copy is not None:
+            m._copy = None
+    release_if_large(models)
 
 
 def module_bytes(module) -> int:
