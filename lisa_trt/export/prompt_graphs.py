@@ -340,6 +340,6 @@ def write_prompt_bundle(xf, target, drafter, tables, vq, out_dir, *, source, tar
     return M.read_manifest(out_dir)
 
 
-__all__ = ["DEFAULT_MAX_PROMPT", "PromptExportFamily", "PromptStepGraph", "check_bundle_artifacts", "check_export_options",
-           "copy_checkpoint_files", "prompt_cache_len", "prompt_prefill_inputs", "prompt_prefill_spec",
-           "prompt_reference_cache", "write_prompt_bundle"]
+__all__ = ["DEFAULT_MAX_PROMPT", "PromptExportFamily", "PromptStepGraph", "check_bundle_artifacts",
+           "check_export_options", "copy_checkpoint_files", "prompt_cache_len", "prompt_prefill_inputs",
+           "prompt_prefill_spec", "prompt_reference_cache", "write_prompt_bundle"]

@@ -174,7 +174,8 @@ def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, ima
     check_export_options(opset, fp16, quantize)  # before any work
     tokenizer_dir = Path(tokenizer_dir)
     image_size = int(image_size or CHAMELEON.default_image_size)
-    tables = check_bundle_artifacts(target, drafter, tables, _code_ids(target, tokenizer_dir) if tables is not None else None)
+    code_ids = _code_ids(target, tokenizer_dir) if tables is not None else None  # the tables cover the image codes
+    tables = check_bundle_artifacts(target, drafter, tables, code_ids)
     L = engine_cache_len(image_size, max_prompt, max_tree)
     if L > target.config.max_position_embeddings + max_tree:
         raise InputError(f"a {image_size}px image with a {max_prompt}-token prompt needs {L} cache slots; this "
