@@ -129,6 +129,16 @@ def test_serve_model_answers_prompts_from_the_bundle(bundle):
     assert all(np.array_equal(np.asarray(a), b) for a, b in zip(ref.images, out["image"]))
 
 
+def test_serve_command_answers_captions(bundle, tmp_path):
+    """`lisa-trt serve DIR` (a real server process) on the Janus bundle: a caption request returns
+    the Pipeline's image for the same prompt and seed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serve"))
+    from served import serve_one_caption
+
+    img, st, want = serve_one_caption(bundle[0] / "eng", tmp_path / "server.log", CAPTIONS[1], seed=7)
+    assert img.dtype == np.uint8 and np.array_equal(img, want) and st["mal"] >= 1.0
+
+
 @pytest.fixture(scope="module")
 def fp16_bundle(bundle):
     root, d, _ = bundle
@@ -183,6 +193,8 @@ def test_build_plan_and_missing_tensorrt(bundle):
     d = bundle[0] / "eng"
     p = check_plan(d, memory_gib=4, batch=1, tree=8)
     assert p.family == "janus" and p.cfg
+    out = _cli("plan", d, "--memory-gib", 4).output  # the command: exit 0 when it fits
+    assert "(janus)" in out and "fits: yes" in out
     r = _cli("build", d, ok=False)  # no TensorRT here: the error names the ORT route
     assert r.exit_code != 0 and "--backend ort" in r.output
 
