@@ -128,13 +128,19 @@ def test_greedy_medusa_speculation_equals_the_ar_loop_on_torch_and_ort(run):
     assert torch.equal(torch.as_tensor(np.asarray(out.tokens)).reshape(want.shape), want)
 
 
-def test_bundle_records_the_heads_graph_validated(run):
+def test_bundle_records_the_heads_graph_validated_and_builds(run):
+    """The heads graph is validated in the bundle and passes `lisa-trt build --dry-run` (TensorRT
+    compatibility of every graph, the scatter back to the head vocabulary included)."""
     _, root, _, _ = run
     man = json.loads((root / "eng" / "manifest.json").read_text())
     assert man["drafter"]["arch"] == "medusa" and "drafter_step" not in man["graphs"]
-    assert set(man["graphs"]) == {"target_prefill", "target_verify", "medusa_heads", "gasv", "vq_decode"}
+    graphs = {"target_prefill", "target_verify", "medusa_heads", "gasv", "vq_decode"}
+    assert set(man["graphs"]) == graphs
     for g in man["graphs"].values():
         assert g["validation"]["ok"] and g["validation"]["max_error"] < 1e-4
+    out = _cli("build", root / "eng", "--dry-run")
+    rec = json.loads(out[out.index("{"):])
+    assert rec["dry_run"] and set(rec["graphs"]) == graphs
 
 
 @pytest.mark.parametrize("verify", ["greedy", "exact", "lantern", "gasv"])
