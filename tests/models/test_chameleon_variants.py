@@ -173,6 +173,8 @@ def test_generate_equals_transformers_generate(variant):
     assert set(only.flatten().tolist()) <= set(img)
     one = lisa_trt.generate(target, input_ids=ids[1:2, 3:], max_new_tokens=10, greedy=True)
     assert torch.equal(one, ours[1:2])  # the padded row alone, unpadded
+    named = lisa_trt.generate(target, input_ids=ids, attention_mask=mask, max_new_tokens=10, greedy=True)
+    assert torch.equal(named, ours)  # transformers' names, a 0/1 mask
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -292,3 +294,10 @@ def test_model_dir_vq_decodes_generated_vocabulary_ids(tmp_path):
                             image_tokens_only=True)
     as_codes = torch.tensor([mapping.bpe2img[t] for t in gen.flatten().tolist()]).view(2, 3, 3)  # id -> code
     assert torch.equal(lisa_trt.tokens_to_pixels(vq, gen), hf_decode(dec, as_codes))
+
+
+def test_transformers_dir_without_a_vqgan_names_the_missing_decoder(tmp_path):
+    """transformers' Chameleon checkpoints carry the VQ encoder only (model.vqmodel.*)."""
+    make_hf(seed=2).save_pretrained(str(tmp_path))
+    with pytest.raises(LisaError, match="no VQGAN in .*DIR/vqgan/.*holds only the VQ encoder"):
+        lisa_trt.load_vq(str(tmp_path))
