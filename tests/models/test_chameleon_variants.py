@@ -301,3 +301,10 @@ def test_transformers_dir_without_a_vqgan_names_the_missing_decoder(tmp_path):
     make_hf(seed=2).save_pretrained(str(tmp_path))
     with pytest.raises(LisaError, match="no VQGAN in .*DIR/vqgan/.*holds only the VQ encoder"):
         lisa_trt.load_vq(str(tmp_path))
+
+
+def test_sequences_past_max_position_embeddings_are_refused_with_the_fix(variant):
+    """transformers computes RoPE past max_position_embeddings; lisa-trt's caches stop there."""
+    _, target, _ = variant
+    with pytest.raises(LisaError, match="70 tokens .* exceed max_position_embeddings 64.*generate fewer tokens"):
+        lisa_trt.generate(target, torch.randint(4, VOCAB, (1, 60)), max_new_tokens=10, greedy=True)
