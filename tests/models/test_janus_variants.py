@@ -289,3 +289,30 @@ def test_a_text_model_other_than_llama_is_refused(tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="text_config model_type 'qwen2' is not supported.*Llama"):
         lisa_trt.load_target(str(d))
+
+
+def test_public_calls_take_a_hugging_face_name_from_the_local_cache(variant, tmp_path, monkeypatch):
+    """load_target / load_vq("org/name") resolve through the Hugging Face cache (offline), as
+    `--model org/name` does: the snapshot directory is a save_pretrained directory."""
+    import shutil
+
+    pytest.importorskip("huggingface_hub")
+    hf, target, d = variant
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--someone--tiny-janus"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    shutil.copytree(d, repo / "snapshots" / commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    named = lisa_trt.load_target("someone/tiny-janus")
+    ids, mask = prompts(hf, seed=10)
+    assert torch.equal(lisa_trt.generate(named, (ids, mask), cfg_scale=5.0, greedy=True),
+                       lisa_trt.generate(target, (ids, mask), cfg_scale=5.0, greedy=True))
+    grid = hf.config.vision_config.image_size // hf.config.vision_config.patch_size
+    codes = torch.zeros(1, grid * grid, dtype=torch.long)
+    assert torch.equal(lisa_trt.tokens_to_pixels(lisa_trt.load_vq("someone/tiny-janus@main"), codes),
+                       lisa_trt.tokens_to_pixels(lisa_trt.load_vq(str(d)), codes))
+    with pytest.raises(InputError, match="huggingface-cli download someone/other"):
+        lisa_trt.load_target("someone/other")
