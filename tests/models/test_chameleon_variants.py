@@ -289,6 +289,13 @@ def test_model_dir_vq_decodes_generated_vocabulary_ids(tmp_path):
     assert torch.equal(lisa_trt.tokens_to_pixels(vq, tokens), ref)  # (B, h, w) vocabulary ids
     square = mapping.convert_img2bpe(codes[:, :, :2].reshape(2, 4)).long()  # (B, N) ids, N square
     assert torch.equal(lisa_trt.tokens_to_pixels(vq, square), hf_decode(dec, codes[:, :, :2].reshape(2, 2, 2)))
+    row_end = next(i for n, i in hf.config.vocabulary_map.items() if n.startswith("w"))
+    span = torch.cat([tokens, torch.full((2, 2, 1), row_end)], 2).view(2, 8)  # codes, row end, codes, row end
+    assert torch.equal(lisa_trt.tokens_to_pixels(vq, span), ref)
+    with pytest.raises(LisaError, match="not one after each row.*vocabulary ids.*load_vq\\(DIR/vqgan\\)"):
+        lisa_trt.tokens_to_pixels(vq, span[:, [0, 3, 1, 2, 4, 5, 6, 7]])  # a row end mid-row: not a span
+    with pytest.raises(LisaError, match="vocabulary ids"):
+        lisa_trt.tokens_to_pixels(vq, torch.arange(9)[None])  # plain VQ codes (0..3 are not image ids)
     target = lisa_trt.load_target(str(tmp_path))
     gen = lisa_trt.generate(target, torch.randint(4, VOCAB, (2, 5)), max_new_tokens=9, greedy=True,
                             image_tokens_only=True)
