@@ -75,9 +75,10 @@ VARIANTS = {
         text=dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, hidden_act="gelu", rms_norm_eps=1e-3,
                   rope_parameters={"rope_type": "linear", "rope_theta": 300.0, "factor": 3.0}),
         vq=dict(base_channels=64, channel_multiplier=[1, 1], latent_channels=64)),
-    # biases, GQA 6 -> 3, untied text head (the text lm_head is not part of image generation)
-    "bias_kv3_untied": dict(text=dict(attention_bias=True, mlp_bias=True, num_key_value_heads=3,
-                                      tie_word_embeddings=False)),
+    # biases, GQA 6 -> 3, untied text head (the text lm_head is not part of image generation),
+    # vq_config.num_hidden_layers 0 (transformers' aligner is then fc1 alone, as with 1)
+    "bias_kv3_untied_aligner0": dict(text=dict(attention_bias=True, mlp_bias=True, num_key_value_heads=3,
+                                               tie_word_embeddings=False), vq=dict(num_hidden_layers=0)),
 }
 
 

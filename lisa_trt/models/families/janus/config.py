@@ -323,7 +323,8 @@ def read_janus_config(path: PathLike, **overrides) -> JanusConfig:
             rms_norm_eps=float(text["rms_norm_eps"]), rope_theta=theta, rope_linear_factor=factor,
             hidden_act=str(text["hidden_act"]), attention_bias=bool(text["attention_bias"]),
             mlp_bias=bool(text["mlp_bias"]), codebook_size=int(vq["num_embeddings"]), code_dim=int(vq["embed_dim"]),
-            aligner_layers=int(vq["num_hidden_layers"]), projection_dim=int(vq["projection_dim"]),
+            aligner_layers=max(1, int(vq["num_hidden_layers"])),  # 0 builds fc1 only in transformers, as 1 does
+            projection_dim=int(vq["projection_dim"]),
             head_input_dim=int(vq["image_token_embed_dim"]), gen_act=str(vq["hidden_act"]),
             num_image_tokens=int(vis["num_image_tokens"]), vq=vq_cfg,
             max_prompt_tokens=_default_budget(int(text["max_position_embeddings"]), int(vis["num_image_tokens"])),
