@@ -4,6 +4,7 @@ MAL per target forward +- SE, mean per-token TVD, class accuracy +- SE and KID-d
     OMP_NUM_THREADS=1 nohup python bench/decoders.py --images 256 > runs/decoders.log 2>&1 &
     python bench/decoders.py --images 256 --methods 'gsd[group=6]'      # one more point, merged
     python bench/decoders.py --timing --images 16                        # quiet machine only
+    python bench/decoders.py --choose bench/decoders_timing.json         # never-slower choices from both
 
 Points are labels `method[knob=value,...]` (knobs are the method's flat settings without the
 `<method>_` prefix: `gsd[group=14]` -> gsd_group=14); `lisa-exact` / `lisa-gasv` are the tree
@@ -24,6 +25,14 @@ over images; `mal_se` is the standard error of the per-image MAL; the MC-SJD / S
 ratio of mean per-image MALs with a paired delta-method SE. Quality uses lisa_trt.quality (KID vs
 real held-out crops; >= 256 images per point for claims). `--timing` is a separate small mode:
 seconds per image at batch 1 on the demo bundle's torch and ONNX Runtime engines.
+
+CHOOSE (`--choose TIMING[,TIMING]`): the never-slower choice per backend and precision re-made from
+timing files and this frontier (runtime/autotune.choose_decoding): the fastest timed decoder that
+beats vanilla by MIN_GAIN and is lossless (frontier TVD 0) or quality-neutral at the frontier (class
+accuracy and KID-demo within 2 SE of vanilla at >= 256 images; a relaxed tree rule only when the
+timed tree is the frontier's), else vanilla; written to lisa_trt/assets/demo/decode_choice.json, which
+the demo bundle records (`--verify auto` of run / Pipeline / serve). Precisions no timing file
+covers keep their earlier choices.
 """
 
 from __future__ import annotations
@@ -389,14 +398,16 @@ def run_timing(a) -> dict:
     from lisa_trt.io import write_json
     from lisa_trt.runtime.demo import ensure_demo_bundle
     from lisa_trt.runtime.pipeline import Pipeline
+    from lisa_trt.speculative.methods import get_method
 
     bundle = Path(a.engine_dir) if a.engine_dir else ensure_demo_bundle(Path(a.workdir) / "demo", echo=print)
     labels = [x for x in (a.methods or "vanilla,sjd,mcsjd,sjd-pac,gsd,zipar,exact,gasv").split(",") if x]
     load0 = os.getloadavg()
-    rows = {}
+    rows, precision = {}, None
     for backend in ("torch", "ort"):
         try:
             pipe = Pipeline.from_dir(bundle, backend=backend, threads=1)
+            precision = precision or pipe.precision
         except Exception as e:  # noqa: BLE001 - a backend that is not installed is reported, not fatal
             rows[backend] = {"error": f"{type(e).__name__}: {e}"}
             continue
@@ -408,19 +419,84 @@ def run_timing(a) -> dict:
                 t0 = time.perf_counter()
                 res = pipe.generate(prompts, seed=a.seed, verify=method, decode=False, **over)
                 sec = (time.perf_counter() - t0) / a.images
-                rows.setdefault(backend, {})[lab] = {"tokens_seconds_per_image": sec,
-                                                     "mal": sum(s["mal"] for s in res.stats) / len(res.stats)}
+                row = {"tokens_seconds_per_image": sec, "mal": sum(s["mal"] for s in res.stats) / len(res.stats)}
+                if get_method(method).kind == "tree":  # the bundle's tree for this backend
+                    t = pipe.spec(method, **over).tree
+                    row["tree"] = {"top_k": t.top_k, "depth": t.depth, "total_tokens": t.total_tokens}
+                rows.setdefault(backend, {})[lab] = row
                 print(f"{backend:5s} {lab:20s} {sec:.3f} s/image", flush=True)
             except Exception as e:  # noqa: BLE001
                 rows.setdefault(backend, {})[lab] = {"error": f"{type(e).__name__}: {e}"}
                 print(f"{backend:5s} {lab:20s} {type(e).__name__}: {e}", flush=True)
     load1 = os.getloadavg()
-    rep = {"images": a.images, "batch": 1, "threads": 1, "seed": a.seed, "bundle": str(bundle),
+    rep = {"images": a.images, "batch": 1, "threads": 1, "seed": a.seed, "bundle": str(bundle), "precision": precision,
            "load_average_before_after": [list(load0), list(load1)],
            "quiet": max(load0[0], load1[0]) < 1.2, "results": rows}
     write_json(a.timing_out, rep)
     print(f"wrote {a.timing_out}")
     return rep
+
+
+def timed_decoders(rows: dict, frontier: dict) -> list:
+    """One backend's timing rows -> choose_decoding's `decoders` (speed-up over vanilla in the same
+    run; lossless / quality-neutral from the frontier point with the same method and knobs)."""
+    from lisa_trt.speculative.methods import get_method
+
+    res, ftree = frontier.get("results", {}), frontier.get("settings", {}).get("tree")
+    points = {}
+    for lab, r in res.items():
+        m, kn = parse_point(lab)
+        points[(m, tuple(sorted(kn.items())))] = r
+    van = rows["vanilla"]["tokens_seconds_per_image"]
+    out = []
+    for lab, row in rows.items():
+        if lab == "vanilla" or "error" in row:
+            continue
+        method, knobs = parse_point(lab)
+        fr = points.get((method, tuple(sorted(knobs.items()))))
+        same_tree = get_method(method).kind != "tree" or row.get("tree") == ftree
+        out.append({"label": lab, "method": method, "knobs": knobs or None, "speedup": van / row["tokens_seconds_per_image"],
+                    "lossless": fr is not None and fr["mean_tvd"] < 1e-9,
+                    "quality_neutral": fr.get("quality_neutral") if fr is not None and same_tree else None})
+    return out
+
+
+def _rel(path) -> str:
+    p = Path(path).resolve()
+    return p.relative_to(ROOT).as_posix() if p.is_relative_to(ROOT) else str(path)
+
+
+def run_choose(a) -> dict:
+    """Never-slower choices from timing files + this frontier -> --choice-out (module docstring)."""
+    import json
+
+    from lisa_trt.io import write_json
+    from lisa_trt.runtime.autotune import DecodeChoice, choose_decoding
+
+    frontier = json.loads(Path(a.out).read_text())
+    if any(r.get("images", 0) < 256 for r in frontier["results"].values()):
+        print(f"note: {a.out} has points below 256 images; their quality verdicts are underpowered (absent)")
+    old = json.loads(Path(a.choice_out).read_text()) if Path(a.choice_out).is_file() else {"choices": []}
+    choices = {(c["backend"], c["precision"]): c for c in old.get("choices", [])}
+    timed = []
+    for path in a.choose.split(","):
+        rep = json.loads(Path(path).read_text())
+        if not rep.get("quiet", False):
+            raise SystemExit(f"{path} was not timed on a quiet machine (load {rep.get('load_average_before_after')}); "
+                             "re-time it before choosing from it")
+        for backend, rows in rep["results"].items():
+            if "error" in rows or "vanilla" not in rows:
+                continue
+            c = choose_decoding(backend=backend, precision=rep.get("precision") or "fp32",
+                                decoders=timed_decoders(rows, frontier))
+            choices[(c.backend, c.precision)] = c.to_dict()
+            print(c.reason)
+        timed.append(_rel(path))
+    out = {"source": {"timing": timed, "frontier": _rel(a.out), "earlier": old.get("source")},
+           "choices": [DecodeChoice.from_dict(c).to_dict() for c in choices.values()]}
+    write_json(a.choice_out, out)
+    print(f"wrote {a.choice_out}")
+    return out
 
 
 def markdown_table(report: dict) -> str:
@@ -457,6 +533,9 @@ def build_parser():
     ap.add_argument("--workdir", default="/tmp/lisa-decoders", help="--timing: where the demo bundle is exported")
     ap.add_argument("--engine-dir", default=None, help="--timing: an existing demo bundle (no export)")
     ap.add_argument("--table", action="store_true", help="print --out as a Markdown table and stop")
+    ap.add_argument("--choose", default=None, help="timing JSON(s), comma-separated: re-make the never-slower "
+                                                   "choices from them and --out (module docstring)")
+    ap.add_argument("--choice-out", default=str(ROOT / "lisa_trt" / "assets" / "demo" / "decode_choice.json"))
     return ap
 
 
@@ -469,6 +548,8 @@ def main(argv=None):
 
         print(markdown_table(json.loads(Path(a.out).read_text())))
         return None
+    if a.choose:
+        return run_choose(a)
     if a.timing:
         if a.images > 64:
             a.images = 16

@@ -70,15 +70,18 @@ def load_target(path: PathLike, config=None, device="cpu"):
         path: a registered bundle name such as "demo", a LlamaGen checkpoint file (official .pt
             or lisa-trt safetensors), or an HF checkpoint directory of a registered family
             (Chameleon / Lumina-mGPT, Janus-Pro; see docs/families.md); models/family.py's
-            `detect_family` decides.
+            `detect_family` decides. A Hugging Face name `org/name[@revision]` that is not a
+            local path resolves through the local Hugging Face cache, as `--model` does.
         config: LlamaGen files: a registry name ("GPT-B", ...), a TargetConfig, or None to use
             the file's metadata. Directory families read their config.json.
     """
     from .family import detect_family
+    from .hub import resolve_model
 
     bundled = _bundled("target", path)
     if bundled is not None:
         return bundled
+    path = resolve_model(path)  # a Hugging Face name org/name[@rev]: its snapshot (models/hub.py)
     return detect_family(path).load_target(path, config, device=device)
 
 
@@ -86,12 +89,16 @@ def load_vq(path: PathLike, config=None, device="cpu"):
     """Load the image decoder (VQ) of any family (the public `lisa_trt.load_vq`).
 
     path: "demo" (a bundle name), a LlamaGen VQ file (config: "VQ-16", "VQ-8", a VQConfig, or
-    None for the file's metadata), or a family's checkpoint directory (its decoder)."""
+    None for the file's metadata), or a family's checkpoint directory (its decoder), also as a
+    Hugging Face name `org/name[@revision]` resolved through the local cache (models/hub.py)."""
     from .family import detect_family, families
+
+    from .hub import resolve_model
 
     bundled = _bundled("vq", path)
     if bundled is not None:
         return bundled
+    path = resolve_model(path)  # a Hugging Face name org/name[@rev]: its snapshot (models/hub.py)
     p = Path(path)
     if p.is_dir():
         for fam in families():

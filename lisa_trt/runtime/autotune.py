@@ -10,10 +10,11 @@ t_draft(K, D) = (D + 1) drafter calls (D expansions of K nodes + one commit call
 comes from per-depth acceptance rates measured on the model (bench/ records them). The budget
 with the highest predicted speed is the default for that backend.
 
-Never slower (`choose_decoding`): per backend and precision, the best tree (measured speed-ups
-when a timed run exists, else the cost model) is kept only if it beats vanilla by MIN_GAIN;
-otherwise SJD (if measured faster) or vanilla decoding is the default, and the reason says so.
-The choices are recorded in the bundle's generation settings (`record_choices`).
+Never slower (`choose_decoding`): per backend and precision, the fastest candidate that beats
+vanilla by MIN_GAIN is the default: the best tree (measured speed-ups when a timed run exists, else
+the cost model) or any timed decoder (SJD family, ZipAR, a drafter-tree rule, with its knobs) whose
+quality the frontier found neutral (lossless rules always are); otherwise vanilla decoding, and the
+reason says so. The choices are recorded in the bundle's generation settings (`record_choices`).
 """
 
 from __future__ import annotations
@@ -107,10 +108,13 @@ MIN_GAIN = 1.05
 class DecodeChoice:
     """What a backend + precision runs by default, and why (recorded in the bundle).
 
-    method: "tree" (speculative decoding with `tree`), "sjd" or "vanilla".
+    method: "tree" (speculative decoding with `tree` and the caller's rule), "vanilla", or a
+        registered method's name (sjd, mcsjd, zipar, coupled, ...) that runs as recorded.
     speedup: the expected speed-up over vanilla at the same precision of what is chosen
         (1.0 for vanilla); `measured` says whether it comes from a timed run or the cost model.
     best_tree / best_tree_speedup: the best tree that was considered, even when it lost.
+    knobs: the chosen method's flat settings (e.g. {"zipar_window": 4}); applied under explicit ones.
+    lossless: whether the chosen method keeps the target's output law (None: not recorded).
     """
 
     backend: str
@@ -122,6 +126,8 @@ class DecodeChoice:
     best_tree: Optional[dict]
     best_tree_speedup: Optional[float]
     reason: str
+    knobs: Optional[dict] = None
+    lossless: Optional[bool] = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -138,8 +144,9 @@ def _tree_key(t: dict) -> tuple:
 def choose_decoding(*, backend: str, precision: str, verify_cost: Optional[dict] = None,
                     draft_cost: Optional[Callable[[int], float]] = None, accept: Optional[Sequence[float]] = None,
                     host_step_s: float = 0.0, measured: Optional[Sequence[dict]] = None,
-                    sjd_speedup: Optional[float] = None, min_gain: float = MIN_GAIN) -> DecodeChoice:
-    """Never slower than vanilla: the best tree if it beats vanilla by `min_gain`, else SJD or vanilla.
+                    sjd_speedup: Optional[float] = None, decoders: Optional[Sequence[dict]] = None,
+                    min_gain: float = MIN_GAIN) -> DecodeChoice:
+    """Never slower than vanilla: the fastest tree or decoder that beats vanilla by `min_gain`.
 
     Args:
         backend / precision: what the choice is for (ort / trt / torch; fp32 / fp16 / int8 / int4).
@@ -149,10 +156,14 @@ def choose_decoding(*, backend: str, precision: str, verify_cost: Optional[dict]
             building, verification rule, cache compaction), added to every tree's step time.
         measured: timed runs, [{"top_k", "depth", "total_tokens", "speedup"}] with speedup =
             vanilla seconds / tree seconds in the same run; they override the predictions.
-        sjd_speedup: measured SJD speed-up over vanilla, if SJD was timed.
+        sjd_speedup: measured SJD speed-up over vanilla, if SJD was timed (a `decoders` entry).
+        decoders: timed decoders, [{"method", "speedup", "lossless", "quality_neutral", "knobs",
+            "tree", "label"}]: speedup = vanilla seconds / its seconds in the same run; a relaxed or
+            approximate one is eligible only when `quality_neutral` is true (its frontier found its
+            quality within 2 SE of vanilla's); lossless ones always are.
         min_gain: least speed-up that counts as a win.
     Returns:
-        DecodeChoice (method tree | sjd | vanilla, with the reason in words).
+        DecodeChoice (tree | vanilla | a method's name, with the reason in words).
     """
     best, best_s, is_measured = None, None, False
     if measured:
@@ -166,18 +177,46 @@ def choose_decoding(*, backend: str, precision: str, verify_cost: Optional[dict]
         best_s = max(r["speedup"] for r in table) * t1 / vc[min(vc)]
     where = f"{backend}/{precision}"
     how = "measured" if is_measured else "predicted"
-    if best is not None and best_s >= min_gain:
+    decoders = list(decoders or [])
+    if sjd_speedup is not None:
+        decoders.append({"method": "sjd", "speedup": float(sjd_speedup), "lossless": True})
+    eligible = [d for d in decoders if d.get("lossless") or d.get("quality_neutral")]
+    dec = max(eligible, key=lambda d: d["speedup"], default=None)
+    if best is not None and best_s >= min_gain and (dec is None or best_s >= dec["speedup"]):
         return DecodeChoice(backend, precision, "tree", best, best_s, is_measured, best, best_s,
                             f"{where}: tree K{best['top_k']}/D{best['depth']}/{best['total_tokens']} "
                             f"{how} {best_s:.2f}x vanilla")
     lost = ("no tree was measured or predicted" if best is None else
             f"no tree beats vanilla (best K{best['top_k']}/D{best['depth']}/{best['total_tokens']} "
-            f"{how} {best_s:.2f}x < {min_gain:.2f}x)")
-    if sjd_speedup is not None and sjd_speedup >= min_gain:
-        return DecodeChoice(backend, precision, "sjd", None, float(sjd_speedup), True, best, best_s,
-                            f"{where}: {lost}; SJD measured {sjd_speedup:.2f}x, running SJD")
+            f"{how} {best_s:.2f}x < {min_gain:.2f}x)" if best_s < min_gain else
+            f"best tree K{best['top_k']}/D{best['depth']}/{best['total_tokens']} {how} {best_s:.2f}x")
+    if best is None and decoders:
+        lost = "timed decoders"
+    skipped = sorted((d for d in decoders if d not in eligible and d["speedup"] >= min_gain),
+                     key=lambda d: -d["speedup"])
+    note = "".join(f"; {_label(d)} ({d['speedup']:.2f}x) "
+                   f"{'is not quality-neutral' if d.get('quality_neutral') is False else 'has no quality verdict'}"
+                   for d in skipped[:2])
+    if dec is not None and dec["speedup"] >= min_gain:
+        kind = "lossless" if dec.get("lossless") else "quality-neutral at the frontier"
+        return DecodeChoice(backend, precision, dec["method"], dec.get("tree"), float(dec["speedup"]), True, best,
+                            best_s, f"{where}: {lost}; {_label(dec)} measured {dec['speedup']:.2f}x vanilla "
+                            f"({kind}){note}; running {_label(dec)}", knobs=dict(dec.get("knobs") or {}) or None,
+                            lossless=bool(dec.get("lossless")))
+    fast = max(eligible, key=lambda d: d["speedup"], default=None)
+    none = (f"; no eligible decoder beats vanilla (best {_label(fast)} {fast['speedup']:.2f}x)"
+            if fast is not None else "")
     return DecodeChoice(backend, precision, "vanilla", None, 1.0, is_measured, best, best_s,
-                        f"{where}: {lost}; running vanilla decoding")
+                        f"{where}: {lost}{none}{note}; running vanilla decoding", lossless=True)
+
+
+def _label(d: dict) -> str:
+    """'zipar[window=4]' for {"method": "zipar", "knobs": {"zipar_window": 4}} (or its own label)."""
+    if d.get("label"):
+        return d["label"]
+    pre = d["method"].replace("-", "_") + "_"
+    kv = ",".join(f"{k[len(pre):] if k.startswith(pre) else k}={v}" for k, v in (d.get("knobs") or {}).items())
+    return f"{d['method']}[{kv}]" if kv else d["method"]
 
 
 def record_choices(generation: dict, choices: Sequence[DecodeChoice]) -> dict:
@@ -198,13 +237,16 @@ def recorded_choice(generation: dict, backend: str, precision: str) -> Optional[
 
 
 def auto_method(generation: dict, backend: str, precision: str, requested: str = "gasv") -> tuple[str, Optional[dict], str]:
-    """(verify method, tree or None, message) for `--verify auto`: the recorded choice, else `requested`."""
+    """(verify method, settings or None, message) for `--verify auto`: the recorded choice, else
+    `requested`. Settings: the recorded tree (top_k / depth / total_tokens) and the chosen method's
+    flat knobs (e.g. zipar_window), applied under the caller's explicit ones."""
     c = recorded_choice(generation, backend, precision)
     if c is None:
         return requested, None, f"{backend}/{precision}: no recorded choice; running {requested}"
     if c.method == "tree":
         return requested, c.tree, c.reason
-    return c.method, None, c.reason
+    settings = {**(c.tree or {}), **(c.knobs or {})}
+    return c.method, settings or None, c.reason
 
 
 def draft_cost_for_head(measured: Callable[[int], float], measured_cfg, cfg) -> Callable[[int], float]:

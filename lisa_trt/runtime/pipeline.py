@@ -189,10 +189,10 @@ class Pipeline:
         """`verify` -> (method, tree settings, why).
 
         "auto" is the bundle's recorded never-slower choice for this backend and precision
-        (runtime/autotune.auto_method: vanilla or SJD where no tree beat vanilla when measured, else
-        `requested` with the recorded tree); a bundle with no recorded choice runs `requested`
-        (default: gasv when the bundle has a drafter, else vanilla).
-        Any other name is returned as is, with no tree settings.
+        (runtime/autotune.auto_method: vanilla, or the fastest timed decoder that kept quality with
+        its recorded knobs, or `requested` with the recorded tree when a tree won); a bundle with no
+        recorded choice runs `requested` (default: gasv when the bundle has a drafter, else vanilla).
+        Any other name is returned as is, with no settings.
         """
         if isinstance(verify, Method):
             verify = verify.name
@@ -300,8 +300,8 @@ class Pipeline:
         cond, overrides, labels = self._cond(prompts)
         tree_kw = {"top_k": tree.pop("tree_top_k", None), "depth": tree.pop("tree_depth", None),
                    "total_tokens": tree.pop("tree_tokens", None), **tree}
-        for k, v in auto_tree.items():  # the recorded tree of --verify auto, under explicit settings
-            if k in ("top_k", "depth", "total_tokens") and tree_kw.get(k) is None:
+        for k, v in auto_tree.items():  # --verify auto's recorded tree and knobs, under explicit settings
+            if tree_kw.get(k) is None:
                 tree_kw[k] = v
         spec = self.spec(method, **tree_kw)
         with self._lock:

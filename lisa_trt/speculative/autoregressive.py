@@ -57,6 +57,7 @@ def generate(target, cond=None, *, cfg_scale: float = 1.0, temperature: float = 
              generator: Optional[torch.Generator] = None,
              on_token: Optional[Callable[[int], None]] = None, seeds=None, max_new_tokens: Optional[int] = None,
              image_tokens_only: bool = False, input_ids: Optional[torch.Tensor] = None,
+             attention_mask: Optional[torch.Tensor] = None,
              layout: Optional[SequenceLayout] = None) -> torch.Tensor:
     """Sample tokens with the plain AR loop.
 
@@ -73,6 +74,8 @@ def generate(target, cond=None, *, cfg_scale: float = 1.0, temperature: float = 
             Chameleon's raw head has none and needs it).
         image_tokens_only: restrict sampling to the image-code tokens (families whose head is
             wider than the codebook).
+        attention_mask: with prompt ids, (B, T) bool or 0/1, True on the real tokens of LEFT-
+            padded prompts (transformers' name): the same as passing (ids, attention_mask).
         layout: the family's SequenceLayout of this request (overrides the three above).
         on_token: called with the number of tokens done after each step (progress bars).
         seeds: one seed per row instead of `seed`: each row draws from its own generator
@@ -81,6 +84,11 @@ def generate(target, cond=None, *, cfg_scale: float = 1.0, temperature: float = 
         LongTensor (B, N) of token ids.
     """
     cond = cond if cond is not None else input_ids
+    if attention_mask is not None:
+        if not torch.is_tensor(cond):
+            raise InputError("attention_mask goes with prompt ids (B, T) passed alone; a condition pair "
+                             "(ids, mask) already carries its mask")
+        cond = (cond, attention_mask)
     B = target.check_cond(cond)
     if layout is None:
         layout = layout_for(target, num_tokens if num_tokens is not None else max_new_tokens, image_tokens_only)

@@ -409,7 +409,10 @@ def test_conditions_are_checked_with_the_fix(gqa):
     with pytest.raises(InputError, match="attention_mask must be"):
         target.check_cond((ids, mask[:, :3]))
     with pytest.raises(InputError, match="max_prompt_tokens=128.*set_max_prompt_tokens"):
-        target.check_cond(torch.ones(1, 129, dtype=torch.long))
+        fam.check_cond(cfg, torch.ones(1, 129, dtype=torch.long))  # the budget of engines / default caches
+    assert target.check_cond(torch.ones(1, 129, dtype=torch.long)) == 1  # a torch target sizes caches per prompt
+    with pytest.raises(InputError, match="max_position_embeddings 256; shorten the prompt to at most 240"):
+        target.check_cond(torch.ones(1, 241, dtype=torch.long))
     ex = fam.example_cond(cfg, 3, torch.Generator().manual_seed(0))
     assert fam.check_cond(cfg, ex) == 3 and (ex[0][:, -1] == BOI).all()
     first = ex[1].float().argmax(1)

@@ -72,10 +72,42 @@ def test_measured_speedups_override_the_prediction():
 def test_sjd_is_the_fallback_when_it_was_measured_faster():
     runs = [{"top_k": 2, "depth": 1, "total_tokens": 4, "speedup": 0.8}]
     c = choose_decoding(backend="ort", precision="int8", measured=runs, sjd_speedup=1.2)
-    assert c.method == "sjd" and c.speedup == pytest.approx(1.2) and "SJD" in c.reason
+    assert c.method == "sjd" and c.speedup == pytest.approx(1.2) and "sjd measured 1.20x" in c.reason
     c = choose_decoding(backend="ort", precision="int8", measured=runs, sjd_speedup=0.9)
     assert c.method == "vanilla"
     assert choose_decoding(backend="ort", precision="fp32").method == "vanilla"  # nothing known: vanilla
+
+
+def test_the_fastest_quality_neutral_decoder_wins_and_relaxed_ones_need_the_frontier():
+    """Issue 27: the never-slower choice is re-made from timed decoders. A relaxed / approximate
+    decoder is eligible only when the frontier found it quality-neutral; the fastest eligible one
+    beating vanilla by MIN_GAIN runs, with its knobs; a lossless one needs no frontier verdict."""
+    tree = [{"top_k": 2, "depth": 1, "total_tokens": 4, "speedup": 0.75}]
+    decs = [{"method": "mcsjd", "speedup": 1.26, "lossless": True},
+            {"method": "zipar", "knobs": {"zipar_window": 4}, "speedup": 1.89, "lossless": False,
+             "quality_neutral": True},
+            {"method": "gsd", "knobs": {"gsd_group": 25}, "speedup": 2.5, "lossless": False,
+             "quality_neutral": False}]
+    c = choose_decoding(backend="torch", precision="fp32", measured=tree, decoders=decs)
+    assert (c.method, c.knobs, c.lossless) == ("zipar", {"zipar_window": 4}, False)
+    assert c.speedup == pytest.approx(1.89) and c.measured and c.tree is None
+    assert "zipar[window=4] measured 1.89x" in c.reason and "gsd[group=25] (2.50x) is not quality-neutral" in c.reason
+    assert "no tree beats vanilla" in c.reason
+    # without the frontier's verdict the approximate one drops out: the lossless one runs
+    c = choose_decoding(backend="torch", precision="fp32", decoders=[decs[0], {**decs[1], "quality_neutral": None}])
+    assert (c.method, c.knobs, c.lossless) == ("mcsjd", None, True)
+    assert "zipar[window=4] (1.89x) has no quality verdict" in c.reason
+    # nothing eligible beats vanilla by the margin: vanilla, and the reason names the best loser
+    c = choose_decoding(backend="ort", precision="fp32", measured=tree,
+                        decoders=[{"method": "mcsjd", "speedup": 0.65, "lossless": True}])
+    assert c.method == "vanilla" and "best mcsjd 0.65x" in c.reason and "no tree beats vanilla" in c.reason
+    # a tree that beats every decoder still wins
+    c = choose_decoding(backend="trt", precision="fp16", measured=[{**tree[0], "speedup": 3.0}], decoders=decs)
+    assert c.method == "tree" and c.speedup == pytest.approx(3.0)
+    # recorded and read back: auto runs the method with its knobs
+    gen = record_choices({}, [choose_decoding(backend="torch", precision="fp32", decoders=decs)])
+    assert auto_method(gen, "torch", "fp32", "gasv")[:2] == ("zipar", {"zipar_window": 4})
+    assert recorded_choice(gen, "torch", "fp32").knobs == {"zipar_window": 4}
 
 
 def test_choices_are_recorded_in_the_bundle_settings_and_read_back():

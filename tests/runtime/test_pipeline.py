@@ -250,6 +250,26 @@ def test_verify_auto_runs_the_recorded_choice_for_the_backend_and_precision(part
     assert json.loads((tmp_path / "o" / "stats.json").read_text())["verify"] == "vanilla"
 
 
+def test_verify_auto_applies_the_recorded_knobs_under_explicit_ones(parts):
+    """A recorded decoder choice carries its knobs (zipar_window): auto runs them; an explicit
+    knob still wins. ZipAR's forwards are fixed by its window, so the MAL tells which ran."""
+    from lisa_trt.runtime.autotune import DecodeChoice
+
+    t, d, tables, vq = parts
+    rec = DecodeChoice(backend="torch", precision="fp32", method="zipar", tree=None, speedup=1.5, measured=True,
+                       best_tree=None, best_tree_speedup=None, reason="torch/fp32: recorded zipar",
+                       knobs={"zipar_window": 1}, lossless=False).to_dict()
+    pipe = Pipeline.from_models(t, d, tables, vq, generation={**GEN, "decode": {"torch": {"fp32": rec}}})
+    auto = pipe.generate([1], seed=3, decode=False)
+    assert auto.stats[0]["verify"] == "zipar" and "recorded zipar" in auto.stats[0]["verify_reason"]
+    one = pipe.generate([1], seed=3, decode=False, verify="zipar", zipar_window=1)
+    wide = pipe.generate([1], seed=3, decode=False, verify="zipar", zipar_window=3)
+    assert auto.stats[0]["mal"] == one.stats[0]["mal"] != wide.stats[0]["mal"]  # the knob was applied
+    assert torch.equal(auto.tokens, one.tokens)
+    over = pipe.generate([1], seed=3, decode=False, zipar_window=3)  # auto, explicit knob
+    assert over.stats[0]["verify"] == "zipar" and over.stats[0]["mal"] == wide.stats[0]["mal"]
+
+
 def _prompt_file(tmp_path):
     p = tmp_path / "auto.txt"
     p.write_text("1\n")

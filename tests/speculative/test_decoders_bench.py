@@ -69,3 +69,38 @@ def test_tiny_round_and_merge(bench, tmp_path):
     # other image-changing settings are refused
     with pytest.raises(SystemExit):
         bench.main(common[:-6] + ["--seed", "5", "--out", str(out), "--state", str(state), "--methods", "sjd"])
+
+
+def test_choose_remakes_the_never_slower_choice_from_timing_and_frontier(bench, tmp_path):
+    """--choose: per backend the fastest lossless or frontier-neutral decoder beating vanilla; a
+    relaxed tree rule timed on another tree than the frontier's gets no verdict; precisions no
+    timing covers keep their earlier choice; a timing from a loaded machine is refused."""
+    frontier = {"settings": {"tree": {"top_k": 3, "depth": 3, "total_tokens": 10}},
+                "results": {"mcsjd": {"images": 256, "mean_tvd": 0.0},
+                            "zipar[window=4]": {"images": 256, "mean_tvd": 0.03, "quality_neutral": True},
+                            "gsd[group=25]": {"images": 256, "mean_tvd": 0.2, "quality_neutral": False},
+                            "lisa-gasv": {"images": 256, "mean_tvd": 0.25, "quality_neutral": True}}}
+    timing = {"quiet": True, "precision": "fp32", "results": {
+        "ort": {"vanilla": {"tokens_seconds_per_image": 1.0}, "mcsjd": {"tokens_seconds_per_image": 1.5},
+                "gasv": {"tokens_seconds_per_image": 0.5, "tree": {"top_k": 2, "depth": 1, "total_tokens": 4}},
+                "gsd[group=25]": {"tokens_seconds_per_image": 0.4}},
+        "torch": {"vanilla": {"tokens_seconds_per_image": 2.0}, "mcsjd": {"tokens_seconds_per_image": 1.6},
+                  "zipar[window=4]": {"tokens_seconds_per_image": 1.0}}}}
+    fpath, tpath, cpath = tmp_path / "f.json", tmp_path / "t.json", tmp_path / "c.json"
+    fpath.write_text(json.dumps(frontier))
+    tpath.write_text(json.dumps(timing))
+    cpath.write_text(json.dumps({"choices": [{"backend": "ort", "precision": "int8", "method": "vanilla",
+                                              "reason": "earlier"}], "source": "bench/speed.json"}))
+    out = bench.main(["--out", str(fpath), "--choose", str(tpath), "--choice-out", str(cpath)])
+    got = {(c["backend"], c["precision"]): c for c in json.loads(cpath.read_text())["choices"]}
+    assert out["source"]["earlier"] == "bench/speed.json"
+    assert got[("ort", "int8")]["reason"] == "earlier"  # not re-timed: kept
+    assert got[("ort", "fp32")]["method"] == "vanilla"  # gasv: other tree, no verdict; gsd: not neutral
+    assert "not quality-neutral" in got[("ort", "fp32")]["reason"]
+    t = got[("torch", "fp32")]
+    assert (t["method"], t["knobs"], t["lossless"]) == ("zipar", {"zipar_window": 4}, False)
+    assert t["speedup"] == pytest.approx(2.0)
+    timing["quiet"] = False
+    tpath.write_text(json.dumps(timing))
+    with pytest.raises(SystemExit, match="quiet"):
+        bench.main(["--out", str(fpath), "--choose", str(tpath), "--choice-out", str(cpath)])

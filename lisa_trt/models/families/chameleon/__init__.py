@@ -68,7 +68,9 @@ class ChameleonFamily(ModelFamily):
         folder = find_vq_dir(path) if path.is_dir() else path
         if folder is None:
             raise ConfigError(f"no VQGAN in {path}: put Chameleon's vqgan.yaml + vqgan.ckpt (or vqgan.json + "
-                              "vqgan.safetensors) in DIR/vqgan/ (docs/chameleon.md)")
+                              "vqgan.safetensors) in DIR/vqgan/ (docs/chameleon.md). A transformers "
+                              "save_pretrained directory holds only the VQ encoder (model.vqmodel.*), which "
+                              "cannot decode; the decoder ships in the Chameleon release's tokenizer/ folder")
         vq = load_chameleon_vq(folder, device=device)
         if path.is_dir() and self.claims(path):
             from .model import image_vocab

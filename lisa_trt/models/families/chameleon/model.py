@@ -152,8 +152,9 @@ class ChameleonTarget(PromptTarget, RotaryTarget, nn.Module):
                 raise InputError("new_cache needs max_len, or prompt_len and n_tokens")
             max_len = int(prompt_len) + int(n_tokens) + int(extra)
         if max_len > self.config.max_position_embeddings:
-            raise InputError(f"{max_len} tokens exceed max_position_embeddings "
-                             f"{self.config.max_position_embeddings} of this checkpoint")
+            raise InputError(f"{max_len} tokens (the prompt and the tokens to generate) exceed "
+                             f"max_position_embeddings {self.config.max_position_embeddings} of this checkpoint; "
+                             "shorten the prompt or generate fewer tokens")
         p = self.lm_head.weight
         return ChameleonCache(self.config, batch, find_multiple(max_len, 8), dtype or p.dtype, p.device)
 

@@ -163,12 +163,18 @@ class ChameleonVQGAN(nn.Module):
             n = int(is_code[0].sum())
             if not bool((is_code.sum(1) == n).all()) or n == 0:
                 raise InputError("every row must hold the same number of image-code tokens")
-            other = (~is_code[0]).sum()
-            codes = codes[is_code].view(tokens.shape[0], n)
-            rows = int(other)
-            if rows and n % rows == 0:  # row ends: one per latent row
-                return self.decode_code(codes.view(tokens.shape[0], rows, n // rows))
-            tokens = codes
+            rows = int((~is_code[0]).sum())
+            if rows:  # a generated span: w codes then one row-end token, per latent row
+                w = n // rows
+                ends = torch.arange(1, rows + 1, device=tokens.device) * (w + 1) - 1
+                if n % rows or tokens.shape[1] != rows * (w + 1) or not bool((~is_code[:, ends]).all()):
+                    raise InputError(
+                        f"tokens hold {rows} ids per row that are not image codes, and not one after each row "
+                        "of codes (a generated span's row ends): this VQ, loaded from a model directory, takes "
+                        "vocabulary ids (what generate returns); decode plain VQ codes with the VQGAN folder "
+                        "itself (load_vq(DIR/vqgan))")
+                return self.decode_code(codes[is_code].view(tokens.shape[0], rows, w))
+            tokens = codes.view(tokens.shape[0], n)
         elif lut is not None:
             tokens = lut.to(tokens.device)[tokens]
         return self.decode_code(grid_of(tokens))

@@ -44,13 +44,22 @@ def split_cond(cond: Cond) -> tuple[torch.Tensor, torch.Tensor]:
     return ids.long(), mask.to(ids.device)
 
 
-def check_cond(cfg, cond: Cond) -> int:
-    """Validate a prompt condition for `cfg` (JanusConfig); returns the batch size B."""
+def check_cond(cfg, cond: Cond, budget: bool = True) -> int:
+    """Validate a prompt condition for `cfg` (JanusConfig); returns the batch size B.
+
+    budget: prompts must fit `cfg.max_prompt_tokens` (the prompt slots of exported engines and
+    of default caches); False: only what the model's positions allow (a prompt plus one image
+    within max_position_embeddings), for a torch target whose caches are sized per prompt."""
     ids, valid = split_cond(cond)
     B, T = ids.shape
     if B == 0 or T == 0:
         raise InputError(f"prompt_ids has shape {(B, T)}: need at least one row of at least one token")
-    if T > cfg.max_prompt_tokens:
+    room = cfg.max_position_embeddings - cfg.num_image_tokens
+    if not budget and T > room:
+        raise InputError(f"prompt of {T} tokens + {cfg.num_image_tokens} image tokens exceed this checkpoint's "
+                         f"max_position_embeddings {cfg.max_position_embeddings}; shorten the prompt to at most "
+                         f"{room} tokens")
+    if budget and T > cfg.max_prompt_tokens:
         raise InputError(f"prompt of {T} tokens exceeds the prompt budget max_prompt_tokens={cfg.max_prompt_tokens}; "
                          "shorten the prompt or raise the budget (load the target with "
                          f"config={{'max_prompt_tokens': {T}}}, or target.set_max_prompt_tokens({T}))")

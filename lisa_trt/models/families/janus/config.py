@@ -28,6 +28,7 @@ from ....errors import ConfigError
 
 PathLike = Union[str, Path]
 MODEL_TYPE = "janus"
+DEFAULT_PROMPT_TOKENS = 128  # the prompt budget a KV cache reserves unless set
 ACTIVATIONS = ("silu", "swish", "gelu", "gelu_pytorch_tanh", "relu")
 
 # transformers' defaults for keys a config.json may omit (LlamaConfig, JanusVisionConfig, JanusVQVAEConfig)
@@ -111,7 +112,7 @@ class JanusConfig(HFDecoderShape):
     bos_token_id: Optional[int] = None
     pad_token_id: Optional[int] = None
     boi_token_id: Optional[int] = None
-    max_prompt_tokens: int = 128
+    max_prompt_tokens: int = 128  # read_janus_config: DEFAULT_PROMPT_TOKENS, or less for short max_positions
 
     def __post_init__(self):
         if not self.head_dim:
@@ -135,9 +136,7 @@ class JanusConfig(HFDecoderShape):
              f"vq_config.projection_dim {self.projection_dim} must equal text hidden_size {self.hidden_size} "
              "(the generation aligner feeds image-code embeddings to the language model)"),
             (self.aligner_layers >= 1, "vq_config.num_hidden_layers (aligner depth) must be >= 1"),
-            (self.vq.grid ** 2 == self.num_image_tokens,
-             f"vision_config.num_image_tokens {self.num_image_tokens} is not the token grid "
-             f"{self.vq.grid} x {self.vq.grid} (vision image_size // patch_size)"),
+            (self.num_image_tokens >= 1, f"vision_config.num_image_tokens must be >= 1, got {self.num_image_tokens}"),
             (self.vq.codebook_size == self.codebook_size,
              f"VQ codebook {self.vq.codebook_size} != generation codebook {self.codebook_size}"),
             (self.max_prompt_tokens >= 1, f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}"),
@@ -164,18 +163,36 @@ class JanusConfig(HFDecoderShape):
         """Image tokens per image (grid h * w)."""
         return self.num_image_tokens
 
+    def check_grid(self) -> None:
+        """ConfigError unless one generated image (num_image_tokens) is the VQ's token grid.
+
+        transformers generates `vision_config.num_image_tokens` codes and its VQ decodes
+        (image_size // patch_size)^2 of them; the two are independent config keys. A checkpoint
+        where they differ still generates (load_target, image_logits, generate: N codes, as
+        transformers does), but nothing that needs the image grid (decoding what was generated,
+        prompts for an image size, export, spatial rules) can run."""
+        g = self.vq.grid
+        if g * g != self.num_image_tokens:
+            raise ConfigError(f"this Janus checkpoint generates {self.num_image_tokens} image tokens "
+                              f"(vision_config.num_image_tokens) but its VQ decodes a {g} x {g} grid "
+                              f"(vision_config image_size // patch_size); set num_image_tokens to {g * g} "
+                              "in config.json so that generated images can be decoded")
+
     @property
     def grid_hw(self) -> tuple[int, int]:
         """(height, width) of the token grid (row-major raster order)."""
+        self.check_grid()
         return (self.vq.grid, self.vq.grid)
 
     @property
     def grid_size(self) -> int:
+        self.check_grid()
         return self.vq.grid
 
     @property
     def image_size(self) -> int:
         """Side of the decoded image in pixels (grid * VQ downsampling)."""
+        self.check_grid()
         return self.vq.image_size
 
     @property
@@ -260,6 +277,17 @@ def _special_tokens(path: Path, raw: dict, text: dict) -> dict:
     return dict(bos_token_id=pick("bos_token_id"), pad_token_id=pick("pad_token_id"), boi_token_id=boi)
 
 
+def _default_budget(max_positions: int, n_image: int) -> int:
+    """The default prompt budget: DEFAULT_PROMPT_TOKENS, or what max_position_embeddings leaves
+    beside one image when that is less (small checkpoints); none left is refused."""
+    room = max_positions - n_image
+    if room < 1:
+        raise ConfigError(f"max_position_embeddings {max_positions} leaves no room for a prompt before the "
+                          f"{n_image} image tokens (vision_config.num_image_tokens); the checkpoint cannot "
+                          "generate an image")
+    return min(DEFAULT_PROMPT_TOKENS, room)
+
+
 def read_janus_config(path: PathLike, **overrides) -> JanusConfig:
     """Parse a Janus directory's config.json (+ generation_config.json) into a JanusConfig.
 
@@ -270,6 +298,10 @@ def read_janus_config(path: PathLike, **overrides) -> JanusConfig:
     path = Path(path)
     raw = read_raw_config(path)
     text = {**_LLAMA, **{k: v for k, v in raw["text_config"].items() if v is not None}}
+    if text.get("model_type", "llama") != "llama":
+        raise ConfigError(f"{path / 'config.json'}: text_config model_type {text['model_type']!r} is not supported; "
+                          "the Janus target is transformers' Llama language model (text_config model_type "
+                          "'llama', as in every Janus-Pro checkpoint)")
     vis = {**_VISION, **{k: v for k, v in (raw.get("vision_config") or {}).items() if v is not None}}
     vq = {**_VQ, **{k: v for k, v in raw["vq_config"].items() if v is not None}}
     if not isinstance(vis["image_size"], int) or not isinstance(vis["patch_size"], int):
@@ -291,9 +323,12 @@ def read_janus_config(path: PathLike, **overrides) -> JanusConfig:
             rms_norm_eps=float(text["rms_norm_eps"]), rope_theta=theta, rope_linear_factor=factor,
             hidden_act=str(text["hidden_act"]), attention_bias=bool(text["attention_bias"]),
             mlp_bias=bool(text["mlp_bias"]), codebook_size=int(vq["num_embeddings"]), code_dim=int(vq["embed_dim"]),
-            aligner_layers=int(vq["num_hidden_layers"]), projection_dim=int(vq["projection_dim"]),
+            aligner_layers=max(1, int(vq["num_hidden_layers"])),  # 0 builds fc1 only in transformers, as 1 does
+            projection_dim=int(vq["projection_dim"]),
             head_input_dim=int(vq["image_token_embed_dim"]), gen_act=str(vq["hidden_act"]),
-            num_image_tokens=int(vis["num_image_tokens"]), vq=vq_cfg, **_special_tokens(path, raw, text))
+            num_image_tokens=int(vis["num_image_tokens"]), vq=vq_cfg,
+            max_prompt_tokens=_default_budget(int(text["max_position_embeddings"]), int(vis["num_image_tokens"])),
+            **_special_tokens(path, raw, text))
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{path / 'config.json'}: {e}") from e
     except ConfigError as e:

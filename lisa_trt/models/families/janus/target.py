@@ -155,8 +155,12 @@ class JanusTarget(RotaryTarget, nn.Module):
 
     # -- conditions ---------------------------------------------------------------------
     def check_cond(self, cond) -> int:
-        """Validate prompt_ids (B, T) or (prompt_ids, mask); returns B (InputError with the fix)."""
-        return C.check_cond(self.config, cond)
+        """Validate prompt_ids (B, T) or (prompt_ids, mask); returns B (InputError with the fix).
+
+        Any prompt that fits the model's positions beside one image is accepted (the public calls
+        size their caches per prompt, as transformers does); `max_prompt_tokens` is the budget of
+        default caches (`new_cache` without prompt_len) and of exported engines."""
+        return C.check_cond(self.config, cond, budget=False)
 
     def null_cond(self, cond):
         """Unconditional rows for CFG exactly as transformers builds them (cond.py)."""
