@@ -58,7 +58,8 @@ def _bench(rc, *, drafter, tables, methods, num_images, classes, captions, encod
     rc = rc.load(counts={"--num-images": num_images}, files={"--json file": json_path, "--plot file": plot_path},
                  captions=captions, encoder_dir=encoder_dir)
     conds, texts = _prompts(rc, classes, captions, encoder_dir, num_images)  # checked before engines load
-    requests = [rc.request([t]) for t in texts] if rc.family.prompted else None  # one per image
+    size = rc.given.get("image_size") or _bundle_image_size(engine_dir)  # --image-size, else the bundle's
+    requests = [rc.request([t], image_size=size) for t in texts] if rc.family.prompted else None  # one per image
     runs = [r for text in sweeps for r in parse_sweep(text)]
     dr, tb = spec_artifacts(rc.source, rc.target, ms + [m for _, m, _ in runs], drafter, tables,
                             requests[0].layout.sub_vocab if requests else None)
@@ -88,6 +89,15 @@ def _prompts(rc, classes, captions, encoder_dir, num_images) -> tuple:
         return prompt_conds(tc, captions, encoder_dir, n=num_images, what="bench")
     cl = parse_classes(classes, tc.num_classes, class_names_of(rc.source)) if classes else list(range(tc.num_classes))
     return [cl[i % len(cl)] for i in range(num_images)], None
+
+
+def _bundle_image_size(engine_dir):
+    """The image size an engine directory was exported for (its manifest layout), or None."""
+    if engine_dir is None:
+        return None
+    from ..export.manifest import read_manifest
+
+    return (read_manifest(engine_dir).layout or {}).get("image_size")
 
 
 def _graph_engines(rc, engine_dir, drafter, tables) -> tuple:

@@ -138,9 +138,6 @@ def _check_capabilities(fam, o: dict) -> None:
     if o["data"] not in fam.train_data:
         raise InputError(f"{fam.name} models train on {' / '.join('--data ' + d for d in fam.train_data)} only "
                          f"(target rollouts of the prompts), not --data {o['data']}; see docs/families.md")
-    if fam.prompted and o["arch"] != "eagle3":
-        raise InputError(f"--arch {o['arch']} trains on class / caption conditions; {fam.name} models train the "
-                         "EAGLE-3 drafter (--arch eagle3)")
 
 
 def _prompted_data(rc, out_dir, o: dict):
@@ -228,8 +225,9 @@ def _fit(target, codebook, cfg, out_dir, o: dict, echo, request=None, held_out=N
 
             if o["draft_vocab"] or o["eval_every"] or o["extend"]:
                 raise InputError("--draft-vocab, --eval-every and --extend apply to the EAGLE-3 drafter "
-                                 "(--arch eagle3); Medusa heads keep the full vocabulary and evaluate once at the end")
-            return train_medusa(target, codebook, cfg, out_dir, n_heads=o["medusa_heads"])
+                                 "(--arch eagle3); Medusa heads predict the ids the layout allows and evaluate "
+                                 "once at the end")
+            return train_medusa(target, codebook, cfg, out_dir, n_heads=o["medusa_heads"], request=request)
 
         def eval_fn(drafter, step):  # real decoding MAL on held-out prompts (exact verification)
             if not eval_images:

@@ -425,15 +425,9 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
     if own is not None:
         return importlib.import_module(own).open_engines(man, backend, **options)
     be, open_ = open_graphs(man, backend, **options)
-    drafter = gasv = vq = None
+    gasv = vq = None
     target = GraphTarget(man, open_(Graph.TARGET_PREFILL, Graph.TARGET_VERIFY))
-    if man.has(Graph.DRAFTER_STEP):
-        optional = [g for g in (Graph.DRAFTER_COMMIT,) if be.can_open(g)]
-        drafter = GraphDrafter(man, open_(Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP, *optional))
-    elif man.has(Graph.MEDUSA_HEADS):  # a Medusa bundle: its heads are the drafter (engines/medusa_graph.py)
-        from .medusa_graph import GraphMedusaHeads
-
-        drafter = GraphMedusaHeads(man, open_(Graph.MEDUSA_HEADS)[Graph.MEDUSA_HEADS])
+    drafter = open_drafter(man, be, open_)
     if man.has(Graph.GASV):
         gasv = GraphGASV(man, open_(Graph.GASV)[Graph.GASV])
     if man.has(Graph.VQ_DECODE):
@@ -441,5 +435,20 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
     return Engines(target, drafter, gasv, vq, man, backend)
 
 
+def open_drafter(man, be, open_):
+    """The drafter of a bundle (every family): a GraphDrafter over the EAGLE-3 drafter graphs (with the
+    fused commit graph when the backend opens it), GraphMedusaHeads for a Medusa bundle, or None.
+
+    be, open_: what `open_graphs(man, backend, ...)` returned."""
+    if man.has(Graph.DRAFTER_STEP):
+        optional = [g for g in (Graph.DRAFTER_COMMIT,) if be.can_open(g)]
+        return GraphDrafter(man, open_(Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP, *optional))
+    if man.has(Graph.MEDUSA_HEADS):  # a Medusa bundle: its heads are the drafter (engines/medusa_graph.py)
+        from .medusa_graph import GraphMedusaHeads
+
+        return GraphMedusaHeads(man, open_(Graph.MEDUSA_HEADS)[Graph.MEDUSA_HEADS])
+    return None
+
+
 __all__ = ["Engines", "GraphDrafter", "GraphGASV", "GraphTarget", "GraphVQ", "check_positions", "check_step",
-           "check_tokens", "load_engines", "open_graphs"]
+           "check_tokens", "load_engines", "open_drafter", "open_graphs"]

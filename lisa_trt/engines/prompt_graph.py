@@ -23,7 +23,7 @@ import torch
 from ..errors import ArtifactMismatchError, InputError
 from ..export.io_spec import Graph
 from ..models.prompts import PromptTarget
-from .graph import Engines, GraphDrafter, GraphGASV, _contig, _KVEngine, check_step, check_tokens, open_graphs
+from .graph import Engines, GraphGASV, _contig, _KVEngine, check_step, check_tokens, open_drafter, open_graphs
 
 
 class GraphPromptTarget(PromptTarget, _KVEngine):
@@ -134,10 +134,9 @@ def open_engines(man, backend: str = "ort", **options) -> Engines:
     if tables is not None and tables.target_hash != man.target_hash:
         raise ArtifactMismatchError(f"{d}/tables.safetensors was made for target {tables.target_hash}, not "
                                     f"{man.target_hash}; re-export the directory")
-    _, open_ = open_graphs(man, backend, **options)
+    be, open_ = open_graphs(man, backend, **options)
     target = GraphPromptTarget(man, open_(Graph.TARGET_PREFILL, Graph.TARGET_VERIFY))
-    drafter = GraphDrafter(man, open_(Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP)) if man.has(Graph.DRAFTER_STEP) \
-        else None
+    drafter = open_drafter(man, be, open_)  # the EAGLE-3 drafter graphs or Medusa heads
     gasv = GraphGASV(man, open_(Graph.GASV)[Graph.GASV]) if man.has(Graph.GASV) else None
     vq = GraphGridVQ(man, open_(Graph.VQ_DECODE)[Graph.VQ_DECODE]) if man.has(Graph.VQ_DECODE) else None
     return Engines(target, drafter, gasv, vq, man, backend, tables)

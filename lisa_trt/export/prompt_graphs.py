@@ -2,8 +2,10 @@
 RoPE positions), shared by every family whose target takes a prompt of tokens rather than a
 condition prefix (engines/prompt_graph.py runs what these export).
 
+    class MyGraphs(PromptExportFamily): ...              # a family's ExportFamily: specs, axes, inputs, references
     spec = prompt_prefill_spec(n_layer)                  # token inputs + past -> last-position outputs
     g = PromptStepGraph(model, spec, embed, last_only)   # model._run over host-made positions / slots / mask
+    tables = check_bundle_artifacts(target, drafter, tables, code_ids)   # made for this target, bound
     man = write_prompt_bundle(xf, target, drafter, tables, vq, out_dir, ...)   # the whole engine directory
     x = prompt_prefill_inputs(spec, dims, vocab, seed=0) # a valid left-padded batch (validation)
     L = prompt_cache_len(max_prompt, n_tokens, max_tree) # the static cache length of one export
@@ -18,13 +20,147 @@ with `_run(h, positions, mask, cache, slots, taps, last_only=...)`.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
 from ..config import find_multiple
-from .io_spec import Graph, GraphSpec, target_kv, target_outputs, token_inputs
-from .onnx import _NamedGraph, _ShimCache
+from .families import ExportFamily, interleave
+from .io_spec import (GASV_K, GASV_PARAMS, Graph, GraphSpec, TensorSpec, gasv_spec, graph_spec, target_kv,
+                      target_outputs, token_inputs)
+from .onnx import DEFAULT_MAX_TREE, DEFAULT_OPSET, _NamedGraph, _ShimCache
+
+DEFAULT_MAX_PROMPT = 128  # prompt tokens (template included) an export serves unless told (--max-prompt)
+
+
+
+class PromptExportFamily(ExportFamily):
+    """The ExportFamily of a token-prompt family (the graphs of `write_prompt_bundle`).
+
+    Shared: the io specs (prefill over the prompt's tokens, verify / drafter / Medusa from the
+    common table, GASV over `gasv_axis`, the VQ decoder over the code grid), the static axes, the
+    validation inputs (prompt ids drawn from `prompt_vocab_size`, image codes from the head's
+    vocabulary, VQ codes from the decoder's `n_embed`) and the references (the torch target's
+    prefill / forward_tokens, the family's `codes_to_pixels`). A family subclass names itself,
+    says how its manifests give back its configurations (target_config, vq_config), and writes
+    its bundle (`export`: the family's exporter over `write_prompt_bundle`)."""
+
+    engines_module = "lisa_trt.engines.prompt_graph"  # GraphPromptTarget, GraphGridVQ (token-prompt targets)
+    exports_bundle = True
+    default_max_prompt = DEFAULT_MAX_PROMPT
+    default_max_tree = DEFAULT_MAX_TREE
+    prefill_doc = "left-padded prompt -> cache slots [0, T); outputs at its last position"
+    gasv_axis = "vocab"  # GASV's vocabulary axis: the head's ("vocab"), or a sub-vocabulary's own ("codes")
+    vq_doc = "VQ decoder"
+
+    def export(self, target, drafter, tables, vq, source, out_dir, **options):
+        """The family's exporter (write_prompt_bundle with its target / VQ graphs and layout); a Manifest."""
+        raise NotImplementedError
+
+    def export_bundle(self, target, drafter, tables, vq, out_dir, *, source, image_size=None, max_prompt=None,
+                      max_tree=None, opset=None, generation=None, validate=True, fp16=False, quantize="none"):
+        """`export` with the defaults (default_max_prompt / _tree, DEFAULT_OPSET) for None values."""
+        return self.export(target, drafter, tables, vq, source, out_dir, image_size=image_size,
+                           max_prompt=max_prompt or self.default_max_prompt,
+                           max_tree=max_tree or self.default_max_tree, opset=opset or DEFAULT_OPSET,
+                           generation=generation, validate=validate, fp16=fp16, quantize=quantize)
+
+    # -- specs and axes -------------------------------------------------------------------
+
+    def graph_spec(self, graph: Graph, cfg) -> GraphSpec:
+        if graph is Graph.TARGET_PREFILL:
+            return prompt_prefill_spec(cfg.n_layer, self.prefill_doc)
+        if graph is Graph.GASV:
+            return gasv_spec(self.gasv_axis)
+        if graph is Graph.VQ_DECODE:
+            return GraphSpec(graph, (TensorSpec("image_tokens", "int64", ("batch", "h_lat", "w_lat"),
+                                                "VQ codes of the latent grid (raster order)"),),
+                             (TensorSpec("images", "float32", ("batch", "channels", "height", "width"),
+                                         "raw decoder output (about [-1, 1])"),), doc=self.vq_doc)
+        return graph_spec(graph, n_layer=cfg.n_layer)  # verify, drafter, Medusa heads: the shared table
+
+    def export_dims(self, cfg, *, max_cache_len, drafter_cfg=None, vq_cfg=None, codes=None, layout=None):
+        dims = dict(one=1, vocab=cfg.vocab_size, dim=cfg.dim, tap_dim=3 * cfg.dim, kv_heads=cfg.kv_heads,
+                    head_dim=cfg.head_dim, cache_len=max_cache_len, n_gasv_params=len(GASV_PARAMS), gasv_k=GASV_K)
+        if codes:
+            dims["codes"] = int(codes)
+        if drafter_cfg is not None and hasattr(drafter_cfg, "n_head"):  # an EAGLE-3 drafter (Medusa: no axes)
+            dims.update(draft_hidden=drafter_cfg.hidden, draft_heads=drafter_cfg.n_head,
+                        draft_head_dim=drafter_cfg.head_dim)
+        if vq_cfg is not None and layout and layout.get("latent"):
+            h, w = layout["latent"]
+            dims.update(h_lat=h, w_lat=w, channels=vq_cfg.out_channels, height=h * vq_cfg.downsample,
+                        width=w * vq_cfg.downsample)
+        return dims
+
+    def prefill_max_seq(self, layout):
+        return int((layout or {}).get("max_prompt") or self.default_max_prompt)
+
+    # -- validation -----------------------------------------------------------------------
+
+    def input_range(self, name, refs, dims):
+        tc = refs["target"].config
+        if name == "input_ids":  # verify and drafter graphs: the head's ids (the prefill draws its own)
+            return 0, tc.vocab_size
+        if name == "position_ids":
+            hi = tc.max_position_embeddings
+            if refs.get("drafter") is not None and hasattr(refs["drafter"], "max_positions"):
+                hi = min(hi, refs["drafter"].max_positions)
+            return 0, hi
+        if name == "node_tokens":
+            return 0, refs["tables"].vocab_size
+        if name == "image_tokens":
+            return 0, refs["vq"].config.n_embed
+        return super().input_range(name, refs, dims)
+
+    def sample_inputs(self, graph, spec, dims, refs, *, precision="fp32", seed=0, batch=2, seq=3, nodes=3):
+        if graph is not Graph.TARGET_PREFILL:
+            return super().sample_inputs(graph, spec, dims, refs, precision=precision, seed=seed, batch=batch,
+                                         seq=seq, nodes=nodes)
+        tc = refs["target"].config  # a left-padded batch of the prompt vocabulary's ids
+        return prompt_prefill_inputs(spec, dims, tc, self.prompt_vocab_size(tc), precision=precision, seed=seed,
+                                     batch=batch, seq=seq)
+
+    def target_reference(self, graph, refs, x):
+        m = refs["target"]
+        cache = prompt_reference_cache(m.config, x)
+        if graph is Graph.TARGET_PREFILL:
+            T = x["input_ids"].shape[1]
+            valid = x["attention_mask"][:, -1, :T]  # what the last prompt position may see: the valid columns
+            o = m.prefill((x["input_ids"], valid), cache, taps=True)
+        else:
+            o = m.forward_tokens(x["input_ids"], x["position_ids"], x["cache_slots"], x["attention_mask"], cache,
+                                 taps=True)
+        return dict(logits=o.logits, taps=o.taps, hidden=o.hidden, **interleave(cache.k, cache.v))
+
+    def vq_reference(self, refs, x):
+        from ..models.family import family_of
+
+        return dict(images=family_of(refs["target"].config).codes_to_pixels(refs["vq"], x["image_tokens"]).float())
+
+
+def check_bundle_artifacts(target, drafter, tables, code_ids: Optional[torch.Tensor] = None):
+    """The drafter and tables made for `target`; the tables bound to the head rows they cover.
+
+    code_ids: the head ids the tables' vocabulary covers (a sub-vocabulary's codes), None: the
+    whole head. Raises ArtifactMismatchError naming the fix; returns the bound tables (or None)."""
+    from ..calibration.tables import target_hash_of
+    from ..errors import ArtifactMismatchError
+    from ..models.checkpoints import target_hash
+
+    th = target_hash(target)
+    if drafter is not None and drafter.config.target_hash not in ("", None, th):
+        raise ArtifactMismatchError(f"the drafter was trained for target {drafter.config.target_hash}, not {th}")
+    if tables is None:
+        return None
+    K = target.output.out_features if code_ids is None else int(code_ids.numel())
+    if tables.target_hash not in ("", None, target_hash_of(target)) or tables.vocab_size != K:
+        raise ArtifactMismatchError("the tables were calibrated for another target or code vocabulary; re-run "
+                                    "`lisa-trt calibrate --model DIR` for this target")
+    if tables.w_tilde is not None:
+        return tables
+    w = target.output.weight.detach()
+    return tables.bind(w if code_ids is None else w[code_ids.to(w.device)])
 
 
 def prompt_prefill_spec(n_layer: int, doc: str = "left-padded prompt -> cache slots [0, T); outputs at its last "
@@ -204,5 +340,6 @@ def write_prompt_bundle(xf, target, drafter, tables, vq, out_dir, *, source, tar
     return M.read_manifest(out_dir)
 
 
-__all__ = ["PromptStepGraph", "check_export_options", "copy_checkpoint_files", "write_prompt_bundle", "prompt_cache_len", "prompt_prefill_inputs", "prompt_prefill_spec",
-           "prompt_reference_cache"]
+__all__ = ["DEFAULT_MAX_PROMPT", "PromptExportFamily", "PromptStepGraph", "check_bundle_artifacts",
+           "check_export_options", "copy_checkpoint_files", "prompt_cache_len", "prompt_prefill_inputs",
+           "prompt_prefill_spec", "prompt_reference_cache", "write_prompt_bundle"]

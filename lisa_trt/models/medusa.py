@@ -9,6 +9,14 @@ There is no drafter transformer and no drafter KV cache: every head reads the sa
 committed token, so a tree node at depth d (d >= 1 below the root) gets the distribution of head
 d regardless of the drafted tokens above it.
 
+Any family: h is the hidden state the target's head reads (`TargetOutput.hidden`, width
+`target.output.in_features`), and where the family's layout restricts what may be generated
+(`SequenceLayout.allowed`: Chameleon's image codes inside the whole-vocabulary head) the heads
+predict those ids only (`d2t`, as the EAGLE-3 drafter's reduced vocabulary, models/draft_vocab.py)
+and are scattered back to head-vocabulary logits, so the decode loop, the tree and the exported
+graph keep logits (B, S, V). Forced tokens (row ends) need nothing of the heads: the loop's layout
+law forces them, and head d still predicts the token d + 1 places ahead.
+
 Through the decode loop (speculative/decode.py, the DrafterEngine protocol) the heads run as a
 pair (`speculative/medusa.py`): a target proxy hands the final hidden state to the drafter in
 place of the EAGLE taps, and the drafter carries, in its "hidden" channel, h together with the
@@ -22,6 +30,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -29,6 +38,7 @@ import torch.nn.functional as F
 
 from ..errors import ArtifactMismatchError, CheckpointError, ConfigError
 from .checkpoints import target_hash
+from .draft_vocab import check_d2t, to_full_vocab
 
 SCHEMA_VERSION = 1
 ARTIFACT_KIND = "lisa-trt-medusa"
@@ -45,12 +55,15 @@ class MedusaConfig:
     cls_token_num: int = 1
     target_name: str = ""
     target_hash: str = ""
+    draft_vocab: int = 0  # 0: the heads predict every head id; N: only the d2t ids (the layout's allowed ids)
 
     def __post_init__(self):
         if self.n_heads < 1:
             raise ConfigError(f"Medusa needs >= 1 head, got {self.n_heads}")
         if self.dim < 1 or self.vocab_size < 2:
             raise ConfigError("Medusa dim must be >= 1 and vocab_size >= 2")
+        if not 0 <= self.draft_vocab <= self.vocab_size:
+            raise ConfigError(f"Medusa draft_vocab must lie in 0..{self.vocab_size}, got {self.draft_vocab}")
 
     @property
     def seq_len(self) -> int:
@@ -81,41 +94,61 @@ class ResBlock(nn.Module):
 
 
 class MedusaHeads(nn.Module):
-    """k Medusa heads (ResBlock + output layer each) on the target's final hidden state."""
+    """k Medusa heads (ResBlock + output layer each) on the target's final hidden state.
 
-    def __init__(self, cfg: MedusaConfig):
+    d2t: with cfg.draft_vocab = N, the (N,) head ids the heads predict (a persistent buffer)."""
+
+    def __init__(self, cfg: MedusaConfig, d2t: Optional[torch.Tensor] = None):
         super().__init__()
         self.config = cfg
+        if cfg.draft_vocab:
+            d2t = torch.arange(cfg.draft_vocab) if d2t is None else check_d2t(d2t, cfg.vocab_size)
+            if d2t.numel() != cfg.draft_vocab:
+                raise ConfigError(f"d2t has {d2t.numel()} ids; the Medusa config says draft_vocab {cfg.draft_vocab}")
+        elif d2t is not None:
+            raise ConfigError("a d2t map needs MedusaConfig.draft_vocab = len(d2t)")
+        self.register_buffer("d2t", d2t, persistent=True)  # None (not saved) for a full head
+        n = cfg.draft_vocab or cfg.vocab_size
         self.blocks = nn.ModuleList(ResBlock(cfg.dim) for _ in range(cfg.n_heads))
-        self.heads = nn.ModuleList(nn.Linear(cfg.dim, cfg.vocab_size, bias=False) for _ in range(cfg.n_heads))
+        self.heads = nn.ModuleList(nn.Linear(cfg.dim, n, bias=False) for _ in range(cfg.n_heads))
         for h in self.heads:
             nn.init.normal_(h.weight, std=0.02)
 
     @classmethod
-    def from_target(cls, target: nn.Module, n_heads: int = 4, target_name: str = "") -> "MedusaHeads":
-        """Fresh heads for `target`, output layers warm-started from the target's head."""
-        tc = target.config
-        cfg = MedusaConfig(dim=tc.dim, vocab_size=tc.vocab_size, n_heads=n_heads, block_size=tc.block_size,
-                           cls_token_num=tc.cls_token_num, target_name=target_name,
-                           target_hash=target_hash(target))
-        m = cls(cfg).to(target.output.weight.device)
+    def from_target(cls, target: nn.Module, n_heads: int = 4, target_name: str = "",
+                    d2t: Optional[torch.Tensor] = None) -> "MedusaHeads":
+        """Fresh heads for a target of any family, output layers warm-started from the target's head
+        (its rows `d2t` when the heads predict only those ids: the layout's allowed ids)."""
+        shape, out = target.drafter_shape(), target.output
+        d2t = None if d2t is None else torch.as_tensor(d2t).long().cpu()
+        cfg = MedusaConfig(dim=out.in_features, vocab_size=out.out_features, n_heads=n_heads,
+                           block_size=shape["block_size"], cls_token_num=shape["cls_token_num"],
+                           target_name=target_name, target_hash=target_hash(target),
+                           draft_vocab=0 if d2t is None else int(d2t.numel()))
+        m = cls(cfg, d2t).to(out.weight.device)
         with torch.no_grad():
+            w = out.weight if m.d2t is None else out.weight.index_select(0, m.d2t)
             for h in m.heads:
-                h.weight.copy_(target.output.weight)
+                h.weight.copy_(w)
         return m
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(B, S, dim) final hidden -> (B, S, k, N) fp32 over the heads' own ids (d2t; N = V without)."""
+        return torch.stack([head(blk(hidden)).float() for blk, head in zip(self.blocks, self.heads)], dim=2)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, S, dim) final hidden -> (B, S, k, V) fp32; [..., i, :] predicts token t + 2 + i."""
-        return torch.stack([head(blk(hidden)).float() for blk, head in zip(self.blocks, self.heads)], dim=2)
+        return to_full_vocab(self.draft_logits(hidden), self.d2t, self.config.vocab_size)
 
     def head_logits(self, hidden: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
         """Logits of head `depth` (B, S) long for each row: (B, S, V). Depths past the last head
         get flat logits (no information: the tree ranks those nodes last)."""
-        allh = self.forward(hidden)  # (B, S, k, V)
+        allh = self.draft_logits(hidden)  # (B, S, k, N)
         # a one-hot select (Equal / Where / ReduceSum), exact (one value plus zeros): exports to
         # ONNX without an int64 Clip or a data-dependent Gather, which TensorRT's parser refuses
         sel = depth[..., None] == torch.arange(allh.shape[2], device=depth.device)  # (B, S, k)
-        return torch.where(sel[..., None], allh, torch.zeros((), dtype=allh.dtype, device=allh.device)).sum(2)
+        one = torch.where(sel[..., None], allh, torch.zeros((), dtype=allh.dtype, device=allh.device)).sum(2)
+        return to_full_vocab(one, self.d2t, self.config.vocab_size)
 
 
 def save_medusa(heads: MedusaHeads, path) -> None:
@@ -153,7 +186,7 @@ def load_medusa(path, target: nn.Module, *, check_target: bool = True) -> Medusa
     if check_target and cfg.target_hash != target_hash(target):
         raise ArtifactMismatchError(f"Medusa heads {path} were trained for target hash {cfg.target_hash}, not "
                                     f"{target_hash(target)}: load that target or train heads for this one")
-    m = MedusaHeads(cfg)
+    m = MedusaHeads(cfg, tensors.get("d2t"))
     try:
         m.load_state_dict(tensors, strict=True)
     except RuntimeError as e:

@@ -23,22 +23,11 @@ from __future__ import annotations
 import torch
 
 from ..errors import InputError
+from .proxy import TargetProxy
 
 
-class MedusaTarget:
+class MedusaTarget(TargetProxy):
     """TargetEngine proxy whose outputs carry the final hidden state in `taps`."""
-
-    def __init__(self, target):
-        self.inner = target  # the wrapped TargetEngine
-
-    def __getattr__(self, name):  # only called for attributes not found on the proxy
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    @property
-    def config(self):
-        return self.inner.config
 
     @staticmethod
     def _swap(out):

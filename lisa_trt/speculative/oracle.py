@@ -26,24 +26,16 @@ from typing import Optional
 import torch
 
 from ..errors import InputError
+from .proxy import TargetProxy
 
 
-class RecordingTarget:
+class RecordingTarget(TargetProxy):
     """A TargetEngine proxy that remembers the condition of its last `prefill` (everything else
     is delegated unchanged to the wrapped engine)."""
 
     def __init__(self, target):
-        self.inner = target  # the wrapped TargetEngine
+        super().__init__(target)
         self.last_cond = None
-
-    def __getattr__(self, name):  # only called for attributes not found on the proxy
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    @property
-    def config(self):
-        return self.inner.config
 
     def prefill(self, cond, cache, taps: bool = False):
         self.last_cond = cond

@@ -31,9 +31,15 @@ def resume_hint(out_dir, total_steps: Optional[int] = None, argv: Optional[Seque
 
 
 def format_eval(ev: dict) -> str:
-    """The trainer's held-out MAL-proxy evaluation (evaluate_mal_proxy) as one readable paragraph."""
-    if not ev:
+    """The trainer's held-out MAL-proxy evaluation (evaluate_mal_proxy), or the Medusa heads' per-head
+    agreement (train/medusa.evaluate_heads), as one readable paragraph."""
+    if not ev or not ev.get("sequences", 1):
         return "held-out evaluation: skipped (no held-out sequences)"
+    if "accept_h" in ev:
+        acc = " ".join(f"{a:.2f}" for a in ev["accept_h"])
+        top = " ".join(f"{a:.2f}" for a in ev.get("top1_h", []))
+        return (f"held-out evaluation ({ev['sequences']} sequences, {len(ev['accept_h'])} Medusa heads):\n"
+                f"  acceptance of head 1..{len(ev['accept_h'])}: {acc}   (top-1 agreement: {top})")
     acc = " ".join(f"{a:.2f}" for a in ev.get("accept_s", []))
     top = " ".join(f"{a:.2f}" for a in ev.get("top1_s", []))
     return (f"held-out evaluation ({ev.get('sequences', '?')} sequences, draft depth {ev.get('depth', '?')}):\n"

@@ -447,7 +447,7 @@ def _make_drafter(target, cfg: TrainConfig, train_tokens: Optional[torch.Tensor]
                                init_head_from_target=cfg.init_head_from_target, d2t=d2t)
 
 
-def _estimate_radius(features, n: int, cfg: TrainConfig, codebook, vocab: TrainVocab = TrainVocab(),
+def estimate_vocab_radius(features, n: int, cfg: TrainConfig, codebook, vocab: TrainVocab = TrainVocab(),
                      d2t=None) -> float:
     """Radius for median |N| = nbhd_size on the first (unshuffled) training sequences (over the
     layout's trained indices and the drafter's vocabulary when the layout restricts it)."""
@@ -465,7 +465,7 @@ def _estimate_radius(features, n: int, cfg: TrainConfig, codebook, vocab: TrainV
     return estimate_radius(torch.cat(probs), codebook, cfg.loss.top_kc, cfg.loss.nbhd_size)
 
 
-def _vocab_codebook(codebook: torch.Tensor, head_size: int, layout) -> torch.Tensor:
+def vocab_codebook(codebook: torch.Tensor, head_size: int, layout) -> torch.Tensor:
     """One L2-normalised row per head id: the codebook as given (head_size rows), or the VQ rows
     of a layout's SubVocab codes scattered to their token ids (zero rows elsewhere; the losses
     only read the drafter's vocabulary, which lies inside the codes)."""
@@ -547,7 +547,7 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
     layout = None if request is None else request.layout
     vocab = TrainVocab.of(layout)
     if codebook is not None:
-        codebook = _vocab_codebook(codebook.to(device), target.output.out_features, layout)
+        codebook = vocab_codebook(codebook.to(device), target.output.out_features, layout)
     # settings checked against the checkpoint before any data is generated
     state = load_latest_checkpoint(out_dir)
     note = None
@@ -602,7 +602,7 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
         if main:
             print(note or f"resuming {out_dir} from step {start} of {cfg.steps} (its latest checkpoint)", file=sys.stderr)
     elif radius is None and codebook is not None:
-        radius = _estimate_radius(features, len(train_set), cfg, codebook, vocab, drafter.d2t)
+        radius = estimate_vocab_radius(features, len(train_set), cfg, codebook, vocab, drafter.d2t)
 
     metrics_path = out_dir / "metrics.jsonl"
     if main:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from lisa_trt import generate
 from lisa_trt.config import SamplingConfig
 from lisa_trt.errors import ArtifactMismatchError, ConfigError
-from lisa_trt.models.medusa import MedusaHeads, load_medusa, save_medusa
+from lisa_trt.models.medusa import MedusaConfig, MedusaHeads, load_medusa, save_medusa
 from lisa_trt.speculative.decode import SpecConfig, SpeculativeDecoder
 from lisa_trt.speculative.medusa import medusa_pair
 from lisa_trt.testing import make_target
@@ -127,3 +127,67 @@ def test_medusa_with_an_ort_target_and_ort_heads(tmp_path):
         cond, sampling=s, spec=spec, seed=5)
     b, sb = SpeculativeDecoder(*medusa_pair(t, heads)).generate(cond, sampling=s, spec=spec, seed=5)
     assert torch.equal(a, b) and sa.mal == pytest.approx(sb.mal)
+
+
+# ----------------------------------------------------------------------------- a layout's vocabulary
+
+def test_heads_over_allowed_ids_warm_start_scatter_and_round_trip(tmp_path):
+    """With a layout's allowed ids (d2t) the heads predict those ids only: warm-started from the
+    target rows d2t, scattered back to head-vocabulary logits (out-of-vocabulary elsewhere), saved
+    and loaded with their map."""
+    from lisa_trt.models.draft_vocab import OUT_OF_VOCAB_LOGIT
+
+    t = make_target(std=0.3)
+    ids = torch.tensor([3, 7, 8, 20, 100])
+    m = MedusaHeads.from_target(t, n_heads=2, d2t=ids)
+    assert m.config.draft_vocab == 5 and m.heads[0].weight.shape == (5, t.config.dim)
+    h = torch.randn(1, 4, t.config.dim)
+    full, own = m(h), m.draft_logits(h)
+    assert full.shape == (1, 4, 2, t.config.vocab_size) and own.shape == (1, 4, 2, 5)
+    assert torch.allclose(full[..., ids], own)
+    assert torch.allclose(own[:, :, 0], t.output(h)[..., ids].float(), atol=1e-5)  # warm start: the target rows
+    rest = torch.ones(t.config.vocab_size, dtype=torch.bool)
+    rest[ids] = False
+    assert (full[..., rest] == OUT_OF_VOCAB_LOGIT).all()
+    lo = m.head_logits(h, torch.tensor([[0, 1, 2, 1]]))
+    assert torch.allclose(lo[:, 1, ids], own[:, 1, 1]) and (lo[:, 2, ids] == 0).all()  # past the last head: flat
+    save_medusa(m, tmp_path / "m.safetensors")
+    back = load_medusa(tmp_path / "m.safetensors", t)
+    assert torch.equal(back.d2t, ids) and torch.equal(back.head_logits(h, torch.tensor([[0, 1, 2, 1]])), lo)
+    with pytest.raises(ConfigError, match="ascending"):
+        MedusaHeads.from_target(t, n_heads=2, d2t=torch.tensor([7, 3]))
+
+
+def test_head_losses_skip_forced_indices_and_compare_over_the_allowed_ids():
+    """Head i's entry j predicts index j + 1 + i: no loss where the layout forces that index, and the
+    teacher is read over the allowed ids only (changing its logits elsewhere changes nothing)."""
+    import types
+
+    from lisa_trt.train import LossConfig, TrainConfig
+    from lisa_trt.train.medusa import head_pairs, medusa_loss
+    from lisa_trt.train.trainer import TrainVocab
+
+    g = torch.Generator().manual_seed(0)
+    V, N, dim, ids = 12, 7, 8, torch.tensor([1, 2, 4, 5, 9])
+    m = MedusaHeads(MedusaConfig(dim=dim, vocab_size=V, n_heads=3, draft_vocab=5), d2t=ids)
+    trained = torch.tensor([True, True, False, True, True, False, True])  # indices 2 and 5 forced
+    vocab = TrainVocab(ids, trained)
+    batch = types.SimpleNamespace(tokens=torch.zeros(2, N, dtype=torch.long), logits=torch.randn(2, N, V, generator=g),
+                                  hidden=torch.randn(2, N, dim, generator=g))
+    pairs = head_pairs(m, batch, vocab)
+    for i, t_l, s_l in pairs:
+        want = int(trained[1 + i: N].sum()) * 2  # entries j = 0 .. N-2-i whose index j + 1 + i is trained
+        assert t_l.shape == s_l.shape == (want, 5)
+    cfg = TrainConfig(steps=1, loss=LossConfig(kind="eagle3"))
+    loss, st = medusa_loss(m, batch, cfg, vocab=vocab)
+    other = types.SimpleNamespace(**vars(batch))
+    other.logits = batch.logits.clone()
+    other.logits[:, [2, 5]] = 50 * torch.randn(2, 2, V, generator=g)  # forced indices
+    out = torch.ones(V, dtype=torch.bool)
+    out[ids] = False
+    other.logits[..., out] += 9.0  # ids the layout never samples
+    assert torch.allclose(medusa_loss(m, other, cfg, vocab=vocab)[0], loss)
+    assert len(st["loss_h"]) == 3
+    all_forced = TrainVocab(ids, torch.zeros(N, dtype=torch.bool))
+    with pytest.raises(ConfigError, match="forced"):
+        medusa_loss(m, batch, cfg, vocab=all_forced)

@@ -79,6 +79,12 @@ def test_memory_plan_of_the_engine_directory(bundles):
     assert p.family == "chameleon" and p.max_cache_len == man.max_cache_len and p.precision == "fp16"
     assert p.cfg  # Lumina-mGPT decodes with CFG: two rows per prompt
     assert preflight(d, memory_gib=4, gpu_backend=True, batch=1, cfg=True).fits
+    from click.testing import CliRunner
+
+    from lisa_trt.cli import main
+
+    r = CliRunner().invoke(main, ["plan", str(d), "--memory-gib", "4"])  # the command: exit 0 when it fits
+    assert r.exit_code == 0 and "(chameleon)" in r.output and "fits: yes" in r.output, r.output
     with pytest.raises(B.InputError, match="does not fit|needs"):
         check_plan(d, memory_gib=0.01, batch=1, tree=8)
 

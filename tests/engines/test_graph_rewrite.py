@@ -123,6 +123,44 @@ def test_tables_recovered_from_the_graph_are_the_exported_ones(plain, tables):
     np.testing.assert_array_equal(t["nb"][:, :20], tables.lantern_neighbors.numpy())
 
 
+def _bundle_with_w_tilde_copies(plain, tables, folder, copies):
+    """An engine directory (a manifest stand-in) whose gasv.onnx holds W~ under optimizer names,
+    once per entry of `copies` (each a function of W~), as the exporter's optimizer may leave it."""
+    import dataclasses
+    import types
+
+    from onnx import numpy_helper
+
+    from lisa_trt.calibration.tables import save_tables
+    from lisa_trt.export.io_spec import Graph
+
+    m = onnx.load(str(plain))
+    (w,) = [t for t in m.graph.initializer if t.name == "w_tilde"]
+    arr = numpy_helper.to_array(w)
+    m.graph.initializer.remove(w)
+    for i, f in enumerate(copies):
+        name = f"val_{100 + i}"
+        m.graph.initializer.append(numpy_helper.from_array(f(arr), name))
+        for node in m.graph.node:  # the first copy feeds the uses (the others: as the optimizer leaves them)
+            node.input[:] = [name if (x == "w_tilde" and i == 0) else x for x in node.input]
+    folder.mkdir()
+    onnx.save(m, str(folder / "gasv.onnx"))
+    save_tables(dataclasses.replace(tables, w_tilde=None), folder / "tables.safetensors")
+    return types.SimpleNamespace(dir=folder, files={"tables": "tables.safetensors"}, target_hash=tables.target_hash,
+                                 has=lambda g: g is Graph.GASV, graph_path=lambda g: folder / "gasv.onnx")
+
+
+def test_bundle_tables_recover_a_renamed_w_tilde_copied_per_use(plain, tables, tmp_path):
+    """The optimizer may rename a small W~ and copy it once per Gather that reads it (a Janus-Pro
+    bundle's gasv.onnx did): identical copies are one W~; two different candidates are refused."""
+    same = _bundle_with_w_tilde_copies(plain, tables, tmp_path / "same", [lambda a: a, lambda a: a.copy()])
+    got = gr.tables_from_bundle(same)
+    np.testing.assert_allclose(got["w_tilde"], tables.w_tilde.numpy(), rtol=1e-6, atol=1e-6)
+    flipped = _bundle_with_w_tilde_copies(plain, tables, tmp_path / "two", [lambda a: a, lambda a: -a])
+    with pytest.raises(gr.GraphRewriteError, match="w_tilde"):
+        gr.tables_from_bundle(flipped)
+
+
 def test_verify_tables_refuses_wrong_tables(plain, tables):
     t = gr.gasv_tables_from_onnx(onnx.load(str(plain)))
     t["beta"] = t["beta"][::-1].copy() * 3

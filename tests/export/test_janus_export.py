@@ -1,8 +1,9 @@
 """Janus-Pro end to end on a tiny random checkpoint built by transformers: `lisa-trt export` (fp32,
 --fp16, --quantize int8; every graph validated against torch), then `run` (every rule), `bench`,
 `Pipeline.from_dir` and the serve model through ONNX Runtime on the generic token-prompt engines
-(engines/prompt_graph.py). Greedy ORT tokens equal the torch path, with and without CFG, and
-clear errors for bad input."""
+(engines/prompt_graph.py), and `lisa-trt build` (the dry run, and the real build over the stand-in
+TensorRT core, whose engines decode like ORT). Greedy ORT tokens equal the torch path, with and
+without CFG, and clear errors for bad input."""
 
 import json
 import sys
@@ -128,15 +129,114 @@ def test_serve_model_answers_prompts_from_the_bundle(bundle):
     assert all(np.array_equal(np.asarray(a), b) for a, b in zip(ref.images, out["image"]))
 
 
-def test_fp16_export_validates_and_runs(bundle, tmp_path):
-    root, d, caps = bundle
+def test_serve_command_answers_captions(bundle, tmp_path):
+    """`lisa-trt serve DIR` (a real server process) on the Janus bundle: a caption request returns
+    the Pipeline's image for the same prompt and seed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serve"))
+    from served import serve_one_caption
+
+    img, st, want = serve_one_caption(bundle[0] / "eng", tmp_path / "server.log", CAPTIONS[1], seed=7)
+    assert img.dtype == np.uint8 and np.array_equal(img, want) and st["mal"] >= 1.0
+
+
+@pytest.fixture(scope="module")
+def fp16_bundle(bundle):
+    root, d, _ = bundle
     _cli("export", "--model", d, "--drafter", root / "run" / "drafter.safetensors", "--tables",
-         root / "tables.safetensors", "--out", tmp_path / "eng", "--max-prompt", 16, "--max-tree", 16, "--fp16")
-    man = json.loads((tmp_path / "eng" / "manifest.json").read_text())
+         root / "tables.safetensors", "--out", root / "eng16", "--max-prompt", 16, "--max-tree", 16, "--fp16")
+    return root / "eng16"
+
+
+def test_fp16_export_validates_and_runs(bundle, fp16_bundle, tmp_path):
+    _, _, caps = bundle
+    man = json.loads((fp16_bundle / "manifest.json").read_text())
     assert man["family"] == "janus" and man["precision"] == "fp16"
     assert all(g["validation"]["ok"] for g in man["graphs"].values())
-    _cli("run", tmp_path / "eng", caps, "--out", tmp_path / "o", "--verify", "gasv", "--threads", 1)
+    _cli("run", fp16_bundle, caps, "--out", tmp_path / "o", "--verify", "gasv", "--threads", 1)
     assert np.load(tmp_path / "o" / "tokens.npy").shape == (3, GRID, GRID)
+
+
+# ----------------------------------------------------------------------------- lisa-trt build
+
+ALL = {"target_prefill", "target_verify", "drafter_project", "drafter_step", "gasv", "vq_decode"}
+
+
+@pytest.mark.parametrize("prec", ["fp32", "fp16"])
+def test_build_dry_run_checks_and_plans_every_graph(bundle, fp16_bundle, prec):
+    """`lisa-trt build DIR --dry-run`: the TensorRT compatibility check of every graph (ops, dtypes,
+    io spec, profiles; GASV as its plugin variant), the operator audit and the profiles derived
+    from the family's io specs (the prompt axis, the codebook, the VQ grid), without TensorRT."""
+    from lisa_trt.engines import op_audit as oa
+    from lisa_trt.engines.trt_compat import check_trt_compat
+
+    d = bundle[0] / "eng" if prec == "fp32" else fp16_bundle
+    out = _cli("build", d, "--dry-run", "--max-batch", 2).output
+    rec = json.loads(out[out.index("{"):])
+    assert rec["dry_run"] and set(rec["graphs"]) == ALL and rec["graphs"]["gasv"]["onnx"] == "gasv.trt.onnx"
+    man = json.loads((d / "manifest.json").read_text())
+    prof = {n: g["profiles"] for n, g in rec["graphs"].items()}
+    (pre,) = prof["target_prefill"]  # prompts of 1 .. max_prompt tokens, 1 .. 2 x 2 CFG rows
+    assert pre["shapes"]["input_ids"] == [[1, 1], [2, 8], [4, 16]]
+    assert pre["shapes"]["attention_mask"][2] == [4, 16, man["max_cache_len"]]
+    (g,) = prof["gasv"]
+    assert g["shapes"]["guided_logits"][2] == [2 * 16, CODES]  # the codebook
+    (v,) = prof["vq_decode"]
+    assert v["shapes"]["image_tokens"][2] == [2, GRID, GRID]
+    report = check_trt_compat(d, max_batch=2)
+    assert report.ok and set(report.graphs) == ALL, report.summary()
+    oa.check_rows(oa.audit_bundle(d, name=f"janus-{prec}"))  # every op in TensorRT 10.14's parser table
+
+
+def test_build_plan_and_missing_tensorrt(bundle):
+    from lisa_trt.engines.plan import check_plan
+
+    d = bundle[0] / "eng"
+    p = check_plan(d, memory_gib=4, batch=1, tree=8)
+    assert p.family == "janus" and p.cfg
+    out = _cli("plan", d, "--memory-gib", 4).output  # the command: exit 0 when it fits
+    assert "(janus)" in out and "fits: yes" in out
+    r = _cli("build", d, ok=False)  # no TensorRT here: the error names the ORT route
+    assert r.exit_code != 0 and "--backend ort" in r.output
+
+
+@pytest.fixture
+def built(bundle, tmp_path, monkeypatch, request):
+    """A copy of the fp32 bundle built by the REAL build_plan (Polygraphy's loaders) over the fake
+    native core of tests/contract/trt_fake.py (tests/engines/test_build.py does the same for LlamaGen)."""
+    import shutil
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines"))
+    from test_build import FakeTRT, _install
+
+    from lisa_trt.engines import build as B
+
+    _install(FakeTRT(), monkeypatch, request)
+    d = tmp_path / "eng"
+    shutil.copytree(bundle[0] / "eng", d)
+    return d, B.build_engines(d, max_batch=2, progress=False)
+
+
+def test_built_engines_decode_like_ort(built):
+    """The TensorRT runners (over the fake core) decode the same GASV tokens as ONNX Runtime."""
+    from lisa_trt.config import SamplingConfig
+    from lisa_trt.engines import build as B
+    from lisa_trt.engines.graph import load_engines
+    from lisa_trt.models.family import family_of
+    from lisa_trt.speculative.methods import SpecConfig
+    from lisa_trt.speculative.run import run_method
+
+    d, rec = built
+    assert set(rec["graphs"]) == ALL and B.engines_built(d)
+    out = {}
+    for backend, kw in (("ort", dict(threads=1)), ("trt", dict(device="cpu"))):
+        with load_engines(d, backend, **kw) as eng:
+            req = family_of(eng.target.config).prompter(eng.target, d).encode(CAPTIONS[:2], cfg=True)  # 2 x 2 rows
+            spec = SpecConfig.make("gasv", top_k=3, depth=3, total_tokens=8)
+            toks, st = run_method("gasv", eng.target, eng.drafter, eng.tables, req.cond, sampling=SamplingConfig(
+                cfg_scale=2.0, top_k=16), spec=spec, seed=1, gasv=eng.gasv, layout=req.layout)
+            out[backend] = (toks, st.target_forwards, eng.vq.tokens_to_pixels(toks))
+    assert torch.equal(out["trt"][0], out["ort"][0]) and out["trt"][1] == out["ort"][1]
+    assert out["trt"][2].shape == (2, 3, GRID * 4, GRID * 4) and torch.allclose(out["trt"][2], out["ort"][2], atol=1e-5)
 
 
 def test_int8_export_validates_and_runs(tmp_path):

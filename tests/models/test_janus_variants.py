@@ -77,6 +77,10 @@ VARIANTS = {
         vq=dict(base_channels=64, channel_multiplier=[1, 1], latent_channels=64)),
     # biases, GQA 6 -> 3, untied text head (the text lm_head is not part of image generation),
     # vq_config.num_hidden_layers 0 (transformers' aligner is then fc1 alone, as with 1)
+    # 3 layers, a 6x6 grid of 96 codes, a downsample-8 VQ (4 levels, one res block each)
+    "l3_grid6_codes96_down8": dict(text=dict(num_hidden_layers=3),
+                                   vq=dict(num_embeddings=96, channel_multiplier=[1, 1, 2, 2], num_res_blocks=1),
+                                   vis=dict(image_size=96, patch_size=16, num_image_tokens=36)),
     "bias_kv3_untied_aligner0": dict(text=dict(attention_bias=True, mlp_bias=True, num_key_value_heads=3,
                                                tie_word_embeddings=False), vq=dict(num_hidden_layers=0)),
 }

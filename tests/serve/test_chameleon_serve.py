@@ -60,3 +60,13 @@ def test_a_bad_request_does_not_fail_its_batch_mates(served):
     assert e0 is None and o0["image"].shape[0] == 1
     assert e1 is not None and "--max-prompt" in str(e1) and "takes at most 32" in str(e1)
     assert e2 is not None and "top_p" in str(e2)
+
+
+def test_serve_command_answers_captions(served, tmp_path):
+    """`lisa-trt serve DIR` (a real server process) on the Chameleon bundle: a caption request
+    returns the Pipeline's image for the same prompt and seed."""
+    from served import serve_one_caption
+
+    pipe, _ = served
+    img, st, want = serve_one_caption(pipe._e.manifest.dir, tmp_path / "server.log", CAPTIONS[1], seed=8)
+    assert img.dtype == np.uint8 and np.array_equal(img, want) and st["mal"] >= 1.0

@@ -225,12 +225,12 @@ def test_janus_drafter_trains_and_speculates_losslessly(janus, tmp_path):
 def test_codebooks_and_wrong_inputs_are_clear(cham, janus, tmp_path):
     req = family_of(cham.config).prompter(cham).encode(CAPS[:1], image_size=32, cfg=True)
     rows = torch.randn(N_CODES, 8)
-    full = T._vocab_codebook(rows, cham.config.vocab_size, req.layout)
+    full = T.vocab_codebook(rows, cham.config.vocab_size, req.layout)
     sv = req.layout.sub_vocab
     assert full.shape == (cham.config.vocab_size, 8)
     assert torch.allclose(full[sv.code_ids], torch.nn.functional.normalize(rows[sv.codes], dim=-1))
     with pytest.raises(ConfigError, match="codebook has 5 rows"):
-        T._vocab_codebook(torch.randn(5, 8), cham.config.vocab_size, req.layout)
+        T.vocab_codebook(torch.randn(5, 8), cham.config.vocab_size, req.layout)
     with pytest.raises(InputError, match="prompt-conditioned"):
         train_drafter(janus, None, _cfg(), tmp_path / "x", progress=False)
     with pytest.raises(ConfigError, match="draft-vocab"):

@@ -85,6 +85,9 @@ def test_resume_hint_and_eval_format(tmp_path):
                        "depth": 2, "sequences": 16})
     assert "1.53 (sampled drafts)" in txt and "16 sequences" in txt and "{" not in txt
     assert "skipped" in format_eval({})
+    txt = format_eval({"top1_h": [0.6, 0.3], "accept_h": [0.5, 0.25], "sequences": 3})  # Medusa heads
+    assert "3 sequences, 2 Medusa heads" in txt and "0.50 0.25" in txt and "nan" not in txt
+    assert "skipped" in format_eval({"top1_h": [], "accept_h": [], "sequences": 0})
 
 
 def test_ctrl_c_in_train_prints_resume_hint(tmp_path, monkeypatch):

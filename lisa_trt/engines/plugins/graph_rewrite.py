@@ -164,8 +164,8 @@ def tables_from_bundle(manifest) -> Optional[dict]:
     they are used as they are instead of recovering them from the graph by role (which can be
     ambiguous, e.g. two float vectors that could be beta). W~ is not stored in the tables file
     (it is the target head times invstd): it is the graph's initializer named `w_tilde` (or, where the
-    exporter's optimizer renamed a small one, the one (V, H) float matrix whose squared row norms are
-    the tables' w_tilde_norm2).
+    exporter's optimizer renamed a small one, the one (V, H) float matrix, possibly copied once per
+    use, whose squared row norms are the tables' w_tilde_norm2).
     The result is still checked against the plain graph (`verify_tables`) by the caller.
 
     Raises:
@@ -194,7 +194,8 @@ def tables_from_bundle(manifest) -> Optional[dict]:
         cands = [a for a in (numpy_helper.to_array(t) for t in model.graph.initializer)
                  if a.ndim == 2 and a.dtype == np.float32 and a.shape[0] == n2.shape[0]
                  and np.allclose((a.astype(np.float64) ** 2).sum(1), n2, rtol=1e-4, atol=1e-5)]
-        w = cands[0] if len(cands) == 1 else None
+        distinct = [a for i, a in enumerate(cands) if not any(np.array_equal(a, b) for b in cands[:i])]
+        w = distinct[0] if len(distinct) == 1 else None  # the optimizer may also copy W~ once per use
     if w is None or w.ndim != 2:
         raise GraphRewriteError(f"{manifest.graph_path(Graph.GASV)} has no 2-D `w_tilde` initializer; re-export "
                                 "the bundle with this lisa-trt, or pass the tables explicitly (tables=...)")

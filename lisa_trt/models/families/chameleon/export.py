@@ -38,17 +38,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ....errors import ArtifactMismatchError, InputError
-from ....export.families import ExportFamily, interleave, register_export_family
-from ....export.io_spec import GASV_K, GASV_PARAMS, Graph, GraphSpec, TensorSpec, gasv_spec, graph_spec
+from ....errors import InputError
+from ....export.families import register_export_family
+from ....export.io_spec import Graph
 from ....export.onnx import DEFAULT_OPSET, _NamedGraph
 from ....export.sizing import resolve
-from ....export.prompt_graphs import (PromptStepGraph, check_export_options, prompt_cache_len, prompt_prefill_inputs,
-                                      prompt_prefill_spec, prompt_reference_cache, write_prompt_bundle)
+from ....export.prompt_graphs import (DEFAULT_MAX_PROMPT, PromptExportFamily, PromptStepGraph, check_bundle_artifacts,
+                                      check_export_options, prompt_cache_len, write_prompt_bundle)
 
 FAMILY = "chameleon"
 ENGINE_FILE = "chameleon_engine.json"  # the manifest of this family's directories before manifest.json
-DEFAULT_MAX_PROMPT = 128
 DEFAULT_MAX_TREE = 64
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -74,56 +73,19 @@ def engine_cache_len(image_size: int, max_prompt: int, max_tree: int) -> int:
 
 # ----------------------------------------------------------------------------- the family's graphs
 
-class ChameleonGraphs(ExportFamily):
-    """The Chameleon family's graphs: token-input prefill, image-code GASV, grid VQGAN decoder."""
+class ChameleonGraphs(PromptExportFamily):
+    """The Chameleon family's graphs (export/prompt_graphs.PromptExportFamily): token-input prefill
+    and verify over the whole vocabulary, GASV over the image-code sub-vocabulary ("codes"), the
+    grid VQGAN decoder."""
 
     name = FAMILY
-    engines_module = "lisa_trt.engines.prompt_graph"  # GraphPromptTarget, GraphGridVQ (token-prompt targets)
-    exports_bundle = True
+    default_max_tree = DEFAULT_MAX_TREE
     legacy_manifests = (ENGINE_FILE,)
+    gasv_axis = "codes"  # the tables cover the image codes inside the whole-vocabulary head
+    vq_doc = "Chameleon VQGAN decoder"
 
-    def export_bundle(self, target, drafter, tables, vq, out_dir, *, source, image_size=None, max_prompt=None,
-                      max_tree=None, opset=None, generation=None, validate=True, fp16=False, quantize="none"):
-        """`export_chameleon` with the family's defaults (its image size, DEFAULT_MAX_PROMPT / _TREE / _OPSET)."""
-        from ...family import family_of
-
-        return export_chameleon(target, drafter, tables, vq, source, out_dir,
-                                image_size=image_size or family_of(target.config).default_image_size, max_prompt=max_prompt or DEFAULT_MAX_PROMPT,
-                                max_tree=max_tree or DEFAULT_MAX_TREE, opset=opset or DEFAULT_OPSET,
-                                generation=generation, validate=validate, fp16=fp16, quantize=quantize)
-
-    def graph_spec(self, graph: Graph, cfg) -> GraphSpec:
-        if graph is Graph.TARGET_PREFILL:
-            return prompt_prefill_spec(cfg.n_layer)
-        if graph is Graph.GASV:
-            return gasv_spec("codes")
-        if graph is Graph.VQ_DECODE:
-            return GraphSpec(graph, (TensorSpec("image_tokens", "int64", ("batch", "h_lat", "w_lat"),
-                                                "VQ codes of each latent cell"),),
-                             (TensorSpec("images", "float32", ("batch", "channels", "height", "width"),
-                                         "pixels in about [-1, 1]"),), doc="Chameleon VQGAN decoder")
-        if graph is Graph.MEDUSA_HEADS:
-            raise InputError("Chameleon-family bundles have no Medusa heads graph")
-        return graph_spec(graph, n_layer=cfg.n_layer)  # verify and drafter graphs: the shared table
-
-    def export_dims(self, cfg, *, max_cache_len, drafter_cfg=None, vq_cfg=None, codes=None, layout=None):
-        dims = dict(one=1, vocab=cfg.vocab_size, dim=cfg.dim, tap_dim=3 * cfg.dim, kv_heads=cfg.kv_heads,
-                    head_dim=cfg.head_dim, cache_len=max_cache_len, n_gasv_params=len(GASV_PARAMS), gasv_k=GASV_K)
-        if codes:
-            dims["codes"] = int(codes)
-        if drafter_cfg is not None:
-            dims.update(draft_hidden=drafter_cfg.hidden, draft_heads=drafter_cfg.n_head,
-                        draft_head_dim=drafter_cfg.head_dim)
-        if vq_cfg is not None and layout and layout.get("latent"):
-            h, w = layout["latent"]
-            dims.update(h_lat=h, w_lat=w, channels=3, height=h * vq_cfg.downsample, width=w * vq_cfg.downsample)
-        return dims
-
-    def prefill_max_seq(self, layout):
-        return int((layout or {}).get("max_prompt") or DEFAULT_MAX_PROMPT)
-
-    def default_generation(self) -> dict:
-        return {}  # the Pipeline applies the family's defaults (ChameleonFamily.default_sampling)
+    def export(self, target, drafter, tables, vq, source, out_dir, **options):
+        return export_chameleon(target, drafter, tables, vq, source, out_dir, **options)
 
     def config_record(self, cfg) -> dict:
         d = super().config_record(cfg)
@@ -141,46 +103,6 @@ class ChameleonGraphs(ExportFamily):
         if not man.vq:
             return None
         return ChameleonVQConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in man.vq["config"].items()})
-
-    # -- validation -----------------------------------------------------------------------
-
-    def input_range(self, name, refs, dims):
-        tc = refs["target"].config
-        if name == "input_ids":
-            return 0, tc.vocab_size
-        if name == "position_ids":
-            hi = tc.max_position_embeddings
-            if refs.get("drafter") is not None:
-                hi = min(hi, refs["drafter"].max_positions)
-            return 0, hi
-        if name == "node_tokens":
-            return 0, refs["tables"].vocab_size
-        if name == "image_tokens":
-            return 0, refs["vq"].config.n_embed
-        return super().input_range(name, refs, dims)
-
-    def sample_inputs(self, graph, spec, dims, refs, *, precision="fp32", seed=0, batch=2, seq=3, nodes=3):
-        if graph is not Graph.TARGET_PREFILL:
-            return super().sample_inputs(graph, spec, dims, refs, precision=precision, seed=seed, batch=batch,
-                                         seq=seq, nodes=nodes)
-        tc = refs["target"].config  # a left-padded prompt batch (export/prompt_graphs.py)
-        return prompt_prefill_inputs(spec, dims, tc, tc.vocab_size, precision=precision, seed=seed, batch=batch,
-                                     seq=seq)
-
-    def target_reference(self, graph, refs, x):
-        m = refs["target"]
-        cache = prompt_reference_cache(m.config, x)
-        if graph is Graph.TARGET_PREFILL:
-            T = x["input_ids"].shape[1]
-            valid = x["attention_mask"][:, -1, :T]  # what the last prompt position may see: the valid columns
-            o = m.prefill(x["input_ids"], cache, valid, taps=True)
-        else:
-            o = m.forward_tokens(x["input_ids"], x["position_ids"], x["cache_slots"], x["attention_mask"], cache,
-                                 taps=True)
-        return dict(logits=o.logits, taps=o.taps, hidden=o.hidden, **interleave(cache.k, cache.v))
-
-    def vq_reference(self, refs, x):
-        return dict(images=refs["vq"].decode_code(x["image_tokens"]).float())
 
 
 FAMILY_GRAPHS = register_export_family(ChameleonGraphs())
@@ -213,28 +135,15 @@ class ChameleonVQGraph(_NamedGraph):
 
 # ----------------------------------------------------------------------------- bundle
 
-def _check_artifacts(target, drafter, tables, tok):
-    """Drafter and tables made for this target (tables bound to the head's code rows)."""
+def _code_ids(target, tokenizer_dir):
+    """The head ids of the image codes (the sub-vocabulary the tables cover)."""
     from . import CHAMELEON
-    from ....calibration.tables import target_hash_of
-    from ...checkpoints import target_hash
+    from .lumina import LuminaTokenizer
 
-    th = target_hash(target)
-    if drafter is not None and drafter.config.target_hash not in ("", None, th):
-        raise ArtifactMismatchError(f"the drafter was trained for target {drafter.config.target_hash}, not {th}")
-    if tables is None:
-        return None
-    vocab = CHAMELEON.sub_vocab(target, tok.newline)
-    if tables.target_hash not in ("", None, target_hash_of(target)) or tables.vocab_size != vocab.K:
-        raise ArtifactMismatchError("the tables were calibrated for another target or code vocabulary; "
-                                    "re-run `lisa-trt calibrate --model DIR` for this target")
-    if tables.w_tilde is None:
-        w = target.lm_head.weight.detach()
-        tables = tables.bind(w[vocab.code_ids.to(w.device)])
-    return tables
+    return CHAMELEON.sub_vocab(target, LuminaTokenizer(tokenizer_dir).newline).code_ids
 
 
-def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, image_size: int,
+def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, image_size: Optional[int] = None,
                      max_prompt: int = DEFAULT_MAX_PROMPT, max_tree: int = DEFAULT_MAX_TREE,
                      opset: int = DEFAULT_OPSET, generation: Optional[dict] = None, validate: bool = True,
                      fp16: bool = False, quantize: str = "none", lint: bool = False, progress: bool = False):
@@ -247,7 +156,8 @@ def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, ima
         vq: ChameleonVQGAN, or None (no pixels, tokens only at run time).
         tokenizer_dir: folder with tokenizer.json (+ tokenizer_config.json): the checkpoint dir.
         out_dir: destination (replaced atomically if it is an engine directory).
-        image_size: the image size the engines serve (fixes the span length and the cache).
+        image_size: the image size the engines serve (fixes the span length and the cache); None: the
+            family's default (512).
         max_prompt: most prompt tokens (caption template included) a run may use.
         max_tree: most draft-tree nodes verified per step.
         generation: default settings recorded for `lisa-trt run` (cfg_scale, top_k, ...).
@@ -259,11 +169,13 @@ def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, ima
             quantized for ONNX Runtime (export/quantize.py; not with fp16).
         lint: run `polygraphy check lint` on every graph.
     """
-    from .lumina import LuminaTokenizer
+    from . import CHAMELEON
 
     check_export_options(opset, fp16, quantize)  # before any work
     tokenizer_dir = Path(tokenizer_dir)
-    tables = _check_artifacts(target, drafter, tables, LuminaTokenizer(tokenizer_dir))
+    image_size = int(image_size or CHAMELEON.default_image_size)
+    code_ids = _code_ids(target, tokenizer_dir) if tables is not None else None  # the tables cover the image codes
+    tables = check_bundle_artifacts(target, drafter, tables, code_ids)
     L = engine_cache_len(image_size, max_prompt, max_tree)
     if L > target.config.max_position_embeddings + max_tree:
         raise InputError(f"a {image_size}px image with a {max_prompt}-token prompt needs {L} cache slots; this "

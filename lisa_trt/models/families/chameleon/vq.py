@@ -44,6 +44,11 @@ class ChameleonVQConfig:
     def downsample(self) -> int:
         return 2 ** (len(self.ch_mult) - 1)
 
+    @property
+    def out_channels(self) -> int:
+        """Channels of the decoded image (the name engine decoders read)."""
+        return self.out_ch
+
     @classmethod
     def from_yaml_params(cls, params: dict) -> "ChameleonVQConfig":
         """`model.params` of a taming vqgan.yaml."""

@@ -32,17 +32,16 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ....errors import ArtifactMismatchError, InputError
-from ....export.families import ExportFamily, interleave, register_export_family
-from ....export.io_spec import GASV_K, GASV_PARAMS, Graph, GraphSpec, TensorSpec, graph_spec
+from ....errors import InputError
+from ....export.families import register_export_family
+from ....export.io_spec import Graph
 from ....export.onnx import DEFAULT_OPSET, _NamedGraph
 from ....export.sizing import resolve
-from ....export.prompt_graphs import (PromptStepGraph, check_export_options, prompt_cache_len, prompt_prefill_inputs,
-                                      prompt_prefill_spec, prompt_reference_cache, write_prompt_bundle)
+from ....export.prompt_graphs import (DEFAULT_MAX_PROMPT, PromptExportFamily, PromptStepGraph, check_bundle_artifacts,
+                                      check_export_options, prompt_cache_len, write_prompt_bundle)
 from . import cond as C
 
 FAMILY = "janus"
-DEFAULT_MAX_PROMPT = 128
 DEFAULT_MAX_TREE = 64
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 
@@ -66,55 +65,17 @@ class JanusCondition:
         return torch.cat([cond, null])
 
 
-class JanusGraphs(ExportFamily):
-    """Janus-Pro's graphs: text-prompt prefill, image-code verify, GASV over the codebook, VQ decoder."""
+class JanusGraphs(PromptExportFamily):
+    """Janus-Pro's graphs (export/prompt_graphs.PromptExportFamily): text-prompt prefill, image-code
+    verify, GASV over the codebook (the whole generation head), VQ decoder."""
 
     name = FAMILY
-    engines_module = "lisa_trt.engines.prompt_graph"  # GraphPromptTarget, GraphGridVQ (token-prompt targets)
-    exports_bundle = True
+    default_max_tree = DEFAULT_MAX_TREE
+    prefill_doc = "left-padded text prompt -> cache slots [0, T); generation-head outputs at its last position"
+    vq_doc = "Janus VQ decoder"
 
-    def export_bundle(self, target, drafter, tables, vq, out_dir, *, source, image_size=None, max_prompt=None,
-                      max_tree=None, opset=None, generation=None, validate=True, fp16=False, quantize="none"):
-        """`export_janus` with the family's defaults (DEFAULT_MAX_PROMPT / _TREE, DEFAULT_OPSET)."""
-        return export_janus(target, drafter, tables, vq, source, out_dir, image_size=image_size,
-                            max_prompt=max_prompt or DEFAULT_MAX_PROMPT, max_tree=max_tree or DEFAULT_MAX_TREE,
-                            opset=opset or DEFAULT_OPSET, generation=generation, validate=validate, fp16=fp16,
-                            quantize=quantize)
-
-    # -- specs and axes -------------------------------------------------------------------
-
-    def graph_spec(self, graph: Graph, cfg) -> GraphSpec:
-        if graph is Graph.TARGET_PREFILL:
-            return prompt_prefill_spec(cfg.n_layer, "left-padded text prompt -> cache slots [0, T); generation-head "
-                                                    "outputs at its last position")
-        if graph is Graph.VQ_DECODE:
-            return GraphSpec(graph, (TensorSpec("image_tokens", "int64", ("batch", "h_lat", "w_lat"),
-                                                "VQ codes of the token grid (raster order)"),),
-                             (TensorSpec("images", "float32", ("batch", "channels", "height", "width"),
-                                         "raw decoder output (about [-1, 1])"),), doc="Janus VQ decoder")
-        if graph is Graph.MEDUSA_HEADS:
-            raise InputError("Janus-Pro bundles have no Medusa heads graph")
-        return graph_spec(graph, n_layer=cfg.n_layer)  # verify, drafter, GASV (over the codebook): the shared table
-
-    def export_dims(self, cfg, *, max_cache_len, drafter_cfg=None, vq_cfg=None, codes=None, layout=None):
-        dims = dict(one=1, vocab=cfg.vocab_size, dim=cfg.dim, tap_dim=3 * cfg.dim, kv_heads=cfg.kv_heads,
-                    head_dim=cfg.head_dim, cache_len=max_cache_len, n_gasv_params=len(GASV_PARAMS), gasv_k=GASV_K)
-        if drafter_cfg is not None:
-            dims.update(draft_hidden=drafter_cfg.hidden, draft_heads=drafter_cfg.n_head,
-                        draft_head_dim=drafter_cfg.head_dim)
-        if vq_cfg is not None and layout and layout.get("latent"):
-            h, w = layout["latent"]
-            dims.update(h_lat=h, w_lat=w, channels=vq_cfg.out_channels, height=h * vq_cfg.downsample,
-                        width=w * vq_cfg.downsample)
-        return dims
-
-    def prefill_max_seq(self, layout):
-        return int((layout or {}).get("max_prompt") or DEFAULT_MAX_PROMPT)
-
-    def default_generation(self) -> dict:
-        return {}  # the Pipeline applies the family's defaults (JanusFamily.default_sampling)
-
-    # -- manifests ------------------------------------------------------------------------
+    def export(self, target, drafter, tables, vq, source, out_dir, **options):
+        return export_janus(target, drafter, tables, vq, source, out_dir, **options)
 
     def target_config(self, man):
         """The recorded JanusConfig with the export's prompt budget (layout max_prompt)."""
@@ -129,53 +90,11 @@ class JanusGraphs(ExportFamily):
 
         return JanusVQConfig(**man.vq["config"]) if man.vq else None
 
-    # -- the graph target's protocol ------------------------------------------------------
-
     def prompt_vocab_size(self, cfg) -> int:
         return cfg.text_vocab_size  # the prefill embeds text ids; verify takes codes (cfg.vocab_size)
 
     def prompt_condition(self, cfg):
         return JanusCondition(cfg)
-
-    # -- validation -----------------------------------------------------------------------
-
-    def input_range(self, name, refs, dims):
-        tc = refs["target"].config
-        if name == "input_ids":  # verify and drafter graphs: image codes (the prefill draws its own)
-            return 0, tc.vocab_size
-        if name == "position_ids":
-            hi = tc.max_position_embeddings
-            if refs.get("drafter") is not None:
-                hi = min(hi, refs["drafter"].max_positions)
-            return 0, hi
-        if name == "node_tokens":
-            return 0, refs["tables"].vocab_size
-        if name == "image_tokens":
-            return 0, refs["vq"].config.codebook_size
-        return super().input_range(name, refs, dims)
-
-    def sample_inputs(self, graph, spec, dims, refs, *, precision="fp32", seed=0, batch=2, seq=3, nodes=3):
-        if graph is not Graph.TARGET_PREFILL:
-            return super().sample_inputs(graph, spec, dims, refs, precision=precision, seed=seed, batch=batch,
-                                         seq=seq, nodes=nodes)
-        tc = refs["target"].config
-        return prompt_prefill_inputs(spec, dims, tc, tc.text_vocab_size, precision=precision, seed=seed,
-                                     batch=batch, seq=seq)
-
-    def target_reference(self, graph, refs, x):
-        m = refs["target"]
-        cache = prompt_reference_cache(m.config, x)
-        if graph is Graph.TARGET_PREFILL:
-            T = x["input_ids"].shape[1]
-            valid = x["attention_mask"][:, -1, :T]  # what the last prompt position may see: the valid columns
-            o = m.prefill((x["input_ids"], valid), cache, taps=True)
-        else:
-            o = m.forward_tokens(x["input_ids"], x["position_ids"], x["cache_slots"], x["attention_mask"], cache,
-                                 taps=True)
-        return dict(logits=o.logits, taps=o.taps, hidden=o.hidden, **interleave(cache.k, cache.v))
-
-    def vq_reference(self, refs, x):
-        return dict(images=refs["vq"].tokens_to_pixels(x["image_tokens"]).float())
 
 
 FAMILY_GRAPHS = register_export_family(JanusGraphs())
@@ -206,22 +125,6 @@ class JanusVQGraph(_NamedGraph):
 
 # ----------------------------------------------------------------------------- bundle
 
-def _check_artifacts(target, drafter, tables):
-    """Drafter and tables made for this target (tables bound to the generation head)."""
-    from ....calibration.tables import target_hash_of
-    from ...checkpoints import target_hash
-
-    th = target_hash(target)
-    if drafter is not None and drafter.config.target_hash not in ("", None, th):
-        raise ArtifactMismatchError(f"the drafter was trained for target {drafter.config.target_hash}, not {th}")
-    if tables is None:
-        return None
-    if tables.target_hash not in ("", None, target_hash_of(target)) or tables.vocab_size != target.config.vocab_size:
-        raise ArtifactMismatchError("the tables were calibrated for another target or codebook; re-run "
-                                    "`lisa-trt calibrate --model DIR` for this target")
-    return tables if tables.w_tilde is not None else tables.bind(target.output.weight.detach())
-
-
 def export_janus(target, drafter, tables, vq, source, out_dir, *, image_size: Optional[int] = None,
                  max_prompt: int = DEFAULT_MAX_PROMPT, max_tree: int = DEFAULT_MAX_TREE, opset: int = DEFAULT_OPSET,
                  generation: Optional[dict] = None, validate: bool = True, fp16: bool = False, quantize: str = "none",
@@ -250,7 +153,7 @@ def export_janus(target, drafter, tables, vq, source, out_dir, *, image_size: Op
         raise InputError(f"--max-prompt {max_prompt} + {cfg.block_size} image tokens must fit "
                          f"max_position_embeddings {cfg.max_position_embeddings} (and be >= 1)")
     source = Path(source if source is not None else getattr(target, "source_dir", "") or ".")
-    tables = _check_artifacts(target, drafter, tables)
+    tables = check_bundle_artifacts(target, drafter, tables)  # the codebook: the whole generation head
     L = prompt_cache_len(max_prompt, cfg.block_size, max_tree)
     g = cfg.grid_size
     layout = {"image_size": int(cfg.image_size), "max_prompt": int(max_prompt), "latent": [g, g]}
