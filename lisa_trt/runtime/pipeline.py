@@ -41,6 +41,13 @@ class GenerationResult:
     codes: Optional[torch.Tensor] = None  # prompted families: the VQ code grids (B, h, w) of `tokens`
 
 
+def _default_knobs(sjd_window: Optional[int]) -> dict:
+    """A Pipeline's default method knobs, checked by their settings (InputError naming the option)."""
+    knobs = {} if sjd_window is None else {"sjd_window": sjd_window}
+    resolve_spec(None, knobs=knobs)
+    return knobs
+
+
 def _tree_budget(generation: dict, backend: str) -> dict:
     """Per-backend tree defaults recorded at export (from the measured cost curve)."""
     trees = generation.get("tree", {})
@@ -50,10 +57,11 @@ def _tree_budget(generation: dict, backend: str) -> dict:
 class Pipeline:
     """Tree speculation + GASV over one set of engines (see module docstring)."""
 
-    def __init__(self, engines: Bundle, text_encoder=None):
+    def __init__(self, engines: Bundle, text_encoder=None, *, sjd_window: Optional[int] = None):
         self._e = engines
         self._lock = threading.Lock()
         self._text = None
+        self._knobs = _default_knobs(sjd_window)
         tc = engines.target.config
         self.family = family_of(tc)
         if not self.family.class_conditioned(tc) and not self.family.prompted:
@@ -65,7 +73,8 @@ class Pipeline:
 
     @classmethod
     def from_dir(cls, engine_dir, backend: str = "auto", *, threads: Optional[int] = None,
-                 text_encoder=None, compile=None, device: Optional[str] = None) -> "Pipeline":
+                 text_encoder=None, compile=None, device: Optional[str] = None,
+                 sjd_window: Optional[int] = None) -> "Pipeline":
         """Open an exported engine directory (`lisa-trt export`).
 
         Args:
@@ -81,6 +90,8 @@ class Pipeline:
             compile: torch backend only: torch.compile the per-step graphs ("default" = Inductor,
                 "cuda-graphs" = Inductor + CUDA-graph capture on CUDA, True = the device's best).
             device: torch backend only: run the bundle's graph wrappers on this device ("cuda").
+            sjd_window: the Jacobi window of this pipeline's SJD-family decodes (sjd, mcsjd, sjd-pac,
+                gsd, sjd-gasv) when a `generate` call does not pass one (None: 16, speculative/sjd.py).
         """
         from ..engines.base import backend_names
         from ..models.hub import resolve_model
@@ -89,6 +100,7 @@ class Pipeline:
         valid = ["auto", "torch"] + [b for b in backend_names() if b != "torch"]
         if backend not in valid:
             raise InputError(f"unknown backend {backend!r}; valid: {', '.join(valid)}")
+        _default_knobs(sjd_window)  # checked before any engine loads
         engine_dir = resolve_model(engine_dir)  # the resolve step's source (a Hub name: its snapshot)
         threads = ensure_thread_policy(threads)
         if text_encoder is not None:  # t2i: check the encoder against the bundle before loading engines
@@ -100,20 +112,22 @@ class Pipeline:
             if not fam.class_conditioned(tcfg) and not fam.prompted:
                 text_encoder = make_encoder(text_encoder, tcfg)
         return cls(open_bundle(Path(engine_dir), backend, threads=threads, compile=compile, device=device),
-                   text_encoder=text_encoder)
+                   text_encoder=text_encoder, sjd_window=sjd_window)
 
     @classmethod
     def from_models(cls, target, drafter=None, tables=None, vq=None, *, class_names=None,
                     generation: Optional[dict] = None, threads: Optional[int] = None,
-                    text_encoder=None) -> "Pipeline":
+                    text_encoder=None, sjd_window: Optional[int] = None) -> "Pipeline":
         """A torch-backend pipeline over in-memory models (no export needed).
 
-        threads: torch intra-op threads (default: the `lisa_trt.threads` policy)."""
+        threads: torch intra-op threads (default: the `lisa_trt.threads` policy); sjd_window: as in
+        `from_dir`."""
         from ..threads import ensure_thread_policy
 
         ensure_thread_policy(threads)
         return cls(Bundle(target=target, drafter=drafter, tables=tables, vq=vq, class_names=class_names,
-                          generation=dict(generation or {}), backend="torch"), text_encoder=text_encoder)
+                          generation=dict(generation or {}), backend="torch"), text_encoder=text_encoder,
+                   sjd_window=sjd_window)
 
     # -- lifetime ------------------------------------------------------------------------
 
@@ -284,8 +298,10 @@ class Pipeline:
             decode: decode tokens to PIL images (needs the VQ decoder).
             progress: show a progress bar (one step per image) on stderr.
             tree: top_k / depth / total_tokens overrides of the tree budget (e.g. depth=3), and
-                verification knobs (SpecConfig fields): gasv_kappa, gasv_lambda, gasv_delta,
-                gasv_neighbours, gasv_scope (None: the tables' values), lantern_delta, lantern_gamma.
+                every registered method's knob by its flat name (speculative/methods.py FLAT_FIELDS):
+                gasv_kappa, gasv_lambda, gasv_delta, gasv_neighbours, gasv_scope (None: the tables'
+                values), lantern_delta, lantern_gamma, sjd_window (the Jacobi window; None: the
+                pipeline's, see `from_dir`), gsd_group, zipar_window, ...
         Returns:
             GenerationResult(images, tokens (B, N), stats).
         """
@@ -300,6 +316,9 @@ class Pipeline:
         cond, overrides, labels = self._cond(prompts)
         tree_kw = {"top_k": tree.pop("tree_top_k", None), "depth": tree.pop("tree_depth", None),
                    "total_tokens": tree.pop("tree_tokens", None), **tree}
+        for k, v in self._knobs.items():  # the pipeline's defaults (from_dir(sjd_window=...)), under the call's
+            if tree_kw.get(k) is None:
+                tree_kw[k] = v
         for k, v in auto_tree.items():  # the recorded tree of --verify auto, under explicit settings
             if k in ("top_k", "depth", "total_tokens") and tree_kw.get(k) is None:
                 tree_kw[k] = v
@@ -381,7 +400,7 @@ class Pipeline:
         toks, s = run_method(method.name, e.target, e.drafter, e.tables, cond, sampling=sampling, spec=spec,
                              seed=seeds[0], seeds=seeds, gasv=e.gasv, layout=layout)
         sec = time.perf_counter() - t0
-        stats = [{**s.row(b), "seconds": sec, "verify": method.name, "seed": sd, "batch": len(seeds), "batch_row": b,
+        stats = [{**s.row(b), **s.settings, "seconds": sec, "verify": method.name, "seed": sd, "batch": len(seeds), "batch_row": b,
                   "batch_target_forwards": s.target_forwards} for b, sd in enumerate(seeds)]
         return toks.cpu(), stats
 

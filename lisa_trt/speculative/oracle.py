@@ -26,6 +26,7 @@ from typing import Optional
 import torch
 
 from ..errors import InputError
+from .methods import Method, exact_rule, register_method
 
 
 class RecordingTarget:
@@ -112,3 +113,8 @@ def drafter_efficiency(results: dict, oracle_key: str = "oracle") -> dict:
         raise InputError(f"oracle MAL {ref} is not positive")
     skip = {oracle_key, "vanilla", "sjd"}
     return {m: float(r["mal"]) / ref for m, r in results.items() if m not in skip}
+
+
+register_method(Method("oracle", "tree", "exact verification of the target's own top-k at every tree node: "
+                       "the best MAL any drafter can reach on the tree (a ceiling; its timings mean nothing)",
+                       rule=exact_rule, drafter_factory=oracle_pair))

@@ -125,6 +125,33 @@ def test_run_cli_and_malformed_prompts(bundle, tmp_path):
     assert not (tmp_path / "o2").exists()
 
 
+def test_sjd_window_reaches_run_pipeline_and_stats(bundle, tmp_path):
+    """`lisa-trt run --sjd-window`, `Pipeline.from_dir(sjd_window=)` (the pipeline's default) and
+    `generate(sjd_window=)` (the call's, which wins) reach the Jacobi loop on ORT; the stats record
+    the window; a bad one is refused before any engine loads."""
+    r = CliRunner()
+    p = tmp_path / "p.txt"
+    p.write_text("1\n")
+    stats = {}
+    for w in (1, 6):
+        res = r.invoke(main, ["run", str(bundle), str(p), "--out", str(tmp_path / f"w{w}"), "--backend", "ort",
+                              "--verify", "sjd", "--sjd-window", str(w)])
+        assert res.exit_code == 0, res.output
+        stats[w] = json.loads((tmp_path / f"w{w}" / "stats.json").read_text())["images"][0]
+        assert stats[w]["sjd_window"] == w and stats[w]["verify"] == "sjd"
+    assert stats[1]["target_forwards"] > stats[6]["target_forwards"], stats  # the window mattered
+    res = r.invoke(main, ["run", str(bundle), str(p), "--out", str(tmp_path / "w0"), "--sjd-window", "0"])
+    assert res.exit_code == 2 and "--sjd-window" in res.output and not (tmp_path / "w0").exists()
+    with pytest.raises(LisaError, match="--sjd-window"):
+        Pipeline.from_dir(bundle, backend="ort", sjd_window=0)
+    with Pipeline.from_dir(bundle, backend="ort", sjd_window=3) as pipe:
+        for verify in ("mcsjd", "gsd"):
+            assert [s["sjd_window"] for s in pipe.generate([1, 2], verify=verify, decode=False).stats] == [3, 3]
+        got = pipe.generate([1, 2], verify="sjd", decode=False, batch=True, sjd_window=5).stats
+        assert [s["sjd_window"] for s in got] == [5, 5]
+        assert "sjd_window" not in pipe.generate([1], verify="zipar", decode=False).stats[0]  # ZipAR: no window
+
+
 def test_bundle_with_foreign_tables_refused(parts, bundle, tmp_path):
     import shutil
 
