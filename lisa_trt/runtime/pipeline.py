@@ -332,15 +332,18 @@ class Pipeline:
                 s = self.sampling(sampling, cfg_scale=cfgs.pop() if cfgs else cfg_scale, temperature=temperature,
                                   top_k=top_k, top_p=top_p, greedy=greedy or None)
                 seeds = [ov["seed"] if ov.get("seed") is not None else seed + i for i, ov in enumerate(overrides)]
-                req = self._request(cond, s) if self.family.prompted else None
-                c, layout = (req.cond, req.layout) if req is not None else (cond, None)
-                if row_seeds:
-                    tokens, stats = self._run_rows(method, c, s, spec, seeds, layout)
-                else:  # one generator stream over the whole batch (seeded with `seed`)
-                    tokens, st = self._run(method, c, s, spec, seed, layout)
-                    stats = [{**st, "seed": seed, "batch": len(seeds), "batch_row": b} for b in range(len(seeds))]
+                if row_seeds and method.kind == "sjd":  # the Jacobi loops have no per-row generators
+                    tokens, stats, codes = self._run_alone(method, cond, s, spec, seeds)
+                else:
+                    req = self._request(cond, s) if self.family.prompted else None
+                    c, layout = (req.cond, req.layout) if req is not None else (cond, None)
+                    if row_seeds:
+                        tokens, stats = self._run_rows(method, c, s, spec, seeds, layout)
+                    else:  # one generator stream over the whole batch (seeded with `seed`)
+                        tokens, st = self._run(method, c, s, spec, seed, layout)
+                        stats = [{**st, "seed": seed, "batch": len(seeds), "batch_row": b} for b in range(len(seeds))]
+                    codes = self.family.tokens_to_codes(self._e.target, tokens, req) if req is not None else None
                 stats = [{**st, **labels[i]} for i, st in enumerate(stats)]
-                codes = self.family.tokens_to_codes(self._e.target, tokens, req) if req is not None else None
             else:
                 from ..progress import progress_bar
 
@@ -382,26 +385,36 @@ class Pipeline:
         st["verify"] = method.name
         return toks.cpu(), st
 
+    def _run_alone(self, method: Method, cond, sampling, spec, seeds) -> tuple:
+        """Each row decoded alone with its own seed (batch=True for the Jacobi loops, which have no
+        per-row generators: a row's tokens still depend only on its prompt and seed) -> (tokens
+        (B, N), one stats dict per row, a prompted family's code grids or None)."""
+        from ..text.prompts import cond_rows
+
+        outs, codes, stats = [], [], []
+        for i, sd in enumerate(seeds):
+            if self.family.prompted:  # a request of its own (its own left padding)
+                req = self._request(cond[i:i + 1], sampling)
+                toks, st = self._run(method, req.cond, sampling, spec, sd, req.layout)
+                codes.append(self.family.tokens_to_codes(self._e.target, toks, req))
+            else:
+                toks, st = self._run(method, cond_rows(cond, i, i + 1), sampling, spec, sd)
+            outs.append(toks)
+            stats.append({**st, "seed": sd, "batch_row": i})
+        return torch.cat(outs), stats, torch.cat(codes) if codes else None
+
     def _run_rows(self, method: Method, cond, sampling, spec, seeds, layout=None) -> tuple[torch.Tensor, list]:
         """One batched decode with per-row seeds -> tokens (B, N), one stats dict per row."""
         from ..speculative.run import check_artifacts, run_method
-        from ..text.prompts import cond_rows
 
         e, method = self._e, resolve_method(method)
-        if method.kind == "sjd" and layout is None:  # the Jacobi loop has no per-row RNG: decode rows one by one
-            outs, stats = [], []
-            for i, sd in enumerate(seeds):
-                toks, st = self._run(method, cond_rows(cond, i, i + 1), sampling, spec, sd)
-                outs.append(toks)
-                stats.append({**st, "seed": sd, "batch_row": i})
-            return torch.cat(outs), stats
         check_artifacts(method.name, e.drafter, e.tables, e.gasv)
         t0 = time.perf_counter()
         toks, s = run_method(method.name, e.target, e.drafter, e.tables, cond, sampling=sampling, spec=spec,
                              seed=seeds[0], seeds=seeds, gasv=e.gasv, layout=layout)
         sec = time.perf_counter() - t0
-        stats = [{**s.row(b), **s.settings, "seconds": sec, "verify": method.name, "seed": sd, "batch": len(seeds), "batch_row": b,
-                  "batch_target_forwards": s.target_forwards} for b, sd in enumerate(seeds)]
+        stats = [{**s.row(b), **s.settings, "seconds": sec, "verify": method.name, "seed": sd, "batch": len(seeds),
+                  "batch_row": b, "batch_target_forwards": s.target_forwards} for b, sd in enumerate(seeds)]
         return toks.cpu(), stats
 
     def decode(self, tokens: torch.Tensor) -> list:

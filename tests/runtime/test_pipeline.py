@@ -54,20 +54,23 @@ def test_ort_equals_torch_tokens(bundle, verify):
     assert a.stats[0]["mal"] >= 1.0 and a.stats[1]["class"] == 3
 
 
-def test_mcsjd_runs_through_pipeline_on_every_backend(parts, bundle):
-    """MC-SJD (no drafter needed) via Pipeline on ORT, the torch graphs and the in-memory models:
-    the same tokens; batch=True decodes row by row with each prompt's seed."""
+@pytest.mark.parametrize("verify", ["sjd", "mcsjd", "sjd-pac", "gsd", "zipar", "coupled", "sjd-gasv"])
+def test_every_new_decoder_runs_through_pipeline_on_every_backend(parts, bundle, verify):
+    """Issue 27's decoders via Pipeline on ORT, the torch graphs and the in-memory models, with CFG
+    and two prompts, one decode per prompt and batch=True (per-row seeds): the same tokens
+    everywhere; the stats say what ran."""
     t, d, tables, vq = parts
-    mem = Pipeline.from_models(t, None, None, vq, generation=GEN)
-    ort = Pipeline.from_dir(bundle, backend="ort", threads=1)
-    tch = Pipeline.from_dir(bundle, backend="torch")
-    want = mem.generate([1, 4], seed=2, verify="mcsjd", decode=False)
-    for pipe in (ort, tch):
-        got = pipe.generate([1, 4], seed=2, verify="mcsjd", decode=False)
-        assert torch.equal(got.tokens, want.tokens)
-    assert all(s["verify"] == "mcsjd" and s["mal"] >= 1.0 for s in want.stats)
-    b = ort.generate([1, 4], seed=2, verify="mcsjd", decode=False, batch=True)
-    assert torch.equal(b.tokens, want.tokens) and [s["batch_row"] for s in b.stats] == [0, 1]
+    mem = Pipeline.from_models(t, d, tables, vq, generation=GEN)
+    kw = dict(seed=2, verify=verify, decode=False, sjd_window=4, sjd_pac_tree_width=2, zipar_window=2)
+    with Pipeline.from_dir(bundle, backend="ort", threads=1) as ort, Pipeline.from_dir(bundle, backend="torch") as tch:
+        for batch in (False, True):
+            want = mem.generate([1, 4], batch=batch, **kw)
+            assert [s["verify"] for s in want.stats] == [verify] * 2 and all(s["mal"] >= 1.0 for s in want.stats)
+            for pipe in (ort, tch):
+                got = pipe.generate([1, 4], batch=batch, **kw)
+                assert torch.equal(got.tokens, want.tokens), (verify, pipe.backend, batch)
+            if batch:
+                assert [s["batch_row"] for s in got.stats] == [0, 1] and [s["seed"] for s in got.stats] == [2, 3]
 
 
 def test_gasv_knobs_reach_every_backend(parts, bundle):
