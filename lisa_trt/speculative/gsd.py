@@ -93,12 +93,9 @@ def gsd_generate(target, cond, *, sampling, window, seed, spec=None, layout=None
     from .methods import SpecConfig
     from .sjd import sjd_generate
 
-    from .sjd_reuse import reuse_update
-
     s = (spec or SpecConfig()).settings("gsd")
     return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed,
-                        accept=lambda pn, pp, d, g: gsd_accept(pn, pp, d, g, s), layout=layout,
-                        redraft=reuse_update(spec, coupled=False))
+                        accept=lambda pn, pp, d, g: gsd_accept(pn, pp, d, g, s), layout=layout)
 
 
 register_method(Method(

@@ -60,10 +60,9 @@ def coupled_redraft(p_new, p_old, old, has_old, generator):
 def mcsjd_generate(target, cond, *, sampling, window, seed, spec=None, layout=None):
     """MC-SJD on one batch -> (tokens (B, N), DecodeStats): the SJD loop with coupled drafts."""
     from .sjd import sjd_generate
-    from .sjd_reuse import reuse_update
 
-    return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed,
-                        redraft=reuse_update(spec, coupled=True) or coupled_redraft, layout=layout)
+    return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed, redraft=coupled_redraft,
+                        layout=layout)
 
 
 register_method(Method("mcsjd", "sjd", "MC-SJD: speculative Jacobi decoding with maximally coupled drafts "

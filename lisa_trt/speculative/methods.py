@@ -22,10 +22,6 @@ Every place that lists methods (the decode loop, Pipeline, `lisa-trt bench`, the
 - `loop`: for "sjd" methods, the Jacobi decoder `loop(target, cond, *, sampling, window, seed,
   spec) -> (tokens, DecodeStats)` (None: plain SJD's, speculative/sjd.py).
 
-A setting several methods read but no one method owns (the Jacobi family's SJD++-style reuse,
-speculative/sjd_reuse.py) is an `OptionGroup` registered with `register_settings` in its own file:
-its flat names, options and `spec.settings(name)` work as a method's.
-
 Adding a decoding rule: one file that defines the rule (and its settings dataclass) and calls
 `register_method(Method(...))`; a decoder shipped with lisa-trt is imported by the package's
 `speculative/__init__.py` (so importing this module registers it; no import circle).
@@ -307,35 +303,6 @@ def register_method(method: Method) -> Method:
     return method
 
 
-@dataclass(frozen=True)
-class OptionGroup:
-    """Settings that several methods read but no one method owns (e.g. the Jacobi family's
-    draft reuse, speculative/sjd_reuse.py): registered with `register_settings`."""
-
-    name: str
-    settings: type
-    options: tuple = ()
-    doc: str = ""
-
-
-OPTION_GROUPS: dict[str, OptionGroup] = {}
-
-
-def register_settings(group: OptionGroup) -> OptionGroup:
-    """Register a settings group declared in its own file: its flat names `<key>_<field>` (key: the
-    group's name with '-' written '_') join FLAT_FIELDS, its options join `cli_options()` (so every
-    command with `knob_options()`, Pipeline keywords, served inputs and bench sweeps reach it), and
-    a loop reads it with `spec.settings("<name>")`. A name must not be a method's."""
-    if group.name in METHODS:
-        raise SpecError(f"settings group {group.name!r}: the name is a method's")
-    if not (dataclasses.is_dataclass(group.settings) and group.settings.__dataclass_params__.frozen):
-        raise SpecError(f"settings group {group.name}: settings must be a frozen dataclass")
-    _register_settings(_settings_key(group.name), group.settings, f"settings group {group.name}")
-    _check_options(group.options, f"settings group {group.name}")
-    OPTION_GROUPS[group.name] = group
-    return group
-
-
 def unregister_method(name: str) -> None:
     """Remove a method and the flat names of its settings (tests, plugins that unload)."""
     m = METHODS.pop(name)
@@ -359,9 +326,9 @@ def method_names(kind: Optional[str] = None) -> list:
 
 
 def cli_options() -> list:
-    """Every MethodOption of the registered methods, then of the settings groups (each flag once)."""
+    """Every MethodOption of the registered methods (each flag once)."""
     seen, out = set(), []
-    for m in [*METHODS.values(), *OPTION_GROUPS.values()]:
+    for m in METHODS.values():
         for o in m.options:
             if o.flag not in seen:
                 seen.add(o.flag)
@@ -395,7 +362,6 @@ register_method(Method("gasv", "tree", "LISA: GASV gated soft verification", nee
 # sjd (speculative/sjd.py), oracle (speculative/oracle.py) and the other decoders register in their own
 # files, imported in that order by speculative/__init__.py
 
-__all__ = ["FLAT_FIELDS", "GASVRuleConfig", "LanternConfig", "METHODS", "Method", "MethodOption", "OPTION_GROUPS",
-           "OptionGroup", "RuleContext", "SpecConfig", "TreeConfig", "cli_options", "exact_rule", "gasv_rule",
-           "get_method", "lantern_rule", "method_names", "register_method", "register_settings",
-           "unregister_method"]
+__all__ = ["FLAT_FIELDS", "GASVRuleConfig", "LanternConfig", "METHODS", "Method", "MethodOption", "RuleContext",
+           "SpecConfig", "TreeConfig", "cli_options", "exact_rule", "gasv_rule", "get_method", "lantern_rule",
+           "method_names", "register_method", "unregister_method"]

@@ -13,8 +13,7 @@ seam: `ChainWindow` (SJD's chain, below) or SJD-PAC's tree window (speculative/s
 each bringing its forward inputs, verification and next drafts. The chain has two seams of its
 own: `redraft` (the Jacobi update: how the next drafts are drawn from their new distributions;
 SJD draws them independently, MC-SJD (speculative/mcsjd.py) couples each new draft with the
-previous draft at the same image position, the `--sjd-reuse` option (speculative/sjd_reuse.py)
-keeps high-confidence previous drafts, with their true law) and `accept` (the verification of the window;
+previous draft at the same image position) and `accept` (the verification of the window;
 SJD's test above, GSD's grouped test in speculative/gsd.py, GASV's in speculative/sjd_gasv.py).
 """
 
@@ -159,11 +158,7 @@ class ChainWindow:
             old = self.drafts.gather(1, srcc)
             p_old = self.p_prev.gather(1, srcc[:, :, None].expand(-1, -1, V))
             has_old = ~fresh if W else torch.zeros_like(fresh)
-            got = self.redraft(p_new, p_old, old, has_old, gen)
-            if isinstance(got, tuple):  # drafts not drawn from p_new (reuse): verified against their own law
-                self.drafts, p_new = got
-            else:
-                self.drafts = got
+            self.drafts = self.redraft(p_new, p_old, old, has_old, gen)
         self.p_prev = p_new
 
 
@@ -183,9 +178,7 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
         Jacobi update: p_new (B, window, V) are the distributions the next drafts must follow,
         old (B, window) the drafts the same image positions had in this iteration, drawn from
         p_old (B, window, V); has_old (B, window) is False for fresh slots (no previous draft).
-        A redraft whose drafts do not follow p_new returns `(drafts, law)` instead, law (B,
-        window, V) the law each draft was drawn from; the next verification tests them against it
-        (SJD++-style reuse, speculative/sjd_reuse.py). None: independent draws from p_new (plain SJD).
+        None: independent draws from p_new (plain SJD).
     accept: optional `accept(p_now, p_prev, drafts, gen) -> (SJDResult, tvd)`, the verification
         of the W window drafts ((B, W, V), (B, W, V), (B, W)); tvd (B, W) is the total variation
         distance between the law of the token each slot commits and p_now there (None: 0, a
@@ -248,11 +241,8 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
 
 
 def _sjd_loop(target, cond, *, sampling, window, seed, spec=None, layout=None):
-    """Plain SJD on one batch (the registry's loop protocol; `--sjd-reuse` applies)."""
-    from .sjd_reuse import reuse_update
-
-    return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed, layout=layout,
-                        redraft=reuse_update(spec, coupled=False))
+    """Plain SJD on one batch (the registry's loop protocol)."""
+    return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed, layout=layout)
 
 
 register_method(Method(

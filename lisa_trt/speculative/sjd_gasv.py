@@ -105,10 +105,9 @@ def gasv_jacobi_accept(p_now, p_prev, drafts, generator, moved) -> tuple:
 def sjd_gasv_generate(target, cond, *, sampling, window, seed, spec=None, layout=None, tables=None, gasv=None):
     """sjd-gasv on one batch -> (tokens (B, N), DecodeStats with per-token TVD)."""
     from .autoregressive import layout_for
+    from .mcsjd import coupled_redraft
     from .methods import SpecConfig
     from .sjd import sjd_generate
-    from .mcsjd import coupled_redraft
-    from .sjd_reuse import reuse_update
 
     spec = spec or SpecConfig()
     s = spec.settings("sjd-gasv")
@@ -120,8 +119,7 @@ def sjd_gasv_generate(target, cond, *, sampling, window, seed, spec=None, layout
             p, d, tables, cfg, gasv, layout.sub_vocab))
 
     return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed, accept=accept, layout=layout,
-                        redraft=reuse_update(spec, coupled=s.redraft == "mcsjd")
-                        or (coupled_redraft if s.redraft == "mcsjd" else None))
+                        redraft=coupled_redraft if s.redraft == "mcsjd" else None)
 
 
 register_method(Method(
