@@ -504,6 +504,8 @@ def section_decoders(ctx: Ctx) -> dict:
                                                     compile="cuda-graphs" if name == "cuda-graphs" else None)
     n = 1 if ctx.smoke else ctx.args.demo_images
     out = {"device": str(ctx.device), "images": n, "modes": {}}
+    if ctx.smoke:
+        out["note"] = "smoke: one image, no warm-up (the first decode pays one-time costs): seconds are not comparable"
     for name in modes:
         rows = ctx.rows.setdefault(name, {})
         res = out["modes"][name] = {}
