@@ -23,12 +23,23 @@ after every section, so a run cut by a timeout keeps what it measured):
   compiled_decode the same methods through an exported demo bundle on the torch graph backend,
                  eager vs torch.compile (Inductor) vs torch.compile + CUDA graphs
                  (`Pipeline.from_dir(dir, backend="torch", compile=...)`), compile time apart;
+  decoders       the training-free decoders (sjd, mcsjd, sjd-pac, gsd, zipar) and LISA's drafter
+                 combined with them (coupled, sjd-gasv) next to vanilla / exact / gasv, on the same
+                 demo-bundle pipelines (CUDA graphs first, the fastest plain decoding there, then
+                 eager): seconds per image, MAL per target forward and TVD per decoder, and the
+                 speed-up against the FASTEST vanilla seconds per image measured in this run (any
+                 mode); rows compiled_decode measured are reused, not re-run. The CPU smoke runs
+                 it on a tiny random model in memory (seconds);
   tensorrt       when tensorrt imports: export the demo bundle, build every engine
                  (lisa_trt.engines.build: build seconds and plan bytes per graph), then parity
                  against the bundle's torch graphs per graph (gasv, vq_decode, drafter_project) and
                  greedy target tokens with the default KV binding ("swap") and with in-place
                  binding (opt-in): tokens must be identical to torch; else the reason.
 With --cpu-smoke (or without CUDA) every section runs a tiny version on CPU in a few seconds.
+
+Time: --budget (420 s) bounds the whole run; each section also has its own share
+(SECTION_BUDGET, `--section-budget NAME=SECONDS` to change one), and the loops over models,
+modes and methods stop at their section's deadline, recording what they skipped.
 """
 
 from __future__ import annotations
@@ -47,8 +58,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-SECTIONS = ("env", "gasv_kernel", "verify_latency", "demo_decode", "compiled_decode", "tensorrt")
+SECTIONS = ("env", "gasv_kernel", "verify_latency", "demo_decode", "compiled_decode", "decoders", "tensorrt")
+# seconds each section may use at most (the run's --budget still bounds the total); about 8 minutes in all
+SECTION_BUDGET = {"env": 10, "gasv_kernel": 30, "verify_latency": 80, "demo_decode": 40, "compiled_decode": 100,
+                  "decoders": 90, "tensorrt": 70}
 DECODE_METHODS = ("vanilla", "exact", "lantern", "gasv")
+# the decoders section: the baseline first, then the new decoders by priority, then the tree rules
+DECODERS = ("vanilla", "sjd", "mcsjd", "sjd-pac", "gsd", "zipar", "sjd-gasv", "coupled", "exact", "gasv")
 TREE_SIZES = (1, 2, 4, 8, 16, 32, 48, 64)
 MODELS = ("GPT-B", "GPT-L", "GPT-XL", "GPT-XL-T2I")
 
@@ -114,9 +130,23 @@ class Ctx:
         self.device = torch.device("cuda" if self.cuda else "cpu")
         self.smoke = not self.cuda
         self.deadline = time.monotonic() + args.budget
+        self.section_deadline = self.deadline
+        self.rows = {}  # mode -> {method: row} of the demo-bundle pipelines (compiled_decode, decoders)
+        self.pipes = {}  # mode -> open Pipeline (compiled_decode keeps them for the decoders section)
+
+    def start_section(self, name: str) -> None:
+        """The section's deadline: its share (SECTION_BUDGET / --section-budget), within the run's."""
+        cap = self.args.section_budget.get(name, SECTION_BUDGET.get(name, self.args.budget))
+        self.section_deadline = min(self.deadline, time.monotonic() + cap)
 
     def left(self) -> float:
-        return self.deadline - time.monotonic()
+        """Seconds left to the current section (its share, or the run's budget if that is sooner)."""
+        return min(self.deadline, self.section_deadline) - time.monotonic()
+
+    def close(self) -> None:
+        for p in self.pipes.values():
+            p.close()
+        self.pipes = {}
 
 
 # ----------------------------------------------------------------------------- sections
@@ -316,6 +346,9 @@ def section_demo_decode(ctx: Ctx) -> dict:
     classes = [i % target.config.num_classes for i in range(n)]
     out = {"device": str(ctx.device), "sampling": sampling.__dict__, "spec": spec.__dict__, "images": n}
     for method in DECODE_METHODS:  # separately: a failure of one keeps the other's numbers
+        if ctx.left() < 5 and not ctx.smoke:
+            out[method] = {"skipped": "section time budget"}
+            continue
         try:
             cond = torch.tensor([classes[0]], device=ctx.device)
             run_method(method, target, drafter, tables, cond, sampling=sampling, spec=spec, seed=0)  # warm-up
@@ -365,10 +398,31 @@ def _demo_bundle(ctx: Ctx) -> Path:
     return d
 
 
-def section_compiled_decode(ctx: Ctx) -> dict:
-    """Demo bundle on the torch graph backend: eager vs Inductor vs Inductor + CUDA graphs."""
+def _time_method(ctx: Ctx, pipe, method: str, n: int) -> dict:
+    """One warm-up image (class 0, seed 10000; compiles / captures new shapes), then n images
+    (class i % 8, seed i) through Pipeline.generate: seconds per image, MAL per target forward, TVD.
+    The CPU smoke skips the warm-up."""
     import torch
 
+    t0 = time.perf_counter()
+    if not ctx.smoke:  # the smoke checks the path, not the time
+        pipe.generate([0], seed=10_000, verify=method, decode=False)
+    warm = time.perf_counter() - t0
+    secs, mals, tvds = [], [], []
+    for i in range(n):
+        t0 = time.perf_counter()
+        res = pipe.generate([i % 8], seed=i, verify=method, decode=False)
+        if ctx.cuda:
+            torch.cuda.synchronize()
+        secs.append(time.perf_counter() - t0)
+        mals.append(res.stats[0].get("mal", 1.0))
+        tvds.append(res.stats[0].get("mean_tvd", 0.0))
+    return {"seconds_per_image": round(statistics.mean(secs), 4), "warmup_seconds": round(warm, 2),
+            "mal": round(statistics.mean(mals), 3), "mean_tvd": round(statistics.mean(tvds), 4), "images": n}
+
+
+def section_compiled_decode(ctx: Ctx) -> dict:
+    """Demo bundle on the torch graph backend: eager vs Inductor vs Inductor + CUDA graphs."""
     from lisa_trt.demo.registry import assets_present
 
     if not assets_present():
@@ -386,27 +440,106 @@ def section_compiled_decode(ctx: Ctx) -> dict:
         row = out[name] = {}
         try:
             # the torch graph backend puts its runners on the bundle's device option
-            pipe = Pipeline.from_dir(work / "eng", backend="torch", compile=mode, device=str(ctx.device))
+            pipe = ctx.pipes[name] = Pipeline.from_dir(work / "eng", backend="torch", compile=mode,
+                                                       device=str(ctx.device))
             for method in DECODE_METHODS:
-                t0 = time.perf_counter()
-                pipe.generate([0], seed=10_000, verify=method, decode=False)
-                warm = time.perf_counter() - t0
-                secs, mals = [], []
-                for i in range(n):
-                    t0 = time.perf_counter()
-                    res = pipe.generate([i % 8], seed=i, verify=method, decode=False)
-                    if ctx.cuda:
-                        torch.cuda.synchronize()
-                    secs.append(time.perf_counter() - t0)
-                    mals.append(res.stats[0].get("mal", 1.0))
-                row[method] = {"seconds_per_image": round(statistics.mean(secs), 4), "warmup_seconds": round(warm, 2),
-                               "mal": round(statistics.mean(mals), 3)}
+                if ctx.left() < 10 and not ctx.smoke:
+                    row[method] = {"skipped": "section time budget"}
+                    continue
+                row[method] = _time_method(ctx, pipe, method, n)
+            ctx.rows[name] = {m: r for m, r in row.items() if "seconds_per_image" in r}
             _speedups(row)
-            pipe.close()
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {e}"
             row["traceback"] = traceback.format_exc()[-2000:]
+    if "inductor" in ctx.pipes and "cuda-graphs" in ctx.pipes:  # the decoders section times eager and CUDA graphs
+        ctx.pipes.pop("inductor").close()
     return out
+
+
+def _tiny_pipeline():
+    """A tiny random LlamaGen pipeline in memory (target, drafter, tables, VQ): the CPU smoke's."""
+    import torch
+
+    from lisa_trt.calibration.profile import calibrate
+    from lisa_trt.config import SamplingConfig, vq_config
+    from lisa_trt.models.drafter import Drafter
+    from lisa_trt.models.families.llamagen.vq import VQModel
+    from lisa_trt.runtime.pipeline import Pipeline
+    from lisa_trt.testing import make_target
+
+    torch.manual_seed(0)
+    t = make_target(std=0.3, n_layer=2)
+    cfg = vq_config("VQ-16", ch=32, encoder_ch_mult=(1, 2), decoder_ch_mult=(1, 2), z_channels=32, codebook_size=256)
+    vq = VQModel(cfg).eval()
+    s = SamplingConfig(cfg_scale=2.0, top_k=0)
+    tables = calibrate(t, vq.codebook().detach(), num_rollouts=2, sampling=s, progress=False)
+    gen = {"sampling": {"cfg_scale": 2.0, "top_k": 0}, "tree": {"default": {"top_k": 3, "depth": 2, "total_tokens": 8}}}
+    return Pipeline.from_models(t, Drafter.from_target(t).eval(), tables, vq, generation=gen)
+
+
+def section_decoders(ctx: Ctx) -> dict:
+    """The training-free decoders and LISA's drafter combined with them, next to vanilla / exact /
+    gasv, on the demo-bundle pipelines compiled_decode opened (CUDA graphs first, then eager; a
+    bundle of its own when compiled_decode did not run), or a tiny in-memory model in the CPU smoke.
+
+    Per mode and decoder: seconds per image, MAL per target forward, mean TVD (speed-ups against
+    vanilla in the same mode and against the fastest vanilla of the run). Rows compiled_decode
+    measured on the same pipeline (same images and seeds) are reused, not re-run."""
+    from lisa_trt.demo.registry import assets_present
+    from lisa_trt.runtime.pipeline import Pipeline
+
+    tiny = ctx.smoke and not ctx.args.demo_on_cpu
+    if tiny:
+        modes = ["tiny-eager"]
+        ctx.pipes.setdefault("tiny-eager", _tiny_pipeline())
+    elif not assets_present():
+        return {"skipped": "the bundled demo assets are absent"}
+    else:
+        modes = ["cuda-graphs", "eager"] if ctx.cuda else ["eager"]
+        for name in modes:
+            if name not in ctx.pipes:
+                work = _demo_bundle(ctx).parent
+                ctx.pipes[name] = Pipeline.from_dir(work / "eng", backend="torch", device=str(ctx.device),
+                                                    compile="cuda-graphs" if name == "cuda-graphs" else None)
+    n = 1 if ctx.smoke else ctx.args.demo_images
+    out = {"device": str(ctx.device), "images": n, "modes": {}}
+    if ctx.smoke:
+        out["note"] = "smoke: one image, no warm-up (the first decode pays one-time costs): seconds are not comparable"
+    for name in modes:
+        rows = ctx.rows.setdefault(name, {})
+        res = out["modes"][name] = {}
+        for method in DECODERS:
+            if method in rows:
+                res[method] = dict(rows[method], source="compiled_decode")
+                continue
+            if ctx.left() < 10 and not ctx.smoke:
+                res[method] = {"skipped": "section time budget"}
+                continue
+            try:
+                rows[method] = res[method] = _time_method(ctx, ctx.pipes[name], method, n)
+            except Exception as e:  # one decoder's failure keeps the others' numbers
+                res[method] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-2000:]}
+    _decoder_speedups(ctx, out)
+    ctx.close()
+    return out
+
+
+def _decoder_speedups(ctx: Ctx, out: dict) -> None:
+    """speedup_vs_vanilla (same mode) and speedup_vs_fastest_vanilla (the fastest vanilla seconds
+    per image of any mode this run measured: eager, Inductor, CUDA graphs)."""
+    vans = {m: r["vanilla"]["seconds_per_image"] for m, r in ctx.rows.items() if "vanilla" in r}
+    if not vans:
+        return
+    fast_mode = min(vans, key=vans.get)
+    out["fastest_vanilla"] = {"mode": fast_mode, "seconds_per_image": vans[fast_mode]}
+    for mode, res in out["modes"].items():
+        for r in res.values():
+            if "seconds_per_image" not in r:
+                continue
+            if mode in vans:
+                r["speedup_vs_vanilla"] = round(vans[mode] / r["seconds_per_image"], 3)
+            r["speedup_vs_fastest_vanilla"] = round(vans[fast_mode] / r["seconds_per_image"], 3)
 
 
 def _greedy_tokens(target, cond, steps: int):
@@ -499,7 +632,7 @@ def section_tensorrt(ctx: Ctx) -> dict:
 
 RUNNERS = {"env": section_env, "gasv_kernel": section_gasv_kernel, "verify_latency": section_verify_latency,
            "demo_decode": section_demo_decode, "compiled_decode": section_compiled_decode,
-           "tensorrt": section_tensorrt}
+           "decoders": section_decoders, "tensorrt": section_tensorrt}
 
 
 # ----------------------------------------------------------------------------- main
@@ -518,6 +651,8 @@ def main(argv=None) -> int:
     p.add_argument("--cpu-smoke", action="store_true", help="tiny CPU versions of every section (seconds)")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
     p.add_argument("--budget", type=float, default=420.0, help="seconds after which remaining sections are skipped")
+    p.add_argument("--section-budget", action="append", default=[], metavar="NAME=SECONDS",
+                   help=f"one section's share (repeatable; defaults: {SECTION_BUDGET})")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--demo-images", type=int, default=4)
@@ -527,6 +662,16 @@ def main(argv=None) -> int:
     unknown = sorted(set(wanted) - set(SECTIONS))
     if unknown:
         p.error(f"unknown sections {unknown}; valid: {', '.join(SECTIONS)}")
+    shares = {}
+    for item in args.section_budget:
+        name, _, secs = item.partition("=")
+        try:
+            shares[name] = float(secs)
+        except ValueError:
+            shares[name] = None
+        if name not in SECTIONS or shares[name] is None or shares[name] <= 0:
+            p.error(f"--section-budget {item!r}: give NAME=SECONDS with NAME in {', '.join(SECTIONS)}")
+    args.section_budget = shares
     import torch
 
     torch.manual_seed(0)
@@ -537,10 +682,11 @@ def main(argv=None) -> int:
                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "mode": "cuda" if ctx.cuda else "cpu-smoke",
                "sections": {}}
     for name in wanted:
-        if ctx.left() <= 0:
+        if ctx.deadline - time.monotonic() <= 0:
             results["sections"][name] = {"skipped": "time budget exhausted"}
             continue
         t0 = time.perf_counter()
+        ctx.start_section(name)
         try:
             res = RUNNERS[name](ctx)
             status = "skipped" if isinstance(res, dict) and "skipped" in res else "ok"
@@ -551,6 +697,7 @@ def main(argv=None) -> int:
         results["sections"][name] = res
         print(f"[gpu_check] {name}: {status} ({res['seconds']} s)", flush=True)
         _write(args.out, results)
+    ctx.close()
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     _write(args.out, results)
     return 0

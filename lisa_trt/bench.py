@@ -92,7 +92,7 @@ def parse_sweep(text: str) -> list[tuple[str, str, dict]]:
 
 
 def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingConfig,
-              spec: SpecConfig, seed: int = 0, scorer_fn=None, decode_fn=None, sjd_window: int = 16,
+              spec: SpecConfig, seed: int = 0, scorer_fn=None, decode_fn=None, sjd_window: Optional[int] = None,
               progress: bool = True, settings_extra: Optional[dict] = None, gasv=None,
               runs: Optional[list] = None, quality=None, requests: Optional[list] = None) -> dict:
     """Run every method / sweep point on one image per entry of `classes` (batch 1, seed + i).
@@ -181,7 +181,8 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
         results[m]["drafter_efficiency"] = e  # MAL / oracle MAL (same tree budget and seeds)
     settings = {"num_images": n_images, "seed": seed, **({} if t2i else {"classes": cls.tolist()}),
                 "sampling": dataclasses.asdict(sampling), "spec": dataclasses.asdict(spec),
-                "sjd_window": sjd_window, "torch_threads": torch.get_num_threads(),
+                "sjd_window": spec.settings("sjd").window if sjd_window is None else sjd_window,
+                "torch_threads": torch.get_num_threads(),
                 **(settings_extra or {})}
     return {"settings": settings, "results": results}
 

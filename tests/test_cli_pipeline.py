@@ -37,7 +37,8 @@ def files(tmp_path_factory):
 
 def test_generate_with_each_rule(files):
     r = CliRunner()
-    for verify in ["greedy", "exact", "lantern", "gasv", "sjd"]:
+    for verify in ["greedy", "exact", "lantern", "gasv", "sjd", "coupled", "sjd-gasv"]:  # + LISA's drafter / tables
+        # combined with the Jacobi family (issue 27)
         out = files / f"g_{verify}"
         res = r.invoke(main, ["generate", "--model", str(files / "t.safetensors"), "--drafter",
                               str(files / "run" / "drafter.safetensors"), "--tables", str(files / "tables.safetensors"),

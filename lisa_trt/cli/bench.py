@@ -25,7 +25,6 @@ from . import options as opt
                     help="torch: the in-memory models; any other: the exported graphs of --engine-dir.")
 @click.option("--engine-dir", default=None, type=click.Path(),
               help="Exported bundle for a graph backend (ort, trt, ...).")
-@opt.sjd_window_option
 @opt.sampling_options
 @opt.tree_options
 @opt.knob_options()
@@ -37,18 +36,17 @@ from . import options as opt
 @click.option("--plot", "plot_path", default=None, type=click.Path(), help="Speed / quality plot (PNG).")
 @handle_errors
 def bench(model, model_cfg, drafter, tables, methods, num_images, classes, captions, encoder_dir, backend,
-          engine_dir, sjd_window, sampling, tree, knobs, sweeps, quality_cache, json_path, plot_path):
+          engine_dir, sampling, tree, knobs, sweeps, quality_cache, json_path, plot_path):
     """Run every method on the same prompts and seeds in one process; JSON + speed/quality plot."""
     from ..runtime.context import resolve
 
     rc = resolve(model, sampling=sampling, tree=tree, knobs=knobs, model_cfg=model_cfg, backend=backend)
     rc.run("bench", _bench, drafter=drafter, tables=tables, methods=methods, num_images=num_images, classes=classes,
-           captions=captions, encoder_dir=encoder_dir, engine_dir=engine_dir, sjd_window=sjd_window, sweeps=sweeps,
+           captions=captions, encoder_dir=encoder_dir, engine_dir=engine_dir, sweeps=sweeps,
            quality_cache=quality_cache, json_path=json_path, plot_path=plot_path, echo=click.echo)
 
 
-def _bench(rc, *, drafter, tables, methods, num_images, classes, captions, encoder_dir, engine_dir, sjd_window,
-           sweeps, quality_cache, json_path, plot_path, echo, **_):
+def _bench(rc, *, drafter, tables, methods, num_images, classes, captions, encoder_dir, engine_dir, sweeps, quality_cache, json_path, plot_path, echo, **_):
     """The family-seam bench: in-memory models or a bundle's graphs, one report."""
     from ..artifacts import default_drafter
     from ..bench import parse_methods, parse_sweep, run_bench, save_bench
@@ -68,7 +66,7 @@ def _bench(rc, *, drafter, tables, methods, num_images, classes, captions, encod
     extra = {"model": rc.given["model"], "drafter": drafter or default_drafter(rc.source), "backend": rc.backend,
              "command": " ".join(sys.argv), **({"captions": texts} if texts is not None else {})}
     report = run_bench(engines[0], engines[1], tb, ms, conds, sampling=rc.sampling, spec=rc.spec, seed=rc.seed,
-                       gasv=engines[2], scorer_fn=scorer_fn, decode_fn=decode_fn, sjd_window=sjd_window, runs=runs,
+                       gasv=engines[2], scorer_fn=scorer_fn, decode_fn=decode_fn, runs=runs,
                        quality=quality, settings_extra=extra, requests=requests)
     save_bench(report, json_path, plot_path)
     _print_report(report, echo, scored=scorer_fn is not None, num_images=num_images)

@@ -23,12 +23,11 @@ from . import options as opt
 @opt.tables_option("Calibration tables (lisa-trt calibrate); demo: bundled.")
 @opt.tree_options
 @opt.knob_options()
-@opt.sjd_window_option
 @opt.out_option("Output directory (PNGs, tokens.npy, stats.json).", default="outputs")
 @opt.overwrite_option
 @handle_errors
 def generate(model, model_cfg, vq, vq_config, classes, captions, encoder_dir, prompts, sampling, drafter, verify,
-             tables, tree, knobs, sjd_window, out_dir, overwrite):
+             tables, tree, knobs, out_dir, overwrite):
     """Generate images: the reference AR loop, or tree speculation with --drafter/--verify.
 
     Writes PNGs (when a VQ is known), tokens.npy and stats.json."""
@@ -39,7 +38,7 @@ def generate(model, model_cfg, vq, vq_config, classes, captions, encoder_dir, pr
                  knobs=knobs, model_cfg=model_cfg)
     rc.run("generate", _generate, prompts=prompts, out_dir=out_dir, overwrite=overwrite, vq=vq, vq_config=vq_config,
            classes=classes, captions=captions, encoder_dir=encoder_dir, drafter=drafter, tables=tables,
-           sjd_window=sjd_window, echo=click.echo)
+           echo=click.echo)
 
 
 def _conditions(rc, classes, captions, encoder_dir):
@@ -80,7 +79,7 @@ def _decoder(rc, vq, vq_config):
 
 
 def _generate(rc, *, prompts, out_dir, overwrite, vq, vq_config, classes, captions, encoder_dir, drafter, tables, echo,
-              sjd_window=16, **_):
+              **_):
     """The family-seam `generate`: target in memory, any registered method (speculative/run.py)."""
     import dataclasses
 
@@ -106,20 +105,18 @@ def _generate(rc, *, prompts, out_dir, overwrite, vq, vq_config, classes, captio
     n_tok = layout.n_tokens if layout is not None else tc.block_size
     echo(f"{m.name}: decoding {n_img} image(s), {n_tok} tokens each"
          + ("" if m.kind == "ar" else
-            f", Jacobi window {sjd_window}" if m.kind == "sjd" else
+            f", Jacobi window {spec.settings('sjd').window}" if m.kind == "sjd" else
             f", draft tree top-k {spec.tree.top_k} / depth {spec.tree.depth} / {spec.tree.total_tokens} nodes "
             "(smaller trees are faster on a CPU: --tree-tokens)") + " ...", err=True)
     show = sys.stderr.isatty()
     bar = progress_bar(n_img * n_tok, show, unit="token")
     tokens, st = run_method(m.name, rc.target, dr, tb, cond, sampling=rc.sampling, spec=spec, seed=rc.seed,
-                            sjd_window=sjd_window,
                             on_progress=(lambda done: bar.update(done - bar.n)) if show else None, layout=layout)
     bar.close()
     stats = st.as_dict()
     echo(f"{m.name}: MAL {stats['mal']:.2f}, {stats['target_forwards']} target forwards, "
          f"mean TVD {stats['mean_tvd']:.4f}, {stats['times']['total']:.2f} s")
     record = {"family": fam.name, "verify": m.name, "sampling": dataclasses.asdict(rc.sampling),
-              **({"sjd_window": sjd_window} if m.kind == "sjd" else {}),
               "tree": dataclasses.asdict(spec.tree) if m.kind == "tree" else None, **stats}
     if request is not None:
         record["prompts"], record["grid"] = list(request.prompts), list(request.grid)

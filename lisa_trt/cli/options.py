@@ -7,7 +7,8 @@ step (runtime/context.py) takes:
     sampling    --cfg-scale --temperature --top-k --top-p --cfg-interval --greedy --seed
     tree        --tree-top-k --tree-depth --tree-tokens
     knobs       every registered method's options (speculative/methods.py MethodOption), by
-                SpecConfig flat name: --lantern-delta, --kappa, --lambda, --delta, --gsd-group ...
+                SpecConfig flat name: --lantern-delta, --kappa, --lambda, --delta, --sjd-window,
+                --gsd-group ...
 
 Options used by one command only are declared in that command's module. A factory takes the
 per-command wording (help, default, required); defaults otherwise come from the dataclasses.
@@ -196,12 +197,6 @@ def verify_option(*, auto: bool = False, choices=None, default=None, help: str =
 
 def drafter_option(help: str):
     return click.option("--drafter", default=None, help=help)
-
-
-def sjd_window_option(fn):
-    """`--sjd-window` (the Jacobi-family decoders' draft tokens per window) -> `sjd_window`."""
-    return click.option("--sjd-window", type=click.IntRange(min=1), default=16, show_default=True,
-                        help="SJD family (sjd, mcsjd, sjd-pac, gsd, sjd-gasv): draft tokens per Jacobi window.")(fn)
 
 
 def tables_option(help: str):

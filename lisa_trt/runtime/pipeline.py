@@ -41,6 +41,13 @@ class GenerationResult:
     codes: Optional[torch.Tensor] = None  # prompted families: the VQ code grids (B, h, w) of `tokens`
 
 
+def _default_knobs(sjd_window: Optional[int]) -> dict:
+    """A Pipeline's default method knobs, checked by their settings (InputError naming the option)."""
+    knobs = {} if sjd_window is None else {"sjd_window": sjd_window}
+    resolve_spec(None, knobs=knobs)
+    return knobs
+
+
 def _tree_budget(generation: dict, backend: str) -> dict:
     """Per-backend tree defaults recorded at export (from the measured cost curve)."""
     trees = generation.get("tree", {})
@@ -50,10 +57,11 @@ def _tree_budget(generation: dict, backend: str) -> dict:
 class Pipeline:
     """Tree speculation + GASV over one set of engines (see module docstring)."""
 
-    def __init__(self, engines: Bundle, text_encoder=None):
+    def __init__(self, engines: Bundle, text_encoder=None, *, sjd_window: Optional[int] = None):
         self._e = engines
         self._lock = threading.Lock()
         self._text = None
+        self._knobs = _default_knobs(sjd_window)
         tc = engines.target.config
         self.family = family_of(tc)
         if not self.family.class_conditioned(tc) and not self.family.prompted:
@@ -65,7 +73,8 @@ class Pipeline:
 
     @classmethod
     def from_dir(cls, engine_dir, backend: str = "auto", *, threads: Optional[int] = None,
-                 text_encoder=None, compile=None, device: Optional[str] = None) -> "Pipeline":
+                 text_encoder=None, compile=None, device: Optional[str] = None,
+                 sjd_window: Optional[int] = None) -> "Pipeline":
         """Open an exported engine directory (`lisa-trt export`).
 
         Args:
@@ -81,6 +90,8 @@ class Pipeline:
             compile: torch backend only: torch.compile the per-step graphs ("default" = Inductor,
                 "cuda-graphs" = Inductor + CUDA-graph capture on CUDA, True = the device's best).
             device: torch backend only: run the bundle's graph wrappers on this device ("cuda").
+            sjd_window: the Jacobi window of this pipeline's SJD-family decodes (sjd, mcsjd, sjd-pac,
+                gsd, sjd-gasv) when a `generate` call does not pass one (None: 16, speculative/sjd.py).
         """
         from ..engines.base import backend_names
         from ..models.hub import resolve_model
@@ -89,6 +100,7 @@ class Pipeline:
         valid = ["auto", "torch"] + [b for b in backend_names() if b != "torch"]
         if backend not in valid:
             raise InputError(f"unknown backend {backend!r}; valid: {', '.join(valid)}")
+        _default_knobs(sjd_window)  # checked before any engine loads
         engine_dir = resolve_model(engine_dir)  # the resolve step's source (a Hub name: its snapshot)
         threads = ensure_thread_policy(threads)
         if text_encoder is not None:  # t2i: check the encoder against the bundle before loading engines
@@ -100,20 +112,22 @@ class Pipeline:
             if not fam.class_conditioned(tcfg) and not fam.prompted:
                 text_encoder = make_encoder(text_encoder, tcfg)
         return cls(open_bundle(Path(engine_dir), backend, threads=threads, compile=compile, device=device),
-                   text_encoder=text_encoder)
+                   text_encoder=text_encoder, sjd_window=sjd_window)
 
     @classmethod
     def from_models(cls, target, drafter=None, tables=None, vq=None, *, class_names=None,
                     generation: Optional[dict] = None, threads: Optional[int] = None,
-                    text_encoder=None) -> "Pipeline":
+                    text_encoder=None, sjd_window: Optional[int] = None) -> "Pipeline":
         """A torch-backend pipeline over in-memory models (no export needed).
 
-        threads: torch intra-op threads (default: the `lisa_trt.threads` policy)."""
+        threads: torch intra-op threads (default: the `lisa_trt.threads` policy); sjd_window: as in
+        `from_dir`."""
         from ..threads import ensure_thread_policy
 
         ensure_thread_policy(threads)
         return cls(Bundle(target=target, drafter=drafter, tables=tables, vq=vq, class_names=class_names,
-                          generation=dict(generation or {}), backend="torch"), text_encoder=text_encoder)
+                          generation=dict(generation or {}), backend="torch"), text_encoder=text_encoder,
+                   sjd_window=sjd_window)
 
     # -- lifetime ------------------------------------------------------------------------
 
@@ -284,8 +298,10 @@ class Pipeline:
             decode: decode tokens to PIL images (needs the VQ decoder).
             progress: show a progress bar (one step per image) on stderr.
             tree: top_k / depth / total_tokens overrides of the tree budget (e.g. depth=3), and
-                verification knobs (SpecConfig fields): gasv_kappa, gasv_lambda, gasv_delta,
-                gasv_neighbours, gasv_scope (None: the tables' values), lantern_delta, lantern_gamma.
+                every registered method's knob by its flat name (speculative/methods.py FLAT_FIELDS):
+                gasv_kappa, gasv_lambda, gasv_delta, gasv_neighbours, gasv_scope (None: the tables'
+                values), lantern_delta, lantern_gamma, sjd_window (the Jacobi window; None: the
+                pipeline's, see `from_dir`), gsd_group, zipar_window, ...
         Returns:
             GenerationResult(images, tokens (B, N), stats).
         """
@@ -300,6 +316,9 @@ class Pipeline:
         cond, overrides, labels = self._cond(prompts)
         tree_kw = {"top_k": tree.pop("tree_top_k", None), "depth": tree.pop("tree_depth", None),
                    "total_tokens": tree.pop("tree_tokens", None), **tree}
+        for k, v in self._knobs.items():  # the pipeline's defaults (from_dir(sjd_window=...)), under the call's
+            if tree_kw.get(k) is None:
+                tree_kw[k] = v
         for k, v in auto_tree.items():  # --verify auto's recorded tree and knobs, under explicit settings
             if tree_kw.get(k) is None:
                 tree_kw[k] = v
@@ -313,15 +332,18 @@ class Pipeline:
                 s = self.sampling(sampling, cfg_scale=cfgs.pop() if cfgs else cfg_scale, temperature=temperature,
                                   top_k=top_k, top_p=top_p, greedy=greedy or None)
                 seeds = [ov["seed"] if ov.get("seed") is not None else seed + i for i, ov in enumerate(overrides)]
-                req = self._request(cond, s) if self.family.prompted else None
-                c, layout = (req.cond, req.layout) if req is not None else (cond, None)
-                if row_seeds:
-                    tokens, stats = self._run_rows(method, c, s, spec, seeds, layout)
-                else:  # one generator stream over the whole batch (seeded with `seed`)
-                    tokens, st = self._run(method, c, s, spec, seed, layout)
-                    stats = [{**st, "seed": seed, "batch": len(seeds), "batch_row": b} for b in range(len(seeds))]
+                if row_seeds and method.kind == "sjd":  # the Jacobi loops have no per-row generators
+                    tokens, stats, codes = self._run_alone(method, cond, s, spec, seeds)
+                else:
+                    req = self._request(cond, s) if self.family.prompted else None
+                    c, layout = (req.cond, req.layout) if req is not None else (cond, None)
+                    if row_seeds:
+                        tokens, stats = self._run_rows(method, c, s, spec, seeds, layout)
+                    else:  # one generator stream over the whole batch (seeded with `seed`)
+                        tokens, st = self._run(method, c, s, spec, seed, layout)
+                        stats = [{**st, "seed": seed, "batch": len(seeds), "batch_row": b} for b in range(len(seeds))]
+                    codes = self.family.tokens_to_codes(self._e.target, tokens, req) if req is not None else None
                 stats = [{**st, **labels[i]} for i, st in enumerate(stats)]
-                codes = self.family.tokens_to_codes(self._e.target, tokens, req) if req is not None else None
             else:
                 from ..progress import progress_bar
 
@@ -363,26 +385,36 @@ class Pipeline:
         st["verify"] = method.name
         return toks.cpu(), st
 
+    def _run_alone(self, method: Method, cond, sampling, spec, seeds) -> tuple:
+        """Each row decoded alone with its own seed (batch=True for the Jacobi loops, which have no
+        per-row generators: a row's tokens still depend only on its prompt and seed) -> (tokens
+        (B, N), one stats dict per row, a prompted family's code grids or None)."""
+        from ..text.prompts import cond_rows
+
+        outs, codes, stats = [], [], []
+        for i, sd in enumerate(seeds):
+            if self.family.prompted:  # a request of its own (its own left padding)
+                req = self._request(cond[i:i + 1], sampling)
+                toks, st = self._run(method, req.cond, sampling, spec, sd, req.layout)
+                codes.append(self.family.tokens_to_codes(self._e.target, toks, req))
+            else:
+                toks, st = self._run(method, cond_rows(cond, i, i + 1), sampling, spec, sd)
+            outs.append(toks)
+            stats.append({**st, "seed": sd, "batch_row": i})
+        return torch.cat(outs), stats, torch.cat(codes) if codes else None
+
     def _run_rows(self, method: Method, cond, sampling, spec, seeds, layout=None) -> tuple[torch.Tensor, list]:
         """One batched decode with per-row seeds -> tokens (B, N), one stats dict per row."""
         from ..speculative.run import check_artifacts, run_method
-        from ..text.prompts import cond_rows
 
         e, method = self._e, resolve_method(method)
-        if method.kind == "sjd" and layout is None:  # the Jacobi loop has no per-row RNG: decode rows one by one
-            outs, stats = [], []
-            for i, sd in enumerate(seeds):
-                toks, st = self._run(method, cond_rows(cond, i, i + 1), sampling, spec, sd)
-                outs.append(toks)
-                stats.append({**st, "seed": sd, "batch_row": i})
-            return torch.cat(outs), stats
         check_artifacts(method.name, e.drafter, e.tables, e.gasv)
         t0 = time.perf_counter()
         toks, s = run_method(method.name, e.target, e.drafter, e.tables, cond, sampling=sampling, spec=spec,
                              seed=seeds[0], seeds=seeds, gasv=e.gasv, layout=layout)
         sec = time.perf_counter() - t0
-        stats = [{**s.row(b), "seconds": sec, "verify": method.name, "seed": sd, "batch": len(seeds), "batch_row": b,
-                  "batch_target_forwards": s.target_forwards} for b, sd in enumerate(seeds)]
+        stats = [{**s.row(b), **s.settings, "seconds": sec, "verify": method.name, "seed": sd, "batch": len(seeds),
+                  "batch_row": b, "batch_target_forwards": s.target_forwards} for b, sd in enumerate(seeds)]
         return toks.cpu(), stats
 
     def decode(self, tokens: torch.Tensor) -> list:

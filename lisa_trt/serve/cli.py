@@ -10,6 +10,11 @@ from ..clitools import handle_errors
 
 
 _errors = handle_errors  # clitools.py: LisaError -> message, exit 2
+# the Jacobi window of requests that send no `sjd_window` input (a request's own value wins); declared
+# here, not with the method's knob, so that `serve`'s port check does not import torch
+_SJD_WINDOW = click.option("--sjd-window", type=click.IntRange(min=1), default=None,
+                           help="SJD family (sjd, mcsjd, sjd-pac, gsd, sjd-gasv): default draft tokens per Jacobi "
+                                "window for requests without an sjd_window input (default 16).")
 
 
 @click.command("serve")
@@ -34,13 +39,15 @@ _errors = handle_errors  # clitools.py: LisaError -> message, exit 2
               help="Seconds SIGTERM waits for in-flight requests.")
 @click.option("--start-timeout", type=float, default=600.0, show_default=True,
               help="Seconds to wait for the model to load and answer its warm-up request.")
+@_SJD_WINDOW
 @_errors
 def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max_batch, max_queue_delay_ms,
-              threads, instances, gpus, drain_timeout, start_timeout):
+              threads, instances, gpus, drain_timeout, start_timeout, sjd_window):
     """Serve ENGINE_DIR on NVIDIA Triton Inference Server (PyTriton) with dynamic batching.
 
     Model 'lisa': inputs prompt (class id/name), seed, verify, cfg_scale, temperature, top_k,
-    top_p and every registered method's knob (lantern_delta, gasv_kappa, gsd_group, zipar_window, ...); outputs image (H, W, 3 uint8), mal, tvd,
+    top_p and every registered method's knob (lantern_delta, gasv_kappa, sjd_window, gsd_group, zipar_window, ...);
+    outputs image (H, W, 3 uint8), mal, tvd,
     seconds, batch, error. Ready (/v2/health/ready 200) once the model is loaded and has answered a
     warm-up request. SIGTERM finishes in-flight requests and exits. See docs/serving.md."""
     from ..errors import InputError
@@ -53,7 +60,7 @@ def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max
     sys.exit(serve(engine_dir, backend=backend, host=host, http_port=http_port, grpc_port=grpc_port,
                    metrics_port=metrics_port, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms,
                    threads=threads, instances=instances, gpus=gpu_ids, drain_timeout=drain_timeout,
-                   start_timeout=start_timeout, echo=click.echo))
+                   start_timeout=start_timeout, sjd_window=sjd_window, echo=click.echo))
 
 
 @click.command("triton-repo")
@@ -68,9 +75,10 @@ def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max
 @click.option("--gpus", default=None, help="Comma-separated GPU ids (instances on each; default: every GPU).")
 @click.option("--threads", type=int, default=0, show_default=True, help="CPU threads per instance (0: default).")
 @click.option("--copy-engines", is_flag=True, help="Copy ENGINE_DIR into the repository (self-contained).")
+@_SJD_WINDOW
 @_errors
 def triton_repo_cmd(engine_dir, repo_dir, backend, max_batch, max_queue_delay_ms, instances, kind, gpus, threads,
-                    copy_engines):
+                    copy_engines, sjd_window):
     """Write a Triton model repository (config.pbtxt + Python-backend model.py) for ENGINE_DIR.
 
     For GPU servers running the Triton container with TensorRT:
@@ -84,7 +92,7 @@ def triton_repo_cmd(engine_dir, repo_dir, backend, max_batch, max_queue_delay_ms
         raise InputError(f"--gpus {gpus!r}: give comma-separated GPU ids, e.g. --gpus 0,1") from None
     out = write_triton_repo(engine_dir, repo_dir, backend=backend, max_batch=max_batch,
                             max_queue_delay_ms=max_queue_delay_ms, instances=instances, kind=kind,
-                            copy_engines=copy_engines, gpus=gpu_ids, threads=threads)
+                            copy_engines=copy_engines, gpus=gpu_ids, threads=threads, sjd_window=sjd_window)
     click.echo(f"wrote Triton model repository {out} (model 'lisa'): tritonserver --model-repository {repo_dir}")
 
 

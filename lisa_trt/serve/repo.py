@@ -24,6 +24,7 @@ import shutil
 import struct
 import uuid
 from pathlib import Path
+from typing import Optional
 
 from ..errors import InputError
 from .model import INPUTS, MODEL_NAME, REQUIRED
@@ -57,7 +58,8 @@ class TritonPythonModel:
             engine_dir = os.path.join(args["model_repository"], args["model_version"], engine_dir)
         self.names = [i["name"] for i in cfg["input"]]
         threads = int(params.get("threads", "0")) or None
-        pipe = Pipeline.from_dir(engine_dir, backend=params.get("backend", "auto"), threads=threads)
+        window = int(params["sjd_window"]) if params.get("sjd_window") else None  # serve --sjd-window
+        pipe = Pipeline.from_dir(engine_dir, backend=params.get("backend", "auto"), threads=threads, sjd_window=window)
         self.model = ServeModel(pipe, max_batch=int(cfg.get("max_batch_size", 16)) or 1)
         # a first decode here fails the load with its message (a failing model_warmup request would
         # take tritonserver down natively); Triton's model_warmup then runs one request end to end
@@ -112,7 +114,8 @@ def _instance_groups(instances: int, kind: str, gpus) -> str:
 
 
 def config_pbtxt(*, engine_dir: str, backend: str, max_batch: int, max_queue_delay_ms: float, instances: int,
-                 kind: str, gpus=None, threads: int = 0, warmup: bool = True) -> str:
+                 kind: str, gpus=None, threads: int = 0, warmup: bool = True,
+                 sjd_window: Optional[int] = None) -> str:
     """The model's config.pbtxt (protobuf text format of Triton's ModelConfig).
 
     Args:
@@ -121,6 +124,7 @@ def config_pbtxt(*, engine_dir: str, backend: str, max_batch: int, max_queue_del
         gpus: GPU ids: one instance group over them, `instances` instances on each.
         threads: ONNX Runtime / torch threads of each instance (0: lisa-trt's default policy).
         warmup: Triton sends one request (class 0) to every instance before reporting it ready.
+        sjd_window: the Jacobi window of requests that do not send one (Pipeline.from_dir; None: 16).
     """
     def typ(dt, k):
         import numpy as np
@@ -139,14 +143,21 @@ def config_pbtxt(*, engine_dir: str, backend: str, max_batch: int, max_queue_del
                f'{{ data_type: TYPE_STRING dims: [ 1 ] input_data_file: "prompt" }} }} }} ]\n' if warmup else "")
             + f'parameters {{ key: "engine_dir" value: {{ string_value: "{engine_dir}" }} }}\n'
             f'parameters {{ key: "backend" value: {{ string_value: "{backend}" }} }}\n'
-            f'parameters {{ key: "threads" value: {{ string_value: "{int(threads)}" }} }}\n')
+            f'parameters {{ key: "threads" value: {{ string_value: "{int(threads)}" }} }}\n'
+            + (f'parameters {{ key: "sjd_window" value: {{ string_value: "{int(sjd_window)}" }} }}\n'
+               if sjd_window is not None else ""))
 
 
 def write_triton_repo(engine_dir, repo_dir, *, backend: str = "trt", max_batch: int = 16,
                       max_queue_delay_ms: float = 5.0, instances: int = 1, kind: str = "gpu",
-                      copy_engines: bool = False, gpus=None, threads: int = 0, warmup: bool = True) -> Path:
+                      copy_engines: bool = False, gpus=None, threads: int = 0, warmup: bool = True,
+                      sjd_window: Optional[int] = None) -> Path:
     """Write the repository (see module docstring and config_pbtxt); returns REPO_DIR."""
     from ..export.manifest import read_manifest
+    from ..runtime.context import resolve_spec
+
+    if sjd_window is not None:
+        resolve_spec(None, knobs={"sjd_window": sjd_window})  # the setting's own check, before anything is written
 
     engine_dir, repo_dir = Path(engine_dir).resolve(), Path(repo_dir)
     read_manifest(engine_dir)  # refuse anything that is not an engine directory
@@ -169,7 +180,7 @@ def write_triton_repo(engine_dir, repo_dir, *, backend: str = "trt", max_batch: 
             (stage / MODEL_NAME / "warmup" / "prompt").write_bytes(warmup_bytes())
         (stage / MODEL_NAME / "config.pbtxt").write_text(config_pbtxt(
             engine_dir=where, backend=backend, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms,
-            instances=instances, kind=kind, gpus=gpus, threads=threads, warmup=warmup))
+            instances=instances, kind=kind, gpus=gpus, threads=threads, warmup=warmup, sjd_window=sjd_window))
         old = None
         if repo_dir.exists():
             old = repo_dir.parent / f".{repo_dir.name}.old-{uuid.uuid4().hex[:8]}"

@@ -185,9 +185,12 @@ def split_threads(threads: Optional[int], instances: int) -> int:
 def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_port: int = 8000,
           grpc_port: int = 8001, metrics_port: int = 8002, max_batch: int = 16, max_queue_delay_ms: float = 5.0,
           threads: Optional[int] = None, instances: int = 1, gpus: Optional[Sequence[int]] = None,
-          drain_timeout: int = 60, start_timeout: float = 600.0, echo: Callable = print) -> int:
+          drain_timeout: int = 60, start_timeout: float = 600.0, sjd_window: Optional[int] = None,
+          echo: Callable = print) -> int:
     """Check the ports, start Triton on a repository for ENGINE_DIR, report readiness, serve until
-    SIGTERM/SIGINT, drain in-flight requests; returns 0 (1 when Triton failed)."""
+    SIGTERM/SIGINT, drain in-flight requests; returns 0 (1 when Triton failed).
+
+    sjd_window: the Jacobi window of requests that send no `sjd_window` input (None: 16)."""
     from ..export.manifest import read_manifest
     from .repo import write_triton_repo
 
@@ -209,7 +212,8 @@ def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_po
         per = split_threads(threads, instances)
         repo = write_triton_repo(engine_dir, work / "repo", backend=backend, max_batch=max_batch,
                                  max_queue_delay_ms=max_queue_delay_ms, instances=instances,
-                                 kind="gpu" if gpus else "cpu", gpus=list(gpus) if gpus else None, threads=per)
+                                 kind="gpu" if gpus else "cpu", gpus=list(gpus) if gpus else None, threads=per,
+                                 sjd_window=sjd_window)
         cmd = triton_command(repo, backend_dir(work / "backends"), host=host, http_port=http_port,
                              grpc_port=grpc_port, metrics_port=metrics_port, drain_timeout=drain_timeout,
                              gpu_metrics=bool(gpus))

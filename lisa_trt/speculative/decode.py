@@ -42,6 +42,7 @@ class DecodeStats:
     target_forwards: int = 0
     drafter_calls: int = 0
     times: dict = field(default_factory=dict)  # seconds: draft, target, accept, host, total
+    settings: dict = field(default_factory=dict)  # what the loop ran with, recorded in stats (e.g. sjd_window)
 
     @property
     def mal(self) -> float:
@@ -67,7 +68,7 @@ class DecodeStats:
     def as_dict(self) -> dict:
         return {"mal": self.mal, "mean_tvd": self.mean_tvd, "steps": len(self.committed),
                 "target_forwards": self.target_forwards, "drafter_calls": self.drafter_calls,
-                "times": dict(self.times)}
+                "times": dict(self.times), **self.settings}
 
 
 class Guide:

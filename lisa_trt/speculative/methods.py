@@ -20,7 +20,7 @@ Every place that lists methods (the decode loop, Pipeline, `lisa-trt bench`, the
   draw the first token and transform the drafter's laws; the rule reads `ctx.session`;
   speculative/coupled.py);
 - `loop`: for "sjd" methods, the Jacobi decoder `loop(target, cond, *, sampling, window, seed,
-  spec) -> (tokens, DecodeStats)` (None: plain SJD, speculative/sjd.py).
+  spec) -> (tokens, DecodeStats)` (None: plain SJD's, speculative/sjd.py).
 
 Adding a decoding rule: one file that defines the rule (and its settings dataclass) and calls
 `register_method(Method(...))`; a decoder shipped with lisa-trt is imported by the package's
@@ -107,7 +107,7 @@ class SpecConfig:
             raise InputError(f"unknown verification method {self.method!r}; valid: {', '.join(METHODS)}")
 
     def settings(self, name: str):
-        """The settings dataclass of registered method `name` (its defaults unless changed)."""
+        """The settings dataclass of registered method (or settings group) `name` (its defaults unless changed)."""
         key = _settings_key(name)
         if key not in _SETTINGS:
             raise InputError(f"method {name!r} has no registered settings; with settings: {', '.join(_SETTINGS)}")
@@ -274,23 +274,31 @@ class Method:
 METHODS: dict[str, Method] = {}
 
 
+def _register_settings(key: str, settings: type, what: str) -> None:
+    """Register the flat names `<key>_<field>` of a settings dataclass (replacing any old ones)."""
+    if key in _BUILTIN_SUBS:
+        raise SpecError(f"{what}: settings key {key!r} is taken by SpecConfig")
+    for name in [n for n, (s, _) in FLAT_FIELDS.items() if s == key]:
+        del FLAT_FIELDS[name]  # re-registration replaces the old settings
+    _SETTINGS[key] = settings
+    for f in dataclasses.fields(settings):
+        FLAT_FIELDS[f"{key}_{f.name}"] = (key, f.name)
+
+
+def _check_options(options, what: str) -> None:
+    for o in options:
+        if o.name not in FLAT_FIELDS:
+            raise SpecError(f"{what}: option {o.flag} names unknown setting {o.name!r}")
+
+
 def register_method(method: Method) -> Method:
     """Add (or replace) a method; it is then valid for decode, Pipeline, bench and the CLI.
 
     A method with `settings` registers the flat names `<key>_<field>` of its settings' fields
     (key: the name with '-' written '_'); every option must name a known flat field."""
     if method.settings is not None:
-        key = _settings_key(method.name)
-        if key in _BUILTIN_SUBS:
-            raise SpecError(f"method {method.name}: settings key {key!r} is taken by SpecConfig")
-        for name in [n for n, (s, _) in FLAT_FIELDS.items() if s == key]:
-            del FLAT_FIELDS[name]  # re-registration replaces the old settings
-        _SETTINGS[key] = method.settings
-        for f in dataclasses.fields(method.settings):
-            FLAT_FIELDS[f"{key}_{f.name}"] = (key, f.name)
-    for o in method.options:
-        if o.name not in FLAT_FIELDS:
-            raise SpecError(f"method {method.name}: option {o.flag} names unknown setting {o.name!r}")
+        _register_settings(_settings_key(method.name), method.settings, f"method {method.name}")
+    _check_options(method.options, f"method {method.name}")
     METHODS[method.name] = method
     return method
 
@@ -351,18 +359,8 @@ register_method(Method("gasv", "tree", "LISA: GASV gated soft verification", nee
                                              "GASV candidates per drafted token (codebook neighbours)."),
                                 MethodOption("--scope", "gasv_scope", str,
                                              "GASV candidate scope: neighbours | cluster | support (ablation)."))))
-register_method(Method("sjd", "sjd", "speculative Jacobi decoding (no drafter)"))
-
-
-def _oracle_pair(target):
-    from .oracle import oracle_pair
-
-    return oracle_pair(target)
-
-
-register_method(Method("oracle", "tree", "exact verification of the target's own top-k at every tree node: "
-                       "the best MAL any drafter can reach on the tree (a ceiling; its timings mean nothing)",
-                       rule=exact_rule, drafter_factory=_oracle_pair))
+# sjd (speculative/sjd.py), oracle (speculative/oracle.py) and the other decoders register in their own
+# files, imported in that order by speculative/__init__.py
 
 __all__ = ["FLAT_FIELDS", "GASVRuleConfig", "LanternConfig", "METHODS", "Method", "MethodOption", "RuleContext",
            "SpecConfig", "TreeConfig", "cli_options", "exact_rule", "gasv_rule", "get_method", "lantern_rule",

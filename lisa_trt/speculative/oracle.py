@@ -26,6 +26,7 @@ from typing import Optional
 import torch
 
 from ..errors import InputError
+from .methods import Method, exact_rule, register_method
 from .proxy import TargetProxy
 
 
@@ -92,8 +93,9 @@ def oracle_pair(target):
 def drafter_efficiency(results: dict, oracle_key: str = "oracle") -> dict:
     """MAL of every drafter method as a fraction of the oracle's (same tree budget, same run).
 
-    `results` maps method -> {"mal": ...}; methods without a drafter (vanilla, sjd) and the
-    oracle itself are skipped. Exact-family methods (greedy, exact) are compared with the exact
+    `results` maps method -> {"mal": ...[, "method": registered name]}; methods without a drafter
+    tree (vanilla and the Jacobi family: sjd, mcsjd, ...; by their registered kind) and the oracle
+    itself are skipped. Exact-family methods (greedy, exact) are compared with the exact
     oracle; relaxed ones (lantern, gasv) too, so their figure can exceed 1 (they accept more than
     any drafter can under exact verification).
     """
@@ -102,5 +104,15 @@ def drafter_efficiency(results: dict, oracle_key: str = "oracle") -> dict:
     ref = float(results[oracle_key]["mal"])
     if ref <= 0:
         raise InputError(f"oracle MAL {ref} is not positive")
-    skip = {oracle_key, "vanilla", "sjd"}
-    return {m: float(r["mal"]) / ref for m, r in results.items() if m not in skip}
+    from .methods import METHODS
+
+    def tree(label, r):
+        m = METHODS.get(r.get("method", label))
+        return m is not None and m.kind == "tree"
+
+    return {m: float(r["mal"]) / ref for m, r in results.items() if m != oracle_key and tree(m, r)}
+
+
+register_method(Method("oracle", "tree", "exact verification of the target's own top-k at every tree node: "
+                       "the best MAL any drafter can reach on the tree (a ceiling; its timings mean nothing)",
+                       rule=exact_rule, drafter_factory=oracle_pair))

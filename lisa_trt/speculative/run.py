@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Optional
 
 import torch
 
@@ -13,7 +14,6 @@ from ..errors import InputError
 from .autoregressive import generate
 from .decode import DecodeStats, SpeculativeDecoder
 from .methods import SpecConfig, get_method
-from .sjd import sjd_generate
 
 
 def check_artifacts(method: str, drafter, tables, gasv=None) -> None:
@@ -26,16 +26,14 @@ def check_artifacts(method: str, drafter, tables, gasv=None) -> None:
                          "(make them with `lisa-trt calibrate`)")
 
 
-def _plain_sjd(target, cond, *, sampling, window, seed, spec, layout=None):
-    return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed, layout=layout)
-
-
 def run_method(method: str, target, drafter, tables, cond, *, sampling: SamplingConfig,
-               spec: SpecConfig, seed: int, sjd_window: int = 16, gasv=None, seeds=None, on_progress=None,
+               spec: SpecConfig, seed: int, sjd_window: Optional[int] = None, gasv=None, seeds=None, on_progress=None,
                layout=None):
     """One generation with `method` -> (tokens (B, N), DecodeStats).
 
     Tree methods use `spec`'s tree and rule parameters with `spec.method` set to `method`.
+    Jacobi-family methods use `spec`'s Jacobi window (`sjd_window` setting, speculative/sjd.py);
+    `sjd_window`, when given, overrides it (library callers; must be >= 1).
     seeds: optional one seed per row (instead of `seed`): every row draws from its own generator,
     so its tokens do not depend on the other rows (the serving path). Not for the SJD loop.
     on_progress: optional callback(tokens done over all rows) for progress bars (AR and tree methods).
@@ -63,11 +61,13 @@ def run_method(method: str, target, drafter, tables, cond, *, sampling: Sampling
     if m.kind == "sjd":
         if seeds is not None:
             raise InputError("the SJD loop has no per-row generators; decode its rows one by one")
-        loop = m.loop or _plain_sjd
+        loop = m.loop or get_method("sjd").loop
+        if sjd_window is not None:
+            spec = spec.replace(sjd_window=sjd_window)  # the setting's own check (>= 1)
         kw = {} if layout is None else {"layout": layout}
         if m.needs_tables:  # a Jacobi loop with a table-driven rule (sjd-gasv) reads the tables / GASV engine
             kw.update(tables=tables, gasv=gasv)
-        return loop(target, cond, sampling=sampling, window=sjd_window, seed=seed, spec=spec, **kw)
+        return loop(target, cond, sampling=sampling, window=spec.settings("sjd").window, seed=seed, spec=spec, **kw)
     if m.drafter_factory is not None:  # the method brings its own drafter (the oracle)
         target, drafter = m.drafter_factory(target)
     elif drafter is None:

@@ -19,7 +19,9 @@ SJD's test above, GSD's grouped test in speculative/gsd.py, GASV's in speculativ
 
 from __future__ import annotations
 
+import numbers
 import time
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -29,8 +31,21 @@ from ..timing import Timer
 from ..errors import InputError
 from .autoregressive import cfg_batch, layout_for, new_target_cache
 from .decode import DecodeStats, Guide
+from .methods import Method, MethodOption, register_method
 from .sampling import make_generator, sample_from_logits
 from .verify import sjd_accept
+
+
+@dataclass(frozen=True)
+class SJDSettings:
+    """The Jacobi window every SJD-family loop reads (flat name sjd_window; CLI --sjd-window): draft
+    tokens verified per target forward (sjd, mcsjd, sjd-pac's columns, gsd, sjd-gasv; not zipar)."""
+
+    window: int = 16
+
+    def __post_init__(self):
+        if isinstance(self.window, bool) or not isinstance(self.window, numbers.Integral) or self.window < 1:
+            raise InputError(f"--sjd-window (sjd_window) must be an integer >= 1, got {self.window!r}")
 
 
 def draft_prior(layout, V: int, device):
@@ -221,4 +236,16 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
             n_done += ncom
     stats.times = dict(timer.totals)
     stats.times["total"] = time.perf_counter() - t0
+    stats.settings["sjd_window"] = int(window)
     return out, stats
+
+
+def _sjd_loop(target, cond, *, sampling, window, seed, spec=None, layout=None):
+    """Plain SJD on one batch (the registry's loop protocol)."""
+    return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed, layout=layout)
+
+
+register_method(Method(
+    "sjd", "sjd", "speculative Jacobi decoding (no drafter)", settings=SJDSettings, loop=_sjd_loop,
+    options=(MethodOption("--sjd-window", "sjd_window", int, "SJD family (sjd, mcsjd, sjd-pac, gsd, sjd-gasv): "
+                          "draft tokens per Jacobi window (default 16)."),)))

@@ -157,6 +157,19 @@ def test_calibrate_and_train_on_a_directory(model_dir, tmp_path):
     rep = json.loads((tmp_path / "b.json").read_text())
     assert set(rep["results"]) == {"vanilla", "exact"} and rep["settings"]["num_images"] == 2
     assert rep["settings"]["captions"][:2] == ["a red fox in the snow", "a bowl of ramen on a wooden table"]
+    # issue 27: `bench --methods vanilla,sjd,mcsjd,sjd-pac,gsd,zipar` on a Chameleon-family model, and LISA's
+    # drafter combined with them (coupled: the trained drafter; sjd-gasv: the calibrated tables)
+    r = CliRunner().invoke(main, ["bench", "--model", str(model_dir), "--methods",
+                                  "vanilla,sjd,mcsjd,sjd-pac,gsd,zipar,coupled,sjd-gasv", "--num-images", "2",
+                                  "--image-size", "32", "--drafter", str(tmp_path / "run" / "drafter.safetensors"),
+                                  "--tables", str(out), "--tree-tokens", "6", "--top-k", "10", "--sjd-window", "3",
+                                  "--sjd-pac-width", "2", "--json", str(tmp_path / "j.json")])
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "j.json").read_text())
+    res = rep["results"]
+    assert set(res) == {"vanilla", "sjd", "mcsjd", "sjd-pac", "gsd", "zipar", "coupled", "sjd-gasv"}
+    assert all(res[m]["mean_tvd"] == 0.0 for m in ("sjd", "mcsjd", "sjd-pac", "coupled")), res
+    assert all(r_["mal"] >= 1.0 for r_ in res.values()) and rep["settings"]["sjd_window"] == 3
 
 
 def test_run_and_build_on_a_legacy_engine_directory(tmp_path):
@@ -196,6 +209,33 @@ def test_pipeline_runs_a_prompted_family(model_dir):
     assert torch.equal(both.tokens, want)
     with pytest.raises(InputError, match="caption strings"):
         pipe.generate([3], verify="vanilla")
+
+
+def test_the_jacobi_decoders_batch_and_serve_a_prompted_family(model_dir):
+    """Pipeline.generate(batch=True) (what serve runs) with the Jacobi-family decoders on a
+    Chameleon target: each row decoded alone with its own seed (the loops have no per-row
+    generators), equal to one call per prompt; the serve model answers them (it used to refuse:
+    'the SJD loop has no per-row generators')."""
+    import numpy as np
+
+    import lisa_trt
+    from lisa_trt.runtime.pipeline import Pipeline
+    from lisa_trt.serve.model import ServeModel
+
+    t = lisa_trt.load_target(str(model_dir))
+    pipe = Pipeline.from_models(t, vq=lisa_trt.load_vq(str(model_dir)), generation={"image_size": 32}, threads=1)
+    caps = ["a red fox", "tok70 tok71"]
+    for v in ("sjd", "mcsjd", "sjd-pac", "gsd", "zipar"):
+        both = pipe.generate(caps, verify=v, seed=1, batch=True, decode=False, sjd_window=3, sjd_pac_tree_width=2)
+        alone = pipe.generate(caps, verify=v, seed=1, decode=False, sjd_window=3, sjd_pac_tree_width=2)
+        assert torch.equal(both.tokens, alone.tokens) and torch.equal(both.codes, alone.codes), v
+        assert [s["batch_row"] for s in both.stats] == [0, 1] and both.stats[1]["caption"] == caps[1]
+    served = ServeModel(pipe, max_batch=4).infer_each(
+        [{"prompt": np.array([[c.encode()] for c in caps], dtype=object), "seed": np.array([[1], [2]]),
+          "verify": np.array([[b"mcsjd"], [b"mcsjd"]], dtype=object),
+          "top_k": np.array([[10], [10]], np.int32)}])  # the family's default (2000) exceeds this tiny vocabulary
+    (err, out), = served
+    assert err is None and out["image"].shape[0] == 2, err
 
 
 def test_pipeline_looks_the_method_up_once(monkeypatch):

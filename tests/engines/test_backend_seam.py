@@ -83,7 +83,7 @@ def test_unknown_backend_lists_the_valid_names(bundle):
 
 
 @pytest.mark.parametrize("method", ["vanilla", "greedy", "exact", "lantern", "gasv", "sjd", "mcsjd", "gsd", "sjd-pac",
-                                    "zipar"])
+                                    "zipar", "coupled", "sjd-gasv"])
 def test_every_method_gives_the_eager_tokens_on_every_graph_backend(bundle, artifacts, method):
     """Token identity pinned for each method on ORT and on the torch graph runner."""
     a = artifacts

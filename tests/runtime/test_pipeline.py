@@ -54,20 +54,23 @@ def test_ort_equals_torch_tokens(bundle, verify):
     assert a.stats[0]["mal"] >= 1.0 and a.stats[1]["class"] == 3
 
 
-def test_mcsjd_runs_through_pipeline_on_every_backend(parts, bundle):
-    """MC-SJD (no drafter needed) via Pipeline on ORT, the torch graphs and the in-memory models:
-    the same tokens; batch=True decodes row by row with each prompt's seed."""
+@pytest.mark.parametrize("verify", ["sjd", "mcsjd", "sjd-pac", "gsd", "zipar", "coupled", "sjd-gasv"])
+def test_every_new_decoder_runs_through_pipeline_on_every_backend(parts, bundle, verify):
+    """Issue 27's decoders via Pipeline on ORT, the torch graphs and the in-memory models, with CFG
+    and two prompts, one decode per prompt and batch=True (per-row seeds): the same tokens
+    everywhere; the stats say what ran."""
     t, d, tables, vq = parts
-    mem = Pipeline.from_models(t, None, None, vq, generation=GEN)
-    ort = Pipeline.from_dir(bundle, backend="ort", threads=1)
-    tch = Pipeline.from_dir(bundle, backend="torch")
-    want = mem.generate([1, 4], seed=2, verify="mcsjd", decode=False)
-    for pipe in (ort, tch):
-        got = pipe.generate([1, 4], seed=2, verify="mcsjd", decode=False)
-        assert torch.equal(got.tokens, want.tokens)
-    assert all(s["verify"] == "mcsjd" and s["mal"] >= 1.0 for s in want.stats)
-    b = ort.generate([1, 4], seed=2, verify="mcsjd", decode=False, batch=True)
-    assert torch.equal(b.tokens, want.tokens) and [s["batch_row"] for s in b.stats] == [0, 1]
+    mem = Pipeline.from_models(t, d, tables, vq, generation=GEN)
+    kw = dict(seed=2, verify=verify, decode=False, sjd_window=4, sjd_pac_tree_width=2, zipar_window=2)
+    with Pipeline.from_dir(bundle, backend="ort", threads=1) as ort, Pipeline.from_dir(bundle, backend="torch") as tch:
+        for batch in (False, True):
+            want = mem.generate([1, 4], batch=batch, **kw)
+            assert [s["verify"] for s in want.stats] == [verify] * 2 and all(s["mal"] >= 1.0 for s in want.stats)
+            for pipe in (ort, tch):
+                got = pipe.generate([1, 4], batch=batch, **kw)
+                assert torch.equal(got.tokens, want.tokens), (verify, pipe.backend, batch)
+            if batch:
+                assert [s["batch_row"] for s in got.stats] == [0, 1] and [s["seed"] for s in got.stats] == [2, 3]
 
 
 def test_gasv_knobs_reach_every_backend(parts, bundle):
@@ -123,6 +126,33 @@ def test_run_cli_and_malformed_prompts(bundle, tmp_path):
     res = r.invoke(main, ["run", str(bundle), str(bad), "--out", str(tmp_path / "o2")])
     assert res.exit_code == 2 and "bad.txt:2:" in res.output and "bad.txt:3:" in res.output
     assert not (tmp_path / "o2").exists()
+
+
+def test_sjd_window_reaches_run_pipeline_and_stats(bundle, tmp_path):
+    """`lisa-trt run --sjd-window`, `Pipeline.from_dir(sjd_window=)` (the pipeline's default) and
+    `generate(sjd_window=)` (the call's, which wins) reach the Jacobi loop on ORT; the stats record
+    the window; a bad one is refused before any engine loads."""
+    r = CliRunner()
+    p = tmp_path / "p.txt"
+    p.write_text("1\n")
+    stats = {}
+    for w in (1, 6):
+        res = r.invoke(main, ["run", str(bundle), str(p), "--out", str(tmp_path / f"w{w}"), "--backend", "ort",
+                              "--verify", "sjd", "--sjd-window", str(w)])
+        assert res.exit_code == 0, res.output
+        stats[w] = json.loads((tmp_path / f"w{w}" / "stats.json").read_text())["images"][0]
+        assert stats[w]["sjd_window"] == w and stats[w]["verify"] == "sjd"
+    assert stats[1]["target_forwards"] > stats[6]["target_forwards"], stats  # the window mattered
+    res = r.invoke(main, ["run", str(bundle), str(p), "--out", str(tmp_path / "w0"), "--sjd-window", "0"])
+    assert res.exit_code == 2 and "--sjd-window" in res.output and not (tmp_path / "w0").exists()
+    with pytest.raises(LisaError, match="--sjd-window"):
+        Pipeline.from_dir(bundle, backend="ort", sjd_window=0)
+    with Pipeline.from_dir(bundle, backend="ort", sjd_window=3) as pipe:
+        for verify in ("mcsjd", "gsd"):
+            assert [s["sjd_window"] for s in pipe.generate([1, 2], verify=verify, decode=False).stats] == [3, 3]
+        got = pipe.generate([1, 2], verify="sjd", decode=False, batch=True, sjd_window=5).stats
+        assert [s["sjd_window"] for s in got] == [5, 5]
+        assert "sjd_window" not in pipe.generate([1], verify="zipar", decode=False).stats[0]  # ZipAR: no window
 
 
 def test_bundle_with_foreign_tables_refused(parts, bundle, tmp_path):

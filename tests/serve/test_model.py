@@ -109,7 +109,10 @@ def test_triton_repo_config_parses_and_model_runs(pipe, tmp_path, monkeypatch):
     assert {o.name for o in cfg.output} == {"image", "mal", "tvd", "seconds", "batch", "error"}
     assert cfg.instance_group[0].count == 2 and cfg.parameters["engine_dir"].string_value == "engines"
     assert cfg.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
-    assert cfg.parameters["threads"].string_value == "3"
+    assert cfg.parameters["threads"].string_value == "3" and "sjd_window" not in cfg.parameters
+    windowed = text_format.Parse(config_pbtxt(engine_dir="e", backend="ort", max_batch=4, max_queue_delay_ms=0,
+                                              instances=1, kind="cpu", sjd_window=5), model_config_pb2.ModelConfig())
+    assert windowed.parameters["sjd_window"].string_value == "5"
     (w,) = cfg.model_warmup  # one warm-up request, class 0 from warmup/prompt
     assert w.batch_size == 1 and w.inputs["prompt"].input_data_file == "prompt"
     assert warmup_bytes() == b"\x01\x00\x00\x00" + b"0"
@@ -160,7 +163,8 @@ def test_triton_repo_config_parses_and_model_runs(pipe, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
     import lisa_trt.runtime.pipeline as P
 
-    monkeypatch.setattr(P.Pipeline, "from_dir", classmethod(lambda cls, d, backend="auto", threads=None: pipe))
+    opened = []
+    monkeypatch.setattr(P.Pipeline, "from_dir", classmethod(lambda cls, d, **kw: opened.append(kw) or pipe))
     (tmp_path / "model.py").write_text(MODEL_PY)
     monkeypatch.syspath_prepend(str(tmp_path))
     import importlib
@@ -168,8 +172,10 @@ def test_triton_repo_config_parses_and_model_runs(pipe, tmp_path, monkeypatch):
     mod = importlib.import_module("model")
     m = mod.TritonPythonModel()
     cfg_json = {"max_batch_size": 8, "input": [{"name": i.name} for i in cfg.input],
-                "parameters": {"engine_dir": {"string_value": "engines"}, "backend": {"string_value": "ort"}}}
+                "parameters": {"engine_dir": {"string_value": "engines"}, "backend": {"string_value": "ort"},
+                               "sjd_window": {"string_value": "5"}}}  # serve / triton-repo --sjd-window 5
     m.initialize({"model_config": json.dumps(cfg_json), "model_repository": str(tmp_path), "model_version": "1"})
+    assert opened[-1]["sjd_window"] == 5 and opened[-1]["backend"] == "ort"
     res = m.execute([{"prompt": Tensor("prompt", _b("c2")), "seed": Tensor("seed", np.array([[4]]))},
                      {"prompt": Tensor("prompt", _b("zzz"))}])
     assert not res[0].has_error() and {t.name for t in res[0].output_tensors()} >= {"image", "mal"}
@@ -179,6 +185,23 @@ def test_triton_repo_config_parses_and_model_runs(pipe, tmp_path, monkeypatch):
     err = bad.error()
     assert err.code() == "INTERNAL" and "request id" in err.message() and "boom" not in err.message()
     sys.modules.pop("model", None)
+
+
+def test_serve_and_triton_repo_take_a_default_sjd_window(tmp_path, monkeypatch):
+    """`serve --sjd-window N` / `triton-repo --sjd-window N`: the window of requests that send none
+    reaches the repository's parameters (Pipeline.from_dir there); 0 is refused by click."""
+    from click.testing import CliRunner
+
+    from lisa_trt.cli import main
+    from lisa_trt.serve import repo as R
+
+    got = {}
+    monkeypatch.setattr(R, "write_triton_repo", lambda *a, **kw: got.update(kw) or tmp_path)
+    res = CliRunner().invoke(main, ["triton-repo", str(tmp_path), str(tmp_path / "r"), "--sjd-window", "6"])
+    assert res.exit_code == 0, res.output
+    assert got["sjd_window"] == 6
+    res = CliRunner().invoke(main, ["serve", str(tmp_path), "--sjd-window", "0"])
+    assert res.exit_code != 0 and "--sjd-window" in res.output
 
 
 def test_write_triton_repo_refuses_foreign_dirs(tmp_path):
@@ -258,9 +281,12 @@ def test_every_registered_method_knob_is_a_served_input(pipe, monkeypatch):
     out = m.infer_each([{"prompt": _b("1"), "seed": np.array([[4]]), "verify": _b("gsd"),
                          "gsd_group": np.array([[3]], np.int32)},
                         {"prompt": _b("2"), "verify": _b("zipar"), "zipar_window": np.array([[2]], np.int32)},
-                        {"prompt": _b("2"), "verify": _b("gsd"), "gsd_group": np.array([[0]], np.int32)}])
-    assert out[0][0] is None and out[1][0] is None
-    assert "GSD group must be >= 1" in out[2][0]
+                        {"prompt": _b("2"), "verify": _b("gsd"), "gsd_group": np.array([[0]], np.int32)},
+                        {"prompt": _b("3"), "verify": _b("mcsjd"), "sjd_window": np.array([[3]], np.int32)},
+                        {"prompt": _b("3"), "verify": _b("mcsjd"), "sjd_window": np.array([[0]], np.int32)}])
+    assert out[0][0] is None and out[1][0] is None and out[3][0] is None
+    assert "GSD group must be >= 1" in out[2][0] and "--sjd-window" in out[4][0]
+    assert {"sjd_window": 3} == {k: v for k, v in seen[2].items() if k in M.METHOD_KNOBS}
     assert {"gsd_group": 3} == {k: v for k, v in seen[0].items() if k in M.METHOD_KNOBS}
     assert {"zipar_window": 2} == {k: v for k, v in seen[1].items() if k in M.METHOD_KNOBS}
     ref = real([Prompt(0, class_id=1, seed=4)], verify="gsd", batch=True, gsd_group=3)

@@ -91,4 +91,7 @@ def test_bench_sweeps_reach_gsds_own_knobs():
     runs = parse_sweep("gsd:group=1,25;prob_gap=1")
     assert [r[2] for r in runs] == [{"gsd_group": 1, "gsd_prob_gap": 1}, {"gsd_group": 25, "gsd_prob_gap": 1}]
     with pytest.raises(InputError, match="bad sweep"):
+        parse_sweep("mcsjd:group=1")  # MC-SJD has no settings of its own
+    with pytest.raises(InputError, match="unknown sweep knob 'group' for sjd"):
         parse_sweep("sjd:group=1")
+    assert [r[2] for r in parse_sweep("sjd:window=4,8")] == [{"sjd_window": 4}, {"sjd_window": 8}]  # the Jacobi window

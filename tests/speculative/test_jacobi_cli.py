@@ -5,6 +5,7 @@ file registers reach its rule through the CLI, and the bench report has every po
 import json
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from lisa_trt.cli import main
@@ -55,3 +56,20 @@ def test_generate_takes_the_sjd_window(tmp_path):
     assert np.array_equal(np.load(tmp_path / "w1" / "tokens.npy"), np.load(tmp_path / "w8" / "tokens.npy"))
     res = r.invoke(main, base + ["--sjd-window", "0", "--out", str(tmp_path / "w0")])
     assert res.exit_code != 0 and "sjd-window" in res.output
+
+
+@pytest.mark.slow
+def test_bench_runs_the_new_decoders_on_the_demo(tmp_path):
+    """Issue 27's `lisa-trt bench --methods vanilla,sjd,mcsjd,sjd-pac,gsd,zipar` on the bundled demo
+    model (one image per point: a smoke; bench/decoders.py measures the frontier)."""
+    from lisa_trt.demo.registry import assets_present
+
+    if not assets_present():
+        pytest.skip("demo assets not present")
+    res = CliRunner().invoke(main, ["bench", "--model", "demo", "--methods", "vanilla,sjd,mcsjd,sjd-pac,gsd,zipar",
+                                    "--num-images", "1", "--json", str(tmp_path / "d.json")])
+    assert res.exit_code == 0, res.output
+    rep = json.loads((tmp_path / "d.json").read_text())["results"]
+    assert set(rep) == {"vanilla", "sjd", "mcsjd", "sjd-pac", "gsd", "zipar"}
+    assert all(rep[m]["mean_tvd"] == 0.0 for m in ("sjd", "mcsjd", "sjd-pac")) and rep["gsd"]["mean_tvd"] > 0
+    assert all(rep[m]["mal"] > 1.0 for m in ("sjd", "mcsjd", "sjd-pac", "gsd", "zipar")), rep
