@@ -15,7 +15,8 @@ sees the same classes and seeds whatever run produced it.
 
 ROUNDS: each round brings every requested point to the next multiple of `--per-round` images
 (at most `--images`); after every round the JSON is rewritten atomically (lisa_trt.io.write_json)
-with the tokens in a side file (`--state`), so a stopped run resumes where it was, and every point
+with the tokens in a side file (`--state`, default beside the JSON: bench/decoders.tokens.pt is
+committed), so a stopped run resumes where it was, even in a fresh clone, and every point
 keeps the same number of images. Points already in the JSON and not requested are kept (merge);
 settings that change the images (seed, batch, sampling, window, tree, drafter) must match.
 
@@ -527,7 +528,8 @@ def build_parser():
     ap.add_argument("--no-quality", action="store_true", help="skip class accuracy / KID (tests)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "decoders.json"))
     ap.add_argument("--plot", default=str(ROOT / "bench" / "decoders.png"))
-    ap.add_argument("--state", default=None, help="token side file (default: runs/<out name>.tokens.pt)")
+    ap.add_argument("--state", default=None, help="token side file (default: beside --out, <out name>.tokens.pt; "
+                                                  "bench/decoders.tokens.pt is committed, ~2 MB, so a clone resumes)")
     ap.add_argument("--timing", action="store_true", help="the small seconds-per-image mode (quiet machine)")
     ap.add_argument("--timing-out", default=str(ROOT / "bench" / "decoders_timing.json"))
     ap.add_argument("--workdir", default="/tmp/lisa-decoders", help="--timing: where the demo bundle is exported")
@@ -542,7 +544,7 @@ def build_parser():
 def main(argv=None):
     a = build_parser().parse_args(argv)
     if a.state is None:
-        a.state = str(ROOT / "runs" / (Path(a.out).stem + ".tokens.pt"))
+        a.state = str(Path(a.out).with_name(Path(a.out).stem + ".tokens.pt"))
     if a.table:
         import json
 

@@ -191,14 +191,16 @@ def choose_decoding(*, backend: str, precision: str, verify_cost: Optional[dict]
             f"{how} {best_s:.2f}x < {min_gain:.2f}x)" if best_s < min_gain else
             f"best tree K{best['top_k']}/D{best['depth']}/{best['total_tokens']} {how} {best_s:.2f}x")
     if best is None and decoders:
-        lost = "timed decoders"
+        lost = f"{len(decoders)} timed decoders"
     skipped = sorted((d for d in decoders if d not in eligible and d["speedup"] >= min_gain),
                      key=lambda d: -d["speedup"])
     note = "".join(f"; {_label(d)} ({d['speedup']:.2f}x) "
                    f"{'is not quality-neutral' if d.get('quality_neutral') is False else 'has no quality verdict'}"
                    for d in skipped[:2])
     if dec is not None and dec["speedup"] >= min_gain:
-        kind = "lossless" if dec.get("lossless") else "quality-neutral at the frontier"
+        safe = max((d for d in eligible if d.get("lossless")), key=lambda d: d["speedup"], default=None)
+        kind = "lossless" if dec.get("lossless") else "quality-neutral at the frontier" + (
+            f"; fastest lossless: {_label(safe)} {safe['speedup']:.2f}x" if safe is not None else "")
         return DecodeChoice(backend, precision, dec["method"], dec.get("tree"), float(dec["speedup"]), True, best,
                             best_s, f"{where}: {lost}; {_label(dec)} measured {dec['speedup']:.2f}x vanilla "
                             f"({kind}){note}; running {_label(dec)}", knobs=dict(dec.get("knobs") or {}) or None,

@@ -138,3 +138,23 @@ def test_demo_export_records_the_shipped_choices(monkeypatch, tmp_path):
     assert _measured_choices() == [c]
     gen = record_choices({}, _measured_choices())
     assert auto_method(gen, "ort", "int8")[0] == "vanilla"
+
+
+def test_the_shipped_demo_choices_are_runnable_and_never_slower():
+    """The demo bundle records lisa_trt/assets/demo/decode_choice.json (bench/decoders.py --choose):
+    every choice names a registered method whose knobs SpecConfig accepts, and is not slower than
+    vanilla where it was measured."""
+    import json
+
+    from lisa_trt.demo.registry import DEMO_DIR
+    from lisa_trt.speculative.methods import SpecConfig, get_method
+
+    choices = json.loads((DEMO_DIR / "decode_choice.json").read_text())["choices"]
+    assert {(c["backend"], c["precision"]) for c in choices} >= {("ort", "fp32"), ("torch", "fp32")}
+    for d in choices:
+        c = DecodeChoice.from_dict(d)
+        assert c.speedup >= 1.0 and c.reason.startswith(f"{c.backend}/{c.precision}:")
+        if c.method not in ("tree", "vanilla"):
+            m = get_method(c.method)
+            SpecConfig.make(method=m.name if m.kind == "tree" else "exact", **(c.knobs or {}))
+            assert c.lossless is not None and c.speedup >= MIN_GAIN
