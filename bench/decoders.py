@@ -267,12 +267,13 @@ def plot(report: dict, path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     for ax, q, yl in ((axes[0], "class_acc", "class accuracy (higher is better)"),
                       (axes[1], "kid_real", "KID-demo vs real crops (lower is better)")):
-        for label, r in sorted(res.items()):
+        colors = plt.cm.tab20.colors  # more points than tab10 has colours
+        for i, (label, r) in enumerate(sorted(res.items())):
             if q not in r:
                 continue
             lossless = r["mean_tvd"] < 1e-6
             ax.errorbar(r["mal"], r[q], xerr=r["mal_se"], yerr=r.get(q + "_se"), fmt="o" if lossless else "s",
-                        capsize=3, label=label)
+                        capsize=3, label=label, color=colors[i % len(colors)])
             ax.annotate(label, (r["mal"], r[q]), fontsize=7, xytext=(3, 3), textcoords="offset points")
         if "vanilla" in res and q in res["vanilla"]:
             v, s = res["vanilla"][q], res["vanilla"].get(q + "_se", 0)
@@ -280,11 +281,12 @@ def plot(report: dict, path) -> None:
         ax.set_xlabel("MAL (committed tokens per target forward)")
         ax.set_ylabel(yl)
         ax.grid(alpha=0.3)
-    if axes[0].get_legend_handles_labels()[0]:
-        axes[0].legend(fontsize=7, loc="lower left")
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:  # below both panels, where it hides no point
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 7), fontsize=7)
     n = sorted({r["images"] for r in res.values()})
     fig.suptitle(f"demo decoders, {'/'.join(map(str, n))} images per point (circles: lossless, squares: relaxed)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.1 if handles else 0, 1, 1))
     with atomic_write(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
