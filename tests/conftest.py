@@ -9,6 +9,13 @@ torch.set_num_threads(1)
 os.environ.setdefault("LISA_TRT_THREADS", "1")
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject addopts): one worker per available core, at most 4 (every test is
+    single-threaded, and each worker holds its own tiny models and exported bundles in memory)."""
+    avail = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(4, avail))
+
+
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)
