@@ -83,14 +83,15 @@ def time_v(log: str) -> dict:
     return out
 
 
-def ort_run(d: Path, pythonpath: str, threads: int) -> dict:
-    """`lisa-trt run --backend ort --verify vanilla` of one image under /usr/bin/time -v."""
+def ort_run(d: Path, pythonpath: str, threads: int, env_extra: Optional[dict] = None) -> dict:
+    """`lisa-trt run --backend ort --verify vanilla` of one image under /usr/bin/time -v (the
+    image's tokens, seconds and forwards from its stats.json; `env_extra` added to the environment)."""
     with tempfile.TemporaryDirectory(prefix="mem-run-") as tmp:
         prompts = Path(tmp) / "p.txt"
         prompts.write_text("1\n")
         cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "lisa_trt", "run", str(d), str(prompts), "--backend", "ort",
                "--verify", "vanilla", "--threads", str(threads), "--out", str(Path(tmp) / "out"), "--seed", "0"]
-        env = dict(os.environ, PYTHONPATH=pythonpath, OMP_NUM_THREADS="1")
+        env = dict(os.environ, PYTHONPATH=pythonpath, OMP_NUM_THREADS="1", **(env_extra or {}))
         load0 = os.getloadavg()
         p = subprocess.run(cmd, capture_output=True, text=True, env=env)
         rec = dict(time_v(p.stderr), rc=p.returncode, loadavg_before=load0, loadavg_after=os.getloadavg(),
@@ -280,7 +281,8 @@ def measure(a) -> int:
             idx = json.loads((ck / "model.safetensors.index.json").read_text())
             fp32_bytes = 2 * sum((ck / f).stat().st_size for f in set(idx["weight_map"].values()))  # bf16 files
         block = {"run": "measure", "shape": key, "label": shape["label"], "fp32_weight_bytes": fp32_bytes,
-                 "commit": _commit(), "rows": {}, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                 "commit": _commit(), "rows": {}, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 "command": "python bench/memory.py measure " + " ".join(a.argv)}
         for prec in a.precisions:
             d = work / f"{key}_{prec}"
             flags = {"fp16": ["--fp16"], "fp32": [], "int8": ["--quantize", "int8"]}[prec]
@@ -301,15 +303,25 @@ def measure(a) -> int:
                 if "peak_rss_bytes" in row["export"]:
                     row["export"]["peak_rss_over_fp32_weights"] = round(row["export"]["peak_rss_bytes"] / fp32_bytes, 3)
                 if prec in a.run and shape["kind"] == "llamagen":
-                    modes = {"one-copy": True, "default": False} if prec in ("fp32", "fp16") else {"default": False}
-                    for mode, one in modes.items():
-                        r = ort_decode(d, str(REPO), a.steps, one)
-                        r["loaded"] = True
+                    # a full one-image `lisa-trt run` (CFG, vanilla: every image token); the default
+                    # sessions (one target session), and for the fp32 bundle also the prefill graph
+                    # opened beside it as before issue 26's one target graph (LISA_TRT_ORT_PREFILL_GRAPH=1)
+                    modes = {"default": {}}
+                    if prec in a.before_modes:
+                        modes["prefill-graph"] = {"LISA_TRT_ORT_PREFILL_GRAPH": "1"}
+                    for mode, env in modes.items():
+                        r = ort_run(d, str(REPO), a.threads, env)
+                        r.update(loaded=True, env=env)
                         if "peak_rss_bytes" in r:
                             r["peak_rss_over_fp32_weights"] = round(r["peak_rss_bytes"] / fp32_bytes, 3)
                             r["target_bytes"] = 1.5 * fp32_bytes + 1e9
                             r["meets_1p5x_plus_1GB"] = r["peak_rss_bytes"] <= r["target_bytes"]
-                        row.setdefault("ort_decode", {})[mode] = r
+                        img = ((r.get("stats") or {}).get("images") or [{}])[0]
+                        if img.get("seconds") and img.get("target_forwards"):
+                            r["s_per_token"] = round(img["seconds"] / max(1, img["target_forwards"] - 1), 4)
+                        row.setdefault("ort_run", {})[mode] = r
+                        print(key, prec, mode, {k: r.get(k) for k in ("rc", "peak_rss_bytes", "wall_s", "s_per_token")},
+                              flush=True)
                 if not a.keep:
                     subprocess.run(["rm", "-rf", str(d)])
             block["rows"][prec] = row
@@ -391,13 +403,13 @@ def plot(a) -> int:
                         colors.append("#2b7bb9")
             else:
                 lim = (1.5 * w + 1e9) / w
-                if tag == "gptxl":
+                if tag == "gptxl":  # (the issue's figure: an fp16 bundle's run, before the shared weights file)
                     bars.append(BEFORE_GPTXL["ort_run_fp16_peak_rss_bytes"] / BEFORE_GPTXL["fp32_weight_bytes"])
                     labels.append(f"{tag} fp16 run\nbefore")
                     colors.append("#bbbbbb")
                     targets.append((len(bars) - 1, lim))
                 for prec in ("fp16", "fp32", "int8"):
-                    for mode, r in rows.get(prec, {}).get("ort_decode", {}).items():
+                    for mode, r in rows.get(prec, {}).get("ort_run", {}).items():
                         if "peak_rss_over_fp32_weights" in r:
                             bars.append(r["peak_rss_over_fp32_weights"])
                             labels.append(f"{tag} {prec}\n{mode}")
@@ -436,16 +448,20 @@ def main(argv=None) -> int:
         ap = argparse.ArgumentParser(prog="bench/memory.py measure")
         ap.add_argument("--shape", action="append", choices=sorted(SHAPES), required=True)
         ap.add_argument("--precisions", type=lambda s: s.split(","), default=["fp16", "fp32", "int8"])
-        ap.add_argument("--run", type=lambda s: s.split(","), default=["fp32", "int8"],
-                        help="bundles to run through ONNX Runtime (decode probe)")
-        ap.add_argument("--steps", type=int, default=16)
+        ap.add_argument("--run", type=lambda s: s.split(","), default=["fp16", "fp32", "int8"],
+                        help="bundles to run through ONNX Runtime (a full one-image `lisa-trt run`, vanilla)")
+        ap.add_argument("--before-modes", type=lambda s: s.split(","), default=["fp32"],
+                        help="bundles also run with the prefill graph opened (the sessions before issue 26)")
+        ap.add_argument("--threads", type=int, default=2)
         ap.add_argument("--validate-all", action="store_true", help="validate fp32 / int8 exports too (fp16 always)")
         ap.add_argument("--keep", action="store_true", help="keep the bundles (default: deleted once measured)")
         ap.add_argument("--reuse-exports", action="store_true",
                         help="measure a bundle already in --work (and its export log) instead of exporting again")
         ap.add_argument("--work", default="/tmp/size_mem")
         ap.add_argument("--json", type=Path, default=REPO / "bench" / "memory.json")
-        return measure(ap.parse_args(argv[1:]))
+        ns = ap.parse_args(argv[1:])
+        ns.argv = argv[1:]
+        return measure(ns)
     return legacy_main(argv)
 
 
