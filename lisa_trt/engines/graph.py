@@ -173,7 +173,8 @@ class GraphTarget(_KVEngine):
             raise InputError(f"{manifest.dir}: its verify graph cannot run the prefill (exported before one target "
                              "graph served both); open it with the target_prefill graph, or re-export it with "
                              "`lisa-trt export`")
-        self.max_tree = getattr(self._verify, "seq_capacity", manifest.max_tree)
+        # the verify engine's seq capacity (a "prefill" profile may exceed the cache's tree slots)
+        self.max_tree = min(getattr(self._verify, "seq_capacity", manifest.max_tree), manifest.max_tree)
         self._uncond = None
         if "conditions" in (manifest.files or {}):  # the null caption (t2i) shipped in the bundle
             from ..io import load_safetensors

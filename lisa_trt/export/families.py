@@ -95,10 +95,18 @@ class ExportFamily:
         weights are in memory once. None: the prefill needs its own graph."""
         return None
 
+    # True when every verify graph this family ever exported embeds the prefill's ids (one token
+    # embedding for prompts and images): directories exported before the manifest recorded
+    # `prefill_ids` qualify too
+    verify_embeds_prompts: bool = False
+
     def bundle_prefill_ids(self, man) -> Optional[dict]:
         """`prefill_ids` of an exported directory: its manifest's record (None for directories
-        exported before it, whose verify graphs embed image tokens only)."""
+        exported before it, whose verify graphs embed image tokens only, unless
+        `verify_embeds_prompts`)."""
         rec = (man.target or {}).get("prefill_ids")
+        if not rec and self.verify_embeds_prompts:
+            rec = self.prefill_ids(man.target_config)
         return {"offset": int(rec["offset"]), "count": int(rec["count"])} if rec else None
 
     def verify_embed(self, model, ids):

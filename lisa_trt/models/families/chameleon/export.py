@@ -119,13 +119,12 @@ class ChameleonGraphs(ExportFamily):
             dims.update(h_lat=h, w_lat=w, channels=3, height=h * vq_cfg.downsample, width=w * vq_cfg.downsample)
         return dims
 
+    verify_embeds_prompts = True  # true of every Chameleon export, older ones included
+
     def prefill_ids(self, cfg):
         """The verify graph embeds every id with the prompt's embedding (one table): prompts pass as
         they are, and the prefill is one verify call."""
         return {"offset": 0, "count": int(cfg.vocab_size)}
-
-    def bundle_prefill_ids(self, man):
-        return self.prefill_ids(man.target_config)  # true of every Chameleon export, older ones included
 
     def prefill_max_seq(self, layout):
         return int((layout or {}).get("max_prompt") or DEFAULT_MAX_PROMPT)
