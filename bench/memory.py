@@ -481,7 +481,7 @@ def probe(a) -> int:
     rec = {"run": "probe", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": _commit(),
            "command": "python bench/memory.py " + " ".join(a.argv), "loaded": True, "initializers": {}}
     with tempfile.TemporaryDirectory(prefix="mem-probe-") as tmp:
-        for op in ("Gather", "MatMul"):
+        for op in (("Gather", "MatMul") if a.initializers else ()):
             subprocess.run([sys.executable, "-c", PROBE_INIT, tmp, op, "0"], check=True)
             for n in (1, 2):
                 p = subprocess.run([sys.executable, "-c", PROBE_INIT, tmp, op, str(n)], capture_output=True, text=True,
@@ -517,6 +517,36 @@ print("RESULT", json.dumps(dict(seconds=time.perf_counter() - t0, fused=p._e.dra
         rec["drafter_commit"] = {"bundle": str(a.demo), "images": 4, "verify": "exact", "seconds": runs,
                                  "median_ratio_project_step_over_commit": round(med["project+step"] / med["commit"], 3),
                                  "tokens_identical": toks["commit"] == toks["project+step"]}
+    if a.sessions:  # the target's sessions: one (default), prefill graph beside it, one at a time (one-copy)
+        modes = {"one session (default)": {}, "prefill graph (before)": {"LISA_TRT_ORT_PREFILL_GRAPH": "1"},
+                 "one-copy (ExclusiveSessions)": {"LISA_TRT_ORT_PREFILL_GRAPH": "1", "LISA_TRT_ORT_ONE_COPY": "1"}}
+        res = {m: [] for m in modes}
+        toks = {}
+        with tempfile.TemporaryDirectory(prefix="mem-sess-") as tmp:
+            prompts = Path(tmp) / "p.txt"
+            prompts.write_text("0\n3\n5\n7\n")
+            for rep in range(a.repeats):
+                for i, (mode, env) in enumerate(modes.items()):
+                    o = Path(tmp) / f"o{rep}_{i}"
+                    cmd = [sys.executable, "-m", "lisa_trt", "run", str(a.sessions), str(prompts), "--backend", "ort",
+                           "--verify", "vanilla", "--threads", "1", "--out", str(o), "--seed", "1"]
+                    p = subprocess.run(cmd, capture_output=True, text=True,
+                                       env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **env))
+                    if p.returncode:
+                        raise SystemExit(p.stderr[-2000:])
+                    st = json.loads((o / "stats.json").read_text())
+                    fw = sum(im["target_forwards"] for im in st["images"])
+                    res[mode].append(round(sum(im["seconds"] for im in st["images"]) / fw, 6))
+                    import numpy as np
+
+                    toks[mode] = np.load(o / "tokens.npy").tolist()
+                    print(mode, res[mode][-1], flush=True)
+        med = {m: sorted(v)[len(v) // 2] for m, v in res.items()}
+        base = med["one session (default)"]
+        rec["target_sessions"] = {"bundle": str(a.sessions), "images": 4, "verify": "vanilla",
+                                  "s_per_target_forward": res,
+                                  "median_ratio_to_default": {m: round(v / base, 3) for m, v in med.items()},
+                                  "tokens_identical": all(t == toks["one session (default)"] for t in toks.values())}
     out = json.loads(a.json.read_text()) if a.json.is_file() else {}
     blocks = [b for b in out.get("blocks", []) if b.get("run") != "probe"] + [rec]
     _write(a.json, out, blocks)
@@ -533,6 +563,10 @@ def main(argv=None) -> int:
     if argv[:1] == ["probe"]:
         ap = argparse.ArgumentParser(prog="bench/memory.py probe")
         ap.add_argument("--demo", type=Path, help="an exported demo engine directory (drafter_commit timing)")
+        ap.add_argument("--no-initializers", dest="initializers", action="store_false",
+                        help="skip the 400 MB Gather / MatMul initializer probe")
+        ap.add_argument("--sessions", type=Path,
+                        help="an exported demo engine directory: per-step seconds of the target session modes")
         ap.add_argument("--repeats", type=int, default=3)
         ap.add_argument("--json", type=Path, default=REPO / "bench" / "memory.json")
         ns = ap.parse_args(argv[1:])
