@@ -83,14 +83,15 @@ def time_v(log: str) -> dict:
     return out
 
 
-def ort_run(d: Path, pythonpath: str, threads: int) -> dict:
-    """`lisa-trt run --backend ort --verify vanilla` of one image under /usr/bin/time -v."""
+def ort_run(d: Path, pythonpath: str, threads: int, env_extra: Optional[dict] = None) -> dict:
+    """`lisa-trt run --backend ort --verify vanilla` of one image under /usr/bin/time -v (the
+    image's tokens, seconds and forwards from its stats.json; `env_extra` added to the environment)."""
     with tempfile.TemporaryDirectory(prefix="mem-run-") as tmp:
         prompts = Path(tmp) / "p.txt"
         prompts.write_text("1\n")
         cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "lisa_trt", "run", str(d), str(prompts), "--backend", "ort",
                "--verify", "vanilla", "--threads", str(threads), "--out", str(Path(tmp) / "out"), "--seed", "0"]
-        env = dict(os.environ, PYTHONPATH=pythonpath, OMP_NUM_THREADS="1")
+        env = dict(os.environ, PYTHONPATH=pythonpath, OMP_NUM_THREADS="1", **(env_extra or {}))
         load0 = os.getloadavg()
         p = subprocess.run(cmd, capture_output=True, text=True, env=env)
         rec = dict(time_v(p.stderr), rc=p.returncode, loadavg_before=load0, loadavg_after=os.getloadavg(),
@@ -265,6 +266,7 @@ def measure(a) -> int:
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     out = json.loads(a.json.read_text()) if a.json.is_file() else {}
+    prior = {b.get("shape"): b for b in out.get("blocks", []) if b.get("run") == "measure"}
     blocks = [b for b in out.get("blocks", []) if b.get("run") != "measure" or b.get("shape") not in a.shape]
     lt = [sys.executable, "-m", "lisa_trt"]
     for key in a.shape:
@@ -280,8 +282,17 @@ def measure(a) -> int:
             idx = json.loads((ck / "model.safetensors.index.json").read_text())
             fp32_bytes = 2 * sum((ck / f).stat().st_size for f in set(idx["weight_map"].values()))  # bf16 files
         block = {"run": "measure", "shape": key, "label": shape["label"], "fp32_weight_bytes": fp32_bytes,
-                 "commit": _commit(), "rows": {}, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                 "commit": _commit(), "rows": {}, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 "command": "python bench/memory.py measure " + " ".join(a.argv)}
+        old = prior.get(key)
+        if a.resume and old:  # rows an interrupted run finished (each row records its commit)
+            rows = {k: dict(r, commit=r.get("commit", old.get("commit"))) for k, r in old["rows"].items()}
+            block.update(rows=rows, date=old["date"], command=old["command"],
+                         resumed=old.get("resumed", []) + [{"command": " ".join(a.argv), "commit": block["commit"]}])
         for prec in a.precisions:
+            if prec in block["rows"]:
+                print(key, prec, "measured already (--resume)", flush=True)
+                continue
             d = work / f"{key}_{prec}"
             flags = {"fp16": ["--fp16"], "fp32": [], "int8": ["--quantize", "int8"]}[prec]
             if prec != "fp16" and not a.validate_all:
@@ -301,17 +312,28 @@ def measure(a) -> int:
                 if "peak_rss_bytes" in row["export"]:
                     row["export"]["peak_rss_over_fp32_weights"] = round(row["export"]["peak_rss_bytes"] / fp32_bytes, 3)
                 if prec in a.run and shape["kind"] == "llamagen":
-                    modes = {"one-copy": True, "default": False} if prec in ("fp32", "fp16") else {"default": False}
-                    for mode, one in modes.items():
-                        r = ort_decode(d, str(REPO), a.steps, one)
-                        r["loaded"] = True
+                    # a full one-image `lisa-trt run` (CFG, vanilla: every image token); the default
+                    # sessions (one target session), and for the fp32 bundle also the prefill graph
+                    # opened beside it as before issue 26's one target graph (LISA_TRT_ORT_PREFILL_GRAPH=1)
+                    modes = {"default": {}}
+                    if prec in a.before_modes:
+                        modes["prefill-graph"] = {"LISA_TRT_ORT_PREFILL_GRAPH": "1"}
+                    for mode, env in modes.items():
+                        r = ort_run(d, str(REPO), a.threads, env)
+                        r.update(loaded=True, env=env)
                         if "peak_rss_bytes" in r:
                             r["peak_rss_over_fp32_weights"] = round(r["peak_rss_bytes"] / fp32_bytes, 3)
                             r["target_bytes"] = 1.5 * fp32_bytes + 1e9
                             r["meets_1p5x_plus_1GB"] = r["peak_rss_bytes"] <= r["target_bytes"]
-                        row.setdefault("ort_decode", {})[mode] = r
+                        img = ((r.get("stats") or {}).get("images") or [{}])[0]
+                        if img.get("seconds") and img.get("target_forwards"):
+                            r["s_per_token"] = round(img["seconds"] / max(1, img["target_forwards"] - 1), 4)
+                        row.setdefault("ort_run", {})[mode] = r
+                        print(key, prec, mode, {k: r.get(k) for k in ("rc", "peak_rss_bytes", "wall_s", "s_per_token")},
+                              flush=True)
                 if not a.keep:
                     subprocess.run(["rm", "-rf", str(d)])
+            row["commit"] = block["commit"]
             block["rows"][prec] = row
             print(key, prec, json.dumps(row)[:600], flush=True)
             _write(a.json, out, blocks + [block])
@@ -377,7 +399,7 @@ def plot(a) -> int:
                 if "bundle_over_distinct" in rows.get("fp16", {}):
                     bars.append(rows["fp16"]["bundle_over_distinct"])
                     labels.append(f"{tag}\nafter")
-                    colors.append("#2b7bb9")
+                    colors.append("#2b7bb9" if rows["fp16"]["bundle_over_distinct"] <= target else "#d9534f")
             elif title.startswith("export"):
                 if tag == "gptxl":
                     bars.append(BEFORE_GPTXL["export_peak_rss_bytes"] / BEFORE_GPTXL["fp32_weight_bytes"])
@@ -388,16 +410,16 @@ def plot(a) -> int:
                     if "peak_rss_over_fp32_weights" in e:
                         bars.append(e["peak_rss_over_fp32_weights"])
                         labels.append(f"{tag} {prec}\nafter")
-                        colors.append("#2b7bb9")
+                        colors.append("#2b7bb9" if e["peak_rss_over_fp32_weights"] <= target else "#d9534f")
             else:
                 lim = (1.5 * w + 1e9) / w
-                if tag == "gptxl":
+                if tag == "gptxl":  # (the issue's figure: an fp16 bundle's run, before the shared weights file)
                     bars.append(BEFORE_GPTXL["ort_run_fp16_peak_rss_bytes"] / BEFORE_GPTXL["fp32_weight_bytes"])
                     labels.append(f"{tag} fp16 run\nbefore")
                     colors.append("#bbbbbb")
                     targets.append((len(bars) - 1, lim))
                 for prec in ("fp16", "fp32", "int8"):
-                    for mode, r in rows.get(prec, {}).get("ort_decode", {}).items():
+                    for mode, r in rows.get(prec, {}).get("ort_run", {}).items():
                         if "peak_rss_over_fp32_weights" in r:
                             bars.append(r["peak_rss_over_fp32_weights"])
                             labels.append(f"{tag} {prec}\n{mode}")
@@ -425,6 +447,112 @@ def plot(a) -> int:
     return 0
 
 
+PROBE_INIT = r"""
+import numpy as np, onnx, onnxruntime as ort, os, sys
+from onnx import helper, TensorProto, numpy_helper
+d, op, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+N, D = 100000, 1024  # a 400 MB fp32 table / weight
+path = os.path.join(d, op + ".onnx")
+if not os.path.exists(path):
+    W = numpy_helper.from_array(np.random.default_rng(0).random((N, D), dtype=np.float32), "W")
+    if op == "Gather":
+        node, x = helper.make_node("Gather", ["W", "x"], ["y"]), helper.make_tensor_value_info("x", TensorProto.INT64, ["n"])
+    else:
+        node, x = helper.make_node("MatMul", ["x", "W"], ["y"]), helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", N])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", D])
+    m = helper.make_model(helper.make_graph([node], "g", [x], [y], [W]), opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, path, save_as_external_data=True, location=op + ".data", size_threshold=0)
+    sys.exit(0)
+rss = lambda: int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
+r0, ss = rss(), []
+for i in range(n):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    ss.append(ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]))
+print("RESULT", rss() - r0)
+"""
+
+
+def probe(a) -> int:
+    """Where ONNX Runtime keeps an initializer read from external data: a 400 MB fp32 table behind a
+    Gather and the same tensor behind a MatMul, 1 and 2 sessions each (RSS growth of the process);
+    and, on a demo bundle, drafter_commit (one call) vs drafter_project + drafter_step (two) per
+    commit: seconds of the same generations, interleaved, and whether the tokens are identical."""
+    rec = {"run": "probe", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": _commit(),
+           "command": "python bench/memory.py " + " ".join(a.argv), "loaded": True, "initializers": {}}
+    with tempfile.TemporaryDirectory(prefix="mem-probe-") as tmp:
+        for op in (("Gather", "MatMul") if a.initializers else ()):
+            subprocess.run([sys.executable, "-c", PROBE_INIT, tmp, op, "0"], check=True)
+            for n in (1, 2):
+                p = subprocess.run([sys.executable, "-c", PROBE_INIT, tmp, op, str(n)], capture_output=True, text=True,
+                                   check=True)
+                grow = int(p.stdout.split("RESULT")[1])
+                rec["initializers"][f"{op} x{n} sessions"] = {"tensor_bytes": 100000 * 1024 * 4, "rss_growth_bytes": grow}
+                print(op, n, grow, flush=True)
+    if a.demo:
+        code = r"""
+import sys, time, json, torch, lisa_trt
+d = sys.argv[1]
+p = lisa_trt.Pipeline.from_dir(d, backend="ort", threads=1)  # drafter_commit: LISA_TRT_ORT_FUSED_COMMIT
+t0 = time.perf_counter()
+r = p.generate([0, 3, 5, 7], verify="exact", seed=1, decode=False)
+print("RESULT", json.dumps(dict(seconds=time.perf_counter() - t0, fused=p._e.drafter.fused_commit,
+                                tokens=torch.as_tensor(r.tokens).tolist())))
+"""
+        runs = {"commit": [], "project+step": []}
+        toks = {}
+        for rep in range(a.repeats):
+            for mode in runs:
+                env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
+                           LISA_TRT_ORT_FUSED_COMMIT="1" if mode == "commit" else "0")
+                p = subprocess.run([sys.executable, "-c", code, str(a.demo)], capture_output=True, text=True, env=env)
+                if p.returncode:
+                    raise SystemExit(p.stderr[-2000:])
+                r = json.loads(p.stdout.split("RESULT", 1)[1])
+                assert r["fused"] == (mode == "commit"), r["fused"]
+                runs[mode].append(round(r["seconds"], 3))
+                toks[mode] = r["tokens"]
+                print(mode, r["seconds"], flush=True)
+        med = {m: sorted(v)[len(v) // 2] for m, v in runs.items()}
+        rec["drafter_commit"] = {"bundle": str(a.demo), "images": 4, "verify": "exact", "seconds": runs,
+                                 "median_ratio_project_step_over_commit": round(med["project+step"] / med["commit"], 3),
+                                 "tokens_identical": toks["commit"] == toks["project+step"]}
+    if a.sessions:  # the target's sessions: one (default), prefill graph beside it, one at a time (one-copy)
+        modes = {"one session (default)": {}, "prefill graph (before)": {"LISA_TRT_ORT_PREFILL_GRAPH": "1"},
+                 "one-copy (ExclusiveSessions)": {"LISA_TRT_ORT_PREFILL_GRAPH": "1", "LISA_TRT_ORT_ONE_COPY": "1"}}
+        res = {m: [] for m in modes}
+        toks = {}
+        with tempfile.TemporaryDirectory(prefix="mem-sess-") as tmp:
+            prompts = Path(tmp) / "p.txt"
+            prompts.write_text("0\n3\n5\n7\n")
+            for rep in range(a.repeats):
+                for i, (mode, env) in enumerate(modes.items()):
+                    o = Path(tmp) / f"o{rep}_{i}"
+                    cmd = [sys.executable, "-m", "lisa_trt", "run", str(a.sessions), str(prompts), "--backend", "ort",
+                           "--verify", "vanilla", "--threads", "1", "--out", str(o), "--seed", "1"]
+                    p = subprocess.run(cmd, capture_output=True, text=True,
+                                       env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **env))
+                    if p.returncode:
+                        raise SystemExit(p.stderr[-2000:])
+                    st = json.loads((o / "stats.json").read_text())
+                    fw = sum(im["target_forwards"] for im in st["images"])
+                    res[mode].append(round(sum(im["seconds"] for im in st["images"]) / fw, 6))
+                    import numpy as np
+
+                    toks[mode] = np.load(o / "tokens.npy").tolist()
+                    print(mode, res[mode][-1], flush=True)
+        med = {m: sorted(v)[len(v) // 2] for m, v in res.items()}
+        base = med["one session (default)"]
+        rec["target_sessions"] = {"bundle": str(a.sessions), "images": 4, "verify": "vanilla",
+                                  "s_per_target_forward": res,
+                                  "median_ratio_to_default": {m: round(v / base, 3) for m, v in med.items()},
+                                  "tokens_identical": all(t == toks["one session (default)"] for t in toks.values())}
+    out = json.loads(a.json.read_text()) if a.json.is_file() else {}
+    blocks = [b for b in out.get("blocks", []) if b.get("run") != "probe"] + [rec]
+    _write(a.json, out, blocks)
+    return 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["plot"]:
@@ -432,20 +560,38 @@ def main(argv=None) -> int:
         ap.add_argument("--json", type=Path, default=REPO / "bench" / "memory.json")
         ap.add_argument("--png", type=Path, default=REPO / "bench" / "memory.png")
         return plot(ap.parse_args(argv[1:]))
+    if argv[:1] == ["probe"]:
+        ap = argparse.ArgumentParser(prog="bench/memory.py probe")
+        ap.add_argument("--demo", type=Path, help="an exported demo engine directory (drafter_commit timing)")
+        ap.add_argument("--no-initializers", dest="initializers", action="store_false",
+                        help="skip the 400 MB Gather / MatMul initializer probe")
+        ap.add_argument("--sessions", type=Path,
+                        help="an exported demo engine directory: per-step seconds of the target session modes")
+        ap.add_argument("--repeats", type=int, default=3)
+        ap.add_argument("--json", type=Path, default=REPO / "bench" / "memory.json")
+        ns = ap.parse_args(argv[1:])
+        ns.argv = argv
+        return probe(ns)
     if argv[:1] == ["measure"]:
         ap = argparse.ArgumentParser(prog="bench/memory.py measure")
         ap.add_argument("--shape", action="append", choices=sorted(SHAPES), required=True)
         ap.add_argument("--precisions", type=lambda s: s.split(","), default=["fp16", "fp32", "int8"])
-        ap.add_argument("--run", type=lambda s: s.split(","), default=["fp32", "int8"],
-                        help="bundles to run through ONNX Runtime (decode probe)")
-        ap.add_argument("--steps", type=int, default=16)
+        ap.add_argument("--run", type=lambda s: s.split(","), default=["fp16", "fp32", "int8"],
+                        help="bundles to run through ONNX Runtime (a full one-image `lisa-trt run`, vanilla)")
+        ap.add_argument("--before-modes", type=lambda s: [x for x in s.split(",") if x], default=["fp32"],
+                        help="bundles also run with the prefill graph opened (the sessions before issue 26)")
+        ap.add_argument("--threads", type=int, default=2)
         ap.add_argument("--validate-all", action="store_true", help="validate fp32 / int8 exports too (fp16 always)")
         ap.add_argument("--keep", action="store_true", help="keep the bundles (default: deleted once measured)")
         ap.add_argument("--reuse-exports", action="store_true",
                         help="measure a bundle already in --work (and its export log) instead of exporting again")
+        ap.add_argument("--resume", action="store_true",
+                        help="keep the rows of this shape's block that an interrupted run measured (each row keeps its commit)")
         ap.add_argument("--work", default="/tmp/size_mem")
         ap.add_argument("--json", type=Path, default=REPO / "bench" / "memory.json")
-        return measure(ap.parse_args(argv[1:]))
+        ns = ap.parse_args(argv[1:])
+        ns.argv = argv[1:]
+        return measure(ns)
     return legacy_main(argv)
 
 

@@ -47,8 +47,11 @@ def unreadable_message(path, err: Exception, what: str = "checkpoint") -> str:
     return f"{path} is not a readable PyTorch {what} ({reason[:200]})"
 
 
-def safe_torch_load(path, what: str = "checkpoint"):
+def safe_torch_load(path, what: str = "checkpoint", mmap: bool = False):
     """``torch.load(path, map_location="cpu", weights_only=True)`` with our error messages.
+
+    mmap: map a zip-format file's tensors instead of reading them (pages are read as they are
+    used; the legacy non-zip format, which cannot be mapped, is read as before).
 
     Raises:
         CheckpointError: missing file, refused pickle (names the object), or unreadable file.
@@ -59,7 +62,11 @@ def safe_torch_load(path, what: str = "checkpoint"):
     if not path.is_file():
         raise CheckpointError(f"{what} not found: {path}")
     try:
-        return torch.load(str(path), map_location="cpu", weights_only=True)
+        if mmap:
+            import zipfile
+
+            mmap = zipfile.is_zipfile(str(path))
+        return torch.load(str(path), map_location="cpu", weights_only=True, mmap=bool(mmap))
     except pickle.UnpicklingError as e:
         if is_refusal(e):
             raise CheckpointError(refusal_message(path, e, what)) from None

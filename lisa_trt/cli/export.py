@@ -157,8 +157,9 @@ def _build(rc, *, max_batch, max_tree, timing_cache, refit, workspace, dry_run, 
 @click.option("--no-cfg", is_flag=True, help="No classifier-free guidance (CFG doubles the rows).")
 @opt.workspace_option("Builder workspace in MiB (default 1024, as `lisa-trt build --workspace`).",
                       type=click.IntRange(min=0))
-@click.option("--weight-copies", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Copies of the target weights (2: separate prefill and verify engines).")
+@click.option("--weight-copies", type=click.IntRange(min=1), default=None,
+              help="Copies of the target weights (2: separate prefill and verify engines; default: what "
+                   "`lisa-trt build` makes, 1, or 2 for an engine directory exported before one target engine).")
 @opt.json_option("Write the plan (with `fits`) here.", dir_okay=False)
 @handle_errors
 def plan(model, gpu, memory_gib, precision, batch, tree, image_size, prompt_len, no_cfg, workspace, weight_copies,

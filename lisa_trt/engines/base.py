@@ -230,6 +230,11 @@ class Backend(abc.ABC):
     # Optional graphs this backend can open (export.optional.OPTIONAL_GRAPHS, e.g. drafter_commit);
     # a backend that does not list one gets the engines' fallback (e.g. drafter_project + step).
     optional_graphs: tuple = ()
+    # True: when the bundle's verify graph embeds the prefill's ids (ExportFamily.bundle_prefill_ids),
+    # run the prefill as a verify call and never open the prefill graph: one copy of the target's
+    # weights (ONNX Runtime: one session, whose pre-packed weights are the only copy). False: open
+    # both graphs (e.g. TensorRT, whose verify profiles cover the tree sizes, not the prompt).
+    prefill_via_verify: bool = False
 
     def __init__(self, manifest, **options):
         self.manifest = manifest
@@ -245,6 +250,15 @@ class Backend(abc.ABC):
 
     def check(self) -> None:
         """Raise (with the fix) when this backend cannot run here; called before any graph opens."""
+
+    def target_graphs(self) -> tuple:
+        """The target graphs to open: (verify,) when the prefill runs through it
+        (`prefill_via_verify`, or the backend option of that name, and the bundle allows it),
+        else (prefill, verify)."""
+        via = self.options.get("prefill_via_verify", self.prefill_via_verify)  # an option may turn it off
+        if via and self.manifest.export_family.bundle_prefill_ids(self.manifest) is not None:
+            return (Graph.TARGET_VERIFY,)
+        return (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY)
 
     def can_open(self, graph: Graph) -> bool:
         """Whether to open an optional graph (e.g. drafter_commit): this backend lists it in

@@ -226,6 +226,17 @@ def build_plan(onnx_path: Path, profiles: list, plan_path: Path, *, timing_cache
     return time.perf_counter() - t0
 
 
+def default_build_graphs(man) -> list:
+    """The graphs `lisa-trt build` makes engines for by default: every graph of the bundle, except
+    target_prefill when its verify graph runs the prefill too (ExportFamily.bundle_prefill_ids):
+    one target engine, whose "prefill" profile covers the prompt (profiles_from_io_spec), so the
+    target's weights are on the GPU once."""
+    names = sorted(man.graphs)
+    if man.export_family.bundle_prefill_ids(man) is not None and Graph.TARGET_VERIFY.value in names:
+        names.remove(Graph.TARGET_PREFILL.value)
+    return names
+
+
 def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=None, refit: bool = False,
                   workspace: Optional[int] = None, max_batch: int = 1, max_tree: Optional[int] = None,
                   graphs: Optional[list] = None, tables=None,
@@ -240,7 +251,8 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
         refit: build refittable engines (weights can be swapped without a rebuild).
         workspace: builder workspace limit in bytes (default: TensorRT's).
         max_batch / max_tree: ranges of the default profiles.
-        graphs: graph names to build (default all).
+        graphs: graph names to build (default: default_build_graphs, every graph but a
+            target_prefill that the verify engine replaces).
         tables: GASV tables for the plugin rewrite (default: the bundle's tables.safetensors, else
             recovered from gasv.onnx); checked against the plain graph in ONNX Runtime.
         check: run check_trt_compat first (fails before any TensorRT work).
@@ -256,7 +268,7 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
 
     engine_dir = Path(engine_dir)
     man = read_manifest(engine_dir)
-    names = list(graphs) if graphs else sorted(man.graphs)
+    names = list(graphs) if graphs else default_build_graphs(man)
     unknown = [n for n in names if n not in man.graphs]
     if unknown:
         raise InputError(f"{engine_dir} has no graph(s) {unknown}; it has {sorted(man.graphs)}")
@@ -306,6 +318,6 @@ def _progress(total: int, enabled: bool):
 
 
 __all__ = ["ENGINES_KEY", "EngineBuildError", "NoCudaDeviceError", "ProfileSpec", "TensorRTUnavailableError",
-           "build_engines", "build_plan", "engines_built", "engines_record", "load_plan",
+           "build_engines", "default_build_graphs", "build_plan", "engines_built", "engines_record", "load_plan",
            "profiles_from_io_spec", "require_tensorrt_gpu", "trt_graph_model", "trt_onnx_path",
            "write_engines_record"]

@@ -154,7 +154,10 @@ class GraphTarget(_KVEngine):
 
     Args:
         manifest: the engine directory's Manifest.
-        runners: {Graph.TARGET_PREFILL: runner, Graph.TARGET_VERIFY: runner}.
+        runners: {Graph.TARGET_PREFILL: runner, Graph.TARGET_VERIFY: runner}, or the verify
+            runner alone when the bundle's verify graph embeds the condition ids
+            (ExportFamily.bundle_prefill_ids): the prefill is then one verify call (the prefill
+            graph's positions, slots and mask, made here) and its last position's outputs.
     """
 
     def __init__(self, manifest, runners: dict):
@@ -162,9 +165,16 @@ class GraphTarget(_KVEngine):
         self.config = manifest.target_config
         self.family = family_of(self.config)
         self.hash = manifest.target_hash
-        self._prefill = runners[Graph.TARGET_PREFILL]
+        self._prefill = runners.get(Graph.TARGET_PREFILL)
         self._verify = runners[Graph.TARGET_VERIFY]
-        self.max_tree = getattr(self._verify, "seq_capacity", manifest.max_tree)
+        self._xf = manifest.export_family
+        self._prefill_ids = None if self._prefill is not None else self._xf.bundle_prefill_ids(manifest)
+        if self._prefill is None and self._prefill_ids is None:
+            raise InputError(f"{manifest.dir}: its verify graph cannot run the prefill (exported before one target "
+                             "graph served both); open it with the target_prefill graph, or re-export it with "
+                             "`lisa-trt export`")
+        # the verify engine's seq capacity (a "prefill" profile may exceed the cache's tree slots)
+        self.max_tree = min(getattr(self._verify, "seq_capacity", manifest.max_tree), manifest.max_tree)
         self._uncond = None
         if "conditions" in (manifest.files or {}):  # the null caption (t2i) shipped in the bundle
             from ..io import load_safetensors
@@ -206,6 +216,8 @@ class GraphTarget(_KVEngine):
         if B != cache.batch:
             raise InputError(f"condition batch {B} does not match the cache batch {cache.batch}")
         self._cache_ok(cache)
+        if self._prefill is None:
+            return self._prefill_verify(cond, cache, taps)
         inputs = self.family.cond_inputs(self.config, cond, self.device, self.dtype)
         out = self._run_kv(self._prefill, cache, self.config.n_layer, inputs, {})
         T = self.config.cls_token_num
@@ -213,6 +225,25 @@ class GraphTarget(_KVEngine):
         cache.col_valid[:, :T] = out["prefix_valid"].to(cache.col_valid.device)
         cache.lengths.fill_(T)
         return TargetOutput(out["logits"], out["taps"] if taps else None, out["hidden"])
+
+    def _prefill_verify(self, cond, cache, taps: bool):
+        """The prefill as one verify call over the condition's ids: slots and positions 0..T-1,
+        the prefill graph's mask ((causal & valid) | eye, nothing past T), the outputs of the
+        last prefix position."""
+        from ..models.layers import TargetOutput
+
+        ids, valid = self._xf.prefill_tokens(self.config, cond, self._prefill_ids)
+        B, T = ids.shape
+        ar = torch.arange(T)
+        mask = torch.zeros(B, T, self.max_cache_len, dtype=torch.bool)
+        mask[:, :, :T] = ((ar[None, :] <= ar[:, None])[None] & valid[:, None, :]) | (ar[None, :] == ar[:, None])[None]
+        pos = ar[None, :].expand(B, T)
+        out = self._run_kv(self._verify, cache, self.config.n_layer, self._step_inputs(ids, pos, pos, mask), {})
+        cache.col_valid[:] = True
+        cache.col_valid[:, :T] = valid.to(cache.col_valid.device)
+        cache.lengths.fill_(T)
+        last = {k: out[k][:, -1:] if T > 1 else out[k] for k in ("logits", "taps", "hidden")}
+        return TargetOutput(last["logits"], last["taps"] if taps else None, last["hidden"])
 
     def forward_tokens(self, tokens, positions, slots, mask, cache, taps: bool = False):
         """New tokens at absolute `positions`, K/V written at cache `slots` (see Transformer)."""
@@ -426,7 +457,7 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
         return importlib.import_module(own).open_engines(man, backend, **options)
     be, open_ = open_graphs(man, backend, **options)
     gasv = vq = None
-    target = GraphTarget(man, open_(Graph.TARGET_PREFILL, Graph.TARGET_VERIFY))
+    target = GraphTarget(man, open_(*be.target_graphs()))  # (verify,) when it runs the prefill too
     drafter = open_drafter(man, be, open_)
     if man.has(Graph.GASV):
         gasv = GraphGASV(man, open_(Graph.GASV)[Graph.GASV])

@@ -87,6 +87,7 @@ class ModelShape:
     has_vq: bool = True
     precision: str = ""  # an engine directory's own precision ("" for names / checkpoints)
     max_positions: int = 0  # the checkpoint's RoPE position limit (0: none recorded)
+    target_copies: int = 1  # copies of the target's weights the engines hold (engine_fields)
 
     @property
     def head_dim(self) -> int:
@@ -121,11 +122,26 @@ def engine_fields(man: dict, s: ModelShape) -> dict:
     dr = (man.get("drafter") or {}).get("config") or {}
     q = man.get("quantization") or "none"
     return dict(max_cache_len=int(man["max_cache_len"]), max_tree=int(man["max_tree"]),
+                target_copies=target_copies(man, s.family),
                 has_drafter=man.get("drafter") is not None, has_tables=man.get("tables") is not None,
                 has_vq=man.get("vq") is not None, precision=q if q != "none" else man.get("precision", "fp32"),
                 codes=int((man.get("tables") or {}).get("vocab_size") or s.codes),
                 draft_head=int(dr.get("draft_vocab") or dr.get("vocab_size") or 0),
                 draft_hidden=int(dr.get("hidden", 0)), draft_ffn=int(dr.get("ffn_hidden", 0)))
+
+
+def target_copies(man: dict, family: str) -> int:
+    """Copies of the target's weights an engine directory's TensorRT engines hold: 1 when its
+    verify graph runs the prefill too (the manifest's target `prefill_ids`, or a family whose
+    verify graphs always embed prompts) and no target_prefill engine was built, else 2 (separate
+    prefill and verify engines: engines/build.default_build_graphs)."""
+    from ..export.families import export_family
+
+    if "target_prefill" in ((man.get("engines") or {}).get("graphs") or {}):
+        return 2
+    if (man.get("target") or {}).get("prefill_ids") or export_family(family).verify_embeds_prompts:
+        return 1
+    return 2
 
 
 def _plugins() -> list:
@@ -217,4 +233,5 @@ def resolve_model(model, image_size: Optional[int] = None, prompt_len: Optional[
 
 
 __all__ = ["DEFAULT_PROMPT", "VQ16_DECODE_PARAMS", "ModelShape", "Weights", "default_sizes", "engine_fields",
-           "known_names", "known_shape", "lin", "llama_layer", "repeat", "resolve_model", "safetensors_metadata"]
+           "known_names", "known_shape", "lin", "llama_layer", "repeat", "resolve_model", "safetensors_metadata",
+           "target_copies"]

@@ -276,6 +276,20 @@ class OrtBackend(Backend):
 
     name = "ort"
     optional_graphs = (Graph.DRAFTER_COMMIT,)
+    prefill_via_verify = True  # one target session: its pre-packed weights are the only copy
+
+    def can_open(self, graph) -> bool:
+        """drafter_commit only when asked (option fused_commit=True or LISA_TRT_ORT_FUSED_COMMIT=1):
+        its session would pre-pack a second copy of the drafter's layer and head next to
+        drafter_step's, and on ORT its one call saves no measurable time over project + step
+        (docs/deployment.md, bench/memory.json "drafter_commit")."""
+        if graph is Graph.DRAFTER_COMMIT:
+            want = self.options.get("fused_commit")
+            if want is None:
+                want = os.environ.get("LISA_TRT_ORT_FUSED_COMMIT", "") not in ("", "0")
+            if not want:
+                return False
+        return super().can_open(graph)
 
     def check(self) -> None:
         """Warn (once per bundle) when int8 graphs run on a CPU kind their validation did not cover."""
@@ -288,9 +302,19 @@ class OrtBackend(Backend):
             _WARNED.add(str(self.manifest.dir))
             warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
+    def target_graphs(self) -> tuple:
+        """(verify,) when the bundle's verify graph runs the prefill too (Backend.target_graphs);
+        LISA_TRT_ORT_PREFILL_GRAPH=1 (or the option prefill_via_verify=False) opens the prefill graph
+        as well, as before: two target sessions, each with its own pre-packed copy of the target."""
+        if "prefill_via_verify" not in self.options and os.environ.get("LISA_TRT_ORT_PREFILL_GRAPH", "") not in ("", "0"):
+            return (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY)
+        return super().target_graphs()
+
     def open(self, graph, spec, dims):
         m = self.manifest
         opts = dict(self.options)
+        opts.pop("prefill_via_verify", None)  # read by target_graphs
+        opts.pop("fused_commit", None)  # read by can_open
         one_copy = opts.pop("one_copy", None)
         if one_copy is None:
             one_copy = os.environ.get("LISA_TRT_ORT_ONE_COPY", "") not in ("", "0")
@@ -304,10 +328,11 @@ register_backend("ort", OrtBackend)
 
 def load_ort_engines(engine_dir, providers=None, threads: Optional[int] = None, *, spin: bool = False,
                      target_hash: Optional[str] = None, drafter_hash: Optional[str] = None,
-                     tables_hash: Optional[str] = None) -> Engines:
-    """`load_engines(engine_dir, "ort", ...)` (kept for callers of the ORT-only loader)."""
+                     tables_hash: Optional[str] = None, **options) -> Engines:
+    """`load_engines(engine_dir, "ort", ...)` (kept for callers of the ORT-only loader); options:
+    one_copy, prefill_via_verify, fused_commit (OrtBackend)."""
     return load_engines(engine_dir, "ort", target_hash=target_hash, drafter_hash=drafter_hash,
-                        tables_hash=tables_hash, providers=providers, threads=threads, spin=spin)
+                        tables_hash=tables_hash, providers=providers, threads=threads, spin=spin, **options)
 
 
 __all__ = ["ExclusiveSessions", "OrtBackend", "OrtRunner", "load_ort_engines", "make_session", "physical_cores", "session_options"]

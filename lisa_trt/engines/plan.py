@@ -12,9 +12,10 @@ What is counted (docs/deployment.md explains each formula and which numbers are 
   weights      parameters x bytes: matmul weights at the precision (int8 / fp8: 1 byte + an fp32
                scale per output channel; int4: 0.5 byte + an fp16 scale per block of 32 inputs,
                export/quantize.py's MatMulNBits blocks), embeddings and norms at the activation
-               precision (fp16, fp32 for an fp32 plan). ONE copy of the target weights: prefill
-               and verify share them (one engine with two profiles, or ORT sessions sharing
-               initializers, docs/spec/deploy.md); `weight_copies=2` plans separate engines.
+               precision (fp16, fp32 for an fp32 plan). ONE copy of the target weights: the verify
+               engine runs the prefill too (its "prefill" profile; engines/build.default_build_graphs);
+               an engine directory exported before that (separate prefill and verify engines) plans
+               two (ModelShape.target_copies), as does `weight_copies=2`.
   KV cache     2 x layers x kv_heads x head_dim x max_cache_len x rows x kv bytes, rows = batch x 2
                with CFG; kv bytes 2 (fp16) for every precision but fp32 (4): int8 / fp8 / int4
                quantize weights, the cache stays fp16. max_cache_len = round_up(prompt + span
@@ -286,7 +287,7 @@ def _totals(engines: dict, overhead: int, workspace: int) -> tuple[int, int]:
 def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] = None,
               precision: Optional[str] = None, batch: int = 1, tree: Optional[int] = None,
               image_size: Optional[int] = None, prompt_len: Optional[int] = None, cfg: bool = True,
-              workspace: Optional[int] = None, weight_copies: int = 1, search: bool = True) -> Plan:
+              workspace: Optional[int] = None, weight_copies: Optional[int] = None, search: bool = True) -> Plan:
     """The memory plan of `model` on a device.
 
     Args:
@@ -297,13 +298,18 @@ def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] =
         tree: draft-tree nodes verified per call (default: an engine directory's max_tree, else 64).
         image_size / prompt_len: for names and checkpoints (engine directories fix them).
         workspace: builder workspace in bytes (default WORKSPACE_BYTES).
-        weight_copies: copies of the target weights (2: separate prefill and verify engines).
+        weight_copies: copies of the target weights (2: separate prefill and verify engines);
+            default: what `lisa-trt build` makes (an engine directory's target_copies: 1 when its
+            verify engine runs the prefill too, 2 for directories exported before; names and
+            checkpoints: 1, a fresh export).
         search: also compute the largest batch and tree that fit.
     """
     device = resolve_gpu(gpu, memory_gib)
     s = resolve_model(model, image_size, prompt_len)
     prec = resolve_precision(precision or s.precision or "fp16")
     tree = (s.max_tree or 64) if tree is None else tree
+    if weight_copies is None:
+        weight_copies = s.target_copies
     for v, what in ((batch, "--batch"), (tree, "--tree"), (weight_copies, "weight copies")):
         if not isinstance(v, int) or v < 1:
             raise InputError(f"{what} must be a positive integer, got {v!r}")

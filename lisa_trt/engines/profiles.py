@@ -49,11 +49,13 @@ class ProfileSpec:
 
 
 def _axis_ranges(graph: Graph, *, max_batch: int, max_tree: int, cfg: bool, seq_split: int,
-                 prefill_seq: Optional[int] = None) -> list:
+                 prefill_seq: Optional[int] = None, verify_prefill: int = 0) -> list:
     """[(profile name, {axis: (min, opt, max)})] for the dynamic axes of one graph.
 
     prefill_seq: most prompt tokens of a prefill graph with a "seq" axis (a text prompt:
-    Chameleon), None for a fixed condition prefix (LlamaGen)."""
+    Chameleon), None for a fixed condition prefix (LlamaGen).
+    verify_prefill: most tokens of a prefill run through target_verify (one target engine): a
+    "prefill" profile 1..verify_prefill is added when the step / tree profiles do not cover it."""
     gb = max_batch * (2 if cfg else 1)  # graph batch: CFG runs [cond; uncond]
     batch = (1, min(2 if cfg else 1, gb), gb)
     if graph is Graph.VQ_DECODE:
@@ -65,9 +67,13 @@ def _axis_ranges(graph: Graph, *, max_batch: int, max_tree: int, cfg: bool, seq_
     if graph is Graph.GASV:  # rows = real prompts x tree nodes (after CFG combine)
         return [("nodes", {"nodes": (1, max_tree, max_batch * max_tree)})]
     if max_tree <= seq_split:
-        return [("tree", {"batch": batch, "seq": (1, max_tree, max_tree)})]
-    return [("step", {"batch": batch, "seq": (1, 1, seq_split)}),
-            ("tree", {"batch": batch, "seq": (1, max_tree, max_tree)})]
+        out = [("tree", {"batch": batch, "seq": (1, max_tree, max_tree)})]
+    else:
+        out = [("step", {"batch": batch, "seq": (1, 1, seq_split)}),
+               ("tree", {"batch": batch, "seq": (1, max_tree, max_tree)})]
+    if graph is Graph.TARGET_VERIFY and verify_prefill > max(max_tree, seq_split):
+        out.append(("prefill", {"batch": batch, "seq": (1, max(1, verify_prefill // 2), verify_prefill)}))
+    return out
 
 
 def profiles_from_io_spec(manifest, *, max_batch: int = 1, max_tree: Optional[int] = None, cfg: bool = True,
@@ -79,7 +85,8 @@ def profiles_from_io_spec(manifest, *, max_batch: int = 1, max_tree: Optional[in
       seq    target_verify / drafter graphs: a "step" profile S in 1..seq_split (opt 1: AR steps,
              drafter commits) and a "tree" profile S in 1..max_tree (opt max_tree: tree verification);
              a prefill that takes the prompt's tokens (Chameleon) 1..max_prompt (the family's
-             prefill_max_seq of the manifest's layout);
+             prefill_max_seq of the manifest's layout); when the verify graph runs the prefill
+             too (one target engine), target_verify gets a "prefill" profile 1..that prompt;
       nodes  GASV rows 1 .. max_batch x max_tree.
 
     Args:
@@ -100,14 +107,20 @@ def profiles_from_io_spec(manifest, *, max_batch: int = 1, max_tree: Optional[in
         raise InputError(f"max_tree {max_tree} is outside 1..{manifest.max_tree}: the exported cache holds "
                          f"{manifest.max_tree} tree slots; re-export with `lisa-trt export --max-tree N` for more")
     dims = manifest.dims  # the family's static axes and io specs (export/families.py)
-    prefill_seq = manifest.export_family.prefill_max_seq(manifest.layout)
+    xf = manifest.export_family
+    prefill_seq = xf.prefill_max_seq(manifest.layout)
+    # one target engine: the verify engine also takes the prefill (its prompt, or the condition prefix)
+    verify_prefill = 0
+    if xf.bundle_prefill_ids(manifest) is not None:
+        verify_prefill = prefill_seq or manifest.target_config.cls_token_num
     out = {}
     for name in graphs or sorted(manifest.graphs):
         graph = Graph(name)
         spec = manifest.spec(graph)
         profs = []
         for pname, ranges in _axis_ranges(graph, max_batch=max_batch, max_tree=max_tree, cfg=cfg,
-                                          seq_split=seq_split, prefill_seq=prefill_seq):
+                                          seq_split=seq_split, prefill_seq=prefill_seq,
+                                          verify_prefill=verify_prefill):
             try:
                 shapes = shape_ranges(spec, dims, ranges)
             except KeyError as e:

@@ -35,11 +35,15 @@ class GraphPromptTarget(PromptTarget, _KVEngine):
         super().__init__(manifest, runners)
         self.config = manifest.target_config
         self.hash = manifest.target_hash
-        self._prefill = runners[Graph.TARGET_PREFILL]
+        self._prefill = runners.get(Graph.TARGET_PREFILL)  # None: the prefill is a verify call (prefill_ids)
         self._verify = runners[Graph.TARGET_VERIFY]
         xf = manifest.export_family  # the family's condition protocol and prompt vocabulary
         self._cond = xf.prompt_condition(self.config)
         self._prompt_vocab = xf.prompt_vocab_size(self.config)
+        self._prefill_ids = None if self._prefill is not None else xf.bundle_prefill_ids(manifest)
+        if self._prefill is None and self._prefill_ids is None:
+            raise ArtifactMismatchError(f"{manifest.dir}: its verify graph cannot run the prefill (exported before one "
+                                        "target graph served both); re-export it with `lisa-trt export`")
 
     def check_cond(self, cond) -> int:
         return PromptTarget.check_cond(self, cond) if self._cond is None else self._cond.check_cond(cond)
@@ -68,14 +72,20 @@ class GraphPromptTarget(PromptTarget, _KVEngine):
         self._release()
         return KVCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
 
-    def _step(self, runner, tokens, positions, slots, mask, cache, taps: bool, vocab: Optional[int] = None):
+    def _step(self, runner, tokens, positions, slots, mask, cache, taps: bool, vocab: Optional[int] = None,
+              offset: int = 0, last: bool = False):
+        """One graph call; `tokens` are checked against `vocab`, then passed as offset + id;
+        last: the outputs of the last position only (a prefill through the verify graph)."""
         from ..models.layers import TargetOutput
 
         cfg = self.config
         check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, vocab or cfg.vocab_size,
                    cfg.max_position_embeddings)
         self._check_cache(cache, (cache.batch, cfg.kv_heads, self.max_cache_len, cfg.head_dim), "target")
-        out = self._run_kv(runner, cache, cfg.n_layer, self._step_inputs(tokens, positions, slots, mask), {})
+        ids = tokens + offset if offset else tokens
+        out = self._run_kv(runner, cache, cfg.n_layer, self._step_inputs(ids, positions, slots, mask), {})
+        if last and tokens.shape[1] > 1:
+            out = {k: out[k][:, -1:] for k in ("logits", "taps", "hidden")}
         return TargetOutput(out["logits"], out["taps"] if taps else None, out["hidden"])
 
     def prefill(self, cond, cache, valid: Optional[torch.Tensor] = None, taps: bool = False):
@@ -87,7 +97,11 @@ class GraphPromptTarget(PromptTarget, _KVEngine):
         p = Prompts.of(cond, valid)
         ids, valid = p.ids, p.valid
         slots, pos, mask = prefill_plan(ids, cache, valid)
-        out = self._step(self._prefill, ids, pos, slots, mask, cache, taps, self._prompt_vocab)
+        if self._prefill is None:  # one target graph: the verify graph embeds prompt id t as offset + t
+            rec = self._prefill_ids
+            out = self._step(self._verify, ids, pos, slots, mask, cache, taps, rec["count"], rec["offset"], last=True)
+        else:
+            out = self._step(self._prefill, ids, pos, slots, mask, cache, taps, self._prompt_vocab)
         cache.lengths.fill_(ids.shape[1])
         return out
 
@@ -135,7 +149,7 @@ def open_engines(man, backend: str = "ort", **options) -> Engines:
         raise ArtifactMismatchError(f"{d}/tables.safetensors was made for target {tables.target_hash}, not "
                                     f"{man.target_hash}; re-export the directory")
     be, open_ = open_graphs(man, backend, **options)
-    target = GraphPromptTarget(man, open_(Graph.TARGET_PREFILL, Graph.TARGET_VERIFY))
+    target = GraphPromptTarget(man, open_(*be.target_graphs()))  # (verify,) when it runs the prefill too
     drafter = open_drafter(man, be, open_)  # the EAGLE-3 drafter graphs or Medusa heads
     gasv = GraphGASV(man, open_(Graph.GASV)[Graph.GASV]) if man.has(Graph.GASV) else None
     vq = GraphGridVQ(man, open_(Graph.VQ_DECODE)[Graph.VQ_DECODE]) if man.has(Graph.VQ_DECODE) else None

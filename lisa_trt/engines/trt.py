@@ -309,6 +309,17 @@ class TrtBackend(Backend):
 
     name = "trt"
     optional_graphs = (Graph.DRAFTER_COMMIT,)
+    prefill_via_verify = True  # one target engine (engines/build.default_build_graphs)
+
+    def target_graphs(self) -> tuple:
+        """Both target engines when `lisa-trt build` made a target_prefill engine (builds before
+        one target engine, or asked for with --graphs), else the verify engine alone."""
+        from .build import engines_record
+
+        rec = engines_record(self.manifest.dir) or {}
+        if Graph.TARGET_PREFILL.value in rec.get("graphs", {}):
+            return (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY)
+        return super().target_graphs()
 
     def __init__(self, manifest, *, device=None, kv_binding: str = DEFAULT_KV_BINDING, share_memory: bool = True):
         if kv_binding not in KV_BINDINGS:

@@ -85,6 +85,40 @@ class ExportFamily:
         protocol of models/prompts.PromptTarget (Prompts that carry their own unconditional rows)."""
         return None
 
+    # -- one target graph: the prefill as a verify call (issue 26) -----------------------------
+
+    def prefill_ids(self, cfg) -> Optional[dict]:
+        """{"offset": o, "count": n} when the verify graph this family exports also embeds the
+        prefill's n condition / prompt ids, passed as o + id (recorded in the manifest's target
+        record): one target graph then serves prefill and verify, and a backend that prefers it
+        (engines/base.Backend.prefill_via_verify) never opens the prefill graph, so the target's
+        weights are in memory once. None: the prefill needs its own graph."""
+        return None
+
+    # True when every verify graph this family ever exported embeds the prefill's ids (one token
+    # embedding for prompts and images): directories exported before the manifest recorded
+    # `prefill_ids` qualify too
+    verify_embeds_prompts: bool = False
+
+    def bundle_prefill_ids(self, man) -> Optional[dict]:
+        """`prefill_ids` of an exported directory: its manifest's record (None for directories
+        exported before it, whose verify graphs embed image tokens only, unless
+        `verify_embeds_prompts`)."""
+        rec = (man.target or {}).get("prefill_ids")
+        if not rec and self.verify_embeds_prompts:
+            rec = self.prefill_ids(man.target_config)
+        return {"offset": int(rec["offset"]), "count": int(rec["count"])} if rec else None
+
+    def verify_embed(self, model, ids):
+        """The verify graph's input embedding (traced): ids (B, S) -> (B, S, dim); with
+        `prefill_ids`, ids in [offset, offset + count) take the prefill's embedding."""
+        return model.embed_tokens(ids)
+
+    def prefill_tokens(self, cfg, cond, rec: dict):
+        """(ids (B, T) for the verify graph, prefix validity (B, T) bool) of a condition, for a
+        bundle with prefill_ids `rec` (families whose prefill takes a condition, not a prompt)."""
+        raise NotImplementedError(f"the {self.name} export family has no condition prefill through verify")
+
     # -- specs ----------------------------------------------------------------------------
 
     def graph_spec(self, graph: Graph, cfg) -> GraphSpec:

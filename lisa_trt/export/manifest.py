@@ -96,7 +96,7 @@ class Manifest:
     opset: int
     max_tree: int
     max_cache_len: int
-    target: dict  # {"hash", "config"}
+    target: dict  # {"hash", "config", "prefill_ids" (ExportFamily.prefill_ids; absent before it)}
     graphs: dict  # name -> GraphEntry
     drafter: Optional[dict] = None  # {"hash", "config", "arch": "eagle3" | "medusa"} (no arch: eagle3)
     tables: Optional[dict] = None  # {"hash", "target_hash", "vocab_size", "n_clusters", "gasv"}
@@ -234,7 +234,8 @@ def build_manifest(*, target, drafter, tables, vq, graphs: dict, precision: str,
         dr = {"hash": drafter_hash(drafter), "config": drafter.config.to_dict(), "arch": drafter_arch(drafter)}
     return Manifest(
         precision=precision, opset=opset, max_tree=max_tree, max_cache_len=max_cache_len,
-        target={"hash": target_hash(target), "config": fam.config_record(target.config)},
+        target={"hash": target_hash(target), "config": fam.config_record(target.config),
+                **({"prefill_ids": fam.prefill_ids(target.config)} if fam.prefill_ids(target.config) else {})},
         drafter=dr,
         tables=None if tables is None else {
             "hash": tables_hash(tables), "target_hash": tables.target_hash, "vocab_size": tables.vocab_size,

@@ -165,7 +165,7 @@ class TargetVerifyGraph(_NamedGraph):
     def compute(self, x):
         m = self.model
         cache = _ShimCache([x[n] for n in self.spec.input_names if n.startswith("past_key_values.")])
-        h = m.embed_tokens(x["input_ids"])
+        h = export_family(m).verify_embed(m, x["input_ids"])  # image tokens (+ the prefill's ids: prefill_ids)
         out = m._run(h, m.freqs_cis[x["position_ids"]], x["attention_mask"][:, None], cache, x["cache_slots"], True)
         res = dict(logits=out.logits, taps=out.taps, hidden=out.hidden)
         res.update(zip([n for n in self.spec.output_names if n.startswith("present.")], cache.presents()))

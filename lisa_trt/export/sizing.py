@@ -36,6 +36,13 @@ def peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
+def children_peak_rss_bytes() -> int:
+    """The largest high-water mark of this process's finished child processes (the
+    `polygraphy check lint` subprocesses of an export), in bytes: not part of peak_rss_bytes."""
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
 def current_rss_bytes() -> Optional[int]:
     """The resident set now (Linux /proc), or None where it cannot be read."""
     try:
@@ -181,7 +188,8 @@ def export_record(models: dict, started: Optional[float] = None) -> dict:
             continue
         fp32 += sum(t.numel() * 4 for t in m.parameters() if t.is_floating_point())
     rec = {"peak_rss_bytes": peak_rss_bytes(), "fp32_parameter_bytes": int(fp32),
-           "measured": "getrusage(RUSAGE_SELF).ru_maxrss of the exporting process (checkpoint loading included)"}
+           "measured": "getrusage(RUSAGE_SELF).ru_maxrss of the exporting process (checkpoint loading included)",
+           "children_peak_rss_bytes": children_peak_rss_bytes()}  # the lint subprocesses (RUSAGE_CHILDREN)
     if fp32:
         rec["peak_rss_over_fp32_parameters"] = round(rec["peak_rss_bytes"] / fp32, 3)
     if started is not None:

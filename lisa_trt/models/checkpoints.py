@@ -26,14 +26,16 @@ def target_hash(model) -> str:
     return tensor_hash(model.output.weight)
 
 
-def read_state_dict(path: PathLike) -> tuple[dict, dict]:
-    """Read weights from .pt/.pth/.bin (weights_only) or .safetensors -> (state_dict, metadata)."""
+def read_state_dict(path: PathLike, mmap: bool = False) -> tuple[dict, dict]:
+    """Read weights from .pt/.pth/.bin (weights_only) or .safetensors -> (state_dict, metadata).
+
+    mmap: a zip-format .pt file's tensors are mapped from the file, not read (safe_torch_load)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     if path.suffix == ".safetensors":
         return load_safetensors(path)
-    obj = safe_torch_load(path, "checkpoint")  # weights_only; refusals in our own words
+    obj = safe_torch_load(path, "checkpoint", mmap=mmap)  # weights_only; refusals in our own words
     if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
         obj = obj["model"]  # DDP training checkpoints
     if not isinstance(obj, dict) or not all(torch.is_tensor(v) for v in obj.values()):
@@ -51,8 +53,11 @@ def _clean(sd: dict) -> dict:
     return out
 
 
-def strict_load(model: torch.nn.Module, sd: dict, what: str, hint: str = "") -> None:
-    """load_state_dict(strict=True) with an error that lists every problem and a likely fix."""
+def strict_load(model: torch.nn.Module, sd: dict, what: str, hint: str = "", assign: bool = False) -> None:
+    """load_state_dict(strict=True) with an error that lists every problem and a likely fix.
+
+    assign: the model's parameters become the state dict's tensors (a model built on the meta
+    device: no second copy of the weights)."""
     own = model.state_dict()
     problems = state_dict_problems(own, sd)
     if problems:
@@ -60,7 +65,7 @@ def strict_load(model: torch.nn.Module, sd: dict, what: str, hint: str = "") -> 
         if hint:
             lines.append(f"  hint: {hint}; pass the matching config (e.g. --config GPT-L --image-size 384)")
         raise CheckpointError("\n".join(lines))
-    model.load_state_dict(sd, strict=True)  # copies into the model's tensors, converting each (a bf16 file as it is)
+    model.load_state_dict(sd, strict=True, assign=assign)  # else copies into the model's tensors, converting each
 
 
 def load_target(path: PathLike, config=None, device="cpu"):

@@ -279,7 +279,7 @@ def fake(bundle, tmp_path, monkeypatch, request):
 def test_build_records_engines_in_the_manifest(fake):
     rec = fake.record
     assert rec["tensorrt_version"] == "10.15.1.29" and rec["gpu"] == "Fake GPU" and rec["strongly_typed"]
-    assert set(rec["graphs"]) == {"target_prefill", "target_verify", "drafter_project", "drafter_step",
+    assert set(rec["graphs"]) == {"target_verify", "drafter_project", "drafter_step",  # one target engine
                                   "drafter_commit", "gasv", "vq_decode"}
     g = rec["graphs"]["target_verify"]
     assert [p["name"] for p in g["profiles"]] == ["step", "tree"] and len(g["plan_sha256"]) == 64
@@ -356,6 +356,7 @@ def test_trt_target_matches_torch_through_the_binding_protocol(request, case):
     target, drafter = a["target"], a["drafter"]
     eng = T.load_trt_engines(fake.dir, device="cpu", target_hash=target_hash(target))  # default: swap
     assert eng.target._verify.kv_binding == "swap" == T.DEFAULT_KV_BINDING
+    assert list(eng.target.runners) == [Graph.TARGET_VERIFY]  # one target engine: the prefill is a verify call
     assert isinstance(eng.target, TargetEngine) and isinstance(eng.drafter, DrafterEngine)
     cond = torch.tensor([3, 10])                                   # [cond; uncond]
     tc, ec = target.new_cache(2, extra=16), eng.target.new_cache(2, extra=16)
@@ -515,3 +516,29 @@ def test_partial_rebuild_keeps_the_other_engines(fake):
     with pytest.raises(InputError, match="has no graph"):
         B.build_engines(fake.dir, graphs=["nope"], progress=False)
 
+
+
+def test_one_target_engine_unless_the_bundle_predates_it(bundle, man, tmp_path):
+    """Issue 26: the verify graph embeds the class ids (the manifest's prefill_ids), so `lisa-trt
+    build` makes no target_prefill engine (the target's weights on the GPU once) and the memory
+    plan counts one copy; a bundle exported before builds both engines, and its plan counts two."""
+    import shutil
+
+    from lisa_trt.engines.plan import check_plan
+
+    assert B.default_build_graphs(man) == sorted(set(man.graphs) - {"target_prefill"})
+    new = check_plan(bundle, memory_gib=80)
+    assert not any("copies" in n for n in new.notes)
+    one = new.engines["target"]["weights"]
+    old = tmp_path / "old"
+    shutil.copytree(bundle, old)
+    m = json.loads((old / "manifest.json").read_text())
+    del m["target"]["prefill_ids"]
+    (old / "manifest.json").write_text(json.dumps(m))
+    assert B.default_build_graphs(read_manifest(old)) == sorted(man.graphs)
+    p = check_plan(old, memory_gib=80)
+    assert p.engines["target"]["weights"] == 2 * one and any("2 copies" in n for n in p.notes)
+    with pytest.raises(InputError, match="verify graph cannot run the prefill"):
+        from lisa_trt.engines.graph import GraphTarget
+
+        GraphTarget(read_manifest(old), {Graph.TARGET_VERIFY: types.SimpleNamespace(device=torch.device("cpu"))})

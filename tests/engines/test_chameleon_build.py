@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
 from chameleon_bundle import N_CODES, export_kwargs, make_chameleon_artifacts  # noqa: E402
 
 from lisa_trt.engines import build as B  # noqa: E402
+from lisa_trt.export.io_spec import Graph  # noqa: E402
 
 ALL = {"target_prefill", "target_verify", "drafter_project", "drafter_step", "gasv", "vq_decode"}
 
@@ -43,13 +44,17 @@ def test_dry_run_checks_and_plans_every_graph(bundles, prec):
     d = bundles[prec]
     man = read_manifest(d)
     rec = B.build_engines(d, dry_run=True, max_batch=2, progress=False)  # check_trt_compat runs first
-    assert rec["dry_run"] and set(rec["graphs"]) == ALL
+    # one target engine (issue 26): the verify engine runs the prompt's prefill too
+    assert rec["dry_run"] and set(rec["graphs"]) == ALL - {"target_prefill"}
     assert rec["graphs"]["gasv"]["onnx"] == "gasv.trt.onnx"  # the plugin variant is what TensorRT parses
     prof = {n: g["profiles"] for n, g in rec["graphs"].items()}
-    (pre,) = prof["target_prefill"]  # prompts of 1 .. max_prompt tokens, 1 .. 2 x 2 CFG rows
+    # max_tree 16 <= the step split: one tree profile; then prompts of 1 .. max_prompt tokens, 1 .. 2 x 2 CFG rows
+    tree, pre = prof["target_verify"]
+    assert (tree["name"], pre["name"]) == ("tree", "prefill")
     assert pre["shapes"]["input_ids"] == [[1, 1], [2, 16], [4, 32]]
     assert pre["shapes"]["attention_mask"][2] == [4, 32, man.max_cache_len]
-    assert [p["name"] for p in prof["target_verify"]] == ["tree"]  # max_tree 16 <= the step split
+    every = B.build_engines(d, dry_run=True, max_batch=2, progress=False, graphs=sorted(ALL), check=False)
+    assert [p["name"] for p in every["graphs"]["target_prefill"]["profiles"]] == ["prefill"]  # when asked for
     (g,) = prof["gasv"]
     assert g["shapes"]["guided_logits"][2] == [2 * 16, N_CODES]  # the image-code sub-vocabulary
     (v,) = prof["vq_decode"]
@@ -121,8 +126,8 @@ def test_build_records_engines_and_the_trt_backend_decodes_like_ort(built):
     from lumina_calls import LuminaSpec, speculative_image_tokens
 
     rec = built.record
-    assert set(rec["graphs"]) == ALL and rec["strongly_typed"] and B.engines_built(built.dir)
-    assert [p["name"] for p in rec["graphs"]["target_prefill"]["profiles"]] == ["prefill"]
+    assert set(rec["graphs"]) == ALL - {"target_prefill"} and rec["strongly_typed"] and B.engines_built(built.dir)
+    assert [p["name"] for p in rec["graphs"]["target_verify"]["profiles"]] == ["tree", "prefill"]
     caps = ["a red fox", "tok70 tok71 tok72 tok73 tok74"]  # left padding + the CFG unconditional rows
     spec = LuminaSpec(method="gasv", cfg_scale=2.0, top_k=16, tree_top_k=3, depth=3, total_tokens=8)
     out = {}
@@ -133,6 +138,7 @@ def test_build_records_engines_and_the_trt_backend_decodes_like_ort(built):
                                                tables=eng.tables, gasv=eng.gasv)
         out[backend] = (res.codes, st.as_dict()["target_forwards"], eng)
     assert out["trt"][2].target._verify.kv_binding == "swap"  # TensorRT's default: double-buffered caches
+    assert list(out["trt"][2].target.runners) == [Graph.TARGET_VERIFY]  # one target engine: the prefill is a verify call
     assert torch.equal(out["trt"][0], out["ort"][0]) and out["trt"][1] == out["ort"][1]
     vq = out["trt"][2].vq
     pixels = vq.decode_code(out["trt"][0])

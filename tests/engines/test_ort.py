@@ -112,8 +112,13 @@ def test_drafter_matches_torch_and_updates_its_cache_in_place(engines, artifacts
 
 
 def test_drafter_commit_graph_is_project_then_step_in_one_call(engines, artifacts):
-    """The optional drafter_commit graph (exported by default) equals fc + step, torch and ORT."""
-    drf, ref = engines.drafter, artifacts["drafter"]
+    """The optional drafter_commit graph (exported by default; ORT opens it when asked) equals
+    fc + step, torch and ORT."""
+    from lisa_trt.engines.ort import load_ort_engines
+
+    assert not engines.drafter.fused_commit  # by default ORT commits through project + step: one copy
+    fused = load_ort_engines(engines.manifest.dir, threads=1, fused_commit=True)
+    drf, ref = fused.drafter, artifacts["drafter"]
     assert drf.fused_commit
     taps = torch.randn(2, 3, 192)
     c_one, c_two, c_ref = drf.new_cache(2, 24), drf.new_cache(2, 24), ref.new_cache(2, 24)
@@ -138,6 +143,7 @@ def test_drafter_commit_graph_is_project_then_step_in_one_call(engines, artifact
     lr, hr = ref(ref.project_taps(taps), tokens, positions, slots, mask[:, :, :L], c_ref)
     assert close(lo, l2) and close(ho, h2) and close(lo, lr) and close(ho, hr)
     assert close(c_one.k[0], c_two.k[0]) and close(c_one.k[0][:, :, :L], c_ref.k[0])
+    fused.close()
 
 
 def test_bundle_without_drafter_commit_still_loads_and_decodes(engines, artifacts, tmp_path):
@@ -165,7 +171,7 @@ def test_bundle_without_drafter_commit_still_loads_and_decodes(engines, artifact
         assert torch.equal(t_old, t_new)
     # export_bundle indexes the models into its shared weights file: add_graphs rebuilds them from it
     assert add_graphs(old, validate=False) == ["drafter_commit"]
-    with load_ort_engines(old, threads=1) as e_up:
+    with load_ort_engines(old, threads=1, fused_commit=True) as e_up:
         assert e_up.drafter.fused_commit
         t_up, _ = SpeculativeDecoder(e_up.target, e_up.drafter).generate(cond, spec=spec, seed=0, num_tokens=12)
         assert torch.equal(t_up, t_new)
@@ -356,7 +362,7 @@ def test_engines_close_every_runner(artifacts, tmp_path):
     with load_engines(tmp_path / "e", "ort", threads=1) as eng:
         cache = eng.target.new_cache(1)
         eng.target.prefill(torch.tensor([1]), cache)
-    assert eng.target._verify.closed and eng.target._prefill.closed
+    assert eng.target._verify.closed and all(r.closed for r in eng.target.runners.values())
     with pytest.raises(RunnerError, match="closed"):
         eng.target.prefill(torch.tensor([1]), eng.target.new_cache(1))
 

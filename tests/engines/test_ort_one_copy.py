@@ -1,16 +1,27 @@
-"""ONNX Runtime one-copy mode (engines/ort.ExclusiveSessions): the target's prefill and verify
-sessions are never open together, and the tokens / logits are those of the default mode."""
+"""One copy of the target in ONNX Runtime memory (issue 26).
+
+By default ORT opens one target session: the verify graph embeds the condition ids too
+(ExportFamily.prefill_ids), so the prefill is a verify call and the prefill graph is never opened.
+Its outputs, the cache it writes and the decoded tokens are bit-identical to the prefill graph's.
+Bundles exported before that (no `prefill_ids` in the manifest) open both graphs as before, or one
+at a time in one-copy mode (engines/ort.ExclusiveSessions)."""
+
+import json
+import shutil
 
 import torch
 
 from lisa_trt.engines.graph import load_engines
+from lisa_trt.export.io_spec import Graph
 
 
-def _decode(engine_dir, one_copy: bool):
-    e = load_engines(engine_dir, "ort", threads=1, one_copy=one_copy)
+def _decode(engine_dir, **options):
+    e = load_engines(engine_dir, "ort", threads=1, **options)
     t = e.target
     cache = t.new_cache(2, extra=8)
     out = t.prefill(torch.tensor([3, t.config.num_classes]), cache, taps=True)
+    first = (out.logits.clone(), out.taps.clone(), out.hidden.clone(), [k.clone() for k in cache.k],
+             cache.col_valid.clone(), cache.lengths.clone())
     toks, T = [out.logits.argmax(-1).reshape(2, 1)], t.config.cls_token_num
     for i in range(3):
         pos = torch.full((2, 1), T + i)
@@ -19,16 +30,59 @@ def _decode(engine_dir, one_copy: bool):
         o = t.forward_tokens(toks[-1], pos, pos.clone(), mask, cache)
         toks.append(o.logits.argmax(-1).reshape(2, 1))
     out2 = t.prefill(torch.tensor([5, 1]), t.new_cache(2, extra=8))  # back to prefill: a second switch
-    open_now = [r.session is not None for r in (t._prefill, t._verify)]
+    opened = sorted(g.value for g in t.runners)
+    open_now = [r.session is not None for r in (t._prefill, t._verify) if r is not None]
     group = getattr(t._prefill, "_exclusive", None)
     e.close()
-    return torch.cat(toks, 1), o.logits, out2.logits, open_now, group
+    return dict(tokens=torch.cat(toks, 1), logits=o.logits, again=out2.logits, first=first, opened=opened,
+                open_now=open_now, group=group)
 
 
-def test_one_copy_gives_the_same_outputs_with_one_target_session(bundle):
-    ref = _decode(bundle, False)
-    one = _decode(bundle, True)
-    for a, b in zip(ref[:3], one[:3]):
-        assert torch.equal(a, b)
-    assert ref[3] == [True, True] and ref[4] is None
-    assert one[3] == [True, False] and one[4].switches == 2
+def _same(a, b):
+    for x, y in zip(a["first"][:3], b["first"][:3]):
+        assert x.shape == y.shape and torch.equal(x, y)
+    assert all(torch.equal(x, y) for x, y in zip(a["first"][3], b["first"][3]))  # the cache the prefill wrote
+    assert torch.equal(a["first"][4], b["first"][4]) and torch.equal(a["first"][5], b["first"][5])
+    for k in ("tokens", "logits", "again"):
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_the_manifest_records_the_prefill_ids_of_the_verify_graph(bundle):
+    from lisa_trt.export.manifest import read_manifest
+
+    man = read_manifest(bundle)
+    cfg = man.target_config
+    assert man.target["prefill_ids"] == {"offset": cfg.vocab_size, "count": cfg.num_classes + 1}
+
+
+def test_ort_opens_one_target_session_with_the_prefill_graphs_outputs(bundle):
+    one = _decode(bundle)
+    two = _decode(bundle, prefill_via_verify=False)  # the prefill graph, as before
+    assert one["opened"] == [Graph.TARGET_VERIFY.value] and one["open_now"] == [True]
+    assert two["opened"] == [Graph.TARGET_PREFILL.value, Graph.TARGET_VERIFY.value]
+    _same(one, two)
+
+
+def test_an_old_bundle_opens_both_graphs_and_one_copy_keeps_one_open(bundle, tmp_path):
+    old = tmp_path / "old"
+    shutil.copytree(bundle, old)
+    m = json.loads((old / "manifest.json").read_text())
+    del m["target"]["prefill_ids"]  # as exported before the verify graph embedded the class ids
+    (old / "manifest.json").write_text(json.dumps(m))
+    ref = _decode(old)
+    assert ref["opened"] == [Graph.TARGET_PREFILL.value, Graph.TARGET_VERIFY.value]
+    assert ref["open_now"] == [True, True] and ref["group"] is None
+    one = _decode(old, one_copy=True)
+    assert one["open_now"] == [True, False] and one["group"].switches == 2
+    _same(ref, one)
+    _same(ref, _decode(bundle))
+
+
+def test_ort_opens_each_drafter_weight_once_by_default(bundle):
+    """drafter_commit would pre-pack a second copy of the drafter's layer and head next to
+    drafter_step's: ORT opens it only when asked, and commits through project + step."""
+    with load_engines(bundle, "ort", threads=1) as e:
+        assert sorted(g.value for g in e.drafter.runners) == [Graph.DRAFTER_PROJECT.value, Graph.DRAFTER_STEP.value]
+        assert not e.drafter.fused_commit
+    with load_engines(bundle, "ort", threads=1, fused_commit=True) as e:
+        assert e.drafter.fused_commit

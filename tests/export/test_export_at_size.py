@@ -77,6 +77,8 @@ def test_manifest_records_the_export_peak_rss(tmp_path):
     assert rec["peak_rss_over_fp32_parameters"] == round(rec["peak_rss_bytes"] / rec["fp32_parameter_bytes"], 3)
     again = read_manifest(tmp_path / "b")
     assert again.export == rec
+    # the lint subprocesses' peak is not the process's own: recorded apart (RUSAGE_CHILDREN)
+    assert 0 <= rec["children_peak_rss_bytes"] <= sizing.children_peak_rss_bytes()
 
 
 def test_old_manifest_without_export_record_still_reads():

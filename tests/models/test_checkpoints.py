@@ -100,3 +100,29 @@ def test_vq_official_layout(tmp_path):
     assert img.shape == (2, 3, 8, 8) and torch.equal(img, vq.decode_code(idx, (2, 8, 4, 4)))
     with pytest.raises(LisaError, match="64 x 8 codebook"):
         lisa_trt.load_vq(str(tmp_path / "vq.pt"), "VQ-16")
+
+
+def test_a_pt_target_is_mapped_from_its_file_not_copied(tmp_path):
+    """Issue 26: the target's weights are loaded once: the model is built on the meta device and
+    its parameters are the (memory-mapped) tensors of a zip .pt file; a bf16 file becomes fp32."""
+    import gc
+
+    from lisa_trt.models.families.llamagen.checkpoint import load_llamagen_target
+
+    ref = make_target("c2i").eval()
+    cfg = ref.config
+    path = tmp_path / "ck.pt"
+    torch.save({"model": ref.state_dict()}, path)
+    m = lisa_trt.load_target(str(path), cfg)
+    mapped = [ln for ln in open("/proc/self/maps").read().splitlines() if ln.endswith(str(path))]
+    assert mapped, "the checkpoint file is not mapped"
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), ref.state_dict().values()))
+    assert torch.equal(m.freqs_cis, ref.freqs_cis) and not any(t.is_meta for t in m.state_dict().values())
+    cond, toks = make_cond(ref), torch.randint(0, 256, (2, 16))
+    assert torch.equal(m.teacher_forced_logits(cond, toks), ref.teacher_forced_logits(cond, toks))
+    del m
+    gc.collect()
+    half = tmp_path / "half.pt"
+    torch.save({k: v.to(torch.bfloat16) for k, v in ref.state_dict().items()}, half)
+    h = load_llamagen_target(half, cfg)
+    assert {p.dtype for p in h.parameters()} == {torch.float32} and not h.training

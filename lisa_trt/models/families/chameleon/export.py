@@ -87,6 +87,13 @@ class ChameleonGraphs(PromptExportFamily):
     def export(self, target, drafter, tables, vq, source, out_dir, **options):
         return export_chameleon(target, drafter, tables, vq, source, out_dir, **options)
 
+    verify_embeds_prompts = True  # true of every Chameleon export, older ones included
+
+    def prefill_ids(self, cfg):
+        """The verify graph embeds every id with the prompt's embedding (one table): prompts pass as
+        they are, and the prefill is one verify call."""
+        return {"offset": 0, "count": int(cfg.vocab_size)}
+
     def config_record(self, cfg) -> dict:
         d = super().config_record(cfg)
         d.pop("vocabulary_map", None)  # 65k entries: the bundle carries the checkpoint's config.json

@@ -96,6 +96,11 @@ class JanusGraphs(PromptExportFamily):
     def prompt_condition(self, cfg):
         return JanusCondition(cfg)
 
+    def prefill_ids(self, cfg):
+        """The verify graph embeds text id t as vocab_size + t (the prompt's text embedding) next to
+        the image codes, so the prefill is one verify call."""
+        return {"offset": int(cfg.vocab_size), "count": int(cfg.text_vocab_size)}
+
 
 FAMILY_GRAPHS = register_export_family(JanusGraphs())
 
@@ -109,6 +114,17 @@ def _embed_prompt(m, ids):
 def _embed_codes(m, codes):
     """JanusTarget.embed_image_tokens without its host-side range check (the runner checks)."""
     return m.model.generation_aligner(m.model.generation_embeddings(codes))
+
+
+def _embed_codes_or_prompt(m, ids):
+    """The verify graph's embedding: codes [0, vocab_size) through the generation path, text ids
+    as vocab_size + t through the text embedding (JanusGraphs.prefill_ids); the same rows as
+    _embed_codes / _embed_prompt."""
+    V = m.config.vocab_size
+    text = ids >= V
+    codes = _embed_codes(m, torch.where(text, 0, ids))
+    prompt = _embed_prompt(m, torch.where(text, ids - V, 0)).to(codes.dtype)
+    return torch.where(text[..., None], prompt, codes)
 
 
 class JanusVQGraph(_NamedGraph):
@@ -162,7 +178,7 @@ def export_janus(target, drafter, tables, vq, source, out_dir, *, image_size: Op
         spec = FAMILY_GRAPHS.graph_spec
         return [(Graph.TARGET_PREFILL, lambda: PromptStepGraph(resolve(t_exp), spec(Graph.TARGET_PREFILL, cfg), _embed_prompt,
                                                                True), precision),
-                (Graph.TARGET_VERIFY, lambda: PromptStepGraph(resolve(t_exp), spec(Graph.TARGET_VERIFY, cfg), _embed_codes,
+                (Graph.TARGET_VERIFY, lambda: PromptStepGraph(resolve(t_exp), spec(Graph.TARGET_VERIFY, cfg), _embed_codes_or_prompt,
                                                               False), precision)]
 
     vq_builder = (lambda: JanusVQGraph(vq.eval(), cfg)) if vq is not None else None

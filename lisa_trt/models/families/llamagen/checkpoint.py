@@ -37,13 +37,29 @@ def _resolve_target_config(config, meta: dict) -> TargetConfig:
 
 
 def load_llamagen_target(path: PathLike, config=None, device="cpu"):
-    """Load a LlamaGen target (official .pt or lisa-trt safetensors), eval mode, fp32."""
+    """Load a LlamaGen target (official .pt or lisa-trt safetensors), eval mode, fp32.
+
+    The weights are loaded once (issue 26): the model is built on the meta device and its
+    parameters become the file's tensors (`assign`); a zip-format .pt file's tensors are mapped
+    from the file, read as they are used (an fp32 file: no copy at all; bf16: one fp32 copy)."""
+    import torch
+
+    from ...rope import precompute_freqs_cis_2d
     from .model import Transformer
 
-    sd, meta = read_state_dict(path)
+    sd, meta = read_state_dict(path, mmap=True)
     cfg = _resolve_target_config(config, meta)
-    model = Transformer(cfg)
-    strict_load(model, _clean(sd), f"target {cfg.n_layer}x{cfg.dim} ({cfg.model_type})", guess_target_config(sd))
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    strict_load(model, _clean(sd), f"target {cfg.n_layer}x{cfg.dim} ({cfg.model_type})", guess_target_config(sd),
+                assign=True)
+    del sd
+    # the one non-persistent buffer (the 2-D RoPE table), as Transformer.__init__ makes it
+    model.register_buffer("freqs_cis", precompute_freqs_cis_2d(cfg.grid_size, cfg.head_dim, cfg.rope_base,
+                                                               cfg.cls_token_num), persistent=False)
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise ConfigError(f"the checkpoint left {left[:3]} unset")  # strict_load makes this unreachable
     return model.float().eval().to(device)
 
 

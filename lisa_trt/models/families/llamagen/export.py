@@ -51,6 +51,26 @@ class LlamaGenGraphs(ExportFamily):
 
         return VQConfig.from_dict(man.vq["config"]) if man.vq else None
 
+    def prefill_ids(self, cfg):
+        """c2i with one class token: the verify graph embeds class c (null class included) as id
+        vocab_size + c, so the prefill is one verify call. t2i (caption features, not ids): None."""
+        if getattr(cfg, "model_type", "c2i") != "c2i" or cfg.cls_token_num != 1:
+            return None
+        return {"offset": cfg.vocab_size, "count": cfg.num_classes + 1}
+
+    def verify_embed(self, model, ids):
+        rec = self.prefill_ids(model.config)
+        if rec is None:
+            return model.embed_tokens(ids)
+        cond = ids >= rec["offset"]
+        tok = model.tok_embeddings(torch.where(cond, 0, ids))
+        cls = model.cls_embedding.embedding_table(torch.where(cond, ids - rec["offset"], 0))
+        return torch.where(cond[..., None], cls, tok)  # the same rows as tok_embeddings / cond_embeddings
+
+    def prefill_tokens(self, cfg, cond, rec):
+        ids = cond.to(torch.int64).reshape(-1, 1) + rec["offset"]
+        return ids, torch.ones(ids.shape, dtype=torch.bool)
+
     def export_patches(self, model) -> dict:
         """Check-free replacements of the target's data-dependent host checks (export/onnx._export_mode)."""
         from .model import Transformer

@@ -79,7 +79,8 @@ def checkpoint_shape(path, image_size=None, prompt_len=None) -> ModelShape:
 def engine_shape(d: Path) -> ModelShape:
     """An engine directory's shape (its manifest; the decoder's size from its exported weights)."""
     from ....export.io_spec import Graph
-    from ....export.manifest import read_manifest
+    from ....engines.model_shapes import target_copies
+    from ....export.manifest import raw_manifest, read_manifest
 
     man = read_manifest(d, check_files=False)
     s = config_shape(man.target_config, d.name)
@@ -98,7 +99,8 @@ def engine_shape(d: Path) -> ModelShape:
                    draft_head=dc.head_size if dc else 0, draft_hidden=dc.hidden if dc else 0,
                    draft_ffn=dc.ffn_hidden if dc else 0,
                    vq_ch=vq.ch * vq.decoder_ch_mult[0] if vq else s.vq_ch,
-                   codes=int((man.tables or {}).get("vocab_size") or s.codes))
+                   codes=int((man.tables or {}).get("vocab_size") or s.codes),
+                   target_copies=target_copies(raw_manifest(d), s.family))
 
 
 __all__ = ["DEFAULT_SIZE", "KNOWN", "NAMES", "checkpoint_shape", "config_shape", "engine_shape", "known_shape"]
