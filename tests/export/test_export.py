@@ -168,6 +168,20 @@ def test_lint_passes_on_an_exported_graph(bundle, artifacts):
     assert res["failing_nodes"] == 0 and res["passing_nodes"] > 10
 
 
+def test_lint_is_skipped_with_the_reason_when_it_would_not_fit_in_memory(bundle, artifacts, monkeypatch):
+    """A lint subprocess peaks near 6x its graph's weights (18.8 GB for the fp32 GPT-XL target):
+    when that exceeds the available memory it is skipped before it starts, saying why and how."""
+    import lisa_trt.export.validate as V
+
+    path = bundle.graph_path(Graph.TARGET_VERIFY)
+    w = V.graph_weight_bytes(path)
+    params = sum(p.numel() * 4 for p in artifacts["target"].parameters())
+    assert 0.5 * params < w < 2 * params  # the target's weights, whether inline or external
+    monkeypatch.setattr(V, "available_memory_bytes", lambda: int(w * 2))
+    res = V.lint_graph(path, {})
+    assert res["status"] == "skipped" and "polygraphy check lint" in res["reason"] and "available" in res["reason"]
+
+
 def test_gasv_graph_calls_the_reference_on_filtered_rows(bundle, artifacts):
     import dataclasses
 
