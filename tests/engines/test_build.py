@@ -463,6 +463,31 @@ def test_trt_gasv_and_vq_match_the_references(fake):
         eng.vq.decode_code(torch.randint(0, 256, (2, 16)))
 
 
+def test_every_decoder_runs_on_the_trt_runner_with_the_eager_tokens(fake):
+    """Issue 27: every decoder (tree rules, the Jacobi family, ZipAR, coupled drafting) runs through
+    the TensorRT runner's engines (built by Polygraphy over the fake core, which executes the plans
+    with ONNX Runtime) and commits the eager models' tokens (CFG on, seeded sampling)."""
+    from export_artifacts import make_artifacts
+
+    from lisa_trt.config import SamplingConfig
+    from lisa_trt.speculative.methods import SpecConfig, get_method
+    from lisa_trt.speculative.run import run_method
+
+    a = make_artifacts()
+    eng = T.load_trt_engines(fake.dir, device="cpu")
+    s, cond = SamplingConfig(cfg_scale=2.0, temperature=1.0), torch.tensor([1])  # the profiles' batch: 2 CFG rows
+    for method in ("vanilla", "exact", "gasv", "sjd", "mcsjd", "sjd-pac", "gsd", "zipar", "coupled", "sjd-gasv"):
+        spec = SpecConfig.make(method if get_method(method).kind == "tree" else "exact", top_k=3, depth=2,
+                               total_tokens=8, sjd_pac_tree_width=2)  # SJD-PAC K2/D3: its tree fits S <= 16
+        window = 4 if method == "sjd-pac" else 8  # windows inside the tree profile (S <= 16)
+        want, _ = run_method(method, a["target"], a["drafter"], a["tables"], cond, sampling=s, spec=spec, seed=7,
+                             sjd_window=window)
+        got, st = run_method(method, eng.target, eng.drafter, a["tables"], cond, sampling=s, spec=spec, seed=7,
+                             gasv=eng.gasv, sjd_window=window)
+        assert torch.equal(got.cpu(), want.cpu()), method
+        assert st.mal >= 1.0
+
+
 def test_runner_input_errors(fake):
     eng = T.load_trt_engines(fake.dir, device="cpu")
     with pytest.raises(InputError, match="re-export with a larger --max-tree"):
