@@ -332,7 +332,7 @@ class Pipeline:
                 s = self.sampling(sampling, cfg_scale=cfgs.pop() if cfgs else cfg_scale, temperature=temperature,
                                   top_k=top_k, top_p=top_p, greedy=greedy or None)
                 seeds = [ov["seed"] if ov.get("seed") is not None else seed + i for i, ov in enumerate(overrides)]
-                if row_seeds and method.kind == "sjd":  # the Jacobi loops have no per-row generators
+                if row_seeds and method.kind == "sjd" and not method.row_seeds:  # no per-row generators
                     tokens, stats, codes = self._run_alone(method, cond, s, spec, seeds)
                 else:
                     req = self._request(cond, s) if self.family.prompted else None

@@ -251,6 +251,9 @@ class Method:
     drafter_factory: Optional[Callable] = None
     settings: Optional[type] = None  # frozen dataclass of the method's own knobs (module docstring)
     loop: Optional[Callable] = None  # "sjd" methods: the Jacobi decoder (None: plain SJD)
+    # "sjd" methods: the loop takes `seeds=` (one generator per row), so served rows batch (ZipAR);
+    # the others decode a batch=True request row by row, each with its own seed
+    row_seeds: bool = False
     # tree methods: per-decode state `session(batch=, vocab=, generator=, device=, spec=) -> obj`
     # made once per generate call (not for greedy sampling); obj.sample(logits (B, V), token_index
     # (B,), rows) draws the target's first token, obj.draft(logprobs (B, n, V), token_index (B, n),
@@ -264,6 +267,8 @@ class Method:
             raise SpecError(f"method {self.name}: tree methods (only) need a rule")
         if self.loop is not None and self.kind != "sjd":
             raise SpecError(f"method {self.name}: only sjd methods take a loop")
+        if self.row_seeds and (self.kind != "sjd" or self.loop is None):
+            raise SpecError(f"method {self.name}: row_seeds describes an sjd method's own loop")
         if self.session is not None and self.kind != "tree":
             raise SpecError(f"method {self.name}: only tree methods take a session")
         if self.settings is not None and not (dataclasses.is_dataclass(self.settings)

@@ -35,7 +35,8 @@ def run_method(method: str, target, drafter, tables, cond, *, sampling: Sampling
     Jacobi-family methods use `spec`'s Jacobi window (`sjd_window` setting, speculative/sjd.py);
     `sjd_window`, when given, overrides it (library callers; must be >= 1).
     seeds: optional one seed per row (instead of `seed`): every row draws from its own generator,
-    so its tokens do not depend on the other rows (the serving path). Not for the SJD loop.
+    so its tokens do not depend on the other rows (the serving path). Jacobi-family loops take it only
+    when their Method says `row_seeds` (ZipAR).
     on_progress: optional callback(tokens done over all rows) for progress bars (AR and tree methods).
     layout: optional SequenceLayout of the request (models/family.py; Chameleon spans), passed to
         the tree decoder and to every Jacobi-family loop (`loop(..., layout=layout)`); a Jacobi
@@ -59,12 +60,14 @@ def run_method(method: str, target, drafter, tables, cond, *, sampling: Sampling
         st.times = {"total": time.perf_counter() - t0}
         return toks, st
     if m.kind == "sjd":
-        if seeds is not None:
-            raise InputError("the SJD loop has no per-row generators; decode its rows one by one")
+        if seeds is not None and not m.row_seeds:
+            raise InputError(f"the {m.name} loop has no per-row generators; decode its rows one by one")
         loop = m.loop or get_method("sjd").loop
         if sjd_window is not None:
             spec = spec.replace(sjd_window=sjd_window)  # the setting's own check (>= 1)
         kw = {} if layout is None else {"layout": layout}
+        if seeds is not None:  # a loop with per-row generators (Method.row_seeds)
+            kw["seeds"] = seeds
         if m.needs_tables:  # a Jacobi loop with a table-driven rule (sjd-gasv) reads the tables / GASV engine
             kw.update(tables=tables, gasv=gasv)
         return loop(target, cond, sampling=sampling, window=spec.settings("sjd").window, seed=seed, spec=spec, **kw)

@@ -129,16 +129,19 @@ def _step_inputs(cache, base, feeds, in_cache, N: int, dev):
 
 @torch.no_grad()
 def zipar_generate(target, cond, *, sampling, window=None, seed=None, spec=None, layout=None,
-                   generator: Optional[torch.Generator] = None):
+                   generator: Optional[torch.Generator] = None, seeds=None):
     """ZipAR on one batch -> (tokens (B, N), DecodeStats with per-token TVD).
 
     window: unused (the SJD window of the loop protocol); ZipAR's window is `spec`'s
-    zipar_window. layout: the family's SequenceLayout (default: the family's free layout)."""
+    zipar_window. layout: the family's SequenceLayout (default: the family's free layout).
+    seeds: one seed per row instead of `seed` (the serving path): every row draws from its own
+    generator, so its tokens are those it gets decoded alone with that seed (every row follows the
+    same schedule, so rows batch without waiting for each other)."""
     from ..timing import Timer
     from .autoregressive import cfg_batch, layout_for, new_target_cache
     from .decode import DecodeStats, Guide
     from .methods import SpecConfig
-    from .sampling import make_generator, sample_from_logits
+    from .sampling import RowGenerators, make_generator, sample_from_logits
 
     s = (spec or SpecConfig()).settings("zipar")
     B = target.check_cond(cond)
@@ -153,7 +156,12 @@ def zipar_generate(target, cond, *, sampling, window=None, seed=None, spec=None,
         pre = target.prefill(full, cache)
         stats.target_forwards += 1
     dev = cache.lengths.device
-    gen = generator or make_generator(seed, dev)
+    if seeds is not None:
+        if len(seeds) != B:
+            raise InputError(f"{len(seeds)} seeds for {B} prompts; pass one seed per prompt")
+        gen = RowGenerators(seeds, dev)
+    else:
+        gen = generator or make_generator(seed, dev)
     base = cache.lengths.clone()  # slot of image index 0 per (CFG) row; lengths stay at the prompt
     out = torch.full((B, N), -1, dtype=torch.long, device=dev)
     laws = _Laws(B, N, target.config.vocab_size, sampling.top_k, dev) if s.measure_tvd else None
@@ -181,6 +189,7 @@ def zipar_generate(target, cond, *, sampling, window=None, seed=None, spec=None,
                     in_cache[f[0]] = True
             made.append(pred)
             stats.committed.append(torch.full((B,), len(k), device=dev))
+            stats.rows.append(torch.arange(B, device=dev))  # every row takes every step
     if laws is not None:
         with timer.measure("tvd"):
             per_token = _raster_tvd(target, full, out, laws, guide, N)
@@ -242,7 +251,7 @@ def _raster_tvd(target, full, tokens, laws: _Laws, guide, N: int, chunk: int = 2
 
 register_method(Method(
     "zipar", "sjd", "ZipAR: row-parallel next-set decoding, a row starts once a window of the row above "
-    "is decoded (approximate: reports TVD; no drafter)", settings=ZipARSettings, loop=zipar_generate,
+    "is decoded (approximate: reports TVD; no drafter)", settings=ZipARSettings, loop=zipar_generate, row_seeds=True,
     options=(MethodOption("--zipar-window", "zipar_window", int, "ZipAR: tokens of the row above decoded "
                           "before a row starts (smaller: more rows in parallel, fewer forwards, more distortion)."),)))
 
