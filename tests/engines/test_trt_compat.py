@@ -259,3 +259,19 @@ def test_passes_on_an_fp16_export(tmp_path):
                   lint=False, progress=False)
     r = tc.check_trt_compat(out)
     assert r.ok and r.graphs["target_verify"].ops.get("Cast", 0) > 0
+
+
+def test_verify_prefill_profile_only_when_the_tree_profiles_do_not_cover_the_prompt():
+    """One target engine: target_verify also runs the prefill. A prompt no longer than the tree
+    profile needs nothing more; a longer one adds a "prefill" profile 1 .. prompt (opt half)."""
+    from lisa_trt.engines.profiles import _axis_ranges
+    from lisa_trt.export.io_spec import Graph
+
+    kw = dict(max_batch=2, max_tree=16, cfg=True, seq_split=8)
+    short = _axis_ranges(Graph.TARGET_VERIFY, verify_prefill=16, **kw)
+    assert [n for n, _ in short] == ["step", "tree"]
+    long = _axis_ranges(Graph.TARGET_VERIFY, verify_prefill=120, **kw)
+    assert [n for n, _ in long] == ["step", "tree", "prefill"]
+    assert long[-1][1] == {"batch": (1, 2, 4), "seq": (1, 60, 120)}
+    # the drafter's step graph never gets it
+    assert [n for n, _ in _axis_ranges(Graph.DRAFTER_STEP, verify_prefill=120, **kw)] == ["step", "tree"]
