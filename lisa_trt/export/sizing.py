@@ -14,7 +14,14 @@ and the validation session built. Now:
 * `peak_rss_bytes` is the process's high-water mark (`getrusage`, no psutil), recorded per graph
   and for the whole export in the manifest (`export.peak_rss_bytes`);
 * `release_memory` runs the garbage collector and returns freed heap pages to the system
-  (glibc `malloc_trim`), so a freed copy does not stay in the resident set.
+  (glibc `malloc_trim`), so a freed copy does not stay in the resident set;
+* `FilePages` drops the pages of a checkpoint mapped from its file (a LlamaGen .pt is loaded with
+  mmap) from the resident set once a phase is done with them: the fp32 reference is read while the
+  fp16 copy is made and while validation runs PyTorch, but need not stay resident while the graph
+  is traced or while ONNX Runtime runs it (the kernel reads the pages again from the page cache or
+  the file when they are next touched). Only clean pages of a private file mapping are dropped;
+  a tensor with a page written since loading (copy-on-write, so anonymous), swapped, or on the heap
+  is left alone, so no value can change.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import gc
+import os
 import resource
 import sys
 from typing import Iterator, Optional
@@ -69,6 +77,109 @@ def release_memory() -> None:
         _LIBC.malloc_trim(0)
 
 
+MADV_DONTNEED = 4
+_PM_PRESENT, _PM_SWAPPED, _PM_FILE = 1 << 63, 1 << 62, 1 << 61  # /proc/PID/pagemap flag bits (kernel docs)
+
+
+class FilePages:
+    """Drop the resident pages of tensors mapped from a file (see the module doc).
+
+    Linux only: /proc/self/maps says which ranges are file mappings, /proc/self/pagemap that every
+    present page of a tensor is still the file's page (not copied on write, not swapped), and
+    madvise(MADV_DONTNEED) unmaps them; a private file mapping reads them again from the file on the
+    next access, which is why a written page would lose its value and is never dropped. Anywhere
+    else (no /proc, no libc) `release` does nothing and returns 0."""
+
+    def __init__(self):
+        self.page = resource.getpagesize()
+        self.maps = self._file_maps()
+        self._libc = None
+        if self.maps:
+            try:
+                libc = ctypes.CDLL("libc.so.6", use_errno=True)
+                libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+                self._libc = libc
+            except (OSError, AttributeError):
+                self.maps = []
+
+    @staticmethod
+    def _file_maps() -> list:
+        """[(start, end)] of this process's private mappings of regular files."""
+        out = []
+        try:
+            with open("/proc/self/maps") as f:
+                for line in f:
+                    parts = line.split(maxsplit=5)
+                    if len(parts) < 6 or parts[4] == "0" or not parts[5].startswith("/") or parts[1][3] != "p":
+                        continue
+                    lo, hi = parts[0].split("-")
+                    out.append((int(lo, 16), int(hi, 16)))
+        except OSError:
+            return []
+        return out
+
+    def _in_file_map(self, lo: int, hi: int) -> bool:
+        return any(a <= lo and hi <= b for a, b in self.maps)
+
+    def _clean(self, lo: int, hi: int) -> bool:
+        """Every present page of [lo, hi) is the file's own page (none written, none swapped)."""
+        import numpy as np
+
+        first, n = lo // self.page, (hi - lo) // self.page
+        try:
+            with open("/proc/self/pagemap", "rb") as f:
+                raw = os.pread(f.fileno(), 8 * n, 8 * first)
+        except OSError:
+            return False
+        if len(raw) != 8 * n:
+            return False
+        e = np.frombuffer(raw, dtype=np.uint64)
+        present = (e & np.uint64(_PM_PRESENT)) != 0
+        if ((e & np.uint64(_PM_SWAPPED)) != 0).any():
+            return False
+        return bool(((e[present] & np.uint64(_PM_FILE)) != 0).all())
+
+    def release(self, tensors) -> int:
+        """Drop the resident file pages of `tensors` (whole pages inside each storage); the bytes advised."""
+        if not self.maps:
+            return 0
+        done, seen = 0, set()
+        for t in tensors:
+            try:
+                st = t.untyped_storage()
+            except (AttributeError, RuntimeError):
+                continue
+            if st.device.type != "cpu" or st.data_ptr() in seen:
+                continue
+            seen.add(st.data_ptr())
+            lo = -(-st.data_ptr() // self.page) * self.page
+            hi = (st.data_ptr() + st.nbytes()) // self.page * self.page
+            if hi <= lo or not self._in_file_map(lo, hi) or not self._clean(lo, hi):
+                continue
+            if self._libc.madvise(lo, hi - lo, MADV_DONTNEED) == 0:
+                done += hi - lo
+        return done
+
+
+def module_tensors(*modules) -> list:
+    """The parameters and buffers of `modules` (modules, PrecisionCopy entries, None)."""
+    out = []
+    for m in modules:
+        if isinstance(m, PrecisionCopy):
+            m = m.module
+        if m is not None and hasattr(m, "parameters"):
+            out += list(m.parameters()) + list(m.buffers())
+    return out
+
+
+def release_file_pages(*modules, min_bytes: Optional[int] = None) -> int:
+    """FilePages().release over the modules' tensors when they hold at least `min_bytes`
+    (default RELEASE_MIN_BYTES: a small model is not worth reading /proc for); the bytes advised."""
+    if sum(module_bytes(m) for m in modules) < (RELEASE_MIN_BYTES if min_bytes is None else min_bytes):
+        return 0
+    return FilePages().release(module_tensors(*modules))
+
+
 RELEASE_MIN_BYTES = 256 << 20  # below this, a garbage collection costs more time than it returns memory
 
 
@@ -91,9 +202,12 @@ def half_copy(module):
     import torch
 
     memo = {}
+    pages = FilePages() if module_bytes(module) >= RELEASE_MIN_BYTES else None
     for p in module.parameters():
         if p.is_floating_point():
             memo[id(p)] = torch.nn.Parameter(p.detach().half(), requires_grad=p.requires_grad)
+            if pages is not None:  # the fp32 source read for this tensor leaves the resident set again
+                pages.release([p])
     for name, b in module.named_buffers():
         if id(b) in memo or not b.is_floating_point():
             continue

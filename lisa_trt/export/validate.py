@@ -23,6 +23,7 @@ import torch
 
 from .families import act_dtype, export_family, spec_dtype  # noqa: F401 (act_dtype / spec_dtype re-exported)
 from .io_spec import Graph, GraphSpec
+from .sizing import release_file_pages, release_if_large
 
 THRESHOLDS = {"fp32": 1e-4, "fp16": 5e-2}
 _NUMPY = {torch.int64: np.int64, torch.bool: np.bool_, torch.float32: np.float32, torch.float16: np.float16,
@@ -137,8 +138,14 @@ def validate_graph(graph: Graph, path, spec: GraphSpec, dims: dict, refs: dict, 
     fam = family or export_family(refs["target"])
     inputs = fam.sample_inputs(graph, spec, dims, refs, precision=precision, seed=seed, batch=batch, seq=seq,
                                nodes=nodes)
+    models = [m for m in refs.values() if hasattr(m, "parameters")]
+    # one large thing resident at a time: the session (whose memory goes back once it is closed),
+    # then the fp32 reference (its file-mapped pages dropped again afterwards)
+    release_file_pages(*models)
     have = run_onnx(path, inputs)
+    release_if_large(models)
     want = fam.reference_outputs(graph, refs, inputs)
+    release_file_pages(*models)
     rep = ValidationReport(graph.value, precision, THRESHOLDS[precision] if threshold is None else threshold,
                            sizes=dict(batch=batch, seq=seq, nodes=nodes))
     for name in spec.output_names:

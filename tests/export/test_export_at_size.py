@@ -123,3 +123,93 @@ def test_work_eta_weights_by_work():
     eta.finish(0, 999.0)  # counted once
     assert eta.eta() == pytest.approx(50.5)
     assert [fmt_seconds(x) for x in (None, 5, 185, 3720)] == ["?", "5s", "3m05s", "1h02m"]
+
+
+# ----------------------------------------------------------------------------- file-mapped pages
+
+linux_proc = pytest.mark.skipif(not sizing.FilePages().maps, reason="needs Linux /proc/self/maps and libc")
+
+
+def _present_pages(t) -> int:
+    """Pages of t's storage in this process's resident set (/proc/self/pagemap, bit 63)."""
+    import os
+
+    import numpy as np
+
+    page = sizing.resource.getpagesize()
+    st = t.untyped_storage()
+    lo, hi = -(-st.data_ptr() // page), (st.data_ptr() + st.nbytes()) // page
+    with open("/proc/self/pagemap", "rb") as f:
+        e = np.frombuffer(os.pread(f.fileno(), 8 * (hi - lo), 8 * lo), dtype=np.uint64)
+    return int(((e & np.uint64(1 << 63)) != 0).sum())
+
+
+def _mapped(tmp_path, **tensors):
+    path = tmp_path / "ck.pt"
+    torch.save(tensors, path)
+    return torch.load(path, mmap=True, weights_only=True)
+
+
+@linux_proc
+def test_file_pages_dropped_and_read_again_with_the_same_values(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    want = torch.randn(1 << 20, generator=g)  # 4 MiB
+    w = _mapped(tmp_path, w=want)["w"]
+    assert torch.equal(w, want) and _present_pages(w) > 200  # read: resident
+    done = sizing.FilePages().release([w])
+    assert done >= (1 << 22) - 2 * 4096 and _present_pages(w) <= 2  # whole pages inside the storage
+    assert torch.equal(w, want)  # read again from the file
+
+
+@linux_proc
+def test_written_heap_and_small_tensors_are_never_dropped(tmp_path):
+    g = torch.Generator().manual_seed(1)
+    src = torch.randn(1 << 20, generator=g)
+    w = _mapped(tmp_path, w=src)["w"]
+    w[1 << 19] = 7.0  # copy-on-write: that page (inside the storage) is now the process's own
+    heap = torch.randn(1 << 20, generator=g)
+    keep_w, keep_heap = w.clone(), heap.clone()
+    pages = sizing.FilePages()
+    assert pages.release([w]) == 0 and pages.release([heap]) == 0
+    assert torch.equal(w, keep_w) and float(w[1 << 19]) == 7.0 and torch.equal(heap, keep_heap)
+    assert _present_pages(heap) > 200  # untouched by madvise
+
+
+@linux_proc
+@pytest.mark.parametrize("fp16", [True, False])
+def test_the_mapped_fp32_reference_is_not_resident_while_a_graph_is_traced_or_run(tmp_path, monkeypatch, fp16):
+    """An fp16 export of a target loaded with mmap: the fp16 copy reads each fp32 tensor once and
+    drops its pages, validation drops them before ONNX Runtime runs the graph and after PyTorch
+    ran the reference (an fp32 export traces the mapped model itself, so only the ONNX Runtime
+    phase is checked); the weights are the same afterwards (threshold lowered so the tiny model
+    counts as large)."""
+    from lisa_trt.export import onnx as O
+    from lisa_trt.export import validate as V
+
+    t = make_target().eval()
+    sd = _mapped(tmp_path, **{k: v.clone() for k, v in t.state_dict().items()})
+    t.load_state_dict(sd, assign=True)
+    before = {k: v.clone() for k, v in t.state_dict().items()}
+    big = [p for p in t.parameters() if p.untyped_storage().nbytes() >= 8 * 4096]
+    assert big and sum(_present_pages(p) for p in big) > 0
+    monkeypatch.setattr(sizing, "RELEASE_MIN_BYTES", 0)
+    resident = {}
+    real_export, real_run = O.onnx_from_torch, V.run_onnx
+
+    def export_spy(module, example, path, **kw):
+        resident.setdefault("trace", []).append(sum(_present_pages(p) for p in big))
+        return real_export(module, example, path, **kw)
+
+    def run_spy(path, inputs, providers=None):
+        resident.setdefault("ort", []).append(sum(_present_pages(p) for p in big))
+        return real_run(path, inputs, providers)
+
+    monkeypatch.setattr(O, "onnx_from_torch", export_spy)
+    monkeypatch.setattr(V, "run_onnx", run_spy)
+    man = O.export_bundle(t, None, None, None, tmp_path / "b", fp16=fp16, max_tree=8, lint=False, validate=True,
+                          progress=False)
+    assert all(g.validation["ok"] for g in man.graphs.values())
+    slack = 2 * len(big)  # a partial page at either end of a storage stays
+    assert len(resident["trace"]) == 2 and (not fp16 or max(resident["trace"]) <= slack), resident
+    assert resident["ort"] and max(resident["ort"]) <= slack, resident
+    assert all(torch.equal(t.state_dict()[k], v) for k, v in before.items())  # values intact
