@@ -242,27 +242,9 @@ class PrecisionCopy:
         return self.module if not self.fp16 else self._copy
 
     def free(self) -> None:
-        if self._drop():
+        if self._copy is not None:
+            self._copy = None
             release_if_large((self.module,))
-
-    def _drop(self) -> bool:
-        """Forget the fp16 copy and free its tensors' memory now: the exporter keeps references to
-        the tensors it traced (held from C, out of the garbage collector's reach, until the next
-        export), which would keep the whole copy resident through the graph's validation. The
-        copy's own storages are resized to 0 (never one it shares with the source model), so any
-        later use of them fails loudly instead of reading stale weights. True if there was one."""
-        copy_, self._copy = self._copy, None
-        if copy_ is None:
-            return False
-        keep = {t.untyped_storage().data_ptr() for t in module_tensors(self.module)}
-        for t in module_tensors(copy_):
-            st = t.untyped_storage()
-            if st.nbytes() and st.data_ptr() not in keep:
-                try:
-                    st.resize_(0)
-                except RuntimeError:  # a storage that cannot be resized: left to the garbage collector
-                    pass
-        return True
 
     @property
     def config(self):
@@ -290,8 +272,8 @@ def free_all(models) -> None:
     freed memory back when the models are large (release_if_large)."""
     models = tuple(models or ())
     for m in models:
-        if isinstance(m, PrecisionCopy):
-            m._drop()
+        if isinstance(m, PrecisionCopy) and m._copy is not None:
+            m._copy = None
     release_if_large(models)
 
 

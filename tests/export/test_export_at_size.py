@@ -213,21 +213,3 @@ def test_the_mapped_fp32_reference_is_not_resident_while_a_graph_is_traced_or_ru
     assert len(resident["trace"]) == 2 and (not fp16 or max(resident["trace"]) <= slack), resident
     assert resident["ort"] and max(resident["ort"]) <= slack, resident
     assert all(torch.equal(t.state_dict()[k], v) for k, v in before.items())  # values intact
-
-
-def test_a_freed_fp16_copy_releases_its_memory_even_when_something_holds_its_tensors():
-    """The exporter keeps references to the tensors it traced (out of the garbage collector's
-    reach); freeing the PrecisionCopy empties the copy's own storages anyway, never the source's."""
-    t = make_target().eval()
-    before = {k: v.clone() for k, v in t.state_dict().items()}
-    pc = sizing.PrecisionCopy(t, True)
-    held = [p.detach() for p in pc.get().parameters()]  # what a tracer might keep
-    assert all(h.untyped_storage().nbytes() > 0 for h in held)
-    pc.free()
-    assert pc.peek() is None and all(h.untyped_storage().nbytes() == 0 for h in held)
-    assert all(torch.equal(t.state_dict()[k], v) for k, v in before.items())  # the source is untouched
-    fp32 = sizing.PrecisionCopy(t, False)  # an fp32 export traces the model itself: nothing is freed
-    fp32.get()
-    fp32.free()
-    sizing.free_all([fp32])
-    assert all(p.untyped_storage().nbytes() > 0 for p in t.parameters())
