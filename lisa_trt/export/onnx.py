@@ -460,6 +460,7 @@ def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, o
         builders.append((Graph.VQ_DECODE, lambda: VQDecodeGraph(vq.eval(), tcfg.grid_size), "fp32"))
 
     with staging_dir(Path(out_dir)) as tmp:
+        t_exp.spill_dir = tmp  # a large target's fp16 copy lives in files here (sizing.Spill)
         graphs = export_graphs(builders, tmp, dims, refs, (t_exp, d_exp), opset=opset, external_data=external_data,
                                validate=validate, lint=lint, progress=progress)
         extra_files = _write_conditions(target, tmp)

@@ -315,6 +315,7 @@ def write_prompt_bundle(xf, target, drafter, tables, vq, out_dir, *, source, tar
         builders.append((Graph.VQ_DECODE, vq_builder, "fp32"))
 
     with staging_dir(Path(out_dir)) as tmp:
+        t_exp.spill_dir = tmp  # a large target's fp16 copy lives in files here (sizing.Spill)
         graphs = export_graphs(builders, tmp, dims, refs, (t_exp, d_exp), opset=opset, validate=validate, lint=lint,
                                progress=progress)
         weights = None

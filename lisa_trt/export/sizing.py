@@ -84,11 +84,12 @@ _PM_PRESENT, _PM_SWAPPED, _PM_FILE = 1 << 63, 1 << 62, 1 << 61  # /proc/PID/page
 class FilePages:
     """Drop the resident pages of tensors mapped from a file (see the module doc).
 
-    Linux only: /proc/self/maps says which ranges are file mappings, /proc/self/pagemap that every
-    present page of a tensor is still the file's page (not copied on write, not swapped), and
-    madvise(MADV_DONTNEED) unmaps them; a private file mapping reads them again from the file on the
-    next access, which is why a written page would lose its value and is never dropped. Anywhere
-    else (no /proc, no libc) `release` does nothing and returns 0."""
+    Linux only: /proc/self/maps says which ranges are file mappings, and madvise(MADV_DONTNEED)
+    unmaps their pages. A shared mapping (the spilled fp16 copy, `Spill`) keeps every write in the
+    file, so its pages are always dropped; a private one (a checkpoint loaded with mmap) reads them
+    again from the file on the next access, which is why a written page would lose its value: there
+    /proc/self/pagemap must show every present page still the file's own (not copied on write, not
+    swapped). Anywhere else (no /proc, no libc) `release` does nothing and returns 0."""
 
     def __init__(self):
         self.page = resource.getpagesize()
@@ -104,22 +105,23 @@ class FilePages:
 
     @staticmethod
     def _file_maps() -> list:
-        """[(start, end)] of this process's private mappings of regular files."""
+        """[(start, end, shared)] of this process's mappings of regular files."""
         out = []
         try:
             with open("/proc/self/maps") as f:
                 for line in f:
                     parts = line.split(maxsplit=5)
-                    if len(parts) < 6 or parts[4] == "0" or not parts[5].startswith("/") or parts[1][3] != "p":
+                    if len(parts) < 6 or parts[4] == "0" or not parts[5].startswith("/"):
                         continue
                     lo, hi = parts[0].split("-")
-                    out.append((int(lo, 16), int(hi, 16)))
+                    out.append((int(lo, 16), int(hi, 16), parts[1][3] == "s"))
         except OSError:
             return []
         return out
 
-    def _in_file_map(self, lo: int, hi: int) -> bool:
-        return any(a <= lo and hi <= b for a, b in self.maps)
+    def _file_map(self, lo: int, hi: int):
+        """The file mapping holding [lo, hi): (start, end, shared), or None."""
+        return next((m for m in self.maps if m[0] <= lo and hi <= m[1]), None)
 
     def _clean(self, lo: int, hi: int) -> bool:
         """Every present page of [lo, hi) is the file's own page (none written, none swapped)."""
@@ -154,7 +156,10 @@ class FilePages:
             seen.add(st.data_ptr())
             lo = -(-st.data_ptr() // self.page) * self.page
             hi = (st.data_ptr() + st.nbytes()) // self.page * self.page
-            if hi <= lo or not self._in_file_map(lo, hi) or not self._clean(lo, hi):
+            m = self._file_map(lo, hi) if hi > lo else None
+            # a shared mapping keeps every write in the file (page cache): always safe to drop;
+            # a private one only where no page was written (copied on write) or swapped
+            if m is None or (not m[2] and not self._clean(lo, hi)):
                 continue
             if self._libc.madvise(lo, hi - lo, MADV_DONTNEED) == 0:
                 done += hi - lo
@@ -195,17 +200,52 @@ def _keeps_fp32(name: str) -> bool:
     return name in FP32_BUFFERS  # the module's own RoPE table (a top-level attribute), as _half_copy did
 
 
-def half_copy(module):
+class Spill:
+    """File-backed memory for an fp16 copy: each tensor in its own MAP_SHARED mapping of a file
+    made in `directory` and unlinked at once (nothing is left on disk, even after a crash).
+
+    The ONNX exporter keeps references to the tensors it traced (numpy views, held from C until
+    the next export), so a freed copy would stay resident through the graph's validation; a copy
+    in shared file mappings is dropped from memory by `FilePages.release` whoever holds it, and
+    any later read gets the same bytes back from the page cache or the file."""
+
+    def __init__(self, directory):
+        self.directory = str(directory)
+
+    def take(self, t):
+        """A file-backed tensor equal to `t` converted to fp16 (or kept fp32 for `keep32`)."""
+        import tempfile
+
+        import torch
+
+        n = max(1, t.numel())
+        fd, name = tempfile.mkstemp(prefix=".lisa-trt-spill-", suffix=".bin", dir=self.directory)
+        try:
+            os.close(fd)
+            buf = torch.from_file(name, shared=True, size=n * t.element_size(), dtype=torch.uint8)
+        finally:
+            os.unlink(name)
+        out = buf.view(t.dtype)[: t.numel()].view(t.shape)
+        out.copy_(t)
+        return out
+
+
+def half_copy(module, spill: Optional[Spill] = None):
     """An fp16 copy of `module` (floating parameters and buffers halved; its top-level RoPE tables
     FP32_BUFFERS kept fp32), made tensor by tensor: the peak is the fp16 copy, never a second fp32
-    one. The same tensors as `copy.deepcopy(module).half()` with the RoPE tables restored."""
+    one. The same tensors as `copy.deepcopy(module).half()` with the RoPE tables restored.
+    `spill`: the floating parameters are written into file-backed memory (Spill) instead of the
+    heap, so the copy can leave the resident set after its graph is traced (PrecisionCopy.free)."""
     import torch
 
     memo = {}
     pages = FilePages() if module_bytes(module) >= RELEASE_MIN_BYTES else None
     for p in module.parameters():
         if p.is_floating_point():
-            memo[id(p)] = torch.nn.Parameter(p.detach().half(), requires_grad=p.requires_grad)
+            h = p.detach().half()
+            if spill is not None:
+                h = spill.take(h)
+            memo[id(p)] = torch.nn.Parameter(h, requires_grad=p.requires_grad)
             if pages is not None:  # the fp32 source read for this tensor leaves the resident set again
                 pages.release([p])
     for name, b in module.named_buffers():
@@ -227,23 +267,37 @@ class PrecisionCopy:
     fp32 exports trace the caller's model itself (`get` returns it, `free` keeps it); fp16 ones
     get a `half_copy` that lives from the first `get` to the next `free`."""
 
-    def __init__(self, module, fp16: bool):
-        self.module, self.fp16, self._copy = module, bool(fp16), None
+    def __init__(self, module, fp16: bool, spill_dir=None):
+        """spill_dir: where a large model's copy is spilled (Spill; the export's staging directory),
+        None to keep it on the heap."""
+        self.module, self.fp16, self._copy, self.spill_dir = module, bool(fp16), None, spill_dir
 
     def get(self):
         if not self.fp16:
             return self.module
         if self._copy is None:
-            self._copy = half_copy(self.module)
+            spill = None
+            if self.spill_dir is not None and module_bytes(self.module) >= RELEASE_MIN_BYTES and FilePages().maps:
+                spill = Spill(self.spill_dir)
+            self._copy = half_copy(self.module, spill)
         return self._copy
+
+    def _drop(self) -> bool:
+        """Forget the copy; a spilled one also leaves the resident set now (FilePages), even while
+        the exporter still holds its tensors. True if there was one."""
+        copy_, self._copy = self._copy, None
+        if copy_ is None:
+            return False
+        if self.spill_dir is not None:
+            FilePages().release(module_tensors(copy_))
+        return True
 
     def peek(self):
         """The module if it exists now (None for a freed fp16 copy)."""
         return self.module if not self.fp16 else self._copy
 
     def free(self) -> None:
-        if self._copy is not None:
-            self._copy = None
+        if self._drop():
             release_if_large((self.module,))
 
     @property
@@ -272,8 +326,8 @@ def free_all(models) -> None:
     freed memory back when the models are large (release_if_large)."""
     models = tuple(models or ())
     for m in models:
-        if isinstance(m, PrecisionCopy) and m._copy is not None:
-            m._copy = None
+        if isinstance(m, PrecisionCopy):
+            m._drop()
     release_if_large(models)
 
 

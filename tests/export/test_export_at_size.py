@@ -43,8 +43,8 @@ def test_fp16_copy_made_per_graph_and_freed_before_validation(tmp_path, monkeypa
     made, seen_alive = [], []
     real = sizing.half_copy
 
-    def counting(module):
-        m = real(module)
+    def counting(module, spill=None):
+        m = real(module, spill)
         made.append(weakref.ref(m))
         return m
 
@@ -196,12 +196,16 @@ def test_the_mapped_fp32_reference_is_not_resident_while_a_graph_is_traced_or_ru
     resident = {}
     real_export, real_run = O.onnx_from_torch, V.run_onnx
 
+    traced = []  # what the exporter holds on to: the fp16 copy's tensors (spilled to files)
+
     def export_spy(module, example, path, **kw):
         resident.setdefault("trace", []).append(sum(_present_pages(p) for p in big))
+        traced[:] = [p.detach() for p in module.parameters() if p.untyped_storage().nbytes() >= 8 * 4096]
         return real_export(module, example, path, **kw)
 
     def run_spy(path, inputs, providers=None):
         resident.setdefault("ort", []).append(sum(_present_pages(p) for p in big))
+        resident.setdefault("copy", []).append(sum(_present_pages(p) for p in traced))
         return real_run(path, inputs, providers)
 
     monkeypatch.setattr(O, "onnx_from_torch", export_spy)
@@ -212,4 +216,37 @@ def test_the_mapped_fp32_reference_is_not_resident_while_a_graph_is_traced_or_ru
     slack = 2 * len(big)  # a partial page at either end of a storage stays
     assert len(resident["trace"]) == 2 and (not fp16 or max(resident["trace"]) <= slack), resident
     assert resident["ort"] and max(resident["ort"]) <= slack, resident
+    if fp16:  # the spilled copy left memory although the spy (like the exporter) still holds it
+        assert traced and max(resident["copy"]) <= slack, resident
+        src = list(t.parameters())  # read back from the page cache: still the fp16 weights
+        assert all(any(h.shape == p.shape and torch.equal(h, p.half()) for p in src) for h in traced)
     assert all(torch.equal(t.state_dict()[k], v) for k, v in before.items())  # values intact
+
+
+@linux_proc
+def test_a_spilled_fp16_copy_leaves_memory_while_held_and_reads_back_the_same(tmp_path, monkeypatch):
+    """The fp16 copy of a large model lives in shared file mappings of unlinked files in the
+    staging directory: the same tensors as the heap copy, nothing left on disk, and once freed its
+    pages leave the resident set even though something (the exporter) still holds its tensors,
+    whose values read back unchanged."""
+    t = make_target().eval()
+    monkeypatch.setattr(sizing, "RELEASE_MIN_BYTES", 0)
+    heap = sizing.half_copy(t)
+    pc = sizing.PrecisionCopy(t, True, spill_dir=tmp_path)
+    c = pc.get()
+    for (k, a), (_, b) in zip(heap.state_dict().items(), c.state_dict().items()):
+        assert a.dtype == b.dtype and torch.equal(a, b), k
+    assert list(tmp_path.iterdir()) == []  # unlinked at once
+    pages = sizing.FilePages()
+    big = [p.detach() for p in c.parameters() if p.untyped_storage().nbytes() >= 8 * 4096]
+    assert big and all(pages._file_map(p.untyped_storage().data_ptr(), p.untyped_storage().data_ptr() + 1)[2]
+                       for p in big)  # shared mappings
+    assert sum(_present_pages(p) for p in big) > 0
+    pc.free()
+    assert pc.peek() is None and sum(_present_pages(p) for p in big) <= 2 * len(big)
+    want = [p.detach() for p in heap.parameters() if p.untyped_storage().nbytes() >= 8 * 4096]
+    assert all(torch.equal(a, b) for a, b in zip(big, want))  # read back from the page cache
+    small = sizing.PrecisionCopy(t, True, spill_dir=tmp_path)  # below the threshold: on the heap
+    monkeypatch.setattr(sizing, "RELEASE_MIN_BYTES", 1 << 40)
+    p0 = next(small.get().parameters())
+    assert sizing.FilePages()._file_map(p0.untyped_storage().data_ptr(), p0.untyped_storage().data_ptr() + 1) is None
