@@ -196,14 +196,15 @@ def make_chameleon(work: Path, shape: dict, shard_bytes: int = 2 << 30) -> Path:
     from lisa_trt.models.families.chameleon.model import ChameleonConfig, ChameleonTarget
 
     d = work / "chameleon"
-    if (d / "model.safetensors.index.json").is_file():
-        return d
+    have_weights = (d / "model.safetensors.index.json").is_file()  # the tokenizer and config are rewritten
     d.mkdir(parents=True, exist_ok=True)
     V, n_codes = shape["vocab_size"], 8192
     vmap = {"<pad>": 0, "<s>": 1, "</s>": 2, "<image>": 3}
     vmap.update({"IMGIMG" + "".join(chr(ord("A") + int(c)) for c in str(i)) + "Z": 4 + i for i in range(n_codes)})
-    specials = ["<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>", "<reserved08801>", "<reserved08802>",
-                "<reserved08803>", "<reserved08804>", "<unk>"]
+    # Lumina-mGPT's span tokens: start, end, row end, turn separator, and one size token per grid
+    # height (`<reserved{8800 + rows}>`, families/chameleon/lumina.py) for every grid up to 64 rows
+    specials = (["<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"]
+                + [f"<reserved{8800 + k:05d}>" for k in range(1, 65)] + ["<unk>"])
     for i, n in enumerate(specials):
         vmap[n] = 4 + n_codes + i
     nxt = 4 + n_codes + len(specials)
@@ -221,7 +222,7 @@ def make_chameleon(work: Path, shape: dict, shard_bytes: int = 2 << 30) -> Path:
         shapes = {k: (tuple(t.shape), t.dtype) for k, t in ChameleonTarget(ChameleonConfig(**ours)).state_dict().items()}
     g = torch.Generator().manual_seed(0)
     shards, cur, cur_bytes = [], {}, 0
-    for k, (shp, dt) in shapes.items():
+    for k, (shp, dt) in ({} if have_weights else shapes).items():
         if k.endswith("norm.weight") or k.endswith("layernorm.weight"):
             t = torch.ones(shp)
         else:
@@ -235,13 +236,14 @@ def make_chameleon(work: Path, shape: dict, shard_bytes: int = 2 << 30) -> Path:
     if cur:
         shards.append(cur)
         save_file(cur, str(d / f"shard-{len(shards)}.tmp"))
-    n, wmap = len(shards), {}
-    for i, sh in enumerate(shards, 1):
-        name = f"model-{i:05d}-of-{n:05d}.safetensors"
-        os.replace(d / f"shard-{i}.tmp", d / name)
-        wmap.update({k: name for k in sh})
-    shards.clear()
-    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wmap}))
+    if not have_weights:
+        n, wmap = len(shards), {}
+        for i, sh in enumerate(shards, 1):
+            name = f"model-{i:05d}-of-{n:05d}.safetensors"
+            os.replace(d / f"shard-{i}.tmp", d / name)
+            wmap.update({k: name for k in sh})
+        shards.clear()
+        (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wmap}))
     (d / "config.json").write_text(json.dumps(cfg))
     from tokenizers import Tokenizer, models, pre_tokenizers
 
