@@ -213,7 +213,7 @@ class Spill:
         self.directory = str(directory)
 
     def take(self, t):
-        """A file-backed tensor equal to `t` converted to fp16 (or kept fp32 for `keep32`)."""
+        """A file-backed tensor equal to `t` (same dtype and shape)."""
         import tempfile
 
         import torch

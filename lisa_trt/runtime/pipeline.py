@@ -308,7 +308,6 @@ class Pipeline:
         requested = resolve_method(verify, auto=True)  # the one lookup by name (None: auto)
         name, auto_tree, why = self.resolve_verify(AUTO if requested is None else requested)
         method = requested or resolve_method(name)  # what auto chose
-        from ..text.prompts import cond_rows
         from ..validation import check_sampling
 
         check_sampling(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -353,13 +352,10 @@ class Pipeline:
                     s = self.sampling(sampling, cfg_scale=ov.get("cfg") if ov.get("cfg") is not None else cfg_scale,
                                       temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy or None)
                     sd = ov.get("seed") if ov.get("seed") is not None else seed + i
-                    if self.family.prompted:
-                        req = self._request(cond[i:i + 1], s)
-                        toks, st = self._run(method, req.cond, s, spec, sd, req.layout)
-                        codes.append(self.family.tokens_to_codes(self._e.target, toks, req))
-                    else:
-                        toks, st = self._run(method, cond_rows(cond, i, i + 1), s, spec, sd)
+                    toks, st, code = self._run_row(method, cond, i, s, spec, sd)
                     outs.append(toks)
+                    if code is not None:
+                        codes.append(code)
                     stats.append({**st, "seed": sd, **labels[i]})
                     bar.update(1)
                 bar.close()
@@ -389,19 +385,26 @@ class Pipeline:
         """Each row decoded alone with its own seed (batch=True for the Jacobi loops, which have no
         per-row generators: a row's tokens still depend only on its prompt and seed) -> (tokens
         (B, N), one stats dict per row, a prompted family's code grids or None)."""
-        from ..text.prompts import cond_rows
-
         outs, codes, stats = [], [], []
         for i, sd in enumerate(seeds):
-            if self.family.prompted:  # a request of its own (its own left padding)
-                req = self._request(cond[i:i + 1], sampling)
-                toks, st = self._run(method, req.cond, sampling, spec, sd, req.layout)
-                codes.append(self.family.tokens_to_codes(self._e.target, toks, req))
-            else:
-                toks, st = self._run(method, cond_rows(cond, i, i + 1), sampling, spec, sd)
+            toks, st, code = self._run_row(method, cond, i, sampling, spec, sd)
             outs.append(toks)
+            if code is not None:
+                codes.append(code)
             stats.append({**st, "seed": sd, "batch_row": i})
         return torch.cat(outs), stats, torch.cat(codes) if codes else None
+
+    def _run_row(self, method: Method, cond, i: int, sampling, spec, seed) -> tuple:
+        """Row i of `cond` decoded alone -> (tokens (1, N), stats, a prompted family's code grid or
+        None); a prompted family's row is a request of its own (its own left padding)."""
+        from ..text.prompts import cond_rows
+
+        if self.family.prompted:
+            req = self._request(cond[i:i + 1], sampling)
+            toks, st = self._run(method, req.cond, sampling, spec, seed, req.layout)
+            return toks, st, self.family.tokens_to_codes(self._e.target, toks, req)
+        toks, st = self._run(method, cond_rows(cond, i, i + 1), sampling, spec, seed)
+        return toks, st, None
 
     def _run_rows(self, method: Method, cond, sampling, spec, seeds, layout=None) -> tuple[torch.Tensor, list]:
         """One batched decode with per-row seeds -> tokens (B, N), one stats dict per row."""

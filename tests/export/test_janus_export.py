@@ -288,31 +288,10 @@ def test_bad_input_is_refused_with_the_fix(bundle, tmp_path):
             eng.target.check_cond((torch.ones(1, 3, dtype=torch.long), torch.tensor([[True, False, True]])))
 
 
-NEW_DECODERS = ("sjd", "mcsjd", "sjd-pac", "gsd", "zipar", "coupled", "sjd-gasv")
-
-
 def test_issue_27_decoders_run_and_serve_on_ort(bundle):
     """Issue 27's decoders on the ORT bundle, with CFG and two prompts: Pipeline one call per prompt
-    and batch=True (the serve path; equal for the Jacobi loops, which decode each row alone), and
+    and batch=True (the serve path; equal tokens for every rule but `coupled`), and
     the serve model with the knobs as inputs; the stats say what ran."""
-    from lisa_trt.runtime.pipeline import Pipeline
-    from lisa_trt.serve.model import ServeModel
+    from prompted_decoders import check_new_decoders_run_and_serve_on_ort
 
-    root = bundle[0]
-    caps = CAPTIONS[:2]
-    knobs = dict(sjd_window=3, sjd_pac_tree_width=2, zipar_window=2)  # the window tree fits --max-tree 16
-    with Pipeline.from_dir(root / "eng", backend="ort", threads=1) as pipe:
-        for v in NEW_DECODERS:
-            alone = pipe.generate(caps, verify=v, seed=3, decode=False, **knobs)
-            both = pipe.generate(caps, verify=v, seed=3, decode=False, batch=True, **knobs)
-            assert [s["verify"] for s in both.stats] == [v, v] and all(s["mal"] >= 1.0 for s in both.stats), v
-            assert both.codes.shape == alone.codes.shape and int(both.codes.max()) < CODES
-            if v != "coupled":  # a tree method: batch=True draws from per-row generators
-                assert torch.equal(both.codes, alone.codes), v
-        model = ServeModel(pipe, max_batch=4)
-        prompt = np.array([[c.encode()] for c in caps], dtype=object)
-        for v in ("mcsjd", "sjd-gasv", "coupled"):
-            (err, out), = model.infer_each([{"prompt": prompt, "seed": np.array([[3], [4]]),
-                                              "verify": np.array([[v.encode()]] * 2, dtype=object),
-                                              **{k: np.array([[x]] * 2, np.int32) for k, x in knobs.items()}}])
-            assert err is None and out["image"].shape[0] == 2 and (out["error"] == b"").all(), (v, err)
+    check_new_decoders_run_and_serve_on_ort(bundle[0] / "eng", CAPTIONS[:2], CODES)
