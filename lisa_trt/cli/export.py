@@ -28,7 +28,8 @@ from . import options as opt
               help="Text-prompt models (Lumina-mGPT): most prompt tokens a run may use (static cache; default 128).")
 @click.option("--torch-weights", is_flag=True,
               help="Also write the fp32 PyTorch weights (weights/*.safetensors, a second copy); by default the torch "
-                   "backend reads the graphs' shared weights file (docs/deployment.md).")
+                   "backend reads the graphs' shared weights file, and a --quantize bundle (no fp32 weights in its "
+                   "graphs) runs on the torch backend only with this flag (docs/deployment.md).")
 @opt.sampling_options
 @handle_errors
 def export_cmd(model, model_cfg, drafter, tables, vq, vq_config, out_dir, fp16, opset, max_tree, no_validate, quantize,

@@ -93,11 +93,10 @@ class TorchBackend(Backend):
         return self._device
 
     def check(self) -> None:
-        from ..export.weights import has_index
+        from ..export.weights import has_index, no_torch_weights
 
         if "target_weights" not in (self.manifest.files or {}) and not has_index(self.manifest, "target"):
-            raise InputError(f"{self.manifest.dir} carries no PyTorch weights (neither weights/ nor an index of its "
-                             "shared weights file); use another backend, or re-export it with `lisa-trt export`")
+            raise InputError(no_torch_weights(self.manifest))
 
     def _file(self, key: str) -> Path:
         return Path(self.manifest.dir) / self.manifest.files[key]

@@ -215,6 +215,20 @@ def _raw(t) -> bytes:
 
 # ----------------------------------------------------------------------------- reading
 
+def no_torch_weights(man, what: str = "target") -> str:
+    """Why the torch backend cannot rebuild `what` from the engine directory of `man`, and the fix.
+
+    Quantized bundles carry the fp32 PyTorch weights only when exported with `--torch-weights`
+    (their graphs hold int8 / int4 weights, which no PyTorch model reads)."""
+    q = getattr(man, "quantization", "none") or "none"
+    if q != "none":
+        return (f"{man.dir} is a {q} bundle exported without `--torch-weights`: its graphs hold {q} weights and it "
+                f"carries no fp32 PyTorch weights for its {what}, so the torch backend cannot run it; use "
+                f"`--backend ort` (or trt), or re-export it with `lisa-trt export ... --quantize {q} --torch-weights`")
+    return (f"{man.dir} carries no PyTorch weights for its {what} (neither weights/ nor an index of its shared "
+            "weights file); use another backend, or re-export it with `lisa-trt export`")
+
+
 def has_index(man, what: str) -> bool:
     """True when the bundle's shared weights file carries `what`'s state dict (torch backend)."""
     return what in ((man.weights or {}).get("tensors") or {})
@@ -247,14 +261,13 @@ def state_dict_from_bundle(man, what: str) -> dict:
 
 from .manifest import check_shared, verify_shared  # noqa: E402 (re-exported: the checks live with the manifest)
 
-__all__ = ["REST_FILE", "SHARED_DATA", "check_shared", "has_index", "share_weights", "state_dict_from_bundle",
-           "verify_shared"]
+__all__ = ["REST_FILE", "SHARED_DATA", "check_shared", "has_index", "no_torch_weights", "share_weights",
+           "state_dict_from_bundle", "verify_shared"]
 
 
 def model_from_bundle(man, what: str, target=None):
     """The fp32 eval torch model `what` ("target" | "drafter" | "vq") of an engine directory:
-    from its `weights/*.safetensors` when it has them (older bundles, `--torch-weights`,
-    quantized bundles), else from the shared weights file (fp16 bundles give the fp16 values).
+    from its `weights/*.safetensors` when it has them (older bundles, `--torch-weights`), else from the shared weights file (fp16 bundles give the fp16 values).
 
     Raises:
         InputError: the bundle holds neither (the message says how to re-export).
@@ -294,8 +307,7 @@ def model_from_bundle(man, what: str, target=None):
         if what == "vq":
             return m
     else:
-        raise InputError(f"{man.dir} carries no PyTorch weights for its {what} (neither weights/ nor an index of its "
-                         "shared weights file); use another backend, or re-export it with `lisa-trt export`")
+        raise InputError(no_torch_weights(man, what))
     if (key in files or man.precision == "fp32") and target_hash(m) != man.target_hash:
         raise ArtifactMismatchError(f"the target weights of {man.dir} do not match the manifest's target "
                                     f"({target_hash(m)} vs {man.target_hash}); re-export the bundle")

@@ -3,8 +3,9 @@
 Layout: the ONNX graphs and manifest.json of export/onnx.py, their one shared weights file
 `weights.onnx.data` (export/weights.py; the torch backend rebuilds the models from it), and
 `tables.safetensors` (LANTERN neighbours and the GASV constants); `weights/` holds what no graph
-carries (`rest.safetensors`) and, with `--torch-weights` or in quantized bundles, the fp32
-PyTorch weights. The manifest records each artifact's hash; anything made for another
+carries (`rest.safetensors`) and, only with `--torch-weights`, the fp32 PyTorch weights (a
+quantized bundle's graphs hold no fp32 weights, so the torch backend runs one only when it was
+exported with `--torch-weights`). The manifest records each artifact's hash; anything made for another
 target is refused (ArtifactMismatchError) before any work starts.
 """
 
@@ -145,7 +146,8 @@ def export_full_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = Fal
     `quantize` (none | int8 | int4) quantizes the target and drafter graphs after the export
     (export/quantize.py). The torch backend reads the models from the shared weights file; the
     separate fp32 PyTorch weights (weights/*.safetensors, a second copy) are written only with
-    `torch_weights` and for quantized bundles (whose graphs no longer hold fp32 weights).
+    `torch_weights` (opt-in for quantized bundles too: their graphs no longer hold fp32 weights, so
+    without it the torch backend refuses them and names the flag).
     """
     import dataclasses
 
@@ -174,7 +176,7 @@ def export_full_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = Fal
                             validate=validate)
             share_bundle(stage)  # the quantized weights once (prefill / verify / drafter graphs share them)
         files = {}
-        fp32_copy = torch_weights or quantize != "none"
+        fp32_copy = torch_weights
         if fp32_copy:
             files["target_weights"] = WEIGHT_FILES["target_weights"]
             save_model(target, target.config, stage / WEIGHT_FILES["target_weights"])

@@ -195,3 +195,31 @@ def test_quantize_a_graph_whose_fp32_weights_are_external_data(artifacts, tmp_pa
         assert e.validation["ok"] and e.external_data and (out / e.external_data).is_file()
         assert op_counts(man.graph_path(g)).get("MatMulInteger")
     assert not list(out.glob("lisa-fp32-*"))  # the moved fp32 graphs are gone
+
+
+def test_quantized_bundle_holds_its_weights_once_and_the_fp32_copy_is_opt_in(artifacts, tmp_path):
+    """Issue 26: an int8 bundle is its quantized weights file (+ the fp32 GASV / VQ graphs' share), not
+    also a second fp32 copy for the torch backend; that copy is `--torch-weights`, and without it the
+    torch backend refuses the bundle naming the flag, while ONNX Runtime runs it."""
+    from lisa_trt.engines.graph import load_engines
+    from lisa_trt.runtime.bundle import export_full_bundle, open_bundle
+
+    a = artifacts
+    kw = dict(max_tree=8, lint=False, validate=False, progress=False, quantize="int8")
+    man = export_full_bundle(a["target"], a["drafter"], a["tables"], a["vq"], tmp_path / "q", **kw)
+    assert not {"target_weights", "drafter_weights", "vq_weights"} & set(man.files)
+    assert not any(p.name in ("target.safetensors", "drafter.safetensors", "vq.safetensors")
+                   for p in (tmp_path / "q").rglob("*"))
+    data = [p for p in (tmp_path / "q").iterdir() if p.name.endswith(".onnx.data")]
+    assert [p.name for p in data] == [man.weights["file"]]  # one weights file for every graph
+    with pytest.raises(InputError, match=r"int8 bundle exported without `--torch-weights`.*--backend ort.*"
+                                         r"--quantize int8 --torch-weights"):
+        open_bundle(tmp_path / "q", "torch")
+    with pytest.raises(InputError, match="--torch-weights"):
+        load_engines(tmp_path / "q", "torch")
+    load_engines(tmp_path / "q", "ort", threads=1).close()
+    man_t = export_full_bundle(a["target"], a["drafter"], a["tables"], a["vq"], tmp_path / "t", torch_weights=True,
+                               **kw)
+    assert {"target_weights", "drafter_weights", "vq_weights"} <= set(man_t.files)
+    b = open_bundle(tmp_path / "t", "torch")
+    assert torch.equal(b.target.output.weight, a["target"].output.weight)
