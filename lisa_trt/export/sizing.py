@@ -46,7 +46,10 @@ def peak_rss_bytes() -> int:
 
 def children_peak_rss_bytes() -> int:
     """The largest high-water mark of this process's finished child processes (the
-    `polygraphy check lint` subprocesses of an export), in bytes: not part of peak_rss_bytes."""
+    `polygraphy check lint` subprocesses of an export), in bytes: not part of peak_rss_bytes.
+    Linux carries a process's high-water mark across exec, and a spawned child starts in its
+    parent's memory, so this is at least this process's peak at the moment the child started: a
+    value equal to peak_rss_bytes means no child used more than the exporter."""
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
