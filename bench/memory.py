@@ -385,23 +385,31 @@ def plot(a) -> int:
 
     rec = json.loads(a.json.read_text())
     blocks = [b for b in rec.get("blocks", []) if b.get("run") == "measure"]
-    panels = [("fp16 bundle / distinct weights", 1.1), ("export peak RSS / fp32 weights", 2.5),
+    # stop 34's GPT-XL block: the before of the lint subprocess and the int8 bundle's fp32 copy
+    prev = {b.get("shape"): b["rows"] for b in rec.get("blocks", []) if b.get("run", "").startswith("measure (stop 34")}
+    panels = [("bundle / distinct weights", 1.1), ("export peak RSS / fp32 weights", 2.5),
               ("ORT run peak RSS / fp32 weights", None)]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.8))
     for ax, (title, target) in zip(axes, panels):
         bars, labels, colors, targets = [], [], [], []
         for b in blocks:
             rows, w = b["rows"], b["fp32_weight_bytes"]
             tag = b["shape"]
-            if title.startswith("fp16"):
+            if title.startswith("bundle"):
                 if tag == "gptxl":  # before: the issue's figures
                     bars.append(BEFORE_GPTXL["fp16_bundle_bytes"] / BEFORE_GPTXL["fp16_distinct_weight_bytes"])
-                    labels.append(f"{tag}\nbefore")
+                    labels.append(f"{tag} fp16\nbefore")
                     colors.append("#bbbbbb")
-                if "bundle_over_distinct" in rows.get("fp16", {}):
-                    bars.append(rows["fp16"]["bundle_over_distinct"])
-                    labels.append(f"{tag}\nafter")
-                    colors.append("#2b7bb9" if rows["fp16"]["bundle_over_distinct"] <= target else "#d9534f")
+                for prec in ("fp16", "fp32", "int8"):
+                    old = prev.get(tag, {}).get(prec, {}).get("bundle_over_distinct")
+                    if prec == "int8" and old:  # stop 34: the torch backend's fp32 copy beside the int8 graphs
+                        bars.append(old)
+                        labels.append(f"{tag} {prec}\nstop 34")
+                        colors.append("#bbbbbb")
+                    if "bundle_over_distinct" in rows.get(prec, {}):
+                        bars.append(rows[prec]["bundle_over_distinct"])
+                        labels.append(f"{tag} {prec}\nafter")
+                        colors.append("#2b7bb9" if rows[prec]["bundle_over_distinct"] <= target else "#d9534f")
             elif title.startswith("export"):
                 if tag == "gptxl":
                     bars.append(BEFORE_GPTXL["export_peak_rss_bytes"] / BEFORE_GPTXL["fp32_weight_bytes"])
@@ -409,6 +417,11 @@ def plot(a) -> int:
                     colors.append("#bbbbbb")
                 for prec in ("fp16", "fp32", "int8"):
                     e = rows.get(prec, {}).get("export", {})
+                    old = prev.get(tag, {}).get(prec, {}).get("export", {}).get("peak_rss_over_fp32_weights")
+                    if old:  # stop 34: the command's largest process (the lint subprocess loaded the weights)
+                        bars.append(old)
+                        labels.append(f"{tag} {prec}\nstop 34 largest")
+                        colors.append("#bbbbbb")
                     proc = (e.get("manifest_export") or {}).get("peak_rss_bytes")
                     if proc:  # the exporting process (the manifest's record)
                         bars.append(proc / w)
@@ -445,7 +458,7 @@ def plot(a) -> int:
             ax.plot([], [], "k--", lw=1, label="target 1.5x + 1 GB")
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=7)
-    fig.suptitle("issue 26 memory (grey: before, issue report; blue: after, measured; red: misses target; "
+    fig.suptitle("issue 26 memory (grey: before: the issue report, or stop 34; blue: after, measured; red: misses target; "
                  "export: the exporting process, and paler the command's largest process = the polygraphy lint "
                  "subprocess). 2-core CPU VM, loaded", fontsize=8)
     fig.tight_layout()

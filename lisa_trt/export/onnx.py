@@ -46,7 +46,7 @@ from ..config import find_multiple
 from ..errors import ArtifactMismatchError, InputError, LisaError
 from ..models.family import family_of
 from .families import export_family
-from .sizing import PrecisionCopy, resolve
+from .sizing import PrecisionCopy, resolve, spill_reference
 from .io_spec import GASV_K, GASV_PARAMS, Graph, GraphSpec, export_dims, gasv_params, graph_spec  # noqa: F401 (gasv_params, export_dims re-exported)
 
 
@@ -461,6 +461,7 @@ def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, o
 
     with staging_dir(Path(out_dir)) as tmp:
         t_exp.spill_dir = tmp  # a large target's fp16 copy lives in files here (sizing.Spill)
+        spill_reference(target, tmp)  # and a heap-built fp32 reference, so its pages can be dropped
         graphs = export_graphs(builders, tmp, dims, refs, (t_exp, d_exp), opset=opset, external_data=external_data,
                                validate=validate, lint=lint, progress=progress)
         extra_files = _write_conditions(target, tmp)

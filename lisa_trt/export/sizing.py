@@ -15,6 +15,9 @@ and the validation session built. Now:
   and for the whole export in the manifest (`export.peak_rss_bytes`);
 * `release_memory` runs the garbage collector and returns freed heap pages to the system
   (glibc `malloc_trim`), so a freed copy does not stay in the resident set;
+* `spill_reference` moves a reference the loader built on the heap (a Chameleon-family bf16
+  checkpoint converted to fp32) into file-backed memory in the staging directory, so that
+  `FilePages` can drop it too;
 * `FilePages` drops the pages of a checkpoint mapped from its file (a LlamaGen .pt is loaded with
   mmap) from the resident set once a phase is done with them: the fp32 reference is read while the
   fp16 copy is made and while validation runs PyTorch, but need not stay resident while the graph
@@ -212,8 +215,21 @@ class Spill:
     in shared file mappings is dropped from memory by `FilePages.release` whoever holds it, and
     any later read gets the same bytes back from the page cache or the file."""
 
+    DISK_MARGIN = 1 << 30  # free space left on the disk after a spill (bytes)
+
     def __init__(self, directory):
         self.directory = str(directory)
+
+    @staticmethod
+    def fits(directory, nbytes: int) -> bool:
+        """Whether `directory`'s file system has room for `nbytes` more (plus DISK_MARGIN): a spill
+        that does not fit stays on the heap (a full disk would fail the export half way)."""
+        import shutil
+
+        try:
+            return shutil.disk_usage(str(directory)).free >= nbytes + Spill.DISK_MARGIN
+        except OSError:
+            return False
 
     def take(self, t):
         """A file-backed tensor equal to `t` (same dtype and shape)."""
@@ -231,6 +247,37 @@ class Spill:
         out = buf.view(t.dtype)[: t.numel()].view(t.shape)
         out.copy_(t)
         return out
+
+
+def spill_reference(module, directory) -> int:
+    """Move a large model's floating parameters that live on the heap into file-backed memory
+    (`Spill` in `directory`, the export's staging directory), so `FilePages` can drop them from the
+    resident set between the phases that read them, as it does for a checkpoint loaded with mmap.
+
+    For a reference the loader built on the heap (a Chameleon-family checkpoint: bf16 shards
+    converted to an fp32 model). Parameters already mapped from a file, small models (below
+    RELEASE_MIN_BYTES) and a disk without room for them are left as they are. Values are
+    unchanged (`Parameter.data` is replaced by an equal tensor). -> bytes moved."""
+    if module is None or module_bytes(module) < RELEASE_MIN_BYTES:
+        return 0
+    pages = FilePages()
+    if not pages.maps:
+        return 0
+    todo = []
+    for p in module.parameters():
+        if not p.is_floating_point() or p.device.type != "cpu":
+            continue
+        st = p.untyped_storage()
+        if pages._file_map(st.data_ptr(), st.data_ptr() + max(1, st.nbytes())) is None:
+            todo.append(p)
+    need = sum(p.numel() * p.element_size() for p in todo)
+    if not need or not Spill.fits(directory, need):
+        return 0
+    spill = Spill(directory)
+    for p in todo:
+        p.data = spill.take(p.data)
+    release_memory()  # the heap copies go back to the system
+    return need
 
 
 def half_copy(module, spill: Optional[Spill] = None):
@@ -280,7 +327,9 @@ class PrecisionCopy:
             return self.module
         if self._copy is None:
             spill = None
-            if self.spill_dir is not None and module_bytes(self.module) >= RELEASE_MIN_BYTES and FilePages().maps:
+            n = module_bytes(self.module)
+            if (self.spill_dir is not None and n >= RELEASE_MIN_BYTES and FilePages().maps
+                    and Spill.fits(self.spill_dir, n // 2)):
                 spill = Spill(self.spill_dir)
             self._copy = half_copy(self.module, spill)
         return self._copy

@@ -250,3 +250,32 @@ def test_a_spilled_fp16_copy_leaves_memory_while_held_and_reads_back_the_same(tm
     monkeypatch.setattr(sizing, "RELEASE_MIN_BYTES", 1 << 40)
     p0 = next(small.get().parameters())
     assert sizing.FilePages()._file_map(p0.untyped_storage().data_ptr(), p0.untyped_storage().data_ptr() + 1) is None
+
+
+@linux_proc
+def test_a_heap_reference_moves_to_file_backed_memory_with_the_same_values(tmp_path, monkeypatch):
+    """A reference the loader built on the heap (a Chameleon-family checkpoint: bf16 shards
+    converted to fp32) moves into shared file mappings of unlinked files in the staging directory:
+    same values and outputs, nothing left on disk, and its pages can then be dropped (FilePages) and
+    read back. A model already mapped from a file, a small one, and a disk without room stay put."""
+    from lisa_trt.testing import make_cond
+
+    t = make_target().eval()
+    cond, tokens = make_cond(t), torch.randint(0, t.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
+    want = t.teacher_forced_logits(cond, tokens)
+    before = {k: v.clone() for k, v in t.state_dict().items()}
+    pages = sizing.FilePages()
+    assert pages.release(list(t.parameters())) == 0  # heap: nothing to drop
+    monkeypatch.setattr(sizing, "RELEASE_MIN_BYTES", 0)
+    monkeypatch.setattr(sizing.Spill, "fits", staticmethod(lambda d, n: False))  # a full disk: left alone
+    assert sizing.spill_reference(t, tmp_path) == 0
+    monkeypatch.undo()
+    monkeypatch.setattr(sizing, "RELEASE_MIN_BYTES", 0)
+    moved = sizing.spill_reference(t, tmp_path)
+    assert moved == sum(p.numel() * p.element_size() for p in t.parameters() if p.is_floating_point())
+    assert list(tmp_path.iterdir()) == []  # unlinked at once
+    big = [p for p in t.parameters() if p.untyped_storage().nbytes() >= 8 * 4096]
+    assert big and sizing.FilePages().release(big) > 0 and sum(_present_pages(p) for p in big) <= 2 * len(big)
+    assert torch.equal(t.teacher_forced_logits(cond, tokens), want)  # read back from the page cache
+    assert all(torch.equal(t.state_dict()[k], v) for k, v in before.items())
+    assert sizing.spill_reference(t, tmp_path) == 0  # already file-backed: nothing moves twice
