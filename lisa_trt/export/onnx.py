@@ -550,7 +550,7 @@ def _export_graph(graph, build, prec: str, dest: Path, dims: dict, refs: dict, m
     from . import manifest as M
     from .validate import lint_graph, sample_inputs, validate_graph
 
-    from .sizing import free_all, peak_rss_bytes
+    from .sizing import free_all, peak_rss_bytes, release_file_pages
 
     t0 = time.perf_counter()
     module = build()
@@ -561,6 +561,7 @@ def _export_graph(graph, build, prec: str, dest: Path, dims: dict, refs: dict, m
         path = onnx_from_torch(module, example, dest / graph.filename, opset=opset, external_data=external_data)
     del module, example, live
     free_all(models)  # the graph is written: its precision copy goes before the validation session opens
+    release_file_pages(*_modules(refs))  # and the traced fp32 reference's pages (read again if validation runs)
     if prec == "fp16":
         set_softmax_fp32(path)
     entry = M.GraphEntry(name=graph.value, kind=graph.kind.value, file=graph.filename, precision=prec,
@@ -578,6 +579,11 @@ def _export_graph(graph, build, prec: str, dest: Path, dims: dict, refs: dict, m
             raise ExportError(f"polygraphy lint found errors in {graph.value}: {lres.get('errors')}")
     free_all(models)  # what validation and lint opened (returned to the system for large models)
     return dataclasses.replace(entry, peak_rss_bytes=peak_rss_bytes())
+
+
+def _modules(refs: dict) -> list:
+    """The torch modules among `refs` (not the GASV tables)."""
+    return [m for m in refs.values() if hasattr(m, "parameters")]
 
 
 def _external_file(path: Path) -> Optional[str]:

@@ -279,3 +279,31 @@ def test_a_heap_reference_moves_to_file_backed_memory_with_the_same_values(tmp_p
     assert torch.equal(t.teacher_forced_logits(cond, tokens), want)  # read back from the page cache
     assert all(torch.equal(t.state_dict()[k], v) for k, v in before.items())
     assert sizing.spill_reference(t, tmp_path) == 0  # already file-backed: nothing moves twice
+
+
+@linux_proc
+def test_the_mapped_reference_is_not_resident_while_a_graph_is_quantized(tmp_path, monkeypatch):
+    """onnxruntime's quantizer holds the fp32 graph about twice over: the fp32 reference (a
+    checkpoint loaded with mmap) leaves the resident set before each graph is quantized, though the
+    exporter had just traced it (read again afterwards with the same values)."""
+    from lisa_trt.export import quantize as Q
+    from lisa_trt.export.onnx import export_bundle
+
+    t = make_target().eval()
+    t.load_state_dict(_mapped(tmp_path, **{k: v.clone() for k, v in t.state_dict().items()}), assign=True)
+    before = {k: v.clone() for k, v in t.state_dict().items()}
+    big = [p for p in t.parameters() if p.untyped_storage().nbytes() >= 8 * 4096]
+    monkeypatch.setattr(sizing, "RELEASE_MIN_BYTES", 0)
+    export_bundle(t, None, None, None, tmp_path / "b", max_tree=8, lint=False, validate=False, progress=False,
+                  share=False)
+    seen, real = [], Q.quantize_graph
+
+    def spy(src, dst, mode, **kw):
+        seen.append(sum(_present_pages(p) for p in big))
+        assert sum(float(p.sum()) for p in big) != 0  # read them all: resident again for the next graph
+        return real(src, dst, mode, **kw)
+
+    monkeypatch.setattr(Q, "quantize_graph", spy)
+    Q.quantize_bundle(tmp_path / "b", "int8", dict(target=t, drafter=None, tables=None, vq=None), validate=False)
+    assert len(seen) == 2 and max(seen) <= 2 * len(big), seen  # prefill and verify; a partial page per end
+    assert all(torch.equal(t.state_dict()[k], v) for k, v in before.items())
