@@ -222,7 +222,7 @@ def no_torch_weights(man, what: str = "target") -> str:
     (their graphs hold int8 / int4 weights, which no PyTorch model reads)."""
     q = getattr(man, "quantization", "none") or "none"
     if q != "none":
-        return (f"{man.dir} is a {q} bundle exported without `--torch-weights`: its graphs hold {q} weights and it "
+        return (f"{man.dir} is an {q} bundle exported without `--torch-weights`: its graphs hold {q} weights and it "
                 f"carries no fp32 PyTorch weights for its {what}, so the torch backend cannot run it; use "
                 f"`--backend ort` (or trt), or re-export it with `lisa-trt export ... --quantize {q} --torch-weights`")
     return (f"{man.dir} carries no PyTorch weights for its {what} (neither weights/ nor an index of its shared "

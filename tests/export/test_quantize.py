@@ -212,7 +212,7 @@ def test_quantized_bundle_holds_its_weights_once_and_the_fp32_copy_is_opt_in(art
                    for p in (tmp_path / "q").rglob("*"))
     data = [p for p in (tmp_path / "q").iterdir() if p.name.endswith(".onnx.data")]
     assert [p.name for p in data] == [man.weights["file"]]  # one weights file for every graph
-    with pytest.raises(InputError, match=r"int8 bundle exported without `--torch-weights`.*--backend ort.*"
+    with pytest.raises(InputError, match=r"an int8 bundle exported without `--torch-weights`.*--backend ort.*"
                                          r"--quantize int8 --torch-weights"):
         open_bundle(tmp_path / "q", "torch")
     with pytest.raises(InputError, match="--torch-weights"):
