@@ -389,7 +389,7 @@ def plot(a) -> int:
     prev = {b.get("shape"): b["rows"] for b in rec.get("blocks", []) if b.get("run", "").startswith("measure (stop 34")}
     panels = [("bundle / distinct weights", 1.1), ("export peak RSS / fp32 weights", 2.5),
               ("ORT run peak RSS / fp32 weights", None)]
-    fig, axes = plt.subplots(1, 3, figsize=(18, 4.8))
+    fig, axes = plt.subplots(1, 3, figsize=(18, 6))
     for ax, (title, target) in zip(axes, panels):
         bars, labels, colors, targets = [], [], [], []
         for b in blocks:
@@ -449,7 +449,7 @@ def plot(a) -> int:
         ax.bar(x, bars, color=colors)
         for i, v in enumerate(bars):
             ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
-        ax.set_xticks(list(x), labels, fontsize=7)
+        ax.set_xticks(list(x), [lab.replace("\n", " ") for lab in labels], fontsize=7, rotation=55, ha="right")
         if target is not None:
             ax.axhline(target, color="k", ls="--", lw=1, label=f"target {target}x")
         for i, lim in targets:
