@@ -459,8 +459,8 @@ def plot(a) -> int:
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=7)
     fig.suptitle("issue 26 memory (grey: before: the issue report, or stop 34; blue: after, measured; red: misses target; "
-                 "export: the exporting process, and paler the command's largest process = the polygraphy lint "
-                 "subprocess). 2-core CPU VM, loaded", fontsize=8)
+                 "export: the exporting process, and paler the command's largest process (lint "
+                 "subprocesses included). 2-core CPU VM, loaded", fontsize=8)
     fig.tight_layout()
     tmp = a.png.with_name(a.png.stem + ".tmp.png")
     fig.savefig(tmp, dpi=110)

@@ -60,10 +60,12 @@ class ExportFamily:
     unnamed_manifest: bool = False
 
     def export_bundle(self, target, drafter, tables, vq, out_dir, *, source, image_size=None, max_prompt=None,
-                      max_tree=None, opset=None, generation=None, validate=True, fp16=False, quantize="none"):
+                      max_tree=None, opset=None, generation=None, validate=True, fp16=False, quantize="none",
+                      lint=True):
         """Write a validated engine directory for `target` (families with `exports_bundle`); returns its Manifest.
 
-        source: the checkpoint directory (tokenizer files); None values take the family's defaults."""
+        source: the checkpoint directory (tokenizer files); None values take the family's defaults;
+        lint: `polygraphy check lint` every graph, as `lisa-trt export` does for every family."""
         raise NotImplementedError(f"the {self.name} export family writes no bundle itself (exports_bundle False)")
 
     def export_patches(self, model) -> dict:

@@ -58,12 +58,14 @@ class PromptExportFamily(ExportFamily):
         raise NotImplementedError
 
     def export_bundle(self, target, drafter, tables, vq, out_dir, *, source, image_size=None, max_prompt=None,
-                      max_tree=None, opset=None, generation=None, validate=True, fp16=False, quantize="none"):
-        """`export` with the defaults (default_max_prompt / _tree, DEFAULT_OPSET) for None values."""
+                      max_tree=None, opset=None, generation=None, validate=True, fp16=False, quantize="none",
+                      lint=True):
+        """`export` with the defaults (default_max_prompt / _tree, DEFAULT_OPSET) for None values; linted
+        like every `lisa-trt export` (export/validate.lint_graph)."""
         return self.export(target, drafter, tables, vq, source, out_dir, image_size=image_size,
                            max_prompt=max_prompt or self.default_max_prompt,
                            max_tree=max_tree or self.default_max_tree, opset=opset or DEFAULT_OPSET,
-                           generation=generation, validate=validate, fp16=fp16, quantize=quantize)
+                           generation=generation, validate=validate, fp16=fp16, quantize=quantize, lint=lint)
 
     # -- specs and axes -------------------------------------------------------------------
 

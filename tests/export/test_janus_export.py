@@ -61,6 +61,7 @@ def test_export_writes_a_janus_bundle_every_graph_validated(bundle):
                                   "vq_decode"}
     for g in man["graphs"].values():
         assert g["validation"]["ok"] and g["validation"]["max_error"] < 1e-4
+        assert g["lint"]["status"] == "passed", g["lint"]  # linted like every `lisa-trt export`
     px = lisa_trt.load_target(str(bundle[1])).config.image_size  # the tiny VQ: 4 px per code
     assert man["layout"] == {"image_size": px, "max_prompt": 16, "latent": [GRID, GRID]}
     assert man["tables"]["vocab_size"] == CODES
