@@ -46,7 +46,7 @@ from ..config import find_multiple
 from ..errors import ArtifactMismatchError, InputError, LisaError
 from ..models.family import family_of
 from .families import export_family
-from .sizing import PrecisionCopy, resolve, spill_reference
+from .sizing import PrecisionCopy, resolve
 from .io_spec import GASV_K, GASV_PARAMS, Graph, GraphSpec, export_dims, gasv_params, graph_spec  # noqa: F401 (gasv_params, export_dims re-exported)
 
 
@@ -460,8 +460,6 @@ def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, o
         builders.append((Graph.VQ_DECODE, lambda: VQDecodeGraph(vq.eval(), tcfg.grid_size), "fp32"))
 
     with staging_dir(Path(out_dir)) as tmp:
-        t_exp.spill_dir = tmp  # a large target's fp16 copy lives in files here (sizing.Spill)
-        spill_reference(target, tmp)  # and a heap-built fp32 reference, so its pages can be dropped
         graphs = export_graphs(builders, tmp, dims, refs, (t_exp, d_exp), opset=opset, external_data=external_data,
                                validate=validate, lint=lint, progress=progress)
         extra_files = _write_conditions(target, tmp)
@@ -509,13 +507,19 @@ def export_graphs(builders, dest: Path, dims: dict, refs: dict, models: tuple, *
         builders: [(Graph, build() -> graph wrapper module, precision)].
         dims: static axis sizes (the family's export_dims).
         refs: the fp32 models {"target", "drafter", "tables", "vq"}: the validation reference.
-        models: the (possibly fp16) modules the wrappers trace, for _export_mode.
+        models: the (possibly fp16) modules the wrappers trace, for _export_mode; a large
+            PrecisionCopy among them keeps its fp16 copy in files in `dest` (the staging directory),
+            as does a large fp32 reference built on the heap (sizing.spill_reference).
     Returns:
         {graph name: GraphEntry}.
     """
     from ..progress import WorkEta, fmt_seconds
-    from .sizing import peak_rss_bytes
+    from .sizing import peak_rss_bytes, spill_reference
 
+    for m in models:  # a large target's fp16 copy lives in files in `dest` (sizing.Spill) ...
+        if isinstance(m, PrecisionCopy):
+            m.spill_dir = dest
+    spill_reference(refs.get("target"), dest)  # ... and a heap-built fp32 reference, so its pages can be dropped
     graphs = {}
     bar = _progress(len(builders), progress)
     eta = WorkEta([_graph_work(g, refs) for g, _, _ in builders], floor=1 << 20)  # ETA by weight bytes
@@ -561,7 +565,8 @@ def _export_graph(graph, build, prec: str, dest: Path, dims: dict, refs: dict, m
         path = onnx_from_torch(module, example, dest / graph.filename, opset=opset, external_data=external_data)
     del module, example, live
     free_all(models)  # the graph is written: its precision copy goes before the validation session opens
-    release_file_pages(*_modules(refs))  # and the traced fp32 reference's pages (read again if validation runs)
+    if not validate:  # the traced fp32 reference's pages too (validate_graph drops them before ORT runs)
+        release_file_pages(*refs.values())
     if prec == "fp16":
         set_softmax_fp32(path)
     entry = M.GraphEntry(name=graph.value, kind=graph.kind.value, file=graph.filename, precision=prec,
@@ -579,11 +584,6 @@ def _export_graph(graph, build, prec: str, dest: Path, dims: dict, refs: dict, m
             raise ExportError(f"polygraphy lint found errors in {graph.value}: {lres.get('errors')}")
     free_all(models)  # what validation and lint opened (returned to the system for large models)
     return dataclasses.replace(entry, peak_rss_bytes=peak_rss_bytes())
-
-
-def _modules(refs: dict) -> list:
-    """The torch modules among `refs` (not the GASV tables)."""
-    return [m for m in refs.values() if hasattr(m, "parameters")]
 
 
 def _external_file(path: Path) -> Optional[str]:

@@ -296,7 +296,7 @@ def write_prompt_bundle(xf, target, drafter, tables, vq, out_dir, *, source, tar
     from ..calibration.tables import save_tables
     from . import manifest as M
     from .onnx import GASVGraph, drafter_builders, export_graphs, half_drafter, staging_dir
-    from .sizing import PrecisionCopy, spill_reference
+    from .sizing import PrecisionCopy
 
     check_export_options(opset, fp16, quantize)
     target, drafter = target.eval(), drafter.eval() if drafter is not None else None
@@ -317,8 +317,6 @@ def write_prompt_bundle(xf, target, drafter, tables, vq, out_dir, *, source, tar
         builders.append((Graph.VQ_DECODE, vq_builder, "fp32"))
 
     with staging_dir(Path(out_dir)) as tmp:
-        t_exp.spill_dir = tmp  # a large target's fp16 copy lives in files here (sizing.Spill)
-        spill_reference(target, tmp)  # and a heap-built fp32 reference, so its pages can be dropped
         graphs = export_graphs(builders, tmp, dims, refs, (t_exp, d_exp), opset=opset, validate=validate, lint=lint,
                                progress=progress)
         weights = None

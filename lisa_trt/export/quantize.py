@@ -320,7 +320,6 @@ def quantize_bundle(engine_dir, mode: str, refs: dict, *, block_size: int = DEFA
                          "Export without --fp16.")
     from .sizing import release_file_pages, release_if_large
 
-    modules = [m for m in refs.values() if hasattr(m, "parameters")]
     dims = man.dims  # the family's static axes (export/families.py)
     graphs = dict(man.graphs)
     for graph in QUANTIZED_GRAPHS:
@@ -328,8 +327,8 @@ def quantize_bundle(engine_dir, mode: str, refs: dict, *, block_size: int = DEFA
             continue
         # the quantizer holds the fp32 graph about twice (onnxruntime reloads it with inferred shapes):
         # the fp32 reference's file pages are not needed meanwhile (read again by the validation)
-        release_file_pages(*modules)
-        release_if_large(modules)
+        release_file_pages(*refs.values())
+        release_if_large(refs.values())
         entry = graphs[graph.value]
         path = engine_dir / entry.file
         src_sha = entry.sha256

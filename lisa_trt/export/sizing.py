@@ -384,11 +384,12 @@ def free_all(models) -> None:
 
 
 def module_bytes(module) -> int:
-    """Bytes of a module's parameters and buffers (0 for None)."""
-    if module is None:
-        return 0
+    """Bytes of a module's parameters and buffers (0 for None and for anything that is not a module,
+    e.g. the GASV tables among an export's refs)."""
     if isinstance(module, PrecisionCopy):
         module = module.module
+    if module is None or not hasattr(module, "parameters"):
+        return 0
     seen, n = set(), 0
     for t in list(module.parameters()) + list(module.buffers()):
         if id(t) not in seen:

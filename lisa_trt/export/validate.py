@@ -138,7 +138,7 @@ def validate_graph(graph: Graph, path, spec: GraphSpec, dims: dict, refs: dict, 
     fam = family or export_family(refs["target"])
     inputs = fam.sample_inputs(graph, spec, dims, refs, precision=precision, seed=seed, batch=batch, seq=seq,
                                nodes=nodes)
-    models = [m for m in refs.values() if hasattr(m, "parameters")]
+    models = list(refs.values())  # the torch modules among them count (sizing.module_bytes / module_tensors)
     # one large thing resident at a time: the session (whose memory goes back once it is closed),
     # then the fp32 reference (its file-mapped pages dropped again afterwards)
     release_file_pages(*models)

@@ -267,7 +267,8 @@ __all__ = ["REST_FILE", "SHARED_DATA", "check_shared", "has_index", "no_torch_we
 
 def model_from_bundle(man, what: str, target=None):
     """The fp32 eval torch model `what` ("target" | "drafter" | "vq") of an engine directory:
-    from its `weights/*.safetensors` when it has them (older bundles, `--torch-weights`), else from the shared weights file (fp16 bundles give the fp16 values).
+    from its `weights/*.safetensors` when it has them (older bundles, `--torch-weights`), else from
+    the shared weights file (fp16 bundles give the fp16 values).
 
     Raises:
         InputError: the bundle holds neither (the message says how to re-export).
