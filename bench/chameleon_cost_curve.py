@@ -40,7 +40,7 @@ def random_target(preset: str, device, dtype):
     """A ChameleonTarget with random weights, built on `device` without a CPU copy."""
     import torch
 
-    from lisa_trt.models.families.chameleon.model import ChameleonConfig, ChameleonTarget
+    from lisa_trt.families.chameleon.model import ChameleonConfig, ChameleonTarget
 
     with torch.device("meta"):
         t = ChameleonTarget(ChameleonConfig(**PRESETS[preset]))

@@ -25,7 +25,7 @@ import time
 import torch
 
 from lisa_trt.artifacts import load_drafter_by_name, load_tables_by_name
-from lisa_trt.bench import plot_pareto
+from lisa_trt.harness import plot_pareto
 from lisa_trt.demo.registry import demo_sampling, load_demo_scorer, load_demo_target, load_demo_vq
 from lisa_trt.io import write_json
 from lisa_trt.quality import QualityReference, evaluate, quality_neutral

@@ -19,7 +19,7 @@ after every section, so a run cut by a timeout keeps what it measured):
                  with the null caption);
   demo_decode    vanilla vs speculative (exact, LANTERN, GASV) decoding with the torch runner on
                  the bundled demo model (`demo` + drafter `demo-lisa` + tables `demo`), via
-                 lisa_trt.bench; skipped with the reason when the demo assets are absent;
+                 lisa_trt.harness; skipped with the reason when the demo assets are absent;
   compiled_decode the same methods through an exported demo bundle on the torch graph backend,
                  eager vs torch.compile (Inductor) vs torch.compile + CUDA graphs
                  (`Pipeline.from_dir(dir, backend="torch", compile=...)`), compile time apart;
@@ -31,7 +31,7 @@ after every section, so a run cut by a timeout keeps what it measured):
                  mode); rows compiled_decode measured are reused, not re-run. The CPU smoke runs
                  it on a tiny random model in memory (seconds);
   tensorrt       when tensorrt imports: export the demo bundle, build every engine
-                 (lisa_trt.engines.build: build seconds and plan bytes per graph), then parity
+                 (lisa_trt.deploy.build: build seconds and plan bytes per graph), then parity
                  against the bundle's torch graphs per graph (gasv, vq_decode, drafter_project) and
                  greedy target tokens with the default KV binding ("swap") and with in-place
                  binding (opt-in): tokens must be identical to torch; else the reason.
@@ -271,7 +271,7 @@ def _tree(S: int, seed: int):
 def section_verify_latency(ctx: Ctx) -> dict:
     import torch
 
-    from lisa_trt.models.families.llamagen.model import Transformer
+    from lisa_trt.families.llamagen.model import Transformer
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[ctx.args.dtype]
     models = ("tiny", "tiny-t2i") if ctx.smoke else tuple(ctx.args.models.split(","))
@@ -334,7 +334,7 @@ def section_demo_decode(ctx: Ctx) -> dict:
         return {"skipped": "cpu smoke (pass --demo-on-cpu to run the demo on CPU)"}
     from lisa_trt import load_target
     from lisa_trt.artifacts import load_drafter_by_name, load_tables_by_name
-    from lisa_trt.bench import run_method
+    from lisa_trt.harness import run_method
     from lisa_trt.demo.registry import demo_sampling
     from lisa_trt.speculative.decode import SpecConfig
 
@@ -464,7 +464,7 @@ def _tiny_pipeline():
     from lisa_trt.calibration.profile import calibrate
     from lisa_trt.config import SamplingConfig, vq_config
     from lisa_trt.models.drafter import Drafter
-    from lisa_trt.models.families.llamagen.vq import VQModel
+    from lisa_trt.families.llamagen.vq import VQModel
     from lisa_trt.runtime.pipeline import Pipeline
     from lisa_trt.testing import make_target
 
@@ -571,7 +571,7 @@ def section_tensorrt(ctx: Ctx) -> dict:
     target with the default KV binding ("swap": separate present buffers) and with in-place
     binding (opt-in, not a documented TensorRT contract): tokens must equal the torch backend's.
     """
-    from lisa_trt.engines.build import require_tensorrt_gpu
+    from lisa_trt.deploy.build import require_tensorrt_gpu
 
     try:
         trt = require_tensorrt_gpu()
@@ -582,7 +582,7 @@ def section_tensorrt(ctx: Ctx) -> dict:
     import torch
 
     from lisa_trt.demo.registry import assets_present
-    from lisa_trt.engines.build import build_engines
+    from lisa_trt.deploy.build import build_engines
     from lisa_trt.engines.graph import load_engines
     from lisa_trt.engines.trt import load_trt_engines
 

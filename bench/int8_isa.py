@@ -83,7 +83,7 @@ def main() -> None:
     from lisa_trt.demo.registry import demo_sampling, load_demo_target, load_demo_vq
     from lisa_trt.engines.ort import load_ort_engines
     from lisa_trt.export.int8_isa import cpu_kind, emulate, run_emulated, saturation_bound
-    from lisa_trt.export.io_spec import Graph, export_dims, graph_spec
+    from lisa_trt.models.io_spec import Graph, export_dims, graph_spec
     from lisa_trt.export.onnx import export_bundle
     from lisa_trt.export.validate import output_error, reference_outputs, run_onnx, sample_inputs
     from lisa_trt.io import write_json

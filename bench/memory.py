@@ -193,7 +193,7 @@ def make_chameleon(work: Path, shape: dict, shard_bytes: int = 2 << 30) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from lisa_trt.models.families.chameleon.model import ChameleonConfig, ChameleonTarget
+    from lisa_trt.families.chameleon.model import ChameleonConfig, ChameleonTarget
 
     d = work / "chameleon"
     have_weights = (d / "model.safetensors.index.json").is_file()  # the tokenizer and config are rewritten

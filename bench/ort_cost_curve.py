@@ -58,7 +58,7 @@ def median_ms(fn, reps: int, warmup: int = 1) -> float:
 def build_target(name: str):
     """(target, description) for 'demo', 'GPT-B', 'GPT-L'."""
     from lisa_trt.config import TargetConfig, target_config
-    from lisa_trt.models.families.llamagen.model import Transformer
+    from lisa_trt.families.llamagen.model import Transformer
 
     torch.manual_seed(0)
     if name == "demo":
@@ -143,7 +143,7 @@ def inplace_check(engines, cond, committed, max_tree, reps, threads) -> dict:
     import tempfile
 
     from lisa_trt.engines.ort import OrtRunner
-    from lisa_trt.export.io_spec import Graph
+    from lisa_trt.models.io_spec import Graph
 
     tgt = engines.target
     cache = fill(tgt, cond, committed, max_tree)

@@ -204,7 +204,7 @@ def prepare_gptb(work: Path) -> tuple[dict, dict]:
         export_bundle(target, drafter, None, None, out, max_tree=16, lint=False, validate=False, progress=False)
     info = {"description": desc, "export_seconds": round(time.perf_counter() - t0, 1), "reused_export": reuse}
     dirs, q = quantized_copies(out, dict(target=target, drafter=drafter, tables=None, vq=None), validate=False)
-    from lisa_trt.export.io_spec import Graph, export_dims
+    from lisa_trt.models.io_spec import Graph, export_dims
     from lisa_trt.export.manifest import read_manifest
     from lisa_trt.export.quantize import validate_quantized
 

@@ -1,4 +1,4 @@
-"""The memory-plan table of docs/deployment.md, made by `lisa_trt.engines.plan` (issue 26).
+"""The memory-plan table of docs/deployment.md, made by `lisa_trt.deploy.memory_plan` (issue 26).
 
     python scripts/plan_table.py                           # print the table (markdown)
     python scripts/plan_table.py --write docs/deployment.md  # replace it between the markers
@@ -24,7 +24,7 @@ TREE, BATCH = 64, 1
 
 
 def table() -> str:
-    from lisa_trt.engines.plan import GIB, GPUS as DEVICES, make_plan
+    from lisa_trt.deploy.memory_plan import GIB, GPUS as DEVICES, make_plan
 
     g = lambda b: f"{b / GIB:.2f}"  # noqa: E731
     head = ["model", "px", "precision", "target weights", "KV cache", "drafter", "tables + VQ", "activations",

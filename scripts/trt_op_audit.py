@@ -7,7 +7,7 @@ Exit status 1 when a graph uses an op outside TensorRT's ONNX parser support tab
 
 import sys
 
-from lisa_trt.engines.op_audit import main
+from lisa_trt.deploy.op_audit import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,16 +3,11 @@
     python -m pytest -q tests/test_architecture.py     # or: python tests/test_architecture.py
 
 Floors, top to bottom (a module may import its own floor and any floor below, never above):
-    cli -> runtime -> engines -> export / speculative / calibration / train -> models -> core
-and no two modules import each other, directly or through others (no import circles).
-
-One explicit exception to "a package is one floor": a family package's plugins (FAMILY_PLUGINS).
-models/families/<name>/export.py (and anything under models/families/<name>/export/) sits at
-the export floor: it holds the family's ExportFamily (graph wrappers, io specs, manifest config
-readers) and may import export/. models/families/<name>/shapes.py sits at the engines floor: the
-family's memory-plan shapes over engines/model_shapes.py. Nothing below a plugin's floor imports
-it (the family package itself never does); the generic registries reach them through
-ModelFamily.export_module / shapes_module (importlib), never through a static import.
+    cli -> serve / harness -> runtime -> train / calibration tools -> families -> deploy -> engines
+        -> export -> calibration -> speculative -> models -> core
+and no two modules import each other, directly or through others (no import circles). There is no
+exception: a family package (families/<name>/, its export and shapes plugins included) sits above
+the engines and the exporter it plugs into; the registries below it reach it by name (importlib).
 """
 
 import ast
@@ -23,15 +18,20 @@ ROOT = Path(__file__).resolve().parents[1] / "lisa_trt"
 
 # first package component (or top-level module) -> floor
 FLOORS = {
-    "cli": 6, "launcher": 6, "__main__": 6,  # cli: the lisa_trt/cli/ package, one module per command group
-    "runtime": 5, "bench": 5, "serve": 5, "server": 5, "text": 5,
-    "text.encoder": 2,  # the caption encoder is a model (train/ uses it); text's prompt plumbing is runtime
-    "engines": 4,
-    "export": 3, "speculative": 3, "calibration": 3, "train": 3, "artifacts": 3, "demo": 3, "testing": 3,
-    "quantization": 3, "quality": 3,
-    "models": 2,
-    "config": 1, "errors": 1, "io": 1, "progress": 1, "imaging": 1, "timing": 1, "_version": 1,
-    "safe_load": 1, "threads": 1, "validation": 1, "clitools": 1,
+    "cli": 11, "launcher": 11, "__main__": 11,  # cli: the lisa_trt/cli/ package, one module per command group
+    "serve": 10, "harness": 10,                 # Triton serving; the bench harness (`lisa-trt bench`)
+    "runtime": 9, "text": 9,                    # open a bundle into a resolved run; Pipeline; prompt plumbing
+    "train": 8, "artifacts": 8, "demo": 8, "quality": 8, "testing": 8,
+    "families": 7,                              # one package per model family (export / shapes plugins too)
+    "deploy": 6,                                # TensorRT build, TensorRT lint, memory plan, operator audit
+    "engines": 5,                               # the graph-runner protocol and the backends
+    "export": 4,                                # ONNX export, validation, manifest, quantization
+    "calibration": 3,                           # GASV / LANTERN tables
+    "speculative": 2,                           # sampling, trees, verification rules, decode loops
+    "models": 1,                                # the family protocol, shared layers, drafter, the I/O contract
+    "text.encoder": 1,  # the caption encoder is a model (train/ uses it); text's prompt plumbing is runtime
+    "config": 0, "errors": 0, "io": 0, "progress": 0, "imaging": 0, "timing": 0, "_version": 0,
+    "safe_load": 0, "threads": 0, "validation": 0, "clitools": 0,
 }
 PUBLIC_API = "lisa_trt"  # the package __init__: the facade, above everything (imports Pipeline)
 
@@ -70,15 +70,10 @@ def import_edges(mods: dict) -> dict:
     return edges
 
 
-FAMILY_PLUGINS = {"export": "export", "shapes": "engines"}  # models/families/<name>/<plugin> -> its floor
-
-
 def floor(module: str):
     parts = module.split(".")
     if len(parts) == 1:
-        return 7  # the public facade
-    if len(parts) > 4 and parts[1:3] == ["models", "families"] and parts[4] in FAMILY_PLUGINS:
-        return FLOORS[FAMILY_PLUGINS[parts[4]]]  # a family's export plugin (module docstring)
+        return 12  # the public facade
     if len(parts) > 2 and ".".join(parts[1:3]) in FLOORS:  # a module placed apart from its package
         return FLOORS[".".join(parts[1:3])]
     return FLOORS.get(parts[1])
@@ -151,31 +146,27 @@ def test_no_import_circles():
 def test_the_checker_sees_violations():
     """The two checks can fail: a made-up upward edge and a made-up circle are reported."""
     edges = {"lisa_trt.models.x": {"lisa_trt.engines.y"}, "lisa_trt.engines.y": {"lisa_trt.models.x"}}
-    assert upward_imports(edges) == ["lisa_trt.models.x (floor 2) imports lisa_trt.engines.y (floor 4)"]
+    assert upward_imports(edges) == ["lisa_trt.models.x (floor 1) imports lisa_trt.engines.y (floor 5)"]
     assert cycles(edges) == [["lisa_trt.engines.y", "lisa_trt.models.x"]]
 
 
-def test_a_family_export_plugin_sits_at_the_export_floor():
-    """models/families/<name>/export.py may import export/; its family package may not import it."""
-    plugin, model = "lisa_trt.models.families.fam.export", "lisa_trt.models.families.fam.model"
-    assert floor(plugin) == FLOORS["export"] and floor(model) == FLOORS["models"]
-    assert floor("lisa_trt.models.families.fam.export.graphs") == FLOORS["export"]
-    edges = {plugin: {"lisa_trt.export.onnx", model}, model: {plugin}, "lisa_trt.export.onnx": set()}
-    assert upward_imports(edges) == [f"{model} (floor 2) imports {plugin} (floor 3)"]
-    assert "lisa_trt.models.families.fam.export" in modules_named_export_plugins(edges)
+def test_a_family_sits_above_the_engines_and_the_exporter():
+    """families/<name>/ (its export and shapes plugins too) may import export/, engines/ and deploy/;
+    nothing on those floors may import a family (the registries load it by name)."""
+    fam, plugin = "lisa_trt.families.fam.model", "lisa_trt.families.fam.export"
+    assert floor(fam) == floor(plugin) == FLOORS["families"]
+    assert FLOORS["families"] > max(FLOORS["deploy"], FLOORS["engines"], FLOORS["export"], FLOORS["models"])
+    edges = {plugin: {"lisa_trt.export.onnx", fam}, "lisa_trt.engines.graph": {fam}, "lisa_trt.export.onnx": set()}
+    assert upward_imports(edges) == [f"lisa_trt.engines.graph (floor 5) imports {fam} (floor 7)"]
 
 
-def modules_named_export_plugins(edges) -> list:
-    return sorted(m for m in edges if floor(m) == FLOORS["export"] and m.startswith("lisa_trt.models."))
-
-
-def test_the_family_export_plugins_are_found_without_a_static_import():
-    """No module imports a family's export plugin statically: export/families.py loads it by name."""
+def test_the_family_packages_are_found_without_a_static_import():
+    """No module outside the family packages imports one statically: models/family.py loads them by name."""
     e = import_edges(modules())
-    plugins = set(modules_named_export_plugins(e))
-    assert plugins, "expected the built-in families' export plugins (models/families/*/export.py)"
-    importers = sorted(f"{m} imports {t}" for m, ts in e.items() for t in ts & plugins
-                       if not m.startswith("lisa_trt.models.families.") and not m.startswith("lisa_trt.tests"))
+    fams = {m for m in e if m.startswith("lisa_trt.families.")}
+    assert fams, "expected the built-in family packages (families/*)"
+    importers = sorted(f"{m} imports {t}" for m, ts in e.items() for t in ts & fams
+                       if not m.startswith("lisa_trt.families"))
     assert not importers, importers
 
 

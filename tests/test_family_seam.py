@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "lisa_trt"
 FAMILIES = ("llamagen", "chameleon", "lumina", "janus")
 NAME = re.compile("|".join(FAMILIES), re.I)
-EXEMPT = ("models/families/", "models/family.py")
+EXEMPT = ("families/", "models/family.py")
 
 # module (path under lisa_trt/) -> the rules it still breaks; shrinks to {} as the seam closes
 DEBT = {
@@ -81,7 +81,7 @@ def test_the_import_rule_matches_family_names_not_the_word_families():
     assert imp("from ..models.families.janus.target import JanusTarget")
     assert imp("from ..models.families import chameleon")
     assert imp("from ..models.families.newfam import x")  # a family FAMILIES does not list yet
-    assert imp("import lisa_trt.models.families.llamagen.model")
+    assert imp("import lisa_trt.families.llamagen.model")
     assert imp("from .chameleon_onnx import export_chameleon")
     assert not imp("from .families import export_family")  # the generic ExportFamily registry
     assert not imp("from ..export.families import export_family")

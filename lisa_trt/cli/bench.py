@@ -49,7 +49,7 @@ def bench(model, model_cfg, drafter, tables, methods, num_images, classes, capti
 def _bench(rc, *, drafter, tables, methods, num_images, classes, captions, encoder_dir, engine_dir, sweeps, quality_cache, json_path, plot_path, echo, **_):
     """The family-seam bench: in-memory models or a bundle's graphs, one report."""
     from ..artifacts import default_drafter
-    from ..bench import parse_methods, parse_sweep, run_bench, save_bench
+    from ..harness import parse_methods, parse_sweep, run_bench, save_bench
     from ..runtime.context import spec_artifacts
 
     ms = parse_methods(methods)

@@ -133,9 +133,9 @@ def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, dry_r
 
 
 def _build(rc, *, max_batch, max_tree, timing_cache, refit, workspace, dry_run, gpu, memory_gib, echo, **_):
-    """The family-seam build (engines/build.py), after the memory plan."""
-    from ..engines.build import build_engines
-    from ..engines.plan import preflight
+    """The family-seam build (deploy/build.py), after the memory plan."""
+    from ..deploy.build import build_engines
+    from ..deploy.memory_plan import preflight
 
     preflight(rc.source, gpu=gpu, memory_gib=memory_gib, gpu_backend=True, batch=max_batch, tree=max_tree,
               cfg=True, workspace=workspace)  # before any TensorRT work
@@ -172,7 +172,7 @@ def plan(model, gpu, memory_gib, precision, batch, tree, image_size, prompt_len,
     Face name org/name (local cache), or an engine directory. Prints the table and the largest
     batch and tree that fit. Exit status 0 when it fits, 1 when it does not (with the reason), 2
     for bad input (docs/deployment.md)."""
-    from ..engines.plan import make_plan
+    from ..deploy.memory_plan import make_plan
     from ..models.hub import resolve_model
 
     p = make_plan(resolve_model(model), gpu=gpu, memory_gib=memory_gib, precision=precision, batch=batch, tree=tree,
@@ -202,7 +202,7 @@ def plan(model, gpu, memory_gib, precision, batch, tree, image_size, prompt_len,
 @handle_errors
 def quantize_trt_cmd(engine_dir, mode, out_dir, venv, install, calibration_steps):
     """TensorRT Q/DQ graphs through NVIDIA ModelOpt, run in its own venv (docs/quantization.md)."""
-    from ..engines.trt_quantize import quantize_trt
+    from ..deploy.trt_quantize import quantize_trt
 
     man = quantize_trt(engine_dir, out_dir, mode, venv=Path(venv) if venv else None, install=install,
                        samples=calibration_steps, echo=click.echo)

@@ -263,8 +263,8 @@ def threads_option(help: str, **kw):
 
 
 def device_options(what: str):
-    """--gpu / --memory-gib: the device a memory plan is checked against (engines/plan.py)."""
-    from ..engines.plan import GPUS
+    """--gpu / --memory-gib: the device a memory plan is checked against (deploy/memory_plan.py)."""
+    from ..deploy.memory_plan import GPUS
 
     return compose(click.option("--gpu", type=click.Choice(list(GPUS)), default=None, help=what),
                    click.option("--memory-gib", type=float, default=None,
@@ -272,7 +272,7 @@ def device_options(what: str):
 
 
 def precision_option(help: str):
-    from ..engines.plan import PRECISIONS
+    from ..deploy.memory_plan import PRECISIONS
 
     return click.option("--precision", type=click.Choice(list(PRECISIONS)), default=None, help=help)
 

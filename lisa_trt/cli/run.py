@@ -38,7 +38,7 @@ def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, encod
     Text-prompt models (Lumina-mGPT, Janus-Pro engine directories): one caption per line.
     A GPU run (or --gpu / --memory-gib) is refused before any work when its memory plan does not
     fit (`lisa-trt plan ENGINE_DIR`)."""
-    from ..engines.plan import engines_recorded, preflight
+    from ..deploy.memory_plan import engines_recorded, preflight
     from ..runtime.context import resolve
 
     rc = resolve(engine_dir=engine_dir, verify=verify, auto=True, sampling=sampling, tree=tree, knobs=knobs,

@@ -3,7 +3,7 @@
 Two levels (docs/design.md principle 3):
 
 - `GraphRunner`: ONE exported graph at the named-tensor level (Polygraphy's BaseRunner is the
-  model): `run(inputs, outputs) -> dict` by the names of export/io_spec.py, `close()`, and an
+  model): `run(inputs, outputs) -> dict` by the names of models/io_spec.py, `close()`, and an
   explicit lifetime (`with runner: ...`). Outputs the caller does not preallocate are allocated
   from the io spec (dynamic axes are read off the inputs). KV caches are updated in place: the
   caller passes the same tensor as `past_key_values.{i}.*` input and `present.{i}.*` output.
@@ -26,7 +26,7 @@ from typing import Callable, Optional, Protocol, runtime_checkable
 import torch
 
 from ..errors import ConfigError, InputError, LisaError
-from ..export.io_spec import DYNAMIC_AXES, Graph, GraphKind, GraphSpec  # noqa: F401 (GraphKind re-exported)
+from ..models.io_spec import DYNAMIC_AXES, Graph, GraphKind, GraphSpec  # noqa: F401 (GraphKind re-exported)
 from ..timing import Timer  # noqa: F401 (re-exported)
 
 _TORCH_DTYPES = {"int64": torch.int64, "bool": torch.bool, "float32": torch.float32}
@@ -49,7 +49,7 @@ def torch_dtype(code: str, precision: str) -> torch.dtype:
 class TargetEngine(Protocol):
     """What the decode loop needs from a target backend.
 
-    Same methods and shapes as `lisa_trt.models.families.llamagen.model.Transformer`:
+    Same methods and shapes as `lisa_trt.families.llamagen.model.Transformer`:
     - new_cache(batch, extra) -> KVCache (lengths (B,), col_valid (B, Lmax), k/v buffers)
     - prefill(cond, cache, taps) -> TargetOutput (logits (B, 1, V) fp32, taps (B, 1, 3H))
     - forward_tokens(tokens (B,S), positions (B,S), slots (B,S), mask (B,S,Lmax), cache, taps)
@@ -95,7 +95,7 @@ class GraphRunner(abc.ABC):
     """One graph, called by tensor name (the protocol every backend implements).
 
     Args:
-        spec: the graph's io spec (export/io_spec.py).
+        spec: the graph's io spec (models/io_spec.py).
         dims: static axis sizes (io_spec.export_dims).
         precision: "fp32" | "fp16" (dtype of the "act" tensors).
         device: where inputs must live and outputs are allocated.

@@ -2,7 +2,7 @@
 
 `GraphTarget` / `GraphDrafter` are drop-in replacements for the torch `Transformer` / `Drafter`
 (same methods, shapes, KVCache / DrafterCache objects), `GraphGASV` for `gasv_gates`, `GraphVQ`
-for `VQModel.decode_code`. They speak tensor names from export/io_spec.py only; everything
+for `VQModel.decode_code`. They speak tensor names from models/io_spec.py only; everything
 backend-specific (sessions, contexts, address binding) lives in the runner.
 
     engines = load_engines("engines/demo", "ort", threads=1)
@@ -28,7 +28,7 @@ import torch
 
 from ..config import find_multiple
 from ..errors import InputError
-from ..export.io_spec import Graph
+from ..models.io_spec import Graph
 from ..models.family import family_of
 from .base import GraphRunner, StaticTensors, check_static_len, get_backend, torch_dtype
 
@@ -350,7 +350,7 @@ class GraphGASV:
         return hit
 
     def __call__(self, logits, tokens, parents, cfg=None):
-        from ..export.io_spec import GASV_K
+        from ..models.io_spec import GASV_K
         from ..speculative.gasv import GASVGates, check_logits
 
         if not bool(torch.isfinite(logits.amax(-1)).all()):  # NaN / +inf / an empty row: say which

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import InputError
-from ..export.io_spec import Graph
+from ..models.io_spec import Graph
 from .base import GraphRunner
 
 

@@ -32,7 +32,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..export.io_spec import Graph
+from ..models.io_spec import Graph
 from .base import Backend, GraphRunner, register_backend, torch_dtype
 from .graph import Engines, load_engines
 

@@ -1,6 +1,6 @@
 """TensorRT optimisation profiles from the io spec, and the ONNX model TensorRT parses per graph.
 
-Shared by engines/build.py (building) and engines/trt_compat.py (the CPU compatibility check);
+Shared by deploy/build.py (building) and deploy/trt_lint.py (the CPU compatibility check);
 both import from here, so neither imports the other's module.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import InputError
-from ..export.io_spec import Graph, shape_ranges
+from ..models.io_spec import Graph, shape_ranges
 
 SEQ_SPLIT = 16  # the "step" profile covers S <= 16 (AR steps, drafter commits), "tree" the rest
 

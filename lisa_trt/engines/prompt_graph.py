@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from ..errors import ArtifactMismatchError, InputError
-from ..export.io_spec import Graph
+from ..models.io_spec import Graph
 from ..models.prompts import PromptTarget
 from .graph import Engines, GraphGASV, _contig, _KVEngine, check_step, check_tokens, open_drafter, open_graphs
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ArtifactMismatchError, InputError
-from ..export.io_spec import Graph
+from ..models.io_spec import Graph
 from .base import Backend, GraphRunner, register_backend
 
 

@@ -52,9 +52,9 @@ from typing import Optional
 import torch
 
 from ..errors import InputError, LisaError
-from ..export.io_spec import Graph, GraphSpec
+from ..models.io_spec import Graph, GraphSpec
 from .base import Backend, GraphRunner, register_backend, torch_dtype  # noqa: F401 (torch_dtype re-exported)
-from .build import load_plan, require_tensorrt_gpu
+from .trt_plans import load_plan, require_tensorrt_gpu
 from .profiles import ProfileSpec
 from .graph import Engines, load_engines
 
@@ -314,7 +314,7 @@ class TrtBackend(Backend):
     def target_graphs(self) -> tuple:
         """Both target engines when `lisa-trt build` made a target_prefill engine (builds before
         one target engine, or asked for with --graphs), else the verify engine alone."""
-        from .build import engines_record
+        from .trt_plans import engines_record
 
         rec = engines_record(self.manifest.dir) or {}
         if Graph.TARGET_PREFILL.value in rec.get("graphs", {}):
@@ -336,7 +336,7 @@ class TrtBackend(Backend):
 
     def can_open(self, graph) -> bool:
         """Exported AND built (an optional graph added after `lisa-trt build` waits for a rebuild)."""
-        from .build import engines_record
+        from .trt_plans import engines_record
 
         rec = engines_record(self.manifest.dir) or {}
         return super().can_open(graph) and graph.value in rec.get("graphs", {})

@@ -3,7 +3,7 @@
 Heavy modules (torch.onnx, onnxruntime, polygraphy) load only when their functions are used.
 """
 
-from .io_spec import IO_SPEC_VERSION, Graph, GraphSpec, TensorSpec, graph_spec  # noqa: F401
+from ..models.io_spec import IO_SPEC_VERSION, Graph, GraphSpec, TensorSpec, graph_spec  # noqa: F401
 
 
 def export_bundle(*args, **kwargs):

@@ -13,7 +13,7 @@ gives back the target / VQ configurations.
 
 The generic exporter (export/onnx.py), validation, quantization, the graph engines and the
 TensorRT checks ask the family and never name one. Each family package defines its own in an
-`export` sub-module (models/families/<name>/export.py, which sits at the export floor:
+`export` sub-module (families/<name>/export.py, which sits at the export floor:
 tests/test_architecture.py) and registers it with `register_export_family`; this registry imports
 that module on first use from the model family's `ModelFamily.export_module`, so it imports no
 family itself. The drafter, GASV and Medusa graphs are family-independent: `ExportFamily` draws
@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 
 from ..errors import ConfigError, SpecError
-from .io_spec import Graph, GraphSpec
+from ..models.io_spec import Graph, GraphSpec
 
 _TORCH = {"int64": torch.int64, "bool": torch.bool, "float32": torch.float32}
 
@@ -229,7 +229,7 @@ class ExportFamily:
             return {"logits": logits, "hidden": hidden, **interleave(cache.k, cache.v)}
         if graph is Graph.GASV:
             from ..speculative.gasv import GASVConfig, gasv_gates
-            from .io_spec import GASV_K, GASV_PARAMS
+            from ..models.io_spec import GASV_K, GASV_PARAMS
 
             cfg = GASVConfig(**dict(zip(GASV_PARAMS, x["gasv_params"].tolist())))
             o = gasv_gates(x["guided_logits"], x["node_tokens"], x["node_parents"], refs["tables"], cfg)

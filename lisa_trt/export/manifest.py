@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import ArtifactMismatchError, CheckpointError
-from .io_spec import IO_SPEC_VERSION, Graph
+from ..models.io_spec import IO_SPEC_VERSION, Graph
 
 FORMAT = "lisa-trt/engine-bundle"
 SCHEMA_VERSION = 1
@@ -112,7 +112,7 @@ class Manifest:
     family: str = ""  # the model family the graphs are of (bundle_family; "": a manifest older than the field)
     layout: dict = field(default_factory=dict)  # the family's static sequence layout (e.g. image size, prompt)
     weights: dict = field(default_factory=dict)  # the graphs' shared weights file (export/weights.py); {} before it
-    export: dict = field(default_factory=dict)  # how the export went: peak_rss_bytes, ... (export/sizing.py); {} before it
+    export: dict = field(default_factory=dict)  # how the export went: peak_rss_bytes, ... (export/memory.py); {} before it
     dir: Optional[Path] = None  # where it was read from (not serialised)
 
     def __post_init__(self):
@@ -217,7 +217,7 @@ def build_manifest(*, target, drafter, tables, vq, graphs: dict, precision: str,
     from .._version import __version__
     from ..models.checkpoints import target_hash
     from .families import export_family
-    from .sizing import export_record
+    from .memory import export_record
 
     fam = export_family(target)
 

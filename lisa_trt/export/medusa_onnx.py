@@ -19,7 +19,7 @@ import torch
 
 from ..io import atomic_write, write_json
 from ..models.medusa import MedusaHeads
-from .io_spec import Graph
+from ..models.io_spec import Graph
 
 GRAPH = Graph.MEDUSA_HEADS.filename
 CONFIG = "medusa_heads.json"

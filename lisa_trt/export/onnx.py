@@ -46,8 +46,8 @@ from ..config import find_multiple
 from ..errors import ArtifactMismatchError, InputError, LisaError
 from ..models.family import family_of
 from .families import export_family
-from .sizing import PrecisionCopy, resolve
-from .io_spec import GASV_K, GASV_PARAMS, Graph, GraphSpec, export_dims, gasv_params, graph_spec  # noqa: F401 (gasv_params, export_dims re-exported)
+from .memory import PrecisionCopy, resolve
+from ..models.io_spec import GASV_K, GASV_PARAMS, Graph, GraphSpec, export_dims, gasv_params, graph_spec  # noqa: F401 (gasv_params, export_dims re-exported)
 
 
 DEFAULT_OPSET = 23  # ONNX Attention (SDPA with a mask) needs opset >= 23
@@ -362,8 +362,8 @@ _FP32_BUFFERS = ("freqs_cis", "inv_freq")
 
 def _half_copy(module: nn.Module) -> nn.Module:
     """fp16 copy for `--fp16`; the RoPE tables stay fp32 (norm statistics and logits already are).
-    Made tensor by tensor (export/sizing.py): no intermediate fp32 copy."""
-    from .sizing import half_copy
+    Made tensor by tensor (export/memory.py): no intermediate fp32 copy."""
+    from .memory import half_copy
 
     return half_copy(module)
 
@@ -449,7 +449,7 @@ def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, o
                                              vq_cfg=vq.config if vq is not None else None)
     refs = dict(target=target, drafter=drafter, tables=tables, vq=vq)
     started = time.time()
-    t_exp = PrecisionCopy(target, fp16)  # converted per graph, freed after each (export/sizing.py)
+    t_exp = PrecisionCopy(target, fp16)  # converted per graph, freed after each (export/memory.py)
     d_exp = half_drafter(drafter, fp16)
     builders = [(Graph.TARGET_PREFILL, lambda: TargetPrefillGraph(t_exp.get(), lmax), precision),
                 (Graph.TARGET_VERIFY, lambda: TargetVerifyGraph(t_exp.get()), precision)]
@@ -509,14 +509,14 @@ def export_graphs(builders, dest: Path, dims: dict, refs: dict, models: tuple, *
         refs: the fp32 models {"target", "drafter", "tables", "vq"}: the validation reference.
         models: the (possibly fp16) modules the wrappers trace, for _export_mode; a large
             PrecisionCopy among them keeps its fp16 copy in files in `dest` (the staging directory),
-            as does a large fp32 reference built on the heap (sizing.spill_reference).
+            as does a large fp32 reference built on the heap (export.memory.spill_reference).
     Returns:
         {graph name: GraphEntry}.
     """
     from ..progress import WorkEta, fmt_seconds
-    from .sizing import peak_rss_bytes, spill_reference
+    from .memory import peak_rss_bytes, spill_reference
 
-    for m in models:  # a large target's fp16 copy lives in files in `dest` (sizing.Spill) ...
+    for m in models:  # a large target's fp16 copy lives in files in `dest` (export.memory.Spill) ...
         if isinstance(m, PrecisionCopy):
             m.spill_dir = dest
     spill_reference(refs.get("target"), dest)  # ... and a heap-built fp32 reference, so its pages can be dropped
@@ -539,8 +539,8 @@ def export_graphs(builders, dest: Path, dims: dict, refs: dict, models: tuple, *
 
 def _graph_work(graph, refs: dict) -> int:
     """The weight bytes a graph's export handles (its ETA weight): its model's parameters + buffers."""
-    from .io_spec import GraphKind
-    from .sizing import module_bytes
+    from ..models.io_spec import GraphKind
+    from .memory import module_bytes
 
     what = {GraphKind.PREFILL: "target", GraphKind.VERIFY_TREE: "target", GraphKind.DRAFT_STEP: "drafter",
             GraphKind.VQ_DECODE: "vq"}.get(graph.kind)
@@ -554,7 +554,7 @@ def _export_graph(graph, build, prec: str, dest: Path, dims: dict, refs: dict, m
     from . import manifest as M
     from .validate import lint_graph, sample_inputs, validate_graph
 
-    from .sizing import free_all, peak_rss_bytes, release_file_pages
+    from .memory import free_all, peak_rss_bytes, release_file_pages
 
     t0 = time.perf_counter()
     module = build()

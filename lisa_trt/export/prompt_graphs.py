@@ -26,8 +26,18 @@ import torch
 
 from ..config import find_multiple
 from .families import ExportFamily, interleave
-from .io_spec import (GASV_K, GASV_PARAMS, Graph, GraphSpec, TensorSpec, gasv_spec, graph_spec, target_kv,
-                      target_outputs, token_inputs)
+from ..models.io_spec import (
+    GASV_K,
+    GASV_PARAMS,
+    Graph,
+    GraphSpec,
+    TensorSpec,
+    gasv_spec,
+    graph_spec,
+    target_kv,
+    target_outputs,
+    token_inputs,
+)
 from .onnx import DEFAULT_MAX_TREE, DEFAULT_OPSET, _NamedGraph, _ShimCache
 
 DEFAULT_MAX_PROMPT = 128  # prompt tokens (template included) an export serves unless told (--max-prompt)
@@ -284,8 +294,8 @@ def write_prompt_bundle(xf, target, drafter, tables, vq, out_dir, *, source, tar
         xf: the family's ExportFamily (graph specs, axes, references).
         tables: bound GASVTables checked against the target, or None.
         target_builders: (t_exp) -> [(Graph, build, precision)] for TARGET_PREFILL / TARGET_VERIFY,
-            t_exp being the target to trace: a sizing.PrecisionCopy (the fp16
-            copy with fp16, made per graph); build wrappers over `sizing.resolve(t_exp)`.
+            t_exp being the target to trace: a export.memory.PrecisionCopy (the fp16
+            copy with fp16, made per graph); build wrappers over `export.memory.resolve(t_exp)`.
         vq_builder: () -> the decoder graph wrapper (with a vq), or None.
         layout: the family's static sequence layout (the manifest records it).
         files: checkpoint files to copy (config.json first).
@@ -296,7 +306,7 @@ def write_prompt_bundle(xf, target, drafter, tables, vq, out_dir, *, source, tar
     from ..calibration.tables import save_tables
     from . import manifest as M
     from .onnx import GASVGraph, drafter_builders, export_graphs, half_drafter, staging_dir
-    from .sizing import PrecisionCopy
+    from .memory import PrecisionCopy
 
     check_export_options(opset, fp16, quantize)
     target, drafter = target.eval(), drafter.eval() if drafter is not None else None
@@ -306,7 +316,7 @@ def write_prompt_bundle(xf, target, drafter, tables, vq, out_dir, *, source, tar
                           codes=tables.vocab_size if tables is not None else None, layout=layout)
     refs = dict(target=target, drafter=drafter, tables=tables, vq=vq)
     started = time.time()
-    t_exp = PrecisionCopy(target, fp16)  # converted per graph, freed after each (export/sizing.py)
+    t_exp = PrecisionCopy(target, fp16)  # converted per graph, freed after each (export/memory.py)
     d_exp = half_drafter(drafter, fp16)
     builders = list(target_builders(t_exp, precision))
     builders += drafter_builders(drafter, d_exp, precision, commit=False)  # the prompt loops run project + step

@@ -43,7 +43,7 @@ from typing import Optional
 
 from ..errors import InputError
 from .families import export_family
-from .io_spec import Graph
+from ..models.io_spec import Graph
 
 QUANT_MODES = ("none", "int8", "int4")
 QUANTIZED_GRAPHS = (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY, Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP,
@@ -318,7 +318,7 @@ def quantize_bundle(engine_dir, mode: str, refs: dict, *, block_size: int = DEFA
     if man.precision != "fp32":
         raise InputError(f"--quantize {mode} quantizes fp32 graphs; this export is {man.precision}. "
                          "Export without --fp16.")
-    from .sizing import release_file_pages, release_if_large
+    from .memory import release_file_pages, release_if_large
 
     dims = man.dims  # the family's static axes (export/families.py)
     graphs = dict(man.graphs)

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from .families import act_dtype, export_family, spec_dtype  # noqa: F401 (act_dtype / spec_dtype re-exported)
-from .io_spec import Graph, GraphSpec
-from .sizing import release_file_pages, release_if_large
+from ..models.io_spec import Graph, GraphSpec
+from .memory import release_file_pages, release_if_large
 
 THRESHOLDS = {"fp32": 1e-4, "fp16": 5e-2}
 _NUMPY = {torch.int64: np.int64, torch.bool: np.bool_, torch.float32: np.float32, torch.float16: np.float16,
@@ -138,7 +138,7 @@ def validate_graph(graph: Graph, path, spec: GraphSpec, dims: dict, refs: dict, 
     fam = family or export_family(refs["target"])
     inputs = fam.sample_inputs(graph, spec, dims, refs, precision=precision, seed=seed, batch=batch, seq=seq,
                                nodes=nodes)
-    models = list(refs.values())  # the torch modules among them count (sizing.module_bytes / module_tensors)
+    models = list(refs.values())  # the torch modules among them count (export.memory.module_bytes / module_tensors)
     # one large thing resident at a time: the session (whose memory goes back once it is closed),
     # then the fp32 reference (its file-mapped pages dropped again afterwards)
     release_file_pages(*models)

@@ -175,7 +175,7 @@ def _index_models(w: _Writer, models: dict, d: Path):
         if module is None:
             continue
         entries = {}
-        # a PrecisionCopy (export/sizing.py) converts one tensor at a time: no whole copy for the index
+        # a PrecisionCopy (export/memory.py) converts one tensor at a time: no whole copy for the index
         items = module.state_items() if hasattr(module, "state_items") else module.state_dict().items()
         for name, t in items:
             t = t.detach().cpu().contiguous()
@@ -323,7 +323,7 @@ def share_bundle(engine_dir, models: Optional[dict] = None):
     the manifest gains the `weights` record. Returns the new Manifest."""
     from . import manifest as M
 
-    from .sizing import peak_rss_bytes
+    from .memory import peak_rss_bytes
 
     man = M.read_manifest(engine_dir, check_files=False)
     graphs, rec = share_weights(engine_dir, dict(man.graphs), models=models)

@@ -2,7 +2,7 @@
 
 A family owns its conditioning (validate a condition, the null condition for CFG, the prefill
 graph's condition inputs), checkpoint loading, and the image decoder. LlamaGen (class-to-image
-`c2i` and text-to-image `t2i`, models/families/llamagen/) is the first family; a second one (e.g. Chameleon / Lumina-mGPT)
+`c2i` and text-to-image `t2i`, families/llamagen/) is the first family; a second one (e.g. Chameleon / Lumina-mGPT)
 registers its own `ModelFamily` subclass under its `model_type` names and nothing else in the
 speculative loop, the engines or the runtime changes.
 
@@ -136,7 +136,7 @@ class ModelFamily:
     # by convention the package's `export` sub-module, which sits at the export floor
     # (tests/test_architecture.py); None: the family cannot be exported
     export_module: Optional[str] = None
-    # the module with the family's memory-plan shapes (engines/model_shapes.py imports it on first use):
+    # the module with the family's memory-plan shapes (deploy/model_shapes.py imports it on first use):
     # by convention the package's `shapes` sub-module, at the engines floor; None: cannot be planned
     shapes_module: Optional[str] = None
 
@@ -298,8 +298,8 @@ def register_family(family: ModelFamily) -> ModelFamily:
 
 # THE registration list of built-in families, imported on first use (model_type -> module that
 # registers it). Adding a family adds its model types here and nothing else outside its package.
-_BUILTIN = {"c2i": "lisa_trt.models.families.llamagen", "t2i": "lisa_trt.models.families.llamagen",
-            "chameleon": "lisa_trt.models.families.chameleon", "janus": "lisa_trt.models.families.janus"}
+_BUILTIN = {"c2i": "lisa_trt.families.llamagen", "t2i": "lisa_trt.families.llamagen",
+            "chameleon": "lisa_trt.families.chameleon", "janus": "lisa_trt.families.janus"}
 
 
 def model_types() -> list:

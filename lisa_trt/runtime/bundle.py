@@ -42,7 +42,7 @@ def resolve_backend(engine_dir: Path, backend: str) -> str:
     if backend != "auto":
         return backend
     try:
-        from ..engines.build import engines_built
+        from ..engines.trt_plans import engines_built
         from ..engines.plugins.trt_plugin import tensorrt_available
 
         if engines_built(engine_dir) and tensorrt_available():

@@ -18,7 +18,7 @@ families comes from the family's hooks and capabilities (models/family.py: `prom
 which family it runs.
 
 Floors: runtime (imports models, speculative, export and artifacts; never runtime/pipeline.py,
-bench.py or serve, which import this module).
+harness.py or serve, which import this module).
 """
 
 from __future__ import annotations

@@ -31,14 +31,12 @@ from typing import NamedTuple, Optional
 import torch
 
 from ..errors import InputError
+from ..models.io_spec import GASV_PARAMS as PARAMS  # the graph input order (the I/O contract)
 from .sampling import tvd  # noqa: F401 (re-exported; defined once in sampling.py)
 
 NEG_INF = float("-inf")
 GASV_VERSION = 2
 SCOPES = ("neighbours", "cluster", "support")
-# Order of the GASV graph's `gasv_params` input (GASVConfig numeric fields; `lam` is lambda).
-PARAMS = ("kappa", "lam", "delta", "neighbours", "gamma_kappa", "gamma_lambda", "gamma_delta",
-          "theta_clu", "theta_geo", "eps")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from common import setup_torch
 
 from lisa_trt.config import TargetConfig
 from lisa_trt.io import write_json
-from lisa_trt.models.families.llamagen.model import Transformer
+from lisa_trt.families.llamagen.model import Transformer
 
 CANDIDATES = {
     "d192-L8": dict(dim=192, n_layer=8, n_head=6),

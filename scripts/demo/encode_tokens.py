@@ -19,7 +19,7 @@ from common import load_ckpt, save_ckpt, setup_torch
 from lisa_trt.config import VQConfig
 from lisa_trt.demo.data import demo_images, to_float
 from lisa_trt.io import write_json
-from lisa_trt.models.families.llamagen.vq import VQModel
+from lisa_trt.families.llamagen.vq import VQModel
 
 
 def load_vq_ckpt(path: Path) -> VQModel:

@@ -22,8 +22,8 @@ from lisa_trt.demo.registry import DEMO_DIR
 from lisa_trt.demo.scorer import DemoScorer, ScorerConfig
 from lisa_trt.io import save_safetensors, write_json
 from lisa_trt.models.checkpoints import save_model
-from lisa_trt.models.families.llamagen.model import Transformer
-from lisa_trt.models.families.llamagen.vq import VQModel
+from lisa_trt.families.llamagen.model import Transformer
+from lisa_trt.families.llamagen.vq import VQModel
 
 
 def main():

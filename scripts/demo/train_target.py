@@ -21,7 +21,7 @@ import common  # noqa: F401
 from common import JsonlLog, load_ckpt, lr_at, save_ckpt, set_lr, setup_torch, step_generator, truncate_log
 
 from lisa_trt.config import TargetConfig
-from lisa_trt.models.families.llamagen.model import Transformer
+from lisa_trt.families.llamagen.model import Transformer
 
 # The shipped demo target shape (see bench/demo_sizes.json for the size choice).
 DEMO_TARGET = dict(dim=256, n_layer=8, n_head=8, vocab_size=1024, block_size=256, num_classes=8,

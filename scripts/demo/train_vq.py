@@ -32,7 +32,7 @@ def build_vq(cfg: VQConfig, impl: str):
     """The project's VQModel when available (impl='auto'|'project'), else the official-layout fallback."""
     if impl in ("auto", "project"):
         try:
-            from lisa_trt.models.families.llamagen.vq import VQModel
+            from lisa_trt.families.llamagen.vq import VQModel
             return VQModel(cfg), "project"
         except ImportError:
             if impl == "project":

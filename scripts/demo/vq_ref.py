@@ -1,6 +1,6 @@
 """Fallback LlamaGen VQ (official module and state-dict names) used only if lisa_trt.models.vq is absent.
 
-train_vq.py prefers the project's `lisa_trt.models.families.llamagen.vq.VQModel`; this file lets the recipe run
+train_vq.py prefers the project's `lisa_trt.families.llamagen.vq.VQModel`; this file lets the recipe run
 before that module exists. The state dict is key-for-key the official one, so the weights load
 strictly into the project's VQModel (checked by train_vq.py --check-compat).
 """

@@ -67,7 +67,7 @@ def test_chameleon_law_is_the_span_loops(chameleon):
 @pytest.fixture(scope="module")
 def janus(tmp_path_factory):
     import test_janus as TJ
-    from lisa_trt.models.families import janus as J
+    from lisa_trt.families import janus as J
 
     d = TJ.save(TJ.make_hf(seed=3), tmp_path_factory.mktemp("janus"))
     return TJ, J.load_janus_target(d), J.load_janus_vq(d)

@@ -254,7 +254,7 @@ def test_pipeline_looks_the_method_up_once(monkeypatch):
 
 
 def test_bench_takes_methods_as_objects():
-    from lisa_trt.bench import run_bench
+    from lisa_trt.harness import run_bench
     from lisa_trt.testing import make_target
 
     t = make_target()

@@ -24,7 +24,7 @@ import trt_fake
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "export"))
 
-from lisa_trt.engines import build as B  # noqa: E402
+from lisa_trt.deploy import build as B  # noqa: E402
 from lisa_trt.engines.plugins import trt_plugin as tp  # noqa: E402
 from lisa_trt.export.manifest import read_manifest  # noqa: E402
 

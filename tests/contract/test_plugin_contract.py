@@ -89,7 +89,7 @@ def rewritten_node(tmp_path_factory):
     from export_artifacts import make_tables
 
     from lisa_trt.engines.plugins import graph_rewrite as gr
-    from lisa_trt.export.io_spec import Graph, export_dims
+    from lisa_trt.models.io_spec import Graph, export_dims
     from lisa_trt.export.onnx import GASVGraph, onnx_from_torch
     from lisa_trt.export.validate import sample_inputs
     from lisa_trt.testing import make_target

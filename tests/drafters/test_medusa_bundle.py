@@ -20,7 +20,7 @@ from lisa_trt.errors import ArtifactMismatchError
 from lisa_trt.export.manifest import Manifest, drafter_hash, read_manifest
 from lisa_trt.models.checkpoints import save_model
 from lisa_trt.models.medusa import MedusaHeads, save_medusa
-from lisa_trt.models.families.llamagen.vq import VQModel
+from lisa_trt.families.llamagen.vq import VQModel
 from lisa_trt.runtime.pipeline import Pipeline
 from lisa_trt.testing import make_target
 
@@ -173,7 +173,7 @@ def test_bench_on_the_bundle_matches_torch(parts, bundle, tmp_path):
 
 def test_tensorrt_path_checks_the_heads_graph_like_the_others(bundle):
     """No TensorRT here: the CPU compatibility check and the build plan cover medusa_heads."""
-    from lisa_trt.engines.trt_compat import check_trt_compat
+    from lisa_trt.deploy.trt_lint import check_trt_compat
 
     rep = check_trt_compat(bundle)
     assert "medusa_heads" in rep.summary()

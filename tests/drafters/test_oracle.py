@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lisa_trt import generate
-from lisa_trt.bench import parse_methods, run_method
+from lisa_trt.harness import parse_methods, run_method
 from lisa_trt.config import SamplingConfig
 from lisa_trt.errors import InputError
 from lisa_trt.speculative.decode import SpecConfig, SpeculativeDecoder
@@ -100,7 +100,7 @@ def test_demo_oracle_ceiling_is_above_the_bundled_drafter():
 
 
 def test_run_bench_reports_the_oracle_and_drafter_efficiency():
-    from lisa_trt.bench import run_bench
+    from lisa_trt.harness import run_bench
     from lisa_trt.models.drafter import Drafter
 
     m = make_target(std=0.3)

@@ -8,7 +8,7 @@ from lisa_trt.config import SamplingConfig
 from lisa_trt.engines.base import Backend, GraphRunner, backend_names, get_backend, register_backend
 from lisa_trt.engines.graph import load_engines
 from lisa_trt.errors import ConfigError
-from lisa_trt.export.io_spec import Graph
+from lisa_trt.models.io_spec import Graph
 from lisa_trt.speculative.methods import SpecConfig
 from lisa_trt.speculative.run import run_method
 

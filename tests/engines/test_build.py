@@ -30,11 +30,12 @@ sys.path.insert(0, str(ROOT / "tests" / "export"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_trt_compat import tiny_bundle  # noqa: E402
 
-from lisa_trt.engines import build as B  # noqa: E402
+from lisa_trt.deploy import build as B  # noqa: E402
 from lisa_trt.engines import trt as T  # noqa: E402
+from lisa_trt.engines import trt_plans as P  # noqa: E402
 from lisa_trt.engines.plugins.trt_plugin import TensorRTUnavailableError, tensorrt_available  # noqa: E402
 from lisa_trt.errors import ArtifactMismatchError, CheckpointError, InputError  # noqa: E402
-from lisa_trt.export.io_spec import Graph, graph_spec  # noqa: E402
+from lisa_trt.models.io_spec import Graph, graph_spec  # noqa: E402
 from lisa_trt.export.manifest import read_manifest  # noqa: E402
 
 HAS_TRT = tensorrt_available()
@@ -98,7 +99,7 @@ def test_profile_limits(man):
 
 def test_io_shapes_and_dtypes(man):
     cfg = man.target_config
-    from lisa_trt.export.io_spec import export_dims
+    from lisa_trt.models.io_spec import export_dims
 
     dims = export_dims(cfg, max_cache_len=man.max_cache_len)
     s = T.io_shapes(graph_spec(Graph.TARGET_VERIFY, n_layer=cfg.n_layer), dims, batch=2, seq=5)
@@ -110,7 +111,7 @@ def test_io_shapes_and_dtypes(man):
 # ----------------------------------------------------------------------------- no TensorRT here
 
 def test_modules_import_without_tensorrt():
-    code = ("import sys; import lisa_trt.engines.build, lisa_trt.engines.trt, lisa_trt.engines.trt_compat, "
+    code = ("import sys; import lisa_trt.deploy.build, lisa_trt.engines.trt, lisa_trt.deploy.trt_lint, "
             "lisa_trt.engines.plugins.graph_rewrite; assert 'tensorrt' not in sys.modules; "
             "assert 'triton' not in sys.modules; print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)),
@@ -253,7 +254,7 @@ def _install(fake, monkeypatch, request):
     monkeypatch.setitem(sys.modules, "tensorrt", fake)
     for mod in (B, T):
         monkeypatch.setattr(mod, "require_tensorrt_gpu", lambda: fake)
-    monkeypatch.setattr(B, "gpu_name", lambda: "Fake GPU")
+    monkeypatch.setattr(P, "gpu_name", lambda: "Fake GPU")
     monkeypatch.setattr(B, "device_info", lambda: {"gpu": "Fake GPU", "compute_capability": "8.9", "cuda": "12.8"})
     monkeypatch.setattr(tp, "register", lambda sm=None: fake.get_plugin_registry().register_creator(
         _StubCreator(), tp.NAMESPACE))
@@ -411,7 +412,7 @@ def test_inplace_binding_is_opt_in_and_the_fake_exposes_its_hazard(fake):
 def test_fake_context_enforces_profiles_and_dtypes(fake):
     """set_input_shape is False outside the selected profile (the runner raises, not the fake);
     the runner refuses a tensor of another dtype than the engine's."""
-    from lisa_trt.export.io_spec import export_dims
+    from lisa_trt.models.io_spec import export_dims
 
     man = read_manifest(fake.dir)
     dims = export_dims(man.target_config, max_cache_len=man.max_cache_len, drafter_cfg=man.drafter_config,
@@ -549,7 +550,7 @@ def test_one_target_engine_unless_the_bundle_predates_it(bundle, man, tmp_path):
     plan counts one copy; a bundle exported before builds both engines, and its plan counts two."""
     import shutil
 
-    from lisa_trt.engines.plan import check_plan
+    from lisa_trt.deploy.memory_plan import check_plan
 
     assert B.default_build_graphs(man) == sorted(set(man.graphs) - {"target_prefill"})
     new = check_plan(bundle, memory_gib=80)

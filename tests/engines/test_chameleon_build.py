@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
 
 from chameleon_bundle import N_CODES, export_kwargs, make_chameleon_artifacts  # noqa: E402
 
-from lisa_trt.engines import build as B  # noqa: E402
-from lisa_trt.export.io_spec import Graph  # noqa: E402
+from lisa_trt.deploy import build as B  # noqa: E402
+from lisa_trt.models.io_spec import Graph  # noqa: E402
 
 ALL = {"target_prefill", "target_verify", "drafter_project", "drafter_step", "gasv", "vq_decode"}
 
@@ -62,8 +62,8 @@ def test_dry_run_checks_and_plans_every_graph(bundles, prec):
 
 
 def test_compat_report_and_op_audit_pass(bundles):
-    from lisa_trt.engines import op_audit as oa
-    from lisa_trt.engines.trt_compat import check_trt_compat
+    from lisa_trt.deploy import op_audit as oa
+    from lisa_trt.deploy.trt_lint import check_trt_compat
 
     for prec, d in bundles.items():
         report = check_trt_compat(d, max_batch=2)
@@ -75,7 +75,7 @@ def test_compat_report_and_op_audit_pass(bundles):
 
 
 def test_memory_plan_of_the_engine_directory(bundles):
-    from lisa_trt.engines.plan import check_plan, preflight
+    from lisa_trt.deploy.memory_plan import check_plan, preflight
     from lisa_trt.export.manifest import read_manifest
 
     d = bundles["fp16"]

@@ -23,7 +23,7 @@ from export_artifacts import make_tables  # noqa: E402
 
 from lisa_trt.engines.plugins import graph_rewrite as gr  # noqa: E402
 from lisa_trt.engines.plugins import trt_plugin as tp  # noqa: E402
-from lisa_trt.export.io_spec import GASV_K  # noqa: E402
+from lisa_trt.models.io_spec import GASV_K  # noqa: E402
 from lisa_trt.speculative.gasv import GASVConfig  # noqa: E402
 from lisa_trt.testing import make_target  # noqa: E402
 
@@ -38,7 +38,7 @@ def tables():
 @pytest.fixture(scope="module")
 def plain(tables, tmp_path_factory):
     """gasv.onnx exported by the exporter's own GASVGraph (plain ONNX ops, ORT-runnable)."""
-    from lisa_trt.export.io_spec import Graph, export_dims
+    from lisa_trt.models.io_spec import Graph, export_dims
     from lisa_trt.export.onnx import GASVGraph, onnx_from_torch
     from lisa_trt.export.validate import sample_inputs
 
@@ -79,7 +79,7 @@ def _attrs(node):
 
 def test_the_plain_graph_is_not_tensorrt_compatible(plain):
     # why the rewrite exists: the cluster masses are a ScatterND with reduction="add"
-    from lisa_trt.engines.trt_compat import check_model
+    from lisa_trt.deploy.trt_lint import check_model
 
     gc = check_model(onnx.load(str(plain)), graph="gasv")
     assert not gc.ok and any("ScatterND" in v for v in gc.violations)
@@ -132,7 +132,7 @@ def _bundle_with_w_tilde_copies(plain, tables, folder, copies):
     from onnx import numpy_helper
 
     from lisa_trt.calibration.tables import save_tables
-    from lisa_trt.export.io_spec import Graph
+    from lisa_trt.models.io_spec import Graph
 
     m = onnx.load(str(plain))
     (w,) = [t for t in m.graph.initializer if t.name == "w_tilde"]

@@ -1,4 +1,4 @@
-"""Operator audit (engines/op_audit.py): every op of every graph TensorRT would parse, checked
+"""Operator audit (deploy/op_audit.py): every op of every graph TensorRT would parse, checked
 against the TensorRT ONNX parser's support table for the pinned version; the recorded audit of the
 demo / fp16 / quantized / Medusa bundles (bench/trt_op_audit.json) is the table in docs/tensorrt.md."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from onnx import TensorProto, helper
 
-from lisa_trt.engines import op_audit as oa
-from lisa_trt.engines import trt_compat as tc
+from lisa_trt.deploy import op_audit as oa
+from lisa_trt.deploy import trt_lint as tc
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "bench" / "trt_op_audit.json"

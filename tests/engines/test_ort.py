@@ -152,7 +152,7 @@ def test_bundle_without_drafter_commit_still_loads_and_decodes(engines, artifact
     import shutil
 
     from lisa_trt.engines.ort import load_ort_engines
-    from lisa_trt.export.optional import add_graphs
+    from lisa_trt.export.upgrade import add_graphs
     from lisa_trt.speculative.decode import SpeculativeDecoder, SpecConfig
 
     old = tmp_path / "old"
@@ -338,7 +338,7 @@ def test_runner_refuses_to_run_with_stale_bindings(engines):
 def test_runner_protocol_allocates_outputs_by_name_and_closes(engines):
     """run(inputs, outputs=None | [names] | {name: buffer}) -> dict; close() ends the lifetime."""
     from lisa_trt.engines.base import RunnerError
-    from lisa_trt.export.io_spec import Graph
+    from lisa_trt.models.io_spec import Graph
 
     proj = engines.drafter.runners[Graph.DRAFTER_PROJECT]
     taps = torch.randn(2, 3, 192)

@@ -12,7 +12,7 @@ import shutil
 import torch
 
 from lisa_trt.engines.graph import load_engines
-from lisa_trt.export.io_spec import Graph
+from lisa_trt.models.io_spec import Graph
 
 
 def _decode(engine_dir, **options):

@@ -1,4 +1,4 @@
-"""Memory plans (engines/plan.py): formulas against hand-computed bytes and the project's own models,
+"""Memory plans (deploy/memory_plan.py): formulas against hand-computed bytes and the project's own models,
 known names, the Lumina-mGPT-7B example, searches, the CLI and `run` refusing before any work."""
 
 import json
@@ -7,11 +7,11 @@ import pytest
 from click.testing import CliRunner
 
 from lisa_trt.cli import main
-from lisa_trt.engines import model_shapes as S
-from lisa_trt.engines import plan as P
-from lisa_trt.engines.plan import GIB, PlanError, check_plan, known_shape, make_plan, preflight
-from lisa_trt.models.families.chameleon import shapes as CS  # the families' shape plugins
-from lisa_trt.models.families.llamagen import shapes as LS
+from lisa_trt.deploy import model_shapes as S
+from lisa_trt.deploy import memory_plan as P
+from lisa_trt.deploy.memory_plan import GIB, PlanError, check_plan, known_shape, make_plan, preflight
+from lisa_trt.families.chameleon import shapes as CS  # the families' shape plugins
+from lisa_trt.families.llamagen import shapes as LS
 
 
 def tiny_shape():
@@ -66,8 +66,8 @@ def test_target_counts_match_the_models():
     import torch
 
     from lisa_trt.config import target_config
-    from lisa_trt.models.families.chameleon.model import ChameleonConfig, ChameleonTarget
-    from lisa_trt.models.families.llamagen.model import Transformer
+    from lisa_trt.families.chameleon.model import ChameleonConfig, ChameleonTarget
+    from lisa_trt.families.llamagen.model import Transformer
 
     n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     for cfg in (target_config("tiny"), target_config("tiny", model_type="t2i", cls_token_num=3, caption_dim=32)):
@@ -84,7 +84,7 @@ def test_target_counts_match_the_models():
 def test_drafter_count_matches_the_model():
     from lisa_trt.config import target_config
     from lisa_trt.models.drafter import Drafter
-    from lisa_trt.models.families.llamagen.model import Transformer
+    from lisa_trt.families.llamagen.model import Transformer
 
     t = Transformer(target_config("tiny"))
     d = Drafter.from_target(t)
@@ -95,8 +95,8 @@ def test_drafter_count_matches_the_model():
 
 def test_vq_decoder_counts_match_the_models():
     from lisa_trt.config import vq_config
-    from lisa_trt.models.families.chameleon.vq import ChameleonVQConfig, ChameleonVQGAN
-    from lisa_trt.models.families.llamagen.vq import VQModel
+    from lisa_trt.families.chameleon.vq import ChameleonVQConfig, ChameleonVQGAN
+    from lisa_trt.families.llamagen.vq import VQModel
 
     def decode_params(m):
         return sum(p.numel() for c in (m.decoder, m.post_quant_conv) for p in c.parameters()) + \
@@ -111,7 +111,7 @@ def test_vq_decoder_counts_match_the_models():
 
 def test_cache_rules_match_the_exporters():
     from lisa_trt.config import target_config
-    from lisa_trt.models.families.chameleon.export import engine_cache_len, span_length
+    from lisa_trt.families.chameleon.export import engine_cache_len, span_length
     from lisa_trt.export.onnx import max_cache_len
 
     for name, size in (("GPT-B", 256), ("GPT-XL", 384), ("GPT-3B", 512)):
@@ -165,7 +165,7 @@ def test_known_names():
 def test_checkpoint_reads_only_its_header(tmp_path):
     from lisa_trt.config import target_config
     from lisa_trt.models.checkpoints import save_model
-    from lisa_trt.models.families.llamagen.model import Transformer
+    from lisa_trt.families.llamagen.model import Transformer
 
     cfg = target_config("tiny")
     path = tmp_path / "t.safetensors"
@@ -318,7 +318,7 @@ def test_preflight_for_build(bundle, monkeypatch):
 
 
 def test_build_refuses_a_plan_that_does_not_fit_before_any_tensorrt_work(bundle, monkeypatch):
-    from lisa_trt.engines import build as B
+    from lisa_trt.deploy import build as B
 
     def boom(*a, **k):
         raise AssertionError("build_engines was called")

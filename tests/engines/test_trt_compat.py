@@ -13,7 +13,7 @@ from onnx import TensorProto, helper  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
 
-from lisa_trt.engines import trt_compat as tc  # noqa: E402
+from lisa_trt.deploy import trt_lint as tc  # noqa: E402
 
 F32, F64, I64, BOOL = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT64, TensorProto.BOOL
 
@@ -89,7 +89,7 @@ def test_a_broken_graph_in_the_directory_fails_the_check(bundle, tmp_path):
 
 
 def test_profiles_that_do_not_fit_fail(bundle):
-    from lisa_trt.engines.build import ProfileSpec, profiles_from_io_spec
+    from lisa_trt.deploy.build import ProfileSpec, profiles_from_io_spec
     from lisa_trt.export.manifest import read_manifest
 
     profiles = profiles_from_io_spec(read_manifest(bundle))
@@ -232,7 +232,7 @@ def test_plugin_input_dtype_is_checked():
 
 
 def test_io_spec_dynamic_axes_must_stay_symbolic():
-    from lisa_trt.export.io_spec import Graph, graph_spec
+    from lisa_trt.models.io_spec import Graph, graph_spec
 
     spec = graph_spec(Graph.DRAFTER_PROJECT)
     good = model([helper.make_node("Identity", ["taps"], ["hidden"])], [vi("taps", F32, ("batch", "seq", 6))],
@@ -265,7 +265,7 @@ def test_verify_prefill_profile_only_when_the_tree_profiles_do_not_cover_the_pro
     """One target engine: target_verify also runs the prefill. A prompt no longer than the tree
     profile needs nothing more; a longer one adds a "prefill" profile 1 .. prompt (opt half)."""
     from lisa_trt.engines.profiles import _axis_ranges
-    from lisa_trt.export.io_spec import Graph
+    from lisa_trt.models.io_spec import Graph
 
     kw = dict(max_batch=2, max_tree=16, cfg=True, seq_split=8)
     short = _axis_ranges(Graph.TARGET_VERIFY, verify_prefill=16, **kw)

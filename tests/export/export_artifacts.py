@@ -7,7 +7,7 @@ from lisa_trt.calibration.tables import GASVTables, whiten, whitening
 from lisa_trt.config import vq_config
 from lisa_trt.models.checkpoints import target_hash
 from lisa_trt.models.drafter import Drafter
-from lisa_trt.models.families.llamagen.vq import VQModel
+from lisa_trt.families.llamagen.vq import VQModel
 from lisa_trt.speculative.gasv import GASVConfig
 from lisa_trt.testing import make_target
 

@@ -8,7 +8,7 @@ import pytest
 
 from lisa_trt.errors import InputError
 from lisa_trt.export.manifest import MANIFEST_NAME, bundle_family
-from lisa_trt.models.families.chameleon.export import ENGINE_FILE as CHAMELEON_ENGINE_FILE
+from lisa_trt.families.chameleon.export import ENGINE_FILE as CHAMELEON_ENGINE_FILE
 
 
 def _write(d, name, rec):
@@ -37,7 +37,7 @@ def test_no_engine_directory_is_a_clear_error(tmp_path):
 
 
 def test_is_chameleon_engine_is_a_wrapper(tmp_path):
-    from lisa_trt.models.families.chameleon.export import is_chameleon_engine
+    from lisa_trt.families.chameleon.export import is_chameleon_engine
 
     assert is_chameleon_engine(_write(tmp_path / "c", MANIFEST_NAME, {"family": "chameleon"}))
     assert not is_chameleon_engine(_write(tmp_path / "l", MANIFEST_NAME, {"family": "llamagen"}))
@@ -51,7 +51,7 @@ def test_llamagen_exports_record_their_family(bundle):
 
 
 def test_the_planner_reads_the_family(tmp_path):
-    from lisa_trt.engines.plan import run_uses_cfg
+    from lisa_trt.deploy.memory_plan import run_uses_cfg
 
     # no recorded CFG scale: the family's default (Lumina-mGPT 3.0 = on, LlamaGen 1.0 = off)
     assert run_uses_cfg(_write(tmp_path / "c", MANIFEST_NAME, {"family": "chameleon"}))

@@ -20,7 +20,7 @@ from chameleon_fixtures import save_model_dir  # noqa: E402
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     from lumina_calls import load_chameleon_engines
-    from lisa_trt.models.families.chameleon.export import export_chameleon
+    from lisa_trt.families.chameleon.export import export_chameleon
 
     root = tmp_path_factory.mktemp("cham_graphs")
     d = save_model_dir(root / "model", seed=7, vq=False, num_key_value_heads=2)

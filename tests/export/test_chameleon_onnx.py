@@ -88,7 +88,7 @@ def test_run_every_rule_through_ort(pipeline, verify, tmp_path):
 
 def test_ort_greedy_speculation_matches_torch(pipeline):
     from lumina_calls import load_chameleon_engines
-    from lisa_trt.models.families.chameleon.drafter import load_chameleon_drafter
+    from lisa_trt.families.chameleon.drafter import load_chameleon_drafter
     from lumina_calls import LuminaTokenizer, generate_image_tokens
     from lumina_calls import LuminaSpec, speculative_image_tokens
 

@@ -15,7 +15,7 @@ pytest.importorskip("onnxruntime")
 import lisa_trt  # noqa: E402
 from chameleon_bundle import save_model_dir  # noqa: E402
 from lisa_trt.errors import InputError  # noqa: E402
-from lisa_trt.export.io_spec import Graph  # noqa: E402
+from lisa_trt.models.io_spec import Graph  # noqa: E402
 
 SIZE, MAX_PROMPT, MAX_TREE = 32, 16, 8
 MODEL_GRAPHS = ("target_prefill", "target_verify", "drafter_project", "drafter_step")
@@ -23,7 +23,7 @@ MODEL_GRAPHS = ("target_prefill", "target_verify", "drafter_project", "drafter_s
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from lisa_trt.models.families.chameleon.drafter import ChameleonDrafter
+    from lisa_trt.families.chameleon.drafter import ChameleonDrafter
 
     root = tmp_path_factory.mktemp("cham_prec")
     d = save_model_dir(root / "model", seed=7, vq=False, num_key_value_heads=2)
@@ -34,7 +34,7 @@ def models(tmp_path_factory):
 
 
 def _export(models, name, **kw):
-    from lisa_trt.models.families.chameleon.export import export_chameleon
+    from lisa_trt.families.chameleon.export import export_chameleon
 
     root, d, target, drafter = models
     return export_chameleon(target, drafter, None, None, d, root / name, image_size=SIZE, max_prompt=MAX_PROMPT,

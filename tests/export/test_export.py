@@ -9,7 +9,7 @@ import torch
 
 from lisa_trt.errors import ArtifactMismatchError, CheckpointError, InputError
 from lisa_trt.export import onnx as E
-from lisa_trt.export.io_spec import IO_SPEC_VERSION, Graph, graph_spec
+from lisa_trt.models.io_spec import IO_SPEC_VERSION, Graph, graph_spec
 from lisa_trt.export.manifest import drafter_hash, read_manifest, tables_hash
 from lisa_trt.export.weights import SHARED_DATA
 from lisa_trt.export.validate import THRESHOLDS, lint_graph, run_onnx, sample_inputs
@@ -146,7 +146,7 @@ def test_failed_reexport_keeps_the_previous_engines(bundle, tmp_path, monkeypatc
 
 def test_validation_catches_a_wrong_graph(bundle, artifacts):
     """The comparison can fail: the verify graph checked against another target's weights."""
-    from lisa_trt.export.io_spec import export_dims
+    from lisa_trt.models.io_spec import export_dims
     from lisa_trt.export.validate import validate_graph
 
     other = make_artifacts(seed=7)
@@ -158,7 +158,7 @@ def test_validation_catches_a_wrong_graph(bundle, artifacts):
 
 
 def test_lint_passes_on_an_exported_graph(bundle, artifacts):
-    from lisa_trt.export.io_spec import export_dims
+    from lisa_trt.models.io_spec import export_dims
 
     a = artifacts
     dims = export_dims(a["target"].config, max_cache_len=bundle.max_cache_len, drafter_cfg=a["drafter"].config)
@@ -223,7 +223,7 @@ def test_lint_is_skipped_with_the_reason_when_it_would_not_fit_in_memory(bundle,
 def test_gasv_graph_calls_the_reference_on_filtered_rows(bundle, artifacts):
     import dataclasses
 
-    from lisa_trt.export.io_spec import GASV_K
+    from lisa_trt.models.io_spec import GASV_K
     from lisa_trt.speculative.gasv import gasv_gates
 
     V = artifacts["target"].config.vocab_size

@@ -9,7 +9,7 @@ import weakref
 import pytest
 import torch
 
-from lisa_trt.export import sizing
+from lisa_trt.export import memory as export_memory
 from lisa_trt.export.manifest import Manifest, read_manifest
 from lisa_trt.progress import WorkEta, fmt_seconds
 from lisa_trt.testing import make_target
@@ -17,7 +17,7 @@ from lisa_trt.testing import make_target
 
 def _old_half(module):
     m = copy.deepcopy(module).half()
-    for name in sizing.FP32_BUFFERS:
+    for name in export_memory.FP32_BUFFERS:
         if hasattr(m, name):
             setattr(m, name, getattr(module, name).float().clone())
     return m
@@ -25,14 +25,14 @@ def _old_half(module):
 
 def test_half_copy_is_the_old_deepcopy_half():
     t = make_target().eval()
-    old, new = _old_half(t), sizing.half_copy(t)
+    old, new = _old_half(t), export_memory.half_copy(t)
     so, sn = old.state_dict(), new.state_dict()
     assert so.keys() == sn.keys()
     for k in so:
         assert so[k].dtype == sn[k].dtype and torch.equal(so[k], sn[k]), k
     assert new.freqs_cis.dtype == torch.float32 and torch.equal(new.freqs_cis, t.freqs_cis.float())
     assert all(p.dtype == torch.float32 for p in t.parameters()), "the source model is left fp32"
-    lazy = dict(sizing.PrecisionCopy(t, True).state_items())  # what the torch index reads
+    lazy = dict(export_memory.PrecisionCopy(t, True).state_items())  # what the torch index reads
     for k in so:
         assert lazy[k].dtype == so[k].dtype and torch.equal(lazy[k], so[k]), k
 
@@ -41,7 +41,7 @@ def test_fp16_copy_made_per_graph_and_freed_before_validation(tmp_path, monkeypa
     from lisa_trt.export import onnx as O
 
     made, seen_alive = [], []
-    real = sizing.half_copy
+    real = export_memory.half_copy
 
     def counting(module, spill=None):
         m = real(module, spill)
@@ -54,7 +54,7 @@ def test_fp16_copy_made_per_graph_and_freed_before_validation(tmp_path, monkeypa
         return real_softmax(path)
 
     real_softmax = O.set_softmax_fp32
-    monkeypatch.setattr(sizing, "half_copy", counting)
+    monkeypatch.setattr(export_memory, "half_copy", counting)
     monkeypatch.setattr(O, "set_softmax_fp32", check_softmax)
     t = make_target().eval()
     man = O.export_bundle(t, None, None, None, tmp_path / "b", fp16=True, max_tree=8, lint=False, validate=True,
@@ -72,13 +72,13 @@ def test_manifest_records_the_export_peak_rss(tmp_path):
     man = export_bundle(t, None, None, None, tmp_path / "b", max_tree=8, lint=False, validate=False, progress=False)
     rec = man.export
     assert rec["peak_rss_bytes"] >= max(g.peak_rss_bytes for g in man.graphs.values()) > 0
-    assert rec["peak_rss_bytes"] <= sizing.peak_rss_bytes()
+    assert rec["peak_rss_bytes"] <= export_memory.peak_rss_bytes()
     assert rec["fp32_parameter_bytes"] == sum(p.numel() * 4 for p in t.parameters())
     assert rec["peak_rss_over_fp32_parameters"] == round(rec["peak_rss_bytes"] / rec["fp32_parameter_bytes"], 3)
     again = read_manifest(tmp_path / "b")
     assert again.export == rec
     # the lint subprocesses' peak is not the process's own: recorded apart (RUSAGE_CHILDREN)
-    assert 0 <= rec["children_peak_rss_bytes"] <= sizing.children_peak_rss_bytes()
+    assert 0 <= rec["children_peak_rss_bytes"] <= export_memory.children_peak_rss_bytes()
 
 
 def test_old_manifest_without_export_record_still_reads():
@@ -127,7 +127,7 @@ def test_work_eta_weights_by_work():
 
 # ----------------------------------------------------------------------------- file-mapped pages
 
-linux_proc = pytest.mark.skipif(not sizing.FilePages().maps, reason="needs Linux /proc/self/maps and libc")
+linux_proc = pytest.mark.skipif(not export_memory.FilePages().maps, reason="needs Linux /proc/self/maps and libc")
 
 
 def _present_pages(t) -> int:
@@ -136,7 +136,7 @@ def _present_pages(t) -> int:
 
     import numpy as np
 
-    page = sizing.resource.getpagesize()
+    page = export_memory.resource.getpagesize()
     st = t.untyped_storage()
     lo, hi = -(-st.data_ptr() // page), (st.data_ptr() + st.nbytes()) // page
     with open("/proc/self/pagemap", "rb") as f:
@@ -156,7 +156,7 @@ def test_file_pages_dropped_and_read_again_with_the_same_values(tmp_path):
     want = torch.randn(1 << 20, generator=g)  # 4 MiB
     w = _mapped(tmp_path, w=want)["w"]
     assert torch.equal(w, want) and _present_pages(w) > 200  # read: resident
-    done = sizing.FilePages().release([w])
+    done = export_memory.FilePages().release([w])
     assert done >= (1 << 22) - 2 * 4096 and _present_pages(w) <= 2  # whole pages inside the storage
     assert torch.equal(w, want)  # read again from the file
 
@@ -169,7 +169,7 @@ def test_written_heap_and_small_tensors_are_never_dropped(tmp_path):
     w[1 << 19] = 7.0  # copy-on-write: that page (inside the storage) is now the process's own
     heap = torch.randn(1 << 20, generator=g)
     keep_w, keep_heap = w.clone(), heap.clone()
-    pages = sizing.FilePages()
+    pages = export_memory.FilePages()
     assert pages.release([w]) == 0 and pages.release([heap]) == 0
     assert torch.equal(w, keep_w) and float(w[1 << 19]) == 7.0 and torch.equal(heap, keep_heap)
     assert _present_pages(heap) > 200  # untouched by madvise
@@ -192,7 +192,7 @@ def test_the_mapped_fp32_reference_is_not_resident_while_a_graph_is_traced_or_ru
     before = {k: v.clone() for k, v in t.state_dict().items()}
     big = [p for p in t.parameters() if p.untyped_storage().nbytes() >= 8 * 4096]
     assert big and sum(_present_pages(p) for p in big) > 0
-    monkeypatch.setattr(sizing, "RELEASE_MIN_BYTES", 0)
+    monkeypatch.setattr(export_memory, "RELEASE_MIN_BYTES", 0)
     resident = {}
     real_export, real_run = O.onnx_from_torch, V.run_onnx
 
@@ -230,14 +230,14 @@ def test_a_spilled_fp16_copy_leaves_memory_while_held_and_reads_back_the_same(tm
     pages leave the resident set even though something (the exporter) still holds its tensors,
     whose values read back unchanged."""
     t = make_target().eval()
-    monkeypatch.setattr(sizing, "RELEASE_MIN_BYTES", 0)
-    heap = sizing.half_copy(t)
-    pc = sizing.PrecisionCopy(t, True, spill_dir=tmp_path)
+    monkeypatch.setattr(export_memory, "RELEASE_MIN_BYTES", 0)
+    heap = export_memory.half_copy(t)
+    pc = export_memory.PrecisionCopy(t, True, spill_dir=tmp_path)
     c = pc.get()
     for (k, a), (_, b) in zip(heap.state_dict().items(), c.state_dict().items()):
         assert a.dtype == b.dtype and torch.equal(a, b), k
     assert list(tmp_path.iterdir()) == []  # unlinked at once
-    pages = sizing.FilePages()
+    pages = export_memory.FilePages()
     big = [p.detach() for p in c.parameters() if p.untyped_storage().nbytes() >= 8 * 4096]
     assert big and all(pages._file_map(p.untyped_storage().data_ptr(), p.untyped_storage().data_ptr() + 1)[2]
                        for p in big)  # shared mappings
@@ -246,10 +246,10 @@ def test_a_spilled_fp16_copy_leaves_memory_while_held_and_reads_back_the_same(tm
     assert pc.peek() is None and sum(_present_pages(p) for p in big) <= 2 * len(big)
     want = [p.detach() for p in heap.parameters() if p.untyped_storage().nbytes() >= 8 * 4096]
     assert all(torch.equal(a, b) for a, b in zip(big, want))  # read back from the page cache
-    small = sizing.PrecisionCopy(t, True, spill_dir=tmp_path)  # below the threshold: on the heap
-    monkeypatch.setattr(sizing, "RELEASE_MIN_BYTES", 1 << 40)
+    small = export_memory.PrecisionCopy(t, True, spill_dir=tmp_path)  # below the threshold: on the heap
+    monkeypatch.setattr(export_memory, "RELEASE_MIN_BYTES", 1 << 40)
     p0 = next(small.get().parameters())
-    assert sizing.FilePages()._file_map(p0.untyped_storage().data_ptr(), p0.untyped_storage().data_ptr() + 1) is None
+    assert export_memory.FilePages()._file_map(p0.untyped_storage().data_ptr(), p0.untyped_storage().data_ptr() + 1) is None
 
 
 @linux_proc
@@ -264,21 +264,21 @@ def test_a_heap_reference_moves_to_file_backed_memory_with_the_same_values(tmp_p
     cond, tokens = make_cond(t), torch.randint(0, t.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
     want = t.teacher_forced_logits(cond, tokens)
     before = {k: v.clone() for k, v in t.state_dict().items()}
-    pages = sizing.FilePages()
+    pages = export_memory.FilePages()
     assert pages.release(list(t.parameters())) == 0  # heap: nothing to drop
-    monkeypatch.setattr(sizing, "RELEASE_MIN_BYTES", 0)
-    monkeypatch.setattr(sizing.Spill, "fits", staticmethod(lambda d, n: False))  # a full disk: left alone
-    assert sizing.spill_reference(t, tmp_path) == 0
+    monkeypatch.setattr(export_memory, "RELEASE_MIN_BYTES", 0)
+    monkeypatch.setattr(export_memory.Spill, "fits", staticmethod(lambda d, n: False))  # a full disk: left alone
+    assert export_memory.spill_reference(t, tmp_path) == 0
     monkeypatch.undo()
-    monkeypatch.setattr(sizing, "RELEASE_MIN_BYTES", 0)
-    moved = sizing.spill_reference(t, tmp_path)
+    monkeypatch.setattr(export_memory, "RELEASE_MIN_BYTES", 0)
+    moved = export_memory.spill_reference(t, tmp_path)
     assert moved == sum(p.numel() * p.element_size() for p in t.parameters() if p.is_floating_point())
     assert list(tmp_path.iterdir()) == []  # unlinked at once
     big = [p for p in t.parameters() if p.untyped_storage().nbytes() >= 8 * 4096]
-    assert big and sizing.FilePages().release(big) > 0 and sum(_present_pages(p) for p in big) <= 2 * len(big)
+    assert big and export_memory.FilePages().release(big) > 0 and sum(_present_pages(p) for p in big) <= 2 * len(big)
     assert torch.equal(t.teacher_forced_logits(cond, tokens), want)  # read back from the page cache
     assert all(torch.equal(t.state_dict()[k], v) for k, v in before.items())
-    assert sizing.spill_reference(t, tmp_path) == 0  # already file-backed: nothing moves twice
+    assert export_memory.spill_reference(t, tmp_path) == 0  # already file-backed: nothing moves twice
 
 
 @linux_proc
@@ -293,7 +293,7 @@ def test_the_mapped_reference_is_not_resident_while_a_graph_is_quantized(tmp_pat
     t.load_state_dict(_mapped(tmp_path, **{k: v.clone() for k, v in t.state_dict().items()}), assign=True)
     before = {k: v.clone() for k, v in t.state_dict().items()}
     big = [p for p in t.parameters() if p.untyped_storage().nbytes() >= 8 * 4096]
-    monkeypatch.setattr(sizing, "RELEASE_MIN_BYTES", 0)
+    monkeypatch.setattr(export_memory, "RELEASE_MIN_BYTES", 0)
     export_bundle(t, None, None, None, tmp_path / "b", max_tree=8, lint=False, validate=False, progress=False,
                   share=False)
     seen, real = [], Q.quantize_graph

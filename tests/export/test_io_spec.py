@@ -4,8 +4,16 @@ import pytest
 
 from lisa_trt.config import target_config
 from lisa_trt.engines.base import GraphKind
-from lisa_trt.export.io_spec import (DYNAMIC_AXES, GASV_PARAMS, Graph, describe, export_dims, graph_spec,
-                                     past_names, present_names)
+from lisa_trt.models.io_spec import (
+    DYNAMIC_AXES,
+    GASV_PARAMS,
+    Graph,
+    describe,
+    export_dims,
+    graph_spec,
+    past_names,
+    present_names,
+)
 from lisa_trt.speculative.gasv import GASVConfig
 
 
@@ -73,7 +81,7 @@ def test_describe_lists_every_graph():
 
 
 def test_shape_ranges_for_tensorrt_profiles():
-    from lisa_trt.export.io_spec import shape_ranges
+    from lisa_trt.models.io_spec import shape_ranges
 
     cfg = target_config("tiny")
     spec = graph_spec(Graph.TARGET_VERIFY, n_layer=cfg.n_layer)

@@ -167,8 +167,8 @@ def test_build_dry_run_checks_and_plans_every_graph(bundle, fp16_bundle, prec):
     """`lisa-trt build DIR --dry-run`: the TensorRT compatibility check of every graph (ops, dtypes,
     io spec, profiles; GASV as its plugin variant), the operator audit and the profiles derived
     from the family's io specs (the prompt axis, the codebook, the VQ grid), without TensorRT."""
-    from lisa_trt.engines import op_audit as oa
-    from lisa_trt.engines.trt_compat import check_trt_compat
+    from lisa_trt.deploy import op_audit as oa
+    from lisa_trt.deploy.trt_lint import check_trt_compat
 
     d = bundle[0] / "eng" if prec == "fp32" else fp16_bundle
     out = _cli("build", d, "--dry-run", "--max-batch", 2).output
@@ -193,7 +193,7 @@ def test_build_dry_run_checks_and_plans_every_graph(bundle, fp16_bundle, prec):
 
 
 def test_build_plan_and_missing_tensorrt(bundle):
-    from lisa_trt.engines.plan import check_plan
+    from lisa_trt.deploy.memory_plan import check_plan
 
     d = bundle[0] / "eng"
     p = check_plan(d, memory_gib=4, batch=1, tree=8)
@@ -213,7 +213,7 @@ def built(bundle, tmp_path, monkeypatch, request):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines"))
     from test_build import FakeTRT, _install
 
-    from lisa_trt.engines import build as B
+    from lisa_trt.deploy import build as B
 
     _install(FakeTRT(), monkeypatch, request)
     d = tmp_path / "eng"
@@ -224,7 +224,7 @@ def built(bundle, tmp_path, monkeypatch, request):
 def test_built_engines_decode_like_ort(built):
     """The TensorRT runners (over the fake core) decode the same GASV tokens as ONNX Runtime."""
     from lisa_trt.config import SamplingConfig
-    from lisa_trt.engines import build as B
+    from lisa_trt.deploy import build as B
     from lisa_trt.engines.graph import load_engines
     from lisa_trt.models.family import family_of
     from lisa_trt.speculative.methods import SpecConfig

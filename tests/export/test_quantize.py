@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lisa_trt.errors import ArtifactMismatchError, InputError
-from lisa_trt.export.io_spec import Graph
+from lisa_trt.models.io_spec import Graph
 from lisa_trt.export.quantize import QUANT_THRESHOLDS, float_matmuls, op_counts, quantize_bundle, quantize_graph
 
 

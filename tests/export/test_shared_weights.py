@@ -6,7 +6,7 @@ import shutil
 import onnx
 import torch
 
-from lisa_trt.export.io_spec import Graph
+from lisa_trt.models.io_spec import Graph
 from lisa_trt.export.manifest import read_manifest
 from lisa_trt.export.validate import run_onnx, sample_inputs
 from lisa_trt.export.weights import SHARED_DATA, model_from_bundle, share_bundle

@@ -10,9 +10,18 @@ import os
 import numpy as np
 import pytest
 
-from lisa_trt.export.io_spec import Graph
-from lisa_trt.engines.trt_quantize import (MODELOPT_REQUIREMENT, ModelOptError, calibration_inputs, default_venv,
-                                          ensure_venv, modelopt_command, qdq_counts, quantize_trt, venv_python)
+from lisa_trt.models.io_spec import Graph
+from lisa_trt.deploy.trt_quantize import (
+    MODELOPT_REQUIREMENT,
+    ModelOptError,
+    calibration_inputs,
+    default_venv,
+    ensure_venv,
+    modelopt_command,
+    qdq_counts,
+    quantize_trt,
+    venv_python,
+)
 
 
 def _venv_ok() -> bool:
@@ -74,7 +83,7 @@ def test_modelopt_command_keeps_fp32_io_and_calibrates_on_cpu(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_modelopt_qdq_graphs_pass_the_tensorrt_check(bundle, tmp_path, mode):
-    from lisa_trt.engines.trt_compat import check_trt_compat
+    from lisa_trt.deploy.trt_lint import check_trt_compat
     from lisa_trt.export.manifest import read_manifest
 
     out = tmp_path / f"trt-{mode}"

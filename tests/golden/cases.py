@@ -31,9 +31,9 @@ def chameleon_setup(tmp: Path):
     import lisa_trt
     from chameleon_fixtures import save_model_dir
     from lisa_trt.calibration.tables import load_tables_for
-    from lisa_trt.models.families.chameleon import CHAMELEON
-    from lisa_trt.models.families.chameleon.drafter import ChameleonDrafter
-    from lisa_trt.models.families.chameleon.lumina import LuminaTokenizer
+    from lisa_trt.families.chameleon import CHAMELEON
+    from lisa_trt.families.chameleon.drafter import ChameleonDrafter
+    from lisa_trt.families.chameleon.lumina import LuminaTokenizer
 
     d = save_model_dir(tmp, seed=5, vq=False, num_key_value_heads=2)
     target = lisa_trt.load_target(d)

@@ -85,7 +85,7 @@ TINY_VQ = dict(embed_dim=8, n_embed=N_CODES, z_channels=32, ch=32, ch_mult=(1, 2
 def save_model_dir(path, seed: int = 5, vq: bool = True, **over):
     """A tiny checkpoint directory at `path`: make_hf_model(seed, **over), its tokenizer, and
     (vq) a VQGAN (TINY_VQ, built after torch.manual_seed(0)) in path/vqgan/, as users lay it out."""
-    from lisa_trt.models.families.chameleon.vq import ChameleonVQConfig, ChameleonVQGAN, save_chameleon_vq
+    from lisa_trt.families.chameleon.vq import ChameleonVQConfig, ChameleonVQGAN, save_chameleon_vq
 
     d = save_hf(make_hf_model(seed=seed, **over), path)
     save_tokenizer(d)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from lisa_trt.config import SamplingConfig
-from lisa_trt.models.families.chameleon.lumina import (LuminaImages, LuminaTokenizer, grids,  # noqa: F401
-                                                       row_end_mask, span_request, tokens_to_codes)
+from lisa_trt.families.chameleon.lumina import (LuminaImages, LuminaTokenizer, grids,  # noqa: F401
+                                                row_end_mask, span_request, tokens_to_codes)
 from lisa_trt.speculative.methods import GASVRuleConfig, SpecConfig
 from lisa_trt.speculative.run import run_method
 from lisa_trt.speculative.sampling import cfg_active

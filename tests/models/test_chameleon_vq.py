@@ -5,7 +5,12 @@ import pytest
 import torch
 
 from lisa_trt import LisaError
-from lisa_trt.models.families.chameleon.vq import ChameleonVQConfig, ChameleonVQGAN, load_chameleon_vq, save_chameleon_vq
+from lisa_trt.families.chameleon.vq import (
+    ChameleonVQConfig,
+    ChameleonVQGAN,
+    load_chameleon_vq,
+    save_chameleon_vq,
+)
 
 TINY = ChameleonVQConfig(embed_dim=8, n_embed=32, z_channels=32, ch=32, ch_mult=(1, 2), num_res_blocks=1,
                          attn_resolutions=(8,), resolution=16)
@@ -49,7 +54,7 @@ def test_decoder_shapes_and_determinism():
 
 
 def test_to_uint8_follows_chameleon():
-    from lisa_trt.models.families.chameleon.vq import to_uint8
+    from lisa_trt.families.chameleon.vq import to_uint8
 
     x = torch.tensor([-2.0, -1.0, 0.0, 0.5, 1.0, 3.0]).view(1, 1, 1, 6).expand(1, 3, 1, 6)
     assert to_uint8(x)[0, 0, :, 0].tolist() == [0, 0, 127, 191, 255, 255]

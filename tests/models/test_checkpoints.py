@@ -7,8 +7,8 @@ import lisa_trt
 from lisa_trt import LisaError
 from lisa_trt.config import target_config, vq_config
 from lisa_trt.models.checkpoints import target_hash
-from lisa_trt.models.families.llamagen.checkpoint import guess_target_config
-from lisa_trt.models.families.llamagen.vq import VQModel
+from lisa_trt.families.llamagen.checkpoint import guess_target_config
+from lisa_trt.families.llamagen.vq import VQModel
 from lisa_trt.testing import make_cond, make_target
 
 
@@ -55,7 +55,7 @@ def test_strict_error_names_keys_shapes_and_config(tmp_path):
 
 
 def test_guess_official_config():
-    from lisa_trt.models.families.llamagen.model import Transformer
+    from lisa_trt.families.llamagen.model import Transformer
 
     with torch.device("meta"):
         sd = Transformer(target_config("GPT-B")).state_dict()
@@ -107,7 +107,7 @@ def test_a_pt_target_is_mapped_from_its_file_not_copied(tmp_path):
     its parameters are the (memory-mapped) tensors of a zip .pt file; a bf16 file becomes fp32."""
     import gc
 
-    from lisa_trt.models.families.llamagen.checkpoint import load_llamagen_target
+    from lisa_trt.families.llamagen.checkpoint import load_llamagen_target
 
     ref = make_target("c2i").eval()
     cfg = ref.config

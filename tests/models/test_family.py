@@ -6,7 +6,7 @@ import torch
 
 from lisa_trt.config import TargetConfig
 from lisa_trt.errors import ConfigError, InputError
-from lisa_trt.export.io_spec import Graph, graph_spec
+from lisa_trt.models.io_spec import Graph, graph_spec
 from lisa_trt.models import family as F
 from lisa_trt.models.artifact_sets import artifact_set, bundled_file, bundled_names
 from lisa_trt.testing import make_target
@@ -53,7 +53,7 @@ def test_unknown_model_types_name_the_registered_ones():
     with pytest.raises(F.UnknownModelTypeError, match="c2i, chameleon, janus, t2i"):
         F.family_of("x2i")
     assert issubclass(F.UnknownModelTypeError, ConfigError)
-    from lisa_trt.models.families.llamagen.model import Transformer
+    from lisa_trt.families.llamagen.model import Transformer
 
     with pytest.raises(ConfigError, match="LlamaGen Transformer serves"):
         Transformer(TargetConfig(dim=64, n_layer=2, n_head=4, vocab_size=256, block_size=16, model_type="toy"))

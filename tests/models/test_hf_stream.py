@@ -12,7 +12,7 @@ from chameleon_fixtures import make_hf_model, save_hf  # noqa: E402
 
 from lisa_trt.errors import CheckpointError  # noqa: E402
 from lisa_trt.models import hf  # noqa: E402
-from lisa_trt.models.families.chameleon.checkpoint import load_chameleon  # noqa: E402
+from lisa_trt.families.chameleon.checkpoint import load_chameleon  # noqa: E402
 
 
 def _sharded(tmp_path, dtype=torch.float32):
@@ -28,7 +28,7 @@ def test_sharded_checkpoint_streamed(tmp_path, monkeypatch, dtype):
     from safetensors import safe_open as real_open
 
     hf_model, d = _sharded(tmp_path, dtype)
-    from lisa_trt.models.families.chameleon import checkpoint as ck
+    from lisa_trt.families.chameleon import checkpoint as ck
 
     for mod in (hf, ck):
         monkeypatch.setattr(mod, "read_weights", lambda *a, **k: pytest.fail("the whole checkpoint was read"))

@@ -20,7 +20,7 @@ from lisa_trt.models import family as F
 
 pytest.importorskip("transformers")
 
-from lisa_trt.models.families import janus as J  # noqa: E402
+from lisa_trt.families import janus as J  # noqa: E402
 
 BOS, PAD, BOI = 1, 0, 7
 TEXT_VOCAB, CODES, GRID = 128, 64, 4
@@ -581,5 +581,5 @@ def test_every_cli_command_runs_janus_directories(gqa, tmp_path):
             "--out", tmp_path / "s")
     assert r.exit_code == 0 and "gasv: MAL" in r.output, r.output
     r = cli("export", "--model", d, "--out", tmp_path / "e", "--max-prompt", "16", "--max-tree", "8")
-    assert r.exit_code == 0, r.output  # the family's export plugin (models/families/janus/export.py)
+    assert r.exit_code == 0, r.output  # the family's export plugin (families/janus/export.py)
     assert json.loads((tmp_path / "e" / "manifest.json").read_text())["family"] == "janus"

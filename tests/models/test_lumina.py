@@ -12,8 +12,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from chameleon_fixtures import N_CODES, make_hf_model, save_hf, save_tokenizer  # noqa: E402
-from lisa_trt.models.families.chameleon import CHAMELEON  # noqa: E402
-from lisa_trt.models.families.chameleon.vq import ChameleonVQConfig, ChameleonVQGAN, save_chameleon_vq  # noqa: E402
+from lisa_trt.families.chameleon import CHAMELEON  # noqa: E402
+from lisa_trt.families.chameleon.vq import ChameleonVQConfig, ChameleonVQGAN, save_chameleon_vq  # noqa: E402
 from lumina_calls import (LuminaTokenizer, generate_image_tokens, grids, row_end_mask,  # noqa: E402
                                     tokens_to_codes)
 

@@ -2,7 +2,7 @@ import torch
 import torch.nn.functional as F
 
 from lisa_trt.config import vq_config
-from lisa_trt.models.families.llamagen.vq import VQModel
+from lisa_trt.families.llamagen.vq import VQModel
 
 
 def small_vq():

@@ -6,7 +6,7 @@ import torch
 from lisa_trt.calibration.profile import calibrate
 from lisa_trt.config import SamplingConfig, vq_config
 from lisa_trt.models.drafter import Drafter
-from lisa_trt.models.families.llamagen.vq import VQModel
+from lisa_trt.families.llamagen.vq import VQModel
 from lisa_trt.runtime.pipeline import Pipeline
 from lisa_trt.testing import make_target
 

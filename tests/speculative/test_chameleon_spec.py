@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 import lisa_trt  # noqa: E402
 from chameleon_fixtures import N_CODES, make_hf_model, save_hf, save_tokenizer  # noqa: E402
-from lisa_trt.models.families.chameleon.drafter import ChameleonDrafter  # noqa: E402
+from lisa_trt.families.chameleon.drafter import ChameleonDrafter  # noqa: E402
 from lumina_calls import LuminaTokenizer, generate_image_tokens, row_end_mask  # noqa: E402
 from lumina_calls import LuminaSpec, speculative_image_tokens  # noqa: E402
 
@@ -101,7 +101,7 @@ def test_drafter_artifact_and_cli_speculation(setup, tmp_path):
     from click.testing import CliRunner
 
     from lisa_trt.cli import main
-    from lisa_trt.models.families.chameleon.drafter import load_chameleon_drafter, save_chameleon_drafter
+    from lisa_trt.families.chameleon.drafter import load_chameleon_drafter, save_chameleon_drafter
 
     target, tok, drafter = setup
     save_chameleon_drafter(drafter, tmp_path / "drafter.safetensors")
@@ -148,7 +148,7 @@ def test_code_tables_are_gasv_version_2(code_tables, setup, tmp_path):
     """Calibration writes tables GASV v2 accepts: version-2 metadata, beta from the draft-anchored
     statistic s(v|z) over N(z), a neighbour table that covers the candidates."""
     from lisa_trt.calibration.tables import load_tables_for, save_tables
-    from lisa_trt.models.families.chameleon import CHAMELEON
+    from lisa_trt.families.chameleon import CHAMELEON
     from lisa_trt.io import load_safetensors
     from lisa_trt.speculative.gasv import GASV_VERSION, gasv_gates
 
@@ -227,7 +227,7 @@ def test_cli_gasv_with_code_tables(setup, code_tables, tmp_path):
 
     from lisa_trt.calibration.tables import save_tables
     from lisa_trt.cli import main
-    from lisa_trt.models.families.chameleon.drafter import save_chameleon_drafter
+    from lisa_trt.families.chameleon.drafter import save_chameleon_drafter
 
     target, tok, drafter = setup
     save_tables(code_tables, tmp_path / "tables.safetensors")

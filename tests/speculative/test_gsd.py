@@ -86,7 +86,7 @@ def test_gsd_knobs_are_registered_by_its_file():
 
 
 def test_bench_sweeps_reach_gsds_own_knobs():
-    from lisa_trt.bench import parse_sweep
+    from lisa_trt.harness import parse_sweep
 
     runs = parse_sweep("gsd:group=1,25;prob_gap=1")
     assert [r[2] for r in runs] == [{"gsd_group": 1, "gsd_prob_gap": 1}, {"gsd_group": 25, "gsd_prob_gap": 1}]

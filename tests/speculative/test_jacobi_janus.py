@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from test_janus import make_hf, prompts, save  # noqa: E402
 
 from lisa_trt.config import SamplingConfig  # noqa: E402
-from lisa_trt.models.families import janus as J  # noqa: E402
+from lisa_trt.families import janus as J  # noqa: E402
 from lisa_trt.speculative.methods import SpecConfig  # noqa: E402
 from lisa_trt.speculative.run import run_method  # noqa: E402
 

@@ -3,7 +3,7 @@
 import torch
 
 from lisa_trt.config import vq_config
-from lisa_trt.models.families.llamagen.vq import VQModel
+from lisa_trt.families.llamagen.vq import VQModel
 from lisa_trt.runtime.pipeline import Pipeline
 from lisa_trt.testing import make_target
 

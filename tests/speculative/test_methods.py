@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from lisa_trt.bench import parse_methods
+from lisa_trt.harness import parse_methods
 from lisa_trt.config import SamplingConfig
 from lisa_trt.errors import InputError
 from lisa_trt.models.drafter import Drafter

@@ -274,7 +274,7 @@ def test_cached_structure_and_noop_truncate_match_a_fresh_computation():
 def test_compact_moves_only_what_changes_with_the_same_visible_cache():
     """KVCache.compact skips entries already in place; the visible cache equals a full copy."""
     from lisa_trt.models.layers import KVCache
-    from lisa_trt.models.families.llamagen.model import TargetConfig
+    from lisa_trt.families.llamagen.model import TargetConfig
 
     cfg = TargetConfig(vocab_size=64, n_layer=2, n_head=2, dim=16, block_size=16, num_classes=4)
     g = torch.Generator().manual_seed(0)

@@ -140,7 +140,7 @@ def test_run_validates_before_loading(tmp_path):
 
 def test_pipeline_generate_checks_sampling():
     import lisa_trt
-    from lisa_trt.models.families.llamagen.model import Transformer
+    from lisa_trt.families.llamagen.model import Transformer
 
     pipe = lisa_trt.Pipeline.from_models(Transformer(lisa_trt.target_config("tiny")).eval())
     for kw, match in ((dict(cfg_scale=-1.0), "cfg"), (dict(temperature=0.0), "temperature"),

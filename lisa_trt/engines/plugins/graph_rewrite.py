@@ -71,7 +71,7 @@ def _tables_dict(tables) -> dict:
 
     nb is the neighbour table padded / cut to io_spec.GASV_K columns (-1 padding), as baked
     into the GASV graph."""
-    from ...export.io_spec import GASV_K
+    from ...models.io_spec import GASV_K
 
     if isinstance(tables, dict):
         d = dict(tables)
@@ -125,7 +125,7 @@ def gasv_tables_from_onnx(model) -> dict:
         {"nb" (V, K) i32, "w_tilde" (V, H) f32, "w_tilde_norm2" (V,) f32, "cluster" (V,) i32,
          "beta" (C,) f32}.
     """
-    from ...export.io_spec import GASV_K
+    from ...models.io_spec import GASV_K
     from onnx import numpy_helper
 
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -176,7 +176,7 @@ def tables_from_bundle(manifest) -> Optional[dict]:
 
     from ...calibration.tables import load_tables
     from ...errors import ArtifactMismatchError
-    from ...export.io_spec import Graph
+    from ...models.io_spec import Graph
 
     if "tables" not in (manifest.files or {}) or not manifest.has(Graph.GASV):
         return None

@@ -1,0 +1,191 @@
+"""`lisa-trt build`: TensorRT engines for every graph of an engine directory (Polygraphy loaders).
+
+    man = read_manifest(dir) ──▶ profiles_from_io_spec(man)  (pure: prefill, tree verification
+         │                        S = 1..max_tree in two buckets, batch 1..2*max_batch for CFG)
+         ├─▶ check_trt_compat(dir)      (CPU: ops, dtypes, io spec, profiles)
+         ├─▶ gasv.trt.onnx              (plugins/graph_rewrite: lisa::gasv2 plugin node)
+         └─▶ per graph: network_from_onnx_path(strongly_typed=True) ─▶ CreateConfig(profiles,
+             timing cache, refit, workspace) ─▶ engine_from_network ─▶ save_engine(<graph>.plan)
+    manifest.json["engines"] = {TensorRT version, GPU, profiles, plan sha256 ...}  (atomic)
+
+Engines are strongly typed: the ONNX already carries its precision (fp16 export = fp16 weights
+and casts), TensorRT 10 builds it with NetworkDefinitionCreationFlag.STRONGLY_TYPED and 11 is
+strongly typed natively (docs/spec/deploy.md); no FP16/BF16 builder flags are used.
+
+Plans are loaded only after their checks (engines/trt_plans.py, which also holds the record).
+
+Without TensorRT or without a CUDA device `build_engines` raises a LisaError that says which is
+missing and how to run on ONNX Runtime instead (`lisa-trt run ... --backend ort`).
+Nothing in this module has been run against a real TensorRT (not installable here).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+from ..errors import InputError, LisaError
+from ..models.io_spec import Graph
+from ..engines.plugins.trt_plugin import TensorRTUnavailableError
+from ..engines.profiles import SEQ_SPLIT, ProfileSpec, profiles_from_io_spec, trt_graph_model, trt_onnx_path  # noqa: F401
+from ..engines.trt_plans import (
+    ENGINES_FORMAT,
+    ENGINES_KEY,
+    ENGINES_SCHEMA,
+    PLAN_SUFFIX,
+    EngineBuildError,
+    NoCudaDeviceError,
+    _sha256,
+    device_info,
+    engines_built,
+    engines_record,
+    load_plan,
+    require_tensorrt_gpu,
+    write_engines_record,
+)
+
+
+def _network_flags(trt) -> Optional[bool]:
+    """strongly_typed=True on TensorRT 10 (flag exists); None on 11 (strongly typed natively)."""
+    return True if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED") else None
+
+
+def build_plan(onnx_path: Path, profiles: list, plan_path: Path, *, timing_cache=None, refit: bool = False,
+               workspace: Optional[int] = None, tf32: bool = True) -> float:
+    """Build one strongly typed engine with Polygraphy's loaders and save it atomically.
+
+    tf32: keep TensorRT's TF32 tactics for fp32 matmuls/convolutions. TensorRT enables
+    BuilderFlag.TF32 by default, but Polygraphy's CreateConfig CLEARS it unless `tf32=True`
+    (polygraphy/backend/trt/config.py: `self.tf32 = util.default(tf32, False)`, then
+    `config.clear_flag(TF32)`), so it is passed explicitly. It is allowed in strongly typed
+    networks (it only affects fp32 tensors; fp16 exports are unaffected).
+    Returns the build time in seconds. Raises EngineBuildError with TensorRT's message.
+    """
+    import tensorrt as trt
+    from polygraphy.backend.trt import CreateConfig, Profile, engine_from_network, network_from_onnx_path, save_engine
+
+    from ..io import atomic_write
+
+    t0 = time.perf_counter()
+    try:
+        network = network_from_onnx_path(str(onnx_path), strongly_typed=_network_flags(trt))
+        trt_profiles = []
+        for p in profiles:
+            prof = Profile()
+            for name, (mn, opt, mx) in p.shapes.items():
+                prof.add(name, min=list(mn), opt=list(opt), max=list(mx))
+            trt_profiles.append(prof)
+        tc = Path(timing_cache) if timing_cache else None
+        config = CreateConfig(
+            tf32=bool(tf32),
+            profiles=trt_profiles,
+            load_timing_cache=str(tc) if tc is not None and tc.is_file() else None,
+            refittable=True if refit else None,
+            memory_pool_limits={trt.MemoryPoolType.WORKSPACE: int(workspace)} if workspace else None)
+        engine = engine_from_network(network, config=config, save_timing_cache=str(tc) if tc is not None else None)
+    except LisaError:
+        raise
+    except Exception as e:
+        raise EngineBuildError(f"TensorRT could not build {onnx_path.name}: {type(e).__name__}: {e} (TensorRT's "
+                               "parser / builder messages are logged above)") from e
+    with atomic_write(plan_path) as tmp:
+        save_engine(engine, str(tmp))
+    return time.perf_counter() - t0
+
+
+def default_build_graphs(man) -> list:
+    """The graphs `lisa-trt build` makes engines for by default: every graph of the bundle, except
+    target_prefill when its verify graph runs the prefill too (ExportFamily.bundle_prefill_ids):
+    one target engine, whose "prefill" profile covers the prompt (profiles_from_io_spec), so the
+    target's weights are on the GPU once."""
+    names = sorted(man.graphs)
+    if man.export_family.bundle_prefill_ids(man) is not None and Graph.TARGET_VERIFY.value in names:
+        names.remove(Graph.TARGET_PREFILL.value)
+    return names
+
+
+def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=None, refit: bool = False,
+                  workspace: Optional[int] = None, max_batch: int = 1, max_tree: Optional[int] = None,
+                  graphs: Optional[list] = None, tables=None,
+                  check: bool = True, dry_run: bool = False, progress: bool = True) -> dict:
+    """Build a TensorRT engine for every graph of an exported engine directory.
+
+    Args:
+        engine_dir: directory written by `lisa-trt export`.
+        profiles: {graph: [ProfileSpec]}; default profiles_from_io_spec(manifest, max_batch, max_tree).
+        timing_cache: path of a TensorRT timing cache, loaded when present and saved (merged) after
+            each build, so rebuilds and other graphs reuse measured tactics.
+        refit: build refittable engines (weights can be swapped without a rebuild).
+        workspace: builder workspace limit in bytes (default: TensorRT's).
+        max_batch / max_tree: ranges of the default profiles.
+        graphs: graph names to build (default: default_build_graphs, every graph but a
+            target_prefill that the verify engine replaces).
+        tables: GASV tables for the plugin rewrite (default: the bundle's tables.safetensors, else
+            recovered from gasv.onnx); checked against the plain graph in ONNX Runtime.
+        check: run check_trt_compat first (fails before any TensorRT work).
+        dry_run: check and plan only: no TensorRT needed, nothing written; returns the plan.
+    Returns:
+        The engines record written to manifest.json["engines"] (dry_run: the plan, unwritten).
+    Raises:
+        TensorRTUnavailableError / NoCudaDeviceError (what is missing + the ORT alternative),
+        TrtCompatError, EngineBuildError, CheckpointError / ArtifactMismatchError for the directory.
+    """
+    from ..export.manifest import read_manifest
+    from .trt_lint import check_trt_compat
+
+    engine_dir = Path(engine_dir)
+    man = read_manifest(engine_dir)
+    names = list(graphs) if graphs else default_build_graphs(man)
+    unknown = [n for n in names if n not in man.graphs]
+    if unknown:
+        raise InputError(f"{engine_dir} has no graph(s) {unknown}; it has {sorted(man.graphs)}")
+    profiles = profiles or profiles_from_io_spec(man, max_batch=max_batch, max_tree=max_tree, graphs=names)
+    from ..engines.plugins import trt_plugin as tp
+    from ..engines.plugins.graph_rewrite import tables_from_bundle, write_trt_variant
+
+    trt = None if dry_run else require_tensorrt_gpu()
+    if tables is None and Graph.GASV.value in names:
+        tables = tables_from_bundle(man)  # the bundle's tables.safetensors (None: recover from gasv.onnx)
+    if not dry_run and Graph.GASV.value in names:  # gasv.trt.onnx: what the check and the build read
+        write_trt_variant(man.graph_path(Graph.GASV), tables=tables)
+    if check:
+        check_trt_compat(engine_dir, profiles=profiles, max_batch=max_batch, graphs=names, tables=tables)
+    plan = {n: {"onnx": trt_onnx_path(man, Graph(n)).name, "plan": f"{n}{PLAN_SUFFIX}",
+                "profiles": [p.to_dict() for p in profiles[n]]} for n in names}
+    if dry_run:
+        return {"format": ENGINES_FORMAT, "dry_run": True, "graphs": plan}
+    if Graph.GASV.value in names:
+        tp.register()  # the parser maps the lisa::gasv2 node to the registered plugin
+    bar = _progress(len(names), progress)
+    for n in names:
+        bar.set_description(f"build {n}")
+        onnx_path = engine_dir / plan[n]["onnx"]
+        secs = build_plan(onnx_path, profiles[n], engine_dir / plan[n]["plan"], timing_cache=timing_cache,
+                          refit=refit, workspace=workspace)
+        plan[n].update(plan_sha256=_sha256(engine_dir / plan[n]["plan"]), onnx_sha256=_sha256(onnx_path),
+                       build_seconds=round(secs, 2))
+        bar.update(1)
+    bar.close()
+    record = {"format": ENGINES_FORMAT, "schema_version": ENGINES_SCHEMA, "tensorrt_version": trt.__version__,
+              **device_info(), "strongly_typed": True, "refit": bool(refit), "workspace": workspace,
+              "timing_cache": str(timing_cache) if timing_cache else None, "max_batch": max_batch,
+              "max_tree": max_tree or man.max_tree,
+              "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "graphs": plan}
+    old = engines_record(engine_dir) or {}
+    if old.get("graphs") and graphs:  # partial rebuild: keep the other graphs' entries
+        record["graphs"] = {**old["graphs"], **plan}
+    write_engines_record(engine_dir, record)
+    return record
+
+
+def _progress(total: int, enabled: bool):
+    from ..progress import progress_bar
+
+    return progress_bar(total, enabled, unit="engine")
+
+
+__all__ = ["ENGINES_KEY", "EngineBuildError", "NoCudaDeviceError", "ProfileSpec", "TensorRTUnavailableError",
+           "build_engines", "default_build_graphs", "build_plan", "engines_built", "engines_record", "load_plan",
+           "profiles_from_io_spec", "require_tensorrt_gpu", "trt_graph_model", "trt_onnx_path",
+           "write_engines_record"]

@@ -1,0 +1,442 @@
+"""Memory plan of a deployment: will these engines, at these settings, fit this GPU?
+
+    p = make_plan("Lumina-mGPT-7B", gpu="rtx4090", precision="fp16", batch=2, tree=64, image_size=768)
+    p.fits, p.total, p.table()          # bytes per engine and part, the total against the device
+    check_plan(engine_dir, memory_gib=24, batch=1, tree=64)   # PlanError (an InputError) with the table
+
+Pure arithmetic over configs: the shapes of known names (GPT-B ... GPT-3B, Lumina-mGPT-7B,
+Janus-Pro-7B), checkpoints (metadata only) and engine directories (manifest only) come from
+deploy/model_shapes.py. No weights are read and no model is built.
+
+What is counted (docs/deployment.md explains each formula and which numbers are estimates):
+  weights      parameters x bytes: matmul weights at the precision (int8 / fp8: 1 byte + an fp32
+               scale per output channel; int4: 0.5 byte + an fp16 scale per block of 32 inputs,
+               export/quantize.py's MatMulNBits blocks), embeddings and norms at the activation
+               precision (fp16, fp32 for an fp32 plan). ONE copy of the target weights: the verify
+               engine runs the prefill too (its "prefill" profile; engines/build.default_build_graphs);
+               an engine directory exported before that (separate prefill and verify engines) plans
+               two (ModelShape.target_copies), as does `weight_copies=2`.
+  KV cache     2 x layers x kv_heads x head_dim x max_cache_len x rows x kv bytes, rows = batch x 2
+               with CFG; kv bytes 2 (fp16) for every precision but fp32 (4): int8 / fp8 / int4
+               quantize weights, the cache stays fp16. max_cache_len = round_up(prompt + span
+               prefix + image tokens + tree, 8), the exporters' rule (export/onnx.max_cache_len,
+               families/chameleon/export.engine_cache_len).
+  drafter      EAGLE-3 (models/drafter.py): fc 3H -> H, one decoder layer at the target's width
+               (q/k/v read embedding + hidden, 2H wide), own head over the image codes, plus the copy
+               of the target's input embedding its exported step graph carries; its one-layer cache.
+  tables       the GASV graph's baked tensors (export/onnx.GASVGraph): W~ (codes x H fp32), row
+               norms, cluster ids (int64), betas, GASV_K neighbours per code (int64).
+  vq decoder   decoder + post_quant_conv + codebook in fp16 (parameter counts of the project's
+               VQ models, pinned by tests/engines/test_plan.py; an engine directory: the size of
+               its vq_decode graph files).
+  activations  ESTIMATE, per engine, its largest call: rows x S x (6 H + 2 F) x act bytes (residual,
+               norm, q, k, v, attention out; gate and up of the MLP), attention scores rows x heads x
+               S x max_cache_len x 4 (fp32, as if not fused), and the outputs (fp32 logits
+               rows x S x vocab, taps 3H, hidden H). S = prompt for prefill, tree for verify.
+               VQ decoder: batch x 4 feature maps of pixels x ch x 2 bytes at full resolution.
+  overhead     ESTIMATE: CUDA context + cuBLAS / cuDNN / TensorRT runtime (CONTEXT_BYTES).
+  builder      ESTIMATE: during `lisa-trt build` the builder holds the engine being built plus its
+               workspace (WORKSPACE_BYTES unless --workspace is given): the build peak is the largest
+               engine's weights + activations + workspace + overhead.
+fits = the run total and the build peak are both within the device's usable memory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ..config import SamplingConfig
+from ..errors import InputError
+from ..models.io_spec import GASV_K  # neighbour columns baked into the GASV graph
+from ..export.quantize import DEFAULT_BLOCK_SIZE as INT4_BLOCK  # int4 weights: one fp16 scale per block
+from ..models.family import family_named
+from .model_shapes import ModelShape, Weights, known_names, known_shape, lin, repeat, resolve_model
+
+MIB, GIB = 1 << 20, 1 << 30
+CONTEXT_BYTES = 1 * GIB  # CUDA context + library handles + TensorRT runtime (estimate)
+WORKSPACE_BYTES = 1 * GIB  # planned builder workspace (pass `lisa-trt build --workspace 1024` to hold it)
+MAX_BATCH_SEARCH = 4096  # largest batch the search tries
+MAX_TREE_SEARCH = 1024  # largest tree the search tries (TensorRT-Edge-LLM verifies <= 128 draft tokens)
+DEFAULT_GPU = "rtx4090"  # the project's target GPU
+
+
+class PlanError(InputError):
+    """The deployment does not fit the device; the message carries the plan's table."""
+
+
+# ----------------------------------------------------------------------------- devices
+
+@dataclass(frozen=True)
+class GPU:
+    """A device: total memory as CUDA reports it, less what the system keeps."""
+
+    name: str
+    label: str
+    total: int
+    reserved: int = 0  # Jetson: unified memory the OS and the CPU side of the process keep
+
+    @property
+    def usable(self) -> int:
+        return self.total - self.reserved
+
+
+# totals: nvidia-smi's "MiB" of each board (desktop / data-centre); Jetson AGX Orin: the module's
+# unified LPDDR5, of which an estimated 4 GiB stays with the OS and the CPU side of the process.
+GPUS = {g.name: g for g in (
+    GPU("rtx4090", "GeForce RTX 4090 24 GB", 24564 * MIB),
+    GPU("l4", "NVIDIA L4 24 GB", 23034 * MIB),
+    GPU("a10", "NVIDIA A10 24 GB", 23028 * MIB),
+    GPU("a100-40", "NVIDIA A100 40 GB", 40960 * MIB),
+    GPU("a100-80", "NVIDIA A100 80 GB", 81920 * MIB),
+    GPU("h100", "NVIDIA H100 80 GB", 81559 * MIB),
+    GPU("h200", "NVIDIA H200 141 GB", 143771 * MIB),
+    GPU("orin-32", "Jetson AGX Orin 32 GB", 32 * GIB, 4 * GIB),
+    GPU("orin-64", "Jetson AGX Orin 64 GB", 64 * GIB, 4 * GIB),
+)}
+
+
+def resolve_gpu(gpu: Optional[str] = None, memory_gib: Optional[float] = None) -> GPU:
+    """A named GPU, or a device of `memory_gib` GiB (not both; neither: DEFAULT_GPU)."""
+    if gpu is not None and memory_gib is not None:
+        raise InputError("give either --gpu NAME or --memory-gib N, not both")
+    if gpu is None and memory_gib is None:
+        gpu = DEFAULT_GPU
+    if gpu is not None:
+        if gpu not in GPUS:
+            raise InputError(f"unknown GPU {gpu!r}; valid: {', '.join(GPUS)} (or --memory-gib N for another device)")
+        return GPUS[gpu]
+    if not memory_gib > 0:
+        raise InputError(f"--memory-gib must be a positive number of GiB, got {memory_gib}")
+    return GPU(f"{memory_gib:g}GiB", f"a device with {memory_gib:g} GiB", int(memory_gib * GIB))
+
+
+# ----------------------------------------------------------------------------- precisions
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    weight: float  # bytes per matmul weight
+    scale_per_row: int  # extra bytes per output channel (int8 / fp8 per-channel scales)
+    scale_per_block: float  # extra bytes per weight (int4 block scales)
+    act: int  # activations, embeddings, norms
+    kv: int  # KV cache
+
+
+PRECISIONS = {p.name: p for p in (
+    Precision("fp32", 4, 0, 0.0, 4, 4),
+    Precision("fp16", 2, 0, 0.0, 2, 2),
+    Precision("bf16", 2, 0, 0.0, 2, 2),
+    Precision("int8", 1, 4, 0.0, 2, 2),
+    Precision("fp8", 1, 4, 0.0, 2, 2),
+    Precision("int4", 0.5, 0, 2 / INT4_BLOCK, 2, 2),
+)}
+
+
+def resolve_precision(name: str) -> Precision:
+    if name not in PRECISIONS:
+        raise InputError(f"unknown precision {name!r}; valid: {', '.join(PRECISIONS)}")
+    return PRECISIONS[name]
+
+
+# ----------------------------------------------------------------------------- the plan
+
+def drafter_weights(s: ModelShape) -> Weights:
+    """EAGLE-3 drafter (models/drafter.Drafter) + the embedding its step graph carries."""
+    H, Hd = s.dim, s.draft_hidden or s.dim
+    F = s.draft_ffn or s.ffn
+    layer = lin(3 * H, Hd) + repeat(lin(H + Hd, Hd), 3) + lin(Hd, Hd) + repeat(lin(Hd, F), 2) + lin(F, Hd)
+    norms = Weights(other=3 * Hd + H)  # hidden_norm, post_attention_layernorm, norm; input_layernorm (target width)
+    return layer + norms + lin(Hd, s.draft_head or s.codes) + s.image_embed
+
+
+def table_bytes(s: ModelShape) -> int:
+    """GASV graph initializers: W~ fp32, row norms fp32, cluster int64, betas fp32, neighbours int64."""
+    K = s.codes
+    clusters = round(2 * math.sqrt(K))  # calibration's default round(2 sqrt(V))
+    return K * s.dim * 4 + K * 4 + K * 8 + clusters * 4 + K * GASV_K * 8
+
+
+def _step_act(rows: int, S: int, H: int, F: int, heads: int, L: int, vocab: int, act: int, taps: bool) -> int:
+    hidden = rows * S * (6 * H + 2 * F) * act
+    scores = rows * heads * S * L * 4
+    outs = rows * S * vocab * 4 + rows * S * (4 * H if taps else H) * act
+    return hidden + scores + outs
+
+
+@dataclass
+class Plan:
+    """Bytes per engine and part, the totals and the verdict (see the module docstring)."""
+
+    model: str
+    family: str
+    gpu: str
+    gpu_label: str
+    usable: int
+    precision: str
+    batch: int
+    tree: int
+    cfg: bool
+    image_size: int
+    prompt_len: int
+    rows: int
+    max_cache_len: int
+    engines: dict  # engine -> {part: bytes}
+    overhead: int
+    workspace: int
+    total: int
+    build_peak: int
+    fits: bool
+    max_batch: Optional[int] = None
+    max_tree: Optional[int] = None
+    fitting_precisions: list = field(default_factory=list)  # lower precisions that fit these settings
+    search_limits: dict = field(default_factory=dict)  # the searches' upper ends (a result there means ">=")
+    notes: list = field(default_factory=list)
+
+    @property
+    def reason(self) -> str:
+        if self.fits:
+            return ""
+        need = max(self.total, self.build_peak)
+        what = "the run" if self.total >= self.build_peak else "the TensorRT build"
+        return (f"{self.model} at {self.precision}, batch {self.batch}{' x 2 (CFG)' if self.cfg else ''}, tree "
+                f"{self.tree} needs {need / GIB:.2f} GiB for {what}; {self.gpu_label} has {self.usable / GIB:.2f} GiB. "
+                + _advice(self))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["reason"] = self.reason
+        d["total_gib"] = round(self.total / GIB, 3)
+        d["build_peak_gib"] = round(self.build_peak / GIB, 3)
+        d["usable_gib"] = round(self.usable / GIB, 3)
+        return d
+
+    def _found(self, what: str) -> str:
+        v = getattr(self, f"max_{what}")
+        if not v:
+            return "none"
+        return f">= {v}" if v == self.search_limits.get(what) else str(v)
+
+    def table(self) -> str:
+        parts = ("weights", "kv_cache", "activations")
+        g = lambda b: f"{b / GIB:8.2f}"  # noqa: E731
+        lines = [f"{self.model} ({self.family}) on {self.gpu_label}: {self.precision}, {self.image_size} px, batch "
+                 f"{self.batch}{' with CFG (' + str(self.rows) + ' rows)' if self.cfg else ' (no CFG)'}, tree "
+                 f"{self.tree}, prompt {self.prompt_len}, cache {self.max_cache_len} slots",
+                 f"{'engine':14s} {'weights':>8s} {'kv cache':>8s} {'activ.':>8s} {'total':>8s}  (GiB)"]
+        for name, e in self.engines.items():
+            lines.append(f"{name:14s} " + " ".join(g(e.get(p, 0)) for p in parts) + " " + g(sum(e.values())))
+        lines.append(f"{'overhead':14s} {'':8s} {'':8s} {'':8s} {g(self.overhead)}  CUDA context + runtime (estimate)")
+        lines.append(f"{'run total':14s} {'':8s} {'':8s} {'':8s} {g(self.total)}  of {self.usable / GIB:.2f} usable")
+        lines.append(f"{'build peak':14s} {'':8s} {'':8s} {'':8s} {g(self.build_peak)}  largest engine + "
+                     f"{self.workspace / GIB:.2f} GiB builder workspace + overhead")
+        if self.search_limits:
+            verdict = "yes" if self.fits else "NO"
+            lines.append(f"fits: {verdict}; largest batch {self._found('batch')} (tree {self.tree}), "
+                         f"largest tree {self._found('tree')} (batch {self.batch})")
+        else:
+            lines.append(f"fits: {'yes' if self.fits else 'NO'}")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _advice(p: Plan) -> str:
+    low = f"--precision {p.fitting_precisions[0]} fits" if p.fitting_precisions else "no lower precision fits"
+    if p.max_batch:
+        tree = f", --tree {p.max_tree} or less" if p.max_tree else ""
+        return f"Use --batch {p.max_batch} or less{tree}, or a lower precision ({low})."
+    if p.max_tree:
+        return f"Use --tree {p.max_tree} or less, or a lower precision ({low})."
+    return (f"No batch fits at tree {p.tree} and no tree at batch {p.batch}: {low}; otherwise use a larger GPU.")
+
+
+def _parts(s: ModelShape, prec: Precision, batch: int, tree: int, cfg: bool, prompt: int, copies: int) -> tuple:
+    rows = batch * (2 if cfg else 1)
+    L = s.cache_len(prompt, tree)
+    a = prec.act
+    kv = 2 * s.n_layer * s.kv_heads * s.head_dim * L * rows * prec.kv
+    last = rows * s.vocab * 4 + rows * 4 * s.dim * a  # prefill outputs at the last prompt position
+    act = max(_step_act(rows, prompt, s.dim, s.ffn, s.n_head, L, 0, a, False) + last,  # prefill
+              _step_act(rows, tree, s.dim, s.ffn, s.n_head, L, s.vocab, a, True))  # tree verification
+    engines = {"target": {"weights": s.target.bytes(prec) * copies, "kv_cache": kv, "activations": act}}
+    if s.has_drafter:
+        Hd = s.draft_hidden or s.dim
+        heads = max(1, Hd // s.head_dim)
+        S = max(tree, prompt)
+        dkv = 2 * heads * (Hd // heads) * L * rows * prec.kv
+        dact = (_step_act(rows, S, Hd, s.draft_ffn or s.ffn, heads, L, s.draft_head or s.codes, a, False)
+                + rows * S * 3 * s.dim * a)  # + the taps it reads
+        engines["drafter"] = {"weights": drafter_weights(s).bytes(prec), "kv_cache": dkv, "activations": dact}
+    if s.has_tables:
+        nodes = batch * tree
+        engines["gasv"] = {"weights": table_bytes(s), "activations": nodes * (3 * s.codes + GASV_K * s.dim) * 4}
+    if s.has_vq:
+        engines["vq_decode"] = {"weights": s.vq_params * 2, "activations": batch * 4 * s.pixels * s.vq_ch * 2}
+    return rows, L, engines
+
+
+def _totals(engines: dict, overhead: int, workspace: int) -> tuple[int, int]:
+    total = sum(sum(e.values()) for e in engines.values()) + overhead
+    peak = max(e["weights"] + e.get("activations", 0) for e in engines.values()) + workspace + overhead
+    return total, peak
+
+
+def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] = None,
+              precision: Optional[str] = None, batch: int = 1, tree: Optional[int] = None,
+              image_size: Optional[int] = None, prompt_len: Optional[int] = None, cfg: bool = True,
+              workspace: Optional[int] = None, weight_copies: Optional[int] = None, search: bool = True) -> Plan:
+    """The memory plan of `model` on a device.
+
+    Args:
+        model: a known name, a checkpoint, a Chameleon directory, an engine directory, or a ModelShape.
+        gpu / memory_gib: a name of GPUS, or the device's memory in GiB (exactly one).
+        precision: fp32 | fp16 | bf16 | int8 | fp8 | int4 (default: an engine directory's own, else fp16).
+        batch: images per call (prompts); with cfg the engines run 2 x batch rows.
+        tree: draft-tree nodes verified per call (default: an engine directory's max_tree, else 64).
+        image_size / prompt_len: for names and checkpoints (engine directories fix them).
+        workspace: builder workspace in bytes (default WORKSPACE_BYTES).
+        weight_copies: copies of the target weights (2: separate prefill and verify engines);
+            default: what `lisa-trt build` makes (an engine directory's target_copies: 1 when its
+            verify engine runs the prefill too, 2 for directories exported before; names and
+            checkpoints: 1, a fresh export).
+        search: also compute the largest batch and tree that fit.
+    """
+    device = resolve_gpu(gpu, memory_gib)
+    s = resolve_model(model, image_size, prompt_len)
+    prec = resolve_precision(precision or s.precision or "fp16")
+    tree = (s.max_tree or 64) if tree is None else tree
+    if weight_copies is None:
+        weight_copies = s.target_copies
+    for v, what in ((batch, "--batch"), (tree, "--tree"), (weight_copies, "weight copies")):
+        if not isinstance(v, int) or v < 1:
+            raise InputError(f"{what} must be a positive integer, got {v!r}")
+    if s.max_tree and tree > s.max_tree:
+        raise InputError(f"--tree {tree} exceeds the engine directory's max_tree {s.max_tree} (its static cache); "
+                         "re-export with a larger --max-tree or plan a smaller tree")
+    prompt = s.prompt_len
+    ws = WORKSPACE_BYTES if workspace is None else int(workspace)
+
+    def evaluate(b: int, t: int):
+        rows, L, engines = _parts(s, prec, b, t, cfg, prompt, weight_copies)
+        total, peak = _totals(engines, CONTEXT_BYTES, ws)
+        return rows, L, engines, total, peak, max(total, peak) <= device.usable
+
+    rows, L, engines, total, peak, fits = evaluate(batch, tree)
+    notes = []
+    if s.precision and precision and precision != s.precision:
+        notes.append(f"planned at {precision}; the engine directory was exported at {s.precision}")
+    if s.max_positions and L - tree > s.max_positions:
+        notes.append(f"the sequence spans {L - tree} positions, beyond this config's max_position_embeddings "
+                     f"{s.max_positions}: the checkpoint for {s.image_size} px must allow them (the exporter checks)")
+    if weight_copies > 1:
+        notes.append(f"{weight_copies} copies of the target weights (separate prefill / verify engines)")
+    plan = Plan(model=s.name, family=s.family, gpu=device.name, gpu_label=device.label, usable=device.usable,
+                precision=prec.name, batch=batch, tree=tree, cfg=cfg, image_size=s.image_size, prompt_len=prompt,
+                rows=rows, max_cache_len=L, engines=engines, overhead=CONTEXT_BYTES, workspace=ws, total=total,
+                build_peak=peak, fits=fits, notes=notes)
+    if search and not fits:
+        plan.fitting_precisions = [q for q in ("fp16", "int8", "int4")
+                                   if PRECISIONS[q].weight < prec.weight
+                                   and make_plan(s, gpu=gpu, memory_gib=memory_gib, precision=q, batch=batch, tree=tree,
+                                                 cfg=cfg, workspace=workspace, weight_copies=weight_copies,
+                                                 search=False).fits]
+    if search:
+        plan.max_batch = largest(lambda b: evaluate(b, tree)[-1], MAX_BATCH_SEARCH)
+        plan.max_tree = largest(lambda t: evaluate(batch, t)[-1], s.max_tree or MAX_TREE_SEARCH)
+        plan.search_limits = {"batch": MAX_BATCH_SEARCH, "tree": s.max_tree or MAX_TREE_SEARCH}
+    return plan
+
+
+def largest(ok, hi: int) -> Optional[int]:
+    """Largest n in 1..hi with ok(n), for ok monotone (true then false); None when ok(1) is false."""
+    if not ok(1):
+        return None
+    lo = 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def check_plan(model, **kw) -> Plan:
+    """make_plan(model, **kw) (without the searches unless it fails); PlanError with the table when it does not fit.
+
+    What `lisa-trt build` and `lisa-trt run` call before any work."""
+    plan = make_plan(model, search=False, **kw)
+    if not plan.fits:
+        plan = make_plan(model, search=True, **kw)
+        raise PlanError(f"{plan.reason}\n{plan.table()}")
+    return plan
+
+
+def _engine_record(engine_dir) -> tuple[dict, str]:
+    """(the engine directory's manifest dict, family) without checking files; ({}, "") when the
+    directory is no engine directory."""
+    from ..export.manifest import bundle_family, manifest_path, raw_manifest
+
+    if manifest_path(engine_dir) is None:
+        return {}, ""
+    return raw_manifest(engine_dir), bundle_family(engine_dir)
+
+
+def engines_recorded(engine_dir) -> bool:
+    """True when `lisa-trt build` recorded TensorRT engines in the manifest (what --backend auto uses)."""
+    man, _ = _engine_record(engine_dir)
+    return bool((man.get("engines") or {}).get("graphs"))
+
+
+def run_uses_cfg(engine_dir, cfg_scale: Optional[float] = None) -> bool:
+    """Whether a run doubles its rows for CFG: the given scale, else the bundle's default
+    (else the family's: LlamaGen's SamplingConfig 1.0 = off, Lumina-mGPT's 3.0 = on)."""
+    man, family = _engine_record(engine_dir)
+    if cfg_scale is None:
+        cfg_scale = (man.get("generation") or {}).get("cfg_scale")
+    if cfg_scale is None:
+        cfg_scale = (family_named(family).default_sampling if family else {}).get("cfg_scale", SamplingConfig.cfg_scale)
+    return float(cfg_scale) != 1.0
+
+
+def preflight(engine_dir, *, gpu: Optional[str] = None, memory_gib: Optional[float] = None, gpu_backend: bool,
+              batch: int = 1, tree: Optional[int] = None, cfg: Optional[bool] = None,
+              cfg_scale: Optional[float] = None, workspace: Optional[int] = None) -> Optional[Plan]:
+    """The memory check `lisa-trt run` / `build` make before any work (PlanError when it does not fit).
+
+    With --gpu / --memory-gib it always checks. Without them it checks only a GPU backend
+    (`gpu_backend`: TensorRT, or auto with built engines) against the visible CUDA device, and
+    returns None when there is none: a CPU run is never refused by a GPU plan.
+    cfg: None = from the run's CFG scale or the bundle's default (run_uses_cfg).
+    """
+    if gpu is None and memory_gib is None:
+        if not gpu_backend:
+            return None
+        memory_gib = device_memory_gib()
+        if memory_gib is None:
+            return None
+    if cfg is None:
+        cfg = run_uses_cfg(engine_dir, cfg_scale)
+    return check_plan(engine_dir, gpu=gpu, memory_gib=memory_gib, batch=batch, tree=tree, cfg=cfg,
+                      workspace=workspace)
+
+
+def device_memory_gib() -> Optional[float]:
+    """Total memory of the visible CUDA device 0 in GiB, None without one (no CUDA init otherwise)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        return torch.cuda.get_device_properties(0).total_memory / GIB
+    except Exception:  # noqa: BLE001 - a broken CUDA setup is the backend's to report
+        return None
+
+
+__all__ = ["CONTEXT_BYTES", "DEFAULT_GPU", "GPUS", "PRECISIONS", "WORKSPACE_BYTES", "GPU", "ModelShape",
+           "Plan", "PlanError", "Precision", "Weights", "check_plan", "device_memory_gib", "drafter_weights",
+           "engines_recorded", "known_names", "known_shape", "largest", "make_plan", "preflight", "resolve_gpu", "resolve_model",
+           "resolve_precision", "run_uses_cfg", "table_bytes"]

@@ -1,0 +1,225 @@
+"""ONNX export of a Chameleon-family (Lumina-mGPT) deployment: target, drafter, GASV, VQGAN.
+
+`export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, image_size=...)` writes one
+self-contained engine directory through the generic exporter (export/onnx.py: trace, validate
+every graph against the PyTorch model, atomic staging), optionally in fp16 or with int8 / int4
+weights (export/quantize.py):
+
+    target_prefill.onnx   text prompt (any length <= max_prompt, left-padded) -> static KV cache;
+                          outputs at the last prompt position
+    target_verify.onnx    S new tokens / a draft tree over the static cache (taps + hidden)
+    drafter_project.onnx  drafter fc on the target taps          (with a drafter)
+    drafter_step.onnx     one drafter step over its static cache  (with a drafter)
+    gasv.onnx             GASV v2 per-node gates over the image-code sub-vocabulary (with
+                          tables): code logits, node tokens / parents -> p, delta_eff, cand, gate
+    vq_decode.onnx        Chameleon VQGAN: code grid -> pixels    (with a VQGAN)
+    tables.safetensors    the image-code tables (GASV version 2: LANTERN / candidate neighbours,
+                          drift budgets, GASV constants)
+    config.json, tokenizer.json, tokenizer_config.json   the checkpoint's, for the runtime
+    manifest.json         family "chameleon"; graphs, hashes, validation, layout (image size,
+                          prompt length, latent grid), settings
+
+Both target graphs take the verify graph's token inputs (input_ids, position_ids, cache_slots,
+attention_mask): the host computes per-row RoPE positions (left padding, the CFG unconditional
+half from position 0), slots and the mask exactly as `ChameleonTarget.prefill` /
+`forward_tokens` do (models/prompts.prefill_plan), so the graphs carry no family logic beyond
+the model itself. K/V caches are inputs AND outputs updated in place (ScatterElements into the
+bound buffer, see export/onnx.py).
+
+This module is the family's part only: the target / VQGAN graph wrappers, the static sequence
+layout (image size -> span -> cache length) and `ChameleonGraphs`, the family's io specs, axes,
+random inputs and PyTorch references (the export/families.py seam). It is the family package's
+export plugin: it sits at the export floor (tests/test_architecture.py), the family package never
+imports it, and export/families.py finds it through `ChameleonFamily.export_module`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from ...errors import InputError
+from ...export.families import register_export_family
+from ...models.io_spec import Graph
+from ...export.onnx import DEFAULT_OPSET, _NamedGraph
+from ...export.memory import resolve
+from ...export.prompt_graphs import (
+    DEFAULT_MAX_PROMPT,
+    PromptExportFamily,
+    PromptStepGraph,
+    check_bundle_artifacts,
+    check_export_options,
+    prompt_cache_len,
+    write_prompt_bundle,
+)
+
+FAMILY = "chameleon"
+ENGINE_FILE = "chameleon_engine.json"  # the manifest of this family's directories before manifest.json
+DEFAULT_MAX_TREE = 64
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def latent_grid(image_size: int) -> tuple[int, int]:
+    """(h_lat, w_lat) code grid of a square Lumina image."""
+    from .lumina import LATENT_PER_GRID, grids
+
+    hg, wg = grids(image_size, image_size)
+    return hg * LATENT_PER_GRID, wg * LATENT_PER_GRID
+
+
+def span_length(image_size: int) -> int:
+    """Tokens of one Lumina image span after its prefix: h_lat rows of (w_lat codes + row end)."""
+    h, w = latent_grid(image_size)
+    return h * (w + 1)
+
+
+def engine_cache_len(image_size: int, max_prompt: int, max_tree: int) -> int:
+    """Static cache length: prompt + span prefix (3) + span + tree scratch, rounded to 8."""
+    return prompt_cache_len(max_prompt, 3 + span_length(image_size), max_tree)
+
+
+# ----------------------------------------------------------------------------- the family's graphs
+
+class ChameleonGraphs(PromptExportFamily):
+    """The Chameleon family's graphs (export/prompt_graphs.PromptExportFamily): token-input prefill
+    and verify over the whole vocabulary, GASV over the image-code sub-vocabulary ("codes"), the
+    grid VQGAN decoder."""
+
+    name = FAMILY
+    default_max_tree = DEFAULT_MAX_TREE
+    legacy_manifests = (ENGINE_FILE,)
+    gasv_axis = "codes"  # the tables cover the image codes inside the whole-vocabulary head
+    vq_doc = "Chameleon VQGAN decoder"
+
+    def export(self, target, drafter, tables, vq, source, out_dir, **options):
+        return export_chameleon(target, drafter, tables, vq, source, out_dir, **options)
+
+    verify_embeds_prompts = True  # true of every Chameleon export, older ones included
+
+    def prefill_ids(self, cfg):
+        """The verify graph embeds every id with the prompt's embedding (one table): prompts pass as
+        they are, and the prefill is one verify call."""
+        return {"offset": 0, "count": int(cfg.vocab_size)}
+
+    def config_record(self, cfg) -> dict:
+        d = super().config_record(cfg)
+        d.pop("vocabulary_map", None)  # 65k entries: the bundle carries the checkpoint's config.json
+        return d
+
+    def target_config(self, man):
+        from .checkpoint import read_chameleon_config
+
+        return read_chameleon_config(Path(man.dir) / (man.files or {}).get("config", "config.json"))
+
+    def vq_config(self, man):
+        from .vq import ChameleonVQConfig
+
+        if not man.vq:
+            return None
+        return ChameleonVQConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in man.vq["config"].items()})
+
+
+FAMILY_GRAPHS = register_export_family(ChameleonGraphs())
+
+
+# ----------------------------------------------------------------------------- wrappers
+
+class ChameleonStepGraph(PromptStepGraph):
+    """ChameleonTarget._run over a static cache with host-made positions / slots / mask
+    (export/prompt_graphs.PromptStepGraph over the token embedding).
+
+    last_only: the prefill graph (outputs at the last input position only)."""
+
+    def __init__(self, model, last_only: bool):
+        spec = FAMILY_GRAPHS.graph_spec(Graph.TARGET_PREFILL if last_only else Graph.TARGET_VERIFY, model.config)
+        super().__init__(model, spec, lambda m, ids: m.model.embed_tokens(ids), last_only)
+
+
+class ChameleonVQGraph(_NamedGraph):
+    """ChameleonVQGAN.decode_code without its host-side code check."""
+
+    def __init__(self, vq, target_cfg):
+        super().__init__(FAMILY_GRAPHS.graph_spec(Graph.VQ_DECODE, target_cfg))
+        self.vq = vq
+
+    def compute(self, x):
+        quant = self.vq.quantize.embedding(x["image_tokens"]).permute(0, 3, 1, 2)
+        return dict(images=self.vq.decoder(self.vq.post_quant_conv(quant)).float())
+
+
+# ----------------------------------------------------------------------------- bundle
+
+def _code_ids(target, tokenizer_dir):
+    """The head ids of the image codes (the sub-vocabulary the tables cover)."""
+    from . import CHAMELEON
+    from .lumina import LuminaTokenizer
+
+    return CHAMELEON.sub_vocab(target, LuminaTokenizer(tokenizer_dir).newline).code_ids
+
+
+def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, image_size: Optional[int] = None,
+                     max_prompt: int = DEFAULT_MAX_PROMPT, max_tree: int = DEFAULT_MAX_TREE,
+                     opset: int = DEFAULT_OPSET, generation: Optional[dict] = None, validate: bool = True,
+                     fp16: bool = False, quantize: str = "none", lint: bool = False, progress: bool = False):
+    """Export a Chameleon-family engine directory (see module docstring); returns its Manifest.
+
+    Args:
+        target: ChameleonTarget (fp32, eval) loaded from an HF directory.
+        drafter: its ChameleonDrafter, or None.
+        tables: image-code GASVTables (`lisa-trt calibrate --model DIR`; calibration.tables.load_tables_for), or None.
+        vq: ChameleonVQGAN, or None (no pixels, tokens only at run time).
+        tokenizer_dir: folder with tokenizer.json (+ tokenizer_config.json): the checkpoint dir.
+        out_dir: destination (replaced atomically if it is an engine directory).
+        image_size: the image size the engines serve (fixes the span length and the cache); None: the
+            family's default (512).
+        max_prompt: most prompt tokens (caption template included) a run may use.
+        max_tree: most draft-tree nodes verified per step.
+        generation: default settings recorded for `lisa-trt run` (cfg_scale, top_k, ...).
+        validate: compare every graph with the fp32 PyTorch model (export/validate.py thresholds:
+            fp32 1e-4, fp16 5e-2; int8 0.1 / int4 0.3 for the quantized graphs).
+        fp16: fp16 target / drafter graphs (weights, activations, KV cache; RMSNorm statistics,
+            RoPE, softmax and logits stay fp32); GASV and VQGAN graphs stay fp32.
+        quantize: "none", "int8" or "int4": the target / drafter weights of the fp32 export
+            quantized for ONNX Runtime (export/quantize.py; not with fp16).
+        lint: run `polygraphy check lint` on every graph.
+    """
+    from . import CHAMELEON
+
+    check_export_options(opset, fp16, quantize)  # before any work
+    tokenizer_dir = Path(tokenizer_dir)
+    image_size = int(image_size or CHAMELEON.default_image_size)
+    code_ids = _code_ids(target, tokenizer_dir) if tables is not None else None  # the tables cover the image codes
+    tables = check_bundle_artifacts(target, drafter, tables, code_ids)
+    L = engine_cache_len(image_size, max_prompt, max_tree)
+    if L > target.config.max_position_embeddings + max_tree:
+        raise InputError(f"a {image_size}px image with a {max_prompt}-token prompt needs {L} cache slots; this "
+                         f"checkpoint has max_position_embeddings {target.config.max_position_embeddings}")
+    layout = {"image_size": int(image_size), "max_prompt": int(max_prompt), "latent": list(latent_grid(image_size))}
+
+    def target_builders(t_exp, precision):
+        return [(Graph.TARGET_PREFILL, lambda: ChameleonStepGraph(resolve(t_exp), True), precision),
+                (Graph.TARGET_VERIFY, lambda: ChameleonStepGraph(resolve(t_exp), False), precision)]
+
+    vq_builder = (lambda: ChameleonVQGraph(vq.eval(), target.config)) if vq is not None else None
+    return write_prompt_bundle(FAMILY_GRAPHS, target, drafter, tables, vq, out_dir, source=tokenizer_dir,
+                               target_builders=target_builders, vq_builder=vq_builder, layout=layout,
+                               max_cache_len=L, max_tree=max_tree, files=("config.json",) + TOKENIZER_FILES,
+                               opset=opset, generation=generation, validate=validate, fp16=fp16, quantize=quantize,
+                               lint=lint, progress=progress)
+
+
+def is_chameleon_engine(path) -> bool:
+    """True when `path` is a Chameleon-family engine directory (export.manifest.bundle_family);
+    False for a LlamaGen one and for a directory that is no engine directory at all.
+
+    A thin wrapper kept for cli.py; new code calls bundle_family."""
+    from ...export.manifest import bundle_family
+
+    try:
+        return bundle_family(path) == FAMILY
+    except InputError:
+        return False
+
+
+__all__ = ["DEFAULT_MAX_PROMPT", "DEFAULT_MAX_TREE", "ChameleonGraphs", "ChameleonStepGraph", "ChameleonVQGraph",
+           "engine_cache_len", "export_chameleon", "is_chameleon_engine", "latent_grid", "span_length"]

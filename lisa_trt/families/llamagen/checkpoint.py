@@ -1,0 +1,85 @@
+"""Loading official LlamaGen checkpoints (.pt, DDP or raw) and lisa-trt safetensors, strictly:
+the LlamaGen family's target and VQ loaders (models/checkpoints.py reads the files)."""
+
+from __future__ import annotations
+
+from ...config import TargetConfig, VQConfig, _GPT_SHAPES, target_config, vq_config
+from ...errors import ConfigError
+from ...models.checkpoints import PathLike, _clean, read_state_dict, strict_load
+
+
+def guess_target_config(sd: dict) -> str:
+    """Describe the official config a state dict most likely needs (from tensor shapes)."""
+    try:
+        vocab, dim = sd["tok_embeddings.weight"].shape
+        n_layer = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("layers."))
+    except (KeyError, ValueError):
+        return ""
+    t2i = "cls_embedding.uncond_embedding" in sd
+    names = [n for n, (L, _, d) in _GPT_SHAPES.items() if L == n_layer and d == dim]
+    kind = "t2i" if t2i else "c2i"
+    extra = ""
+    if not t2i and "cls_embedding.embedding_table.weight" in sd:
+        extra = f", num_classes={sd['cls_embedding.embedding_table.weight'].shape[0] - 1}"
+    found = names[0] if names else f"a custom config (dim={dim}, n_layer={n_layer})"
+    return f"the file looks like {found} ({kind}, vocab_size={vocab}{extra})"
+
+
+def _resolve_target_config(config, meta: dict) -> TargetConfig:
+    if isinstance(config, TargetConfig):
+        return config
+    if config is None:
+        if "config" in meta:
+            return TargetConfig.from_dict(meta["config"])
+        raise ConfigError("no config given and the file carries none: pass a registry name "
+                          "(e.g. 'GPT-B') or a TargetConfig")
+    return target_config(config)
+
+
+def load_llamagen_target(path: PathLike, config=None, device="cpu"):
+    """Load a LlamaGen target (official .pt or lisa-trt safetensors), eval mode, fp32.
+
+    The weights are loaded once (issue 26): the model is built on the meta device and its
+    parameters become the file's tensors (`assign`); a zip-format .pt file's tensors are mapped
+    from the file, read as they are used (an fp32 file: no copy at all; bf16: one fp32 copy)."""
+    import torch
+
+    from ...models.rope import precompute_freqs_cis_2d
+    from .model import Transformer
+
+    sd, meta = read_state_dict(path, mmap=True)
+    cfg = _resolve_target_config(config, meta)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    strict_load(model, _clean(sd), f"target {cfg.n_layer}x{cfg.dim} ({cfg.model_type})", guess_target_config(sd),
+                assign=True)
+    del sd
+    # the one non-persistent buffer (the 2-D RoPE table), as Transformer.__init__ makes it
+    model.register_buffer("freqs_cis", precompute_freqs_cis_2d(cfg.grid_size, cfg.head_dim, cfg.rope_base,
+                                                               cfg.cls_token_num), persistent=False)
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise ConfigError(f"the checkpoint left {left[:3]} unset")  # strict_load makes this unreachable
+    return model.float().eval().to(device)
+
+
+def load_llamagen_vq(path: PathLike, config=None, device="cpu"):
+    """Load a LlamaGen VQ tokenizer; config: "VQ-16", "VQ-8", a VQConfig, or None (metadata)."""
+    from .vq import VQModel
+
+    sd, meta = read_state_dict(path)
+    if isinstance(config, VQConfig):
+        cfg = config
+    elif config is None:
+        if "config" not in meta:
+            raise ConfigError("no VQ config given and the file carries none: pass 'VQ-16' or 'VQ-8'")
+        cfg = VQConfig.from_dict(meta["config"])
+    else:
+        cfg = vq_config(config)
+    model = VQModel(cfg)
+    hint = ""
+    if "quantize.embedding.weight" in sd:
+        n, d = sd["quantize.embedding.weight"].shape
+        hint = f"the file has a {n} x {d} codebook"
+    strict_load(model, _clean(sd), "VQ", hint)
+    return model.float().eval().to(device)

@@ -1,0 +1,121 @@
+"""The LlamaGen family's export plugin (the export/families.py seam): `LlamaGenGraphs`.
+
+LlamaGen (c2i / t2i) graphs are the io_spec table as it stands: a condition-prefix prefill, the
+shared verify / drafter / GASV graphs and the VQ-16 decoder; runtime/bundle.export_full_bundle
+writes its engine directories. Manifests written before the `family` field are LlamaGen's
+(`unnamed_manifest`).
+
+This module sits at the export floor (tests/test_architecture.py: a family package's `export`
+sub-module); the family package never imports it, export/families.py finds it through
+`LlamaGenFamily.export_module`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ...export.families import ExportFamily, interleave, past_of, register_export_family
+from ...models.io_spec import Graph
+
+
+class LlamaGenGraphs(ExportFamily):
+    """LlamaGen (c2i / t2i): the io_spec table as it stands, condition prefix prefill, VQ-16 decoder."""
+
+    name = "llamagen"
+    unnamed_manifest = True  # a manifest.json without a `family` field predates the field: LlamaGen's
+
+    def graph_spec(self, graph, cfg):
+        from ...models.io_spec import graph_spec
+
+        return graph_spec(graph, n_layer=getattr(cfg, "n_layer", 0), model_type=getattr(cfg, "model_type", "c2i"))
+
+    def export_dims(self, cfg, *, max_cache_len, drafter_cfg=None, vq_cfg=None, codes=None, layout=None):
+        from ...models.io_spec import export_dims
+
+        return export_dims(cfg, max_cache_len=max_cache_len, drafter_cfg=drafter_cfg, vq_cfg=vq_cfg)
+
+    def default_generation(self):
+        from ...config import SamplingConfig
+
+        return dataclasses.asdict(SamplingConfig())
+
+    def target_config(self, man):
+        from ...config import TargetConfig
+
+        return TargetConfig.from_dict(man.target["config"])
+
+    def vq_config(self, man):
+        from ...config import VQConfig
+
+        return VQConfig.from_dict(man.vq["config"]) if man.vq else None
+
+    def prefill_ids(self, cfg):
+        """c2i with one class token: the verify graph embeds class c (null class included) as id
+        vocab_size + c, so the prefill is one verify call. t2i (caption features, not ids): None."""
+        if getattr(cfg, "model_type", "c2i") != "c2i" or cfg.cls_token_num != 1:
+            return None
+        return {"offset": cfg.vocab_size, "count": cfg.num_classes + 1}
+
+    def verify_embed(self, model, ids):
+        rec = self.prefill_ids(model.config)
+        if rec is None:
+            return model.embed_tokens(ids)
+        cond = ids >= rec["offset"]
+        tok = model.tok_embeddings(torch.where(cond, 0, ids))
+        cls = model.cls_embedding.embedding_table(torch.where(cond, ids - rec["offset"], 0))
+        return torch.where(cond[..., None], cls, tok)  # the same rows as tok_embeddings / cond_embeddings
+
+    def prefill_tokens(self, cfg, cond, rec):
+        ids = cond.to(torch.int64).reshape(-1, 1) + rec["offset"]
+        return ids, torch.ones(ids.shape, dtype=torch.bool)
+
+    def export_patches(self, model) -> dict:
+        """Check-free replacements of the target's data-dependent host checks (export/onnx._export_mode)."""
+        from .model import Transformer
+
+        if not isinstance(model, Transformer):
+            return {}
+        return dict(embed_tokens=model.tok_embeddings.forward, check_cond=lambda cond: None)
+
+    def input_range(self, name, refs, dims):
+        tcfg = refs["target"].config
+        if name == "class_ids":
+            return 0, tcfg.num_classes + 1
+        if name in ("input_ids", "node_tokens"):
+            return 0, tcfg.vocab_size
+        if name == "image_tokens":
+            return 0, refs["vq"].config.codebook_size
+        if name == "position_ids":
+            return tcfg.cls_token_num, tcfg.seq_len
+        return super().input_range(name, refs, dims)
+
+    def target_reference(self, graph, refs, x):
+        from ...models.family import family_of
+        from ...models.layers import KVCache
+
+        m = refs["target"]
+        cfg = m.config
+        past = past_of(x, cfg.n_layer)
+        cache = KVCache(cfg, past[0].shape[0], past[0].shape[2], torch.float32, "cpu")
+        cache.k, cache.v = past[0::2], past[1::2]
+        if graph is Graph.TARGET_PREFILL:
+            o = m.prefill(family_of(cfg).cond_from_inputs(cfg, x), cache, taps=True)
+            res = dict(prefix_valid=cache.col_valid[:, : cfg.cls_token_num].clone())
+        else:
+            o = m.forward_tokens(x["input_ids"], x["position_ids"], x["cache_slots"], x["attention_mask"], cache,
+                                 taps=True)
+            res = {}
+        res.update(logits=o.logits, taps=o.taps, hidden=o.hidden, **interleave(cache.k, cache.v))
+        return res
+
+    def vq_reference(self, refs, x):
+        vq, tok = refs["vq"], x["image_tokens"]
+        grid = refs["target"].config.grid_size
+        return dict(images=vq.decode_code(tok, (tok.shape[0], vq.config.codebook_embed_dim, grid, grid)))
+
+
+GRAPHS = register_export_family(LlamaGenGraphs())
+
+__all__ = ["GRAPHS", "LlamaGenGraphs"]

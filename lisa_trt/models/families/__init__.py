@@ -1,1 +1,0 @@
-"""Model family packages; each registers a ModelFamily (models/family.py)"""
