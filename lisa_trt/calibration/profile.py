@@ -188,7 +188,7 @@ def code_geometry(target, vq_codebook: torch.Tensor, sub_vocab: Optional[SubVoca
     Returns (head rows (K, H) fp32, L2-normalised codebook rows (K, d) on the CPU, lut): without a
     sub-vocabulary the head is the codebook (K = V, lut None: LlamaGen, Janus); with one
     (Chameleon) the K code tokens' head rows and the VQ rows of their codes, and lut (V,) token
-    id -> code index (subvocab.py's map: K for the forced token, K + 1 for any other)."""
+    id -> code index (SubVocab.lut: K + 1 for any non-code id; only sampled indices are looked up)."""
     W = target.output.weight.detach().float()
     V = W.shape[0]
     cb = vq_codebook.detach().float().cpu()

@@ -91,28 +91,36 @@ class Request:
 
 @dataclass(frozen=True)
 class SubVocab:
-    """The codebook inside a wider head: code_ids (K,) sorted token ids, codes (K,) their VQ rows,
-    forced_id: the one forced token (row end) that gets sub index K (anything else K + 1)."""
+    """The codebook inside a wider head: code_ids (K,) sorted token ids, codes (K,) their VQ rows.
+
+    Sub indices: codes 0..K-1; K the token the layout forces at that position (any id: one per
+    forced position, so any number of distinct forced tokens); K + 1 anything else (never
+    committed). The forced ids come per position from `SequenceLayout.forced`."""
 
     code_ids: torch.Tensor
     codes: torch.Tensor
-    forced_id: int
 
     @property
     def K(self) -> int:
         return int(self.code_ids.numel())
 
     def lut(self, vocab_size: int, device) -> torch.Tensor:
-        """(V,) token id -> sub index (codes 0..K-1, forced token K, anything else K + 1)."""
+        """(V,) token id -> sub index, codes 0..K-1 and K + 1 for any other id (no position:
+        `to_sub` gives K to the token forced at a position)."""
         t = torch.full((vocab_size,), self.K + 1, dtype=torch.long, device=device)
         t[self.code_ids.to(device)] = torch.arange(self.K, device=device)
-        t[self.forced_id] = self.K
         return t
 
-    def back(self, device) -> torch.Tensor:
-        """(K + 2,) sub index -> token id (K + 1 maps to the forced token: never committed)."""
-        f = torch.tensor([self.forced_id, self.forced_id], device=device)
-        return torch.cat([self.code_ids.to(device), f])
+    def to_sub(self, tokens: torch.Tensor, forced: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
+        """Token ids (...) at positions whose forced id is `forced` (..., -1: free) -> sub indices
+        (K where the token is the one forced there)."""
+        return torch.where((forced >= 0) & (tokens == forced), self.K, lut[tokens.clamp(min=0)])
+
+    def from_sub(self, sub: torch.Tensor, forced: torch.Tensor) -> torch.Tensor:
+        """Sub indices (...) at positions whose forced id is `forced` (...) -> token ids: a code's
+        id, or the position's forced token for K (and K + 1, which is never committed)."""
+        ids = self.code_ids.to(sub.device)
+        return torch.where(sub < self.K, ids[sub.clamp(min=0, max=self.K - 1)], forced.to(sub.device))
 
 
 class ModelFamily:

@@ -95,9 +95,10 @@ class Guide:
         return self.layout.law(guided, token_index, self._process)
 
     def forced(self, token_index: torch.Tensor) -> Optional[torch.Tensor]:
-        """(B, N) bool: nodes at forced indices (None when the layout forces nothing)."""
-        f = self.layout.forced_mask(token_index.device)
-        return None if f is None else f[token_index.clamp(max=f.numel() - 1)]
+        """(B, N) long: the token id forced at each index, -1 where it is sampled (None when the
+        layout forces nothing)."""
+        f = self.layout.forced
+        return None if f is None else f.to(token_index.device)[token_index.clamp(max=f.numel() - 1)]
 
     def dup(self, x: torch.Tensor) -> torch.Tensor:
         """Rows of the real batch -> rows of the CFG batch (same tokens in both halves)."""

@@ -2,11 +2,11 @@
 
 A family whose head is wider than its VQ codebook (Chameleon / Lumina-mGPT: text + image
 tokens) answers a `SubVocab` in its SequenceLayout (models/family.py): the K image-code token
-ids, and the one forced token (the row end). Calibration tables then cover the K codes; this
-module maps a tree's full-vocabulary logits and tokens onto the sub-vocabulary
-(codes 0..K-1, forced token K, anything else K + 1), runs the generic verification kernels of
+ids. Calibration tables then cover the K codes; this module maps a tree's full-vocabulary logits
+and tokens onto the sub-vocabulary (codes 0..K-1; K the token the layout forces at that position,
+whatever it is: Lumina-mGPT's row end, or several distinct end tokens; anything else K + 1), runs the generic verification kernels of
 verify.py there with the same settings the LlamaGen path reads (LANTERN k / delta / residual /
-gamma; GASV v2 constants and per-run overrides), and maps the result back.
+gamma; GASV v2 constants and per-run overrides), and maps the result back, position by position (index K -> the token forced there).
 
 Nodes whose law is one-hot (a forced position) or that sit under one get no GASV candidates:
 their parent's law is one-hot and GASV moves no mass there.
@@ -41,7 +41,10 @@ def extend(p: torch.Tensor, forced: torch.Tensor) -> torch.Tensor:
 
 
 class SubVocabVerifier:
-    """verify(logits (B, N, V), tree, forced (B, N) bool, ctx) -> VerifyResult in token ids."""
+    """verify(logits (B, N, V), tree, forced (B, N) long, ctx) -> VerifyResult in token ids.
+
+    forced[b, n]: the token id the layout forces for node n's children (its law's position), -1
+    where that position is sampled."""
 
     def __init__(self, vocab, vocab_size: int, tables, device):
         if tables is None:
@@ -50,12 +53,16 @@ class SubVocabVerifier:
         if tables.vocab_size != vocab.K:
             raise InputError(f"the tables cover {tables.vocab_size} codes; this target has {vocab.K} image codes")
         self.vocab, self.tables = vocab, tables
-        self.lut, self.back = vocab.lut(vocab_size, device), vocab.back(device)
+        self.lut = vocab.lut(vocab_size, device)
         nb = tables.lantern_neighbors.long().to(device)
         self.nb = torch.cat([nb, torch.zeros(2, nb.shape[1], dtype=torch.long, device=device)])  # forced / other
 
-    def __call__(self, method: str, logits, tree, forced, ctx):
-        sub_tree = dataclasses.replace(tree, tokens=self.lut[tree.tokens])
+    def __call__(self, method: str, logits, tree, forced_ids, ctx):
+        if forced_ids is None:
+            forced_ids = torch.full(tree.tokens.shape, -1, dtype=torch.long, device=tree.tokens.device)
+        forced = forced_ids >= 0
+        at_parent = torch.where(tree.parents >= 0, forced_ids.gather(1, tree.parents.clamp(min=0)), -1)
+        sub_tree = dataclasses.replace(tree, tokens=self.vocab.to_sub(tree.tokens, at_parent, self.lut))
         sub = sub_logits(logits, self.vocab, forced)
         if method == "lantern":
             s = ctx.spec.lantern
@@ -74,8 +81,11 @@ class SubVocabVerifier:
                    V.verify_gasv(p, sub_tree, ctx.generator, cand, gate, delta_eff))
         else:
             raise InputError(f"{method!r} has no sub-vocabulary rule; relaxed rules here: {', '.join(RELAXED)}")
-        tok = torch.where(res.tokens >= 0, self.back[res.tokens.clamp(min=0)], res.tokens)
-        return dataclasses.replace(res, tokens=tok, bonus=self.back[res.bonus])
+        # committed column j is a child of path[:, j] (the drafts, then the bonus at path[:, accept_len])
+        col = forced_ids.gather(1, res.path.clamp(min=0))
+        tok = torch.where(res.tokens >= 0, self.vocab.from_sub(res.tokens, col), res.tokens)
+        last = col.gather(1, res.accept_len[:, None])[:, 0]
+        return dataclasses.replace(res, tokens=tok, bonus=self.vocab.from_sub(res.bonus, last))
 
     def _gasv(self, sub, sub_tree, forced, gasv, cfg):
         """GASV v2 quantities over the codes: p (B, N, K + 2); cand, gate (B, N, Kn); delta_eff."""

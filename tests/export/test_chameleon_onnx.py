@@ -107,7 +107,7 @@ def test_ort_greedy_speculation_matches_torch(pipeline):
     from lumina_calls import load_chameleon_tables
     from lisa_trt.speculative.gasv import gasv_gates
 
-    tables = load_chameleon_tables(root / "tables.safetensors", target, tok.newline)
+    tables = load_chameleon_tables(root / "tables.safetensors", target)
     assert eng.gasv.config == tables.config and tables.metadata()["gasv_version"] == 2
     g = torch.Generator().manual_seed(0)
     x = 3 * torch.randn(6, N_CODES, generator=g)

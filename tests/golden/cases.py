@@ -45,7 +45,7 @@ def chameleon_setup(tmp: Path):
     # cfg_scale=2.0, top_k=16, samples_per_pos=4, n_clusters=4, lantern_k=8, batch_size=3,
     # min_cluster_samples=8), frozen so that these cases pin the decode paths alone (the
     # calibration driver is pinned by tests/calibration/test_table_cases.py).
-    tables = load_tables_for(HERE / "chameleon_tables.safetensors", target, CHAMELEON.sub_vocab(target, tok.newline))
+    tables = load_tables_for(HERE / "chameleon_tables.safetensors", target, CHAMELEON.sub_vocab(target))
     return dict(target=target, tok=tok, drafter=drafter, tables=tables)
 
 

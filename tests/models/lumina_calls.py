@@ -85,13 +85,13 @@ def speculative_image_tokens(target, drafter, tokenizer, captions: Sequence[str]
     return LuminaImages(out, tokens_to_codes(target, out, h, w)), stats
 
 
-def load_chameleon_tables(path, target, newline: int):
+def load_chameleon_tables(path, target):
     """Image-code tables bound to this target's code rows (calibration.tables.load_tables_for with
     the family's sub-vocabulary; the request layout's `sub_vocab` is the same object)."""
     from lisa_trt.calibration.tables import load_tables_for
     from lisa_trt.models.family import family_of
 
-    return load_tables_for(path, target, family_of(target.config).sub_vocab(target, newline))
+    return load_tables_for(path, target, family_of(target.config).sub_vocab(target))
 
 
 _CALIBRATE_FLAGS = {"image_size": "--image-size", "captions_file": "--captions-file", "rollouts": "--rollouts",
@@ -115,7 +115,7 @@ def calibrate_cli(model_dir, out_path, **kw):
             args += [_CALIBRATE_FLAGS[k], str(v)]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output + repr(r.exception)
-    return load_chameleon_tables(out_path, lisa_trt.load_target(str(model_dir)), LuminaTokenizer(model_dir).newline)
+    return load_chameleon_tables(out_path, lisa_trt.load_target(str(model_dir)))
 
 
 class _Engines:

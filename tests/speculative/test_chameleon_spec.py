@@ -160,7 +160,7 @@ def test_code_tables_are_gasv_version_2(code_tables, setup, tmp_path):
     assert code_tables.beta.shape == (4,) and bool((code_tables.beta > 0).all())
     save_tables(code_tables, tmp_path / "t.safetensors")
     assert load_safetensors(tmp_path / "t.safetensors")[1]["gasv_version"] == 2
-    back = load_tables_for(tmp_path / "t.safetensors", target, CHAMELEON.sub_vocab(target, tok.newline))
+    back = load_tables_for(tmp_path / "t.safetensors", target, CHAMELEON.sub_vocab(target))
     assert back.config == code_tables.config and torch.equal(back.beta, code_tables.beta)
     assert torch.allclose(back.w_tilde, code_tables.w_tilde)
     x = 3 * torch.randn(4, N_CODES, generator=torch.Generator().manual_seed(0))

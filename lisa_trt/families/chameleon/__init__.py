@@ -149,10 +149,10 @@ class ChameleonFamily(ModelFamily):
 
         return image_ids(target)
 
-    def sub_vocab(self, target, forced_id: int) -> SubVocab:
+    def sub_vocab(self, target) -> SubVocab:
         from .vocab import sub_vocab
 
-        return sub_vocab(target, forced_id)
+        return sub_vocab(target)
 
     def free_layout(self, target, n_tokens=None, image_tokens_only: bool = False) -> SequenceLayout:
         """`n_tokens` free tokens over the raw head (optionally image codes only): the public

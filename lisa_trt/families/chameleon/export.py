@@ -149,12 +149,11 @@ class ChameleonVQGraph(_NamedGraph):
 
 # ----------------------------------------------------------------------------- bundle
 
-def _code_ids(target, tokenizer_dir):
+def _code_ids(target):
     """The head ids of the image codes (the sub-vocabulary the tables cover)."""
     from . import CHAMELEON
-    from .lumina import LuminaTokenizer
 
-    return CHAMELEON.sub_vocab(target, LuminaTokenizer(tokenizer_dir).newline).code_ids
+    return CHAMELEON.sub_vocab(target).code_ids
 
 
 def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, image_size: Optional[int] = None,
@@ -188,7 +187,7 @@ def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, ima
     check_export_options(opset, fp16, quantize)  # before any work
     tokenizer_dir = Path(tokenizer_dir)
     image_size = int(image_size or CHAMELEON.default_image_size)
-    code_ids = _code_ids(target, tokenizer_dir) if tables is not None else None  # the tables cover the image codes
+    code_ids = _code_ids(target) if tables is not None else None  # the tables cover the image codes
     tables = check_bundle_artifacts(target, drafter, tables, code_ids)
     L = engine_cache_len(image_size, max_prompt, max_tree)
     if L > target.config.max_position_embeddings + max_tree:

@@ -137,7 +137,7 @@ def span_request(target, tokenizer: LuminaTokenizer, captions: Sequence[str], wi
         prompts.uncond = Prompts.from_rows([prefix] * len(captions), dev)
     ends = row_end_mask(h_lat, w_lat)
     forced = torch.where(ends, torch.tensor(tokenizer.newline), torch.tensor(-1))
-    layout = SequenceLayout(int(ends.numel()), image_ids(target).to(dev), forced, sub_vocab(target, tokenizer.newline))
+    layout = SequenceLayout(int(ends.numel()), image_ids(target).to(dev), forced, sub_vocab(target))
     return prompts, layout, (h_lat, w_lat)
 
 

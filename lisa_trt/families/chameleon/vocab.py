@@ -18,8 +18,8 @@ def image_ids(target) -> torch.Tensor:
     return ids
 
 
-def sub_vocab(target, forced_id: int) -> SubVocab:
-    """The K image codes (sorted ids, their VQ rows) and the forced token (the row end)."""
+def sub_vocab(target) -> SubVocab:
+    """The K image codes (sorted ids, their VQ rows); the forced tokens (row ends) come from the layout."""
     vm = image_vocab(target.config.vocabulary_map, target.config.vocab_size)
     ids = sorted(vm)
-    return SubVocab(torch.tensor(ids), torch.tensor([vm[i] for i in ids]), int(forced_id))
+    return SubVocab(torch.tensor(ids), torch.tensor([vm[i] for i in ids]))
