@@ -1,4 +1,4 @@
-"""TensorRT operator audit of lisa-trt bundles (lisa_trt/engines/op_audit.py).
+"""TensorRT operator audit of lisa-trt bundles (lisa_trt/deploy/op_audit.py).
 
     python scripts/trt_op_audit.py demo=DIR fp16=DIR int8=DIR ... --json bench/trt_op_audit.json
 

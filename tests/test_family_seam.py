@@ -1,6 +1,6 @@
 """The family seam (issue 24, docs/families.md), proven by parsing every module:
 
-- outside the family packages (lisa_trt/models/families/<name>/) and the one registration list
+- outside the family packages (lisa_trt/families/<name>/) and the one registration list
   (models/family.py `_BUILTIN`), no module imports a family package;
 - no file outside a family package is named after a family;
 - no code outside them names a family or branches on `model_type` (docstrings, comments and
@@ -58,8 +58,8 @@ def _help_strings(tree) -> set:
 
 def imports_a_family(node) -> bool:
     """True when an import statement reaches a family package: a dotted component (or imported
-    name) that is a family's name, or anything under `models.families` (a family not in FAMILIES).
-    The word "families" alone is no family (export/families.py is the generic ExportFamily registry)."""
+    name) that is a family's name, or anything in the `families` package (a family not in FAMILIES).
+    `export.families` is no family (the generic ExportFamily registry)."""
     if isinstance(node, ast.Import):
         paths = [a.name.split(".") for a in node.names]
     else:
@@ -68,8 +68,9 @@ def imports_a_family(node) -> bool:
     for parts in paths:
         if any(NAME.search(p) for p in parts):
             return True
-        for i in range(len(parts) - 2):
-            if parts[i] == "models" and parts[i + 1] == "families":
+        for i, part in enumerate(parts):  # lisa_trt.families.X, or ..families.X from a subpackage
+            top = parts[i - 1] == "lisa_trt" if i else getattr(node, "level", 0) >= 2
+            if part == "families" and top and i + 1 < len(parts):
                 return True
     return False
 
@@ -78,9 +79,10 @@ def test_the_import_rule_matches_family_names_not_the_word_families():
     def imp(src):
         return imports_a_family(ast.parse(src).body[0])
 
-    assert imp("from ..models.families.janus.target import JanusTarget")
-    assert imp("from ..models.families import chameleon")
-    assert imp("from ..models.families.newfam import x")  # a family FAMILIES does not list yet
+    assert imp("from ..families.janus.target import JanusTarget")
+    assert imp("from ..families import chameleon")
+    assert imp("from ..families.newfam import x")  # a family FAMILIES does not list yet
+    assert imp("from lisa_trt.families import newfam")
     assert imp("import lisa_trt.families.llamagen.model")
     assert imp("from .chameleon_onnx import export_chameleon")
     assert not imp("from .families import export_family")  # the generic ExportFamily registry

@@ -1,4 +1,4 @@
-"""`lisa-trt bench`: every method on the same prompts and seeds in one process (lisa_trt/bench.py)."""
+"""`lisa-trt bench`: every method on the same prompts and seeds in one process (lisa_trt/harness.py)."""
 
 from __future__ import annotations
 

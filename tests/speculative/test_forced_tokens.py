@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 import lisa_trt  # noqa: E402
 from chameleon_fixtures import N_CODES, make_hf_model, save_hf, save_tokenizer  # noqa: E402
 from lisa_trt.config import SamplingConfig  # noqa: E402
-from lisa_trt.models.families.chameleon import CHAMELEON  # noqa: E402
-from lisa_trt.models.families.chameleon.drafter import ChameleonDrafter  # noqa: E402
+from lisa_trt.families.chameleon import CHAMELEON  # noqa: E402
+from lisa_trt.families.chameleon.drafter import ChameleonDrafter  # noqa: E402
 from lisa_trt.models.family import SequenceLayout  # noqa: E402
 from lisa_trt.speculative.methods import GASVRuleConfig, SpecConfig  # noqa: E402
 from lisa_trt.speculative.run import run_method  # noqa: E402
