@@ -378,7 +378,7 @@ def _speedups(out: dict) -> None:
 
 
 def _demo_bundle(ctx: Ctx) -> Path:
-    """The demo bundle (`export_full_bundle` of demo + demo-lisa + tables + VQ), exported once per run
+    """The demo bundle (`export_bundle` of demo + demo-lisa + tables + VQ), exported once per run
     and shared by compiled_decode and tensorrt (an export is a large part of the time budget)."""
     cached = getattr(ctx, "demo_bundle", None)
     if cached is not None and (cached / "manifest.json").is_file():
@@ -388,11 +388,11 @@ def _demo_bundle(ctx: Ctx) -> Path:
     from lisa_trt import load_target
     from lisa_trt.artifacts import load_drafter_by_name, load_tables_by_name
     from lisa_trt.demo.registry import load_demo_vq
-    from lisa_trt.runtime.bundle import export_full_bundle
+    from lisa_trt.export import export_bundle
 
     target = load_target("demo").eval()
     d = Path(tempfile.mkdtemp(prefix="gpu_check_bundle_")) / "eng"
-    export_full_bundle(target, load_drafter_by_name("demo-lisa", target), load_tables_by_name("demo", target),
+    export_bundle(target, load_drafter_by_name("demo-lisa", target), load_tables_by_name("demo", target),
                        load_demo_vq(), d, progress=False, lint=False, validate=False)
     ctx.demo_bundle = d
     return d

@@ -84,7 +84,7 @@ def main() -> None:
     from lisa_trt.engines.ort import load_ort_engines
     from lisa_trt.export.int8_isa import cpu_kind, emulate, run_emulated, saturation_bound
     from lisa_trt.models.io_spec import Graph, export_dims, graph_spec
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
     from lisa_trt.export.validate import output_error, reference_outputs, run_onnx, sample_inputs
     from lisa_trt.io import write_json
     from lisa_trt.speculative.autoregressive import generate

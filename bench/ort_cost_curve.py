@@ -236,7 +236,7 @@ def probe_threads(make, cond, committed, max_tree, counts, reps=3) -> tuple:
 
 def bench_model(name: str, args) -> dict:
     from lisa_trt.engines.ort import load_ort_engines
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
     from lisa_trt.models.drafter import Drafter
 
     target, desc = build_target(name)

@@ -184,7 +184,7 @@ def quantized_copies(src: Path, refs: dict, validate: bool = True) -> dict:
 def prepare_gptb(work: Path) -> tuple[dict, dict]:
     import torch
 
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
     from lisa_trt.models.drafter import Drafter
     from ort_cost_curve import build_target
 

@@ -58,11 +58,10 @@ def _export_family(rc):
 
 def _export(rc, *, out_dir, drafter, tables, vq, vq_config, fp16, opset, max_tree, validate, quantize, max_prompt,
             echo, torch_weights=False, **_):
-    """The family-seam export: runtime/bundle.export_full_bundle, or the family's own bundle writer."""
+    """The family-seam export: the family's ExportFamily.export_bundle (export/bundle.py, one writer)."""
     from ..artifacts import default_drafter, default_tables, default_vq, load_drafter_by_name, load_tables_by_name
     from ..artifacts import vq_config_for
     from ..models.checkpoints import load_vq
-    from ..runtime.bundle import export_full_bundle
     from ..runtime.outputs import generation_defaults
 
     rc = rc.load(dirs={"--out engine directory": out_dir})
@@ -73,14 +72,9 @@ def _export(rc, *, out_dir, drafter, tables, vq, vq_config, fp16, opset, max_tre
     tb = load_tables_by_name(tables, target, sub_vocab) if tables else None
     vqm = load_vq(vq, vq_config_for(vq, vq_config)) if vq else _own_decoder(rc)
     generation = generation_defaults(source, target, rc.sampling)
-    if xf.exports_bundle:
-        man = xf.export_bundle(target, dr, tb, vqm, out_dir, source=source, image_size=rc.given.get("image_size"),
-                               max_prompt=max_prompt, max_tree=max_tree, opset=opset, generation=generation,
-                               validate=validate, fp16=fp16, quantize=quantize)
-    else:
-        man = export_full_bundle(target, dr, tb, vqm, out_dir, fp16=fp16, opset=opset, max_tree=max_tree,
-                                 generation=generation, validate=validate, quantize=quantize,
-                                 torch_weights=torch_weights)
+    man = xf.export_bundle(target, dr, tb, vqm, out_dir, source=source, image_size=rc.given.get("image_size"),
+                           max_prompt=max_prompt, max_tree=max_tree, opset=opset, generation=generation,
+                           validate=validate, fp16=fp16, quantize=quantize, torch_weights=torch_weights)
     for name, g in man.graphs.items():
         err = (g.validation or {}).get("max_error")
         prec = (g.quantization or {}).get("mode", g.precision)

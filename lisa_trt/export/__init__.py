@@ -7,7 +7,7 @@ from ..models.io_spec import IO_SPEC_VERSION, Graph, GraphSpec, TensorSpec, grap
 
 
 def export_bundle(*args, **kwargs):
-    """See `lisa_trt.export.onnx.export_bundle`."""
-    from .onnx import export_bundle as _export
+    """`lisa-trt export` for any family: see `lisa_trt.export.bundle.export_bundle`."""
+    from .bundle import export_bundle as _export
 
     return _export(*args, **kwargs)

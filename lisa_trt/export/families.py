@@ -51,22 +51,35 @@ class ExportFamily:
     # module whose open_engines(manifest, backend, **options) opens the family's bundles when its
     # engines are not engines/graph.py's GraphTarget / GraphVQ (None: those)
     engines_module: Optional[str] = None
-    # True when the family writes its whole engine directory itself (`export_bundle`: a prompt of
-    # tokens, the tokenizer copied in, a static prompt budget); False: runtime/bundle.export_full_bundle
-    exports_bundle: bool = False
     # manifest file names the family's engine directories held before manifest.json (bundle_family)
     legacy_manifests: tuple = ()
     # True for the one family whose manifest.json files written before the `family` field are its own
     unnamed_manifest: bool = False
 
-    def export_bundle(self, target, drafter, tables, vq, out_dir, *, source, image_size=None, max_prompt=None,
+    def export_bundle(self, target, drafter, tables, vq, out_dir, *, source=None, image_size=None, max_prompt=None,
                       max_tree=None, opset=None, generation=None, validate=True, fp16=False, quantize="none",
-                      lint=True):
-        """Write a validated engine directory for `target` (families with `exports_bundle`); returns its Manifest.
+                      lint=True, progress=True, torch_weights=False, share=True, external_data=None):
+        """Write a validated engine directory for `target` (export/bundle.write_bundle); its Manifest.
 
-        source: the checkpoint directory (tokenizer files); None values take the family's defaults;
-        lint: `polygraphy check lint` every graph, as `lisa-trt export` does for every family."""
-        raise NotImplementedError(f"the {self.name} export family writes no bundle itself (exports_bundle False)")
+        source: the checkpoint directory (tokenizer files); image_size / max_prompt: the family's
+        static layout (None: its defaults; families without one ignore them); the rest are
+        export/bundle.ExportOptions (None: the defaults)."""
+        from .bundle import DEFAULT_MAX_TREE, DEFAULT_OPSET, ExportOptions, write_bundle
+
+        opts = ExportOptions(fp16=fp16, opset=opset or DEFAULT_OPSET, max_tree=max_tree or self.default_max_tree
+                             or DEFAULT_MAX_TREE, quantize=quantize, validate=validate, lint=lint, progress=progress,
+                             torch_weights=torch_weights, share=share, external_data=external_data,
+                             generation=generation).check()
+        graphs = self.bundle_graphs(target.eval(), drafter.eval() if drafter is not None else None, tables, vq,
+                                    opts, source=source, image_size=image_size, max_prompt=max_prompt)
+        return write_bundle(self, target, drafter, tables, vq, out_dir, graphs, opts)
+
+    default_max_tree: Optional[int] = None  # the family's tree budget default (None: export/bundle's)
+
+    def bundle_graphs(self, target, drafter, tables, vq, opts, *, source=None, image_size=None, max_prompt=None):
+        """The family's part of one export (export/bundle.BundleGraphs): its target / VQ graph builders,
+        cache length, checked tables, static layout and files. Raise InputError before any work."""
+        raise NotImplementedError(f"the {self.name} export family does not say which graphs it exports")
 
     def export_patches(self, model) -> dict:
         """{attribute: replacement} shadowing `model`'s data-dependent host checks while it is traced

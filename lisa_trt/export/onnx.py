@@ -1,6 +1,7 @@
 """Export target + drafter + GASV + VQ decoder to ONNX (docs/spec/deploy.md), atomically, validated.
 
-`export_bundle(target, drafter, tables, vq, out_dir)` writes one engine directory:
+The graph wrappers and the per-graph export loop (`export_graphs`) of every engine directory
+(export/bundle.write_bundle writes it; LlamaGen's graphs shown):
 
     target_prefill.onnx   condition prefix -> static KV cache (present.* aliases past.*)
     target_verify.onnx    S new tokens / a draft tree over the static cache, taps + hidden
@@ -50,8 +51,7 @@ from .memory import PrecisionCopy, resolve
 from ..models.io_spec import GASV_K, GASV_PARAMS, Graph, GraphSpec, export_dims, gasv_params, graph_spec  # noqa: F401 (gasv_params, export_dims re-exported)
 
 
-DEFAULT_OPSET = 23  # ONNX Attention (SDPA with a mask) needs opset >= 23
-DEFAULT_MAX_TREE = 64
+from .bundle import DEFAULT_MAX_TREE, DEFAULT_OPSET  # noqa: E402,F401 (the export defaults, defined once)
 EXTERNAL_DATA_BYTES = 32 << 20  # graphs with more weight bytes than this use external data
 _EXAMPLE = dict(batch=2, seq=3, nodes=3)  # trace sizes: never 1 on a dynamic axis (docs/spec/deploy.md)
 
@@ -383,7 +383,8 @@ def staging_dir(out_dir: Path, echo=None):
                       stage_name=staging_dir_name)
 
 
-def _check_inputs(target, drafter, tables) -> None:
+def check_inputs(target, drafter, tables) -> None:
+    """ArtifactMismatchError when the drafter or the tables were made for another target."""
     from ..calibration.tables import check_tables
     from ..models.checkpoints import target_hash
 
@@ -396,83 +397,6 @@ def _check_inputs(target, drafter, tables) -> None:
                 "Export the drafter together with the target it was distilled from.")
     if tables is not None:
         check_tables(tables, th, target.config.vocab_size)
-
-
-def export_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, opset: int = DEFAULT_OPSET,
-                  max_tree: int = DEFAULT_MAX_TREE, generation: Optional[dict] = None,
-                  validate: bool = True, lint: bool = True, progress: bool = True,
-                  external_data: Optional[bool] = None, share: bool = True):
-    """Export a deployable engine directory (ONNX graphs + manifest.json), atomically.
-
-    Args:
-        target: the target Transformer (fp32, eval).
-        drafter: its Drafter, its MedusaHeads (one fp32 medusa_heads graph), or None (no drafter
-            graphs).
-        tables: GASVTables for the target (bound or not), or None (no GASV graph).
-        vq: VQModel, or None (no VQ decoder graph).
-        out_dir: destination directory (replaced if it is an existing engine directory).
-        fp16: fp16 graphs (weights, activations, KV cache); RMSNorm statistics, RoPE, softmax and
-            logits stay fp32; the GASV and VQ graphs stay fp32.
-        opset: ONNX opset (>= 23).
-        max_tree: most new tokens one verification may add on top of the sequence; sets the
-            static cache length round_up(seq_len + max_tree, 8) of target and drafter.
-        generation: default generation settings to record (cfg_scale, temperature, ...).
-        validate: compare every graph with PyTorch on random inputs (fails the export if a graph
-            is beyond its precision's threshold).
-        lint: run `polygraphy check lint` on every graph (recorded in the manifest; a lint
-            failure fails the export).
-        progress: show a progress bar.
-        external_data: force external weight files on/off (default: by size) while exporting.
-        share: finally move every graph's weights into the one deduplicated weights file
-            (export/weights.py) and index the models' state dicts into it (torch backend). Off
-            when the graphs are rewritten afterwards (quantization shares them after that).
-    Returns:
-        The Manifest of the written directory.
-    Raises:
-        ArtifactMismatchError: drafter or tables made for another target.
-        ExportError: a graph failed to export, validate or lint.
-    """
-    from . import manifest as M
-
-    if opset < 23:
-        raise InputError(f"opset {opset} is too old: the graphs use ONNX Attention (opset >= 23)")
-    if max_tree < 1:
-        raise InputError(f"max_tree must be >= 1, got {max_tree}")
-    _check_inputs(target, drafter, tables)
-    if tables is not None and tables.w_tilde is None:
-        tables = tables.bind(target.output.weight)
-    tcfg = target.config
-    lmax = max_cache_len(tcfg, max_tree)
-    precision = "fp16" if fp16 else "fp32"
-    dims = export_family(target).export_dims(tcfg, max_cache_len=lmax,
-                                             drafter_cfg=drafter.config if drafter is not None else None,
-                                             vq_cfg=vq.config if vq is not None else None)
-    refs = dict(target=target, drafter=drafter, tables=tables, vq=vq)
-    started = time.time()
-    t_exp = PrecisionCopy(target, fp16)  # converted per graph, freed after each (export/memory.py)
-    d_exp = half_drafter(drafter, fp16)
-    builders = [(Graph.TARGET_PREFILL, lambda: TargetPrefillGraph(t_exp.get(), lmax), precision),
-                (Graph.TARGET_VERIFY, lambda: TargetVerifyGraph(t_exp.get()), precision)]
-    builders += drafter_builders(drafter, d_exp, precision)
-    if tables is not None:
-        builders.append((Graph.GASV, lambda: GASVGraph(tables), "fp32"))
-    if vq is not None:
-        builders.append((Graph.VQ_DECODE, lambda: VQDecodeGraph(vq.eval(), tcfg.grid_size), "fp32"))
-
-    with staging_dir(Path(out_dir)) as tmp:
-        graphs = export_graphs(builders, tmp, dims, refs, (t_exp, d_exp), opset=opset, external_data=external_data,
-                               validate=validate, lint=lint, progress=progress)
-        extra_files = _write_conditions(target, tmp)
-        weights = None
-        if share:
-            from .weights import share_weights
-
-            graphs, weights = share_weights(tmp, graphs, models=dict(target=t_exp, drafter=d_exp, vq=vq))
-        man = M.build_manifest(target=target, drafter=drafter, tables=tables, vq=vq, graphs=graphs,
-                               precision=precision, opset=opset, max_tree=max_tree, max_cache_len=lmax,
-                               generation=generation, files=extra_files, weights=weights, started=started)
-        M.write_manifest(man, tmp)
-    return M.read_manifest(out_dir)
 
 
 def half_drafter(drafter, fp16: bool):
@@ -591,7 +515,7 @@ def _external_file(path: Path) -> Optional[str]:
     return data.name if data.is_file() else None
 
 
-def _write_conditions(target, tmp: Path) -> dict:
+def condition_files(target, tmp: Path) -> dict:
     """What the family's null_cond needs at run time (t2i: the null caption), if anything."""
     tensors = family_of(target.config).condition_tensors(target)
     if not tensors:

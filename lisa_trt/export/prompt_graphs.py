@@ -6,7 +6,7 @@ condition prefix (engines/prompt_graph.py runs what these export).
     spec = prompt_prefill_spec(n_layer)                  # token inputs + past -> last-position outputs
     g = PromptStepGraph(model, spec, embed, last_only)   # model._run over host-made positions / slots / mask
     tables = check_bundle_artifacts(target, drafter, tables, code_ids)   # made for this target, bound
-    man = write_prompt_bundle(xf, target, drafter, tables, vq, out_dir, ...)   # the whole engine directory
+    graphs = xf.prompt_bundle(target, tables, target_graphs=..., ...)   # its BundleGraphs (export/bundle.py)
     x = prompt_prefill_inputs(spec, dims, vocab, seed=0) # a valid left-padded batch (validation)
     L = prompt_cache_len(max_prompt, n_tokens, max_tree) # the static cache length of one export
 
@@ -38,44 +38,45 @@ from ..models.io_spec import (
     target_outputs,
     token_inputs,
 )
-from .onnx import DEFAULT_MAX_TREE, DEFAULT_OPSET, _NamedGraph, _ShimCache
+from .bundle import DEFAULT_MAX_TREE
+from .onnx import _NamedGraph, _ShimCache
 
 DEFAULT_MAX_PROMPT = 128  # prompt tokens (template included) an export serves unless told (--max-prompt)
 
 
 
 class PromptExportFamily(ExportFamily):
-    """The ExportFamily of a token-prompt family (the graphs of `write_prompt_bundle`).
+    """The ExportFamily of a token-prompt family.
 
     Shared: the io specs (prefill over the prompt's tokens, verify / drafter / Medusa from the
     common table, GASV over `gasv_axis`, the VQ decoder over the code grid), the static axes, the
     validation inputs (prompt ids drawn from `prompt_vocab_size`, image codes from the head's
     vocabulary, VQ codes from the decoder's `n_embed`) and the references (the torch target's
     prefill / forward_tokens, the family's `codes_to_pixels`). A family subclass names itself,
-    says how its manifests give back its configurations (target_config, vq_config), and writes
-    its bundle (`export`: the family's exporter over `write_prompt_bundle`)."""
+    says how its manifests give back its configurations (target_config, vq_config), and answers
+    its bundle's graphs (`bundle_graphs`, usually through `prompt_bundle`)."""
 
     engines_module = "lisa_trt.engines.prompt_graph"  # GraphPromptTarget, GraphGridVQ (token-prompt targets)
-    exports_bundle = True
     default_max_prompt = DEFAULT_MAX_PROMPT
     default_max_tree = DEFAULT_MAX_TREE
     prefill_doc = "left-padded prompt -> cache slots [0, T); outputs at its last position"
     gasv_axis = "vocab"  # GASV's vocabulary axis: the head's ("vocab"), or a sub-vocabulary's own ("codes")
     vq_doc = "VQ decoder"
 
-    def export(self, target, drafter, tables, vq, source, out_dir, **options):
-        """The family's exporter (write_prompt_bundle with its target / VQ graphs and layout); a Manifest."""
-        raise NotImplementedError
+    def prompt_bundle(self, target, tables, *, target_graphs, vq_graph, layout: dict, max_cache_len: int,
+                      source, files: tuple):
+        """The BundleGraphs of a token-prompt family (export/bundle.py): its two target graphs, the
+        drafter's project / step graphs (the prompt loops commit through them: no commit graph), GASV
+        over the tables' vocabulary, the decoder graph, the static `layout`, the checkpoint `files`
+        (config.json first) copied from the target's source directory (else `source`), and the
+        tables without the bound head (the runner binds them)."""
+        from .bundle import BundleGraphs
 
-    def export_bundle(self, target, drafter, tables, vq, out_dir, *, source, image_size=None, max_prompt=None,
-                      max_tree=None, opset=None, generation=None, validate=True, fp16=False, quantize="none",
-                      lint=True):
-        """`export` with the defaults (default_max_prompt / _tree, DEFAULT_OPSET) for None values; linted
-        like every `lisa-trt export` (export/validate.lint_graph)."""
-        return self.export(target, drafter, tables, vq, source, out_dir, image_size=image_size,
-                           max_prompt=max_prompt or self.default_max_prompt,
-                           max_tree=max_tree or self.default_max_tree, opset=opset or DEFAULT_OPSET,
-                           generation=generation, validate=validate, fp16=fp16, quantize=quantize, lint=lint)
+        return BundleGraphs(target=target_graphs, max_cache_len=max_cache_len, tables=tables,
+                            saved_tables=replace(tables, w_tilde=None) if tables is not None else None,
+                            vq=vq_graph, layout=layout, codes=tables.vocab_size if tables is not None else None,
+                            files=lambda dest: copy_checkpoint_files(target, source, dest, files),
+                            drafter_commit=False)
 
     # -- specs and axes -------------------------------------------------------------------
 
@@ -264,94 +265,6 @@ def copy_checkpoint_files(target, source, dest, names) -> dict:
     return files
 
 
-def check_export_options(opset: int, fp16: bool, quantize: str) -> None:
-    """InputError with the fix for an opset without ONNX Attention, an unknown quantization mode, or
-    quantization asked of fp16 graphs."""
-    from ..errors import InputError
-
-    if opset < 23:
-        raise InputError(f"opset {opset} is too old: the graphs use ONNX Attention (opset >= 23)")
-    if quantize != "none":
-        from .quantize import check_mode
-
-        check_mode(quantize)
-        if fp16:
-            raise InputError(f"--quantize {quantize} quantizes fp32 graphs; drop --fp16")
-
-
-def write_prompt_bundle(xf, target, drafter, tables, vq, out_dir, *, source, target_builders, vq_builder, layout: dict,
-                        max_cache_len: int, max_tree: int, files: tuple, opset: int, generation=None,
-                        validate: bool = True, fp16: bool = False, quantize: str = "none", lint: bool = False,
-                        progress: bool = False):
-    """Write a token-prompt family's engine directory (the export loop of every such family); its Manifest.
-
-    Traces, validates (export/validate.py) and stages every graph atomically (export/onnx.py): the
-    family's two target graphs, the drafter's project / step graphs, GASV over the tables' vocabulary
-    and the family's decoder graph; one shared weights file (quantized: after quantizing,
-    export/quantize.py); the checkpoint `files` and the tables beside them; manifest family = xf.name.
-
-    Args:
-        xf: the family's ExportFamily (graph specs, axes, references).
-        tables: bound GASVTables checked against the target, or None.
-        target_builders: (t_exp) -> [(Graph, build, precision)] for TARGET_PREFILL / TARGET_VERIFY,
-            t_exp being the target to trace: a export.memory.PrecisionCopy (the fp16
-            copy with fp16, made per graph); build wrappers over `export.memory.resolve(t_exp)`.
-        vq_builder: () -> the decoder graph wrapper (with a vq), or None.
-        layout: the family's static sequence layout (the manifest records it).
-        files: checkpoint files to copy (config.json first).
-    """
-    import time
-    from pathlib import Path
-
-    from ..calibration.tables import save_tables
-    from . import manifest as M
-    from .onnx import GASVGraph, drafter_builders, export_graphs, half_drafter, staging_dir
-    from .memory import PrecisionCopy
-
-    check_export_options(opset, fp16, quantize)
-    target, drafter = target.eval(), drafter.eval() if drafter is not None else None
-    precision = "fp16" if fp16 else "fp32"
-    dims = xf.export_dims(target.config, max_cache_len=max_cache_len, drafter_cfg=drafter.config if drafter else None,
-                          vq_cfg=vq.config if vq is not None else None,
-                          codes=tables.vocab_size if tables is not None else None, layout=layout)
-    refs = dict(target=target, drafter=drafter, tables=tables, vq=vq)
-    started = time.time()
-    t_exp = PrecisionCopy(target, fp16)  # converted per graph, freed after each (export/memory.py)
-    d_exp = half_drafter(drafter, fp16)
-    builders = list(target_builders(t_exp, precision))
-    builders += drafter_builders(drafter, d_exp, precision, commit=False)  # the prompt loops run project + step
-    if tables is not None:
-        gspec = xf.graph_spec(Graph.GASV, target.config)
-        builders.append((Graph.GASV, lambda: GASVGraph(tables, gspec), "fp32"))
-    if vq is not None and vq_builder is not None:
-        builders.append((Graph.VQ_DECODE, vq_builder, "fp32"))
-
-    with staging_dir(Path(out_dir)) as tmp:
-        graphs = export_graphs(builders, tmp, dims, refs, (t_exp, d_exp), opset=opset, validate=validate, lint=lint,
-                               progress=progress)
-        weights = None
-        if quantize == "none":  # one deduplicated weights file (export/weights.py); quantized: after quantizing
-            from .weights import share_weights
-
-            graphs, weights = share_weights(tmp, graphs)
-        copied = copy_checkpoint_files(target, source, tmp, files)
-        if tables is not None:
-            save_tables(replace(tables, w_tilde=None), tmp / "tables.safetensors")
-            copied["tables"] = "tables.safetensors"
-        man = M.build_manifest(target=target, drafter=drafter, tables=tables, vq=vq, graphs=graphs,
-                               precision=precision, opset=opset, max_tree=max_tree, max_cache_len=max_cache_len,
-                               generation=generation, files=copied, layout=layout, weights=weights,
-                               started=started)
-        M.write_manifest(man, tmp)
-        if quantize != "none":
-            from .quantize import quantize_bundle
-            from .weights import share_bundle
-
-            quantize_bundle(tmp, quantize, refs, validate=validate)
-            share_bundle(tmp)
-    return M.read_manifest(out_dir)
-
-
 __all__ = ["DEFAULT_MAX_PROMPT", "PromptExportFamily", "PromptStepGraph", "check_bundle_artifacts",
-           "check_export_options", "copy_checkpoint_files", "prompt_cache_len", "prompt_prefill_inputs",
-           "prompt_prefill_spec", "prompt_reference_cache", "write_prompt_bundle"]
+           "copy_checkpoint_files", "prompt_cache_len", "prompt_prefill_inputs",
+           "prompt_prefill_spec", "prompt_reference_cache"]

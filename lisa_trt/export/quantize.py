@@ -292,7 +292,7 @@ def quantize_bundle(engine_dir, mode: str, refs: dict, *, block_size: int = DEFA
                     external_bytes: Optional[int] = None, threshold: Optional[float] = None):
     """Quantize the target and drafter graphs of an exported engine directory in place.
 
-    Meant for a staging directory (runtime/bundle.export_full_bundle calls it before the
+    Meant for a staging directory (export/bundle.write_bundle calls it before the
     directory is published): a failure leaves a half-quantized directory behind.
 
     Args:

@@ -1,6 +1,6 @@
-"""Engine directories (`lisa-trt export`): open one for a backend, with every artifact checked.
+"""Engine directories (written by export/bundle.py): open one for a backend, with every artifact checked.
 
-Layout: the ONNX graphs and manifest.json of export/onnx.py, their one shared weights file
+Layout: the ONNX graphs and manifest.json, their one shared weights file
 `weights.onnx.data` (export/weights.py; the torch backend rebuilds the models from it), and
 `tables.safetensors` (LANTERN neighbours and the GASV constants); `weights/` holds what no graph
 carries (`rest.safetensors`) and, only with `--torch-weights`, the fp32 PyTorch weights (a
@@ -32,9 +32,7 @@ class Bundle:
     manifest: object = None
 
 
-WEIGHT_FILES = {"target_weights": "weights/target.safetensors", "drafter_weights": "weights/drafter.safetensors",
-                "vq_weights": "weights/vq.safetensors", "tables": "tables.safetensors"}
-MEDUSA_WEIGHTS = "weights/medusa.safetensors"  # a Medusa bundle's "drafter_weights" (models/medusa.py format)
+from ..export.bundle import MEDUSA_WEIGHTS, WEIGHT_FILES  # noqa: E402 (the directory's layout: its writer's)
 
 
 def resolve_backend(engine_dir: Path, backend: str) -> str:
@@ -131,69 +129,3 @@ def _load_drafter(man, engine_dir: Path, target):
     from ..models.drafter import load_drafter
 
     return load_drafter(path, target)
-
-
-def export_full_bundle(target, drafter, tables, vq, out_dir, *, fp16: bool = False, opset: Optional[int] = None,
-                       max_tree: Optional[int] = None, generation: Optional[dict] = None, progress: bool = True,
-                       validate: bool = True, lint: bool = True, quantize: str = "none",
-                       torch_weights: bool = False):
-    """`lisa-trt export`: the ONNX graphs (export/onnx.py) over one shared weights file
-    (export/weights.py) plus tables.safetensors.
-
-    Atomic as a whole: everything is written into a hidden staging directory next to `out_dir`
-    and swapped in at the end, so an interrupted export never leaves a directory that looks
-    complete (an existing bundle at `out_dir` stays intact until the swap).
-    `quantize` (none | int8 | int4) quantizes the target and drafter graphs after the export
-    (export/quantize.py). The torch backend reads the models from the shared weights file; the
-    separate fp32 PyTorch weights (weights/*.safetensors, a second copy) are written only with
-    `torch_weights` (opt-in for quantized bundles too: their graphs no longer hold fp32 weights, so
-    without it the torch backend refuses them and names the flag).
-    """
-    import dataclasses
-
-    from ..calibration.tables import save_tables
-    from ..export.manifest import read_manifest, write_manifest
-    from ..export.onnx import DEFAULT_MAX_TREE, DEFAULT_OPSET, export_bundle, staging_dir
-    from ..models.checkpoints import save_model
-    from ..models.drafter import save_drafter
-
-    out_dir = Path(out_dir)
-    if quantize != "none":
-        from ..export.quantize import check_mode
-
-        check_mode(quantize)
-        if fp16:
-            raise InputError(f"--quantize {quantize} quantizes fp32 graphs; drop --fp16")
-    with staging_dir(out_dir, echo=print if progress else None) as stage:
-        man0 = export_bundle(target, drafter, tables, vq, stage, fp16=fp16, opset=opset or DEFAULT_OPSET,
-                      max_tree=max_tree or DEFAULT_MAX_TREE, generation=generation, progress=progress,
-                      validate=validate, lint=lint, share=quantize == "none")
-        if quantize != "none":
-            from ..export.quantize import quantize_bundle
-            from ..export.weights import share_bundle
-
-            quantize_bundle(stage, quantize, dict(target=target, drafter=drafter, tables=tables, vq=vq),
-                            validate=validate)
-            share_bundle(stage)  # the quantized weights once (prefill / verify / drafter graphs share them)
-        files = {}
-        fp32_copy = torch_weights
-        if fp32_copy:
-            files["target_weights"] = WEIGHT_FILES["target_weights"]
-            save_model(target, target.config, stage / WEIGHT_FILES["target_weights"])
-        if drafter is not None and man0.drafter_arch == "medusa":  # small heads: their own file, always
-            from ..models.medusa import save_medusa
-
-            save_medusa(drafter, stage / MEDUSA_WEIGHTS)  # + weights/medusa.json (its config)
-            files["drafter_weights"] = MEDUSA_WEIGHTS
-        elif drafter is not None and fp32_copy:
-            save_drafter(drafter, stage / WEIGHT_FILES["drafter_weights"])
-            files["drafter_weights"] = WEIGHT_FILES["drafter_weights"]
-        if vq is not None and fp32_copy:
-            save_model(vq, vq.config, stage / WEIGHT_FILES["vq_weights"])
-            files["vq_weights"] = WEIGHT_FILES["vq_weights"]
-        if tables is not None:
-            save_tables(tables, stage / WEIGHT_FILES["tables"])
-            files["tables"] = WEIGHT_FILES["tables"]
-        man = read_manifest(stage)
-        write_manifest(dataclasses.replace(man, files={**man.files, **files}), stage)
-    return read_manifest(out_dir)

@@ -39,7 +39,7 @@ def ensure_demo_bundle(engine_dir: Path, echo: Callable = print) -> Path:
     from ..artifacts import load_drafter_by_name, load_tables_by_name
     from ..demo.registry import class_names, demo_sampling, load_demo_target, load_demo_vq
     from .autotune import default_tree_budgets, record_choices
-    from .bundle import export_full_bundle
+    from ..export import export_bundle
 
     target = load_demo_target()
     drafter = load_drafter_by_name("demo-lisa", target)
@@ -56,7 +56,7 @@ def ensure_demo_bundle(engine_dir: Path, echo: Callable = print) -> Path:
         return engine_dir
     echo(f"exporting the demo model to {engine_dir} (once; validated against PyTorch) ...")
     t0 = time.perf_counter()
-    export_full_bundle(target, drafter, tables, load_demo_vq(), engine_dir, generation=gen, progress=True)
+    export_bundle(target, drafter, tables, load_demo_vq(), engine_dir, generation=gen, progress=True)
     echo(f"exported in {time.perf_counter() - t0:.1f} s")
     return engine_dir
 

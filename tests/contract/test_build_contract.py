@@ -38,11 +38,11 @@ def bundle(tmp_path_factory):
     """The tiny full bundle (made before any fake `tensorrt` is installed: torch.export probes it)."""
     from export_artifacts import make_artifacts
 
-    from lisa_trt.runtime.bundle import export_full_bundle
+    from lisa_trt.export import export_bundle
 
     a = make_artifacts()
     out = tmp_path_factory.mktemp("engines") / "eng"
-    export_full_bundle(a["target"], a["drafter"], a["tables"], a["vq"], out, max_tree=16, progress=False,
+    export_bundle(a["target"], a["drafter"], a["tables"], a["vq"], out, max_tree=16, progress=False,
                        lint=False, validate=False)
     return out
 

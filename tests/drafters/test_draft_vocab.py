@@ -109,7 +109,7 @@ def test_cost_model_counts_the_head():
 def test_export_and_ort_keep_the_interface(tmp_path):
     pytest.importorskip("onnxruntime")
     from lisa_trt.engines.ort import load_ort_engines
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
 
     target = make_target(std=0.3)
     drafter, d2t = _reduced_drafter(target)

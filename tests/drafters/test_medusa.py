@@ -110,7 +110,7 @@ def test_medusa_with_an_ort_target_and_ort_heads(tmp_path):
     from lisa_trt.engines.ort import load_ort_engines
     from lisa_trt.engines.medusa_ort import load_ort_medusa
     from lisa_trt.export.medusa_onnx import export_medusa_onnx
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
 
     t = make_target(std=0.3)
     torch.manual_seed(1)

@@ -18,10 +18,10 @@ def artifacts():
 @pytest.fixture(scope="module")
 def bundle(artifacts, tmp_path_factory):
     """Every graph of the tiny artifacts (target, drafter, GASV, VQ), no validation or lint."""
-    from lisa_trt.runtime.bundle import export_full_bundle
+    from lisa_trt.export import export_bundle
 
     a = artifacts
     out = tmp_path_factory.mktemp("engines") / "eng"
-    export_full_bundle(a["target"], a["drafter"], a["tables"], a["vq"], out, max_tree=16, progress=False,
+    export_bundle(a["target"], a["drafter"], a["tables"], a["vq"], out, max_tree=16, progress=False,
                        lint=False, validate=False)
     return out

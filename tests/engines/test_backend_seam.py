@@ -98,7 +98,7 @@ def test_every_method_gives_the_eager_tokens_on_every_graph_backend(bundle, arti
 
 def test_torch_backend_needs_the_bundled_weights(artifacts, tmp_path):
     from lisa_trt.errors import InputError
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
 
     a = artifacts
     # without the shared weights file's index (share=False) there is nothing to rebuild the models from

@@ -155,11 +155,11 @@ def full_bundle(tmp_path_factory):
     """A `lisa-trt export`-style bundle (weights/ and tables.safetensors beside the graphs)."""
     from export_artifacts import make_artifacts
 
-    from lisa_trt.runtime.bundle import export_full_bundle
+    from lisa_trt.export import export_bundle
 
     a = make_artifacts()
     out = tmp_path_factory.mktemp("full") / "eng"
-    export_full_bundle(a["target"], a["drafter"], a["tables"], a["vq"], out, max_tree=16, progress=False,
+    export_bundle(a["target"], a["drafter"], a["tables"], a["vq"], out, max_tree=16, progress=False,
                        lint=False, validate=False)
     return out
 

@@ -24,7 +24,7 @@ def close(a, b, tol=TIGHT):
 @pytest.fixture(scope="module")
 def engines(artifacts, tmp_path_factory):
     from lisa_trt.engines.ort import load_ort_engines
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
 
     a = artifacts
     out = tmp_path_factory.mktemp("ort") / "tiny"
@@ -278,7 +278,7 @@ def test_static_kv_binding_survives_a_plain_run_on_another_cache(engines, artifa
 @pytest.mark.slow
 def test_fp16_engines_track_fp32_torch(artifacts, tmp_path):
     from lisa_trt.engines.ort import load_ort_engines
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
 
     a = artifacts
     export_bundle(a["target"], a["drafter"], None, None, tmp_path / "e16", fp16=True, max_tree=8, lint=False,
@@ -301,7 +301,7 @@ def test_fp16_engines_track_fp32_torch(artifacts, tmp_path):
 @pytest.mark.slow
 def test_t2i_prefill_with_padded_captions_and_null_condition(tmp_path):
     from lisa_trt.engines.ort import load_ort_engines
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
     from lisa_trt.testing import make_cond, make_target
 
     target = make_target("t2i")
@@ -355,7 +355,7 @@ def test_runner_protocol_allocates_outputs_by_name_and_closes(engines):
 def test_engines_close_every_runner(artifacts, tmp_path):
     from lisa_trt.engines.base import RunnerError
     from lisa_trt.engines.graph import load_engines
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
 
     a = artifacts
     export_bundle(a["target"], None, None, None, tmp_path / "e", max_tree=8, lint=False, progress=False)

@@ -24,7 +24,7 @@ def tiny_bundle(tmp_path_factory) -> Path:
     if not (out / "manifest.json").is_file():
         from export_artifacts import make_artifacts
 
-        from lisa_trt.export.onnx import export_bundle
+        from lisa_trt.export import export_bundle
 
         a = make_artifacts()
         export_bundle(a["target"], a["drafter"], a["tables"], a["vq"], out, max_tree=16, validate=False,
@@ -251,7 +251,7 @@ def test_passes_on_an_fp16_export(tmp_path):
     # fp16 graphs add Cast nodes and Attention softmax_precision; TensorRT builds them strongly typed
     from export_artifacts import make_artifacts
 
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
 
     a = make_artifacts()
     out = tmp_path / "fp16"

@@ -13,7 +13,7 @@ def artifacts():
 @pytest.fixture(scope="session")
 def bundle(artifacts, tmp_path_factory):
     """fp32 export of every graph of the tiny c2i model (validated; lint off to keep it fast)."""
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
 
     out = tmp_path_factory.mktemp("engines") / "tiny"
     man = export_bundle(artifacts["target"], artifacts["drafter"], artifacts["tables"], artifacts["vq"], out,

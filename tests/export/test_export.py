@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from lisa_trt.errors import ArtifactMismatchError, CheckpointError, InputError
-from lisa_trt.export import onnx as E
+from lisa_trt.export import bundle as E
+from lisa_trt.export import onnx as O
 from lisa_trt.models.io_spec import IO_SPEC_VERSION, Graph, graph_spec
 from lisa_trt.export.manifest import drafter_hash, read_manifest, tables_hash
 from lisa_trt.export.weights import SHARED_DATA
@@ -109,7 +110,7 @@ def test_export_refuses_to_overwrite_a_foreign_directory(artifacts, tmp_path):
 
 @pytest.mark.parametrize("exc", [RuntimeError("injected"), KeyboardInterrupt()])
 def test_interrupted_export_leaves_no_directory(artifacts, tmp_path, monkeypatch, exc):
-    real, calls = E.onnx_from_torch, []
+    real, calls = O.onnx_from_torch, []
 
     def failing(*a, **k):
         calls.append(1)
@@ -237,7 +238,7 @@ def test_gasv_graph_calls_the_reference_on_filtered_rows(bundle, artifacts):
     for cfg in (tables.config, dataclasses.replace(tables.config, neighbours=5, kappa=3.0, lam=0.1, delta=0.3,
                                                    gamma_delta=1.0)):
         have = run_onnx(bundle.graph_path(Graph.GASV), dict(guided_logits=logits, node_tokens=tokens,
-                                                             node_parents=parents, gasv_params=E.gasv_params(cfg)))
+                                                             node_parents=parents, gasv_params=O.gasv_params(cfg)))
         want = gasv_gates(logits, tokens, parents, tables, cfg)
         k = cfg.neighbours
         assert have["gate"].shape == (5, GASV_K)

@@ -9,6 +9,7 @@ import weakref
 import pytest
 import torch
 
+from lisa_trt.export import export_bundle
 from lisa_trt.export import memory as export_memory
 from lisa_trt.export.manifest import Manifest, read_manifest
 from lisa_trt.progress import WorkEta, fmt_seconds
@@ -57,7 +58,7 @@ def test_fp16_copy_made_per_graph_and_freed_before_validation(tmp_path, monkeypa
     monkeypatch.setattr(export_memory, "half_copy", counting)
     monkeypatch.setattr(O, "set_softmax_fp32", check_softmax)
     t = make_target().eval()
-    man = O.export_bundle(t, None, None, None, tmp_path / "b", fp16=True, max_tree=8, lint=False, validate=True,
+    man = export_bundle(t, None, None, None, tmp_path / "b", fp16=True, max_tree=8, lint=False, validate=True,
                           progress=False)
     assert len(made) == 2, "one fp16 copy per target graph (prefill, verify)"
     assert seen_alive == [[False], [False, False]], "each copy is dropped once its graph is written"
@@ -66,7 +67,7 @@ def test_fp16_copy_made_per_graph_and_freed_before_validation(tmp_path, monkeypa
 
 
 def test_manifest_records_the_export_peak_rss(tmp_path):
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
 
     t = make_target().eval()
     man = export_bundle(t, None, None, None, tmp_path / "b", max_tree=8, lint=False, validate=False, progress=False)
@@ -93,7 +94,7 @@ def test_old_manifest_without_export_record_still_reads():
 def test_bf16_checkpoint_exported_as_it_is(tmp_path):
     """A bf16 LlamaGen checkpoint (official layout) loads into the fp32 model value for value and
     exports a validated fp16 bundle whose weights are the bf16 values."""
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
     from lisa_trt.export.weights import model_from_bundle
     from lisa_trt.models.checkpoints import load_target, target_hash
 
@@ -210,7 +211,7 @@ def test_the_mapped_fp32_reference_is_not_resident_while_a_graph_is_traced_or_ru
 
     monkeypatch.setattr(O, "onnx_from_torch", export_spy)
     monkeypatch.setattr(V, "run_onnx", run_spy)
-    man = O.export_bundle(t, None, None, None, tmp_path / "b", fp16=fp16, max_tree=8, lint=False, validate=True,
+    man = export_bundle(t, None, None, None, tmp_path / "b", fp16=fp16, max_tree=8, lint=False, validate=True,
                           progress=False)
     assert all(g.validation["ok"] for g in man.graphs.values())
     slack = 2 * len(big)  # a partial page at either end of a storage stays
@@ -287,7 +288,7 @@ def test_the_mapped_reference_is_not_resident_while_a_graph_is_quantized(tmp_pat
     checkpoint loaded with mmap) leaves the resident set before each graph is quantized, though the
     exporter had just traced it (read again afterwards with the same values)."""
     from lisa_trt.export import quantize as Q
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
 
     t = make_target().eval()
     t.load_state_dict(_mapped(tmp_path, **{k: v.clone() for k, v in t.state_dict().items()}), assign=True)

@@ -116,7 +116,7 @@ def test_demo_target_int8_is_validated_for_both_kinds_and_full_range_fails_on_an
 
     from lisa_trt.demo.registry import load_demo_target, load_demo_vq
     from lisa_trt.export import quantize as Q
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
 
     ref, vq = load_demo_target(), load_demo_vq()
     refs = dict(target=ref, drafter=None, tables=None, vq=vq)

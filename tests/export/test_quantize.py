@@ -13,7 +13,7 @@ from lisa_trt.export.quantize import QUANT_THRESHOLDS, float_matmuls, op_counts,
 
 @pytest.fixture(scope="module")
 def fp32_dir(artifacts, tmp_path_factory):
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
 
     out = tmp_path_factory.mktemp("qsrc") / "fp32"
     export_bundle(artifacts["target"], artifacts["drafter"], artifacts["tables"], artifacts["vq"], out,
@@ -134,13 +134,13 @@ def test_bad_requests_are_refused(fp32_dir, tmp_path, artifacts):
 
 
 def test_export_refuses_quantize_with_fp16_before_exporting(artifacts, tmp_path):
-    from lisa_trt.runtime.bundle import export_full_bundle
+    from lisa_trt.export import export_bundle
 
     a = artifacts
     with pytest.raises(InputError, match="drop --fp16"):
-        export_full_bundle(a["target"], a["drafter"], a["tables"], a["vq"], tmp_path / "x", fp16=True, quantize="int8")
+        export_bundle(a["target"], a["drafter"], a["tables"], a["vq"], tmp_path / "x", fp16=True, quantize="int8")
     with pytest.raises(InputError, match="valid: none, int8, int4"):
-        export_full_bundle(a["target"], a["drafter"], a["tables"], a["vq"], tmp_path / "x", quantize="fp4")
+        export_bundle(a["target"], a["drafter"], a["tables"], a["vq"], tmp_path / "x", quantize="fp4")
     assert not (tmp_path / "x").exists()
 
 
@@ -183,7 +183,7 @@ def test_int8_graphs_are_validated_for_every_x86_kind_and_old_bundles_warn_where
 def test_quantize_a_graph_whose_fp32_weights_are_external_data(artifacts, tmp_path):
     """Large models export their weights as <graph>.onnx.data: quantizing them must work (the fp32
     graph is moved aside, not hard-linked: onnx refuses hard-linked external data)."""
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
 
     out = tmp_path / "ext"
     export_bundle(artifacts["target"], None, None, None, out, max_tree=16, lint=False, validate=False,
@@ -202,11 +202,12 @@ def test_quantized_bundle_holds_its_weights_once_and_the_fp32_copy_is_opt_in(art
     also a second fp32 copy for the torch backend; that copy is `--torch-weights`, and without it the
     torch backend refuses the bundle naming the flag, while ONNX Runtime runs it."""
     from lisa_trt.engines.graph import load_engines
-    from lisa_trt.runtime.bundle import export_full_bundle, open_bundle
+    from lisa_trt.export import export_bundle
+    from lisa_trt.runtime.bundle import open_bundle
 
     a = artifacts
     kw = dict(max_tree=8, lint=False, validate=False, progress=False, quantize="int8")
-    man = export_full_bundle(a["target"], a["drafter"], a["tables"], a["vq"], tmp_path / "q", **kw)
+    man = export_bundle(a["target"], a["drafter"], a["tables"], a["vq"], tmp_path / "q", **kw)
     assert not {"target_weights", "drafter_weights", "vq_weights"} & set(man.files)
     assert not any(p.name in ("target.safetensors", "drafter.safetensors", "vq.safetensors")
                    for p in (tmp_path / "q").rglob("*"))
@@ -218,7 +219,7 @@ def test_quantized_bundle_holds_its_weights_once_and_the_fp32_copy_is_opt_in(art
     with pytest.raises(InputError, match="--torch-weights"):
         load_engines(tmp_path / "q", "torch")
     load_engines(tmp_path / "q", "ort", threads=1).close()
-    man_t = export_full_bundle(a["target"], a["drafter"], a["tables"], a["vq"], tmp_path / "t", torch_weights=True,
+    man_t = export_bundle(a["target"], a["drafter"], a["tables"], a["vq"], tmp_path / "t", torch_weights=True,
                                **kw)
     assert {"target_weights", "drafter_weights", "vq_weights"} <= set(man_t.files)
     b = open_bundle(tmp_path / "t", "torch")

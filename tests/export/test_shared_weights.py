@@ -45,7 +45,7 @@ def test_torch_models_rebuilt_from_the_shared_file(bundle, artifacts):
 
 
 def test_sharing_changes_no_output(artifacts, tmp_path):
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
 
     a = artifacts
     man = export_bundle(a["target"], a["drafter"], None, None, tmp_path / "own", max_tree=8, lint=False,
@@ -74,7 +74,7 @@ def test_torch_backend_on_an_fp16_bundle_runs_the_fp16_values(artifacts, tmp_pat
     is rejected often; exactness, not acceptance, is the point)."""
     from lisa_trt.config import SamplingConfig
     from lisa_trt.engines.graph import load_engines
-    from lisa_trt.export.onnx import export_bundle
+    from lisa_trt.export import export_bundle
     from lisa_trt.speculative.autoregressive import generate
     from lisa_trt.speculative.methods import SpecConfig
     from lisa_trt.speculative.run import run_method

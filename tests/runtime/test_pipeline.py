@@ -13,7 +13,7 @@ from lisa_trt.cli import main
 from lisa_trt.config import SamplingConfig, vq_config
 from lisa_trt.models.drafter import Drafter
 from lisa_trt.families.llamagen.vq import VQModel
-from lisa_trt.runtime.bundle import export_full_bundle
+from lisa_trt.export import export_bundle
 from lisa_trt.runtime.pipeline import Pipeline
 from lisa_trt.testing import make_target
 
@@ -38,7 +38,7 @@ def bundle(parts, tmp_path_factory):
     out = tmp_path_factory.mktemp("b") / "eng"
     t, d, tables, vq = parts
     # torch_weights: the bench test below passes the bundle's fp32 PyTorch files as checkpoints
-    export_full_bundle(t, d, tables, vq, out, generation=GEN, progress=False, lint=False, torch_weights=True)
+    export_bundle(t, d, tables, vq, out, generation=GEN, progress=False, lint=False, torch_weights=True)
     return out
 
 
@@ -180,7 +180,7 @@ def test_interrupted_export_leaves_nothing(parts, tmp_path, monkeypatch):
     monkeypatch.setattr("lisa_trt.calibration.tables.save_tables", boom)  # after the graphs, before the manifest
     out = tmp_path / "eng"
     with pytest.raises(KeyboardInterrupt):
-        B.export_full_bundle(t, d, tables, vq, out, generation=GEN, progress=False, validate=False, lint=False)
+        export_bundle(t, d, tables, vq, out, generation=GEN, progress=False, validate=False, lint=False)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -259,7 +259,7 @@ def test_verify_auto_runs_the_recorded_choice_for_the_backend_and_precision(part
                              "torch": {"fp32": _choice("torch", "fp32", "tree", {"top_k": 2, "depth": 1,
                                                                                   "total_tokens": 3})}}}
     out = tmp_path / "eng"
-    export_full_bundle(t, d, tables, vq, out, generation=gen, progress=False, lint=False, validate=False)
+    export_bundle(t, d, tables, vq, out, generation=gen, progress=False, lint=False, validate=False)
     ort = Pipeline.from_dir(out, backend="ort", threads=1)
     assert ort.precision == "fp32"
     a = ort.generate([1], seed=2)

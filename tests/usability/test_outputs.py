@@ -58,17 +58,17 @@ def test_export_refuses_to_delete_user_files(tmp_path):
 
 
 def test_export_bundle_checks_before_work(tmp_path, monkeypatch):
-    from lisa_trt.runtime import bundle
+    from lisa_trt.export import export_bundle
 
     out = tmp_path / "eng"
     out.mkdir()
     (out / "manifest.json").write_text("{}")
     (out / "keep.txt").write_text("mine")
     called = []
-    monkeypatch.setattr("lisa_trt.export.onnx.export_bundle", lambda *a, **k: called.append(1))
+    monkeypatch.setattr("lisa_trt.export.bundle.write_bundle", lambda *a, **k: called.append(1))
     t0 = time.perf_counter()
     with pytest.raises(InputError, match="keep.txt"):
-        bundle.export_full_bundle(None, None, None, None, out, progress=False)
+        export_bundle(None, None, None, None, out, progress=False)
     assert time.perf_counter() - t0 < 5 and not called and (out / "keep.txt").read_text() == "mine"
 
 

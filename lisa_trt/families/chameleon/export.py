@@ -48,9 +48,7 @@ from ...export.prompt_graphs import (
     PromptExportFamily,
     PromptStepGraph,
     check_bundle_artifacts,
-    check_export_options,
     prompt_cache_len,
-    write_prompt_bundle,
 )
 
 FAMILY = "chameleon"
@@ -91,8 +89,29 @@ class ChameleonGraphs(PromptExportFamily):
     gasv_axis = "codes"  # the tables cover the image codes inside the whole-vocabulary head
     vq_doc = "Chameleon VQGAN decoder"
 
-    def export(self, target, drafter, tables, vq, source, out_dir, **options):
-        return export_chameleon(target, drafter, tables, vq, source, out_dir, **options)
+    def bundle_graphs(self, target, drafter, tables, vq, opts, *, source=None, image_size=None, max_prompt=None):
+        """Token-input prefill and verify over the whole vocabulary, a static cache for one image
+        size and prompt budget, the VQGAN decoder, the tokenizer files; tables over the image codes."""
+        from . import CHAMELEON
+
+        image_size = int(image_size or CHAMELEON.default_image_size)
+        max_prompt = int(max_prompt or self.default_max_prompt)
+        code_ids = _code_ids(target) if tables is not None else None  # the tables cover the image codes
+        tables = check_bundle_artifacts(target, drafter, tables, code_ids)
+        L = engine_cache_len(image_size, max_prompt, opts.max_tree)
+        if L > target.config.max_position_embeddings + opts.max_tree:
+            raise InputError(f"a {image_size}px image with a {max_prompt}-token prompt needs {L} cache slots; this "
+                             f"checkpoint has max_position_embeddings {target.config.max_position_embeddings}")
+        layout = {"image_size": image_size, "max_prompt": max_prompt, "latent": list(latent_grid(image_size))}
+
+        def target_graphs(t_exp, precision):
+            return [(Graph.TARGET_PREFILL, lambda: ChameleonStepGraph(resolve(t_exp), True), precision),
+                    (Graph.TARGET_VERIFY, lambda: ChameleonStepGraph(resolve(t_exp), False), precision)]
+
+        vq_graph = (lambda: ChameleonVQGraph(vq.eval(), target.config)) if vq is not None else None
+        source = source if source is not None else getattr(target, "source_dir", "") or "."
+        return self.prompt_bundle(target, tables, target_graphs=target_graphs, vq_graph=vq_graph, layout=layout,
+                                  max_cache_len=L, source=source, files=("config.json",) + TOKENIZER_FILES)
 
     verify_embeds_prompts = True  # true of every Chameleon export, older ones included
 
@@ -182,29 +201,9 @@ def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, ima
             quantized for ONNX Runtime (export/quantize.py; not with fp16).
         lint: run `polygraphy check lint` on every graph.
     """
-    from . import CHAMELEON
-
-    check_export_options(opset, fp16, quantize)  # before any work
-    tokenizer_dir = Path(tokenizer_dir)
-    image_size = int(image_size or CHAMELEON.default_image_size)
-    code_ids = _code_ids(target) if tables is not None else None  # the tables cover the image codes
-    tables = check_bundle_artifacts(target, drafter, tables, code_ids)
-    L = engine_cache_len(image_size, max_prompt, max_tree)
-    if L > target.config.max_position_embeddings + max_tree:
-        raise InputError(f"a {image_size}px image with a {max_prompt}-token prompt needs {L} cache slots; this "
-                         f"checkpoint has max_position_embeddings {target.config.max_position_embeddings}")
-    layout = {"image_size": int(image_size), "max_prompt": int(max_prompt), "latent": list(latent_grid(image_size))}
-
-    def target_builders(t_exp, precision):
-        return [(Graph.TARGET_PREFILL, lambda: ChameleonStepGraph(resolve(t_exp), True), precision),
-                (Graph.TARGET_VERIFY, lambda: ChameleonStepGraph(resolve(t_exp), False), precision)]
-
-    vq_builder = (lambda: ChameleonVQGraph(vq.eval(), target.config)) if vq is not None else None
-    return write_prompt_bundle(FAMILY_GRAPHS, target, drafter, tables, vq, out_dir, source=tokenizer_dir,
-                               target_builders=target_builders, vq_builder=vq_builder, layout=layout,
-                               max_cache_len=L, max_tree=max_tree, files=("config.json",) + TOKENIZER_FILES,
-                               opset=opset, generation=generation, validate=validate, fp16=fp16, quantize=quantize,
-                               lint=lint, progress=progress)
+    return FAMILY_GRAPHS.export_bundle(target, drafter, tables, vq, out_dir, source=tokenizer_dir, image_size=image_size,
+                                       max_prompt=max_prompt, max_tree=max_tree, opset=opset, generation=generation,
+                                       validate=validate, fp16=fp16, quantize=quantize, lint=lint, progress=progress)
 
 
 def is_chameleon_engine(path) -> bool:

@@ -1,7 +1,7 @@
 """Janus-Pro's export plugin (the export/families.py seam): `JanusGraphs` and `export_janus`.
 
 `lisa-trt export JANUS_DIR` writes one self-contained engine directory through the generic
-token-prompt exporter (export/prompt_graphs.write_prompt_bundle: trace, validate every graph
+token-prompt exporter (export/bundle.write_bundle: trace, validate every graph
 against the PyTorch model, atomic staging; fp32, fp16, or int8 / int4 weights):
 
     target_prefill.onnx   text prompt ids (left-padded, <= max_prompt) -> static KV cache;
@@ -42,9 +42,7 @@ from ...export.prompt_graphs import (
     PromptExportFamily,
     PromptStepGraph,
     check_bundle_artifacts,
-    check_export_options,
     prompt_cache_len,
-    write_prompt_bundle,
 )
 from . import cond as C
 
@@ -81,8 +79,33 @@ class JanusGraphs(PromptExportFamily):
     prefill_doc = "left-padded text prompt -> cache slots [0, T); generation-head outputs at its last position"
     vq_doc = "Janus VQ decoder"
 
-    def export(self, target, drafter, tables, vq, source, out_dir, **options):
-        return export_janus(target, drafter, tables, vq, source, out_dir, **options)
+    def bundle_graphs(self, target, drafter, tables, vq, opts, *, source=None, image_size=None, max_prompt=None):
+        """Text-prompt prefill, code verify over the generation head, one image size (the
+        checkpoint's), the VQ decoder, the checkpoint's config and tokenizer files."""
+        cfg = target.config
+        max_prompt = int(max_prompt or self.default_max_prompt)
+        if image_size not in (None, cfg.image_size):
+            raise InputError(f"this Janus checkpoint generates {cfg.image_size} x {cfg.image_size} images only, not "
+                             f"{image_size}; drop --image-size")
+        if max_prompt < 1 or max_prompt + cfg.block_size > cfg.max_position_embeddings:
+            raise InputError(f"--max-prompt {max_prompt} + {cfg.block_size} image tokens must fit "
+                             f"max_position_embeddings {cfg.max_position_embeddings} (and be >= 1)")
+        source = Path(source if source is not None else getattr(target, "source_dir", "") or ".")
+        tables = check_bundle_artifacts(target, drafter, tables)  # the codebook: the whole generation head
+        L = prompt_cache_len(max_prompt, cfg.block_size, opts.max_tree)
+        g = cfg.grid_size
+        layout = {"image_size": int(cfg.image_size), "max_prompt": max_prompt, "latent": [g, g]}
+        spec = self.graph_spec
+
+        def target_graphs(t_exp, precision):
+            return [(Graph.TARGET_PREFILL, lambda: PromptStepGraph(resolve(t_exp), spec(Graph.TARGET_PREFILL, cfg),
+                                                                   _embed_prompt, True), precision),
+                    (Graph.TARGET_VERIFY, lambda: PromptStepGraph(resolve(t_exp), spec(Graph.TARGET_VERIFY, cfg),
+                                                                  _embed_codes_or_prompt, False), precision)]
+
+        vq_graph = (lambda: JanusVQGraph(vq.eval(), cfg)) if vq is not None else None
+        return self.prompt_bundle(target, tables, target_graphs=target_graphs, vq_graph=vq_graph, layout=layout,
+                                  max_cache_len=L, source=source, files=CHECKPOINT_FILES)
 
     def target_config(self, man):
         """The recorded JanusConfig with the export's prompt budget (layout max_prompt)."""
@@ -165,35 +188,11 @@ def export_janus(target, drafter, tables, vq, source, out_dir, *, image_size: Op
         max_prompt: most prompt tokens (chat template included) a run may use.
         max_tree: most draft-tree nodes verified per step.
         generation: default settings recorded for `lisa-trt run`.
-        validate, fp16, quantize, lint: as export/prompt_graphs.write_prompt_bundle.
+        validate, fp16, quantize, lint: as export/bundle.write_bundle.
     """
-    check_export_options(opset, fp16, quantize)  # before any work
-    cfg = target.config
-    if image_size not in (None, cfg.image_size):
-        raise InputError(f"this Janus checkpoint generates {cfg.image_size} x {cfg.image_size} images only, not "
-                         f"{image_size}; drop --image-size")
-    if int(max_prompt) < 1 or int(max_prompt) + cfg.block_size > cfg.max_position_embeddings:
-        raise InputError(f"--max-prompt {max_prompt} + {cfg.block_size} image tokens must fit "
-                         f"max_position_embeddings {cfg.max_position_embeddings} (and be >= 1)")
-    source = Path(source if source is not None else getattr(target, "source_dir", "") or ".")
-    tables = check_bundle_artifacts(target, drafter, tables)  # the codebook: the whole generation head
-    L = prompt_cache_len(max_prompt, cfg.block_size, max_tree)
-    g = cfg.grid_size
-    layout = {"image_size": int(cfg.image_size), "max_prompt": int(max_prompt), "latent": [g, g]}
-
-    def target_builders(t_exp, precision):
-        spec = FAMILY_GRAPHS.graph_spec
-        return [(Graph.TARGET_PREFILL, lambda: PromptStepGraph(resolve(t_exp), spec(Graph.TARGET_PREFILL, cfg), _embed_prompt,
-                                                               True), precision),
-                (Graph.TARGET_VERIFY, lambda: PromptStepGraph(resolve(t_exp), spec(Graph.TARGET_VERIFY, cfg), _embed_codes_or_prompt,
-                                                              False), precision)]
-
-    vq_builder = (lambda: JanusVQGraph(vq.eval(), cfg)) if vq is not None else None
-    return write_prompt_bundle(FAMILY_GRAPHS, target, drafter, tables, vq, out_dir, source=source,
-                               target_builders=target_builders, vq_builder=vq_builder, layout=layout,
-                               max_cache_len=L, max_tree=max_tree, files=CHECKPOINT_FILES, opset=opset,
-                               generation=generation, validate=validate, fp16=fp16, quantize=quantize, lint=lint,
-                               progress=progress)
+    return FAMILY_GRAPHS.export_bundle(target, drafter, tables, vq, out_dir, source=source, image_size=image_size,
+                                       max_prompt=max_prompt, max_tree=max_tree, opset=opset, generation=generation,
+                                       validate=validate, fp16=fp16, quantize=quantize, lint=lint, progress=progress)
 
 
 __all__ = ["DEFAULT_MAX_PROMPT", "DEFAULT_MAX_TREE", "JanusCondition", "JanusGraphs", "JanusVQGraph", "export_janus"]

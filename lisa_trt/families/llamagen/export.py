@@ -1,13 +1,11 @@
 """The LlamaGen family's export plugin (the export/families.py seam): `LlamaGenGraphs`.
 
 LlamaGen (c2i / t2i) graphs are the io_spec table as it stands: a condition-prefix prefill, the
-shared verify / drafter / GASV graphs and the VQ-16 decoder; runtime/bundle.export_full_bundle
-writes its engine directories. Manifests written before the `family` field are LlamaGen's
-(`unnamed_manifest`).
+shared verify / drafter / GASV graphs and the VQ-16 decoder (`bundle_graphs`; export/bundle.py
+writes the directory, as for every family). The torch backend runs these bundles. Manifests
+written before the `family` field are LlamaGen's (`unnamed_manifest`).
 
-This module sits at the export floor (tests/test_architecture.py: a family package's `export`
-sub-module); the family package never imports it, export/families.py finds it through
-`LlamaGenFamily.export_module`.
+export/families.py finds this module through `LlamaGenFamily.export_module`.
 """
 
 from __future__ import annotations
@@ -25,6 +23,26 @@ class LlamaGenGraphs(ExportFamily):
 
     name = "llamagen"
     unnamed_manifest = True  # a manifest.json without a `family` field predates the field: LlamaGen's
+
+    def bundle_graphs(self, target, drafter, tables, vq, opts, *, source=None, image_size=None, max_prompt=None):
+        """Condition-prefix prefill + verify over a static cache of round_up(seq_len + max_tree, 8),
+        the VQ-16 decoder, the null caption (t2i); tables bound to the head for the GASV graph."""
+        from ...export.bundle import BundleGraphs
+        from ...export.onnx import (TargetPrefillGraph, TargetVerifyGraph, VQDecodeGraph, check_inputs,
+                                    condition_files, max_cache_len)
+
+        check_inputs(target, drafter, tables)
+        bound = tables.bind(target.output.weight) if tables is not None and tables.w_tilde is None else tables
+        cfg = target.config
+        lmax = max_cache_len(cfg, opts.max_tree)
+
+        def target_graphs(t_exp, precision):
+            return [(Graph.TARGET_PREFILL, lambda: TargetPrefillGraph(t_exp.get(), lmax), precision),
+                    (Graph.TARGET_VERIFY, lambda: TargetVerifyGraph(t_exp.get()), precision)]
+
+        vq_graph = (lambda: VQDecodeGraph(vq.eval(), cfg.grid_size)) if vq is not None else None
+        return BundleGraphs(target=target_graphs, max_cache_len=lmax, tables=bound, saved_tables=tables,
+                            vq=vq_graph, files=lambda dest: condition_files(target, dest), torch_backend=True)
 
     def graph_spec(self, graph, cfg):
         from ...models.io_spec import graph_spec
