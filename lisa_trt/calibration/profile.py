@@ -23,6 +23,7 @@ untouched).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -264,55 +265,24 @@ def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, layout: Optional
     Returns:
         GASVTables (vocab_size K) bound to the head rows of the codebook.
     """
-    from ..speculative.autoregressive import generate, layout_for
+    from ..speculative.autoregressive import layout_for
 
     layout = layout if layout is not None else layout_for(target)
     head, codebook, lut = code_geometry(target, vq_codebook, layout.sub_vocab)
-    K, dev = head.shape[0], head.device
-    if cluster_space not in ("codebook", "w_tilde"):
-        raise InputError(f"cluster_space must be 'codebook' or 'w_tilde', got {cluster_space!r}")
-    if not 0.0 < quantile < 1.0 or samples_per_pos < 1:
-        raise InputError("calibration needs 0 < quantile < 1 and samples_per_pos >= 1")
-    if conds is None and (not isinstance(num_rollouts, int) or num_rollouts < 1):
-        raise InputError(f"calibration needs num_rollouts >= 1 (--rollouts), got {num_rollouts!r}")
-    invstd = whitening(head)
-    w_tilde = whiten(head, invstd)                                       # (K, H)
-    C = n_clusters or default_n_clusters(K)
-    space = codebook if cluster_space == "codebook" else w_tilde.cpu()
-    cluster, centroids = kmeans(space, C, seed=seed, iters=kmeans_iters)
-
-    conds = conds if conds is not None else _random_classes(target, num_rollouts, seed, dev)
+    _check_settings(cluster_space, quantile, samples_per_pos, conds, num_rollouts)
+    invstd, w_tilde, cluster, centroids = _fit_geometry(head, codebook, n_clusters, cluster_space, seed,
+                                                        kmeans_iters)
+    conds = conds if conds is not None else _random_classes(target, num_rollouts, seed, head.device)
     R = target.check_cond(conds)
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    alt_gen = torch.Generator(device=dev).manual_seed(seed + 1)
-    neighbors = lantern_neighbors(codebook, min(lantern_k, K - 1))
+    neighbors = lantern_neighbors(codebook, min(lantern_k, head.shape[0] - 1))
     n_cand = min(int(gasv.neighbours), int(neighbors.shape[1]))
-    cand = neighbors[:, :n_cand].to(dev)
-    cluster_dev = cluster.to(dev).long()
-    all_s, all_c = [], []
-    # Bar in rollouts, advanced token by token (one batch can be all the rollouts: no 0/1 bar).
-    bar = tqdm(total=R, desc="calibrate rollouts", unit="rollout", disable=not progress,
-               bar_format="{l_bar}{bar}| {n:.1f}/{total} [{elapsed}<{remaining}]")
-    N = layout.n_tokens
-    for s in range(0, R, batch_size):
-        cond = _slice_cond(conds, s, s + batch_size)
-        nb = min(batch_size, R - s)
-        tokens = generate(target, cond, layout=layout, cfg_scale=sampling.cfg_scale,
-                          temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                          greedy=sampling.greedy, cfg_interval=sampling.cfg_interval, generator=gen,
-                          on_token=lambda _i, nb=nb: bar.update(0.9 * nb / N))
-        drift, z = rollout_drifts(target, cond, tokens, layout, lut, sampling, w_tilde, cand, samples_per_pos,
-                                  alt_gen, gasv.eps)
-        all_s.append(drift.cpu())
-        all_c.append(cluster_dev[z][:, None].expand_as(drift).cpu())
-        bar.n = s + nb  # the remaining 10 %: drift sampling of this batch
-        bar.refresh()
-    bar.close()
-    beta, counts = cluster_budgets(torch.cat(all_s), torch.cat(all_c), C, quantile, min_cluster_samples)
-    med = float(beta.median())
-    if not (math.isfinite(med) and med > 0):
-        raise InputError(f"calibration gave median drift budget {med}; GASV needs > 0 (are the "
-                         "target's logits degenerate?)")
+    drifts_of = functools.partial(rollout_drifts, target, layout=layout, lut=lut, sampling=sampling, w_tilde=w_tilde,
+                                  cand=neighbors[:, :n_cand].to(head.device), S=samples_per_pos, eps=gasv.eps,
+                                  generator=torch.Generator(device=head.device).manual_seed(seed + 1))
+    rollouts = _rollouts(target, conds, R, layout, sampling, batch_size, seed, progress)
+    drift, drift_cluster = _collect_drifts(rollouts, drifts_of, cluster.to(head.device).long())
+    beta, counts = cluster_budgets(drift, drift_cluster, len(centroids), quantile, min_cluster_samples)
+    med = _median_budget(beta)
     info = dict(family=family_of(target.config).name, num_rollouts=R, samples_per_pos=samples_per_pos,
                 quantile=quantile, statistic="s(v|z), v in N(z)", min_cluster_samples=min_cluster_samples,
                 kmeans_iters=kmeans_iters, sampling=_sampling_dict(sampling), n_samples=int(counts.sum()),
@@ -320,9 +290,73 @@ def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, layout: Optional
     tables = GASVTables(invstd=invstd.cpu(), w_tilde_norm2=(w_tilde * w_tilde).sum(1).cpu(),
                         cluster=cluster, centroids=centroids, beta=beta, lantern_neighbors=neighbors,
                         config=GASVConfig(**{**gasv.to_dict(), "neighbours": n_cand, "theta_geo": 8.0 / med}),
-                        target_hash=target_hash_of(target), vocab_size=K, seed=seed,
+                        target_hash=target_hash_of(target), vocab_size=head.shape[0], seed=seed,
                         cluster_space=cluster_space, settings=info)
     return tables.bind(head)
+
+
+def _check_settings(cluster_space: str, quantile: float, samples_per_pos: int, conds, num_rollouts) -> None:
+    if cluster_space not in ("codebook", "w_tilde"):
+        raise InputError(f"cluster_space must be 'codebook' or 'w_tilde', got {cluster_space!r}")
+    if not 0.0 < quantile < 1.0 or samples_per_pos < 1:
+        raise InputError("calibration needs 0 < quantile < 1 and samples_per_pos >= 1")
+    if conds is None and (not isinstance(num_rollouts, int) or num_rollouts < 1):
+        raise InputError(f"calibration needs num_rollouts >= 1 (--rollouts), got {num_rollouts!r}")
+
+
+def _fit_geometry(head: torch.Tensor, codebook: torch.Tensor, n_clusters: Optional[int], cluster_space: str,
+                  seed: int, iters: int) -> tuple:
+    """invstd and W~ (K, H) of the head rows, and the k-means clusters (assign, centroids) of the
+    normalised codebook or of W~."""
+    invstd = whitening(head)
+    w_tilde = whiten(head, invstd)
+    space = codebook if cluster_space == "codebook" else w_tilde.cpu()
+    cluster, centroids = kmeans(space, n_clusters or default_n_clusters(head.shape[0]), seed=seed, iters=iters)
+    return invstd, w_tilde, cluster, centroids
+
+
+def _rollouts(target, conds, R: int, layout: SequenceLayout, sampling: SamplingConfig, batch_size: int, seed: int,
+              progress: bool):
+    """Yields (cond, tokens) per batch of the R rollouts, drawn from one generator seeded `seed`.
+
+    The bar counts rollouts, advanced token by token (one batch can be all the rollouts: no 0/1
+    bar); 90 % of a batch is its rollout, the rest is the caller's work on it before the next."""
+    from ..speculative.autoregressive import generate
+
+    gen = torch.Generator(device=target.output.weight.device).manual_seed(seed)
+    bar = tqdm(total=R, desc="calibrate rollouts", unit="rollout", disable=not progress,
+               bar_format="{l_bar}{bar}| {n:.1f}/{total} [{elapsed}<{remaining}]")
+    N = layout.n_tokens
+    for s in range(0, R, batch_size):
+        cond = _slice_cond(conds, s, s + batch_size)
+        nb = min(batch_size, R - s)
+        yield cond, generate(target, cond, layout=layout, cfg_scale=sampling.cfg_scale,
+                             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                             greedy=sampling.greedy, cfg_interval=sampling.cfg_interval, generator=gen,
+                             on_token=lambda _i, nb=nb: bar.update(0.9 * nb / N))
+        bar.n = s + nb
+        bar.refresh()
+    bar.close()
+
+
+def _collect_drifts(rollouts, drifts_of, cluster: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drift samples (M, S) of every rollout batch (`drifts_of(cond, tokens)` -> (s, z)) and the
+    cluster (`cluster`: code -> cluster, on z's device) of each sample's code z (M, S), on the CPU."""
+    all_s, all_c = [], []
+    for cond, tokens in rollouts:
+        drift, z = drifts_of(cond, tokens)
+        all_s.append(drift.cpu())
+        all_c.append(cluster[z][:, None].expand_as(drift).cpu())
+    return torch.cat(all_s), torch.cat(all_c)
+
+
+def _median_budget(beta: torch.Tensor) -> float:
+    """median(beta), refused unless finite and > 0 (theta_geo = 8 / median)."""
+    med = float(beta.median())
+    if not (math.isfinite(med) and med > 0):
+        raise InputError(f"calibration gave median drift budget {med}; GASV needs > 0 (are the "
+                         "target's logits degenerate?)")
+    return med
 
 
 def _random_classes(target, n: int, seed: int, device) -> torch.Tensor:

@@ -407,19 +407,6 @@ def _truncate_metrics(path: Path, step: int) -> None:
         tmp.write_text("".join(ln + "\n" for ln in keep))
 
 
-def _periodic_eval(drafter, target, eval_set, cfg: TrainConfig, batch_size: int, step: int, metrics_path: Path,
-                   eval_fn=None, vocab: TrainVocab = TrainVocab()) -> None:
-    """One "eval" record in metrics.jsonl: held-out MAL proxy, top-1/top-3 per step, eval_fn's."""
-    ev = evaluate_mal_proxy(drafter, OnlineFeatures(target, eval_set), len(eval_set),
-                            cfg.eval_depth or cfg.ttt_steps, batch_size=batch_size, vocab=vocab)
-    if eval_fn is not None:
-        was = drafter.training
-        ev.update(eval_fn(drafter.eval(), step))
-        drafter.train(was)
-    with open(metrics_path, "a") as f:
-        f.write(json.dumps({"step": step, "eval": ev}) + "\n")
-
-
 def _d2t_within(tokens: torch.Tensor, ids: torch.Tensor, n: int) -> torch.Tensor:
     """The n most frequent of `ids` in `tokens` (ties: lower id first), ascending."""
     if not 1 <= n <= ids.numel():
@@ -534,125 +521,242 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
     Returns:
         {"drafter": path, "eval": dict, "radius": float | None, "steps": int, "metrics": path}.
     """
-    cfg = train_cfg
-    out_dir = Path(out_dir)
+    cfg, out_dir = train_cfg, Path(out_dir)
     dist = _init_distributed()
+    _check_inputs(cfg, dist, codebook)
+    target.eval()
+    layout = None if request is None else request.layout
+    vocab = TrainVocab.of(layout)
+    if codebook is not None:
+        codebook = vocab_codebook(codebook.to(target.output.weight.device), target.output.out_features, layout)
+    state, note = _saved_run(out_dir, cfg, extend)  # checked before any data is generated
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    run = _build_run(target, codebook, vocab, cfg, out_dir, dist, progress and dist.main, request,
+                     resuming=state is not None)
+    start = _resume(run, state, note) if state is not None else _fresh_start(run)
+    _open_run_dir(run, start)
+    steps = _step_bar(run, start)
+    run.t0 = time.time()
+    for step in steps:
+        update = _train_step(run, step)
+        _after_update(run, steps, step + 1, update, eval_fn)
+    result = _finish(run)
+    dist.barrier()
+    if dist.owned:
+        torch.distributed.destroy_process_group()
+    return result
+
+
+def _check_inputs(cfg: TrainConfig, dist: _Dist, codebook) -> None:
     if cfg.batch_size % dist.world:
         raise ConfigError(f"batch_size {cfg.batch_size} is not divisible by the {dist.world} DDP ranks")
     if cfg.loss.needs_codebook and codebook is None:
         raise ConfigError("the LISA loss needs the VQ codebook (pass the VQ model's codebook); or use "
                           "loss kind 'eagle3'")
-    target.eval()
-    device = target.output.weight.device
-    layout = None if request is None else request.layout
-    vocab = TrainVocab.of(layout)
-    if codebook is not None:
-        codebook = vocab_codebook(codebook.to(device), target.output.out_features, layout)
-    # settings checked against the checkpoint before any data is generated
+
+
+def _saved_run(out_dir: Path, cfg: TrainConfig, extend: bool) -> tuple[Optional[dict], Optional[str]]:
+    """The latest checkpoint's state (None: a new run) and _check_resume's note, settings checked."""
     state = load_latest_checkpoint(out_dir)
-    note = None
     if state is not None:
-        note = _check_resume(json.loads(state["train_config"]), cfg, state["step"], out_dir, extend)
-    elif extend:
+        return state, _check_resume(json.loads(state["train_config"]), cfg, state["step"], out_dir, extend)
+    if extend:
         raise ConfigError(f"--extend: {out_dir} holds no checkpoint to continue; check the path, or drop "
                           "--extend to start a new run")
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    main = dist.main
-    show = progress and main
+    return None, None
 
-    train_set, eval_set = build_dataset(target, cfg.data, cfg.seed, out_dir / "data", is_main=main,
-                                        barrier=dist.barrier, progress=show, request=request,
-                                        resuming=state is not None)
-    if cfg.data.features == "cache":
-        root = Path(cfg.data.cache_dir) if cfg.data.cache_dir else out_dir / "features"
-        features = FeatureCache(target, train_set, root, shard_size=cfg.data.shard_size, dtype=cfg.data.cache_dtype)
-        if main and not features.complete():
-            features.build(batch_size=cfg.batch_size, progress=show)
-        dist.barrier()
-    else:
-        features = OnlineFeatures(target, train_set)
 
+@dataclass
+class _Run:
+    """What the steps of one training run share (train_drafter builds it once)."""
+
+    cfg: TrainConfig
+    out_dir: Path
+    dist: _Dist
+    show: bool  # progress bars (rank 0 only)
+    target: nn.Module
+    codebook: Optional[torch.Tensor]
+    vocab: TrainVocab
+    train_set: object
+    eval_set: object
+    features: object  # FeatureCache or OnlineFeatures over train_set
+    drafter: Drafter
+    model: nn.Module  # the unroll (DDP-wrapped under torchrun)
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    radius: Optional[float] = None
+    t0: float = 0.0
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.output.weight.device
+
+    @property
+    def per_rank(self) -> int:
+        return self.cfg.batch_size // self.dist.world
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.out_dir / "metrics.jsonl"
+
+
+def _build_run(target, codebook, vocab: TrainVocab, cfg: TrainConfig, out_dir: Path, dist: _Dist, show: bool,
+               request, resuming: bool) -> _Run:
+    """Data, features, drafter, unroll and optimiser of a run (before any checkpoint is loaded)."""
+    train_set, eval_set = build_dataset(target, cfg.data, cfg.seed, out_dir / "data", is_main=dist.main,
+                                        barrier=dist.barrier, progress=show, request=request, resuming=resuming)
+    features = _train_features(target, train_set, cfg, out_dir, dist, show)
     drafter = _make_drafter(target, cfg, train_set.tokens, vocab).train()
     width = target.output.in_features  # the final hidden the target's head reads (Batch.hidden)
     if cfg.loss.kind == "eagle1" and drafter.config.hidden != width:
         raise ConfigError("the eagle1 loss regresses the target's hidden state: drafter_hidden must equal "
                           f"its width {width}")
-    model = _Unroll(drafter, cfg.ttt_steps)
-    if dist.enabled:
-        ids = None
-        if device.type == "cuda":
-            ids = [device.index if device.index is not None else torch.cuda.current_device()]
-        model = nn.parallel.DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+    model = _unroll_model(drafter, cfg, dist, target.output.weight.device)
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     # A plain function: LambdaLR stores nothing for it (the schedule is a function of cfg).
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_factor(k, cfg))
+    return _Run(cfg, out_dir, dist, show, target, codebook, vocab, train_set, eval_set, features, drafter,
+                model, opt, sched, radius=cfg.loss.radius)
 
-    start, radius = 0, cfg.loss.radius
-    if state is not None:
-        if state["drafter_config"] != drafter.config.to_dict():
-            raise ArtifactMismatchError(
-                f"{out_dir} holds a run for target hash {state['drafter_config'].get('target_hash')}, not for this "
-                f"target ({drafter.config.target_hash}); use a new out_dir")
-        drafter.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        start, radius = state["step"], state["radius"]
-        _set_rng_state(state["rng"])
-        if main:
-            print(note or f"resuming {out_dir} from step {start} of {cfg.steps} (its latest checkpoint)", file=sys.stderr)
-    elif radius is None and codebook is not None:
-        radius = estimate_vocab_radius(features, len(train_set), cfg, codebook, vocab, drafter.d2t)
 
-    metrics_path = out_dir / "metrics.jsonl"
-    if main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_json(out_dir / "train_config.json", cfg.to_dict())
-        _truncate_metrics(metrics_path, start)
-    per_rank = cfg.batch_size // dist.world
-    steps = range(start, cfg.steps)
-    if show:
-        from tqdm.auto import tqdm
-
-        steps = tqdm(steps, initial=start, total=cfg.steps, desc="train drafter", unit="step")
-    t0 = time.time()
-    for step in steps:
-        rows = batch_indices(step, len(train_set), cfg.batch_size, cfg.seed, dist.rank, dist.world)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
-            batch = features.batch(rows)
-            outs = model(batch.taps, batch.tokens, batch.start)
-            loss, stats = ttt_loss(outs, batch, cfg.loss, codebook=codebook, radius=radius, step=step,
-                                   total_steps=cfg.steps, d2t=drafter.d2t, vocab=vocab)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        gnorm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), clip)
-        opt.step()
-        sched.step()
-        done = step + 1
-        if main and (done % cfg.log_every == 0 or done == cfg.steps):
-            rec = {"step": done, "loss": float(loss.detach()), "lr": sched.get_last_lr()[0],
-                   "grad_norm": float(gnorm), "seconds": round(time.time() - t0, 3), "rows": per_rank, **stats}
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(rec) + "\n")
-            if show:
-                steps.set_postfix(loss=f"{rec['loss']:.4f}", top1=f"{stats['top1_s'][0]:.3f}")
-        if main and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
-            save_checkpoint(out_dir, done, drafter, opt, sched, cfg, radius, len(train_set), cfg.keep_checkpoints)
-        if main and cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.steps):
-            _periodic_eval(drafter, target, eval_set, cfg, per_rank, done, metrics_path, eval_fn, vocab)
-        dist.barrier()
-        _after_step(done)
-
-    result = {"radius": radius, "steps": cfg.steps, "metrics": str(metrics_path),
-              "drafter": str(out_dir / "drafter.safetensors")}
-    if main:
-        depth = cfg.eval_depth or cfg.ttt_steps
-        ev = OnlineFeatures(target, eval_set)
-        result["eval"] = evaluate_mal_proxy(drafter, ev, len(eval_set), depth, batch_size=per_rank, vocab=vocab)
-        write_json(out_dir / "eval.json", result["eval"])
-        save_drafter(drafter, out_dir / "drafter.safetensors")
+def _train_features(target, train_set, cfg: TrainConfig, out_dir: Path, dist: _Dist, show: bool):
+    """The teacher features of train_set: cached on disk (rank 0 builds them) or computed per batch."""
+    if cfg.data.features != "cache":
+        return OnlineFeatures(target, train_set)
+    root = Path(cfg.data.cache_dir) if cfg.data.cache_dir else out_dir / "features"
+    features = FeatureCache(target, train_set, root, shard_size=cfg.data.shard_size, dtype=cfg.data.cache_dtype)
+    if dist.main and not features.complete():
+        features.build(batch_size=cfg.batch_size, progress=show)
     dist.barrier()
-    if dist.owned:
-        torch.distributed.destroy_process_group()
+    return features
+
+
+def _unroll_model(drafter: Drafter, cfg: TrainConfig, dist: _Dist, device: torch.device) -> nn.Module:
+    model = _Unroll(drafter, cfg.ttt_steps)
+    if not dist.enabled:
+        return model
+    ids = None
+    if device.type == "cuda":
+        ids = [device.index if device.index is not None else torch.cuda.current_device()]
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+
+
+def _resume(run: _Run, state: dict, note: Optional[str]) -> int:
+    """Load the checkpoint's weights, optimiser, schedule, radius and RNG states; returns its step."""
+    drafter, out_dir = run.drafter, run.out_dir
+    if state["drafter_config"] != drafter.config.to_dict():
+        raise ArtifactMismatchError(
+            f"{out_dir} holds a run for target hash {state['drafter_config'].get('target_hash')}, not for this "
+            f"target ({drafter.config.target_hash}); use a new out_dir")
+    drafter.load_state_dict(state["model"])
+    run.opt.load_state_dict(state["optimizer"])
+    run.sched.load_state_dict(state["scheduler"])
+    run.radius = state["radius"]
+    _set_rng_state(state["rng"])
+    if run.dist.main:
+        print(note or f"resuming {out_dir} from step {state['step']} of {run.cfg.steps} (its latest checkpoint)",
+              file=sys.stderr)
+    return state["step"]
+
+
+def _fresh_start(run: _Run) -> int:
+    """Step 0 of a new run: the LISA radius estimated on the training data unless configured."""
+    if run.radius is None and run.codebook is not None:
+        run.radius = estimate_vocab_radius(run.features, len(run.train_set), run.cfg, run.codebook, run.vocab,
+                                           run.drafter.d2t)
+    return 0
+
+
+def _open_run_dir(run: _Run, start: int) -> None:
+    """Rank 0: train_config.json written, metrics after the resumed step dropped."""
+    if run.dist.main:
+        run.out_dir.mkdir(parents=True, exist_ok=True)
+        write_json(run.out_dir / "train_config.json", run.cfg.to_dict())
+        _truncate_metrics(run.metrics_path, start)
+
+
+def _step_bar(run: _Run, start: int):
+    """The steps still to run, as a tqdm bar over the whole run when progress is shown."""
+    steps = range(start, run.cfg.steps)
+    if not run.show:
+        return steps
+    from tqdm.auto import tqdm
+
+    return tqdm(steps, initial=start, total=run.cfg.steps, desc="train drafter", unit="step")
+
+
+def _train_step(run: _Run, step: int) -> tuple:
+    """One optimiser step on this rank's rows of `step`; returns (loss, stats, grad norm)."""
+    cfg = run.cfg
+    rows = batch_indices(step, len(run.train_set), cfg.batch_size, cfg.seed, run.dist.rank, run.dist.world)
+    with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+        batch = run.features.batch(rows)
+        outs = run.model(batch.taps, batch.tokens, batch.start)
+        loss, stats = ttt_loss(outs, batch, cfg.loss, codebook=run.codebook, radius=run.radius, step=step,
+                               total_steps=cfg.steps, d2t=run.drafter.d2t, vocab=run.vocab)
+    run.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+    gnorm = torch.nn.utils.clip_grad_norm_(run.drafter.parameters(), clip)
+    run.opt.step()
+    run.sched.step()
+    return loss, stats, gnorm
+
+
+def _after_update(run: _Run, bar, done: int, update: tuple, eval_fn) -> None:
+    """Rank 0 logs, checkpoints and evaluates at their cadences (and at the last step); all ranks meet."""
+    cfg = run.cfg
+
+    def due(every: int) -> bool:
+        return run.dist.main and (done % every == 0 or done == cfg.steps)
+
+    if due(cfg.log_every):
+        _log_step(run, bar, done, *update)
+    if due(cfg.checkpoint_every):
+        save_checkpoint(run.out_dir, done, run.drafter, run.opt, run.sched, cfg, run.radius, len(run.train_set),
+                        cfg.keep_checkpoints)
+    if cfg.eval_every and due(cfg.eval_every):
+        _periodic_eval(run, done, eval_fn)
+    run.dist.barrier()
+    _after_step(done)
+
+
+def _log_step(run: _Run, bar, done: int, loss: torch.Tensor, stats: dict, gnorm: torch.Tensor) -> None:
+    """One training record in metrics.jsonl (and the loss / top-1 on the bar)."""
+    rec = {"step": done, "loss": float(loss.detach()), "lr": run.sched.get_last_lr()[0],
+           "grad_norm": float(gnorm), "seconds": round(time.time() - run.t0, 3), "rows": run.per_rank, **stats}
+    with open(run.metrics_path, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    if run.show:
+        bar.set_postfix(loss=f"{rec['loss']:.4f}", top1=f"{stats['top1_s'][0]:.3f}")
+
+
+def _held_out(run: _Run) -> dict:
+    """evaluate_mal_proxy of the drafter on the held-out sequences (features computed online)."""
+    cfg = run.cfg
+    return evaluate_mal_proxy(run.drafter, OnlineFeatures(run.target, run.eval_set), len(run.eval_set),
+                              cfg.eval_depth or cfg.ttt_steps, batch_size=run.per_rank, vocab=run.vocab)
+
+
+def _periodic_eval(run: _Run, step: int, eval_fn=None) -> None:
+    """One "eval" record in metrics.jsonl: held-out MAL proxy, top-1/top-3 per step, eval_fn's."""
+    ev = _held_out(run)
+    if eval_fn is not None:
+        was = run.drafter.training
+        ev.update(eval_fn(run.drafter.eval(), step))
+        run.drafter.train(was)
+    with open(run.metrics_path, "a") as f:
+        f.write(json.dumps({"step": step, "eval": ev}) + "\n")
+
+
+def _finish(run: _Run) -> dict:
+    """train_drafter's result; rank 0 writes eval.json and drafter.safetensors."""
+    out_dir = run.out_dir
+    result = {"radius": run.radius, "steps": run.cfg.steps, "metrics": str(run.metrics_path),
+              "drafter": str(out_dir / "drafter.safetensors")}
+    if run.dist.main:
+        result["eval"] = _held_out(run)
+        write_json(out_dir / "eval.json", result["eval"])
+        save_drafter(run.drafter, out_dir / "drafter.safetensors")
     return result
