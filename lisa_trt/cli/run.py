@@ -38,12 +38,13 @@ def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, encod
     Text-prompt models (Lumina-mGPT, Janus-Pro engine directories): one caption per line.
     A GPU run (or --gpu / --memory-gib) is refused before any work when its memory plan does not
     fit (`lisa-trt plan ENGINE_DIR`)."""
-    from ..deploy.memory_plan import engines_recorded, preflight
+    from ..deploy.memory_plan import preflight
+    from ..engines.trt_plans import engines_built
     from ..runtime.context import resolve
 
     rc = resolve(engine_dir=engine_dir, verify=verify, auto=True, sampling=sampling, tree=tree, knobs=knobs,
                  backend=backend)
-    gpu_backend = backend == "trt" or (backend == "auto" and engines_recorded(engine_dir))
+    gpu_backend = backend == "trt" or (backend == "auto" and engines_built(engine_dir))
     preflight(engine_dir, gpu=gpu, memory_gib=memory_gib, gpu_backend=gpu_backend, batch=1,
               tree=tree["tree_tokens"], cfg_scale=sampling["cfg_scale"])  # run decodes one prompt per call
     rc.run("run", _run, prompts=prompts, out_dir=out_dir, overwrite=overwrite, threads=threads,

@@ -385,12 +385,6 @@ def _engine_record(engine_dir) -> tuple[dict, str]:
     return raw_manifest(engine_dir), bundle_family(engine_dir)
 
 
-def engines_recorded(engine_dir) -> bool:
-    """True when `lisa-trt build` recorded TensorRT engines in the manifest (what --backend auto uses)."""
-    man, _ = _engine_record(engine_dir)
-    return bool((man.get("engines") or {}).get("graphs"))
-
-
 def run_uses_cfg(engine_dir, cfg_scale: Optional[float] = None) -> bool:
     """Whether a run doubles its rows for CFG: the given scale, else the bundle's default
     (else the family's: LlamaGen's SamplingConfig 1.0 = off, Lumina-mGPT's 3.0 = on)."""
@@ -438,5 +432,5 @@ def device_memory_gib() -> Optional[float]:
 
 __all__ = ["CONTEXT_BYTES", "DEFAULT_GPU", "GPUS", "PRECISIONS", "WORKSPACE_BYTES", "GPU", "ModelShape",
            "Plan", "PlanError", "Precision", "Weights", "check_plan", "device_memory_gib", "drafter_weights",
-           "engines_recorded", "known_names", "known_shape", "largest", "make_plan", "preflight", "resolve_gpu", "resolve_model",
+           "known_names", "known_shape", "largest", "make_plan", "preflight", "resolve_gpu", "resolve_model",
            "resolve_precision", "run_uses_cfg", "table_bytes"]

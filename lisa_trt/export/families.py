@@ -100,7 +100,7 @@ class ExportFamily:
         protocol of models/prompts.PromptTarget (Prompts that carry their own unconditional rows)."""
         return None
 
-    # -- one target graph: the prefill as a verify call (issue 26) -----------------------------
+    # -- one target graph: the prefill as a verify call ------------------------------------------
 
     def prefill_ids(self, cfg) -> Optional[dict]:
         """{"offset": o, "count": n} when the verify graph this family exports also embeds the

@@ -362,7 +362,7 @@ def read_manifest(engine_dir, *, target_hash: Optional[str] = None, drafter_hash
 
 
 def _check_files(man: Manifest) -> None:
-    # the shared weights file: its size always; its sha256 where quantized graphs used to check theirs
+    # the shared weights file: its size always; its sha256 for quantized bundles (their graphs carry no hash of it)
     (verify_shared if man.quantization != "none" else check_shared)(man)
     for name, g in man.graphs.items():
         p = Path(man.dir) / g.file

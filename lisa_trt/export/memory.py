@@ -1,9 +1,9 @@
 """Export at size: precision copies made graph by graph and freed as the export goes, and the
 export's memory measured.
 
-An fp16 export used to hold three things at once for its whole run: the fp32 models (the
-validation reference), a deep copy of them (fp32 first, then halved) and whatever the exporter
-and the validation session built. Now:
+An fp16 export must not hold three things at once for its whole run: the fp32 models (the
+validation reference), a whole fp16 copy of them and whatever the exporter and the validation
+session built. So:
 
 * `half_copy` builds the fp16 copy tensor by tensor (no intermediate fp32 copy);
 * `PrecisionCopy` makes that copy only when a graph is traced from it and drops it as soon as

@@ -1,4 +1,4 @@
-"""Quantized ONNX Runtime graphs: `lisa-trt export --quantize none|int8|int4` (issue 12).
+"""Quantized ONNX Runtime graphs: `lisa-trt export --quantize none|int8|int4`.
 
 Applied after `export_bundle` to the target and drafter graphs of an engine directory (prefill,
 verify, drafter project, drafter step); the GASV and VQ graphs stay fp32.
@@ -8,8 +8,8 @@ verify, drafter project, drafter step); the GASV and VQ graphs stay fp32.
           (`reduce_range`); activations are quantized per call to uint8 (DynamicQuantizeLinear ->
           MatMulInteger, which ORT fuses into DynamicQuantizeMatMul). The 7-bit range is what makes
           the graph compute the same integers on every x86 CPU: without VNNI, ORT adds pairs of
-          u8 x s8 products in saturating int16, and full-range weights overflow it (issue 23,
-          export/int8_isa.py, docs/quantization.md).
+          u8 x s8 products in saturating int16, and full-range weights overflow it
+          (export/int8_isa.py, docs/quantization.md).
     int4  4-bit weight-only MatMulNBits (onnxruntime's MatMulNBitsQuantizer, RTN, blocks of
           `block_size` along K, symmetric). `accuracy_level` is the ORT compute type of the op
           (0 = fp32 dequantized compute, 4 = int8 activations; 4 is the fast CPU path).

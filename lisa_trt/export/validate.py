@@ -202,7 +202,7 @@ def lint_graph(path, inputs: dict, timeout: float = 600.0) -> dict:
 
     The subprocess loads the graph's structure only (`--ignore-external-data`) and runs in the
     graph's folder, so the ONNX checker and ONNX Runtime read the weights from the external data
-    file themselves: the linter no longer holds them twice more (protobuf, then its re-export)."""
+    file themselves: the linter does not hold them twice more (protobuf, then its re-export)."""
     path = Path(path).resolve()
     try:
         from polygraphy.json import save_json

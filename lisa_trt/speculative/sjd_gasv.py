@@ -1,4 +1,4 @@
-"""GASV inside Jacobi windows (`sjd-gasv`; issue 27 item 3b): SJD-family drafts verified with
+"""GASV inside Jacobi windows (`sjd-gasv`): SJD-family drafts verified with
 GASV's relaxed rule; relaxed (reports TVD). docs/spec/decoders.md.
 
 SJD accepts the draft x of a window slot (drawn from p_prev) with min(1, p_now(x) / p_prev(x)).

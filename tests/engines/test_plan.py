@@ -282,7 +282,9 @@ def test_preflight_skips_cpu_runs(bundle):
         preflight(bundle, memory_gib=0.5, gpu_backend=False)
     assert P.run_uses_cfg(bundle, 1.0) is False and P.run_uses_cfg(bundle) is True  # the bundle's cfg 4.0
     assert preflight(bundle, memory_gib=4, gpu_backend=False, cfg_scale=1.0).rows == 1
-    assert not P.engines_recorded(bundle)
+    from lisa_trt.engines.trt_plans import engines_built
+
+    assert not engines_built(bundle)
 
 
 def test_run_refuses_before_loading_anything(bundle, tmp_path, monkeypatch):

@@ -36,14 +36,6 @@ def test_no_engine_directory_is_a_clear_error(tmp_path):
         bundle_family(_write(tmp_path / "bad", MANIFEST_NAME, "{"))
 
 
-def test_is_chameleon_engine_is_a_wrapper(tmp_path):
-    from lisa_trt.families.chameleon.export import is_chameleon_engine
-
-    assert is_chameleon_engine(_write(tmp_path / "c", MANIFEST_NAME, {"family": "chameleon"}))
-    assert not is_chameleon_engine(_write(tmp_path / "l", MANIFEST_NAME, {"family": "llamagen"}))
-    assert not is_chameleon_engine(tmp_path / "nothing")  # no engine directory at all: False, not an error
-
-
 def test_llamagen_exports_record_their_family(bundle):
     assert bundle.family == "llamagen"
     assert json.loads((bundle.dir / MANIFEST_NAME).read_text())["family"] == "llamagen"

@@ -206,18 +206,5 @@ def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, ima
                                        validate=validate, fp16=fp16, quantize=quantize, lint=lint, progress=progress)
 
 
-def is_chameleon_engine(path) -> bool:
-    """True when `path` is a Chameleon-family engine directory (export.manifest.bundle_family);
-    False for a LlamaGen one and for a directory that is no engine directory at all.
-
-    A thin wrapper kept for cli.py; new code calls bundle_family."""
-    from ...export.manifest import bundle_family
-
-    try:
-        return bundle_family(path) == FAMILY
-    except InputError:
-        return False
-
-
 __all__ = ["DEFAULT_MAX_PROMPT", "DEFAULT_MAX_TREE", "ChameleonGraphs", "ChameleonStepGraph", "ChameleonVQGraph",
-           "engine_cache_len", "export_chameleon", "is_chameleon_engine", "latent_grid", "span_length"]
+           "engine_cache_len", "export_chameleon", "latent_grid", "span_length"]

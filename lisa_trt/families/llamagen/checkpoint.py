@@ -39,7 +39,7 @@ def _resolve_target_config(config, meta: dict) -> TargetConfig:
 def load_llamagen_target(path: PathLike, config=None, device="cpu"):
     """Load a LlamaGen target (official .pt or lisa-trt safetensors), eval mode, fp32.
 
-    The weights are loaded once (issue 26): the model is built on the meta device and its
+    The weights are loaded once: the model is built on the meta device and its
     parameters become the file's tensors (`assign`); a zip-format .pt file's tensors are mapped
     from the file, read as they are used (an fp32 file: no copy at all; bf16: one fp32 copy)."""
     import torch
