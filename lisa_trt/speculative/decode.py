@@ -15,6 +15,7 @@ Cache invariants at the start of every step, for each active row with n committe
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -27,7 +28,7 @@ from ..timing import Timer
 from .autoregressive import cfg_batch, layout_for, new_target_cache
 from .sampling import (RowGenerators, cfg_active, cfg_combine, make_generator, process_logits, sample_from_logits,
                        split_cfg)
-from .methods import METHODS, RuleContext, SpecConfig, get_method  # noqa: F401 (METHODS, SpecConfig re-exported)
+from .methods import METHODS, Method, RuleContext, SpecConfig, get_method  # noqa: F401 (re-exports METHODS)
 from ..models.family import SequenceLayout
 from .subvocab import RELAXED, SubVocabVerifier
 from .tree import DraftTree, ExpandRequest, build_dynamic_tree
@@ -109,6 +110,51 @@ class Guide:
         return torch.cat([idx, idx + B]) if self.cfg else idx
 
 
+@dataclass
+class _Decode:
+    """One generate call: what it decodes with (resolved once) and where it stands.
+
+    Tensors of the active rows follow the CFG batch where the engines do (root_lp, root_h: 2Bc
+    rows with CFG); out / n_done index the original rows, `active` maps one to the other.
+    """
+
+    method: Method
+    spec: SpecConfig
+    guide: Guide
+    gen: object  # torch.Generator, or RowGenerators (one per original row)
+    session: object  # the method's per-decode state (Method.session), None without one
+    tcache: object
+    dcache: object
+    out: torch.Tensor  # (B, N) committed tokens, -1 where not yet decoded
+    n_done: torch.Tensor  # (B,) committed tokens per original row
+    active: torch.Tensor  # (Bc,) original indices of the rows still decoding
+    root_lp: torch.Tensor  # drafter logits at each active row's tree root
+    root_h: torch.Tensor  # drafter hidden state at each active row's tree root
+    timer: Timer
+    stats: DecodeStats
+
+    @property
+    def greedy(self) -> bool:
+        return self.guide.s.greedy
+
+    @property
+    def n_tokens(self) -> int:
+        return self.guide.layout.n_tokens
+
+    @property
+    def device(self) -> torch.device:
+        return self.tcache.lengths.device  # all bookkeeping lives with the engines' caches
+
+
+def _generators(seed, generator, seeds, B: int, tree, dev):
+    """The decode's random source: one generator per row (`seeds`) or one for the batch."""
+    if seeds is None:
+        return generator or make_generator(seed, dev)
+    if len(seeds) != B:
+        raise InputError(f"{len(seeds)} seeds for {B} prompts; pass one seed per prompt")
+    return RowGenerators(seeds, dev, cap=tree.total_tokens + tree.depth + 1)
+
+
 class SpeculativeDecoder:
     """Runs one batch of prompts with tree speculation; reusable across calls.
 
@@ -124,21 +170,6 @@ class SpeculativeDecoder:
         self.target, self.drafter, self.tables, self.gasv = target, drafter, tables, gasv
         self._causal: dict = {}  # (S, device) -> (S, S) causal mask of a drafter commit
         self._sub = {}  # id(sub_vocab) -> SubVocabVerifier
-
-    def _verify(self, logits: torch.Tensor, tree: DraftTree, spec: SpecConfig, greedy: bool, gen, guide,
-                token_index, session=None, rows=None):
-        """Guided, filtered logits (B, N, V) at the tree nodes -> VerifyResult (the method's rule).
-
-        A layout with a sub-vocabulary runs the relaxed rules over the codebook (subvocab.py)."""
-        ctx = RuleContext(spec=spec, greedy=greedy, generator=gen, tables=self.tables, gasv=self.gasv,
-                          session=session, rows=rows, token_index=token_index)
-        sv = guide.layout.sub_vocab
-        if sv is not None and spec.method in RELAXED:
-            ver = self._sub.get(id(sv))
-            if ver is None:
-                ver = self._sub[id(sv)] = SubVocabVerifier(sv, logits.shape[-1], self.tables, logits.device)
-            return ver(spec.method, logits, tree, guide.forced(token_index), ctx)
-        return get_method(spec.method).rule(logits, tree, ctx)
 
     @torch.no_grad()
     def generate(self, cond, *, sampling: SamplingConfig = SamplingConfig(), spec: SpecConfig = SpecConfig(),
@@ -160,123 +191,149 @@ class SpeculativeDecoder:
         Returns:
             tokens (B, N) long, DecodeStats.
         """
-        target, drafter = self.target, self.drafter
-        if get_method(spec.method).kind != "tree":
+        method = get_method(spec.method)  # resolved once: every step reads this object
+        if method.kind != "tree":
             raise InputError(f"method {spec.method!r} does not use the tree decoder; run it with "
                              "lisa_trt.speculative.run.run_method")
-        if get_method(spec.method).greedy_sampling:
+        if method.greedy_sampling:
             sampling = dataclasses.replace(sampling, greedy=True)
-        B = target.check_cond(cond)
-        layout = layout if layout is not None else layout_for(target, num_tokens)
-        N_img = layout.n_tokens
-        guide, timer, stats = Guide(sampling, layout), Timer(), DecodeStats()
-        greedy = sampling.greedy
+        B = self.target.check_cond(cond)
+        guide = Guide(sampling, layout if layout is not None else layout_for(self.target, num_tokens))
         t_start = time.perf_counter()
+        rng = functools.partial(_generators, seed, generator, seeds, B, spec.tree)  # made once the device is known
+        run = self._prefill(cond, B, method, spec, guide, rng)
+        while run.active.numel():
+            nd = run.n_done[run.active]  # (Bc,) committed tokens of the active rows (one gather per step)
+            slots, tout, res = self._step(run, nd)
+            nd = self._commit(run, nd, slots, tout, res)
+            if on_progress is not None:
+                on_progress(int(run.n_done.sum()))
+            self._retire(run, nd)
+        run.stats.times = dict(run.timer.totals)
+        run.stats.times["total"] = time.perf_counter() - t_start
+        return run.out, run.stats
 
-        # -- prefill: the target's own first token, then the drafter entry for z_0 ----------
+    # -- the phases of a decode ------------------------------------------------------------
+
+    def _prefill(self, cond, B: int, method: Method, spec: SpecConfig, guide: Guide, rng) -> _Decode:
+        """Target prefill, the target's own first token z_0, then the drafter entry for z_0."""
+        target, timer, stats = self.target, Timer(), DecodeStats()
+        N = guide.layout.n_tokens
         with timer.measure("target"):
-            full = cfg_batch(target, cond, sampling.cfg_scale)
+            full = cfg_batch(target, cond, guide.s.cfg_scale)
             cls = target.prompt_len(full)  # prompt slots (LlamaGen: the class / caption prefix)
-            tcache = new_target_cache(target, 2 * B if guide.cfg else B, full, N_img, extra=spec.tree.total_tokens)
+            tcache = new_target_cache(target, 2 * B if guide.cfg else B, full, N, extra=spec.tree.total_tokens)
             pre = target.prefill(full, tcache, taps=True)
             stats.target_forwards += 1
-        dev = tcache.lengths.device  # all bookkeeping lives with the engines' caches
-        if seeds is not None:
-            if len(seeds) != B:
-                raise InputError(f"{len(seeds)} seeds for {B} prompts; pass one seed per prompt")
-            gen = RowGenerators(seeds, dev, cap=spec.tree.total_tokens + spec.tree.depth + 1)
-        else:
-            gen = generator or make_generator(seed, dev)
-        meth = get_method(spec.method)
+        dev = tcache.lengths.device
+        gen = rng(dev)
         session = None
-        if meth.session is not None and not greedy:  # per-decode state of the method (coupled drafting)
-            session = meth.session(batch=B, vocab=pre.logits.shape[-1], generator=gen, device=dev, spec=spec)
-        first_law = guide(pre.logits[:, -1], torch.zeros(B, dtype=torch.long, device=dev))
-        if session is not None:
-            first = session.sample(first_law, torch.zeros(B, dtype=torch.long, device=dev), torch.arange(B, device=dev))
-        else:
-            first = sample_from_logits(first_law, gen, greedy)
-        out = torch.full((B, N_img), -1, dtype=torch.long, device=dev)
+        if method.session is not None and not guide.s.greedy:  # per-decode state of the method (coupled drafting)
+            session = method.session(batch=B, vocab=pre.logits.shape[-1], generator=gen, device=dev, spec=spec)
+        first = self._first_token(pre.logits[:, -1], B, guide, gen, session, dev)
+        out = torch.full((B, N), -1, dtype=torch.long, device=dev)
         out[:, 0] = first
-        n_done = torch.ones(B, dtype=torch.long, device=dev)  # committed tokens per (original) row
-        active = torch.arange(B, device=dev)
-        # drafter slots: the sequence plus one tree's expansion scratch (depth * top_k nodes)
-        dmax = cls + N_img + max(spec.tree.total_tokens, spec.tree.depth * spec.tree.top_k)
         with timer.measure("draft"):
-            dcache = drafter.new_cache(tcache.batch, dmax)
-            if not getattr(drafter, "keeps_prompt", False):  # the oracle's cache holds the target's prompt
-                dcache.col_valid[:, :cls] = False  # the prompt holds no drafter entries
-            dcache.lengths.fill_(cls)
-            dcache.pad = tcache.pad.clone()  # drafter positions count like the target's
-            d_logits, d_hidden = self._drafter_commit(dcache, pre.taps,
-                                                      guide.dup(first[:, None]))
-            root_lp, root_h = d_logits[:, -1], d_hidden[:, -1]
+            dcache = self._new_drafter_cache(tcache, cls, N, spec.tree)
+            d_logits, d_hidden = self._drafter_commit(dcache, pre.taps, guide.dup(first[:, None]))
+        return _Decode(method, spec, guide, gen, session, tcache, dcache, out,
+                       n_done=torch.ones(B, dtype=torch.long, device=dev), active=torch.arange(B, device=dev),
+                       root_lp=d_logits[:, -1], root_h=d_hidden[:, -1], timer=timer, stats=stats)
 
-        while active.numel():
-            Bc = active.numel()
-            nd = n_done[active]  # (Bc,) committed tokens of the active rows (one gather per step)
-            remaining = N_img - nd  # (Bc,) >= 1
-            root_tok = out[active, nd - 1]
-            root_pos = tcache.positions(tcache.lengths[:, None])[:, 0]  # every row (CFG halves may differ)
-            # -- draft a tree -------------------------------------------------------------
-            with timer.measure("draft"):
-                tree = self._draft(dcache, root_tok, root_lp, root_h, root_pos, guide, spec,
-                                   nd, stats, session, active)
-                tree = tree.truncate(remaining - 1)
-            # -- verify it with one target forward ------------------------------------------
-            with timer.measure("target"):
-                Nn = tree.n_nodes
-                tok2 = guide.dup(tree.tokens)
-                slots = tcache.lengths[:, None] + torch.arange(Nn, device=dev)[None]
-                pos = root_pos[:, None] + guide.dup(torch.where(tree.valid, tree.depths, 0))
-                mask = tcache.attention_mask(slots, guide.dup(tree.ancestors))
-                tout = target.forward_tokens(tok2, pos, slots, mask, tcache, taps=True)
-                stats.target_forwards += 1
-            with timer.measure("accept"):
-                token_index = nd[:, None] + tree.depths  # z index each node predicts
-                logits = guide(tout.logits, token_index)
-                res = self._verify(logits, tree, spec, greedy,
-                                   gen.select(active) if isinstance(gen, RowGenerators) else gen, guide, token_index,
-                                   session, active)
-            # -- commit: compact caches, feed the drafter the accepted path ------------------
-            with timer.measure("host"):
-                acc = res.accept_len  # (Bc,)
-                ncom = acc + 1
-                stats.committed.append(ncom)
-                stats.rows.append(active.clone())
-                stats.tvd.append(res.tvd)
-                cols = torch.arange(res.tokens.shape[1], device=dev)[None]
-                take = cols < ncom[:, None]  # (Bc, D+1)
-                r_i, c_i = take.nonzero(as_tuple=True)  # one nonzero for the three masked reads
-                out[active[r_i], nd[r_i] + c_i] = res.tokens[r_i, c_i]
-                path = res.path.clamp(min=0)  # (Bc, D+1) node ids, root first
-                src = slots[: Bc].gather(1, path)
-                tcache.compact(guide.dup(src), guide.dup(ncom))
-            with timer.measure("draft"):
-                taps = tout.taps.gather(1, guide.dup(path)[:, :, None].expand(-1, -1, tout.taps.shape[-1]))
-                new_tok = res.tokens.clamp(min=0)  # (Bc, D+1): accepted drafts then bonus
-                d_logits, d_hidden = self._drafter_commit(dcache, taps,
-                                                          guide.dup(new_tok), counts=guide.dup(ncom))
-                last = (ncom - 1)
-                root_lp = d_logits.gather(1, guide.dup(last)[:, None, None].expand(-1, 1, d_logits.shape[-1]))[:, 0]
-                root_h = d_hidden.gather(1, guide.dup(last)[:, None, None].expand(-1, 1, d_hidden.shape[-1]))[:, 0]
-            nd = nd + ncom
-            n_done[active] = nd
-            if on_progress is not None:
-                on_progress(int(n_done.sum()))
-            keep = nd < N_img
-            if not bool(keep.all()):
-                idx = torch.nonzero(keep).flatten()
-                rows2 = guide.rows(idx, Bc)
-                tcache.select_rows(rows2)
-                dcache.select_rows(rows2)
-                root_lp, root_h = root_lp[rows2], root_h[rows2]
-                active = active[idx]
-        stats.times = dict(timer.totals)
-        stats.times["total"] = time.perf_counter() - t_start
-        return out, stats
+    @staticmethod
+    def _first_token(raw, B: int, guide: Guide, gen, session, dev) -> torch.Tensor:
+        """z_0 of every row from the prefill's last logits (the session draws it when there is one)."""
+        zero = torch.zeros(B, dtype=torch.long, device=dev)
+        law = guide(raw, zero)
+        if session is not None:
+            return session.sample(law, zero, torch.arange(B, device=dev))
+        return sample_from_logits(law, gen, guide.s.greedy)
+
+    def _step(self, run: _Decode, nd: torch.Tensor):
+        """Draft a tree from every active root, verify it with one target forward, accept.
+
+        Returns (target-cache slots of the tree (CFG rows, Nn), target output, VerifyResult)."""
+        tc, guide = run.tcache, run.guide
+        remaining = run.n_tokens - nd  # (Bc,) >= 1
+        root_tok = run.out[run.active, nd - 1]
+        root_pos = tc.positions(tc.lengths[:, None])[:, 0]  # every row (CFG halves may differ)
+        with run.timer.measure("draft"):
+            tree = self._draft(run, root_tok, root_pos, nd).truncate(remaining - 1)
+        with run.timer.measure("target"):
+            slots = tc.lengths[:, None] + torch.arange(tree.n_nodes, device=run.device)[None]
+            pos = root_pos[:, None] + guide.dup(torch.where(tree.valid, tree.depths, 0))
+            mask = tc.attention_mask(slots, guide.dup(tree.ancestors))
+            tout = self.target.forward_tokens(guide.dup(tree.tokens), pos, slots, mask, tc, taps=True)
+            run.stats.target_forwards += 1
+        with run.timer.measure("accept"):
+            token_index = nd[:, None] + tree.depths  # z index each node predicts
+            res = self._verify(guide(tout.logits, token_index), tree, run, token_index)
+        return slots, tout, res
+
+    def _commit(self, run: _Decode, nd, slots, tout, res) -> torch.Tensor:
+        """Write the accepted tokens, compact the target cache to the accepted path and feed the
+        drafter that path -> the active rows' new committed counts."""
+        guide, stats = run.guide, run.stats
+        with run.timer.measure("host"):
+            ncom = res.accept_len + 1  # (Bc,) accepted drafts plus the bonus token
+            stats.committed.append(ncom)
+            stats.rows.append(run.active.clone())
+            stats.tvd.append(res.tvd)
+            cols = torch.arange(res.tokens.shape[1], device=run.device)[None]
+            r_i, c_i = (cols < ncom[:, None]).nonzero(as_tuple=True)  # one nonzero for the three masked reads
+            run.out[run.active[r_i], nd[r_i] + c_i] = res.tokens[r_i, c_i]
+            path = res.path.clamp(min=0)  # (Bc, D+1) node ids, root first
+            run.tcache.compact(guide.dup(slots[: nd.numel()].gather(1, path)), guide.dup(ncom))
+        with run.timer.measure("draft"):
+            taps = tout.taps.gather(1, guide.dup(path)[:, :, None].expand(-1, -1, tout.taps.shape[-1]))
+            new_tok = res.tokens.clamp(min=0)  # (Bc, D+1): accepted drafts then bonus
+            d_logits, d_hidden = self._drafter_commit(run.dcache, taps, guide.dup(new_tok), counts=guide.dup(ncom))
+            last = guide.dup(ncom - 1)[:, None, None]  # the new root: the last committed entry
+            run.root_lp = d_logits.gather(1, last.expand(-1, 1, d_logits.shape[-1]))[:, 0]
+            run.root_h = d_hidden.gather(1, last.expand(-1, 1, d_hidden.shape[-1]))[:, 0]
+        nd = nd + ncom
+        run.n_done[run.active] = nd
+        return nd
+
+    @staticmethod
+    def _retire(run: _Decode, nd: torch.Tensor) -> None:
+        """Rows whose image is complete leave the batch: both caches, the roots and `active`."""
+        keep = nd < run.n_tokens
+        if bool(keep.all()):
+            return
+        idx = torch.nonzero(keep).flatten()
+        rows = run.guide.rows(idx, nd.numel())
+        run.tcache.select_rows(rows)
+        run.dcache.select_rows(rows)
+        run.root_lp, run.root_h = run.root_lp[rows], run.root_h[rows]
+        run.active = run.active[idx]
+
+    def _verify(self, logits: torch.Tensor, tree: DraftTree, run: _Decode, token_index):
+        """Guided, filtered logits (B, N, V) at the tree nodes -> VerifyResult (the method's rule).
+
+        A layout with a sub-vocabulary runs the relaxed rules over the codebook (subvocab.py)."""
+        gen = run.gen.select(run.active) if isinstance(run.gen, RowGenerators) else run.gen
+        ctx = RuleContext(spec=run.spec, greedy=run.greedy, generator=gen, tables=self.tables, gasv=self.gasv,
+                          session=run.session, rows=run.active, token_index=token_index)
+        sv, name = run.guide.layout.sub_vocab, run.method.name
+        if sv is not None and name in RELAXED:
+            ver = self._sub.get(id(sv))
+            if ver is None:
+                ver = self._sub[id(sv)] = SubVocabVerifier(sv, logits.shape[-1], self.tables, logits.device)
+            return ver(name, logits, tree, run.guide.forced(token_index), ctx)
+        return run.method.rule(logits, tree, ctx)
 
     # -- drafter helpers -------------------------------------------------------------------
+
+    def _new_drafter_cache(self, tcache, cls: int, n_tokens: int, tree):
+        """An empty drafter cache sized for the sequence plus one tree's expansion scratch
+        (depth * top_k nodes), its positions counted like the target's."""
+        dcache = self.drafter.new_cache(tcache.batch, cls + n_tokens + max(tree.total_tokens, tree.depth * tree.top_k))
+        if not getattr(self.drafter, "keeps_prompt", False):  # the oracle's cache holds the target's prompt
+            dcache.col_valid[:, :cls] = False  # the prompt holds no drafter entries
+        dcache.lengths.fill_(cls)
+        dcache.pad = tcache.pad.clone()
+        return dcache
 
     def _drafter_commit(self, dcache, taps, tokens, counts=None):
         """Append drafter entries for committed tokens (row b: the first counts[b] of them).
@@ -301,12 +358,12 @@ class SpeculativeDecoder:
         dcache.lengths += S if counts is None else counts
         return logits, hidden
 
-    def _draft(self, dcache, root_tok, root_lp_raw, root_h, root_pos, guide, spec, n_done, stats, session=None,
-               rows=None):
+    def _draft(self, run: _Decode, root_tok, root_pos, n_done) -> DraftTree:
         """EAGLE-2 dynamic tree from the drafter's guided, filtered distributions (transformed by
         the method's session when it has one: Method.session)."""
         n_pos = self.target.config.n_positions
-        hist = {"h": root_h[:, None]}  # hidden_out of the previous call's nodes (CFG rows)
+        guide, session, rows, dcache, stats = run.guide, run.session, run.active, run.dcache, run.stats
+        hist = {"h": run.root_h[:, None]}  # hidden_out of the previous call's nodes (CFG rows)
         L = dcache.lengths
 
         def logprobs(raw, token_index):
@@ -328,7 +385,7 @@ class SpeculativeDecoder:
             hist["h"] = hidden
             return logprobs(logits, (n_done + req.depth)[:, None].expand(-1, n))
 
-        root_lp = logprobs(root_lp_raw, n_done)
-        t = spec.tree
+        root_lp = logprobs(run.root_lp, n_done)
+        t = run.spec.tree
         return build_dynamic_tree(root_tok, root_lp, expand, top_k=t.top_k, depth=t.depth,
                                   total_tokens=t.total_tokens)
