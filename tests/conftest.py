@@ -42,3 +42,23 @@ def kill_training(monkeypatch):
         monkeypatch.setattr(T, "_after_step", lambda step: None)
 
     return kill
+
+
+@pytest.fixture
+def check_stats():
+    """check_stats(stats, tokens, ar=False): the DecodeStats of a decode of `tokens` (B, N) add up.
+    Every token after the first (drawn from the prefill's logits) is committed exactly once, a live
+    row commits at least one token per step, and the target ran once per step plus the prefill (the
+    AR loop, ar=True: once per token). Returns the MAL those counts give."""
+
+    def check(stats, tokens, ar: bool = False) -> float:
+        B, N = tokens.shape
+        com = torch.cat([c.detach().cpu().long() for c in stats.committed])
+        assert int(com.sum()) == B * (N - 1), (int(com.sum()), B, N)
+        assert int(com.min()) >= 1, "a step committed nothing for a live row"
+        assert stats.target_forwards == (N if ar else len(stats.committed) + 1), (stats.target_forwards,
+                                                                                  len(stats.committed))
+        assert stats.mal == pytest.approx(float(com.sum()) / com.numel())
+        return stats.mal
+
+    return check

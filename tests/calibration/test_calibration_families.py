@@ -205,7 +205,7 @@ def test_chameleon_cli_calibrate_passes_delta_and_neighbours(chameleon_dir, tmp_
     assert (cfg.delta, cfg.neighbours) == (0.25, 4)
 
 
-def test_speculative_decoder_accepts_janus_tables(janus, janus_tables):
+def test_speculative_decoder_accepts_janus_tables(janus, janus_tables, check_stats):
     """SpeculativeDecoder(target, drafter, tables).generate(prompt_ids, spec=gasv | lantern) on Janus.
 
     The drafter is the generic Drafter built for the Janus target (untrained: MAL is not the point)."""
@@ -225,7 +225,8 @@ def test_speculative_decoder_accepts_janus_tables(janus, janus_tables):
     for method in ("lantern", "gasv"):
         out, stats = dec.generate(ids, sampling=s, spec=SpecConfig.make(method, **tree), seed=0)
         assert out.shape == (2, TJ.GRID * TJ.GRID) and bool(((out >= 0) & (out < TJ.CODES)).all())
-        assert stats.mal >= 1.0
+        check_stats(stats, out)
+        assert stats.mean_tvd > 0.0  # the tables' budget moves mass onto the drafts
     exact, _ = dec.generate(ids, sampling=s, spec=SpecConfig.make("exact", **tree), seed=5)
     lossless, st = dec.generate(ids, sampling=s, spec=SpecConfig.make("gasv", gasv_delta=0.0, **tree), seed=5)
     assert torch.equal(exact, lossless) and st.mean_tvd < 1e-5

@@ -464,7 +464,7 @@ def test_trt_gasv_and_vq_match_the_references(fake):
         eng.vq.decode_code(torch.randint(0, 256, (2, 16)))
 
 
-def test_every_decoder_runs_on_the_trt_runner_with_the_eager_tokens(fake):
+def test_every_decoder_runs_on_the_trt_runner_with_the_eager_tokens(fake, check_stats):
     """Issue 27: every decoder (tree rules, the Jacobi family, ZipAR, coupled drafting) runs through
     the TensorRT runner's engines (built by Polygraphy over the fake core, which executes the plans
     with ONNX Runtime) and commits the eager models' tokens (CFG on, seeded sampling)."""
@@ -481,12 +481,15 @@ def test_every_decoder_runs_on_the_trt_runner_with_the_eager_tokens(fake):
         spec = SpecConfig.make(method if get_method(method).kind == "tree" else "exact", top_k=3, depth=2,
                                total_tokens=8, sjd_pac_tree_width=2)  # SJD-PAC K2/D3: its tree fits S <= 16
         window = 4 if method == "sjd-pac" else 8  # windows inside the tree profile (S <= 16)
-        want, _ = run_method(method, a["target"], a["drafter"], a["tables"], cond, sampling=s, spec=spec, seed=7,
-                             sjd_window=window)
+        want, wst = run_method(method, a["target"], a["drafter"], a["tables"], cond, sampling=s, spec=spec, seed=7,
+                               sjd_window=window)
         got, st = run_method(method, eng.target, eng.drafter, a["tables"], cond, sampling=s, spec=spec, seed=7,
                              gasv=eng.gasv, sjd_window=window)
         assert torch.equal(got.cpu(), want.cpu()), method
-        assert st.mal >= 1.0
+        # the same decode step for step: the eager models' accept lengths and target forwards
+        check_stats(st, got, ar=method == "vanilla")
+        assert [c.tolist() for c in st.committed] == [c.tolist() for c in wst.committed], method
+        assert st.target_forwards == wst.target_forwards, method
 
 
 def test_runner_input_errors(fake):

@@ -51,7 +51,9 @@ def test_ort_equals_torch_tokens(bundle, verify):
     b = tch.generate([1, "c3"], seed=5, verify=verify)
     assert torch.equal(a.tokens, b.tokens)
     assert len(a.images) == 2 and a.images[0].size == (8, 8)
-    assert a.stats[0]["mal"] >= 1.0 and a.stats[1]["class"] == 3
+    assert a.stats[1]["class"] == 3
+    # the same decode step for step: the same verification steps and accept lengths
+    assert [(s["mal"], s["steps"]) for s in a.stats] == [(s["mal"], s["steps"]) for s in b.stats]
 
 
 @pytest.mark.parametrize("verify", ["sjd", "mcsjd", "sjd-pac", "gsd", "zipar", "coupled", "sjd-gasv"])
@@ -65,10 +67,13 @@ def test_every_new_decoder_runs_through_pipeline_on_every_backend(parts, bundle,
     with Pipeline.from_dir(bundle, backend="ort", threads=1) as ort, Pipeline.from_dir(bundle, backend="torch") as tch:
         for batch in (False, True):
             want = mem.generate([1, 4], batch=batch, **kw)
-            assert [s["verify"] for s in want.stats] == [verify] * 2 and all(s["mal"] >= 1.0 for s in want.stats)
+            assert [s["verify"] for s in want.stats] == [verify] * 2
             for pipe in (ort, tch):
                 got = pipe.generate([1, 4], batch=batch, **kw)
                 assert torch.equal(got.tokens, want.tokens), (verify, pipe.backend, batch)
+                # the same decode step for step: the same verification steps and accept lengths
+                assert [(s["mal"], s["steps"]) for s in got.stats] == [(s["mal"], s["steps"]) for s in want.stats], \
+                    (verify, pipe.backend, batch)
             if batch:
                 assert [s["batch_row"] for s in got.stats] == [0, 1] and [s["seed"] for s in got.stats] == [2, 3]
 
@@ -88,7 +93,7 @@ def test_gasv_knobs_reach_every_backend(parts, bundle):
     assert torch.equal(ort.tokens, tch.tokens)
     assert sum(s["mal"] for s in tch.stats) > sum(s["mal"] for s in ex.stats)
     lan = mem.generate([1, 2], seed=3, verify="lantern", decode=False, lantern_delta=0.2, lantern_gamma=1.0)
-    assert all(s["mean_tvd"] >= 0 for s in lan.stats)
+    assert sum(s["mean_tvd"] for s in lan.stats) > 0  # a budget of 0.2 moves mass onto the drafts
 
 
 def test_pipeline_matches_library_decoder(parts, bundle):

@@ -94,18 +94,31 @@ def test_a_lossy_coupling_fails_the_loop_test():
     assert _chi2_failures(toks, ref, V)
 
 
-def test_mcsjd_is_registered_and_runs_through_run_method():
+def test_mcsjd_is_registered_and_runs_through_run_method(check_stats):
+    """run_method("mcsjd") is the SJD loop with coupled drafts: the coupled loop's tokens and counts
+    for the same seed, which SJD's independent redraws do not reproduce; where every law is one-hot
+    (top-k 1) the coupling cannot change a draft, and MC-SJD, SJD and the AR loop give the same tokens."""
     m = get_method("mcsjd")
     assert m.kind == "sjd" and not m.needs_drafter and m.loop is not None
     t = make_target(std=0.3)
-    s = SamplingConfig(cfg_scale=2.0)
     cond = torch.tensor([1, 4])  # batch 2 with CFG
-    toks, st = run_method("mcsjd", t, None, None, cond, sampling=s, spec=SpecConfig(), seed=0, sjd_window=4)
-    assert toks.shape == (2, t.config.block_size) and (toks >= 0).all()
-    assert st.mal >= 1.0
-    # the same seed gives the same tokens; SJD's loop (uncoupled) draws differently
-    again, _ = run_method("mcsjd", t, None, None, cond, sampling=s, spec=SpecConfig(), seed=0, sjd_window=4)
-    assert torch.equal(toks, again)
+
+    def run(method, s):
+        return run_method(method, t, None, None, cond, sampling=s, spec=SpecConfig(), seed=0, sjd_window=4)
+
+    s = SamplingConfig(cfg_scale=2.0)
+    toks, st = run("mcsjd", s)
+    check_stats(st, toks)
+    coupled, cst = sjd_generate(t, cond, sampling=s, window=4, seed=0, redraft=coupled_redraft)
+    assert torch.equal(toks, coupled) and [c.tolist() for c in st.committed] == [c.tolist() for c in cst.committed]
+    sjd, sst = run("sjd", s)
+    check_stats(sst, sjd)
+    assert not torch.equal(toks, sjd)  # same seed, same first window: the redraws after it differ
+    ref = generate(t, cond, cfg_scale=2.0, top_k=1)
+    for method in ("mcsjd", "sjd"):
+        det, dst = run(method, SamplingConfig(cfg_scale=2.0, top_k=1))
+        assert torch.equal(det, ref), method
+        check_stats(dst, det)
 
 
 def test_mcsjd_mal_is_at_least_sjds_on_the_demo():
