@@ -109,72 +109,22 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
         {"settings": {...}, "results": {label: {method, knobs, mal, seconds_per_image, speedup,
         mean_tvd, drafter_efficiency (with "oracle" among the points), [quality keys], ...}}}
     """
-    from .quality import evaluate, quality_neutral
+    from .text.prompts import cond_len
 
-    from .text.prompts import cond_len, cond_rows
-
-    baseline = resolve_method(method_names("ar")[0])
-    todo = [(m.name, m, {}) for m in map(resolve_method, methods)]
-    todo += [(label, resolve_method(rule), over) for label, rule, over in runs or []]
-    if baseline not in [m for _, m, _ in todo]:
-        todo = [(baseline.name, baseline, {})] + todo
-    labels = [t[0] for t in todo]
-    if len(set(labels)) != len(labels):
-        raise InputError(f"duplicate bench points: {labels}")
+    baseline, todo = _bench_points(methods, runs)
     t2i = isinstance(classes, tuple) or requests is not None  # no class labels to score
     cls = classes if t2i else torch.as_tensor(classes).long()
     n_images = len(requests) if requests is not None else cond_len(cls)
-
-    def image(i):  # (condition, layout) of image i
-        if requests is not None:
-            return requests[i].cond, requests[i].layout
-        return cond_rows(cls, i, i + 1), None
-
+    runner = _Runner(target, drafter, tables, sampling, sjd_window, gasv, cls, requests)
+    specs = {label: spec.replace(**over) for label, _, over in todo}  # every point checked before any run
+    for name in dict.fromkeys(m.name for _, m, _ in todo):  # warm-up (allocations, thread pools), not timed
+        runner(name, 0, spec, seed)
     results, tokens = {}, {}
-    specs = {label: spec.replace(**over) for label, _, over in todo}
-    # warm-up (allocations, thread pools), not timed
-    for m in dict.fromkeys(m.name for _, m, _ in todo):
-        run_method(m, target, drafter, tables, image(0)[0], sampling=sampling, spec=spec, seed=seed,
-                   sjd_window=sjd_window, gasv=gasv, layout=image(0)[1])
     for label, m, over in todo:
-        secs, stats_all, toks = [], [], []
-        for i in tqdm(range(n_images), desc=f"bench {label}", disable=not progress):
-            t0 = time.perf_counter()
-            cond, layout = image(i)
-            tk, st = run_method(m.name, target, drafter, tables, cond, sampling=sampling, spec=specs[label],
-                                seed=seed + i, sjd_window=sjd_window, gasv=gasv, layout=layout)
-            secs.append(time.perf_counter() - t0)
-            stats_all.append(st)
-            toks.append(tk)
-        tokens[label] = torch.cat([t.cpu() for t in toks])
-        committed = torch.cat([c.float().cpu() for s in stats_all for c in s.committed])
-        tvds = [t.float().cpu() for s in stats_all for t in s.tvd]
-        times = {}
-        for s in stats_all:
-            for k, v in s.times.items():
-                times[k] = times.get(k, 0.0) + v / len(stats_all)
-        results[label] = {
-            "method": m.name, "knobs": over,
-            "mal": float(committed.mean()) if m.kind != "ar" else 1.0,
-            "seconds_per_image": sum(secs) / len(secs),
-            "mean_tvd": float(torch.cat(tvds).mean()) if tvds else 0.0,
-            "target_forwards_per_image": sum(s.target_forwards for s in stats_all) / len(stats_all),
-            "time_split": times,
-        }
-    base = results[baseline.name]["seconds_per_image"]
-    for label, r in results.items():
-        r["speedup"] = base / r["seconds_per_image"]
-        if t2i:
-            continue  # no class labels to score captions against
-        if decode_fn is not None and quality is not None:
-            r.update(evaluate(decode_fn(tokens[label]), cls, quality))
-        elif scorer_fn is not None and decode_fn is not None:
-            acc, fd = scorer_fn(decode_fn(tokens[label]), cls)
-            r["class_acc"], r["fd_demo"] = float(acc), float(fd)
-    if quality is not None and decode_fn is not None and not t2i:
-        v = results[baseline.name]
-        for r in results.values():
-            r["quality_neutral"] = None if r["underpowered"] else quality_neutral(r, v)
+        results[label], tokens[label] = _measure(runner, label, m, over, specs[label], seed, n_images, progress)
+    _add_speedups(results, baseline.name)
+    if not t2i:
+        _add_quality(results, tokens, baseline.name, cls, decode_fn=decode_fn, scorer_fn=scorer_fn, quality=quality)
     from .speculative.oracle import drafter_efficiency
 
     for m, e in drafter_efficiency(results).items():
@@ -185,6 +135,98 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
                 "torch_threads": torch.get_num_threads(),
                 **(settings_extra or {})}
     return {"settings": settings, "results": results}
+
+
+def _bench_points(methods, runs) -> tuple:
+    """(the AR baseline, [(label, Method, SpecConfig overrides)]): the baseline first unless listed."""
+    baseline = resolve_method(method_names("ar")[0])
+    todo = [(m.name, m, {}) for m in map(resolve_method, methods)]
+    todo += [(label, resolve_method(rule), over) for label, rule, over in runs or []]
+    if baseline not in [m for _, m, _ in todo]:
+        todo = [(baseline.name, baseline, {})] + todo
+    labels = [t[0] for t in todo]
+    if len(set(labels)) != len(labels):
+        raise InputError(f"duplicate bench points: {labels}")
+    return baseline, todo
+
+
+@dataclasses.dataclass(frozen=True)
+class _Runner:
+    """One image of the bench with a given method: what every bench point shares."""
+
+    target: object
+    drafter: object
+    tables: object
+    sampling: SamplingConfig
+    sjd_window: Optional[int]
+    gasv: object
+    cls: object  # class ids or a caption condition; unused with requests
+    requests: Optional[list]
+
+    def image(self, i: int):
+        """(condition, layout) of image i."""
+        if self.requests is not None:
+            return self.requests[i].cond, self.requests[i].layout
+        from .text.prompts import cond_rows
+
+        return cond_rows(self.cls, i, i + 1), None
+
+    def __call__(self, method: str, i: int, spec: SpecConfig, seed: int):
+        cond, layout = self.image(i)
+        return run_method(method, self.target, self.drafter, self.tables, cond, sampling=self.sampling, spec=spec,
+                          seed=seed, sjd_window=self.sjd_window, gasv=self.gasv, layout=layout)
+
+
+def _measure(runner: _Runner, label: str, m, over: dict, spec: SpecConfig, seed: int, n_images: int,
+             progress: bool) -> tuple[dict, torch.Tensor]:
+    """Method `m` on every image (seed + i), each timed -> (its result row, its tokens)."""
+    secs, stats_all, toks = [], [], []
+    for i in tqdm(range(n_images), desc=f"bench {label}", disable=not progress):
+        t0 = time.perf_counter()  # the condition's slicing is timed too
+        tk, st = runner(m.name, i, spec, seed + i)
+        secs.append(time.perf_counter() - t0)
+        stats_all.append(st)
+        toks.append(tk)
+    committed = torch.cat([c.float().cpu() for s in stats_all for c in s.committed])
+    tvds = [t.float().cpu() for s in stats_all for t in s.tvd]
+    times = {}
+    for s in stats_all:
+        for k, v in s.times.items():
+            times[k] = times.get(k, 0.0) + v / len(stats_all)
+    row = {
+        "method": m.name, "knobs": over,
+        "mal": float(committed.mean()) if m.kind != "ar" else 1.0,
+        "seconds_per_image": sum(secs) / len(secs),
+        "mean_tvd": float(torch.cat(tvds).mean()) if tvds else 0.0,
+        "target_forwards_per_image": sum(s.target_forwards for s in stats_all) / len(stats_all),
+        "time_split": times,
+    }
+    return row, torch.cat([t.cpu() for t in toks])
+
+
+def _add_speedups(results: dict, baseline: str) -> None:
+    base = results[baseline]["seconds_per_image"]
+    for r in results.values():
+        r["speedup"] = base / r["seconds_per_image"]
+
+
+def _add_quality(results: dict, tokens: dict, baseline: str, cls, *, decode_fn, scorer_fn, quality) -> None:
+    """Scores of each point's decoded images against their class labels: the quality harness when
+    given (with "quality_neutral" against the baseline), else the legacy scorer; nothing without decode_fn."""
+    if decode_fn is None:
+        return
+    from .quality import evaluate, quality_neutral
+
+    for label, r in results.items():
+        if quality is not None:
+            r.update(evaluate(decode_fn(tokens[label]), cls, quality))
+        elif scorer_fn is not None:
+            acc, fd = scorer_fn(decode_fn(tokens[label]), cls)
+            r["class_acc"], r["fd_demo"] = float(acc), float(fd)
+    if quality is not None:
+        v = results[baseline]
+        for r in results.values():
+            r["quality_neutral"] = None if r["underpowered"] else quality_neutral(r, v)
 
 
 def save_bench(report: dict, json_path, plot_path=None) -> None:

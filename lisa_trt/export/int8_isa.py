@@ -1,4 +1,4 @@
-"""What an int8 ONNX graph computes on each kind of x86 CPU (issue 23).
+"""What an int8 ONNX graph computes on each kind of x86 CPU.
 
 ONNX Runtime's dynamic int8 graphs multiply uint8 activations A by int8 weights B in
 `MatMulInteger` (fused by ORT into `DynamicQuantizeMatMul`). ORT's MLAS library computes the u8 x s8
@@ -126,102 +126,141 @@ def emulate(model, kind: str):
     Only MatMulInteger nodes with a constant B are replaced (the ones quantize_dynamic writes).
     """
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
 
     if kind not in EMULATIONS:
         raise ValueError(f"unknown emulation {kind!r}; valid: {', '.join(EMULATIONS)}")
     model = onnx.ModelProto.FromString(_load(model).SerializeToString())
-    g = model.graph
     weights = {i: (b, zp) for i, b, zp in _matmul_integer_weights(model)}
-    new_nodes, new_inits = [], []
-    D = TensorProto.DOUBLE
-
-    def const(name, arr):
-        new_inits.append(numpy_helper.from_array(np.asarray(arr), name))
-        return name
-
-    for idx, node in enumerate(g.node):
+    out = _Graph()
+    for idx, node in enumerate(model.graph.node):
         n = onnx.NodeProto()
         n.CopyFrom(node)  # detached: the graph's node list is rebuilt below
-        if idx not in weights:
-            new_nodes.append(n)
-            continue
-        b, bzp = weights[idx]
-        p = f"_isa{idx}_"
-        K = b.shape[0]
-        a_raw = p + "a"
-        new_nodes.append(helper.make_node("Cast", [n.input[0]], [a_raw], to=D))
-        bd = b.astype(np.float64)
-        has_azp = len(n.input) > 2 and n.input[2] != ""
-        saturating = kind == "avx2" and b.dtype == np.int8
-        if saturating:
-            # raw products of uint8 A with int8 B, neighbouring pairs along K clipped to int16
-            if K % 2:
-                bd = np.concatenate([bd, np.zeros((1,) + bd.shape[1:])])
-                zero_col = p + "zc"
-                new_nodes.append(helper.make_node("Slice", [a_raw, const(p + "s0", [0]), const(p + "s1", [1]),
-                                                            const(p + "s2", [-1])], [zero_col]))
-                mul0 = p + "z0"
-                new_nodes.append(helper.make_node("Mul", [zero_col, const(p + "zero", np.zeros((), np.float64))],
-                                                  [mul0]))
-                padded = p + "ap"
-                new_nodes.append(helper.make_node("Concat", [a_raw, mul0], [padded], axis=-1))
-                a_raw = padded
-            a_even, a_odd = p + "ae", p + "ao"
-            big = np.iinfo(np.int64).max
-            new_nodes.append(helper.make_node("Slice", [a_raw, const(p + "e0", [0]), const(p + "e1", [big]),
-                                                        const(p + "ax", [-1]), const(p + "st", [2])], [a_even]))
-            new_nodes.append(helper.make_node("Slice", [a_raw, const(p + "o0", [1]), const(p + "o1", [big]),
-                                                        p + "ax", p + "st"], [a_odd]))
-            ue, uo = p + "ue", p + "uo"
-            new_nodes.append(helper.make_node("Unsqueeze", [a_even, const(p + "m1", [-1])], [ue]))
-            new_nodes.append(helper.make_node("Unsqueeze", [a_odd, p + "m1"], [uo]))
-            pe, po, pair, clip = p + "pe", p + "po", p + "pair", p + "clip"
-            new_nodes.append(helper.make_node("Mul", [ue, const(p + "be", bd[0::2])], [pe]))  # (..., M, K/2, N)
-            new_nodes.append(helper.make_node("Mul", [uo, const(p + "bo", bd[1::2])], [po]))
-            new_nodes.append(helper.make_node("Add", [pe, po], [pair]))
-            new_nodes.append(helper.make_node("Clip", [pair, const(p + "lo", np.array(INT16_MIN, np.float64)),
-                                                       const(p + "hi", np.array(INT16_MAX, np.float64))], [clip]))
-            acc = p + "acc"
-            new_nodes.append(helper.make_node("ReduceSum", [clip, const(p + "rax", [-2])], [acc], keepdims=0))
-            # zero points applied after the products, from column / row sums (as MLAS does)
-            cur = acc
-            if has_azp:
-                azp, t = p + "azp", p + "azpcol"
-                new_nodes.append(helper.make_node("Cast", [n.input[2]], [azp], to=D))
-                new_nodes.append(helper.make_node("Mul", [azp, const(p + "colsum", bd.sum(0))], [t]))
-                nxt = p + "c1"
-                new_nodes.append(helper.make_node("Sub", [cur, t], [nxt]))
-                cur = nxt
-            if bzp is not None and np.any(bzp != 0):
-                rs, t, nxt = p + "rowsum", p + "bzprow", p + "c2"
-                new_nodes.append(helper.make_node("ReduceSum", [a_raw, const(p + "rax2", [-1])], [rs], keepdims=1))
-                new_nodes.append(helper.make_node("Mul", [rs, const(p + "bzp", bzp.astype(np.float64))], [t]))
-                new_nodes.append(helper.make_node("Sub", [cur, t], [nxt]))
-                cur = nxt
-                if has_azp:
-                    t2, nxt2 = p + "kab", p + "c3"
-                    new_nodes.append(helper.make_node("Mul", [azp, const(p + "kbzp", K * bzp.astype(np.float64))],
-                                                      [t2]))
-                    new_nodes.append(helper.make_node("Add", [cur, t2], [nxt2]))
-                    cur = nxt2
+        if idx in weights:
+            _emulate_node(out, n, f"_isa{idx}_", *weights[idx], saturating=kind == "avx2")
         else:
-            a = a_raw
-            if has_azp:
-                azp, a = p + "azp", p + "ac"
-                new_nodes.append(helper.make_node("Cast", [n.input[2]], [azp], to=D))
-                new_nodes.append(helper.make_node("Sub", [a_raw, azp], [a]))
-            bc = bd - (bzp.astype(np.float64) if bzp is not None else 0.0)
-            cur = p + "mm"
-            new_nodes.append(helper.make_node("MatMul", [a, const(p + "b", bc)], [cur]))
-        new_nodes.append(helper.make_node("Cast", [cur], [n.output[0]], to=TensorProto.INT32))
-    del g.node[:]
-    g.node.extend(new_nodes)
-    used = {i for n in new_nodes for i in n.input}
-    keep = [t for t in g.initializer if t.name in used]  # the int weights now live as float64 constants
-    del g.initializer[:]
-    g.initializer.extend(keep + [t for t in new_inits if t.name in used])
+            out.nodes.append(n)
+    out.install(model.graph)
     return model
+
+
+class _Graph:
+    """The nodes and float64 constants of the emulated graph, in the order they are made."""
+
+    def __init__(self):
+        self.nodes, self.inits = [], []
+
+    def const(self, name, arr) -> str:
+        from onnx import numpy_helper
+
+        self.inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        return name
+
+    def add(self, op, inputs, outputs, **attrs) -> None:
+        from onnx import helper
+
+        self.nodes.append(helper.make_node(op, inputs, outputs, **attrs))
+
+    def install(self, g) -> None:
+        """Replace `g`'s nodes and keep only the initializers some node still reads."""
+        del g.node[:]
+        g.node.extend(self.nodes)
+        used = {i for n in self.nodes for i in n.input}
+        keep = [t for t in g.initializer if t.name in used]  # the int weights now live as float64 constants
+        del g.initializer[:]
+        g.initializer.extend(keep + [t for t in self.inits if t.name in used])
+
+
+def _emulate_node(out: _Graph, n, p: str, b, bzp, *, saturating: bool) -> None:
+    """Float64 nodes (names prefixed `p`) computing MatMulInteger `n` with constant B `b`."""
+    from onnx import TensorProto
+
+    a_raw = p + "a"
+    out.add("Cast", [n.input[0]], [a_raw], to=TensorProto.DOUBLE)
+    has_azp = len(n.input) > 2 and n.input[2] != ""
+    if saturating and b.dtype == np.int8:
+        cur = _saturating_matmul(out, n, p, a_raw, b, bzp, has_azp)
+    else:
+        cur = _exact_matmul(out, n, p, a_raw, b, bzp, has_azp)
+    out.add("Cast", [cur], [n.output[0]], to=TensorProto.INT32)
+
+
+def _exact_matmul(out: _Graph, n, p: str, a_raw: str, b, bzp, has_azp: bool) -> str:
+    """(A - a_zp) @ (B - b_zp) in float64: the exact integer result."""
+    from onnx import TensorProto
+
+    a = a_raw
+    if has_azp:
+        azp, a = p + "azp", p + "ac"
+        out.add("Cast", [n.input[2]], [azp], to=TensorProto.DOUBLE)
+        out.add("Sub", [a_raw, azp], [a])
+    bc = b.astype(np.float64) - (bzp.astype(np.float64) if bzp is not None else 0.0)
+    out.add("MatMul", [a, out.const(p + "b", bc)], [p + "mm"])
+    return p + "mm"
+
+
+def _saturating_matmul(out: _Graph, n, p: str, a_raw: str, b, bzp, has_azp: bool) -> str:
+    """The AVX2 path: raw products of uint8 A with int8 B, neighbouring pairs along K clipped to
+    int16, then the zero points applied from column / row sums (as MLAS does)."""
+    K = b.shape[0]
+    bd = b.astype(np.float64)
+    if K % 2:
+        bd = np.concatenate([bd, np.zeros((1,) + bd.shape[1:])])
+        a_raw = _pad_last_axis(out, p, a_raw)
+    acc = _clipped_pair_sums(out, p, a_raw, bd)
+    return _zero_point_terms(out, n, p, acc, a_raw, bd, bzp, K, has_azp)
+
+
+def _pad_last_axis(out: _Graph, p: str, a_raw: str) -> str:
+    """A with one zero column appended along K (made from A's last column so shapes stay symbolic)."""
+    zero_col, mul0, padded = p + "zc", p + "z0", p + "ap"
+    out.add("Slice", [a_raw, out.const(p + "s0", [0]), out.const(p + "s1", [1]), out.const(p + "s2", [-1])],
+            [zero_col])
+    out.add("Mul", [zero_col, out.const(p + "zero", np.zeros((), np.float64))], [mul0])
+    out.add("Concat", [a_raw, mul0], [padded], axis=-1)
+    return padded
+
+
+def _clipped_pair_sums(out: _Graph, p: str, a_raw: str, bd) -> str:
+    """sum over pairs of clip(a[2i] * b[2i] + a[2i+1] * b[2i+1], int16) along K (even K)."""
+    a_even, a_odd = p + "ae", p + "ao"
+    big = np.iinfo(np.int64).max
+    out.add("Slice", [a_raw, out.const(p + "e0", [0]), out.const(p + "e1", [big]), out.const(p + "ax", [-1]),
+                      out.const(p + "st", [2])], [a_even])
+    out.add("Slice", [a_raw, out.const(p + "o0", [1]), out.const(p + "o1", [big]), p + "ax", p + "st"], [a_odd])
+    ue, uo = p + "ue", p + "uo"
+    out.add("Unsqueeze", [a_even, out.const(p + "m1", [-1])], [ue])
+    out.add("Unsqueeze", [a_odd, p + "m1"], [uo])
+    pe, po, pair, clip = p + "pe", p + "po", p + "pair", p + "clip"
+    out.add("Mul", [ue, out.const(p + "be", bd[0::2])], [pe])  # (..., M, K/2, N)
+    out.add("Mul", [uo, out.const(p + "bo", bd[1::2])], [po])
+    out.add("Add", [pe, po], [pair])
+    out.add("Clip", [pair, out.const(p + "lo", np.array(INT16_MIN, np.float64)),
+                     out.const(p + "hi", np.array(INT16_MAX, np.float64))], [clip])
+    out.add("ReduceSum", [clip, out.const(p + "rax", [-2])], [p + "acc"], keepdims=0)
+    return p + "acc"
+
+
+def _zero_point_terms(out: _Graph, n, p: str, cur: str, a_raw: str, bd, bzp, K: int, has_azp: bool) -> str:
+    """acc - a_zp * colsum(B) - rowsum(A) * b_zp + K * a_zp * b_zp, each term only where it is non-zero."""
+    from onnx import TensorProto
+
+    azp = p + "azp"
+    if has_azp:
+        out.add("Cast", [n.input[2]], [azp], to=TensorProto.DOUBLE)
+        out.add("Mul", [azp, out.const(p + "colsum", bd.sum(0))], [p + "azpcol"])
+        out.add("Sub", [cur, p + "azpcol"], [p + "c1"])
+        cur = p + "c1"
+    if bzp is None or not np.any(bzp != 0):
+        return cur
+    out.add("ReduceSum", [a_raw, out.const(p + "rax2", [-1])], [p + "rowsum"], keepdims=1)
+    out.add("Mul", [p + "rowsum", out.const(p + "bzp", bzp.astype(np.float64))], [p + "bzprow"])
+    out.add("Sub", [cur, p + "bzprow"], [p + "c2"])
+    cur = p + "c2"
+    if has_azp:
+        out.add("Mul", [azp, out.const(p + "kbzp", K * bzp.astype(np.float64))], [p + "kab"])
+        out.add("Add", [cur, p + "kab"], [p + "c3"])
+        cur = p + "c3"
+    return cur
 
 
 def run_emulated(path, inputs: dict, kind: str) -> dict:
@@ -246,11 +285,11 @@ def run_emulated(path, inputs: dict, kind: str) -> dict:
 def unvalidated_graphs(manifest, kind: str | None = None) -> list[str]:
     """int8 (MatMulInteger) graphs of a bundle whose validation does not cover CPU kind `kind`.
 
-    A graph is covered when its manifest records `validation.isa.covered` with `kind` (written
-    since issue 23: by the static bound, or by emulating each kind). Older int8 bundles carry no
-    such record; they count as covered where their recorded bound proves that no pair sum
-    saturates, and on VNNI CPUs (the exact path), and as uncovered on AVX2-type CPUs, where their
-    full-range weights can saturate. Non-x86 CPUs are not judged here ("other": never warned).
+    A graph is covered when its manifest records `validation.isa.covered` with `kind` (written at
+    export: by the static bound, or by emulating each kind). Int8 bundles without that record count
+    as covered where their recorded bound proves that no pair sum saturates, and on VNNI CPUs (the
+    exact path), and as uncovered on AVX2-type CPUs, where their full-range weights can saturate.
+    Non-x86 CPUs are not judged here ("other": never warned).
     """
     kind = kind or cpu_kind()
     if kind == "other":

@@ -8,6 +8,7 @@ Every line is checked before any work starts; all problems are reported with lin
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,18 +31,37 @@ class Prompt:
     cfg: Optional[float] = None
 
 
+class _LineError(ValueError):
+    """One line's problem; reported as 'path:LINE: problem' with every other line's."""
+
+
+@dataclass(frozen=True)
+class _Classes:
+    """What a class label may be: an id in 0..num_classes-1, or one of `names`."""
+
+    num_classes: int
+    names: Optional[Sequence[str]]
+
+    def parse(self, value) -> int:
+        if isinstance(value, bool):
+            raise _LineError(f"class must be an id or a name, got {value!r}")
+        if isinstance(value, int) or (isinstance(value, str) and value.strip().lstrip("-").isdigit()):
+            i = int(value)
+            if 0 <= i < self.num_classes:
+                return i
+            raise _LineError(f"unknown class id {i} (valid 0..{self.num_classes - 1})")
+        if isinstance(value, str) and self.names and value.strip() in self.names:
+            return list(self.names).index(value.strip())
+        allowed = f"ids 0..{self.num_classes - 1}" + (f" or names {', '.join(self.names)}" if self.names else "")
+        raise _LineError(f"unknown class {value!r} (use {allowed})")
+
+
 def _class_id(value, num_classes: int, names: Optional[Sequence[str]]):
-    if isinstance(value, bool):
-        return None, f"class must be an id or a name, got {value!r}"
-    if isinstance(value, int) or (isinstance(value, str) and value.strip().lstrip("-").isdigit()):
-        i = int(value)
-        if 0 <= i < num_classes:
-            return i, None
-        return None, f"unknown class id {i} (valid 0..{num_classes - 1})"
-    if isinstance(value, str) and names and value.strip() in names:
-        return list(names).index(value.strip()), None
-    allowed = f"ids 0..{num_classes - 1}" + (f" or names {', '.join(names)}" if names else "")
-    return None, f"unknown class {value!r} (use {allowed})"
+    """(class id, None) for an id or name `value`, else (None, the problem)."""
+    try:
+        return _Classes(num_classes, names).parse(value), None
+    except _LineError as e:
+        return None, str(e)
 
 
 def parse_prompts(path, *, model_type: str = "c2i", num_classes: int = 1000,
@@ -58,82 +78,102 @@ def parse_prompts(path, *, model_type: str = "c2i", num_classes: int = 1000,
     fam = family_of(model_type)
     classes = fam.class_conditioned(model_type)
     jsonl = p.suffix in (".jsonl", ".json") or any(ln.lstrip().startswith("{") for ln in lines)
-    if fam.prompted and not jsonl:  # text prompts: one caption per line ('#' lines and blank lines skipped)
-        prompts = [Prompt(no, caption=ln.strip()) for no, ln in enumerate(lines, 1)
-                   if ln.strip() and not ln.strip().startswith("#")]
-        if not prompts:
-            raise InputError(f"{p} holds no captions (one caption per line)")
-        return prompts
-    if model_type == "t2i" and not jsonl:  # a captions file: every line is one caption
+    if not jsonl and (fam.prompted or model_type == "t2i"):
+        return _caption_file(p, lines, prompted=fam.prompted)
+    parse_line = _line_parser(p, jsonl, _Classes(num_classes, class_names) if classes else None)
+    prompts, errors = [], []
+    for no, text in _content_lines(lines):
+        try:
+            prompts.append(parse_line(no, text))
+        except _LineError as e:
+            errors.append(f"{p}:{no}: {e}")
+    _raise_problems(p, prompts, errors)
+    return prompts
+
+
+def _content_lines(lines):
+    """(line number, stripped text) of every line that is neither blank nor a '#' comment."""
+    for no, raw in enumerate(lines, 1):
+        text = raw.strip()
+        if text and not text.startswith("#"):
+            yield no, text
+
+
+def _caption_file(p: Path, lines, *, prompted: bool) -> list[Prompt]:
+    """A plain-text file of captions: a prompted family's text prompts ('#' lines and blank lines
+    skipped), or a T5 t2i model's captions (every line is one caption)."""
+    if not prompted:
         from ..text.encoder import read_captions
 
         return [Prompt(no, caption=c) for no, c in enumerate(read_captions(p), 1)]
-    prompts, errors = [], []
-    for no, raw in enumerate(lines, 1):
-        text = raw.strip()
-        if not text or text.startswith("#"):
-            continue
-        if not jsonl:
-            if not classes:
-                errors.append(f"{p}:{no}: t2i prompts need JSONL lines with caption_features")
-                continue
-            cid, err = _class_id(text, num_classes, class_names)
-            if err:
-                errors.append(f"{p}:{no}: {err}")
-            else:
-                prompts.append(Prompt(no, class_id=cid))
-            continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            errors.append(f"{p}:{no}: not valid JSON ({e.msg})")
-            continue
-        if not isinstance(obj, dict):
-            errors.append(f"{p}:{no}: each JSONL line must be an object")
-            continue
-        extra = set(obj) - _KEYS
-        if extra:
-            errors.append(f"{p}:{no}: unknown keys {sorted(extra)} (allowed: {sorted(_KEYS)})")
-            continue
-        seed, cfg = obj.get("seed"), obj.get("cfg")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
-            errors.append(f"{p}:{no}: seed must be a non-negative integer, got {seed!r}")
-            continue
-        bad = sampling_problems(cfg_scale=cfg, names={"cfg_scale": "cfg"}) if cfg is not None else []
-        if bad:
-            errors.append(f"{p}:{no}: {bad[0]}")
-            continue
-        if classes:
-            if "class" not in obj:
-                errors.append(f"{p}:{no}: missing \"class\" (c2i model)")
-                continue
-            cid, err = _class_id(obj["class"], num_classes, class_names)
-            if err:
-                errors.append(f"{p}:{no}: {err}")
-                continue
-            prompts.append(Prompt(no, class_id=cid, seed=seed, cfg=cfg))
-        else:
-            feat, cap = obj.get("caption_features"), obj.get("caption")
-            if cap is not None:
-                if not isinstance(cap, str) or not cap.strip() or feat is not None:
-                    errors.append(f"{p}:{no}: \"caption\" must be non-empty text (and not given with caption_features)")
-                    continue
-                prompts.append(Prompt(no, caption=cap.strip(), seed=seed, cfg=cfg))
-                continue
-            if not isinstance(feat, str):
-                errors.append(f"{p}:{no}: missing \"caption\" text or \"caption_features\" path (t2i model)")
-                continue
-            fp = (p.parent / feat) if not Path(feat).is_absolute() else Path(feat)
-            if not fp.is_file():
-                errors.append(f"{p}:{no}: caption features file not found: {fp}")
-                continue
-            prompts.append(Prompt(no, caption_features=str(fp), seed=seed, cfg=cfg))
+    prompts = [Prompt(no, caption=text) for no, text in _content_lines(lines)]
+    if not prompts:
+        raise InputError(f"{p} holds no captions (one caption per line)")
+    return prompts
+
+
+def _line_parser(p: Path, jsonl: bool, classes: Optional[_Classes]):
+    """(line number, text) -> Prompt for this file's kind of line; raises _LineError."""
+    if jsonl:
+        condition = functools.partial(_json_class, classes) if classes else functools.partial(_json_caption, p)
+        return functools.partial(_json_line, condition)
+    if classes:
+        return lambda no, text: Prompt(no, class_id=classes.parse(text))
+    return _no_plain_lines
+
+
+def _no_plain_lines(no: int, text: str) -> Prompt:
+    """Plain lines of a model that is neither class-conditioned nor captioned by text."""
+    raise _LineError("t2i prompts need JSONL lines with caption_features")
+
+
+def _json_line(condition, no: int, text: str) -> Prompt:
+    """A JSONL object: its shared keys (seed, cfg) checked here, its condition by `condition`."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _LineError(f"not valid JSON ({e.msg})") from None
+    if not isinstance(obj, dict):
+        raise _LineError("each JSONL line must be an object")
+    extra = set(obj) - _KEYS
+    if extra:
+        raise _LineError(f"unknown keys {sorted(extra)} (allowed: {sorted(_KEYS)})")
+    seed, cfg = obj.get("seed"), obj.get("cfg")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+        raise _LineError(f"seed must be a non-negative integer, got {seed!r}")
+    bad = sampling_problems(cfg_scale=cfg, names={"cfg_scale": "cfg"}) if cfg is not None else []
+    if bad:
+        raise _LineError(bad[0])
+    return Prompt(no, seed=seed, cfg=cfg, **condition(obj))
+
+
+def _json_class(classes: _Classes, obj: dict) -> dict:
+    if "class" not in obj:
+        raise _LineError("missing \"class\" (c2i model)")
+    return {"class_id": classes.parse(obj["class"])}
+
+
+def _json_caption(p: Path, obj: dict) -> dict:
+    """A t2i condition: caption text, or a features file (relative to the prompts file)."""
+    feat, cap = obj.get("caption_features"), obj.get("caption")
+    if cap is not None:
+        if not isinstance(cap, str) or not cap.strip() or feat is not None:
+            raise _LineError("\"caption\" must be non-empty text (and not given with caption_features)")
+        return {"caption": cap.strip()}
+    if not isinstance(feat, str):
+        raise _LineError("missing \"caption\" text or \"caption_features\" path (t2i model)")
+    fp = (p.parent / feat) if not Path(feat).is_absolute() else Path(feat)
+    if not fp.is_file():
+        raise _LineError(f"caption features file not found: {fp}")
+    return {"caption_features": str(fp)}
+
+
+def _raise_problems(p: Path, prompts: list, errors: list[str]) -> None:
     if errors:
         shown = "\n  ".join(errors[:20]) + (f"\n  (+{len(errors) - 20} more)" if len(errors) > 20 else "")
         raise InputError(f"malformed prompts file ({len(errors)} problem(s)); nothing was generated:\n  {shown}")
     if not prompts:
         raise InputError(f"prompts file {p} has no prompts")
-    return prompts
 
 
 # ----------------------------------------------------------------------------- text prompts (prompted families)
@@ -144,8 +184,7 @@ def read_text_prompts(path) -> list[str]:
     p = Path(path)
     if not p.is_file():
         raise InputError(f"captions file {p} does not exist")
-    caps = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines()]
-    caps = [c for c in caps if c and not c.startswith("#")]
+    caps = [text for _, text in _content_lines(p.read_text(encoding="utf-8").splitlines())]
     if not caps:
         raise InputError(f"{p} holds no captions (one caption per line)")
     return caps
