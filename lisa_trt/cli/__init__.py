@@ -3,7 +3,7 @@
     options.py    every shared option, declared once
     generate.py   generate                      calibrate.py  calibrate
     train.py      train                         export.py     export, build, plan, quantize-trt
-    run.py        run                           harness.py      bench
+    run.py        run                           bench.py        bench
     misc.py       convert, random-checkpoint, demo
     (lisa_trt/text/cli.py: encode-captions; lisa_trt/serve/cli.py: serve, triton-repo)
 
