@@ -48,7 +48,7 @@ def every_command():
 
 def test_the_package_has_commands():
     found = {f"{m}:{n.name}" for m, n in command_functions()}
-    assert {"generate.py:generate", "run.py:run", "harness.py:bench", "__init__.py:main"} <= found
+    assert {"generate.py:generate", "run.py:run", "bench.py:bench", "__init__.py:main"} <= found
 
 
 @pytest.mark.parametrize("module,fn", [pytest.param(m, n, id=f"{m}:{n.name}") for m, n in every_command()])
