@@ -77,3 +77,30 @@ def default_vq(model: str, vq=None):
 def vq_config_for(vq, vq_config):
     """The VQ config name to pass to load_vq: none for set names and safetensors (self-describing)."""
     return None if artifact_set(vq) is not None or str(vq).endswith(".safetensors") else vq_config
+
+
+def find_vq(source, vq=None, vq_config: str = "VQ-16", *, family, vocab_size: Optional[int] = None) -> tuple:
+    """The image decoder of a run: `(decoder, None)`, or `(None, why)` when there is none.
+
+    The decoder is `vq` (a path or set name; default: the artifact set of `source`'s own), else
+    a prompted family's own beside its checkpoint `source` (e.g. DIR/vqgan/); why is None when
+    a family without its own decoder got no `vq`. A named `vq` that fails to load raises.
+    vocab_size: the target's vocabulary, which a code-token family's codebook must match."""
+    from .errors import ConfigError
+    from .models.checkpoints import load_vq
+
+    vq = default_vq(source, vq)
+    if vq is None and not family.prompted:
+        return None, None
+    if vq is None:
+        try:
+            return load_vq(source), None
+        except ConfigError as e:
+            return None, str(e)
+    if family.prompted:  # its decoders describe themselves (--vq-config is LlamaGen's)
+        return load_vq(vq), None
+    vqm = load_vq(vq, vq_config_for(vq, vq_config))
+    if vocab_size is not None and vqm.config.codebook_size != vocab_size:
+        raise InputError(f"--vq {vq} has {vqm.config.codebook_size} codes but the target's vocabulary is "
+                         f"{vocab_size}; pass the VQ the target was trained with")
+    return vqm, None

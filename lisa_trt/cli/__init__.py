@@ -8,14 +8,14 @@
     (lisa_trt/text/cli.py: encode-captions; lisa_trt/serve/cli.py: serve, triton-repo)
 
 A command parses its options, makes the run context once (runtime/context.py `resolve`) and
-calls one runtime entry; it never asks which model family it runs.
+calls one entry (runtime/commands/, harness.py `bench_command`, runtime/demo.py `run_demo`);
+the entry asks the family's objects what differs, the CLI never asks which family it runs.
 """
 
 from __future__ import annotations
 
 import click
 
-from ..clitools import handle_errors
 from .options import threads_option
 
 
@@ -63,7 +63,6 @@ def _register(group: click.Group) -> None:
 
 
 _register(main)
-_handle_errors = handle_errors  # clitools.py: LisaError -> message, exit 2
-from .train import _loss_switches  # noqa: E402  (kept importable from lisa_trt.cli)
+from ..runtime.commands.train import loss_switches as _loss_switches  # noqa: F401  (importable from lisa_trt.cli)
 
 __all__ = ["main"]

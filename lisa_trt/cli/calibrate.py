@@ -49,61 +49,14 @@ def _lantern_k() -> int:
 def calibrate(model, model_cfg, vq, vq_config, out_path, rollouts, samples_per_pos, quantile, clusters, cluster_space,
               lantern_k, knobs, captions, encoder_dir, captions_file, sampling):
     """GASV whitening / cluster / budget tables and LANTERN neighbour lists, from rollouts."""
+    from ..runtime.commands.calibrate import calibrate as entry
     from ..runtime.context import resolve
 
     rc = resolve(model, sampling=sampling, knobs=knobs, model_cfg=model_cfg)
-    rc.run("calibrate", _calibrate, out_path=out_path, vq=vq, vq_config=vq_config, rollouts=rollouts,
+    rc.run("calibrate", entry, out_path=out_path, vq=vq, vq_config=vq_config, rollouts=rollouts,
            samples_per_pos=samples_per_pos, quantile=quantile, clusters=clusters, cluster_space=cluster_space,
            lantern_k=lantern_k, captions=captions, encoder_dir=encoder_dir, captions_file=captions_file,
            echo=click.echo)
-
-
-def _calibrate(rc, *, out_path, vq, vq_config, rollouts, samples_per_pos, quantile, clusters, cluster_space,
-               lantern_k, captions, encoder_dir, captions_file, echo, **_):
-    """The family-seam calibration (calibration/profile.py): one driver, the family's rollouts."""
-    from ..calibration.profile import calibrate as run_calibration
-    from ..calibration.tables import save_tables
-    from ..runtime.context import gasv_calibration
-
-    rc = rc.load(counts={"--rollouts": rollouts, "--samples-per-pos": samples_per_pos, "--clusters": clusters},
-                 files={"--out file": out_path}, captions=captions, encoder_dir=encoder_dir)
-    fam, kw = rc.family, {}
-    vqm = _codebook_source(rc, vq, vq_config)
-    if fam.prompted:  # rollouts of the prompter's requests (one per caption, cycled to --rollouts)
-        from ..runtime.prompts import caption_list
-
-        req = rc.request(caption_list(fam, captions_file, rollouts))
-        size = rc.image_size(fam.default_image_size)
-        kw = dict(conds=req.cond, layout=req.layout, settings=dict(width=size, height=size))
-    elif not fam.class_conditioned(rc.target.config):
-        from ..text.train import prompt_conds
-
-        kw["conds"], _ = prompt_conds(rc.target.config, captions, encoder_dir, n=rollouts, what="calibration rollouts")
-    tables = run_calibration(rc.target, fam.codebook(vqm), num_rollouts=rollouts, samples_per_pos=samples_per_pos,
-                             quantile=quantile, n_clusters=clusters, cluster_space=cluster_space, lantern_k=lantern_k,
-                             seed=rc.seed, sampling=rc.sampling, gasv=gasv_calibration(rc.spec), **kw)
-    save_tables(tables, out_path)
-    echo(f"wrote {out_path}: {tables.n_clusters} clusters over {tables.vocab_size} codes, theta_geo "
-         f"{tables.theta_geo:.3f}, LANTERN k {tables.lantern_neighbors.shape[1]}")
-
-
-def _codebook_source(rc, vq, vq_config):
-    """The VQ whose codebook is the geometry: --vq (or the artifact set's), or a prompted family's
-    own decoder in its checkpoint directory."""
-    from ..artifacts import default_vq, vq_config_for
-    from ..errors import ConfigError, InputError
-    from ..models.checkpoints import load_vq
-
-    vq = default_vq(rc.source, vq)
-    if vq is None and rc.family.prompted:
-        try:
-            return load_vq(rc.source)
-        except ConfigError as e:
-            raise InputError(f"this needs the VQ codebook: pass --vq FOLDER or put the decoder beside the model "
-                             f"({e})") from e
-    if vq is None:
-        raise InputError("calibration needs the VQ codebook: pass --vq (e.g. vq_ds16_c2i.pt)")
-    return load_vq(vq, vq_config_for(vq, vq_config))
 
 
 COMMANDS = (calibrate,)

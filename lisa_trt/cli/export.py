@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -35,70 +34,13 @@ from . import options as opt
 def export_cmd(model, model_cfg, drafter, tables, vq, vq_config, out_dir, fp16, opset, max_tree, no_validate, quantize,
                max_prompt, torch_weights, sampling):
     """ONNX graphs for target, drafter, GASV and VQ decoder + manifest (validated, atomic)."""
+    from ..runtime.commands.export import export as entry
     from ..runtime.context import resolve
 
     rc = resolve(model, sampling=sampling, model_cfg=model_cfg)
-    rc.run("export", _export, out_dir=out_dir, drafter=drafter, tables=tables, vq=vq, vq_config=vq_config, fp16=fp16,
+    rc.run("export", entry, out_dir=out_dir, drafter=drafter, tables=tables, vq=vq, vq_config=vq_config, fp16=fp16,
            opset=opset, max_tree=max_tree, validate=not no_validate, quantize=quantize, max_prompt=max_prompt,
            torch_weights=torch_weights, echo=click.echo)
-
-
-def _export_family(rc):
-    """The bound target's ExportFamily (export/families.py), or an InputError naming what is missing."""
-    from ..errors import ConfigError, InputError
-    from ..export.families import export_family
-
-    try:
-        return export_family(rc.target)
-    except ConfigError as e:
-        raise InputError(f"{rc.family.name} models cannot be exported yet: the family registers no ExportFamily "
-                         "(the io specs, static axes and PyTorch references of its target and VQ graphs, "
-                         "export/families.py); generate, train and calibrate run in memory. " + str(e)) from e
-
-
-def _export(rc, *, out_dir, drafter, tables, vq, vq_config, fp16, opset, max_tree, validate, quantize, max_prompt,
-            echo, torch_weights=False, **_):
-    """The family-seam export: the family's ExportFamily.export_bundle (export/bundle.py, one writer)."""
-    from ..artifacts import default_drafter, default_tables, default_vq, load_drafter_by_name, load_tables_by_name
-    from ..artifacts import vq_config_for
-    from ..models.checkpoints import load_vq
-    from ..runtime.outputs import generation_defaults
-
-    rc = rc.load(dirs={"--out engine directory": out_dir})
-    target, source, xf = rc.target, rc.source, _export_family(rc)
-    drafter, tables, vq = drafter or default_drafter(source), tables or default_tables(source), default_vq(source, vq)
-    sub_vocab = rc.request(["x"], cfg=False).layout.sub_vocab if rc.family.prompted else None
-    dr = load_drafter_by_name(drafter, target) if drafter else None
-    tb = load_tables_by_name(tables, target, sub_vocab) if tables else None
-    vqm = load_vq(vq, vq_config_for(vq, vq_config)) if vq else _own_decoder(rc)
-    generation = generation_defaults(source, target, rc.sampling)
-    man = xf.export_bundle(target, dr, tb, vqm, out_dir, source=source, image_size=rc.given.get("image_size"),
-                           max_prompt=max_prompt, max_tree=max_tree, opset=opset, generation=generation,
-                           validate=validate, fp16=fp16, quantize=quantize, torch_weights=torch_weights)
-    for name, g in man.graphs.items():
-        err = (g.validation or {}).get("max_error")
-        prec = (g.quantization or {}).get("mode", g.precision)
-        echo(f"{name:16s} {prec}  max|ORT - torch| {err if err is not None else 'n/a'}")
-    if man.quantization != "none":
-        from ..export.quantize import quantization_summary
-
-        for line in quantization_summary(man):
-            echo(line)
-    q = "" if man.quantization == "none" else f", {man.quantization} weights"
-    echo(f"wrote {out_dir} ({len(man.graphs)} graphs, {man.precision}{q}, opset {man.opset})")
-
-
-def _own_decoder(rc):
-    """A prompted family's decoder beside its checkpoint (e.g. DIR/vqgan/), or None."""
-    from ..errors import ConfigError
-    from ..models.checkpoints import load_vq
-
-    if not rc.family.prompted:
-        return None
-    try:
-        return load_vq(rc.source)
-    except ConfigError:
-        return None
 
 
 @click.command()
@@ -118,24 +60,13 @@ def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, dry_r
     bundle through ONNX Runtime instead (`lisa-trt run ENGINE_DIR PROMPTS --backend ort`).
     Before any TensorRT work the memory plan (`lisa-trt plan ENGINE_DIR`) is checked against
     --gpu / --memory-gib or the visible CUDA device, and a plan that does not fit is refused."""
+    from ..runtime.commands.export import build as entry
     from ..runtime.context import resolve
 
     resolve(engine_dir=engine_dir, backend="trt").run(
-        "build", _build, max_batch=max_batch, max_tree=max_tree, timing_cache=timing_cache, refit=refit,
+        "build", entry, max_batch=max_batch, max_tree=max_tree, timing_cache=timing_cache, refit=refit,
         workspace=(workspace << 20) if workspace else None, dry_run=dry_run, gpu=gpu, memory_gib=memory_gib,
         echo=click.echo)
-
-
-def _build(rc, *, max_batch, max_tree, timing_cache, refit, workspace, dry_run, gpu, memory_gib, echo, **_):
-    """The family-seam build (deploy/build.py), after the memory plan."""
-    from ..deploy.build import build_engines
-    from ..deploy.memory_plan import preflight
-
-    preflight(rc.source, gpu=gpu, memory_gib=memory_gib, gpu_backend=True, batch=max_batch, tree=max_tree,
-              cfg=True, workspace=workspace)  # before any TensorRT work
-    rec = build_engines(rc.source, profiles=None, timing_cache=timing_cache, refit=refit, workspace=workspace,
-                        max_batch=max_batch, max_tree=max_tree, dry_run=dry_run)
-    echo(json.dumps(rec, indent=2, default=str))
 
 
 @click.command()
@@ -166,20 +97,12 @@ def plan(model, gpu, memory_gib, precision, batch, tree, image_size, prompt_len,
     Face name org/name (local cache), or an engine directory. Prints the table and the largest
     batch and tree that fit. Exit status 0 when it fits, 1 when it does not (with the reason), 2
     for bad input (docs/deployment.md)."""
-    from ..deploy.memory_plan import make_plan
-    from ..models.hub import resolve_model
+    from ..runtime.commands.export import plan as entry
 
-    p = make_plan(resolve_model(model), gpu=gpu, memory_gib=memory_gib, precision=precision, batch=batch, tree=tree,
-                  image_size=image_size, prompt_len=prompt_len, cfg=not no_cfg,
-                  workspace=None if workspace is None else workspace << 20, weight_copies=weight_copies)
-    click.echo(p.table())
-    if json_path:
-        from ..io import write_json
-
-        write_json(json_path, p.to_dict())
-        click.echo(f"wrote {json_path}")
-    if not p.fits:
-        click.echo(f"does not fit: {p.reason}", err=True)
+    if not entry(model, gpu=gpu, memory_gib=memory_gib, precision=precision, batch=batch, tree=tree,
+                 image_size=image_size, prompt_len=prompt_len, cfg=not no_cfg,
+                 workspace=None if workspace is None else workspace << 20, weight_copies=weight_copies,
+                 json_path=json_path, echo=click.echo):
         sys.exit(1)
 
 
@@ -196,15 +119,10 @@ def plan(model, gpu, memory_gib, precision, batch, tree, image_size, prompt_len,
 @handle_errors
 def quantize_trt_cmd(engine_dir, mode, out_dir, venv, install, calibration_steps):
     """TensorRT Q/DQ graphs through NVIDIA ModelOpt, run in its own venv (docs/quantization.md)."""
-    from ..deploy.trt_quantize import quantize_trt
+    from ..runtime.commands.export import quantize_trt
 
-    man = quantize_trt(engine_dir, out_dir, mode, venv=Path(venv) if venv else None, install=install,
-                       samples=calibration_steps, echo=click.echo)
-    for name, g in sorted(man.graphs.items()):
-        if g.quantization:
-            click.echo(f"{name:16s} {g.quantization['mode']}  {g.quantization['qdq']}")
-    click.echo(f"wrote {out_dir} ({man.quantization}; TensorRT-compatibility check passed); "
-               f"build with `lisa-trt build {out_dir}`")
+    quantize_trt(engine_dir, out_dir, mode, venv=Path(venv) if venv else None, install=install,
+                 samples=calibration_steps, echo=click.echo)
 
 
 COMMANDS = (export_cmd, build, plan, quantize_trt_cmd)

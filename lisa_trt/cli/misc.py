@@ -10,16 +10,6 @@ from ..clitools import handle_errors
 from . import options as opt
 
 
-def _official(model_cfg):
-    """--config / --image-size / --model-type -> (is a VQ config, its config)."""
-    from ..config import target_config, vq_config
-
-    name = model_cfg["config"]
-    if name.startswith("VQ"):
-        return True, vq_config(name)
-    return False, target_config(name, image_size=model_cfg["image_size"], model_type=model_cfg["model_type"])
-
-
 @click.command()
 @click.argument("src")
 @click.argument("dst")
@@ -27,12 +17,9 @@ def _official(model_cfg):
 @handle_errors
 def convert(src, dst, model_cfg):
     """Convert an official LlamaGen .pt (target or VQ) to safetensors + config JSON."""
-    from ..models.checkpoints import load_target, load_vq, save_model
+    from ..runtime.commands.checkpoints import convert as entry
 
-    is_vq, cfg = _official(model_cfg)
-    model = load_vq(src, cfg) if is_vq else load_target(src, cfg)
-    save_model(model, cfg, dst)
-    click.echo(f"wrote {dst} (+ {Path(dst).with_suffix('.json').name})")
+    entry(src, dst, model_cfg, echo=click.echo)
 
 
 @click.command("random-checkpoint")
@@ -42,19 +29,9 @@ def convert(src, dst, model_cfg):
 @handle_errors
 def random_checkpoint(out, model_cfg, seed):
     """Write a randomly initialised checkpoint in the official layout ({"model": state_dict})."""
-    import torch
+    from ..runtime.commands.checkpoints import random_checkpoint as entry
 
-    from ..config import TargetConfig
-    from ..io import atomic_write
-    from ..models.family import family_of
-
-    torch.manual_seed(seed)
-    is_vq, cfg = _official(model_cfg)
-    fam = family_of((model_cfg["model_type"] or TargetConfig.model_type) if is_vq else cfg)
-    model = fam.init_decoder(cfg) if is_vq else fam.init_target(cfg)
-    with atomic_write(out) as tmp:
-        torch.save({"model": model.state_dict()}, tmp)
-    click.echo(f"wrote {out}")
+    entry(out, model_cfg, seed, echo=click.echo)
 
 
 @click.command()

@@ -86,10 +86,10 @@ def test_the_cli_resolves_model_names(cache, monkeypatch):
     """`generate --model org/name` hands the snapshot to the generic entry; a missing one exits 2."""
     snap = make_cache(cache)
     from lisa_trt.cli import main
-    from lisa_trt.cli import generate as G
+    from lisa_trt.runtime.commands import generate as G
 
     seen = {}
-    monkeypatch.setattr(G, "_generate", lambda rc, **kw: seen.update(source=rc.source, prompts=kw["prompts"]))
+    monkeypatch.setattr(G, "generate", lambda rc, **kw: seen.update(source=rc.source, prompts=kw["prompts"]))
     r = CliRunner().invoke(main, ["generate", "--model", "org/name", "--prompt", "a fox"])
     assert r.exit_code == 0, r.output
     assert seen["source"] == snap and seen["prompts"] == ("a fox",)

@@ -1,0 +1,39 @@
+"""`lisa-trt run`: an exported engine directory (runtime/pipeline.py), PNGs and per-image stats."""
+
+from __future__ import annotations
+
+import sys
+
+
+def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gib, echo, **_):
+    """The memory plan checked, then Pipeline over the bundle's engines, one decode per prompt;
+    writes the images and stats."""
+    from ...deploy.memory_plan import preflight
+    from ...engines.trt_plans import engines_built
+    from ...text.prompts import precheck_prompts
+    from ...validation import check_out_dir
+    from ..outputs import save_run
+    from ..pipeline import Pipeline
+    from ..prompts import parse_prompts
+
+    engine_dir, backend, s = rc.given["model"], rc.backend, rc.given["sampling"]
+    gpu_backend = backend == "trt" or (backend == "auto" and engines_built(engine_dir))
+    preflight(engine_dir, gpu=gpu, memory_gib=memory_gib, gpu_backend=gpu_backend, batch=1,
+              tree=rc.given["tree"]["tree_tokens"], cfg_scale=s["cfg_scale"])  # run decodes one prompt per call
+    check_out_dir(out_dir, overwrite=overwrite)
+    precheck_prompts(rc.source, prompts, encoder_dir)  # t2i: prompts + encoder checked before engines load
+    pipe = Pipeline.from_dir(rc.source, backend=rc.backend, threads=threads, text_encoder=encoder_dir)
+    cfg = pipe.config
+    ps = parse_prompts(prompts, model_type=cfg.model_type, num_classes=getattr(cfg, "num_classes", 0),
+                       class_names=pipe.class_names)
+    if rc.method is None:
+        echo(f"verify auto: {pipe.resolve_verify(rc.verify)[2]}")
+    res = pipe.generate(ps, seed=rc.seed, verify=rc.method or rc.verify, cfg_scale=s["cfg_scale"],
+                        temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"], greedy=s["greedy"],
+                        progress=sys.stderr.isatty(), **rc.given["tree"], **rc.given["knobs"])
+    verify = res.stats[0]["verify"] if res.stats else rc.verify  # what "auto" ran
+    mal = sum(st["mal"] for st in res.stats) / len(res.stats)
+    secs = sum(st["seconds"] for st in res.stats)
+    out = save_run(out_dir, res, ps, {"family": pipe.family.name, "backend": pipe.backend, "verify": verify,
+                                      "mal": mal, "seconds": secs, "images": res.stats}, overwrite=overwrite)
+    echo(f"{len(res.images)} images -> {out} ({pipe.backend}, {verify}): mean MAL {mal:.2f}, {secs:.2f} s")
