@@ -43,10 +43,8 @@ fits = the run total and the build peak are both within the device's usable memo
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Optional
 
 from ..config import SamplingConfig

@@ -1,9 +1,9 @@
 """`lisa-trt export`: one engine directory for any model family, through one writer.
 
-    xf = export_family(target)                         # the family's ExportFamily (export/families.py)
-    man = xf.export_bundle(target, drafter, tables, vq, out_dir, fp16=True)
-        └─ xf.bundle_graphs(...) -> BundleGraphs        (the family: its target / VQ graphs, cache length,
-        │                                                 static layout, the files it adds)
+    man = export_bundle(target, drafter, tables, vq, out_dir, fp16=True)
+        ├─ export_family(target).bundle_graphs(...)    (the family's ExportFamily, export/families.py:
+        │      -> BundleGraphs                          its target / VQ graphs, cache length, static
+        │                                               layout, the files it adds)
         └─ write_bundle(xf, ..., graphs, options)       (this module, every family)
 
 `write_bundle` traces, validates and lints every graph (export/onnx.export_graphs), moves their
@@ -13,10 +13,7 @@ exports quantize the graphs last (export/quantize.py). Everything happens in a h
 directory next to `out_dir`, swapped in at the end: an interrupted export never leaves a
 directory that looks complete, and an existing bundle at `out_dir` stays intact until the swap.
 
-Layout of the directory: the ONNX graphs and manifest.json, `weights.onnx.data` (the shared
-weights), `tables.safetensors` (LANTERN neighbours and the GASV constants), and `weights/` for
-what no graph carries (`rest.safetensors`, Medusa heads) and, with `torch_weights`, the fp32
-PyTorch weights.
+The directory's names are export/layout.py's.
 """
 
 from __future__ import annotations
@@ -30,11 +27,7 @@ from typing import Callable, Optional
 from ..errors import InputError
 from ..models.io_spec import Graph
 
-DEFAULT_OPSET = 23  # ONNX Attention (SDPA with a mask) needs opset >= 23
-DEFAULT_MAX_TREE = 64
-WEIGHT_FILES = {"target_weights": "weights/target.safetensors", "drafter_weights": "weights/drafter.safetensors",
-                "vq_weights": "weights/vq.safetensors", "tables": "tables.safetensors"}
-MEDUSA_WEIGHTS = "weights/medusa.safetensors"  # a Medusa bundle's "drafter_weights" (models/medusa.py format)
+from .layout import DEFAULT_MAX_TREE, DEFAULT_OPSET, MEDUSA_WEIGHTS, WEIGHT_FILES
 
 
 @dataclass(frozen=True)
@@ -223,16 +216,40 @@ def _torch_files(target, drafter, vq, stage: Path, fp32_copy: bool, drafter_arch
     return files
 
 
-def export_bundle(target, drafter=None, tables=None, vq=None, out_dir=None, **options):
-    """`lisa-trt export` for any family: export_family(target).export_bundle(...) (the options of
-    ExportFamily.export_bundle)."""
+def export_bundle(target, drafter=None, tables=None, vq=None, out_dir=None, *, source=None, image_size=None,
+                  max_prompt=None, max_tree=None, opset=None, generation=None, validate=True, fp16=False,
+                  quantize="none", lint=True, progress=True, torch_weights=False, share=True, external_data=None):
+    """`lisa-trt export` for any family: a validated engine directory for `target`; its Manifest.
+
+    The output directory and the options are checked before any work; then the target's family
+    answers its graphs (ExportFamily.bundle_graphs) and `write_bundle` writes them.
+
+    Args:
+        target, drafter, tables, vq: the fp32 models (all but the target may be None).
+        out_dir: the engine directory to write (replaced atomically if it is one).
+        source: the checkpoint directory (tokenizer files of token-prompt families).
+        image_size, max_prompt: the family's static layout (None: its defaults; families without
+            one ignore them).
+        the rest: ExportOptions (None: the defaults; max_tree: the family's default_max_tree).
+    Raises:
+        InputError: a bad option or output directory, before any work.
+        ArtifactMismatchError: drafter or tables made for another target.
+        ExportError: a graph failed to export, validate or lint.
+    """
     from .families import export_family
     from .staging import check_replaceable
 
     if out_dir is None:
         raise InputError("export_bundle needs out_dir, the engine directory to write")
     check_replaceable(Path(out_dir))  # before any work: a directory holding files lisa-trt did not write
-    return export_family(target).export_bundle(target, drafter, tables, vq, out_dir, **options)
+    xf = export_family(target)
+    opts = ExportOptions(fp16=fp16, opset=opset or DEFAULT_OPSET, max_tree=max_tree or xf.default_max_tree
+                         or DEFAULT_MAX_TREE, quantize=quantize, validate=validate, lint=lint, progress=progress,
+                         torch_weights=torch_weights, share=share, external_data=external_data,
+                         generation=generation).check()
+    graphs = xf.bundle_graphs(target.eval(), drafter.eval() if drafter is not None else None, tables, vq, opts,
+                              source=source, image_size=image_size, max_prompt=max_prompt)
+    return write_bundle(xf, target, drafter, tables, vq, out_dir, graphs, opts)
 
 
 __all__ = ["BundleGraphs", "DEFAULT_MAX_TREE", "DEFAULT_OPSET", "ExportOptions", "MEDUSA_WEIGHTS", "WEIGHT_FILES",

@@ -56,24 +56,6 @@ class ExportFamily:
     # True for the one family whose manifest.json files written before the `family` field are its own
     unnamed_manifest: bool = False
 
-    def export_bundle(self, target, drafter, tables, vq, out_dir, *, source=None, image_size=None, max_prompt=None,
-                      max_tree=None, opset=None, generation=None, validate=True, fp16=False, quantize="none",
-                      lint=True, progress=True, torch_weights=False, share=True, external_data=None):
-        """Write a validated engine directory for `target` (export/bundle.write_bundle); its Manifest.
-
-        source: the checkpoint directory (tokenizer files); image_size / max_prompt: the family's
-        static layout (None: its defaults; families without one ignore them); the rest are
-        export/bundle.ExportOptions (None: the defaults)."""
-        from .bundle import DEFAULT_MAX_TREE, DEFAULT_OPSET, ExportOptions, write_bundle
-
-        opts = ExportOptions(fp16=fp16, opset=opset or DEFAULT_OPSET, max_tree=max_tree or self.default_max_tree
-                             or DEFAULT_MAX_TREE, quantize=quantize, validate=validate, lint=lint, progress=progress,
-                             torch_weights=torch_weights, share=share, external_data=external_data,
-                             generation=generation).check()
-        graphs = self.bundle_graphs(target.eval(), drafter.eval() if drafter is not None else None, tables, vq,
-                                    opts, source=source, image_size=image_size, max_prompt=max_prompt)
-        return write_bundle(self, target, drafter, tables, vq, out_dir, graphs, opts)
-
     default_max_tree: Optional[int] = None  # the family's tree budget default (None: export/bundle's)
 
     def bundle_graphs(self, target, drafter, tables, vq, opts, *, source=None, image_size=None, max_prompt=None):

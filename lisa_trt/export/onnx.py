@@ -35,7 +35,6 @@ import contextlib
 import dataclasses
 import logging
 import time
-import types
 from pathlib import Path
 from typing import Optional
 
@@ -51,7 +50,7 @@ from .memory import PrecisionCopy, resolve
 from ..models.io_spec import GASV_K, GASV_PARAMS, Graph, GraphSpec, export_dims, gasv_params, graph_spec  # noqa: F401 (gasv_params, export_dims re-exported)
 
 
-from .bundle import DEFAULT_MAX_TREE, DEFAULT_OPSET  # noqa: E402,F401 (the export defaults, defined once)
+from .layout import DEFAULT_MAX_TREE, DEFAULT_OPSET  # noqa: F401 (the export defaults, defined once)
 EXTERNAL_DATA_BYTES = 32 << 20  # graphs with more weight bytes than this use external data
 _EXAMPLE = dict(batch=2, seq=3, nodes=3)  # trace sizes: never 1 on a dynamic axis (docs/spec/deploy.md)
 

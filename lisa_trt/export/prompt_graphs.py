@@ -38,7 +38,7 @@ from ..models.io_spec import (
     target_outputs,
     token_inputs,
 )
-from .bundle import DEFAULT_MAX_TREE
+from .layout import DEFAULT_MAX_TREE
 from .onnx import _NamedGraph, _ShimCache
 
 DEFAULT_MAX_PROMPT = 128  # prompt tokens (template included) an export serves unless told (--max-prompt)

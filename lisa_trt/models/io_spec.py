@@ -29,7 +29,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..errors import InputError, SpecError, UnknownTensorError
+from ..errors import SpecError, UnknownTensorError
 from .family import family_of
 
 

@@ -32,9 +32,6 @@ class Bundle:
     manifest: object = None
 
 
-from ..export.bundle import MEDUSA_WEIGHTS, WEIGHT_FILES  # noqa: E402 (the directory's layout: its writer's)
-
-
 def resolve_backend(engine_dir: Path, backend: str) -> str:
     """auto -> trt when engines are built and TensorRT + a GPU are usable, else ort."""
     if backend != "auto":

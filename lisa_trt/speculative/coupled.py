@@ -22,7 +22,6 @@ is y at the current node is followed; when no child is, y is committed as the bo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 

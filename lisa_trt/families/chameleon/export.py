@@ -201,9 +201,11 @@ def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, ima
             quantized for ONNX Runtime (export/quantize.py; not with fp16).
         lint: run `polygraphy check lint` on every graph.
     """
-    return FAMILY_GRAPHS.export_bundle(target, drafter, tables, vq, out_dir, source=tokenizer_dir, image_size=image_size,
-                                       max_prompt=max_prompt, max_tree=max_tree, opset=opset, generation=generation,
-                                       validate=validate, fp16=fp16, quantize=quantize, lint=lint, progress=progress)
+    from ...export.bundle import export_bundle
+
+    return export_bundle(target, drafter, tables, vq, out_dir, source=tokenizer_dir, image_size=image_size,
+                         max_prompt=max_prompt, max_tree=max_tree, opset=opset, generation=generation,
+                         validate=validate, fp16=fp16, quantize=quantize, lint=lint, progress=progress)
 
 
 __all__ = ["DEFAULT_MAX_PROMPT", "DEFAULT_MAX_TREE", "ChameleonGraphs", "ChameleonStepGraph", "ChameleonVQGraph",

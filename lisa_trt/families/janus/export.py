@@ -190,9 +190,11 @@ def export_janus(target, drafter, tables, vq, source, out_dir, *, image_size: Op
         generation: default settings recorded for `lisa-trt run`.
         validate, fp16, quantize, lint: as export/bundle.write_bundle.
     """
-    return FAMILY_GRAPHS.export_bundle(target, drafter, tables, vq, out_dir, source=source, image_size=image_size,
-                                       max_prompt=max_prompt, max_tree=max_tree, opset=opset, generation=generation,
-                                       validate=validate, fp16=fp16, quantize=quantize, lint=lint, progress=progress)
+    from ...export.bundle import export_bundle
+
+    return export_bundle(target, drafter, tables, vq, out_dir, source=source, image_size=image_size,
+                         max_prompt=max_prompt, max_tree=max_tree, opset=opset, generation=generation,
+                         validate=validate, fp16=fp16, quantize=quantize, lint=lint, progress=progress)
 
 
 __all__ = ["DEFAULT_MAX_PROMPT", "DEFAULT_MAX_TREE", "JanusCondition", "JanusGraphs", "JanusVQGraph", "export_janus"]

@@ -7,7 +7,7 @@ import json
 
 def export(rc, *, out_dir, drafter, tables, vq, vq_config, fp16, opset, max_tree, validate, quantize, max_prompt,
            echo, torch_weights=False, **_):
-    """The family's ExportFamily.export_bundle (export/bundle.py, one writer for every family); one line per graph."""
+    """export/bundle.export_bundle (the family's graphs, one writer for every family); one line per graph."""
     from ...artifacts import (
         default_drafter,
         default_tables,
@@ -15,19 +15,21 @@ def export(rc, *, out_dir, drafter, tables, vq, vq_config, fp16, opset, max_tree
         load_drafter_by_name,
         load_tables_by_name,
     )
+    from ...export.bundle import export_bundle
     from ..outputs import generation_defaults
 
     rc = rc.load(dirs={"--out engine directory": out_dir})
-    target, source, xf = rc.target, rc.source, _export_family(rc)
+    target, source = rc.target, rc.source
+    _export_family(rc)  # a family without an ExportFamily: refused, naming what is missing
     drafter, tables = drafter or default_drafter(source), tables or default_tables(source)
     sub_vocab = rc.request(["x"], cfg=False).layout.sub_vocab if rc.family.prompted else None
     dr = load_drafter_by_name(drafter, target) if drafter else None
     tb = load_tables_by_name(tables, target, sub_vocab) if tables else None
     vqm, _ = find_vq(source, vq, vq_config, family=rc.family)
     generation = generation_defaults(source, target, rc.sampling)
-    man = xf.export_bundle(target, dr, tb, vqm, out_dir, source=source, image_size=rc.given.get("image_size"),
-                           max_prompt=max_prompt, max_tree=max_tree, opset=opset, generation=generation,
-                           validate=validate, fp16=fp16, quantize=quantize, torch_weights=torch_weights)
+    man = export_bundle(target, dr, tb, vqm, out_dir, source=source, image_size=rc.given.get("image_size"),
+                        max_prompt=max_prompt, max_tree=max_tree, opset=opset, generation=generation,
+                        validate=validate, fp16=fp16, quantize=quantize, torch_weights=torch_weights)
     _print_export(man, out_dir, echo)
 
 
