@@ -118,7 +118,7 @@ def test_interrupted_export_leaves_no_directory(artifacts, tmp_path, monkeypatch
             raise exc
         return real(*a, **k)
 
-    monkeypatch.setattr(E, "onnx_from_torch", failing)
+    monkeypatch.setattr(O, "onnx_from_torch", failing)
     with pytest.raises(type(exc)):
         E.export_bundle(artifacts["target"], None, None, None, tmp_path / "eng", validate=False, lint=False,
                         progress=False)
@@ -136,7 +136,7 @@ def test_failed_reexport_keeps_the_previous_engines(bundle, tmp_path, monkeypatc
     def boom(*a, **k):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(E, "onnx_from_torch", boom)
+    monkeypatch.setattr(O, "onnx_from_torch", boom)
     with pytest.raises(RuntimeError):
         a = make_artifacts()
         E.export_bundle(a["target"], None, None, None, d, progress=False)
