@@ -118,8 +118,8 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
     n_images = len(requests) if requests is not None else cond_len(cls)
     runner = _Runner(target, drafter, tables, sampling, sjd_window, gasv, cls, requests)
     specs = {label: spec.replace(**over) for label, _, over in todo}  # every point checked before any run
-    for name in dict.fromkeys(m.name for _, m, _ in todo):  # warm-up (allocations, thread pools), not timed
-        runner(name, 0, spec, seed)
+    for m in {m.name: m for _, m, _ in todo}.values():  # warm-up (allocations, thread pools), not timed
+        runner(m, 0, spec, seed)
     results, tokens = {}, {}
     for label, m, over in todo:
         results[label], tokens[label] = _measure(runner, label, m, over, specs[label], seed, n_images, progress)
@@ -172,7 +172,7 @@ class _Runner:
 
         return cond_rows(self.cls, i, i + 1), None
 
-    def __call__(self, method: str, i: int, spec: SpecConfig, seed: int):
+    def __call__(self, method, i: int, spec: SpecConfig, seed: int):
         cond, layout = self.image(i)
         return run_method(method, self.target, self.drafter, self.tables, cond, sampling=self.sampling, spec=spec,
                           seed=seed, sjd_window=self.sjd_window, gasv=self.gasv, layout=layout)
@@ -184,7 +184,7 @@ def _measure(runner: _Runner, label: str, m, over: dict, spec: SpecConfig, seed:
     secs, stats_all, toks = [], [], []
     for i in tqdm(range(n_images), desc=f"bench {label}", disable=not progress):
         t0 = time.perf_counter()  # the condition's slicing is timed too
-        tk, st = runner(m.name, i, spec, seed + i)
+        tk, st = runner(m, i, spec, seed + i)
         secs.append(time.perf_counter() - t0)
         stats_all.append(st)
         toks.append(tk)

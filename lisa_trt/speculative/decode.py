@@ -175,8 +175,10 @@ class SpeculativeDecoder:
     def generate(self, cond, *, sampling: SamplingConfig = SamplingConfig(), spec: SpecConfig = SpecConfig(),
                  seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
                  num_tokens: Optional[int] = None, seeds=None,
-                 on_progress=None, layout=None) -> tuple[torch.Tensor, DecodeStats]:
+                 on_progress=None, layout=None, method: Optional[Method] = None) -> tuple[torch.Tensor, DecodeStats]:
         """Generate image tokens for `cond` with tree speculation.
+
+        method: the resolved Method (run_method passes it); None: the one `spec.method` names.
 
         layout: the family's SequenceLayout of the request (models/family.py; default: the
             whole image, or `num_tokens` of it): which ids may be drafted / sampled, which
@@ -191,7 +193,7 @@ class SpeculativeDecoder:
         Returns:
             tokens (B, N) long, DecodeStats.
         """
-        method = get_method(spec.method)  # resolved once: every step reads this object
+        method = method if method is not None else get_method(spec.method)  # once: every step reads it
         if method.kind != "tree":
             raise InputError(f"method {spec.method!r} does not use the tree decoder; run it with "
                              "lisa_trt.speculative.run.run_method")

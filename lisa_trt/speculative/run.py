@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -13,12 +13,17 @@ from ..config import SamplingConfig
 from ..errors import InputError
 from .autoregressive import generate
 from .decode import DecodeStats, SpeculativeDecoder
-from .methods import SpecConfig, get_method
+from .methods import Method, SpecConfig, get_method
 
 
-def check_artifacts(method: str, drafter, tables, gasv=None) -> None:
+def _method(method: Union[str, Method]) -> Method:
+    return method if isinstance(method, Method) else get_method(method)
+
+
+def check_artifacts(method: Union[str, Method], drafter, tables, gasv=None) -> None:
     """Refuse a method whose drafter / tables are missing, naming the fix."""
-    m = get_method(method)
+    m = _method(method)
+    method = m.name
     if m.needs_drafter and drafter is None:
         raise InputError(f"method {method!r} needs a drafter (--drafter, or export the bundle with one)")
     if m.needs_tables and tables is None and not (method == "gasv" and gasv is not None):
@@ -26,10 +31,10 @@ def check_artifacts(method: str, drafter, tables, gasv=None) -> None:
                          "(make them with `lisa-trt calibrate`)")
 
 
-def run_method(method: str, target, drafter, tables, cond, *, sampling: SamplingConfig,
+def run_method(method: Union[str, Method], target, drafter, tables, cond, *, sampling: SamplingConfig,
                spec: SpecConfig, seed: int, sjd_window: Optional[int] = None, gasv=None, seeds=None, on_progress=None,
                layout=None):
-    """One generation with `method` -> (tokens (B, N), DecodeStats).
+    """One generation with `method` (a Method, or its registered name) -> (tokens (B, N), DecodeStats).
 
     Tree methods use `spec`'s tree and rule parameters with `spec.method` set to `method`.
     Jacobi-family methods use `spec`'s Jacobi window (`sjd_window` setting, speculative/sjd.py);
@@ -42,7 +47,8 @@ def run_method(method: str, target, drafter, tables, cond, *, sampling: Sampling
         the tree decoder and to every Jacobi-family loop (`loop(..., layout=layout)`); a Jacobi
         loop whose method needs tables also gets `tables=` and `gasv=` (the GASV engine).
     """
-    m = get_method(method)
+    m = _method(method)
+    method = m.name
     if m.greedy_sampling:
         sampling = dataclasses.replace(sampling, greedy=True)
     if m.kind == "ar":
@@ -83,7 +89,7 @@ def run_method(method: str, target, drafter, tables, cond, *, sampling: Sampling
     return SpeculativeDecoder(target, drafter, tables, gasv=gasv).generate(cond, sampling=sampling, spec=spec,
                                                                            seed=None if seeds is not None else seed,
                                                                            seeds=seeds, on_progress=on_progress,
-                                                                           layout=layout)
+                                                                           layout=layout, method=m)
 
 
 __all__ = ["check_artifacts", "run_method"]

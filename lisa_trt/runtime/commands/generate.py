@@ -60,7 +60,7 @@ def _decode(rc, drafter, tables, cond, request, echo) -> tuple:
             "(smaller trees are faster on a CPU: --tree-tokens)") + " ...", err=True)
     show = sys.stderr.isatty()
     bar = progress_bar(n_img * n_tok, show, unit="token")
-    tokens, st = run_method(m.name, rc.target, drafter, tables, cond, sampling=rc.sampling, spec=spec, seed=rc.seed,
+    tokens, st = run_method(m, rc.target, drafter, tables, cond, sampling=rc.sampling, spec=spec, seed=rc.seed,
                             on_progress=(lambda done: bar.update(done - bar.n)) if show else None, layout=layout)
     bar.close()
     stats = st.as_dict()
