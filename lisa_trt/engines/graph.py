@@ -2,8 +2,8 @@
 
 `GraphTarget` / `GraphDrafter` are drop-in replacements for the torch `Transformer` / `Drafter`
 (same methods, shapes, KVCache / DrafterCache objects), `GraphGASV` for `gasv_gates`, `GraphVQ`
-for `VQModel.decode_code`. They speak tensor names from models/io_spec.py only; everything
-backend-specific (sessions, contexts, address binding) lives in the runner.
+for `VQModel.decode_code` and `tokens_to_pixels`. They speak tensor names from models/io_spec.py
+only; everything backend-specific (sessions, contexts, address binding) lives in the runner.
 
     engines = load_engines("engines/demo", "ort", threads=1)
     cache = engines.target.new_cache(2, extra=32)
@@ -381,6 +381,12 @@ class GraphVQ:
 
     def close(self) -> None:
         self._run.close()
+
+    def tokens_to_pixels(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Codes (B, h*w) or (B, h, w) -> images (decode_code): the family hook's decoder call."""
+        if torch.is_tensor(tokens) and tokens.dim() == 3:
+            tokens = tokens.reshape(tokens.shape[0], -1)
+        return self.decode_code(tokens)
 
     def decode_code(self, indices, shape=None):
         B, N = indices.shape

@@ -54,6 +54,60 @@ def _tree_budget(generation: dict, backend: str) -> dict:
     return trees.get(backend, trees.get("default", {}))
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One decode call of a request: rows start:stop under one SamplingConfig, drawn from one
+    generator seeded with `seed`, or from one generator per row (`seeds`); `tags`: what each
+    row's stats record of its seed and batch."""
+
+    start: int
+    stop: int
+    sampling: SamplingConfig
+    seed: int
+    seeds: Optional[list] = None
+    tags: tuple = ()
+
+
+def _batch_cfg(overrides: list) -> Optional[float]:
+    """The one CFG scale the prompts of a batch set (None: none set); InputError for several."""
+    cfgs = {ov.get("cfg") for ov in overrides if ov.get("cfg") is not None}
+    if len(cfgs) > 1:
+        raise InputError(f"batch=True decodes one CFG scale, got {sorted(cfgs)}; "
+                         "group prompts by cfg (or use batch=False)")
+    return cfgs.pop() if cfgs else None
+
+
+def _calls(method: Method, overrides: list, seed: int, sampling_of, *, batch: bool, row_seeds: bool) -> list:
+    """A request's decode calls (Pipeline.generate's batch / row_seeds semantics).
+
+    batch=False: one call per prompt (its own CFG scale, one generator stream). batch=True: one
+    call over every row with a generator per row (row_seeds) or one stream seeded with `seed`;
+    a Jacobi loop without per-row generators decodes each row alone, so that a row's tokens
+    still depend only on its prompt and seed."""
+    seeds = [ov["seed"] if ov.get("seed") is not None else seed + i for i, ov in enumerate(overrides)]
+    n = len(seeds)
+    if not batch:
+        return [_Call(i, i + 1, sampling_of(ov.get("cfg")), sd, tags=({"seed": sd},))
+                for i, (ov, sd) in enumerate(zip(overrides, seeds))]
+    s = sampling_of(_batch_cfg(overrides))
+    if row_seeds and method.kind == "sjd" and not method.row_seeds:
+        return [_Call(i, i + 1, s, sd, tags=({"seed": sd, "batch_row": i},)) for i, sd in enumerate(seeds)]
+    if row_seeds:
+        return [_Call(0, n, s, seeds[0], seeds, tuple({"seed": sd, "batch": n, "batch_row": b}
+                                                      for b, sd in enumerate(seeds)))]
+    return [_Call(0, n, s, seed, tags=tuple({"seed": seed, "batch": n, "batch_row": b} for b in range(n)))]
+
+
+def _row_stats(s, timing: dict, call: _Call) -> list:
+    """One stats dict per row of a decode call: the call's DecodeStats (per row when each row has
+    its own generator), `timing` (seconds, verify) and the row's tags."""
+    if call.seeds is None:
+        st = {**s.as_dict(), **timing}
+        return [{**st, **tag} for tag in call.tags]
+    return [{**s.row(b), **s.settings, **timing, **tag, "batch_target_forwards": s.target_forwards}
+            for b, tag in enumerate(call.tags)]
+
+
 class Pipeline:
     """Tree speculation + GASV over one set of engines (see module docstring)."""
 
@@ -170,7 +224,7 @@ class Pipeline:
                                  f"got {list(prompts)!r}")
             overrides = [dict(seed=p.seed, cfg=p.cfg) if isinstance(p, Prompt) else {} for p in prompts]
             return texts, overrides, [{"caption": t} for t in texts]
-        if not family_of(cfg).class_conditioned(cfg):
+        if not self.family.class_conditioned(cfg):
             from ..text.prompts import t2i_conds
 
             return t2i_conds(prompts, cfg, self._text)
@@ -296,7 +350,7 @@ class Pipeline:
             row_seeds: with batch=True, False draws the whole batch from one generator seeded with
                 `seed` (the rows then depend on the batch; one call, as `lisa-trt generate` decodes).
             decode: decode tokens to PIL images (needs the VQ decoder).
-            progress: show a progress bar (one step per image) on stderr.
+            progress: show a progress bar (one step per image) on stderr (batch=False).
             tree: top_k / depth / total_tokens overrides of the tree budget (e.g. depth=3), and
                 every registered method's knob by its flat name (speculative/methods.py FLAT_FIELDS):
                 gasv_kappa, gasv_lambda, gasv_delta, gasv_neighbours, gasv_scope (None: the tables'
@@ -305,134 +359,88 @@ class Pipeline:
         Returns:
             GenerationResult(images, tokens (B, N), stats).
         """
-        requested = resolve_method(verify, auto=True)  # the one lookup by name (None: auto)
-        name, auto_tree, why = self.resolve_verify(AUTO if requested is None else requested)
-        method = requested or resolve_method(name)  # what auto chose
         from ..validation import check_sampling
 
+        method, auto_tree, why = self._method(verify)
         check_sampling(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                        vocab_size=self.config.vocab_size)
         cond, overrides, labels = self._cond(prompts)
-        tree_kw = {"top_k": tree.pop("tree_top_k", None), "depth": tree.pop("tree_depth", None),
-                   "total_tokens": tree.pop("tree_tokens", None), **tree}
-        for k, v in self._knobs.items():  # the pipeline's defaults (from_dir(sjd_window=...)), under the call's
-            if tree_kw.get(k) is None:
-                tree_kw[k] = v
-        for k, v in auto_tree.items():  # --verify auto's recorded tree and knobs, under explicit settings
-            if tree_kw.get(k) is None:
-                tree_kw[k] = v
-        spec = self.spec(method, **tree_kw)
-        with self._lock:
-            if batch:
-                cfgs = {ov.get("cfg") for ov in overrides if ov.get("cfg") is not None}
-                if len(cfgs) > 1:
-                    raise InputError(f"batch=True decodes one CFG scale, got {sorted(cfgs)}; "
-                                     "group prompts by cfg (or use batch=False)")
-                s = self.sampling(sampling, cfg_scale=cfgs.pop() if cfgs else cfg_scale, temperature=temperature,
-                                  top_k=top_k, top_p=top_p, greedy=greedy or None)
-                seeds = [ov["seed"] if ov.get("seed") is not None else seed + i for i, ov in enumerate(overrides)]
-                if row_seeds and method.kind == "sjd" and not method.row_seeds:  # no per-row generators
-                    tokens, stats, codes = self._run_alone(method, cond, s, spec, seeds)
-                else:
-                    req = self._request(cond, s) if self.family.prompted else None
-                    c, layout = (req.cond, req.layout) if req is not None else (cond, None)
-                    if row_seeds:
-                        tokens, stats = self._run_rows(method, c, s, spec, seeds, layout)
-                    else:  # one generator stream over the whole batch (seeded with `seed`)
-                        tokens, st = self._run(method, c, s, spec, seed, layout)
-                        stats = [{**st, "seed": seed, "batch": len(seeds), "batch_row": b} for b in range(len(seeds))]
-                    codes = self.family.tokens_to_codes(self._e.target, tokens, req) if req is not None else None
-                stats = [{**st, **labels[i]} for i, st in enumerate(stats)]
-            else:
-                from ..progress import progress_bar
+        spec = self._call_spec(method, auto_tree, tree)
 
-                outs, codes, stats = [], [], []
-                bar = progress_bar(len(overrides), progress, unit="image")
-                for i, ov in enumerate(overrides):
-                    s = self.sampling(sampling, cfg_scale=ov.get("cfg") if ov.get("cfg") is not None else cfg_scale,
-                                      temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy or None)
-                    sd = ov.get("seed") if ov.get("seed") is not None else seed + i
-                    toks, st, code = self._run_row(method, cond, i, s, spec, sd)
-                    outs.append(toks)
-                    if code is not None:
-                        codes.append(code)
-                    stats.append({**st, "seed": sd, **labels[i]})
-                    bar.update(1)
-                bar.close()
-                tokens = torch.cat(outs)
-                codes = torch.cat(codes) if codes else None
+        def sampling_of(cfg):  # a prompt's (or the batch's) CFG scale over the call's settings
+            return self.sampling(sampling, cfg_scale=cfg_scale if cfg is None else cfg, temperature=temperature,
+                                 top_k=top_k, top_p=top_p, greedy=greedy or None)
+
+        calls = _calls(method, overrides, seed, sampling_of, batch=batch, row_seeds=row_seeds)
+        with self._lock:
+            tokens, codes, stats = self._run_calls(method, cond, spec, calls, progress=progress and not batch)
             images = self.decode(tokens if codes is None else codes) if decode else []
-        for st in stats:
-            st["verify_reason"] = why
+        stats = [{**st, **labels[i], "verify_reason": why} for i, st in enumerate(stats)]
         return GenerationResult(images=images, tokens=tokens, stats=stats, codes=codes)
 
-    def _run(self, method: Method, cond, sampling, spec, seed, layout=None) -> tuple[torch.Tensor, dict]:
-        """One decode with the resolved method, SamplingConfig and SpecConfig (and a prompted
-        family's request layout)."""
-        from ..speculative.run import check_artifacts, run_method
+    def _method(self, verify) -> tuple[Method, dict, str]:
+        """`verify` -> (the Method that runs, the recorded tree and knobs of "auto", why)."""
+        requested = resolve_method(verify, auto=True)  # the one lookup by name (None: auto)
+        name, auto_tree, why = self.resolve_verify(AUTO if requested is None else requested)
+        return requested or resolve_method(name), auto_tree, why  # what auto chose
 
-        e, method = self._e, resolve_method(method)
-        check_artifacts(method.name, e.drafter, e.tables, e.gasv)  # speculative/run.py takes names
-        t0 = time.perf_counter()
-        toks, s = run_method(method.name, e.target, e.drafter, e.tables, cond, sampling=sampling, spec=spec,
-                             seed=seed, gasv=e.gasv, layout=layout)
-        st = s.as_dict()
-        st["seconds"] = time.perf_counter() - t0
-        st["verify"] = method.name
-        return toks.cpu(), st
+    def _call_spec(self, method: Method, auto_tree: dict, tree: dict) -> SpecConfig:
+        """A call's SpecConfig: its tree and knob settings over the pipeline's knobs
+        (from_dir(sjd_window=...)) over "auto"'s recorded tree and knobs."""
+        given = {"top_k": tree.pop("tree_top_k", None), "depth": tree.pop("tree_depth", None),
+                 "total_tokens": tree.pop("tree_tokens", None), **tree}
+        for defaults in (self._knobs, auto_tree):
+            for k, v in defaults.items():
+                if given.get(k) is None:
+                    given[k] = v
+        return self.spec(method, **given)
 
-    def _run_alone(self, method: Method, cond, sampling, spec, seeds) -> tuple:
-        """Each row decoded alone with its own seed (batch=True for the Jacobi loops, which have no
-        per-row generators: a row's tokens still depend only on its prompt and seed) -> (tokens
-        (B, N), one stats dict per row, a prompted family's code grids or None)."""
+    def _run_calls(self, method: Method, cond, spec, calls: list, *, progress: bool) -> tuple:
+        """Every decode call of a request, in row order -> (tokens (B, N), a prompted family's code
+        grids (B, h, w) or None, one stats dict per row)."""
+        from ..progress import progress_bar
+
         outs, codes, stats = [], [], []
-        for i, sd in enumerate(seeds):
-            toks, st, code = self._run_row(method, cond, i, sampling, spec, sd)
+        bar = progress_bar(calls[-1].stop, progress, unit="image")
+        for call in calls:
+            toks, st, code = self._run(method, cond, spec, call)
             outs.append(toks)
             if code is not None:
                 codes.append(code)
-            stats.append({**st, "seed": sd, "batch_row": i})
-        return torch.cat(outs), stats, torch.cat(codes) if codes else None
+            stats.extend(st)
+            bar.update(call.stop - call.start)
+        bar.close()
+        return torch.cat(outs), torch.cat(codes) if codes else None, stats
 
-    def _run_row(self, method: Method, cond, i: int, sampling, spec, seed) -> tuple:
-        """Row i of `cond` decoded alone -> (tokens (1, N), stats, a prompted family's code grid or
-        None); a prompted family's row is a request of its own (its own left padding)."""
+    def _run(self, method: Method, cond, spec, call: _Call) -> tuple:
+        """Rows call.start:call.stop of `cond` decoded in one call -> (tokens, one stats dict per row,
+        a prompted family's code grids or None); a prompted family's rows are encoded as a request
+        of their own (their own left padding)."""
+        from ..speculative.run import check_artifacts, run_method
         from ..text.prompts import cond_rows
 
+        e, req, layout = self._e, None, None
         if self.family.prompted:
-            req = self._request(cond[i:i + 1], sampling)
-            toks, st = self._run(method, req.cond, sampling, spec, seed, req.layout)
-            return toks, st, self.family.tokens_to_codes(self._e.target, toks, req)
-        toks, st = self._run(method, cond_rows(cond, i, i + 1), sampling, spec, seed)
-        return toks, st, None
-
-    def _run_rows(self, method: Method, cond, sampling, spec, seeds, layout=None) -> tuple[torch.Tensor, list]:
-        """One batched decode with per-row seeds -> tokens (B, N), one stats dict per row."""
-        from ..speculative.run import check_artifacts, run_method
-
-        e, method = self._e, resolve_method(method)
-        check_artifacts(method.name, e.drafter, e.tables, e.gasv)
+            req = self._request(cond[call.start:call.stop], call.sampling)
+            rows, layout = req.cond, req.layout
+        else:
+            rows = cond_rows(cond, call.start, call.stop)
+        check_artifacts(method.name, e.drafter, e.tables, e.gasv)  # speculative/run.py takes names
         t0 = time.perf_counter()
-        toks, s = run_method(method.name, e.target, e.drafter, e.tables, cond, sampling=sampling, spec=spec,
-                             seed=seeds[0], seeds=seeds, gasv=e.gasv, layout=layout)
-        sec = time.perf_counter() - t0
-        stats = [{**s.row(b), **s.settings, "seconds": sec, "verify": method.name, "seed": sd, "batch": len(seeds),
-                  "batch_row": b, "batch_target_forwards": s.target_forwards} for b, sd in enumerate(seeds)]
-        return toks.cpu(), stats
+        toks, s = run_method(method.name, e.target, e.drafter, e.tables, rows, sampling=call.sampling, spec=spec,
+                             seed=call.seed, seeds=call.seeds, gasv=e.gasv, layout=layout)
+        stats = _row_stats(s, {"seconds": time.perf_counter() - t0, "verify": method.name}, call)
+        toks = toks.cpu()
+        return toks, stats, self.family.tokens_to_codes(e.target, toks, req) if req is not None else None
 
     def decode(self, tokens: torch.Tensor) -> list:
-        """Token ids (B, N) (a prompted family: its code grids (B, h, w), GenerationResult.codes) -> PIL images."""
+        """Token ids (B, N) (a prompted family: its code grids (B, h, w), GenerationResult.codes) ->
+        PIL images, through the family's decoder hooks (`codes_to_pixels`, `to_uint8`)."""
         from PIL import Image
-
-        from ..imaging import to_uint8
 
         vq = self._e.vq
         if vq is None:
             raise InputError("this bundle has no VQ decoder; export with the VQ (or pass decode=False)")
-        if self.family.prompted:
-            with torch.no_grad():
-                return [Image.fromarray(a) for a in self.family.to_uint8(self.family.codes_to_pixels(vq, tokens))]
-        g = self.config.grid_size
         with torch.no_grad():
-            imgs = vq.decode_code(tokens, (tokens.shape[0], vq.config.codebook_embed_dim, g, g))
-        return [Image.fromarray(a) for a in to_uint8(imgs.float().cpu())]
+            pixels = self.family.codes_to_pixels(vq, tokens)
+        return [Image.fromarray(a) for a in self.family.to_uint8(pixels)]
