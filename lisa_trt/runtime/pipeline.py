@@ -425,9 +425,9 @@ class Pipeline:
             rows, layout = req.cond, req.layout
         else:
             rows = cond_rows(cond, call.start, call.stop)
-        check_artifacts(method.name, e.drafter, e.tables, e.gasv)  # speculative/run.py takes names
+        check_artifacts(method, e.drafter, e.tables, e.gasv)
         t0 = time.perf_counter()
-        toks, s = run_method(method.name, e.target, e.drafter, e.tables, rows, sampling=call.sampling, spec=spec,
+        toks, s = run_method(method, e.target, e.drafter, e.tables, rows, sampling=call.sampling, spec=spec,
                              seed=call.seed, seeds=call.seeds, gasv=e.gasv, layout=layout)
         stats = _row_stats(s, {"seconds": time.perf_counter() - t0, "verify": method.name}, call)
         toks = toks.cpu()
