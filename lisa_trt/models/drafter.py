@@ -59,8 +59,8 @@ from ..config import TargetConfig, find_multiple
 from ..errors import ArtifactMismatchError, CheckpointError, ConfigError, InputError
 from .checkpoints import target_hash
 from .draft_vocab import check_d2t, to_full_vocab
-from .layers import KVCache, RMSNorm
-from .rope import apply_rotary_emb, precompute_freqs_cis_2d
+from .layers import Attention, KVCache, RMSNorm, SwiGLU, cached_attention, pair_rope
+from .rope import precompute_freqs_cis_2d
 
 SCHEMA_VERSION = 1
 ARTIFACT_KIND = "lisa-trt-drafter"
@@ -221,47 +221,18 @@ class DrafterCache(KVCache):
 
 # ----------------------------------------------------------------------------- layers
 
-class DrafterAttention(nn.Module):
-    """q/k/v over concat(e, a) (target_dim + hidden wide), o_proj back to hidden."""
-
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
-        width = cfg.target_dim + cfg.hidden
-        self.q_proj = nn.Linear(width, cfg.hidden, bias=False)
-        self.k_proj = nn.Linear(width, cfg.hidden, bias=False)
-        self.v_proj = nn.Linear(width, cfg.hidden, bias=False)
-        self.o_proj = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
-
-    def qkv(self, x: torch.Tensor, freqs: torch.Tensor):
-        """x (B, S, width) -> q, k, v each (B, H, S, D), RoPE applied to q and k."""
-        B, S, _ = x.shape
-        shape = (B, S, self.n_head, self.head_dim)
-        q = apply_rotary_emb(self.q_proj(x).view(shape), freqs)
-        k = apply_rotary_emb(self.k_proj(x).view(shape), freqs)
-        v = self.v_proj(x).view(shape)
-        return tuple(t.transpose(1, 2) for t in (q, k, v))
-
-
-class DrafterMLP(nn.Module):
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False)
-        self.down_proj = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DrafterLayer(nn.Module):
+    """The drafter's decoder layer (EAGLE-3 `midlayer.*` names); Drafter._layer runs it."""
+
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         self.hidden_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.input_layernorm = RMSNorm(cfg.target_dim, cfg.norm_eps)
-        self.self_attn = DrafterAttention(cfg)
+        # q/k/v read concat(e, a) (target_dim + hidden wide); o_proj back to hidden
+        self.self_attn = Attention(cfg.hidden, cfg.n_head, cfg.n_head, cfg.head_dim,
+                                   in_dim=cfg.target_dim + cfg.hidden)
         self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.norm_eps)
-        self.mlp = DrafterMLP(cfg)
+        self.mlp = SwiGLU(cfg.hidden, cfg.ffn_hidden)
 
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -369,12 +340,10 @@ class Drafter(nn.Module):
     def _layer(self, hidden_in, tokens, positions, attend: Attend):
         """The decoder layer + head with a pluggable attention (cached or concatenated keys)."""
         layer = self.midlayer
-        B, S, _ = hidden_in.shape
         e = layer.input_layernorm(self.embed(tokens).to(hidden_in.dtype))
         a = layer.hidden_norm(hidden_in)
-        q, k, v = layer.self_attn.qkv(torch.cat([e, a], dim=-1), self._freqs(positions))
-        y = attend(q, k, v)  # (B, H, S, D)
-        h = hidden_in + layer.self_attn.o_proj(y.transpose(1, 2).reshape(B, S, -1))
+        q, k, v = layer.self_attn.qkv(torch.cat([e, a], dim=-1), pair_rope(self._freqs(positions)))
+        h = hidden_in + layer.self_attn.out(attend(q, k, v))  # attend: (B, H, S, D)
         out = h + layer.mlp(layer.post_attention_layernorm(h))
         logits = to_full_vocab(self.lm_head(self.norm(out)).float(), self.d2t, self.config.vocab_size)
         return logits, out
@@ -397,12 +366,7 @@ class Drafter(nn.Module):
             hidden_out (B, S, hidden) to feed the next step.
         """
         def attend(q, k, v):
-            B, H, S, D = k.shape
-            idx = slots[:, None, :, None].expand(B, H, S, D)
-            cache.k[0].scatter_(2, idx, k.to(cache.k[0].dtype))
-            cache.v[0].scatter_(2, idx, v.to(cache.v[0].dtype))
-            return F.scaled_dot_product_attention(q, cache.k[0].to(q.dtype), cache.v[0].to(q.dtype),
-                                                  attn_mask=mask[:, None])
+            return cached_attention(q, k, v, mask[:, None], (cache.k[0], cache.v[0]), slots)
 
         return self._layer(hidden_in, tokens, positions, attend)
 
@@ -419,6 +383,8 @@ class Drafter(nn.Module):
         """
         keys = {}
 
+        # not cached_attention: the training unroll concatenates keys (no in-place cache write)
+        # and returns them, so autograd reaches every step's K/V
         def attend(q, k, v):
             if past_k is not None:
                 k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)

@@ -1,7 +1,9 @@
 """Building blocks every target family shares: RMSNorm, the static KV cache (per-row positions
-through `pad`), cached attention over explicit (tree) masks, the targets' output record, and the
-HF-named Llama-style decoder (attention with optional per-head q/k norm, SwiGLU MLP, pre- or
-post-norm block, rotate-half RoPE) the HF-directory families (Chameleon, Janus) parameterise."""
+through `pad`), cached attention over explicit (tree) masks, the targets' output record; the one
+attention module (HF or LlamaGen projection names, optional per-head q/k norm, rotate-half or
+adjacent-pair RoPE) and the one SwiGLU MLP every family and the drafter build; and the HF-named
+Llama-style decoder (pre- or post-norm block) the HF-directory families (Chameleon, Janus)
+parameterise."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch.nn.functional as F
 
 from ..config import TargetConfig
 from ..errors import InputError
+from .rope import apply_rotary_emb
 
 
 class RMSNorm(nn.Module):
@@ -39,7 +42,7 @@ def cached_attention(q, k, v, mask, kv: Optional[tuple] = None, slots=None):
         idx = slots[:, None, :, None].expand(B, n_kv, S, D)
         k_cache.scatter_(2, idx, k.to(k_cache.dtype))
         v_cache.scatter_(2, idx, v.to(v_cache.dtype))
-        k, v = k_cache, v_cache
+        k, v = k_cache.to(q.dtype), v_cache.to(q.dtype)  # no-op unless the cache has another dtype
     rep = q.shape[1] // n_kv
     if rep != 1:
         k = k.repeat_interleave(rep, dim=1)
@@ -197,51 +200,102 @@ class HeadLayerNorm(nn.Module):
         return F.layer_norm(x, (x.shape[-1],), None, None, self.eps) * self.weight + self.bias
 
 
-class Attention(nn.Module):
-    """GQA self-attention with HF names (`q_proj` .. `o_proj`), rotate-half RoPE, static cache.
+# RoPE as the attention applies it: q (B, S, H, D), k (B, S, Hkv, D) -> rotated q, k heads first
+# (B, H, S, D). Each kind keeps the order of operations of its reference model.
+Rope = Callable[[torch.Tensor, torch.Tensor], tuple]
 
-    qk_norm: per-head LayerNorm of q and k (`q_norm`, `k_norm`) before RoPE (Chameleon)."""
+
+def half_rope(cos: torch.Tensor, sin: torch.Tensor) -> Rope:
+    """Rotate-half RoPE (HF) from cos / sin (B, S, D) fp32: heads first, then rotated in q's dtype."""
+    def apply(q, k):
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        c, s = cos[:, None].to(q.dtype), sin[:, None].to(q.dtype)
+        return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+    return apply
+
+
+def pair_rope(freqs: torch.Tensor) -> Rope:
+    """Adjacent-pair RoPE (LlamaGen, drafters) from freqs_cis rows (B or 1, S, D // 2, 2):
+    rotated in fp32 (apply_rotary_emb), then heads first."""
+    def apply(q, k):
+        return apply_rotary_emb(q, freqs).transpose(1, 2), apply_rotary_emb(k, freqs).transpose(1, 2)
+    return apply
+
+
+class Attention(nn.Module):
+    """GQA self-attention with a static cache: q/k/v projections, optional per-head q/k norm,
+    RoPE (a `Rope`), `cached_attention`, output projection.
+
+    Projection names: HF `q_proj`, `k_proj`, `v_proj`, `o_proj` (default), or with `fused`
+    LlamaGen's `wqkv` (rows q, k, v) and `wo`. qk_norm: per-head LayerNorm of q and k
+    (`q_norm`, `k_norm`) before RoPE (Chameleon). in_dim: width of the input when it differs
+    from the output's `dim` (the drafter reads concat(e, a))."""
 
     def __init__(self, dim: int, n_head: int, kv_heads: int, head_dim: int, bias: bool = False,
-                 qk_norm: bool = False):
+                 qk_norm: bool = False, *, fused: bool = False, in_dim: Optional[int] = None):
         super().__init__()
         self.n_head, self.n_kv, self.head_dim = n_head, kv_heads, head_dim
-        self.q_proj = nn.Linear(dim, n_head * head_dim, bias=bias)
-        self.k_proj = nn.Linear(dim, kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(dim, kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(n_head * head_dim, dim, bias=bias)
-        self.qk_norm = qk_norm
+        self.fused, self.qk_norm = fused, qk_norm
+        in_dim = in_dim or dim
+        q_size, kv_size = n_head * head_dim, kv_heads * head_dim
+        if fused:
+            self.wqkv = nn.Linear(in_dim, q_size + 2 * kv_size, bias=bias)
+            self.wo = nn.Linear(q_size, dim, bias=bias)
+        else:
+            self.q_proj = nn.Linear(in_dim, q_size, bias=bias)
+            self.k_proj = nn.Linear(in_dim, kv_size, bias=bias)
+            self.v_proj = nn.Linear(in_dim, kv_size, bias=bias)
+            self.o_proj = nn.Linear(q_size, dim, bias=bias)
         if qk_norm:
             self.q_norm = HeadLayerNorm(n_head, head_dim)
             self.k_norm = HeadLayerNorm(kv_heads, head_dim)
 
-    def forward(self, x, cos, sin, mask, kv=None, slots=None):
-        """x (B, S, dim); cos/sin (B, S, D) fp32; mask (B, 1, S, L) bool or None (causal)."""
+    def _project(self, x):
+        """x (B, S, in_dim) -> q (B, S, H, D), k and v (B, S, Hkv, D)."""
         B, S, _ = x.shape
-        q = self.q_proj(x).view(B, S, self.n_head, self.head_dim)
-        k = self.k_proj(x).view(B, S, self.n_kv, self.head_dim)
+        if self.fused:
+            kv_size = self.n_kv * self.head_dim
+            q, k, v = self.wqkv(x).split([self.n_head * self.head_dim, kv_size, kv_size], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return (q.view(B, S, self.n_head, self.head_dim), k.view(B, S, self.n_kv, self.head_dim),
+                v.view(B, S, self.n_kv, self.head_dim))
+
+    def qkv(self, x: torch.Tensor, rope: Rope):
+        """x (B, S, in_dim) -> q (B, H, S, D), k, v (B, Hkv, S, D): q/k normed (qk_norm) and rotated."""
+        q, k, v = self._project(x)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, S, D)
-        v = self.v_proj(x).view(B, S, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, S, D)
-        c, s = cos[:, None].to(q.dtype), sin[:, None].to(q.dtype)
-        q, k = q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
-        y = cached_attention(q, k, v, mask, kv, slots)
-        return self.o_proj(y.transpose(1, 2).reshape(B, S, -1))
+        q, k = rope(q, k)
+        return q, k, v.transpose(1, 2)
+
+    def out(self, y: torch.Tensor) -> torch.Tensor:
+        """Attention output y (B, H, S, D) -> (B, S, dim) through `o_proj` / `wo`."""
+        B, _, S, _ = y.shape
+        return (self.wo if self.fused else self.o_proj)(y.transpose(1, 2).reshape(B, S, -1))
+
+    def forward(self, x, rope: Rope, mask, kv=None, slots=None):
+        """x (B, S, in_dim); mask (B, 1, S, L) bool or None (causal); kv = (k_cache, v_cache)."""
+        return self.out(cached_attention(*self.qkv(x, rope), mask, kv, slots))
 
 
 class SwiGLU(nn.Module):
-    """down_proj(act(gate_proj(x)) * up_proj(x)) (HF `mlp.{gate,up,down}_proj`)."""
+    """down(act(gate(x)) * up(x)). `names` are the (gate, up, down) Linear attributes: HF
+    `gate_proj`, `up_proj`, `down_proj` (default), LlamaGen `w1`, `w3`, `w2`."""
 
-    def __init__(self, dim: int, hidden: int, bias: bool = False, act: str = "silu"):
+    def __init__(self, dim: int, hidden: int, bias: bool = False, act: str = "silu",
+                 names: tuple = ("gate_proj", "up_proj", "down_proj")):
         super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=bias)
-        self.up_proj = nn.Linear(dim, hidden, bias=bias)
-        self.down_proj = nn.Linear(hidden, dim, bias=bias)
+        self.names = tuple(names)
+        gate, up, down = self.names
+        setattr(self, gate, nn.Linear(dim, hidden, bias=bias))
+        setattr(self, up, nn.Linear(dim, hidden, bias=bias))
+        setattr(self, down, nn.Linear(hidden, dim, bias=bias))
         self.act = ACTIVATIONS[act]
 
     def forward(self, x):
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up, down = (getattr(self, n) for n in self.names)
+        return down(self.act(gate(x)) * up(x))
 
 
 class DecoderLayer(nn.Module):
@@ -258,11 +312,11 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.dim, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, kv=None, slots=None):
+    def forward(self, x, rope: Rope, mask, kv=None, slots=None):
         if self.swin:
-            h = x + self.input_layernorm(self.self_attn(x, cos, sin, mask, kv, slots))
+            h = x + self.input_layernorm(self.self_attn(x, rope, mask, kv, slots))
             return h + self.post_attention_layernorm(self.mlp(h))
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, slots)
+        h = x + self.self_attn(self.input_layernorm(x), rope, mask, kv, slots)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -278,12 +332,12 @@ class DecoderStack(nn.Module):
     def run(self, h, cos, sin, mask, cache, slots, tap_ids=(), last_only: bool = False):
         """The layers over h (B, S, dim); returns (h, taps): taps (B, S or 1, 3 dim) = the residual
         stream entering `tap_ids` (None when empty); last_only: taps at the last position only."""
-        tapped = []
+        rope, tapped = half_rope(cos, sin), []
         for i, layer in enumerate(self.layers):
             if i in tap_ids:
                 tapped.extend([h[:, -1:] if last_only else h] * tap_ids.count(i))
             kv = (cache.k[i], cache.v[i]) if cache is not None else None
-            h = layer(h, cos, sin, mask, kv, slots)
+            h = layer(h, rope, mask, kv, slots)
         return h, (torch.cat(tapped, dim=-1) if tap_ids else None)
 
 

@@ -24,53 +24,33 @@ import torch.nn.functional as F
 from ...config import TargetConfig, find_multiple
 from ...errors import ConfigError, InputError
 from ...models.family import family_of
-from ...models.layers import KVCache, RMSNorm, TargetOutput, cached_attention  # noqa: F401 (KVCache re-exported)
-from ...models.rope import apply_rotary_emb, precompute_freqs_cis_2d
+from ...models.layers import (  # noqa: F401 (KVCache re-exported)
+    Attention,
+    KVCache,
+    RMSNorm,
+    Rope,
+    SwiGLU,
+    TargetOutput,
+    pair_rope,
+)
+from ...models.rope import precompute_freqs_cis_2d
 
 Cond = Union[torch.Tensor, tuple]
 
 
-class FeedForward(nn.Module):
-    def __init__(self, cfg: TargetConfig):
-        super().__init__()
-        self.w1 = nn.Linear(cfg.dim, cfg.ffn_hidden, bias=False)
-        self.w3 = nn.Linear(cfg.dim, cfg.ffn_hidden, bias=False)
-        self.w2 = nn.Linear(cfg.ffn_hidden, cfg.dim, bias=False)
-
-    def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: TargetConfig):
-        super().__init__()
-        self.n_head, self.n_kv, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
-        self.wqkv = nn.Linear(cfg.dim, (cfg.n_head + 2 * cfg.kv_heads) * cfg.head_dim, bias=False)
-        self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
-
-    def forward(self, x, freqs, mask, kv: Optional[tuple] = None, slots=None):
-        """x (B, S, dim); mask (B, 1, S, L) bool or None (causal); kv = (k_cache, v_cache)."""
-        B, S, _ = x.shape
-        kv_size = self.n_kv * self.head_dim
-        q, k, v = self.wqkv(x).split([self.n_head * self.head_dim, kv_size, kv_size], dim=-1)
-        q = apply_rotary_emb(q.view(B, S, self.n_head, self.head_dim), freqs)
-        k = apply_rotary_emb(k.view(B, S, self.n_kv, self.head_dim), freqs)
-        v = v.view(B, S, self.n_kv, self.head_dim)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, S, D)
-        y = cached_attention(q, k, v, mask, kv, slots)
-        return self.wo(y.transpose(1, 2).reshape(B, S, -1))
-
-
 class TransformerBlock(nn.Module):
+    """Pre-norm block with LlamaGen's names: `attention` (fused `wqkv`, `wo`), `feed_forward`
+    (`w1`, `w3`, `w2`), `attention_norm`, `ffn_norm`."""
+
     def __init__(self, cfg: TargetConfig):
         super().__init__()
-        self.attention = Attention(cfg)
-        self.feed_forward = FeedForward(cfg)
+        self.attention = Attention(cfg.dim, cfg.n_head, cfg.kv_heads, cfg.head_dim, fused=True)
+        self.feed_forward = SwiGLU(cfg.dim, cfg.ffn_hidden, names=("w1", "w3", "w2"))
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
 
-    def forward(self, x, freqs, mask, kv=None, slots=None):
-        h = x + self.attention(self.attention_norm(x), freqs, mask, kv, slots)
+    def forward(self, x, rope: Rope, mask, kv=None, slots=None):
+        h = x + self.attention(self.attention_norm(x), rope, mask, kv, slots)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -200,12 +180,12 @@ class Transformer(nn.Module):
 
     def _run(self, h, freqs, mask, cache: Optional[KVCache], slots, taps: bool) -> TargetOutput:
         tap_ids = self.config.tap_layers if taps else ()
-        tapped = []
+        rope, tapped = pair_rope(freqs), []
         for i, layer in enumerate(self.layers):
             if i in tap_ids:
                 tapped.extend([h] * tap_ids.count(i))
             kv = (cache.k[i], cache.v[i]) if cache is not None else None
-            h = layer(h, freqs, mask, kv, slots)
+            h = layer(h, rope, mask, kv, slots)
         hidden = self.norm(h)
         logits = self.output(hidden).float()
         return TargetOutput(logits, torch.cat(tapped, dim=-1) if taps else None, hidden)
