@@ -170,6 +170,17 @@ def test_the_family_packages_are_found_without_a_static_import():
     assert not importers, importers
 
 
+def test_the_docs_floor_table_is_floors():
+    """docs/architecture.md's floor table lists exactly FLOORS (one source: this test keeps the page true)."""
+    import re
+
+    doc = (ROOT.parent / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| (.+) \|$", doc, re.M)
+    table = {name: int(floor) for floor, names in rows for name in re.findall(r"`([\w.]+)`", names)}
+    assert table == FLOORS, {k: (table.get(k), FLOORS.get(k)) for k in set(table) | set(FLOORS)
+                             if table.get(k) != FLOORS.get(k)}
+
+
 if __name__ == "__main__":
     e = import_edges(modules())
     problems = upward_imports(e) + [" <-> ".join(c) for c in cycles(e)]

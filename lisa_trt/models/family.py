@@ -140,13 +140,35 @@ class ModelFamily:
     train_data: tuple = ("self", "tokens", "images")  # the `lisa-trt train --data` sources it supports
     train_defaults: dict = {}  # TrainConfig / DataConfig values of its self-distillation runs
     default_captions: tuple = ()  # prompted families: self-distillation / calibration captions when none given
-    # the module that registers the family's ExportFamily (export/families.py imports it on first use):
-    # by convention the package's `export` sub-module, which sits at the export floor
-    # (tests/test_architecture.py); None: the family cannot be exported
-    export_module: Optional[str] = None
-    # the module with the family's memory-plan shapes (deploy/model_shapes.py imports it on first use):
-    # by convention the package's `shapes` sub-module, at the engines floor; None: cannot be planned
-    shapes_module: Optional[str] = None
+
+    # -- plug-ins, found by name in the family's own package (its one registration is _BUILTIN)
+
+    @property
+    def export_module(self) -> Optional[str]:
+        """`<package>.export`, the module registering the family's ExportFamily (export/families.py
+        imports it on first use); None when the package has none (the family cannot be exported)."""
+        return self._plugin("export")
+
+    @property
+    def shapes_module(self) -> Optional[str]:
+        """`<package>.shapes`, the family's memory-plan shapes (deploy/model_shapes.py imports it on
+        first use); None when the package has none (its models cannot be planned)."""
+        return self._plugin("shapes")
+
+    def _plugin(self, name: str) -> Optional[str]:
+        import importlib.util
+        import sys
+
+        mod = sys.modules.get(type(self).__module__)
+        if mod is None:
+            return None
+        pkg = mod.__name__ if hasattr(mod, "__path__") else mod.__name__.rpartition(".")[0]
+        if not pkg:
+            return None
+        try:
+            return f"{pkg}.{name}" if importlib.util.find_spec(f"{pkg}.{name}") is not None else None
+        except (ImportError, ValueError):
+            return None
 
     def describe_checkpoint(self) -> str:
         """What a checkpoint of this family looks like (for errors naming the fix)."""

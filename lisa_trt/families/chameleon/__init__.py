@@ -17,8 +17,6 @@ class ChameleonFamily(ModelFamily):
 
     name = "chameleon"
     model_types = ("chameleon",)
-    export_module = __package__ + ".export"  # the export plugin (export floor; export/families.py)
-    shapes_module = __package__ + ".shapes"  # memory-plan shapes (engines floor; deploy/model_shapes.py)
     default_image_size = 512  # Lumina-mGPT's 512 checkpoints (768 / 1024 models: pass the size)
     prompted = True  # Lumina-mGPT text prompts (the CLI's --prompt / captions files)
     default_sampling = {"cfg_scale": 3.0, "temperature": 1.0, "top_k": 2000}  # Lumina-mGPT's defaults

@@ -15,8 +15,6 @@ class JanusFamily(ModelFamily):
 
     name = "janus"
     model_types = (MODEL_TYPE,)
-    export_module = __package__ + ".export"  # JanusGraphs (export floor; export/families.py)
-    shapes_module = __package__ + ".shapes"  # memory-plan shapes (engines floor; deploy/model_shapes.py)
     prompted = True  # text prompts through JanusPrompter (the CLI's --prompt / captions files)
     default_sampling = {"cfg_scale": 5.0}  # transformers' / Janus-Pro's image-generation guidance
     train_data = ("self",)  # self-distillation from prompt requests

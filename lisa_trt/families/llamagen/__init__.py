@@ -13,8 +13,6 @@ class LlamaGenFamily(ModelFamily):
 
     name = "llamagen"
     model_types = ("c2i", "t2i")
-    export_module = __package__ + ".export"  # the export plugin (export floor; export/families.py)
-    shapes_module = __package__ + ".shapes"  # memory-plan shapes (engines floor; deploy/model_shapes.py)
 
     def check_cond(self, cfg, cond) -> int:
         if cfg.model_type == "c2i":
