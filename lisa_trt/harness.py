@@ -4,7 +4,7 @@ Speed-up = vanilla seconds per image / method seconds per image, measured in the
 (docs/spec/speculative.md metric conventions: batch 1, same batched CFG, VQ decode excluded).
 Quality comes from the demo scorer when the model has one: with a `QualityReference`
 (lisa_trt.quality) class accuracy +- SE, KID-demo vs real crops and vs vanilla samples +- SE,
-FD-demo; otherwise the legacy (class accuracy, FD-demo) pair.
+FD-demo; with fewer than 32 images, the scorer's (class accuracy, FD-demo) pair alone.
 
 `--sweep` grids (`parse_sweep`): "gasv:kappa=0.5,1,2;lambda=0.6,0.3" runs gasv at every
 combination, each a labelled point (`gasv[kappa=0.5,lambda=0.6]`); the Pareto plot draws MAL
@@ -101,7 +101,8 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
     Args:
         methods: rule names or Methods (each run with `spec`), looked up once here.
         runs: extra labelled points [(label, rule, {SpecConfig field: value})] (`parse_sweep`).
-        scorer_fn: optional legacy (images, labels) -> (class_acc, fd_demo).
+        scorer_fn: optional (images, labels) -> (class_acc, fd_demo): the artifact set's scorer alone,
+            for benches too small for a quality reference (fewer than 32 images).
         decode_fn: optional tokens -> images for the scorer / quality harness.
         quality: optional lisa_trt.quality.QualityReference (needs decode_fn): the full harness.
         requests: a prompted family's Requests, one per image (models/family.py; `classes` unused):
@@ -213,7 +214,7 @@ def _add_speedups(results: dict, baseline: str) -> None:
 
 def _add_quality(results: dict, tokens: dict, baseline: str, cls, *, decode_fn, scorer_fn, quality) -> None:
     """Scores of each point's decoded images against their class labels: the quality harness when
-    given (with "quality_neutral" against the baseline), else the legacy scorer; nothing without decode_fn."""
+    given (with "quality_neutral" against the baseline), else the scorer alone; nothing without decode_fn."""
     if decode_fn is None:
         return
     from .quality import evaluate, quality_neutral

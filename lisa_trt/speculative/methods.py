@@ -78,7 +78,7 @@ class GASVRuleConfig:
         return {k: v for k, v in pairs if v is not None}
 
 
-# flat (CLI / legacy keyword) name -> (sub-config, field)
+# flat (CLI / keyword) name -> (sub-config, field)
 FLAT_FIELDS = {"top_k": ("tree", "top_k"), "depth": ("tree", "depth"), "total_tokens": ("tree", "total_tokens"),
                "lantern_k": ("lantern", "k"), "lantern_delta": ("lantern", "delta"),
                "lantern_residual": ("lantern", "residual"), "lantern_gamma": ("lantern", "gamma"),
