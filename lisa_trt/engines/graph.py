@@ -437,13 +437,15 @@ def open_graphs(man, backend: str, **options):
 
 
 def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str] = None,
-                 drafter_hash: Optional[str] = None, tables_hash: Optional[str] = None, **options) -> Engines:
+                 drafter_hash: Optional[str] = None, tables_hash: Optional[str] = None, manifest=None,
+                 **options) -> Engines:
     """Open every graph of an engine directory with one backend.
 
     Args:
         engine_dir: directory written by `export_bundle` (and `lisa-trt build` for "trt").
         backend: a name from engines.base.backend_names() ("ort", "trt", "torch", registered ones).
         target_hash / drafter_hash / tables_hash: refuse engines made for other artifacts.
+        manifest: the directory's checked Manifest when the caller has read it (read once per open).
         **options: backend options (ORT: providers, threads, spin; TensorRT: device,
             kv_binding, share_memory).
     Returns:
@@ -455,9 +457,13 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
         ConfigError (unknown backend), ArtifactMismatchError / CheckpointError (read_manifest),
         the backend's own errors when it cannot run here (e.g. TensorRTUnavailableError).
     """
-    from ..export.manifest import read_manifest
+    from ..export.manifest import check_manifest, read_manifest
 
-    man = read_manifest(engine_dir, target_hash=target_hash, drafter_hash=drafter_hash, tables_hash=tables_hash)
+    if manifest is None:
+        man = read_manifest(engine_dir, target_hash=target_hash, drafter_hash=drafter_hash, tables_hash=tables_hash)
+    else:
+        man = manifest
+        check_manifest(man, target_hash=target_hash, drafter_hash=drafter_hash, tables_hash=tables_hash)
     own = man.export_family.engines_module  # a family with its own engine classes over the same runners
     if own is not None:
         return importlib.import_module(own).open_engines(man, backend, **options)

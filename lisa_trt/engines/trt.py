@@ -181,14 +181,14 @@ class TrtRunner(GraphRunner):
     """
 
     def __init__(self, engine_dir, spec: GraphSpec, dims: dict, precision: str, device, *,
-                 share_memory: bool = True, kv_binding: str = DEFAULT_KV_BINDING):
+                 share_memory: bool = True, kv_binding: str = DEFAULT_KV_BINDING, record: Optional[dict] = None):
         trt = require_tensorrt_gpu()
         if kv_binding not in KV_BINDINGS:
             raise InputError(f"kv_binding must be one of {KV_BINDINGS}, got {kv_binding!r}")
         super().__init__(spec, dims, precision, device)
         graph = spec.graph
         self.trt, self.graph, self.kv_binding = trt, graph, kv_binding
-        plan, rec = load_plan(engine_dir, graph)
+        plan, rec = load_plan(engine_dir, graph, record=record)
         self.profiles = [ProfileSpec.from_dict(p) for p in rec["profiles"]]
         self.alignment = ALIGNMENT if self.device.type == "cuda" else 1  # CPU: only the tests' fake engine
         with _on(self.device):
@@ -314,9 +314,7 @@ class TrtBackend(Backend):
     def target_graphs(self) -> tuple:
         """Both target engines when `lisa-trt build` made a target_prefill engine (builds before
         one target engine, or asked for with --graphs), else the verify engine alone."""
-        from .trt_plans import engines_record
-
-        rec = engines_record(self.manifest.dir) or {}
+        rec = self.manifest.engines
         if Graph.TARGET_PREFILL.value in rec.get("graphs", {}):
             return (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY)
         return super().target_graphs()
@@ -336,9 +334,7 @@ class TrtBackend(Backend):
 
     def can_open(self, graph) -> bool:
         """Exported AND built (an optional graph added after `lisa-trt build` waits for a rebuild)."""
-        from .trt_plans import engines_record
-
-        rec = engines_record(self.manifest.dir) or {}
+        rec = self.manifest.engines
         return super().can_open(graph) and graph.value in rec.get("graphs", {})
 
     def open(self, graph, spec, dims):
@@ -346,7 +342,8 @@ class TrtBackend(Backend):
             from .plugins import trt_plugin as tp
 
             tp.register()  # JIT plugins need the registration at run time; AOT ones do not mind
-        return TrtRunner(Path(self.manifest.dir), spec, dims, self.manifest.precision, self._device, **self.options)
+        return TrtRunner(Path(self.manifest.dir), spec, dims, self.manifest.precision, self._device,
+                         record=self.manifest.engines, **self.options)
 
 
 register_backend("trt", TrtBackend)

@@ -98,8 +98,11 @@ def engines_record(engine_dir) -> Optional[dict]:
     return _raw_manifest(engine_dir).get(ENGINES_KEY)
 
 
-def engines_built(engine_dir) -> bool:
-    """True when `lisa-trt build` recorded engines for this directory (for `--backend auto`)."""
+def engines_built(engine_dir, manifest=None) -> bool:
+    """True when `lisa-trt build` recorded engines for this directory (for `--backend auto`); from its
+    Manifest when the caller has read it."""
+    if manifest is not None:
+        return bool(manifest.engines.get("graphs"))
     try:
         rec = engines_record(engine_dir)
     except LisaError:
@@ -117,7 +120,7 @@ def write_engines_record(engine_dir, record: dict) -> None:
     write_json(Path(engine_dir) / MANIFEST_NAME, d)
 
 
-def load_plan(engine_dir, graph: Graph, *, check_env: bool = True) -> tuple:
+def load_plan(engine_dir, graph: Graph, *, check_env: bool = True, record: Optional[dict] = None) -> tuple:
     """Read a plan file after checking it against the manifest (never deserialize unchecked plans).
 
     Checks: an engines record exists; the plan's sha256 is the recorded one; the ONNX file it
@@ -125,12 +128,13 @@ def load_plan(engine_dir, graph: Graph, *, check_env: bool = True) -> tuple:
     recorded ones (a plan is tied to both).
     Returns:
         (plan bytes, the graph's record dict).
+    record: the manifest's engines record when the caller has read it (else read here).
     Raises:
         CheckpointError: no engines / no plan for the graph.
         ArtifactMismatchError: hash, TensorRT version or GPU mismatch.
     """
     engine_dir = Path(engine_dir)
-    rec = engines_record(engine_dir)
+    rec = record if record is not None else engines_record(engine_dir)
     if not rec or graph.value not in rec.get("graphs", {}):
         raise CheckpointError(f"{engine_dir} has no TensorRT engine for {graph.value}; build them with "
                               f"`lisa-trt build {engine_dir}` (needs TensorRT and a GPU), or {ORT_HINT}")

@@ -113,6 +113,7 @@ class Manifest:
     layout: dict = field(default_factory=dict)  # the family's static sequence layout (e.g. image size, prompt)
     weights: dict = field(default_factory=dict)  # the graphs' shared weights file (export/weights.py); {} before it
     export: dict = field(default_factory=dict)  # how the export went: peak_rss_bytes, ... (export/memory.py); {} before it
+    engines: dict = field(default_factory=dict)  # `lisa-trt build`'s TensorRT record (engines/trt_plans.py); {} before
     dir: Optional[Path] = None  # where it was read from (not serialised)
 
     def __post_init__(self):
@@ -193,6 +194,8 @@ class Manifest:
         d = dataclasses.asdict(self)
         d.pop("dir")
         d["graphs"] = {k: dataclasses.asdict(v) for k, v in self.graphs.items()}
+        if not d["engines"]:
+            d.pop("engines")  # written by `lisa-trt build` only
         return d
 
     @classmethod

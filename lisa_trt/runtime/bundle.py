@@ -32,15 +32,16 @@ class Bundle:
     manifest: object = None
 
 
-def resolve_backend(engine_dir: Path, backend: str) -> str:
-    """auto -> trt when engines are built and TensorRT + a GPU are usable, else ort."""
+def resolve_backend(engine_dir: Path, backend: str, manifest=None) -> str:
+    """auto -> trt when engines are built and TensorRT + a GPU are usable, else ort (`manifest`: the
+    directory's, when the caller has read it)."""
     if backend != "auto":
         return backend
     try:
         from ..engines.trt_plans import engines_built
         from ..engines.plugins.trt_plugin import tensorrt_available
 
-        if engines_built(engine_dir) and tensorrt_available():
+        if engines_built(engine_dir, manifest) and tensorrt_available():
             import torch
 
             if torch.cuda.is_available():
@@ -75,7 +76,7 @@ def open_bundle(engine_dir: Path, backend: str = "auto", *, threads: Optional[in
     from ..export.manifest import read_manifest
 
     man = read_manifest(engine_dir)
-    backend = resolve_backend(engine_dir, backend)
+    backend = resolve_backend(engine_dir, backend, man)
     gen = dict(man.generation or {})
     names = gen.get("class_names")
     tables = _tables(man, engine_dir)
@@ -88,7 +89,7 @@ def open_bundle(engine_dir: Path, backend: str = "auto", *, threads: Optional[in
         opts = dict(threads=threads) if backend == "ort" and threads else {}
         if backend == "torch":
             opts = dict(compile=compile, device=device or "cpu")
-        e = load_engines(engine_dir, backend, **opts)
+        e = load_engines(engine_dir, backend, manifest=man, **opts)
         return Bundle(target=e.target, drafter=e.drafter, gasv=e.gasv, tables=tables, vq=e.vq,
                         class_names=names, generation=gen, backend=backend, manifest=man)
     return _torch_engines(man, engine_dir, tables, names, gen)
