@@ -78,7 +78,7 @@ def parse_prompts(path, *, model_type: str = "c2i", num_classes: int = 1000,
     fam = family_of(model_type)
     classes = fam.class_conditioned(model_type)
     jsonl = p.suffix in (".jsonl", ".json") or any(ln.lstrip().startswith("{") for ln in lines)
-    if not jsonl and (fam.prompted or model_type == "t2i"):
+    if not jsonl and not classes:  # text conditions (captions, token-prompt families): one per line
         return _caption_file(p, lines, prompted=fam.prompted)
     parse_line = _line_parser(p, jsonl, _Classes(num_classes, class_names) if classes else None)
     prompts, errors = [], []
