@@ -5,8 +5,11 @@ ONNX parser and runtime surface that Polygraphy's `NetworkFromOnnxPath` / `Creat
 `EngineFromNetwork` / `SaveEngine` and `lisa_trt.engines.trt.TrtRunner` call. It enforces what
 TensorRT enforces, each behaviour citing its source:
 
-- parser: a node outside the standard ONNX domain is a plugin, found by EXACT (name, version,
-  namespace) from its attributes (onnx-tensorrt FallbackPluginImporter; trt_core.import_plugin_node);
+- parser: every node, standard ONNX domain included, first passes the parser's static checks
+  (onnx-tensorrt onnxOpCheckers.cpp, transcribed in lisa_trt/engines/parser_checks.py: e.g.
+  "Setting softmax precision is not supported in TensorRT Attention."); a failed check is a
+  parser error and parse_from_file returns False. A node outside the standard ONNX domain is a
+  plugin, found by EXACT (name, version, namespace) from its attributes (onnx-tensorrt FallbackPluginImporter; trt_core.import_plugin_node);
   "Plugin not found" otherwise. With NVIDIA's tensorrt.plugin loaded over the core (trt_core),
   the creator is the vendor's and the build runs its build-phase methods (build_plugin_layer).
 - builder: every dynamic network input needs min <= opt <= max shapes of its rank in EVERY
@@ -40,6 +43,8 @@ import numpy as np
 
 import trt_core
 from trt_core import DataType
+
+from lisa_trt.engines import parser_checks
 
 ONNX_TO_TRT = {1: DataType.FLOAT, 10: DataType.HALF, 16: DataType.BF16, 6: DataType.INT32, 7: DataType.INT64,
                9: DataType.BOOL, 3: DataType.INT8, 2: DataType.UINT8}
@@ -177,6 +182,7 @@ class OnnxParser:
             dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
             syms = [d.dim_param if not d.HasField("dim_value") else None for d in tt.shape.dim]
             dest.append(_Tensor(vi.name, ONNX_TO_TRT[tt.elem_type], dims, syms))
+        self.errors += parser_checks.model_errors(model)  # every node, standard domain included
         core = self.core
         for node in g.node:
             if node.domain in ("", "ai.onnx"):
