@@ -56,24 +56,24 @@ SCRATCH = {np.float32: np.nan, np.float16: np.nan, np.int64: -7, np.int32: -7, n
 class NetworkDefinitionCreationFlag(enum.IntEnum):  # NvInfer.h (10.x: kEXPLICIT_BATCH deprecated, kSTRONGLY_TYPED)
     EXPLICIT_BATCH = 0
     STRONGLY_TYPED = 1
-    PREFER_AOT_PYTHON_PLUGINS = 2
-    PREFER_JIT_PYTHON_PLUGINS = 3
+    PREFER_JIT_PYTHON_PLUGINS = 2  # kPREFER_JIT_PYTHON_PLUGINS = 2
+    PREFER_AOT_PYTHON_PLUGINS = 3  # kPREFER_AOT_PYTHON_PLUGINS = 3
 
 
-class BuilderFlag(enum.IntEnum):  # NvInfer.h BuilderFlag (subset); TF32 is ON by default (IBuilderConfig)
+class BuilderFlag(enum.IntEnum):  # NvInfer.h BuilderFlag (subset, 10.x values); TF32 is ON by default
     FP16 = 0
     INT8 = 1
     DEBUG = 2
     GPU_FALLBACK = 3
-    REFIT = 5
-    DISABLE_TIMING_CACHE = 6
-    TF32 = 7
-    SPARSE_WEIGHTS = 8
-    OBEY_PRECISION_CONSTRAINTS = 10
-    PREFER_PRECISION_CONSTRAINTS = 11
-    DIRECT_IO = 12
+    REFIT = 4
+    DISABLE_TIMING_CACHE = 5
+    TF32 = 6
+    SPARSE_WEIGHTS = 7
+    OBEY_PRECISION_CONSTRAINTS = 9
+    PREFER_PRECISION_CONSTRAINTS = 10
+    DIRECT_IO = 11
+    FP8 = 15
     BF16 = 17
-    FP8 = 18
     STRIP_PLAN = 19
     REFIT_IDENTICAL = 20
     WEIGHT_STREAMING = 21
@@ -583,8 +583,8 @@ def make_fake_trt(version: str = "10.14.1.48.post1", *, poison_outputs: bool = T
     core.plan_aliases = lambda network: {}  # ScatterElements caches: TensorRT reports no alias
     flags = NetworkDefinitionCreationFlag
     if core.version_tuple >= (11, 0):  # TensorRT 11: strongly typed only, the flag is gone
-        flags = enum.IntEnum("NetworkDefinitionCreationFlag", {"PREFER_AOT_PYTHON_PLUGINS": 2,
-                                                               "PREFER_JIT_PYTHON_PLUGINS": 3})
+        flags = enum.IntEnum("NetworkDefinitionCreationFlag", {"PREFER_JIT_PYTHON_PLUGINS": 2,
+                                                               "PREFER_AOT_PYTHON_PLUGINS": 3})
     core.NetworkDefinitionCreationFlag = flags
     for cls in (BuilderFlag, MemoryPoolType, TensorIOMode, OnnxParserFlag, ProfilingVerbosity):
         setattr(core, cls.__name__, cls)
