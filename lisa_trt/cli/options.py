@@ -262,11 +262,25 @@ def threads_option(help: str, **kw):
     return click.option("--threads", "threads", default=None, help=help, **kw)
 
 
+def _gpu(ctx, param, value):
+    """--gpu's value as a GPUS key (any case); a BadParameter naming --memory-gib otherwise."""
+    from ..deploy.memory_plan import gpu_name
+    from ..errors import InputError
+
+    if value is None:
+        return None
+    try:
+        return gpu_name(value)
+    except InputError as e:
+        raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+
+
 def device_options(what: str):
     """--gpu / --memory-gib: the device a memory plan is checked against (deploy/memory_plan.py)."""
     from ..deploy.memory_plan import GPUS
 
-    return compose(click.option("--gpu", type=click.Choice(list(GPUS)), default=None, help=what),
+    return compose(click.option("--gpu", metavar="[" + "|".join(GPUS) + "]", default=None, callback=_gpu,
+                                help=what + " Any case."),
                    click.option("--memory-gib", type=float, default=None,
                                 help="Device memory in GiB (instead of --gpu)."))
 

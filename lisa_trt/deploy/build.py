@@ -4,6 +4,8 @@
          │                        S = 1..max_tree in two buckets, batch 1..2*max_batch for CFG)
          ├─▶ check_trt_compat(dir)      (CPU: ops, dtypes, io spec, profiles)
          ├─▶ gasv.trt.onnx              (plugins/graph_rewrite: lisa::gasv2 plugin node)
+         ├─▶ <graph>.trt.onnx           (fp16: the export without Attention softmax_precision,
+         │                               which the parser refuses; engines/parser_checks.py)
          └─▶ per graph: network_from_onnx_path(strongly_typed=True) ─▶ CreateConfig(profiles,
              timing cache, refit, workspace) ─▶ engine_from_network ─▶ save_engine(<graph>.plan)
     manifest.json["engines"] = {TensorRT version, GPU, profiles, plan sha256 ...}  (atomic)
@@ -28,7 +30,8 @@ from typing import Optional
 from ..errors import InputError, LisaError
 from ..models.io_spec import Graph
 from ..engines.plugins.trt_plugin import TensorRTUnavailableError
-from ..engines.profiles import SEQ_SPLIT, ProfileSpec, profiles_from_io_spec, trt_graph_model, trt_onnx_path  # noqa: F401
+from ..engines.profiles import (SEQ_SPLIT, ProfileSpec, profiles_from_io_spec, trt_graph_model,  # noqa: F401
+                               trt_onnx_path, write_trt_copies)
 from ..engines.trt_plans import (
     ENGINES_FORMAT,
     ENGINES_KEY,
@@ -149,6 +152,8 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
         tables = tables_from_bundle(man)  # the bundle's tables.safetensors (None: recover from gasv.onnx)
     if not dry_run and Graph.GASV.value in names:  # gasv.trt.onnx: what the check and the build read
         write_trt_variant(man.graph_path(Graph.GASV), tables=tables)
+    if not dry_run:  # <graph>.trt.onnx: fp16 graphs without the softmax_precision TensorRT refuses
+        write_trt_copies(man, names)
     if check:
         check_trt_compat(engine_dir, profiles=profiles, max_batch=max_batch, graphs=names, tables=tables)
     plan = {n: {"onnx": trt_onnx_path(man, Graph(n)).name, "plan": f"{n}{PLAN_SUFFIX}",

@@ -60,6 +60,7 @@ WORKSPACE_BYTES = 1 * GIB  # planned builder workspace (pass `lisa-trt build --w
 MAX_BATCH_SEARCH = 4096  # largest batch the search tries
 MAX_TREE_SEARCH = 1024  # largest tree the search tries (TensorRT-Edge-LLM verifies <= 128 draft tokens)
 DEFAULT_GPU = "rtx4090"  # the project's target GPU
+MARGIN = 0.9  # a plan that fits above this share of the usable memory warns
 
 
 class PlanError(InputError):
@@ -97,6 +98,15 @@ GPUS = {g.name: g for g in (
 )}
 
 
+def gpu_name(gpu: str) -> str:
+    """The GPUS key of a GPU name in any case; InputError naming --memory-gib for an unknown one."""
+    key = str(gpu).lower()
+    if key not in GPUS:
+        raise InputError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}. For another device give its memory "
+                         "instead: --memory-gib N (e.g. --memory-gib 32)")
+    return key
+
+
 def resolve_gpu(gpu: Optional[str] = None, memory_gib: Optional[float] = None) -> GPU:
     """A named GPU, or a device of `memory_gib` GiB (not both; neither: DEFAULT_GPU)."""
     if gpu is not None and memory_gib is not None:
@@ -104,9 +114,7 @@ def resolve_gpu(gpu: Optional[str] = None, memory_gib: Optional[float] = None) -
     if gpu is None and memory_gib is None:
         gpu = DEFAULT_GPU
     if gpu is not None:
-        if gpu not in GPUS:
-            raise InputError(f"unknown GPU {gpu!r}; valid: {', '.join(GPUS)} (or --memory-gib N for another device)")
-        return GPUS[gpu]
+        return GPUS[gpu_name(gpu)]
     if not memory_gib > 0:
         raise InputError(f"--memory-gib must be a positive number of GiB, got {memory_gib}")
     return GPU(f"{memory_gib:g}GiB", f"a device with {memory_gib:g} GiB", int(memory_gib * GIB))
@@ -195,6 +203,17 @@ class Plan:
     notes: list = field(default_factory=list)
 
     @property
+    def margin_warning(self) -> str:
+        """For a plan that fits above MARGIN of the usable memory: how little is left ("" otherwise)."""
+        need = max(self.total, self.build_peak)
+        if not self.fits or need <= MARGIN * self.usable:
+            return ""
+        return (f"the plan uses {100 * need / self.usable:.0f} % of {self.gpu_label}'s usable memory "
+                f"({(self.usable - need) / GIB:.2f} GiB left): the estimate's error, fragmentation or another "
+                "process on the GPU can make the run fail; a smaller --batch / --tree or a lower --precision "
+                "leaves room")
+
+    @property
     def reason(self) -> str:
         if self.fits:
             return ""
@@ -207,6 +226,7 @@ class Plan:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["reason"] = self.reason
+        d["margin_warning"] = self.margin_warning
         d["total_gib"] = round(self.total / GIB, 3)
         d["build_peak_gib"] = round(self.build_peak / GIB, 3)
         d["usable_gib"] = round(self.usable / GIB, 3)
@@ -237,18 +257,25 @@ class Plan:
                          f"largest tree {self._found('tree')} (batch {self.batch})")
         else:
             lines.append(f"fits: {'yes' if self.fits else 'NO'}")
+        if self.margin_warning:
+            lines.append(f"warning: {self.margin_warning}")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
 def _advice(p: Plan) -> str:
-    low = f"--precision {p.fitting_precisions[0]} fits" if p.fitting_precisions else "no lower precision fits"
+    """What fits instead, offering only what the searches found; a larger device when nothing does."""
+    ways = []
     if p.max_batch:
-        tree = f", --tree {p.max_tree} or less" if p.max_tree else ""
-        return f"Use --batch {p.max_batch} or less{tree}, or a lower precision ({low})."
+        ways.append(f"--batch {p.max_batch}" + (" or less" if p.max_batch > 1 else "") + f" (at tree {p.tree})")
     if p.max_tree:
-        return f"Use --tree {p.max_tree} or less, or a lower precision ({low})."
-    return (f"No batch fits at tree {p.tree} and no tree at batch {p.batch}: {low}; otherwise use a larger GPU.")
+        ways.append(f"--tree {p.max_tree}" + (" or less" if p.max_tree > 1 else "") + f" (at batch {p.batch})")
+    if p.fitting_precisions:
+        ways.append(f"a lower precision (--precision {p.fitting_precisions[0]} fits)")
+    if ways:
+        return "Use " + (", ".join(ways[:-1]) + " or " if len(ways) > 1 else "") + ways[-1] + "."
+    return (f"Nothing smaller fits either: no batch at tree {p.tree}, no tree at batch {p.batch}, no lower "
+            "precision. Use a device with more memory (--gpu NAME, or --memory-gib N to plan for it).")
 
 
 def _parts(s: ModelShape, prec: Precision, batch: int, tree: int, cfg: bool, prompt: int, copies: int) -> tuple:
@@ -428,7 +455,7 @@ def device_memory_gib() -> Optional[float]:
         return None
 
 
-__all__ = ["CONTEXT_BYTES", "DEFAULT_GPU", "GPUS", "PRECISIONS", "WORKSPACE_BYTES", "GPU", "ModelShape",
+__all__ = ["CONTEXT_BYTES", "DEFAULT_GPU", "GPUS", "MARGIN", "gpu_name", "PRECISIONS", "WORKSPACE_BYTES", "GPU", "ModelShape",
            "Plan", "PlanError", "Precision", "Weights", "check_plan", "device_memory_gib", "drafter_weights",
            "known_names", "known_shape", "largest", "make_plan", "preflight", "resolve_gpu", "resolve_model",
            "resolve_precision", "run_uses_cfg", "table_bytes"]

@@ -177,8 +177,14 @@ def __getattr__(name):  # KNOWN / DEFAULT_SIZE: computed from the plugins on fir
     raise AttributeError(name)
 
 
+def canonical_name(name: str) -> str:
+    """The known name equal to `name` ignoring case (`name` itself when none is)."""
+    return {n.lower(): n for n in known_names()}.get(str(name).lower(), str(name))
+
+
 def known_shape(name: str, image_size: Optional[int] = None, prompt_len: Optional[int] = None) -> ModelShape:
-    """The shape of a known name (known_names(): each family's KNOWN)."""
+    """The shape of a known name (known_names(): each family's KNOWN), matched in any case."""
+    name = canonical_name(name)
     for _, mod in _plugins():
         if name in mod.KNOWN:
             return mod.known_shape(name, image_size, prompt_len)
@@ -208,7 +214,7 @@ def resolve_model(model, image_size: Optional[int] = None, prompt_len: Optional[
         return model
     name = str(model)
     known = known_names()
-    if name in known or not Path(name).exists():
+    if canonical_name(name) in known or not Path(name).exists():
         if not Path(name).exists() and (Path(name).suffix or "/" in name):
             raise InputError(f"{name} not found: give an existing checkpoint or engine directory, or a known name "
                              f"({', '.join(known)})")
@@ -233,5 +239,5 @@ def resolve_model(model, image_size: Optional[int] = None, prompt_len: Optional[
 
 
 __all__ = ["DEFAULT_PROMPT", "VQ16_DECODE_PARAMS", "ModelShape", "Weights", "default_sizes", "engine_fields",
-           "known_names", "known_shape", "lin", "llama_layer", "repeat", "resolve_model", "safetensors_metadata",
+           "canonical_name", "known_names", "known_shape", "lin", "llama_layer", "repeat", "resolve_model", "safetensors_metadata",
            "target_copies"]

@@ -8,7 +8,11 @@ TensorRT variant: gasv.trt.onnx with the `lisa::gasv2` plugin):
      or a lisa plugin node carrying the attributes the parser needs;
   2. every tensor's element type is one TensorRT supports (no DOUBLE, INT16, UINT32 ...;
      UINT8 only at the network boundary) and each op's data input has a type that op takes;
-  3. graph inputs/outputs are the io-spec ones (names, order, dtype, static dims, and
+  3. every node passes the static checks TensorRT's parser runs before it imports anything
+     (onnx-tensorrt onnxOpCheckers.cpp, transcribed in engines/parser_checks.py: Attention
+     without softmax_precision and with softcap == 0, Cast to a TensorRT type, Resize modes,
+     Slice arity ...): each failed check is a violation;
+  4. graph inputs/outputs are the io-spec ones (names, order, dtype, static dims, and
      symbolic dynamic axes), and the optimisation profiles fit them (build.profiles_from_io_spec).
 
 `check_trt_compat(engine_dir)` returns a CompatReport and raises TrtCompatError when any graph
@@ -24,6 +28,11 @@ Sources of the support table (reference, read on 2026-11-30):
     IKVCacheUpdateLayer), RotaryEmbedding, ScatterND ("ScatterND with reduction is not
     supported"), ScatterElements with a reduction (imported as the standard-plugin
     ScatterElements v2, so it needs libnvinfer_plugin).
+  - onnx/onnx-tensorrt onnxOpCheckers.cpp at commit dd0a3a9f8794ae4f0316ed07ea68cda9b944bb3c
+    (the 10.15-era tree; its Attention checker came with the 10.14 GA release, PR #1043):
+    `DEFINE_OP_CHECKER(Attention)` rejects softcap != 0 ("Setting softcap is not supported in
+    TensorRT Attention.") and any softmax_precision ("Setting softmax precision is not supported
+    in TensorRT Attention."); the other checkers are listed in engines/parser_checks.py.
   - onnx/onnx-tensorrt PR #1043 "10.14-GA Release: Added support for the Attention operator";
     PR #1046 (maintainer: "RMSNorm support will be available in the 10.15 release").
   - shared/spec/deploy.md (IAttention 10.14, IKVCacheUpdateLayer 10.15, IRotaryEmbedding
@@ -40,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from ..engines.parser_checks import TRT_DTYPES, node_errors, standard_opset
 from ..errors import LisaError
 
 TRT_MIN_VERSION = (10, 14)  # default target: ONNX Attention (IAttention) needs the 10.14 parser
@@ -48,9 +58,8 @@ TRT_RANGE = "10.14 .. 11.x"
 # ----------------------------------------------------------------------------- dtypes
 
 # ONNX TensorProto element types TensorRT 10/11 represent (docs/operators.md: DOUBLE is only cast
-# down, so it is refused here; FLOAT8E4M3FN, INT4 and FLOAT4E2M1 are quantized types).
-TRT_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16", 6: "int32", 7: "int64", 3: "int8",
-              2: "uint8", 9: "bool", 17: "float8e4m3fn", 22: "int4", 23: "float4e2m1"}
+# down, so it is refused here; FLOAT8E4M3FN, INT4 and FLOAT4E2M1 are quantized types): TRT_DTYPES,
+# the types the parser's convertDtype maps (engines/parser_checks.py).
 BOUNDARY_ONLY = {2}  # UINT8: "only supported as network input or output tensor types"
 ONNX_DTYPE_NAMES = {0: "undefined", 1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32",
                     7: "int64", 8: "string", 9: "bool", 10: "float16", 11: "double", 12: "uint32",
@@ -128,10 +137,7 @@ def _check_attention(node, ctx):
     if len(node.input) > 4 and any(node.input[4:6]):
         bad.append("Attention: past_key / past_value inputs are not supported by TensorRT (scatter into a "
                    "static cache and pass it as key/value instead)")
-    warn = []
-    if float(_attr(node, "softcap", 0.0) or 0.0) != 0.0:
-        warn.append("Attention softcap != 0: not confirmed in TensorRT's importer")
-    return bad, warn
+    return bad, []
 
 
 def _check_tensor_scatter(node, ctx):
@@ -157,36 +163,6 @@ def _check_topk(node, ctx):
     elif int(k.reshape(-1)[0]) >= 3840:
         bad.append(f"TopK: K = {int(k.reshape(-1)[0])} must be less than 3840")
     return bad, warn
-
-
-def _check_resize(node, ctx):
-    bad = []
-    mode = _attr(node, "mode", "nearest")
-    ctm = _attr(node, "coordinate_transformation_mode", "half_pixel")
-    if mode not in ("nearest", "linear", "cubic"):
-        bad.append(f"Resize mode {mode!r} is not supported (nearest, linear)")
-    if ctm not in ("half_pixel", "pytorch_half_pixel", "tf_half_pixel_for_nn", "asymmetric", "align_corners"):
-        bad.append(f"Resize coordinate_transformation_mode {ctm!r} is not supported")
-    if int(_attr(node, "antialias", 0)):
-        bad.append("Resize antialiasing is not supported")
-    if _attr(node, "keep_aspect_ratio_policy", "stretch") != "stretch":
-        bad.append("Resize keep_aspect_ratio_policy must be 'stretch'")
-    return bad, []
-
-
-def _check_single_output(op: str, what: str):
-    def check(node, ctx):
-        if len([o for o in node.output if o]) > 1:
-            return [f"{op}: {what}"], []
-        return [], []
-    return check
-
-
-def _check_cast(node, ctx):
-    to = int(_attr(node, "to", 1))
-    if to not in TRT_DTYPES:
-        return [f"Cast to {ONNX_DTYPE_NAMES.get(to, to)} is not a TensorRT type"], []
-    return [], []
 
 
 def _check_dropout(node, ctx):
@@ -226,7 +202,7 @@ def _table() -> dict:
         t[op] = OpSupport(types=A, check=_axes_const(op))
     t["Pad"] = OpSupport(types=N, check=_axes_const("Pad", 3))
     t["CumSum"] = OpSupport(types=F, check=_axes_const("CumSum (axis)"))
-    t["Cast"] = OpSupport(types=frozenset(TRT_DTYPES), check=_check_cast)
+    t["Cast"] = OpSupport(types=frozenset(TRT_DTYPES))
     t["CastLike"] = OpSupport(types=frozenset(TRT_DTYPES))
     t["DequantizeLinear"] = OpSupport(types=frozenset({3, 17, 22}), note="x_zero_point must be zero")
     t["Dropout"] = OpSupport(types=F, check=_check_dropout)
@@ -234,10 +210,8 @@ def _table() -> dict:
     t["ScatterND"] = OpSupport(types=N, check=_check_scatter_nd)
     t["ScatterElements"] = OpSupport(types=N, check=_check_scatter_elements)
     t["TopK"] = OpSupport(types=N, check=_check_topk)
-    t["Resize"] = OpSupport(types=F, check=_check_resize)
-    t["LayerNormalization"] = OpSupport(types=F, check=_check_single_output(
-        "LayerNormalization", "only the first output Y is supported"))
-    t["MaxPool"] = OpSupport(types=F, check=_check_single_output("MaxPool", "the Indices output is unsupported"))
+    t["Resize"] = OpSupport(types=F)
+    t["LayerNormalization"] = OpSupport(types=F)
     # newer importers (onnxOpImporters.cpp; release notes)
     t["Attention"] = OpSupport(since=(10, 14), types=F, check=_check_attention, note="IAttention")
     t["RMSNormalization"] = OpSupport(since=(10, 15), types=F)
@@ -319,6 +293,7 @@ class _Ctx:
         except Exception:  # inference is best effort: unknown types are simply not checked
             pass
         self.model = model
+        self.opset = standard_opset(model)
         g = model.graph
         self.types, self.shapes = {}, {}
         for vi in list(g.input) + list(g.output) + list(g.value_info):
@@ -400,6 +375,7 @@ def _walk(nodes, ctx: _Ctx, gc: GraphCompat, trt_version: tuple, where: str = ""
             bad, warn = sup.check(node, ctx)
             gc.violations += [f"{label}: {m}" for m in bad]
             gc.warnings += [f"{label}: {m}" for m in warn]
+        gc.violations += [f"{label}: {m} (onnxOpCheckers.cpp)" for m in node_errors(node, ctx.opset)]
         for a in node.attribute:  # If / Loop / Scan bodies
             if a.type == onnx.AttributeProto.GRAPH:
                 _walk(a.g.node, ctx, gc, trt_version, f"{label}/{a.name}/")

@@ -132,30 +132,76 @@ def profiles_from_io_spec(manifest, *, max_batch: int = 1, max_tree: Optional[in
 
 # ----------------------------------------------------------------------------- graph files
 
+def _export_needs_trt_copy(path: Path) -> bool:
+    import onnx
+
+    from .parser_checks import needs_trt_copy
+
+    return needs_trt_copy(onnx.load(str(path), load_external_data=False))
+
+
 def trt_onnx_path(manifest, graph: Graph) -> Path:
-    """The ONNX file TensorRT builds for a graph: gasv.trt.onnx for GASV, the export otherwise."""
+    """The ONNX file TensorRT builds for a graph: gasv.trt.onnx for GASV; <graph>.trt.onnx for a
+    graph whose export carries what only ONNX Runtime takes (fp16 Attention softmax_precision,
+    parser_checks.needs_trt_copy); the export otherwise."""
     from .plugins.graph_rewrite import trt_variant_path
 
     path = manifest.graph_path(graph)
-    return trt_variant_path(path) if graph is Graph.GASV else path
+    if graph is Graph.GASV or _export_needs_trt_copy(path):
+        return trt_variant_path(path)
+    return path
+
+
+def _trt_copy(path: Path):
+    """The export's graph proto with what the parser refuses stripped (weights stay external)."""
+    import onnx
+
+    from .parser_checks import strip_for_trt
+
+    model = onnx.load(str(path), load_external_data=False)
+    strip_for_trt(model)
+    return model
+
+
+def write_trt_copies(manifest, graphs) -> list:
+    """Write <graph>.trt.onnx beside each export of `graphs` that needs one (not GASV: its plugin
+    variant is graph_rewrite.write_trt_variant's). The copy references the export's weight file.
+    Returns the paths written."""
+    from ..io import atomic_write
+
+    out = []
+    for name in graphs:
+        graph = Graph(name)
+        dest = trt_onnx_path(manifest, graph)
+        if graph is Graph.GASV or dest == manifest.graph_path(graph):
+            continue
+        model = _trt_copy(manifest.graph_path(graph))
+        with atomic_write(dest) as tmp:
+            tmp.write_bytes(model.SerializeToString())
+        out.append(dest)
+    return out
 
 
 def trt_graph_model(manifest, graph: Graph, *, tables=None):
     """(onnx.ModelProto, path) of what TensorRT would parse for `graph` (no external weights).
 
-    For GASV: the written gasv.trt.onnx when it exists, else the plugin rewrite made in memory
-    (tables: the given ones, else the bundle's tables.safetensors, else recovered from gasv.onnx).
+    The written TensorRT file when it exists, else made in memory: for GASV the plugin rewrite
+    (tables: the given ones, else the bundle's tables.safetensors, else recovered from gasv.onnx),
+    for another graph the export stripped of what the parser refuses.
     """
     import onnx
 
     from .plugins.graph_rewrite import rewrite_gasv, tables_from_bundle
 
     path = trt_onnx_path(manifest, graph)
-    if graph is Graph.GASV and not path.is_file():
+    if path.is_file():
+        return onnx.load(str(path), load_external_data=False), path
+    if graph is Graph.GASV:
         if tables is None:
             tables = tables_from_bundle(manifest)
         return rewrite_gasv(manifest.graph_path(graph), tables=tables), path
-    return onnx.load(str(path), load_external_data=False), path
+    return _trt_copy(manifest.graph_path(graph)), path
 
 
-__all__ = ["SEQ_SPLIT", "ProfileSpec", "profiles_from_io_spec", "trt_graph_model", "trt_onnx_path"]
+__all__ = ["SEQ_SPLIT", "ProfileSpec", "profiles_from_io_spec", "trt_graph_model", "trt_onnx_path",
+           "write_trt_copies"]

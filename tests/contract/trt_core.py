@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lisa_trt.engines.parser_checks import node_attrs as _attrs
+
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "trt-bindings"
 # The versions .ci/run downloads: the oldest TensorRT lisa-trt supports and the newest 11.x.
@@ -355,16 +357,6 @@ def load_vendor_plugin(version: str, monkeypatch):
 
 
 # ----------------------------------------------------------------------------- parser / builder
-
-def _attrs(node) -> dict:
-    import onnx
-
-    out = {}
-    for a in node.attribute:
-        v = onnx.helper.get_attribute_value(a)
-        out[a.name] = v.decode() if isinstance(v, bytes) else v
-    return out
-
 
 def import_plugin_node(core, node):
     """TensorRT's ONNX parser on a node that is no ONNX op (onnx-tensorrt FallbackPluginImporter).

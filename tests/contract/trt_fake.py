@@ -5,8 +5,11 @@ ONNX parser and runtime surface that Polygraphy's `NetworkFromOnnxPath` / `Creat
 `EngineFromNetwork` / `SaveEngine` and `lisa_trt.engines.trt.TrtRunner` call. It enforces what
 TensorRT enforces, each behaviour citing its source:
 
-- parser: a node outside the standard ONNX domain is a plugin, found by EXACT (name, version,
-  namespace) from its attributes (onnx-tensorrt FallbackPluginImporter; trt_core.import_plugin_node);
+- parser: every node, standard ONNX domain included, first passes the parser's static checks
+  (onnx-tensorrt onnxOpCheckers.cpp, transcribed in lisa_trt/engines/parser_checks.py: e.g.
+  "Setting softmax precision is not supported in TensorRT Attention."); a failed check is a
+  parser error and parse_from_file returns False. A node outside the standard ONNX domain is a
+  plugin, found by EXACT (name, version, namespace) from its attributes (onnx-tensorrt FallbackPluginImporter; trt_core.import_plugin_node);
   "Plugin not found" otherwise. With NVIDIA's tensorrt.plugin loaded over the core (trt_core),
   the creator is the vendor's and the build runs its build-phase methods (build_plugin_layer).
 - builder: every dynamic network input needs min <= opt <= max shapes of its rank in EVERY
@@ -41,6 +44,8 @@ import numpy as np
 import trt_core
 from trt_core import DataType
 
+from lisa_trt.engines import parser_checks
+
 ONNX_TO_TRT = {1: DataType.FLOAT, 10: DataType.HALF, 16: DataType.BF16, 6: DataType.INT32, 7: DataType.INT64,
                9: DataType.BOOL, 3: DataType.INT8, 2: DataType.UINT8}
 NP = {DataType.FLOAT: np.float32, DataType.HALF: np.float16, DataType.INT32: np.int32, DataType.INT64: np.int64,
@@ -51,24 +56,24 @@ SCRATCH = {np.float32: np.nan, np.float16: np.nan, np.int64: -7, np.int32: -7, n
 class NetworkDefinitionCreationFlag(enum.IntEnum):  # NvInfer.h (10.x: kEXPLICIT_BATCH deprecated, kSTRONGLY_TYPED)
     EXPLICIT_BATCH = 0
     STRONGLY_TYPED = 1
-    PREFER_AOT_PYTHON_PLUGINS = 2
-    PREFER_JIT_PYTHON_PLUGINS = 3
+    PREFER_JIT_PYTHON_PLUGINS = 2  # kPREFER_JIT_PYTHON_PLUGINS = 2
+    PREFER_AOT_PYTHON_PLUGINS = 3  # kPREFER_AOT_PYTHON_PLUGINS = 3
 
 
-class BuilderFlag(enum.IntEnum):  # NvInfer.h BuilderFlag (subset); TF32 is ON by default (IBuilderConfig)
+class BuilderFlag(enum.IntEnum):  # NvInfer.h BuilderFlag (subset, 10.x values); TF32 is ON by default
     FP16 = 0
     INT8 = 1
     DEBUG = 2
     GPU_FALLBACK = 3
-    REFIT = 5
-    DISABLE_TIMING_CACHE = 6
-    TF32 = 7
-    SPARSE_WEIGHTS = 8
-    OBEY_PRECISION_CONSTRAINTS = 10
-    PREFER_PRECISION_CONSTRAINTS = 11
-    DIRECT_IO = 12
+    REFIT = 4
+    DISABLE_TIMING_CACHE = 5
+    TF32 = 6
+    SPARSE_WEIGHTS = 7
+    OBEY_PRECISION_CONSTRAINTS = 9
+    PREFER_PRECISION_CONSTRAINTS = 10
+    DIRECT_IO = 11
+    FP8 = 15
     BF16 = 17
-    FP8 = 18
     STRIP_PLAN = 19
     REFIT_IDENTICAL = 20
     WEIGHT_STREAMING = 21
@@ -177,6 +182,7 @@ class OnnxParser:
             dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
             syms = [d.dim_param if not d.HasField("dim_value") else None for d in tt.shape.dim]
             dest.append(_Tensor(vi.name, ONNX_TO_TRT[tt.elem_type], dims, syms))
+        self.errors += parser_checks.model_errors(model)  # every node, standard domain included
         core = self.core
         for node in g.node:
             if node.domain in ("", "ai.onnx"):
@@ -577,8 +583,8 @@ def make_fake_trt(version: str = "10.14.1.48.post1", *, poison_outputs: bool = T
     core.plan_aliases = lambda network: {}  # ScatterElements caches: TensorRT reports no alias
     flags = NetworkDefinitionCreationFlag
     if core.version_tuple >= (11, 0):  # TensorRT 11: strongly typed only, the flag is gone
-        flags = enum.IntEnum("NetworkDefinitionCreationFlag", {"PREFER_AOT_PYTHON_PLUGINS": 2,
-                                                               "PREFER_JIT_PYTHON_PLUGINS": 3})
+        flags = enum.IntEnum("NetworkDefinitionCreationFlag", {"PREFER_JIT_PYTHON_PLUGINS": 2,
+                                                               "PREFER_AOT_PYTHON_PLUGINS": 3})
     core.NetworkDefinitionCreationFlag = flags
     for cls in (BuilderFlag, MemoryPoolType, TensorIOMode, OnnxParserFlag, ProfilingVerbosity):
         setattr(core, cls.__name__, cls)

@@ -34,6 +34,7 @@ from typing import Optional
 import numpy as np
 
 from ...errors import LisaError
+from ..parser_checks import node_attrs as _attrs
 from . import trt_plugin as tp
 
 TRT_SUFFIX = ".trt.onnx"
@@ -323,16 +324,6 @@ def rewrite_gasv(model_or_path, *, tables=None, aot: bool = True, num_warps: int
     model.doc_string = (f"TensorRT variant of {src.graph.name or 'gasv'}: lisa::{proto.op_type} plugin "
                         f"(GASV v2, V={V}, H={H}, C={C}, aot={int(aot)}); not runnable by ONNX Runtime")
     return model
-
-
-def _attrs(node) -> dict:
-    import onnx
-
-    out = {}
-    for a in node.attribute:
-        v = onnx.helper.get_attribute_value(a)
-        out[a.name] = v.decode() if isinstance(v, bytes) else v
-    return out
 
 
 def _fix_opsets(model, src) -> None:

@@ -73,12 +73,26 @@ def build(rc, *, max_batch, max_tree, timing_cache, refit, workspace, dry_run, g
     echo(json.dumps(rec, indent=2, default=str))
 
 
+def _check_json_folder(json_path) -> None:
+    """InputError when --json names a file in a folder that does not exist (nothing is created)."""
+    from pathlib import Path
+
+    from ...errors import InputError
+
+    folder = Path(json_path).parent
+    if not folder.is_dir():
+        raise InputError(f"--json {json_path}: the folder {folder} does not exist; create it first "
+                         f"(mkdir -p {folder}) or write the plan elsewhere")
+
+
 def plan(model, *, json_path, echo, **settings) -> bool:
     """The memory plan of `model` (deploy/memory_plan.make_plan) printed, written to `json_path`
     when given; True when it fits, else False after saying why."""
     from ...deploy.memory_plan import make_plan
     from ...models.hub import resolve_model
 
+    if json_path:
+        _check_json_folder(json_path)
     p = make_plan(resolve_model(model), **settings)
     echo(p.table())
     if json_path:
