@@ -55,8 +55,7 @@ class ExportFamily:
     legacy_manifests: tuple = ()
     # True for the one family whose manifest.json files written before the `family` field are its own
     unnamed_manifest: bool = False
-
-    default_max_tree: Optional[int] = None  # the family's tree budget default (None: export/bundle's)
+    default_max_tree: Optional[int] = None  # the family's tree budget default (None: export/layout's)
 
     def bundle_graphs(self, target, drafter, tables, vq, opts, *, source=None, image_size=None, max_prompt=None):
         """The family's part of one export (export/bundle.BundleGraphs): its target / VQ graph builders,
