@@ -83,21 +83,21 @@ def find_vq(source, vq=None, vq_config: str = "VQ-16", *, family, vocab_size: Op
     """The image decoder of a run: `(decoder, None)`, or `(None, why)` when there is none.
 
     The decoder is `vq` (a path or set name; default: the artifact set of `source`'s own), else
-    a prompted family's own beside its checkpoint `source` (e.g. DIR/vqgan/); why is None when
+    the family's own beside its checkpoint `source` (`vq_beside_checkpoint`: e.g. DIR/vqgan/); why is None when
     a family without its own decoder got no `vq`. A named `vq` that fails to load raises.
     vocab_size: the target's vocabulary, which a code-token family's codebook must match."""
     from .errors import ConfigError
     from .models.checkpoints import load_vq
 
     vq = default_vq(source, vq)
-    if vq is None and not family.prompted:
+    if vq is None and not family.vq_beside_checkpoint:
         return None, None
     if vq is None:
         try:
             return load_vq(source), None
         except ConfigError as e:
             return None, str(e)
-    if family.prompted:  # its decoders describe themselves (--vq-config is LlamaGen's)
+    if family.vq_beside_checkpoint:  # its decoders describe themselves (--vq-config is LlamaGen's)
         return load_vq(vq), None
     vqm = load_vq(vq, vq_config_for(vq, vq_config))
     if vocab_size is not None and vqm.config.codebook_size != vocab_size:

@@ -325,9 +325,9 @@ def bench_command(rc, *, drafter, tables, methods, num_images, classes, captions
     ms = parse_methods(methods)
     rc = rc.load(counts={"--num-images": num_images}, files={"--json file": json_path, "--plot file": plot_path},
                  captions=captions, encoder_dir=encoder_dir)
-    conds, texts = _prompts(rc, classes, captions, encoder_dir, num_images)  # checked before engines load
     size = rc.given.get("image_size") or _bundle_image_size(engine_dir)  # --image-size, else the bundle's
-    requests = [rc.request([t], image_size=size) for t in texts] if rc.family.prompted else None  # one per image
+    conds, texts, requests = rc.conditions.images(rc, num_images, classes=classes, captions=captions,
+                                                  encoder_dir=encoder_dir, image_size=size)  # before engines load
     runs = [r for text in sweeps for r in parse_sweep(text)]
     dr, tb = spec_artifacts(rc.source, rc.target, ms + [m for _, m, _ in runs], drafter, tables,
                             requests[0].layout.sub_vocab if requests else None)
@@ -340,23 +340,6 @@ def bench_command(rc, *, drafter, tables, methods, num_images, classes, captions
                        quality=quality, settings_extra=extra, requests=requests)
     save_bench(report, json_path, plot_path)
     _print_report(report, echo, scored=scorer_fn is not None, num_images=num_images)
-
-
-def _prompts(rc, classes, captions, encoder_dir, num_images) -> tuple:
-    """(conditions, caption texts or None): classes cycled over the images, or t2i caption features."""
-    from .runtime.outputs import class_names_of, parse_classes
-
-    tc = rc.target.config
-    if rc.family.prompted:  # text prompts (--captions: one per line; else the family's list), cycled
-        from .runtime.prompts import caption_list
-
-        return None, caption_list(rc.family, captions, num_images)
-    if not rc.family.class_conditioned(tc):
-        from .text.train import prompt_conds
-
-        return prompt_conds(tc, captions, encoder_dir, n=num_images, what="bench")
-    cl = parse_classes(classes, tc.num_classes, class_names_of(rc.source)) if classes else list(range(tc.num_classes))
-    return [cl[i % len(cl)] for i in range(num_images)], None
 
 
 def _bundle_image_size(engine_dir):

@@ -360,12 +360,10 @@ def _median_budget(beta: torch.Tensor) -> float:
 
 
 def _random_classes(target, n: int, seed: int, device) -> torch.Tensor:
-    if not family_of(target.config).class_conditioned(target.config):
-        raise InputError("this target is not class-conditioned: calibration needs its rollout conditions "
-                         "(t2i: conds=(features, mask), CLI `lisa-trt calibrate --captions CAPTIONS.txt --encoder "
-                         "T5_DIR`; prompt-id families: their prompts, e.g. the Request of the family's prompter)")
+    """Rollout conditions drawn at random (class ids); InputError naming what to pass for targets
+    whose conditions cannot be drawn (captions, text prompts)."""
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, target.config.num_classes, (n,), generator=g).to(device)
+    return family_of(target.config).conditioning(target.config).random(n, g).to(device)
 
 
 def _sampling_dict(s: SamplingConfig) -> dict:

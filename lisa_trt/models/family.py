@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 
 from ..errors import ConfigError, InputError
+from .conditioning import Conditioning
 
 
 @dataclass(frozen=True)
@@ -134,12 +135,12 @@ class ModelFamily:
     name = "?"
     model_types: tuple = ()
     # -- capabilities and defaults the generic commands read (the family is never named there)
-    prompted = False  # conditions are text prompts encoded by `prompter` (--prompt, captions files)
+    vq_beside_checkpoint = False  # its image decoder loads from the checkpoint directory and describes itself
     default_sampling: dict = {}  # SamplingConfig values replacing the dataclass defaults (no artifact set)
     default_tree: dict = {}  # tree budget {top_k, depth, total_tokens} when none is given or recorded
     train_data: tuple = ("self", "tokens", "images")  # the `lisa-trt train --data` sources it supports
     train_defaults: dict = {}  # TrainConfig / DataConfig values of its self-distillation runs
-    default_captions: tuple = ()  # prompted families: self-distillation / calibration captions when none given
+    default_captions: tuple = ()  # text-prompt families: self-distillation / calibration captions when none given
 
     # -- plug-ins, found by name in the family's own package (its one registration is _BUILTIN)
 
@@ -184,15 +185,10 @@ class ModelFamily:
         """The unconditional condition for CFG, same batch size as `cond`."""
         raise NotImplementedError
 
-    def class_conditioned(self, cfg_or_type) -> bool:
-        """True when conditions are class ids (prompt files, training data, calibration use them)."""
-        return False
-
-    def caption_shape(self, cfg) -> Optional[tuple]:
-        """(slots L, width C) of the text-encoder caption features that condition `cfg`'s targets
-        (text/, train/captions.py encode and check them); None when conditions are not caption
-        features (class ids, token-id prompts)."""
-        return None
+    def conditioning(self, cfg_or_type) -> Conditioning:
+        """What `cfg`'s targets are conditioned on (models/conditioning.py): class ids, caption
+        features or text prompts through `prompter`; a bare model_type string gives no sizes."""
+        raise NotImplementedError
 
     def condition_tensors(self, target) -> dict:
         """Tensors an engine bundle must carry for null_cond at run time ({} when none)."""

@@ -13,8 +13,8 @@ names and loose values:
     rc.run("generate", generic_entry, out_dir=..., echo=click.echo)
 
 `RunContext.run` calls the one entry the caller passes for every family; what differs between
-families comes from the family's hooks and capabilities (models/family.py: `prompted` and
-`RunContext.request`, `default_sampling`, `default_tree`, `train_data`, ...): the CLI never asks
+families comes from the family's hooks and capabilities (models/family.py: `conditioning`, through
+`RunContext.conditions`, and `RunContext.request`, `default_sampling`, `default_tree`, `train_data`, ...): the CLI never asks
 which family it runs.
 
 Floors: runtime (imports models, speculative, export and artifacts; never runtime/pipeline.py,
@@ -254,7 +254,6 @@ class RunContext:
         Before any model loads: every count of `counts` ({option: value}) is >= 1 (>= 0 in
         `counts_or_zero`), every output of `files` / `dirs` ({what: path}) is writable, and t2i
         captions with their encoder are checked. Messages name the option."""
-        from ..text.train import precheck_captions
         from ..validation import check_positive, probe_writable_dir, probe_writable_file
 
         for option, value in (counts or {}).items():
@@ -266,8 +265,7 @@ class RunContext:
                 probe_writable_file(path, what)
         for what, path in (dirs or {}).items():
             probe_writable_dir(path, what)
-        if not getattr(self.family, "prompted", False):  # T5 caption files (a prompted family reads texts)
-            precheck_captions(captions, encoder_dir)
+        self.conditions.precheck(None, captions, encoder_dir)
         return self.bind(self.load_target())
 
     def bind(self, target, backend: Optional[str] = None) -> "RunContext":
@@ -286,20 +284,29 @@ class RunContext:
                             knobs=self.given.get("knobs"))
         return dataclasses.replace(self, target=target, family=family_of(target.config), spec=spec, backend=backend)
 
+    @property
+    def conditions(self):
+        """The run's conditions adapter (runtime/conditions.py): the bound target's kind, or the
+        family's default before the target loads (cheap prechecks only)."""
+        from .conditions import run_conditions
+
+        return run_conditions(self.family, None if self.target is None else self.target.config)
+
     def run(self, command: str, entry: Callable, **options):
         """`entry(self, **options)`: the one (generic) entry of `command` for every family."""
         return entry(self, **options)
 
     def request(self, prompts, *, cfg: Optional[bool] = None, image_size: Optional[int] = None):
-        """Text prompts -> the family prompter's Request for the bound target (prompted families).
+        """Text prompts -> the family prompter's Request for the bound target (text-prompt families).
 
         cfg: encode the unconditional rows (default: when the run's CFG scale guides);
         image_size: default --image-size when given, else the prompter's own (the family's)."""
         from ..speculative.sampling import cfg_active
 
         if not prompts:
-            raise InputError(f"{self.family.name} models take text prompts: pass --prompt TEXT (repeat it for a "
-                             "batch) or a captions file")
+            from .conditions import missing_prompts
+
+            raise missing_prompts(self.family)
         size = self.given.get("image_size") if image_size is None else image_size
         cfg = cfg_active(self.sampling.cfg_scale) if cfg is None else cfg
         return self.family.prompter(self.target, self.source).encode(list(prompts), image_size=size, cfg=cfg)

@@ -5,31 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Optional
 
 import torch
 
 from ..errors import InputError
 from ..io import atomic_write, write_json
-
-
-def parse_classes(text: str, num_classes: int, names=None) -> list[int]:
-    """'1,2,golden_retriever' -> ids; unknown ids/names are errors listing what is allowed."""
-    ids = []
-    for tok in [t.strip() for t in text.split(",") if t.strip()]:
-        if tok.lstrip("-").isdigit():
-            i = int(tok)
-        elif names and tok in names:
-            i = names.index(tok)
-        else:
-            allowed = f"0..{num_classes - 1}" + (f" or one of {', '.join(names)}" if names else "")
-            raise InputError(f"unknown class {tok!r}; use ids {allowed}")
-        if not 0 <= i < num_classes:
-            raise InputError(f"unknown class id {i}; valid ids are 0..{num_classes - 1}")
-        ids.append(i)
-    if not ids:
-        raise InputError("no classes given; pass e.g. --classes 0,1,2")
-    return ids
 
 
 def load_caption_file(path, caption_dim: int):
@@ -56,15 +36,6 @@ def load_caption_file(path, caption_dim: int):
     return feats, mask
 
 
-def class_names_of(model) -> Optional[list]:
-    """The class names an artifact set ships (e.g. the demo's), else None."""
-    from ..models.artifact_sets import artifact_set
-
-    aset = artifact_set(model)
-    fn = aset.extra("class_names") if aset is not None else None
-    return list(fn()) if fn is not None else None
-
-
 def generation_defaults(model, target, sampling) -> dict:
     """Default generation settings recorded in an exported bundle: sampling, class names, and the
     per-backend tree budgets (measured ones when the artifact set ships them)."""
@@ -86,6 +57,8 @@ def generation_defaults(model, target, sampling) -> dict:
         from .autotune import record_choices
 
         gen = record_choices(gen, choices)
+    from .prompts import class_names_of
+
     names = class_names_of(model)
     if names:
         gen["class_names"] = names
@@ -157,5 +130,5 @@ def save_run(out_dir, result, prompts, record: dict, *, overwrite: bool = False)
     return out
 
 
-__all__ = ["class_names_of", "decode_and_save", "load_vq_for", "generation_defaults", "load_caption_file", "parse_classes",
+__all__ = ["decode_and_save", "load_vq_for", "generation_defaults", "load_caption_file",
            "save_generation", "save_run"]

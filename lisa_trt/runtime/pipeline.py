@@ -26,6 +26,7 @@ from ..errors import InputError
 from ..models.family import family_of
 from ..speculative.methods import Method, SpecConfig
 from .bundle import Bundle, open_bundle
+from .conditions import run_conditions
 from .context import AUTO, TREE_NAMES, resolve_method, resolve_sampling, resolve_spec
 from .prompts import Prompt
 
@@ -118,10 +119,8 @@ class Pipeline:
         self._knobs = _default_knobs(sjd_window)
         tc = engines.target.config
         self.family = family_of(tc)
-        if not self.family.class_conditioned(tc) and not self.family.prompted:
-            from ..text.prompts import make_encoder
-
-            self._text = make_encoder(text_encoder, engines.target.config)
+        self._conds = run_conditions(self.family, tc)  # what prompts are: class ids, captions, texts
+        self._text = self._conds.encoder(text_encoder, tc)
 
     # -- construction --------------------------------------------------------------------
 
@@ -159,12 +158,9 @@ class Pipeline:
         threads = ensure_thread_policy(threads)
         if text_encoder is not None:  # t2i: check the encoder against the bundle before loading engines
             from ..export.manifest import read_manifest
-            from ..text.prompts import make_encoder
 
             tcfg = read_manifest(Path(engine_dir)).target_config
-            fam = family_of(tcfg)
-            if not fam.class_conditioned(tcfg) and not fam.prompted:
-                text_encoder = make_encoder(text_encoder, tcfg)
+            text_encoder = run_conditions(family_of(tcfg), tcfg).encoder(text_encoder, tcfg) or text_encoder
         return cls(open_bundle(Path(engine_dir), backend, threads=threads, compile=compile, device=device),
                    text_encoder=text_encoder, sjd_window=sjd_window)
 
@@ -212,36 +208,9 @@ class Pipeline:
     # -- generation ----------------------------------------------------------------------
 
     def _cond(self, prompts) -> tuple:
-        """Class ids / names / Prompt objects (c2i) or captions / Prompt objects (t2i) ->
-        (condition, per-prompt overrides, per-prompt labels for the stats)."""
-        from .prompts import _class_id
-
-        cfg = self.config
-        if self.family.prompted:  # text prompts: encoded per call by the family's prompter (_request)
-            texts = [p.caption if isinstance(p, Prompt) else p for p in prompts]
-            if not texts or not all(isinstance(t, str) and t.strip() for t in texts):
-                raise InputError(f"{self.family.name} pipelines take caption strings (or Prompt(caption=...)); "
-                                 f"got {list(prompts)!r}")
-            overrides = [dict(seed=p.seed, cfg=p.cfg) if isinstance(p, Prompt) else {} for p in prompts]
-            return texts, overrides, [{"caption": t} for t in texts]
-        if not self.family.class_conditioned(cfg):
-            from ..text.prompts import t2i_conds
-
-            return t2i_conds(prompts, cfg, self._text)
-        ids, overrides = [], []
-        for p in prompts:
-            if isinstance(p, Prompt):
-                ids.append(p.class_id)
-                overrides.append(dict(seed=p.seed, cfg=p.cfg))
-                continue
-            cid, err = _class_id(p, cfg.num_classes, self._e.class_names)
-            if err:
-                raise InputError(err)
-            ids.append(cid)
-            overrides.append({})
-        if not ids:
-            raise InputError("no prompts given")
-        return torch.tensor(ids, dtype=torch.long), overrides, [{"class": i} for i in ids]
+        """Class ids / names, captions or text prompts (or Prompt objects) -> (condition,
+        per-prompt overrides, per-prompt labels for the stats), as the target's kind takes them."""
+        return self._conds.parse(prompts, self.config, self._e.class_names, self._text)
 
     @property
     def precision(self) -> str:
@@ -296,8 +265,8 @@ class Pipeline:
         serve checks each row with it, so one long prompt does not fail its batch-mates."""
         man = self._e.manifest
         xf = getattr(man, "export_family", None) if man is not None else None
-        budget = xf.prefill_max_seq(getattr(man, "layout", None)) if xf is not None and self.family.prompted else None
-        if budget is None:
+        budget = xf.prefill_max_seq(getattr(man, "layout", None)) if xf is not None else None
+        if budget is None:  # no prompt budget (class ids, caption features)
             return
         n = self._e.target.prompt_len(self._request([text], SamplingConfig(cfg_scale=1.0)).cond)  # the bundle's size
         if n > budget:
@@ -417,14 +386,10 @@ class Pipeline:
         a prompted family's code grids or None); a prompted family's rows are encoded as a request
         of their own (their own left padding)."""
         from ..speculative.run import check_artifacts, run_method
-        from ..text.prompts import cond_rows
 
-        e, req, layout = self._e, None, None
-        if self.family.prompted:
-            req = self._request(cond[call.start:call.stop], call.sampling)
-            rows, layout = req.cond, req.layout
-        else:
-            rows = cond_rows(cond, call.start, call.stop)
+        e = self._e
+        rows, req = self._conds.rows(cond, call.start, call.stop, lambda texts: self._request(texts, call.sampling))
+        layout = getattr(req, "layout", None)
         check_artifacts(method, e.drafter, e.tables, e.gasv)
         t0 = time.perf_counter()
         toks, s = run_method(method, e.target, e.drafter, e.tables, rows, sampling=call.sampling, spec=spec,

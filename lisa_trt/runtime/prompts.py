@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..errors import InputError
+from ..models.conditioning import CaptionFeatures, ClassLabels
 from ..models.family import family_of
 from ..validation import sampling_problems
 
@@ -56,6 +57,34 @@ class _Classes:
         raise _LineError(f"unknown class {value!r} (use {allowed})")
 
 
+def parse_classes(text: str, num_classes: int, names=None) -> list[int]:
+    """'1,2,golden_retriever' -> ids; unknown ids/names are errors listing what is allowed."""
+    ids = []
+    for tok in [t.strip() for t in text.split(",") if t.strip()]:
+        if tok.lstrip("-").isdigit():
+            i = int(tok)
+        elif names and tok in names:
+            i = names.index(tok)
+        else:
+            allowed = f"0..{num_classes - 1}" + (f" or one of {', '.join(names)}" if names else "")
+            raise InputError(f"unknown class {tok!r}; use ids {allowed}")
+        if not 0 <= i < num_classes:
+            raise InputError(f"unknown class id {i}; valid ids are 0..{num_classes - 1}")
+        ids.append(i)
+    if not ids:
+        raise InputError("no classes given; pass e.g. --classes 0,1,2")
+    return ids
+
+
+def class_names_of(model) -> Optional[list]:
+    """The class names an artifact set ships (e.g. the demo's), else None."""
+    from ..models.artifact_sets import artifact_set
+
+    aset = artifact_set(model)
+    fn = aset.extra("class_names") if aset is not None else None
+    return list(fn()) if fn is not None else None
+
+
 def _class_id(value, num_classes: int, names: Optional[Sequence[str]]):
     """(class id, None) for an id or name `value`, else (None, the problem)."""
     try:
@@ -75,11 +104,11 @@ def parse_prompts(path, *, model_type: str = "c2i", num_classes: int = 1000,
     if not p.is_file():
         raise InputError(f"prompts file not found: {p}")
     lines = p.read_text().splitlines()
-    fam = family_of(model_type)
-    classes = fam.class_conditioned(model_type)
+    kind = family_of(model_type).conditioning(model_type)
+    classes = isinstance(kind, ClassLabels)
     jsonl = p.suffix in (".jsonl", ".json") or any(ln.lstrip().startswith("{") for ln in lines)
-    if not jsonl and not classes:  # text conditions (captions, token-prompt families): one per line
-        return _caption_file(p, lines, prompted=fam.prompted)
+    if not jsonl and not classes:  # text conditions (captions, text prompts): one per line
+        return _caption_file(p, lines, t5=isinstance(kind, CaptionFeatures))
     parse_line = _line_parser(p, jsonl, _Classes(num_classes, class_names) if classes else None)
     prompts, errors = [], []
     for no, text in _content_lines(lines):
@@ -99,10 +128,10 @@ def _content_lines(lines):
             yield no, text
 
 
-def _caption_file(p: Path, lines, *, prompted: bool) -> list[Prompt]:
-    """A plain-text file of captions: a prompted family's text prompts ('#' lines and blank lines
-    skipped), or a T5 t2i model's captions (every line is one caption)."""
-    if not prompted:
+def _caption_file(p: Path, lines, *, t5: bool) -> list[Prompt]:
+    """A plain-text file of captions: a text-prompt family's prompts ('#' lines and blank lines
+    skipped), or a T5 t2i model's captions (`t5`: every line is one caption)."""
+    if t5:
         from ..text.encoder import read_captions
 
         return [Prompt(no, caption=c) for no, c in enumerate(read_captions(p), 1)]

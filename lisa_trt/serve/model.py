@@ -32,6 +32,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from ..errors import InputError, LisaError
+from ..models.conditioning import CaptionFeatures, TextPrompts
 
 LOG = logging.getLogger("lisa_trt.serve")
 MODEL_NAME = "lisa"  # the served model's name (Triton repository, endpoints)
@@ -217,14 +218,14 @@ class ServeModel:
                 if n > self.max_batch:
                     raise InputError(f"a request of {n} rows exceeds --max-batch {self.max_batch}")
                 cols = {name: self._column(req, name, n) for name in names}
-                fam = self.pipe.family
-                if not fam.prompted and not fam.class_conditioned(cfg):
+                kind = self.pipe.family.conditioning(cfg)
+                if isinstance(kind, CaptionFeatures):
                     raise InputError("this engine is conditioned on caption features: serving takes class or "
                                      "text prompts only (run T5 features through `lisa-trt run` instead)")
                 mine = []
                 for i in range(n):
                     cid, caption = None, None
-                    if fam.prompted:  # a text prompt, encoded by the family's prompter
+                    if isinstance(kind, TextPrompts):  # a text prompt, encoded by the family's prompter
                         caption = str(cols["prompt"][i]).strip()
                         if not caption:
                             raise InputError("input 'prompt' must be non-empty text for this engine")

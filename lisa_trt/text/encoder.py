@@ -29,6 +29,7 @@ import torch
 
 from ..errors import InputError
 from ..io import load_safetensors, save_safetensors
+from ..models.conditioning import CaptionFeatures
 from ..models.family import family_of
 
 MAX_LENGTH = 120  # LlamaGen t2i: cls_token_num = 120 caption slots
@@ -135,11 +136,11 @@ def load_caption_features(path, tcfg=None) -> tuple[torch.Tensor, torch.Tensor, 
 def caption_shape(tcfg) -> tuple[int, int]:
     """(slots L, width C) of the caption features that condition `tcfg`'s targets (its family
     answers); InputError for a target whose conditions are not captions."""
-    shape = family_of(tcfg).caption_shape(tcfg)
-    if shape is None:
+    c = family_of(tcfg).conditioning(tcfg)
+    if not isinstance(c, CaptionFeatures):
         raise InputError(f"captions condition text-to-image targets only; this {tcfg.model_type!r} target takes "
                          "other conditions (class ids: pass class ids; token-id prompts: pass prompts)")
-    return tuple(shape)
+    return c.slots, c.width
 
 
 def resolve_encoder_dir(encoder_dir=None) -> Optional[Path]:

@@ -95,12 +95,13 @@ def precheck_prompts(engine_dir, prompts_path, encoder_dir=None) -> None:
     from pathlib import Path
 
     from ..export.manifest import read_manifest
+    from ..models.conditioning import CaptionFeatures
     from ..models.family import family_of
     from ..runtime.prompts import parse_prompts
 
     tcfg = read_manifest(Path(engine_dir)).target_config
-    if family_of(tcfg).caption_shape(tcfg) is None:
-        return
+    if not isinstance(family_of(tcfg).conditioning(tcfg), CaptionFeatures):
+        return  # only caption features need an encoder
     ps = parse_prompts(prompts_path, model_type=tcfg.model_type)
     if any(p.caption is not None for p in ps) and make_encoder(encoder_dir, tcfg) is None:
         raise InputError(f"{prompts_path} holds captions; encoding them needs a T5 encoder: pass --encoder DIR "

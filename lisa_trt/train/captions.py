@@ -23,6 +23,7 @@ import torch
 
 from ..errors import InputError
 from ..io import load_safetensors, save_safetensors, tensor_hash
+from ..models.conditioning import ClassLabels
 from ..models.family import family_of
 from ..text.encoder import caption_shape
 
@@ -246,7 +247,7 @@ def eval_conds(target, data_cfg, n: int):
     """Held-out decoding prompts for a t2i drafter: the last n captions of the table
     (cycled when the table is smaller). Class ids for c2i targets."""
     tcfg = target.config
-    if family_of(tcfg).class_conditioned(tcfg):
+    if isinstance(family_of(tcfg).conditioning(tcfg), ClassLabels):
         return torch.arange(n) % tcfg.num_classes
     if data_cfg.caption_file is None and data_cfg.token_file:
         c = load_caption_token_file(data_cfg.token_file, tcfg).cond

@@ -28,6 +28,7 @@ import torch
 
 from ..errors import ConfigError, InputError
 from ..io import load_safetensors, save_safetensors
+from ..models.conditioning import CaptionFeatures, ClassLabels
 from ..models.family import family_of
 from .dataset import TokenDataset, _matches, _tqdm  # noqa: F401  (re-exported: train.data.TokenDataset)
 
@@ -107,7 +108,7 @@ def load_token_file(path, tcfg) -> TokenDataset:
     ids in a sibling `<name>.classes.npy`. t2i targets: see train/captions.py.
     """
     path = Path(path)
-    if not family_of(tcfg).class_conditioned(tcfg):
+    if not isinstance(family_of(tcfg).conditioning(tcfg), ClassLabels):  # caption ids beside the tokens
         from .captions import load_caption_token_file
 
         return load_caption_token_file(path, tcfg)
@@ -154,11 +155,8 @@ def self_distill_tokens(target, n: int, *, cfg_scale: float = 4.0, temperature: 
     from ..speculative.autoregressive import generate
 
     tcfg = target.config
-    if not family_of(tcfg).class_conditioned(tcfg):
-        raise InputError("t2i self-distillation samples from captions: use train.captions."
-                         "self_distill_caption_tokens (or `lisa-trt train --captions FILE`)")
     g = torch.Generator().manual_seed(seed)
-    classes = torch.randint(0, tcfg.num_classes, (n,), generator=g)
+    classes = family_of(tcfg).conditioning(tcfg).random(n, g)  # InputError naming the conditions to pass
     uncond = torch.randperm(n, generator=g)[: round(uncond_frac * n)]
     device = target.output.weight.device
     out = []
@@ -189,11 +187,12 @@ def build_dataset(target, cfg: DataConfig, seed: int, data_dir: Path, *, is_main
         return build_prompt_dataset(target, request, cfg, seed, data_dir, is_main=is_main, barrier=barrier,
                                     progress=progress, resuming=resuming)
     fam = family_of(tcfg)
-    if fam.caption_shape(tcfg) is not None:
+    kind = fam.conditioning(tcfg)
+    if isinstance(kind, CaptionFeatures):  # caption rollouts / token files (train/captions.py)
         from .captions import build_caption_dataset
 
         return build_caption_dataset(target, cfg, seed, data_dir, is_main=is_main, barrier=barrier, progress=progress)
-    if not fam.class_conditioned(tcfg):
+    if not isinstance(kind, ClassLabels):
         raise InputError(f"{fam.name} targets are prompt-conditioned: train them on rollouts of prompts "
                          "(train_drafter(..., request=family.prompter(target).encode(texts, cfg=True)), or "
                          "train.requests.prompt_request(target, prompt_ids))")

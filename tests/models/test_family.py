@@ -8,6 +8,7 @@ from lisa_trt.config import TargetConfig
 from lisa_trt.errors import ConfigError, InputError
 from lisa_trt.models.io_spec import Graph, graph_spec
 from lisa_trt.models import family as F
+from lisa_trt.models.conditioning import CaptionFeatures, ClassLabels, TextPrompts
 from lisa_trt.models.artifact_sets import artifact_set, bundled_file, bundled_names
 from lisa_trt.testing import make_target
 
@@ -16,7 +17,9 @@ def test_llamagen_is_the_family_of_c2i_and_t2i():
     c2i, t2i = make_target("c2i"), make_target("t2i")
     fam = F.family_of(c2i.config)
     assert fam is F.family_of("t2i") and fam.name == "llamagen"
-    assert fam.class_conditioned(c2i.config) and not fam.class_conditioned(t2i.config)
+    assert fam.conditioning(c2i.config) == ClassLabels(c2i.config.num_classes)
+    assert fam.conditioning(t2i.config) == CaptionFeatures(t2i.config.cls_token_num, t2i.config.caption_dim)
+    assert fam.conditioning("c2i") == ClassLabels() and fam.conditioning("t2i") == CaptionFeatures()
     cond = torch.tensor([1, 2])
     assert fam.check_cond(c2i.config, cond) == c2i.check_cond(cond) == 2
     assert torch.equal(fam.null_cond(c2i.config, cond), c2i.null_cond(cond))
@@ -31,18 +34,17 @@ def test_llamagen_is_the_family_of_c2i_and_t2i():
 
 
 def test_the_family_answers_caption_shape_and_the_tiny_test_targets():
-    """The generic text / training layers ask the family (caption_shape), and lisa_trt.testing
+    """The generic text / training layers ask the family (its conditioning), and lisa_trt.testing
     builds through it (random_target / random_cond), instead of branching on model_type."""
     from lisa_trt.testing import make_cond
     from lisa_trt.text.encoder import caption_shape
 
     c2i, t2i = make_target("c2i"), make_target("t2i")
     fam = F.family_of("c2i")
-    assert fam.caption_shape(c2i.config) is None
-    assert fam.caption_shape(t2i.config) == caption_shape(t2i.config) == (6, 12)
+    assert caption_shape(t2i.config) == (6, 12)
     with pytest.raises(InputError, match="captions condition text-to-image targets only"):
         caption_shape(c2i.config)
-    assert F.family_of("chameleon").caption_shape(object()) is None
+    assert F.family_of("chameleon").conditioning(object()) == TextPrompts()
     assert fam.check_cond(t2i.config, make_cond(t2i, batch=3)) == 3
     assert bool((make_cond(c2i, batch=8) < c2i.config.num_classes).all())  # real classes, never the null id
     with pytest.raises(NotImplementedError, match="tiny random target"):

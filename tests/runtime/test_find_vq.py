@@ -1,5 +1,5 @@
 """artifacts.find_vq: the one place a command finds its image decoder (--vq, the artifact set's,
-or a prompted family's own beside the checkpoint)."""
+or a family's own beside the checkpoint)."""
 
 from types import SimpleNamespace
 
@@ -8,8 +8,8 @@ import pytest
 from lisa_trt.artifacts import find_vq
 from lisa_trt.errors import ConfigError, InputError
 
-CODES = SimpleNamespace(prompted=False)  # a family whose tokens are VQ codes (LlamaGen)
-PROMPTED = SimpleNamespace(prompted=True)  # a family whose decoder sits beside its checkpoint
+CODES = SimpleNamespace(vq_beside_checkpoint=False)  # a family whose tokens are VQ codes (LlamaGen)
+PROMPTED = SimpleNamespace(vq_beside_checkpoint=True)  # a family whose decoder sits beside its checkpoint
 
 
 @pytest.fixture

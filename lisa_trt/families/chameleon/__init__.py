@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ...errors import ConfigError, InputError
+from ...models.conditioning import TextPrompts
 from ...models.family import ModelFamily, Request, SequenceLayout, SubVocab, register_family
 
 
@@ -18,7 +19,7 @@ class ChameleonFamily(ModelFamily):
     name = "chameleon"
     model_types = ("chameleon",)
     default_image_size = 512  # Lumina-mGPT's 512 checkpoints (768 / 1024 models: pass the size)
-    prompted = True  # Lumina-mGPT text prompts (the CLI's --prompt / captions files)
+    vq_beside_checkpoint = True  # DIR/vqgan/ (Lumina-mGPT's VQGAN with its vqgan.yaml)
     default_sampling = {"cfg_scale": 3.0, "temperature": 1.0, "top_k": 2000}  # Lumina-mGPT's defaults
     default_tree = {"top_k": 4, "depth": 4, "total_tokens": 16}
     train_data = ("self",)  # self-distillation from the prompter's requests (rollouts of the target)
@@ -31,6 +32,9 @@ class ChameleonFamily(ModelFamily):
         "a mountain lake with pine trees", "a bouquet of sunflowers in a vase", "an astronaut riding a horse",
         "a watercolor painting of a harbor", "a close-up of a hummingbird", "a cozy library with tall shelves",
     )
+
+    def conditioning(self, cfg_or_type):
+        return TextPrompts()  # Lumina-mGPT text prompts (the CLI's --prompt / captions files)
 
     def describe_checkpoint(self) -> str:
         return "an HF directory (config.json of model_type chameleon + model*.safetensors)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import SpecError
+from ...models.conditioning import TextPrompts
 from ...models.family import ModelFamily, register_family
 from . import cond as C
 from .config import MODEL_TYPE, is_janus_dir
@@ -15,11 +16,14 @@ class JanusFamily(ModelFamily):
 
     name = "janus"
     model_types = (MODEL_TYPE,)
-    prompted = True  # text prompts through JanusPrompter (the CLI's --prompt / captions files)
+    vq_beside_checkpoint = True  # the Janus VQ inside the HF checkpoint
     default_sampling = {"cfg_scale": 5.0}  # transformers' / Janus-Pro's image-generation guidance
     train_data = ("self",)  # self-distillation from prompt requests
     default_captions = ("a red fox in the snow", "a lighthouse at sunset", "a bowl of fruit on a table",
                         "a cat sleeping on a sofa", "a mountain lake with pine trees", "a city street at night")
+
+    def conditioning(self, cfg_or_type):
+        return TextPrompts()  # text prompts through JanusPrompter (the CLI's --prompt / captions files)
 
     def claims(self, path) -> bool:
         """True for a directory whose config.json has model_type "janus"."""
@@ -31,9 +35,6 @@ class JanusFamily(ModelFamily):
 
     def null_cond(self, cfg, cond, uncond_embedding=None):
         return C.null_cond(cfg, cond)
-
-    def class_conditioned(self, cfg_or_type) -> bool:
-        return False
 
     def example_cond(self, cfg, batch: int, generator=None):
         return C.example_cond(cfg, batch, generator)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import InputError, SpecError
+from ...models.conditioning import CaptionFeatures, ClassLabels
 from ...models.family import ModelFamily, register_family
 
 
@@ -48,11 +49,10 @@ class LlamaGenFamily(ModelFamily):
         src = (torch.arange(T, device=feats.device)[None, :] - n_valid[:, None]) % T
         return uncond_embedding.to(feats.dtype)[src], mask
 
-    def class_conditioned(self, cfg_or_type) -> bool:
-        return getattr(cfg_or_type, "model_type", cfg_or_type) == "c2i"
-
-    def caption_shape(self, cfg):
-        return (cfg.cls_token_num, cfg.caption_dim) if cfg.model_type == "t2i" else None
+    def conditioning(self, cfg_or_type):
+        if getattr(cfg_or_type, "model_type", cfg_or_type) == "c2i":
+            return ClassLabels(getattr(cfg_or_type, "num_classes", None))
+        return CaptionFeatures(getattr(cfg_or_type, "cls_token_num", None), getattr(cfg_or_type, "caption_dim", None))
 
     def condition_tensors(self, target) -> dict:
         u = getattr(target.cls_embedding, "uncond_embedding", None)  # t2i: the null caption

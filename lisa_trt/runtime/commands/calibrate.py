@@ -12,18 +12,9 @@ def calibrate(rc, *, out_path, vq, vq_config, rollouts, samples_per_pos, quantil
 
     rc = rc.load(counts={"--rollouts": rollouts, "--samples-per-pos": samples_per_pos, "--clusters": clusters},
                  files={"--out file": out_path}, captions=captions, encoder_dir=encoder_dir)
-    fam, kw = rc.family, {}
+    fam = rc.family
     vqm = _codebook_source(rc, vq, vq_config)
-    if fam.prompted:  # rollouts of the prompter's requests (one per caption, cycled to --rollouts)
-        from ..prompts import caption_list
-
-        req = rc.request(caption_list(fam, captions_file, rollouts))
-        size = rc.image_size(fam.default_image_size)
-        kw = dict(conds=req.cond, layout=req.layout, settings=dict(width=size, height=size))
-    elif not fam.class_conditioned(rc.target.config):
-        from ...text.train import prompt_conds
-
-        kw["conds"], _ = prompt_conds(rc.target.config, captions, encoder_dir, n=rollouts, what="calibration rollouts")
+    kw = rc.conditions.rollouts(rc, rollouts, captions=captions, captions_file=captions_file, encoder_dir=encoder_dir)
     tables = run_calibration(rc.target, fam.codebook(vqm), num_rollouts=rollouts, samples_per_pos=samples_per_pos,
                              quantile=quantile, n_clusters=clusters, cluster_space=cluster_space, lantern_k=lantern_k,
                              seed=rc.seed, sampling=rc.sampling, gasv=gasv_calibration(rc.spec), **kw)

@@ -22,7 +22,7 @@ def export(rc, *, out_dir, drafter, tables, vq, vq_config, fp16, opset, max_tree
     target, source = rc.target, rc.source
     _export_family(rc)  # a family without an ExportFamily: refused, naming what is missing
     drafter, tables = drafter or default_drafter(source), tables or default_tables(source)
-    sub_vocab = rc.request(["x"], cfg=False).layout.sub_vocab if rc.family.prompted else None
+    sub_vocab = rc.conditions.sub_vocab(rc)
     dr = load_drafter_by_name(drafter, target) if drafter else None
     tb = load_tables_by_name(tables, target, sub_vocab) if tables else None
     vqm, _ = find_vq(source, vq, vq_config, family=rc.family)

@@ -13,34 +13,17 @@ def generate(rc, *, prompts, out_dir, overwrite, vq, vq_config, classes, caption
     from ..context import spec_artifacts
 
     check_out_dir(out_dir, overwrite=overwrite)
-    if rc.family is not None and rc.family.prompted and not prompts:
-        rc.request(prompts)  # the missing-prompt error, before the model loads
+    if rc.family is not None:
+        rc.conditions.precheck(tuple(prompts or ()), None, None)  # a missing prompt, before the model loads
     rc = rc.load(captions=captions, encoder_dir=encoder_dir)  # the tuned tree; top-k vs the vocabulary
     m, fam = rc.method, rc.family
     vqm, _ = find_vq(rc.source, vq, vq_config, family=fam, vocab_size=rc.target.config.vocab_size)  # before decoding
-    request = rc.request(prompts) if fam.prompted else None
-    cond = request.cond if request is not None else _conditions(rc, classes, captions, encoder_dir)
+    cond, request = rc.conditions.given(rc, prompts=prompts, classes=classes, captions=captions,
+                                        encoder_dir=encoder_dir)
     layout = request.layout if request is not None else None
     dr, tb = spec_artifacts(rc.source, rc.target, [m], drafter, tables, getattr(layout, "sub_vocab", None))
     tokens, stats = _decode(rc, dr, tb, cond, request, echo)
     _save(rc, tokens, stats, request, vqm, vq_config, out_dir, overwrite, echo)
-
-
-def _conditions(rc, classes, captions, encoder_dir):
-    """Class ids (--classes) or caption features (--captions) for the bound target."""
-    import torch
-
-    from ...errors import InputError
-    from ..outputs import class_names_of, parse_classes
-
-    tc = rc.target.config
-    if rc.family.class_conditioned(tc):
-        if classes is None:
-            raise InputError("c2i models need --classes (e.g. --classes 0,1,2)")
-        return torch.tensor(parse_classes(classes, tc.num_classes, class_names_of(rc.source)))
-    from ...text.train import prompt_conds
-
-    return prompt_conds(tc, captions, encoder_dir, what="generate")[0]
 
 
 def _decode(rc, drafter, tables, cond, request, echo) -> tuple:

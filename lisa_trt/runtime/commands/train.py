@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..conditions import CaptionConditions, PromptConditions
+
 LOSS_TERMS = ("selection", "soft_gate", "veto", "truncated_ce", "kd")
 
 
@@ -27,7 +29,7 @@ def _data_config(rc, vqm, out_dir, o: dict):
 
     tc, source, token_file = rc.target.config, o["data"], o["token_file"]
     caption_file = None
-    if not rc.family.class_conditioned(tc):  # captions encoded before any data work
+    if isinstance(rc.conditions, CaptionConditions):  # captions encoded before any data work
         from ...text.train import training_caption_file
 
         caption_file = training_caption_file(tc, o["captions"], o["encoder_dir"], out_dir, source)
@@ -99,7 +101,7 @@ def train(rc, *, out_dir, vq, vq_config, echo, **o):
     _check_capabilities(rc.family, o)
     request, held_out = None, None
     vqm, codebook = _codebook(rc, vq, vq_config, o["loss"])
-    if rc.family.prompted:
+    if isinstance(rc.conditions, PromptConditions):  # rollouts of the prompter's requests, not a DataConfig source
         data, request, held_out = _prompted_data(rc, out_dir, o)
     else:
         data = _data_config(rc, vqm, out_dir, o)

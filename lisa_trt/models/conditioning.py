@@ -1,0 +1,69 @@
+"""What a target is conditioned on: one object per kind, answered by the target's family.
+
+    cond = family_of(cfg).conditioning(cfg)
+    ClassLabels(num_classes)        # class ids (LlamaGen c2i)
+    CaptionFeatures(slots, width)   # text-encoder caption features (LlamaGen t2i: FLAN-T5)
+    TextPrompts()                   # text encoded by the family's prompter (Chameleon, Janus)
+
+The generic layers read these objects (their fields and `random`), and the runtime picks the one
+per-kind adapter from them (runtime/conditions.py); nothing outside the families asks which
+family it runs. `cfg` may also be a bare model_type string (a prompts file parsed before any
+model loads): then the sizes are None.
+
+Floors: models (imports only core modules).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..errors import InputError
+
+
+class Conditioning:
+    """A conditioning kind; subclasses are frozen dataclasses."""
+
+    kind = "?"
+
+    def random(self, n: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        """`n` random conditions (calibration rollouts without given ones); InputError naming what
+        to pass when this kind cannot be drawn at random."""
+        raise InputError(f"{self.kind} conditions cannot be drawn at random: {self.what_to_pass}")
+
+    what_to_pass = "pass the conditions"
+
+
+@dataclass(frozen=True)
+class ClassLabels(Conditioning):
+    """Class ids in 0..num_classes-1 (names through the bundle's label list)."""
+
+    num_classes: Optional[int] = None
+    kind = "class"
+
+    def random(self, n: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        if not self.num_classes:
+            raise InputError("the number of classes is unknown here; load the target first")
+        return torch.randint(0, self.num_classes, (n,), generator=generator)
+
+
+@dataclass(frozen=True)
+class CaptionFeatures(Conditioning):
+    """(slots L, width C) caption features of a text encoder, with a validity mask."""
+
+    slots: Optional[int] = None
+    width: Optional[int] = None
+    kind = "caption"
+    what_to_pass = ("t2i targets take caption features: conds=(features, mask); CLI: --captions CAPTIONS.txt "
+                    "--encoder T5_DIR, or a .safetensors from `lisa-trt encode-captions`")
+
+
+@dataclass(frozen=True)
+class TextPrompts(Conditioning):
+    """Text prompts the family's `prompter` encodes into a Request (its own layout and VQ grid;
+    the family's `default_captions` when a command needs prompts and none are given)."""
+
+    kind = "text"
+    what_to_pass = "pass its prompts: the Request of the family's prompter (CLI: --prompt TEXT or a captions file)"

@@ -1,0 +1,185 @@
+"""A run's conditions: one adapter per conditioning kind, chosen once from the family's answer.
+
+The family says what its targets are conditioned on (models/conditioning.py); the adapter turns
+what a user gives (class ids or names, captions, text prompts) into the target's conditions for
+every command and the Pipeline, so none of them asks which kind it runs:
+
+    conds = run_conditions(family, cfg)          # ClassConditions / CaptionConditions / PromptConditions
+    cond, overrides, labels = conds.parse(prompts, cfg, class_names, encoder)   # Pipeline.generate
+    cond, request = conds.given(rc, prompts=..., classes=..., captions=..., encoder_dir=...)  # generate
+    conds.rollouts(rc, n, ...), conds.images(rc, n, ...), conds.sub_vocab(rc)   # calibrate, bench, export
+
+Floors: runtime (imports models, text and runtime.prompts).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import InputError
+from ..models.conditioning import CaptionFeatures, ClassLabels, TextPrompts
+from .prompts import Prompt, class_names_of, parse_classes
+
+
+class RunConditions:
+    """The conditions of one kind; the defaults are those of conditions the command passes as is."""
+
+    def __init__(self, family, kind):
+        self.family, self.kind = family, kind
+
+    def precheck(self, prompts, captions, encoder_dir) -> None:
+        """Cheap checks before any model loads (captions files and their encoder; missing prompts).
+        prompts: the texts a command was given (None: it takes none)."""
+        from ..text.train import precheck_captions
+
+        precheck_captions(captions, encoder_dir)
+
+    def encoder(self, text_encoder, tcfg):
+        """The Pipeline's text encoder, checked against the target (None: the kind needs none)."""
+        return None
+
+    def rows(self, cond, a: int, b: int, encode) -> tuple:
+        """Rows a:b of a parsed condition -> (the target's condition rows, the Request or None);
+        `encode(texts)` is the pipeline's prompter call."""
+        from ..text.prompts import cond_rows
+
+        return cond_rows(cond, a, b), None
+
+    def sub_vocab(self, rc):
+        """The sub-vocabulary tables and relaxed rules bind to (None: the head is the codebook)."""
+        return None
+
+    def rollouts(self, rc, n: int, *, captions, captions_file, encoder_dir) -> dict:
+        """Keyword arguments of run_calibration for `n` rollouts ({}: it draws its own)."""
+        return {}
+
+
+class ClassConditions(RunConditions):
+    """Class ids (or names from the bundle's label list)."""
+
+    def parse(self, prompts, tcfg, class_names, encoder) -> tuple:
+        from .prompts import _class_id
+
+        ids, overrides = [], []
+        for p in prompts:
+            if isinstance(p, Prompt):
+                ids.append(p.class_id)
+                overrides.append(dict(seed=p.seed, cfg=p.cfg))
+                continue
+            cid, err = _class_id(p, tcfg.num_classes, class_names)
+            if err:
+                raise InputError(err)
+            ids.append(cid)
+            overrides.append({})
+        if not ids:
+            raise InputError("no prompts given")
+        return torch.tensor(ids, dtype=torch.long), overrides, [{"class": i} for i in ids]
+
+    def given(self, rc, *, prompts, classes, captions, encoder_dir) -> tuple:
+        tc = rc.target.config
+        if classes is None:
+            raise InputError("c2i models need --classes (e.g. --classes 0,1,2)")
+        return torch.tensor(parse_classes(classes, tc.num_classes, class_names_of(rc.source))), None
+
+    def images(self, rc, n: int, *, classes, captions, encoder_dir, image_size=None) -> tuple:
+        """(n conditions, caption texts or None, Requests or None) for `lisa-trt bench`: the classes
+        cycled over the images (image_size: a Request's size, text prompts only)."""
+        tc = rc.target.config
+        cl = parse_classes(classes, tc.num_classes, class_names_of(rc.source)) if classes else list(range(tc.num_classes))
+        return [cl[i % len(cl)] for i in range(n)], None, None
+
+
+class CaptionConditions(RunConditions):
+    """Caption features of a text encoder: captions encoded with it, or feature files."""
+
+    def encoder(self, text_encoder, tcfg):
+        from ..text.prompts import make_encoder
+
+        return make_encoder(text_encoder, tcfg)
+
+    def parse(self, prompts, tcfg, class_names, encoder) -> tuple:
+        from ..text.prompts import t2i_conds
+
+        return t2i_conds(prompts, tcfg, encoder)
+
+    def given(self, rc, *, prompts, classes, captions, encoder_dir) -> tuple:
+        from ..text.train import prompt_conds
+
+        return prompt_conds(rc.target.config, captions, encoder_dir, what="generate")[0], None
+
+    def images(self, rc, n: int, *, classes, captions, encoder_dir, image_size=None) -> tuple:
+        from ..text.train import prompt_conds
+
+        conds, texts = prompt_conds(rc.target.config, captions, encoder_dir, n=n, what="bench")
+        return conds, texts, None
+
+    def rollouts(self, rc, n: int, *, captions, captions_file, encoder_dir) -> dict:
+        from ..text.train import prompt_conds
+
+        conds, _ = prompt_conds(rc.target.config, captions, encoder_dir, n=n, what="calibration rollouts")
+        return {"conds": conds}
+
+
+class PromptConditions(RunConditions):
+    """Text prompts the family's prompter encodes into Requests (their layout, sub-vocabulary, grid)."""
+
+    def precheck(self, prompts, captions, encoder_dir) -> None:
+        """An empty prompt list (given, but empty) is refused; texts need no encoder here."""
+        if prompts is not None and not prompts:
+            raise missing_prompts(self.family)
+
+    def parse(self, prompts, tcfg, class_names, encoder) -> tuple:
+        """Texts stay texts: each call's rows are encoded by `rows` (their own left padding)."""
+        texts = [p.caption if isinstance(p, Prompt) else p for p in prompts]
+        if not texts or not all(isinstance(t, str) and t.strip() for t in texts):
+            raise InputError(f"{self.family.name} pipelines take caption strings (or Prompt(caption=...)); "
+                             f"got {list(prompts)!r}")
+        overrides = [dict(seed=p.seed, cfg=p.cfg) if isinstance(p, Prompt) else {} for p in prompts]
+        return texts, overrides, [{"caption": t} for t in texts]
+
+    def rows(self, cond, a: int, b: int, encode) -> tuple:
+        req = encode(cond[a:b])
+        return req.cond, req
+
+    def given(self, rc, *, prompts, classes, captions, encoder_dir) -> tuple:
+        req = rc.request(prompts)
+        return req.cond, req
+
+    def images(self, rc, n: int, *, classes, captions, encoder_dir, image_size=None) -> tuple:
+        """Text prompts (--captions: one per line; else the family's list) cycled, one Request per image."""
+        from .prompts import caption_list
+
+        texts = caption_list(self.family, captions, n)
+        return None, texts, [rc.request([t], image_size=image_size) for t in texts]
+
+    def rollouts(self, rc, n: int, *, captions, captions_file, encoder_dir) -> dict:
+        """One rollout per caption (cycled to n) of the prompter's requests, at the family's size."""
+        from .prompts import caption_list
+
+        req = rc.request(caption_list(self.family, captions_file, n))
+        size = rc.image_size(self.family.default_image_size)
+        return dict(conds=req.cond, layout=req.layout, settings=dict(width=size, height=size))
+
+    def sub_vocab(self, rc):
+        return rc.request(["x"], cfg=False).layout.sub_vocab
+
+
+_ADAPTERS = {ClassLabels: ClassConditions, CaptionFeatures: CaptionConditions, TextPrompts: PromptConditions}
+
+
+def run_conditions(family, cfg_or_type=None) -> RunConditions:
+    """The adapter of `family`'s conditioning for `cfg` (a TargetConfig, a model_type, or None
+    before the model loads: then the family's default kind, which only `precheck` may use)."""
+    kind = family.conditioning(cfg_or_type)
+    for cls, adapter in _ADAPTERS.items():
+        if isinstance(kind, cls):
+            return adapter(family, kind)
+    raise InputError(f"the {family.name} family answers an unknown conditioning {type(kind).__name__}; "
+                     f"valid: {', '.join(c.__name__ for c in _ADAPTERS)} (models/conditioning.py)")
+
+
+
+def missing_prompts(family) -> InputError:
+    """The error for a text-prompt family given no prompt."""
+    return InputError(f"{family.name} models take text prompts: pass --prompt TEXT (repeat it for a batch) "
+                      "or a captions file")
