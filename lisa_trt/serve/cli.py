@@ -39,17 +39,23 @@ _SJD_WINDOW = click.option("--sjd-window", type=click.IntRange(min=1), default=N
               help="Seconds SIGTERM waits for in-flight requests.")
 @click.option("--start-timeout", type=float, default=600.0, show_default=True,
               help="Seconds to wait for the model to load and answer its warm-up request.")
+@click.option("--openai-port", type=int, default=None,
+              help="Also serve the OpenAI Images API (POST /v1/images/generations, GET /v1/models) on this port, "
+                   "forwarding to the Triton model (off by default; docs/serving.md).")
+@click.option("--openai-max-pending", type=click.IntRange(min=1), default=256, show_default=True,
+              help="OpenAI front end: requests in flight before it answers 429.")
 @_SJD_WINDOW
 @_errors
 def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max_batch, max_queue_delay_ms,
-              threads, instances, gpus, drain_timeout, start_timeout, sjd_window):
+              threads, instances, gpus, drain_timeout, start_timeout, openai_port, openai_max_pending, sjd_window):
     """Serve ENGINE_DIR on NVIDIA Triton Inference Server (PyTriton) with dynamic batching.
 
     Model 'lisa': inputs prompt (class id/name), seed, verify, cfg_scale, temperature, top_k,
     top_p and every registered method's knob (lantern_delta, gasv_kappa, sjd_window, gsd_group, zipar_window, ...);
     outputs image (H, W, 3 uint8), mal, tvd,
     seconds, batch, error. Ready (/v2/health/ready 200) once the model is loaded and has answered a
-    warm-up request. SIGTERM finishes in-flight requests and exits. See docs/serving.md."""
+    warm-up request. With --openai-port P: the OpenAI Images API on port P in front of the same model.
+    SIGTERM finishes in-flight requests and exits. See docs/serving.md."""
     from ..errors import InputError
     from .server import serve
 
@@ -60,7 +66,8 @@ def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max
     sys.exit(serve(engine_dir, backend=backend, host=host, http_port=http_port, grpc_port=grpc_port,
                    metrics_port=metrics_port, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms,
                    threads=threads, instances=instances, gpus=gpu_ids, drain_timeout=drain_timeout,
-                   start_timeout=start_timeout, sjd_window=sjd_window, echo=click.echo))
+                   start_timeout=start_timeout, sjd_window=sjd_window, openai_port=openai_port,
+                   openai_max_pending=openai_max_pending, echo=click.echo))
 
 
 @click.command("triton-repo")
@@ -102,12 +109,12 @@ def preflight(args) -> None:
     Exits 2 with the one-line message when a port is taken; anything it cannot parse is left
     for the real command to report."""
     from ..errors import LisaError
-    from .server import check_ports
+    from .server import check_ports, serve_ports
 
     try:
         ctx = serve_cmd.make_context("serve", list(args), resilient_parsing=True)
         p = ctx.params
-        ports = {"--http-port": p["http_port"], "--grpc-port": p["grpc_port"], "--metrics-port": p["metrics_port"]}
+        ports = serve_ports(p["http_port"], p["grpc_port"], p["metrics_port"], p["openai_port"])
         host = p["host"]
     except (click.exceptions.ClickException, click.exceptions.Exit, KeyError, TypeError):
         return
