@@ -100,13 +100,8 @@ def info(pipe):
 
 
 @pytest.fixture(scope="module")
-def local(pipe):
-    return LocalModel(pipe)
-
-
-@pytest.fixture(scope="module")
-def url(local, info):
-    front, base = _serve(local, info)
+def url(pipe, info):
+    front, base = _serve(LocalModel(pipe), info)
     yield base
     front.stop(10)
 
