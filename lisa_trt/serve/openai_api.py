@@ -114,9 +114,9 @@ def _error_response(e: APIError):
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
-def _internal(request) -> APIError:
+def _internal(request, exc: BaseException) -> APIError:
     rid = uuid.uuid4().hex[:12]
-    LOG.error("internal error (request id %s) on %s %s", rid, request.method, request.url.path, exc_info=True)
+    LOG.error("internal error (request id %s) on %s %s", rid, request.method, request.url.path, exc_info=exc)
     return APIError(500, f"internal error (request id {rid}); the details are in the server log", None,
                     "server_error")
 
@@ -153,27 +153,11 @@ class _Pending:
         self.now -= 1
 
 
-def create_app(backend: TritonImages, info: ModelInfo, *, max_pending: int = MAX_PENDING,
-               max_body_bytes: int = MAX_BODY_BYTES):
-    """The ASGI app (FastAPI) serving `info`'s model through `backend`."""
-    from contextlib import asynccontextmanager
-
-    from fastapi import FastAPI, Request
+def _install_error_handlers(app) -> None:
+    """Every error in OpenAI's shape: ours (APIError), Starlette's 404 / 405, FastAPI's validation,
+    and any other exception (500 with a request id; the traceback goes to the log)."""
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, StreamingResponse
-    from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
-
-    from .openai_images import images_response, stream_events
-
-    @asynccontextmanager
-    async def lifespan(_app):
-        yield
-        await backend.close()
-
-    app = FastAPI(title="lisa-trt OpenAI Images API", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
-    pending, kinds = _Pending(max_pending), knob_kinds()
 
     @app.exception_handler(APIError)
     async def _api_error(_req, e: APIError):
@@ -191,8 +175,30 @@ def create_app(backend: TritonImages, info: ModelInfo, *, max_pending: int = MAX
                                         "invalid_value"))
 
     @app.exception_handler(Exception)
-    async def _fault(req, _e: Exception):
-        return _error_response(_internal(req))
+    async def _fault(req, e: Exception):
+        return _error_response(_internal(req, e))
+
+
+def create_app(backend: TritonImages, info: ModelInfo, *, max_pending: int = MAX_PENDING,
+               max_body_bytes: int = MAX_BODY_BYTES):
+    """The ASGI app (FastAPI) serving `info`'s model through `backend`."""
+    from contextlib import asynccontextmanager
+
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.concurrency import run_in_threadpool
+
+    from .openai_images import images_response, stream_events
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        await backend.close()
+
+    app = FastAPI(title="lisa-trt OpenAI Images API", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    _install_error_handlers(app)
+    pending, kinds = _Pending(max_pending), knob_kinds()
 
     @app.get("/v1/models")
     async def models():

@@ -58,7 +58,7 @@ class ModelInfo:
     max_batch: int
     class_names: tuple = ()
     num_classes: int = 0
-    prompted: bool = False
+    prompt: str = "class"  # what `prompt` is: "class" (id or name), "text" (family prompter), "caption" (T5)
     token_rows: Optional[int] = None  # rows of the token grid the image is decoded from
     tokens_per_image: Optional[int] = None  # tokens the target generates per image
     prompt_tokens: Optional[int] = None  # condition tokens of a class-conditioned prompt
@@ -80,9 +80,10 @@ class ModelInfo:
         h, w = int(dims["height"]), int(dims["width"])
         rows = _token_rows(dims.get("block"), h, w)
         cls_tokens = int(getattr(tc, "cls_token_num", 1)) if fam.class_conditioned(tc) else None
+        kind = "class" if fam.class_conditioned(tc) else "text" if fam.prompted else "caption"
         return cls(id=model_id, family=fam.name, width=w, height=h, max_batch=int(max_batch),
                    class_names=tuple((m.generation or {}).get("class_names") or ()),
-                   num_classes=int(getattr(tc, "num_classes", 0) or 0), prompted=bool(fam.prompted),
+                   num_classes=int(getattr(tc, "num_classes", 0) or 0), prompt=kind,
                    token_rows=rows, tokens_per_image=int(dims["block"]) if rows else None,
                    prompt_tokens=cls_tokens, created=_created(m))
 
@@ -90,7 +91,7 @@ class ModelInfo:
         """The model's entry in GET /v1/models."""
         return {"id": self.id, "object": "model", "created": self.created, "owned_by": "lisa-trt",
                 "family": self.family, "sizes": [self.size], "max_n": self.max_batch,
-                "prompt": "text" if self.prompted else "class id or name", "classes": list(self.class_names)}
+                "prompt": self.prompt, "classes": list(self.class_names)}
 
 
 def _token_rows(block, h: int, w: int) -> Optional[int]:
@@ -143,10 +144,11 @@ def _typed(name: str, v, kind: str):
 
 def _prompt(body: dict, info: ModelInfo) -> str:
     if "prompt" not in body or body["prompt"] is None:
-        what = "text" if info.prompted else f"a class id (0..{info.num_classes - 1}) or a class name"
+        what = (f"a class id (0..{info.num_classes - 1}) or a class name" if info.prompt == "class"
+                else "a caption" if info.prompt == "caption" else "text")
         raise bad(f"missing required parameter 'prompt' ({what})", "prompt", "missing_required_parameter")
     prompt = body["prompt"]
-    if isinstance(prompt, int) and not isinstance(prompt, bool) and not info.prompted:
+    if isinstance(prompt, int) and not isinstance(prompt, bool) and info.prompt == "class":
         prompt = str(prompt)  # a class id sent as a JSON number
     prompt = _typed("prompt", prompt, "str").strip()
     if not prompt:
@@ -257,7 +259,7 @@ def knob_kinds() -> dict:
 
 def error_param(message: str, names) -> Optional[str]:
     """The request field a served-model message is about: the name it starts with, else the first
-    name its first clause mentions ("unknown verify rule ..."), "prompt" for a class or prompt."""
+    name its first clause mentions ("unknown verify rule ..."), "prompt" for a class, prompt or caption."""
     import re
 
     head = message.split(" ", 1)[0].split("=", 1)[0].strip("'\",:")
@@ -268,4 +270,4 @@ def error_param(message: str, names) -> Optional[str]:
     hit = [n for n in names if n in words]
     if hit:
         return hit[0]
-    return "prompt" if words & {"class", "prompt"} else None
+    return "prompt" if words & {"class", "prompt", "caption"} else None

@@ -78,13 +78,13 @@ class LocalModel:
         pass
 
 
-def _info(pipe) -> ModelInfo:
-    img = np.asarray(pipe.generate([0], seed=0, batch=True).images[0])
+def _info(pipe, probe=0, **over) -> ModelInfo:
+    img = np.asarray(pipe.generate([probe], seed=0, batch=True).images[0])
     n = pipe.config.block_size
     rows = int(round(n ** 0.5))
     return ModelInfo(id="lisa", family="llamagen", width=img.shape[1], height=img.shape[0], max_batch=MAX_BATCH,
-                     class_names=tuple(pipe.class_names), num_classes=pipe.config.num_classes, token_rows=rows,
-                     tokens_per_image=n, prompt_tokens=1)
+                     class_names=tuple(pipe.class_names or ()), num_classes=pipe.config.num_classes,
+                     token_rows=rows, tokens_per_image=n, **{"prompt_tokens": 1, **over})
 
 
 def _serve(backend, info, **kw):
@@ -303,3 +303,42 @@ def test_serve_refuses_a_taken_openai_port_at_once(tmp_path):
     assert r.returncode == 2
     assert (r.stdout + r.stderr).strip() == (f"error: port {o} (--openai-port) on 127.0.0.1 is already in use; "
                                              "stop what holds it or pass another --openai-port")
+
+
+def test_caption_bundle_takes_a_caption_through_its_t5_encoder(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.delenv("LISA_TRT_TEXT_ENCODER", raising=False)
+    import torch
+
+    from lisa_trt.config import vq_config
+    from lisa_trt.families.llamagen.vq import VQModel
+    from lisa_trt.runtime.pipeline import Pipeline
+    from lisa_trt.testing import make_target
+    from lisa_trt.text.testing import make_tiny_t5
+
+    torch.manual_seed(0)
+    target = make_target("t2i", std=0.3)
+    vq = VQModel(vq_config("VQ-16", ch=32, encoder_ch_mult=(1, 2), decoder_ch_mult=(1, 2), z_channels=32,
+                           codebook_size=256)).eval()
+    t5 = make_tiny_t5(tmp_path / "t5", d_model=12)
+    gen = {"sampling": {"cfg_scale": 3.0}}
+    pipe = Pipeline.from_models(target, None, None, vq, generation=gen, text_encoder=t5)
+    info = _info(pipe, "a dog", prompt="caption", prompt_tokens=None)
+    front, base = _serve(LocalModel(pipe), info)
+    c = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
+    try:
+        r = c.images.generate(prompt="a red car", extra_body={"seed": 5, "verify": "vanilla"})
+        want = pipe.generate([Prompt(0, caption="a red car", seed=5)], verify="vanilla", batch=True).images[0]
+        assert np.array_equal(_png(r.data[0].b64_json), np.asarray(want))
+    finally:
+        c.close()
+        front.stop(10)
+    bare = LocalModel(Pipeline.from_models(target, None, None, vq, generation=gen))  # no encoder: the fix named
+    front, base = _serve(bare, info)
+    c = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
+    try:
+        _raises(c, openai.BadRequestError, 400, "prompt", "start it with LISA_TRT_TEXT_ENCODER=DIR",
+                prompt="a red car")
+    finally:
+        c.close()
+        front.stop(10)
