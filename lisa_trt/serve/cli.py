@@ -1,4 +1,5 @@
-"""`lisa-trt serve` and `lisa-trt triton-repo`; lisa_trt/cli/__init__.py adds them with `register(main)`."""
+"""`lisa-trt serve`, `lisa-trt triton-repo` and `lisa-trt openai-api`; lisa_trt/cli/__init__.py adds them
+with `register(main)`."""
 
 from __future__ import annotations
 
@@ -103,6 +104,34 @@ def triton_repo_cmd(engine_dir, repo_dir, backend, max_batch, max_queue_delay_ms
     click.echo(f"wrote Triton model repository {out} (model 'lisa'): tritonserver --model-repository {repo_dir}")
 
 
+@click.command("openai-api")
+@click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--triton-url", default="127.0.0.1:8000", show_default=True,
+              help="HTTP endpoint (host:port) of the Triton server that serves ENGINE_DIR as model 'lisa'.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the API binds (0.0.0.0: remote).")
+@click.option("--port", type=int, default=8080, show_default=True)
+@click.option("--max-batch", type=int, default=16, show_default=True,
+              help="Most images per request (n): the Triton model's max_batch_size.")
+@click.option("--max-pending", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Requests in flight before the API answers 429.")
+@click.option("--drain-timeout", type=int, default=60, show_default=True,
+              help="Seconds SIGTERM waits for in-flight requests.")
+@_errors
+def openai_api_cmd(engine_dir, triton_url, host, port, max_batch, max_pending, drain_timeout):
+    """The OpenAI Images API for ENGINE_DIR in front of a Triton server that already serves it
+    (`lisa-trt triton-repo` in the Triton container; a sidecar next to it). `lisa-trt serve
+    --openai-port` starts the same front end with its own Triton. See docs/serving.md."""
+    from .openai_api import FrontEnd
+    from .server import check_ports
+
+    check_ports(host, {"--port": port})
+    front = FrontEnd.for_triton(engine_dir, triton_url=triton_url, host=host, port=port, max_batch=max_batch,
+                                max_pending=max_pending, drain_timeout=drain_timeout)
+    click.echo(f"OpenAI Images API: http://{host}:{port}/v1/images/generations (model '{front.info.id}', "
+               f"{front.info.size}, n <= {max_batch}) -> Triton {triton_url}")
+    front.server.run()  # uvicorn on this thread: SIGTERM / SIGINT stop it gracefully
+
+
 def preflight(args) -> None:
     """`serve`'s port check from its raw arguments, before the full CLI (and torch) is imported.
 
@@ -126,7 +155,8 @@ def preflight(args) -> None:
 
 
 def register(group: click.Group) -> click.Group:
-    """Add `serve` and `triton-repo` to the `lisa-trt` group."""
+    """Add `serve`, `triton-repo` and `openai-api` to the `lisa-trt` group."""
     group.add_command(serve_cmd)
     group.add_command(triton_repo_cmd)
+    group.add_command(openai_api_cmd)
     return group

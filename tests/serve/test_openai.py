@@ -342,3 +342,18 @@ def test_caption_bundle_takes_a_caption_through_its_t5_encoder(tmp_path, monkeyp
     finally:
         c.close()
         front.stop(10)
+
+
+def test_docs_openai_api_lines_use_existing_options():
+    import shlex
+    from pathlib import Path
+
+    from lisa_trt.serve.cli import openai_api_cmd
+
+    doc = (Path(__file__).parents[2] / "docs" / "serving.md").read_text()
+    known = {o for prm in openai_api_cmd.params for o in prm.opts}
+    lines = [ln.strip() for ln in doc.splitlines() if ln.strip().startswith("lisa-trt openai-api ")]
+    assert lines
+    for ln in lines:
+        used = {a.split("=")[0] for a in shlex.split(ln)[2:] if a.startswith("--")}
+        assert used <= known, (ln, used - known)

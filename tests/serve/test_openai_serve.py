@@ -147,6 +147,42 @@ def test_32_concurrent_clients_mixed_valid_and_malformed_none_lost_and_batched(s
     assert server.proc.poll() is None
 
 
+def test_openai_api_command_fronts_a_running_triton(server, engine_dir, tmp_path):
+    """`lisa-trt openai-api` (the sidecar form) in front of the module's Triton: the same image as
+    serve's own front end; SIGTERM exits 0."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from lisa_trt.serve.process import free_ports
+
+    (port,) = free_ports(1)
+    log = open(tmp_path / "api.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "lisa_trt", "openai-api", str(engine_dir), "--triton-url",
+                             server.url, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        base, t0 = f"http://127.0.0.1:{port}/v1", time.monotonic()
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/models", timeout=5)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() - t0 < 120, (tmp_path / "api.log").read_text()
+                time.sleep(0.3)
+        side = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=TIMEOUT)
+        a = side.images.generate(prompt="cat", extra_body={"seed": 3})
+        b = _client(server).images.generate(prompt="cat", extra_body={"seed": 3})
+        assert np.array_equal(_png(a.data[0].b64_json), _png(b.data[0].b64_json))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, (tmp_path / "api.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        log.close()
+
+
 def test_sigterm_finishes_in_flight_openai_requests_then_exits_0(engine_dir, tmp_path):
     import signal
     import threading
