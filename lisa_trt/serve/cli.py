@@ -129,7 +129,7 @@ def openai_api_cmd(engine_dir, triton_url, host, port, max_batch, max_pending, d
                                 max_pending=max_pending, drain_timeout=drain_timeout)
     click.echo(f"OpenAI Images API: http://{host}:{port}/v1/images/generations (model '{front.info.id}', "
                f"{front.info.size}, n <= {max_batch}) -> Triton {triton_url}")
-    front.server.run()  # uvicorn on this thread: SIGTERM / SIGINT stop it gracefully
+    sys.exit(front.serve_until_signal(drain_timeout))  # SIGTERM: in-flight requests finish, exit 0
 
 
 def preflight(args) -> None:

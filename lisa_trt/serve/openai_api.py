@@ -269,6 +269,24 @@ class FrontEnd:
                 raise LisaError(f"the OpenAI front end did not start within {timeout:g} s")
             time.sleep(0.05)
 
+    def serve_until_signal(self, drain_timeout: float = 60.0) -> int:
+        """Serve until SIGTERM / SIGINT, then finish the in-flight requests; -> 0 (1 if uvicorn died)."""
+        import signal
+        import threading
+
+        stop = threading.Event()
+        old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            while not stop.wait(0.5):
+                if not self._thread.is_alive():
+                    return 1
+            return 0
+        finally:
+            self.stop(drain_timeout + 5)
+            for s, h in old.items():
+                signal.signal(s, h)
+
     def stop(self, timeout: Optional[float] = None) -> None:
         """Stop taking connections, let in-flight requests finish (uvicorn's graceful shutdown)."""
         if self._thread is not None and self._thread.is_alive():
