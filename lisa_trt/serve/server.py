@@ -163,10 +163,15 @@ def _die_with_parent():
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: tritonserver never outlives `lisa-trt serve`
 
 
+def local_address(host: str) -> str:
+    """The address this machine reaches a server bound to `host` at (wildcards: loopback), in URL form."""
+    h = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
+    return f"[{h}]" if ":" in h else h
+
+
 def ready_status(host: str, port: int, timeout: float = 2.0) -> Optional[int]:
     """HTTP status of GET /v2/health/ready (None while nothing answers)."""
-    h = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
-    h = f"[{h}]" if ":" in h else h
+    h = local_address(host)
     try:
         with urllib.request.urlopen(f"http://{h}:{port}/v2/health/ready", timeout=timeout) as r:
             return r.status
@@ -202,15 +207,11 @@ def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_po
         raise InputError(f"--max-queue-delay-ms must be >= 0, got {max_queue_delay_ms}")
     if instances < 1 or (threads is not None and threads < 1):
         raise InputError(f"--instances and --threads must be >= 1, got {instances} and {threads}")
-    if openai_max_pending < 1:
-        raise InputError(f"--openai-max-pending must be >= 1, got {openai_max_pending}")
     check_ports(host, serve_ports(http_port, grpc_port, metrics_port, openai_port))
     read_manifest(Path(engine_dir))  # refuse anything that is not an engine directory, before Triton
     require_pytriton()
     if openai_port is not None:
-        from .openai_api import require_openai_deps
-
-        require_openai_deps()
+        _check_front_end(openai_max_pending)
     t0 = time.perf_counter()
     stop = threading.Event()
     old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -273,14 +274,21 @@ def serve_ports(http_port: int, grpc_port: int, metrics_port: int, openai_port: 
     return ports
 
 
+def _check_front_end(max_pending: int) -> None:
+    """The OpenAI front end's setting and packages, checked before Triton starts."""
+    from .openai_api import require_openai_deps
+
+    if max_pending < 1:
+        raise InputError(f"--openai-max-pending must be >= 1, got {max_pending}")
+    require_openai_deps()
+
+
 def _front_end(engine_dir, *, host: str, http_port: int, port: int, max_batch: int, max_pending: int,
                drain_timeout: int, echo: Callable):
     """Start the OpenAI front end on `port`, forwarding to Triton's HTTP endpoint; -> its FrontEnd."""
     from .openai_api import FrontEnd
 
-    local = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
-    local = f"[{local}]" if ":" in local else local
-    front = FrontEnd.for_triton(engine_dir, triton_url=f"{local}:{http_port}", host=host, port=port,
+    front = FrontEnd.for_triton(engine_dir, triton_url=f"{local_address(host)}:{http_port}", host=host, port=port,
                                 max_batch=max_batch, max_pending=max_pending, drain_timeout=drain_timeout)
     front.start()
     shown = f"[{host}]" if ":" in host else host
