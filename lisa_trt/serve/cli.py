@@ -1,4 +1,5 @@
-"""`lisa-trt serve` and `lisa-trt triton-repo`; lisa_trt/cli/__init__.py adds them with `register(main)`."""
+"""`lisa-trt serve`, `lisa-trt triton-repo` and `lisa-trt openai-api`; lisa_trt/cli/__init__.py adds them
+with `register(main)`."""
 
 from __future__ import annotations
 
@@ -39,17 +40,23 @@ _SJD_WINDOW = click.option("--sjd-window", type=click.IntRange(min=1), default=N
               help="Seconds SIGTERM waits for in-flight requests.")
 @click.option("--start-timeout", type=float, default=600.0, show_default=True,
               help="Seconds to wait for the model to load and answer its warm-up request.")
+@click.option("--openai-port", type=int, default=None,
+              help="Also serve the OpenAI Images API (POST /v1/images/generations, GET /v1/models) on this port, "
+                   "forwarding to the Triton model (off by default; docs/serving.md).")
+@click.option("--openai-max-pending", type=click.IntRange(min=1), default=256, show_default=True,
+              help="OpenAI front end: requests in flight before it answers 429.")
 @_SJD_WINDOW
 @_errors
 def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max_batch, max_queue_delay_ms,
-              threads, instances, gpus, drain_timeout, start_timeout, sjd_window):
+              threads, instances, gpus, drain_timeout, start_timeout, openai_port, openai_max_pending, sjd_window):
     """Serve ENGINE_DIR on NVIDIA Triton Inference Server (PyTriton) with dynamic batching.
 
     Model 'lisa': inputs prompt (class id/name), seed, verify, cfg_scale, temperature, top_k,
     top_p and every registered method's knob (lantern_delta, gasv_kappa, sjd_window, gsd_group, zipar_window, ...);
     outputs image (H, W, 3 uint8), mal, tvd,
     seconds, batch, error. Ready (/v2/health/ready 200) once the model is loaded and has answered a
-    warm-up request. SIGTERM finishes in-flight requests and exits. See docs/serving.md."""
+    warm-up request. With --openai-port P: the OpenAI Images API on port P in front of the same model.
+    SIGTERM finishes in-flight requests and exits. See docs/serving.md."""
     from ..errors import InputError
     from .server import serve
 
@@ -60,7 +67,8 @@ def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max
     sys.exit(serve(engine_dir, backend=backend, host=host, http_port=http_port, grpc_port=grpc_port,
                    metrics_port=metrics_port, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms,
                    threads=threads, instances=instances, gpus=gpu_ids, drain_timeout=drain_timeout,
-                   start_timeout=start_timeout, sjd_window=sjd_window, echo=click.echo))
+                   start_timeout=start_timeout, sjd_window=sjd_window, openai_port=openai_port,
+                   openai_max_pending=openai_max_pending, echo=click.echo))
 
 
 @click.command("triton-repo")
@@ -96,18 +104,46 @@ def triton_repo_cmd(engine_dir, repo_dir, backend, max_batch, max_queue_delay_ms
     click.echo(f"wrote Triton model repository {out} (model 'lisa'): tritonserver --model-repository {repo_dir}")
 
 
+@click.command("openai-api")
+@click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--triton-url", default="127.0.0.1:8000", show_default=True,
+              help="HTTP endpoint (host:port) of the Triton server that serves ENGINE_DIR as model 'lisa'.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the API binds (0.0.0.0: remote).")
+@click.option("--port", type=int, default=8080, show_default=True)
+@click.option("--max-batch", type=int, default=16, show_default=True,
+              help="Most images per request (n): the Triton model's max_batch_size.")
+@click.option("--max-pending", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Requests in flight before the API answers 429.")
+@click.option("--drain-timeout", type=int, default=60, show_default=True,
+              help="Seconds SIGTERM waits for in-flight requests.")
+@_errors
+def openai_api_cmd(engine_dir, triton_url, host, port, max_batch, max_pending, drain_timeout):
+    """The OpenAI Images API for ENGINE_DIR in front of a Triton server that already serves it
+    (`lisa-trt triton-repo` in the Triton container; a sidecar next to it). `lisa-trt serve
+    --openai-port` starts the same front end with its own Triton. See docs/serving.md."""
+    from .openai_api import FrontEnd
+    from .server import check_ports
+
+    check_ports(host, {"--port": port})
+    front = FrontEnd.for_triton(engine_dir, triton_url=triton_url, host=host, port=port, max_batch=max_batch,
+                                max_pending=max_pending, drain_timeout=drain_timeout)
+    click.echo(f"OpenAI Images API: http://{host}:{port}/v1/images/generations (model '{front.info.id}', "
+               f"{front.info.size}, n <= {max_batch}) -> Triton {triton_url}")
+    sys.exit(front.serve_until_signal(drain_timeout))  # SIGTERM: in-flight requests finish, exit 0
+
+
 def preflight(args) -> None:
     """`serve`'s port check from its raw arguments, before the full CLI (and torch) is imported.
 
     Exits 2 with the one-line message when a port is taken; anything it cannot parse is left
     for the real command to report."""
     from ..errors import LisaError
-    from .server import check_ports
+    from .server import check_ports, serve_ports
 
     try:
         ctx = serve_cmd.make_context("serve", list(args), resilient_parsing=True)
         p = ctx.params
-        ports = {"--http-port": p["http_port"], "--grpc-port": p["grpc_port"], "--metrics-port": p["metrics_port"]}
+        ports = serve_ports(p["http_port"], p["grpc_port"], p["metrics_port"], p["openai_port"])
         host = p["host"]
     except (click.exceptions.ClickException, click.exceptions.Exit, KeyError, TypeError):
         return
@@ -119,7 +155,8 @@ def preflight(args) -> None:
 
 
 def register(group: click.Group) -> click.Group:
-    """Add `serve` and `triton-repo` to the `lisa-trt` group."""
+    """Add `serve`, `triton-repo` and `openai-api` to the `lisa-trt` group."""
     group.add_command(serve_cmd)
     group.add_command(triton_repo_cmd)
+    group.add_command(openai_api_cmd)
     return group

@@ -31,15 +31,23 @@ class ServeError(LisaError):
 
 def make_inputs(module, prompt, seed: Optional[int] = None, **knobs) -> list:
     """tritonclient InferInput list (module: tritonclient.http or tritonclient.grpc), one row."""
-    vals = {"prompt": prompt, "seed": seed, **knobs}
+    return make_rows_inputs(module, [prompt], None if seed is None else [seed], **knobs)
+
+
+def make_rows_inputs(module, prompts: list, seeds: Optional[list] = None, **knobs) -> list:
+    """tritonclient InferInput list for one request of len(prompts) rows: row i has prompts[i],
+    seeds[i] and every knob (one value for all rows); None values are left out."""
+    n = len(prompts)
+    vals = {"prompt": list(prompts), "seed": seeds, **{k: None if v is None else [v] * n for k, v in knobs.items()}}
     out = []
-    for name, v in vals.items():
-        if v is None:
+    for name, col in vals.items():
+        if col is None:
             continue
         if name not in INPUTS:
             raise ServeError(f"unknown input {name!r}; valid: {', '.join(INPUTS)}")
         dt, kind = INPUTS[name]
-        arr = np.array([[str(v).encode()]], dtype=object) if kind == "str" else np.array([[v]], dtype=dt)
+        arr = (np.array([[str(v).encode()] for v in col], dtype=object) if kind == "str"
+               else np.array([[v] for v in col], dtype=dt))
         inp = module.InferInput(name, list(arr.shape), _TYPES["str" if kind == "str" else dt])
         inp.set_data_from_numpy(arr)
         out.append(inp)
@@ -53,14 +61,24 @@ def server_message(text: str) -> str:
     return re.sub(r"^\[request id: [^\]]*\] ", "", text.strip())
 
 
+def parse_rows(res) -> list:
+    """tritonclient InferResult -> per row (image (H, W, 3) uint8, stats) or the row's error message."""
+    errs = res.as_numpy("error").reshape(-1)
+    cols = {k: res.as_numpy(k).reshape(-1) for k in ("mal", "tvd", "seconds", "batch")}
+    images = res.as_numpy("image")
+    out = []
+    for i, err in enumerate(errs):
+        err = err.decode() if isinstance(err, bytes) else str(err)
+        out.append(err if err else (images[i], {k: v[i].item() for k, v in cols.items()}))
+    return out
+
+
 def parse_result(res) -> tuple[np.ndarray, dict]:
     """tritonclient InferResult (one row) -> (image (H, W, 3) uint8, stats) or ServeError."""
-    err = res.as_numpy("error").reshape(-1)[0]
-    err = err.decode() if isinstance(err, bytes) else str(err)
-    if err:
-        raise ServeError(err)
-    stats = {k: res.as_numpy(k).reshape(-1)[0].item() for k in ("mal", "tvd", "seconds", "batch")}
-    return res.as_numpy("image")[0], stats
+    row = parse_rows(res)[0]
+    if isinstance(row, str):
+        raise ServeError(row)
+    return row
 
 
 class LisaClient:

@@ -4,7 +4,8 @@ Framework-free (numpy in, numpy out) so that PyTriton (`lisa-trt serve`) and the
 backend (`lisa-trt triton-repo`) share it, and tests can drive it without a server.
 
 Every request carries its rows with a leading batch dimension (usually 1 row). Inputs, all
-(n, 1): `prompt` (BYTES: class id or class name), `seed` (INT64) and the optional knobs
+(n, 1): `prompt` (BYTES: class id or class name; text for prompted families; a caption for
+T5-caption engines when the pipeline has a text encoder), `seed` (INT64) and the optional knobs
 `verify` (BYTES), `cfg_scale`, `temperature`, `top_p` (FP32), `top_k` (INT32) and every
 registered method's own knob by its setting name (METHOD_KNOBS: `lantern_delta`, `gasv_kappa`,
 `gasv_lambda`, `gsd_group`, `sjd_pac_tree_width`, `zipar_window`, ...; FP32 / INT32 / BYTES by
@@ -32,7 +33,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from ..errors import InputError, LisaError
-from ..models.conditioning import CaptionFeatures, TextPrompts
+from ..models.conditioning import CaptionFeatures, ClassLabels
 
 LOG = logging.getLogger("lisa_trt.serve")
 MODEL_NAME = "lisa"  # the served model's name (Triton repository, endpoints)
@@ -196,12 +197,32 @@ class ServeModel:
                 raise InputError(f"{', '.join(sorted(given))}: {e}") from e
         return (requested or AUTO, float(cfg), float(temp), top_k, float(top_p), *method_values)
 
-    def parse(self, requests: Sequence[Mapping]) -> tuple[list, dict, list]:
-        """-> (rows, {request index: error message}, rows per request)."""
-        rows, errors, sizes = [], {}, []
+    def _condition(self, value) -> tuple:
+        """A row's prompt -> (class id, None) for class-conditioned engines, else (None, its text):
+        a prompted family's text prompt (its prompter) or a T5-caption engine's caption (the
+        pipeline's T5 encoder, $LISA_TRT_TEXT_ENCODER where the server runs)."""
         from ..runtime.prompts import _class_id
 
         cfg = self.pipe.config
+        kind = self.pipe.family.conditioning(cfg)
+        if isinstance(kind, ClassLabels):
+            cid, err = _class_id(value, cfg.num_classes, self.pipe.class_names)
+            if err:
+                raise InputError(err)
+            return cid, None
+        if isinstance(kind, CaptionFeatures) and getattr(self.pipe, "_text", None) is None:
+            raise InputError("this engine is conditioned on T5 caption features and the server has no text "
+                             "encoder: start it with LISA_TRT_TEXT_ENCODER=DIR (a local flan-t5-xl directory) "
+                             "to serve captions")
+        caption = str(value).strip()
+        if not caption:
+            raise InputError("input 'prompt' must be non-empty text for this engine")
+        self.pipe.check_prompt(caption)  # the bundle's prompt budget, per row (text prompts only have one)
+        return None, caption
+
+    def parse(self, requests: Sequence[Mapping]) -> tuple[list, dict, list]:
+        """-> (rows, {request index: error message}, rows per request)."""
+        rows, errors, sizes = [], {}, []
         for r, req in enumerate(requests):
             req = getattr(req, "data", req)
             try:
@@ -218,22 +239,9 @@ class ServeModel:
                 if n > self.max_batch:
                     raise InputError(f"a request of {n} rows exceeds --max-batch {self.max_batch}")
                 cols = {name: self._column(req, name, n) for name in names}
-                kind = self.pipe.family.conditioning(cfg)
-                if isinstance(kind, CaptionFeatures):
-                    raise InputError("this engine is conditioned on caption features: serving takes class or "
-                                     "text prompts only (run T5 features through `lisa-trt run` instead)")
                 mine = []
                 for i in range(n):
-                    cid, caption = None, None
-                    if isinstance(kind, TextPrompts):  # a text prompt, encoded by the family's prompter
-                        caption = str(cols["prompt"][i]).strip()
-                        if not caption:
-                            raise InputError("input 'prompt' must be non-empty text for this engine")
-                        self.pipe.check_prompt(caption)  # the bundle's prompt budget, per row
-                    else:
-                        cid, err = _class_id(cols["prompt"][i], cfg.num_classes, self.pipe.class_names)
-                        if err:
-                            raise InputError(err)
+                    cid, caption = self._condition(cols["prompt"][i])
                     seed = cols["seed"][i]
                     knob_names = SAMPLING_KNOBS + tuple(k for k in names if k not in BASE_INPUTS)
                     knobs = self._knobs(*(cols[k][i] for k in knob_names))

@@ -54,23 +54,42 @@ def alive(pid: int) -> bool:
         return False
 
 
+def _answers(url: str) -> bool:
+    """GET url answers 200."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 class ServerProcess:
     """Start `lisa-trt serve ENGINE_DIR` on free 127.0.0.1 ports and wait until it is ready.
 
     Use as a context manager (or call stop()): SIGTERM, wait `stop_timeout`, then SIGKILL the
-    server and any process it left behind.
+    server and any process it left behind. openai=True also serves the OpenAI Images API
+    (`--openai-port`, `self.openai_url`: http://127.0.0.1:PORT/v1) and waits for it too.
     """
 
     def __init__(self, engine_dir, log_path, *, backend: str = "ort", threads: int = 1, window_ms: float = 20.0,
                  max_batch: int = 16, instances: int = 1, start_timeout: float = 180.0, stop_timeout: float = 120.0,
-                 ports: Optional[tuple] = None, wait: bool = True):
-        self.http, self.grpc, self.metrics = ports or free_ports(3)
+                 ports: Optional[tuple] = None, wait: bool = True, openai: bool = False,
+                 openai_max_pending: Optional[int] = None):
+        self.http, self.grpc, self.metrics, *rest = ports or free_ports(4 if openai else 3)
+        self.openai = (rest[0] if rest else free_ports(1)[0]) if openai else None
         self.url = f"127.0.0.1:{self.http}"
+        self.openai_url = f"http://127.0.0.1:{self.openai}/v1" if openai else None
         self.log_path, self.stop_timeout = Path(log_path), stop_timeout
         cmd = [sys.executable, "-m", "lisa_trt", "serve", str(engine_dir), "--backend", backend,
                "--threads", str(threads), "--instances", str(instances), "--http-port", str(self.http),
                "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics), "--max-batch", str(max_batch),
                "--max-queue-delay-ms", str(window_ms)]
+        if openai:
+            cmd += ["--openai-port", str(self.openai)]
+        if openai_max_pending is not None:
+            cmd += ["--openai-max-pending", str(openai_max_pending)]
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
         if not wait:
@@ -90,7 +109,7 @@ class ServerProcess:
             while time.monotonic() - t0 < timeout:
                 if self.proc.poll() is not None:
                     raise LisaError(f"server exited ({self.proc.returncode}):\n{self.text()[-3000:]}")
-                if c.ready():
+                if c.ready() and (self.openai is None or _answers(f"{self.openai_url}/models")):
                     return
                 time.sleep(0.5)
         finally:

@@ -163,10 +163,15 @@ def _die_with_parent():
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: tritonserver never outlives `lisa-trt serve`
 
 
+def local_address(host: str) -> str:
+    """The address this machine reaches a server bound to `host` at (wildcards: loopback), in URL form."""
+    h = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
+    return f"[{h}]" if ":" in h else h
+
+
 def ready_status(host: str, port: int, timeout: float = 2.0) -> Optional[int]:
     """HTTP status of GET /v2/health/ready (None while nothing answers)."""
-    h = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
-    h = f"[{h}]" if ":" in h else h
+    h = local_address(host)
     try:
         with urllib.request.urlopen(f"http://{h}:{port}/v2/health/ready", timeout=timeout) as r:
             return r.status
@@ -186,11 +191,13 @@ def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_po
           grpc_port: int = 8001, metrics_port: int = 8002, max_batch: int = 16, max_queue_delay_ms: float = 5.0,
           threads: Optional[int] = None, instances: int = 1, gpus: Optional[Sequence[int]] = None,
           drain_timeout: int = 60, start_timeout: float = 600.0, sjd_window: Optional[int] = None,
-          echo: Callable = print) -> int:
+          openai_port: Optional[int] = None, openai_max_pending: int = 256, echo: Callable = print) -> int:
     """Check the ports, start Triton on a repository for ENGINE_DIR, report readiness, serve until
     SIGTERM/SIGINT, drain in-flight requests; returns 0 (1 when Triton failed).
 
-    sjd_window: the Jacobi window of requests that send no `sjd_window` input (None: 16)."""
+    sjd_window: the Jacobi window of requests that send no `sjd_window` input (None: 16).
+    openai_port: also serve the OpenAI Images API there (openai_api.py), once Triton is ready;
+    openai_max_pending: its requests in flight before it answers 429."""
     from ..export.manifest import read_manifest
     from .repo import write_triton_repo
 
@@ -200,14 +207,16 @@ def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_po
         raise InputError(f"--max-queue-delay-ms must be >= 0, got {max_queue_delay_ms}")
     if instances < 1 or (threads is not None and threads < 1):
         raise InputError(f"--instances and --threads must be >= 1, got {instances} and {threads}")
-    check_ports(host, {"--http-port": http_port, "--grpc-port": grpc_port, "--metrics-port": metrics_port})
+    check_ports(host, serve_ports(http_port, grpc_port, metrics_port, openai_port))
     read_manifest(Path(engine_dir))  # refuse anything that is not an engine directory, before Triton
     require_pytriton()
+    if openai_port is not None:
+        _check_front_end(openai_max_pending)
     t0 = time.perf_counter()
     stop = threading.Event()
     old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     work = Path(tempfile.mkdtemp(prefix="lisa-serve-"))
-    proc = None
+    proc = front = None
     try:
         per = split_threads(threads, instances)
         repo = write_triton_repo(engine_dir, work / "repo", backend=backend, max_batch=max_batch,
@@ -236,6 +245,9 @@ def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_po
         echo(f"ready after {time.perf_counter() - t0:.1f} s (model '{MODEL_NAME}' loaded and warmed up): "
              f"http://{host}:{http_port}/v2/models/{MODEL_NAME} grpc {host}:{grpc_port} "
              f"metrics http://{host}:{metrics_port}/metrics")
+        if openai_port is not None:
+            front = _front_end(engine_dir, host=host, http_port=http_port, port=openai_port, max_batch=max_batch,
+                               max_pending=openai_max_pending, drain_timeout=drain_timeout, echo=echo)
         sys.stdout.flush()
         while not stop.wait(0.5):
             if proc.poll() is not None:
@@ -245,11 +257,44 @@ def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_po
         sys.stdout.flush()
         return 0
     finally:
+        if front is not None:  # its in-flight requests finish on the still running Triton
+            front.stop(drain_timeout + 5)
         if proc is not None:
             _stop(proc, drain_timeout)
         shutil.rmtree(work, ignore_errors=True)
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def serve_ports(http_port: int, grpc_port: int, metrics_port: int, openai_port: Optional[int] = None) -> dict:
+    """{option: port} of every endpoint `serve` opens (for check_ports)."""
+    ports = {"--http-port": http_port, "--grpc-port": grpc_port, "--metrics-port": metrics_port}
+    if openai_port is not None:
+        ports["--openai-port"] = openai_port
+    return ports
+
+
+def _check_front_end(max_pending: int) -> None:
+    """The OpenAI front end's setting and packages, checked before Triton starts."""
+    from .openai_api import require_openai_deps
+
+    if max_pending < 1:
+        raise InputError(f"--openai-max-pending must be >= 1, got {max_pending}")
+    require_openai_deps()
+
+
+def _front_end(engine_dir, *, host: str, http_port: int, port: int, max_batch: int, max_pending: int,
+               drain_timeout: int, echo: Callable):
+    """Start the OpenAI front end on `port`, forwarding to Triton's HTTP endpoint; -> its FrontEnd."""
+    from .openai_api import FrontEnd
+
+    front = FrontEnd.for_triton(engine_dir, triton_url=f"{local_address(host)}:{http_port}", host=host, port=port,
+                                max_batch=max_batch, max_pending=max_pending, drain_timeout=drain_timeout)
+    front.start()
+    shown = f"[{host}]" if ":" in host else host
+    echo(f"OpenAI Images API: http://{shown}:{port}/v1/images/generations (model '{front.info.id}', "
+         f"{front.info.size}, n <= {max_batch})")
+    return front
 
 
 def _stop(proc: subprocess.Popen, drain_timeout: int) -> None:

@@ -1,0 +1,359 @@
+"""The OpenAI Images front end (serve/openai_api.py) driven by the official `openai` client over
+real HTTP on 127.0.0.1 (uvicorn on a thread).
+
+The app is the one `lisa-trt serve --openai-port` runs; here its backend runs the served model's
+own request handling (ServeModel.infer_each, what Triton's model.py executes) on the tiny
+in-memory pipeline of conftest.py, so no export and no Triton are needed: PNGs equal to
+Pipeline.generate, streaming row prefixes, and every error status through the client's exception
+types. The same requests through a real `lisa-trt serve` (Triton) are in test_openai_serve.py.
+"""
+
+import asyncio
+import base64
+import io
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from lisa_trt.runtime.prompts import Prompt  # noqa: E402
+from lisa_trt.serve.model import ServeModel, inputs  # noqa: E402
+from lisa_trt.serve.openai_api import FrontEnd, TritonImages, create_app, triton_error  # noqa: E402
+from lisa_trt.serve.openai_request import ModelInfo, knob_kinds  # noqa: E402
+from lisa_trt.serve.process import free_ports  # noqa: E402
+
+MAX_BATCH = 4
+
+
+class _Result:
+    """ServeModel's output dict behind tritonclient's InferResult.as_numpy."""
+
+    def __init__(self, out: dict):
+        self.as_numpy = out.__getitem__
+
+
+class LocalModel:
+    """The TritonImages interface over ServeModel.infer_each in this process (Triton's model.py
+    execute, without Triton): one request of n (n, 1) input rows; `gate` holds requests back."""
+
+    def __init__(self, pipe):
+        self.model = ServeModel(pipe, max_batch=MAX_BATCH)
+        self.gate, self.entered = threading.Event(), threading.Event()
+        self.gate.set()
+        self.fault = False
+
+    async def ready(self):
+        return True
+
+    def _infer(self, call):
+        from lisa_trt.serve.client import parse_rows
+
+        self.entered.set()
+        assert self.gate.wait(60), "the test never opened the gate"
+        if self.fault:
+            raise RuntimeError("boom: /secret/path.py")
+        cols = {"prompt": [call.prompt] * call.n, "seed": list(call.seeds), **{k: [v] * call.n
+                                                                            for k, v in call.knobs.items()}}
+        req = {}
+        for name, col in cols.items():
+            dt, kind = inputs()[name]
+            req[name] = (np.array([[str(v).encode()] for v in col], dtype=object) if kind == "str"
+                         else np.array([[v] for v in col], dtype=dt))
+        (err, out), = self.model.infer_each([req])
+        if err is not None:
+            raise triton_error(str(err), "500" if err.internal else "400", knob_kinds())
+        return parse_rows(_Result(out))
+
+    async def generate(self, call):
+        return await asyncio.to_thread(self._infer, call)
+
+    async def close(self):
+        pass
+
+
+def _info(pipe, probe=0, **over) -> ModelInfo:
+    img = np.asarray(pipe.generate([probe], seed=0, batch=True).images[0])
+    n = pipe.config.block_size
+    rows = int(round(n ** 0.5))
+    return ModelInfo(id="lisa", family="llamagen", width=img.shape[1], height=img.shape[0], max_batch=MAX_BATCH,
+                     class_names=tuple(pipe.class_names or ()), num_classes=pipe.config.num_classes,
+                     token_rows=rows, tokens_per_image=n, **{"prompt_tokens": 1, **over})
+
+
+def _serve(backend, info, **kw):
+    (port,) = free_ports(1)
+    front = FrontEnd(create_app(backend, info, **kw), host="127.0.0.1", port=port, drain_timeout=5)
+    front.start()
+    return front, f"http://127.0.0.1:{port}/v1"
+
+
+@pytest.fixture(scope="module")
+def info(pipe):
+    return _info(pipe)
+
+
+@pytest.fixture(scope="module")
+def url(pipe, info):
+    front, base = _serve(LocalModel(pipe), info)
+    yield base
+    front.stop(10)
+
+
+@pytest.fixture()
+def client(url):
+    c = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+    yield c
+    c.close()
+
+
+def _png(b64: str) -> np.ndarray:
+    from PIL import Image
+
+    raw = base64.b64decode(b64)
+    assert raw[:8] == b"\x89PNG\r\n\x1a\n"
+    return np.asarray(Image.open(io.BytesIO(raw)))
+
+
+def test_images_equal_the_pipeline_with_the_same_seed(client, pipe, info):
+    r = client.images.generate(prompt="c3", n=2, size=info.size, response_format="b64_json",
+                               extra_body={"seed": 7})
+    ref = pipe.generate([Prompt(0, class_id=3, seed=7), Prompt(1, class_id=3, seed=8)], verify="auto", batch=True)
+    assert len(r.data) == 2 and isinstance(r.created, int) and r.created > 0
+    for d, want, seed in zip(r.data, ref.images, (7, 8)):
+        img = _png(d.b64_json)
+        assert img.shape == (info.height, info.width, 3) and img.dtype == np.uint8
+        assert np.array_equal(img, np.asarray(want))
+        assert d.model_extra["seed"] == seed
+    assert not np.array_equal(_png(r.data[0].b64_json), _png(r.data[1].b64_json))  # seed + i per image
+    u = r.usage
+    mal = [st["mal"] for st in ref.stats]
+    assert u.output_tokens == 2 * pipe.config.block_size and u.input_tokens == 2
+    assert u.total_tokens == u.input_tokens + u.output_tokens
+    assert u.model_extra["mal"] == pytest.approx(sum(mal) / 2, abs=1e-3)
+    n = pipe.config.block_size
+    assert u.model_extra["forwards"] == sum(1 + round((n - 1) / m) for m in mal)
+    assert u.model_extra["batch"] == 2 and u.model_extra["seconds"] > 0
+    # a class id (JSON number or string) is the same class as its name; the knobs reach the decode
+    by_id = client.images.generate(prompt="3", extra_body={"seed": 7, "verify": "gasv", "top_k": 5})
+    want = pipe.generate([Prompt(0, class_id=3, seed=7)], verify="gasv", top_k=5, batch=True).images[0]
+    assert np.array_equal(_png(by_id.data[0].b64_json), np.asarray(want))
+
+
+def test_stream_sends_row_prefixes_of_the_final_image_then_completed(client, info):
+    events = list(client.images.generate(prompt="c5", stream=True, partial_images=3, extra_body={"seed": 4}))
+    assert [e.type for e in events] == ["image_generation.partial_image"] * 3 + ["image_generation.completed"]
+    final = _png(events[-1].b64_json)
+    plain = client.images.generate(prompt="c5", extra_body={"seed": 4})
+    assert np.array_equal(final, _png(plain.data[0].b64_json))
+    assert events[-1].size == info.size and events[-1].usage.output_tokens == info.tokens_per_image
+    shown = []
+    for k, e in enumerate(events[:3]):
+        assert e.partial_image_index == k and e.output_format == "png" and e.size == info.size
+        part = _png(e.b64_json)
+        px = e.model_extra["pixel_rows"]
+        assert part.shape == (info.height, info.width, 4)
+        assert px == e.model_extra["rows"] * info.height // info.token_rows
+        assert np.array_equal(part[:px, :, :3], final[:px]) and (part[:px, :, 3] == 255).all()
+        assert (part[px:] == 0).all()  # rows not shown yet are transparent
+        shown.append(px)
+    assert 0 < shown[0] < shown[1] < shown[2] < info.height, shown
+
+
+def _raises(client, exc, status, param, text, **kw):
+    with pytest.raises(exc) as e:
+        client.images.generate(**kw)
+    assert e.value.status_code == status
+    body = e.value.body
+    assert set(body) == {"message", "type", "param", "code"} and body["param"] == param, body
+    assert text in body["message"], body["message"]
+    assert "Traceback" not in body["message"] and ".py" not in body["message"] and "\n" not in body["message"]
+    return body
+
+
+CASES = [
+    (dict(prompt="nope"), "prompt", "unknown class 'nope' (use ids 0..9 or names c0"),
+    (dict(prompt="c1", size="1024x1024"), "size", "valid: '"),
+    (dict(prompt="c1", response_format="url"), "response_format", "use response_format 'b64_json'"),
+    (dict(prompt="c1", n=0), "n", "n=0 is out of range; valid: 1..4"),
+    (dict(prompt="c1", n=5), "n", "n=5 is out of range; valid: 1..4"),
+    (dict(prompt="c1", extra_body={"top_p": 2.0}), "top_p", "top_p=2.0 is out of range"),
+    (dict(prompt="c1", extra_body={"verify": "bogus"}), "verify", "unknown verify rule 'bogus'; valid:"),
+    (dict(prompt="c1", extra_body={"cfg_scale": -3.0}), "cfg_scale", "cfg_scale=-3.0 is out of range"),
+    (dict(prompt="c1", extra_body={"guidance_scale": "high"}), "guidance_scale", "must be a number"),
+    (dict(prompt="c1", extra_body={"seed": -1}), "seed", "seed=-1 is out of range"),
+    (dict(prompt="c1", extra_body={"temperature": 0.5, "steps": 3}), "steps", "Unknown parameter: 'steps'"),
+    (dict(prompt="c1", extra_body={"negative_prompt": "blurry"}), "negative_prompt", "not supported"),
+    (dict(prompt="c1", partial_images=2), "partial_images", "partial_images needs stream: true"),
+    (dict(prompt="c1", stream=True, partial_images=4), "partial_images", "valid: 0..3"),
+    (dict(prompt="   "), "prompt", "'prompt' is empty"),
+]
+
+
+@pytest.mark.parametrize("kw,param,text", CASES, ids=[c[1] + str(i) for i, c in enumerate(CASES)])
+def test_bad_requests_are_400_in_openai_error_shape(client, kw, param, text):
+    body = _raises(client, openai.BadRequestError, 400, param, text, **kw)
+    assert body["type"] == "invalid_request_error"
+
+
+def test_ignored_fields_accepted_and_unknown_model_404(client):
+    r = client.images.generate(prompt="c2", quality="high", style="vivid", user="me", extra_body={"seed": 1})
+    assert len(r.data) == 1
+    _raises(client, openai.NotFoundError, 404, "model", "The model 'gpt-image-1' does not exist", prompt="c2",
+            model="gpt-image-1")
+    assert [m.id for m in client.models.list()] == ["lisa"]
+    assert client.models.retrieve("lisa").model_extra["sizes"] == [r.size]
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("dall-e-3")
+
+
+def _post(url, raw: bytes):
+    req = urllib.request.Request(url, data=raw, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_body_too_large_413_not_json_400_unknown_path_404(url, client):
+    with pytest.raises(openai.APIStatusError) as e:
+        client.images.generate(prompt="c1", extra_body={"user": "x" * (1 << 20)})
+    assert e.value.status_code == 413 and e.value.body["code"] == "request_too_large"
+    status, body = _post(f"{url}/images/generations", b"{not json")
+    assert status == 400 and body["error"]["code"] == "invalid_json"
+    status, body = _post(f"{url}/images/generations", b"[1, 2]")
+    assert status == 400 and "JSON object" in body["error"]["message"]
+    status, body = _post(f"{url}/images/edits", b"{}")
+    assert status == 404 and body["error"]["message"] == "Invalid URL (POST /v1/images/edits)"
+
+
+def test_429_when_max_pending_requests_are_in_flight(pipe, info):
+    slow = LocalModel(pipe)
+    slow.gate.clear()
+    front, base = _serve(slow, info, max_pending=1)
+    c = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
+    try:
+        first = {}
+        th = threading.Thread(target=lambda: first.setdefault("r", c.images.generate(prompt="c1")))
+        th.start()
+        try:
+            assert slow.entered.wait(60)  # the first request holds the only slot
+            with pytest.raises(openai.RateLimitError) as e:
+                c.images.generate(prompt="c2")
+            assert e.value.status_code == 429 and e.value.response.headers["retry-after"] == "1"
+            assert e.value.body["code"] == "rate_limit_exceeded" and "--openai-max-pending 1" in e.value.body["message"]
+        finally:
+            slow.gate.set()
+            th.join(60)
+        assert len(first["r"].data) == 1  # the request in flight was served
+        assert len(c.images.generate(prompt="c2").data) == 1  # and the slot is free again
+    finally:
+        c.close()
+        front.stop(10)
+
+
+def test_503_while_triton_is_unreachable_and_500_hides_the_fault(pipe, info):
+    (dead,) = free_ports(1)
+    front, base = _serve(TritonImages(f"127.0.0.1:{dead}", timeout=5), info)
+    c = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=60)
+    try:
+        with pytest.raises(openai.InternalServerError) as e:
+            c.images.generate(prompt="c1")
+        assert e.value.status_code == 503 and e.value.body["code"] == "service_unavailable"
+        assert "not reachable" in e.value.body["message"] and "Traceback" not in e.value.body["message"]
+        with pytest.raises(urllib.error.HTTPError) as h:
+            urllib.request.urlopen(base.replace("/v1", "/health"), timeout=30)
+        assert h.value.code == 503
+    finally:
+        c.close()
+        front.stop(10)
+    broken = LocalModel(pipe)
+    broken.fault = True
+    front, base = _serve(broken, info)
+    c = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=60)
+    try:
+        with pytest.raises(openai.InternalServerError) as e:
+            c.images.generate(prompt="c1")
+        msg = e.value.body["message"]
+        assert e.value.status_code == 500 and "request id" in msg and "boom" not in msg and ".py" not in msg
+    finally:
+        c.close()
+        front.stop(10)
+
+
+def test_serve_refuses_a_taken_openai_port_at_once(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    h, g, m, o = free_ports(4)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", o))
+        s.listen()
+        r = subprocess.run([sys.executable, "-m", "lisa_trt", "serve", str(tmp_path), "--http-port", str(h),
+                            "--grpc-port", str(g), "--metrics-port", str(m), "--openai-port", str(o)],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert (r.stdout + r.stderr).strip() == (f"error: port {o} (--openai-port) on 127.0.0.1 is already in use; "
+                                             "stop what holds it or pass another --openai-port")
+
+
+def test_caption_bundle_takes_a_caption_through_its_t5_encoder(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.delenv("LISA_TRT_TEXT_ENCODER", raising=False)
+    import torch
+
+    from lisa_trt.config import vq_config
+    from lisa_trt.families.llamagen.vq import VQModel
+    from lisa_trt.runtime.pipeline import Pipeline
+    from lisa_trt.testing import make_target
+    from lisa_trt.text.testing import make_tiny_t5
+
+    torch.manual_seed(0)
+    target = make_target("t2i", std=0.3)
+    vq = VQModel(vq_config("VQ-16", ch=32, encoder_ch_mult=(1, 2), decoder_ch_mult=(1, 2), z_channels=32,
+                           codebook_size=256)).eval()
+    t5 = make_tiny_t5(tmp_path / "t5", d_model=12)
+    gen = {"sampling": {"cfg_scale": 3.0}}
+    pipe = Pipeline.from_models(target, None, None, vq, generation=gen, text_encoder=t5)
+    info = _info(pipe, "a dog", prompt="caption", prompt_tokens=None)
+    front, base = _serve(LocalModel(pipe), info)
+    c = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
+    try:
+        r = c.images.generate(prompt="a red car", extra_body={"seed": 5, "verify": "vanilla"})
+        want = pipe.generate([Prompt(0, caption="a red car", seed=5)], verify="vanilla", batch=True).images[0]
+        assert np.array_equal(_png(r.data[0].b64_json), np.asarray(want))
+    finally:
+        c.close()
+        front.stop(10)
+    bare = LocalModel(Pipeline.from_models(target, None, None, vq, generation=gen))  # no encoder: the fix named
+    front, base = _serve(bare, info)
+    c = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
+    try:
+        _raises(c, openai.BadRequestError, 400, "prompt", "start it with LISA_TRT_TEXT_ENCODER=DIR",
+                prompt="a red car")
+    finally:
+        c.close()
+        front.stop(10)
+
+
+def test_docs_openai_api_lines_use_existing_options():
+    import shlex
+    from pathlib import Path
+
+    from lisa_trt.serve.cli import openai_api_cmd
+
+    doc = (Path(__file__).parents[2] / "docs" / "serving.md").read_text()
+    known = {o for prm in openai_api_cmd.params for o in prm.opts}
+    lines = [ln.strip() for ln in doc.splitlines() if ln.strip().startswith("lisa-trt openai-api ")]
+    assert lines
+    for ln in lines:
+        used = {a.split("=")[0] for a in shlex.split(ln)[2:] if a.startswith("--")}
+        assert used <= known, (ln, used - known)

@@ -1,0 +1,209 @@
+"""`lisa-trt serve --openai-port` end to end on the demo engines, driven by the official `openai`
+client: real Triton (PyTriton's tritonserver) behind the OpenAI front end, 127.0.0.1 only,
+bounded waits, the server always stopped. Skipped without the `serve` extra."""
+
+import base64
+import io
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+try:
+    import openai
+    import pytriton.triton  # noqa: F401
+    import tritonclient.http as http
+except Exception as e:  # noqa: BLE001 - ImportError, or pytriton broken by the numpy in this env
+    pytest.skip(f"these tests need the serve and dev extras (nvidia-pytriton, tritonclient, openai): {e}",
+                allow_module_level=True)
+
+from lisa_trt.demo.registry import assets_present
+from lisa_trt.models.artifact_sets import bundled_file
+from lisa_trt.runtime.prompts import Prompt
+from lisa_trt.serve.process import ServerProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    not (assets_present() and bundled_file("demo-lisa", "drafters") is not None
+         and bundled_file("demo", "tables") is not None),
+    reason="bundled demo assets not built (scripts/demo/*)")]
+
+TIMEOUT = 300
+
+
+@pytest.fixture(scope="module")
+def engine_dir(tmp_path_factory):
+    from lisa_trt.runtime.demo import ensure_demo_bundle
+
+    return ensure_demo_bundle(tmp_path_factory.mktemp("openai") / "engines", echo=lambda *a: None)
+
+
+@pytest.fixture(scope="module")
+def server(engine_dir, tmp_path_factory):
+    s = ServerProcess(engine_dir, tmp_path_factory.mktemp("log") / "server.log", backend="ort", threads=1,
+                      window_ms=20, max_batch=16, stop_timeout=120, openai=True)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def pipe(engine_dir):
+    from lisa_trt.runtime.pipeline import Pipeline
+
+    with Pipeline.from_dir(engine_dir, backend="ort", threads=1) as p:
+        yield p
+
+
+def _client(server):
+    return openai.OpenAI(base_url=server.openai_url, api_key="unused", max_retries=0, timeout=TIMEOUT)
+
+
+def _png(b64: str) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))))
+
+
+def test_images_through_triton_equal_the_pipeline_and_stream_row_prefixes(server, pipe):
+    c = _client(server)
+    r = c.images.generate(prompt="coffee", n=2, size="64x64", extra_body={"seed": 21})
+    # no verify sent: the server runs the bundle's recorded choice, as Pipeline does by default
+    ref = pipe.generate([Prompt(0, class_id=1, seed=21), Prompt(1, class_id=1, seed=22)], verify="auto",
+                        batch=True)
+    for d, want in zip(r.data, ref.images):
+        img = _png(d.b64_json)
+        assert img.shape == (64, 64, 3) and np.array_equal(img, np.asarray(want))
+    assert r.usage.output_tokens == 2 * 256 and r.usage.model_extra["batch"] >= 2
+    assert r.usage.model_extra["mal"] == pytest.approx(sum(s["mal"] for s in ref.stats) / 2, abs=1e-3)
+    events = list(c.images.generate(prompt="1", stream=True, partial_images=2, extra_body={"seed": 21}))
+    assert [e.type for e in events] == ["image_generation.partial_image"] * 2 + ["image_generation.completed"]
+    final = _png(events[-1].b64_json)
+    assert np.array_equal(final, np.asarray(ref.images[0]))  # class id 1 is "coffee"
+    for e in events[:2]:
+        px = e.model_extra["pixel_rows"]
+        assert np.array_equal(_png(e.b64_json)[:px, :, :3], final[:px]) and 0 < px < 64
+    health = urllib.request.urlopen(server.openai_url.replace("/v1", "/health"), timeout=30)
+    assert health.status == 200
+    c.close()
+
+
+def test_triton_errors_reach_the_client_as_openai_errors(server):
+    c = _client(server)
+    for kw, param, text in [(dict(prompt="nope"), "prompt", "unknown class 'nope' (use ids 0..7 or names"),
+                            (dict(prompt="1", extra_body={"top_p": 2.0}), "top_p", "top_p=2.0 is out of range"),
+                            (dict(prompt="1", extra_body={"verify": "bogus"}), "verify", "unknown verify rule")]:
+        with pytest.raises(openai.BadRequestError) as e:
+            c.images.generate(**kw)
+        assert e.value.body["param"] == param and text in e.value.body["message"], e.value.body
+        assert "Traceback" not in e.value.body["message"] and "[request id" not in e.value.body["message"]
+    with pytest.raises(openai.NotFoundError):
+        c.images.generate(prompt="1", model="dall-e-3")
+    assert "Traceback" not in server.text()  # client errors are not server faults
+    c.close()
+
+
+MALFORMED = [  # (request, the client's exception type)
+    (dict(prompt="nope"), openai.BadRequestError),
+    (dict(prompt="1", size="512x512"), openai.BadRequestError),
+    (dict(prompt="1", extra_body={"top_p": 2.0}), openai.BadRequestError),
+    (dict(prompt="1", model="gpt-image-1"), openai.NotFoundError),
+]
+
+
+def test_32_concurrent_clients_mixed_valid_and_malformed_none_lost_and_batched(server, pipe):
+    jobs = [(MALFORMED[i // 4 % 4] if i % 4 == 3 else (dict(prompt=str(i % 8), extra_body={"seed": 100 + i}), None))
+            for i in range(32)]
+
+    def one(job):
+        kw, exc = job
+        c = _client(server)
+        try:
+            return c.images.generate(**kw)
+        except openai.APIStatusError as e:
+            return e
+        finally:
+            c.close()
+
+    with ThreadPoolExecutor(32) as ex:
+        res = list(ex.map(one, jobs))
+    assert len(res) == 32
+    valid = [(i, r) for i, ((kw, exc), r) in enumerate(zip(jobs, res)) if exc is None]
+    for (kw, exc), r in zip(jobs, res):
+        if exc is not None:
+            assert type(r) is exc, (kw, r)
+    assert all(not isinstance(r, Exception) and len(r.data) == 1 for _, r in valid), [r for _, r in valid]
+    ref = pipe.generate([Prompt(k, class_id=i % 8, seed=100 + i) for k, (i, _) in enumerate(valid)], verify="auto",
+                        batch=True)
+    for (i, r), want in zip(valid, ref.images):
+        assert np.array_equal(_png(r.data[0].b64_json), np.asarray(want)), f"client {i} differs from the Pipeline"
+    assert max(r.usage.model_extra["batch"] for _, r in valid) > 1
+    tc = http.InferenceServerClient(server.url)
+    try:
+        stats = tc.get_inference_statistics("lisa")["model_stats"][0]
+    finally:
+        tc.close()
+    sizes = {int(b["batch_size"]) for b in stats["batch_stats"]}
+    assert max(sizes) > 1, stats["batch_stats"]  # Triton's own count: executions of more than one row
+    assert server.proc.poll() is None
+
+
+def test_openai_api_command_fronts_a_running_triton(server, engine_dir, tmp_path):
+    """`lisa-trt openai-api` (the sidecar form) in front of the module's Triton: the same image as
+    serve's own front end; SIGTERM exits 0."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from lisa_trt.serve.process import free_ports
+
+    (port,) = free_ports(1)
+    log = open(tmp_path / "api.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "lisa_trt", "openai-api", str(engine_dir), "--triton-url",
+                             server.url, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        base, t0 = f"http://127.0.0.1:{port}/v1", time.monotonic()
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/models", timeout=5)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() - t0 < 120, (tmp_path / "api.log").read_text()
+                time.sleep(0.3)
+        side = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=TIMEOUT)
+        a = side.images.generate(prompt="cat", extra_body={"seed": 3})
+        b = _client(server).images.generate(prompt="cat", extra_body={"seed": 3})
+        assert np.array_equal(_png(a.data[0].b64_json), _png(b.data[0].b64_json))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, (tmp_path / "api.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        log.close()
+
+
+def test_sigterm_finishes_in_flight_openai_requests_then_exits_0(engine_dir, tmp_path):
+    import signal
+    import threading
+    import time
+
+    srv = ServerProcess(engine_dir, tmp_path / "server.log", backend="ort", threads=1, window_ms=5,
+                        stop_timeout=120, openai=True)
+    try:
+        box = {}
+
+        def many():
+            with ThreadPoolExecutor(4) as ex:
+                box["r"] = list(ex.map(lambda i: _client(srv).images.generate(prompt=str(i), extra_body={"seed": i}),
+                                       range(4)))
+
+        th = threading.Thread(target=many)
+        th.start()
+        time.sleep(2.0)  # the requests are in the front end / Triton
+        srv.proc.send_signal(signal.SIGTERM)
+        th.join(TIMEOUT)
+        assert not th.is_alive() and [len(r.data) for r in box["r"]] == [1, 1, 1, 1], srv.text()[-3000:]
+        assert srv.proc.wait(120) == 0, srv.text()[-3000:]
+    finally:
+        srv.stop()
