@@ -99,13 +99,31 @@ def build_plan(onnx_path: Path, profiles: list, plan_path: Path, *, timing_cache
 
 def default_build_graphs(man) -> list:
     """The graphs `lisa-trt build` makes engines for by default: every graph of the bundle, except
-    target_prefill when its verify graph runs the prefill too (ExportFamily.bundle_prefill_ids):
-    one target engine, whose "prefill" profile covers the prompt (profiles_from_io_spec), so the
-    target's weights are on the GPU once."""
-    names = sorted(man.graphs)
+    - target_prefill when its verify graph runs the prefill too (ExportFamily.bundle_prefill_ids):
+      one target engine, whose "prefill" profile covers the prompt (profiles_from_io_spec);
+    - drafter_commit (NOT_BUILT): TensorRT engines share no weights, so its engine would be a
+      second copy of the drafter's layer and head; commits run drafter_project + drafter_step.
+    Each model's weights are on the GPU once."""
+    names = [n for n in sorted(man.graphs) if n not in NOT_BUILT]
     if man.export_family.bundle_prefill_ids(man) is not None and Graph.TARGET_VERIFY.value in names:
         names.remove(Graph.TARGET_PREFILL.value)
     return names
+
+
+# Exported graphs never built into an engine, and why (docs/tensorrt.md "One copy of each model").
+NOT_BUILT = {Graph.DRAFTER_COMMIT.value: "its engine would hold a second copy of the drafter's weights (TensorRT "
+                                         "engines share none); the TensorRT runtime commits through "
+                                         "drafter_project + drafter_step, which hold them once"}
+
+
+def _check_buildable(engine_dir, man, names: list) -> None:
+    unknown = [n for n in names if n not in man.graphs]
+    if unknown:
+        raise InputError(f"{engine_dir} has no graph(s) {unknown}; it has {sorted(man.graphs)}")
+    refused = [n for n in names if n in NOT_BUILT]
+    if refused:
+        raise InputError(f"{refused[0]} is not built for TensorRT: {NOT_BUILT[refused[0]]}. Leave it out of "
+                         f"--graphs (default: {', '.join(default_build_graphs(man))})")
 
 
 def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=None, refit: bool = False,
@@ -123,7 +141,7 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
         workspace: builder workspace limit in bytes (default: TensorRT's).
         max_batch / max_tree: ranges of the default profiles.
         graphs: graph names to build (default: default_build_graphs, every graph but a
-            target_prefill that the verify engine replaces).
+            target_prefill that the verify engine replaces and drafter_commit, NOT_BUILT).
         tables: GASV tables for the plugin rewrite (default: the bundle's tables.safetensors, else
             recovered from gasv.onnx); checked against the plain graph in ONNX Runtime.
         check: run check_trt_compat first (fails before any TensorRT work).
@@ -140,9 +158,7 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
     engine_dir = Path(engine_dir)
     man = read_manifest(engine_dir)
     names = list(graphs) if graphs else default_build_graphs(man)
-    unknown = [n for n in names if n not in man.graphs]
-    if unknown:
-        raise InputError(f"{engine_dir} has no graph(s) {unknown}; it has {sorted(man.graphs)}")
+    _check_buildable(engine_dir, man, names)
     profiles = profiles or profiles_from_io_spec(man, max_batch=max_batch, max_tree=max_tree, graphs=names)
     from ..engines.plugins import trt_plugin as tp
     from ..engines.plugins.graph_rewrite import tables_from_bundle, write_trt_variant
@@ -190,7 +206,7 @@ def _progress(total: int, enabled: bool):
     return progress_bar(total, enabled, unit="engine")
 
 
-__all__ = ["ENGINES_KEY", "EngineBuildError", "NoCudaDeviceError", "ProfileSpec", "TensorRTUnavailableError",
+__all__ = ["ENGINES_KEY", "NOT_BUILT", "EngineBuildError", "NoCudaDeviceError", "ProfileSpec", "TensorRTUnavailableError",
            "build_engines", "default_build_graphs", "build_plan", "engines_built", "engines_record", "load_plan",
            "profiles_from_io_spec", "require_tensorrt_gpu", "trt_graph_model", "trt_onnx_path",
            "write_engines_record"]

@@ -308,7 +308,9 @@ class TrtBackend(Backend):
     see the module docstring), share_memory (per-profile contexts share one activation buffer)."""
 
     name = "trt"
-    optional_graphs = (Graph.DRAFTER_COMMIT,)
+    # No drafter_commit: its engine would be a second copy of the drafter's weights (engines share
+    # none); commits run drafter_project + drafter_step (deploy/build.NOT_BUILT, docs/tensorrt.md).
+    optional_graphs = ()
     prefill_via_verify = True  # one target engine (engines/build.default_build_graphs)
 
     def target_graphs(self) -> tuple:
