@@ -383,6 +383,7 @@ class Builder:
                 # 11.x: strongly typed whatever the (kept, ignored) flag says
                 "strongly_typed": core.version_tuple >= (11, 0)
                 or network.get_flag(NetworkDefinitionCreationFlag.STRONGLY_TYPED),
+                "strongly_typed_flag": network.get_flag(NetworkDefinitionCreationFlag.STRONGLY_TYPED),  # as set
                 "workspace": config.pool_limits.get(MemoryPoolType.WORKSPACE), "plugins": plugins,
                 "aliases": core.plan_aliases(network)}
         core.builds.append(plan)

@@ -467,6 +467,25 @@ def test_fake_context_enforces_profiles_and_dtypes(fake):
         runner.run({"image_tokens": torch.zeros(5, 16, dtype=torch.int64)})
 
 
+def test_contexts_share_one_buffer_given_with_its_size(fake, monkeypatch):
+    """USER_MANAGED contexts get the shared buffer and ITS size (setDeviceMemoryV2), which covers every
+    profile (the fake refuses to enqueue with less); a refused optimisation profile is an error."""
+    from lisa_trt.models.io_spec import export_dims
+
+    eng = T.load_trt_engines(fake.dir, device="cpu")
+    verify = eng.target._verify
+    sizes = [verify.engine.get_device_memory_size_for_profile_v2(i) for i in range(len(verify.profiles))]
+    assert len(set(sizes)) == 2 and verify.device_memory == max(sizes)   # step and tree profiles differ
+    assert all(c.memory == (verify._memory.data_ptr(), max(sizes)) for c in verify.contexts)
+    eng.close()
+    man = read_manifest(fake.dir)
+    dims = export_dims(man.target_config, max_cache_len=man.max_cache_len, drafter_cfg=man.drafter_config,
+                       vq_cfg=man.vq_config)
+    monkeypatch.setattr(trt_fake.Context, "set_optimization_profile_async", lambda self, i, stream: False)
+    with pytest.raises(T.TrtRuntimeError, match="refused optimisation profile 0"):
+        T.TrtRunner(fake.dir, graph_spec(Graph.VQ_DECODE), dims, "fp32", "cpu")
+
+
 def test_alignment_helpers():
     raw = torch.zeros(4096, dtype=torch.uint8)
     off = (-raw.data_ptr()) % 256
