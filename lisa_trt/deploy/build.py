@@ -227,7 +227,7 @@ def _progress(total: int, enabled: bool):
     return progress_bar(total, enabled, unit="engine")
 
 
-__all__ = ["ENGINES_KEY", "NOT_BUILT", "EngineBuildError", "NoCudaDeviceError", "ProfileSpec", "TensorRTUnavailableError",
-           "build_engines", "default_build_graphs", "build_plan", "engine_memory_facts", "engines_built", "engines_record", "load_plan",
-           "profiles_from_io_spec", "require_tensorrt_gpu", "trt_graph_model", "trt_onnx_path",
-           "write_engines_record"]
+__all__ = ["ENGINES_KEY", "EngineBuildError", "NOT_BUILT", "NoCudaDeviceError", "ProfileSpec",
+           "TensorRTUnavailableError", "build_engines", "build_plan", "default_build_graphs", "engine_memory_facts",
+           "engines_built", "engines_record", "load_plan", "profiles_from_io_spec", "require_tensorrt_gpu",
+           "trt_graph_model", "trt_onnx_path", "write_engines_record"]

@@ -36,9 +36,10 @@ What is counted (docs/deployment.md explains each formula and which numbers are 
                its vq_decode graph files).
   activations  an engine directory built by `lisa-trt build`: each engine's recorded per-profile device
                memory, as TrtRunner allocates it (one shared buffer of the largest profile,
-               allocation.context_memory_bytes). Otherwise an ESTIMATE, per engine, its largest call: rows x S x (6 H + 2 F) x act bytes (residual,
-               norm, q, k, v, attention out; gate and up of the MLP), attention scores rows x heads x
-               S x max_cache_len x 4 (fp32, as if not fused), and the outputs (fp32 logits
+               allocation.context_memory_bytes). Otherwise an ESTIMATE, per engine, its largest call:
+               rows x S x (6 H + 2 F) x act bytes (residual, norm, q, k, v, attention out; gate and
+               up of the MLP), attention scores rows x heads x S x max_cache_len x 4 (fp32, as if not
+               fused), and the outputs (fp32 logits
                rows x S x vocab, taps 3H, hidden H). S = prompt for prefill, tree for verify.
                VQ decoder: batch x 4 feature maps of pixels x ch x 2 bytes at full resolution.
   overhead     ESTIMATE: CUDA context + cuBLAS / cuDNN / TensorRT runtime (CONTEXT_BYTES).
@@ -65,80 +66,18 @@ from ..engines.allocation import DEFAULT_KV_BINDING, KV_BINDINGS, context_memory
 from ..models.io_spec import GASV_K, Graph, graph_spec  # GASV_K: neighbour columns baked into the GASV graph
 from ..export.quantize import DEFAULT_BLOCK_SIZE as INT4_BLOCK  # int4 weights: one fp16 scale per block
 from ..models.family import family_named
+from .gpus import DEFAULT_GPU, GIB, GPU, GPUS, MIB, gpu_name, resolve_gpu  # noqa: F401 (re-exported)
 from .model_shapes import ModelShape, Weights, known_names, known_shape, lin, repeat, resolve_model
 
-MIB, GIB = 1 << 20, 1 << 30
 CONTEXT_BYTES = 1 * GIB  # CUDA context + library handles + TensorRT runtime (estimate)
 WORKSPACE_BYTES = 1 * GIB  # planned builder workspace (pass `lisa-trt build --workspace 1024` to hold it)
 MAX_BATCH_SEARCH = 4096  # largest batch the search tries
 MAX_TREE_SEARCH = 1024  # largest tree the search tries (TensorRT-Edge-LLM verifies <= 128 draft tokens)
-DEFAULT_GPU = "rtx4090"  # the project's target GPU
 MARGIN = 0.9  # a plan that fits above this share of the usable memory warns
 
 
 class PlanError(InputError):
     """The deployment does not fit the device; the message carries the plan's table."""
-
-
-# ----------------------------------------------------------------------------- devices
-
-@dataclass(frozen=True)
-class GPU:
-    """A device: total memory as CUDA reports it, less what the system keeps, and its peak memory
-    bandwidth (GB/s, 1e9 bytes; 0: unknown)."""
-
-    name: str
-    label: str
-    total: int
-    reserved: int = 0  # Jetson: unified memory the OS and the CPU side of the process keep
-    bandwidth: float = 0.0
-    unified: bool = False  # host and GPU share the memory (Jetson): a plan read into host memory costs it too
-
-    @property
-    def usable(self) -> int:
-        return self.total - self.reserved
-
-
-# totals: nvidia-smi's "MiB" of each board (desktop / data-centre); Jetson AGX Orin: the module's
-# unified LPDDR5, of which an estimated 4 GiB stays with the OS and the CPU side of the process.
-# bandwidths: NVIDIA's product specifications / datasheets (peak): RTX 4090 1008 GB/s (GeForce RTX 4090
-# specs: 21 Gbps GDDR6X, 384-bit); L4 300 GB/s (L4 datasheet); A10 600 GB/s (A10 datasheet); A100 40 GB
-# 1555 GB/s, A100 80 GB SXM 2039 GB/s (A100 datasheet; 80 GB PCIe: 1935); H100 SXM 3.35 TB/s (H100
-# datasheet; PCIe: 2.0); H200 4.8 TB/s (H200 datasheet); Jetson AGX Orin 32 / 64 GB 204.8 GB/s
-# (Jetson AGX Orin series datasheet: 256-bit LPDDR5).
-GPUS = {g.name: g for g in (
-    GPU("rtx4090", "GeForce RTX 4090 24 GB", 24564 * MIB, bandwidth=1008.0),
-    GPU("l4", "NVIDIA L4 24 GB", 23034 * MIB, bandwidth=300.0),
-    GPU("a10", "NVIDIA A10 24 GB", 23028 * MIB, bandwidth=600.0),
-    GPU("a100-40", "NVIDIA A100 40 GB", 40960 * MIB, bandwidth=1555.0),
-    GPU("a100-80", "NVIDIA A100 80 GB", 81920 * MIB, bandwidth=2039.0),
-    GPU("h100", "NVIDIA H100 80 GB", 81559 * MIB, bandwidth=3350.0),
-    GPU("h200", "NVIDIA H200 141 GB", 143771 * MIB, bandwidth=4800.0),
-    GPU("orin-32", "Jetson AGX Orin 32 GB", 32 * GIB, 4 * GIB, bandwidth=204.8, unified=True),
-    GPU("orin-64", "Jetson AGX Orin 64 GB", 64 * GIB, 4 * GIB, bandwidth=204.8, unified=True),
-)}
-
-
-def gpu_name(gpu: str) -> str:
-    """The GPUS key of a GPU name in any case; InputError naming --memory-gib for an unknown one."""
-    key = str(gpu).lower()
-    if key not in GPUS:
-        raise InputError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}. For another device give its memory "
-                         "instead: --memory-gib N (e.g. --memory-gib 32)")
-    return key
-
-
-def resolve_gpu(gpu: Optional[str] = None, memory_gib: Optional[float] = None) -> GPU:
-    """A named GPU, or a device of `memory_gib` GiB (not both; neither: DEFAULT_GPU)."""
-    if gpu is not None and memory_gib is not None:
-        raise InputError("give either --gpu NAME or --memory-gib N, not both")
-    if gpu is None and memory_gib is None:
-        gpu = DEFAULT_GPU
-    if gpu is not None:
-        return GPUS[gpu_name(gpu)]
-    if not memory_gib > 0:
-        raise InputError(f"--memory-gib must be a positive number of GiB, got {memory_gib}")
-    return GPU(f"{memory_gib:g}GiB", f"a device with {memory_gib:g} GiB", int(memory_gib * GIB))
 
 
 # ----------------------------------------------------------------------------- precisions
@@ -538,13 +477,13 @@ def _runtime_notes(rt: Runtime, engines: dict, batch: int) -> list:
     if any(e.get("kv_shadow") for e in engines.values()):
         notes.append("kv shadow: with kv_binding \"swap\" TensorRT writes each step's cache into a second buffer "
                      "per cache-owning engine (engines/graph.py); kv_binding \"inplace\" holds none but is opt-in")
-    if rt.engines:
-        built = [r.get("profiles") for r in rt.engines.values()]
+    if rt.engines and rt.backend == "trt":
         have = "device memory recorded by `lisa-trt build`" if rt.device_memory(list(rt.engines)) is not None \
             else "activations estimated (the build record predates per-profile device memory; rebuild to record it)"
         notes.append(f"built engines: {have}")
-        if built and rt.backend == "trt" and _record_batch(rt) and batch > _record_batch(rt):
-            notes.append(f"the engines were built for --max-batch {_record_batch(rt)}; rebuild for batch {batch}")
+        built_batch = _record_batch(rt)
+        if built_batch and batch > built_batch:
+            notes.append(f"the engines were built for --max-batch {built_batch}; rebuild for batch {batch}")
     return notes
 
 
@@ -636,7 +575,8 @@ def device_memory_gib() -> Optional[float]:
         return None
 
 
-__all__ = ["BACKENDS", "CONTEXT_BYTES", "DEFAULT_GPU", "Runtime", "resolve_runtime", "step_bytes", "GPUS", "MARGIN", "gpu_name", "PRECISIONS", "WORKSPACE_BYTES", "GPU", "ModelShape",
-           "Plan", "PlanError", "Precision", "Weights", "check_plan", "device_memory_gib", "drafter_weights",
-           "known_names", "known_shape", "largest", "make_plan", "preflight", "resolve_gpu", "resolve_model",
-           "resolve_precision", "run_uses_cfg", "table_bytes"]
+__all__ = ["BACKENDS", "CONTEXT_BYTES", "DEFAULT_GPU", "GPU", "GPUS", "MARGIN", "ModelShape", "PRECISIONS", "Plan",
+           "PlanError", "Precision", "Runtime", "WORKSPACE_BYTES", "Weights", "check_plan", "device_memory_gib",
+           "drafter_weights", "gpu_name", "known_names", "known_shape", "largest", "make_plan", "preflight",
+           "resolve_gpu", "resolve_model", "resolve_precision", "resolve_runtime", "run_uses_cfg", "step_bytes",
+           "table_bytes"]
