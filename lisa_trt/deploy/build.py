@@ -8,7 +8,8 @@
          │                               which the parser refuses; engines/parser_checks.py)
          └─▶ per graph: network_from_onnx_path(strongly_typed=True) ─▶ CreateConfig(profiles,
              timing cache, refit, workspace) ─▶ engine_from_network ─▶ save_engine(<graph>.plan)
-    manifest.json["engines"] = {TensorRT version, GPU, profiles, plan sha256 ...}  (atomic)
+    manifest.json["engines"] = {TensorRT version, GPU, profiles, plan sha256, per-profile device
+                                memory, aliased outputs ...}  (atomic; `lisa-trt plan` reads them)
 
 Engines are strongly typed: the ONNX already carries its precision (fp16 export = fp16 weights
 and casts), TensorRT 10 builds it with NetworkDefinitionCreationFlag.STRONGLY_TYPED and 11 is
@@ -50,7 +51,8 @@ from ..engines.trt_plans import (
 
 
 def _network_flags(trt) -> Optional[bool]:
-    """strongly_typed=True on TensorRT 10 (flag exists); None on 11 (strongly typed natively)."""
+    """strongly_typed=True wherever TensorRT has the flag: 10.x needs it; 11.x keeps it (deprecated,
+    ignored: 11 is strongly typed natively). None for a build without it."""
     return True if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED") else None
 
 
@@ -63,7 +65,8 @@ def build_plan(onnx_path: Path, profiles: list, plan_path: Path, *, timing_cache
     (polygraphy/backend/trt/config.py: `self.tf32 = util.default(tf32, False)`, then
     `config.clear_flag(TF32)`), so it is passed explicitly. It is allowed in strongly typed
     networks (it only affects fp32 tensors; fp16 exports are unaffected).
-    Returns the build time in seconds. Raises EngineBuildError with TensorRT's message.
+    Returns {"build_seconds", "device_memory": per-profile bytes, "aliased": {output: input}}
+    (engine_memory_facts). Raises EngineBuildError with TensorRT's message.
     """
     import tensorrt as trt
     from polygraphy.backend.trt import CreateConfig, Profile, engine_from_network, network_from_onnx_path, save_engine
@@ -94,18 +97,55 @@ def build_plan(onnx_path: Path, profiles: list, plan_path: Path, *, timing_cache
                                "parser / builder messages are logged above)") from e
     with atomic_write(plan_path) as tmp:
         save_engine(engine, str(tmp))
-    return time.perf_counter() - t0
+    return {"build_seconds": round(time.perf_counter() - t0, 2), **engine_memory_facts(engine)}
+
+
+def engine_memory_facts(engine) -> dict:
+    """What `lisa-trt plan` reads of a built engine: each profile's device memory
+    (ICudaEngine.get_device_memory_size_for_profile_v2, TensorRT 10.1+ and 11; the engine-wide
+    device_memory_size_v2 for every profile where the per-profile call is missing) and the outputs
+    the engine aliases to inputs (get_aliased_input_tensor, 10.15+), which get no KV shadow."""
+    n = int(engine.num_optimization_profiles)
+    per = getattr(engine, "get_device_memory_size_for_profile_v2", None)
+    if per is not None:
+        sizes = [int(per(i)) for i in range(n)]
+    else:
+        sizes = [int(getattr(engine, "device_memory_size_v2", getattr(engine, "device_memory_size", 0)))] * n
+    aliased = {}
+    get = getattr(engine, "get_aliased_input_tensor", None)
+    if get is not None:
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        aliased = {o: get(o) for o in names if get(o)}
+    return {"device_memory": sizes, "aliased": aliased}
 
 
 def default_build_graphs(man) -> list:
     """The graphs `lisa-trt build` makes engines for by default: every graph of the bundle, except
-    target_prefill when its verify graph runs the prefill too (ExportFamily.bundle_prefill_ids):
-    one target engine, whose "prefill" profile covers the prompt (profiles_from_io_spec), so the
-    target's weights are on the GPU once."""
-    names = sorted(man.graphs)
+    - target_prefill when its verify graph runs the prefill too (ExportFamily.bundle_prefill_ids):
+      one target engine, whose "prefill" profile covers the prompt (profiles_from_io_spec);
+    - drafter_commit (NOT_BUILT): TensorRT engines share no weights, so its engine would be a
+      second copy of the drafter's layer and head; commits run drafter_project + drafter_step.
+    Each model's weights are on the GPU once."""
+    names = [n for n in sorted(man.graphs) if n not in NOT_BUILT]
     if man.export_family.bundle_prefill_ids(man) is not None and Graph.TARGET_VERIFY.value in names:
         names.remove(Graph.TARGET_PREFILL.value)
     return names
+
+
+# Exported graphs never built into an engine, and why (docs/tensorrt.md "One copy of each model").
+NOT_BUILT = {Graph.DRAFTER_COMMIT.value: "its engine would hold a second copy of the drafter's weights (TensorRT "
+                                         "engines share none); the TensorRT runtime commits through "
+                                         "drafter_project + drafter_step, which hold them once"}
+
+
+def _check_buildable(engine_dir, man, names: list) -> None:
+    unknown = [n for n in names if n not in man.graphs]
+    if unknown:
+        raise InputError(f"{engine_dir} has no graph(s) {unknown}; it has {sorted(man.graphs)}")
+    refused = [n for n in names if n in NOT_BUILT]
+    if refused:
+        raise InputError(f"{refused[0]} is not built for TensorRT: {NOT_BUILT[refused[0]]}. Leave it out of "
+                         f"--graphs (default: {', '.join(default_build_graphs(man))})")
 
 
 def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=None, refit: bool = False,
@@ -123,7 +163,7 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
         workspace: builder workspace limit in bytes (default: TensorRT's).
         max_batch / max_tree: ranges of the default profiles.
         graphs: graph names to build (default: default_build_graphs, every graph but a
-            target_prefill that the verify engine replaces).
+            target_prefill that the verify engine replaces and drafter_commit, NOT_BUILT).
         tables: GASV tables for the plugin rewrite (default: the bundle's tables.safetensors, else
             recovered from gasv.onnx); checked against the plain graph in ONNX Runtime.
         check: run check_trt_compat first (fails before any TensorRT work).
@@ -140,9 +180,7 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
     engine_dir = Path(engine_dir)
     man = read_manifest(engine_dir)
     names = list(graphs) if graphs else default_build_graphs(man)
-    unknown = [n for n in names if n not in man.graphs]
-    if unknown:
-        raise InputError(f"{engine_dir} has no graph(s) {unknown}; it has {sorted(man.graphs)}")
+    _check_buildable(engine_dir, man, names)
     profiles = profiles or profiles_from_io_spec(man, max_batch=max_batch, max_tree=max_tree, graphs=names)
     from ..engines.plugins import trt_plugin as tp
     from ..engines.plugins.graph_rewrite import tables_from_bundle, write_trt_variant
@@ -166,10 +204,9 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
     for n in names:
         bar.set_description(f"build {n}")
         onnx_path = engine_dir / plan[n]["onnx"]
-        secs = build_plan(onnx_path, profiles[n], engine_dir / plan[n]["plan"], timing_cache=timing_cache,
-                          refit=refit, workspace=workspace)
-        plan[n].update(plan_sha256=_sha256(engine_dir / plan[n]["plan"]), onnx_sha256=_sha256(onnx_path),
-                       build_seconds=round(secs, 2))
+        facts = build_plan(onnx_path, profiles[n], engine_dir / plan[n]["plan"], timing_cache=timing_cache,
+                           refit=refit, workspace=workspace)
+        plan[n].update(plan_sha256=_sha256(engine_dir / plan[n]["plan"]), onnx_sha256=_sha256(onnx_path), **facts)
         bar.update(1)
     bar.close()
     record = {"format": ENGINES_FORMAT, "schema_version": ENGINES_SCHEMA, "tensorrt_version": trt.__version__,
@@ -190,7 +227,7 @@ def _progress(total: int, enabled: bool):
     return progress_bar(total, enabled, unit="engine")
 
 
-__all__ = ["ENGINES_KEY", "EngineBuildError", "NoCudaDeviceError", "ProfileSpec", "TensorRTUnavailableError",
-           "build_engines", "default_build_graphs", "build_plan", "engines_built", "engines_record", "load_plan",
-           "profiles_from_io_spec", "require_tensorrt_gpu", "trt_graph_model", "trt_onnx_path",
-           "write_engines_record"]
+__all__ = ["ENGINES_KEY", "EngineBuildError", "NOT_BUILT", "NoCudaDeviceError", "ProfileSpec",
+           "TensorRTUnavailableError", "build_engines", "build_plan", "default_build_graphs", "engine_memory_facts",
+           "engines_built", "engines_record", "load_plan", "profiles_from_io_spec", "require_tensorrt_gpu",
+           "trt_graph_model", "trt_onnx_path", "write_engines_record"]

@@ -16,11 +16,16 @@ What is counted (docs/deployment.md explains each formula and which numbers are 
                engine runs the prefill too (its "prefill" profile; engines/build.default_build_graphs);
                an engine directory exported before that (separate prefill and verify engines) plans
                two (ModelShape.target_copies), as does `weight_copies=2`.
-  KV cache     2 x layers x kv_heads x head_dim x max_cache_len x rows x kv bytes, rows = batch x 2
-               with CFG; kv bytes 2 (fp16) for every precision but fp32 (4): int8 / fp8 / int4
-               quantize weights, the cache stays fp16. max_cache_len = round_up(prompt + span
+  KV cache     the past_key_values.* buffers of the target's verify graph and the drafter's step graph
+               at their io-spec shapes (engines/allocation.kv_cache_bytes, what the runtime's caches are
+               checked against): 2 x layers x kv_heads x head_dim x max_cache_len x rows x kv bytes,
+               rows = batch x 2 with CFG; kv bytes 2 (fp16) for every precision but fp32 (4): int8 /
+               fp8 / int4 quantize weights, the cache stays fp16. max_cache_len = round_up(prompt + span
                prefix + image tokens + tree, 8), the exporters' rule (export/onnx.max_cache_len,
                families/chameleon/export.engine_cache_len).
+  KV shadow    TensorRT with kv_binding "swap" (the default): a second cache per cache-owning engine
+               for its present.* outputs the engine does not alias (allocation.kv_shadow_bytes; the
+               aliases `lisa-trt build` recorded). ONNX Runtime and "inplace": none.
   drafter      EAGLE-3 (models/drafter.py): fc 3H -> H, one decoder layer at the target's width
                (q/k/v read embedding + hidden, 2H wide), own head over the image codes, plus the copy
                of the target's input embedding its exported step graph carries; its one-layer cache.
@@ -29,9 +34,12 @@ What is counted (docs/deployment.md explains each formula and which numbers are 
   vq decoder   decoder + post_quant_conv + codebook in fp16 (parameter counts of the project's
                VQ models, pinned by tests/engines/test_plan.py; an engine directory: the size of
                its vq_decode graph files).
-  activations  ESTIMATE, per engine, its largest call: rows x S x (6 H + 2 F) x act bytes (residual,
-               norm, q, k, v, attention out; gate and up of the MLP), attention scores rows x heads x
-               S x max_cache_len x 4 (fp32, as if not fused), and the outputs (fp32 logits
+  activations  an engine directory built by `lisa-trt build`: each engine's recorded per-profile device
+               memory, as TrtRunner allocates it (one shared buffer of the largest profile,
+               allocation.context_memory_bytes). Otherwise an ESTIMATE, per engine, its largest call:
+               rows x S x (6 H + 2 F) x act bytes (residual, norm, q, k, v, attention out; gate and
+               up of the MLP), attention scores rows x heads x S x max_cache_len x 4 (fp32, as if not
+               fused), and the outputs (fp32 logits
                rows x S x vocab, taps 3H, hidden H). S = prompt for prefill, tree for verify.
                VQ decoder: batch x 4 feature maps of pixels x ch x 2 bytes at full resolution.
   overhead     ESTIMATE: CUDA context + cuBLAS / cuDNN / TensorRT runtime (CONTEXT_BYTES).
@@ -39,6 +47,9 @@ What is counted (docs/deployment.md explains each formula and which numbers are 
                workspace (WORKSPACE_BYTES unless --workspace is given): the build peak is the largest
                engine's weights + activations + workspace + overhead.
 fits = the run total and the build peak are both within the device's usable memory.
+bandwidth floor per step = the bytes one target call / one drafter step must move (weights, one
+read of the cache; with a KV shadow also the scatter's full read and write of the cache,
+step_bytes) / the GPU's peak memory bandwidth (GPUS): the least time a step can take there.
 """
 
 from __future__ import annotations
@@ -47,77 +58,26 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from pathlib import Path
+
 from ..config import SamplingConfig
 from ..errors import InputError
-from ..models.io_spec import GASV_K  # neighbour columns baked into the GASV graph
+from ..engines.allocation import DEFAULT_KV_BINDING, KV_BINDINGS, context_memory_bytes, kv_cache_bytes, kv_shadow_bytes
+from ..models.io_spec import GASV_K, Graph, graph_spec  # GASV_K: neighbour columns baked into the GASV graph
 from ..export.quantize import DEFAULT_BLOCK_SIZE as INT4_BLOCK  # int4 weights: one fp16 scale per block
 from ..models.family import family_named
+from .gpus import DEFAULT_GPU, GIB, GPU, GPUS, MIB, gpu_name, resolve_gpu  # noqa: F401 (re-exported)
 from .model_shapes import ModelShape, Weights, known_names, known_shape, lin, repeat, resolve_model
 
-MIB, GIB = 1 << 20, 1 << 30
 CONTEXT_BYTES = 1 * GIB  # CUDA context + library handles + TensorRT runtime (estimate)
 WORKSPACE_BYTES = 1 * GIB  # planned builder workspace (pass `lisa-trt build --workspace 1024` to hold it)
 MAX_BATCH_SEARCH = 4096  # largest batch the search tries
 MAX_TREE_SEARCH = 1024  # largest tree the search tries (TensorRT-Edge-LLM verifies <= 128 draft tokens)
-DEFAULT_GPU = "rtx4090"  # the project's target GPU
 MARGIN = 0.9  # a plan that fits above this share of the usable memory warns
 
 
 class PlanError(InputError):
     """The deployment does not fit the device; the message carries the plan's table."""
-
-
-# ----------------------------------------------------------------------------- devices
-
-@dataclass(frozen=True)
-class GPU:
-    """A device: total memory as CUDA reports it, less what the system keeps."""
-
-    name: str
-    label: str
-    total: int
-    reserved: int = 0  # Jetson: unified memory the OS and the CPU side of the process keep
-
-    @property
-    def usable(self) -> int:
-        return self.total - self.reserved
-
-
-# totals: nvidia-smi's "MiB" of each board (desktop / data-centre); Jetson AGX Orin: the module's
-# unified LPDDR5, of which an estimated 4 GiB stays with the OS and the CPU side of the process.
-GPUS = {g.name: g for g in (
-    GPU("rtx4090", "GeForce RTX 4090 24 GB", 24564 * MIB),
-    GPU("l4", "NVIDIA L4 24 GB", 23034 * MIB),
-    GPU("a10", "NVIDIA A10 24 GB", 23028 * MIB),
-    GPU("a100-40", "NVIDIA A100 40 GB", 40960 * MIB),
-    GPU("a100-80", "NVIDIA A100 80 GB", 81920 * MIB),
-    GPU("h100", "NVIDIA H100 80 GB", 81559 * MIB),
-    GPU("h200", "NVIDIA H200 141 GB", 143771 * MIB),
-    GPU("orin-32", "Jetson AGX Orin 32 GB", 32 * GIB, 4 * GIB),
-    GPU("orin-64", "Jetson AGX Orin 64 GB", 64 * GIB, 4 * GIB),
-)}
-
-
-def gpu_name(gpu: str) -> str:
-    """The GPUS key of a GPU name in any case; InputError naming --memory-gib for an unknown one."""
-    key = str(gpu).lower()
-    if key not in GPUS:
-        raise InputError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}. For another device give its memory "
-                         "instead: --memory-gib N (e.g. --memory-gib 32)")
-    return key
-
-
-def resolve_gpu(gpu: Optional[str] = None, memory_gib: Optional[float] = None) -> GPU:
-    """A named GPU, or a device of `memory_gib` GiB (not both; neither: DEFAULT_GPU)."""
-    if gpu is not None and memory_gib is not None:
-        raise InputError("give either --gpu NAME or --memory-gib N, not both")
-    if gpu is None and memory_gib is None:
-        gpu = DEFAULT_GPU
-    if gpu is not None:
-        return GPUS[gpu_name(gpu)]
-    if not memory_gib > 0:
-        raise InputError(f"--memory-gib must be a positive number of GiB, got {memory_gib}")
-    return GPU(f"{memory_gib:g}GiB", f"a device with {memory_gib:g} GiB", int(memory_gib * GIB))
 
 
 # ----------------------------------------------------------------------------- precisions
@@ -201,11 +161,35 @@ class Plan:
     fitting_precisions: list = field(default_factory=list)  # lower precisions that fit these settings
     search_limits: dict = field(default_factory=dict)  # the searches' upper ends (a result there means ">=")
     notes: list = field(default_factory=list)
+    backend: str = "trt"
+    kv_binding: str = DEFAULT_KV_BINDING
+    bandwidth: float = 0.0  # the device's GB/s (0: unknown)
+    load_transient: int = 0  # unified memory (Jetson): loading's peak above the run total (_load_transient)
+    step_bytes: dict = field(default_factory=dict)  # {"target" | "drafter": bytes one call moves} (step_bytes)
+
+    @property
+    def bandwidth_floor_ms(self) -> dict:
+        """{model: ms} the device needs at least per call to move step_bytes ({} without a bandwidth)."""
+        if not self.bandwidth:
+            return {}
+        return {k: 1e3 * v / (self.bandwidth * 1e9) for k, v in self.step_bytes.items()}
+
+    def _bandwidth_line(self) -> str:
+        if not self.bandwidth:
+            return "bandwidth floor per step: unknown for this device (plan a named --gpu to see it)"
+        ms = self.bandwidth_floor_ms
+        parts = [f"{k} {self.step_bytes[k] / 1e9:.2f} GB -> {ms[k]:.2f} ms" for k in self.step_bytes]
+        return (f"bandwidth floor per step (bytes a call must move / {self.bandwidth:g} GB/s): " + ", ".join(parts))
+
+    @property
+    def run_peak(self) -> int:
+        """The run's peak: its total, or on unified memory the loading peak when that is higher."""
+        return self.total + self.load_transient
 
     @property
     def margin_warning(self) -> str:
         """For a plan that fits above MARGIN of the usable memory: how little is left ("" otherwise)."""
-        need = max(self.total, self.build_peak)
+        need = max(self.run_peak, self.build_peak)
         if not self.fits or need <= MARGIN * self.usable:
             return ""
         return (f"the plan uses {100 * need / self.usable:.0f} % of {self.gpu_label}'s usable memory "
@@ -217,8 +201,8 @@ class Plan:
     def reason(self) -> str:
         if self.fits:
             return ""
-        need = max(self.total, self.build_peak)
-        what = "the run" if self.total >= self.build_peak else "the TensorRT build"
+        need = max(self.run_peak, self.build_peak)
+        what = "the run" if self.run_peak >= self.build_peak else "the TensorRT build"
         return (f"{self.model} at {self.precision}, batch {self.batch}{' x 2 (CFG)' if self.cfg else ''}, tree "
                 f"{self.tree} needs {need / GIB:.2f} GiB for {what}; {self.gpu_label} has {self.usable / GIB:.2f} GiB. "
                 + _advice(self))
@@ -230,6 +214,7 @@ class Plan:
         d["total_gib"] = round(self.total / GIB, 3)
         d["build_peak_gib"] = round(self.build_peak / GIB, 3)
         d["usable_gib"] = round(self.usable / GIB, 3)
+        d["bandwidth_floor_ms"] = {k: round(v, 3) for k, v in self.bandwidth_floor_ms.items()}
         return d
 
     def _found(self, what: str) -> str:
@@ -239,18 +224,24 @@ class Plan:
         return f">= {v}" if v == self.search_limits.get(what) else str(v)
 
     def table(self) -> str:
-        parts = ("weights", "kv_cache", "activations")
+        parts = ("weights", "kv_cache", "kv_shadow", "activations")
         g = lambda b: f"{b / GIB:8.2f}"  # noqa: E731
+        pad = " ".join([f"{'':8s}"] * len(parts))
         lines = [f"{self.model} ({self.family}) on {self.gpu_label}: {self.precision}, {self.image_size} px, batch "
                  f"{self.batch}{' with CFG (' + str(self.rows) + ' rows)' if self.cfg else ' (no CFG)'}, tree "
-                 f"{self.tree}, prompt {self.prompt_len}, cache {self.max_cache_len} slots",
-                 f"{'engine':14s} {'weights':>8s} {'kv cache':>8s} {'activ.':>8s} {'total':>8s}  (GiB)"]
+                 f"{self.tree}, prompt {self.prompt_len}, cache {self.max_cache_len} slots; "
+                 f"{'TensorRT' if self.backend == 'trt' else 'ONNX Runtime'}, kv_binding {self.kv_binding}",
+                 f"{'engine':14s} {'weights':>8s} {'kv cache':>8s} {'kv shad.':>8s} {'activ.':>8s} {'total':>8s}  (GiB)"]
         for name, e in self.engines.items():
             lines.append(f"{name:14s} " + " ".join(g(e.get(p, 0)) for p in parts) + " " + g(sum(e.values())))
-        lines.append(f"{'overhead':14s} {'':8s} {'':8s} {'':8s} {g(self.overhead)}  CUDA context + runtime (estimate)")
-        lines.append(f"{'run total':14s} {'':8s} {'':8s} {'':8s} {g(self.total)}  of {self.usable / GIB:.2f} usable")
-        lines.append(f"{'build peak':14s} {'':8s} {'':8s} {'':8s} {g(self.build_peak)}  largest engine + "
+        lines.append(f"{'overhead':14s} {pad} {g(self.overhead)}  CUDA context + runtime (estimate)")
+        lines.append(f"{'run total':14s} {pad} {g(self.total)}  of {self.usable / GIB:.2f} usable")
+        if self.load_transient:
+            lines.append(f"{'load peak':14s} {pad} {g(self.run_peak)}  loading: a plan file read whole into "
+                         "unified memory beside its engine (estimate)")
+        lines.append(f"{'build peak':14s} {pad} {g(self.build_peak)}  largest engine + "
                      f"{self.workspace / GIB:.2f} GiB builder workspace + overhead")
+        lines.append(self._bandwidth_line())
         if self.search_limits:
             verdict = "yes" if self.fits else "NO"
             lines.append(f"fits: {verdict}; largest batch {self._found('batch')} (tree {self.tree}), "
@@ -278,29 +269,127 @@ def _advice(p: Plan) -> str:
             "precision. Use a device with more memory (--gpu NAME, or --memory-gib N to plan for it).")
 
 
-def _parts(s: ModelShape, prec: Precision, batch: int, tree: int, cfg: bool, prompt: int, copies: int) -> tuple:
-    rows = batch * (2 if cfg else 1)
-    L = s.cache_len(prompt, tree)
+@dataclass(frozen=True)
+class Runtime:
+    """The runtime the plan is for: backend ("trt" | "ort"), its KV binding, and what `lisa-trt build`
+    recorded per engine (manifest["engines"]["graphs"]: per-profile device memory, aliased outputs)."""
+
+    backend: str = "trt"
+    kv_binding: str = DEFAULT_KV_BINDING
+    engines: dict = field(default_factory=dict)
+
+    def aliased(self, graph: str) -> tuple:
+        return tuple((self.engines.get(graph) or {}).get("aliased") or {})
+
+    def device_memory(self, graphs) -> Optional[int]:
+        """The TensorRT contexts' memory of these engines as TrtRunner allocates it (one shared buffer
+        per engine: allocation.context_memory_bytes of the recorded per-profile sizes); None when
+        not every engine recorded it (not built, or built before the record had it) or on ORT."""
+        recs = [self.engines.get(g) or {} for g in graphs]
+        if self.backend != "trt" or not recs or any("device_memory" not in r for r in recs):
+            return None
+        return sum(context_memory_bytes(r["device_memory"]) for r in recs)
+
+
+BACKENDS = ("trt", "ort")
+
+
+def resolve_runtime(model, backend: str = "trt", kv_binding: Optional[str] = None) -> Runtime:
+    """The Runtime for a plan: ORT binds past and present to one buffer ("inplace"); TensorRT uses
+    `kv_binding` (default engines.allocation.DEFAULT_KV_BINDING); an engine directory's build record."""
+    if backend not in BACKENDS:
+        raise InputError(f"unknown backend {backend!r} for a memory plan; valid: {', '.join(BACKENDS)}")
+    binding = "inplace" if backend == "ort" else (kv_binding or DEFAULT_KV_BINDING)
+    if binding not in KV_BINDINGS:
+        raise InputError(f"kv_binding must be one of {KV_BINDINGS}, got {binding!r}")
+    built = {}
+    if isinstance(model, (str, Path)):
+        built = ((_engine_record(model)[0].get("engines") or {}).get("graphs")) or {}
+    return Runtime(backend, binding, built)
+
+
+def _target_graphs(copies: int) -> list:
+    """The target engines the runtime opens: verify, and a prefill engine when the weights are twice."""
+    return [Graph.TARGET_VERIFY.value] + ([Graph.TARGET_PREFILL.value] if copies > 1 else [])
+
+
+def _kv_parts(spec, dims: dict, prec: Precision, rt: Runtime, graph: str, runners: int) -> dict:
+    """kv_cache and kv_shadow of one model (allocation.kv_cache_bytes / kv_shadow_bytes at `dims`);
+    every runner of the model gets its own shadow (engines/graph.py keys them by runner)."""
+    shadow = kv_shadow_bytes(spec, dims, prec.kv, rt.kv_binding, rt.aliased(graph)) * runners
+    return {"kv_cache": kv_cache_bytes(spec, dims, prec.kv), "kv_shadow": shadow}
+
+
+def _target_part(s: ModelShape, prec: Precision, rows: int, tree: int, prompt: int, L: int, copies: int,
+                 rt: Runtime) -> dict:
     a = prec.act
-    kv = 2 * s.n_layer * s.kv_heads * s.head_dim * L * rows * prec.kv
     last = rows * s.vocab * 4 + rows * 4 * s.dim * a  # prefill outputs at the last prompt position
     act = max(_step_act(rows, prompt, s.dim, s.ffn, s.n_head, L, 0, a, False) + last,  # prefill
               _step_act(rows, tree, s.dim, s.ffn, s.n_head, L, s.vocab, a, True))  # tree verification
-    engines = {"target": {"weights": s.target.bytes(prec) * copies, "kv_cache": kv, "activations": act}}
+    dims = {"batch": rows, "kv_heads": s.kv_heads, "cache_len": L, "head_dim": s.head_dim}
+    kv = _kv_parts(graph_spec(Graph.TARGET_VERIFY, n_layer=s.n_layer), dims, prec, rt, Graph.TARGET_VERIFY.value,
+                   copies)
+    built = rt.device_memory(_target_graphs(copies))
+    return {"weights": s.target.bytes(prec) * copies, **kv, "activations": act if built is None else built}
+
+
+def _drafter_part(s: ModelShape, prec: Precision, rows: int, tree: int, prompt: int, L: int, rt: Runtime) -> dict:
+    a = prec.act
+    Hd = s.draft_hidden or s.dim
+    heads = max(1, Hd // s.head_dim)
+    S = max(tree, prompt)
+    dact = (_step_act(rows, S, Hd, s.draft_ffn or s.ffn, heads, L, s.draft_head or s.codes, a, False)
+            + rows * S * 3 * s.dim * a)  # + the taps it reads
+    dims = {"batch": rows, "draft_heads": heads, "cache_len": L, "draft_head_dim": Hd // heads}
+    # one runner owns the drafter's cache: drafter_step (no drafter_commit engine on TensorRT; ORT binds in place)
+    kv = _kv_parts(graph_spec(Graph.DRAFTER_STEP), dims, prec, rt, Graph.DRAFTER_STEP.value, 1)
+    built = rt.device_memory([Graph.DRAFTER_PROJECT.value, Graph.DRAFTER_STEP.value])
+    return {"weights": drafter_weights(s).bytes(prec), **kv, "activations": dact if built is None else built}
+
+
+def _parts(s: ModelShape, prec: Precision, batch: int, tree: int, cfg: bool, prompt: int, copies: int,
+           rt: Runtime) -> tuple:
+    rows = batch * (2 if cfg else 1)
+    L = s.cache_len(prompt, tree)
+    engines = {"target": _target_part(s, prec, rows, tree, prompt, L, copies, rt)}
     if s.has_drafter:
-        Hd = s.draft_hidden or s.dim
-        heads = max(1, Hd // s.head_dim)
-        S = max(tree, prompt)
-        dkv = 2 * heads * (Hd // heads) * L * rows * prec.kv
-        dact = (_step_act(rows, S, Hd, s.draft_ffn or s.ffn, heads, L, s.draft_head or s.codes, a, False)
-                + rows * S * 3 * s.dim * a)  # + the taps it reads
-        engines["drafter"] = {"weights": drafter_weights(s).bytes(prec), "kv_cache": dkv, "activations": dact}
+        engines["drafter"] = _drafter_part(s, prec, rows, tree, prompt, L, rt)
     if s.has_tables:
         nodes = batch * tree
-        engines["gasv"] = {"weights": table_bytes(s), "activations": nodes * (3 * s.codes + GASV_K * s.dim) * 4}
+        built = rt.device_memory([Graph.GASV.value])
+        engines["gasv"] = {"weights": table_bytes(s), "activations": nodes * (3 * s.codes + GASV_K * s.dim) * 4
+                           if built is None else built}
     if s.has_vq:
-        engines["vq_decode"] = {"weights": s.vq_params * 2, "activations": batch * 4 * s.pixels * s.vq_ch * 2}
+        built = rt.device_memory([Graph.VQ_DECODE.value])
+        engines["vq_decode"] = {"weights": s.vq_params * 2, "activations": batch * 4 * s.pixels * s.vq_ch * 2
+                                if built is None else built}
     return rows, L, engines
+
+
+def step_bytes(engines: dict) -> dict:
+    """Bytes one call of the target / one drafter step must move at least: its weights and one read of
+    its cache; with a KV shadow also the full cache read by the scatter and written to the shadow."""
+    out = {}
+    for name in ("target", "drafter"):
+        e = engines.get(name)
+        if e:
+            kv = e.get("kv_cache", 0)
+            out[name] = e["weights"] + kv * (3 if e.get("kv_shadow") else 1)
+    return out
+
+
+def _load_transient(engines: dict, device: GPU, overhead: int) -> int:
+    """Unified memory (Jetson): how far loading goes above the run total. Engines load in the plan's
+    order (target first, engines.graph.load_engines) before any cache exists; each plan file is read
+    whole (trt_plans.load_plan, about its engine's weights) beside the engine it becomes."""
+    if not device.unified:
+        return 0
+    loaded = peak = overhead
+    for e in engines.values():
+        peak = max(peak, loaded + 2 * e["weights"] + e.get("activations", 0))
+        loaded += e["weights"] + e.get("activations", 0)
+    total = sum(sum(e.values()) for e in engines.values()) + overhead
+    return max(0, peak - total)
 
 
 def _totals(engines: dict, overhead: int, workspace: int) -> tuple[int, int]:
@@ -312,7 +401,8 @@ def _totals(engines: dict, overhead: int, workspace: int) -> tuple[int, int]:
 def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] = None,
               precision: Optional[str] = None, batch: int = 1, tree: Optional[int] = None,
               image_size: Optional[int] = None, prompt_len: Optional[int] = None, cfg: bool = True,
-              workspace: Optional[int] = None, weight_copies: Optional[int] = None, search: bool = True) -> Plan:
+              workspace: Optional[int] = None, weight_copies: Optional[int] = None, search: bool = True,
+              backend: str = "trt", kv_binding: Optional[str] = None) -> Plan:
     """The memory plan of `model` on a device.
 
     Args:
@@ -328,8 +418,11 @@ def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] =
             verify engine runs the prefill too, 2 for directories exported before; names and
             checkpoints: 1, a fresh export).
         search: also compute the largest batch and tree that fit.
+        backend / kv_binding: the runtime planned ("trt": TensorRT, whose default "swap" binding holds
+            a second KV cache per cache-owning engine; "ort": caches updated in place), see Runtime.
     """
     device = resolve_gpu(gpu, memory_gib)
+    rt = resolve_runtime(model, backend, kv_binding)
     s = resolve_model(model, image_size, prompt_len)
     prec = resolve_precision(precision or s.precision or "fp16")
     tree = (s.max_tree or 64) if tree is None else tree
@@ -345,11 +438,12 @@ def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] =
     ws = WORKSPACE_BYTES if workspace is None else int(workspace)
 
     def evaluate(b: int, t: int):
-        rows, L, engines = _parts(s, prec, b, t, cfg, prompt, weight_copies)
+        rows, L, engines = _parts(s, prec, b, t, cfg, prompt, weight_copies, rt)
         total, peak = _totals(engines, CONTEXT_BYTES, ws)
-        return rows, L, engines, total, peak, max(total, peak) <= device.usable
+        load = _load_transient(engines, device, CONTEXT_BYTES)
+        return rows, L, engines, total, peak, load, max(total + load, peak) <= device.usable
 
-    rows, L, engines, total, peak, fits = evaluate(batch, tree)
+    rows, L, engines, total, peak, load, fits = evaluate(batch, tree)
     notes = []
     if s.precision and precision and precision != s.precision:
         notes.append(f"planned at {precision}; the engine directory was exported at {s.precision}")
@@ -358,21 +452,46 @@ def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] =
                      f"{s.max_positions}: the checkpoint for {s.image_size} px must allow them (the exporter checks)")
     if weight_copies > 1:
         notes.append(f"{weight_copies} copies of the target weights (separate prefill / verify engines)")
+    notes += _runtime_notes(rt, engines, batch)
     plan = Plan(model=s.name, family=s.family, gpu=device.name, gpu_label=device.label, usable=device.usable,
                 precision=prec.name, batch=batch, tree=tree, cfg=cfg, image_size=s.image_size, prompt_len=prompt,
                 rows=rows, max_cache_len=L, engines=engines, overhead=CONTEXT_BYTES, workspace=ws, total=total,
-                build_peak=peak, fits=fits, notes=notes)
+                build_peak=peak, fits=fits, notes=notes, backend=rt.backend, kv_binding=rt.kv_binding,
+                bandwidth=device.bandwidth, load_transient=load, step_bytes=step_bytes(engines))
     if search and not fits:
         plan.fitting_precisions = [q for q in ("fp16", "int8", "int4")
                                    if PRECISIONS[q].weight < prec.weight
-                                   and make_plan(s, gpu=gpu, memory_gib=memory_gib, precision=q, batch=batch, tree=tree,
-                                                 cfg=cfg, workspace=workspace, weight_copies=weight_copies,
-                                                 search=False).fits]
+                                   and make_plan(model, gpu=gpu, memory_gib=memory_gib, precision=q, batch=batch,
+                                                 tree=tree, image_size=image_size, prompt_len=prompt_len, cfg=cfg,
+                                                 workspace=workspace, weight_copies=weight_copies, search=False,
+                                                 backend=backend, kv_binding=kv_binding).fits]
     if search:
         plan.max_batch = largest(lambda b: evaluate(b, tree)[-1], MAX_BATCH_SEARCH)
         plan.max_tree = largest(lambda t: evaluate(batch, t)[-1], s.max_tree or MAX_TREE_SEARCH)
         plan.search_limits = {"batch": MAX_BATCH_SEARCH, "tree": s.max_tree or MAX_TREE_SEARCH}
     return plan
+
+
+def _runtime_notes(rt: Runtime, engines: dict, batch: int) -> list:
+    notes = []
+    if any(e.get("kv_shadow") for e in engines.values()):
+        notes.append("kv shadow: with kv_binding \"swap\" TensorRT writes each step's cache into a second buffer "
+                     "per cache-owning engine (engines/graph.py); kv_binding \"inplace\" holds none but is opt-in")
+    if rt.engines and rt.backend == "trt":
+        have = "device memory recorded by `lisa-trt build`" if rt.device_memory(list(rt.engines)) is not None \
+            else "activations estimated (the build record predates per-profile device memory; rebuild to record it)"
+        notes.append(f"built engines: {have}")
+        built_batch = _record_batch(rt)
+        if built_batch and batch > built_batch:
+            notes.append(f"the engines were built for --max-batch {built_batch}; rebuild for batch {batch}")
+    return notes
+
+
+def _record_batch(rt: Runtime) -> int:
+    """Largest real batch the built target engine takes (its profiles' CFG rows / 2 at most)."""
+    prof = (rt.engines.get(Graph.TARGET_VERIFY.value) or {}).get("profiles") or []
+    rows = [p["shapes"]["input_ids"][2][0] for p in prof if "input_ids" in p.get("shapes", {})]
+    return max(rows) // 2 if rows else 0
 
 
 def largest(ok, hi: int) -> Optional[int]:
@@ -430,6 +549,7 @@ def preflight(engine_dir, *, gpu: Optional[str] = None, memory_gib: Optional[flo
     (`gpu_backend`: TensorRT, or auto with built engines) against the visible CUDA device, and
     returns None when there is none: a CPU run is never refused by a GPU plan.
     cfg: None = from the run's CFG scale or the bundle's default (run_uses_cfg).
+    The plan is TensorRT's (its KV shadows, recorded engine memory) for a GPU backend, ONNX Runtime's else.
     """
     if gpu is None and memory_gib is None:
         if not gpu_backend:
@@ -440,7 +560,7 @@ def preflight(engine_dir, *, gpu: Optional[str] = None, memory_gib: Optional[flo
     if cfg is None:
         cfg = run_uses_cfg(engine_dir, cfg_scale)
     return check_plan(engine_dir, gpu=gpu, memory_gib=memory_gib, batch=batch, tree=tree, cfg=cfg,
-                      workspace=workspace)
+                      workspace=workspace, backend="trt" if gpu_backend else "ort")
 
 
 def device_memory_gib() -> Optional[float]:
@@ -455,7 +575,8 @@ def device_memory_gib() -> Optional[float]:
         return None
 
 
-__all__ = ["CONTEXT_BYTES", "DEFAULT_GPU", "GPUS", "MARGIN", "gpu_name", "PRECISIONS", "WORKSPACE_BYTES", "GPU", "ModelShape",
-           "Plan", "PlanError", "Precision", "Weights", "check_plan", "device_memory_gib", "drafter_weights",
-           "known_names", "known_shape", "largest", "make_plan", "preflight", "resolve_gpu", "resolve_model",
-           "resolve_precision", "run_uses_cfg", "table_bytes"]
+__all__ = ["BACKENDS", "CONTEXT_BYTES", "DEFAULT_GPU", "GPU", "GPUS", "MARGIN", "ModelShape", "PRECISIONS", "Plan",
+           "PlanError", "Precision", "Runtime", "WORKSPACE_BYTES", "Weights", "check_plan", "device_memory_gib",
+           "drafter_weights", "gpu_name", "known_names", "known_shape", "largest", "make_plan", "preflight",
+           "resolve_gpu", "resolve_model", "resolve_precision", "resolve_runtime", "run_uses_cfg", "step_bytes",
+           "table_bytes"]

@@ -53,13 +53,12 @@ import torch
 
 from ..errors import InputError, LisaError
 from ..models.io_spec import Graph, GraphSpec
+from .allocation import DEFAULT_KV_BINDING, KV_BINDINGS, context_memory_bytes  # noqa: F401 (re-exported)
 from .base import Backend, GraphRunner, register_backend, torch_dtype  # noqa: F401 (torch_dtype re-exported)
 from .trt_plans import load_plan, require_tensorrt_gpu
 from .profiles import ProfileSpec
 from .graph import Engines, load_engines
 
-KV_BINDINGS = ("swap", "inplace")
-DEFAULT_KV_BINDING = "swap"  # in-place binding is opt-in (module docstring)
 ALIGNMENT = 256  # NvInferRuntime.h IExecutionContext::setTensorAddress: at least 256-byte alignment
 _LOGGERS = weakref.WeakKeyDictionary()  # per tensorrt module (one in practice; tests swap fake modules)
 _PLUGINS_READY = weakref.WeakSet()
@@ -239,6 +238,8 @@ class TrtRunner(GraphRunner):
         return out
 
     def _make_contexts(self, share: bool) -> list:
+        """One context per profile; with `share` (and USER_MANAGED allocation) all on one buffer of
+        allocation.context_memory_bytes, the size `lisa-trt plan` counts for this engine."""
         trt, engine = self.trt, self.engine
         stream = _stream(self.device)
         n = engine.num_optimization_profiles
@@ -246,23 +247,33 @@ class TrtRunner(GraphRunner):
         sizes = None
         if share and strategy is not None and hasattr(engine, "get_device_memory_size_for_profile_v2"):
             sizes = [int(engine.get_device_memory_size_for_profile_v2(i)) for i in range(n)]
+            self._memory = torch.empty(max(1, context_memory_bytes(sizes)), dtype=torch.uint8, device=self.device)
         contexts = []
-        if sizes is not None:
-            self._memory = torch.empty(max(sizes + [1]), dtype=torch.uint8, device=self.device)
         for i in range(n):
-            if sizes is not None:
-                ctx = engine.create_execution_context(strategy.USER_MANAGED)
-                if hasattr(ctx, "set_device_memory"):
-                    ctx.set_device_memory(self._memory.data_ptr(), sizes[i])
-                else:
-                    ctx.device_memory = self._memory.data_ptr()
-            else:
-                ctx = engine.create_execution_context()
+            ctx = engine.create_execution_context(strategy.USER_MANAGED) if sizes is not None \
+                else engine.create_execution_context()
             if ctx is None:
                 raise TrtRuntimeError(f"TensorRT could not create an execution context for {self.graph.value}")
-            ctx.set_optimization_profile_async(i, stream)
+            if sizes is not None:
+                self._give_memory(ctx)
+            if not ctx.set_optimization_profile_async(i, stream):
+                raise TrtRuntimeError(f"TensorRT refused optimisation profile {i} ({self.profiles[i].name}) of "
+                                      f"{self.graph.value}; rebuild with `lisa-trt build`")
             contexts.append(ctx)
         return contexts
+
+    def _give_memory(self, ctx) -> None:
+        """Hand the shared buffer to a USER_MANAGED context with its size (IExecutionContext::
+        setDeviceMemoryV2(memory, size), 10.1+; the size-less setter before)."""
+        if hasattr(ctx, "set_device_memory"):
+            ctx.set_device_memory(self._memory.data_ptr(), self._memory.numel())
+        else:
+            ctx.device_memory = self._memory.data_ptr()
+
+    @property
+    def device_memory(self) -> Optional[int]:
+        """Bytes of the contexts' shared activation buffer (None: TensorRT allocates per context)."""
+        return None if self._memory is None else self._memory.numel()
 
     @property
     def seq_capacity(self) -> int:
@@ -308,7 +319,9 @@ class TrtBackend(Backend):
     see the module docstring), share_memory (per-profile contexts share one activation buffer)."""
 
     name = "trt"
-    optional_graphs = (Graph.DRAFTER_COMMIT,)
+    # No drafter_commit: its engine would be a second copy of the drafter's weights (engines share
+    # none); commits run drafter_project + drafter_step (deploy/build.NOT_BUILT, docs/tensorrt.md).
+    optional_graphs = ()
     prefill_via_verify = True  # one target engine (engines/build.default_build_graphs)
 
     def target_graphs(self) -> tuple:

@@ -84,6 +84,10 @@ def test_build_engines_through_polygraphy_and_the_vendor_plugin(core, bundle, tm
     plans = {Path(p["onnx"]).name: p for p in core.builds}
     assert all(p["tf32"] for p in core.builds)                       # CreateConfig(tf32=True): kept
     assert all(p["strongly_typed"] for p in core.builds)
+    # the flag is set on 10.x and on 11.x, which keeps it (deprecated, ignored): the path real 11.x takes
+    assert all(p["strongly_typed_flag"] for p in core.builds)
+    for g in rec["graphs"].values():  # each engine's per-profile device memory, for `lisa-trt plan`
+        assert len(g["device_memory"]) == len(g["profiles"]) and min(g["device_memory"]) > 0
     gasv = plans["gasv.trt.onnx"]["plugins"]
     assert [g["op"] for g in gasv] == [tp.PLUGIN_NAME]                 # found by ("gasv2", "1", "lisa")
     launch = gasv[0]["launch"]
@@ -104,6 +108,18 @@ def test_a_profile_that_contradicts_the_network_fails_the_build(core, bundle, tm
     with pytest.raises(B.EngineBuildError, match="TensorRT could not build vq_decode.onnx"):
         B.build_engines(d, graphs=["vq_decode"], profiles=profiles, check=False, progress=False)
     assert any("does not match the network" in e for e in core.build_errors), core.build_errors
+
+
+def test_bad_profile_bounds_raise_runtime_error_as_tensorrt_does(core, bundle, tmp_path):
+    """IOptimizationProfile.set_shape with min > max: TensorRT's Python binding raises RuntimeError
+    (the fake follows it); build_plan reports it as an EngineBuildError naming it."""
+    d = _copy(bundle, tmp_path)
+    profiles = B.profiles_from_io_spec(read_manifest(d), graphs=["vq_decode"])
+    (p,) = profiles["vq_decode"]
+    lo, opt, hi = p.shapes["image_tokens"]
+    p.shapes["image_tokens"] = (hi, opt, lo) if hi != lo else ((hi[0] + 1,) + hi[1:], opt, lo)
+    with pytest.raises(B.EngineBuildError, match="RuntimeError"):
+        B.build_engines(d, graphs=["vq_decode"], profiles=profiles, check=False, progress=False)
 
 
 def test_a_plugin_node_with_another_version_is_not_found(core, bundle, tmp_path, capfd):

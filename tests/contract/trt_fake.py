@@ -235,7 +235,7 @@ class _ParserError:
 
 
 class OptimizationProfile:
-    """IOptimizationProfile::setDimensions: false (Python: error) unless min <= opt <= max elementwise."""
+    """IOptimizationProfile::setDimensions: false (Python: RuntimeError) unless min <= opt <= max elementwise."""
 
     def __init__(self):
         self.shapes = {}
@@ -243,7 +243,8 @@ class OptimizationProfile:
     def set_shape(self, name, min, opt, max):
         mn, op, mx = (tuple(int(v) for v in s) for s in (min, opt, max))
         if not (len(mn) == len(op) == len(mx)) or any(not a <= b <= c for a, b, c in zip(mn, op, mx)):
-            raise ValueError(f"IOptimizationProfile.set_shape({name}): needs min <= opt <= max of one rank, "
+            # pyFoundationalTypes / pyCore.cpp: a failed setDimensions is a RuntimeError in Python
+            raise RuntimeError(f"IOptimizationProfile.set_shape({name}): needs min <= opt <= max of one rank, "
                              f"got {mn} {op} {mx}")
         self.shapes[name] = (mn, op, mx)
 
@@ -379,8 +380,10 @@ class Builder:
                 "outputs": [[t.name, int(t.dtype), list(t.shape)] for t in network.outputs],
                 "profiles": [{n: [list(s) for s in v] for n, v in p.shapes.items()} for p in config.profiles],
                 "tf32": config.get_flag(BuilderFlag.TF32), "refit": config.get_flag(BuilderFlag.REFIT),
-                "strongly_typed": network.get_flag(NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-                if hasattr(core.NetworkDefinitionCreationFlag, "STRONGLY_TYPED") else True,
+                # 11.x: strongly typed whatever the (kept, ignored) flag says
+                "strongly_typed": core.version_tuple >= (11, 0)
+                or network.get_flag(NetworkDefinitionCreationFlag.STRONGLY_TYPED),
+                "strongly_typed_flag": network.get_flag(NetworkDefinitionCreationFlag.STRONGLY_TYPED),  # as set
                 "workspace": config.pool_limits.get(MemoryPoolType.WORKSPACE), "plugins": plugins,
                 "aliases": core.plan_aliases(network)}
         core.builds.append(plan)
@@ -490,7 +493,15 @@ class Engine:
         return [trt_core.Dims(s) for s in self.profiles[k][name]]
 
     def get_device_memory_size_for_profile_v2(self, i):
-        return 1024 * (i + 1)
+        """ICudaEngine::getDeviceMemorySizeForProfileV2: the context memory a profile needs; here 4 bytes
+        per element of every input at the profile's max shape, in 256-byte units (a stand-in that
+        grows with the profile, so a runner sizing its buffer from another profile is caught)."""
+        n = sum(int(np.prod(mx)) for _, _, mx in self.profiles[i].values()) * 4
+        return -(-n // 256) * 256
+
+    @property
+    def device_memory_size_v2(self):  # ICudaEngine::getDeviceMemorySizeV2: the maximum over profiles
+        return max(self.get_device_memory_size_for_profile_v2(i) for i in range(self.num_optimization_profiles))
 
     def create_execution_context(self, strategy=None):
         return Context(self, strategy)
@@ -507,7 +518,9 @@ class Context:
         self.shapes, self.addr = {}, {}
 
     def set_device_memory(self, ptr, size):
-        self.memory = (ptr, size)
+        """IExecutionContext::setDeviceMemoryV2(memory, size): the size must cover the engine's need
+        (checked at enqueue for the active profile, as TensorRT validates it there)."""
+        self.memory = (int(ptr), int(size))
 
     def set_optimization_profile_async(self, i, stream) -> bool:
         if not 0 <= i < self.engine.num_optimization_profiles:
@@ -541,6 +554,9 @@ class Context:
         if any(n not in self.shapes or n not in self.addr for n in e.inputs) or \
                 any(n not in self.addr for n in e.outputs):
             return False
+        if self.strategy == e.core.ExecutionContextAllocationStrategy.USER_MANAGED and (
+                self.memory is None or self.memory[1] < e.get_device_memory_size_for_profile_v2(self.profile)):
+            return False  # USER_MANAGED: no (or too small) device memory for the active profile
         feeds_shapes = dict(self.shapes)
         out_shapes = {}
         # outputs are TensorRT's memory during the enqueue: scratch goes there before the inputs are read
@@ -582,8 +598,11 @@ def make_fake_trt(version: str = "10.14.1.48.post1", *, poison_outputs: bool = T
     core.poison_outputs, core.plugins_initialised = poison_outputs, False
     core.plan_aliases = lambda network: {}  # ScatterElements caches: TensorRT reports no alias
     flags = NetworkDefinitionCreationFlag
-    if core.version_tuple >= (11, 0):  # TensorRT 11: strongly typed only, the flag is gone
-        flags = enum.IntEnum("NetworkDefinitionCreationFlag", {"PREFER_JIT_PYTHON_PLUGINS": 2,
+    if core.version_tuple >= (11, 0):
+        # TensorRT 11: strongly typed only; kSTRONGLY_TYPED is kept for API compatibility, deprecated and
+        # ignored (TensorRT 11 Python API Builder page / NvInfer.h), kEXPLICIT_BATCH is gone. Values kept
+        # at 10.x's (Polygraphy and lisa-trt read the flags by name).
+        flags = enum.IntEnum("NetworkDefinitionCreationFlag", {"STRONGLY_TYPED": 1, "PREFER_JIT_PYTHON_PLUGINS": 2,
                                                                "PREFER_AOT_PYTHON_PLUGINS": 3})
     core.NetworkDefinitionCreationFlag = flags
     for cls in (BuilderFlag, MemoryPoolType, TensorIOMode, OnnxParserFlag, ProfilingVerbosity):

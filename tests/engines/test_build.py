@@ -280,14 +280,49 @@ def fake(bundle, tmp_path, monkeypatch, request):
 def test_build_records_engines_in_the_manifest(fake):
     rec = fake.record
     assert rec["tensorrt_version"] == "10.15.1.29" and rec["gpu"] == "Fake GPU" and rec["strongly_typed"]
-    assert set(rec["graphs"]) == {"target_verify", "drafter_project", "drafter_step",  # one target engine
-                                  "drafter_commit", "gasv", "vq_decode"}
+    assert set(rec["graphs"]) == {"target_verify", "drafter_project", "drafter_step",  # one target engine,
+                                  "gasv", "vq_decode"}                                 # no drafter_commit
     g = rec["graphs"]["target_verify"]
     assert [p["name"] for p in g["profiles"]] == ["step", "tree"] and len(g["plan_sha256"]) == 64
     assert rec["graphs"]["gasv"]["onnx"] == "gasv.trt.onnx" and (fake.dir / "gasv.trt.onnx").is_file()
     man = read_manifest(fake.dir)  # the export's manifest still reads (engines kept as an extra key)
     assert man.has(Graph.GASV) and B.engines_built(fake.dir)
     assert json.loads((fake.dir / "manifest.json").read_text())["engines"] == rec
+
+
+def _external_regions(onnx_path) -> set:
+    """(file, offset, length) of every external-data initializer of a graph: the weight bytes its
+    engine holds (the bundle stores each distinct tensor once, export/weights.py)."""
+    import onnx
+
+    out = set()
+    for t in onnx.load(str(onnx_path), load_external_data=False).graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            info = {e.key: e.value for e in t.external_data}
+            out.add((info["location"], int(info.get("offset", 0)), int(info["length"])))
+    return out
+
+
+def test_one_drafter_copy_on_tensorrt(fake):
+    """Issue 36 item 4: the drafter's weights are in one engine set. No drafter_commit engine is built
+    (its engine would copy drafter_step's layer and head: TensorRT engines share no weights), the
+    backend commits through drafter_project + drafter_step, and no weight region of the bundle is
+    held by two of the drafter engines the fake core opened."""
+    assert not (fake.dir / "drafter_commit.plan").exists()
+    with pytest.raises(InputError, match="second copy of the drafter's weights"):
+        B.build_engines(fake.dir, graphs=["drafter_commit"], progress=False)
+    n0 = len(fake.trt.engines)
+    eng = T.load_trt_engines(fake.dir, device="cpu")
+    assert not eng.drafter.fused_commit and Graph.DRAFTER_COMMIT not in eng.drafter.runners
+    opened = {Path(e.plan["onnx"]).name: e for e in fake.trt.engines[n0:]}
+    drafter = [n for n in opened if n.startswith("drafter_")]
+    assert sorted(drafter) == ["drafter_project.onnx", "drafter_step.onnx"]
+    regions = [_external_regions(fake.dir / n) for n in drafter]
+    held = sum(len(r) for r in regions)
+    assert held == len(set().union(*regions)) and held > 0  # every drafter weight held once
+    # what a drafter_commit engine would have added: drafter_step's layer and head again
+    assert _external_regions(fake.dir / "drafter_commit.onnx") & regions[drafter.index("drafter_step.onnx")]
+    eng.close()
 
 
 def test_plans_are_checked_before_deserialization(fake):
@@ -432,6 +467,25 @@ def test_fake_context_enforces_profiles_and_dtypes(fake):
         runner.run({"image_tokens": torch.zeros(5, 16, dtype=torch.int64)})
 
 
+def test_contexts_share_one_buffer_given_with_its_size(fake, monkeypatch):
+    """USER_MANAGED contexts get the shared buffer and ITS size (setDeviceMemoryV2), which covers every
+    profile (the fake refuses to enqueue with less); a refused optimisation profile is an error."""
+    from lisa_trt.models.io_spec import export_dims
+
+    eng = T.load_trt_engines(fake.dir, device="cpu")
+    verify = eng.target._verify
+    sizes = [verify.engine.get_device_memory_size_for_profile_v2(i) for i in range(len(verify.profiles))]
+    assert len(set(sizes)) == 2 and verify.device_memory == max(sizes)   # step and tree profiles differ
+    assert all(c.memory == (verify._memory.data_ptr(), max(sizes)) for c in verify.contexts)
+    eng.close()
+    man = read_manifest(fake.dir)
+    dims = export_dims(man.target_config, max_cache_len=man.max_cache_len, drafter_cfg=man.drafter_config,
+                       vq_cfg=man.vq_config)
+    monkeypatch.setattr(trt_fake.Context, "set_optimization_profile_async", lambda self, i, stream: False)
+    with pytest.raises(T.TrtRuntimeError, match="refused optimisation profile 0"):
+        T.TrtRunner(fake.dir, graph_spec(Graph.VQ_DECODE), dims, "fp32", "cpu")
+
+
 def test_alignment_helpers():
     raw = torch.zeros(4096, dtype=torch.uint8)
     off = (-raw.data_ptr()) % 256
@@ -555,7 +609,7 @@ def test_one_target_engine_unless_the_bundle_predates_it(bundle, man, tmp_path):
 
     from lisa_trt.deploy.memory_plan import check_plan
 
-    assert B.default_build_graphs(man) == sorted(set(man.graphs) - {"target_prefill"})
+    assert B.default_build_graphs(man) == sorted(set(man.graphs) - {"target_prefill", "drafter_commit"})
     new = check_plan(bundle, memory_gib=80)
     assert not any("copies" in n for n in new.notes)
     one = new.engines["target"]["weights"]
@@ -564,7 +618,7 @@ def test_one_target_engine_unless_the_bundle_predates_it(bundle, man, tmp_path):
     m = json.loads((old / "manifest.json").read_text())
     del m["target"]["prefill_ids"]
     (old / "manifest.json").write_text(json.dumps(m))
-    assert B.default_build_graphs(read_manifest(old)) == sorted(man.graphs)
+    assert B.default_build_graphs(read_manifest(old)) == sorted(set(man.graphs) - {"drafter_commit"})
     p = check_plan(old, memory_gib=80)
     assert p.engines["target"]["weights"] == 2 * one and any("2 copies" in n for n in p.notes)
     with pytest.raises(InputError, match="verify graph cannot run the prefill"):

@@ -198,13 +198,22 @@ def test_prompt_len_and_chameleon_directory(tmp_path):
 
 # ----------------------------------------------------------------------------- verdicts
 
-def test_lumina_768_fp16_cfg_batch2_tree64_fits_a_4090():
-    p = make_plan("Lumina-mGPT-7B", gpu="rtx4090", precision="fp16", batch=2, tree=64, image_size=768)
+def test_lumina_768_fp16_cfg_batch2_tree64_on_a_4090():
+    """Fits with the caches updated in place (ONNX Runtime, or TensorRT's opt-in "inplace"); not with
+    TensorRT's default "swap" binding, whose second cache per engine adds 5.1 GiB (issue 36)."""
+    p = make_plan("Lumina-mGPT-7B", gpu="rtx4090", precision="fp16", batch=2, tree=64, image_size=768, backend="ort")
     assert p.fits and p.cfg and p.rows == 4 and p.max_batch >= 2
     assert 20 * GIB < p.total <= P.GPUS["rtx4090"].usable
     assert 12.5 * GIB < p.engines["target"]["weights"] < 13.5 * GIB  # 7.01 B parameters x 2 bytes
+    assert p.total == make_plan("Lumina-mGPT-7B", gpu="rtx4090", precision="fp16", batch=2, tree=64, image_size=768,
+                                kv_binding="inplace").total
+    t = make_plan("Lumina-mGPT-7B", gpu="rtx4090", precision="fp16", batch=2, tree=64, image_size=768)
+    assert (t.backend, t.kv_binding) == ("trt", "swap") and not t.fits and t.max_batch == 1
+    shadows = t.engines["target"]["kv_shadow"] + t.engines["drafter"]["kv_shadow"]
+    assert shadows == p.engines["target"]["kv_cache"] + p.engines["drafter"]["kv_cache"]
+    assert t.total == p.total + shadows and 27 * GIB < t.total < 28 * GIB
     f = make_plan("Lumina-mGPT-7B", gpu="rtx4090", precision="fp32", batch=2, tree=64, image_size=768)
-    assert not f.fits and "fp16" in f.fitting_precisions and "--precision fp16 fits" in f.reason
+    assert not f.fits and f.fitting_precisions == ["int8", "int4"] and "--precision int8 fits" in f.reason
     with pytest.raises(PlanError, match="does not fit|needs") as e:
         check_plan("Lumina-mGPT-7B", gpu="rtx4090", precision="fp32", batch=2, tree=64, image_size=768)
     assert "run total" in str(e.value)  # the table comes with the refusal
@@ -336,12 +345,18 @@ def test_build_refuses_a_plan_that_does_not_fit_before_any_tensorrt_work(bundle,
 
 def test_cli_plan_fits_and_json(tmp_path):
     js = tmp_path / "plan.json"
-    r = CliRunner().invoke(main, ["plan", "Lumina-mGPT-7B", "--gpu", "rtx4090", "--precision", "fp16", "--batch", "2",
+    r = CliRunner().invoke(main, ["plan", "Lumina-mGPT-7B", "--gpu", "rtx4090", "--precision", "fp16", "--batch", "1",
                                   "--tree", "64", "--image-size", "768", "--json", str(js)])
     assert r.exit_code == 0, r.output
-    assert "fits: yes" in r.output and "target" in r.output
+    assert "fits: yes" in r.output and "target" in r.output and "bandwidth floor per step" in r.output
     d = json.loads(js.read_text())
-    assert d["fits"] is True and d["rows"] == 4 and d["max_cache_len"] == 2552 and d["engines"]["target"]["kv_cache"] > 0
+    assert d["fits"] is True and d["rows"] == 2 and d["max_cache_len"] == 2552
+    assert d["engines"]["target"]["kv_cache"] > 0
+    e = d["engines"]["target"]
+    assert e["kv_shadow"] == e["kv_cache"] and d["kv_binding"] == "swap"  # TensorRT's default binding
+    # the floor: weights + the cache read, + the scatter's full read and write of it into the shadow
+    assert d["step_bytes"]["target"] == e["weights"] + 3 * e["kv_cache"]
+    assert d["bandwidth_floor_ms"]["target"] == round(1e3 * d["step_bytes"]["target"] / 1008e9, 3)
 
 
 def test_cli_plan_does_not_fit(tmp_path):
@@ -375,3 +390,15 @@ def test_docs_table_is_current():
     doc = (root / "docs" / "deployment.md").read_text()
     assert mod.splice(doc, mod.table()) == doc, "python scripts/plan_table.py --write docs/deployment.md"
     assert "| Lumina-mGPT-7B | 768 | fp16 |" in doc and "| Janus-Pro-7B | 384 | int4 |" in doc
+
+
+def test_jetson_plans_the_whole_plan_read_while_loading():
+    """On unified memory (Jetson) trt_plans.load_plan's whole read of a plan file costs GPU memory too:
+    loading the target (first, before any cache) peaks at its weights twice; a discrete GPU has no
+    such transient."""
+    kw = dict(precision="fp16", batch=1, tree=64, image_size=768, search=False)
+    j, d = make_plan("Lumina-mGPT-7B", gpu="orin-32", **kw), make_plan("Lumina-mGPT-7B", gpu="h100", **kw)
+    t = j.engines["target"]
+    assert d.load_transient == 0 and d.run_peak == d.total
+    assert j.run_peak == P.CONTEXT_BYTES + 2 * t["weights"] + t["activations"] > j.total
+    assert "load peak" in j.table() and "load peak" not in d.table()

@@ -1,0 +1,74 @@
+"""The devices `lisa-trt plan` knows: memory as CUDA reports it, what the system keeps, peak memory
+bandwidth, and whether host and GPU share the memory (Jetson); or any device given by its memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ..errors import InputError
+
+MIB, GIB = 1 << 20, 1 << 30
+DEFAULT_GPU = "rtx4090"  # the project's target GPU
+
+
+@dataclass(frozen=True)
+class GPU:
+    """A device: total memory as CUDA reports it, less what the system keeps, and its peak memory
+    bandwidth (GB/s, 1e9 bytes; 0: unknown)."""
+
+    name: str
+    label: str
+    total: int
+    reserved: int = 0  # Jetson: unified memory the OS and the CPU side of the process keep
+    bandwidth: float = 0.0
+    unified: bool = False  # host and GPU share the memory (Jetson): a plan read into host memory costs it too
+
+    @property
+    def usable(self) -> int:
+        return self.total - self.reserved
+
+
+# totals: nvidia-smi's "MiB" of each board (desktop / data-centre); Jetson AGX Orin: the module's
+# unified LPDDR5, of which an estimated 4 GiB stays with the OS and the CPU side of the process.
+# bandwidths: NVIDIA's product specifications / datasheets (peak): RTX 4090 1008 GB/s (GeForce RTX 4090
+# specs: 21 Gbps GDDR6X, 384-bit); L4 300 GB/s (L4 datasheet); A10 600 GB/s (A10 datasheet); A100 40 GB
+# 1555 GB/s, A100 80 GB SXM 2039 GB/s (A100 datasheet; 80 GB PCIe: 1935); H100 SXM 3.35 TB/s (H100
+# datasheet; PCIe: 2.0); H200 4.8 TB/s (H200 datasheet); Jetson AGX Orin 32 / 64 GB 204.8 GB/s
+# (Jetson AGX Orin series datasheet: 256-bit LPDDR5).
+GPUS = {g.name: g for g in (
+    GPU("rtx4090", "GeForce RTX 4090 24 GB", 24564 * MIB, bandwidth=1008.0),
+    GPU("l4", "NVIDIA L4 24 GB", 23034 * MIB, bandwidth=300.0),
+    GPU("a10", "NVIDIA A10 24 GB", 23028 * MIB, bandwidth=600.0),
+    GPU("a100-40", "NVIDIA A100 40 GB", 40960 * MIB, bandwidth=1555.0),
+    GPU("a100-80", "NVIDIA A100 80 GB", 81920 * MIB, bandwidth=2039.0),
+    GPU("h100", "NVIDIA H100 80 GB", 81559 * MIB, bandwidth=3350.0),
+    GPU("h200", "NVIDIA H200 141 GB", 143771 * MIB, bandwidth=4800.0),
+    GPU("orin-32", "Jetson AGX Orin 32 GB", 32 * GIB, 4 * GIB, bandwidth=204.8, unified=True),
+    GPU("orin-64", "Jetson AGX Orin 64 GB", 64 * GIB, 4 * GIB, bandwidth=204.8, unified=True),
+)}
+
+
+def gpu_name(gpu: str) -> str:
+    """The GPUS key of a GPU name in any case; InputError naming --memory-gib for an unknown one."""
+    key = str(gpu).lower()
+    if key not in GPUS:
+        raise InputError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}. For another device give its memory "
+                         "instead: --memory-gib N (e.g. --memory-gib 32)")
+    return key
+
+
+def resolve_gpu(gpu: Optional[str] = None, memory_gib: Optional[float] = None) -> GPU:
+    """A named GPU, or a device of `memory_gib` GiB (not both; neither: DEFAULT_GPU)."""
+    if gpu is not None and memory_gib is not None:
+        raise InputError("give either --gpu NAME or --memory-gib N, not both")
+    if gpu is None and memory_gib is None:
+        gpu = DEFAULT_GPU
+    if gpu is not None:
+        return GPUS[gpu_name(gpu)]
+    if not memory_gib > 0:
+        raise InputError(f"--memory-gib must be a positive number of GiB, got {memory_gib}")
+    return GPU(f"{memory_gib:g}GiB", f"a device with {memory_gib:g} GiB", int(memory_gib * GIB))
+
+
+__all__ = ["DEFAULT_GPU", "GPU", "GPUS", "gpu_name", "resolve_gpu"]
