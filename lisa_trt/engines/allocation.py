@@ -39,7 +39,7 @@ def kv_cache_bytes(spec, dims: dict, act_bytes: int) -> int:
 
 def shadowed_outputs(spec, kv_binding: str, aliased=()) -> list:
     """The present.* outputs that get a second buffer: all but the engine's aliased ones under
-    "swap", none "inplace" (the rule of engines/graph.py `_run_kv`)."""
+    "swap", none "inplace" (engines/graph.py `_run_kv` binds by it; the plan sums it)."""
     if kv_binding not in KV_BINDINGS:
         raise ValueError(f"kv_binding must be one of {KV_BINDINGS}, got {kv_binding!r}")
     if kv_binding == "inplace":

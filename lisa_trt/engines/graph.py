@@ -30,6 +30,7 @@ from ..config import find_multiple
 from ..errors import InputError
 from ..models.io_spec import Graph
 from ..models.family import family_of
+from .allocation import shadowed_outputs
 from .base import GraphRunner, StaticTensors, check_static_len, get_backend, torch_dtype
 
 
@@ -130,12 +131,12 @@ class _KVEngine:
                         past[f"past_key_values.{i}.{part}"] = present[f"present.{i}.{part}"] = b[i]
                 st = self._static[id(runner)] = StaticTensors(past, present, key=tuple(bufs))
             return runner.run_static(inputs, outputs, st)
-        swaps = []
+        swaps, shadowed = [], set(shadowed_outputs(runner.spec, runner.kv_binding, runner.aliased))  # the plan's rule
         for i in range(n_layer):
             for part, bufs in (("key", cache.k), ("value", cache.v)):
                 past, present = f"past_key_values.{i}.{part}", f"present.{i}.{part}"
                 inputs[past] = bufs[i]
-                if runner.kv_binding == "inplace" or present in runner.aliased:
+                if present not in shadowed:
                     outputs[present] = bufs[i]
                 else:
                     key = (id(runner), present, tuple(bufs[i].shape))
