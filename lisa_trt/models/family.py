@@ -254,6 +254,15 @@ class ModelFamily:
         h, w = request.grid
         return tokens.reshape(tokens.shape[0], h, w)
 
+    def generation_inputs(self, target, cond, attention_mask=None, negative=None, negative_mask=None):
+        """(cond, attention_mask, layout or None) the public `lisa_trt.generate` runs: a family whose
+        prompt fixes the image (Emu3 writes its grid) answers the layout; None: the loop's own.
+        `negative` (B, T'): transformers' negative_prompt_ids (the CFG rows), where supported."""
+        if negative is not None:
+            raise InputError(f"the {self.name} family takes no negative_prompt_ids (its CFG rows come from "
+                             "the condition: null_cond)")
+        return cond, attention_mask, None
+
     def teacher_forced_logits(self, target, cond, tokens: torch.Tensor) -> torch.Tensor:
         """Raw head logits (B, N, V) of one cache-free forward: [:, j] predicts tokens[:, j] from
         `cond` (the CFG batch's rows included) and tokens[:, :j] (calibration's teacher forcing).
@@ -329,7 +338,8 @@ def register_family(family: ModelFamily) -> ModelFamily:
 # THE registration list of built-in families, imported on first use (model_type -> module that
 # registers it). Adding a family adds its model types here and nothing else outside its package.
 _BUILTIN = {"c2i": "lisa_trt.families.llamagen", "t2i": "lisa_trt.families.llamagen",
-            "chameleon": "lisa_trt.families.chameleon", "janus": "lisa_trt.families.janus"}
+            "chameleon": "lisa_trt.families.chameleon", "janus": "lisa_trt.families.janus",
+            "emu3": "lisa_trt.families.emu3"}
 
 
 def model_types() -> list:
