@@ -67,14 +67,19 @@ def generate(target, cond=None, *, negative_prompt_ids=None, negative_prompt_att
     return ar_generate(target, cond, attention_mask=attention_mask, layout=layout, **kw)
 
 
-def teacher_forced_logits(target, *inputs, **kw):
-    """Full-sequence fp32 logits of a target (no cache).
+def teacher_forced_logits(target, cond=None, tokens=None, *, input_ids=None):
+    """Cache-free fp32 logits of any family's target, one contract:
 
-    Chameleon family: `teacher_forced_logits(target, input_ids (B, T))` -> (B, T, V) raw head
-    logits over the whole vocabulary ([:, t] predicts token t + 1). LlamaGen:
-    `teacher_forced_logits(target, cond, tokens (B, N))` -> (B, N, V).
+    - `teacher_forced_logits(target, cond, tokens (B, N))` -> (B, N, V): [:, j] predicts
+      tokens[:, j] from the condition and tokens[:, :j] (every family; prompt-id families: each
+      row's real prompt tokens);
+    - `teacher_forced_logits(target, input_ids (B, T))` (prompt-id families: Chameleon, Emu3) ->
+      (B, T, V) raw whole-vocabulary logits, as transformers' `model(input_ids).logits`.
     """
-    return target.teacher_forced_logits(*inputs, **kw)
+    from .models.family import family_of
+
+    cond = cond if cond is not None else input_ids
+    return family_of(target.config).teacher_forced_logits(target, cond, tokens)
 
 
 from ._version import __version__  # noqa: E402

@@ -76,9 +76,11 @@ class VocabPromptFamily(ModelFamily):
         return p.batch
 
     def null_cond(self, cfg, cond, uncond_embedding=None):
+        """The unconditional rows the prompt carries (its protocol's, or negative_prompt_ids)."""
         p = Prompts.of(cond)
         if p.uncond is None:
-            raise InputError("classifier-free guidance needs the prompt's unconditional rows (Prompts.uncond)")
+            raise InputError("classifier-free guidance needs the unconditional rows: build the prompt with the "
+                             "family's prompter (encode(..., cfg=True)), pass negative_prompt_ids, or use cfg_scale 1")
         return p.uncond
 
     def cond_specs(self, cfg_or_type) -> tuple:
@@ -129,13 +131,19 @@ class VocabPromptFamily(ModelFamily):
             p = Prompts(p.ids, p.valid, uncond=neg)
         return p, None, None
 
-    def teacher_forced_logits(self, target, cond, tokens: torch.Tensor) -> torch.Tensor:
+    def teacher_forced_logits(self, target, cond, tokens=None) -> torch.Tensor:
         """Raw head logits (B, N, V): [:, j] predicts tokens[:, j] from row b's prompt and tokens[:, :j].
 
         One cache-free forward per row over its real prompt tokens (left padding stripped; the
         CFG rows are their own prompts, from position 0), so a row's logits never depend on the
-        other rows of the batch."""
+        other rows of the batch. tokens None: (B, T, V) of the ids `cond` itself (unpadded), as
+        transformers' model(input_ids).logits."""
         p = Prompts.of(cond)
+        if tokens is None:
+            if not bool(p.valid.all()):
+                raise InputError("teacher_forced_logits(target, input_ids) takes unpadded ids; for a left-padded "
+                                 "batch pass (prompt, tokens) or one row at a time")
+            return target.teacher_forced_logits(p.ids)
         N = tokens.shape[1]
         rows = []
         for b in range(p.batch):

@@ -38,6 +38,13 @@ class VocabPromptTarget(PromptTarget, RotaryTarget, nn.Module):
         """The HF `*Model` body (a models.layers.DecoderStack); default `self.model`."""
         return self.model
 
+    def null_cond(self, cond) -> Prompts:
+        """The CFG rows of `cond`: the family's rule (models/family.ModelFamily.null_cond), the one
+        place it is written for the torch target, the exported graphs and the family."""
+        from ..models.family import family_of
+
+        return family_of(self.config).null_cond(self.config, cond)
+
     @property
     def output(self) -> nn.Linear:
         """The output head (name shared with the LlamaGen target: hashes, GASV tables)."""

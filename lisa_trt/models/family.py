@@ -232,12 +232,19 @@ class ModelFamily:
     # -- sequence layout ------------------------------------------------------------------
 
     def free_layout(self, target, n_tokens: Optional[int] = None, image_tokens_only: bool = False) -> SequenceLayout:
-        """`n_tokens` free tokens (default: the whole image, config.block_size)."""
-        block = target.config.block_size
+        """`n_tokens` free tokens (default: the whole image, `image_tokens(target)`)."""
+        block = self.image_tokens(target)
+        if n_tokens is None and block is None:
+            raise InputError(f"the {self.name} family has no fixed image length: pass num_tokens (max_new_tokens)=N")
         N = block if n_tokens is None else int(n_tokens)
-        if not 1 <= N <= block:
-            raise InputError(f"num_tokens must be in 1..{block}, got {N}")
+        if N < 1 or (block is not None and N > block):
+            raise InputError(f"num_tokens must be in 1..{block if block is not None else 'N'}, got {N}")
         return SequenceLayout(N)
+
+    def image_tokens(self, target) -> Optional[int]:
+        """Tokens of one whole image when the config fixes it (`block_size`), else None."""
+        n = getattr(target.config, "block_size", None)
+        return None if n is None else int(n)
 
     # -- prompts and pixels ---------------------------------------------------------------
 
@@ -263,11 +270,16 @@ class ModelFamily:
                              "the condition: null_cond)")
         return cond, attention_mask, None
 
-    def teacher_forced_logits(self, target, cond, tokens: torch.Tensor) -> torch.Tensor:
+    def teacher_forced_logits(self, target, cond, tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Raw head logits (B, N, V) of one cache-free forward: [:, j] predicts tokens[:, j] from
-        `cond` (the CFG batch's rows included) and tokens[:, :j] (calibration's teacher forcing).
+        `cond` (the CFG batch's rows included) and tokens[:, :j] (calibration's teacher forcing,
+        the public `lisa_trt.teacher_forced_logits`). tokens None: the logits of a prompt-id
+        sequence itself, where the family has them.
 
         Default: the target's own `teacher_forced_logits(cond, tokens)` (LlamaGen, Janus)."""
+        if tokens is None:
+            raise InputError(f"{self.name} teacher forcing needs the generated tokens: "
+                             "teacher_forced_logits(target, cond, tokens (B, N))")
         return target.teacher_forced_logits(cond, tokens)
 
     # -- artifacts ------------------------------------------------------------------------

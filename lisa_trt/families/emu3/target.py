@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch.nn as nn
 
 from ...models.layers import DecoderStack
-from ...models.prompts import Prompts
 from ..prompt_target import VocabPromptTarget
 from .config import Emu3Config
 
@@ -40,9 +39,3 @@ class Emu3Target(VocabPromptTarget):
         super().reset_buffers()
         if self.config.tie_word_embeddings:
             self.text_model.lm_head.weight = self.stack.embed_tokens.weight
-
-    def null_cond(self, cond) -> Prompts:
-        """The CFG rows: the negative prompt the condition carries, else transformers' fallback."""
-        from .cfg import null_prompts
-
-        return null_prompts(cond)
