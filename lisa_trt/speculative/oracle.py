@@ -70,7 +70,8 @@ class OracleDrafter:
         # the target's own rule for a prompt and tokens; scratch slots on top when it gives fewer
         cache = inner.new_cache(batch, prompt_len=P, n_tokens=max(0, int(max_len) - P))
         if cache.max_len < max_len:
-            cache = inner.new_cache(batch, extra=int(max_len) - cache.max_len, prompt_len=P,
+            # a target that sizes caches by its config alone (LlamaGen): the shortfall + its rounding (8)
+            cache = inner.new_cache(batch, extra=int(max_len) - cache.max_len + 8, prompt_len=P,
                                     n_tokens=max(0, int(max_len) - P))
         if cache.max_len < max_len:
             raise InputError(f"the oracle needs a cache of {max_len} slots, the target gives {cache.max_len}")

@@ -21,6 +21,7 @@ def vocabulary_map() -> dict:
     names = dict(SPECIALS)
     names.update({str(d): 10 + d for d in range(10)})
     names["*"] = 20
+    names.update({"a": 21, "red": 22, "fox": 23})  # caption words of the prompter's test
     names.update({f"<|visual token {c:06d}|>": FIRST_CODE + c for c in range(N_CODES)})
     taken = set(names.values())
     names.update({f"tok{i}": i for i in range(VOCAB) if i not in taken})
@@ -108,3 +109,16 @@ def hf_generate(model, ids, h, w, guidance=None, negative=None):
         out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
                              prefix_allowed_tokens_fn=layout_rule(h, w, ids.shape[1]), **kw)
     return out[:, ids.shape[1]:]
+
+
+def save_tokenizer(folder) -> None:
+    """A word-level tokenizer.json over the tiny vocabulary (protocol tokens special; digits and '*'
+    split one per token, as Emu3's BPE does)."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    vocab = vocabulary_map()
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                 pre_tokenizers.Split(Regex(r"[0-9*]"), "isolated")])
+    tok.add_special_tokens(list(SPECIALS))
+    tok.save(str(Path(folder) / "tokenizer.json"))

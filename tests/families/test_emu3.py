@@ -116,3 +116,36 @@ def test_prompts_without_a_grid_or_of_two_sizes_are_refused(emu3):
         lisa_trt.generate(target, mixed, greedy=True)
     with pytest.raises(InputError, match="negative_prompt_ids has 1 rows for 2 prompts"):
         lisa_trt.generate(target, prompts(3, 4), negative_prompt_ids=prompts(3, 4, 1), cfg_scale=2.0)
+
+
+def test_text_prompts_follow_the_model_card_template(emu3, tmp_path):
+    """The prompter writes BOS + caption + the positive suffix + <|image start|>H*W<|image token|>,
+    the negative prompt as CFG's rows, and its Request decodes as generate with those ids."""
+    pytest.importorskip("tokenizers")
+    import shutil
+
+    from emu3_fixtures import save_tokenizer
+
+    from lisa_trt.families.emu3.prompts import NEGATIVE, POSITIVE
+    from lisa_trt.models.family import family_of
+    from lisa_trt.speculative.autoregressive import generate as ar_generate
+
+    _, path, target = emu3
+    d = tmp_path / "m"
+    shutil.copytree(path, d)
+    save_tokenizer(d)
+    fam = family_of(target.config)
+    pr = fam.prompter(target, d)
+    req = pr.encode(["red fox"], image_size=24, width=32, cfg=True)  # a 3 x 4 grid
+    assert req.grid == (3, 4) and req.layout.n_tokens == 3 * 5 + 3
+    ids = req.cond.ids[0].tolist()
+    n_pos = len(pr.tok.encode(POSITIVE, add_special_tokens=False).ids)
+    assert ids[:3] == [1, 22, 23] and len(ids) == 3 + n_pos + 5
+    assert ids[-5:] == [3, 13, 20, 14, 4]  # <|image start|> 3 * 4 <|image token|>
+    neg = req.cond.uncond.ids
+    assert neg[0, 0] == 1 and neg.shape[1] == 1 + len(pr.tok.encode(NEGATIVE, add_special_tokens=False).ids) + 5
+    toks = ar_generate(target, req.cond, cfg_scale=3.0, greedy=True, layout=req.layout)
+    want = lisa_trt.generate(target, req.cond.ids, negative_prompt_ids=neg, cfg_scale=3.0, greedy=True)
+    assert torch.equal(toks, want)
+    with pytest.raises(InputError, match="multiples of 8"):
+        pr.encode(["x"], image_size=20)

@@ -40,6 +40,12 @@ class Emu3Family(VocabPromptFamily):
             raise ConfigError(f"{path}: an Emu3 VQ loads from the model directory (its model.safetensors)")
         return load_emu3_vq(path, device=device)
 
+    def prompter(self, target, source=None):
+        """The Emu3-Gen model card's text-to-image prompts over the checkpoint's tokenizer.json."""
+        from .prompts import Emu3Prompter
+
+        return Emu3Prompter(target, self, source if source is not None else getattr(target, "source_dir", None))
+
     def null_cond(self, cfg, cond, uncond_embedding=None):
         from .cfg import null_prompts
 

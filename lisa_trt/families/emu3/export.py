@@ -68,7 +68,7 @@ class Emu3Graphs(PromptExportFamily):
         vq_graph = (lambda: Emu3VQGraph(vq.eval(), target.config)) if vq is not None else None
         source = source if source is not None else getattr(target, "source_dir", "") or "."
         return self.prompt_bundle(target, tables, target_graphs=target_graphs, vq_graph=vq_graph, layout=layout,
-                                  max_cache_len=L, source=source, files=("config.json",))
+                                  max_cache_len=L, source=source, files=("config.json", "tokenizer.json"))
 
     def prefill_ids(self, cfg):
         """One embedding table for prompts and image tokens: the prefill is one verify call."""
