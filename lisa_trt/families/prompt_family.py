@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import InputError
+from ..errors import ConfigError, InputError
 from ..models.family import ModelFamily, SequenceLayout, SubVocab
 from ..models.prompts import Prompts
 
@@ -42,6 +42,19 @@ def sub_vocab_of(vocab: dict) -> SubVocab:
     return SubVocab(torch.tensor(ids), torch.tensor([vocab[i] for i in ids]))
 
 
+def read_config_json(path, what: str) -> tuple:
+    """(config.json path, parsed dict) of an HF directory (or the file itself); ConfigError naming
+    `what` a checkpoint of the family is when there is none or it is not JSON."""
+    path = Path(path)
+    cfg_path = path / "config.json" if path.is_dir() else path
+    if not cfg_path.is_file():
+        raise ConfigError(f"{path} has no config.json: {what}")
+    try:
+        return cfg_path, json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{cfg_path} is not valid JSON ({e})") from e
+
+
 def config_model_type(path) -> object:
     """`model_type` of DIR/config.json (None when there is no readable one)."""
     cfg = Path(path) / "config.json"
@@ -59,6 +72,13 @@ class VocabPromptFamily(ModelFamily):
     prompted = True
     train_data = ("self",)  # self-distillation from the prompter's requests (rollouts of the target)
     checkpoint_model_types: tuple = ()  # config.json model_type values claimed (default: model_types)
+    # self-distillation / calibration captions when none are given (generic, varied scenes)
+    default_captions = (
+        "a red fox in the snow", "a bowl of ramen on a wooden table", "a lighthouse at sunset",
+        "a portrait of an old man with a beard", "a city street at night in the rain", "a cat sleeping on a sofa",
+        "a mountain lake with pine trees", "a bouquet of sunflowers in a vase", "an astronaut riding a horse",
+        "a watercolor painting of a harbor", "a close-up of a hummingbird", "a cozy library with tall shelves",
+    )
 
     def image_vocab(self, cfg) -> dict:
         """{token id: VQ code} of every image-code token of `cfg`'s vocabulary."""

@@ -136,7 +136,7 @@ def test_text_prompts_follow_the_model_card_template(emu3, tmp_path):
     save_tokenizer(d)
     fam = family_of(target.config)
     pr = fam.prompter(target, d)
-    req = pr.encode(["red fox"], image_size=24, width=32, cfg=True)  # a 3 x 4 grid
+    req = pr.encode(["red fox"], image_size=6, width=8, cfg=True)  # a 3 x 4 grid (the tiny VQ: 2 px per code)
     assert req.grid == (3, 4) and req.layout.n_tokens == 3 * 5 + 3
     ids = req.cond.ids[0].tolist()
     n_pos = len(pr.tok.encode(POSITIVE, add_special_tokens=False).ids)
@@ -147,5 +147,33 @@ def test_text_prompts_follow_the_model_card_template(emu3, tmp_path):
     toks = ar_generate(target, req.cond, cfg_scale=3.0, greedy=True, layout=req.layout)
     want = lisa_trt.generate(target, req.cond.ids, negative_prompt_ids=neg, cfg_scale=3.0, greedy=True)
     assert torch.equal(toks, want)
-    with pytest.raises(InputError, match="multiples of 8"):
-        pr.encode(["x"], image_size=20)
+    with pytest.raises(InputError, match="multiples of 2 px"):
+        pr.encode(["x"], image_size=5)
+
+
+def test_cli_generate_takes_emu3_text_prompts(emu3, tmp_path):
+    """`lisa-trt generate --model DIR --prompt ...`: the prompter's request, CFG with the negative
+    prompt, the same tokens as the Python API, and a PNG through the family's VQ."""
+    pytest.importorskip("tokenizers")
+    import shutil
+
+    import numpy as np
+    from click.testing import CliRunner
+    from emu3_fixtures import save_tokenizer
+
+    from lisa_trt.cli import main
+    from lisa_trt.models.family import family_of
+
+    _, path, target = emu3
+    d = tmp_path / "m"
+    shutil.copytree(path, d)
+    save_tokenizer(d)
+    r = CliRunner().invoke(main, ["generate", "--model", str(d), "--vq", str(d), "--prompt", "red fox", "--image-size",
+                                  "8", "--cfg-scale", "3", "--greedy", "--out", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    got = torch.from_numpy(np.load(tmp_path / "out" / "tokens.npy"))
+    req = family_of(target.config).prompter(target, d).encode(["red fox"], image_size=8, cfg=True)
+    want = lisa_trt.generate(target, req.cond.ids, negative_prompt_ids=req.cond.uncond.ids, cfg_scale=3.0, greedy=True)
+    codes = family_of(target.config).tokens_to_codes(target, want, req)  # tokens.npy holds the code grid
+    assert want.shape == (1, 4 * 5 + 3) and torch.equal(got.reshape(codes.shape), codes)
+    assert (tmp_path / "out" / "img_0000.png").is_file()

@@ -22,13 +22,6 @@ class ChameleonFamily(VocabPromptFamily):
     default_tree = {"top_k": 4, "depth": 4, "total_tokens": 16}
     train_defaults = {"steps": 100, "batch_size": 4, "lr": 1e-3, "checkpoint_every": 50, "log_every": 1,
                       "num_samples": 32, "gen_batch": 8}
-    # self-distillation / calibration captions when none are given (generic, varied scenes)
-    default_captions = (
-        "a red fox in the snow", "a bowl of ramen on a wooden table", "a lighthouse at sunset",
-        "a portrait of an old man with a beard", "a city street at night in the rain", "a cat sleeping on a sofa",
-        "a mountain lake with pine trees", "a bouquet of sunflowers in a vase", "an astronaut riding a horse",
-        "a watercolor painting of a harbor", "a close-up of a hummingbird", "a cozy library with tall shelves",
-    )
 
     def describe_checkpoint(self) -> str:
         return "an HF directory (config.json of model_type chameleon + model*.safetensors)"

@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-import torch
 import torch.nn as nn
 
 from ...errors import ConfigError, InputError

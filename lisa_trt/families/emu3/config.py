@@ -14,9 +14,7 @@ Facts (transformers' Emu3Config / Emu3ImageVocabularyMapping / Emu3Processor; re
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
 from ...errors import ConfigError
@@ -129,15 +127,10 @@ class Emu3VQConfig:
 
 def read_raw(path) -> dict:
     """DIR/config.json of model_type emu3, parsed; ConfigError naming the fix otherwise."""
-    path = Path(path)
-    cfg_path = path / "config.json" if path.is_dir() else path
-    if not cfg_path.is_file():
-        raise ConfigError(f"{path} has no config.json: an Emu3 checkpoint is a transformers directory with "
-                          "config.json (text_config, vq_config, vocabulary_map) and model*.safetensors")
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{cfg_path} is not valid JSON ({e})") from e
+    from ..prompt_family import read_config_json
+
+    cfg_path, raw = read_config_json(path, "an Emu3 checkpoint is a transformers directory with config.json "
+                                     "(text_config, vq_config, vocabulary_map) and model*.safetensors")
     if raw.get("model_type") not in MODEL_TYPES:
         raise ConfigError(f"{cfg_path} has model_type {raw.get('model_type')!r}; the Emu3 family loads transformers' "
                           "Emu3ForConditionalGeneration directories (model_type \"emu3\"; the original BAAI/Emu3-Gen "

@@ -18,8 +18,9 @@ from ...errors import InputError
 from ...export.families import register_export_family
 from ...export.memory import resolve
 from ...export.onnx import _NamedGraph
-from ...export.prompt_graphs import PromptExportFamily, PromptStepGraph, check_bundle_artifacts, prompt_cache_len
+from ...export.prompt_graphs import PromptStepGraph, check_bundle_artifacts, prompt_cache_len
 from ...models.io_spec import Graph
+from ..prompt_export import VocabPromptGraphs
 
 FAMILY = "emu3"
 DEFAULT_MAX_TREE = 64
@@ -37,15 +38,13 @@ def span_length(h: int, w: int) -> int:
     return h * (w + 1) + 3
 
 
-class Emu3Graphs(PromptExportFamily):
+class Emu3Graphs(VocabPromptGraphs):
     """Emu3's graphs: token-input prefill and verify over the whole vocabulary, GASV over the
     visual tokens, the frame-0 VQ decoder."""
 
     name = FAMILY
     default_max_tree = DEFAULT_MAX_TREE
-    gasv_axis = "codes"
     vq_doc = "Emu3 VQ-VAE decoder (frame 0)"
-    verify_embeds_prompts = True
 
     def bundle_graphs(self, target, drafter, tables, vq, opts, *, source=None, image_size=None, max_prompt=None):
         from . import EMU3
@@ -69,15 +68,6 @@ class Emu3Graphs(PromptExportFamily):
         source = source if source is not None else getattr(target, "source_dir", "") or "."
         return self.prompt_bundle(target, tables, target_graphs=target_graphs, vq_graph=vq_graph, layout=layout,
                                   max_cache_len=L, source=source, files=("config.json", "tokenizer.json"))
-
-    def prefill_ids(self, cfg):
-        """One embedding table for prompts and image tokens: the prefill is one verify call."""
-        return {"offset": 0, "count": int(cfg.vocab_size)}
-
-    def config_record(self, cfg) -> dict:
-        d = super().config_record(cfg)
-        d.pop("vocabulary_map", None)  # 184k entries: the bundle carries the checkpoint's config.json
-        return d
 
     def target_config(self, man):
         from .config import read_emu3_config

@@ -10,12 +10,11 @@ from pathlib import Path
 from ...errors import ConfigError, InputError
 from ...models.family import Request
 from ...models.prompts import Prompts
-from .config import BOI, IMAGE_WRAPPER
+from .config import BOI, IMAGE_WRAPPER, read_emu3_vq_config
 
 POSITIVE = " masterpiece, film grained, best quality."
 NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, cropped, "
             "worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, blurry.")
-DOWNSAMPLE = 8  # pixels per code of Emu3's VQ
 
 
 class Emu3Prompter:
@@ -33,6 +32,7 @@ class Emu3Prompter:
         self.target, self.family, self.tok = target, family, Tokenizer.from_file(str(file))
         cfg = target.config
         self.bos, self.boi, self.wrap = cfg.bos_token_id, cfg.token_id(BOI), cfg.token_id(IMAGE_WRAPPER)
+        self.downsample = read_emu3_vq_config(source).downsample  # pixels per code (Emu3-Gen: 8)
 
     def ids(self, text: str, h: int, w: int) -> list:
         enc = self.tok.encode
@@ -46,9 +46,10 @@ class Emu3Prompter:
             raise InputError("no captions: pass at least one prompt")
         size = image_size or self.family.default_image_size
         width, height = width or size, height or size
-        if width % DOWNSAMPLE or height % DOWNSAMPLE or width <= 0 or height <= 0:
-            raise InputError(f"image size {width}x{height}: Emu3 images are positive multiples of {DOWNSAMPLE} px")
-        h, w = height // DOWNSAMPLE, width // DOWNSAMPLE
+        ds = self.downsample
+        if width % ds or height % ds or width <= 0 or height <= 0:
+            raise InputError(f"image size {width}x{height}: this Emu3 VQ takes positive multiples of {ds} px")
+        h, w = height // ds, width // ds
         dev = self.target.lm_head.weight.device if hasattr(self.target, "lm_head") else self.target.device
         cond = Prompts.from_rows([self.ids(p + POSITIVE, h, w) for p in prompts], dev)
         if cfg:
