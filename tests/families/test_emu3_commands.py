@@ -55,14 +55,20 @@ def test_train_calibrate_export_write_their_artifacts(run):
 
 def test_run_on_ort_writes_images(run, tmp_path):
     root, _ = run
-    out = _cli("run", root / "eng", "red fox", "--backend", "ort", "--verify", "gasv", "--cfg-scale", 3,
+    caps = tmp_path / "captions.txt"
+    caps.write_text("red fox\na fox\n")
+    out = _cli("run", root / "eng", caps, "--backend", "ort", "--verify", "gasv", "--cfg-scale", 3, "--threads", 1,
                "--out", tmp_path / "out")
-    assert "gasv" in out and (tmp_path / "out" / "img_0000.png").is_file(), out
+    assert "2 images" in out and "gasv" in out, out
+    assert len(list((tmp_path / "out").glob("img_*.png"))) == 2
 
 
 def test_bench_with_zipar_and_gasv(run, tmp_path):
     root, d = run
     out = _cli("bench", "--model", d, "--drafter", root / "train" / "drafter.safetensors", "--tables",
                root / "tables.safetensors", "--methods", "vanilla,greedy,gasv,zipar", "--num-images", 1,
-               "--image-size", 8, "--cfg-scale", 3, "--out", tmp_path / "bench")
-    assert "zipar" in out and "gasv" in out, out
+               "--image-size", 8, "--cfg-scale", 3, "--zipar-window", 1, "--json", tmp_path / "bench.json")
+    res = json.loads((tmp_path / "bench.json").read_text())["results"]
+    assert {"vanilla", "greedy", "gasv", "zipar"} <= set(res), out
+    n = res["vanilla"]["target_forwards_per_image"]
+    assert n == 4 * 5 + 3 and res["zipar"]["target_forwards_per_image"] < n  # ZipAR decodes rows in parallel
