@@ -2,7 +2,7 @@
 
 Public API (kept stable): load_target, load_vq, generate, teacher_forced_logits, image_logits,
 tokens_to_pixels, Pipeline, TargetConfig, VQConfig, LisaError. Every call works for every model
-family (LlamaGen, Chameleon / Lumina-mGPT, Janus-Pro; docs/families.md).
+family (LlamaGen, Chameleon / Lumina-mGPT, Janus-Pro, Emu3; docs/families.md).
 """
 
 from .threads import set_passive_wait_env as _passive
@@ -16,8 +16,7 @@ from .threads import apply_thread_policy
 # torch-backed names load on first use (PEP 562), so that `import lisa_trt` and the CLI's start
 # (`--help`, `serve` refusing a taken port) do not pay for importing torch
 _LAZY = {"load_target": ".models.checkpoints", "load_vq": ".models.checkpoints",
-         "GenerationResult": ".runtime.pipeline", "Pipeline": ".runtime.pipeline",
-         "generate": ".speculative.autoregressive"}
+         "GenerationResult": ".runtime.pipeline", "Pipeline": ".runtime.pipeline"}
 
 
 def __getattr__(name):
@@ -50,14 +49,37 @@ def tokens_to_pixels(vq, tokens):
     return vq.tokens_to_pixels(tokens)
 
 
-def teacher_forced_logits(target, *inputs, **kw):
-    """Full-sequence fp32 logits of a target (no cache).
+def generate(target, cond=None, *, negative_prompt_ids=None, negative_prompt_attention_mask=None,
+             attention_mask=None, layout=None, **kw):
+    """Tokens (B, N) of the plain autoregressive loop (speculative/autoregressive.generate: its
+    arguments, cfg_scale, greedy, seed, max_new_tokens, ...), for any family.
 
-    Chameleon family: `teacher_forced_logits(target, input_ids (B, T))` -> (B, T, V) raw head
-    logits over the whole vocabulary ([:, t] predicts token t + 1). LlamaGen:
-    `teacher_forced_logits(target, cond, tokens (B, N))` -> (B, N, V).
+    A family whose prompt fixes the image (Emu3: `<|image start|>H*W<|image token|>`) generates
+    that image's layout; `negative_prompt_ids` (B, T') (with its attention mask) are the
+    unconditional rows of CFG as in transformers' generate (prompt-id families)."""
+    from .models.family import family_of
+    from .speculative.autoregressive import generate as ar_generate
+
+    cond = cond if cond is not None else kw.pop("input_ids", None)
+    if layout is None:
+        cond, attention_mask, layout = family_of(target.config).generation_inputs(
+            target, cond, attention_mask, negative_prompt_ids, negative_prompt_attention_mask)
+    return ar_generate(target, cond, attention_mask=attention_mask, layout=layout, **kw)
+
+
+def teacher_forced_logits(target, cond=None, tokens=None, *, input_ids=None):
+    """Cache-free fp32 logits of any family's target, one contract:
+
+    - `teacher_forced_logits(target, cond, tokens (B, N))` -> (B, N, V): [:, j] predicts
+      tokens[:, j] from the condition and tokens[:, :j] (every family; prompt-id families: each
+      row's real prompt tokens);
+    - `teacher_forced_logits(target, input_ids (B, T))` (prompt-id families: Chameleon, Emu3) ->
+      (B, T, V) raw whole-vocabulary logits, as transformers' `model(input_ids).logits`.
     """
-    return target.teacher_forced_logits(*inputs, **kw)
+    from .models.family import family_of
+
+    cond = cond if cond is not None else input_ids
+    return family_of(target.config).teacher_forced_logits(target, cond, tokens)
 
 
 from ._version import __version__  # noqa: E402

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "lisa_trt"
-FAMILIES = ("llamagen", "chameleon", "lumina", "janus")
+FAMILIES = ("llamagen", "chameleon", "lumina", "janus", "emu3")
 NAME = re.compile("|".join(FAMILIES), re.I)
 EXEMPT = ("families/", "models/family.py")
 

@@ -458,6 +458,11 @@ def _check_io(model, spec, dims: dict, precision: str, gc: GraphCompat) -> None:
     """Graph inputs/outputs against the io spec: names and order, dtypes, static and dynamic axes."""
     from ..models.io_spec import DYNAMIC_AXES
 
+    from ..export.onnx import fixed_axes_message, fixed_dynamic_axes
+
+    fixed = fixed_dynamic_axes(model, spec)
+    if fixed:
+        gc.violations.append(fixed_axes_message(model, fixed))
     act = 10 if precision == "fp16" else 1
     for role, have, want in (("input", model.graph.input, spec.inputs), ("output", model.graph.output, spec.outputs)):
         have = list(have)
@@ -477,7 +482,7 @@ def _check_io(model, spec, dims: dict, precision: str, gc: GraphCompat) -> None:
                 continue
             for d, a in zip(got, t.axes):
                 if a in DYNAMIC_AXES:
-                    if d.HasField("dim_value"):
+                    if d.HasField("dim_value") and role == "output":  # inputs: fixed_dynamic_axes above
                         gc.violations.append(f"{role} {t.name}: dynamic axis {a!r} was specialised to {d.dim_value} "
                                              "at export; profiles cannot vary it (re-export with a dynamic axis)")
                 elif a in dims and d.HasField("dim_value") and d.dim_value != dims[a]:

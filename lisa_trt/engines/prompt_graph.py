@@ -49,7 +49,10 @@ class GraphPromptTarget(PromptTarget, _KVEngine):
         return PromptTarget.check_cond(self, cond) if self._cond is None else self._cond.check_cond(cond)
 
     def null_cond(self, cond):
-        return PromptTarget.null_cond(self, cond) if self._cond is None else self._cond.null_cond(cond)
+        """The CFG rows: the bundle's condition protocol, else the family's rule (ModelFamily.null_cond)."""
+        from ..models.family import family_of
+
+        return family_of(self.config).null_cond(self.config, cond) if self._cond is None else self._cond.null_cond(cond)
 
     def cfg_rows(self, cond, null):
         return PromptTarget.cfg_rows(cond, null) if self._cond is None else self._cond.cfg_rows(cond, null)
@@ -116,7 +119,9 @@ class GraphGridVQ:
 
     def __init__(self, manifest, runner):
         self.config = manifest.vq_config
-        self.n_embed, self.downsample = self.config.n_embed, self.config.downsample
+        from ..export.prompt_graphs import vq_settings
+
+        self.n_codes, self.downsample, _ = vq_settings(self.config)
         self.latent = tuple(manifest.layout["latent"])
         self.runners = {Graph.VQ_DECODE: runner}
         self._run = runner
@@ -135,7 +140,7 @@ class GraphGridVQ:
         if codes.dim() != 3 or tuple(codes.shape[1:]) != self.latent:
             raise InputError(f"codes must be (B, {self.latent[0]}, {self.latent[1]}) (the exported latent grid); "
                              f"got shape {tuple(codes.shape)}")
-        check_tokens(codes, self.n_embed)
+        check_tokens(codes, self.n_codes)
         return self._run.run(dict(image_tokens=_contig(codes, torch.int64, self.device)), ["images"])["images"]
 
 

@@ -309,8 +309,36 @@ def onnx_from_torch(module: _NamedGraph, example: dict, path: Path, *, opset: in
     except Exception as e:
         raise ExportError(f"torch.onnx.export failed for {spec.graph.value}: {type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''}") from e
+    fixed = fixed_dynamic_axes(prog.model_proto, spec)
+    if fixed:
+        raise ExportError(f"{spec.graph.value}: {fixed_axes_message(prog.model_proto, fixed)}")
     prog.save(str(path), external_data=external_data)
     return path
+
+
+def fixed_dynamic_axes(model, spec) -> list:
+    """(input name, axis name, size) of every io-spec dynamic axis an exported graph made static."""
+    have = {i.name: list(i.type.tensor_type.shape.dim) for i in model.graph.input}
+    out = []
+    for t in spec.inputs:
+        dims = have.get(t.name, [])
+        for i, a in t.dynamic_axes().items():
+            if i < len(dims) and dims[i].HasField("dim_value"):
+                out.append((t.name, a, int(dims[i].dim_value)))
+    return out
+
+
+def fixed_axes_message(model, fixed: list) -> str:
+    """What fixed the axes, naming the torch.chunk pitfall when the graph splits its axis 0."""
+    axes = ", ".join(f"{n} axis {a!r} = {v}" for n, a, v in fixed)
+    splits = [n.name or n.op_type for n in model.graph.node if n.op_type == "Split"
+              and next((a.i for a in n.attribute if a.name == "axis"), 0) == 0]
+    msg = f"the exporter fixed dynamic axes to their trace sizes ({axes}); profiles and batches cannot vary them"
+    if splits and any(a == "batch" for _, a, _ in fixed):
+        msg += (f". The graph splits axis 0 ({', '.join(splits[:3])}): the torch.chunk / torch.split-over-the-batch "
+                "pitfall (chunking a [x; y] batch concatenation makes the exporter fix the batch); run the parts "
+                "separately instead of concatenating and chunking them")
+    return msg
 
 
 @contextlib.contextmanager

@@ -44,6 +44,17 @@ from .onnx import _NamedGraph, _ShimCache
 DEFAULT_MAX_PROMPT = 128  # prompt tokens (template included) an export serves unless told (--max-prompt)
 
 
+def vq_settings(vq_cfg) -> tuple:
+    """(n_codes, downsample, out_channels): the VQ settings a family's decoder config declares
+    (codes it takes, pixels per code side, image channels); ConfigError naming a missing one."""
+    from ..errors import ConfigError
+
+    missing = [n for n in ("n_codes", "downsample", "out_channels") if not hasattr(vq_cfg, n)]
+    if missing:
+        raise ConfigError(f"{type(vq_cfg).__name__} does not declare the VQ settings {', '.join(missing)}: a family's "
+                          "VQ config answers n_codes, downsample and out_channels (docs/families.md)")
+    return int(vq_cfg.n_codes), int(vq_cfg.downsample), int(vq_cfg.out_channels)
+
 
 class PromptExportFamily(ExportFamily):
     """The ExportFamily of a token-prompt family.
@@ -51,7 +62,7 @@ class PromptExportFamily(ExportFamily):
     Shared: the io specs (prefill over the prompt's tokens, verify / drafter / Medusa from the
     common table, GASV over `gasv_axis`, the VQ decoder over the code grid), the static axes, the
     validation inputs (prompt ids drawn from `prompt_vocab_size`, image codes from the head's
-    vocabulary, VQ codes from the decoder's `n_embed`) and the references (the torch target's
+    vocabulary, VQ codes from the decoder's declared `n_codes`) and the references (the torch target's
     prefill / forward_tokens, the family's `codes_to_pixels`). A family subclass names itself,
     says how its manifests give back its configurations (target_config, vq_config), and answers
     its bundle's graphs (`bundle_graphs`, usually through `prompt_bundle`)."""
@@ -102,8 +113,8 @@ class PromptExportFamily(ExportFamily):
                         draft_head_dim=drafter_cfg.head_dim)
         if vq_cfg is not None and layout and layout.get("latent"):
             h, w = layout["latent"]
-            dims.update(h_lat=h, w_lat=w, channels=vq_cfg.out_channels, height=h * vq_cfg.downsample,
-                        width=w * vq_cfg.downsample)
+            _, ds, channels = vq_settings(vq_cfg)
+            dims.update(h_lat=h, w_lat=w, channels=channels, height=h * ds, width=w * ds)
         return dims
 
     def prefill_max_seq(self, layout):
@@ -123,7 +134,7 @@ class PromptExportFamily(ExportFamily):
         if name == "node_tokens":
             return 0, refs["tables"].vocab_size
         if name == "image_tokens":
-            return 0, refs["vq"].config.n_embed
+            return 0, vq_settings(refs["vq"].config)[0]
         return super().input_range(name, refs, dims)
 
     def sample_inputs(self, graph, spec, dims, refs, *, precision="fp32", seed=0, batch=2, seq=3, nodes=3):

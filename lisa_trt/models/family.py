@@ -228,12 +228,19 @@ class ModelFamily:
     # -- sequence layout ------------------------------------------------------------------
 
     def free_layout(self, target, n_tokens: Optional[int] = None, image_tokens_only: bool = False) -> SequenceLayout:
-        """`n_tokens` free tokens (default: the whole image, config.block_size)."""
-        block = target.config.block_size
+        """`n_tokens` free tokens (default: the whole image, `image_tokens(target)`)."""
+        block = self.image_tokens(target)
+        if n_tokens is None and block is None:
+            raise InputError(f"the {self.name} family has no fixed image length: pass num_tokens (max_new_tokens)=N")
         N = block if n_tokens is None else int(n_tokens)
-        if not 1 <= N <= block:
-            raise InputError(f"num_tokens must be in 1..{block}, got {N}")
+        if N < 1 or (block is not None and N > block):
+            raise InputError(f"num_tokens must be in 1..{block if block is not None else 'N'}, got {N}")
         return SequenceLayout(N)
+
+    def image_tokens(self, target) -> Optional[int]:
+        """Tokens of one whole image when the config fixes it (`block_size`), else None."""
+        n = getattr(target.config, "block_size", None)
+        return None if n is None else int(n)
 
     # -- prompts and pixels ---------------------------------------------------------------
 
@@ -250,11 +257,25 @@ class ModelFamily:
         h, w = request.grid
         return tokens.reshape(tokens.shape[0], h, w)
 
-    def teacher_forced_logits(self, target, cond, tokens: torch.Tensor) -> torch.Tensor:
+    def generation_inputs(self, target, cond, attention_mask=None, negative=None, negative_mask=None):
+        """(cond, attention_mask, layout or None) the public `lisa_trt.generate` runs: a family whose
+        prompt fixes the image (Emu3 writes its grid) answers the layout; None: the loop's own.
+        `negative` (B, T'): transformers' negative_prompt_ids (the CFG rows), where supported."""
+        if negative is not None:
+            raise InputError(f"the {self.name} family takes no negative_prompt_ids (its CFG rows come from "
+                             "the condition: null_cond)")
+        return cond, attention_mask, None
+
+    def teacher_forced_logits(self, target, cond, tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Raw head logits (B, N, V) of one cache-free forward: [:, j] predicts tokens[:, j] from
-        `cond` (the CFG batch's rows included) and tokens[:, :j] (calibration's teacher forcing).
+        `cond` (the CFG batch's rows included) and tokens[:, :j] (calibration's teacher forcing,
+        the public `lisa_trt.teacher_forced_logits`). tokens None: the logits of a prompt-id
+        sequence itself, where the family has them.
 
         Default: the target's own `teacher_forced_logits(cond, tokens)` (LlamaGen, Janus)."""
+        if tokens is None:
+            raise InputError(f"{self.name} teacher forcing needs the generated tokens: "
+                             "teacher_forced_logits(target, cond, tokens (B, N))")
         return target.teacher_forced_logits(cond, tokens)
 
     # -- artifacts ------------------------------------------------------------------------
@@ -325,7 +346,8 @@ def register_family(family: ModelFamily) -> ModelFamily:
 # THE registration list of built-in families, imported on first use (model_type -> module that
 # registers it). Adding a family adds its model types here and nothing else outside its package.
 _BUILTIN = {"c2i": "lisa_trt.families.llamagen", "t2i": "lisa_trt.families.llamagen",
-            "chameleon": "lisa_trt.families.chameleon", "janus": "lisa_trt.families.janus"}
+            "chameleon": "lisa_trt.families.chameleon", "janus": "lisa_trt.families.janus",
+            "emu3": "lisa_trt.families.emu3"}
 
 
 def model_types() -> list:

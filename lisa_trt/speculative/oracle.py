@@ -66,8 +66,13 @@ class OracleDrafter:
         if cond is None:
             raise InputError("the oracle drafter's cache is made after the target's prefill; "
                              "call target.prefill (the decode loop does) before drafter.new_cache")
-        extra = max(0, int(max_len) - self.config.seq_len)
-        cache = self.target.inner.new_cache(batch, extra=extra)
+        inner, P = self.target.inner, self.target.prompt_len(cond)
+        # the target's own rule for a prompt and tokens; scratch slots on top when it gives fewer
+        cache = inner.new_cache(batch, prompt_len=P, n_tokens=max(0, int(max_len) - P))
+        if cache.max_len < max_len:
+            # a target that sizes caches by its config alone (LlamaGen): the shortfall + its rounding (8)
+            cache = inner.new_cache(batch, extra=int(max_len) - cache.max_len + 8, prompt_len=P,
+                                    n_tokens=max(0, int(max_len) - P))
         if cache.max_len < max_len:
             raise InputError(f"the oracle needs a cache of {max_len} slots, the target gives {cache.max_len}")
         self.target.inner.prefill(cond, cache)

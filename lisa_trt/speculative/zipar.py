@@ -51,14 +51,17 @@ class ZipARSettings:
 
 
 def row_length(target, layout) -> int:
-    """Tokens per image row of `layout`: the forced-token period (row ends) or the grid width."""
+    """Tokens per image row of `layout`: the forced-token period (row ends, then optionally a tail of
+    forced end tokens: Emu3's end-of-frame / image / sequence) or the grid width."""
     n = int(layout.n_tokens)
     if layout.forced is not None and bool((layout.forced >= 0).any()):
         f = (layout.forced >= 0).cpu()
         L = int(f.nonzero()[0, 0]) + 1
-        if not torch.equal(f, torch.arange(n) % L == L - 1):
+        free = (~f).nonzero()
+        body = (int(free[-1, 0]) // L + 1) * L if free.numel() else n  # through the last sampled token's row
+        if body > n or not torch.equal(f[:body], torch.arange(body) % L == L - 1) or not bool(f[body:].all()):
             raise InputError("ZipAR decodes image rows; this layout forces tokens that are not the row ends "
-                             "of a regular grid: use sjd, mcsjd or a tree method instead")
+                             "of a regular grid (and a forced tail): use sjd, mcsjd or a tree method instead")
         return L
     hw = getattr(target.config, "grid_hw", None)
     if hw is None:

@@ -127,8 +127,8 @@ def test_cache_rules_match_the_exporters():
 
 def test_shapes_come_from_the_family_plugins():
     """model_shapes dispatches to each family's shape plugin (ModelFamily.shapes_module)."""
-    assert set(S.known_names()) == {*LS.NAMES, "Lumina-mGPT-7B", "Janus-Pro-7B"}
-    assert S.default_sizes() == {"llamagen": 256, "chameleon": 768, "janus": 384}
+    assert set(S.known_names()) == {*LS.NAMES, "Lumina-mGPT-7B", "Janus-Pro-7B", "Emu3-Gen"}
+    assert S.default_sizes() == {"llamagen": 256, "chameleon": 768, "janus": 384, "emu3": 720}
     with pytest.raises(P.InputError, match="unknown model"):
         known_shape("GPT-nope")
 

@@ -9,7 +9,6 @@ decoded with the VQGAN of chameleon_vq.py). Errors name the configuration the fi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Union
 
@@ -17,6 +16,7 @@ import torch
 
 from ...errors import ConfigError
 from ...models.hf import empty_model, read_weights, rope_params, stream_weights, strict_copy
+from ..prompt_family import read_config_json
 from .model import ChameleonConfig, ChameleonTarget
 
 PathLike = Union[str, Path]
@@ -35,15 +35,8 @@ def is_chameleon_dir(path) -> bool:
 
 def read_chameleon_config(path: PathLike) -> ChameleonConfig:
     """Parse `DIR/config.json` into a ChameleonConfig; clear errors for wrong directories."""
-    path = Path(path)
-    cfg_path = path / "config.json" if path.is_dir() else path
-    if not cfg_path.is_file():
-        raise ConfigError(f"{path} has no config.json: a Chameleon / Lumina-mGPT checkpoint is an HF "
-                          "directory with config.json and model*.safetensors (see docs/chameleon.md)")
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{cfg_path} is not valid JSON ({e})") from e
+    cfg_path, raw = read_config_json(path, "a Chameleon / Lumina-mGPT checkpoint is an HF directory with "
+                                     "config.json and model*.safetensors (see docs/chameleon.md)")
     mt = raw.get("model_type")
     if mt not in SUPPORTED_MODEL_TYPES:
         raise ConfigError(f"{cfg_path} has model_type {mt!r}; lisa-trt loads directories of model_type "

@@ -43,13 +43,8 @@ from ...export.families import register_export_family
 from ...models.io_spec import Graph
 from ...export.onnx import DEFAULT_OPSET, _NamedGraph
 from ...export.memory import resolve
-from ...export.prompt_graphs import (
-    DEFAULT_MAX_PROMPT,
-    PromptExportFamily,
-    PromptStepGraph,
-    check_bundle_artifacts,
-    prompt_cache_len,
-)
+from ...export.prompt_graphs import DEFAULT_MAX_PROMPT, PromptStepGraph, check_bundle_artifacts, prompt_cache_len
+from ..prompt_export import VocabPromptGraphs
 
 FAMILY = "chameleon"
 ENGINE_FILE = "chameleon_engine.json"  # the manifest of this family's directories before manifest.json
@@ -78,7 +73,7 @@ def engine_cache_len(image_size: int, max_prompt: int, max_tree: int) -> int:
 
 # ----------------------------------------------------------------------------- the family's graphs
 
-class ChameleonGraphs(PromptExportFamily):
+class ChameleonGraphs(VocabPromptGraphs):
     """The Chameleon family's graphs (export/prompt_graphs.PromptExportFamily): token-input prefill
     and verify over the whole vocabulary, GASV over the image-code sub-vocabulary ("codes"), the
     grid VQGAN decoder."""
@@ -86,7 +81,6 @@ class ChameleonGraphs(PromptExportFamily):
     name = FAMILY
     default_max_tree = DEFAULT_MAX_TREE
     legacy_manifests = (ENGINE_FILE,)
-    gasv_axis = "codes"  # the tables cover the image codes inside the whole-vocabulary head
     vq_doc = "Chameleon VQGAN decoder"
 
     def bundle_graphs(self, target, drafter, tables, vq, opts, *, source=None, image_size=None, max_prompt=None):
@@ -112,18 +106,6 @@ class ChameleonGraphs(PromptExportFamily):
         source = source if source is not None else getattr(target, "source_dir", "") or "."
         return self.prompt_bundle(target, tables, target_graphs=target_graphs, vq_graph=vq_graph, layout=layout,
                                   max_cache_len=L, source=source, files=("config.json",) + TOKENIZER_FILES)
-
-    verify_embeds_prompts = True  # true of every Chameleon export, older ones included
-
-    def prefill_ids(self, cfg):
-        """The verify graph embeds every id with the prompt's embedding (one table): prompts pass as
-        they are, and the prefill is one verify call."""
-        return {"offset": 0, "count": int(cfg.vocab_size)}
-
-    def config_record(self, cfg) -> dict:
-        d = super().config_record(cfg)
-        d.pop("vocabulary_map", None)  # 65k entries: the bundle carries the checkpoint's config.json
-        return d
 
     def target_config(self, man):
         from .checkpoint import read_chameleon_config

@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 
 from ...errors import ConfigError, InputError
-from .model import Prompts, image_vocab
+from .model import Prompts
 from ...models.family import SequenceLayout
 
 PATCH = 32  # pixels per size-token grid
@@ -104,17 +104,14 @@ class LuminaImages:
 
 def tokens_to_codes(target, span: torch.Tensor, h_lat: int, w_lat: int) -> torch.Tensor:
     """Span tokens (B, h_lat * (w_lat + 1)) -> VQ codes (B, h_lat, w_lat) (row ends dropped)."""
-    vm = image_vocab(target.config.vocabulary_map, target.config.vocab_size)
-    lut = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
-    for t, c in vm.items():
-        lut[t] = c
+    from .vocab import code_lut
+
+    lut = code_lut(target.config)
     grid = span.view(span.shape[0], h_lat, w_lat + 1)[:, :, :w_lat].cpu()
     codes = lut[grid]
     if (codes < 0).any():
         raise InputError("the image span holds non-image tokens where codes belong")
     return codes
-
-
 
 
 def span_request(target, tokenizer: LuminaTokenizer, captions: Sequence[str], width: int, height: int,

@@ -21,22 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-import torch
 import torch.nn as nn
 
-from ...config import find_multiple
 from ...errors import ConfigError, InputError
 from ...models.hf import HFDecoderShape
-from ...models.layers import (
-    ACTIVATIONS,
-    DecoderStack,
-    KVCache,
-    RMSNorm,
-    RotaryTarget,
-    TargetOutput,
-    teacher_forcing_plan,
-)
-from ...models.prompts import Prompts, PromptTarget, prefill_plan  # noqa: F401 (Prompts re-exported)
+from ...models.layers import ACTIVATIONS, DecoderStack, KVCache
+from ...models.prompts import Prompts  # noqa: F401 (re-exported)
+from ..prompt_target import VocabPromptTarget
 
 
 @dataclass(frozen=True)
@@ -118,10 +109,12 @@ class ChameleonCache(KVCache):
 
 # ----------------------------------------------------------------------------- model
 
-class ChameleonTarget(PromptTarget, RotaryTarget, nn.Module):
-    """Chameleon-architecture decoder with HF parameter names (see module docstring)."""
+class ChameleonTarget(VocabPromptTarget):
+    """Chameleon-architecture decoder with HF parameter names (see module docstring); the
+    prompt / cache / teacher-forcing protocol is the shared families/prompt_target.py."""
 
     family = "chameleon"
+    cache_class = ChameleonCache
 
     def __init__(self, config: ChameleonConfig):
         super().__init__()
@@ -135,123 +128,3 @@ class ChameleonTarget(PromptTarget, RotaryTarget, nn.Module):
         super().reset_buffers()
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-
-    @property
-    def output(self) -> nn.Linear:
-        """The output head (name shared with the LlamaGen target: hashes, GASV tables)."""
-        return self.lm_head
-
-    def _run(self, h, positions, mask, cache, slots, taps: bool, last_only: bool = False) -> TargetOutput:
-        """The decoder stack; last_only: taps, norm and head at the last position only (prefill)."""
-        cos, sin = self.rope(positions)
-        h, tapped = self.model.run(h, cos, sin, mask, cache, slots, self.config.tap_layers if taps else (), last_only)
-        hidden = self.model.norm(h[:, -1:] if last_only else h)
-        return TargetOutput(self.lm_head(hidden).float(), tapped, hidden)
-
-    # -- the generic loops' condition protocol (models/family.py) ------------------------
-
-    def new_cache(self, batch: int, max_len: Optional[int] = None, dtype=None, *, extra: int = 0,
-                  prompt_len: Optional[int] = None, n_tokens: Optional[int] = None) -> ChameleonCache:
-        """A cache for `batch` rows of up to `max_len` tokens (prompt + generated + scratch).
-
-        The generic loops pass prompt_len, n_tokens and extra instead (max_len = their sum)."""
-        if max_len is None:
-            if prompt_len is None or n_tokens is None:
-                raise InputError("new_cache needs max_len, or prompt_len and n_tokens")
-            max_len = int(prompt_len) + int(n_tokens) + int(extra)
-        if max_len > self.config.max_position_embeddings:
-            raise InputError(f"{max_len} tokens (the prompt and the tokens to generate) exceed "
-                             f"max_position_embeddings {self.config.max_position_embeddings} of this checkpoint; "
-                             "shorten the prompt or generate fewer tokens")
-        p = self.lm_head.weight
-        return ChameleonCache(self.config, batch, find_multiple(max_len, 8), dtype or p.dtype, p.device)
-
-    def forward_full(self, input_ids: torch.Tensor, taps: bool = False) -> TargetOutput:
-        """Full causal forward without a cache; logits[:, t] predicts input_ids[:, t + 1]."""
-        self.check_ids(input_ids)
-        B, T = input_ids.shape
-        pos = torch.arange(T, device=input_ids.device)[None].expand(B, T)
-        return self._run(self.model.embed_tokens(input_ids), pos, None, None, None, taps)
-
-    @torch.no_grad()
-    def teacher_forced_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """(B, T, V) fp32 raw head logits over the whole vocabulary."""
-        return self.forward_full(input_ids).logits
-
-    # -- the drafter / training protocol (models/drafter.py, train/trainer.py) ------------
-
-    def forward_train(self, cond, tokens: torch.Tensor, taps: bool = False) -> TargetOutput:
-        """Teacher forcing of generated tokens after a (left-padded) prompt, without a cache.
-
-        Args:
-            cond: the prompt (ids (B, T), (ids, valid) or Prompts; the span prefix included), as
-                `prefill` takes it: positions count from each row's first real token.
-            tokens: (B, N) the tokens generated after it (e.g. a Lumina image span).
-        Returns:
-            logits (B, N, V): [:, j] predicts tokens[:, j] from the prompt and tokens[:, :j]
-            ([:, 0] from the prompt alone); taps / hidden aligned the same way. Equal to prefill +
-            forward_tokens of tokens[:, :-1] (the decode loops' view).
-        """
-        p = Prompts.of(cond)
-        ids, valid = p.ids, p.valid
-        self.check_ids(ids)
-        if not torch.is_tensor(tokens) or tokens.dim() != 2 or tokens.shape[0] != ids.shape[0] or tokens.shape[1] < 1:
-            raise InputError(f"tokens must be (B={ids.shape[0]}, N>=1) token ids; got "
-                             f"{tuple(tokens.shape) if torch.is_tensor(tokens) else type(tokens).__name__}")
-        self.check_ids(tokens)
-        T = ids.shape[1]
-        x = self.model.embed_tokens(torch.cat([ids, tokens[:, :-1]], dim=1))
-        L = x.shape[1]
-        if L > self.config.max_position_embeddings:
-            raise InputError(f"{L} tokens exceed max_position_embeddings {self.config.max_position_embeddings}")
-        mask, pos = teacher_forcing_plan(valid, L)
-        out = self._run(x, pos, mask, None, None, taps)
-        sl = slice(T - 1, None)
-        return TargetOutput(out.logits[:, sl], None if out.taps is None else out.taps[:, sl], out.hidden[:, sl])
-
-    def start_positions(self, cond) -> torch.Tensor:
-        """(B,) RoPE position of the first generated token of each row: its real prompt length."""
-        return Prompts.of(cond).valid.sum(1).to(self.lm_head.weight.device)
-
-    def token_embedding_table(self) -> torch.Tensor:
-        """(V, dim) token embedding (the drafter's frozen E)."""
-        return self.model.embed_tokens.weight
-
-    @property
-    def final_norm(self) -> RMSNorm:
-        """The final norm: logits = lm_head(final_norm(h))."""
-        return self.model.norm
-
-    def drafter_shape(self) -> dict:
-        """DrafterConfig fields of this target's drafter: 1-D RoPE over absolute positions (the
-        prompt length varies, so no fixed condition prefix), full-vocabulary logits."""
-        return self.config.rope_1d_drafter_shape(self.config.vocab_size, block_size=1, warm_head=True)
-
-    def prefill(self, input_ids, cache: ChameleonCache, valid: Optional[torch.Tensor] = None,
-                taps: bool = False) -> TargetOutput:
-        """Write a prompt into slots 0..T-1; logits of its last position (B, 1, V).
-
-        Args:
-            input_ids: (B, T) prompt ids, LEFT-padded when rows differ in length (or the
-                condition forms of `Prompts.of`: (ids, valid), Prompts).
-            valid: (B, T) bool, False on padding (default: all valid). Padding slots are
-                never attended to; positions count from each row's first real token.
-        """
-        p = Prompts.of(input_ids, valid)
-        input_ids, valid = p.ids, p.valid
-        self.check_ids(input_ids)
-        T = input_ids.shape[1]
-        slots, pos, mask = prefill_plan(input_ids, cache, valid)
-        out = self._run(self.model.embed_tokens(input_ids), pos, mask[:, None], cache, slots, taps, last_only=True)
-        cache.lengths.fill_(T)
-        return out
-
-    def forward_tokens(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                       mask: torch.Tensor, cache: ChameleonCache, taps: bool = False) -> TargetOutput:
-        """New tokens (B, S) at absolute RoPE `positions`, K/V written at cache `slots`.
-
-        mask: (B, S, Lmax) bool, True = may attend (see KVCache.attention_mask); trees verify
-        through it exactly as for the LlamaGen target. Returns logits (B, S, V) fp32.
-        """
-        self.check_positions(positions)
-        return self._run(self.model.embed_tokens(tokens), positions, mask[:, None], cache, slots, taps)

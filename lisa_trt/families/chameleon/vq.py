@@ -40,13 +40,18 @@ class ChameleonVQConfig:
     double_z: bool = False
     attn_type: str = "vanilla"
 
+    # the VQ settings generic decoders read (export/prompt_graphs.vq_settings)
+    @property
+    def n_codes(self) -> int:
+        return self.n_embed
+
     @property
     def downsample(self) -> int:
         return 2 ** (len(self.ch_mult) - 1)
 
     @property
     def out_channels(self) -> int:
-        """Channels of the decoded image (the name engine decoders read)."""
+        """Channels of the decoded image."""
         return self.out_ch
 
     @classmethod

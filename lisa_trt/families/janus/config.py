@@ -61,8 +61,8 @@ class JanusVQConfig:
             raise ConfigError(f"VQ decoder channels {bad} are not multiples of 32 (its GroupNorms use 32 groups)")
 
     @property
-    def n_embed(self) -> int:
-        """Codes the decoder takes (the name engine decoders read)."""
+    def n_codes(self) -> int:
+        """Codes the decoder takes (the VQ setting generic decoders read: export/prompt_graphs.vq_settings)."""
         return self.codebook_size
 
     @property
