@@ -144,7 +144,8 @@ def test_known_names():
 
     for name in LS.NAMES:
         s = known_shape(name)
-        assert (s.n_layer, s.n_head, s.dim) == _GPT_SHAPES[name] and s.image_tokens == 256 and s.vocab == 16384
+        grid = LS.DEFAULT_SIZES[name] // 16  # the released size (256 px: 16 x 16 codes)
+        assert (s.n_layer, s.n_head, s.dim) == _GPT_SHAPES[name] and s.image_tokens == grid * grid and s.vocab == 16384
     assert known_shape("GPT-L", 384).image_tokens == 576
     lum = known_shape("Lumina-mGPT-7B", 768)
     assert (lum.n_layer, lum.dim, lum.kv_heads, lum.ffn, lum.vocab) == (32, 4096, 32, 11008, 65536)
@@ -402,3 +403,10 @@ def test_jetson_plans_the_whole_plan_read_while_loading():
     assert d.load_transient == 0 and d.run_peak == d.total
     assert j.run_peak == P.CONTEXT_BYTES + 2 * t["weights"] + t["activations"] > j.total
     assert "load peak" in j.table() and "load peak" not in d.table()
+
+
+def test_default_sizes_are_the_released_ones():
+    """LlamaGen's c2i GPT-XL / GPT-XXL / GPT-3B were released at 384 px only: planning them at
+    256 px would count 44 % of their KV cache; GPT-B / GPT-L default to 256 px."""
+    for name, size in (("GPT-B", 256), ("GPT-L", 256), ("GPT-XL", 384), ("GPT-XXL", 384), ("GPT-3B", 384)):
+        assert make_plan(name).image_size == size, name

@@ -19,6 +19,9 @@ from ...errors import InputError
 NAMES = ("GPT-B", "GPT-L", "GPT-XL", "GPT-XXL", "GPT-3B")
 KNOWN = NAMES
 DEFAULT_SIZE = 256
+# c2i checkpoints as released (FoundationVision/LlamaGen): GPT-B / GPT-L at 256 (and 384) px,
+# GPT-XL / GPT-XXL / GPT-3B at 384 px only
+DEFAULT_SIZES = {"GPT-B": 256, "GPT-L": 256, "GPT-XL": 384, "GPT-XXL": 384, "GPT-3B": 384}
 
 
 def config_shape(cfg, name: str) -> ModelShape:
@@ -42,7 +45,7 @@ def config_shape(cfg, name: str) -> ModelShape:
 def known_shape(name: str, image_size=None, prompt_len=None) -> ModelShape:
     from ...config import target_config
 
-    size = image_size or DEFAULT_SIZE
+    size = image_size or DEFAULT_SIZES.get(name, DEFAULT_SIZE)
     if size % 16:
         raise InputError(f"LlamaGen images are multiples of 16 px (VQ-16), got --image-size {size}")
     s = config_shape(target_config(name, image_size=size), name)
