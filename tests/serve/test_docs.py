@@ -26,13 +26,19 @@ def test_kubernetes_example_deployment_and_service():
     pod = dep["spec"]["template"]
     assert dep["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
-    (c,) = pod["spec"]["containers"]
+    containers = {c["name"]: c for c in pod["spec"]["containers"]}
+    assert set(containers) == {"triton", "openai"}
+    c = containers["triton"]
     assert c["image"].startswith("nvcr.io/nvidia/tritonserver:") and c["image"].endswith("-py3")
     assert c["resources"]["limits"]["nvidia.com/gpu"] >= 1
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    side = {p["name"]: p["containerPort"] for p in containers["openai"]["ports"]}
+    assert side == {"openai": 8080}
+    every = {**ports, **side}
+    assert {sp["targetPort"] for sp in svc["spec"]["ports"]} == set(every)
     for sp in svc["spec"]["ports"]:
-        assert sp["targetPort"] in ports and ports[sp["targetPort"]] == sp["port"]
+        assert every[sp["targetPort"]] == sp["port"]
 
     # the probes: startup and readiness on ready (= loaded + warmed up), liveness on live
     def probe(name):
@@ -63,6 +69,24 @@ def test_kubernetes_example_deployment_and_service():
     vol = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert mount["name"] in vol
     assert MODEL_NAME == "lisa"
+
+
+def test_kubernetes_openai_sidecar_runs_the_front_end_against_the_pods_triton():
+    """The sidecar's command is a real `lisa-trt openai-api` line: options that exist, its --port
+    the container port, Triton at the pod's own HTTP port, the bundle on the shared volume, and
+    readiness on the front end's /health (503 until Triton's model is ready)."""
+    from lisa_trt.serve.cli import openai_api_cmd
+
+    dep = _manifests()["Deployment"]
+    c = {c["name"]: c for c in dep["spec"]["template"]["spec"]["containers"]}["openai"]
+    script = " ".join(c["args"])
+    argv = shlex.split(script[script.index("lisa-trt openai-api"):])
+    known = {o for prm in openai_api_cmd.params for o in prm.opts}
+    flags = dict(zip(argv[3::2], argv[4::2]))
+    assert set(flags) <= known and argv[2].startswith("/models/")
+    assert flags["--triton-url"] == "127.0.0.1:8000" and int(flags["--port"]) == c["ports"][0]["containerPort"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "openai"}
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
 
 
 def test_serve_and_triton_repo_lines_in_the_doc_use_existing_options():
