@@ -47,6 +47,7 @@ from lisa_trt.config import SamplingConfig
 # regime name -> the sampling law it decodes (and self-distils) with; top-k 0 = the whole codebook
 REGIMES = {
     "t1.0-cfg2": SamplingConfig(cfg_scale=2.0, temperature=1.0),  # the demo's deployment setting
+    "t1.3-cfg2": SamplingConfig(cfg_scale=2.0, temperature=1.3),
     "t1.6-cfg2": SamplingConfig(cfg_scale=2.0, temperature=1.6),
     "t1.0-cfg1": SamplingConfig(cfg_scale=1.0, temperature=1.0),
     "t1.6-cfg1": SamplingConfig(cfg_scale=1.0, temperature=1.6),  # flattest: no guidance, hot
