@@ -22,8 +22,10 @@ _T = _defaults()
 @opt.model_options()
 @opt.vq_options("VQ checkpoint (codebook geometry for the LISA loss); 'demo' for the demo.")
 @opt.out_option("Run directory (resumed if it has checkpoints).", required=True)
-@click.option("--loss", type=click.Choice(["lisa", "eagle3", "eagle1"]), default="lisa", show_default=True,
-              help="LISA locality-informed loss, or the EAGLE-3 / EAGLE-1 baselines.")
+@click.option("--loss", type=click.Choice(["lisa", "lisa-paper", "lisa-soft", "lisa-mean", "lisa-additive", "lisa-ext",
+                                          "eagle3", "eagle1"]), default="lisa", show_default=True,
+              help="LISA locality-informed loss (lisa = lisa-paper; lisa-*: extensions, docs/spec/lisa.md), or the "
+                   "EAGLE-3 / EAGLE-1 baselines.")
 @click.option("--steps", type=int, default=None, help=f"Optimiser steps (default {_T.steps}).")
 @click.option("--batch-size", type=int, default=None,
               help=f"Global batch in sequences, split over DDP ranks (default {_T.batch_size}).")

@@ -28,6 +28,9 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 
 LOSS_KINDS = ("lisa", "eagle3", "eagle1")
+MISMATCH_SCORES = ("top1", "mass")
+THRESHOLDS = ("quantile", "mean")
+GATES = ("paper", "additive")
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,10 @@ class LossConfig:
     tau_s: float = 1.0
     lambda_ce: float = 1.0
     lambda_kd: float = 1.0
+    # extensions of the paper (docs/spec/lisa.md "Extensions"); the defaults are the paper's form
+    mismatch: str = "top1"  # "top1": a = [argmax p_s in N]; "mass": a = p_s(N), the drafter's mass in N
+    threshold: str = "quantile"  # "quantile": the annealed q_sel; "mean": scores above the batch's mean score
+    gate: str = "paper"  # "paper": w_base / w_veto (1 + beta (1 - g)); "additive": 1 + [sel] w_veto beta (1 - g)
     # EAGLE-1 / LANTERN baseline
     eagle1_ce_weight: float = 0.1
 
@@ -73,6 +80,10 @@ class LossConfig:
             raise ConfigError(f"nucleus_p must lie in (0, 1], got {self.nucleus_p}")
         if self.tau_s <= 0:
             raise ConfigError(f"tau_s must be > 0, got {self.tau_s}")
+        for name, value, valid in (("mismatch", self.mismatch, MISMATCH_SCORES),
+                                   ("threshold", self.threshold, THRESHOLDS), ("gate", self.gate, GATES)):
+            if value not in valid:
+                raise ConfigError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
 
     @property
     def needs_codebook(self) -> bool:
@@ -84,6 +95,27 @@ class LossConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "LossConfig":
         return cls(**d)
+
+
+# loss recipe name (`lisa-trt train --loss NAME`) -> LossConfig fields; "lisa" and "lisa-paper" are the
+# spec's form of the paper, the lisa-* others its extensions (docs/spec/lisa.md "Extensions")
+LOSS_RECIPES = {
+    "lisa": {},
+    "lisa-paper": {},
+    "lisa-soft": {"mismatch": "mass"},
+    "lisa-mean": {"threshold": "mean"},
+    "lisa-additive": {"gate": "additive"},
+    "lisa-ext": {"mismatch": "mass", "threshold": "mean", "gate": "additive"},
+    "eagle3": {"kind": "eagle3"},
+    "eagle1": {"kind": "eagle1"},
+}
+
+
+def loss_recipe(name: str, **over) -> LossConfig:
+    """The LossConfig of a recipe name (LOSS_RECIPES), with `over` fields on top (e.g. switches off)."""
+    if name not in LOSS_RECIPES:
+        raise ConfigError(f"unknown loss {name!r}; valid: {', '.join(LOSS_RECIPES)}")
+    return LossConfig(**{"kind": "lisa", **LOSS_RECIPES[name], **over})
 
 
 # ----------------------------------------------------------------------------- schedules
@@ -126,20 +158,24 @@ def cosine_distance(c: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
 
 
 def locality_score(p_t: torch.Tensor, s_logits: torch.Tensor, codebook: torch.Tensor, radius: float,
-                   k: int = 16) -> dict:
+                   k: int = 16, mismatch: str = "top1") -> dict:
     """LISA locality-mismatch score s = alpha (1 - a) (docs/spec/lisa.md steps 1-3).
 
     Args:
         p_t: (M, V) target probabilities; s_logits: (M, V) draft logits.
         codebook: (V, d) L2-normalised; radius: cosine radius r; k: K_c.
+        mismatch: "top1" (the paper: a = [argmax p_s in N]) or "mass" (extension: a = p_s(N), the
+            drafter's probability mass inside N, so s varies continuously instead of being 0 or alpha).
     Returns:
-        dict with score (M,), alpha (M,) target mass in N, in_nbhd (M,) float a, size (M,) |N|.
+        dict with score (M,), alpha (M,) target mass in N, in_nbhd (M,) float [argmax p_s in N],
+        size (M,) |N|.
     """
     dist = cosine_distance(target_centroid(p_t, codebook, k), codebook)  # (M, V)
     nbhd = dist <= radius
     alpha = (p_t * nbhd).sum(-1)
-    a = nbhd.gather(-1, s_logits.argmax(-1, keepdim=True)).squeeze(-1).to(p_t.dtype)
-    return {"score": alpha * (1 - a), "alpha": alpha, "in_nbhd": a, "size": nbhd.sum(-1)}
+    top1_in = nbhd.gather(-1, s_logits.argmax(-1, keepdim=True)).squeeze(-1).to(p_t.dtype)
+    a = top1_in if mismatch == "top1" else (s_logits.float().softmax(-1) * nbhd).sum(-1).to(p_t.dtype)
+    return {"score": alpha * (1 - a), "alpha": alpha, "in_nbhd": top1_in, "size": nbhd.sum(-1)}
 
 
 def estimate_radius(p_t: torch.Tensor, codebook: torch.Tensor, k: int = 16, size: int = 32) -> float:
@@ -153,11 +189,13 @@ def estimate_radius(p_t: torch.Tensor, codebook: torch.Tensor, k: int = 16, size
     return float(kth.median())
 
 
-def select_positions(score: torch.Tensor, q: float) -> torch.Tensor:
-    """Selection mask: score strictly above the q-quantile of the batch's scores (M,) -> (M,) bool."""
+def select_positions(score: torch.Tensor, q: float, threshold: str = "quantile") -> torch.Tensor:
+    """Selection mask (M,) -> (M,) bool: score strictly above the q-quantile of the batch's scores
+    ("quantile", the paper), or above the batch's mean score ("mean", extension: the selected
+    fraction follows the scores' spread instead of a schedule; q is then unused)."""
     if score.numel() == 0:
         return torch.zeros_like(score, dtype=torch.bool)
-    thr = torch.quantile(score.float(), q)
+    thr = torch.quantile(score.float(), q) if threshold == "quantile" else score.float().mean()
     return score > thr
 
 
@@ -213,10 +251,14 @@ def lisa_weights(score: torch.Tensor, g_align: torch.Tensor, step: int, total_st
     """Position weights (docs/spec/lisa.md step 5). Returns (w (M,), selected (M,) bool), no grad."""
     if not cfg.selection:
         return torch.ones_like(score), torch.zeros_like(score, dtype=torch.bool)
-    sel = select_positions(score, q_sel_schedule(step, total_steps, cfg.q_sel_start, cfg.q_sel_end))
+    q = q_sel_schedule(step, total_steps, cfg.q_sel_start, cfg.q_sel_end)
+    sel = select_positions(score, q, cfg.threshold)
     w_veto = veto_schedule(step, total_steps, cfg.veto_warmup) if cfg.veto else 1.0
     g = g_align if cfg.soft_gate else torch.ones_like(g_align)
-    w = torch.where(sel, w_veto * (1 + cfg.beta_sel * (1 - g)), torch.full_like(score, cfg.w_base))
+    if cfg.gate == "paper":
+        w = torch.where(sel, w_veto * (1 + cfg.beta_sel * (1 - g)), torch.full_like(score, cfg.w_base))
+    else:  # additive: every position keeps weight 1 (no ramp or selection can zero it); selected gain up to beta
+        w = 1 + sel.to(score.dtype) * w_veto * cfg.beta_sel * (1 - g)
     # spec v2: divided by the batch mean, so LISA redistributes supervision instead of shrinking it
     w = w / w.mean().clamp_min(1e-12)
     return w.detach(), sel
@@ -241,7 +283,7 @@ def lisa_loss(t_logits: torch.Tensor, s_logits: torch.Tensor, codebook: Optional
     if cfg.selection:
         if codebook is None or radius is None:
             raise ConfigError("the LISA selection needs the VQ codebook and a neighbourhood radius")
-        loc = locality_score(t_logits.softmax(-1), s_logits.detach(), codebook, radius, cfg.top_kc)
+        loc = locality_score(t_logits.softmax(-1), s_logits.detach(), codebook, radius, cfg.top_kc, cfg.mismatch)
         score = loc["score"]
         stats.update(alpha=loc["alpha"].mean(), in_nbhd=loc["in_nbhd"].mean(), nbhd_size=loc["size"].float().mean())
     else:

@@ -119,7 +119,7 @@ def train(rc, *, out_dir, vq, vq_config, echo, **o):
 def _train_config(rc, o: dict, data, *, prompted: bool):
     """TrainConfig of the given options; a prompted family's self-distillation runs take its
     `train_defaults` where an option is not given."""
-    from ...train.losses import LossConfig
+    from ...train.losses import loss_recipe
     from ...train.trainer import TrainConfig
 
     kw = {k: o[k] for k in ("steps", "batch_size", "lr", "ttt_steps", "drafter_hidden", "drafter_heads",
@@ -135,7 +135,7 @@ def _train_config(rc, o: dict, data, *, prompted: bool):
         kw.setdefault("warmup_steps", min(50, (kw["steps"] or TrainConfig().steps) // 20))
     return TrainConfig(**{k: v for k, v in kw.items() if v is not None}, bf16=o["bf16"],
                        target_name=rc.family.name if prompted else str(rc.source),
-                       loss=LossConfig(kind=o["loss"], **loss_switches(o["loss_off"])), data=data)
+                       loss=loss_recipe(o["loss"], **loss_switches(o["loss_off"])), data=data)
 
 
 def _fit(target, codebook, cfg, out_dir, o: dict, echo, request=None, held_out=None) -> dict:

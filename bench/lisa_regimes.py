@@ -1,0 +1,493 @@
+"""Issue 40: the LISA loss against the EAGLE-3 loss in sampling regimes that flatten the target.
+
+Stages, each its own command (run them one after the other, one process at a time). The recorded
+run (bench/lisa_regimes.json) decoded the SHIPPED drafters (demo-eagle3 / demo-lisa: the two
+losses at the same budget, 1,600 steps on sequences sampled at t1.0-cfg2) in the flattest regime,
+took the deployment regime from bench/lisa_ablation.json, and viewed every regime:
+
+    python bench/lisa_regimes.py decode --regime t1.6-cfg1 --drafters demo-eagle3,demo-lisa \
+        --images 256 --json runs/regimes/t1.6-cfg1.json        # stopped after 128 images
+    python bench/lisa_regimes.py view --regime R --images 32 --json runs/regimes/view_R.json  # each R
+    python bench/lisa_regimes.py report runs/regimes/t1.6-cfg1.json runs/regimes/view_*.json \
+        --ablation bench/lisa_ablation.json --notes NOTES.json --json bench/lisa_regimes.json \
+        --plot bench/lisa_regimes.png
+
+`train` (not in the recorded run: it did not fit the CPU budget): a fresh drafter per (regime,
+loss) trained by lisa_trt.train.trainer.train_drafter on sequences the target samples IN THAT
+REGIME (RUNS/REGIME/tokens.safetensors, made once; target features cached once), same seed, steps
+and batch for every loss; then `decode --drafters eagle3,lisa-paper,...`. The loss targets are the
+target's raw logits, as in the trainer; the decode loop applies the regime's guidance and
+temperature to the target and the drafter alike, so the regime changes only which prefixes the
+drafter is trained on.
+
+`decode`: the drafters and the oracle drafter (the target's own top-k: the ceiling) on the same
+prompts and seeds (image i: class i % 8), exact and GASV; per image MAL and class accuracy; the
+target's mean normalised entropy U = H(p) / log V of the regime's law over the oracle's (lossless)
+samples. `view`: U and LISA's selection statistics (selection_stats) on vanilla samples, no decoding.
+
+`report`: per regime, MAL +- SE, drafter efficiency (per-image MAL / oracle MAL, paired, delta
+method), the paired per-image difference to the EAGLE-3-loss drafter (bench/lisa_ablation.py's
+`paired` and `ratio_se`), LISA's selection statistics, a Markdown table and a plot."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from lisa_trt.config import SamplingConfig
+
+# regime name -> the sampling law it decodes (and self-distils) with; top-k 0 = the whole codebook
+REGIMES = {
+    "t1.0-cfg2": SamplingConfig(cfg_scale=2.0, temperature=1.0),  # the demo's deployment setting
+    "t1.3-cfg2": SamplingConfig(cfg_scale=2.0, temperature=1.3),
+    "t1.6-cfg2": SamplingConfig(cfg_scale=2.0, temperature=1.6),
+    "t1.0-cfg1": SamplingConfig(cfg_scale=1.0, temperature=1.0),
+    "t1.6-cfg1": SamplingConfig(cfg_scale=1.0, temperature=1.6),  # flattest: no guidance, hot
+}
+# the shipped drafters: both losses at the same budget (1,600 steps on 8,192 sequences sampled at the
+# deployment setting t1.0-cfg2; bench/drafter_runs/README.md) -> their training logs
+SHIPPED = {"demo-eagle3": "bench/drafter_runs/eagle3", "demo-lisa": "bench/drafter_runs/lisa"}
+GASV = ("gasv[kappa=2,lambda=0.4,delta=0.3]", {"gasv_kappa": 2.0, "gasv_lambda": 0.4, "gasv_delta": 0.3})
+TREE = (3, 3, 10)  # top_k, depth, total_tokens: the frontier's tree
+
+
+def _bench_module(name: str):
+    """A sibling bench script as a module (bench/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ----------------------------------------------------------------------------- train
+
+def loss_config(name: str):
+    """A --loss recipe name -> LossConfig (lisa_trt.train.losses.loss_recipe)."""
+    from lisa_trt.train.losses import loss_recipe
+
+    return loss_recipe(name)
+
+
+def train(a) -> None:
+    """One drafter for (regime, loss) in RUNS/REGIME/LOSS. The regime's sequences are sampled once
+    (RUNS/REGIME/tokens.safetensors, the last 32 held out) and its target features cached once
+    (RUNS/REGIME/features): every loss reads the same rows in the same order."""
+    from lisa_trt.demo.registry import load_demo_target, load_demo_vq
+    from lisa_trt.io import save_safetensors
+    from lisa_trt.train.data import DataConfig, self_distill_tokens
+    from lisa_trt.train.trainer import TrainConfig, train_drafter
+
+    torch.set_num_threads(1)
+    s, root = REGIMES[a.regime], Path(a.runs) / a.regime
+    target, vq = load_demo_target(), load_demo_vq()
+    tokens = root / "tokens.safetensors"
+    t0 = time.time()
+    if not tokens.is_file():  # self-distillation in the regime (10 % unconditional rows, as the trainer does)
+        ds = self_distill_tokens(target, a.num_samples + 32, cfg_scale=s.cfg_scale, temperature=s.temperature,
+                                 top_k=s.top_k, top_p=s.top_p, seed=a.seed, progress=False)
+        save_safetensors({"tokens": ds.tokens, "classes": ds.cond}, tokens, metadata={"regime": a.regime})
+        (root / "sample_wall_s.json").write_text(json.dumps({"wall_s": round(time.time() - t0, 1)}))
+    data = DataConfig(source="tokens", token_file=str(tokens), eval_samples=32, cfg_scale=s.cfg_scale,
+                      temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, features="cache",
+                      cache_dir=str(root / "features"))
+    cfg = TrainConfig(steps=a.steps, batch_size=a.batch_size, ttt_steps=a.ttt_steps, seed=a.seed,
+                      checkpoint_every=a.steps, target_name="demo", loss=loss_config(a.loss), data=data)
+    t0 = time.time()
+    train_drafter(target, vq.codebook().detach(), cfg, root / a.loss, progress=False)
+    (root / a.loss / "wall_s.json").write_text(json.dumps({"wall_s": round(time.time() - t0, 1)}))
+
+
+# ----------------------------------------------------------------------------- decode
+
+def target_entropy(target, tokens: torch.Tensor, cond: torch.Tensor, sampling: SamplingConfig) -> list:
+    """Per image: the mean over positions of U = H(p) / log V, p the regime's guided, filtered
+    target law given the image's own prefix (tokens: (B, N) samples of that law)."""
+    from lisa_trt.speculative.decode import Guide
+
+    guide = Guide(sampling)
+    null = torch.full_like(cond, target.config.num_classes)
+    with torch.no_grad():
+        c = torch.cat([cond, null]) if guide.cfg else cond
+        raw = target.forward_train(c, guide.dup(tokens)).logits.float()
+        lp = guide(raw).log_softmax(-1)
+    h = -(lp.exp() * lp).nan_to_num(0.0).sum(-1)  # (B, N)
+    return (h / math.log(lp.shape[-1])).mean(-1).tolist()
+
+
+def selection_stats(target, drafter, codebook, tokens: torch.Tensor, cond: torch.Tensor) -> dict:
+    """What LISA's selection sees on these sequences (the trainer's raw target logits, the drafter's
+    step-0 logits, the radius estimated on them as the trainer does on its first batch): mean alpha,
+    the fraction of positions with a non-zero paper score (drafter top-1 outside N), the fraction
+    selected and the share of the loss weight on unselected positions at the last training step
+    (w_veto = 1, q_sel = q_sel_end), for the paper's form and for lisa-ext."""
+    from lisa_trt.train.losses import estimate_radius, joint_topk_kl, lisa_weights, locality_score, loss_recipe
+    from lisa_trt.train.trainer import ttt_unroll
+
+    with torch.no_grad():
+        out = target.forward_train(cond, tokens, taps=True)
+        s_logits = ttt_unroll(drafter, out.taps, tokens, 1)[0][0].flatten(0, 1)  # entry j predicts tokens[:, j + 1]
+        t_logits = out.logits[:, 1:].float().flatten(0, 1)
+        p_t, cb = t_logits.softmax(-1), torch.nn.functional.normalize(codebook.float(), dim=-1)
+        g = torch.exp(-joint_topk_kl(t_logits, s_logits))
+        res = {"positions": len(p_t)}
+        for name in ("lisa-paper", "lisa-ext"):
+            cfg = loss_recipe(name)
+            r = estimate_radius(p_t, cb, cfg.top_kc, cfg.nbhd_size)
+            loc = locality_score(p_t, s_logits, cb, r, cfg.top_kc, cfg.mismatch)
+            w, sel = lisa_weights(loc["score"], g, 1, 1, cfg)
+            res[name] = {"score_nonzero": float((loc["score"] > 0).float().mean()), "selected": float(sel.float().mean()),
+                         "weight_share_unselected": float(w[~sel].sum() / w.sum())}
+        res["alpha"] = float(loc["alpha"].mean())
+    return res
+
+
+def _drafter_source(runs, regime: str, name: str) -> str:
+    """A shipped drafter's name (SHIPPED), else the file `train` wrote for (regime, loss)."""
+    return name if name in SHIPPED else str(Path(runs) / regime / name / "drafter.safetensors")
+
+
+def eagle3_reference(name: str) -> str:
+    """The EAGLE-3-loss drafter a drafter is paired against: the shipped one for shipped drafters."""
+    return "demo-eagle3" if name in SHIPPED else "eagle3"
+
+
+def _points(drafters: list) -> list:
+    """(label, drafter name or None for the oracle, method, SpecConfig overrides)."""
+    pts = [("oracle:exact", None, "exact", {})]
+    for d in drafters:
+        pts += [(f"{d}:exact", d, "exact", {}), (f"{d}:{GASV[0]}", d, "gasv", GASV[1])]
+    return pts
+
+
+def decode(a) -> None:
+    """Every point on the same images (rounds of --batch), JSON rewritten after every round."""
+    from lisa_trt.artifacts import load_drafter_by_name, load_tables_by_name
+    from lisa_trt.demo.registry import load_demo_scorer, load_demo_target, load_demo_vq
+    from lisa_trt.io import write_json
+    from lisa_trt.quality import accuracy
+    from lisa_trt.speculative.decode import SpecConfig, SpeculativeDecoder
+    from lisa_trt.speculative.oracle import oracle_pair
+
+    torch.set_num_threads(1)
+    s = REGIMES[a.regime]
+    target, vq, scorer = load_demo_target(), load_demo_vq(), load_demo_scorer()
+    tables = load_tables_by_name("demo", target)
+    names = [d for d in a.drafters.split(",") if d]
+    drafters = {d: load_drafter_by_name(_drafter_source(a.runs, a.regime, d), target).eval() for d in names}
+    decs = {d: SpeculativeDecoder(target, m, tables) for d, m in drafters.items()}
+    sel = {d: [] for d in names}
+    decs[None] = SpeculativeDecoder(*oracle_pair(target), tables)
+    base = SpecConfig.make(top_k=TREE[0], depth=TREE[1], total_tokens=TREE[2])
+    acc = {p[0]: {"mal": [], "correct": [], "tvd": [], "seconds": 0.0} for p in _points(names)}
+    entropy, t_start, ncls = [], time.time(), target.config.num_classes
+    for i0 in range(0, a.images, a.batch):
+        cond = torch.arange(i0, min(i0 + a.batch, a.images)) % ncls
+        for label, d, method, over in _points(names):
+            t0 = time.perf_counter()
+            toks, st = decs[d].generate(cond, sampling=s, spec=base.replace(method=method, **over), seed=a.seed + i0)
+            acc[label]["seconds"] += time.perf_counter() - t0
+            acc[label]["mal"] += [round(st.row(b)["mal"], 4) for b in range(len(cond))]
+            acc[label]["tvd"] += [st.row(b)["mean_tvd"] for b in range(len(cond))]
+            acc[label]["correct"] += _correct(scorer, vq, toks, cond, target.config.grid_size)
+            if d is None:  # the oracle's samples are the regime's law (lossless): U and LISA's view of them
+                _observe(target, vq, drafters, toks, cond, s, entropy, sel)
+        write_json(a.json, dict(_decode_report(a, s, acc, entropy, time.time() - t_start, accuracy),
+                                lisa_selection={n: _pool(v) for n, v in sel.items()}))
+        print(f"{len(entropy)} images, {time.time() - t_start:.0f} s", flush=True)
+
+
+def _observe(target, vq, drafters: dict, toks, cond, s, entropy: list, sel: dict) -> None:
+    """Append the images' U to `entropy` and each drafter's selection_stats to sel[drafter]."""
+    entropy += [round(u, 5) for u in target_entropy(target, toks, cond, s)]
+    for name, m in drafters.items():
+        sel[name].append(selection_stats(target, m, vq.codebook().detach(), toks, cond))
+
+
+def _pool(stats: list) -> dict:
+    """Position-weighted means of selection_stats over batches (nested dicts pooled key by key)."""
+    n = sum(x["positions"] for x in stats)
+
+    def mean(key):
+        if isinstance(stats[0][key], dict):
+            return _pool([dict(x[key], positions=x["positions"]) for x in stats])
+        return sum(x[key] * x["positions"] for x in stats) / n
+
+    return {k: mean(k) for k in stats[0] if k != "positions"} | {"positions": n}
+
+
+def _correct(scorer, vq, toks, cond, g) -> list:
+    """Per image 1.0 when the demo scorer classifies the decoded image as its prompt's class."""
+    from lisa_trt.demo.scorer import extract
+
+    with torch.no_grad():
+        img = vq.decode_code(toks, (toks.shape[0], vq.config.codebook_embed_dim, g, g)).clamp(-1, 1)
+    return (extract(scorer, img)[1].argmax(-1) == cond).float().tolist()
+
+
+def _decode_report(a, s, acc, entropy, elapsed, accuracy) -> dict:
+    res = {}
+    for label, r in acc.items():
+        n = len(r["mal"])
+        mal = sum(r["mal"]) / n
+        se = math.sqrt(sum((x - mal) ** 2 for x in r["mal"]) / (n - 1) / n) if n > 1 else None
+        ca = sum(r["correct"]) / n
+        res[label] = {"images": n, "mal": mal, "mal_se": se, "mal_per_image": r["mal"],
+                      "class_acc": ca, "class_acc_se": math.sqrt(ca * (1 - ca) / n),
+                      "mean_tvd": sum(r["tvd"]) / n, "cpu_seconds_per_image_batched": r["seconds"] / n}
+    return {"settings": {"regime": a.regime, "sampling": dataclasses.asdict(s), "tree": list(TREE), "seed": a.seed,
+                         "images": len(entropy), "batch": a.batch, "elapsed_s": round(elapsed, 1),
+                         "command": " ".join(["python"] + sys.argv)},
+            "target_entropy_U": {"mean": sum(entropy) / len(entropy), "per_image": entropy},
+            "results": res}
+
+
+def view(a) -> None:
+    """Without decoding: the regime's U and LISA's selection statistics on --images vanilla samples."""
+    from lisa_trt.artifacts import load_drafter_by_name
+    from lisa_trt.demo.registry import load_demo_target, load_demo_vq
+    from lisa_trt.io import write_json
+    from lisa_trt.speculative.autoregressive import generate
+
+    torch.set_num_threads(1)
+    s, t0 = REGIMES[a.regime], time.time()
+    target, vq = load_demo_target(), load_demo_vq()
+    drafters = {d: load_drafter_by_name(_drafter_source(a.runs, a.regime, d), target).eval()
+                for d in a.drafters.split(",") if d}
+    entropy, sel = [], {d: [] for d in drafters}
+    for i0 in range(0, a.images, a.batch):
+        cond = torch.arange(i0, min(i0 + a.batch, a.images)) % target.config.num_classes
+        _observe(target, vq, drafters, generate(target, cond, seed=a.seed + i0, **dataclasses.asdict(s)), cond, s,
+                 entropy, sel)
+    write_json(a.json, {"settings": {"regime": a.regime, "sampling": dataclasses.asdict(s), "images": len(entropy),
+                                     "seed": a.seed, "elapsed_s": round(time.time() - t0, 1),
+                                     "command": " ".join(["python"] + sys.argv)},
+                        "target_entropy_U": {"mean": sum(entropy) / len(entropy), "per_image": entropy},
+                        "lisa_selection": {d: _pool(v) for d, v in sel.items()}})
+
+
+# ----------------------------------------------------------------------------- report
+
+def training_stats(run: Path) -> dict:
+    """A training run's wall time, steps and LISA diagnostics (step-0 means over the logged second half)."""
+    recs = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    recs = [r for r in recs if "loss" in r]
+    late = recs[len(recs) // 2:]
+
+    def mean(key):
+        vals = [r[key] for r in late if key in r]
+        return sum(vals) / len(vals) if vals else None
+
+    top1_out = mean("in_nbhd_0")
+    wall = run / "wall_s.json"
+    return {"steps": recs[-1]["step"], "wall_s": json.loads(wall.read_text())["wall_s"] if wall.is_file() else None,
+            "sel_frac": mean("sel_frac_0"), "top1_outside_nbhd": None if top1_out is None else 1 - top1_out,
+            "alpha": mean("alpha_0"), "ce_0": mean("ce_0"),
+            "held_out": json.loads((run / "eval.json").read_text()) if (run / "eval.json").is_file() else None}
+
+
+def from_ablation(path) -> dict:
+    """The deployment regime t1.0-cfg2 from bench/lisa_ablation.json (the shipped drafters' 256
+    images, decoded by gasv_frontier.py with its own seeds) as a decode file (no U: a `view` run
+    of the regime adds it)."""
+    ab = json.loads(Path(path).read_text())
+    names = {"eagle3-1600": "demo-eagle3", "lisa-1600": "demo-lisa"}
+    res = {"oracle:exact": ab["results"]["oracle"]}
+    for label, r in ab["results"].items():
+        name, _, rule = label.partition(":")
+        if name in names:
+            res[f"{names[name]}:{rule}"] = r
+    return {"settings": {"regime": "t1.0-cfg2", "sampling": ab["settings"]["sampling"],
+                         "images": ab["results"]["oracle"]["images"], "decoded_by": str(path)}, "results": res}
+
+
+def mean_se(xs: list) -> tuple:
+    m = sum(xs) / len(xs)
+    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+
+
+def summarize_regime(dec: dict, runs: Path) -> dict:
+    """One regime's rows: MAL +- SE, efficiency vs the oracle (exact), paired difference to the
+    EAGLE-3-loss drafter; U over the oracle's samples when the decode file has it."""
+    ab = _bench_module("lisa_ablation")
+    res, o = dec["results"], dec["results"]["oracle:exact"]
+    out = {"sampling": dec["settings"]["sampling"], "images": dec["settings"]["images"],
+           "oracle_mal": o["mal"], "oracle_mal_se": o["mal_se"], "oracle_class_acc": o["class_acc"],
+           "oracle_class_acc_se": o["class_acc_se"], "drafters": {}, "rows": {}}
+    if "target_entropy_U" in dec:
+        out["U"], out["U_se"] = mean_se(dec["target_entropy_U"]["per_image"])
+    for label, r in res.items():
+        name, rule = label.split(":", 1)
+        if name == "oracle":
+            continue
+        row = {k: r[k] for k in ("mal", "mal_se", "class_acc", "class_acc_se", "mean_tvd", "images")}
+        if rule == "exact":
+            row["efficiency"] = sum(r["mal_per_image"]) / sum(o["mal_per_image"])
+            row["efficiency_se"] = ab.ratio_se(r["mal_per_image"], o["mal_per_image"])
+        ref = res.get(f"{eagle3_reference(name)}:{rule}")
+        if ref is not None and name != eagle3_reference(name):
+            row["vs_eagle3"] = ab.paired(r["mal_per_image"], ref["mal_per_image"])
+        out["rows"][label] = row
+        run = Path(SHIPPED[name]) if name in SHIPPED else runs / dec["settings"]["regime"] / name
+        if name not in out["drafters"] and (run / "metrics.jsonl").is_file():
+            out["drafters"][name] = training_stats(run)
+    return out
+
+
+def add_view(summary: dict, v: dict) -> None:
+    """A `view` file's U and LISA selection statistics into its regime's entry (made if absent)."""
+    reg = summary.setdefault(v["settings"]["regime"], {"sampling": v["settings"]["sampling"], "rows": {}})
+    u, se = mean_se(v["target_entropy_U"]["per_image"])
+    reg["view"] = {"images": v["settings"]["images"], "U": u, "U_se": se, "lisa_selection": v["lisa_selection"]}
+    reg.setdefault("U", u)
+    reg.setdefault("U_se", se)
+
+
+def markdown(summary: dict) -> str:
+    """The loss x regime x rule table (Markdown)."""
+    out = ["| regime | U +- SE | drafter | score > 0 / selected | rule | MAL +- SE | efficiency | "
+           "d vs EAGLE-3 loss (paired) | class acc |", "|" + "---|" * 9]
+    for reg, s in summary.items():
+        if "oracle_mal" not in s:  # a regime with a view only
+            out.append(f"| {reg} | {s['U']:.3f} +- {s['U_se']:.3f} | (not decoded) | | | | | | |")
+            continue
+        out.append(f"| {reg} | {s['U']:.3f} +- {s['U_se']:.3f} | oracle | | exact | {s['oracle_mal']:.3f} +- "
+                   f"{s['oracle_mal_se']:.3f} | 1 | | {s['oracle_class_acc']:.3f} +- {s['oracle_class_acc_se']:.3f} |")
+        for label, r in s["rows"].items():
+            name, rule = label.split(":", 1)
+            v = s.get("view", {}).get("lisa_selection", {}).get(name, {}).get("lisa-paper")
+            sel = f"{v['score_nonzero']:.3f} / {v['selected']:.3f}" if v and rule == "exact" else ""
+            eff = f"{r['efficiency']:.3f} +- {r['efficiency_se']:.3f}" if "efficiency" in r else ""
+            p = r.get("vs_eagle3")
+            d = f"{p['diff']:+.3f} +- {p['se']:.3f}{' *' if p['beyond_2se'] else ''}" if p else ""
+            out.append(f"| {reg} | | {name} | {sel} | {rule} | {r['mal']:.3f} +- "
+                       f"{r['mal_se']:.3f} | {eff} | {d} | {r['class_acc']:.3f} +- {r['class_acc_se']:.3f} |")
+    out.append("\n`*`: paired difference beyond 2 standard errors.")
+    return "\n".join(out)
+
+
+def _plot_rule(ax, summary: dict, rule: str) -> None:
+    """MAL (2 SE bars) against U for every drafter decoded with `rule` (and the oracle, exact)."""
+    decoded = {r: s for r, s in summary.items() if s["rows"]}
+    names = sorted({lab.split(":")[0] for s in decoded.values() for lab in s["rows"] if lab.endswith(":" + rule)})
+    for i, name in enumerate(names):
+        pts = sorted((s["U"], s["rows"][f"{name}:{rule}"]) for s in decoded.values() if f"{name}:{rule}" in s["rows"])
+        ax.errorbar([u + 0.004 * i for u, _ in pts], [r["mal"] for _, r in pts], yerr=[2 * r["mal_se"] for _, r in pts],
+                    marker="o", capsize=3, label=name)
+    if rule == "exact":
+        pts = sorted((s["U"], s["oracle_mal"], s["oracle_mal_se"]) for s in decoded.values())
+        ax.errorbar([q[0] - 0.004 for q in pts], [q[1] for q in pts], yerr=[2 * q[2] for q in pts], color="k", ls="--",
+                    marker="s", capsize=3, label="oracle drafter")
+    for reg, s in decoded.items():
+        ax.annotate(reg, (s["U"], 0.02), xycoords=("data", "axes fraction"), fontsize=7)
+    ax.set_xlabel("target entropy U = H(p) / log V (mean over positions)")
+    ax.set_ylabel("MAL (bars: 2 SE over images, unpaired)")
+    ax.set_title(rule, fontsize=9)
+    ax.legend(fontsize=7)
+
+
+def _plot_selection(ax, summary: dict) -> None:
+    """LISA's view of each regime (demo-lisa's step-0 logits): positions with a non-zero paper score,
+    and the share of the loss weight left on unselected positions (paper form vs lisa-ext)."""
+    pts = sorted((s["view"]["U"], s["view"]["lisa_selection"]["demo-lisa"]) for s in summary.values()
+                 if "demo-lisa" in s.get("view", {}).get("lisa_selection", {}))
+    u = [q[0] for q in pts]
+    ax.plot(u, [q[1]["lisa-paper"]["score_nonzero"] for q in pts], "o-", label="paper: score > 0 (= selected)")
+    ax.plot(u, [q[1]["lisa-paper"]["weight_share_unselected"] for q in pts], "s--", label="paper: weight on unselected")
+    ax.plot(u, [q[1]["lisa-ext"]["weight_share_unselected"] for q in pts], "^--", label="lisa-ext: weight on unselected")
+    ax.set_xlabel("target entropy U (vanilla samples of the regime)")
+    ax.set_ylabel("fraction of positions / of the loss weight")
+    ax.set_title("what LISA's selection sees (demo-lisa, last-step schedule)", fontsize=9)
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+
+
+def plot(summary: dict, path: Path) -> None:
+    """One panel per verification rule (MAL against U), then LISA's selection statistics against U."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lisa_trt.io import atomic_write
+
+    rules = sorted({lab.split(":", 1)[1] for s in summary.values() for lab in s["rows"]}, key=lambda r: r != "exact")
+    fig, axes = plt.subplots(1, len(rules) + 1, figsize=(5.5 * (len(rules) + 1), 4), squeeze=False)
+    for ax, rule in zip(axes[0], rules):
+        _plot_rule(ax, summary, rule)
+    _plot_selection(axes[0][-1], summary)
+    fig.suptitle("LISA vs EAGLE-3 loss across sampling regimes (demo model; shipped drafters, 1,600 steps each)",
+                 fontsize=9)
+    fig.tight_layout()
+    with atomic_write(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+
+
+def report(a) -> None:
+    """Join the decode files (one per regime) into --json (+ --plot) and print the table."""
+    from lisa_trt.io import write_json
+
+    files = [json.loads(Path(f).read_text()) for f in a.files]
+    decs = ([from_ablation(a.ablation)] if a.ablation else []) + [f for f in files if "results" in f]
+    summary = {d["settings"]["regime"]: summarize_regime(d, Path(a.runs)) for d in decs}
+    for v in (f for f in files if "results" not in f):
+        add_view(summary, v)
+    summary = dict(sorted(summary.items(), key=lambda kv: kv[1]["U"]))
+    notes = json.loads(Path(a.notes).read_text()) if a.notes else {}
+    write_json(a.json, {"settings": {"command": " ".join(["python"] + sys.argv), **notes},
+                        "summary": summary, "decode_runs": decs})
+    if a.plot:
+        plot(summary, Path(a.plot))
+    print(markdown(summary))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("--regime", choices=sorted(REGIMES), required=True)
+    t.add_argument("--loss", required=True, help="a recipe of lisa_trt.train.losses.LOSS_RECIPES")
+    t.add_argument("--runs", default="runs/regimes")
+    t.add_argument("--steps", type=int, default=300)
+    t.add_argument("--batch-size", type=int, default=16)
+    t.add_argument("--num-samples", type=int, default=1024)
+    t.add_argument("--ttt-steps", type=int, default=4)
+    t.add_argument("--seed", type=int, default=0)
+    d = sub.add_parser("decode")
+    d.add_argument("--regime", choices=sorted(REGIMES), required=True)
+    d.add_argument("--runs", default="runs/regimes")
+    d.add_argument("--drafters", required=True, help="comma-separated loss names trained in RUNS/REGIME")
+    d.add_argument("--images", type=int, default=128)
+    d.add_argument("--batch", type=int, default=32)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--json", required=True)
+    v = sub.add_parser("view")
+    v.add_argument("--regime", choices=sorted(REGIMES), required=True)
+    v.add_argument("--runs", default="runs/regimes")
+    v.add_argument("--drafters", default="demo-eagle3,demo-lisa")
+    v.add_argument("--images", type=int, default=64)
+    v.add_argument("--batch", type=int, default=32)
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--json", required=True)
+    r = sub.add_parser("report")
+    r.add_argument("files", nargs="+")
+    r.add_argument("--runs", default="runs/regimes")
+    r.add_argument("--json", required=True)
+    r.add_argument("--plot", default=None)
+    r.add_argument("--notes", default=None, help="a JSON file of settings to record (machine state, budget)")
+    r.add_argument("--ablation", default=None, metavar="JSON",
+                   help="add t1.0-cfg2 (the shipped drafters) from bench/lisa_ablation.json")
+    a = ap.parse_args(argv)
+    {"train": train, "decode": decode, "view": view, "report": report}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    main()
