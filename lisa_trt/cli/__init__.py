@@ -5,7 +5,7 @@
     train.py      train                         export.py     export, build, plan, quantize-trt
     run.py        run                           bench.py        bench
     misc.py       convert, random-checkpoint, demo
-    (lisa_trt/text/cli.py: encode-captions; lisa_trt/serve/cli.py: serve, triton-repo)
+    (lisa_trt/text/cli.py: encode-captions; lisa_trt/serve/cli.py: serve, triton-repo, openai-api)
 
 A command parses its options, makes the run context once (runtime/context.py `resolve`) and
 calls one entry (runtime/commands/, harness.py `bench_command`, runtime/demo.py `run_demo`);
@@ -59,7 +59,7 @@ def _register(group: click.Group) -> None:
         for command in module.COMMANDS:
             group.add_command(command)
     group.add_command(encode_captions)  # t2i: captions -> T5 features
-    register_serve(group)  # serve, triton-repo
+    register_serve(group)  # serve, triton-repo, openai-api
 
 
 _register(main)
