@@ -18,9 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
-
-from ..errors import InputError
+from ..errors import InputError  # no torch at import: serve's CLI reads these before any model loads
 
 
 class Conditioning:
@@ -28,7 +26,7 @@ class Conditioning:
 
     kind = "?"
 
-    def random(self, n: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    def random(self, n: int, generator=None):
         """`n` random conditions (calibration rollouts without given ones); InputError naming what
         to pass when this kind cannot be drawn at random."""
         raise InputError(f"{self.kind} conditions cannot be drawn at random: {self.what_to_pass}")
@@ -43,7 +41,10 @@ class ClassLabels(Conditioning):
     num_classes: Optional[int] = None
     kind = "class"
 
-    def random(self, n: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    def random(self, n: int, generator=None):
+        """(n,) LongTensor of class ids in 0..num_classes-1 (never the null id)."""
+        import torch
+
         if not self.num_classes:
             raise InputError("the number of classes is unknown here; load the target first")
         return torch.randint(0, self.num_classes, (n,), generator=generator)

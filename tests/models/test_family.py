@@ -52,7 +52,7 @@ def test_the_family_answers_caption_shape_and_the_tiny_test_targets():
 
 
 def test_unknown_model_types_name_the_registered_ones():
-    with pytest.raises(F.UnknownModelTypeError, match="c2i, chameleon, janus, t2i"):
+    with pytest.raises(F.UnknownModelTypeError, match="c2i, chameleon, emu3, janus, t2i"):
         F.family_of("x2i")
     assert issubclass(F.UnknownModelTypeError, ConfigError)
     from lisa_trt.families.llamagen.model import Transformer
