@@ -105,3 +105,20 @@ def test_the_train_cli_offers_every_recipe():
 
     choices = next(p for p in train.params if p.name == "loss").type.choices
     assert set(choices) == set(L.LOSS_RECIPES) and len(choices) == len(L.LOSS_RECIPES)
+
+
+@pytest.mark.parametrize("loss", ["lisa", "lisa-soft", "lisa-ext"])
+def test_every_lisa_recipe_without_a_codebook_is_refused_before_training(monkeypatch, loss):
+    """`lisa-trt train --loss lisa-*` on a family with no decoder: a clear error naming --vq,
+    not a training run that fails later; the EAGLE losses train without one."""
+    from types import SimpleNamespace
+
+    import lisa_trt.artifacts as A
+    from lisa_trt.errors import InputError
+    from lisa_trt.runtime.commands.train import _codebook
+
+    monkeypatch.setattr(A, "find_vq", lambda *a, **k: (None, "no DIR/vqgan/"))
+    rc = SimpleNamespace(source="x", family=SimpleNamespace())
+    with pytest.raises(InputError, match="needs the VQ codebook: pass --vq"):
+        _codebook(rc, None, None, loss)
+    assert _codebook(rc, None, None, "eagle3") == (None, None)

@@ -184,7 +184,9 @@ def _codebook(rc, vq, vq_config, loss: str) -> tuple:
         return vqm, rc.family.codebook(vqm)
     if why is None:
         raise InputError("training needs the VQ codebook (LISA locality geometry): pass --vq")
-    if loss == "lisa":
+    from ...train.losses import loss_recipe
+
+    if loss_recipe(loss).kind == "lisa":  # every lisa-* recipe reads the codebook
         raise InputError(f"the LISA loss needs the VQ codebook: pass --vq FOLDER, put the decoder beside the "
                          f"model, or train with --loss eagle3 ({why})")
     return None, None
