@@ -17,7 +17,7 @@ import torch
 from ..errors import ConfigError, InputError
 from ..models.conditioning import TextPrompts
 from ..models.family import ModelFamily, SequenceLayout, SubVocab
-from ..models.prompts import Prompts
+from ..models.prompts import Prompts, with_mask
 
 
 def token_code_lut(vocab: dict, vocab_size: int) -> torch.Tensor:
@@ -142,12 +142,7 @@ class VocabPromptFamily(ModelFamily):
 
     def generation_inputs(self, target, cond, attention_mask=None, negative=None, negative_mask=None):
         """The prompt as Prompts (attention_mask folded in), its CFG rows `negative` when given."""
-        if attention_mask is not None:
-            if not torch.is_tensor(cond):
-                raise InputError("attention_mask goes with prompt ids (B, T) passed alone; a condition pair "
-                                 "(ids, mask) already carries its mask")
-            cond = (cond, attention_mask)
-        p = Prompts.of(cond)
+        p = Prompts.of(with_mask(cond, attention_mask))
         if negative is not None:
             neg = Prompts.of(negative if negative_mask is None else (negative, negative_mask))
             if neg.batch != p.batch:

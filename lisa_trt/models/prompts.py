@@ -65,6 +65,17 @@ class Prompts:
         return Prompts(torch.cat([a, b]), torch.cat([av, bv]))
 
 
+def with_mask(cond, attention_mask=None):
+    """Prompt ids (B, T) and an attention mask -> the condition pair (ids, mask); `cond` as is
+    without a mask. InputError when a pair that already carries its mask gets another."""
+    if attention_mask is None:
+        return cond
+    if not torch.is_tensor(cond):
+        raise InputError("attention_mask goes with prompt ids (B, T) passed alone; a condition pair "
+                         "(ids, mask) already carries its mask")
+    return cond, attention_mask
+
+
 def prefill_plan(input_ids: torch.Tensor, cache, valid: Optional[torch.Tensor] = None):
     """Reset `cache` for a (left-padded) prompt; (slots, positions, mask (B, T, Lmax)) of its tokens.
 

@@ -13,6 +13,7 @@ import torch
 
 from ..errors import InputError
 from ..models.family import SequenceLayout, family_of
+from ..models.prompts import with_mask
 from .sampling import cfg_active, guided_logits, make_generator, process_logits, sample_from_logits
 
 
@@ -83,12 +84,7 @@ def generate(target, cond=None, *, cfg_scale: float = 1.0, temperature: float = 
     Returns:
         LongTensor (B, N) of token ids.
     """
-    cond = cond if cond is not None else input_ids
-    if attention_mask is not None:
-        if not torch.is_tensor(cond):
-            raise InputError("attention_mask goes with prompt ids (B, T) passed alone; a condition pair "
-                             "(ids, mask) already carries its mask")
-        cond = (cond, attention_mask)
+    cond = with_mask(cond if cond is not None else input_ids, attention_mask)
     B = target.check_cond(cond)
     if layout is None:
         layout = layout_for(target, num_tokens if num_tokens is not None else max_new_tokens, image_tokens_only)
