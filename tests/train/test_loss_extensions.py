@@ -122,3 +122,13 @@ def test_every_lisa_recipe_without_a_codebook_is_refused_before_training(monkeyp
     with pytest.raises(InputError, match="needs the VQ codebook: pass --vq"):
         _codebook(rc, None, None, loss)
     assert _codebook(rc, None, None, "eagle3") == (None, None)
+
+
+def test_the_cli_loss_choices_are_the_recipes():
+    """`lisa-trt train --loss` lists exactly the recipes loss_recipe knows (the CLI keeps its own
+    list so that --help imports no torch)."""
+    from lisa_trt.cli.train import train as train_cmd
+    from lisa_trt.train.losses import LOSS_RECIPES
+
+    (opt,) = [p for p in train_cmd.params if p.name == "loss"]
+    assert set(opt.type.choices) == set(LOSS_RECIPES)
