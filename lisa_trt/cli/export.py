@@ -50,23 +50,28 @@ def export_cmd(model, model_cfg, drafter, tables, vq, vq_config, out_dir, fp16, 
 @click.option("--timing-cache", default=None, type=click.Path(), help="Reuse/update a TensorRT timing cache.")
 @click.option("--refit", is_flag=True, help="Build refittable engines (weight swaps without rebuild).")
 @opt.workspace_option("Builder workspace limit in MiB.")
+@click.option("--attention", type=click.Choice(["auto", "op", "plain"]), default="auto", show_default=True,
+              help="auto: build a one-node graph of each Attention first, plain ops (MatMul / Softmax fp32) "
+                   "for a graph whose probe TensorRT refuses, with a warning; op: a refused probe stops the "
+                   "build; plain: attention as plain ops, no probe (docs/tensorrt.md).")
 @click.option("--dry-run", is_flag=True, help="Check compatibility and print the profiles; build nothing.")
 @opt.device_options("Check the memory plan against this GPU first (default: the visible CUDA device).")
 @handle_errors
-def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, dry_run, gpu, memory_gib):
+def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, attention, dry_run, gpu, memory_gib):
     """TensorRT engines for every graph of an exported bundle (Polygraphy loaders, strongly typed).
 
     Needs TensorRT and an NVIDIA GPU; without them it says what is missing and how to run the
     bundle through ONNX Runtime instead (`lisa-trt run ENGINE_DIR PROMPTS --backend ort`).
     Before any TensorRT work the memory plan (`lisa-trt plan ENGINE_DIR`) is checked against
-    --gpu / --memory-gib or the visible CUDA device, and a plan that does not fit is refused."""
+    --gpu / --memory-gib or the visible CUDA device, and a plan that does not fit is refused.
+    Then each distinct Attention node is built alone (seconds) before the engines (--attention)."""
     from ..runtime.commands.export import build as entry
     from ..runtime.context import resolve
 
     resolve(engine_dir=engine_dir, backend="trt").run(
         "build", entry, max_batch=max_batch, max_tree=max_tree, timing_cache=timing_cache, refit=refit,
-        workspace=(workspace << 20) if workspace else None, dry_run=dry_run, gpu=gpu, memory_gib=memory_gib,
-        echo=click.echo)
+        workspace=(workspace << 20) if workspace else None, attention=attention, dry_run=dry_run, gpu=gpu,
+        memory_gib=memory_gib, echo=click.echo)
 
 
 @click.command()

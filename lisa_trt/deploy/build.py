@@ -2,10 +2,13 @@
 
     man = read_manifest(dir) ──▶ profiles_from_io_spec(man)  (pure: prefill, tree verification
          │                        S = 1..max_tree in two buckets, batch 1..2*max_batch for CFG)
+         ├─▶ attention_probe.choose_attention  (one-node Attention builds, seconds: --attention
+         │                        auto|op|plain; a refused probe -> plain ops or a stop)
          ├─▶ check_trt_compat(dir)      (CPU: ops, dtypes, io spec, profiles)
          ├─▶ gasv.trt.onnx              (plugins/graph_rewrite: lisa::gasv2 plugin node)
          ├─▶ <graph>.trt.onnx           (fp16: the export without Attention softmax_precision,
-         │                               which the parser refuses; engines/parser_checks.py)
+         │                               which the parser refuses; engines/parser_checks.py;
+         │                               plain attention: engines/attention_ops.plain_attention)
          └─▶ per graph: network_from_onnx_path(strongly_typed=True) ─▶ CreateConfig(profiles,
              timing cache, refit, workspace) ─▶ engine_from_network ─▶ save_engine(<graph>.plan)
     manifest.json["engines"] = {TensorRT version, GPU, profiles, plan sha256, per-profile device
@@ -150,8 +153,8 @@ def _check_buildable(engine_dir, man, names: list) -> None:
 
 def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=None, refit: bool = False,
                   workspace: Optional[int] = None, max_batch: int = 1, max_tree: Optional[int] = None,
-                  graphs: Optional[list] = None, tables=None,
-                  check: bool = True, dry_run: bool = False, progress: bool = True) -> dict:
+                  graphs: Optional[list] = None, tables=None, attention: str = "auto",
+                  check: bool = True, dry_run: bool = False, progress: bool = True, warn=None) -> dict:
     """Build a TensorRT engine for every graph of an exported engine directory.
 
     Args:
@@ -166,15 +169,22 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
             target_prefill that the verify engine replaces and drafter_commit, NOT_BUILT).
         tables: GASV tables for the plugin rewrite (default: the bundle's tables.safetensors, else
             recovered from gasv.onnx); checked against the plain graph in ONNX Runtime.
+        attention: "auto" (probe each distinct Attention node with a one-node build, plain ops for a
+            graph whose probe TensorRT refuses, with a warning), "op" (probe; a refusal stops the
+            build) or "plain" (attention as MatMul / Softmax ops, no probe): deploy/attention_probe.py.
         check: run check_trt_compat first (fails before any TensorRT work).
-        dry_run: check and plan only: no TensorRT needed, nothing written; returns the plan.
+        dry_run: check and plan only: no TensorRT needed, nothing written; returns the plan
+            (the probes run the parser's static checks only).
+        warn: callable for the fall-back warning (default: print to stderr).
     Returns:
         The engines record written to manifest.json["engines"] (dry_run: the plan, unwritten).
     Raises:
         TensorRTUnavailableError / NoCudaDeviceError (what is missing + the ORT alternative),
-        TrtCompatError, EngineBuildError, CheckpointError / ArtifactMismatchError for the directory.
+        TrtCompatError, EngineBuildError (AttentionRefusedError under attention="op"),
+        CheckpointError / ArtifactMismatchError for the directory.
     """
     from ..export.manifest import read_manifest
+    from .attention_probe import choose_attention
     from .trt_lint import check_trt_compat
 
     engine_dir = Path(engine_dir)
@@ -190,16 +200,20 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
         tables = tables_from_bundle(man)  # the bundle's tables.safetensors (None: recover from gasv.onnx)
     if not dry_run and Graph.GASV.value in names:  # gasv.trt.onnx: what the check and the build read
         write_trt_variant(man.graph_path(Graph.GASV), tables=tables)
-    if not dry_run:  # <graph>.trt.onnx: fp16 graphs without the softmax_precision TensorRT refuses
-        write_trt_copies(man, names)
+    if trt is not None and Graph.GASV.value in names:
+        tp.register()  # the parser maps the lisa::gasv2 node to the registered plugin
+    modes, probes = choose_attention(man, names, profiles, attention, build=None if dry_run else build_plan,
+                                     warn=warn or _stderr)
+    if not dry_run:  # <graph>.trt.onnx: plain attention, or fp16 without the softmax_precision TensorRT refuses
+        write_trt_copies(man, names, attention=modes)
     if check:
-        check_trt_compat(engine_dir, profiles=profiles, max_batch=max_batch, graphs=names, tables=tables)
-    plan = {n: {"onnx": trt_onnx_path(man, Graph(n)).name, "plan": f"{n}{PLAN_SUFFIX}",
-                "profiles": [p.to_dict() for p in profiles[n]]} for n in names}
+        check_trt_compat(engine_dir, profiles=profiles, max_batch=max_batch, graphs=names, tables=tables,
+                         attention=modes)
+    plan = {n: {"onnx": trt_onnx_path(man, Graph(n), modes.get(n)).name, "plan": f"{n}{PLAN_SUFFIX}",
+                "profiles": [p.to_dict() for p in profiles[n]], "attention": modes.get(n),
+                **({"attention_probes": probes[n]} if n in probes else {})} for n in names}
     if dry_run:
         return {"format": ENGINES_FORMAT, "dry_run": True, "graphs": plan}
-    if Graph.GASV.value in names:
-        tp.register()  # the parser maps the lisa::gasv2 node to the registered plugin
     bar = _progress(len(names), progress)
     for n in names:
         bar.set_description(f"build {n}")
@@ -214,11 +228,22 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
               "timing_cache": str(timing_cache) if timing_cache else None, "max_batch": max_batch,
               "max_tree": max_tree or man.max_tree,
               "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "graphs": plan}
+    return _write_record(engine_dir, record, partial=bool(graphs))
+
+
+def _write_record(engine_dir: Path, record: dict, *, partial: bool) -> dict:
+    """Write the engines record; a partial rebuild keeps the other graphs' entries."""
     old = engines_record(engine_dir) or {}
-    if old.get("graphs") and graphs:  # partial rebuild: keep the other graphs' entries
-        record["graphs"] = {**old["graphs"], **plan}
+    if old.get("graphs") and partial:
+        record["graphs"] = {**old["graphs"], **record["graphs"]}
     write_engines_record(engine_dir, record)
     return record
+
+
+def _stderr(msg: str) -> None:
+    import sys
+
+    print(msg, file=sys.stderr)
 
 
 def _progress(total: int, enabled: bool):

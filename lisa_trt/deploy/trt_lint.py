@@ -549,7 +549,7 @@ def check_model(model, *, graph: str = "graph", file: str = "", trt_version: tup
 
 def check_trt_compat(engine_dir, *, trt_version: tuple = TRT_MIN_VERSION, profiles: Optional[dict] = None,
                      max_batch: int = 1, graphs: Optional[list] = None, tables=None,
-                     raise_on_error: bool = True) -> CompatReport:
+                     attention: Optional[dict] = None, raise_on_error: bool = True) -> CompatReport:
     """TensorRT compatibility of every graph of an engine directory (CPU only).
 
     The GASV graph is checked in its TensorRT variant (the plugin rewrite, built in memory when
@@ -562,6 +562,8 @@ def check_trt_compat(engine_dir, *, trt_version: tuple = TRT_MIN_VERSION, profil
         max_batch: prompts per call the default profiles cover (CFG doubles the graph batch).
         graphs: graph names to check (default: every graph of the manifest).
         tables: GASV tables for the in-memory plugin rewrite (default: recovered from gasv.onnx).
+        attention: {graph: "op" | "plain"}: check that graph as `lisa-trt build --attention` makes
+            it (default: the written TensorRT file, else the export's Attention op).
         raise_on_error: raise TrtCompatError listing every violation (default).
     Returns:
         CompatReport.
@@ -577,7 +579,7 @@ def check_trt_compat(engine_dir, *, trt_version: tuple = TRT_MIN_VERSION, profil
     report = CompatReport(engine_dir=str(engine_dir), trt_version=tuple(trt_version))
     for name in names:
         entry, graph = man.graphs[name], Graph(name)
-        model, path = trt_graph_model(man, graph, tables=tables)
+        model, path = trt_graph_model(man, graph, tables=tables, attention=(attention or {}).get(name))
         spec = man.spec(graph)
         gc = check_model(model, graph=name, file=Path(path).name, trt_version=tuple(trt_version), spec=spec,
                          dims=dims, precision=entry.precision, profiles=profiles.get(name))

@@ -140,68 +140,77 @@ def _export_needs_trt_copy(path: Path) -> bool:
     return needs_trt_copy(onnx.load(str(path), load_external_data=False))
 
 
-def trt_onnx_path(manifest, graph: Graph) -> Path:
+def trt_onnx_path(manifest, graph: Graph, attention: Optional[str] = None) -> Path:
     """The ONNX file TensorRT builds for a graph: gasv.trt.onnx for GASV; <graph>.trt.onnx for a
-    graph whose export carries what only ONNX Runtime takes (fp16 Attention softmax_precision,
-    parser_checks.needs_trt_copy); the export otherwise."""
+    graph built with attention="plain" (attention_ops.plain_attention) or whose export carries what
+    only ONNX Runtime takes (fp16 Attention softmax_precision, parser_checks.needs_trt_copy); the
+    export otherwise."""
     from .plugins.graph_rewrite import trt_variant_path
 
     path = manifest.graph_path(graph)
-    if graph is Graph.GASV or _export_needs_trt_copy(path):
+    if graph is Graph.GASV or attention == "plain" or _export_needs_trt_copy(path):
         return trt_variant_path(path)
     return path
 
 
-def _trt_copy(path: Path):
-    """The export's graph proto with what the parser refuses stripped (weights stay external)."""
+def trt_copy(path: Path, attention: Optional[str] = None):
+    """The export's graph proto with what the parser refuses stripped (weights stay external);
+    attention="plain": every Attention node as plain ops (attention_ops.plain_attention)."""
     import onnx
 
     from .parser_checks import strip_for_trt
 
     model = onnx.load(str(path), load_external_data=False)
     strip_for_trt(model)
+    if attention == "plain":
+        from .attention_ops import plain_attention
+
+        plain_attention(model)
     return model
 
 
-def write_trt_copies(manifest, graphs) -> list:
+def write_trt_copies(manifest, graphs, attention: Optional[dict] = None) -> list:
     """Write <graph>.trt.onnx beside each export of `graphs` that needs one (not GASV: its plugin
     variant is graph_rewrite.write_trt_variant's). The copy references the export's weight file.
-    Returns the paths written."""
+    attention: {graph: "op" | "plain"} (default "op"). Returns the paths written."""
     from ..io import atomic_write
 
+    attention = attention or {}
     out = []
     for name in graphs:
         graph = Graph(name)
-        dest = trt_onnx_path(manifest, graph)
+        dest = trt_onnx_path(manifest, graph, attention.get(name))
         if graph is Graph.GASV or dest == manifest.graph_path(graph):
             continue
-        model = _trt_copy(manifest.graph_path(graph))
+        model = trt_copy(manifest.graph_path(graph), attention.get(name))
         with atomic_write(dest) as tmp:
             tmp.write_bytes(model.SerializeToString())
         out.append(dest)
     return out
 
 
-def trt_graph_model(manifest, graph: Graph, *, tables=None):
+def trt_graph_model(manifest, graph: Graph, *, tables=None, attention: Optional[str] = None):
     """(onnx.ModelProto, path) of what TensorRT would parse for `graph` (no external weights).
 
-    The written TensorRT file when it exists, else made in memory: for GASV the plugin rewrite
-    (tables: the given ones, else the bundle's tables.safetensors, else recovered from gasv.onnx),
-    for another graph the export stripped of what the parser refuses.
+    attention None: the written TensorRT file when it exists, else made in memory: for GASV the
+    plugin rewrite (tables: the given ones, else the bundle's tables.safetensors, else recovered
+    from gasv.onnx), for another graph the export stripped of what the parser refuses.
+    attention "op" / "plain": a graph other than GASV is made in memory with that attention
+    (a written file may hold the other one).
     """
     import onnx
 
     from .plugins.graph_rewrite import rewrite_gasv, tables_from_bundle
 
-    path = trt_onnx_path(manifest, graph)
-    if path.is_file():
+    path = trt_onnx_path(manifest, graph, attention)
+    if path.is_file() and (attention is None or graph is Graph.GASV):
         return onnx.load(str(path), load_external_data=False), path
     if graph is Graph.GASV:
         if tables is None:
             tables = tables_from_bundle(manifest)
         return rewrite_gasv(manifest.graph_path(graph), tables=tables), path
-    return _trt_copy(manifest.graph_path(graph)), path
+    return trt_copy(manifest.graph_path(graph), attention), path
 
 
-__all__ = ["SEQ_SPLIT", "ProfileSpec", "profiles_from_io_spec", "trt_graph_model", "trt_onnx_path",
+__all__ = ["SEQ_SPLIT", "ProfileSpec", "profiles_from_io_spec", "trt_copy", "trt_graph_model", "trt_onnx_path",
            "write_trt_copies"]

@@ -61,7 +61,8 @@ def _print_export(man, out_dir, echo) -> None:
     echo(f"wrote {out_dir} ({len(man.graphs)} graphs, {man.precision}{q}, opset {man.opset})")
 
 
-def build(rc, *, max_batch, max_tree, timing_cache, refit, workspace, dry_run, gpu, memory_gib, echo, **_):
+def build(rc, *, max_batch, max_tree, timing_cache, refit, workspace, dry_run, gpu, memory_gib, echo,
+          attention="auto", **_):
     """The memory plan checked, then the engines built (deploy/build.py); prints the build record."""
     from ...deploy.build import build_engines
     from ...deploy.memory_plan import preflight
@@ -69,7 +70,8 @@ def build(rc, *, max_batch, max_tree, timing_cache, refit, workspace, dry_run, g
     preflight(rc.source, gpu=gpu, memory_gib=memory_gib, gpu_backend=True, batch=max_batch, tree=max_tree,
               cfg=True, workspace=workspace)  # before any TensorRT work
     rec = build_engines(rc.source, profiles=None, timing_cache=timing_cache, refit=refit, workspace=workspace,
-                        max_batch=max_batch, max_tree=max_tree, dry_run=dry_run)
+                        max_batch=max_batch, max_tree=max_tree, attention=attention, dry_run=dry_run,
+                        warn=lambda msg: echo(msg, err=True))
     echo(json.dumps(rec, indent=2, default=str))
 
 

@@ -1,0 +1,320 @@
+"""Attention for TensorRT (engines/attention_ops.py, deploy/attention_probe.py).
+
+- the plain-ops rewrite computes what ONNX Runtime's Attention computes: single nodes (fp32 /
+  fp16, bool / float / no mask, causal, GQA, 3-D inputs) and whole exported graphs (the tiny c2i
+  bundle fp32 and fp16, a Chameleon token-prompt bundle) run through ORT before and after;
+- the probe graphs and the rewritten graphs pass the parser's static checks (parser_checks) and
+  the TensorRT op table (trt_lint);
+- `lisa-trt build --attention auto|op|plain` over the fake TensorRT core (tests/contract), made to
+  refuse Attention as NVIDIA/TensorRT#4705 does on sm_89: auto builds the plain graph (warning,
+  recorded per engine in the manifest) and the runner decodes with it; op stops after the probe,
+  before any engine build, naming the node and `--attention plain`.
+"""
+
+import copy
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "export"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "tests" / "contract"))
+
+from test_trt_compat import tiny_bundle  # noqa: E402
+
+from lisa_trt.deploy import attention_probe as AP  # noqa: E402
+from lisa_trt.deploy import build as B  # noqa: E402
+from lisa_trt.deploy.trt_lint import check_model  # noqa: E402
+from lisa_trt.engines import attention_ops as A  # noqa: E402
+from lisa_trt.engines.parser_checks import model_errors  # noqa: E402
+from lisa_trt.engines.profiles import trt_copy  # noqa: E402
+from lisa_trt.export.manifest import read_manifest  # noqa: E402
+from lisa_trt.models.io_spec import Graph  # noqa: E402
+
+ort = pytest.importorskip("onnxruntime")
+TOL = {1: 1e-5, 10: 4e-3}  # fp16: a few ulps of outputs ~1
+
+
+def _session(model_or_path):
+    src = str(model_or_path) if isinstance(model_or_path, Path) else model_or_path.SerializeToString()
+    return ort.InferenceSession(src, providers=["CPUExecutionProvider"])
+
+
+def _node_case(dt, hq, hkv, mask, causal, rank, softcap=0.0):
+    """A one-node Attention model (probe_model) and random feeds for it."""
+    rng = np.random.default_rng(hq * 7 + hkv + causal)
+    npdt = np.float16 if dt == 10 else np.float32
+    B_, S, T, D = 2, 3, 5, 8
+    if rank == 4:
+        shapes = [[B_, hq, S, D], [B_, hkv, T, D], [B_, hkv, T, D]]
+        attrs = {}
+    else:
+        shapes = [[B_, S, hq * D], [B_, T, hkv * D], [B_, T, hkv * D]]
+        attrs = {"q_num_heads": hq, "kv_num_heads": hkv}
+    attrs.update(is_causal=causal, softcap=softcap)
+    if dt == 10:
+        attrs["softmax_precision"] = 1  # what the fp16 export sets (ORT honours it; the rewrite always does)
+    ins = [(dt, s) for s in shapes] + [None if mask is None else (9 if mask == "bool" else dt, [B_, 1, S, T])]
+    model = A.probe_model({"node": "att", "inputs": ins, "output": (dt, shapes[0]), "attrs": attrs}, 23)
+    feeds = {n: rng.standard_normal(s).astype(npdt) for n, s in zip("qkv", shapes)}
+    if mask == "bool":
+        m = rng.random((B_, 1, S, T)) < 0.6
+        m[..., 0] = True
+        feeds["mask"] = m
+    elif mask == "float":
+        feeds["mask"] = rng.standard_normal((B_, 1, S, T)).astype(npdt)
+    return model, feeds
+
+
+@pytest.mark.parametrize("dt", [1, 10], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2)], ids=["mha", "gqa"])
+@pytest.mark.parametrize("mask,causal", [("bool", 0), ("float", 0), (None, 1), ("bool", 1)])
+@pytest.mark.parametrize("rank", [4, 3])
+def test_plain_attention_matches_ort_on_one_node(dt, heads, mask, causal, rank):
+    model, feeds = _node_case(dt, *heads, mask, causal, rank)
+    want = _session(model).run(None, feeds)[0]
+    plain = copy.deepcopy(model)
+    assert A.plain_attention(plain) == 1 and not A.attention_nodes(plain)
+    onnx.checker.check_model(plain, full_check=True)
+    got = _session(plain).run(None, feeds)[0]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    err = float(np.abs(got.astype(np.float32) - want.astype(np.float32)).max())
+    assert err < TOL[dt], err
+    # the rewrite passes what TensorRT's parser checks, and only uses ops of its table
+    assert model_errors(plain) == []
+    assert check_model(plain).violations == []
+
+
+def test_the_mask_and_the_grouping_matter():
+    """The single-node comparison can fail: dropping the mask or the GQA head order changes Y."""
+    model, feeds = _node_case(1, 4, 2, "bool", 0, 4)
+    want = _session(model).run(None, feeds)[0]
+    no_mask = dict(feeds, mask=np.ones_like(feeds["mask"]))
+    assert np.abs(_session(model).run(None, no_mask)[0] - want).max() > 1e-3
+    plain = copy.deepcopy(model)
+    A.plain_attention(plain)
+    swapped = dict(feeds, k=feeds["k"][:, ::-1].copy(), v=feeds["v"][:, ::-1].copy())
+    assert np.abs(_session(plain).run(None, swapped)[0] - want).max() > 1e-3
+
+
+def test_refused_forms_say_why():
+    model, _ = _node_case(1, 4, 4, "bool", 0, 4)
+    node = model.graph.node[0]
+    node.input.extend(["past_k", "past_v"])
+    with pytest.raises(A.AttentionRewriteError, match="past_key"):
+        A.plain_attention(model)
+    model, _ = _node_case(1, 4, 4, None, 0, 4)
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "heads"  # head count not static
+    with pytest.raises(A.AttentionRewriteError, match="static"):
+        A.plain_attention(model)
+
+
+# ----------------------------------------------------------------------------- exported graphs
+
+def _feeds(session, batch=2, seq=3):
+    """Random inputs for an exported graph: int64 ids / positions / slots small and distinct per row,
+    bool masks attending the first key, float caches / activations standard normal."""
+    rng = np.random.default_rng(0)
+    out = {}
+    for i in session.get_inputs():
+        shape = [d if isinstance(d, int) else (batch if "batch" in str(d) else seq) for d in i.shape]
+        n = int(np.prod(shape))
+        if i.type == "tensor(int64)":
+            out[i.name] = (np.arange(n) % max(1, shape[-1] + 1)).reshape(shape).astype(np.int64)
+        elif i.type == "tensor(bool)":
+            m = rng.random(shape) < 0.7
+            m[..., 0] = True
+            out[i.name] = m
+        else:
+            dt = np.float16 if i.type == "tensor(float16)" else np.float32
+            out[i.name] = rng.standard_normal(shape).astype(dt)
+    return out
+
+
+def _compare_graph(man, graph: Graph) -> float:
+    """max |ORT(plain rewrite) - ORT(export)| over the graph's outputs."""
+    src = man.graph_path(graph)
+    plain = trt_copy(src, "plain")
+    assert A.attention_nodes(onnx.load(str(src), load_external_data=False)) and not A.attention_nodes(plain)
+    assert model_errors(plain) == []
+    dest = src.with_name(src.name.replace(".onnx", ".plain-test.onnx"))  # beside the export: its weights
+    onnx.save(plain, str(dest))
+    try:
+        ref, new = _session(src), _session(dest)
+        feeds = _feeds(ref)
+        want, got = ref.run(None, feeds), new.run(None, feeds)
+    finally:
+        dest.unlink()
+    errs = [float(np.abs(g.astype(np.float64) - w.astype(np.float64)).max()) for g, w in zip(got, want)
+            if np.issubdtype(w.dtype, np.floating)]
+    assert all(np.isfinite(errs)) and errs
+    return max(errs)
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return tiny_bundle(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def bundle16(tmp_path_factory):
+    from export_artifacts import make_artifacts
+
+    from lisa_trt.export import export_bundle
+
+    a = make_artifacts()
+    out = tmp_path_factory.mktemp("att16") / "eng"
+    export_bundle(a["target"], a["drafter"], a["tables"], a["vq"], out, max_tree=16, validate=False, lint=False,
+                  progress=False, fp16=True)
+    return out
+
+
+@pytest.mark.parametrize("graph", [Graph.TARGET_VERIFY, Graph.DRAFTER_STEP])
+def test_plain_graph_matches_ort_on_the_tiny_bundle(bundle, graph):
+    assert _compare_graph(read_manifest(bundle), graph) < 1e-4
+
+
+@pytest.mark.slow  # an fp16 export of the tiny bundle
+@pytest.mark.parametrize("graph", [Graph.TARGET_VERIFY, Graph.DRAFTER_STEP])
+def test_plain_graph_matches_ort_on_the_fp16_tiny_bundle(bundle16, graph):
+    assert _compare_graph(read_manifest(bundle16), graph) < 3e-2  # fp16 logits ~10: a few ulps
+
+
+@pytest.mark.slow
+def test_plain_graph_matches_ort_on_a_token_prompt_bundle(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from chameleon_bundle import export_cli, export_kwargs, make_chameleon_artifacts
+
+    root = tmp_path_factory.mktemp("att_cham")
+    art = make_chameleon_artifacts(root / "art")
+    for prec, tol in (("fp32", 1e-4), ("fp16", 3e-2)):
+        man = export_cli(art["model_dir"], root / prec, **export_kwargs(art, validate=False, fp16=prec == "fp16"))
+        assert _compare_graph(man, Graph.TARGET_VERIFY) < tol, prec
+
+
+# ----------------------------------------------------------------------------- probes
+
+def test_probe_specs_and_profiles_follow_the_graph(bundle):
+    man = read_manifest(bundle)
+    model = trt_copy(man.graph_path(Graph.TARGET_VERIFY))
+    specs = A.probe_specs(model)
+    n_layers = len(A.attention_nodes(model))
+    assert len(specs) == 1 and specs[0]["nodes"] == n_layers > 1  # the layers' Attention nodes are alike
+    q, k, v, mask = specs[0]["inputs"]
+    assert mask[0] == 9 and q[1][0] == "batch" and q[1][2] == "seq" and isinstance(k[1][2], int)
+    probe = A.probe_model(specs[0], 23)
+    assert [n.op_type for n in probe.graph.node] == ["Attention"] and model_errors(probe) == []
+    profs = B.profiles_from_io_spec(man, max_batch=2)[Graph.TARGET_VERIFY.value]
+    pp = A.probe_profiles(probe, model, profs)
+    ids = [p.shapes["input_ids"] for p in profs]
+    for one, want in zip(pp, ids):  # batch and seq ranges are the graph's input_ids ranges
+        assert [s[0] for s in one["q"]] == [w[0] for w in want] and [s[2] for s in one["q"]] == [w[1] for w in want]
+    assert check_model(probe, profiles=[B.ProfileSpec(str(i), p) for i, p in enumerate(pp)]).violations == []
+
+
+def test_dry_run_probe_runs_the_parsers_static_checks(bundle, monkeypatch):
+    """Without TensorRT the probe is the parser's static checks on the one-node graph: a checker
+    that refuses Attention fails `--attention op` at once and makes `auto` plan plain graphs."""
+    from lisa_trt.engines import parser_checks as pc
+
+    rec = B.build_engines(bundle, dry_run=True, progress=False)
+    assert rec["graphs"]["target_verify"]["attention"] == "op"
+    assert all(p["ok"] for p in rec["graphs"]["target_verify"]["attention_probes"])
+    assert rec["graphs"]["vq_decode"]["attention"] is None  # no Attention in it
+    monkeypatch.setitem(pc.CHECKERS, "Attention", lambda n, a, o: ["Attention is not supported (test)."])
+    with pytest.raises(AP.AttentionRefusedError, match=r"node_scaled_dot_product_attention.*--attention plain"):
+        B.build_engines(bundle, dry_run=True, progress=False, attention="op")
+    warned = []
+    rec = B.build_engines(bundle, dry_run=True, progress=False, attention="auto", warn=warned.append)
+    g = rec["graphs"]["target_verify"]
+    assert g["attention"] == "plain" and g["onnx"] == "target_verify.trt.onnx" and not g["attention_probes"][0]["ok"]
+    assert any("target_verify" in w and "plain ops" in w for w in warned)
+
+
+def test_unknown_attention_mode_is_refused(bundle):
+    from click.testing import CliRunner
+
+    from lisa_trt.cli import main
+
+    with pytest.raises(B.InputError, match="auto, op, plain"):
+        B.build_engines(bundle, dry_run=True, attention="fast")
+    res = CliRunner().invoke(main, ["build", str(bundle), "--dry-run", "--attention", "fast"])
+    assert res.exit_code == 2 and "--attention" in res.output
+
+
+# ----------------------------------------------------------------------------- fake TensorRT
+
+def _refusing_builder(trt_fake, monkeypatch):
+    """The fake builder fails any network holding an ONNX Attention node, as TensorRT 10.14 does
+    for a strongly typed opset-23 Attention on an RTX 4080 (NVIDIA/TensorRT#4705): the parse
+    succeeds, build_serialized_network returns None (NvInfer.h: "nullptr on failure")."""
+    real = trt_fake.Builder.build_serialized_network
+
+    def build(self, network, config):
+        model = onnx.load(network.onnx, load_external_data=False)
+        if A.attention_nodes(model):
+            self.logger.log(trt_fake.trt_core.Logger.ERROR, "Could not find any implementation for node "
+                            f"{A.attention_nodes(model)[0].name} [Attention] (test: NVIDIA/TensorRT#4705)")
+            return None
+        return real(self, network, config)
+
+    monkeypatch.setattr(trt_fake.Builder, "build_serialized_network", build)
+
+
+@pytest.fixture
+def refusing(bundle, tmp_path, monkeypatch, request):
+    import test_build as TB
+    import trt_fake
+
+    fake = TB.FakeTRT()
+    TB._install(fake, monkeypatch, request)
+    _refusing_builder(trt_fake, monkeypatch)
+    d = tmp_path / "engines"
+    shutil.copytree(bundle, d)
+    return fake, d
+
+
+def test_refused_attention_falls_back_to_plain_ops_end_to_end(refusing):
+    import torch
+    from export_artifacts import make_artifacts
+
+    from lisa_trt.engines import trt as T
+
+    fake, d = refusing
+    man = read_manifest(d)
+    profiles = B.profiles_from_io_spec(man, seq_split=4)
+    with pytest.raises(AP.AttentionRefusedError, match="--attention plain") as e:
+        B.build_engines(d, profiles=profiles, progress=False, attention="op")
+    assert "node_scaled_dot_product_attention" in str(e.value) and "target_verify" in str(e.value)
+    assert not list(d.glob("*.plan")) and B.engines_record(d) is None  # refused before any engine build
+    warned = []
+    rec = B.build_engines(d, profiles=profiles, progress=False, attention="auto", warn=warned.append)
+    for g in ("target_verify", "drafter_step"):
+        assert rec["graphs"][g]["attention"] == "plain" and rec["graphs"][g]["onnx"] == f"{g}.trt.onnx"
+        assert not A.attention_nodes(onnx.load(str(d / f"{g}.trt.onnx"), load_external_data=False))
+    assert rec["graphs"]["vq_decode"]["attention"] is None and len(warned) == 2
+    assert json.loads((d / "manifest.json").read_text())["engines"]["graphs"]["target_verify"]["attention"] == "plain"
+    eng = T.load_trt_engines(d, device="cpu")  # the fake runs each engine's ONNX with ORT: the plain graph
+    target = make_artifacts()["target"]
+    cond = torch.tensor([1, 10])
+    want = target.prefill(cond, target.new_cache(2, extra=16)).logits
+    got = eng.target.prefill(cond, eng.target.new_cache(2, extra=16)).logits.cpu()
+    assert (got - want).abs().max() < 1e-3
+    eng.close()
+
+
+def test_plain_mode_skips_the_probe(refusing):
+    fake, d = refusing
+    n0 = len(fake.builds)
+    rec = B.build_engines(d, profiles=B.profiles_from_io_spec(read_manifest(d), seq_split=4), progress=False,
+                          attention="plain")
+    assert rec["graphs"]["target_verify"]["attention"] == "plain" and "attention_probes" not in rec["graphs"][
+        "target_verify"]
+    assert len(fake.builds) - n0 == len(rec["graphs"])  # one build per engine, no probe build
+
