@@ -30,14 +30,16 @@ after every section, so a run cut by a timeout keeps what it measured):
                  speed-up against the FASTEST vanilla seconds per image measured in this run (any
                  mode); rows compiled_decode measured are reused, not re-run. The CPU smoke runs
                  it on a tiny random model in memory (seconds);
-  tensorrt       when tensorrt imports: export the demo bundle, build every engine
-                 (lisa_trt.deploy.build: build seconds and plan bytes per graph), then parity
+  tensorrt       when tensorrt imports: export the demo bundle fp32 and fp16, build every engine
+                 of each (lisa_trt.deploy.build, --attention auto: build seconds, plan bytes and
+                 the attention each engine uses, op or plain ops after a refused probe), then parity
                  against the bundle's torch graphs per graph (gasv, vq_decode, drafter_project) and
                  greedy target tokens with the default KV binding ("swap") and with in-place
-                 binding (opt-in): tokens must be identical to torch; else the reason.
+                 binding (opt-in): fp32 tokens must be identical to torch (fp16: the fraction
+                 that agrees is recorded); else the reason.
 With --cpu-smoke (or without CUDA) every section runs a tiny version on CPU in a few seconds.
 
-Time: --budget (420 s) bounds the whole run; each section also has its own share
+Time: --budget (490 s) bounds the whole run; each section also has its own share
 (SECTION_BUDGET, `--section-budget NAME=SECONDS` to change one), and the loops over models,
 modes and methods stop at their section's deadline, recording what they skipped.
 """
@@ -61,7 +63,7 @@ if str(ROOT) not in sys.path:
 SECTIONS = ("env", "gasv_kernel", "verify_latency", "demo_decode", "compiled_decode", "decoders", "tensorrt")
 # seconds each section may use at most (the run's --budget still bounds the total); about 8 minutes in all
 SECTION_BUDGET = {"env": 10, "gasv_kernel": 30, "verify_latency": 80, "demo_decode": 40, "compiled_decode": 100,
-                  "decoders": 90, "tensorrt": 70}
+                  "decoders": 90, "tensorrt": 140}
 DECODE_METHODS = ("vanilla", "exact", "lantern", "gasv")
 # the decoders section: the baseline first, then the new decoders by priority, then the tree rules
 DECODERS = ("vanilla", "sjd", "mcsjd", "sjd-pac", "gsd", "zipar", "sjd-gasv", "coupled", "exact", "gasv")
@@ -377,10 +379,12 @@ def _speedups(out: dict) -> None:
         out["speedup"] = out["gasv"]["speedup_vs_vanilla"]
 
 
-def _demo_bundle(ctx: Ctx) -> Path:
-    """The demo bundle (`export_bundle` of demo + demo-lisa + tables + VQ), exported once per run
-    and shared by compiled_decode and tensorrt (an export is a large part of the time budget)."""
-    cached = getattr(ctx, "demo_bundle", None)
+def _demo_bundle(ctx: Ctx, fp16: bool = False) -> Path:
+    """The demo bundle (`export_bundle` of demo + demo-lisa + tables + VQ; fp16: `--fp16`), exported
+    once per run and precision and shared by compiled_decode and tensorrt (an export is a large
+    part of the time budget)."""
+    bundles = getattr(ctx, "demo_bundles", None) or {}
+    cached = bundles.get(fp16)
     if cached is not None and (cached / "manifest.json").is_file():
         return cached
     import tempfile
@@ -391,10 +395,10 @@ def _demo_bundle(ctx: Ctx) -> Path:
     from lisa_trt.export import export_bundle
 
     target = load_target("demo").eval()
-    d = Path(tempfile.mkdtemp(prefix="gpu_check_bundle_")) / "eng"
+    d = Path(tempfile.mkdtemp(prefix="gpu_check_bundle_")) / ("eng16" if fp16 else "eng")
     export_bundle(target, load_drafter_by_name("demo-lisa", target), load_tables_by_name("demo", target),
-                       load_demo_vq(), d, progress=False, lint=False, validate=False)
-    ctx.demo_bundle = d
+                  load_demo_vq(), d, progress=False, lint=False, validate=False, fp16=fp16)
+    ctx.demo_bundles = {**bundles, fp16: d}
     return d
 
 
@@ -564,12 +568,20 @@ def _greedy_tokens(target, cond, steps: int):
     return torch.stack(toks, 1).cpu(), torch.stack(logits, 1)
 
 
-def section_tensorrt(ctx: Ctx) -> dict:
-    """Export the demo bundle, build every engine, check each graph and the KV bindings against torch.
+TRT_PRECISIONS = ("fp32", "fp16")  # the tensorrt section builds both exports of the demo bundle
 
-    Records per graph: build seconds, plan size, max |TensorRT - torch|; and greedy tokens of the
-    target with the default KV binding ("swap": separate present buffers) and with in-place
-    binding (opt-in, not a documented TensorRT contract): tokens must equal the torch backend's.
+
+def section_tensorrt(ctx: Ctx) -> dict:
+    """Export the demo bundle fp32 and fp16, build every engine of each (`--attention auto`: a
+    one-node Attention probe first, plain attention ops where TensorRT refuses it), check each
+    graph and the KV bindings against the bundle's torch graphs.
+
+    Records per precision: export / build seconds, per graph build seconds, plan size and the
+    attention the engine uses (with the probe results), max |TensorRT - torch|; greedy tokens of
+    the target with the default KV binding ("swap": separate present buffers) and with in-place
+    binding (opt-in, not a documented TensorRT contract), with the fraction of tokens equal to the
+    torch backend's (fp32: must be all). The fp32 results stay at the top level (as before), the
+    fp16 ones under "fp16"; a precision that fails records its error and the other still runs.
     """
     from lisa_trt.deploy.build import require_tensorrt_gpu
 
@@ -577,57 +589,86 @@ def section_tensorrt(ctx: Ctx) -> dict:
         trt = require_tensorrt_gpu()
     except Exception as e:
         return {"available": False, "skipped": f"{type(e).__name__}: {e}"}
-    import tempfile
-
-    import torch
-
     from lisa_trt.demo.registry import assets_present
-    from lisa_trt.deploy.build import build_engines
-    from lisa_trt.engines.graph import load_engines
-    from lisa_trt.engines.trt import load_trt_engines
 
     if not assets_present():
         return {"available": True, "version": trt.__version__, "skipped": "the bundled demo assets are absent"}
-    from lisa_trt import load_target
-
     out = {"available": True, "version": trt.__version__}
+    for prec in TRT_PRECISIONS:
+        if ctx.left() <= 0:
+            res = {"skipped": "the section's time budget is spent"}
+        else:
+            try:
+                res = _trt_precision(ctx, prec)
+            except Exception as e:  # record and go on: an fp16 failure must not hide the fp32 results
+                res = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+        if prec == "fp32":
+            out.update(res)
+        else:
+            out[prec] = res
+    inplace = out.get("parity", {}).get("target_greedy_inplace", {})
+    out["kv_inplace_safe_here"] = inplace.get("tokens_identical")
+    return out
+
+
+def _trt_precision(ctx: Ctx, prec: str) -> dict:
+    """One precision of section_tensorrt: export (shared), build, parity."""
+    import tempfile
+
+    from lisa_trt.deploy.build import build_engines
+
+    out = {}
     t0 = time.perf_counter()
-    d = _demo_bundle(ctx)                                # shared with compiled_decode when it ran
-    work = Path(tempfile.mkdtemp(prefix="gpu_check_trt_"))
-    target = load_target("demo").eval()
+    d = _demo_bundle(ctx, fp16=prec == "fp16")           # fp32: shared with compiled_decode when it ran
+    work = Path(tempfile.mkdtemp(prefix=f"gpu_check_trt_{prec}_"))
     out["export_s"] = round(time.perf_counter() - t0, 2)
     t0 = time.perf_counter()
-    rec = build_engines(d, timing_cache=work / "timing.cache", progress=False)
+    rec = build_engines(d, timing_cache=work / "timing.cache", progress=False, attention="auto")
     out["build_s"] = round(time.perf_counter() - t0, 2)
-    out["engines"] = {k: {"build_seconds": v.get("build_seconds"), "plan_bytes": (d / v["plan"]).stat().st_size}
+    out["engines"] = {k: {"build_seconds": v.get("build_seconds"), "plan_bytes": (d / v["plan"]).stat().st_size,
+                          "attention": v.get("attention"), "attention_probes": v.get("attention_probes")}
                       for k, v in rec["graphs"].items()}
+    out["parity"] = _trt_parity(ctx, d)
+    return out
+
+
+def _trt_parity(ctx: Ctx, d: Path) -> dict:
+    """Greedy target tokens (swap and in-place KV binding), GASV, VQ and drafter projection of the
+    TensorRT engines of `d` against the bundle's own torch graphs (CPU)."""
+    import torch
+
+    from lisa_trt.engines.graph import load_engines
+    from lisa_trt.engines.trt import load_trt_engines
+
     ref = load_engines(d, "torch")                       # the bundle's own torch graphs (CPU)
+    cfg = ref.manifest.target_config
     steps = 8 if ctx.smoke else 32
     cond = torch.tensor([3])
     want, want_logits = _greedy_tokens(ref.target, cond, steps)
-    out["parity"] = parity = {}
+    parity = {}
     dev = ctx.device
     for binding in ("swap", "inplace"):
         eng = load_trt_engines(d, kv_binding=binding, device=dev)
         got, got_logits = _greedy_tokens(eng.target, cond.to(dev), steps)
-        parity[f"target_greedy_{binding}"] = {"tokens_identical": bool(torch.equal(got, want)), "steps": steps,
-                                              "max_abs_logit_diff": float((got_logits - want_logits).abs().max())}
+        parity[f"target_greedy_{binding}"] = {
+            "tokens_identical": bool(torch.equal(got, want)), "steps": steps,
+            "token_agreement": float((got == want).float().mean()),
+            "max_abs_logit_diff": float((got_logits.float() - want_logits.float()).abs().max())}
         if binding == "swap":
             g = torch.Generator().manual_seed(0)
-            logits = torch.randn(8, target.config.vocab_size, generator=g) * 3
-            tok, par = torch.randint(0, target.config.vocab_size, (8,), generator=g), torch.arange(8) - 1
+            logits = torch.randn(8, cfg.vocab_size, generator=g) * 3
+            tok, par = torch.randint(0, cfg.vocab_size, (8,), generator=g), torch.arange(8) - 1
             a, b = eng.gasv(logits.to(dev), tok.to(dev), par.to(dev)), ref.gasv(logits, tok, par)
             parity["gasv"] = {k: float((getattr(a, k).float().cpu() - getattr(b, k).float()).abs().max())
                               for k in ("p", "delta_eff", "gate")}
-            toks = torch.randint(0, target.config.vocab_size, (1, target.config.grid_size ** 2), generator=g)
+            toks = torch.randint(0, cfg.vocab_size, (1, cfg.grid_size ** 2), generator=g)
             parity["vq_decode"] = float((eng.vq.decode_code(toks.to(dev)).float().cpu()
                                          - ref.vq.decode_code(toks).float()).abs().max())
-            taps = torch.randn(1, 4, 3 * target.config.dim, generator=g)
+            taps = torch.randn(1, 4, 3 * cfg.dim, generator=g)
             parity["drafter_project"] = float((eng.drafter.project_taps(taps.to(dev)).float().cpu()
                                                - ref.drafter.project_taps(taps).float()).abs().max())
         eng.close()
-    out["kv_inplace_safe_here"] = parity["target_greedy_inplace"]["tokens_identical"]
-    return out
+    return parity
 
 
 RUNNERS = {"env": section_env, "gasv_kernel": section_gasv_kernel, "verify_latency": section_verify_latency,
@@ -650,7 +691,7 @@ def main(argv=None) -> int:
     p.add_argument("out", type=Path, help="JSON file to write the results to")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny CPU versions of every section (seconds)")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
-    p.add_argument("--budget", type=float, default=420.0, help="seconds after which remaining sections are skipped")
+    p.add_argument("--budget", type=float, default=490.0, help="seconds after which remaining sections are skipped")
     p.add_argument("--section-budget", action="append", default=[], metavar="NAME=SECONDS",
                    help=f"one section's share (repeatable; defaults: {SECTION_BUDGET})")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))

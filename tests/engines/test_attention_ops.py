@@ -318,3 +318,41 @@ def test_plain_mode_skips_the_probe(refusing):
         "target_verify"]
     assert len(fake.builds) - n0 == len(rec["graphs"])  # one build per engine, no probe build
 
+
+# ----------------------------------------------------------------------------- bench/gpu_check.py
+
+@pytest.mark.slow  # the fp16 export of the tiny bundle
+def test_gpu_check_tensorrt_section_builds_fp32_and_fp16(bundle, bundle16, tmp_path, monkeypatch, request):
+    """bench/gpu_check.py's tensorrt section over the fake core, the tiny bundles standing in for the
+    demo exports: both precisions are built (`--attention auto`; the core refuses Attention, so both
+    use plain ops and say so) and checked against their torch graphs; fp32 results stay at the top."""
+    import importlib.util
+    import types
+
+    import test_build as TB
+    import trt_fake
+
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", ROOT / "bench" / "gpu_check.py")
+    gc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gc)
+    fake = TB.FakeTRT()
+    TB._install(fake, monkeypatch, request)
+    _refusing_builder(trt_fake, monkeypatch)
+    copies = {}
+    for fp16, src in ((False, bundle), (True, bundle16)):
+        copies[fp16] = tmp_path / ("b16" if fp16 else "b32") / "eng"
+        shutil.copytree(src, copies[fp16])
+    exported = []
+    monkeypatch.setattr(gc, "_demo_bundle", lambda ctx, fp16=False: exported.append(fp16) or copies[fp16])
+    args = types.SimpleNamespace(cpu_smoke=True, budget=600.0, section_budget={})
+    ctx = gc.Ctx(args)
+    ctx.start_section("tensorrt")
+    out = gc.section_tensorrt(ctx)
+    assert exported == [False, True] and "error" not in out and "error" not in out["fp16"], out
+    for res in (out, out["fp16"]):
+        assert res["engines"]["target_verify"]["attention"] == "plain"
+        assert not res["engines"]["target_verify"]["attention_probes"][0]["ok"]
+        assert res["parity"]["target_greedy_swap"]["steps"] == 8
+    assert out["parity"]["target_greedy_swap"]["tokens_identical"]  # fp32 plain-ops engines decode like torch
+    assert out["fp16"]["parity"]["target_greedy_swap"]["token_agreement"] >= 0.5
+    assert read_manifest(copies[True]).precision == "fp16"
