@@ -227,10 +227,10 @@ def _scores(b: _Builder, node, io: list, attrs: dict, hq: int, hkv: int, d: int,
             s = b.op("Where", [mask, s, b.const("neg_inf", -math.inf, "float32")])
         else:
             s = b.op("Add", [s, mask if io[3][0] == _FLOAT else b.op("Cast", [mask], to=_FLOAT)])
-    if int(attrs.get("is_causal", 0)):
-        ones = b.op("ConstantOfShape", [b.op("Shape", [s], start=-2)],
-                    value=_tensor_proto(1, "bool"))
-        s = b.op("Where", [b.op("Trilu", [ones], upper=0), s, b.const("neg_inf", -math.inf, "float32")])
+    if int(attrs.get("is_causal", 0)):  # query i attends keys j <= i (no past: ONNX's top-left causal)
+        ones = b.op("ConstantOfShape", [b.op("Shape", [s], start=-2)], value=_tensor_proto(1.0, "float32"))
+        allowed = b.op("Cast", [b.op("Trilu", [ones], upper=0)], to=9)
+        s = b.op("Where", [allowed, s, b.const("neg_inf", -math.inf, "float32")])
     return s, v
 
 

@@ -91,6 +91,19 @@ def test_plain_attention_matches_ort_on_one_node(dt, heads, mask, causal, rank):
     assert check_model(plain).violations == []
 
 
+@pytest.mark.parametrize("dt", [1, 10], ids=["fp32", "fp16"])
+def test_plain_attention_applies_softcap_like_ort(dt):
+    """softcap (which TensorRT's Attention refuses) is applied before the mask, as ONNX specifies."""
+    model, feeds = _node_case(dt, 4, 2, "bool", 0, 4, softcap=2.0)
+    want = _session(model).run(None, feeds)[0].astype(np.float32)
+    uncapped, _ = _node_case(dt, 4, 2, "bool", 0, 4)
+    assert np.abs(_session(uncapped).run(None, feeds)[0].astype(np.float32) - want).max() > 0.05
+    assert any("softcap" in e for e in model_errors(model))  # the parser refuses the op with it
+    A.plain_attention(model)
+    assert np.abs(_session(model).run(None, feeds)[0].astype(np.float32) - want).max() < TOL[dt]
+    assert model_errors(model) == []
+
+
 def test_the_mask_and_the_grouping_matter():
     """The single-node comparison can fail: dropping the mask or the GQA head order changes Y."""
     model, feeds = _node_case(1, 4, 2, "bool", 0, 4)
