@@ -1,9 +1,9 @@
 """An exported Emu3 engine directory (tokenizer.json, an EAGLE-3 drafter, GASV tables) deployed:
 `Pipeline.from_dir` gives transformers' greedy CFG tokens for the same captions and the eager VQ's
-images, and `lisa-trt run` writes the same codes; the serve model and `lisa-trt serve` answer
-captions as the Pipeline does; int4 weights (the generic quantizer) stay within a stated
-tolerance of fp32; the bundle builds on the fake TensorRT core (tests/contract/trt_fake.py) and
-the TensorRT runners decode the eager tokens."""
+images, `lisa-trt run` writes the same codes, and sampled it draws the eager models' tokens for
+the same seed; the serve model and `lisa-trt serve` answer captions as the Pipeline does; int4
+weights (the generic quantizer) stay within a stated tolerance of fp32; the bundle builds on the
+fake TensorRT core (tests/contract/trt_fake.py) and the TensorRT runners decode the eager tokens."""
 
 from __future__ import annotations
 
@@ -84,6 +84,26 @@ def test_pipeline_gives_transformers_tokens_and_the_eager_images(deploy, tmp_pat
               "--threads", 1, "--seed", 1, "--out", tmp_path / "run")
     assert "2 images" in out
     assert np.array_equal(np.load(tmp_path / "run" / "tokens.npy"), codes.numpy())
+
+
+@pytest.mark.parametrize("verify", ["vanilla", "exact"])
+def test_sampled_pipeline_tokens_equal_the_eager_models_for_the_same_seed(deploy, verify):
+    """Sampling (top-k 16, CFG 3): the engine directory's Pipeline on ONNX Runtime and a Pipeline
+    over the eager torch models (the same drafter, the same tree) draw the same tokens."""
+    from lisa_trt.models.drafter import load_drafter
+    from lisa_trt.runtime.pipeline import Pipeline
+
+    root, d, _, eng = deploy
+    target = lisa_trt.load_target(d)
+    eager = Pipeline.from_models(target, load_drafter(root / "drafter.safetensors", target), None, lisa_trt.load_vq(d),
+                                 generation={"image_size": SIZE})
+    kw = dict(verify=verify, cfg_scale=CFG, top_k=16, seed=5, tree_top_k=2, tree_depth=2, tree_tokens=6)
+    with Pipeline.from_dir(eng, backend="ort", threads=1) as pipe:
+        got = pipe.generate(CAPTIONS, **kw)
+    want = eager.generate(CAPTIONS, **kw)
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.codes, want.codes)
+    greedy = eager.generate(CAPTIONS, **{**kw, "greedy": True})
+    assert not torch.equal(want.tokens, greedy.tokens)  # sampled, not the argmax
 
 
 def _b(*s):
