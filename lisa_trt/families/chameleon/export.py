@@ -26,9 +26,10 @@ half from position 0), slots and the mask exactly as `ChameleonTarget.prefill` /
 the model itself. K/V caches are inputs AND outputs updated in place (ScatterElements into the
 bound buffer, see export/onnx.py).
 
-This module is the family's part only: the target / VQGAN graph wrappers, the static sequence
-layout (image size -> span -> cache length) and `ChameleonGraphs`, the family's io specs, axes,
-random inputs and PyTorch references (the export/families.py seam). It is the family package's
+This module is the family's part only: the static sequence layout (image size -> span -> cache
+length) and `ChameleonGraphs`, whose graph wrappers, bundle, io specs, axes, random inputs and
+PyTorch references come from families/prompt_export.VocabPromptGraphs and
+export/prompt_graphs.PromptExportFamily (the export/families.py seam). It is the family package's
 export plugin: it sits at the export floor (tests/test_architecture.py), the family package never
 imports it, and export/families.py finds it through `ChameleonFamily.export_module`.
 """
