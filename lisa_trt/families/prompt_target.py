@@ -10,6 +10,7 @@ checkpoint keeps it: `stack`) and `lm_head`, and inherits:
 - `forward_train(cond, tokens)`: teacher forcing after a prompt (drafter training, calibration);
 - the drafter protocol (`token_embedding_table`, `final_norm`, `drafter_shape`, `start_positions`).
 Logits are the RAW head over the whole vocabulary (the family's layout restricts them).
+Its config checks its shapes with `check_decoder_shape`; its loader is `load_vocab_target`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,39 @@ import torch
 import torch.nn as nn
 
 from ..config import find_multiple
-from ..errors import InputError
+from ..errors import ConfigError, InputError
 from ..models.layers import KVCache, RMSNorm, RotaryTarget, TargetOutput, teacher_forcing_plan
 from ..models.prompts import Prompts, PromptTarget, prefill_plan
+
+
+def check_decoder_shape(cfg) -> None:
+    """ConfigError naming the field when the heads do not divide the hidden size / one another or
+    the activation is not one the decoder stack has (a config's __post_init__)."""
+    from ..models.layers import ACTIVATIONS
+
+    if cfg.hidden_size % cfg.num_attention_heads:
+        raise ConfigError(f"hidden_size {cfg.hidden_size} is not divisible by num_attention_heads "
+                          f"{cfg.num_attention_heads}")
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise ConfigError(f"num_attention_heads {cfg.num_attention_heads} is not divisible by "
+                          f"num_key_value_heads {cfg.num_key_value_heads}")
+    if cfg.hidden_act not in ACTIVATIONS:
+        raise ConfigError(f"hidden_act {cfg.hidden_act!r} is not supported; valid: {', '.join(ACTIVATIONS)}")
+
+
+def load_vocab_target(make, cfg, path, implied, *, head_key: str, skip, device="cpu", dtype=torch.float32):
+    """`make(cfg)`'s target with an HF directory's weights streamed shard by shard (no random
+    init of billions of weights): every needed key present with its shape, errors naming the
+    config `implied(state_dict)` describes; `head_key` not read when the head is tied; keys for
+    which `skip(key)` holds are not the target's. Eval mode, `source_dir` set."""
+    from ..models.hf import empty_model, stream_weights
+
+    model = empty_model(lambda: make(cfg), dtype)
+    model.reset_buffers()
+    tied = (head_key,) if cfg.tie_word_embeddings else ()
+    stream_weights(model, path, str(path), cfg.describe(), implied, ignore=tied, skip=skip)
+    model.source_dir = str(path)
+    return model.eval().to(device)
 
 
 class VocabPromptTarget(PromptTarget, RotaryTarget, nn.Module):

@@ -100,11 +100,15 @@ def layout_rule(h: int, w: int, prompt_len: int):
     return allowed
 
 
-def hf_generate(model, ids, h, w, guidance=None, negative=None):
+def hf_generate(model, ids, h, w, guidance=None, negative=None, attention_mask=None):
+    """transformers' greedy image tokens; attention_mask: left padding (without one transformers
+    masks every pad_token_id in the prompt, which an unknown word of the test tokenizer is)."""
     n = h * (w + 1) + 3
     kw = {} if guidance is None else {"guidance_scale": guidance}
     if negative is not None:
         kw["negative_prompt_ids"] = negative
+    if attention_mask is not None:
+        kw["attention_mask"] = attention_mask.long()
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
                              prefix_allowed_tokens_fn=layout_rule(h, w, ids.shape[1]), **kw)
@@ -122,3 +126,14 @@ def save_tokenizer(folder) -> None:
                                                  pre_tokenizers.Split(Regex(r"[0-9*]"), "isolated")])
     tok.add_special_tokens(list(SPECIALS))
     tok.save(str(Path(folder) / "tokenizer.json"))
+
+
+def cli(*args) -> str:
+    """`lisa-trt ARGS` in this process; its output (the test fails with it when the exit code is not 0)."""
+    from click.testing import CliRunner
+
+    from lisa_trt.cli import main
+
+    r = CliRunner().invoke(main, [str(a) for a in args])
+    assert r.exit_code == 0, r.output + (repr(r.exception) if r.exception else "")
+    return r.output

@@ -71,6 +71,36 @@ def test_cfg_without_negative_uses_transformers_fallback(emu3):
     assert not torch.equal(mine, lisa_trt.generate(target, ids, greedy=True))
 
 
+def _left_padded():
+    """Two prompts of 13 and 10 tokens, the shorter LEFT-padded with pad id 0: (ids, mask)."""
+    a, b = image_prompt([40, 41, 42, 43, 44], 3, 4), image_prompt([45, 46], 3, 4)
+    pad = len(a) - len(b)
+    mask = torch.ones(2, len(a), dtype=torch.bool)
+    mask[1, :pad] = False
+    return torch.tensor([a, [0] * pad + b]), mask
+
+
+@pytest.mark.parametrize("G", [None, 3.0])
+def test_left_padded_batch_equals_transformers(emu3, G):
+    """Rows of different lengths, left-padded with an attention mask (transformers counts each
+    row's positions from its first real token, as lisa_trt does), with and without CFG's fallback."""
+    model, _, target = emu3
+    ids, mask = _left_padded()
+    kw = {} if G is None else {"cfg_scale": G}
+    mine = lisa_trt.generate(target, ids, attention_mask=mask, greedy=True, **kw)
+    assert torch.equal(mine, hf_generate(model, ids, 3, 4, G, attention_mask=mask))
+    alone = lisa_trt.generate(target, ids[1:, 3:], greedy=True, **kw)  # the short row unpadded
+    assert torch.equal(mine[1:], alone)
+
+
+def test_left_padded_batch_with_negative_prompts_equals_transformers(emu3):
+    model, _, target = emu3
+    ids, mask = _left_padded()
+    neg = torch.tensor([[1, 50, 51, 3, 13, 20, 14, 4], [1, 52, 53, 3, 13, 20, 14, 4]])
+    mine = lisa_trt.generate(target, ids, attention_mask=mask, negative_prompt_ids=neg, cfg_scale=3.0, greedy=True)
+    assert torch.equal(mine, hf_generate(model, ids, 3, 4, 3.0, neg, attention_mask=mask))
+
+
 def test_tokens_to_pixels_equal_decode_image_tokens(emu3):
     model, path, target = emu3
     ids = prompts(3, 4)

@@ -16,18 +16,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 pytest.importorskip("onnxruntime")
 
-from click.testing import CliRunner  # noqa: E402
-from emu3_fixtures import save_model_dir, save_tokenizer  # noqa: E402
-
-from lisa_trt.cli import main  # noqa: E402
+from emu3_fixtures import cli, save_model_dir, save_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-def _cli(*args):
-    r = CliRunner().invoke(main, [str(a) for a in args])
-    assert r.exit_code == 0, r.output + (repr(r.exception) if r.exception else "")
-    return r.output
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +26,13 @@ def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("emu3cmd")
     _, d = save_model_dir(root / "m", seed=0)
     save_tokenizer(d)
-    _cli("train", "--model", d, "--vq", d, "--out", root / "train", "--loss", "eagle3", "--steps", 2,
-         "--batch-size", 2, "--num-samples", 4, "--image-size", 8, "--cfg-scale", 3)
-    _cli("calibrate", "--model", d, "--vq", d, "--out", root / "tables.safetensors", "--rollouts", 2,
-         "--image-size", 8, "--cfg-scale", 3)
-    _cli("export", "--model", d, "--drafter", root / "train" / "drafter.safetensors", "--tables",
-         root / "tables.safetensors", "--vq", d, "--out", root / "eng", "--image-size", 8, "--max-prompt", 64,
-         "--max-tree", 8, "--no-validate")
+    cli("train", "--model", d, "--vq", d, "--out", root / "train", "--loss", "eagle3", "--steps", 2,
+        "--batch-size", 2, "--num-samples", 4, "--image-size", 8, "--cfg-scale", 3)
+    cli("calibrate", "--model", d, "--vq", d, "--out", root / "tables.safetensors", "--rollouts", 2,
+        "--image-size", 8, "--cfg-scale", 3)
+    cli("export", "--model", d, "--drafter", root / "train" / "drafter.safetensors", "--tables",
+        root / "tables.safetensors", "--vq", d, "--out", root / "eng", "--image-size", 8, "--max-prompt", 64,
+        "--max-tree", 8, "--no-validate")
     return root, d
 
 
@@ -57,17 +48,17 @@ def test_run_on_ort_writes_images(run, tmp_path):
     root, _ = run
     caps = tmp_path / "captions.txt"
     caps.write_text("red fox\na fox\n")
-    out = _cli("run", root / "eng", caps, "--backend", "ort", "--verify", "gasv", "--cfg-scale", 3, "--threads", 1,
-               "--out", tmp_path / "out")
+    out = cli("run", root / "eng", caps, "--backend", "ort", "--verify", "gasv", "--cfg-scale", 3, "--threads", 1,
+              "--out", tmp_path / "out")
     assert "2 images" in out and "gasv" in out, out
     assert len(list((tmp_path / "out").glob("img_*.png"))) == 2
 
 
 def test_bench_with_zipar_and_gasv(run, tmp_path):
     root, d = run
-    out = _cli("bench", "--model", d, "--drafter", root / "train" / "drafter.safetensors", "--tables",
-               root / "tables.safetensors", "--methods", "vanilla,greedy,gasv,zipar", "--num-images", 1,
-               "--image-size", 8, "--cfg-scale", 3, "--zipar-window", 1, "--json", tmp_path / "bench.json")
+    out = cli("bench", "--model", d, "--drafter", root / "train" / "drafter.safetensors", "--tables",
+              root / "tables.safetensors", "--methods", "vanilla,greedy,gasv,zipar", "--num-images", 1,
+              "--image-size", 8, "--cfg-scale", 3, "--zipar-window", 1, "--json", tmp_path / "bench.json")
     res = json.loads((tmp_path / "bench.json").read_text())["results"]
     assert {"vanilla", "greedy", "gasv", "zipar"} <= set(res), out
     n = res["vanilla"]["target_forwards_per_image"]

@@ -15,8 +15,9 @@ from typing import Union
 import torch
 
 from ...errors import ConfigError
-from ...models.hf import empty_model, read_weights, rope_params, stream_weights, strict_copy
+from ...models.hf import read_weights, rope_params, strict_copy
 from ..prompt_family import read_config_json
+from ..prompt_target import load_vocab_target
 from .model import ChameleonConfig, ChameleonTarget
 
 PathLike = Union[str, Path]
@@ -87,11 +88,6 @@ def load_chameleon(path: PathLike, device="cpu", dtype=torch.float32) -> Chamele
         dtype: parameter dtype (fp32 default; a 7B model needs ~28 GiB in fp32, ~14 GiB in bf16).
     """
     path = Path(path)
-    cfg = read_chameleon_config(path)
-    model = empty_model(lambda: ChameleonTarget(cfg), dtype)  # no random init of billions of weights
-    model.reset_buffers()
-    tied = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
-    stream_weights(model, path, str(path), cfg.describe(), implied_config, ignore=tied,  # shard by shard
-                   skip=lambda k: k.startswith(_IGNORED_PREFIXES))
-    model.source_dir = str(path)
-    return model.eval().to(device)
+    return load_vocab_target(ChameleonTarget, read_chameleon_config(path), path, implied_config,
+                             head_key="lm_head.weight", skip=lambda k: k.startswith(_IGNORED_PREFIXES),
+                             device=device, dtype=dtype)

@@ -26,9 +26,10 @@ half from position 0), slots and the mask exactly as `ChameleonTarget.prefill` /
 the model itself. K/V caches are inputs AND outputs updated in place (ScatterElements into the
 bound buffer, see export/onnx.py).
 
-This module is the family's part only: the target / VQGAN graph wrappers, the static sequence
-layout (image size -> span -> cache length) and `ChameleonGraphs`, the family's io specs, axes,
-random inputs and PyTorch references (the export/families.py seam). It is the family package's
+This module is the family's part only: the static sequence layout (image size -> span -> cache
+length) and `ChameleonGraphs`, whose graph wrappers, bundle, io specs, axes, random inputs and
+PyTorch references come from families/prompt_export.VocabPromptGraphs and
+export/prompt_graphs.PromptExportFamily (the export/families.py seam). It is the family package's
 export plugin: it sits at the export floor (tests/test_architecture.py), the family package never
 imports it, and export/families.py finds it through `ChameleonFamily.export_module`.
 """
@@ -38,12 +39,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ...errors import InputError
 from ...export.families import register_export_family
-from ...models.io_spec import Graph
-from ...export.onnx import DEFAULT_OPSET, _NamedGraph
-from ...export.memory import resolve
-from ...export.prompt_graphs import DEFAULT_MAX_PROMPT, PromptStepGraph, check_bundle_artifacts, prompt_cache_len
+from ...export.onnx import DEFAULT_OPSET
+from ...export.prompt_graphs import DEFAULT_MAX_PROMPT, prompt_cache_len
 from ..prompt_export import VocabPromptGraphs
 
 FAMILY = "chameleon"
@@ -85,27 +83,15 @@ class ChameleonGraphs(VocabPromptGraphs):
 
     def bundle_graphs(self, target, drafter, tables, vq, opts, *, source=None, image_size=None, max_prompt=None):
         """Token-input prefill and verify over the whole vocabulary, a static cache for one image
-        size and prompt budget, the VQGAN decoder, the tokenizer files; tables over the image codes."""
+        size and prompt budget (the span prefix, the span), the VQGAN decoder, the tokenizer files."""
         from . import CHAMELEON
 
         image_size = int(image_size or CHAMELEON.default_image_size)
         max_prompt = int(max_prompt or self.default_max_prompt)
-        code_ids = _code_ids(target) if tables is not None else None  # the tables cover the image codes
-        tables = check_bundle_artifacts(target, drafter, tables, code_ids)
-        L = engine_cache_len(image_size, max_prompt, opts.max_tree)
-        if L > target.config.max_position_embeddings + opts.max_tree:
-            raise InputError(f"a {image_size}px image with a {max_prompt}-token prompt needs {L} cache slots; this "
-                             f"checkpoint has max_position_embeddings {target.config.max_position_embeddings}")
         layout = {"image_size": image_size, "max_prompt": max_prompt, "latent": list(latent_grid(image_size))}
-
-        def target_graphs(t_exp, precision):
-            return [(Graph.TARGET_PREFILL, lambda: ChameleonStepGraph(resolve(t_exp), True), precision),
-                    (Graph.TARGET_VERIFY, lambda: ChameleonStepGraph(resolve(t_exp), False), precision)]
-
-        vq_graph = (lambda: ChameleonVQGraph(vq.eval(), target.config)) if vq is not None else None
-        source = source if source is not None else getattr(target, "source_dir", "") or "."
-        return self.prompt_bundle(target, tables, target_graphs=target_graphs, vq_graph=vq_graph, layout=layout,
-                                  max_cache_len=L, source=source, files=("config.json",) + TOKENIZER_FILES)
+        return self.vocab_bundle(CHAMELEON, target, drafter, tables, vq, opts, image_size=image_size,
+                                 max_prompt=max_prompt, span=3 + span_length(image_size), layout=layout,
+                                 source=source, files=("config.json",) + TOKENIZER_FILES)
 
     def target_config(self, man):
         from .checkpoint import read_chameleon_config
@@ -123,39 +109,7 @@ class ChameleonGraphs(VocabPromptGraphs):
 FAMILY_GRAPHS = register_export_family(ChameleonGraphs())
 
 
-# ----------------------------------------------------------------------------- wrappers
-
-class ChameleonStepGraph(PromptStepGraph):
-    """ChameleonTarget._run over a static cache with host-made positions / slots / mask
-    (export/prompt_graphs.PromptStepGraph over the token embedding).
-
-    last_only: the prefill graph (outputs at the last input position only)."""
-
-    def __init__(self, model, last_only: bool):
-        spec = FAMILY_GRAPHS.graph_spec(Graph.TARGET_PREFILL if last_only else Graph.TARGET_VERIFY, model.config)
-        super().__init__(model, spec, lambda m, ids: m.model.embed_tokens(ids), last_only)
-
-
-class ChameleonVQGraph(_NamedGraph):
-    """ChameleonVQGAN.decode_code without its host-side code check."""
-
-    def __init__(self, vq, target_cfg):
-        super().__init__(FAMILY_GRAPHS.graph_spec(Graph.VQ_DECODE, target_cfg))
-        self.vq = vq
-
-    def compute(self, x):
-        quant = self.vq.quantize.embedding(x["image_tokens"]).permute(0, 3, 1, 2)
-        return dict(images=self.vq.decoder(self.vq.post_quant_conv(quant)).float())
-
-
 # ----------------------------------------------------------------------------- bundle
-
-def _code_ids(target):
-    """The head ids of the image codes (the sub-vocabulary the tables cover)."""
-    from . import CHAMELEON
-
-    return CHAMELEON.sub_vocab(target).code_ids
-
 
 def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, image_size: Optional[int] = None,
                      max_prompt: int = DEFAULT_MAX_PROMPT, max_tree: int = DEFAULT_MAX_TREE,
@@ -190,5 +144,5 @@ def export_chameleon(target, drafter, tables, vq, tokenizer_dir, out_dir, *, ima
                          validate=validate, fp16=fp16, quantize=quantize, lint=lint, progress=progress)
 
 
-__all__ = ["DEFAULT_MAX_PROMPT", "DEFAULT_MAX_TREE", "ChameleonGraphs", "ChameleonStepGraph", "ChameleonVQGraph",
-           "engine_cache_len", "export_chameleon", "latent_grid", "span_length"]
+__all__ = ["DEFAULT_MAX_PROMPT", "DEFAULT_MAX_TREE", "ChameleonGraphs", "engine_cache_len", "export_chameleon",
+           "latent_grid", "span_length"]

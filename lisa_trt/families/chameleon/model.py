@@ -23,11 +23,11 @@ from typing import Optional
 
 import torch.nn as nn
 
-from ...errors import ConfigError, InputError
+from ...errors import InputError
 from ...models.hf import HFDecoderShape
-from ...models.layers import ACTIVATIONS, DecoderStack, KVCache
+from ...models.layers import DecoderStack, KVCache
 from ...models.prompts import Prompts  # noqa: F401 (re-exported)
-from ..prompt_target import VocabPromptTarget
+from ..prompt_target import VocabPromptTarget, check_decoder_shape
 
 
 @dataclass(frozen=True)
@@ -54,14 +54,7 @@ class ChameleonConfig(HFDecoderShape):
     vocabulary_map: Optional[dict] = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
-                              f"{self.num_attention_heads}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(f"num_attention_heads {self.num_attention_heads} is not divisible by "
-                              f"num_key_value_heads {self.num_key_value_heads}")
-        if self.hidden_act not in ACTIVATIONS:
-            raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; valid: {', '.join(ACTIVATIONS)}")
+        check_decoder_shape(self)
 
     # -- names the shared KVCache / decode loop read ------------------------------------
     model_type = "chameleon"  # the family registry key (models/family.py)

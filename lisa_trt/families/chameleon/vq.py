@@ -146,6 +146,10 @@ class ChameleonVQGAN(nn.Module):
             raise ConfigError(f"codes must be (B, h, w); got shape {tuple(codes.shape)}")
         if int(codes.min()) < 0 or int(codes.max()) >= self.config.n_embed:
             raise ConfigError(f"VQ codes must be in 0..{self.config.n_embed - 1}")
+        return self.decode_grid(codes)
+
+    def decode_grid(self, codes: torch.Tensor) -> torch.Tensor:
+        """decode_code without the host-side check (the exported VQ graph)."""
         quant = self.quantize.embedding(codes).permute(0, 3, 1, 2)  # (B, C, h, w)
         return self.decoder(self.post_quant_conv(quant))
 

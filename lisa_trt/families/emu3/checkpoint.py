@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from ...models.hf import empty_model, read_weights, stream_weights, strict_copy
+from ...models.hf import read_weights, strict_copy
+from ..prompt_target import load_vocab_target
 from .config import read_emu3_config, read_emu3_vq_config
 from .target import Emu3Target
 
@@ -35,14 +36,9 @@ def implied_config(sd: dict) -> str:
 def load_emu3(path, device="cpu", dtype=torch.float32) -> Emu3Target:
     """An Emu3 directory's decoder, eval mode (a 8B model needs ~32 GiB in fp32, ~16 GiB in bf16)."""
     path = Path(path)
-    cfg = read_emu3_config(path)
-    model = empty_model(lambda: Emu3Target(cfg), dtype)
-    model.reset_buffers()
-    tied = ("text_model.lm_head.weight",) if cfg.tie_word_embeddings else ()
-    stream_weights(model, path, str(path), cfg.describe(), implied_config, ignore=tied,
-                   skip=lambda k: not k.startswith(_TEXT))
-    model.source_dir = str(path)
-    return model.eval().to(device)
+    return load_vocab_target(Emu3Target, read_emu3_config(path), path, implied_config,
+                             head_key="text_model.lm_head.weight", skip=lambda k: not k.startswith(_TEXT),
+                             device=device, dtype=dtype)
 
 
 def load_emu3_vq(path, device="cpu"):

@@ -19,7 +19,6 @@ from typing import Optional
 
 from ...errors import ConfigError
 from ...models.hf import HFDecoderShape, rope_params
-from ...models.layers import ACTIVATIONS
 
 MODEL_TYPES = ("emu3",)
 VISUAL_PREFIX = "<|visual token"
@@ -56,11 +55,9 @@ class Emu3Config(HFDecoderShape):
     model_type = "emu3"  # the family registry key (models/family.py)
 
     def __post_init__(self):
-        if self.hidden_size % self.num_attention_heads or self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(f"hidden_size {self.hidden_size}, num_attention_heads {self.num_attention_heads} and "
-                              f"num_key_value_heads {self.num_key_value_heads} must divide one another")
-        if self.hidden_act not in ACTIVATIONS:
-            raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; valid: {', '.join(ACTIVATIONS)}")
+        from ..prompt_target import check_decoder_shape
+
+        check_decoder_shape(self)
         if not self.vocabulary_map:
             raise ConfigError("config.json has no vocabulary_map: Emu3 needs it (the visual token names and the "
                               "image protocol tokens); re-save the checkpoint with transformers' Emu3 classes")

@@ -16,10 +16,6 @@ from pathlib import Path
 
 from ...errors import InputError
 from ...export.families import register_export_family
-from ...export.memory import resolve
-from ...export.onnx import _NamedGraph
-from ...export.prompt_graphs import PromptStepGraph, check_bundle_artifacts, prompt_cache_len
-from ...models.io_spec import Graph
 from ..prompt_export import VocabPromptGraphs
 
 FAMILY = "emu3"
@@ -51,23 +47,11 @@ class Emu3Graphs(VocabPromptGraphs):
 
         image_size = int(image_size or EMU3.default_image_size)
         max_prompt = int(max_prompt or self.default_max_prompt)
-        code_ids = EMU3.sub_vocab(target).code_ids if tables is not None else None
-        tables = check_bundle_artifacts(target, drafter, tables, code_ids)
         h, w = latent_grid(image_size, vq.config.downsample if vq is not None else 8)
-        L = prompt_cache_len(max_prompt, span_length(h, w), opts.max_tree)
-        if L > target.config.max_position_embeddings + opts.max_tree:
-            raise InputError(f"a {image_size}px image with a {max_prompt}-token prompt needs {L} cache slots; this "
-                             f"checkpoint has max_position_embeddings {target.config.max_position_embeddings}")
         layout = {"image_size": image_size, "max_prompt": max_prompt, "latent": [h, w]}
-
-        def target_graphs(t_exp, precision):
-            return [(Graph.TARGET_PREFILL, lambda: Emu3StepGraph(resolve(t_exp), True), precision),
-                    (Graph.TARGET_VERIFY, lambda: Emu3StepGraph(resolve(t_exp), False), precision)]
-
-        vq_graph = (lambda: Emu3VQGraph(vq.eval(), target.config)) if vq is not None else None
-        source = source if source is not None else getattr(target, "source_dir", "") or "."
-        return self.prompt_bundle(target, tables, target_graphs=target_graphs, vq_graph=vq_graph, layout=layout,
-                                  max_cache_len=L, source=source, files=("config.json", "tokenizer.json"))
+        return self.vocab_bundle(EMU3, target, drafter, tables, vq, opts, image_size=image_size, max_prompt=max_prompt,
+                                 span=span_length(h, w), layout=layout, source=source,
+                                 files=("config.json", "tokenizer.json"))
 
     def target_config(self, man):
         from .config import read_emu3_config
@@ -83,24 +67,4 @@ class Emu3Graphs(VocabPromptGraphs):
 FAMILY_GRAPHS = register_export_family(Emu3Graphs())
 
 
-class Emu3StepGraph(PromptStepGraph):
-    """Emu3Target._run over a static cache (export/prompt_graphs.PromptStepGraph)."""
-
-    def __init__(self, model, last_only: bool):
-        spec = FAMILY_GRAPHS.graph_spec(Graph.TARGET_PREFILL if last_only else Graph.TARGET_VERIFY, model.config)
-        super().__init__(model, spec, lambda m, ids: m.stack.embed_tokens(ids), last_only)
-
-
-class Emu3VQGraph(_NamedGraph):
-    """Emu3VQ.decode_code without its host-side code check."""
-
-    def __init__(self, vq, target_cfg):
-        super().__init__(FAMILY_GRAPHS.graph_spec(Graph.VQ_DECODE, target_cfg))
-        self.vq = vq
-
-    def compute(self, x):
-        quant = self.vq.quantize.embedding(x["image_tokens"]).permute(0, 3, 1, 2)  # (B, C, h, w)
-        return dict(images=self.vq.decoder(self.vq.post_quant_conv(quant), quant).float())
-
-
-__all__ = ["Emu3Graphs", "Emu3StepGraph", "Emu3VQGraph", "latent_grid", "span_length"]
+__all__ = ["Emu3Graphs", "latent_grid", "span_length"]

@@ -221,6 +221,10 @@ class Emu3VQ(nn.Module):
             raise InputError(f"codes must be (B, h, w); got shape {tuple(codes.shape)}")
         if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.config.codebook_size):
             raise InputError(f"VQ codes must be in 0..{self.config.codebook_size - 1}")
+        return self.decode_grid(codes)
+
+    def decode_grid(self, codes: torch.Tensor) -> torch.Tensor:
+        """decode_code without the host-side check (the exported VQ graph)."""
         quant = self.quantize.embedding(codes).permute(0, 3, 1, 2)  # (B, C, h, w)
         return self.decoder(self.post_quant_conv(quant), quant)
 

@@ -53,7 +53,8 @@ CHECKPOINT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "
 
 class JanusCondition:
     """The condition protocol of a Janus graph target (engines/prompt_graph.GraphPromptTarget):
-    JanusTarget's checks and unconditional rows (cond.py), [cond; null] by concatenation."""
+    JanusTarget's checks, the family's unconditional rows (JanusFamily.null_cond), [cond; null] by
+    concatenation."""
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -62,7 +63,9 @@ class JanusCondition:
         return C.check_cond(self.cfg, cond)
 
     def null_cond(self, cond):
-        return C.null_cond(self.cfg, cond)
+        from ...models.family import family_of
+
+        return family_of(self.cfg).null_cond(self.cfg, cond)
 
     def cfg_rows(self, cond, null):
         if isinstance(cond, (tuple, list)):

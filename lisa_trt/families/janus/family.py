@@ -34,6 +34,8 @@ class JanusFamily(ModelFamily):
         return C.check_cond(cfg, cond)
 
     def null_cond(self, cfg, cond, uncond_embedding=None):
+        """CFG's unconditional rows (cond.null_cond: transformers' BOS / BOI kept, the rest PAD), the
+        one rule the torch target, the graph target's condition and the reference loop ask for."""
         return C.null_cond(cfg, cond)
 
     def example_cond(self, cfg, batch: int, generator=None):

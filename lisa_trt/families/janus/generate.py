@@ -58,7 +58,8 @@ def generate_image_tokens(target, prompt_ids, cfg_scale: float = 5.0, greedy: bo
     ids, valid = C.split_cond(prompt_ids)
     guided_rows = cfg_scale != 1
     if guided_rows:
-        ids, valid = torch.cat([ids, C.null_ids(target.config, ids)]), torch.cat([valid, valid])
+        null, _ = target.null_cond((ids, valid))
+        ids, valid = torch.cat([ids, null]), torch.cat([valid, valid])
     rows, T, N = ids.shape[0], ids.shape[1], target.config.block_size
     dev = target.output.weight.device
     gen = torch.Generator(dev).manual_seed(seed) if seed is not None else None

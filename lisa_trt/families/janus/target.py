@@ -171,8 +171,10 @@ class JanusTarget(RotaryTarget, nn.Module):
         return C.check_cond(self.config, cond, budget=False)
 
     def null_cond(self, cond):
-        """Unconditional rows for CFG exactly as transformers builds them (cond.py)."""
-        return C.null_cond(self.config, cond)
+        """Unconditional rows for CFG: the family's rule (JanusFamily.null_cond, cond.py)."""
+        from ...models.family import family_of
+
+        return family_of(self.config).null_cond(self.config, cond)
 
     # -- core ---------------------------------------------------------------------------
     def _run(self, h, positions, mask, cache, slots, taps: bool, last_only: bool = False) -> TargetOutput:
