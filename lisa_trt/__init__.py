@@ -76,8 +76,13 @@ def teacher_forced_logits(target, cond=None, tokens=None, *, input_ids=None):
     - `teacher_forced_logits(target, input_ids (B, T))` (prompt-id families: Chameleon, Emu3) ->
       (B, T, V) raw whole-vocabulary logits, as transformers' `model(input_ids).logits`.
     """
+    from .errors import InputError
     from .models.family import family_of
 
+    if not callable(getattr(target, "teacher_forced_logits", None)):
+        raise InputError(f"teacher_forced_logits needs an eager target (lisa_trt.load_target(DIR)); "
+                         f"{type(target).__name__} is an engine target (ONNX Runtime / TensorRT graphs run "
+                         "cached steps only, no cache-free forward)")
     cond = cond if cond is not None else input_ids
     return family_of(target.config).teacher_forced_logits(target, cond, tokens)
 

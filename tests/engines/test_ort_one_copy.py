@@ -86,3 +86,18 @@ def test_ort_opens_each_drafter_weight_once_by_default(bundle):
         assert not e.drafter.fused_commit
     with load_engines(bundle, "ort", threads=1, fused_commit=True) as e:
         assert e.drafter.fused_commit
+
+
+def test_teacher_forcing_an_engine_target_names_the_eager_target(bundle, artifacts):
+    """lisa_trt.teacher_forced_logits on an engine target (no cache-free forward) is an InputError naming
+    load_target, not an AttributeError from inside the family; the eager target still answers."""
+    import pytest
+
+    import lisa_trt
+    from lisa_trt.errors import InputError
+
+    cond, tokens = torch.tensor([1, 2]), torch.zeros(2, 3, dtype=torch.long)
+    assert lisa_trt.teacher_forced_logits(artifacts["target"], cond, tokens).shape[:2] == (2, 3)
+    with load_engines(bundle, "ort", threads=1) as e:
+        with pytest.raises(InputError, match="load_target"):
+            lisa_trt.teacher_forced_logits(e.target, cond, tokens)
