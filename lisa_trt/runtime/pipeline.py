@@ -29,6 +29,7 @@ from .bundle import Bundle, open_bundle
 from .conditions import run_conditions
 from .context import AUTO, TREE_NAMES, resolve_method, resolve_sampling, resolve_spec
 from .prompts import Prompt
+from .seeding import image_seed
 
 
 @dataclass
@@ -78,21 +79,30 @@ def _batch_cfg(overrides: list) -> Optional[float]:
     return cfgs.pop() if cfgs else None
 
 
+def _alone(method: Method, i: int, sampling: SamplingConfig, seed: int, tag: dict) -> _Call:
+    """Image i decoded by itself: from one generator of its own (sampling.RowGenerators, the
+    generator a batch row gets, so the image is the one it is in any batch), or, for a Jacobi loop
+    without per-row generators, from one stream seeded with `seed` (that loop's rows always
+    decode alone)."""
+    per_row = not (method.kind == "sjd" and not method.row_seeds)
+    return _Call(i, i + 1, sampling, seed, [seed] if per_row else None, (tag,))
+
+
 def _calls(method: Method, overrides: list, seed: int, sampling_of, *, batch: bool, row_seeds: bool) -> list:
     """A request's decode calls (Pipeline.generate's batch / row_seeds semantics).
 
-    batch=False: one call per prompt (its own CFG scale, one generator stream). batch=True: one
-    call over every row with a generator per row (row_seeds) or one stream seeded with `seed`;
-    a Jacobi loop without per-row generators decodes each row alone, so that a row's tokens
-    still depend only on its prompt and seed."""
-    seeds = [ov["seed"] if ov.get("seed") is not None else seed + i for i, ov in enumerate(overrides)]
+    Every image follows the seeding rule (runtime/seeding.py, `_alone`), so batch=False (one call per
+    prompt, its own CFG scale) and batch=True (one call over every row, one generator per row)
+    give the same images. row_seeds=False is the one exception: the whole batch draws from one
+    stream seeded with `seed` (the rows then depend on the batch)."""
+    seeds = [image_seed(seed, i, ov.get("seed")) for i, ov in enumerate(overrides)]
     n = len(seeds)
     if not batch:
-        return [_Call(i, i + 1, sampling_of(ov.get("cfg")), sd, tags=({"seed": sd},))
+        return [_alone(method, i, sampling_of(ov.get("cfg")), sd, {"seed": sd})
                 for i, (ov, sd) in enumerate(zip(overrides, seeds))]
     s = sampling_of(_batch_cfg(overrides))
     if row_seeds and method.kind == "sjd" and not method.row_seeds:
-        return [_Call(i, i + 1, s, sd, tags=({"seed": sd, "batch_row": i},)) for i, sd in enumerate(seeds)]
+        return [_alone(method, i, s, sd, {"seed": sd, "batch_row": i}) for i, sd in enumerate(seeds)]
     if row_seeds:
         return [_Call(0, n, s, seeds[0], seeds, tuple({"seed": sd, "batch": n, "batch_row": b}
                                                       for b, sd in enumerate(seeds)))]
@@ -101,12 +111,15 @@ def _calls(method: Method, overrides: list, seed: int, sampling_of, *, batch: bo
 
 def _row_stats(s, timing: dict, call: _Call) -> list:
     """One stats dict per row of a decode call: the call's DecodeStats (per row when each row has
-    its own generator), `timing` (seconds, verify) and the row's tags."""
+    its own generator), `timing` (seconds, verify), the row's tags and `forwards`: the target
+    forwards the decoder ran while the row was decoding (its prefill and its own steps)."""
+    n, per_row = len(call.tags), len(s.rows) == len(s.committed) > 0  # a loop that records each step's rows
+    forwards = [s.row(b)["steps"] + 1 for b in range(n)] if n > 1 and per_row else [s.target_forwards] * n
     if call.seeds is None:
         st = {**s.as_dict(), **timing}
-        return [{**st, **tag} for tag in call.tags]
-    return [{**s.row(b), **s.settings, **timing, **tag, "batch_target_forwards": s.target_forwards}
-            for b, tag in enumerate(call.tags)]
+        return [{**st, **tag, "forwards": f} for tag, f in zip(call.tags, forwards)]
+    return [{**s.row(b), **s.settings, **timing, **tag, "batch_target_forwards": s.target_forwards,
+             "forwards": forwards[b]} for b, tag in enumerate(call.tags)]
 
 
 class Pipeline:
@@ -311,11 +324,10 @@ class Pipeline:
             cfg_scale, temperature, top_k, top_p, greedy: override the bundle's defaults.
             sampling: a SamplingConfig used instead of the bundle's defaults (the values above and a
                 prompt's own cfg still override it).
-            batch: decode all prompts as one batch, each row with its own generator seeded by its
-                prompt seed (results do not depend on which prompts share the batch; this is
-                the serving path). batch=False decodes one call per prompt with a single
-                generator stream per call (the CLI's `run` semantics; different random numbers
-                from batch=True for the same seed).
+            batch: decode all prompts as one batch (the serving path) instead of one call per
+                prompt (the CLI's `run`). Either way image i draws from its own generator seeded
+                with its prompt seed (else seed + i), so an image is the same alone, in any batch,
+                through `lisa-trt run` and through serve (runtime/seeding.py).
             row_seeds: with batch=True, False draws the whole batch from one generator seeded with
                 `seed` (the rows then depend on the batch; one call, as `lisa-trt generate` decodes).
             decode: decode tokens to PIL images (needs the VQ decoder).

@@ -10,8 +10,9 @@ T5-caption engines when the pipeline has a text encoder), `seed` (INT64) and the
 registered method's own knob by its setting name (METHOD_KNOBS: `lantern_delta`, `gasv_kappa`,
 `gasv_lambda`, `gsd_group`, `sjd_pac_tree_width`, `zipar_window`, ...; FP32 / INT32 / BYTES by
 the knob's type). Outputs: `image` (n, H, W, 3) UINT8, `mal`, `tvd`,
-`seconds` (n, 1) FP32, `batch` (n, 1) INT32 (rows decoded together) and `error` (n, 1) BYTES
-(empty on success).
+`seconds` (n, 1) FP32, `batch` (n, 1) INT32 (rows decoded together), `forwards` (n, 1) INT32
+(the target forwards the decoder ran for the row: its prefill and its steps) and `error` (n, 1)
+BYTES (empty on success).
 
 Rows that share every sampling setting are decoded as ONE batch with per-row seeds
 (Pipeline.generate(batch=True)), so a row's image depends only on its own prompt and seed.
@@ -46,7 +47,7 @@ BASE_INPUTS = {"prompt": (np.bytes_, "str"), "seed": (np.int64, "int"), "verify"
                "top_p": (np.float32, "float")}
 REQUIRED = ("prompt",)
 OUTPUTS = {"image": np.uint8, "mal": np.float32, "tvd": np.float32, "seconds": np.float32, "batch": np.int32,
-           "error": np.bytes_}
+           "forwards": np.int32, "error": np.bytes_}
 _RANGES = {"lantern_delta": (0.0, 1.0), "gasv_kappa": (0.0, 1e6), "gasv_lambda": (0.0, 1e6)}  # serving's own checks
 
 
@@ -324,7 +325,7 @@ class ServeModel:
         h, w = shapes[0][:2] if shapes else (0, 0)
         img = np.zeros((n, h, w, 3), dtype=np.uint8)
         mal, tvd, sec = (np.zeros((n, 1), np.float32) for _ in range(3))
-        bat = np.zeros((n, 1), np.int32)
+        bat, fwd = np.zeros((n, 1), np.int32), np.zeros((n, 1), np.int32)
         err = np.array([[b""] for _ in range(n)], dtype=object)
         for i, g in enumerate(got):
             if isinstance(g, str):
@@ -333,5 +334,5 @@ class ServeModel:
             img[i] = g[0]
             st = g[1]
             mal[i, 0], tvd[i, 0], sec[i, 0] = st["mal"], st["mean_tvd"], st["seconds"]
-            bat[i, 0] = st.get("batch", 1)
-        return {"image": img, "mal": mal, "tvd": tvd, "seconds": sec, "batch": bat, "error": err}
+            bat[i, 0], fwd[i, 0] = st.get("batch", 1), st["forwards"]
+        return {"image": img, "mal": mal, "tvd": tvd, "seconds": sec, "batch": bat, "forwards": fwd, "error": err}

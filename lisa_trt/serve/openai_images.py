@@ -49,15 +49,14 @@ def partial_image(image: np.ndarray, pixel_rows: int) -> np.ndarray:
 
 
 def usage(info: ModelInfo, stats: list, seconds: float) -> dict:
-    """The usage block of `len(stats)` images: OpenAI's token counts, plus the decode's target
-    forwards, MAL (mean accepted tokens per forward), wall seconds and Triton's batch size.
-
-    forwards per image = 1 + (tokens - 1) / MAL: the prefill gives the first token, every later
-    forward commits MAL tokens on average (exact counts for a plain token grid, LlamaGen)."""
+    """The usage block of `len(stats)` images: OpenAI's token counts, plus the target forwards the
+    decoder ran for them (per image its prefill and its steps, counted by the decode loop: the
+    served model's `forwards` output), MAL (mean accepted tokens per forward), wall seconds and
+    Triton's batch size."""
     n, per = len(stats), info.tokens_per_image
     out_tokens = per * n if per else None
     in_tokens = info.prompt_tokens * n if info.prompt_tokens is not None else None
-    forwards = (sum(1 + round((per - 1) / max(float(s["mal"]), 1e-9)) for s in stats) if per else None)
+    forwards = sum(int(s["forwards"]) for s in stats)
     total = (in_tokens or 0) + (out_tokens or 0) if out_tokens is not None else None
     return {"input_tokens": in_tokens, "input_tokens_details": {"text_tokens": 0, "image_tokens": 0},
             "output_tokens": out_tokens, "output_tokens_details": {"image_tokens": out_tokens, "text_tokens": 0},

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import LisaError
+from ..runtime.seeding import image_seeds
 
 # accepted and ignored (OpenAI fields with no meaning for these models; docs/serving.md)
 IGNORED = ("quality", "style", "user", "background", "moderation", "safety_identifier", "output_compression")
@@ -199,7 +200,7 @@ def _seeds(body: dict, n: int) -> tuple:
     seed = secrets.randbelow(2**31) if seed is None else _typed("seed", seed, "int")
     if not 0 <= seed <= _SEED_MAX - n:
         raise bad(f"seed={seed} is out of range; valid: 0..{_SEED_MAX - n}", "seed")
-    return tuple(seed + i for i in range(n))  # image i uses seed + i, as Pipeline.generate does
+    return image_seeds(seed, n)  # the rule of every image (runtime/seeding.py)
 
 
 def _knobs(body: dict, knob_kinds: dict) -> dict:

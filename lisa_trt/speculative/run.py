@@ -14,6 +14,7 @@ from ..errors import InputError
 from .autoregressive import generate
 from .decode import DecodeStats, SpeculativeDecoder
 from .methods import Method, SpecConfig, get_method
+from .proxy import CountingTarget
 
 
 def _method(method: Union[str, Method]) -> Method:
@@ -57,10 +58,11 @@ def run_method(method: Union[str, Method], target, drafter, tables, cond, *, sam
         if on_progress is not None:
             B = target.check_cond(cond)
             cb = lambda i: on_progress(i * B)  # noqa: E731
-        toks = generate(target, cond, seed=seed, seeds=seeds, on_token=cb, layout=layout,
+        counted = CountingTarget(target)
+        toks = generate(counted, cond, seed=seed, seeds=seeds, on_token=cb, layout=layout,
                         **dataclasses.asdict(sampling))
         N = toks.shape[1]
-        st = DecodeStats(target_forwards=N)
+        st = DecodeStats(target_forwards=counted.forwards)
         n = toks.shape[0] * (N - 1)
         st.committed, st.rows = [torch.ones(n)], [torch.arange(toks.shape[0]).repeat_interleave(N - 1)]
         st.times = {"total": time.perf_counter() - t0}

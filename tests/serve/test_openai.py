@@ -137,13 +137,24 @@ def test_images_equal_the_pipeline_with_the_same_seed(client, pipe, info):
     assert u.output_tokens == 2 * pipe.config.block_size and u.input_tokens == 2
     assert u.total_tokens == u.input_tokens + u.output_tokens
     assert u.model_extra["mal"] == pytest.approx(sum(mal) / 2, abs=1e-3)
-    n = pipe.config.block_size
-    assert u.model_extra["forwards"] == sum(1 + round((n - 1) / m) for m in mal)
+    assert u.model_extra["forwards"] == sum(st["forwards"] for st in ref.stats)  # the decoder's own count
     assert u.model_extra["batch"] == 2 and u.model_extra["seconds"] > 0
     # a class id (JSON number or string) is the same class as its name; the knobs reach the decode
     by_id = client.images.generate(prompt="3", extra_body={"seed": 7, "verify": "gasv", "top_k": 5})
     want = pipe.generate([Prompt(0, class_id=3, seed=7)], verify="gasv", top_k=5, batch=True).images[0]
     assert np.array_equal(_png(by_id.data[0].b64_json), np.asarray(want))
+
+
+def test_usage_forwards_are_the_decoders_count(client, pipe):
+    """Plain decoding runs the target once per token (the prefill gives the first): n * N forwards
+    for n images of N tokens; a tree decode reports the forwards its loop ran (prefill + steps)."""
+    n = pipe.config.block_size
+    plain = client.images.generate(prompt="c2", n=2, extra_body={"seed": 1, "verify": "vanilla"})
+    assert plain.usage.model_extra["forwards"] == 2 * n and plain.usage.model_extra["mal"] == 1.0
+    tree = client.images.generate(prompt="c2", extra_body={"seed": 1, "verify": "exact"})
+    ref = pipe.generate([Prompt(0, class_id=2, seed=1)], verify="exact", batch=True, decode=False)
+    steps = ref.stats[0]["steps"]
+    assert tree.usage.model_extra["forwards"] == steps + 1 == ref.stats[0]["forwards"], steps
 
 
 def test_stream_sends_row_prefixes_of_the_final_image_then_completed(client, info):
@@ -357,3 +368,49 @@ def test_docs_openai_api_lines_use_existing_options():
     for ln in lines:
         used = {a.split("=")[0] for a in shlex.split(ln)[2:] if a.startswith("--")}
         assert used <= known, (ln, used - known)
+
+
+@pytest.fixture(scope="module")
+def bundle(pipe, tmp_path_factory):
+    """conftest's tiny models exported as an engine directory (ONNX Runtime)."""
+    from lisa_trt.export import export_bundle
+
+    from conftest import GEN
+
+    e, out = pipe._e, tmp_path_factory.mktemp("openai-bundle") / "eng"
+    export_bundle(e.target, e.drafter, e.tables, e.vq, out, generation=GEN, progress=False, lint=False)
+    return out
+
+
+@pytest.mark.slow  # the export: about 60 s on 2 shared cores
+def test_lisa_trt_run_pngs_equal_the_openai_pngs_whatever_the_batch(bundle, tmp_path):
+    """`lisa-trt run` (one decode per prompt) and the OpenAI front end (the served model: the
+    request's images decoded as one batch) give byte-identical pixels for the same prompt and seed;
+    an image served alone equals the same image served in a batch of two."""
+    from click.testing import CliRunner
+    from PIL import Image
+
+    from lisa_trt.cli import main
+    from lisa_trt.runtime.pipeline import Pipeline
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("c3\nc3\n")
+    res = CliRunner().invoke(main, ["run", str(bundle), str(prompts), "--out", str(tmp_path / "o"), "--backend",
+                                    "ort", "--seed", "7"])
+    assert res.exit_code == 0, res.output
+    ran = [np.asarray(Image.open(tmp_path / "o" / f"img_{i:04d}_line{i + 1}.png")) for i in range(2)]
+    with Pipeline.from_dir(bundle, backend="ort", threads=1) as ort:
+        front, base = _serve(LocalModel(ort), _info(ort))
+        c = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
+        try:
+            both = c.images.generate(prompt="c3", n=2, extra_body={"seed": 7})
+            alone = c.images.generate(prompt="c3", extra_body={"seed": 8})
+        finally:
+            c.close()
+            front.stop(10)
+    assert both.usage.model_extra["batch"] == 2 and alone.usage.model_extra["batch"] == 1
+    served = [_png(d.b64_json) for d in both.data]
+    for i in range(2):
+        assert np.array_equal(served[i], ran[i]), f"image {i}: lisa-trt run differs from the OpenAI API"
+    assert np.array_equal(_png(alone.data[0].b64_json), served[1])  # the batch did not change the image
+    assert not np.array_equal(served[0], served[1])  # seeds 7 and 8 are different images
