@@ -23,9 +23,11 @@ import torch
 
 from ..config import SamplingConfig
 from ..errors import InputError
+from ..models.conditioning import ClassLabels
 from ..models.family import family_of
 from ..speculative.methods import Method, SpecConfig
 from .bundle import Bundle, open_bundle
+from .class_names import bundle_class_names
 from .conditions import run_conditions
 from .context import AUTO, TREE_NAMES, resolve_method, resolve_sampling, resolve_spec
 from .prompts import Prompt
@@ -133,6 +135,8 @@ class Pipeline:
         tc = engines.target.config
         self.family = family_of(tc)
         self._conds = run_conditions(self.family, tc)  # what prompts are: class ids, captions, texts
+        classes = int(getattr(tc, "num_classes", 0) or 0) if isinstance(self.family.conditioning(tc), ClassLabels) else 0
+        self._names = bundle_class_names(engines.class_names, classes)  # a 1000-class bundle: ImageNet's
         self._text = self._conds.encoder(text_encoder, tc)
 
     # -- construction --------------------------------------------------------------------
@@ -216,14 +220,15 @@ class Pipeline:
 
     @property
     def class_names(self):
-        return self._e.class_names
+        """The names a class prompt may use: the bundle's own, else ImageNet's for 1000 classes."""
+        return self._names
 
     # -- generation ----------------------------------------------------------------------
 
     def _cond(self, prompts) -> tuple:
         """Class ids / names, captions or text prompts (or Prompt objects) -> (condition,
         per-prompt overrides, per-prompt labels for the stats), as the target's kind takes them."""
-        return self._conds.parse(prompts, self.config, self._e.class_names, self._text)
+        return self._conds.parse(prompts, self.config, self.class_names, self._text)
 
     @property
     def precision(self) -> str:

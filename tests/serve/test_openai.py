@@ -200,7 +200,8 @@ CASES = [
     (dict(prompt="c1", extra_body={"guidance_scale": "high"}), "guidance_scale", "must be a number"),
     (dict(prompt="c1", extra_body={"seed": -1}), "seed", "seed=-1 is out of range"),
     (dict(prompt="c1", extra_body={"temperature": 0.5, "steps": 3}), "steps", "Unknown parameter: 'steps'"),
-    (dict(prompt="c1", extra_body={"negative_prompt": "blurry"}), "negative_prompt", "not supported"),
+    (dict(prompt="c1", extra_body={"negative_prompt": "blurry"}), "negative_prompt",
+     "negative_prompt is not supported by the llamagen family (class-conditional"),
     (dict(prompt="c1", partial_images=2), "partial_images", "partial_images needs stream: true"),
     (dict(prompt="c1", stream=True, partial_images=4), "partial_images", "valid: 0..3"),
     (dict(prompt="   "), "prompt", "'prompt' is empty"),
@@ -414,3 +415,31 @@ def test_lisa_trt_run_pngs_equal_the_openai_pngs_whatever_the_batch(bundle, tmp_
         assert np.array_equal(served[i], ran[i]), f"image {i}: lisa-trt run differs from the OpenAI API"
     assert np.array_equal(_png(alone.data[0].b64_json), served[1])  # the batch did not change the image
     assert not np.array_equal(served[0], served[1])  # seeds 7 and 8 are different images
+
+
+def test_imagenet_class_names_through_the_client(pipe):
+    """A 1000-class bundle without names of its own answers ImageNet's names (case-insensitive);
+    an ambiguous or unknown name is a 400 naming the ids or the closest names."""
+    import torch
+
+    from lisa_trt.runtime.pipeline import Pipeline
+    from lisa_trt.testing import make_target
+
+    torch.manual_seed(0)
+    imagenet = Pipeline.from_models(make_target(std=0.3, num_classes=1000), vq=pipe._e.vq,
+                                    generation={"sampling": {"cfg_scale": 1.0}})
+    info = _info(imagenet)
+    assert info.num_classes == 1000 and len(info.class_names) == 1000
+    front, base = _serve(LocalModel(imagenet), info)
+    c = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
+    try:
+        assert c.models.list().data[0].model_extra["classes"][207] == "golden retriever"
+        by_name = c.images.generate(prompt="Golden_Retriever", extra_body={"seed": 2, "verify": "vanilla"})
+        by_id = c.images.generate(prompt="207", extra_body={"seed": 2, "verify": "vanilla"})
+        assert by_name.data[0].b64_json == by_id.data[0].b64_json
+        _raises(c, openai.BadRequestError, 400, "prompt", "classes 134, 517 share it", prompt="crane")
+        _raises(c, openai.BadRequestError, 400, "prompt", "close matches: 'golden retriever' (207)",
+                prompt="goldn retriever")
+    finally:
+        c.close()
+        front.stop(10)
