@@ -132,6 +132,9 @@ def test_images_equal_the_pipeline_with_the_same_seed(client, pipe, info):
         assert np.array_equal(img, np.asarray(want))
         assert d.model_extra["seed"] == seed
     assert not np.array_equal(_png(r.data[0].b64_json), _png(r.data[1].b64_json))  # seed + i per image
+    # one decode per prompt (what `lisa-trt run` does) gives the same image as the served batch
+    alone = pipe.generate([Prompt(0, class_id=3, seed=8)], verify="auto").images[0]
+    assert np.array_equal(_png(r.data[1].b64_json), np.asarray(alone))
     u = r.usage
     mal = [st["mal"] for st in ref.stats]
     assert u.output_tokens == 2 * pipe.config.block_size and u.input_tokens == 2
