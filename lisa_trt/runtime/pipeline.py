@@ -124,6 +124,40 @@ def _row_stats(s, timing: dict, call: _Call) -> list:
              "forwards": forwards[b]} for b, tag in enumerate(call.tags)]
 
 
+class PartialDecode:
+    """One decode step of rows start.. of a Pipeline.generate call (its `on_step` hook).
+
+    tokens (B, N) and done (B,) are the loop's own (read them during the call): row b has committed
+    tokens[b, :done[b]]. `codes()` fills every token past the prefix with the row's first free
+    token (a forced token keeps its id), so the grid decodes like a finished one; `images()` are
+    the VQ decoder's images of those codes (the rows decoded so far, the filler below them)."""
+
+    def __init__(self, pipe, start: int, tokens, done, layout, request):
+        self.pipe, self.start, self.layout, self.request = pipe, start, layout, request
+        self.tokens, self.done = tokens.detach().cpu(), done.detach().cpu()
+
+    def filled(self) -> torch.Tensor:
+        """(B, N) the committed tokens, the rest the row's first free token (forced ids kept)."""
+        t = self.tokens.clone()
+        forced = None if self.layout is None or self.layout.forced is None else self.layout.forced.cpu()
+        first = 0 if forced is None else int(torch.nonzero(forced < 0)[0, 0])
+        past = torch.arange(t.shape[1])[None] >= self.done[:, None]
+        fill = t[:, first:first + 1].expand_as(t)
+        if forced is not None:
+            fill = torch.where(forced[None] >= 0, forced[None], fill)
+        return torch.where(past, fill, t)
+
+    def codes(self) -> torch.Tensor:
+        """The filled tokens as the VQ decoder's input (a prompted family's code grids)."""
+        t = self.filled()
+        if self.request is None:
+            return t
+        return self.pipe.family.tokens_to_codes(self.pipe._e.target, t, self.request)
+
+    def images(self) -> list:
+        return self.pipe.decode(self.codes())
+
+
 class Pipeline:
     """Tree speculation + GASV over one set of engines (see module docstring)."""
 
@@ -314,7 +348,7 @@ class Pipeline:
                  cfg_scale: Optional[float] = None, temperature: Optional[float] = None,
                  top_k: Optional[int] = None, top_p: Optional[float] = None, greedy: bool = False,
                  batch: bool = False, row_seeds: bool = True, decode: bool = True, progress: bool = False,
-                 sampling: Optional[SamplingConfig] = None, **tree) -> GenerationResult:
+                 sampling: Optional[SamplingConfig] = None, on_step=None, **tree) -> GenerationResult:
         """Generate one image per prompt.
 
         Args:
@@ -337,6 +371,9 @@ class Pipeline:
                 `seed` (the rows then depend on the batch; one call, as `lisa-trt generate` decodes).
             decode: decode tokens to PIL images (needs the VQ decoder).
             progress: show a progress bar (one step per image) on stderr (batch=False).
+            on_step: optional `on_step(PartialDecode)` after every decode step (run_method's per-step
+                hook): the rows of one decode call, their committed tokens so far and `images()`,
+                the images of those tokens (serving's progressive images).
             tree: top_k / depth / total_tokens overrides of the tree budget (e.g. depth=3), and
                 every registered method's knob by its flat name (speculative/methods.py FLAT_FIELDS):
                 gasv_kappa, gasv_lambda, gasv_delta, gasv_neighbours, gasv_scope (None: the tables'
@@ -359,7 +396,8 @@ class Pipeline:
 
         calls = _calls(method, overrides, seed, sampling_of, batch=batch, row_seeds=row_seeds)
         with self._lock:
-            tokens, codes, stats = self._run_calls(method, cond, spec, calls, progress=progress and not batch)
+            tokens, codes, stats = self._run_calls(method, cond, spec, calls, progress=progress and not batch,
+                                                   on_step=on_step)
             images = self.decode(tokens if codes is None else codes) if decode else []
         stats = [{**st, **labels[i], "verify_reason": why} for i, st in enumerate(stats)]
         return GenerationResult(images=images, tokens=tokens, stats=stats, codes=codes)
@@ -381,7 +419,7 @@ class Pipeline:
                     given[k] = v
         return self.spec(method, **given)
 
-    def _run_calls(self, method: Method, cond, spec, calls: list, *, progress: bool) -> tuple:
+    def _run_calls(self, method: Method, cond, spec, calls: list, *, progress: bool, on_step=None) -> tuple:
         """Every decode call of a request, in row order -> (tokens (B, N), a prompted family's code
         grids (B, h, w) or None, one stats dict per row)."""
         from ..progress import progress_bar
@@ -389,7 +427,7 @@ class Pipeline:
         outs, codes, stats = [], [], []
         bar = progress_bar(calls[-1].stop, progress, unit="image")
         for call in calls:
-            toks, st, code = self._run(method, cond, spec, call)
+            toks, st, code = self._run(method, cond, spec, call, on_step)
             outs.append(toks)
             if code is not None:
                 codes.append(code)
@@ -398,7 +436,7 @@ class Pipeline:
         bar.close()
         return torch.cat(outs), torch.cat(codes) if codes else None, stats
 
-    def _run(self, method: Method, cond, spec, call: _Call) -> tuple:
+    def _run(self, method: Method, cond, spec, call: _Call, on_step=None) -> tuple:
         """Rows call.start:call.stop of `cond` decoded in one call -> (tokens, one stats dict per row,
         a prompted family's code grids or None); a prompted family's rows are encoded as a request
         of their own (their own left padding)."""
@@ -408,9 +446,13 @@ class Pipeline:
         rows, req = self._conds.rows(cond, call.start, call.stop, lambda texts: self._request(texts, call.sampling))
         layout = getattr(req, "layout", None)
         check_artifacts(method, e.drafter, e.tables, e.gasv)
+        hook = None
+        if on_step is not None:
+            def hook(tokens, done):
+                on_step(PartialDecode(self, call.start, tokens, done, layout, req))
         t0 = time.perf_counter()
         toks, s = run_method(method, e.target, e.drafter, e.tables, rows, sampling=call.sampling, spec=spec,
-                             seed=call.seed, seeds=call.seeds, gasv=e.gasv, layout=layout)
+                             seed=call.seed, seeds=call.seeds, gasv=e.gasv, layout=layout, on_step=hook)
         stats = _row_stats(s, {"seconds": time.perf_counter() - t0, "verify": method.name}, call)
         toks = toks.cpu()
         return toks, stats, self.family.tokens_to_codes(e.target, toks, req) if req is not None else None

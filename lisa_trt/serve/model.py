@@ -117,6 +117,22 @@ def _range(name, v, lo, hi, lo_open=False):
     return v
 
 
+class PartialImages:
+    """Pipeline.generate's on_step hook that emits `k` progressive images (ServeModel.stream_each)."""
+
+    def __init__(self, k: int, emit):
+        self.k, self.emit, self.sent = int(k), emit, 0
+
+    def __call__(self, step) -> None:
+        n = step.tokens.shape[1]
+        done, images = int(step.done.min()), None
+        while self.sent < self.k and done * (self.k + 1) >= (self.sent + 1) * n:
+            if images is None:  # one VQ decode per step, however many partials it completes
+                images = np.stack([np.asarray(im, dtype=np.uint8) for im in step.images()])
+            self.emit(self.sent, done, images)
+            self.sent += 1
+
+
 class ServeModel:
     """Validates, groups and decodes Triton requests on one Pipeline.
 
@@ -258,7 +274,7 @@ class ServeModel:
 
     # -- execution -----------------------------------------------------------------------
 
-    def _decode_group(self, knobs: tuple, rows: list) -> list:
+    def _decode_group(self, knobs: tuple, rows: list, on_step=None) -> list:
         """One batched decode -> per row (image uint8 (H, W, 3), stats dict)."""
         from ..runtime.context import resolve_sampling
         from ..runtime.prompts import Prompt
@@ -268,7 +284,7 @@ class ServeModel:
                                     top_p=top_p)  # ranges checked by _knobs (serving's own)
         spec = {k: v for k, v in zip(method_knobs(), method_values) if v is not None}
         prompts = [Prompt(i, class_id=r.class_id, caption=r.caption, seed=r.seed, cfg=cfg) for i, r in enumerate(rows)]
-        res = self.pipe.generate(prompts, verify=verify, sampling=sampling, batch=True, **spec)
+        res = self.pipe.generate(prompts, verify=verify, sampling=sampling, batch=True, on_step=on_step, **spec)
         return [(np.asarray(img, dtype=np.uint8), st) for img, st in zip(res.images, res.stats)]
 
     def infer(self, requests: Sequence[Mapping]) -> list[dict]:
@@ -283,11 +299,12 @@ class ServeModel:
                                     "; ".join(f"request {i}: {m}" for i, m in enumerate(msgs)))
         return [resp for _, resp in out]
 
-    def infer_each(self, requests: Sequence[Mapping]) -> list[tuple]:
+    def infer_each(self, requests: Sequence[Mapping], on_step=None) -> list[tuple]:
         """-> per request (RequestFailure or None, output dict). A failure is set for a request
         that is invalid as a whole, or any of whose rows failed (the Triton Python backend answers
         it with a TritonError: INVALID_ARG, or INTERNAL when `failure.internal`); the output
-        dict carries each row's message in `error`."""
+        dict carries each row's message in `error`. on_step: Pipeline.generate's per-step hook
+        for every decode (stream_each's progressive images)."""
         rows, errors, sizes = self.parse(requests)
         results = {}  # (req, idx) -> (image, stats) or error string
         groups: dict = {}
@@ -298,7 +315,7 @@ class ServeModel:
                 for k in range(0, len(members), self.max_batch):
                     chunk = members[k:k + self.max_batch]
                     try:
-                        out = self._decode_group(knobs, chunk)
+                        out = self._decode_group(knobs, chunk, **({} if on_step is None else {"on_step": on_step}))
                     except InputError as e:  # a setting the engines refuse (validated rows): the client's
                         out = [RequestFailure(" ".join(str(e).split()))] * len(chunk)
                     except Exception:  # noqa: BLE001 - one failed batch must not stop the server
@@ -317,6 +334,13 @@ class ServeModel:
                     if failed else None
             out.append((err, resp))
         return out
+
+    def stream_each(self, request: Mapping, partial_images: int, emit) -> tuple:
+        """One request decoded with `partial_images` progressive images -> (failure or None, output
+        dict) as infer_each. While it decodes, `emit(k, tokens, images)` is called for k = 0..K-1 in
+        order once every row has committed k+1 / (K+1) of its tokens: `tokens` the fewest committed
+        by a row, `images` (n, H, W, 3) uint8 of every row's committed tokens (PartialDecode.images)."""
+        return self.infer_each([request], on_step=PartialImages(partial_images, emit))[0]
 
     def _response(self, r: int, n: int, error: Optional[str], results: dict) -> dict:
         got = [error if error is not None else results.get((r, i), "internal error: row not decoded")

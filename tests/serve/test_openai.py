@@ -18,6 +18,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+import torch
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
@@ -52,13 +53,8 @@ class LocalModel:
     async def ready(self):
         return True
 
-    def _infer(self, call):
-        from lisa_trt.serve.client import parse_rows
-
-        self.entered.set()
-        assert self.gate.wait(60), "the test never opened the gate"
-        if self.fault:
-            raise RuntimeError("boom: /secret/path.py")
+    @staticmethod
+    def _request(call) -> dict:
         cols = {"prompt": [call.prompt] * call.n, "seed": list(call.seeds), **{k: [v] * call.n
                                                                             for k, v in call.knobs.items()}}
         req = {}
@@ -66,16 +62,67 @@ class LocalModel:
             dt, kind = inputs()[name]
             req[name] = (np.array([[str(v).encode()] for v in col], dtype=object) if kind == "str"
                          else np.array([[v] for v in col], dtype=dt))
-        (err, out), = self.model.infer_each([req])
+        return req
+
+    @staticmethod
+    def _rows(err, out):
+        from lisa_trt.serve.client import parse_rows
+
         if err is not None:
             raise triton_error(str(err), "500" if err.internal else "400", knob_kinds())
         return parse_rows(_Result(out))
+
+    def _infer(self, call):
+        self.entered.set()
+        assert self.gate.wait(60), "the test never opened the gate"
+        if self.fault:
+            raise RuntimeError("boom: /secret/path.py")
+        (err, out), = self.model.infer_each([self._request(call)])
+        return self._rows(err, out)
 
     async def generate(self, call):
         return await asyncio.to_thread(self._infer, call)
 
     async def close(self):
         pass
+
+
+class StreamingModel(LocalModel):
+    """LocalModel with the progressive channel (`stream`): ServeModel.stream_each on a thread, each
+    partial handed to the event loop as it is emitted. The first partial holds the decode until
+    the test sets `hold` (after its client has received that partial), so the decode provably
+    finishes after the client saw it; `decoded` is set when the decode has returned."""
+
+    def __init__(self, pipe):
+        super().__init__(pipe)
+        self.hold, self.decoded = threading.Event(), threading.Event()
+        self.held = None  # True when the first partial's hold was released by the test
+
+    async def stream(self, call):
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+
+        def emit(k, tokens, images):
+            loop.call_soon_threadsafe(queue.put_nowait, ("partial", k, tokens, images))
+            if k == 0:
+                self.held = self.hold.wait(30)
+
+        def run():
+            try:
+                item = ("done", self._rows(*self.model.stream_each(self._request(call), call.partial_images, emit)))
+            except Exception as e:  # noqa: BLE001 - handed to the stream
+                item = ("fail", e)
+            self.decoded.set()
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        self.decoded.clear()
+        threading.Thread(target=run, daemon=True).start()
+        while True:
+            item = await queue.get()
+            if item[0] == "fail":
+                raise item[1]
+            yield item
+            if item[0] == "done":
+                return
 
 
 def _info(pipe, probe=0, **over) -> ModelInfo:
@@ -178,6 +225,59 @@ def test_stream_sends_row_prefixes_of_the_final_image_then_completed(client, inf
         assert (part[px:] == 0).all()  # rows not shown yet are transparent
         shown.append(px)
     assert 0 < shown[0] < shown[1] < shown[2] < info.height, shown
+
+
+def test_progressive_partials_arrive_while_decoding_then_the_non_streaming_image(pipe, info, client):
+    """Partials come from the decode itself: the first reaches the openai client while the decode
+    is held (it cannot have finished), indices 0..K-1 in order, each from more committed tokens,
+    and the completed image equals the non-streaming one for the same seed."""
+    backend = StreamingModel(pipe)
+    front, base = _serve(backend, info)
+    try:
+        with openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120) as c:
+            events, first_seen_decoding = [], None
+            for e in c.images.generate(prompt="c5", stream=True, partial_images=3, extra_body={"seed": 4}):
+                if not events:
+                    first_seen_decoding = not backend.decoded.is_set()
+                    backend.hold.set()
+                events.append(e)
+    finally:
+        backend.hold.set()
+        front.stop(10)
+    assert first_seen_decoding is True and backend.held is True
+    assert [e.type for e in events] == ["image_generation.partial_image"] * 3 + ["image_generation.completed"]
+    assert [e.partial_image_index for e in events[:3]] == [0, 1, 2]
+    tokens = [e.model_extra["tokens"] for e in events[:3]]
+    assert 0 < tokens[0] < tokens[1] < tokens[2] < info.tokens_per_image, tokens
+    for e in events[:3]:
+        assert _png(e.b64_json).shape == (info.height, info.width, 3)
+        assert e.model_extra["rows"] == e.model_extra["tokens"] * info.token_rows // info.tokens_per_image
+    plain = client.images.generate(prompt="c5", extra_body={"seed": 4})
+    assert np.array_equal(_png(events[-1].b64_json), _png(plain.data[0].b64_json))
+    assert events[-1].usage.output_tokens == info.tokens_per_image
+
+
+@pytest.mark.parametrize("verify", ["vanilla", "exact", "sjd"])
+def test_partial_codes_are_prefixes_of_the_final_codes(pipe, verify):
+    """PartialDecode (Pipeline.generate's on_step): the committed tokens it decodes are a prefix of
+    the final tokens, the rest is the row's first token (the documented filler), and the last
+    step's images are the final images."""
+    seen, last = [], []
+
+    def hook(step):
+        seen.append((step.start, step.done.clone(), step.filled()))
+        last[:] = [step]
+
+    res = pipe.generate([Prompt(0, class_id=2, seed=5), Prompt(1, class_id=6, seed=6)], verify=verify, batch=True,
+                        on_step=hook)
+    final = res.tokens
+    assert len(seen) > 1 and int(seen[0][1].min()) < final.shape[1]
+    for start, done, filled in seen:  # a decode call's rows start at `start` (sjd decodes rows one by one)
+        for b, n in enumerate(done.tolist()):
+            assert torch.equal(filled[b, :n], final[start + b, :n])
+            assert (filled[b, n:] == final[start + b, 0]).all()
+    s = last[0]
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(s.images(), res.images[s.start:]))
 
 
 def _raises(client, exc, status, param, text, **kw):
