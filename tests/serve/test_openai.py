@@ -257,7 +257,7 @@ def test_progressive_partials_arrive_while_decoding_then_the_non_streaming_image
     assert events[-1].usage.output_tokens == info.tokens_per_image
 
 
-@pytest.mark.parametrize("verify", ["vanilla", "exact", "sjd"])
+@pytest.mark.parametrize("verify", ["vanilla", "exact", "sjd", "sjd-gasv", "zipar"])
 def test_partial_codes_are_prefixes_of_the_final_codes(pipe, verify):
     """PartialDecode (Pipeline.generate's on_step): the committed tokens it decodes are a prefix of
     the final tokens, the rest is the row's first token (the documented filler), and the last
