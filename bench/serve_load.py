@@ -15,6 +15,12 @@ total, split between them). --malformed 0.1 makes 10 % of the requests malformed
 class, out-of-range knob, wrong dtype, too many rows, unknown verify rule): each must get a 4xx
 and every valid one must succeed; both are recorded.
 Without --engine-dir the demo model is exported (cached) to runs/serve_bench/engines.
+--api openai sends every request through the OpenAI Images front end (`serve --openai-port`)
+with the official `openai` client instead of tritonclient (malformed requests: the same kinds as
+OpenAI requests; a 4xx from the client's APIStatusError):
+
+    python bench/serve_load.py --api openai --clients 32 --duration 60 --windows 5 --threads 2 \
+        --malformed 0.1 --json bench/serve_openai.json
 
     python bench/serve_load.py --clients 32 --duration 60 --windows 5 --instances 1,2 --threads 2 \
         --malformed 0.1 --json bench/serve_mixed.json
@@ -104,16 +110,66 @@ def send_malformed(url, kind, max_batch, timeout) -> tuple:
         c.close()
 
 
+class TritonAPI:
+    """Requests through tritonclient (model 'lisa', KServe v2)."""
+
+    name = "triton"
+
+    def __init__(self, srv, timeout: float, max_batch: int):
+        self.srv, self.timeout, self.max_batch = srv, timeout, max_batch
+
+    def client(self):
+        from lisa_trt.serve.client import LisaClient
+
+        return LisaClient(self.srv.url, timeout=self.timeout)
+
+    def generate(self, c, prompt: str, seed: int) -> int:
+        """One image -> the batch size the server reported."""
+        return int(c.generate(prompt, seed=seed)[1]["batch"])
+
+    def malformed(self, kind: str) -> tuple:
+        return send_malformed(self.srv.url, kind, self.max_batch, self.timeout)
+
+
+class OpenAIAPI(TritonAPI):
+    """Requests through the OpenAI Images front end with the official `openai` client."""
+
+    name = "openai"
+
+    def client(self):
+        import openai
+
+        return openai.OpenAI(base_url=self.srv.openai_url, api_key="unused", max_retries=0, timeout=self.timeout)
+
+    def generate(self, c, prompt: str, seed: int) -> int:
+        return int(c.images.generate(prompt=prompt, extra_body={"seed": seed}).usage.model_extra["batch"])
+
+    def malformed(self, kind: str) -> tuple:
+        import openai
+
+        kw = {"unknown_class": dict(prompt="no-such-class"), "top_p_out_of_range": dict(extra_body={"top_p": 2.0}),
+              "seed_dtype": dict(extra_body={"seed": 1.5}), "too_many_rows": dict(n=self.max_batch + 1),
+              "unknown_verify": dict(extra_body={"verify": "bogus"})}[kind]
+        c = self.client()
+        try:
+            c.images.generate(**{"prompt": "1", **kw})
+            return 200, "accepted"
+        except openai.APIStatusError as e:
+            return e.status_code, str(e.message)
+        finally:
+            c.close()
+
+
 def run_window(engine_dir, window_ms, *, clients, duration, max_batch, threads, request_timeout, log_dir,
-               num_classes, seed0, instances=1, malformed=0.0):
-    from lisa_trt.serve.client import LisaClient, ServeError
+               num_classes, seed0, instances=1, malformed=0.0, api=TritonAPI):
     from lisa_trt.serve.process import ServerProcess
 
-    log = Path(log_dir) / f"server_w{window_ms:g}_b{max_batch}_i{instances}.log"
+    log = Path(log_dir) / f"server_{api.name}_w{window_ms:g}_b{max_batch}_i{instances}.log"
     with ServerProcess(engine_dir, log, threads=threads, window_ms=window_ms, max_batch=max_batch,
-                       instances=instances, stop_timeout=request_timeout) as srv:
-        warm = LisaClient(srv.url, timeout=request_timeout)
-        warm.generate("0", seed=0)
+                       instances=instances, stop_timeout=request_timeout, openai=api is OpenAIAPI) as srv:
+        proto = api(srv, request_timeout, max_batch)
+        warm = proto.client()
+        proto.generate(warm, "0", 0)
         warm.close()
         before = triton_counters(srv.metrics)
         lock = threading.Lock()
@@ -126,12 +182,12 @@ def run_window(engine_dir, window_ms, *, clients, duration, max_batch, threads, 
 
         def client(k):
             rng = random.Random(k)
-            c = LisaClient(srv.url, timeout=request_timeout)
+            c = proto.client()
             try:
                 while time.monotonic() < deadline:
                     if malformed and rng.random() < malformed:
                         kind = rng.choice(MALFORMED)
-                        status, msg = send_malformed(srv.url, kind, max_batch, request_timeout)
+                        status, msg = proto.malformed(kind)
                         with lock:
                             rec["bad_sent"][kind] += 1
                             if status is not None and 400 <= status < 500 and "Traceback" not in msg:
@@ -144,12 +200,12 @@ def run_window(engine_dir, window_ms, *, clients, duration, max_batch, threads, 
                         rec["issued"] += 1
                     s = time.monotonic()
                     try:
-                        _, st = c.generate(str(rng.randrange(num_classes)), seed=seed)
+                        batch = proto.generate(c, str(rng.randrange(num_classes)), seed)
                         with lock:
                             rec["latency"].append(time.monotonic() - s)
-                            rec["batch"].append(int(st["batch"]))
+                            rec["batch"].append(batch)
                             last_done[0] = max(last_done[0], time.monotonic())
-                    except (ServeError, OSError, Exception) as e:  # noqa: BLE001 - every failure is counted
+                    except Exception as e:  # noqa: BLE001 - every failure is counted
                         with lock:
                             rec["failed"].append(f"{type(e).__name__}: {str(e)[:200]}")
             finally:
@@ -167,7 +223,7 @@ def run_window(engine_dir, window_ms, *, clients, duration, max_batch, threads, 
     bad = {"sent": sum(rec["bad_sent"].values()), "got_4xx": sum(rec["bad_4xx"].values()),
            "by_kind": {k: [rec["bad_sent"][k], rec["bad_4xx"][k]] for k in MALFORMED if rec["bad_sent"][k]},
            "wrong": rec["bad_wrong"][:10]}
-    return {"window_ms": window_ms, "max_batch": max_batch, "instances": instances, "server_threads": threads,
+    return {"api": api.name, "window_ms": window_ms, "max_batch": max_batch, "instances": instances, "server_threads": threads,
             "clients": clients, "duration_s": duration, "malformed_fraction": malformed, "malformed": bad,
             "issued": rec["issued"], "completed": done, "failed": len(rec["failed"]),
             "lost": rec["issued"] - done - len(rec["failed"]), "hung_clients": hung,
@@ -192,6 +248,8 @@ def main(argv=None):
     ap.add_argument("--instances", default="1", help="Model instances per server (comma-separated: one run each).")
     ap.add_argument("--malformed", type=float, default=0.0, help="Fraction of malformed requests (e.g. 0.1).")
     ap.add_argument("--request-timeout", type=float, default=300.0)
+    ap.add_argument("--api", choices=("triton", "openai"), default="triton",
+                    help="triton: tritonclient (KServe v2); openai: the OpenAI Images front end, openai client.")
     ap.add_argument("--json", default="bench/serve.json")
     ap.add_argument("--log-dir", default="runs/serve_bench")
     args = ap.parse_args(argv)
@@ -217,7 +275,8 @@ def main(argv=None):
               flush=True)
         r = run_window(eng, w, clients=args.clients, duration=args.duration, max_batch=mb, threads=args.threads,
                        request_timeout=args.request_timeout, log_dir=args.log_dir, num_classes=ncls,
-                       seed0=1_000_000 * (i + 1), instances=n, malformed=args.malformed)
+                       seed0=1_000_000 * (i + 1), instances=n, malformed=args.malformed,
+                       api=OpenAIAPI if args.api == "openai" else TritonAPI)
         r["loadavg_after"] = os.getloadavg()
         runs.append(r)
         print(f"  {r['throughput_img_s']:.3f} img/s, p50 {r['latency_s'].get('p50', 0):.1f} s, "
@@ -230,12 +289,13 @@ def main(argv=None):
         if r["instances"] != 1 and base and base["throughput_img_s"] > 0:
             summary[f"w{r['window_ms']:g}_b{r['max_batch']}_i{r['instances']}_over_i1"] = \
                 r["throughput_img_s"] / base["throughput_img_s"]
-    report = {"settings": {"engine_dir": str(eng), "backend": "ort", "ort_threads": args.threads,
+    report = {"settings": {"engine_dir": str(eng), "api": args.api, "backend": "ort", "ort_threads": args.threads,
                            "clients": args.clients, "duration_s": args.duration, "max_batch": args.max_batch,
                            "instances": args.instances, "malformed_fraction": args.malformed,
                            "command": " ".join([Path(sys.argv[0]).as_posix()] + (argv or sys.argv[1:]))},
               "machine": {"cpus": os.cpu_count(), "loadavg_before": load0,
-                          "note": ("quiet 2-core CPU machine (no other job; see loadavg_before)" if load0[0] < 1.5 else "shared 2-core CPU machine with other jobs running (see loadavg_before/"
+                          "note": ("quiet 2-core CPU machine, ONNX Runtime (no other job; see loadavg_before)" if load0[0] < 1.5 else
+                                   "shared 2-core CPU machine, ONNX Runtime, with other jobs running (see loadavg_before/"
                                         "_after): absolute numbers are noisy and lower than on a quiet machine, "
                                         "compare runs within this file only")},
               "runs": runs, "ratios": summary,

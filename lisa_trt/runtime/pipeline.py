@@ -23,12 +23,15 @@ import torch
 
 from ..config import SamplingConfig
 from ..errors import InputError
+from ..models.conditioning import ClassLabels
 from ..models.family import family_of
 from ..speculative.methods import Method, SpecConfig
 from .bundle import Bundle, open_bundle
+from .class_names import bundle_class_names
 from .conditions import run_conditions
 from .context import AUTO, TREE_NAMES, resolve_method, resolve_sampling, resolve_spec
 from .prompts import Prompt
+from .seeding import image_seed
 
 
 @dataclass
@@ -78,21 +81,30 @@ def _batch_cfg(overrides: list) -> Optional[float]:
     return cfgs.pop() if cfgs else None
 
 
+def _alone(method: Method, i: int, sampling: SamplingConfig, seed: int, tag: dict) -> _Call:
+    """Image i decoded by itself: from one generator of its own (sampling.RowGenerators, the
+    generator a batch row gets, so the image is the one it is in any batch), or, for a Jacobi loop
+    without per-row generators, from one stream seeded with `seed` (that loop's rows always
+    decode alone)."""
+    per_row = not (method.kind == "sjd" and not method.row_seeds)
+    return _Call(i, i + 1, sampling, seed, [seed] if per_row else None, (tag,))
+
+
 def _calls(method: Method, overrides: list, seed: int, sampling_of, *, batch: bool, row_seeds: bool) -> list:
     """A request's decode calls (Pipeline.generate's batch / row_seeds semantics).
 
-    batch=False: one call per prompt (its own CFG scale, one generator stream). batch=True: one
-    call over every row with a generator per row (row_seeds) or one stream seeded with `seed`;
-    a Jacobi loop without per-row generators decodes each row alone, so that a row's tokens
-    still depend only on its prompt and seed."""
-    seeds = [ov["seed"] if ov.get("seed") is not None else seed + i for i, ov in enumerate(overrides)]
+    Every image follows the seeding rule (runtime/seeding.py, `_alone`), so batch=False (one call per
+    prompt, its own CFG scale) and batch=True (one call over every row, one generator per row)
+    give the same images. row_seeds=False is the one exception: the whole batch draws from one
+    stream seeded with `seed` (the rows then depend on the batch)."""
+    seeds = [image_seed(seed, i, ov.get("seed")) for i, ov in enumerate(overrides)]
     n = len(seeds)
     if not batch:
-        return [_Call(i, i + 1, sampling_of(ov.get("cfg")), sd, tags=({"seed": sd},))
+        return [_alone(method, i, sampling_of(ov.get("cfg")), sd, {"seed": sd})
                 for i, (ov, sd) in enumerate(zip(overrides, seeds))]
     s = sampling_of(_batch_cfg(overrides))
     if row_seeds and method.kind == "sjd" and not method.row_seeds:
-        return [_Call(i, i + 1, s, sd, tags=({"seed": sd, "batch_row": i},)) for i, sd in enumerate(seeds)]
+        return [_alone(method, i, s, sd, {"seed": sd, "batch_row": i}) for i, sd in enumerate(seeds)]
     if row_seeds:
         return [_Call(0, n, s, seeds[0], seeds, tuple({"seed": sd, "batch": n, "batch_row": b}
                                                       for b, sd in enumerate(seeds)))]
@@ -101,12 +113,49 @@ def _calls(method: Method, overrides: list, seed: int, sampling_of, *, batch: bo
 
 def _row_stats(s, timing: dict, call: _Call) -> list:
     """One stats dict per row of a decode call: the call's DecodeStats (per row when each row has
-    its own generator), `timing` (seconds, verify) and the row's tags."""
+    its own generator), `timing` (seconds, verify), the row's tags and `forwards`: the target
+    forwards the decoder ran while the row was decoding (its prefill and its own steps)."""
+    n, per_row = len(call.tags), len(s.rows) == len(s.committed) > 0  # a loop that records each step's rows
+    forwards = [s.row(b)["steps"] + 1 for b in range(n)] if n > 1 and per_row else [s.target_forwards] * n
     if call.seeds is None:
         st = {**s.as_dict(), **timing}
-        return [{**st, **tag} for tag in call.tags]
-    return [{**s.row(b), **s.settings, **timing, **tag, "batch_target_forwards": s.target_forwards}
-            for b, tag in enumerate(call.tags)]
+        return [{**st, **tag, "forwards": f} for tag, f in zip(call.tags, forwards)]
+    return [{**s.row(b), **s.settings, **timing, **tag, "batch_target_forwards": s.target_forwards,
+             "forwards": forwards[b]} for b, tag in enumerate(call.tags)]
+
+
+class PartialDecode:
+    """One decode step of rows start.. of a Pipeline.generate call (its `on_step` hook).
+
+    tokens (B, N) and done (B,) are the loop's own (read them during the call): row b has committed
+    tokens[b, :done[b]]. `codes()` fills every token past the prefix with the row's first free
+    token (a forced token keeps its id), so the grid decodes like a finished one; `images()` are
+    the VQ decoder's images of those codes (the rows decoded so far, the filler below them)."""
+
+    def __init__(self, pipe, start: int, tokens, done, layout, request):
+        self.pipe, self.start, self.layout, self.request = pipe, start, layout, request
+        self.tokens, self.done = tokens.detach().cpu(), done.detach().cpu()
+
+    def filled(self) -> torch.Tensor:
+        """(B, N) the committed tokens, the rest the row's first free token (forced ids kept)."""
+        t = self.tokens.clone()
+        forced = None if self.layout is None or self.layout.forced is None else self.layout.forced.cpu()
+        first = 0 if forced is None else int(torch.nonzero(forced < 0)[0, 0])
+        past = torch.arange(t.shape[1])[None] >= self.done[:, None]
+        fill = t[:, first:first + 1].expand_as(t)
+        if forced is not None:
+            fill = torch.where(forced[None] >= 0, forced[None], fill)
+        return torch.where(past, fill, t)
+
+    def codes(self) -> torch.Tensor:
+        """The filled tokens as the VQ decoder's input (a prompted family's code grids)."""
+        t = self.filled()
+        if self.request is None:
+            return t
+        return self.pipe.family.tokens_to_codes(self.pipe._e.target, t, self.request)
+
+    def images(self) -> list:
+        return self.pipe.decode(self.codes())
 
 
 class Pipeline:
@@ -120,6 +169,8 @@ class Pipeline:
         tc = engines.target.config
         self.family = family_of(tc)
         self._conds = run_conditions(self.family, tc)  # what prompts are: class ids, captions, texts
+        classes = int(getattr(tc, "num_classes", 0) or 0) if isinstance(self.family.conditioning(tc), ClassLabels) else 0
+        self._names = bundle_class_names(engines.class_names, classes)  # a 1000-class bundle: ImageNet's
         self._text = self._conds.encoder(text_encoder, tc)
 
     # -- construction --------------------------------------------------------------------
@@ -203,14 +254,15 @@ class Pipeline:
 
     @property
     def class_names(self):
-        return self._e.class_names
+        """The names a class prompt may use: the bundle's own, else ImageNet's for 1000 classes."""
+        return self._names
 
     # -- generation ----------------------------------------------------------------------
 
     def _cond(self, prompts) -> tuple:
         """Class ids / names, captions or text prompts (or Prompt objects) -> (condition,
         per-prompt overrides, per-prompt labels for the stats), as the target's kind takes them."""
-        return self._conds.parse(prompts, self.config, self._e.class_names, self._text)
+        return self._conds.parse(prompts, self.config, self.class_names, self._text)
 
     @property
     def precision(self) -> str:
@@ -296,7 +348,7 @@ class Pipeline:
                  cfg_scale: Optional[float] = None, temperature: Optional[float] = None,
                  top_k: Optional[int] = None, top_p: Optional[float] = None, greedy: bool = False,
                  batch: bool = False, row_seeds: bool = True, decode: bool = True, progress: bool = False,
-                 sampling: Optional[SamplingConfig] = None, **tree) -> GenerationResult:
+                 sampling: Optional[SamplingConfig] = None, on_step=None, **tree) -> GenerationResult:
         """Generate one image per prompt.
 
         Args:
@@ -311,15 +363,17 @@ class Pipeline:
             cfg_scale, temperature, top_k, top_p, greedy: override the bundle's defaults.
             sampling: a SamplingConfig used instead of the bundle's defaults (the values above and a
                 prompt's own cfg still override it).
-            batch: decode all prompts as one batch, each row with its own generator seeded by its
-                prompt seed (results do not depend on which prompts share the batch; this is
-                the serving path). batch=False decodes one call per prompt with a single
-                generator stream per call (the CLI's `run` semantics; different random numbers
-                from batch=True for the same seed).
+            batch: decode all prompts as one batch (the serving path) instead of one call per
+                prompt (the CLI's `run`). Either way image i draws from its own generator seeded
+                with its prompt seed (else seed + i), so an image is the same alone, in any batch,
+                through `lisa-trt run` and through serve (runtime/seeding.py).
             row_seeds: with batch=True, False draws the whole batch from one generator seeded with
                 `seed` (the rows then depend on the batch; one call, as `lisa-trt generate` decodes).
             decode: decode tokens to PIL images (needs the VQ decoder).
             progress: show a progress bar (one step per image) on stderr (batch=False).
+            on_step: optional `on_step(PartialDecode)` after every decode step (run_method's per-step
+                hook): the rows of one decode call, their committed tokens so far and `images()`,
+                the images of those tokens (serving's progressive images).
             tree: top_k / depth / total_tokens overrides of the tree budget (e.g. depth=3), and
                 every registered method's knob by its flat name (speculative/methods.py FLAT_FIELDS):
                 gasv_kappa, gasv_lambda, gasv_delta, gasv_neighbours, gasv_scope (None: the tables'
@@ -342,7 +396,8 @@ class Pipeline:
 
         calls = _calls(method, overrides, seed, sampling_of, batch=batch, row_seeds=row_seeds)
         with self._lock:
-            tokens, codes, stats = self._run_calls(method, cond, spec, calls, progress=progress and not batch)
+            tokens, codes, stats = self._run_calls(method, cond, spec, calls, progress=progress and not batch,
+                                                   on_step=on_step)
             images = self.decode(tokens if codes is None else codes) if decode else []
         stats = [{**st, **labels[i], "verify_reason": why} for i, st in enumerate(stats)]
         return GenerationResult(images=images, tokens=tokens, stats=stats, codes=codes)
@@ -364,7 +419,7 @@ class Pipeline:
                     given[k] = v
         return self.spec(method, **given)
 
-    def _run_calls(self, method: Method, cond, spec, calls: list, *, progress: bool) -> tuple:
+    def _run_calls(self, method: Method, cond, spec, calls: list, *, progress: bool, on_step=None) -> tuple:
         """Every decode call of a request, in row order -> (tokens (B, N), a prompted family's code
         grids (B, h, w) or None, one stats dict per row)."""
         from ..progress import progress_bar
@@ -372,7 +427,7 @@ class Pipeline:
         outs, codes, stats = [], [], []
         bar = progress_bar(calls[-1].stop, progress, unit="image")
         for call in calls:
-            toks, st, code = self._run(method, cond, spec, call)
+            toks, st, code = self._run(method, cond, spec, call, on_step)
             outs.append(toks)
             if code is not None:
                 codes.append(code)
@@ -381,7 +436,7 @@ class Pipeline:
         bar.close()
         return torch.cat(outs), torch.cat(codes) if codes else None, stats
 
-    def _run(self, method: Method, cond, spec, call: _Call) -> tuple:
+    def _run(self, method: Method, cond, spec, call: _Call, on_step=None) -> tuple:
         """Rows call.start:call.stop of `cond` decoded in one call -> (tokens, one stats dict per row,
         a prompted family's code grids or None); a prompted family's rows are encoded as a request
         of their own (their own left padding)."""
@@ -391,9 +446,13 @@ class Pipeline:
         rows, req = self._conds.rows(cond, call.start, call.stop, lambda texts: self._request(texts, call.sampling))
         layout = getattr(req, "layout", None)
         check_artifacts(method, e.drafter, e.tables, e.gasv)
+        hook = None
+        if on_step is not None:
+            def hook(tokens, done):
+                on_step(PartialDecode(self, call.start, tokens, done, layout, req))
         t0 = time.perf_counter()
         toks, s = run_method(method, e.target, e.drafter, e.tables, rows, sampling=call.sampling, spec=spec,
-                             seed=call.seed, seeds=call.seeds, gasv=e.gasv, layout=layout)
+                             seed=call.seed, seeds=call.seeds, gasv=e.gasv, layout=layout, on_step=hook)
         stats = _row_stats(s, {"seconds": time.perf_counter() - t0, "verify": method.name}, call)
         toks = toks.cpu()
         return toks, stats, self.family.tokens_to_codes(e.target, toks, req) if req is not None else None

@@ -18,6 +18,7 @@ from ..errors import InputError
 from ..models.conditioning import CaptionFeatures, ClassLabels
 from ..models.family import family_of
 from ..validation import sampling_problems
+from .class_names import match_class_name
 
 _KEYS = {"class", "caption", "caption_features", "seed", "cfg"}
 
@@ -51,8 +52,13 @@ class _Classes:
             if 0 <= i < self.num_classes:
                 return i
             raise _LineError(f"unknown class id {i} (valid 0..{self.num_classes - 1})")
-        if isinstance(value, str) and self.names and value.strip() in self.names:
-            return list(self.names).index(value.strip())
+        problem = None
+        if isinstance(value, str) and self.names:
+            cid, problem = match_class_name(value, self.names)
+            if cid is not None:
+                return cid
+        if problem is not None:  # ambiguous, or unknown among many names (the closest listed)
+            raise _LineError(f"{problem} (ids 0..{self.num_classes - 1})")
         allowed = f"ids 0..{self.num_classes - 1}" + (f" or names {', '.join(self.names)}" if self.names else "")
         raise _LineError(f"unknown class {value!r} (use {allowed})")
 

@@ -64,7 +64,7 @@ def server_message(text: str) -> str:
 def parse_rows(res) -> list:
     """tritonclient InferResult -> per row (image (H, W, 3) uint8, stats) or the row's error message."""
     errs = res.as_numpy("error").reshape(-1)
-    cols = {k: res.as_numpy(k).reshape(-1) for k in ("mal", "tvd", "seconds", "batch")}
+    cols = {k: res.as_numpy(k).reshape(-1) for k in ("mal", "tvd", "seconds", "batch", "forwards")}
     images = res.as_numpy("image")
     out = []
     for i, err in enumerate(errs):

@@ -10,8 +10,9 @@ T5-caption engines when the pipeline has a text encoder), `seed` (INT64) and the
 registered method's own knob by its setting name (METHOD_KNOBS: `lantern_delta`, `gasv_kappa`,
 `gasv_lambda`, `gsd_group`, `sjd_pac_tree_width`, `zipar_window`, ...; FP32 / INT32 / BYTES by
 the knob's type). Outputs: `image` (n, H, W, 3) UINT8, `mal`, `tvd`,
-`seconds` (n, 1) FP32, `batch` (n, 1) INT32 (rows decoded together) and `error` (n, 1) BYTES
-(empty on success).
+`seconds` (n, 1) FP32, `batch` (n, 1) INT32 (rows decoded together), `forwards` (n, 1) INT32
+(the target forwards the decoder ran for the row: its prefill and its steps) and `error` (n, 1)
+BYTES (empty on success).
 
 Rows that share every sampling setting are decoded as ONE batch with per-row seeds
 (Pipeline.generate(batch=True)), so a row's image depends only on its own prompt and seed.
@@ -46,7 +47,7 @@ BASE_INPUTS = {"prompt": (np.bytes_, "str"), "seed": (np.int64, "int"), "verify"
                "top_p": (np.float32, "float")}
 REQUIRED = ("prompt",)
 OUTPUTS = {"image": np.uint8, "mal": np.float32, "tvd": np.float32, "seconds": np.float32, "batch": np.int32,
-           "error": np.bytes_}
+           "forwards": np.int32, "error": np.bytes_}
 _RANGES = {"lantern_delta": (0.0, 1.0), "gasv_kappa": (0.0, 1e6), "gasv_lambda": (0.0, 1e6)}  # serving's own checks
 
 
@@ -114,6 +115,22 @@ def _range(name, v, lo, hi, lo_open=False):
         left = "(" if lo_open else "["
         raise InputError(f"{name}={v} is out of range; valid: {left}{lo}, {hi}]")
     return v
+
+
+class PartialImages:
+    """Pipeline.generate's on_step hook that emits `k` progressive images (ServeModel.stream_each)."""
+
+    def __init__(self, k: int, emit):
+        self.k, self.emit, self.sent = int(k), emit, 0
+
+    def __call__(self, step) -> None:
+        n = step.tokens.shape[1]
+        done, images = int(step.done.min()), None
+        while self.sent < self.k and done * (self.k + 1) >= (self.sent + 1) * n:
+            if images is None:  # one VQ decode per step, however many partials it completes
+                images = np.stack([np.asarray(im, dtype=np.uint8) for im in step.images()])
+            self.emit(self.sent, done, images)
+            self.sent += 1
 
 
 class ServeModel:
@@ -257,7 +274,7 @@ class ServeModel:
 
     # -- execution -----------------------------------------------------------------------
 
-    def _decode_group(self, knobs: tuple, rows: list) -> list:
+    def _decode_group(self, knobs: tuple, rows: list, on_step=None) -> list:
         """One batched decode -> per row (image uint8 (H, W, 3), stats dict)."""
         from ..runtime.context import resolve_sampling
         from ..runtime.prompts import Prompt
@@ -267,7 +284,7 @@ class ServeModel:
                                     top_p=top_p)  # ranges checked by _knobs (serving's own)
         spec = {k: v for k, v in zip(method_knobs(), method_values) if v is not None}
         prompts = [Prompt(i, class_id=r.class_id, caption=r.caption, seed=r.seed, cfg=cfg) for i, r in enumerate(rows)]
-        res = self.pipe.generate(prompts, verify=verify, sampling=sampling, batch=True, **spec)
+        res = self.pipe.generate(prompts, verify=verify, sampling=sampling, batch=True, on_step=on_step, **spec)
         return [(np.asarray(img, dtype=np.uint8), st) for img, st in zip(res.images, res.stats)]
 
     def infer(self, requests: Sequence[Mapping]) -> list[dict]:
@@ -282,11 +299,12 @@ class ServeModel:
                                     "; ".join(f"request {i}: {m}" for i, m in enumerate(msgs)))
         return [resp for _, resp in out]
 
-    def infer_each(self, requests: Sequence[Mapping]) -> list[tuple]:
+    def infer_each(self, requests: Sequence[Mapping], on_step=None) -> list[tuple]:
         """-> per request (RequestFailure or None, output dict). A failure is set for a request
         that is invalid as a whole, or any of whose rows failed (the Triton Python backend answers
         it with a TritonError: INVALID_ARG, or INTERNAL when `failure.internal`); the output
-        dict carries each row's message in `error`."""
+        dict carries each row's message in `error`. on_step: Pipeline.generate's per-step hook
+        for every decode (stream_each's progressive images)."""
         rows, errors, sizes = self.parse(requests)
         results = {}  # (req, idx) -> (image, stats) or error string
         groups: dict = {}
@@ -297,7 +315,7 @@ class ServeModel:
                 for k in range(0, len(members), self.max_batch):
                     chunk = members[k:k + self.max_batch]
                     try:
-                        out = self._decode_group(knobs, chunk)
+                        out = self._decode_group(knobs, chunk, **({} if on_step is None else {"on_step": on_step}))
                     except InputError as e:  # a setting the engines refuse (validated rows): the client's
                         out = [RequestFailure(" ".join(str(e).split()))] * len(chunk)
                     except Exception:  # noqa: BLE001 - one failed batch must not stop the server
@@ -317,6 +335,13 @@ class ServeModel:
             out.append((err, resp))
         return out
 
+    def stream_each(self, request: Mapping, partial_images: int, emit) -> tuple:
+        """One request decoded with `partial_images` progressive images -> (failure or None, output
+        dict) as infer_each. While it decodes, `emit(k, tokens, images)` is called for k = 0..K-1 in
+        order once every row has committed k+1 / (K+1) of its tokens: `tokens` the fewest committed
+        by a row, `images` (n, H, W, 3) uint8 of every row's committed tokens (PartialDecode.images)."""
+        return self.infer_each([request], on_step=PartialImages(partial_images, emit))[0]
+
     def _response(self, r: int, n: int, error: Optional[str], results: dict) -> dict:
         got = [error if error is not None else results.get((r, i), "internal error: row not decoded")
                for i in range(n)]
@@ -324,7 +349,7 @@ class ServeModel:
         h, w = shapes[0][:2] if shapes else (0, 0)
         img = np.zeros((n, h, w, 3), dtype=np.uint8)
         mal, tvd, sec = (np.zeros((n, 1), np.float32) for _ in range(3))
-        bat = np.zeros((n, 1), np.int32)
+        bat, fwd = np.zeros((n, 1), np.int32), np.zeros((n, 1), np.int32)
         err = np.array([[b""] for _ in range(n)], dtype=object)
         for i, g in enumerate(got):
             if isinstance(g, str):
@@ -333,5 +358,5 @@ class ServeModel:
             img[i] = g[0]
             st = g[1]
             mal[i, 0], tvd[i, 0], sec[i, 0] = st["mal"], st["mean_tvd"], st["seconds"]
-            bat[i, 0] = st.get("batch", 1)
-        return {"image": img, "mal": mal, "tvd": tvd, "seconds": sec, "batch": bat, "error": err}
+            bat[i, 0], fwd[i, 0] = st.get("batch", 1), st["forwards"]
+        return {"image": img, "mal": mal, "tvd": tvd, "seconds": sec, "batch": bat, "forwards": fwd, "error": err}

@@ -179,6 +179,44 @@ def _install_error_handlers(app) -> None:
         return _error_response(_internal(req, e))
 
 
+async def _progressive(request, backend, info: ModelInfo, call: ImagesCall, pending: _Pending):
+    """A streaming answer from a backend with a progressive channel (`backend.stream(call)`: items
+    ("partial", k, tokens, images) while it decodes, then ("done", rows)): each partial is sent as it
+    arrives. A failure before the first item is an ordinary error response; a later one an `error`
+    event (the status line is sent by then)."""
+    from fastapi.responses import StreamingResponse
+    from starlette.concurrency import run_in_threadpool
+
+    from .openai_images import completed_events, decoded_partial_events, error_event
+
+    pending.__enter__()
+    t0 = time.perf_counter()
+    items = backend.stream(call).__aiter__()
+    try:
+        first = await items.__anext__()
+    except BaseException:
+        pending.__exit__()
+        raise
+
+    async def body():
+        item = first
+        try:
+            while item[0] == "partial":
+                _, k, tokens, images = item
+                yield b"".join(await run_in_threadpool(decoded_partial_events, info, call, k, tokens, images))
+                item = await items.__anext__()
+            rows, secs = item[1], time.perf_counter() - t0
+            yield b"".join(await run_in_threadpool(completed_events, info, call, rows, secs))
+        except APIError as e:
+            yield error_event(e.body())
+        except Exception as e:  # noqa: BLE001 - the stream has started: the fault goes into it
+            yield error_event(_internal(request, e).body())
+        finally:
+            pending.__exit__()
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
 def create_app(backend: TritonImages, info: ModelInfo, *, max_pending: int = MAX_PENDING,
                max_body_bytes: int = MAX_BODY_BYTES):
     """The ASGI app (FastAPI) serving `info`'s model through `backend`."""
@@ -220,6 +258,8 @@ def create_app(backend: TritonImages, info: ModelInfo, *, max_pending: int = MAX
     @app.post("/v1/images/generations")
     async def generations(request: Request):
         call = parse_images_request(await _read_json(request, max_body_bytes), info, kinds)
+        if call.stream and getattr(backend, "stream", None) is not None:
+            return await _progressive(request, backend, info, call, pending)
         with pending:
             t0 = time.perf_counter()
             rows = await backend.generate(call)

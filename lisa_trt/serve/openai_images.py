@@ -1,12 +1,12 @@
 """Response bodies of the OpenAI Images API: PNGs, the usage block, the streaming events.
 
-Partial images: model 'lisa' answers a Triton request with the finished image (Triton's
-non-decoupled protocol; the decode loop has no per-row output), so the front end streams
-`partial_images` row prefixes of that final image: partial k of K shows the first
-round(k * R / (K + 1)) of the R token rows (their pixel bands exactly as in the final image,
-opaque) and leaves the rows below transparent (RGBA, alpha 0). They are sent once the image is
-decoded, just before `image_generation.completed`; each partial is the true prefix of the final
-image's rows, never an image of its own.
+Partial images come one of two ways (docs/serving.md, Streaming). From a backend with a
+progressive channel (`stream`): decoded while the image decodes, from the tokens committed so far
+(ServeModel.stream_each), RGB, sent as they arrive (`decoded_partial_events`). From model 'lisa'
+in Triton (non-decoupled: one response, the finished image): cut from the final image once it is
+decoded (`stream_events`): partial k of K shows the first round(k * R / (K + 1)) of the R token
+rows (their pixel bands exactly as in the final image, opaque) and the rows below transparent
+(RGBA, alpha 0).
 """
 
 from __future__ import annotations
@@ -49,15 +49,14 @@ def partial_image(image: np.ndarray, pixel_rows: int) -> np.ndarray:
 
 
 def usage(info: ModelInfo, stats: list, seconds: float) -> dict:
-    """The usage block of `len(stats)` images: OpenAI's token counts, plus the decode's target
-    forwards, MAL (mean accepted tokens per forward), wall seconds and Triton's batch size.
-
-    forwards per image = 1 + (tokens - 1) / MAL: the prefill gives the first token, every later
-    forward commits MAL tokens on average (exact counts for a plain token grid, LlamaGen)."""
+    """The usage block of `len(stats)` images: OpenAI's token counts, plus the target forwards the
+    decoder ran for them (per image its prefill and its steps, counted by the decode loop: the
+    served model's `forwards` output), MAL (mean accepted tokens per forward), wall seconds and
+    Triton's batch size."""
     n, per = len(stats), info.tokens_per_image
     out_tokens = per * n if per else None
     in_tokens = info.prompt_tokens * n if info.prompt_tokens is not None else None
-    forwards = (sum(1 + round((per - 1) / max(float(s["mal"]), 1e-9)) for s in stats) if per else None)
+    forwards = sum(int(s["forwards"]) for s in stats)
     total = (in_tokens or 0) + (out_tokens or 0) if out_tokens is not None else None
     return {"input_tokens": in_tokens, "input_tokens_details": {"text_tokens": 0, "image_tokens": 0},
             "output_tokens": out_tokens, "output_tokens_details": {"image_tokens": out_tokens, "text_tokens": 0},
@@ -79,17 +78,49 @@ def _event(kind: str, body: dict) -> bytes:
     return f"event: {kind}\ndata: {json.dumps(body, separators=(',', ':'))}\n\n".encode()
 
 
+def _common(info: ModelInfo, call: ImagesCall) -> dict:
+    return {"size": info.size, "quality": call.quality, "background": call.background, "output_format": "png"}
+
+
+def shown_rows(info: ModelInfo, tokens: int) -> Optional[int]:
+    """Token rows fully committed when `tokens` of an image's tokens are (None: no plain grid)."""
+    if not info.token_rows or not info.tokens_per_image:
+        return None
+    return tokens * info.token_rows // info.tokens_per_image
+
+
+def decoded_partial_events(info: ModelInfo, call: ImagesCall, k: int, tokens: int, images) -> list:
+    """image_generation.partial_image events (one per image) of progressive image k: the decoder's
+    images of the tokens committed so far (ServeModel.stream_each), while the image decodes."""
+    return [_event("image_generation.partial_image", {
+        "type": "image_generation.partial_image", "b64_json": png_b64(img), "created_at": int(time.time()),
+        "partial_image_index": k, **_common(info, call), "image_index": i, "rows": shown_rows(info, tokens),
+        "tokens": int(tokens), "token_rows": info.token_rows}) for i, img in enumerate(images)]
+
+
+def completed_events(info: ModelInfo, call: ImagesCall, rows: list, seconds: float) -> list:
+    """image_generation.completed per image: its PNG, seed and usage."""
+    return [_event("image_generation.completed", {
+        "type": "image_generation.completed", "b64_json": png_b64(img), "created_at": int(time.time()),
+        **_common(info, call), "image_index": i, "seed": seed, "usage": usage(info, [st], seconds)})
+        for i, ((img, st), seed) in enumerate(zip(rows, call.seeds))]
+
+
+def error_event(body: dict) -> bytes:
+    """An `error` event: a failure after the stream started (OpenAI's error body)."""
+    return _event("error", {"type": "error", **body})
+
+
 def stream_events(info: ModelInfo, call: ImagesCall, rows: list, seconds: float):
-    """Server-Sent Events of a streaming answer, per image: `call.partial_images`
-    image_generation.partial_image events (row prefixes), then image_generation.completed."""
-    common = {"size": info.size, "quality": call.quality, "background": call.background, "output_format": "png"}
-    for i, ((img, st), seed) in enumerate(zip(rows, call.seeds)):
+    """Server-Sent Events of a streaming answer cut from finished images, per image:
+    `call.partial_images` image_generation.partial_image events (row prefixes), then
+    image_generation.completed (a backend with no progressive channel, TritonImages)."""
+    done = completed_events(info, call, rows, seconds)
+    for i, (img, _st) in enumerate(rows):
         for k in range(1, call.partial_images + 1):
             shown, px = prefix_rows(info.token_rows, info.height, k, call.partial_images)
             yield _event("image_generation.partial_image", {
                 "type": "image_generation.partial_image", "b64_json": png_b64(partial_image(img, px)),
-                "created_at": int(time.time()), "partial_image_index": k - 1, **common, "image_index": i,
-                "rows": shown, "pixel_rows": px, "token_rows": info.token_rows})
-        yield _event("image_generation.completed", {
-            "type": "image_generation.completed", "b64_json": png_b64(img), "created_at": int(time.time()),
-            **common, "image_index": i, "seed": seed, "usage": usage(info, [st], seconds)})
+                "created_at": int(time.time()), "partial_image_index": k - 1, **_common(info, call),
+                "image_index": i, "rows": shown, "pixel_rows": px, "token_rows": info.token_rows})
+        yield done[i]

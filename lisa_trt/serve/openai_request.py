@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import LisaError
+from ..runtime.class_names import bundle_class_names
+from ..runtime.seeding import image_seeds
 
 # accepted and ignored (OpenAI fields with no meaning for these models; docs/serving.md)
 IGNORED = ("quality", "style", "user", "background", "moderation", "safety_identifier", "output_compression")
@@ -81,9 +83,10 @@ class ModelInfo:
         rows = _token_rows(dims.get("block"), h, w)
         kind = fam.conditioning(tc).kind  # "class", "caption" or "text": what the prompt field holds
         cls_tokens = int(getattr(tc, "cls_token_num", 1)) if kind == "class" else None
+        num_classes = int(getattr(tc, "num_classes", 0) or 0) if kind == "class" else 0
+        names = bundle_class_names((m.generation or {}).get("class_names"), num_classes)  # ImageNet's for 1000
         return cls(id=model_id, family=fam.name, width=w, height=h, max_batch=int(max_batch),
-                   class_names=tuple((m.generation or {}).get("class_names") or ()),
-                   num_classes=int(getattr(tc, "num_classes", 0) or 0), prompt=kind,
+                   class_names=tuple(names or ()), num_classes=num_classes, prompt=kind,
                    token_rows=rows, tokens_per_image=int(dims["block"]) if rows else None,
                    prompt_tokens=cls_tokens, created=_created(m))
 
@@ -181,8 +184,10 @@ def _check_output(body: dict, info: ModelInfo) -> None:
         raise bad(f"output_format {body['output_format']!r} is not supported; use 'png'", "output_format")
     neg = body.get("negative_prompt")
     if neg not in (None, ""):
-        raise bad("negative_prompt is not supported by this model: classifier-free guidance runs against the "
-                  "bundle's own unconditional branch (null class / empty prompt); leave it out",
+        why = ("class-conditional: classifier-free guidance runs against the null class, there is no text to "
+               "negate" if info.prompt == "class" else "its prompter builds the unconditional rows of "
+               "classifier-free guidance itself and takes no negative prompt")
+        raise bad(f"negative_prompt is not supported by the {info.family} family ({why}); leave it out",
                   "negative_prompt", "unsupported_parameter")
 
 
@@ -199,7 +204,7 @@ def _seeds(body: dict, n: int) -> tuple:
     seed = secrets.randbelow(2**31) if seed is None else _typed("seed", seed, "int")
     if not 0 <= seed <= _SEED_MAX - n:
         raise bad(f"seed={seed} is out of range; valid: 0..{_SEED_MAX - n}", "seed")
-    return tuple(seed + i for i in range(n))  # image i uses seed + i, as Pipeline.generate does
+    return image_seeds(seed, n)  # the rule of every image (runtime/seeding.py)
 
 
 def _knobs(body: dict, knob_kinds: dict) -> dict:

@@ -32,7 +32,8 @@ from .model import INPUTS, MODEL_NAME, REQUIRED
 _TRITON_TYPES = {"str": "TYPE_STRING", "int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32",
                  "uint8": "TYPE_UINT8"}
 _OUTPUTS = (("image", "TYPE_UINT8", "-1, -1, 3"), ("mal", "TYPE_FP32", "1"), ("tvd", "TYPE_FP32", "1"),
-            ("seconds", "TYPE_FP32", "1"), ("batch", "TYPE_INT32", "1"), ("error", "TYPE_STRING", "1"))
+            ("seconds", "TYPE_FP32", "1"), ("batch", "TYPE_INT32", "1"), ("forwards", "TYPE_INT32", "1"),
+            ("error", "TYPE_STRING", "1"))  # serve/model.py OUTPUTS, in Triton's types
 
 MODEL_PY = '''"""Triton Python-backend model written by `lisa-trt triton-repo`: lisa-trt Pipeline + ServeModel."""
 

@@ -59,7 +59,7 @@ def generate(target, cond=None, *, cfg_scale: float = 1.0, temperature: float = 
              on_token: Optional[Callable[[int], None]] = None, seeds=None, max_new_tokens: Optional[int] = None,
              image_tokens_only: bool = False, input_ids: Optional[torch.Tensor] = None,
              attention_mask: Optional[torch.Tensor] = None,
-             layout: Optional[SequenceLayout] = None) -> torch.Tensor:
+             layout: Optional[SequenceLayout] = None, on_step=None) -> torch.Tensor:
     """Sample tokens with the plain AR loop.
 
     Args:
@@ -79,6 +79,7 @@ def generate(target, cond=None, *, cfg_scale: float = 1.0, temperature: float = 
             padded prompts (transformers' name): the same as passing (ids, attention_mask).
         layout: the family's SequenceLayout of this request (overrides the three above).
         on_token: called with the number of tokens done after each step (progress bars).
+        on_step: the per-step hook of every decode loop (run.py `run_method`).
         seeds: one seed per row instead of `seed`: each row draws from its own generator
             (sampling.RowGenerators), so a row's tokens do not depend on the rest of the batch.
     Returns:
@@ -123,4 +124,6 @@ def generate(target, cond=None, *, cfg_scale: float = 1.0, temperature: float = 
             out[:, i] = sample_from_logits(logits, gen, greedy)
         if on_token is not None:
             on_token(i + 1)
+        if on_step is not None:
+            on_step(out, torch.full((B,), i + 1, dtype=torch.long, device=out.device))
     return out

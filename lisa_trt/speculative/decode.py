@@ -175,7 +175,8 @@ class SpeculativeDecoder:
     def generate(self, cond, *, sampling: SamplingConfig = SamplingConfig(), spec: SpecConfig = SpecConfig(),
                  seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
                  num_tokens: Optional[int] = None, seeds=None,
-                 on_progress=None, layout=None, method: Optional[Method] = None) -> tuple[torch.Tensor, DecodeStats]:
+                 on_progress=None, layout=None, method: Optional[Method] = None,
+                 on_step=None) -> tuple[torch.Tensor, DecodeStats]:
         """Generate image tokens for `cond` with tree speculation.
 
         method: the resolved Method (run_method passes it); None: the one `spec.method` names.
@@ -186,6 +187,7 @@ class SpeculativeDecoder:
 
         on_progress: optional callback(tokens done, summed over rows) after every step (progress
             bars; costs one host sync per step, so leave it None on the hot path).
+        on_step: the per-step hook of every decode loop (run.py `run_method`).
         seeds: one seed per row (instead of seed/generator): each row draws from its own
             generator (sampling.RowGenerators), so a row's tokens do not depend on the other
             rows of the batch (served requests batched together == decoded alone).
@@ -210,6 +212,8 @@ class SpeculativeDecoder:
             nd = self._commit(run, nd, slots, tout, res)
             if on_progress is not None:
                 on_progress(int(run.n_done.sum()))
+            if on_step is not None:
+                on_step(run.out, run.n_done)
             self._retire(run, nd)
         run.stats.times = dict(run.timer.totals)
         run.stats.times["total"] = time.perf_counter() - t_start

@@ -88,14 +88,15 @@ def gsd_accept(p_now, p_prev, drafts, generator: Optional[torch.Generator], sett
     return res, tvd(pn, committed_law(pn, pp, a))
 
 
-def gsd_generate(target, cond, *, sampling, window, seed, spec=None, layout=None):
+def gsd_generate(target, cond, *, sampling, window, seed, spec=None, layout=None, on_step=None):
     """GSD on one batch -> (tokens (B, N), DecodeStats with per-token TVD)."""
     from .methods import SpecConfig
     from .sjd import sjd_generate
 
     s = (spec or SpecConfig()).settings("gsd")
     return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed,
-                        accept=lambda pn, pp, d, g: gsd_accept(pn, pp, d, g, s), layout=layout)
+                        accept=lambda pn, pp, d, g: gsd_accept(pn, pp, d, g, s), layout=layout,
+                        on_step=on_step)
 
 
 register_method(Method(

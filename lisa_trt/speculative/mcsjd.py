@@ -57,12 +57,12 @@ def coupled_redraft(p_new, p_old, old, has_old, generator):
     return torch.where(has_old, coupled, fresh)
 
 
-def mcsjd_generate(target, cond, *, sampling, window, seed, spec=None, layout=None):
+def mcsjd_generate(target, cond, *, sampling, window, seed, spec=None, layout=None, on_step=None):
     """MC-SJD on one batch -> (tokens (B, N), DecodeStats): the SJD loop with coupled drafts."""
     from .sjd import sjd_generate
 
     return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed, redraft=coupled_redraft,
-                        layout=layout)
+                        layout=layout, on_step=on_step)
 
 
 register_method(Method("mcsjd", "sjd", "MC-SJD: speculative Jacobi decoding with maximally coupled drafts "

@@ -14,6 +14,7 @@ from ..errors import InputError
 from .autoregressive import generate
 from .decode import DecodeStats, SpeculativeDecoder
 from .methods import Method, SpecConfig, get_method
+from .proxy import CountingTarget
 
 
 def _method(method: Union[str, Method]) -> Method:
@@ -33,7 +34,7 @@ def check_artifacts(method: Union[str, Method], drafter, tables, gasv=None) -> N
 
 def run_method(method: Union[str, Method], target, drafter, tables, cond, *, sampling: SamplingConfig,
                spec: SpecConfig, seed: int, sjd_window: Optional[int] = None, gasv=None, seeds=None, on_progress=None,
-               layout=None):
+               layout=None, on_step=None):
     """One generation with `method` (a Method, or its registered name) -> (tokens (B, N), DecodeStats).
 
     Tree methods use `spec`'s tree and rule parameters with `spec.method` set to `method`.
@@ -43,6 +44,11 @@ def run_method(method: Union[str, Method], target, drafter, tables, cond, *, sam
     so its tokens do not depend on the other rows (the serving path). Jacobi-family loops take it only
     when their Method says `row_seeds` (ZipAR).
     on_progress: optional callback(tokens done over all rows) for progress bars (AR and tree methods).
+    on_step: optional per-step hook of every loop (AR, tree, every Jacobi-family loop):
+        `on_step(tokens (B, N), done (B,))` after each decode step, where `tokens[b, :done[b]]` are
+        the tokens row b has committed so far (a prefix of its final tokens; the last call has the
+        whole image). Both tensors are the loop's own: read or copy them in the call, never keep
+        them or write to them. Costs one host sync per step when the hook reads them.
     layout: optional SequenceLayout of the request (models/family.py; Chameleon spans), passed to
         the tree decoder and to every Jacobi-family loop (`loop(..., layout=layout)`); a Jacobi
         loop whose method needs tables also gets `tables=` and `gasv=` (the GASV engine).
@@ -57,10 +63,11 @@ def run_method(method: Union[str, Method], target, drafter, tables, cond, *, sam
         if on_progress is not None:
             B = target.check_cond(cond)
             cb = lambda i: on_progress(i * B)  # noqa: E731
-        toks = generate(target, cond, seed=seed, seeds=seeds, on_token=cb, layout=layout,
+        counted = CountingTarget(target)
+        toks = generate(counted, cond, seed=seed, seeds=seeds, on_token=cb, layout=layout, on_step=on_step,
                         **dataclasses.asdict(sampling))
         N = toks.shape[1]
-        st = DecodeStats(target_forwards=N)
+        st = DecodeStats(target_forwards=counted.forwards)
         n = toks.shape[0] * (N - 1)
         st.committed, st.rows = [torch.ones(n)], [torch.arange(toks.shape[0]).repeat_interleave(N - 1)]
         st.times = {"total": time.perf_counter() - t0}
@@ -72,6 +79,8 @@ def run_method(method: Union[str, Method], target, drafter, tables, cond, *, sam
         if sjd_window is not None:
             spec = spec.replace(sjd_window=sjd_window)  # the setting's own check (>= 1)
         kw = {} if layout is None else {"layout": layout}
+        if on_step is not None:
+            kw["on_step"] = on_step
         if seeds is not None:  # a loop with per-row generators (Method.row_seeds)
             kw["seeds"] = seeds
         if m.needs_tables:  # a Jacobi loop with a table-driven rule (sjd-gasv) reads the tables / GASV engine
@@ -89,7 +98,8 @@ def run_method(method: Union[str, Method], target, drafter, tables, cond, *, sam
     return SpeculativeDecoder(target, drafter, tables, gasv=gasv).generate(cond, sampling=sampling, spec=spec,
                                                                            seed=None if seeds is not None else seed,
                                                                            seeds=seeds, on_progress=on_progress,
-                                                                           layout=layout, method=m)
+                                                                           layout=layout, method=m,
+                                                                           on_step=on_step)
 
 
 __all__ = ["check_artifacts", "run_method"]

@@ -167,7 +167,8 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
                  seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
                  num_tokens: Optional[int] = None,
                  redraft: Optional[Callable] = None,
-                 accept: Optional[Callable] = None, layout=None, shape=None) -> tuple[torch.Tensor, DecodeStats]:
+                 accept: Optional[Callable] = None, layout=None, shape=None,
+                 on_step=None) -> tuple[torch.Tensor, DecodeStats]:
     """Generate tokens with SJD (the one Jacobi loop). Returns (tokens (B, N), DecodeStats).
 
     layout: the family's SequenceLayout of the request (models/family.py; default: the family's
@@ -188,6 +189,7 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
         `advance(p_now, ncom, cache, guide, prior, n_next, W, gen)` (ChainWindow; SJD-PAC's tree
         window, speculative/sjd_pac.py). None: ChainWindow(redraft, accept); a shape brings its
         own drafting and verification, so redraft / accept must then be None.
+    on_step: the per-step hook of every decode loop (run.py `run_method`).
     """
     if shape is None:
         shape = ChainWindow(redraft, accept)
@@ -234,15 +236,17 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
                 out[take, (n_done + j)[take].clamp(max=N_img - 1)] = step_toks[take, j]
             shape.advance(p_now, ncom, cache, guide, prior, n_done + ncom, W, gen)
             n_done += ncom
+        if on_step is not None:
+            on_step(out, n_done.clamp(max=N_img))
     stats.times = dict(timer.totals)
     stats.times["total"] = time.perf_counter() - t0
     stats.settings["sjd_window"] = int(window)
     return out, stats
 
 
-def _sjd_loop(target, cond, *, sampling, window, seed, spec=None, layout=None):
+def _sjd_loop(target, cond, *, sampling, window, seed, spec=None, layout=None, on_step=None):
     """Plain SJD on one batch (the registry's loop protocol)."""
-    return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed, layout=layout)
+    return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed, layout=layout, on_step=on_step)
 
 
 register_method(Method(

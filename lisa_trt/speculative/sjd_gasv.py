@@ -102,7 +102,8 @@ def gasv_jacobi_accept(p_now, p_prev, drafts, generator, moved) -> tuple:
     return res, (a - a_sjd) * (1.0 - rx)
 
 
-def sjd_gasv_generate(target, cond, *, sampling, window, seed, spec=None, layout=None, tables=None, gasv=None):
+def sjd_gasv_generate(target, cond, *, sampling, window, seed, spec=None, layout=None, tables=None, gasv=None,
+                      on_step=None):
     """sjd-gasv on one batch -> (tokens (B, N), DecodeStats with per-token TVD)."""
     from .autoregressive import layout_for
     from .mcsjd import coupled_redraft
@@ -119,7 +120,7 @@ def sjd_gasv_generate(target, cond, *, sampling, window, seed, spec=None, layout
             p, d, tables, cfg, gasv, layout.sub_vocab))
 
     return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed, accept=accept, layout=layout,
-                        redraft=coupled_redraft if s.redraft == "mcsjd" else None)
+                        redraft=coupled_redraft if s.redraft == "mcsjd" else None, on_step=on_step)
 
 
 register_method(Method(

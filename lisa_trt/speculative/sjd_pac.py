@@ -219,7 +219,7 @@ class TreeWindow:
 
 
 def sjd_pac_generate(target, cond, *, sampling, window: int = 16, seed: Optional[int] = None, spec=None,
-                     layout=None, generator: Optional[torch.Generator] = None):
+                     layout=None, generator: Optional[torch.Generator] = None, on_step=None):
     """SJD-PAC on one batch -> (tokens (B, N), DecodeStats): the one Jacobi loop (sjd.py) with the
     tree window. window: draft columns per forward."""
     from .methods import SpecConfig
@@ -227,7 +227,7 @@ def sjd_pac_generate(target, cond, *, sampling, window: int = 16, seed: Optional
 
     s = (spec or SpecConfig()).settings("sjd-pac")
     return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed, generator=generator,
-                        layout=layout, shape=TreeWindow(s.tree_width, s.tree_depth))
+                        layout=layout, shape=TreeWindow(s.tree_width, s.tree_depth), on_step=on_step)
 
 
 def node_tok_at(toks: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:

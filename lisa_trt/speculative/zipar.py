@@ -130,16 +130,24 @@ def _step_inputs(cache, base, feeds, in_cache, N: int, dev):
     return slots, mask | extra
 
 
+def raster_prefix(tokens: torch.Tensor) -> torch.Tensor:
+    """(B,) length of each row's raster prefix of decoded tokens (undecoded ones are -1)."""
+    undone = tokens < 0
+    return torch.where(undone.any(1), undone.int().argmax(1), tokens.shape[1])
+
+
 @torch.no_grad()
 def zipar_generate(target, cond, *, sampling, window=None, seed=None, spec=None, layout=None,
-                   generator: Optional[torch.Generator] = None, seeds=None):
+                   generator: Optional[torch.Generator] = None, seeds=None, on_step=None):
     """ZipAR on one batch -> (tokens (B, N), DecodeStats with per-token TVD).
 
     window: unused (the SJD window of the loop protocol); ZipAR's window is `spec`'s
     zipar_window. layout: the family's SequenceLayout (default: the family's free layout).
     seeds: one seed per row instead of `seed` (the serving path): every row draws from its own
     generator, so its tokens are those it gets decoded alone with that seed (every row follows the
-    same schedule, so rows batch without waiting for each other)."""
+    same schedule, so rows batch without waiting for each other).
+    on_step: the per-step hook of every decode loop (run.py `run_method`); a row's
+    committed prefix is its raster prefix with no undecoded token (ZipAR decodes rows in parallel)."""
     from ..timing import Timer
     from .autoregressive import cfg_batch, layout_for, new_target_cache
     from .decode import DecodeStats, Guide
@@ -193,6 +201,8 @@ def zipar_generate(target, cond, *, sampling, window=None, seed=None, spec=None,
             made.append(pred)
             stats.committed.append(torch.full((B,), len(k), device=dev))
             stats.rows.append(torch.arange(B, device=dev))  # every row takes every step
+        if on_step is not None:
+            on_step(out, raster_prefix(out))
     if laws is not None:
         with timer.measure("tvd"):
             per_token = _raster_tvd(target, full, out, laws, guide, N)

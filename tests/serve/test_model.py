@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lisa_trt.runtime.prompts import Prompt
-from lisa_trt.serve.model import RequestFailure, ServeModel, ServeRequestError
+from lisa_trt.serve.model import OUTPUTS, RequestFailure, ServeModel, ServeRequestError
 
 
 def _b(*s):
@@ -106,7 +106,8 @@ def test_triton_repo_config_parses_and_model_runs(pipe, tmp_path, monkeypatch):
     cfg = text_format.Parse(text, model_config_pb2.ModelConfig())
     assert cfg.backend == "python" and cfg.max_batch_size == 8 and cfg.dynamic_batching.max_queue_delay_microseconds == 5000
     assert [i.name for i in cfg.input][:2] == ["prompt", "seed"] and not cfg.input[0].optional and cfg.input[1].optional
-    assert {o.name for o in cfg.output} == {"image", "mal", "tvd", "seconds", "batch", "error"}
+    assert {o.name for o in cfg.output} == {"image", "mal", "tvd", "seconds", "batch", "forwards", "error"}
+    assert {o.name for o in cfg.output} == set(OUTPUTS)  # the config declares what the model answers
     assert cfg.instance_group[0].count == 2 and cfg.parameters["engine_dir"].string_value == "engines"
     assert cfg.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
     assert cfg.parameters["threads"].string_value == "3" and "sjd_window" not in cfg.parameters

@@ -18,6 +18,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+import torch
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
@@ -52,13 +53,8 @@ class LocalModel:
     async def ready(self):
         return True
 
-    def _infer(self, call):
-        from lisa_trt.serve.client import parse_rows
-
-        self.entered.set()
-        assert self.gate.wait(60), "the test never opened the gate"
-        if self.fault:
-            raise RuntimeError("boom: /secret/path.py")
+    @staticmethod
+    def _request(call) -> dict:
         cols = {"prompt": [call.prompt] * call.n, "seed": list(call.seeds), **{k: [v] * call.n
                                                                             for k, v in call.knobs.items()}}
         req = {}
@@ -66,16 +62,67 @@ class LocalModel:
             dt, kind = inputs()[name]
             req[name] = (np.array([[str(v).encode()] for v in col], dtype=object) if kind == "str"
                          else np.array([[v] for v in col], dtype=dt))
-        (err, out), = self.model.infer_each([req])
+        return req
+
+    @staticmethod
+    def _rows(err, out):
+        from lisa_trt.serve.client import parse_rows
+
         if err is not None:
             raise triton_error(str(err), "500" if err.internal else "400", knob_kinds())
         return parse_rows(_Result(out))
+
+    def _infer(self, call):
+        self.entered.set()
+        assert self.gate.wait(60), "the test never opened the gate"
+        if self.fault:
+            raise RuntimeError("boom: /secret/path.py")
+        (err, out), = self.model.infer_each([self._request(call)])
+        return self._rows(err, out)
 
     async def generate(self, call):
         return await asyncio.to_thread(self._infer, call)
 
     async def close(self):
         pass
+
+
+class StreamingModel(LocalModel):
+    """LocalModel with the progressive channel (`stream`): ServeModel.stream_each on a thread, each
+    partial handed to the event loop as it is emitted. The first partial holds the decode until
+    the test sets `hold` (after its client has received that partial), so the decode provably
+    finishes after the client saw it; `decoded` is set when the decode has returned."""
+
+    def __init__(self, pipe):
+        super().__init__(pipe)
+        self.hold, self.decoded = threading.Event(), threading.Event()
+        self.held = None  # True when the first partial's hold was released by the test
+
+    async def stream(self, call):
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+
+        def emit(k, tokens, images):
+            loop.call_soon_threadsafe(queue.put_nowait, ("partial", k, tokens, images))
+            if k == 0:
+                self.held = self.hold.wait(30)
+
+        def run():
+            try:
+                item = ("done", self._rows(*self.model.stream_each(self._request(call), call.partial_images, emit)))
+            except Exception as e:  # noqa: BLE001 - handed to the stream
+                item = ("fail", e)
+            self.decoded.set()
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        self.decoded.clear()
+        threading.Thread(target=run, daemon=True).start()
+        while True:
+            item = await queue.get()
+            if item[0] == "fail":
+                raise item[1]
+            yield item
+            if item[0] == "done":
+                return
 
 
 def _info(pipe, probe=0, **over) -> ModelInfo:
@@ -132,18 +179,32 @@ def test_images_equal_the_pipeline_with_the_same_seed(client, pipe, info):
         assert np.array_equal(img, np.asarray(want))
         assert d.model_extra["seed"] == seed
     assert not np.array_equal(_png(r.data[0].b64_json), _png(r.data[1].b64_json))  # seed + i per image
+    # one decode per prompt (what `lisa-trt run` does) gives the same image as the served batch
+    alone = pipe.generate([Prompt(0, class_id=3, seed=8)], verify="auto").images[0]
+    assert np.array_equal(_png(r.data[1].b64_json), np.asarray(alone))
     u = r.usage
     mal = [st["mal"] for st in ref.stats]
     assert u.output_tokens == 2 * pipe.config.block_size and u.input_tokens == 2
     assert u.total_tokens == u.input_tokens + u.output_tokens
     assert u.model_extra["mal"] == pytest.approx(sum(mal) / 2, abs=1e-3)
-    n = pipe.config.block_size
-    assert u.model_extra["forwards"] == sum(1 + round((n - 1) / m) for m in mal)
+    assert u.model_extra["forwards"] == sum(st["forwards"] for st in ref.stats)  # the decoder's own count
     assert u.model_extra["batch"] == 2 and u.model_extra["seconds"] > 0
     # a class id (JSON number or string) is the same class as its name; the knobs reach the decode
     by_id = client.images.generate(prompt="3", extra_body={"seed": 7, "verify": "gasv", "top_k": 5})
     want = pipe.generate([Prompt(0, class_id=3, seed=7)], verify="gasv", top_k=5, batch=True).images[0]
     assert np.array_equal(_png(by_id.data[0].b64_json), np.asarray(want))
+
+
+def test_usage_forwards_are_the_decoders_count(client, pipe):
+    """Plain decoding runs the target once per token (the prefill gives the first): n * N forwards
+    for n images of N tokens; a tree decode reports the forwards its loop ran (prefill + steps)."""
+    n = pipe.config.block_size
+    plain = client.images.generate(prompt="c2", n=2, extra_body={"seed": 1, "verify": "vanilla"})
+    assert plain.usage.model_extra["forwards"] == 2 * n and plain.usage.model_extra["mal"] == 1.0
+    tree = client.images.generate(prompt="c2", extra_body={"seed": 1, "verify": "exact"})
+    ref = pipe.generate([Prompt(0, class_id=2, seed=1)], verify="exact", batch=True, decode=False)
+    steps = ref.stats[0]["steps"]
+    assert tree.usage.model_extra["forwards"] == steps + 1 == ref.stats[0]["forwards"], steps
 
 
 def test_stream_sends_row_prefixes_of_the_final_image_then_completed(client, info):
@@ -164,6 +225,59 @@ def test_stream_sends_row_prefixes_of_the_final_image_then_completed(client, inf
         assert (part[px:] == 0).all()  # rows not shown yet are transparent
         shown.append(px)
     assert 0 < shown[0] < shown[1] < shown[2] < info.height, shown
+
+
+def test_progressive_partials_arrive_while_decoding_then_the_non_streaming_image(pipe, info, client):
+    """Partials come from the decode itself: the first reaches the openai client while the decode
+    is held (it cannot have finished), indices 0..K-1 in order, each from more committed tokens,
+    and the completed image equals the non-streaming one for the same seed."""
+    backend = StreamingModel(pipe)
+    front, base = _serve(backend, info)
+    try:
+        with openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120) as c:
+            events, first_seen_decoding = [], None
+            for e in c.images.generate(prompt="c5", stream=True, partial_images=3, extra_body={"seed": 4}):
+                if not events:
+                    first_seen_decoding = not backend.decoded.is_set()
+                    backend.hold.set()
+                events.append(e)
+    finally:
+        backend.hold.set()
+        front.stop(10)
+    assert first_seen_decoding is True and backend.held is True
+    assert [e.type for e in events] == ["image_generation.partial_image"] * 3 + ["image_generation.completed"]
+    assert [e.partial_image_index for e in events[:3]] == [0, 1, 2]
+    tokens = [e.model_extra["tokens"] for e in events[:3]]
+    assert 0 < tokens[0] < tokens[1] < tokens[2] < info.tokens_per_image, tokens
+    for e in events[:3]:
+        assert _png(e.b64_json).shape == (info.height, info.width, 3)
+        assert e.model_extra["rows"] == e.model_extra["tokens"] * info.token_rows // info.tokens_per_image
+    plain = client.images.generate(prompt="c5", extra_body={"seed": 4})
+    assert np.array_equal(_png(events[-1].b64_json), _png(plain.data[0].b64_json))
+    assert events[-1].usage.output_tokens == info.tokens_per_image
+
+
+@pytest.mark.parametrize("verify", ["vanilla", "exact", "sjd", "sjd-gasv", "zipar"])
+def test_partial_codes_are_prefixes_of_the_final_codes(pipe, verify):
+    """PartialDecode (Pipeline.generate's on_step): the committed tokens it decodes are a prefix of
+    the final tokens, the rest is the row's first token (the documented filler), and the last
+    step's images are the final images."""
+    seen, last = [], []
+
+    def hook(step):
+        seen.append((step.start, step.done.clone(), step.filled()))
+        last[:] = [step]
+
+    res = pipe.generate([Prompt(0, class_id=2, seed=5), Prompt(1, class_id=6, seed=6)], verify=verify, batch=True,
+                        on_step=hook)
+    final = res.tokens
+    assert len(seen) > 1 and int(seen[0][1].min()) < final.shape[1]
+    for start, done, filled in seen:  # a decode call's rows start at `start` (sjd decodes rows one by one)
+        for b, n in enumerate(done.tolist()):
+            assert torch.equal(filled[b, :n], final[start + b, :n])
+            assert (filled[b, n:] == final[start + b, 0]).all()
+    s = last[0]
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(s.images(), res.images[s.start:]))
 
 
 def _raises(client, exc, status, param, text, **kw):
@@ -189,7 +303,8 @@ CASES = [
     (dict(prompt="c1", extra_body={"guidance_scale": "high"}), "guidance_scale", "must be a number"),
     (dict(prompt="c1", extra_body={"seed": -1}), "seed", "seed=-1 is out of range"),
     (dict(prompt="c1", extra_body={"temperature": 0.5, "steps": 3}), "steps", "Unknown parameter: 'steps'"),
-    (dict(prompt="c1", extra_body={"negative_prompt": "blurry"}), "negative_prompt", "not supported"),
+    (dict(prompt="c1", extra_body={"negative_prompt": "blurry"}), "negative_prompt",
+     "negative_prompt is not supported by the llamagen family (class-conditional"),
     (dict(prompt="c1", partial_images=2), "partial_images", "partial_images needs stream: true"),
     (dict(prompt="c1", stream=True, partial_images=4), "partial_images", "valid: 0..3"),
     (dict(prompt="   "), "prompt", "'prompt' is empty"),
@@ -357,3 +472,77 @@ def test_docs_openai_api_lines_use_existing_options():
     for ln in lines:
         used = {a.split("=")[0] for a in shlex.split(ln)[2:] if a.startswith("--")}
         assert used <= known, (ln, used - known)
+
+
+@pytest.fixture(scope="module")
+def bundle(pipe, tmp_path_factory):
+    """conftest's tiny models exported as an engine directory (ONNX Runtime)."""
+    from lisa_trt.export import export_bundle
+
+    from conftest import GEN
+
+    e, out = pipe._e, tmp_path_factory.mktemp("openai-bundle") / "eng"
+    export_bundle(e.target, e.drafter, e.tables, e.vq, out, generation=GEN, progress=False, lint=False)
+    return out
+
+
+@pytest.mark.slow  # the export: about 60 s on 2 shared cores
+def test_lisa_trt_run_pngs_equal_the_openai_pngs_whatever_the_batch(bundle, tmp_path):
+    """`lisa-trt run` (one decode per prompt) and the OpenAI front end (the served model: the
+    request's images decoded as one batch) give byte-identical pixels for the same prompt and seed;
+    an image served alone equals the same image served in a batch of two."""
+    from click.testing import CliRunner
+    from PIL import Image
+
+    from lisa_trt.cli import main
+    from lisa_trt.runtime.pipeline import Pipeline
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("c3\nc3\n")
+    res = CliRunner().invoke(main, ["run", str(bundle), str(prompts), "--out", str(tmp_path / "o"), "--backend",
+                                    "ort", "--seed", "7"])
+    assert res.exit_code == 0, res.output
+    ran = [np.asarray(Image.open(tmp_path / "o" / f"img_{i:04d}_line{i + 1}.png")) for i in range(2)]
+    with Pipeline.from_dir(bundle, backend="ort", threads=1) as ort:
+        front, base = _serve(LocalModel(ort), _info(ort))
+        c = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
+        try:
+            both = c.images.generate(prompt="c3", n=2, extra_body={"seed": 7})
+            alone = c.images.generate(prompt="c3", extra_body={"seed": 8})
+        finally:
+            c.close()
+            front.stop(10)
+    assert both.usage.model_extra["batch"] == 2 and alone.usage.model_extra["batch"] == 1
+    served = [_png(d.b64_json) for d in both.data]
+    for i in range(2):
+        assert np.array_equal(served[i], ran[i]), f"image {i}: lisa-trt run differs from the OpenAI API"
+    assert np.array_equal(_png(alone.data[0].b64_json), served[1])  # the batch did not change the image
+    assert not np.array_equal(served[0], served[1])  # seeds 7 and 8 are different images
+
+
+def test_imagenet_class_names_through_the_client(pipe):
+    """A 1000-class bundle without names of its own answers ImageNet's names (case-insensitive);
+    an ambiguous or unknown name is a 400 naming the ids or the closest names."""
+    import torch
+
+    from lisa_trt.runtime.pipeline import Pipeline
+    from lisa_trt.testing import make_target
+
+    torch.manual_seed(0)
+    imagenet = Pipeline.from_models(make_target(std=0.3, num_classes=1000), vq=pipe._e.vq,
+                                    generation={"sampling": {"cfg_scale": 1.0}})
+    info = _info(imagenet)
+    assert info.num_classes == 1000 and len(info.class_names) == 1000
+    front, base = _serve(LocalModel(imagenet), info)
+    c = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
+    try:
+        assert c.models.list().data[0].model_extra["classes"][207] == "golden retriever"
+        by_name = c.images.generate(prompt="Golden_Retriever", extra_body={"seed": 2, "verify": "vanilla"})
+        by_id = c.images.generate(prompt="207", extra_body={"seed": 2, "verify": "vanilla"})
+        assert by_name.data[0].b64_json == by_id.data[0].b64_json
+        _raises(c, openai.BadRequestError, 400, "prompt", "classes 134, 517 share it", prompt="crane")
+        _raises(c, openai.BadRequestError, 400, "prompt", "close matches: 'golden retriever' (207)",
+                prompt="goldn retriever")
+    finally:
+        c.close()
+        front.stop(10)

@@ -75,6 +75,7 @@ def test_images_through_triton_equal_the_pipeline_and_stream_row_prefixes(server
         assert img.shape == (64, 64, 3) and np.array_equal(img, np.asarray(want))
     assert r.usage.output_tokens == 2 * 256 and r.usage.model_extra["batch"] >= 2
     assert r.usage.model_extra["mal"] == pytest.approx(sum(s["mal"] for s in ref.stats) / 2, abs=1e-3)
+    assert r.usage.model_extra["forwards"] == sum(s["forwards"] for s in ref.stats)  # Triton's `forwards` output
     events = list(c.images.generate(prompt="1", stream=True, partial_images=2, extra_body={"seed": 21}))
     assert [e.type for e in events] == ["image_generation.partial_image"] * 2 + ["image_generation.completed"]
     final = _png(events[-1].b64_json)
