@@ -198,7 +198,9 @@ class ServeModel:
         d = self.defaults
         cfg = _range("cfg_scale", d.cfg_scale if cfg is None else cfg, 1.0, 100.0)
         temp = _range("temperature", d.temperature if temp is None else temp, 0.0, 100.0, lo_open=True)
-        top_k = int(_range("top_k", d.top_k if top_k is None else top_k, 0, self.vocab))
+        # a request's top-k is checked against the vocabulary; the bundle's own default is taken as the
+        # Pipeline takes it (a top-k at or above the vocabulary keeps every token: sampling.top_k_filter)
+        top_k = int(d.top_k if top_k is None else _range("top_k", top_k, 0, self.vocab))
         top_p = _range("top_p", d.top_p if top_p is None else top_p, 0.0, 1.0, lo_open=True)
         mk = method_knobs()
         given = {k: v for k, v in zip(mk, method_values) if v is not None}

@@ -292,3 +292,19 @@ def test_every_registered_method_knob_is_a_served_input(pipe, monkeypatch):
     assert {"zipar_window": 2} == {k: v for k, v in seen[1].items() if k in M.METHOD_KNOBS}
     ref = real([Prompt(0, class_id=1, seed=4)], verify="gsd", batch=True, gsd_group=3)
     assert np.array_equal(np.asarray(ref.images[0]), out[0][1]["image"][0])
+
+
+def test_a_bundle_default_top_k_above_the_vocabulary_is_served_as_the_pipeline_takes_it(pipe, monkeypatch):
+    """A bundle whose recorded top-k exceeds its vocabulary (a family default on a small model) is served
+    as Pipeline.generate takes it (every token kept), not refused on every request; a request's own top-k
+    above the vocabulary is still the client's error."""
+    import dataclasses
+
+    model = ServeModel(pipe, max_batch=4)
+    monkeypatch.setattr(model, "defaults", dataclasses.replace(model.defaults, top_k=model.vocab * 16))
+    out = model.infer_each([{"prompt": _b("1"), "seed": np.array([[5]])},
+                            {"prompt": _b("1"), "seed": np.array([[5]]), "top_k": np.array([[0]], np.int32)},
+                            {"prompt": _b("1"), "top_k": np.array([[model.vocab + 1]], np.int32)}])
+    assert out[0][0] is None and out[1][0] is None
+    assert np.array_equal(out[0][1]["image"], out[1][1]["image"])  # top-k >= V keeps every token, as 0 does
+    assert out[2][0] is not None and "top_k" in out[2][0] and not out[2][0].internal
