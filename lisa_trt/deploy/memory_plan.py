@@ -62,7 +62,8 @@ from pathlib import Path
 
 from ..config import SamplingConfig
 from ..errors import InputError
-from ..engines.allocation import DEFAULT_KV_BINDING, KV_BINDINGS, context_memory_bytes, kv_cache_bytes, kv_shadow_bytes
+from ..engines.allocation import (DEFAULT_KV_BINDING, KV_BINDINGS, PLAN_BACKENDS, context_memory_bytes, kv_cache_bytes,
+                                  kv_shadow_bytes)
 from ..models.io_spec import GASV_K, Graph, graph_spec  # GASV_K: neighbour columns baked into the GASV graph
 from ..export.quantize import DEFAULT_BLOCK_SIZE as INT4_BLOCK  # int4 weights: one fp16 scale per block
 from ..models.family import family_named
@@ -291,7 +292,7 @@ class Runtime:
         return sum(context_memory_bytes(r["device_memory"]) for r in recs)
 
 
-BACKENDS = ("trt", "ort")
+BACKENDS = PLAN_BACKENDS
 
 
 def resolve_runtime(model, backend: str = "trt", kv_binding: Optional[str] = None) -> Runtime:
@@ -299,6 +300,9 @@ def resolve_runtime(model, backend: str = "trt", kv_binding: Optional[str] = Non
     `kv_binding` (default engines.allocation.DEFAULT_KV_BINDING); an engine directory's build record."""
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r} for a memory plan; valid: {', '.join(BACKENDS)}")
+    if backend == "ort" and kv_binding not in (None, "inplace"):
+        raise InputError(f"kv_binding {kv_binding!r} is a TensorRT binding; ONNX Runtime binds the cache in place "
+                         "(plan --backend ort without --kv-binding, or --backend trt)")
     binding = "inplace" if backend == "ort" else (kv_binding or DEFAULT_KV_BINDING)
     if binding not in KV_BINDINGS:
         raise InputError(f"kv_binding must be one of {KV_BINDINGS}, got {binding!r}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 
+PLAN_BACKENDS = ("trt", "ort")  # the runtimes this list sizes: TensorRT, ONNX Runtime (binds in place)
 KV_BINDINGS = ("swap", "inplace")
 DEFAULT_KV_BINDING = "swap"  # TensorRT: in-place binding of non-aliased outputs is opt-in (engines/trt.py)
 PAST, PRESENT = "past_key_values.", "present."
@@ -63,5 +64,5 @@ def context_memory_bytes(sizes, shared: bool = True) -> int:
     return max(sizes) if shared else len(sizes) * max(sizes)
 
 
-__all__ = ["DEFAULT_KV_BINDING", "KV_BINDINGS", "context_memory_bytes", "kv_cache_bytes", "kv_shadow_bytes",
+__all__ = ["DEFAULT_KV_BINDING", "KV_BINDINGS", "PLAN_BACKENDS", "context_memory_bytes", "kv_cache_bytes", "kv_shadow_bytes",
            "shadowed_outputs", "tensor_bytes"]

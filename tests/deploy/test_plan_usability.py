@@ -62,3 +62,26 @@ def test_the_no_sentence_offers_only_what_fits():
     # a lower precision that fits is offered as such
     f = make_plan("Lumina-mGPT-7B", gpu="rtx4090", precision="fp32", batch=1, tree=64, image_size=768)
     assert "--precision fp16 fits" in f.reason
+
+
+def test_backend_and_kv_binding_options_choose_the_runtime_planned(tmp_path):
+    """`plan --backend / --kv-binding`: TensorRT's default "swap" counts a shadow cache per
+    cache-owning engine (the table's kv shad. column); "inplace" and ONNX Runtime hold none, and
+    the total drops by exactly the shadows; a TensorRT binding asked of ONNX Runtime is refused."""
+    def planned(*extra):
+        js = tmp_path / f"plan{len(list(tmp_path.iterdir()))}.json"
+        r = CliRunner().invoke(main, LUMINA_B1 + list(extra) + ["--json", str(js)])
+        assert r.exit_code in (0, 1), r.output
+        return r.output, json.loads(js.read_text())
+
+    out, swap = planned()
+    assert "kv_binding swap" in out and "kv shad." in out
+    shadow = sum(e.get("kv_shadow", 0) for e in swap["engines"].values())
+    assert shadow > 0 and shadow == sum(e["kv_cache"] for e in swap["engines"].values() if e.get("kv_shadow"))
+    _, inplace = planned("--kv-binding", "inplace")
+    assert inplace["kv_binding"] == "inplace" and not any(e.get("kv_shadow") for e in inplace["engines"].values())
+    assert swap["total"] - inplace["total"] == shadow
+    out, ort = planned("--backend", "ort")
+    assert (ort["backend"], ort["kv_binding"]) == ("ort", "inplace") and "ONNX Runtime" in out
+    r = CliRunner().invoke(main, LUMINA_B1 + ["--backend", "ort", "--kv-binding", "swap"])
+    assert r.exit_code == 2 and "ONNX Runtime binds the cache in place" in r.output, r.output
