@@ -617,7 +617,7 @@ def make_fake_trt(version: str = "10.14.1.48.post1", *, poison_outputs: bool = T
     core.version_tuple = tuple(int(x) for x in version.split(".")[:2])
     core.engines, core.builds, core.build_errors = [], [], []
     core.poison_outputs, core.plugins_initialised = poison_outputs, False
-    core.plan_aliases = lambda network: {}  # ScatterElements caches: TensorRT reports no alias
+    core.plan_aliases = lambda network: {}  # no output of the new-rows graphs aliases an input
     flags = NetworkDefinitionCreationFlag
     if core.version_tuple >= (11, 0):
         # TensorRT 11: strongly typed only; kSTRONGLY_TYPED is kept for API compatibility, deprecated and
