@@ -34,9 +34,9 @@ after every section, so a run cut by a timeout keeps what it measured):
                  of each (lisa_trt.deploy.build, --attention auto: build seconds, plan bytes and
                  the attention each engine uses, op or plain ops after a refused probe), then parity
                  against the bundle's torch graphs per graph (gasv, vq_decode, drafter_project) and
-                 greedy target tokens with the default KV binding ("swap") and with in-place
-                 binding (opt-in): fp32 tokens must be identical to torch (fp16: the fraction
-                 that agrees is recorded); else the reason.
+                 greedy target tokens (the cache committed in place by the runner): fp32 tokens
+                 must be identical to torch (fp16: the fraction that agrees is recorded); else the
+                 reason.
 With --cpu-smoke (or without CUDA) every section runs a tiny version on CPU in a few seconds.
 
 Time: --budget (490 s) bounds the whole run; each section also has its own share
@@ -574,13 +574,12 @@ TRT_PRECISIONS = ("fp32", "fp16")  # the tensorrt section builds both exports of
 def section_tensorrt(ctx: Ctx) -> dict:
     """Export the demo bundle fp32 and fp16, build every engine of each (`--attention auto`: a
     one-node Attention probe first, plain attention ops where TensorRT refuses it), check each
-    graph and the KV bindings against the bundle's torch graphs.
+    graph and the target's greedy tokens against the bundle's torch graphs.
 
     Records per precision: export / build seconds, per graph build seconds, plan size and the
     attention the engine uses (with the probe results), max |TensorRT - torch|; greedy tokens of
-    the target with the default KV binding ("swap": separate present buffers) and with in-place
-    binding (opt-in, not a documented TensorRT contract), with the fraction of tokens equal to the
-    torch backend's (fp32: must be all). The fp32 results stay at the top level (as before), the
+    the target (the graphs return the new K/V rows, the runner commits them into its one cache),
+    with the fraction of tokens equal to the torch backend's (fp32: must be all). The fp32 results stay at the top level (as before), the
     fp16 ones under "fp16"; a precision that fails records its error and the other still runs.
     """
     from lisa_trt.deploy.build import require_tensorrt_gpu
@@ -606,8 +605,6 @@ def section_tensorrt(ctx: Ctx) -> dict:
             out.update(res)
         else:
             out[prec] = res
-    inplace = out.get("parity", {}).get("target_greedy_inplace", {})
-    out["kv_inplace_safe_here"] = inplace.get("tokens_identical")
     return out
 
 
@@ -633,8 +630,8 @@ def _trt_precision(ctx: Ctx, prec: str) -> dict:
 
 
 def _trt_parity(ctx: Ctx, d: Path) -> dict:
-    """Greedy target tokens (swap and in-place KV binding), GASV, VQ and drafter projection of the
-    TensorRT engines of `d` against the bundle's own torch graphs (CPU)."""
+    """Greedy target tokens, GASV, VQ and drafter projection of the TensorRT engines of `d`
+    against the bundle's own torch graphs (CPU)."""
     import torch
 
     from lisa_trt.engines.graph import load_engines
@@ -647,27 +644,25 @@ def _trt_parity(ctx: Ctx, d: Path) -> dict:
     want, want_logits = _greedy_tokens(ref.target, cond, steps)
     parity = {}
     dev = ctx.device
-    for binding in ("swap", "inplace"):
-        eng = load_trt_engines(d, kv_binding=binding, device=dev)
-        got, got_logits = _greedy_tokens(eng.target, cond.to(dev), steps)
-        parity[f"target_greedy_{binding}"] = {
-            "tokens_identical": bool(torch.equal(got, want)), "steps": steps,
-            "token_agreement": float((got == want).float().mean()),
-            "max_abs_logit_diff": float((got_logits.float() - want_logits.float()).abs().max())}
-        if binding == "swap":
-            g = torch.Generator().manual_seed(0)
-            logits = torch.randn(8, cfg.vocab_size, generator=g) * 3
-            tok, par = torch.randint(0, cfg.vocab_size, (8,), generator=g), torch.arange(8) - 1
-            a, b = eng.gasv(logits.to(dev), tok.to(dev), par.to(dev)), ref.gasv(logits, tok, par)
-            parity["gasv"] = {k: float((getattr(a, k).float().cpu() - getattr(b, k).float()).abs().max())
-                              for k in ("p", "delta_eff", "gate")}
-            toks = torch.randint(0, cfg.vocab_size, (1, cfg.grid_size ** 2), generator=g)
-            parity["vq_decode"] = float((eng.vq.decode_code(toks.to(dev)).float().cpu()
-                                         - ref.vq.decode_code(toks).float()).abs().max())
-            taps = torch.randn(1, 4, 3 * cfg.dim, generator=g)
-            parity["drafter_project"] = float((eng.drafter.project_taps(taps.to(dev)).float().cpu()
-                                               - ref.drafter.project_taps(taps).float()).abs().max())
-        eng.close()
+    eng = load_trt_engines(d, device=dev)
+    got, got_logits = _greedy_tokens(eng.target, cond.to(dev), steps)
+    parity["target_greedy"] = {
+        "tokens_identical": bool(torch.equal(got, want)), "steps": steps,
+        "token_agreement": float((got == want).float().mean()),
+        "max_abs_logit_diff": float((got_logits.float() - want_logits.float()).abs().max())}
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, cfg.vocab_size, generator=g) * 3
+    tok, par = torch.randint(0, cfg.vocab_size, (8,), generator=g), torch.arange(8) - 1
+    a, b = eng.gasv(logits.to(dev), tok.to(dev), par.to(dev)), ref.gasv(logits, tok, par)
+    parity["gasv"] = {k: float((getattr(a, k).float().cpu() - getattr(b, k).float()).abs().max())
+                      for k in ("p", "delta_eff", "gate")}
+    toks = torch.randint(0, cfg.vocab_size, (1, cfg.grid_size ** 2), generator=g)
+    parity["vq_decode"] = float((eng.vq.decode_code(toks.to(dev)).float().cpu()
+                                 - ref.vq.decode_code(toks).float()).abs().max())
+    taps = torch.randn(1, 4, 3 * cfg.dim, generator=g)
+    parity["drafter_project"] = float((eng.drafter.project_taps(taps.to(dev)).float().cpu()
+                                       - ref.drafter.project_taps(taps).float()).abs().max())
+    eng.close()
     return parity
 
 

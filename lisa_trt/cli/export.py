@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ..clitools import handle_errors
+from ..engines.allocation import PLAN_BACKENDS
 from . import options as opt
 
 
@@ -91,10 +92,11 @@ def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, atten
 @click.option("--weight-copies", type=click.IntRange(min=1), default=None,
               help="Copies of the target weights (2: separate prefill and verify engines; default: what "
                    "`lisa-trt build` makes, 1, or 2 for an engine directory exported before one target engine).")
+@opt.backend_option(PLAN_BACKENDS, default="trt", help="Runtime planned: TensorRT (trt) or ONNX Runtime (ort).")
 @opt.json_option("Write the plan (with `fits`) here.", dir_okay=False)
 @handle_errors
 def plan(model, gpu, memory_gib, precision, batch, tree, image_size, prompt_len, no_cfg, workspace, weight_copies,
-         json_path):
+         backend, json_path):
     """Memory plan: weights, KV cache, drafter, tables, activations per engine against a GPU.
 
     MODEL: a known name (GPT-B, GPT-L, GPT-XL, GPT-XXL, GPT-3B, Lumina-mGPT-7B, Janus-Pro-7B),
@@ -107,7 +109,7 @@ def plan(model, gpu, memory_gib, precision, batch, tree, image_size, prompt_len,
     if not entry(model, gpu=gpu, memory_gib=memory_gib, precision=precision, batch=batch, tree=tree,
                  image_size=image_size, prompt_len=prompt_len, cfg=not no_cfg,
                  workspace=None if workspace is None else workspace << 20, weight_copies=weight_copies,
-                 json_path=json_path, echo=click.echo):
+                 backend=backend, json_path=json_path, echo=click.echo):
         sys.exit(1)
 
 

@@ -23,9 +23,6 @@ What is counted (docs/deployment.md explains each formula and which numbers are 
                fp8 / int4 quantize weights, the cache stays fp16. max_cache_len = round_up(prompt + span
                prefix + image tokens + tree, 8), the exporters' rule (export/onnx.max_cache_len,
                families/chameleon/export.engine_cache_len).
-  KV shadow    TensorRT with kv_binding "swap" (the default): a second cache per cache-owning engine
-               for its present.* outputs the engine does not alias (allocation.kv_shadow_bytes; the
-               aliases `lisa-trt build` recorded). ONNX Runtime and "inplace": none.
   drafter      EAGLE-3 (models/drafter.py): fc 3H -> H, one decoder layer at the target's width
                (q/k/v read embedding + hidden, 2H wide), own head over the image codes, plus the copy
                of the target's input embedding its exported step graph carries; its one-layer cache.
@@ -48,8 +45,9 @@ What is counted (docs/deployment.md explains each formula and which numbers are 
                engine's weights + activations + workspace + overhead.
 fits = the run total and the build peak are both within the device's usable memory.
 bandwidth floor per step = the bytes one target call / one drafter step must move (weights, one
-read of the cache; with a KV shadow also the scatter's full read and write of the cache,
-step_bytes) / the GPU's peak memory bandwidth (GPUS): the least time a step can take there.
+read of the cache, step_bytes; the new rows a call commits are negligible beside them) / the GPU's
+peak memory bandwidth (GPUS): the least time a step can take there. The same plan holds for
+TensorRT and ONNX Runtime: both hold one KV cache, updated in place (engines/graph.py `_run_kv`).
 """
 
 from __future__ import annotations
@@ -62,7 +60,7 @@ from pathlib import Path
 
 from ..config import SamplingConfig
 from ..errors import InputError
-from ..engines.allocation import DEFAULT_KV_BINDING, KV_BINDINGS, context_memory_bytes, kv_cache_bytes, kv_shadow_bytes
+from ..engines.allocation import PLAN_BACKENDS, context_memory_bytes, kv_cache_bytes
 from ..models.io_spec import GASV_K, Graph, graph_spec  # GASV_K: neighbour columns baked into the GASV graph
 from ..export.quantize import DEFAULT_BLOCK_SIZE as INT4_BLOCK  # int4 weights: one fp16 scale per block
 from ..models.family import family_named
@@ -162,7 +160,6 @@ class Plan:
     search_limits: dict = field(default_factory=dict)  # the searches' upper ends (a result there means ">=")
     notes: list = field(default_factory=list)
     backend: str = "trt"
-    kv_binding: str = DEFAULT_KV_BINDING
     bandwidth: float = 0.0  # the device's GB/s (0: unknown)
     load_transient: int = 0  # unified memory (Jetson): loading's peak above the run total (_load_transient)
     step_bytes: dict = field(default_factory=dict)  # {"target" | "drafter": bytes one call moves} (step_bytes)
@@ -224,14 +221,14 @@ class Plan:
         return f">= {v}" if v == self.search_limits.get(what) else str(v)
 
     def table(self) -> str:
-        parts = ("weights", "kv_cache", "kv_shadow", "activations")
+        parts = ("weights", "kv_cache", "activations")
         g = lambda b: f"{b / GIB:8.2f}"  # noqa: E731
         pad = " ".join([f"{'':8s}"] * len(parts))
         lines = [f"{self.model} ({self.family}) on {self.gpu_label}: {self.precision}, {self.image_size} px, batch "
                  f"{self.batch}{' with CFG (' + str(self.rows) + ' rows)' if self.cfg else ' (no CFG)'}, tree "
                  f"{self.tree}, prompt {self.prompt_len}, cache {self.max_cache_len} slots; "
-                 f"{'TensorRT' if self.backend == 'trt' else 'ONNX Runtime'}, kv_binding {self.kv_binding}",
-                 f"{'engine':14s} {'weights':>8s} {'kv cache':>8s} {'kv shad.':>8s} {'activ.':>8s} {'total':>8s}  (GiB)"]
+                 f"{'TensorRT' if self.backend == 'trt' else 'ONNX Runtime'}",
+                 f"{'engine':14s} {'weights':>8s} {'kv cache':>8s} {'activ.':>8s} {'total':>8s}  (GiB)"]
         for name, e in self.engines.items():
             lines.append(f"{name:14s} " + " ".join(g(e.get(p, 0)) for p in parts) + " " + g(sum(e.values())))
         lines.append(f"{'overhead':14s} {pad} {g(self.overhead)}  CUDA context + runtime (estimate)")
@@ -271,15 +268,11 @@ def _advice(p: Plan) -> str:
 
 @dataclass(frozen=True)
 class Runtime:
-    """The runtime the plan is for: backend ("trt" | "ort"), its KV binding, and what `lisa-trt build`
-    recorded per engine (manifest["engines"]["graphs"]: per-profile device memory, aliased outputs)."""
+    """The runtime the plan is for: backend ("trt" | "ort") and what `lisa-trt build` recorded per
+    engine (manifest["engines"]["graphs"]: per-profile device memory)."""
 
     backend: str = "trt"
-    kv_binding: str = DEFAULT_KV_BINDING
     engines: dict = field(default_factory=dict)
-
-    def aliased(self, graph: str) -> tuple:
-        return tuple((self.engines.get(graph) or {}).get("aliased") or {})
 
     def device_memory(self, graphs) -> Optional[int]:
         """The TensorRT contexts' memory of these engines as TrtRunner allocates it (one shared buffer
@@ -291,33 +284,22 @@ class Runtime:
         return sum(context_memory_bytes(r["device_memory"]) for r in recs)
 
 
-BACKENDS = ("trt", "ort")
+BACKENDS = PLAN_BACKENDS
 
 
-def resolve_runtime(model, backend: str = "trt", kv_binding: Optional[str] = None) -> Runtime:
-    """The Runtime for a plan: ORT binds past and present to one buffer ("inplace"); TensorRT uses
-    `kv_binding` (default engines.allocation.DEFAULT_KV_BINDING); an engine directory's build record."""
+def resolve_runtime(model, backend: str = "trt") -> Runtime:
+    """The Runtime for a plan: the backend, and an engine directory's build record."""
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r} for a memory plan; valid: {', '.join(BACKENDS)}")
-    binding = "inplace" if backend == "ort" else (kv_binding or DEFAULT_KV_BINDING)
-    if binding not in KV_BINDINGS:
-        raise InputError(f"kv_binding must be one of {KV_BINDINGS}, got {binding!r}")
     built = {}
     if isinstance(model, (str, Path)):
         built = ((_engine_record(model)[0].get("engines") or {}).get("graphs")) or {}
-    return Runtime(backend, binding, built)
+    return Runtime(backend, built)
 
 
 def _target_graphs(copies: int) -> list:
     """The target engines the runtime opens: verify, and a prefill engine when the weights are twice."""
     return [Graph.TARGET_VERIFY.value] + ([Graph.TARGET_PREFILL.value] if copies > 1 else [])
-
-
-def _kv_parts(spec, dims: dict, prec: Precision, rt: Runtime, graph: str, runners: int) -> dict:
-    """kv_cache and kv_shadow of one model (allocation.kv_cache_bytes / kv_shadow_bytes at `dims`);
-    every runner of the model gets its own shadow (engines/graph.py keys them by runner)."""
-    shadow = kv_shadow_bytes(spec, dims, prec.kv, rt.kv_binding, rt.aliased(graph)) * runners
-    return {"kv_cache": kv_cache_bytes(spec, dims, prec.kv), "kv_shadow": shadow}
 
 
 def _target_part(s: ModelShape, prec: Precision, rows: int, tree: int, prompt: int, L: int, copies: int,
@@ -327,10 +309,9 @@ def _target_part(s: ModelShape, prec: Precision, rows: int, tree: int, prompt: i
     act = max(_step_act(rows, prompt, s.dim, s.ffn, s.n_head, L, 0, a, False) + last,  # prefill
               _step_act(rows, tree, s.dim, s.ffn, s.n_head, L, s.vocab, a, True))  # tree verification
     dims = {"batch": rows, "kv_heads": s.kv_heads, "cache_len": L, "head_dim": s.head_dim}
-    kv = _kv_parts(graph_spec(Graph.TARGET_VERIFY, n_layer=s.n_layer), dims, prec, rt, Graph.TARGET_VERIFY.value,
-                   copies)
+    kv = kv_cache_bytes(graph_spec(Graph.TARGET_VERIFY, n_layer=s.n_layer), dims, prec.kv)  # one cache, any copies
     built = rt.device_memory(_target_graphs(copies))
-    return {"weights": s.target.bytes(prec) * copies, **kv, "activations": act if built is None else built}
+    return {"weights": s.target.bytes(prec) * copies, "kv_cache": kv, "activations": act if built is None else built}
 
 
 def _drafter_part(s: ModelShape, prec: Precision, rows: int, tree: int, prompt: int, L: int, rt: Runtime) -> dict:
@@ -341,10 +322,9 @@ def _drafter_part(s: ModelShape, prec: Precision, rows: int, tree: int, prompt: 
     dact = (_step_act(rows, S, Hd, s.draft_ffn or s.ffn, heads, L, s.draft_head or s.codes, a, False)
             + rows * S * 3 * s.dim * a)  # + the taps it reads
     dims = {"batch": rows, "draft_heads": heads, "cache_len": L, "draft_head_dim": Hd // heads}
-    # one runner owns the drafter's cache: drafter_step (no drafter_commit engine on TensorRT; ORT binds in place)
-    kv = _kv_parts(graph_spec(Graph.DRAFTER_STEP), dims, prec, rt, Graph.DRAFTER_STEP.value, 1)
+    kv = kv_cache_bytes(graph_spec(Graph.DRAFTER_STEP), dims, prec.kv)  # the drafter's one cache
     built = rt.device_memory([Graph.DRAFTER_PROJECT.value, Graph.DRAFTER_STEP.value])
-    return {"weights": drafter_weights(s).bytes(prec), **kv, "activations": dact if built is None else built}
+    return {"weights": drafter_weights(s).bytes(prec), "kv_cache": kv, "activations": dact if built is None else built}
 
 
 def _parts(s: ModelShape, prec: Precision, batch: int, tree: int, cfg: bool, prompt: int, copies: int,
@@ -368,13 +348,12 @@ def _parts(s: ModelShape, prec: Precision, batch: int, tree: int, cfg: bool, pro
 
 def step_bytes(engines: dict) -> dict:
     """Bytes one call of the target / one drafter step must move at least: its weights and one read of
-    its cache; with a KV shadow also the full cache read by the scatter and written to the shadow."""
+    its cache."""
     out = {}
     for name in ("target", "drafter"):
         e = engines.get(name)
         if e:
-            kv = e.get("kv_cache", 0)
-            out[name] = e["weights"] + kv * (3 if e.get("kv_shadow") else 1)
+            out[name] = e["weights"] + e.get("kv_cache", 0)
     return out
 
 
@@ -402,7 +381,7 @@ def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] =
               precision: Optional[str] = None, batch: int = 1, tree: Optional[int] = None,
               image_size: Optional[int] = None, prompt_len: Optional[int] = None, cfg: bool = True,
               workspace: Optional[int] = None, weight_copies: Optional[int] = None, search: bool = True,
-              backend: str = "trt", kv_binding: Optional[str] = None) -> Plan:
+              backend: str = "trt") -> Plan:
     """The memory plan of `model` on a device.
 
     Args:
@@ -418,11 +397,11 @@ def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] =
             verify engine runs the prefill too, 2 for directories exported before; names and
             checkpoints: 1, a fresh export).
         search: also compute the largest batch and tree that fit.
-        backend / kv_binding: the runtime planned ("trt": TensorRT, whose default "swap" binding holds
-            a second KV cache per cache-owning engine; "ort": caches updated in place), see Runtime.
+        backend: the runtime planned ("trt": TensorRT, with its recorded engine memory; "ort": ONNX
+            Runtime), see Runtime. Both hold one KV cache per cache-owning model.
     """
     device = resolve_gpu(gpu, memory_gib)
-    rt = resolve_runtime(model, backend, kv_binding)
+    rt = resolve_runtime(model, backend)
     s = resolve_model(model, image_size, prompt_len)
     prec = resolve_precision(precision or s.precision or "fp16")
     tree = (s.max_tree or 64) if tree is None else tree
@@ -456,7 +435,7 @@ def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] =
     plan = Plan(model=s.name, family=s.family, gpu=device.name, gpu_label=device.label, usable=device.usable,
                 precision=prec.name, batch=batch, tree=tree, cfg=cfg, image_size=s.image_size, prompt_len=prompt,
                 rows=rows, max_cache_len=L, engines=engines, overhead=CONTEXT_BYTES, workspace=ws, total=total,
-                build_peak=peak, fits=fits, notes=notes, backend=rt.backend, kv_binding=rt.kv_binding,
+                build_peak=peak, fits=fits, notes=notes, backend=rt.backend,
                 bandwidth=device.bandwidth, load_transient=load, step_bytes=step_bytes(engines))
     if search and not fits:
         plan.fitting_precisions = [q for q in ("fp16", "int8", "int4")
@@ -464,7 +443,7 @@ def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] =
                                    and make_plan(model, gpu=gpu, memory_gib=memory_gib, precision=q, batch=batch,
                                                  tree=tree, image_size=image_size, prompt_len=prompt_len, cfg=cfg,
                                                  workspace=workspace, weight_copies=weight_copies, search=False,
-                                                 backend=backend, kv_binding=kv_binding).fits]
+                                                 backend=backend).fits]
     if search:
         plan.max_batch = largest(lambda b: evaluate(b, tree)[-1], MAX_BATCH_SEARCH)
         plan.max_tree = largest(lambda t: evaluate(batch, t)[-1], s.max_tree or MAX_TREE_SEARCH)
@@ -474,9 +453,6 @@ def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] =
 
 def _runtime_notes(rt: Runtime, engines: dict, batch: int) -> list:
     notes = []
-    if any(e.get("kv_shadow") for e in engines.values()):
-        notes.append("kv shadow: with kv_binding \"swap\" TensorRT writes each step's cache into a second buffer "
-                     "per cache-owning engine (engines/graph.py); kv_binding \"inplace\" holds none but is opt-in")
     if rt.engines and rt.backend == "trt":
         have = "device memory recorded by `lisa-trt build`" if rt.device_memory(list(rt.engines)) is not None \
             else "activations estimated (the build record predates per-profile device memory; rebuild to record it)"
@@ -549,7 +525,7 @@ def preflight(engine_dir, *, gpu: Optional[str] = None, memory_gib: Optional[flo
     (`gpu_backend`: TensorRT, or auto with built engines) against the visible CUDA device, and
     returns None when there is none: a CPU run is never refused by a GPU plan.
     cfg: None = from the run's CFG scale or the bundle's default (run_uses_cfg).
-    The plan is TensorRT's (its KV shadows, recorded engine memory) for a GPU backend, ONNX Runtime's else.
+    The plan is TensorRT's (its recorded engine memory) for a GPU backend, ONNX Runtime's else.
     """
     if gpu is None and memory_gib is None:
         if not gpu_backend:

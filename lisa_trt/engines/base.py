@@ -5,8 +5,9 @@ Two levels (docs/design.md principle 3):
 - `GraphRunner`: ONE exported graph at the named-tensor level (Polygraphy's BaseRunner is the
   model): `run(inputs, outputs) -> dict` by the names of models/io_spec.py, `close()`, and an
   explicit lifetime (`with runner: ...`). Outputs the caller does not preallocate are allocated
-  from the io spec (dynamic axes are read off the inputs). KV caches are updated in place: the
-  caller passes the same tensor as `past_key_values.{i}.*` input and `present.{i}.*` output.
+  from the io spec (dynamic axes are read off the inputs). KV caches are read-only inputs
+  (`past_key_values.{i}.*`); `present.{i}.*` are the call's new rows, which the caller commits
+  (engines/graph.py `_run_kv`).
   A backend is one subclass implementing `_execute` plus a `Backend` that opens its graphs.
 - `TargetEngine` / `DrafterEngine`: what the decode loop needs. The torch `Transformer` /
   `Drafter` satisfy them directly (eager); engines/graph.py's generic `GraphTarget`,
@@ -101,13 +102,8 @@ class GraphRunner(abc.ABC):
         device: where inputs must live and outputs are allocated.
 
     Subclasses implement `_execute(inputs, outputs)` (every name bound, outputs preallocated)
-    and may override `_close()`. `kv_binding` is "inplace" (the present.* output may be the
-    same tensor as its past.* input) unless a backend needs "swap" (engines/graph.py then
-    double-buffers); `aliased` names outputs the backend itself aliases to inputs.
+    and may override `_close()`.
     """
-
-    kv_binding: str = "inplace"
-    aliased: dict = {}
 
     def __init__(self, spec: GraphSpec, dims: dict, precision: str, device):
         self.spec, self.dims, self.precision = spec, dict(dims), precision
@@ -223,7 +219,7 @@ class Backend(abc.ABC):
 
     Args:
         manifest: the engine directory's Manifest.
-        **options: backend options (e.g. ORT `threads`, TensorRT `kv_binding`).
+        **options: backend options (e.g. ORT `threads`, TensorRT `share_memory`).
     """
 
     name = "?"

@@ -10,9 +10,10 @@ only; everything backend-specific (sessions, contexts, address binding) lives in
     out = engines.target.prefill(cond, cache, taps=True)
     engines.close()                                   # or: with load_engines(...) as engines:
 
-KV caches are preallocated at the engines' static length (`new_cache`) and updated in place:
-each layer's buffer is passed as BOTH `past_key_values.{i}.*` and `present.{i}.*`. A runner whose
-`kv_binding` is "swap" gets a second buffer as present output, swapped in after the call.
+KV caches are preallocated at the engines' static length (`new_cache`) and updated in place: each
+layer's buffer is a read-only `past_key_values.{i}.*` input, the graph returns the call's new rows
+as `present.{i}.*`, and `_KVEngine._run_kv` commits them at the call's slots (one path for every
+backend; no step writes a slot it did not change).
 
 Thread safety: runners keep per-graph bindings, so one engine set must not be called from two
 threads at once; serialise calls or open one set per worker.
@@ -30,7 +31,6 @@ from ..config import find_multiple
 from ..errors import InputError
 from ..models.io_spec import Graph
 from ..models.family import family_of
-from .allocation import shadowed_outputs
 from .base import GraphRunner, StaticTensors, check_static_len, get_backend, torch_dtype
 
 
@@ -70,7 +70,7 @@ def _contig(t: torch.Tensor, dtype, device) -> torch.Tensor:
 
 
 class _KVEngine:
-    """Shared state of the cache-owning engines: dtype, device, static length, KV binding."""
+    """Shared state of the cache-owning engines: dtype, device, static length, the bound caches."""
 
     def __init__(self, manifest, runners: dict):
         self.manifest = manifest
@@ -78,9 +78,8 @@ class _KVEngine:
         self.max_cache_len = manifest.max_cache_len
         self.dtype = torch_dtype("act", manifest.precision)
         self.device = next(iter(runners.values())).device
-        self._shadow: dict = {}
         self._checked: dict = {}
-        self._static: dict = {}  # id(runner) -> StaticTensors of the cache bound last (in-place runners)
+        self._static: dict = {}  # id(runner) -> StaticTensors of the cache bound last
 
     def close(self) -> None:
         for r in self.runners.values():
@@ -117,36 +116,29 @@ class _KVEngine:
                     cache_slots=_contig(slots, torch.int64, dev), attention_mask=_contig(mask, torch.bool, dev))
 
     def _run_kv(self, runner: GraphRunner, cache, n_layer: int, inputs: dict, outputs: dict) -> dict:
-        """Run with the cache bound in place (or double-buffered for kv_binding "swap").
+        """Run with the cache as a read-only input, then commit the graph's new rows (present.*)
+        into the cache at the call's slots (`cache_slots`; a prefill without them: 0..T-1), S rows
+        per layer (models/layers.commit_rows): the only cache write of a call, on every backend.
 
-        In place, the cache buffers travel as one StaticTensors per (runner, cache buffers), so
-        a backend binds them once per cache and then only the per-step tensors."""
-        if runner.kv_binding == "inplace":
-            bufs = cache.k + cache.v
-            st = self._static.get(id(runner))
-            if st is None or len(st.key) != len(bufs) or any(a is not b for a, b in zip(st.key, bufs)):
-                past, present = {}, {}
-                for i in range(n_layer):
-                    for part, b in (("key", cache.k), ("value", cache.v)):
-                        past[f"past_key_values.{i}.{part}"] = present[f"present.{i}.{part}"] = b[i]
-                st = self._static[id(runner)] = StaticTensors(past, present, key=tuple(bufs))
-            return runner.run_static(inputs, outputs, st)
-        swaps, shadowed = [], set(shadowed_outputs(runner.spec, runner.kv_binding, runner.aliased))  # the plan's rule
+        The cache buffers travel as one StaticTensors per (runner, cache buffers), so a backend
+        binds them once per cache and then only the per-step tensors."""
+        from ..models.layers import commit_rows
+
+        bufs = cache.k + cache.v
+        st = self._static.get(id(runner))
+        if st is None or len(st.key) != len(bufs) or any(a is not b for a, b in zip(st.key, bufs)):
+            past = {f"past_key_values.{i}.{part}": b[i] for i in range(n_layer)
+                    for part, b in (("key", cache.k), ("value", cache.v))}
+            st = self._static[id(runner)] = StaticTensors(past, {}, key=tuple(bufs))
+        out = runner.run_static(inputs, outputs, st)
+        slots = inputs.get("cache_slots")
         for i in range(n_layer):
-            for part, bufs in (("key", cache.k), ("value", cache.v)):
-                past, present = f"past_key_values.{i}.{part}", f"present.{i}.{part}"
-                inputs[past] = bufs[i]
-                if present not in shadowed:
-                    outputs[present] = bufs[i]
-                else:
-                    key = (id(runner), present, tuple(bufs[i].shape))
-                    if key not in self._shadow:
-                        self._shadow[key] = torch.empty_like(bufs[i])
-                    outputs[present] = self._shadow[key]
-                    swaps.append((bufs, i, key))
-        out = runner.run(inputs, outputs)
-        for bufs, i, key in swaps:  # the engine wrote the updated cache into the shadow buffer
-            bufs[i], self._shadow[key] = self._shadow[key], bufs[i]
+            for part, b in (("key", cache.k), ("value", cache.v)):
+                rows = out[f"present.{i}.{part}"]
+                if slots is None:
+                    B, _, T, _ = rows.shape
+                    slots = torch.arange(T, device=rows.device)[None, :].expand(B, T)
+                commit_rows(b[i], rows, slots.to(b[i].device))
         return out
 
 
@@ -448,7 +440,7 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
         target_hash / drafter_hash / tables_hash: refuse engines made for other artifacts.
         manifest: the directory's checked Manifest when the caller has read it (read once per open).
         **options: backend options (ORT: providers, threads, spin; TensorRT: device,
-            kv_binding, share_memory).
+            share_memory).
     Returns:
         Engines(target, drafter | None, gasv | None, vq | None, manifest, backend); the drafter
         is a GraphDrafter, or GraphMedusaHeads for a bundle exported with Medusa heads. A

@@ -2,10 +2,11 @@
 
 `load_engines(dir, "ort")` (engines/graph.py) wraps these runners in the generic GraphTarget /
 GraphDrafter / GraphGASV / GraphVQ. Torch tensors are the array type: inputs and outputs are
-bound to ONNX Runtime by address (IO binding), and each layer's K/V buffer is bound as BOTH
-`past_key_values.{i}.*` and `present.{i}.*`. The graphs scatter the new rows into that buffer
-(ScatterElements, which skips its input->output copy when the two are the same memory), so the
-caches are preallocated once (`new_cache`) and updated in place: no per-step cache copy.
+bound to ONNX Runtime by address (IO binding). Each layer's K/V buffer is bound as the read-only
+`past_key_values.{i}.*` input only (kept bound across steps by `run_static`); the graph returns the
+step's new rows as `present.{i}.*` and engines/graph.py `_run_kv` commits them into the buffer, so
+the caches are preallocated once (`new_cache`) and updated in place without relying on any
+buffer reuse inside ONNX Runtime.
 
 Sessions: intra-op threads = physical cores, sequential execution, every graph optimisation,
 no thread spinning (several sessions alternate; see `session_options`). One-copy mode

@@ -4,8 +4,8 @@ Each runner calls the same `compute(named inputs) -> named outputs` the ONNX exp
 over the PyTorch models rebuilt from the bundle's shared weights file (export/weights.py; or its
 `weights/*.safetensors` where an older or `--torch-weights` export wrote them).
 It is the reference a new backend is compared with, and the backend to debug a graph-level
-problem in plain PyTorch (breakpoints, hooks). Caches are updated in place exactly as in the
-exported graphs (the models scatter into the bound `past_key_values.*` buffers).
+problem in plain PyTorch (breakpoints, hooks). As in the exported graphs, the caches are only
+read (`present.*` are the new rows, committed by engines/graph.py `_run_kv`).
 
     engines = load_engines("engines/demo", "torch")
 
@@ -69,7 +69,7 @@ class TorchRunner(GraphRunner):
             res = self._fn(dict(inputs))
         for name, dst in outputs.items():
             src = res[name]
-            if src.data_ptr() != dst.data_ptr():  # present.* caches were updated in place already
+            if src.data_ptr() != dst.data_ptr():
                 dst.copy_(src.reshape(dst.shape))
 
     def _close(self) -> None:

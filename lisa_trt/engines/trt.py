@@ -17,15 +17,9 @@ How a call runs (TrtRunner):
   - inputs and outputs are torch CUDA tensors bound by address (`set_input_shape`,
     `set_tensor_address(name, t.data_ptr())`), then `execute_async_v3` on the current torch
     stream: no host copies, no synchronisation;
-  - KV caches (`kv_binding="swap"`, the default): `present.*` is bound to a second buffer set
-    and the two are swapped after each call (engines/graph.py; no copies, one extra cache of
-    memory). Outputs the engine itself reports as aliased to an input
-    (`ICudaEngine.get_aliased_input_tensor`, TensorRT >= 10.15, IKVCacheUpdateLayer) are always
-    bound to that input's buffer, as TensorRT requires. `kv_binding="inplace"` (opt-in) binds one
-    buffer as both `past_key_values.*` and `present.*` for engines that do not report the alias:
-    that is NOT a documented TensorRT contract (a kernel may write the output while another
-    still reads the input), so it is only for engines checked against the torch backend on the
-    GPU they run on (bench/gpu_check.py `tensorrt` section: tokens identical to torch).
+  - KV caches: the `past_key_values.*` buffers are bound as inputs only and the graph's
+    `present.*` outputs are the call's new rows, which engines/graph.py `_run_kv` commits into the
+    one cache (no output aliases an input, so nothing relies on TensorRT's aliasing rules);
   - checks TensorRT's contracts before enqueueing: `set_input_shape` returns False for a shape
     outside the context's profile (NvInferRuntime.h) -> TrtRuntimeError; every bound tensor has
     the engine's dtype (`get_tensor_dtype`); every address is 256-byte aligned
@@ -53,7 +47,7 @@ import torch
 
 from ..errors import InputError, LisaError
 from ..models.io_spec import Graph, GraphSpec
-from .allocation import DEFAULT_KV_BINDING, KV_BINDINGS, context_memory_bytes  # noqa: F401 (re-exported)
+from .allocation import context_memory_bytes
 from .base import Backend, GraphRunner, register_backend, torch_dtype  # noqa: F401 (torch_dtype re-exported)
 from .trt_plans import load_plan, require_tensorrt_gpu
 from .profiles import ProfileSpec
@@ -176,17 +170,14 @@ class TrtRunner(GraphRunner):
         spec, dims, precision: as GraphRunner.
         device: CUDA device of every bound tensor.
         share_memory: let the per-profile contexts share one activation buffer.
-        kv_binding: "inplace" (past and present share the buffer) or "swap" (double buffer).
     """
 
     def __init__(self, engine_dir, spec: GraphSpec, dims: dict, precision: str, device, *,
-                 share_memory: bool = True, kv_binding: str = DEFAULT_KV_BINDING, record: Optional[dict] = None):
+                 share_memory: bool = True, record: Optional[dict] = None):
         trt = require_tensorrt_gpu()
-        if kv_binding not in KV_BINDINGS:
-            raise InputError(f"kv_binding must be one of {KV_BINDINGS}, got {kv_binding!r}")
         super().__init__(spec, dims, precision, device)
         graph = spec.graph
-        self.trt, self.graph, self.kv_binding = trt, graph, kv_binding
+        self.trt, self.graph = trt, graph
         plan, rec = load_plan(engine_dir, graph, record=record)
         self.profiles = [ProfileSpec.from_dict(p) for p in rec["profiles"]]
         self.alignment = ALIGNMENT if self.device.type == "cuda" else 1  # CPU: only the tests' fake engine
@@ -205,7 +196,6 @@ class TrtRunner(GraphRunner):
                 raise TrtRuntimeError(f"{rec['plan']} has tensors {names}, the io spec {self.input_names} -> "
                                       f"{self.output_names}; rebuild with `lisa-trt build`")
             self.dtypes = self._check_dtypes(names, rec["plan"])
-            self.aliased = self._aliased_outputs()
             self._memory = None
             self.contexts = self._make_contexts(share_memory)
 
@@ -224,17 +214,6 @@ class TrtRunner(GraphRunner):
         if bad:
             raise TrtRuntimeError(f"{plan} does not have the io spec's tensor dtypes ({'; '.join(bad)}); rebuild it "
                                   "with `lisa-trt build` from this export")
-        return out
-
-    def _aliased_outputs(self) -> dict:
-        """{output: input} TensorRT itself aliases (IKVCacheUpdateLayer; TensorRT >= 10.15)."""
-        get = getattr(self.engine, "get_aliased_input_tensor", None)
-        out = {}
-        if get is not None:
-            for o in self.outputs:
-                src = get(o)
-                if src:
-                    out[o] = src
         return out
 
     def _make_contexts(self, share: bool) -> list:
@@ -315,8 +294,8 @@ class TrtRunner(GraphRunner):
 
 
 class TrtBackend(Backend):
-    """Options: device (CUDA device, default "cuda"), kv_binding ("swap", default | "inplace", opt-in:
-    see the module docstring), share_memory (per-profile contexts share one activation buffer)."""
+    """Options: device (CUDA device, default "cuda"), share_memory (per-profile contexts share one
+    activation buffer)."""
 
     name = "trt"
     # No drafter_commit: its engine would be a second copy of the drafter's weights (engines share
@@ -332,10 +311,8 @@ class TrtBackend(Backend):
             return (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY)
         return super().target_graphs()
 
-    def __init__(self, manifest, *, device=None, kv_binding: str = DEFAULT_KV_BINDING, share_memory: bool = True):
-        if kv_binding not in KV_BINDINGS:
-            raise InputError(f"kv_binding must be one of {KV_BINDINGS}, got {kv_binding!r}")
-        super().__init__(manifest, kv_binding=kv_binding, share_memory=share_memory)
+    def __init__(self, manifest, *, device=None, share_memory: bool = True):
+        super().__init__(manifest, share_memory=share_memory)
         self._device = torch.device(device or "cuda")
 
     @property
@@ -362,7 +339,7 @@ class TrtBackend(Backend):
 register_backend("trt", TrtBackend)
 
 
-def load_trt_engines(engine_dir, *, device=None, kv_binding: str = DEFAULT_KV_BINDING, share_memory: bool = True,
+def load_trt_engines(engine_dir, *, device=None, share_memory: bool = True,
                      target_hash: Optional[str] = None, drafter_hash: Optional[str] = None,
                      tables_hash: Optional[str] = None) -> Engines:
     """`load_engines(engine_dir, "trt", ...)` after `lisa-trt build`.
@@ -374,9 +351,9 @@ def load_trt_engines(engine_dir, *, device=None, kv_binding: str = DEFAULT_KV_BI
     """
     require_tensorrt_gpu()
     return load_engines(engine_dir, "trt", target_hash=target_hash, drafter_hash=drafter_hash,
-                        tables_hash=tables_hash, device=device, kv_binding=kv_binding, share_memory=share_memory)
+                        tables_hash=tables_hash, device=device, share_memory=share_memory)
 
 
-__all__ = ["ALIGNMENT", "DEFAULT_KV_BINDING", "KV_BINDINGS", "TrtBackend", "TrtRunner", "TrtRuntimeError", "io_shapes", "load_trt_engines",
+__all__ = ["ALIGNMENT", "TrtBackend", "TrtRunner", "TrtRuntimeError", "io_shapes", "load_trt_engines",
            "aligned", "aligned_input", "init_plugins", "select_profile", "seq_capacity", "torch_dtype",
            "trt_torch_dtypes"]

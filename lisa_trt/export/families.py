@@ -220,7 +220,7 @@ class ExportFamily:
             cache.k, cache.v = [k], [v]
             h_in = d.project_taps(x["taps"]) if graph is Graph.DRAFTER_COMMIT else x["hidden_in"]
             logits, hidden = d(h_in, x["input_ids"], x["position_ids"], x["cache_slots"], x["attention_mask"], cache)
-            return {"logits": logits, "hidden": hidden, **interleave(cache.k, cache.v)}
+            return {"logits": logits, "hidden": hidden, **present_rows(cache.k, cache.v, x["cache_slots"])}
         if graph is Graph.GASV:
             from ..speculative.gasv import GASVConfig, gasv_gates
             from ..models.io_spec import GASV_K, GASV_PARAMS
@@ -248,11 +248,13 @@ def _f32(x):
     return x.float() if torch.is_tensor(x) and x.is_floating_point() else x
 
 
-def interleave(ks, vs, prefix: str = "present") -> dict:
-    """[k_i], [v_i] -> {"present.{i}.key": k_i, "present.{i}.value": v_i}."""
+def present_rows(ks, vs, slots) -> dict:
+    """The present.* outputs a graph must give: the rows at `slots` (B, S) of the caches [k_i], [v_i]
+    the eager model wrote -> {"present.{i}.key": (B, Hkv, S, D), "present.{i}.value": ...}."""
     out = {}
     for i, (k, v) in enumerate(zip(ks, vs)):
-        out[f"{prefix}.{i}.key"], out[f"{prefix}.{i}.value"] = k, v
+        idx = slots[:, None, :, None].expand(k.shape[0], k.shape[1], slots.shape[1], k.shape[3])
+        out[f"present.{i}.key"], out[f"present.{i}.value"] = k.gather(2, idx), v.gather(2, idx)
     return out
 
 
@@ -354,5 +356,5 @@ def export_family(obj) -> ExportFamily:
 
 
 __all__ = ["ExportFamily", "act_dtype", "export_families", "export_family", "family_name", "filtered_logits",
-           "interleave", "legacy_manifest_files", "past_of", "register_export_family", "spec_dtype",
+           "legacy_manifest_files", "past_of", "present_rows", "register_export_family", "spec_dtype",
            "unnamed_manifest_family"]

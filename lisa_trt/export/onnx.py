@@ -3,7 +3,7 @@
 The graph wrappers and the per-graph export loop (`export_graphs`) of every engine directory
 (export/bundle.write_bundle writes it; LlamaGen's graphs shown):
 
-    target_prefill.onnx   condition prefix -> static KV cache (present.* aliases past.*)
+    target_prefill.onnx   condition prefix -> its K/V rows (present.*), committed by the runner
     target_verify.onnx    S new tokens / a draft tree over the static cache, taps + hidden
     drafter_project.onnx  drafter fc on the target taps
     drafter_step.onnx     one drafter step over its own static cache
@@ -13,11 +13,12 @@ The graph wrappers and the per-graph export loop (`export_graphs`) of every engi
     conditions.safetensors  (t2i) the null caption for CFG
     manifest.json         graphs, precision, opset, io spec version, hashes, settings
 
-Graph I/O names and axes come from `io_spec`. The KV caches are graph inputs AND outputs: each
-layer scatters its new rows into `past_key_values.{i}.*` (ONNX ScatterElements) and returns the
-result as `present.{i}.*`; a runner binds the same buffer to both, and ORT then skips the copy
-(ScatterElements copies data -> output only when they are different buffers), so the cache is
-updated in place. The cache length Lmax is static per export: round_up(seq_len + max_tree, 8).
+Graph I/O names and axes come from `io_spec`. The KV caches `past_key_values.{i}.*` are read-only
+graph inputs: each layer attends over the cache plus its new rows (models/layers.rows_attention,
+through `_ShimCache`'s CacheRows) and the graph returns only the new rows as `present.{i}.*`; the
+runner commits them into its one cache at the step's slots (engines/graph.py `_run_kv`), so no
+graph writes a cache-sized tensor. The cache length Lmax is static per export:
+round_up(seq_len + max_tree, 8).
 
 Models are exported through thin wrappers that call the models' own code (`_run`,
 `cond_embeddings`, `Drafter.forward`, `gasv` functions, `decode_code`), so the math has one
@@ -45,6 +46,7 @@ import torch.nn.functional as F
 from ..config import find_multiple
 from ..errors import ArtifactMismatchError, InputError, LisaError
 from ..models.family import family_of
+from ..models.layers import CacheRows
 from .families import export_family
 from .memory import PrecisionCopy, resolve
 from ..models.io_spec import GASV_K, GASV_PARAMS, Graph, GraphSpec, export_dims, gasv_params, graph_spec  # noqa: F401 (gasv_params, export_dims re-exported)
@@ -67,15 +69,18 @@ def max_cache_len(target_cfg, max_tree: int) -> int:
 # ----------------------------------------------------------------------------- wrappers
 
 class _ShimCache:
-    """What the models' attention touches of a KVCache: the .k / .v buffer lists."""
+    """What the models' attention touches of a KVCache: the .k / .v lists, here of read-only
+    CacheRows (models/layers.rows_attention) over the past buffers; `presents()` gives the new
+    rows each layer left, in the io spec's present.* order (the runner commits them)."""
 
     def __init__(self, past: list):
-        self.k, self.v = list(past[0::2]), list(past[1::2])
+        self.k = [CacheRows(b) for b in past[0::2]]
+        self.v = [CacheRows(b) for b in past[1::2]]
 
     def presents(self) -> tuple:
         out = []
         for k, v in zip(self.k, self.v):
-            out += [k, v]
+            out += [k.rows, v.rows]
         return tuple(out)
 
 

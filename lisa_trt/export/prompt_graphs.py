@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import torch
 
 from ..config import find_multiple
-from .families import ExportFamily, interleave
+from .families import ExportFamily, present_rows
 from ..models.io_spec import (
     GASV_K,
     GASV_PARAMS,
@@ -155,7 +155,7 @@ class PromptExportFamily(ExportFamily):
         else:
             o = m.forward_tokens(x["input_ids"], x["position_ids"], x["cache_slots"], x["attention_mask"], cache,
                                  taps=True)
-        return dict(logits=o.logits, taps=o.taps, hidden=o.hidden, **interleave(cache.k, cache.v))
+        return dict(logits=o.logits, taps=o.taps, hidden=o.hidden, **present_rows(cache.k, cache.v, x["cache_slots"]))
 
     def vq_reference(self, refs, x):
         from ..models.family import family_of
@@ -190,9 +190,9 @@ def check_bundle_artifacts(target, drafter, tables, code_ids: Optional[torch.Ten
 def prompt_prefill_spec(n_layer: int, doc: str = "left-padded prompt -> cache slots [0, T); outputs at its last "
                                                  "position") -> GraphSpec:
     """The prefill graph of a token-prompt target: the verify graph's token inputs + the caches."""
-    past, present, aliases = target_kv(n_layer)
+    past, present = target_kv(n_layer)
     return GraphSpec(Graph.TARGET_PREFILL, token_inputs() + past,
-                     target_outputs(last=True, where="last prompt position") + present, aliases, doc)
+                     target_outputs(last=True, where="last prompt position") + present, doc)
 
 
 def prompt_cache_len(max_prompt: int, n_tokens: int, max_tree: int) -> int:

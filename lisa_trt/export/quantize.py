@@ -14,8 +14,8 @@ verify, drafter project, drafter step); the GASV and VQ graphs stay fp32.
           `block_size` along K, symmetric). `accuracy_level` is the ORT compute type of the op
           (0 = fp32 dequantized compute, 4 = int8 activations; 4 is the fast CPU path).
 
-Graph inputs/outputs, the ScatterElements KV-cache update (bind the same buffer as past and
-present: in place) and the external-data layout are unchanged, so the ORT runners load a
+Graph inputs/outputs (the read-only KV caches in, their new rows out) and the external-data
+layout are unchanged, so the ORT runners load a
 quantized directory as they load an fp32 one. Graphs whose quantized weights exceed
 EXTERNAL_DATA_BYTES keep their weights in `<file>.data`.
 

@@ -6,15 +6,16 @@ profiles are derived from the dynamic axes, and docs print the table (`describe(
 
 Names follow Optimum / onnxruntime-genai (`input_ids`, `position_ids`, `attention_mask`,
 `past_key_values.{i}.key|value` -> `present.{i}.key|value`, `logits`), plus lisa-trt's own:
-`cache_slots` (where each new token's K/V is written), `taps` (EAGLE-3 residual-stream taps),
+`cache_slots` (the cache slot of each new token's K/V row), `taps` (EAGLE-3 residual-stream taps),
 `hidden` (final normed hidden state, or the drafter's output hidden), `class_ids` /
 `caption_features` + `caption_mask` (conditions), `prefix_valid` (which prefix columns hold a
 real condition token).
 
 KV caches are static: `past_key_values.{i}.*` are (batch, kv_heads, cache_len, head_dim) buffers
-and the graph returns the same buffers with the new rows scattered in (`present.{i}.*`). A
-runner binds the SAME memory as past input and present output (`GraphSpec.aliases`), so the
-cache is updated in place: no per-step copy.
+the graph only reads; it returns the step's new K/V rows alone as `present.{i}.*` (batch,
+kv_heads, seq, head_dim) -- for the prefill the prefix rows -- and the runner commits them into
+its one cache at `cache_slots` (prefill: slots 0..T-1; models/layers.commit_rows). No output
+aliases an input, so the cache is updated in place on every backend, S rows per layer per step.
 
 dtype codes: "int64", "bool", "float32" (always fp32, e.g. logits), "act" (the export precision:
 float32, or float16 for `--fp16`).
@@ -26,14 +27,14 @@ axis is fixed per export and resolved from the configs by `export_dims`.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import SpecError, UnknownTensorError
 from .family import family_of
 
 
-IO_SPEC_VERSION = 1
+IO_SPEC_VERSION = 2  # 2: present.* are the new rows, not the whole cache
 
 DYNAMIC_AXES = ("batch", "seq", "nodes")
 DTYPES = ("int64", "bool", "float32", "act")
@@ -119,12 +120,11 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class GraphSpec:
-    """A graph's inputs and outputs, in order; `aliases` maps present.* outputs to past.* inputs."""
+    """A graph's inputs and outputs, in order."""
 
     graph: Graph
     inputs: tuple
     outputs: tuple
-    aliases: dict = field(default_factory=dict)
     doc: str = ""
 
     @property
@@ -151,12 +151,17 @@ def _by_name(specs, name, graph):
 
 # ----------------------------------------------------------------------------- the table
 
-def _kv(prefix: str, n_layer: int, heads: str, head_dim: str) -> tuple:
+def _kv(prefix: str, n_layer: int, heads: str, head_dim: str, rows: str = "") -> tuple:
+    """The K/V caches (`rows` empty) or a graph's new rows of them along the axis `rows`."""
     out = []
     for i in range(n_layer):
         for part in ("key", "value"):
-            out.append(TensorSpec(f"{prefix}.{i}.{part}", "act", ("batch", heads, "cache_len", head_dim),
-                                  f"layer {i} {part} cache (static, slot == absolute position)"))
+            if rows:
+                out.append(TensorSpec(f"{prefix}.{i}.{part}", "act", ("batch", heads, rows, head_dim),
+                                      f"layer {i} new {part} rows (the runner commits them at their cache slots)"))
+            else:
+                out.append(TensorSpec(f"{prefix}.{i}.{part}", "act", ("batch", heads, "cache_len", head_dim),
+                                      f"layer {i} {part} cache (static, read only, slot == absolute position)"))
     return tuple(out)
 
 
@@ -182,12 +187,13 @@ def token_inputs() -> tuple:
     return _new_tokens()
 
 
-def target_kv(n_layer: int) -> tuple:
-    """(past inputs, present outputs, aliases) of a target graph's static K/V caches."""
+def target_kv(n_layer: int, rows: str = "seq") -> tuple:
+    """(past inputs, present outputs) of a target graph: the static K/V caches it reads and the new
+    rows it returns along the axis `rows` ("seq": the new tokens; the LlamaGen prefill: "prefix")."""
     if n_layer <= 0:
         raise SpecError("target graphs need the target's n_layer")
-    return (_kv("past_key_values", n_layer, "kv_heads", "head_dim"), _kv("present", n_layer, "kv_heads", "head_dim"),
-            dict(zip(present_names(n_layer), past_names(n_layer))))
+    return (_kv("past_key_values", n_layer, "kv_heads", "head_dim"),
+            _kv("present", n_layer, "kv_heads", "head_dim", rows))
 
 
 def target_outputs(last: bool = False, where: str = "last prefix position") -> tuple:
@@ -215,23 +221,23 @@ def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> Gr
     if graph in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY) and n_layer <= 0:
         raise SpecError(f"{graph.value} needs the target's n_layer")
     if graph in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY):
-        past, present, aliases = target_kv(n_layer)
+        past, present = target_kv(n_layer, "prefix" if graph is Graph.TARGET_PREFILL else "seq")
     if graph is Graph.TARGET_PREFILL:
         cond = tuple(TensorSpec(*c) for c in family_of(model_type).cond_specs(model_type))
         outs = target_outputs(last=True)
         outs += (TensorSpec("prefix_valid", "bool", ("batch", "prefix"), "valid prefix columns after the condition's left padding"),)
-        return GraphSpec(graph, cond + past, outs + present, aliases,
-                         "condition prefix -> cache slots [0, prefix); logits at the last prefix position")
+        return GraphSpec(graph, cond + past, outs + present,
+                         doc="condition prefix -> K/V rows of cache slots [0, prefix); logits at the last prefix position")
     if graph is Graph.TARGET_VERIFY:
-        return GraphSpec(graph, _new_tokens() + past, target_outputs() + present, aliases,
-                         "S new tokens (a draft tree in topological order) over the static cache")
+        return GraphSpec(graph, _new_tokens() + past, target_outputs() + present,
+                         doc="S new tokens (a draft tree in topological order) over the static cache")
     if graph is Graph.DRAFTER_PROJECT:
         return GraphSpec(graph, (TensorSpec("taps", "act", ("batch", "seq", "tap_dim"), "target taps"),),
                          (TensorSpec("hidden", "act", ("batch", "seq", "draft_hidden"), "fc(taps)"),),
                          doc="drafter fc on the target taps (Drafter.project_taps)")
     if graph in (Graph.DRAFTER_STEP, Graph.DRAFTER_COMMIT):
         dpast = _kv("past_key_values", 1, "draft_heads", "draft_head_dim")
-        dpresent = _kv("present", 1, "draft_heads", "draft_head_dim")
+        dpresent = _kv("present", 1, "draft_heads", "draft_head_dim", "seq")
         if graph is Graph.DRAFTER_COMMIT:
             ins = (TensorSpec("taps", "act", ("batch", "seq", "tap_dim"), "target taps of the tokens before the new ones"),)
             doc = "drafter commit: fc on the taps, then one drafter step (Drafter.project_taps + Drafter.forward)"
@@ -240,8 +246,7 @@ def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> Gr
             doc = "one drafter step (Drafter.forward)"
         outs = (TensorSpec("logits", "float32", ("batch", "seq", "vocab"), "drafter logits, fp32"),
                 TensorSpec("hidden", "act", ("batch", "seq", "draft_hidden"), "drafter output hidden (next step's hidden_in)"))
-        return GraphSpec(graph, ins + _new_tokens() + dpast, outs + dpresent,
-                         dict(zip(present_names(1), past_names(1))), doc)
+        return GraphSpec(graph, ins + _new_tokens() + dpast, outs + dpresent, doc=doc)
     if graph is Graph.GASV:
         return gasv_spec()
     if graph is Graph.VQ_DECODE:
@@ -331,6 +336,6 @@ def describe(n_layer: int = 2, model_type: str = "c2i", graphs: Optional[list] =
         for role, ts in (("in ", spec.inputs), ("out", spec.outputs)):
             for t in ts:
                 lines.append(f"  {role} {t.name:28s} {t.dtype:8s} ({', '.join(t.axes)})")
-        if spec.aliases:
-            lines.append("  present.* alias past_key_values.* (bind the same buffer: in-place update)")
+        if any(n.startswith("present.") for n in spec.output_names):
+            lines.append("  present.* are the new K/V rows; the runner commits them into past_key_values.* at cache_slots")
     return "\n".join(lines)

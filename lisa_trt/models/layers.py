@@ -37,6 +37,8 @@ def cached_attention(q, k, v, mask, kv: Optional[tuple] = None, slots=None):
     reads the whole cache. GQA: query head h reads kv head h // (H / Hkv). mask (B, 1, S, L)
     bool, or None for causal attention over the new tokens alone."""
     B, n_kv, S, D = k.shape
+    if kv is not None and isinstance(kv[0], CacheRows):
+        return rows_attention(q, k, v, mask, kv, slots)
     if kv is not None:
         k_cache, v_cache = kv
         idx = slots[:, None, :, None].expand(B, n_kv, S, D)
@@ -48,6 +50,49 @@ def cached_attention(q, k, v, mask, kv: Optional[tuple] = None, slots=None):
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+
+
+class CacheRows:
+    """A static cache buffer `buf` (B, Hkv, L, D) that attention reads but does not write: the
+    step's new K or V rows are left in `rows` (B, Hkv, S, D), for the caller to commit at the
+    step's slots (`commit_rows`). Passed in place of a cache tensor in cached_attention's kv."""
+
+    __slots__ = ("buf", "rows")
+
+    def __init__(self, buf: torch.Tensor):
+        self.buf, self.rows = buf, None
+
+
+def rows_attention(q, k, v, mask, kv: tuple, slots):
+    """cached_attention over a read-only cache (kv: two CacheRows) plus the new rows, as if the
+    rows had been written at `slots` first: one softmax over the scores against the cache (the
+    columns at `slots` left out: they hold stale rows) and against the new rows (their mask read
+    at the slots' columns). No tensor of the cache's size is written: the cache is only the
+    right-hand side of two matmuls. GQA by grouping the queries of a kv head, not by repeating
+    the cache. The new rows are left in kv[0].rows / kv[1].rows."""
+    kc, vc = kv[0].buf, kv[1].buf
+    B, n_kv, S, D = k.shape
+    H, L = q.shape[1], kc.shape[2]
+    rep = H // n_kv
+    fresh = (torch.arange(L, device=slots.device)[None, None, :] == slots[:, :, None]).any(1)  # (B, L)
+    m_cache = mask & ~fresh[:, None, None, :]
+    m_new = mask.gather(-1, slots[:, None, None, :].expand(B, mask.shape[1], S, S))
+    m = torch.cat([m_cache, m_new], dim=-1)[:, :, None].expand(B, mask.shape[1], rep, S, L + S)
+    qg = q.reshape(B, n_kv, rep * S, D)  # query head h reads kv head h // rep
+    kn, vn = k.to(kc.dtype), v.to(vc.dtype)
+    scores = torch.cat([qg @ kc.to(q.dtype).transpose(-1, -2), qg @ kn.to(q.dtype).transpose(-1, -2)], dim=-1)
+    scores = (scores.float() * D ** -0.5).masked_fill(~m.reshape(B, -1, rep * S, L + S), float("-inf"))
+    p = torch.softmax(scores, dim=-1).to(q.dtype)
+    y = p[..., :L] @ vc.to(q.dtype) + p[..., L:] @ vn.to(q.dtype)
+    kv[0].rows, kv[1].rows = kn, vn
+    return y.reshape(B, H, S, D)
+
+
+def commit_rows(cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> None:
+    """Write new rows (B, Hkv, S, D) into a cache buffer (B, Hkv, L, D) at `slots` (B, S), in
+    place: the one write of a step, S rows per layer (what cached_attention's scatter does)."""
+    B, H, S, D = rows.shape
+    cache.scatter_(2, slots[:, None, :, None].expand(B, H, S, D), rows.to(cache.dtype))
 
 
 @dataclass

@@ -27,7 +27,9 @@ TensorRT enforces, each behaviour citing its source:
   setInputConsumedEvent: inputs may be reused only after that event): this fake first writes
   scratch into every output buffer the engine does NOT report as aliased, then reads the
   inputs, then writes the results. An input bound to the same memory as such an output is
-  therefore corrupted, as it may be on a GPU.
+  therefore corrupted, as it may be on a GPU. Each call is recorded in `Engine.calls` with the
+  bytes it wrote to every output (`written`: the whole output tensor, or for an aliased output
+  the elements the update changed), so a test can show which steps write a full KV cache.
 """
 
 from __future__ import annotations
@@ -440,6 +442,21 @@ def _view(ptr: int, shape, dtype) -> np.ndarray:
     return np.frombuffer((ctypes.c_char * n).from_address(ptr), dtype=dtype).reshape(shape)
 
 
+def _bytes_written(dst: np.ndarray, result: np.ndarray, aliased: bool) -> int:
+    """Bytes one execution writes to an output buffer. A layer's output tensor is written whole
+    (every TensorRT layer but the in-place cache update owns its output); an output the engine
+    aliases to its input (IKVCacheUpdateLayer, NvInfer.h of TensorRT 10.15+; reported by
+    ICudaEngine::getAliasedInputTensor) is written only where the update lands, counted here as
+    the elements that change (a lower bound of the update's rows: a row rewritten with its old
+    value is not seen)."""
+    if not aliased:
+        return int(result.nbytes)
+    changed = np.asarray(dst != result)
+    if np.issubdtype(result.dtype, np.floating):
+        changed &= ~(np.isnan(dst) & np.isnan(result))
+    return int(changed.sum()) * result.dtype.itemsize
+
+
 class Engine:
     """ICudaEngine over a fake plan: runs the plan's ONNX graph in ONNX Runtime (the GASV plugin
     graph through graph_rewrite.emulate_trt_variant)."""
@@ -571,10 +588,14 @@ class Context:
                 _view(self.addr[n], out_shapes[n], dt)[...] = SCRATCH.get(dt, 0)
         feeds = {n: _view(self.addr[n], feeds_shapes[n], NP[e.dtypes[n]]).copy() for n in e.inputs}
         outs = e._run(feeds)
+        written = {}
         for n in e.outputs:
             arr = np.asarray(outs[n])
-            _view(self.addr[n], arr.shape, NP[e.dtypes[n]])[...] = arr
-        e.calls.append({"profile": self.profile, "shapes": dict(self.shapes), "addr": dict(self.addr)})
+            dst = _view(self.addr[n], arr.shape, NP[e.dtypes[n]])
+            written[n] = _bytes_written(dst, arr, n in e.aliases)
+            dst[...] = arr
+        e.calls.append({"profile": self.profile, "shapes": dict(self.shapes), "addr": dict(self.addr),
+                        "written": written})
         return True
 
 
@@ -596,7 +617,7 @@ def make_fake_trt(version: str = "10.14.1.48.post1", *, poison_outputs: bool = T
     core.version_tuple = tuple(int(x) for x in version.split(".")[:2])
     core.engines, core.builds, core.build_errors = [], [], []
     core.poison_outputs, core.plugins_initialised = poison_outputs, False
-    core.plan_aliases = lambda network: {}  # ScatterElements caches: TensorRT reports no alias
+    core.plan_aliases = lambda network: {}  # no output of the new-rows graphs aliases an input
     flags = NetworkDefinitionCreationFlag
     if core.version_tuple >= (11, 0):
         # TensorRT 11: strongly typed only; kSTRONGLY_TYPED is kept for API compatibility, deprecated and

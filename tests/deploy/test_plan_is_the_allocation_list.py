@@ -41,15 +41,13 @@ def _run_once(eng):
 
 
 def _allocated(eng, tc, dc) -> dict:
-    """What the runtime holds per model: caches, shadows (engines/graph.py), context memory (TrtRunner)."""
+    """What the runtime holds per model: the one cache each (engines/graph.py), context memory (TrtRunner)."""
     def memory(runners):
         sizes = [getattr(r, "device_memory", None) for r in runners]
         return None if None in sizes else sum(sizes)
 
-    return {"target": {"kv_cache": _nbytes(tc.k + tc.v), "kv_shadow": _nbytes(eng.target._shadow.values()),
-                       "activations": memory(eng.target.runners.values())},
-            "drafter": {"kv_cache": _nbytes(dc.k + dc.v), "kv_shadow": _nbytes(eng.drafter._shadow.values()),
-                        "activations": memory(eng.drafter.runners.values())},
+    return {"target": {"kv_cache": _nbytes(tc.k + tc.v), "activations": memory(eng.target.runners.values())},
+            "drafter": {"kv_cache": _nbytes(dc.k + dc.v), "activations": memory(eng.drafter.runners.values())},
             "gasv": {"activations": memory(eng.gasv.runners.values())},
             "vq_decode": {"activations": memory(eng.vq.runners.values())}}
 
@@ -62,13 +60,12 @@ def bundle(tmp_path_factory):
 def test_ort_allocates_what_the_ort_plan_counts(bundle):
     man = read_manifest(bundle)
     plan = make_plan(str(bundle), memory_gib=8, batch=1, cfg=True, backend="ort")
-    assert plan.max_cache_len == man.max_cache_len and plan.kv_binding == "inplace"
+    assert plan.max_cache_len == man.max_cache_len
     with load_engines(bundle, "ort", threads=1) as eng:
         got = _allocated(eng, *_run_once(eng))
     for model in ("target", "drafter"):
-        for part in ("kv_cache", "kv_shadow"):
-            assert got[model][part] == plan.engines[model][part], (model, part)
-    assert got["target"]["kv_cache"] > 0 and got["target"]["kv_shadow"] == 0  # ORT updates the cache in place
+        assert set(plan.engines[model]) == {"weights", "kv_cache", "activations"}  # one cache, no second copy
+        assert got[model]["kv_cache"] == plan.engines[model]["kv_cache"] > 0, model
 
 
 @pytest.fixture
@@ -87,7 +84,7 @@ def test_build_records_each_engines_device_memory(built):
     for name, g in rec["graphs"].items():
         e = next(x for x in fake.builds if Path(x["onnx"]).name == g["onnx"])
         assert len(g["device_memory"]) == len(g["profiles"]) == len(e["profiles"])  # one size per profile
-        assert all(m > 0 for m in g["device_memory"]) and g["aliased"] == {}  # ScatterElements: no alias
+        assert all(m > 0 for m in g["device_memory"]) and g["aliased"] == {}  # the new-rows graphs: no alias
     profs = rec["graphs"]["target_verify"]["device_memory"]
     assert len(profs) == 2 and profs[0] != profs[1]  # step and tree profiles differ: the record is per profile
 
@@ -95,26 +92,15 @@ def test_build_records_each_engines_device_memory(built):
 def test_tensorrt_allocates_what_the_plan_counts(built):
     fake, d, rec = built
     plan = make_plan(str(d), memory_gib=8, batch=1, cfg=True)
-    assert (plan.backend, plan.kv_binding) == ("trt", T.DEFAULT_KV_BINDING) == ("trt", "swap")
+    assert plan.backend == "trt" and set(plan.engines["target"]) == {"weights", "kv_cache", "activations"}
     assert any("device memory recorded" in n for n in plan.notes)
     eng = T.load_trt_engines(d, device="cpu")
     got = _allocated(eng, *_run_once(eng))
     for model, parts in got.items():
         for part, n in parts.items():
             assert n == plan.engines[model][part], (model, part, n)
-    t = got["target"]
-    assert t["kv_shadow"] == t["kv_cache"] > 0  # swap: one shadow set for the one target engine
+    assert got["target"]["kv_cache"] > 0 and got["drafter"]["kv_cache"] > 0  # one cache each, on TensorRT too
     # the shared context buffer is the largest profile's recorded size, not the sum over profiles
     verify = eng.target.runners[next(iter(eng.target.runners))]
     assert verify.device_memory == max(rec["graphs"]["target_verify"]["device_memory"])
-    eng.close()
-
-
-def test_inplace_binding_plans_and_allocates_no_shadow(built):
-    fake, d, rec = built
-    plan = make_plan(str(d), memory_gib=8, batch=1, cfg=True, kv_binding="inplace")
-    eng = T.load_trt_engines(d, device="cpu", kv_binding="inplace")
-    got = _allocated(eng, *_run_once(eng))
-    assert got["target"]["kv_shadow"] == plan.engines["target"]["kv_shadow"] == 0
-    assert got["drafter"]["kv_shadow"] == plan.engines["drafter"]["kv_shadow"] == 0
     eng.close()

@@ -34,9 +34,10 @@ def test_gpu_names_match_in_any_case():
 
 def test_a_fit_above_90_percent_warns_about_the_margin(tmp_path):
     js = tmp_path / "plan.json"
-    r = CliRunner().invoke(main, LUMINA_B1 + ["--json", str(js)])
+    r = CliRunner().invoke(main, ["plan", "Lumina-mGPT-7B", "--gpu", "rtx4090", "--precision", "fp16", "--batch", "2",
+                                  "--tree", "64", "--image-size", "768", "--json", str(js)])  # 22.24 of 23.99 GiB
     assert r.exit_code == 0 and "fits: yes" in r.output, r.output
-    assert "warning:" in r.output and "% of" in r.output
+    assert "warning:" in r.output and "93 % of" in r.output
     assert json.loads(js.read_text())["margin_warning"]
     roomy = CliRunner().invoke(main, ["plan", "GPT-B", "--gpu", "h200"])
     assert roomy.exit_code == 0 and "warning:" not in roomy.output
@@ -62,3 +63,25 @@ def test_the_no_sentence_offers_only_what_fits():
     # a lower precision that fits is offered as such
     f = make_plan("Lumina-mGPT-7B", gpu="rtx4090", precision="fp32", batch=1, tree=64, image_size=768)
     assert "--precision fp16 fits" in f.reason
+
+
+def test_backend_option_chooses_the_runtime_planned_with_one_kv_cache(tmp_path):
+    """`plan --backend`: TensorRT and ONNX Runtime both hold one KV cache per cache-owning model
+    (the graphs return the new rows, the runner commits them): no shadow column, the same cache
+    bytes and totals on both; `--kv-binding` is gone."""
+    def planned(*extra):
+        js = tmp_path / f"plan{len(list(tmp_path.iterdir()))}.json"
+        r = CliRunner().invoke(main, LUMINA_B1 + list(extra) + ["--json", str(js)])
+        assert r.exit_code in (0, 1), r.output
+        return r.output, json.loads(js.read_text())
+
+    out, trt = planned()
+    assert "TensorRT" in out and "shad" not in out and "kv_binding" not in trt
+    assert all("kv_shadow" not in e for e in trt["engines"].values())
+    out, ort = planned("--backend", "ort")
+    assert ort["backend"] == "ort" and "ONNX Runtime" in out
+    assert {k: e["kv_cache"] for k, e in trt["engines"].items() if "kv_cache" in e} == \
+        {k: e["kv_cache"] for k, e in ort["engines"].items() if "kv_cache" in e}
+    assert trt["total"] == ort["total"]
+    r = CliRunner().invoke(main, LUMINA_B1 + ["--kv-binding", "swap"])
+    assert r.exit_code == 2 and "--kv-binding" in r.output, r.output

@@ -103,8 +103,8 @@ def test_io_shapes_and_dtypes(man):
 
     dims = export_dims(cfg, max_cache_len=man.max_cache_len)
     s = T.io_shapes(graph_spec(Graph.TARGET_VERIFY, n_layer=cfg.n_layer), dims, batch=2, seq=5)
-    assert s["logits"] == (2, 5, cfg.vocab_size) and s["present.3.value"] == (2, cfg.kv_heads, man.max_cache_len,
-                                                                               cfg.head_dim)
+    assert s["logits"] == (2, 5, cfg.vocab_size) and s["present.3.value"] == (2, cfg.kv_heads, 5, cfg.head_dim)
+    assert s["past_key_values.3.value"] == (2, cfg.kv_heads, man.max_cache_len, cfg.head_dim)  # the cache: an input
     assert T.torch_dtype("act", "fp16") == torch.float16 and T.torch_dtype("bool", "fp16") == torch.bool
 
 
@@ -377,34 +377,17 @@ def _close(a, b, tol=1e-4):
     return (a.float() - b.float()).abs().max().item() <= tol * max(1.0, b.float().abs().max().item())
 
 
-@pytest.fixture
-def fake_aliased(bundle, tmp_path, monkeypatch, request):
-    """As `fake`, but the engines report present.* as aliased to past_key_values.* (what
-    IKVCacheUpdateLayer engines do, ICudaEngine::getAliasedInputTensor, TensorRT >= 10.15)."""
-    import shutil
-
-    fake = FakeTRT()
-    fake.plan_aliases = lambda net: {t.name: t.name.replace("present.", "past_key_values.") for t in net.outputs
-                                     if t.name.startswith("present.")}
-    _install(fake, monkeypatch, request)
-    d = tmp_path / "engines"
-    shutil.copytree(bundle, d)
-    B.build_engines(d, profiles=B.profiles_from_io_spec(read_manifest(d), seq_split=4), progress=False)
-    return types.SimpleNamespace(trt=fake, dir=d)
-
-
-@pytest.mark.parametrize("case", ["swap-default", "aliased-engine"])
-def test_trt_target_matches_torch_through_the_binding_protocol(request, case):
+def test_trt_target_matches_torch_through_the_binding_protocol(fake):
+    """The cache is bound as an input only: present.* (the new rows) go to their own buffers, and
+    the runner commits them, so after each call the cache equals the torch model's."""
     from export_artifacts import make_artifacts
 
     from lisa_trt.engines.base import DrafterEngine, TargetEngine
     from lisa_trt.models.checkpoints import target_hash
 
-    fake = request.getfixturevalue("fake" if case == "swap-default" else "fake_aliased")
     a = make_artifacts()
     target, drafter = a["target"], a["drafter"]
-    eng = T.load_trt_engines(fake.dir, device="cpu", target_hash=target_hash(target))  # default: swap
-    assert eng.target._verify.kv_binding == "swap" == T.DEFAULT_KV_BINDING
+    eng = T.load_trt_engines(fake.dir, device="cpu", target_hash=target_hash(target))
     assert list(eng.target.runners) == [Graph.TARGET_VERIFY]  # one target engine: the prefill is a verify call
     assert isinstance(eng.target, TargetEngine) and isinstance(eng.drafter, DrafterEngine)
     cond = torch.tensor([3, 10])                                   # [cond; uncond]
@@ -421,9 +404,10 @@ def test_trt_target_matches_torch_through_the_binding_protocol(request, case):
             assert _close(g.logits, w.logits) and _close(g.taps, w.taps) and _close(g.hidden, w.hidden)
             call = verify.calls[-1]
             assert eng.target._verify.profiles[call["profile"]].name == profile
-            same = call["addr"]["present.0.key"] == call["addr"]["past_key_values.0.key"]
-            assert same == (case == "aliased-engine")   # separate present buffers unless TensorRT aliases them
-            assert call["addr"]["present.0.key"] == ec.k[0].data_ptr()  # the cache now holds the update
+            assert call["addr"]["past_key_values.0.key"] == ec.k[0].data_ptr()  # the one cache, read in place
+            cache_ptrs = {b.data_ptr() for b in ec.k + ec.v}
+            assert not cache_ptrs & {call["addr"][n] for n in call["addr"] if n.startswith("present.")}
+            assert call["shapes"]["past_key_values.0.key"][2] == eng.target.max_cache_len
         for kt, ke in zip(tc.k + tc.v, ec.k + ec.v):
             assert _close(ke, kt)
         # drafter: fc on the taps, then one step over its own cache
@@ -437,14 +421,16 @@ def test_trt_target_matches_torch_through_the_binding_protocol(request, case):
         assert _close(le, lt) and _close(he, ht) and _close(de.k[0], dt.k[0])
 
 
-def test_inplace_binding_is_opt_in_and_the_fake_exposes_its_hazard(fake):
-    """In-place binding of an engine that reports no alias: the fake context writes its outputs
-    (scratch first) while inputs may still be read, as TensorRT may; the shared cache is
-    corrupted and the logits differ from torch. That is why "swap" is the default."""
+def test_the_fakes_output_hazard_cannot_reach_the_cache(fake):
+    """The fake context writes its outputs (scratch first) while inputs may still be read, as
+    TensorRT may. No output is bound to a cache buffer, so the hazard touches only the rows'
+    own buffers: the cache and the logits equal torch's (a graph returning the cache as
+    present.* bound in place would be corrupted here)."""
     from export_artifacts import make_artifacts
 
+    assert fake.trt.poison_outputs
     target = make_artifacts()["target"]
-    eng = T.load_trt_engines(fake.dir, device="cpu", kv_binding="inplace")
+    eng = T.load_trt_engines(fake.dir, device="cpu")
     tc, ec = target.new_cache(2, extra=16), eng.target.new_cache(2, extra=16)
     with torch.no_grad():
         target.prefill(torch.tensor([3, 10]), tc)
@@ -452,9 +438,9 @@ def test_inplace_binding_is_opt_in_and_the_fake_exposes_its_hazard(fake):
         tok, pos, slots, mask = _tree(tc, 3, seed=3)
         w = target.forward_tokens(tok, pos, slots, mask, tc)
         g = eng.target.forward_tokens(tok, pos, slots, mask, ec)
-    assert not _close(g.logits, w.logits)   # the aliasing hazard changes the result
-    verify = eng.target._verify.engine
-    assert verify.calls[-1]["addr"]["present.0.key"] == verify.calls[-1]["addr"]["past_key_values.0.key"]
+    assert _close(g.logits, w.logits) and all(_close(ke, kt) for kt, ke in zip(tc.k + tc.v, ec.k + ec.v))
+    call = eng.target._verify.engine.calls[-1]
+    assert call["addr"]["present.0.key"] != call["addr"]["past_key_values.0.key"]
 
 
 def test_fake_context_enforces_profiles_and_dtypes(fake):
@@ -574,8 +560,8 @@ def test_runner_input_errors(fake):
         eng.target.forward_tokens(tok + 1000, pos, slots, mask, cache)
     with pytest.raises(InputError, match="unknown class id"):
         eng.target.prefill(torch.tensor([99]), cache)
-    with pytest.raises(InputError, match="kv_binding"):
-        T.load_trt_engines(fake.dir, device="cpu", kv_binding="copy")
+    with pytest.raises(TypeError, match="kv_binding"):  # gone: one binding, the cache an input only
+        T.load_engines(fake.dir, "trt", device="cpu", kv_binding="swap")
 
 
 # ----------------------------------------------------------------------------- gpu_check
@@ -638,3 +624,77 @@ def test_one_target_engine_unless_the_bundle_predates_it(bundle, man, tmp_path):
         from lisa_trt.engines.graph import GraphTarget
 
         GraphTarget(read_manifest(old), {Graph.TARGET_VERIFY: types.SimpleNamespace(device=torch.device("cpu"))})
+
+
+# ----------------------------------------------------------------------------- KV bytes written per step
+
+def _kv_writes(engine) -> list:
+    """(new rows S, cache length Lmax, {present.*: bytes written, full cache bytes}) per call."""
+    out = []
+    for c in engine.calls:
+        B, S = c["shapes"]["cache_slots"]
+        L = c["shapes"]["attention_mask"][-1]
+        kv = {n: (w, B * L * int(np.prod(c["shapes"][n.replace("present.", "past_key_values.")][1::2])) * 4)  # fp32
+              for n, w in c["written"].items() if n.startswith("present.")}
+        out.append((S, L, kv))
+    return out
+
+
+def _decode_steps(fake, method="exact"):
+    from export_artifacts import make_artifacts
+
+    from lisa_trt.config import SamplingConfig
+    from lisa_trt.speculative.methods import SpecConfig
+    from lisa_trt.speculative.run import run_method
+
+    a = make_artifacts()
+    eng = T.load_trt_engines(fake.dir, device="cpu")
+    spec = SpecConfig.make(method, top_k=3, depth=2, total_tokens=8)
+    run_method(method, eng.target, eng.drafter, a["tables"], torch.tensor([1]),
+               sampling=SamplingConfig(cfg_scale=2.0, temperature=1.0), spec=spec, seed=7)
+    return eng
+
+
+def test_the_fake_core_counts_the_bytes_each_execution_writes(fake):
+    """The counter the next test relies on: each call's count of an output is its bytes, the
+    whole tensor (logits (B, S, V) fp32 here), and the present.* outputs are S rows each."""
+    eng = _decode_steps(fake)
+    calls = eng.target._verify.engine.calls
+    steps = _kv_writes(eng.target._verify.engine)
+    assert len(steps) > 3
+    for c, (S, L, kv) in zip(calls, steps):
+        B = c["shapes"]["cache_slots"][0]
+        assert c["written"]["logits"] == B * S * eng.target.config.vocab_size * 4
+        assert kv and all(full > 0 and w == full * S // L for w, full in kv.values()), (S, L, kv)
+
+
+def test_no_step_writes_the_full_kv_cache(fake, monkeypatch):
+    """No target-verify or drafter-step execution writes more than its new rows to a KV output:
+    S rows of (B, kv_heads, ., head_dim) out of Lmax, on the TensorRT runner; and the runner's
+    commit writes exactly those S rows per layer into the one cache, leaving every other slot
+    as it was."""
+    import lisa_trt.models.layers as layers
+
+    commits, real = [], layers.commit_rows
+
+    def counted(cache, rows, slots):
+        before = cache.clone()
+        real(cache, rows, slots)
+        changed = (cache != before).any(-1).any(1)  # (B, L): slots whose rows changed
+        outside = torch.ones_like(changed)
+        outside.scatter_(1, slots, False)
+        commits.append((rows.numel() * rows.element_size(), cache.numel() * cache.element_size(),
+                        bool((changed & outside).any()), tuple(slots.shape)))
+
+    monkeypatch.setattr(layers, "commit_rows", counted)
+    eng = _decode_steps(fake)
+    for e in (eng.target._verify.engine, eng.drafter._step.engine):
+        assert e.calls
+        for S, L, kv in _kv_writes(e):
+            for name, (w, full) in kv.items():
+                assert w <= full * S // L, f"{name}: {w} bytes written for {S} new rows of a {full}-byte cache"
+    n_layer = eng.target.config.n_layer
+    assert len(commits) == 2 * n_layer * len(eng.target._verify.engine.calls) + 2 * len(eng.drafter._step.engine.calls)
+    for wrote, full, outside, (_, S) in commits:
+        assert not outside                                # no slot outside the call's slots changed
+        assert wrote == full * S // eng.target.max_cache_len < full  # S rows, never the whole cache

@@ -263,9 +263,11 @@ def test_static_kv_binding_survives_a_plain_run_on_another_cache(engines, artifa
     kv = {}
     for i in range(tgt.config.n_layer):
         kv[f"past_key_values.{i}.key"], kv[f"past_key_values.{i}.value"] = b.k[i], b.v[i]
-    outs = {n.replace("past_key_values", "present"): t for n, t in kv.items()}
-    tgt._verify.run(dict(input_ids=tok, position_ids=pos, cache_slots=slots, attention_mask=mask, **kv), outs)
+    outs = {n.replace("past_key_values", "present"): t.new_empty(t.shape[0], t.shape[1], tok.shape[1], t.shape[3])
+            for n, t in kv.items()}  # the graph's new rows: their own buffers
     b_k = [t.clone() for t in b.k]
+    tgt._verify.run(dict(input_ids=tok, position_ids=pos, cache_slots=slots, attention_mask=mask, **kv), outs)
+    assert all(torch.equal(x, y) for x, y in zip(b.k, b_k))  # a graph never writes the cache it reads
     args2 = tree_inputs(a, 2, seed=2)
     out = tgt.forward_tokens(*args2, a)  # must run on a again, not on b
     want = ref.forward_tokens(*args2, ra)

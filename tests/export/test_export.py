@@ -47,7 +47,10 @@ def test_graph_io_matches_io_spec_with_dynamic_axes(bundle, artifacts):
                     assert isinstance(d, int), (g, ts.name, dims)  # static: cache_len, vocab, ...
     verify = onnx.load(str(bundle.graph_path(Graph.TARGET_VERIFY)), load_external_data=False)
     ops = {n.op_type for n in verify.graph.node}
-    assert "Attention" in ops and "ScatterElements" in ops
+    assert not ops & {"ScatterElements", "ScatterND", "TensorScatter"}  # no graph writes into the cache
+    for o in verify.graph.output:  # present.*: the new rows (seq), never the cache (cache_len)
+        if o.name.startswith("present."):
+            assert o.type.tensor_type.shape.dim[2].dim_param == "seq", o.name
 
 
 def test_manifest_records_artifacts_and_settings(bundle, artifacts):
@@ -88,6 +91,11 @@ def test_manifest_refuses_changed_graphs_and_versions(bundle, tmp_path):
     man["io_spec_version"] = IO_SPEC_VERSION + 1
     (d / "manifest.json").write_text(json.dumps(man))
     with pytest.raises(ArtifactMismatchError, match="io_spec_version"):
+        read_manifest(d, check_files=False)
+    man["io_spec_version"] = 1  # a bundle whose graphs return the whole cache as present.*
+    (d / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(ArtifactMismatchError, match=r"io_spec_version 1; this lisa-trt reads io_spec_version 2\. "
+                                                    r"Re-export it with `lisa-trt export`"):
         read_manifest(d, check_files=False)
     with pytest.raises(CheckpointError, match="no manifest.json"):
         read_manifest(tmp_path)
@@ -262,8 +270,8 @@ def test_fp16_export_validates_with_fp32_statistics(artifacts, tmp_path):
         assert g.precision == "fp16" and g.validation["ok"], (name, g.validation)
         assert g.validation["max_error"] > 1e-6  # really fp16 (not silently fp32)
     m = onnx.load(str(man.graph_path(Graph.TARGET_VERIFY)), load_external_data=False)
-    att = [n for n in m.graph.node if n.op_type == "Attention"]
-    assert att and all(any(x.name == "softmax_precision" and x.i == onnx.TensorProto.FLOAT for x in n.attribute)
-                       for n in att)
+    types = {v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(m).graph.value_info}
+    soft = [n for n in m.graph.node if n.op_type == "Softmax"]  # the cached attention: one softmax per layer
+    assert len(soft) >= a["target"].config.n_layer and all(types[n.input[0]] == onnx.TensorProto.FLOAT for n in soft)
     out_types = {o.name: o.type.tensor_type.elem_type for o in m.graph.output}
     assert out_types["logits"] == onnx.TensorProto.FLOAT and out_types["hidden"] == onnx.TensorProto.FLOAT16

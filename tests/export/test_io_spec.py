@@ -1,4 +1,4 @@
-"""io_spec: one consistent table of graph inputs/outputs (names, dtypes, axes, aliases)."""
+"""io_spec: one consistent table of graph inputs/outputs (names, dtypes, axes)."""
 
 import pytest
 
@@ -35,13 +35,18 @@ def test_every_graph_has_unique_names_and_known_axes(graph):
     assert isinstance(graph.kind, GraphKind)
 
 
-def test_target_graphs_use_optimum_names_and_alias_every_cache():
+def test_target_graphs_use_optimum_names_and_return_only_the_new_kv_rows():
     spec = graph_spec(Graph.TARGET_VERIFY, n_layer=4)
     assert spec.input_names[:4] == ["input_ids", "position_ids", "cache_slots", "attention_mask"]
     assert spec.input_names[4:] == past_names(4)
     assert spec.output_names[:3] == ["logits", "taps", "hidden"]
     assert spec.output_names[3:] == present_names(4)
-    assert spec.aliases == {f"present.{i}.{p}": f"past_key_values.{i}.{p}" for i in range(4) for p in ("key", "value")}
+    assert not hasattr(spec, "aliases")  # no output aliases an input: the runner commits the rows
+    for i in range(4):  # present.* are the step's rows (seq), never a cache-sized (cache_len) tensor
+        for p in ("key", "value"):
+            assert spec.output(f"present.{i}.{p}").axes == ("batch", "kv_heads", "seq", "head_dim")
+    prefill = graph_spec(Graph.TARGET_PREFILL, n_layer=4)
+    assert all(prefill.output(n).axes == ("batch", "kv_heads", "prefix", "head_dim") for n in present_names(4))
     assert spec.output("logits").dtype == "float32"  # logits stay fp32 in fp16 exports
     assert spec.input("past_key_values.0.key").axes == ("batch", "kv_heads", "cache_len", "head_dim")
     assert spec.input("attention_mask").axes == ("batch", "seq", "cache_len")
@@ -60,9 +65,11 @@ def test_prefill_condition_inputs_depend_on_model_type():
         graph_spec(Graph.TARGET_VERIFY)  # needs n_layer
 
 
-def test_drafter_step_has_one_aliased_cache_and_taps_projection():
+def test_drafter_step_has_one_cache_returns_its_new_rows_and_taps_projection():
     step = graph_spec(Graph.DRAFTER_STEP)
-    assert step.aliases == {"present.0.key": "past_key_values.0.key", "present.0.value": "past_key_values.0.value"}
+    assert step.output_names[2:] == ["present.0.key", "present.0.value"]
+    assert step.input("past_key_values.0.key").axes == ("batch", "draft_heads", "cache_len", "draft_head_dim")
+    assert step.output("present.0.key").axes == ("batch", "draft_heads", "seq", "draft_head_dim")
     assert step.input_names[0] == "hidden_in" and step.output_names[:2] == ["logits", "hidden"]
     assert graph_spec(Graph.DRAFTER_PROJECT).input_names == ["taps"]
 

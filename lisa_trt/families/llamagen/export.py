@@ -14,7 +14,7 @@ import dataclasses
 
 import torch
 
-from ...export.families import ExportFamily, interleave, past_of, register_export_family
+from ...export.families import ExportFamily, past_of, present_rows, register_export_family
 from ...models.io_spec import Graph
 
 
@@ -121,11 +121,12 @@ class LlamaGenGraphs(ExportFamily):
         if graph is Graph.TARGET_PREFILL:
             o = m.prefill(family_of(cfg).cond_from_inputs(cfg, x), cache, taps=True)
             res = dict(prefix_valid=cache.col_valid[:, : cfg.cls_token_num].clone())
+            slots = torch.arange(cfg.cls_token_num)[None, :].expand(cache.batch, -1)
         else:
             o = m.forward_tokens(x["input_ids"], x["position_ids"], x["cache_slots"], x["attention_mask"], cache,
                                  taps=True)
-            res = {}
-        res.update(logits=o.logits, taps=o.taps, hidden=o.hidden, **interleave(cache.k, cache.v))
+            res, slots = {}, x["cache_slots"]
+        res.update(logits=o.logits, taps=o.taps, hidden=o.hidden, **present_rows(cache.k, cache.v, slots))
         return res
 
     def vq_reference(self, refs, x):
