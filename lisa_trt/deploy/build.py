@@ -107,7 +107,8 @@ def engine_memory_facts(engine) -> dict:
     """What `lisa-trt plan` reads of a built engine: each profile's device memory
     (ICudaEngine.get_device_memory_size_for_profile_v2, TensorRT 10.1+ and 11; the engine-wide
     device_memory_size_v2 for every profile where the per-profile call is missing) and the outputs
-    the engine aliases to inputs (get_aliased_input_tensor, 10.15+), which get no KV shadow."""
+    the engine aliases to inputs (get_aliased_input_tensor, 10.15+; none for lisa-trt's graphs,
+    which return only the new K/V rows: a non-empty record means a graph writes its cache)."""
     n = int(engine.num_optimization_profiles)
     per = getattr(engine, "get_device_memory_size_for_profile_v2", None)
     if per is not None:
