@@ -4,8 +4,9 @@ For each model: export target + drafter (fp32, validated) into --workdir (defaul
 CFG batch of 2 rows with `--committed` tokens, then time one tree-verification call with S new
 tokens (S = 1..64, a chain mask) through ORT (IO binding, in-place cache) and torch eager, and
 one drafter step with S nodes. Median of `--reps` timed runs after a warm-up. Also records:
-- in-place check: the verify call (S = 1) with present.* bound to the cache itself vs bound to
-  separate buffers (what a copying runtime would pay), and whether the cache pointers stay put;
+- commit check: the verify graph returns only the step's new K/V rows and the runner commits them
+  into the one cache: cache bytes vs bytes a step writes, the cache kept in place, the commit's time
+  (`inplace` in results recorded before the new-rows graphs measured the old whole-cache copy);
 - alternating sessions (drafter step, then verify) with ORT thread spinning on vs off;
 - a thread probe: each backend runs at its best of {1, physical cores} threads (on a busy 2-core
   machine torch's 2-thread MKL/OpenMP GEMMs can be 100x slower than 1 thread).
@@ -122,28 +123,13 @@ def drafter_curve(drafter, cond_len, batch, max_len, reps, s_list) -> dict:
     return dict(median=out, min=best, project_taps_S1=median_ms(lambda: drafter.project_taps(taps), reps))
 
 
-def _scatter_us_per_run(profile_file: str) -> float:
-    """Sum of ScatterElements kernel time per model run, from an ORT profile."""
-    events = json.load(open(profile_file))
-    runs = sum(1 for e in events if e.get("name") == "model_run")
-    us = sum(e["dur"] for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
-             and e.get("args", {}).get("op_name") == "ScatterElements")
-    os.unlink(profile_file)
-    return round(us / max(runs, 1), 1)
-
-
 @torch.no_grad()
-def inplace_check(engines, cond, committed, max_tree, reps, threads) -> dict:
-    """Verify (S=1) with present.* bound to the cache itself (in place) vs to separate buffers.
-
-    With separate buffers every ScatterElements node first copies the whole layer cache into
-    its output; bound to the same memory it skips that copy. Measured two ways: wall time of the
-    call, and the ScatterElements kernel time per run from ORT's profiler (robust to noise).
-    """
-    import tempfile
-
-    from lisa_trt.engines.ort import OrtRunner
-    from lisa_trt.models.io_spec import Graph
+def commit_check(engines, cond, committed, max_tree, reps) -> dict:
+    """The cache update of a verify call (S = 1): the graph returns only the new K/V rows and the
+    runner commits them (engines/graph._run_kv -> models/layers.commit_rows). Records the cache's
+    bytes against the rows a step writes, that the cache stays at its addresses and is written in
+    place, and the commit's share of the call's time."""
+    from lisa_trt.models.layers import commit_rows
 
     tgt = engines.target
     cache = fill(tgt, cond, committed, max_tree)
@@ -151,27 +137,19 @@ def inplace_check(engines, cond, committed, max_tree, reps, threads) -> dict:
     ptrs = [t.data_ptr() for t in cache.k + cache.v]
     before = cache.k[0].clone()
     tgt.forward_tokens(toks, pos, slots, mask, cache)
+    B, H, _, D = cache.k[0].shape
+    rows = torch.randn(B, H, 1, D, dtype=cache.k[0].dtype)
     res = dict(cache_bytes=sum(b.numel() * b.element_size() for b in cache.k + cache.v),
+               rows_bytes_per_step=2 * len(cache.k) * rows.numel() * rows.element_size(),
                cache_pointers_unchanged=ptrs == [t.data_ptr() for t in cache.k + cache.v],
                cache_written_in_place=not torch.equal(before, cache.k[0]))
-    ins = dict(input_ids=toks, position_ids=pos, cache_slots=slots, attention_mask=mask)
-    outs = tgt._verify.allocate(ins, ["logits", "taps", "hidden"])
-    path = engines.manifest.graph_path(Graph.TARGET_VERIFY)
-    with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("in_place", "separate_present"):
-            runner = OrtRunner(path, tgt._verify.spec, tgt._verify.dims, engines.manifest.precision, threads=threads,
-                               profile=f"{tmp}/{mode}")
-            ins_kv, outs_kv, scratch = dict(ins), dict(outs), []  # scratch kept alive while bound
-            for i, (k, v) in enumerate(zip(cache.k, cache.v)):
-                for part, buf in (("key", k), ("value", v)):
-                    scratch.append(buf if mode == "in_place" else torch.empty_like(buf))
-                    ins_kv[f"past_key_values.{i}.{part}"] = buf
-                    outs_kv[f"present.{i}.{part}"] = scratch[-1]
-            res[f"verify_S1_{mode}_ms"] = median_ms(lambda: runner.run(ins_kv, outs_kv), reps)
-            res[f"scatter_kernels_{mode}_us_per_run"] = _scatter_us_per_run(runner.session.end_profiling())
-            del runner, scratch
-    res["copy_avoided_us_per_run"] = round(res["scatter_kernels_separate_present_us_per_run"]
-                                           - res["scatter_kernels_in_place_us_per_run"], 1)
+    res["verify_S1_ms"] = median_ms(lambda: tgt.forward_tokens(toks, pos, slots, mask, cache), reps)
+
+    def commit():
+        for buf in cache.k + cache.v:
+            commit_rows(buf, rows, slots)
+
+    res["commit_S1_ms"] = median_ms(commit, reps)
     return res
 
 
@@ -282,8 +260,8 @@ def bench_model(name: str, args) -> dict:
         res["drafter_ms"]["torch"] = drafter_curve(drafter, cfg.cls_token_num + args.committed, 2, max_len, reps,
                                                    DRAFT_S)
     print(f"[{name}] drafter {res['drafter_ms']}", flush=True)
-    res["inplace"] = inplace_check(eng, cond, args.committed, args.max_tree, max(reps, 7), ort_threads)
-    print(f"[{name}] in-place {res['inplace']}", flush=True)
+    res["commit"] = commit_check(eng, cond, args.committed, args.max_tree, max(reps, 7))
+    print(f"[{name}] commit {res['commit']}", flush=True)
     if name == "demo":
         res["alternating_sessions"] = alternating(out_dir, cond, args.committed, args.max_tree, reps, ort_threads)
         print(f"[{name}] alternating {res['alternating_sessions']}", flush=True)
