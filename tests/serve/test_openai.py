@@ -15,6 +15,7 @@ import json
 import threading
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -479,7 +480,12 @@ def bundle(pipe, tmp_path_factory):
     """conftest's tiny models exported as an engine directory (ONNX Runtime)."""
     from lisa_trt.export import export_bundle
 
-    from conftest import GEN
+    import importlib.util  # this folder's conftest by path: under xdist another folder's may own the name
+
+    spec = importlib.util.spec_from_file_location("serve_conftest", Path(__file__).with_name("conftest.py"))
+    conf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conf)
+    GEN = conf.GEN
 
     e, out = pipe._e, tmp_path_factory.mktemp("openai-bundle") / "eng"
     export_bundle(e.target, e.drafter, e.tables, e.vq, out, generation=GEN, progress=False, lint=False)
