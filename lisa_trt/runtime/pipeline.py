@@ -141,6 +141,9 @@ class PartialDecode:
         t = self.tokens.clone()
         forced = None if self.layout is None or self.layout.forced is None else self.layout.forced.cpu()
         first = 0 if forced is None else int(torch.nonzero(forced < 0)[0, 0])
+        if bool((self.done <= first).any()):
+            raise InputError("a partial image needs each row's first free token decoded (the filler); "
+                             "ask for it after that step, as PartialImages does")
         past = torch.arange(t.shape[1])[None] >= self.done[:, None]
         fill = t[:, first:first + 1].expand_as(t)
         if forced is not None:

@@ -309,3 +309,18 @@ def _prompt_file(tmp_path):
     p = tmp_path / "auto.txt"
     p.write_text("1\n")
     return p
+
+
+def test_a_partial_decode_before_any_free_token_is_refused():
+    """PartialDecode fills the undecoded tokens with the row's first free one: asked before that token
+    exists it refuses (it would fill with whatever the loop's buffer held), and after it the filler is it."""
+    import torch
+
+    from lisa_trt.errors import InputError
+    from lisa_trt.runtime.pipeline import PartialDecode
+
+    toks = torch.tensor([[5, 6, -1, -1], [7, -1, -1, -1]])
+    with pytest.raises(InputError, match="first free token"):
+        PartialDecode(None, 0, toks, torch.tensor([2, 0]), None, None).filled()
+    got = PartialDecode(None, 0, toks, torch.tensor([2, 1]), None, None).filled()
+    assert got.tolist() == [[5, 6, 5, 5], [7, 7, 7, 7]]
