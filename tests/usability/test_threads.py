@@ -1,9 +1,9 @@
 """Thread policy: defaults from affinity / cgroup quota, --threads and LISA_TRT_THREADS, passive waiting."""
 
+import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -95,27 +95,42 @@ def _clean_env():
     return env
 
 
-def _time_generate(tmp_path, tag):
-    out = tmp_path / tag
-    t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "lisa_trt.cli", "generate", "--model", "demo", "--classes", "0",
-                        "--out", str(out)], env=_clean_env(), capture_output=True, text=True, timeout=600)
+_CHILD = r"""
+import importlib.abc, json, os, sys
+seen = {}
+class _Watch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and "torch" not in seen:
+            seen["torch"] = os.environ.get("OMP_WAIT_POLICY")  # what OpenMP will read when torch loads it
+        return None
+sys.meta_path.insert(0, _Watch())
+from click.testing import CliRunner
+from lisa_trt import threads as th
+from lisa_trt.cli import main
+import torch
+res = CliRunner().invoke(main, ["random-checkpoint", "--help"])
+print(json.dumps({"exit": res.exit_code, "torch": torch.get_num_threads(), "want": th.available_cpus(),
+                  "wait_at_torch_import": seen.get("torch"), "ort": th.ort_threads(None)}))
+"""
+
+
+def _one_cpu():
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+
+
+@pytest.mark.parametrize("pin", [False, True], ids=["all-cpus", "one-cpu"])
+def test_a_fresh_cli_process_applies_the_default_policy(pin):
+    """No thread env vars at all: the CLI sizes torch and ORT to the CPUs it may use (its affinity),
+    and OMP_WAIT_POLICY=PASSIVE is set before torch loads OpenMP, so idle threads sleep.
+
+    What a busy neighbour then costs is measured by bench/threads.py (bench/threads.json), not timed here.
+    """
+    p = subprocess.run([sys.executable, "-c", _CHILD], env=_clean_env(), capture_output=True, text=True,
+                       timeout=300, preexec_fn=_one_cpu if pin else None)
     assert p.returncode == 0, p.stderr
-    return time.perf_counter() - t0
-
-
-@pytest.mark.slow
-def test_cli_with_busy_neighbour_within_2x(tmp_path):
-    """Default policy (no thread env vars at all): a busy neighbour costs at most 2x."""
-    from lisa_trt.demo.registry import assets_present
-
-    if not assets_present():
-        pytest.skip("bundled demo assets not built")
-    quiet = min(_time_generate(tmp_path, "q1"), _time_generate(tmp_path, "q2"))
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        busy = _time_generate(tmp_path, "b1")
-    finally:
-        hog.kill()
-        hog.wait()
-    assert busy <= 2.0 * quiet, f"quiet {quiet:.1f} s, with a busy neighbour {busy:.1f} s"
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["exit"] == 0
+    assert got["wait_at_torch_import"] == "PASSIVE"
+    assert got["torch"] == got["want"] == got["ort"]
+    if pin:
+        assert got["torch"] == 1
