@@ -44,6 +44,7 @@ from ..engines.trt_plans import (
     EngineBuildError,
     NoCudaDeviceError,
     _sha256,
+    built_graphs,
     device_info,
     engines_built,
     engines_record,
@@ -234,9 +235,9 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
 
 def _write_record(engine_dir: Path, record: dict, *, partial: bool) -> dict:
     """Write the engines record; a partial rebuild keeps the other graphs' entries."""
-    old = engines_record(engine_dir) or {}
-    if old.get("graphs") and partial:
-        record["graphs"] = {**old["graphs"], **record["graphs"]}
+    old = built_graphs({ENGINES_KEY: engines_record(engine_dir)})
+    if old and partial:
+        record["graphs"] = {**old, **record["graphs"]}
     write_engines_record(engine_dir, record)
     return record
 
@@ -254,6 +255,6 @@ def _progress(total: int, enabled: bool):
 
 
 __all__ = ["ENGINES_KEY", "EngineBuildError", "NOT_BUILT", "NoCudaDeviceError", "ProfileSpec",
-           "TensorRTUnavailableError", "build_engines", "build_plan", "default_build_graphs", "engine_memory_facts",
-           "engines_built", "engines_record", "load_plan", "profiles_from_io_spec", "require_tensorrt_gpu",
-           "trt_graph_model", "trt_onnx_path", "write_engines_record"]
+           "TensorRTUnavailableError", "build_engines", "build_plan", "built_graphs", "default_build_graphs",
+           "engine_memory_facts", "engines_built", "engines_record", "load_plan", "profiles_from_io_spec",
+           "require_tensorrt_gpu", "trt_graph_model", "trt_onnx_path", "write_engines_record"]

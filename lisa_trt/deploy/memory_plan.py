@@ -287,13 +287,16 @@ class Runtime:
 BACKENDS = PLAN_BACKENDS
 
 
-def resolve_runtime(model, backend: str = "trt") -> Runtime:
-    """The Runtime for a plan: the backend, and an engine directory's build record."""
+def resolve_runtime(model, backend: str = "trt", manifest=None) -> Runtime:
+    """The Runtime for a plan: the backend, and an engine directory's build record (`manifest`: the
+    directory's Manifest when the caller has read it)."""
+    from ..engines.trt_plans import built_graphs
+
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r} for a memory plan; valid: {', '.join(BACKENDS)}")
     built = {}
     if isinstance(model, (str, Path)):
-        built = ((_engine_record(model)[0].get("engines") or {}).get("graphs")) or {}
+        built = built_graphs(_engine_record(model, manifest)[0])
     return Runtime(backend, built)
 
 
@@ -381,7 +384,7 @@ def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] =
               precision: Optional[str] = None, batch: int = 1, tree: Optional[int] = None,
               image_size: Optional[int] = None, prompt_len: Optional[int] = None, cfg: bool = True,
               workspace: Optional[int] = None, weight_copies: Optional[int] = None, search: bool = True,
-              backend: str = "trt") -> Plan:
+              backend: str = "trt", manifest=None) -> Plan:
     """The memory plan of `model` on a device.
 
     Args:
@@ -495,20 +498,23 @@ def check_plan(model, **kw) -> Plan:
     return plan
 
 
-def _engine_record(engine_dir) -> tuple[dict, str]:
+def _engine_record(engine_dir, manifest=None) -> tuple[dict, str]:
     """(the engine directory's manifest dict, family) without checking files; ({}, "") when the
-    directory is no engine directory."""
+    directory is no engine directory. `manifest`: its Manifest when the caller has read it."""
     from ..export.manifest import bundle_family, manifest_path, raw_manifest
 
+    if manifest is not None:
+        return manifest.to_dict(), manifest.family
     if manifest_path(engine_dir) is None:
         return {}, ""
     return raw_manifest(engine_dir), bundle_family(engine_dir)
 
 
-def run_uses_cfg(engine_dir, cfg_scale: Optional[float] = None) -> bool:
+def run_uses_cfg(engine_dir, cfg_scale: Optional[float] = None, manifest=None) -> bool:
     """Whether a run doubles its rows for CFG: the given scale, else the bundle's default
-    (else the family's: LlamaGen's SamplingConfig 1.0 = off, Lumina-mGPT's 3.0 = on)."""
-    man, family = _engine_record(engine_dir)
+    (else the family's: LlamaGen's SamplingConfig 1.0 = off, Lumina-mGPT's 3.0 = on).
+    `manifest`: the directory's Manifest when the caller has read it."""
+    man, family = _engine_record(engine_dir, manifest)
     if cfg_scale is None:
         cfg_scale = (man.get("generation") or {}).get("cfg_scale")
     if cfg_scale is None:
@@ -518,7 +524,8 @@ def run_uses_cfg(engine_dir, cfg_scale: Optional[float] = None) -> bool:
 
 def preflight(engine_dir, *, gpu: Optional[str] = None, memory_gib: Optional[float] = None, gpu_backend: bool,
               batch: int = 1, tree: Optional[int] = None, cfg: Optional[bool] = None,
-              cfg_scale: Optional[float] = None, workspace: Optional[int] = None) -> Optional[Plan]:
+              cfg_scale: Optional[float] = None, workspace: Optional[int] = None,
+              manifest=None) -> Optional[Plan]:
     """The memory check `lisa-trt run` / `build` make before any work (PlanError when it does not fit).
 
     With --gpu / --memory-gib it always checks. Without them it checks only a GPU backend
@@ -526,6 +533,7 @@ def preflight(engine_dir, *, gpu: Optional[str] = None, memory_gib: Optional[flo
     returns None when there is none: a CPU run is never refused by a GPU plan.
     cfg: None = from the run's CFG scale or the bundle's default (run_uses_cfg).
     The plan is TensorRT's (its recorded engine memory) for a GPU backend, ONNX Runtime's else.
+    manifest: the directory's Manifest when the caller has read it (runtime/context.RunContext).
     """
     if gpu is None and memory_gib is None:
         if not gpu_backend:
@@ -534,9 +542,9 @@ def preflight(engine_dir, *, gpu: Optional[str] = None, memory_gib: Optional[flo
         if memory_gib is None:
             return None
     if cfg is None:
-        cfg = run_uses_cfg(engine_dir, cfg_scale)
+        cfg = run_uses_cfg(engine_dir, cfg_scale, manifest)
     return check_plan(engine_dir, gpu=gpu, memory_gib=memory_gib, batch=batch, tree=tree, cfg=cfg,
-                      workspace=workspace, backend="trt" if gpu_backend else "ort")
+                      workspace=workspace, backend="trt" if gpu_backend else "ort", manifest=manifest)
 
 
 def device_memory_gib() -> Optional[float]:

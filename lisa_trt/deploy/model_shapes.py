@@ -135,9 +135,10 @@ def target_copies(man: dict, family: str) -> int:
     verify graph runs the prefill too (the manifest's target `prefill_ids`, or a family whose
     verify graphs always embed prompts) and no target_prefill engine was built, else 2 (separate
     prefill and verify engines: engines/build.default_build_graphs)."""
+    from ..engines.trt_plans import built_graphs
     from ..export.families import export_family
 
-    if "target_prefill" in ((man.get("engines") or {}).get("graphs") or {}):
+    if "target_prefill" in built_graphs(man):
         return 2
     if (man.get("target") or {}).get("prefill_ids") or export_family(family).verify_embeds_prompts:
         return 1

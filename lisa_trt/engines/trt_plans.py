@@ -98,16 +98,24 @@ def engines_record(engine_dir) -> Optional[dict]:
     return _raw_manifest(engine_dir).get(ENGINES_KEY)
 
 
+def built_graphs(manifest) -> dict:
+    """{graph name: its build record} of the engines `lisa-trt build` recorded; {} before a build.
+
+    The one answer to "are engines built?" (engines_built, the memory plan's runtime record).
+    manifest: a Manifest (export/manifest.py) or a manifest's raw dict."""
+    rec = manifest.engines if hasattr(manifest, "engines") else (manifest or {}).get(ENGINES_KEY)
+    return dict((rec or {}).get("graphs") or {})
+
+
 def engines_built(engine_dir, manifest=None) -> bool:
     """True when `lisa-trt build` recorded engines for this directory (for `--backend auto`); from its
     Manifest when the caller has read it."""
-    if manifest is not None:
-        return bool(manifest.engines.get("graphs"))
-    try:
-        rec = engines_record(engine_dir)
-    except LisaError:
-        return False
-    return bool(rec and rec.get("graphs"))
+    if manifest is None:
+        try:
+            manifest = _raw_manifest(engine_dir)
+        except LisaError:
+            return False
+    return bool(built_graphs(manifest))
 
 
 def write_engines_record(engine_dir, record: dict) -> None:

@@ -359,12 +359,19 @@ def read_manifest(engine_dir, *, target_hash: Optional[str] = None, drafter_hash
                                         f"{key} {want}. Re-export it with `lisa-trt export`.")
     man = Manifest.from_dict(d, dir=engine_dir)
     if check_files:
-        _check_files(man)
+        check_graph_files(man)
     check_manifest(man, target_hash=target_hash, drafter_hash=drafter_hash, tables_hash=tables_hash)
     return man
 
 
-def _check_files(man: Manifest) -> None:
+def check_graph_files(man: Manifest) -> None:
+    """The file checks of `read_manifest(check_files=True)` on a Manifest already read: every graph
+    file (and its external data) exists and is the exported one, the shared weights file too.
+
+    Raises:
+        CheckpointError: a listed file is missing.
+        ArtifactMismatchError: a file differs from the exported one.
+    """
     # the shared weights file: its size always; its sha256 for quantized bundles (their graphs carry no hash of it)
     (verify_shared if man.quantization != "none" else check_shared)(man)
     for name, g in man.graphs.items():

@@ -30,6 +30,7 @@ class Bundle:
     generation: dict = field(default_factory=dict)
     backend: str = "torch"
     manifest: object = None
+    family: object = None  # the model family (models/family.py), resolved once per open; None: the Pipeline's
 
 
 def resolve_backend(engine_dir: Path, backend: str, manifest=None) -> str:
@@ -64,7 +65,7 @@ def _tables(man, engine_dir: Path):
 
 
 def open_bundle(engine_dir: Path, backend: str = "auto", *, threads: Optional[int] = None, compile=None,
-                device: Optional[str] = None):
+                device: Optional[str] = None, manifest=None, family=None):
     """-> Bundle for `backend` (auto | torch | any engines.base.backend_names()).
 
     "torch" is the eager PyTorch models of the bundle's weights/ (with the torch GASV reference);
@@ -72,10 +73,11 @@ def open_bundle(engine_dir: Path, backend: str = "auto", *, threads: Optional[in
     `compile` (torch only: "default" Inductor, "cuda-graphs", True = auto) the torch backend runs
     the graph wrappers with the per-step graphs torch.compile'd (engines/torch_runner.py);
     `device` (torch only, e.g. "cuda") also selects the graph wrappers, on that device.
+    `manifest`: the directory's Manifest when the caller has parsed it (runtime/context.resolve):
+    not parsed again, its graph files checked here (export/manifest.check_graph_files); `family`:
+    the model family when the caller has resolved it. Both are handed down, never looked up again.
     """
-    from ..export.manifest import read_manifest
-
-    man = read_manifest(engine_dir)
+    man = _manifest(engine_dir, manifest)
     backend = resolve_backend(engine_dir, backend, man)
     gen = dict(man.generation or {})
     names = gen.get("class_names")
@@ -91,8 +93,24 @@ def open_bundle(engine_dir: Path, backend: str = "auto", *, threads: Optional[in
             opts = dict(compile=compile, device=device or "cpu")
         e = load_engines(engine_dir, backend, manifest=man, **opts)
         return Bundle(target=e.target, drafter=e.drafter, gasv=e.gasv, tables=tables, vq=e.vq,
-                        class_names=names, generation=gen, backend=backend, manifest=man)
-    return _torch_engines(man, engine_dir, tables, names, gen)
+                      class_names=names, generation=gen, backend=backend, manifest=man,
+                      family=family if family is not None else getattr(e.target, "family", None))
+    b = _torch_engines(man, engine_dir, tables, names, gen)
+    b.family = family
+    return b
+
+
+def _manifest(engine_dir: Path, manifest):
+    """The checked Manifest of `engine_dir`: parsed here, or the caller's (its files checked)."""
+    from ..export.manifest import check_graph_files, read_manifest
+
+    if manifest is None:
+        return read_manifest(engine_dir)
+    if manifest.dir is None or Path(manifest.dir).resolve() != Path(engine_dir).resolve():
+        raise InputError(f"the manifest passed to open_bundle is {manifest.dir}'s, not {engine_dir}'s; pass the "
+                         "directory's own manifest (export.manifest.read_manifest) or none")
+    check_graph_files(manifest)
+    return manifest
 
 
 def _torch_engines(man, engine_dir: Path, tables, names, gen):

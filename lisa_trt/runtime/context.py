@@ -170,27 +170,38 @@ def spec_artifacts(source, target, methods, drafter, tables, sub_vocab=None) -> 
 
 # ----------------------------------------------------------------------------- families
 
-def _detect(source, *, engine: bool = False):
-    """The family of a model source (models/family.detect_family) or of an engine directory.
+def _detect(source, *, manifest=None):
+    """The family of a model source (models/family.detect_family) or of an engine directory's
+    `manifest` (its target config's).
 
     An artifact set's family is its target config's (None until `RunContext.bind` when its
-    provider does not say); an engine directory's is its manifest's target config's.
+    provider does not say).
     """
     from ..models.artifact_sets import artifact_set
     from ..models.family import detect_family, family_of
 
-    if engine:
-        from ..export.manifest import read_manifest
-
+    if manifest is not None:
         try:
-            return family_of(read_manifest(Path(source), check_files=False).target_config)
-        except (LisaError, OSError, ValueError):  # not a readable bundle: Pipeline.from_dir says why
+            return family_of(manifest.target_config)
+        except (LisaError, OSError, ValueError):  # a config no family reads: Pipeline.from_dir says why
             return None
     aset = artifact_set(source)
     if aset is not None:
         cfg = aset.extra("demo_target_config")
         return family_of(cfg()) if cfg is not None else None
     return detect_family(source)
+
+
+def _engine_manifest(engine_dir):
+    """An engine directory's Manifest, parsed once for the whole run (its graph files are checked
+    when the bundle opens, runtime/bundle.open_bundle); None when it is not a readable bundle
+    (Pipeline.from_dir then reads it again and says why)."""
+    from ..export.manifest import read_manifest
+
+    try:
+        return read_manifest(Path(engine_dir), check_files=False)
+    except (LisaError, OSError, ValueError):
+        return None
 
 
 # ----------------------------------------------------------------------------- the run context
@@ -212,6 +223,9 @@ class RunContext:
         model_cfg: --config / --image-size / --model-type (official configs).
         backend: the backend the run decodes on ("torch" for in-memory models).
         target: the loaded target, after `bind`.
+        manifest: an engine directory's Manifest, parsed once by `resolve` and handed down (the
+            memory preflight, the prompts precheck and `Pipeline.from_dir` take it); None for a
+            model source or an unreadable directory.
     """
 
     source: Union[str, Path]
@@ -224,6 +238,7 @@ class RunContext:
     model_cfg: Mapping = field(default_factory=dict)
     backend: str = "torch"
     target: Any = None
+    manifest: Any = None
 
     @property
     def verify(self) -> str:
@@ -319,7 +334,8 @@ def resolve(model=None, *, engine_dir=None, verify=None, default_verify: Optiona
 
     Args:
         model: --model (a path, an artifact-set name or a Hugging Face name); or
-        engine_dir: an exported engine directory (run, build).
+        engine_dir: an exported engine directory (run, build): its manifest is parsed here, once
+            (`RunContext.manifest`).
         verify / default_verify: the method name (None: `default_verify`); "auto" allowed with `auto`.
         sampling: the sampling options given ({cfg_scale, temperature, top_k, top_p, cfg_interval,
             greedy, seed}; None = not given).
@@ -331,7 +347,8 @@ def resolve(model=None, *, engine_dir=None, verify=None, default_verify: Optiona
     if (model is None) == (engine_dir is None):
         raise TypeError("resolve() takes a model or an engine_dir, not both")
     source = resolve_model(model if engine_dir is None else engine_dir)
-    family = _detect(source, engine=engine_dir is not None)
+    manifest = _engine_manifest(source) if engine_dir is not None else None
+    family = None if engine_dir is not None and manifest is None else _detect(source, manifest=manifest)
     given_s = dict(sampling or {})
     seed = given_s.pop("seed", None)
     model_cfg = dict(model_cfg or {})
@@ -347,7 +364,8 @@ def resolve(model=None, *, engine_dir=None, verify=None, default_verify: Optiona
             base = SamplingConfig(**family.default_sampling)
     return RunContext(source=source, family=family, method=method,
                       sampling=resolve_sampling(base, **given_s), spec=resolve_spec(method, tree=tree, knobs=knobs),
-                      seed=0 if seed is None else seed, given=given, model_cfg=model_cfg, backend=backend)
+                      seed=0 if seed is None else seed, given=given, model_cfg=model_cfg, backend=backend,
+                      manifest=manifest)
 
 
 __all__ = ["AUTO", "RunContext", "gasv_calibration", "resolve", "resolve_method", "resolve_sampling", "resolve_spec",

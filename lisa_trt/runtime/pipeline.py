@@ -170,7 +170,7 @@ class Pipeline:
         self._text = None
         self._knobs = _default_knobs(sjd_window)
         tc = engines.target.config
-        self.family = family_of(tc)
+        self.family = engines.family if engines.family is not None else family_of(tc)  # resolved once per open
         self._conds = run_conditions(self.family, tc)  # what prompts are: class ids, captions, texts
         classes = int(getattr(tc, "num_classes", 0) or 0) if isinstance(self.family.conditioning(tc), ClassLabels) else 0
         self._names = bundle_class_names(engines.class_names, classes)  # a 1000-class bundle: ImageNet's
@@ -181,8 +181,8 @@ class Pipeline:
     @classmethod
     def from_dir(cls, engine_dir, backend: str = "auto", *, threads: Optional[int] = None,
                  text_encoder=None, compile=None, device: Optional[str] = None,
-                 sjd_window: Optional[int] = None) -> "Pipeline":
-        """Open an exported engine directory (`lisa-trt export`).
+                 sjd_window: Optional[int] = None, manifest=None, family=None) -> "Pipeline":
+        """Open an exported engine directory (`lisa-trt export`); its manifest is parsed once.
 
         Args:
             engine_dir: the directory, or a Hugging Face name `org/name[@revision]` of one
@@ -199,6 +199,9 @@ class Pipeline:
             device: torch backend only: run the bundle's graph wrappers on this device ("cuda").
             sjd_window: the Jacobi window of this pipeline's SJD-family decodes (sjd, mcsjd, sjd-pac,
                 gsd, sjd-gasv) when a `generate` call does not pass one (None: 16, speculative/sjd.py).
+            manifest / family: the directory's Manifest and model family when the caller has resolved
+                them (runtime/context.resolve: `RunContext.manifest`, `.family`); handed down, not
+                read or looked up again.
         """
         from ..engines.base import backend_names
         from ..models.hub import resolve_model
@@ -211,11 +214,15 @@ class Pipeline:
         engine_dir = resolve_model(engine_dir)  # the resolve step's source (a Hub name: its snapshot)
         threads = ensure_thread_policy(threads)
         if text_encoder is not None:  # t2i: check the encoder against the bundle before loading engines
-            from ..export.manifest import read_manifest
+            if manifest is None:
+                from ..export.manifest import read_manifest
 
-            tcfg = read_manifest(Path(engine_dir)).target_config
-            text_encoder = run_conditions(family_of(tcfg), tcfg).encoder(text_encoder, tcfg) or text_encoder
-        return cls(open_bundle(Path(engine_dir), backend, threads=threads, compile=compile, device=device),
+                manifest = read_manifest(Path(engine_dir), check_files=False)  # open_bundle checks its files
+            tcfg = manifest.target_config
+            family = family if family is not None else family_of(tcfg)
+            text_encoder = run_conditions(family, tcfg).encoder(text_encoder, tcfg) or text_encoder
+        return cls(open_bundle(Path(engine_dir), backend, threads=threads, compile=compile, device=device,
+                               manifest=manifest, family=family),
                    text_encoder=text_encoder, sjd_window=sjd_window)
 
     @classmethod

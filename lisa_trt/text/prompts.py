@@ -89,9 +89,12 @@ def cond_len(cond) -> int:
     return cond[0].shape[0] if isinstance(cond, (tuple, list)) else len(cond)
 
 
-def precheck_prompts(engine_dir, prompts_path, encoder_dir=None) -> None:
+def precheck_prompts(engine_dir, prompts_path, encoder_dir=None, *, manifest=None, family=None) -> None:
     """`lisa-trt run` on a t2i bundle: parse the prompts file and, when it holds captions,
-    check the T5 encoder directory, before any engine is loaded. No-op for c2i bundles."""
+    check the T5 encoder directory, before any engine is loaded. No-op for c2i bundles.
+
+    manifest / family: the engine directory's Manifest and family when the caller has them
+    (runtime/context.RunContext); else the manifest is read from `engine_dir`."""
     from pathlib import Path
 
     from ..export.manifest import read_manifest
@@ -99,8 +102,8 @@ def precheck_prompts(engine_dir, prompts_path, encoder_dir=None) -> None:
     from ..models.family import family_of
     from ..runtime.prompts import parse_prompts
 
-    tcfg = read_manifest(Path(engine_dir)).target_config
-    if not isinstance(family_of(tcfg).conditioning(tcfg), CaptionFeatures):
+    tcfg = (manifest if manifest is not None else read_manifest(Path(engine_dir))).target_config
+    if not isinstance((family if family is not None else family_of(tcfg)).conditioning(tcfg), CaptionFeatures):
         return  # only caption features need an encoder
     ps = parse_prompts(prompts_path, model_type=tcfg.model_type)
     if any(p.caption is not None for p in ps) and make_encoder(encoder_dir, tcfg) is None:

@@ -7,7 +7,8 @@ import sys
 
 def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gib, echo, **_):
     """The memory plan checked, then Pipeline over the bundle's engines, one decode per prompt;
-    writes the images and stats."""
+    writes the images and stats. The bundle's Manifest and family are the RunContext's (parsed and
+    resolved once by `resolve`), handed to the preflight, the prompts precheck and the Pipeline."""
     from ...deploy.memory_plan import preflight
     from ...engines.trt_plans import engines_built
     from ...text.prompts import precheck_prompts
@@ -16,13 +17,15 @@ def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gi
     from ..pipeline import Pipeline
     from ..prompts import parse_prompts
 
-    engine_dir, backend, s = rc.given["model"], rc.backend, rc.given["sampling"]
-    gpu_backend = backend == "trt" or (backend == "auto" and engines_built(engine_dir))
+    engine_dir, backend, s, man = rc.given["model"], rc.backend, rc.given["sampling"], rc.manifest
+    gpu_backend = backend == "trt" or (backend == "auto" and engines_built(engine_dir, man))
     preflight(engine_dir, gpu=gpu, memory_gib=memory_gib, gpu_backend=gpu_backend, batch=1,
-              tree=rc.given["tree"]["tree_tokens"], cfg_scale=s["cfg_scale"])  # run decodes one prompt per call
+              tree=rc.given["tree"]["tree_tokens"], cfg_scale=s["cfg_scale"], manifest=man)  # one prompt per call
     check_out_dir(out_dir, overwrite=overwrite)
-    precheck_prompts(rc.source, prompts, encoder_dir)  # t2i: prompts + encoder checked before engines load
-    pipe = Pipeline.from_dir(rc.source, backend=rc.backend, threads=threads, text_encoder=encoder_dir)
+    # t2i: prompts + encoder checked before engines load
+    precheck_prompts(rc.source, prompts, encoder_dir, manifest=man, family=rc.family)
+    pipe = Pipeline.from_dir(rc.source, backend=rc.backend, threads=threads, text_encoder=encoder_dir,
+                             manifest=man, family=rc.family)
     cfg = pipe.config
     ps = parse_prompts(prompts, model_type=cfg.model_type, num_classes=getattr(cfg, "num_classes", 0),
                        class_names=pipe.class_names)
