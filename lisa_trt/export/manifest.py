@@ -9,6 +9,7 @@ hashes, an unknown schema or io-spec version, and graph files that are missing o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import platform
@@ -137,17 +138,18 @@ class Manifest:
     def target_hash(self) -> str:
         return self.target["hash"]
 
-    @property
+    @functools.cached_property
     def export_family(self):
-        """The family's graph hooks (export/families.py): specs, dims, inputs, references."""
+        """The family's graph hooks (export/families.py): specs, dims, inputs, references; looked up
+        once per Manifest (a cached property: the manifest is immutable)."""
         from .families import export_family
 
         return export_family(self.family)
 
-    @property
+    @functools.cached_property
     def target_config(self):
         """The target's configuration (the family reads it: from the manifest's record, or from the
-        checkpoint's config.json the bundle carries)."""
+        checkpoint's config.json the bundle carries); made once per Manifest."""
         return self.export_family.target_config(self)
 
     def spec(self, graph: Graph):

@@ -175,6 +175,7 @@ class Pipeline:
         classes = int(getattr(tc, "num_classes", 0) or 0) if isinstance(self.family.conditioning(tc), ClassLabels) else 0
         self._names = bundle_class_names(engines.class_names, classes)  # a 1000-class bundle: ImageNet's
         self._text = self._conds.encoder(text_encoder, tc)
+        self._free = None  # the family's whole-image layout, made on the first decode without a request
 
     # -- construction --------------------------------------------------------------------
 
@@ -456,16 +457,24 @@ class Pipeline:
         rows, req = self._conds.rows(cond, call.start, call.stop, lambda texts: self._request(texts, call.sampling))
         layout = getattr(req, "layout", None)
         check_artifacts(method, e.drafter, e.tables, e.gasv)
+        run_layout = layout if layout is not None else self._free_layout()
         hook = None
         if on_step is not None:
             def hook(tokens, done):
                 on_step(PartialDecode(self, call.start, tokens, done, layout, req))
         t0 = time.perf_counter()
         toks, s = run_method(method, e.target, e.drafter, e.tables, rows, sampling=call.sampling, spec=spec,
-                             seed=call.seed, seeds=call.seeds, gasv=e.gasv, layout=layout, on_step=hook)
+                             seed=call.seed, seeds=call.seeds, gasv=e.gasv, layout=run_layout, on_step=hook)
         stats = _row_stats(s, {"seconds": time.perf_counter() - t0, "verify": method.name}, call)
         toks = toks.cpu()
         return toks, stats, self.family.tokens_to_codes(e.target, toks, req) if req is not None else None
+
+    def _free_layout(self):
+        """The whole-image SequenceLayout of the pipeline's family (what every loop makes when given
+        none), made once: the loops get it instead of looking the family up per decode."""
+        if self._free is None:
+            self._free = self.family.free_layout(self._e.target)
+        return self._free
 
     def decode(self, tokens: torch.Tensor) -> list:
         """Token ids (B, N) (a prompted family: its code grids (B, h, w), GenerationResult.codes) ->

@@ -100,8 +100,8 @@ def _class_id(value, num_classes: int, names: Optional[Sequence[str]]):
 
 
 def parse_prompts(path, *, model_type: str = "c2i", num_classes: int = 1000,
-                  class_names: Optional[Sequence[str]] = None) -> list[Prompt]:
-    """Parse and validate a prompts file.
+                  class_names: Optional[Sequence[str]] = None, family=None) -> list[Prompt]:
+    """Parse and validate a prompts file (`family`: the model_type's family when the caller has it).
 
     Raises:
         InputError listing every malformed line as 'path:LINE: problem'.
@@ -110,7 +110,7 @@ def parse_prompts(path, *, model_type: str = "c2i", num_classes: int = 1000,
     if not p.is_file():
         raise InputError(f"prompts file not found: {p}")
     lines = p.read_text().splitlines()
-    kind = family_of(model_type).conditioning(model_type)
+    kind = (family if family is not None else family_of(model_type)).conditioning(model_type)
     classes = isinstance(kind, ClassLabels)
     jsonl = p.suffix in (".jsonl", ".json") or any(ln.lstrip().startswith("{") for ln in lines)
     if not jsonl and not classes:  # text conditions (captions, text prompts): one per line

@@ -28,7 +28,7 @@ def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gi
                              manifest=man, family=rc.family)
     cfg = pipe.config
     ps = parse_prompts(prompts, model_type=cfg.model_type, num_classes=getattr(cfg, "num_classes", 0),
-                       class_names=pipe.class_names)
+                       class_names=pipe.class_names, family=pipe.family)
     if rc.method is None:
         echo(f"verify auto: {pipe.resolve_verify(rc.verify)[2]}")
     res = pipe.generate(ps, seed=rc.seed, verify=rc.method or rc.verify, cfg_scale=s["cfg_scale"],
