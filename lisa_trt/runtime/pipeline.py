@@ -326,12 +326,15 @@ class Pipeline:
             return
         target = self._e.target
         n = target.prompt_len(self._request([text], SamplingConfig(cfg_scale=1.0)).cond)  # the bundle's size
-        if negative is not None:  # the negative text's row of the CFG prefill
-            n = max(n, target.prompt_len(target.null_cond(self._request([text], SamplingConfig(cfg_scale=2.0),
-                                                                         [negative]).cond)))
         if n > budget:
             raise InputError(f"the prompt is {n} tokens; this engine directory takes at most {budget} "
                              "(shorten it, or re-export with a larger --max-prompt)")
+        if negative is not None:  # the negative text's row of the CFG prefill
+            req = self._request([text], SamplingConfig(cfg_scale=2.0), [negative])
+            n = target.prompt_len(target.null_cond(req.cond))
+            if n > budget:
+                raise InputError(f"negative_prompt is {n} tokens; this engine directory takes at most {budget} "
+                                 "(shorten it, or re-export with a larger --max-prompt)")
 
     def _request(self, texts, sampling: SamplingConfig, negative=None):
         """A prompted family's Request for `texts` (the bundle's image size, or `generation["image_size"]`

@@ -5,7 +5,6 @@ holds equal to transformers'); families without a negative text refuse it naming
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
