@@ -11,7 +11,8 @@ from . import options as opt
 @click.command()
 @opt.model_options()
 @opt.vq_options("VQ checkpoint (or 'demo'); without it only tokens are written.")
-@opt.classes_option("c2i: comma-separated class ids (or names for the demo).")
+@opt.classes_option("c2i: comma-separated class ids or names (the model's, or ImageNet's for 1000 classes; "
+                    "any case, _ for a space).")
 @opt.captions_option("t2i: captions .txt (one per line, needs --encoder) or T5 features (.safetensors / .npy).")
 @opt.encoder_option()
 @opt.prompt_option

@@ -82,7 +82,9 @@ class VocabPromptFamily(ModelFamily):
     )
 
     def conditioning(self, cfg_or_type):
-        return TextPrompts()  # text prompts through the family's prompter (--prompt / captions files)
+        # text prompts through the family's prompter (--prompt / captions files); a negative text
+        # replaces the prompter's unconditional rows, as negative_prompt_ids replace them in generate
+        return TextPrompts(negative=True)
 
     def image_vocab(self, cfg) -> dict:
         """{token id: VQ code} of every image-code token of `cfg`'s vocabulary."""

@@ -3,7 +3,7 @@
     cond = family_of(cfg).conditioning(cfg)
     ClassLabels(num_classes)        # class ids (LlamaGen c2i)
     CaptionFeatures(slots, width)   # text-encoder caption features (LlamaGen t2i: FLAN-T5)
-    TextPrompts()                   # text encoded by the family's prompter (Chameleon, Janus)
+    TextPrompts(negative)           # text encoded by the family's prompter (Chameleon, Janus, Emu3)
 
 The generic layers read these objects (their fields and `random`), and the runtime picks the one
 per-kind adapter from them (runtime/conditions.py); nothing outside the families asks which
@@ -64,7 +64,11 @@ class CaptionFeatures(Conditioning):
 @dataclass(frozen=True)
 class TextPrompts(Conditioning):
     """Text prompts the family's `prompter` encodes into a Request (its own layout and VQ grid;
-    the family's `default_captions` when a command needs prompts and none are given)."""
+    the family's `default_captions` when a command needs prompts and none are given).
 
+    negative: the prompter's `encode(..., negative=TEXTS)` builds CFG's unconditional rows from
+    negative texts (one per prompt, encoded by the same prompter) instead of its own."""
+
+    negative: bool = False
     kind = "text"
     what_to_pass = "pass its prompts: the Request of the family's prompter (CLI: --prompt TEXT or a captions file)"

@@ -65,6 +65,24 @@ class Prompts:
         return Prompts(torch.cat([a, b]), torch.cat([av, bv]))
 
 
+def negative_texts(negative, n: int) -> Optional[list]:
+    """A negative prompt -> one entry per prompt (str, or None: the prompter's own unconditional
+    row), or None when no row has one.
+
+    negative: None, one text for all `n` prompts, or a sequence of n texts (None or blank: none
+    for that prompt). InputError for anything else."""
+    if negative is None:
+        return None
+    rows = [negative] * n if isinstance(negative, str) else negative
+    if not isinstance(rows, (list, tuple)) or not all(t is None or isinstance(t, str) for t in rows):
+        raise InputError(f"negative_prompt must be a text or a list of texts (one per prompt); got {negative!r}")
+    if len(rows) != n:
+        raise InputError(f"negative_prompt has {len(rows)} texts for {n} prompts; pass one text for all, "
+                         "or one per prompt")
+    rows = [t if t is not None and t.strip() else None for t in rows]
+    return rows if any(t is not None for t in rows) else None
+
+
 def with_mask(cond, attention_mask=None):
     """Prompt ids (B, T) and an attention mask -> the condition pair (ids, mask); `cond` as is
     without a mask. InputError when a pair that already carries its mask gets another."""

@@ -6,6 +6,7 @@ every command and the Pipeline, so none of them asks which kind it runs:
 
     conds = run_conditions(family, cfg)          # ClassConditions / CaptionConditions / PromptConditions
     cond, overrides, labels = conds.parse(prompts, cfg, class_names, encoder)   # Pipeline.generate
+    negative = conds.negatives(negative_prompt, n)   # one text or None per prompt; InputError where none
     cond, request = conds.given(rc, prompts=..., classes=..., captions=..., encoder_dir=...)  # generate
     conds.rollouts(rc, n, ...), conds.images(rc, n, ...), conds.sub_vocab(rc)   # calibrate, bench, export
 
@@ -34,13 +35,28 @@ class RunConditions:
 
         precheck_captions(captions, encoder_dir)
 
+    def no_negative(self):
+        """Why this kind takes no negative prompt (an InputError's message), or None when it does."""
+        return (f"negative_prompt is not supported by the {self.family.name} family (its prompter builds the "
+                "unconditional rows of classifier-free guidance itself and takes no negative text); leave it out")
+
+    def negatives(self, negative, n: int):
+        """A request's negative prompt -> one text or None per prompt (models/prompts.negative_texts),
+        None when none is set; InputError (no_negative) when this kind takes none."""
+        from ..models.prompts import negative_texts
+
+        rows = negative_texts(negative, n)
+        if rows is not None and self.no_negative() is not None:
+            raise InputError(self.no_negative())
+        return rows
+
     def encoder(self, text_encoder, tcfg):
         """The Pipeline's text encoder, checked against the target (None: the kind needs none)."""
         return None
 
     def rows(self, cond, a: int, b: int, encode) -> tuple:
         """Rows a:b of a parsed condition -> (the target's condition rows, the Request or None);
-        `encode(texts)` is the pipeline's prompter call."""
+        `encode(texts)` is the pipeline's prompter call (with rows a:b's negative texts)."""
         from ..text.prompts import cond_rows
 
         return cond_rows(cond, a, b), None
@@ -56,6 +72,10 @@ class RunConditions:
 
 class ClassConditions(RunConditions):
     """Class ids (or names from the bundle's label list)."""
+
+    def no_negative(self):
+        return (f"negative_prompt is not supported by the {self.family.name} family (class-conditional: "
+                "classifier-free guidance runs against the null class, there is no text to negate); leave it out")
 
     def parse(self, prompts, tcfg, class_names, encoder) -> tuple:
         from .prompts import _class_id
@@ -92,6 +112,11 @@ class ClassConditions(RunConditions):
 class CaptionConditions(RunConditions):
     """Caption features of a text encoder: captions encoded with it, or feature files."""
 
+    def no_negative(self):
+        return (f"negative_prompt is not supported by {self.family.name} caption bundles (classifier-free "
+                "guidance runs against the target's learned null caption, not a caption's T5 features); "
+                "leave it out")
+
     def encoder(self, text_encoder, tcfg):
         from ..text.prompts import make_encoder
 
@@ -122,6 +147,10 @@ class CaptionConditions(RunConditions):
 
 class PromptConditions(RunConditions):
     """Text prompts the family's prompter encodes into Requests (their layout, sub-vocabulary, grid)."""
+
+    def no_negative(self):
+        """None when the family's prompter takes negative texts (TextPrompts.negative)."""
+        return None if self.kind.negative else super().no_negative()
 
     def precheck(self, prompts, captions, encoder_dir) -> None:
         """An empty prompt list (given, but empty) is refused; texts need no encoder here."""

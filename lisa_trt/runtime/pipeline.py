@@ -322,30 +322,40 @@ class Pipeline:
         man = self._e.manifest
         return Path(man.dir) if man is not None and getattr(man, "dir", None) else None
 
-    def check_prompt(self, text: str) -> None:
-        """InputError naming the fix when a prompted family's text prompt does not fit the engine
-        directory's prompt budget (its ExportFamily.prefill_max_seq: `lisa-trt export --max-prompt`);
-        serve checks each row with it, so one long prompt does not fail its batch-mates."""
+    def check_prompt(self, text: str, negative: Optional[str] = None) -> None:
+        """InputError naming the fix when a prompted family's text prompt (or its negative text, CFG's
+        row) does not fit the engine directory's prompt budget (its ExportFamily.prefill_max_seq:
+        `lisa-trt export --max-prompt`); serve checks each row with it, so one long prompt does not
+        fail its batch-mates."""
         man = self._e.manifest
         xf = getattr(man, "export_family", None) if man is not None else None
         budget = xf.prefill_max_seq(getattr(man, "layout", None)) if xf is not None else None
         if budget is None:  # no prompt budget (class ids, caption features)
             return
-        n = self._e.target.prompt_len(self._request([text], SamplingConfig(cfg_scale=1.0)).cond)  # the bundle's size
+        target = self._e.target
+        n = target.prompt_len(self._request([text], SamplingConfig(cfg_scale=1.0)).cond)  # the bundle's size
         if n > budget:
             raise InputError(f"the prompt is {n} tokens; this engine directory takes at most {budget} "
                              "(shorten it, or re-export with a larger --max-prompt)")
+        if negative is not None:  # the negative text's row of the CFG prefill
+            req = self._request([text], SamplingConfig(cfg_scale=2.0), [negative])
+            n = target.prompt_len(target.null_cond(req.cond))
+            if n > budget:
+                raise InputError(f"negative_prompt is {n} tokens; this engine directory takes at most {budget} "
+                                 "(shorten it, or re-export with a larger --max-prompt)")
 
-    def _request(self, texts, sampling: SamplingConfig):
+    def _request(self, texts, sampling: SamplingConfig, negative=None):
         """A prompted family's Request for `texts` (the bundle's image size, or `generation["image_size"]`
-        of in-memory models, else the family's; CFG rows when guided)."""
+        of in-memory models, else the family's; CFG rows when guided, from `negative`'s texts where
+        a row has one)."""
         from ..speculative.sampling import cfg_active
 
         man = self._e.manifest
         size = (getattr(man, "layout", None) or {}).get("image_size") if man is not None else None
         size = self._e.generation.get("image_size") if size is None else size  # from_models(generation=...)
+        neg = {} if negative is None or all(t is None for t in negative) else {"negative": list(negative)}
         return self.family.prompter(self._e.target, self._source()).encode(
-            list(texts), image_size=size, cfg=cfg_active(sampling.cfg_scale))
+            list(texts), image_size=size, cfg=cfg_active(sampling.cfg_scale), **neg)
 
     def spec(self, verify, **over) -> SpecConfig:
         """The bundle's tree budget for this backend, with `over` (flat SpecConfig names) applied;
@@ -359,7 +369,8 @@ class Pipeline:
                  cfg_scale: Optional[float] = None, temperature: Optional[float] = None,
                  top_k: Optional[int] = None, top_p: Optional[float] = None, greedy: bool = False,
                  batch: bool = False, row_seeds: bool = True, decode: bool = True, progress: bool = False,
-                 sampling: Optional[SamplingConfig] = None, on_step=None, **tree) -> GenerationResult:
+                 sampling: Optional[SamplingConfig] = None, on_step=None, negative_prompt=None,
+                 **tree) -> GenerationResult:
         """Generate one image per prompt.
 
         Args:
@@ -385,6 +396,11 @@ class Pipeline:
             on_step: optional `on_step(PartialDecode)` after every decode step (run_method's per-step
                 hook): the rows of one decode call, their committed tokens so far and `images()`,
                 the images of those tokens (serving's progressive images).
+            negative_prompt: a text for every prompt, or one text (None: none) per prompt: CFG's
+                unconditional rows are that text encoded by the family's prompter instead of its own
+                (families whose conditioning is TextPrompts(negative=True): Emu3, Chameleon /
+                Lumina-mGPT); it acts only under CFG (cfg_scale > 1). Other families: InputError
+                naming why (class-conditional CFG runs against the null class).
             tree: top_k / depth / total_tokens overrides of the tree budget (e.g. depth=3), and
                 every registered method's knob by its flat name (speculative/methods.py FLAT_FIELDS):
                 gasv_kappa, gasv_lambda, gasv_delta, gasv_neighbours, gasv_scope (None: the tables'
@@ -399,6 +415,9 @@ class Pipeline:
         check_sampling(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                        vocab_size=self.config.vocab_size)
         cond, overrides, labels = self._cond(prompts)
+        negative = self._conds.negatives(negative_prompt, len(overrides))  # one text or None per prompt
+        if negative is not None:
+            labels = [{**lab, **({} if t is None else {"negative_prompt": t})} for lab, t in zip(labels, negative)]
         spec = self._call_spec(method, auto_tree, tree)
 
         def sampling_of(cfg):  # a prompt's (or the batch's) CFG scale over the call's settings
@@ -408,7 +427,7 @@ class Pipeline:
         calls = _calls(method, overrides, seed, sampling_of, batch=batch, row_seeds=row_seeds)
         with self._lock:
             tokens, codes, stats = self._run_calls(method, cond, spec, calls, progress=progress and not batch,
-                                                   on_step=on_step)
+                                                   on_step=on_step, negative=negative)
             images = self.decode(tokens if codes is None else codes) if decode else []
         stats = [{**st, **labels[i], "verify_reason": why} for i, st in enumerate(stats)]
         return GenerationResult(images=images, tokens=tokens, stats=stats, codes=codes)
@@ -430,7 +449,8 @@ class Pipeline:
                     given[k] = v
         return self.spec(method, **given)
 
-    def _run_calls(self, method: Method, cond, spec, calls: list, *, progress: bool, on_step=None) -> tuple:
+    def _run_calls(self, method: Method, cond, spec, calls: list, *, progress: bool, on_step=None,
+                   negative=None) -> tuple:
         """Every decode call of a request, in row order -> (tokens (B, N), a prompted family's code
         grids (B, h, w) or None, one stats dict per row)."""
         from ..progress import progress_bar
@@ -438,7 +458,7 @@ class Pipeline:
         outs, codes, stats = [], [], []
         bar = progress_bar(calls[-1].stop, progress, unit="image")
         for call in calls:
-            toks, st, code = self._run(method, cond, spec, call, on_step)
+            toks, st, code = self._run(method, cond, spec, call, on_step, negative)
             outs.append(toks)
             if code is not None:
                 codes.append(code)
@@ -447,14 +467,15 @@ class Pipeline:
         bar.close()
         return torch.cat(outs), torch.cat(codes) if codes else None, stats
 
-    def _run(self, method: Method, cond, spec, call: _Call, on_step=None) -> tuple:
+    def _run(self, method: Method, cond, spec, call: _Call, on_step=None, negative=None) -> tuple:
         """Rows call.start:call.stop of `cond` decoded in one call -> (tokens, one stats dict per row,
         a prompted family's code grids or None); a prompted family's rows are encoded as a request
-        of their own (their own left padding)."""
+        of their own (their own left padding, their negative texts)."""
         from ..speculative.run import check_artifacts, run_method
 
         e = self._e
-        rows, req = self._conds.rows(cond, call.start, call.stop, lambda texts: self._request(texts, call.sampling))
+        neg = None if negative is None else negative[call.start:call.stop]
+        rows, req = self._conds.rows(cond, call.start, call.stop, lambda texts: self._request(texts, call.sampling, neg))
         layout = getattr(req, "layout", None)
         check_artifacts(method, e.drafter, e.tables, e.gasv)
         run_layout = layout if layout is not None else self._free_layout()

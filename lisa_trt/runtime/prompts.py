@@ -18,7 +18,7 @@ from ..errors import InputError
 from ..models.conditioning import CaptionFeatures, ClassLabels
 from ..models.family import family_of
 from ..validation import sampling_problems
-from .class_names import match_class_name
+from .class_names import bundle_class_names, match_class_name
 
 _KEYS = {"class", "caption", "caption_features", "seed", "cfg"}
 
@@ -64,19 +64,16 @@ class _Classes:
 
 
 def parse_classes(text: str, num_classes: int, names=None) -> list[int]:
-    """'1,2,golden_retriever' -> ids; unknown ids/names are errors listing what is allowed."""
+    """'1,2,Golden_Retriever' -> ids: each an id, or a class name matched as every prompt's is
+    (`_Classes`: runtime/class_names.match_class_name, case- and "_"-insensitive; a 1000-class model
+    without names of its own answers to ImageNet's). InputError naming the bad entry and what is allowed."""
+    classes = _Classes(num_classes, bundle_class_names(names, num_classes))
     ids = []
     for tok in [t.strip() for t in text.split(",") if t.strip()]:
-        if tok.lstrip("-").isdigit():
-            i = int(tok)
-        elif names and tok in names:
-            i = names.index(tok)
-        else:
-            allowed = f"0..{num_classes - 1}" + (f" or one of {', '.join(names)}" if names else "")
-            raise InputError(f"unknown class {tok!r}; use ids {allowed}")
-        if not 0 <= i < num_classes:
-            raise InputError(f"unknown class id {i}; valid ids are 0..{num_classes - 1}")
-        ids.append(i)
+        try:
+            ids.append(classes.parse(tok))
+        except _LineError as e:
+            raise InputError(f"--classes: {e}") from None
     if not ids:
         raise InputError("no classes given; pass e.g. --classes 0,1,2")
     return ids

@@ -5,7 +5,9 @@ backend (`lisa-trt triton-repo`) share it, and tests can drive it without a serv
 
 Every request carries its rows with a leading batch dimension (usually 1 row). Inputs, all
 (n, 1): `prompt` (BYTES: class id or class name; text for prompted families; a caption for
-T5-caption engines when the pipeline has a text encoder), `seed` (INT64) and the optional knobs
+T5-caption engines when the pipeline has a text encoder), `seed` (INT64), `negative_prompt` (BYTES:
+the text of CFG's unconditional rows for families whose prompter takes one, Pipeline.generate's
+`negative_prompt`; empty: none) and the optional knobs
 `verify` (BYTES), `cfg_scale`, `temperature`, `top_p` (FP32), `top_k` (INT32) and every
 registered method's own knob by its setting name (METHOD_KNOBS: `lantern_delta`, `gasv_kappa`,
 `gasv_lambda`, `gsd_group`, `sjd_pac_tree_width`, `zipar_window`, ...; FP32 / INT32 / BYTES by
@@ -42,12 +44,15 @@ MODEL_NAME = "lisa"  # the served model's name (Triton repository, endpoints)
 _KINDS = {float: (np.float32, "float"), int: (np.int32, "int"), str: (np.bytes_, "str")}
 SAMPLING_KNOBS = ("verify", "cfg_scale", "temperature", "top_k", "top_p")
 # name -> (numpy dtype, kind) of the fixed inputs; "str" inputs are BYTES
-BASE_INPUTS = {"prompt": (np.bytes_, "str"), "seed": (np.int64, "int"), "verify": (np.bytes_, "str"),
+BASE_INPUTS = {"prompt": (np.bytes_, "str"), "seed": (np.int64, "int"), "negative_prompt": (np.bytes_, "str"),
+               "verify": (np.bytes_, "str"),
                "cfg_scale": (np.float32, "float"), "temperature": (np.float32, "float"), "top_k": (np.int32, "int"),
                "top_p": (np.float32, "float")}
 REQUIRED = ("prompt",)
-OUTPUTS = {"image": np.uint8, "mal": np.float32, "tvd": np.float32, "seconds": np.float32, "batch": np.int32,
-           "forwards": np.int32, "error": np.bytes_}
+# name -> (numpy dtype, per-row dims) of every output (repo.py's config.pbtxt declares these)
+OUTPUTS = {"image": (np.uint8, (-1, -1, 3)), "mal": (np.float32, (1,)), "tvd": (np.float32, (1,)),
+           "seconds": (np.float32, (1,)), "batch": (np.int32, (1,)), "forwards": (np.int32, (1,)),
+           "error": (np.bytes_, (1,))}
 _RANGES = {"lantern_delta": (0.0, 1.0), "gasv_kappa": (0.0, 1e6), "gasv_lambda": (0.0, 1e6)}  # serving's own checks
 
 
@@ -108,6 +113,7 @@ class _Row:
     knobs: tuple  # (verify: Method or "auto", cfg_scale, temperature, top_k, top_p, *METHOD_KNOBS values):
     #               rows with equal knobs decode together
     caption: Optional[str] = None  # prompted families (text prompts)
+    negative: Optional[str] = None  # the text of CFG's unconditional rows (families whose prompter takes one)
 
 
 def _range(name, v, lo, hi, lo_open=False):
@@ -216,14 +222,17 @@ class ServeModel:
                 raise InputError(f"{', '.join(sorted(given))}: {e}") from e
         return (requested or AUTO, float(cfg), float(temp), top_k, float(top_p), *method_values)
 
-    def _condition(self, value) -> tuple:
+    def _condition(self, value, negative=None) -> tuple:
         """A row's prompt -> (class id, None) for class-conditioned engines, else (None, its text):
         a prompted family's text prompt (its prompter) or a T5-caption engine's caption (the
-        pipeline's T5 encoder, $LISA_TRT_TEXT_ENCODER where the server runs)."""
+        pipeline's T5 encoder, $LISA_TRT_TEXT_ENCODER where the server runs). `negative`: the
+        row's negative prompt, refused (naming why) where the family takes none."""
+        from ..runtime.conditions import run_conditions
         from ..runtime.prompts import _class_id
 
         cfg = self.pipe.config
         kind = self.pipe.family.conditioning(cfg)
+        run_conditions(self.pipe.family, cfg).negatives(negative, 1)
         if isinstance(kind, ClassLabels):
             cid, err = _class_id(value, cfg.num_classes, self.pipe.class_names)
             if err:
@@ -236,7 +245,8 @@ class ServeModel:
         caption = str(value).strip()
         if not caption:
             raise InputError("input 'prompt' must be non-empty text for this engine")
-        self.pipe.check_prompt(caption)  # the bundle's prompt budget, per row (text prompts only have one)
+        # the bundle's prompt budget, per row (text prompts only have one)
+        self.pipe.check_prompt(caption, negative)
         return None, caption
 
     def parse(self, requests: Sequence[Mapping]) -> tuple[list, dict, list]:
@@ -260,11 +270,13 @@ class ServeModel:
                 cols = {name: self._column(req, name, n) for name in names}
                 mine = []
                 for i in range(n):
-                    cid, caption = self._condition(cols["prompt"][i])
+                    neg = cols["negative_prompt"][i]
+                    neg = neg.strip() if neg is not None and neg.strip() else None  # empty: none
+                    cid, caption = self._condition(cols["prompt"][i], neg)
                     seed = cols["seed"][i]
                     knob_names = SAMPLING_KNOBS + tuple(k for k in names if k not in BASE_INPUTS)
                     knobs = self._knobs(*(cols[k][i] for k in knob_names))
-                    mine.append(_Row(r, i, cid, 0 if seed is None else seed, knobs, caption))
+                    mine.append(_Row(r, i, cid, 0 if seed is None else seed, knobs, caption, neg))
                 rows.extend(mine)
             except LisaError as e:  # any malformed input is this request's error only
                 errors[r] = RequestFailure(" ".join(str(e).split()))
@@ -286,7 +298,9 @@ class ServeModel:
                                     top_p=top_p)  # ranges checked by _knobs (serving's own)
         spec = {k: v for k, v in zip(method_knobs(), method_values) if v is not None}
         prompts = [Prompt(i, class_id=r.class_id, caption=r.caption, seed=r.seed, cfg=cfg) for i, r in enumerate(rows)]
-        res = self.pipe.generate(prompts, verify=verify, sampling=sampling, batch=True, on_step=on_step, **spec)
+        negative = [r.negative for r in rows] if any(r.negative is not None for r in rows) else None
+        res = self.pipe.generate(prompts, verify=verify, sampling=sampling, batch=True, on_step=on_step,
+                                 negative_prompt=negative, **spec)
         return [(np.asarray(img, dtype=np.uint8), st) for img, st in zip(res.images, res.stats)]
 
     def infer(self, requests: Sequence[Mapping]) -> list[dict]:
@@ -349,9 +363,8 @@ class ServeModel:
                for i in range(n)]
         shapes = [g[0].shape for g in got if not isinstance(g, str)]
         h, w = shapes[0][:2] if shapes else (0, 0)
-        img = np.zeros((n, h, w, 3), dtype=np.uint8)
-        mal, tvd, sec = (np.zeros((n, 1), np.float32) for _ in range(3))
-        bat, fwd = np.zeros((n, 1), np.int32), np.zeros((n, 1), np.int32)
+        img = np.zeros((n, h, w, 3), dtype=OUTPUTS["image"][0])
+        mal, tvd, sec, bat, fwd = (np.zeros((n, 1), OUTPUTS[k][0]) for k in ("mal", "tvd", "seconds", "batch", "forwards"))
         err = np.array([[b""] for _ in range(n)], dtype=object)
         for i, g in enumerate(got):
             if isinstance(g, str):

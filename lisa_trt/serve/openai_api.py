@@ -50,7 +50,8 @@ def triton_error(message: str, status, names) -> APIError:
     anything else 500 (the served model's message carries a request id, never a traceback)."""
     code = int(status) if str(status).isdigit() else 503
     if code == 400:
-        return APIError(400, message, error_param(message, tuple(names) + ("prompt", "seed")), "invalid_value")
+        return APIError(400, message, error_param(message, tuple(names) + ("prompt", "seed", "negative_prompt")),
+                        "invalid_value")
     if code in (404, 503) or "not ready" in message or "unavailable" in message.lower():
         return APIError(503, f"model '{MODEL_NAME}' is not ready ({message}); retry later", None,
                         "service_unavailable")
@@ -87,7 +88,7 @@ class TritonImages:
 
         from .client import make_rows_inputs, parse_rows, server_message
 
-        inputs = make_rows_inputs(http, [call.prompt] * call.n, list(call.seeds), **call.knobs)
+        inputs = make_rows_inputs(http, [call.prompt] * call.n, list(call.seeds), **call.inputs)
         try:
             res = await self._http().infer(MODEL_NAME, inputs)
         except InferenceServerException as e:

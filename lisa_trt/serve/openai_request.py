@@ -64,6 +64,7 @@ class ModelInfo:
     token_rows: Optional[int] = None  # rows of the token grid the image is decoded from
     tokens_per_image: Optional[int] = None  # tokens the target generates per image
     prompt_tokens: Optional[int] = None  # condition tokens of a class-conditioned prompt
+    no_negative: Optional[str] = None  # why the family takes no negative_prompt (None: it does)
     created: int = 0
 
     @property
@@ -75,6 +76,7 @@ class ModelInfo:
         """The bundle's manifest -> ModelInfo (no engine is opened)."""
         from ..export.manifest import read_manifest
         from ..models.family import family_of
+        from ..runtime.conditions import run_conditions
 
         m = read_manifest(Path(engine_dir))
         tc, dims = m.target_config, m.dims or {}
@@ -88,7 +90,7 @@ class ModelInfo:
         return cls(id=model_id, family=fam.name, width=w, height=h, max_batch=int(max_batch),
                    class_names=tuple(names or ()), num_classes=num_classes, prompt=kind,
                    token_rows=rows, tokens_per_image=int(dims["block"]) if rows else None,
-                   prompt_tokens=cls_tokens, created=_created(m))
+                   prompt_tokens=cls_tokens, no_negative=run_conditions(fam, tc).no_negative(), created=_created(m))
 
     def card(self) -> dict:
         """The model's entry in GET /v1/models."""
@@ -124,6 +126,7 @@ class ImagesCall:
     prompt: str
     seeds: tuple
     knobs: dict  # Triton input name -> value (one value for every row)
+    negative_prompt: Optional[str] = None  # CFG's unconditional text (families whose prompter takes one)
     stream: bool = False
     partial_images: int = 0
     quality: str = "auto"
@@ -132,6 +135,13 @@ class ImagesCall:
     @property
     def n(self) -> int:
         return len(self.seeds)
+
+    @property
+    def inputs(self) -> dict:
+        """Triton input name -> value of every row besides prompt and seed: the knobs, and the
+        negative prompt when one is set."""
+        neg = {} if self.negative_prompt is None else {"negative_prompt": self.negative_prompt}
+        return {**neg, **self.knobs}
 
 
 def _typed(name: str, v, kind: str):
@@ -182,13 +192,22 @@ def _check_output(body: dict, info: ModelInfo) -> None:
         raise bad(f"response_format {fmt!r} is not supported; use 'b64_json'", "response_format")
     if body.get("output_format") not in (None, "png"):
         raise bad(f"output_format {body['output_format']!r} is not supported; use 'png'", "output_format")
+
+
+def _negative(body: dict, info: ModelInfo) -> Optional[str]:
+    """The request's negative prompt (None: none, or empty), refused where the family takes none."""
     neg = body.get("negative_prompt")
-    if neg not in (None, ""):
-        why = ("class-conditional: classifier-free guidance runs against the null class, there is no text to "
-               "negate" if info.prompt == "class" else "its prompter builds the unconditional rows of "
-               "classifier-free guidance itself and takes no negative prompt")
-        raise bad(f"negative_prompt is not supported by the {info.family} family ({why}); leave it out",
-                  "negative_prompt", "unsupported_parameter")
+    if neg is None:
+        return None
+    neg = _typed("negative_prompt", neg, "str").strip()
+    if not neg:
+        return None
+    if info.no_negative is not None:
+        raise bad(info.no_negative, "negative_prompt", "unsupported_parameter")
+    if len(neg) > MAX_PROMPT_CHARS:
+        raise bad(f"'negative_prompt' is {len(neg)} characters; the maximum is {MAX_PROMPT_CHARS}",
+                  "negative_prompt", "string_above_max_length")
+    return neg
 
 
 def _count(body: dict, info: ModelInfo) -> int:
@@ -247,10 +266,12 @@ def parse_images_request(body, info: ModelInfo, knob_kinds: dict) -> ImagesCall:
     _check_model(body, info)
     prompt = _prompt(body, info)
     _check_output(body, info)
+    negative = _negative(body, info)
     n = _count(body, info)
     stream, k = _streaming(body)
     quality, background = body.get("quality"), body.get("background")
-    return ImagesCall(prompt=prompt, seeds=_seeds(body, n), knobs=_knobs(body, knob_kinds), stream=stream,
+    return ImagesCall(prompt=prompt, seeds=_seeds(body, n), knobs=_knobs(body, knob_kinds), negative_prompt=negative,
+                      stream=stream,
                       partial_images=k, quality=quality if isinstance(quality, str) else "auto",
                       background=background if isinstance(background, str) else "auto")
 
@@ -259,7 +280,7 @@ def knob_kinds() -> dict:
     """The served model's decoding settings: Triton input name -> kind (serve/model.py INPUTS)."""
     from .model import inputs
 
-    return {k: kind for k, (_, kind) in inputs().items() if k not in ("prompt", "seed")}
+    return {k: kind for k, (_, kind) in inputs().items() if k not in ("prompt", "seed", "negative_prompt")}
 
 
 def error_param(message: str, names) -> Optional[str]:

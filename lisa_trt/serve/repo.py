@@ -27,13 +27,17 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import InputError
-from .model import INPUTS, MODEL_NAME, REQUIRED
+from .model import INPUTS, MODEL_NAME, OUTPUTS, REQUIRED
 
 _TRITON_TYPES = {"str": "TYPE_STRING", "int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32",
                  "uint8": "TYPE_UINT8"}
-_OUTPUTS = (("image", "TYPE_UINT8", "-1, -1, 3"), ("mal", "TYPE_FP32", "1"), ("tvd", "TYPE_FP32", "1"),
-            ("seconds", "TYPE_FP32", "1"), ("batch", "TYPE_INT32", "1"), ("forwards", "TYPE_INT32", "1"),
-            ("error", "TYPE_STRING", "1"))  # serve/model.py OUTPUTS, in Triton's types
+
+
+def triton_type(dtype, kind: Optional[str] = None) -> str:
+    """A numpy dtype of serve/model.py's INPUTS / OUTPUTS (kind "str" or a bytes dtype: BYTES) -> Triton's."""
+    import numpy as np
+
+    return _TRITON_TYPES["str" if kind == "str" or np.dtype(dtype).kind == "S" else np.dtype(dtype).name]
 
 MODEL_PY = '''"""Triton Python-backend model written by `lisa-trt triton-repo`: lisa-trt Pipeline + ServeModel."""
 
@@ -127,15 +131,11 @@ def config_pbtxt(*, engine_dir: str, backend: str, max_batch: int, max_queue_del
         warmup: Triton sends one request (class 0) to every instance before reporting it ready.
         sjd_window: the Jacobi window of requests that do not send one (Pipeline.from_dir; None: 16).
     """
-    def typ(dt, k):
-        import numpy as np
-
-        return _TRITON_TYPES["str" if k == "str" else np.dtype(dt).name]
-
     ins = ",\n".join(
-        f'  {{ name: "{n}" data_type: {typ(dt, k)} dims: [ 1 ]{"" if n in REQUIRED else " optional: true"} }}'
+        f'  {{ name: "{n}" data_type: {triton_type(dt, k)} dims: [ 1 ]{"" if n in REQUIRED else " optional: true"} }}'
         for n, (dt, k) in INPUTS.items())
-    outs = ",\n".join(f'  {{ name: "{n}" data_type: {t} dims: [ {d} ] }}' for n, t, d in _OUTPUTS)
+    outs = ",\n".join(f'  {{ name: "{n}" data_type: {triton_type(dt)} dims: [ {", ".join(map(str, dims))} ] }}'
+                       for n, (dt, dims) in OUTPUTS.items())
     return (f'name: "{MODEL_NAME}"\nbackend: "python"\nmax_batch_size: {max_batch}\n'
             f"input [\n{ins}\n]\noutput [\n{outs}\n]\n"
             f"dynamic_batching {{ max_queue_delay_microseconds: {int(round(max_queue_delay_ms * 1000))} }}\n"

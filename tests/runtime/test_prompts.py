@@ -39,3 +39,26 @@ def test_t2i_lines(tmp_path):
     with pytest.raises(LisaError, match="no prompts"):
         (tmp_path / "e.txt").write_text("\n# only comments\n")
         parse_prompts(tmp_path / "e.txt")
+
+
+def test_cli_classes_take_names_as_serve_matches_them():
+    """`--classes` (parse_classes) and a served prompt (_class_id) are one matcher: ids, names in any
+    case with "_" for " ", ImageNet's names for a 1000-class model without its own; ambiguous and
+    unknown names refused naming the fix."""
+    from lisa_trt.errors import InputError
+    from lisa_trt.runtime.class_names import imagenet_class_names
+    from lisa_trt.runtime.prompts import _class_id, parse_classes
+
+    names = ["coffee mug", "red fox", "Tabby"]
+    assert parse_classes("2, Coffee_Mug,RED FOX,tabby", 3, names) == [2, 0, 1, 2]
+    for tok in ("Coffee_Mug", "RED FOX", "tabby", "1"):
+        assert parse_classes(tok, 3, names) == [_class_id(tok, 3, names)[0]]
+    assert parse_classes("golden_retriever,Tench", 1000) == [imagenet_class_names().index("golden retriever"), 0]
+    with pytest.raises(InputError, match="--classes: class name 'crane' is ambiguous: classes 134, 517"):
+        parse_classes("crane", 1000)
+    with pytest.raises(InputError, match=r"--classes: unknown class 'zebra' \(use ids 0..2 or names coffee mug"):
+        parse_classes("0,zebra", 3, names)
+    with pytest.raises(InputError, match=r"unknown class id 7 \(valid 0..2\)"):
+        parse_classes("7", 3, names)
+    with pytest.raises(InputError, match="no classes given"):
+        parse_classes(" , ", 3, names)

@@ -35,6 +35,11 @@ def test_rows_batched_and_equal_to_pipeline(model, pipe):
     got = [r0["image"][0], r1["image"][0], r1["image"][1]]
     assert all(np.array_equal(np.asarray(a), b) for a, b in zip(ref.images, got))
     assert (r0["error"] == b"").all() and r0["mal"][0, 0] >= 1.0 and r0["seconds"][0, 0] > 0
+    assert set(r1) == set(OUTPUTS)
+    for k, (dt, dims) in OUTPUTS.items():  # every answer as OUTPUTS (what config.pbtxt declares) has it
+        assert r1[k].dtype == (object if dt is np.bytes_ else np.dtype(dt)), k
+        assert r1[k].shape[0] == 2 and len(r1[k].shape) == 1 + len(dims), k
+        assert all(d in (-1, n) for d, n in zip(dims, r1[k].shape[1:])), k
 
 
 @pytest.mark.parametrize("bad, msg", [
@@ -51,6 +56,8 @@ def test_rows_batched_and_equal_to_pipeline(model, pipe):
     ({"prompt": _b("1"), "lantern_delta": np.array([[-1]], np.float32)}, "lantern_delta"),
     ({"seed": np.array([[1]])}, "missing input 'prompt'"),
     ({"prompt": _b("1"), "colour": _b("red")}, "unknown input"),
+    ({"prompt": _b("1"), "negative_prompt": _b("blurry")}, "class-conditional: classifier-free guidance runs "
+                                                           "against the null class"),
 ])
 def test_bad_request_gets_its_error_and_batch_mates_are_served(model, bad, msg):
     out = model.infer_each([bad, {"prompt": _b("2"), "seed": np.array([[3]])}])
@@ -108,6 +115,12 @@ def test_triton_repo_config_parses_and_model_runs(pipe, tmp_path, monkeypatch):
     assert [i.name for i in cfg.input][:2] == ["prompt", "seed"] and not cfg.input[0].optional and cfg.input[1].optional
     assert {o.name for o in cfg.output} == {"image", "mal", "tvd", "seconds", "batch", "forwards", "error"}
     assert {o.name for o in cfg.output} == set(OUTPUTS)  # the config declares what the model answers
+    types_ = {np.uint8: "TYPE_UINT8", np.float32: "TYPE_FP32", np.int32: "TYPE_INT32", np.bytes_: "TYPE_STRING"}
+    for o in cfg.output:  # each output's type and per-row dims as serve/model.py OUTPUTS has them
+        dt, dims = OUTPUTS[o.name]
+        assert model_config_pb2.DataType.Name(o.data_type) == types_[dt] and tuple(o.dims) == dims, o.name
+    neg = next(i for i in cfg.input if i.name == "negative_prompt")
+    assert neg.optional and model_config_pb2.DataType.Name(neg.data_type) == "TYPE_STRING"
     assert cfg.instance_group[0].count == 2 and cfg.parameters["engine_dir"].string_value == "engines"
     assert cfg.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
     assert cfg.parameters["threads"].string_value == "3" and "sjd_window" not in cfg.parameters

@@ -57,7 +57,7 @@ class LocalModel:
     @staticmethod
     def _request(call) -> dict:
         cols = {"prompt": [call.prompt] * call.n, "seed": list(call.seeds), **{k: [v] * call.n
-                                                                            for k, v in call.knobs.items()}}
+                                                                            for k, v in call.inputs.items()}}
         req = {}
         for name, col in cols.items():
             dt, kind = inputs()[name]

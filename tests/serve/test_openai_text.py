@@ -93,3 +93,26 @@ def test_text_prompt_errors_reach_the_client(served):
     with pytest.raises(openai.BadRequestError) as e:
         client.images.generate(prompt=" ".join(["tok70"] * 40))
     assert "--max-prompt" in e.value.body["message"] and e.value.body["param"] == "prompt", e.value.body
+
+
+def test_negative_prompt_is_the_cfg_rows_text_equal_to_the_pipeline(served):
+    """`negative_prompt` (an extra body field of the openai client) reaches the family's prompter as
+    the text of CFG's unconditional rows: the PNG is Pipeline.generate(negative_prompt=...)'s image
+    for the same seed, and not the image without it; one too long for the bundle is a 400 naming it."""
+    from lisa_trt.runtime.prompts import Prompt
+
+    pipe, _, client = served
+    extra = {"seed": 5, "verify": "vanilla", "cfg_scale": 3.0}
+    neg = "tok71 tok72"
+    r = client.images.generate(prompt=CAPTION, extra_body={**extra, "negative_prompt": neg})
+    ref = pipe.generate([Prompt(0, caption=CAPTION, seed=5)], verify="vanilla", cfg_scale=3.0, batch=True,
+                        negative_prompt=neg)
+    got = _png(r.data[0].b64_json)
+    assert np.array_equal(got, np.asarray(ref.images[0]))
+    plain = client.images.generate(prompt=CAPTION, extra_body=extra)
+    assert not np.array_equal(got, _png(plain.data[0].b64_json))  # the negative text changed CFG's rows
+    blank = client.images.generate(prompt=CAPTION, extra_body={**extra, "negative_prompt": "  "})
+    assert np.array_equal(_png(blank.data[0].b64_json), _png(plain.data[0].b64_json))  # blank: none
+    with pytest.raises(openai.BadRequestError) as e:
+        client.images.generate(prompt=CAPTION, extra_body={**extra, "negative_prompt": " ".join(["tok70"] * 40)})
+    assert "--max-prompt" in e.value.body["message"] and e.value.body["param"] == "negative_prompt", e.value.body

@@ -96,11 +96,14 @@ class _LuminaPrompter:
             raise InputError("text prompts need the checkpoint directory (its tokenizer.json): pass it as source")
         self.target, self.tok = target, LuminaTokenizer(source)
 
-    def encode(self, prompts, *, image_size=None, cfg: bool = False, width=None, height=None) -> Request:
+    def encode(self, prompts, *, image_size=None, cfg: bool = False, width=None, height=None,
+               negative=None) -> Request:
+        """negative: one text for every prompt or one per prompt, CFG's rows (lumina.span_request)."""
         from .lumina import span_request
 
         size = image_size or ChameleonFamily.default_image_size
-        cond, layout, grid = span_request(self.target, self.tok, list(prompts), width or size, height or size, cfg)
+        cond, layout, grid = span_request(self.target, self.tok, list(prompts), width or size, height or size, cfg,
+                                          negative=negative)
         return Request(cond, layout, grid, tuple(prompts))
 
 

@@ -10,7 +10,8 @@ Facts (Lumina-mGPT's FlexARItemProcessor / inference solver; read, not copied):
 - Row-end and end tokens are FORCED at their positions (never sampled or drafted); every other
   span position samples among the image-code tokens only, after CFG and top-k.
 - CFG: the unconditional sequence is the image span alone, starting at position 0
-  (`[<racm3:break>, h, w, ...]`), guided = uncond + scale * (cond - uncond). Lumina's defaults:
+  (`[<racm3:break>, h, w, ...]`), guided = uncond + scale * (cond - uncond). A negative text
+  (lisa-trt's, not Lumina's) is written as a prompt of its own before that span. Lumina's defaults:
   cfg 3.0 (4.0 in its demos), image top-k 2000, temperature 1.0.
 Here start and size tokens are forced from the requested size (Lumina lets the model emit them).
 """
@@ -115,12 +116,14 @@ def tokens_to_codes(target, span: torch.Tensor, h_lat: int, w_lat: int) -> torch
 
 
 def span_request(target, tokenizer: LuminaTokenizer, captions: Sequence[str], width: int, height: int,
-                 cfg: bool, device=None) -> tuple[Prompts, SequenceLayout, tuple[int, int]]:
+                 cfg: bool, device=None, negative=None) -> tuple[Prompts, SequenceLayout, tuple[int, int]]:
     """The condition and layout of one image span per caption.
 
-    Returns (Prompts: prompt + span prefix per caption, with the CFG rows (the span prefix alone,
-    from position 0) when `cfg`; SequenceLayout: the span, image codes allowed, row ends forced;
-    (h_lat, w_lat))."""
+    negative: one text for every caption or one per caption (None: none), the CFG rows' prompt.
+    Returns (Prompts: prompt + span prefix per caption, with the CFG rows when `cfg` (the span
+    prefix alone, from position 0; a row with a negative text: that text's prompt + the span
+    prefix); SequenceLayout: the span, image codes allowed, row ends forced; (h_lat, w_lat))."""
+    from ...models.prompts import negative_texts
     from .vocab import image_ids, sub_vocab
 
     hg, wg = grids(width, height)
@@ -130,8 +133,10 @@ def span_request(target, tokenizer: LuminaTokenizer, captions: Sequence[str], wi
     dev = device if device is not None else device_of(target)
     prefix = tokenizer.span_prefix(width, height)
     prompts = Prompts.from_rows([tokenizer.prompt_ids(c, width, height) + prefix for c in captions], dev)
+    neg = negative_texts(negative, len(captions)) or [None] * len(captions)  # checked with or without CFG
     if cfg:
-        prompts.uncond = Prompts.from_rows([prefix] * len(captions), dev)
+        prompts.uncond = Prompts.from_rows([prefix if t is None else tokenizer.prompt_ids(t, width, height) + prefix
+                                            for t in neg], dev)
     ends = row_end_mask(h_lat, w_lat)
     forced = torch.where(ends, torch.tensor(tokenizer.newline), torch.tensor(-1))
     layout = SequenceLayout(int(ends.numel()), image_ids(target).to(dev), forced, sub_vocab(target))

@@ -1,6 +1,6 @@
 """Emu3's text-to-image prompts: the checkpoint's tokenizer.json and the Emu3-Gen model card's
 template (read, not copied): the caption + a positive suffix; CFG's unconditional rows are the
-card's negative prompt; both end with `<|image start|>H*W<|image token|>` as Emu3's processor
+card's negative prompt, or the request's own negative text in its place; both end with `<|image start|>H*W<|image token|>` as Emu3's processor
 writes it (BOS first)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ...errors import ConfigError, InputError
 from ...models.family import Request
-from ...models.prompts import Prompts
+from ...models.prompts import Prompts, negative_texts
 from .config import BOI, IMAGE_WRAPPER, read_emu3_vq_config
 
 POSITIVE = " masterpiece, film grained, best quality."
@@ -39,7 +39,10 @@ class Emu3Prompter:
         return [self.bos, *enc(text, add_special_tokens=False).ids, self.boi,
                 *enc(f"{h}*{w}", add_special_tokens=False).ids, self.wrap]
 
-    def encode(self, prompts, *, image_size=None, cfg: bool = False, width=None, height=None) -> Request:
+    def encode(self, prompts, *, image_size=None, cfg: bool = False, width=None, height=None,
+               negative=None) -> Request:
+        """negative: one text for every prompt or one per prompt (None: the card's negative
+        prompt), CFG's unconditional rows when `cfg`."""
         from .layout import image_layout
 
         if not prompts:
@@ -52,6 +55,7 @@ class Emu3Prompter:
         h, w = height // ds, width // ds
         dev = self.target.lm_head.weight.device if hasattr(self.target, "lm_head") else self.target.device
         cond = Prompts.from_rows([self.ids(p + POSITIVE, h, w) for p in prompts], dev)
+        neg = negative_texts(negative, len(prompts)) or [None] * len(prompts)  # checked with or without CFG
         if cfg:
-            cond.uncond = Prompts.from_rows([self.ids(NEGATIVE, h, w)] * len(prompts), dev)
+            cond.uncond = Prompts.from_rows([self.ids(NEGATIVE if t is None else t, h, w) for t in neg], dev)
         return Request(cond, image_layout(self.target, self.family, h, w, dev), (h, w), tuple(prompts))
