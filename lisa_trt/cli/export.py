@@ -75,6 +75,14 @@ def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, atten
         memory_gib=memory_gib, echo=click.echo)
 
 
+def _removed(ctx, name: str, value) -> None:
+    """A removed option given: a usage error (exit 2) saying why it went and what to do."""
+    if value is not None:
+        from ..engines.graph import REMOVED_OPTIONS
+
+        raise click.UsageError(f"--{name.replace('_', '-')} was removed: {REMOVED_OPTIONS[name]}", ctx)
+
+
 @click.command()
 @click.argument("model")
 @opt.device_options("GPU to plan for (default rtx4090); or --memory-gib.")
@@ -94,6 +102,7 @@ def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, atten
                    "`lisa-trt build` makes, 1, or 2 for an engine directory exported before one target engine).")
 @opt.backend_option(PLAN_BACKENDS, default="trt", help="Runtime planned: TensorRT (trt) or ONNX Runtime (ort).")
 @opt.json_option("Write the plan (with `fits`) here.", dir_okay=False)
+@click.option("--kv-binding", hidden=True, expose_value=False, callback=lambda ctx, param, value: _removed(ctx, "kv_binding", value))
 @handle_errors
 def plan(model, gpu, memory_gib, precision, batch, tree, image_size, prompt_len, no_cfg, workspace, weight_copies,
          backend, json_path):

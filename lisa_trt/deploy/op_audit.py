@@ -1,6 +1,6 @@
 """Operator audit: every op of every graph TensorRT would parse, against the parser's support table.
 
-    python scripts/trt_op_audit.py DIR [DIR ...] [--json OUT] [--markdown OUT]
+    python scripts/trt_op_audit.py DIR [DIR ...] [--json OUT] [--markdown OUT] [--docs docs/tensorrt.md]
 
 For each engine directory (a `lisa-trt export` bundle, fp16 / quantized / Medusa ones included)
 and each graph TensorRT would build from it (gasv: its TensorRT variant with the lisa::gasv2
@@ -10,8 +10,9 @@ domain, the opset it is read with, the element type of the input TensorRT checks
 (`ATTRS`). Each distinct (op, opset, dtype, attributes) row is checked against
 `trt_lint.SUPPORTED_OPS` for the pinned TensorRT version (`trt_lint.TRT_MIN_VERSION`; the
 table's sources are in trt_lint's docstring: onnx-tensorrt docs/operators.md and the
-10.14-10.16 importers) with its restrictions (`trt_lint.check_model`). A row outside the table
-is a failure (`OpAuditError`); the table goes into docs/tensorrt.md.
+10.14-10.16 importers) with its restrictions, and against the parser's static checks
+(engines/parser_checks.py `node_errors`), as `trt_lint.check_model` does. A row outside the
+table or failing a check is a failure (`OpAuditError`); the table goes into docs/tensorrt.md.
 """
 
 from __future__ import annotations
@@ -109,7 +110,9 @@ def audit_model(model, *, bundle: str, graph: str, trt_version=None) -> list:
 
 
 def _verdict(node, dom, sup, dt, ctx, trt_version) -> tuple:
-    """(supported, reason) of one node: the table entry, its version, dtype and restrictions."""
+    """(supported, reason) of one node: the table entry, its version, dtype, restrictions and the
+    parser's static checks (engines/parser_checks.py)."""
+    from ..engines.parser_checks import node_errors
     from . import trt_lint as tc
 
     if dom == "lisa":
@@ -119,15 +122,15 @@ def _verdict(node, dom, sup, dt, ctx, trt_version) -> tuple:
     if dom:
         return False, f"domain {dom!r} is not an ONNX domain TensorRT parses (an ONNX Runtime contrib op?)"
     if sup is None:
-        return False, "not in TensorRT's ONNX operator support matrix"
+        return False, "; ".join(["not in TensorRT's ONNX operator support matrix", *node_errors(node, ctx.opset)])
     if sup.since > trt_version:
         return False, f"needs TensorRT >= {'.'.join(map(str, sup.since))}"
     if sup.types is not None and dt is not None and dt not in sup.types:
         return False, f"{tc.ONNX_DTYPE_NAMES.get(dt, dt)} inputs not supported"
-    if sup.check is not None:
-        bad, _ = sup.check(node, ctx)
-        if bad:
-            return False, "; ".join(bad)
+    bad = list(sup.check(node, ctx)[0]) if sup.check is not None else []
+    bad += node_errors(node, ctx.opset)  # the parser's static checks (onnxOpCheckers.cpp)
+    if bad:
+        return False, "; ".join(bad)
     return True, f"since TensorRT {'.'.join(map(str, sup.since))}" + (f" ({sup.note})" if sup.note else "")
 
 
@@ -169,14 +172,27 @@ def markdown(rows: list) -> str:
     return "\n".join(out)
 
 
+DOCS_BEGIN, DOCS_END = "<!-- op-audit:begin -->", "<!-- op-audit:end -->"
+
+
+def with_docs_table(text: str, rows: list) -> str:
+    """`text` (docs/tensorrt.md) with the table between its op-audit markers replaced by `markdown(rows)`."""
+    head, sep, rest = text.partition(DOCS_BEGIN)
+    _, sep2, tail = rest.partition(DOCS_END)
+    if not sep or not sep2:
+        raise OpAuditError(f"no {DOCS_BEGIN} ... {DOCS_END} block to write the table into")
+    return f"{head}{DOCS_BEGIN}\n{markdown(rows)}\n{DOCS_END}{tail}"
+
+
 def to_json(rows: list) -> dict:
     from . import trt_lint as tc
 
-    return {"trt_version": list(tc.TRT_MIN_VERSION), "table_sources": "lisa_trt/engines/trt_lint.py docstring",
+    return {"trt_version": list(tc.TRT_MIN_VERSION), "table_sources": "lisa_trt/deploy/trt_lint.py docstring",
             "rows": [dataclasses.asdict(r) for r in rows]}
 
 
-__all__ = ["ATTRS", "OpAuditError", "OpRow", "audit_bundle", "audit_model", "check_rows", "markdown", "to_json"]
+__all__ = ["ATTRS", "DOCS_BEGIN", "DOCS_END", "OpAuditError", "OpRow", "audit_bundle", "audit_model", "check_rows",
+           "markdown", "to_json", "with_docs_table"]
 
 
 def main(argv=None) -> int:
@@ -188,7 +204,12 @@ def main(argv=None) -> int:
     ap.add_argument("dirs", nargs="+", type=Path, help="engine directories (NAME=DIR to name one)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--markdown", type=Path)
+    ap.add_argument("--docs", type=Path, help="rewrite the table between the op-audit markers of this file "
+                    "(docs/tensorrt.md)")
     a = ap.parse_args(argv)
+    docs = a.docs.read_text() if a.docs else None  # read (and its markers checked) before any work
+    if docs is not None:
+        with_docs_table(docs, [])
     rows = []
     for d in a.dirs:
         name, _, path = str(d).partition("=") if "=" in str(d) else (d.name, "", str(d))
@@ -201,6 +222,9 @@ def main(argv=None) -> int:
     if a.markdown:
         with atomic_write(a.markdown) as tmp:
             Path(tmp).write_text(md + "\n")
+    if docs is not None:
+        with atomic_write(a.docs) as tmp:
+            Path(tmp).write_text(with_docs_table(docs, rows))
     try:
         check_rows(rows)
     except OpAuditError as e:

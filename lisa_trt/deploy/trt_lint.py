@@ -28,6 +28,13 @@ Sources of the support table (reference, read on 2026-11-30):
     IKVCacheUpdateLayer), RotaryEmbedding, ScatterND ("ScatterND with reduction is not
     supported"), ScatterElements with a reduction (imported as the standard-plugin
     ScatterElements v2, so it needs libnvinfer_plugin).
+  - onnx/onnx-tensorrt onnxOpImporters.cpp, read on 2026-12-04 for the ops of the v2 bundles
+    (plain-ops attention over a read-only cache), whose static checkers are all empty
+    (engines/parser_checks.py): at commit dd0a3a9f8794ae4f0316ed07ea68cda9b944bb3c, Trilu needs
+    rank >= 2, Expand a 1-D shape tensor, Transpose rank <= Dims::MAX_DIMS (8) (`_check_trilu`,
+    `_check_expand`, `_check_transpose`, the importer's messages), Where / Trilu refuse UINT8 data;
+    at 10.1 GA (96e7811), MatMul refuses INT32 / INT64 inputs and Gather / Expand / Concat UINT8
+    data (the `types` below keep all of these out).
   - onnx/onnx-tensorrt onnxOpCheckers.cpp at commit dd0a3a9f8794ae4f0316ed07ea68cda9b944bb3c
     (the 10.15-era tree; its Attention checker came with the 10.14 GA release, PR #1043):
     `DEFINE_OP_CHECKER(Attention)` rejects softcap != 0 ("Setting softcap is not supported in
@@ -165,6 +172,33 @@ def _check_topk(node, ctx):
     return bad, warn
 
 
+# Import-time restrictions of ops the v2 bundles use whose static checker is empty (parser_checks):
+# onnx-tensorrt onnxOpImporters.cpp @ dd0a3a9f8794ae4f0316ed07ea68cda9b944bb3c, messages the importer's.
+TRT_MAX_DIMS = 8  # nvinfer1::Dims::MAX_DIMS
+
+
+def _check_trilu(node, ctx):
+    rank = ctx.rank(node.input[0]) if node.input else None
+    if rank is not None and rank < 2:
+        return [f"Trilu input must have at least 2 dimensions! Current number of dimensions = {rank}."], []
+    return [], []
+
+
+def _check_expand(node, ctx):
+    rank = ctx.rank(node.input[1]) if len(node.input) > 1 else None
+    if rank is not None and rank != 1:
+        return ["Expand: The shape tensor is required to be 1D."], []
+    return [], []
+
+
+def _check_transpose(node, ctx):
+    rank = ctx.rank(node.input[0]) if node.input else None
+    if rank is not None and rank > TRT_MAX_DIMS:
+        return [f"Transpose: The rank of the input tensor exceeds the maximum supported by this version of "
+                f"TensorRT. Current rank of inputs = {rank}, max supported rank = {TRT_MAX_DIMS}."], []
+    return [], []
+
+
 def _check_dropout(node, ctx):
     if len(node.input) > 2 and node.input[2] and not _const_input(node, 2, ctx):
         return ["Dropout: `training_mode` must be an initializer evaluating to False"], []
@@ -207,6 +241,9 @@ def _table() -> dict:
     t["DequantizeLinear"] = OpSupport(types=frozenset({3, 17, 22}), note="x_zero_point must be zero")
     t["Dropout"] = OpSupport(types=F, check=_check_dropout)
     t["Where"] = OpSupport(types=A, type_input=1)
+    t["Trilu"] = OpSupport(types=A, check=_check_trilu)
+    t["Expand"] = OpSupport(types=A, check=_check_expand)
+    t["Transpose"] = OpSupport(types=A, check=_check_transpose)
     t["ScatterND"] = OpSupport(types=N, check=_check_scatter_nd)
     t["ScatterElements"] = OpSupport(types=N, check=_check_scatter_elements)
     t["TopK"] = OpSupport(types=N, check=_check_topk)
@@ -361,6 +398,7 @@ def _walk(nodes, ctx: _Ctx, gc: GraphCompat, trt_version: tuple, where: str = ""
         if sup is None:
             gc.violations.append(f"{label}: ONNX op {node.op_type} is not in TensorRT's ONNX operator support "
                                  f"matrix ({TRT_RANGE})")
+            gc.violations += [f"{label}: {m} (onnxOpCheckers.cpp)" for m in node_errors(node, ctx.opset)]
             continue
         gc.min_trt_version = max(gc.min_trt_version, sup.since)
         if sup.since > trt_version:

@@ -429,6 +429,20 @@ def open_graphs(man, backend: str, **options):
     return be, open_
 
 
+# Runner options that no longer exist, with why and what to do instead (refused before any work).
+REMOVED_OPTIONS = {
+    "kv_binding": "the v2 graphs (io spec v2) return only each call's new K/V rows and the runner commits them "
+                  "into its one cache in place, so there is no KV binding to choose. Leave it out; a bundle "
+                  "exported before io spec v2 must be re-exported with `lisa-trt export`.",
+}
+
+
+def refuse_removed_options(options: dict) -> None:
+    """Raise InputError naming a removed runner option in `options` (e.g. kv_binding) and what to do."""
+    for name in sorted(set(options) & set(REMOVED_OPTIONS)):
+        raise InputError(f"the {name} option was removed: {REMOVED_OPTIONS[name]}")
+
+
 def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str] = None,
                  drafter_hash: Optional[str] = None, tables_hash: Optional[str] = None, manifest=None,
                  **options) -> Engines:
@@ -448,8 +462,10 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
         and VQ classes and the bundle's tables (engines/prompt_graph.py).
     Raises:
         ConfigError (unknown backend), ArtifactMismatchError / CheckpointError (read_manifest),
-        the backend's own errors when it cannot run here (e.g. TensorRTUnavailableError).
+        the backend's own errors when it cannot run here (e.g. TensorRTUnavailableError);
+        InputError for a removed option (REMOVED_OPTIONS: kv_binding).
     """
+    refuse_removed_options(options)
     from ..export.manifest import check_manifest, read_manifest
 
     if manifest is None:
@@ -486,5 +502,5 @@ def open_drafter(man, be, open_):
     return None
 
 
-__all__ = ["Engines", "GraphDrafter", "GraphGASV", "GraphTarget", "GraphVQ", "check_positions", "check_step",
-           "check_tokens", "load_engines", "open_drafter", "open_graphs"]
+__all__ = ["REMOVED_OPTIONS", "Engines", "GraphDrafter", "GraphGASV", "GraphTarget", "GraphVQ", "check_positions",
+           "check_step", "check_tokens", "load_engines", "open_drafter", "open_graphs", "refuse_removed_options"]

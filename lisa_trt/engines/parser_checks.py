@@ -6,10 +6,27 @@ A transcription (not a copy) of the conditions in onnx/onnx-tensorrt `onnxOpChec
 The parser collects these errors for the whole graph first and refuses the model when there is
 any, so one failed condition fails the build of the graph. Messages are the checker's own.
 
-Transcribed: Attention, BatchNormalization, Cast, Constant, ConstantOfShape, Dropout, Einsum, If,
-LayerNormalization, LpNormalization, LpPool, MaxPool, Pow, Resize, ReverseSequence, Slice, TopK,
-Upsample. Not transcribed (no lisa-trt graph uses them): the RNN / GRU / LSTM activation checks,
-RoiAlign, the pooling dilation check, RandomUniform / RandomNormal dtypes.
+How the parser picks a node's checker (ModelImporter.cpp `parseNodeStaticCheck`): the op's
+registered checker; else, for a local function, the function's nodes; else the plugin fallback
+(`FallbackPluginImporter`: a plugin creator named like the op, version / namespace from the node's
+attributes, then its domain; "Plugin not found, are the plugin name, version, and namespace
+correct?" when there is none). So a standard-domain op is one of:
+
+  - transcribed (`CHECKERS`): Attention, BatchNormalization, Cast, Constant, ConstantOfShape,
+    Dropout, Einsum, If, LayerNormalization, LpNormalization, LpPool, MaxPool, Pow, Resize,
+    ReverseSequence, Slice, TopK, Upsample;
+  - registered with an empty checker (`EMPTY_CHECKERS`, `DEFINE_OP_EMPTY_CHECKER`): nothing is
+    refused before import. Every other op of the v2 bundles is one (MatMul, Softmax, Gather,
+    GatherElements, GatherND, Where, Expand, Concat, Reshape, Transpose, Split, Squeeze, Unsqueeze,
+    Shape, Trilu, the element-wise and reduce ops, Conv, GroupNormalization, Q/DQ ...); what their
+    importers (onnxOpImporters.cpp) refuse at import time (dtypes, ranks) is in deploy/trt_lint.py's
+    table;
+  - registered, checks not transcribed (`UNTRANSCRIBED`: no lisa-trt graph uses them): ArgMax /
+    ArgMin (select_last_index before opset 12), AveragePool (dilations), GRU / LSTM / RNN
+    (activations), RandomUniform(Like) / RandomNormal(Like) (dtype), RoiAlign (modes);
+  - refused outright (`UNSUPPORTED_OPS`: a checker that is `STATIC_CHECK(false, kUNSUPPORTED_NODE)`:
+    the Bitwise ops, the Sequence / Optional / String ops, Unique, QLinearConv, DFT, ...);
+  - anything else: the plugin fallback (a standard-domain op has no plugin creator of its name).
 
 TensorRT also parses a copy of a graph when the export carries what the parser refuses but ONNX
 Runtime uses: `strip_for_trt` removes Attention's `softmax_precision` (the only such attribute;
@@ -156,10 +173,60 @@ CHECKERS = {
 }
 
 
+# Standard ops registered with DEFINE_OP_EMPTY_CHECKER at SOURCE (the TRT_* ops are left out).
+EMPTY_CHECKERS = frozenset("""
+    Abs Acos Acosh Add And Asin Asinh Atan Atanh BlackmanWindow CastLike Ceil Celu Clip Concat Conv
+    ConvTranspose Cos Cosh CumSum DeformConv DepthToSpace DequantizeLinear Div Elu Equal Erf Exp Expand
+    EyeLike Flatten Floor Gather GatherElements GatherND Gelu Gemm GlobalAveragePool GlobalLpPool
+    GlobalMaxPool Greater GreaterOrEqual GridSample GroupNormalization HammingWindow HannWindow Hardmax
+    HardSigmoid HardSwish Identity ImageScaler InstanceNormalization IsInf IsNaN LRN LeakyRelu Less
+    LessOrEqual Log LogSoftmax Loop MatMul Max Mean MeanVarianceNormalization Min Mish Mod Mul Neg
+    NonMaxSuppression NonZero Not OneHot Or PRelu Pad ParametricSoftplus QuantizeLinear RMSNormalization
+    Range Reciprocal ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean ReduceMin
+    ReduceProd ReduceSum ReduceSumSquare Relu Reshape RotaryEmbedding Round STFT ScaledTanh Scan Scatter
+    ScatterElements ScatterND Selu Shape Shrink Sigmoid Sign Sin Sinh Size Softmax Softplus Softsign
+    SpaceToDepth Split Sqrt Squeeze Sub Sum Tan Tanh TensorScatter ThresholdedRelu Tile Transpose Trilu
+    Unsqueeze Where Xor
+""".split())
+# Registered with real checks that are not transcribed here (see the module docstring).
+UNTRANSCRIBED = frozenset("ArgMax ArgMin AveragePool GRU LSTM RNN RandomNormal RandomNormalLike RandomUniform "
+                          "RandomUniformLike RoiAlign".split())
+# Checker `STATIC_CHECK(false, ErrorCode::kUNSUPPORTED_NODE, ...)`: the parser refuses the node.
+UNSUPPORTED_OPS = frozenset("""
+    AffineGrid Bernoulli BitShift BitwiseAnd BitwiseNot BitwiseOr BitwiseXor CenterCropPad Col2Im Compress
+    ConcatFromSequence ConvInteger DFT Det DynamicQuantizeLinear ImageDecoder MatMulInteger MaxRoiPool
+    MaxUnpool MelWeightMatrix Multinomial NegativeLogLikelihoodLoss Optional OptionalGetElement
+    OptionalHasElement QLinearConv QLinearMatMul RegexFullMatch SequenceAt SequenceConstruct SequenceEmpty
+    SequenceErase SequenceInsert SequenceLength SequenceMap SoftmaxCrossEntropyLoss SplitToSequence
+    StringConcat StringNormalizer StringSplit TfIdfVectorizer Unique
+""".split())
+PLUGIN_NOT_FOUND = "Plugin not found, are the plugin name, version, and namespace correct?"
+
+
+def checker_kind(op_type: str) -> str:
+    """How the parser statically checks a standard-domain op: "checked" (transcribed), "empty",
+    "untranscribed", "unsupported" (always refused) or "plugin" (no checker: the plugin fallback)."""
+    if op_type in CHECKERS:
+        return "checked"
+    for kind, ops in (("empty", EMPTY_CHECKERS), ("untranscribed", UNTRANSCRIBED), ("unsupported", UNSUPPORTED_OPS)):
+        if op_type in ops:
+            return kind
+    return "plugin"
+
+
 def node_errors(node, opset: int) -> list:
-    """The checker's messages for one standard-domain node ([] when it passes or has no checker)."""
-    check = CHECKERS.get(node.op_type) if node.domain in _STANDARD else None
-    return check(node, node_attrs(node), opset) if check else []
+    """The parser's static-check messages for one standard-domain node ([] when it passes; other
+    domains: [], their plugin lookup is checked where the plugin is known, deploy/trt_lint.py)."""
+    if node.domain not in _STANDARD:
+        return []
+    kind = checker_kind(node.op_type)
+    if kind == "checked":
+        return CHECKERS[node.op_type](node, node_attrs(node), opset)
+    if kind == "unsupported":
+        return [f"UNSUPPORTED_NODE: {node.op_type} (its static checker always fails: STATIC_CHECK(false))"]
+    if kind == "plugin":
+        return [f"{PLUGIN_NOT_FOUND} (no static checker for {node.op_type}: checked as a plugin)"]
+    return []
 
 
 def standard_opset(model) -> int:
@@ -210,5 +277,6 @@ def strip_for_trt(model) -> int:
     return n
 
 
-__all__ = ["CHECKERS", "SOURCE", "TRT_DTYPES", "model_errors", "needs_trt_copy", "node_attrs", "node_errors",
+__all__ = ["CHECKERS", "EMPTY_CHECKERS", "PLUGIN_NOT_FOUND", "SOURCE", "TRT_DTYPES", "UNSUPPORTED_OPS",
+           "UNTRANSCRIBED", "checker_kind", "model_errors", "needs_trt_copy", "node_attrs", "node_errors",
            "standard_opset", "strip_for_trt"]

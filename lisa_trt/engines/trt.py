@@ -51,7 +51,7 @@ from .allocation import context_memory_bytes
 from .base import Backend, GraphRunner, register_backend, torch_dtype  # noqa: F401 (torch_dtype re-exported)
 from .trt_plans import load_plan, require_tensorrt_gpu
 from .profiles import ProfileSpec
-from .graph import Engines, load_engines
+from .graph import Engines, load_engines, refuse_removed_options
 
 ALIGNMENT = 256  # NvInferRuntime.h IExecutionContext::setTensorAddress: at least 256-byte alignment
 _LOGGERS = weakref.WeakKeyDictionary()  # per tensorrt module (one in practice; tests swap fake modules)
@@ -341,17 +341,18 @@ register_backend("trt", TrtBackend)
 
 def load_trt_engines(engine_dir, *, device=None, share_memory: bool = True,
                      target_hash: Optional[str] = None, drafter_hash: Optional[str] = None,
-                     tables_hash: Optional[str] = None) -> Engines:
-    """`load_engines(engine_dir, "trt", ...)` after `lisa-trt build`.
+                     tables_hash: Optional[str] = None, **options) -> Engines:
+    """`load_engines(engine_dir, "trt", ...)` after `lisa-trt build` (other `options` go to it as well).
 
     Raises:
         TensorRTUnavailableError / NoCudaDeviceError: what is missing, and the ORT alternative.
         CheckpointError: no engines built; ArtifactMismatchError: plans changed, built for another
         TensorRT / GPU, or for other artifacts than the given hashes.
     """
+    refuse_removed_options(options)  # before the TensorRT / GPU check: bad input first
     require_tensorrt_gpu()
     return load_engines(engine_dir, "trt", target_hash=target_hash, drafter_hash=drafter_hash,
-                        tables_hash=tables_hash, device=device, share_memory=share_memory)
+                        tables_hash=tables_hash, device=device, share_memory=share_memory, **options)
 
 
 __all__ = ["ALIGNMENT", "TrtBackend", "TrtRunner", "TrtRuntimeError", "io_shapes", "load_trt_engines",

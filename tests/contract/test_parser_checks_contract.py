@@ -52,6 +52,20 @@ def test_a_plain_attention_passes_the_fake_parser(tmp_path):
     assert parse(tmp_path / "a.onnx") == (True, [])
 
 
+@pytest.mark.parametrize("op, message", [
+    ("Unique", "UNSUPPORTED_NODE: Unique"),             # registered, its checker always fails
+    ("NoSuchOp", "Plugin not found, are the plugin name, version, and namespace correct?"),  # no checker
+])
+def test_the_fake_parser_refuses_an_unsupported_or_unknown_standard_op(tmp_path, op, message):
+    import onnx
+
+    x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in "xy")
+    g = helper.make_graph([helper.make_node(op, ["x"], ["y"], name="n")], "g", [x], [y])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)], ir_version=10), str(tmp_path / "a.onnx"))
+    ok, errors = parse(tmp_path / "a.onnx")
+    assert not ok and any(message in e for e in errors), errors
+
+
 @pytest.fixture(scope="module")
 def fp16_bundle(tmp_path_factory):
     from export_artifacts import make_artifacts

@@ -554,7 +554,7 @@ def test_runner_input_errors(fake):
         eng.target.forward_tokens(tok + 1000, pos, slots, mask, cache)
     with pytest.raises(InputError, match="unknown class id"):
         eng.target.prefill(torch.tensor([99]), cache)
-    with pytest.raises(TypeError, match="kv_binding"):  # gone: one binding, the cache an input only
+    with pytest.raises(InputError, match="kv_binding option was removed"):  # gone: the cache an input only
         T.load_engines(fake.dir, "trt", device="cpu", kv_binding="swap")
 
 
