@@ -16,7 +16,8 @@ import functools
 import json
 from pathlib import Path
 
-from ..config import SamplingConfig, TargetConfig, VQConfig, register_target, register_vq
+from ..config import SamplingConfig
+from ..models.target_config import TargetConfig, VQConfig, register_target, register_vq
 from ..errors import CheckpointError
 from .data import CLASS_NAMES  # noqa: F401  (re-exported: the demo's class names, id order)
 
