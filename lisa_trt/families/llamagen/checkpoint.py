@@ -4,9 +4,9 @@ the LlamaGen family's target and VQ loaders (models/checkpoints.py reads the fil
 from __future__ import annotations
 
 from ...errors import ConfigError
+from ...models.checkpoints import PathLike, _clean, read_state_dict, strict_load
 from ...models.target_config import target_config, vq_config
 from .config import GPT_SHAPES, TargetConfig, VQConfig
-from ...models.checkpoints import PathLike, _clean, read_state_dict, strict_load
 
 
 def guess_target_config(sd: dict) -> str:
