@@ -1,10 +1,11 @@
 """What the generic code reads of a target's configuration, and the registries of named configs.
 
 Each family defines its own configuration class in its package (LlamaGen's GPT shapes:
-families/llamagen/config.py; Janus-Pro, Emu3: theirs, read from an HF directory). Below the
-families, the layers, the drafter, the decode loops, the exporter and the engines read a config
-only through `TargetShape`: the sizes of the KV cache and the head, and the `model_type` that
-names its family (models/family.family_of).
+families/llamagen/config.py; Chameleon, Janus-Pro, Emu3: theirs, read from an HF directory).
+Below the families, the layers, the drafter, the decode loops, the exporter and the engines
+read what `TargetShape` names: the sizes of the KV cache and the head, and the `model_type`
+that names its family (models/family.family_of); what else a family's graphs need, its own
+export plug-in reads.
 
 Named configs ("GPT-B", "tiny", "demo", "VQ-16", ...) are registered here by whoever defines
 them (a family package, the demo), and looked up by name by the commands above the families:
@@ -30,8 +31,8 @@ from ..errors import ConfigError, unknown_name
 class TargetShape(Protocol):
     """The part of a target configuration the generic code reads (every family's config has it).
 
-    The KV cache (models/layers.KVCache) reads n_layer, kv_heads and head_dim; graph specs and
-    draft vocabularies read dim, n_head and vocab_size; `model_type` selects the family. A target
+    The KV cache (models/layers.KVCache) reads n_layer, kv_heads and head_dim; graph axes read
+    dim and vocab_size; `model_type` selects the family. A target
     with a fixed condition prefix and image length (the graphs of engines/graph.py and
     export/onnx.py) also answers `seq_len`, `block_size` and `grid_hw`; a config that knows its
     drafter's shape answers `drafter_shape()` (models/drafter.DrafterConfig.for_target).
