@@ -22,7 +22,7 @@ import torch
 
 
 def step_cost(n_codes: int, k: int, reps: int) -> dict:
-    from lisa_trt.config import target_config
+    from lisa_trt.models.target_config import target_config
     from lisa_trt.models.draft_vocab import config_step_flops
     from lisa_trt.models.drafter import Drafter, DrafterConfig
 

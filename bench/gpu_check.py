@@ -75,7 +75,7 @@ def _latency_model(name: str):
     """(TargetConfig, CFG condition (2 rows: cond, null) builder) for a --models entry.
 
     "<config>-T2I" is the t2i variant (caption prefix); "tiny-t2i" its CPU-smoke size."""
-    from lisa_trt.config import target_config
+    from lisa_trt.models.target_config import target_config
 
     if name.lower().endswith("-t2i"):
         base = name[: -len("-t2i")]
@@ -466,7 +466,8 @@ def _tiny_pipeline():
     import torch
 
     from lisa_trt.calibration.profile import calibrate
-    from lisa_trt.config import SamplingConfig, vq_config
+    from lisa_trt.config import SamplingConfig
+    from lisa_trt.models.target_config import vq_config
     from lisa_trt.models.drafter import Drafter
     from lisa_trt.families.llamagen.vq import VQModel
     from lisa_trt.runtime.pipeline import Pipeline

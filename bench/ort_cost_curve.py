@@ -58,7 +58,7 @@ def median_ms(fn, reps: int, warmup: int = 1) -> float:
 
 def build_target(name: str):
     """(target, description) for 'demo', 'GPT-B', 'GPT-L'."""
-    from lisa_trt.config import TargetConfig, target_config
+    from lisa_trt.models.target_config import TargetConfig, target_config
     from lisa_trt.families.llamagen.model import Transformer
 
     torch.manual_seed(0)

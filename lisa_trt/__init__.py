@@ -9,14 +9,18 @@ from .threads import set_passive_wait_env as _passive
 
 _passive()  # before torch loads OpenMP: idle threads sleep instead of spinning (see threads.py)
 
-from .config import SamplingConfig, TargetConfig, VQConfig, target_config, vq_config
+from .config import SamplingConfig
 from .errors import LisaError
 from .threads import apply_thread_policy
 
 # torch-backed names load on first use (PEP 562), so that `import lisa_trt` and the CLI's start
 # (`--help`, `serve` refusing a taken port) do not pay for importing torch
+# (the config names resolve through models/target_config.py: the registries of named configs and the
+# config classes the defining family publishes, LlamaGen's TargetConfig / VQConfig)
 _LAZY = {"load_target": ".models.checkpoints", "load_vq": ".models.checkpoints",
-         "GenerationResult": ".runtime.pipeline", "Pipeline": ".runtime.pipeline"}
+         "GenerationResult": ".runtime.pipeline", "Pipeline": ".runtime.pipeline",
+         "TargetConfig": ".models.target_config", "VQConfig": ".models.target_config",
+         "target_config": ".models.target_config", "vq_config": ".models.target_config"}
 
 
 def __getattr__(name):

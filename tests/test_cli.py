@@ -41,7 +41,7 @@ def test_generate_with_vq_writes_pngs(runner, tmp_path):
     runner.invoke(main, ["random-checkpoint", str(pt), "--config", "tiny"])
     import torch
 
-    from lisa_trt.config import vq_config
+    from lisa_trt.models.target_config import vq_config
     from lisa_trt.families.llamagen.vq import VQModel
 
     cfg = vq_config("VQ-16", ch=32, encoder_ch_mult=(1, 2), decoder_ch_mult=(1, 2), z_channels=32,

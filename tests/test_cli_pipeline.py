@@ -7,7 +7,7 @@ import torch
 from click.testing import CliRunner
 
 from lisa_trt.cli import main
-from lisa_trt.config import vq_config
+from lisa_trt.models.target_config import vq_config
 from lisa_trt.models.checkpoints import save_model
 from lisa_trt.families.llamagen.vq import VQModel
 from lisa_trt.testing import make_target

@@ -1,7 +1,7 @@
 import pytest
 
 from lisa_trt import LisaError, TargetConfig, VQConfig
-from lisa_trt.config import target_config, vq_config
+from lisa_trt.models.target_config import target_config, vq_config
 
 
 @pytest.mark.parametrize("name,layers,heads,dim,hidden", [

@@ -15,10 +15,15 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..config import SamplingConfig, TargetConfig, VQConfig, register_target, register_vq
+from ..config import SamplingConfig
 from ..errors import CheckpointError
+from ..models.target_config import register_target, register_vq
 from .data import CLASS_NAMES  # noqa: F401  (re-exported: the demo's class names, id order)
+
+if TYPE_CHECKING:  # the classes resolve on first use (importing them imports the families)
+    from ..models.target_config import TargetConfig, VQConfig
 
 DEMO_DIR = Path(__file__).resolve().parents[1] / "assets" / "demo"
 _FILES = {
@@ -55,10 +60,14 @@ def _read_json(key: str) -> dict:
 
 def demo_target_config(**overrides) -> TargetConfig:
     """The demo target's TargetConfig (from target.json), with optional field overrides."""
+    from ..models.target_config import TargetConfig
+
     return TargetConfig.from_dict({**_read_json("target_config")["config"], **overrides})
 
 
 def demo_vq_config(**overrides) -> VQConfig:
+    from ..models.target_config import VQConfig
+
     return VQConfig.from_dict({**_read_json("vq_config")["config"], **overrides})
 
 

@@ -55,7 +55,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..config import TargetConfig, find_multiple
+from ..config import find_multiple
 from ..errors import ArtifactMismatchError, CheckpointError, ConfigError, InputError
 from .checkpoints import target_hash
 from .draft_vocab import check_d2t, to_full_vocab
@@ -154,11 +154,16 @@ class DrafterConfig:
         return cls(**d)
 
     @classmethod
-    def for_target(cls, tcfg: TargetConfig, *, hidden: Optional[int] = None, n_head: Optional[int] = None,
+    def for_target(cls, tcfg, *, hidden: Optional[int] = None, n_head: Optional[int] = None,
                    ffn_hidden: Optional[int] = None, target_name: str = "",
                    target_hash: str = "", draft_vocab: int = 0) -> "DrafterConfig":
-        """Drafter shapes for a TargetConfig (2-D RoPE): `for_shape(config_shape(tcfg))`."""
-        return cls.for_shape(config_shape(tcfg), hidden=hidden, n_head=n_head, ffn_hidden=ffn_hidden,
+        """Drafter shapes for a target configuration that knows its drafter's shape:
+        `for_shape(tcfg.drafter_shape())` (LlamaGen's TargetConfig: 2-D RoPE). A config without
+        one (an HF family's) refuses: use `for_shape(target.drafter_shape())` of its target."""
+        if not callable(getattr(tcfg, "drafter_shape", None)):
+            raise ConfigError(f"{type(tcfg).__name__} does not give its drafter's shape; build the drafter "
+                              "config from the target: DrafterConfig.for_shape(target.drafter_shape())")
+        return cls.for_shape(tcfg.drafter_shape(), hidden=hidden, n_head=n_head, ffn_hidden=ffn_hidden,
                              target_name=target_name, target_hash=target_hash, draft_vocab=draft_vocab)
 
     @classmethod
@@ -182,14 +187,6 @@ class DrafterConfig:
 ROPE_KINDS = ("2d", "1d")
 _LATE_FIELDS = ("rope", "max_positions")  # added after schema 1: omitted from to_dict at their defaults
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(DrafterConfig)}
-
-
-def config_shape(tcfg: TargetConfig) -> dict:
-    """`drafter_shape()` of a target described by a core TargetConfig (2-D RoPE over its grid with
-    the cls_token_num prefix rows; the head warm-starts from output(norm(h)))."""
-    return dict(target_dim=tcfg.dim, n_head=tcfg.n_head, head_dim=tcfg.head_dim, ffn_hidden=tcfg.ffn_hidden,
-                vocab_size=tcfg.vocab_size, block_size=tcfg.block_size, cls_token_num=tcfg.cls_token_num,
-                rope_base=tcfg.rope_base, norm_eps=tcfg.norm_eps, rope="2d", max_positions=0, warm_head=True)
 
 
 def rope_1d_table(n_pos: int, head_dim: int, base: float) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..config import TargetConfig
+from .target_config import TargetShape
 from ..errors import InputError
 from .rope import apply_rotary_emb
 
@@ -112,7 +112,7 @@ class KVCache:
     of a token at those slots (LlamaGen: pad 0, positions are the slots).
     """
 
-    def __init__(self, cfg: TargetConfig, batch: int, max_len: int, dtype, device):
+    def __init__(self, cfg: TargetShape, batch: int, max_len: int, dtype, device):
         shape = (batch, cfg.kv_heads, max_len, cfg.head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layer)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layer)]

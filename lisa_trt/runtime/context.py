@@ -252,7 +252,7 @@ class RunContext:
 
     def load_target(self):
         """The target model of `source` (with --config / --image-size / --model-type when given)."""
-        from ..config import target_config
+        from ..models.target_config import target_config
         from ..models.checkpoints import load_target
 
         c = self.model_cfg

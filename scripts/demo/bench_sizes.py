@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import common  # noqa: F401
 from common import setup_torch
 
-from lisa_trt.config import TargetConfig
+from lisa_trt.models.target_config import TargetConfig
 from lisa_trt.io import write_json
 from lisa_trt.families.llamagen.model import Transformer
 

@@ -16,7 +16,7 @@ import torch
 import common  # noqa: F401
 from common import load_ckpt, save_ckpt, setup_torch
 
-from lisa_trt.config import VQConfig
+from lisa_trt.models.target_config import VQConfig
 from lisa_trt.demo.data import demo_images, to_float
 from lisa_trt.io import write_json
 from lisa_trt.families.llamagen.vq import VQModel

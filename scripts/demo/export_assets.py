@@ -16,7 +16,7 @@ import torch
 import common  # noqa: F401
 from common import load_ckpt
 
-from lisa_trt.config import TargetConfig, VQConfig
+from lisa_trt.models.target_config import TargetConfig, VQConfig
 from lisa_trt.demo.data import CLASS_NAMES, IMAGE_SIZE, SCALE_RANGE
 from lisa_trt.demo.registry import DEMO_DIR
 from lisa_trt.demo.scorer import DemoScorer, ScorerConfig

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import common  # noqa: F401
 from common import JsonlLog, load_ckpt, lr_at, save_ckpt, set_lr, setup_torch, step_generator, truncate_log
 
-from lisa_trt.config import TargetConfig
+from lisa_trt.models.target_config import TargetConfig
 from lisa_trt.families.llamagen.model import Transformer
 
 # The shipped demo target shape (see bench/demo_sizes.json for the size choice).

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import common  # noqa: F401  (puts the repo on sys.path)
 from common import JsonlLog, load_ckpt, lr_at, save_ckpt, set_lr, setup_torch, step_generator, truncate_log
 
-from lisa_trt.config import VQConfig
+from lisa_trt.models.target_config import VQConfig
 from lisa_trt.demo.data import demo_images, random_hflip, to_float
 
 DEMO_VQ = dict(codebook_size=1024, codebook_embed_dim=8, encoder_ch_mult=(1, 2, 2),

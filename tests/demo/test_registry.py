@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lisa_trt.config import target_config, target_names
+from lisa_trt.models.target_config import target_config, target_names
 from lisa_trt.demo import registry
 from lisa_trt.errors import CheckpointError
 

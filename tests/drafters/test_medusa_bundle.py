@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from lisa_trt.calibration.profile import calibrate
 from lisa_trt.calibration.tables import save_tables
 from lisa_trt.cli import main
-from lisa_trt.config import SamplingConfig, vq_config
+from lisa_trt.config import SamplingConfig
+from lisa_trt.models.target_config import vq_config
 from lisa_trt.errors import ArtifactMismatchError
 from lisa_trt.export.manifest import Manifest, drafter_hash, read_manifest
 from lisa_trt.models.checkpoints import save_model

@@ -15,7 +15,7 @@ from lisa_trt.families.llamagen import shapes as LS
 
 
 def tiny_shape():
-    from lisa_trt.config import target_config
+    from lisa_trt.models.target_config import target_config
 
     return LS.config_shape(target_config("tiny"), "tiny")
 
@@ -65,7 +65,7 @@ def test_totals_add_up():
 def test_target_counts_match_the_models():
     import torch
 
-    from lisa_trt.config import target_config
+    from lisa_trt.models.target_config import target_config
     from lisa_trt.families.chameleon.model import ChameleonConfig, ChameleonTarget
     from lisa_trt.families.llamagen.model import Transformer
 
@@ -82,7 +82,7 @@ def test_target_counts_match_the_models():
 
 
 def test_drafter_count_matches_the_model():
-    from lisa_trt.config import target_config
+    from lisa_trt.models.target_config import target_config
     from lisa_trt.models.drafter import Drafter
     from lisa_trt.families.llamagen.model import Transformer
 
@@ -94,7 +94,7 @@ def test_drafter_count_matches_the_model():
 
 
 def test_vq_decoder_counts_match_the_models():
-    from lisa_trt.config import vq_config
+    from lisa_trt.models.target_config import vq_config
     from lisa_trt.families.chameleon.vq import ChameleonVQConfig, ChameleonVQGAN
     from lisa_trt.families.llamagen.vq import VQModel
 
@@ -110,7 +110,7 @@ def test_vq_decoder_counts_match_the_models():
 
 
 def test_cache_rules_match_the_exporters():
-    from lisa_trt.config import target_config
+    from lisa_trt.models.target_config import target_config
     from lisa_trt.families.chameleon.export import engine_cache_len, span_length
     from lisa_trt.export.onnx import max_cache_len
 
@@ -140,7 +140,7 @@ def test_a_directory_no_family_claims_is_refused(tmp_path):
 
 
 def test_known_names():
-    from lisa_trt.config import _GPT_SHAPES
+    from lisa_trt.families.llamagen.config import GPT_SHAPES as _GPT_SHAPES
 
     for name in LS.NAMES:
         s = known_shape(name)
@@ -164,7 +164,7 @@ def test_known_names():
 
 
 def test_checkpoint_reads_only_its_header(tmp_path):
-    from lisa_trt.config import target_config
+    from lisa_trt.models.target_config import target_config
     from lisa_trt.models.checkpoints import save_model
     from lisa_trt.families.llamagen.model import Transformer
 
@@ -249,7 +249,7 @@ def test_bad_values():
 def bundle(tmp_path):
     """An engine directory's manifest alone (the plan reads nothing else): the tiny c2i target with
     a drafter, tables and a VQ decoder, max tree 16."""
-    from lisa_trt.config import VQConfig, target_config
+    from lisa_trt.models.target_config import VQConfig, target_config
     from lisa_trt.export.manifest import Manifest, write_manifest
     from lisa_trt.export.onnx import max_cache_len
     from lisa_trt.models.drafter import DrafterConfig

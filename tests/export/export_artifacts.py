@@ -4,7 +4,7 @@ import torch
 
 from lisa_trt.calibration.profile import lantern_neighbors
 from lisa_trt.calibration.tables import GASVTables, whiten, whitening
-from lisa_trt.config import vq_config
+from lisa_trt.models.target_config import vq_config
 from lisa_trt.models.checkpoints import target_hash
 from lisa_trt.models.drafter import Drafter
 from lisa_trt.families.llamagen.vq import VQModel

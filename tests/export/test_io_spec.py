@@ -2,7 +2,7 @@
 
 import pytest
 
-from lisa_trt.config import target_config
+from lisa_trt.models.target_config import target_config
 from lisa_trt.engines.base import GraphKind
 from lisa_trt.models.io_spec import (
     DYNAMIC_AXES,
@@ -24,7 +24,7 @@ def test_every_graph_has_unique_names_and_known_axes(graph):
     assert len(set(spec.input_names)) == len(spec.input_names)
     assert len(set(spec.output_names)) == len(spec.output_names)
     cfg = target_config("tiny")
-    from lisa_trt.config import vq_config
+    from lisa_trt.models.target_config import vq_config
     from lisa_trt.models.drafter import DrafterConfig
 
     dims = export_dims(cfg, max_cache_len=40, drafter_cfg=DrafterConfig.for_target(cfg), vq_cfg=vq_config("VQ-16"))

@@ -5,7 +5,7 @@ import torch
 
 import lisa_trt
 from lisa_trt import LisaError
-from lisa_trt.config import target_config, vq_config
+from lisa_trt.models.target_config import target_config, vq_config
 from lisa_trt.models.checkpoints import target_hash
 from lisa_trt.families.llamagen.checkpoint import guess_target_config
 from lisa_trt.families.llamagen.vq import VQModel

@@ -4,7 +4,7 @@ spec, TargetConfig describes non-square grids, and "demo" is a registered artifa
 import pytest
 import torch
 
-from lisa_trt.config import TargetConfig
+from lisa_trt.models.target_config import TargetConfig
 from lisa_trt.errors import ConfigError, InputError
 from lisa_trt.models.io_spec import Graph, graph_spec
 from lisa_trt.models import family as F

@@ -1,7 +1,7 @@
 import torch
 import torch.nn.functional as F
 
-from lisa_trt.config import vq_config
+from lisa_trt.models.target_config import vq_config
 from lisa_trt.families.llamagen.vq import VQModel
 
 

@@ -10,7 +10,8 @@ from click.testing import CliRunner
 from lisa_trt import LisaError
 from lisa_trt.calibration.profile import calibrate
 from lisa_trt.cli import main
-from lisa_trt.config import SamplingConfig, vq_config
+from lisa_trt.config import SamplingConfig
+from lisa_trt.models.target_config import vq_config
 from lisa_trt.models.drafter import Drafter
 from lisa_trt.families.llamagen.vq import VQModel
 from lisa_trt.export import export_bundle

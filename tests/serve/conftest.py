@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from lisa_trt.calibration.profile import calibrate
-from lisa_trt.config import SamplingConfig, vq_config
+from lisa_trt.config import SamplingConfig
+from lisa_trt.models.target_config import vq_config
 from lisa_trt.models.drafter import Drafter
 from lisa_trt.families.llamagen.vq import VQModel
 from lisa_trt.runtime.pipeline import Pipeline

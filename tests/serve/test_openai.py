@@ -426,7 +426,7 @@ def test_caption_bundle_takes_a_caption_through_its_t5_encoder(tmp_path, monkeyp
     monkeypatch.delenv("LISA_TRT_TEXT_ENCODER", raising=False)
     import torch
 
-    from lisa_trt.config import vq_config
+    from lisa_trt.models.target_config import vq_config
     from lisa_trt.families.llamagen.vq import VQModel
     from lisa_trt.runtime.pipeline import Pipeline
     from lisa_trt.testing import make_target

@@ -2,7 +2,7 @@
 
 import torch
 
-from lisa_trt.config import vq_config
+from lisa_trt.models.target_config import vq_config
 from lisa_trt.families.llamagen.vq import VQModel
 from lisa_trt.runtime.pipeline import Pipeline
 from lisa_trt.testing import make_target

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 pytest.importorskip("transformers")
 
 from lisa_trt.cli import main  # noqa: E402
-from lisa_trt.config import vq_config  # noqa: E402
+from lisa_trt.models.target_config import vq_config  # noqa: E402
 from lisa_trt.models.checkpoints import save_model  # noqa: E402
 from lisa_trt.families.llamagen.vq import VQModel  # noqa: E402
 from lisa_trt.testing import make_target  # noqa: E402

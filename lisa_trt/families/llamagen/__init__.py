@@ -7,6 +7,7 @@ import torch
 from ...errors import InputError, SpecError
 from ...models.conditioning import CaptionFeatures, ClassLabels
 from ...models.family import ModelFamily, register_family
+from . import config as _config  # noqa: F401  (registers GPT-*, tiny, VQ-*; publishes TargetConfig / VQConfig)
 
 
 class LlamaGenFamily(ModelFamily):
@@ -122,7 +123,7 @@ class LlamaGenFamily(ModelFamily):
     def random_target(self, model_type: str = "c2i", seed: int = 0, std: float = 0.1, **overrides):
         """The "tiny" config (t2i: 6 caption slots of width 12), every weight N(0, std) (norm
         gammas 1 + N(0, std)), the null caption seeded too."""
-        from ...config import target_config
+        from .config import tiny_config
         from .model import Transformer
 
         g = torch.Generator().manual_seed(seed)
@@ -130,7 +131,7 @@ class LlamaGenFamily(ModelFamily):
         if model_type == "t2i":
             kw.update(cls_token_num=6, caption_dim=12)
         kw.update(overrides)
-        m = Transformer(target_config("tiny", **kw))
+        m = Transformer(tiny_config(**kw))
         with torch.no_grad():
             for name, p in m.named_parameters():
                 noise = torch.randn(p.shape, generator=g) * std

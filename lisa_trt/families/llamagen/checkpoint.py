@@ -3,9 +3,10 @@ the LlamaGen family's target and VQ loaders (models/checkpoints.py reads the fil
 
 from __future__ import annotations
 
-from ...config import TargetConfig, VQConfig, _GPT_SHAPES, target_config, vq_config
 from ...errors import ConfigError
 from ...models.checkpoints import PathLike, _clean, read_state_dict, strict_load
+from ...models.target_config import target_config, vq_config
+from .config import GPT_SHAPES, TargetConfig, VQConfig
 
 
 def guess_target_config(sd: dict) -> str:
@@ -16,7 +17,7 @@ def guess_target_config(sd: dict) -> str:
     except (KeyError, ValueError):
         return ""
     t2i = "cls_embedding.uncond_embedding" in sd
-    names = [n for n, (L, _, d) in _GPT_SHAPES.items() if L == n_layer and d == dim]
+    names = [n for n, (L, _, d) in GPT_SHAPES.items() if L == n_layer and d == dim]
     kind = "t2i" if t2i else "c2i"
     extra = ""
     if not t2i and "cls_embedding.embedding_table.weight" in sd:

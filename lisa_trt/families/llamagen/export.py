@@ -60,12 +60,12 @@ class LlamaGenGraphs(ExportFamily):
         return dataclasses.asdict(SamplingConfig())
 
     def target_config(self, man):
-        from ...config import TargetConfig
+        from .config import TargetConfig
 
         return TargetConfig.from_dict(man.target["config"])
 
     def vq_config(self, man):
-        from ...config import VQConfig
+        from .config import VQConfig
 
         return VQConfig.from_dict(man.vq["config"]) if man.vq else None
 

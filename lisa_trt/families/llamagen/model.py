@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...config import TargetConfig, find_multiple
+from ...config import find_multiple
 from ...errors import ConfigError, InputError
 from ...models.family import family_of
 from ...models.layers import (  # noqa: F401 (KVCache re-exported)
@@ -34,6 +34,7 @@ from ...models.layers import (  # noqa: F401 (KVCache re-exported)
     pair_rope,
 )
 from ...models.rope import precompute_freqs_cis_2d
+from .config import TargetConfig
 
 Cond = Union[torch.Tensor, tuple]
 
@@ -157,10 +158,8 @@ class Transformer(nn.Module):
     # -- the drafter / training protocol (models/drafter.py, train/trainer.py) ------------
 
     def drafter_shape(self) -> dict:
-        """DrafterConfig fields of this target's drafter (drafter.config_shape: 2-D RoPE)."""
-        from ...models.drafter import config_shape
-
-        return config_shape(self.config)
+        """DrafterConfig fields of this target's drafter (TargetConfig.drafter_shape: 2-D RoPE)."""
+        return self.config.drafter_shape()
 
     def token_embedding_table(self) -> torch.Tensor:
         """(V, dim) embedding of the image tokens (the drafter's frozen E)."""

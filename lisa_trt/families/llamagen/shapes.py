@@ -43,7 +43,7 @@ def config_shape(cfg, name: str) -> ModelShape:
 
 
 def known_shape(name: str, image_size=None, prompt_len=None) -> ModelShape:
-    from ...config import target_config
+    from ...models.target_config import target_config
 
     size = image_size or DEFAULT_SIZES.get(name, DEFAULT_SIZE)
     if size % 16:
@@ -53,7 +53,7 @@ def known_shape(name: str, image_size=None, prompt_len=None) -> ModelShape:
 
 
 def _checkpoint_config(path: Path):
-    from ...config import TargetConfig
+    from .config import TargetConfig
     from ...deploy.model_shapes import safetensors_metadata
 
     meta = safetensors_metadata(path) if path.suffix == ".safetensors" else {}

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...config import VQConfig
+from .config import VQConfig
 from ...errors import InputError
 from ...models.vqgan import AttnBlock, Level, ResnetBlock, grid_of, group_norm, swish
 

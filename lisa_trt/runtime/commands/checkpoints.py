@@ -7,7 +7,7 @@ from pathlib import Path
 
 def _official(model_cfg):
     """--config / --image-size / --model-type -> (is a VQ config, its config)."""
-    from ...config import target_config, vq_config
+    from ...models.target_config import target_config, vq_config
 
     name = model_cfg["config"]
     if name.startswith("VQ"):
@@ -30,7 +30,7 @@ def random_checkpoint(out, model_cfg, seed: int, *, echo) -> None:
     ({"model": state_dict}) at `out`."""
     import torch
 
-    from ...config import TargetConfig
+    from ...models.target_config import TargetConfig
     from ...io import atomic_write
     from ...models.family import family_of
 
