@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 
 
-def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gib, echo, **_):
+def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gib, echo, negative_prompt=None, **_):
     """The memory plan checked, then Pipeline over the bundle's engines, one decode per prompt;
-    writes the images and stats."""
+    writes the images and stats. negative_prompt: Pipeline.generate's, for every prompt."""
     from ...deploy.memory_plan import preflight
     from ...engines.trt_plans import engines_built
     from ...text.prompts import precheck_prompts
@@ -21,6 +21,14 @@ def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gi
     preflight(engine_dir, gpu=gpu, memory_gib=memory_gib, gpu_backend=gpu_backend, batch=1,
               tree=rc.given["tree"]["tree_tokens"], cfg_scale=s["cfg_scale"])  # run decodes one prompt per call
     check_out_dir(out_dir, overwrite=overwrite)
+    if negative_prompt is not None:  # refused (naming why) before any engine loads
+        from pathlib import Path
+
+        from ...export.manifest import read_manifest
+        from ..conditions import run_conditions
+
+        tcfg = read_manifest(Path(rc.source)).target_config
+        run_conditions(rc.family, tcfg).negatives(negative_prompt, 1)
     precheck_prompts(rc.source, prompts, encoder_dir)  # t2i: prompts + encoder checked before engines load
     pipe = Pipeline.from_dir(rc.source, backend=rc.backend, threads=threads, text_encoder=encoder_dir)
     cfg = pipe.config
@@ -30,7 +38,8 @@ def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gi
         echo(f"verify auto: {pipe.resolve_verify(rc.verify)[2]}")
     res = pipe.generate(ps, seed=rc.seed, verify=rc.method or rc.verify, cfg_scale=s["cfg_scale"],
                         temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"], greedy=s["greedy"],
-                        progress=sys.stderr.isatty(), **rc.given["tree"], **rc.given["knobs"])
+                        progress=sys.stderr.isatty(), negative_prompt=negative_prompt, **rc.given["tree"],
+                        **rc.given["knobs"])
     verify = res.stats[0]["verify"] if res.stats else rc.verify  # what "auto" ran
     mal = sum(st["mal"] for st in res.stats) / len(res.stats)
     secs = sum(st["seconds"] for st in res.stats)
