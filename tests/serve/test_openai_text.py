@@ -107,6 +107,7 @@ def test_negative_prompt_is_the_cfg_rows_text_equal_to_the_pipeline(served, engi
     from lisa_trt.runtime.prompts import Prompt
 
     pipe, _, client = served
+    assert client.models.retrieve("lisa").model_extra["negative_prompt"] is True
     extra = {"seed": 5, "verify": "vanilla", "cfg_scale": 3.0}
     neg = "tok71 tok72"
     r = client.images.generate(prompt=CAPTION, extra_body={**extra, "negative_prompt": neg})
