@@ -467,7 +467,8 @@ class Pipeline:
 
         e = self._e
         neg = None if negative is None else negative[call.start:call.stop]
-        rows, req = self._conds.rows(cond, call.start, call.stop, lambda texts: self._request(texts, call.sampling, neg))
+        rows, req = self._conds.rows(cond, call.start, call.stop,
+                                     lambda texts: self._request(texts, call.sampling, neg))
         layout = getattr(req, "layout", None)
         check_artifacts(method, e.drafter, e.tables, e.gasv)
         hook = None
