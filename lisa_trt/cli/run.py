@@ -25,9 +25,12 @@ from . import options as opt
 @opt.device_options("Check the memory plan against this GPU before any work (default: the visible CUDA device "
                     "when the backend is TensorRT; CPU runs are not checked).")
 @opt.knob_options(show_defaults=False)
+@click.option("--negative-prompt", default=None,
+              help="Text-prompt models whose prompter takes one (Emu3, Lumina-mGPT): CFG's unconditional rows "
+                   "from this text, for every prompt (other models: refused, naming why).")
 @handle_errors
 def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, encoder_dir, sampling, tree, gpu,
-        memory_gib, knobs):
+        memory_gib, knobs, negative_prompt):
     """Generate with an engine directory (default --verify auto: the bundle's recorded fastest method): PNGs and per-image stats.
 
     PROMPTS: a text file (one class id or name per line; t2i: one caption per line) or JSONL
@@ -42,7 +45,7 @@ def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, encod
     rc = resolve(engine_dir=engine_dir, verify=verify, auto=True, sampling=sampling, tree=tree, knobs=knobs,
                  backend=backend)
     rc.run("run", entry, prompts=prompts, out_dir=out_dir, overwrite=overwrite, threads=threads,
-           encoder_dir=encoder_dir, gpu=gpu, memory_gib=memory_gib, echo=click.echo)
+           encoder_dir=encoder_dir, gpu=gpu, memory_gib=memory_gib, negative_prompt=negative_prompt, echo=click.echo)
 
 
 COMMANDS = (run,)

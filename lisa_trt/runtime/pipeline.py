@@ -475,7 +475,8 @@ class Pipeline:
 
         e = self._e
         neg = None if negative is None else negative[call.start:call.stop]
-        rows, req = self._conds.rows(cond, call.start, call.stop, lambda texts: self._request(texts, call.sampling, neg))
+        rows, req = self._conds.rows(cond, call.start, call.stop,
+                                     lambda texts: self._request(texts, call.sampling, neg))
         layout = getattr(req, "layout", None)
         check_artifacts(method, e.drafter, e.tables, e.gasv)
         run_layout = layout if layout is not None else self._free_layout()

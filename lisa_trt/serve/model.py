@@ -364,7 +364,8 @@ class ServeModel:
         shapes = [g[0].shape for g in got if not isinstance(g, str)]
         h, w = shapes[0][:2] if shapes else (0, 0)
         img = np.zeros((n, h, w, 3), dtype=OUTPUTS["image"][0])
-        mal, tvd, sec, bat, fwd = (np.zeros((n, 1), OUTPUTS[k][0]) for k in ("mal", "tvd", "seconds", "batch", "forwards"))
+        mal, tvd, sec, bat, fwd = (np.zeros((n, 1), OUTPUTS[k][0])
+                                   for k in ("mal", "tvd", "seconds", "batch", "forwards"))
         err = np.array([[b""] for _ in range(n)], dtype=object)
         for i, g in enumerate(got):
             if isinstance(g, str):

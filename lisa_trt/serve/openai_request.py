@@ -96,7 +96,7 @@ class ModelInfo:
         """The model's entry in GET /v1/models."""
         return {"id": self.id, "object": "model", "created": self.created, "owned_by": "lisa-trt",
                 "family": self.family, "sizes": [self.size], "max_n": self.max_batch,
-                "prompt": self.prompt, "classes": list(self.class_names)}
+                "prompt": self.prompt, "classes": list(self.class_names), "negative_prompt": self.no_negative is None}
 
 
 def _token_rows(block, h: int, w: int) -> Optional[int]:

@@ -132,6 +132,9 @@ def test_run_cli_and_malformed_prompts(bundle, tmp_path):
     res = r.invoke(main, ["run", str(bundle), str(bad), "--out", str(tmp_path / "o2")])
     assert res.exit_code == 2 and "bad.txt:2:" in res.output and "bad.txt:3:" in res.output
     assert not (tmp_path / "o2").exists()
+    res = r.invoke(main, ["run", str(bundle), str(p), "--out", str(tmp_path / "o3"), "--negative-prompt", "blurry"])
+    assert res.exit_code == 2 and "classifier-free guidance runs against the null class" in res.output
+    assert not (tmp_path / "o3").exists()
 
 
 def test_sjd_window_reaches_run_pipeline_and_stats(bundle, tmp_path):

@@ -127,12 +127,15 @@ class StreamingModel(LocalModel):
 
 
 def _info(pipe, probe=0, **over) -> ModelInfo:
+    from lisa_trt.runtime.conditions import run_conditions
+
     img = np.asarray(pipe.generate([probe], seed=0, batch=True).images[0])
     n = pipe.config.block_size
     rows = int(round(n ** 0.5))
     return ModelInfo(id="lisa", family="llamagen", width=img.shape[1], height=img.shape[0], max_batch=MAX_BATCH,
                      class_names=tuple(pipe.class_names or ()), num_classes=pipe.config.num_classes,
-                     token_rows=rows, tokens_per_image=n, **{"prompt_tokens": 1, **over})
+                     token_rows=rows, tokens_per_image=n,
+                     no_negative=run_conditions(pipe.family, pipe.config).no_negative(), **{"prompt_tokens": 1, **over})
 
 
 def _serve(backend, info, **kw):
@@ -325,6 +328,7 @@ def test_ignored_fields_accepted_and_unknown_model_404(client):
             model="gpt-image-1")
     assert [m.id for m in client.models.list()] == ["lisa"]
     assert client.models.retrieve("lisa").model_extra["sizes"] == [r.size]
+    assert client.models.retrieve("lisa").model_extra["negative_prompt"] is False  # class-conditional
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("dall-e-3")
 

@@ -95,13 +95,19 @@ def test_text_prompt_errors_reach_the_client(served):
     assert "--max-prompt" in e.value.body["message"] and e.value.body["param"] == "prompt", e.value.body
 
 
-def test_negative_prompt_is_the_cfg_rows_text_equal_to_the_pipeline(served):
+def test_negative_prompt_is_the_cfg_rows_text_equal_to_the_pipeline(served, engine_dir, tmp_path):
     """`negative_prompt` (an extra body field of the openai client) reaches the family's prompter as
     the text of CFG's unconditional rows: the PNG is Pipeline.generate(negative_prompt=...)'s image
-    for the same seed, and not the image without it; one too long for the bundle is a 400 naming it."""
+    for the same seed and `lisa-trt run --negative-prompt`'s, and not the image without it; one too
+    long for the bundle is a 400 naming it."""
+    from click.testing import CliRunner
+    from PIL import Image
+
+    from lisa_trt.cli import main
     from lisa_trt.runtime.prompts import Prompt
 
     pipe, _, client = served
+    assert client.models.retrieve("lisa").model_extra["negative_prompt"] is True
     extra = {"seed": 5, "verify": "vanilla", "cfg_scale": 3.0}
     neg = "tok71 tok72"
     r = client.images.generate(prompt=CAPTION, extra_body={**extra, "negative_prompt": neg})
@@ -111,6 +117,12 @@ def test_negative_prompt_is_the_cfg_rows_text_equal_to_the_pipeline(served):
     assert np.array_equal(got, np.asarray(ref.images[0]))
     plain = client.images.generate(prompt=CAPTION, extra_body=extra)
     assert not np.array_equal(got, _png(plain.data[0].b64_json))  # the negative text changed CFG's rows
+    (tmp_path / "p.txt").write_text(f"{CAPTION}\n")
+    res = CliRunner().invoke(main, ["run", str(engine_dir), str(tmp_path / "p.txt"), "--out", str(tmp_path / "o"),
+                                    "--backend", "ort", "--seed", "5", "--verify", "vanilla", "--cfg-scale", "3",
+                                    "--negative-prompt", neg])
+    assert res.exit_code == 0, res.output
+    assert np.array_equal(np.asarray(Image.open(tmp_path / "o" / "img_0000_line1.png")), got)
     blank = client.images.generate(prompt=CAPTION, extra_body={**extra, "negative_prompt": "  "})
     assert np.array_equal(_png(blank.data[0].b64_json), _png(plain.data[0].b64_json))  # blank: none
     with pytest.raises(openai.BadRequestError) as e:

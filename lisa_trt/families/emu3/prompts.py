@@ -1,7 +1,7 @@
 """Emu3's text-to-image prompts: the checkpoint's tokenizer.json and the Emu3-Gen model card's
 template (read, not copied): the caption + a positive suffix; CFG's unconditional rows are the
-card's negative prompt, or the request's own negative text in its place; both end with `<|image start|>H*W<|image token|>` as Emu3's processor
-writes it (BOS first)."""
+card's negative prompt, or the request's own negative text in its place; both end with
+`<|image start|>H*W<|image token|>` as Emu3's processor writes it (BOS first)."""
 
 from __future__ import annotations
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import sys
 
 
-def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gib, echo, **_):
+def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gib, echo, negative_prompt=None, **_):
     """The memory plan checked, then Pipeline over the bundle's engines, one decode per prompt;
     writes the images and stats. The bundle's Manifest and family are the RunContext's (parsed and
-    resolved once by `resolve`), handed to the preflight, the prompts precheck and the Pipeline."""
+    resolved once by `resolve`), handed to the preflight, the prompts precheck and the Pipeline.
+    negative_prompt: Pipeline.generate's, for every prompt."""
     from ...deploy.memory_plan import preflight
     from ...engines.trt_plans import engines_built
     from ...text.prompts import precheck_prompts
@@ -22,6 +23,10 @@ def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gi
     preflight(engine_dir, gpu=gpu, memory_gib=memory_gib, gpu_backend=gpu_backend, batch=1,
               tree=rc.given["tree"]["tree_tokens"], cfg_scale=s["cfg_scale"], manifest=man)  # one prompt per call
     check_out_dir(out_dir, overwrite=overwrite)
+    if negative_prompt is not None:  # refused (naming why) before any engine loads
+        from ..conditions import run_conditions
+
+        run_conditions(rc.family, man.target_config).negatives(negative_prompt, 1)
     # t2i: prompts + encoder checked before engines load
     precheck_prompts(rc.source, prompts, encoder_dir, manifest=man, family=rc.family)
     pipe = Pipeline.from_dir(rc.source, backend=rc.backend, threads=threads, text_encoder=encoder_dir,
@@ -33,7 +38,8 @@ def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gi
         echo(f"verify auto: {pipe.resolve_verify(rc.verify)[2]}")
     res = pipe.generate(ps, seed=rc.seed, verify=rc.method or rc.verify, cfg_scale=s["cfg_scale"],
                         temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"], greedy=s["greedy"],
-                        progress=sys.stderr.isatty(), **rc.given["tree"], **rc.given["knobs"])
+                        progress=sys.stderr.isatty(), negative_prompt=negative_prompt, **rc.given["tree"],
+                        **rc.given["knobs"])
     verify = res.stats[0]["verify"] if res.stats else rc.verify  # what "auto" ran
     mal = sum(st["mal"] for st in res.stats) / len(res.stats)
     secs = sum(st["seconds"] for st in res.stats)
