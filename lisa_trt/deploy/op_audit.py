@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from ..errors import LisaError
+from ..errors import InputError, LisaError
 
 # Attributes that decide how (or whether) TensorRT's parser imports an op (onnx-tensorrt importers).
 ATTRS = {
@@ -180,7 +180,8 @@ def with_docs_table(text: str, rows: list) -> str:
     head, sep, rest = text.partition(DOCS_BEGIN)
     _, sep2, tail = rest.partition(DOCS_END)
     if not sep or not sep2:
-        raise OpAuditError(f"no {DOCS_BEGIN} ... {DOCS_END} block to write the table into")
+        raise InputError(f"no {DOCS_BEGIN} ... {DOCS_END} block to write the table into; put the two markers "
+                         "(each on its own line) where the table goes")
     return f"{head}{DOCS_BEGIN}\n{markdown(rows)}\n{DOCS_END}{tail}"
 
 
@@ -209,7 +210,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     docs = a.docs.read_text() if a.docs else None  # read (and its markers checked) before any work
     if docs is not None:
-        with_docs_table(docs, [])
+        try:
+            with_docs_table(docs, [])
+        except InputError as e:
+            print(f"{a.docs}: {e}")
+            return 2
     rows = []
     for d in a.dirs:
         name, _, path = str(d).partition("=") if "=" in str(d) else (d.name, "", str(d))

@@ -12,18 +12,18 @@ registered checker; else, for a local function, the function's nodes; else the p
 attributes, then its domain; "Plugin not found, are the plugin name, version, and namespace
 correct?" when there is none). So a standard-domain op is one of:
 
-  - transcribed (`CHECKERS`): Attention, BatchNormalization, Cast, Constant, ConstantOfShape,
-    Dropout, Einsum, If, LayerNormalization, LpNormalization, LpPool, MaxPool, Pow, Resize,
-    ReverseSequence, Slice, TopK, Upsample;
+  - transcribed (`CHECKERS`): ArgMax / ArgMin, Attention, AveragePool / MaxPool / LpPool (with
+    the dilation check), BatchNormalization, Cast, Constant, ConstantOfShape, Dropout, Einsum, If,
+    LayerNormalization, LpNormalization, Pow, RandomUniform(Like) / RandomNormal(Like), Resize,
+    ReverseSequence, RoiAlign, Slice, TopK, Upsample;
   - registered with an empty checker (`EMPTY_CHECKERS`, `DEFINE_OP_EMPTY_CHECKER`): nothing is
     refused before import. Every other op of the v2 bundles is one (MatMul, Softmax, Gather,
     GatherElements, GatherND, Where, Expand, Concat, Reshape, Transpose, Split, Squeeze, Unsqueeze,
     Shape, Trilu, the element-wise and reduce ops, Conv, GroupNormalization, Q/DQ ...); what their
     importers (onnxOpImporters.cpp) refuse at import time (dtypes, ranks) is in deploy/trt_lint.py's
     table;
-  - registered, checks not transcribed (`UNTRANSCRIBED`: no lisa-trt graph uses them): ArgMax /
-    ArgMin (select_last_index before opset 12), AveragePool (dilations), GRU / LSTM / RNN
-    (activations), RandomUniform(Like) / RandomNormal(Like) (dtype), RoiAlign (modes);
+  - registered, checks not transcribed (`UNTRANSCRIBED`: no lisa-trt graph uses them): GRU / LSTM /
+    RNN (bidirectional activations, LSTM input_forget);
   - refused outright (`UNSUPPORTED_OPS`: a checker that is `STATIC_CHECK(false, kUNSUPPORTED_NODE)`:
     the Bitwise ops, the Sequence / Optional / String ops, Unique, QLinearConv, DFT, ...);
   - anything else: the plugin fallback (a standard-domain op has no plugin creator of its name).
@@ -72,6 +72,37 @@ def _attention(node, a, opset):
     return bad
 
 
+def _arg_min_max(node, a, opset):
+    if int(a.get("select_last_index", 0)) and opset < 12:
+        return ["Per-opset 12 ONNX does not support the select_last_index attribute."]
+    return []
+
+
+def _pooling(node, a, opset):
+    """poolingCheckHelper: from opset 10, every dilation must be 1 (one error per other value)."""
+    if opset < 10:
+        return []
+    return ["This version of TensorRT does not support dilations other than 1."
+            for d in a.get("dilations", [1, 1]) if int(d) != 1]
+
+
+def _random(kind: str):
+    def check(node, a, opset):
+        if "dtype" in a and int(a["dtype"]) not in (1, 10):  # FLOAT, FLOAT16
+            return [f"Unsupported data type in {kind}"]
+        return []
+    return check
+
+
+def _roi_align(node, a, opset):
+    bad = [] if a.get("mode", "avg") in ("avg", "max") else ["Mode must be avg or max!"]
+    if int(a.get("sampling_ratio", 0)) < 0:
+        bad.append("Sampling ratio cannot be negative!")
+    if opset >= 16 and a.get("coordinate_transformation_mode", "half_pixel") not in ("half_pixel", "output_half_pixel"):
+        bad.append("Coordinate transformation mode must be half_pixel or output_half_pixel!")
+    return bad
+
+
 def _batch_norm(node, a, opset):
     bad = ["This version of TensorRT does not support training_mode == 1 in BatchNormalization."] \
         if int(a.get("training_mode", 0)) else []
@@ -115,6 +146,10 @@ def _if(node, a, opset):
 
 def _lp(node, a, opset):
     return [] if int(a.get("p", 2)) in (1, 2) else ["Only L1 and L2 normalization are supported."]
+
+
+def _lp_pool(node, a, opset):
+    return _lp(node, a, opset) + _pooling(node, a, opset)
 
 
 def _pow(node, a, opset):
@@ -165,11 +200,15 @@ def _upsample(node, a, opset):
 
 
 CHECKERS = {
-    "Attention": _attention, "BatchNormalization": _batch_norm, "Cast": _cast, "Constant": _constant,
+    "ArgMax": _arg_min_max, "ArgMin": _arg_min_max, "Attention": _attention, "AveragePool": _pooling,
+    "BatchNormalization": _batch_norm, "Cast": _cast, "Constant": _constant,
     "ConstantOfShape": _constant_of_shape, "Dropout": _dropout, "Einsum": _einsum, "If": _if,
-    "LayerNormalization": lambda n, a, o: _outputs_beyond(n, 1), "LpNormalization": _lp, "LpPool": _lp,
-    "MaxPool": lambda n, a, o: _outputs_beyond(n, 1), "Pow": _pow, "Resize": _resize,
-    "ReverseSequence": _reverse_sequence, "Slice": _slice, "TopK": _topk, "Upsample": _upsample,
+    "LayerNormalization": lambda n, a, o: _outputs_beyond(n, 1), "LpNormalization": _lp, "LpPool": _lp_pool,
+    "MaxPool": lambda n, a, o: _outputs_beyond(n, 1) + _pooling(n, a, o), "Pow": _pow,
+    "RandomNormal": _random("randomNormal"), "RandomNormalLike": _random("randomNormal"),
+    "RandomUniform": _random("randomUniform"), "RandomUniformLike": _random("randomUniform"),
+    "Resize": _resize, "ReverseSequence": _reverse_sequence, "RoiAlign": _roi_align, "Slice": _slice,
+    "TopK": _topk, "Upsample": _upsample,
 }
 
 
@@ -189,8 +228,7 @@ EMPTY_CHECKERS = frozenset("""
     Unsqueeze Where Xor
 """.split())
 # Registered with real checks that are not transcribed here (see the module docstring).
-UNTRANSCRIBED = frozenset("ArgMax ArgMin AveragePool GRU LSTM RNN RandomNormal RandomNormalLike RandomUniform "
-                          "RandomUniformLike RoiAlign".split())
+UNTRANSCRIBED = frozenset("GRU LSTM RNN".split())
 # Checker `STATIC_CHECK(false, ErrorCode::kUNSUPPORTED_NODE, ...)`: the parser refuses the node.
 UNSUPPORTED_OPS = frozenset("""
     AffineGrid Bernoulli BitShift BitwiseAnd BitwiseNot BitwiseOr BitwiseXor CenterCropPad Col2Im Compress

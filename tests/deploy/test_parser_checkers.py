@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 from lisa_trt.deploy import op_audit as oa
 from lisa_trt.deploy import trt_lint as tc
 from lisa_trt.engines import parser_checks as pc
+from lisa_trt.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "bench" / "trt_op_audit.json"
@@ -102,5 +103,32 @@ def test_the_docs_table_is_written_between_its_markers(tmp_path):
     out = oa.with_docs_table(text, rows)
     assert out.startswith("intro\n") and out.endswith(f"{oa.DOCS_END}\nafter\n") and "old table" not in out
     assert oa.markdown(rows) in out and oa.with_docs_table(out, rows) == out
-    with pytest.raises(oa.OpAuditError, match="op-audit"):
+    with pytest.raises(InputError, match="op-audit:begin .* put the two markers"):
         oa.with_docs_table("no markers here", rows)
+
+
+@pytest.mark.parametrize("node, opset, message", [
+    (helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], dilations=[2, 1]), 17,
+     "This version of TensorRT does not support dilations other than 1."),
+    (helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], dilations=[1, 3]), 19,
+     "This version of TensorRT does not support dilations other than 1."),
+    (helper.make_node("LpPool", ["x"], ["y"], kernel_shape=[2, 2], dilations=[2, 2], p=2), 18,
+     "This version of TensorRT does not support dilations other than 1."),
+    (helper.make_node("ArgMax", ["x"], ["y"], select_last_index=1), 11,
+     "Per-opset 12 ONNX does not support the select_last_index attribute."),
+    (helper.make_node("RandomNormal", [], ["y"], dtype=TensorProto.DOUBLE, shape=[2]), 17,
+     "Unsupported data type in randomNormal"),
+    (helper.make_node("RoiAlign", ["x", "r", "b"], ["y"], coordinate_transformation_mode="nearest"), 16,
+     "Coordinate transformation mode must be half_pixel or output_half_pixel!"),
+])
+def test_the_other_transcribed_checkers_refuse_what_the_parser_refuses(node, opset, message):
+    assert message in pc.node_errors(node, opset), pc.node_errors(node, opset)
+    ok = {"MaxPool": dict(dilations=[1, 1]), "AveragePool": dict(dilations=[1, 1]), "LpPool": dict(dilations=[1, 1]),
+          "ArgMax": {}, "RandomNormal": dict(dtype=TensorProto.FLOAT16), "RoiAlign": {}}[node.op_type]
+    attrs = {**pc.node_attrs(node), **ok}
+    if node.op_type == "ArgMax":
+        opset = 12  # the attribute exists from opset 12
+    if node.op_type == "RoiAlign":
+        attrs.pop("coordinate_transformation_mode")
+    fixed = helper.make_node(node.op_type, list(node.input), list(node.output), **attrs)
+    assert pc.node_errors(fixed, opset) == [], pc.node_errors(fixed, opset)
