@@ -402,9 +402,10 @@ def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] =
         search: also compute the largest batch and tree that fit.
         backend: the runtime planned ("trt": TensorRT, with its recorded engine memory; "ort": ONNX
             Runtime), see Runtime. Both hold one KV cache per cache-owning model.
+        manifest: an engine directory's Manifest when the caller has read it (its build record).
     """
     device = resolve_gpu(gpu, memory_gib)
-    rt = resolve_runtime(model, backend)
+    rt = resolve_runtime(model, backend, manifest)
     s = resolve_model(model, image_size, prompt_len)
     prec = resolve_precision(precision or s.precision or "fp16")
     tree = (s.max_tree or 64) if tree is None else tree

@@ -51,9 +51,10 @@ class ExportFamily:
     # module whose open_engines(manifest, backend, **options) opens the family's bundles when its
     # engines are not engines/graph.py's GraphTarget / GraphVQ (None: those)
     engines_module: Optional[str] = None
-    # manifest file names the family's engine directories held before manifest.json (bundle_family)
+    # manifest file names the family's engine directories held before manifest.json, and True for the
+    # one family whose manifest.json files written before the `family` field are its own: read by
+    # export/legacy.py, the one place that reads older engine directories
     legacy_manifests: tuple = ()
-    # True for the one family whose manifest.json files written before the `family` field are its own
     unnamed_manifest: bool = False
     default_max_tree: Optional[int] = None  # the family's tree budget default (None: export/layout's)
 
@@ -306,24 +307,6 @@ def export_families() -> list:
     return list(_FAMILIES.values())
 
 
-def legacy_manifest_files() -> tuple:
-    """Manifest file names families wrote before manifest.json (ExportFamily.legacy_manifests)."""
-    return tuple(n for f in export_families() for n in f.legacy_manifests)
-
-
-def unnamed_manifest_family(file_name: str) -> str:
-    """The family of a manifest without a `family` field, from its file name: the family that wrote
-    that legacy file, else the family whose manifests predate the field (`unnamed_manifest`)."""
-    fams = export_families()
-    for f in fams:
-        if file_name in f.legacy_manifests:
-            return f.name
-    for f in fams:
-        if f.unnamed_manifest:
-            return f.name
-    raise ConfigError(f"{file_name} names no family and no export family claims unnamed manifests; re-export it")
-
-
 def family_name(obj) -> str:
     """The family name of a family name, a Manifest, a target (torch or graph engine) or a config."""
     if isinstance(obj, str):
@@ -356,5 +339,4 @@ def export_family(obj) -> ExportFamily:
 
 
 __all__ = ["ExportFamily", "act_dtype", "export_families", "export_family", "family_name", "filtered_logits",
-           "legacy_manifest_files", "past_of", "present_rows", "register_export_family", "spec_dtype",
-           "unnamed_manifest_family"]
+           "past_of", "present_rows", "register_export_family", "spec_dtype"]

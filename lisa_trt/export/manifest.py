@@ -119,7 +119,7 @@ class Manifest:
 
     def __post_init__(self):
         if not self.family:  # written before the field: the family whose unnamed manifests these are
-            from .families import unnamed_manifest_family
+            from .legacy import unnamed_manifest_family
 
             object.__setattr__(self, "family", unnamed_manifest_family(MANIFEST_NAME))  # frozen dataclass
 
@@ -263,18 +263,15 @@ def write_manifest(manifest: Manifest, engine_dir) -> Path:
 
 def manifest_path(engine_dir) -> Optional[Path]:
     """The manifest file of an engine directory: manifest.json, else a manifest a family wrote
-    before it (ExportFamily.legacy_manifests); None when it holds none."""
+    before it (export/legacy.legacy_manifest_path); None when it holds none."""
     d = Path(engine_dir)
     if (d / MANIFEST_NAME).is_file():
         return d / MANIFEST_NAME
     if not d.is_dir():
         return None
-    from .families import legacy_manifest_files
+    from .legacy import legacy_manifest_path
 
-    for name in legacy_manifest_files():
-        if (d / name).is_file():
-            return d / name
-    return None
+    return legacy_manifest_path(d)
 
 
 def raw_manifest(engine_dir) -> dict:
@@ -306,17 +303,13 @@ def bundle_family(engine_dir) -> str:
 
     Manifests written before the field fall back to which manifest the directory holds: a family's
     legacy manifest file -> that family, a manifest.json -> the family whose unnamed manifests
-    these are (export/families.unnamed_manifest_family).
+    these are (export/legacy.record_family).
     Raises:
         InputError: no engine directory (what one holds and how to make one), unreadable manifest.
     """
-    rec = raw_manifest(engine_dir)
-    fam = rec.get("family")
-    if fam:
-        return str(fam)
-    from .families import unnamed_manifest_family
+    from .legacy import record_family
 
-    return unnamed_manifest_family(manifest_path(engine_dir).name)
+    return record_family(raw_manifest(engine_dir), manifest_path(engine_dir).name)
 
 
 def file_sha256(path: Path) -> str:

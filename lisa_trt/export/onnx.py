@@ -415,8 +415,17 @@ def staging_dir(out_dir: Path, echo=None):
                       stage_name=staging_dir_name)
 
 
-def check_inputs(target, drafter, tables) -> None:
-    """ArtifactMismatchError when the drafter or the tables were made for another target."""
+def check_inputs(target, drafter, tables, code_ids: Optional[torch.Tensor] = None) -> None:
+    """ArtifactMismatchError when the drafter or the tables were made for another target: the one
+    check of an export's inputs, every family's (prompt_graphs.check_bundle_artifacts binds after it).
+
+    code_ids: the head ids the tables' vocabulary covers (a sub-vocabulary's codes); None: the
+    whole head (its `output.out_features`, the target's vocabulary).
+    Raises:
+        ArtifactMismatchError: a drafter trained for another target (a drafter without a recorded
+            target hash passes), tables calibrated for another target or vocabulary (naming both).
+        InputError: tables without theta_geo (calibration.tables.check_tables).
+    """
     from ..calibration.tables import check_tables
     from ..models.checkpoints import target_hash
 
@@ -428,7 +437,7 @@ def check_inputs(target, drafter, tables) -> None:
                 f"the drafter was trained for target {dh}, but the target being exported is {th}. "
                 "Export the drafter together with the target it was distilled from.")
     if tables is not None:
-        check_tables(tables, th, target.config.vocab_size)
+        check_tables(tables, th, target.output.out_features if code_ids is None else int(code_ids.numel()))
 
 
 def half_drafter(drafter, fp16: bool):

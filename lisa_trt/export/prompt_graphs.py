@@ -164,24 +164,15 @@ class PromptExportFamily(ExportFamily):
 
 
 def check_bundle_artifacts(target, drafter, tables, code_ids: Optional[torch.Tensor] = None):
-    """The drafter and tables made for `target`; the tables bound to the head rows they cover.
+    """The drafter and tables made for `target` (export/onnx.check_inputs, every family's check);
+    the tables bound to the head rows they cover.
 
     code_ids: the head ids the tables' vocabulary covers (a sub-vocabulary's codes), None: the
     whole head. Raises ArtifactMismatchError naming the fix; returns the bound tables (or None)."""
-    from ..calibration.tables import target_hash_of
-    from ..errors import ArtifactMismatchError
-    from ..models.checkpoints import target_hash
+    from .onnx import check_inputs
 
-    th = target_hash(target)
-    if drafter is not None and drafter.config.target_hash not in ("", None, th):
-        raise ArtifactMismatchError(f"the drafter was trained for target {drafter.config.target_hash}, not {th}")
-    if tables is None:
-        return None
-    K = target.output.out_features if code_ids is None else int(code_ids.numel())
-    if tables.target_hash not in ("", None, target_hash_of(target)) or tables.vocab_size != K:
-        raise ArtifactMismatchError("the tables were calibrated for another target or code vocabulary; re-run "
-                                    "`lisa-trt calibrate --model DIR` for this target")
-    if tables.w_tilde is not None:
+    check_inputs(target, drafter, tables, code_ids)
+    if tables is None or tables.w_tilde is not None:
         return tables
     w = target.output.weight.detach()
     return tables.bind(w if code_ids is None else w[code_ids.to(w.device)])

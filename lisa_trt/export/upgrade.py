@@ -1,4 +1,5 @@
-"""Optional graphs added to an existing bundle (old bundles keep loading without them).
+"""Optional graphs added to an existing bundle (old bundles keep loading without them; how an older
+manifest is read is export/legacy.py's).
 
 `drafter_commit` (drafter fc + step in one call, engines.graph.GraphDrafter.commit) is exported
 by `export_bundle` since it exists; `add_graphs` gives a bundle exported before it the graph from

@@ -94,10 +94,18 @@ def open_bundle(engine_dir: Path, backend: str = "auto", *, threads: Optional[in
         e = load_engines(engine_dir, backend, manifest=man, **opts)
         return Bundle(target=e.target, drafter=e.drafter, gasv=e.gasv, tables=tables, vq=e.vq,
                       class_names=names, generation=gen, backend=backend, manifest=man,
-                      family=family if family is not None else getattr(e.target, "family", None))
+                      family=family if family is not None else _engines_family(e.target))
     b = _torch_engines(man, engine_dir, tables, names, gen)
     b.family = family
     return b
+
+
+def _engines_family(target):
+    """The ModelFamily the engines' target resolved (engines/graph.GraphTarget.family), else None."""
+    from ..models.family import ModelFamily
+
+    fam = getattr(target, "family", None)
+    return fam if isinstance(fam, ModelFamily) else None
 
 
 def _manifest(engine_dir: Path, manifest):

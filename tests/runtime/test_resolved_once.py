@@ -116,3 +116,16 @@ def test_a_given_manifest_still_has_its_graph_files_checked(demo_engines, tmp_pa
         open_bundle(copy, "ort", manifest=man)
     with pytest.raises(InputError, match=re.escape(f"not {demo_engines}'s")):
         open_bundle(demo_engines, "ort", manifest=man)  # another directory's manifest
+
+
+def test_a_planned_run_reads_the_manifest_for_the_shape_only(demo_engines, counts, tmp_path):
+    """With --memory-gib (what a GPU run checks) the preflight plans on the RunContext's Manifest
+    (the CFG default, the build record); the model's shape still comes from the family's shape
+    plug-in, which reads the directory (families/<name>/shapes.py engine_shape: one read_manifest
+    and one raw read, plus deploy/model_shapes' bundle_family)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("1\n")
+    res = CliRunner().invoke(main, ["run", str(demo_engines), str(prompts), "--out", str(tmp_path / "out"),
+                                    "--backend", "ort", "--threads", "1", "--verify", "gasv", "--memory-gib", "80"])
+    assert res.exit_code == 0, res.output
+    assert (counts["read_manifest"], counts["manifest.json"]) == (2, 4), dict(counts)
