@@ -23,7 +23,9 @@ class JanusFamily(ModelFamily):
                         "a cat sleeping on a sofa", "a mountain lake with pine trees", "a city street at night")
 
     def conditioning(self, cfg_or_type):
-        return TextPrompts()  # text prompts through JanusPrompter (the CLI's --prompt / captions files)
+        # text prompts through JanusPrompter (the CLI's --prompt / captions files); a negative text
+        # in the prompt template replaces transformers' padded unconditional row
+        return TextPrompts(negative=True)
 
     def claims(self, path) -> bool:
         """True for a directory whose config.json has model_type "janus"."""
@@ -34,8 +36,9 @@ class JanusFamily(ModelFamily):
         return C.check_cond(cfg, cond)
 
     def null_cond(self, cfg, cond, uncond_embedding=None):
-        """CFG's unconditional rows (cond.null_cond: transformers' BOS / BOI kept, the rest PAD), the
-        one rule the torch target, the graph target's condition and the reference loop ask for."""
+        """CFG's unconditional rows (cond.null_cond: those the condition carries, a negative text's,
+        else transformers' BOS / BOI kept, the rest PAD), the one rule the torch target, the graph
+        target's condition and the reference loop ask for."""
         return C.null_cond(cfg, cond)
 
     def example_cond(self, cfg, batch: int, generator=None):
