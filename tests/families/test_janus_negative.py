@@ -87,6 +87,12 @@ def test_negative_prompt_tokens_equal_the_reference(janus):
     want = _reference(target, _template([10, 11, 12]), _template([30, 31, 32, 33, 34]), SCALE, n)
     assert torch.equal(got.tokens, want)
     assert got.stats[0]["negative_prompt"] == NEG
+    ids = torch.tensor([_template([10, 11, 12])])
+    neg_ids = torch.tensor([_template([30, 31, 32, 33, 34])])
+    public = lisa_trt.generate(target, ids, negative_prompt_ids=neg_ids, cfg_scale=SCALE, greedy=True)
+    assert torch.equal(public, want)  # transformers' negative_prompt_ids form of the same rows
+    with pytest.raises(InputError, match="negative_prompt_ids has 2 rows for 1 prompts"):
+        lisa_trt.generate(target, ids, negative_prompt_ids=neg_ids.repeat(2, 1), cfg_scale=SCALE, greedy=True)
     plain = _generate(pipe, [PROMPT])
     assert not torch.equal(plain.tokens, got.tokens)  # the negative text guided this decode
     null = [BOS, 0, 0, 0, 0, 0, BOI]  # transformers' row: the prompt with BOS / BOI kept, the rest PAD
