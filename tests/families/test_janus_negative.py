@@ -135,3 +135,6 @@ def test_the_ort_bundle_decodes_negative_prompts_as_the_eager_pipeline(janus, tm
         wide = " ".join(f"w{i}" for i in range(50, 63))  # 13 words: 17 tokens in the template
         with pytest.raises(InputError, match="17 tokens wide .*at most 16.*--max-prompt"):
             _generate(ort, [PROMPT], negative_prompt=wide)
+        with pytest.raises(InputError, match="negative_prompt is 17 tokens; .*at most 16.*--max-prompt"):
+            ort.check_prompt(PROMPT, wide)  # serve's per-row check before a batch decodes
+        ort.check_prompt(PROMPT, NEG)
