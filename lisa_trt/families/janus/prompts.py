@@ -19,9 +19,9 @@ from typing import Sequence
 import torch
 
 from ...errors import ConfigError, InputError
-from . import cond as C
 from ...models.family import Request, SequenceLayout
 from ...models.prompts import Prompts, negative_texts
+from . import cond as C
 
 SFT_FORMAT = "<|User|>: {prompt}\n\n<|Assistant|>:"
 BOI = "<begin_of_image>"
