@@ -45,7 +45,7 @@ def test_the_family_answers_caption_shape_and_the_tiny_test_targets():
     with pytest.raises(InputError, match="captions condition text-to-image targets only"):
         caption_shape(c2i.config)
     assert F.family_of("chameleon").conditioning(object()) == TextPrompts(negative=True)  # its prompter takes one
-    assert F.family_of("janus").conditioning(object()) == TextPrompts()
+    assert F.family_of("janus").conditioning(object()) == TextPrompts(negative=True)  # the template's negative row
     assert fam.check_cond(t2i.config, make_cond(t2i, batch=3)) == 3
     assert bool((make_cond(c2i, batch=8) < c2i.config.num_classes).all())  # real classes, never the null id
     with pytest.raises(NotImplementedError, match="tiny random target"):

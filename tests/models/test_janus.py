@@ -170,7 +170,7 @@ def test_family_is_registered_and_claims_janus_dirs(gqa, tmp_path):
     _, target, d = gqa
     fam = F.family_of("janus")
     assert isinstance(fam, J.JanusFamily) and fam is F.family_of(target.config) and fam.name == "janus"
-    assert "janus" in F.model_types() and fam.conditioning(target.config) == TextPrompts()
+    assert "janus" in F.model_types() and fam.conditioning(target.config) == TextPrompts(negative=True)
     assert fam.claims(d) and fam.claims(str(d))
     assert not fam.claims(tmp_path) and not fam.claims(d / "config.json")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "chameleon"}))

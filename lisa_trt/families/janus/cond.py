@@ -2,12 +2,15 @@
 
 A condition is `prompt_ids` (B, T) LongTensor, or `(prompt_ids, attention_mask)` with a
 (B, T) bool mask (1/0 integers are accepted) for LEFT-padded batches: padding first, then each
-row's real tokens. A prompt is already in Janus' image-generation format (chat template, ending
-in `<begin_of_image>`); tokenising text is not this module's job.
+row's real tokens, or a models/prompts.Prompts (ids, valid) that may carry its own unconditional
+rows (`uncond`: the prompter's negative texts). A prompt is already in Janus' image-generation
+format (chat template, ending in `<begin_of_image>`); tokenising text is not this module's job.
 
-The unconditional rows are built exactly as transformers' `JanusForConditionalGeneration.generate(
-generation_mode="image")` builds them: a copy of the prompt in which every token that is neither
-BOS nor BOI becomes PAD, with the same attention mask.
+The unconditional rows are the ones the condition carries, else built exactly as transformers'
+`JanusForConditionalGeneration.generate(generation_mode="image")` builds them: a copy of the
+prompt in which every token that is neither BOS nor BOI becomes PAD, with the same attention mask.
+`cfg_rows` joins [cond; null]: by concatenation when both are plain (ids, mask) forms (always the
+same width), re-left-padded to one shared width (Prompts.cat) when either carries rows of its own.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Union
 import torch
 
 from ...errors import ConfigError, InputError
+from ...models.prompts import Prompts
 
 Cond = Union[torch.Tensor, tuple]
 _INT = (torch.int64, torch.int32, torch.int16, torch.uint8)
@@ -24,7 +28,9 @@ _INT = (torch.int64, torch.int32, torch.int16, torch.uint8)
 
 def split_cond(cond: Cond) -> tuple[torch.Tensor, torch.Tensor]:
     """(prompt_ids (B, T) long, valid (B, T) bool) of a condition (all valid for bare ids)."""
-    if isinstance(cond, (tuple, list)):
+    if isinstance(cond, Prompts):
+        ids, mask = cond.ids, cond.valid
+    elif isinstance(cond, (tuple, list)):
         if len(cond) != 2:
             raise InputError("a Janus condition is prompt_ids (B, T) or a pair (prompt_ids, attention_mask)")
         ids, mask = cond
@@ -85,11 +91,29 @@ def null_ids(cfg, ids: torch.Tensor) -> torch.Tensor:
 
 
 def null_cond(cfg, cond: Cond) -> Cond:
-    """The unconditional condition for CFG, same form and shape as `cond`."""
+    """The unconditional condition for CFG: the rows a Prompts carries (`uncond`, the same batch,
+    their own width), else the same form and shape as `cond` (null_ids)."""
+    if isinstance(cond, Prompts):
+        if cond.uncond is not None:
+            if cond.uncond.batch != cond.batch:
+                raise InputError(f"the condition carries {cond.uncond.batch} unconditional rows for {cond.batch} "
+                                 "prompts; pass one per prompt")
+            return cond.uncond
+        return Prompts(null_ids(cfg, cond.ids), cond.valid)
     if isinstance(cond, (tuple, list)):
         ids, mask = cond
         return null_ids(cfg, ids), mask
     return null_ids(cfg, cond)
+
+
+def cfg_rows(cond: Cond, null: Cond) -> Cond:
+    """[cond; null] as one batch: concatenated (the form of `cond`) when neither is a Prompts,
+    else one left-padded Prompts of the wider width (a negative text's rows may differ in width)."""
+    if isinstance(cond, Prompts) or isinstance(null, Prompts):
+        return Prompts(*split_cond(cond)).cat(Prompts(*split_cond(null)))
+    if isinstance(cond, (tuple, list)):
+        return tuple(torch.cat([c, n]) for c, n in zip(split_cond(cond), split_cond(null)))
+    return torch.cat([cond, null])
 
 
 def example_cond(cfg, batch: int, generator=None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -53,8 +53,8 @@ CHECKPOINT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "
 
 class JanusCondition:
     """The condition protocol of a Janus graph target (engines/prompt_graph.GraphPromptTarget):
-    JanusTarget's checks, the family's unconditional rows (JanusFamily.null_cond), [cond; null] by
-    concatenation."""
+    JanusTarget's checks, the family's unconditional rows (JanusFamily.null_cond), [cond; null] as
+    JanusTarget joins them (cond.cfg_rows), within the prefill's prompt budget."""
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -68,9 +68,15 @@ class JanusCondition:
         return family_of(self.cfg).null_cond(self.cfg, cond)
 
     def cfg_rows(self, cond, null):
-        if isinstance(cond, (tuple, list)):
-            return tuple(torch.cat([c, n]) for c, n in zip(C.split_cond(cond), C.split_cond(null)))
-        return torch.cat([cond, null])
+        """[cond; null] (cond.cfg_rows), refused when the shared width of a negative text's rows
+        passes the bundle's prompt budget (its prefill's --max-prompt)."""
+        rows = C.cfg_rows(cond, null)
+        T, budget = C.split_cond(rows)[0].shape[1], self.cfg.max_prompt_tokens
+        if T > budget:
+            raise InputError(f"the guided prompt rows are {T} tokens wide (the prompt and its negative text, "
+                             f"left-padded to one width); this engine directory takes at most {budget}: shorten "
+                             "the negative prompt, or re-export with a larger --max-prompt")
+        return rows
 
 
 class JanusGraphs(PromptExportFamily):

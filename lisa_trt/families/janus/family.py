@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ...errors import SpecError
+from ...errors import InputError, SpecError
 from ...models.conditioning import TextPrompts
 from ...models.family import ModelFamily, register_family
+from ...models.prompts import Prompts, with_mask
 from . import cond as C
 from .config import MODEL_TYPE, is_janus_dir
 
@@ -23,7 +24,9 @@ class JanusFamily(ModelFamily):
                         "a cat sleeping on a sofa", "a mountain lake with pine trees", "a city street at night")
 
     def conditioning(self, cfg_or_type):
-        return TextPrompts()  # text prompts through JanusPrompter (the CLI's --prompt / captions files)
+        # text prompts through JanusPrompter (the CLI's --prompt / captions files); a negative text
+        # in the prompt template replaces transformers' padded unconditional row
+        return TextPrompts(negative=True)
 
     def claims(self, path) -> bool:
         """True for a directory whose config.json has model_type "janus"."""
@@ -34,9 +37,21 @@ class JanusFamily(ModelFamily):
         return C.check_cond(cfg, cond)
 
     def null_cond(self, cfg, cond, uncond_embedding=None):
-        """CFG's unconditional rows (cond.null_cond: transformers' BOS / BOI kept, the rest PAD), the
-        one rule the torch target, the graph target's condition and the reference loop ask for."""
+        """CFG's unconditional rows (cond.null_cond: those the condition carries, a negative text's,
+        else transformers' BOS / BOI kept, the rest PAD), the one rule the torch target, the graph
+        target's condition and the reference loop ask for."""
         return C.null_cond(cfg, cond)
+
+    def generation_inputs(self, target, cond, attention_mask=None, negative=None, negative_mask=None):
+        """The public generate's condition; `negative` (B, T') (with `negative_mask`): ids of CFG's
+        unconditional rows in place of transformers' padded ones (a Prompts carrying them)."""
+        if negative is None:
+            return super().generation_inputs(target, cond, attention_mask)
+        ids, valid = C.split_cond(with_mask(cond, attention_mask))
+        neg = Prompts(*C.split_cond(with_mask(negative, negative_mask)))
+        if neg.batch != ids.shape[0]:
+            raise InputError(f"negative_prompt_ids has {neg.batch} rows for {ids.shape[0]} prompts; pass one per prompt")
+        return Prompts(ids, valid, uncond=neg), None, None
 
     def example_cond(self, cfg, batch: int, generator=None):
         return C.example_cond(cfg, batch, generator)

@@ -5,7 +5,9 @@ turn is rendered with the checkpoint's chat template (`chat_template` in tokeniz
 chat_template.jinja, jinja2) when it has one, else Janus-Pro's conversation format
 "<|User|>: {prompt}\\n\\n<|Assistant|>:"; image generation appends the image-start token
 (`<begin_of_image>`, id `boi_token_id`) and the tokenizer adds BOS. The unconditional CFG rows
-are the target's (`null_cond`: every token but BOS / BOI replaced by PAD, as transformers does).
+are the target's (`null_cond`: every token but BOS / BOI replaced by PAD, as transformers does),
+or, for a prompt given a negative text, that text in the same template (`ids(negative)`), carried
+by the condition (Prompts.uncond) and left-padded to the batch's shared width by `cfg_rows`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import torch
 
 from ...errors import ConfigError, InputError
 from ...models.family import Request, SequenceLayout
-from ...models.prompts import Prompts
+from ...models.prompts import Prompts, negative_texts
+from . import cond as C
 
 SFT_FORMAT = "<|User|>: {prompt}\n\n<|Assistant|>:"
 BOI = "<begin_of_image>"
@@ -61,7 +64,10 @@ class JanusPrompter:
             ids = [int(bos)] + ids
         return ids
 
-    def encode(self, prompts: Sequence[str], *, image_size=None, cfg: bool = False) -> Request:
+    def encode(self, prompts: Sequence[str], *, image_size=None, cfg: bool = False, negative=None) -> Request:
+        """Request of `prompts`: cond (ids, valid) left-padded; with `negative` (one text for every
+        prompt or one per prompt, None / blank: none) and `cfg`, a Prompts whose `uncond` rows are
+        each negative text in the prompt template (transformers' padded row where a prompt has none)."""
         prompts = list(prompts)
         if not prompts:
             raise InputError("no prompts: pass at least one")
@@ -72,9 +78,16 @@ class JanusPrompter:
         dev = getattr(self.target, "device", None)  # graph engines: theirs; the torch target: its head's
         if not isinstance(dev, (str, torch.device)):
             dev = self.target.output.weight.device
-        p = Prompts.from_rows([self.ids(t) for t in prompts], dev)
+        rows = [self.ids(t) for t in prompts]
+        p = Prompts.from_rows(rows, dev)
+        neg = negative_texts(negative, len(prompts))  # checked with or without CFG
+        cond = (p.ids, p.valid)
+        if cfg and neg is not None:
+            null = [self.ids(t) if t is not None else C.null_ids(cfg_, torch.tensor([r]))[0].tolist()
+                    for r, t in zip(rows, neg)]
+            cond = Prompts(p.ids, p.valid, uncond=Prompts.from_rows(null, dev))
         g = cfg_.grid_hw
-        return Request((p.ids, p.valid), SequenceLayout(cfg_.block_size), tuple(g), tuple(prompts))
+        return Request(cond, SequenceLayout(cfg_.block_size), tuple(g), tuple(prompts))
 
 
 def _chat_template(folder: Path):

@@ -15,7 +15,8 @@ the generation path `aligner(generation_embeddings(code))`; logits come from the
 head over the final normed hidden state. Logits are fp32 (B, S, codebook).
 
 Protocol (the one ChameleonTarget and the LlamaGen Transformer offer, so generic loops drive it):
-- `check_cond(cond)`, `null_cond(cond)`: conditions are prompt ids or (ids, left-padding mask) (cond.py).
+- `check_cond(cond)`, `null_cond(cond)`, `cfg_rows(cond, null)`: conditions are prompt ids, (ids,
+  left-padding mask) or Prompts carrying a negative text's rows (cond.py).
 - `new_cache(batch, extra=0, max_len=None)`: sized for the prompt budget + one image + `extra`.
 - `prefill(cond, cache)`: writes the prompt, logits of its last position (B, 1, codebook).
 - `forward_tokens(tokens, positions, slots, mask, cache)`: image codes at RoPE `positions`,
@@ -175,6 +176,12 @@ class JanusTarget(RotaryTarget, nn.Module):
         from ...models.family import family_of
 
         return family_of(self.config).null_cond(self.config, cond)
+
+    @staticmethod
+    def cfg_rows(cond, null):
+        """[cond; null] as one left-padded batch (cond.cfg_rows: a negative text's rows re-padded to
+        the shared width)."""
+        return C.cfg_rows(cond, null)
 
     # -- core ---------------------------------------------------------------------------
     def _run(self, h, positions, mask, cache, slots, taps: bool, last_only: bool = False) -> TargetOutput:
