@@ -26,7 +26,7 @@ from . import options as opt
                     "when the backend is TensorRT; CPU runs are not checked).")
 @opt.knob_options(show_defaults=False)
 @click.option("--negative-prompt", default=None,
-              help="Text-prompt models whose prompter takes one (Emu3, Lumina-mGPT): CFG's unconditional rows "
+              help="Text-prompt models whose prompter takes one (Emu3, Lumina-mGPT, Janus-Pro): CFG's unconditional rows "
                    "from this text, for every prompt (other models: refused, naming why).")
 @handle_errors
 def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, encoder_dir, sampling, tree, gpu,

@@ -399,7 +399,7 @@ class Pipeline:
             negative_prompt: a text for every prompt, or one text (None: none) per prompt: CFG's
                 unconditional rows are that text encoded by the family's prompter instead of its own
                 (families whose conditioning is TextPrompts(negative=True): Emu3, Chameleon /
-                Lumina-mGPT); it acts only under CFG (cfg_scale > 1). Other families: InputError
+                Lumina-mGPT, Janus-Pro); it acts only under CFG (cfg_scale > 1). Other families: InputError
                 naming why (class-conditional CFG runs against the null class).
             tree: top_k / depth / total_tokens overrides of the tree budget (e.g. depth=3), and
                 every registered method's knob by its flat name (speculative/methods.py FLAT_FIELDS):
