@@ -170,7 +170,7 @@ def config_pbtxt(*, engine_dir: str, backend: str, max_batch: int, max_queue_del
     outs = ",\n".join(f'  {{ name: "{n}" data_type: {triton_type(dt)} dims: [ {", ".join(map(str, dims))} ] }}'
                        for n, (dt, dims) in {**OUTPUTS, **(STREAM_OUTPUTS if stream else {})}.items())
     warmup = warmup and not stream
-    policy = (f"model_transaction_policy {{ decoupled: true }}\n" if stream else
+    policy = ("model_transaction_policy { decoupled: true }\n" if stream else
               f"dynamic_batching {{ max_queue_delay_microseconds: {int(round(max_queue_delay_ms * 1000))} }}\n")
     return (f'name: "{STREAM_MODEL_NAME if stream else MODEL_NAME}"\nbackend: "python"\nmax_batch_size: {max_batch}\n'
             f"input [\n{ins}\n]\noutput [\n{outs}\n]\n" + policy
