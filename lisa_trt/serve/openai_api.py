@@ -2,7 +2,9 @@
 
 A FastAPI app (run by uvicorn) with `POST /v1/images/generations`, `GET /v1/models`,
 `GET /v1/models/{id}` and `GET /health`. It keeps no model of its own: every generation is
-ONE request of n rows to Triton model 'lisa' (tritonclient's asyncio HTTP client), so dynamic
+ONE request of n rows to Triton model 'lisa' (tritonclient's asyncio HTTP client), or, for a
+streaming one when Triton's gRPC endpoint is given, to the decoupled model 'lisa_stream'
+(tritonclient's asyncio gRPC `stream_infer`: its progressive images as they decode), so dynamic
 batching, instances, readiness, metrics and SIGTERM draining stay Triton's. Request checks:
 openai_request.py; response bodies, PNGs and the streaming events: openai_images.py.
 

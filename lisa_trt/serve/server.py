@@ -1,8 +1,9 @@
 """`lisa-trt serve`: one engine directory behind NVIDIA Triton Inference Server.
 
 `serve` writes a Triton model repository for ENGINE_DIR (repo.py: Python-backend model
-'lisa', dynamic batcher, `--instances` instance groups, one warm-up request) into a temporary
-directory and runs the `tritonserver` binary that PyTriton bundles on it. Triton loads the
+'lisa', dynamic batcher, `--instances` instance groups, one warm-up request; with
+`--openai-port` also the decoupled model 'lisa_stream' whose progressive images the front end
+streams over gRPC) into a temporary directory and runs the `tritonserver` binary that PyTriton bundles on it. Triton loads the
 model, sends it the warm-up request, and opens its HTTP / gRPC / metrics endpoints only after
 that, so `/v2/health/ready` (and gRPC ServerReady) never answers before the model can serve;
 `serve` prints the moment it first answers 200.

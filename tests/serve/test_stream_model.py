@@ -190,3 +190,54 @@ def test_triton_images_stream_failures_are_api_errors(stream_model):
             _drain(images, _call(n=1))
         assert e.value.status == status and text in str(e.value), (status, str(e.value))
     assert e.value.status == 503
+
+
+def test_triton_repo_stream_writes_lisa_stream_on_the_same_engines(tmp_path, monkeypatch):
+    """write_triton_repo(stream=True) (`triton-repo --stream`, `serve --openai-port`): 'lisa_stream'
+    next to 'lisa', its engine_dir the same directory (a copy: lisa's, reached from its own
+    version directory as model.py resolves it); without it no second model."""
+    import os
+
+    from click.testing import CliRunner
+
+    import lisa_trt.export.manifest as M
+    from lisa_trt.cli import main
+    from lisa_trt.serve import repo as R
+
+    monkeypatch.setattr(M, "read_manifest", lambda d: {})
+    eng = tmp_path / "eng"
+    eng.mkdir()
+    (eng / "manifest.json").write_text("{}")
+    plain = R.write_triton_repo(eng, tmp_path / "plain", backend="ort", kind="cpu")
+    assert not (plain / STREAM_MODEL_NAME).exists()
+    for copy in (False, True):
+        repo = R.write_triton_repo(eng, tmp_path / f"r{copy}", backend="ort", kind="cpu", copy_engines=copy, stream=True)
+        assert (repo / STREAM_MODEL_NAME / "1" / "model.py").read_text() == R.STREAM_MODEL_PY
+        text = (repo / STREAM_MODEL_NAME / "config.pbtxt").read_text()
+        assert f'name: "{STREAM_MODEL_NAME}"' in text and "decoupled: true" in text
+        (where,) = [ln.split('string_value: "')[1].split('"')[0] for ln in text.splitlines() if '"engine_dir"' in ln]
+        got = os.path.normpath(os.path.join(repo / STREAM_MODEL_NAME, "1", where))  # as model.py joins it
+        assert got == str((repo / "lisa" / "1" / "engines") if copy else eng.resolve()), (copy, where)
+    seen = {}
+    monkeypatch.setattr(R, "write_triton_repo", lambda *a, **kw: seen.update(kw) or tmp_path)
+    res = CliRunner().invoke(main, ["triton-repo", str(eng), str(tmp_path / "c"), "--stream"])
+    assert res.exit_code == 0 and seen["stream"] is True and "'lisa_stream'" in res.output, res.output
+
+
+def test_openai_api_takes_the_triton_grpc_url(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from lisa_trt.cli import main
+    from lisa_trt.serve import openai_api
+    from lisa_trt.serve.process import free_ports
+
+    seen = {}
+
+    def fake(cls, engine_dir, **kw):
+        seen.update(kw)
+        raise openai_api.FrontEndUnavailableError("stop here")
+
+    monkeypatch.setattr(openai_api.FrontEnd, "for_triton", classmethod(fake))
+    res = CliRunner().invoke(main, ["openai-api", str(tmp_path), "--triton-grpc-url", "127.0.0.1:8001", "--port",
+                                        str(free_ports(1)[0])])
+    assert "stop here" in res.output and seen["triton_grpc_url"] == "127.0.0.1:8001", res.output
