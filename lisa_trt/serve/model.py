@@ -22,6 +22,10 @@ A bad request gets a RequestFailure (one line naming the field and the fix; the 
 answers it with INVALID_ARG, HTTP 400) and its batch-mates are still served. A fault of the
 server itself (an exception while decoding) is logged with its traceback under a request id;
 the request gets only "internal error (request id ...)" (INTERNAL, HTTP 500).
+
+The decoupled model 'lisa_stream' (repo.py) answers through `stream_request`: the same inputs
+plus `partial_images`, its progressive images (stream_each) as responses while it decodes, then
+the final answer with the failure, if any, as a `status` output.
 """
 
 from __future__ import annotations
