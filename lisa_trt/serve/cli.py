@@ -83,10 +83,13 @@ def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max
 @click.option("--gpus", default=None, help="Comma-separated GPU ids (instances on each; default: every GPU).")
 @click.option("--threads", type=int, default=0, show_default=True, help="CPU threads per instance (0: default).")
 @click.option("--copy-engines", is_flag=True, help="Copy ENGINE_DIR into the repository (self-contained).")
+@click.option("--stream", is_flag=True,
+              help="Also the decoupled model 'lisa_stream' (progressive images over gRPC streaming, for "
+                   "`openai-api --triton-grpc-url`); a second pipeline on the same engines.")
 @_SJD_WINDOW
 @_errors
 def triton_repo_cmd(engine_dir, repo_dir, backend, max_batch, max_queue_delay_ms, instances, kind, gpus, threads,
-                    copy_engines, sjd_window):
+                    copy_engines, stream, sjd_window):
     """Write a Triton model repository (config.pbtxt + Python-backend model.py) for ENGINE_DIR.
 
     For GPU servers running the Triton container with TensorRT:
@@ -100,14 +103,20 @@ def triton_repo_cmd(engine_dir, repo_dir, backend, max_batch, max_queue_delay_ms
         raise InputError(f"--gpus {gpus!r}: give comma-separated GPU ids, e.g. --gpus 0,1") from None
     out = write_triton_repo(engine_dir, repo_dir, backend=backend, max_batch=max_batch,
                             max_queue_delay_ms=max_queue_delay_ms, instances=instances, kind=kind,
-                            copy_engines=copy_engines, gpus=gpu_ids, threads=threads, sjd_window=sjd_window)
-    click.echo(f"wrote Triton model repository {out} (model 'lisa'): tritonserver --model-repository {repo_dir}")
+                            copy_engines=copy_engines, gpus=gpu_ids, threads=threads, sjd_window=sjd_window,
+                            stream=stream)
+    models = "models 'lisa', 'lisa_stream'" if stream else "model 'lisa'"
+    click.echo(f"wrote Triton model repository {out} ({models}): tritonserver --model-repository {repo_dir}")
 
 
 @click.command("openai-api")
 @click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--triton-url", default="127.0.0.1:8000", show_default=True,
               help="HTTP endpoint (host:port) of the Triton server that serves ENGINE_DIR as model 'lisa'.")
+@click.option("--triton-grpc-url", default=None,
+              help="gRPC endpoint (host:port) of that Triton, whose model 'lisa_stream' (`triton-repo --stream`) "
+                   "streams progressive images; default: none (streaming answers cut their partials from the "
+                   "finished image).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the API binds (0.0.0.0: remote).")
 @click.option("--port", type=int, default=8080, show_default=True)
 @click.option("--max-batch", type=int, default=16, show_default=True,
@@ -117,7 +126,7 @@ def triton_repo_cmd(engine_dir, repo_dir, backend, max_batch, max_queue_delay_ms
 @click.option("--drain-timeout", type=int, default=60, show_default=True,
               help="Seconds SIGTERM waits for in-flight requests.")
 @_errors
-def openai_api_cmd(engine_dir, triton_url, host, port, max_batch, max_pending, drain_timeout):
+def openai_api_cmd(engine_dir, triton_url, triton_grpc_url, host, port, max_batch, max_pending, drain_timeout):
     """The OpenAI Images API for ENGINE_DIR in front of a Triton server that already serves it
     (`lisa-trt triton-repo` in the Triton container; a sidecar next to it). `lisa-trt serve
     --openai-port` starts the same front end with its own Triton. See docs/serving.md."""
@@ -126,7 +135,8 @@ def openai_api_cmd(engine_dir, triton_url, host, port, max_batch, max_pending, d
 
     check_ports(host, {"--port": port})
     front = FrontEnd.for_triton(engine_dir, triton_url=triton_url, host=host, port=port, max_batch=max_batch,
-                                max_pending=max_pending, drain_timeout=drain_timeout)
+                                max_pending=max_pending, drain_timeout=drain_timeout,
+                                triton_grpc_url=triton_grpc_url)
     click.echo(f"OpenAI Images API: http://{host}:{port}/v1/images/generations (model '{front.info.id}', "
                f"{front.info.size}, n <= {max_batch}) -> Triton {triton_url}")
     sys.exit(front.serve_until_signal(drain_timeout))  # SIGTERM: in-flight requests finish, exit 0

@@ -22,6 +22,10 @@ A bad request gets a RequestFailure (one line naming the field and the fix; the 
 answers it with INVALID_ARG, HTTP 400) and its batch-mates are still served. A fault of the
 server itself (an exception while decoding) is logged with its traceback under a request id;
 the request gets only "internal error (request id ...)" (INTERNAL, HTTP 500).
+
+The decoupled model 'lisa_stream' (repo.py) answers through `stream_request`: the same inputs
+plus `partial_images`, its progressive images (stream_each) as responses while it decodes, then
+the final answer with the failure, if any, as a `status` output.
 """
 
 from __future__ import annotations
@@ -53,6 +57,12 @@ REQUIRED = ("prompt",)
 OUTPUTS = {"image": (np.uint8, (-1, -1, 3)), "mal": (np.float32, (1,)), "tvd": (np.float32, (1,)),
            "seconds": (np.float32, (1,)), "batch": (np.int32, (1,)), "forwards": (np.int32, (1,)),
            "error": (np.bytes_, (1,))}
+# the decoupled model next to 'lisa' that streams progressive images (repo.py, stream=True):
+# its extra input and outputs (ServeModel.stream_request)
+STREAM_MODEL_NAME = "lisa_stream"
+MAX_PARTIAL_IMAGES = 3  # OpenAI's range for partial_images: 0..3
+STREAM_INPUTS = {"partial_images": (np.int32, "int")}
+STREAM_OUTPUTS = {"partial_index": (np.int32, (1,)), "tokens": (np.int32, (1,)), "status": (np.int32, (1,))}
 _RANGES = {"lantern_delta": (0.0, 1.0), "gasv_kappa": (0.0, 1e6), "gasv_lambda": (0.0, 1e6)}  # serving's own checks
 
 
@@ -358,6 +368,35 @@ class ServeModel:
         by a row, `images` (n, H, W, 3) uint8 of every row's committed tokens (PartialDecode.images)."""
         return self.infer_each([request], on_step=PartialImages(partial_images, emit))[0]
 
+    def stream_request(self, request: Mapping, send) -> None:
+        """One request of the decoupled model 'lisa_stream' -> its responses, through
+        `send(outputs, final)`: per progressive image k (stream_each) `image` (n, H, W, 3) with
+        `partial_index` k and `tokens` (the fewest committed by a row), each (n, 1); then, final,
+        infer_each's output dict with `partial_index` -1 and `status` (n, 1): 0, or the request's
+        failure as an HTTP status (400 the client's mistake, 500 the server's; the message in
+        `error`). `partial_images` (INT32 (n, 1), one value 0..MAX_PARTIAL_IMAGES; optional) is
+        this model's own input."""
+        req = dict(getattr(request, "data", request))
+        k, failure = req.pop("partial_images", None), None
+        try:
+            k = _partials(k)
+        except InputError as e:
+            failure = RequestFailure(" ".join(str(e).split()))
+        if failure is None:
+            def emit(i, tokens, images):
+                n = images.shape[0]
+                send({"image": images, "partial_index": np.full((n, 1), i, np.int32),
+                      "tokens": np.full((n, 1), tokens, np.int32)}, False)
+
+            failure, out = self.stream_each(req, k, emit)
+        else:
+            p = np.asarray(req.get("prompt", np.zeros((1, 1), object)))
+            out = self._response(0, max(1, p.shape[0] if p.ndim else 1), failure, {})
+        n = out["error"].shape[0]
+        status = 0 if failure is None else (500 if failure.internal else 400)
+        send({**out, "partial_index": np.full((n, 1), -1, np.int32), "status": np.full((n, 1), status, np.int32)},
+             True)
+
     def _response(self, r: int, n: int, error: Optional[str], results: dict) -> dict:
         got = [error if error is not None else results.get((r, i), "internal error: row not decoded")
                for i in range(n)]
@@ -376,3 +415,19 @@ class ServeModel:
             mal[i, 0], tvd[i, 0], sec[i, 0] = st["mal"], st["mean_tvd"], st["seconds"]
             bat[i, 0], fwd[i, 0] = st.get("batch", 1), st["forwards"]
         return {"image": img, "mal": mal, "tvd": tvd, "seconds": sec, "batch": bat, "forwards": fwd, "error": err}
+
+
+def _partials(value) -> int:
+    """The `partial_images` input of one request (absent: 0) -> K, or InputError naming the range."""
+    if value is None:
+        return 0
+    a = np.asarray(value)
+    if a.size < 1 or a.dtype.kind not in ("i", "u"):
+        raise InputError(f"input 'partial_images' must be INT32 of shape (n, 1), got {a.dtype} {a.shape}")
+    ks = sorted({int(v) for v in a.reshape(-1)})
+    if len(ks) > 1:
+        raise InputError(f"input 'partial_images' must be one value for every row of a request, got {ks}")
+    k = ks[0]
+    if not 0 <= k <= MAX_PARTIAL_IMAGES:
+        raise InputError(f"partial_images={k} is out of range; valid: 0..{MAX_PARTIAL_IMAGES}")
+    return k

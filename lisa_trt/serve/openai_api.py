@@ -2,7 +2,9 @@
 
 A FastAPI app (run by uvicorn) with `POST /v1/images/generations`, `GET /v1/models`,
 `GET /v1/models/{id}` and `GET /health`. It keeps no model of its own: every generation is
-ONE request of n rows to Triton model 'lisa' (tritonclient's asyncio HTTP client), so dynamic
+ONE request of n rows to Triton model 'lisa' (tritonclient's asyncio HTTP client), or, for a
+streaming one when Triton's gRPC endpoint is given, to the decoupled model 'lisa_stream'
+(tritonclient's asyncio gRPC `stream_infer`: its progressive images as they decode), so dynamic
 batching, instances, readiness, metrics and SIGTERM draining stay Triton's. Request checks:
 openai_request.py; response bodies, PNGs and the streaming events: openai_images.py.
 
@@ -21,7 +23,7 @@ import uuid
 from typing import Optional
 
 from ..errors import LisaError
-from .model import MODEL_NAME
+from .model import MODEL_NAME, STREAM_MODEL_NAME
 from .openai_request import APIError, ImagesCall, ModelInfo, error_param, knob_kinds, parse_images_request
 
 LOG = logging.getLogger("lisa_trt.serve.openai")
@@ -44,6 +46,16 @@ def require_openai_deps():
                                     "install the extra: pip install 'lisa-trt[serve]'") from e
 
 
+def grpc_streaming_available() -> bool:
+    """Whether tritonclient's gRPC asyncio client (tritonclient[grpc]) imports: TritonImages.stream needs it."""
+    try:
+        import grpc  # noqa: F401
+        import tritonclient.grpc.aio  # noqa: F401
+    except Exception:  # noqa: BLE001 - ImportError, or a protobuf/grpcio mismatch
+        return False
+    return True
+
+
 def triton_error(message: str, status, names) -> APIError:
     """A Triton error of model 'lisa' (its HTTP status) -> the OpenAI error the client gets:
     400 stays 400 (the field named when the message starts with it), not ready / unavailable 503,
@@ -59,12 +71,18 @@ def triton_error(message: str, status, names) -> APIError:
 
 
 class TritonImages:
-    """Model 'lisa' on a Triton server through tritonclient.http.aio (one client per event loop)."""
+    """Model 'lisa' on a Triton server through tritonclient.http.aio (one client per event loop).
 
-    def __init__(self, url: str, timeout: float = 600.0):
-        self.url, self.timeout = url, timeout
-        self._client = None
+    grpc_url: Triton's gRPC endpoint, where the decoupled model 'lisa_stream' streams progressive
+    images (`stream`); None: no progressive channel (`stream` is None), and the front end cuts a
+    streaming answer's partials from the finished image."""
+
+    def __init__(self, url: str, timeout: float = 600.0, grpc_url: Optional[str] = None):
+        self.url, self.timeout, self.grpc_url = url, timeout, grpc_url
+        self._client = self._grpc = None
         self._names = tuple(knob_kinds())
+        if grpc_url is None:
+            self.stream = None  # what create_app asks (`backend.stream`) to choose the cut-from-final answer
 
     def _http(self):
         if self._client is None:  # created on the serving loop (aiohttp binds its session to it)
@@ -74,9 +92,18 @@ class TritonImages:
             self._client = aio.InferenceServerClient(self.url, conn_limit=MAX_PENDING, conn_timeout=self.timeout)
         return self._client
 
+    def _grpc_client(self):
+        if self._grpc is None:  # on the serving loop, as _http
+            import tritonclient.grpc.aio as gaio
+
+            self._grpc = gaio.InferenceServerClient(self.grpc_url)
+        return self._grpc
+
     async def ready(self) -> bool:
         try:
-            return bool(await self._http().is_server_ready() and await self._http().is_model_ready(MODEL_NAME))
+            models = (MODEL_NAME,) + ((STREAM_MODEL_NAME,) if self.grpc_url else ())
+            return bool(await self._http().is_server_ready()
+                        and all([await self._http().is_model_ready(m) for m in models]))
         except Exception:  # noqa: BLE001 - not reachable: not ready
             return False
 
@@ -102,10 +129,70 @@ class TritonImages:
             raise triton_error(failed[0], "400", self._names)
         return rows
 
+    async def stream(self, call: ImagesCall):
+        """The progressive channel: one request of n rows to 'lisa_stream' over gRPC streaming ->
+        ("partial", k, tokens, images (n, H, W, 3)) while Triton decodes, then ("done", rows) as
+        `generate`; APIError with the model's status (an `error` event once the stream started)."""
+        import grpc
+        import numpy as np
+        import tritonclient.grpc as tgrpc
+
+        from .client import make_rows_inputs, server_message
+
+        inputs = make_rows_inputs(tgrpc, [call.prompt] * call.n, list(call.seeds), **call.inputs)
+        k = tgrpc.InferInput("partial_images", [call.n, 1], "INT32")
+        k.set_data_from_numpy(np.full((call.n, 1), call.partial_images, np.int32))
+        done = asyncio.Event()
+
+        async def requests():  # one request; the stream stays open until its final response came
+            yield {"model_name": STREAM_MODEL_NAME, "inputs": inputs + [k]}
+            await done.wait()
+
+        try:
+            async for result, error in self._grpc_client().stream_infer(requests(), stream_timeout=self.timeout):
+                if error is not None:
+                    raise triton_error(server_message(error.message() or str(error)), "500", self._names)
+                item = stream_item(result, self._names)
+                if item[0] == "done":
+                    done.set()
+                yield item
+                if item[0] == "done":
+                    return
+        except (OSError, asyncio.TimeoutError, grpc.RpcError) as e:
+            raise APIError(503, f"the Triton server at {self.grpc_url} (gRPC) is not reachable "
+                                f"({type(e).__name__}); it is starting or shutting down: retry later", None,
+                           "service_unavailable") from None
+        finally:
+            done.set()
+        raise APIError(503, f"model '{STREAM_MODEL_NAME}' closed the stream before its final response; retry later",
+                       None, "service_unavailable")
+
     async def close(self):
         if self._client is not None:
             await self._client.close()
             self._client = None
+        if self._grpc is not None:
+            await self._grpc.close()
+            self._grpc = None
+
+
+def stream_item(res, names=()) -> tuple:
+    """One response of model 'lisa_stream' (tritonclient InferResult) -> ("partial", k, tokens,
+    images (n, H, W, 3) uint8) or ("done", rows as parse_rows); a final response with a failure
+    (its `status` 400 / 500) -> APIError as the plain path maps it."""
+    from .client import parse_rows
+
+    k = int(res.as_numpy("partial_index").reshape(-1)[0])
+    if k >= 0:
+        return "partial", k, int(res.as_numpy("tokens").reshape(-1)[0]), res.as_numpy("image")
+    status = int(res.as_numpy("status").reshape(-1)[0])
+    rows = parse_rows(res)
+    failed = [r for r in rows if isinstance(r, str)]
+    if status or failed:
+        internal = [m for m in failed if m.startswith("internal error")]
+        msg = (internal or failed or [f"internal error: status {status} without a message"])[0]
+        raise triton_error(msg, str(500 if internal or status == 500 else 400), names)
+    return "done", rows
 
 
 def _error_response(e: APIError):
@@ -287,12 +374,14 @@ class FrontEnd:
 
     @classmethod
     def for_triton(cls, engine_dir, *, triton_url: str, host: str, port: int, max_batch: int,
-                   max_pending: int = MAX_PENDING, drain_timeout: int = 60) -> "FrontEnd":
-        """The OpenAI API of ENGINE_DIR's bundle, forwarding to model 'lisa' at `triton_url`."""
+                   max_pending: int = MAX_PENDING, drain_timeout: int = 60,
+                   triton_grpc_url: Optional[str] = None) -> "FrontEnd":
+        """The OpenAI API of ENGINE_DIR's bundle, forwarding to model 'lisa' at `triton_url`
+        (HTTP); with `triton_grpc_url`, streaming requests go to 'lisa_stream' there (TritonImages)."""
         require_openai_deps()
         info = ModelInfo.from_dir(engine_dir, max_batch)
-        front = cls(create_app(TritonImages(triton_url), info, max_pending=max_pending), host=host, port=port,
-                    drain_timeout=drain_timeout)
+        front = cls(create_app(TritonImages(triton_url, grpc_url=triton_grpc_url), info, max_pending=max_pending),
+                    host=host, port=port, drain_timeout=drain_timeout)
         front.info = info
         return front
 

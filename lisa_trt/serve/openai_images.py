@@ -1,10 +1,11 @@
 """Response bodies of the OpenAI Images API: PNGs, the usage block, the streaming events.
 
 Partial images come one of two ways (docs/serving.md, Streaming). From a backend with a
-progressive channel (`stream`): decoded while the image decodes, from the tokens committed so far
-(ServeModel.stream_each), RGB, sent as they arrive (`decoded_partial_events`). From model 'lisa'
-in Triton (non-decoupled: one response, the finished image): cut from the final image once it is
-decoded (`stream_events`): partial k of K shows the first round(k * R / (K + 1)) of the R token
+progressive channel (`stream`: Triton's decoupled model 'lisa_stream' over gRPC, or in-process):
+decoded while the image decodes, from the tokens committed so far (ServeModel.stream_each), RGB,
+sent as they arrive (`decoded_partial_events`). From a backend without one (model 'lisa' over
+HTTP only: one response, the finished image): cut from the final image once it is decoded
+(`stream_events`): partial k of K shows the first round(k * R / (K + 1)) of the R token
 rows (their pixel bands exactly as in the final image, opaque) and the rows below transparent
 (RGBA, alpha 0).
 """

@@ -20,13 +20,13 @@ from typing import Optional
 from ..errors import LisaError
 from ..runtime.class_names import bundle_class_names
 from ..runtime.seeding import image_seeds
+from .model import MAX_PARTIAL_IMAGES
 
 # accepted and ignored (OpenAI fields with no meaning for these models; docs/serving.md)
 IGNORED = ("quality", "style", "user", "background", "moderation", "safety_identifier", "output_compression")
 OPENAI_FIELDS = ("model", "prompt", "n", "size", "response_format", "output_format", "seed", "negative_prompt",
                  "guidance_scale", "stream", "partial_images")
 MAX_PROMPT_CHARS = 32000  # OpenAI's limit for a prompt
-MAX_PARTIAL_IMAGES = 3  # OpenAI's range for partial_images: 0..3
 _SEED_MAX = 2**63 - 1
 
 

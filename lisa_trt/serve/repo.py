@@ -7,6 +7,10 @@ Layout (model 'lisa', Python backend):
     REPO_DIR/lisa/warmup/prompt    the warm-up request's prompt (class 0, Triton's BYTES layout)
     REPO_DIR/lisa/1/model.py       TritonPythonModel: Pipeline.from_dir(engine_dir) + ServeModel
     REPO_DIR/lisa/1/engines/       (with --copy-engines) a copy of ENGINE_DIR
+    REPO_DIR/lisa_stream/          (stream=True, what `lisa-trt serve --openai-port` writes) the
+                                   decoupled model of progressive images: the same inputs plus
+                                   `partial_images`, one response per partial image, then the
+                                   final one (COMPLETE_FINAL); its own Pipeline on the same engines
 
 Run it in the Triton container (with TensorRT and lisa-trt installed):
 `tritonserver --model-repository REPO_DIR`. Triton loads the model, runs the warm-up request
@@ -27,7 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import InputError
-from .model import INPUTS, MODEL_NAME, OUTPUTS, REQUIRED
+from .model import INPUTS, MODEL_NAME, OUTPUTS, REQUIRED, STREAM_INPUTS, STREAM_MODEL_NAME, STREAM_OUTPUTS
 
 _TRITON_TYPES = {"str": "TYPE_STRING", "int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32",
                  "uint8": "TYPE_UINT8"}
@@ -39,7 +43,7 @@ def triton_type(dtype, kind: Optional[str] = None) -> str:
 
     return _TRITON_TYPES["str" if kind == "str" or np.dtype(dtype).kind == "S" else np.dtype(dtype).name]
 
-MODEL_PY = '''"""Triton Python-backend model written by `lisa-trt triton-repo`: lisa-trt Pipeline + ServeModel."""
+_MODEL_HEAD = '''"""Triton Python-backend model written by `lisa-trt triton-repo`: lisa-trt Pipeline + ServeModel."""
 
 import json
 import logging
@@ -74,7 +78,9 @@ class TritonPythonModel:
                                                  "%.1f s)", args.get("model_instance_name"), pipe.backend,
                                                  threads or "default", secs)
 
-    def execute(self, requests):
+'''
+
+_MODEL_EXECUTE = '''    def execute(self, requests):
         batch = []
         for req in requests:
             data = {}
@@ -98,9 +104,33 @@ class TritonPythonModel:
                                                      f"failed: {errs[0]}" if errs else "ok")
         return responses
 
-    def finalize(self):
+'''
+
+_MODEL_TAIL = '''    def finalize(self):
         self.model = None
 '''
+
+MODEL_PY = _MODEL_HEAD + _MODEL_EXECUTE + _MODEL_TAIL
+# the decoupled model 'lisa_stream': the same pipeline set-up, ServeModel.stream_request per request
+STREAM_MODEL_PY = _MODEL_HEAD + '''    def execute(self, requests):
+        # decoupled: each request gets its progressive images, then its final response (COMPLETE_FINAL);
+        # Triton runs one execute at a time per instance, so requests decode one after another
+        for req in requests:
+            data = {}
+            for name in self.names:
+                t = pb_utils.get_input_tensor_by_name(req, name)
+                if t is not None:
+                    data[name] = t.as_numpy()
+            sender = req.get_response_sender()
+
+            def send(out, final, sender=sender):
+                sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in out.items()]),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+
+            self.model.stream_request(data, send)
+        return None
+
+''' + _MODEL_TAIL
 
 WARMUP_PROMPT = "0"  # class id 0: every class-conditioned bundle has it
 
@@ -120,7 +150,7 @@ def _instance_groups(instances: int, kind: str, gpus) -> str:
 
 def config_pbtxt(*, engine_dir: str, backend: str, max_batch: int, max_queue_delay_ms: float, instances: int,
                  kind: str, gpus=None, threads: int = 0, warmup: bool = True,
-                 sjd_window: Optional[int] = None) -> str:
+                 sjd_window: Optional[int] = None, stream: bool = False) -> str:
     """The model's config.pbtxt (protobuf text format of Triton's ModelConfig).
 
     Args:
@@ -130,16 +160,21 @@ def config_pbtxt(*, engine_dir: str, backend: str, max_batch: int, max_queue_del
         threads: ONNX Runtime / torch threads of each instance (0: lisa-trt's default policy).
         warmup: Triton sends one request (class 0) to every instance before reporting it ready.
         sjd_window: the Jacobi window of requests that do not send one (Pipeline.from_dir; None: 16).
+        stream: the config of the decoupled model 'lisa_stream' (STREAM_INPUTS / STREAM_OUTPUTS
+            added, `model_transaction_policy { decoupled: true }`, no dynamic batcher, one
+            instance per GPU or one CPU instance, no model_warmup: its initialize decodes once).
     """
     ins = ",\n".join(
         f'  {{ name: "{n}" data_type: {triton_type(dt, k)} dims: [ 1 ]{"" if n in REQUIRED else " optional: true"} }}'
-        for n, (dt, k) in INPUTS.items())
+        for n, (dt, k) in {**INPUTS, **(STREAM_INPUTS if stream else {})}.items())
     outs = ",\n".join(f'  {{ name: "{n}" data_type: {triton_type(dt)} dims: [ {", ".join(map(str, dims))} ] }}'
-                       for n, (dt, dims) in OUTPUTS.items())
-    return (f'name: "{MODEL_NAME}"\nbackend: "python"\nmax_batch_size: {max_batch}\n'
-            f"input [\n{ins}\n]\noutput [\n{outs}\n]\n"
-            f"dynamic_batching {{ max_queue_delay_microseconds: {int(round(max_queue_delay_ms * 1000))} }}\n"
-            + _instance_groups(instances, kind, gpus)
+                       for n, (dt, dims) in {**OUTPUTS, **(STREAM_OUTPUTS if stream else {})}.items())
+    warmup = warmup and not stream
+    policy = ("model_transaction_policy { decoupled: true }\n" if stream else
+              f"dynamic_batching {{ max_queue_delay_microseconds: {int(round(max_queue_delay_ms * 1000))} }}\n")
+    return (f'name: "{STREAM_MODEL_NAME if stream else MODEL_NAME}"\nbackend: "python"\nmax_batch_size: {max_batch}\n'
+            f"input [\n{ins}\n]\noutput [\n{outs}\n]\n" + policy
+            + _instance_groups(1 if stream else instances, kind, gpus)
             + (f'model_warmup [ {{ name: "lisa_warmup" batch_size: 1 inputs {{ key: "prompt" value: '
                f'{{ data_type: TYPE_STRING dims: [ 1 ] input_data_file: "prompt" }} }} }} ]\n' if warmup else "")
             + f'parameters {{ key: "engine_dir" value: {{ string_value: "{engine_dir}" }} }}\n'
@@ -152,8 +187,11 @@ def config_pbtxt(*, engine_dir: str, backend: str, max_batch: int, max_queue_del
 def write_triton_repo(engine_dir, repo_dir, *, backend: str = "trt", max_batch: int = 16,
                       max_queue_delay_ms: float = 5.0, instances: int = 1, kind: str = "gpu",
                       copy_engines: bool = False, gpus=None, threads: int = 0, warmup: bool = True,
-                      sjd_window: Optional[int] = None) -> Path:
-    """Write the repository (see module docstring and config_pbtxt); returns REPO_DIR."""
+                      sjd_window: Optional[int] = None, stream: bool = False) -> Path:
+    """Write the repository (see module docstring and config_pbtxt); returns REPO_DIR.
+
+    stream: also the decoupled model 'lisa_stream' (progressive images over gRPC streaming), a
+    second pipeline on the same engine directory."""
     from ..export.manifest import read_manifest
     from ..runtime.context import resolve_spec
 
@@ -182,6 +220,13 @@ def write_triton_repo(engine_dir, repo_dir, *, backend: str = "trt", max_batch: 
         (stage / MODEL_NAME / "config.pbtxt").write_text(config_pbtxt(
             engine_dir=where, backend=backend, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms,
             instances=instances, kind=kind, gpus=gpus, threads=threads, warmup=warmup, sjd_window=sjd_window))
+        if stream:  # the same engine directory (a copy: 'lisa''s, relative to this model's version directory)
+            (stage / STREAM_MODEL_NAME / "1").mkdir(parents=True)
+            (stage / STREAM_MODEL_NAME / "1" / "model.py").write_text(STREAM_MODEL_PY)
+            (stage / STREAM_MODEL_NAME / "config.pbtxt").write_text(config_pbtxt(
+                engine_dir=f"../../{MODEL_NAME}/1/engines" if copy_engines else where,
+                backend=backend, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms, instances=instances,
+                kind=kind, gpus=gpus, threads=threads, sjd_window=sjd_window, stream=True))
         old = None
         if repo_dir.exists():
             old = repo_dir.parent / f".{repo_dir.name}.old-{uuid.uuid4().hex[:8]}"

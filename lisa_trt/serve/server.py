@@ -1,8 +1,9 @@
 """`lisa-trt serve`: one engine directory behind NVIDIA Triton Inference Server.
 
 `serve` writes a Triton model repository for ENGINE_DIR (repo.py: Python-backend model
-'lisa', dynamic batcher, `--instances` instance groups, one warm-up request) into a temporary
-directory and runs the `tritonserver` binary that PyTriton bundles on it. Triton loads the
+'lisa', dynamic batcher, `--instances` instance groups, one warm-up request; with
+`--openai-port` also the decoupled model 'lisa_stream' whose progressive images the front end
+streams over gRPC) into a temporary directory and runs the `tritonserver` binary that PyTriton bundles on it. Triton loads the
 model, sends it the warm-up request, and opens its HTTP / gRPC / metrics endpoints only after
 that, so `/v2/health/ready` (and gRPC ServerReady) never answers before the model can serve;
 `serve` prints the moment it first answers 200.
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from ..errors import InputError, LisaError
-from .model import MODEL_NAME
+from .model import MODEL_NAME, STREAM_MODEL_NAME
 
 LOG = logging.getLogger("lisa_trt.serve")
 class ServeUnavailableError(LisaError):
@@ -217,18 +218,20 @@ def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_po
     old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     work = Path(tempfile.mkdtemp(prefix="lisa-serve-"))
     proc = front = None
+    stream = openai_port is not None and _streaming()
     try:
         per = split_threads(threads, instances)
         repo = write_triton_repo(engine_dir, work / "repo", backend=backend, max_batch=max_batch,
                                  max_queue_delay_ms=max_queue_delay_ms, instances=instances,
                                  kind="gpu" if gpus else "cpu", gpus=list(gpus) if gpus else None, threads=per,
-                                 sjd_window=sjd_window)
+                                 sjd_window=sjd_window, stream=stream)
         cmd = triton_command(repo, backend_dir(work / "backends"), host=host, http_port=http_port,
                              grpc_port=grpc_port, metrics_port=metrics_port, drain_timeout=drain_timeout,
                              gpu_metrics=bool(gpus))
         where = f"{len(gpus)} GPU(s) x {instances}" if gpus else f"{instances} x {per} CPU thread(s)"
         echo(f"starting Triton for {engine_dir} (model '{MODEL_NAME}', {where}, batch <= {max_batch}, "
-             f"window {max_queue_delay_ms} ms) ...")
+             f"window {max_queue_delay_ms} ms" + (f"; model '{STREAM_MODEL_NAME}' (progressive images)"
+                                                  if stream else "") + ") ...")
         sys.stdout.flush()
         proc = subprocess.Popen(cmd, env=triton_env(), preexec_fn=_die_with_parent, start_new_session=True)
         while ready_status(host, http_port) != 200:
@@ -247,7 +250,8 @@ def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_po
              f"metrics http://{host}:{metrics_port}/metrics")
         if openai_port is not None:
             front = _front_end(engine_dir, host=host, http_port=http_port, port=openai_port, max_batch=max_batch,
-                               max_pending=openai_max_pending, drain_timeout=drain_timeout, echo=echo)
+                               max_pending=openai_max_pending, drain_timeout=drain_timeout, echo=echo,
+                               grpc_port=grpc_port if stream else None)
         sys.stdout.flush()
         while not stop.wait(0.5):
             if proc.poll() is not None:
@@ -283,13 +287,26 @@ def _check_front_end(max_pending: int) -> None:
     require_openai_deps()
 
 
+def _streaming() -> bool:
+    """Whether the front end can stream 'lisa_stream' (tritonclient's gRPC client imports); else a log line."""
+    from .openai_api import grpc_streaming_available
+
+    if grpc_streaming_available():
+        return True
+    LOG.warning("tritonclient[grpc] is not importable: streaming answers cut their partial images from the "
+                "finished image (pip install 'tritonclient[grpc]' for progressive images)")
+    return False
+
+
 def _front_end(engine_dir, *, host: str, http_port: int, port: int, max_batch: int, max_pending: int,
-               drain_timeout: int, echo: Callable):
-    """Start the OpenAI front end on `port`, forwarding to Triton's HTTP endpoint; -> its FrontEnd."""
+               drain_timeout: int, echo: Callable, grpc_port: Optional[int] = None):
+    """Start the OpenAI front end on `port`, forwarding to Triton's HTTP endpoint (and, with
+    `grpc_port`, streaming requests to model 'lisa_stream' on its gRPC endpoint); -> its FrontEnd."""
     from .openai_api import FrontEnd
 
     front = FrontEnd.for_triton(engine_dir, triton_url=f"{local_address(host)}:{http_port}", host=host, port=port,
-                                max_batch=max_batch, max_pending=max_pending, drain_timeout=drain_timeout)
+                                max_batch=max_batch, max_pending=max_pending, drain_timeout=drain_timeout,
+                                triton_grpc_url=None if grpc_port is None else f"{local_address(host)}:{grpc_port}")
     front.start()
     shown = f"[{host}]" if ":" in host else host
     echo(f"OpenAI Images API: http://{shown}:{port}/v1/images/generations (model '{front.info.id}', "

@@ -64,7 +64,7 @@ def _png(b64: str) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))))
 
 
-def test_images_through_triton_equal_the_pipeline_and_stream_row_prefixes(server, pipe):
+def test_images_through_triton_equal_the_pipeline(server, pipe):
     c = _client(server)
     r = c.images.generate(prompt="coffee", n=2, size="64x64", extra_body={"seed": 21})
     # no verify sent: the server runs the bundle's recorded choice, as Pipeline does by default
@@ -76,15 +76,59 @@ def test_images_through_triton_equal_the_pipeline_and_stream_row_prefixes(server
     assert r.usage.output_tokens == 2 * 256 and r.usage.model_extra["batch"] >= 2
     assert r.usage.model_extra["mal"] == pytest.approx(sum(s["mal"] for s in ref.stats) / 2, abs=1e-3)
     assert r.usage.model_extra["forwards"] == sum(s["forwards"] for s in ref.stats)  # Triton's `forwards` output
-    events = list(c.images.generate(prompt="1", stream=True, partial_images=2, extra_body={"seed": 21}))
-    assert [e.type for e in events] == ["image_generation.partial_image"] * 2 + ["image_generation.completed"]
-    final = _png(events[-1].b64_json)
-    assert np.array_equal(final, np.asarray(ref.images[0]))  # class id 1 is "coffee"
-    for e in events[:2]:
-        px = e.model_extra["pixel_rows"]
-        assert np.array_equal(_png(e.b64_json)[:px, :, :3], final[:px]) and 0 < px < 64
     health = urllib.request.urlopen(server.openai_url.replace("/v1", "/health"), timeout=30)
     assert health.status == 200
+    c.close()
+
+
+def _stream_executions(server, above: int = -1, wait: float = 30.0) -> int:
+    """Triton's execution count of model 'lisa_stream', once it exceeds `above` (Triton records a
+    decoupled request's statistics when it releases the request, which may follow its final
+    response) or `wait` seconds passed."""
+    import time
+
+    tc = http.InferenceServerClient(server.url)
+    t0 = time.monotonic()
+    try:
+        while True:
+            n = int(tc.get_inference_statistics("lisa_stream")["model_stats"][0].get("execution_count", 0))
+            if n > above or time.monotonic() - t0 > wait:
+                return n
+            time.sleep(0.2)
+    finally:
+        tc.close()
+
+
+def test_progressive_partials_through_triton_are_stream_each_then_the_non_streaming_image(server, pipe):
+    """stream + partial_images through Triton's decoupled model 'lisa_stream' (gRPC streaming):
+    the partials are the images ServeModel.stream_each makes in-process for the same request
+    (decoded from the tokens committed so far, RGB, no cut `pixel_rows`), with increasing
+    `tokens`, sent before `completed`, whose PNG is the non-streaming image of the same seed."""
+    from lisa_trt.serve.model import ServeModel
+
+    c = _client(server)
+    before = _stream_executions(server)
+    events = list(c.images.generate(prompt="1", n=2, stream=True, partial_images=3, extra_body={"seed": 21}))
+    assert _stream_executions(server, before) == before + 1  # the progressive channel answered, not the cut fallback
+    types_ = [e.type for e in events]
+    assert types_ == ["image_generation.partial_image"] * 6 + ["image_generation.completed"] * 2, types_
+    got = {}
+    (err, want), = [ServeModel(pipe, max_batch=16).stream_each(
+        {"prompt": np.array([[b"1"], [b"1"]], dtype=object), "seed": np.array([[21], [22]])}, 3,
+        lambda k, tokens, images: got.setdefault(k, (tokens, images.copy())))]
+    assert err is None and sorted(got) == [0, 1, 2]
+    for e in events[:6]:
+        x, k, i = e.model_extra, e.partial_image_index, e.model_extra["image_index"]
+        assert "pixel_rows" not in x and x["tokens"] == got[k][0], (k, x)
+        assert np.array_equal(_png(e.b64_json), got[k][1][i]), f"partial {k} of image {i} differs from stream_each"
+    tokens = [e.model_extra["tokens"] for e in events[:6:2]]
+    assert tokens == sorted(tokens) and len(set(tokens)) == 3 and tokens[-1] < 256
+    plain = c.images.generate(prompt="1", n=2, extra_body={"seed": 21})
+    for e, d, w in zip(events[6:], plain.data, want["image"]):
+        assert np.array_equal(_png(e.b64_json), _png(d.b64_json)) and np.array_equal(_png(d.b64_json), w)
+    with pytest.raises(openai.BadRequestError) as bad:  # a failure before the first event: an ordinary 400
+        list(c.images.generate(prompt="nope", stream=True, partial_images=2))
+    assert bad.value.body["param"] == "prompt" and "unknown class 'nope'" in bad.value.body["message"]
     c.close()
 
 

@@ -1,0 +1,243 @@
+"""The progressive channel through Triton, without a server: the decoupled model 'lisa_stream'
+(its config parses as decoupled; its model.py, under a stand-in pb_utils with a response sender,
+sends stream_each's partials then one COMPLETE_FINAL response equal to infer_each's answer; 400 /
+500 ride in `status`), and TritonImages.stream reading such a stream from a fake gRPC client.
+The same channel through a real `lisa-trt serve --openai-port` is in test_openai_serve.py."""
+
+import asyncio
+import importlib
+import json
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from lisa_trt.serve.model import OUTPUTS, STREAM_MODEL_NAME, STREAM_OUTPUTS, ServeModel
+
+FINAL = 1  # triton_python_backend_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _b(*s):
+    return np.array([[x.encode()] for x in s], dtype=object)
+
+
+class Tensor:  # pb_utils.Tensor / a request's input tensor
+    def __init__(self, name, arr):
+        self.name, self.arr = name, arr
+
+    def as_numpy(self):
+        return self.arr
+
+
+class Response:  # pb_utils.InferenceResponse as the decoupled model.py builds it
+    def __init__(self, output_tensors, error=None):
+        self.outputs = {t.name: t.arr for t in output_tensors}
+        assert error is None, "lisa_stream answers failures in `status`, never as a Triton error"
+
+    def as_numpy(self, name):  # what tritonclient's InferResult offers the front end
+        return self.outputs[name]
+
+
+class Request(dict):
+    """A request of the stand-in backend: its inputs, and a response sender recording (response, flags)."""
+
+    def __init__(self, **inputs):
+        super().__init__({k: Tensor(k, v) for k, v in inputs.items()})
+        self.sent = []
+
+    def get_response_sender(self):
+        return types.SimpleNamespace(send=lambda r, flags=0: self.sent.append((r, flags)))
+
+
+@pytest.fixture
+def stream_model(pipe, tmp_path, monkeypatch):
+    """repo.py's STREAM_MODEL_PY, initialised on the in-memory pipeline."""
+    from lisa_trt.serve.repo import STREAM_MODEL_PY, config_pbtxt
+
+    try:
+        from google.protobuf import text_format
+        from tritonclient.grpc import model_config_pb2
+    except Exception:  # noqa: BLE001
+        pytest.skip("tritonclient[grpc] not installed (the serve extra)")
+    cfg = text_format.Parse(config_pbtxt(engine_dir="e", backend="ort", max_batch=4, max_queue_delay_ms=5,
+                                         instances=3, kind="cpu", stream=True), model_config_pb2.ModelConfig())
+    pb = types.SimpleNamespace(Tensor=Tensor, InferenceResponse=Response, TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL,
+                               get_input_tensor_by_name=lambda req, n: req.get(n))
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
+    import lisa_trt.runtime.pipeline as P
+
+    monkeypatch.setattr(P.Pipeline, "from_dir", classmethod(lambda cls, d, **kw: pipe))
+    (tmp_path / "model.py").write_text(STREAM_MODEL_PY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("model", None)
+    m = importlib.import_module("model").TritonPythonModel()
+    m.initialize({"model_config": json.dumps({"max_batch_size": 4, "input": [{"name": i.name} for i in cfg.input],
+                                              "parameters": {"engine_dir": {"string_value": "e"}}}),
+                  "model_repository": str(tmp_path), "model_version": "1"})
+    yield cfg, m
+    sys.modules.pop("model", None)
+
+
+def test_stream_model_config_is_decoupled_next_to_lisa(stream_model):
+    from tritonclient.grpc import model_config_pb2
+
+    cfg, _ = stream_model
+    assert cfg.name == STREAM_MODEL_NAME and cfg.model_transaction_policy.decoupled
+    assert not cfg.HasField("dynamic_batching") and not cfg.model_warmup  # one request per execute
+    assert cfg.instance_group[0].count == 1 and cfg.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+    k = next(i for i in cfg.input if i.name == "partial_images")
+    assert k.optional and model_config_pb2.DataType.Name(k.data_type) == "TYPE_INT32"
+    assert {o.name for o in cfg.output} == set(OUTPUTS) | set(STREAM_OUTPUTS)
+
+
+def test_stream_model_sends_partials_then_the_final_answer(stream_model, pipe):
+    _, m = stream_model
+    ok = Request(prompt=_b("c2", "c3"), seed=np.array([[4], [5]]), partial_images=np.full((2, 1), 3, np.int32))
+    bad = Request(prompt=_b("zzz"), partial_images=np.array([[1]], np.int32))
+    far = Request(prompt=_b("c1"), partial_images=np.array([[4]], np.int32))
+    assert m.execute([ok, bad, far]) is None  # decoupled: every answer goes through the senders
+    *parts, (final, flags) = ok.sent
+    assert flags == FINAL and all(f == 0 for _, f in parts) and len(parts) == 3
+    assert [int(r.as_numpy("partial_index")[0, 0]) for r, _ in parts] == [0, 1, 2]
+    tokens = [int(r.as_numpy("tokens")[0, 0]) for r, _ in parts]
+    assert tokens == sorted(tokens) and len(set(tokens)) == 3 and tokens[-1] < pipe.config.block_size
+    assert all(r.as_numpy("image").shape == final.as_numpy("image").shape for r, _ in parts)
+    (err, want), = ServeModel(pipe, max_batch=4).infer_each([{"prompt": _b("c2", "c3"), "seed": np.array([[4], [5]])}])
+    assert err is None and np.array_equal(final.as_numpy("image"), want["image"])
+    assert final.as_numpy("partial_index")[0, 0] == -1 and (final.as_numpy("status") == 0).all()
+    for req, text in ((bad, "unknown class"), (far, "partial_images=4 is out of range; valid: 0..3")):
+        (resp, flags), = req.sent  # no partial: only the final answer, failed with 400
+        assert flags == FINAL and resp.as_numpy("status")[0, 0] == 400 and text in resp.as_numpy("error")[0, 0].decode()
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(m.model, "_decode_group", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    fault = Request(prompt=_b("c1"))
+    m.execute([fault])
+    monkeypatch.undo()
+    (resp, _), = fault.sent
+    assert resp.as_numpy("status")[0, 0] == 500 and "request id" in resp.as_numpy("error")[0, 0].decode()
+
+
+class FakeGrpc:
+    """tritonclient.grpc.aio's stream_infer: records the request, answers `responses` ((result, error) pairs)."""
+
+    def __init__(self, responses):
+        self.responses, self.requests = responses, []
+
+    def stream_infer(self, inputs_iterator, stream_timeout=None):
+        async def gen():
+            async for req in inputs_iterator:
+                self.requests.append(req)
+                for item in self.responses:
+                    yield item
+                return
+        return gen()
+
+    async def close(self):
+        pass
+
+
+def _call(n=2, k=3):
+    from lisa_trt.serve.openai_request import ImagesCall
+
+    return ImagesCall(prompt="c2", seeds=tuple(range(4, 4 + n)), knobs={}, stream=True, partial_images=k)
+
+
+def _drain(images, call):
+    async def run():
+        return [item async for item in images.stream(call)]
+    return asyncio.run(run())
+
+
+def test_triton_images_stream_reads_partials_then_rows(stream_model):
+    from lisa_trt.serve.openai_api import TritonImages
+
+    assert TritonImages("127.0.0.1:1").stream is None  # no gRPC endpoint: the front end cuts from the final image
+    _, m = stream_model
+    req = Request(prompt=_b("c2", "c2"), seed=np.array([[4], [5]]), partial_images=np.full((2, 1), 3, np.int32))
+    m.execute([req])
+    images = TritonImages("127.0.0.1:1", grpc_url="127.0.0.1:2")
+    fake = FakeGrpc([(r, None) for r, _ in req.sent])
+    images._grpc = fake
+    items = _drain(images, _call())
+    assert [i[0] for i in items] == ["partial"] * 3 + ["done"] and [i[1] for i in items[:3]] == [0, 1, 2]
+    final = req.sent[-1][0]
+    assert all(np.array_equal(a[3], r.as_numpy("image")) for a, (r, _) in zip(items[:3], req.sent))
+    rows = items[-1][1]
+    assert len(rows) == 2 and np.array_equal(rows[1][0], final.as_numpy("image")[1]) and rows[0][1]["forwards"] > 0
+    (sent,) = fake.requests
+    assert sent["model_name"] == STREAM_MODEL_NAME
+    k = next(i for i in sent["inputs"] if i.name() == "partial_images")
+    assert k.shape() == [2, 1] and k.datatype() == "INT32"
+
+
+def test_triton_images_stream_failures_are_api_errors(stream_model):
+    from tritonclient.utils import InferenceServerException
+
+    from lisa_trt.serve.openai_api import TritonImages
+    from lisa_trt.serve.openai_request import APIError
+
+    _, m = stream_model
+    bad = Request(prompt=_b("zzz"), partial_images=np.array([[2]], np.int32))
+    m.execute([bad])
+    cases = [([(bad.sent[0][0], None)], 400, "unknown class"),
+             ([(None, InferenceServerException("[request id: 1] model 'lisa_stream' is not ready"))], 503, "not ready"),
+             ([], 503, "closed the stream before its final response")]
+    for responses, status, text in cases:
+        images = TritonImages("127.0.0.1:1", grpc_url="127.0.0.1:2")
+        images._grpc = FakeGrpc(responses)
+        with pytest.raises(APIError) as e:
+            _drain(images, _call(n=1))
+        assert e.value.status == status and text in str(e.value), (status, str(e.value))
+    assert e.value.status == 503
+
+
+def test_triton_repo_stream_writes_lisa_stream_on_the_same_engines(tmp_path, monkeypatch):
+    """write_triton_repo(stream=True) (`triton-repo --stream`, `serve --openai-port`): 'lisa_stream'
+    next to 'lisa', its engine_dir the same directory (a copy: lisa's, reached from its own
+    version directory as model.py resolves it); without it no second model."""
+    import os
+
+    from click.testing import CliRunner
+
+    import lisa_trt.export.manifest as M
+    from lisa_trt.cli import main
+    from lisa_trt.serve import repo as R
+
+    monkeypatch.setattr(M, "read_manifest", lambda d: {})
+    eng = tmp_path / "eng"
+    eng.mkdir()
+    (eng / "manifest.json").write_text("{}")
+    plain = R.write_triton_repo(eng, tmp_path / "plain", backend="ort", kind="cpu")
+    assert not (plain / STREAM_MODEL_NAME).exists()
+    for copy in (False, True):
+        repo = R.write_triton_repo(eng, tmp_path / f"r{copy}", backend="ort", kind="cpu", copy_engines=copy, stream=True)
+        assert (repo / STREAM_MODEL_NAME / "1" / "model.py").read_text() == R.STREAM_MODEL_PY
+        text = (repo / STREAM_MODEL_NAME / "config.pbtxt").read_text()
+        assert f'name: "{STREAM_MODEL_NAME}"' in text and "decoupled: true" in text
+        (where,) = [ln.split('string_value: "')[1].split('"')[0] for ln in text.splitlines() if '"engine_dir"' in ln]
+        got = os.path.normpath(os.path.join(repo / STREAM_MODEL_NAME, "1", where))  # as model.py joins it
+        assert got == str((repo / "lisa" / "1" / "engines") if copy else eng.resolve()), (copy, where)
+    seen = {}
+    monkeypatch.setattr(R, "write_triton_repo", lambda *a, **kw: seen.update(kw) or tmp_path)
+    res = CliRunner().invoke(main, ["triton-repo", str(eng), str(tmp_path / "c"), "--stream"])
+    assert res.exit_code == 0 and seen["stream"] is True and "'lisa_stream'" in res.output, res.output
+
+
+def test_openai_api_takes_the_triton_grpc_url(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from lisa_trt.cli import main
+    from lisa_trt.serve import openai_api
+    from lisa_trt.serve.process import free_ports
+
+    seen = {}
+
+    def fake(cls, engine_dir, **kw):
+        seen.update(kw)
+        raise openai_api.FrontEndUnavailableError("stop here")
+
+    monkeypatch.setattr(openai_api.FrontEnd, "for_triton", classmethod(fake))
+    res = CliRunner().invoke(main, ["openai-api", str(tmp_path), "--triton-grpc-url", "127.0.0.1:8001", "--port",
+                                        str(free_ports(1)[0])])
+    assert "stop here" in res.output and seen["triton_grpc_url"] == "127.0.0.1:8001", res.output
