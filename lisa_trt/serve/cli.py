@@ -45,10 +45,15 @@ _SJD_WINDOW = click.option("--sjd-window", type=click.IntRange(min=1), default=N
                    "forwarding to the Triton model (off by default; docs/serving.md).")
 @click.option("--openai-max-pending", type=click.IntRange(min=1), default=256, show_default=True,
               help="OpenAI front end: requests in flight before it answers 429.")
+@click.option("--progressive", is_flag=True, default=False,
+              help="With --openai-port: also load the decoupled model 'lisa_stream', so `stream: true` requests get "
+                   "their partial images while the image decodes (over gRPC). It holds a second copy of the "
+                   "engines (twice the engine memory). Off: partials are cut from the finished image.")
 @_SJD_WINDOW
 @_errors
 def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max_batch, max_queue_delay_ms,
-              threads, instances, gpus, drain_timeout, start_timeout, openai_port, openai_max_pending, sjd_window):
+              threads, instances, gpus, drain_timeout, start_timeout, openai_port, openai_max_pending, progressive,
+              sjd_window):
     """Serve ENGINE_DIR on NVIDIA Triton Inference Server (PyTriton) with dynamic batching.
 
     Model 'lisa': inputs prompt (class id/name), seed, verify, cfg_scale, temperature, top_k,
@@ -68,7 +73,7 @@ def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max
                    metrics_port=metrics_port, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms,
                    threads=threads, instances=instances, gpus=gpu_ids, drain_timeout=drain_timeout,
                    start_timeout=start_timeout, sjd_window=sjd_window, openai_port=openai_port,
-                   openai_max_pending=openai_max_pending, echo=click.echo))
+                   openai_max_pending=openai_max_pending, progressive=progressive, echo=click.echo))
 
 
 @click.command("triton-repo")

@@ -70,13 +70,14 @@ class ServerProcess:
 
     Use as a context manager (or call stop()): SIGTERM, wait `stop_timeout`, then SIGKILL the
     server and any process it left behind. openai=True also serves the OpenAI Images API
-    (`--openai-port`, `self.openai_url`: http://127.0.0.1:PORT/v1) and waits for it too.
+    (`--openai-port`, `self.openai_url`: http://127.0.0.1:PORT/v1) and waits for it too;
+    progressive=True adds `--progressive` (model 'lisa_stream').
     """
 
     def __init__(self, engine_dir, log_path, *, backend: str = "ort", threads: int = 1, window_ms: float = 20.0,
                  max_batch: int = 16, instances: int = 1, start_timeout: float = 180.0, stop_timeout: float = 120.0,
                  ports: Optional[tuple] = None, wait: bool = True, openai: bool = False,
-                 openai_max_pending: Optional[int] = None):
+                 openai_max_pending: Optional[int] = None, progressive: bool = False):
         self.http, self.grpc, self.metrics, *rest = ports or free_ports(4 if openai else 3)
         self.openai = (rest[0] if rest else free_ports(1)[0]) if openai else None
         self.url = f"127.0.0.1:{self.http}"
@@ -90,6 +91,8 @@ class ServerProcess:
             cmd += ["--openai-port", str(self.openai)]
         if openai_max_pending is not None:
             cmd += ["--openai-max-pending", str(openai_max_pending)]
+        if progressive:
+            cmd += ["--progressive"]
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
         if not wait:

@@ -192,13 +192,16 @@ def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_po
           grpc_port: int = 8001, metrics_port: int = 8002, max_batch: int = 16, max_queue_delay_ms: float = 5.0,
           threads: Optional[int] = None, instances: int = 1, gpus: Optional[Sequence[int]] = None,
           drain_timeout: int = 60, start_timeout: float = 600.0, sjd_window: Optional[int] = None,
-          openai_port: Optional[int] = None, openai_max_pending: int = 256, echo: Callable = print) -> int:
+          openai_port: Optional[int] = None, openai_max_pending: int = 256, progressive: bool = False,
+          echo: Callable = print) -> int:
     """Check the ports, start Triton on a repository for ENGINE_DIR, report readiness, serve until
     SIGTERM/SIGINT, drain in-flight requests; returns 0 (1 when Triton failed).
 
     sjd_window: the Jacobi window of requests that send no `sjd_window` input (None: 16).
     openai_port: also serve the OpenAI Images API there (openai_api.py), once Triton is ready;
-    openai_max_pending: its requests in flight before it answers 429."""
+    openai_max_pending: its requests in flight before it answers 429.
+    progressive: also the decoupled model 'lisa_stream' (a second copy of the engines), whose partial
+    images the front end streams while the image decodes; needs openai_port and tritonclient[grpc]."""
     from ..export.manifest import read_manifest
     from .repo import write_triton_repo
 
@@ -208,17 +211,22 @@ def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_po
         raise InputError(f"--max-queue-delay-ms must be >= 0, got {max_queue_delay_ms}")
     if instances < 1 or (threads is not None and threads < 1):
         raise InputError(f"--instances and --threads must be >= 1, got {instances} and {threads}")
+    if progressive and openai_port is None:
+        raise InputError("--progressive streams partial images through the OpenAI front end: give --openai-port "
+                         "too (or leave --progressive out)")
     check_ports(host, serve_ports(http_port, grpc_port, metrics_port, openai_port))
     read_manifest(Path(engine_dir))  # refuse anything that is not an engine directory, before Triton
     require_pytriton()
     if openai_port is not None:
         _check_front_end(openai_max_pending)
+    if progressive:
+        _require_streaming()
     t0 = time.perf_counter()
     stop = threading.Event()
     old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     work = Path(tempfile.mkdtemp(prefix="lisa-serve-"))
     proc = front = None
-    stream = openai_port is not None and _streaming()
+    stream = progressive
     try:
         per = split_threads(threads, instances)
         repo = write_triton_repo(engine_dir, work / "repo", backend=backend, max_batch=max_batch,
@@ -287,15 +295,14 @@ def _check_front_end(max_pending: int) -> None:
     require_openai_deps()
 
 
-def _streaming() -> bool:
-    """Whether the front end can stream 'lisa_stream' (tritonclient's gRPC client imports); else a log line."""
+def _require_streaming() -> None:
+    """--progressive needs tritonclient's gRPC client (the front end reads 'lisa_stream' over gRPC)."""
     from .openai_api import grpc_streaming_available
 
-    if grpc_streaming_available():
-        return True
-    LOG.warning("tritonclient[grpc] is not importable: streaming answers cut their partial images from the "
-                "finished image (pip install 'tritonclient[grpc]' for progressive images)")
-    return False
+    if not grpc_streaming_available():
+        raise InputError("--progressive reads model 'lisa_stream' over gRPC, and tritonclient[grpc] is not "
+                         "importable: pip install 'tritonclient[grpc]', or leave --progressive out (partials "
+                         "are then cut from the finished image)")
 
 
 def _front_end(engine_dir, *, host: str, http_port: int, port: int, max_batch: int, max_pending: int,

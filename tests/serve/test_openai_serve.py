@@ -41,7 +41,7 @@ def engine_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(engine_dir, tmp_path_factory):
     s = ServerProcess(engine_dir, tmp_path_factory.mktemp("log") / "server.log", backend="ort", threads=1,
-                      window_ms=20, max_batch=16, stop_timeout=120, openai=True)
+                      window_ms=20, max_batch=16, stop_timeout=120, openai=True, progressive=True)
     yield s
     s.stop()
 

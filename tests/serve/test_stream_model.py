@@ -193,7 +193,7 @@ def test_triton_images_stream_failures_are_api_errors(stream_model):
 
 
 def test_triton_repo_stream_writes_lisa_stream_on_the_same_engines(tmp_path, monkeypatch):
-    """write_triton_repo(stream=True) (`triton-repo --stream`, `serve --openai-port`): 'lisa_stream'
+    """write_triton_repo(stream=True) (`triton-repo --stream`, `serve --openai-port P --progressive`): 'lisa_stream'
     next to 'lisa', its engine_dir the same directory (a copy: lisa's, reached from its own
     version directory as model.py resolves it); without it no second model."""
     import os
@@ -241,3 +241,37 @@ def test_openai_api_takes_the_triton_grpc_url(tmp_path, monkeypatch):
     res = CliRunner().invoke(main, ["openai-api", str(tmp_path), "--triton-grpc-url", "127.0.0.1:8001", "--port",
                                         str(free_ports(1)[0])])
     assert "stop here" in res.output and seen["triton_grpc_url"] == "127.0.0.1:8001", res.output
+
+
+def test_serve_loads_lisa_stream_only_when_asked(tmp_path, monkeypatch):
+    """'lisa_stream' holds a second copy of the engines, so `serve` writes it only with --progressive;
+    --progressive without --openai-port, or without tritonclient's gRPC client, is refused before Triton."""
+    from click.testing import CliRunner
+
+    from lisa_trt.cli import main
+    from lisa_trt.serve import openai_api, server
+    from lisa_trt.serve.process import free_ports
+
+    res = CliRunner().invoke(main, ["serve", str(tmp_path), "--progressive"])
+    assert res.exit_code == 2 and "--openai-port" in res.output and "Traceback" not in res.output, res.output
+
+    seen = {}
+
+    def stop_at_repo(*a, **kw):
+        seen.update(kw)
+        raise server.InputError("stop here")
+
+    monkeypatch.setattr(server, "read_manifest", lambda d: {}, raising=False)
+    monkeypatch.setattr("lisa_trt.export.manifest.read_manifest", lambda d: {})
+    monkeypatch.setattr(server, "require_pytriton", lambda: None)
+    monkeypatch.setattr(server, "_check_front_end", lambda n: None)
+    monkeypatch.setattr("lisa_trt.serve.repo.write_triton_repo", stop_at_repo)
+    h, g, m, o = free_ports(4)
+    ports = ["--http-port", str(h), "--grpc-port", str(g), "--metrics-port", str(m), "--openai-port", str(o)]
+    for flags, want in (([], False), (["--progressive"], True)):
+        seen.clear()
+        res = CliRunner().invoke(main, ["serve", str(tmp_path), *ports, *flags])
+        assert "stop here" in res.output and seen["stream"] is want, (flags, res.output)
+    monkeypatch.setattr(openai_api, "grpc_streaming_available", lambda: False)
+    res = CliRunner().invoke(main, ["serve", str(tmp_path), *ports, "--progressive"])
+    assert res.exit_code == 2 and "tritonclient[grpc]" in res.output and "stop here" not in res.output, res.output
