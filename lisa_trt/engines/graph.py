@@ -181,7 +181,7 @@ class GraphTarget(_KVEngine):
         return self.family.null_cond(self.config, cond, self._uncond)
 
     def prompt_len(self, cond) -> int:
-        return self.config.cls_token_num
+        return self.config.cond_dims()["prefix"]  # the fixed condition prefix (TargetShape.cond_dims)
 
     def new_cache(self, batch: int, extra: int = 0, dtype=None, *, prompt_len=None, n_tokens=None):
         """A KVCache of the engines' static length (>= round_up(seq_len + extra, 8)); prompt_len /
@@ -213,7 +213,7 @@ class GraphTarget(_KVEngine):
             return self._prefill_verify(cond, cache, taps)
         inputs = self.family.cond_inputs(self.config, cond, self.device, self.dtype)
         out = self._run_kv(self._prefill, cache, self.config.n_layer, inputs, {})
-        T = self.config.cls_token_num
+        T = self.prompt_len(cond)
         cache.col_valid[:] = True
         cache.col_valid[:, :T] = out["prefix_valid"].to(cache.col_valid.device)
         cache.lengths.fill_(T)

@@ -112,7 +112,12 @@ def profiles_from_io_spec(manifest, *, max_batch: int = 1, max_tree: Optional[in
     # one target engine: the verify engine also takes the prefill (its prompt, or the condition prefix)
     verify_prefill = 0
     if xf.bundle_prefill_ids(manifest) is not None:
-        verify_prefill = prefill_seq or manifest.target_config.cls_token_num
+        verify_prefill = prefill_seq or dims.get("prefix")
+        if not verify_prefill:
+            raise InputError("the verify graph of this bundle runs the prefill, but the export sizes no "
+                             "prompt: the family's prefill_max_seq is empty and its dims have no 'prefix' "
+                             "axis (the config's cond_dims()); give the config a fixed prefix or the "
+                             "layout a max_prompt")
     out = {}
     for name in graphs or sorted(manifest.graphs):
         graph = Graph(name)

@@ -11,8 +11,13 @@ from ..errors import CheckpointError, ConfigError
 
 
 class HFDecoderShape:
-    """The config protocol (n_layer, n_positions, n_head, kv_heads, dim, tap_layers) over an HF
-    decoder config's field names; a family's frozen config dataclass inherits it."""
+    """The config protocol (n_layer, n_positions, n_head, kv_heads, dim, tap_layers, cond_dims) over
+    an HF decoder config's field names; a family's frozen config dataclass inherits it."""
+
+    def cond_dims(self) -> dict:
+        """No static condition axes (models/target_config.TargetShape.cond_dims): the prompt is
+        token ids of per-request length, the prefill graph's dynamic "seq" axis."""
+        return {}
 
     @property
     def n_layer(self) -> int:

@@ -287,16 +287,16 @@ def export_dims(target_cfg, *, max_cache_len: int, drafter_cfg=None, vq_cfg=None
     """Sizes of every static axis for one export (dynamic axes are left out).
 
     Args:
-        target_cfg: TargetConfig.
+        target_cfg: a target config with a fixed image length (models/target_config.TargetShape
+            and `block_size`); its `cond_dims()` sizes the condition's axes ("prefix", ...).
         max_cache_len: the static cache length Lmax (round_up(seq_len + max_tree, 8)).
         drafter_cfg: DrafterConfig, MedusaConfig (adds nothing: the heads graph uses dim / vocab) or None.
-        vq_cfg: VQConfig or None.
+        vq_cfg: VQConfig or None (then the config answers `grid_size` too).
     """
     t = target_cfg
     dims = dict(one=1, vocab=t.vocab_size, dim=t.dim, tap_dim=3 * t.dim, kv_heads=t.kv_heads,
-                head_dim=t.head_dim, cache_len=max_cache_len, prefix=t.cls_token_num,
-                caption_dim=t.caption_dim, block=t.block_size, n_gasv_params=len(GASV_PARAMS),
-                gasv_k=GASV_K)
+                head_dim=t.head_dim, cache_len=max_cache_len, **t.cond_dims(), block=t.block_size,
+                n_gasv_params=len(GASV_PARAMS), gasv_k=GASV_K)
     from .medusa import MedusaConfig
 
     if drafter_cfg is not None and not isinstance(drafter_cfg, MedusaConfig):  # Medusa heads: no draft axes

@@ -32,8 +32,8 @@ class TargetShape(Protocol):
     """The part of a target configuration the generic code reads (every family's config has it).
 
     The KV cache (models/layers.KVCache) reads n_layer, kv_heads and head_dim; graph axes read
-    dim and vocab_size; `model_type` selects the family. A target
-    with a fixed condition prefix and image length (the graphs of engines/graph.py and
+    dim and vocab_size and the condition's axes (`cond_dims`); `model_type` selects the family. A
+    target with a fixed condition prefix and image length (the graphs of engines/graph.py and
     export/onnx.py) also answers `seq_len`, `block_size` and `grid_hw`; a config that knows its
     drafter's shape answers `drafter_shape()` (models/drafter.DrafterConfig.for_target).
     """
@@ -49,6 +49,21 @@ class TargetShape(Protocol):
 
     @property
     def head_dim(self) -> int: ...
+
+    def cond_dims(self) -> dict:
+        """Sizes of the static axes of the condition, by io-spec axis name (models/io_spec.py).
+
+        "prefix": the cache slots the condition takes before the first image token, when that is
+        fixed by the config (LlamaGen: cls_token_num; the prefill graph returns that many K/V rows,
+        and a bundle whose verify graph runs the prefill takes that many tokens there). Any other
+        key sizes an axis of the family's condition inputs (`ModelFamily.cond_specs`; LlamaGen:
+        "caption_dim"). {} for a target whose prompt is token ids of per-request length (the
+        prefill's dynamic "seq" axis, `Target.prompt_len(cond)`: Chameleon, Janus-Pro, Emu3).
+
+        Returns:
+            {axis name: size}; the exporter adds it to the export's static axes (export_dims).
+        """
+        ...
 
 
 # name -> (factory(**kw) -> config, sized): a sized factory takes image_size / downsample itself

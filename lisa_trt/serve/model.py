@@ -244,7 +244,7 @@ class ServeModel:
         kind = self.pipe.family.conditioning(cfg)
         run_conditions(self.pipe.family, cfg).negatives(negative, 1)
         if isinstance(kind, ClassLabels):
-            cid, err = _class_id(value, cfg.num_classes, self.pipe.class_names)
+            cid, err = _class_id(value, kind.num_classes, self.pipe.class_names)
             if err:
                 raise InputError(err)
             return cid, None

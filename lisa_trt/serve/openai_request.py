@@ -83,9 +83,10 @@ class ModelInfo:
         fam = family_of(tc)
         h, w = int(dims["height"]), int(dims["width"])
         rows = _token_rows(dims.get("block"), h, w)
-        kind = fam.conditioning(tc).kind  # "class", "caption" or "text": what the prompt field holds
-        cls_tokens = int(getattr(tc, "cls_token_num", 1)) if kind == "class" else None
-        num_classes = int(getattr(tc, "num_classes", 0) or 0) if kind == "class" else 0
+        cond = fam.conditioning(tc)
+        kind = cond.kind  # "class", "caption" or "text": what the prompt field holds
+        cls_tokens = int(tc.cond_dims().get("prefix", 1)) if kind == "class" else None
+        num_classes = int(cond.num_classes or 0) if kind == "class" else 0
         names = bundle_class_names((m.generation or {}).get("class_names"), num_classes)  # ImageNet's for 1000
         return cls(id=model_id, family=fam.name, width=w, height=h, max_batch=int(max_batch),
                    class_names=tuple(names or ()), num_classes=num_classes, prompt=kind,

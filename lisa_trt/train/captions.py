@@ -247,8 +247,9 @@ def eval_conds(target, data_cfg, n: int):
     """Held-out decoding prompts for a t2i drafter: the last n captions of the table
     (cycled when the table is smaller). Class ids for c2i targets."""
     tcfg = target.config
-    if isinstance(family_of(tcfg).conditioning(tcfg), ClassLabels):
-        return torch.arange(n) % tcfg.num_classes
+    kind = family_of(tcfg).conditioning(tcfg)
+    if isinstance(kind, ClassLabels):
+        return torch.arange(n) % kind.num_classes
     if data_cfg.caption_file is None and data_cfg.token_file:
         c = load_caption_token_file(data_cfg.token_file, tcfg).cond
         feats, mask = c.feats, c.mask

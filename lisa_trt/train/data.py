@@ -95,8 +95,9 @@ def _check_tokens(tokens: torch.Tensor, cond: torch.Tensor, tcfg, where: str) ->
     V = tcfg.vocab_size
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= V):
         raise InputError(f"{where}: token ids must lie in [0, {V}); got {int(tokens.min())}..{int(tokens.max())}")
-    if cond.numel() and (int(cond.min()) < 0 or int(cond.max()) > tcfg.num_classes):
-        raise InputError(f"{where}: class ids must lie in 0..{tcfg.num_classes} ({tcfg.num_classes} = unconditional)")
+    n_cls = family_of(tcfg).conditioning(tcfg).num_classes  # ClassLabels: the only kind with token files here
+    if cond.numel() and (int(cond.min()) < 0 or int(cond.max()) > n_cls):
+        raise InputError(f"{where}: class ids must lie in 0..{n_cls} ({n_cls} = unconditional)")
     return TokenDataset(tokens, cond)
 
 
@@ -155,8 +156,9 @@ def self_distill_tokens(target, n: int, *, cfg_scale: float = 4.0, temperature: 
     from ..speculative.autoregressive import generate
 
     tcfg = target.config
+    fam = family_of(tcfg)
     g = torch.Generator().manual_seed(seed)
-    classes = family_of(tcfg).conditioning(tcfg).random(n, g)  # InputError naming the conditions to pass
+    classes = fam.conditioning(tcfg).random(n, g)  # InputError naming the conditions to pass
     uncond = torch.randperm(n, generator=g)[: round(uncond_frac * n)]
     device = target.output.weight.device
     out = []
@@ -167,7 +169,7 @@ def self_distill_tokens(target, n: int, *, cfg_scale: float = 4.0, temperature: 
         out.append(generate(target, ids, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                             top_p=top_p, seed=seed * 1_000_003 + c).cpu())
     cond = classes.clone()
-    cond[uncond] = tcfg.num_classes
+    cond[uncond] = fam.null_cond(tcfg, cond[uncond])  # the family's null class id
     return TokenDataset(torch.cat(out) if out else torch.zeros(0, tcfg.block_size, dtype=torch.long), cond)
 
 

@@ -111,6 +111,11 @@ class TargetConfig:
         L = self.n_layer
         return (min(2, L - 1), L // 2, max(L - 3, 0))
 
+    def cond_dims(self) -> dict:
+        """The condition's static axes (models/target_config.TargetShape.cond_dims): the prefix of
+        cls_token_num slots and the caption width (both model types carry both fields)."""
+        return {"prefix": self.cls_token_num, "caption_dim": self.caption_dim}
+
     def drafter_shape(self) -> dict:
         """The drafter's shape of a target of this config (models/drafter.DrafterConfig.for_shape):
         2-D RoPE over its grid with the cls_token_num prefix rows; the head warm-starts from
