@@ -86,7 +86,7 @@ class ClassConditions(RunConditions):
                 ids.append(p.class_id)
                 overrides.append(dict(seed=p.seed, cfg=p.cfg))
                 continue
-            cid, err = _class_id(p, tcfg.num_classes, class_names)
+            cid, err = _class_id(p, self.kind.num_classes, class_names)
             if err:
                 raise InputError(err)
             ids.append(cid)
@@ -96,16 +96,15 @@ class ClassConditions(RunConditions):
         return torch.tensor(ids, dtype=torch.long), overrides, [{"class": i} for i in ids]
 
     def given(self, rc, *, prompts, classes, captions, encoder_dir) -> tuple:
-        tc = rc.target.config
         if classes is None:
             raise InputError("c2i models need --classes (e.g. --classes 0,1,2)")
-        return torch.tensor(parse_classes(classes, tc.num_classes, class_names_of(rc.source))), None
+        return torch.tensor(parse_classes(classes, self.kind.num_classes, class_names_of(rc.source))), None
 
     def images(self, rc, n: int, *, classes, captions, encoder_dir, image_size=None) -> tuple:
         """(n conditions, caption texts or None, Requests or None) for `lisa-trt bench`: the classes
         cycled over the images (image_size: a Request's size, text prompts only)."""
-        tc = rc.target.config
-        cl = parse_classes(classes, tc.num_classes, class_names_of(rc.source)) if classes else list(range(tc.num_classes))
+        k = self.kind.num_classes
+        cl = parse_classes(classes, k, class_names_of(rc.source)) if classes else list(range(k))
         return [cl[i % len(cl)] for i in range(n)], None, None
 
 

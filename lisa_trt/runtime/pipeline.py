@@ -172,7 +172,8 @@ class Pipeline:
         tc = engines.target.config
         self.family = engines.family if engines.family is not None else family_of(tc)  # resolved once per open
         self._conds = run_conditions(self.family, tc)  # what prompts are: class ids, captions, texts
-        classes = int(getattr(tc, "num_classes", 0) or 0) if isinstance(self.family.conditioning(tc), ClassLabels) else 0
+        kind = self._conds.kind
+        classes = int(kind.num_classes or 0) if isinstance(kind, ClassLabels) else 0  # names: class labels only
         self._names = bundle_class_names(engines.class_names, classes)  # a 1000-class bundle: ImageNet's
         self._text = self._conds.encoder(text_encoder, tc)
         self._free = None  # the family's whole-image layout, made on the first decode without a request

@@ -32,8 +32,9 @@ def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gi
     pipe = Pipeline.from_dir(rc.source, backend=rc.backend, threads=threads, text_encoder=encoder_dir,
                              manifest=man, family=rc.family)
     cfg = pipe.config
-    ps = parse_prompts(prompts, model_type=cfg.model_type, num_classes=getattr(cfg, "num_classes", 0),
-                       class_names=pipe.class_names, family=pipe.family)
+    classes = getattr(pipe.family.conditioning(cfg), "num_classes", None) or 0  # the ClassLabels kind's
+    ps = parse_prompts(prompts, model_type=cfg.model_type, num_classes=classes, class_names=pipe.class_names,
+                       family=pipe.family)
     if rc.method is None:
         echo(f"verify auto: {pipe.resolve_verify(rc.verify)[2]}")
     res = pipe.generate(ps, seed=rc.seed, verify=rc.method or rc.verify, cfg_scale=s["cfg_scale"],
