@@ -48,8 +48,8 @@ class ExportFamily:
     Medusa graphs are shared (their inputs and references come from this base class)."""
 
     name = "?"
-    # module whose open_engines(manifest, backend, **options) opens the family's bundles when its
-    # engines are not engines/graph.py's GraphTarget / GraphVQ (None: those)
+    # module whose open_engines(manifest, backend, **options) opens the family's bundles (its
+    # GraphTarget subclass and decoder engine, engines/graph.open_family_engines): every family names one
     engines_module: Optional[str] = None
     # manifest file names the family's engine directories held before manifest.json, and True for the
     # one family whose manifest.json files written before the `family` field are its own: read by
@@ -311,7 +311,7 @@ def family_name(obj) -> str:
     """The family name of a family name, a Manifest, a target (torch or graph engine) or a config."""
     if isinstance(obj, str):
         return obj
-    fam = getattr(obj, "family", None)  # Manifest.family, ChameleonTarget.family, GraphTarget.family
+    fam = getattr(obj, "family", None)  # Manifest.family, ChameleonTarget.family, a graph target's family
     if isinstance(fam, str):
         return fam
     if fam is not None and isinstance(getattr(fam, "name", None), str):

@@ -2,7 +2,8 @@
 
 LlamaGen (c2i / t2i) graphs are the io_spec table as it stands: a condition-prefix prefill, the
 shared verify / drafter / GASV graphs and the VQ-16 decoder (`bundle_graphs`; export/bundle.py
-writes the directory, as for every family). The torch backend runs these bundles. Manifests
+writes the directory, as for every family), opened by families/llamagen/engines.py (`engines_module`,
+as every family names its own). The torch backend runs these bundles. Manifests
 written before the `family` field are LlamaGen's (`unnamed_manifest`).
 
 export/families.py finds this module through `LlamaGenFamily.export_module`.
@@ -22,6 +23,7 @@ class LlamaGenGraphs(ExportFamily):
     """LlamaGen (c2i / t2i): the io_spec table as it stands, condition prefix prefill, VQ-16 decoder."""
 
     name = "llamagen"
+    engines_module = "lisa_trt.families.llamagen.engines"  # LlamaGenGraphTarget, GraphVQ
     unnamed_manifest = True  # a manifest.json without a `family` field predates the field: LlamaGen's
 
     def bundle_graphs(self, target, drafter, tables, vq, opts, *, source=None, image_size=None, max_prompt=None):
