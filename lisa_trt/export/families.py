@@ -63,6 +63,13 @@ class ExportFamily:
         cache length, checked tables, static layout and files. Raise InputError before any work."""
         raise NotImplementedError(f"the {self.name} export family does not say which graphs it exports")
 
+    def graph_module(self, graph: Graph, model, cfg, cache_len: int):
+        """The wrapper module (export/onnx._NamedGraph) of one of the family's target / VQ graphs over
+        `model` (the target; the decoder for Graph.VQ_DECODE): what the family's bundle traces and the
+        torch backend (engines/torch_runner.py) runs eagerly. cfg: the target configuration;
+        cache_len: the export's static cache length. None: the family offers none for `graph`."""
+        return None
+
     def export_patches(self, model) -> dict:
         """{attribute: replacement} shadowing `model`'s data-dependent host checks while it is traced
         (export/onnx._export_mode; the runners check on the host). {}: nothing to patch."""
