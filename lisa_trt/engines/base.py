@@ -10,8 +10,8 @@ Two levels (docs/design.md principle 3):
   (engines/graph.py `_run_kv`).
   A backend is one subclass implementing `_execute` plus a `Backend` that opens its graphs.
 - `TargetEngine` / `DrafterEngine`: what the decode loop needs. The torch `Transformer` /
-  `Drafter` satisfy them directly (eager); engines/graph.py's generic `GraphTarget`,
-  `GraphDrafter`, `GraphGASV`, `GraphVQ` implement them over any backend's runners.
+  `Drafter` satisfy them directly (eager); engines/graph.py's `GraphTarget` (every family's
+  graph target builds on it), `GraphDrafter`, `GraphGASV` implement them over any backend's runners.
 
 Adding a backend: write one file with a `GraphRunner` subclass and a `Backend` subclass, then
 `register_backend("name", MyBackend)` (built-in ones are registered lazily below by module

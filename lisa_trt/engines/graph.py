@@ -1,9 +1,12 @@
 """Generic engines over any backend's graph runners (engines/base.py), and `load_engines`.
 
-`GraphTarget` / `GraphDrafter` are drop-in replacements for the torch `Transformer` / `Drafter`
-(same methods, shapes, KVCache / DrafterCache objects), `GraphGASV` for `gasv_gates`, `GraphVQ`
-for `VQModel.decode_code` and `tokens_to_pixels`. They speak tensor names from models/io_spec.py
-only; everything backend-specific (sessions, contexts, address binding) lives in the runner.
+`GraphTarget` is the graph target every family's engines build on (runners, cache checks, one
+forward); `GraphDrafter` and `GraphGASV` are the drafter and the GASV graph of every family. They
+are drop-in replacements for the torch target / `Drafter` (same methods, shapes, KVCache /
+DrafterCache objects) and for `gasv_gates`, and speak tensor names from models/io_spec.py only;
+everything backend-specific (sessions, contexts, address binding) lives in the runner.
+`load_engines` opens a directory through the module its family's ExportFamily names
+(`engines_module`: the family's GraphTarget subclass and decoder engine, `open_family_engines`).
 
     engines = load_engines("engines/demo", "ort", threads=1)
     cache = engines.target.new_cache(2, extra=32)
@@ -22,7 +25,6 @@ threads at once; serialise calls or open one set per worker.
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 from typing import NamedTuple, Optional
 
 import torch
@@ -30,7 +32,6 @@ import torch
 from ..config import find_multiple
 from ..errors import InputError
 from ..models.io_spec import Graph
-from ..models.family import family_of
 from .base import GraphRunner, StaticTensors, check_static_len, get_backend, torch_dtype
 
 
@@ -143,55 +144,40 @@ class _KVEngine:
 
 
 class GraphTarget(_KVEngine):
-    """The target over a backend's prefill + verify runners (TargetEngine protocol).
+    """The graph target every family's engines build on: the prefill + verify runners, the cache
+    checks and one forward through `_KVEngine._run_kv` (TargetEngine protocol, with the family's
+    subclass answering the condition protocol, `new_cache` and `prefill`).
 
     Args:
         manifest: the engine directory's Manifest.
         runners: {Graph.TARGET_PREFILL: runner, Graph.TARGET_VERIFY: runner}, or the verify
-            runner alone when the bundle's verify graph embeds the condition ids
-            (ExportFamily.bundle_prefill_ids): the prefill is then one verify call (the prefill
-            graph's positions, slots and mask, made here) and its last position's outputs.
+            runner alone when the bundle's verify graph embeds the condition / prompt ids
+            (ExportFamily.bundle_prefill_ids): the prefill is then one verify call.
+    Raises:
+        `prefill_error` (with `prefill_fix`) when the prefill runner is missing and the verify
+        graph cannot run the prefill.
     """
+
+    prefill_error = InputError
+    prefill_fix = "open it with the target_prefill graph, or re-export it with `lisa-trt export`"
+    max_positions: int = 0  # positions the target's RoPE covers (a subclass sets it from its config)
 
     def __init__(self, manifest, runners: dict):
         super().__init__(manifest, runners)
         self.config = manifest.target_config
-        self.family = family_of(self.config)
         self.hash = manifest.target_hash
-        self._prefill = runners.get(Graph.TARGET_PREFILL)
+        self._prefill = runners.get(Graph.TARGET_PREFILL)  # None: the prefill is a verify call (prefill_ids)
         self._verify = runners[Graph.TARGET_VERIFY]
         self._xf = manifest.export_family
         self._prefill_ids = None if self._prefill is not None else self._xf.bundle_prefill_ids(manifest)
         if self._prefill is None and self._prefill_ids is None:
-            raise InputError(f"{manifest.dir}: its verify graph cannot run the prefill (exported before one target "
-                             "graph served both); open it with the target_prefill graph, or re-export it with "
-                             "`lisa-trt export`")
-        # the verify engine's seq capacity (a "prefill" profile may exceed the cache's tree slots)
-        self.max_tree = min(getattr(self._verify, "seq_capacity", manifest.max_tree), manifest.max_tree)
-        self._uncond = None
-        if "conditions" in (manifest.files or {}):  # the null caption (t2i) shipped in the bundle
-            from ..io import load_safetensors
+            raise self.prefill_error(f"{manifest.dir}: its verify graph cannot run the prefill (exported before one "
+                                     f"target graph served both); {self.prefill_fix}")
 
-            self._uncond = load_safetensors(Path(manifest.dir) / manifest.files["conditions"])[0]["uncond_embedding"]
-
-    def check_cond(self, cond) -> int:
-        return self.family.check_cond(self.config, cond)
-
-    def null_cond(self, cond):
-        return self.family.null_cond(self.config, cond, self._uncond)
-
-    def prompt_len(self, cond) -> int:
-        return self.config.cond_dims()["prefix"]  # the fixed condition prefix (TargetShape.cond_dims)
-
-    def new_cache(self, batch: int, extra: int = 0, dtype=None, *, prompt_len=None, n_tokens=None):
-        """A KVCache of the engines' static length (>= round_up(seq_len + extra, 8)); prompt_len /
-        n_tokens (the generic loops pass them) are implied by the config."""
+    def _kv_cache(self, batch: int, dtype=None):
+        """A KVCache of the engines' static length (the caller has checked that its slots fit)."""
         from ..models.layers import KVCache
 
-        need = find_multiple(self.config.seq_len + extra, 8)
-        check_static_len(need, self.max_cache_len, f"a cache with {extra} extra slots",
-                         f"re-export with a larger --max-tree (exported with max_tree {self.manifest.max_tree}) "
-                         "or use a smaller tree budget")
         if dtype is not None and dtype != self.dtype:
             raise InputError(f"the engines' KV cache is {self.dtype}; cannot make a {dtype} cache")
         self._release()
@@ -201,52 +187,25 @@ class GraphTarget(_KVEngine):
         cfg = self.config
         self._check_cache(cache, (cache.batch, cfg.kv_heads, self.max_cache_len, cfg.head_dim), "target")
 
-    def prefill(self, cond, cache, taps: bool = False):
-        """Write the condition prefix into the cache; logits of the last prefix position."""
-        from ..models.layers import TargetOutput
-
-        B = self.check_cond(cond)
-        if B != cache.batch:
-            raise InputError(f"condition batch {B} does not match the cache batch {cache.batch}")
-        self._cache_ok(cache)
-        if self._prefill is None:
-            return self._prefill_verify(cond, cache, taps)
-        inputs = self.family.cond_inputs(self.config, cond, self.device, self.dtype)
-        out = self._run_kv(self._prefill, cache, self.config.n_layer, inputs, {})
-        T = self.prompt_len(cond)
-        cache.col_valid[:] = True
-        cache.col_valid[:, :T] = out["prefix_valid"].to(cache.col_valid.device)
-        cache.lengths.fill_(T)
-        return TargetOutput(out["logits"], out["taps"] if taps else None, out["hidden"])
-
-    def _prefill_verify(self, cond, cache, taps: bool):
-        """The prefill as one verify call over the condition's ids: slots and positions 0..T-1,
-        the prefill graph's mask ((causal & valid) | eye, nothing past T), the outputs of the
-        last prefix position."""
-        from ..models.layers import TargetOutput
-
-        ids, valid = self._xf.prefill_tokens(self.config, cond, self._prefill_ids)
-        B, T = ids.shape
-        ar = torch.arange(T)
-        mask = torch.zeros(B, T, self.max_cache_len, dtype=torch.bool)
-        mask[:, :, :T] = ((ar[None, :] <= ar[:, None])[None] & valid[:, None, :]) | (ar[None, :] == ar[:, None])[None]
-        pos = ar[None, :].expand(B, T)
-        out = self._run_kv(self._verify, cache, self.config.n_layer, self._step_inputs(ids, pos, pos, mask), {})
-        cache.col_valid[:] = True
-        cache.col_valid[:, :T] = valid.to(cache.col_valid.device)
-        cache.lengths.fill_(T)
-        last = {k: out[k][:, -1:] if T > 1 else out[k] for k in ("logits", "taps", "hidden")}
-        return TargetOutput(last["logits"], last["taps"] if taps else None, last["hidden"])
-
-    def forward_tokens(self, tokens, positions, slots, mask, cache, taps: bool = False):
-        """New tokens at absolute `positions`, K/V written at cache `slots` (see Transformer)."""
+    def _step(self, runner, tokens, positions, slots, mask, cache, taps: bool, vocab: Optional[int] = None,
+              offset: int = 0, last: bool = False):
+        """One graph call; `tokens` are checked against `vocab` (default: the head's), then passed as
+        offset + id; last: the outputs of the last position only (a prefill through the verify graph)."""
         from ..models.layers import TargetOutput
 
         cfg = self.config
-        check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, cfg.vocab_size, cfg.seq_len)
+        check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, vocab or cfg.vocab_size,
+                   self.max_positions)
         self._cache_ok(cache)
-        out = self._run_kv(self._verify, cache, cfg.n_layer, self._step_inputs(tokens, positions, slots, mask), {})
+        ids = tokens + offset if offset else tokens
+        out = self._run_kv(runner, cache, cfg.n_layer, self._step_inputs(ids, positions, slots, mask), {})
+        if last and tokens.shape[1] > 1:
+            out = {k: out[k][:, -1:] for k in ("logits", "taps", "hidden")}
         return TargetOutput(out["logits"], out["taps"] if taps else None, out["hidden"])
+
+    def forward_tokens(self, tokens, positions, slots, mask, cache, taps: bool = False):
+        """New tokens at absolute `positions`, K/V written at cache `slots` (the torch target's protocol)."""
+        return self._step(self._verify, tokens, positions, slots, mask, cache, taps)
 
 
 class GraphDrafter(_KVEngine):
@@ -362,43 +321,17 @@ class GraphGASV:
         k = cfg.neighbours
         return GASVGates(out["p"], out["delta_eff"], out["cand"][:, :k], out["gate"][:, :k])
 
-class GraphVQ:
-    """The VQ decoder graph: token ids (B, h*w) -> images (B, 3, H, W) in about [-1, 1]."""
-
-    def __init__(self, manifest, runner: GraphRunner):
-        self.config = manifest.vq_config
-        self.grid = manifest.target_config.grid_size
-        self.runners = {Graph.VQ_DECODE: runner}
-        self._run = runner
-        self.device = runner.device
-
-    def close(self) -> None:
-        self._run.close()
-
-    def tokens_to_pixels(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Codes (B, h*w) or (B, h, w) -> images (decode_code): the family hook's decoder call."""
-        if torch.is_tensor(tokens) and tokens.dim() == 3:
-            tokens = tokens.reshape(tokens.shape[0], -1)
-        return self.decode_code(tokens)
-
-    def decode_code(self, indices, shape=None):
-        B, N = indices.shape
-        if N != self.grid * self.grid:
-            raise InputError(f"expected {self.grid * self.grid} tokens per image, got {N}")
-        check_tokens(indices, self.config.codebook_size)
-        return self._run.run(dict(image_tokens=_contig(indices, torch.int64, self.device)), ["images"])["images"]
-
-
 class Engines(NamedTuple):
     """Every engine of one directory for one backend (None where the graph was not exported).
 
-    `tables`: the bundle's GASVTables (unbound: LANTERN neighbours, GASV constants) when a family's
-    own engine module opens them with the graphs (engines/prompt_graph.py); None otherwise."""
+    `target` / `vq`: the family's classes (a GraphTarget subclass, its decoder's graph engine);
+    `tables`: the bundle's GASVTables (unbound: LANTERN neighbours, GASV constants) when the family's
+    engines module opens them with the graphs; None otherwise."""
 
     target: GraphTarget
     drafter: Optional[GraphDrafter]
     gasv: Optional[GraphGASV]
-    vq: Optional[GraphVQ]
+    vq: Optional[object]
     manifest: object
     backend: str = "?"
     tables: Optional[object] = None
@@ -456,12 +389,13 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
         **options: backend options (ORT: providers, threads, spin; TensorRT: device,
             share_memory).
     Returns:
-        Engines(target, drafter | None, gasv | None, vq | None, manifest, backend); the drafter
-        is a GraphDrafter, or GraphMedusaHeads for a bundle exported with Medusa heads. A
-        token-prompt family's directory (its ExportFamily's engines_module) gives its own target
-        and VQ classes and the bundle's tables (engines/prompt_graph.py).
+        Engines(target, drafter | None, gasv | None, vq | None, manifest, backend[, tables]), opened
+        by the module the directory's ExportFamily names (`engines_module`: its target and decoder
+        classes, open_family_engines); the drafter is a GraphDrafter, or GraphMedusaHeads for a
+        bundle exported with Medusa heads.
     Raises:
-        ConfigError (unknown backend), ArtifactMismatchError / CheckpointError (read_manifest),
+        ConfigError (unknown backend, a family without an engines module), ArtifactMismatchError /
+        CheckpointError (read_manifest),
         the backend's own errors when it cannot run here (e.g. TensorRTUnavailableError);
         InputError for a removed option (REMOVED_OPTIONS: kv_binding).
     """
@@ -473,18 +407,33 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
     else:
         man = manifest
         check_manifest(man, target_hash=target_hash, drafter_hash=drafter_hash, tables_hash=tables_hash)
-    own = man.export_family.engines_module  # a family with its own engine classes over the same runners
-    if own is not None:
-        return importlib.import_module(own).open_engines(man, backend, **options)
+    xf = man.export_family
+    if not xf.engines_module:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"the {xf.name} export family names no engines_module: a family's ExportFamily names the "
+                          "module whose open_engines(manifest, backend, **options) opens its directories")
+    return importlib.import_module(xf.engines_module).open_engines(man, backend, **options)
+
+
+def open_family_engines(man, backend: str, target_cls, vq_cls, *, tables=None, **options) -> Engines:
+    """The Engines of a read Manifest with a family's target and decoder classes: every family's
+    engines module (its ExportFamily.engines_module) opens its directories through this.
+
+    Args:
+        man: the directory's checked Manifest.
+        backend, **options: as for load_engines.
+        target_cls: a GraphTarget subclass, built over the backend's target graphs (the verify
+            graph alone when it runs the prefill too: Backend.target_graphs).
+        vq_cls: the decoder's graph engine, built as vq_cls(man, runner) when the bundle has one.
+        tables: the bundle's GASVTables to hand on in Engines.tables (None: the runtime reads them).
+    """
     be, open_ = open_graphs(man, backend, **options)
-    gasv = vq = None
-    target = GraphTarget(man, open_(*be.target_graphs()))  # (verify,) when it runs the prefill too
-    drafter = open_drafter(man, be, open_)
-    if man.has(Graph.GASV):
-        gasv = GraphGASV(man, open_(Graph.GASV)[Graph.GASV])
-    if man.has(Graph.VQ_DECODE):
-        vq = GraphVQ(man, open_(Graph.VQ_DECODE)[Graph.VQ_DECODE])
-    return Engines(target, drafter, gasv, vq, man, backend)
+    target = target_cls(man, open_(*be.target_graphs()))
+    drafter = open_drafter(man, be, open_)  # the EAGLE-3 drafter graphs or Medusa heads
+    gasv = GraphGASV(man, open_(Graph.GASV)[Graph.GASV]) if man.has(Graph.GASV) else None
+    vq = vq_cls(man, open_(Graph.VQ_DECODE)[Graph.VQ_DECODE]) if man.has(Graph.VQ_DECODE) else None
+    return Engines(target, drafter, gasv, vq, man, backend, tables)
 
 
 def open_drafter(man, be, open_):
@@ -502,5 +451,6 @@ def open_drafter(man, be, open_):
     return None
 
 
-__all__ = ["REMOVED_OPTIONS", "Engines", "GraphDrafter", "GraphGASV", "GraphTarget", "GraphVQ", "check_positions",
-           "check_step", "check_tokens", "load_engines", "open_drafter", "open_graphs", "refuse_removed_options"]
+__all__ = ["REMOVED_OPTIONS", "Engines", "GraphDrafter", "GraphGASV", "GraphTarget", "check_positions", "check_step",
+           "check_tokens", "load_engines", "open_drafter", "open_family_engines", "open_graphs",
+           "refuse_removed_options"]

@@ -1,7 +1,7 @@
 """The ONNX Runtime backend: one `GraphRunner` per exported graph (engines/base.py protocol).
 
-`load_engines(dir, "ort")` (engines/graph.py) wraps these runners in the generic GraphTarget /
-GraphDrafter / GraphGASV / GraphVQ. Torch tensors are the array type: inputs and outputs are
+`load_engines(dir, "ort")` (engines/graph.py) wraps these runners in the family's GraphTarget
+subclass and decoder engine, GraphDrafter and GraphGASV. Torch tensors are the array type: inputs and outputs are
 bound to ONNX Runtime by address (IO binding). Each layer's K/V buffer is bound as the read-only
 `past_key_values.{i}.*` input only (kept bound across steps by `run_static`); the graph returns the
 step's new rows as `present.{i}.*` and engines/graph.py `_run_kv` commits them into the buffer, so

@@ -1,14 +1,15 @@
 """Graph engines for token-prompt targets (models/prompts.PromptTarget) over any backend.
 
 A family whose exported target takes a prompt of tokens (left-padded rows, per-row RoPE
-positions) rather than LlamaGen's condition prefix names this module as its ExportFamily's
-`engines_module` (export/families.py); engines/graph.load_engines then opens its directories
-here. `GraphPromptTarget` is a drop-in replacement for the torch target in the generic decode
-loops (same `new_cache`, `prefill`, `forward_tokens`, KVCache objects) and `GraphGridVQ` decodes
-code grids to pixels. The drafter and the GASV graph are the generic `GraphDrafter` and
-`GraphGASV`. Runners come from the backend registry with the family's io specs and static axes,
-and the KV caches are bound exactly as for LlamaGen (`_KVEngine._run_kv`): the cache dtype is the
-bundle's precision (fp16 bundles: fp16 caches).
+positions) rather than a condition prefix names this module as its ExportFamily's
+`engines_module` (export/families.py, PromptExportFamily); engines/graph.load_engines then opens its
+directories here, as it opens every family's through the module the family names.
+`GraphPromptTarget` is engines/graph.GraphTarget with the token-prompt condition protocol (same
+`new_cache`, `prefill`, `forward_tokens`, KVCache objects as the torch target) and `GraphGridVQ`
+decodes code grids to pixels. The drafter and the GASV graph are the generic `GraphDrafter` and
+`GraphGASV` (engines/graph.open_family_engines). Runners come from the backend registry with the
+family's io specs and static axes, and the KV caches are bound as for every family
+(`_KVEngine._run_kv`): the cache dtype is the bundle's precision (fp16 bundles: fp16 caches).
 
     Pipeline.from_dir("engines/lumina", backend="ort").generate(["a red fox"])   # opens these engines
 """
@@ -23,27 +24,22 @@ import torch
 from ..errors import ArtifactMismatchError, InputError
 from ..models.io_spec import Graph
 from ..models.prompts import PromptTarget
-from .graph import Engines, GraphGASV, _contig, _KVEngine, check_step, check_tokens, open_drafter, open_graphs
+from .graph import Engines, GraphTarget, _contig, check_tokens, open_family_engines
 
 
-class GraphPromptTarget(PromptTarget, _KVEngine):
+class GraphPromptTarget(PromptTarget, GraphTarget):
     """A token-prompt target over a backend's prefill + verify runners: a drop-in for the torch
     target in the decode loops (the condition protocol of models/prompts.PromptTarget; per-row left
     padding in the KVCache `pad`, RoPE positions = slots - pad)."""
 
+    prefill_error = ArtifactMismatchError
+    prefill_fix = "re-export it with `lisa-trt export`"
+
     def __init__(self, manifest, runners: dict):
         super().__init__(manifest, runners)
-        self.config = manifest.target_config
-        self.hash = manifest.target_hash
-        self._prefill = runners.get(Graph.TARGET_PREFILL)  # None: the prefill is a verify call (prefill_ids)
-        self._verify = runners[Graph.TARGET_VERIFY]
-        xf = manifest.export_family  # the family's condition protocol and prompt vocabulary
-        self._cond = xf.prompt_condition(self.config)
-        self._prompt_vocab = xf.prompt_vocab_size(self.config)
-        self._prefill_ids = None if self._prefill is not None else xf.bundle_prefill_ids(manifest)
-        if self._prefill is None and self._prefill_ids is None:
-            raise ArtifactMismatchError(f"{manifest.dir}: its verify graph cannot run the prefill (exported before one "
-                                        "target graph served both); re-export it with `lisa-trt export`")
+        self.max_positions = self.config.max_position_embeddings
+        self._cond = self._xf.prompt_condition(self.config)  # the family's condition protocol and prompt vocabulary
+        self._prompt_vocab = self._xf.prompt_vocab_size(self.config)
 
     def check_cond(self, cond) -> int:
         return PromptTarget.check_cond(self, cond) if self._cond is None else self._cond.check_cond(cond)
@@ -61,8 +57,6 @@ class GraphPromptTarget(PromptTarget, _KVEngine):
                   prompt_len: Optional[int] = None, n_tokens: Optional[int] = None):
         """A KVCache of the engines' static length (`max_len`, or prompt_len + n_tokens + extra as
         the generic loops pass them, must fit it)."""
-        from ..models.layers import KVCache
-
         if max_len is None:
             if prompt_len is None or n_tokens is None:
                 raise InputError("new_cache needs max_len, or prompt_len and n_tokens")
@@ -70,26 +64,7 @@ class GraphPromptTarget(PromptTarget, _KVEngine):
         if max_len > self.max_cache_len:
             raise InputError(f"{max_len} cache slots do not fit the engines' static length {self.max_cache_len}; "
                              "re-export with a larger --max-prompt / --max-tree or a smaller image")
-        if dtype is not None and dtype != self.dtype:
-            raise InputError(f"the engines' KV cache is {self.dtype}; cannot make a {dtype} cache")
-        self._release()
-        return KVCache(self.config, batch, self.max_cache_len, self.dtype, self.device)
-
-    def _step(self, runner, tokens, positions, slots, mask, cache, taps: bool, vocab: Optional[int] = None,
-              offset: int = 0, last: bool = False):
-        """One graph call; `tokens` are checked against `vocab`, then passed as offset + id;
-        last: the outputs of the last position only (a prefill through the verify graph)."""
-        from ..models.layers import TargetOutput
-
-        cfg = self.config
-        check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, vocab or cfg.vocab_size,
-                   cfg.max_position_embeddings)
-        self._check_cache(cache, (cache.batch, cfg.kv_heads, self.max_cache_len, cfg.head_dim), "target")
-        ids = tokens + offset if offset else tokens
-        out = self._run_kv(runner, cache, cfg.n_layer, self._step_inputs(ids, positions, slots, mask), {})
-        if last and tokens.shape[1] > 1:
-            out = {k: out[k][:, -1:] for k in ("logits", "taps", "hidden")}
-        return TargetOutput(out["logits"], out["taps"] if taps else None, out["hidden"])
+        return self._kv_cache(batch, dtype)
 
     def prefill(self, cond, cache, valid: Optional[torch.Tensor] = None, taps: bool = False):
         """A left-padded prompt (B, T) into slots 0..T-1; outputs of its last position.
@@ -107,10 +82,6 @@ class GraphPromptTarget(PromptTarget, _KVEngine):
             out = self._step(self._prefill, ids, pos, slots, mask, cache, taps, self._prompt_vocab)
         cache.lengths.fill_(ids.shape[1])
         return out
-
-    def forward_tokens(self, tokens, positions, slots, mask, cache, taps: bool = False):
-        """New tokens at RoPE `positions`, K/V written at cache `slots` (the torch target's protocol)."""
-        return self._step(self._verify, tokens, positions, slots, mask, cache, taps)
 
 
 class GraphGridVQ:
@@ -145,7 +116,8 @@ class GraphGridVQ:
 
 
 def open_engines(man, backend: str = "ort", **options) -> Engines:
-    """The engines of a read Manifest (engines/graph.load_engines calls this for the family)."""
+    """The engines of a read Manifest (engines/graph.load_engines calls this for the family), with
+    the bundle's tables (checked against the target) in Engines.tables."""
     from ..calibration.tables import load_tables
 
     d = Path(man.dir)
@@ -153,12 +125,7 @@ def open_engines(man, backend: str = "ort", **options) -> Engines:
     if tables is not None and tables.target_hash != man.target_hash:
         raise ArtifactMismatchError(f"{d}/tables.safetensors was made for target {tables.target_hash}, not "
                                     f"{man.target_hash}; re-export the directory")
-    be, open_ = open_graphs(man, backend, **options)
-    target = GraphPromptTarget(man, open_(*be.target_graphs()))  # (verify,) when it runs the prefill too
-    drafter = open_drafter(man, be, open_)  # the EAGLE-3 drafter graphs or Medusa heads
-    gasv = GraphGASV(man, open_(Graph.GASV)[Graph.GASV]) if man.has(Graph.GASV) else None
-    vq = GraphGridVQ(man, open_(Graph.VQ_DECODE)[Graph.VQ_DECODE]) if man.has(Graph.VQ_DECODE) else None
-    return Engines(target, drafter, gasv, vq, man, backend, tables)
+    return open_family_engines(man, backend, GraphPromptTarget, GraphGridVQ, tables=tables, **options)
 
 
 __all__ = ["GraphGridVQ", "GraphPromptTarget", "open_engines"]

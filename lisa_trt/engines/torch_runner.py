@@ -1,4 +1,5 @@
-"""The torch backend: the export wrappers (export/onnx.py's *Graph modules) run eagerly.
+"""The torch backend: the export wrappers (export/onnx.py's *Graph modules, the family's target and VQ
+wrappers from its ExportFamily.graph_module) run eagerly.
 
 Each runner calls the same `compute(named inputs) -> named outputs` the ONNX exporter traces,
 over the PyTorch models rebuilt from the bundle's shared weights file (export/weights.py; or its
@@ -141,10 +142,11 @@ class TorchBackend(Backend):
     def open(self, graph, spec, dims):
         from ..export import onnx as X
 
-        if graph is Graph.TARGET_PREFILL:
-            module = X.TargetPrefillGraph(self._model("target"), self.manifest.max_cache_len)
-        elif graph is Graph.TARGET_VERIFY:
-            module = X.TargetVerifyGraph(self._model("target"))
+        man = self.manifest
+        module = None
+        if graph in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY, Graph.VQ_DECODE):  # the family's wrappers
+            model = self._model("vq" if graph is Graph.VQ_DECODE else "target")
+            module = man.export_family.graph_module(graph, model, man.target_config, man.max_cache_len)
         elif graph is Graph.DRAFTER_PROJECT:
             module = X.DrafterProjectGraph(self._model("drafter"))
         elif graph is Graph.DRAFTER_STEP:
@@ -155,9 +157,7 @@ class TorchBackend(Backend):
             module = X.DrafterCommitGraph(self._model("drafter"))
         elif graph is Graph.GASV:
             module = X.GASVGraph(self._model("tables")).to(self._device)
-        elif graph is Graph.VQ_DECODE:
-            module = X.VQDecodeGraph(self._model("vq"), self.manifest.target_config.grid_size)
-        else:
+        if module is None:
             raise InputError(f"the torch backend has no wrapper for {graph.value}")
         mode = self._mode if graph.value in COMPILED_GRAPHS else None
         return TorchRunner(module, spec, dims, self.manifest.precision, self._device, mode=mode)

@@ -1,8 +1,9 @@
 """TensorRT runners over a built engine directory (engines/base.py protocols).
 
 `TrtRunner` is the TensorRT `GraphRunner` (engines/base.py); `load_engines(dir, "trt")`
-(engines/graph.py) wraps the runners in the same generic GraphTarget / GraphDrafter / GraphGASV /
-GraphVQ as every backend: same methods, shapes, KVCache objects as the torch models.
+(engines/graph.py) wraps the runners in the same engines as every backend (the family's GraphTarget
+subclass and decoder engine, GraphDrafter, GraphGASV): same methods, shapes, KVCache objects as the
+torch models.
 
     engines = load_trt_engines("engines/demo")        # after `lisa-trt build engines/demo`
     cache = engines.target.new_cache(2, extra=60)

@@ -48,8 +48,8 @@ class ExportFamily:
     Medusa graphs are shared (their inputs and references come from this base class)."""
 
     name = "?"
-    # module whose open_engines(manifest, backend, **options) opens the family's bundles when its
-    # engines are not engines/graph.py's GraphTarget / GraphVQ (None: those)
+    # module whose open_engines(manifest, backend, **options) opens the family's bundles (its
+    # GraphTarget subclass and decoder engine, engines/graph.open_family_engines): every family names one
     engines_module: Optional[str] = None
     # manifest file names the family's engine directories held before manifest.json, and True for the
     # one family whose manifest.json files written before the `family` field are its own: read by
@@ -62,6 +62,13 @@ class ExportFamily:
         """The family's part of one export (export/bundle.BundleGraphs): its target / VQ graph builders,
         cache length, checked tables, static layout and files. Raise InputError before any work."""
         raise NotImplementedError(f"the {self.name} export family does not say which graphs it exports")
+
+    def graph_module(self, graph: Graph, model, cfg, cache_len: int):
+        """The wrapper module (export/onnx._NamedGraph) of one of the family's target / VQ graphs over
+        `model` (the target; the decoder for Graph.VQ_DECODE): what the family's bundle traces and the
+        torch backend (engines/torch_runner.py) runs eagerly. cfg: the target configuration;
+        cache_len: the export's static cache length. None: the family offers none for `graph`."""
+        return None
 
     def export_patches(self, model) -> dict:
         """{attribute: replacement} shadowing `model`'s data-dependent host checks while it is traced
@@ -311,7 +318,7 @@ def family_name(obj) -> str:
     """The family name of a family name, a Manifest, a target (torch or graph engine) or a config."""
     if isinstance(obj, str):
         return obj
-    fam = getattr(obj, "family", None)  # Manifest.family, ChameleonTarget.family, GraphTarget.family
+    fam = getattr(obj, "family", None)  # Manifest.family, ChameleonTarget.family, a graph target's family
     if isinstance(fam, str):
         return fam
     if fam is not None and isinstance(getattr(fam, "name", None), str):

@@ -1,7 +1,10 @@
 """Export target + drafter + GASV + VQ decoder to ONNX (docs/spec/deploy.md), atomically, validated.
 
-The graph wrappers and the per-graph export loop (`export_graphs`) of every engine directory
-(export/bundle.write_bundle writes it; LlamaGen's graphs shown):
+The family-independent graph wrappers (drafter, Medusa heads, GASV), what every family's wrappers
+build on (`_NamedGraph`, `_ShimCache`, `_export_mode`) and the per-graph export loop
+(`export_graphs`) of every engine directory (export/bundle.write_bundle writes it). A family's
+target and VQ wrappers live in its package (families/<name>/export.py, handed over by its
+ExportFamily's `bundle_graphs` / `graph_module`). LlamaGen's directory:
 
     target_prefill.onnx   condition prefix -> its K/V rows (present.*), committed by the runner
     target_verify.onnx    S new tokens / a draft tree over the static cache, taps + hidden
@@ -18,10 +21,10 @@ graph inputs: each layer attends over the cache plus its new rows (models/layers
 through `_ShimCache`'s CacheRows) and the graph returns only the new rows as `present.{i}.*`; the
 runner commits them into its one cache at the step's slots (engines/graph.py `_run_kv`), so no
 graph writes a cache-sized tensor. The cache length Lmax is static per export:
-round_up(seq_len + max_tree, 8).
+round_up(seq_len + max_tree, 8) for LlamaGen (a family's bundle_graphs says its own).
 
-Models are exported through thin wrappers that call the models' own code (`_run`,
-`cond_embeddings`, `Drafter.forward`, `gasv` functions, `decode_code`), so the math has one
+Models are exported through thin wrappers that call the models' own code (the target's `_run`,
+`Drafter.forward`, `gasv` functions, the decoder's `decode_code`), so the math has one
 source. The host-side input checks those methods make (`int(tokens.min())` ...) cannot be traced;
 `_export_mode` swaps them for check-free versions while exporting, and the runners do the checks
 on the host instead.
@@ -43,9 +46,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..config import find_multiple
 from ..errors import ArtifactMismatchError, InputError, LisaError
-from ..models.family import family_of
 from ..models.layers import CacheRows
 from .families import export_family
 from .memory import PrecisionCopy, resolve
@@ -59,11 +60,6 @@ _EXAMPLE = dict(batch=2, seq=3, nodes=3)  # trace sizes: never 1 on a dynamic ax
 
 class ExportError(LisaError):
     """An export step failed (tracing, validation beyond threshold, lint errors)."""
-
-
-def max_cache_len(target_cfg, max_tree: int) -> int:
-    """Static cache length of an export: round_up(cls + block + max_tree, 8) (== new_cache(extra))."""
-    return find_multiple(target_cfg.seq_len + max_tree, 8)
 
 
 # ----------------------------------------------------------------------------- wrappers
@@ -130,50 +126,6 @@ class _NamedGraph(nn.Module):
     def forward(self, *flat):
         out = self.compute(dict(zip(self.spec.input_names, flat)))
         return tuple(out[n] for n in self.spec.output_names)
-
-
-class TargetPrefillGraph(_NamedGraph):
-    """Condition prefix -> K/V at slots [0, T); outputs at the last prefix position."""
-
-    def __init__(self, model, cache_len: int):
-        cfg = model.config
-        super().__init__(graph_spec(Graph.TARGET_PREFILL, n_layer=cfg.n_layer, model_type=cfg.model_type))
-        self.model, self.cache_len = model, cache_len
-
-    def compute(self, x):
-        m, cfg = self.model, self.model.config
-        cond = family_of(cfg).cond_from_inputs(cfg, x)
-        emb, valid = m.cond_embeddings(cond)  # (B, T, dim), (B, T) bool
-        B, T, _ = emb.shape
-        dev = emb.device
-        causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=dev))
-        eye = torch.eye(T, dtype=torch.bool, device=dev)
-        mask = (causal[None] & valid[:, None, :]) | eye[None]  # (B, T, T), same as Transformer.prefill
-        pad = torch.zeros(B, T, self.cache_len - T, dtype=torch.bool, device=dev)
-        mask = torch.cat([mask, pad], dim=-1)  # (B, T, Lmax)
-        slots = torch.arange(T, device=dev)[None, :].expand(B, T)
-        cache = _ShimCache([x[n] for n in self.spec.input_names if n.startswith("past_key_values.")])
-        out = m._run(emb.to(m.output.weight.dtype), m.freqs_cis[:T][None], mask[:, None], cache, slots, True)
-        res = dict(logits=out.logits[:, -1:], taps=out.taps[:, -1:], hidden=out.hidden[:, -1:], prefix_valid=valid)
-        res.update(zip([n for n in self.spec.output_names if n.startswith("present.")], cache.presents()))
-        return res
-
-
-class TargetVerifyGraph(_NamedGraph):
-    """Transformer.forward_tokens over a static cache, taps on."""
-
-    def __init__(self, model):
-        super().__init__(graph_spec(Graph.TARGET_VERIFY, n_layer=model.config.n_layer))
-        self.model = model
-
-    def compute(self, x):
-        m = self.model
-        cache = _ShimCache([x[n] for n in self.spec.input_names if n.startswith("past_key_values.")])
-        h = export_family(m).verify_embed(m, x["input_ids"])  # image tokens (+ the prefill's ids: prefill_ids)
-        out = m._run(h, m.freqs_cis[x["position_ids"]], x["attention_mask"][:, None], cache, x["cache_slots"], True)
-        res = dict(logits=out.logits, taps=out.taps, hidden=out.hidden)
-        res.update(zip([n for n in self.spec.output_names if n.startswith("present.")], cache.presents()))
-        return res
 
 
 class DrafterProjectGraph(_NamedGraph):
@@ -265,17 +217,6 @@ class GASVGraph(_NamedGraph):
         p, delta_eff, gate = gasv_core(x["guided_logits"], tok, x["node_parents"], cand, self.w_tilde, self.n2,
                                        self.cluster, self.beta, prm)
         return dict(p=p, delta_eff=delta_eff, cand=cand, gate=gate)
-
-
-class VQDecodeGraph(_NamedGraph):
-    def __init__(self, vq, grid: int):
-        super().__init__(graph_spec(Graph.VQ_DECODE))
-        self.vq, self.grid = vq, grid
-
-    def compute(self, x):
-        tok = x["image_tokens"]
-        shape = (tok.shape[0], self.vq.config.codebook_embed_dim, self.grid, self.grid)
-        return dict(images=self.vq.decode_code(tok, shape).float())
 
 
 # ----------------------------------------------------------------------------- loaders
@@ -554,17 +495,6 @@ def _export_graph(graph, build, prec: str, dest: Path, dims: dict, refs: dict, m
 def _external_file(path: Path) -> Optional[str]:
     data = path.with_name(path.name + ".data")
     return data.name if data.is_file() else None
-
-
-def condition_files(target, tmp: Path) -> dict:
-    """What the family's null_cond needs at run time (t2i: the null caption), if anything."""
-    tensors = family_of(target.config).condition_tensors(target)
-    if not tensors:
-        return {}
-    from ..io import save_safetensors
-
-    save_safetensors(tensors, tmp / "conditions.safetensors", metadata={"kind": "lisa-trt/conditions"})
-    return {"conditions": "conditions.safetensors"}
 
 
 def _progress(total: int, enabled: bool):

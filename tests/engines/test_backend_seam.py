@@ -37,14 +37,15 @@ class ToyBackend(Backend):
 
     def open(self, graph, spec, dims):
         from lisa_trt.export import onnx as X
+        from lisa_trt.families.llamagen import export as L
 
         a = ToyBackend.models
-        module = {Graph.TARGET_PREFILL: lambda: X.TargetPrefillGraph(a["target"], self.manifest.max_cache_len),
-                  Graph.TARGET_VERIFY: lambda: X.TargetVerifyGraph(a["target"]),
+        module = {Graph.TARGET_PREFILL: lambda: L.TargetPrefillGraph(a["target"], self.manifest.max_cache_len),
+                  Graph.TARGET_VERIFY: lambda: L.TargetVerifyGraph(a["target"]),
                   Graph.DRAFTER_PROJECT: lambda: X.DrafterProjectGraph(a["drafter"]),
                   Graph.DRAFTER_STEP: lambda: X.DrafterStepGraph(a["drafter"]),
                   Graph.GASV: lambda: X.GASVGraph(a["tables"]),
-                  Graph.VQ_DECODE: lambda: X.VQDecodeGraph(a["vq"], self.manifest.target_config.grid_size)}[graph]()
+                  Graph.VQ_DECODE: lambda: L.VQDecodeGraph(a["vq"], self.manifest.target_config.grid_size)}[graph]()
         return ToyRunner(module, spec, dims, self.manifest.precision)
 
 

@@ -615,9 +615,9 @@ def test_one_target_engine_unless_the_bundle_predates_it(bundle, man, tmp_path):
     p = check_plan(old, memory_gib=80)
     assert p.engines["target"]["weights"] == 2 * one and any("2 copies" in n for n in p.notes)
     with pytest.raises(InputError, match="verify graph cannot run the prefill"):
-        from lisa_trt.engines.graph import GraphTarget
+        from lisa_trt.families.llamagen.engines import LlamaGenGraphTarget
 
-        GraphTarget(read_manifest(old), {Graph.TARGET_VERIFY: types.SimpleNamespace(device=torch.device("cpu"))})
+        LlamaGenGraphTarget(read_manifest(old), {Graph.TARGET_VERIFY: types.SimpleNamespace(device=torch.device("cpu"))})
 
 
 # ----------------------------------------------------------------------------- KV bytes written per step

@@ -112,7 +112,7 @@ def test_vq_decoder_counts_match_the_models():
 def test_cache_rules_match_the_exporters():
     from lisa_trt.models.target_config import target_config
     from lisa_trt.families.chameleon.export import engine_cache_len, span_length
-    from lisa_trt.export.onnx import max_cache_len
+    from lisa_trt.families.llamagen.export import max_cache_len
 
     for name, size in (("GPT-B", 256), ("GPT-XL", 384), ("GPT-3B", 512)):
         s = known_shape(name, size)
@@ -251,7 +251,7 @@ def bundle(tmp_path):
     a drafter, tables and a VQ decoder, max tree 16."""
     from lisa_trt.models.target_config import VQConfig, target_config
     from lisa_trt.export.manifest import Manifest, write_manifest
-    from lisa_trt.export.onnx import max_cache_len
+    from lisa_trt.families.llamagen.export import max_cache_len
     from lisa_trt.models.drafter import DrafterConfig
 
     t = target_config("tiny")

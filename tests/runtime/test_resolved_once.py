@@ -39,6 +39,7 @@ def counts(monkeypatch):
     import lisa_trt.cli.run  # noqa: F401 - the modules a run imports, so their own bindings are wrapped too
     import lisa_trt.deploy.memory_plan  # noqa: F401
     import lisa_trt.engines.ort  # noqa: F401
+    import lisa_trt.families.llamagen.engines  # noqa: F401
     import lisa_trt.runtime.commands.run  # noqa: F401
     import lisa_trt.runtime.pipeline  # noqa: F401
     import lisa_trt.speculative.autoregressive  # noqa: F401
@@ -95,7 +96,7 @@ def test_lisa_trt_run_parses_the_manifest_once(demo_engines, counts, tmp_path):
     # resolve() parses it into the RunContext; the preflight, the prompts precheck, Pipeline.from_dir
     # and the engines take that Manifest
     assert (counts["read_manifest"], counts["manifest.json"]) == (1, 1), dict(counts)
-    # resolve() looks the family up, the engines' target once more (engines/graph.GraphTarget)
+    # resolve() looks the family up, the engines' target once more (families/llamagen/engines.py)
     assert counts["family"] == 2, dict(counts)
 
 

@@ -2,7 +2,8 @@
 
 LlamaGen (c2i / t2i) graphs are the io_spec table as it stands: a condition-prefix prefill, the
 shared verify / drafter / GASV graphs and the VQ-16 decoder (`bundle_graphs`; export/bundle.py
-writes the directory, as for every family). The torch backend runs these bundles. Manifests
+writes the directory, as for every family), opened by families/llamagen/engines.py (`engines_module`,
+as every family names its own). The torch backend runs these bundles. Manifests
 written before the `family` field are LlamaGen's (`unnamed_manifest`).
 
 export/families.py finds this module through `LlamaGenFamily.export_module`.
@@ -14,22 +15,101 @@ import dataclasses
 
 import torch
 
+from ...config import find_multiple
 from ...export.families import ExportFamily, past_of, present_rows, register_export_family
-from ...models.io_spec import Graph
+from ...export.onnx import _NamedGraph, _ShimCache
+from ...models.io_spec import Graph, graph_spec
+
+
+def max_cache_len(target_cfg, max_tree: int) -> int:
+    """Static cache length of an export: round_up(cls + block + max_tree, 8) (== new_cache(extra))."""
+    return find_multiple(target_cfg.seq_len + max_tree, 8)
+
+
+class TargetPrefillGraph(_NamedGraph):
+    """Condition prefix -> K/V at slots [0, T); outputs at the last prefix position."""
+
+    def __init__(self, model, cache_len: int):
+        cfg = model.config
+        super().__init__(graph_spec(Graph.TARGET_PREFILL, n_layer=cfg.n_layer, model_type=cfg.model_type))
+        self.model, self.cache_len = model, cache_len
+
+    def compute(self, x):
+        from ...models.family import family_of
+
+        m, cfg = self.model, self.model.config
+        cond = family_of(cfg).cond_from_inputs(cfg, x)
+        emb, valid = m.cond_embeddings(cond)  # (B, T, dim), (B, T) bool
+        B, T, _ = emb.shape
+        dev = emb.device
+        causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=dev))
+        eye = torch.eye(T, dtype=torch.bool, device=dev)
+        mask = (causal[None] & valid[:, None, :]) | eye[None]  # (B, T, T), same as Transformer.prefill
+        pad = torch.zeros(B, T, self.cache_len - T, dtype=torch.bool, device=dev)
+        mask = torch.cat([mask, pad], dim=-1)  # (B, T, Lmax)
+        slots = torch.arange(T, device=dev)[None, :].expand(B, T)
+        cache = _ShimCache([x[n] for n in self.spec.input_names if n.startswith("past_key_values.")])
+        out = m._run(emb.to(m.output.weight.dtype), m.freqs_cis[:T][None], mask[:, None], cache, slots, True)
+        res = dict(logits=out.logits[:, -1:], taps=out.taps[:, -1:], hidden=out.hidden[:, -1:], prefix_valid=valid)
+        res.update(zip([n for n in self.spec.output_names if n.startswith("present.")], cache.presents()))
+        return res
+
+
+class TargetVerifyGraph(_NamedGraph):
+    """Transformer.forward_tokens over a static cache, taps on."""
+
+    def __init__(self, model):
+        super().__init__(graph_spec(Graph.TARGET_VERIFY, n_layer=model.config.n_layer))
+        self.model = model
+
+    def compute(self, x):
+        m = self.model
+        cache = _ShimCache([x[n] for n in self.spec.input_names if n.startswith("past_key_values.")])
+        h = GRAPHS.verify_embed(m, x["input_ids"])  # image tokens (+ the prefill's ids: prefill_ids)
+        out = m._run(h, m.freqs_cis[x["position_ids"]], x["attention_mask"][:, None], cache, x["cache_slots"], True)
+        res = dict(logits=out.logits, taps=out.taps, hidden=out.hidden)
+        res.update(zip([n for n in self.spec.output_names if n.startswith("present.")], cache.presents()))
+        return res
+
+
+class VQDecodeGraph(_NamedGraph):
+    """VQModel.decode_code over the target's grid: token ids (B, grid * grid) -> images."""
+
+    def __init__(self, vq, grid: int):
+        super().__init__(graph_spec(Graph.VQ_DECODE))
+        self.vq, self.grid = vq, grid
+
+    def compute(self, x):
+        tok = x["image_tokens"]
+        shape = (tok.shape[0], self.vq.config.codebook_embed_dim, self.grid, self.grid)
+        return dict(images=self.vq.decode_code(tok, shape).float())
+
+
+def condition_files(target, tmp) -> dict:
+    """What the family's null_cond needs at run time (t2i: the null caption), if anything."""
+    from ...models.family import family_of
+
+    tensors = family_of(target.config).condition_tensors(target)
+    if not tensors:
+        return {}
+    from ...io import save_safetensors
+
+    save_safetensors(tensors, tmp / "conditions.safetensors", metadata={"kind": "lisa-trt/conditions"})
+    return {"conditions": "conditions.safetensors"}
 
 
 class LlamaGenGraphs(ExportFamily):
     """LlamaGen (c2i / t2i): the io_spec table as it stands, condition prefix prefill, VQ-16 decoder."""
 
     name = "llamagen"
+    engines_module = "lisa_trt.families.llamagen.engines"  # LlamaGenGraphTarget, GraphVQ
     unnamed_manifest = True  # a manifest.json without a `family` field predates the field: LlamaGen's
 
     def bundle_graphs(self, target, drafter, tables, vq, opts, *, source=None, image_size=None, max_prompt=None):
         """Condition-prefix prefill + verify over a static cache of round_up(seq_len + max_tree, 8),
         the VQ-16 decoder, the null caption (t2i); tables bound to the head for the GASV graph."""
         from ...export.bundle import BundleGraphs
-        from ...export.onnx import (TargetPrefillGraph, TargetVerifyGraph, VQDecodeGraph, check_inputs,
-                                    condition_files, max_cache_len)
+        from ...export.onnx import check_inputs
 
         check_inputs(target, drafter, tables)
         bound = tables.bind(target.output.weight) if tables is not None and tables.w_tilde is None else tables
@@ -37,12 +117,22 @@ class LlamaGenGraphs(ExportFamily):
         lmax = max_cache_len(cfg, opts.max_tree)
 
         def target_graphs(t_exp, precision):
-            return [(Graph.TARGET_PREFILL, lambda: TargetPrefillGraph(t_exp.get(), lmax), precision),
-                    (Graph.TARGET_VERIFY, lambda: TargetVerifyGraph(t_exp.get()), precision)]
+            return [(g, lambda g=g: self.graph_module(g, t_exp.get(), cfg, lmax), precision)
+                    for g in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY)]
 
-        vq_graph = (lambda: VQDecodeGraph(vq.eval(), cfg.grid_size)) if vq is not None else None
+        vq_graph = (lambda: self.graph_module(Graph.VQ_DECODE, vq.eval(), cfg, lmax)) if vq is not None else None
         return BundleGraphs(target=target_graphs, max_cache_len=lmax, tables=bound, saved_tables=tables,
                             vq=vq_graph, files=lambda dest: condition_files(target, dest), torch_backend=True)
+
+    def graph_module(self, graph, model, cfg, cache_len):
+        """TargetPrefillGraph / TargetVerifyGraph over the target, VQDecodeGraph over the decoder."""
+        if graph is Graph.TARGET_PREFILL:
+            return TargetPrefillGraph(model, cache_len)
+        if graph is Graph.TARGET_VERIFY:
+            return TargetVerifyGraph(model)
+        if graph is Graph.VQ_DECODE:
+            return VQDecodeGraph(model, cfg.grid_size)
+        return None
 
     def graph_spec(self, graph, cfg):
         from ...models.io_spec import graph_spec
@@ -137,4 +227,5 @@ class LlamaGenGraphs(ExportFamily):
 
 GRAPHS = register_export_family(LlamaGenGraphs())
 
-__all__ = ["GRAPHS", "LlamaGenGraphs"]
+__all__ = ["GRAPHS", "LlamaGenGraphs", "TargetPrefillGraph", "TargetVerifyGraph", "VQDecodeGraph", "condition_files",
+           "max_cache_len"]
