@@ -7,7 +7,19 @@ families/llamagen/config.py); the generic code reads them through models/target_
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+
+
+def strict_from_dict(cls, d: dict):
+    """`cls(**d)` for a config dataclass, refusing fields it does not have (ConfigError listing both)."""
+    from .errors import ConfigError
+
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - known
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} fields {sorted(unknown)}; valid: {sorted(known)}")
+    return cls(**d)
 
 
 def find_multiple(n: int, k: int) -> int:

@@ -55,7 +55,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..config import find_multiple
+from ..config import find_multiple, strict_from_dict
 from ..errors import ArtifactMismatchError, CheckpointError, ConfigError, InputError
 from .checkpoints import target_hash
 from .draft_vocab import check_d2t, to_full_vocab
@@ -147,11 +147,7 @@ class DrafterConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "DrafterConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(f"unknown DrafterConfig fields {sorted(unknown)}; valid: {sorted(known)}")
-        return cls(**d)
+        return strict_from_dict(cls, d)
 
     @classmethod
     def for_target(cls, tcfg, *, hidden: Optional[int] = None, n_head: Optional[int] = None,

@@ -78,17 +78,19 @@ class TritonPythonModel:
                                                  "%.1f s)", args.get("model_instance_name"), pipe.backend,
                                                  threads or "default", secs)
 
+    def inputs(self, req):
+        """{name: array} of the request's inputs (optional ones it did not send left out)."""
+        data = {}
+        for name in self.names:
+            t = pb_utils.get_input_tensor_by_name(req, name)
+            if t is not None:
+                data[name] = t.as_numpy()
+        return data
+
 '''
 
 _MODEL_EXECUTE = '''    def execute(self, requests):
-        batch = []
-        for req in requests:
-            data = {}
-            for name in self.names:
-                t = pb_utils.get_input_tensor_by_name(req, name)
-                if t is not None:
-                    data[name] = t.as_numpy()
-            batch.append(data)
+        batch = [self.inputs(req) for req in requests]
         responses = []
         for err, out in self.model.infer_each(batch):
             if err is None:
@@ -116,11 +118,7 @@ STREAM_MODEL_PY = _MODEL_HEAD + '''    def execute(self, requests):
         # decoupled: each request gets its progressive images, then its final response (COMPLETE_FINAL);
         # Triton runs one execute at a time per instance, so requests decode one after another
         for req in requests:
-            data = {}
-            for name in self.names:
-                t = pb_utils.get_input_tensor_by_name(req, name)
-                if t is not None:
-                    data[name] = t.as_numpy()
+            data = self.inputs(req)
             sender = req.get_response_sender()
 
             def send(out, final, sender=sender):

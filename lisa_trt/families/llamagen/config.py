@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from ...config import find_multiple
+from ...config import find_multiple, strict_from_dict
 from ...errors import ConfigError
 from ...models.target_config import publish_config_type, register_target, register_vq
 
@@ -134,11 +134,7 @@ class TargetConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TargetConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(f"unknown TargetConfig fields {sorted(unknown)}; valid: {sorted(known)}")
-        return cls(**d)
+        return strict_from_dict(cls, d)
 
 
 @dataclass(frozen=True)
@@ -171,11 +167,7 @@ class VQConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "VQConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(f"unknown VQConfig fields {sorted(unknown)}; valid: {sorted(known)}")
-        return cls(**d)
+        return strict_from_dict(cls, d)
 
 
 
