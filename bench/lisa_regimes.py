@@ -51,6 +51,10 @@ REGIMES = {
     "t1.6-cfg2": SamplingConfig(cfg_scale=2.0, temperature=1.6),
     "t1.0-cfg1": SamplingConfig(cfg_scale=1.0, temperature=1.0),
     "t1.6-cfg1": SamplingConfig(cfg_scale=1.0, temperature=1.6),  # flattest: no guidance, hot
+    # top-k sweep at the flattest point (top-k 0 above = the whole 1,024-token codebook)
+    "t1.6-cfg1-k16": SamplingConfig(cfg_scale=1.0, temperature=1.6, top_k=16),
+    "t1.6-cfg1-k64": SamplingConfig(cfg_scale=1.0, temperature=1.6, top_k=64),
+    "t1.6-cfg1-k256": SamplingConfig(cfg_scale=1.0, temperature=1.6, top_k=256),
 }
 # the shipped drafters: both losses at the same budget (1,600 steps on 8,192 sequences sampled at the
 # deployment setting t1.0-cfg2; bench/drafter_runs/README.md) -> their training logs
@@ -159,25 +163,33 @@ def eagle3_reference(name: str) -> str:
     return "demo-eagle3" if name in SHIPPED else "eagle3"
 
 
-def _points(drafters: list) -> list:
+def _points(drafters: list, oracle: bool = True) -> list:
     """(label, drafter name or None for the oracle, method, SpecConfig overrides)."""
-    pts = [("oracle:exact", None, "exact", {})]
+    pts = [("oracle:exact", None, "exact", {})] if oracle else []
     for d in drafters:
         pts += [(f"{d}:exact", d, "exact", {}), (f"{d}:{GASV[0]}", d, "gasv", GASV[1])]
     return pts
 
 
 def decode(a) -> None:
-    """Every point on the same images (rounds of --batch), JSON rewritten after every round."""
+    """Every point on the same images (rounds of --batch from --start), JSON rewritten after every
+    round. The oracle decodes only the rounds below --oracle-images (it drafts with the target: the
+    costliest point); U and LISA's view come from its samples, or from the first exact drafter's
+    when the oracle does not run (exact verification is lossless: both are the regime's law). The
+    demo scorer's features of every image go to JSON.features.safetensors (FD / KID in `merge`)."""
     from lisa_trt.artifacts import load_drafter_by_name, load_tables_by_name
     from lisa_trt.demo.registry import load_demo_scorer, load_demo_target, load_demo_vq
-    from lisa_trt.io import write_json
+    from lisa_trt.io import save_safetensors, write_json
     from lisa_trt.quality import accuracy
     from lisa_trt.speculative.decode import SpecConfig, SpeculativeDecoder
     from lisa_trt.speculative.oracle import oracle_pair
 
     torch.set_num_threads(1)
+    if a.start % a.batch:
+        raise SystemExit(f"--start {a.start} is not a multiple of --batch {a.batch}: the rounds (and their seeds) "
+                         "would not line up with an unsharded run")
     s = REGIMES[a.regime]
+    oracle_images = a.images if a.oracle_images is None else a.oracle_images
     target, vq, scorer = load_demo_target(), load_demo_vq(), load_demo_scorer()
     tables = load_tables_by_name("demo", target)
     names = [d for d in a.drafters.split(",") if d]
@@ -186,21 +198,28 @@ def decode(a) -> None:
     sel = {d: [] for d in names}
     decs[None] = SpeculativeDecoder(*oracle_pair(target), tables)
     base = SpecConfig.make(top_k=TREE[0], depth=TREE[1], total_tokens=TREE[2])
-    acc = {p[0]: {"mal": [], "correct": [], "tvd": [], "seconds": 0.0} for p in _points(names)}
+    acc = {p[0]: {"mal": [], "correct": [], "tvd": [], "seconds": 0.0, "features": []} for p in _points(names)}
     entropy, t_start, ncls = [], time.time(), target.config.num_classes
-    for i0 in range(0, a.images, a.batch):
+    for i0 in range(a.start, a.images, a.batch):
         cond = torch.arange(i0, min(i0 + a.batch, a.images)) % ncls
-        for label, d, method, over in _points(names):
+        pts = _points(names, oracle=i0 < oracle_images)
+        lossless = pts[0][1]  # the oracle when it runs this round, else the first drafter's exact point
+        for label, d, method, over in pts:
             t0 = time.perf_counter()
             toks, st = decs[d].generate(cond, sampling=s, spec=base.replace(method=method, **over), seed=a.seed + i0)
             acc[label]["seconds"] += time.perf_counter() - t0
             acc[label]["mal"] += [round(st.row(b)["mal"], 4) for b in range(len(cond))]
             acc[label]["tvd"] += [st.row(b)["mean_tvd"] for b in range(len(cond))]
-            acc[label]["correct"] += _correct(scorer, vq, toks, cond, target.config.grid_size)
-            if d is None:  # the oracle's samples are the regime's law (lossless): U and LISA's view of them
+            feats, correct = _score(scorer, vq, toks, cond, target.config.grid_size)
+            acc[label]["correct"] += correct
+            acc[label]["features"].append(feats)
+            if d == lossless and method == "exact":
                 _observe(target, vq, drafters, toks, cond, s, entropy, sel)
-        write_json(a.json, dict(_decode_report(a, s, acc, entropy, time.time() - t_start, accuracy),
-                                lisa_selection={n: _pool(v) for n, v in sel.items()}))
+        rep = _decode_report(a, s, acc, entropy, time.time() - t_start, accuracy)
+        rep["settings"].update(start=a.start, oracle_images=min(oracle_images, a.images))
+        write_json(a.json, dict(rep, lisa_selection={n: _pool(v) for n, v in sel.items()}))
+        save_safetensors({k: torch.cat(r["features"]) for k, r in acc.items() if r["features"]},
+                         Path(a.json).with_suffix(".features.safetensors"))
         print(f"{len(entropy)} images, {time.time() - t_start:.0f} s", flush=True)
 
 
@@ -223,30 +242,95 @@ def _pool(stats: list) -> dict:
     return {k: mean(k) for k in stats[0] if k != "positions"} | {"positions": n}
 
 
-def _correct(scorer, vq, toks, cond, g) -> list:
-    """Per image 1.0 when the demo scorer classifies the decoded image as its prompt's class."""
+def _score(scorer, vq, toks, cond, g) -> tuple:
+    """The demo scorer's (features (B, F), per image 1.0 when it classifies the decoded image as its
+    prompt's class)."""
     from lisa_trt.demo.scorer import extract
 
     with torch.no_grad():
         img = vq.decode_code(toks, (toks.shape[0], vq.config.codebook_embed_dim, g, g)).clamp(-1, 1)
-    return (extract(scorer, img)[1].argmax(-1) == cond).float().tolist()
+    feats, logits = extract(scorer, img)
+    return feats, (logits.argmax(-1) == cond).float().tolist()
 
 
 def _decode_report(a, s, acc, entropy, elapsed, accuracy) -> dict:
     res = {}
     for label, r in acc.items():
         n = len(r["mal"])
+        if n == 0:
+            continue
         mal = sum(r["mal"]) / n
         se = math.sqrt(sum((x - mal) ** 2 for x in r["mal"]) / (n - 1) / n) if n > 1 else None
         ca = sum(r["correct"]) / n
         res[label] = {"images": n, "mal": mal, "mal_se": se, "mal_per_image": r["mal"],
-                      "class_acc": ca, "class_acc_se": math.sqrt(ca * (1 - ca) / n),
+                      "correct_per_image": r["correct"], "tvd_per_image": r["tvd"], "class_acc": ca, "class_acc_se": math.sqrt(ca * (1 - ca) / n),
                       "mean_tvd": sum(r["tvd"]) / n, "cpu_seconds_per_image_batched": r["seconds"] / n}
     return {"settings": {"regime": a.regime, "sampling": dataclasses.asdict(s), "tree": list(TREE), "seed": a.seed,
                          "images": len(entropy), "batch": a.batch, "elapsed_s": round(elapsed, 1),
                          "command": " ".join(["python"] + sys.argv)},
             "target_entropy_U": {"mean": sum(entropy) / len(entropy), "per_image": entropy},
             "results": res}
+
+
+def merge(a) -> None:
+    """Shards of one decode (`decode --start`, same regime, drafters, seed and batch) -> one decode
+    file, per-image lists in image order, aggregates recomputed; with the features sidecars, image
+    quality per point: FD-demo and KID-demo against the real held-out crops, and KID-demo against
+    the pooled exact-verification samples of the regime (lossless: the regime's own law)."""
+    from lisa_trt.demo.registry import load_demo_scorer
+    from lisa_trt.demo.scorer import feature_stats, frechet_distance
+    from lisa_trt.errors import InputError
+    from lisa_trt.io import load_safetensors, save_safetensors, write_json
+    from lisa_trt.quality import QualityReference, kid
+
+    shards = sorted((json.loads(Path(f).read_text()) | {"_path": f} for f in a.files),
+                    key=lambda d: d["settings"].get("start", 0))
+    keys = ("regime", "seed", "batch", "tree")
+    for d in shards[1:]:
+        if any(d["settings"][k] != shards[0]["settings"][k] for k in keys):
+            raise SystemExit(f"{d['_path']}: {', '.join(keys)} differ from {shards[0]['_path']}: not shards of one run")
+    labels = list(dict.fromkeys(lab for d in shards for lab in d["results"]))
+    feats = {lab: [] for lab in labels}
+    acc = {lab: {"mal": [], "correct": [], "tvd": [], "seconds": 0.0} for lab in labels}
+    entropy, sel, elapsed = [], {}, 0.0
+    for d in shards:
+        side = Path(d["_path"]).with_suffix(".features.safetensors")
+        f = load_safetensors(side)[0] if side.is_file() else {}
+        for lab, r in d["results"].items():
+            acc[lab]["mal"] += r["mal_per_image"]
+            acc[lab]["correct"] += r["correct_per_image"]
+            acc[lab]["tvd"] += r["tvd_per_image"]
+            acc[lab]["seconds"] += r["cpu_seconds_per_image_batched"] * r["images"]
+            if lab in f:
+                feats[lab].append(f[lab])
+        entropy += d["target_entropy_U"]["per_image"]
+        for n, v in d.get("lisa_selection", {}).items():
+            sel.setdefault(n, []).append(v)
+        elapsed += d["settings"]["elapsed_s"]
+    s0 = shards[0]["settings"]
+    ns = argparse.Namespace(regime=s0["regime"], seed=s0["seed"], batch=s0["batch"])
+    rep = _decode_report(ns, REGIMES[s0["regime"]], acc, entropy, elapsed, None)
+    rep["settings"].update(shards=[d["_path"] for d in shards], oracle_images=len(acc.get("oracle:exact", {}).get("mal", [])),
+                           command=" ".join(["python"] + sys.argv))
+    rep["lisa_selection"] = {n: _pool(v) for n, v in sel.items()}
+    if all(feats[lab] for lab in labels):
+        ref = QualityReference(load_demo_scorer())
+        fx = {lab: torch.cat(v) for lab, v in feats.items()}
+        lossless = torch.cat([fx[lab] for lab in labels if lab.endswith(":exact")])
+        mu_r, sig_r = feature_stats(ref.real)
+        for lab, x in fx.items():
+            q = rep["results"][lab]
+            q["fd_demo"] = frechet_distance(*feature_stats(x), mu_r, sig_r)
+            try:  # KID's subsets need enough images per set: a point below that gets none
+                q["kid_real"], q["kid_real_se"] = kid(x, ref.real)
+                q["kid_lossless"], q["kid_lossless_se"] = kid(x, lossless)
+            except InputError as e:
+                q["kid_skipped"] = str(e)
+        rep["settings"]["quality"] = ("demo scorer features: FD-demo and KID-demo vs the real held-out crops "
+                                      f"({len(ref.real)}), KID-demo vs the pooled exact-verification samples ({len(lossless)})")
+        save_safetensors(fx, Path(a.json).with_suffix(".features.safetensors"))
+    write_json(a.json, rep)
+    print(f"{a.json}: {len(entropy)} images from {len(shards)} shards")
 
 
 def view(a) -> None:
@@ -327,10 +411,14 @@ def summarize_regime(dec: dict, runs: Path) -> dict:
         name, rule = label.split(":", 1)
         if name == "oracle":
             continue
-        row = {k: r[k] for k in ("mal", "mal_se", "class_acc", "class_acc_se", "mean_tvd", "images")}
-        if rule == "exact":
-            row["efficiency"] = sum(r["mal_per_image"]) / sum(o["mal_per_image"])
-            row["efficiency_se"] = ab.ratio_se(r["mal_per_image"], o["mal_per_image"])
+        row = {k: r[k] for k in ("mal", "mal_se", "class_acc", "class_acc_se", "mean_tvd", "images", "fd_demo",
+                                 "kid_real", "kid_real_se", "kid_lossless", "kid_lossless_se") if k in r}
+        if rule == "exact":  # paired on the images the oracle decoded (the first --oracle-images)
+            n_o = len(o["mal_per_image"])
+            mine = r["mal_per_image"][:n_o]
+            row["efficiency"] = sum(mine) / sum(o["mal_per_image"])
+            row["efficiency_se"] = ab.ratio_se(mine, o["mal_per_image"])
+            row["efficiency_images"] = n_o
         ref = res.get(f"{eagle3_reference(name)}:{rule}")
         if ref is not None and name != eagle3_reference(name):
             row["vs_eagle3"] = ab.paired(r["mal_per_image"], ref["mal_per_image"])
@@ -469,6 +557,12 @@ def main(argv=None):
     d.add_argument("--batch", type=int, default=32)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--json", required=True)
+    d.add_argument("--start", type=int, default=0, help="first image (a multiple of --batch): one shard of a run")
+    d.add_argument("--oracle-images", type=int, default=None,
+                   help="decode the oracle on the rounds below this image only (default: all)")
+    m = sub.add_parser("merge")
+    m.add_argument("files", nargs="+")
+    m.add_argument("--json", required=True)
     v = sub.add_parser("view")
     v.add_argument("--regime", choices=sorted(REGIMES), required=True)
     v.add_argument("--runs", default="runs/regimes")
@@ -486,7 +580,7 @@ def main(argv=None):
     r.add_argument("--ablation", default=None, metavar="JSON",
                    help="add t1.0-cfg2 (the shipped drafters) from bench/lisa_ablation.json")
     a = ap.parse_args(argv)
-    {"train": train, "decode": decode, "view": view, "report": report}[a.cmd](a)
+    {"train": train, "decode": decode, "merge": merge, "view": view, "report": report}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,99 @@
+"""bench/lisa_regimes.py: shards of one decode merge into the file an unsharded run writes, and the
+drafter efficiency is paired on the images the oracle decoded."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def regimes():
+    spec = importlib.util.spec_from_file_location("lisa_regimes", ROOT / "bench" / "lisa_regimes.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _shard(path: Path, start: int, mal: dict, *, seed=0, features=None) -> str:
+    """A decode shard as `decode --start` writes it: per-image lists per point."""
+    n = len(next(iter(mal.values())))
+    res = {lab: {"images": len(m), "mal": sum(m) / len(m), "mal_per_image": m,
+                 "correct_per_image": [float(i % 2) for i in range(len(m))], "tvd_per_image": [0.1] * len(m),
+                 "cpu_seconds_per_image_batched": 1.0} for lab, m in mal.items()}
+    d = {"settings": {"regime": "t1.6-cfg1", "seed": seed, "batch": n, "tree": [3, 3, 10], "start": start,
+                      "elapsed_s": 5.0},
+         "target_entropy_U": {"per_image": [0.5 + start / 100 + i / 1000 for i in range(n)]}, "results": res}
+    path.write_text(json.dumps(d))
+    if features is not None:
+        from lisa_trt.io import save_safetensors
+
+        save_safetensors(features, path.with_suffix(".features.safetensors"))
+    return str(path)
+
+
+def test_merge_orders_shards_and_recomputes(regimes, tmp_path):
+    a = _shard(tmp_path / "a.json", 0, {"oracle:exact": [2.0, 2.0], "eagle3:exact": [1.0, 1.5]})
+    b = _shard(tmp_path / "b.json", 2, {"eagle3:exact": [1.25, 1.75]})
+    out = tmp_path / "m.json"
+    regimes.main(["merge", b, a, "--json", str(out)])  # given out of order
+    m = json.loads(out.read_text())
+    e = m["results"]["eagle3:exact"]
+    assert e["mal_per_image"] == [1.0, 1.5, 1.25, 1.75]
+    assert e["mal"] == pytest.approx(1.375)
+    assert e["images"] == 4 and m["results"]["oracle:exact"]["images"] == 2
+    assert m["settings"]["oracle_images"] == 2 and m["settings"]["images"] == 4
+    assert m["target_entropy_U"]["per_image"][:3] == [0.5, 0.501, 0.52]
+    # efficiency is paired on the oracle's two images, not the drafter's four
+    s = regimes.summarize_regime(m, tmp_path)
+    row = s["rows"]["eagle3:exact"]
+    assert row["efficiency"] == pytest.approx(2.5 / 4.0)
+    assert row["efficiency_images"] == 2
+
+
+def test_merge_refuses_shards_of_different_runs(regimes, tmp_path):
+    a = _shard(tmp_path / "a.json", 0, {"eagle3:exact": [1.0]})
+    b = _shard(tmp_path / "b.json", 1, {"eagle3:exact": [1.0]}, seed=7)
+    with pytest.raises(SystemExit, match="not shards of one run"):
+        regimes.main(["merge", a, b, "--json", str(tmp_path / "m.json")])
+
+
+def test_decode_refuses_a_start_off_the_rounds(regimes, tmp_path):
+    with pytest.raises(SystemExit, match="multiple of --batch"):
+        regimes.main(["decode", "--regime", "t1.6-cfg1", "--drafters", "eagle3", "--start", "5", "--batch", "4",
+                      "--json", str(tmp_path / "x.json")])
+
+
+def test_merge_quality_from_features(regimes, tmp_path):
+    """FD / KID from the sidecars: a point whose features sit far from the exact samples gets the larger
+    KID against them."""
+    g = torch.Generator().manual_seed(0)
+    near = torch.randn(16, 8, generator=g)
+    far = torch.randn(16, 8, generator=g) + 3.0
+    exact = torch.randn(16, 8, generator=g)
+    a = _shard(tmp_path / "a.json", 0, {"eagle3:exact": [1.0] * 16, "eagle3:gasv": [2.0] * 16,
+                                        "lisa:gasv": [2.0] * 16},
+               features={"eagle3:exact": exact, "eagle3:gasv": near, "lisa:gasv": far})
+
+    class Ref:  # the real crops: stand-ins with the features' width
+        def __init__(self, scorer):
+            self.real = torch.randn(32, 8, generator=torch.Generator().manual_seed(1))
+
+    import lisa_trt.demo.registry as reg
+    import lisa_trt.quality as quality
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(quality, "QualityReference", Ref)
+    mp.setattr(reg, "load_demo_scorer", lambda: None)
+    try:
+        regimes.main(["merge", a, "--json", str(tmp_path / "m.json")])
+    finally:
+        mp.undo()
+    r = json.loads((tmp_path / "m.json").read_text())["results"]
+    assert r["lisa:gasv"]["kid_lossless"] > r["eagle3:gasv"]["kid_lossless"] + 4 * r["lisa:gasv"]["kid_lossless_se"]
+    assert r["lisa:gasv"]["fd_demo"] > r["eagle3:gasv"]["fd_demo"]
+    assert (tmp_path / "m.features.safetensors").is_file()
