@@ -273,8 +273,8 @@ def _decode_report(a, s, acc, entropy, elapsed, accuracy) -> dict:
 
 
 def merge(a) -> None:
-    """Shards of one decode (`decode --start`, same regime, drafters, seed and batch) -> one decode
-    file, per-image lists in image order, aggregates recomputed; with the features sidecars, image
+    """Shards of one decode (`decode --start`, same regime, seed and batch; shards of the same rounds
+    may decode different drafters, each drafter once per round range) -> one decode file, per-image lists in image order, aggregates recomputed; with the features sidecars, image
     quality per point: FD-demo and KID-demo against the real held-out crops, and KID-demo against
     the pooled exact-verification samples of the regime (lossless: the regime's own law)."""
     from lisa_trt.demo.registry import load_demo_scorer
@@ -290,9 +290,15 @@ def merge(a) -> None:
         if any(d["settings"][k] != shards[0]["settings"][k] for k in keys):
             raise SystemExit(f"{d['_path']}: {', '.join(keys)} differ from {shards[0]['_path']}: not shards of one run")
     labels = list(dict.fromkeys(lab for d in shards for lab in d["results"]))
+    seen = set()
+    for d in shards:
+        for lab in d["results"]:
+            if (lab, d["settings"].get("start", 0)) in seen:
+                raise SystemExit(f"{d['_path']}: {lab} decoded twice from image {d['settings'].get('start', 0)}")
+            seen.add((lab, d["settings"].get("start", 0)))
     feats = {lab: [] for lab in labels}
     acc = {lab: {"mal": [], "correct": [], "tvd": [], "seconds": 0.0} for lab in labels}
-    entropy, sel, elapsed = [], {}, 0.0
+    entropy, sel, elapsed, starts = [], {}, 0.0, set()
     for d in shards:
         side = Path(d["_path"]).with_suffix(".features.safetensors")
         f = load_safetensors(side)[0] if side.is_file() else {}
@@ -303,7 +309,9 @@ def merge(a) -> None:
             acc[lab]["seconds"] += r["cpu_seconds_per_image_batched"] * r["images"]
             if lab in f:
                 feats[lab].append(f[lab])
-        entropy += d["target_entropy_U"]["per_image"]
+        if d["settings"].get("start", 0) not in starts:  # shards of one round range with other drafters share its U
+            starts.add(d["settings"].get("start", 0))
+            entropy += d["target_entropy_U"]["per_image"]
         for n, v in d.get("lisa_selection", {}).items():
             sel.setdefault(n, []).append(v)
         elapsed += d["settings"]["elapsed_s"]
@@ -429,6 +437,13 @@ def summarize_regime(dec: dict, runs: Path) -> dict:
     return out
 
 
+def _key(dec: dict) -> str:
+    """A decode file's row group: its regime, marked "matched" when its drafters were trained in it
+    (`train`) rather than shipped."""
+    names = {lab.split(":", 1)[0] for lab in dec["results"]} - {"oracle"}
+    return dec["settings"]["regime"] + ("" if names <= set(SHIPPED) else ", matched")
+
+
 def add_view(summary: dict, v: dict) -> None:
     """A `view` file's U and LISA selection statistics into its regime's entry (made if absent)."""
     reg = summary.setdefault(v["settings"]["regime"], {"sampling": v["settings"]["sampling"], "rows": {}})
@@ -441,13 +456,13 @@ def add_view(summary: dict, v: dict) -> None:
 def markdown(summary: dict) -> str:
     """The loss x regime x rule table (Markdown)."""
     out = ["| regime | U +- SE | drafter | score > 0 / selected | rule | MAL +- SE | efficiency | "
-           "d vs EAGLE-3 loss (paired) | class acc |", "|" + "---|" * 9]
+           "d vs EAGLE-3 loss (paired) | class acc | FD-demo | KID vs exact samples |", "|" + "---|" * 11]
     for reg, s in summary.items():
         if "oracle_mal" not in s:  # a regime with a view only
-            out.append(f"| {reg} | {s['U']:.3f} +- {s['U_se']:.3f} | (not decoded) | | | | | | |")
+            out.append(f"| {reg} | {s['U']:.3f} +- {s['U_se']:.3f} | (not decoded) | | | | | | | | |")
             continue
         out.append(f"| {reg} | {s['U']:.3f} +- {s['U_se']:.3f} | oracle | | exact | {s['oracle_mal']:.3f} +- "
-                   f"{s['oracle_mal_se']:.3f} | 1 | | {s['oracle_class_acc']:.3f} +- {s['oracle_class_acc_se']:.3f} |")
+                   f"{s['oracle_mal_se']:.3f} | 1 | | {s['oracle_class_acc']:.3f} +- {s['oracle_class_acc_se']:.3f} | | |")
         for label, r in s["rows"].items():
             name, rule = label.split(":", 1)
             v = s.get("view", {}).get("lisa_selection", {}).get(name, {}).get("lisa-paper")
@@ -456,9 +471,18 @@ def markdown(summary: dict) -> str:
             p = r.get("vs_eagle3")
             d = f"{p['diff']:+.3f} +- {p['se']:.3f}{' *' if p['beyond_2se'] else ''}" if p else ""
             out.append(f"| {reg} | | {name} | {sel} | {rule} | {r['mal']:.3f} +- "
-                       f"{r['mal_se']:.3f} | {eff} | {d} | {r['class_acc']:.3f} +- {r['class_acc_se']:.3f} |")
+                       f"{r['mal_se']:.3f} | {eff} | {d} | {r['class_acc']:.3f} +- {r['class_acc_se']:.3f} | "
+                       f"{_num(r, 'fd_demo')} | {_num(r, 'kid_lossless')} |")
     out.append("\n`*`: paired difference beyond 2 standard errors.")
     return "\n".join(out)
+
+
+def _num(r: dict, key: str) -> str:
+    """A row's value (+- its SE when it has one) for the table, blank when not measured."""
+    if r.get(key) is None:
+        return ""
+    se = r.get(f"{key}_se")
+    return f"{r[key]:.3f}" + (f" +- {se:.3f}" if se is not None else "")
 
 
 def _plot_rule(ax, summary: dict, rule: str) -> None:
@@ -525,7 +549,7 @@ def report(a) -> None:
 
     files = [json.loads(Path(f).read_text()) for f in a.files]
     decs = ([from_ablation(a.ablation)] if a.ablation else []) + [f for f in files if "results" in f]
-    summary = {d["settings"]["regime"]: summarize_regime(d, Path(a.runs)) for d in decs}
+    summary = {_key(d): summarize_regime(d, Path(a.runs)) for d in decs}
     for v in (f for f in files if "results" not in f):
         add_view(summary, v)
     summary = dict(sorted(summary.items(), key=lambda kv: kv[1]["U"]))

@@ -97,3 +97,16 @@ def test_merge_quality_from_features(regimes, tmp_path):
     assert r["lisa:gasv"]["kid_lossless"] > r["eagle3:gasv"]["kid_lossless"] + 4 * r["lisa:gasv"]["kid_lossless_se"]
     assert r["lisa:gasv"]["fd_demo"] > r["eagle3:gasv"]["fd_demo"]
     assert (tmp_path / "m.features.safetensors").is_file()
+
+
+def test_merge_joins_shards_of_other_drafters_on_the_same_rounds(regimes, tmp_path):
+    """A later shard decoding other drafters on the same images adds its points; U is counted once."""
+    a = _shard(tmp_path / "a.json", 0, {"oracle:exact": [2.0, 2.0], "eagle3:exact": [1.0, 1.5]})
+    b = _shard(tmp_path / "b.json", 0, {"lisa-soft:exact": [1.25, 1.75]})
+    regimes.main(["merge", a, b, "--json", str(tmp_path / "m.json")])
+    m = json.loads((tmp_path / "m.json").read_text())
+    assert m["results"]["lisa-soft:exact"]["mal_per_image"] == [1.25, 1.75]
+    assert len(m["target_entropy_U"]["per_image"]) == 2
+    c = _shard(tmp_path / "c.json", 0, {"eagle3:exact": [1.0, 1.0]})
+    with pytest.raises(SystemExit, match="decoded twice"):
+        regimes.main(["merge", a, c, "--json", str(tmp_path / "m2.json")])
