@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1] / "lisa_trt"
 FLOORS = {
     "cli": 11, "launcher": 11, "__main__": 11,  # cli: the lisa_trt/cli/ package, one module per command group
     "serve": 10, "harness": 10,                 # Triton serving; the bench harness (`lisa-trt bench`)
-    "runtime": 9, "text": 9,                    # open a bundle into a resolved run; Pipeline; prompt plumbing
+    "runtime": 9, "text": 9,                    # open a bundle into a resolved run; Pipeline; caption plumbing
     "train": 8, "artifacts": 8, "demo": 8, "quality": 8, "testing": 8,
     "families": 7,                              # one package per model family (export / shapes plugins too)
     "deploy": 6,                                # TensorRT build, TensorRT lint, memory plan, operator audit
@@ -29,7 +29,6 @@ FLOORS = {
     "calibration": 3,                           # GASV / LANTERN tables
     "speculative": 2,                           # sampling, trees, verification rules, decode loops
     "models": 1,                                # the family protocol, shared layers, drafter, the I/O contract
-    "text.encoder": 1,  # the caption encoder is a model (train/ uses it); text's prompt plumbing is runtime
     "config": 0, "errors": 0, "io": 0, "progress": 0, "imaging": 0, "timing": 0, "_version": 0,
     "safe_load": 0, "threads": 0, "validation": 0, "clitools": 0,
 }

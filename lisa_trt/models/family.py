@@ -156,6 +156,13 @@ class ModelFamily:
         first use); None when the package has none (its models cannot be planned)."""
         return self._plugin("shapes")
 
+    @property
+    def captions_module(self) -> Optional[str]:
+        """`<package>.captions`, the family's caption encoder (models/captions.py imports it by name and
+        calls its `caption_encoder(encoder_dir, required=, **options)`); None when the package has
+        none (its targets are not conditioned on caption features, `lisa-trt encode-captions` refuses it)."""
+        return self._plugin("captions")
+
     def _plugin(self, name: str) -> Optional[str]:
         import importlib.util
         import sys

@@ -10,7 +10,7 @@ every command and the Pipeline, so none of them asks which kind it runs:
     cond, request = conds.given(rc, prompts=..., classes=..., captions=..., encoder_dir=...)  # generate
     conds.rollouts(rc, n, ...), conds.images(rc, n, ...), conds.sub_vocab(rc)   # calibrate, bench, export
 
-Floors: runtime (imports models, text and runtime.prompts).
+Floors: runtime (imports models, export.manifest, text and runtime.prompts).
 """
 
 from __future__ import annotations
@@ -33,7 +33,11 @@ class RunConditions:
         prompts: the texts a command was given (None: it takes none)."""
         from ..text.train import precheck_captions
 
-        precheck_captions(captions, encoder_dir)
+        precheck_captions(self.family, captions, encoder_dir)
+
+    def precheck_file(self, prompts_path, tcfg, encoder_dir) -> None:
+        """`lisa-trt run`: checks of its prompts file that must run before the engines load (none
+        here: the file is parsed when the run reads it)."""
 
     def no_negative(self):
         """Why this kind takes no negative prompt (an InputError's message), or None when it does."""
@@ -121,6 +125,18 @@ class CaptionConditions(RunConditions):
 
         return make_encoder(text_encoder, tcfg)
 
+    def precheck_file(self, prompts_path, tcfg, encoder_dir) -> None:
+        """A prompts file holding captions needs the family's caption encoder: checked before any
+        engine loads (feature-file lines need none)."""
+        from ..text.prompts import make_encoder
+        from .prompts import parse_prompts
+
+        ps = parse_prompts(prompts_path, model_type=tcfg.model_type)
+        if any(p.caption is not None for p in ps) and make_encoder(encoder_dir, tcfg) is None:
+            raise InputError(f"{prompts_path} holds captions; encoding them needs a T5 encoder: pass --encoder DIR "
+                             "(a local flan-t5-xl directory) or set $LISA_TRT_TEXT_ENCODER, or use "
+                             '{"caption_features": FILE} lines from `lisa-trt encode-captions`')
+
     def parse(self, prompts, tcfg, class_names, encoder) -> tuple:
         from ..text.prompts import t2i_conds
 
@@ -205,6 +221,22 @@ def run_conditions(family, cfg_or_type=None) -> RunConditions:
     raise InputError(f"the {family.name} family answers an unknown conditioning {type(kind).__name__}; "
                      f"valid: {', '.join(c.__name__ for c in _ADAPTERS)} (models/conditioning.py)")
 
+
+
+def precheck_prompts(engine_dir, prompts_path, encoder_dir=None, *, manifest=None, family=None) -> None:
+    """`lisa-trt run`: the prompts file's checks that need no engine (its kind's `precheck_file`;
+    a caption bundle's prompts file with captions needs its encoder), before any engine is loaded.
+
+    manifest / family: the engine directory's Manifest and family when the caller has them
+    (runtime/context.RunContext); else the manifest is read from `engine_dir`."""
+    from pathlib import Path
+
+    from ..export.manifest import read_manifest
+    from ..models.family import family_of
+
+    tcfg = (manifest if manifest is not None else read_manifest(Path(engine_dir))).target_config
+    run_conditions(family if family is not None else family_of(tcfg), tcfg).precheck_file(prompts_path, tcfg,
+                                                                                          encoder_dir)
 
 
 def missing_prompts(family) -> InputError:

@@ -135,7 +135,7 @@ def _caption_file(p: Path, lines, *, t5: bool) -> list[Prompt]:
     """A plain-text file of captions: a text-prompt family's prompts ('#' lines and blank lines
     skipped), or a T5 t2i model's captions (`t5`: every line is one caption)."""
     if t5:
-        from ..text.encoder import read_captions
+        from ..models.captions import read_captions
 
         return [Prompt(no, caption=c) for no, c in enumerate(read_captions(p), 1)]
     prompts = [Prompt(no, caption=text) for no, text in _content_lines(lines)]

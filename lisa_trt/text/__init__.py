@@ -1,11 +1,9 @@
-"""Text conditioning for LlamaGen t2i targets: captions -> T5 features (+ mask), cached by caption hash.
+"""Caption conditioning at the runtime floor: caption prompts of the Pipeline and `lisa-trt run`
+(prompts.py), the caption inputs of train / calibrate / bench / generate (train.py) and
+`lisa-trt encode-captions` (cli.py), for every family conditioned on caption features.
 
-transformers is an optional extra (`pip install lisa-trt[text]`); it is imported only when a
-caption is actually encoded.
+The caption and feature files are models/captions.py; each family's own text encoder is a
+plug-in of its package (LlamaGen's FLAN-T5: families/llamagen/captions.py), reached through
+models/captions.caption_encoder. transformers is an optional extra (`pip install lisa-trt[text]`);
+it is imported only when a caption is actually encoded.
 """
-
-from .encoder import (MAX_LENGTH, CaptionEncoder, caption_conds, check_captions_file, load_caption_features,
-                      read_captions, save_caption_features)
-
-__all__ = ["MAX_LENGTH", "CaptionEncoder", "caption_conds", "check_captions_file", "load_caption_features",
-           "read_captions", "save_caption_features"]

@@ -1,5 +1,6 @@
-"""t2i prompts for `Pipeline.generate` / `lisa-trt run`: caption strings (encoded with the
-pipeline's T5 encoder, cached by caption hash) or precomputed feature files."""
+"""Caption prompts for `Pipeline.generate` / `lisa-trt run`: caption strings (encoded with the
+pipeline's caption encoder, its family's plug-in, cached by caption hash) or precomputed feature
+files. The run's caption adapter (runtime/conditions.CaptionConditions) calls these."""
 
 from __future__ import annotations
 
@@ -11,18 +12,24 @@ from ..errors import InputError
 
 
 def make_encoder(text_encoder, tcfg, device="cpu"):
-    """None, a CaptionEncoder, or a directory -> a CaptionEncoder checked against the target
-    (nothing is loaded yet). None stays None (then only feature files are accepted)."""
-    from .encoder import CaptionEncoder, caption_shape, resolve_encoder_dir
+    """None, an encoder object, or a directory -> the target's family's caption encoder, checked
+    against the target (nothing is loaded yet). None: the family's configured default directory
+    (LlamaGen: $LISA_TRT_TEXT_ENCODER), else None (then only feature files are accepted)."""
+    import os
 
-    if text_encoder is None:
-        text_encoder = resolve_encoder_dir(None)
+    from ..models.captions import caption_encoder, caption_shape
+    from ..models.family import family_of
+
+    if text_encoder is None or isinstance(text_encoder, (str, os.PathLike)):  # a directory, or none given
+        text_encoder = caption_encoder(family_of(tcfg), text_encoder, required=text_encoder is not None,
+                                       device=device, max_length=caption_shape(tcfg)[0])
         if text_encoder is None:
             return None
-    enc = text_encoder if isinstance(text_encoder, CaptionEncoder) else \
-        CaptionEncoder(text_encoder, device=device, max_length=caption_shape(tcfg)[0])
-    enc.check_target(tcfg)
-    return enc
+    elif not hasattr(text_encoder, "encode"):
+        raise InputError(f"text_encoder must be a caption encoder's directory or an encoder object, got "
+                         f"{type(text_encoder).__name__}")
+    text_encoder.check_target(tcfg)
+    return text_encoder
 
 
 def t2i_conds(prompts: Sequence, tcfg, encoder=None) -> tuple[tuple, list, list]:
@@ -32,7 +39,7 @@ def t2i_conds(prompts: Sequence, tcfg, encoder=None) -> tuple[tuple, list, list]
     Every prompt is checked (and a missing encoder reported) before anything is encoded.
     """
     from ..runtime.prompts import Prompt
-    from .encoder import load_caption_features
+    from ..models.captions import load_caption_features
 
     items, overrides = [], []
     for i, p in enumerate(prompts):
@@ -87,26 +94,3 @@ def cond_rows(cond, a: int, b: int):
 
 def cond_len(cond) -> int:
     return cond[0].shape[0] if isinstance(cond, (tuple, list)) else len(cond)
-
-
-def precheck_prompts(engine_dir, prompts_path, encoder_dir=None, *, manifest=None, family=None) -> None:
-    """`lisa-trt run` on a t2i bundle: parse the prompts file and, when it holds captions,
-    check the T5 encoder directory, before any engine is loaded. No-op for c2i bundles.
-
-    manifest / family: the engine directory's Manifest and family when the caller has them
-    (runtime/context.RunContext); else the manifest is read from `engine_dir`."""
-    from pathlib import Path
-
-    from ..export.manifest import read_manifest
-    from ..models.conditioning import CaptionFeatures
-    from ..models.family import family_of
-    from ..runtime.prompts import parse_prompts
-
-    tcfg = (manifest if manifest is not None else read_manifest(Path(engine_dir))).target_config
-    if not isinstance((family if family is not None else family_of(tcfg)).conditioning(tcfg), CaptionFeatures):
-        return  # only caption features need an encoder
-    ps = parse_prompts(prompts_path, model_type=tcfg.model_type)
-    if any(p.caption is not None for p in ps) and make_encoder(encoder_dir, tcfg) is None:
-        raise InputError(f"{prompts_path} holds captions; encoding them needs a T5 encoder: pass --encoder DIR "
-                         "(a local flan-t5-xl directory) or set $LISA_TRT_TEXT_ENCODER, or use "
-                         '{"caption_features": FILE} lines from `lisa-trt encode-captions`')

@@ -1,4 +1,5 @@
-"""CLI glue: caption inputs of `train`, `calibrate`, `bench` and `generate` for t2i targets."""
+"""CLI glue: caption inputs of `train`, `calibrate`, `bench` and `generate` for caption targets
+(their family's caption encoder, models/captions.caption_encoder)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import InputError
-from .encoder import caption_conds, cycle_conds, is_feature_file, read_captions
+from ..models.captions import (caption_conds, caption_encoder, caption_shape, cycle_conds, is_feature_file,
+                               load_caption_features, read_captions, save_caption_features)
 
 
 def training_caption_file(tcfg, captions, encoder_dir, out_dir, source: str) -> Optional[str]:
@@ -15,7 +17,7 @@ def training_caption_file(tcfg, captions, encoder_dir, out_dir, source: str) -> 
     captions .txt encoded once into OUT/data/caption_features.safetensors (reused on resume
     when the captions and encoder are unchanged; the encoder's per-caption cache makes a
     re-encode cheap)."""
-    from .encoder import CaptionEncoder, caption_shape, save_caption_features
+    from ..models.family import family_of
 
     if source == "images":
         raise InputError("--data images is for c2i targets (one folder per class); for t2i use --data self "
@@ -27,13 +29,11 @@ def training_caption_file(tcfg, captions, encoder_dir, out_dir, source: str) -> 
                          "(self-distillation prompts; the paper uses 100k LAION-COCO captions) or --captions "
                          "FEATURES.safetensors from `lisa-trt encode-captions`")
     if is_feature_file(captions):
-        from .encoder import load_caption_features
-
         load_caption_features(captions, tcfg)  # shape check before any work
         return str(captions)
     caps = read_captions(captions)
-    enc = CaptionEncoder(encoder_dir, device=_device(), max_length=caption_shape(tcfg)[0],
-                         cache_dir=Path(out_dir) / "data" / "caption_cache")
+    enc = caption_encoder(family_of(tcfg), encoder_dir, device=_device(), max_length=caption_shape(tcfg)[0],
+                          cache_dir=Path(out_dir) / "data" / "caption_cache")
     enc.check_target(tcfg)
     feats, mask = enc.encode(caps, progress=int(os.environ.get("RANK", "0")) == 0)
     path = Path(out_dir) / "data" / "caption_features.safetensors"
@@ -62,12 +62,11 @@ def prompt_conds(tcfg, captions, encoder_dir, n: Optional[int] = None, what: str
     return (feats, mask), texts
 
 
-def precheck_captions(captions, encoder_dir) -> None:
+def precheck_captions(family, captions, encoder_dir) -> None:
     """Cheap checks of --captions / --encoder before any model is loaded: a captions text file
-    must have no empty line and needs a usable encoder directory (or $LISA_TRT_TEXT_ENCODER)."""
+    must have no empty line and needs a usable encoder of `family` (its directory, or the family's
+    default such as $LISA_TRT_TEXT_ENCODER); nothing is loaded."""
     if captions is None or is_feature_file(captions):
         return
-    from .encoder import check_encoder_dir, resolve_encoder_dir
-
     read_captions(captions)
-    check_encoder_dir(resolve_encoder_dir(encoder_dir))
+    caption_encoder(family, encoder_dir)

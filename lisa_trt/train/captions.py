@@ -25,7 +25,7 @@ from ..errors import InputError
 from ..io import load_safetensors, save_safetensors, tensor_hash
 from ..models.conditioning import ClassLabels
 from ..models.family import family_of
-from ..text.encoder import caption_shape
+from ..models.captions import caption_shape
 
 LAZY_BYTES = 2 << 30  # caption feature files larger than this are read row by row (memory-mapped)
 
@@ -132,7 +132,7 @@ def _check(tokens, conds: CaptionConds, tcfg, where: str):
 
 
 def load_caption_table(path, tcfg) -> tuple[torch.Tensor, torch.Tensor]:
-    from ..text.encoder import load_caption_features
+    from ..models.captions import load_caption_features
 
     if path is None:
         raise InputError("t2i training needs caption features: pass --captions FILE (captions .txt with --encoder, "

@@ -37,7 +37,7 @@ def test_the_family_answers_caption_shape_and_the_tiny_test_targets():
     """The generic text / training layers ask the family (its conditioning), and lisa_trt.testing
     builds through it (random_target / random_cond), instead of branching on model_type."""
     from lisa_trt.testing import make_cond
-    from lisa_trt.text.encoder import caption_shape
+    from lisa_trt.models.captions import caption_shape
 
     c2i, t2i = make_target("c2i"), make_target("t2i")
     fam = F.family_of("c2i")

@@ -43,7 +43,7 @@ def counts(monkeypatch):
     import lisa_trt.runtime.commands.run  # noqa: F401
     import lisa_trt.runtime.pipeline  # noqa: F401
     import lisa_trt.speculative.autoregressive  # noqa: F401
-    import lisa_trt.text.prompts  # noqa: F401
+    import lisa_trt.runtime.conditions  # noqa: F401
     from lisa_trt.export import manifest as M
     from lisa_trt.models import family as F
 

@@ -434,7 +434,7 @@ def test_caption_bundle_takes_a_caption_through_its_t5_encoder(tmp_path, monkeyp
     from lisa_trt.families.llamagen.vq import VQModel
     from lisa_trt.runtime.pipeline import Pipeline
     from lisa_trt.testing import make_target
-    from lisa_trt.text.testing import make_tiny_t5
+    from lisa_trt.families.llamagen.tiny_t5 import make_tiny_t5
 
     torch.manual_seed(0)
     target = make_target("t2i", std=0.3)

@@ -7,8 +7,8 @@ import torch
 
 from lisa_trt.errors import InputError
 from lisa_trt.testing import make_target
-from lisa_trt.text.encoder import (CaptionEncoder, caption_conds, load_caption_features, read_captions,
-                                   save_caption_features)
+from lisa_trt.families.llamagen.captions import CaptionEncoder
+from lisa_trt.models.captions import caption_conds, load_caption_features, read_captions, save_caption_features
 
 pytest.importorskip("transformers")
 

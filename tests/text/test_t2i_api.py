@@ -35,7 +35,8 @@ def test_prompt_files(tmp_path):
 
 def test_pipeline_caption_strings(target, t5_dir, tmp_path, monkeypatch):
     from lisa_trt.models.drafter import Drafter
-    from lisa_trt.text.encoder import CaptionEncoder, save_caption_features
+    from lisa_trt.families.llamagen.captions import CaptionEncoder
+    from lisa_trt.models.captions import save_caption_features
 
     monkeypatch.delenv("LISA_TRT_TEXT_ENCODER", raising=False)
     dr = Drafter.from_target(target)
@@ -133,7 +134,7 @@ def test_t2i_ddp_two_ranks_match_single_process(target, tmp_path):
     from safetensors.torch import load_file
 
     import lisa_trt
-    from lisa_trt.text.encoder import save_caption_features
+    from lisa_trt.models.captions import save_caption_features
     from lisa_trt.train import DataConfig, LossConfig, TrainConfig, train_drafter
 
     g = torch.Generator().manual_seed(2)
@@ -159,7 +160,7 @@ def test_t2i_ddp_two_ranks_match_single_process(target, tmp_path):
 
 def test_large_caption_tables_are_read_lazily(target, tmp_path, monkeypatch):
     import lisa_trt.train.captions as C
-    from lisa_trt.text.encoder import save_caption_features
+    from lisa_trt.models.captions import save_caption_features
 
     g = torch.Generator().manual_seed(3)
     mask = torch.zeros(7, 6, dtype=torch.bool)

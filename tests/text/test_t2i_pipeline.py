@@ -15,7 +15,7 @@ from lisa_trt.models.target_config import vq_config  # noqa: E402
 from lisa_trt.models.checkpoints import save_model  # noqa: E402
 from lisa_trt.families.llamagen.vq import VQModel  # noqa: E402
 from lisa_trt.testing import make_target  # noqa: E402
-from lisa_trt.text.testing import make_tiny_t5  # noqa: E402
+from lisa_trt.families.llamagen.tiny_t5 import make_tiny_t5  # noqa: E402
 
 CAPTIONS = ["a photo of a red car", "a small dog on the street", "blue sky over the sea",
             "a painting of an old house", "a big tree in the city at night", "a white bird"]

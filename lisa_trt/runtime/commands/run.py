@@ -12,8 +12,8 @@ def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gi
     negative_prompt: Pipeline.generate's, for every prompt."""
     from ...deploy.memory_plan import preflight
     from ...engines.trt_plans import engines_built
-    from ...text.prompts import precheck_prompts
     from ...validation import check_out_dir
+    from ..conditions import precheck_prompts
     from ..outputs import save_run
     from ..pipeline import Pipeline
     from ..prompts import parse_prompts

@@ -1,4 +1,5 @@
-"""Captions -> FLAN-T5 features, LlamaGen's t2i recipe (spec/llamagen.md, "t2i").
+"""LlamaGen's caption encoder (its `captions` plug-in): captions -> FLAN-T5 features, the t2i recipe
+(spec/llamagen.md, "t2i").
 
 LlamaGen encodes a caption with the flan-t5-xl ENCODER through transformers: the caption is
 lower-cased and stripped (`preprocess="lower"`, LlamaGen's T5Embedder without its web-caption
@@ -13,8 +14,10 @@ Features are cached by caption hash (sha256 of the encoder fingerprint + max len
 text): in memory for the life of a `CaptionEncoder`, and on disk under `cache_dir` (one small
 safetensors per caption holding only its valid rows), so a caption is encoded once.
 
-Every check (caption file, encoder directory, transformers importable, feature width) runs
-before any model is loaded, so a bad input fails in milliseconds with the fix in the message.
+Every check (encoder directory, transformers importable, feature width) runs before any model
+is loaded, so a bad input fails in milliseconds with the fix in the message. The generic caption
+plumbing (caption and feature files, the target's caption shape) is models/captions.py, which
+reaches this module by name through `caption_encoder(encoder_dir, required=, **options)`.
 """
 
 from __future__ import annotations
@@ -27,10 +30,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..errors import InputError
-from ..io import load_safetensors, save_safetensors
-from ..models.conditioning import CaptionFeatures
-from ..models.family import family_of
+from ...errors import InputError
+from ...io import load_safetensors, save_safetensors
+from ...models.captions import caption_shape
 
 MAX_LENGTH = 120  # LlamaGen t2i: cls_token_num = 120 caption slots
 # Caption text before tokenization. "lower": text.lower().strip(), LlamaGen's T5Embedder with
@@ -42,106 +44,7 @@ _ENCODER_ENV = "LISA_TRT_TEXT_ENCODER"
 _CACHE_ENV = "LISA_TRT_CAPTION_CACHE"
 
 
-# ----------------------------------------------------------------------------- caption files
-
-def read_captions(path) -> list[str]:
-    """One caption per line (UTF-8). Every line counts: an empty or blank line is an error
-    (it would silently become the empty caption), reported with its line number."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"captions file not found: {p}")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{p} is not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8, one caption per line")
-    lines = text.splitlines()
-    empty = [i for i, ln in enumerate(lines, 1) if not ln.strip()]
-    if empty:
-        shown = ", ".join(map(str, empty[:20])) + (f" (+{len(empty) - 20} more)" if len(empty) > 20 else "")
-        raise InputError(f"{p}: empty caption on line(s) {shown}; every line must hold one caption "
-                         "(delete the empty lines); nothing was encoded")
-    if not lines:
-        raise InputError(f"captions file {p} is empty; write one caption per line")
-    return [ln.strip() for ln in lines]
-
-
-def check_captions_file(path) -> int:
-    """Validate a captions file without encoding anything; returns the number of captions."""
-    return len(read_captions(path))
-
-
-def is_feature_file(path) -> bool:
-    return Path(path).suffix.lower() in (".safetensors", ".npy")
-
-
-# ----------------------------------------------------------------------------- feature files
-
-def save_caption_features(path, features: torch.Tensor, mask: torch.Tensor, captions: Optional[Sequence[str]] = None,
-                          meta: Optional[dict] = None, dtype: str = "float32") -> None:
-    """Write `caption_features` (N, L, C) + `caption_mask` (N, L) (valid tokens first) atomically;
-    the captions and the encoder fingerprint go into the header metadata."""
-    md = dict(meta or {})
-    md["kind"] = "lisa-trt/caption-features"
-    if captions is not None:
-        md["captions"] = list(captions)
-    save_safetensors({"caption_features": features.to(getattr(torch, dtype)).contiguous(),
-                      "caption_mask": mask.to(torch.bool).contiguous()}, path, metadata=md)
-
-
-def load_caption_features(path, tcfg=None) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """Read a feature file -> (features float32 (N, L, C), mask bool (N, L), metadata).
-
-    Formats: .safetensors with `caption_features` and `caption_mask` (as `encode-captions`
-    writes), or .npy features with an optional sibling `<name>_mask.npy`. With `tcfg` the
-    shape is checked against the target (caption_shape: L slots, C wide).
-    """
-    import numpy as np
-
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"caption features file not found: {p}")
-    meta: dict = {}
-    if p.suffix.lower() == ".safetensors":
-        t, meta = load_safetensors(p)
-        if "caption_features" not in t:
-            raise InputError(f"{p} must hold 'caption_features' (N, L, C) and 'caption_mask' (N, L); "
-                             "make it with `lisa-trt encode-captions`")
-        feats = t["caption_features"]
-        mask = t.get("caption_mask")
-    elif p.suffix.lower() == ".npy":
-        feats = torch.from_numpy(np.load(p, allow_pickle=False))
-        mp = p.with_name(p.stem + "_mask.npy")
-        mask = torch.from_numpy(np.load(mp, allow_pickle=False)) if mp.exists() else None
-    else:
-        raise InputError(f"caption features must be .safetensors or .npy, got {p.name}")
-    if feats.dim() == 2:
-        feats = feats[None]
-        mask = None if mask is None else mask.reshape(1, -1)
-    if mask is None:
-        mask = torch.ones(feats.shape[:2], dtype=torch.bool)
-    feats, mask = feats.float(), mask.to(torch.bool)
-    if feats.dim() != 3 or tuple(mask.shape) != tuple(feats.shape[:2]):
-        raise InputError(f"{p}: features {tuple(feats.shape)} / mask {tuple(mask.shape)}; expected (N, L, C) / (N, L)")
-    if tcfg is not None:
-        want = caption_shape(tcfg)
-        if tuple(feats.shape[1:]) != want:
-            raise InputError(f"{p}: caption features are (N, {feats.shape[1]}, {feats.shape[2]}); this target needs "
-                             f"(N, {want[0]}, {want[1]}) (encode with --max-length {want[0]} and a "
-                             f"{want[1]}-wide T5 encoder, e.g. flan-t5-xl for 2048)")
-    return feats, mask, meta
-
-
 # ----------------------------------------------------------------------------- encoder
-
-def caption_shape(tcfg) -> tuple[int, int]:
-    """(slots L, width C) of the caption features that condition `tcfg`'s targets (its family
-    answers); InputError for a target whose conditions are not captions."""
-    c = family_of(tcfg).conditioning(tcfg)
-    if not isinstance(c, CaptionFeatures):
-        raise InputError(f"captions condition text-to-image targets only; this {tcfg.model_type!r} target takes "
-                         "other conditions (class ids: pass class ids; token-id prompts: pass prompts)")
-    return c.slots, c.width
-
 
 def resolve_encoder_dir(encoder_dir=None) -> Optional[Path]:
     """The given directory, else $LISA_TRT_TEXT_ENCODER, else None."""
@@ -335,32 +238,10 @@ class CaptionEncoder:
         return feats, mask
 
 
-# ----------------------------------------------------------------------------- one entry point
-
-def caption_conds(source, tcfg, *, encoder=None, encoder_dir=None, device="cpu",
-                  progress: bool = False) -> tuple[torch.Tensor, torch.Tensor, list]:
-    """Conditions for a t2i target from `source`: a captions text file (needs an encoder or
-    encoder_dir / $LISA_TRT_TEXT_ENCODER), a list of caption strings, or a feature file.
-
-    All checks happen before the encoder is loaded. Returns (features, mask, captions or []).
-    """
-    slots, _ = caption_shape(tcfg)
-    if isinstance(source, (list, tuple)):
-        captions = list(source)
-    elif is_feature_file(source):
-        feats, mask, meta = load_caption_features(source, tcfg)
-        return feats, mask, list(meta.get("captions") or [])
-    else:
-        captions = read_captions(source)
-    if encoder is None:
-        encoder = CaptionEncoder(encoder_dir, device=device, max_length=slots)
-    encoder.check_target(tcfg)
-    feats, mask = encoder.encode(captions, progress=progress)
-    return feats, mask, captions
-
-
-def cycle_conds(cond: tuple, n: int) -> tuple:
-    """Repeat (features, mask) rows cyclically to n rows."""
-    feats, mask = cond
-    idx = torch.arange(n) % feats.shape[0]
-    return feats[idx], mask[idx]
+def caption_encoder(encoder_dir=None, *, required: bool = True, **options) -> Optional[CaptionEncoder]:
+    """The plug-in's entry (models/captions.caption_encoder): a CaptionEncoder for `encoder_dir`
+    (default $LISA_TRT_TEXT_ENCODER) with CaptionEncoder's keyword options. required=False: None
+    when neither names a directory."""
+    if not required and resolve_encoder_dir(encoder_dir) is None:
+        return None
+    return CaptionEncoder(encoder_dir, **options)

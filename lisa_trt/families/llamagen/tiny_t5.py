@@ -1,4 +1,5 @@
-"""A tiny random T5 encoder + word-level tokenizer saved locally (tests and smoke runs; no downloads)."""
+"""A tiny random T5 encoder + word-level tokenizer saved locally, for LlamaGen's caption encoder
+(captions.py) in tests and smoke runs; no downloads."""
 
 from __future__ import annotations
 
