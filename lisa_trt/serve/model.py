@@ -25,7 +25,9 @@ the request gets only "internal error (request id ...)" (INTERNAL, HTTP 500).
 
 The decoupled model 'lisa_stream' (repo.py) answers through `stream_request`: the same inputs
 plus `partial_images`, its progressive images (stream_each) as responses while it decodes, then
-the final answer with the failure, if any, as a `status` output.
+the final answer with the failure, if any, as a `status` output. Its client can cancel: the model
+asks Triton whether the request was cancelled (`request.is_cancelled()`) before every decode step
+and stops the decode there (DecodeCancelled), answering status CANCELLED_STATUS.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ STREAM_MODEL_NAME = "lisa_stream"
 MAX_PARTIAL_IMAGES = 3  # OpenAI's range for partial_images: 0..3
 STREAM_INPUTS = {"partial_images": (np.int32, "int")}
 STREAM_OUTPUTS = {"partial_index": (np.int32, (1,)), "tokens": (np.int32, (1,)), "status": (np.int32, (1,))}
+CANCELLED_STATUS = 499  # the `status` of a request whose client cancelled it (nginx's "client closed request")
 _RANGES = {"lantern_delta": (0.0, 1.0), "gasv_kappa": (0.0, 1e6), "gasv_lambda": (0.0, 1e6)}  # serving's own checks
 
 
@@ -93,6 +96,14 @@ def __getattr__(name):  # INPUTS / KNOBS / METHOD_KNOBS, computed on first use (
 
 class ServeRequestError(LisaError):
     """Every request of one Triton execution was invalid (each message is included)."""
+
+
+class DecodeCancelled(LisaError):
+    """A streamed request's client cancelled it: its decode stopped before decode step `steps + 1`."""
+
+    def __init__(self, steps: int):
+        super().__init__(f"the client cancelled the request; its decode stopped after {steps} step(s)")
+        self.steps = steps
 
 
 class RequestFailure(str):
@@ -134,12 +145,18 @@ def _range(name, v, lo, hi, lo_open=False):
 
 
 class PartialImages:
-    """Pipeline.generate's on_step hook that emits `k` progressive images (ServeModel.stream_each)."""
+    """Pipeline.generate's on_step hook that emits `k` progressive images (ServeModel.stream_each).
 
-    def __init__(self, k: int, emit):
-        self.k, self.emit, self.sent = int(k), emit, 0
+    cancelled: optional `cancelled() -> bool`, asked after every decode step; True stops the decode
+    there (the hook raises DecodeCancelled out of the decode loop). `steps`: the steps seen."""
+
+    def __init__(self, k: int, emit, cancelled=None):
+        self.k, self.emit, self.sent, self.cancelled, self.steps = int(k), emit, 0, cancelled, 0
 
     def __call__(self, step) -> None:
+        self.steps += 1
+        if self.cancelled is not None and self.cancelled():
+            raise DecodeCancelled(self.steps)
         n = step.tokens.shape[1]
         done, images = int(step.done.min()), None
         while self.sent < self.k and done * (self.k + 1) >= (self.sent + 1) * n:
@@ -342,6 +359,8 @@ class ServeModel:
                     chunk = members[k:k + self.max_batch]
                     try:
                         out = self._decode_group(knobs, chunk, **({} if on_step is None else {"on_step": on_step}))
+                    except DecodeCancelled:  # the whole request is given up (stream_each)
+                        raise
                     except InputError as e:  # a setting the engines refuse (validated rows): the client's
                         out = [RequestFailure(" ".join(str(e).split()))] * len(chunk)
                     except Exception:  # noqa: BLE001 - one failed batch must not stop the server
@@ -361,23 +380,30 @@ class ServeModel:
             out.append((err, resp))
         return out
 
-    def stream_each(self, request: Mapping, partial_images: int, emit) -> tuple:
+    def stream_each(self, request: Mapping, partial_images: int, emit, cancelled=None) -> tuple:
         """One request decoded with `partial_images` progressive images -> (failure or None, output
         dict) as infer_each. While it decodes, `emit(k, tokens, images)` is called for k = 0..K-1 in
         order once every row has committed k+1 / (K+1) of its tokens: `tokens` the fewest committed
-        by a row, `images` (n, H, W, 3) uint8 of every row's committed tokens (PartialDecode.images)."""
-        return self.infer_each([request], on_step=PartialImages(partial_images, emit))[0]
+        by a row, `images` (n, H, W, 3) uint8 of every row's committed tokens (PartialDecode.images).
 
-    def stream_request(self, request: Mapping, send) -> None:
+        cancelled: optional `cancelled() -> bool`, asked after every decode step (the Triton model
+        passes `request.is_cancelled`, an in-process caller its client's disconnect): when it turns
+        True the decode stops there and DecodeCancelled (its `steps`) is raised; the model is free
+        for the next request at once."""
+        return self.infer_each([request], on_step=PartialImages(partial_images, emit, cancelled))[0]
+
+    def stream_request(self, request: Mapping, send, cancelled=None) -> None:
         """One request of the decoupled model 'lisa_stream' -> its responses, through
         `send(outputs, final)`: per progressive image k (stream_each) `image` (n, H, W, 3) with
         `partial_index` k and `tokens` (the fewest committed by a row), each (n, 1); then, final,
         infer_each's output dict with `partial_index` -1 and `status` (n, 1): 0, or the request's
         failure as an HTTP status (400 the client's mistake, 500 the server's; the message in
         `error`). `partial_images` (INT32 (n, 1), one value 0..MAX_PARTIAL_IMAGES; optional) is
-        this model's own input."""
+        this model's own input. cancelled: as stream_each's; a cancelled request's decode stops at
+        its next step, is logged with the steps it ran, and gets a final response with status
+        CANCELLED_STATUS (Triton releases the request; its client is gone)."""
         req = dict(getattr(request, "data", request))
-        k, failure = req.pop("partial_images", None), None
+        k, failure, status = req.pop("partial_images", None), None, None
         try:
             k = _partials(k)
         except InputError as e:
@@ -388,12 +414,17 @@ class ServeModel:
                 send({"image": images, "partial_index": np.full((n, 1), i, np.int32),
                       "tokens": np.full((n, 1), tokens, np.int32)}, False)
 
-            failure, out = self.stream_each(req, k, emit)
+            try:
+                failure, out = self.stream_each(req, k, emit, cancelled)
+            except DecodeCancelled as e:
+                LOG.info("stream request cancelled by its client: decode stopped after %d step(s)", e.steps)
+                failure, status = RequestFailure(str(e)), CANCELLED_STATUS
+                out = self._response(0, _rows(req), failure, {})
         else:
-            p = np.asarray(req.get("prompt", np.zeros((1, 1), object)))
-            out = self._response(0, max(1, p.shape[0] if p.ndim else 1), failure, {})
+            out = self._response(0, _rows(req), failure, {})
         n = out["error"].shape[0]
-        status = 0 if failure is None else (500 if failure.internal else 400)
+        if status is None:
+            status = 0 if failure is None else (500 if failure.internal else 400)
         send({**out, "partial_index": np.full((n, 1), -1, np.int32), "status": np.full((n, 1), status, np.int32)},
              True)
 
@@ -415,6 +446,12 @@ class ServeModel:
             mal[i, 0], tvd[i, 0], sec[i, 0] = st["mal"], st["mean_tvd"], st["seconds"]
             bat[i, 0], fwd[i, 0] = st.get("batch", 1), st["forwards"]
         return {"image": img, "mal": mal, "tvd": tvd, "seconds": sec, "batch": bat, "forwards": fwd, "error": err}
+
+
+def _rows(req: Mapping) -> int:
+    """The rows of a request (its `prompt`'s leading dimension; at least 1)."""
+    p = np.asarray(req.get("prompt", np.zeros((1, 1), object)))
+    return max(1, p.shape[0] if p.ndim else 1)
 
 
 def _partials(value) -> int:

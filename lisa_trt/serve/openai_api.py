@@ -132,7 +132,10 @@ class TritonImages:
     async def stream(self, call: ImagesCall):
         """The progressive channel: one request of n rows to 'lisa_stream' over gRPC streaming ->
         ("partial", k, tokens, images (n, H, W, 3)) while Triton decodes, then ("done", rows) as
-        `generate`; APIError with the model's status (an `error` event once the stream started)."""
+        `generate`; APIError with the model's status (an `error` event once the stream started).
+        Closed (or cancelled) before its final response, e.g. because the SSE client went away, it
+        cancels the gRPC stream (tritonclient's `cancel()`): Triton marks the request cancelled and
+        'lisa_stream' stops its decode at the next step."""
         import grpc
         import numpy as np
         import tritonclient.grpc as tgrpc
@@ -148,8 +151,10 @@ class TritonImages:
             yield {"model_name": STREAM_MODEL_NAME, "inputs": inputs + [k]}
             await done.wait()
 
+        responses = None
         try:
-            async for result, error in self._grpc_client().stream_infer(requests(), stream_timeout=self.timeout):
+            responses = self._grpc_client().stream_infer(requests(), stream_timeout=self.timeout)
+            async for result, error in responses:
                 if error is not None:
                     raise triton_error(server_message(error.message() or str(error)), "500", self._names)
                 item = stream_item(result, self._names)
@@ -163,6 +168,8 @@ class TritonImages:
                                 f"({type(e).__name__}); it is starting or shutting down: retry later", None,
                            "service_unavailable") from None
         finally:
+            if not done.is_set() and responses is not None:  # given up before the final response
+                responses.cancel()
             done.set()
         raise APIError(503, f"model '{STREAM_MODEL_NAME}' closed the stream before its final response; retry later",
                        None, "service_unavailable")
@@ -267,12 +274,28 @@ def _install_error_handlers(app) -> None:
         return _error_response(_internal(req, e))
 
 
+def _closing_stream(body):
+    """A StreamingResponse of the async generator `body` that closes it however the response ends:
+    when the client disconnects, Starlette cancels the send loop, and `body` (and the backend stream
+    it reads) may be left suspended at a `yield`; closing it runs its `finally` at once."""
+    from fastapi.responses import StreamingResponse
+
+    class _Closing(StreamingResponse):
+        async def __call__(self, scope, receive, send):
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                await body.aclose()
+
+    return _Closing(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
 async def _progressive(request, backend, info: ModelInfo, call: ImagesCall, pending: _Pending):
     """A streaming answer from a backend with a progressive channel (`backend.stream(call)`: items
     ("partial", k, tokens, images) while it decodes, then ("done", rows)): each partial is sent as it
     arrives. A failure before the first item is an ordinary error response; a later one an `error`
-    event (the status line is sent by then)."""
-    from fastapi.responses import StreamingResponse
+    event (the status line is sent by then). When the client goes away the backend's stream is
+    closed (`aclose`), which cancels its decode (TritonImages.stream)."""
     from starlette.concurrency import run_in_threadpool
 
     from .openai_images import completed_events, decoded_partial_events, error_event
@@ -284,6 +307,7 @@ async def _progressive(request, backend, info: ModelInfo, call: ImagesCall, pend
         first = await items.__anext__()
     except BaseException:
         pending.__exit__()
+        await items.aclose()
         raise
 
     async def body():
@@ -301,8 +325,9 @@ async def _progressive(request, backend, info: ModelInfo, call: ImagesCall, pend
             yield error_event(_internal(request, e).body())
         finally:
             pending.__exit__()
+            await items.aclose()  # a no-op once it ended; else (the client left) it cancels the decode
 
-    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return _closing_stream(body())
 
 
 def create_app(backend: TritonImages, info: ModelInfo, *, max_pending: int = MAX_PENDING,

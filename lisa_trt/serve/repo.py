@@ -10,7 +10,9 @@ Layout (model 'lisa', Python backend):
     REPO_DIR/lisa_stream/          (stream=True, what `lisa-trt serve --openai-port` writes) the
                                    decoupled model of progressive images: the same inputs plus
                                    `partial_images`, one response per partial image, then the
-                                   final one (COMPLETE_FINAL); its own Pipeline on the same engines
+                                   final one (COMPLETE_FINAL); its own Pipeline on the same engines;
+                                   a cancelled request (request.is_cancelled()) stops at its next
+                                   decode step
 
 Run it in the Triton container (with TensorRT and lisa-trt installed):
 `tritonserver --model-repository REPO_DIR`. Triton loads the model, runs the warm-up request
@@ -116,7 +118,8 @@ MODEL_PY = _MODEL_HEAD + _MODEL_EXECUTE + _MODEL_TAIL
 # the decoupled model 'lisa_stream': the same pipeline set-up, ServeModel.stream_request per request
 STREAM_MODEL_PY = _MODEL_HEAD + '''    def execute(self, requests):
         # decoupled: each request gets its progressive images, then its final response (COMPLETE_FINAL);
-        # Triton runs one execute at a time per instance, so requests decode one after another
+        # Triton runs one execute at a time per instance, so requests decode one after another; a
+        # request its client cancelled (request.is_cancelled()) stops decoding at its next step
         for req in requests:
             data = self.inputs(req)
             sender = req.get_response_sender()
@@ -125,7 +128,7 @@ STREAM_MODEL_PY = _MODEL_HEAD + '''    def execute(self, requests):
                 sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in out.items()]),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
 
-            self.model.stream_request(data, send)
+            self.model.stream_request(data, send, cancelled=req.is_cancelled)
         return None
 
 ''' + _MODEL_TAIL

@@ -92,38 +92,53 @@ class StreamingModel(LocalModel):
     """LocalModel with the progressive channel (`stream`): ServeModel.stream_each on a thread, each
     partial handed to the event loop as it is emitted. The first partial holds the decode until
     the test sets `hold` (after its client has received that partial), so the decode provably
-    finishes after the client saw it; `decoded` is set when the decode has returned."""
+    finishes after the client saw it; `decoded` is set when the decode has returned. A stream
+    closed before its final item sets `closed`, which the decode checks after every step
+    (stream_each's `cancelled`); `outcome` is what the decode ended with (DecodeCancelled when
+    it stopped there), `emitted` the partial indices it sent."""
 
     def __init__(self, pipe):
         super().__init__(pipe)
-        self.hold, self.decoded = threading.Event(), threading.Event()
+        self.hold, self.decoded, self.closed = threading.Event(), threading.Event(), threading.Event()
         self.held = None  # True when the first partial's hold was released by the test
+        self.outcome, self.emitted = None, []
 
     async def stream(self, call):
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
 
         def emit(k, tokens, images):
+            self.emitted.append(k)
             loop.call_soon_threadsafe(queue.put_nowait, ("partial", k, tokens, images))
             if k == 0:
                 self.held = self.hold.wait(30)
 
         def run():
             try:
-                item = ("done", self._rows(*self.model.stream_each(self._request(call), call.partial_images, emit)))
+                got = self.model.stream_each(self._request(call), call.partial_images, emit, self.closed.is_set)
+                self.outcome = got
+                item = ("done", self._rows(*got))
             except Exception as e:  # noqa: BLE001 - handed to the stream
-                item = ("fail", e)
+                self.outcome, item = e, ("fail", e)
             self.decoded.set()
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
         self.decoded.clear()
+        self.closed.clear()
+        self.emitted = []
         threading.Thread(target=run, daemon=True).start()
-        while True:
-            item = await queue.get()
-            if item[0] == "fail":
-                raise item[1]
-            yield item
-            if item[0] == "done":
-                return
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if item[0] == "fail":
+                    raise item[1]
+                yield item
+                if item[0] == "done":
+                    finished = True
+                    return
+        finally:
+            if not finished:  # closed or cancelled by the front end before the final item
+                self.closed.set()
 
 
 def _info(pipe, probe=0, **over) -> ModelInfo:
@@ -259,6 +274,39 @@ def test_progressive_partials_arrive_while_decoding_then_the_non_streaming_image
     plain = client.images.generate(prompt="c5", extra_body={"seed": 4})
     assert np.array_equal(_png(events[-1].b64_json), _png(plain.data[0].b64_json))
     assert events[-1].usage.output_tokens == info.tokens_per_image
+
+
+def test_a_client_that_disconnects_after_the_first_partial_stops_the_decode(pipe, info):
+    """The openai client reads the first partial and closes the stream while the decode is held
+    there; the front end closes the backend's stream, the decode stops at its next step (far
+    fewer steps than a full decode of the same request) and the next request is served."""
+    from lisa_trt.serve.model import DecodeCancelled
+
+    backend = StreamingModel(pipe)
+    front, base = _serve(backend, info)
+    try:
+        with openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120) as c:
+            events = c.images.generate(prompt="c5", stream=True, partial_images=3,
+                                       extra_body={"seed": 4, "verify": "vanilla"})
+            first = next(iter(events))
+            events.close()  # the SSE client goes away after the first partial image
+            assert first.type == "image_generation.partial_image"
+            assert backend.closed.wait(30), "the front end never closed the backend's stream"
+            backend.hold.set()
+            assert backend.decoded.wait(60)
+            assert isinstance(backend.outcome, DecodeCancelled), backend.outcome
+            assert backend.emitted == [0]
+            full = []
+            pipe.generate([Prompt(0, class_id=5, seed=4)], verify="vanilla", batch=True, decode=False,
+                          on_step=lambda step: full.append(1))
+            # partial 0 of 3 comes a quarter of the way; the check at the next step stops the decode
+            assert backend.outcome.steps < len(full) // 2, (backend.outcome.steps, len(full))
+            r = c.images.generate(prompt="c5", extra_body={"seed": 4, "verify": "vanilla"})
+            want = pipe.generate([Prompt(0, class_id=5, seed=4)], verify="vanilla", batch=True).images[0]
+            assert np.array_equal(_png(r.data[0].b64_json), np.asarray(want))
+    finally:
+        backend.hold.set()
+        front.stop(10)
 
 
 @pytest.mark.parametrize("verify", ["vanilla", "exact", "sjd", "sjd-gasv", "zipar"])

@@ -132,6 +132,38 @@ def test_progressive_partials_through_triton_are_stream_each_then_the_non_stream
     c.close()
 
 
+def test_a_streaming_client_that_disconnects_cancels_its_decode_in_triton(server, pipe):
+    """The openai client closes a progressive stream after its first partial image: the front end
+    cancels the gRPC stream, 'lisa_stream' sees request.is_cancelled() at its next decode step and
+    logs how many steps it ran (fewer than the full decode of the same request), and the next
+    streaming request is served in full, equal to the Pipeline."""
+    import re
+    import time
+
+    c = _client(server)
+    line = re.compile(r"stream request cancelled by its client: decode stopped after (\d+) step")
+    before = len(line.findall(server.text()))
+    kw = dict(prompt="1", stream=True, partial_images=3, extra_body={"seed": 5, "verify": "vanilla"})
+    events = c.images.generate(**kw)
+    first = next(iter(events))
+    events.close()  # the SSE client goes away
+    assert first.type == "image_generation.partial_image" and first.partial_image_index == 0
+    t0 = time.monotonic()
+    while len(line.findall(server.text())) == before:  # the model's own log line, bounded wait
+        assert time.monotonic() - t0 < 120, server.text()[-3000:]
+        time.sleep(0.2)
+    ran = int(line.findall(server.text())[before])
+    full = []  # one on_step call per decode step of the same request
+    ref = pipe.generate([Prompt(0, class_id=1, seed=5)], verify="vanilla", batch=True,
+                        on_step=lambda step: full.append(1))
+    assert 0 < ran < len(full), (ran, len(full))
+    again = list(c.images.generate(**kw))
+    assert [e.type for e in again] == ["image_generation.partial_image"] * 3 + ["image_generation.completed"]
+    assert np.array_equal(_png(again[-1].b64_json), np.asarray(ref.images[0]))
+    assert server.proc.poll() is None and "Traceback" not in server.text()
+    c.close()
+
+
 def test_triton_errors_reach_the_client_as_openai_errors(server):
     c = _client(server)
     for kw, param, text in [(dict(prompt="nope"), "prompt", "unknown class 'nope' (use ids 0..7 or names"),

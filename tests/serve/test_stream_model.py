@@ -40,14 +40,21 @@ class Response:  # pb_utils.InferenceResponse as the decoupled model.py builds i
 
 
 class Request(dict):
-    """A request of the stand-in backend: its inputs, and a response sender recording (response, flags)."""
+    """A request of the stand-in backend: its inputs, a response sender recording (response, flags),
+    and pb_utils.InferenceRequest.is_cancelled() (the Python backend's, Triton >= 23.10), True once
+    `cancel_after` responses were sent (None: never; the client went away after that many) and
+    counting its calls in `asked`."""
 
-    def __init__(self, **inputs):
+    def __init__(self, cancel_after=None, **inputs):
         super().__init__({k: Tensor(k, v) for k, v in inputs.items()})
-        self.sent = []
+        self.sent, self.cancel_after, self.asked = [], cancel_after, 0
 
     def get_response_sender(self):
         return types.SimpleNamespace(send=lambda r, flags=0: self.sent.append((r, flags)))
+
+    def is_cancelled(self):
+        self.asked += 1
+        return self.cancel_after is not None and len(self.sent) >= self.cancel_after
 
 
 @pytest.fixture
@@ -118,11 +125,46 @@ def test_stream_model_sends_partials_then_the_final_answer(stream_model, pipe):
     assert resp.as_numpy("status")[0, 0] == 500 and "request id" in resp.as_numpy("error")[0, 0].decode()
 
 
+def test_stream_model_stops_decoding_when_its_request_is_cancelled(stream_model, pipe, caplog):
+    """A client that goes away after the first partial image: the model sees the cancellation at the
+    next decode step (request.is_cancelled()), stops the decode there, answers once more (status
+    499, COMPLETE_FINAL, so Triton releases the request) and serves the next request in full."""
+    import logging
+
+    from lisa_trt.runtime.prompts import Prompt
+    from lisa_trt.serve.model import CANCELLED_STATUS
+
+    _, m = stream_model
+    seed, k = np.array([[4]]), np.array([[3]], np.int32)
+    gone = Request(cancel_after=1, prompt=_b("c2"), seed=seed, partial_images=k, verify=_b("vanilla"))
+    with caplog.at_level(logging.INFO, logger="lisa_trt.serve"):
+        m.execute([gone])
+    (part, f0), (final, flags) = gone.sent  # the one partial, then the final answer
+    assert f0 == 0 and part.as_numpy("partial_index")[0, 0] == 0 and flags == FINAL
+    assert final.as_numpy("status")[0, 0] == CANCELLED_STATUS and "cancelled" in final.as_numpy("error")[0, 0].decode()
+    steps = []  # a full decode of the same request: one on_step call per step
+    pipe.generate([Prompt(0, class_id=2, seed=4)], verify="vanilla", batch=True, decode=False,
+                  on_step=lambda s: steps.append(1))
+    ran = int([r.getMessage() for r in caplog.records if "cancelled by its client" in r.getMessage()][0]
+              .split("after ")[1].split(" ")[0])
+    # partial 0 of 3 comes a quarter of the way; the decode stopped at the step after it
+    assert ran == gone.asked < len(steps) // 2, (ran, gone.asked, len(steps))
+    assert ran >= len(steps) // 4
+    again = Request(prompt=_b("c2"), seed=seed, partial_images=k, verify=_b("vanilla"))
+    m.execute([again])  # the instance is free and its pipeline intact
+    (err, want), = ServeModel(pipe, max_batch=4).infer_each([{"prompt": _b("c2"), "seed": seed,
+                                                               "verify": _b("vanilla")}])
+    assert len(again.sent) == 4 and again.sent[-1][0].as_numpy("status")[0, 0] == 0
+    assert np.array_equal(again.sent[-1][0].as_numpy("image"), want["image"])
+
+
 class FakeGrpc:
-    """tritonclient.grpc.aio's stream_infer: records the request, answers `responses` ((result, error) pairs)."""
+    """tritonclient.grpc.aio's stream_infer: records the request, answers `responses` ((result, error)
+    pairs) through an async iterator with `cancel()` (as tritonclient's _ResponseIterator, which
+    cancels the gRPC call); `cancelled` counts those calls."""
 
     def __init__(self, responses):
-        self.responses, self.requests = responses, []
+        self.responses, self.requests, self.cancelled = responses, [], 0
 
     def stream_infer(self, inputs_iterator, stream_timeout=None):
         async def gen():
@@ -131,7 +173,24 @@ class FakeGrpc:
                 for item in self.responses:
                     yield item
                 return
-        return gen()
+
+        fake = self
+
+        class Responses:
+            def __init__(self):
+                self.it = gen()
+
+            def __aiter__(self):
+                return self
+
+            async def __anext__(self):
+                return await self.it.__anext__()
+
+            def cancel(self):
+                fake.cancelled += 1
+                return True
+
+        return Responses()
 
     async def close(self):
         pass
@@ -169,6 +228,28 @@ def test_triton_images_stream_reads_partials_then_rows(stream_model):
     assert sent["model_name"] == STREAM_MODEL_NAME
     k = next(i for i in sent["inputs"] if i.name() == "partial_images")
     assert k.shape() == [2, 1] and k.datatype() == "INT32"
+
+
+def test_triton_images_stream_cancels_the_grpc_stream_when_closed_early(stream_model):
+    """Closed after its first partial (the SSE client went away), TritonImages.stream cancels the
+    gRPC call; read to its final response, it does not."""
+    from lisa_trt.serve.openai_api import TritonImages
+
+    _, m = stream_model
+    req = Request(prompt=_b("c2"), seed=np.array([[4]]), partial_images=np.array([[2]], np.int32))
+    m.execute([req])
+
+    async def first_then_close(images):
+        items = images.stream(_call(n=1, k=2))
+        got = await items.__anext__()
+        await items.aclose()
+        return got
+
+    for read_all in (False, True):
+        images = TritonImages("127.0.0.1:1", grpc_url="127.0.0.1:2")
+        images._grpc = fake = FakeGrpc([(r, None) for r, _ in req.sent])
+        got = _drain(images, _call(n=1, k=2))[-1] if read_all else asyncio.run(first_then_close(images))
+        assert got[0] == ("done" if read_all else "partial") and fake.cancelled == (0 if read_all else 1)
 
 
 def test_triton_images_stream_failures_are_api_errors(stream_model):
