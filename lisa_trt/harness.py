@@ -376,11 +376,11 @@ def _scoring(rc, conds, texts, quality_cache) -> tuple:
     if aset is None or aset.extra("score_images") is None:
         return None, None, None
     score_images, scorer = aset.extra("score_images"), aset.extra("load_demo_scorer")()
-    vqm, g = aset.load_vq(), rc.target.config.grid_size
+    vqm, fam, hw = aset.load_vq(), rc.family, rc.target.config.grid_hw
 
     def decode_fn(tokens):
         with torch.no_grad():
-            return vqm.decode_code(tokens, (tokens.shape[0], vqm.config.codebook_embed_dim, g, g)).clamp(-1, 1)
+            return fam.codes_to_pixels(vqm, tokens.reshape(tokens.shape[0], *hw)).clamp(-1, 1)
 
     def scorer_fn(images, labels):
         import warnings

@@ -27,11 +27,10 @@ import torch
 from ..config import find_multiple
 from .families import ExportFamily, present_rows
 from ..models.io_spec import (
-    GASV_K,
-    GASV_PARAMS,
     Graph,
     GraphSpec,
     TensorSpec,
+    common_dims,
     gasv_spec,
     graph_spec,
     target_kv,
@@ -104,13 +103,9 @@ class PromptExportFamily(ExportFamily):
         return graph_spec(graph, n_layer=cfg.n_layer)  # verify, drafter, Medusa heads: the shared table
 
     def export_dims(self, cfg, *, max_cache_len, drafter_cfg=None, vq_cfg=None, codes=None, layout=None):
-        dims = dict(one=1, vocab=cfg.vocab_size, dim=cfg.dim, tap_dim=3 * cfg.dim, kv_heads=cfg.kv_heads,
-                    head_dim=cfg.head_dim, cache_len=max_cache_len, n_gasv_params=len(GASV_PARAMS), gasv_k=GASV_K)
+        dims = common_dims(cfg, max_cache_len=max_cache_len, drafter_cfg=drafter_cfg)
         if codes:
             dims["codes"] = int(codes)
-        if drafter_cfg is not None and hasattr(drafter_cfg, "n_head"):  # an EAGLE-3 drafter (Medusa: no axes)
-            dims.update(draft_hidden=drafter_cfg.hidden, draft_heads=drafter_cfg.n_head,
-                        draft_head_dim=drafter_cfg.head_dim)
         if vq_cfg is not None and layout and layout.get("latent"):
             h, w = layout["latent"]
             _, ds, channels = vq_settings(vq_cfg)

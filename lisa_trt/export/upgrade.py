@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import InputError
-from ..models.io_spec import Graph, export_dims
+from ..models.io_spec import Graph
 from .onnx import DrafterCommitGraph, _export_graph, _half_copy
 
 OPTIONAL_GRAPHS = (Graph.DRAFTER_COMMIT,)
@@ -47,8 +47,8 @@ def add_graphs(engine_dir, graphs=OPTIONAL_GRAPHS, *, opset: Optional[int] = Non
     if man.drafter_config is None:
         raise InputError(f"{engine_dir} has no drafter; {[g.value for g in todo]} need one")
     refs = _bundle_models(engine_dir, man)
-    tcfg = man.target_config
-    dims = export_dims(tcfg, max_cache_len=man.max_cache_len, drafter_cfg=man.drafter_config)
+    dims = man.export_family.export_dims(man.target_config, max_cache_len=man.max_cache_len,
+                                         drafter_cfg=man.drafter_config)
     fp16 = man.precision == "fp16"
     t_exp = _half_copy(refs["target"]) if fp16 else refs["target"]
     d_exp = _half_copy(refs["drafter"]) if fp16 else refs["drafter"]

@@ -283,28 +283,43 @@ def gasv_params(cfg):
     return cfg.params()
 
 
-def export_dims(target_cfg, *, max_cache_len: int, drafter_cfg=None, vq_cfg=None) -> dict:
-    """Sizes of every static axis for one export (dynamic axes are left out).
+def common_dims(cfg, *, max_cache_len: int, drafter_cfg=None) -> dict:
+    """The static axes every family's export has: the head, the width, the KV cache, GASV and
+    (an EAGLE-3 drafter) the draft axes. A family's `ExportFamily.export_dims` adds its own
+    (its condition's, its image's).
 
     Args:
-        target_cfg: a target config with a fixed image length (models/target_config.TargetShape
-            and `block_size`); its `cond_dims()` sizes the condition's axes ("prefix", ...).
+        cfg: a target config (models/target_config.TargetShape).
         max_cache_len: the static cache length Lmax (round_up(seq_len + max_tree, 8)).
         drafter_cfg: DrafterConfig, MedusaConfig (adds nothing: the heads graph uses dim / vocab) or None.
-        vq_cfg: VQConfig or None (then the config answers `grid_size` too).
     """
-    t = target_cfg
-    dims = dict(one=1, vocab=t.vocab_size, dim=t.dim, tap_dim=3 * t.dim, kv_heads=t.kv_heads,
-                head_dim=t.head_dim, cache_len=max_cache_len, **t.cond_dims(), block=t.block_size,
-                n_gasv_params=len(GASV_PARAMS), gasv_k=GASV_K)
+    dims = dict(one=1, vocab=cfg.vocab_size, dim=cfg.dim, tap_dim=3 * cfg.dim, kv_heads=cfg.kv_heads,
+                head_dim=cfg.head_dim, cache_len=max_cache_len, n_gasv_params=len(GASV_PARAMS), gasv_k=GASV_K)
     from .medusa import MedusaConfig
 
     if drafter_cfg is not None and not isinstance(drafter_cfg, MedusaConfig):  # Medusa heads: no draft axes
         dims.update(draft_hidden=drafter_cfg.hidden, draft_heads=drafter_cfg.n_head,
                     draft_head_dim=drafter_cfg.head_dim)
+    return dims
+
+
+def export_dims(target_cfg, *, max_cache_len: int, drafter_cfg=None, vq_cfg=None) -> dict:
+    """Sizes of every static axis of one export of a target with a fixed condition prefix and
+    image length (dynamic axes are left out): `common_dims`, the condition's axes and the image's.
+
+    Args:
+        target_cfg: a target config with a fixed image length (models/target_config.TargetShape
+            and `block_size`); its `cond_dims()` sizes the condition's axes ("prefix", ...).
+        max_cache_len: the static cache length Lmax (round_up(seq_len + max_tree, 8)).
+        drafter_cfg: DrafterConfig, MedusaConfig or None (`common_dims`).
+        vq_cfg: VQConfig or None (then the config answers `grid_hw` too: the decoded image's axes).
+    """
+    t = target_cfg
+    dims = common_dims(t, max_cache_len=max_cache_len, drafter_cfg=drafter_cfg)
+    dims.update(**t.cond_dims(), block=t.block_size)
     if vq_cfg is not None:
-        side = t.grid_size * vq_cfg.downsample
-        dims.update(channels=3, height=side, width=side)
+        h, w = t.grid_hw
+        dims.update(channels=3, height=h * vq_cfg.downsample, width=w * vq_cfg.downsample)
     return dims
 
 

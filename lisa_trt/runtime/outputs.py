@@ -77,15 +77,19 @@ def load_vq_for(vq, vq_config_name, tc):
     return vqm
 
 
-def decode_and_save(tokens, vq, vq_config_name, tc, out) -> list:
-    """Decode tokens with `vq` (a loaded VQ model, or a path / set name) and write PNGs into `out`."""
-    from ..imaging import save_images, to_uint8
-
+def decode_and_save(tokens, vq, vq_config_name, tc, out, family) -> list:
+    """Decode tokens (B, N), row-major on the target's token grid (`tc.grid_hw`), with `vq` (a
+    loaded image decoder, or a path / set name) through `family`, and write PNGs into `out`."""
     vqm = vq if hasattr(vq, "decode_code") else load_vq_for(vq, vq_config_name, tc)
-    g = tc.grid_size
+    return save_code_images(family, vqm, tokens.reshape(tokens.shape[0], *tc.grid_hw), out)
+
+
+def save_code_images(family, vqm, codes, out) -> list:
+    """VQ code grids (B, h, w) -> the family's decoder and uint8 conversion -> PNGs in `out`."""
+    from ..imaging import save_images
+
     with torch.no_grad():
-        imgs = vqm.decode_code(tokens, (tokens.shape[0], vqm.config.codebook_embed_dim, g, g))
-    return save_images(to_uint8(imgs), out)
+        return save_images(family.to_uint8(family.codes_to_pixels(vqm, codes)), out)
 
 
 def _fresh_out(out_dir, overwrite: bool) -> Path:
@@ -130,5 +134,5 @@ def save_run(out_dir, result, prompts, record: dict, *, overwrite: bool = False)
     return out
 
 
-__all__ = ["decode_and_save", "load_vq_for", "generation_defaults", "load_caption_file",
+__all__ = ["decode_and_save", "save_code_images", "load_vq_for", "generation_defaults", "load_caption_file",
            "save_generation", "save_run"]

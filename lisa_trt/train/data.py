@@ -347,13 +347,14 @@ def _human(n: int) -> str:
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 
 
-def encode_image_folder(vq, folder, out_path, *, grid: int, batch: int = 32, progress: bool = True) -> Path:
+def encode_image_folder(vq, folder, out_path, *, grid, batch: int = 32, progress: bool = True) -> Path:
     """Encode a folder of images with the VQ into a token file for `--data tokens`.
 
     Layout: one sub-folder per class, named by its class id ("0", "1", ...) or, when the names
-    are not all integers, numbered in sorted order. Images are centre-cropped to a square and
-    resized to grid * downsample pixels. Writes a .safetensors with "tokens" (N, grid^2) and
-    "classes" (N,) atomically, and returns its path.
+    are not all integers, numbered in sorted order. `grid`: the target's token grid, (h, w) (its
+    config's `grid_hw`) or one side of a square. Images are centre-cropped to the grid's aspect
+    ratio and resized to (h, w) * downsample pixels. Writes a .safetensors with "tokens" (N, h * w)
+    and "classes" (N,) atomically, and returns its path.
     """
     from PIL import Image
     from tqdm import tqdm
@@ -365,7 +366,8 @@ def encode_image_folder(vq, folder, out_path, *, grid: int, batch: int = 32, pro
     if not subdirs:
         raise InputError(f"{folder} must contain one sub-folder of images per class (e.g. {folder}/0/*.png)")
     numeric = all(p.name.isdigit() for p in subdirs)
-    side = grid * vq.config.downsample
+    gh, gw = (grid, grid) if isinstance(grid, int) else (int(grid[0]), int(grid[1]))
+    H, W = gh * vq.config.downsample, gw * vq.config.downsample
     items = []
     for i, d in enumerate(subdirs):
         cid = int(d.name) if numeric else i
@@ -376,8 +378,10 @@ def encode_image_folder(vq, folder, out_path, *, grid: int, batch: int = 32, pro
     def load(path):
         im = Image.open(path).convert("RGB")
         w, h = im.size
-        s = min(w, h)
-        im = im.crop(((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s)).resize((side, side), Image.BICUBIC)
+        scale = min(w / W, h / H)  # the largest centred box of the grid's aspect ratio
+        cw, ch = round(W * scale), round(H * scale)
+        box = ((w - cw) // 2, (h - ch) // 2, (w - cw) // 2 + cw, (h - ch) // 2 + ch)
+        im = im.crop(box).resize((W, H), Image.BICUBIC)
         return torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).float() / 127.5 - 1.0
 
     tokens = []
@@ -387,5 +391,5 @@ def encode_image_folder(vq, folder, out_path, *, grid: int, batch: int = 32, pro
             tokens.append(vq.encode(x.to(vq.codebook().device)).cpu())
     out_path = Path(out_path)
     save_safetensors({"tokens": torch.cat(tokens).long(), "classes": torch.tensor([c for _, c in items])},
-                     out_path, metadata={"kind": "lisa-trt/tokens", "source": str(folder), "image_size": side})
+                     out_path, metadata={"kind": "lisa-trt/tokens", "source": str(folder), "image_size": H if H == W else [H, W]})
     return out_path

@@ -56,7 +56,7 @@ def _save(rc, tokens, stats, request, vqm, vq_config, out_dir, overwrite, echo) 
     """tokens.npy, stats.json and (with a decoder) the PNGs in `out_dir`."""
     import dataclasses
 
-    from ..outputs import save_generation
+    from ..outputs import save_code_images, save_generation
 
     m, fam = rc.method, rc.family
     record = {"family": fam.name, "verify": m.name, "sampling": dataclasses.asdict(rc.sampling),
@@ -65,23 +65,13 @@ def _save(rc, tokens, stats, request, vqm, vq_config, out_dir, overwrite, echo) 
         record["prompts"], record["grid"] = list(request.prompts), list(request.grid)
         codes = fam.tokens_to_codes(rc.target, tokens, request)  # tokens.npy: the VQ code grids
         out = save_generation(out_dir, codes, record, overwrite=overwrite)
-        paths = _save_pixels(fam, vqm, codes, out) if vqm is not None else None
+        paths = save_code_images(fam, vqm, codes, out) if vqm is not None else None
     else:
         from ..outputs import decode_and_save
 
         out = save_generation(out_dir, tokens, record, overwrite=overwrite)
-        paths = decode_and_save(tokens, vqm, vq_config, rc.target.config, out) if vqm is not None else None
+        paths = decode_and_save(tokens, vqm, vq_config, rc.target.config, out, fam) if vqm is not None else None
     if paths is not None:
         echo(f"wrote {len(paths)} images and tokens.npy to {out}")
     else:
         echo(f"wrote tokens.npy to {out} (pass --vq to decode images)")
-
-
-def _save_pixels(fam, vqm, codes, out) -> list:
-    """The family's decoder and uint8 conversion over code grids -> PNGs in `out`."""
-    import torch
-
-    from ...imaging import save_images
-
-    with torch.no_grad():
-        return save_images(fam.to_uint8(fam.codes_to_pixels(vqm, codes)), out)

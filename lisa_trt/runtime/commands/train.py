@@ -39,7 +39,7 @@ def _data_config(rc, vqm, out_dir, o: dict):
         if o["image_dir"] is None:
             raise InputError("--data images needs --image-dir (one sub-folder of images per class)")
         token_file = str(encode_image_folder(vqm, o["image_dir"], Path(out_dir) / "image_tokens.safetensors",
-                                             grid=tc.grid_size))
+                                             grid=tc.grid_hw))
         source = "tokens"
     kw = dict(source=source, token_file=token_file, features=o["features"], caption_file=caption_file)
     if o["num_samples"] is not None:
