@@ -1,21 +1,24 @@
 """Issue 40: the LISA loss against the EAGLE-3 loss in sampling regimes that flatten the target.
 
-Stages, each its own command (run them one after the other, one process at a time). The recorded
-run (bench/lisa_regimes.json) decoded the SHIPPED drafters (demo-eagle3 / demo-lisa: the two
-losses at the same budget, 1,600 steps on sequences sampled at t1.0-cfg2) in the flattest regime,
-took the deployment regime from bench/lisa_ablation.json, and viewed every regime:
+Stages, each its own command. The recorded run (bench/lisa_regimes.json; the full command lines
+are in its settings and decode_runs):
 
-    python bench/lisa_regimes.py decode --regime t1.6-cfg1 --drafters demo-eagle3,demo-lisa \
-        --images 256 --json runs/regimes/t1.6-cfg1.json        # stopped after 128 images
-    python bench/lisa_regimes.py view --regime R --images 32 --json runs/regimes/view_R.json  # each R
-    python bench/lisa_regimes.py report runs/regimes/t1.6-cfg1.json runs/regimes/view_*.json \
-        --ablation bench/lisa_ablation.json --notes NOTES.json --json bench/lisa_regimes.json \
+    python bench/lisa_regimes.py train --regime t1.6-cfg1 --loss L --runs R --steps 400 --num-samples 2048
+        # L in eagle3, lisa-paper, lisa-ext, lisa-soft, lisa-mean, lisa-additive (same seed, data, budget)
+    python bench/lisa_regimes.py decode --regime t1.6-cfg1 --runs R --drafters eagle3,lisa-paper,lisa-ext \
+        --images 128 --start 0 --oracle-images 64 --json R/dec_a.json     # and --images 256 --start 128
+    python bench/lisa_regimes.py decode ... --drafters lisa-soft,lisa-mean,lisa-additive --oracle-images 0 ...
+    python bench/lisa_regimes.py merge R/dec_a.json R/dec_b.json R/abl_a.json R/abl_b.json --json R/t1.6-cfg1.json
+    python bench/lisa_regimes.py view --regime G --images 32 --json R/view_G.json   # each regime G
+    python bench/lisa_regimes.py report R/t1.6-cfg1.json [shipped decode files] R/view_*.json \
+        --runs R --ablation bench/lisa_ablation.json --notes NOTES.json --json bench/lisa_regimes.json \
         --plot bench/lisa_regimes.png
 
-`train` (not in the recorded run: it did not fit the CPU budget): a fresh drafter per (regime,
+The shipped drafters' decodes (demo-eagle3 / demo-lisa at t1.6-cfg1 and t1.3-cfg2, from an earlier
+run) are kept in decode_runs. `train`: a fresh drafter per (regime,
 loss) trained by lisa_trt.train.trainer.train_drafter on sequences the target samples IN THAT
 REGIME (RUNS/REGIME/tokens.safetensors, made once; target features cached once), same seed, steps
-and batch for every loss; then `decode --drafters eagle3,lisa-paper,...`. The loss targets are the
+and batch for every loss. The loss targets are the
 target's raw logits, as in the trainer; the decode loop applies the regime's guidance and
 temperature to the target and the drafter alike, so the regime changes only which prefixes the
 drafter is trained on.
@@ -446,7 +449,8 @@ def _key(dec: dict) -> str:
 
 def add_view(summary: dict, v: dict) -> None:
     """A `view` file's U and LISA selection statistics into its regime's entry (made if absent)."""
-    reg = summary.setdefault(v["settings"]["regime"], {"sampling": v["settings"]["sampling"], "rows": {}})
+    key = v["settings"]["regime"] + ("" if set(v["lisa_selection"]) <= set(SHIPPED) else ", matched")
+    reg = summary.setdefault(key, {"sampling": v["settings"]["sampling"], "rows": {}})
     u, se = mean_se(v["target_entropy_U"]["per_image"])
     reg["view"] = {"images": v["settings"]["images"], "U": u, "U_se": se, "lisa_selection": v["lisa_selection"]}
     reg.setdefault("U", u)
@@ -521,6 +525,21 @@ def _plot_selection(ax, summary: dict) -> None:
     ax.legend(fontsize=7)
 
 
+def _plot_paired(ax, matched: dict) -> None:
+    """Each regime-matched loss's paired MAL difference to the EAGLE-3 loss (2 SE bars), per rule."""
+    for reg, s in matched.items():
+        names = sorted({lab.split(":")[0] for lab in s["rows"] if "vs_eagle3" in s["rows"][lab]})
+        for j, rule in enumerate(sorted({lab.split(":", 1)[1] for lab in s["rows"]}, key=lambda r: r != "exact")):
+            ps = [s["rows"][f"{n}:{rule}"]["vs_eagle3"] for n in names]
+            ax.errorbar([i + 0.15 * (2 * j - 1) for i in range(len(names))], [p["diff"] for p in ps],
+                        yerr=[2 * p["se"] for p in ps], fmt="o", capsize=3, label=f"{reg}: {rule}")
+        ax.set_xticks(range(len(names)), names, rotation=20, fontsize=7)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_ylabel("MAL minus the EAGLE-3 loss's (paired, bars 2 SE)")
+    ax.set_title("regime-matched drafters, 256 images", fontsize=9)
+    ax.legend(fontsize=6)
+
+
 def plot(summary: dict, path: Path) -> None:
     """One panel per verification rule (MAL against U), then LISA's selection statistics against U."""
     import matplotlib
@@ -531,12 +550,16 @@ def plot(summary: dict, path: Path) -> None:
     from lisa_trt.io import atomic_write
 
     rules = sorted({lab.split(":", 1)[1] for s in summary.values() for lab in s["rows"]}, key=lambda r: r != "exact")
-    fig, axes = plt.subplots(1, len(rules) + 1, figsize=(5.5 * (len(rules) + 1), 4), squeeze=False)
+    matched = {r: s for r, s in summary.items() if r.endswith(", matched") and s["rows"]}
+    extra = 1 + bool(matched)
+    fig, axes = plt.subplots(1, len(rules) + extra, figsize=(5.5 * (len(rules) + extra), 4), squeeze=False)
     for ax, rule in zip(axes[0], rules):
         _plot_rule(ax, summary, rule)
-    _plot_selection(axes[0][-1], summary)
-    fig.suptitle("LISA vs EAGLE-3 loss across sampling regimes (demo model; shipped drafters, 1,600 steps each)",
-                 fontsize=9)
+    _plot_selection(axes[0][len(rules)], summary)
+    if matched:
+        _plot_paired(axes[0][-1], matched)
+    fig.suptitle("LISA vs EAGLE-3 loss across sampling regimes (demo model; shipped drafters: 1,600 steps on "
+                 "t1.0-cfg2 sequences; matched: 400 steps on sequences of the regime)", fontsize=9)
     fig.tight_layout()
     with atomic_write(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
