@@ -185,3 +185,36 @@ if __name__ == "__main__":
     problems = upward_imports(e) + [" <-> ".join(c) for c in cycles(e)]
     print("\n".join(problems) or "import floors OK, no circles")
     sys.exit(1 if problems else 0)
+
+
+MAX_FUNCTION_LINES = 80  # a function a reader can hold in mind; GPU kernels (@triton.jit) excepted
+
+
+def long_functions(root: Path = ROOT, limit: int = MAX_FUNCTION_LINES) -> list:
+    """'path:line name (N lines)' of every function over `limit` lines that is not a Triton kernel."""
+    out = []
+    for p in sorted(root.rglob("*.py")):
+        tree = ast.parse(p.read_text())
+        jitted = {a.id for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("jit")
+                  for a in n.args if isinstance(a, ast.Name)}  # kernels compiled as triton.jit(fn)
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            kernel = node.name in jitted or any("jit" in ast.unparse(d) for d in node.decorator_list)
+            n = node.end_lineno - node.lineno + 1
+            if n > limit and not kernel:
+                out.append(f"{p.relative_to(root.parent)}:{node.lineno} {node.name} ({n} lines)")
+    return out
+
+
+def test_no_function_is_longer_than_80_lines_outside_gpu_kernels():
+    assert long_functions() == []
+
+
+def test_the_length_check_sees_a_long_function(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    (pkg / "m.py").write_text(f"def long():\n{body}\n\n\n@triton.jit\ndef kernel():\n{body}\n\n\n"
+                              f"def k2():\n{body}\n\n\nK2 = triton.jit(k2)\n")
+    assert long_functions(pkg) == [f"pkg/m.py:1 long ({MAX_FUNCTION_LINES + 1} lines)"]

@@ -137,3 +137,25 @@ if __name__ == "__main__":
     for m, r in violations().items():
         print(f"{m}: {', '.join(r)}")
     sys.exit(0)
+
+
+def test_every_target_has_the_one_new_cache_signature():
+    """The decode loops call every target's new_cache the same way (engines/base.TargetEngine):
+    the torch targets of each family and the graph targets share one signature."""
+    import inspect
+
+    from lisa_trt.engines.base import TargetEngine
+    from lisa_trt.engines.prompt_graph import GraphPromptTarget
+    from lisa_trt.families.chameleon.model import ChameleonTarget
+    from lisa_trt.families.emu3.target import Emu3Target
+    from lisa_trt.families.janus.target import JanusTarget
+    from lisa_trt.families.llamagen.engines import LlamaGenGraphTarget
+    from lisa_trt.families.llamagen.model import Transformer
+
+    def params(cls):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(cls.new_cache).parameters.values()]
+
+    want = params(TargetEngine)
+    assert [n for n, _, _ in want] == ["self", "batch", "max_len", "dtype", "extra", "prompt_len", "n_tokens"]
+    for cls in (Transformer, LlamaGenGraphTarget, ChameleonTarget, Emu3Target, JanusTarget, GraphPromptTarget):
+        assert params(cls) == want, cls.__name__

@@ -406,7 +406,7 @@ def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] =
     """
     device = resolve_gpu(gpu, memory_gib)
     rt = resolve_runtime(model, backend, manifest)
-    s = resolve_model(model, image_size, prompt_len)
+    s = resolve_model(model, image_size, prompt_len, manifest=manifest)
     prec = resolve_precision(precision or s.precision or "fp16")
     tree = (s.max_tree or 64) if tree is None else tree
     if weight_copies is None:
@@ -519,7 +519,8 @@ def run_uses_cfg(engine_dir, cfg_scale: Optional[float] = None, manifest=None) -
     if cfg_scale is None:
         cfg_scale = (man.get("generation") or {}).get("cfg_scale")
     if cfg_scale is None:
-        cfg_scale = (family_named(family).default_sampling if family else {}).get("cfg_scale", SamplingConfig.cfg_scale)
+        fam = manifest.model_family if manifest is not None else family_named(family) if family else None
+        cfg_scale = (fam.default_sampling if fam is not None else {}).get("cfg_scale", SamplingConfig.cfg_scale)
     return float(cfg_scale) != 1.0
 
 

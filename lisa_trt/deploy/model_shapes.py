@@ -13,7 +13,7 @@ models weigh is the family's shape plugin, `families/<name>/shapes.py` (it sits 
 floor: tests/test_architecture.py), named by `ModelFamily.shapes_module` and imported by name on
 first use. A plugin module defines KNOWN (names), DEFAULT_SIZE (pixels), known_shape(name,
 image_size, prompt_len), checkpoint_shape(path, image_size, prompt_len) for the checkpoints its
-family claims, and engine_shape(dir) for its engine directories.
+family claims, and engine_shape(dir, manifest=None) for its engine directories (the Manifest when read).
 """
 
 from __future__ import annotations
@@ -209,10 +209,17 @@ def safetensors_metadata(path) -> dict:
     return header.get("__metadata__") or {}
 
 
-def resolve_model(model, image_size: Optional[int] = None, prompt_len: Optional[int] = None) -> ModelShape:
-    """A known name, a checkpoint (file or HF directory), or an engine directory."""
+def resolve_model(model, image_size: Optional[int] = None, prompt_len: Optional[int] = None, *,
+                  manifest=None) -> ModelShape:
+    """A known name, a checkpoint (file or HF directory), or an engine directory (`manifest`: its
+    Manifest when the caller has read it, so the directory is not read again)."""
     if isinstance(model, ModelShape):
         return model
+    if manifest is not None and manifest.dir is not None and Path(model).resolve() == Path(manifest.dir).resolve():
+        if image_size or prompt_len:
+            raise InputError(f"{model} is an engine directory: its image size and prompt length are fixed at "
+                             "export; drop --image-size / --prompt-len (or plan the checkpoint)")
+        return _plugin(manifest.family).engine_shape(Path(manifest.dir), manifest)
     name = str(model)
     known = known_names()
     if canonical_name(name) in known or not Path(name).exists():

@@ -51,7 +51,9 @@ class TargetEngine(Protocol):
     """What the decode loop needs from a target backend.
 
     Same methods and shapes as `lisa_trt.families.llamagen.model.Transformer`:
-    - new_cache(batch, extra) -> KVCache (lengths (B,), col_valid (B, Lmax), k/v buffers)
+    - new_cache(batch, max_len=None, dtype=None, *, extra=0, prompt_len=None, n_tokens=None) -> KVCache
+      (lengths (B,), col_valid (B, Lmax), k/v buffers): max_len committed tokens (default: the
+      family's, or prompt_len + n_tokens) plus `extra` scratch slots; every target, torch or graph
     - prefill(cond, cache, taps) -> TargetOutput (logits (B, 1, V) fp32, taps (B, 1, 3H))
     - forward_tokens(tokens (B,S), positions (B,S), slots (B,S), mask (B,S,Lmax), cache, taps)
       -> TargetOutput (logits (B, S, V) fp32, taps (B, S, 3H) when asked)
@@ -60,7 +62,8 @@ class TargetEngine(Protocol):
 
     config: object
 
-    def new_cache(self, batch: int, extra: int = 0): ...
+    def new_cache(self, batch: int, max_len: Optional[int] = None, dtype=None, *, extra: int = 0,
+                  prompt_len: Optional[int] = None, n_tokens: Optional[int] = None): ...
 
     def prefill(self, cond, cache, taps: bool = False): ...
 

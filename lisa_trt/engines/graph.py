@@ -321,6 +321,25 @@ class GraphGASV:
         k = cfg.neighbours
         return GASVGates(out["p"], out["delta_eff"], out["cand"][:, :k], out["gate"][:, :k])
 
+class GraphDecoder:
+    """The base of every family's decoder engine (its VQ decode graph: codes -> images in about
+    [-1, 1]): the runner, `close`, and the one checked call `_decode(codes, n_codes)`; a subclass
+    shapes the codes (a flat grid, a latent grid) and names its `tokens_to_pixels` / `decode_code`."""
+
+    def __init__(self, manifest, runner: GraphRunner):
+        self.config = manifest.vq_config
+        self.runners = {Graph.VQ_DECODE: runner}
+        self._run = runner
+        self.device = runner.device
+
+    def close(self) -> None:
+        self._run.close()
+
+    def _decode(self, codes: torch.Tensor, n_codes: int) -> torch.Tensor:
+        check_tokens(codes, n_codes)
+        return self._run.run(dict(image_tokens=_contig(codes, torch.int64, self.device)), ["images"])["images"]
+
+
 class Engines(NamedTuple):
     """Every engine of one directory for one backend (None where the graph was not exported).
 
@@ -451,6 +470,6 @@ def open_drafter(man, be, open_):
     return None
 
 
-__all__ = ["REMOVED_OPTIONS", "Engines", "GraphDrafter", "GraphGASV", "GraphTarget", "check_positions", "check_step",
+__all__ = ["REMOVED_OPTIONS", "Engines", "GraphDecoder", "GraphDrafter", "GraphGASV", "GraphTarget", "check_positions", "check_step",
            "check_tokens", "load_engines", "open_drafter", "open_family_engines", "open_graphs",
            "refuse_removed_options"]

@@ -22,9 +22,8 @@ from typing import Optional
 import torch
 
 from ..errors import ArtifactMismatchError, InputError
-from ..models.io_spec import Graph
 from ..models.prompts import PromptTarget
-from .graph import Engines, GraphTarget, _contig, check_tokens, open_family_engines
+from .graph import Engines, GraphDecoder, GraphTarget, open_family_engines
 
 
 class GraphPromptTarget(PromptTarget, GraphTarget):
@@ -40,15 +39,14 @@ class GraphPromptTarget(PromptTarget, GraphTarget):
         self.max_positions = self.config.max_position_embeddings
         self._cond = self._xf.prompt_condition(self.config)  # the family's condition protocol and prompt vocabulary
         self._prompt_vocab = self._xf.prompt_vocab_size(self.config)
+        self.family = manifest.model_family  # looked up once per Manifest
 
     def check_cond(self, cond) -> int:
         return PromptTarget.check_cond(self, cond) if self._cond is None else self._cond.check_cond(cond)
 
     def null_cond(self, cond):
         """The CFG rows: the bundle's condition protocol, else the family's rule (ModelFamily.null_cond)."""
-        from ..models.family import family_of
-
-        return family_of(self.config).null_cond(self.config, cond) if self._cond is None else self._cond.null_cond(cond)
+        return self.family.null_cond(self.config, cond) if self._cond is None else self._cond.null_cond(cond)
 
     def cfg_rows(self, cond, null):
         return PromptTarget.cfg_rows(cond, null) if self._cond is None else self._cond.cfg_rows(cond, null)
@@ -84,22 +82,16 @@ class GraphPromptTarget(PromptTarget, GraphTarget):
         return out
 
 
-class GraphGridVQ:
+class GraphGridVQ(GraphDecoder):
     """A code-grid decoder graph: codes (B, h, w) (the manifest's latent grid) -> images
     (B, 3, h*ds, w*ds) in about [-1, 1]."""
 
     def __init__(self, manifest, runner):
-        self.config = manifest.vq_config
+        super().__init__(manifest, runner)
         from ..export.prompt_graphs import vq_settings
 
         self.n_codes, self.downsample, _ = vq_settings(self.config)
         self.latent = tuple(manifest.layout["latent"])
-        self.runners = {Graph.VQ_DECODE: runner}
-        self._run = runner
-        self.device = runner.device
-
-    def close(self) -> None:
-        self._run.close()
 
     def tokens_to_pixels(self, tokens: torch.Tensor) -> torch.Tensor:
         """Codes (B, h * w) or (B, h, w) on the exported latent grid -> images (decode_code)."""
@@ -111,8 +103,7 @@ class GraphGridVQ:
         if codes.dim() != 3 or tuple(codes.shape[1:]) != self.latent:
             raise InputError(f"codes must be (B, {self.latent[0]}, {self.latent[1]}) (the exported latent grid); "
                              f"got shape {tuple(codes.shape)}")
-        check_tokens(codes, self.n_codes)
-        return self._run.run(dict(image_tokens=_contig(codes, torch.int64, self.device)), ["images"])["images"]
+        return self._decode(codes, self.n_codes)
 
 
 def open_engines(man, backend: str = "ort", **options) -> Engines:

@@ -109,8 +109,6 @@ class TorchBackend(Backend):
     def _model(self, what: str):
         if what in self._models:
             return self._models[what]
-        from ..models.family import family_of
-
         man = self.manifest
         if what == "target":  # weights/ when the bundle has them, else its shared weights file (hash checked)
             from ..export.weights import model_from_bundle

@@ -147,6 +147,14 @@ class Manifest:
         return export_family(self.family)
 
     @functools.cached_property
+    def model_family(self):
+        """The target's ModelFamily (models/family.py), looked up once per Manifest: every reader of
+        an opened directory (the run's context, the engines, the Pipeline) takes this one."""
+        from ..models.family import family_of
+
+        return family_of(self.target_config)
+
+    @functools.cached_property
     def target_config(self):
         """The target's configuration (the family reads it: from the manifest's record, or from the
         checkpoint's config.json the bundle carries); made once per Manifest."""

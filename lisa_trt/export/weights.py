@@ -166,7 +166,6 @@ def share_weights(engine_dir, graphs: dict, *, models: Optional[dict] = None, na
 
 def _index_models(w: _Writer, models: dict, d: Path):
     """{model: {state-dict name: [offset, length, dtype, shape, transposed]}}, and the rest file."""
-    import torch
 
     from ..io import save_safetensors
 

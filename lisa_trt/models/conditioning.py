@@ -5,9 +5,10 @@
     CaptionFeatures(slots, width)   # text-encoder caption features (LlamaGen t2i: FLAN-T5)
     TextPrompts(negative)           # text encoded by the family's prompter (Chameleon, Janus, Emu3)
 
-The generic layers read these objects (their fields and `random`), and the runtime picks the one
-per-kind adapter from them (runtime/conditions.py); nothing outside the families asks which
-family it runs. `cfg` may also be a bare model_type string (a prompts file parsed before any
+The generic layers read these objects (their fields and `random`), and each layer that acts per
+kind keeps one table of per-kind objects, picked by `for_kind` (the runtime's adapters,
+runtime/conditions.py; training's data sources, train/kinds.py); nothing outside the families
+asks which family it runs, and no code outside those tables asks which kind it has. `cfg` may also be a bare model_type string (a prompts file parsed before any
 model loads): then the sizes are None.
 
 Floors: models (imports only core modules).
@@ -72,3 +73,13 @@ class TextPrompts(Conditioning):
     negative: bool = False
     kind = "text"
     what_to_pass = "pass its prompts: the Request of the family's prompter (CLI: --prompt TEXT or a captions file)"
+
+
+def for_kind(kind: Conditioning, table: dict, where: str):
+    """The entry of `table` ({kind class: per-kind object}) for `kind`: the one place a layer asks
+    which kind it has; InputError naming the valid kinds for a kind the table does not know."""
+    for cls, entry in table.items():
+        if isinstance(kind, cls):
+            return entry
+    raise InputError(f"unknown conditioning {type(kind).__name__} for {where}; valid: "
+                     f"{', '.join(c.__name__ for c in table)} (models/conditioning.py)")

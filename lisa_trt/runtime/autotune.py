@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 

@@ -9,6 +9,10 @@ every command and the Pipeline, so none of them asks which kind it runs:
     negative = conds.negatives(negative_prompt, n)   # one text or None per prompt; InputError where none
     cond, request = conds.given(rc, prompts=..., classes=..., captions=..., encoder_dir=...)  # generate
     conds.rollouts(rc, n, ...), conds.images(rc, n, ...), conds.sub_vocab(rc)   # calibrate, bench, export
+    conds.parse_file(path, class_names)          # `lisa-trt run`'s prompts file, in this kind's line format
+    conds.served(value, class_names, encoder)    # one served prompt -> (class id, None) or (None, text)
+    conds.class_names(bundle_names), conds.num_classes   # what a class prompt may name (0 / None: no classes)
+    conds.training_captions(...), conds.training_rollouts(...)   # `lisa-trt train`'s data of this kind
 
 Floors: runtime (imports models, export.manifest, text and runtime.prompts).
 """
@@ -18,8 +22,9 @@ from __future__ import annotations
 import torch
 
 from ..errors import InputError
-from ..models.conditioning import CaptionFeatures, ClassLabels, TextPrompts
-from .prompts import Prompt, class_names_of, parse_classes
+from ..models.conditioning import CaptionFeatures, ClassLabels, TextPrompts, for_kind
+from .class_names import bundle_class_names
+from .prompts import Prompt, class_names_of, parse_classes, parse_prompts
 
 
 class RunConditions:
@@ -27,6 +32,36 @@ class RunConditions:
 
     def __init__(self, family, kind):
         self.family, self.kind = family, kind
+
+    num_classes = 0  # class ids a prompt may give (ClassConditions: the kind's count)
+
+    def class_names(self, bundle_names):
+        """The names a class prompt may use: the bundle's own, else ImageNet's for a 1000-class
+        target (runtime/class_names.py); None where prompts are not classes."""
+        return bundle_class_names(bundle_names, self.num_classes)
+
+    def parse_file(self, path, class_names=None) -> list:
+        """`lisa-trt run`'s prompts file, every line checked (runtime/prompts.parse_prompts): plain
+        lines are one caption each (JSONL: caption or caption_features lines)."""
+        return parse_prompts(path, captions="lines")
+
+    def served(self, value, class_names, encoder) -> tuple:
+        """One served prompt -> (class id, None) or (None, its text): text here, non-empty."""
+        caption = str(value).strip()
+        if not caption:
+            raise InputError("input 'prompt' must be non-empty text for this engine")
+        return None, caption
+
+    def training_captions(self, tcfg, captions, encoder_dir, out_dir, source):
+        """`lisa-trt train`: the caption feature table encoded before any data work (None: this kind
+        trains on no captions)."""
+        return None
+
+    def training_rollouts(self, rc, out_dir, o: dict):
+        """`lisa-trt train`: (DataConfig, Request, held-out Request | None) when this kind trains on
+        rollouts of its prompter's requests; None when it trains on a DataConfig source (class ids,
+        caption features: token files, self-distillation, images)."""
+        return None
 
     def precheck(self, prompts, captions, encoder_dir) -> None:
         """Cheap checks before any model loads (captions files and their encoder; missing prompts).
@@ -76,6 +111,22 @@ class RunConditions:
 
 class ClassConditions(RunConditions):
     """Class ids (or names from the bundle's label list)."""
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.kind.num_classes or 0)
+
+    def parse_file(self, path, class_names=None) -> list:
+        """Plain lines: one class id or name each; JSONL: {"class": ...} lines."""
+        return parse_prompts(path, num_classes=self.num_classes, class_names=class_names)
+
+    def served(self, value, class_names, encoder) -> tuple:
+        from .prompts import _class_id
+
+        cid, err = _class_id(value, self.kind.num_classes, class_names)
+        if err:
+            raise InputError(err)
+        return cid, None
 
     def no_negative(self):
         return (f"negative_prompt is not supported by the {self.family.name} family (class-conditional: "
@@ -129,13 +180,29 @@ class CaptionConditions(RunConditions):
         """A prompts file holding captions needs the family's caption encoder: checked before any
         engine loads (feature-file lines need none)."""
         from ..text.prompts import make_encoder
-        from .prompts import parse_prompts
 
-        ps = parse_prompts(prompts_path, model_type=tcfg.model_type)
+        ps = self.parse_file(prompts_path)
         if any(p.caption is not None for p in ps) and make_encoder(encoder_dir, tcfg) is None:
             raise InputError(f"{prompts_path} holds captions; encoding them needs a T5 encoder: pass --encoder DIR "
                              "(a local flan-t5-xl directory) or set $LISA_TRT_TEXT_ENCODER, or use "
                              '{"caption_features": FILE} lines from `lisa-trt encode-captions`')
+
+    def parse_file(self, path, class_names=None) -> list:
+        """Plain lines: every line one caption, encoded by the family's caption encoder (an empty
+        line is an error); JSONL: caption or caption_features lines."""
+        return parse_prompts(path, captions="every-line")
+
+    def served(self, value, class_names, encoder) -> tuple:
+        if encoder is None:
+            raise InputError("this engine is conditioned on T5 caption features and the server has no text "
+                             "encoder: start it with LISA_TRT_TEXT_ENCODER=DIR (a local flan-t5-xl directory) "
+                             "to serve captions")
+        return super().served(value, class_names, encoder)
+
+    def training_captions(self, tcfg, captions, encoder_dir, out_dir, source):
+        from ..text.train import training_caption_file
+
+        return training_caption_file(tcfg, captions, encoder_dir, out_dir, source)
 
     def parse(self, prompts, tcfg, class_names, encoder) -> tuple:
         from ..text.prompts import t2i_conds
@@ -207,6 +274,32 @@ class PromptConditions(RunConditions):
     def sub_vocab(self, rc):
         return rc.request(["x"], cfg=False).layout.sub_vocab
 
+    def training_rollouts(self, rc, out_dir, o: dict):
+        """The family's self-distillation defaults, the given values, and (when OUT already holds a
+        run) the rollout settings of its first start. The held-out request: `--eval-images` of the
+        held-out captions (the list's last `eval_samples`, cycled), for decoding MAL with seeds the
+        rollouts never used."""
+        import json
+        from pathlib import Path
+
+        from ..train.data import DataConfig
+        from .prompts import caption_list
+
+        d = self.family.train_defaults
+        n = o["num_samples"] if o["num_samples"] is not None else d.get("num_samples", DataConfig.num_samples)
+        data = dict(num_samples=n, cfg_scale=rc.sampling.cfg_scale, top_k=rc.sampling.top_k, features=o["features"],
+                    gen_batch=d.get("gen_batch", DataConfig.gen_batch), eval_samples=n // 8)
+        saved = Path(out_dir) / "train_config.json"
+        if saved.is_file():  # a run keeps the rollouts of its first start
+            first = json.loads(saved.read_text()).get("data", {})
+            data.update({k: first[k] for k in data if k in first})
+        texts = caption_list(self.family, o["captions_file"], data["num_samples"] + data["eval_samples"])
+        request = rc.request(texts, cfg=True)
+        held = texts[data["num_samples"]:] or texts
+        k = o["eval_images"]
+        held_out = rc.request((held * (k // len(held) + 1))[:k], cfg=True) if k else None
+        return DataConfig(**data), request, held_out
+
 
 _ADAPTERS = {ClassLabels: ClassConditions, CaptionFeatures: CaptionConditions, TextPrompts: PromptConditions}
 
@@ -215,11 +308,7 @@ def run_conditions(family, cfg_or_type=None) -> RunConditions:
     """The adapter of `family`'s conditioning for `cfg` (a TargetConfig, a model_type, or None
     before the model loads: then the family's default kind, which only `precheck` may use)."""
     kind = family.conditioning(cfg_or_type)
-    for cls, adapter in _ADAPTERS.items():
-        if isinstance(kind, cls):
-            return adapter(family, kind)
-    raise InputError(f"the {family.name} family answers an unknown conditioning {type(kind).__name__}; "
-                     f"valid: {', '.join(c.__name__ for c in _ADAPTERS)} (models/conditioning.py)")
+    return for_kind(kind, _ADAPTERS, f"the {family.name} family's runs")(family, kind)
 
 
 

@@ -182,7 +182,7 @@ def _detect(source, *, manifest=None):
 
     if manifest is not None:
         try:
-            return family_of(manifest.target_config)
+            return manifest.model_family  # the Manifest's one look-up, which the engines take too
         except (LisaError, OSError, ValueError):  # a config no family reads: Pipeline.from_dir says why
             return None
     aset = artifact_set(source)

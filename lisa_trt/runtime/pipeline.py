@@ -23,11 +23,9 @@ import torch
 
 from ..config import SamplingConfig
 from ..errors import InputError
-from ..models.conditioning import ClassLabels
 from ..models.family import family_of
 from ..speculative.methods import Method, SpecConfig
 from .bundle import Bundle, open_bundle
-from .class_names import bundle_class_names
 from .conditions import run_conditions
 from .context import AUTO, TREE_NAMES, resolve_method, resolve_sampling, resolve_spec
 from .prompts import Prompt
@@ -172,9 +170,7 @@ class Pipeline:
         tc = engines.target.config
         self.family = engines.family if engines.family is not None else family_of(tc)  # resolved once per open
         self._conds = run_conditions(self.family, tc)  # what prompts are: class ids, captions, texts
-        kind = self._conds.kind
-        classes = int(kind.num_classes or 0) if isinstance(kind, ClassLabels) else 0  # names: class labels only
-        self._names = bundle_class_names(engines.class_names, classes)  # a 1000-class bundle: ImageNet's
+        self._names = self._conds.class_names(engines.class_names)  # a 1000-class bundle: ImageNet's
         self._text = self._conds.encoder(text_encoder, tc)
         self._free = None  # the family's whole-image layout, made on the first decode without a request
 
@@ -221,7 +217,7 @@ class Pipeline:
 
                 manifest = read_manifest(Path(engine_dir), check_files=False)  # open_bundle checks its files
             tcfg = manifest.target_config
-            family = family if family is not None else family_of(tcfg)
+            family = family if family is not None else manifest.model_family
             text_encoder = run_conditions(family, tcfg).encoder(text_encoder, tcfg) or text_encoder
         return cls(open_bundle(Path(engine_dir), backend, threads=threads, compile=compile, device=device,
                                manifest=manifest, family=family),
@@ -263,6 +259,11 @@ class Pipeline:
     @property
     def config(self):
         return self._e.target.config
+
+    @property
+    def conditions(self):
+        """What this bundle's prompts are (runtime/conditions.py: its kind's adapter, resolved once)."""
+        return self._conds
 
     @property
     def class_names(self):

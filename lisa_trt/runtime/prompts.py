@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..errors import InputError
-from ..models.conditioning import CaptionFeatures, ClassLabels
-from ..models.family import family_of
 from ..validation import sampling_problems
 from .class_names import bundle_class_names, match_class_name
 
@@ -96,23 +94,28 @@ def _class_id(value, num_classes: int, names: Optional[Sequence[str]]):
         return None, str(e)
 
 
-def parse_prompts(path, *, model_type: str = "c2i", num_classes: int = 1000,
-                  class_names: Optional[Sequence[str]] = None, family=None) -> list[Prompt]:
-    """Parse and validate a prompts file (`family`: the model_type's family when the caller has it).
+def parse_prompts(path, *, num_classes: Optional[int] = None, class_names: Optional[Sequence[str]] = None,
+                  captions: Optional[str] = None) -> list[Prompt]:
+    """Parse and validate a prompts file in one kind's line format (the run's conditions adapter,
+    runtime/conditions.py `parse_file`, says which): class prompts (`num_classes`, with the
+    bundle's `class_names`), or captions (`captions="every-line"`: every plain line one caption,
+    an empty line an error, as a caption encoder reads them; `"lines"`: one text per non-blank,
+    non-'#' line). JSONL files (.jsonl / .json, or a line starting with '{') hold objects.
 
     Raises:
         InputError listing every malformed line as 'path:LINE: problem'.
     """
+    if (num_classes is None) == (captions is None) or captions not in (None, "every-line", "lines"):
+        raise ValueError("parse_prompts takes num_classes (class prompts) or captions='every-line' | 'lines'")
     p = Path(path)
     if not p.is_file():
         raise InputError(f"prompts file not found: {p}")
     lines = p.read_text().splitlines()
-    kind = (family if family is not None else family_of(model_type)).conditioning(model_type)
-    classes = isinstance(kind, ClassLabels)
     jsonl = p.suffix in (".jsonl", ".json") or any(ln.lstrip().startswith("{") for ln in lines)
-    if not jsonl and not classes:  # text conditions (captions, text prompts): one per line
-        return _caption_file(p, lines, t5=isinstance(kind, CaptionFeatures))
-    parse_line = _line_parser(p, jsonl, _Classes(num_classes, class_names) if classes else None)
+    if not jsonl and captions is not None:  # text conditions (captions, text prompts): one per line
+        return _caption_file(p, lines, every_line=captions == "every-line")
+    classes = _Classes(num_classes, class_names) if captions is None else None
+    parse_line = _line_parser(p, jsonl, classes)
     prompts, errors = [], []
     for no, text in _content_lines(lines):
         try:
@@ -131,10 +134,10 @@ def _content_lines(lines):
             yield no, text
 
 
-def _caption_file(p: Path, lines, *, t5: bool) -> list[Prompt]:
+def _caption_file(p: Path, lines, *, every_line: bool) -> list[Prompt]:
     """A plain-text file of captions: a text-prompt family's prompts ('#' lines and blank lines
-    skipped), or a T5 t2i model's captions (`t5`: every line is one caption)."""
-    if t5:
+    skipped), or a caption encoder's captions (`every_line`: every line is one caption)."""
+    if every_line:
         from ..models.captions import read_captions
 
         return [Prompt(no, caption=c) for no, c in enumerate(read_captions(p), 1)]
@@ -149,14 +152,7 @@ def _line_parser(p: Path, jsonl: bool, classes: Optional[_Classes]):
     if jsonl:
         condition = functools.partial(_json_class, classes) if classes else functools.partial(_json_caption, p)
         return functools.partial(_json_line, condition)
-    if classes:
-        return lambda no, text: Prompt(no, class_id=classes.parse(text))
-    return _no_plain_lines
-
-
-def _no_plain_lines(no: int, text: str) -> Prompt:
-    """Plain lines of a model that is neither class-conditioned nor captioned by text."""
-    raise _LineError("t2i prompts need JSONL lines with caption_features")
+    return lambda no, text: Prompt(no, class_id=classes.parse(text))
 
 
 def _json_line(condition, no: int, text: str) -> Prompt:

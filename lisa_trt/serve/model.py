@@ -42,7 +42,6 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from ..errors import InputError, LisaError
-from ..models.conditioning import CaptionFeatures, ClassLabels
 
 LOG = logging.getLogger("lisa_trt.serve")
 MODEL_NAME = "lisa"  # the served model's name (Triton repository, endpoints)
@@ -252,29 +251,15 @@ class ServeModel:
     def _condition(self, value, negative=None) -> tuple:
         """A row's prompt -> (class id, None) for class-conditioned engines, else (None, its text):
         a prompted family's text prompt (its prompter) or a T5-caption engine's caption (the
-        pipeline's T5 encoder, $LISA_TRT_TEXT_ENCODER where the server runs). `negative`: the
+        pipeline's T5 encoder, $LISA_TRT_TEXT_ENCODER where the server runs); the bundle's
+        conditions adapter (resolved once, when the pipeline opened) says which. `negative`: the
         row's negative prompt, refused (naming why) where the family takes none."""
-        from ..runtime.conditions import run_conditions
-        from ..runtime.prompts import _class_id
-
-        cfg = self.pipe.config
-        kind = self.pipe.family.conditioning(cfg)
-        run_conditions(self.pipe.family, cfg).negatives(negative, 1)
-        if isinstance(kind, ClassLabels):
-            cid, err = _class_id(value, kind.num_classes, self.pipe.class_names)
-            if err:
-                raise InputError(err)
-            return cid, None
-        if isinstance(kind, CaptionFeatures) and getattr(self.pipe, "_text", None) is None:
-            raise InputError("this engine is conditioned on T5 caption features and the server has no text "
-                             "encoder: start it with LISA_TRT_TEXT_ENCODER=DIR (a local flan-t5-xl directory) "
-                             "to serve captions")
-        caption = str(value).strip()
-        if not caption:
-            raise InputError("input 'prompt' must be non-empty text for this engine")
-        # the bundle's prompt budget, per row (text prompts only have one)
-        self.pipe.check_prompt(caption, negative)
-        return None, caption
+        conds = self.pipe.conditions
+        conds.negatives(negative, 1)
+        cid, caption = conds.served(value, self.pipe.class_names, getattr(self.pipe, "_text", None))
+        if caption is not None:  # the bundle's prompt budget, per row (text prompts only have one)
+            self.pipe.check_prompt(caption, negative)
+        return cid, caption
 
     def parse(self, requests: Sequence[Mapping]) -> tuple[list, dict, list]:
         """-> (rows, {request index: error message}, rows per request)."""

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import LisaError
-from ..runtime.class_names import bundle_class_names
 from ..runtime.seeding import image_seeds
 from .model import MAX_PARTIAL_IMAGES
 
@@ -83,15 +82,15 @@ class ModelInfo:
         fam = family_of(tc)
         h, w = int(dims["height"]), int(dims["width"])
         rows = _token_rows(dims.get("block"), h, w)
-        cond = fam.conditioning(tc)
-        kind = cond.kind  # "class", "caption" or "text": what the prompt field holds
-        cls_tokens = int(tc.cond_dims().get("prefix", 1)) if kind == "class" else None
-        num_classes = int(cond.num_classes or 0) if kind == "class" else 0
-        names = bundle_class_names((m.generation or {}).get("class_names"), num_classes)  # ImageNet's for 1000
+        conds = run_conditions(fam, tc)
+        kind = conds.kind.kind  # "class", "caption" or "text": what the prompt field holds
+        num_classes = conds.num_classes  # 0 where prompts are not classes
+        cls_tokens = int(tc.cond_dims().get("prefix", 1)) if num_classes else None
+        names = conds.class_names((m.generation or {}).get("class_names"))  # ImageNet's for 1000
         return cls(id=model_id, family=fam.name, width=w, height=h, max_batch=int(max_batch),
                    class_names=tuple(names or ()), num_classes=num_classes, prompt=kind,
                    token_rows=rows, tokens_per_image=int(dims["block"]) if rows else None,
-                   prompt_tokens=cls_tokens, no_negative=run_conditions(fam, tc).no_negative(), created=_created(m))
+                   prompt_tokens=cls_tokens, no_negative=conds.no_negative(), created=_created(m))
 
     def card(self) -> dict:
         """The model's entry in GET /v1/models."""
@@ -158,11 +157,11 @@ def _typed(name: str, v, kind: str):
 
 def _prompt(body: dict, info: ModelInfo) -> str:
     if "prompt" not in body or body["prompt"] is None:
-        what = (f"a class id (0..{info.num_classes - 1}) or a class name" if info.prompt == "class"
-                else "a caption" if info.prompt == "caption" else "text")
+        what = (f"a class id (0..{info.num_classes - 1}) or a class name" if info.num_classes
+                else {"caption": "a caption"}.get(info.prompt, "text"))  # the card's own word for its prompts
         raise bad(f"missing required parameter 'prompt' ({what})", "prompt", "missing_required_parameter")
     prompt = body["prompt"]
-    if isinstance(prompt, int) and not isinstance(prompt, bool) and info.prompt == "class":
+    if isinstance(prompt, int) and not isinstance(prompt, bool) and info.num_classes:
         prompt = str(prompt)  # a class id sent as a JSON number
     prompt = _typed("prompt", prompt, "str").strip()
     if not prompt:

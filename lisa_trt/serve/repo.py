@@ -176,8 +176,8 @@ def config_pbtxt(*, engine_dir: str, backend: str, max_batch: int, max_queue_del
     return (f'name: "{STREAM_MODEL_NAME if stream else MODEL_NAME}"\nbackend: "python"\nmax_batch_size: {max_batch}\n'
             f"input [\n{ins}\n]\noutput [\n{outs}\n]\n" + policy
             + _instance_groups(1 if stream else instances, kind, gpus)
-            + (f'model_warmup [ {{ name: "lisa_warmup" batch_size: 1 inputs {{ key: "prompt" value: '
-               f'{{ data_type: TYPE_STRING dims: [ 1 ] input_data_file: "prompt" }} }} }} ]\n' if warmup else "")
+            + ('model_warmup [ { name: "lisa_warmup" batch_size: 1 inputs { key: "prompt" value: '
+               '{ data_type: TYPE_STRING dims: [ 1 ] input_data_file: "prompt" } } } ]\n' if warmup else "")
             + f'parameters {{ key: "engine_dir" value: {{ string_value: "{engine_dir}" }} }}\n'
             f'parameters {{ key: "backend" value: {{ string_value: "{backend}" }} }}\n'
             f'parameters {{ key: "threads" value: {{ string_value: "{int(threads)}" }} }}\n'

@@ -202,25 +202,11 @@ def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_po
     openai_max_pending: its requests in flight before it answers 429.
     progressive: also the decoupled model 'lisa_stream' (a second copy of the engines), whose partial
     images the front end streams while the image decodes; needs openai_port and tritonclient[grpc]."""
-    from ..export.manifest import read_manifest
     from .repo import write_triton_repo
 
-    if max_batch < 1:
-        raise InputError(f"--max-batch must be >= 1, got {max_batch}")
-    if max_queue_delay_ms < 0:
-        raise InputError(f"--max-queue-delay-ms must be >= 0, got {max_queue_delay_ms}")
-    if instances < 1 or (threads is not None and threads < 1):
-        raise InputError(f"--instances and --threads must be >= 1, got {instances} and {threads}")
-    if progressive and openai_port is None:
-        raise InputError("--progressive streams partial images through the OpenAI front end: give --openai-port "
-                         "too (or leave --progressive out)")
-    check_ports(host, serve_ports(http_port, grpc_port, metrics_port, openai_port))
-    read_manifest(Path(engine_dir))  # refuse anything that is not an engine directory, before Triton
-    require_pytriton()
-    if openai_port is not None:
-        _check_front_end(openai_max_pending)
-    if progressive:
-        _require_streaming()
+    _check_serve(engine_dir, host=host, ports=serve_ports(http_port, grpc_port, metrics_port, openai_port),
+                 max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms, instances=instances, threads=threads,
+                 openai_port=openai_port, openai_max_pending=openai_max_pending, progressive=progressive)
     t0 = time.perf_counter()
     stop = threading.Event()
     old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -242,17 +228,9 @@ def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_po
                                                   if stream else "") + ") ...")
         sys.stdout.flush()
         proc = subprocess.Popen(cmd, env=triton_env(), preexec_fn=_die_with_parent, start_new_session=True)
-        while ready_status(host, http_port) != 200:
-            if proc.poll() is not None:
-                raise ServeUnavailableError(f"Triton exited ({proc.returncode}) before model '{MODEL_NAME}' was "
-                                            "ready; its log is above")
-            if stop.is_set():
-                echo("signal received before the model was ready: stopping")
-                return 0
-            if time.perf_counter() - t0 > start_timeout:
-                raise ServeUnavailableError(f"model '{MODEL_NAME}' not ready after {start_timeout:g} s; "
-                                            "its log is above")
-            time.sleep(0.1)
+        if not _wait_ready(proc, host, http_port, stop, t0 + start_timeout, start_timeout):
+            echo("signal received before the model was ready: stopping")
+            return 0
         echo(f"ready after {time.perf_counter() - t0:.1f} s (model '{MODEL_NAME}' loaded and warmed up): "
              f"http://{host}:{http_port}/v2/models/{MODEL_NAME} grpc {host}:{grpc_port} "
              f"metrics http://{host}:{metrics_port}/metrics")
@@ -276,6 +254,46 @@ def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_po
         shutil.rmtree(work, ignore_errors=True)
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _check_serve(engine_dir, *, host: str, ports: dict, max_batch: int, max_queue_delay_ms: float, instances: int,
+                 threads: Optional[int], openai_port: Optional[int], openai_max_pending: int, progressive: bool) -> None:
+    """`serve`'s checks before Triton starts: option ranges, free ports, an engine directory, PyTriton,
+    and what the OpenAI front end and progressive images need."""
+    from ..export.manifest import read_manifest
+
+    if max_batch < 1:
+        raise InputError(f"--max-batch must be >= 1, got {max_batch}")
+    if max_queue_delay_ms < 0:
+        raise InputError(f"--max-queue-delay-ms must be >= 0, got {max_queue_delay_ms}")
+    if instances < 1 or (threads is not None and threads < 1):
+        raise InputError(f"--instances and --threads must be >= 1, got {instances} and {threads}")
+    if progressive and openai_port is None:
+        raise InputError("--progressive streams partial images through the OpenAI front end: give --openai-port "
+                         "too (or leave --progressive out)")
+    check_ports(host, ports)
+    read_manifest(Path(engine_dir))  # refuse anything that is not an engine directory, before Triton
+    require_pytriton()
+    if openai_port is not None:
+        _check_front_end(openai_max_pending)
+    if progressive:
+        _require_streaming()
+
+
+def _wait_ready(proc, host: str, http_port: int, stop, deadline: float, start_timeout: float) -> bool:
+    """Wait until model 'lisa' answers ready: True; False when a signal came first.
+    ServeUnavailableError when Triton exits or `deadline` (perf_counter) passes."""
+    while ready_status(host, http_port) != 200:
+        if proc.poll() is not None:
+            raise ServeUnavailableError(f"Triton exited ({proc.returncode}) before model '{MODEL_NAME}' was "
+                                        "ready; its log is above")
+        if stop.is_set():
+            return False
+        if time.perf_counter() > deadline:
+            raise ServeUnavailableError(f"model '{MODEL_NAME}' not ready after {start_timeout:g} s; "
+                                        "its log is above")
+        time.sleep(0.1)
+    return True
 
 
 def serve_ports(http_port: int, grpc_port: int, metrics_port: int, openai_port: Optional[int] = None) -> dict:

@@ -23,8 +23,6 @@ import torch
 
 from ..errors import InputError
 from ..io import load_safetensors, save_safetensors, tensor_hash
-from ..models.conditioning import ClassLabels
-from ..models.family import family_of
 from ..models.captions import caption_shape
 
 LAZY_BYTES = 2 << 30  # caption feature files larger than this are read row by row (memory-mapped)
@@ -243,13 +241,10 @@ def build_caption_dataset(target, cfg, seed: int, data_dir: Path, *, is_main: bo
     return ds.split(cfg.eval_samples)
 
 
-def eval_conds(target, data_cfg, n: int):
+def eval_captions(target, data_cfg, n: int):
     """Held-out decoding prompts for a t2i drafter: the last n captions of the table
-    (cycled when the table is smaller). Class ids for c2i targets."""
+    (cycled when the table is smaller)."""
     tcfg = target.config
-    kind = family_of(tcfg).conditioning(tcfg)
-    if isinstance(kind, ClassLabels):
-        return torch.arange(n) % kind.num_classes
     if data_cfg.caption_file is None and data_cfg.token_file:
         c = load_caption_token_file(data_cfg.token_file, tcfg).cond
         feats, mask = c.feats, c.mask

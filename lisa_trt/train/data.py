@@ -28,7 +28,7 @@ import torch
 
 from ..errors import ConfigError, InputError
 from ..io import load_safetensors, save_safetensors
-from ..models.conditioning import CaptionFeatures, ClassLabels
+from ..models.conditioning import CaptionFeatures, ClassLabels, TextPrompts, for_kind
 from ..models.family import family_of
 from .dataset import TokenDataset, _matches, _tqdm  # noqa: F401  (re-exported: train.data.TokenDataset)
 
@@ -102,17 +102,19 @@ def _check_tokens(tokens: torch.Tensor, cond: torch.Tensor, tcfg, where: str) ->
 
 
 def load_token_file(path, tcfg) -> TokenDataset:
+    """Read image tokens + their conditions, in the format of the target's kind (kind_data):
+    class ids here (_class_token_file), caption ids beside the tokens for caption targets
+    (train/captions.py)."""
+    return kind_data(tcfg).token_file(Path(path), tcfg)
+
+
+def _class_token_file(path: Path, tcfg) -> TokenDataset:
     """Read image tokens + class ids.
 
     Formats: .safetensors / .pt / .npz with "tokens" (N, block) and "classes" (N,);
     .npy of shape (N, block + 1) whose column 0 is the class id, or (N, block) with the class
-    ids in a sibling `<name>.classes.npy`. t2i targets: see train/captions.py.
+    ids in a sibling `<name>.classes.npy`.
     """
-    path = Path(path)
-    if not isinstance(family_of(tcfg).conditioning(tcfg), ClassLabels):  # caption ids beside the tokens
-        from .captions import load_caption_token_file
-
-        return load_caption_token_file(path, tcfg)
     if not path.is_file():
         raise InputError(f"token file {path} does not exist")
     suffix = path.suffix.lower()
@@ -182,22 +184,19 @@ def build_dataset(target, cfg: DataConfig, seed: int, data_dir: Path, *, is_main
     request: for prompt-id families (Chameleon, Janus), the prompts and layout to roll out
         (a models.family.Request, train/requests.py); class ids / captions otherwise.
     resuming: the run has a checkpoint (prompt rollouts must then match the stored ones)."""
-    tcfg = target.config
     if request is not None:
         from .requests import build_prompt_dataset
 
         return build_prompt_dataset(target, request, cfg, seed, data_dir, is_main=is_main, barrier=barrier,
                                     progress=progress, resuming=resuming)
-    fam = family_of(tcfg)
-    kind = fam.conditioning(tcfg)
-    if isinstance(kind, CaptionFeatures):  # caption rollouts / token files (train/captions.py)
-        from .captions import build_caption_dataset
+    return kind_data(target.config).datasets(target, cfg, seed, data_dir, is_main=is_main, barrier=barrier,
+                                             progress=progress)
 
-        return build_caption_dataset(target, cfg, seed, data_dir, is_main=is_main, barrier=barrier, progress=progress)
-    if not isinstance(kind, ClassLabels):
-        raise InputError(f"{fam.name} targets are prompt-conditioned: train them on rollouts of prompts "
-                         "(train_drafter(..., request=family.prompter(target).encode(texts, cfg=True)), or "
-                         "train.requests.prompt_request(target, prompt_ids))")
+
+def _class_datasets(target, cfg: DataConfig, seed: int, data_dir: Path, *, is_main: bool, barrier,
+                    progress: bool) -> tuple[TokenDataset, TokenDataset]:
+    """Class-conditioned (train, held-out): a token file's rows, or self-distilled samples stored once."""
+    tcfg = target.config
     if cfg.source == "tokens":
         ds = load_token_file(cfg.token_file, tcfg)
         if len(ds) <= cfg.eval_samples:
@@ -218,6 +217,71 @@ def build_dataset(target, cfg: DataConfig, seed: int, data_dir: Path, *, is_main
     barrier()
     t, _ = load_safetensors(path)
     return _check_tokens(t["tokens"], t["classes"], tcfg, str(path)).split(cfg.eval_samples)
+
+
+# ----------------------------------------------------------------------------- per conditioning kind
+
+class _ClassData:
+    """Class ids: token files with class ids, self-distillation over random classes."""
+
+    token_file = staticmethod(_class_token_file)
+    datasets = staticmethod(_class_datasets)
+
+    @staticmethod
+    def eval_conds(target, data_cfg, n: int):
+        """Held-out decoding conditions: class ids 0..n-1, cycled over the classes."""
+        tcfg = target.config
+        return torch.arange(n) % family_of(tcfg).conditioning(tcfg).num_classes
+
+
+class _CaptionData:
+    """Caption features: caption ids beside the tokens, caption rollouts (train/captions.py)."""
+
+    @staticmethod
+    def token_file(path: Path, tcfg) -> TokenDataset:
+        from .captions import load_caption_token_file
+
+        return load_caption_token_file(path, tcfg)
+
+    @staticmethod
+    def datasets(target, cfg, seed, data_dir, **kw):
+        from .captions import build_caption_dataset
+
+        return build_caption_dataset(target, cfg, seed, data_dir, **kw)
+
+    @staticmethod
+    def eval_conds(target, data_cfg, n: int):
+        from .captions import eval_captions
+
+        return eval_captions(target, data_cfg, n)
+
+
+class _PromptData:
+    """Text prompts: a drafter trains on rollouts of the prompter's requests (`request=`), never on a
+    DataConfig source."""
+
+    @staticmethod
+    def _refuse(target_or_cfg, *_, **__):
+        tcfg = getattr(target_or_cfg, "config", target_or_cfg)
+        raise InputError(f"{family_of(tcfg).name} targets are prompt-conditioned: train them on rollouts of prompts "
+                         "(train_drafter(..., request=family.prompter(target).encode(texts, cfg=True)), or "
+                         "train.requests.prompt_request(target, prompt_ids))")
+
+    @staticmethod
+    def token_file(path, tcfg):
+        _PromptData._refuse(tcfg)
+
+    datasets = eval_conds = _refuse
+
+
+_KIND_DATA = {ClassLabels: _ClassData, CaptionFeatures: _CaptionData, TextPrompts: _PromptData}
+
+
+def kind_data(tcfg):
+    """What `tcfg`'s targets train on, per its family's conditioning kind (models/conditioning.py):
+    an object with `token_file(path, tcfg)`, `datasets(target, cfg, seed, data_dir, is_main=,
+    barrier=, progress=)` and `eval_conds(target, data_cfg, n)`."""
+    return for_kind(family_of(tcfg).conditioning(tcfg), _KIND_DATA, "drafter training data")
 
 
 # ----------------------------------------------------------------------------- batch order

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
 
 from ..config import SamplingConfig
 from ..speculative.decode import SpeculativeDecoder
@@ -34,9 +33,9 @@ def decode_eval(target, drafter, cfg, n: int, request=None) -> dict:
         return {"mal": st.mal, "images": request.batch, "sampling": dataclasses.asdict(s),
                 "spec": dataclasses.asdict(spec), "target_forwards": st.target_forwards,
                 "prompts": list(request.prompts)}
-    from .captions import eval_conds
+    from .data import kind_data
 
-    cond = eval_conds(target, d, n)  # class ids 0..n-1 cycled (c2i) or held-out captions (t2i)
+    cond = kind_data(target.config).eval_conds(target, d, n)  # class ids 0..n-1 cycled, or held-out captions
     from ..speculative.medusa import speculative_engines
 
     _, st = SpeculativeDecoder(*speculative_engines(target, drafter.eval())).generate(

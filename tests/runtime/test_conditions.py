@@ -82,3 +82,53 @@ def test_no_capability_flags_outside_the_families():
     hits = [f"{p.relative_to(ROOT)}:{n}" for p in ROOT.rglob("*.py") if "families" not in p.parts
             for n, line in enumerate(p.read_text().splitlines(), 1) if pat.search(line)]
     assert hits == []
+
+
+KINDS = {"Conditioning", "ClassLabels", "CaptionFeatures", "TextPrompts", "RunConditions", "ClassConditions",
+         "CaptionConditions", "PromptConditions"}
+# the only place outside lisa_trt/families that names a kind in a check, with its reason (the one
+# dispatch, models/conditioning.for_kind, checks against its table's entries, not a named kind)
+KIND_CHECKS = {
+    "models/captions.py": 1,  # caption_shape's guard: a target of another kind refused before its slots are read
+}
+
+
+def _kind_checks(tree) -> int:
+    """isinstance(x, K) / type(x) is K calls on a conditioning kind or adapter class."""
+    import ast
+
+    n = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+            names = {getattr(e, "id", getattr(e, "attr", None)) for e in ast.walk(node.args[1])}
+            n += bool(names & KINDS)
+        elif isinstance(node, ast.Compare) and any(isinstance(o, (ast.Is, ast.IsNot)) for o in node.ops):
+            names = {getattr(e, "id", getattr(e, "attr", None)) for c in node.comparators for e in ast.walk(c)}
+            n += bool(names & KINDS) and "type" in {getattr(getattr(node.left, "func", None), "id", None)}
+    return n
+
+
+def test_no_kind_checks_outside_the_families_but_the_dispatch_and_one_guard():
+    """The generic layers call their kind's object (runtime/conditions.py's adapters, train/data.py's
+    kind_data) instead of asking which kind they have: outside lisa_trt/families, one dispatch
+    (models/conditioning.for_kind) and one guard remain."""
+    import ast
+
+    hits = {}
+    for p in ROOT.rglob("*.py"):
+        if "families" in p.relative_to(ROOT).parts:
+            continue
+        n = _kind_checks(ast.parse(p.read_text()))
+        if n:
+            hits[p.relative_to(ROOT).as_posix()] = n
+    assert hits == KIND_CHECKS
+
+
+def test_the_kind_check_counter_sees_checks():
+    import ast
+
+    src = ("if isinstance(kind, ClassLabels): pass\n"
+           "x = isinstance(c, (CaptionFeatures, int))\n"
+           "y = type(k) is C.PromptConditions\n"
+           "z = isinstance(p, Prompt)\n")
+    assert _kind_checks(ast.parse(src)) == 3

@@ -78,10 +78,12 @@ def _folder(root, sizes):
 
 def test_train_encodes_an_image_folder_on_the_targets_grid(vq, tc, tmp_path):
     from lisa_trt.io import load_safetensors
+    from lisa_trt.models.family import family_of
     from lisa_trt.runtime.commands.train import _data_config
+    from lisa_trt.runtime.conditions import run_conditions
 
     images = _folder(tmp_path / "imgs", [(20, 12), (9, 17), (8, 8)])
-    rc = SimpleNamespace(target=SimpleNamespace(config=tc), conditions=object(), given={"sampling": {}},
+    rc = SimpleNamespace(target=SimpleNamespace(config=tc), conditions=run_conditions(family_of(tc), tc), given={"sampling": {}},
                          source=str(tmp_path / "no-set"))
     o = dict(data="images", token_file=None, captions=None, encoder_dir=None, image_dir=str(images),
              features="online", num_samples=None)

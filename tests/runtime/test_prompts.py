@@ -35,10 +35,10 @@ def test_t2i_lines(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"caption_features": "c.npy"}\n{"caption_features": "missing.npy"}\n')
     with pytest.raises(LisaError, match=r"p.jsonl:2: caption features file not found"):
-        parse_prompts(f, model_type="t2i")
+        parse_prompts(f, captions="every-line")
     with pytest.raises(LisaError, match="no prompts"):
         (tmp_path / "e.txt").write_text("\n# only comments\n")
-        parse_prompts(tmp_path / "e.txt")
+        parse_prompts(tmp_path / "e.txt", num_classes=1000)
 
 
 def test_cli_classes_take_names_as_serve_matches_them():

@@ -96,8 +96,8 @@ def test_lisa_trt_run_parses_the_manifest_once(demo_engines, counts, tmp_path):
     # resolve() parses it into the RunContext; the preflight, the prompts precheck, Pipeline.from_dir
     # and the engines take that Manifest
     assert (counts["read_manifest"], counts["manifest.json"]) == (1, 1), dict(counts)
-    # resolve() looks the family up, the engines' target once more (families/llamagen/engines.py)
-    assert counts["family"] == 2, dict(counts)
+    # resolve() looks the family up (Manifest.model_family); the engines' target and the Pipeline take it
+    assert counts["family"] == 1, dict(counts)
 
 
 def test_a_given_manifest_still_has_its_graph_files_checked(demo_engines, tmp_path):
@@ -119,14 +119,13 @@ def test_a_given_manifest_still_has_its_graph_files_checked(demo_engines, tmp_pa
         open_bundle(demo_engines, "ort", manifest=man)  # another directory's manifest
 
 
-def test_a_planned_run_reads_the_manifest_for_the_shape_only(demo_engines, counts, tmp_path):
-    """With --memory-gib (what a GPU run checks) the preflight plans on the RunContext's Manifest
-    (the CFG default, the build record); the model's shape still comes from the family's shape
-    plug-in, which reads the directory (families/<name>/shapes.py engine_shape: one read_manifest
-    and one raw read, plus deploy/model_shapes' bundle_family)."""
+def test_a_planned_run_reads_the_manifest_once(demo_engines, counts, tmp_path):
+    """With --memory-gib (what a GPU run checks) the preflight plans on the RunContext's Manifest:
+    the CFG default, the build record and the model's shape (the family's shape plug-in,
+    families/<name>/shapes.py engine_shape, takes the Manifest instead of reading the directory)."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("1\n")
     res = CliRunner().invoke(main, ["run", str(demo_engines), str(prompts), "--out", str(tmp_path / "out"),
                                     "--backend", "ort", "--threads", "1", "--verify", "gasv", "--memory-gib", "80"])
     assert res.exit_code == 0, res.output
-    assert (counts["read_manifest"], counts["manifest.json"]) == (2, 4), dict(counts)
+    assert (counts["read_manifest"], counts["manifest.json"], counts["family"]) == (1, 1, 1), dict(counts)

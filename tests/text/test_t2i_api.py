@@ -19,17 +19,17 @@ def target():
 def test_prompt_files(tmp_path):
     p = tmp_path / "p.txt"
     p.write_text("a red car\nblue sky\n")
-    ps = parse_prompts(p, model_type="t2i")
+    ps = parse_prompts(p, captions="every-line")
     assert [x.caption for x in ps] == ["a red car", "blue sky"] and ps[1].line == 2
     p.write_text("a red car\n\nblue sky\n")
     with pytest.raises(InputError, match=r"line\(s\) 2"):
-        parse_prompts(p, model_type="t2i")
+        parse_prompts(p, captions="every-line")
     j = tmp_path / "p.jsonl"
     j.write_text('{"caption": "a cat", "seed": 3}\n{"caption": ""}\n')
     with pytest.raises(InputError, match=r"p.jsonl:2: \"caption\" must be non-empty"):
-        parse_prompts(j, model_type="t2i")
+        parse_prompts(j, captions="every-line")
     j.write_text('{"caption": "a cat", "seed": 3, "cfg": 2.5}\n')
-    (q,) = parse_prompts(j, model_type="t2i")
+    (q,) = parse_prompts(j, captions="every-line")
     assert q.caption == "a cat" and q.seed == 3 and q.cfg == 2.5
 
 

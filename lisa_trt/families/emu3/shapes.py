@@ -61,12 +61,13 @@ def checkpoint_shape(path, image_size=None, prompt_len=None) -> ModelShape:
     return config_shape(read_emu3_config(p), p.name, image_size or DEFAULT_SIZE, prompt_len or DEFAULT_PROMPT)
 
 
-def engine_shape(d: Path) -> ModelShape:
-    """An engine directory's shape (its manifest and the checkpoint config.json it carries)."""
+def engine_shape(d: Path, man=None) -> ModelShape:
+    """An engine directory's shape (its manifest, `man` when the caller has read it, and the
+    checkpoint config.json it carries)."""
     from ...export.manifest import raw_manifest
     from .config import read_emu3_config
 
-    man = raw_manifest(d)
+    man = man.to_dict() if man is not None else raw_manifest(d)
     lay = man.get("layout") or {}
     s = config_shape(read_emu3_config(d), d.name, int(lay["image_size"]), int(lay["max_prompt"]))
     return replace(s, **engine_fields(man, s))

@@ -84,13 +84,13 @@ def checkpoint_shape(path, image_size=None, prompt_len=None) -> ModelShape:
     return config_shape(read_janus_config(p), p.name, image_size, prompt_len or DEFAULT_PROMPT)
 
 
-def engine_shape(d: Path) -> ModelShape:
-    """An engine directory's shape (its manifest)."""
-    from ...export.manifest import raw_manifest, read_manifest
+def engine_shape(d: Path, man=None) -> ModelShape:
+    """An engine directory's shape (its manifest: `man` when the caller has read it)."""
+    from ...export.manifest import read_manifest
 
-    man = read_manifest(d, check_files=False)
+    man = man if man is not None else read_manifest(d, check_files=False)
     s = config_shape(man.target_config, d.name, int(man.layout["image_size"]), int(man.layout["max_prompt"]))
-    return replace(s, **engine_fields(raw_manifest(d), s))
+    return replace(s, **engine_fields(man.to_dict(), s))
 
 
 __all__ = ["DEFAULT_SIZE", "JANUS", "KNOWN", "checkpoint_shape", "config_shape", "engine_shape", "janus_shape",

@@ -17,7 +17,8 @@ head over the final normed hidden state. Logits are fp32 (B, S, codebook).
 Protocol (the one ChameleonTarget and the LlamaGen Transformer offer, so generic loops drive it):
 - `check_cond(cond)`, `null_cond(cond)`, `cfg_rows(cond, null)`: conditions are prompt ids, (ids,
   left-padding mask) or Prompts carrying a negative text's rows (cond.py).
-- `new_cache(batch, extra=0, max_len=None)`: sized for the prompt budget + one image + `extra`.
+- `new_cache(batch, max_len=None, dtype=None, *, extra=0, prompt_len=None, n_tokens=None)` (every target's
+  signature): sized for the prompt budget + one image + `extra`.
 - `prefill(cond, cache)`: writes the prompt, logits of its last position (B, 1, codebook).
 - `forward_tokens(tokens, positions, slots, mask, cache)`: image codes at RoPE `positions`,
   written at `slots`, attending through an explicit (tree) mask.
@@ -201,8 +202,8 @@ class JanusTarget(RotaryTarget, nn.Module):
 
         return split_cond(cond)[0].shape[1]
 
-    def new_cache(self, batch: int, extra: int = 0, max_len: Optional[int] = None,
-                  prompt_len: Optional[int] = None, dtype=None, n_tokens: Optional[int] = None) -> JanusCache:
+    def new_cache(self, batch: int, max_len: Optional[int] = None, dtype=None, *, extra: int = 0,
+                  prompt_len: Optional[int] = None, n_tokens: Optional[int] = None) -> JanusCache:
         """A cache for `batch` rows: prompt + one image (+ `extra` scratch slots for trees).
 
         Args:

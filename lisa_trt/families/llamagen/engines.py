@@ -13,15 +13,14 @@ graph are the generic `GraphDrafter` / `GraphGASV`, and every cache write is `_K
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 from ...config import find_multiple
 from ...engines.base import GraphRunner, check_static_len
-from ...engines.graph import Engines, GraphTarget, _contig, check_tokens, open_family_engines
+from ...engines.graph import Engines, GraphDecoder, GraphTarget, open_family_engines
 from ...errors import InputError
-from ...models.family import family_of
-from ...models.io_spec import Graph
 
 
 class LlamaGenGraphTarget(GraphTarget):
@@ -33,7 +32,7 @@ class LlamaGenGraphTarget(GraphTarget):
 
     def __init__(self, manifest, runners: dict):
         super().__init__(manifest, runners)
-        self.family = family_of(self.config)
+        self.family = manifest.model_family  # looked up once per Manifest
         self.max_positions = self.config.seq_len
         # the verify engine's seq capacity (a "prefill" profile may exceed the cache's tree slots)
         self.max_tree = min(getattr(self._verify, "seq_capacity", manifest.max_tree), manifest.max_tree)
@@ -52,10 +51,14 @@ class LlamaGenGraphTarget(GraphTarget):
     def prompt_len(self, cond) -> int:
         return self.config.cls_token_num
 
-    def new_cache(self, batch: int, extra: int = 0, dtype=None, *, prompt_len=None, n_tokens=None):
-        """A KVCache of the engines' static length (>= round_up(seq_len + extra, 8)); prompt_len /
-        n_tokens (the generic loops pass them) are implied by the config."""
-        need = find_multiple(self.config.seq_len + extra, 8)
+    def new_cache(self, batch: int, max_len: Optional[int] = None, dtype=None, *, extra: int = 0,
+                  prompt_len: Optional[int] = None, n_tokens: Optional[int] = None):
+        """A KVCache of the engines' static length (>= round_up(max_len + extra, 8), max_len the whole
+        sequence by default: the targets' one new_cache signature); prompt_len / n_tokens (the
+        generic loops pass them) are implied by the config."""
+        from .model import committed_len
+
+        need = find_multiple(committed_len(self.config, max_len) + extra, 8)
         check_static_len(need, self.max_cache_len, f"a cache with {extra} extra slots",
                          f"re-export with a larger --max-tree (exported with max_tree {self.manifest.max_tree}) "
                          "or use a smaller tree budget")
@@ -99,18 +102,12 @@ class LlamaGenGraphTarget(GraphTarget):
         return TargetOutput(last["logits"], last["taps"] if taps else None, last["hidden"])
 
 
-class GraphVQ:
+class GraphVQ(GraphDecoder):
     """The VQ decoder graph: token ids (B, h*w) -> images (B, 3, H, W) in about [-1, 1]."""
 
     def __init__(self, manifest, runner: GraphRunner):
-        self.config = manifest.vq_config
+        super().__init__(manifest, runner)
         self.grid = manifest.target_config.grid_size
-        self.runners = {Graph.VQ_DECODE: runner}
-        self._run = runner
-        self.device = runner.device
-
-    def close(self) -> None:
-        self._run.close()
 
     def tokens_to_pixels(self, tokens: torch.Tensor) -> torch.Tensor:
         """Codes (B, h*w) or (B, h, w) -> images (decode_code): the family hook's decoder call."""
@@ -122,8 +119,7 @@ class GraphVQ:
         B, N = indices.shape
         if N != self.grid * self.grid:
             raise InputError(f"expected {self.grid * self.grid} tokens per image, got {N}")
-        check_tokens(indices, self.config.codebook_size)
-        return self._run.run(dict(image_tokens=_contig(indices, torch.int64, self.device)), ["images"])["images"]
+        return self._decode(indices, self.config.codebook_size)
 
 
 def open_engines(man, backend: str = "ort", **options) -> Engines:

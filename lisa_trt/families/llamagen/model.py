@@ -14,7 +14,6 @@ Entry points (docs/design.md principle 4, explicit modes):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
@@ -37,6 +36,17 @@ from ...models.rope import precompute_freqs_cis_2d
 from .config import TargetConfig
 
 Cond = Union[torch.Tensor, tuple]
+
+
+def committed_len(cfg, max_len: Optional[int]) -> int:
+    """The committed tokens a LlamaGen cache holds: the whole sequence (condition prefix + image,
+    seq_len) unless `max_len` asks for more; InputError for less (the loops commit them all)."""
+    if max_len is None:
+        return cfg.seq_len
+    if int(max_len) < cfg.seq_len:
+        raise InputError(f"max_len {max_len} is shorter than the sequence ({cfg.seq_len}: the condition prefix and "
+                         "the image): a LlamaGen cache holds the whole sequence; leave max_len out")
+    return int(max_len)
 
 
 class TransformerBlock(nn.Module):
@@ -193,12 +203,14 @@ class Transformer(nn.Module):
         """Cache slots the prefill of `cond` writes (the class / caption prefix)."""
         return self.config.cls_token_num
 
-    def new_cache(self, batch: int, extra: int = 0, dtype=None, *, prompt_len=None, n_tokens=None) -> KVCache:
-        """A cache for `batch` rows holding the full sequence plus `extra` scratch slots.
+    def new_cache(self, batch: int, max_len: Optional[int] = None, dtype=None, *, extra: int = 0,
+                  prompt_len: Optional[int] = None, n_tokens: Optional[int] = None) -> KVCache:
+        """A cache for `batch` rows holding `max_len` committed tokens (default: the full sequence,
+        condition prefix + image) plus `extra` scratch slots (the targets' one new_cache signature).
 
         prompt_len / n_tokens (the generic loops pass them) are implied by the config here."""
         p = self.output.weight
-        return KVCache(self.config, batch, find_multiple(self.config.seq_len + extra, 8),
+        return KVCache(self.config, batch, find_multiple(committed_len(self.config, max_len) + extra, 8),
                        dtype or p.dtype, p.device)
 
     def prefill(self, cond: Cond, cache: KVCache, taps: bool = False) -> TargetOutput:

@@ -79,13 +79,14 @@ def checkpoint_shape(path, image_size=None, prompt_len=None) -> ModelShape:
     return replace(s, prompt_len=prompt_len or s.prompt_len)
 
 
-def engine_shape(d: Path) -> ModelShape:
-    """An engine directory's shape (its manifest; the decoder's size from its exported weights)."""
+def engine_shape(d: Path, man=None) -> ModelShape:
+    """An engine directory's shape (its manifest: `man` when the caller has read it; the decoder's
+    size from its exported weights)."""
     from ...models.io_spec import Graph
     from ...deploy.model_shapes import target_copies
-    from ...export.manifest import raw_manifest, read_manifest
+    from ...export.manifest import read_manifest
 
-    man = read_manifest(d, check_files=False)
+    man = man if man is not None else read_manifest(d, check_files=False)
     s = config_shape(man.target_config, d.name)
     dc = man.drafter_config
     prec = man.quantization if man.quantization != "none" else man.precision
@@ -103,7 +104,7 @@ def engine_shape(d: Path) -> ModelShape:
                    draft_ffn=dc.ffn_hidden if dc else 0,
                    vq_ch=vq.ch * vq.decoder_ch_mult[0] if vq else s.vq_ch,
                    codes=int((man.tables or {}).get("vocab_size") or s.codes),
-                   target_copies=target_copies(raw_manifest(d), s.family))
+                   target_copies=target_copies(man.to_dict(), s.family))
 
 
 __all__ = ["DEFAULT_SIZE", "KNOWN", "NAMES", "checkpoint_shape", "config_shape", "engine_shape", "known_shape"]

@@ -16,7 +16,6 @@ def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gi
     from ..conditions import precheck_prompts
     from ..outputs import save_run
     from ..pipeline import Pipeline
-    from ..prompts import parse_prompts
 
     engine_dir, backend, s, man = rc.given["model"], rc.backend, rc.given["sampling"], rc.manifest
     gpu_backend = backend == "trt" or (backend == "auto" and engines_built(engine_dir, man))
@@ -31,10 +30,7 @@ def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gi
     precheck_prompts(rc.source, prompts, encoder_dir, manifest=man, family=rc.family)
     pipe = Pipeline.from_dir(rc.source, backend=rc.backend, threads=threads, text_encoder=encoder_dir,
                              manifest=man, family=rc.family)
-    cfg = pipe.config
-    classes = getattr(pipe.family.conditioning(cfg), "num_classes", None) or 0  # the ClassLabels kind's
-    ps = parse_prompts(prompts, model_type=cfg.model_type, num_classes=classes, class_names=pipe.class_names,
-                       family=pipe.family)
+    ps = pipe.conditions.parse_file(prompts, pipe.class_names)  # the prompts file in its kind's line format
     if rc.method is None:
         echo(f"verify auto: {pipe.resolve_verify(rc.verify)[2]}")
     res = pipe.generate(ps, seed=rc.seed, verify=rc.method or rc.verify, cfg_scale=s["cfg_scale"],

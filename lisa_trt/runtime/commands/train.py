@@ -6,7 +6,6 @@ import sys
 import time
 from pathlib import Path
 
-from ..conditions import CaptionConditions, PromptConditions
 
 LOSS_TERMS = ("selection", "soft_gate", "veto", "truncated_ce", "kd")
 
@@ -28,11 +27,8 @@ def _data_config(rc, vqm, out_dir, o: dict):
     from ...train.data import DataConfig
 
     tc, source, token_file = rc.target.config, o["data"], o["token_file"]
-    caption_file = None
-    if isinstance(rc.conditions, CaptionConditions):  # captions encoded before any data work
-        from ...text.train import training_caption_file
-
-        caption_file = training_caption_file(tc, o["captions"], o["encoder_dir"], out_dir, source)
+    # captions encoded before any data work (None: the kind trains on no captions)
+    caption_file = rc.conditions.training_captions(tc, o["captions"], o["encoder_dir"], out_dir, source)
     if source == "images":
         from ...train.data import encode_image_folder
 
@@ -66,32 +62,6 @@ def _check_capabilities(fam, o: dict) -> None:
                          f"(target rollouts of the prompts), not --data {o['data']}; see docs/families.md")
 
 
-def _prompted_data(rc, out_dir, o: dict):
-    """(DataConfig, Request, held-out Request | None) of a prompted family: the family's
-    self-distillation defaults, the given values, and (when OUT already holds a run) the rollout
-    settings of its first start. The held-out request: `--eval-images` of the held-out captions
-    (the list's last `eval_samples`, cycled), for decoding MAL with seeds the rollouts never used."""
-    import json
-
-    from ...train.data import DataConfig
-    from ..prompts import caption_list
-
-    fam, d = rc.family, rc.family.train_defaults
-    n = o["num_samples"] if o["num_samples"] is not None else d.get("num_samples", DataConfig.num_samples)
-    data = dict(num_samples=n, cfg_scale=rc.sampling.cfg_scale, top_k=rc.sampling.top_k, features=o["features"],
-                gen_batch=d.get("gen_batch", DataConfig.gen_batch), eval_samples=n // 8)
-    saved = Path(out_dir) / "train_config.json"
-    if saved.is_file():  # a run keeps the rollouts of its first start
-        first = json.loads(saved.read_text()).get("data", {})
-        data.update({k: first[k] for k in data if k in first})
-    texts = caption_list(fam, o["captions_file"], data["num_samples"] + data["eval_samples"])
-    request = rc.request(texts, cfg=True)
-    held = texts[data["num_samples"]:] or texts
-    k = o["eval_images"]
-    held_out = rc.request((held * (k // len(held) + 1))[:k], cfg=True) if k else None
-    return DataConfig(**data), request, held_out
-
-
 def train(rc, *, out_dir, vq, vq_config, echo, **o):
     """The run's family trains (train/trainer.py, train/medusa.py); writes the drafter, logs and eval."""
     _check_capabilities(rc.family, o)
@@ -99,12 +69,9 @@ def train(rc, *, out_dir, vq, vq_config, echo, **o):
     rc = rc.load(counts=counts, counts_or_zero={"--eval-images": o["eval_images"]},
                  dirs={"--out run directory": out_dir}, captions=o["captions"], encoder_dir=o["encoder_dir"])
     _check_capabilities(rc.family, o)
-    request, held_out = None, None
     vqm, codebook = _codebook(rc, vq, vq_config, o["loss"])
-    if isinstance(rc.conditions, PromptConditions):  # rollouts of the prompter's requests, not a DataConfig source
-        data, request, held_out = _prompted_data(rc, out_dir, o)
-    else:
-        data = _data_config(rc, vqm, out_dir, o)
+    rollouts = rc.conditions.training_rollouts(rc, out_dir, o)  # a prompter's requests, or None: a DataConfig source
+    data, request, held_out = rollouts if rollouts is not None else (_data_config(rc, vqm, out_dir, o), None, None)
     cfg = _train_config(rc, o, data, prompted=request is not None)
     start, t0 = _step_done(out_dir), time.perf_counter()
     result = _fit(rc.target, codebook, cfg, out_dir, o, echo, request, held_out)
