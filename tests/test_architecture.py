@@ -218,3 +218,13 @@ def test_the_length_check_sees_a_long_function(tmp_path):
     (pkg / "m.py").write_text(f"def long():\n{body}\n\n\n@triton.jit\ndef kernel():\n{body}\n\n\n"
                               f"def k2():\n{body}\n\n\nK2 = triton.jit(k2)\n")
     assert long_functions(pkg) == [f"pkg/m.py:1 long ({MAX_FUNCTION_LINES + 1} lines)"]
+
+
+def test_no_change_history_in_the_package():
+    """Docstrings and comments say what the code is, not which issue changed it (git log keeps that)."""
+    import re
+
+    pat = re.compile(r"\b[Ii]ssue #?\d+")
+    hits = [f"{p.relative_to(ROOT.parent)}:{n}" for p in sorted(ROOT.rglob("*.py"))
+            for n, line in enumerate(p.read_text().splitlines(), 1) if pat.search(line)]
+    assert hits == []

@@ -1,4 +1,4 @@
-"""Medusa heads: a second drafter architecture (issue 11 item 4; the paper's LISA-Medusa ablation).
+"""Medusa heads: a second drafter architecture (the paper's LISA-Medusa ablation).
 
 k heads read the TARGET's last (normed) hidden state h_t, the one whose LM-head logits predict
 token t+1. Head i is a residual block plus its own output layer and predicts token t + 2 + i:
