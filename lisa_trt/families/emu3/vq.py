@@ -91,8 +91,9 @@ class ResBlock(nn.Module):
         return (self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x) + h
 
 
-class Attention(nn.Module):
-    """Non-causal multi-head self-attention over the h*w positions (Linear projections)."""
+class SpatialAttention(nn.Module):
+    """The decoder's non-causal multi-head self-attention over the h*w positions of a feature map
+    (Linear projections with bias; not the targets' causal, cached models/layers.Attention)."""
 
     def __init__(self, dim: int, heads: int):
         super().__init__()
@@ -110,7 +111,7 @@ class Attention(nn.Module):
         return self.out_proj((w @ v).transpose(1, 2).reshape(B, N, C))
 
 
-def attend(attn: Attention, norm: SpatialNorm, h, q):
+def attend(attn: SpatialAttention, norm: SpatialNorm, h, q):
     """h + attention over the normalised h (B, C, hh, ww)."""
     B, C, hh, ww = h.shape
     x = norm(h, q).view(B, C, hh * ww).transpose(1, 2)
@@ -121,7 +122,7 @@ class MiddleBlock(nn.Module):
     def __init__(self, c: Emu3VQConfig, ch: int):
         super().__init__()
         self.block_1 = ResBlock(ch, ch, c.embed_dim)
-        self.attn_1 = Attention(c.hidden_size, c.num_attention_heads)
+        self.attn_1 = SpatialAttention(c.hidden_size, c.num_attention_heads)
         self.attn_norm = SpatialNorm(c.embed_dim, ch)
         self.block_2 = ResBlock(ch, ch, c.embed_dim)
 
@@ -147,7 +148,7 @@ def _up_levels(c: Emu3VQConfig) -> nn.ModuleList:
         up.block = nn.ModuleList(ResBlock(cin if i == 0 else cout, cout, c.embed_dim)
                                  for i in range(c.num_res_blocks + 1))
         with_attn = lvl in c.attn_resolutions
-        up.attn = nn.ModuleList(Attention(c.hidden_size, c.num_attention_heads)
+        up.attn = nn.ModuleList(SpatialAttention(c.hidden_size, c.num_attention_heads)
                                 for _ in range(c.num_res_blocks + 1 if with_attn else 0))
         up.attn_norms = nn.ModuleList(SpatialNorm(c.embed_dim, cout) for _ in range(len(up.attn)))
         if lvl != 0:
