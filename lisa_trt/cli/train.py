@@ -23,9 +23,11 @@ _T = _defaults()
 @opt.vq_options("VQ checkpoint (codebook geometry for the LISA loss); 'demo' for the demo.")
 @opt.out_option("Run directory (resumed if it has checkpoints).", required=True)
 @click.option("--loss", type=click.Choice(["lisa", "lisa-paper", "lisa-soft", "lisa-mean", "lisa-additive", "lisa-ext",
-                                          "eagle3", "eagle1"]), default="lisa", show_default=True,
-              help="LISA locality-informed loss (lisa = lisa-paper; lisa-*: extensions, docs/spec/lisa.md), or the "
-                   "EAGLE-3 / EAGLE-1 baselines.")
+                                          "eagle3", "eagle1"]), default="eagle3", show_default=True,
+              help="eagle3: the EAGLE-3 loss (the default: it tied or beat every LISA form on the demo in every "
+                   "sampling regime measured, docs/drafters.md); lisa = lisa-paper: the paper's locality-informed "
+                   "loss; lisa-*: its extensions (docs/spec/lisa.md; lisa-additive keeps every position's "
+                   "supervision); eagle1: the EAGLE-1 baseline.")
 @click.option("--steps", type=int, default=None, help=f"Optimiser steps (default {_T.steps}).")
 @click.option("--batch-size", type=int, default=None,
               help=f"Global batch in sequences, split over DDP ranks (default {_T.batch_size}).")

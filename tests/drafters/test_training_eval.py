@@ -50,3 +50,7 @@ def test_loss_off_switches():
     assert not LossConfig(kind="lisa", **sw).needs_codebook
     with pytest.raises(InputError, match="loss-off"):
         _loss_switches("gate")
+    assert _loss_switches("kd", "lisa-additive") == {"kd": False}
+    assert _loss_switches("", "eagle3") == {}
+    with pytest.raises(InputError, match="--loss eagle3 has none"):  # the default loss has no LISA terms
+        _loss_switches("kd", "eagle3")

@@ -58,7 +58,7 @@ def test_ttt_unroll_equals_chain_drafting_through_the_cache(target):
 
 
 def test_two_step_training_run(tmp_path, target, codebook):
-    cfg = small_cfg(target_name="tiny")
+    cfg = small_cfg(target_name="tiny", loss=LossConfig())  # the paper's LISA form: its statistics are logged
     res = train_drafter(target, codebook, cfg, tmp_path, progress=False)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2]
@@ -164,7 +164,9 @@ def test_token_file_cached_features_and_baseline_losses(tmp_path, target, capsys
         assert torch.allclose(getattr(a, f).float(), getattr(b, f).float(), atol=1e-5), f
     assert D.estimate_cache_bytes(8, target.config) == 8 * 16 * 4 * 64 * 4
     with pytest.raises(ConfigError, match="needs the VQ codebook"):
-        train_drafter(target, None, small_cfg(data=data), tmp_path / "lisa", progress=False)
+        train_drafter(target, None, small_cfg(data=data, loss=LossConfig()), tmp_path / "lisa", progress=False)
+    # the default loss is EAGLE-3's (docs/drafters.md): it trains without the codebook
+    assert TrainConfig().loss == LossConfig(kind="eagle3") and small_cfg().loss.kind == "eagle3"
 
 
 def test_token_file_formats(tmp_path, target):

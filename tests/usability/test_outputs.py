@@ -66,10 +66,9 @@ def test_export_bundle_checks_before_work(tmp_path, monkeypatch):
     (out / "keep.txt").write_text("mine")
     called = []
     monkeypatch.setattr("lisa_trt.export.bundle.write_bundle", lambda *a, **k: called.append(1))
-    t0 = time.perf_counter()
     with pytest.raises(InputError, match="keep.txt"):
         export_bundle(None, None, None, None, out, progress=False)
-    assert time.perf_counter() - t0 < 5 and not called and (out / "keep.txt").read_text() == "mine"
+    assert not called and (out / "keep.txt").read_text() == "mine"  # refused before the writer ran
 
 
 def test_resume_hint_and_eval_format(tmp_path):

@@ -2,7 +2,6 @@
 
 import json
 import os
-import time
 
 import pytest
 from click.testing import CliRunner
@@ -67,14 +66,21 @@ def test_out_dir_must_be_empty_unless_overwrite(tmp_path):
 
 
 def _fails_fast(args, match, tmp_path, inp=None):
+    """The command refuses `args` before any work: no model runs a forward pass (every torch module
+    call raises here, which would end the command with exit 1, not the usage error's 2) and nothing
+    is written."""
+    import torch
+
+    def no_work(self, *a, **k):
+        raise AssertionError(f"{type(self).__name__} ran before the bad input was refused")
+
     before = sorted(p.name for p in tmp_path.iterdir())
-    t0 = time.perf_counter()
-    res = CliRunner().invoke(main, args, input=inp)
-    dt = time.perf_counter() - t0
-    assert res.exit_code == 2, res.output
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.nn.Module, "__call__", no_work)
+        res = CliRunner().invoke(main, args, input=inp)
+    assert res.exit_code == 2, (res.output, res.exception)
     assert match in res.output, res.output
     assert "Traceback" not in res.output
-    assert dt < 5.0, f"took {dt:.1f} s"
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # wrote nothing
     return res
 
@@ -142,13 +148,18 @@ def test_pipeline_generate_checks_sampling():
     import lisa_trt
     from lisa_trt.families.llamagen.model import Transformer
 
+    import torch
+
     pipe = lisa_trt.Pipeline.from_models(Transformer(lisa_trt.target_config("tiny")).eval())
+
+    def no_work(self, *a, **k):
+        raise AssertionError(f"{type(self).__name__} ran before the bad sampling setting was refused")
+
     for kw, match in ((dict(cfg_scale=-1.0), "cfg"), (dict(temperature=0.0), "temperature"),
                       (dict(top_p=2.0), "top-p"), (dict(top_k=10_000), "vocabulary")):
-        t0 = time.perf_counter()
-        with pytest.raises(InputError, match=match):
+        with pytest.MonkeyPatch.context() as mp, pytest.raises(InputError, match=match):
+            mp.setattr(torch.nn.Module, "__call__", no_work)  # refused before any forward pass
             pipe.generate([0], verify="vanilla", **kw)
-        assert time.perf_counter() - t0 < 1.0
 
 
 def test_fd_with_one_image_is_nan_not_a_crash():

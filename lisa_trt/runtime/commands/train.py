@@ -10,14 +10,19 @@ from pathlib import Path
 LOSS_TERMS = ("selection", "soft_gate", "veto", "truncated_ce", "kd")
 
 
-def loss_switches(text: str) -> dict:
-    """--loss-off "selection,kd" -> {"selection": False, "kd": False} (LossConfig switches)."""
+def loss_switches(text: str, loss: str = "lisa") -> dict:
+    """--loss-off "selection,kd" -> {"selection": False, "kd": False} (LossConfig switches of the
+    LISA recipe `loss`; InputError for switches given with a loss that has none)."""
     from ...errors import InputError
+    from ...train.losses import loss_recipe
 
     names = [n.strip() for n in (text or "").split(",") if n.strip()]
     bad = [n for n in names if n not in LOSS_TERMS]
     if bad:
         raise InputError(f"unknown LISA term(s) {bad} in --loss-off; valid: {', '.join(LOSS_TERMS)}")
+    if names and loss_recipe(loss).kind != "lisa":
+        raise InputError(f"--loss-off switches terms of the LISA loss; --loss {loss} has none: add --loss lisa "
+                         "(or a lisa-* recipe), or leave --loss-off out")
     return {n: False for n in names}
 
 
@@ -65,6 +70,7 @@ def _check_capabilities(fam, o: dict) -> None:
 def train(rc, *, out_dir, vq, vq_config, echo, **o):
     """The run's family trains (train/trainer.py, train/medusa.py); writes the drafter, logs and eval."""
     _check_capabilities(rc.family, o)
+    loss_switches(o["loss_off"], o["loss"])  # refused before any model loads
     counts = {"--" + n.replace("_", "-"): o[n] for n in ("steps", "batch_size", "num_samples", "checkpoint_every")}
     rc = rc.load(counts=counts, counts_or_zero={"--eval-images": o["eval_images"]},
                  dirs={"--out run directory": out_dir}, captions=o["captions"], encoder_dir=o["encoder_dir"])
@@ -102,7 +108,7 @@ def _train_config(rc, o: dict, data, *, prompted: bool):
         kw.setdefault("warmup_steps", min(50, (kw["steps"] or TrainConfig().steps) // 20))
     return TrainConfig(**{k: v for k, v in kw.items() if v is not None}, bf16=o["bf16"],
                        target_name=rc.family.name if prompted else str(rc.source),
-                       loss=loss_recipe(o["loss"], **loss_switches(o["loss_off"])), data=data)
+                       loss=loss_recipe(o["loss"], **loss_switches(o["loss_off"], o["loss"])), data=data)
 
 
 def _fit(target, codebook, cfg, out_dir, o: dict, echo, request=None, held_out=None) -> dict:
