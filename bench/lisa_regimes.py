@@ -527,13 +527,17 @@ def _plot_selection(ax, summary: dict) -> None:
 
 def _plot_paired(ax, matched: dict) -> None:
     """Each regime-matched loss's paired MAL difference to the EAGLE-3 loss (2 SE bars), per rule."""
-    for reg, s in matched.items():
-        names = sorted({lab.split(":")[0] for lab in s["rows"] if "vs_eagle3" in s["rows"][lab]})
-        for j, rule in enumerate(sorted({lab.split(":", 1)[1] for lab in s["rows"]}, key=lambda r: r != "exact")):
-            ps = [s["rows"][f"{n}:{rule}"]["vs_eagle3"] for n in names]
-            ax.errorbar([i + 0.15 * (2 * j - 1) for i in range(len(names))], [p["diff"] for p in ps],
-                        yerr=[2 * p["se"] for p in ps], fmt="o", capsize=3, label=f"{reg}: {rule}")
-        ax.set_xticks(range(len(names)), names, rotation=20, fontsize=7)
+    names = sorted({lab.split(":")[0] for s in matched.values() for lab in s["rows"] if "vs_eagle3" in s["rows"][lab]})
+    series = [(reg, rule) for reg, s in matched.items()
+              for rule in sorted({lab.split(":", 1)[1] for lab in s["rows"]}, key=lambda r: r != "exact")]
+    width = 0.8 / max(len(series), 1)
+    for j, (reg, rule) in enumerate(series):  # one marker per (regime, rule) beside each loss
+        s = matched[reg]
+        pts = [(i, s["rows"][f"{n}:{rule}"]["vs_eagle3"]) for i, n in enumerate(names)
+               if "vs_eagle3" in s["rows"].get(f"{n}:{rule}", {})]
+        ax.errorbar([i - 0.4 + width * (j + 0.5) for i, _ in pts], [p["diff"] for _, p in pts],
+                    yerr=[2 * p["se"] for _, p in pts], fmt="o", capsize=3, label=f"{reg.split(',')[0]}: {rule}")
+    ax.set_xticks(range(len(names)), names, rotation=20, fontsize=7)
     ax.axhline(0, color="k", lw=0.8)
     ax.set_ylabel("MAL minus the EAGLE-3 loss's (paired, bars 2 SE)")
     ax.set_title("regime-matched drafters, 256 images", fontsize=9)
@@ -566,8 +570,51 @@ def plot(summary: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def extend(previous: dict, summary: dict, decs: list) -> tuple:
+    """A recorded report (`previous`: its summary and decode_runs) extended by new regimes: the
+    new decode files' rows are added, a regime decoded again is replaced (its view kept), and the
+    recorded ones (whose run directories may be gone: their training statistics live in the
+    summary) are kept as they are. -> (summary, decode_runs)."""
+    new_keys = {_key(d) for d in decs}
+    old = [d for d in previous["decode_runs"] if _key(d) not in new_keys]
+    merged = dict(previous["summary"])
+    for key, s in summary.items():
+        view = merged.get(key, {}).get("view")
+        merged[key] = {**s, **({"view": view} if view is not None and "view" not in s else {})}
+    return merged, old + decs
+
+
+def matched_table(summary: dict) -> str:
+    """Loss x regime x rule over the regime-matched drafters (Markdown): MAL +- SE and the paired
+    difference to the EAGLE-3 loss per rule, drafter efficiency vs the oracle, class accuracy."""
+    out = ["| regime (U) | loss | exact MAL +- SE | d exact vs EAGLE-3 | efficiency | GASV MAL +- SE | "
+           "d GASV vs EAGLE-3 | class acc exact / GASV |", "|" + "---|" * 8]
+    for reg, s in summary.items():
+        if not reg.endswith(", matched"):
+            continue
+        names = sorted({lab.split(":")[0] for lab in s["rows"]}, key=lambda n: (n != "eagle3", n))
+        for name in names:
+            ex, gv = s["rows"].get(f"{name}:exact"), s["rows"].get(f"{name}:{GASV[0]}")
+
+            def cell(r, key):
+                p = (r or {}).get(key)
+                return "" if p is None else f"{p['diff']:+.3f} +- {p['se']:.3f}{' *' if p['beyond_2se'] else ''}"
+
+            def mal(r):
+                return "" if r is None else f"{r['mal']:.3f} +- {r['mal_se']:.3f}"
+
+            eff = f"{ex['efficiency']:.3f} +- {ex['efficiency_se']:.3f}" if ex and "efficiency" in ex else ""
+            acc = " / ".join(f"{r['class_acc']:.2f}" for r in (ex, gv) if r is not None)
+            out.append(f"| {reg.split(',')[0]} ({s['U']:.2f}) | {name} | {mal(ex)} | {cell(ex, 'vs_eagle3')} | {eff} | "
+                       f"{mal(gv)} | {cell(gv, 'vs_eagle3')} | {acc} |")
+    out.append("\n`*`: paired per-image difference beyond 2 standard errors; efficiency: MAL / the oracle "
+               "drafter's exact MAL on the images it decoded.")
+    return "\n".join(out)
+
+
 def report(a) -> None:
-    """Join the decode files (one per regime) into --json (+ --plot) and print the table."""
+    """Join the decode files (one per regime) into --json (+ --plot) and print the tables; with
+    --previous, extend a recorded report (bench/lisa_regimes.json) by the new regimes."""
     from lisa_trt.io import write_json
 
     files = [json.loads(Path(f).read_text()) for f in a.files]
@@ -575,13 +622,21 @@ def report(a) -> None:
     summary = {_key(d): summarize_regime(d, Path(a.runs)) for d in decs}
     for v in (f for f in files if "results" not in f):
         add_view(summary, v)
-    summary = dict(sorted(summary.items(), key=lambda kv: kv[1]["U"]))
     notes = json.loads(Path(a.notes).read_text()) if a.notes else {}
-    write_json(a.json, {"settings": {"command": " ".join(["python"] + sys.argv), **notes},
-                        "summary": summary, "decode_runs": decs})
+    settings = {"command": " ".join(["python"] + sys.argv), **notes}
+    if a.previous:
+        prev = json.loads(Path(a.previous).read_text())
+        summary, decs = extend(prev, summary, decs)
+        settings = {**prev["settings"], **notes, "extended_by": settings["command"],
+                    "previous_command": prev["settings"].get("command")}
+        settings.pop("command", None)
+    summary = dict(sorted(summary.items(), key=lambda kv: kv[1]["U"]))
+    write_json(a.json, {"settings": settings, "summary": summary, "decode_runs": decs})
     if a.plot:
         plot(summary, Path(a.plot))
     print(markdown(summary))
+    print()
+    print(matched_table(summary))
 
 
 def main(argv=None):
@@ -624,6 +679,8 @@ def main(argv=None):
     r.add_argument("--json", required=True)
     r.add_argument("--plot", default=None)
     r.add_argument("--notes", default=None, help="a JSON file of settings to record (machine state, budget)")
+    r.add_argument("--previous", default=None, metavar="JSON",
+                   help="a recorded report (bench/lisa_regimes.json) to extend by these decode files")
     r.add_argument("--ablation", default=None, metavar="JSON",
                    help="add t1.0-cfg2 (the shipped drafters) from bench/lisa_ablation.json")
     a = ap.parse_args(argv)

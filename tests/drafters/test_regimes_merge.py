@@ -110,3 +110,49 @@ def test_merge_joins_shards_of_other_drafters_on_the_same_rounds(regimes, tmp_pa
     c = _shard(tmp_path / "c.json", 0, {"eagle3:exact": [1.0, 1.0]})
     with pytest.raises(SystemExit, match="decoded twice"):
         regimes.main(["merge", a, c, "--json", str(tmp_path / "m2.json")])
+
+
+def _decoded(regimes, tmp_path, name, regime, mal):
+    """A merged decode file of `regime` with the oracle and `mal` {label: per-image MAL}."""
+    path = _shard(tmp_path / f"{name}.json", 0, {"oracle:exact": [2.0] * 4, **mal})
+    d = json.loads(Path(path).read_text())
+    d["settings"].update(regime=regime, images=4, sampling={})
+    for r in d["results"].values():
+        r.update(mal_se=0.01, class_acc=0.5, class_acc_se=0.1)
+    Path(path).write_text(json.dumps(d))
+    return path
+
+
+def test_report_extends_a_recorded_report_by_new_regimes(regimes, tmp_path):
+    """`report --previous` keeps the recorded regimes (their rows, views and training statistics),
+    adds the new one, replaces a regime decoded again (keeping its view), and the loss x regime x
+    rule table pairs every loss with the EAGLE-3 loss of its own regime."""
+    g = regimes.GASV[0]
+    old = _decoded(regimes, tmp_path, "old", "t1.6-cfg1", {"eagle3:exact": [1.0, 1.2, 1.0, 1.2],
+                                                           "lisa-paper:exact": [0.9, 1.1, 0.9, 1.1]})
+    first = tmp_path / "first.json"
+    regimes.main(["report", old, "--runs", str(tmp_path), "--json", str(first)])
+    rec = json.loads(first.read_text())
+    rec["summary"]["t1.6-cfg1, matched"]["view"] = {"U": 0.7, "marker": 1}
+    rec["summary"]["t1.6-cfg1, matched"]["drafters"] = {"eagle3": {"wall_s": 1.0}}  # its runs are gone
+    first.write_text(json.dumps(rec))
+    new = _decoded(regimes, tmp_path, "new", "t1.3-cfg2", {"eagle3:exact": [1.5] * 4, f"eagle3:{g}": [2.0] * 4,
+                                                           "lisa-paper:exact": [1.6] * 4, f"lisa-paper:{g}": [1.9] * 4})
+    out = tmp_path / "out.json"
+    regimes.main(["report", new, "--runs", str(tmp_path), "--previous", str(first), "--json", str(out)])
+    r = json.loads(out.read_text())
+    assert set(r["summary"]) == {"t1.6-cfg1, matched", "t1.3-cfg2, matched"}
+    kept = r["summary"]["t1.6-cfg1, matched"]
+    assert kept["view"]["marker"] == 1 and kept["drafters"] == {"eagle3": {"wall_s": 1.0}}
+    assert [d["settings"]["regime"] for d in r["decode_runs"]] == ["t1.6-cfg1", "t1.3-cfg2"]
+    assert r["settings"]["previous_command"].startswith("python") and "extended_by" in r["settings"]
+    row = r["summary"]["t1.3-cfg2, matched"]["rows"][f"lisa-paper:{g}"]["vs_eagle3"]
+    assert row["diff"] == pytest.approx(-0.1)  # paired with t1.3-cfg2's EAGLE-3 loss, not t1.6-cfg1's
+    table = regimes.matched_table(r["summary"])
+    assert "| t1.3-cfg2 (" in table and "| t1.6-cfg1 (" in table and "-0.100" in table
+    again = _decoded(regimes, tmp_path, "again", "t1.6-cfg1", {"eagle3:exact": [1.0] * 4,
+                                                               "lisa-additive:exact": [1.05] * 4})
+    regimes.main(["report", again, "--runs", str(tmp_path), "--previous", str(out), "--json", str(out)])
+    r2 = json.loads(out.read_text())["summary"]["t1.6-cfg1, matched"]
+    assert "lisa-additive:exact" in r2["rows"] and "lisa-paper:exact" not in r2["rows"]  # decoded again: replaced
+    assert r2["view"]["marker"] == 1  # its view is kept
