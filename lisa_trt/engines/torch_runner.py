@@ -1,5 +1,5 @@
 """The torch backend: the export wrappers (export/onnx.py's *Graph modules, the family's target and VQ
-wrappers from its ExportFamily.graph_module) run eagerly.
+wrappers from its ExportFamily.graph_module, the ones its bundle traced) run eagerly, for every family.
 
 Each runner calls the same `compute(named inputs) -> named outputs` the ONNX exporter traces,
 over the PyTorch models rebuilt from the bundle's shared weights file (export/weights.py; or its
@@ -103,8 +103,10 @@ class TorchBackend(Backend):
         return Path(self.manifest.dir) / self.manifest.files[key]
 
     def _prepare(self, m):
+        from ..export.memory import half_in_place  # the fp16 graphs' tensors: RoPE tables stay fp32
+
         m = m.to(self._device).eval()
-        return m.half() if self.manifest.precision == "fp16" else m
+        return half_in_place(m) if self.manifest.precision == "fp16" else m
 
     def _model(self, what: str):
         if what in self._models:
@@ -130,10 +132,10 @@ class TorchBackend(Backend):
             from ..export.weights import model_from_bundle
 
             m = model_from_bundle(man, "vq").to(self._device).eval()
-        else:  # tables, bound to the target head
+        else:  # tables, bound to the head rows they cover (the family's sub-vocabulary, or the whole head)
             from ..calibration.tables import load_tables
 
-            m = load_tables(self._file("tables"), self._model("target").output.weight.float())
+            m = man.export_family.bind_tables(load_tables(self._file("tables")), self._model("target"))
         self._models[what] = m
         return m
 
@@ -154,7 +156,7 @@ class TorchBackend(Backend):
         elif graph is Graph.DRAFTER_COMMIT:
             module = X.DrafterCommitGraph(self._model("drafter"))
         elif graph is Graph.GASV:
-            module = X.GASVGraph(self._model("tables")).to(self._device)
+            module = X.GASVGraph(self._model("tables"), spec).to(self._device)
         if module is None:
             raise InputError(f"the torch backend has no wrapper for {graph.value}")
         mode = self._mode if graph.value in COMPILED_GRAPHS else None

@@ -63,12 +63,45 @@ class ExportFamily:
         cache length, checked tables, static layout and files. Raise InputError before any work."""
         raise NotImplementedError(f"the {self.name} export family does not say which graphs it exports")
 
+    # True when `--torch-weights` (export/bundle.ExportOptions) writes fp32 copies of the family's
+    # models that its loaders read back (ModelFamily.load_target / load_decoder of one file); False:
+    # refused, the torch backend rebuilding its models from the shared weights file alone
+    torch_weights_copy: bool = True
+
     def graph_module(self, graph: Graph, model, cfg, cache_len: int):
         """The wrapper module (export/onnx._NamedGraph) of one of the family's target / VQ graphs over
-        `model` (the target; the decoder for Graph.VQ_DECODE): what the family's bundle traces and the
-        torch backend (engines/torch_runner.py) runs eagerly. cfg: the target configuration;
-        cache_len: the export's static cache length. None: the family offers none for `graph`."""
+        `model` (the target; the decoder for Graph.VQ_DECODE): what the family's bundle traces
+        (`graph_builders`) and the torch backend (engines/torch_runner.py) runs eagerly. cfg: the
+        target configuration; cache_len: the export's static cache length. None: the family offers
+        none for `graph`."""
         return None
+
+    def graph_builders(self, cfg, cache_len: int, vq=None) -> tuple:
+        """(BundleGraphs.target, BundleGraphs.vq) of an export, both from `graph_module` (the one
+        place a family's wrappers are made, for the exporter and the torch backend alike): the
+        prefill and verify wrappers over the target being traced (its precision copy,
+        export/memory.resolve), the decoder's over `vq` (None: no decoder graph)."""
+        from .memory import resolve
+
+        def target(t_exp, precision):
+            return [(g, lambda g=g: self.graph_module(g, resolve(t_exp), cfg, cache_len), precision)
+                    for g in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY)]
+
+        decoder = (lambda: self.graph_module(Graph.VQ_DECODE, vq.eval(), cfg, cache_len)) if vq is not None else None
+        return target, decoder
+
+    def tables_sub_vocab(self, target):
+        """The sub-vocabulary (models/family.SubVocab) whose head rows the family's GASV tables cover;
+        None: the whole head."""
+        return None
+
+    def bind_tables(self, tables, target):
+        """A bundle's (unbound) GASV tables bound to the rows of `target`'s head they cover
+        (`tables_sub_vocab`, calibration.tables.head_rows), in fp32: what the torch backend and a
+        Pipeline over a bundle's PyTorch models run GASV with."""
+        from ..calibration.tables import head_rows
+
+        return tables.bind(head_rows(target, self.tables_sub_vocab(target)).float())
 
     def export_patches(self, model) -> dict:
         """{attribute: replacement} shadowing `model`'s data-dependent host checks while it is traced

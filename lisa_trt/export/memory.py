@@ -280,6 +280,19 @@ def spill_reference(module, directory) -> int:
     return need
 
 
+def half_in_place(module):
+    """`module` converted to fp16 in place, to the tensors `half_copy` gives: floating parameters and
+    buffers halved, its top-level RoPE tables (FP32_BUFFERS, buffers or plain attributes) kept fp32.
+    The torch backend's fp16 models (engines/torch_runner.py): what the fp16 graphs compute with."""
+    import torch
+
+    keep = {n: getattr(module, n).float() for n in FP32_BUFFERS if torch.is_tensor(getattr(module, n, None))}
+    module.half()
+    for name, t in keep.items():
+        setattr(module, name, t)
+    return module
+
+
 def half_copy(module, spill: Optional[Spill] = None):
     """An fp16 copy of `module` (floating parameters and buffers halved; its top-level RoPE tables
     FP32_BUFFERS kept fp32), made tensor by tensor: the peak is the fp16 copy, never a second fp32

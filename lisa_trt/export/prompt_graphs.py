@@ -4,17 +4,20 @@ condition prefix (engines/prompt_graph.py runs what these export).
 
     class MyGraphs(PromptExportFamily): ...              # a family's ExportFamily: specs, axes, inputs, references
     spec = prompt_prefill_spec(n_layer)                  # token inputs + past -> last-position outputs
-    g = PromptStepGraph(model, spec, embed, last_only)   # model._run over host-made positions / slots / mask
+    g = xf.graph_module(Graph.TARGET_VERIFY, model, cfg, L)   # a PromptStepGraph: model._run over host-made
+                                                         # positions / slots / mask (export and torch backend)
     tables = check_bundle_artifacts(target, drafter, tables, code_ids)   # made for this target, bound
-    graphs = xf.prompt_bundle(target, tables, target_graphs=..., ...)   # its BundleGraphs (export/bundle.py)
+    graphs = xf.prompt_bundle(target, tables, vq, opts, ...)  # its BundleGraphs (export/bundle.py)
     x = prompt_prefill_inputs(spec, dims, vocab, seed=0) # a valid left-padded batch (validation)
     L = prompt_cache_len(max_prompt, n_tokens, max_tree) # the static cache length of one export
 
 Both target graphs take the verify graph's token inputs (input_ids, position_ids, cache_slots,
 attention_mask): the host computes positions, slots and the mask exactly as the torch target's
 prefill / forward_tokens do (models/prompts.prefill_plan), so the graphs carry no family logic
-beyond the model. A family supplies `embed` (its prompt or image-token embedding) and a target
-with `_run(h, positions, mask, cache, slots, taps, last_only=...)`.
+beyond the model. A family supplies its embeddings (`prompt_embed` for the prefill, `verify_embed`),
+its decoder's wrapper (`graph_module` for Graph.VQ_DECODE) and a target with
+`_run(h, positions, mask, cache, slots, taps, last_only=...)`; the torch backend runs the same
+wrappers over the models it rebuilds from the bundle's shared weights file.
 """
 
 from __future__ import annotations
@@ -63,8 +66,11 @@ class PromptExportFamily(ExportFamily):
     validation inputs (prompt ids drawn from `prompt_vocab_size`, image codes from the head's
     vocabulary, VQ codes from the decoder's declared `n_codes`) and the references (the torch target's
     prefill / forward_tokens, the family's `codes_to_pixels`). A family subclass names itself,
-    says how its manifests give back its configurations (target_config, vq_config), and answers
-    its bundle's graphs (`bundle_graphs`, usually through `prompt_bundle`)."""
+    says how its manifests give back its configurations (target_config, vq_config), embeds its
+    prompts and tokens (`prompt_embed`, `verify_embed`), adds its decoder's wrapper to
+    `graph_module`, and answers its bundle's graphs (`bundle_graphs`, usually through `prompt_bundle`).
+    Its bundles open on the torch backend (its ModelFamily answers target_from_state /
+    decoder_from_state)."""
 
     engines_module = "lisa_trt.engines.prompt_graph"  # GraphPromptTarget, GraphGridVQ (token-prompt targets)
     default_max_prompt = DEFAULT_MAX_PROMPT
@@ -72,21 +78,44 @@ class PromptExportFamily(ExportFamily):
     prefill_doc = "left-padded prompt -> cache slots [0, T); outputs at its last position"
     gasv_axis = "vocab"  # GASV's vocabulary axis: the head's ("vocab"), or a sub-vocabulary's own ("codes")
     vq_doc = "VQ decoder"
+    torch_weights_copy = False  # the torch backend reads the shared weights file (HF loaders read directories)
 
-    def prompt_bundle(self, target, tables, *, target_graphs, vq_graph, layout: dict, max_cache_len: int,
-                      source, files: tuple):
-        """The BundleGraphs of a token-prompt family (export/bundle.py): its two target graphs, the
-        drafter's project / step graphs (the prompt loops commit through them: no commit graph), GASV
-        over the tables' vocabulary, the decoder graph, the static `layout`, the checkpoint `files`
-        (config.json first) copied from the target's source directory (else `source`), and the
-        tables without the bound head (the runner binds them)."""
+    def prompt_embed(self, model, ids):
+        """The prefill graph's input embedding (traced, no host checks): prompt ids (B, T) ->
+        (B, T, dim); default the verify graph's (`verify_embed`)."""
+        return self.verify_embed(model, ids)
+
+    def graph_module(self, graph, model, cfg, cache_len):
+        """A PromptStepGraph over the target for the prefill (`prompt_embed`, outputs at the last
+        position) and the verify graph (`verify_embed`); None for other graphs (a family adds its
+        decoder's)."""
+        if graph not in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY):
+            return None
+        prefill = graph is Graph.TARGET_PREFILL
+        embed = self.prompt_embed if prefill else self.verify_embed
+        return PromptStepGraph(model, self.graph_spec(graph, cfg), embed, last_only=prefill)
+
+    def prompt_bundle(self, target, tables, vq, opts, *, layout: dict, max_cache_len: int, source, files: tuple):
+        """The BundleGraphs of a token-prompt family (export/bundle.py): its two target graphs and its
+        decoder's (`graph_builders`), the drafter's project / step graphs (the prompt loops commit
+        through them: no commit graph), GASV over the tables' vocabulary, the static `layout`, the
+        checkpoint `files` (config.json first) copied from the target's source directory (else
+        `source`), the tables without the bound head (the runner binds them), and the shared
+        weights indexed for the torch backend. InputError for `--torch-weights` (no fp32 copy: the
+        torch backend reads the shared weights file)."""
+        from ..errors import InputError
         from .bundle import BundleGraphs
 
+        if opts.torch_weights:
+            raise InputError(f"--torch-weights writes fp32 copies that {self.name} bundles do not use: the torch backend "
+                             "rebuilds their models from the shared weights file. Drop --torch-weights (a quantized "
+                             f"{self.name} bundle runs on --backend ort or trt)")
+        target_graphs, vq_graph = self.graph_builders(target.config, max_cache_len, vq)
         return BundleGraphs(target=target_graphs, max_cache_len=max_cache_len, tables=tables,
                             saved_tables=replace(tables, w_tilde=None) if tables is not None else None,
                             vq=vq_graph, layout=layout, codes=tables.vocab_size if tables is not None else None,
                             files=lambda dest: copy_checkpoint_files(target, source, dest, files),
-                            drafter_commit=False)
+                            drafter_commit=False, torch_backend=True)
 
     # -- specs and axes -------------------------------------------------------------------
 
@@ -189,13 +218,14 @@ def prompt_cache_len(max_prompt: int, n_tokens: int, max_tree: int) -> int:
 class PromptStepGraph(_NamedGraph):
     """`model._run` over a static cache with host-made positions / slots / mask.
 
-    embed(model, ids): token ids (B, S) -> input embeddings (B, S, dim), without host checks (traced);
-    last_only: the prefill graph (outputs at the last input position only)."""
+    embed(model, ids): token ids (B, S) -> input embeddings (B, S, dim), without host checks (traced;
+    the family's `prompt_embed` / `verify_embed`); last_only: the prefill graph (outputs at the last
+    input position only). Made by PromptExportFamily.graph_module."""
 
     def __init__(self, model, spec: GraphSpec, embed: Callable, last_only: bool):
         super().__init__(spec)
         self.model, self.last_only = model, last_only
-        self._embed = embed  # a plain function of (model, ids): no second path to the model's modules
+        self._embed = embed  # a function of (model, ids), not a module: no second path to the model's modules
 
     def compute(self, x):
         cache = _ShimCache([x[n] for n in self.spec.input_names if n.startswith("past_key_values.")])

@@ -218,12 +218,16 @@ def no_torch_weights(man, what: str = "target") -> str:
     """Why the torch backend cannot rebuild `what` from the engine directory of `man`, and the fix.
 
     Quantized bundles carry the fp32 PyTorch weights only when exported with `--torch-weights`
-    (their graphs hold int8 / int4 weights, which no PyTorch model reads)."""
+    (their graphs hold int8 / int4 weights, which no PyTorch model reads), which only families
+    whose loaders read those copies write (ExportFamily.torch_weights_copy)."""
     q = getattr(man, "quantization", "none") or "none"
     if q != "none":
-        return (f"{man.dir} is an {q} bundle exported without `--torch-weights`: its graphs hold {q} weights and it "
-                f"carries no fp32 PyTorch weights for its {what}, so the torch backend cannot run it; use "
-                f"`--backend ort` (or trt), or re-export it with `lisa-trt export ... --quantize {q} --torch-weights`")
+        copies = man.export_family.torch_weights_copy
+        how = " exported without `--torch-weights`" if copies else ""
+        fix = (f"re-export it with `lisa-trt export ... --quantize {q} --torch-weights`" if copies
+               else "export it without --quantize for the torch backend")
+        return (f"{man.dir} is an {q} bundle{how}: its graphs hold {q} weights and it carries no fp32 PyTorch "
+                f"weights for its {what}, so the torch backend cannot run it; use `--backend ort` (or trt), or {fix}")
     return (f"{man.dir} carries no PyTorch weights for its {what} (neither weights/ nor an index of its shared "
             "weights file); use another backend, or re-export it with `lisa-trt export`")
 
@@ -275,23 +279,22 @@ def model_from_bundle(man, what: str, target=None):
     """
     from ..errors import ArtifactMismatchError, InputError
     from ..models.checkpoints import target_hash
-    from ..models.family import family_of
 
     files = man.files or {}
     key = {"target": "target_weights", "drafter": "drafter_weights", "vq": "vq_weights"}[what]
     d = Path(man.dir)
+    fam = man.model_family  # looked up once per Manifest
     if key in files:
         if what == "target":
-            m = family_of(man.target_config).load_target(d / files[key])
+            m = fam.load_target(d / files[key])
         elif what == "drafter":
             from ..models.drafter import load_drafter
 
             return load_drafter(d / files[key], target)
         else:
-            return family_of(man.target_config).load_decoder(d / files[key]).eval()
+            return fam.load_decoder(d / files[key]).eval()
     elif has_index(man, what):
         sd = state_dict_from_bundle(man, what)
-        fam = family_of(man.target_config)
         if what == "drafter":
             from ..models.drafter import Drafter
 

@@ -2,20 +2,15 @@
 one embedding table for prompts and image tokens (the verify graph runs the prefill), the
 checkpoint's vocabulary map left to the config.json the bundle carries, and the bundle itself
 (`vocab_bundle`): the two target graphs over the decoder stack, the VQ graph over the decoder's
-`decode_grid`, the static cache of one image span, GASV tables over the image codes."""
+`decode_grid` (both from `graph_module`, which the torch backend runs too), the static cache of one
+image span, GASV tables over the image codes."""
 
 from __future__ import annotations
 
 from ..errors import InputError
-from ..export.memory import resolve
 from ..export.onnx import _NamedGraph
-from ..export.prompt_graphs import PromptExportFamily, PromptStepGraph, check_bundle_artifacts, prompt_cache_len
+from ..export.prompt_graphs import PromptExportFamily, check_bundle_artifacts, prompt_cache_len
 from ..models.io_spec import Graph
-
-
-def embed_tokens(model, ids):
-    """Prompt and image ids -> input embeddings: the one table of a whole-vocabulary target."""
-    return model.stack.embed_tokens(ids)
 
 
 class VocabVQGraph(_NamedGraph):
@@ -45,29 +40,33 @@ class VocabPromptGraphs(PromptExportFamily):
         d.pop("vocabulary_map", None)  # the whole vocabulary: the bundle carries the checkpoint's config.json
         return d
 
-    def step_graph(self, model, last_only: bool) -> PromptStepGraph:
-        """The prefill (last_only) or verify graph: the target's `_run` over a static cache."""
-        spec = self.graph_spec(Graph.TARGET_PREFILL if last_only else Graph.TARGET_VERIFY, model.config)
-        return PromptStepGraph(model, spec, embed_tokens, last_only)
+    def verify_embed(self, model, ids):
+        """Prompt and image ids -> input embeddings: the one table of a whole-vocabulary target (the
+        prefill's too), without the target's host-side id check."""
+        return model.stack.embed_tokens(ids)
 
-    def vocab_bundle(self, family, target, drafter, tables, vq, opts, *, image_size: int, max_prompt: int,
-                     span: int, layout: dict, source, files: tuple):
+    def graph_module(self, graph, model, cfg, cache_len):
+        """The prefill / verify PromptStepGraph (PromptExportFamily), the decoder's `decode_grid`."""
+        if graph is Graph.VQ_DECODE:
+            return VocabVQGraph(model, self.graph_spec(graph, cfg))
+        return super().graph_module(graph, model, cfg, cache_len)
+
+    def tables_sub_vocab(self, target):
+        """The image codes inside the whole-vocabulary head (the family's SubVocab)."""
+        from ..models.family import family_of
+
+        return family_of(target.config).sub_vocab(target)
+
+    def vocab_bundle(self, target, drafter, tables, vq, opts, *, image_size: int, max_prompt: int, span: int,
+                     layout: dict, source, files: tuple):
         """The BundleGraphs of one image size: `span` generated tokens after a prompt of at most
         `max_prompt` (InputError when the cache would pass the checkpoint's positions), the
         family's image codes the tables' sub-vocabulary, the checkpoint `files` copied."""
-        code_ids = family.sub_vocab(target).code_ids if tables is not None else None
+        code_ids = self.tables_sub_vocab(target).code_ids if tables is not None else None
         tables = check_bundle_artifacts(target, drafter, tables, code_ids)
         L = prompt_cache_len(max_prompt, span, opts.max_tree)
         if L > target.config.max_position_embeddings + opts.max_tree:
             raise InputError(f"a {image_size}px image with a {max_prompt}-token prompt needs {L} cache slots; this "
                              f"checkpoint has max_position_embeddings {target.config.max_position_embeddings}")
-
-        def target_graphs(t_exp, precision):
-            return [(Graph.TARGET_PREFILL, lambda: self.step_graph(resolve(t_exp), True), precision),
-                    (Graph.TARGET_VERIFY, lambda: self.step_graph(resolve(t_exp), False), precision)]
-
-        vq_graph = (lambda: VocabVQGraph(vq.eval(), self.graph_spec(Graph.VQ_DECODE, target.config))) \
-            if vq is not None else None
         source = source if source is not None else getattr(target, "source_dir", "") or "."
-        return self.prompt_bundle(target, tables, target_graphs=target_graphs, vq_graph=vq_graph, layout=layout,
-                                  max_cache_len=L, source=source, files=files)
+        return self.prompt_bundle(target, tables, vq, opts, layout=layout, max_cache_len=L, source=source, files=files)

@@ -68,6 +68,13 @@ def strict_load(model: torch.nn.Module, sd: dict, what: str, hint: str = "", ass
     model.load_state_dict(sd, strict=True, assign=assign)  # else copies into the model's tensors, converting each
 
 
+def model_with_state(model: torch.nn.Module, sd: dict, what: str):
+    """`model` holding exactly `sd` (strict_load), fp32, eval: a ModelFamily's target_from_state /
+    decoder_from_state (export/weights.py) over a freshly built model."""
+    strict_load(model, sd, what)
+    return model.float().eval()
+
+
 def load_target(path: PathLike, config=None, device="cpu"):
     """Load a target of any family, eval mode, fp32 (the public `lisa_trt.load_target`).
 

@@ -100,6 +100,20 @@ def empty_model(make: Callable, dtype):
     return model.to_empty(device="cpu").to(dtype)
 
 
+def model_from_state(make: Callable, sd: dict, where: str, describe: str, hint: str = "", dtype=None):
+    """make()'s target holding exactly `sd`, eval: built on the meta device and materialised
+    (`empty_model`, fp32 unless `dtype`), its RoPE buffers remade and a tied head re-tied
+    (`reset_buffers`, models/layers.RotaryTarget), then filled by `strict_copy` (every key and
+    shape checked, errors naming `where`, `describe` and `hint`). What a family's loader and its
+    ModelFamily.target_from_state (a bundle's shared weights, export/weights.py) both build."""
+    import torch
+
+    model = empty_model(make, dtype or torch.float32)
+    model.reset_buffers()
+    strict_copy(model, sd, where, describe, hint)
+    return model.eval()
+
+
 def strict_copy(model, sd: dict, where: str, describe: str, hint: str = "", ignore=()) -> None:
     """Copy `sd` into `model`'s tensors, strictly: every missing, unknown or mis-shaped key is
     listed with the config expected (`describe`) and `hint` (e.g. what the weights imply).

@@ -132,8 +132,8 @@ def _torch_engines(man, engine_dir: Path, tables, names, gen):
     elif man.drafter_arch == "eagle3" and has_index(man, "drafter"):
         drafter = model_from_bundle(man, "drafter", target)
     vq = model_from_bundle(man, "vq") if "vq_weights" in files or has_index(man, "vq") else None
-    if tables is not None:
-        tables = tables.bind(target.output.weight)
+    if tables is not None:  # bound to the head rows they cover (a family's sub-vocabulary, or the whole head)
+        tables = man.export_family.bind_tables(tables, target)
     return Bundle(target=target, drafter=drafter, gasv=None, tables=tables, vq=vq, class_names=names,
                     generation=gen, backend="torch", manifest=man)
 
@@ -145,8 +145,8 @@ def _load_drafter(man, engine_dir: Path, target):
         from ..export.manifest import drafter_hash
         from ..models.medusa import load_medusa
 
-        heads = load_medusa(path, target)
-        if drafter_hash(heads) != man.drafter["hash"]:
+        heads = load_medusa(path, target, check_target=False)  # an fp16 bundle's target: its rounded weights
+        if drafter_hash(heads) != man.drafter["hash"]:  # the heads exported for the manifest's target
             raise ArtifactMismatchError(f"{path} are not the Medusa heads the bundle was exported with (hash "
                                         f"{drafter_hash(heads)} vs {man.drafter['hash']}); re-export the bundle")
         return heads

@@ -3,7 +3,7 @@
 import torch
 
 from lisa_trt.calibration.profile import lantern_neighbors
-from lisa_trt.calibration.tables import GASVTables, whiten, whitening
+from lisa_trt.calibration.tables import GASVTables, head_rows, whiten, whitening
 from lisa_trt.models.target_config import vq_config
 from lisa_trt.models.checkpoints import target_hash
 from lisa_trt.models.drafter import Drafter
@@ -12,9 +12,10 @@ from lisa_trt.speculative.gasv import GASVConfig
 from lisa_trt.testing import make_target
 
 
-def make_tables(target, C=8, seed=0) -> GASVTables:
+def make_tables(target, C=8, seed=0, sub_vocab=None) -> GASVTables:
+    """Random tables over the target's head rows (`sub_vocab`: the code rows of a sub-vocabulary), bound."""
     g = torch.Generator().manual_seed(seed)
-    W = target.output.weight.detach()
+    W = head_rows(target, sub_vocab)
     V = W.shape[0]
     invstd = whitening(W)
     wt = whiten(W, invstd)

@@ -59,6 +59,19 @@ class ChameleonFamily(VocabPromptFamily):
             vq.token_codes = self.token_codes(read_chameleon_config(path))
         return vq
 
+    def target_from_state(self, config, state_dict: dict):
+        from ...models.hf import model_from_state
+        from .model import ChameleonTarget
+
+        return model_from_state(lambda: ChameleonTarget(config), state_dict, "the bundle's Chameleon target",
+                                config.describe())
+
+    def decoder_from_state(self, config, state_dict: dict):
+        from ...models.checkpoints import model_with_state
+        from .vq import ChameleonVQGAN
+
+        return model_with_state(ChameleonVQGAN(config), state_dict, "Chameleon VQGAN")
+
     # -- prompts and pixels ----------------------------------------------------------------
 
     def prompter(self, target, source=None):

@@ -89,7 +89,7 @@ class ChameleonGraphs(VocabPromptGraphs):
         image_size = int(image_size or CHAMELEON.default_image_size)
         max_prompt = int(max_prompt or self.default_max_prompt)
         layout = {"image_size": image_size, "max_prompt": max_prompt, "latent": list(latent_grid(image_size))}
-        return self.vocab_bundle(CHAMELEON, target, drafter, tables, vq, opts, image_size=image_size,
+        return self.vocab_bundle(target, drafter, tables, vq, opts, image_size=image_size,
                                  max_prompt=max_prompt, span=3 + span_length(image_size), layout=layout,
                                  source=source, files=("config.json",) + TOKENIZER_FILES)
 

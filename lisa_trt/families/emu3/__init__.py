@@ -40,6 +40,18 @@ class Emu3Family(VocabPromptFamily):
             raise ConfigError(f"{path}: an Emu3 VQ loads from the model directory (its model.safetensors)")
         return load_emu3_vq(path, device=device)
 
+    def target_from_state(self, config, state_dict: dict):
+        from ...models.hf import model_from_state
+        from .target import Emu3Target
+
+        return model_from_state(lambda: Emu3Target(config), state_dict, "the bundle's Emu3 target", config.describe())
+
+    def decoder_from_state(self, config, state_dict: dict):
+        from ...models.checkpoints import model_with_state
+        from .vq import Emu3VQ
+
+        return model_with_state(Emu3VQ(config), state_dict, "Emu3 VQ decoder")
+
     def prompter(self, target, source=None):
         """The Emu3-Gen model card's text-to-image prompts over the checkpoint's tokenizer.json."""
         from .prompts import Emu3Prompter

@@ -49,7 +49,7 @@ class Emu3Graphs(VocabPromptGraphs):
         max_prompt = int(max_prompt or self.default_max_prompt)
         h, w = latent_grid(image_size, vq.config.downsample if vq is not None else 8)
         layout = {"image_size": image_size, "max_prompt": max_prompt, "latent": [h, w]}
-        return self.vocab_bundle(EMU3, target, drafter, tables, vq, opts, image_size=image_size, max_prompt=max_prompt,
+        return self.vocab_bundle(target, drafter, tables, vq, opts, image_size=image_size, max_prompt=max_prompt,
                                  span=span_length(h, w), layout=layout, source=source,
                                  files=("config.json", "tokenizer.json"))
 

@@ -18,7 +18,7 @@ from typing import Optional, Union
 import torch
 
 from ...errors import ConfigError
-from ...models.hf import empty_model, read_weights, strict_copy
+from ...models.hf import empty_model, model_from_state, read_weights, strict_copy
 from .config import JanusConfig, read_janus_config
 from .target import JanusTarget
 from .vq import JanusVQ
@@ -70,11 +70,9 @@ def load_janus_target(path: PathLike, config: Optional[Union[JanusConfig, dict]]
     path = Path(path)
     cfg = _config(path, config)
     sd = read_weights(path, lambda k: not k.startswith(TARGET_IGNORED))
-    model = empty_model(lambda: JanusTarget(cfg), dtype)
-    model.reset_buffers()
-    strict_copy(model, sd, str(path), cfg.describe(), _implied(sd))
+    model = model_from_state(lambda: JanusTarget(cfg), sd, str(path), cfg.describe(), _implied(sd), dtype)
     model.source_dir = str(path)
-    return model.eval().to(device)
+    return model.to(device)
 
 
 def load_janus_vq(path: PathLike, config: Optional[Union[JanusConfig, dict]] = None, device="cpu",

@@ -36,14 +36,7 @@ from ...errors import InputError
 from ...export.families import register_export_family
 from ...models.io_spec import Graph
 from ...export.onnx import DEFAULT_OPSET, _NamedGraph
-from ...export.memory import resolve
-from ...export.prompt_graphs import (
-    DEFAULT_MAX_PROMPT,
-    PromptExportFamily,
-    PromptStepGraph,
-    check_bundle_artifacts,
-    prompt_cache_len,
-)
+from ...export.prompt_graphs import DEFAULT_MAX_PROMPT, PromptExportFamily, check_bundle_artifacts, prompt_cache_len
 from . import cond as C
 
 FAMILY = "janus"
@@ -104,17 +97,23 @@ class JanusGraphs(PromptExportFamily):
         L = prompt_cache_len(max_prompt, cfg.block_size, opts.max_tree)
         g = cfg.grid_size
         layout = {"image_size": int(cfg.image_size), "max_prompt": max_prompt, "latent": [g, g]}
-        spec = self.graph_spec
+        return self.prompt_bundle(target, tables, vq, opts, layout=layout, max_cache_len=L, source=source,
+                                  files=CHECKPOINT_FILES)
 
-        def target_graphs(t_exp, precision):
-            return [(Graph.TARGET_PREFILL, lambda: PromptStepGraph(resolve(t_exp), spec(Graph.TARGET_PREFILL, cfg),
-                                                                   _embed_prompt, True), precision),
-                    (Graph.TARGET_VERIFY, lambda: PromptStepGraph(resolve(t_exp), spec(Graph.TARGET_VERIFY, cfg),
-                                                                  _embed_codes_or_prompt, False), precision)]
+    def prompt_embed(self, model, ids):
+        """Text prompt ids through the language model's embedding."""
+        return _embed_prompt(model, ids)
 
-        vq_graph = (lambda: JanusVQGraph(vq.eval(), cfg)) if vq is not None else None
-        return self.prompt_bundle(target, tables, target_graphs=target_graphs, vq_graph=vq_graph, layout=layout,
-                                  max_cache_len=L, source=source, files=CHECKPOINT_FILES)
+    def verify_embed(self, model, ids):
+        """Image codes through the generation path, text ids (vocab_size + t) through the text
+        embedding (`prefill_ids`)."""
+        return _embed_codes_or_prompt(model, ids)
+
+    def graph_module(self, graph, model, cfg, cache_len):
+        """The prefill / verify PromptStepGraph (PromptExportFamily), the VQ decoder's JanusVQGraph."""
+        if graph is Graph.VQ_DECODE:
+            return JanusVQGraph(model, cfg)
+        return super().graph_module(graph, model, cfg, cache_len)
 
     def target_config(self, man):
         """The recorded JanusConfig with the export's prompt budget (layout max_prompt)."""

@@ -85,6 +85,18 @@ class JanusFamily(ModelFamily):
 
         return load_janus_vq(path, config, device=device)
 
+    def target_from_state(self, config, state_dict: dict):
+        from ...models.hf import model_from_state
+        from .target import JanusTarget
+
+        return model_from_state(lambda: JanusTarget(config), state_dict, "the bundle's Janus target", config.describe())
+
+    def decoder_from_state(self, config, state_dict: dict):
+        from ...models.checkpoints import model_with_state
+        from .vq import JanusVQ
+
+        return model_with_state(JanusVQ(config), state_dict, "Janus VQ decoder")
+
     default_image_size = 384
 
     def prompter(self, target, source=None):

@@ -105,20 +105,16 @@ class LlamaGenFamily(ModelFamily):
         return VQModel(config)
 
     def target_from_state(self, config, state_dict: dict):
-        from ...models.checkpoints import strict_load
+        from ...models.checkpoints import model_with_state
         from .model import Transformer
 
-        m = Transformer(config)
-        strict_load(m, state_dict, "target")
-        return m.float().eval()
+        return model_with_state(Transformer(config), state_dict, "target")
 
     def decoder_from_state(self, config, state_dict: dict):
-        from ...models.checkpoints import strict_load
+        from ...models.checkpoints import model_with_state
         from .vq import VQModel
 
-        m = VQModel(config)
-        strict_load(m, state_dict, "VQ")
-        return m.float().eval()
+        return model_with_state(VQModel(config), state_dict, "VQ")
 
     def random_target(self, model_type: str = "c2i", seed: int = 0, std: float = 0.1, **overrides):
         """The "tiny" config (t2i: 6 caption slots of width 12), every weight N(0, std) (norm

@@ -115,12 +115,7 @@ class LlamaGenGraphs(ExportFamily):
         bound = tables.bind(target.output.weight) if tables is not None and tables.w_tilde is None else tables
         cfg = target.config
         lmax = max_cache_len(cfg, opts.max_tree)
-
-        def target_graphs(t_exp, precision):
-            return [(g, lambda g=g: self.graph_module(g, t_exp.get(), cfg, lmax), precision)
-                    for g in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY)]
-
-        vq_graph = (lambda: self.graph_module(Graph.VQ_DECODE, vq.eval(), cfg, lmax)) if vq is not None else None
+        target_graphs, vq_graph = self.graph_builders(cfg, lmax, vq)
         return BundleGraphs(target=target_graphs, max_cache_len=lmax, tables=bound, saved_tables=tables,
                             vq=vq_graph, files=lambda dest: condition_files(target, dest), torch_backend=True)
 
