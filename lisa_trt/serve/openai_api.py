@@ -274,10 +274,13 @@ def _install_error_handlers(app) -> None:
         return _error_response(_internal(req, e))
 
 
-def _closing_stream(body):
-    """A StreamingResponse of the async generator `body` that closes it however the response ends:
-    when the client disconnects, Starlette cancels the send loop, and `body` (and the backend stream
-    it reads) may be left suspended at a `yield`; closing it runs its `finally` at once."""
+def _closing_stream(body, release):
+    """A StreamingResponse of the async generator `body` that, however the response ends, closes
+    `body` and then awaits `release()` (what the stream holds: its in-flight slot, the backend's
+    stream). When the client disconnects, Starlette cancels the send loop: `body` may be left
+    suspended at a `yield` (closing it runs its `finally` at once) or may never have started (a
+    client gone before the first chunk: closing an unstarted generator runs none of its code), so
+    the release is the response's, not the body's."""
     from fastapi.responses import StreamingResponse
 
     class _Closing(StreamingResponse):
@@ -285,7 +288,10 @@ def _closing_stream(body):
             try:
                 await super().__call__(scope, receive, send)
             finally:
-                await body.aclose()
+                try:
+                    await body.aclose()
+                finally:
+                    await release()
 
     return _Closing(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -303,11 +309,15 @@ async def _progressive(request, backend, info: ModelInfo, call: ImagesCall, pend
     pending.__enter__()
     t0 = time.perf_counter()
     items = backend.stream(call).__aiter__()
+
+    async def release():  # once: the response's (or the failed first fetch's) last step
+        pending.__exit__()
+        await items.aclose()  # a no-op once it ended; else (the client left) it cancels the decode
+
     try:
         first = await items.__anext__()
     except BaseException:
-        pending.__exit__()
-        await items.aclose()
+        await release()
         raise
 
     async def body():
@@ -323,11 +333,8 @@ async def _progressive(request, backend, info: ModelInfo, call: ImagesCall, pend
             yield error_event(e.body())
         except Exception as e:  # noqa: BLE001 - the stream has started: the fault goes into it
             yield error_event(_internal(request, e).body())
-        finally:
-            pending.__exit__()
-            await items.aclose()  # a no-op once it ended; else (the client left) it cancels the decode
 
-    return _closing_stream(body())
+    return _closing_stream(body(), release)
 
 
 def create_app(backend: TritonImages, info: ModelInfo, *, max_pending: int = MAX_PENDING,
