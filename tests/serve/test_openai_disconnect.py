@@ -161,3 +161,18 @@ def test_a_client_gone_before_the_body_started_releases_its_slot_and_closes_the_
         assert seen[i]["closed"] == i + 1, "the backend's stream was not closed when its client went away"
         assert seen[i]["open"] == [], "generators left open"
     assert not any(m.get("status") == 429 for m in seen[1]["sent"]), seen[1]["sent"]
+
+
+@pytest.mark.parametrize("spec", ["2.3", "2.4"])
+def test_a_client_gone_mid_stream_has_its_body_and_backend_stream_closed_by_the_front_end(spec):
+    """The client disconnects at the first partial's chunk (the body is suspended at that `yield`,
+    the backend's stream at its own): by the time the app returns, the front end itself has closed
+    the body and the backend's stream (its decode cancelled) and freed the slot; no generator was
+    left for Python's clean-up."""
+    seen = _run(spec, "chunk")
+    for i in (0, 1):
+        assert seen[i]["streams"] == i + 1, (i, seen[i]["sent"])
+        assert seen[i]["closed"] == i + 1, "the backend's stream was not closed when its client went away"
+        assert seen[i]["open"] == [], "generators left open (for the garbage collector to close)"
+    starts = [m for m in seen[0]["sent"] if m["type"] == "http.response.start"]
+    assert [m["status"] for m in starts] == [200]
