@@ -282,11 +282,14 @@ def _closing_stream(body, release):
     client gone before the first chunk: closing an unstarted generator runs none of its code), so
     the release is the response's, not the body's."""
     from fastapi.responses import StreamingResponse
+    from starlette.requests import ClientDisconnect
 
     class _Closing(StreamingResponse):
         async def __call__(self, scope, receive, send):
             try:
                 await super().__call__(scope, receive, send)
+            except ClientDisconnect:  # a send failed (ASGI spec 2.4): the client left, no server fault
+                LOG.info("a streaming client disconnected; its stream is closed")
             finally:
                 try:
                     await body.aclose()
