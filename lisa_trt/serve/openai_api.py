@@ -186,20 +186,17 @@ class TritonImages:
 def stream_item(res, names=()) -> tuple:
     """One response of model 'lisa_stream' (tritonclient InferResult) -> ("partial", k, tokens,
     images (n, H, W, 3) uint8) or ("done", rows as parse_rows); a final response with a failure
-    (its `status` 400 / 500) -> APIError as the plain path maps it."""
+    (serve/model.py final_failure: its `status` 400 / 500) -> APIError as the plain path maps it."""
     from .client import parse_rows
+    from .model import final_failure
 
     k = int(res.as_numpy("partial_index").reshape(-1)[0])
     if k >= 0:
         return "partial", k, int(res.as_numpy("tokens").reshape(-1)[0]), res.as_numpy("image")
-    status = int(res.as_numpy("status").reshape(-1)[0])
-    rows = parse_rows(res)
-    failed = [r for r in rows if isinstance(r, str)]
-    if status or failed:
-        internal = [m for m in failed if m.startswith("internal error")]
-        msg = (internal or failed or [f"internal error: status {status} without a message"])[0]
-        raise triton_error(msg, str(500 if internal or status == 500 else 400), names)
-    return "done", rows
+    failure = final_failure({"status": res.as_numpy("status"), "error": res.as_numpy("error")})
+    if failure is not None:
+        raise triton_error(str(failure), "500" if failure.internal else "400", names)
+    return "done", parse_rows(res)
 
 
 def _error_response(e: APIError):
