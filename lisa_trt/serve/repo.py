@@ -148,14 +148,16 @@ STREAM_MODEL_PY = _MODEL_HEAD + '''    def execute(self, requests):
 # model 'lisa' next to 'lisa_stream': a proxy without engines. Each request is forwarded as it is
 # through BLS (the Python backend's decoupled exec) to the engine model; its final response, as
 # 'lisa' has always answered (a failure as a TritonError: INVALID_ARG 400, INTERNAL 500). The
-# requests of one execution are forwarded concurrently (async execute), so the engine model's
-# dynamic batcher groups their rows as 'lisa''s own did.
-PROXY_MODEL_PY = '''"""Triton Python-backend model written by `lisa-trt triton-repo --stream`: model 'lisa' as a proxy
-(no engines) of the decoupled engine model, through BLS."""
+# requests of one execution are forwarded at once, each from a thread of a pool started (and its
+# threads running) in initialize, so they reach the engine model within its batching window and
+# its dynamic batcher groups their rows as 'lisa''s own did (docs/serving.md: measured).
+PROXY_MODEL_PY = '''\"\"\"Triton Python-backend model written by `lisa-trt triton-repo --stream`: model 'lisa' as a proxy
+(no engines) of the decoupled engine model, through BLS.\"\"\"
 
-import asyncio
 import json
 import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import triton_python_backend_utils as pb_utils
 
@@ -170,18 +172,26 @@ class TritonPythonModel:
         from lisa_trt.serve.model import final_failure
 
         self.final_failure = final_failure
+        # one thread per request an execution can hold (each has >= 1 row), all started now: a BLS
+        # call blocks its thread until the final response, and threads started on demand reach the
+        # engine model too late to be batched together
+        n = max(1, int(cfg.get("max_batch_size", 1)))
+        self.pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="bls")
+        started = threading.Barrier(n)
+        for f in [self.pool.submit(started.wait) for _ in range(n)]:
+            f.result()
         logging.getLogger("lisa_trt.serve").info("instance %s: proxy of model '%s' (no engines)",
                                                  args.get("model_instance_name"), self.engine)
 
-    async def execute(self, requests):
-        return list(await asyncio.gather(*(self.forward(req) for req in requests)))
+    def execute(self, requests):
+        return [f.result() for f in [self.pool.submit(self.forward, req) for req in requests]]
 
-    async def forward(self, req):
+    def forward(self, req):
         inputs = [t for t in (pb_utils.get_input_tensor_by_name(req, n) for n in self.names) if t is not None]
         bls = pb_utils.InferenceRequest(model_name=self.engine, inputs=inputs,
                                         requested_output_names=self.outputs + ["status"])
         final = None
-        for resp in await bls.async_exec(decoupled=True):
+        for resp in bls.exec(decoupled=True):
             if resp.has_error():  # the engine model could not take it (not ready, unloading)
                 return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
                     f"model '{self.engine}': {resp.error().message()}", pb_utils.TritonError.UNAVAILABLE))
@@ -198,7 +208,7 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=[out[k] for k in self.outputs])
 
     def finalize(self):
-        pass
+        self.pool.shutdown(wait=False)
 '''
 
 WARMUP_PROMPT = "0"  # class id 0: every class-conditioned bundle has it

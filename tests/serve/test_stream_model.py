@@ -8,6 +8,8 @@ import asyncio
 import importlib
 import json
 import sys
+import threading
+import time
 import types
 
 import numpy as np
@@ -444,45 +446,55 @@ class PbError:  # pb_utils.TritonError(message, code)
 
 
 class Bls:
-    """pb_utils.InferenceRequest(...).async_exec(decoupled=True) onto the engine model `engine` behind
-    Triton's dynamic batcher: the requests that arrive before the batcher's next turn of the event
-    loop are executed together (one `engine.execute`; `executions` records their counts); each
-    gets the responses its sender sent, with the requested outputs. `refuse`: answer every request
-    with that error response instead (the engine model not ready)."""
+    """pb_utils.InferenceRequest(...).exec(decoupled=True) onto the engine model `engine` behind
+    Triton's dynamic batcher: the requests that arrive within `window` seconds of the first are
+    executed together (one `engine.execute`; `executions` records their counts); each gets the
+    responses its sender sent, with the requested outputs. `refuse`: answer every request with that
+    error response instead (the engine model not ready)."""
 
-    def __init__(self, engine, refuse=None):
-        self.engine, self.refuse, self.queue, self.executions, self.requests = engine, refuse, [], [], []
+    def __init__(self, engine, refuse=None, window=0.5):
+        self.engine, self.refuse, self.window = engine, refuse, window
+        self.lock, self.open, self.executions, self.requests = threading.Lock(), None, [], []
 
     def InferenceRequest(self, model_name, inputs, requested_output_names):
         bls = self
 
         class Call:
-            async def async_exec(self, decoupled=False):
+            def exec(self, decoupled=False):
                 assert decoupled and model_name == STREAM_MODEL_NAME
                 req = Request(**{t.name(): t.as_numpy() for t in inputs})
                 bls.requests.append(req)
                 if bls.refuse is not None:
                     return iter([PbResponse([], PbError(bls.refuse))])
-                fut = asyncio.get_running_loop().create_future()
-                bls.queue.append((req, fut, requested_output_names))
-                if len(bls.queue) == 1:
-                    asyncio.get_running_loop().call_soon(bls.run)
-                return iter(await fut)
+                bls.join(req)
+                return iter([PbResponse([PbTensor(k, resp.outputs[k]) for k in requested_output_names])
+                             for resp, _ in req.sent])
 
         return Call()
 
-    def run(self):
-        batch, self.queue = self.queue, []
-        self.executions.append(len(batch))
-        self.engine.execute([r for r, _, _ in batch])
-        for r, fut, names in batch:
-            fut.set_result([PbResponse([PbTensor(k, resp.outputs[k]) for k in names]) for resp, _ in r.sent])
+    def join(self, req):
+        """Queue `req` in the open batch (the first opens it and, after the window, executes it)."""
+        with self.lock:
+            lead = self.open is None
+            if lead:
+                self.open = ([], threading.Event())
+            batch, done = self.open
+            batch.append(req)
+        if lead:
+            time.sleep(self.window)
+            with self.lock:
+                self.open = None
+            self.executions.append(len(batch))
+            self.engine.execute(batch)
+            done.set()
+        assert done.wait(60)
 
 
 @pytest.fixture
 def proxy(stream_model, monkeypatch, tmp_path):
-    """repo.py's PROXY_MODEL_PY (model 'lisa' next to 'lisa_stream'), initialised under a stand-in
-    pb_utils whose BLS reaches the stream_model fixture's engine model; -> (proxy, its Bls)."""
+    """repo.py's PROXY_MODEL_PY (model 'lisa' next to 'lisa_stream', max_batch_size 4), initialised
+    under a stand-in pb_utils whose BLS reaches the stream_model fixture's engine model; -> (proxy,
+    its Bls)."""
     from lisa_trt.serve.repo import PROXY_MODEL_PY
 
     cfg, engine = stream_model
@@ -498,6 +510,7 @@ def proxy(stream_model, monkeypatch, tmp_path):
         "output": [{"name": o} for o in OUTPUTS], "parameters": {"engine_model": {"string_value": STREAM_MODEL_NAME}}}),
         "model_instance_name": "lisa_0_0"})
     yield m, bls
+    m.finalize()
     sys.modules.pop("proxy_model", None)
 
 
@@ -514,7 +527,8 @@ def test_proxy_lisa_forwards_an_execution_concurrently_and_answers_as_lisa(proxy
     m, bls = proxy
     good = [_pb(prompt=_b("c2", "c3"), seed=np.array([[4], [5]])), _pb(prompt=_b("c4"), seed=np.array([[7]]))]
     bad = _pb(prompt=_b("zzz"))
-    res = asyncio.run(m.execute([good[0], bad, good[1]]))
+    assert len(m.pool._threads) == 4  # one running thread per request an execution can hold
+    res = m.execute([good[0], bad, good[1]])
     assert bls.executions == [3]  # forwarded concurrently: the engine's batcher saw them together
     assert all("partial_images" not in r for r in bls.requests)  # no partials: only the final response
     out = ServeModel(pipe, max_batch=4).infer_each([{k: t.as_numpy() for k, t in g.items()} for g in good])
@@ -525,9 +539,9 @@ def test_proxy_lisa_forwards_an_execution_concurrently_and_answers_as_lisa(proxy
     assert res[1].error().code() == "INVALID_ARG" and "unknown class 'zzz'" in res[1].error().message()
     assert res[1].output_tensors() == []
     monkeypatch.setattr(bls.engine.model, "_decode_group", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
-    (fault,) = asyncio.run(m.execute([_pb(prompt=_b("c1"))]))
+    (fault,) = m.execute([_pb(prompt=_b("c1"))])
     assert fault.error().code() == "INTERNAL" and "request id" in fault.error().message()
     assert "boom" not in fault.error().message()
     bls.refuse = "Server not ready"
-    (gone,) = asyncio.run(m.execute([_pb(prompt=_b("c1"))]))
+    (gone,) = m.execute([_pb(prompt=_b("c1"))])
     assert gone.error().code() == "UNAVAILABLE" and gone.error().message() == "model 'lisa_stream': Server not ready"
