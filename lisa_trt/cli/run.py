@@ -27,7 +27,8 @@ from . import options as opt
 @opt.knob_options(show_defaults=False)
 @click.option("--negative-prompt", default=None,
               help="Text-prompt models whose prompter takes one (Emu3, Lumina-mGPT, Janus-Pro): CFG's unconditional rows "
-                   "from this text, for every prompt (other models: refused, naming why).")
+                   "from this text, for every prompt; T5-caption (t2i) bundles: its caption features (with --encoder) "
+                   "in place of the learned null caption (class-conditional models: refused, naming why).")
 @handle_errors
 def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, encoder_dir, sampling, tree, gpu,
         memory_gib, knobs, negative_prompt):

@@ -199,3 +199,20 @@ def cycle_conds(cond: tuple, n: int) -> tuple:
     feats, mask = cond
     idx = torch.arange(n) % feats.shape[0]
     return feats[idx], mask[idx]
+
+
+class GuidedCaptions(tuple):
+    """A caption condition (features (B, L, C), mask (B, L)) whose classifier-free guidance has
+    unconditional rows of its own: `null` = (features, mask) of each row's negative caption,
+    encoded by the same caption encoder, and `negative` (B,) bool, the rows that have one (the
+    others keep the target's learned null caption). It unpacks and indexes as the plain pair; the
+    family's null_cond takes the `null` rows (families/llamagen); `rows(a, b)` slices all of it.
+    Made by text/prompts.with_negative_captions (Pipeline.generate's negative_prompt)."""
+
+    def __new__(cls, feats: torch.Tensor, mask: torch.Tensor, null: tuple, negative: torch.Tensor):
+        obj = super().__new__(cls, (feats, mask))
+        obj.null, obj.negative = tuple(null), negative
+        return obj
+
+    def rows(self, a: int, b: int) -> "GuidedCaptions":
+        return GuidedCaptions(self[0][a:b], self[1][a:b], tuple(t[a:b] for t in self.null), self.negative[a:b])

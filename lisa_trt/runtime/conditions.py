@@ -7,6 +7,7 @@ every command and the Pipeline, so none of them asks which kind it runs:
     conds = run_conditions(family, cfg)          # ClassConditions / CaptionConditions / PromptConditions
     cond, overrides, labels = conds.parse(prompts, cfg, class_names, encoder)   # Pipeline.generate
     negative = conds.negatives(negative_prompt, n)   # one text or None per prompt; InputError where none
+    cond = conds.guided(cond, negative, encoder)     # captions: the negatives' features as CFG's null rows
     cond, request = conds.given(rc, prompts=..., classes=..., captions=..., encoder_dir=...)  # generate
     conds.rollouts(rc, n, ...), conds.images(rc, n, ...), conds.sub_vocab(rc)   # calibrate, bench, export
     conds.parse_file(path, class_names)          # `lisa-trt run`'s prompts file, in this kind's line format
@@ -89,6 +90,16 @@ class RunConditions:
             raise InputError(self.no_negative())
         return rows
 
+    def guided(self, cond, negative, encoder):
+        """A parsed condition with the request's negative texts (negatives(): one text or None per
+        prompt, or None) -> the condition to decode. Here unchanged: a prompter's negatives are
+        encoded per call, by `rows`' encode (a kind that takes none refused them in negatives)."""
+        return cond
+
+    def precheck_negative(self, tcfg, encoder_dir) -> None:
+        """`lisa-trt run --negative-prompt`: what a negative text needs, checked before any engine
+        loads (nothing here: a prompter encodes it)."""
+
     def encoder(self, text_encoder, tcfg):
         """The Pipeline's text encoder, checked against the target (None: the kind needs none)."""
         return None
@@ -167,9 +178,28 @@ class CaptionConditions(RunConditions):
     """Caption features of a text encoder: captions encoded with it, or feature files."""
 
     def no_negative(self):
-        return (f"negative_prompt is not supported by {self.family.name} caption bundles (classifier-free "
-                "guidance runs against the target's learned null caption, not a caption's T5 features); "
-                "leave it out")
+        """None: a negative text is encoded by the caption encoder, its features CFG's null rows (guided)."""
+        return None
+
+    def guided(self, cond, negative, encoder):
+        """The rows with a negative text get its caption features as CFG's unconditional rows in place
+        of the learned null caption (text/prompts.with_negative_captions); without one, `cond` as is."""
+        from ..text.prompts import with_negative_captions
+
+        return with_negative_captions(cond, negative, encoder)
+
+    def rows(self, cond, a: int, b: int, encode) -> tuple:
+        from ..text.prompts import caption_rows
+
+        return caption_rows(cond, a, b), None
+
+    def precheck_negative(self, tcfg, encoder_dir) -> None:
+        """A negative text is encoded by the caption encoder: one must be given (or configured)."""
+        from ..text.prompts import make_encoder
+
+        if make_encoder(encoder_dir, tcfg) is None:
+            raise InputError("--negative-prompt on a T5-caption bundle is encoded by its caption encoder: pass "
+                             "--encoder DIR (a local flan-t5-xl directory) or set $LISA_TRT_TEXT_ENCODER")
 
     def encoder(self, text_encoder, tcfg):
         from ..text.prompts import make_encoder

@@ -401,8 +401,10 @@ class Pipeline:
             negative_prompt: a text for every prompt, or one text (None: none) per prompt: CFG's
                 unconditional rows are that text encoded by the family's prompter instead of its own
                 (families whose conditioning is TextPrompts(negative=True): Emu3, Chameleon /
-                Lumina-mGPT, Janus-Pro); it acts only under CFG (cfg_scale > 1). Other families: InputError
-                naming why (class-conditional CFG runs against the null class).
+                Lumina-mGPT, Janus-Pro), or, for T5-caption (t2i) LlamaGen, its caption features from
+                the pipeline's text encoder in place of the learned null caption; it acts only under
+                CFG (cfg_scale > 1). Other families: InputError naming why (class-conditional CFG runs
+                against the null class).
             tree: top_k / depth / total_tokens overrides of the tree budget (e.g. depth=3), and
                 every registered method's knob by its flat name (speculative/methods.py FLAT_FIELDS):
                 gasv_kappa, gasv_lambda, gasv_delta, gasv_neighbours, gasv_scope (None: the tables'
@@ -418,6 +420,7 @@ class Pipeline:
                        vocab_size=self.config.vocab_size)
         cond, overrides, labels = self._cond(prompts)
         negative = self._conds.negatives(negative_prompt, len(overrides))  # one text or None per prompt
+        cond = self._conds.guided(cond, negative, self._text)  # T5 captions: the negatives' features as null rows
         if negative is not None:
             labels = [{**lab, **({} if t is None else {"negative_prompt": t})} for lab, t in zip(labels, negative)]
         spec = self._call_spec(method, auto_tree, tree)

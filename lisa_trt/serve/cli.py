@@ -46,9 +46,9 @@ _SJD_WINDOW = click.option("--sjd-window", type=click.IntRange(min=1), default=N
 @click.option("--openai-max-pending", type=click.IntRange(min=1), default=256, show_default=True,
               help="OpenAI front end: requests in flight before it answers 429.")
 @click.option("--progressive", is_flag=True, default=False,
-              help="With --openai-port: also load the decoupled model 'lisa_stream', so `stream: true` requests get "
-                   "their partial images while the image decodes (over gRPC). It holds a second copy of the "
-                   "engines (twice the engine memory). Off: partials are cut from the finished image.")
+              help="With --openai-port: the engines go into the decoupled model 'lisa_stream', so `stream: true` "
+                   "requests get their partial images while the image decodes (over gRPC); 'lisa' becomes its "
+                   "proxy (no engines: one copy of them). Off: partials are cut from the finished image.")
 @_SJD_WINDOW
 @_errors
 def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max_batch, max_queue_delay_ms,
@@ -89,8 +89,8 @@ def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max
 @click.option("--threads", type=int, default=0, show_default=True, help="CPU threads per instance (0: default).")
 @click.option("--copy-engines", is_flag=True, help="Copy ENGINE_DIR into the repository (self-contained).")
 @click.option("--stream", is_flag=True,
-              help="Also the decoupled model 'lisa_stream' (progressive images over gRPC streaming, for "
-                   "`openai-api --triton-grpc-url`); a second pipeline on the same engines.")
+              help="The engines in the decoupled model 'lisa_stream' (progressive images over gRPC streaming, for "
+                   "`openai-api --triton-grpc-url`) and 'lisa' its proxy through BLS (one copy of the engines).")
 @_SJD_WINDOW
 @_errors
 def triton_repo_cmd(engine_dir, repo_dir, backend, max_batch, max_queue_delay_ms, instances, kind, gpus, threads,

@@ -378,34 +378,60 @@ class ServeModel:
         return self.infer_each([request], on_step=PartialImages(partial_images, emit, cancelled))[0]
 
     def stream_request(self, request: Mapping, send, cancelled=None) -> None:
-        """One request of the decoupled model 'lisa_stream' -> its responses, through
-        `send(outputs, final)`: per progressive image k (stream_each) `image` (n, H, W, 3) with
-        `partial_index` k and `tokens` (the fewest committed by a row), each (n, 1); then, final,
-        infer_each's output dict with `partial_index` -1 and `status` (n, 1): 0, or the request's
-        failure as an HTTP status (400 the client's mistake, 500 the server's; the message in
-        `error`). `partial_images` (INT32 (n, 1), one value 0..MAX_PARTIAL_IMAGES; optional) is
-        this model's own input. cancelled: as stream_each's; a cancelled request's decode stops at
-        its next step, is logged with the steps it ran, and gets a final response with status
-        CANCELLED_STATUS (Triton releases the request; its client is gone)."""
-        req = dict(getattr(request, "data", request))
-        k, failure, status = req.pop("partial_images", None), None, None
-        try:
-            k = _partials(k)
-        except InputError as e:
-            failure = RequestFailure(" ".join(str(e).split()))
-        if failure is None:
-            def emit(i, tokens, images):
-                n = images.shape[0]
-                send({"image": images, "partial_index": np.full((n, 1), i, np.int32),
-                      "tokens": np.full((n, 1), tokens, np.int32)}, False)
+        """One request of the decoupled model 'lisa_stream' -> its responses (stream_batch of one)."""
+        self.stream_batch([(request, send, cancelled)])
 
+    def stream_batch(self, jobs: Sequence[tuple]) -> None:
+        """One execution of the decoupled model 'lisa_stream', the model holding the engines, ->
+        every request's responses. jobs: (request, send, cancelled) per request, `send(outputs,
+        final)` its response sender.
+
+        A request with `partial_images` K >= 1 (INT32 (n, 1), one value 0..MAX_PARTIAL_IMAGES; the
+        streaming front end's) gets, per progressive image k (stream_each), `image` (n, H, W, 3) with
+        `partial_index` k and `tokens` (the fewest committed by a row), each (n, 1); it decodes on
+        its own, and `cancelled` (as stream_each's: Triton's `request.is_cancelled`) stops its decode
+        at the next step (logged with the steps it ran; status CANCELLED_STATUS, so Triton releases
+        the request). The requests without partials (K 0 or absent: what model 'lisa', the proxy,
+        forwards) decode together first, their rows grouped as infer_each groups them.
+
+        Every request ends with one final response: infer_each's output dict with `partial_index`
+        -1 and `status` (n, 1): 0, or its failure as an HTTP status (400 the client's mistake, 500
+        the server's; the message in `error`; `final_failure` reads it back)."""
+        plain, streams = [], []
+        for request, send, cancelled in jobs:
+            req = dict(getattr(request, "data", request))
             try:
-                failure, out = self.stream_each(req, k, emit, cancelled)
-            except DecodeCancelled as e:
-                LOG.info("stream request cancelled by its client: decode stopped after %d step(s)", e.steps)
-                failure, status = RequestFailure(str(e)), CANCELLED_STATUS
-                out = self._response(0, _rows(req), failure, {})
-        else:
+                k = _partials(req.pop("partial_images", None))
+            except InputError as e:
+                self._send_final(send, req, RequestFailure(" ".join(str(e).split())))
+                continue
+            (streams if k else plain).append((req, send, k, cancelled))
+        if plain:
+            for (req, send, _, _), (failure, out) in zip(plain, self.infer_each([j[0] for j in plain])):
+                self._send_final(send, req, failure, out)
+        for req, send, k, cancelled in streams:
+            self._stream_one(req, send, k, cancelled)
+
+    def _stream_one(self, req: dict, send, k: int, cancelled) -> None:
+        """One request with K >= 1 progressive images (stream_batch)."""
+        def emit(i, tokens, images):
+            n = images.shape[0]
+            send({"image": images, "partial_index": np.full((n, 1), i, np.int32),
+                  "tokens": np.full((n, 1), tokens, np.int32)}, False)
+
+        try:
+            failure, out = self.stream_each(req, k, emit, cancelled)
+        except DecodeCancelled as e:
+            LOG.info("stream request cancelled by its client: decode stopped after %d step(s)", e.steps)
+            self._send_final(send, req, RequestFailure(str(e)), status=CANCELLED_STATUS)
+            return
+        self._send_final(send, req, failure, out)
+
+    def _send_final(self, send, req: Mapping, failure, out: Optional[dict] = None,
+                    status: Optional[int] = None) -> None:
+        """A request's final response (stream_batch): `out` (infer_each's; None: every row failed with
+        `failure`), `partial_index` -1 and `status` (default: 0, or 400 / 500 from `failure`)."""
+        if out is None:
             out = self._response(0, _rows(req), failure, {})
         n = out["error"].shape[0]
         if status is None:
@@ -453,3 +479,19 @@ def _partials(value) -> int:
     if not 0 <= k <= MAX_PARTIAL_IMAGES:
         raise InputError(f"partial_images={k} is out of range; valid: 0..{MAX_PARTIAL_IMAGES}")
     return k
+
+
+def final_failure(outputs: Mapping) -> Optional[RequestFailure]:
+    """The failure a final response of 'lisa_stream' (stream_batch) carries, or None: its `status`
+    (n, 1) and the rows' `error` messages -> RequestFailure (internal for status 500, or when a row's
+    message is an internal error; that message first), as infer_each fails the request. Read by the
+    proxy model 'lisa' (repo.py) and the OpenAI front end (openai_api.stream_item)."""
+    status = int(np.asarray(outputs["status"]).reshape(-1)[0])
+    msgs = [m.decode("utf-8", "replace") if isinstance(m, bytes) else str(m)
+            for m in np.asarray(outputs["error"]).reshape(-1)]
+    failed = [m for m in msgs if m]
+    if not status and not failed:
+        return None
+    internal = [m for m in failed if m.startswith("internal error")]
+    message = (internal or failed or [f"internal error: status {status} without a message"])[0]
+    return RequestFailure(message, internal=bool(internal) or status == 500)

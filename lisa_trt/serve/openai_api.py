@@ -186,20 +186,17 @@ class TritonImages:
 def stream_item(res, names=()) -> tuple:
     """One response of model 'lisa_stream' (tritonclient InferResult) -> ("partial", k, tokens,
     images (n, H, W, 3) uint8) or ("done", rows as parse_rows); a final response with a failure
-    (its `status` 400 / 500) -> APIError as the plain path maps it."""
+    (serve/model.py final_failure: its `status` 400 / 500) -> APIError as the plain path maps it."""
     from .client import parse_rows
+    from .model import final_failure
 
     k = int(res.as_numpy("partial_index").reshape(-1)[0])
     if k >= 0:
         return "partial", k, int(res.as_numpy("tokens").reshape(-1)[0]), res.as_numpy("image")
-    status = int(res.as_numpy("status").reshape(-1)[0])
-    rows = parse_rows(res)
-    failed = [r for r in rows if isinstance(r, str)]
-    if status or failed:
-        internal = [m for m in failed if m.startswith("internal error")]
-        msg = (internal or failed or [f"internal error: status {status} without a message"])[0]
-        raise triton_error(msg, str(500 if internal or status == 500 else 400), names)
-    return "done", rows
+    failure = final_failure({"status": res.as_numpy("status"), "error": res.as_numpy("error")})
+    if failure is not None:
+        raise triton_error(str(failure), "500" if failure.internal else "400", names)
+    return "done", parse_rows(res)
 
 
 def _error_response(e: APIError):
@@ -274,18 +271,27 @@ def _install_error_handlers(app) -> None:
         return _error_response(_internal(req, e))
 
 
-def _closing_stream(body):
-    """A StreamingResponse of the async generator `body` that closes it however the response ends:
-    when the client disconnects, Starlette cancels the send loop, and `body` (and the backend stream
-    it reads) may be left suspended at a `yield`; closing it runs its `finally` at once."""
+def _closing_stream(body, release):
+    """A StreamingResponse of the async generator `body` that, however the response ends, closes
+    `body` and then awaits `release()` (what the stream holds: its in-flight slot, the backend's
+    stream). When the client disconnects, Starlette cancels the send loop: `body` may be left
+    suspended at a `yield` (closing it runs its `finally` at once) or may never have started (a
+    client gone before the first chunk: closing an unstarted generator runs none of its code), so
+    the release is the response's, not the body's."""
     from fastapi.responses import StreamingResponse
+    from starlette.requests import ClientDisconnect
 
     class _Closing(StreamingResponse):
         async def __call__(self, scope, receive, send):
             try:
                 await super().__call__(scope, receive, send)
+            except ClientDisconnect:  # a send failed (ASGI spec 2.4): the client left, no server fault
+                LOG.info("a streaming client disconnected; its stream is closed")
             finally:
-                await body.aclose()
+                try:
+                    await body.aclose()
+                finally:
+                    await release()
 
     return _Closing(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -303,11 +309,15 @@ async def _progressive(request, backend, info: ModelInfo, call: ImagesCall, pend
     pending.__enter__()
     t0 = time.perf_counter()
     items = backend.stream(call).__aiter__()
+
+    async def release():  # once: the response's (or the failed first fetch's) last step
+        pending.__exit__()
+        await items.aclose()  # a no-op once it ended; else (the client left) it cancels the decode
+
     try:
         first = await items.__anext__()
     except BaseException:
-        pending.__exit__()
-        await items.aclose()
+        await release()
         raise
 
     async def body():
@@ -323,11 +333,8 @@ async def _progressive(request, backend, info: ModelInfo, call: ImagesCall, pend
             yield error_event(e.body())
         except Exception as e:  # noqa: BLE001 - the stream has started: the fault goes into it
             yield error_event(_internal(request, e).body())
-        finally:
-            pending.__exit__()
-            await items.aclose()  # a no-op once it ended; else (the client left) it cancels the decode
 
-    return _closing_stream(body())
+    return _closing_stream(body(), release)
 
 
 def create_app(backend: TritonImages, info: ModelInfo, *, max_pending: int = MAX_PENDING,

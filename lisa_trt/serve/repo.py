@@ -7,12 +7,22 @@ Layout (model 'lisa', Python backend):
     REPO_DIR/lisa/warmup/prompt    the warm-up request's prompt (class 0, Triton's BYTES layout)
     REPO_DIR/lisa/1/model.py       TritonPythonModel: Pipeline.from_dir(engine_dir) + ServeModel
     REPO_DIR/lisa/1/engines/       (with --copy-engines) a copy of ENGINE_DIR
-    REPO_DIR/lisa_stream/          (stream=True, what `lisa-trt serve --openai-port` writes) the
-                                   decoupled model of progressive images: the same inputs plus
-                                   `partial_images`, one response per partial image, then the
-                                   final one (COMPLETE_FINAL); its own Pipeline on the same engines;
-                                   a cancelled request (request.is_cancelled()) stops at its next
-                                   decode step
+
+With stream=True (`triton-repo --stream`, what `lisa-trt serve --openai-port P --progressive`
+writes) the engines are in the decoupled model 'lisa_stream' and 'lisa' becomes its proxy:
+
+    REPO_DIR/lisa_stream/config.pbtxt  the same inputs plus `partial_images`, the same outputs plus
+                                   `partial_index`, `tokens`, `status`; decoupled; its own
+                                   dynamic batcher and the instance groups; no model_warmup (its
+                                   initialize decodes once)
+    REPO_DIR/lisa_stream/1/model.py    Pipeline + ServeModel.stream_batch: per request its partial
+                                   images (if asked), then its final response; a cancelled
+                                   request (request.is_cancelled()) stops at its next decode step
+    REPO_DIR/lisa_stream/1/engines/    (with --copy-engines) a copy of ENGINE_DIR
+    REPO_DIR/lisa/config.pbtxt     the inputs and outputs above, dynamic batcher, KIND_CPU
+                                   instances (one per engine instance), no model_warmup
+    REPO_DIR/lisa/1/model.py       PROXY_MODEL_PY: no engines; each request forwarded through BLS
+                                   (decoupled exec) to 'lisa_stream', its final response answered
 
 Run it in the Triton container (with TensorRT and lisa-trt installed):
 `tritonserver --model-repository REPO_DIR`. Triton loads the model, runs the warm-up request
@@ -115,23 +125,91 @@ _MODEL_TAIL = '''    def finalize(self):
 '''
 
 MODEL_PY = _MODEL_HEAD + _MODEL_EXECUTE + _MODEL_TAIL
-# the decoupled model 'lisa_stream': the same pipeline set-up, ServeModel.stream_request per request
+# the decoupled model 'lisa_stream', the one that holds the engines when it is written: the same
+# pipeline set-up, ServeModel.stream_batch per execution (its dynamic batcher groups the requests)
 STREAM_MODEL_PY = _MODEL_HEAD + '''    def execute(self, requests):
-        # decoupled: each request gets its progressive images, then its final response (COMPLETE_FINAL);
-        # Triton runs one execute at a time per instance, so requests decode one after another; a
-        # request its client cancelled (request.is_cancelled()) stops decoding at its next step
+        # decoupled: each request gets its progressive images (if it asks for some), then its final
+        # response (COMPLETE_FINAL); a request its client cancelled (request.is_cancelled()) stops
+        # decoding at its next step
+        jobs = []
         for req in requests:
-            data = self.inputs(req)
             sender = req.get_response_sender()
 
             def send(out, final, sender=sender):
                 sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in out.items()]),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
 
-            self.model.stream_request(data, send, cancelled=req.is_cancelled)
+            jobs.append((self.inputs(req), send, req.is_cancelled))
+        self.model.stream_batch(jobs)
         return None
 
 ''' + _MODEL_TAIL
+
+# model 'lisa' next to 'lisa_stream': a proxy without engines. Each request is forwarded as it is
+# through BLS (the Python backend's decoupled exec) to the engine model; its final response, as
+# 'lisa' has always answered (a failure as a TritonError: INVALID_ARG 400, INTERNAL 500). The
+# requests of one execution are forwarded at once, each from a thread of a pool started (and its
+# threads running) in initialize, so they reach the engine model within its batching window and
+# its dynamic batcher groups their rows as 'lisa''s own did (docs/serving.md: measured).
+PROXY_MODEL_PY = '''\"\"\"Triton Python-backend model written by `lisa-trt triton-repo --stream`: model 'lisa' as a proxy
+(no engines) of the decoupled engine model, through BLS.\"\"\"
+
+import json
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        logging.basicConfig(level=logging.INFO, format="lisa-trt %(levelname)s %(name)s: %(message)s")
+        cfg = json.loads(args["model_config"])
+        self.engine = cfg["parameters"]["engine_model"]["string_value"]
+        self.names = [i["name"] for i in cfg["input"]]
+        self.outputs = [o["name"] for o in cfg["output"]]
+        from lisa_trt.serve.model import final_failure
+
+        self.final_failure = final_failure
+        # one thread per request an execution can hold (each has >= 1 row), all started now: a BLS
+        # call blocks its thread until the final response, and threads started on demand reach the
+        # engine model too late to be batched together
+        n = max(1, int(cfg.get("max_batch_size", 1)))
+        self.pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="bls")
+        started = threading.Barrier(n)
+        for f in [self.pool.submit(started.wait) for _ in range(n)]:
+            f.result()
+        logging.getLogger("lisa_trt.serve").info("instance %s: proxy of model '%s' (no engines)",
+                                                 args.get("model_instance_name"), self.engine)
+
+    def execute(self, requests):
+        return [f.result() for f in [self.pool.submit(self.forward, req) for req in requests]]
+
+    def forward(self, req):
+        inputs = [t for t in (pb_utils.get_input_tensor_by_name(req, n) for n in self.names) if t is not None]
+        bls = pb_utils.InferenceRequest(model_name=self.engine, inputs=inputs,
+                                        requested_output_names=self.outputs + ["status"])
+        final = None
+        for resp in bls.exec(decoupled=True):
+            if resp.has_error():  # the engine model could not take it (not ready, unloading)
+                return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+                    f"model '{self.engine}': {resp.error().message()}", pb_utils.TritonError.UNAVAILABLE))
+            if resp.output_tensors():
+                final = resp
+        if final is None:
+            return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+                f"model '{self.engine}' ended the request without a final response", pb_utils.TritonError.INTERNAL))
+        out = {t.name(): t for t in final.output_tensors()}
+        failure = self.final_failure({k: out[k].as_numpy() for k in ("status", "error")})
+        if failure is not None:
+            code = pb_utils.TritonError.INTERNAL if failure.internal else pb_utils.TritonError.INVALID_ARG
+            return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(failure), code))
+        return pb_utils.InferenceResponse(output_tensors=[out[k] for k in self.outputs])
+
+    def finalize(self):
+        self.pool.shutdown(wait=False)
+'''
 
 WARMUP_PROMPT = "0"  # class id 0: every class-conditioned bundle has it
 
@@ -151,8 +229,8 @@ def _instance_groups(instances: int, kind: str, gpus) -> str:
 
 def config_pbtxt(*, engine_dir: str, backend: str, max_batch: int, max_queue_delay_ms: float, instances: int,
                  kind: str, gpus=None, threads: int = 0, warmup: bool = True,
-                 sjd_window: Optional[int] = None, stream: bool = False) -> str:
-    """The model's config.pbtxt (protobuf text format of Triton's ModelConfig).
+                 sjd_window: Optional[int] = None, stream: bool = False, proxy: bool = False) -> str:
+    """A model's config.pbtxt (protobuf text format of Triton's ModelConfig).
 
     Args:
         instances: model instances (Triton instance group count; per GPU when `gpus` is given).
@@ -161,23 +239,28 @@ def config_pbtxt(*, engine_dir: str, backend: str, max_batch: int, max_queue_del
         threads: ONNX Runtime / torch threads of each instance (0: lisa-trt's default policy).
         warmup: Triton sends one request (class 0) to every instance before reporting it ready.
         sjd_window: the Jacobi window of requests that do not send one (Pipeline.from_dir; None: 16).
-        stream: the config of the decoupled model 'lisa_stream' (STREAM_INPUTS / STREAM_OUTPUTS
-            added, `model_transaction_policy { decoupled: true }`, no dynamic batcher, one
-            instance per GPU or one CPU instance, no model_warmup: its initialize decodes once).
+        stream: the config of the decoupled model 'lisa_stream', the one that holds the engines
+            (STREAM_INPUTS / STREAM_OUTPUTS added, `model_transaction_policy { decoupled: true }`,
+            its own dynamic batcher, no model_warmup: its initialize decodes once).
+        proxy: the config of model 'lisa' as the proxy of 'lisa_stream' (PROXY_MODEL_PY: no engines,
+            one KIND_CPU instance per engine instance, no model_warmup; the engine model's name as
+            its parameter `engine_model`).
     """
     ins = ",\n".join(
         f'  {{ name: "{n}" data_type: {triton_type(dt, k)} dims: [ 1 ]{"" if n in REQUIRED else " optional: true"} }}'
         for n, (dt, k) in {**INPUTS, **(STREAM_INPUTS if stream else {})}.items())
     outs = ",\n".join(f'  {{ name: "{n}" data_type: {triton_type(dt)} dims: [ {", ".join(map(str, dims))} ] }}'
                        for n, (dt, dims) in {**OUTPUTS, **(STREAM_OUTPUTS if stream else {})}.items())
-    warmup = warmup and not stream
-    policy = ("model_transaction_policy { decoupled: true }\n" if stream else
-              f"dynamic_batching {{ max_queue_delay_microseconds: {int(round(max_queue_delay_ms * 1000))} }}\n")
-    return (f'name: "{STREAM_MODEL_NAME if stream else MODEL_NAME}"\nbackend: "python"\nmax_batch_size: {max_batch}\n'
-            f"input [\n{ins}\n]\noutput [\n{outs}\n]\n" + policy
-            + _instance_groups(1 if stream else instances, kind, gpus)
+    head = (f'name: "{STREAM_MODEL_NAME if stream else MODEL_NAME}"\nbackend: "python"\nmax_batch_size: {max_batch}\n'
+            f"input [\n{ins}\n]\noutput [\n{outs}\n]\n"
+            + ("model_transaction_policy { decoupled: true }\n" if stream else "")
+            + f"dynamic_batching {{ max_queue_delay_microseconds: {int(round(max_queue_delay_ms * 1000))} }}\n")
+    if proxy:
+        return (head + _instance_groups(instances * max(1, len(gpus or ())), "cpu", None)
+                + f'parameters {{ key: "engine_model" value: {{ string_value: "{STREAM_MODEL_NAME}" }} }}\n')
+    return (head + _instance_groups(instances, kind, gpus)
             + ('model_warmup [ { name: "lisa_warmup" batch_size: 1 inputs { key: "prompt" value: '
-               '{ data_type: TYPE_STRING dims: [ 1 ] input_data_file: "prompt" } } } ]\n' if warmup else "")
+               '{ data_type: TYPE_STRING dims: [ 1 ] input_data_file: "prompt" } } } ]\n' if warmup and not stream else "")
             + f'parameters {{ key: "engine_dir" value: {{ string_value: "{engine_dir}" }} }}\n'
             f'parameters {{ key: "backend" value: {{ string_value: "{backend}" }} }}\n'
             f'parameters {{ key: "threads" value: {{ string_value: "{int(threads)}" }} }}\n'
@@ -191,8 +274,8 @@ def write_triton_repo(engine_dir, repo_dir, *, backend: str = "trt", max_batch: 
                       sjd_window: Optional[int] = None, stream: bool = False) -> Path:
     """Write the repository (see module docstring and config_pbtxt); returns REPO_DIR.
 
-    stream: also the decoupled model 'lisa_stream' (progressive images over gRPC streaming), a
-    second pipeline on the same engine directory."""
+    stream: the engines in the decoupled model 'lisa_stream' (progressive images over gRPC
+    streaming, and every request of 'lisa', which becomes its proxy): one copy of the engines."""
     from ..export.manifest import read_manifest
     from ..runtime.context import resolve_spec
 
@@ -207,35 +290,39 @@ def write_triton_repo(engine_dir, repo_dir, *, backend: str = "trt", max_batch: 
     if repo_dir.exists() and any(repo_dir.iterdir()) and not (repo_dir / MODEL_NAME / "config.pbtxt").is_file():
         raise InputError(f"{repo_dir} exists and is not a lisa-trt Triton repository; choose another directory")
     stage = repo_dir.parent / f".{repo_dir.name}.staging-{uuid.uuid4().hex[:8]}"
+    common = dict(backend=backend, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms, instances=instances,
+                  kind=kind, gpus=gpus, threads=threads, sjd_window=sjd_window)
     try:
-        ver = stage / MODEL_NAME / "1"
+        engines = STREAM_MODEL_NAME if stream else MODEL_NAME  # the model that holds the engines
+        ver = stage / engines / "1"
         ver.mkdir(parents=True)
         where = str(engine_dir)
         if copy_engines:
             shutil.copytree(engine_dir, ver / "engines")
             where = "engines"
-        (ver / "model.py").write_text(MODEL_PY)
-        if warmup:
+        (ver / "model.py").write_text(STREAM_MODEL_PY if stream else MODEL_PY)
+        (stage / engines / "config.pbtxt").write_text(config_pbtxt(engine_dir=where, warmup=warmup, stream=stream,
+                                                                   **common))
+        if stream:  # 'lisa': the proxy (no engines, no warm-up: see docs/serving.md)
+            (stage / MODEL_NAME / "1").mkdir(parents=True)
+            (stage / MODEL_NAME / "1" / "model.py").write_text(PROXY_MODEL_PY)
+            (stage / MODEL_NAME / "config.pbtxt").write_text(config_pbtxt(engine_dir="", proxy=True, **common))
+        elif warmup:
             (stage / MODEL_NAME / "warmup").mkdir()
             (stage / MODEL_NAME / "warmup" / "prompt").write_bytes(warmup_bytes())
-        (stage / MODEL_NAME / "config.pbtxt").write_text(config_pbtxt(
-            engine_dir=where, backend=backend, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms,
-            instances=instances, kind=kind, gpus=gpus, threads=threads, warmup=warmup, sjd_window=sjd_window))
-        if stream:  # the same engine directory (a copy: 'lisa''s, relative to this model's version directory)
-            (stage / STREAM_MODEL_NAME / "1").mkdir(parents=True)
-            (stage / STREAM_MODEL_NAME / "1" / "model.py").write_text(STREAM_MODEL_PY)
-            (stage / STREAM_MODEL_NAME / "config.pbtxt").write_text(config_pbtxt(
-                engine_dir=f"../../{MODEL_NAME}/1/engines" if copy_engines else where,
-                backend=backend, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms, instances=instances,
-                kind=kind, gpus=gpus, threads=threads, sjd_window=sjd_window, stream=True))
-        old = None
-        if repo_dir.exists():
-            old = repo_dir.parent / f".{repo_dir.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(repo_dir, old)
-        os.replace(stage, repo_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        _replace(stage, repo_dir)
     finally:
         if stage.exists():
             shutil.rmtree(stage, ignore_errors=True)
     return repo_dir
+
+
+def _replace(stage: Path, repo_dir: Path) -> None:
+    """Move the staged repository to REPO_DIR, replacing an existing one atomically."""
+    old = None
+    if repo_dir.exists():
+        old = repo_dir.parent / f".{repo_dir.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(repo_dir, old)
+    os.replace(stage, repo_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -2,11 +2,13 @@
 
 `serve` writes a Triton model repository for ENGINE_DIR (repo.py: Python-backend model
 'lisa', dynamic batcher, `--instances` instance groups, one warm-up request; with
-`--openai-port` also the decoupled model 'lisa_stream' whose progressive images the front end
-streams over gRPC) into a temporary directory and runs the `tritonserver` binary that PyTriton bundles on it. Triton loads the
-model, sends it the warm-up request, and opens its HTTP / gRPC / metrics endpoints only after
-that, so `/v2/health/ready` (and gRPC ServerReady) never answers before the model can serve;
-`serve` prints the moment it first answers 200.
+`--openai-port P --progressive` the engines are in the decoupled model 'lisa_stream' instead,
+whose progressive images the front end streams over gRPC, and 'lisa' is its proxy through BLS:
+one copy of the engines) into a temporary directory and runs the `tritonserver` binary that
+PyTriton bundles on it. Triton loads the models, sends 'lisa' its warm-up request (the engine
+model decodes one image in its initialize), and opens its HTTP / gRPC / metrics endpoints only
+after that, so `/v2/health/ready` (and gRPC ServerReady) never answers before the models can
+serve; `serve` prints the moment it first answers 200.
 
 Every port is checked before Triton starts: a taken one is refused with a one-line message
 (Triton itself would crash natively). Bad requests get HTTP 400 (gRPC INVALID_ARGUMENT) with a
@@ -200,8 +202,9 @@ def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_po
     sjd_window: the Jacobi window of requests that send no `sjd_window` input (None: 16).
     openai_port: also serve the OpenAI Images API there (openai_api.py), once Triton is ready;
     openai_max_pending: its requests in flight before it answers 429.
-    progressive: also the decoupled model 'lisa_stream' (a second copy of the engines), whose partial
-    images the front end streams while the image decodes; needs openai_port and tritonclient[grpc]."""
+    progressive: the engines in the decoupled model 'lisa_stream', whose partial images the front end
+    streams while the image decodes, and model 'lisa' its proxy (no engines: one copy of the engines);
+    needs openai_port and tritonclient[grpc]."""
     from .repo import write_triton_repo
 
     _check_serve(engine_dir, host=host, ports=serve_ports(http_port, grpc_port, metrics_port, openai_port),
@@ -224,14 +227,16 @@ def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_po
                              gpu_metrics=bool(gpus))
         where = f"{len(gpus)} GPU(s) x {instances}" if gpus else f"{instances} x {per} CPU thread(s)"
         echo(f"starting Triton for {engine_dir} (model '{MODEL_NAME}', {where}, batch <= {max_batch}, "
-             f"window {max_queue_delay_ms} ms" + (f"; model '{STREAM_MODEL_NAME}' (progressive images)"
-                                                  if stream else "") + ") ...")
+             f"window {max_queue_delay_ms} ms" + (f"; the engines in model '{STREAM_MODEL_NAME}' (progressive "
+                                                  f"images), '{MODEL_NAME}' its proxy" if stream else "") + ") ...")
         sys.stdout.flush()
         proc = subprocess.Popen(cmd, env=triton_env(), preexec_fn=_die_with_parent, start_new_session=True)
         if not _wait_ready(proc, host, http_port, stop, t0 + start_timeout, start_timeout):
             echo("signal received before the model was ready: stopping")
             return 0
-        echo(f"ready after {time.perf_counter() - t0:.1f} s (model '{MODEL_NAME}' loaded and warmed up): "
+        warmed = f"model '{STREAM_MODEL_NAME}' loaded and warmed up, '{MODEL_NAME}' its proxy" if stream else \
+            f"model '{MODEL_NAME}' loaded and warmed up"
+        echo(f"ready after {time.perf_counter() - t0:.1f} s ({warmed}): "
              f"http://{host}:{http_port}/v2/models/{MODEL_NAME} grpc {host}:{grpc_port} "
              f"metrics http://{host}:{metrics_port}/metrics")
         if openai_port is not None:

@@ -94,3 +94,34 @@ def cond_rows(cond, a: int, b: int):
 
 def cond_len(cond) -> int:
     return cond[0].shape[0] if isinstance(cond, (tuple, list)) else len(cond)
+
+
+def with_negative_captions(cond, negative, encoder):
+    """Caption features (features (B, L, C), mask (B, L)) and the request's negative texts (one
+    text or None per row; None: no row has one) -> the condition whose CFG unconditional rows are
+    each negative text encoded by the same caption encoder (models/captions.GuidedCaptions; the
+    rows without one keep the learned null caption). `cond` itself when no row has a negative, so
+    nothing changes without one. InputError naming the fix when there is no encoder."""
+    from ..models.captions import GuidedCaptions
+
+    idx = [] if negative is None else [i for i, t in enumerate(negative) if t is not None]
+    if not idx:
+        return cond
+    if encoder is None:
+        raise InputError("a negative_prompt on a T5-caption bundle is encoded by its caption encoder, and none "
+                         "is loaded: pass text_encoder=DIR (CLI: --encoder DIR, or set $LISA_TRT_TEXT_ENCODER; "
+                         "serve: start it with LISA_TRT_TEXT_ENCODER=DIR), or leave negative_prompt out")
+    feats, mask = cond
+    nf, nm = encoder.encode([negative[i] for i in idx])  # (k, L, C), (k, L): valid tokens first
+    null_f, null_m = torch.zeros_like(feats), torch.zeros_like(mask)
+    null_f[idx], null_m[idx] = nf.to(feats.dtype), nm.to(mask.dtype)
+    rows = torch.zeros(feats.shape[0], dtype=torch.bool)
+    rows[idx] = True
+    return GuidedCaptions(feats, mask, (null_f, null_m), rows)
+
+
+def caption_rows(cond, a: int, b: int):
+    """Rows a:b of a caption condition (a GuidedCaptions keeps its negative rows)."""
+    from ..models.captions import GuidedCaptions
+
+    return cond.rows(a, b) if isinstance(cond, GuidedCaptions) else cond_rows(cond, a, b)

@@ -1,8 +1,8 @@
 """A negative prompt through the Pipeline: on a text-prompt family (a tiny random Emu3 built here)
 CFG's unconditional rows are the negative text encoded by the family's prompter, token-identical to
 `lisa_trt.generate(..., negative_prompt_ids=...)` with the same ids (which tests/families/test_emu3.py
-holds equal to transformers'; Janus-Pro's: tests/families/test_janus_negative.py); families without a
-negative text refuse it naming why."""
+holds equal to transformers'; Janus-Pro's: tests/families/test_janus_negative.py; T5-caption bundles':
+tests/text/test_t2i_negative.py); class-conditional families refuse it naming why."""
 
 from __future__ import annotations
 
@@ -78,8 +78,8 @@ def test_families_without_a_negative_text_refuse_it_naming_why():
     with pytest.raises(InputError, match="not supported by the llamagen family .class-conditional: classifier-free "
                                          "guidance runs against the null class"):
         run_conditions(family_of(c2i.config), c2i.config).negatives("blurry", 1)
-    with pytest.raises(InputError, match="caption bundles .*learned null caption"):
-        run_conditions(family_of(t2i.config), t2i.config).negatives(["blurry"], 1)
+    # T5-caption bundles take one: its caption features become the null rows (tests/text/test_t2i_negative.py)
+    assert run_conditions(family_of(t2i.config), t2i.config).negatives(["blurry"], 1) == ["blurry"]
     for mt in ("chameleon", "emu3", "janus"):  # the text-prompt families take one (their prompters' rows)
         assert run_conditions(family_of(mt), mt).negatives("blurry", 2) == ["blurry", "blurry"]
     assert run_conditions(family_of(c2i.config), c2i.config).negatives(None, 1) is None  # none given: nothing to refuse

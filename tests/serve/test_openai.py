@@ -498,6 +498,13 @@ def test_caption_bundle_takes_a_caption_through_its_t5_encoder(tmp_path, monkeyp
         r = c.images.generate(prompt="a red car", extra_body={"seed": 5, "verify": "vanilla"})
         want = pipe.generate([Prompt(0, caption="a red car", seed=5)], verify="vanilla", batch=True).images[0]
         assert np.array_equal(_png(r.data[0].b64_json), np.asarray(want))
+        # a negative prompt: its T5 features are CFG's null rows (tests/text/test_t2i_negative.py), the card says so
+        assert c.models.retrieve("lisa").model_extra["negative_prompt"] is True
+        n = c.images.generate(prompt="a red car", extra_body={"seed": 5, "verify": "vanilla", "negative_prompt": "blue sky"})
+        neg = pipe.generate([Prompt(0, caption="a red car", seed=5)], verify="vanilla", batch=True,
+                            negative_prompt="blue sky").images[0]
+        assert np.array_equal(_png(n.data[0].b64_json), np.asarray(neg))
+        assert not np.array_equal(np.asarray(neg), np.asarray(want))
     finally:
         c.close()
         front.stop(10)

@@ -5,6 +5,7 @@ bounded waits, the server always stopped. Skipped without the `serve` extra."""
 import base64
 import io
 import urllib.request
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -164,6 +165,55 @@ def test_a_streaming_client_that_disconnects_cancels_its_decode_in_triton(server
     c.close()
 
 
+def _stub_rss(server) -> dict:
+    """{model name: [RSS in MiB of each of its Python-backend stub processes]} below the server (/proc)."""
+    from lisa_trt.serve.process import descendants
+
+    out = {}
+    for pid in descendants(server.proc.pid):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            rss = [ln for ln in open(f"/proc/{pid}/status") if ln.startswith("VmRSS:")]
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith(b"triton_python_backend_stub") and rss:
+            model = Path(cmd[1].decode()).parent.parent.name  # .../repo/<model>/1/model.py
+            out.setdefault(model, []).append(int(rss[0].split()[1]) / 1024)
+    return out
+
+
+def test_progressive_serve_loads_the_engines_once_and_lisa_is_their_proxy(server, pipe):
+    """With --progressive the engines are loaded once, in 'lisa_stream' (one pipeline, one warm-up
+    decode in the log); 'lisa' is the proxy (no engines: its stub is a fraction of the engine
+    model's memory) and answers tritonclient (`lisa-trt client`) as before: the Pipeline's image,
+    a bad request a 400 with the model's message."""
+    from lisa_trt.serve.client import LisaClient, ServeError
+
+    log = server.text()
+    assert log.count("loaded and warmed up (") == 1 and "instance lisa_stream_0_0 loaded and warmed up" in log, log[-3000:]
+    assert log.count("proxy of model 'lisa_stream' (no engines)") == 1
+    rss = _stub_rss(server)
+    assert sorted(rss) == ["lisa", "lisa_stream"] and len(rss["lisa"]) == len(rss["lisa_stream"]) == 1, rss
+    assert rss["lisa"][0] < rss["lisa_stream"][0] / 2, rss
+    print(f"stub RSS (MiB): {rss}")
+    c = LisaClient(server.url, timeout=TIMEOUT)
+    try:
+        img, st = c.generate("coffee", seed=13)
+        want = pipe.generate([Prompt(0, class_id=1, seed=13)], verify="auto", batch=True).images[0]
+        assert np.array_equal(img, np.asarray(want)) and st["forwards"] > 0
+        with pytest.raises(ServeError) as e:
+            c.generate("nope")
+        assert e.value.status == 400 and "unknown class 'nope'" in str(e.value)
+    finally:
+        c.close()
+    tc = http.InferenceServerClient(server.url)
+    try:
+        cfg = tc.get_model_config("lisa")
+    finally:
+        tc.close()
+    assert cfg["parameters"]["engine_model"]["string_value"] == "lisa_stream" and not cfg.get("model_warmup")
+
+
 def test_triton_errors_reach_the_client_as_openai_errors(server):
     c = _client(server)
     for kw, param, text in [(dict(prompt="nope"), "prompt", "unknown class 'nope' (use ids 0..7 or names"),
@@ -221,7 +271,28 @@ def test_32_concurrent_clients_mixed_valid_and_malformed_none_lost_and_batched(s
         tc.close()
     sizes = {int(b["batch_size"]) for b in stats["batch_stats"]}
     assert max(sizes) > 1, stats["batch_stats"]  # Triton's own count: executions of more than one row
+    engine = _batch_sizes(server, "lisa_stream", above=1)  # the proxy's requests batched again in the engine model
+    assert max(engine) > 1, engine
     assert server.proc.poll() is None
+
+
+def _batch_sizes(server, model: str, above: int, wait: float = 30.0) -> dict:
+    """{batch size: executions} of `model` in Triton's statistics, once one exceeds `above` rows or
+    `wait` seconds passed (a decoupled model's statistics are recorded when Triton releases the
+    request, which may follow its final response)."""
+    import time
+
+    tc = http.InferenceServerClient(server.url)
+    t0 = time.monotonic()
+    try:
+        while True:
+            st = tc.get_inference_statistics(model)["model_stats"][0]
+            got = {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in st.get("batch_stats", [])}
+            if max(got, default=0) > above or time.monotonic() - t0 > wait:
+                return got
+            time.sleep(0.2)
+    finally:
+        tc.close()
 
 
 def test_openai_api_command_fronts_a_running_triton(server, engine_dir, tmp_path):

@@ -8,12 +8,14 @@ import asyncio
 import importlib
 import json
 import sys
+import threading
+import time
 import types
 
 import numpy as np
 import pytest
 
-from lisa_trt.serve.model import OUTPUTS, STREAM_MODEL_NAME, STREAM_OUTPUTS, ServeModel
+from lisa_trt.serve.model import OUTPUTS, STREAM_INPUTS, STREAM_MODEL_NAME, STREAM_OUTPUTS, ServeModel
 
 FINAL = 1  # triton_python_backend_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -86,16 +88,48 @@ def stream_model(pipe, tmp_path, monkeypatch):
     sys.modules.pop("model", None)
 
 
-def test_stream_model_config_is_decoupled_next_to_lisa(stream_model):
+def test_stream_model_config_is_decoupled_with_its_own_batcher(stream_model):
+    """'lisa_stream' holds the engines: decoupled, its own dynamic batcher and the instance groups
+    ('lisa''s, when it held them), no model_warmup (its initialize decodes once)."""
     from tritonclient.grpc import model_config_pb2
 
     cfg, _ = stream_model
     assert cfg.name == STREAM_MODEL_NAME and cfg.model_transaction_policy.decoupled
-    assert not cfg.HasField("dynamic_batching") and not cfg.model_warmup  # one request per execute
-    assert cfg.instance_group[0].count == 1 and cfg.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 5000 and not cfg.model_warmup
+    assert cfg.instance_group[0].count == 3 and cfg.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
     k = next(i for i in cfg.input if i.name == "partial_images")
     assert k.optional and model_config_pb2.DataType.Name(k.data_type) == "TYPE_INT32"
     assert {o.name for o in cfg.output} == set(OUTPUTS) | set(STREAM_OUTPUTS)
+    assert cfg.parameters["engine_dir"].string_value == "e"
+
+
+def test_stream_model_decodes_the_plain_requests_of_an_execution_together(stream_model, pipe):
+    """One execution of 'lisa_stream' (what its dynamic batcher hands over) with two requests without
+    partials (what the proxy 'lisa' forwards) and one streaming request: the plain requests' rows are
+    decoded as one batch (`batch` 3, images equal to infer_each of both together) and answered
+    first; the streaming one then gets its partials and its final answer."""
+    _, m = stream_model
+    order = []
+
+    def req(name, **inputs):
+        r = Request(**inputs)
+        r.get_response_sender = lambda: types.SimpleNamespace(
+            send=lambda resp, flags=0: (r.sent.append((resp, flags)), order.append((name, flags))))
+        return r
+
+    a = req("a", prompt=_b("c2", "c3"), seed=np.array([[4], [5]]))
+    s = req("s", prompt=_b("c1"), seed=np.array([[6]]), partial_images=np.array([[2]], np.int32))
+    b = req("b", prompt=_b("c4"), seed=np.array([[7]]), partial_images=np.array([[0]], np.int32))
+    assert m.execute([a, s, b]) is None
+    out = ServeModel(pipe, max_batch=4).infer_each([{"prompt": _b("c2", "c3"), "seed": np.array([[4], [5]])},
+                                                   {"prompt": _b("c4"), "seed": np.array([[7]])}])
+    for r, (err, want) in zip((a, b), out):
+        ((final, flags),) = r.sent
+        assert err is None and flags == FINAL and (final.as_numpy("status") == 0).all()
+        assert (final.as_numpy("batch") == 3).all(), final.as_numpy("batch")  # one decode for both requests
+        assert np.array_equal(final.as_numpy("image"), want["image"])
+    assert order == [("a", FINAL), ("b", FINAL), ("s", 0), ("s", 0), ("s", FINAL)], order
+    assert s.sent[-1][0].as_numpy("batch")[0, 0] == 1
 
 
 def test_stream_model_sends_partials_then_the_final_answer(stream_model, pipe):
@@ -273,13 +307,16 @@ def test_triton_images_stream_failures_are_api_errors(stream_model):
     assert e.value.status == 503
 
 
-def test_triton_repo_stream_writes_lisa_stream_on_the_same_engines(tmp_path, monkeypatch):
-    """write_triton_repo(stream=True) (`triton-repo --stream`, `serve --openai-port P --progressive`): 'lisa_stream'
-    next to 'lisa', its engine_dir the same directory (a copy: lisa's, reached from its own
-    version directory as model.py resolves it); without it no second model."""
+def test_triton_repo_stream_puts_the_engines_in_lisa_stream_and_lisa_is_its_proxy(tmp_path, monkeypatch):
+    """write_triton_repo(stream=True) (`triton-repo --stream`, `serve --openai-port P --progressive`): the
+    engines in 'lisa_stream' (with --copy-engines, copied under it), 'lisa' the proxy (PROXY_MODEL_PY,
+    no engine_dir, no warm-up, one CPU instance per engine instance); without it 'lisa' holds the
+    engines and there is no 'lisa_stream'."""
     import os
 
     from click.testing import CliRunner
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
 
     import lisa_trt.export.manifest as M
     from lisa_trt.cli import main
@@ -290,15 +327,27 @@ def test_triton_repo_stream_writes_lisa_stream_on_the_same_engines(tmp_path, mon
     eng.mkdir()
     (eng / "manifest.json").write_text("{}")
     plain = R.write_triton_repo(eng, tmp_path / "plain", backend="ort", kind="cpu")
-    assert not (plain / STREAM_MODEL_NAME).exists()
+    assert not (plain / STREAM_MODEL_NAME).exists() and (plain / "lisa" / "1" / "model.py").read_text() == R.MODEL_PY
     for copy in (False, True):
-        repo = R.write_triton_repo(eng, tmp_path / f"r{copy}", backend="ort", kind="cpu", copy_engines=copy, stream=True)
+        repo = R.write_triton_repo(eng, tmp_path / f"r{copy}", backend="ort", kind="cpu", copy_engines=copy, stream=True,
+                                   gpus=[0, 1], instances=2)
         assert (repo / STREAM_MODEL_NAME / "1" / "model.py").read_text() == R.STREAM_MODEL_PY
-        text = (repo / STREAM_MODEL_NAME / "config.pbtxt").read_text()
-        assert f'name: "{STREAM_MODEL_NAME}"' in text and "decoupled: true" in text
-        (where,) = [ln.split('string_value: "')[1].split('"')[0] for ln in text.splitlines() if '"engine_dir"' in ln]
+        assert (repo / "lisa" / "1" / "model.py").read_text() == R.PROXY_MODEL_PY
+        assert not (repo / "lisa" / "warmup").exists() and not (repo / "lisa" / "1" / "engines").exists()
+        engine = text_format.Parse((repo / STREAM_MODEL_NAME / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+        proxy = text_format.Parse((repo / "lisa" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+        assert engine.model_transaction_policy.decoupled and list(engine.instance_group[0].gpus) == [0, 1]
+        assert proxy.name == "lisa" and not proxy.model_transaction_policy.decoupled and not proxy.model_warmup
+        assert proxy.parameters["engine_model"].string_value == STREAM_MODEL_NAME
+        assert "engine_dir" not in proxy.parameters and proxy.HasField("dynamic_batching")
+        assert proxy.instance_group[0].count == 4 and not proxy.instance_group[0].gpus  # 2 per GPU x 2 GPUs
+        assert proxy.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+        assert {i.name for i in proxy.input} == {i.name for i in engine.input} - set(STREAM_INPUTS)
+        assert {o.name for o in proxy.output} == set(OUTPUTS)
+        where = engine.parameters["engine_dir"].string_value
         got = os.path.normpath(os.path.join(repo / STREAM_MODEL_NAME, "1", where))  # as model.py joins it
-        assert got == str((repo / "lisa" / "1" / "engines") if copy else eng.resolve()), (copy, where)
+        assert got == str((repo / STREAM_MODEL_NAME / "1" / "engines") if copy else eng.resolve()), (copy, where)
+        assert (repo / STREAM_MODEL_NAME / "1" / "engines" / "manifest.json").is_file() is copy
     seen = {}
     monkeypatch.setattr(R, "write_triton_repo", lambda *a, **kw: seen.update(kw) or tmp_path)
     res = CliRunner().invoke(main, ["triton-repo", str(eng), str(tmp_path / "c"), "--stream"])
@@ -325,7 +374,7 @@ def test_openai_api_takes_the_triton_grpc_url(tmp_path, monkeypatch):
 
 
 def test_serve_loads_lisa_stream_only_when_asked(tmp_path, monkeypatch):
-    """'lisa_stream' holds a second copy of the engines, so `serve` writes it only with --progressive;
+    """`serve` writes 'lisa_stream' (the engines; 'lisa' its proxy) only with --progressive;
     --progressive without --openai-port, or without tritonclient's gRPC client, is refused before Triton."""
     from click.testing import CliRunner
 
@@ -356,3 +405,143 @@ def test_serve_loads_lisa_stream_only_when_asked(tmp_path, monkeypatch):
     monkeypatch.setattr(openai_api, "grpc_streaming_available", lambda: False)
     res = CliRunner().invoke(main, ["serve", str(tmp_path), *ports, "--progressive"])
     assert res.exit_code == 2 and "tritonclient[grpc]" in res.output and "stop here" not in res.output, res.output
+
+
+class PbTensor:  # pb_utils.Tensor as BLS hands it out: name(), as_numpy()
+    def __init__(self, name, arr):
+        self._name, self._arr = name, arr
+
+    def name(self):
+        return self._name
+
+    def as_numpy(self):
+        return self._arr
+
+
+class PbResponse:  # pb_utils.InferenceResponse: output_tensors(), has_error(), error()
+    def __init__(self, output_tensors, error=None):
+        self._out, self._error = output_tensors, error
+
+    def output_tensors(self):
+        return self._out
+
+    def has_error(self):
+        return self._error is not None
+
+    def error(self):
+        return self._error
+
+
+class PbError:  # pb_utils.TritonError(message, code)
+    INVALID_ARG, INTERNAL, UNAVAILABLE = "INVALID_ARG", "INTERNAL", "UNAVAILABLE"
+
+    def __init__(self, message, code="INTERNAL"):
+        self._msg, self._code = message, code
+
+    def message(self):
+        return self._msg
+
+    def code(self):
+        return self._code
+
+
+class Bls:
+    """pb_utils.InferenceRequest(...).exec(decoupled=True) onto the engine model `engine` behind
+    Triton's dynamic batcher: the requests that arrive within `window` seconds of the first are
+    executed together (one `engine.execute`; `executions` records their counts); each gets the
+    responses its sender sent, with the requested outputs. `refuse`: answer every request with that
+    error response instead (the engine model not ready)."""
+
+    def __init__(self, engine, refuse=None, window=0.5):
+        self.engine, self.refuse, self.window = engine, refuse, window
+        self.lock, self.open, self.executions, self.requests = threading.Lock(), None, [], []
+
+    def InferenceRequest(self, model_name, inputs, requested_output_names):
+        bls = self
+
+        class Call:
+            def exec(self, decoupled=False):
+                assert decoupled and model_name == STREAM_MODEL_NAME
+                req = Request(**{t.name(): t.as_numpy() for t in inputs})
+                bls.requests.append(req)
+                if bls.refuse is not None:
+                    return iter([PbResponse([], PbError(bls.refuse))])
+                bls.join(req)
+                return iter([PbResponse([PbTensor(k, resp.outputs[k]) for k in requested_output_names])
+                             for resp, _ in req.sent])
+
+        return Call()
+
+    def join(self, req):
+        """Queue `req` in the open batch (the first opens it and, after the window, executes it)."""
+        with self.lock:
+            lead = self.open is None
+            if lead:
+                self.open = ([], threading.Event())
+            batch, done = self.open
+            batch.append(req)
+        if lead:
+            time.sleep(self.window)
+            with self.lock:
+                self.open = None
+            self.executions.append(len(batch))
+            self.engine.execute(batch)
+            done.set()
+        assert done.wait(60)
+
+
+@pytest.fixture
+def proxy(stream_model, monkeypatch, tmp_path):
+    """repo.py's PROXY_MODEL_PY (model 'lisa' next to 'lisa_stream', max_batch_size 4), initialised
+    under a stand-in pb_utils whose BLS reaches the stream_model fixture's engine model; -> (proxy,
+    its Bls)."""
+    from lisa_trt.serve.repo import PROXY_MODEL_PY
+
+    cfg, engine = stream_model
+    bls = Bls(engine)
+    pb = types.SimpleNamespace(Tensor=PbTensor, InferenceResponse=PbResponse, TritonError=PbError,
+                               InferenceRequest=bls.InferenceRequest, get_input_tensor_by_name=lambda req, n: req.get(n))
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
+    (tmp_path / "proxy_model.py").write_text(PROXY_MODEL_PY)
+    sys.modules.pop("proxy_model", None)
+    m = importlib.import_module("proxy_model").TritonPythonModel()
+    m.initialize({"model_config": json.dumps({
+        "max_batch_size": 4, "input": [{"name": i.name} for i in cfg.input if i.name not in STREAM_INPUTS],
+        "output": [{"name": o} for o in OUTPUTS], "parameters": {"engine_model": {"string_value": STREAM_MODEL_NAME}}}),
+        "model_instance_name": "lisa_0_0"})
+    yield m, bls
+    m.finalize()
+    sys.modules.pop("proxy_model", None)
+
+
+def _pb(**inputs):
+    return {k: PbTensor(k, v) for k, v in inputs.items()}
+
+
+def test_proxy_lisa_forwards_an_execution_concurrently_and_answers_as_lisa(proxy, pipe, monkeypatch):
+    """Model 'lisa' as the proxy: the requests of one execution reach the engine model together (one
+    engine execution, their rows one decode: `batch` 3), each answered with what 'lisa' answers
+    when it holds the engines (infer_each's outputs; a bad request INVALID_ARG, a server fault
+    INTERNAL with a request id, both without outputs); an engine model that refuses the BLS request
+    gives UNAVAILABLE (HTTP 503) naming it."""
+    m, bls = proxy
+    good = [_pb(prompt=_b("c2", "c3"), seed=np.array([[4], [5]])), _pb(prompt=_b("c4"), seed=np.array([[7]]))]
+    bad = _pb(prompt=_b("zzz"))
+    assert len(m.pool._threads) == 4  # one running thread per request an execution can hold
+    res = m.execute([good[0], bad, good[1]])
+    assert bls.executions == [3]  # forwarded concurrently: the engine's batcher saw them together
+    assert all("partial_images" not in r for r in bls.requests)  # no partials: only the final response
+    out = ServeModel(pipe, max_batch=4).infer_each([{k: t.as_numpy() for k, t in g.items()} for g in good])
+    for r, (err, want) in zip((res[0], res[2]), out):
+        got = {t.name(): t.as_numpy() for t in r.output_tensors()}
+        assert err is None and not r.has_error() and set(got) == set(OUTPUTS)
+        assert np.array_equal(got["image"], want["image"]) and (got["batch"] == 3).all()
+    assert res[1].error().code() == "INVALID_ARG" and "unknown class 'zzz'" in res[1].error().message()
+    assert res[1].output_tensors() == []
+    monkeypatch.setattr(bls.engine.model, "_decode_group", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    (fault,) = m.execute([_pb(prompt=_b("c1"))])
+    assert fault.error().code() == "INTERNAL" and "request id" in fault.error().message()
+    assert "boom" not in fault.error().message()
+    bls.refuse = "Server not ready"
+    (gone,) = m.execute([_pb(prompt=_b("c1"))])
+    assert gone.error().code() == "UNAVAILABLE" and gone.error().message() == "model 'lisa_stream': Server not ready"

@@ -48,7 +48,15 @@ class LlamaGenFamily(ModelFamily):
         T = feats.shape[1]
         n_valid = mask.to(torch.bool).sum(1)
         src = (torch.arange(T, device=feats.device)[None, :] - n_valid[:, None]) % T
-        return uncond_embedding.to(feats.dtype)[src], mask
+        null = uncond_embedding.to(feats.dtype)[src]
+        given = getattr(cond, "negative", None)  # models/captions.GuidedCaptions: negative captions' rows
+        if given is None or not bool(given.any()):
+            return null, mask
+        # a row with a negative caption: its T5 features and mask, placed as any caption's (_left_pad)
+        rows = given.to(feats.device)
+        nf, nm = cond.null
+        return (torch.where(rows[:, None, None], nf.to(device=feats.device, dtype=feats.dtype), null),
+                torch.where(rows[:, None], nm.to(device=mask.device, dtype=mask.dtype), mask))
 
     def conditioning(self, cfg_or_type):
         if getattr(cfg_or_type, "model_type", cfg_or_type) == "c2i":

@@ -25,7 +25,9 @@ def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gi
     if negative_prompt is not None:  # refused (naming why) before any engine loads
         from ..conditions import run_conditions
 
-        run_conditions(rc.family, man.target_config).negatives(negative_prompt, 1)
+        conds = run_conditions(rc.family, man.target_config)
+        conds.negatives(negative_prompt, 1)
+        conds.precheck_negative(man.target_config, encoder_dir)  # a caption bundle's needs its encoder
     # t2i: prompts + encoder checked before engines load
     precheck_prompts(rc.source, prompts, encoder_dir, manifest=man, family=rc.family)
     pipe = Pipeline.from_dir(rc.source, backend=rc.backend, threads=threads, text_encoder=encoder_dir,
