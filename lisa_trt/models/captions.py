@@ -110,9 +110,10 @@ def load_caption_features(path, tcfg=None) -> tuple[torch.Tensor, torch.Tensor, 
     if tcfg is not None:
         want = caption_shape(tcfg)
         if tuple(feats.shape[1:]) != want:
+            h = encoder_hint(family_of(tcfg))
             raise InputError(f"{p}: caption features are (N, {feats.shape[1]}, {feats.shape[2]}); this target needs "
                              f"(N, {want[0]}, {want[1]}) (encode with --max-length {want[0]} and a "
-                             f"{want[1]}-wide T5 encoder, e.g. flan-t5-xl for 2048)")
+                             f"{want[1]}-wide {h['name']} encoder: {h['dir']})")
     return feats, mask, meta
 
 
@@ -147,6 +148,23 @@ def caption_encoder(family, encoder_dir=None, *, required: bool = True, **option
                          f"ModelFamily.captions_module): its targets are not conditioned on caption features; "
                          f"families with one: {have}")
     return importlib.import_module(module).caption_encoder(encoder_dir, required=required, **options)
+
+
+def encoder_hint(family) -> dict:
+    """How a user gives `family`'s caption encoder, for the generic messages: {"name" (what its
+    features are called, e.g. "T5"), "dir" (what --encoder DIR is), "env" (the variable that names a
+    default directory)}, from its `captions` plug-in's ENCODER_HINT; a neutral wording without one."""
+    module = getattr(family, "captions_module", None)
+    hint = getattr(importlib.import_module(module), "ENCODER_HINT", None) if module else None
+    return {"name": "text-encoder", "dir": "the family's caption encoder directory", "env": None, **(hint or {})}
+
+
+def encoder_fix(family, *, cli: bool = True) -> str:
+    """The clause naming how to give `family`'s caption encoder: "pass --encoder DIR (a local
+    flan-t5-xl directory) or set $LISA_TRT_TEXT_ENCODER" for LlamaGen (cli=False: text_encoder=DIR)."""
+    h = encoder_hint(family)
+    arg = "--encoder DIR" if cli else "text_encoder=DIR (CLI: --encoder DIR)"
+    return f"pass {arg} ({h['dir']})" + (f" or set ${h['env']}" if h["env"] else "")
 
 
 def caption_family(name: Optional[str] = None):

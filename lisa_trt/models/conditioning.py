@@ -59,7 +59,7 @@ class CaptionFeatures(Conditioning):
     width: Optional[int] = None
     kind = "caption"
     what_to_pass = ("t2i targets take caption features: conds=(features, mask); CLI: --captions CAPTIONS.txt "
-                    "--encoder T5_DIR, or a .safetensors from `lisa-trt encode-captions`")
+                    "--encoder DIR (the family's caption encoder), or a .safetensors from `lisa-trt encode-captions`")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import InputError
+from ..models.captions import encoder_fix, encoder_hint
 from ..models.conditioning import CaptionFeatures, ClassLabels, TextPrompts, for_kind
 from .class_names import bundle_class_names
 from .prompts import Prompt, class_names_of, parse_classes, parse_prompts
@@ -177,6 +178,11 @@ class ClassConditions(RunConditions):
 class CaptionConditions(RunConditions):
     """Caption features of a text encoder: captions encoded with it, or feature files."""
 
+    @property
+    def _features(self) -> str:
+        """What the family's caption features are called in messages (its plug-in's, e.g. "T5")."""
+        return encoder_hint(self.family)["name"]
+
     def no_negative(self):
         """None: a negative text is encoded by the caption encoder, its features CFG's null rows (guided)."""
         return None
@@ -186,7 +192,7 @@ class CaptionConditions(RunConditions):
         of the learned null caption (text/prompts.with_negative_captions); without one, `cond` as is."""
         from ..text.prompts import with_negative_captions
 
-        return with_negative_captions(cond, negative, encoder)
+        return with_negative_captions(cond, negative, encoder, self.family)
 
     def rows(self, cond, a: int, b: int, encode) -> tuple:
         from ..text.prompts import caption_rows
@@ -198,8 +204,8 @@ class CaptionConditions(RunConditions):
         from ..text.prompts import make_encoder
 
         if make_encoder(encoder_dir, tcfg) is None:
-            raise InputError("--negative-prompt on a T5-caption bundle is encoded by its caption encoder: pass "
-                             "--encoder DIR (a local flan-t5-xl directory) or set $LISA_TRT_TEXT_ENCODER")
+            raise InputError(f"--negative-prompt on a {self._features}-caption bundle is encoded by its caption "
+                             f"encoder: {encoder_fix(self.family)}")
 
     def encoder(self, text_encoder, tcfg):
         from ..text.prompts import make_encoder
@@ -213,8 +219,8 @@ class CaptionConditions(RunConditions):
 
         ps = self.parse_file(prompts_path)
         if any(p.caption is not None for p in ps) and make_encoder(encoder_dir, tcfg) is None:
-            raise InputError(f"{prompts_path} holds captions; encoding them needs a T5 encoder: pass --encoder DIR "
-                             "(a local flan-t5-xl directory) or set $LISA_TRT_TEXT_ENCODER, or use "
+            raise InputError(f"{prompts_path} holds captions; encoding them needs a {self._features} encoder: "
+                             f"{encoder_fix(self.family)}, or use "
                              '{"caption_features": FILE} lines from `lisa-trt encode-captions`')
 
     def parse_file(self, path, class_names=None) -> list:
@@ -224,9 +230,10 @@ class CaptionConditions(RunConditions):
 
     def served(self, value, class_names, encoder) -> tuple:
         if encoder is None:
-            raise InputError("this engine is conditioned on T5 caption features and the server has no text "
-                             "encoder: start it with LISA_TRT_TEXT_ENCODER=DIR (a local flan-t5-xl directory) "
-                             "to serve captions")
+            h = encoder_hint(self.family)
+            start = f"start it with {h['env']}=DIR ({h['dir']})" if h["env"] else "give the pipeline its text_encoder"
+            raise InputError(f"this engine is conditioned on {h['name']} caption features and the server has no text "
+                             f"encoder: {start} to serve captions")
         return super().served(value, class_names, encoder)
 
     def training_captions(self, tcfg, captions, encoder_dir, out_dir, source):

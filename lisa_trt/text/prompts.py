@@ -63,9 +63,13 @@ def t2i_conds(prompts: Sequence, tcfg, encoder=None) -> tuple[tuple, list, list]
         raise InputError("no prompts given")
     captions = [v for k, v in items if k == "caption"]
     if captions and encoder is None:
-        raise InputError("caption prompts need a T5 encoder: pass text_encoder=DIR (CLI: --encoder DIR, or set "
-                         "$LISA_TRT_TEXT_ENCODER), or give precomputed features "
-                         '({"caption_features": FILE} lines from `lisa-trt encode-captions`)')
+        from ..models.captions import encoder_fix, encoder_hint
+        from ..models.family import family_of
+
+        fam = family_of(tcfg)
+        raise InputError(f"caption prompts need a {encoder_hint(fam)['name']} encoder: {encoder_fix(fam, cli=False)}, "
+                         'or give precomputed features ({"caption_features": FILE} lines from '
+                         "`lisa-trt encode-captions`)")
     rows: list[Optional[tuple]] = [None] * len(items)
     for i, (k, v) in enumerate(items):
         if k == "file":
@@ -96,7 +100,7 @@ def cond_len(cond) -> int:
     return cond[0].shape[0] if isinstance(cond, (tuple, list)) else len(cond)
 
 
-def with_negative_captions(cond, negative, encoder):
+def with_negative_captions(cond, negative, encoder, family):
     """Caption features (features (B, L, C), mask (B, L)) and the request's negative texts (one
     text or None per row; None: no row has one) -> the condition whose CFG unconditional rows are
     each negative text encoded by the same caption encoder (models/captions.GuidedCaptions; the
@@ -108,9 +112,11 @@ def with_negative_captions(cond, negative, encoder):
     if not idx:
         return cond
     if encoder is None:
-        raise InputError("a negative_prompt on a T5-caption bundle is encoded by its caption encoder, and none "
-                         "is loaded: pass text_encoder=DIR (CLI: --encoder DIR, or set $LISA_TRT_TEXT_ENCODER; "
-                         "serve: start it with LISA_TRT_TEXT_ENCODER=DIR), or leave negative_prompt out")
+        from ..models.captions import encoder_fix, encoder_hint
+
+        raise InputError(f"a negative_prompt on a {encoder_hint(family)['name']}-caption bundle is encoded by its "
+                         f"caption encoder, and none is loaded: {encoder_fix(family, cli=False)}, or leave "
+                         "negative_prompt out")
     feats, mask = cond
     nf, nm = encoder.encode([negative[i] for i in idx])  # (k, L, C), (k, L): valid tokens first
     null_f, null_m = torch.zeros_like(feats), torch.zeros_like(mask)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import InputError
-from ..models.captions import (caption_conds, caption_encoder, caption_shape, cycle_conds, is_feature_file,
+from ..models.captions import (caption_conds, caption_encoder, caption_shape, cycle_conds, encoder_fix, is_feature_file,
                                load_caption_features, read_captions, save_caption_features)
 
 
@@ -25,9 +25,9 @@ def training_caption_file(tcfg, captions, encoder_dir, out_dir, source: str) -> 
     if captions is None:
         if source == "tokens":
             return None  # the token file carries caption_features (or fails with the fix)
-        raise InputError("t2i drafter training needs captions: pass --captions CAPTIONS.txt --encoder T5_DIR "
-                         "(self-distillation prompts; the paper uses 100k LAION-COCO captions) or --captions "
-                         "FEATURES.safetensors from `lisa-trt encode-captions`")
+        raise InputError(f"t2i drafter training needs captions: pass --captions CAPTIONS.txt with the caption encoder "
+                         f"({encoder_fix(family_of(tcfg))}; self-distillation prompts, the paper uses 100k "
+                         "LAION-COCO captions) or --captions FEATURES.safetensors from `lisa-trt encode-captions`")
     if is_feature_file(captions):
         load_caption_features(captions, tcfg)  # shape check before any work
         return str(captions)
@@ -53,8 +53,10 @@ def prompt_conds(tcfg, captions, encoder_dir, n: Optional[int] = None, what: str
     """(features, mask) for calibrate / bench / generate from --captions (a .txt with
     --encoder, or a feature file), cycled to n rows when n is given; + the caption texts."""
     if captions is None:
-        raise InputError(f"t2i targets need --captions for {what}: a captions .txt (one per line) with --encoder "
-                         "T5_DIR, or a .safetensors from `lisa-trt encode-captions`")
+        from ..models.family import family_of
+
+        raise InputError(f"t2i targets need --captions for {what}: a captions .txt (one per line) with its caption "
+                         f"encoder ({encoder_fix(family_of(tcfg))}), or a .safetensors from `lisa-trt encode-captions`")
     feats, mask, texts = caption_conds(captions, tcfg, encoder_dir=encoder_dir, device=_device())
     if n is not None:
         feats, mask = cycle_conds((feats, mask), n)

@@ -89,3 +89,50 @@ def test_encode_captions_names_its_family(t5_dir, tmp_path, monkeypatch):
     assert t["caption_features"].shape == (2, 120, 12)  # the encoder's default length, LlamaGen's 120
     assert torch.equal(t["caption_features"], t2["caption_features"]) and meta == meta2
     assert meta["max_length"] == 120 and meta["preprocess"] == "lower" and meta["encoder_dtype"] == "float32"
+
+
+def test_the_encoder_wording_comes_from_the_plugin(monkeypatch, tmp_path):
+    """The generic messages name the encoder as its family's plug-in says (ENCODER_HINT): LlamaGen's
+    T5 / flan-t5-xl / $LISA_TRT_TEXT_ENCODER, another plug-in's own words, a neutral one without."""
+    import importlib
+
+    from lisa_trt.runtime.conditions import run_conditions
+    from lisa_trt.testing import make_target
+
+    fam = family_of("t2i")
+    assert MC.encoder_fix(fam) == "pass --encoder DIR (a local flan-t5-xl directory) or set $LISA_TRT_TEXT_ENCODER"
+    plugin = importlib.import_module(fam.captions_module)
+    monkeypatch.setattr(plugin, "ENCODER_HINT", {"name": "CLIP", "dir": "a local clip-vit-l directory", "env": "CLIP_DIR"})
+    assert MC.encoder_fix(fam, cli=False) == ("pass text_encoder=DIR (CLI: --encoder DIR) (a local clip-vit-l "
+                                              "directory) or set $CLIP_DIR")
+    tc = make_target("t2i").config
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a red car\n")
+    monkeypatch.delenv("LISA_TRT_TEXT_ENCODER", raising=False)
+    with pytest.raises(InputError, match=r"needs a CLIP encoder: pass --encoder DIR \(a local clip-vit-l directory\) "
+                                         r"or set \$CLIP_DIR") as e:
+        run_conditions(fam, tc).precheck_file(prompts, tc, None)
+    assert "T5" not in str(e.value) and "flan" not in str(e.value)
+    with pytest.raises(InputError, match="conditioned on CLIP caption features.*start it with CLIP_DIR=DIR"):
+        run_conditions(fam, tc).served("a red car", None, None)
+    assert MC.encoder_hint(SimpleNamespace(captions_module=None))["env"] is None  # no plug-in: neutral words
+
+
+def test_no_generic_error_message_names_t5():
+    """Outside lisa_trt/families, no error message's text names T5, flan-t5 or $LISA_TRT_TEXT_ENCODER
+    (the plug-in's ENCODER_HINT says them); docstrings and comments may."""
+    import ast
+    from pathlib import Path
+
+    root = Path(MC.__file__).resolve().parents[1]
+    hits = []
+    for p in root.rglob("*.py"):
+        if "families" in p.relative_to(root).parts:
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                text = " ".join(c.value for c in ast.walk(node.exc) if isinstance(c, ast.Constant)
+                                and isinstance(c.value, str))
+                if any(w in text for w in ("T5", "flan-t5", "LISA_TRT_TEXT_ENCODER")):
+                    hits.append(f"{p.relative_to(root)}:{node.lineno}")
+    assert hits == []

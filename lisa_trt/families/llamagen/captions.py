@@ -41,6 +41,8 @@ MAX_LENGTH = 120  # LlamaGen t2i: cls_token_num = 120 caption slots
 # for plain captions it reduces to lower-casing, whitespace and punctuation spacing. "none": as given.
 PREPROCESS = ("lower", "none")
 _ENCODER_ENV = "LISA_TRT_TEXT_ENCODER"
+# how a user gives this family's caption encoder (models/captions.encoder_hint: the generic messages)
+ENCODER_HINT = {"name": "T5", "dir": "a local flan-t5-xl directory", "env": _ENCODER_ENV}
 _CACHE_ENV = "LISA_TRT_CAPTION_CACHE"
 
 
