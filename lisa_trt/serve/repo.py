@@ -60,6 +60,7 @@ _MODEL_HEAD = '''"""Triton Python-backend model written by `lisa-trt triton-repo
 import json
 import logging
 import os
+import sys
 
 import triton_python_backend_utils as pb_utils
 
@@ -69,6 +70,8 @@ class TritonPythonModel:
         logging.basicConfig(level=logging.INFO, format="lisa-trt %(levelname)s %(name)s: %(message)s")
         cfg = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
+        if params.get("lisa_trt_src") and params["lisa_trt_src"] not in sys.path:  # the lisa_trt that serves
+            sys.path.insert(0, params["lisa_trt_src"])
         if args.get("model_instance_kind") == "GPU":  # one instance per listed GPU: pin it before CUDA starts
             os.environ["CUDA_VISIBLE_DEVICES"] = str(args["model_instance_device_id"])
         from lisa_trt.runtime.pipeline import Pipeline
@@ -156,6 +159,7 @@ PROXY_MODEL_PY = '''\"\"\"Triton Python-backend model written by `lisa-trt trito
 
 import json
 import logging
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -166,6 +170,9 @@ class TritonPythonModel:
     def initialize(self, args):
         logging.basicConfig(level=logging.INFO, format="lisa-trt %(levelname)s %(name)s: %(message)s")
         cfg = json.loads(args["model_config"])
+        src = cfg["parameters"].get("lisa_trt_src", {}).get("string_value")
+        if src and src not in sys.path:  # the lisa_trt that serves
+            sys.path.insert(0, src)
         self.engine = cfg["parameters"]["engine_model"]["string_value"]
         self.names = [i["name"] for i in cfg["input"]]
         self.outputs = [o["name"] for o in cfg["output"]]
@@ -229,7 +236,8 @@ def _instance_groups(instances: int, kind: str, gpus) -> str:
 
 def config_pbtxt(*, engine_dir: str, backend: str, max_batch: int, max_queue_delay_ms: float, instances: int,
                  kind: str, gpus=None, threads: int = 0, warmup: bool = True,
-                 sjd_window: Optional[int] = None, stream: bool = False, proxy: bool = False) -> str:
+                 sjd_window: Optional[int] = None, stream: bool = False, proxy: bool = False,
+                 source: Optional[str] = None) -> str:
     """A model's config.pbtxt (protobuf text format of Triton's ModelConfig).
 
     Args:
@@ -245,6 +253,8 @@ def config_pbtxt(*, engine_dir: str, backend: str, max_batch: int, max_queue_del
         proxy: the config of model 'lisa' as the proxy of 'lisa_stream' (PROXY_MODEL_PY: no engines,
             one KIND_CPU instance per engine instance, no model_warmup; the engine model's name as
             its parameter `engine_model`).
+        source: a directory the model imports lisa_trt from before any installed copy (parameter
+            `lisa_trt_src`; `serve` passes the one it runs from), None: the stub's own sys.path.
     """
     ins = ",\n".join(
         f'  {{ name: "{n}" data_type: {triton_type(dt, k)} dims: [ 1 ]{"" if n in REQUIRED else " optional: true"} }}'
@@ -255,6 +265,8 @@ def config_pbtxt(*, engine_dir: str, backend: str, max_batch: int, max_queue_del
             f"input [\n{ins}\n]\noutput [\n{outs}\n]\n"
             + ("model_transaction_policy { decoupled: true }\n" if stream else "")
             + f"dynamic_batching {{ max_queue_delay_microseconds: {int(round(max_queue_delay_ms * 1000))} }}\n")
+    if source is not None:
+        head += f'parameters {{ key: "lisa_trt_src" value: {{ string_value: "{source}" }} }}\n'
     if proxy:
         return (head + _instance_groups(instances * max(1, len(gpus or ())), "cpu", None)
                 + f'parameters {{ key: "engine_model" value: {{ string_value: "{STREAM_MODEL_NAME}" }} }}\n')
@@ -271,11 +283,12 @@ def config_pbtxt(*, engine_dir: str, backend: str, max_batch: int, max_queue_del
 def write_triton_repo(engine_dir, repo_dir, *, backend: str = "trt", max_batch: int = 16,
                       max_queue_delay_ms: float = 5.0, instances: int = 1, kind: str = "gpu",
                       copy_engines: bool = False, gpus=None, threads: int = 0, warmup: bool = True,
-                      sjd_window: Optional[int] = None, stream: bool = False) -> Path:
+                      sjd_window: Optional[int] = None, stream: bool = False, source: Optional[str] = None) -> Path:
     """Write the repository (see module docstring and config_pbtxt); returns REPO_DIR.
 
     stream: the engines in the decoupled model 'lisa_stream' (progressive images over gRPC
-    streaming, and every request of 'lisa', which becomes its proxy): one copy of the engines."""
+    streaming, and every request of 'lisa', which becomes its proxy): one copy of the engines.
+    source: the directory the models import lisa_trt from first (config_pbtxt)."""
     from ..export.manifest import read_manifest
     from ..runtime.context import resolve_spec
 
@@ -291,7 +304,7 @@ def write_triton_repo(engine_dir, repo_dir, *, backend: str = "trt", max_batch: 
         raise InputError(f"{repo_dir} exists and is not a lisa-trt Triton repository; choose another directory")
     stage = repo_dir.parent / f".{repo_dir.name}.staging-{uuid.uuid4().hex[:8]}"
     common = dict(backend=backend, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms, instances=instances,
-                  kind=kind, gpus=gpus, threads=threads, sjd_window=sjd_window)
+                  kind=kind, gpus=gpus, threads=threads, sjd_window=sjd_window, source=source)
     try:
         engines = STREAM_MODEL_NAME if stream else MODEL_NAME  # the model that holds the engines
         ver = stage / engines / "1"

@@ -149,6 +149,11 @@ def triton_command(repo: Path, backends: Path, *, host: str, http_port: int, grp
             f"--backend-config=python,shm-region-prefix-name=lisa{os.getpid()}_{int(time.time() * 1000) % 10**8}_"]
 
 
+def lisa_trt_source() -> str:
+    """The directory holding the lisa_trt package this process runs (what the model stubs import)."""
+    return str(Path(__file__).resolve().parents[2])
+
+
 def triton_env(environ=os.environ) -> dict:
     """tritonserver's environment: bundled libraries and this libpython first, this lisa_trt importable."""
     _, libs = _triton_dist()
@@ -156,7 +161,7 @@ def triton_env(environ=os.environ) -> dict:
     fix_libpython_path(env)
     env["LD_LIBRARY_PATH"] = ":".join(p for p in (env.get("LD_LIBRARY_PATH", ""), str(libs)) if p)
     env["PATH"] = f"{Path(sys.exec_prefix) / 'bin'}:{env.get('PATH', '')}"
-    src = str(Path(__file__).resolve().parents[2])  # the stubs import the lisa_trt serving them
+    src = lisa_trt_source()  # also each model's `lisa_trt_src` parameter: the stubs import the lisa_trt serving them
     env["PYTHONPATH"] = ":".join([src] + [p for p in env.get("PYTHONPATH", "").split(":") if p and p != src])
     return env
 
@@ -221,7 +226,7 @@ def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_po
         repo = write_triton_repo(engine_dir, work / "repo", backend=backend, max_batch=max_batch,
                                  max_queue_delay_ms=max_queue_delay_ms, instances=instances,
                                  kind="gpu" if gpus else "cpu", gpus=list(gpus) if gpus else None, threads=per,
-                                 sjd_window=sjd_window, stream=stream)
+                                 sjd_window=sjd_window, stream=stream, source=lisa_trt_source())
         cmd = triton_command(repo, backend_dir(work / "backends"), host=host, http_port=http_port,
                              grpc_port=grpc_port, metrics_port=metrics_port, drain_timeout=drain_timeout,
                              gpu_metrics=bool(gpus))
