@@ -14,6 +14,11 @@ are in its settings and decode_runs):
         --runs R --ablation bench/lisa_ablation.json --notes NOTES.json --json bench/lisa_regimes.json \
         --plot bench/lisa_regimes.png
 
+The t1.3-cfg2 regime-matched run added to it the same way: `train --regime t1.3-cfg2` with --loss eagle3,
+lisa-paper, lisa-additive (400 steps, 2,048 samples), `decode --drafters eagle3,lisa-paper,lisa-additive` in
+two shards (--start 0 --images 128 --oracle-images 64; --start 128 --images 256), `merge`, then
+`report R/t1.3-cfg2.json --previous bench/lisa_regimes.json --notes NOTES.json --json ... --plot ...`.
+
 The shipped drafters' decodes (demo-eagle3 / demo-lisa at t1.6-cfg1 and t1.3-cfg2, from an earlier
 run) are kept in decode_runs. `train`: a fresh drafter per (regime,
 loss) trained by lisa_trt.train.trainer.train_drafter on sequences the target samples IN THAT
@@ -418,6 +423,8 @@ def summarize_regime(dec: dict, runs: Path) -> dict:
            "oracle_class_acc_se": o["class_acc_se"], "drafters": {}, "rows": {}}
     if "target_entropy_U" in dec:
         out["U"], out["U_se"] = mean_se(dec["target_entropy_U"]["per_image"])
+    if dec.get("lisa_selection"):  # what LISA's selection marks on the regime's exact samples, per drafter
+        out["selection"] = dec["lisa_selection"]
     for label, r in res.items():
         name, rule = label.split(":", 1)
         if name == "oracle":
@@ -469,7 +476,8 @@ def markdown(summary: dict) -> str:
                    f"{s['oracle_mal_se']:.3f} | 1 | | {s['oracle_class_acc']:.3f} +- {s['oracle_class_acc_se']:.3f} | | |")
         for label, r in s["rows"].items():
             name, rule = label.split(":", 1)
-            v = s.get("view", {}).get("lisa_selection", {}).get(name, {}).get("lisa-paper")
+            seen = s.get("view", {}).get("lisa_selection") or s.get("selection", {})  # a view's, else the decode's
+            v = seen.get(name, {}).get("lisa-paper")
             sel = f"{v['score_nonzero']:.3f} / {v['selected']:.3f}" if v and rule == "exact" else ""
             eff = f"{r['efficiency']:.3f} +- {r['efficiency_se']:.3f}" if "efficiency" in r else ""
             p = r.get("vs_eagle3")
@@ -502,7 +510,8 @@ def _plot_rule(ax, summary: dict, rule: str) -> None:
         ax.errorbar([q[0] - 0.004 for q in pts], [q[1] for q in pts], yerr=[2 * q[2] for q in pts], color="k", ls="--",
                     marker="s", capsize=3, label="oracle drafter")
     for reg, s in decoded.items():
-        ax.annotate(reg, (s["U"], 0.02), xycoords=("data", "axes fraction"), fontsize=7)
+        ax.annotate(reg, (s["U"], 0.08 if reg.endswith("matched") else 0.02), xycoords=("data", "axes fraction"),
+                    fontsize=7)  # a matched regime's label above the shipped drafters' at the same U
     ax.set_xlabel("target entropy U = H(p) / log V (mean over positions)")
     ax.set_ylabel("MAL (bars: 2 SE over images, unpaired)")
     ax.set_title(rule, fontsize=9)

@@ -156,3 +156,29 @@ def test_report_extends_a_recorded_report_by_new_regimes(regimes, tmp_path):
     r2 = json.loads(out.read_text())["summary"]["t1.6-cfg1, matched"]
     assert "lisa-additive:exact" in r2["rows"] and "lisa-paper:exact" not in r2["rows"]  # decoded again: replaced
     assert r2["view"]["marker"] == 1  # its view is kept
+
+
+def test_a_decodes_selection_statistics_reach_the_summary_and_table(regimes, tmp_path):
+    """A regime decoded without a `view` run still reports what LISA's selection marked: merge pools
+    the shards' statistics by positions, summarize_regime keeps them, the table prints them."""
+    def sel(nonzero, positions):
+        paper = {"score_nonzero": nonzero, "selected": nonzero, "weight_share_unselected": 0.2, "positions": positions}
+        return {"eagle3": {"alpha": 0.8, "lisa-paper": paper, "positions": positions}}
+
+    paths = []
+    for start, nonzero, positions in ((0, 0.1, 30), (2, 0.4, 10)):
+        p = Path(_shard(tmp_path / f"s{start}.json", start,
+                        {"eagle3:exact": [1.0, 1.5]} | ({"oracle:exact": [2.0, 2.0]} if start == 0 else {})))
+        d = json.loads(p.read_text())
+        d["lisa_selection"] = sel(nonzero, positions)
+        p.write_text(json.dumps(d))
+        paths.append(str(p))
+    out = tmp_path / "m.json"
+    regimes.main(["merge", *paths, "--json", str(out)])
+    s = regimes.summarize_regime(json.loads(out.read_text()), tmp_path)
+    paper = s["selection"]["eagle3"]["lisa-paper"]
+    assert paper["score_nonzero"] == pytest.approx((0.1 * 30 + 0.4 * 10) / 40)
+    assert paper["positions"] == 40
+    row = next(line for line in regimes.markdown({"t1.6-cfg1, matched": s}).splitlines()
+               if "| eagle3 |" in line and "| exact |" in line)
+    assert "0.175 / 0.175" in row
