@@ -476,7 +476,8 @@ def markdown(summary: dict) -> str:
                    f"{s['oracle_mal_se']:.3f} | 1 | | {s['oracle_class_acc']:.3f} +- {s['oracle_class_acc_se']:.3f} | | |")
         for label, r in s["rows"].items():
             name, rule = label.split(":", 1)
-            seen = s.get("view", {}).get("lisa_selection") or s.get("selection", {})  # a view's, else the decode's
+            # per drafter: a view's statistics, else the decode's own
+            seen = {**s.get("selection", {}), **s.get("view", {}).get("lisa_selection", {})}
             v = seen.get(name, {}).get("lisa-paper")
             sel = f"{v['score_nonzero']:.3f} / {v['selected']:.3f}" if v and rule == "exact" else ""
             eff = f"{r['efficiency']:.3f} +- {r['efficiency_se']:.3f}" if "efficiency" in r else ""

@@ -182,3 +182,8 @@ def test_a_decodes_selection_statistics_reach_the_summary_and_table(regimes, tmp
     row = next(line for line in regimes.markdown({"t1.6-cfg1, matched": s}).splitlines()
                if "| eagle3 |" in line and "| exact |" in line)
     assert "0.175 / 0.175" in row
+    # a view of other drafters does not hide the decode's statistics of this one
+    s["view"] = {"lisa_selection": {"lisa-paper": {"lisa-paper": {"score_nonzero": 0.5, "selected": 0.5}}}}
+    row = next(line for line in regimes.markdown({"t1.6-cfg1, matched": s}).splitlines()
+               if "| eagle3 |" in line and "| exact |" in line)
+    assert "0.175 / 0.175" in row
