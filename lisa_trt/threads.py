@@ -159,15 +159,6 @@ def ort_threads(threads=None) -> int:
     return _applied if _applied is not None else resolve_threads(None)
 
 
-def ort_session_options(so, threads=None):
-    """Set intra-op threads and passive waiting on an `onnxruntime.SessionOptions`; returns it."""
-    so.intra_op_num_threads = ort_threads(threads)
-    so.inter_op_num_threads = 1
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    return so
-
-
 def describe() -> dict:
     """What the policy sees (for benchmarks and bug reports)."""
     import torch

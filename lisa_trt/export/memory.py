@@ -57,15 +57,6 @@ def children_peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def current_rss_bytes() -> Optional[int]:
-    """The resident set now (Linux /proc), or None where it cannot be read."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * resource.getpagesize()
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 _LIBC = None
 
 

@@ -50,11 +50,6 @@ def read_captions(path) -> list[str]:
     return [ln.strip() for ln in lines]
 
 
-def check_captions_file(path) -> int:
-    """Validate a captions file without encoding anything; returns the number of captions."""
-    return len(read_captions(path))
-
-
 def is_feature_file(path) -> bool:
     return Path(path).suffix.lower() in (".safetensors", ".npy")
 

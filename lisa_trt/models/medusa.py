@@ -192,10 +192,3 @@ def load_medusa(path, target: nn.Module, *, check_target: bool = True) -> Medusa
     except RuntimeError as e:
         raise CheckpointError(f"{path} does not match its own Medusa config: {e}") from e
     return m.to(target.output.weight.device).eval()
-
-
-def read_medusa_config(path) -> MedusaConfig:
-    cp = Path(path).with_suffix(".json")
-    if not cp.is_file():
-        raise CheckpointError(f"no Medusa config {cp} next to {path}")
-    return MedusaConfig.from_dict(json.loads(cp.read_text())["config"])

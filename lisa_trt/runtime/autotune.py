@@ -136,10 +136,6 @@ class DecodeChoice:
         return cls(**{f.name: d.get(f.name) for f in dataclasses.fields(cls)})
 
 
-def _tree_key(t: dict) -> tuple:
-    return int(t["top_k"]), int(t["depth"]), int(t["total_tokens"])
-
-
 def choose_decoding(*, backend: str, precision: str, verify_cost: Optional[dict] = None,
                     draft_cost: Optional[Callable[[int], float]] = None, accept: Optional[Sequence[float]] = None,
                     host_step_s: float = 0.0, measured: Optional[Sequence[dict]] = None,

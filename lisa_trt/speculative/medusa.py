@@ -1,4 +1,4 @@
-"""Medusa heads through the speculative loop (DrafterEngine protocol), torch or ONNX Runtime.
+"""Medusa heads through the speculative loop (DrafterEngine protocol).
 
 `medusa_pair(target, heads)` returns (target proxy, drafter) to give SpeculativeDecoder in place
 of (target, drafter); verification (exact / lantern / gasv / greedy) is unchanged.
@@ -14,7 +14,7 @@ of (target, drafter); verification (exact / lantern / gasv / greedy) is unchange
   (the topology follows the heads' confidence instead of Medusa's fixed sparse tree).
 
 `heads` is anything with `head_logits(hidden (B, S, H), depth (B, S)) -> logits (B, S, V)`:
-`MedusaHeads` (torch) or `OrtMedusaHeads` (the graph exported by `export_medusa_onnx`).
+`MedusaHeads` (torch) or `GraphMedusaHeads` (the heads' graph in an engine bundle, engines/medusa_graph.py).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class MedusaDrafter:
 
 
 def medusa_pair(target, heads):
-    """(target proxy, drafter) for SpeculativeDecoder; `heads`: MedusaHeads or OrtMedusaHeads."""
+    """(target proxy, drafter) for SpeculativeDecoder; `heads`: MedusaHeads or GraphMedusaHeads."""
     proxy = target if isinstance(target, MedusaTarget) else MedusaTarget(target)
     return proxy, MedusaDrafter(heads, heads.config.dim)
 

@@ -1,4 +1,4 @@
-"""Medusa heads: model, the decode loop adapter, training (plain and LISA), ONNX export + ORT."""
+"""Medusa heads: model, the decode loop adapter, training (plain and LISA); in a bundle: test_medusa_bundle.py."""
 
 import json
 
@@ -45,7 +45,7 @@ def test_greedy_medusa_speculation_is_token_identical(cfg_scale, check_stats):
 
 
 @pytest.mark.parametrize("loss", ["eagle3", "lisa"])
-def test_train_save_load_export_and_run_with_ort(tmp_path, loss):
+def test_train_save_and_load(tmp_path, loss):
     from lisa_trt.train import DataConfig, LossConfig, TrainConfig
     from lisa_trt.train.medusa import train_medusa
 
@@ -57,22 +57,7 @@ def test_train_save_load_export_and_run_with_ort(tmp_path, loss):
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2, 3] and all(len(r["top1_h"]) == 2 for r in lines)
     assert len(res["eval"]["accept_h"]) == 2
-    heads = load_medusa(res["drafter"], t)
-    if loss == "lisa":
-        return
-    pytest.importorskip("onnxruntime")
-    from lisa_trt.engines.medusa_ort import load_ort_medusa
-    from lisa_trt.export.medusa_onnx import export_medusa_onnx
-
-    export_medusa_onnx(heads, tmp_path / "onnx")
-    ort_heads = load_ort_medusa(tmp_path / "onnx", t)
-    h, d = torch.randn(2, 4, t.config.dim), torch.tensor([[0, 1, 2, 0], [1, 1, 0, 3]])
-    assert torch.allclose(ort_heads.head_logits(h, d), heads.head_logits(h, d), atol=1e-4)
-    cond = torch.tensor([3])
-    s, spec = SamplingConfig(cfg_scale=2.0), SpecConfig.make("exact", top_k=2, depth=2, total_tokens=6)
-    a, sa = SpeculativeDecoder(*medusa_pair(t, ort_heads)).generate(cond, sampling=s, spec=spec, seed=4)
-    b, sb = SpeculativeDecoder(*medusa_pair(t, heads)).generate(cond, sampling=s, spec=spec, seed=4)
-    assert torch.equal(a, b) and sa.mal == sb.mal
+    assert load_medusa(res["drafter"], t).config.n_heads == 2  # saved for this target, loads
 
 
 def test_artifact_checks(tmp_path):
@@ -102,31 +87,6 @@ def test_bundled_demo_medusa_lisa_loads_by_name_and_decodes():
         torch.tensor([2]), sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
         spec=SpecConfig.make("exact", top_k=3, depth=3, total_tokens=10), num_tokens=24)
     assert torch.equal(toks, ref) and st.mal > 1.0
-
-
-def test_medusa_with_an_ort_target_and_ort_heads(tmp_path):
-    """Every graph through ONNX Runtime: OrtTarget + OrtMedusaHeads give torch's tokens."""
-    pytest.importorskip("onnxruntime")
-    from lisa_trt.engines.ort import load_ort_engines
-    from lisa_trt.engines.medusa_ort import load_ort_medusa
-    from lisa_trt.export.medusa_onnx import export_medusa_onnx
-    from lisa_trt.export import export_bundle
-
-    t = make_target(std=0.3)
-    torch.manual_seed(1)
-    heads = MedusaHeads.from_target(t, n_heads=2).eval()
-    with torch.no_grad():
-        for blk in heads.blocks:
-            blk.linear.weight.normal_(std=0.05)
-    export_bundle(t, None, None, None, tmp_path / "e", max_tree=8, lint=False, progress=False)
-    export_medusa_onnx(heads, tmp_path / "e")
-    eng = load_ort_engines(tmp_path / "e", threads=1)
-    cond = torch.tensor([1])
-    s, spec = SamplingConfig(cfg_scale=2.0), SpecConfig.make("exact", top_k=2, depth=2, total_tokens=6)
-    a, sa = SpeculativeDecoder(*medusa_pair(eng.target, load_ort_medusa(tmp_path / "e", t))).generate(
-        cond, sampling=s, spec=spec, seed=5)
-    b, sb = SpeculativeDecoder(*medusa_pair(t, heads)).generate(cond, sampling=s, spec=spec, seed=5)
-    assert torch.equal(a, b) and sa.mal == pytest.approx(sb.mal)
 
 
 # ----------------------------------------------------------------------------- a layout's vocabulary

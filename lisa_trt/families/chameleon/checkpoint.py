@@ -15,7 +15,7 @@ from typing import Union
 import torch
 
 from ...errors import ConfigError
-from ...models.hf import read_weights, rope_params, strict_copy
+from ...models.hf import rope_params
 from ..prompt_family import read_config_json
 from ..prompt_target import load_vocab_target
 from .model import ChameleonConfig, ChameleonTarget
@@ -27,11 +27,6 @@ _CONFIG_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_
                   "num_attention_heads", "max_position_embeddings", "rms_norm_eps", "hidden_act",
                   "attention_bias", "mlp_bias", "swin_norm", "tie_word_embeddings", "bos_token_id",
                   "eos_token_id", "vocabulary_map")
-
-
-def is_chameleon_dir(path) -> bool:
-    """True for a directory (the only checkpoint form of this family)."""
-    return isinstance(path, (str, Path)) and Path(path).is_dir()
 
 
 def read_chameleon_config(path: PathLike) -> ChameleonConfig:
@@ -54,11 +49,6 @@ def read_chameleon_config(path: PathLike) -> ChameleonConfig:
         raise ConfigError(f"{cfg_path}: {e}") from e
 
 
-def read_chameleon_weights(path: PathLike) -> dict:
-    """All tensors of a (possibly sharded) safetensors checkpoint directory."""
-    return read_weights(Path(path))
-
-
 def implied_config(sd: dict) -> str:
     """Describe the config a state dict implies (from tensor shapes)."""
     try:
@@ -71,13 +61,6 @@ def implied_config(sd: dict) -> str:
         return ""
     return (f"the weights imply vocab_size={vocab}, hidden_size={hidden}, num_hidden_layers={layers}, "
             f"num_attention_heads={heads}, num_key_value_heads={kv}, intermediate_size={inter}")
-
-
-def strict_load_chameleon(model: ChameleonTarget, sd: dict, where: str) -> None:
-    """Strict load with every problem listed and the config the weights imply."""
-    sd = {k: v for k, v in sd.items() if not k.startswith(_IGNORED_PREFIXES)}
-    tied = ("lm_head.weight",) if model.config.tie_word_embeddings else ()
-    strict_copy(model, sd, where, model.config.describe(), implied_config(sd), ignore=tied)
 
 
 def load_chameleon(path: PathLike, device="cpu", dtype=torch.float32) -> ChameleonTarget:
