@@ -3,7 +3,7 @@
     python -m pytest -q tests/test_architecture.py     # or: python tests/test_architecture.py
 
 Floors, top to bottom (a module may import its own floor and any floor below, never above):
-    cli -> serve / harness -> runtime -> train / calibration tools -> families -> deploy -> engines
+    cli -> serve / harness -> runtime -> train / text / calibration tools -> families -> deploy -> engines
         -> export -> calibration -> speculative -> models -> core
 and no two modules import each other, directly or through others (no import circles). There is no
 exception: a family package (families/<name>/, its export and shapes plugins included) sits above
@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[1] / "lisa_trt"
 FLOORS = {
     "cli": 11, "launcher": 11, "__main__": 11,  # cli: the lisa_trt/cli/ package, one module per command group
     "serve": 10, "harness": 10,                 # Triton serving; the bench harness (`lisa-trt bench`)
-    "runtime": 9, "text": 9,                    # open a bundle into a resolved run; Pipeline; caption plumbing
+    "runtime": 9,                               # open a bundle into a resolved run; Pipeline; the conditions adapters
     "train": 8, "artifacts": 8, "demo": 8, "quality": 8, "testing": 8,
+    "text": 8,                                  # caption plumbing the runtime's caption adapter calls
     "families": 7,                              # one package per model family (export / shapes plugins too)
     "deploy": 6,                                # TensorRT build, TensorRT lint, memory plan, operator audit
     "engines": 5,                               # the graph-runner protocol and the backends

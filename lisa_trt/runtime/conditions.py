@@ -15,7 +15,7 @@ every command and the Pipeline, so none of them asks which kind it runs:
     conds.class_names(bundle_names), conds.num_classes   # what a class prompt may name (0 / None: no classes)
     conds.training_captions(...), conds.training_rollouts(...)   # `lisa-trt train`'s data of this kind
 
-Floors: runtime (imports models, export.manifest, text and runtime.prompts).
+Floors: runtime (imports models, export.manifest, text/ (a floor below) and runtime.prompts).
 """
 
 from __future__ import annotations
@@ -203,14 +203,14 @@ class CaptionConditions(RunConditions):
         """A negative text is encoded by the caption encoder: one must be given (or configured)."""
         from ..text.prompts import make_encoder
 
-        if make_encoder(encoder_dir, tcfg) is None:
+        if make_encoder(encoder_dir, tcfg, self.family) is None:
             raise InputError(f"--negative-prompt on a {self._features}-caption bundle is encoded by its caption "
                              f"encoder: {encoder_fix(self.family)}")
 
     def encoder(self, text_encoder, tcfg):
         from ..text.prompts import make_encoder
 
-        return make_encoder(text_encoder, tcfg)
+        return make_encoder(text_encoder, tcfg, self.family)
 
     def precheck_file(self, prompts_path, tcfg, encoder_dir) -> None:
         """A prompts file holding captions needs the family's caption encoder: checked before any
@@ -218,7 +218,7 @@ class CaptionConditions(RunConditions):
         from ..text.prompts import make_encoder
 
         ps = self.parse_file(prompts_path)
-        if any(p.caption is not None for p in ps) and make_encoder(encoder_dir, tcfg) is None:
+        if any(p.caption is not None for p in ps) and make_encoder(encoder_dir, tcfg, self.family) is None:
             raise InputError(f"{prompts_path} holds captions; encoding them needs a {self._features} encoder: "
                              f"{encoder_fix(self.family)}, or use "
                              '{"caption_features": FILE} lines from `lisa-trt encode-captions`')
@@ -242,9 +242,29 @@ class CaptionConditions(RunConditions):
         return training_caption_file(tcfg, captions, encoder_dir, out_dir, source)
 
     def parse(self, prompts, tcfg, class_names, encoder) -> tuple:
+        """Caption strings or Prompt lines (a caption, or a caption_features file) -> their features."""
         from ..text.prompts import t2i_conds
 
-        return t2i_conds(prompts, tcfg, encoder)
+        items, overrides = [], []
+        for i, p in enumerate(prompts):
+            if isinstance(p, Prompt):
+                overrides.append(dict(seed=p.seed, cfg=p.cfg))
+                if p.caption is not None:
+                    items.append(("caption", p.caption))
+                elif p.caption_features is not None:
+                    items.append(("file", p.caption_features))
+                else:
+                    raise InputError(f"prompt on line {p.line} has no caption (t2i model)")
+            elif isinstance(p, str):
+                if not p.strip():
+                    raise InputError(f"prompt {i} is an empty caption")
+                items.append(("caption", p.strip()))
+                overrides.append({})
+            else:
+                raise InputError(f"t2i prompts are caption strings or Prompt objects, got {type(p).__name__} "
+                                 "(for precomputed features pass a Prompt(caption_features=FILE))")
+        cond, labels = t2i_conds(items, tcfg, encoder, self.family)
+        return cond, overrides, labels
 
     def given(self, rc, *, prompts, classes, captions, encoder_dir) -> tuple:
         from ..text.train import prompt_conds

@@ -1,5 +1,5 @@
-"""Caption conditioning at the runtime floor: caption prompts of the Pipeline and `lisa-trt run`
-(prompts.py), the caption inputs of train / calibrate / bench / generate (train.py) and
+"""Caption conditioning, one floor below the runtime (runtime/conditions.py calls it): caption
+prompts of the Pipeline and `lisa-trt run` (prompts.py), the caption inputs of train / calibrate / bench / generate (train.py) and
 `lisa-trt encode-captions` (cli.py), for every family conditioned on caption features.
 
 The caption and feature files are models/captions.py; each family's own text encoder is a

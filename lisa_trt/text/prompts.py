@@ -1,6 +1,7 @@
 """Caption prompts for `Pipeline.generate` / `lisa-trt run`: caption strings (encoded with the
 pipeline's caption encoder, its family's plug-in, cached by caption hash) or precomputed feature
-files. The run's caption adapter (runtime/conditions.CaptionConditions) calls these."""
+files. The run's caption adapter (runtime/conditions.CaptionConditions, a floor above) calls these
+with the run's family; nothing here imports the runtime."""
 
 from __future__ import annotations
 
@@ -11,17 +12,16 @@ import torch
 from ..errors import InputError
 
 
-def make_encoder(text_encoder, tcfg, device="cpu"):
-    """None, an encoder object, or a directory -> the target's family's caption encoder, checked
-    against the target (nothing is loaded yet). None: the family's configured default directory
-    (LlamaGen: $LISA_TRT_TEXT_ENCODER), else None (then only feature files are accepted)."""
+def make_encoder(text_encoder, tcfg, family, device="cpu"):
+    """None, an encoder object, or a directory -> the caption encoder of the target's `family`,
+    checked against the target (nothing is loaded yet). None: the family's configured default
+    directory (LlamaGen: $LISA_TRT_TEXT_ENCODER), else None (then only feature files are accepted)."""
     import os
 
     from ..models.captions import caption_encoder, caption_shape
-    from ..models.family import family_of
 
     if text_encoder is None or isinstance(text_encoder, (str, os.PathLike)):  # a directory, or none given
-        text_encoder = caption_encoder(family_of(tcfg), text_encoder, required=text_encoder is not None,
+        text_encoder = caption_encoder(family, text_encoder, required=text_encoder is not None,
                                        device=device, max_length=caption_shape(tcfg)[0])
         if text_encoder is None:
             return None
@@ -32,42 +32,24 @@ def make_encoder(text_encoder, tcfg, device="cpu"):
     return text_encoder
 
 
-def t2i_conds(prompts: Sequence, tcfg, encoder=None) -> tuple[tuple, list, list]:
-    """Prompts (caption strings, or runtime.prompts.Prompt with caption / caption_features)
-    -> ((features (B, L, C), mask (B, L)), per-prompt overrides, per-prompt labels).
+def t2i_conds(items: Sequence[tuple], tcfg, encoder, family) -> tuple[tuple, list]:
+    """Caption prompts, each ("caption", text) or ("file", a caption-features file of one caption)
+    (runtime/conditions.CaptionConditions.parse makes them of a run's prompts)
+    -> ((features (B, L, C), mask (B, L)), per-prompt labels); `family`: the target's (its
+    encoder's name in messages).
 
     Every prompt is checked (and a missing encoder reported) before anything is encoded.
     """
-    from ..runtime.prompts import Prompt
     from ..models.captions import load_caption_features
 
-    items, overrides = [], []
-    for i, p in enumerate(prompts):
-        if isinstance(p, Prompt):
-            overrides.append(dict(seed=p.seed, cfg=p.cfg))
-            if p.caption is not None:
-                items.append(("caption", p.caption))
-            elif p.caption_features is not None:
-                items.append(("file", p.caption_features))
-            else:
-                raise InputError(f"prompt on line {p.line} has no caption (t2i model)")
-        elif isinstance(p, str):
-            if not p.strip():
-                raise InputError(f"prompt {i} is an empty caption")
-            items.append(("caption", p.strip()))
-            overrides.append({})
-        else:
-            raise InputError(f"t2i prompts are caption strings or Prompt objects, got {type(p).__name__} "
-                             "(for precomputed features pass a Prompt(caption_features=FILE))")
     if not items:
         raise InputError("no prompts given")
     captions = [v for k, v in items if k == "caption"]
     if captions and encoder is None:
         from ..models.captions import encoder_fix, encoder_hint
-        from ..models.family import family_of
 
-        fam = family_of(tcfg)
-        raise InputError(f"caption prompts need a {encoder_hint(fam)['name']} encoder: {encoder_fix(fam, cli=False)}, "
+        raise InputError(f"caption prompts need a {encoder_hint(family)['name']} encoder: "
+                         f"{encoder_fix(family, cli=False)}, "
                          'or give precomputed features ({"caption_features": FILE} lines from '
                          "`lisa-trt encode-captions`)")
     rows: list[Optional[tuple]] = [None] * len(items)
@@ -86,7 +68,7 @@ def t2i_conds(prompts: Sequence, tcfg, encoder=None) -> tuple[tuple, list, list]
                 rows[i] = (feats[j], mask[j])
     cond = (torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows]))
     labels = [{"caption": v} if k == "caption" else {"caption_features": v} for k, v in items]
-    return cond, overrides, labels
+    return cond, labels
 
 
 def cond_rows(cond, a: int, b: int):
