@@ -18,7 +18,6 @@ family claims, and engine_shape(dir, manifest=None) for its engine directories (
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import struct
@@ -149,7 +148,7 @@ def _plugins() -> list:
     """[(ModelFamily, its shape plugin module)] of every family that has one."""
     from ..models.family import families
 
-    return [(f, importlib.import_module(f.shapes_module)) for f in families() if getattr(f, "shapes_module", None)]
+    return [(f, f.shapes) for f in families() if f.shapes is not None]
 
 
 def _plugin(family_name: str):

@@ -13,16 +13,15 @@ gives back the target / VQ configurations.
 
 The generic exporter (export/onnx.py), validation, quantization, the graph engines and the
 TensorRT checks ask the family and never name one. Each family package defines its own in an
-`export` sub-module (families/<name>/export.py, which sits at the export floor:
-tests/test_architecture.py) and registers it with `register_export_family`; this registry imports
-that module on first use from the model family's `ModelFamily.export_module`, so it imports no
+`export` sub-module (families/<name>/export.py, on the families' floor, above this one:
+tests/test_architecture.py) and registers it with `register_export_family`; this registry has the
+model family import that plug-in on first use (`ModelFamily.plugin("export")`), so it imports no
 family itself. The drafter, GASV and Medusa graphs are family-independent: `ExportFamily` draws
 and references them itself.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Optional
 
 import torch
@@ -333,17 +332,17 @@ def _model_families() -> list:
 
 
 def _load(name: str) -> None:
-    """Import the export plugin of the model family called `name` (its `export_module`), if any."""
+    """Import the export plug-in of the model family called `name` (ModelFamily.plugin), if any."""
     for fam in _model_families():
-        if fam.name == name and getattr(fam, "export_module", None):
-            importlib.import_module(fam.export_module)  # registers itself
+        if fam.name == name:
+            fam.plugin("export")  # registers itself
 
 
 def export_families() -> list:
-    """Every family's ExportFamily (each model family's export plugin imported), registration order."""
+    """Every family's ExportFamily (each model family's export plug-in imported), registration order."""
     for fam in _model_families():
-        if fam.name not in _FAMILIES and getattr(fam, "export_module", None):
-            importlib.import_module(fam.export_module)
+        if fam.name not in _FAMILIES:
+            fam.plugin("export")
     return list(_FAMILIES.values())
 
 

@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from ..config import find_multiple
 from ..errors import ConfigError, InputError
+from ..models.family import FamilyTarget
 from ..models.layers import KVCache, RMSNorm, RotaryTarget, TargetOutput, teacher_forcing_plan
 from ..models.prompts import Prompts, PromptTarget, prefill_plan
 
@@ -56,7 +57,7 @@ def load_vocab_target(make, cfg, path, implied, *, head_key: str, skip, device="
     return model.eval().to(device)
 
 
-class VocabPromptTarget(PromptTarget, RotaryTarget, nn.Module):
+class VocabPromptTarget(FamilyTarget, PromptTarget, RotaryTarget, nn.Module):
     """Base of an HF decoder target whose head is the whole vocabulary (see module docstring).
 
     Subclasses set `config` (an HFDecoderShape with vocab_size, max_position_embeddings,
@@ -72,9 +73,7 @@ class VocabPromptTarget(PromptTarget, RotaryTarget, nn.Module):
     def null_cond(self, cond) -> Prompts:
         """The CFG rows of `cond`: the family's rule (models/family.ModelFamily.null_cond), the one
         place it is written for the torch target, the exported graphs and the family."""
-        from ..models.family import family_of
-
-        return family_of(self.config).null_cond(self.config, cond)
+        return self.model_family.null_cond(self.config, cond)
 
     @property
     def output(self) -> nn.Linear:

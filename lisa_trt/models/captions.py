@@ -5,17 +5,17 @@ A caption-conditioned family brings its own text encoder as a plug-in of its pac
 families/llamagen/captions.py). What every such family shares lives here: caption text files,
 feature files (`caption_features` (N, L, C) + `caption_mask` (N, L), valid tokens first, as
 `lisa-trt encode-captions` writes them), the target's caption shape, and the one way to reach a
-family's encoder (`caption_encoder`, through the registry by module name, never a static import).
+family's encoder (`caption_encoder`, through the family's `captions` plug-in that the family object
+imports once and holds, `ModelFamily.captions`, never a static import).
 
 Every check (caption file, feature shape, the encoder's own directory checks) runs before any
 model is loaded, so a bad input fails in milliseconds with the fix in the message.
 
-Floors: models (imports only core modules and models/; the family plug-in is imported by name).
+Floors: models (imports only core modules and models/; the family object holds its plug-in).
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -136,21 +136,21 @@ def caption_encoder(family, encoder_dir=None, *, required: bool = True, **option
 
     required=False: None when no directory is given or configured (then only feature files work).
     InputError naming the families that have one when `family` has no caption encoder."""
-    module = family.captions_module
-    if module is None:
+    plugin = family.captions
+    if plugin is None:
         have = ", ".join(f.name for f in families() if f.captions_module) or "none"
         raise InputError(f"the {family.name} family has no caption encoder (no `captions` plug-in in its package, "
                          f"ModelFamily.captions_module): its targets are not conditioned on caption features; "
                          f"families with one: {have}")
-    return importlib.import_module(module).caption_encoder(encoder_dir, required=required, **options)
+    return plugin.caption_encoder(encoder_dir, required=required, **options)
 
 
 def encoder_hint(family) -> dict:
     """How a user gives `family`'s caption encoder, for the generic messages: {"name" (what its
     features are called, e.g. "T5"), "dir" (what --encoder DIR is), "env" (the variable that names a
     default directory)}, from its `captions` plug-in's ENCODER_HINT; a neutral wording without one."""
-    module = getattr(family, "captions_module", None)
-    hint = getattr(importlib.import_module(module), "ENCODER_HINT", None) if module else None
+    plugin = family.captions if getattr(family, "captions_module", None) else None
+    hint = getattr(plugin, "ENCODER_HINT", None)
     return {"name": "text-encoder", "dir": "the family's caption encoder directory", "env": None, **(hint or {})}
 
 

@@ -142,26 +142,48 @@ class ModelFamily:
     train_defaults: dict = {}  # TrainConfig / DataConfig values of its self-distillation runs
     default_captions: tuple = ()  # text-prompt families: self-distillation / calibration captions when none given
 
-    # -- plug-ins, found by name in the family's own package (its one registration is _BUILTIN)
+    # -- plug-ins: modules of the family's own package, found by name (`export`, `shapes`, `captions`;
+    # its one registration is _BUILTIN) and imported once, on first use, by `plugin`
 
     @property
     def export_module(self) -> Optional[str]:
-        """`<package>.export`, the module registering the family's ExportFamily (export/families.py
-        imports it on first use); None when the package has none (the family cannot be exported)."""
+        """`<package>.export`, the module registering the family's ExportFamily; None when the
+        package has none (the family cannot be exported)."""
         return self._plugin("export")
 
     @property
     def shapes_module(self) -> Optional[str]:
-        """`<package>.shapes`, the family's memory-plan shapes (deploy/model_shapes.py imports it on
-        first use); None when the package has none (its models cannot be planned)."""
+        """`<package>.shapes`, the family's memory-plan shapes; None when the package has none (its
+        models cannot be planned)."""
         return self._plugin("shapes")
 
     @property
     def captions_module(self) -> Optional[str]:
-        """`<package>.captions`, the family's caption encoder (models/captions.py imports it by name and
-        calls its `caption_encoder(encoder_dir, required=, **options)`); None when the package has
-        none (its targets are not conditioned on caption features, `lisa-trt encode-captions` refuses it)."""
+        """`<package>.captions`, the family's caption encoder (`caption_encoder(encoder_dir, required=,
+        **options)`, `ENCODER_HINT`); None when the package has none (its targets are not conditioned
+        on caption features, `lisa-trt encode-captions` refuses it)."""
         return self._plugin("captions")
+
+    def plugin(self, kind: str):
+        """The family's `kind` plug-in module ("export", "shapes", "captions": its `<kind>_module`),
+        imported once and held by the family; None when its package has none. The registries below
+        the families reach a plug-in only through this (export/families.py, deploy/model_shapes.py,
+        models/captions.py), so no module imports a family's by name."""
+        held = self.__dict__.setdefault("_plugins", {})
+        if kind not in held:
+            module = getattr(self, f"{kind}_module")
+            held[kind] = None if module is None else _load(module)
+        return held[kind]
+
+    @property
+    def shapes(self):
+        """The family's shape plug-in (deploy/model_shapes.py: `KNOWN`, `DEFAULT_SIZE`, ...) or None."""
+        return self.plugin("shapes")
+
+    @property
+    def captions(self):
+        """The family's caption-encoder plug-in (models/captions.caption_encoder) or None."""
+        return self.plugin("captions")
 
     def _plugin(self, name: str) -> Optional[str]:
         import importlib.util
@@ -177,6 +199,12 @@ class ModelFamily:
             return f"{pkg}.{name}" if importlib.util.find_spec(f"{pkg}.{name}") is not None else None
         except (ImportError, ValueError):
             return None
+
+    def __deepcopy__(self, memo):
+        return self  # one object per family: a deep-copied target keeps it (its plug-in modules too)
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_plugins"}  # modules do not pickle
 
     def describe_checkpoint(self) -> str:
         """What a checkpoint of this family looks like (for errors naming the fix)."""
@@ -336,6 +364,18 @@ class ModelFamily:
         return to_uint8(pixels)
 
 
+class FamilyTarget:
+    """Mixin of a torch target: `model_family`, its family looked up once from `self.config` and
+    held (check_cond / null_cond ask it, not the registry, on every call)."""
+
+    @property
+    def model_family(self) -> "ModelFamily":
+        fam = self.__dict__.get("_model_family")
+        if fam is None:
+            fam = self.__dict__["_model_family"] = family_of(self.config)
+        return fam
+
+
 class UnknownModelTypeError(ConfigError, ValueError):
     """A model_type no registered family serves."""
 
@@ -362,11 +402,17 @@ def model_types() -> list:
     return sorted(set(_FAMILIES) | set(_BUILTIN))
 
 
+def _load(module: str):
+    """Import a family package or one of its plug-ins by name: the one dynamic import of the
+    families (tests/test_architecture.py follows it: _BUILTIN's packages and their plug-ins)."""
+    return importlib.import_module(module)
+
+
 def family_of(cfg_or_type) -> ModelFamily:
     """The family serving a TargetConfig (or a model_type string)."""
     t = getattr(cfg_or_type, "model_type", cfg_or_type)
     if t not in _FAMILIES and t in _BUILTIN:
-        importlib.import_module(_BUILTIN[t])  # registers itself
+        _load(_BUILTIN[t])  # registers itself
     fam = _FAMILIES.get(t)
     if fam is None:
         raise UnknownModelTypeError(f"unknown model_type {t!r}; registered: {', '.join(model_types())} "
@@ -377,7 +423,7 @@ def family_of(cfg_or_type) -> ModelFamily:
 def families() -> list:
     """Every family (built-in ones imported), in registration order, without duplicates."""
     for module in dict.fromkeys(_BUILTIN.values()):
-        importlib.import_module(module)
+        _load(module)
     return list(dict.fromkeys(_FAMILIES.values()))
 
 
@@ -394,13 +440,17 @@ def family_named(name: str) -> ModelFamily:
 
 
 def detect_family(path) -> ModelFamily:
-    """The family whose `claims(path)` is True (checkpoint files and HF directories).
+    """The one family whose `claims(path)` is True (checkpoint files and HF directories).
 
-    Raises ConfigError naming what each family loads when none claims it."""
+    Raises ConfigError naming each family and what it loads when none claims `path`, and naming
+    the claimants when more than one does (a family's `claims` must be specific)."""
     fams = families()
-    for fam in fams:
-        if fam.claims(path):
-            return fam
+    claimants = [f for f in fams if f.claims(path)]
+    if len(claimants) == 1:
+        return claimants[0]
+    if claimants:
+        raise ConfigError(f"{path} is claimed by {len(claimants)} families ({', '.join(f.name for f in claimants)}); "
+                          "a checkpoint must belong to one: make their `claims` specific (ModelFamily.claims)")
     p = Path(path)
     known = "; ".join(f"{f.name}: {f.describe_checkpoint()}" for f in fams)
     if p.is_dir():
@@ -413,8 +463,9 @@ def detect_family(path) -> ModelFamily:
         except (OSError, ValueError) as e:
             raise ConfigError(f"{cfg} is not valid JSON ({e})") from e
         raise ConfigError(f"{cfg} has model_type {mt!r}, which no family loads. lisa-trt loads {known}")
-    raise ConfigError(f"{path} is not a checkpoint any family loads. lisa-trt loads {known}")
+    what = "is not a checkpoint any family loads" if p.exists() else "does not exist, and is not a name any family loads"
+    raise ConfigError(f"{path} {what}. lisa-trt loads {known}")
 
 
-__all__ = ["ModelFamily", "Request", "SequenceLayout", "SubVocab", "UnknownModelTypeError", "detect_family", "families", "family_named",
+__all__ = ["FamilyTarget", "ModelFamily", "Request", "SequenceLayout", "SubVocab", "UnknownModelTypeError", "detect_family", "families", "family_named",
            "family_of", "model_types", "register_family"]

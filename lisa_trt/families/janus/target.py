@@ -49,6 +49,7 @@ from ...models.layers import (
     TargetOutput,
     teacher_forcing_plan,
 )
+from ...models.family import FamilyTarget
 from ...models.prompts import prefill_plan
 from . import cond as C
 from .config import JanusConfig
@@ -108,7 +109,7 @@ class JanusCache(KVCache):
 
 # ----------------------------------------------------------------------------- model
 
-class JanusTarget(RotaryTarget, nn.Module):
+class JanusTarget(FamilyTarget, RotaryTarget, nn.Module):
     """Janus-Pro image generator: Llama decoder + generation embeddings / aligner / head."""
 
     family = "janus"
@@ -174,9 +175,7 @@ class JanusTarget(RotaryTarget, nn.Module):
 
     def null_cond(self, cond):
         """Unconditional rows for CFG: the family's rule (JanusFamily.null_cond, cond.py)."""
-        from ...models.family import family_of
-
-        return family_of(self.config).null_cond(self.config, cond)
+        return self.model_family.null_cond(self.config, cond)
 
     @staticmethod
     def cfg_rows(cond, null):

@@ -146,12 +146,15 @@ class LlamaGenFamily(ModelFamily):
         return m.eval()
 
     def describe_checkpoint(self) -> str:
-        return "an official .pt or a lisa-trt .safetensors file"
+        return "an official .pt or a lisa-trt .safetensors file (" + " / ".join(CHECKPOINT_SUFFIXES) + ")"
 
     def claims(self, path) -> bool:
+        """A single weights file (.pt / .pth / .bin / .safetensors; a missing one fails in
+        read_state_dict, naming it); never a directory."""
         from pathlib import Path
 
-        return not Path(path).is_dir()  # single files (a missing one fails in read_state_dict, clearly)
+        p = Path(path)
+        return p.suffix.lower() in CHECKPOINT_SUFFIXES and not p.is_dir()
 
     def load_target(self, path, config=None, device="cpu"):
         from .checkpoint import load_llamagen_target
@@ -163,6 +166,8 @@ class LlamaGenFamily(ModelFamily):
 
         return load_llamagen_vq(path, config, device)
 
+
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")  # the files read_state_dict reads
 
 register_family(LlamaGenFamily())
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ...config import find_multiple
 from ...errors import ConfigError, InputError
-from ...models.family import family_of
+from ...models.family import FamilyTarget
 from ...models.layers import (  # noqa: F401 (KVCache re-exported)
     Attention,
     KVCache,
@@ -100,7 +100,7 @@ class CaptionEmbedder(nn.Module):
 
 # ----------------------------------------------------------------------------- model
 
-class Transformer(nn.Module):
+class Transformer(FamilyTarget, nn.Module):
     """LlamaGen GPT (c2i or t2i) with official parameter names."""
 
     def __init__(self, config: TargetConfig):
@@ -131,11 +131,11 @@ class Transformer(nn.Module):
     def null_cond(self, cond: Cond) -> Cond:
         """The unconditional condition for CFG, same batch size as `cond` (models/family.py)."""
         u = getattr(self.cls_embedding, "uncond_embedding", None)
-        return family_of(self.config).null_cond(self.config, cond, u)
+        return self.model_family.null_cond(self.config, cond, u)
 
     def check_cond(self, cond: Cond) -> int:
         """Validate a condition; returns the batch size. Raises InputError with the fix."""
-        return family_of(self.config).check_cond(self.config, cond)
+        return self.model_family.check_cond(self.config, cond)
 
     def _left_pad(self, cond):
         """Move the valid caption tokens to the end (LlamaGen's left padding); zero the rest."""
