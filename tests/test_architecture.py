@@ -181,6 +181,93 @@ def test_the_docs_floor_table_is_floors():
                              if table.get(k) != FLOORS.get(k)}
 
 
+# ----------------------------------------------------------------------------- imports by name
+
+# Every module that imports a module by name (importlib.import_module), and the static table the
+# test follows to find what it can import. A registry below the families reaches a family's
+# package and plug-ins this way (the plug-in registers itself): the one loader is
+# models/family._load, and the registries (export/families.py, deploy/model_shapes.py,
+# models/captions.py) ask the family object (ModelFamily.plugin / .shapes / .captions).
+DYNAMIC = {
+    "lisa_trt": "the facade's lazy names (_LAZY)",
+    "lisa_trt.engines.base": "the built-in backends (_BUILTIN)",
+    "lisa_trt.models.family": "the family packages (_BUILTIN) and their plug-ins (export, shapes, captions)",
+    "lisa_trt.models.artifact_sets": "an artifact set's provider module (ArtifactSet(name, provider))",
+    "lisa_trt.engines.graph": "the module an ExportFamily names to open its directories (engines_module)",
+}
+MAX_IMPORT_BY_NAME = 5  # the target is 3: engines/graph.py and models/artifact_sets.py would hold objects instead
+
+
+def import_by_name_sites(root: Path = ROOT) -> list:
+    """(module, line) of every importlib.import_module / __import__ call in the package."""
+    mods = {p: m for m, p in modules().items()} if root == ROOT else {
+        p: ".".join(["lisa_trt", *p.relative_to(root).with_suffix("").parts]) for p in root.rglob("*.py")}
+    out = []
+    for p, m in sorted(mods.items(), key=lambda kv: kv[1]):
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+                if name in ("import_module", "__import__"):
+                    out.append((m, node.lineno))
+    return out
+
+
+def _assigned(module: str, name: str):
+    """The literal value assigned to `name` at the top of `module` (a dict, a string ...)."""
+    p = modules()[module]
+    for node in ast.parse(p.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{module} assigns no {name}")
+
+
+def dynamic_targets() -> dict:
+    """{loader module: {module it can import by name}}, read from the tables DYNAMIC names."""
+    mods = modules()
+    fams = set(_assigned("lisa_trt.models.family", "_BUILTIN").values())
+    plugins = {f"{pkg}.{kind}" for pkg in fams for kind in ("export", "shapes", "captions")} & set(mods)
+    engines, providers = set(), set()
+    for m, p in mods.items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if (isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "engines_module" for t in node.targets)
+                    and isinstance(node.value, ast.Constant)):
+                engines.add(node.value.value)
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ArtifactSet"
+                    and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)):
+                providers.add(node.args[1].value)
+    lazy = {"lisa_trt" + v for v in _assigned("lisa_trt", "_LAZY").values()}
+    return {"lisa_trt": lazy, "lisa_trt.engines.base": set(_assigned("lisa_trt.engines.base", "_BUILTIN").values()),
+            "lisa_trt.models.family": fams | plugins, "lisa_trt.models.artifact_sets": providers,
+            "lisa_trt.engines.graph": engines}
+
+
+def test_imports_by_name_are_few_and_followed():
+    """Each import by name is one of DYNAMIC's (a new one fails here until the test follows it), at
+    most MAX_IMPORT_BY_NAME sites, and every module it can import exists; a loader may import up a
+    floor only to reach a plug-in that registers itself (a family's package or plug-in, an artifact
+    set's provider), never the runtime or the command layers."""
+    sites = import_by_name_sites()
+    assert {m for m, _ in sites} == set(DYNAMIC), sites
+    assert len(sites) <= MAX_IMPORT_BY_NAME, sites
+    mods = modules()
+    for loader, targets in dynamic_targets().items():
+        assert targets, f"{loader}: found nothing it imports by name ({DYNAMIC[loader]})"
+        for t in targets:
+            assert t in mods, f"{loader} imports {t} by name ({DYNAMIC[loader]}): no such module"
+            if floor(t) > floor(loader):  # up a floor: only to a plug-in that registers itself
+                plugin = t.startswith("lisa_trt.families.") or (loader == "lisa_trt.models.artifact_sets"
+                                                                and floor(t) < FLOORS["runtime"])
+                assert plugin, f"{loader} imports {t} by name, up a floor ({DYNAMIC[loader]})"
+
+
+def test_the_import_by_name_check_sees_a_new_site(tmp_path):
+    pkg = tmp_path / "lisa_trt"
+    (pkg / "models").mkdir(parents=True)
+    (pkg / "models" / "x.py").write_text("import importlib\n\ndef f(n):\n    return importlib.import_module(n)\n")
+    assert import_by_name_sites(pkg) == [("lisa_trt.models.x", 4)]
+
+
 if __name__ == "__main__":
     e = import_edges(modules())
     problems = upward_imports(e) + [" <-> ".join(c) for c in cycles(e)]

@@ -415,7 +415,7 @@ class Pipeline:
         """
         from ..validation import check_sampling
 
-        method, auto_tree, why = self._method(verify)
+        method, auto_tree, why = self.method(verify)
         check_sampling(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
                        vocab_size=self.config.vocab_size)
         cond, overrides, labels = self._cond(prompts)
@@ -437,11 +437,14 @@ class Pipeline:
         stats = [{**st, **labels[i], "verify_reason": why} for i, st in enumerate(stats)]
         return GenerationResult(images=images, tokens=tokens, stats=stats, codes=codes)
 
-    def _method(self, verify) -> tuple[Method, dict, str]:
-        """`verify` -> (the Method that runs, the recorded tree and knobs of "auto", why)."""
-        requested = resolve_method(verify, auto=True)  # the one lookup by name (None: auto)
-        name, auto_tree, why = self.resolve_verify(AUTO if requested is None else requested)
-        return requested or resolve_method(name), auto_tree, why  # what auto chose
+    def method(self, verify, noun: str = "verification") -> tuple[Method, dict, str]:
+        """`verify` (a Method, a registered name, "auto" or None: auto) -> (the Method that runs, the
+        recorded tree and knobs of "auto", why). A Method is used as is; a name, or the one "auto"
+        picks, is looked up once (`noun`: how an unknown name is called in the error)."""
+        if isinstance(verify, Method):
+            return verify, {}, f"{verify.name} (asked for)"
+        name, auto_tree, why = self.resolve_verify(AUTO if verify is None else verify)
+        return resolve_method(name, auto=True, noun=noun), auto_tree, why  # the one lookup by name
 
     def _call_spec(self, method: Method, auto_tree: dict, tree: dict) -> SpecConfig:
         """A call's SpecConfig: its tree and knob settings over the pipeline's knobs

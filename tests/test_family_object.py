@@ -1,0 +1,126 @@
+"""A family is one object resolved once: detection takes exactly one claimant, the object holds
+its plug-ins, a torch target holds its family, and methods are looked up by name in few places."""
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+import lisa_trt.models.family as MF
+from lisa_trt.errors import ConfigError
+from lisa_trt.testing import make_target
+
+ROOT = Path(__file__).resolve().parents[1] / "lisa_trt"
+
+
+# ----------------------------------------------------------------------------- detection
+
+def test_a_path_no_family_claims_is_refused_naming_each_family(tmp_path):
+    for path in (tmp_path / "model.onnx", tmp_path / "missing"):
+        with pytest.raises(ConfigError) as e:
+            MF.detect_family(path)
+        for fam in MF.families():
+            assert f"{fam.name}: {fam.describe_checkpoint()}" in str(e.value)
+    (tmp_path / "model.onnx").write_bytes(b"x")
+    with pytest.raises(ConfigError, match="is not a checkpoint any family loads"):
+        MF.detect_family(tmp_path / "model.onnx")
+
+
+def test_llamagen_claims_weights_files_only(tmp_path):
+    fam = MF.family_of("c2i")
+    assert all(fam.claims(tmp_path / f"w{s}") for s in (".pt", ".pth", ".bin", ".safetensors"))
+    assert not fam.claims(tmp_path / "notes.txt") and not fam.claims(tmp_path)
+    assert MF.detect_family(tmp_path / "GPT-B.pt") is fam
+
+
+class _Greedy(MF.ModelFamily):
+    name = "greedy"
+
+    def claims(self, path) -> bool:
+        return True
+
+
+def test_two_claimants_are_an_error(monkeypatch, tmp_path):
+    real = MF.families()
+    monkeypatch.setattr(MF, "families", lambda: [*real, _Greedy()])
+    with pytest.raises(ConfigError, match=r"claimed by 2 families \(llamagen, greedy\)"):
+        MF.detect_family(tmp_path / "w.pt")
+
+
+# ----------------------------------------------------------------------------- the object holds its parts
+
+def test_the_family_holds_its_plug_ins_imported_once(monkeypatch):
+    fam = MF.family_of("c2i")
+    loads = []
+    real = MF._load
+    monkeypatch.setattr(MF, "_load", lambda m: loads.append(m) or real(m))
+    fam.__dict__.pop("_plugins", None)
+    assert fam.shapes is fam.shapes and fam.captions is fam.captions and fam.plugin("export") is not None
+    assert sorted(loads) == sorted({fam.shapes_module, fam.captions_module, fam.export_module})
+    assert fam.shapes.__name__ == "lisa_trt.families.llamagen.shapes"
+    assert MF.family_of("chameleon").captions is None  # no plug-in: None, nothing imported
+
+
+def test_a_torch_target_holds_its_family(monkeypatch):
+    """check_cond / null_cond ask the target's held family, not the registry, on every call."""
+    t = make_target()
+    calls = []
+    real = MF.family_of
+    monkeypatch.setattr(MF, "family_of", lambda c: calls.append(c) or real(c))
+    import lisa_trt.families.llamagen.model as LM
+
+    if hasattr(LM, "family_of"):
+        monkeypatch.setattr(LM, "family_of", MF.family_of)
+    cond = torch.tensor([1, 2])
+    for _ in range(3):
+        assert t.check_cond(cond) == 2
+        t.null_cond(cond)
+    assert len(calls) <= 1, calls
+    import copy
+
+    assert copy.deepcopy(t).model_family is t.model_family  # the registry's one object
+
+
+# ----------------------------------------------------------------------------- methods by name
+
+NAME_LOOKUPS = ("get_method", "resolve_method")
+# Call sites that look a method up by name, outside the registry (speculative/methods.py), per module.
+# The target is 2 in all (only where a run is resolved: runtime/context.py); a module may only go down.
+LOOKUP_BUDGET = {"lisa_trt/runtime/context.py": 3, "lisa_trt/runtime/pipeline.py": 1, "lisa_trt/serve/model.py": 2,
+                 "lisa_trt/harness.py": 3, "lisa_trt/speculative/run.py": 2, "lisa_trt/speculative/decode.py": 1}
+
+
+def name_lookup_sites(root: Path = ROOT) -> dict:
+    """{file: [line, ...]} of every use of get_method / resolve_method outside speculative/methods.py."""
+    out = {}
+    for p in sorted(root.rglob("*.py")):
+        rel = str(p.relative_to(root.parent))
+        if rel.endswith("speculative/methods.py"):
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):  # calls, and the function passed on (map(resolve_method, ...))
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+            if name in NAME_LOOKUPS and isinstance(node.ctx, ast.Load):
+                out.setdefault(rel, []).append(node.lineno)
+    return out
+
+
+def test_methods_are_looked_up_by_name_in_few_places():
+    sites = name_lookup_sites()
+    over = {f: lines for f, lines in sites.items() if len(lines) > LOOKUP_BUDGET.get(f, 0)}
+    assert not over, f"look-ups by name over budget (pass the Method object down instead): {over}"
+
+
+def test_the_pipeline_resolves_a_request_s_method_once(monkeypatch):
+    """Pipeline.method: a Method passes as is; a name is looked up once (not resolved, turned back
+    into a name and resolved again)."""
+    import lisa_trt.runtime.pipeline as P
+    from lisa_trt.speculative.methods import get_method
+
+    calls = []
+    real = P.resolve_method
+    monkeypatch.setattr(P, "resolve_method", lambda *a, **k: calls.append(a) or real(*a, **k))
+    pipe = P.Pipeline.__new__(P.Pipeline)
+    vanilla = get_method("vanilla")
+    assert pipe.method(vanilla) == (vanilla, {}, "vanilla (asked for)") and calls == []
+    assert pipe.method("vanilla")[0] is vanilla and len(calls) == 1
