@@ -7,9 +7,10 @@
 
 The generic layers read these objects (their fields and `random`), and each layer that acts per
 kind keeps one table of per-kind objects, picked by `for_kind` (the runtime's adapters,
-runtime/conditions.py; training's data sources, train/kinds.py); nothing outside the families
-asks which family it runs, and no code outside those tables asks which kind it has. `cfg` may also be a bare model_type string (a prompts file parsed before any
-model loads): then the sizes are None.
+runtime/conditions.py `_ADAPTERS`; training's data sources, train/data.py `_KIND_DATA`); nothing
+outside the families asks which family it runs, and no code outside those tables asks which kind
+it has. `cfg` may also be a bare model_type string (a prompts file parsed before any model
+loads): then the sizes are None.
 
 Floors: models (imports only core modules).
 """
