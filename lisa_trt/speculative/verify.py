@@ -293,28 +293,25 @@ def _scan_siblings(r: Tensor, drafts: Tensor, u: Tensor, rule, q: Optional[Tenso
     if not normalized:
         r = _normalize(r)
     per_node = getattr(rule, "per_node", False)
-    n_real = (drafts >= 0).sum(0).tolist()  # per sibling slot: rows with a real draft (CPU: no sync cost)
+    # Every sibling slot is scanned with its padding masked (no host read of which slots are real:
+    # a padded slot changes nothing, a = 0 and r kept), so the step has the same ops every time.
     for j in range(drafts.shape[1]):
-        if not n_real[j]:  # padding in every row: the step would change nothing (a = 0, r kept)
-            continue
         x = drafts[:, j]
-        full = n_real[j] == B  # every row has a real draft here: the padding selects are identities
         real = x >= 0
-        xs = x if full else x.clamp(min=0)
+        xs = x.clamp(min=0)
         if per_node:
-            a, r_rej, q_rej = rule.step_node(r, xs, q, nodes[:, j] if full else nodes[:, j].clamp(min=0), parent)
+            a, r_rej, q_rej = rule.step_node(r, xs, q, nodes[:, j].clamp(min=0), parent)
         else:
             a, r_rej, q_rej = rule.step(r, xs, q)
-        if not full:
-            a = torch.where(real, a, 0.0)
+        a = torch.where(real, a, 0.0)
         out.scatter_add_(1, xs[:, None], (reach * a)[:, None])
         reach = reach * (1.0 - a)
         choice = torch.where(real & (choice < 0) & (u[:, j] < a), j, choice)
         # The residual chain assumes every sibling so far was rejected: it is only used (for the
         # bonus and for `out`) when that is the case.
-        r = _normalize(r_rej) if full else torch.where(real[:, None], _normalize(r_rej), r)
+        r = torch.where(real[:, None], _normalize(r_rej), r)
         if q is not None:
-            q = q_rej if full else torch.where(real[:, None], q_rej, q)
+            q = torch.where(real[:, None], q_rej, q)
     return choice, r, out + reach[:, None] * r
 
 
@@ -360,21 +357,16 @@ def verify_tree(p: Tensor, tree: DraftTree, generator: Optional[torch.Generator]
         pos_tvd[:, level] = torch.where(alive, tvd(ref, law), 0.0)
         acc = alive & (choice >= 0)
         fin = alive & ~acc
-        any_fin = bool(fin.any())
-        if any_fin:  # the bonus is drawn (from u_bonus, consumed up front) only where a row stops
-            drawn = _sample(resid, u_bonus)
-            bonus = torch.where(fin, drawn, bonus)
-        else:
-            drawn = bonus
+        # the bonus is drawn (from u_bonus, consumed up front) where a row stops; every level runs
+        # (rows that stopped are masked), so no value is read back to decide the loop
+        bonus = torch.where(fin, _sample(resid, u_bonus), bonus)
         nxt = ch.gather(1, choice.clamp(min=0)[:, None])[:, 0] if C else cur
         acc_tok = drafts.gather(1, choice.clamp(min=0)[:, None])[:, 0] if C else cur
-        out_tok[:, level] = torch.where(acc, acc_tok, torch.where(fin, drawn, -1))
+        out_tok[:, level] = torch.where(acc, acc_tok, torch.where(fin, bonus, -1))
         if level < D:
             path[:, level + 1] = torch.where(acc, nxt, -1)
         cur = torch.where(acc, nxt, cur)
         alive = acc
-        if not bool(alive.any()):
-            break
     accept_len = (path >= 0).sum(1) - 1
     return VerifyResult(path, accept_len, bonus, out_tok, pos_tvd)
 
