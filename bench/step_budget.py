@@ -281,7 +281,8 @@ def measure(engine_dir: str, cases: list, images: int, time_images: int) -> dict
     from lisa_trt.runtime.pipeline import Pipeline
 
     # drafter_commit (fc + step in one call), as the TensorRT runner opens it
-    pipe = Pipeline.from_dir(engine_dir, backend="ort", threads=1, fused_commit=True)
+    os.environ["LISA_TRT_ORT_FUSED_COMMIT"] = "1"
+    pipe = Pipeline.from_dir(engine_dir, backend="ort", threads=1)
     out = {}
     for case in cases:
         method, tree = CASES[case]
