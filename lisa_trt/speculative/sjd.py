@@ -211,7 +211,8 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
         stats.target_forwards += 1
     dev = cache.lengths.device
     gen = generator or make_generator(seed, dev)
-    out = torch.full((B, N_img), -1, dtype=torch.long, device=dev)
+    out_buf = torch.full((B, N_img + 1), -1, dtype=torch.long, device=dev)  # column N_img: dump of masked writes
+    out = out_buf[:, :N_img]
     out[:, 0] = sample_from_logits(guide(pre.logits[:, -1], torch.zeros(B, dtype=torch.long, device=dev)), gen, sampling.greedy)
     n_done = torch.ones(B, dtype=torch.long, device=dev)
     prior = draft_prior(layout, V, dev)
@@ -231,9 +232,11 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
             live = n_done < N_img
             stats.committed.append(ncom[live])
             stats.tvd.append(step_tvd[live])
-            for j in range(W + 1):
-                take = ncom > j
-                out[take, (n_done + j)[take].clamp(max=N_img - 1)] = step_toks[take, j]
+            # one fixed-shape masked write (no boolean-mask indexing): slot j of a row lands at
+            # n_done + j when it is committed (j < ncom) and inside the image, else in the dump column
+            dst = n_done[:, None] + torch.arange(W + 1, device=dev)[None]
+            dst = torch.where((dst - n_done[:, None] < ncom[:, None]) & (dst < N_img), dst, N_img)
+            out_buf.scatter_(1, dst, step_toks[:, : W + 1])
             shape.advance(p_now, ncom, cache, guide, prior, n_done + ncom, W, gen)
             n_done += ncom
         if on_step is not None:
@@ -241,7 +244,7 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
     stats.times = dict(timer.totals)
     stats.times["total"] = time.perf_counter() - t0
     stats.settings["sjd_window"] = int(window)
-    return out, stats
+    return out.contiguous(), stats
 
 
 def _sjd_loop(target, cond, *, sampling, window, seed, spec=None, layout=None, on_step=None):
