@@ -54,7 +54,7 @@ def _tables(m):
     return t.bind(W)
 
 
-def _budget(bench, models, method: str, batch: int = 2):
+def _budget(bench, models, method: str, batch: int = 2, margin: int = TREE["depth"] + 2, **knobs):
     """Decode with the counter on: the steady-state summary, and the tokens."""
     t, d, tables = models
     b = bench.StepBudget(count=True, sites=True)
@@ -62,14 +62,14 @@ def _budget(bench, models, method: str, batch: int = 2):
         b.watch(t, (m,), f"target.{m}")
     for m in ("forward", "project_taps", "commit"):
         b.watch(d, (m,), f"drafter.{m}")
-    spec = SpecConfig.make(method, **TREE)
+    spec = SpecConfig.make(method, **TREE).replace(**knobs)
     try:
         with b:
             toks, _ = run_method(method, t, d, tables, make_cond(t, batch=batch), sampling=SamplingConfig(cfg_scale=2.0),
                                  spec=spec, seed=3, on_step=b.on_step)
     finally:
         b.unwatch()
-    return b.summary(margin=TREE["depth"] + 2, n_tokens=toks.shape[1]), toks
+    return b.summary(margin=margin, n_tokens=toks.shape[1]), toks
 
 
 @pytest.mark.parametrize("method", sorted(CEILING))
@@ -82,6 +82,14 @@ def test_steady_state_step_reads_at_most_the_measured_host_values(bench, models,
     # fixed shapes: one per graph, two for the drafter step (the expansions and the commit)
     sig = s["shape_signatures"]
     assert sig["target.forward_tokens"] == sig["drafter.project_taps"] == 1 and sig["drafter.forward"] == 2, sig
+
+
+def test_sjd_step_reads_one_host_value(bench, models):
+    """The Jacobi loop: one read per steady step (the rows' committed counts), one verify shape."""
+    s, _ = _budget(bench, models, "sjd", margin=5, sjd_window=4)
+    assert s["steady_steps"] >= 2
+    assert s["host_reads_max"] <= 1, s["host_read_sites"]
+    assert s["shape_signatures"] == {"target.forward_tokens": 1}
 
 
 def test_a_planted_host_read_fails_the_ceiling(bench, models, monkeypatch):
