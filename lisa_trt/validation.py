@@ -7,6 +7,12 @@ the fix, and nothing is written.
     check_sampling(cfg_scale=-1.0)            -> InputError: --cfg-scale must be >= 0 ...
     probe_writable_dir("out/run1")            -> InputError if out/ cannot be written
     check_out_dir("out/run1", overwrite=False) -> InputError if it already holds files
+
+Value checks of the decode step (finite logits, token ids, positions, cache slots, tree
+structure) read tensors back to the host, which on a GPU waits for the device: they run where
+data enters (the prefill, the first call of an engine on a new cache, a tree or template built
+from outside) and in every steady-state step only under the debug switch `debug_checks()`
+(LISA_TRT_DEBUG_CHECKS=1, or `debug_checks_on()` in a with-block).
 """
 
 from __future__ import annotations
@@ -19,6 +25,30 @@ from pathlib import Path
 from typing import Optional
 
 from .errors import InputError
+
+DEBUG_ENV = "LISA_TRT_DEBUG_CHECKS"
+_debug_override: Optional[bool] = None
+
+
+def debug_checks() -> bool:
+    """True when the per-step value checks run (each a host read): LISA_TRT_DEBUG_CHECKS set and
+    not 0, or inside `debug_checks_on()`. Off by default: the steady-state step
+    then reads nothing back but its accepted lengths (DESIGN 5b)."""
+    if _debug_override is not None:
+        return _debug_override
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+@contextlib.contextmanager
+def debug_checks_on(on: bool = True):
+    """Run the per-step value checks (on=True) or skip them (False) inside the block, whatever
+    LISA_TRT_DEBUG_CHECKS says (tests, a debugging session)."""
+    global _debug_override
+    old, _debug_override = _debug_override, bool(on)
+    try:
+        yield
+    finally:
+        _debug_override = old
 
 # Names used in messages: the CLI option for each SamplingConfig field.
 _OPTION = {"cfg_scale": "--cfg-scale", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}

@@ -45,8 +45,10 @@ def check_positions(positions: torch.Tensor, seq_len: int) -> None:
         raise InputError(f"position {int(positions.max())} is past the end of the image (sequence length {seq_len})")
 
 
-def check_step(tokens, positions, slots, mask, batch: int, max_len: int, vocab: int, seq_len: int) -> None:
-    """Shapes, then the torch models' value checks (token ids, positions) plus slot bounds."""
+def check_step(tokens, positions, slots, mask, batch: int, max_len: int, vocab: int, seq_len: int,
+               values: bool = True) -> None:
+    """Shapes, then (values=True) the torch models' value checks (token ids, positions) plus slot
+    bounds: one host read, so the engines ask for them only where data enters (`_KVEngine._entry`)."""
     B, S = tokens.shape
     if positions.shape != (B, S) or slots.shape != (B, S) or tuple(mask.shape) != (B, S, max_len):
         raise InputError(f"tokens {tuple(tokens.shape)}, positions {tuple(positions.shape)}, slots "
@@ -54,7 +56,7 @@ def check_step(tokens, positions, slots, mask, batch: int, max_len: int, vocab: 
                          f"(B, S, Lmax={max_len})")
     if B != batch:
         raise InputError(f"batch {B} does not match the cache batch {batch}")
-    if not tokens.numel():
+    if not values or not tokens.numel():
         return
     t_lo, t_hi, p_hi, s_lo, s_hi = torch.stack([tokens.min(), tokens.max(), positions.max(), slots.min(),
                                                 slots.max()]).tolist()  # one host sync
@@ -81,6 +83,7 @@ class _KVEngine:
         self.device = next(iter(runners.values())).device
         self._checked: dict = {}
         self._static: dict = {}  # id(runner) -> StaticTensors of the cache bound last
+        self._entered: dict = {}  # id(runner) -> the cache buffer whose values it has checked
 
     def close(self) -> None:
         for r in self.runners.values():
@@ -91,10 +94,24 @@ class _KVEngine:
         old cache is not kept alive by its binding; a cache still in use is rebound on its next call."""
         self._static.clear()
         self._checked.clear()
+        self._entered.clear()
         for r in self.runners.values():
             release = getattr(r, "release_static", None)
             if release is not None:
                 release()
+
+    def _entry(self, runner, cache) -> bool:
+        """Whether this call checks its values (token ids, positions, slots; one host read): the
+        first call of `runner` on a cache (where a decode's data enters: its prefill, its first
+        step, a cache whose rows changed), and every call under the debug switch
+        (validation.debug_checks, LISA_TRT_DEBUG_CHECKS=1). A call that fails its check stays the
+        first: the next call on that cache is checked again."""
+        from ..validation import debug_checks
+
+        return debug_checks() or self._entered.get(id(runner)) is not cache.k[0]
+
+    def _entered_ok(self, runner, cache) -> None:
+        self._entered[id(runner)] = cache.k[0]
 
     def _check_cache(self, cache, shape: tuple, what: str) -> None:
         """Buffers made by this engine's new_cache (checked again only when they change)."""
@@ -194,9 +211,12 @@ class GraphTarget(_KVEngine):
         from ..models.layers import TargetOutput
 
         cfg = self.config
+        entry = self._entry(runner, cache)
         check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, vocab or cfg.vocab_size,
-                   self.max_positions)
+                   self.max_positions, values=entry)
         self._cache_ok(cache)
+        if entry:
+            self._entered_ok(runner, cache)
         ids = tokens + offset if offset else tokens
         out = self._run_kv(runner, cache, cfg.n_layer, self._step_inputs(ids, positions, slots, mask), {})
         if last and tokens.shape[1] > 1:
@@ -240,11 +260,18 @@ class GraphDrafter(_KVEngine):
         """fc on the target taps: (B, S, 3H_t) -> (B, S, hidden)."""
         return self._project.run(dict(taps=_contig(taps, self.dtype, self.device)), ["hidden"])["hidden"]
 
+    def _check_step(self, runner, tokens, positions, slots, mask, cache) -> None:
+        cfg = self.config
+        entry = self._entry(runner, cache)
+        check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, cfg.vocab_size, self.max_positions,
+                   values=entry)
+        self._check_cache(cache, (cache.batch, cfg.n_head, self.max_cache_len, cfg.head_dim), "drafter")
+        if entry:
+            self._entered_ok(runner, cache)
+
     def forward(self, hidden_in, tokens, positions, slots, mask, cache):
         """One drafter step; returns (logits (B, S, V) fp32, hidden_out (B, S, hidden))."""
-        cfg = self.config
-        check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, cfg.vocab_size, self.max_positions)
-        self._check_cache(cache, (cache.batch, cfg.n_head, self.max_cache_len, cfg.head_dim), "drafter")
+        self._check_step(self._step, tokens, positions, slots, mask, cache)
         inputs = dict(hidden_in=_contig(hidden_in, self.dtype, self.device),
                       **self._step_inputs(tokens, positions, slots, mask))
         out = self._run_kv(self._step, cache, 1, inputs, {})
@@ -257,9 +284,7 @@ class GraphDrafter(_KVEngine):
         two (project, step) without it. Returns (logits (B, S, V) fp32, hidden_out (B, S, hidden))."""
         if self._commit is None:
             return self.forward(self.project_taps(taps), tokens, positions, slots, mask, cache)
-        cfg = self.config
-        check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, cfg.vocab_size, self.max_positions)
-        self._check_cache(cache, (cache.batch, cfg.n_head, self.max_cache_len, cfg.head_dim), "drafter")
+        self._check_step(self._commit, tokens, positions, slots, mask, cache)
         inputs = dict(taps=_contig(taps, self.dtype, self.device), **self._step_inputs(tokens, positions, slots, mask))
         out = self._run_kv(self._commit, cache, 1, inputs, {})
         return out["logits"], out["hidden"]
@@ -288,6 +313,8 @@ class GraphGASV:
         self.vocab_size = manifest.tables["vocab_size"]
         self._param_cache: dict = {}
 
+    _entry = True  # the first call checks its logits (NaN / +inf / empty rows); later calls under debug_checks()
+
     def close(self) -> None:
         self._run.close()
 
@@ -304,9 +331,12 @@ class GraphGASV:
     def __call__(self, logits, tokens, parents, cfg=None):
         from ..models.io_spec import GASV_K
         from ..speculative.gasv import GASVGates, check_logits
+        from ..validation import debug_checks
 
-        if not bool(torch.isfinite(logits.amax(-1)).all()):  # NaN / +inf / an empty row: say which
-            check_logits(logits)
+        if self._entry or debug_checks():  # first call, or the debug switch: one host read
+            if not bool(torch.isfinite(logits.amax(-1)).all()):  # NaN / +inf / an empty row: say which
+                check_logits(logits)
+            self._entry = False
         cfg = cfg or self.config
         if logits.shape[1] != self.vocab_size:
             raise InputError(f"GASV tables are for vocabulary {self.vocab_size}, logits have {logits.shape[1]}")

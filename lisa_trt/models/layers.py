@@ -155,15 +155,8 @@ class KVCache:
             return
         src = src_slots.clamp(min=0)
         dst = (self.lengths[:, None] + torch.arange(A, device=src.device)[None, :]).clamp(max=self.max_len - 1)
-        if src.device.type == "cpu":
-            # Only entries that move matter: the root and an accepted first child usually sit at
-            # their destination already, and padding (j >= counts) is never read.
-            moved = ((src != dst) & (torch.arange(A)[None, :] < counts[:, None])).any(0).nonzero().flatten()
-            if not moved.numel():
-                self.lengths += counts
-                return
-            A = int(moved.max()) + 1
-            src, dst = src[:, :A], dst[:, :A]
+        # Fixed shape: all A entries are copied (padding lands past the new length, unread), so no
+        # value is read back to find the ones that move.
         for buf in self.k + self.v:
             H, D = buf.shape[1], buf.shape[3]
             rows = buf.gather(2, src[:, None, :, None].expand(B, H, A, D))

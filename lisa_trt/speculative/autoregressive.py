@@ -105,8 +105,11 @@ def generate(target, cond=None, *, cfg_scale: float = 1.0, temperature: float = 
     out = torch.empty(B, N, dtype=torch.long, device=raw.device)
     forced = None if layout.forced is None else layout.forced.tolist()
 
+    entry = [True]  # the prefill's logits are checked (where data enters); later steps under the debug switch
+
     def process(x):
-        return process_logits(x, temperature, top_k, top_p)
+        check, entry[0] = (True if entry[0] else None), False
+        return process_logits(x, temperature, top_k, top_p, check=check)
 
     for i in range(N):
         if i > 0:

@@ -80,9 +80,11 @@ class Guide:
     def __init__(self, sampling: SamplingConfig, layout=None):
         self.s, self.layout = sampling, layout if layout is not None else SequenceLayout(1)  # None: free tokens
         self.cfg = cfg_active(sampling.cfg_scale)
+        self._entry = True  # the first logits guided (the prefill's) are checked: where data enters
 
     def _process(self, x: torch.Tensor) -> torch.Tensor:
-        return process_logits(x, self.s.temperature, self.s.top_k, self.s.top_p)
+        check, self._entry = (True if self._entry else None), False
+        return process_logits(x, self.s.temperature, self.s.top_k, self.s.top_p, check=check)
 
     def __call__(self, raw: torch.Tensor, token_index: Optional[torch.Tensor] = None) -> torch.Tensor:
         s = self.s
@@ -125,13 +127,20 @@ class _Decode:
     session: object  # the method's per-decode state (Method.session), None without one
     tcache: object
     dcache: object
-    out: torch.Tensor  # (B, N) committed tokens, -1 where not yet decoded
+    out_buf: torch.Tensor  # (B, N + 1) committed tokens, -1 where not yet decoded; column N: dump
     n_done: torch.Tensor  # (B,) committed tokens per original row
     active: torch.Tensor  # (Bc,) original indices of the rows still decoding
     root_lp: torch.Tensor  # drafter logits at each active row's tree root
     root_h: torch.Tensor  # drafter hidden state at each active row's tree root
     timer: Timer
     stats: DecodeStats
+    min_left: int = 0  # fewest tokens any active row still needs (host int, from the step's one read)
+    gen_active: object = None  # `gen` of the active rows (RowGenerators: selected when rows retire)
+
+    @property
+    def out(self) -> torch.Tensor:
+        """(B, N) committed tokens (a view of out_buf)."""
+        return self.out_buf[:, : self.n_tokens]
 
     @property
     def greedy(self) -> bool:
@@ -217,7 +226,7 @@ class SpeculativeDecoder:
             self._retire(run, nd)
         run.stats.times = dict(run.timer.totals)
         run.stats.times["total"] = time.perf_counter() - t_start
-        return run.out, run.stats
+        return run.out.contiguous(), run.stats
 
     # -- the phases of a decode ------------------------------------------------------------
 
@@ -237,14 +246,15 @@ class SpeculativeDecoder:
         if method.session is not None and not guide.s.greedy:  # per-decode state of the method (coupled drafting)
             session = method.session(batch=B, vocab=pre.logits.shape[-1], generator=gen, device=dev, spec=spec)
         first = self._first_token(pre.logits[:, -1], B, guide, gen, session, dev)
-        out = torch.full((B, N), -1, dtype=torch.long, device=dev)
+        out = torch.full((B, N + 1), -1, dtype=torch.long, device=dev)
         out[:, 0] = first
         with timer.measure("draft"):
             dcache = self._new_drafter_cache(tcache, cls, N, spec.tree)
             d_logits, d_hidden = self._drafter_commit(dcache, pre.taps, guide.dup(first[:, None]))
         return _Decode(method, spec, guide, gen, session, tcache, dcache, out,
                        n_done=torch.ones(B, dtype=torch.long, device=dev), active=torch.arange(B, device=dev),
-                       root_lp=d_logits[:, -1], root_h=d_hidden[:, -1], timer=timer, stats=stats)
+                       root_lp=d_logits[:, -1], root_h=d_hidden[:, -1], timer=timer, stats=stats,
+                       min_left=N - 1, gen_active=gen)
 
     @staticmethod
     def _first_token(raw, B: int, guide: Guide, gen, session, dev) -> torch.Tensor:
@@ -264,7 +274,9 @@ class SpeculativeDecoder:
         root_tok = run.out[run.active, nd - 1]
         root_pos = tc.positions(tc.lengths[:, None])[:, 0]  # every row (CFG halves may differ)
         with run.timer.measure("draft"):
-            tree = self._draft(run, root_tok, root_pos, nd).truncate(remaining - 1)
+            tree = self._draft(run, root_tok, root_pos, nd)
+            if run.min_left - 1 < tree.max_depth:  # the image's last steps (host ints: no read)
+                tree = tree.truncate(remaining - 1)
         with run.timer.measure("target"):
             slots = tc.lengths[:, None] + torch.arange(tree.n_nodes, device=run.device)[None]
             pos = root_pos[:, None] + guide.dup(torch.where(tree.valid, tree.depths, 0))
@@ -286,8 +298,9 @@ class SpeculativeDecoder:
             stats.rows.append(run.active.clone())
             stats.tvd.append(res.tvd)
             cols = torch.arange(res.tokens.shape[1], device=run.device)[None]
-            r_i, c_i = (cols < ncom[:, None]).nonzero(as_tuple=True)  # one nonzero for the three masked reads
-            run.out[run.active[r_i], nd[r_i] + c_i] = res.tokens[r_i, c_i]
+            # a fixed-shape masked write: entries past a row's count go to the dump column N
+            dst = torch.where(cols < ncom[:, None], nd[:, None] + cols, run.n_tokens)
+            run.out_buf.index_put_((run.active[:, None].expand_as(dst), dst), res.tokens)
             path = res.path.clamp(min=0)  # (Bc, D+1) node ids, root first
             run.tcache.compact(guide.dup(slots[: nd.numel()].gather(1, path)), guide.dup(ncom))
         with run.timer.measure("draft"):
@@ -303,11 +316,18 @@ class SpeculativeDecoder:
 
     @staticmethod
     def _retire(run: _Decode, nd: torch.Tensor) -> None:
-        """Rows whose image is complete leave the batch: both caches, the roots and `active`."""
-        keep = nd < run.n_tokens
-        if bool(keep.all()):
+        """Rows whose image is complete leave the batch: both caches, the roots and `active`.
+
+        The step's one host read: the active rows' committed counts (which rows are done, and
+        how far the nearest is from the end: the next tree is truncated only then)."""
+        left = [run.n_tokens - n for n in nd.tolist()]
+        keep = [i for i, n in enumerate(left) if n > 0]
+        run.min_left = min((left[i] for i in keep), default=0)
+        if len(keep) == len(left):
             return
-        idx = torch.nonzero(keep).flatten()
+        if isinstance(run.gen, RowGenerators):
+            run.gen_active = run.gen_active.select(keep)
+        idx = torch.tensor(keep, dtype=torch.long, device=nd.device)
         rows = run.guide.rows(idx, nd.numel())
         run.tcache.select_rows(rows)
         run.dcache.select_rows(rows)
@@ -318,8 +338,7 @@ class SpeculativeDecoder:
         """Guided, filtered logits (B, N, V) at the tree nodes -> VerifyResult (the method's rule).
 
         A layout with a sub-vocabulary runs the relaxed rules over the codebook (subvocab.py)."""
-        gen = run.gen.select(run.active) if isinstance(run.gen, RowGenerators) else run.gen
-        ctx = RuleContext(spec=run.spec, greedy=run.greedy, generator=gen, tables=self.tables, gasv=self.gasv,
+        ctx = RuleContext(spec=run.spec, greedy=run.greedy, generator=run.gen_active, tables=self.tables, gasv=self.gasv,
                           session=run.session, rows=run.active, token_index=token_index)
         sv, name = run.guide.layout.sub_vocab, run.method.name
         if sv is not None and name in RELAXED:

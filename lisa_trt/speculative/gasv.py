@@ -320,6 +320,5 @@ def moved_mass(r: torch.Tensor, cand: torch.Tensor, gate: torch.Tensor, delta_ef
         m (B, K) (0 on padding).
     """
     w = r.gather(1, cand.clamp(min=0)) * gate
-    M = w.sum(-1)
-    scale = torch.where(M > 0, torch.clamp(delta_eff / M.clamp(min=1e-30), max=1.0), torch.zeros_like(M))
+    scale = (delta_eff / w.sum(-1).clamp(min=1e-30)).clamp(max=1.0)  # M = 0: every w is 0, so m is 0
     return w * scale[:, None]

@@ -37,6 +37,7 @@ from typing import Callable, Optional
 import torch
 
 from ..errors import InputError, SpecError, unknown_name
+from ..validation import debug_checks
 from . import verify as V
 
 
@@ -214,7 +215,8 @@ def gasv_rule(logits, tree, ctx: RuleContext):
     if ctx.gasv is not None and cfg.scope == "neighbours":
         out = ctx.gasv(logits.reshape(B * N, Vv), tok, par, cfg)
     else:
-        out = gasv_gates(logits.reshape(B * N, Vv), tok, par, ctx.require_tables("GASV"), cfg)
+        out = gasv_gates(logits.reshape(B * N, Vv), tok, par, ctx.require_tables("GASV"), cfg,
+                         check_inputs=debug_checks())  # the decode checked its logits where they entered
     K = out.cand.shape[-1]
     p, cand, gate = out.p.reshape(B, N, Vv), out.cand.reshape(B, N, K), out.gate.reshape(B, N, K)
     if ctx.greedy:

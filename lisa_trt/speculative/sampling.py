@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from ..errors import InputError
+from ..validation import debug_checks
 
 
 def split_cfg(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,9 +60,13 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
 
 
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
-                   top_p: float = 1.0) -> torch.Tensor:
-    """Guided logits -> temperature-scaled, filtered fp32 logits (-inf outside the support)."""
-    check_finite(logits)
+                   top_p: float = 1.0, check: Optional[bool] = None) -> torch.Tensor:
+    """Guided logits -> temperature-scaled, filtered fp32 logits (-inf outside the support).
+
+    check: refuse NaN logits (a host read); None: only under the debug switch
+    (validation.debug_checks). The loops pass True where logits enter (the prefill's)."""
+    if check or (check is None and debug_checks()):
+        check_finite(logits)
     out = logits.float() / max(temperature, 1e-5)
     out = top_k_filter(out, top_k)
     return top_p_filter(out, top_p)

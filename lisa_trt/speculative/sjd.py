@@ -211,14 +211,19 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
         stats.target_forwards += 1
     dev = cache.lengths.device
     gen = generator or make_generator(seed, dev)
-    out = torch.full((B, N_img), -1, dtype=torch.long, device=dev)
+    out_buf = torch.full((B, N_img + 1), -1, dtype=torch.long, device=dev)  # column N_img: dump of masked writes
+    out = out_buf[:, :N_img]
     out[:, 0] = sample_from_logits(guide(pre.logits[:, -1], torch.zeros(B, dtype=torch.long, device=dev)), gen, sampling.greedy)
     n_done = torch.ones(B, dtype=torch.long, device=dev)
     prior = draft_prior(layout, V, dev)
     shape.start(prior(n_done[:, None] + torch.arange(window, device=dev)[None]).clone(), gen)
-    while bool((n_done < N_img).any()):
+    while True:
+        done = n_done.tolist()  # the step's one host read: loop end, window width, rows still decoding
+        if min(done) >= N_img:
+            break
         # finished rows keep running with W = 0 effective drafts; their outputs are ignored
-        W = int(min(window, int((N_img - n_done).max()) - 1))
+        W = int(min(window, N_img - min(done) - 1))
+        live_rows = [b for b, n in enumerate(done) if n < N_img]
         with timer.measure("target"):
             root = out.gather(1, (n_done - 1)[:, None])
             toks, pos, slots, mask, offs = shape.inputs(root, cache, W, tc.n_positions)
@@ -228,12 +233,18 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
             p_now = torch.softmax(guide(logits, n_done[:, None] + offs[None]), -1)  # (B, S, V)
             ncom, step_toks, step_tvd = shape.verify(p_now, W, n_done, N_img, gen, sampling.greedy)
         with timer.measure("host"):
-            live = n_done < N_img
-            stats.committed.append(ncom[live])
-            stats.tvd.append(step_tvd[live])
-            for j in range(W + 1):
-                take = ncom > j
-                out[take, (n_done + j)[take].clamp(max=N_img - 1)] = step_toks[take, j]
+            if len(live_rows) < B:  # (a row index list from the host ints: no read)
+                live = torch.tensor(live_rows, dtype=torch.long, device=dev)
+                ncom_live, tvd_live = ncom[live], step_tvd[live]
+            else:
+                ncom_live, tvd_live = ncom, step_tvd
+            stats.committed.append(ncom_live)
+            stats.tvd.append(tvd_live)
+            # one fixed-shape masked write (no boolean-mask indexing): slot j of a row lands at
+            # n_done + j when it is committed (j < ncom) and inside the image, else in the dump column
+            dst = n_done[:, None] + torch.arange(W + 1, device=dev)[None]
+            dst = torch.where((dst - n_done[:, None] < ncom[:, None]) & (dst < N_img), dst, N_img)
+            out_buf.scatter_(1, dst, step_toks[:, : W + 1])
             shape.advance(p_now, ncom, cache, guide, prior, n_done + ncom, W, gen)
             n_done += ncom
         if on_step is not None:
@@ -241,7 +252,7 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
     stats.times = dict(timer.totals)
     stats.times["total"] = time.perf_counter() - t0
     stats.settings["sjd_window"] = int(window)
-    return out, stats
+    return out.contiguous(), stats
 
 
 def _sjd_loop(target, cond, *, sampling, window, seed, spec=None, layout=None, on_step=None):

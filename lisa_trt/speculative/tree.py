@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, unknown_name
+from ..validation import debug_checks
 
 
 # ----------------------------------------------------------------------------- tree buffers
@@ -63,11 +64,12 @@ class DraftTree:
     retrieve: Tensor
     child_q: Optional[Tensor] = None
     kids: Optional[Tensor] = field(default=None, repr=False, compare=False)  # children() when known
+    static: Optional[tuple] = field(default=None, repr=False, compare=False)  # from_parents(static=...)
 
     @classmethod
     def from_parents(cls, tokens: Tensor, parents: Tensor, *, valid: Optional[Tensor] = None,
                      logprobs: Optional[Tensor] = None, scores: Optional[Tensor] = None,
-                     child_q: Optional[Tensor] = None) -> "DraftTree":
+                     child_q: Optional[Tensor] = None, static: Optional[tuple] = None) -> "DraftTree":
         """Build every buffer from tokens and parent pointers.
 
         Args:
@@ -77,6 +79,11 @@ class DraftTree:
             logprobs: (B, N) draft log-probs per node (default 0).
             scores: (B, N) cumulative scores; default the sum of `logprobs` over the ancestors.
             child_q: (B, N, V) optional drafter distributions (sampled drafts).
+            static: (max depth, max children) the tree's builder guarantees (a tree config's
+                bounds): the buffers then have fixed shapes, retrieve (B, N, max depth + 1) and
+                children (B, N, max children), padded with -1, made with tensor ops alone (no value
+                read back), and the pointers are checked only under the debug switch (the builder
+                made them). None: shapes fitted to this tree (reads its depth and widths), checked.
         Returns:
             DraftTree.
         """
@@ -84,14 +91,17 @@ class DraftTree:
         B, N = tokens.shape
         dev = tokens.device
         valid = torch.ones(B, N, dtype=torch.bool, device=dev) if valid is None else valid.bool()
-        depths, ancestors, retrieve, kids = _structure(parents, valid)
+        if static is None:
+            depths, ancestors, retrieve, kids = _structure(parents, valid)
+        else:
+            depths, ancestors, retrieve, kids = _static_structure(parents, valid, *static)
         logprobs = (torch.zeros(B, N, device=dev) if logprobs is None else logprobs.float())
         logprobs = logprobs.clone()
         logprobs[:, 0] = 0.0
         if scores is None:
             scores = torch.where(ancestors, logprobs[:, None, :], 0.0).sum(-1)
         return cls(tokens, parents, depths, ancestors, valid, logprobs, scores.float(), retrieve,
-                   child_q, kids)
+                   child_q, kids, static)
 
     @property
     def batch_size(self) -> int:
@@ -138,7 +148,7 @@ class DraftTree:
         valid = self.valid & ~hide
         return DraftTree.from_parents(self.tokens, self.parents, valid=valid,
                                       logprobs=self.logprobs, scores=self.scores,
-                                      child_q=self.child_q)
+                                      child_q=self.child_q, static=self.static)
 
 
 _STRUCTURES: dict = {}  # small CPU trees: (shape, parents, valid) -> (depths, ancestors, retrieve)
@@ -173,14 +183,34 @@ def _structure(parents: Tensor, valid: Tensor) -> tuple:
     return out
 
 
-def children_table(parents: Tensor, valid: Tensor) -> Tensor:
-    """(B, N, C) long child table in sibling (draft) order, -1 padded; C = max children."""
+def _static_structure(parents: Tensor, valid: Tensor, max_depth: int, max_children: int) -> tuple:
+    """`_structure` with the shapes a tree config bounds: depths, ancestors, retrieve (B, N,
+    max_depth + 1) with every leaf's path first (node order) then -1 rows, children (B, N,
+    max_children); tensor ops only. Pointers checked only under the debug switch."""
+    if debug_checks():
+        check_parents(parents, valid)
+    N = parents.shape[1]
+    closure = ancestor_closure(parents)                                    # (B, N, N)
+    depths = closure.sum(-1) - 1                                           # (B, N)
+    eye = torch.eye(N, dtype=torch.bool, device=parents.device)
+    ancestors = torch.where(valid[:, :, None], closure, eye)
+    retrieve = retrieve_paths(parents, depths, ancestors, valid, shape=(N, max_depth + 1))
+    return depths, ancestors, retrieve, children_table(parents, valid, width=max_children)
+
+
+def children_table(parents: Tensor, valid: Tensor, width: Optional[int] = None) -> Tensor:
+    """(B, N, C) long child table in sibling (draft) order, -1 padded; C = max children, or
+    `width` (a bound the caller guarantees: a fixed shape, no value read back)."""
     B, N = parents.shape
     dev = parents.device
     is_child = (parents[:, None, :] == torch.arange(N, device=dev)[None, :, None])
     is_child &= valid[:, None, :]                                           # (B, N parent, N child)
     rank = is_child.long().cumsum(-1) - 1
-    C = int(is_child.sum(-1).max()) if N > 1 else 0
+    if width is not None:
+        C = width
+        rank = torch.where(rank < C, rank, C)   # (never: the bound holds) past the width: dumped
+    else:
+        C = int(is_child.sum(-1).max()) if N > 1 else 0
     table = torch.full((B, N, C + 1), -1, dtype=torch.long, device=dev)
     col = torch.where(is_child, rank, C)
     src = torch.arange(N, device=dev).expand(B, N, N)
@@ -221,16 +251,18 @@ def ancestor_closure(parents: Tensor) -> Tensor:
     return a.bool()
 
 
-def retrieve_paths(parents: Tensor, depths: Tensor, ancestors: Tensor, valid: Tensor) -> Tensor:
+def retrieve_paths(parents: Tensor, depths: Tensor, ancestors: Tensor, valid: Tensor,
+                   shape: Optional[tuple] = None) -> Tensor:
     """Root->leaf node paths (EAGLE's retrieve_indices), batch-first.
 
+    shape: (P, D + 1) fixed by the caller (bounds it guarantees; no value read back), else fitted.
     Returns:
         (B, P, D + 1) long, P = max number of valid leaves in a row, D = deepest valid node;
         leaves in node-index order, -1 padded.
     """
     B, N = parents.shape
     dev = parents.device
-    D1 = int(torch.where(valid, depths, 0).max()) + 1
+    D1 = int(torch.where(valid, depths, 0).max()) + 1 if shape is None else shape[1]
     has_child = torch.zeros(B, N, device=dev).scatter_add_(
         1, parents.clamp(min=0), (valid & (parents >= 0)).float()) > 0
     leaf = valid & ~has_child                                               # (B, N)
@@ -238,7 +270,7 @@ def retrieve_paths(parents: Tensor, depths: Tensor, ancestors: Tensor, valid: Te
     col = torch.where(ancestors & valid[:, :, None], depths[:, None, :], D1)  # (B, N, N)
     per_node.scatter_(2, col, torch.arange(N, device=dev).expand(B, N, N))
     per_node = per_node[..., :D1]                                           # (B, N, D1)
-    P = int(leaf.sum(1).max())
+    P = int(leaf.sum(1).max()) if shape is None else shape[0]
     order = torch.sort((~leaf).to(torch.int8), dim=1, stable=True).indices[:, :P]  # leaves first
     paths = per_node.gather(1, order[:, :, None].expand(B, P, D1))
     return torch.where(leaf.gather(1, order)[:, :, None], paths, -1)
@@ -334,7 +366,7 @@ def build_dynamic_tree(root_token: Tensor, root_logprobs: Tensor, expand_fn: Exp
     keep = torch.sort(keep, dim=-1).values                                      # topological
     par_cand = torch.cat(cand_parent, 1).gather(1, keep)                        # (B, M)
     pos = torch.searchsorted(keep, par_cand.clamp(min=0))
-    if M and not (keep.gather(1, pos.clamp(max=M - 1)) == par_cand)[par_cand >= 0].all():
+    if M and debug_checks() and not ((keep.gather(1, pos.clamp(max=M - 1)) == par_cand) | (par_cand < 0)).all():
         raise InputError("dynamic tree is not ancestor-closed: expand_fn returned scores that "
                          "are not log-probabilities (NaN?)")
     parents = torch.where(par_cand >= 0, pos + 1, 0)
@@ -342,8 +374,9 @@ def build_dynamic_tree(root_token: Tensor, root_logprobs: Tensor, expand_fn: Exp
     tokens = torch.cat([root_token.long()[:, None], torch.cat(cand_tok, 1).gather(1, keep)], 1)
     logprobs = torch.cat([torch.zeros(B, 1, device=dev), torch.cat(cand_lp, 1).gather(1, keep)], 1)
     node_scores = torch.cat([torch.zeros(B, 1, device=dev), scores.gather(1, keep)], 1)
+    # fixed shapes per tree config: node depths reach depth + 1, a node has at most K children
     return DraftTree.from_parents(tokens, torch.cat([root_par, parents], 1),
-                                  logprobs=logprobs, scores=node_scores)
+                                  logprobs=logprobs, scores=node_scores, static=(depth + 1, min(K, M)))
 
 
 def _check_expand(out: Tensor, B: int, n: int, V: int) -> Tensor:

@@ -95,9 +95,8 @@ class SJDResult:
 
 
 def _normalize(r: Tensor) -> Tensor:
-    """Rows divided by their sum; all-zero rows stay zero."""
-    s = r.sum(-1, keepdim=True)
-    return torch.where(s > 0, r / s.clamp(min=1e-30), torch.zeros_like(r))
+    """Rows of non-negative values divided by their sum; all-zero rows stay zero (0 / 1e-30)."""
+    return r / r.sum(-1, keepdim=True).clamp(min=1e-30)
 
 
 def _sample(r: Tensor, u: Tensor) -> Tensor:
@@ -174,9 +173,12 @@ class LanternRule:
     def per_node(self) -> bool:
         return self.delta_nodes is not None
 
-    def step_node(self, r: Tensor, x: Tensor, q: Optional[Tensor], node: Tensor, parent: Tensor):
-        rows = torch.arange(r.shape[0], device=r.device)
-        return self.step(r, x, q, self.delta_nodes[rows, parent])
+    def prepare(self, nodes: Tensor, parent: Tensor):
+        """Per level (siblings nodes (B, C), their parent (B,)): the parent's budget."""
+        return self.delta_nodes[torch.arange(parent.shape[0], device=parent.device), parent]
+
+    def step_slot(self, r: Tensor, x: Tensor, q: Optional[Tensor], ctx, j: int):
+        return self.step(r, x, q, ctx)
 
     def step(self, r: Tensor, x: Tensor, q: Optional[Tensor], delta=None):
         rn = _normalize(r)
@@ -261,15 +263,21 @@ class GASVRule:
     law_given_drafts = True
     per_node = True
 
-    def step_node(self, r: Tensor, x: Tensor, q: Optional[Tensor], node: Tensor, parent: Tensor):
+    def prepare(self, nodes: Tensor, parent: Tensor):
+        """Per level (siblings nodes (B, C), their parent (B,)): the siblings' candidates (clamped)
+        and gates (B, C, K), and the parent's budget (B,), gathered once for every sibling."""
+        rows = torch.arange(nodes.shape[0], device=nodes.device)
+        return (self.cand[rows[:, None], nodes].clamp(min=0), self.gate[rows[:, None], nodes],
+                self.delta_eff[rows, parent])
+
+    def step_slot(self, r: Tensor, x: Tensor, q: Optional[Tensor], ctx, j: int):
         from .gasv import moved_mass
 
-        rows = torch.arange(r.shape[0], device=r.device)
-        cand = self.cand[rows, node]                                        # (B, K)
+        cand, gate, delta = ctx[0][:, j], ctx[1][:, j], ctx[2]                  # (B, K), (B, K), (B,)
         rn = _normalize(r)
-        m = moved_mass(rn, cand, self.gate[rows, node], self.delta_eff[rows, parent])
+        m = moved_mass(rn, cand, gate, delta)
         a = (rn.gather(1, x[:, None])[:, 0] + m.sum(-1)).clamp(max=1.0)
-        r_rej = (rn.scatter_add(1, cand.clamp(min=0), -m)).clamp(min=0.0)
+        r_rej = (rn.scatter_add(1, cand, -m)).clamp(min=0.0)
         return a, _zero1(r_rej, x), q
 
 
@@ -287,34 +295,31 @@ def _scan_siblings(r: Tensor, drafts: Tensor, u: Tensor, rule, q: Optional[Tenso
         sibling; out (B, V) the exact distribution of the token committed here.
     """
     B, V = r.shape
+    C = drafts.shape[1]
     out = torch.zeros(B, V, device=r.device)
     reach = torch.ones(B, device=r.device)
     choice = torch.full((B,), -1, dtype=torch.long, device=r.device)
     if not normalized:
         r = _normalize(r)
-    per_node = getattr(rule, "per_node", False)
-    n_real = (drafts >= 0).sum(0).tolist()  # per sibling slot: rows with a real draft (CPU: no sync cost)
-    for j in range(drafts.shape[1]):
-        if not n_real[j]:  # padding in every row: the step would change nothing (a = 0, r kept)
-            continue
-        x = drafts[:, j]
-        full = n_real[j] == B  # every row has a real draft here: the padding selects are identities
-        real = x >= 0
-        xs = x if full else x.clamp(min=0)
-        if per_node:
-            a, r_rej, q_rej = rule.step_node(r, xs, q, nodes[:, j] if full else nodes[:, j].clamp(min=0), parent)
-        else:
-            a, r_rej, q_rej = rule.step(r, xs, q)
-        if not full:
-            a = torch.where(real, a, 0.0)
+    # Every sibling slot is scanned with its padding masked (no host read of which slots are real:
+    # a padded slot changes nothing, a = 0 and r kept), so the step has the same ops every time.
+    real = drafts >= 0                                                       # (B, C)
+    realf = real.to(r.dtype)
+    xs_all = drafts.clamp(min=0)
+    slot = torch.arange(C, device=r.device)
+    ctx = rule.prepare(nodes.clamp(min=0), parent) if getattr(rule, "per_node", False) else None
+    for j in range(C):
+        xs = xs_all[:, j]
+        a, r_rej, q_rej = rule.step(r, xs, q) if ctx is None else rule.step_slot(r, xs, q, ctx, j)
+        a = a * realf[:, j]                            # padding: a = 0 (so u < a never holds there)
         out.scatter_add_(1, xs[:, None], (reach * a)[:, None])
         reach = reach * (1.0 - a)
-        choice = torch.where(real & (choice < 0) & (u[:, j] < a), j, choice)
+        choice = torch.where((choice < 0) & (u[:, j] < a), slot[j], choice)
         # The residual chain assumes every sibling so far was rejected: it is only used (for the
         # bonus and for `out`) when that is the case.
-        r = _normalize(r_rej) if full else torch.where(real[:, None], _normalize(r_rej), r)
+        r = torch.where(real[:, j, None], _normalize(r_rej), r)
         if q is not None:
-            q = q_rej if full else torch.where(real[:, None], q_rej, q)
+            q = torch.where(real[:, j, None], q_rej, q)
     return choice, r, out + reach[:, None] * r
 
 
@@ -348,34 +353,33 @@ def verify_tree(p: Tensor, tree: DraftTree, generator: Optional[torch.Generator]
     path[:, 0] = 0
     out_tok = torch.full((B, D + 1), -1, dtype=torch.long, device=dev)
     pos_tvd = torch.zeros(B, D + 1, device=dev)
-    bonus = torch.full((B,), -1, dtype=torch.long, device=dev)
     for level in range(D + 1):
         ch = kids[rows, cur]                                                # (B, C)
         drafts = torch.where(ch >= 0, tree.tokens.gather(1, ch.clamp(min=0)), -1)
         q = tree.child_q[rows, cur].float() if rule.needs_q else None
         pn = _normalize(p[rows, cur].float())  # the scan starts from it; the stats compare with it
-        choice, resid, dist = _scan_siblings(pn, drafts, u_acc[:, level], rule, q, ch, cur, normalized=True)
+        if level < D:
+            choice, resid, dist = _scan_siblings(pn, drafts, u_acc[:, level], rule, q, ch, cur, normalized=True)
+        else:  # a node at the deepest level has no children: nothing to scan (rows stopped earlier are masked)
+            choice, resid, dist = torch.full_like(cur, -1), pn, pn
         law = dist if rule.law_given_drafts else pn
         ref = pn if p_ref is p else _normalize(p_ref[rows, cur].float())
         pos_tvd[:, level] = torch.where(alive, tvd(ref, law), 0.0)
         acc = alive & (choice >= 0)
-        fin = alive & ~acc
-        any_fin = bool(fin.any())
-        if any_fin:  # the bonus is drawn (from u_bonus, consumed up front) only where a row stops
-            drawn = _sample(resid, u_bonus)
-            bonus = torch.where(fin, drawn, bonus)
-        else:
-            drawn = bonus
+        # every level runs (rows that stopped are masked), so no value is read back to decide the
+        # loop; the residual where a row stops is kept for its bonus
+        stop_resid = resid if level == 0 else torch.where((alive & ~acc)[:, None], resid, stop_resid)
+        if level == D:
+            break
         nxt = ch.gather(1, choice.clamp(min=0)[:, None])[:, 0] if C else cur
         acc_tok = drafts.gather(1, choice.clamp(min=0)[:, None])[:, 0] if C else cur
-        out_tok[:, level] = torch.where(acc, acc_tok, torch.where(fin, drawn, -1))
-        if level < D:
-            path[:, level + 1] = torch.where(acc, nxt, -1)
+        out_tok[:, level] = torch.where(acc, acc_tok, -1)
+        path[:, level + 1] = torch.where(acc, nxt, -1)
         cur = torch.where(acc, nxt, cur)
         alive = acc
-        if not bool(alive.any()):
-            break
     accept_len = (path >= 0).sum(1) - 1
+    bonus = _sample(stop_resid, u_bonus)  # drawn once, from u_bonus (consumed up front), where each row stopped
+    out_tok.scatter_(1, accept_len[:, None], bonus[:, None])
     return VerifyResult(path, accept_len, bonus, out_tok, pos_tvd)
 
 
