@@ -396,12 +396,11 @@ def fused_attention_report(model) -> list:
         if axis != -1:
             bad.append(f"Softmax over axis {axis}, not the last")
         x = producer.get(sm.input[0])
-        first = True
         while x is not None and x.op_type in _BETWEEN:
             nodes.append(x)
             if x.op_type == "Cast":
                 casts.append(node_attrs(x).get("to"))
-                if first:
+                if softmax_dtype is None:  # the cast nearest the Softmax sets the type it runs in
                     softmax_dtype = node_attrs(x).get("to")
                 nxt = x.input[0]
             elif mask is not None:
@@ -415,7 +414,6 @@ def fused_attention_report(model) -> list:
                     ins = [i for i in x.input if producer.get(i) is not None and producer[i].op_type in
                            ("MatMul", "Cast")]
                     nxt = ins[0] if ins else x.input[0]
-            first = False
             x = producer.get(nxt)
         if x is None or x.op_type != "MatMul":
             bad.append(f"{x.op_type if x is not None else 'a graph input'} between BMM1 and Softmax "
