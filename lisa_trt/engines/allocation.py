@@ -13,8 +13,10 @@ every bound buffer is checked against) or from the engine's own numbers:
                largest (ICudaEngine::getDeviceMemorySizeV2, the maximum over profiles).
 
 The runtime allocates through an `AllocationLog` (`empty(component, owner, shape, dtype, device)`),
-so every device buffer it makes is listed by component ("kv_cache", "activations", "io"): the
-list tests compare with the plan, and with which a steady-state step is shown to allocate nothing.
+so every buffer the TensorRT runners make is listed by component ("activations": the bundle's one
+context buffer; "io": engine outputs and aligned input copies): what tests compare with the plan,
+and with which a steady-state step is shown to allocate nothing. (The KV caches are made by the
+engines' new_cache, models/layers.KVCache, not through the log.)
 
 deploy/memory_plan.py sums these for the graphs a backend opens; tests/deploy/test_plan_is_the_
 allocation_list.py compares them with what the ORT and (fake-core) TensorRT runtimes allocate.
@@ -52,8 +54,8 @@ def context_memory_bytes(sizes, shared: bool = True) -> int:
 class AllocationLog:
     """Every device buffer a runtime allocated: (component, owner, bytes) in order.
 
-    components: "kv_cache" (the caches new_cache makes), "activations" (TensorRT's shared
-    context memory), "io" (engine outputs and aligned input copies). A runner allocates only
+    components: "activations" (TensorRT's shared context memory), "io" (engine outputs and
+    aligned input copies). A runner allocates only
     through `empty`, so `count()` before and after a call is the number of buffers it made."""
 
     def __init__(self):

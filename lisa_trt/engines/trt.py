@@ -11,10 +11,13 @@ torch models.
 
 How a call runs (TrtRunner):
   - one IExecutionContext per optimisation profile (build.profiles_from_io_spec: "step" for
-    S <= 16, "tree" up to the tree budget), created once; the profile is chosen per call from
-    the input shapes (`select_profile`: the fitting profile with the smallest max volume). The
-    contexts share one torch-allocated activation buffer when the TensorRT version allows
-    (USER_MANAGED allocation), since they run one at a time on one stream;
+    S <= 16, "tree" up to the tree budget), created once; the profile is chosen once per
+    input-shape signature (`select_profile`: the fitting profile with the smallest max volume).
+    Every context of every engine of the bundle shares one torch-allocated activation buffer
+    when the TensorRT version allows (USER_MANAGED allocation, `SharedActivations`), since they
+    run one at a time on one stream;
+  - binds once (`run_static`): the KV caches once per cache object and context, a shape or an
+    address again only when it changed; outputs from a pool reused once the caller dropped them;
   - inputs and outputs are torch CUDA tensors bound by address (`set_input_shape`,
     `set_tensor_address(name, t.data_ptr())`), then `execute_async_v3` on the current torch
     stream: no host copies, no synchronisation;
