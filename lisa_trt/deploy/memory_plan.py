@@ -272,7 +272,7 @@ class Plan:
         lines.append(f"{'overhead':14s} {pad} {g(self.overhead)}  CUDA context + runtime (estimate)")
         lines.append(f"{'run total':14s} {pad} {g(self.total)}  of {self.usable / GIB:.2f} usable")
         if self.load_transient:
-            lines.append(f"{'load peak':14s} {pad} {g(self.run_peak)}  loading: a plan file read whole into "
+            lines.append(f"{'load peak':14s} {pad} {g(self.run_peak)}  loading: a plan file's pages resident in "
                          "unified memory beside its engine (estimate)")
         lines.append(f"{'build peak':14s} {pad} {g(self.build_peak)}  largest engine + "
                      f"{self.workspace / GIB:.2f} GiB builder workspace + overhead")
@@ -417,8 +417,9 @@ def step_flops(s: ModelShape, rows: int, tree: int, L: int) -> dict:
 
 def _load_transient(engines: dict, device: GPU, overhead: int) -> int:
     """Unified memory (Jetson): how far loading goes above the run total. Engines load in the plan's
-    order (target first, engines.graph.load_engines) before any cache exists; each plan file is read
-    whole (trt_plans.load_plan, about its engine's weights) beside the engine it becomes."""
+    order (target first, engines.graph.load_engines) before any cache exists; each plan file is
+    mapped (trt_plans.load_plan / map_plan: no copy in process memory), but its pages (about its
+    engine's weights) are resident beside the engine it becomes while TensorRT deserializes it."""
     if not device.unified:
         return 0
     loaded = peak = overhead
