@@ -158,3 +158,19 @@ def test_a_probe_of_an_unfusable_pattern_is_refused_without_tensorrt(tmp_path):
     (r,) = A.fused_attention_report(model)
     err = AP._static_errors(model, [{}])
     assert err and "fused-attention pattern" in err[0]
+
+
+def test_fp16_attention_keeps_scores_and_softmax_in_fp32(tmp_path):
+    """rows_attention exported in fp16 (dynamo, opset 23): BMM1's scores are cast to fp32 before the
+    mask and the Softmax, and only the probabilities go back to fp16 for BMM2 (issue 53: computing
+    them in fp16 passed every test). Independent of how a bundle's export upcasts: the function itself."""
+    import torch
+    from test_kv_rows import _case, _Layer
+
+    q, k, v, kc, vc, slots, mask = _case(4, 2)
+    args = tuple(a.half() if a.is_floating_point() else a for a in (q, k, v, mask, slots, kc, vc))
+    path = tmp_path / "rows16.onnx"
+    torch.onnx.export(_Layer(), args, str(path), dynamo=True, opset_version=23, verbose=False)
+    (r,) = A.fused_attention_report(onnx.load(str(path)))
+    assert r["violations"] == [] and r["scale"] == "q"
+    assert r["softmax_dtype"] == TP.FLOAT and r["casts"] == [TP.FLOAT, TP.FLOAT16], r
