@@ -262,6 +262,8 @@ class TrtRunner(GraphRunner):
         with _on(self.device):
             init_plugins(trt)
             self.engine = trt.Runtime(_logger(trt)).deserialize_cuda_engine(plan)
+            if hasattr(plan, "close"):  # the mapped plan file (trt_plans.map_plan): not needed once deserialized
+                plan.close()
             del plan
             if self.engine is None:
                 raise TrtRuntimeError(f"TensorRT could not deserialize {rec['plan']}; rebuild with `lisa-trt build`")

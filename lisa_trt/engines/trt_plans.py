@@ -147,7 +147,9 @@ class _MappedPlan(mmap.mmap):
 def map_plan(path: Path):
     """The plan file mapped read-only (mmap): hashed and deserialized from the file's pages, so
     loading holds no second whole copy of a plan in process memory (a 7B target's plan is ~13 GB;
-    on a Jetson host memory is the GPU's). An empty file maps to b""."""
+    on a Jetson host memory is the GPU's). An empty file maps to b"". The mapping follows the file:
+    `lisa-trt build` replaces plans atomically (a new file renamed over the old), which leaves a
+    mapped plan intact; rewriting a plan file in place while it is mapped would fault the reader."""
     with open(path, "rb") as f:
         if f.seek(0, 2) == 0:
             return b""
