@@ -71,7 +71,7 @@ def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, atten
 
     resolve(engine_dir=engine_dir, backend="trt").run(
         "build", entry, max_batch=max_batch, max_tree=max_tree, timing_cache=timing_cache, refit=refit,
-        workspace=(workspace << 20) if workspace else None, attention=attention, dry_run=dry_run, gpu=gpu,
+        workspace=(workspace << 20) if workspace else __import__("lisa_trt.deploy.memory_plan", fromlist=["x"]).WORKSPACE_BYTES, attention=attention, dry_run=dry_run, gpu=gpu,  # noqa: E501 (one default with `plan`)
         memory_gib=memory_gib, echo=click.echo)
 
 

@@ -23,6 +23,18 @@ class GPU:
     reserved: int = 0  # Jetson: unified memory the OS and the CPU side of the process keep
     bandwidth: float = 0.0
     unified: bool = False  # host and GPU share the memory (Jetson): a plan read into host memory costs it too
+    fp16_tflops: float = 0.0  # dense tensor-core peak, fp16 inputs with fp32 accumulate (0: unknown)
+    fp8_tflops: float = 0.0  # dense fp8 (fp32 accumulate); 0: no fp8 tensor cores / unknown
+    int8_tops: float = 0.0  # dense int8
+
+    def peak_tflops(self, precision: str) -> float:
+        """Dense tensor-core peak for a plan precision's matmuls (fp32 / bf16 / fp16 / int4: the fp16 figure,
+        int4 weights being dequantised to fp16; int8 / fp8 their own, the fp16 one where unknown)."""
+        if precision == "int8" and self.int8_tops:
+            return self.int8_tops
+        if precision == "fp8" and self.fp8_tflops:
+            return self.fp8_tflops
+        return self.fp16_tflops
 
     @property
     def usable(self) -> int:
@@ -36,14 +48,23 @@ class GPU:
 # 1555 GB/s, A100 80 GB SXM 2039 GB/s (A100 datasheet; 80 GB PCIe: 1935); H100 SXM 3.35 TB/s (H100
 # datasheet; PCIe: 2.0); H200 4.8 TB/s (H200 datasheet); Jetson AGX Orin 32 / 64 GB 204.8 GB/s
 # (Jetson AGX Orin series datasheet: 256-bit LPDDR5).
+# dense tensor-core peaks (TFLOPS / TOPS, no sparsity: half of the datasheets' "with sparsity" figures):
+# RTX 4090 fp16 with fp32 accumulate 165.2, fp8 (fp32 accumulate) 330.3, int8 660.6 (NVIDIA Ada GPU
+# architecture whitepaper, GeForce RTX 4090 column; GeForce boards run fp16-with-fp32-accumulate at half
+# the fp16-accumulate rate); L4 fp16 121, fp8 242.5, int8 242.5 (L4 datasheet); A10 fp16 125, int8 250
+# (A10 datasheet, no fp8); A100 fp16 312, int8 624 (A100 datasheet, no fp8); H100 SXM fp16 989.4, fp8
+# 1978.9, int8 1978.9 (H100 datasheet; H200: the same GH100 peaks, H200 datasheet). Jetson: unknown (0).
 GPUS = {g.name: g for g in (
-    GPU("rtx4090", "GeForce RTX 4090 24 GB", 24564 * MIB, bandwidth=1008.0),
-    GPU("l4", "NVIDIA L4 24 GB", 23034 * MIB, bandwidth=300.0),
-    GPU("a10", "NVIDIA A10 24 GB", 23028 * MIB, bandwidth=600.0),
-    GPU("a100-40", "NVIDIA A100 40 GB", 40960 * MIB, bandwidth=1555.0),
-    GPU("a100-80", "NVIDIA A100 80 GB", 81920 * MIB, bandwidth=2039.0),
-    GPU("h100", "NVIDIA H100 80 GB", 81559 * MIB, bandwidth=3350.0),
-    GPU("h200", "NVIDIA H200 141 GB", 143771 * MIB, bandwidth=4800.0),
+    GPU("rtx4090", "GeForce RTX 4090 24 GB", 24564 * MIB, bandwidth=1008.0, fp16_tflops=165.2, fp8_tflops=330.3,
+        int8_tops=660.6),
+    GPU("l4", "NVIDIA L4 24 GB", 23034 * MIB, bandwidth=300.0, fp16_tflops=121.0, fp8_tflops=242.5, int8_tops=242.5),
+    GPU("a10", "NVIDIA A10 24 GB", 23028 * MIB, bandwidth=600.0, fp16_tflops=125.0, int8_tops=250.0),
+    GPU("a100-40", "NVIDIA A100 40 GB", 40960 * MIB, bandwidth=1555.0, fp16_tflops=312.0, int8_tops=624.0),
+    GPU("a100-80", "NVIDIA A100 80 GB", 81920 * MIB, bandwidth=2039.0, fp16_tflops=312.0, int8_tops=624.0),
+    GPU("h100", "NVIDIA H100 80 GB", 81559 * MIB, bandwidth=3350.0, fp16_tflops=989.4, fp8_tflops=1978.9,
+        int8_tops=1978.9),
+    GPU("h200", "NVIDIA H200 141 GB", 143771 * MIB, bandwidth=4800.0, fp16_tflops=989.4, fp8_tflops=1978.9,
+        int8_tops=1978.9),
     GPU("orin-32", "Jetson AGX Orin 32 GB", 32 * GIB, 4 * GIB, bandwidth=204.8, unified=True),
     GPU("orin-64", "Jetson AGX Orin 64 GB", 64 * GIB, 4 * GIB, bandwidth=204.8, unified=True),
 )}

@@ -163,6 +163,31 @@ class Plan:
     bandwidth: float = 0.0  # the device's GB/s (0: unknown)
     load_transient: int = 0  # unified memory (Jetson): loading's peak above the run total (_load_transient)
     step_bytes: dict = field(default_factory=dict)  # {"target" | "drafter": bytes one call moves} (step_bytes)
+    peak_tflops: float = 0.0  # the device's dense tensor-core peak at this precision (0: unknown)
+    step_flops: dict = field(default_factory=dict)  # {"target" | "drafter": FLOPs of one call} (step_flops)
+
+    @property
+    def compute_floor_ms(self) -> dict:
+        """{model: ms} the device needs at least per call to do step_flops at its peak ({} unknown)."""
+        if not self.peak_tflops:
+            return {}
+        return {k: 1e3 * v / (self.peak_tflops * 1e12) for k, v in self.step_flops.items()}
+
+    @property
+    def compute_bound_tree(self) -> Optional[int]:
+        """The largest tree (nodes per verification, at this plan's batch and cache) whose verification
+        is still bandwidth-bound: beyond it the target's FLOPs / peak exceed its bytes / bandwidth, so
+        each extra node costs time (None when either floor is unknown)."""
+        bw, fl = self.bandwidth_floor_ms.get("target"), self.compute_floor_ms.get("target")
+        if not bw or not fl or not self.tree:
+            return None
+        return max(1, int(bw / (fl / self.tree)))
+
+    @property
+    def floor_ms(self) -> dict:
+        """{model: ms} per call: max(bytes / bandwidth, FLOPs / peak), of what is known."""
+        bw, fl = self.bandwidth_floor_ms, self.compute_floor_ms
+        return {k: max(bw.get(k, 0.0), fl.get(k, 0.0)) for k in set(bw) | set(fl)}
 
     @property
     def bandwidth_floor_ms(self) -> dict:
@@ -176,7 +201,17 @@ class Plan:
             return "bandwidth floor per step: unknown for this device (plan a named --gpu to see it)"
         ms = self.bandwidth_floor_ms
         parts = [f"{k} {self.step_bytes[k] / 1e9:.2f} GB -> {ms[k]:.2f} ms" for k in self.step_bytes]
-        return (f"bandwidth floor per step (bytes a call must move / {self.bandwidth:g} GB/s): " + ", ".join(parts))
+        line = f"bandwidth floor per step (bytes a call must move / {self.bandwidth:g} GB/s): " + ", ".join(parts)
+        fl = self.compute_floor_ms
+        if not fl:
+            return line + "; compute floor: unknown peak for this device"
+        floor = self.floor_ms
+        parts = [f"{k} {self.step_flops[k] / 1e12:.2f} TFLOP -> {fl[k]:.2f} ms" for k in self.step_flops]
+        bound = [f"{k} {floor[k]:.2f} ms ({'compute' if fl.get(k, 0) > ms.get(k, 0) else 'bandwidth'}-bound)"
+                 for k in sorted(floor)]
+        return (line + f"\ncompute floor per step (FLOPs of a call / {self.peak_tflops:g} dense TFLOPS): "
+                + ", ".join(parts) + "\nfloor per step = max of both: " + ", ".join(bound)
+                + f"; verification turns compute-bound above a tree of {self.compute_bound_tree} nodes")
 
     @property
     def run_peak(self) -> int:
@@ -212,6 +247,9 @@ class Plan:
         d["build_peak_gib"] = round(self.build_peak / GIB, 3)
         d["usable_gib"] = round(self.usable / GIB, 3)
         d["bandwidth_floor_ms"] = {k: round(v, 3) for k, v in self.bandwidth_floor_ms.items()}
+        d["compute_floor_ms"] = {k: round(v, 3) for k, v in self.compute_floor_ms.items()}
+        d["floor_ms"] = {k: round(v, 3) for k, v in self.floor_ms.items()}
+        d["compute_bound_tree"] = self.compute_bound_tree
         return d
 
     def _found(self, what: str) -> str:
@@ -234,7 +272,7 @@ class Plan:
         lines.append(f"{'overhead':14s} {pad} {g(self.overhead)}  CUDA context + runtime (estimate)")
         lines.append(f"{'run total':14s} {pad} {g(self.total)}  of {self.usable / GIB:.2f} usable")
         if self.load_transient:
-            lines.append(f"{'load peak':14s} {pad} {g(self.run_peak)}  loading: a plan file read whole into "
+            lines.append(f"{'load peak':14s} {pad} {g(self.run_peak)}  loading: a plan file's pages resident in "
                          "unified memory beside its engine (estimate)")
         lines.append(f"{'build peak':14s} {pad} {g(self.build_peak)}  largest engine + "
                      f"{self.workspace / GIB:.2f} GiB builder workspace + overhead")
@@ -274,14 +312,18 @@ class Runtime:
     backend: str = "trt"
     engines: dict = field(default_factory=dict)
 
-    def device_memory(self, graphs) -> Optional[int]:
-        """The TensorRT contexts' memory of these engines as TrtRunner allocates it (one shared buffer
-        per engine: allocation.context_memory_bytes of the recorded per-profile sizes); None when
-        not every engine recorded it (not built, or built before the record had it) or on ORT."""
+    def device_memory(self, graphs, holder: bool = False) -> Optional[int]:
+        """The TensorRT contexts' memory of these engines as TrtRunner allocates it: ONE buffer for every
+        engine of the bundle (engines/trt.SharedActivations), of the largest engine's
+        allocation.context_memory_bytes, counted once, in the model that holds it (`holder`: the
+        target) and 0 for the others; None when not every engine recorded its sizes (not built, or
+        built before the record had them) or on ORT."""
         recs = [self.engines.get(g) or {} for g in graphs]
         if self.backend != "trt" or not recs or any("device_memory" not in r for r in recs):
             return None
-        return sum(context_memory_bytes(r["device_memory"]) for r in recs)
+        if not holder:
+            return 0
+        return max(context_memory_bytes(r["device_memory"]) for r in self.engines.values() if "device_memory" in r)
 
 
 BACKENDS = PLAN_BACKENDS
@@ -313,7 +355,7 @@ def _target_part(s: ModelShape, prec: Precision, rows: int, tree: int, prompt: i
               _step_act(rows, tree, s.dim, s.ffn, s.n_head, L, s.vocab, a, True))  # tree verification
     dims = {"batch": rows, "kv_heads": s.kv_heads, "cache_len": L, "head_dim": s.head_dim}
     kv = kv_cache_bytes(graph_spec(Graph.TARGET_VERIFY, n_layer=s.n_layer), dims, prec.kv)  # one cache, any copies
-    built = rt.device_memory(_target_graphs(copies))
+    built = rt.device_memory(_target_graphs(copies), holder=True)  # the bundle's one activation buffer
     return {"weights": s.target.bytes(prec) * copies, "kv_cache": kv, "activations": act if built is None else built}
 
 
@@ -360,10 +402,24 @@ def step_bytes(engines: dict) -> dict:
     return out
 
 
+def step_flops(s: ModelShape, rows: int, tree: int, L: int) -> dict:
+    """FLOPs of one target verification of `tree` nodes over `rows` rows (CFG doubles them) and of one
+    drafter step over the same nodes: 2 per matmul weight per token, plus attention's two matmuls
+    (Q·Kᵀ and P·V: 4 · dim FLOPs per token per key) over the cache of L slots, per layer."""
+    tokens = rows * tree
+    out = {"target": 2 * s.target.linear * tokens + 4 * tokens * L * s.dim * s.n_layer}
+    if s.has_drafter:
+        d = drafter_weights(s)
+        Hd = s.draft_hidden or s.dim
+        out["drafter"] = 2 * d.linear * tokens + 4 * tokens * L * Hd
+    return out
+
+
 def _load_transient(engines: dict, device: GPU, overhead: int) -> int:
     """Unified memory (Jetson): how far loading goes above the run total. Engines load in the plan's
-    order (target first, engines.graph.load_engines) before any cache exists; each plan file is read
-    whole (trt_plans.load_plan, about its engine's weights) beside the engine it becomes."""
+    order (target first, engines.graph.load_engines) before any cache exists; each plan file is
+    mapped (trt_plans.load_plan / map_plan: no copy in process memory), but its pages (about its
+    engine's weights) are resident beside the engine it becomes while TensorRT deserializes it."""
     if not device.unified:
         return 0
     loaded = peak = overhead
@@ -440,7 +496,8 @@ def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] =
                 precision=prec.name, batch=batch, tree=tree, cfg=cfg, image_size=s.image_size, prompt_len=prompt,
                 rows=rows, max_cache_len=L, engines=engines, overhead=CONTEXT_BYTES, workspace=ws, total=total,
                 build_peak=peak, fits=fits, notes=notes, backend=rt.backend,
-                bandwidth=device.bandwidth, load_transient=load, step_bytes=step_bytes(engines))
+                bandwidth=device.bandwidth, load_transient=load, step_bytes=step_bytes(engines),
+                peak_tflops=device.peak_tflops(prec.name), step_flops=step_flops(s, rows, tree, L))
     if search and not fits:
         plan.fitting_precisions = [q for q in ("fp16", "int8", "int4")
                                    if PRECISIONS[q].weight < prec.weight

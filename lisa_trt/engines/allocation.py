@@ -12,6 +12,12 @@ every bound buffer is checked against) or from the engine's own numbers:
                buffer with `context_memory_bytes`), else each context allocates the engine's
                largest (ICudaEngine::getDeviceMemorySizeV2, the maximum over profiles).
 
+The runtime allocates through an `AllocationLog` (`empty(component, owner, shape, dtype, device)`),
+so every buffer the TensorRT runners make is listed by component ("activations": the bundle's one
+context buffer; "io": engine outputs and aligned input copies): what tests compare with the plan,
+and with which a steady-state step is shown to allocate nothing. (The KV caches are made by the
+engines' new_cache, models/layers.KVCache, not through the log.)
+
 deploy/memory_plan.py sums these for the graphs a backend opens; tests/deploy/test_plan_is_the_
 allocation_list.py compares them with what the ORT and (fake-core) TensorRT runtimes allocate.
 """
@@ -45,4 +51,43 @@ def context_memory_bytes(sizes, shared: bool = True) -> int:
     return max(sizes) if shared else len(sizes) * max(sizes)
 
 
-__all__ = ["PLAN_BACKENDS", "context_memory_bytes", "kv_cache_bytes", "tensor_bytes"]
+class AllocationLog:
+    """Every device buffer a runtime allocated: (component, owner, bytes) in order.
+
+    components: "activations" (TensorRT's shared context memory), "io" (engine outputs and
+    aligned input copies). A runner allocates only
+    through `empty`, so `count()` before and after a call is the number of buffers it made."""
+
+    def __init__(self):
+        self.entries: list = []
+
+    def empty(self, component: str, owner: str, shape, dtype, device):
+        import torch
+
+        t = torch.empty(tuple(shape), dtype=dtype, device=device)
+        self.entries.append((component, owner, t.numel() * t.element_size()))
+        return t
+
+    def count(self, component=None) -> int:
+        return sum(1 for c, _, _ in self.entries if component is None or c == component)
+
+    def nbytes(self, component=None, owner=None) -> int:
+        return sum(b for c, o, b in self.entries if (component is None or c == component)
+                   and (owner is None or o == owner))
+
+
+def storage_free(t) -> bool:
+    """True when no tensor but `t` itself holds `t`'s storage (no caller kept a view of an output
+    handed out earlier), so the runtime may write it again. Uses the storage's reference count
+    (torch._C._storage_Use_Count: 1 for `t`, 1 for the temporary storage object); without that
+    API nothing is reused (always correct, never reused)."""
+    import torch
+
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    if use_count is None:
+        return False
+    return use_count(t.untyped_storage()._cdata) <= 2
+
+
+__all__ = ["AllocationLog", "PLAN_BACKENDS", "context_memory_bytes", "kv_cache_bytes", "storage_free",
+           "tensor_bytes"]

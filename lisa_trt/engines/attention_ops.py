@@ -299,5 +299,182 @@ def plain_attention(model) -> int:
     return len(nodes)
 
 
-__all__ = ["ATTENTION_MODES", "AttentionRewriteError", "attention_nodes", "plain_attention", "plain_nodes",
+# ----------------------------------------------------------------------------- the fused pattern
+
+# NVIDIA's "Fused Attention" (TensorRT developer guide, inference-library/transformers-fused-attention,
+# method 2: attention written with primitive layers, IMatrixMultiplyLayer and ISoftMaxLayer): TensorRT
+# fuses softmax(Q * K^T (mask)) * V, the mask a bool (select) or an add mask on Q * K^T, and requires Q
+# or K to be multiplied by the attention scale (or both by its square root) BEFORE the first batched
+# matmul (BMM1); MHA, GQA (N_q % N_kv == 0) and MQA. So, per attention, from BMM1 to BMM2:
+#     MatMul(Q', K^T) -> [Cast] -> [Where(mask) | Add(mask)] -> Softmax(last axis) -> [Cast] -> MatMul(P, V)
+# with Q' (or K) = Mul(x, scalar constant) upstream of BMM1 through layout ops only. Casts are the
+# strongly typed network's precision changes (fp32 scores / softmax in an fp16 graph).
+LAYOUT_OPS = ("Reshape", "Transpose", "Unsqueeze", "Squeeze", "Expand", "Identity")
+_BETWEEN = ("Cast", "Where", "Add")  # what may sit between BMM1 and Softmax
+
+
+def _graph_index(model):
+    producer = {o: n for n in model.graph.node for o in n.output}
+    consumers: dict = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    consts = {t.name for t in model.graph.initializer}
+    consts |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    return producer, consumers, consts
+
+
+def _scalar_const(model, name: str, producer: dict, consts: set) -> bool:
+    """Whether `name` is a one-element constant (initializer or Constant node, through Cast)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    n = producer.get(name)
+    while n is not None and n.op_type in ("Cast",) + LAYOUT_OPS:
+        name, n = n.input[0], producer.get(n.input[0])
+    for t in model.graph.initializer:
+        if t.name == name:
+            return int(np.prod(t.dims)) == 1 if len(t.dims) else True
+    if n is not None and n.op_type == "Constant":
+        for a in n.attribute:
+            if a.name == "value":
+                return numpy_helper.to_array(a.t).size == 1
+            if a.name in ("value_float", "value_int"):
+                return True
+    return False
+
+
+def _scaled(model, name: str, producer: dict, consts: set) -> list:
+    """The nodes from Mul(x, scalar constant) to `name` through layout ops (Reshape / Transpose /
+    ...), or [] when `name` is not scaled so."""
+    n, path = producer.get(name), []
+    while n is not None and n.op_type in LAYOUT_OPS:
+        path.append(n)
+        n = producer.get(n.input[0])
+    if n is None or n.op_type not in ("Mul", "Div"):
+        return []
+    if any(_scalar_const(model, i, producer, consts) for i in n.input[1 if n.op_type == "Div" else 0:]):
+        return path + [n]
+    return []
+
+
+def fused_attention_report(model) -> list:
+    """Every attention of a graph checked against NVIDIA's fused-attention pattern (above).
+
+    An attention is a Softmax whose probabilities reach a MatMul (through a Cast at most).
+    Returns one dict per attention: softmax node, bmm1 / bmm2 names, `scale` ("q", "k" or None),
+    `mask` (the mask op or None), `casts` (Cast target types between BMM1 and BMM2), `softmax_dtype`
+    (the Cast target feeding the Softmax, None without one), and `violations` (empty: the pattern)."""
+    producer, consumers, consts = _graph_index(model)
+    out = []
+    for sm in (n for n in model.graph.node if n.op_type == "Softmax"):
+        after, casts_after = consumers.get(sm.output[0], []), []
+        while len(after) == 1 and after[0].op_type == "Cast":
+            casts_after.append(node_attrs(after[0]).get("to"))
+            after = consumers.get(after[0].output[0], [])
+        frontier, reach = [sm.output[0]], []
+        for _ in range(4):  # the probabilities through Cast / Slice / layout ops to a MatMul
+            nxt = []
+            for t in frontier:
+                for c in consumers.get(t, []):
+                    if c.op_type == "MatMul":
+                        reach.append(c)
+                    elif c.op_type in ("Cast", "Slice", "Split") + LAYOUT_OPS:
+                        nxt += list(c.output)
+            frontier = nxt
+        if not reach:
+            continue  # not an attention (e.g. a softmax over logits)
+        bad, mask, casts, softmax_dtype = [], None, [], None
+        direct = [c for c in after if c.op_type == "MatMul"]
+        bmm2 = direct[0] if direct else reach[0]
+        nodes = [sm, bmm2] + [c for c in consumers.get(sm.output[0], []) if c.op_type == "Cast"]
+        if len(after) != 1 or not direct or bmm2.input[0] not in (sm.output[0],) + tuple(
+                o for c in nodes[2:] for o in c.output):
+            bad.append(f"the probabilities feed {[c.op_type for c in after]}, not one BMM2 as its first input "
+                       f"(P x V)")
+        axis = node_attrs(sm).get("axis", -1)
+        if axis != -1:
+            bad.append(f"Softmax over axis {axis}, not the last")
+        x = producer.get(sm.input[0])
+        while x is not None and x.op_type in _BETWEEN:
+            nodes.append(x)
+            if x.op_type == "Cast":
+                casts.append(node_attrs(x).get("to"))
+                if softmax_dtype is None:  # the cast nearest the Softmax sets the type it runs in
+                    softmax_dtype = node_attrs(x).get("to")
+                nxt = x.input[0]
+            elif mask is not None:
+                bad.append(f"a second mask op ({x.op_type}) between BMM1 and Softmax")
+                nxt = x.input[0]
+            else:
+                mask = x.op_type
+                if x.op_type == "Where":  # Where(cond, a, b): the scores are the non-constant branch
+                    nxt = next((i for i in x.input[1:] if not _scalar_const(model, i, producer, consts)), x.input[2])
+                else:
+                    ins = [i for i in x.input if producer.get(i) is not None and producer[i].op_type in
+                           ("MatMul", "Cast")]
+                    nxt = ins[0] if ins else x.input[0]
+            x = producer.get(nxt)
+        if x is None or x.op_type != "MatMul":
+            bad.append(f"{x.op_type if x is not None else 'a graph input'} between BMM1 and Softmax "
+                       "(only a Cast and one mask op may sit there)")
+            out.append(dict(softmax=sm.name, bmm1=None, bmm2=bmm2.name, scale=None, mask=mask,
+                            casts=casts + casts_after, softmax_dtype=softmax_dtype, violations=bad,
+                            nodes=[n.name for n in nodes]))
+            continue
+        q_path, k_path = _scaled(model, x.input[0], producer, consts), _scaled(model, x.input[1], producer, consts)
+        scale = "q" if q_path else "k" if k_path else None
+        if scale is None:
+            bad.append("no attention scale on Q or K before BMM1")
+        nodes += [x] + q_path + k_path
+        kt = producer.get(x.input[1])
+        if not k_path and kt is not None and kt.op_type == "Transpose":
+            nodes.append(kt)  # K^T: the probe takes K as the graph has it
+        out.append(dict(softmax=sm.name, bmm1=x.name, bmm2=bmm2.name, scale=scale, mask=mask,
+                        casts=casts + casts_after, softmax_dtype=softmax_dtype, violations=bad,
+                        nodes=[n.name for n in nodes]))
+    return out
+
+
+def pattern_probe(model, report: dict):
+    """A graph of one attention of `model` (a `fused_attention_report` entry): its nodes from the
+    scale Mul to BMM2, fed by the tensors that feed them (graph dtypes and inferred shapes,
+    symbolic dims kept), constants carried along. What `lisa-trt build --attention auto` probes
+    for a graph whose attention is the primitive pattern."""
+    import onnx
+
+    producer, _, _ = _graph_index(model)
+    shapes = _typed_shapes(model)
+    wanted = set(report["nodes"])
+    chain = [n for n in model.graph.node if n.name in wanted]
+    produced = {o for n in chain for o in n.output}
+    inits = {t.name: t for t in model.graph.initializer}
+    extra, names, used = [], [], {}
+    for n in chain:
+        for i in n.input:
+            if not i or i in produced or i in names:
+                continue
+            p = producer.get(i)
+            if i in inits:
+                used[i] = inits[i]
+            elif p is not None and p.op_type == "Constant":
+                extra.append(p)
+                produced.add(i)
+            else:
+                names.append(i)
+    order = {id(n): k for k, n in enumerate(model.graph.node)}
+    nodes = sorted(chain + extra, key=lambda n: order[id(n)])
+    end = next(n for n in chain if n.name == report["bmm2"])
+
+    def vi(name):
+        dt, shape = shapes[name]
+        return onnx.helper.make_tensor_value_info(name, dt, shape)
+
+    graph = onnx.helper.make_graph(nodes, "attention_probe", [vi(n) for n in names], [vi(end.output[0])],
+                                   list(used.values()))
+    return onnx.helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+
+
+__all__ = ["ATTENTION_MODES", "AttentionRewriteError", "attention_nodes", "fused_attention_report",
+           "pattern_probe", "plain_attention", "plain_nodes",
            "probe_model", "probe_profiles", "probe_specs"]

@@ -11,10 +11,13 @@ torch models.
 
 How a call runs (TrtRunner):
   - one IExecutionContext per optimisation profile (build.profiles_from_io_spec: "step" for
-    S <= 16, "tree" up to the tree budget), created once; the profile is chosen per call from
-    the input shapes (`select_profile`: the fitting profile with the smallest max volume). The
-    contexts share one torch-allocated activation buffer when the TensorRT version allows
-    (USER_MANAGED allocation), since they run one at a time on one stream;
+    S <= 16, "tree" up to the tree budget), created once; the profile is chosen once per
+    input-shape signature (`select_profile`: the fitting profile with the smallest max volume).
+    Every context of every engine of the bundle shares one torch-allocated activation buffer
+    when the TensorRT version allows (USER_MANAGED allocation, `SharedActivations`), since they
+    run one at a time on one stream;
+  - binds once (`run_static`): the KV caches once per cache object and context, a shape or an
+    address again only when it changed; outputs from a pool reused once the caller dropped them;
   - inputs and outputs are torch CUDA tensors bound by address (`set_input_shape`,
     `set_tensor_address(name, t.data_ptr())`), then `execute_async_v3` on the current torch
     stream: no host copies, no synchronisation;
@@ -48,7 +51,7 @@ import torch
 
 from ..errors import InputError, LisaError
 from ..models.io_spec import Graph, GraphSpec
-from .allocation import context_memory_bytes
+from .allocation import AllocationLog, context_memory_bytes, storage_free
 from .base import Backend, GraphRunner, register_backend, torch_dtype  # noqa: F401 (torch_dtype re-exported)
 from .trt_plans import load_plan, require_tensorrt_gpu
 from .profiles import ProfileSpec
@@ -163,28 +166,105 @@ def aligned_input(t: torch.Tensor, alignment: int = ALIGNMENT) -> torch.Tensor:
     return c.copy_(t)
 
 
+class SharedActivations:
+    """One activation buffer for every execution context of a bundle's engines.
+
+    The engines of a bundle run one after another on one stream, so their contexts can share one
+    scratch buffer sized to the largest need: each context is made with
+    `ExecutionContextAllocationStrategy.USER_MANAGED` (ICudaEngine::createExecutionContext(
+    kUSER_MANAGED): "the user supplies custom allocation to the execution context", TensorRT Python
+    API, IRuntimeConfig page) and given the buffer with its size (IExecutionContext::
+    setDeviceMemoryV2(memory, size), TensorRT 10.1+; the memory may be shared by contexts that never
+    run concurrently). The buffer grows when a context needs more (every context given the old one
+    is handed the new one), and is allocated through the AllocationLog as "activations".
+    """
+
+    def __init__(self, device, log: AllocationLog):
+        self.device, self.log = torch.device(device), log
+        self.tensor = None
+        self.contexts: list = []  # [(context, bytes it needs)]
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.tensor is None else self.tensor.numel()
+
+    def attach(self, ctx, need: int, owner: str) -> None:
+        """Give `ctx` the shared buffer (grown to `need` bytes first when smaller)."""
+        need = max(1, int(need))
+        if self.tensor is None or self.tensor.numel() < need:
+            self.tensor = self.log.empty("activations", owner, (need,), torch.uint8, self.device)
+            for c, _ in self.contexts:
+                _give_memory(c, self.tensor)
+        _give_memory(ctx, self.tensor)
+        self.contexts.append((ctx, need))
+
+    def detach(self, contexts) -> None:
+        ids = {id(c) for c in contexts}
+        self.contexts = [(c, n) for c, n in self.contexts if id(c) not in ids]
+        if not self.contexts:
+            self.tensor = None
+
+
+def _give_memory(ctx, buf: torch.Tensor) -> None:
+    """Hand a buffer to a USER_MANAGED context with its size (IExecutionContext::setDeviceMemoryV2(
+    memory, size), 10.1+; the size-less setter before)."""
+    if hasattr(ctx, "set_device_memory"):
+        ctx.set_device_memory(buf.data_ptr(), buf.numel())
+    else:
+        ctx.device_memory = buf.data_ptr()
+
+
+class _Bound:
+    """What one execution context has bound now: input shapes, tensor addresses, the static set."""
+
+    __slots__ = ("shapes", "addr", "static")
+
+    def __init__(self):
+        self.shapes, self.addr, self.static = {}, {}, None
+
+
+OUTPUT_POOL = 2  # output buffers kept per output name: the caller may hold the previous call's outputs
+
+
 class TrtRunner(GraphRunner):
     """One deserialized engine with an execution context per optimisation profile.
+
+    Binds once: the profile is chosen once per input-shape signature, the static tensors (KV
+    caches) are bound on a context once per StaticTensors object (`run_static`), an input shape or
+    address is set again only when it changed, and outputs come from a per-name pool of buffers
+    reused once the caller has dropped them (allocation.storage_free), so a steady-state step
+    makes no binding call for the caches and allocates nothing.
 
     Args:
         engine_dir: the engine directory.
         spec, dims, precision: as GraphRunner.
         device: CUDA device of every bound tensor.
-        share_memory: let the per-profile contexts share one activation buffer.
+        share_memory: the contexts share one activation buffer (`activations`, else one of its own).
+        activations: the SharedActivations of the bundle (TrtBackend passes one to every runner).
+        log: the AllocationLog every buffer is allocated through.
     """
 
     def __init__(self, engine_dir, spec: GraphSpec, dims: dict, precision: str, device, *,
-                 share_memory: bool = True, record: Optional[dict] = None):
+                 share_memory: bool = True, record: Optional[dict] = None,
+                 activations: Optional[SharedActivations] = None, log: Optional[AllocationLog] = None):
         trt = require_tensorrt_gpu()
         super().__init__(spec, dims, precision, device)
         graph = spec.graph
         self.trt, self.graph = trt, graph
+        self.log = log if log is not None else (activations.log if activations is not None else AllocationLog())
+        self._arena = None
+        self._pool: dict = {}      # output name -> [flat buffers]
+        self._choice: dict = {}    # (static signature, input names, shapes) -> (profile, [output (name, shape, dtype)])
+        self._static, self._static_sig = None, ()
         plan, rec = load_plan(engine_dir, graph, record=record)
         self.profiles = [ProfileSpec.from_dict(p) for p in rec["profiles"]]
         self.alignment = ALIGNMENT if self.device.type == "cuda" else 1  # CPU: only the tests' fake engine
         with _on(self.device):
             init_plugins(trt)
             self.engine = trt.Runtime(_logger(trt)).deserialize_cuda_engine(plan)
+            if hasattr(plan, "close"):  # the mapped plan file (trt_plans.map_plan): not needed once deserialized
+                plan.close()
+            del plan
             if self.engine is None:
                 raise TrtRuntimeError(f"TensorRT could not deserialize {rec['plan']}; rebuild with `lisa-trt build`")
             n = self.engine.num_optimization_profiles
@@ -197,8 +277,8 @@ class TrtRunner(GraphRunner):
                 raise TrtRuntimeError(f"{rec['plan']} has tensors {names}, the io spec {self.input_names} -> "
                                       f"{self.output_names}; rebuild with `lisa-trt build`")
             self.dtypes = self._check_dtypes(names, rec["plan"])
-            self._memory = None
-            self.contexts = self._make_contexts(share_memory)
+            self.contexts = self._make_contexts(share_memory, activations)
+            self._bound = [_Bound() for _ in self.contexts]
 
     def _check_dtypes(self, names: list, plan: str) -> dict:
         """{tensor: torch dtype} of the engine (`get_tensor_dtype`), checked against the io spec."""
@@ -217,9 +297,10 @@ class TrtRunner(GraphRunner):
                                   "with `lisa-trt build` from this export")
         return out
 
-    def _make_contexts(self, share: bool) -> list:
-        """One context per profile; with `share` (and USER_MANAGED allocation) all on one buffer of
-        allocation.context_memory_bytes, the size `lisa-trt plan` counts for this engine."""
+    def _make_contexts(self, share: bool, activations: Optional[SharedActivations]) -> list:
+        """One context per profile; with `share` (and USER_MANAGED allocation) all on the bundle's one
+        activation buffer, at least allocation.context_memory_bytes of this engine (its largest
+        profile), the size `lisa-trt plan` counts."""
         trt, engine = self.trt, self.engine
         stream = _stream(self.device)
         n = engine.num_optimization_profiles
@@ -227,7 +308,8 @@ class TrtRunner(GraphRunner):
         sizes = None
         if share and strategy is not None and hasattr(engine, "get_device_memory_size_for_profile_v2"):
             sizes = [int(engine.get_device_memory_size_for_profile_v2(i)) for i in range(n)]
-            self._memory = torch.empty(max(1, context_memory_bytes(sizes)), dtype=torch.uint8, device=self.device)
+            self._arena = activations if activations is not None else SharedActivations(self.device, self.log)
+        need = context_memory_bytes(sizes) if sizes is not None else 0
         contexts = []
         for i in range(n):
             ctx = engine.create_execution_context(strategy.USER_MANAGED) if sizes is not None \
@@ -235,25 +317,23 @@ class TrtRunner(GraphRunner):
             if ctx is None:
                 raise TrtRuntimeError(f"TensorRT could not create an execution context for {self.graph.value}")
             if sizes is not None:
-                self._give_memory(ctx)
+                self._arena.attach(ctx, need, self.name)
             if not ctx.set_optimization_profile_async(i, stream):
                 raise TrtRuntimeError(f"TensorRT refused optimisation profile {i} ({self.profiles[i].name}) of "
                                       f"{self.graph.value}; rebuild with `lisa-trt build`")
             contexts.append(ctx)
         return contexts
 
-    def _give_memory(self, ctx) -> None:
-        """Hand the shared buffer to a USER_MANAGED context with its size (IExecutionContext::
-        setDeviceMemoryV2(memory, size), 10.1+; the size-less setter before)."""
-        if hasattr(ctx, "set_device_memory"):
-            ctx.set_device_memory(self._memory.data_ptr(), self._memory.numel())
-        else:
-            ctx.device_memory = self._memory.data_ptr()
+    @property
+    def _memory(self) -> Optional[torch.Tensor]:
+        """The activation buffer the contexts use (shared by the bundle's engines), or None."""
+        return None if self._arena is None else self._arena.tensor
 
     @property
     def device_memory(self) -> Optional[int]:
-        """Bytes of the contexts' shared activation buffer (None: TensorRT allocates per context)."""
-        return None if self._memory is None else self._memory.numel()
+        """Bytes of the contexts' activation buffer (shared by the bundle's engines; None: TensorRT
+        allocates per context)."""
+        return None if self._arena is None else self._arena.nbytes
 
     @property
     def seq_capacity(self) -> int:
@@ -261,37 +341,138 @@ class TrtRunner(GraphRunner):
         return seq_capacity(self.profiles)
 
     def _close(self) -> None:
-        self.contexts, self.engine, self._memory = [], None, None
+        if self._arena is not None:
+            self._arena.detach(self.contexts)
+        self.contexts, self.engine, self._arena, self._pool, self._static = [], None, None, {}, None
 
-    def _bind(self, ctx, name: str, t: torch.Tensor) -> None:
+    # -- outputs ------------------------------------------------------------------------------
+
+    def _output(self, name: str, shape: tuple, dtype) -> torch.Tensor:
+        """An output tensor of `shape`: a view of a pooled buffer no caller holds, else a new one
+        (kept in the pool while it has fewer than OUTPUT_POOL buffers)."""
+        n = 1
+        for d in shape:
+            n *= int(d)
+        pool = self._pool.setdefault(name, [])
+        for i, buf in enumerate(pool):
+            if storage_free(buf):
+                if buf.numel() < n:
+                    buf = pool[i] = self.log.empty("io", self.name, (n,), dtype, self.device)
+                return buf[:n].view(shape)
+        buf = self.log.empty("io", self.name, (n,), dtype, self.device)
+        if len(pool) < OUTPUT_POOL:
+            pool.append(buf)
+        return buf[:n].view(shape)
+
+    def allocate(self, inputs: dict, names) -> dict:
+        shapes = self.output_shapes(inputs)
+        return {n: self._output(n, tuple(shapes[n]), self.dtypes[n]) for n in names}
+
+    # -- binding ------------------------------------------------------------------------------
+
+    def _check(self, name: str, t: torch.Tensor, output: bool) -> torch.Tensor:
+        """`t` as bound: the engine's dtype, dense, aligned (a misaligned input view is copied)."""
         if t.dtype != self.dtypes[name]:
             raise TrtRuntimeError(f"{self.graph.value}: {name} is {t.dtype}, the engine takes {self.dtypes[name]}")
         if not t.is_contiguous():
             raise TrtRuntimeError(f"{self.graph.value}: {name} is not contiguous; TensorRT binds dense tensors")
         if not aligned(t, self.alignment):
-            raise TrtRuntimeError(f"{self.graph.value}: {name} at address {t.data_ptr():#x} is not {self.alignment}-"
-                                  "byte aligned (TensorRT setTensorAddress); pass a freshly allocated tensor")
-        if not ctx.set_tensor_address(name, t.data_ptr()):
-            raise TrtRuntimeError(f"TensorRT refused the address of {name} ({self.graph.value})")
+            if output:
+                raise TrtRuntimeError(f"{self.graph.value}: {name} at address {t.data_ptr():#x} is not "
+                                      f"{self.alignment}-byte aligned (TensorRT setTensorAddress); pass a freshly "
+                                      "allocated tensor")
+            t = aligned_input(t, self.alignment)
+            self.log.entries.append(("io", self.name, t.numel() * t.element_size()))
+        return t
+
+    def _set(self, k: int, name: str, t: torch.Tensor, is_input: bool) -> None:
+        """Set an input's shape and a tensor's address on context k, each only when it changed."""
+        ctx, state = self.contexts[k], self._bound[k]
+        if is_input:
+            shape = tuple(t.shape)
+            if state.shapes.get(name) != shape:
+                state.shapes.pop(name, None)
+                if not ctx.set_input_shape(name, shape):  # False: outside this context's profile
+                    lo, _, hi = self.profiles[k].shapes.get(name, (None, None, None))
+                    raise TrtRuntimeError(f"TensorRT refused {name} of shape {shape} for {self.graph.value} "
+                                          f"(profile {self.profiles[k].name}: {lo}..{hi}); rebuild with larger "
+                                          "--max-batch / --max-tree (`lisa-trt build`)")
+                state.shapes[name] = shape
+        ptr = t.data_ptr()
+        if state.addr.get(name) != ptr:
+            state.addr.pop(name, None)
+            if not ctx.set_tensor_address(name, ptr):
+                raise TrtRuntimeError(f"TensorRT refused the address of {name} ({self.graph.value})")
+            state.addr[name] = ptr
+
+    def _enqueue(self, k: int) -> None:
+        if not self.contexts[k].execute_async_v3(_stream(self.device)):
+            raise TrtRuntimeError(f"TensorRT failed to enqueue {self.graph.value} (profile {self.profiles[k].name})")
 
     def _execute(self, inputs: dict, outputs: dict) -> None:
-        """Bind torch CUDA tensors by address and enqueue on the current torch stream."""
+        """Bind torch CUDA tensors by address (what changed since the context's last call) and
+        enqueue on the current torch stream."""
         k = select_profile(self.profiles, {n: tuple(inputs[n].shape) for n in self.inputs})
-        ctx, prof = self.contexts[k], self.profiles[k]
+        self._bound[k].static = None  # any name may be rebound here
         for n in self.inputs:
-            t = inputs[n]
-            if t.dtype == self.dtypes[n] and t.is_contiguous():
-                t = aligned_input(t, self.alignment)  # a view at an odd offset: an aligned copy
-            if not ctx.set_input_shape(n, tuple(t.shape)):  # False: outside this context's profile
-                lo, _, hi = prof.shapes.get(n, (None, None, None))
-                raise TrtRuntimeError(f"TensorRT refused {n} of shape {tuple(t.shape)} for {self.graph.value} "
-                                      f"(profile {prof.name}: {lo}..{hi}); rebuild with larger --max-batch / "
-                                      "--max-tree (`lisa-trt build`)")
-            self._bind(ctx, n, t)
+            self._set(k, n, self._check(n, inputs[n], False), True)
         for n in self.outputs:
-            self._bind(ctx, n, outputs[n])
-        if not ctx.execute_async_v3(_stream(self.device)):
-            raise TrtRuntimeError(f"TensorRT failed to enqueue {self.graph.value} (profile {prof.name})")
+            self._set(k, n, self._check(n, outputs[n], True), False)
+        self._enqueue(k)
+
+    def run_static(self, inputs: dict, outputs: dict, static) -> dict:
+        """`run` with the static tensors (KV caches) bound once per StaticTensors object and context;
+        the profile and the output shapes are worked out once per input-shape signature. Returns
+        every output (the pooled ones reused once the caller dropped them)."""
+        if self.closed:
+            from .base import RunnerError
+
+            raise RunnerError(f"{self.name}: the runner is closed")
+        if static is not self._static:
+            self._check_names({**inputs, **static.inputs}, {**outputs, **static.outputs})
+            checked = {n: self._check(n, t, False) for n, t in static.inputs.items()}
+            if any(checked[n] is not t for n, t in static.inputs.items()):
+                raise TrtRuntimeError(f"{self.graph.value}: a static tensor is not {self.alignment}-byte aligned; "
+                                      "make the cache with the engine's new_cache")
+            for n, t in static.outputs.items():
+                self._check(n, t, True)
+            self._static = static
+            self._static_sig = tuple((n, tuple(t.shape)) for n, t in static.inputs.items())
+            self._choice = {}
+        key = (tuple(inputs), tuple(outputs), tuple(tuple(t.shape) for t in inputs.values()))
+        choice = self._choice.get(key)
+        if choice is None:
+            self._check_names({**inputs, **static.inputs}, {**outputs, **static.outputs})
+            shapes = {n: tuple(t.shape) for n, t in inputs.items()}
+            shapes.update(self._static_sig)
+            k = select_profile(self.profiles, {n: shapes[n] for n in self.inputs})
+            oshapes = self.output_shapes({**inputs, **static.inputs})
+            todo = [(n, tuple(oshapes[n]), self.dtypes[n]) for n in self.output_names
+                    if n not in outputs and n not in static.outputs]
+            choice = self._choice[key] = (k, todo)
+        k, todo = choice
+        state = self._bound[k]
+        if state.static is not static:
+            for n, t in static.inputs.items():
+                self._set(k, n, t, True)
+            for n, t in static.outputs.items():
+                self._set(k, n, t, False)
+            state.static = static
+        given = dict(outputs)
+        for n, shape, dtype in todo:
+            given[n] = self._output(n, shape, dtype)
+        for n, t in inputs.items():
+            self._set(k, n, self._check(n, t, False), True)
+        for n, t in given.items():
+            self._set(k, n, self._check(n, t, True), False)
+        self._enqueue(k)
+        return given
+
+    def release_static(self) -> None:
+        """Forget the static tensors bound last (the next run_static binds them again)."""
+        self._static = None
+        for b in self._bound:
+            b.static = None
 
 
 class TrtBackend(Backend):
@@ -315,6 +496,8 @@ class TrtBackend(Backend):
     def __init__(self, manifest, *, device=None, share_memory: bool = True):
         super().__init__(manifest, share_memory=share_memory)
         self._device = torch.device(device or "cuda")
+        self.allocations = AllocationLog()  # every device buffer the bundle's runners allocate
+        self.activations = SharedActivations(self._device, self.allocations)  # one buffer for every engine
 
     @property
     def device(self) -> torch.device:
@@ -334,7 +517,8 @@ class TrtBackend(Backend):
 
             tp.register()  # JIT plugins need the registration at run time; AOT ones do not mind
         return TrtRunner(Path(self.manifest.dir), spec, dims, self.manifest.precision, self._device,
-                         record=self.manifest.engines, **self.options)
+                         record=self.manifest.engines, activations=self.activations, log=self.allocations,
+                         **self.options)
 
 
 register_backend("trt", TrtBackend)
@@ -356,6 +540,6 @@ def load_trt_engines(engine_dir, *, device=None, share_memory: bool = True,
                         tables_hash=tables_hash, device=device, share_memory=share_memory, **options)
 
 
-__all__ = ["ALIGNMENT", "TrtBackend", "TrtRunner", "TrtRuntimeError", "io_shapes", "load_trt_engines",
+__all__ = ["ALIGNMENT", "OUTPUT_POOL", "SharedActivations", "TrtBackend", "TrtRunner", "TrtRuntimeError", "io_shapes", "load_trt_engines",
            "aligned", "aligned_input", "init_plugins", "select_profile", "seq_capacity", "torch_dtype",
            "trt_torch_dtypes"]

@@ -12,6 +12,7 @@ Nothing in this module has been run against a real TensorRT (not installable her
 from __future__ import annotations
 
 import hashlib
+import mmap
 import json
 from pathlib import Path
 from typing import Optional
@@ -128,6 +129,42 @@ def write_engines_record(engine_dir, record: dict) -> None:
     write_json(Path(engine_dir) / MANIFEST_NAME, d)
 
 
+HASH_CHUNK = 16 << 20
+
+
+class _MappedPlan(mmap.mmap):
+    """A read-only mapped plan that compares and concatenates like the bytes it holds."""
+
+    __hash__ = None
+
+    def __eq__(self, other):
+        return bytes(self) == other if isinstance(other, (bytes, bytearray)) else NotImplemented
+
+    def __add__(self, other):
+        return bytes(self) + other
+
+
+def map_plan(path: Path):
+    """The plan file mapped read-only (mmap): hashed and deserialized from the file's pages, so
+    loading holds no second whole copy of a plan in process memory (a 7B target's plan is ~13 GB;
+    on a Jetson host memory is the GPU's). An empty file maps to b"". The mapping follows the file:
+    `lisa-trt build` replaces plans atomically (a new file renamed over the old), which leaves a
+    mapped plan intact; rewriting a plan file in place while it is mapped would fault the reader."""
+    with open(path, "rb") as f:
+        if f.seek(0, 2) == 0:
+            return b""
+        return _MappedPlan(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def _sha256_of(buf) -> str:
+    """sha256 of a buffer in HASH_CHUNK slices (no copy of the whole buffer)."""
+    h, view = hashlib.sha256(), memoryview(buf)
+    for i in range(0, len(view), HASH_CHUNK):
+        h.update(view[i: i + HASH_CHUNK])
+    view.release()
+    return h.hexdigest()
+
+
 def load_plan(engine_dir, graph: Graph, *, check_env: bool = True, record: Optional[dict] = None) -> tuple:
     """Read a plan file after checking it against the manifest (never deserialize unchecked plans).
 
@@ -135,7 +172,7 @@ def load_plan(engine_dir, graph: Graph, *, check_env: bool = True, record: Optio
     was built from is unchanged; and (check_env) the running TensorRT version and GPU are the
     recorded ones (a plan is tied to both).
     Returns:
-        (plan bytes, the graph's record dict).
+        (the plan as a read-only buffer (the file mapped, `map_plan`), the graph's record dict).
     record: the manifest's engines record when the caller has read it (else read here).
     Raises:
         CheckpointError: no engines / no plan for the graph.
@@ -150,8 +187,8 @@ def load_plan(engine_dir, graph: Graph, *, check_env: bool = True, record: Optio
     plan_path = engine_dir / g["plan"]
     if not plan_path.is_file():
         raise CheckpointError(f"{plan_path} is listed in the manifest but missing; rebuild with `lisa-trt build`")
-    data = plan_path.read_bytes()
-    have = hashlib.sha256(data).hexdigest()
+    data = map_plan(plan_path)
+    have = _sha256_of(data)
     if have != g["plan_sha256"]:
         raise ArtifactMismatchError(f"{plan_path} has sha256 {have[:16]}, the manifest records "
                                     f"{g['plan_sha256'][:16]}: the plan was changed after the build. Refusing to "

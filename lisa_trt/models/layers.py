@@ -65,11 +65,14 @@ class CacheRows:
 
 def rows_attention(q, k, v, mask, kv: tuple, slots):
     """cached_attention over a read-only cache (kv: two CacheRows) plus the new rows, as if the
-    rows had been written at `slots` first: one softmax over the scores against the cache (the
-    columns at `slots` left out: they hold stale rows) and against the new rows (their mask read
-    at the slots' columns). No tensor of the cache's size is written: the cache is only the
-    right-hand side of two matmuls. GQA by grouping the queries of a kv head, not by repeating
-    the cache. The new rows are left in kv[0].rows / kv[1].rows."""
+    rows had been written at `slots` first, in the form TensorRT fuses (its "Fused Attention"
+    documentation, the primitive-layer method): the scale on Q before the first matmul, then ONE
+    chain BMM1 -> mask -> Softmax -> BMM2 over the keys / values of the cache followed by the new
+    rows (concatenated before BMM1: no concatenation of scores, no split of probabilities). The
+    cache columns at `slots` are masked out (they hold stale rows) and the new rows' columns read
+    the mask at the slots. Scores (BMM1's output) and the softmax in fp32. GQA by grouping the
+    queries of a kv head (Q (B, Hkv, rep*S, D) against K (B, Hkv, L+S, D)), not by repeating the
+    cache. The new rows are left in kv[0].rows / kv[1].rows; the cache itself is not written."""
     kc, vc = kv[0].buf, kv[1].buf
     B, n_kv, S, D = k.shape
     H, L = q.shape[1], kc.shape[2]
@@ -78,12 +81,14 @@ def rows_attention(q, k, v, mask, kv: tuple, slots):
     m_cache = mask & ~fresh[:, None, None, :]
     m_new = mask.gather(-1, slots[:, None, None, :].expand(B, mask.shape[1], S, S))
     m = torch.cat([m_cache, m_new], dim=-1)[:, :, None].expand(B, mask.shape[1], rep, S, L + S)
-    qg = q.reshape(B, n_kv, rep * S, D)  # query head h reads kv head h // rep
     kn, vn = k.to(kc.dtype), v.to(vc.dtype)
-    scores = torch.cat([qg @ kc.to(q.dtype).transpose(-1, -2), qg @ kn.to(q.dtype).transpose(-1, -2)], dim=-1)
-    scores = (scores.float() * D ** -0.5).masked_fill(~m.reshape(B, -1, rep * S, L + S), float("-inf"))
+    k_all = torch.cat([kc, kn], dim=2).to(q.dtype)  # (B, Hkv, L + S, D): the cache, then the new rows
+    v_all = torch.cat([vc, vn], dim=2).to(q.dtype)
+    qg = q.reshape(B, n_kv, rep * S, D) * D ** -0.5  # query head h reads kv head h // rep; the scale on Q, into BMM1
+    scores = (qg @ k_all.transpose(-1, -2)).float()  # BMM1, then fp32
+    scores = scores.masked_fill(~m.reshape(B, -1, rep * S, L + S), float("-inf"))
     p = torch.softmax(scores, dim=-1).to(q.dtype)
-    y = p[..., :L] @ vc.to(q.dtype) + p[..., L:] @ vn.to(q.dtype)
+    y = p @ v_all  # BMM2
     kv[0].rows, kv[1].rows = kn, vn
     return y.reshape(B, H, S, D)
 

@@ -71,12 +71,12 @@ class AttnBlock(nn.Module):
         h = self.norm(x)
         q, k, v = self.q(h), self.k(h), self.v(h)
         b, c, hh, ww = q.shape
-        q = q.reshape(b, c, hh * ww).permute(0, 2, 1)  # (B, HW, C)
+        # TensorRT's fused-attention form (docs/tensorrt.md): scale on Q before BMM1, P x V
+        q = q.reshape(b, c, hh * ww).permute(0, 2, 1) * (int(c) ** -0.5)  # (B, HW, C)
         k = k.reshape(b, c, hh * ww)  # (B, C, HW)
-        w = torch.bmm(q, k) * (int(c) ** -0.5)
-        w = F.softmax(w, dim=2)
-        v = v.reshape(b, c, hh * ww)
-        out = torch.bmm(v, w.permute(0, 2, 1)).reshape(b, c, hh, ww)
+        w = F.softmax(torch.bmm(q, k), dim=-1)
+        v = v.reshape(b, c, hh * ww).permute(0, 2, 1)  # (B, HW, C)
+        out = torch.bmm(w, v).permute(0, 2, 1).reshape(b, c, hh, ww)
         return x + self.proj_out(out)
 
 

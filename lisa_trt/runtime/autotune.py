@@ -32,9 +32,18 @@ GPU_TREE = {"top_k": 10, "depth": 5, "total_tokens": 60}
 CPU_TREE = {"top_k": 3, "depth": 3, "total_tokens": 10}
 
 
-def default_tree_budgets(config, measured: Optional[dict] = None) -> dict:
-    """Per-backend tree budgets recorded in an engine bundle's generation settings."""
-    budgets = {"default": dict(CPU_TREE), "ort": dict(CPU_TREE), "torch": dict(CPU_TREE), "trt": dict(GPU_TREE)}
+def default_tree_budgets(config, measured: Optional[dict] = None, *, plan=None) -> dict:
+    """Per-backend tree budgets recorded in an engine bundle's generation settings.
+
+    plan: a deploy/memory_plan.Plan of the GPU deployment: the GPU (trt) budget's tree stops growing
+    where verification turns compute-bound (`Plan.compute_bound_tree`: beyond it each verified node
+    costs FLOPs time instead of riding on the weight read), so total_tokens <= that size."""
+    gpu = dict(GPU_TREE)
+    knee = getattr(plan, "compute_bound_tree", None)
+    if knee:
+        gpu["total_tokens"] = max(1, min(gpu["total_tokens"], int(knee)))
+        gpu["depth"] = min(gpu["depth"], gpu["total_tokens"])
+    budgets = {"default": dict(CPU_TREE), "ort": dict(CPU_TREE), "torch": dict(CPU_TREE), "trt": gpu}
     if measured:
         budgets.update(measured)
     return budgets

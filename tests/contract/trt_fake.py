@@ -34,6 +34,7 @@ TensorRT enforces, each behaviour citing its source:
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import sys
 import enum
@@ -521,6 +522,7 @@ class Engine:
         return max(self.get_device_memory_size_for_profile_v2(i) for i in range(self.num_optimization_profiles))
 
     def create_execution_context(self, strategy=None):
+        self.core.counters["create_execution_context"] += 1
         return Context(self, strategy)
 
     def serialize(self):
@@ -537,6 +539,7 @@ class Context:
     def set_device_memory(self, ptr, size):
         """IExecutionContext::setDeviceMemoryV2(memory, size): the size must cover the engine's need
         (checked at enqueue for the active profile, as TensorRT validates it there)."""
+        self.engine.core.counters["set_device_memory"] += 1
         self.memory = (int(ptr), int(size))
 
     def set_optimization_profile_async(self, i, stream) -> bool:
@@ -547,6 +550,8 @@ class Context:
 
     def set_input_shape(self, name, shape) -> bool:
         e = self.engine
+        e.core.counters["set_input_shape"] += 1
+        e.core.binds.append(("shape", name))
         if name not in e.inputs:
             return False
         shape = tuple(int(v) for v in shape)
@@ -561,6 +566,8 @@ class Context:
         return True
 
     def set_tensor_address(self, name, ptr) -> bool:
+        self.engine.core.counters["set_tensor_address"] += 1
+        self.engine.core.binds.append(("address", name))
         if name not in self.engine.inputs + self.engine.outputs:
             return False
         self.addr[name] = int(ptr)
@@ -594,6 +601,7 @@ class Context:
             dst = _view(self.addr[n], arr.shape, NP[e.dtypes[n]])
             written[n] = _bytes_written(dst, arr, n in e.aliases)
             dst[...] = arr
+        e.core.counters["execute_async_v3"] += 1
         e.calls.append({"profile": self.profile, "shapes": dict(self.shapes), "addr": dict(self.addr),
                         "written": written})
         return True
@@ -616,6 +624,9 @@ def make_fake_trt(version: str = "10.14.1.48.post1", *, poison_outputs: bool = T
     core.__spec__ = importlib.machinery.ModuleSpec("tensorrt", loader=None)  # Polygraphy's is_installed()
     core.version_tuple = tuple(int(x) for x in version.split(".")[:2])
     core.engines, core.builds, core.build_errors = [], [], []
+    # binding calls the runtime makes (set_tensor_address, set_input_shape, set_device_memory, ...) and
+    # each binding's (kind, tensor name) in order: what a test counts per step
+    core.counters, core.binds = collections.Counter(), []
     core.poison_outputs, core.plugins_initialised = poison_outputs, False
     core.plan_aliases = lambda network: {}  # no output of the new-rows graphs aliases an input
     flags = NetworkDefinitionCreationFlag

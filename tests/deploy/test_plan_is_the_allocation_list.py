@@ -42,9 +42,17 @@ def _run_once(eng):
 
 def _allocated(eng, tc, dc) -> dict:
     """What the runtime holds per model: the one cache each (engines/graph.py), context memory (TrtRunner)."""
-    def memory(runners):
+    everyone = [r for e in (eng.target, eng.drafter, eng.gasv, eng.vq) for r in e.runners.values()]
+    buffers = {id(getattr(r, "_memory", None)): getattr(r, "device_memory", None) for r in everyone}
+
+    def memory(runners):  # TensorRT: the one activation buffer of the bundle, counted in the target's
         sizes = [getattr(r, "device_memory", None) for r in runners]
-        return None if None in sizes else sum(sizes)
+        if None in sizes:
+            return None
+        if len(buffers) == 1:
+            return next(iter(buffers.values())) if runners is eng.target.runners.values() or \
+                list(runners) == list(eng.target.runners.values()) else 0
+        return sum(sizes)
 
     return {"target": {"kv_cache": _nbytes(tc.k + tc.v), "activations": memory(eng.target.runners.values())},
             "drafter": {"kv_cache": _nbytes(dc.k + dc.v), "activations": memory(eng.drafter.runners.values())},
@@ -100,7 +108,11 @@ def test_tensorrt_allocates_what_the_plan_counts(built):
         for part, n in parts.items():
             assert n == plan.engines[model][part], (model, part, n)
     assert got["target"]["kv_cache"] > 0 and got["drafter"]["kv_cache"] > 0  # one cache each, on TensorRT too
-    # the shared context buffer is the largest profile's recorded size, not the sum over profiles
+    # one context buffer for every engine: the largest recorded profile size of any, not a sum
     verify = eng.target.runners[next(iter(eng.target.runners))]
-    assert verify.device_memory == max(rec["graphs"]["target_verify"]["device_memory"])
+    assert verify.device_memory == max(max(g["device_memory"]) for g in rec["graphs"].values())
+    assert plan.engines["target"]["activations"] == verify.device_memory
+    assert all(plan.engines[m]["activations"] == 0 for m in ("drafter", "gasv", "vq_decode"))
+    live = [b for c, _, b in verify.log.entries if c == "activations"]
+    assert live[-1] == verify.device_memory  # the allocation log's buffer is the one the plan counts
     eng.close()

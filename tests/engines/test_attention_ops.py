@@ -201,16 +201,22 @@ def test_probe_specs_follow_the_graph(dt):
 
 
 def test_dry_run_probe_runs_the_parsers_static_checks(bundle, monkeypatch):
-    """Without TensorRT the probe is the parser's static checks on the one-node graph: a checker
-    that refuses Attention fails `--attention op` at once and makes `auto` plan plain graphs."""
+    """Without TensorRT the probe is the parser's static checks on the probe graph. The bundle holds
+    no Attention node, so a checker refusing Attention refuses nothing there: every mode probes the
+    attention the graphs hold (primitive ops, checked against the fused pattern) and records it
+    "fused". A graph that does hold an Attention node gets the refusing checker's answer
+    (choose_attention's op / plain decision on refused and accepted probes:
+    tests/engines/test_fused_attention.py)."""
     from lisa_trt.engines import parser_checks as pc
 
     monkeypatch.setitem(pc.CHECKERS, "Attention", lambda n, a, o: ["Attention is not supported (test)."])
-    for mode in ("op", "auto"):  # nothing to refuse: the bundle's graphs attend with plain ops
+    for mode in ("op", "auto"):
         warned = []
         rec = B.build_engines(bundle, dry_run=True, progress=False, attention=mode, warn=warned.append)
-        assert warned == [] and all(g["attention"] is None and not g.get("attention_probes")
-                                    for g in rec["graphs"].values()), mode
+        with_att = {g: r for g, r in rec["graphs"].items() if r.get("attention_probes")}
+        assert warned == [] and {"target_verify", "drafter_step"} <= set(with_att), mode
+        assert all(r["attention"] == "fused" and all(p["ok"] and p["kind"] == "pattern" for p in r["attention_probes"])
+                   for r in with_att.values()), mode
     probe, _ = _node_case(1, 4, 4, None, 1, 4)  # a graph that does hold one: the refusing checker answers
     assert any("not supported (test)" in str(v) for v in check_model(probe).violations)
 
@@ -272,8 +278,9 @@ def test_a_builder_that_refuses_attention_builds_the_bundle_in_every_mode(refusi
     for mode in ("op", "auto", "plain"):
         n0, warned = len(fake.builds), []
         rec = B.build_engines(d, profiles=profiles, progress=False, attention=mode, warn=warned.append)
-        assert warned == [] and len(fake.builds) - n0 == len(rec["graphs"]), mode  # one build per engine
-        assert all(not g.get("attention_probes") for g in rec["graphs"].values()), mode
+        probes = [p for g in rec["graphs"].values() for p in g.get("attention_probes") or []]
+        assert warned == [] and all(p["ok"] and p["kind"] == "pattern" for p in probes), mode  # no Attention op
+        assert len(fake.builds) - n0 >= len(rec["graphs"]), mode  # every engine (and the pattern probes) built
     eng = T.load_trt_engines(d, device="cpu")  # the fake runs each engine's ONNX with ORT
     target = make_artifacts()["target"]
     cond = torch.tensor([1, 10])

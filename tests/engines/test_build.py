@@ -201,8 +201,13 @@ def test_cli_build_dry_run_on_the_demo_bundle(tmp_path, fp16):
     assert res.exit_code == 0, res.output
     plan = json.loads(res.output[res.output.index("{"):])
     assert plan["dry_run"] and plan["graphs"]["gasv"]["onnx"] == "gasv.trt.onnx"
-    # the demo's graphs attend with plain ops (no ONNX Attention node): no probe, in every mode
-    assert all(g["attention"] is None and not g.get("attention_probes") for g in plan["graphs"].values())
+    # the demo's graphs attend with primitive ops (no ONNX Attention node): each distinct attention is
+    # probed as the pattern it is, and passes the pattern and static checks (docs/tensorrt.md)
+    probed = {n: g for n, g in plan["graphs"].items() if g.get("attention_probes")}
+    assert {"target_verify", "drafter_step"} <= set(probed)
+    assert all(g["attention"] == "fused" and all(p["ok"] and p["kind"] == "pattern" for p in g["attention_probes"])
+               for g in probed.values())
+    assert all(g["attention"] is None for n, g in plan["graphs"].items() if n not in probed)
     res = r.invoke(main, ["build", str(d), "--dry-run", "--attention", "op"])
     assert res.exit_code == 0, res.output
     from test_attention_ops import _no_attention_anywhere  # ... and the plain rewrite has nothing to change
@@ -336,6 +341,7 @@ def test_plans_are_checked_before_deserialization(fake):
     plan = fake.dir / "target_verify.plan"
     data, g = B.load_plan(fake.dir, Graph.TARGET_VERIFY)
     assert data == plan.read_bytes()
+    data = bytes(data)  # the plan is mapped (trt_plans.map_plan): keep a copy to write the file back
     plan.write_bytes(data + b" ")
     with pytest.raises(ArtifactMismatchError, match="changed after the build"):
         B.load_plan(fake.dir, Graph.TARGET_VERIFY)

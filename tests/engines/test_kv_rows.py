@@ -59,7 +59,8 @@ class _Layer(torch.nn.Module):
 
 def test_the_onnx_graph_reads_the_cache_and_returns_only_the_rows(tmp_path):
     """Exported (dynamo, opset 23) and run in ONNX Runtime: same output as torch; the cache inputs
-    feed only matmuls (through Transpose / Cast), no scatter, and the outputs are the S new rows."""
+    feed only matmuls (through the K / V Concat with the new rows, Transpose / Cast), no scatter,
+    and the outputs are the S new rows."""
     import onnx
     import onnxruntime as ort
 
@@ -73,7 +74,11 @@ def test_the_onnx_graph_reads_the_cache_and_returns_only_the_rows(tmp_path):
     ops = {n.op_type for n in m.graph.node}
     assert not ops & {"ScatterElements", "ScatterND", "TensorScatter"}, ops
     readers = {n.op_type for n in m.graph.node for i in n.input if i in ("kc", "vc")}
-    assert readers <= {"MatMul", "Transpose", "Cast", "Shape"}, readers
+    assert readers <= {"Concat", "MatMul", "Transpose", "Cast", "Shape"}, readers
+    # the fused-attention form (docs/tensorrt.md): the cache and the new rows concatenated as the
+    # keys / values of one BMM1 / BMM2, a graph-internal tensor, never an output
+    cats = [o for n in m.graph.node if n.op_type == "Concat" and set(n.input) & {"kc", "vc"} for o in n.output]
+    assert not set(cats) & {o.name for o in m.graph.output}
     out = {o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in m.graph.output}
     assert out["k_rows"] == list(k.shape) and out["v_rows"] == list(v.shape)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

@@ -297,9 +297,46 @@ def test_fp16_engines_track_fp32_torch(artifacts, tmp_path):
     o, r = eng.target.forward_tokens(*args, cache, taps=True), a["target"].forward_tokens(*args, ref_cache, taps=True)
     assert o.logits.dtype == torch.float32 and o.taps.dtype == torch.float16
     assert close(o.logits, r.logits, 5e-2)
-    g1 = generate(eng.target, cond[:1], cfg_scale=1.5, greedy=True, generator=torch.Generator())
-    g2 = generate(a["target"], cond[:1], cfg_scale=1.5, greedy=True, generator=torch.Generator())
-    assert (g1 == g2).float().mean() > 0.5  # fp16 may flip near-ties, not most tokens
+    # greedy parity on every token that is not a near-tie: both fed the fp32 greedy tokens (teacher
+    # forcing, so one flip does not shift the rest); a token may differ only where fp32's top two
+    # guided logits are within fp16's error, and at most 1 in 20 positions
+    ref = generate(a["target"], cond[:1], cfg_scale=1.5, greedy=True, generator=torch.Generator())
+    g16, g32 = _teacher_forced(eng.target, cond[:1], ref, 1.5), _teacher_forced(a["target"], cond[:1], ref, 1.5)
+    assert torch.equal(g32.argmax(-1), ref[0])                       # the harness reproduces greedy decoding
+    top2 = g32.topk(2, -1).values
+    near_tie = (top2[:, 0] - top2[:, 1]) < 5e-2 * g32.abs().amax(-1)
+    differ = g16.argmax(-1) != ref[0]
+    assert not (differ & ~near_tie).any(), f"fp16 flipped clear tokens at {(differ & ~near_tie).nonzero().flatten()}"
+    assert differ.float().mean() <= 0.05 and (g16 - g32).abs().max() < 5e-2 * g32.abs().max()
+    # the fp16 graphs compute scores and softmax in fp32 in TensorRT's fused form (issue 53: computing
+    # them in fp16 passed every other test); the fp32 graphs need no cast
+    import onnx
+
+    from lisa_trt.engines.attention_ops import fused_attention_report
+
+    for g in ("target_verify", "drafter_step"):
+        rs = fused_attention_report(onnx.load(str(tmp_path / "e16" / f"{g}.onnx"), load_external_data=False))
+        assert rs and all(r["softmax_dtype"] == onnx.TensorProto.FLOAT and not r["violations"] for r in rs), g
+
+
+def _teacher_forced(target, cond, tokens, cfg_scale):
+    """(N, V) guided logits of a greedy CFG decode whose every step is fed `tokens` (1, N)."""
+    from lisa_trt.speculative.autoregressive import cfg_batch, new_target_cache, step_inputs
+    from lisa_trt.speculative.sampling import guided_logits
+
+    N = tokens.shape[1]
+    full = cfg_batch(target, cond, cfg_scale)
+    cache = new_target_cache(target, 2, full, N)
+    with torch.no_grad():
+        raw = target.prefill(full, cache).logits[:, -1]
+        out = [guided_logits(raw, cfg_scale, True)[0].float()]
+        for i in range(1, N):
+            x = tokens[:, i - 1: i].repeat(2, 1)
+            pos, slots, mask = step_inputs(cache, x)
+            raw = target.forward_tokens(x, pos, slots, mask, cache).logits[:, -1]
+            cache.lengths += 1
+            out.append(guided_logits(raw, cfg_scale, True)[0].float())
+    return torch.stack(out)
 
 
 @pytest.mark.slow

@@ -107,7 +107,7 @@ class SpatialAttention(nn.Module):
             return t.view(B, N, self.heads, C // self.heads).transpose(1, 2)  # (B, H, N, D)
 
         q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
-        w = torch.softmax((q @ k.transpose(-1, -2)) * (C // self.heads) ** -0.5, dim=-1)
+        w = torch.softmax((q * (C // self.heads) ** -0.5) @ k.transpose(-1, -2), dim=-1)  # scale on Q (TensorRT's fused form)
         return self.out_proj((w @ v).transpose(1, 2).reshape(B, N, C))
 
 
