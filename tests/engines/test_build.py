@@ -197,7 +197,7 @@ def test_cli_build_dry_run_on_the_demo_bundle(tmp_path, fp16):
     res = r.invoke(main, ["export", "--model", "demo", "--drafter", "demo-lisa", "--out", str(d), "--no-validate"]
                    + (["--fp16"] if fp16 else []))
     assert res.exit_code == 0, res.output
-    res = r.invoke(main, ["build", str(d), "--dry-run"])
+    res = r.invoke(main, ["build", str(d), "--dry-run", "--json", "-"])
     assert res.exit_code == 0, res.output
     plan = json.loads(res.output[res.output.index("{"):])
     assert plan["dry_run"] and plan["graphs"]["gasv"]["onnx"] == "gasv.trt.onnx"
