@@ -22,8 +22,12 @@ def guess_target_config(sd: dict) -> str:
     extra = ""
     if not t2i and "cls_embedding.embedding_table.weight" in sd:
         extra = f", num_classes={sd['cls_embedding.embedding_table.weight'].shape[0] - 1}"
-    found = names[0] if names else f"a custom config (dim={dim}, n_layer={n_layer})"
-    return f"the file looks like {found} ({kind}, vocab_size={vocab}{extra})"
+    if not names:
+        return (f"the file looks like a custom config (dim={dim}, n_layer={n_layer}, {kind}, vocab_size={vocab}{extra}), "
+                "none of GPT-B ... GPT-3B; load it from a .safetensors that carries its config")
+    mt = " --model-type t2i" if t2i else ""
+    return (f"the file looks like {names[0]} ({kind}, vocab_size={vocab}{extra}); pass --config {names[0]}{mt} "
+            "(with the --image-size it was trained at)")
 
 
 def _resolve_target_config(config, meta: dict) -> TargetConfig:
@@ -81,6 +85,6 @@ def load_llamagen_vq(path: PathLike, config=None, device="cpu"):
     hint = ""
     if "quantize.embedding.weight" in sd:
         n, d = sd["quantize.embedding.weight"].shape
-        hint = f"the file has a {n} x {d} codebook"
+        hint = f"the file has a {n} x {d} codebook; pass its config (--vq-config VQ-16 or VQ-8)"
     strict_load(model, _clean(sd), "VQ", hint)
     return model.float().eval().to(device)

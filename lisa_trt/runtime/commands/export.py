@@ -104,7 +104,7 @@ def plan(model, *, json_path, echo, **settings) -> bool:
     to_stdout = json_path == "-"  # the JSON alone on stdout; the table goes to stderr
     if json_path and not to_stdout:
         _check_json_folder(json_path)
-    p = make_plan(resolve_model(model), **settings)
+    p = make_plan(resolve_model(model, need="config"), **settings)  # a Hub name: its config.json only
     echo(p.table(), err=to_stdout)
     if json_path and not write_json_output(json_path, p.to_dict(), echo):
         echo(f"wrote {json_path}")
