@@ -135,7 +135,9 @@ def _removed(ctx, name: str, value) -> None:
 @click.option("--tree", type=click.IntRange(min=1), default=None,
               help="Draft-tree nodes verified per call (default: an engine directory's max tree, else 64).")
 @opt.image_size_option(type=click.IntRange(min=1), default=None,
-                       help="Pixels (default: GPT-* 256, Lumina-mGPT 768, Janus-Pro 384).")
+                       help="Pixels (default: GPT-B / GPT-L / GPT-XXXL / GPT-1B / GPT-7B 256, "
+                            "GPT-XL / GPT-XXL / GPT-3B 384, Lumina-mGPT-7B 768, Janus-Pro-7B 384, Emu3-Gen 720; "
+                            "an engine directory: its own).")
 @click.option("--prompt-len", type=click.IntRange(min=1), default=None,
               help="Prompt tokens in the cache (default: LlamaGen's condition prefix, 128 for text prompts).")
 @click.option("--no-cfg", is_flag=True, help="No classifier-free guidance (CFG doubles the rows).")
@@ -153,9 +155,10 @@ def plan(model, gpu, memory_gib, precision, batch, tree, image_size, prompt_len,
          backend, json_path):
     """Memory plan: weights, KV cache, drafter, tables, activations per engine against a GPU.
 
-    MODEL: a known name (GPT-B, GPT-L, GPT-XL, GPT-XXL, GPT-3B, Lumina-mGPT-7B, Janus-Pro-7B),
-    a checkpoint (.safetensors with its config, or a Chameleon / Lumina-mGPT directory), a Hugging
-    Face name org/name (local cache), or an engine directory. Prints the table and the largest
+    MODEL: a known name (GPT-B, GPT-L, GPT-XL, GPT-XXL, GPT-XXXL, GPT-1B, GPT-3B, GPT-7B,
+    Lumina-mGPT-7B, Janus-Pro-7B, Emu3-Gen; any case), a checkpoint (.safetensors with its config,
+    or a Chameleon / Lumina-mGPT, Janus-Pro or Emu3 directory), a Hugging Face name org/name (its
+    config.json only is fetched), or an engine directory. Prints the table and the largest
     batch and tree that fit. Exit status 0 when it fits, 1 when it does not (with the reason), 2
     for bad input (docs/deployment.md)."""
     from ..runtime.commands.export import plan as entry
