@@ -34,11 +34,7 @@ def read_state_dict(path: PathLike, mmap: bool = False) -> tuple[dict, dict]:
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}{_did_you_mean(path)}")
     if path.suffix == ".safetensors":
-        sd, meta = load_safetensors(path)
-        other = other_artifact(meta)
-        if other:
-            raise CheckpointError(f"{path} {other}")
-        return sd, meta
+        return load_safetensors(path)
     obj = safe_torch_load(path, "checkpoint", mmap=mmap)  # weights_only; refusals in our own words
     if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
         obj = obj["model"]  # DDP training checkpoints
@@ -70,26 +66,6 @@ def _did_you_mean(path: Path) -> str:
         return ""
     close = difflib.get_close_matches(name, registered_names(), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r} (a bundled model)?" if close else ""
-
-
-def other_artifact(meta: dict):
-    """What a lisa-trt file that is not a model checkpoint is, and where it goes (its metadata's
-    "kind" / "format"), or None: a drafter passed as --model is told to pass it as --drafter."""
-    from .drafter import ARTIFACT_KIND as DRAFTER
-    from .medusa import ARTIFACT_KIND as MEDUSA
-
-    kind, fmt = str(meta.get("kind", "")), str(meta.get("format", ""))
-    if kind in (DRAFTER, MEDUSA):
-        what = "Medusa heads" if kind == MEDUSA else "a drafter"
-        target = (meta.get("config") or {}).get("target_name") if isinstance(meta.get("config"), dict) else None
-        of = f" (trained for {target})" if target else ""
-        return (f"is {what}{of}, not a target model: pass it as --drafter, and the target it was trained for "
-                "as --model")
-    if fmt.endswith("gasv-tables"):
-        return "holds calibration tables (lisa-trt calibrate), not a model: pass it as --tables"
-    if kind.startswith("lisa-trt"):
-        return f"is a lisa-trt {kind.split('lisa-trt', 1)[1].strip('-/') or 'artifact'} file, not a model checkpoint"
-    return None
 
 
 def _clean(sd: dict) -> dict:
