@@ -45,8 +45,8 @@ def unreadable_message(path, err: Exception, what: str = "checkpoint") -> str:
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip() and "weights_only" not in ln]
     reason = lines[-1] if lines else type(err).__name__
     return (f"{path} is not a readable PyTorch {what}: neither a zip nor a legacy torch.save file, or "
-            f"truncated (torch said: {type(err).__name__}: {reason[:200]}). lisa-trt reads official LlamaGen .pt "
-            "files (torch.save of the weights), its own .safetensors, and Hugging Face model directories; check "
+            f"truncated (torch said: {type(err).__name__}: {reason[:200]}). lisa-trt reads .pt files holding "
+            "weights (torch.save of a state dict), its own .safetensors, and Hugging Face model directories; check "
             "the path, or download the file again")
 
 
