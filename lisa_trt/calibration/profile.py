@@ -265,7 +265,8 @@ def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, layout: Optional
         lantern_k: LANTERN neighbours per code (clamped to K - 1).
         seed: one seed for rollouts (one generator over all batches), alternative sampling and k-means.
         sampling: CFG scale / interval, temperature / top-k / top-p, greedy of the rollouts.
-        gasv: GASV constants to store (default CALIBRATION_GASV: the quality-neutral knobs); `neighbours` (the candidates N(z), also the calibration's)
+        gasv: GASV constants to store (default CALIBRATION_GASV: the quality-neutral knobs);
+            `neighbours` (the candidates N(z), also the calibration's)
             is clamped to the neighbour table's width and theta_geo set to 8 / median(beta).
         batch_size: rollouts per target batch.
         min_cluster_samples: clusters with fewer samples use the global quantile.

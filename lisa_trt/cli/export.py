@@ -111,7 +111,8 @@ def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, atten
     from ..runtime.context import resolve
 
     if not dry_run:
-        refuse_existing(engine_dir, overwrite=overwrite, option="ENGINE_DIR", what="already holds built TensorRT engines",
+        refuse_existing(engine_dir, overwrite=overwrite, option="ENGINE_DIR",
+                        what="already holds built TensorRT engines",
                         exists=engines_built)
     resolve(engine_dir=engine_dir, backend="trt").run(
         "build", entry, max_batch=max_batch, max_tree=max_tree, timing_cache=timing_cache, refit=refit,

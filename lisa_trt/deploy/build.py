@@ -271,6 +271,7 @@ def _progress(total: int, enabled: bool):
 
 
 __all__ = ["ENGINES_KEY", "EngineBuildError", "NOT_BUILT", "NoCudaDeviceError", "ProfileSpec",
-           "TensorRTUnavailableError", "build_engines", "build_verdict", "build_plan", "built_graphs", "default_build_graphs",
+           "TensorRTUnavailableError", "build_engines", "build_plan", "build_verdict", "built_graphs",
+           "default_build_graphs",
            "engine_memory_facts", "engines_built", "engines_record", "load_plan", "profiles_from_io_spec",
            "require_tensorrt_gpu", "trt_graph_model", "trt_onnx_path", "write_engines_record"]

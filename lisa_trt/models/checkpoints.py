@@ -40,8 +40,8 @@ def read_state_dict(path: PathLike, mmap: bool = False) -> tuple[dict, dict]:
         obj = obj["model"]  # DDP training checkpoints
     if not isinstance(obj, dict) or not all(torch.is_tensor(v) for v in obj.values()):
         raise CheckpointError(f"{path} does not hold a state dict (a mapping of names to tensors) but "
-                              f"{_describe(obj)}; a .pt checkpoint is a torch.save of the weights ({{\"model\": state_dict}} "
-                              "or the state dict itself), else pass a lisa-trt .safetensors")
+                              f"{_describe(obj)}; a .pt checkpoint is a torch.save of the weights "
+                              "({\"model\": state_dict} or the state dict itself), else pass a lisa-trt .safetensors")
     return dict(obj), {}
 
 

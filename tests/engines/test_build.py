@@ -696,6 +696,8 @@ def test_no_step_writes_the_full_kv_cache(fake, monkeypatch):
 
 def test_build_dry_run_prints_one_verdict_line_and_json_on_request(bundle, tmp_path):
     """Issue 52: `build --dry-run` says one line (no 1,000-line JSON); the JSON behind --json (- = stdout)."""
+    from click.testing import CliRunner
+
     from lisa_trt.cli import main
 
     r = CliRunner().invoke(main, ["build", str(bundle), "--dry-run"])

@@ -23,8 +23,9 @@ def guess_target_config(sd: dict) -> str:
     if not t2i and "cls_embedding.embedding_table.weight" in sd:
         extra = f", num_classes={sd['cls_embedding.embedding_table.weight'].shape[0] - 1}"
     if not names:
-        return (f"the file looks like a custom config (dim={dim}, n_layer={n_layer}, {kind}, vocab_size={vocab}{extra}), "
-                "none of GPT-B ... GPT-3B; load it from a .safetensors that carries its config")
+        return (f"the file looks like a custom config (dim={dim}, n_layer={n_layer}, {kind}, "
+                f"vocab_size={vocab}{extra}), "
+                f"none of {', '.join(GPT_SHAPES)}; load it from a .safetensors that carries its config")
     mt = " --model-type t2i" if t2i else ""
     return (f"the file looks like {names[0]} ({kind}, vocab_size={vocab}{extra}); pass --config {names[0]}{mt} "
             "(with the --image-size it was trained at)")

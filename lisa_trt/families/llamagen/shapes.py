@@ -1,8 +1,8 @@
 """The LlamaGen family's shape plugin for memory plans (deploy/model_shapes.py seam).
 
 Parameter counts of a TargetConfig (families/llamagen/model.Transformer's parameters), the
-known names GPT-B ... GPT-7B (every GPT shape --config takes), lisa-trt .safetensors checkpoints (metadata only) and engine
-directories (manifest only). It sits at the engines floor (tests/test_architecture.py: a family
+known names GPT-B ... GPT-7B (every GPT shape --config takes), lisa-trt .safetensors checkpoints
+(metadata only) and engine directories (manifest only). It sits at the engines floor (tests/test_architecture.py: a family
 package's `shapes` sub-module); deploy/model_shapes.py finds it through
 `LlamaGenFamily.shapes_module`.
 """
