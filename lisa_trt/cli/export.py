@@ -11,14 +11,19 @@ from ..clitools import handle_errors
 from ..engines.allocation import PLAN_BACKENDS
 from . import options as opt
 
-# --overwrite of the commands that write an artifact (io.refuse_existing: the one rule; run and
-# generate have theirs in options.py, for their output folders)
-overwrite_option = click.option("--overwrite", is_flag=True,
-                                help="Replace an existing artifact at the path written (refused without it, before "
-                                     "any work; the new one is swapped in only when complete).")
 
-# export --precision: the precisions an export writes, spelled as `lisa-trt plan --precision`
-# (deploy/memory_plan.PRECISIONS) -> (--fp16, --quantize)
+def overwrite_option(fn):
+    """--overwrite (declared once, options.py) with the wording of a command that replaces a whole
+    artifact (io.refuse_existing, the one rule): export, build, calibrate, convert, random-checkpoint,
+    quantize-trt. options.py's help speaks of run / generate's output folders."""
+    fn = opt.overwrite_option(fn)
+    fn.__click_params__[-1].help = ("Replace an existing artifact at the path written (refused without it, before "
+                                    "any work; the new one is swapped in only when complete).")
+    return fn
+
+
+# export --precision: plan's spelling (deploy/memory_plan.PRECISIONS); the ones an export writes
+# -> (--fp16, --quantize)
 EXPORT_PRECISIONS = {"fp32": (False, "none"), "fp16": (True, "none"), "int8": (False, "int8"),
                      "int4": (False, "int4")}
 
@@ -28,6 +33,11 @@ def _precision(ctx, precision, fp16: bool, quantize: str):
     usage error when they disagree."""
     if precision is None:
         return fp16, quantize
+    if precision not in EXPORT_PRECISIONS:
+        raise click.UsageError(f"--precision {precision}: an export writes {', '.join(EXPORT_PRECISIONS)} graphs "
+                               f"({precision} is a precision `lisa-trt plan` sizes, not one the exporter writes); "
+                               "for TensorRT fp8 / int8 / int4 engines export fp32 or fp16, then `lisa-trt quantize-trt "
+                               "DIR --mode fp8|int8|int4` (docs/quantization.md)", ctx)
     want = EXPORT_PRECISIONS[precision]
     given = [f for f, on in (("--fp16", fp16), (f"--quantize {quantize}", quantize != "none")) if on]
     if given and (fp16, quantize) != want:
@@ -43,9 +53,9 @@ def _precision(ctx, precision, fp16: bool, quantize: str):
 @opt.vq_options("VQ checkpoint for the decoder graph (demo: bundled).")
 @opt.out_option("Engine directory to write.", required=True)
 @overwrite_option
-@click.option("--precision", type=click.Choice(list(EXPORT_PRECISIONS)), default=None,
-              help="Graph precision, as `lisa-trt plan --precision` spells it: fp32 (default), fp16 (= --fp16), "
-                   "int8 / int4 (= --quantize int8 / int4: ONNX Runtime weight quantization of fp32 graphs).")
+@opt.precision_option("Graph precision, spelled as `lisa-trt plan --precision`: fp32 (default), fp16 (= --fp16), "
+                      "int8 / int4 (= --quantize int8 / int4: ONNX Runtime weight quantization of fp32 graphs); "
+                      "bf16 / fp8 are refused (TensorRT fp8: lisa-trt quantize-trt).")
 @click.option("--fp16", is_flag=True, help="fp16 graphs (norm statistics, softmax, logits kept fp32).")
 @click.option("--opset", type=int, default=None, help="ONNX opset (default 23: ONNX Attention).")
 @opt.max_tree_option("Largest tree the engines verify (static cache length).")

@@ -41,27 +41,8 @@ def random_checkpoint(out, model_cfg, seed, overwrite):
     from ..io import refuse_existing
     from ..runtime.commands.checkpoints import random_checkpoint as entry
 
-    _check_random_init(model_cfg.get("model_type"))
     refuse_existing(out, overwrite=overwrite, option="OUT")
     entry(out, model_cfg, seed, echo=click.echo)
-
-
-def random_init_types() -> list:
-    """The model types whose family writes a random checkpoint (overrides ModelFamily.init_target)."""
-    from ..models.family import ModelFamily, family_of, model_types
-
-    return [t for t in model_types() if type(family_of(t)).init_target is not ModelFamily.init_target]
-
-
-def _check_random_init(model_type) -> None:
-    """--model-type of a family that cannot make a random checkpoint: an InputError before any work."""
-    from ..errors import InputError
-
-    if model_type is None or model_type in random_init_types():
-        return
-    raise InputError(f"--model-type {model_type}: the {model_type} family writes no random checkpoint (its "
-                     f"models load from their Hugging Face directories); random-checkpoint makes "
-                     f"--model-type {' / '.join(random_init_types())} checkpoints of --config GPT-B ... or tiny")
 
 
 @click.command()

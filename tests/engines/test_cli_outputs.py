@@ -62,6 +62,12 @@ def test_export_refuses_contradicting_precisions(tmp_path, export_args):
     assert r.exit_code == 2 and "contradicts --fp16" in r.output and not export_args
 
 
+def test_export_refuses_a_precision_it_does_not_write(tmp_path, export_args):
+    r = CliRunner().invoke(main, ["export", "--model", "demo", "--out", str(tmp_path / "e"), "--precision", "fp8"])
+    assert r.exit_code == 2 and "an export writes fp32, fp16, int8, int4" in r.output and "quantize-trt" in r.output
+    assert not export_args
+
+
 def test_every_export_precision_is_a_plan_precision():
     from lisa_trt.cli.export import EXPORT_PRECISIONS
     from lisa_trt.deploy.memory_plan import PRECISIONS
