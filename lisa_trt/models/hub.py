@@ -84,7 +84,10 @@ def hub_name(name) -> Optional[tuple]:
 NEEDS = ("config", "weights")
 _CONFIG_FILES = ("config.json",)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
-_DUPLICATE_FORMATS = ("*.bin", "*.pt", "*.pth", "*.msgpack", "*.h5", "*.onnx", "*.onnx_data", "*.gguf", "*.ot")
+# the model's weights again in another format (a decoder's own .pt / .ckpt is kept)
+_DUPLICATE_FORMATS = ("pytorch_model*.bin", "pytorch_model.bin.index.json", "model*.bin", "model*.pt", "model*.pth",
+                      "consolidated*.pth", "tf_model*", "flax_model*", "*.msgpack", "*.h5", "*.onnx", "*.onnx_data",
+                      "*.gguf", "*.ot")
 _NOT_NEEDED = ("*.md", ".gitattributes", "*.png", "*.jpg", "*.jpeg", "*.gif", "*.webp", "*.mp4")
 
 

@@ -15,7 +15,8 @@ from lisa_trt.models.hub import HubModelError, resolve_model  # noqa: E402
 REPO_FILES = {"config.json": 1_000, "model-00001-of-00002.safetensors": 4_000_000_000,
               "model-00002-of-00002.safetensors": 2_500_000_000, "model.safetensors.index.json": 20_000,
               "pytorch_model.bin": 13_000_000_000, "tokenizer.json": 2_000_000, "README.md": 5_000,
-              "vqgan/vqgan.ckpt": 300_000_000, "vqgan/vqgan.yaml": 1_000, "assets/sample.png": 90_000}
+              "vqgan/vqgan.ckpt": 300_000_000, "vqgan/vqgan.yaml": 1_000, "assets/sample.png": 90_000,
+              "pytorch_model.bin.index.json": 30_000, "tf_model.h5": 13_000_000_000, "vq/vq_ds16.pt": 280_000_000}
 
 
 class FakeHub:
@@ -73,7 +74,7 @@ def test_weights_skip_duplicate_formats_and_docs_and_say_the_size_first(fake):
     assert dl["revision"] == "v1"
     assert dl["allow_patterns"] == ["config.json", "model-00001-of-00002.safetensors",
                                     "model-00002-of-00002.safetensors", "model.safetensors.index.json",
-                                    "tokenizer.json", "vqgan/vqgan.ckpt", "vqgan/vqgan.yaml"]
+                                    "tokenizer.json", "vq/vq_ds16.pt", "vqgan/vqgan.ckpt", "vqgan/vqgan.yaml"]
     want = sum(REPO_FILES[f] for f in dl["allow_patterns"])
     assert f"{len(dl['allow_patterns'])} file(s), {want / 1e9:.1f} GB" in said[0]
 
