@@ -104,7 +104,7 @@ def main(argv=None) -> int:
            "precision": a.precision, "machine": "2-core shared CPU VM; see loadavg: no speed claim"}
     d = a.work / f"gptxl_{a.precision}"
     cmd = [sys.executable, "-m", "lisa_trt", "export", "--model", str(ck), "--config", "GPT-XL", "--image-size",
-           "384", "--vq", str(vq), "--out", str(d)] + (["--fp16"] if a.precision == "fp16" else [])
+           "384", "--vq", str(vq), "--out", str(d), "--overwrite"] + (["--fp16"] if a.precision == "fp16" else [])
     rec["export"] = M._sh(cmd, a.work / f"gptxl_{a.precision}_export.log")
     print("export", json.dumps(rec["export"])[:400], flush=True)
     if rec["export"]["rc"] == 0:

@@ -1,4 +1,10 @@
-"""Atomic file writes and safetensors helpers (docs/design.md principle 6: writes are temp + rename)."""
+"""Atomic file writes and safetensors helpers (docs/design.md principle 6: writes are temp + rename).
+
+The one rule of every command that writes an artifact (export, build, calibrate, convert,
+random-checkpoint, quantize-trt; run / generate through validation.check_out_dir): an existing
+artifact is replaced only with `--overwrite`, and the refusal comes before any work
+(`refuse_existing`); the write itself stays atomic (`atomic_write`, `atomic_dir`).
+"""
 
 from __future__ import annotations
 
@@ -91,6 +97,35 @@ def atomic_dir(out_dir, *, marker: str | None = None, what: str = "output", chec
         raise
 
 
+def refuse_existing(path, *, overwrite: bool, option: str = "--out", what: str = "already exists",
+                    exists=None) -> Path:
+    """The overwrite rule: raise before any work when `path` holds an artifact and not `overwrite`.
+
+    Args:
+        path: the file or directory a command is about to write.
+        overwrite: the command's --overwrite flag (True: nothing is checked).
+        option: how the message names the path's option ("--out", "DST", "ENGINE_DIR").
+        what: what is there, for the message ("already exists", "already holds built TensorRT engines").
+        exists: optional `exists(path) -> bool` for an artifact that is not the path itself (the
+            engines inside an engine directory); default: a file, or a non-empty directory.
+    Raises:
+        InputError: naming the path and the fix (--overwrite, or another path).
+    """
+    from .errors import InputError
+
+    path = Path(path)
+    if overwrite:
+        return path
+    if exists is not None:
+        found = exists(path)
+    else:
+        found = path.is_file() or (path.is_dir() and any(path.iterdir()))
+    if found:
+        raise InputError(f"{option} {path} {what}; nothing was done. Pass --overwrite to replace it "
+                         "(the new one is written beside it and swapped in only when complete), or choose another path")
+    return path
+
+
 def state_dict_problems(own: dict, sd: dict, other: str = "model") -> list:
     """Lines listing the missing / unexpected keys and shape mismatches of `sd` against `own`
     (empty when they match): the body of every strict-loading error."""
@@ -109,6 +144,18 @@ def state_dict_problems(own: dict, sd: dict, other: str = "model") -> list:
 def write_json(path, obj) -> None:
     with atomic_write(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_json_output(path, obj, echo) -> bool:
+    """A command's --json output: `path` "-" prints `obj` to stdout through `echo`, any other path
+    is written atomically. Returns True when it went to stdout (the caller then keeps its other
+    lines off stdout)."""
+    if str(path) == "-":
+        echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
+        return True
+    with atomic_write(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    return False
 
 
 def save_safetensors(tensors: dict, path, metadata: dict | None = None) -> None:

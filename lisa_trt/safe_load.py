@@ -44,7 +44,10 @@ def unreadable_message(path, err: Exception, what: str = "checkpoint") -> str:
     """A one-line reason for a file torch cannot read at all, without torch's advice paragraphs."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip() and "weights_only" not in ln]
     reason = lines[-1] if lines else type(err).__name__
-    return f"{path} is not a readable PyTorch {what} ({reason[:200]})"
+    return (f"{path} is not a readable PyTorch {what}: neither a zip nor a legacy torch.save file, or "
+            f"truncated (torch said: {type(err).__name__}: {reason[:200]}). lisa-trt reads .pt files holding "
+            "weights (torch.save of a state dict), its own .safetensors, and Hugging Face model directories; check "
+            "the path, or download the file again")
 
 
 def safe_torch_load(path, what: str = "checkpoint", mmap: bool = False):

@@ -224,11 +224,20 @@ def rollout_drifts(target, cond, tokens: torch.Tensor, layout: SequenceLayout, l
     return drift_samples(law.reshape(-1, law.shape[-1]), tokens.reshape(-1), w_tilde, cand, S, generator, eps)
 
 
+# The GASV knobs a calibration stores, i.e. the knobs of every run that reads the tables without
+# --kappa / --lambda / --delta: the fastest quality-neutral point of the README's frontier
+# (bench/gasv_frontier.json: kappa 2, lambda 0.4, delta 0.3), the knobs the bundled demo tables
+# carry. GASVConfig's own defaults are the spec's (docs/spec/lisa.md: kappa 1, lambda 0.6, no cap),
+# which the frontier found not quality-neutral. The one source of `calibrate`'s and
+# `lisa-trt calibrate`'s defaults.
+CALIBRATION_GASV = GASVConfig(kappa=2.0, lam=0.4, delta=0.3)
+
+
 @torch.no_grad()
 def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, layout: Optional[SequenceLayout] = None,
               num_rollouts: int = 64, samples_per_pos: int = 8, quantile: float = 0.5,
               n_clusters: Optional[int] = None, cluster_space: str = "codebook", lantern_k: int = 1000,
-              seed: int = 0, sampling: SamplingConfig = SamplingConfig(), gasv: GASVConfig = GASVConfig(),
+              seed: int = 0, sampling: SamplingConfig = SamplingConfig(), gasv: GASVConfig = CALIBRATION_GASV,
               batch_size: int = 8, min_cluster_samples: int = 32, kmeans_iters: int = 50,
               progress: bool = True, settings: Optional[dict] = None) -> GASVTables:
     """Make GASV + LANTERN tables for a target of any family by rollout profiling (docs/spec/lisa.md
@@ -256,7 +265,8 @@ def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, layout: Optional
         lantern_k: LANTERN neighbours per code (clamped to K - 1).
         seed: one seed for rollouts (one generator over all batches), alternative sampling and k-means.
         sampling: CFG scale / interval, temperature / top-k / top-p, greedy of the rollouts.
-        gasv: GASV constants to store; `neighbours` (the candidates N(z), also the calibration's)
+        gasv: GASV constants to store (default CALIBRATION_GASV: the quality-neutral knobs);
+            `neighbours` (the candidates N(z), also the calibration's)
             is clamped to the neighbour table's width and theta_geo set to 8 / median(beta).
         batch_size: rollouts per target batch.
         min_cluster_samples: clusters with fewer samples use the global quantile.

@@ -8,17 +8,23 @@ import click
 
 from ..clitools import handle_errors
 from . import options as opt
+from .export import overwrite_option
 
 
 @click.command()
 @click.argument("src")
 @click.argument("dst")
 @opt.config_options("Target config name (GPT-B ...) or VQ-16/VQ-8.", required=True)
+@overwrite_option
 @handle_errors
-def convert(src, dst, model_cfg):
-    """Convert an official LlamaGen .pt (target or VQ) to safetensors + config JSON."""
+def convert(src, dst, model_cfg, overwrite):
+    """Convert an official LlamaGen .pt (target or VQ) to safetensors + config JSON.
+
+    An existing DST is replaced only with --overwrite (refused before any work)."""
+    from ..io import refuse_existing
     from ..runtime.commands.checkpoints import convert as entry
 
+    refuse_existing(dst, overwrite=overwrite, option="DST")
     entry(src, dst, model_cfg, echo=click.echo)
 
 
@@ -26,11 +32,16 @@ def convert(src, dst, model_cfg):
 @click.argument("out")
 @opt.config_options("GPT-B ... GPT-7B, tiny, or VQ-16/VQ-8.", required=True)
 @opt.seed_option
+@overwrite_option
 @handle_errors
-def random_checkpoint(out, model_cfg, seed):
-    """Write a randomly initialised checkpoint in the official layout ({"model": state_dict})."""
+def random_checkpoint(out, model_cfg, seed, overwrite):
+    """Write a randomly initialised checkpoint in the official layout ({"model": state_dict}).
+
+    An existing OUT is replaced only with --overwrite (refused before any work)."""
+    from ..io import refuse_existing
     from ..runtime.commands.checkpoints import random_checkpoint as entry
 
+    refuse_existing(out, overwrite=overwrite, option="OUT")
     entry(out, model_cfg, seed, echo=click.echo)
 
 

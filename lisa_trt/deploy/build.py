@@ -233,6 +233,22 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
     return _write_record(engine_dir, record, partial=bool(graphs))
 
 
+def build_verdict(record: dict, engine_dir=None) -> str:
+    """One line saying what `lisa-trt build` did (or, dry run, would do): the graphs, their
+    profiles and attention form; the full record is JSON behind `--json`."""
+    graphs = record.get("graphs") or {}
+    names = ", ".join(f"{n} ({len(g.get('profiles') or [])} profile{'s' if len(g.get('profiles') or []) != 1 else ''}"
+                      + (f", {g['attention']} attention" if g.get("attention") else "") + ")"
+                      for n, g in graphs.items())
+    where = f" in {engine_dir}" if engine_dir is not None else ""
+    if record.get("dry_run"):
+        return (f"dry run: {len(graphs)} graph(s){where} pass the TensorRT compatibility check and would be built: "
+                f"{names}; nothing was written (--json FILE or - for the plan)")
+    secs = sum(float(g.get("build_seconds") or 0) for g in graphs.values())
+    return (f"built {len(graphs)} engine(s){where} with TensorRT {record.get('tensorrt_version')} in {secs:.0f} s: "
+            f"{names} (--json FILE or - for the record)")
+
+
 def _write_record(engine_dir: Path, record: dict, *, partial: bool) -> dict:
     """Write the engines record; a partial rebuild keeps the other graphs' entries."""
     old = built_graphs({ENGINES_KEY: engines_record(engine_dir)})
@@ -255,6 +271,7 @@ def _progress(total: int, enabled: bool):
 
 
 __all__ = ["ENGINES_KEY", "EngineBuildError", "NOT_BUILT", "NoCudaDeviceError", "ProfileSpec",
-           "TensorRTUnavailableError", "build_engines", "build_plan", "built_graphs", "default_build_graphs",
+           "TensorRTUnavailableError", "build_engines", "build_plan", "build_verdict", "built_graphs",
+           "default_build_graphs",
            "engine_memory_facts", "engines_built", "engines_record", "load_plan", "profiles_from_io_spec",
            "require_tensorrt_gpu", "trt_graph_model", "trt_onnx_path", "write_engines_record"]

@@ -188,8 +188,17 @@ def known_shape(name: str, image_size: Optional[int] = None, prompt_len: Optiona
     for _, mod in _plugins():
         if name in mod.KNOWN:
             return mod.known_shape(name, image_size, prompt_len)
-    raise InputError(f"unknown model {name!r}: give a known name ({', '.join(known_names())}), a checkpoint "
-                     "(.safetensors with its config, or an HF model directory), or an engine directory")
+    raise InputError(f"unknown model {name!r}{_did_you_mean(name)}; give a known name ({', '.join(known_names())}), "
+                     "a checkpoint (.safetensors with its config, or an HF model directory), or an engine directory")
+
+
+def _did_you_mean(name: str) -> str:
+    """' (did you mean Emu3-Gen?)' for a name close to known ones (any case), else ''."""
+    import difflib
+
+    lower = {n.lower(): n for n in known_names()}
+    close = difflib.get_close_matches(str(name).lower(), list(lower), n=2, cutoff=0.5)
+    return f" (did you mean {' or '.join(lower[c] for c in close)}?)" if close else ""
 
 
 def safetensors_metadata(path) -> dict:

@@ -62,6 +62,11 @@ def artifact_set(name) -> Optional[ArtifactSet]:
     return _SETS.get(name) if isinstance(name, str) else None
 
 
+def registered_names() -> list:
+    """Every registered set's name ("demo", ...), sorted (`--model dmeo`: did you mean demo)."""
+    return sorted(_SETS)
+
+
 def bundled_file(name: str, kind: str) -> Optional[Path]:
     """The file of a bundled drafter / tables `name` in any set ("drafters" | "tables"), else None."""
     for s in _SETS.values():
@@ -82,4 +87,4 @@ register_artifact_set(ArtifactSet(
               "demo-medusa-lisa": _DEMO / "medusa_lisa.safetensors"},
     tables={"demo": _DEMO / "tables.safetensors"}, default_drafter="demo-lisa", default_tables="demo", vq="demo"))
 
-__all__ = ["ArtifactSet", "artifact_set", "bundled_file", "bundled_names", "register_artifact_set"]
+__all__ = ["ArtifactSet", "artifact_set", "bundled_file", "bundled_names", "register_artifact_set", "registered_names"]

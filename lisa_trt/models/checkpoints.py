@@ -32,15 +32,40 @@ def read_state_dict(path: PathLike, mmap: bool = False) -> tuple[dict, dict]:
     mmap: a zip-format .pt file's tensors are mapped from the file, not read (safe_torch_load)."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}")
+        raise CheckpointError(f"checkpoint not found: {path}{_did_you_mean(path)}")
     if path.suffix == ".safetensors":
         return load_safetensors(path)
     obj = safe_torch_load(path, "checkpoint", mmap=mmap)  # weights_only; refusals in our own words
     if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
         obj = obj["model"]  # DDP training checkpoints
     if not isinstance(obj, dict) or not all(torch.is_tensor(v) for v in obj.values()):
-        raise CheckpointError(f"{path} does not hold a state dict (a mapping of names to tensors)")
+        raise CheckpointError(f"{path} does not hold a state dict (a mapping of names to tensors) but "
+                              f"{_describe(obj)}; a .pt checkpoint is a torch.save of the weights "
+                              "({\"model\": state_dict} or the state dict itself), else pass a lisa-trt .safetensors")
     return dict(obj), {}
+
+
+def _describe(obj) -> str:
+    """A short description of what a .pt file held instead of a state dict."""
+    if torch.is_tensor(obj):
+        return f"one tensor of shape {tuple(obj.shape)}"
+    if isinstance(obj, dict):
+        odd = [k for k, v in obj.items() if not torch.is_tensor(v)][:3]
+        return f"a mapping whose entries {odd} are not tensors"
+    return f"a {type(obj).__name__}"
+
+
+def _did_you_mean(path: Path) -> str:
+    """'; did you mean demo?' for a bare name close to a bundled artifact set (e.g. 'dmeo')."""
+    import difflib
+
+    from .artifact_sets import registered_names
+
+    name = str(path)
+    if path.suffix or "/" in name or "\\" in name:
+        return ""
+    close = difflib.get_close_matches(name, registered_names(), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r} (a bundled model)?" if close else ""
 
 
 def _clean(sd: dict) -> dict:
@@ -56,14 +81,16 @@ def _clean(sd: dict) -> dict:
 def strict_load(model: torch.nn.Module, sd: dict, what: str, hint: str = "", assign: bool = False) -> None:
     """load_state_dict(strict=True) with an error that lists every problem and a likely fix.
 
+    hint: what the file looks like and the fix (the family's guess from its shapes, e.g. "the file
+    looks like GPT-B ...; pass --config GPT-B").
+
     assign: the model's parameters become the state dict's tensors (a model built on the meta
     device: no second copy of the weights)."""
     own = model.state_dict()
     problems = state_dict_problems(own, sd)
     if problems:
         lines = [f"checkpoint does not match the {what} configuration:", *problems]
-        if hint:
-            lines.append(f"  hint: {hint}; pass the matching config (e.g. --config GPT-L --image-size 384)")
+        lines.append(f"  hint: {hint or 'pass the configuration the file was written with'}")
         raise CheckpointError("\n".join(lines))
     model.load_state_dict(sd, strict=True, assign=assign)  # else copies into the model's tensors, converting each
 

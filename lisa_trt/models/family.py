@@ -327,12 +327,15 @@ class ModelFamily:
         raise NotImplementedError
 
     def init_target(self, config):
-        """A randomly initialised target of `config` (the module's own init; `lisa-trt random-checkpoint`)."""
-        raise NotImplementedError(f"the {self.name} family writes no random checkpoint")
+        """A randomly initialised target of `config` (the module's own init; `lisa-trt random-checkpoint`).
+        A family without one: a ConfigError naming the model types that have one (random_init_types)."""
+        raise ConfigError(f"the {self.name} family writes no random checkpoint (its models load from their "
+                          f"checkpoint directories); random checkpoints: --model-type {' / '.join(random_init_types())}")
 
     def init_decoder(self, config):
         """A randomly initialised image decoder of `config` (`lisa-trt random-checkpoint`)."""
-        raise NotImplementedError(f"the {self.name} family writes no random image-decoder checkpoint")
+        raise ConfigError(f"the {self.name} family writes no random image-decoder checkpoint; random checkpoints: "
+                          f"--model-type {' / '.join(random_init_types())}")
 
     def target_from_state(self, config, state_dict: dict):
         """A target of `config` with exactly `state_dict` (strict), fp32, eval: how the torch backend
@@ -408,6 +411,11 @@ def _load(module: str):
     return importlib.import_module(module)
 
 
+def random_init_types() -> list:
+    """The model types whose family writes a random checkpoint (overrides ModelFamily.init_target)."""
+    return [t for t in model_types() if type(family_of(t)).init_target is not ModelFamily.init_target]
+
+
 def family_of(cfg_or_type) -> ModelFamily:
     """The family serving a TargetConfig (or a model_type string)."""
     t = getattr(cfg_or_type, "model_type", cfg_or_type)
@@ -467,5 +475,5 @@ def detect_family(path) -> ModelFamily:
     raise ConfigError(f"{path} {what}. lisa-trt loads {known}")
 
 
-__all__ = ["FamilyTarget", "ModelFamily", "Request", "SequenceLayout", "SubVocab", "UnknownModelTypeError", "detect_family", "families", "family_named",
-           "family_of", "model_types", "register_family"]
+__all__ = ["FamilyTarget", "ModelFamily", "Request", "SequenceLayout", "SubVocab", "UnknownModelTypeError", "detect_family", "families",
+           "family_named", "family_of", "model_types", "random_init_types", "register_family"]

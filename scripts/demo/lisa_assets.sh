@@ -19,7 +19,7 @@ mkdir -p "$OUT"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 if [ "${ONLY:-}" = "tables" ]; then
-  lisa-trt calibrate --model demo --out "$OUT/tables.safetensors" --rollouts 64 --seed 0 --kappa 2 --lambda 0.4 --delta 0.3 > "$OUT/calibrate.log" 2>&1
+  lisa-trt calibrate --model demo --out "$OUT/tables.safetensors" --overwrite --rollouts 64 --seed 0 --kappa 2 --lambda 0.4 --delta 0.3 > "$OUT/calibrate.log" 2>&1
   cp "$OUT/tables.safetensors" lisa_trt/assets/demo/tables.safetensors
   echo "wrote lisa_trt/assets/demo/tables.safetensors"
   exit 0
@@ -28,7 +28,7 @@ RUNS=${RUNS:-runs/issue11}
 for kind in lisa eagle3; do
   [ -f "$RUNS/$kind/drafter.safetensors" ] || { echo "no $RUNS/$kind/drafter.safetensors: run scripts/drafters/retrain_and_ablate.sh $RUNS first" >&2; exit 1; }
 done
-lisa-trt calibrate --model demo --out "$OUT/tables.safetensors" --rollouts 64 --seed 0 --kappa 2 --lambda 0.4 --delta 0.3 > "$OUT/calibrate.log" 2>&1
+lisa-trt calibrate --model demo --out "$OUT/tables.safetensors" --overwrite --rollouts 64 --seed 0 --kappa 2 --lambda 0.4 --delta 0.3 > "$OUT/calibrate.log" 2>&1
 
 A=lisa_trt/assets/demo
 cp "$OUT/tables.safetensors" "$A/tables.safetensors"

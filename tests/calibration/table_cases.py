@@ -24,6 +24,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "models"))
 RECORD = HERE / "tables_before.json"
 TENSORS = ("invstd", "w_tilde_norm2", "cluster", "centroids", "beta", "lantern_neighbors")
+# The GASV knobs the record was made with: calibration's default then, GASVConfig's (the spec's);
+# since issue 52 calibration stores the quality-neutral knobs by default, so the cases name these.
+RECORDED_KNOBS = {"kappa": 1.0, "lam": 0.6, "delta": 1.0}
+
+
+def recorded_gasv(**over):
+    from lisa_trt.speculative.gasv import GASVConfig
+
+    return GASVConfig(**{**RECORDED_KNOBS, **over})
 
 
 def digest(t: torch.Tensor) -> str:
@@ -66,6 +75,7 @@ def chameleon_tables(target, tok, captions, width, height, *, cfg_scale=3.0, tem
     from lumina_calls import span_request
 
     prompts, layout, _ = span_request(target, tok, captions, width, height, cfg_scale > 1)
+    kw.setdefault("gasv", recorded_gasv())
     return calibrate(target, chameleon_codebook(), conds=prompts, layout=layout, progress=False,
                      sampling=SamplingConfig(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k), **kw)
 
@@ -100,7 +110,8 @@ def chameleon_cli(tmp: Path):
     from lumina_calls import calibrate_cli
 
     return calibrate_cli(chameleon_model_dir(tmp), tmp / "t.safetensors", image_size=64, rollouts=4,
-                         samples_per_pos=2, clusters=4, lantern_k=8, top_k=16, cfg_scale=2.0, seed=0)
+                         samples_per_pos=2, clusters=4, lantern_k=8, top_k=16, cfg_scale=2.0, seed=0,
+                         **RECORDED_KNOBS)
 
 
 def chameleon_cli_two_batches(tmp: Path):
@@ -108,8 +119,8 @@ def chameleon_cli_two_batches(tmp: Path):
     from lumina_calls import calibrate_cli
 
     return calibrate_cli(chameleon_model_dir(tmp), tmp / "t.safetensors", image_size=32, rollouts=10,
-                         samples_per_pos=3, clusters=3, lantern_k=6, top_k=12, cfg_scale=3.0, seed=1, kappa=1.2,
-                         lam=0.5)
+                         samples_per_pos=3, clusters=3, lantern_k=6, top_k=12, cfg_scale=3.0, seed=1,
+                         **{**RECORDED_KNOBS, "kappa": 1.2, "lam": 0.5})
 
 
 def llamagen_tiny(tmp: Path):
@@ -123,6 +134,7 @@ def llamagen_tiny(tmp: Path):
     model = testing.make_target(seed=0)
     codebook = F.normalize(torch.randn(256, 8, generator=torch.Generator().manual_seed(1)), dim=1)
     return calibrate(model, codebook, num_rollouts=6, batch_size=4, lantern_k=20, progress=False, seed=0,
+                     gasv=recorded_gasv(),
                      sampling=SamplingConfig(cfg_scale=2.0, top_k=40))
 
 
@@ -136,6 +148,7 @@ def llamagen_t2i(tmp: Path):
     conds = testing.make_cond(model, batch=5, seed=4)
     codebook = torch.randn(256, 8, generator=torch.Generator().manual_seed(3))
     return calibrate(model, codebook, conds=conds, batch_size=2, lantern_k=24, progress=False, seed=1,
+                     gasv=recorded_gasv(),
                      cluster_space="w_tilde", n_clusters=12, min_cluster_samples=16,
                      sampling=SamplingConfig(cfg_scale=1.5, top_k=64, top_p=0.9, temperature=0.9))
 

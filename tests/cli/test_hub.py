@@ -22,6 +22,7 @@ def make_cache(root, repo="org/name", refs=("main",), commit=HASH):
     snap = d / "snapshots" / commit
     snap.mkdir(parents=True)
     (snap / "config.json").write_text('{"model_type": "chameleon"}')
+    (snap / "model.safetensors").write_bytes(b"")  # a weights file: what every command but plan reads
     return snap
 
 
@@ -54,7 +55,7 @@ def test_a_missing_repo_fails_clearly_offline(cache):
     with pytest.raises(HubModelError) as e:
         resolve_model("org/missing")
     msg = str(e.value)
-    assert "huggingface-cli download org/missing" in msg and "HF_HUB_OFFLINE" in msg and "org/missing" in msg
+    assert "hf download org/missing" in msg and "HF_HUB_OFFLINE" in msg and "org/missing" in msg
     with pytest.raises(HubModelError, match="--revision v9"):
         resolve_model("org/name@v9")  # the repo is cached, that revision is not
 
@@ -94,4 +95,4 @@ def test_the_cli_resolves_model_names(cache, monkeypatch):
     assert r.exit_code == 0, r.output
     assert seen["source"] == snap and seen["prompts"] == ("a fox",)
     r = CliRunner().invoke(main, ["generate", "--model", "org/missing", "--prompt", "a fox"])
-    assert r.exit_code == 2 and "huggingface-cli download org/missing" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 2 and "hf download org/missing" in r.output and "Traceback" not in r.output

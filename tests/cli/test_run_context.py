@@ -132,7 +132,9 @@ def test_calibrate_and_train_on_a_directory(model_dir, tmp_path):
     assert r.exit_code == 0, r.output
     t = load_tables(out)
     assert "3 clusters over" in r.output and t.settings["family"] == "chameleon"
-    assert (t.config.kappa, t.config.lam) == (1.0, 0.6)
+    from lisa_trt.calibration.profile import CALIBRATION_GASV as neutral  # the quality-neutral knobs (issue 52)
+
+    assert (t.config.kappa, t.config.lam, t.config.delta) == (neutral.kappa, neutral.lam, neutral.delta)
     s = t.settings["sampling"]
     assert (s["cfg_scale"], s["temperature"], s["top_k"]) == (3.0, 1.0, 2000)
     r = CliRunner().invoke(main, ["train", "--model", str(model_dir), "--out", str(tmp_path / "run"), "--data",

@@ -178,9 +178,9 @@ def test_tensorrt_path_checks_the_heads_graph_like_the_others(bundle):
 
     rep = check_trt_compat(bundle)
     assert "medusa_heads" in rep.summary()
-    res = CliRunner().invoke(main, ["build", str(bundle), "--dry-run"])
+    res = CliRunner().invoke(main, ["build", str(bundle), "--dry-run", "--json", "-"])
     assert res.exit_code == 0, res.output
-    plan = json.loads(res.output)["graphs"]["medusa_heads"]
+    plan = json.loads(res.stdout)["graphs"]["medusa_heads"]
     assert plan["onnx"] == "medusa_heads.onnx" and plan["profiles"]
     assert all(set(p["shapes"]) == {"hidden", "depth"} for p in plan["profiles"])
 

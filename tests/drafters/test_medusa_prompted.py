@@ -138,7 +138,7 @@ def test_bundle_records_the_heads_graph_validated_and_builds(run):
     assert set(man["graphs"]) == graphs
     for g in man["graphs"].values():
         assert g["validation"]["ok"] and g["validation"]["max_error"] < 1e-4
-    out = _cli("build", root / "eng", "--dry-run")
+    out = _cli("build", root / "eng", "--dry-run", "--json", "-")
     rec = json.loads(out[out.index("{"):])
     assert rec["dry_run"] and set(rec["graphs"]) == graphs - {"target_prefill"}  # one target engine
 

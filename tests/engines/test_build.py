@@ -197,7 +197,7 @@ def test_cli_build_dry_run_on_the_demo_bundle(tmp_path, fp16):
     res = r.invoke(main, ["export", "--model", "demo", "--drafter", "demo-lisa", "--out", str(d), "--no-validate"]
                    + (["--fp16"] if fp16 else []))
     assert res.exit_code == 0, res.output
-    res = r.invoke(main, ["build", str(d), "--dry-run"])
+    res = r.invoke(main, ["build", str(d), "--dry-run", "--json", "-"])
     assert res.exit_code == 0, res.output
     plan = json.loads(res.output[res.output.index("{"):])
     assert plan["dry_run"] and plan["graphs"]["gasv"]["onnx"] == "gasv.trt.onnx"
@@ -698,3 +698,22 @@ def test_no_step_writes_the_full_kv_cache(fake, monkeypatch):
     for wrote, full, outside, (_, S) in commits:
         assert not outside                                # no slot outside the call's slots changed
         assert wrote == full * S // eng.target.max_cache_len < full  # S rows, never the whole cache
+
+
+def test_build_dry_run_prints_one_verdict_line_and_json_on_request(bundle, tmp_path):
+    """Issue 52: `build --dry-run` says one line (no 1,000-line JSON); the JSON behind --json (- = stdout)."""
+    from click.testing import CliRunner
+
+    from lisa_trt.cli import main
+
+    r = CliRunner().invoke(main, ["build", str(bundle), "--dry-run"])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dry run:") and "nothing was written" in lines[0], r.stdout
+    assert "target_verify" in lines[0] and "{" not in lines[0]
+    r = CliRunner().invoke(main, ["build", str(bundle), "--dry-run", "--json", "-"])
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.stdout)
+    assert rec["dry_run"] and "target_verify" in rec["graphs"] and r.stderr.startswith("dry run:")
+    r = CliRunner().invoke(main, ["build", str(bundle), "--dry-run", "--json", str(tmp_path / "b.json")])
+    assert r.exit_code == 0 and json.loads((tmp_path / "b.json").read_text())["dry_run"], r.output

@@ -171,7 +171,7 @@ def test_build_dry_run_checks_and_plans_every_graph(bundle, fp16_bundle, prec):
     from lisa_trt.deploy.trt_lint import check_trt_compat
 
     d = bundle[0] / "eng" if prec == "fp32" else fp16_bundle
-    out = _cli("build", d, "--dry-run", "--max-batch", 2).output
+    out = _cli("build", d, "--dry-run", "--max-batch", 2, "--json", "-").output
     rec = json.loads(out[out.index("{"):])
     # one target engine: the verify graph embeds the prompt's text ids, so no target_prefill engine
     assert rec["dry_run"] and set(rec["graphs"]) == ALL - {"target_prefill"}

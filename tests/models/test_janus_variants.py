@@ -319,5 +319,5 @@ def test_public_calls_take_a_hugging_face_name_from_the_local_cache(variant, tmp
     codes = torch.zeros(1, grid * grid, dtype=torch.long)
     assert torch.equal(lisa_trt.tokens_to_pixels(lisa_trt.load_vq("someone/tiny-janus@main"), codes),
                        lisa_trt.tokens_to_pixels(lisa_trt.load_vq(str(d)), codes))
-    with pytest.raises(InputError, match="huggingface-cli download someone/other"):
+    with pytest.raises(InputError, match="hf download someone/other"):
         lisa_trt.load_target("someone/other")

@@ -59,7 +59,7 @@ def check_encoder_dir(encoder_dir) -> dict:
     imports; returns its config.json. Raises InputError saying how to fix each problem."""
     if encoder_dir is None:
         raise InputError("captions need a T5 encoder: pass --encoder DIR (a local flan-t5-xl directory, e.g. "
-                         f"`huggingface-cli download google/flan-t5-xl --local-dir DIR`) or set ${_ENCODER_ENV}; "
+                         f"`hf download google/flan-t5-xl --local-dir DIR`) or set ${_ENCODER_ENV}; "
                          "or pass precomputed features (.safetensors from `lisa-trt encode-captions`)")
     d = Path(encoder_dir)
     if not d.is_dir():

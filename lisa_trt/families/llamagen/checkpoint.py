@@ -3,7 +3,7 @@ the LlamaGen family's target and VQ loaders (models/checkpoints.py reads the fil
 
 from __future__ import annotations
 
-from ...errors import ConfigError
+from ...errors import CheckpointError, ConfigError
 from ...models.checkpoints import PathLike, _clean, read_state_dict, strict_load
 from ...models.target_config import target_config, vq_config
 from .config import GPT_SHAPES, TargetConfig, VQConfig
@@ -22,8 +22,42 @@ def guess_target_config(sd: dict) -> str:
     extra = ""
     if not t2i and "cls_embedding.embedding_table.weight" in sd:
         extra = f", num_classes={sd['cls_embedding.embedding_table.weight'].shape[0] - 1}"
-    found = names[0] if names else f"a custom config (dim={dim}, n_layer={n_layer})"
-    return f"the file looks like {found} ({kind}, vocab_size={vocab}{extra})"
+    if not names:
+        return (f"the file looks like a custom config (dim={dim}, n_layer={n_layer}, {kind}, "
+                f"vocab_size={vocab}{extra}), "
+                f"none of {', '.join(GPT_SHAPES)}; load it from a .safetensors that carries its config")
+    mt = " --model-type t2i" if t2i else ""
+    return (f"the file looks like {names[0]} ({kind}, vocab_size={vocab}{extra}); pass --config {names[0]}{mt} "
+            "(with the --image-size it was trained at)")
+
+
+def other_artifact(meta: dict):
+    """What a lisa-trt file that is not a model checkpoint is, and where it goes (its metadata's
+    "kind" / "format"), or None: a drafter passed as --model is told to pass it as --drafter."""
+    from ...models.drafter import ARTIFACT_KIND as DRAFTER
+    from ...models.medusa import ARTIFACT_KIND as MEDUSA
+
+    kind, fmt = str(meta.get("kind", "")), str(meta.get("format", ""))
+    if kind in (DRAFTER, MEDUSA):
+        what = "Medusa heads" if kind == MEDUSA else "a drafter"
+        target = (meta.get("config") or {}).get("target_name") if isinstance(meta.get("config"), dict) else None
+        of = f" (trained for {target})" if target else ""
+        return (f"is {what}{of}, not a target model: pass it as --drafter, and the target it was trained for "
+                "as --model")
+    if fmt.endswith("gasv-tables"):
+        return "holds calibration tables (lisa-trt calibrate), not a model: pass it as --tables"
+    if kind.startswith("lisa-trt"):
+        return f"is a lisa-trt {kind.split('lisa-trt', 1)[1].strip('-/') or 'artifact'} file, not a model checkpoint"
+    return None
+
+
+def _read(path: PathLike, mmap: bool = False):
+    """read_state_dict, refusing a lisa-trt file that is not a model (a drafter, tables) by name."""
+    sd, meta = read_state_dict(path, mmap=mmap)
+    other = other_artifact(meta)
+    if other:
+        raise CheckpointError(f"{path} {other}")
+    return sd, meta
 
 
 def _resolve_target_config(config, meta: dict) -> TargetConfig:
@@ -48,7 +82,7 @@ def load_llamagen_target(path: PathLike, config=None, device="cpu"):
     from ...models.rope import precompute_freqs_cis_2d
     from .model import Transformer
 
-    sd, meta = read_state_dict(path, mmap=True)
+    sd, meta = _read(path, mmap=True)
     cfg = _resolve_target_config(config, meta)
     with torch.device("meta"):
         model = Transformer(cfg)
@@ -68,7 +102,7 @@ def load_llamagen_vq(path: PathLike, config=None, device="cpu"):
     """Load a LlamaGen VQ tokenizer; config: "VQ-16", "VQ-8", a VQConfig, or None (metadata)."""
     from .vq import VQModel
 
-    sd, meta = read_state_dict(path)
+    sd, meta = _read(path)
     if isinstance(config, VQConfig):
         cfg = config
     elif config is None:
@@ -81,6 +115,6 @@ def load_llamagen_vq(path: PathLike, config=None, device="cpu"):
     hint = ""
     if "quantize.embedding.weight" in sd:
         n, d = sd["quantize.embedding.weight"].shape
-        hint = f"the file has a {n} x {d} codebook"
+        hint = f"the file has a {n} x {d} codebook; pass its config (--vq-config VQ-16 or VQ-8)"
     strict_load(model, _clean(sd), "VQ", hint)
     return model.float().eval().to(device)

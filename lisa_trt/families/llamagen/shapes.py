@@ -1,8 +1,8 @@
 """The LlamaGen family's shape plugin for memory plans (deploy/model_shapes.py seam).
 
 Parameter counts of a TargetConfig (families/llamagen/model.Transformer's parameters), the
-known names GPT-B ... GPT-3B, lisa-trt .safetensors checkpoints (metadata only) and engine
-directories (manifest only). It sits at the engines floor (tests/test_architecture.py: a family
+known names GPT-B ... GPT-7B (every GPT shape --config takes), lisa-trt .safetensors checkpoints
+(metadata only) and engine directories (manifest only). It sits at the engines floor (tests/test_architecture.py: a family
 package's `shapes` sub-module); deploy/model_shapes.py finds it through
 `LlamaGenFamily.shapes_module`.
 """
@@ -16,12 +16,15 @@ from pathlib import Path
 from ...deploy.model_shapes import VQ16_DECODE_PARAMS, ModelShape, Weights, lin, llama_layer, repeat
 from ...errors import InputError
 
-NAMES = ("GPT-B", "GPT-L", "GPT-XL", "GPT-XXL", "GPT-3B")
+from .config import GPT_SHAPES
+
+NAMES = tuple(GPT_SHAPES)  # every name --config takes (GPT-B ... GPT-7B) plans
 KNOWN = NAMES
 DEFAULT_SIZE = 256
 # c2i checkpoints as released (FoundationVision/LlamaGen): GPT-B / GPT-L at 256 (and 384) px,
-# GPT-XL / GPT-XXL / GPT-3B at 384 px only
-DEFAULT_SIZES = {"GPT-B": 256, "GPT-L": 256, "GPT-XL": 384, "GPT-XXL": 384, "GPT-3B": 384}
+# GPT-XL / GPT-XXL / GPT-3B at 384 px only; the shapes never released (GPT-XXXL, GPT-1B, GPT-7B)
+# at DEFAULT_SIZE
+DEFAULT_SIZES = {**{n: DEFAULT_SIZE for n in GPT_SHAPES}, "GPT-XL": 384, "GPT-XXL": 384, "GPT-3B": 384}
 
 
 def config_shape(cfg, name: str) -> ModelShape:

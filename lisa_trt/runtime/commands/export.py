@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 
 def export(rc, *, out_dir, drafter, tables, vq, vq_config, fp16, opset, max_tree, validate, quantize, max_prompt,
            echo, torch_weights=False, **_):
@@ -62,17 +60,25 @@ def _print_export(man, out_dir, echo) -> None:
 
 
 def build(rc, *, max_batch, max_tree, timing_cache, refit, workspace, dry_run, gpu, memory_gib, echo,
-          attention="auto", **_):
-    """The memory plan checked, then the engines built (deploy/build.py); prints the build record."""
-    from ...deploy.build import build_engines
+          attention="auto", json_path=None, **_):
+    """The memory plan checked, then the engines built (deploy/build.py); prints one verdict line
+    (build_verdict), and the build record as JSON to `json_path` ("-": stdout) when given."""
+    from ...deploy.build import build_engines, build_verdict
     from ...deploy.memory_plan import preflight
+    from ...io import write_json_output
+
+    if json_path and json_path != "-":
+        _check_json_folder(json_path)
 
     preflight(rc.source, gpu=gpu, memory_gib=memory_gib, gpu_backend=True, batch=max_batch, tree=max_tree,
               cfg=True, workspace=workspace)  # before any TensorRT work
     rec = build_engines(rc.source, profiles=None, timing_cache=timing_cache, refit=refit, workspace=workspace,
                         max_batch=max_batch, max_tree=max_tree, attention=attention, dry_run=dry_run,
                         warn=lambda msg: echo(msg, err=True))
-    echo(json.dumps(rec, indent=2, default=str))
+    to_stdout = json_path == "-"
+    echo(build_verdict(rec, rc.source), err=to_stdout)
+    if json_path and not write_json_output(json_path, rec, echo):
+        echo(f"wrote {json_path}")
 
 
 def _check_json_folder(json_path) -> None:
@@ -89,18 +95,18 @@ def _check_json_folder(json_path) -> None:
 
 def plan(model, *, json_path, echo, **settings) -> bool:
     """The memory plan of `model` (deploy/memory_plan.make_plan) printed, written to `json_path`
-    when given; True when it fits, else False after saying why."""
+    when given ("-": stdout, the table then on stderr); True when it fits, else False after saying why."""
     from ...deploy.memory_plan import make_plan
     from ...models.hub import resolve_model
 
-    if json_path:
-        _check_json_folder(json_path)
-    p = make_plan(resolve_model(model), **settings)
-    echo(p.table())
-    if json_path:
-        from ...io import write_json
+    from ...io import write_json_output
 
-        write_json(json_path, p.to_dict())
+    to_stdout = json_path == "-"  # the JSON alone on stdout; the table goes to stderr
+    if json_path and not to_stdout:
+        _check_json_folder(json_path)
+    p = make_plan(resolve_model(model, need="config"), **settings)  # a Hub name: its config.json only
+    echo(p.table(), err=to_stdout)
+    if json_path and not write_json_output(json_path, p.to_dict(), echo):
         echo(f"wrote {json_path}")
     if not p.fits:
         echo(f"does not fit: {p.reason}", err=True)
