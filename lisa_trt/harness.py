@@ -21,7 +21,7 @@ import time
 from typing import Optional
 
 import torch
-from tqdm import tqdm
+from .progress import iterate
 
 from .config import SamplingConfig
 from .errors import InputError
@@ -183,7 +183,7 @@ def _measure(runner: _Runner, label: str, m, over: dict, spec: SpecConfig, seed:
              progress: bool) -> tuple[dict, torch.Tensor]:
     """Method `m` on every image (seed + i), each timed -> (its result row, its tokens)."""
     secs, stats_all, toks = [], [], []
-    for i in tqdm(range(n_images), desc=f"bench {label}", disable=not progress):
+    for i in iterate(range(n_images), progress, desc=f"bench {label}"):
         t0 = time.perf_counter()  # the condition's slicing is timed too
         tk, st = runner(m, i, spec, seed + i)
         secs.append(time.perf_counter() - t0)

@@ -1,8 +1,63 @@
-"""Progress bars for long work (tqdm), or a no-op bar when disabled; ETAs weighted by work."""
+"""Progress bars for long work (tqdm), or a no-op bar when disabled; ETAs weighted by work; the
+process's log level (the CLI group's -q / -v / --log-level).
+
+Bars are drawn only where someone watches them: stderr a terminal, TQDM_DISABLE unset (or 0),
+the log level info or debug. A log file gets none (tqdm's carriage-return updates are noise there).
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
 from typing import Optional, Sequence
+
+_LEVEL = {"level": "info"}  # set once by the CLI group; the library's default when embedded
+
+
+def set_log_level(level: str) -> None:
+    """The process's verbosity: debug | info | warning | error (CLI: -v / default / -q / --log-level).
+
+    Configures the `lisa_trt` logger (one `LEVEL name: message` line on stderr) and, at error,
+    hides warnings too."""
+    import warnings
+
+    level = level.lower()
+    if level not in ("debug", "info", "warning", "error"):
+        raise ValueError(f"log level must be debug, info, warning or error, got {level!r}")
+    _LEVEL["level"] = level
+    log = logging.getLogger("lisa_trt")
+    log.setLevel(getattr(logging, level.upper()))
+    if not any(getattr(h, "_lisa_trt", False) for h in log.handlers):
+        handler = logging.StreamHandler()  # sys.stderr at the time of the call
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler._lisa_trt = True
+        log.addHandler(handler)
+    if level == "error":
+        warnings.simplefilter("ignore")
+
+
+def log_level() -> str:
+    return _LEVEL["level"]
+
+
+def chatty() -> bool:
+    """Progress lines and bars wanted (log level info or debug)."""
+    return _LEVEL["level"] in ("debug", "info")
+
+
+def say(echo):
+    """`echo` when progress lines are wanted, else a no-op (results and errors print regardless)."""
+    return echo if chatty() else (lambda *a, **k: None)
+
+
+def bars_wanted(stream=None) -> bool:
+    """Draw a progress bar? Only on a terminal, with TQDM_DISABLE unset, at log level info / debug."""
+    if os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false", "no"):
+        return False
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    return chatty() and bool(isatty and isatty())
 
 
 class _NoBar:
@@ -24,12 +79,22 @@ class _NoBar:
         pass
 
 
-def progress_bar(total: int, enabled: bool, unit: str = "it"):
-    if not enabled:
+def progress_bar(total: int, enabled: bool, unit: str = "it", **kw):
+    """A tqdm bar, or a no-op one when not `enabled` or not `bars_wanted()`."""
+    if not (enabled and bars_wanted()):
         return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, unit=unit)
+    return tqdm(total=total, unit=unit, **kw)
+
+
+def iterate(iterable, enabled: bool, **kw):
+    """`iterable` under a tqdm bar when `enabled` and `bars_wanted()`, else itself."""
+    if not (enabled and bars_wanted()):
+        return iterable
+    from tqdm import tqdm
+
+    return tqdm(iterable, **kw)
 
 
 class WorkEta:

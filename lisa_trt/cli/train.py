@@ -9,10 +9,11 @@ from . import options as opt
 
 
 def _defaults():
-    """TrainConfig's defaults, shown in --help (the dataclass is the one source)."""
-    from ..train.trainer import TrainConfig
+    """TrainConfig's defaults, shown in --help (the dataclass is the one source; catalogue.py's
+    snapshot of it, so that --help does not import torch)."""
+    from types import SimpleNamespace
 
-    return TrainConfig()
+    return SimpleNamespace(**opt._catalogue()["train_defaults"])
 
 
 _T = _defaults()

@@ -11,6 +11,9 @@ from ..clitools import handle_errors
 
 
 _errors = handle_errors  # clitools.py: LisaError -> message, exit 2
+# -h as on every command; declared on the commands themselves because `preflight` parses `serve`'s
+# arguments without the group (click caches a command's help option from its first context)
+_CONTEXT = {"help_option_names": ["-h", "--help"]}
 # the Jacobi window of requests that send no `sjd_window` input (a request's own value wins); declared
 # here, not with the method's knob, so that `serve`'s port check does not import torch
 _SJD_WINDOW = click.option("--sjd-window", type=click.IntRange(min=1), default=None,
@@ -18,7 +21,7 @@ _SJD_WINDOW = click.option("--sjd-window", type=click.IntRange(min=1), default=N
                                 "window for requests without an sjd_window input (default 16).")
 
 
-@click.command("serve")
+@click.command("serve", context_settings=_CONTEXT)
 @click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--backend", type=click.Choice(["auto", "ort", "trt", "torch"]), default="auto", show_default=True,
               help="auto: TensorRT when engines are built and a GPU is usable, else ONNX Runtime.")
@@ -76,7 +79,7 @@ def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max
                    openai_max_pending=openai_max_pending, progressive=progressive, echo=click.echo))
 
 
-@click.command("triton-repo")
+@click.command("triton-repo", context_settings=_CONTEXT)
 @click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("repo_dir", type=click.Path(file_okay=False))
 @click.option("--backend", type=click.Choice(["auto", "ort", "trt", "torch"]), default="trt", show_default=True,
@@ -114,7 +117,7 @@ def triton_repo_cmd(engine_dir, repo_dir, backend, max_batch, max_queue_delay_ms
     click.echo(f"wrote Triton model repository {out} ({models}): tritonserver --model-repository {repo_dir}")
 
 
-@click.command("openai-api")
+@click.command("openai-api", context_settings=_CONTEXT)
 @click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--triton-url", default="127.0.0.1:8000", show_default=True,
               help="HTTP endpoint (host:port) of the Triton server that serves ENGINE_DIR as model 'lisa'.")

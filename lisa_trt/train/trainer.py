@@ -681,12 +681,10 @@ def _open_run_dir(run: _Run, start: int) -> None:
 
 def _step_bar(run: _Run, start: int):
     """The steps still to run, as a tqdm bar over the whole run when progress is shown."""
-    steps = range(start, run.cfg.steps)
-    if not run.show:
-        return steps
-    from tqdm.auto import tqdm
+    from ..progress import iterate
 
-    return tqdm(steps, initial=start, total=run.cfg.steps, desc="train drafter", unit="step")
+    return iterate(range(start, run.cfg.steps), run.show, initial=start, total=run.cfg.steps, desc="train drafter",
+                   unit="step")
 
 
 def _train_step(run: _Run, step: int) -> tuple:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 
 
 def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gib, echo, negative_prompt=None, **_):
@@ -37,7 +36,7 @@ def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gi
         echo(f"verify auto: {pipe.resolve_verify(rc.verify)[2]}")
     res = pipe.generate(ps, seed=rc.seed, verify=rc.method or rc.verify, cfg_scale=s["cfg_scale"],
                         temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"], greedy=s["greedy"],
-                        progress=sys.stderr.isatty(), negative_prompt=negative_prompt, **rc.given["tree"],
+                        progress=True, negative_prompt=negative_prompt, **rc.given["tree"],
                         **rc.given["knobs"])
     verify = res.stats[0]["verify"] if res.stats else rc.verify  # what "auto" ran
     mal = sum(st["mal"] for st in res.stats) / len(res.stats)
