@@ -79,12 +79,20 @@ class _NoBar:
         pass
 
 
-def progress_bar(total: int, enabled: bool, unit: str = "it", **kw):
-    """A tqdm bar, or a no-op one when not `enabled` or not `bars_wanted()`."""
+# tqdm's layout without its own ETA, for bars whose caller shows a work-weighted one (WorkEta) in the
+# postfix: tqdm's assumes equal steps, so two disagreeing ETAs showed (export: 8:30 vs 2:43)
+OWN_ETA_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+
+
+def progress_bar(total: int, enabled: bool, unit: str = "it", *, own_eta: bool = False, **kw):
+    """A tqdm bar, or a no-op one when not `enabled` or not `bars_wanted()`; `own_eta`: the caller
+    shows its own ETA (set_postfix_str), so tqdm's is left out."""
     if not (enabled and bars_wanted()):
         return _NoBar()
     from tqdm import tqdm
 
+    if own_eta:
+        kw.setdefault("bar_format", OWN_ETA_FORMAT)
     return tqdm(total=total, unit=unit, **kw)
 
 

@@ -171,3 +171,21 @@ def test_ctrl_c_exits_130(group):
     main, _ = group
     r = CliRunner().invoke(main, ["probe-interrupt"])
     assert r.exit_code == 130 and "interrupted" in r.output
+
+
+def test_a_bar_with_its_own_eta_shows_one(monkeypatch, level):
+    """export's bar: lisa-trt's work-weighted ETA in the postfix, tqdm's own left out."""
+    err = _Tty()
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    bar = level.progress_bar(4, True, unit="graph", own_eta=True, file=err, mininterval=0)
+    bar.set_postfix_str("all ~2m43s left")
+    bar.update(1)
+    bar.close()
+    last = err.getvalue().split("\r")[-1]
+    assert "2m43s left" in last and "<" not in last  # tqdm's [elapsed<remaining] is gone
+    plain = _Tty()
+    b = level.progress_bar(4, True, file=plain, mininterval=0)
+    b.update(1)
+    b.close()
+    assert "<" in plain.getvalue()
