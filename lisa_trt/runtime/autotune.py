@@ -114,6 +114,8 @@ class DecodeChoice:
     best_tree / best_tree_speedup: the best tree that was considered, even when it lost.
     knobs: the chosen method's flat settings (e.g. {"zipar_window": 4}); applied under explicit ones.
     lossless: whether the chosen method keeps the target's output law (None: not recorded).
+    measured_with: {"drafter": hash or None} of the artifacts the timings were made with (None: not
+        recorded); `--verify auto` trusts a choice measured with another drafter than the bundle's not.
     """
 
     backend: str
@@ -127,6 +129,7 @@ class DecodeChoice:
     reason: str
     knobs: Optional[dict] = None
     lossless: Optional[bool] = None
+    measured_with: Optional[dict] = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -220,11 +223,14 @@ def _label(d: dict) -> str:
     return f"{d['method']}[{kv}]" if kv else d["method"]
 
 
-def record_choices(generation: dict, choices: Sequence[DecodeChoice]) -> dict:
+def record_choices(generation: dict, choices: Sequence[DecodeChoice], measured_with: Optional[dict] = None) -> dict:
     """generation settings + {"decode": {backend: {precision: choice}}} (and the tree budget of a
-    winning tree as that backend's default); returns a new dict for the bundle manifest."""
+    winning tree as that backend's default); returns a new dict for the bundle manifest.
+    measured_with: {"drafter": hash} the choices' timings were made with (kept where one says its own)."""
     gen = json.loads(json.dumps(generation or {}))
     for c in choices:
+        if measured_with is not None and c.measured_with is None:
+            c = dataclasses.replace(c, measured_with=dict(measured_with))
         gen.setdefault("decode", {}).setdefault(c.backend, {})[c.precision] = c.to_dict()
         if c.method == "tree":
             gen.setdefault("tree", {})[c.backend] = dict(c.tree)
@@ -237,13 +243,32 @@ def recorded_choice(generation: dict, backend: str, precision: str) -> Optional[
     return DecodeChoice.from_dict(d) if d else None
 
 
-def auto_method(generation: dict, backend: str, precision: str, requested: str = "gasv") -> tuple[str, Optional[dict], str]:
-    """(verify method, settings or None, message) for `--verify auto`: the recorded choice, else
-    `requested`. Settings: the recorded tree (top_k / depth / total_tokens) and the chosen method's
-    flat knobs (e.g. zipar_window), applied under the caller's explicit ones."""
+AUTO_HOW = "`lisa-trt bench ENGINE_DIR` measures and records it"
+
+
+def default_auto_method(has_drafter: bool, has_tables: bool) -> str:
+    """`--verify auto`'s documented default where nothing of the bundle was measured: the bundle's
+    drafter first (gasv with its tables, exact without them), vanilla for a bundle without one."""
+    return ("gasv" if has_tables else "exact") if has_drafter else "vanilla"
+
+
+def auto_method(generation: dict, backend: str, precision: str, requested: str = "gasv",
+                drafter_hash: Optional[str] = None) -> tuple[str, Optional[dict], str]:
+    """(verify method, settings or None, message) for `--verify auto`: the recorded choice when it
+    was measured with this bundle's drafter, else `requested` (the documented default: gasv with
+    the bundle's drafter). Settings: the recorded tree (top_k / depth / total_tokens) and the
+    chosen method's flat knobs (e.g. zipar_window), applied under the caller's explicit ones.
+
+    drafter_hash: the bundle's drafter (None: no drafter, or an in-memory run): a choice recorded
+    as measured with another drafter (`DecodeChoice.measured_with`) is not this bundle's."""
     c = recorded_choice(generation, backend, precision)
-    if c is None:
-        return requested, None, f"{backend}/{precision}: no recorded choice; running {requested}"
+    where, drafter = f"{backend}/{precision}", " with the bundle's drafter" if drafter_hash else ""
+    other = (c is not None and drafter_hash is not None and c.measured_with is not None
+             and c.measured_with.get("drafter") != drafter_hash)
+    if c is None or other:
+        what = (f"the recorded choice ({c.method}) was measured with another drafter" if other
+                else "no measurement of this bundle recorded")
+        return requested, None, f"{where}: {what} ({AUTO_HOW}); running {requested}{drafter} (the default)"
     if c.method == "tree":
         return requested, c.tree, c.reason
     settings = {**(c.tree or {}), **(c.knobs or {})}

@@ -293,19 +293,22 @@ class Pipeline:
         "auto" is the bundle's recorded never-slower choice for this backend and precision
         (runtime/autotune.auto_method: vanilla, or the fastest timed decoder that kept quality with
         its recorded knobs, or `requested` with the recorded tree when a tree won); a bundle with no
-        recorded choice runs `requested` (default: gasv when the bundle has a drafter, else vanilla).
-        Any other name is returned as is, with no settings.
+        recorded choice, or one measured with another drafter than the bundle's, runs `requested`
+        (default: gasv when the bundle has a drafter and tables, exact with a drafter alone, else
+        vanilla). Any other name is returned as is, with no settings.
         """
         if isinstance(verify, Method):
             verify = verify.name
         if verify != AUTO:
             return verify, {}, f"{verify} (asked for)"
-        from .autotune import auto_method
+        from .autotune import auto_method, default_auto_method
 
         if requested is None:
-            requested = "gasv" if self._e.drafter is not None else "vanilla"
-
-        method, tree, why = auto_method(self._e.generation, self._e.backend, self.precision, requested)
+            requested = default_auto_method(self._e.drafter is not None,
+                                            self._e.tables is not None or self._e.gasv is not None)
+        man = self._e.manifest
+        drafter_hash = (man.drafter or {}).get("hash") if man is not None else None
+        method, tree, why = auto_method(self._e.generation, self._e.backend, self.precision, requested, drafter_hash)
         return method, dict(tree or {}), why
 
     def sampling(self, base: Optional[SamplingConfig] = None, **over) -> SamplingConfig:
