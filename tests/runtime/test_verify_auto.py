@@ -3,12 +3,13 @@ bundle carries; a recorded choice decides only when it was measured with this bu
 otherwise the documented default (gasv with the bundle's drafter) runs, said in one line. The
 demo ends with the command to deploy and what its auto runs; summary.json counts target forwards."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from lisa_trt.calibration.profile import calibrate
 from lisa_trt.config import SamplingConfig
-from lisa_trt.export import export_bundle
 from lisa_trt.export.manifest import drafter_hash
 from lisa_trt.families.llamagen.vq import VQModel
 from lisa_trt.models.drafter import Drafter
@@ -57,29 +58,34 @@ def parts():
     return t, d, tables, vq
 
 
+def _bundle_of(pipe, drafter):
+    """The manifest facts resolve_verify reads of an exported bundle (an export takes minutes here):
+    its drafter's hash and precision."""
+    from types import SimpleNamespace
+
+    pipe._e.manifest = SimpleNamespace(drafter={"hash": drafter_hash(drafter)}, precision="fp32",
+                                       quantization="none", dir=None)
+    return pipe
+
+
 @pytest.mark.parametrize("same_drafter", [True, False])
 def test_a_bundle_runs_its_own_measurement_or_its_drafter(parts, tmp_path, same_drafter):
-    """The user's drafter exported with a choice timed on another drafter (the demo's zipar):
-    auto runs gasv with the bundle's drafter; timed with this one, the recorded zipar."""
+    """The user's drafter with a choice timed on another drafter (the demo's zipar, recorded in
+    its export): auto runs gasv with the bundle's drafter; timed with this one, the recorded zipar."""
+    from lisa_trt.runtime.demo import deploy_line
+
     t, d, tables, vq = parts
-    gen = record_choices(GEN, [_zipar()], {"drafter": drafter_hash(d) if same_drafter else "f" * 64})
-    out = tmp_path / "eng"
-    export_bundle(t, d, tables, vq, out, generation=gen, progress=False, lint=False, validate=False)
-    pipe = Pipeline.from_dir(out, backend="ort", threads=1)
+    choice = dataclasses.replace(_zipar(), backend="torch")
+    gen = record_choices(GEN, [choice], {"drafter": drafter_hash(d) if same_drafter else "f" * 64})
+    pipe = _bundle_of(Pipeline.from_models(t, d, tables, vq, generation=gen), d)
     method, _, why = pipe.resolve_verify("auto")
     assert method == ("zipar" if same_drafter else "gasv"), why
     res = pipe.generate([1], seed=0, decode=False)
     assert res.stats[0]["verify"] == method and res.stats[0]["verify_reason"] == why
-    if not same_drafter:
-        from lisa_trt.runtime.demo import deploy_line
-
-        line = deploy_line(pipe, out, "gasv")
-        assert f"lisa-trt run {out} PROMPTS.txt" in line and "runs gasv there, the method compared above" in line
-        assert "\n" not in line
-    else:
-        from lisa_trt.runtime.demo import deploy_line
-
-        assert "runs zipar there, not gasv, the method compared above" in deploy_line(pipe, out, "gasv")
+    line = deploy_line(pipe, tmp_path / "eng", "gasv")
+    assert f"lisa-trt run {tmp_path / 'eng'} PROMPTS.txt" in line and "\n" not in line
+    assert ("runs zipar there, not gasv, the method compared above" if same_drafter else
+            "runs gasv there, the method compared above") in line
 
 
 def test_export_records_the_shipped_choices_only_for_their_own_drafter():
