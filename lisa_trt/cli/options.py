@@ -89,11 +89,12 @@ def config_options(config_help: str, required: bool = False):
         extra=given)
 
 
-def model_options(config_help: str = "Target config name (GPT-B ... GPT-7B); default: the file's metadata."):
+def model_options(config_help: str = "Target config name (GPT-B ... GPT-7B); default: the file's metadata.",
+                  required: bool = True, model_help: str = ""):
     """--model and its official-config group."""
     return compose(
-        click.option("--model", "model", required=True,
-                     help="Target checkpoint (.pt official / .safetensors), a bundled set such as 'demo', a "
+        click.option("--model", "model", required=required,
+                     help=model_help + "Target checkpoint (.pt official / .safetensors), a bundled set such as 'demo', a "
                           "Chameleon / Lumina-mGPT directory, or a Hugging Face name org/name[@revision] "
                           "(from the local HF cache; docs/cli.md)."),
         config_options(config_help))
@@ -253,8 +254,11 @@ def _unless_given(ctx, param, value):
 
 # ----------------------------------------------------------------------------- engines and devices
 
-def engine_dir_argument(fn):
-    return click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))(fn)
+def engine_dir_argument(fn=None, *, required: bool = True):
+    """ENGINE_DIR, the positional engine directory of every command on a bundle (run, build, serve,
+    bench, ...); `required=False` where the command also runs without one (bench)."""
+    arg = click.argument("engine_dir", required=required, type=click.Path(exists=True, file_okay=False))
+    return arg if fn is None else arg(fn)
 
 
 def backend_option(choices, *, default: str, help: str = None):

@@ -243,7 +243,7 @@ def recorded_choice(generation: dict, backend: str, precision: str) -> Optional[
     return DecodeChoice.from_dict(d) if d else None
 
 
-AUTO_HOW = "`lisa-trt bench ENGINE_DIR` measures and records it"
+AUTO_HOW = "`lisa-trt bench ENGINE_DIR --record` measures and records it"
 
 
 def default_auto_method(has_drafter: bool, has_tables: bool) -> str:
@@ -273,6 +273,54 @@ def auto_method(generation: dict, backend: str, precision: str, requested: str =
         return requested, c.tree, c.reason
     settings = {**(c.tree or {}), **(c.knobs or {})}
     return c.method, settings or None, c.reason
+
+
+# `lisa-trt bench ENGINE_DIR`'s measurements of the bundle, beside its manifest (the manifest stays
+# the export's record): {"decode": {backend: {precision: DecodeChoice dict}}}, read over the
+# manifest's recorded choices when the bundle opens (runtime/bundle.py)
+MEASURED_FILE = "measured_choices.json"
+
+
+def with_measured(generation: dict, engine_dir) -> dict:
+    """`generation` with the choices bench recorded in `engine_dir` over the export's."""
+    from pathlib import Path
+
+    p = Path(engine_dir) / MEASURED_FILE
+    if not p.is_file():
+        return generation
+    gen = json.loads(json.dumps(generation or {}))
+    for backend, per in (json.loads(p.read_text()).get("decode") or {}).items():
+        gen.setdefault("decode", {}).setdefault(backend, {}).update(per)
+    return gen
+
+
+def record_measured(engine_dir, choice: DecodeChoice) -> None:
+    """Add `choice` (bench's, for its backend + precision) to `engine_dir`'s MEASURED_FILE, atomically."""
+    from pathlib import Path
+
+    from ..io import write_json
+
+    p = Path(engine_dir) / MEASURED_FILE
+    data = json.loads(p.read_text()) if p.is_file() else {}
+    data.setdefault("decode", {}).setdefault(choice.backend, {})[choice.precision] = choice.to_dict()
+    write_json(p, data)
+
+
+def bench_choice(results: dict, *, backend: str, precision: str, baseline: str, drafter_hash: Optional[str],
+                 tree: Optional[dict]) -> DecodeChoice:
+    """The never-slower choice of one `bench` run (its results by label): every point but the baseline
+    is a timed decoder; lossless when its mean TVD is 0, quality-neutral as the bench's quality
+    harness found it (None below 32 images: then only lossless ones are eligible)."""
+    from ..speculative.methods import METHODS
+
+    decoders = [{"method": r["method"], "label": label, "speedup": float(r["speedup"]),
+                 "lossless": float(r.get("mean_tvd", 1.0)) < 1e-9, "quality_neutral": r.get("quality_neutral"),
+                 "knobs": dict(r.get("knobs") or {}) or None,
+                 "tree": dict(tree) if tree and METHODS[r["method"]].kind == "tree" else None}
+                for label, r in results.items() if label != baseline]
+    c = choose_decoding(backend=backend, precision=precision, decoders=decoders)
+    return dataclasses.replace(c, measured_with={"drafter": drafter_hash},
+                               reason=c.reason + " (measured by `lisa-trt bench` on this bundle)")
 
 
 def draft_cost_for_head(measured: Callable[[int], float], measured_cfg, cfg) -> Callable[[int], float]:
