@@ -16,8 +16,9 @@ from . import options as opt
 @opt.backend_option(opt.backend_choices("auto"), default="auto",
                     help="auto: TensorRT when engines are built and usable, else ONNX Runtime.")
 @opt.verify_option(auto=True, default="auto",
-                   help="Decoding method; auto: the bundle's recorded never-slower choice for the backend and "
-                        "precision (printed with its reason; a bundle without one runs gasv).")
+                   help="Decoding method; auto: the never-slower choice measured with the bundle's own drafter for "
+                        "the backend and precision (`bench ENGINE_DIR --record`), else gasv with the bundle's drafter "
+                        "(printed in one line with its reason).")
 @opt.threads_option("ORT intra-op threads (default: physical cores).")
 @opt.encoder_option("t2i: local flan-t5-xl directory, so PROMPTS may be captions (default $LISA_TRT_TEXT_ENCODER).")
 @opt.sampling_options
@@ -32,7 +33,7 @@ from . import options as opt
 @handle_errors
 def run(engine_dir, prompts, out_dir, overwrite, backend, verify, threads, encoder_dir, sampling, tree, gpu,
         memory_gib, knobs, negative_prompt):
-    """Generate with an engine directory (default --verify auto: the bundle's recorded fastest method): PNGs and per-image stats.
+    """Generate with an engine directory (default --verify auto: what was measured fastest with its drafter): PNGs and per-image stats.
 
     PROMPTS: a text file (one class id or name per line; t2i: one caption per line) or JSONL
     ({"class" | "caption" | "caption_features": ..., "seed": .., "cfg": ..}); malformed lines
