@@ -416,11 +416,11 @@ class Pipeline:
         Returns:
             GenerationResult(images, tokens (B, N), stats).
         """
-        from ..validation import check_sampling
+        from ..validation import API_NAMES, check_sampling
 
         method, auto_tree, why = self._method(verify)
         check_sampling(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
-                       vocab_size=self.config.vocab_size)
+                       vocab_size=self.config.vocab_size, names=API_NAMES)  # named as this API takes them
         cond, overrides, labels = self._cond(prompts)
         negative = self._conds.negatives(negative_prompt, len(overrides))  # one text or None per prompt
         cond = self._conds.guided(cond, negative, self._text)  # T5 captions: the negatives' features as null rows
