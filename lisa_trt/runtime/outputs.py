@@ -136,23 +136,5 @@ def save_generation(out_dir, tokens: torch.Tensor, record: dict, *, overwrite: b
     return out
 
 
-def save_run(out_dir, result, prompts, record: dict, *, overwrite: bool = False) -> Path:
-    """`lisa-trt run`: one PNG per prompt (named by its line), tokens.npy (the code grids of a
-    prompted family, else the tokens) and stats.json."""
-    import numpy as np
-
-    from ..imaging import save_png
-
-    out = _fresh_out(out_dir, overwrite)
-    for i, (img, p) in enumerate(zip(result.images, prompts)):
-        save_png(np.asarray(img), out / f"img_{i:04d}_line{p.line}.png")
-    toks = result.codes if getattr(result, "codes", None) is not None else result.tokens
-    with atomic_write(out / "tokens.npy") as tmp:
-        with open(tmp, "wb") as f:
-            np.save(f, toks.cpu().numpy())
-    write_json(out / "stats.json", record)
-    return out
-
-
 __all__ = ["decode_and_save", "save_code_images", "load_vq_for", "generation_defaults", "load_caption_file",
-           "save_generation", "save_run"]
+           "save_generation"]
