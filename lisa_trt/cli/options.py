@@ -175,6 +175,18 @@ def cfg_scale_option(help: str, *, checked: bool = True):
                         callback=_sampling_range("cfg_scale") if checked else None)
 
 
+def temperature_option(help: str):
+    return click.option("--temperature", type=float, default=None, callback=_sampling_range("temperature"), help=help)
+
+
+def top_k_option(help: str):
+    return click.option("--top-k", type=int, default=None, callback=_sampling_range("top_k"), help=help)
+
+
+def top_p_option(help: str):
+    return click.option("--top-p", type=float, default=None, callback=_sampling_range("top_p"), help=help)
+
+
 def sampling_options(fn):
     """The sampling options (SamplingConfig's defaults; an artifact set's own) -> `sampling`."""
     from ..config import SamplingConfig
@@ -183,12 +195,9 @@ def sampling_options(fn):
     return packed(
         "sampling",
         cfg_scale_option(f"CFG scale >= 0, 1 = off (default {d.cfg_scale}; demo: its own)."),
-        click.option("--temperature", type=float, default=None, callback=_sampling_range("temperature"),
-                     help=f"Temperature > 0 (default {d.temperature})."),
-        click.option("--top-k", type=int, default=None, callback=_sampling_range("top_k"),
-                     help=f"Top-k, 0 = off, at most the vocabulary size (default {d.top_k})."),
-        click.option("--top-p", type=float, default=None, callback=_sampling_range("top_p"),
-                     help=f"Top-p in (0, 1] (default {d.top_p})."),
+        temperature_option(f"Temperature > 0 (default {d.temperature})."),
+        top_k_option(f"Top-k, 0 = off, at most the vocabulary size (default {d.top_k})."),
+        top_p_option(f"Top-p in (0, 1] (default {d.top_p})."),
         click.option("--cfg-interval", type=int, default=None, help="Guidance off after this step (-1 = always on)."),
         click.option("--greedy", is_flag=True, help="Argmax of the guided logits."),
         seed_option())(fn)
