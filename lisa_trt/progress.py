@@ -61,7 +61,11 @@ def bars_wanted(stream=None) -> bool:
 
 
 class _NoBar:
+    """A bar that draws nothing; `lines`: its write() still prints (a bar asked for where none is drawn,
+    e.g. off a terminal: the lines a bar writes between its updates are a log's content)."""
+
     n = 0
+    lines = False
 
     def set_description(self, *_):
         pass
@@ -72,8 +76,9 @@ class _NoBar:
     def update(self, *_):
         pass
 
-    def write(self, *_):
-        pass
+    def write(self, text="", *_, **__):
+        if self.lines and chatty():
+            print(text, file=sys.stderr)
 
     def close(self):
         pass
@@ -88,7 +93,9 @@ def progress_bar(total: int, enabled: bool, unit: str = "it", *, own_eta: bool =
     """A tqdm bar, or a no-op one when not `enabled` or not `bars_wanted()`; `own_eta`: the caller
     shows its own ETA (set_postfix_str), so tqdm's is left out."""
     if not (enabled and bars_wanted()):
-        return _NoBar()
+        bar = _NoBar()
+        bar.lines = enabled
+        return bar
     from tqdm import tqdm
 
     if own_eta:
@@ -96,10 +103,26 @@ def progress_bar(total: int, enabled: bool, unit: str = "it", *, own_eta: bool =
     return tqdm(total=total, unit=unit, **kw)
 
 
+class _NoBarIter(_NoBar):
+    """An iterable with a bar's methods that draws nothing (callers may set_postfix on it)."""
+
+    def __init__(self, iterable):
+        self._it = iterable
+
+    def __iter__(self):
+        return iter(self._it)
+
+    def __len__(self):
+        return len(self._it)
+
+    def set_postfix(self, *_, **__):
+        pass
+
+
 def iterate(iterable, enabled: bool, **kw):
-    """`iterable` under a tqdm bar when `enabled` and `bars_wanted()`, else itself."""
+    """`iterable` under a tqdm bar when `enabled` and `bars_wanted()`, else a bar that draws nothing."""
     if not (enabled and bars_wanted()):
-        return iterable
+        return _NoBarIter(iterable)
     from tqdm import tqdm
 
     return tqdm(iterable, **kw)

@@ -17,27 +17,10 @@ Commands load lazily: `lisa-trt --help` lists them from catalogue.py's snapshot 
 
 from __future__ import annotations
 
-import importlib
-
 import click
 
+from .catalogue import COMMAND_MODULES, load_command as _load
 from .options import CONTEXT_SETTINGS, log_options, threads_option
-
-# command name -> "module:attribute" (modules relative to lisa_trt)
-COMMAND_MODULES = {
-    "bench": "cli.bench:bench", "build": "cli.export:build", "calibrate": "cli.calibrate:calibrate",
-    "convert": "cli.misc:convert", "demo": "cli.misc:demo", "encode-captions": "text.cli:encode_captions",
-    "export": "cli.export:export_cmd", "generate": "cli.generate:generate", "openai-api": "serve.cli:openai_api_cmd",
-    "plan": "cli.export:plan", "quantize-trt": "cli.export:quantize_trt_cmd",
-    "random-checkpoint": "cli.misc:random_checkpoint", "run": "cli.run:run", "serve": "serve.cli:serve_cmd",
-    "train": "cli.train:train", "triton-repo": "serve.cli:triton_repo_cmd",
-}
-
-
-def _load(name: str) -> click.Command:
-    module, attr = COMMAND_MODULES[name].split(":")
-    return getattr(importlib.import_module(f"lisa_trt.{module}"), attr)
-
 
 class LazyGroup(click.Group):
     """Commands imported when named; the listing from the catalogue; Ctrl-C exits 130."""
@@ -59,11 +42,11 @@ class LazyGroup(click.Group):
     def format_commands(self, ctx, formatter):
         from .catalogue import snapshot
 
-        from .catalogue import _first_paragraph, snapshot
+        from .catalogue import first_paragraph, snapshot
 
         helps, names = snapshot()["commands"], self.list_commands(ctx)
         limit = formatter.width - 6 - max(map(len, names))  # click's own Group.format_commands
-        rows = [(n, click.Command(n, help=helps.get(n) or _first_paragraph(self.get_command(ctx, n)))
+        rows = [(n, click.Command(n, help=helps.get(n) or first_paragraph(self.get_command(ctx, n)))
                  .get_short_help_str(limit)) for n in names]
         with formatter.section("Commands"):
             formatter.write_dl(rows)

@@ -1,5 +1,4 @@
-"""The registries' names that `--help` shows, without importing torch (issue 52: every `--help`
-imported torch, 4-9 s).
+"""The registries' names that `--help` shows, without importing torch (importing it takes seconds).
 
 The names live in registries that import torch (model families, decoding methods, backends, the
 GPU / precision tables of deploy/). lisa_trt/assets/cli_catalogue.json is a snapshot of `live()` that the option
@@ -14,6 +13,25 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+# command name -> "module:attribute" (modules relative to lisa_trt)
+COMMAND_MODULES = {
+    "bench": "cli.bench:bench", "build": "cli.export:build", "calibrate": "cli.calibrate:calibrate",
+    "convert": "cli.misc:convert", "demo": "cli.misc:demo", "encode-captions": "text.cli:encode_captions",
+    "export": "cli.export:export_cmd", "generate": "cli.generate:generate", "openai-api": "serve.cli:openai_api_cmd",
+    "plan": "cli.export:plan", "quantize-trt": "cli.export:quantize_trt_cmd",
+    "random-checkpoint": "cli.misc:random_checkpoint", "run": "cli.run:run", "serve": "serve.cli:serve_cmd",
+    "train": "cli.train:train", "triton-repo": "serve.cli:triton_repo_cmd",
+}
+
+
+def load_command(name: str):
+    """The click command `name` (its module imported now)."""
+    import importlib
+
+    module, attr = COMMAND_MODULES[name].split(":")
+    return getattr(importlib.import_module(f"lisa_trt.{module}"), attr)
+
 
 _FILE = Path(__file__).resolve().parents[1] / "assets" / "cli_catalogue.json"
 
@@ -45,12 +63,10 @@ TRAIN_DEFAULTS = ("steps", "batch_size", "lr", "ttt_steps", "checkpoint_every")
 
 def _command_helps() -> dict:
     """{command name: the first paragraph of its help} (what `lisa-trt --help` shortens)."""
-    from . import COMMAND_MODULES, _load
-
-    return {name: _first_paragraph(_load(name)) for name in COMMAND_MODULES}
+    return {name: first_paragraph(load_command(name)) for name in COMMAND_MODULES}
 
 
-def _first_paragraph(cmd) -> str:
+def first_paragraph(cmd) -> str:
     import inspect
 
     return cmd.short_help or " ".join(inspect.cleandoc(cmd.help or "").split("\n\n")[0].split())

@@ -1,5 +1,5 @@
 """`lisa-trt run`'s images written as each finishes, so an interrupted run keeps them and
-`--resume` finishes the rest (issue 52: Ctrl-C threw every finished image away).
+`--resume` finishes the rest.
 
     OUT/img_NNNN_lineL.png      each image as soon as it is decoded (atomic)
     OUT/.partial/run.json       what the run is (bundle, prompts file, seeds, settings): a resume

@@ -189,3 +189,15 @@ def test_a_bar_with_its_own_eta_shows_one(monkeypatch, level):
     b.update(1)
     b.close()
     assert "<" in plain.getvalue()
+
+
+def test_a_bar_off_a_terminal_still_prints_its_lines(monkeypatch, level):
+    """export writes one line per graph through its bar: a log keeps those, without the bar."""
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    level.progress_bar(3, True).write("target_prefill: 12s")
+    level.progress_bar(3, False).write("not asked for")
+    assert err.getvalue() == "target_prefill: 12s\n"
+    level.set_log_level("warning")
+    level.progress_bar(3, True).write("quiet")
+    assert "quiet" not in err.getvalue()
