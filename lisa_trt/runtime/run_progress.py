@@ -31,20 +31,30 @@ def run_key(engine_dir, prompts_file, seed: int, settings: dict) -> dict:
             "seed": int(seed), "settings": json.loads(json.dumps(settings, default=str))}
 
 
+def check_run_out(out, *, resume: bool, overwrite: bool) -> None:
+    """OUT's checks before any work: new or empty (or --overwrite), or with --resume a partial run
+    (or nothing yet); a finished run is not resumed."""
+    from ..validation import check_out_dir
+
+    out = Path(out)
+    if resume and (out / PARTIAL / "run.json").is_file():
+        return
+    if resume and (out / "stats.json").is_file():
+        raise InputError(f"--resume: {out} holds a finished run (stats.json); nothing to resume")
+    check_out_dir(out, overwrite=overwrite)
+
+
 class RunProgress:
     """The finished images of one `run` in `out` (see the module docstring)."""
 
     def __init__(self, out, key: dict, *, resume: bool, overwrite: bool):
-        from ..validation import check_out_dir, clear_previous_outputs
+        from ..validation import clear_previous_outputs
 
         self.out, self.part = Path(out), Path(out) / PARTIAL
-        had = (self.part / "run.json").is_file()
-        if resume and had:
+        check_run_out(out, resume=resume, overwrite=overwrite)
+        if resume and (self.part / "run.json").is_file():
             self._check_same(json.loads((self.part / "run.json").read_text()), key)
         else:
-            if resume and self.out.is_dir() and (self.out / "stats.json").is_file():
-                raise InputError(f"--resume: {self.out} holds a finished run (stats.json); nothing to resume")
-            check_out_dir(self.out, overwrite=overwrite)  # refuses a non-empty OUT without --overwrite
             if overwrite:
                 clear_previous_outputs(self.out)
                 shutil.rmtree(self.part, ignore_errors=True)

@@ -16,12 +16,14 @@ def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gi
     from ...validation import probe_writable_dir
     from ..conditions import precheck_prompts
     from ..pipeline import Pipeline
+    from ..run_progress import check_run_out
 
     engine_dir, backend, s, man = rc.given["model"], rc.backend, rc.given["sampling"], rc.manifest
     gpu_backend = backend == "trt" or (backend == "auto" and engines_built(engine_dir, man))
     preflight(engine_dir, gpu=gpu, memory_gib=memory_gib, gpu_backend=gpu_backend, batch=1,
               tree=rc.given["tree"]["tree_tokens"], cfg_scale=s["cfg_scale"], manifest=man)  # one prompt per call
     probe_writable_dir(out_dir, "--out directory")
+    check_run_out(out_dir, resume=resume, overwrite=overwrite)  # before any work
     if negative_prompt is not None:  # refused (naming why) before any engine loads
         from ..conditions import run_conditions
 
