@@ -133,6 +133,7 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
         results[m]["drafter_efficiency"] = e  # MAL / oracle MAL (same tree budget and seeds)
     settings = {"num_images": n_images, "seed": seed, **({} if t2i else {"classes": cls.tolist()}),
                 "sampling": dataclasses.asdict(sampling), "spec": dataclasses.asdict(spec),
+                "knobs": spec.flat(),  # every method's knob in effect (zipar_window, sjd_window, ...)
                 "sjd_window": spec.settings("sjd").window if sjd_window is None else sjd_window,
                 "torch_threads": torch.get_num_threads(),
                 **(settings_extra or {})}

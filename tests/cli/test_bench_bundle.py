@@ -94,6 +94,10 @@ def test_bench_json_records_the_gasv_constants_in_effect(tmp_path):
     g = json.loads(out.read_text())["settings"]["gasv"]
     assert g["kappa"] == 1.5 and g["lam"] == tables.lam and g["delta"] == tables.delta
     assert g["neighbours"] == tables.neighbours
+    from lisa_trt.speculative.methods import SpecConfig
+
+    knobs = json.loads(out.read_text())["settings"]["knobs"]  # every method's knob in effect
+    assert knobs["zipar_window"] == SpecConfig().flat()["zipar_window"] and knobs["gasv_kappa"] == 1.5
 
 
 def test_gasv_in_effect_reads_the_bundles_tables_when_none_loaded(tmp_path):
