@@ -444,7 +444,20 @@ class Pipeline:
         """`verify` -> (the Method that runs, the recorded tree and knobs of "auto", why)."""
         requested = resolve_method(verify, auto=True)  # the one lookup by name (None: auto)
         name, auto_tree, why = self.resolve_verify(AUTO if requested is None else requested)
-        return requested or resolve_method(name), auto_tree, why  # what auto chose
+        method = requested or resolve_method(name)  # what auto chose
+        self._check_artifacts(method)
+        return method, auto_tree, why
+
+    def _check_artifacts(self, method: Method) -> None:
+        """InputError in this API's words when `method` needs a drafter / tables the pipeline lacks
+        (the decode loop's own message names the CLI's --drafter / --tables)."""
+        e = self._e
+        if method.needs_drafter and e.drafter is None and method.drafter_factory is None:
+            raise InputError(f"verify={method.name!r} needs a drafter: Pipeline.from_models(target, drafter, ...) or "
+                             "Pipeline.from_dir of a bundle exported with one; or verify='vanilla'")
+        if method.needs_tables and e.tables is None and e.gasv is None:
+            raise InputError(f"verify={method.name!r} needs calibration tables: Pipeline.from_models(target, drafter, "
+                             "tables, ...) or Pipeline.from_dir of a bundle exported with them; or verify='exact'")
 
     def _call_spec(self, method: Method, auto_tree: dict, tree: dict) -> SpecConfig:
         """A call's SpecConfig: its tree and knob settings over the pipeline's knobs

@@ -56,3 +56,15 @@ def test_the_cli_still_names_its_flags():
 
     r = CliRunner().invoke(main, ["generate", "--model", "demo", "--top-p", "2"])
     assert r.exit_code == 2 and "--top-p" in r.output
+
+
+def test_python_api_names_its_own_way_to_give_a_drafter():
+    import lisa_trt
+    from lisa_trt.testing import make_target
+
+    pipe = lisa_trt.Pipeline.from_models(make_target())
+    for verify, what in (("gasv", "needs a drafter"), ("exact", "needs a drafter")):
+        with pytest.raises(InputError) as e:
+            pipe.generate([0], verify=verify, decode=False)
+        assert what in str(e.value) and "Pipeline.from_models(target, drafter" in str(e.value)
+        assert "--drafter" not in str(e.value)
