@@ -336,6 +336,23 @@ def bundle_sources(engine_dir, model, drafter, tables, backend) -> tuple:
         resolve_backend(engine_dir, backend or "auto")
 
 
+def bundle_knobs(engine_dir, backend: str, knobs: dict) -> dict:
+    """`knobs` with the bundle's measured knobs (its recorded choice's, e.g. zipar_window 4) where
+    not given: the same defaults `run` and `--verify auto` use on that bundle (runtime/autotune.py)."""
+    if engine_dir is None:
+        return knobs
+    from .export.manifest import raw_manifest
+    from .runtime.autotune import recorded_choice, recorded_knobs, with_measured
+
+    man = raw_manifest(engine_dir)
+    gen = with_measured(man.get("generation") or {}, engine_dir)
+    q = man.get("quantization") or "none"
+    precision = q if q != "none" else man.get("precision", "fp32")
+    c = recorded_choice(gen, backend, precision)
+    rec = recorded_knobs(gen, backend, precision, c.method, (man.get("drafter") or {}).get("hash")) if c else {}
+    return {**rec, **{k: v for k, v in knobs.items() if v is not None}}
+
+
 def _recorded_sources(engine_dir) -> dict:
     from .export.manifest import raw_manifest
 

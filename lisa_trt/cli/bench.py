@@ -47,13 +47,14 @@ def bench(engine_dir, model, model_cfg, drafter, tables, methods, num_images, cl
 
     With ENGINE_DIR (an exported bundle): its graphs, and the model, drafter and tables it was
     exported from unless given; with --record its never-slower choice is kept for `--verify auto`."""
-    from ..harness import bench_command, bundle_sources
+    from ..harness import bench_command, bundle_knobs, bundle_sources
     from ..runtime.context import resolve
 
     if engine_dir and engine_dir_opt and engine_dir != engine_dir_opt:
         raise click.UsageError(f"ENGINE_DIR {engine_dir} and --engine-dir {engine_dir_opt} differ: give one")
     engine_dir = engine_dir or engine_dir_opt
     model, drafter, tables, backend = bundle_sources(engine_dir, model, drafter, tables, backend)
+    knobs = bundle_knobs(engine_dir, backend, knobs)  # the bundle's measured knobs (zipar's window), as run's
     rc = resolve(model, sampling=sampling, tree=tree, knobs=knobs, model_cfg=model_cfg, backend=backend)
     rc.run("bench", bench_command, drafter=drafter, tables=tables, methods=methods, num_images=num_images, classes=classes,
            captions=captions, encoder_dir=encoder_dir, engine_dir=engine_dir, sweeps=sweeps, record=record,

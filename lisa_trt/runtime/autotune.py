@@ -246,6 +246,19 @@ def recorded_choice(generation: dict, backend: str, precision: str) -> Optional[
 AUTO_HOW = "`lisa-trt bench ENGINE_DIR --record` measures and records it"
 
 
+def recorded_knobs(generation: dict, backend: str, precision: str, method: str,
+                   drafter_hash: Optional[str] = None) -> dict:
+    """The knobs a bundle recorded for `method` (its measured choice's, e.g. {"zipar_window": 4}), the
+    defaults of that method on the bundle whether auto or asked for by name ({} when it recorded
+    another method, or measured it with another drafter than `drafter_hash`)."""
+    c = recorded_choice(generation, backend, precision)
+    if c is None or c.method != method or not c.knobs:
+        return {}
+    if drafter_hash is not None and c.measured_with is not None and c.measured_with.get("drafter") != drafter_hash:
+        return {}
+    return dict(c.knobs)
+
+
 def default_auto_method(has_drafter: bool, has_tables: bool) -> str:
     """`--verify auto`'s documented default where nothing of the bundle was measured: the bundle's
     drafter first (gasv with its tables, exact without them), vanilla for a bundle without one."""

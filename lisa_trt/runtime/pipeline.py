@@ -295,19 +295,21 @@ class Pipeline:
         its recorded knobs, or `requested` with the recorded tree when a tree won); a bundle with no
         recorded choice, or one measured with another drafter than the bundle's, runs `requested`
         (default: gasv when the bundle has a drafter and tables, exact with a drafter alone, else
-        vanilla). Any other name is returned as is, with no settings.
+        vanilla). Any other name is returned as is, with the knobs the bundle measured for it
+        (autotune.recorded_knobs: the demo's zipar window 4), applied under explicit ones.
         """
         if isinstance(verify, Method):
             verify = verify.name
-        if verify != AUTO:
-            return verify, {}, f"{verify} (asked for)"
-        from .autotune import auto_method, default_auto_method
+        from .autotune import auto_method, default_auto_method, recorded_knobs
 
+        man = self._e.manifest
+        drafter_hash = (man.drafter or {}).get("hash") if man is not None else None
+        if verify != AUTO:  # the bundle's measured knobs of this method are its defaults here too
+            knobs = recorded_knobs(self._e.generation, self._e.backend, self.precision, verify, drafter_hash)
+            return verify, knobs, f"{verify} (asked for)"
         if requested is None:
             requested = default_auto_method(self._e.drafter is not None,
                                             self._e.tables is not None or self._e.gasv is not None)
-        man = self._e.manifest
-        drafter_hash = (man.drafter or {}).get("hash") if man is not None else None
         method, tree, why = auto_method(self._e.generation, self._e.backend, self.precision, requested, drafter_hash)
         return method, dict(tree or {}), why
 

@@ -132,3 +132,33 @@ def test_a_recorded_bench_decides_auto(tmp_path, neutral, want):
     m, settings, why = auto_method(gen, "ort", "fp32", "gasv", drafter_hash="h1")
     assert (m, settings) == (want, tree) and why == c.reason
     assert auto_method(gen, "ort", "fp32", "gasv", drafter_hash="h2")[0] == "gasv"  # another drafter's
+
+
+def test_one_zipar_window_on_a_bundle(tmp_path):
+    """The demo's ZipAR window was 8 in bench and 4 in auto: on a bundle, the window it measured is
+    the default of bench, of `run --verify zipar` and of auto alike; explicit values win."""
+    from types import SimpleNamespace
+
+    from lisa_trt.harness import bundle_knobs
+    from lisa_trt.runtime.autotune import DecodeChoice, record_choices
+    from lisa_trt.runtime.pipeline import Pipeline
+
+    c = DecodeChoice(backend="ort", precision="fp32", method="zipar", tree=None, speedup=1.4, measured=True,
+                     best_tree=None, best_tree_speedup=None, reason="ort/fp32: zipar[window=4]",
+                     knobs={"zipar_window": 4}, lossless=False)
+    gen = record_choices({}, [c], {"drafter": "h1"})
+    d = tmp_path / "eng"
+    d.mkdir()
+    (d / "manifest.json").write_text(json.dumps({"precision": "fp32", "generation": gen, "drafter": {"hash": "h1"}}))
+    assert bundle_knobs(d, "ort", {"zipar_window": None, "gasv_kappa": None}) == {"zipar_window": 4}
+    assert bundle_knobs(d, "ort", {"zipar_window": 2}) == {"zipar_window": 2}
+    assert bundle_knobs(None, "torch", {"zipar_window": None}) == {"zipar_window": None}
+    pipe = SimpleNamespace(_e=SimpleNamespace(generation=gen, backend="ort", drafter=object(), tables=object(),
+                                              gasv=None, manifest=SimpleNamespace(drafter={"hash": "h1"},
+                                                                                  precision="fp32", quantization="none")))
+    pipe.precision = "fp32"
+    resolve = Pipeline.resolve_verify.__get__(pipe)
+    assert resolve("zipar")[1] == {"zipar_window": 4} and resolve("auto")[:2] == ("zipar", {"zipar_window": 4})
+    assert resolve("gasv")[1] == {}
+    pipe._e.manifest.drafter = {"hash": "h2"}  # measured with another drafter: not this bundle's
+    assert resolve("zipar")[1] == {} and resolve("auto")[0] == "gasv"
