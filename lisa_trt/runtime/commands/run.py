@@ -32,10 +32,10 @@ def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gi
         conds.precheck_negative(man.target_config, encoder_dir)  # a caption bundle's needs its encoder
     # t2i: prompts + encoder checked before engines load
     precheck_prompts(rc.source, prompts, encoder_dir, manifest=man, family=rc.family)
-    prog = _progress(rc, prompts, out_dir, resume=resume, overwrite=overwrite, negative_prompt=negative_prompt)
     pipe = Pipeline.from_dir(rc.source, backend=rc.backend, threads=threads, text_encoder=encoder_dir,
                              manifest=man, family=rc.family)
     ps = _seeded(pipe.conditions.parse_file(prompts, pipe.class_names), rc.seed)  # the prompts file, its kind's format
+    prog = _progress(rc, prompts, out_dir, resume=resume, overwrite=overwrite, negative_prompt=negative_prompt)
     if rc.method is None:
         echo(f"verify auto: {pipe.resolve_verify(rc.verify)[2]}")
     todo = [i for i in range(len(ps)) if i not in prog.done]
