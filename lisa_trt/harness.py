@@ -21,7 +21,7 @@ import time
 from typing import Optional
 
 import torch
-from tqdm import tqdm
+from .progress import iterate
 
 from .config import SamplingConfig
 from .errors import InputError
@@ -133,6 +133,7 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
         results[m]["drafter_efficiency"] = e  # MAL / oracle MAL (same tree budget and seeds)
     settings = {"num_images": n_images, "seed": seed, **({} if t2i else {"classes": cls.tolist()}),
                 "sampling": dataclasses.asdict(sampling), "spec": dataclasses.asdict(spec),
+                "knobs": spec.flat(),  # every method's knob in effect (zipar_window, sjd_window, ...)
                 "sjd_window": spec.settings("sjd").window if sjd_window is None else sjd_window,
                 "torch_threads": torch.get_num_threads(),
                 **(settings_extra or {})}
@@ -183,7 +184,7 @@ def _measure(runner: _Runner, label: str, m, over: dict, spec: SpecConfig, seed:
              progress: bool) -> tuple[dict, torch.Tensor]:
     """Method `m` on every image (seed + i), each timed -> (its result row, its tokens)."""
     secs, stats_all, toks = [], [], []
-    for i in tqdm(range(n_images), desc=f"bench {label}", disable=not progress):
+    for i in iterate(range(n_images), progress, desc=f"bench {label}"):
         t0 = time.perf_counter()  # the condition's slicing is timed too
         tk, st = runner(m, i, spec, seed + i)
         secs.append(time.perf_counter() - t0)
@@ -316,9 +317,61 @@ def dumps(report: dict) -> str:
 
 # ----------------------------------------------------------------------------- the `lisa-trt bench` entry
 
+def bundle_sources(engine_dir, model, drafter, tables, backend) -> tuple:
+    """(model, drafter, tables, backend) of `bench [ENGINE_DIR]`: the ones given, else the files the
+    bundle was made from (its generation's `sources`, runtime/outputs.generation_defaults); the
+    backend: auto (TensorRT when built, else ONNX Runtime) with a bundle, torch without one."""
+    if engine_dir is None:
+        if model is None:
+            raise InputError("bench needs --model (in-memory models) or ENGINE_DIR (an exported bundle)")
+        return model, drafter, tables, backend or "torch"
+    from .runtime.bundle import resolve_backend
+
+    src = _recorded_sources(engine_dir)
+    model = model or src.get("model")
+    if model is None:
+        raise InputError(f"{engine_dir} does not record the model it was exported from (an export older than the "
+                         "record): pass --model (and --drafter / --tables) as given to `lisa-trt export`")
+    return model, drafter or src.get("drafter"), tables or src.get("tables"), \
+        resolve_backend(engine_dir, backend or "auto")
+
+
+def bundle_knobs(engine_dir, backend: str, knobs: dict) -> dict:
+    """`knobs` with the bundle's measured knobs (its recorded choice's, e.g. zipar_window 4) where
+    not given: the same defaults `run` and `--verify auto` use on that bundle (runtime/autotune.py)."""
+    if engine_dir is None:
+        return knobs
+    from .export.manifest import raw_manifest
+    from .runtime.autotune import recorded_choice, recorded_knobs, with_measured
+
+    man = raw_manifest(engine_dir)
+    gen = with_measured(man.get("generation") or {}, engine_dir)
+    q = man.get("quantization") or "none"
+    precision = q if q != "none" else man.get("precision", "fp32")
+    c = recorded_choice(gen, backend, precision)
+    rec = recorded_knobs(gen, backend, precision, c.method, (man.get("drafter") or {}).get("hash")) if c else {}
+    return {**rec, **{k: v for k, v in knobs.items() if v is not None}}
+
+
+def _recorded_sources(engine_dir) -> dict:
+    from .export.manifest import raw_manifest
+
+    return dict((raw_manifest(engine_dir).get("generation") or {}).get("sources") or {})
+
+
+def _made_from(engine_dir) -> str:
+    """'ENGINE_DIR was made from --model M --drafter D --tables T', or why it cannot say."""
+    src = _recorded_sources(engine_dir)
+    if not src:
+        return f"{engine_dir} does not record the files it was made from (exported before the record)"
+    return f"{engine_dir} was made from " + " ".join(f"--{k} {v}" for k, v in src.items()) + \
+        " (leave them out to use those)"
+
+
 def bench_command(rc, *, drafter, tables, methods, num_images, classes, captions, encoder_dir, engine_dir, sweeps,
-                  quality_cache, json_path, plot_path, echo, **_):
-    """`lisa-trt bench`: in-memory models or a bundle's graphs, one report (JSON, plot, one line per method)."""
+                  quality_cache, json_path, plot_path, echo, record=False, **_):
+    """`lisa-trt bench`: in-memory models or a bundle's graphs, one report (JSON, plot, one line per method);
+    on a bundle's graphs its never-slower choice recorded for `--verify auto` (`record`)."""
     from .artifacts import default_drafter
     from .runtime.context import spec_artifacts
 
@@ -334,21 +387,62 @@ def bench_command(rc, *, drafter, tables, methods, num_images, classes, captions
     engines = (rc.target, dr, None) if rc.backend == "torch" else _graph_engines(rc, engine_dir, dr, tb)
     scorer_fn, decode_fn, quality = _scoring(rc, conds, texts, quality_cache)
     extra = {"model": rc.given["model"], "drafter": drafter or default_drafter(rc.source), "backend": rc.backend,
-             "command": " ".join(sys.argv), **({"captions": texts} if texts is not None else {})}
+             "engine_dir": None if engine_dir is None else str(engine_dir),
+             "gasv": gasv_in_effect(rc.spec, tb, engine_dir), "command": " ".join(sys.argv),
+             **({"captions": texts} if texts is not None else {})}
     report = run_bench(engines[0], engines[1], tb, ms, conds, sampling=rc.sampling, spec=rc.spec, seed=rc.seed,
                        gasv=engines[2], scorer_fn=scorer_fn, decode_fn=decode_fn, runs=runs,
                        quality=quality, settings_extra=extra, requests=requests)
     save_bench(report, json_path, plot_path)
     _print_report(report, echo, scored=scorer_fn is not None, num_images=num_images)
+    if record and engine_dir is not None and rc.backend != "torch":
+        _record_choice(engine_dir, report, rc, echo)
+
+
+def gasv_in_effect(spec, tables, engine_dir) -> Optional[dict]:
+    """The GASV constants the bench's gasv points run with: the tables' (the bundle's when its graphs
+    run) with the run's knobs (--kappa / --lambda / --delta ...) over them; None without tables."""
+    from .speculative.gasv import GASVConfig
+
+    if tables is not None:
+        base = tables.config.to_dict()
+    elif engine_dir is not None:
+        from .export.manifest import raw_manifest
+
+        base = dict((raw_manifest(engine_dir).get("tables") or {}).get("gasv") or {})
+    else:
+        return None
+    if not base:
+        return None
+    fields = {f.name for f in dataclasses.fields(GASVConfig)}
+    return {**{k: v for k, v in base.items() if k in fields}, **spec.gasv.overrides()}
+
+
+def _record_choice(engine_dir, report: dict, rc, echo) -> None:
+    """The bench's never-slower choice for the bundle's backend + precision, written beside its
+    manifest (autotune.MEASURED_FILE), so `--verify auto` runs what was measured on it; one line."""
+    from .export.manifest import raw_manifest
+    from .runtime.autotune import MEASURED_FILE, bench_choice, record_measured
+
+    man = raw_manifest(engine_dir)
+    q = man.get("quantization") or "none"
+    precision = q if q != "none" else man.get("precision", "fp32")
+    tree = {"top_k": rc.spec.tree.top_k, "depth": rc.spec.tree.depth, "total_tokens": rc.spec.tree.total_tokens}
+    choice = bench_choice(report["results"], backend=rc.backend, precision=precision,
+                          baseline=method_names("ar")[0], drafter_hash=(man.get("drafter") or {}).get("hash"),
+                          tree=tree)
+    record_measured(engine_dir, choice)
+    echo(f"recorded in {engine_dir}/{MEASURED_FILE}: --verify auto on {rc.backend}/{precision} now runs "
+         f"{choice.method} ({choice.reason})")
 
 
 def _bundle_image_size(engine_dir):
     """The image size an engine directory was exported for (its manifest layout), or None."""
     if engine_dir is None:
         return None
-    from .export.manifest import read_manifest
+    from .export.manifest import raw_manifest
 
-    return (read_manifest(engine_dir).layout or {}).get("image_size")
+    return (raw_manifest(engine_dir).get("layout") or {}).get("image_size")  # the engines are checked on opening
 
 
 def _graph_engines(rc, engine_dir, drafter, tables) -> tuple:
@@ -358,11 +452,16 @@ def _graph_engines(rc, engine_dir, drafter, tables) -> tuple:
     from .export.manifest import drafter_hash, tables_hash
     from .models.checkpoints import target_hash
 
+    from .errors import ArtifactMismatchError
+
     if engine_dir is None:
-        raise InputError(f"--backend {rc.backend} needs --engine-dir (make one with `lisa-trt export`)")
-    e = load_engines(engine_dir, rc.backend, target_hash=target_hash(rc.target),
-                     drafter_hash=drafter_hash(drafter) if drafter is not None else None,
-                     tables_hash=tables_hash(tables) if tables is not None else None)
+        raise InputError(f"--backend {rc.backend} needs ENGINE_DIR (make one with `lisa-trt export`)")
+    try:
+        e = load_engines(engine_dir, rc.backend, target_hash=target_hash(rc.target),
+                         drafter_hash=drafter_hash(drafter) if drafter is not None else None,
+                         tables_hash=tables_hash(tables) if tables is not None else None)
+    except ArtifactMismatchError as err:
+        raise ArtifactMismatchError(f"{err}; {_made_from(engine_dir)}") from None
     return e.target, e.drafter, e.gasv
 
 

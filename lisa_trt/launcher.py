@@ -15,7 +15,7 @@ def _command_index(argv: Sequence[str]) -> Optional[int]:
     i = 0
     while i < len(argv):
         a = argv[i]
-        if a == "--threads":
+        if a in ("--threads", "--log-level"):  # the group's options that take a value
             i += 2
         elif a.startswith("-"):
             i += 1

@@ -52,6 +52,9 @@ def debug_checks_on(on: bool = True):
 
 # Names used in messages: the CLI option for each SamplingConfig field.
 _OPTION = {"cfg_scale": "--cfg-scale", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}
+# the same settings as the Python API's keywords (Pipeline.generate / from_dir)
+API_NAMES = {"cfg_scale": "cfg_scale=", "temperature": "temperature=", "top_k": "top_k=", "top_p": "top_p=",
+             "greedy": "greedy=True"}
 
 
 def _num(value) -> bool:
@@ -71,7 +74,8 @@ def sampling_problems(*, cfg_scale=None, temperature=None, top_k=None, top_p=Non
     if cfg_scale is not None and (not _num(cfg_scale) or cfg_scale < 0):
         out.append(f"{nm['cfg_scale']} must be a number >= 0 (1 = no guidance), got {cfg_scale!r}")
     if temperature is not None and (not _num(temperature) or temperature <= 0):
-        out.append(f"{nm['temperature']} must be a number > 0 (use --greedy for argmax), got {temperature!r}")
+        out.append(f"{nm['temperature']} must be a number > 0 (use {nm.get('greedy', '--greedy')} for argmax), got "
+                   f"{temperature!r}")
     if top_p is not None and (not _num(top_p) or not 0 < top_p <= 1):
         out.append(f"{nm['top_p']} must be in (0, 1] (1 = off), got {top_p!r}")
     if top_k is not None:
@@ -83,16 +87,18 @@ def sampling_problems(*, cfg_scale=None, temperature=None, top_k=None, top_p=Non
     return out
 
 
-def check_sampling(sampling=None, *, vocab_size: Optional[int] = None, **values) -> None:
+def check_sampling(sampling=None, *, vocab_size: Optional[int] = None, names: Optional[dict] = None,
+                   **values) -> None:
     """Raise InputError listing every out-of-range sampling setting.
 
     Pass a SamplingConfig (or any object with cfg_scale / temperature / top_k / top_p) and/or
-    the individual values as keywords; keywords win.
+    the individual values as keywords; keywords win. `names`: how the messages name each setting
+    (default the CLI flags; the Python API passes its keywords, API_NAMES).
     """
     if sampling is not None:
         for k in _OPTION:
             values.setdefault(k, getattr(sampling, k, None))
-    problems = sampling_problems(vocab_size=vocab_size, **values)
+    problems = sampling_problems(vocab_size=vocab_size, names=names, **values)
     if problems:
         raise InputError("invalid sampling settings; nothing was generated:\n  " + "\n  ".join(problems))
 

@@ -21,6 +21,18 @@ import functools
 import click
 
 
+
+def _catalogue() -> dict:
+    """The registries' names for option choices, without torch (catalogue.py)."""
+    from .catalogue import snapshot
+
+    return snapshot()
+
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}  # every command takes -h (the group's, and serve's own)
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
 def compose(*decorators):
     """One decorator applying `decorators` so that `--help` lists them in the order given."""
 
@@ -65,8 +77,6 @@ def image_size_option(**kw):
 
 def config_options(config_help: str, required: bool = False):
     """--config / --image-size / --model-type (the official-config group) -> `model_cfg`."""
-    from ..models.family import model_types
-
     def given(ctx, group):
         return {"image_size_given": ctx.get_parameter_source("image_size").name != "DEFAULT"}
 
@@ -74,16 +84,17 @@ def config_options(config_help: str, required: bool = False):
         "model_cfg",
         click.option("--config", "config", required=required, default=None, help=config_help),
         image_size_option(type=int, default=256, show_default=True),
-        click.option("--model-type", type=click.Choice(model_types()), default=None,
+        click.option("--model-type", type=click.Choice(_catalogue()["model_types"]), default=None,
                      help="Model family type for official configs (models/family.py; default c2i)."),
         extra=given)
 
 
-def model_options(config_help: str = "Target config name (GPT-B ... GPT-7B); default: the file's metadata."):
+def model_options(config_help: str = "Target config name (GPT-B ... GPT-7B); default: the file's metadata.",
+                  required: bool = True, model_help: str = ""):
     """--model and its official-config group."""
     return compose(
-        click.option("--model", "model", required=True,
-                     help="Target checkpoint (.pt official / .safetensors), a bundled set such as 'demo', a "
+        click.option("--model", "model", required=required,
+                     help=model_help + "Target checkpoint (.pt official / .safetensors), a bundled set such as 'demo', a "
                           "Chameleon / Lumina-mGPT directory, or a Hugging Face name org/name[@revision] "
                           "(from the local HF cache; docs/cli.md)."),
         config_options(config_help))
@@ -164,6 +175,18 @@ def cfg_scale_option(help: str, *, checked: bool = True):
                         callback=_sampling_range("cfg_scale") if checked else None)
 
 
+def temperature_option(help: str):
+    return click.option("--temperature", type=float, default=None, callback=_sampling_range("temperature"), help=help)
+
+
+def top_k_option(help: str):
+    return click.option("--top-k", type=int, default=None, callback=_sampling_range("top_k"), help=help)
+
+
+def top_p_option(help: str):
+    return click.option("--top-p", type=float, default=None, callback=_sampling_range("top_p"), help=help)
+
+
 def sampling_options(fn):
     """The sampling options (SamplingConfig's defaults; an artifact set's own) -> `sampling`."""
     from ..config import SamplingConfig
@@ -172,12 +195,9 @@ def sampling_options(fn):
     return packed(
         "sampling",
         cfg_scale_option(f"CFG scale >= 0, 1 = off (default {d.cfg_scale}; demo: its own)."),
-        click.option("--temperature", type=float, default=None, callback=_sampling_range("temperature"),
-                     help=f"Temperature > 0 (default {d.temperature})."),
-        click.option("--top-k", type=int, default=None, callback=_sampling_range("top_k"),
-                     help=f"Top-k, 0 = off, at most the vocabulary size (default {d.top_k})."),
-        click.option("--top-p", type=float, default=None, callback=_sampling_range("top_p"),
-                     help=f"Top-p in (0, 1] (default {d.top_p})."),
+        temperature_option(f"Temperature > 0 (default {d.temperature})."),
+        top_k_option(f"Top-k, 0 = off, at most the vocabulary size (default {d.top_k})."),
+        top_p_option(f"Top-p in (0, 1] (default {d.top_p})."),
         click.option("--cfg-interval", type=int, default=None, help="Guidance off after this step (-1 = always on)."),
         click.option("--greedy", is_flag=True, help="Argmax of the guided logits."),
         seed_option())(fn)
@@ -188,9 +208,7 @@ def sampling_options(fn):
 def verify_option(*, auto: bool = False, choices=None, default=None, help: str = None):
     """--verify: a registered method (speculative/methods.py), "auto" first when `auto`, or `choices`."""
     if choices is None:
-        from ..speculative.methods import method_names
-
-        choices = (["auto"] if auto else []) + method_names()
+        choices = (["auto"] if auto else []) + list(_catalogue()["methods"])
     return click.option("--verify", type=click.Choice(list(choices)), default=default,
                         show_default=default is not None, help=help)
 
@@ -222,17 +240,20 @@ def knob_options(*, only=None, defaults=None, helps=None, show_defaults: bool = 
         only: flat names to offer (default: all); defaults: {flat name: value passed when not
         given}; helps: {flat name: help}; show_defaults: show SpecConfig's defaults in --help.
     """
-    from ..speculative.methods import SpecConfig, cli_options
-
-    flat, defaults, helps = SpecConfig().flat(), defaults or {}, helps or {}
+    defaults, helps = defaults or {}, helps or {}
     opts = []
-    for o in cli_options():
-        if only is not None and o.name not in only:
+    for o in _catalogue()["knobs"]:  # speculative/methods.py cli_options(), SpecConfig().flat() defaults
+        name = o["name"]
+        if only is not None and name not in only:
             continue
-        kw = dict(default=defaults[o.name], show_default=True) if o.name in defaults else \
-            dict(default=flat.get(o.name) if show_defaults else None, show_default=True, callback=_unless_given)
-        opts.append(click.option(o.flag, *o.aliases, o.name, type=o.type, help=helps.get(o.name, o.help), **kw))
+        kw = dict(default=defaults[name], show_default=True) if name in defaults else \
+            dict(default=o["default"] if show_defaults else None, show_default=True, callback=_unless_given)
+        opts.append(click.option(o["flag"], *o["aliases"], name, type=_KNOB_TYPES[o["type"]],
+                                 help=helps.get(name, o["help"]), **kw))
     return packed("knobs", *opts)
+
+
+_KNOB_TYPES = {"float": float, "int": int, "str": str, "bool": bool}
 
 
 def _unless_given(ctx, param, value):
@@ -242,8 +263,11 @@ def _unless_given(ctx, param, value):
 
 # ----------------------------------------------------------------------------- engines and devices
 
-def engine_dir_argument(fn):
-    return click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))(fn)
+def engine_dir_argument(fn=None, *, required: bool = True):
+    """ENGINE_DIR, the positional engine directory of every command on a bundle (run, build, serve,
+    bench, ...); `required=False` where the command also runs without one (bench)."""
+    arg = click.argument("engine_dir", required=required, type=click.Path(exists=True, file_okay=False))
+    return arg if fn is None else arg(fn)
 
 
 def backend_option(choices, *, default: str, help: str = None):
@@ -252,9 +276,35 @@ def backend_option(choices, *, default: str, help: str = None):
 
 def backend_choices(*extra) -> list:
     """`extra` then every registered backend (engines/base.py)."""
-    from ..engines.base import backend_names
+    return [*extra, *_catalogue()["backends"]]
 
-    return [*extra, *backend_names()]
+
+def log_options(fn):
+    """-q/--quiet, -v/--verbose, --log-level (env LISA_TRT_LOG_LEVEL) -> `log_level`, one of LOG_LEVELS.
+
+    The group's one logging switch (progress.py set_log_level): warning and below hides progress
+    bars and progress lines, debug adds lisa-trt's debug log."""
+
+    def level(ctx, group):
+        quiet, verbose, given = group.pop("quiet"), group.pop("verbose"), group.pop("level")
+        if sum(map(bool, (quiet, verbose, given))) > 1:
+            raise click.UsageError("give one of --quiet, --verbose and --log-level", ctx=ctx)
+        return {"value": "warning" if quiet else "debug" if verbose else (given or "info").lower()}
+
+    def unpack(f):
+        @functools.wraps(f)
+        def wrapper(*a, log, **kw):
+            return f(*a, log_level=log["value"], **kw)
+
+        return wrapper
+
+    return packed(
+        "log",
+        click.option("-q", "--quiet", is_flag=True, help="Warnings and errors only: no progress bars or progress lines."),
+        click.option("-v", "--verbose", is_flag=True, help="Also lisa-trt's debug log (same as --log-level debug)."),
+        click.option("--log-level", "level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default=None,
+                     envvar="LISA_TRT_LOG_LEVEL", help="debug | info (default) | warning | error (env LISA_TRT_LOG_LEVEL)."),
+        extra=level)(unpack(fn))
 
 
 def threads_option(help: str, **kw):
@@ -277,18 +327,14 @@ def _gpu(ctx, param, value):
 
 def device_options(what: str):
     """--gpu / --memory-gib: the device a memory plan is checked against (deploy/memory_plan.py)."""
-    from ..deploy.memory_plan import GPUS
-
-    return compose(click.option("--gpu", metavar="[" + "|".join(GPUS) + "]", default=None, callback=_gpu,
+    return compose(click.option("--gpu", metavar="[" + "|".join(_catalogue()["gpus"]) + "]", default=None, callback=_gpu,
                                 help=what + " Any case."),
                    click.option("--memory-gib", type=float, default=None,
                                 help="Device memory in GiB (instead of --gpu)."))
 
 
 def precision_option(help: str):
-    from ..deploy.memory_plan import PRECISIONS
-
-    return click.option("--precision", type=click.Choice(list(PRECISIONS)), default=None, help=help)
+    return click.option("--precision", type=click.Choice(list(_catalogue()["precisions"])), default=None, help=help)
 
 
 def max_tree_option(help: str):

@@ -9,10 +9,11 @@ from . import options as opt
 
 
 def _defaults():
-    """TrainConfig's defaults, shown in --help (the dataclass is the one source)."""
-    from ..train.trainer import TrainConfig
+    """TrainConfig's defaults, shown in --help (the dataclass is the one source; catalogue.py's
+    snapshot of it, so that --help does not import torch)."""
+    from types import SimpleNamespace
 
-    return TrainConfig()
+    return SimpleNamespace(**opt._catalogue()["train_defaults"])
 
 
 _T = _defaults()
@@ -48,6 +49,9 @@ _T = _defaults()
 @click.option("--features", type=click.Choice(["online", "cache"]), default="online", show_default=True,
               help="Target features: computed every step, or once into OUT/features (safetensors shards).")
 @opt.cfg_scale_option("Deployment CFG scale for self-distillation.", checked=False)
+@opt.temperature_option("Deployment temperature for self-distillation samples (default 1; an artifact set's own).")
+@opt.top_k_option("Deployment top-k for self-distillation samples, 0 = off (default 0; an artifact set's own).")
+@opt.top_p_option("Deployment top-p for self-distillation samples (default 1; an artifact set's own).")
 @click.option("--drafter-hidden", type=int, default=None, help="Drafter width (default: the target's dim).")
 @click.option("--drafter-heads", type=int, default=None, help="Drafter attention heads (default: the target's).")
 @click.option("--loss-off", default="", help="LISA terms to switch off (ablation), comma-separated: "
@@ -73,14 +77,15 @@ _T = _defaults()
 @opt.captions_file_option("Text-prompt models (Lumina-mGPT, Janus-Pro): self-distillation captions, one per line "
                           "(default: the family's built-in list).")
 @handle_errors
-def train(model, model_cfg, vq, vq_config, out_dir, cfg_scale, seed, **options):
+def train(model, model_cfg, vq, vq_config, out_dir, cfg_scale, temperature, top_k, top_p, seed, **options):
     """Distil a drafter (LISA locality-informed loss, or EAGLE-3/EAGLE-1 baselines).
 
     Resumes from OUT/checkpoints after an interruption. Multi-GPU: run under torchrun."""
     from ..runtime.commands.train import train as entry
     from ..runtime.context import resolve
 
-    rc = resolve(model, sampling={"cfg_scale": cfg_scale, "seed": seed}, model_cfg=model_cfg)
+    rc = resolve(model, sampling={"cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+                                  "seed": seed}, model_cfg=model_cfg)
     rc.run("train", entry, out_dir=out_dir, vq=vq, vq_config=vq_config, echo=click.echo, **options)
 
 

@@ -123,6 +123,8 @@ class DecodeChoice:
     best_tree / best_tree_speedup: the best tree that was considered, even when it lost.
     knobs: the chosen method's flat settings (e.g. {"zipar_window": 4}); applied under explicit ones.
     lossless: whether the chosen method keeps the target's output law (None: not recorded).
+    measured_with: {"drafter": hash or None} of the artifacts the timings were made with (None: not
+        recorded); `--verify auto` trusts a choice measured with another drafter than the bundle's not.
     """
 
     backend: str
@@ -136,6 +138,7 @@ class DecodeChoice:
     reason: str
     knobs: Optional[dict] = None
     lossless: Optional[bool] = None
+    measured_with: Optional[dict] = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -225,11 +228,14 @@ def _label(d: dict) -> str:
     return f"{d['method']}[{kv}]" if kv else d["method"]
 
 
-def record_choices(generation: dict, choices: Sequence[DecodeChoice]) -> dict:
+def record_choices(generation: dict, choices: Sequence[DecodeChoice], measured_with: Optional[dict] = None) -> dict:
     """generation settings + {"decode": {backend: {precision: choice}}} (and the tree budget of a
-    winning tree as that backend's default); returns a new dict for the bundle manifest."""
+    winning tree as that backend's default); returns a new dict for the bundle manifest.
+    measured_with: {"drafter": hash} the choices' timings were made with (kept where one says its own)."""
     gen = json.loads(json.dumps(generation or {}))
     for c in choices:
+        if measured_with is not None and c.measured_with is None:
+            c = dataclasses.replace(c, measured_with=dict(measured_with))
         gen.setdefault("decode", {}).setdefault(c.backend, {})[c.precision] = c.to_dict()
         if c.method == "tree":
             gen.setdefault("tree", {})[c.backend] = dict(c.tree)
@@ -242,17 +248,97 @@ def recorded_choice(generation: dict, backend: str, precision: str) -> Optional[
     return DecodeChoice.from_dict(d) if d else None
 
 
-def auto_method(generation: dict, backend: str, precision: str, requested: str = "gasv") -> tuple[str, Optional[dict], str]:
-    """(verify method, settings or None, message) for `--verify auto`: the recorded choice, else
-    `requested`. Settings: the recorded tree (top_k / depth / total_tokens) and the chosen method's
-    flat knobs (e.g. zipar_window), applied under the caller's explicit ones."""
+AUTO_HOW = "`lisa-trt bench ENGINE_DIR --record` measures and records it"
+
+
+def recorded_knobs(generation: dict, backend: str, precision: str, method: str,
+                   drafter_hash: Optional[str] = None) -> dict:
+    """The knobs a bundle recorded for `method` (its measured choice's, e.g. {"zipar_window": 4}), the
+    defaults of that method on the bundle whether auto or asked for by name ({} when it recorded
+    another method, or measured it with another drafter than `drafter_hash`)."""
     c = recorded_choice(generation, backend, precision)
-    if c is None:
-        return requested, None, f"{backend}/{precision}: no recorded choice; running {requested}"
+    if c is None or c.method != method or not c.knobs:
+        return {}
+    if drafter_hash is not None and c.measured_with is not None and c.measured_with.get("drafter") != drafter_hash:
+        return {}
+    return dict(c.knobs)
+
+
+def default_auto_method(has_drafter: bool, has_tables: bool) -> str:
+    """`--verify auto`'s documented default where nothing of the bundle was measured: the bundle's
+    drafter first (gasv with its tables, exact without them), vanilla for a bundle without one."""
+    return ("gasv" if has_tables else "exact") if has_drafter else "vanilla"
+
+
+def auto_method(generation: dict, backend: str, precision: str, requested: str = "gasv",
+                drafter_hash: Optional[str] = None) -> tuple[str, Optional[dict], str]:
+    """(verify method, settings or None, message) for `--verify auto`: the recorded choice when it
+    was measured with this bundle's drafter, else `requested` (the documented default: gasv with
+    the bundle's drafter). Settings: the recorded tree (top_k / depth / total_tokens) and the
+    chosen method's flat knobs (e.g. zipar_window), applied under the caller's explicit ones.
+
+    drafter_hash: the bundle's drafter (None: no drafter, or an in-memory run): a choice recorded
+    as measured with another drafter (`DecodeChoice.measured_with`) is not this bundle's."""
+    c = recorded_choice(generation, backend, precision)
+    where, drafter = f"{backend}/{precision}", " with the bundle's drafter" if drafter_hash else ""
+    other = (c is not None and drafter_hash is not None and c.measured_with is not None
+             and c.measured_with.get("drafter") != drafter_hash)
+    if c is None or other:
+        what = (f"the recorded choice ({c.method}) was measured with another drafter" if other
+                else "no measurement of this bundle recorded")
+        return requested, None, f"{where}: {what} ({AUTO_HOW}); running {requested}{drafter} (the default)"
     if c.method == "tree":
         return requested, c.tree, c.reason
     settings = {**(c.tree or {}), **(c.knobs or {})}
     return c.method, settings or None, c.reason
+
+
+# `lisa-trt bench ENGINE_DIR`'s measurements of the bundle, beside its manifest (the manifest stays
+# the export's record): {"decode": {backend: {precision: DecodeChoice dict}}}, read over the
+# manifest's recorded choices when the bundle opens (runtime/bundle.py)
+MEASURED_FILE = "measured_choices.json"
+
+
+def with_measured(generation: dict, engine_dir) -> dict:
+    """`generation` with the choices bench recorded in `engine_dir` over the export's."""
+    from pathlib import Path
+
+    p = Path(engine_dir) / MEASURED_FILE
+    if not p.is_file():
+        return generation
+    gen = json.loads(json.dumps(generation or {}))
+    for backend, per in (json.loads(p.read_text()).get("decode") or {}).items():
+        gen.setdefault("decode", {}).setdefault(backend, {}).update(per)
+    return gen
+
+
+def record_measured(engine_dir, choice: DecodeChoice) -> None:
+    """Add `choice` (bench's, for its backend + precision) to `engine_dir`'s MEASURED_FILE, atomically."""
+    from pathlib import Path
+
+    from ..io import write_json
+
+    p = Path(engine_dir) / MEASURED_FILE
+    data = json.loads(p.read_text()) if p.is_file() else {}
+    data.setdefault("decode", {}).setdefault(choice.backend, {})[choice.precision] = choice.to_dict()
+    write_json(p, data)
+
+
+def bench_choice(results: dict, *, backend: str, precision: str, baseline: str, drafter_hash: Optional[str],
+                 tree: Optional[dict]) -> DecodeChoice:
+    """The never-slower choice of one `bench` run (its results by label): every point but the baseline
+    is a timed decoder; lossless when its mean TVD is 0, quality-neutral as the bench's quality
+    harness found it (None below 32 images: then only lossless ones are eligible)."""
+    from ..speculative.methods import METHODS
+
+    decoders = [{"method": r["method"], "label": label, "speedup": float(r["speedup"]),
+                 "lossless": float(r.get("mean_tvd", 1.0)) < 1e-9, "quality_neutral": r.get("quality_neutral"),
+                 "knobs": dict(r.get("knobs") or {}) or None,
+                 "tree": dict(tree) if tree and METHODS[r["method"]].kind == "tree" else None}
+                for label, r in results.items() if label != baseline]
+    c = choose_decoding(backend=backend, precision=precision, decoders=decoders)
+    return dataclasses.replace(c, measured_with={"drafter": drafter_hash},
+                               reason=c.reason + " (measured by `lisa-trt bench` on this bundle)")
 
 
 def draft_cost_for_head(measured: Callable[[int], float], measured_cfg, cfg) -> Callable[[int], float]:

@@ -79,7 +79,9 @@ def open_bundle(engine_dir: Path, backend: str = "auto", *, threads: Optional[in
     """
     man = _manifest(engine_dir, manifest)
     backend = resolve_backend(engine_dir, backend, man)
-    gen = dict(man.generation or {})
+    from .autotune import with_measured
+
+    gen = with_measured(dict(man.generation or {}), engine_dir)  # `bench ENGINE_DIR`'s choices over the export's
     names = gen.get("class_names")
     tables = _tables(man, engine_dir)
     graph_torch = compile not in (None, False, "off", "none") or device is not None

@@ -308,7 +308,12 @@ class RunContext:
         return run_conditions(self.family, None if self.target is None else self.target.config)
 
     def run(self, command: str, entry: Callable, **options):
-        """`entry(self, **options)`: the one (generic) entry of `command` for every family."""
+        """`entry(self, **options)`: the one (generic) entry of `command` for every family; its
+        `echo` (progress lines) is silent below log level info (--quiet)."""
+        from ..progress import say
+
+        if "echo" in options:
+            options["echo"] = say(options["echo"])
         return entry(self, **options)
 
     def request(self, prompts, *, cfg: Optional[bool] = None, image_size: Optional[int] = None):

@@ -40,6 +40,7 @@ def ensure_demo_bundle(engine_dir: Path, echo: Callable = print) -> Path:
     from ..demo.registry import class_names, demo_sampling, load_demo_target, load_demo_vq
     from .autotune import default_tree_budgets, record_choices
     from ..export import export_bundle
+    from ..export.manifest import drafter_hash
 
     target = load_demo_target()
     drafter = load_drafter_by_name("demo-lisa", target)
@@ -49,7 +50,8 @@ def ensure_demo_bundle(engine_dir: Path, echo: Callable = print) -> Path:
 
     gen = {"sampling": dataclasses.asdict(demo_sampling()), "class_names": list(class_names()),
            "tree": default_tree_budgets(target.config, _measured_budgets())}
-    gen = record_choices(gen, _measured_choices())  # never slower: what each precision runs (bench/speed.py)
+    gen = record_choices(gen, _measured_choices(),  # never slower: what each precision runs (bench/speed.py)
+                         {"drafter": drafter_hash(drafter)})  # timed with this drafter
     gen = json.loads(json.dumps(gen))  # as the manifest stores it (lists, not tuples)
     if _bundle_is_current(engine_dir, target, drafter, tables, gen):
         echo(f"using cached export {engine_dir}")
@@ -120,10 +122,7 @@ def run_demo(out_dir: Path, *, num_images: int = 8, backend: str = "ort", verify
         secs = (time.perf_counter() - t0) / num_images
         imgs = torch.from_numpy(np.stack([np.asarray(im) for im in res.images])).permute(0, 3, 1, 2)
         q = quality_with_error(imgs.float() / 127.5 - 1.0, torch.tensor(prompts), scorer, seed=seed)
-        results[method] = {"seconds_per_image": secs, "mal": float(np.mean([s["mal"] for s in res.stats])),
-                           "mean_tvd": float(np.mean([s.get("mean_tvd", 0.0) for s in res.stats])),
-                           "target_forwards": float(np.mean([s.get("target_forwards", 0) for s in res.stats])),
-                           "class_acc": q["class_acc"], "class_acc_ci95": q["class_acc_ci95"],
+        results[method] = {**speed_row(res, secs), "class_acc": q["class_acc"], "class_acc_ci95": q["class_acc_ci95"],
                            "fd_demo": q["fd_demo"], "fd_demo_se": q["fd_demo_se"], "quality": format_quality(q),
                            "indicative": q["indicative"]}
         images[method] = [np.asarray(im) for im in res.images]
@@ -143,8 +142,8 @@ def run_demo(out_dir: Path, *, num_images: int = 8, backend: str = "ort", verify
     summary = {"backend": pipe.backend, "verify": verify, "num_images": num_images, "seed": seed,
                "threads": ort_threads(), "tree": tree, "classes": [names[p] for p in prompts],
                "results": results, "speed": speed, "grid": str(grid_path),
-               "note": "quality from a few images is indicative only; bench/demo_quality.json scores 256 images"}
-    write_json(out_dir / "summary.json", _json_safe(summary))
+               "note": "quality from a few images is indicative only; bench/demo_quality.json scores 256 images",
+               "deploy": deploy_line(pipe, engines, verify)}
     v, l = results["vanilla"], results[verify]
     echo(f"vanilla:      {v['seconds_per_image']:.2f} s/image, MAL 1.00, {v['quality']}")
     echo(f"LISA ({verify}): {l['seconds_per_image']:.2f} s/image, MAL {l['mal']:.2f}, mean TVD {l['mean_tvd']:.3f}, "
@@ -152,12 +151,28 @@ def run_demo(out_dir: Path, *, num_images: int = 8, backend: str = "ort", verify
     for line in speed:
         echo(line)
     echo(f"grid (rows: method, columns: class): {grid_path}")
-    from .autotune import recorded_choice
-
-    choice = recorded_choice(pipe._e.generation, pipe.backend, "fp32")
-    if choice is not None:
-        echo(f"default decoding ({choice.reason})")
+    write_json(out_dir / "summary.json", _json_safe(summary))
+    echo(summary["deploy"])
     return summary
+
+
+def speed_row(res, seconds_per_image: float) -> dict:
+    """summary.json's speed entries of one method from its GenerationResult: MAL, mean TVD and the
+    target forwards per image (the stats' `forwards`: the decoder's own count, prefill included)."""
+    st = res.stats
+    return {"seconds_per_image": seconds_per_image, "mal": float(np.mean([s["mal"] for s in st])),
+            "mean_tvd": float(np.mean([s.get("mean_tvd", 0.0) for s in st])),
+            "target_forwards": float(np.mean([s["forwards"] for s in st]))}
+
+
+def deploy_line(pipe, engines: Path, compared: str) -> str:
+    """The demo's last word: the command to deploy, and what its `--verify auto` runs and why
+    (the same resolution `lisa-trt run` makes, Pipeline.resolve_verify), set apart from what the
+    demo compared."""
+    method, _, why = pipe.resolve_verify("auto")
+    same = "the method compared above" if method == compared else f"not {compared}, the method compared above"
+    return (f"to deploy: lisa-trt run {engines} PROMPTS.txt --out DIR   (--verify auto runs {method} "
+            f"there, {same}: {why}; --verify {compared} runs what was compared)")
 
 
 def _json_safe(obj):

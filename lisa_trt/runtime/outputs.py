@@ -36,17 +36,29 @@ def load_caption_file(path, caption_dim: int):
     return feats, mask
 
 
-def generation_defaults(model, target, sampling) -> dict:
-    """Default generation settings recorded in an exported bundle: sampling, class names, and the
-    per-backend tree budgets (measured ones when the artifact set ships them)."""
+def generation_defaults(model, target, sampling, *, drafter=None, drafter_model=None, tables=None,
+                        model_name=None) -> dict:
+    """Default generation settings recorded in an exported bundle: sampling, class names, the
+    per-backend tree budgets (measured ones when the artifact set ships them), and `sources`: the
+    files the bundle was made from (`bench ENGINE_DIR` reads them back; `model_name`: --model as
+    given, e.g. a Hub name, default `model`).
+
+    The artifact set's measured never-slower choices are recorded only for a bundle of its own
+    drafter (`drafter` its default, timed with it): a drafter the user trained was not measured,
+    so `--verify auto` runs it (autotune.auto_method) until `bench ENGINE_DIR` records its own."""
+    from ..artifacts import default_drafter
     from ..models.artifact_sets import artifact_set
     from .autotune import default_tree_budgets
 
-    measured, choices = None, []
+    measured, choices, measured_with = None, [], None
     if artifact_set(model) is not None:
         from .demo import _measured_budgets, _measured_choices
 
-        measured, choices = _measured_budgets(), _measured_choices()
+        measured = _measured_budgets()
+        if drafter is not None and drafter == default_drafter(model):
+            from ..export.manifest import drafter_hash
+
+            choices, measured_with = _measured_choices(), {"drafter": drafter_hash(drafter_model)}
     from ..models.family import family_of
 
     own = family_of(target.config).default_tree  # a family's own tree budget (when no measured one)
@@ -56,13 +68,21 @@ def generation_defaults(model, target, sampling) -> dict:
     if choices:  # never slower: the measured choice per precision (bench/speed.py)
         from .autotune import record_choices
 
-        gen = record_choices(gen, choices)
+        gen = record_choices(gen, choices, measured_with)
     from .prompts import class_names_of
 
     names = class_names_of(model)
     if names:
         gen["class_names"] = names
+    gen["sources"] = {k: _source_name(v) for k, v in (("model", model_name or model), ("drafter", drafter), ("tables", tables))
+                      if v is not None}
     return gen
+
+
+def _source_name(value) -> str:
+    """A source as `bench` can take it back: a file's absolute path, else the name (an artifact set's)."""
+    p = Path(str(value)).expanduser()
+    return str(p.resolve()) if p.exists() else str(value)
 
 
 def load_vq_for(vq, vq_config_name, tc):
@@ -116,23 +136,5 @@ def save_generation(out_dir, tokens: torch.Tensor, record: dict, *, overwrite: b
     return out
 
 
-def save_run(out_dir, result, prompts, record: dict, *, overwrite: bool = False) -> Path:
-    """`lisa-trt run`: one PNG per prompt (named by its line), tokens.npy (the code grids of a
-    prompted family, else the tokens) and stats.json."""
-    import numpy as np
-
-    from ..imaging import save_png
-
-    out = _fresh_out(out_dir, overwrite)
-    for i, (img, p) in enumerate(zip(result.images, prompts)):
-        save_png(np.asarray(img), out / f"img_{i:04d}_line{p.line}.png")
-    toks = result.codes if getattr(result, "codes", None) is not None else result.tokens
-    with atomic_write(out / "tokens.npy") as tmp:
-        with open(tmp, "wb") as f:
-            np.save(f, toks.cpu().numpy())
-    write_json(out / "stats.json", record)
-    return out
-
-
 __all__ = ["decode_and_save", "save_code_images", "load_vq_for", "generation_defaults", "load_caption_file",
-           "save_generation", "save_run"]
+           "save_generation"]

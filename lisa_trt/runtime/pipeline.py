@@ -293,19 +293,24 @@ class Pipeline:
         "auto" is the bundle's recorded never-slower choice for this backend and precision
         (runtime/autotune.auto_method: vanilla, or the fastest timed decoder that kept quality with
         its recorded knobs, or `requested` with the recorded tree when a tree won); a bundle with no
-        recorded choice runs `requested` (default: gasv when the bundle has a drafter, else vanilla).
-        Any other name is returned as is, with no settings.
+        recorded choice, or one measured with another drafter than the bundle's, runs `requested`
+        (default: gasv when the bundle has a drafter and tables, exact with a drafter alone, else
+        vanilla). Any other name is returned as is, with the knobs the bundle measured for it
+        (autotune.recorded_knobs: the demo's zipar window 4), applied under explicit ones.
         """
         if isinstance(verify, Method):
             verify = verify.name
-        if verify != AUTO:
-            return verify, {}, f"{verify} (asked for)"
-        from .autotune import auto_method
+        from .autotune import auto_method, default_auto_method, recorded_knobs
 
+        man = self._e.manifest
+        drafter_hash = (man.drafter or {}).get("hash") if man is not None else None
+        if verify != AUTO:  # the bundle's measured knobs of this method are its defaults here too
+            knobs = recorded_knobs(self._e.generation, self._e.backend, self.precision, verify, drafter_hash)
+            return verify, knobs, f"{verify} (asked for)"
         if requested is None:
-            requested = "gasv" if self._e.drafter is not None else "vanilla"
-
-        method, tree, why = auto_method(self._e.generation, self._e.backend, self.precision, requested)
+            requested = default_auto_method(self._e.drafter is not None,
+                                            self._e.tables is not None or self._e.gasv is not None)
+        method, tree, why = auto_method(self._e.generation, self._e.backend, self.precision, requested, drafter_hash)
         return method, dict(tree or {}), why
 
     def sampling(self, base: Optional[SamplingConfig] = None, **over) -> SamplingConfig:
@@ -413,11 +418,11 @@ class Pipeline:
         Returns:
             GenerationResult(images, tokens (B, N), stats).
         """
-        from ..validation import check_sampling
+        from ..validation import API_NAMES, check_sampling
 
         method, auto_tree, why = self.method(verify)
         check_sampling(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
-                       vocab_size=self.config.vocab_size)
+                       vocab_size=self.config.vocab_size, names=API_NAMES)  # named as this API takes them
         cond, overrides, labels = self._cond(prompts)
         negative = self._conds.negatives(negative_prompt, len(overrides))  # one text or None per prompt
         cond = self._conds.guided(cond, negative, self._text)  # T5 captions: the negatives' features as null rows
@@ -442,9 +447,23 @@ class Pipeline:
         recorded tree and knobs of "auto", why). A Method is used as is; a name, or the one "auto"
         picks, is looked up once (`noun`: how an unknown name is called in the error)."""
         if isinstance(verify, Method):
-            return verify, {}, f"{verify.name} (asked for)"
-        name, auto_tree, why = self.resolve_verify(AUTO if verify is None else verify)
-        return resolve_method(name, auto=True, noun=noun), auto_tree, why  # the one lookup by name
+            method, auto_tree, why = verify, {}, f"{verify.name} (asked for)"
+        else:
+            name, auto_tree, why = self.resolve_verify(AUTO if verify is None else verify)
+            method = resolve_method(name, auto=True, noun=noun)  # the one lookup by name
+        self._check_artifacts(method)
+        return method, auto_tree, why
+
+    def _check_artifacts(self, method: Method) -> None:
+        """InputError in this API's words when `method` needs a drafter / tables the pipeline lacks
+        (the decode loop's own message names the CLI's --drafter / --tables)."""
+        e = self._e
+        if method.needs_drafter and e.drafter is None and method.drafter_factory is None:
+            raise InputError(f"verify={method.name!r} needs a drafter: Pipeline.from_models(target, drafter, ...) or "
+                             "Pipeline.from_dir of a bundle exported with one; or verify='vanilla'")
+        if method.needs_tables and e.tables is None and e.gasv is None:
+            raise InputError(f"verify={method.name!r} needs calibration tables: Pipeline.from_models(target, drafter, "
+                             "tables, ...) or Pipeline.from_dir of a bundle exported with them; or verify='exact'")
 
     def _call_spec(self, method: Method, auto_tree: dict, tree: dict) -> SpecConfig:
         """A call's SpecConfig: its tree and knob settings over the pipeline's knobs

@@ -100,7 +100,8 @@ def parse_prompts(path, *, num_classes: Optional[int] = None, class_names: Optio
     runtime/conditions.py `parse_file`, says which): class prompts (`num_classes`, with the
     bundle's `class_names`), or captions (`captions="every-line"`: every plain line one caption,
     an empty line an error, as a caption encoder reads them; `"lines"`: one text per non-blank,
-    non-'#' line). JSONL files (.jsonl / .json, or a line starting with '{') hold objects.
+    non-'#' line). JSONL files (.jsonl / .json, or every line an object) hold objects; a file of
+    plain lines with objects among them is refused, naming the line (`_is_jsonl`).
 
     Raises:
         InputError listing every malformed line as 'path:LINE: problem'.
@@ -111,7 +112,7 @@ def parse_prompts(path, *, num_classes: Optional[int] = None, class_names: Optio
     if not p.is_file():
         raise InputError(f"prompts file not found: {p}")
     lines = p.read_text().splitlines()
-    jsonl = p.suffix in (".jsonl", ".json") or any(ln.lstrip().startswith("{") for ln in lines)
+    jsonl = _is_jsonl(p, lines)
     if not jsonl and captions is not None:  # text conditions (captions, text prompts): one per line
         return _caption_file(p, lines, every_line=captions == "every-line")
     classes = _Classes(num_classes, class_names) if captions is None else None
@@ -124,6 +125,24 @@ def parse_prompts(path, *, num_classes: Optional[int] = None, class_names: Optio
             errors.append(f"{p}:{no}: {e}")
     _raise_problems(p, prompts, errors)
     return prompts
+
+
+def _is_jsonl(p: Path, lines) -> bool:
+    """The file's one kind, from its name (.jsonl / .json) or its content: every line an object
+    (JSONL) or none (plain). A mix is refused naming the first line of the fewer kind (one JSON
+    line among plain ones read the whole file as JSONL before)."""
+    if p.suffix in (".jsonl", ".json"):
+        return True
+    objs, plain = [], []
+    for no, text in _content_lines(lines):
+        (objs if text.startswith("{") else plain).append(no)
+    if objs and plain:
+        odd, kind, other = (objs[0], "a JSON object", "plain text") if len(objs) <= len(plain) else \
+            (plain[0], "a plain-text line", "JSON objects")
+        raise InputError(f"{p}:{odd}: {kind} among {other} ({len(objs)} JSON line(s), {len(plain)} plain): a "
+                         "prompts file is either JSONL (every line an object, or a .jsonl name) or plain text (one "
+                         "prompt per line); write every line the same way")
+    return bool(objs)
 
 
 def _content_lines(lines):

@@ -11,14 +11,24 @@ from ..clitools import handle_errors
 
 
 _errors = handle_errors  # clitools.py: LisaError -> message, exit 2
+# -h as on every command; declared on the commands themselves because `preflight` parses `serve`'s
+# arguments without the group (click caches a command's help option from its first context)
+_CONTEXT = {"help_option_names": ["-h", "--help"]}
 # the Jacobi window of requests that send no `sjd_window` input (a request's own value wins); declared
 # here, not with the method's knob, so that `serve`'s port check does not import torch
 _SJD_WINDOW = click.option("--sjd-window", type=click.IntRange(min=1), default=None,
                            help="SJD family (sjd, mcsjd, sjd-pac, gsd, sjd-gasv): default draft tokens per Jacobi "
                                 "window for requests without an sjd_window input (default 16).")
+# the OpenAI front end's model name and key, spelt as vLLM / trtllm-serve spell them
+_SERVED_NAME = click.option("--served-model-name", default="lisa", show_default=True,
+                            help="The model's name in the OpenAI API (requests' `model`, GET /v1/models); "
+                                 "Triton's model stays 'lisa'.")
+_API_KEY = click.option("--api-key", default=None, envvar="LISA_TRT_API_KEY",
+                        help="OpenAI API: /v1 requests without 'Authorization: Bearer KEY' get 401 (env "
+                             "LISA_TRT_API_KEY; default: no key). /health stays open.")
 
 
-@click.command("serve")
+@click.command("serve", context_settings=_CONTEXT)
 @click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--backend", type=click.Choice(["auto", "ort", "trt", "torch"]), default="auto", show_default=True,
               help="auto: TensorRT when engines are built and a GPU is usable, else ONNX Runtime.")
@@ -49,11 +59,13 @@ _SJD_WINDOW = click.option("--sjd-window", type=click.IntRange(min=1), default=N
               help="With --openai-port: the engines go into the decoupled model 'lisa_stream', so `stream: true` "
                    "requests get their partial images while the image decodes (over gRPC); 'lisa' becomes its "
                    "proxy (no engines: one copy of them). Off: partials are cut from the finished image.")
+@_SERVED_NAME
+@_API_KEY
 @_SJD_WINDOW
 @_errors
 def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max_batch, max_queue_delay_ms,
               threads, instances, gpus, drain_timeout, start_timeout, openai_port, openai_max_pending, progressive,
-              sjd_window):
+              served_model_name, api_key, sjd_window):
     """Serve ENGINE_DIR on NVIDIA Triton Inference Server (PyTriton) with dynamic batching.
 
     Model 'lisa': inputs prompt (class id/name), seed, verify, cfg_scale, temperature, top_k,
@@ -73,10 +85,11 @@ def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max
                    metrics_port=metrics_port, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms,
                    threads=threads, instances=instances, gpus=gpu_ids, drain_timeout=drain_timeout,
                    start_timeout=start_timeout, sjd_window=sjd_window, openai_port=openai_port,
-                   openai_max_pending=openai_max_pending, progressive=progressive, echo=click.echo))
+                   openai_max_pending=openai_max_pending, progressive=progressive,
+                   served_model_name=served_model_name, api_key=api_key, echo=click.echo))
 
 
-@click.command("triton-repo")
+@click.command("triton-repo", context_settings=_CONTEXT)
 @click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("repo_dir", type=click.Path(file_okay=False))
 @click.option("--backend", type=click.Choice(["auto", "ort", "trt", "torch"]), default="trt", show_default=True,
@@ -114,7 +127,7 @@ def triton_repo_cmd(engine_dir, repo_dir, backend, max_batch, max_queue_delay_ms
     click.echo(f"wrote Triton model repository {out} ({models}): tritonserver --model-repository {repo_dir}")
 
 
-@click.command("openai-api")
+@click.command("openai-api", context_settings=_CONTEXT)
 @click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--triton-url", default="127.0.0.1:8000", show_default=True,
               help="HTTP endpoint (host:port) of the Triton server that serves ENGINE_DIR as model 'lisa'.")
@@ -130,18 +143,23 @@ def triton_repo_cmd(engine_dir, repo_dir, backend, max_batch, max_queue_delay_ms
               help="Requests in flight before the API answers 429.")
 @click.option("--drain-timeout", type=int, default=60, show_default=True,
               help="Seconds SIGTERM waits for in-flight requests.")
+@_SERVED_NAME
+@_API_KEY
 @_errors
-def openai_api_cmd(engine_dir, triton_url, triton_grpc_url, host, port, max_batch, max_pending, drain_timeout):
+def openai_api_cmd(engine_dir, triton_url, triton_grpc_url, host, port, max_batch, max_pending, drain_timeout,
+                   served_model_name, api_key):
     """The OpenAI Images API for ENGINE_DIR in front of a Triton server that already serves it
     (`lisa-trt triton-repo` in the Triton container; a sidecar next to it). `lisa-trt serve
     --openai-port` starts the same front end with its own Triton. See docs/serving.md."""
     from .openai_api import FrontEnd
-    from .server import check_ports
+    from .server import check_openai_identity, check_ports
 
+    check_openai_identity(served_model_name, api_key)
     check_ports(host, {"--port": port})
     front = FrontEnd.for_triton(engine_dir, triton_url=triton_url, host=host, port=port, max_batch=max_batch,
                                 max_pending=max_pending, drain_timeout=drain_timeout,
-                                triton_grpc_url=triton_grpc_url)
+                                triton_grpc_url=triton_grpc_url, served_model_name=served_model_name,
+                                api_key=api_key)
     click.echo(f"OpenAI Images API: http://{host}:{port}/v1/images/generations (model '{front.info.id}', "
                f"{front.info.size}, n <= {max_batch}) -> Triton {triton_url}")
     sys.exit(front.serve_until_signal(drain_timeout))  # SIGTERM: in-flight requests finish, exit 0

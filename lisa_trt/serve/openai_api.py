@@ -337,12 +337,31 @@ async def _progressive(request, backend, info: ModelInfo, call: ImagesCall, pend
     return _closing_stream(body(), release)
 
 
+def api_key_check(api_key: Optional[str]):
+    """A FastAPI dependency: with `api_key`, every /v1 request must send `Authorization: Bearer KEY`
+    (else 401 in OpenAI's shape, as vLLM's --api-key); /health stays open (probes carry no key)."""
+    import hmac
+
+    from fastapi import Request
+
+    async def check(request: Request):
+        if api_key is None or not request.url.path.startswith("/v1"):
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
+            raise APIError(401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>' with "
+                                "the key the server was started with (--api-key)", None, "invalid_api_key")
+
+    return check
+
+
 def create_app(backend: TritonImages, info: ModelInfo, *, max_pending: int = MAX_PENDING,
-               max_body_bytes: int = MAX_BODY_BYTES):
-    """The ASGI app (FastAPI) serving `info`'s model through `backend`."""
+               max_body_bytes: int = MAX_BODY_BYTES, api_key: Optional[str] = None):
+    """The ASGI app (FastAPI) serving `info`'s model (OpenAI name `info.id`) through `backend`;
+    `api_key`: the bearer token every /v1 request must carry (None: none)."""
     from contextlib import asynccontextmanager
 
-    from fastapi import FastAPI, Request
+    from fastapi import Depends, FastAPI, Request
     from fastapi.responses import JSONResponse, StreamingResponse
     from starlette.concurrency import run_in_threadpool
 
@@ -354,7 +373,7 @@ def create_app(backend: TritonImages, info: ModelInfo, *, max_pending: int = MAX
         await backend.close()
 
     app = FastAPI(title="lisa-trt OpenAI Images API", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+                  openapi_url=None, dependencies=[Depends(api_key_check(api_key))])
     _install_error_handlers(app)
     pending, kinds = _Pending(max_pending), knob_kinds()
 
@@ -407,13 +426,17 @@ class FrontEnd:
     @classmethod
     def for_triton(cls, engine_dir, *, triton_url: str, host: str, port: int, max_batch: int,
                    max_pending: int = MAX_PENDING, drain_timeout: int = 60,
-                   triton_grpc_url: Optional[str] = None) -> "FrontEnd":
+                   triton_grpc_url: Optional[str] = None, served_model_name: str = MODEL_NAME,
+                   api_key: Optional[str] = None) -> "FrontEnd":
         """The OpenAI API of ENGINE_DIR's bundle, forwarding to model 'lisa' at `triton_url`
-        (HTTP); with `triton_grpc_url`, streaming requests go to 'lisa_stream' there (TritonImages)."""
+        (HTTP); with `triton_grpc_url`, streaming requests go to 'lisa_stream' there (TritonImages).
+
+        served_model_name: the model's OpenAI name (requests' `model`, GET /v1/models), as vLLM's
+        --served-model-name; api_key: the bearer token /v1 requests must carry (None: none)."""
         require_openai_deps()
-        info = ModelInfo.from_dir(engine_dir, max_batch)
-        front = cls(create_app(TritonImages(triton_url, grpc_url=triton_grpc_url), info, max_pending=max_pending),
-                    host=host, port=port, drain_timeout=drain_timeout)
+        info = ModelInfo.from_dir(engine_dir, max_batch, model_id=served_model_name)
+        front = cls(create_app(TritonImages(triton_url, grpc_url=triton_grpc_url), info, max_pending=max_pending,
+                               api_key=api_key), host=host, port=port, drain_timeout=drain_timeout)
         front.info = info
         return front
 

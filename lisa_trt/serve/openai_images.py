@@ -96,7 +96,7 @@ def decoded_partial_events(info: ModelInfo, call: ImagesCall, k: int, tokens: in
     return [_event("image_generation.partial_image", {
         "type": "image_generation.partial_image", "b64_json": png_b64(img), "created_at": int(time.time()),
         "partial_image_index": k, **_common(info, call), "image_index": i, "rows": shown_rows(info, tokens),
-        "tokens": int(tokens), "token_rows": info.token_rows}) for i, img in enumerate(images)]
+        "tokens": int(tokens), "token_rows": info.token_rows, "progressive": True}) for i, img in enumerate(images)]
 
 
 def completed_events(info: ModelInfo, call: ImagesCall, rows: list, seconds: float) -> list:
@@ -123,5 +123,7 @@ def stream_events(info: ModelInfo, call: ImagesCall, rows: list, seconds: float)
             yield _event("image_generation.partial_image", {
                 "type": "image_generation.partial_image", "b64_json": png_b64(partial_image(img, px)),
                 "created_at": int(time.time()), "partial_image_index": k - 1, **_common(info, call),
-                "image_index": i, "rows": shown, "pixel_rows": px, "token_rows": info.token_rows})
+                "image_index": i, "rows": shown, "pixel_rows": px, "token_rows": info.token_rows,
+                # cut from the finished image, all sent after the decode (serve without --progressive)
+                "progressive": False})
         yield done[i]

@@ -200,18 +200,21 @@ def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_po
           threads: Optional[int] = None, instances: int = 1, gpus: Optional[Sequence[int]] = None,
           drain_timeout: int = 60, start_timeout: float = 600.0, sjd_window: Optional[int] = None,
           openai_port: Optional[int] = None, openai_max_pending: int = 256, progressive: bool = False,
-          echo: Callable = print) -> int:
+          served_model_name: str = MODEL_NAME, api_key: Optional[str] = None, echo: Callable = print) -> int:
     """Check the ports, start Triton on a repository for ENGINE_DIR, report readiness, serve until
     SIGTERM/SIGINT, drain in-flight requests; returns 0 (1 when Triton failed).
 
     sjd_window: the Jacobi window of requests that send no `sjd_window` input (None: 16).
     openai_port: also serve the OpenAI Images API there (openai_api.py), once Triton is ready;
     openai_max_pending: its requests in flight before it answers 429.
+    served_model_name / api_key: the front end's OpenAI model name and the bearer token its /v1
+    requests must carry (vLLM's --served-model-name / --api-key; openai_api.py).
     progressive: the engines in the decoupled model 'lisa_stream', whose partial images the front end
     streams while the image decodes, and model 'lisa' its proxy (no engines: one copy of the engines);
     needs openai_port and tritonclient[grpc]."""
     from .repo import write_triton_repo
 
+    check_openai_identity(served_model_name, api_key, "--openai-port" if openai_port is None else None)
     _check_serve(engine_dir, host=host, ports=serve_ports(http_port, grpc_port, metrics_port, openai_port),
                  max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms, instances=instances, threads=threads,
                  openai_port=openai_port, openai_max_pending=openai_max_pending, progressive=progressive)
@@ -247,7 +250,8 @@ def serve(engine_dir, *, backend: str = "auto", host: str = "127.0.0.1", http_po
         if openai_port is not None:
             front = _front_end(engine_dir, host=host, http_port=http_port, port=openai_port, max_batch=max_batch,
                                max_pending=openai_max_pending, drain_timeout=drain_timeout, echo=echo,
-                               grpc_port=grpc_port if stream else None)
+                               grpc_port=grpc_port if stream else None, served_model_name=served_model_name,
+                               api_key=api_key)
         sys.stdout.flush()
         while not stop.wait(0.5):
             if proc.poll() is not None:
@@ -288,6 +292,17 @@ def _check_serve(engine_dir, *, host: str, ports: dict, max_batch: int, max_queu
         _check_front_end(openai_max_pending)
     if progressive:
         _require_streaming()
+
+
+def check_openai_identity(served_model_name: str, api_key: Optional[str], missing: Optional[str] = None) -> None:
+    """--served-model-name / --api-key: a name without spaces, a non-empty key; `missing`: the option
+    without which they mean nothing (serve's --openai-port), named when either was changed."""
+    if missing is not None and (served_model_name != MODEL_NAME or api_key is not None):
+        raise InputError(f"--served-model-name and --api-key belong to the OpenAI front end: give {missing} too")
+    if not served_model_name or any(c.isspace() for c in served_model_name):
+        raise InputError(f"--served-model-name must be a name without spaces, got {served_model_name!r}")
+    if api_key is not None and not api_key.strip():
+        raise InputError("--api-key is empty: give the key clients send as 'Authorization: Bearer KEY'")
 
 
 def _wait_ready(proc, host: str, http_port: int, stop, deadline: float, start_timeout: float) -> bool:
@@ -334,14 +349,16 @@ def _require_streaming() -> None:
 
 
 def _front_end(engine_dir, *, host: str, http_port: int, port: int, max_batch: int, max_pending: int,
-               drain_timeout: int, echo: Callable, grpc_port: Optional[int] = None):
+               drain_timeout: int, echo: Callable, grpc_port: Optional[int] = None,
+               served_model_name: str = MODEL_NAME, api_key: Optional[str] = None):
     """Start the OpenAI front end on `port`, forwarding to Triton's HTTP endpoint (and, with
     `grpc_port`, streaming requests to model 'lisa_stream' on its gRPC endpoint); -> its FrontEnd."""
     from .openai_api import FrontEnd
 
     front = FrontEnd.for_triton(engine_dir, triton_url=f"{local_address(host)}:{http_port}", host=host, port=port,
                                 max_batch=max_batch, max_pending=max_pending, drain_timeout=drain_timeout,
-                                triton_grpc_url=None if grpc_port is None else f"{local_address(host)}:{grpc_port}")
+                                triton_grpc_url=None if grpc_port is None else f"{local_address(host)}:{grpc_port}",
+                                served_model_name=served_model_name, api_key=api_key)
     front.start()
     shown = f"[{host}]" if ":" in host else host
     echo(f"OpenAI Images API: http://{shown}:{port}/v1/images/generations (model '{front.info.id}', "

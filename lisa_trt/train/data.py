@@ -421,9 +421,9 @@ def encode_image_folder(vq, folder, out_path, *, grid, batch: int = 32, progress
     and "classes" (N,) atomically, and returns its path.
     """
     from PIL import Image
-    from tqdm import tqdm
 
     from ..io import save_safetensors
+    from ..progress import iterate
 
     folder = Path(folder)
     subdirs = sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
@@ -450,7 +450,7 @@ def encode_image_folder(vq, folder, out_path, *, grid, batch: int = 32, progress
 
     tokens = []
     with torch.no_grad():
-        for a in tqdm(range(0, len(items), batch), desc="encode images", disable=not progress):
+        for a in iterate(range(0, len(items), batch), progress, desc="encode images"):
             x = torch.stack([load(f) for f, _ in items[a: a + batch]])
             tokens.append(vq.encode(x.to(vq.codebook().device)).cpu())
     out_path = Path(out_path)

@@ -51,8 +51,7 @@ def _matches(path: Path, key: dict) -> bool:
 
 
 def _tqdm(it, enabled: bool, **kw):
-    if not enabled:
-        return it
-    from tqdm.auto import tqdm
+    """`it` under a progress bar when `enabled` and someone watches (progress.py `iterate`)."""
+    from ..progress import iterate
 
-    return tqdm(it, **kw)
+    return iterate(it, enabled, **kw)

@@ -544,7 +544,7 @@ def train_drafter(target, codebook: Optional[torch.Tensor], train_cfg: TrainConf
     for step in steps:
         update = _train_step(run, step)
         _after_update(run, steps, step + 1, update, eval_fn)
-    result = _finish(run)
+    result = _finish(run, trained=start < cfg.steps)
     dist.barrier()
     if dist.owned:
         torch.distributed.destroy_process_group()
@@ -681,12 +681,10 @@ def _open_run_dir(run: _Run, start: int) -> None:
 
 def _step_bar(run: _Run, start: int):
     """The steps still to run, as a tqdm bar over the whole run when progress is shown."""
-    steps = range(start, run.cfg.steps)
-    if not run.show:
-        return steps
-    from tqdm.auto import tqdm
+    from ..progress import iterate
 
-    return tqdm(steps, initial=start, total=run.cfg.steps, desc="train drafter", unit="step")
+    return iterate(range(start, run.cfg.steps), run.show, initial=start, total=run.cfg.steps, desc="train drafter",
+                   unit="step")
 
 
 def _train_step(run: _Run, step: int) -> tuple:
@@ -753,11 +751,19 @@ def _periodic_eval(run: _Run, step: int, eval_fn=None) -> None:
         f.write(json.dumps({"step": step, "eval": ev}) + "\n")
 
 
-def _finish(run: _Run) -> dict:
-    """train_drafter's result; rank 0 writes eval.json and drafter.safetensors."""
+def _finish(run: _Run, trained: bool = True) -> dict:
+    """train_drafter's result; rank 0 writes eval.json and drafter.safetensors. A run that was
+    already finished (`trained` False: no step ran) keeps its recorded eval.json and drafter."""
     out_dir = run.out_dir
     result = {"radius": run.radius, "steps": run.cfg.steps, "metrics": str(run.metrics_path),
               "drafter": str(out_dir / "drafter.safetensors")}
+    recorded = out_dir / "eval.json"
+    if not trained and recorded.is_file() and (out_dir / "drafter.safetensors").is_file():
+        result["eval"] = json.loads(recorded.read_text())
+        if run.dist.main:
+            print(f"{out_dir} is finished ({run.cfg.steps} steps): its recorded evaluation (eval.json) is not "
+                  "repeated (--extend with more --steps trains further)", file=sys.stderr)
+        return result
     if run.dist.main:
         result["eval"] = _held_out(run)
         write_json(out_dir / "eval.json", result["eval"])

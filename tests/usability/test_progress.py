@@ -57,8 +57,10 @@ def test_on_token_callback_counts_every_token():
     assert seen == list(range(1, model.config.block_size + 1))
 
 
-def test_pipeline_progress_one_step_per_image(capsys):
+def test_pipeline_progress_one_step_per_image(capsys, monkeypatch):
     import lisa_trt
+
+    monkeypatch.setattr("lisa_trt.progress.bars_wanted", lambda stream=None: True)  # as on a terminal
 
     pipe = lisa_trt.Pipeline.from_models(testing.make_target(seed=0))
     pipe.generate([0, 1], verify="vanilla", decode=False, progress=True)

@@ -156,7 +156,7 @@ def test_pipeline_generate_checks_sampling():
         raise AssertionError(f"{type(self).__name__} ran before the bad sampling setting was refused")
 
     for kw, match in ((dict(cfg_scale=-1.0), "cfg"), (dict(temperature=0.0), "temperature"),
-                      (dict(top_p=2.0), "top-p"), (dict(top_k=10_000), "vocabulary")):
+                      (dict(top_p=2.0), "top_p="), (dict(top_k=10_000), "vocabulary")):
         with pytest.MonkeyPatch.context() as mp, pytest.raises(InputError, match=match):
             mp.setattr(torch.nn.Module, "__call__", no_work)  # refused before any forward pass
             pipe.generate([0], verify="vanilla", **kw)

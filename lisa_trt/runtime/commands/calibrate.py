@@ -8,6 +8,7 @@ def calibrate(rc, *, out_path, vq, vq_config, rollouts, samples_per_pos, quantil
     """One driver (calibration/profile.py) over the family's rollouts; writes the tables to `out_path`."""
     from ...calibration.profile import calibrate as run_calibration
     from ...calibration.tables import save_tables
+    from ...progress import bars_wanted
     from ..context import gasv_calibration
 
     rc = rc.load(counts={"--rollouts": rollouts, "--samples-per-pos": samples_per_pos, "--clusters": clusters},
@@ -17,7 +18,8 @@ def calibrate(rc, *, out_path, vq, vq_config, rollouts, samples_per_pos, quantil
     kw = rc.conditions.rollouts(rc, rollouts, captions=captions, captions_file=captions_file, encoder_dir=encoder_dir)
     tables = run_calibration(rc.target, fam.codebook(vqm), num_rollouts=rollouts, samples_per_pos=samples_per_pos,
                              quantile=quantile, n_clusters=clusters, cluster_space=cluster_space, lantern_k=lantern_k,
-                             seed=rc.seed, sampling=rc.sampling, gasv=gasv_calibration(rc.spec), **kw)
+                             seed=rc.seed, sampling=rc.sampling, gasv=gasv_calibration(rc.spec),
+                             progress=bars_wanted(), **kw)
     save_tables(tables, out_path)
     echo(f"wrote {out_path}: {tables.n_clusters} clusters over {tables.vocab_size} codes, theta_geo "
          f"{tables.theta_geo:.3f}, LANTERN k {tables.lantern_neighbors.shape[1]}")

@@ -24,7 +24,8 @@ def export(rc, *, out_dir, drafter, tables, vq, vq_config, fp16, opset, max_tree
     dr = load_drafter_by_name(drafter, target) if drafter else None
     tb = load_tables_by_name(tables, target, sub_vocab) if tables else None
     vqm, _ = find_vq(source, vq, vq_config, family=rc.family)
-    generation = generation_defaults(source, target, rc.sampling)
+    generation = generation_defaults(source, target, rc.sampling, drafter=drafter, drafter_model=dr, tables=tables,
+                                     model_name=rc.given.get("model"))
     man = export_bundle(target, dr, tb, vqm, out_dir, source=source, image_size=rc.given.get("image_size"),
                         max_prompt=max_prompt, max_tree=max_tree, opset=opset, generation=generation,
                         validate=validate, fp16=fp16, quantize=quantize, torch_weights=torch_weights)

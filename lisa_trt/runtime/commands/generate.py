@@ -30,7 +30,7 @@ def _decode(rc, drafter, tables, cond, request, echo) -> tuple:
     """(tokens, stats dict): the run's method over `cond`, with a progress bar on a terminal."""
     import torch
 
-    from ...progress import progress_bar
+    from ...progress import bars_wanted, progress_bar
     from ...speculative.run import run_method
 
     m, spec, layout = rc.method, rc.spec, getattr(request, "layout", None)
@@ -41,7 +41,7 @@ def _decode(rc, drafter, tables, cond, request, echo) -> tuple:
             f", Jacobi window {spec.settings('sjd').window}" if m.kind == "sjd" else
             f", draft tree top-k {spec.tree.top_k} / depth {spec.tree.depth} / {spec.tree.total_tokens} nodes "
             "(smaller trees are faster on a CPU: --tree-tokens)") + " ...", err=True)
-    show = sys.stderr.isatty()
+    show = bars_wanted()
     bar = progress_bar(n_img * n_tok, show, unit="token")
     tokens, st = run_method(m, rc.target, drafter, tables, cond, sampling=rc.sampling, spec=spec, seed=rc.seed,
                             on_progress=(lambda done: bar.update(done - bar.n)) if show else None, layout=layout)

@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
-import sys
 
 
-def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gib, echo, negative_prompt=None, **_):
+def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gib, echo, negative_prompt=None,
+        resume=False, **_):
     """The memory plan checked, then Pipeline over the bundle's engines, one decode per prompt;
-    writes the images and stats. The bundle's Manifest and family are the RunContext's (parsed and
-    resolved once by `resolve`), handed to the preflight, the prompts precheck and the Pipeline.
-    negative_prompt: Pipeline.generate's, for every prompt."""
+    each image written as it finishes (runtime/run_progress.py: an interrupted run keeps them,
+    `resume` skips them), then the stats. The bundle's Manifest and family are the RunContext's
+    (parsed and resolved once by `resolve`), handed to the preflight, the prompts precheck and the
+    Pipeline. negative_prompt: Pipeline.generate's, for every prompt."""
     from ...deploy.memory_plan import preflight
     from ...engines.trt_plans import engines_built
-    from ...validation import check_out_dir
+    from ...validation import probe_writable_dir
     from ..conditions import precheck_prompts
-    from ..outputs import save_run
     from ..pipeline import Pipeline
+    from ..run_progress import check_run_out
 
     engine_dir, backend, s, man = rc.given["model"], rc.backend, rc.given["sampling"], rc.manifest
     gpu_backend = backend == "trt" or (backend == "auto" and engines_built(engine_dir, man))
     preflight(engine_dir, gpu=gpu, memory_gib=memory_gib, gpu_backend=gpu_backend, batch=1,
               tree=rc.given["tree"]["tree_tokens"], cfg_scale=s["cfg_scale"], manifest=man)  # one prompt per call
-    check_out_dir(out_dir, overwrite=overwrite)
+    probe_writable_dir(out_dir, "--out directory")
+    check_run_out(out_dir, resume=resume, overwrite=overwrite)  # before any work
     if negative_prompt is not None:  # refused (naming why) before any engine loads
         from ..conditions import run_conditions
 
@@ -32,16 +34,58 @@ def run(rc, *, prompts, out_dir, overwrite, threads, encoder_dir, gpu, memory_gi
     precheck_prompts(rc.source, prompts, encoder_dir, manifest=man, family=rc.family)
     pipe = Pipeline.from_dir(rc.source, backend=rc.backend, threads=threads, text_encoder=encoder_dir,
                              manifest=man, family=rc.family)
-    ps = pipe.conditions.parse_file(prompts, pipe.class_names)  # the prompts file in its kind's line format
+    ps = _seeded(pipe.conditions.parse_file(prompts, pipe.class_names), rc.seed)  # the prompts file, its kind's format
+    prog = _progress(rc, prompts, out_dir, resume=resume, overwrite=overwrite, negative_prompt=negative_prompt)
     if rc.method is None:
         echo(f"verify auto: {pipe.resolve_verify(rc.verify)[2]}")
-    res = pipe.generate(ps, seed=rc.seed, verify=rc.method or rc.verify, cfg_scale=s["cfg_scale"],
-                        temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"], greedy=s["greedy"],
-                        progress=sys.stderr.isatty(), negative_prompt=negative_prompt, **rc.given["tree"],
-                        **rc.given["knobs"])
-    verify = res.stats[0]["verify"] if res.stats else rc.verify  # what "auto" ran
-    mal = sum(st["mal"] for st in res.stats) / len(res.stats)
-    secs = sum(st["seconds"] for st in res.stats)
-    out = save_run(out_dir, res, ps, {"family": pipe.family.name, "backend": pipe.backend, "verify": verify,
-                                      "mal": mal, "seconds": secs, "images": res.stats}, overwrite=overwrite)
-    echo(f"{len(res.images)} images -> {out} ({pipe.backend}, {verify}): mean MAL {mal:.2f}, {secs:.2f} s")
+    todo = [i for i in range(len(ps)) if i not in prog.done]
+    if prog.done:
+        echo(f"resuming: {len(prog.done)} of {len(ps)} images already in {out_dir}; decoding {len(todo)}")
+    _decode_each(pipe, ps, todo, prog, rc, negative_prompt, echo, out_dir)
+    images = prog.image_stats(len(ps))
+    verify = images[0]["verify"] if images else rc.verify  # what "auto" ran
+    mal = sum(st["mal"] for st in images) / len(images)
+    secs = sum(st["seconds"] for st in images)
+    prog.finish(len(ps), {"family": pipe.family.name, "backend": pipe.backend, "verify": verify, "mal": mal,
+                          "seconds": secs})
+    echo(f"{len(ps)} images -> {out_dir} ({pipe.backend}, {verify}): mean MAL {mal:.2f}, {secs:.2f} s")
+
+
+def _progress(rc, prompts, out_dir, **kw):
+    from ..run_progress import RunProgress, run_key
+
+    settings = {"verify": rc.verify, "sampling": rc.given["sampling"], "tree": rc.given["tree"],
+                "knobs": rc.given["knobs"], "negative_prompt": kw.pop("negative_prompt")}
+    return RunProgress(out_dir, run_key(rc.given["model"], prompts, rc.seed, settings), **kw)
+
+
+def _seeded(prompts, seed: int) -> list:
+    """Every prompt with its own seed (runtime/seeding.py), so each decodes alone as in one request."""
+    import dataclasses
+
+    from ..seeding import image_seed
+
+    return [dataclasses.replace(p, seed=image_seed(seed, i, p.seed)) for i, p in enumerate(prompts)]
+
+
+def _decode_each(pipe, ps, todo, prog, rc, negative_prompt, echo, out_dir) -> None:
+    """Decode the prompts `todo` one by one, each saved as it finishes; Ctrl-C keeps those."""
+    from ...progress import progress_bar
+
+    s = rc.given["sampling"]
+    bar = progress_bar(len(todo), True, unit="image")
+    try:
+        for i in todo:
+            res = pipe.generate([ps[i]], seed=rc.seed, verify=rc.method or rc.verify, cfg_scale=s["cfg_scale"],
+                                temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"], greedy=s["greedy"],
+                                negative_prompt=negative_prompt, **rc.given["tree"], **rc.given["knobs"])
+            prog.save(i, ps[i], res)
+            bar.update(1)
+    except KeyboardInterrupt:
+        bar.close()
+        import sys
+
+        print(f"interrupted: {len(prog.done)} of {len(ps)} images kept in {out_dir}; the same command with "
+              "--resume decodes the rest", file=sys.stderr)  # shown at every log level
+        raise
+    bar.close()

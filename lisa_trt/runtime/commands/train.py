@@ -47,6 +47,9 @@ def _data_config(rc, vqm, out_dir, o: dict):
         kw["num_samples"] = o["num_samples"]
     if rc.given["sampling"].get("cfg_scale") is not None or _is_set(rc.source):
         kw["cfg_scale"] = rc.sampling.cfg_scale  # given, else an artifact set's deployment scale
+    for k in ("temperature", "top_k", "top_p"):  # the deployment's sampling law, when given (docs/drafters.md)
+        if rc.given["sampling"].get(k) is not None:
+            kw[k] = getattr(rc.sampling, k)
     return DataConfig(**kw)
 
 
@@ -86,7 +89,8 @@ def train(rc, *, out_dir, vq, vq_config, echo, **o):
     from ...train.messages import format_eval
 
     echo(format_eval(result.get("eval", {})))
-    _held_out_decoding(rc.target, result, cfg, out_dir, o["eval_images"], echo, held_out)
+    _held_out_decoding(rc.target, result, cfg, out_dir, o["eval_images"], echo, held_out,
+                       finished=start >= cfg.steps)
 
 
 def _train_config(rc, o: dict, data, *, prompted: bool):
@@ -199,12 +203,19 @@ def _resuming_shorter(out_dir, steps: int) -> bool:
     return latest.is_file() and 0 < json.loads(latest.read_text())["step"] < steps
 
 
-def _held_out_decoding(target, result, cfg, out_dir, eval_images, echo, held_out=None) -> None:
+def _held_out_decoding(target, result, cfg, out_dir, eval_images, echo, held_out=None, finished=False) -> None:
     """Decode held-out prompts with the trained drafter (one rank under torchrun) -> eval_decode.json
-    (held_out: a prompted family's held-out Request)."""
+    (held_out: a prompted family's held-out Request); a run `finished` before this call keeps the
+    one it recorded (the same images: it is not repeated)."""
+    import json
     import os
 
     if not eval_images or int(os.environ.get("RANK", "0")) != 0:
+        return
+    recorded = Path(out_dir) / "eval_decode.json"
+    if finished and recorded.is_file() and json.loads(recorded.read_text()).get("images") == eval_images:
+        ev = json.loads(recorded.read_text())
+        echo(f"held-out decoding ({eval_images} images, exact verification, recorded): MAL {ev['mal']:.3f}")
         return
     from ...artifacts import load_drafter_by_name
     from ...io import write_json

@@ -1,0 +1,100 @@
+"""The registries' names that `--help` shows, without importing torch (importing it takes seconds).
+
+The names live in registries that import torch (model families, decoding methods, backends, the
+GPU / precision tables of deploy/). lisa_trt/assets/cli_catalogue.json is a snapshot of `live()` that the option
+factories (options.py) and the top-level command list read; tests/cli/test_help_imports.py keeps
+it equal to the registries. After registering a built-in family / method / backend / GPU or
+changing a command's one-line help, regenerate it:
+
+    python -m lisa_trt.cli.catalogue
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# command name -> "module:attribute" (modules relative to lisa_trt)
+COMMAND_MODULES = {
+    "bench": "cli.bench:bench", "build": "cli.export:build", "calibrate": "cli.calibrate:calibrate",
+    "convert": "cli.misc:convert", "demo": "cli.misc:demo", "encode-captions": "text.cli:encode_captions",
+    "export": "cli.export:export_cmd", "generate": "cli.generate:generate", "openai-api": "serve.cli:openai_api_cmd",
+    "plan": "cli.export:plan", "quantize-trt": "cli.export:quantize_trt_cmd",
+    "random-checkpoint": "cli.misc:random_checkpoint", "run": "cli.run:run", "serve": "serve.cli:serve_cmd",
+    "train": "cli.train:train", "triton-repo": "serve.cli:triton_repo_cmd",
+}
+
+
+def load_command(name: str):
+    """The click command `name` (its module imported now)."""
+    import importlib
+
+    module, attr = COMMAND_MODULES[name].split(":")
+    return getattr(importlib.import_module(f"lisa_trt.{module}"), attr)
+
+
+_FILE = Path(__file__).resolve().parents[1] / "assets" / "cli_catalogue.json"
+
+
+def live(commands: bool = True) -> dict:
+    """The catalogue computed from the registries themselves (imports torch); `commands`: with the
+    commands' help (which needs the stored registries' part: option factories read it)."""
+    from ..deploy.memory_plan import GPUS, PRECISIONS
+    from ..engines.base import backend_names
+    from ..models.family import model_types
+    from ..speculative.gasv import GASVConfig
+    from ..speculative.methods import LanternConfig, SpecConfig, cli_options, method_names
+    from ..train.trainer import TrainConfig
+
+    flat = SpecConfig().flat()
+    knobs = [{"flag": o.flag, "aliases": list(o.aliases), "name": o.name, "type": o.type.__name__, "help": o.help,
+              "default": flat.get(o.name)} for o in cli_options()]
+    return {"model_types": model_types(), "methods": method_names(), "backends": backend_names(),
+            "gpus": list(GPUS), "precisions": list(PRECISIONS), "knobs": knobs,
+            # defaults that --help prints, of dataclasses in torch modules (train.py; calibrate.py)
+            "train_defaults": {k: getattr(TrainConfig(), k) for k in TRAIN_DEFAULTS},
+            "calibrate_defaults": {"gasv_kappa": GASVConfig().kappa, "gasv_lambda": GASVConfig().lam,
+                                   "lantern_k": LanternConfig().k},
+            "commands": _command_helps() if commands else {}}
+
+
+TRAIN_DEFAULTS = ("steps", "batch_size", "lr", "ttt_steps", "checkpoint_every")
+
+
+def _command_helps() -> dict:
+    """{command name: the first paragraph of its help} (what `lisa-trt --help` shortens)."""
+    return {name: first_paragraph(load_command(name)) for name in COMMAND_MODULES}
+
+
+def first_paragraph(cmd) -> str:
+    import inspect
+
+    return cmd.short_help or " ".join(inspect.cleandoc(cmd.help or "").split("\n\n")[0].split())
+
+
+_SNAPSHOT: dict = {}
+
+
+def snapshot() -> dict:
+    """The stored catalogue (no torch), read once."""
+    if not _SNAPSHOT:
+        _SNAPSHOT.update(json.loads(_FILE.read_text()))
+    return _SNAPSHOT
+
+
+def write(path: Path = _FILE) -> None:
+    """Regenerate the snapshot from the registries (atomically): the registries' part first (the
+    commands' options are made from it), then the commands' help."""
+    data = {**live(commands=False), "commands": snapshot().get("commands", {}) if path.exists() else {}}
+    for _ in range(2):
+        _SNAPSHOT.clear()
+        _SNAPSHOT.update(data)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.replace(path)
+        data = live()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    write()
+    print(f"wrote {_FILE}")
