@@ -62,3 +62,22 @@ def check_stats():
         return stats.mal
 
     return check
+
+
+@pytest.fixture
+def check_mal():
+    """check_mal(mal, forwards, n_tokens, rows=1): a reported MAL is the decode's own, given the
+    target forwards it reports for a decode of `rows` rows of n_tokens tokens each. Every token
+    after the first (the prefill's) is committed in one of forwards - 1 steps, by every live row
+    of the step: (n - 1) / steps <= MAL <= rows (n - 1) / steps, equality for one row. (A vacuous
+    `mal >= 1` holds for any decode; this fails when the MAL or the count is not the decode's.)
+    Returns the steps."""
+
+    def check(mal: float, forwards: int, n_tokens: int, rows: int = 1) -> int:
+        steps = int(forwards) - 1
+        assert steps >= 1, forwards
+        lo, hi = (n_tokens - 1) / steps, rows * (n_tokens - 1) / steps
+        assert lo - 1e-4 <= float(mal) <= hi + 1e-4, (mal, forwards, n_tokens, rows)
+        return steps
+
+    return check
