@@ -64,7 +64,7 @@ def check_stats():
     return check
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def check_mal():
     """check_mal(mal, forwards, n_tokens, rows=1): a reported MAL is the decode's own, given the
     target forwards it reports for a decode of `rows` rows of n_tokens tokens each. Every token
@@ -79,5 +79,26 @@ def check_mal():
         lo, hi = (n_tokens - 1) / steps, rows * (n_tokens - 1) / steps
         assert lo - 1e-4 <= float(mal) <= hi + 1e-4, (mal, forwards, n_tokens, rows)
         return steps
+
+    return check
+
+
+@pytest.fixture(scope="session")
+def check_run_stats(check_mal):
+    """check_run_stats(st, n_tokens=None): the stats.json of `lisa-trt run` (one decode per prompt)
+    is its decodes' own: the summary MAL is the images' mean, each image ran forwards = steps + 1
+    and committed the same n - 1 tokens (MAL x steps; n_tokens when given). Returns n."""
+
+    def check(st: dict, n_tokens=None) -> int:
+        ims = st["images"]
+        assert st["mal"] == pytest.approx(sum(i["mal"] for i in ims) / len(ims))
+        assert all(i["forwards"] == i["steps"] + 1 for i in ims), ims
+        committed = {round(i["mal"] * i["steps"], 3) for i in ims}
+        assert len(committed) == 1, ims  # every image has the same tokens after the first
+        n = int(committed.pop()) + 1
+        assert n_tokens is None or n == n_tokens, (n, n_tokens)
+        for i in ims:
+            check_mal(i["mal"], i["forwards"], n)
+        return n
 
     return check

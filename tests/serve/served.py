@@ -7,7 +7,8 @@ import pytest
 
 def serve_one_caption(engine_dir, log_path, caption: str, seed: int):
     """(image, stats) the server returns for `caption`, and the Pipeline's image for the same
-    prompt and seed (uint8 arrays)."""
+    prompt and seed (uint8 arrays). The served stats are checked here to be that decode's own: the
+    same target forwards and MAL as the Pipeline's."""
     try:
         import pytriton.triton  # noqa: F401
         import tritonclient.http  # noqa: F401
@@ -26,4 +27,6 @@ def serve_one_caption(engine_dir, log_path, caption: str, seed: int):
             client.close()
     with Pipeline.from_dir(engine_dir, backend="ort", threads=1) as pipe:
         ref = pipe.generate([Prompt(0, caption=caption, seed=seed)], verify="auto", batch=True)
+    want = ref.stats[0]
+    assert st["forwards"] == want["forwards"] and st["mal"] == pytest.approx(want["mal"], rel=1e-6), (st, want)
     return img, st, np.asarray(ref.images[0])
