@@ -122,7 +122,7 @@ def run_demo(out_dir: Path, *, num_images: int = 8, backend: str = "ort", verify
         q = quality_with_error(imgs.float() / 127.5 - 1.0, torch.tensor(prompts), scorer, seed=seed)
         results[method] = {"seconds_per_image": secs, "mal": float(np.mean([s["mal"] for s in res.stats])),
                            "mean_tvd": float(np.mean([s.get("mean_tvd", 0.0) for s in res.stats])),
-                           "target_forwards": float(np.mean([s.get("target_forwards", 0) for s in res.stats])),
+                           "target_forwards": float(np.mean([s["forwards"] for s in res.stats])),
                            "class_acc": q["class_acc"], "class_acc_ci95": q["class_acc_ci95"],
                            "fd_demo": q["fd_demo"], "fd_demo_se": q["fd_demo_se"], "quality": format_quality(q),
                            "indicative": q["indicative"]}
