@@ -6,7 +6,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -259,17 +258,24 @@ def test_sigterm_completes_in_flight_requests_and_leaves_no_process(engine_dir, 
     try:
         kids = descendants(srv.proc.pid)
         assert kids, "tritonserver should run as a child"
-        box = {}
-        th = threading.Thread(target=lambda: box.setdefault("r", _generate_many(srv.url, [(str(i), i) for i in range(4)])))
-        th.start()
-        time.sleep(2.0)  # requests are in Triton / being decoded
+        from served import post_raw, read_response, wait_read_by_server
+
+        def body(k):
+            return json.dumps({"inputs": [{"name": "prompt", "shape": [1, 1], "datatype": "BYTES", "data": [str(k)]},
+                                          {"name": "seed", "shape": [1, 1], "datatype": "INT64", "data": [k]}]}).encode()
+
+        socks = [post_raw(srv.http, "/v2/models/lisa/infer", body(k)) for k in range(4)]
+        wait_read_by_server(srv.http, socks)  # every request is inside Triton (it read them all)
         srv.proc.send_signal(signal.SIGTERM)
-        th.join(REQUEST_TIMEOUT)
-        assert not th.is_alive() and len(box.get("r", [])) == 4
-        assert all(img.shape == (64, 64, 3) for img, _ in box["r"])
+        for s in socks:
+            status, raw = read_response(s)
+            assert status == 200, (status, raw[:300], srv.text()[-3000:])
+            outs = {o["name"]: o for o in json.loads(raw)["outputs"]}
+            assert outs["image"]["shape"] == [1, 64, 64, 3] and outs["error"]["data"] == [""], outs.get("error")
         assert srv.proc.wait(STOP_TIMEOUT) == 0, srv.text()[-3000:]
-        time.sleep(1.0)
-        left = [p for p in kids + descendants(srv.proc.pid) if alive(p)]
-        assert not left, f"processes left after SIGTERM: {left}"
+        t0 = time.monotonic()  # the children exit with it: wait for that (generously), not a fixed second
+        while (left := [p for p in kids if alive(p)]) and time.monotonic() - t0 < 60:
+            time.sleep(0.1)
+        assert not left, f"processes left 60 s after the server exited: {left}"
     finally:
         srv.stop()
