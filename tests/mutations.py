@@ -200,7 +200,11 @@ def verdict(rc) -> str:
     return {0: "missed", 1: "caught", 5: "no tests ran", "timeout": "timeout"}.get(rc, f"error (rc {rc})")
 
 
-def run(muts, timeout: float, baseline: bool = True, echo=print) -> dict:
+def _echo(*a):
+    print(*a, flush=True)
+
+
+def run(muts, timeout: float, baseline: bool = True, echo=_echo) -> dict:
     with tempfile.TemporaryDirectory(prefix="lisa_mut_") as d:
         tmp = Path(d)
         _copy(tmp)
