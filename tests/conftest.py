@@ -62,3 +62,43 @@ def check_stats():
         return stats.mal
 
     return check
+
+
+@pytest.fixture(scope="session")
+def check_mal():
+    """check_mal(mal, forwards, n_tokens, rows=1): a reported MAL is the decode's own, given the
+    target forwards it reports for a decode of `rows` rows of n_tokens tokens each. Every token
+    after the first (the prefill's) is committed in one of forwards - 1 steps, by every live row
+    of the step: (n - 1) / steps <= MAL <= rows (n - 1) / steps, equality for one row. (A vacuous
+    `mal >= 1` holds for any decode; this fails when the MAL or the count is not the decode's.)
+    Returns the steps."""
+
+    def check(mal: float, forwards: int, n_tokens: int, rows: int = 1) -> int:
+        steps = int(forwards) - 1
+        assert steps >= 1, forwards
+        lo, hi = (n_tokens - 1) / steps, rows * (n_tokens - 1) / steps
+        assert lo - 1e-4 <= float(mal) <= hi + 1e-4, (mal, forwards, n_tokens, rows)
+        return steps
+
+    return check
+
+
+@pytest.fixture(scope="session")
+def check_run_stats(check_mal):
+    """check_run_stats(st, n_tokens=None): the stats.json of `lisa-trt run` (one decode per prompt)
+    is its decodes' own: the summary MAL is the images' mean, each image ran forwards = steps + 1
+    and committed the same n - 1 tokens (MAL x steps; n_tokens when given). Returns n."""
+
+    def check(st: dict, n_tokens=None) -> int:
+        ims = st["images"]
+        assert st["mal"] == pytest.approx(sum(i["mal"] for i in ims) / len(ims))
+        assert all(i["forwards"] == i["steps"] + 1 for i in ims), ims
+        committed = {round(i["mal"] * i["steps"], 3) for i in ims}
+        assert len(committed) == 1, ims  # every image has the same tokens after the first
+        n = int(committed.pop()) + 1
+        assert n_tokens is None or n == n_tokens, (n, n_tokens)
+        for i in ims:
+            check_mal(i["mal"], i["forwards"], n)
+        return n
+
+    return check

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -14,7 +15,7 @@ from lisa_trt.testing import make_target
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def files(tmp_path_factory, check_mal):
     d = tmp_path_factory.mktemp("pipe")
     m = make_target(std=0.3)
     save_model(m, m.config, d / "t.safetensors")
@@ -28,14 +29,15 @@ def files(tmp_path_factory):
                           "--ttt-steps", "2", "--eval-images", "2"])
     assert res.exit_code == 0, res.output
     ev = json.loads((d / "run" / "eval_decode.json").read_text())
-    assert ev["images"] == 2 and ev["mal"] >= 1.0
+    assert ev["images"] == 2
+    check_mal(ev["mal"], ev["target_forwards"], m.config.block_size, rows=2)  # the held-out decode's own MAL
     res = r.invoke(main, ["calibrate", "--model", str(d / "t.safetensors"), "--vq", str(d / "vq.safetensors"),
                           "--out", str(d / "tables.safetensors"), "--rollouts", "4", "--cfg-scale", "2"])
     assert res.exit_code == 0, res.output
     return d
 
 
-def test_generate_with_each_rule(files):
+def test_generate_with_each_rule(files, check_mal):
     r = CliRunner()
     for verify in ["greedy", "exact", "lantern", "gasv", "sjd", "coupled", "sjd-gasv"]:  # + LISA's drafter / tables
         # combined with the Jacobi family (issue 27)
@@ -47,7 +49,9 @@ def test_generate_with_each_rule(files):
                               "--out", str(out)])
         assert res.exit_code == 0, (verify, res.output)
         stats = json.loads((out / "stats.json").read_text())
-        assert stats["verify"] == verify and stats["mal"] >= 1.0
+        assert stats["verify"] == verify
+        n = np.load(out / "tokens.npy").shape[1]
+        check_mal(stats["mal"], stats["target_forwards"], n, rows=2)  # the batch decode's own MAL
         assert len(list(out.glob("*.png"))) == 2
 
 

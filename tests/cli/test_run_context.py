@@ -148,7 +148,7 @@ def test_calibrate_and_train_on_a_directory(model_dir, tmp_path):
                                   "--eval-images", "2"])
     assert r.exit_code == 0, r.output
     ev = json.loads((tmp_path / "run" / "eval_decode.json").read_text())  # held-out prompts, real decoding
-    assert ev["images"] == 2 and len(ev["prompts"]) == 2 and ev["mal"] >= 1.0 and ev["sampling"]["cfg_scale"] == 2.5
+    assert ev["images"] == 2 and len(ev["prompts"]) == 2 and ev["sampling"]["cfg_scale"] == 2.5
     cfg = json.loads((tmp_path / "run" / "train_config.json").read_text())
     assert cfg["steps"] == 2 and cfg["data"]["cfg_scale"] == 2.5 and cfg["data"]["top_k"] == 2000
     assert (tmp_path / "run" / "drafter.safetensors").is_file()
@@ -171,7 +171,11 @@ def test_calibrate_and_train_on_a_directory(model_dir, tmp_path):
     res = rep["results"]
     assert set(res) == {"vanilla", "sjd", "mcsjd", "sjd-pac", "gsd", "zipar", "coupled", "sjd-gasv"}
     assert all(res[m]["mean_tvd"] == 0.0 for m in ("sjd", "mcsjd", "sjd-pac", "coupled")), res
-    assert all(r_["mal"] >= 1.0 for r_ in res.values()) and rep["settings"]["sjd_window"] == 3
+    assert rep["settings"]["sjd_window"] == 3
+    # one image per decode: each method's MAL is the plain loop's steps over its own (the forwards it counted)
+    van = res["vanilla"]["target_forwards_per_image"]
+    for m, r_ in res.items():
+        assert r_["mal"] == pytest.approx((van - 1) / (r_["target_forwards_per_image"] - 1)), m
 
 
 def test_run_and_build_on_a_legacy_engine_directory(tmp_path):

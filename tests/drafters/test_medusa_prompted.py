@@ -100,7 +100,8 @@ def test_training_writes_heads_over_the_allowed_ids(run):
         assert (lo[..., outside] == OUT_OF_VOCAB_LOGIT).all() and (lo[..., ~outside] != OUT_OF_VOCAB_LOGIT).all()
     log = json.loads((root / "run" / "train_log.json").read_text())
     assert log["family"] == fam and log["steps"] == 3 and log["losses_this_run"]
-    assert json.loads((root / "run" / "eval_decode.json").read_text())["mal"] >= 1.0
+    ev = json.loads((root / "run" / "eval_decode.json").read_text())  # what it checks: the held-out decode ran
+    assert ev["images"] == len(ev["prompts"]) == 2 and ev["spec"]["method"] == "exact"  # (MAL not claimed: 3 steps)
 
 
 def test_greedy_medusa_speculation_equals_the_ar_loop_on_torch_and_ort(run):
@@ -144,12 +145,13 @@ def test_bundle_records_the_heads_graph_validated_and_builds(run):
 
 
 @pytest.mark.parametrize("verify", ["greedy", "exact", "lantern", "gasv"])
-def test_run_every_tree_rule_through_ort(run, verify, tmp_path):
+def test_run_every_tree_rule_through_ort(run, verify, tmp_path, check_run_stats):
     fam, root, _, caps = run
     out = _cli("run", root / "eng", caps, "--out", tmp_path, "--verify", verify, "--threads", 1)
     assert "3 images" in out
     st = json.loads((tmp_path / "stats.json").read_text())
-    assert st["backend"] == "ort" and st["family"] == fam and st["mal"] >= 1.0 and len(st["images"]) == 3
+    assert st["backend"] == "ort" and st["family"] == fam and len(st["images"]) == 3
+    check_run_stats(st)  # each image's MAL and forwards are its decode's
     assert len(list(tmp_path.glob("*.png"))) == 3
 
 

@@ -2,6 +2,7 @@
 families' tests call, so the two stay the same."""
 
 import numpy as np
+import pytest
 import torch
 
 NEW_DECODERS = ("sjd", "mcsjd", "sjd-pac", "gsd", "zipar", "coupled", "sjd-gasv")
@@ -19,7 +20,9 @@ def check_new_decoders_run_and_serve_on_ort(eng_dir, captions, n_codes: int) -> 
         for v in NEW_DECODERS:
             alone = pipe.generate(caps, verify=v, seed=3, decode=False, **knobs)
             both = pipe.generate(caps, verify=v, seed=3, decode=False, batch=True, **knobs)
-            assert [s["verify"] for s in both.stats] == [v] * len(caps) and all(s["mal"] >= 1.0 for s in both.stats), v
+            assert [s["verify"] for s in both.stats] == [v] * len(caps), v
+            if v != "coupled":  # the same decodes (per-row generators): the same steps per prompt
+                assert [s["mal"] for s in both.stats] == pytest.approx([s["mal"] for s in alone.stats]), v
             assert both.codes.shape == alone.codes.shape and int(both.codes.max()) < n_codes
             if v != "coupled":  # a tree method: batch=True draws from per-row generators
                 assert torch.equal(both.codes, alone.codes), v

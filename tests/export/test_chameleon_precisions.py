@@ -113,7 +113,8 @@ def test_fp16_greedy_speculation_runs(fp16, models):
     eng = load_chameleon_engines(fp16.dir, threads=1)
     spec = LuminaSpec(method="greedy", cfg_scale=2.0, tree_top_k=2, depth=2, total_tokens=4)
     res, st = speculative_image_tokens(eng.target, eng.drafter, eng.tokenizer, ["a red fox"], SIZE, SIZE, spec)
-    assert res.codes.shape == (1, 2, 2) and st.as_dict()["mal"] >= 1.0
+    assert res.codes.shape == (1, 2, 2)  # what this checks: fp16 engines run the greedy tree decode to the end
+    assert st.target_forwards == len(st.committed) + 1 and all(int(c.min()) >= 1 for c in st.committed)
 
 
 def test_int8_export_is_validated_for_every_x86_kind(int8, models):

@@ -82,5 +82,8 @@ def test_greedy_speculation_with_the_trained_drafter_equals_plain_greedy(trained
     cli("bench", "--model", d, "--image-size", SIZE, "--captions", caps, "--drafter", files[arch], "--methods",
         "vanilla,greedy", "--num-images", 2, "--cfg-scale", CFG, "--json", tmp_path / "bench.json")
     res = json.loads((tmp_path / "bench.json").read_text())["results"]
-    assert res["greedy"]["mal"] >= 1.0  # each verify commits at least one token
-    assert res["greedy"]["target_forwards_per_image"] <= res["vanilla"]["target_forwards_per_image"]
+    # the bench's MAL is its decodes' own: one image per decode, so MAL = (N - 1) / steps with N the
+    # plain loop's forwards per image (lossless greedy is checked above; the speed-up of a drafter
+    # trained 2-3 steps is not claimed)
+    fwd = res["greedy"]["target_forwards_per_image"]
+    assert res["greedy"]["mal"] == pytest.approx((res["vanilla"]["target_forwards_per_image"] - 1) / (fwd - 1))

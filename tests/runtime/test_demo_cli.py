@@ -21,7 +21,10 @@ def test_demo_runs_end_to_end(tmp_path):
     assert res.exit_code == 0, res.output
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["backend"] == "ort" and set(summary["results"]) == {"vanilla", "gasv"}
-    assert summary["results"]["gasv"]["mal"] >= 1.0
+    g, v = summary["results"]["gasv"], summary["results"]["vanilla"]
+    # LISA + GASV beats the plain loop on the same prompts: fewer target forwards, MAL above a floor
+    # under the demo bundle's measured 1.50 on ORT (bench/demo_ort_bench.json)
+    assert g["target_forwards"] < v["target_forwards"] and g["mal"] > 1.2, (g, v)
     assert (tmp_path / "vanilla_vs_lisa.png").read_bytes()[:4] == b"\x89PNG"
     # second run reuses the cached export
     res = r.invoke(main, ["demo", "--out", str(tmp_path), "--num-images", "2"])

@@ -69,4 +69,4 @@ def test_serve_command_answers_captions(served, tmp_path):
 
     pipe, _ = served
     img, st, want = serve_one_caption(pipe._e.manifest.dir, tmp_path / "server.log", CAPTIONS[1], seed=8)
-    assert img.dtype == np.uint8 and np.array_equal(img, want) and st["mal"] >= 1.0
+    assert img.dtype == np.uint8 and np.array_equal(img, want)  # (and its stats: served.py)

@@ -173,3 +173,125 @@ def test_a_client_gone_mid_stream_has_its_body_and_backend_stream_closed_by_the_
     starts = [m for m in seen[0]["sent"] if m["type"] == "http.response.start"]
     assert [m["status"] for m in starts] == [200]
     assert "internal error" not in caplog.text
+
+
+# ----------------------------------------------------------------------------- the gRPC stream's cancel()
+
+class _Result:
+    """tritonclient's InferResult: as_numpy(name) of one response of 'lisa_stream'."""
+
+    def __init__(self, **outputs):
+        self.outputs = {k: np.asarray(v) for k, v in outputs.items()}
+
+    def as_numpy(self, name):
+        return self.outputs[name]
+
+
+def _partial(k: int):
+    return _Result(partial_index=[[k]], tokens=[[4 * (k + 1)]], image=np.zeros((1, INFO.height, INFO.width, 3), np.uint8))
+
+
+def _final():
+    return _Result(partial_index=[[-1]], status=[[0]], error=np.array([[b""]], dtype=object),
+                   image=np.zeros((1, INFO.height, INFO.width, 3), np.uint8), mal=[[1.5]], tvd=[[0.0]],
+                   seconds=[[0.1]], batch=[[1]], forwards=[[11]])
+
+
+class _GrpcStream:
+    """tritonclient.grpc.aio's stream_infer answer: (result, error) pairs, then (when `ends` is
+    False) a stream that waits for responses that never come; `cancel()` counts its calls and
+    ends the wait."""
+
+    def __init__(self, results, ends: bool):
+        self.results, self.ends, self.cancels = list(results), ends, 0
+        self._stop = asyncio.Event()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.results:
+            return self.results.pop(0), None
+        if self.ends:
+            raise StopAsyncIteration
+        await self._stop.wait()
+        raise StopAsyncIteration
+
+    def cancel(self):
+        self.cancels += 1
+        self._stop.set()
+
+
+class _GrpcClient:
+    def __init__(self, stream):
+        self.stream = stream
+
+    def stream_infer(self, requests, stream_timeout=None):
+        return self.stream
+
+
+def _triton_stream(stream, consume):
+    """TritonImages.stream of a one-row call over the stand-in gRPC stream, consumed by
+    `consume(items)` (an async function of the async generator) -> what it returned."""
+    pytest.importorskip("tritonclient.grpc")
+    from lisa_trt.serve.openai_api import TritonImages
+    from lisa_trt.serve.openai_request import ImagesCall
+
+    backend = TritonImages("127.0.0.1:1", grpc_url="127.0.0.1:2")
+    backend._grpc_client = lambda: _GrpcClient(stream)
+    call = ImagesCall(prompt="1", seeds=(3,), knobs={}, stream=True, partial_images=2)
+    return asyncio.run(consume(backend.stream(call)))
+
+
+def test_a_stream_closed_before_its_final_response_cancels_the_grpc_call():
+    """The front end closes TritonImages.stream after the first partial (its client went away):
+    the gRPC call is cancelled, once (Triton then marks the request cancelled and the decode stops)."""
+    stream = _GrpcStream([_partial(0), _partial(1)], ends=False)
+
+    async def first_then_close(items):
+        item = await items.__anext__()
+        await items.aclose()
+        return item
+
+    item = _triton_stream(stream, first_then_close)
+    assert item[:3] == ("partial", 0, 4)
+    assert stream.cancels == 1, "the gRPC stream was not cancelled when its consumer left"
+
+
+def test_a_consumer_cancelled_while_waiting_cancels_the_grpc_call():
+    """The task reading the stream is cancelled while it waits for the next response (Starlette
+    cancelling the send loop): the gRPC call is cancelled too."""
+    stream = _GrpcStream([_partial(0)], ends=False)
+
+    async def cancelled_while_waiting(items):
+        got = []
+
+        async def read():
+            async for it in items:
+                got.append(it)
+
+        task = asyncio.ensure_future(read())
+        while not got:
+            await asyncio.sleep(0)
+        for _ in range(3):  # let it reach the wait for the next response
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await items.aclose()
+        return got
+
+    assert [g[0] for g in _triton_stream(stream, cancelled_while_waiting)] == ["partial"]
+    assert stream.cancels == 1
+
+
+def test_a_stream_that_reached_its_final_response_is_not_cancelled():
+    stream = _GrpcStream([_partial(0), _partial(1), _final()], ends=True)
+
+    async def all_items(items):
+        return [it async for it in items]
+
+    items = _triton_stream(stream, all_items)
+    assert [i[0] for i in items] == ["partial", "partial", "done"]
+    assert items[-1][1][0][1]["forwards"] == 11
+    assert stream.cancels == 0

@@ -199,8 +199,9 @@ def test_progressive_serve_loads_the_engines_once_and_lisa_is_their_proxy(server
     c = LisaClient(server.url, timeout=TIMEOUT)
     try:
         img, st = c.generate("coffee", seed=13)
-        want = pipe.generate([Prompt(0, class_id=1, seed=13)], verify="auto", batch=True).images[0]
-        assert np.array_equal(img, np.asarray(want)) and st["forwards"] > 0
+        ref = pipe.generate([Prompt(0, class_id=1, seed=13)], verify="auto", batch=True)
+        assert np.array_equal(img, np.asarray(ref.images[0]))
+        assert st["forwards"] == ref.stats[0]["forwards"]  # the proxy answers the engine model's own counts
         with pytest.raises(ServeError) as e:
             c.generate("nope")
         assert e.value.status == 400 and "unknown class 'nope'" in str(e.value)
@@ -252,7 +253,12 @@ def test_32_concurrent_clients_mixed_valid_and_malformed_none_lost_and_batched(s
             c.close()
 
     with ThreadPoolExecutor(32) as ex:
-        res = list(ex.map(one, jobs))
+        futures = [ex.submit(one, job) for job in jobs]
+        # batching by the batcher's queue, not by arrival times: Triton held two requests of 'lisa' at once,
+        # so its next execution takes both (the dynamic batcher's rule)
+        held = _wait_pending(server, "lisa", 2, futures)
+        res = [f.result() for f in futures]
+    assert held >= 2, "Triton's queue of model 'lisa' never held two requests: the clients were decoded one by one"
     assert len(res) == 32
     valid = [(i, r) for i, ((kw, exc), r) in enumerate(zip(jobs, res)) if exc is None]
     for (kw, exc), r in zip(jobs, res):
@@ -274,6 +280,20 @@ def test_32_concurrent_clients_mixed_valid_and_malformed_none_lost_and_batched(s
     engine = _batch_sizes(server, "lisa_stream", above=1)  # the proxy's requests batched again in the engine model
     assert max(engine) > 1, engine
     assert server.proc.poll() is None
+
+
+def _wait_pending(server, model: str, n: int, futures, timeout: float = 600.0) -> int:
+    """The most requests Triton's queue of `model` held at once (its pending-request gauge), polled
+    until it reaches `n`, the futures are all done, or `timeout` seconds passed."""
+    import time
+
+    url, most, t0 = f"http://127.0.0.1:{server.metrics}/metrics", 0, time.monotonic()
+    while most < n and not all(f.done() for f in futures) and time.monotonic() - t0 < timeout:
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        most = max([most] + [int(float(ln.rsplit(" ", 1)[1])) for ln in text.splitlines()
+                             if ln.startswith("nv_inference_pending_request_count{") and f'model="{model}"' in ln])
+        time.sleep(0.02)
+    return most
 
 
 def _batch_sizes(server, model: str, above: int, wait: float = 30.0) -> dict:
@@ -332,26 +352,22 @@ def test_openai_api_command_fronts_a_running_triton(server, engine_dir, tmp_path
 
 
 def test_sigterm_finishes_in_flight_openai_requests_then_exits_0(engine_dir, tmp_path):
+    import json
     import signal
-    import threading
-    import time
 
     srv = ServerProcess(engine_dir, tmp_path / "server.log", backend="ort", threads=1, window_ms=5,
                         stop_timeout=120, openai=True)
     try:
-        box = {}
+        from served import post_raw, read_response, wait_read_by_server
 
-        def many():
-            with ThreadPoolExecutor(4) as ex:
-                box["r"] = list(ex.map(lambda i: _client(srv).images.generate(prompt=str(i), extra_body={"seed": i}),
-                                       range(4)))
-
-        th = threading.Thread(target=many)
-        th.start()
-        time.sleep(2.0)  # the requests are in the front end / Triton
+        socks = [post_raw(srv.openai, "/v1/images/generations", json.dumps({"prompt": str(i), "seed": i}).encode())
+                 for i in range(4)]
+        wait_read_by_server(srv.openai, socks)  # every request is inside the front end (it read them all)
         srv.proc.send_signal(signal.SIGTERM)
-        th.join(TIMEOUT)
-        assert not th.is_alive() and [len(r.data) for r in box["r"]] == [1, 1, 1, 1], srv.text()[-3000:]
+        for s in socks:
+            status, raw = read_response(s)
+            assert status == 200, (status, raw[:300], srv.text()[-3000:])
+            assert len(json.loads(raw)["data"]) == 1
         assert srv.proc.wait(120) == 0, srv.text()[-3000:]
     finally:
         srv.stop()

@@ -4,7 +4,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,15 +24,15 @@ def test_console_script_refuses_a_taken_port_at_once(tmp_path, which):
         s.bind(("127.0.0.1", ports[which]))
         s.listen()
         args = ["serve", str(tmp_path), *[x for kv in ports.items() for x in (kv[0], str(kv[1]))]]
-        t0 = time.monotonic()
         r = subprocess.run([sys.executable, "-c", f"import sys; from {mod} import {fn}; sys.exit({fn}())", *args],
                            capture_output=True, text=True, timeout=60)
-        secs = time.monotonic() - t0
     out = r.stdout + r.stderr
     assert r.returncode == 2, out
+    # "at once" is an order, not a time: the engine directory is empty, so any step before the port
+    # check (reading the bundle, writing the model repository, starting Triton) would answer otherwise
     assert out.strip() == (f"error: port {ports[which]} ({which}) on 127.0.0.1 is already in use; stop what holds it "
                            f"or pass another {which}")
-    assert secs < 2.0, f"refused after {secs:.2f} s"
+    assert not any(tmp_path.iterdir())  # nothing written
 
 
 def test_launcher_finds_the_subcommand_after_group_options():

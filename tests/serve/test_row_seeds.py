@@ -16,8 +16,10 @@ def test_batched_rows_equal_single_rows(pipe, verify):
     for i, (c, s) in enumerate(zip(prompts, seeds)):
         one = pipe.generate([c], seed=s, verify=verify, batch=True, decode=False)
         assert torch.equal(one.tokens[0], batch.tokens[i]), (verify, i)
+        # the row's stats are its own decode's: the same steps and MAL as decoding it alone
+        assert (batch.stats[i]["mal"], batch.stats[i]["forwards"]) == (one.stats[0]["mal"], one.stats[0]["forwards"])
     assert not torch.equal(batch.tokens[1], batch.tokens[2])  # same class, different seeds
-    assert batch.stats[0]["batch"] == 4 and batch.stats[0]["mal"] >= 1.0
+    assert batch.stats[0]["batch"] == 4
 
 
 def test_mixed_cfg_batch_refused(pipe):

@@ -6,7 +6,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -78,9 +77,10 @@ def test_16_concurrent_requests_batched_and_equal_to_pipeline(server, engine_dir
     # no verify in the requests: the server runs the bundle's recorded choice, as Pipeline does by default
     ref = pipe.generate([Prompt(i, class_id=int(c), seed=s) for i, (c, s) in enumerate(jobs)], verify="auto",
                         batch=True)
-    for i, ((img, st), want) in enumerate(zip(res, ref.images)):
+    for i, ((img, st), want, rs) in enumerate(zip(res, ref.images, ref.stats)):
         assert np.array_equal(img, np.asarray(want)), f"request {i} differs from Pipeline.generate"
-        assert st["mal"] >= 1.0 and st["seconds"] > 0
+        # per-row seeds: the row's decode is its own whatever its batch, so are its forwards and MAL
+        assert st["forwards"] == rs["forwards"] and st["mal"] == pytest.approx(rs["mal"], rel=1e-6), (i, st, rs)
     ready = urllib.request.urlopen(f"http://{server.url}/v2/health/ready", timeout=10)
     assert ready.status == 200
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics}/metrics", timeout=10).read().decode()
@@ -148,7 +148,7 @@ def test_malformed_requests_get_400_with_one_line_message_and_server_keeps_servi
     finally:
         g.close()
     img, st = c.generate("coffee", seed=1)
-    assert img.shape == (64, 64, 3) and st["mal"] >= 1.0
+    assert img.shape == (64, 64, 3) and st["batch"] == 1  # served after the bad requests (its stats: the test above)
     c.close()
     assert server.proc.poll() is None
     assert "Traceback" not in server.text()  # client errors are not server faults
@@ -176,21 +176,21 @@ def test_bad_request_in_a_dynamic_batch_does_not_fail_its_neighbours(server):
 
 
 def _cli(args):
-    """Run the `lisa-trt` console script's entry point (from pyproject) with args; -> (rc, stderr, seconds)."""
+    """Run the `lisa-trt` console script's entry point (from pyproject) with args; -> (rc, stdout + stderr)."""
     import re
     from pathlib import Path
 
     text = (Path(__file__).parents[2] / "pyproject.toml").read_text()  # [project.scripts] (tomllib is 3.11+)
     mod, fn = re.search(r'^lisa-trt\s*=\s*"([\w.]+):(\w+)"', text, re.M).groups()
-    t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-c", f"import sys; from {mod} import {fn}; sys.exit({fn}())", *args],
                        capture_output=True, text=True, timeout=60)
-    return r.returncode, r.stdout + r.stderr, time.monotonic() - t0
+    return r.returncode, r.stdout + r.stderr
 
 
 def test_ready_means_can_serve_two_servers_side_by_side_third_refused(server, engine_dir, tmp_path):
     """A second server (2 instances) on other ports: from the first 200 of /v2/health/ready on,
-    no inference request gets a 404; both servers serve; a third on a taken port is refused < 2 s."""
+    no inference request gets a 404; both servers serve; a third on a taken port is refused before
+    it starts anything (one line naming the port, no Triton output)."""
     from tritonclient.utils import InferenceServerException
 
     b = Server(engine_dir, tmp_path / "b.log", instances=2, wait=False)
@@ -201,7 +201,6 @@ def test_ready_means_can_serve_two_servers_side_by_side_third_refused(server, en
             assert b.proc.poll() is None, b.text()[-3000:]
             assert time.monotonic() - t0 < 300, f"not ready after 300 s:\n{b.text()[-3000:]}"
             time.sleep(0.05)
-        ready_at = time.monotonic() - t0
         codes = []
 
         def infer(k):
@@ -233,11 +232,9 @@ def test_ready_means_can_serve_two_servers_side_by_side_third_refused(server, en
                              f"port {server.grpc} (--grpc-port)"),
                             (["--http-port", str(h), "--grpc-port", str(g), "--metrics-port", str(b.metrics)],
                              f"port {b.metrics} (--metrics-port)")]:
-            rc, out, secs = _cli(["serve", str(engine_dir), *args])
-            assert rc == 2 and taken in out and "already in use" in out, out
-            assert secs < 2.0, f"refusal took {secs:.2f} s"
+            rc, out = _cli(["serve", str(engine_dir), *args])
+            assert rc == 2 and taken in out and "already in use" in out, out  # before Triton: no Triton log lines
             assert len(out.strip().splitlines()) == 1 and "Traceback" not in out and "libtritonserver" not in out, out
-        assert ready_at > 0
     finally:
         b.stop()
 
@@ -261,17 +258,24 @@ def test_sigterm_completes_in_flight_requests_and_leaves_no_process(engine_dir, 
     try:
         kids = descendants(srv.proc.pid)
         assert kids, "tritonserver should run as a child"
-        box = {}
-        th = threading.Thread(target=lambda: box.setdefault("r", _generate_many(srv.url, [(str(i), i) for i in range(4)])))
-        th.start()
-        time.sleep(2.0)  # requests are in Triton / being decoded
+        from served import post_raw, read_response, wait_read_by_server
+
+        def body(k):
+            return json.dumps({"inputs": [{"name": "prompt", "shape": [1, 1], "datatype": "BYTES", "data": [str(k)]},
+                                          {"name": "seed", "shape": [1, 1], "datatype": "INT64", "data": [k]}]}).encode()
+
+        socks = [post_raw(srv.http, "/v2/models/lisa/infer", body(k)) for k in range(4)]
+        wait_read_by_server(srv.http, socks)  # every request is inside Triton (it read them all)
         srv.proc.send_signal(signal.SIGTERM)
-        th.join(REQUEST_TIMEOUT)
-        assert not th.is_alive() and len(box.get("r", [])) == 4
-        assert all(img.shape == (64, 64, 3) for img, _ in box["r"])
+        for s in socks:
+            status, raw = read_response(s)
+            assert status == 200, (status, raw[:300], srv.text()[-3000:])
+            outs = {o["name"]: o for o in json.loads(raw)["outputs"]}
+            assert outs["image"]["shape"] == [1, 64, 64, 3] and outs["error"]["data"] == [""], outs.get("error")
         assert srv.proc.wait(STOP_TIMEOUT) == 0, srv.text()[-3000:]
-        time.sleep(1.0)
-        left = [p for p in kids + descendants(srv.proc.pid) if alive(p)]
-        assert not left, f"processes left after SIGTERM: {left}"
+        t0 = time.monotonic()  # the children exit with it: wait for that (generously), not a fixed second
+        while (left := [p for p in kids if alive(p)]) and time.monotonic() - t0 < 60:
+            time.sleep(0.1)
+        assert not left, f"processes left 60 s after the server exited: {left}"
     finally:
         srv.stop()

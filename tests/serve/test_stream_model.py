@@ -9,7 +9,6 @@ import importlib
 import json
 import sys
 import threading
-import time
 import types
 
 import numpy as np
@@ -257,7 +256,8 @@ def test_triton_images_stream_reads_partials_then_rows(stream_model):
     final = req.sent[-1][0]
     assert all(np.array_equal(a[3], r.as_numpy("image")) for a, (r, _) in zip(items[:3], req.sent))
     rows = items[-1][1]
-    assert len(rows) == 2 and np.array_equal(rows[1][0], final.as_numpy("image")[1]) and rows[0][1]["forwards"] > 0
+    assert len(rows) == 2 and np.array_equal(rows[1][0], final.as_numpy("image")[1])
+    assert [r[1]["forwards"] for r in rows] == final.as_numpy("forwards").reshape(-1).tolist()  # the decode's own counts
     (sent,) = fake.requests
     assert sent["model_name"] == STREAM_MODEL_NAME
     k = next(i for i in sent["inputs"] if i.name() == "partial_images")
@@ -447,14 +447,16 @@ class PbError:  # pb_utils.TritonError(message, code)
 
 class Bls:
     """pb_utils.InferenceRequest(...).exec(decoupled=True) onto the engine model `engine` behind
-    Triton's dynamic batcher: the requests that arrive within `window` seconds of the first are
-    executed together (one `engine.execute`; `executions` records their counts); each gets the
-    responses its sender sent, with the requested outputs. `refuse`: answer every request with that
-    error response instead (the engine model not ready)."""
+    Triton's dynamic batcher, with a deterministic arrival: the first request opens a batch that
+    executes once `gather` requests have joined it (one `engine.execute`; `executions` records
+    their counts), or after `timeout` seconds with what joined (requests sent one after another
+    never meet: each waits alone, then runs alone). Each gets the responses its sender sent, with
+    the requested outputs. `refuse`: answer every request with that error response instead (the
+    engine model not ready)."""
 
-    def __init__(self, engine, refuse=None, window=0.5):
-        self.engine, self.refuse, self.window = engine, refuse, window
-        self.lock, self.open, self.executions, self.requests = threading.Lock(), None, [], []
+    def __init__(self, engine, refuse=None, gather=1, timeout=30.0):
+        self.engine, self.refuse, self.gather, self.timeout = engine, refuse, gather, timeout
+        self.lock, self.open, self.executions, self.requests = threading.Condition(), None, [], []
 
     def InferenceRequest(self, model_name, inputs, requested_output_names):
         bls = self
@@ -473,17 +475,18 @@ class Bls:
         return Call()
 
     def join(self, req):
-        """Queue `req` in the open batch (the first opens it and, after the window, executes it)."""
+        """Queue `req` in the open batch (the first opens it and, once `gather` joined, executes it)."""
         with self.lock:
             lead = self.open is None
             if lead:
                 self.open = ([], threading.Event())
             batch, done = self.open
             batch.append(req)
-        if lead:
-            time.sleep(self.window)
-            with self.lock:
+            self.lock.notify_all()
+            if lead:
+                self.lock.wait_for(lambda: len(batch) >= self.gather, self.timeout)
                 self.open = None
+        if lead:
             self.executions.append(len(batch))
             self.engine.execute(batch)
             done.set()
@@ -528,7 +531,9 @@ def test_proxy_lisa_forwards_an_execution_concurrently_and_answers_as_lisa(proxy
     good = [_pb(prompt=_b("c2", "c3"), seed=np.array([[4], [5]])), _pb(prompt=_b("c4"), seed=np.array([[7]]))]
     bad = _pb(prompt=_b("zzz"))
     assert len(m.pool._threads) == 4  # one running thread per request an execution can hold
+    bls.gather = 3  # the engine's batcher waits for three requests (a sequential proxy never sends them together)
     res = m.execute([good[0], bad, good[1]])
+    bls.gather = 1
     assert bls.executions == [3]  # forwarded concurrently: the engine's batcher saw them together
     assert all("partial_images" not in r for r in bls.requests)  # no partials: only the final response
     out = ServeModel(pipe, max_batch=4).infer_each([{k: t.as_numpy() for k, t in g.items()} for g in good])

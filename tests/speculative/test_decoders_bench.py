@@ -56,8 +56,12 @@ def test_tiny_round_and_merge(bench, tmp_path):
     assert set(rep["results"]) == {"vanilla", "sjd"}
     assert rep["settings"]["loaded"] is True and rep["settings"]["batch"] == 2
     v, s = rep["results"]["vanilla"], rep["results"]["sjd"]
-    assert v["images"] == s["images"] == 2 and v["mal"] == 1.0 and s["mal"] >= 1.0 and s["mean_tvd"] == 0.0
+    assert v["images"] == s["images"] == 2 and v["mal"] == 1.0 and s["mean_tvd"] == 0.0
     assert s["mal"] == pytest.approx(sum(s["raw"]["tok"]) / sum(s["raw"]["fwd"]))
+    # SJD beats the plain loop on the same images: fewer target forwards, MAL above a floor well
+    # under the demo model's measured 2.40 (bench/decoders.json, 256 images)
+    assert sum(s["raw"]["tok"]) == sum(v["raw"]["tok"]) and sum(s["raw"]["fwd"]) < sum(v["raw"]["fwd"])
+    assert s["mal"] > 1.5, s["mal"]
     assert (tmp_path / "d.png").is_file()
     # a later run adds a point and keeps the others (merged, not clobbered); nothing is redone
     bench.main(common + ["--methods", "zipar[window=4]"])

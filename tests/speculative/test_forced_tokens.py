@@ -154,3 +154,45 @@ def test_sampled_lantern_without_budget_is_exact_sampling(setup):
         exact, _ = decode(setup, "exact", greedy=False, seed=seed)
         soft, _ = decode(setup, "lantern", greedy=False, seed=seed, lantern_delta=0.0)
         assert torch.equal(exact, soft)
+
+
+def test_to_sub_gives_the_forced_index_only_to_the_forced_token():
+    """SubVocab.to_sub: at a forced position only the forced id maps to K; any other draft there
+    keeps its own index (a code, or K + 1), so verification can reject it."""
+    from lisa_trt.models.family import SubVocab
+
+    sv = SubVocab(code_ids=torch.tensor([4, 5, 6]), codes=torch.zeros(3, 2))
+    lut = sv.lut(10, "cpu")
+    tokens = torch.tensor([9, 4, 9, 5, 0, 6])
+    forced = torch.tensor([9, 9, -1, -1, 9, 7])
+    assert sv.to_sub(tokens, forced, lut).tolist() == [3, 0, 4, 1, 4, 2]
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+@pytest.mark.parametrize("method", ["lantern", "gasv"])
+def test_a_wrong_draft_at_a_forced_position_is_rejected_before_the_right_one(setup, method, greedy):
+    """At the last row end the FIRST child is a wrong draft (a code), its sibling the row end: the
+    wrong child is rejected (the forced law has no mass on it) and the path goes through the
+    sibling and on through the tail; the wrong child's own child (the right tail token) is never
+    on the path (a wrong draft counted as the forced token would take its subtree)."""
+    from lisa_trt.speculative.methods import RuleContext
+    from lisa_trt.speculative.subvocab import SubVocabVerifier
+    from lisa_trt.speculative.tree import DraftTree
+
+    s = setup
+    layout, V = s["layout"], s["target"].config.vocab_size
+    n = layout.n_tokens
+    f = layout.forced.tolist()
+    # node 0 root (last code) -> 1: wrong code, 2: row end; 1 -> 3: tail[0]; 2 -> 4: tail[0] -> 5: tail[1]
+    tokens = torch.tensor([[4 + 7, 4 + 2, f[n - 4], f[n - 3], f[n - 3], f[n - 2]]])
+    parents = torch.tensor([[-1, 0, 0, 1, 2, 4]])
+    tree = DraftTree.from_parents(tokens, parents)
+    token_index = torch.tensor([[n - 4, n - 3, n - 3, n - 2, n - 2, n - 1]])
+    raw = torch.randn(1, 6, V, generator=torch.Generator().manual_seed(0))
+    logits = layout.law(raw, token_index, lambda x: x)
+    ver = SubVocabVerifier(layout.sub_vocab, V, s["tables"], logits.device)
+    ctx = RuleContext(spec=spec(method), greedy=greedy, generator=torch.Generator().manual_seed(0), tables=s["tables"])
+    res = ver(method, logits, tree, layout.forced[token_index], ctx)
+    assert int(res.accept_len[0]) == 3
+    assert res.path[0, :4].tolist() == [0, 2, 4, 5], res.path
+    assert res.tokens[0].tolist() == [f[n - 4], f[n - 3], f[n - 2], f[n - 1]]

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from lisa_trt.cli import main
 
 
-def test_generate_and_bench_run_the_new_decoders(tmp_path):
+def test_generate_and_bench_run_the_new_decoders(tmp_path, check_mal):
     r = CliRunner()
     pt = tmp_path / "tiny.pt"
     assert r.invoke(main, ["random-checkpoint", str(pt), "--config", "tiny"]).exit_code == 0
@@ -24,7 +24,11 @@ def test_generate_and_bench_run_the_new_decoders(tmp_path):
         assert res.exit_code == 0, res.output
         assert np.load(tmp_path / name / "tokens.npy").shape == (2, 16)
         stats[name] = json.loads((tmp_path / name / "stats.json").read_text())
-    assert stats["pac"]["mean_tvd"] == 0.0 and stats["pac"]["mal"] >= 1.0
+    assert stats["pac"]["mean_tvd"] == 0.0
+    # speculation on this random checkpoint (a nearly flat law: the window's drafts are accepted; measured
+    # 4 forwards for the batch of 2): fewer target forwards than the plain loop's 16, and the MAL is the decode's
+    assert stats["pac"]["target_forwards"] < 16
+    check_mal(stats["pac"]["mal"], stats["pac"]["target_forwards"], 16, rows=2)
     # the knob reached ZipAR: a full-row window (4 x 4 grid) is AR (TVD 0), a window of 1 is not
     assert stats["zip4"]["mean_tvd"] < 1e-5 and stats["zip1"]["mean_tvd"] > 1e-4
     assert stats["zip1"]["target_forwards"] < stats["zip4"]["target_forwards"]

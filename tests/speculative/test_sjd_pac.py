@@ -1,5 +1,6 @@
 """SJD-PAC (speculative/sjd_pac.py): the window tree's shape, recursive rejection sampling's law
-(one column, Monte Carlo), the whole loop's losslessness (the chi-square test of exact / sjd /
+(one column, Monte Carlo; each sibling's acceptance chance and the residual against the recursion
+written out, exact where the rejections are certain), the whole loop's losslessness (the chi-square test of exact / sjd /
 mcsjd), a broken sibling rule failing the same test (the test has power), batch 2 + CFG, a
 deterministic target reproducing the AR loop token for token, and the knobs' registration."""
 
@@ -45,6 +46,59 @@ def test_recursive_rejection_sampling_keeps_the_target_law():
     assert chi2 < chi2_critical(V - 1), chi2
     assert float((pick >= 0).float().mean()) > 0.5  # several candidates: most slots accept one
 
+
+
+def _rrs_reference(p, q, cand):
+    """Recursive rejection sampling written out for one candidate tuple: per sibling, the chance it
+    is accepted once reached (min(1, p_j(x) / q_j(x)), q_j: q without the tried siblings, normalised),
+    and the residual law p_K after every sibling was rejected (p_{j+1} ~ max(0, p_j - q_j))."""
+    p, q = p.double().clone(), q.double().clone()
+    accept = []
+    for x in cand:
+        qn = q / q.sum()
+        accept.append(min(1.0, float(p[x] / qn[x])) if qn[x] > 0 else float(p[x] > 0))
+        r = (p - qn).clamp(min=0)
+        p = r / r.sum() if r.sum() > 0 else p
+        q[x] = 0.0
+    return accept, p
+
+
+P_RRS = torch.tensor([0.0, 0.0, 0.15, 0.05, 0.3, 0.5])
+Q_RRS = torch.tensor([0.45, 0.3, 0.05, 0.1, 0.05, 0.05])
+
+
+def test_recursive_rejection_removes_each_rejected_sibling_from_the_draft_law():
+    """Exact: siblings the target gives no mass are always rejected, and the residual law after them
+    is the recursion's, with each tried sibling taken out of q before the next (a rejected sibling
+    left in q gives another residual)."""
+    n, cand = 8, torch.tensor([0, 1])
+    pick, resid = rrs_column(P_RRS.expand(n, -1), Q_RRS.expand(n, -1), cand.expand(n, -1),
+                             torch.ones(n, dtype=torch.bool), torch.Generator().manual_seed(0))
+    _, want = _rrs_reference(P_RRS, Q_RRS, cand.tolist())
+    assert (pick == -1).all()
+    assert torch.allclose(resid.double(), want.expand(n, -1), atol=1e-6), (resid[0], want)
+
+
+def test_recursive_rejection_accepts_each_sibling_with_its_recursive_chance():
+    """One candidate tuple (a sibling the target gives no mass, then two more), 20k rows: each
+    sibling is accepted as often as the recursion says (5 sigma), and a row that rejects all three
+    draws from the exact residual law (chi-square)."""
+    g = torch.Generator().manual_seed(1)
+    p, q = torch.tensor([0.0, 0.15, 0.25, 0.28, 0.16, 0.16]), torch.tensor([0.51, 0.0, 0.17, 0.1, 0.18, 0.04])
+    n, cand = 20000, [0, 2, 3]
+    acc, resid_want = _rrs_reference(p, q, cand)
+    assert acc[0] == 0.0 and 0.1 < acc[1] < 0.9 and 0.1 < acc[2] < 0.9  # both later siblings are random
+    pick, resid = rrs_column(p.expand(n, -1), q.expand(n, -1), torch.tensor(cand).expand(n, -1),
+                             torch.ones(n, dtype=torch.bool), g)
+    reach, want = 1.0, []
+    for a in acc:
+        want.append(reach * a)
+        reach *= 1 - a
+    for j, w in enumerate(want):
+        got = float((pick == j).float().mean())
+        assert abs(got - w) < 5 * (w * (1 - w) / n) ** 0.5 + 1e-9, (j, got, w)
+    none = pick < 0
+    assert torch.allclose(resid[none].double(), resid_want.expand(int(none.sum()), -1), atol=1e-6)
 
 def _pac_samples(monkeypatch=None, broken=None, K=3):
     m, ref = _reference()
