@@ -194,8 +194,9 @@ DYNAMIC = {
     "lisa_trt.models.family": "the family packages (_BUILTIN) and their plug-ins (export, shapes, captions)",
     "lisa_trt.models.artifact_sets": "an artifact set's provider module (ArtifactSet(name, provider))",
     "lisa_trt.engines.graph": "the module an ExportFamily names to open its directories (engines_module)",
+    "lisa_trt.cli.catalogue": "a command's module (COMMAND_MODULES), imported when the command is named (--help without torch)",
 }
-MAX_IMPORT_BY_NAME = 5  # the target is 3: engines/graph.py and models/artifact_sets.py would hold objects instead
+MAX_IMPORT_BY_NAME = 6  # the target is 3: engines/graph.py and models/artifact_sets.py would hold objects instead
 
 
 def import_by_name_sites(root: Path = ROOT) -> list:
@@ -237,7 +238,9 @@ def dynamic_targets() -> dict:
                     and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)):
                 providers.add(node.args[1].value)
     lazy = {"lisa_trt" + v for v in _assigned("lisa_trt", "_LAZY").values()}
+    commands = {"lisa_trt." + v.split(":")[0] for v in _assigned("lisa_trt.cli.catalogue", "COMMAND_MODULES").values()}
     return {"lisa_trt": lazy, "lisa_trt.engines.base": set(_assigned("lisa_trt.engines.base", "_BUILTIN").values()),
+            "lisa_trt.cli.catalogue": commands,
             "lisa_trt.models.family": fams | plugins, "lisa_trt.models.artifact_sets": providers,
             "lisa_trt.engines.graph": engines}
 

@@ -120,7 +120,10 @@ def test_the_pipeline_resolves_a_request_s_method_once(monkeypatch):
     calls = []
     real = P.resolve_method
     monkeypatch.setattr(P, "resolve_method", lambda *a, **k: calls.append(a) or real(*a, **k))
-    pipe = P.Pipeline.__new__(P.Pipeline)
+    from types import SimpleNamespace
+
+    pipe = P.Pipeline.__new__(P.Pipeline)  # an in-memory pipeline's run state: no bundle, no drafter
+    pipe._e = SimpleNamespace(manifest=None, generation={}, backend="torch", drafter=None, tables=None, gasv=None)
     vanilla = get_method("vanilla")
     assert pipe.method(vanilla) == (vanilla, {}, "vanilla (asked for)") and calls == []
     assert pipe.method("vanilla")[0] is vanilla and len(calls) == 1

@@ -11,16 +11,14 @@ from .export import overwrite_option
 
 def _gasv_defaults() -> dict:
     """The knobs a calibration stores by default: calibration/profile.CALIBRATION_GASV (the README
-    frontier's quality-neutral point), the one source of these defaults."""
-    from ..calibration.profile import CALIBRATION_GASV as d
-
-    return {"gasv_kappa": d.kappa, "gasv_lambda": d.lam, "gasv_delta": d.delta, "gasv_neighbours": d.neighbours}
+    frontier's quality-neutral point), the one source of these defaults, read from the catalogue
+    snapshot so --help imports no torch (tests/cli/test_help_and_logs.py keeps it equal)."""
+    d = opt._catalogue()["calibrate_defaults"]
+    return {k: d[k] for k in ("gasv_kappa", "gasv_lambda", "gasv_delta", "gasv_neighbours")}
 
 
 def _lantern_k() -> int:
-    from ..speculative.methods import LanternConfig
-
-    return LanternConfig().k
+    return int(opt._catalogue()["calibrate_defaults"]["lantern_k"])
 
 
 @click.command()

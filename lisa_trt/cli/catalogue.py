@@ -42,7 +42,7 @@ def live(commands: bool = True) -> dict:
     from ..deploy.memory_plan import GPUS, PRECISIONS
     from ..engines.base import backend_names
     from ..models.family import model_types
-    from ..speculative.gasv import GASVConfig
+    from ..calibration.profile import CALIBRATION_GASV
     from ..speculative.methods import LanternConfig, SpecConfig, cli_options, method_names
     from ..train.trainer import TrainConfig
 
@@ -53,7 +53,8 @@ def live(commands: bool = True) -> dict:
             "gpus": list(GPUS), "precisions": list(PRECISIONS), "knobs": knobs,
             # defaults that --help prints, of dataclasses in torch modules (train.py; calibrate.py)
             "train_defaults": {k: getattr(TrainConfig(), k) for k in TRAIN_DEFAULTS},
-            "calibrate_defaults": {"gasv_kappa": GASVConfig().kappa, "gasv_lambda": GASVConfig().lam,
+            "calibrate_defaults": {"gasv_kappa": CALIBRATION_GASV.kappa, "gasv_lambda": CALIBRATION_GASV.lam,
+                                   "gasv_delta": CALIBRATION_GASV.delta, "gasv_neighbours": CALIBRATION_GASV.neighbours,
                                    "lantern_k": LanternConfig().k},
             "commands": _command_helps() if commands else {}}
 

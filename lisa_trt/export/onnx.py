@@ -500,4 +500,4 @@ def _external_file(path: Path) -> Optional[str]:
 def _progress(total: int, enabled: bool):
     from ..progress import progress_bar
 
-    return progress_bar(total, enabled, unit="graph")
+    return progress_bar(total, enabled, unit="graph", own_eta=True)

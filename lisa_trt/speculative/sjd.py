@@ -162,6 +162,25 @@ class ChainWindow:
         self.p_prev = p_new
 
 
+def _commit(stats: DecodeStats, out_buf, live_rows: list, ncom, step_tvd, step_toks, n_done, W: int) -> None:
+    """Record a step's committed counts and TVD of the rows still decoding (`live_rows`, host ints:
+    no read) and write its tokens into `out_buf` (B, N_img + 1) in one fixed-shape masked write (no
+    boolean-mask indexing): slot j of a row lands at n_done + j when it is committed (j < ncom) and
+    inside the image, else in the dump column N_img."""
+    B, N_img = out_buf.shape[0], out_buf.shape[1] - 1
+    dev = out_buf.device
+    if len(live_rows) < B:
+        live = torch.tensor(live_rows, dtype=torch.long, device=dev)
+        ncom_live, tvd_live = ncom[live], step_tvd[live]
+    else:
+        ncom_live, tvd_live = ncom, step_tvd
+    stats.committed.append(ncom_live)
+    stats.tvd.append(tvd_live)
+    dst = n_done[:, None] + torch.arange(W + 1, device=dev)[None]
+    dst = torch.where((dst - n_done[:, None] < ncom[:, None]) & (dst < N_img), dst, N_img)
+    out_buf.scatter_(1, dst, step_toks[:, : W + 1])
+
+
 @torch.no_grad()
 def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), window: int = 16,
                  seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
@@ -233,18 +252,7 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
             p_now = torch.softmax(guide(logits, n_done[:, None] + offs[None]), -1)  # (B, S, V)
             ncom, step_toks, step_tvd = shape.verify(p_now, W, n_done, N_img, gen, sampling.greedy)
         with timer.measure("host"):
-            if len(live_rows) < B:  # (a row index list from the host ints: no read)
-                live = torch.tensor(live_rows, dtype=torch.long, device=dev)
-                ncom_live, tvd_live = ncom[live], step_tvd[live]
-            else:
-                ncom_live, tvd_live = ncom, step_tvd
-            stats.committed.append(ncom_live)
-            stats.tvd.append(tvd_live)
-            # one fixed-shape masked write (no boolean-mask indexing): slot j of a row lands at
-            # n_done + j when it is committed (j < ncom) and inside the image, else in the dump column
-            dst = n_done[:, None] + torch.arange(W + 1, device=dev)[None]
-            dst = torch.where((dst - n_done[:, None] < ncom[:, None]) & (dst < N_img), dst, N_img)
-            out_buf.scatter_(1, dst, step_toks[:, : W + 1])
+            _commit(stats, out_buf, live_rows, ncom, step_tvd, step_toks, n_done, W)
             shape.advance(p_now, ncom, cache, guide, prior, n_done + ncom, W, gen)
             n_done += ncom
         if on_step is not None:
