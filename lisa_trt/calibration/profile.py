@@ -29,7 +29,6 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from ..config import SamplingConfig
 from ..errors import InputError
@@ -270,7 +269,7 @@ def calibrate(target, vq_codebook: torch.Tensor, *, conds=None, layout: Optional
             is clamped to the neighbour table's width and theta_geo set to 8 / median(beta).
         batch_size: rollouts per target batch.
         min_cluster_samples: clusters with fewer samples use the global quantile.
-        progress: tqdm bar over rollouts.
+        progress: a bar over the rollouts' tokens (on a terminal).
         settings: extra informational settings to record (e.g. the image size).
     Returns:
         GASVTables (vocab_size K) bound to the head rows of the codebook.
@@ -329,23 +328,22 @@ def _rollouts(target, conds, R: int, layout: SequenceLayout, sampling: SamplingC
               progress: bool):
     """Yields (cond, tokens) per batch of the R rollouts, drawn from one generator seeded `seed`.
 
-    The bar counts rollouts, advanced token by token (one batch can be all the rollouts: no 0/1
-    bar); 90 % of a batch is its rollout, the rest is the caller's work on it before the next."""
+    The bar counts the rollouts' image tokens (whole numbers, advanced token by token: one batch can
+    be all the rollouts, so a bar of rollouts would jump 0 -> R); drawn only on a terminal
+    (progress.progress_bar)."""
+    from ..progress import progress_bar
     from ..speculative.autoregressive import generate
 
     gen = torch.Generator(device=target.output.weight.device).manual_seed(seed)
-    bar = tqdm(total=R, desc="calibrate rollouts", unit="rollout", disable=not progress,
-               bar_format="{l_bar}{bar}| {n:.1f}/{total} [{elapsed}<{remaining}]")
     N = layout.n_tokens
+    bar = progress_bar(R * N, progress, unit="token", desc=f"calibrate {R} rollouts")
     for s in range(0, R, batch_size):
         cond = _slice_cond(conds, s, s + batch_size)
         nb = min(batch_size, R - s)
         yield cond, generate(target, cond, layout=layout, cfg_scale=sampling.cfg_scale,
                              temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                              greedy=sampling.greedy, cfg_interval=sampling.cfg_interval, generator=gen,
-                             on_token=lambda _i, nb=nb: bar.update(0.9 * nb / N))
-        bar.n = s + nb
-        bar.refresh()
+                             on_token=lambda _i, nb=nb: bar.update(nb))
     bar.close()
 
 

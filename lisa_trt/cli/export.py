@@ -93,11 +93,12 @@ def export_cmd(model, model_cfg, drafter, tables, vq, vq_config, out_dir, overwr
 @opt.max_tree_option("Largest tree verified at once (default: the export's).")
 @click.option("--timing-cache", default=None, type=click.Path(), help="Reuse/update a TensorRT timing cache.")
 @click.option("--refit", is_flag=True, help="Build refittable engines (weight swaps without rebuild).")
-@opt.workspace_option("Builder workspace limit in MiB.")
+@opt.workspace_option("Builder workspace limit in MiB (default: the 1024 MiB `plan` counts).")
 @click.option("--attention", type=click.Choice(["auto", "op", "plain"]), default="auto", show_default=True,
-              help="auto: build a one-node graph of each Attention first, plain ops (MatMul / Softmax fp32) "
-                   "for a graph whose probe TensorRT refuses, with a warning; op: a refused probe stops the "
-                   "build; plain: attention as plain ops, no probe (docs/tensorrt.md).")
+              help="auto: first build each attention the bundle holds alone (its fused MatMul -> mask -> "
+                   "Softmax -> MatMul chain, or an ONNX Attention node); a refused chain warns (built as "
+                   "exported, likely unfused), a refused Attention node is built as plain ops; op: a refused "
+                   "probe stops the build; plain: no probe (docs/tensorrt.md).")
 @click.option("--dry-run", is_flag=True, help="Check compatibility and plan the profiles; build nothing (one verdict "
                                               "line; --json for the plan).")
 @opt.json_option("Also write the build record (with --dry-run: the plan and its profiles) as JSON here; - for stdout.",
@@ -113,7 +114,7 @@ def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, atten
     bundle through ONNX Runtime instead (`lisa-trt run ENGINE_DIR PROMPTS --backend ort`).
     Before any TensorRT work the memory plan (`lisa-trt plan ENGINE_DIR`) is checked against
     --gpu / --memory-gib or the visible CUDA device, and a plan that does not fit is refused.
-    Then each distinct Attention node is built alone (seconds) before the engines (--attention).
+    Then each attention the bundle holds is built alone (seconds) before the engines (--attention).
     Engines already built in ENGINE_DIR are replaced only with --overwrite (refused before any work)."""
     from ..engines.trt_plans import engines_built
     from ..io import refuse_existing

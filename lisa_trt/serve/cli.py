@@ -105,16 +105,19 @@ def serve_cmd(engine_dir, backend, host, http_port, grpc_port, metrics_port, max
               help="The engines in the decoupled model 'lisa_stream' (progressive images over gRPC streaming, for "
                    "`openai-api --triton-grpc-url`) and 'lisa' its proxy through BLS (one copy of the engines).")
 @_SJD_WINDOW
+@click.option("--overwrite", is_flag=True, help="Replace an existing repository in REPO_DIR (refused without it).")
 @_errors
 def triton_repo_cmd(engine_dir, repo_dir, backend, max_batch, max_queue_delay_ms, instances, kind, gpus, threads,
-                    copy_engines, stream, sjd_window):
+                    copy_engines, stream, sjd_window, overwrite):
     """Write a Triton model repository (config.pbtxt + Python-backend model.py) for ENGINE_DIR.
 
     For GPU servers running the Triton container with TensorRT:
     tritonserver --model-repository REPO_DIR (lisa-trt must be importable there)."""
     from ..errors import InputError
+    from ..io import refuse_existing
     from .repo import write_triton_repo
 
+    refuse_existing(repo_dir, overwrite=overwrite, option="REPO_DIR")  # the overwrite rule (io.py)
     try:
         gpu_ids = [int(g) for g in gpus.split(",") if g.strip()] if gpus else None
     except ValueError:

@@ -42,18 +42,21 @@ def default_device(device: str) -> str:
 @click.option("--preprocess", type=click.Choice(["lower", "none"]), default=None,
               help="Caption text before tokenization: lower-case + strip (LlamaGen's default) or as given.")
 @click.option("--cache-dir", default=None, type=click.Path(), help="Per-caption feature cache (default $LISA_TRT_CAPTION_CACHE).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --out file (refused without it, before any work).")
 @_errors
 def encode_captions(captions, family_name, encoder_dir, out_path, max_length, device, dtype, save_dtype, batch_size,
-                    preprocess, cache_dir):
+                    preprocess, cache_dir, overwrite):
     """Encode CAPTIONS (one caption per line, no empty lines) with a family's caption encoder;
     LlamaGen's is its t2i recipe (FLAN-T5: its tokenizer, max length 120, padded to max length),
     written as caption_features (N, 120, 2048) and caption_mask (N, 120) with the valid tokens
     first (the target left-pads)."""
     from ..errors import InputError
+    from ..io import refuse_existing
     from ..models.captions import caption_encoder, caption_family, read_captions, save_caption_features
 
     if Path(out_path).suffix != ".safetensors":
         raise InputError(f"--out must end in .safetensors, got {out_path}")
+    refuse_existing(out_path, overwrite=overwrite)  # the overwrite rule (io.py), before the encoder loads
     caps = read_captions(captions)  # every check before the encoder loads
     given = dict(max_length=max_length, preprocess=preprocess)  # unset: the encoder's own defaults
     enc = caption_encoder(caption_family(family_name), encoder_dir, device=default_device(device), dtype=dtype,

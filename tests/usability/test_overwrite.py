@@ -141,3 +141,41 @@ def test_random_checkpoint_and_convert_refuse_an_existing_file(tmp_path, monkeyp
     dst = tmp_path / "t.safetensors"
     dst.write_bytes(b"old")
     _refused(CliRunner().invoke(main, ["convert", str(out), str(dst), "--config", "tiny"]), dst)
+
+
+def test_triton_repo_refuses_an_existing_repository(tmp_path, monkeypatch):
+    """triton-repo replaced a repository it had written before without a word: now refused, before
+    anything is written, unless --overwrite."""
+    from lisa_trt.serve import repo as R
+
+    written = []
+    monkeypatch.setattr(R, "write_triton_repo", lambda eng, dst, **kw: written.append(dst) or dst)
+    eng, dst = tmp_path / "eng", tmp_path / "repo"
+    eng.mkdir()
+    (dst / "lisa").mkdir(parents=True)
+    (dst / "lisa" / "config.pbtxt").write_text('name: "lisa"')
+    _refused(CliRunner().invoke(main, ["triton-repo", str(eng), str(dst)]), dst)
+    assert written == []
+    r = CliRunner().invoke(main, ["triton-repo", str(eng), str(dst), "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert [str(p) for p in written] == [str(dst)]
+
+
+def test_encode_captions_refuses_an_existing_file_before_the_encoder_loads(tmp_path, monkeypatch):
+    from lisa_trt.models import captions as C
+
+    loads = []
+
+    def encoder(*a, **kw):
+        loads.append(1)
+        raise Started()
+
+    monkeypatch.setattr(C, "caption_encoder", encoder)
+    (tmp_path / "c.txt").write_text("a red car\n")
+    out = tmp_path / "f.safetensors"
+    out.write_bytes(b"old")
+    args = ["encode-captions", str(tmp_path / "c.txt"), "--encoder", str(tmp_path), "--out", str(out)]
+    _refused(CliRunner().invoke(main, args), out)
+    assert out.read_bytes() == b"old" and loads == []
+    r = CliRunner().invoke(main, [*args, "--overwrite"])
+    assert isinstance(r.exception, Started) and loads == [1]  # past the rule: the encoder was asked for
