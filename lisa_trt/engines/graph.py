@@ -215,10 +215,10 @@ class GraphTarget(_KVEngine):
         check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, vocab or cfg.vocab_size,
                    self.max_positions, values=entry)
         self._cache_ok(cache)
-        if entry:
-            self._entered_ok(runner, cache)
         ids = tokens + offset if offset else tokens
         out = self._run_kv(runner, cache, cfg.n_layer, self._step_inputs(ids, positions, slots, mask), {})
+        if entry:  # only a call that ran: one the runner refused (no profile) leaves the next call checked
+            self._entered_ok(runner, cache)
         if last and tokens.shape[1] > 1:
             out = {k: out[k][:, -1:] for k in ("logits", "taps", "hidden")}
         return TargetOutput(out["logits"], out["taps"] if taps else None, out["hidden"])
@@ -260,21 +260,23 @@ class GraphDrafter(_KVEngine):
         """fc on the target taps: (B, S, 3H_t) -> (B, S, hidden)."""
         return self._project.run(dict(taps=_contig(taps, self.dtype, self.device)), ["hidden"])["hidden"]
 
-    def _check_step(self, runner, tokens, positions, slots, mask, cache) -> None:
+    def _check_step(self, runner, tokens, positions, slots, mask, cache) -> bool:
+        """check_step of a drafter call; True when it was an entry call (mark it once the call ran)."""
         cfg = self.config
         entry = self._entry(runner, cache)
         check_step(tokens, positions, slots, mask, cache.batch, self.max_cache_len, cfg.vocab_size, self.max_positions,
                    values=entry)
         self._check_cache(cache, (cache.batch, cfg.n_head, self.max_cache_len, cfg.head_dim), "drafter")
-        if entry:
-            self._entered_ok(runner, cache)
+        return entry
 
     def forward(self, hidden_in, tokens, positions, slots, mask, cache):
         """One drafter step; returns (logits (B, S, V) fp32, hidden_out (B, S, hidden))."""
-        self._check_step(self._step, tokens, positions, slots, mask, cache)
+        entry = self._check_step(self._step, tokens, positions, slots, mask, cache)
         inputs = dict(hidden_in=_contig(hidden_in, self.dtype, self.device),
                       **self._step_inputs(tokens, positions, slots, mask))
         out = self._run_kv(self._step, cache, 1, inputs, {})
+        if entry:
+            self._entered_ok(self._step, cache)
         return out["logits"], out["hidden"]
 
     __call__ = forward
@@ -284,9 +286,11 @@ class GraphDrafter(_KVEngine):
         two (project, step) without it. Returns (logits (B, S, V) fp32, hidden_out (B, S, hidden))."""
         if self._commit is None:
             return self.forward(self.project_taps(taps), tokens, positions, slots, mask, cache)
-        self._check_step(self._commit, tokens, positions, slots, mask, cache)
+        entry = self._check_step(self._commit, tokens, positions, slots, mask, cache)
         inputs = dict(taps=_contig(taps, self.dtype, self.device), **self._step_inputs(tokens, positions, slots, mask))
         out = self._run_kv(self._commit, cache, 1, inputs, {})
+        if entry:
+            self._entered_ok(self._commit, cache)
         return out["logits"], out["hidden"]
 
 

@@ -87,4 +87,18 @@ register_artifact_set(ArtifactSet(
               "demo-medusa-lisa": _DEMO / "medusa_lisa.safetensors"},
     tables={"demo": _DEMO / "tables.safetensors"}, default_drafter="demo-lisa", default_tables="demo", vq="demo"))
 
-__all__ = ["ArtifactSet", "artifact_set", "bundled_file", "bundled_names", "register_artifact_set", "registered_names"]
+
+
+def did_you_mean(path) -> str:
+    """'; did you mean 'demo' (a bundled model)?' for a bare name (no suffix, no folder) close to a
+    registered set's name (e.g. 'dmeo'), else ''."""
+    import difflib
+
+    name = str(path)
+    if Path(name).suffix or "/" in name or "\\" in name:
+        return ""
+    close = difflib.get_close_matches(name, registered_names(), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r} (a bundled model)?" if close else ""
+
+
+__all__ = ["ArtifactSet", "artifact_set", "bundled_file", "bundled_names", "did_you_mean", "register_artifact_set", "registered_names"]

@@ -56,16 +56,10 @@ def _describe(obj) -> str:
 
 
 def _did_you_mean(path: Path) -> str:
-    """'; did you mean demo?' for a bare name close to a bundled artifact set (e.g. 'dmeo')."""
-    import difflib
+    """'; did you mean 'demo' (a bundled model)?' for a bare name close to a bundled artifact set."""
+    from .artifact_sets import did_you_mean
 
-    from .artifact_sets import registered_names
-
-    name = str(path)
-    if path.suffix or "/" in name or "\\" in name:
-        return ""
-    close = difflib.get_close_matches(name, registered_names(), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r} (a bundled model)?" if close else ""
+    return did_you_mean(path)
 
 
 def _clean(sd: dict) -> dict:

@@ -471,8 +471,11 @@ def detect_family(path) -> ModelFamily:
         except (OSError, ValueError) as e:
             raise ConfigError(f"{cfg} is not valid JSON ({e})") from e
         raise ConfigError(f"{cfg} has model_type {mt!r}, which no family loads. lisa-trt loads {known}")
-    what = "is not a checkpoint any family loads" if p.exists() else "does not exist, and is not a name any family loads"
-    raise ConfigError(f"{path} {what}. lisa-trt loads {known}")
+    if p.exists():
+        raise ConfigError(f"{path} is not a checkpoint any family loads. lisa-trt loads {known}")
+    from .artifact_sets import did_you_mean
+
+    raise ConfigError(f"{path} does not exist, and is not a name any family loads{did_you_mean(path)}. lisa-trt loads {known}")
 
 
 __all__ = ["FamilyTarget", "ModelFamily", "Request", "SequenceLayout", "SubVocab", "UnknownModelTypeError", "detect_family", "families",

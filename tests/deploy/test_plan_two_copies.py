@@ -3,8 +3,8 @@ before the verify graph ran the prefill) against the one-copy plan, component by
 only the target's weights double; its KV cache is the runtime's one cache whatever the copies, and
 every other engine is the same. The KV caches are checked against the caches the torch runtime
 allocates (the same shapes every backend binds), and the TensorRT context memory against the
-recorded per-profile sizes of each engine the runtime opens (one shared buffer of the largest
-profile per engine, summed over the engines)."""
+recorded per-profile sizes of the engines (one activation buffer for the whole bundle, of the
+largest engine's largest profile, held by the target)."""
 
 import pytest
 import torch
@@ -70,19 +70,22 @@ RECORD = {"target_verify": [300, 700], "target_prefill": [500, 200, 100], "draft
           "drafter_step": [60], "gasv": [11, 13], "vq_decode": [1000, 900]}
 
 
-def test_recorded_context_memory_is_one_shared_buffer_per_engine_summed_over_the_engines(monkeypatch):
-    """A TensorRT directory whose build recorded each engine's per-profile device memory: each
-    engine holds the largest of its profiles (one shared buffer), the target adds the prefill
-    engine only with two copies, the drafter is its two engines."""
+def test_recorded_context_memory_is_one_shared_buffer_for_the_whole_bundle(monkeypatch):
+    """A TensorRT directory whose build recorded each engine's per-profile device memory: every
+    engine of the bundle runs in ONE activation buffer (engines/trt.SharedActivations) of the
+    largest engine's largest profile (here the VQ decoder's 1000), counted once, in the target,
+    whatever the weight copies; the other engines add nothing; the KV cache is unchanged."""
     rt = P.Runtime("trt", {g: {"device_memory": m} for g, m in RECORD.items()})
     monkeypatch.setattr(P, "resolve_runtime", lambda model, backend="trt", manifest=None: rt)
     one, two = _plans(precision="fp16")
-    assert one.engines["target"]["activations"] == 700
-    assert two.engines["target"]["activations"] == 700 + 500
-    assert one.engines["target"]["kv_cache"] == two.engines["target"]["kv_cache"]
+    biggest = max(max(m) for m in RECORD.values())
+    assert biggest == 1000
     for p in (one, two):
-        assert p.engines["drafter"]["activations"] == 90 + 60
-        assert p.engines["gasv"]["activations"] == 13 and p.engines["vq_decode"]["activations"] == 1000
+        assert p.engines["target"]["activations"] == biggest
+        for name in ("drafter", "gasv", "vq_decode"):
+            assert p.engines[name]["activations"] == 0, name
+        assert sum(e["activations"] for e in p.engines.values()) == biggest  # one buffer, not one per engine
+    assert one.engines["target"]["kv_cache"] == two.engines["target"]["kv_cache"]
 
 
 def test_context_memory_bytes_shared_and_not():
@@ -93,10 +96,11 @@ def test_context_memory_bytes_shared_and_not():
 
 
 def test_a_missing_record_falls_back_to_the_estimate(monkeypatch):
-    """One engine without a record: the target's activations are the estimate (not a partial sum)."""
+    """The target's own engine without a record (two copies: the prefill engine): the target's
+    activations are the estimate, not a max over a partial record."""
     est = _plans(precision="fp16", backend="ort")[1].engines["target"]["activations"]
     rec = {g: {"device_memory": m} for g, m in RECORD.items() if g != "target_prefill"}
     monkeypatch.setattr(P, "resolve_runtime", lambda model, backend="trt", manifest=None: P.Runtime("trt", rec))
     one, two = _plans(precision="fp16")
-    assert one.engines["target"]["activations"] == 700
+    assert one.engines["target"]["activations"] == 1000  # one copy opens no prefill engine: the record is whole
     assert two.engines["target"]["activations"] == est
