@@ -29,16 +29,21 @@ class _Bar:
         pass
 
 
-def test_calibrate_bar_counts_rollouts_and_moves_within_a_batch(monkeypatch):
-    monkeypatch.setattr("lisa_trt.calibration.profile.tqdm", _Bar)
+def test_calibrate_bar_counts_whole_tokens_and_moves_within_a_batch(monkeypatch):
+    """The rollouts' image tokens, whole numbers (no fractional counts), moved token by token inside
+    the one batch (never stuck at 0/1), through progress.progress_bar (drawn only on a terminal)."""
+    made = []
+    monkeypatch.setattr("lisa_trt.progress.progress_bar",
+                        lambda total, enabled, **kw: made.append(enabled) or _Bar(total=total))
     model = testing.make_target(seed=0)
     codebook = F.normalize(torch.randn(256, 8, generator=torch.Generator().manual_seed(1)), dim=1)
     calibrate(model, codebook, num_rollouts=3, batch_size=8, lantern_k=16, progress=True,
               sampling=SamplingConfig(cfg_scale=2.0, top_k=40))
-    bar = _Bar.last
-    assert bar.total == 3 and bar.seen[-1] == 3
-    inside = [n for n in bar.seen if 0 < n < 3]
-    assert len(inside) >= model.config.block_size // 2  # moves token by token inside the one batch
+    bar, N = _Bar.last, model.config.block_size
+    assert made == [True] and bar.total == 3 * N and bar.seen[-1] == 3 * N
+    assert all(float(n).is_integer() for n in bar.seen)
+    inside = [n for n in bar.seen if 0 < n < 3 * N]
+    assert len(inside) >= N // 2  # moves token by token inside the one batch
     assert inside == sorted(inside)
 
 
