@@ -107,6 +107,12 @@ class TargetOutput:
     hidden: Optional[torch.Tensor] = None  # (B, S, H): final normed hidden state
 
 
+def kv_cache_shape(cfg: TargetShape, batch: int, max_len: int) -> tuple[int, ...]:
+    """The K/V storage of a target cache, (2, n_layer, batch, H_kv, max_len, head_dim): what
+    `KVCache` allocates and what the memory plan (deploy/memory_plan.py) counts."""
+    return (2, cfg.n_layer, batch, cfg.kv_heads, max_len, cfg.head_dim)
+
+
 class KVCache:
     """Static, preallocated K/V per layer, (B, H_kv, Lmax, D), written at absolute slots.
 
@@ -118,7 +124,7 @@ class KVCache:
     """
 
     def __init__(self, cfg: TargetShape, batch: int, max_len: int, dtype, device):
-        shape = (batch, cfg.kv_heads, max_len, cfg.head_dim)
+        shape = kv_cache_shape(cfg, batch, max_len)[2:]
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layer)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layer)]
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
