@@ -19,10 +19,7 @@ import argparse
 import hashlib
 import json
 import os
-import statistics
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -112,26 +109,11 @@ def measure(engine_dir: str, images: int, methods: list) -> dict:
 
 # ----------------------------------------------------------------------------- A/B driver
 
-def _export_ref(ref: str, dest: Path) -> str:
-    """Unpack lisa_trt/ of git ref `ref` into dest; returns the commit id."""
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", ref], check=True, capture_output=True,
-                            text=True).stdout.strip()
-    tar = dest / "ref.tar"
-    with open(tar, "wb") as f:
-        subprocess.run(["git", "-C", str(ROOT), "archive", commit, "lisa_trt"], check=True, stdout=f)
-    with tarfile.open(tar) as t:
-        t.extractall(dest, filter="data")
-    return commit
-
-
 def _child(src: Path, a, methods) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(src), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    cmd = [sys.executable, __file__, "--worker", "--engine-dir", a.engine_dir, "--images", str(a.images),
-           "--methods", ",".join(methods)]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if p.returncode:
-        raise SystemExit(f"measurement under {src} failed:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    from _refs import run_worker  # bench/_refs.py (this script's directory is on the path)
+
+    return run_worker(__file__, src, ["--engine-dir", a.engine_dir, "--images", a.images, "--methods",
+                                      ",".join(methods)])
 
 
 def _median_run(runs: list, methods) -> dict:
@@ -171,8 +153,10 @@ def main():
               "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
               "loadavg_start": os.getloadavg()}
     if a.compare:
+        from _refs import export_ref
+
         with tempfile.TemporaryDirectory() as tmp:
-            commit = _export_ref(a.compare, Path(tmp))
+            commit = export_ref(a.compare, Path(tmp))
             before, after = [], []
             for _ in range(a.repeats):
                 before.append(_child(Path(tmp), a, methods))

@@ -35,10 +35,7 @@ import collections
 import hashlib
 import json
 import os
-import statistics
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import traceback
@@ -355,26 +352,11 @@ def _merge(summ: list) -> dict:
 
 # ----------------------------------------------------------------------------- before / after driver
 
-def _export_ref(ref: str, dest: Path) -> str:
-    """Unpack lisa_trt/ of git ref `ref` into dest; returns the commit id."""
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", ref], check=True, capture_output=True,
-                            text=True).stdout.strip()
-    tar = dest / "ref.tar"
-    with open(tar, "wb") as f:
-        subprocess.run(["git", "-C", str(ROOT), "archive", commit, "lisa_trt"], check=True, stdout=f)
-    with tarfile.open(tar) as t:
-        t.extractall(dest, filter="data")
-    return commit
-
-
 def _child(src: Path, a, cases) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(src), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    cmd = [sys.executable, __file__, "--worker", "--engine-dir", a.engine_dir, "--images", str(a.images),
-           "--time-images", str(a.time_images), "--cases", ",".join(cases)]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if p.returncode:
-        raise SystemExit(f"measurement under {src} failed:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    from _refs import run_worker  # bench/_refs.py (this script's directory is on the path)
+
+    return run_worker(__file__, src, ["--engine-dir", a.engine_dir, "--images", a.images, "--time-images",
+                                      a.time_images, "--cases", ",".join(cases)])
 
 
 def _timed_median(runs: list, cases) -> dict:
@@ -421,8 +403,10 @@ def main():
               "cfg": True, "threads": 1, "images": a.images, "time_images": a.time_images, "note": a.note,
               "loadavg_start": os.getloadavg()}
     if a.compare:
+        from _refs import export_ref
+
         with tempfile.TemporaryDirectory() as tmp:
-            commit = _export_ref(a.compare, Path(tmp))
+            commit = export_ref(a.compare, Path(tmp))
             before, after = [], []
             for _ in range(a.repeats):
                 before.append(_child(Path(tmp), a, cases))
