@@ -1,7 +1,8 @@
 """What one steady-state decode step costs between the engine calls (issue 49, DESIGN 5b).
 
 Counts, per steady-state step, on the ONNX Runtime backend (the TensorRT runner shares every
-engine class and decode loop above the runner, so these are what a GPU run pays):
+engine class and decode loop above the runner, so these are what a GPU run pays; TensorRT commits
+the drafter as `--commit project+step`, since it builds no drafter_commit engine):
 
 - host reads: Python reading a tensor's value, each a device sync on a GPU: `.item()`, `bool()`,
   `int()`, `float()` (aten._local_scalar_dense), `.tolist()`, `.numpy()`, `nonzero`,
@@ -272,13 +273,18 @@ def _margin(pipe, method: str, tree: dict) -> int:
     return 2 * int(pipe.spec(method).settings("sjd").window) + 1  # Jacobi windows: leave the tail out
 
 
-def measure(engine_dir: str, cases: list, images: int, time_images: int) -> dict:
+COMMITS = ("fused", "project+step")  # how the drafter commits accepted tokens (--commit)
+
+
+def measure(engine_dir: str, cases: list, images: int, time_images: int, commit: str = "fused") -> dict:
     """Counts (one pass under the counter) and timings (a separate pass without it) per case."""
     torch.set_num_threads(1)
     from lisa_trt.runtime.pipeline import Pipeline
 
-    # drafter_commit (fc + step in one call), as the TensorRT runner opens it
-    os.environ["LISA_TRT_ORT_FUSED_COMMIT"] = "1"
+    # commit "fused": the drafter_commit graph (fc + step in one call; ORT opens it when asked);
+    # "project+step": drafter_project then drafter_step, as the TensorRT runtime commits (it builds
+    # no drafter_commit engine: deploy/build.py NOT_BUILT), one engine call more per step
+    os.environ["LISA_TRT_ORT_FUSED_COMMIT"] = "1" if commit == "fused" else "0"
     pipe = Pipeline.from_dir(engine_dir, backend="ort", threads=1)
     out = {}
     for case in cases:
@@ -356,7 +362,7 @@ def _child(src: Path, a, cases) -> dict:
     from _refs import run_worker  # bench/_refs.py (this script's directory is on the path)
 
     return run_worker(__file__, src, ["--engine-dir", a.engine_dir, "--images", a.images, "--time-images",
-                                      a.time_images, "--cases", ",".join(cases)])
+                                      a.time_images, "--cases", ",".join(cases), "--commit", a.commit])
 
 
 def _timed_median(runs: list, cases) -> dict:
@@ -386,6 +392,9 @@ def main():
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma list of {', '.join(CASES)}")
     ap.add_argument("--images", type=int, default=1, help="images per case for the counts (deterministic)")
     ap.add_argument("--time-images", type=int, default=2, help="images per case for the timings")
+    ap.add_argument("--commit", choices=COMMITS, default="fused",
+                    help="the drafter commit: the drafter_commit graph (fused), or drafter_project + drafter_step "
+                         "(project+step: as the TensorRT runtime runs it)")
     ap.add_argument("--compare", default=None, help="git ref of the 'before' tree (e.g. 13a5dfe)")
     ap.add_argument("--repeats", type=int, default=1, help="alternating timing runs per tree with --compare")
     ap.add_argument("--note", default="", help="free text stored in the JSON (e.g. machine load)")
@@ -397,11 +406,11 @@ def main():
     if unknown:
         raise SystemExit(f"unknown cases {unknown}; choose from {sorted(CASES)}")
     if a.worker:
-        print(json.dumps(measure(a.engine_dir, cases, a.images, a.time_images)))
+        print(json.dumps(measure(a.engine_dir, cases, a.images, a.time_images, a.commit)))
         return
-    report = {"command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "backend": "ort", "batch": 1,
-              "cfg": True, "threads": 1, "images": a.images, "time_images": a.time_images, "note": a.note,
-              "loadavg_start": os.getloadavg()}
+    report = {"command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "backend": "ort",
+              "commit": a.commit, "batch": 1, "cfg": True, "threads": 1, "images": a.images,
+              "time_images": a.time_images, "note": a.note, "loadavg_start": os.getloadavg()}
     if a.compare:
         from _refs import export_ref
 
