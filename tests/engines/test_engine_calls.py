@@ -57,7 +57,7 @@ def _calls(bench, eng, tables, method: str) -> dict:
     try:
         toks, _ = run_method(method, eng.target, eng.drafter, tables, cond, sampling=SamplingConfig(cfg_scale=2.0),
                              spec=SpecConfig.make(method, **TREE), seed=0, gasv=eng.gasv,
-                             on_step=lambda t, d: b.on_step(t, d))
+                             on_step=b.on_step)
     finally:
         b.unwatch()
     s = b.summary(margin=TREE["depth"] + 2, n_tokens=toks.shape[1])
