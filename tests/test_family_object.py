@@ -53,8 +53,8 @@ def test_two_claimants_are_an_error(monkeypatch, tmp_path):
 def test_the_family_holds_its_plug_ins_imported_once(monkeypatch):
     fam = MF.family_of("c2i")
     loads = []
-    real = MF._load
-    monkeypatch.setattr(MF, "_load", lambda m: loads.append(m) or real(m))
+    real = MF.load_plugin
+    monkeypatch.setattr(MF, "load_plugin", lambda m: loads.append(m) or real(m))
     fam.__dict__.pop("_plugins", None)
     assert fam.shapes is fam.shapes and fam.captions is fam.captions and fam.plugin("export") is not None
     assert sorted(loads) == sorted({fam.shapes_module, fam.captions_module, fam.export_module})
