@@ -2,8 +2,9 @@
 
 The names live in registries that import torch (model families, decoding methods, backends, the
 GPU / precision tables of deploy/). lisa_trt/assets/cli_catalogue.json is a snapshot of `live()` that the option
-factories (options.py) and the top-level command list read; tests/cli/test_help_imports.py keeps
-it equal to the registries. After registering a built-in family / method / backend / GPU or
+factories (options.py, through catalogue_file.py) and the top-level command list read;
+tests/cli/test_help_and_logs.py keeps it equal to the registries. `load_command` imports the named
+command's module by an import statement (the import floors test sees it). After registering a built-in family / method / backend / GPU or
 changing a command's one-line help, regenerate it:
 
     python -m lisa_trt.cli.catalogue
