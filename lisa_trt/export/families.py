@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 
 from ..errors import ConfigError, SpecError
-from ..models.family import ModelFamily
+from ..models.family import ModelFamily, families, family_of, load_plugin
 from ..models.io_spec import Graph, GraphSpec
 
 _TORCH = {"int64": torch.int64, "bool": torch.bool, "float32": torch.float32}
@@ -65,8 +65,6 @@ class ExportFamily:
         if not self.engines_module:
             raise ConfigError(f"the {self.name} export family names no engines_module: a family's ExportFamily names "
                               "the module whose open_engines(manifest, backend, **options) opens its directories")
-        from ..models.family import load_plugin
-
         return load_plugin(self.engines_module).open_engines(man, backend, **options)
 
     def bundle_graphs(self, target, drafter, tables, vq, opts, *, source=None, image_size=None, max_prompt=None):
@@ -339,8 +337,6 @@ def register_export_family(family: ExportFamily) -> ExportFamily:
 
 def export_families() -> list:
     """Every family's ExportFamily (each model family's export plug-in imported), registration order."""
-    from ..models.family import families
-
     for fam in families():
         if fam.name not in _FAMILIES:
             fam.plugin("export")
@@ -369,8 +365,6 @@ def export_family(family) -> ExportFamily:
 
 def _family_of_config(obj) -> ModelFamily:
     """The ModelFamily of a torch target or a target config: export_family's compatibility path."""
-    from ..models.family import family_of
-
     cfg = getattr(obj, "config", obj)
     if isinstance(obj, str) or not isinstance(getattr(cfg, "model_type", None), str):
         raise ConfigError(f"export_family takes a model family (models/family.ModelFamily), a torch target or a "
@@ -381,12 +375,17 @@ def _family_of_config(obj) -> ModelFamily:
 
 
 def export_family_named(name: str) -> ExportFamily:
-    """The ExportFamily an engine directory's manifest records by name (Manifest.family, before its
-    target configuration can be read): the model family of that name (family_named), then its
-    ExportFamily. UnknownModelTypeError lists the registered families for an unknown name."""
-    from ..models.family import family_named
-
-    return export_family(family_named(name))
+    """The ExportFamily an engine directory's manifest records by name (Manifest.family, read before
+    its target configuration can be): found in this registry, every family's export plug-in imported
+    when it is not there yet. No model family is looked up (the Manifest's `model_family` is, once)."""
+    xf = _FAMILIES.get(name)
+    if xf is None:
+        known = ", ".join(f.name for f in export_families())
+        xf = _FAMILIES.get(name)
+        if xf is None:
+            raise ConfigError(f"no export family {name!r}; known: {known} (a bundle from a newer lisa-trt? upgrade, or "
+                              "re-export it with this one; a family package registers one with register_export_family)")
+    return xf
 
 
 __all__ = ["ExportFamily", "act_dtype", "export_families", "export_family", "export_family_named", "filtered_logits",
