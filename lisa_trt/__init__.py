@@ -16,22 +16,21 @@ from .threads import apply_thread_policy
 # torch-backed names load on first use (PEP 562), so that `import lisa_trt` and the CLI's start
 # (`--help`, `serve` refusing a taken port) do not pay for importing torch
 # (the config names resolve through models/target_config.py: the registries of named configs and the
-# config classes the defining family publishes, LlamaGen's TargetConfig / VQConfig)
-_LAZY = {"load_target": ".models.checkpoints", "load_vq": ".models.checkpoints",
-         "GenerationResult": ".runtime.pipeline", "Pipeline": ".runtime.pipeline",
-         "TargetConfig": ".models.target_config", "VQConfig": ".models.target_config",
-         "target_config": ".models.target_config", "vq_config": ".models.target_config"}
+# config classes the defining family publishes, LlamaGen's TargetConfig / VQConfig). Each module is
+# imported by an import statement, so the import floors test (tests/test_architecture.py) sees it.
 
 
 def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+    if name in ("load_target", "load_vq"):
+        from .models import checkpoints as module
+    elif name in ("GenerationResult", "Pipeline"):
+        from .runtime import pipeline as module
+    elif name in ("TargetConfig", "VQConfig", "target_config", "vq_config"):
+        from .models import target_config as module
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = globals()[name] = getattr(module, name)
+    return value
 
 
 def image_logits(target, prompt_ids, image_tokens):

@@ -100,7 +100,7 @@ def test_the_families_deployment_table_is_the_registries():
     assert set(rows) == {f.name for f in families()}
     for fam in families():
         precisions, trt, names = rows[fam.name]
-        ef = export_family(fam.name)
+        ef = export_family(fam)
         assert {p.strip() for p in precisions.split(",")} == export_precisions(), fam.name
         assert trt == ("yes" if ef.engines_module else "no"), fam.name
         listed = dict(re.findall(r"([\w.-]+) \((\d+)\)", names))

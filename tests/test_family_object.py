@@ -1,5 +1,6 @@
 """A family is one object resolved once: detection takes exactly one claimant, the object holds
-its plug-ins, a torch target holds its family, and methods are looked up by name in few places."""
+its plug-ins, a torch target holds its family, a run looks its family up a few times and never per
+step, export_family takes the family object, and methods are looked up by name in few places."""
 
 import ast
 from pathlib import Path
@@ -53,8 +54,8 @@ def test_two_claimants_are_an_error(monkeypatch, tmp_path):
 def test_the_family_holds_its_plug_ins_imported_once(monkeypatch):
     fam = MF.family_of("c2i")
     loads = []
-    real = MF._load
-    monkeypatch.setattr(MF, "_load", lambda m: loads.append(m) or real(m))
+    real = MF.load_plugin
+    monkeypatch.setattr(MF, "load_plugin", lambda m: loads.append(m) or real(m))
     fam.__dict__.pop("_plugins", None)
     assert fam.shapes is fam.shapes and fam.captions is fam.captions and fam.plugin("export") is not None
     assert sorted(loads) == sorted({fam.shapes_module, fam.captions_module, fam.export_module})
@@ -80,6 +81,117 @@ def test_a_torch_target_holds_its_family(monkeypatch):
     import copy
 
     assert copy.deepcopy(t).model_family is t.model_family  # the registry's one object
+
+
+# ----------------------------------------------------------------------------- export_family takes the family
+
+def test_export_family_takes_the_family_object(registry_lookups):
+    import lisa_trt.export.families as XF
+
+    fam = MF.family_of("c2i")
+    registry_lookups.clear()
+    xf = XF.export_family(fam)
+    assert xf.name == fam.name and registry_lookups["family"] == 0  # no model-family look-up: it was given
+    t = make_target()
+    registry_lookups.clear()
+    assert XF.export_family(t) is xf and XF.export_family(t.config) is xf  # compatibility: one family_of each
+    assert registry_lookups["family"] == 2, dict(registry_lookups)
+    assert XF.export_family_named("llamagen") is xf  # a manifest's recorded name
+    for bad in ("llamagen", "c2i", object()):  # names are not guessed from strings or other objects
+        with pytest.raises(ConfigError, match=r"export_family takes a model family .*export_family_named"):
+            XF.export_family(bad)
+    with pytest.raises(ConfigError, match="no export family 'nope'; known: llamagen"):
+        XF.export_family_named("nope")
+
+
+def test_a_family_without_an_export_plug_in_is_refused_naming_the_fix():
+    import lisa_trt.export.families as XF
+
+    with pytest.raises(ConfigError, match="the greedy family has no export family .*register_export_family"):
+        XF.export_family(_Greedy())
+
+
+# ----------------------------------------------------------------------------- family look-ups per run
+
+class _CountingRegistry(dict):
+    """A family registry (name -> family) that counts its look-ups under `key` in `counter`."""
+
+    def __init__(self, table, counter, key):
+        super().__init__(table)
+        self.counter, self.key = counter, key
+
+    def get(self, *a):
+        self.counter[self.key] += 1
+        return super().get(*a)
+
+    def __getitem__(self, k):
+        self.counter[self.key] += 1
+        return super().__getitem__(k)
+
+    def values(self):
+        self.counter[self.key + " (all)"] += 1
+        return super().values()
+
+
+@pytest.fixture
+def registry_lookups(monkeypatch):
+    """A Counter of look-ups in the two family registries from now on, counted in the registries
+    themselves (so a look-up through any module's own binding of family_of shows): the model
+    families (family_of; families(), which family_named and detect_family walk) and the export
+    families (export_family)."""
+    from collections import Counter
+
+    import lisa_trt.export.families as XF
+
+    MF.families(), XF.export_families()  # every built-in family registered before counting
+    counter = Counter()
+    monkeypatch.setattr(MF, "_FAMILIES", _CountingRegistry(MF._FAMILIES, counter, "family"))
+    monkeypatch.setattr(XF, "_FAMILIES", _CountingRegistry(XF._FAMILIES, counter, "export family"))
+    return counter
+
+
+# A run looks its family up where it is resolved (the run context, the checkpoint's detection, the
+# target's held family, the loop's layout), never once per decode step: one per step would add 100.
+FAMILY_LOOKUPS_PER_RUN = 7
+
+
+def _demo_present() -> bool:
+    from lisa_trt.demo.registry import assets_present
+
+    return assets_present()
+
+
+@pytest.mark.skipif(not _demo_present(), reason="bundled demo assets not built (scripts/demo/*)")
+def test_a_demo_run_looks_its_family_up_a_few_times_not_per_step(registry_lookups, tmp_path):
+    """`lisa-trt generate --model demo` (one image, 256 tokens, SJD: 100 target forwards)."""
+    from click.testing import CliRunner
+
+    from lisa_trt.cli import main
+
+    res = CliRunner().invoke(main, ["generate", "--model", "demo", "--classes", "1", "--verify", "sjd",
+                                    "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    n = sum(registry_lookups.values())
+    assert 0 < n <= FAMILY_LOOKUPS_PER_RUN, dict(registry_lookups)
+
+
+@pytest.mark.parametrize("method", ["vanilla", "sjd"])
+def test_family_look_ups_do_not_grow_with_the_steps(registry_lookups, method):
+    """The same run with 2 and 16 tokens looks its family up as often (AR and Jacobi loops)."""
+    from lisa_trt.config import SamplingConfig
+    from lisa_trt.speculative.methods import SpecConfig
+    from lisa_trt.speculative.run import run_method
+
+    found = []
+    for n in (2, 16):
+        t = make_target()  # a fresh target: its held family is looked up in the run, once
+        layout = MF.family_of("c2i").free_layout(t, n)
+        registry_lookups.clear()
+        tokens, _ = run_method(method, t, None, None, torch.tensor([1, 2]), sampling=SamplingConfig(), spec=SpecConfig(),
+                               seed=0, layout=layout)
+        assert tokens.shape == (2, n)
+        found.append(dict(registry_lookups))
+    assert found[0] == found[1] and 0 < sum(found[0].values()) <= 2, found
 
 
 # ----------------------------------------------------------------------------- methods by name

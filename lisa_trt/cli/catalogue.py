@@ -2,8 +2,9 @@
 
 The names live in registries that import torch (model families, decoding methods, backends, the
 GPU / precision tables of deploy/). lisa_trt/assets/cli_catalogue.json is a snapshot of `live()` that the option
-factories (options.py) and the top-level command list read; tests/cli/test_help_imports.py keeps
-it equal to the registries. After registering a built-in family / method / backend / GPU or
+factories (options.py, through catalogue_file.py) and the top-level command list read;
+tests/cli/test_help_and_logs.py keeps it equal to the registries. `load_command` imports the named
+command's module by an import statement (the import floors test sees it). After registering a built-in family / method / backend / GPU or
 changing a command's one-line help, regenerate it:
 
     python -m lisa_trt.cli.catalogue
@@ -14,7 +15,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# command name -> "module:attribute" (modules relative to lisa_trt)
+from .catalogue_file import FILE as _FILE, hold, snapshot
+
+# command name -> "module:attribute" (modules relative to lisa_trt); load_command imports each
+# module by an import statement (the import floors test sees it)
 COMMAND_MODULES = {
     "bench": "cli.bench:bench", "build": "cli.export:build", "calibrate": "cli.calibrate:calibrate",
     "convert": "cli.misc:convert", "demo": "cli.misc:demo", "encode-captions": "text.cli:encode_captions",
@@ -27,13 +31,33 @@ COMMAND_MODULES = {
 
 def load_command(name: str):
     """The click command `name` (its module imported now)."""
-    import importlib
-
     module, attr = COMMAND_MODULES[name].split(":")
-    return getattr(importlib.import_module(f"lisa_trt.{module}"), attr)
+    return getattr(_command_module(module), attr)
 
 
-_FILE = Path(__file__).resolve().parents[1] / "assets" / "cli_catalogue.json"
+def _command_module(module: str):
+    """A command module of COMMAND_MODULES, imported on first use (`--help` imports only the named one)."""
+    if module == "cli.bench":
+        from . import bench as m
+    elif module == "cli.calibrate":
+        from . import calibrate as m
+    elif module == "cli.export":
+        from . import export as m
+    elif module == "cli.generate":
+        from . import generate as m
+    elif module == "cli.misc":
+        from . import misc as m
+    elif module == "cli.run":
+        from . import run as m
+    elif module == "cli.train":
+        from . import train as m
+    elif module == "serve.cli":
+        from ..serve import cli as m
+    elif module == "text.cli":
+        from ..text import cli as m
+    else:
+        raise KeyError(f"{module}: not a command module (cli/catalogue.py _command_module lists them)")
+    return m
 
 
 def live(commands: bool = True) -> dict:
@@ -73,23 +97,12 @@ def first_paragraph(cmd) -> str:
     return cmd.short_help or " ".join(inspect.cleandoc(cmd.help or "").split("\n\n")[0].split())
 
 
-_SNAPSHOT: dict = {}
-
-
-def snapshot() -> dict:
-    """The stored catalogue (no torch), read once."""
-    if not _SNAPSHOT:
-        _SNAPSHOT.update(json.loads(_FILE.read_text()))
-    return _SNAPSHOT
-
-
 def write(path: Path = _FILE) -> None:
     """Regenerate the snapshot from the registries (atomically): the registries' part first (the
     commands' options are made from it), then the commands' help."""
     data = {**live(commands=False), "commands": snapshot().get("commands", {}) if path.exists() else {}}
     for _ in range(2):
-        _SNAPSHOT.clear()
-        _SNAPSHOT.update(data)
+        hold(data)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1) + "\n")
         tmp.replace(path)

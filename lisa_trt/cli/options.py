@@ -24,7 +24,7 @@ import click
 
 def _catalogue() -> dict:
     """The registries' names for option choices, without torch (catalogue.py)."""
-    from .catalogue import snapshot
+    from .catalogue_file import snapshot
 
     return snapshot()
 

@@ -135,11 +135,11 @@ def target_copies(man: dict, family: str) -> int:
     verify graphs always embed prompts) and no target_prefill engine was built, else 2 (separate
     prefill and verify engines: engines/build.default_build_graphs)."""
     from ..engines.trt_plans import built_graphs
-    from ..export.families import export_family
+    from ..export.families import export_family_named
 
     if "target_prefill" in built_graphs(man):
         return 2
-    if (man.get("target") or {}).get("prefill_ids") or export_family(family).verify_embeds_prompts:
+    if (man.get("target") or {}).get("prefill_ids") or export_family_named(family).verify_embeds_prompts:
         return 1
     return 2
 

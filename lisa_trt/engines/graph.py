@@ -466,7 +466,7 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
 
         raise ConfigError(f"the {xf.name} export family names no engines_module: a family's ExportFamily names the "
                           "module whose open_engines(manifest, backend, **options) opens its directories")
-    return importlib.import_module(xf.engines_module).open_engines(man, backend, **options)
+    return xf.open_engines(man, backend, **options)
 
 
 def open_family_engines(man, backend: str, target_cls, vq_cls, *, tables=None, **options) -> Engines:

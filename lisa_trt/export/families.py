@@ -5,7 +5,7 @@ an export, valid random inputs of each graph and their PyTorch reference outputs
 export/validate.py compares an exported graph with), and how an engine directory's manifest
 gives back the target / VQ configurations.
 
-    fam = export_family(target)            # a target, a config, a Manifest or a family name
+    fam = export_family(family)            # the ModelFamily the caller resolved once (family_of(cfg))
     spec = fam.graph_spec(Graph.TARGET_VERIFY, target.config)
     dims = fam.export_dims(target.config, max_cache_len=L, drafter_cfg=dc)
     x = fam.sample_inputs(Graph.TARGET_VERIFY, spec, dims, refs, seed=0)
@@ -27,6 +27,7 @@ from typing import Optional
 import torch
 
 from ..errors import ConfigError, SpecError
+from ..models.family import ModelFamily, families, family_of, load_plugin
 from ..models.io_spec import Graph, GraphSpec
 
 _TORCH = {"int64": torch.int64, "bool": torch.bool, "float32": torch.float32}
@@ -56,6 +57,15 @@ class ExportFamily:
     legacy_manifests: tuple = ()
     unnamed_manifest: bool = False
     default_max_tree: Optional[int] = None  # the family's tree budget default (None: export/layout's)
+
+    def open_engines(self, man, backend: str, **options):
+        """The Engines of a read Manifest of this family (engines/graph.load_engines): the module
+        `engines_module` names opens them, imported on first use by the families' one loader
+        (models/family.load_plugin, which the import floors test follows)."""
+        if not self.engines_module:
+            raise ConfigError(f"the {self.name} export family names no engines_module: a family's ExportFamily names "
+                              "the module whose open_engines(manifest, backend, **options) opens its directories")
+        return load_plugin(self.engines_module).open_engines(man, backend, **options)
 
     def bundle_graphs(self, target, drafter, tables, vq, opts, *, source=None, image_size=None, max_prompt=None):
         """The family's part of one export (export/bundle.BundleGraphs): its target / VQ graph builders,
@@ -325,57 +335,58 @@ def register_export_family(family: ExportFamily) -> ExportFamily:
     return family
 
 
-def _model_families() -> list:
-    from ..models.family import families
-
-    return families()
-
-
-def _load(name: str) -> None:
-    """Import the export plug-in of the model family called `name` (ModelFamily.plugin), if any."""
-    for fam in _model_families():
-        if fam.name == name:
-            fam.plugin("export")  # registers itself
-
-
 def export_families() -> list:
     """Every family's ExportFamily (each model family's export plug-in imported), registration order."""
-    for fam in _model_families():
+    for fam in families():
         if fam.name not in _FAMILIES:
             fam.plugin("export")
     return list(_FAMILIES.values())
 
 
-def family_name(obj) -> str:
-    """The family name of a family name, a Manifest, a target (torch or graph engine) or a config."""
-    if isinstance(obj, str):
-        return obj
-    fam = getattr(obj, "family", None)  # Manifest.family, ChameleonTarget.family, a graph target's family
-    if isinstance(fam, str):
-        return fam
-    if fam is not None and isinstance(getattr(fam, "name", None), str):
-        return fam.name
-    cfg = getattr(obj, "config", obj)
-    fam = getattr(cfg, "family", None)
-    if isinstance(fam, str):
-        return fam
-    from ..models.family import family_of
+def export_family(family) -> ExportFamily:
+    """The ExportFamily of `family`, the ModelFamily the caller resolved once (family_of / detect_family,
+    a Manifest's `model_family`, a RunContext's `family`); its export plug-in is imported on first use
+    (ModelFamily.plugin("export")) and registers itself.
 
-    return family_of(cfg).name
-
-
-def export_family(obj) -> ExportFamily:
-    """The ExportFamily of a family name, a Manifest, a target or a target config."""
-    name = family_name(obj)
-    if name not in _FAMILIES:
-        _load(name)
-    fam = _FAMILIES.get(name)
-    if fam is None:
+    Compatibility: a torch target or a target config (what some callers hold instead of its family)
+    is resolved here by one explicit look-up, `family_of(config)`. Anything else is a ConfigError
+    naming the fix; a family name recorded in a manifest goes through `export_family_named`."""
+    if not isinstance(family, ModelFamily):
+        family = _family_of_config(family)
+    family.plugin("export")
+    xf = _FAMILIES.get(family.name)
+    if xf is None:
         known = ", ".join(f.name for f in export_families())
-        raise ConfigError(f"no export family {name!r}; known: {known} (a family package registers one in the "
-                          "module its ModelFamily.export_module names, with export.families.register_export_family)")
-    return fam
+        raise ConfigError(f"the {family.name} family has no export family (known: {known}); its package registers "
+                          "one in its export plug-in (families/<name>/export.py, ModelFamily.export_module) with "
+                          "export.families.register_export_family")
+    return xf
 
 
-__all__ = ["ExportFamily", "act_dtype", "export_families", "export_family", "family_name", "filtered_logits",
+def _family_of_config(obj) -> ModelFamily:
+    """The ModelFamily of a torch target or a target config: export_family's compatibility path."""
+    cfg = getattr(obj, "config", obj)
+    if isinstance(obj, str) or not isinstance(getattr(cfg, "model_type", None), str):
+        raise ConfigError(f"export_family takes a model family (models/family.ModelFamily), a torch target or a "
+                          f"target config, not {type(obj).__name__} {obj!r:.60}: resolve the family once "
+                          "(family_of(config), Manifest.model_family) and pass it; a manifest's recorded family "
+                          "name: export_family_named(name)")
+    return family_of(cfg)
+
+
+def export_family_named(name: str) -> ExportFamily:
+    """The ExportFamily an engine directory's manifest records by name (Manifest.family, read before
+    its target configuration can be): found in this registry, every family's export plug-in imported
+    when it is not there yet. No model family is looked up (the Manifest's `model_family` is, once)."""
+    xf = _FAMILIES.get(name)
+    if xf is None:
+        known = ", ".join(f.name for f in export_families())
+        xf = _FAMILIES.get(name)
+        if xf is None:
+            raise ConfigError(f"no export family {name!r}; known: {known} (a bundle from a newer lisa-trt? upgrade, or "
+                              "re-export it with this one; a family package registers one with register_export_family)")
+    return xf
+
+
+__all__ = ["ExportFamily", "act_dtype", "export_families", "export_family", "export_family_named", "filtered_logits",
            "past_of", "present_rows", "register_export_family", "spec_dtype"]

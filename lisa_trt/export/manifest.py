@@ -142,9 +142,9 @@ class Manifest:
     def export_family(self):
         """The family's graph hooks (export/families.py): specs, dims, inputs, references; looked up
         once per Manifest (a cached property: the manifest is immutable)."""
-        from .families import export_family
+        from .families import export_family_named
 
-        return export_family(self.family)
+        return export_family_named(self.family)
 
     @functools.cached_property
     def model_family(self):

@@ -172,7 +172,7 @@ class ModelFamily:
         held = self.__dict__.setdefault("_plugins", {})
         if kind not in held:
             module = getattr(self, f"{kind}_module")
-            held[kind] = None if module is None else _load(module)
+            held[kind] = None if module is None else load_plugin(module)
         return held[kind]
 
     @property
@@ -405,9 +405,10 @@ def model_types() -> list:
     return sorted(set(_FAMILIES) | set(_BUILTIN))
 
 
-def _load(module: str):
-    """Import a family package or one of its plug-ins by name: the one dynamic import of the
-    families (tests/test_architecture.py follows it: _BUILTIN's packages and their plug-ins)."""
+def load_plugin(module: str):
+    """Import a family package or one of its plug-ins by name: the one import by name of the
+    families (tests/test_architecture.py follows it: _BUILTIN's packages, their export / shapes /
+    captions plug-ins, and the engines module each ExportFamily names, export/families.ExportFamily.engines)."""
     return importlib.import_module(module)
 
 
@@ -420,7 +421,7 @@ def family_of(cfg_or_type) -> ModelFamily:
     """The family serving a TargetConfig (or a model_type string)."""
     t = getattr(cfg_or_type, "model_type", cfg_or_type)
     if t not in _FAMILIES and t in _BUILTIN:
-        _load(_BUILTIN[t])  # registers itself
+        load_plugin(_BUILTIN[t])  # registers itself
     fam = _FAMILIES.get(t)
     if fam is None:
         raise UnknownModelTypeError(f"unknown model_type {t!r}; registered: {', '.join(model_types())} "
@@ -431,7 +432,7 @@ def family_of(cfg_or_type) -> ModelFamily:
 def families() -> list:
     """Every family (built-in ones imported), in registration order, without duplicates."""
     for module in dict.fromkeys(_BUILTIN.values()):
-        _load(module)
+        load_plugin(module)
     return list(dict.fromkeys(_FAMILIES.values()))
 
 
@@ -479,4 +480,4 @@ def detect_family(path) -> ModelFamily:
 
 
 __all__ = ["FamilyTarget", "ModelFamily", "Request", "SequenceLayout", "SubVocab", "UnknownModelTypeError", "detect_family", "families",
-           "family_named", "family_of", "model_types", "random_init_types", "register_family"]
+           "family_named", "family_of", "load_plugin", "model_types", "random_init_types", "register_family"]

@@ -22,7 +22,7 @@ def _prompt_cfg():
 
 @pytest.mark.parametrize("drafter", ["eagle", "medusa", None])
 def test_every_family_shares_common_dims(drafter):
-    from lisa_trt.export.families import export_family
+    from lisa_trt.export.families import export_family_named
 
     cfg = tiny_config()
     dc = {"eagle": DrafterConfig.for_target(cfg), "medusa": MedusaConfig(dim=cfg.dim, vocab_size=cfg.vocab_size),
@@ -36,7 +36,7 @@ def test_every_family_shares_common_dims(drafter):
     assert set(ll) - set(common) == {"prefix", "caption_dim", "block"}
 
     pcfg = _prompt_cfg()
-    pf = export_family("chameleon").export_dims(pcfg, max_cache_len=40, drafter_cfg=dc, codes=17)
+    pf = export_family_named("chameleon").export_dims(pcfg, max_cache_len=40, drafter_cfg=dc, codes=17)
     assert pf == {**common_dims(pcfg, max_cache_len=40, drafter_cfg=dc), "codes": 17}
 
 
