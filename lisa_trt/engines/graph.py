@@ -24,7 +24,6 @@ threads at once; serialise calls or open one set per worker.
 
 from __future__ import annotations
 
-import importlib
 from typing import NamedTuple, Optional
 
 import torch
@@ -460,13 +459,7 @@ def load_engines(engine_dir, backend: str = "ort", *, target_hash: Optional[str]
     else:
         man = manifest
         check_manifest(man, target_hash=target_hash, drafter_hash=drafter_hash, tables_hash=tables_hash)
-    xf = man.export_family
-    if not xf.engines_module:
-        from ..errors import ConfigError
-
-        raise ConfigError(f"the {xf.name} export family names no engines_module: a family's ExportFamily names the "
-                          "module whose open_engines(manifest, backend, **options) opens its directories")
-    return xf.open_engines(man, backend, **options)
+    return man.export_family.open_engines(man, backend, **options)
 
 
 def open_family_engines(man, backend: str, target_cls, vq_cls, *, tables=None, **options) -> Engines:
