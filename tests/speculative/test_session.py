@@ -156,6 +156,8 @@ def test_one_seed_rule_for_every_decoder(models):
     kw = dict(sampling=SamplingConfig(cfg_scale=2.0), spec=spec, seed=0)
     for name in sorted(METHODS):
         dec = METHODS[name].decoder(t, d, tables, None, spec)
+        # the registry's word for the serving path (Method.row_seeds, read by Pipeline) is the decoder's
+        assert dec.row_seeds == (METHODS[name].kind != "sjd" or METHODS[name].row_seeds), name
         if dec.row_seeds:
             with pytest.raises(InputError, match="3 seeds for 2 prompts; pass one seed per prompt"):
                 run_method(name, t, d, tables, torch.tensor([1, 5]), seeds=[1, 2, 3], **kw)
