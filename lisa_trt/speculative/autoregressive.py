@@ -40,6 +40,7 @@ class ARDecoder(Decoder):
         target, cache, guide, out, stats = session.target, session.cache, session.guide, session.out, session.stats
         B, N, dev = session.B, session.N, session.device
         forced = None if session.layout.forced is None else session.layout.forced.tolist()
+        index = torch.arange(N, device=dev)  # token i's index for the guide: index[i].expand(B), a view
         for i in range(N):
             if i > 0:
                 x = guide.dup(out[:, i - 1 : i])
@@ -53,7 +54,7 @@ class ARDecoder(Decoder):
             elif i == 0:
                 out[:, 0] = session.first_token()
             else:  # guidance stops after cfg_interval (Guide: the official decode step of z_i is i - 1)
-                law = guide(raw, torch.full((B,), i, dtype=torch.long, device=dev))
+                law = guide(raw, index[i].expand(B))
                 out[:, i] = sample_from_logits(law, session.gen, session.sampling.greedy)
             session.report(out, torch.full((B,), i + 1, dtype=torch.long, device=dev), on_step, on_progress)
         n = B * (N - 1)
