@@ -11,36 +11,12 @@ from typing import Callable, Optional
 
 import torch
 
-from ..errors import InputError
-from ..models.family import SequenceLayout, family_of
+from ..config import SamplingConfig
+from ..models.family import SequenceLayout
 from ..models.prompts import with_mask
-from .sampling import cfg_active, guided_logits, make_generator, process_logits, sample_from_logits
-
-
-def cfg_batch(target, cond, cfg_scale: float):
-    """[cond; uncond] when CFG is on (sampling.cfg_active), else cond unchanged.
-
-    A target whose conditions need more than concatenation (prompts of different lengths,
-    re-left-padded together) provides `cfg_rows(cond, null)`."""
-    if not cfg_active(cfg_scale):
-        return cond
-    null = target.null_cond(cond)
-    rows = getattr(target, "cfg_rows", None)
-    if rows is not None:
-        return rows(cond, null)
-    if isinstance(cond, (tuple, list)):
-        return tuple(torch.cat([c, n]) for c, n in zip(cond, null))
-    return torch.cat([cond, null])
-
-
-def layout_for(target, num_tokens: Optional[int] = None, image_tokens_only: bool = False) -> SequenceLayout:
-    """The family's layout of `num_tokens` free tokens (default: the whole image)."""
-    return family_of(target.config).free_layout(target, num_tokens, image_tokens_only)
-
-
-def new_target_cache(target, rows: int, full_cond, n_tokens: int, extra: int = 0):
-    """A target cache for `rows` rows: the prompt of `full_cond`, n_tokens and `extra` scratch."""
-    return target.new_cache(rows, extra=extra, prompt_len=target.prompt_len(full_cond), n_tokens=n_tokens)
+from .methods import Method, register_method
+from .sampling import sample_from_logits
+from .session import DecodeSession, Decoder, cfg_batch, layout_for, new_target_cache  # noqa: F401 (re-exported)
 
 
 def step_inputs(cache, tokens: torch.Tensor):
@@ -49,6 +25,40 @@ def step_inputs(cache, tokens: torch.Tensor):
     slots = cache.lengths[:, None]  # (B, 1)
     ones = torch.ones(B, 1, 1, dtype=torch.bool, device=tokens.device)
     return cache.positions(slots), slots, cache.attention_mask(slots, ones)
+
+
+class ARDecoder(Decoder):
+    """The plain loop: one target forward per token (forced tokens are written, never drawn)."""
+
+    name = "vanilla"
+
+    def __init__(self, target):
+        self.target = target
+
+    @torch.no_grad()
+    def decode(self, session: DecodeSession, *, on_step=None, on_progress=None) -> tuple:
+        target, cache, guide, out, stats = session.target, session.cache, session.guide, session.out, session.stats
+        B, N, dev = session.B, session.N, session.device
+        forced = None if session.layout.forced is None else session.layout.forced.tolist()
+        for i in range(N):
+            if i > 0:
+                x = guide.dup(out[:, i - 1 : i])
+                pos, slots, mask = step_inputs(cache, x)
+                with session.timer.measure("target"):
+                    raw = target.forward_tokens(x, pos, slots, mask, cache).logits[:, -1]
+                stats.target_forwards += 1
+                cache.lengths += 1
+            if forced is not None and forced[i] >= 0:  # never sampled: no random draw either
+                out[:, i] = forced[i]
+            elif i == 0:
+                out[:, 0] = session.first_token()
+            else:  # guidance stops after cfg_interval (Guide: the official decode step of z_i is i - 1)
+                law = guide(raw, torch.full((B,), i, dtype=torch.long, device=dev))
+                out[:, i] = sample_from_logits(law, session.gen, session.sampling.greedy)
+            session.report(out, torch.full((B,), i + 1, dtype=torch.long, device=dev), on_step, on_progress)
+        n = B * (N - 1)
+        stats.committed, stats.rows = [torch.ones(n)], [torch.arange(B).repeat_interleave(N - 1)]
+        return session.finish()
 
 
 @torch.no_grad()
@@ -60,7 +70,7 @@ def generate(target, cond=None, *, cfg_scale: float = 1.0, temperature: float = 
              image_tokens_only: bool = False, input_ids: Optional[torch.Tensor] = None,
              attention_mask: Optional[torch.Tensor] = None,
              layout: Optional[SequenceLayout] = None, on_step=None) -> torch.Tensor:
-    """Sample tokens with the plain AR loop.
+    """Sample tokens with the plain AR loop (ARDecoder on a decode session).
 
     Args:
         target: a target of any family (torch model or engines.graph target), eval mode.
@@ -86,47 +96,16 @@ def generate(target, cond=None, *, cfg_scale: float = 1.0, temperature: float = 
         LongTensor (B, N) of token ids.
     """
     cond = with_mask(cond if cond is not None else input_ids, attention_mask)
-    B = target.check_cond(cond)
     if layout is None:
+        target.check_cond(cond)  # a bad condition is refused before the layout is asked for
         layout = layout_for(target, num_tokens if num_tokens is not None else max_new_tokens, image_tokens_only)
-    N = layout.n_tokens
-    cfg = cfg_active(cfg_scale)
-    full = cfg_batch(target, cond, cfg_scale)
-    cache = new_target_cache(target, 2 * B if cfg else B, full, N)
-    if seeds is not None:
-        from .sampling import RowGenerators
+    sampling = SamplingConfig(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
+                              cfg_interval=cfg_interval)
+    dec = ARDecoder(target)
+    session = dec.open(cond, sampling=sampling, layout=layout, seed=seed, seeds=seeds, generator=generator)
+    progress = None if on_token is None else (lambda n: on_token(n // session.B))
+    return dec.decode(session, on_step=on_step, on_progress=progress)[0]
 
-        if len(seeds) != B:
-            raise InputError(f"{len(seeds)} seeds for {B} prompts; pass one seed per prompt")
-        gen = RowGenerators(seeds, cache.lengths.device)
-    else:
-        gen = generator or make_generator(seed, cache.lengths.device)
-    raw = target.prefill(full, cache).logits[:, -1]
-    out = torch.empty(B, N, dtype=torch.long, device=raw.device)
-    forced = None if layout.forced is None else layout.forced.tolist()
 
-    entry = [True]  # the prefill's logits are checked (where data enters); later steps under the debug switch
-
-    def process(x):
-        check, entry[0] = (True if entry[0] else None), False
-        return process_logits(x, temperature, top_k, top_p, check=check)
-
-    for i in range(N):
-        if i > 0:
-            x = out[:, i - 1 : i]
-            x = torch.cat([x, x]) if cfg else x
-            pos, slots, mask = step_inputs(cache, x)
-            raw = target.forward_tokens(x, pos, slots, mask, cache).logits[:, -1]
-            cache.lengths += 1
-        if forced is not None and forced[i] >= 0:  # never sampled: no random draw either
-            out[:, i] = forced[i]
-        else:
-            # Official decode step index for z_i is i - 1; guidance stops when it exceeds cfg_interval.
-            use_cfg = not (cfg_interval > -1 and i - 1 > cfg_interval)
-            logits = layout.law(guided_logits(raw, cfg_scale, use_cfg), None, process)
-            out[:, i] = sample_from_logits(logits, gen, greedy)
-        if on_token is not None:
-            on_token(i + 1)
-        if on_step is not None:
-            on_step(out, torch.full((B,), i + 1, dtype=torch.long, device=out.device))
-    return out
+register_method(Method("vanilla", "ar", "the autoregressive reference loop (one target forward per token)",
+                       decoder=lambda target, drafter, tables, gasv, spec: ARDecoder(target)))

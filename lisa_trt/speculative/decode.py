@@ -1,4 +1,5 @@
-"""Tree speculative decoding: prefill, draft, verify, accept, compact both caches, repeat.
+"""Tree speculative decoding: on the decode session's prefill (speculative/session.py), draft,
+verify, accept, compact both caches, repeat (`TreeDecoder`, every method with a `rule`).
 
 The loop orchestrates; the math lives in sampling.py, tree.py, verify.py and gasv.py. It runs on
 any engine that follows engines/base.py (torch eager, ONNX Runtime, TensorRT), with batch > 1
@@ -15,132 +16,67 @@ Cache invariants at the start of every step, for each active row with n committe
 from __future__ import annotations
 
 import dataclasses
-import functools
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from ..config import SamplingConfig
 from ..errors import InputError
-from ..timing import Timer
-from .autoregressive import cfg_batch, layout_for, new_target_cache
-from .sampling import (RowGenerators, cfg_active, cfg_combine, make_generator, process_logits, sample_from_logits,
-                       split_cfg)
-from .methods import METHODS, Method, RuleContext, SpecConfig, get_method  # noqa: F401 (re-exports METHODS)
-from ..models.family import SequenceLayout
+from .medusa import speculative_engines
+from .methods import (METHODS, Method, MethodOption, RuleContext, SpecConfig, exact_rule, gasv_rule,  # noqa: F401
+                      get_method, lantern_rule, register_method)  # (METHODS re-exported)
+from .sampling import RowGenerators
+from .session import DecodeSession, DecodeStats, Decoder, Guide  # noqa: F401 (DecodeStats, Guide re-exported)
 from .subvocab import RELAXED, SubVocabVerifier
 from .tree import DraftTree, ExpandRequest, build_dynamic_tree
-
-@dataclass
-class DecodeStats:
-    """Per-run statistics (batch-level: lists over verification steps)."""
-
-    committed: list = field(default_factory=list)  # per step: (active rows,) tokens committed
-    tvd: list = field(default_factory=list)  # per step: (active rows,) mean TVD(p_raw, law)
-    rows: list = field(default_factory=list)  # per step: (active rows,) original row indices
-    target_forwards: int = 0
-    drafter_calls: int = 0
-    times: dict = field(default_factory=dict)  # seconds: draft, target, accept, host, total
-    settings: dict = field(default_factory=dict)  # what the loop ran with, recorded in stats (e.g. sjd_window)
-
-    @property
-    def mal(self) -> float:
-        """Mean accepted length: committed tokens per verification forward, over rows and steps."""
-        if not self.committed:
-            return 1.0
-        return float(torch.cat([c.float().cpu() for c in self.committed]).mean())
-
-    @property
-    def mean_tvd(self) -> float:
-        if not self.tvd:
-            return 0.0
-        return float(torch.cat([t.float().cpu() for t in self.tvd]).mean())
-
-    def row(self, b: int) -> dict:
-        """MAL and mean TVD of original row b alone (its own steps)."""
-        com = [c[r == b].float().cpu() for c, r in zip(self.committed, self.rows)]
-        tv = [t[r == b].float().cpu() for t, r in zip(self.tvd, self.rows)]
-        com, tv = torch.cat(com) if com else torch.ones(1), torch.cat(tv) if tv else torch.zeros(1)
-        return {"mal": float(com.mean()) if com.numel() else 1.0,
-                "mean_tvd": float(tv.mean()) if tv.numel() else 0.0, "steps": int(com.numel())}
-
-    def as_dict(self) -> dict:
-        return {"mal": self.mal, "mean_tvd": self.mean_tvd, "steps": len(self.committed),
-                "target_forwards": self.target_forwards, "drafter_calls": self.drafter_calls,
-                "times": dict(self.times), **self.settings}
-
-
-class Guide:
-    """Raw logits of the (CFG) batch -> guided, filtered logits of the real rows, restricted and
-    forced by the family's SequenceLayout (models/family.py). Public: the tree decoder, SJD and
-    calibration rollouts share it, so every loop guides, filters and forces the same way."""
-
-    def __init__(self, sampling: SamplingConfig, layout=None):
-        self.s, self.layout = sampling, layout if layout is not None else SequenceLayout(1)  # None: free tokens
-        self.cfg = cfg_active(sampling.cfg_scale)
-        self._entry = True  # the first logits guided (the prefill's) are checked: where data enters
-
-    def _process(self, x: torch.Tensor) -> torch.Tensor:
-        check, self._entry = (True if self._entry else None), False
-        return process_logits(x, self.s.temperature, self.s.top_k, self.s.top_p, check=check)
-
-    def __call__(self, raw: torch.Tensor, token_index: Optional[torch.Tensor] = None) -> torch.Tensor:
-        s = self.s
-        if self.cfg:
-            guided = cfg_combine(raw, s.cfg_scale)
-            if s.cfg_interval > -1 and token_index is not None:
-                off = (token_index - 1 > s.cfg_interval)[..., None]  # official: step i-1 > interval
-                guided = torch.where(off, split_cfg(raw)[0].float(), guided)
-        else:
-            guided = raw.float()
-        return self.layout.law(guided, token_index, self._process)
-
-    def forced(self, token_index: torch.Tensor) -> Optional[torch.Tensor]:
-        """(B, N) long: the token id forced at each index, -1 where it is sampled (None when the
-        layout forces nothing)."""
-        f = self.layout.forced
-        return None if f is None else f.to(token_index.device)[token_index.clamp(max=f.numel() - 1)]
-
-    def dup(self, x: torch.Tensor) -> torch.Tensor:
-        """Rows of the real batch -> rows of the CFG batch (same tokens in both halves)."""
-        return torch.cat([x, x]) if self.cfg else x
-
-    def rows(self, idx: torch.Tensor, B: int) -> torch.Tensor:
-        """Indices of real rows `idx` in a CFG batch of 2B (cond half then uncond half)."""
-        return torch.cat([idx, idx + B]) if self.cfg else idx
 
 
 @dataclass
 class _Decode:
-    """One generate call: what it decodes with (resolved once) and where it stands.
+    """One decode: its session (speculative/session.py), what it decodes with (resolved once) and
+    where it stands.
 
     Tensors of the active rows follow the CFG batch where the engines do (root_lp, root_h: 2Bc
     rows with CFG); out / n_done index the original rows, `active` maps one to the other.
     """
 
+    ds: DecodeSession
     method: Method
     spec: SpecConfig
-    guide: Guide
-    gen: object  # torch.Generator, or RowGenerators (one per original row)
     session: object  # the method's per-decode state (Method.session), None without one
-    tcache: object
     dcache: object
-    out_buf: torch.Tensor  # (B, N + 1) committed tokens, -1 where not yet decoded; column N: dump
     n_done: torch.Tensor  # (B,) committed tokens per original row
     active: torch.Tensor  # (Bc,) original indices of the rows still decoding
     root_lp: torch.Tensor  # drafter logits at each active row's tree root
     root_h: torch.Tensor  # drafter hidden state at each active row's tree root
-    timer: Timer
-    stats: DecodeStats
     min_left: int = 0  # fewest tokens any active row still needs (host int, from the step's one read)
-    gen_active: object = None  # `gen` of the active rows (RowGenerators: selected when rows retire)
+    gen_active: object = None  # the session's generator of the active rows (RowGenerators: selected as rows retire)
+
+    @property
+    def guide(self) -> Guide:
+        return self.ds.guide
+
+    @property
+    def gen(self):
+        return self.ds.gen  # torch.Generator, or RowGenerators (one per original row)
+
+    @property
+    def tcache(self):
+        return self.ds.cache
+
+    @property
+    def timer(self):
+        return self.ds.timer
+
+    @property
+    def stats(self) -> DecodeStats:
+        return self.ds.stats
 
     @property
     def out(self) -> torch.Tensor:
-        """(B, N) committed tokens (a view of out_buf)."""
-        return self.out_buf[:, : self.n_tokens]
+        """(B, N) committed tokens, -1 where not yet decoded (a view of the session's out_buf)."""
+        return self.ds.out
 
     @property
     def greedy(self) -> bool:
@@ -148,20 +84,85 @@ class _Decode:
 
     @property
     def n_tokens(self) -> int:
-        return self.guide.layout.n_tokens
+        return self.ds.N
 
     @property
     def device(self) -> torch.device:
-        return self.tcache.lengths.device  # all bookkeeping lives with the engines' caches
+        return self.ds.device
 
 
-def _generators(seed, generator, seeds, B: int, tree, dev):
-    """The decode's random source: one generator per row (`seeds`) or one for the batch."""
-    if seeds is None:
-        return generator or make_generator(seed, dev)
-    if len(seeds) != B:
-        raise InputError(f"{len(seeds)} seeds for {B} prompts; pass one seed per prompt")
-    return RowGenerators(seeds, dev, cap=tree.total_tokens + tree.depth + 1)
+class TreeDecoder(Decoder):
+    """A tree method's decode loop (the Decoder contract, speculative/session.py): the engines of a
+    SpeculativeDecoder with the method's rule and `spec`'s tree."""
+
+    taps = True  # the drafter's first entry reads the prefill's taps
+
+    def __init__(self, engines: "SpeculativeDecoder", method: Method, spec: SpecConfig):
+        if method.rule is None:
+            raise InputError(f"method {method.name!r} does not use the tree decoder; run it with "
+                             "lisa_trt.speculative.run.run_method")
+        self.engines, self.method, self.spec = engines, method, spec
+        self.target, self.name = engines.target, method.name
+        self.scratch = spec.tree.total_tokens  # one tree's nodes past the committed prefix
+        self.row_cap = spec.tree.total_tokens + spec.tree.depth + 1
+
+    @torch.no_grad()
+    def decode(self, session: DecodeSession, *, on_step=None, on_progress=None) -> tuple:
+        eng = self.engines
+        run = eng._start(session, self.method, self.spec)
+        while run.active.numel():
+            nd = run.n_done[run.active]  # (Bc,) committed tokens of the active rows (one gather per step)
+            slots, tout, res = eng._step(run, nd)
+            nd = eng._commit(run, nd, slots, tout, res)
+            session.report(run.out, run.n_done, on_step, on_progress)
+            eng._retire(run, nd)
+        return session.finish()
+
+
+@dataclass(frozen=True)
+class tree_decoder:  # noqa: N801 (used as a factory: `decoder=tree_decoder(name)`)
+    """`Method.decoder` of the tree method `name`: its engines (the drafter the method brings, e.g.
+    the oracle's; Medusa heads paired with their target proxy; any other drafter as given), then
+    the TreeDecoder with `spec.method` set to the method."""
+
+    name: str
+
+    def __call__(self, target, drafter, tables, gasv, spec: SpecConfig) -> TreeDecoder:
+        m = get_method(self.name)
+        if m.drafter_factory is not None:  # the method brings its own drafter (the oracle)
+            target, drafter = m.drafter_factory(target)
+        elif drafter is None:
+            raise InputError(f"method {m.name!r} needs a drafter (--drafter)")
+        else:
+            target, drafter = speculative_engines(target, drafter)  # Medusa heads run as a (proxy, drafter) pair
+        return TreeDecoder(SpeculativeDecoder(target, drafter, tables, gasv=gasv), m, dataclasses.replace(spec, method=m.name))
+
+
+# the tree rules of methods.py (here: their decoder is this file's; registered before SpecConfig() defaults below)
+
+register_method(Method("greedy", "tree", "exact verification with argmax sampling everywhere", needs_drafter=True,
+                       rule=exact_rule, greedy_sampling=True, decoder=tree_decoder("greedy")))
+register_method(Method("exact", "tree", "exact speculative sampling (lossless)", needs_drafter=True, rule=exact_rule,
+                       decoder=tree_decoder("exact")))
+register_method(Method("lantern", "tree", "LANTERN relaxed acceptance", needs_drafter=True, needs_tables=True,
+                       rule=lantern_rule, decoder=tree_decoder("lantern"),
+                       options=(MethodOption("--lantern-delta", "lantern_delta", float, "LANTERN TV budget delta."),
+                                MethodOption("--lantern-gamma", "lantern_gamma", float,
+                                             "Uncertainty-modulated LANTERN budget (0 = plain LANTERN)."))))
+register_method(Method("gasv", "tree", "LISA: GASV gated soft verification", needs_drafter=True, needs_tables=True,
+                       rule=gasv_rule, decoder=tree_decoder("gasv"),
+                       options=(MethodOption("--kappa", "gasv_kappa", float,
+                                             "GASV kappa (larger: more permissive, faster, more distortion).",
+                                             ("--gasv-kappa",)),
+                                MethodOption("--lambda", "gasv_lambda", float,
+                                             "GASV lambda in (0, 1] (smaller: more permissive; 1 = cluster branch off).",
+                                             ("--gasv-lambda",)),
+                                MethodOption("--delta", "gasv_delta", float,
+                                             "GASV mass budget per sibling (0 = exact; 1 = no cap)."),
+                                MethodOption("--neighbours", "gasv_neighbours", int,
+                                             "GASV candidates per drafted token (codebook neighbours)."),
+                                MethodOption("--scope", "gasv_scope", str,
+                                             "GASV candidate scope: neighbours | cluster | support (ablation)."))))
 
 
 class SpeculativeDecoder:
@@ -186,9 +187,9 @@ class SpeculativeDecoder:
                  num_tokens: Optional[int] = None, seeds=None,
                  on_progress=None, layout=None, method: Optional[Method] = None,
                  on_step=None) -> tuple[torch.Tensor, DecodeStats]:
-        """Generate image tokens for `cond` with tree speculation.
+        """Generate image tokens for `cond` with tree speculation (TreeDecoder on a decode session).
 
-        method: the resolved Method (run_method passes it); None: the one `spec.method` names.
+        method: the resolved Method; None: the one `spec.method` names.
 
         layout: the family's SequenceLayout of the request (models/family.py; default: the
             whole image, or `num_tokens` of it): which ids may be drafted / sampled, which
@@ -205,65 +206,34 @@ class SpeculativeDecoder:
             tokens (B, N) long, DecodeStats.
         """
         method = method if method is not None else get_method(spec.method)  # once: every step reads it
-        if method.kind != "tree":
-            raise InputError(f"method {spec.method!r} does not use the tree decoder; run it with "
-                             "lisa_trt.speculative.run.run_method")
         if method.greedy_sampling:
             sampling = dataclasses.replace(sampling, greedy=True)
-        B = self.target.check_cond(cond)
-        guide = Guide(sampling, layout if layout is not None else layout_for(self.target, num_tokens))
-        t_start = time.perf_counter()
-        rng = functools.partial(_generators, seed, generator, seeds, B, spec.tree)  # made once the device is known
-        run = self._prefill(cond, B, method, spec, guide, rng)
-        while run.active.numel():
-            nd = run.n_done[run.active]  # (Bc,) committed tokens of the active rows (one gather per step)
-            slots, tout, res = self._step(run, nd)
-            nd = self._commit(run, nd, slots, tout, res)
-            if on_progress is not None:
-                on_progress(int(run.n_done.sum()))
-            if on_step is not None:
-                on_step(run.out, run.n_done)
-            self._retire(run, nd)
-        run.stats.times = dict(run.timer.totals)
-        run.stats.times["total"] = time.perf_counter() - t_start
-        return run.out.contiguous(), run.stats
+        dec = TreeDecoder(self, method, spec)
+        session = dec.open(cond, sampling=sampling, layout=layout, seed=seed, seeds=seeds, generator=generator,
+                           num_tokens=num_tokens)
+        return dec.decode(session, on_step=on_step, on_progress=on_progress)
 
     # -- the phases of a decode ------------------------------------------------------------
 
-    def _prefill(self, cond, B: int, method: Method, spec: SpecConfig, guide: Guide, rng) -> _Decode:
-        """Target prefill, the target's own first token z_0, then the drafter entry for z_0."""
-        target, timer, stats = self.target, Timer(), DecodeStats()
-        N = guide.layout.n_tokens
-        with timer.measure("target"):
-            full = cfg_batch(target, cond, guide.s.cfg_scale)
-            cls = target.prompt_len(full)  # prompt slots (LlamaGen: the class / caption prefix)
-            tcache = new_target_cache(target, 2 * B if guide.cfg else B, full, N, extra=spec.tree.total_tokens)
-            pre = target.prefill(full, tcache, taps=True)
-            stats.target_forwards += 1
-        dev = tcache.lengths.device
-        gen = rng(dev)
+    def _start(self, ds: DecodeSession, method: Method, spec: SpecConfig) -> _Decode:
+        """After the session's prefill: the target's own first token z_0, then the drafter entry for z_0."""
+        B, N, dev = ds.B, ds.N, ds.device
         session = None
-        if method.session is not None and not guide.s.greedy:  # per-decode state of the method (coupled drafting)
-            session = method.session(batch=B, vocab=pre.logits.shape[-1], generator=gen, device=dev, spec=spec)
-        first = self._first_token(pre.logits[:, -1], B, guide, gen, session, dev)
-        out = torch.full((B, N + 1), -1, dtype=torch.long, device=dev)
-        out[:, 0] = first
-        with timer.measure("draft"):
-            dcache = self._new_drafter_cache(tcache, cls, N, spec.tree)
-            d_logits, d_hidden = self._drafter_commit(dcache, pre.taps, guide.dup(first[:, None]))
-        return _Decode(method, spec, guide, gen, session, tcache, dcache, out,
-                       n_done=torch.ones(B, dtype=torch.long, device=dev), active=torch.arange(B, device=dev),
-                       root_lp=d_logits[:, -1], root_h=d_hidden[:, -1], timer=timer, stats=stats,
-                       min_left=N - 1, gen_active=gen)
-
-    @staticmethod
-    def _first_token(raw, B: int, guide: Guide, gen, session, dev) -> torch.Tensor:
-        """z_0 of every row from the prefill's last logits (the session draws it when there is one)."""
-        zero = torch.zeros(B, dtype=torch.long, device=dev)
-        law = guide(raw, zero)
-        if session is not None:
-            return session.sample(law, zero, torch.arange(B, device=dev))
-        return sample_from_logits(law, gen, guide.s.greedy)
+        if method.session is not None and not ds.sampling.greedy:  # per-decode state of the method (coupled drafting)
+            session = method.session(batch=B, vocab=ds.prefill.logits.shape[-1], generator=ds.gen, device=dev,
+                                     spec=spec)
+        if session is not None:  # the session draws z_0
+            zero = torch.zeros(B, dtype=torch.long, device=dev)
+            first = session.sample(ds.first, zero, torch.arange(B, device=dev))
+        else:
+            first = ds.first_token()
+        ds.out_buf[:, 0] = first
+        with ds.timer.measure("draft"):
+            dcache = self._new_drafter_cache(ds.cache, ds.prompt_len, N, spec.tree)
+            d_logits, d_hidden = self._drafter_commit(dcache, ds.prefill.taps, ds.guide.dup(first[:, None]))
+        return _Decode(ds, method, spec, session, dcache, n_done=torch.ones(B, dtype=torch.long, device=dev),
+                       active=torch.arange(B, device=dev), root_lp=d_logits[:, -1], root_h=d_hidden[:, -1],
+                       min_left=N - 1, gen_active=ds.gen)
 
     def _step(self, run: _Decode, nd: torch.Tensor):
         """Draft a tree from every active root, verify it with one target forward, accept.
@@ -297,10 +267,7 @@ class SpeculativeDecoder:
             stats.committed.append(ncom)
             stats.rows.append(run.active.clone())
             stats.tvd.append(res.tvd)
-            cols = torch.arange(res.tokens.shape[1], device=run.device)[None]
-            # a fixed-shape masked write: entries past a row's count go to the dump column N
-            dst = torch.where(cols < ncom[:, None], nd[:, None] + cols, run.n_tokens)
-            run.out_buf.index_put_((run.active[:, None].expand_as(dst), dst), res.tokens)
+            run.ds.commit(res.tokens, nd, ncom, rows=run.active)  # a fixed-shape masked write
             path = res.path.clamp(min=0)  # (Bc, D+1) node ids, root first
             run.tcache.compact(guide.dup(slots[: nd.numel()].gather(1, path)), guide.dup(ncom))
         with run.timer.measure("draft"):
@@ -414,3 +381,4 @@ class SpeculativeDecoder:
         t = run.spec.tree
         return build_dynamic_tree(root_tok, root_lp, expand, top_k=t.top_k, depth=t.depth,
                                   total_tokens=t.total_tokens)
+

@@ -88,23 +88,20 @@ def gsd_accept(p_now, p_prev, drafts, generator: Optional[torch.Generator], sett
     return res, tvd(pn, committed_law(pn, pp, a))
 
 
-def gsd_generate(target, cond, *, sampling, window, seed, spec=None, layout=None, on_step=None):
-    """GSD on one batch -> (tokens (B, N), DecodeStats with per-token TVD)."""
-    from .methods import SpecConfig
-    from .sjd import sjd_generate
+def gsd_decoder(target, drafter, tables, gasv, spec):
+    """GSD's Decoder (Method.decoder): the one Jacobi loop with the grouped test (per-token TVD)."""
+    from .sjd import chain_decoder
 
-    s = (spec or SpecConfig()).settings("gsd")
-    return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed,
-                        accept=lambda pn, pp, d, g: gsd_accept(pn, pp, d, g, s), layout=layout,
-                        on_step=on_step)
+    s = spec.settings("gsd")
+    return chain_decoder(target, "gsd", spec, accept=lambda pn, pp, d, g: gsd_accept(pn, pp, d, g, s))
 
 
 register_method(Method(
     "gsd", "sjd", "GSD: SJD with grouped acceptance over a dynamic group of plausible target candidates "
-    "(relaxed: reports TVD; no drafter)", settings=GSDSettings, loop=gsd_generate,
+    "(relaxed: reports TVD; no drafter)", settings=GSDSettings, decoder=gsd_decoder,
     options=(MethodOption("--gsd-group", "gsd_group", int, "GSD: candidates per group, the draft included "
                           "(1 = SJD, lossless)."),
              MethodOption("--gsd-prob-gap", "gsd_prob_gap", float, "GSD: a candidate joins the group only if its "
                           "target probability is within this of the draft's."))))
 
-__all__ = ["GSDSettings", "committed_law", "group_acceptance", "gsd_accept", "gsd_generate"]
+__all__ = ["GSDSettings", "committed_law", "group_acceptance", "gsd_accept", "gsd_decoder"]

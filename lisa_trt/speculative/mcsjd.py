@@ -57,15 +57,14 @@ def coupled_redraft(p_new, p_old, old, has_old, generator):
     return torch.where(has_old, coupled, fresh)
 
 
-def mcsjd_generate(target, cond, *, sampling, window, seed, spec=None, layout=None, on_step=None):
-    """MC-SJD on one batch -> (tokens (B, N), DecodeStats): the SJD loop with coupled drafts."""
-    from .sjd import sjd_generate
+def mcsjd_decoder(target, drafter, tables, gasv, spec):
+    """MC-SJD's Decoder (Method.decoder): the one Jacobi loop with coupled drafts."""
+    from .sjd import chain_decoder
 
-    return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed, redraft=coupled_redraft,
-                        layout=layout, on_step=on_step)
+    return chain_decoder(target, "mcsjd", spec, redraft=coupled_redraft)
 
 
 register_method(Method("mcsjd", "sjd", "MC-SJD: speculative Jacobi decoding with maximally coupled drafts "
-                       "across iterations (lossless, no drafter)", loop=mcsjd_generate))
+                       "across iterations (lossless, no drafter)", decoder=mcsjd_decoder))
 
-__all__ = ["coupled_redraft", "maximal_coupling", "mcsjd_generate"]
+__all__ = ["coupled_redraft", "maximal_coupling", "mcsjd_decoder"]

@@ -19,12 +19,16 @@ Every place that lists methods (the decode loop, Pipeline, `lisa-trt bench`, the
 - `session`: for tree methods, optional per-decode state made by the tree decoder (it may
   draw the first token and transform the drafter's laws; the rule reads `ctx.session`;
   speculative/coupled.py);
-- `loop`: for "sjd" methods, the Jacobi decoder `loop(target, cond, *, sampling, window, seed,
-  spec) -> (tokens, DecodeStats)` (None: plain SJD's, speculative/sjd.py).
+- `decoder`: the method's decode loop, `decoder(target, drafter, tables, gasv, spec) -> Decoder`
+  (speculative/session.py: one contract for every method; run.py `run_method` builds it, opens
+  its session and decodes). Every method brings its own: the plain loop
+  (speculative/autoregressive.py), the tree decoder (speculative/decode.py `tree_decoder(name)`,
+  for every method with a `rule`), each Jacobi-family loop in its own file.
 
 Adding a decoding rule: one file that defines the rule (and its settings dataclass) and calls
-`register_method(Method(...))`; a decoder shipped with lisa-trt is imported by the package's
-`speculative/__init__.py` (so importing this module registers it; no import circle).
+`register_method(Method(name, "tree", ..., rule=rule, decoder=tree_decoder(name)))`; a decoder
+shipped with lisa-trt is imported by the package's `speculative/__init__.py` (so importing this
+module registers it; no import circle).
 Nothing else changes (see docs/architecture.md).
 """
 
@@ -252,7 +256,8 @@ class Method:
     # (target) -> (target proxy, drafter): a method that brings its own drafter (the oracle)
     drafter_factory: Optional[Callable] = None
     settings: Optional[type] = None  # frozen dataclass of the method's own knobs (module docstring)
-    loop: Optional[Callable] = None  # "sjd" methods: the Jacobi decoder (None: plain SJD)
+    # (target, drafter, tables, gasv, spec) -> Decoder: the method's decode loop (speculative/session.py)
+    decoder: Optional[Callable] = None
     # "sjd" methods: the loop takes `seeds=` (one generator per row), so served rows batch (ZipAR);
     # the others decode a batch=True request row by row, each with its own seed
     row_seeds: bool = False
@@ -267,15 +272,16 @@ class Method:
             raise SpecError(f"method kind must be tree, ar or sjd, got {self.kind!r}")
         if (self.kind == "tree") != (self.rule is not None):
             raise SpecError(f"method {self.name}: tree methods (only) need a rule")
-        if self.loop is not None and self.kind != "sjd":
-            raise SpecError(f"method {self.name}: only sjd methods take a loop")
-        if self.row_seeds and (self.kind != "sjd" or self.loop is None):
+        if self.row_seeds and self.kind != "sjd":
             raise SpecError(f"method {self.name}: row_seeds describes an sjd method's own loop")
         if self.session is not None and self.kind != "tree":
             raise SpecError(f"method {self.name}: only tree methods take a session")
         if self.settings is not None and not (dataclasses.is_dataclass(self.settings)
                                               and self.settings.__dataclass_params__.frozen):
             raise SpecError(f"method {self.name}: settings must be a frozen dataclass")
+        if not callable(self.decoder):
+            raise SpecError(f"method {self.name}: give its decode loop, decoder=(target, drafter, tables, gasv, spec) "
+                            "-> Decoder (speculative/session.py; a tree rule: decode.tree_decoder(name))")
 
 
 METHODS: dict[str, Method] = {}
@@ -343,31 +349,9 @@ def cli_options() -> list:
     return out
 
 
-register_method(Method("vanilla", "ar", "the autoregressive reference loop (one target forward per token)"))
-register_method(Method("greedy", "tree", "exact verification with argmax sampling everywhere", needs_drafter=True,
-                       rule=exact_rule, greedy_sampling=True))
-register_method(Method("exact", "tree", "exact speculative sampling (lossless)", needs_drafter=True, rule=exact_rule))
-register_method(Method("lantern", "tree", "LANTERN relaxed acceptance", needs_drafter=True, needs_tables=True,
-                       rule=lantern_rule,
-                       options=(MethodOption("--lantern-delta", "lantern_delta", float, "LANTERN TV budget delta."),
-                                MethodOption("--lantern-gamma", "lantern_gamma", float,
-                                             "Uncertainty-modulated LANTERN budget (0 = plain LANTERN)."))))
-register_method(Method("gasv", "tree", "LISA: GASV gated soft verification", needs_drafter=True, needs_tables=True,
-                       rule=gasv_rule,
-                       options=(MethodOption("--kappa", "gasv_kappa", float,
-                                             "GASV kappa (larger: more permissive, faster, more distortion).",
-                                             ("--gasv-kappa",)),
-                                MethodOption("--lambda", "gasv_lambda", float,
-                                             "GASV lambda in (0, 1] (smaller: more permissive; 1 = cluster branch off).",
-                                             ("--gasv-lambda",)),
-                                MethodOption("--delta", "gasv_delta", float,
-                                             "GASV mass budget per sibling (0 = exact; 1 = no cap)."),
-                                MethodOption("--neighbours", "gasv_neighbours", int,
-                                             "GASV candidates per drafted token (codebook neighbours)."),
-                                MethodOption("--scope", "gasv_scope", str,
-                                             "GASV candidate scope: neighbours | cluster | support (ablation)."))))
-# sjd (speculative/sjd.py), oracle (speculative/oracle.py) and the other decoders register in their own
-# files, imported in that order by speculative/__init__.py
+# The methods register beside their decoders: vanilla (autoregressive.py), the tree rules above
+# (decode.py), sjd, oracle and the others in their own files, imported in that order by
+# speculative/__init__.py (the method list's order)
 
 __all__ = ["FLAT_FIELDS", "GASVRuleConfig", "LanternConfig", "METHODS", "Method", "MethodOption", "RuleContext",
            "SpecConfig", "TreeConfig", "cli_options", "exact_rule", "gasv_rule", "get_method", "lantern_rule",

@@ -25,21 +25,4 @@ class TargetProxy:
         return self.inner.config
 
 
-class CountingTarget(TargetProxy):
-    """The target with its forwards counted: `forwards` is the number of prefill and
-    forward_tokens calls run through it (the count a loop without its own reports)."""
-
-    def __init__(self, target):
-        super().__init__(target)
-        self.forwards = 0
-
-    def prefill(self, *args, **kwargs):
-        self.forwards += 1
-        return self.inner.prefill(*args, **kwargs)
-
-    def forward_tokens(self, *args, **kwargs):
-        self.forwards += 1
-        return self.inner.forward_tokens(*args, **kwargs)
-
-
-__all__ = ["CountingTarget", "TargetProxy"]
+__all__ = ["TargetProxy"]

@@ -8,8 +8,8 @@ p_prev)) (verify.sjd_accept). Unaccepted slots become the next drafts, re-sample
 iteration's distributions (the Jacobi update). The accepted K/V are already contiguous, so the
 cache only advances its lengths.
 
-This is the one Jacobi loop (setup, prefill, guide, timer, stats, commits). Its window SHAPE is a
-seam: `ChainWindow` (SJD's chain, below) or SJD-PAC's tree window (speculative/sjd_pac.py),
+This is the one Jacobi loop (`JacobiDecoder`: its decode session, speculative/session.py, holds the
+setup: prefill, CFG rows, cache, generator, guide, timer, stats). Its window SHAPE is a seam: `ChainWindow` (SJD's chain, below) or SJD-PAC's tree window (speculative/sjd_pac.py),
 each bringing its forward inputs, verification and next drafts. The chain has two seams of its
 own: `redraft` (the Jacobi update: how the next drafts are drawn from their new distributions;
 SJD draws them independently, MC-SJD (speculative/mcsjd.py) couples each new draft with the
@@ -20,19 +20,16 @@ SJD's test above, GSD's grouped test in speculative/gsd.py, GASV's in speculativ
 from __future__ import annotations
 
 import numbers
-import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
 from ..config import SamplingConfig
-from ..timing import Timer
 from ..errors import InputError
-from .autoregressive import cfg_batch, layout_for, new_target_cache
-from .decode import DecodeStats, Guide
 from .methods import Method, MethodOption, register_method
-from .sampling import make_generator, sample_from_logits
+from .sampling import sample_from_logits
+from .session import DecodeSession, DecodeStats, Decoder
 from .verify import sjd_accept
 
 
@@ -162,23 +159,68 @@ class ChainWindow:
         self.p_prev = p_new
 
 
-def _commit(stats: DecodeStats, out_buf, live_rows: list, ncom, step_tvd, step_toks, n_done, W: int) -> None:
+def _record(stats: DecodeStats, live_rows: list, ncom, step_tvd) -> None:
     """Record a step's committed counts and TVD of the rows still decoding (`live_rows`, host ints:
-    no read) and write its tokens into `out_buf` (B, N_img + 1) in one fixed-shape masked write (no
-    boolean-mask indexing): slot j of a row lands at n_done + j when it is committed (j < ncom) and
-    inside the image, else in the dump column N_img."""
-    B, N_img = out_buf.shape[0], out_buf.shape[1] - 1
-    dev = out_buf.device
-    if len(live_rows) < B:
-        live = torch.tensor(live_rows, dtype=torch.long, device=dev)
-        ncom_live, tvd_live = ncom[live], step_tvd[live]
-    else:
-        ncom_live, tvd_live = ncom, step_tvd
-    stats.committed.append(ncom_live)
-    stats.tvd.append(tvd_live)
-    dst = n_done[:, None] + torch.arange(W + 1, device=dev)[None]
-    dst = torch.where((dst - n_done[:, None] < ncom[:, None]) & (dst < N_img), dst, N_img)
-    out_buf.scatter_(1, dst, step_toks[:, : W + 1])
+    no read)."""
+    if len(live_rows) < ncom.shape[0]:
+        live = torch.tensor(live_rows, dtype=torch.long, device=ncom.device)
+        ncom, step_tvd = ncom[live], step_tvd[live]
+    stats.committed.append(ncom)
+    stats.tvd.append(step_tvd)
+
+
+class JacobiDecoder(Decoder):
+    """The one Jacobi loop behind the Decoder contract (speculative/session.py): a window of
+    `window` drafts verified per target forward, its shape `make_shape(session)` (a fresh one per
+    decode: ChainWindow, SJD-PAC's TreeWindow) using `scratch` cache slots past the prefix."""
+
+    row_seeds = False  # one generator for the batch (a served batch decodes row by row)
+
+    def __init__(self, target, name: str, window: int, make_shape: Callable, scratch: int):
+        if window < 1:
+            raise InputError(f"{name} window must be >= 1, got {window}")
+        self.target, self.name, self.window, self.make_shape, self.scratch = target, name, int(window), make_shape, scratch
+
+    @torch.no_grad()
+    def decode(self, session: DecodeSession, *, on_step=None, on_progress=None) -> tuple:
+        shape, window, target, guide, cache, gen = (self.make_shape(session), self.window, session.target,
+                                                    session.guide, session.cache, session.gen)
+        timer, stats, out, greedy = session.timer, session.stats, session.out, session.sampling.greedy
+        B, N_img, dev = session.B, session.N, session.device
+        out[:, 0] = session.first_token()
+        n_done = torch.ones(B, dtype=torch.long, device=dev)
+        prior = draft_prior(session.layout, target.config.vocab_size, dev)
+        shape.start(prior(n_done[:, None] + torch.arange(window, device=dev)[None]).clone(), gen)
+        while True:
+            done = n_done.tolist()  # the step's one host read: loop end, window width, rows still decoding
+            if min(done) >= N_img:
+                break
+            # finished rows keep running with W = 0 effective drafts; their outputs are ignored
+            W = int(min(window, N_img - min(done) - 1))
+            live_rows = [b for b, n in enumerate(done) if n < N_img]
+            with timer.measure("target"):
+                root = out.gather(1, (n_done - 1)[:, None])
+                toks, pos, slots, mask, offs = shape.inputs(root, cache, W, target.config.n_positions)
+                logits = target.forward_tokens(guide.dup(toks), pos, slots, mask, cache).logits
+                stats.target_forwards += 1
+            with timer.measure("accept"):
+                p_now = torch.softmax(guide(logits, n_done[:, None] + offs[None]), -1)  # (B, S, V)
+                ncom, step_toks, step_tvd = shape.verify(p_now, W, n_done, N_img, gen, greedy)
+            with timer.measure("host"):
+                _record(stats, live_rows, ncom, step_tvd)
+                session.commit(step_toks[:, : W + 1], n_done, ncom)  # one fixed-shape masked write
+                shape.advance(p_now, ncom, cache, guide, prior, n_done + ncom, W, gen)
+                n_done += ncom
+            session.report(out, n_done.clamp(max=N_img), on_step, on_progress)
+        stats.settings["sjd_window"] = window
+        return session.finish()
+
+
+def chain_decoder(target, name: str, spec, redraft: Optional[Callable] = None, accept: Optional[Callable] = None):
+    """A JacobiDecoder over SJD's chain window (`spec`'s sjd_window) with the given seams."""
+    window = spec.settings("sjd").window
+    return JacobiDecoder(target, name, window, lambda session: ChainWindow(redraft, accept),
+                         ChainWindow().scratch(window))
 
 
 @torch.no_grad()
@@ -188,7 +230,8 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
                  redraft: Optional[Callable] = None,
                  accept: Optional[Callable] = None, layout=None, shape=None,
                  on_step=None) -> tuple[torch.Tensor, DecodeStats]:
-    """Generate tokens with SJD (the one Jacobi loop). Returns (tokens (B, N), DecodeStats).
+    """Generate tokens with SJD (the one Jacobi loop, JacobiDecoder on a decode session). Returns
+    (tokens (B, N), DecodeStats).
 
     layout: the family's SequenceLayout of the request (models/family.py; default: the family's
         free layout of `num_tokens`): which tokens may be drafted, which are forced (one-hot
@@ -214,61 +257,17 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
         shape = ChainWindow(redraft, accept)
     elif redraft is not None or accept is not None:
         raise InputError("sjd_generate: pass redraft / accept to the window shape, not with `shape`")
-    tc = target.config
-    B = target.check_cond(cond)
-    layout = layout if layout is not None else layout_for(target, num_tokens)
-    N_img = layout.n_tokens
-    if window < 1:
-        raise InputError(f"{shape.name} window must be >= 1, got {window}")
-    guide, timer, stats = Guide(sampling, layout), Timer(), DecodeStats()
-    V = tc.vocab_size
-    t0 = time.perf_counter()
-    with timer.measure("target"):
-        full = cfg_batch(target, cond, sampling.cfg_scale)
-        cache = new_target_cache(target, 2 * B if guide.cfg else B, full, N_img, extra=shape.scratch(window))
-        pre = target.prefill(full, cache)
-        stats.target_forwards += 1
-    dev = cache.lengths.device
-    gen = generator or make_generator(seed, dev)
-    out_buf = torch.full((B, N_img + 1), -1, dtype=torch.long, device=dev)  # column N_img: dump of masked writes
-    out = out_buf[:, :N_img]
-    out[:, 0] = sample_from_logits(guide(pre.logits[:, -1], torch.zeros(B, dtype=torch.long, device=dev)), gen, sampling.greedy)
-    n_done = torch.ones(B, dtype=torch.long, device=dev)
-    prior = draft_prior(layout, V, dev)
-    shape.start(prior(n_done[:, None] + torch.arange(window, device=dev)[None]).clone(), gen)
-    while True:
-        done = n_done.tolist()  # the step's one host read: loop end, window width, rows still decoding
-        if min(done) >= N_img:
-            break
-        # finished rows keep running with W = 0 effective drafts; their outputs are ignored
-        W = int(min(window, N_img - min(done) - 1))
-        live_rows = [b for b, n in enumerate(done) if n < N_img]
-        with timer.measure("target"):
-            root = out.gather(1, (n_done - 1)[:, None])
-            toks, pos, slots, mask, offs = shape.inputs(root, cache, W, tc.n_positions)
-            logits = target.forward_tokens(guide.dup(toks), pos, slots, mask, cache).logits
-            stats.target_forwards += 1
-        with timer.measure("accept"):
-            p_now = torch.softmax(guide(logits, n_done[:, None] + offs[None]), -1)  # (B, S, V)
-            ncom, step_toks, step_tvd = shape.verify(p_now, W, n_done, N_img, gen, sampling.greedy)
-        with timer.measure("host"):
-            _commit(stats, out_buf, live_rows, ncom, step_tvd, step_toks, n_done, W)
-            shape.advance(p_now, ncom, cache, guide, prior, n_done + ncom, W, gen)
-            n_done += ncom
-        if on_step is not None:
-            on_step(out, n_done.clamp(max=N_img))
-    stats.times = dict(timer.totals)
-    stats.times["total"] = time.perf_counter() - t0
-    stats.settings["sjd_window"] = int(window)
-    return out.contiguous(), stats
+    dec = JacobiDecoder(target, shape.name, window, lambda session: shape, shape.scratch(window))
+    session = dec.open(cond, sampling=sampling, layout=layout, seed=seed, generator=generator, num_tokens=num_tokens)
+    return dec.decode(session, on_step=on_step)
 
 
-def _sjd_loop(target, cond, *, sampling, window, seed, spec=None, layout=None, on_step=None):
-    """Plain SJD on one batch (the registry's loop protocol)."""
-    return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed, layout=layout, on_step=on_step)
+def _sjd_decoder(target, drafter, tables, gasv, spec):
+    """Plain SJD's Decoder (Method.decoder)."""
+    return chain_decoder(target, "sjd", spec)
 
 
 register_method(Method(
-    "sjd", "sjd", "speculative Jacobi decoding (no drafter)", settings=SJDSettings, loop=_sjd_loop,
+    "sjd", "sjd", "speculative Jacobi decoding (no drafter)", settings=SJDSettings, decoder=_sjd_decoder,
     options=(MethodOption("--sjd-window", "sjd_window", int, "SJD family (sjd, mcsjd, sjd-pac, gsd, sjd-gasv): "
                           "draft tokens per Jacobi window (default 16)."),)))

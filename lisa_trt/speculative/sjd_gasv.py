@@ -102,32 +102,33 @@ def gasv_jacobi_accept(p_now, p_prev, drafts, generator, moved) -> tuple:
     return res, (a - a_sjd) * (1.0 - rx)
 
 
-def sjd_gasv_generate(target, cond, *, sampling, window, seed, spec=None, layout=None, tables=None, gasv=None,
-                      on_step=None):
-    """sjd-gasv on one batch -> (tokens (B, N), DecodeStats with per-token TVD)."""
-    from .autoregressive import layout_for
+def sjd_gasv_decoder(target, drafter, tables, gasv, spec):
+    """sjd-gasv's Decoder (Method.decoder): the one Jacobi loop with GASV's acceptance (per-token
+    TVD), over the image codes of the session's layout (sub_vocab) where it has them."""
     from .mcsjd import coupled_redraft
-    from .methods import SpecConfig
-    from .sjd import sjd_generate
+    from .sjd import ChainWindow, JacobiDecoder
 
-    spec = spec or SpecConfig()
     s = spec.settings("sjd-gasv")
     cfg = gasv_config(spec, tables, gasv)
-    layout = layout if layout is not None else layout_for(target)
+    window = spec.settings("sjd").window
 
-    def accept(pn, pp, drafts, gen):
-        return gasv_jacobi_accept(pn, pp, drafts, gen, lambda p, d: moved_onto_drafts(
-            p, d, tables, cfg, gasv, layout.sub_vocab))
+    def shape(session):
+        sub_vocab = session.layout.sub_vocab
 
-    return sjd_generate(target, cond, sampling=sampling, window=window, seed=seed, accept=accept, layout=layout,
-                        redraft=coupled_redraft if s.redraft == "mcsjd" else None, on_step=on_step)
+        def accept(pn, pp, drafts, gen):
+            return gasv_jacobi_accept(pn, pp, drafts, gen, lambda p, d: moved_onto_drafts(
+                p, d, tables, cfg, gasv, sub_vocab))
+
+        return ChainWindow(coupled_redraft if s.redraft == "mcsjd" else None, accept)
+
+    return JacobiDecoder(target, "sjd-gasv", window, shape, ChainWindow().scratch(window))
 
 
 register_method(Method(
     "sjd-gasv", "sjd", "GASV's relaxed acceptance inside SJD windows: a Jacobi draft is lent the gated "
     "neighbour mass of its slot's law (relaxed: reports TVD; no drafter, GASV tables)", needs_tables=True,
-    settings=SJDGASVSettings, loop=sjd_gasv_generate,
+    settings=SJDGASVSettings, decoder=sjd_gasv_decoder,
     options=(MethodOption("--sjd-gasv-redraft", "sjd_gasv_redraft", str, "sjd-gasv: the Jacobi update, mcsjd "
                           "(MC-SJD's coupling, default) or sjd (independent redraws)."),)))
 
-__all__ = ["SJDGASVSettings", "gasv_config", "gasv_jacobi_accept", "moved_onto_drafts", "sjd_gasv_generate"]
+__all__ = ["SJDGASVSettings", "gasv_config", "gasv_jacobi_accept", "moved_onto_drafts", "sjd_gasv_decoder"]

@@ -230,6 +230,15 @@ def sjd_pac_generate(target, cond, *, sampling, window: int = 16, seed: Optional
                         layout=layout, shape=TreeWindow(s.tree_width, s.tree_depth), on_step=on_step)
 
 
+def sjd_pac_decoder(target, drafter, tables, gasv, spec):
+    """SJD-PAC's Decoder (Method.decoder): the one Jacobi loop with the tree window."""
+    from .sjd import JacobiDecoder
+
+    s, window = spec.settings("sjd-pac"), spec.settings("sjd").window
+    return JacobiDecoder(target, "sjd-pac", window, lambda session: TreeWindow(s.tree_width, s.tree_depth),
+                         TreeWindow(s.tree_width, s.tree_depth).scratch(window))
+
+
 def node_tok_at(toks: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
     """Tokens (B, ...) of node ids `nodes` (B, ...) (>= 0) in the window `toks` (B, Nn)."""
     return toks.gather(1, nodes.clamp(min=0).reshape(toks.shape[0], -1)).reshape(nodes.shape)
@@ -284,10 +293,10 @@ def _next_drafts(p_now, q, cand, path, acc, ncom, tr: WindowTree, W, window, K, 
 register_method(Method(
     "sjd-pac", "sjd", "SJD-PAC: speculative Jacobi decoding with a proactive K-ary draft tree after each "
     "rejection and adaptive continuation of the window (lossless, no drafter)", settings=SJDPACSettings,
-    loop=sjd_pac_generate,
+    decoder=sjd_pac_decoder,
     options=(MethodOption("--sjd-pac-width", "sjd_pac_tree_width", int, "SJD-PAC: candidates per node of the "
                           "proactive draft tree (K; 1 = MC-SJD)."),
              MethodOption("--sjd-pac-depth", "sjd_pac_tree_depth", int, "SJD-PAC: depth of the proactive draft "
                           "tree, the root included (D; the window continues as a chain)."))))
 
-__all__ = ["SJDPACSettings", "TreeWindow", "WindowTree", "rrs_column", "sjd_pac_generate", "window_tree", "without_replacement"]
+__all__ = ["SJDPACSettings", "TreeWindow", "WindowTree", "rrs_column", "sjd_pac_decoder", "sjd_pac_generate", "window_tree", "without_replacement"]

@@ -28,14 +28,14 @@ one-hot laws (TVD 0). A layout whose forced tokens are not row ends of a regular
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
 from ..errors import InputError
 from .methods import Method, MethodOption, register_method
+from .sampling import sample_from_logits
+from .session import DecodeSession, Decoder, layout_for
 
 
 @dataclass(frozen=True)
@@ -136,82 +136,72 @@ def raster_prefix(tokens: torch.Tensor) -> torch.Tensor:
     return torch.where(undone.any(1), undone.int().argmax(1), tokens.shape[1])
 
 
-@torch.no_grad()
-def zipar_generate(target, cond, *, sampling, window=None, seed=None, spec=None, layout=None,
-                   generator: Optional[torch.Generator] = None, seeds=None, on_step=None):
-    """ZipAR on one batch -> (tokens (B, N), DecodeStats with per-token TVD).
+class ZipARDecoder(Decoder):
+    """ZipAR behind the Decoder contract (speculative/session.py): every batch row follows the same
+    schedule, so rows batch without waiting for each other and take one generator each (`seeds`:
+    a row's tokens are those it gets decoded alone with that seed)."""
 
-    window: unused (the SJD window of the loop protocol); ZipAR's window is `spec`'s
-    zipar_window. layout: the family's SequenceLayout (default: the family's free layout).
-    seeds: one seed per row instead of `seed` (the serving path): every row draws from its own
-    generator, so its tokens are those it gets decoded alone with that seed (every row follows the
-    same schedule, so rows batch without waiting for each other).
-    on_step: the per-step hook of every decode loop (run.py `run_method`); a row's
-    committed prefix is its raster prefix with no undecoded token (ZipAR decodes rows in parallel)."""
-    from ..timing import Timer
-    from .autoregressive import cfg_batch, layout_for, new_target_cache
-    from .decode import DecodeStats, Guide
-    from .methods import SpecConfig
-    from .sampling import RowGenerators, make_generator, sample_from_logits
+    name = "zipar"
+    scratch = 1  # a row start's auxiliary token sits one slot before the image
 
-    s = (spec or SpecConfig()).settings("zipar")
-    B = target.check_cond(cond)
-    layout = layout if layout is not None else layout_for(target)
-    N = layout.n_tokens
-    steps = schedule(N, row_length(target, layout), int(s.window))
-    guide, timer, stats = Guide(sampling, layout), Timer(), DecodeStats()
-    t0 = time.perf_counter()
-    with timer.measure("target"):
-        full = cfg_batch(target, cond, sampling.cfg_scale)
-        cache = new_target_cache(target, 2 * B if guide.cfg else B, full, N, extra=1)
-        pre = target.prefill(full, cache)
-        stats.target_forwards += 1
-    dev = cache.lengths.device
-    if seeds is not None:
-        if len(seeds) != B:
-            raise InputError(f"{len(seeds)} seeds for {B} prompts; pass one seed per prompt")
-        gen = RowGenerators(seeds, dev)
-    else:
-        gen = generator or make_generator(seed, dev)
-    base = cache.lengths.clone()  # slot of image index 0 per (CFG) row; lengths stay at the prompt
-    out = torch.full((B, N), -1, dtype=torch.long, device=dev)
-    laws = _Laws(B, N, target.config.vocab_size, sampling.top_k, dev) if s.measure_tvd else None
-    first = guide(pre.logits[:, -1], torch.zeros(B, dtype=torch.long, device=dev))
-    out[:, 0] = sample_from_logits(first, gen, sampling.greedy)
-    in_cache = torch.zeros(N, dtype=torch.bool, device=dev)
-    made = []  # per step: the image indices it decoded
-    for feeds in steps:
-        with timer.measure("target"):
-            slots, mask = _step_inputs(cache, base, feeds, in_cache, N, dev)
-            src = torch.tensor([f[1] for f in feeds], device=dev)
-            pos = cache.positions(slots).clamp(max=target.config.n_positions - 1)
-            toks = guide.dup(out[:, src])
-            logits = target.forward_tokens(toks, pos, slots.clamp(max=cache.max_len - 1), mask, cache).logits
-            stats.target_forwards += 1
-        with timer.measure("accept"):
-            k = [j for j, f in enumerate(feeds) if f[2] >= 0]
-            pred = torch.tensor([feeds[j][2] for j in k], device=dev)
-            lg = guide(logits[:, k], pred[None].expand(B, -1))  # (B, P, V)
-            out[:, pred] = sample_from_logits(lg, gen, sampling.greedy)
-            if laws is not None:
-                laws.put(pred, torch.softmax(lg.float(), -1))
-            for f in feeds:
-                if f[0] == f[1]:
-                    in_cache[f[0]] = True
-            made.append(pred)
-            stats.committed.append(torch.full((B,), len(k), device=dev))
-            stats.rows.append(torch.arange(B, device=dev))  # every row takes every step
-        if on_step is not None:
-            on_step(out, raster_prefix(out))
-    if laws is not None:
-        with timer.measure("tvd"):
-            per_token = _raster_tvd(target, full, out, laws, guide, N)
-        stats.tvd = [per_token[:, m].mean(1) for m in made]
-    else:
-        stats.tvd = [torch.zeros(B, device=dev) for _ in made]
-    stats.times = dict(timer.totals)
-    stats.times["total"] = time.perf_counter() - t0
-    return out, stats
+    def __init__(self, target, spec):
+        self.target, self.settings = target, spec.settings("zipar")
+
+    def open(self, cond, *, sampling, layout=None, num_tokens=None, **kw) -> DecodeSession:
+        """The session, after the layout's rows are checked (a layout ZipAR cannot decode is refused
+        before the prefill)."""
+        self.target.check_cond(cond)
+        layout = layout if layout is not None else layout_for(self.target, num_tokens)
+        row_length(self.target, layout)
+        return super().open(cond, sampling=sampling, layout=layout, **kw)
+
+    @torch.no_grad()
+    def decode(self, session: DecodeSession, *, on_step=None, on_progress=None) -> tuple:
+        """-> (tokens (B, N), DecodeStats with per-token TVD). on_step: a row's committed prefix is its
+        raster prefix with no undecoded token (ZipAR decodes rows in parallel)."""
+        target, cache, guide, gen, timer, stats = (session.target, session.cache, session.guide, session.gen,
+                                                   session.timer, session.stats)
+        B, N, dev, greedy, out = session.B, session.N, session.device, session.sampling.greedy, session.out
+        steps = schedule(N, row_length(target, session.layout), int(self.settings.window))
+        base = cache.lengths.clone()  # slot of image index 0 per (CFG) row; lengths stay at the prompt
+        laws = _Laws(B, N, target.config.vocab_size, session.sampling.top_k, dev) if self.settings.measure_tvd else None
+        out[:, 0] = session.first_token()
+        in_cache = torch.zeros(N, dtype=torch.bool, device=dev)
+        made = []  # per step: the image indices it decoded
+        for feeds in steps:
+            with timer.measure("target"):
+                slots, mask = _step_inputs(cache, base, feeds, in_cache, N, dev)
+                src = torch.tensor([f[1] for f in feeds], device=dev)
+                pos = cache.positions(slots).clamp(max=target.config.n_positions - 1)
+                logits = target.forward_tokens(guide.dup(out[:, src]), pos, slots.clamp(max=cache.max_len - 1), mask,
+                                               cache).logits
+                stats.target_forwards += 1
+            with timer.measure("accept"):
+                k = [j for j, f in enumerate(feeds) if f[2] >= 0]
+                pred = torch.tensor([feeds[j][2] for j in k], device=dev)
+                lg = guide(logits[:, k], pred[None].expand(B, -1))  # (B, P, V)
+                out[:, pred] = sample_from_logits(lg, gen, greedy)
+                if laws is not None:
+                    laws.put(pred, torch.softmax(lg.float(), -1))
+                for f in feeds:
+                    if f[0] == f[1]:
+                        in_cache[f[0]] = True
+                made.append(pred)
+                stats.committed.append(torch.full((B,), len(k), device=dev))
+                stats.rows.append(torch.arange(B, device=dev))  # every row takes every step
+            session.report(out, raster_prefix(out), on_step, on_progress)
+        if laws is not None:
+            with timer.measure("tvd"):
+                per_token = _raster_tvd(session, base, laws)
+            stats.tvd = [per_token[:, m].mean(1) for m in made]
+        else:
+            stats.tvd = [torch.zeros(B, device=dev) for _ in made]
+        return session.finish()
+
+
+def zipar_decoder(target, drafter, tables, gasv, spec):
+    """ZipAR's Decoder (Method.decoder); its window is `spec`'s zipar_window (not the SJD window)."""
+    return ZipARDecoder(target, spec)
 
 
 class _Laws:
@@ -237,16 +227,14 @@ class _Laws:
 
 
 @torch.no_grad()
-def _raster_tvd(target, full, tokens, laws: _Laws, guide, N: int, chunk: int = 256) -> torch.Tensor:
+def _raster_tvd(session: DecodeSession, base: torch.Tensor, laws: _Laws, chunk: int = 256) -> torch.Tensor:
     """(B, N) TVD between each token's ZipAR law and its raster conditional given the tokens
-    before it: one teacher-forced target pass in chunks of `chunk` tokens (index 0 came from the
+    before it: one teacher-forced target pass over the session's cache (its prompt kept, the
+    image slots rewritten from `base`) in chunks of `chunk` tokens (index 0 came from the
     prefill, exactly: 0)."""
-    from .autoregressive import new_target_cache
-
-    B = tokens.shape[0]
-    cache = new_target_cache(target, 2 * B if guide.cfg else B, full, N)
-    target.prefill(full, cache)
-    dev = cache.lengths.device
+    target, cache, guide, tokens, N = session.target, session.cache, session.guide, session.out, session.N
+    B, dev = session.B, session.device
+    cache.lengths.copy_(base)  # the ZipAR K/V past the prompt are masked out, then overwritten
     out = torch.zeros(B, N, device=dev)
     for lo in range(0, N - 1, chunk):
         S = min(chunk, N - 1 - lo)
@@ -264,8 +252,8 @@ def _raster_tvd(target, full, tokens, laws: _Laws, guide, N: int, chunk: int = 2
 
 register_method(Method(
     "zipar", "sjd", "ZipAR: row-parallel next-set decoding, a row starts once a window of the row above "
-    "is decoded (approximate: reports TVD; no drafter)", settings=ZipARSettings, loop=zipar_generate, row_seeds=True,
+    "is decoded (approximate: reports TVD; no drafter)", settings=ZipARSettings, decoder=zipar_decoder, row_seeds=True,
     options=(MethodOption("--zipar-window", "zipar_window", int, "ZipAR: tokens of the row above decoded "
                           "before a row starts (smaller: more rows in parallel, fewer forwards, more distortion)."),)))
 
-__all__ = ["ZipARSettings", "row_length", "schedule", "zipar_generate"]
+__all__ = ["ZipARDecoder", "ZipARSettings", "row_length", "schedule", "zipar_decoder"]

@@ -99,7 +99,7 @@ def test_mcsjd_is_registered_and_runs_through_run_method(check_stats):
     for the same seed, which SJD's independent redraws do not reproduce; where every law is one-hot
     (top-k 1) the coupling cannot change a draft, and MC-SJD, SJD and the AR loop give the same tokens."""
     m = get_method("mcsjd")
-    assert m.kind == "sjd" and not m.needs_drafter and m.loop is not None
+    assert m.kind == "sjd" and not m.needs_drafter and m.decoder is not get_method("sjd").decoder
     t = make_target(std=0.3)
     cond = torch.tensor([1, 4])  # batch 2 with CFG
 

@@ -11,7 +11,7 @@ from lisa_trt.config import SamplingConfig
 from lisa_trt.errors import InputError
 from lisa_trt.models.drafter import Drafter
 from lisa_trt.speculative import verify as V
-from lisa_trt.speculative.decode import SpeculativeDecoder
+from lisa_trt.speculative.decode import SpeculativeDecoder, tree_decoder
 from lisa_trt.speculative.methods import (FLAT_FIELDS, METHODS, LanternConfig, Method, MethodOption, SpecConfig,
                                           TreeConfig, cli_options, get_method, method_names, register_method,
                                           unregister_method)
@@ -83,7 +83,7 @@ def test_a_toy_rule_registered_here_runs_through_decode_and_run_method(models):
         return V.verify_greedy(logits, tree) if ctx.greedy else V.verify_exact(torch.softmax(logits, -1),
                                                                                    tree, ctx.generator)
 
-    register_method(Method("toy", "tree", "a toy rule", needs_drafter=True, rule=reject_all))
+    register_method(Method("toy", "tree", "a toy rule", needs_drafter=True, rule=reject_all, decoder=tree_decoder("toy")))
     try:
         assert "toy" in method_names("tree") and "toy" in parse_methods("toy")
         t, d = models
@@ -115,7 +115,7 @@ def test_a_rule_with_knobs_is_one_file_too(models):
 
     assert "toy_knobs_keep" not in FLAT_FIELDS
     register_method(Method("toy-knobs", "tree", "a toy rule with knobs", needs_drafter=True, rule=capped,
-                           settings=ToyKnobs,
+                           settings=ToyKnobs, decoder=tree_decoder("toy-knobs"),
                            options=(MethodOption("--toy-keep", "toy_knobs_keep", int, "toy cap"),)))
     try:
         s = SpecConfig.make("toy-knobs", depth=2, toy_knobs_keep=3)
@@ -143,5 +143,8 @@ def test_bad_settings_and_options_are_refused_at_registration():
     with pytest.raises(SpecError, match="frozen dataclass"):
         Method("bad", "sjd", "x", settings=dict)
     with pytest.raises(SpecError, match="unknown setting 'nope_x'"):
-        register_method(Method("bad", "sjd", "x", options=(MethodOption("--nope", "nope_x", int),)))
+        register_method(Method("bad", "sjd", "x", decoder=get_method("sjd").decoder,
+                               options=(MethodOption("--nope", "nope_x", int),)))
+    with pytest.raises(SpecError, match="give its decode loop"):  # every method brings its decoder
+        Method("bad", "sjd", "x")
     assert "bad" not in METHODS

@@ -75,10 +75,10 @@ def test_zipar_is_registered_with_its_own_knob():
 
 
 def test_sparse_laws_and_chunked_tvd_pass_are_exact(tiny):
-    """The TVD bookkeeping: top-k-sparse laws give the dense TVD; the teacher-forced pass gives
-    the same TVD in chunks of 3 as in one chunk."""
-    from lisa_trt.speculative.decode import Guide
+    """The TVD bookkeeping: top-k-sparse laws give the dense TVD; the teacher-forced pass over the
+    session's cache gives the same TVD in chunks of 3 as in one chunk (and again on the same cache)."""
     from lisa_trt.speculative.sampling import process_logits, tvd
+    from lisa_trt.speculative.session import open_session
     from lisa_trt.speculative.zipar import _Laws, _raster_tvd
 
     g = torch.Generator().manual_seed(1)
@@ -91,10 +91,11 @@ def test_sparse_laws_and_chunked_tvd_pass_are_exact(tiny):
     N = toks.shape[1]
     dense = _Laws(2, N, tiny.config.vocab_size, 0, "cpu")
     dense.put(torch.arange(N), torch.full((2, N, tiny.config.vocab_size), 1.0 / tiny.config.vocab_size))
-    guide = Guide(SamplingConfig(cfg_scale=2.0, top_k=8))
-    cond = torch.cat([torch.tensor([1, 4]), tiny.null_cond(torch.tensor([1, 4]))])
-    a = _raster_tvd(tiny, cond, toks, dense, guide, N, chunk=3)
-    b = _raster_tvd(tiny, cond, toks, dense, guide, N, chunk=256)
+    session = open_session(tiny, torch.tensor([1, 4]), sampling=SamplingConfig(cfg_scale=2.0, top_k=8), extra=1)
+    session.out.copy_(toks)
+    base = session.cache.lengths.clone()
+    a = _raster_tvd(session, base, dense, chunk=3)
+    b = _raster_tvd(session, base, dense, chunk=256)
     assert torch.allclose(a, b, atol=1e-5) and float(a[:, 1:].min()) > 0.5
 
 
