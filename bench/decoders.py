@@ -177,7 +177,7 @@ class Frontier:
         cond = torch.arange(i0, i0 + self.a.batch) % self.ncls
         spec = SpecConfig.make(method=method, **self.tree).replace(**over)
         drafter = tables = None
-        if m.kind == "tree" or m.needs_tables:
+        if m.kind == "tree" or m.needs_tables or m.needs_drafter:  # tree rules, gasv-2d / exact-2d
             drafter, tables = self.artifacts()
         t0 = time.perf_counter()
         with torch.no_grad():

@@ -27,6 +27,9 @@ leading row and PJD is SJD row by row (with reuse 0: exactly SJD's rule; greedy:
 to plain greedy decoding). With several lanes a token of a non-leading row is drawn without the
 undecoded right part of the rows above (like ZipAR), so PJD is not strictly lossless.
 
+Like ZipAR, PJD reports a per-token TVD: one teacher-forced target pass after decoding gives every
+token's raster conditional; the TVD to the law the token was verified under is recorded.
+
 Every step has the same shapes (lanes x (window + 1) queries); acceptance, the Jacobi update, the
 lane shift and the token writes are fixed-shape tensor programs; the step's one host read is the
 end test.
@@ -44,7 +47,7 @@ from .methods import Method, MethodOption, register_method
 from .session import Decoder
 from .sjd import draft_prior
 from .verify import jacobi_residual, ratio_accept
-from .zipar import row_length
+from .zipar import _raster_tvd, row_length
 
 
 @dataclass(frozen=True)
@@ -268,6 +271,7 @@ class PJDDecoder(Decoder):
         rows = lead[:, None] + torch.arange(R, device=dev)[None]
         law = prior(self._columns(rows, n_rows.gather(1, rows), grid, K))
         drafts = self._draw(law, gen, greedy)
+        record = _ContextLaws(B, grid, target.config.vocab_size, dev)
         while True:
             done = lead.tolist()  # the step's one host read: the end test and the rows still decoding
             if min(done) >= grid.H:
@@ -291,6 +295,7 @@ class PJDDecoder(Decoder):
                 starts = (rows * grid.L + n).reshape(-1)
                 session.commit(new.reshape(B * R, -1), starts, ncom.reshape(-1),
                                rows=torch.arange(B, device=dev).repeat_interleave(R))
+                record.put(rows, n, ncom, p_now, idx)
                 drafts, law = next_drafts(p_now, law, drafts, ratio, ncom, prior(self._columns(rows, n + ncom, grid, K)),
                                           float(st.reuse), gen, greedy)
                 n_rows.scatter_(1, rows, n + ncom)
@@ -300,6 +305,8 @@ class PJDDecoder(Decoder):
                 drafts, law = shift_lanes(shift, (drafts, self._draw(fresh_law, gen, greedy)), (law, fresh_law))
                 lead = lead + shift.long()
             session.report(session.out, _raster_done(n_rows, lead, grid), on_step, on_progress)
+        with timer.measure("tvd"):
+            stats.tvd = record.step_tvd(_raster_tvd(session, step.base, record))
         stats.settings.update(pjd_rows=R, pjd_window=K, pjd_lag=st.lag, pjd_reuse=float(st.reuse))
         return session.finish()
 
@@ -314,6 +321,41 @@ class PJDDecoder(Decoder):
         if greedy:
             return law.argmax(-1)
         return torch.multinomial(law.reshape(-1, law.shape[-1]), 1, generator=gen).view(law.shape[:-1])
+
+
+class _ContextLaws:
+    """The target's law each committed token was verified under (its row-causal context), for the
+    teacher-forced TVD pass (zipar._raster_tvd): TV(law, raster conditional) per token measures what
+    the missing right part of the rows above changed (0 with one row in flight). Dense (B, N, V)."""
+
+    def __init__(self, B: int, grid: RowGrid, V: int, dev):
+        self.g = grid
+        self.val = torch.zeros(B, grid.N + 1, V, device=dev)  # column N: the dump of masked writes
+        self.step_of = torch.full((B, grid.N + 1), -1, dtype=torch.long, device=dev)
+        self.live, self.n = [], 0
+
+    def put(self, rows, n, committed, p_now, live):
+        """A step's committed columns (lane j < committed) and their laws p_now (B, R, K + 1, V)."""
+        B, R, K1, V = p_now.shape
+        j = torch.arange(K1, device=n.device)
+        dst = torch.where(j < committed[..., None], rows[..., None] * self.g.L + n[..., None] + j, self.g.N)
+        dst = dst.clamp(max=self.g.N).reshape(B, -1)
+        self.val.scatter_(1, dst[..., None].expand(-1, -1, V), p_now.reshape(B, -1, V))
+        self.step_of.scatter_(1, dst, self.n)
+        self.live.append(live)
+        self.n += 1
+
+    def tvd(self, p: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        """TV(law_i, p_i) for image indices lo .. hi - 1, p (B, hi - lo, V)."""
+        return 0.5 * (p - self.val[:, lo:hi]).abs().sum(-1)
+
+    def step_tvd(self, per_token: torch.Tensor) -> list:
+        """Per step: the mean TVD of the tokens each live row committed (DecodeStats.tvd)."""
+        out = []
+        for s, live in enumerate(self.live):
+            m = (self.step_of[:, : self.g.N] == s).float()
+            out.append(((per_token * m).sum(1) / m.sum(1).clamp(min=1))[live])
+        return out
 
 
 def _raster_done(n_rows: torch.Tensor, lead: torch.Tensor, grid: RowGrid) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """LISA in two dimensions: `gasv-2d` and `exact-2d`, the drafter's drafts per active row with
 GASV (or exact) acceptance per row, every row verified in one target forward under one 2-D mask
-(issue 54 item 2; docs/decoders.md).
+(docs/decoders.md).
 
 The rows advance as in PJD (speculative/pjd.py: `rows` lanes, each trailing the row above by
 `lag` columns, the leading row first, the lanes shift when it finishes), but a lane's `window`
