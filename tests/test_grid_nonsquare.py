@@ -1,6 +1,6 @@
-"""The family owns its grid (issue 54, item 3): a class-conditional LlamaGen target over 16 x 24
+"""The family owns its grid: a class-conditional LlamaGen target over 16 x 24
 tokens (`grid_shape`) builds its RoPE table, its drafter, trains a drafter, exports every graph
-(the VQ decoder's too) and decodes with plain sampling, SJD-PAC and GASV on torch and on ONNX
+(the VQ decoder's too) and decodes with plain sampling, SJD-PAC, GASV, PJD and gasv-2d on torch and on ONNX
 Runtime. Nothing in these paths may assume a square grid."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from export_artifacts import make_tables, make_vq  # noqa: E402
 H, W = 16, 24
 SAMPLING = SamplingConfig(cfg_scale=2.0, top_k=0)
 SPEC = SpecConfig.make(top_k=3, depth=2, total_tokens=8)
-METHODS = ["vanilla", "sjd-pac", "gasv"]
+METHODS = ["vanilla", "sjd-pac", "gasv", "pjd", "gasv-2d"]
 
 
 @pytest.fixture(scope="module")
