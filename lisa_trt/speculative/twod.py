@@ -97,13 +97,16 @@ class _Drafts:
         s, g, K, R, dup = self.s, self.g, self.K, self.R, self.s.guide.dup
         B = n.shape[0]
         dev = n.device
-        c = n[..., None] - (K + 2) + torch.arange(K + 2, device=dev)  # (B, R, K + 2) columns, the last n - 1
-        index = (rows[..., None] * g.L + c).clamp(min=0, max=g.N - 1)
-        real = (c >= 0) & (rows[..., None] < g.H)
+        # the lane's newest token (a row start: the last decoded token of the row above) and the K + 1
+        # tokens before it in raster order, those decoded; the last entry's output is the root
+        above = (rows - 1).clamp(min=0)
+        last = torch.where(n > 0, rows * g.L + n - 1, above * g.L + n_rows.gather(1, above) - 1)
+        raw = last[..., None] - (K + 1) + torch.arange(K + 2, device=dev)  # (B, R, K + 2)
+        index = raw.clamp(min=0, max=g.N - 1)
+        real = (raw >= 0) & (raw < g.N) & ((index % g.L) < n_rows.gather(1, index.reshape(B, -1) // g.L).view_as(index))
         slot = torch.where(real, self.cls + index, self.scratch[: R * (K + 2)].view(R, K + 2)[None]).reshape(B, -1)
-        q_row = rows[..., None].expand_as(c).reshape(B, -1)
         eye = torch.eye(R * (K + 2), dtype=torch.bool, device=dev)[None].expand(B, -1, -1)
-        mask = self._mask(dup(slot), index.reshape(B, -1), q_row, n_rows, eye)
+        mask = self._mask(dup(slot), index.reshape(B, -1), (index // g.L).reshape(B, -1), n_rows, eye)
         tok = dup(s.out.gather(1, index.reshape(B, -1)).clamp(min=0))
         tp = self.taps.gather(1, dup(index.reshape(B, -1))[..., None].expand(-1, -1, self.taps.shape[-1]))
         pos = self.dc.positions(dup(self.cls + index.reshape(B, -1))).clamp(max=s.target.config.n_positions - 1)
