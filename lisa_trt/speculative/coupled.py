@@ -143,7 +143,7 @@ def coupled_rule(logits, tree, ctx: RuleContext):
 register_method(Method(
     "coupled", "tree", "exact tree speculation with coupled drafting: the drafter's tree and the target's "
     "sampling share one Gumbel noise per token position (lossless)", needs_drafter=True, rule=coupled_rule,
-    session=CoupledSession, settings=CoupledSettings, decoder=tree_decoder("coupled"),
+    session=CoupledSession, settings=CoupledSettings, decoder=tree_decoder,
     options=(MethodOption("--coupled-scale", "coupled_scale", float,
                           "coupled: weight of the shared noise in the drafter's keys (1 = Gumbel top-K, "
                           "0 = exact's top-K drafts)."),)))

@@ -119,38 +119,60 @@ class TreeDecoder(Decoder):
         return session.finish()
 
 
-@dataclass(frozen=True)
-class tree_decoder:  # noqa: N801 (used as a factory: `decoder=tree_decoder(name)`)
-    """`Method.decoder` of the tree method `name`: its engines (the drafter the method brings, e.g.
-    the oracle's; Medusa heads paired with their target proxy; any other drafter as given), then
-    the TreeDecoder with `spec.method` set to the method."""
+class TreeFactory:
+    """`Method.decoder` of every tree method (`decoder=tree_decoder`): bound to its Method when the
+    Method is made (Method.__post_init__ calls `bind`), it builds the method's engines (the drafter
+    the method brings, e.g. the oracle's; Medusa heads paired with their target proxy; any other
+    drafter as given) and the TreeDecoder, with `spec.method` set to the method."""
 
-    name: str
+    def __init__(self, method: Optional[Method] = None):
+        self.method = method
+
+    def bind(self, method: Method) -> "TreeFactory":
+        return TreeFactory(method)
 
     def __call__(self, target, drafter, tables, gasv, spec: SpecConfig) -> TreeDecoder:
-        m = get_method(self.name)
+        m = self.method
+        if m is None:
+            raise InputError("tree_decoder is bound to its method by Method(..., decoder=tree_decoder)")
         if m.drafter_factory is not None:  # the method brings its own drafter (the oracle)
             target, drafter = m.drafter_factory(target)
         elif drafter is None:
             raise InputError(f"method {m.name!r} needs a drafter (--drafter)")
         else:
             target, drafter = speculative_engines(target, drafter)  # Medusa heads run as a (proxy, drafter) pair
-        return TreeDecoder(SpeculativeDecoder(target, drafter, tables, gasv=gasv), m, dataclasses.replace(spec, method=m.name))
+        return TreeDecoder(SpeculativeDecoder(target, drafter, tables, gasv=gasv), m,
+                           dataclasses.replace(spec, method=m.name))
+
+    def _key(self):
+        return None if self.method is None else self.method.name
+
+    def __eq__(self, other) -> bool:  # by method name (a Method compares its fields: no recursion)
+        return isinstance(other, TreeFactory) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(("tree_decoder", self._key()))
+
+    def __repr__(self) -> str:
+        return f"tree_decoder({self._key()!r})"
+
+
+tree_decoder = TreeFactory()  # Method(..., rule=..., decoder=tree_decoder)
 
 
 # the tree rules of methods.py (here: their decoder is this file's; registered before SpecConfig() defaults below)
 
 register_method(Method("greedy", "tree", "exact verification with argmax sampling everywhere", needs_drafter=True,
-                       rule=exact_rule, greedy_sampling=True, decoder=tree_decoder("greedy")))
+                       rule=exact_rule, greedy_sampling=True, decoder=tree_decoder))
 register_method(Method("exact", "tree", "exact speculative sampling (lossless)", needs_drafter=True, rule=exact_rule,
-                       decoder=tree_decoder("exact")))
+                       decoder=tree_decoder))
 register_method(Method("lantern", "tree", "LANTERN relaxed acceptance", needs_drafter=True, needs_tables=True,
-                       rule=lantern_rule, decoder=tree_decoder("lantern"),
+                       rule=lantern_rule, decoder=tree_decoder,
                        options=(MethodOption("--lantern-delta", "lantern_delta", float, "LANTERN TV budget delta."),
                                 MethodOption("--lantern-gamma", "lantern_gamma", float,
                                              "Uncertainty-modulated LANTERN budget (0 = plain LANTERN)."))))
 register_method(Method("gasv", "tree", "LISA: GASV gated soft verification", needs_drafter=True, needs_tables=True,
-                       rule=gasv_rule, decoder=tree_decoder("gasv"),
+                       rule=gasv_rule, decoder=tree_decoder,
                        options=(MethodOption("--kappa", "gasv_kappa", float,
                                              "GASV kappa (larger: more permissive, faster, more distortion).",
                                              ("--gasv-kappa",)),

@@ -22,11 +22,11 @@ Every place that lists methods (the decode loop, Pipeline, `lisa-trt bench`, the
 - `decoder`: the method's decode loop, `decoder(target, drafter, tables, gasv, spec) -> Decoder`
   (speculative/session.py: one contract for every method; run.py `run_method` builds it, opens
   its session and decodes). Every method brings its own: the plain loop
-  (speculative/autoregressive.py), the tree decoder (speculative/decode.py `tree_decoder(name)`,
+  (speculative/autoregressive.py), the tree decoder (speculative/decode.py `tree_decoder`,
   for every method with a `rule`), each Jacobi-family loop in its own file.
 
 Adding a decoding rule: one file that defines the rule (and its settings dataclass) and calls
-`register_method(Method(name, "tree", ..., rule=rule, decoder=tree_decoder(name)))`; a decoder
+`register_method(Method(name, "tree", ..., rule=rule, decoder=tree_decoder))`; a decoder
 shipped with lisa-trt is imported by the package's `speculative/__init__.py` (so importing this
 module registers it; no import circle).
 Nothing else changes (see docs/architecture.md).
@@ -281,7 +281,10 @@ class Method:
             raise SpecError(f"method {self.name}: settings must be a frozen dataclass")
         if not callable(self.decoder):
             raise SpecError(f"method {self.name}: give its decode loop, decoder=(target, drafter, tables, gasv, spec) "
-                            "-> Decoder (speculative/session.py; a tree rule: decode.tree_decoder(name))")
+                            "-> Decoder (speculative/session.py; a tree rule: decode.tree_decoder)")
+        bind = getattr(self.decoder, "bind", None)
+        if bind is not None:  # a decoder factory shared by many methods (tree_decoder) takes this one
+            object.__setattr__(self, "decoder", bind(self))
 
 
 METHODS: dict[str, Method] = {}

@@ -121,4 +121,4 @@ def drafter_efficiency(results: dict, oracle_key: str = "oracle") -> dict:
 
 register_method(Method("oracle", "tree", "exact verification of the target's own top-k at every tree node: "
                        "the best MAL any drafter can reach on the tree (a ceiling; its timings mean nothing)",
-                       rule=exact_rule, drafter_factory=oracle_pair, decoder=tree_decoder("oracle")))
+                       rule=exact_rule, drafter_factory=oracle_pair, decoder=tree_decoder))

@@ -9,12 +9,13 @@ iteration's distributions (the Jacobi update). The accepted K/V are already cont
 cache only advances its lengths.
 
 This is the one Jacobi loop (`JacobiDecoder`: its decode session, speculative/session.py, holds the
-setup: prefill, CFG rows, cache, generator, guide, timer, stats). Its window SHAPE is a seam: `ChainWindow` (SJD's chain, below) or SJD-PAC's tree window (speculative/sjd_pac.py),
-each bringing its forward inputs, verification and next drafts. The chain has two seams of its
-own: `redraft` (the Jacobi update: how the next drafts are drawn from their new distributions;
-SJD draws them independently, MC-SJD (speculative/mcsjd.py) couples each new draft with the
-previous draft at the same image position) and `accept` (the verification of the window;
-SJD's test above, GSD's grouped test in speculative/gsd.py, GASV's in speculative/sjd_gasv.py).
+setup: prefill, CFG rows, cache, generator, guide, timer, stats). Its window SHAPE is a seam:
+`ChainWindow` (SJD's chain, below) or SJD-PAC's tree window (speculative/sjd_pac.py), each
+bringing its forward inputs, verification and next drafts. The chain has two seams of its own:
+`redraft` (the Jacobi update: how the next drafts are drawn from their new distributions; SJD
+draws them independently, MC-SJD (speculative/mcsjd.py) couples each new draft with the previous
+draft at the same image position) and `accept` (the verification of the window; SJD's test
+above, GSD's grouped test in speculative/gsd.py, GASV's in speculative/sjd_gasv.py).
 """
 
 from __future__ import annotations
@@ -179,7 +180,8 @@ class JacobiDecoder(Decoder):
     def __init__(self, target, name: str, window: int, make_shape: Callable, scratch: int):
         if window < 1:
             raise InputError(f"{name} window must be >= 1, got {window}")
-        self.target, self.name, self.window, self.make_shape, self.scratch = target, name, int(window), make_shape, scratch
+        self.target, self.name, self.window = target, name, int(window)
+        self.make_shape, self.scratch = make_shape, scratch
 
     @torch.no_grad()
     def decode(self, session: DecodeSession, *, on_step=None, on_progress=None) -> tuple:

@@ -83,7 +83,7 @@ def test_a_toy_rule_registered_here_runs_through_decode_and_run_method(models):
         return V.verify_greedy(logits, tree) if ctx.greedy else V.verify_exact(torch.softmax(logits, -1),
                                                                                    tree, ctx.generator)
 
-    register_method(Method("toy", "tree", "a toy rule", needs_drafter=True, rule=reject_all, decoder=tree_decoder("toy")))
+    register_method(Method("toy", "tree", "a toy rule", needs_drafter=True, rule=reject_all, decoder=tree_decoder))
     try:
         assert "toy" in method_names("tree") and "toy" in parse_methods("toy")
         t, d = models
@@ -115,7 +115,7 @@ def test_a_rule_with_knobs_is_one_file_too(models):
 
     assert "toy_knobs_keep" not in FLAT_FIELDS
     register_method(Method("toy-knobs", "tree", "a toy rule with knobs", needs_drafter=True, rule=capped,
-                           settings=ToyKnobs, decoder=tree_decoder("toy-knobs"),
+                           settings=ToyKnobs, decoder=tree_decoder,
                            options=(MethodOption("--toy-keep", "toy_knobs_keep", int, "toy cap"),)))
     try:
         s = SpecConfig.make("toy-knobs", depth=2, toy_knobs_keep=3)
