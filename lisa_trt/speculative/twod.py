@@ -60,11 +60,11 @@ class _Drafts:
     """The drafter side of one decode: its cache, the taps buffer and the per-step drafting."""
 
     def __init__(self, session, drafter, grid: RowGrid, lanes: int, K: int):
-        self.s, self.d, self.g, self.R, self.K = session, drafter, grid, lanes, K
+        self.s, self.drafter, self.g, self.R, self.K = session, drafter, grid, lanes, K
         cache, dev = session.cache, session.device
         self.cls = session.prompt_len
         E = lanes * (K + 2) + lanes * K  # commit queries + chain queries (scratch)
-        self.dc = drafter.new_cache(cache.batch, self.cls + grid.N + E)
+        self.dc = self.drafter.new_cache(cache.batch, self.cls + grid.N + E)
         self.dc.col_valid[:, : self.cls] = False  # the prompt holds no drafter entry
         self.dc.lengths.fill_(self.cls)
         self.dc.pad = cache.pad.clone()
@@ -110,7 +110,7 @@ class _Drafts:
         tok = dup(s.out.gather(1, index.reshape(B, -1)).clamp(min=0))
         tp = self.taps.gather(1, dup(index.reshape(B, -1))[..., None].expand(-1, -1, self.taps.shape[-1]))
         pos = self.dc.positions(dup(self.cls + index.reshape(B, -1))).clamp(max=s.target.config.n_positions - 1)
-        logits, hidden = self.d.forward(self.d.project_taps(tp), tok, pos, dup(slot), mask, self.dc)
+        logits, hidden = self.drafter.forward(self.drafter.project_taps(tp), tok, pos, dup(slot), mask, self.dc)
         last = torch.arange(R, device=dev) * (K + 2) + K + 1
         lp, h = logits[:, last], hidden[:, last]  # (rows, R, .): every lane's root
         return self._chain(lp, h, rows, n, n_rows)
@@ -136,7 +136,7 @@ class _Drafts:
             for prev in anc_slots[:-1]:  # the lane's own earlier chain nodes
                 mask.scatter_(2, dup(prev)[:, :, None], True)
             pos = self.dc.positions(dup(self.cls + q_index)).clamp(max=s.target.config.n_positions - 1)
-            lp, h = self.d.forward(h, dup(tok), pos, dup(slot), mask, self.dc)
+            lp, h = self.drafter.forward(h, dup(tok), pos, dup(slot), mask, self.dc)
         return torch.stack(drafts, -1)  # (B, R, K)
 
 
