@@ -34,10 +34,12 @@ import torch
 
 from ..errors import InputError
 from .methods import Method, MethodOption, RuleContext, exact_rule, gasv_rule, register_method
-from .pjd import RowGrid, _raster_done, _Step, lane_state, row_causal_visible, shift_lanes
+from .pjd import (PJDDecoder, PJDSettings, RowGrid, _ContextLaws, _raster_done, _Step, lane_state, next_drafts,
+                  pjd_accept, row_causal_visible, shift_lanes)
+from .sjd import draft_prior
 from .session import Decoder
 from .tree import DraftTree
-from .zipar import row_length
+from .zipar import _raster_tvd, row_length
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,11 @@ class TwoDSettings:
     rows: int = 4  # active rows verified per target forward
     window: int = 4  # drafter chain length per active row
     lag: int = 2  # columns a row trails the row above
+    below: str = "drafter"  # drafts of the rows below the leading one: "drafter" | "jacobi" (PJD's)
 
     def __post_init__(self):
+        if self.below not in ("drafter", "jacobi"):
+            raise InputError(f"--gasv-2d-below (gasv_2d_below) must be drafter or jacobi, got {self.below!r}")
         for name in ("rows", "window", "lag"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
@@ -164,6 +169,8 @@ class TwoDDecoder(Decoder):
         n_rows[:, 0] = 1
         lead = torch.zeros(B, dtype=torch.long, device=dev)
         parents = torch.arange(-1, K, device=dev)[None].expand(B * R, -1)
+        below = _JacobiBelow(session, grid, K, lane_state(n_rows, lead, grid, R, st.lag)) if st.below == "jacobi" else None
+        record = _ContextLaws(B, grid, target.config.vocab_size, dev) if below is not None else None
         while True:
             done = lead.tolist()  # the step's one host read: the end test and the rows still decoding
             if min(done) >= grid.H:
@@ -173,12 +180,16 @@ class TwoDDecoder(Decoder):
             with timer.measure("draft"):
                 drafts = dr.draft(rows, n, n_rows)
                 stats.drafter_calls += K
+                if below is not None:
+                    drafts = torch.cat([drafts[:, :1], below.drafts[:, 1:]], 1)
             with timer.measure("target"):
                 toks, pos, slots, mask = step.inputs(rows, n, n_rows, drafts, lead)
                 out = target.forward_tokens(toks, pos, slots, mask, session.cache, taps=True)
                 stats.target_forwards += 1
             with timer.measure("accept"):
                 ncom, new, tvd = self._verify(session, out.logits[:, :-1], rows, n, cap, drafts, parents, grid)
+                if below is not None:
+                    ncom, new = below.verify(out.logits[:, :-1], rows, n, cap, drafts, ncom, new)
             with timer.measure("host"):
                 stats.committed.append(ncom.sum(1)[live])
                 stats.rows.append(live)
@@ -188,9 +199,16 @@ class TwoDDecoder(Decoder):
                 dr.store_taps(out.taps, rows, n, ncom)
                 n_rows.scatter_(1, rows, n + ncom)
                 shift = ((n + ncom)[:, 0] >= grid.row_len[rows[:, 0]]) & (lead < grid.H)
+                if below is not None:
+                    record.put(rows, n, ncom, below.p_now, live)
+                    below.advance(rows, n, ncom, shift)
                 lead = lead + shift.long()
             session.report(session.out, _raster_done(n_rows, lead, grid), on_step, on_progress)
-        stats.settings.update(gasv_2d_rows=R, gasv_2d_window=K, gasv_2d_lag=st.lag)
+        if below is not None:  # the rows below: their context's TVD (added to the rule's: an upper bound)
+            with timer.measure("tvd"):
+                ctx = record.step_tvd(_raster_tvd(session, step.base, record))
+                stats.tvd = [a + b for a, b in zip(stats.tvd, ctx)]
+        stats.settings.update(gasv_2d_rows=R, gasv_2d_window=K, gasv_2d_lag=st.lag, gasv_2d_below=st.below)
         return session.finish()
 
     def _verify(self, session, logits, rows, n, cap, drafts, parents, grid):
@@ -216,6 +234,37 @@ class TwoDDecoder(Decoder):
         return committed, new, tvd
 
 
+class _JacobiBelow:
+    """PJD's Jacobi drafts and acceptance for the rows below the leading one (`below="jacobi"`):
+    the leading row takes the drafter and the rule, the others converge by Jacobi refinement."""
+
+    def __init__(self, session, grid: RowGrid, K: int, lanes):
+        rows, n, _ = lanes
+        self.s, self.g, self.K = session, grid, K
+        self.prior = draft_prior(session.layout, session.target.config.vocab_size, session.device)
+        self.law = self.prior(PJDDecoder._columns(rows, n, grid, K))
+        self.drafts = PJDDecoder._draw(self.law, session.gen, session.sampling.greedy)
+
+    def verify(self, logits, rows, n, cap, drafts, committed, new):
+        """The rows below: PJD's acceptance (stop at the first rejection) -> (committed, tokens)."""
+        B, R, K = drafts.shape
+        pred = rows[..., None] * self.g.L + n[..., None] + torch.arange(K + 1, device=n.device)
+        p_now = torch.softmax(self.s.guide(logits, pred.reshape(B, -1).clamp(max=self.g.N - 1)), -1)
+        self.p_now, self.used = p_now.view(B, R, K + 1, -1), drafts
+        c, t, self.ratio = pjd_accept(self.p_now, self.law, drafts, (cap - n).clamp(min=0), self.s.gen,
+                                      self.s.sampling.greedy)
+        return torch.cat([committed[:, :1], c[:, 1:]], 1), torch.cat([new[:, :1], t[:, 1:]], 1)
+
+    def advance(self, rows, n, committed, shift):
+        """The Jacobi update of every lane, then the lane shift (PJD's)."""
+        g, K, gen, greedy = self.g, self.K, self.s.gen, self.s.sampling.greedy
+        drafts, law = next_drafts(self.p_now, self.law, self.used, self.ratio, committed,
+                                  self.prior(PJDDecoder._columns(rows, n + committed, g, K)), PJDSettings.reuse,
+                                  gen, greedy)
+        fresh = self.prior(((rows[:, -1] + 1)[:, None] * g.L + torch.arange(K, device=n.device)).clamp(max=g.N - 1))
+        self.drafts, self.law = shift_lanes(shift, (drafts, PJDDecoder._draw(fresh, gen, greedy)), (law, fresh))
+
+
 def _decoder(name: str, rule):
     def make(target, drafter, tables, gasv, spec):
         return TwoDDecoder(target, drafter, tables, gasv, spec, name, rule)
@@ -225,7 +274,9 @@ def _decoder(name: str, rule):
 _OPTIONS = (MethodOption("--gasv-2d-rows", "gasv_2d_rows", int, "gasv-2d / exact-2d: image rows drafted and verified "
                          "in parallel (1: the raster order)."),
             MethodOption("--gasv-2d-window", "gasv_2d_window", int, "gasv-2d / exact-2d: drafter tokens per active row."),
-            MethodOption("--gasv-2d-lag", "gasv_2d_lag", int, "gasv-2d / exact-2d: columns a row trails the row above."))
+            MethodOption("--gasv-2d-lag", "gasv_2d_lag", int, "gasv-2d / exact-2d: columns a row trails the row above."),
+            MethodOption("--gasv-2d-below", "gasv_2d_below", str, "gasv-2d / exact-2d: drafts of the rows below the "
+                         "leading one: drafter, or jacobi (PJD's refinement; the drafter and rule on the leading row)."))
 register_method(Method("gasv-2d", "sjd", "LISA in 2-D: the drafter's drafts per active row, every row verified in "
                        "one forward, GASV per row (approximate with several rows)", needs_drafter=True,
                        needs_tables=True, settings=TwoDSettings, decoder=_decoder("gasv-2d", gasv_rule),

@@ -30,7 +30,8 @@ def models():
     return t, Drafter.from_target(t).eval(), make_tables(t)
 
 
-@pytest.mark.parametrize("kw", [dict(gasv_2d_rows=1), dict(gasv_2d_rows=3, gasv_2d_lag=8)])
+@pytest.mark.parametrize("kw", [dict(gasv_2d_rows=1), dict(gasv_2d_rows=3, gasv_2d_lag=8),
+                                dict(gasv_2d_rows=1, gasv_2d_below="jacobi")])
 def test_exact_2d_with_one_active_row_is_plain_greedy(models, kw):
     t, d, tab = models
     cond = make_cond(t, 2)
@@ -55,6 +56,27 @@ def test_gasv_2d_at_its_lossless_limit_is_exact_2d(models, check_mal):
     assert st.settings["gasv_2d_rows"] == TwoDSettings().rows
 
 
+def test_jacobi_below_the_leading_row(models, check_mal):
+    """below="jacobi": the leading row takes the drafter and GASV, the rows below PJD's Jacobi drafts;
+    the rows below commit tokens (rows run in parallel) and their context's TVD is measured."""
+    t, d, tab = models
+    cond = make_cond(t, 2)
+    seen = []
+
+    def step(tk, done):
+        dec = (tk >= 0).view(tk.shape[0], 8, 8)
+        seen.append(bool((~dec.all(2)[:, :-1] & dec.any(2)[:, 1:]).any()))
+
+    s = SamplingConfig(cfg_scale=2.0, top_k=0)
+    toks, st = run_method("gasv-2d", t, d, tab, cond, sampling=s, on_step=step, seed=2,
+                          spec=SpecConfig.make(gasv_2d_below="jacobi", gasv_2d_lag=1, gasv_delta=0.0))
+    assert bool((toks >= 0).all()) and any(seen) and st.mean_tvd > 1e-3
+    check_mal(st.mal, st.target_forwards, 64, rows=2)
+    assert st.settings["gasv_2d_below"] == "jacobi"
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(InputError, match="gasv_2d_rows"):
         TwoDSettings(rows=0)
+    with pytest.raises(InputError, match="gasv_2d_below"):
+        TwoDSettings(below="tree")
