@@ -18,6 +18,10 @@ drafts come from the trained drafter instead of Jacobi iterations:
   lane commits its accepted drafts plus the rule's bonus token, the other lanes their accepted
   drafts only (they stop at the first rejection).
 
+`below="jacobi"` (--gasv-2d-below) keeps the drafter and the rule for the leading row only: the
+rows below take PJD's Jacobi drafts, acceptance and reuse (pjd.pjd_accept / next_drafts), and
+their context's TVD is measured by PJD's teacher-forced pass (added to the rule's: an upper bound).
+
 Distribution: with one active row (rows = 1, or a lag of a whole row) every query sees its whole
 raster prefix and `exact-2d` is exact speculative sampling of the target (lossless; greedy:
 token-identical to plain greedy decoding); `gasv-2d` then moves GASV's bounded mass per token like
