@@ -153,7 +153,7 @@ class Frontier:
         self.target = load_demo_target()
         self.sampling = demo_sampling()
         self.ncls = self.target.config.num_classes
-        self.n_tokens = self.target.config.grid_size ** 2
+        self.n_tokens = math.prod(self.target.config.grid_hw)
         self._drafter = self._tables = None
         k, d, n = (int(x) for x in a.tree.split(","))
         self.tree = {"top_k": k, "depth": d, "total_tokens": n}
@@ -386,12 +386,12 @@ def _quality(fr, tokens, ref) -> dict:
     from lisa_trt.quality import evaluate
 
     vq = load_demo_vq()
-    g = fr.target.config.grid_size
+    h, w = fr.target.config.grid_hw
     imgs = []
     with torch.no_grad():
         for i in range(0, tokens.shape[0], 64):
             t = tokens[i: i + 64].long()
-            imgs.append(vq.decode_code(t, (t.shape[0], vq.config.codebook_embed_dim, g, g)).clamp(-1, 1))
+            imgs.append(vq.decode_code(t, (t.shape[0], vq.config.codebook_embed_dim, h, w)).clamp(-1, 1))
     labels = torch.arange(tokens.shape[0]) % fr.ncls
     return evaluate(torch.cat(imgs), labels, ref)
 
