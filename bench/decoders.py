@@ -153,7 +153,7 @@ class Frontier:
         self.target = load_demo_target()
         self.sampling = demo_sampling()
         self.ncls = self.target.config.num_classes
-        self.n_tokens = self.target.config.grid_size ** 2
+        self.n_tokens = math.prod(self.target.config.grid_hw)
         self._drafter = self._tables = None
         k, d, n = (int(x) for x in a.tree.split(","))
         self.tree = {"top_k": k, "depth": d, "total_tokens": n}
@@ -177,7 +177,7 @@ class Frontier:
         cond = torch.arange(i0, i0 + self.a.batch) % self.ncls
         spec = SpecConfig.make(method=method, **self.tree).replace(**over)
         drafter = tables = None
-        if m.kind == "tree" or m.needs_tables:
+        if m.kind == "tree" or m.needs_tables or m.needs_drafter:  # tree rules, gasv-2d / exact-2d
             drafter, tables = self.artifacts()
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -386,12 +386,12 @@ def _quality(fr, tokens, ref) -> dict:
     from lisa_trt.quality import evaluate
 
     vq = load_demo_vq()
-    g = fr.target.config.grid_size
+    h, w = fr.target.config.grid_hw
     imgs = []
     with torch.no_grad():
         for i in range(0, tokens.shape[0], 64):
             t = tokens[i: i + 64].long()
-            imgs.append(vq.decode_code(t, (t.shape[0], vq.config.codebook_embed_dim, g, g)).clamp(-1, 1))
+            imgs.append(vq.decode_code(t, (t.shape[0], vq.config.codebook_embed_dim, h, w)).clamp(-1, 1))
     labels = torch.arange(tokens.shape[0]) % fr.ncls
     return evaluate(torch.cat(imgs), labels, ref)
 

@@ -12,7 +12,8 @@ Parameter names follow the EAGLE-3 reference (`fc`, `midlayer.*`, `norm`, `lm_he
 
 What the drafter takes from its target (the target protocol every family's target offers):
 - `drafter_shape()`: a dict of DrafterConfig fields (width, heads, FFN, vocabulary, norm eps,
-  RoPE kind "2d" (LlamaGen's grid table with cls_token_num prefix rows) or "1d" (absolute
+  RoPE kind "2d" (LlamaGen's grid table over the target's `grid_hw` (h, w), with
+  cls_token_num prefix rows) or "1d" (absolute
   positions, `max_positions` rows: Chameleon / Lumina-mGPT, Janus-Pro), and `warm_head`:
   whether the target's logits are `output(final_norm(h))`, so the head can warm-start);
 - `token_embedding_table()`: (V, dim) frozen embedding E of the tokens the decode loop commits
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Union
@@ -91,8 +93,11 @@ class DrafterConfig:
     draft_vocab: int = 0  # 0: the head predicts every code; N: only the d2t codes (draft_vocab.py)
     rope: str = "2d"  # "2d": LlamaGen's grid table; "1d": absolute positions 0..max_positions-1
     max_positions: int = 0  # rows of the 1-D RoPE table (the target's position limit)
+    grid_shape: Optional[tuple] = None  # 2-D RoPE: the target's (height, width) in tokens; None: square
 
     def __post_init__(self):
+        if self.grid_shape is not None:
+            object.__setattr__(self, "grid_shape", tuple(int(x) for x in self.grid_shape))
         if not 0 <= self.draft_vocab <= self.vocab_size:
             raise ConfigError(f"draft_vocab {self.draft_vocab} must lie in 0..{self.vocab_size} (0 = full vocabulary)")
         if self.hidden % self.n_head:
@@ -110,9 +115,10 @@ class DrafterConfig:
         if self.head_dim % 4:
             raise ConfigError(f"drafter head_dim {self.head_dim} must be a multiple of 4 for 2D RoPE; "
                               "choose n_head so that hidden / n_head is")
-        g = int(round(self.block_size ** 0.5))
-        if g * g != self.block_size:
-            raise ConfigError(f"block_size {self.block_size} must be a square")
+        h, w = self.grid_hw
+        if h * w != self.block_size:
+            raise ConfigError(f"block_size {self.block_size} must be a square (grid x grid tokens) or match "
+                              f"grid_shape {self.grid_shape}: the drafter's 2-D RoPE covers the target's grid")
 
     @property
     def head_dim(self) -> int:
@@ -124,8 +130,12 @@ class DrafterConfig:
         return self.draft_vocab or self.vocab_size
 
     @property
-    def grid_size(self) -> int:
-        return int(round(self.block_size ** 0.5))
+    def grid_hw(self) -> tuple[int, int]:
+        """(height, width) of the token grid the 2-D RoPE table covers (the target's `grid_hw`)."""
+        if self.grid_shape is not None:
+            return self.grid_shape
+        g = math.isqrt(self.block_size)
+        return (g, g)
 
     @property
     def seq_len(self) -> int:
@@ -143,6 +153,8 @@ class DrafterConfig:
         for k in _LATE_FIELDS:
             if d[k] == _DEFAULTS[k]:
                 del d[k]
+        if "grid_shape" in d:
+            d["grid_shape"] = list(d["grid_shape"])
         return d
 
     @classmethod
@@ -176,12 +188,15 @@ class DrafterConfig:
             ffn_hidden = shape["ffn_hidden"] if hidden == dim else find_multiple(int(8 * hidden / 3), 32)
         fields = {k: shape[k] for k in ("vocab_size", "block_size", "cls_token_num", "rope_base", "norm_eps",
                                         "rope", "max_positions")}
+        hw = shape.get("grid_hw")  # the family's grid; kept only when it is not the square of block_size
+        if hw is not None and tuple(hw)[0] != tuple(hw)[1]:
+            fields["grid_shape"] = tuple(hw)
         return cls(target_dim=dim, hidden=hidden, n_head=n_head, ffn_hidden=ffn_hidden, tap_dim=3 * dim,
                    target_name=target_name, target_hash=target_hash, draft_vocab=draft_vocab, **fields)
 
 
 ROPE_KINDS = ("2d", "1d")
-_LATE_FIELDS = ("rope", "max_positions")  # added after schema 1: omitted from to_dict at their defaults
+_LATE_FIELDS = ("rope", "max_positions", "grid_shape")  # added after schema 1: omitted from to_dict at their defaults
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(DrafterConfig)}
 
 
@@ -269,7 +284,7 @@ class Drafter(nn.Module):
         if cfg.rope == "1d":
             freqs = rope_1d_table(cfg.max_positions, cfg.head_dim, cfg.rope_base)
         else:
-            freqs = precompute_freqs_cis_2d(cfg.grid_size, cfg.head_dim, cfg.rope_base, cfg.cls_token_num)
+            freqs = precompute_freqs_cis_2d(cfg.grid_hw, cfg.head_dim, cfg.rope_base, cfg.cls_token_num)
         self.register_buffer("freqs_cis", freqs.to(weight.device), persistent=False)
         self.family: Optional[str] = None  # the target's family name when not LlamaGen (saved with the drafter)
 

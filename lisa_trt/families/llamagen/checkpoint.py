@@ -90,7 +90,7 @@ def load_llamagen_target(path: PathLike, config=None, device="cpu"):
                 assign=True)
     del sd
     # the one non-persistent buffer (the 2-D RoPE table), as Transformer.__init__ makes it
-    model.register_buffer("freqs_cis", precompute_freqs_cis_2d(cfg.grid_size, cfg.head_dim, cfg.rope_base,
+    model.register_buffer("freqs_cis", precompute_freqs_cis_2d(cfg.grid_hw, cfg.head_dim, cfg.rope_base,
                                                                cfg.cls_token_num), persistent=False)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:

@@ -122,7 +122,8 @@ class TargetConfig:
         output(norm(h))."""
         return dict(target_dim=self.dim, n_head=self.n_head, head_dim=self.head_dim, ffn_hidden=self.ffn_hidden,
                     vocab_size=self.vocab_size, block_size=self.block_size, cls_token_num=self.cls_token_num,
-                    rope_base=self.rope_base, norm_eps=self.norm_eps, rope="2d", max_positions=0, warm_head=True)
+                    rope_base=self.rope_base, norm_eps=self.norm_eps, rope="2d", max_positions=0, warm_head=True,
+                    grid_hw=self.grid_hw)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

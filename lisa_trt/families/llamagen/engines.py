@@ -107,7 +107,8 @@ class GraphVQ(GraphDecoder):
 
     def __init__(self, manifest, runner: GraphRunner):
         super().__init__(manifest, runner)
-        self.grid = manifest.target_config.grid_size
+        h, w = manifest.target_config.grid_hw
+        self.n_codes = h * w
 
     def tokens_to_pixels(self, tokens: torch.Tensor) -> torch.Tensor:
         """Codes (B, h*w) or (B, h, w) -> images (decode_code): the family hook's decoder call."""
@@ -117,8 +118,8 @@ class GraphVQ(GraphDecoder):
 
     def decode_code(self, indices, shape=None):
         B, N = indices.shape
-        if N != self.grid * self.grid:
-            raise InputError(f"expected {self.grid * self.grid} tokens per image, got {N}")
+        if N != self.n_codes:
+            raise InputError(f"expected {self.n_codes} tokens per image, got {N}")
         return self._decode(indices, self.config.codebook_size)
 
 

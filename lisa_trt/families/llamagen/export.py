@@ -19,6 +19,7 @@ from ...config import find_multiple
 from ...export.families import ExportFamily, past_of, present_rows, register_export_family
 from ...export.onnx import _NamedGraph, _ShimCache
 from ...models.io_spec import Graph, graph_spec
+from ...models.rope import grid_hw
 
 
 def max_cache_len(target_cfg, max_tree: int) -> int:
@@ -73,15 +74,17 @@ class TargetVerifyGraph(_NamedGraph):
 
 
 class VQDecodeGraph(_NamedGraph):
-    """VQModel.decode_code over the target's grid: token ids (B, grid * grid) -> images."""
+    """VQModel.decode_code over the target's grid: token ids (B, h * w) -> images.
 
-    def __init__(self, vq, grid: int):
+    `grid`: the target config's `grid_hw` (height, width), or the side of a square grid."""
+
+    def __init__(self, vq, grid):
         super().__init__(graph_spec(Graph.VQ_DECODE))
-        self.vq, self.grid = vq, grid
+        self.vq, self.grid = vq, grid_hw(grid)
 
     def compute(self, x):
         tok = x["image_tokens"]
-        shape = (tok.shape[0], self.vq.config.codebook_embed_dim, self.grid, self.grid)
+        shape = (tok.shape[0], self.vq.config.codebook_embed_dim, *self.grid)
         return dict(images=self.vq.decode_code(tok, shape).float())
 
 
@@ -126,7 +129,7 @@ class LlamaGenGraphs(ExportFamily):
         if graph is Graph.TARGET_VERIFY:
             return TargetVerifyGraph(model)
         if graph is Graph.VQ_DECODE:
-            return VQDecodeGraph(model, cfg.grid_size)
+            return VQDecodeGraph(model, cfg.grid_hw)
         return None
 
     def graph_spec(self, graph, cfg):
@@ -216,8 +219,8 @@ class LlamaGenGraphs(ExportFamily):
 
     def vq_reference(self, refs, x):
         vq, tok = refs["vq"], x["image_tokens"]
-        grid = refs["target"].config.grid_size
-        return dict(images=vq.decode_code(tok, (tok.shape[0], vq.config.codebook_embed_dim, grid, grid)))
+        h, w = refs["target"].config.grid_hw
+        return dict(images=vq.decode_code(tok, (tok.shape[0], vq.config.codebook_embed_dim, h, w)))
 
 
 GRAPHS = register_export_family(LlamaGenGraphs())

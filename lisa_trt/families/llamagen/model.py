@@ -117,7 +117,7 @@ class Transformer(FamilyTarget, nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        freqs = precompute_freqs_cis_2d(cfg.grid_size, cfg.head_dim, cfg.rope_base, cfg.cls_token_num)
+        freqs = precompute_freqs_cis_2d(cfg.grid_hw, cfg.head_dim, cfg.rope_base, cfg.cls_token_num)
         self.register_buffer("freqs_cis", freqs, persistent=False)
         self.apply(self._init_weights)
 
