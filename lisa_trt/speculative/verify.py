@@ -323,19 +323,21 @@ class GASVRule:
         cand, gate = self.cand.gather(1, flat).view(B, N, C, K), self.gate.gather(1, flat).view(B, N, C, K)
         idx = torch.cat([xd[..., None], cand], -1)                           # the sibling, its candidates
         idx = torch.where((idx >= 0) & (x >= 0)[..., None], idx, pn.shape[-1])
+        # per sibling j a contiguous (B N, 1 + K, 1) block, column 0 (the sibling itself) 0
+        gate = F.pad(gate, (1, 0)).permute(2, 0, 1, 3).reshape(C, B * N, K + 1, 1)
+        # the update of r at idx is vals * (gate s - e0): the candidates lose m, the sibling all of r(x)
+        e0 = -F.pad(torch.ones(1, device=pn.device), (0, K))
         neg_delta, floor = -self.delta_eff, torch.full((), -1.0, device=pn.device)
         z = pn.sum(-1)
         nums, zs = [], []
         for j in range(C):   # sequential: each sibling lends from the residual the earlier ones left
-            ij = idx[:, :, j]
+            ij, gj = idx[:, :, j], gate[j]
             vals = r.gather(2, ij)                                           # r(x), r(candidates)
-            w = vals[..., 1:] * gate[:, :, j]
-            m = w.sum(-1)
-            s = torch.fmax(neg_delta * z / m, floor)    # -min(1, delta z / M); M = 0 (0 / 0 too): -1, w = 0
+            m = torch.bmm(vals.view(B * N, 1, K + 1), gj).view(B, N)        # M = sum r g (unnormalised)
+            s = torch.fmax(neg_delta * z / m, floor)    # -min(1, delta z / M); M = 0 (0 / 0 too): -1, moves 0
             nums.append(torch.addcmul(vals[..., 0], m, s, value=-1.0))       # r(x) + the moved mass
             zs.append(z)
-            r.scatter_add_(2, ij[..., 1:], w * s[..., None])                 # r <- r - m
-            r.scatter_(2, ij[..., :1], 0.0)                                  # r(x) = 0
+            r.scatter_add_(2, ij, vals * torch.addcmul(e0, gj.view(B, N, K + 1), s[..., None]))  # r - m, r(x) = 0
             z = r.sum(-1)
         a = (torch.stack(nums, -1) / torch.stack(zs, -1).clamp(min=1e-30)).clamp(max=1.0)
         return a, r, _sibling_law(r, z, a, xd)
