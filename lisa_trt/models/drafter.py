@@ -217,14 +217,14 @@ class DrafterCache(KVCache):
     """
 
     def __init__(self, cfg: DrafterConfig, batch: int, max_len: int, dtype, device):
-        shape = (batch, cfg.n_head, max_len, cfg.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device)]
-        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        self.col_valid = torch.ones(batch, max_len, dtype=torch.bool, device=device)
+        self._alloc(self.storage_shape(cfg, batch, max_len), dtype, device)
         self.col_valid[:, : cfg.cls_token_num] = False
-        self.pad = torch.zeros(batch, dtype=torch.long, device=device)
-        self.max_len = max_len
+
+    @staticmethod
+    def storage_shape(cfg: DrafterConfig, batch: int, max_len: int) -> tuple[int, ...]:
+        """The K/V storage, (2, 1, batch, n_head, max_len, head_dim): one layer in the target
+        cache's layout (models/layers.kv_cache_shape)."""
+        return (2, 1, batch, cfg.n_head, max_len, cfg.head_dim)
 
 
 # ----------------------------------------------------------------------------- layers

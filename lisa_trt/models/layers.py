@@ -42,8 +42,15 @@ def cached_attention(q, k, v, mask, kv: Optional[tuple] = None, slots=None):
     if kv is not None:
         k_cache, v_cache = kv
         idx = slots[:, None, :, None].expand(B, n_kv, S, D)
-        k_cache.scatter_(2, idx, k.to(k_cache.dtype))
-        v_cache.scatter_(2, idx, v.to(v_cache.dtype))
+        kn, vn = k.to(k_cache.dtype), v.to(v_cache.dtype)
+        # The cache holds values, never an autograd history: its buffers are views of ONE storage
+        # (KVCache.kv), and an in-place write carrying a gradient through one layer's view would
+        # leave every other layer's view unwritable. A call with a gradient reads its own new
+        # rows through an out-of-place copy instead (the gradient reaches this call's k / v).
+        k_cache.scatter_(2, idx, kn.detach())
+        v_cache.scatter_(2, idx, vn.detach())
+        if torch.is_grad_enabled() and (kn.requires_grad or vn.requires_grad):
+            k_cache, v_cache = k_cache.scatter(2, idx, kn), v_cache.scatter(2, idx, vn)
         k, v = k_cache.to(q.dtype), v_cache.to(q.dtype)  # no-op unless the cache has another dtype
     rep = q.shape[1] // n_kv
     if rep != 1:
@@ -114,23 +121,56 @@ def kv_cache_shape(cfg: TargetShape, batch: int, max_len: int) -> tuple[int, ...
 
 
 class KVCache:
-    """Static, preallocated K/V per layer, (B, H_kv, Lmax, D), written at absolute slots.
+    """Static, preallocated K/V of every layer in ONE tensor `kv` (2, n_layer, B, H_kv, Lmax, D)
+    (`kv_cache_shape`), written at absolute slots: `k[i]` / `v[i]` are contiguous per-layer views
+    of it (what the engines bind by pointer and the attention writes), and a compaction or a
+    commit is one write for all layers (`compact`, `commit`).
 
     `lengths` (B,) is the committed length of each row (prefix included); `col_valid` (B, Lmax)
     is False for padded t2i text slots, which no query may attend to (except themselves).
     `pad` (B,) is the number of left-padding slots of each row whose positions count from its
     first real token (prompt-id families); `positions(slots)` = slots - pad is the RoPE position
     of a token at those slots (LlamaGen: pad 0, positions are the slots).
+
+    Assigning other per-layer buffers to `k` / `v` (the export shims do, to trace a graph over
+    its inputs) detaches them from `kv` (None): `compact` / `select_rows` then work per layer.
     """
 
     def __init__(self, cfg: TargetShape, batch: int, max_len: int, dtype, device):
-        shape = kv_cache_shape(cfg, batch, max_len)[2:]
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layer)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layer)]
+        self._alloc(kv_cache_shape(cfg, batch, max_len), dtype, device)
+
+    def _alloc(self, shape: tuple, dtype, device) -> None:
+        """Zeroed storage of `shape` (2, n_layer, B, H_kv, Lmax, D) and empty rows."""
+        batch, max_len = shape[2], shape[4]
+        self._bind(torch.zeros(shape, dtype=dtype, device=device))
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.col_valid = torch.ones(batch, max_len, dtype=torch.bool, device=device)
         self.pad = torch.zeros(batch, dtype=torch.long, device=device)
         self.max_len = max_len
+        self._cols = torch.arange(max_len, device=device)  # the slot index of every column
+
+    def _bind(self, kv: torch.Tensor) -> None:
+        """Hold `kv` and make the per-layer views (by indexing: each a view of its own, so an
+        in-place write to one layer under autograd is tracked on `kv`)."""
+        self.kv = kv
+        self._k = [kv[0, i] for i in range(kv.shape[1])]
+        self._v = [kv[1, i] for i in range(kv.shape[1])]
+
+    @property
+    def k(self) -> list:
+        return self._k
+
+    @k.setter
+    def k(self, bufs) -> None:
+        self._k, self.kv = list(bufs), None
+
+    @property
+    def v(self) -> list:
+        return self._v
+
+    @v.setter
+    def v(self, bufs) -> None:
+        self._v, self.kv = list(bufs), None
 
     def positions(self, slots: torch.Tensor) -> torch.Tensor:
         """RoPE positions (B, S) of tokens at cache `slots` (B, S): slots - pad."""
@@ -148,36 +188,53 @@ class KVCache:
             ancestors: (B, S, S) bool, ancestors[b, i, j] = node j is an ancestor of i (or i == j).
         """
         B, S = slots.shape
-        cols = torch.arange(self.max_len, device=slots.device)
-        mask = (cols[None, :] < self.lengths[:, None]) & self.col_valid  # (B, L)
-        mask = mask[:, None, :].expand(B, S, self.max_len).clone()
+        seen = (self._cols < self.lengths[:, None]) & self.col_valid            # (B, L) committed
         tree = torch.zeros(B, S, self.max_len, dtype=torch.bool, device=slots.device)
         tree.scatter_(2, slots[:, None, :].expand(B, S, S), ancestors)
-        return mask | tree
+        return seen[:, None, :] | tree
 
     def compact(self, src_slots: torch.Tensor, counts: torch.Tensor) -> None:
         """Copy rows src_slots[b, :counts[b]] to lengths[b] + (0..counts[b]-1); lengths += counts.
 
         Entries past counts[b] are padding: they are written past the new length, where no
-        mask can see them and the next step overwrites them.
-        """
+        mask can see them and the next step overwrites them. One gather and one scatter for
+        every layer's K and V at once (per layer only for buffers assigned from outside)."""
         B, A = src_slots.shape
         if A == 0:
             return
         src = src_slots.clamp(min=0)
-        dst = (self.lengths[:, None] + torch.arange(A, device=src.device)[None, :]).clamp(max=self.max_len - 1)
+        dst = (self.lengths[:, None] + self._cols[None, :A]).clamp(max=self.max_len - 1)
         # Fixed shape: all A entries are copied (padding lands past the new length, unread), so no
         # value is read back to find the ones that move.
-        for buf in self.k + self.v:
-            H, D = buf.shape[1], buf.shape[3]
-            rows = buf.gather(2, src[:, None, :, None].expand(B, H, A, D))
-            buf.scatter_(2, dst[:, None, :, None].expand(B, H, A, D), rows)
+        bufs = [self.kv] if self.kv is not None else self.k + self.v
+        for buf in bufs:
+            lead, (H, D) = buf.shape[:-4], buf.shape[-3::2]
+            at = (1,) * len(lead)
+            rows = buf.gather(-2, src.view(*at, B, 1, A, 1).expand(*lead, B, H, A, D))
+            buf.scatter_(-2, dst.view(*at, B, 1, A, 1).expand(*lead, B, H, A, D), rows)
         self.lengths += counts
+
+    def commit(self, k_rows, v_rows, slots: torch.Tensor) -> None:
+        """Write a step's new rows of every layer, k_rows / v_rows: n_layer tensors (B, H_kv, S, D)
+        each, at `slots` (B, S): one write for all layers (`commit_rows` per layer for buffers
+        assigned from outside)."""
+        if self.kv is None:
+            for bufs, rows in ((self.k, k_rows), (self.v, v_rows)):
+                for buf, r in zip(bufs, rows):
+                    commit_rows(buf, r, slots)
+            return
+        rows = torch.stack([*k_rows, *v_rows])
+        rows = rows.view(2, len(rows) // 2, *rows.shape[1:])                  # (2, n_layer, B, H, S, D)
+        two, n, B, H, S, D = rows.shape
+        self.kv.scatter_(4, slots.view(1, 1, B, 1, S, 1).expand(two, n, B, H, S, D), rows.to(self.kv.dtype))
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep only batch rows `index` (e.g. drop finished prompts)."""
-        self.k = [t[index] for t in self.k]
-        self.v = [t[index] for t in self.v]
+        if self.kv is not None:
+            self._bind(self.kv[:, :, index])
+        else:
+            self.k = [t[index] for t in self.k]
+            self.v = [t[index] for t in self.v]
         self.lengths = self.lengths[index]
         self.col_valid = self.col_valid[index]
         self.pad = self.pad[index]

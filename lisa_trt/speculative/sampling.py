@@ -67,9 +67,9 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 
     (validation.debug_checks). The loops pass True where logits enter (the prefill's)."""
     if check or (check is None and debug_checks()):
         check_finite(logits)
-    out = logits.float() / max(temperature, 1e-5)
-    out = top_k_filter(out, top_k)
-    return top_p_filter(out, top_p)
+    out = logits.float() if temperature == 1.0 else logits.float() / max(temperature, 1e-5)  # x / 1 == x
+    out = top_p_filter(top_k_filter(out, top_k), top_p)
+    return out.clone() if out is logits else out  # a new tensor, as with a filter or a temperature
 
 
 def guided_logits(raw: torch.Tensor, cfg_scale: float, use_cfg: bool) -> torch.Tensor:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import InputError, unknown_name
@@ -49,7 +50,8 @@ class DraftTree:
             distribution (root 0).
         scores: (B, N) fp32 cumulative draft log-prob along the path (root 0).
         retrieve: (B, P, D + 1) long; one root->leaf path per valid leaf (leaves in node-index
-            order), -1 padded; D = deepest valid node over the batch.
+            order), -1 padded; D = deepest valid node over the batch (a property: a tree with a
+            static bound makes it on first use, as only the greedy rules read it).
         child_q: optional (B, N, V) fp32; the drafter distribution node n's children were SAMPLED
             from (needed by the sampled-draft rule only; rows of leaves are unused).
     """
@@ -61,10 +63,11 @@ class DraftTree:
     valid: Tensor
     logprobs: Tensor
     scores: Tensor
-    retrieve: Tensor
+    paths: Optional[Tensor] = field(default=None, repr=False, compare=False)  # `retrieve` when known
     child_q: Optional[Tensor] = None
     kids: Optional[Tensor] = field(default=None, repr=False, compare=False)  # children() when known
     static: Optional[tuple] = field(default=None, repr=False, compare=False)  # from_parents(static=...)
+    ranks: Optional[Tensor] = field(default=None, repr=False, compare=False)  # child_ranks() when known
 
     @classmethod
     def from_parents(cls, tokens: Tensor, parents: Tensor, *, valid: Optional[Tensor] = None,
@@ -92,16 +95,16 @@ class DraftTree:
         dev = tokens.device
         valid = torch.ones(B, N, dtype=torch.bool, device=dev) if valid is None else valid.bool()
         if static is None:
-            depths, ancestors, retrieve, kids = _structure(parents, valid)
+            depths, ancestors, retrieve, kids, ranks = _structure(parents, valid)
         else:
-            depths, ancestors, retrieve, kids = _static_structure(parents, valid, *static)
+            depths, ancestors, retrieve, kids, ranks = _static_structure(parents, valid, *static)
         logprobs = (torch.zeros(B, N, device=dev) if logprobs is None else logprobs.float())
         logprobs = logprobs.clone()
         logprobs[:, 0] = 0.0
         if scores is None:
             scores = torch.where(ancestors, logprobs[:, None, :], 0.0).sum(-1)
         return cls(tokens, parents, depths, ancestors, valid, logprobs, scores.float(), retrieve,
-                   child_q, kids, static)
+                   child_q, kids, static, ranks)
 
     @property
     def batch_size(self) -> int:
@@ -113,8 +116,19 @@ class DraftTree:
 
     @property
     def max_depth(self) -> int:
-        """Deepest valid node over the batch (D)."""
+        """Deepest valid node over the batch (D); with a static bound, the bound (no value read)."""
+        if self.static is not None:
+            return int(self.static[0])
         return self.retrieve.shape[-1] - 1
+
+    @property
+    def retrieve(self) -> Tensor:
+        """(B, P, D + 1) root->leaf paths (see the class docstring), made on first use."""
+        if self.paths is None:
+            shape = None if self.static is None else (self.n_nodes, int(self.static[0]) + 1)
+            object.__setattr__(self, "paths", retrieve_paths(self.parents, self.depths, self.ancestors,
+                                                              self.valid, shape=shape))
+        return self.paths
 
     def positions(self, root_position: Tensor) -> Tensor:
         """Absolute sequence positions of the nodes: root_position + depth.
@@ -131,6 +145,14 @@ class DraftTree:
         if self.kids is not None:
             return self.kids
         return children_table(self.parents, self.valid)
+
+    def child_ranks(self) -> Tensor:
+        """(B, N) long: each node's column in its parent's row of `children()` (its sibling
+        index), -1 for the root and invalid nodes."""
+        if self.ranks is not None:
+            return self.ranks
+        width = None if self.static is None else self.static[1]
+        return _kids_and_ranks(self.parents, self.valid, width)[1]
 
     def truncate(self, max_depth: Union[int, Tensor]) -> "DraftTree":
         """Hide nodes deeper than `max_depth` (end of image: at most remaining - 1 drafts).
@@ -156,7 +178,8 @@ _CACHE_NODES = 256  # cache the structure of trees with B * N up to this (the sh
 
 
 def _structure(parents: Tensor, valid: Tensor) -> tuple:
-    """Checked depths (B, N), ancestors (B, N, N) and retrieve paths of a tree shape.
+    """Checked depths (B, N), ancestors (B, N, N) and retrieve paths of a tree shape, plus its
+    child table and ranks (None here unless cached: `children()` makes them on demand).
 
     Small CPU trees are cached by their parent pointers and validity (a dynamic tree takes one
     of few shapes step after step): a hit returns the very tensors computed before, which are
@@ -173,10 +196,9 @@ def _structure(parents: Tensor, valid: Tensor) -> tuple:
     depths = closure.sum(-1) - 1                                           # (B, N)
     eye = torch.eye(N, dtype=torch.bool, device=parents.device)
     ancestors = torch.where(valid[:, :, None], closure, eye)
-    out = (depths, ancestors, retrieve_paths(parents, depths, ancestors, valid), None)
-    if key is not None:  # cached: the child table too (verification reads it every step)
-        out = out[:3] + (children_table(parents, valid),)
-    if key is not None:
+    out = (depths, ancestors, retrieve_paths(parents, depths, ancestors, valid), None, None)
+    if key is not None:  # cached: the child table and ranks too (verification reads them every step)
+        out = out[:3] + _kids_and_ranks(parents, valid)
         if len(_STRUCTURES) >= 4096:
             _STRUCTURES.clear()
         _STRUCTURES[key] = out
@@ -184,38 +206,41 @@ def _structure(parents: Tensor, valid: Tensor) -> tuple:
 
 
 def _static_structure(parents: Tensor, valid: Tensor, max_depth: int, max_children: int) -> tuple:
-    """`_structure` with the shapes a tree config bounds: depths, ancestors, retrieve (B, N,
-    max_depth + 1) with every leaf's path first (node order) then -1 rows, children (B, N,
-    max_children); tensor ops only. Pointers checked only under the debug switch."""
+    """`_structure` with the shapes a tree config bounds: depths, ancestors, children (B, N,
+    max_children) and ranks, with tensor ops only (the parent one-hot shared, the closure's
+    squarings bounded by max_depth); retrieve is left to first use (None). Pointers checked only
+    under the debug switch."""
     if debug_checks():
         check_parents(parents, valid)
-    N = parents.shape[1]
-    closure = ancestor_closure(parents)                                    # (B, N, N)
-    depths = closure.sum(-1) - 1                                           # (B, N)
-    eye = torch.eye(N, dtype=torch.bool, device=parents.device)
+    onehot = _parent_onehot(parents)                                        # (B, N child, N parent)
+    closure = _closure(onehot, max_depth)                                   # (B, N, N)
+    depths = closure.sum(-1) - 1                                            # (B, N)
+    eye = torch.eye(parents.shape[1], dtype=torch.bool, device=parents.device)
     ancestors = torch.where(valid[:, :, None], closure, eye)
-    retrieve = retrieve_paths(parents, depths, ancestors, valid, shape=(N, max_depth + 1))
-    return depths, ancestors, retrieve, children_table(parents, valid, width=max_children)
+    kids, ranks = _kids_and_ranks(parents, valid, max_children, onehot)
+    return depths, ancestors, None, kids, ranks
 
 
 def children_table(parents: Tensor, valid: Tensor, width: Optional[int] = None) -> Tensor:
     """(B, N, C) long child table in sibling (draft) order, -1 padded; C = max children, or
     `width` (a bound the caller guarantees: a fixed shape, no value read back)."""
+    return _kids_and_ranks(parents, valid, width)[0]
+
+
+def _kids_and_ranks(parents: Tensor, valid: Tensor, width: Optional[int] = None,
+                    onehot: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """children_table, and each node's column in its parent's row of it (B, N) long (-1 for the
+    root and invalid nodes). onehot: `_parent_onehot(parents)` when the caller has it."""
     B, N = parents.shape
-    dev = parents.device
-    is_child = (parents[:, None, :] == torch.arange(N, device=dev)[None, :, None])
-    is_child &= valid[:, None, :]                                           # (B, N parent, N child)
-    rank = is_child.long().cumsum(-1) - 1
-    if width is not None:
-        C = width
-        rank = torch.where(rank < C, rank, C)   # (never: the bound holds) past the width: dumped
-    else:
-        C = int(is_child.sum(-1).max()) if N > 1 else 0
-    table = torch.full((B, N, C + 1), -1, dtype=torch.long, device=dev)
-    col = torch.where(is_child, rank, C)
-    src = torch.arange(N, device=dev).expand(B, N, N)
-    table.scatter_(2, col, src)   # non-children land in the dump column C
-    return table[..., :C]
+    onehot = _parent_onehot(parents) if onehot is None else onehot
+    is_child = onehot.transpose(1, 2) & valid[:, None, :]                   # (B, N parent, N child)
+    rank = is_child.cumsum(-1) - 1
+    C = width if width is not None else (int(is_child.sum(-1).max()) if N > 1 else 0)
+    # non-children (and, never: past the width the caller bounds) land in the dump column C
+    col = torch.where(is_child, rank.clamp(max=C), C)
+    table = torch.full((B, N, C + 1), -1, dtype=torch.long, device=parents.device)
+    table.scatter_(2, col, torch.arange(N, device=parents.device).expand(B, N, N))
+    return table[..., :C], torch.where(is_child, rank, -1).amax(1)
 
 
 def check_parents(parents: Tensor, valid: Tensor) -> None:
@@ -235,20 +260,27 @@ def check_parents(parents: Tensor, valid: Tensor) -> None:
                          "ancestor-closed (use DraftTree.truncate)")
 
 
-def ancestor_closure(parents: Tensor) -> Tensor:
+def ancestor_closure(parents: Tensor, max_depth: Optional[int] = None) -> Tensor:
     """(B, N) parent pointers -> (B, N, N) bool, [b, i, j] = j is i or an ancestor of i.
 
-    Boolean transitive closure by repeated squaring: ceil(log2 N) batched matmuls.
+    Boolean transitive closure by repeated squaring: ceil(log2 D) batched matmuls, D the deepest
+    node (`max_depth`, a bound the caller guarantees) or N - 1.
     """
-    B, N = parents.shape
-    dev = parents.device
-    a = torch.eye(N, device=dev).expand(B, N, N).clone()
-    has_parent = parents >= 0
-    a.scatter_add_(2, parents.clamp(min=0)[:, :, None], has_parent[:, :, None].float())
-    a = (a > 0).float()
-    for _ in range(max(1, math.ceil(math.log2(max(N, 2))))):
-        a = (torch.bmm(a, a) > 0).float()
-    return a.bool()
+    return _closure(_parent_onehot(parents), max_depth)
+
+
+def _parent_onehot(parents: Tensor) -> Tensor:
+    """(B, N child, N parent) bool: [b, i, j] = j is i's parent."""
+    return parents[:, :, None] == torch.arange(parents.shape[1], device=parents.device)
+
+
+def _closure(onehot: Tensor, max_depth: Optional[int]) -> Tensor:
+    N = onehot.shape[-1]
+    a = torch.eye(N, device=onehot.device) + onehot                        # self and parent, fp32
+    span = N - 1 if max_depth is None else int(max_depth)
+    for _ in range(math.ceil(math.log2(span)) if span > 1 else 0):        # paths up to 2, 4, ... long
+        a = torch.bmm(a, a).clamp_(max=1.0)
+    return a > 0
 
 
 def retrieve_paths(parents: Tensor, depths: Tensor, ancestors: Tensor, valid: Tensor,
@@ -336,11 +368,12 @@ def build_dynamic_tree(root_token: Tensor, root_logprobs: Tensor, expand_fn: Exp
     dev = root_logprobs.device
     lp, tok = torch.topk(root_logprobs.float().clamp(max=0.0), K, dim=-1)        # (B, K)
     cand_tok, cand_lp, cand_score = [tok], [lp], [lp]
-    cand_parent = [torch.full((B, K), -1, dtype=torch.long, device=dev)]         # -1 = root
     beam_cand = torch.arange(K, device=dev).expand(B, K)                         # candidate ids
+    beams = []  # the beam of each round: the parents of its K*K candidates
     beam_tok, beam_score = tok, lp
     parent_slot = torch.zeros(B, K, dtype=torch.long, device=dev)
-    mask = torch.eye(K, dtype=torch.bool, device=dev).expand(B, K, K)
+    eye = torch.eye(K, dtype=torch.bool, device=dev).expand(B, K, K)
+    mask = eye
     for rnd in range(depth):
         req = ExpandRequest(beam_tok, parent_slot, rnd + 1, mask, rnd * K)
         child_lp = _check_expand(expand_fn(req), B, K, V).clamp(max=0.0)        # (B, K, V)
@@ -350,7 +383,7 @@ def build_dynamic_tree(root_token: Tensor, root_logprobs: Tensor, expand_fn: Exp
         cand_tok.append(ctok.reshape(B, K * K))
         cand_lp.append(clp.reshape(B, K * K))
         cand_score.append(cs)
-        cand_parent.append(beam_cand.repeat_interleave(K, dim=1))
+        beams.append(beam_cand)
         if rnd == depth - 1:
             break
         sel = torch.sort(cs, dim=-1, descending=True, stable=True).indices[:, :K]  # (B, K)
@@ -359,23 +392,26 @@ def build_dynamic_tree(root_token: Tensor, root_logprobs: Tensor, expand_fn: Exp
         beam_tok = ctok.reshape(B, K * K).gather(1, sel)
         beam_score = cs.gather(1, sel)
         prev = mask.gather(1, parent_slot[:, :, None].expand(B, K, mask.shape[-1]))
-        eye = torch.eye(K, dtype=torch.bool, device=dev).expand(B, K, K)
         mask = torch.cat([prev, eye], dim=-1)                                   # (B, K, (rnd+2)K)
     scores = torch.cat(cand_score, 1)                                           # (B, n_cand)
     keep = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :M]
     keep = torch.sort(keep, dim=-1).values                                      # topological
-    par_cand = torch.cat(cand_parent, 1).gather(1, keep)                        # (B, M)
-    pos = torch.searchsorted(keep, par_cand.clamp(min=0))
-    if M and debug_checks() and not ((keep.gather(1, pos.clamp(max=M - 1)) == par_cand) | (par_cand < 0)).all():
+    # candidate parents: -1 (the root) for the first K, then each beam's ids K times over
+    par_cand = torch.full((B, K), -1, dtype=torch.long, device=dev)
+    if beams:
+        grown = torch.stack(beams, 1)[:, :, :, None].expand(B, len(beams), K, K).reshape(B, -1)
+        par_cand = torch.cat([par_cand, grown], 1)
+    par_cand = par_cand.gather(1, keep)                                         # (B, M)
+    # a kept parent's node index is its place in `keep` + 1 (the root is node 0, and -1 -> 0)
+    parents = torch.searchsorted(keep, par_cand, right=True)
+    if M and debug_checks() and not ((keep.gather(1, (parents - 1).clamp(0, M - 1)) == par_cand) | (par_cand < 0)).all():
         raise InputError("dynamic tree is not ancestor-closed: expand_fn returned scores that "
                          "are not log-probabilities (NaN?)")
-    parents = torch.where(par_cand >= 0, pos + 1, 0)
-    root_par = torch.full((B, 1), -1, dtype=torch.long, device=dev)
     tokens = torch.cat([root_token.long()[:, None], torch.cat(cand_tok, 1).gather(1, keep)], 1)
-    logprobs = torch.cat([torch.zeros(B, 1, device=dev), torch.cat(cand_lp, 1).gather(1, keep)], 1)
-    node_scores = torch.cat([torch.zeros(B, 1, device=dev), scores.gather(1, keep)], 1)
+    logprobs = F.pad(torch.cat(cand_lp, 1).gather(1, keep), (1, 0))             # root first, 0
+    node_scores = F.pad(scores.gather(1, keep), (1, 0))
     # fixed shapes per tree config: node depths reach depth + 1, a node has at most K children
-    return DraftTree.from_parents(tokens, torch.cat([root_par, parents], 1),
+    return DraftTree.from_parents(tokens, F.pad(parents, (1, 0), value=-1),
                                   logprobs=logprobs, scores=node_scores, static=(depth + 1, min(K, M)))
 
 

@@ -4,13 +4,17 @@ Every rule is a pure function of the target's GUIDED, FILTERED distribution at e
 p (B, N, V) (CFG combined, temperature, top-k/top-p; p[:, n] predicts node n's children), the
 DraftTree, and a torch.Generator. Node n is verified against p at its PARENT.
 
-Sampling rules walk the tree from the root, one depth level per iteration (vectorised over the
-batch): at the current node the drafted children are tried in draft order against a working
-distribution r (initially p at the node); an accepted child becomes the current node, otherwise
-the bonus token is sampled from the final residual r and the walk stops. A leaf's bonus is
-sampled from p at the leaf. All random numbers are drawn up front, in a fixed layout
-(u_accept (B, D + 1, C), u_bonus (B,)), so rules that agree numerically give the same outputs for
-the same generator state (LANTERN delta=0 == exact, GASV with zero gates or delta 0 == exact).
+Sampling rules scan the drafted children of EVERY node at once, each node as a parent (tensors
+over (B, N), the tree's fixed node budget; only the sibling index is a loop, and only in the
+rules where a rejection changes what the next sibling sees): at a node the children are tried in
+draft order against a working distribution r (initially p at the node); the first accepted child
+is the node's choice, otherwise the bonus token is sampled from the final residual r. The
+accepted path is then read off the choices (a node is on it when it and each of its ancestors was
+its parent's choice) and a leaf's bonus is sampled from p at the leaf: the law of a sequential
+walk from the root, with no walk. All random numbers are drawn up front, in a fixed layout
+(u_accept (B, D + 1, C): a node at depth d reads row d; u_bonus (B,)), so rules that agree
+numerically give the same outputs for the same generator state (LANTERN delta=0 == exact, GASV
+with zero gates or delta 0 == exact). Exact rules have a closed form over the siblings (no loop).
 
 Per sibling x the rules are (r and q normalised):
 - exact, deterministic drafts (EAGLE-2, q treated as one-hot): accept w.p. r(x); on rejection
@@ -32,7 +36,7 @@ ties, EAGLE's evaluate_posterior); bonus = argmax at the last accepted node.
 
 Stats: `pos_tvd[b, i]` = TVD between the raw target distribution and the law of the token
 committed at the i-th committed position of this step. For deterministic drafts (exact, lantern,
-gasv) the law GIVEN the drafted siblings is computed in closed form (0 up to rounding for exact,
+gasv) the law GIVEN the drafted siblings is computed in closed form (0 for exact: the law is p,
 the moved mass for LANTERN and GASV with one draft (<= delta_eff), possibly more
 with several siblings, each of which may move up to delta of the current residual). For sampled
 drafts the law is p only marginally over the draws, so pos_tvd = TVD(p_ref, p) = 0. Greedy
@@ -45,6 +49,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import InputError
@@ -101,18 +106,12 @@ def _normalize(r: Tensor) -> Tensor:
 
 def _sample(r: Tensor, u: Tensor) -> Tensor:
     """Inverse-CDF draw from unnormalised rows r (B, V) with uniforms u (B,) (fp64 CDF).
-    Never returns a zero-mass token when the row has mass."""
+    Never returns a zero-mass token when the row has mass: a zero entry leaves the CDF flat, so
+    only the past-the-end index (u rounding up to the total) can land on one; it becomes the last
+    token with mass (token 0 for an empty row)."""
     cdf = r.double().cumsum(-1)
-    target = (u.double() * cdf[:, -1])[:, None]
-    idx = torch.searchsorted(cdf, target, right=True)[:, 0].clamp(max=r.shape[-1] - 1)
-    last_pos = torch.where(r > 0, torch.arange(r.shape[-1], device=r.device), -1).max(-1).values
-    return torch.where(r.gather(1, idx[:, None])[:, 0] > 0, idx, last_pos.clamp(min=0))
-
-
-def _zero1(r: Tensor, x: Tensor) -> Tensor:
-    """r (B, V) >= 0 with token x (B,) (>= 0) of each row set to 0: `_zero(r, x[:, None])` in one op
-    (r(x) * 0 == 0 for the non-negative, finite rows every rule passes)."""
-    return r.scatter(1, x[:, None], 0.0)
+    idx = torch.searchsorted(cdf, (u.double() * cdf[:, -1])[:, None], right=True)[:, 0]
+    return torch.minimum(idx, (r > 0).cumsum(-1).argmax(-1))
 
 
 def _zero(r: Tensor, idx: Tensor) -> Tensor:
@@ -124,18 +123,51 @@ def _zero(r: Tensor, idx: Tensor) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- sampling rules
+#
+# A rule's `scan(pn, x, kids, q)` runs the sibling scan at EVERY node of the tree at once, each node
+# as a parent (vectorised over (B, N); the sibling index j < C is a loop only where the rule is
+# sequential). pn (B, N, V): the normalised p at every node; x (B, N, C): its drafted children's
+# tokens in draft order, -1 padded (after the real ones); kids (B, N, C): their node ids (padding
+# 0, marked by x < 0); q (B, N, V): the normalised drafter distributions (SampledRule) or None.
+# It returns
+#   a (B, N, C): the probability that child j is accepted once the children before it were
+#       rejected (0 on padding);
+#   resid (B, N, V'): the residual once every child was rejected, unnormalised (V' >= V, the
+#       columns past V zero): a bonus at the node is drawn from it;
+#   law (B, N, V'): the law of the token committed at the node given its drafts, or None where
+#       that law is p (exact rules; sampled drafts, marginally over the draws).
+# Padding reads and writes a dump column V (`_dumped`), where r is 0, so a padded slot changes
+# nothing.
+
+def _dumped(pn: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    """(pn with a zero dump column V (B, N, V + 1), x with its padding sent to V)."""
+    V = pn.shape[-1]
+    return F.pad(pn, (0, 1)), torch.where(x >= 0, x, V)
+
+
+def _draft_mass(pn: Tensor, x: Tensor) -> Tensor:
+    """p at the drafted siblings x (B, N, C), 0 on padding and on a token repeated from an earlier
+    sibling (its mass was already removed when that sibling was rejected)."""
+    slots = torch.arange(x.shape[-1], device=x.device)
+    repeat = ((x[..., :, None] == x[..., None, :]) & (slots[:, None] > slots[None, :])).any(-1)
+    return torch.where(repeat | (x < 0), 0.0, pn.gather(2, x.clamp(min=0)))
+
 
 @dataclass(frozen=True)
 class ExactRule:
-    """Deterministic drafts (q one-hot): accept w.p. r(x); on rejection r(x) = 0."""
+    """Deterministic drafts (q one-hot): accept w.p. r(x); on rejection r(x) = 0. In closed form
+    over the siblings: a_j = p(x_j) / (the mass outside x_<j), the residual is p without the
+    drafts, and the committed token's law is p."""
 
     needs_q = False
     law_given_drafts = True
 
-    def step(self, r: Tensor, x: Tensor, q: Optional[Tensor]):
-        rn = _normalize(r)
-        a = rn.gather(1, x[:, None])[:, 0]
-        return a, _zero1(rn, x), q
+    def scan(self, pn: Tensor, x: Tensor, kids: Tensor, q: Optional[Tensor]):
+        px = _draft_mass(pn, x)                                              # (B, N, C)
+        resid = pn.scatter_add(2, x.clamp(min=0), -px)                       # the drafts' entries: 0
+        after = px.flip(-1).cumsum(-1).flip(-1)                              # mass of x_j, x_j+1, ...
+        left = resid.sum(-1, keepdim=True) + after                           # mass outside x_<j
+        return px / left.clamp(min=1e-30), resid, None
 
 
 @dataclass(frozen=True)
@@ -148,18 +180,25 @@ class SampledRule:
     needs_q = True
     law_given_drafts = False
 
-    def step(self, r: Tensor, x: Tensor, q: Tensor):
-        rn, qn = _normalize(r), _normalize(q)
-        rx, qx = rn.gather(1, x[:, None])[:, 0], qn.gather(1, x[:, None])[:, 0]
-        drawn = qx > 0
-        a = torch.where(drawn, (rx / qx.clamp(min=1e-30)).clamp(max=1.0), 0.0)
-        r_rej = torch.where(drawn[:, None], (rn - qn).clamp(min=0.0), rn)
-        return a, r_rej, _zero1(qn, x)
+    def scan(self, pn: Tensor, x: Tensor, kids: Tensor, q: Tensor):
+        r, xd = _dumped(pn, x)
+        qq = F.pad(q, (0, 1))
+        acc = []
+        for j in range(x.shape[-1]):   # sequential: r and q change with every rejection
+            xj = xd[:, :, j, None]
+            zr, zq = r.sum(-1, keepdim=True).clamp(min=1e-30), qq.sum(-1, keepdim=True).clamp(min=1e-30)
+            rx, qx = r.gather(2, xj) / zr, qq.gather(2, xj) / zq            # (B, N, 1) normalised
+            drawn = qx > 0
+            acc.append(torch.where(drawn, (rx / qx.clamp(min=1e-30)).clamp(max=1.0), 0.0))
+            r = torch.where(drawn, (r / zr - qq / zq).clamp(min=0.0), r)
+            qq = qq.scatter(2, xj, 0.0)
+        return torch.cat(acc, -1), r, None
 
 
 @dataclass(frozen=True)
 class LanternRule:
-    """LANTERN relaxed acceptance (see module docstring); neighbors (V, K_nb) nearest first."""
+    """LANTERN relaxed acceptance (see module docstring); neighbors (V, K_nb) nearest first
+    (distinct, self excluded: what `lisa-trt calibrate` makes)."""
 
     neighbors: Tensor
     k: int
@@ -169,31 +208,43 @@ class LanternRule:
     needs_q = False
     law_given_drafts = True
 
-    @property
-    def per_node(self) -> bool:
-        return self.delta_nodes is not None
+    def scan(self, pn: Tensor, x: Tensor, kids: Tensor, q: Optional[Tensor]):
+        r, xd = _dumped(pn, x)
+        V = pn.shape[-1]
+        nb = torch.where(x[..., None] >= 0, self.neighbors[:, : self.k][x.clamp(min=0)], V)  # (B, N, C, k)
+        idx = torch.cat([xd[..., None], nb], -1)                             # the sibling, its neighbours
+        z = pn.sum(-1)
+        nums, zs = [], []
+        for j in range(x.shape[-1]):   # sequential: each rejection zeroes mass the next ones see
+            ij = idx[:, :, j]
+            vals = r.gather(2, ij)                                           # r(x), r(neighbours)
+            c = vals[..., 1:].cumsum(-1)                                     # c_1..c_k (unnormalised)
+            merged = c <= self._threshold(vals[..., 0], z)[..., None]      # a prefix: c is nondecreasing
+            nums.append(vals[..., 0] + (c * merged).amax(-1))                # r(x) + c_m
+            zs.append(z)
+            r = self._reject(r, ij, merged, vals[..., 1:])
+            z = r.sum(-1)
+        a = (torch.stack(nums, -1) / torch.stack(zs, -1).clamp(min=1e-30)).clamp(max=1.0)
+        return a, r, _sibling_law(r, z, a, xd)
 
-    def prepare(self, nodes: Tensor, parent: Tensor):
-        """Per level (siblings nodes (B, C), their parent (B,)): the parent's budget."""
-        return self.delta_nodes[torch.arange(parent.shape[0], device=parent.device), parent]
+    def _threshold(self, rx: Tensor, z: Tensor) -> Tensor:
+        """The merge bound on the unnormalised neighbour mass: delta z (per parent when
+        modulated), or (delta - 1) r(x) in lambda mode (delta > 1)."""
+        if self.delta_nodes is not None:
+            return self.delta_nodes * z
+        return (self.delta - 1.0) * rx if self.delta > 1.0 else self.delta * z
 
-    def step_slot(self, r: Tensor, x: Tensor, q: Optional[Tensor], ctx, j: int):
-        return self.step(r, x, q, ctx)
-
-    def step(self, r: Tensor, x: Tensor, q: Optional[Tensor], delta=None):
-        rn = _normalize(r)
-        nb, m, c_m = _lantern_merge(rn, x, self.neighbors, self.k, self.delta if delta is None else delta)
-        a = (rn.gather(1, x[:, None])[:, 0] + c_m).clamp(max=1.0)
-        if self.residual == "clean":
-            drop = torch.where(torch.arange(nb.shape[1], device=nb.device) < m[:, None], nb, -1)
-        else:  # "lantern_repo": x and its first k neighbours, merged or not
-            drop = nb
-        r_rej = _zero(rn, torch.cat([x[:, None], drop], 1))
-        if self.residual != "clean":   # over-pruning can empty the row: fall back to clean
-            clean = _zero(rn, torch.cat([x[:, None], torch.where(
-                torch.arange(nb.shape[1], device=nb.device) < m[:, None], nb, -1)], 1))
-            r_rej = torch.where(r_rej.sum(-1, keepdim=True) > 0, r_rej, clean)
-        return a, r_rej, q
+    def _reject(self, r: Tensor, ij: Tensor, merged: Tensor, nb_mass: Tensor) -> Tensor:
+        """r with x (ij[..., 0]) and its merged neighbours zeroed (clean), or x and all its first k
+        neighbours (lantern_repo) unless that empties the row (then clean)."""
+        over = None
+        if self.residual != "clean":
+            over = r.scatter(2, ij, 0.0)
+        r.scatter_(2, ij[..., 1:], torch.where(merged, 0.0, nb_mass))
+        r.scatter_(2, ij[..., :1], 0.0)
+        if over is None:
+            return r
+        return torch.where(over.sum(-1, keepdim=True) > 0, over, r)
 
 
 def _lantern_merge(rn: Tensor, x: Tensor, neighbors: Tensor, k: int, delta: float):
@@ -252,8 +303,10 @@ def lantern_relaxed_distribution(p: Tensor, x: Tensor, neighbors: Tensor, *, k: 
 class GASVRule:
     """GASV v2 sibling step (spec/lisa.md step 5) on per-node gates from gasv.gasv_gates.
 
-    cand, gate: (B, N, K) candidates of each node's token and their gates at its parent;
-    delta_eff: (B, N) each node's budget as a parent.
+    cand, gate: (B, N, K) candidates of each node's token and their gates at its parent (what
+    gasv_gates makes: distinct candidates, -1 padded, the token itself excluded; gates in [0, 1],
+    so a lent mass never exceeds the residual it comes from); delta_eff: (B, N) each node's
+    budget as a parent.
     """
 
     cand: Tensor
@@ -261,77 +314,77 @@ class GASVRule:
     delta_eff: Tensor
     needs_q = False
     law_given_drafts = True
-    per_node = True
 
-    def prepare(self, nodes: Tensor, parent: Tensor):
-        """Per level (siblings nodes (B, C), their parent (B,)): the siblings' candidates (clamped)
-        and gates (B, C, K), and the parent's budget (B,), gathered once for every sibling."""
-        rows = torch.arange(nodes.shape[0], device=nodes.device)
-        return (self.cand[rows[:, None], nodes].clamp(min=0), self.gate[rows[:, None], nodes],
-                self.delta_eff[rows, parent])
+    def scan(self, pn: Tensor, x: Tensor, kids: Tensor, q: Optional[Tensor]):
+        B, N, C = x.shape
+        K = self.cand.shape[-1]
+        r, xd = _dumped(pn, x)
+        flat = kids.reshape(B, N * C, 1).expand(B, N * C, K)
+        cand, gate = self.cand.gather(1, flat).view(B, N, C, K), self.gate.gather(1, flat).view(B, N, C, K)
+        idx = torch.cat([xd[..., None], cand], -1)                           # the sibling, its candidates
+        idx = torch.where((idx >= 0) & (x >= 0)[..., None], idx, pn.shape[-1])
+        # per sibling j a contiguous (B N, 1 + K, 1) block, column 0 (the sibling itself) 0
+        gate = F.pad(gate, (1, 0)).permute(2, 0, 1, 3).reshape(C, B * N, K + 1, 1)
+        # the update of r at idx is vals * (gate s - e0): the candidates lose m, the sibling all of r(x)
+        e0 = -F.pad(torch.ones(1, device=pn.device), (0, K))
+        neg_delta, floor = -self.delta_eff, torch.full((), -1.0, device=pn.device)
+        z = pn.sum(-1)
+        nums, zs = [], []
+        for j in range(C):   # sequential: each sibling lends from the residual the earlier ones left
+            ij, gj = idx[:, :, j], gate[j]
+            vals = r.gather(2, ij)                                           # r(x), r(candidates)
+            m = torch.bmm(vals.view(B * N, 1, K + 1), gj).view(B, N)        # M = sum r g (unnormalised)
+            s = torch.fmax(neg_delta * z / m, floor)    # -min(1, delta z / M); M = 0 (0 / 0 too): -1, moves 0
+            nums.append(torch.addcmul(vals[..., 0], m, s, value=-1.0))       # r(x) + the moved mass
+            zs.append(z)
+            r.scatter_add_(2, ij, vals * torch.addcmul(e0, gj.view(B, N, K + 1), s[..., None]))  # r - m, r(x) = 0
+            z = r.sum(-1)
+        a = (torch.stack(nums, -1) / torch.stack(zs, -1).clamp(min=1e-30)).clamp(max=1.0)
+        return a, r, _sibling_law(r, z, a, xd)
 
-    def step_slot(self, r: Tensor, x: Tensor, q: Optional[Tensor], ctx, j: int):
-        from .gasv import moved_mass
 
-        cand, gate, delta = ctx[0][:, j], ctx[1][:, j], ctx[2]                  # (B, K), (B, K), (B,)
-        rn = _normalize(r)
-        m = moved_mass(rn, cand, gate, delta)
-        a = (rn.gather(1, x[:, None])[:, 0] + m.sum(-1)).clamp(max=1.0)
-        r_rej = (rn.scatter_add(1, cand, -m)).clamp(min=0.0)
-        return a, _zero1(r_rej, x), q
+def _sibling_law(resid: Tensor, z: Tensor, a: Tensor, xd: Tensor) -> Tensor:
+    """(B, N, V') law of the token committed at every node given its drafts xd (B, N, C) (padding
+    in the dump column): child j w.p. reach_j a_j, reach_j = prod_{i<j} (1 - a_i), else a draw from
+    the final residual (unnormalised, its mass z (B, N))."""
+    reach = torch.cumprod(1.0 - a, -1)                                       # after sibling j
+    before = F.pad(reach[..., :-1], (1, 0), value=1.0)
+    law = resid * (reach[..., -1] / z.clamp(min=1e-30))[..., None]
+    return law.scatter_add(2, xd, before * a)
 
 
 # ----------------------------------------------------------------------------- the tree walk
 
-def _scan_siblings(r: Tensor, drafts: Tensor, u: Tensor, rule, q: Optional[Tensor],
-                   nodes: Optional[Tensor] = None, parent: Optional[Tensor] = None, normalized: bool = False):
-    """Try the drafted siblings (B, C) (-1 padded) in order against r (B, V).
+def _walk(tree: DraftTree, choice: Tensor, D: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The accepted path of every row from the choices at every node, without a walk.
 
-    nodes (B, C) (the siblings' node ids) and parent (B,) are passed to per-node rules;
-    normalized: r is already `_normalize`d (the caller's copy is reused).
-
+    choice (B, N): the sibling index of the child accepted at each node (>= its number of
+    children: none). A node is on the path when it and each of its ancestors below the root was
+    the child accepted at its parent (`DraftTree.child_ranks`: -1 for the root and invalid nodes).
     Returns:
-        choice (B,) slot of the accepted sibling or -1; residual (B, V) after rejecting every
-        sibling; out (B, V) the exact distribution of the token committed here.
+        buf (B, D + 2): the path's nodes by depth, root first, then -1 (path = buf[:, :D + 1]);
+        accept_len (B,); last (B,) the deepest accepted node.
     """
-    B, V = r.shape
-    C = drafts.shape[1]
-    out = torch.zeros(B, V, device=r.device)
-    reach = torch.ones(B, device=r.device)
-    choice = torch.full((B,), -1, dtype=torch.long, device=r.device)
-    if not normalized:
-        r = _normalize(r)
-    # Every sibling slot is scanned with its padding masked (no host read of which slots are real:
-    # a padded slot changes nothing, a = 0 and r kept), so the step has the same ops every time.
-    real = drafts >= 0                                                       # (B, C)
-    realf = real.to(r.dtype)
-    xs_all = drafts.clamp(min=0)
-    slot = torch.arange(C, device=r.device)
-    ctx = rule.prepare(nodes.clamp(min=0), parent) if getattr(rule, "per_node", False) else None
-    for j in range(C):
-        xs = xs_all[:, j]
-        a, r_rej, q_rej = rule.step(r, xs, q) if ctx is None else rule.step_slot(r, xs, q, ctx, j)
-        a = a * realf[:, j]                            # padding: a = 0 (so u < a never holds there)
-        out.scatter_add_(1, xs[:, None], (reach * a)[:, None])
-        reach = reach * (1.0 - a)
-        choice = torch.where((choice < 0) & (u[:, j] < a), slot[j], choice)
-        # The residual chain assumes every sibling so far was rejected: it is only used (for the
-        # bonus and for `out`) when that is the case.
-        r = torch.where(real[:, j, None], _normalize(r_rej), r)
-        if q is not None:
-            q = torch.where(real[:, j, None], q_rej, q)
-    return choice, r, out + reach[:, None] * r
+    B, N = choice.shape
+    picked = choice.gather(1, tree.parents.clamp(min=0)) == tree.child_ranks()
+    on_path = (tree.ancestors[..., 1:] <= picked[:, None, 1:]).all(-1)      # (B, N)
+    accept_len = on_path.sum(1) - 1
+    buf = torch.full((B, D + 2), -1, dtype=torch.long, device=choice.device)
+    nodes = torch.where(on_path, torch.arange(N, device=choice.device), -1)
+    buf.scatter_(1, torch.where(on_path, tree.depths, D + 1), nodes)        # off the path: column D + 1
+    return buf, accept_len, buf.gather(1, accept_len[:, None])[:, 0]
 
 
 def verify_tree(p: Tensor, tree: DraftTree, generator: Optional[torch.Generator], rule, *,
                 p_ref: Optional[Tensor] = None) -> VerifyResult:
-    """Generic sampling verification (the engine of verify_exact / _sampled / lantern / gasv).
+    """Generic sampling verification (the engine of verify_exact / _sampled / lantern / gasv):
+    the rule's scan at every node at once, the accepted path from the choices, one bonus draw.
 
     Args:
         p: (B, N, V) target distribution at every node that the rule verifies against.
         tree: DraftTree (B rows, N nodes); tree.child_q is required by SampledRule.
         generator: torch.Generator on p's device (None = the global RNG).
-        rule: ExactRule() | SampledRule() | LanternRule(...).
+        rule: ExactRule() | SampledRule() | LanternRule(...) | GASVRule(...).
         p_ref: (B, N, V) raw target for the distortion stats (default p).
     Returns:
         VerifyResult.
@@ -341,46 +394,36 @@ def verify_tree(p: Tensor, tree: DraftTree, generator: Optional[torch.Generator]
         raise InputError("the sampled-draft rule needs tree.child_q (the drafter distributions "
                          "the children were sampled from); build with build_static_tree(sample=True)")
     dev, D = p.device, tree.max_depth
-    p_ref = p if p_ref is None else p_ref
     kids = tree.children()                                                  # (B, N, C)
     C = kids.shape[-1]
-    u_acc = uniform((B, D + 1, max(C, 1)), generator, dev)
+    u_acc = uniform((B, D + 1, max(C, 1)), generator, dev)   # node n draws from row depths[n]
     u_bonus = uniform((B,), generator, dev)
-    rows = torch.arange(B, device=dev)
-    cur = torch.zeros(B, dtype=torch.long, device=dev)
-    alive = torch.ones(B, dtype=torch.bool, device=dev)
-    path = torch.full((B, D + 1), -1, dtype=torch.long, device=dev)
-    path[:, 0] = 0
-    out_tok = torch.full((B, D + 1), -1, dtype=torch.long, device=dev)
-    pos_tvd = torch.zeros(B, D + 1, device=dev)
-    for level in range(D + 1):
-        ch = kids[rows, cur]                                                # (B, C)
-        drafts = torch.where(ch >= 0, tree.tokens.gather(1, ch.clamp(min=0)), -1)
-        q = tree.child_q[rows, cur].float() if rule.needs_q else None
-        pn = _normalize(p[rows, cur].float())  # the scan starts from it; the stats compare with it
-        if level < D:
-            choice, resid, dist = _scan_siblings(pn, drafts, u_acc[:, level], rule, q, ch, cur, normalized=True)
-        else:  # a node at the deepest level has no children: nothing to scan (rows stopped earlier are masked)
-            choice, resid, dist = torch.full_like(cur, -1), pn, pn
-        law = dist if rule.law_given_drafts else pn
-        ref = pn if p_ref is p else _normalize(p_ref[rows, cur].float())
-        pos_tvd[:, level] = torch.where(alive, tvd(ref, law), 0.0)
-        acc = alive & (choice >= 0)
-        # every level runs (rows that stopped are masked), so no value is read back to decide the
-        # loop; the residual where a row stops is kept for its bonus
-        stop_resid = resid if level == 0 else torch.where((alive & ~acc)[:, None], resid, stop_resid)
-        if level == D:
-            break
-        nxt = ch.gather(1, choice.clamp(min=0)[:, None])[:, 0] if C else cur
-        acc_tok = drafts.gather(1, choice.clamp(min=0)[:, None])[:, 0] if C else cur
-        out_tok[:, level] = torch.where(acc, acc_tok, -1)
-        path[:, level + 1] = torch.where(acc, nxt, -1)
-        cur = torch.where(acc, nxt, cur)
-        alive = acc
-    accept_len = (path >= 0).sum(1) - 1
-    bonus = _sample(stop_resid, u_bonus)  # drawn once, from u_bonus (consumed up front), where each row stopped
-    out_tok.scatter_(1, accept_len[:, None], bonus[:, None])
-    return VerifyResult(path, accept_len, bonus, out_tok, pos_tvd)
+    pn = _normalize(p.float())
+    law = None
+    if C:
+        kc = kids.clamp(min=0)
+        x = torch.where(kids >= 0, tree.tokens[:, None, :].expand(B, N, N).gather(2, kc), -1)
+        a, resid, law = rule.scan(pn, x, kc, tree.child_q.float() if rule.needs_q else None)
+        u = u_acc.gather(1, tree.depths.clamp(max=D)[:, :, None].expand(B, N, C))
+        choice = torch.where(u < a, torch.arange(C, device=dev), C).amin(-1)  # first accepted child
+    else:  # a root alone: nothing to scan
+        resid, choice = pn, torch.zeros(B, N, dtype=torch.long, device=dev)
+    buf, accept_len, last = _walk(tree, choice, D)
+    bonus = _sample(resid.gather(1, last[:, None, None].expand(B, 1, resid.shape[-1]))[:, 0, :V], u_bonus)
+    nxt = buf[:, 1:]                                                        # the accepted drafts' nodes
+    tokens = torch.where(nxt >= 0, tree.tokens.gather(1, nxt.clamp(min=0)), -1)
+    tokens = tokens.scatter(1, accept_len[:, None], bonus[:, None])
+    path = buf[:, : D + 1]
+    return VerifyResult(path, accept_len, bonus, tokens, _pos_tvd(pn, law, p_ref, path))
+
+
+def _pos_tvd(pn: Tensor, law: Optional[Tensor], p_ref: Optional[Tensor], path: Tensor) -> Tensor:
+    """(B, D + 1) TVD(p_ref, law) at each committed position's node (its parent), 0 past the path."""
+    if law is None and p_ref is None:   # the law is p itself
+        return torch.zeros(path.shape, device=pn.device)
+    ref = pn if p_ref is None else _normalize(p_ref.float())
+    node = tvd(ref, pn if law is None else law[..., : pn.shape[-1]])       # (B, N)
+    return torch.where(path >= 0, node.gather(1, path.clamp(min=0)), 0.0)
 
 
 def _check_p(p: Tensor, tree: DraftTree) -> tuple[int, int, int]:
@@ -435,7 +478,7 @@ def verify_lantern(p: Tensor, tree: DraftTree, generator: Optional[torch.Generat
     _check_lantern(neighbors, k, delta, residual, p.shape[-1])
     if delta_nodes is not None:
         delta_nodes = _check_delta_nodes(delta_nodes, p, delta)
-    rule = LanternRule(neighbors.to(p.device), int(k), float(delta), residual, delta_nodes)
+    rule = LanternRule(neighbors.to(p.device).long(), int(k), float(delta), residual, delta_nodes)
     return verify_tree(p, tree, generator, rule)
 
 
