@@ -90,7 +90,7 @@ MUTATIONS = [
       ["tests/deploy/test_plan_two_copies.py", "tests/engines/test_plan.py"], "two weight copies counted once"),
     # -- the new-rows KV commit and attention
     M("kv_commit_off_by_one", "KV commit", "lisa_trt/engines/graph.py",
-      "commit_rows(b[i], rows, slots.to(b[i].device))", "commit_rows(b[i], rows, (slots + 1).to(b[i].device))",
+      "slots.to(cache.k[0].device))", "(slots + 1).to(cache.k[0].device))",
       ["tests/engines/test_kv_rows.py"], "new rows committed one slot late"),
     M("rows_attention_stale_slots", "KV attention", "lisa_trt/models/layers.py",
       "m_cache = mask & ~fresh[:, None, None, :]", "m_cache = mask",

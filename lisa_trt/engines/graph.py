@@ -135,12 +135,11 @@ class _KVEngine:
     def _run_kv(self, runner: GraphRunner, cache, n_layer: int, inputs: dict, outputs: dict) -> dict:
         """Run with the cache as a read-only input, then commit the graph's new rows (present.*)
         into the cache at the call's slots (`cache_slots`; a prefill without them: 0..T-1), S rows
-        per layer (models/layers.commit_rows): the only cache write of a call, on every backend.
+        of every layer in one write (models/layers.KVCache.commit): the only cache write of a call, on
+        every backend.
 
         The cache buffers travel as one StaticTensors per (runner, cache buffers), so a backend
         binds them once per cache and then only the per-step tensors."""
-        from ..models.layers import commit_rows
-
         bufs = cache.k + cache.v
         st = self._static.get(id(runner))
         if st is None or len(st.key) != len(bufs) or any(a is not b for a, b in zip(st.key, bufs)):
@@ -149,13 +148,11 @@ class _KVEngine:
             st = self._static[id(runner)] = StaticTensors(past, {}, key=tuple(bufs))
         out = runner.run_static(inputs, outputs, st)
         slots = inputs.get("cache_slots")
-        for i in range(n_layer):
-            for part, b in (("key", cache.k), ("value", cache.v)):
-                rows = out[f"present.{i}.{part}"]
-                if slots is None:
-                    B, _, T, _ = rows.shape
-                    slots = torch.arange(T, device=rows.device)[None, :].expand(B, T)
-                commit_rows(b[i], rows, slots.to(b[i].device))
+        k_rows = [out[f"present.{i}.key"] for i in range(n_layer)]
+        if slots is None:
+            B, _, T, _ = k_rows[0].shape
+            slots = torch.arange(T, device=k_rows[0].device)[None, :].expand(B, T)
+        cache.commit(k_rows, [out[f"present.{i}.value"] for i in range(n_layer)], slots.to(cache.k[0].device))
         return out
 
 
