@@ -1,8 +1,10 @@
-"""The resolve step: a run's source, family, method, sampling and speculation settings, as objects, once.
+"""The resolve step: a run's plan (source, family, manifest, method, sampling, speculation settings,
+seed, conditions adapter), as one frozen object, once.
 
-Every `lisa-trt` command, `Pipeline`, `lisa-trt bench` and `lisa-trt serve` build their settings
-here, and hand the objects down (a `Method`, a `SamplingConfig`, a `SpecConfig`) instead of
-names and loose values:
+Every `lisa-trt` command builds its `RunContext` here; `Pipeline.plan` builds one per request of
+the API, serve and the OpenAI front end. The plan is handed down as is (a `Method`, a
+`SamplingConfig`, a `SpecConfig`, never names and loose values) to the one runner,
+runtime/runner.decode:
 
     rc = resolve("demo", verify="gasv", sampling={"cfg_scale": 4.0, "seed": 3},
                  tree={"tree_depth": 3}, knobs={"gasv_kappa": 2.0})
@@ -11,6 +13,7 @@ names and loose values:
     rc.spec          # SpecConfig: given tree and rule knobs (resolve_spec)
     rc = rc.bind(rc.load_target())   # the target: tuned tree for the backend, top-k vs its vocabulary
     rc.run("generate", generic_entry, out_dir=..., echo=click.echo)
+    plan = rc.settle(pipe)           # an engine directory: "auto" and the bundle's defaults settled once
 
 `RunContext.run` calls the one entry the caller passes for every family; what differs between
 families comes from the family's hooks and capabilities (models/family.py: `conditioning`, through

@@ -375,7 +375,8 @@ class Pipeline:
 
     def spec(self, verify, **over) -> SpecConfig:
         """The bundle's tree budget for this backend, with `over` (flat SpecConfig names) applied;
-        None values in `over` keep the bundle's setting. `verify`: a method name or Method."""
+        None values in `over` keep the bundle's setting. `verify`: a Method, or a name (`method`)."""
+        verify = verify if isinstance(verify, Method) else self.method(verify)[0]
         tree = {k: v for k, v in over.items() if k in TREE_NAMES}
         knobs = {k: v for k, v in over.items() if k not in TREE_NAMES}
         default = _tree_budget(self._e.generation, self._e.backend) or self.family.default_tree
