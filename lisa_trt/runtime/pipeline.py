@@ -487,8 +487,8 @@ class Pipeline:
         (the decode loop's own message names the CLI's --drafter / --tables)."""
         e = self._e
         if method.needs_drafter and e.drafter is None and method.drafter_factory is None:
-            raise InputError(f"verify={method.name!r} needs a drafter: Pipeline.from_models(target, drafter, ...) or "
-                             "Pipeline.from_dir of a bundle exported with one; or verify='vanilla'")
+            raise InputError(f"verify={method.name!r} needs a drafter and this pipeline has none (an engine directory "
+                             "exported with one, or Pipeline.from_models(target, drafter, ...)); or verify='vanilla'")
         if method.needs_tables and e.tables is None and e.gasv is None:
             raise InputError(f"verify={method.name!r} needs calibration tables: Pipeline.from_models(target, drafter, "
                              "tables, ...) or Pipeline.from_dir of a bundle exported with them; or verify='exact'")
