@@ -27,8 +27,9 @@ from .config import SamplingConfig
 from .errors import InputError
 from .io import write_json
 from .speculative.methods import FLAT_FIELDS, METHODS, SpecConfig, method_names
-from .speculative.run import run_method
-from .runtime.context import resolve_method
+from .runtime.context import RunContext, resolve_method
+from .runtime.runner import Engines, decode
+from .speculative.run import run_method  # noqa: F401 (tests/drafters/test_oracle.py imports it from here)
 
 
 def parse_methods(text: str) -> list[str]:
@@ -99,8 +100,9 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
     """Run every method / sweep point on one image per entry of `classes` (batch 1, seed + i).
 
     Args:
-        methods: rule names or Methods (each run with `spec`), looked up once here.
-        runs: extra labelled points [(label, rule, {SpecConfig field: value})] (`parse_sweep`).
+        methods: rule names or Methods (each run with `spec`), looked up once here (`_bench_points`).
+        runs: extra labelled points [(label, rule name or Method, {SpecConfig field: value})] (`parse_sweep`).
+        sjd_window: the Jacobi window of every point (over `spec`'s).
         scorer_fn: optional (images, labels) -> (class_acc, fd_demo): the artifact set's scorer alone,
             for benches too small for a quality reference (fewer than 32 images).
         decode_fn: optional tokens -> images for the scorer / quality harness.
@@ -117,13 +119,17 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
     t2i = isinstance(classes, tuple) or requests is not None  # no class labels to score
     cls = classes if t2i else torch.as_tensor(classes).long()
     n_images = len(requests) if requests is not None else cond_len(cls)
-    runner = _Runner(target, drafter, tables, sampling, sjd_window, gasv, cls, requests)
-    specs = {label: spec.replace(**over) for label, _, over in todo}  # every point checked before any run
+    if sjd_window is not None:
+        spec = spec.replace(sjd_window=sjd_window)  # the setting's own check (>= 1)
+    runner = _Runner(Engines(target, drafter, tables, gasv), cls, requests)
+    # every point's plan, checked before any run
+    plans = {label: RunContext(source=None, family=None, method=m, sampling=sampling, spec=spec.replace(**over),
+                               seed=seed) for label, m, over in todo}
     for m in {m.name: m for _, m, _ in todo}.values():  # warm-up (allocations, thread pools), not timed
-        runner(m, 0, spec, seed)
+        runner(RunContext(source=None, family=None, method=m, sampling=sampling, spec=spec, seed=seed), 0)
     results, tokens = {}, {}
     for label, m, over in todo:
-        results[label], tokens[label] = _measure(runner, label, m, over, specs[label], seed, n_images, progress)
+        results[label], tokens[label] = _measure(runner, label, over, plans[label], n_images, progress)
     _add_speedups(results, baseline.name)
     if not t2i:
         _add_quality(results, tokens, baseline.name, cls, decode_fn=decode_fn, scorer_fn=scorer_fn, quality=quality)
@@ -134,17 +140,19 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
     settings = {"num_images": n_images, "seed": seed, **({} if t2i else {"classes": cls.tolist()}),
                 "sampling": dataclasses.asdict(sampling), "spec": dataclasses.asdict(spec),
                 "knobs": spec.flat(),  # every method's knob in effect (zipar_window, sjd_window, ...)
-                "sjd_window": spec.settings("sjd").window if sjd_window is None else sjd_window,
+                "sjd_window": spec.settings("sjd").window,
                 "torch_threads": torch.get_num_threads(),
                 **(settings_extra or {})}
     return {"settings": settings, "results": results}
 
 
 def _bench_points(methods, runs) -> tuple:
-    """(the AR baseline, [(label, Method, SpecConfig overrides)]): the baseline first unless listed."""
-    baseline = resolve_method(method_names("ar")[0])
-    todo = [(m.name, m, {}) for m in map(resolve_method, methods)]
-    todo += [(label, resolve_method(rule), over) for label, rule, over in runs or []]
+    """(the AR baseline, [(label, Method, SpecConfig overrides)]): the baseline first unless listed.
+    Every point's method looked up once, here (a Method passes as is)."""
+    runs = list(runs or [])
+    baseline, *ms = [resolve_method(x) for x in [method_names("ar")[0], *methods, *(r for _, r, _ in runs)]]
+    todo = [(m.name, m, {}) for m in ms[:len(methods)]]
+    todo += [(label, m, over) for (label, _, over), m in zip(runs, ms[len(methods):])]
     if baseline not in [m for _, m, _ in todo]:
         todo = [(baseline.name, baseline, {})] + todo
     labels = [t[0] for t in todo]
@@ -155,14 +163,9 @@ def _bench_points(methods, runs) -> tuple:
 
 @dataclasses.dataclass(frozen=True)
 class _Runner:
-    """One image of the bench with a given method: what every bench point shares."""
+    """One image of the bench under a point's plan (runtime/runner.decode): what every point shares."""
 
-    target: object
-    drafter: object
-    tables: object
-    sampling: SamplingConfig
-    sjd_window: Optional[int]
-    gasv: object
+    engines: Engines
     cls: object  # class ids or a caption condition; unused with requests
     requests: Optional[list]
 
@@ -174,19 +177,20 @@ class _Runner:
 
         return cond_rows(self.cls, i, i + 1), None
 
-    def __call__(self, method, i: int, spec: SpecConfig, seed: int):
+    def __call__(self, plan: RunContext, i: int):
+        """Image i under `plan` (seed: the plan's + i)."""
         cond, layout = self.image(i)
-        return run_method(method, self.target, self.drafter, self.tables, cond, sampling=self.sampling, spec=spec,
-                          seed=seed, sjd_window=self.sjd_window, gasv=self.gasv, layout=layout)
+        return decode(plan, self.engines, cond, seed=plan.seed + i, layout=layout)
 
 
-def _measure(runner: _Runner, label: str, m, over: dict, spec: SpecConfig, seed: int, n_images: int,
+def _measure(runner: _Runner, label: str, over: dict, plan: RunContext, n_images: int,
              progress: bool) -> tuple[dict, torch.Tensor]:
-    """Method `m` on every image (seed + i), each timed -> (its result row, its tokens)."""
+    """A point's plan on every image (seed + i), each timed -> (its result row, its tokens)."""
+    m = plan.method
     secs, stats_all, toks = [], [], []
     for i in iterate(range(n_images), progress, desc=f"bench {label}"):
         t0 = time.perf_counter()  # the condition's slicing is timed too
-        tk, st = runner(m, i, spec, seed + i)
+        tk, st = runner(plan, i)
         secs.append(time.perf_counter() - t0)
         stats_all.append(st)
         toks.append(tk)
@@ -375,14 +379,13 @@ def bench_command(rc, *, drafter, tables, methods, num_images, classes, captions
     from .artifacts import default_drafter
     from .runtime.context import spec_artifacts
 
-    ms = parse_methods(methods)
+    _, points = _bench_points(parse_methods(methods), [r for text in sweeps for r in parse_sweep(text)])
     rc = rc.load(counts={"--num-images": num_images}, files={"--json file": json_path, "--plot file": plot_path},
                  captions=captions, encoder_dir=encoder_dir)
     size = rc.given.get("image_size") or _bundle_image_size(engine_dir)  # --image-size, else the bundle's
     conds, texts, requests = rc.conditions.images(rc, num_images, classes=classes, captions=captions,
                                                   encoder_dir=encoder_dir, image_size=size)  # before engines load
-    runs = [r for text in sweeps for r in parse_sweep(text)]
-    dr, tb = spec_artifacts(rc.source, rc.target, ms + [m for _, m, _ in runs], drafter, tables,
+    dr, tb = spec_artifacts(rc.source, rc.target, [m for _, m, _ in points], drafter, tables,
                             requests[0].layout.sub_vocab if requests else None)
     engines = (rc.target, dr, None) if rc.backend == "torch" else _graph_engines(rc, engine_dir, dr, tb)
     scorer_fn, decode_fn, quality = _scoring(rc, conds, texts, quality_cache)
@@ -390,8 +393,8 @@ def bench_command(rc, *, drafter, tables, methods, num_images, classes, captions
              "engine_dir": None if engine_dir is None else str(engine_dir),
              "gasv": gasv_in_effect(rc.spec, tb, engine_dir), "command": " ".join(sys.argv),
              **({"captions": texts} if texts is not None else {})}
-    report = run_bench(engines[0], engines[1], tb, ms, conds, sampling=rc.sampling, spec=rc.spec, seed=rc.seed,
-                       gasv=engines[2], scorer_fn=scorer_fn, decode_fn=decode_fn, runs=runs,
+    report = run_bench(engines[0], engines[1], tb, [], conds, sampling=rc.sampling, spec=rc.spec, seed=rc.seed,
+                       gasv=engines[2], scorer_fn=scorer_fn, decode_fn=decode_fn, runs=points,
                        quality=quality, settings_extra=extra, requests=requests)
     save_bench(report, json_path, plot_path)
     _print_report(report, echo, scored=scorer_fn is not None, num_images=num_images)
@@ -467,19 +470,18 @@ def _graph_engines(rc, engine_dir, drafter, tables) -> tuple:
 
 def _scoring(rc, conds, texts, quality_cache) -> tuple:
     """(scorer_fn, decode_fn, quality reference) from the artifact set's scorer, else Nones."""
-    import torch
-
     from .models.artifact_sets import artifact_set
 
     aset = artifact_set(rc.source)
     if aset is None or aset.extra("score_images") is None:
         return None, None, None
     score_images, scorer = aset.extra("score_images"), aset.extra("load_demo_scorer")()
+    from .runtime.runner import pixels
+
     vqm, fam, hw = aset.load_vq(), rc.family, rc.target.config.grid_hw
 
-    def decode_fn(tokens):
-        with torch.no_grad():
-            return fam.codes_to_pixels(vqm, tokens.reshape(tokens.shape[0], *hw)).clamp(-1, 1)
+    def decode_fn(tokens):  # the one tokens-to-pixels path (runtime/runner.py)
+        return pixels(fam, vqm, tokens.reshape(tokens.shape[0], *hw)).clamp(-1, 1)
 
     def scorer_fn(images, labels):
         import warnings

@@ -102,3 +102,24 @@ def check_run_stats(check_mal):
         return n
 
     return check
+
+
+@pytest.fixture(scope="session")
+def parts():
+    """(target, drafter, tables, vq): the tiny c2i models with calibrated tables that the runtime and
+    serve tests build their Pipelines and bundles from (made once; no test changes them)."""
+    from lisa_trt.calibration.profile import calibrate
+    from lisa_trt.config import SamplingConfig
+    from lisa_trt.families.llamagen.vq import VQModel
+    from lisa_trt.models.drafter import Drafter
+    from lisa_trt.models.target_config import vq_config
+    from lisa_trt.testing import make_target
+
+    torch.manual_seed(0)
+    t = make_target(std=0.3)
+    d = Drafter.from_target(t).eval()
+    cfg = vq_config("VQ-16", ch=32, encoder_ch_mult=(1, 2), decoder_ch_mult=(1, 2), z_channels=32, codebook_size=256)
+    vq = VQModel(cfg).eval()
+    tables = calibrate(t, vq.codebook().detach(), num_rollouts=4, sampling=SamplingConfig(cfg_scale=2.0),
+                       progress=False)
+    return t, d, tables, vq

@@ -369,22 +369,6 @@ def run_conditions(family, cfg_or_type=None) -> RunConditions:
 
 
 
-def precheck_prompts(engine_dir, prompts_path, encoder_dir=None, *, manifest=None, family=None) -> None:
-    """`lisa-trt run`: the prompts file's checks that need no engine (its kind's `precheck_file`;
-    a caption bundle's prompts file with captions needs its encoder), before any engine is loaded.
-
-    manifest / family: the engine directory's Manifest and family when the caller has them
-    (runtime/context.RunContext); else the manifest is read from `engine_dir`."""
-    from pathlib import Path
-
-    from ..export.manifest import read_manifest
-    from ..models.family import family_of
-
-    tcfg = (manifest if manifest is not None else read_manifest(Path(engine_dir))).target_config
-    run_conditions(family if family is not None else family_of(tcfg), tcfg).precheck_file(prompts_path, tcfg,
-                                                                                          encoder_dir)
-
-
 def missing_prompts(family) -> InputError:
     """The error for a text-prompt family given no prompt."""
     return InputError(f"{family.name} models take text prompts: pass --prompt TEXT (repeat it for a batch) "

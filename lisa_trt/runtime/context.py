@@ -1,8 +1,10 @@
-"""The resolve step: a run's source, family, method, sampling and speculation settings, as objects, once.
+"""The resolve step: a run's plan (source, family, manifest, method, sampling, speculation settings,
+seed, conditions adapter), as one frozen object, once.
 
-Every `lisa-trt` command, `Pipeline`, `lisa-trt bench` and `lisa-trt serve` build their settings
-here, and hand the objects down (a `Method`, a `SamplingConfig`, a `SpecConfig`) instead of
-names and loose values:
+Every `lisa-trt` command builds its `RunContext` here; `Pipeline.plan` builds one per request of
+the API, serve and the OpenAI front end. The plan is handed down as is (a `Method`, a
+`SamplingConfig`, a `SpecConfig`, never names and loose values) to the one runner,
+runtime/runner.decode:
 
     rc = resolve("demo", verify="gasv", sampling={"cfg_scale": 4.0, "seed": 3},
                  tree={"tree_depth": 3}, knobs={"gasv_kappa": 2.0})
@@ -11,6 +13,7 @@ names and loose values:
     rc.spec          # SpecConfig: given tree and rule knobs (resolve_spec)
     rc = rc.bind(rc.load_target())   # the target: tuned tree for the backend, top-k vs its vocabulary
     rc.run("generate", generic_entry, out_dir=..., echo=click.echo)
+    plan = rc.settle(pipe)           # an engine directory: "auto" and the bundle's defaults settled once
 
 `RunContext.run` calls the one entry the caller passes for every family; what differs between
 families comes from the family's hooks and capabilities (models/family.py: `conditioning`, through
@@ -89,9 +92,9 @@ def resolve_sampling(base=None, *, vocab_size: Optional[int] = None, check: bool
     return s
 
 
-def resolve_spec(method=None, *, tree: Optional[Mapping] = None, tree_default: Optional[Mapping] = None,
+def resolve_spec(method: Optional[Method] = None, *, tree: Optional[Mapping] = None, tree_default: Optional[Mapping] = None,
                  knobs: Optional[Mapping] = None) -> SpecConfig:
-    """SpecConfig for `method` (a Method or name; None: SpecConfig's default rule).
+    """SpecConfig for `method` (the resolved Method; None: SpecConfig's default rule).
 
     A non-tree method gets the first tree method's settings (its rule parameters go unused).
     Args:
@@ -101,8 +104,9 @@ def resolve_spec(method=None, *, tree: Optional[Mapping] = None, tree_default: O
         knobs: rule knobs by SpecConfig flat name (FLAT_FIELDS: lantern_delta, gasv_kappa, ...;
             None = the tables' / dataclass value).
     """
-    m = resolve_method(method)
-    name = None if m is None else (m.name if m.kind == "tree" else method_names("tree")[0])
+    if method is not None and not isinstance(method, Method):
+        raise TypeError(f"resolve_spec takes the resolved Method (runtime/context.resolve), got {method!r}")
+    name = None if method is None else (method.name if method.kind == "tree" else method_names("tree")[0])
     flat = {TREE_NAMES[k]: v for k, v in (tree_default or {}).items() if k in TREE_NAMES and v is not None}
     flat.update({TREE_NAMES.get(k, k): v for k, v in (tree or {}).items() if v is not None})
     flat.update({k: v for k, v in (knobs or {}).items() if v is not None})
@@ -150,11 +154,11 @@ def _measured_budgets() -> dict:
 
 
 def spec_artifacts(source, target, methods, drafter, tables, sub_vocab=None) -> tuple:
-    """(drafter, tables) that `methods` need, loaded for `target` (the artifact set's own by default);
-    tables bound to `sub_vocab` (a request layout's) when given."""
+    """(drafter, tables) that `methods` (resolved Methods) need, loaded for `target` (the artifact set's
+    own by default); tables bound to `sub_vocab` (a request layout's) when given."""
     from ..artifacts import default_drafter, default_tables, load_drafter_by_name, load_tables_by_name
 
-    ms = [m for m in (resolve_method(x) for x in methods) if m is not None]
+    ms = [m for m in methods if m is not None]
     needs_drafter = [m.name for m in ms if m.needs_drafter]
     needs_tables = [m.name for m in ms if m.needs_tables]
     drafter = drafter or default_drafter(source)
@@ -226,6 +230,9 @@ class RunContext:
         manifest: an engine directory's Manifest, parsed once by `resolve` and handed down (the
             memory preflight, the prompts precheck and `Pipeline.from_dir` take it); None for a
             model source or an unreadable directory.
+        why: how `method` was settled: "NAME (asked for)", or "auto"'s reason once a bundle
+            settled it (`Pipeline.plan`, `settle`); "" before.
+        conds: the conditions adapter (runtime/conditions.py), built once (`conditions`).
     """
 
     source: Union[str, Path]
@@ -239,6 +246,8 @@ class RunContext:
     backend: str = "torch"
     target: Any = None
     manifest: Any = None
+    why: str = ""
+    conds: Any = None
 
     @property
     def verify(self) -> str:
@@ -294,18 +303,30 @@ class RunContext:
         if self.given.get("sampling", {}).get("top_k") is None:  # a default top-k (the family's) caps nothing
             s = dataclasses.replace(s, top_k=0)
         check_sampling(s, vocab_size=target.config.vocab_size)
-        spec = resolve_spec(self.method if self.method is not None else self.spec.method,
-                            tree=self.given.get("tree"), tree_default=tuned_tree(self.source, target, backend),
-                            knobs=self.given.get("knobs"))
-        return dataclasses.replace(self, target=target, family=family_of(target.config), spec=spec, backend=backend)
+        spec = resolve_spec(self.method, tree=self.given.get("tree"),
+                            tree_default=tuned_tree(self.source, target, backend), knobs=self.given.get("knobs"))
+        family = family_of(target.config)
+        return dataclasses.replace(self, target=target, family=family, spec=spec, backend=backend,
+                                   conds=_conditions(family, target.config, self.conds))
+
+    def settle(self, pipe) -> "RunContext":
+        """This run's plan on the Pipeline that opened its engine directory (`lisa-trt run`), made
+        once for every prompt: "auto" settled by the bundle's record (with why), the sampling given
+        over the bundle's defaults, the tree and knobs given over the bundle's tree (Pipeline.plan);
+        the source, manifest, family, seed and given values kept. `Pipeline.generate(plan=...)`
+        decodes it as is."""
+        g = self.given
+        p = pipe.plan(self.method or AUTO, seed=self.seed, **g.get("sampling", {}), **g.get("tree", {}),
+                      **g.get("knobs", {}))
+        return dataclasses.replace(self, method=p.method, sampling=p.sampling, spec=p.spec, why=p.why,
+                                   backend=p.backend, target=p.target, conds=p.conds)
 
     @property
     def conditions(self):
-        """The run's conditions adapter (runtime/conditions.py): the bound target's kind, or the
-        family's default before the target loads (cheap prechecks only)."""
-        from .conditions import run_conditions
-
-        return run_conditions(self.family, None if self.target is None else self.target.config)
+        """The run's conditions adapter (runtime/conditions.py), built by `resolve` (an engine
+        directory's kind, or the family's default before the target loads: cheap prechecks only)
+        and again by `bind` only when the bound target's kind differs."""
+        return self.conds if self.conds is not None else _conditions(self.family, None, None)
 
     def run(self, command: str, entry: Callable, **options):
         """`entry(self, **options)`: the one (generic) entry of `command` for every family; its
@@ -330,6 +351,18 @@ class RunContext:
         size = self.given.get("image_size") if image_size is None else image_size
         cfg = cfg_active(self.sampling.cfg_scale) if cfg is None else cfg
         return self.family.prompter(self.target, self.source).encode(list(prompts), image_size=size, cfg=cfg)
+
+
+def _conditions(family, cfg, built):
+    """The conditions adapter of `family` for `cfg` (None: the family's default kind): `built` when
+    it is already that kind's (built once per run)."""
+    from .conditions import run_conditions
+
+    if family is None:
+        return None
+    if built is not None and built.family is family and built.kind == family.conditioning(cfg):
+        return built
+    return run_conditions(family, cfg)
 
 
 def resolve(model=None, *, engine_dir=None, verify=None, default_verify: Optional[str] = None, auto: bool = False,
@@ -357,7 +390,7 @@ def resolve(model=None, *, engine_dir=None, verify=None, default_verify: Optiona
     given_s = dict(sampling or {})
     seed = given_s.pop("seed", None)
     model_cfg = dict(model_cfg or {})
-    method = resolve_method(verify, auto=auto, default=default_verify)
+    method = resolve_method(verify, auto=auto, default=default_verify)  # the run's one look-up by name
     given = {"model": model if engine_dir is None else engine_dir, "verify": verify, "sampling": given_s,
              "tree": dict(tree or {}), "knobs": dict(knobs or {}),
              "image_size": model_cfg.get("image_size") if model_cfg.pop("image_size_given", False) else None}
@@ -370,7 +403,9 @@ def resolve(model=None, *, engine_dir=None, verify=None, default_verify: Optiona
     return RunContext(source=source, family=family, method=method,
                       sampling=resolve_sampling(base, **given_s), spec=resolve_spec(method, tree=tree, knobs=knobs),
                       seed=0 if seed is None else seed, given=given, model_cfg=model_cfg, backend=backend,
-                      manifest=manifest)
+                      manifest=manifest, why="" if method is None else f"{method.name} (asked for)",
+                      conds=_conditions(family, None if manifest is None else manifest.target_config,
+                                                             None))
 
 
 __all__ = ["AUTO", "RunContext", "gasv_calibration", "resolve", "resolve_method", "resolve_sampling", "resolve_spec",

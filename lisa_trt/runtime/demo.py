@@ -111,14 +111,15 @@ def run_demo(out_dir: Path, *, num_images: int = 8, backend: str = "ort", verify
     pipe = Pipeline.from_dir(engines, backend=backend)
     names = list(class_names())
     prompts = [i % len(names) for i in range(num_images)]
-    pipe.generate(prompts[:1], seed=seed, verify="vanilla")  # warm-up (sessions, allocations)
-    pipe.generate(prompts[:1], seed=seed, verify=verify)
+    plans = {m: pipe.plan(m, seed=seed) for m in ("vanilla", verify)}  # each method's plan, made once
+    for plan in plans.values():
+        pipe.generate(prompts[:1], plan=plan)  # warm-up (sessions, allocations)
     results, images = {}, {}
     scorer = load_demo_scorer()
     for method in ("vanilla", verify):
         echo(f"generating {num_images} images with {method} ({pipe.backend}) ...")
         t0 = time.perf_counter()
-        res = pipe.generate(prompts, seed=seed, verify=method, progress=True)
+        res = pipe.generate(prompts, plan=plans[method], progress=True)
         secs = (time.perf_counter() - t0) / num_images
         imgs = torch.from_numpy(np.stack([np.asarray(im) for im in res.images])).permute(0, 3, 1, 2)
         q = quality_with_error(imgs.float() / 127.5 - 1.0, torch.tensor(prompts), scorer, seed=seed)
@@ -135,7 +136,7 @@ def run_demo(out_dir: Path, *, num_images: int = 8, backend: str = "ort", verify
             f"LISA ({verify})": [images[verify][prompts.index(c)] for c in cols]}
     grid_path = out_dir / "vanilla_vs_lisa.png"
     save_png(labelled_grid(rows, [names[c] for c in cols]), grid_path)
-    spec = pipe.spec(verify)
+    spec = plans[verify].spec
     tree = {"top_k": spec.tree.top_k, "depth": spec.tree.depth, "total_tokens": spec.tree.total_tokens}
     speed = speed_explanation(results["vanilla"], results[verify], verify=verify, backend=pipe.backend,
                               threads=ort_threads(), tree=tree, tokens_per_image=pipe.config.block_size)

@@ -105,11 +105,12 @@ def decode_and_save(tokens, vq, vq_config_name, tc, out, family) -> list:
 
 
 def save_code_images(family, vqm, codes, out) -> list:
-    """VQ code grids (B, h, w) -> the family's decoder and uint8 conversion -> PNGs in `out`."""
+    """VQ code grids (B, h, w) -> uint8 images (runtime/runner.images, the one tokens-to-pixels path)
+    -> PNGs in `out`."""
     from ..imaging import save_images
+    from .runner import images
 
-    with torch.no_grad():
-        return save_images(family.to_uint8(family.codes_to_pixels(vqm, codes)), out)
+    return save_images(images(family, vqm, codes), out)
 
 
 def _fresh_out(out_dir, overwrite: bool) -> Path:

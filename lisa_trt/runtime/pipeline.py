@@ -13,6 +13,7 @@ worker (ORT sessions are then independent; on one GPU, prefer batching prompts i
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from ..models.family import family_of
 from ..speculative.methods import Method, SpecConfig
 from .bundle import Bundle, open_bundle
 from .conditions import run_conditions
-from .context import AUTO, TREE_NAMES, resolve_method, resolve_sampling, resolve_spec
+from .context import AUTO, TREE_NAMES, RunContext, resolve_method, resolve_sampling, resolve_spec
 from .prompts import Prompt
 from .seeding import image_seed
 
@@ -88,19 +89,25 @@ def _alone(method: Method, i: int, sampling: SamplingConfig, seed: int, tag: dic
     return _Call(i, i + 1, sampling, seed, [seed] if per_row else None, (tag,))
 
 
-def _calls(method: Method, overrides: list, seed: int, sampling_of, *, batch: bool, row_seeds: bool) -> list:
-    """A request's decode calls (Pipeline.generate's batch / row_seeds semantics).
+def _sampling_of(plan, cfg: Optional[float]) -> SamplingConfig:
+    """A prompt's (or the batch's) CFG scale over the plan's sampling (None: the plan's)."""
+    return plan.sampling if cfg is None else dataclasses.replace(plan.sampling, cfg_scale=cfg)
+
+
+def _calls(plan, overrides: list, *, batch: bool, row_seeds: bool) -> list:
+    """A request's decode calls under `plan` (Pipeline.generate's batch / row_seeds semantics).
 
     Every image follows the seeding rule (runtime/seeding.py, `_alone`), so batch=False (one call per
     prompt, its own CFG scale) and batch=True (one call over every row, one generator per row)
     give the same images. row_seeds=False is the one exception: the whole batch draws from one
-    stream seeded with `seed` (the rows then depend on the batch)."""
+    stream seeded with the plan's seed (the rows then depend on the batch)."""
+    method, seed = plan.method, plan.seed
     seeds = [image_seed(seed, i, ov.get("seed")) for i, ov in enumerate(overrides)]
     n = len(seeds)
     if not batch:
-        return [_alone(method, i, sampling_of(ov.get("cfg")), sd, {"seed": sd})
+        return [_alone(method, i, _sampling_of(plan, ov.get("cfg")), sd, {"seed": sd})
                 for i, (ov, sd) in enumerate(zip(overrides, seeds))]
-    s = sampling_of(_batch_cfg(overrides))
+    s = _sampling_of(plan, _batch_cfg(overrides))
     if row_seeds and method.kind == "sjd" and not method.row_seeds:
         return [_alone(method, i, s, sd, {"seed": sd, "batch_row": i}) for i, sd in enumerate(seeds)]
     if row_seeds:
@@ -162,14 +169,15 @@ class PartialDecode:
 class Pipeline:
     """Tree speculation + GASV over one set of engines (see module docstring)."""
 
-    def __init__(self, engines: Bundle, text_encoder=None, *, sjd_window: Optional[int] = None):
+    def __init__(self, engines: Bundle, text_encoder=None, *, sjd_window: Optional[int] = None, conditions=None):
         self._e = engines
         self._lock = threading.Lock()
         self._text = None
         self._knobs = _default_knobs(sjd_window)
         tc = engines.target.config
         self.family = engines.family if engines.family is not None else family_of(tc)  # resolved once per open
-        self._conds = run_conditions(self.family, tc)  # what prompts are: class ids, captions, texts
+        # what prompts are (class ids, captions, texts): the run's adapter when it built one, else built here
+        self._conds = conditions if conditions is not None else run_conditions(self.family, tc)
         self._names = self._conds.class_names(engines.class_names)  # a 1000-class bundle: ImageNet's
         self._text = self._conds.encoder(text_encoder, tc)
         self._free = None  # the family's whole-image layout, made on the first decode without a request
@@ -179,7 +187,7 @@ class Pipeline:
     @classmethod
     def from_dir(cls, engine_dir, backend: str = "auto", *, threads: Optional[int] = None,
                  text_encoder=None, compile=None, device: Optional[str] = None,
-                 sjd_window: Optional[int] = None, manifest=None, family=None) -> "Pipeline":
+                 sjd_window: Optional[int] = None, manifest=None, family=None, conditions=None) -> "Pipeline":
         """Open an exported engine directory (`lisa-trt export`); its manifest is parsed once.
 
         Args:
@@ -197,9 +205,9 @@ class Pipeline:
             device: torch backend only: run the bundle's graph wrappers on this device ("cuda").
             sjd_window: the Jacobi window of this pipeline's SJD-family decodes (sjd, mcsjd, sjd-pac,
                 gsd, sjd-gasv) when a `generate` call does not pass one (None: 16, speculative/sjd.py).
-            manifest / family: the directory's Manifest and model family when the caller has resolved
-                them (runtime/context.resolve: `RunContext.manifest`, `.family`); handed down, not
-                read or looked up again.
+            manifest / family / conditions: the directory's Manifest, model family and conditions
+                adapter when the caller has resolved them (runtime/context.resolve: `RunContext.manifest`,
+                `.family`, `.conditions`); handed down, not read, looked up or built again.
         """
         from ..engines.base import backend_names
         from ..models.hub import resolve_model
@@ -218,10 +226,11 @@ class Pipeline:
                 manifest = read_manifest(Path(engine_dir), check_files=False)  # open_bundle checks its files
             tcfg = manifest.target_config
             family = family if family is not None else manifest.model_family
-            text_encoder = run_conditions(family, tcfg).encoder(text_encoder, tcfg) or text_encoder
+            conditions = conditions if conditions is not None else run_conditions(family, tcfg)
+            text_encoder = conditions.encoder(text_encoder, tcfg) or text_encoder
         return cls(open_bundle(Path(engine_dir), backend, threads=threads, compile=compile, device=device,
                                manifest=manifest, family=family),
-                   text_encoder=text_encoder, sjd_window=sjd_window)
+                   text_encoder=text_encoder, sjd_window=sjd_window, conditions=conditions)
 
     @classmethod
     def from_models(cls, target, drafter=None, tables=None, vq=None, *, class_names=None,
@@ -366,7 +375,8 @@ class Pipeline:
 
     def spec(self, verify, **over) -> SpecConfig:
         """The bundle's tree budget for this backend, with `over` (flat SpecConfig names) applied;
-        None values in `over` keep the bundle's setting. `verify`: a method name or Method."""
+        None values in `over` keep the bundle's setting. `verify`: a Method, or a name (`method`)."""
+        verify = verify if isinstance(verify, Method) else self.method(verify)[0]
         tree = {k: v for k, v in over.items() if k in TREE_NAMES}
         knobs = {k: v for k, v in over.items() if k not in TREE_NAMES}
         default = _tree_budget(self._e.generation, self._e.backend) or self.family.default_tree
@@ -377,7 +387,7 @@ class Pipeline:
                  top_k: Optional[int] = None, top_p: Optional[float] = None, greedy: bool = False,
                  batch: bool = False, row_seeds: bool = True, decode: bool = True, progress: bool = False,
                  sampling: Optional[SamplingConfig] = None, on_step=None, negative_prompt=None,
-                 **tree) -> GenerationResult:
+                 plan: Optional[RunContext] = None, **tree) -> GenerationResult:
         """Generate one image per prompt.
 
         Args:
@@ -410,6 +420,9 @@ class Pipeline:
                 the pipeline's text encoder in place of the learned null caption; it acts only under
                 CFG (cfg_scale > 1). Other families: InputError naming why (class-conditional CFG runs
                 against the null class).
+            plan: a run plan (`plan`, or a RunContext `settle`d on this pipeline: `lisa-trt run`'s)
+                decoded as is, instead of verify / seed / the sampling and tree arguments (then
+                InputError when one of those is given too): nothing is looked up again per call.
             tree: top_k / depth / total_tokens overrides of the tree budget (e.g. depth=3), and
                 every registered method's knob by its flat name (speculative/methods.py FLAT_FIELDS):
                 gasv_kappa, gasv_lambda, gasv_delta, gasv_neighbours, gasv_scope (None: the tables'
@@ -418,29 +431,44 @@ class Pipeline:
         Returns:
             GenerationResult(images, tokens (B, N), stats).
         """
-        from ..validation import API_NAMES, check_sampling
-
-        method, auto_tree, why = self.method(verify)
-        check_sampling(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
-                       vocab_size=self.config.vocab_size, names=API_NAMES)  # named as this API takes them
+        if plan is None:
+            plan = self.plan(verify, seed=seed, sampling=sampling, cfg_scale=cfg_scale, temperature=temperature,
+                             top_k=top_k, top_p=top_p, greedy=greedy, **tree)
+        elif verify != AUTO or sampling is not None or tree or greedy or seed != 0 or \
+                any(v is not None for v in (cfg_scale, temperature, top_k, top_p)):
+            raise InputError("Pipeline.generate takes a plan or its settings (verify, seed, sampling, tree), not both: "
+                             "make the plan with them (Pipeline.plan)")
         cond, overrides, labels = self._cond(prompts)
         negative = self._conds.negatives(negative_prompt, len(overrides))  # one text or None per prompt
         cond = self._conds.guided(cond, negative, self._text)  # T5 captions: the negatives' features as null rows
         if negative is not None:
             labels = [{**lab, **({} if t is None else {"negative_prompt": t})} for lab, t in zip(labels, negative)]
-        spec = self._call_spec(method, auto_tree, tree)
-
-        def sampling_of(cfg):  # a prompt's (or the batch's) CFG scale over the call's settings
-            return self.sampling(sampling, cfg_scale=cfg_scale if cfg is None else cfg, temperature=temperature,
-                                 top_k=top_k, top_p=top_p, greedy=greedy or None)
-
-        calls = _calls(method, overrides, seed, sampling_of, batch=batch, row_seeds=row_seeds)
+        calls = _calls(plan, overrides, batch=batch, row_seeds=row_seeds)
         with self._lock:
-            tokens, codes, stats = self._run_calls(method, cond, spec, calls, progress=progress and not batch,
+            tokens, codes, stats = self._run_calls(plan, cond, calls, progress=progress and not batch,
                                                    on_step=on_step, negative=negative)
             images = self.decode(tokens if codes is None else codes) if decode else []
-        stats = [{**st, **labels[i], "verify_reason": why} for i, st in enumerate(stats)]
+        stats = [{**st, **labels[i], "verify_reason": plan.why} for i, st in enumerate(stats)]
         return GenerationResult(images=images, tokens=tokens, stats=stats, codes=codes)
+
+    def plan(self, verify: Union[str, Method] = AUTO, *, seed: int = 0, sampling: Optional[SamplingConfig] = None,
+             cfg_scale: Optional[float] = None, temperature: Optional[float] = None, top_k: Optional[int] = None,
+             top_p: Optional[float] = None, greedy: bool = False, cfg_interval: Optional[int] = None,
+             noun: str = "verification", **tree) -> RunContext:
+        """The run plan of a request on this bundle (`generate`'s arguments, documented there): the
+        Method ("auto" settled, with why), the SamplingConfig over the bundle's defaults, the
+        SpecConfig over the bundle's tree, the seed; one frozen object (runtime/context.RunContext)
+        that `generate(plan=...)` decodes as is, for any number of calls."""
+        from ..validation import API_NAMES, check_sampling
+
+        method, auto_tree, why = self.method(verify, noun)
+        check_sampling(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
+                       vocab_size=self.config.vocab_size, names=API_NAMES)  # named as this API takes them
+        s = self.sampling(sampling, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
+                          greedy=greedy or None, cfg_interval=cfg_interval)
+        return RunContext(source=self._source(), family=self.family, method=method, sampling=s,
+                          spec=self._call_spec(method, auto_tree, dict(tree)), seed=seed, backend=self.backend,
+                          target=self._e.target, manifest=self._e.manifest, why=why, conds=self._conds)
 
     def method(self, verify, noun: str = "verification") -> tuple[Method, dict, str]:
         """`verify` (a Method, a registered name, "auto" or None: auto) -> (the Method that runs, the
@@ -459,8 +487,8 @@ class Pipeline:
         (the decode loop's own message names the CLI's --drafter / --tables)."""
         e = self._e
         if method.needs_drafter and e.drafter is None and method.drafter_factory is None:
-            raise InputError(f"verify={method.name!r} needs a drafter: Pipeline.from_models(target, drafter, ...) or "
-                             "Pipeline.from_dir of a bundle exported with one; or verify='vanilla'")
+            raise InputError(f"verify={method.name!r} needs a drafter and this pipeline has none (an engine directory "
+                             "exported with one, or Pipeline.from_models(target, drafter, ...)); or verify='vanilla'")
         if method.needs_tables and e.tables is None and e.gasv is None:
             raise InputError(f"verify={method.name!r} needs calibration tables: Pipeline.from_models(target, drafter, "
                              "tables, ...) or Pipeline.from_dir of a bundle exported with them; or verify='exact'")
@@ -476,7 +504,7 @@ class Pipeline:
                     given[k] = v
         return self.spec(method, **given)
 
-    def _run_calls(self, method: Method, cond, spec, calls: list, *, progress: bool, on_step=None,
+    def _run_calls(self, plan: RunContext, cond, calls: list, *, progress: bool, on_step=None,
                    negative=None) -> tuple:
         """Every decode call of a request, in row order -> (tokens (B, N), a prompted family's code
         grids (B, h, w) or None, one stats dict per row)."""
@@ -485,7 +513,7 @@ class Pipeline:
         outs, codes, stats = [], [], []
         bar = progress_bar(calls[-1].stop, progress, unit="image")
         for call in calls:
-            toks, st, code = self._run(method, cond, spec, call, on_step, negative)
+            toks, st, code = self._run(plan, cond, call, on_step, negative)
             outs.append(toks)
             if code is not None:
                 codes.append(code)
@@ -494,27 +522,27 @@ class Pipeline:
         bar.close()
         return torch.cat(outs), torch.cat(codes) if codes else None, stats
 
-    def _run(self, method: Method, cond, spec, call: _Call, on_step=None, negative=None) -> tuple:
-        """Rows call.start:call.stop of `cond` decoded in one call -> (tokens, one stats dict per row,
-        a prompted family's code grids or None); a prompted family's rows are encoded as a request
-        of their own (their own left padding, their negative texts)."""
-        from ..speculative.run import check_artifacts, run_method
+    def _run(self, plan: RunContext, cond, call: _Call, on_step=None, negative=None) -> tuple:
+        """Rows call.start:call.stop of `cond` decoded in one call (runtime/runner.decode) -> (tokens,
+        one stats dict per row, a prompted family's code grids or None); a prompted family's rows are
+        encoded as a request of their own (their own left padding, their negative texts)."""
+        from ..speculative.run import check_artifacts
+        from .runner import decode
 
         e = self._e
         neg = None if negative is None else negative[call.start:call.stop]
         rows, req = self._conds.rows(cond, call.start, call.stop,
                                      lambda texts: self._request(texts, call.sampling, neg))
         layout = getattr(req, "layout", None)
-        check_artifacts(method, e.drafter, e.tables, e.gasv)
-        run_layout = layout if layout is not None else self._free_layout()
+        check_artifacts(plan.method, e.drafter, e.tables, e.gasv)
         hook = None
         if on_step is not None:
             def hook(tokens, done):
                 on_step(PartialDecode(self, call.start, tokens, done, layout, req))
         t0 = time.perf_counter()
-        toks, s = run_method(method, e.target, e.drafter, e.tables, rows, sampling=call.sampling, spec=spec,
-                             seed=call.seed, seeds=call.seeds, gasv=e.gasv, layout=run_layout, on_step=hook)
-        stats = _row_stats(s, {"seconds": time.perf_counter() - t0, "verify": method.name}, call)
+        toks, s = decode(plan, e, rows, sampling=call.sampling, seed=call.seed, seeds=call.seeds,
+                         layout=layout if layout is not None else self._free_layout(), on_step=hook)
+        stats = _row_stats(s, {"seconds": time.perf_counter() - t0, "verify": plan.method.name}, call)
         toks = toks.cpu()
         return toks, stats, self.family.tokens_to_codes(e.target, toks, req) if req is not None else None
 
@@ -527,12 +555,12 @@ class Pipeline:
 
     def decode(self, tokens: torch.Tensor) -> list:
         """Token ids (B, N) (a prompted family: its code grids (B, h, w), GenerationResult.codes) ->
-        PIL images, through the family's decoder hooks (`codes_to_pixels`, `to_uint8`)."""
+        PIL images, through the family's decoder hooks (runtime/runner.images: the one tokens-to-pixels path)."""
         from PIL import Image
+
+        from .runner import images
 
         vq = self._e.vq
         if vq is None:
             raise InputError("this bundle has no VQ decoder; export with the VQ (or pass decode=False)")
-        with torch.no_grad():
-            pixels = self.family.codes_to_pixels(vq, tokens)
-        return [Image.fromarray(a) for a in self.family.to_uint8(pixels)]
+        return [Image.fromarray(a) for a in images(self.family, vq, tokens)]

@@ -32,6 +32,7 @@ and stops the decode there (DecodeCancelled), answering status CANCELLED_STATUS.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -220,11 +221,11 @@ class ServeModel:
         return [float(v) if kind == "float" else int(v) for v in vals]
 
     def _knobs(self, verify, cfg, temp, top_k, top_p, *method_values) -> tuple:
-        from ..runtime.context import AUTO, resolve_method, resolve_spec
+        from ..runtime.context import AUTO, resolve_spec
 
         verify = verify or self.default_verify
-        requested = resolve_method(verify, auto=True, noun="verify rule")  # None: auto
-        method = requested or resolve_method(self.pipe.resolve_verify(verify)[0])
+        method = self.pipe.method(verify, noun="verify rule")[0]  # "auto": what the bundle runs
+        requested = None if verify == AUTO else method  # the row's knob: the Method, or auto for the plan
         if method.kind == "tree" and self.pipe._e.drafter is None:
             raise InputError(f"verify={verify} needs a drafter; this engine directory has none (use vanilla)")
         d = self.defaults
@@ -302,17 +303,17 @@ class ServeModel:
 
     def _decode_group(self, knobs: tuple, rows: list, on_step=None) -> list:
         """One batched decode -> per row (image uint8 (H, W, 3), stats dict)."""
-        from ..runtime.context import resolve_sampling
         from ..runtime.prompts import Prompt
 
         verify, cfg, temp, top_k, top_p, *method_values = knobs
-        sampling = resolve_sampling(self.defaults, check=False, cfg_scale=cfg, temperature=temp, top_k=top_k,
-                                    top_p=top_p)  # ranges checked by _knobs (serving's own)
         spec = {k: v for k, v in zip(method_knobs(), method_values) if v is not None}
+        # the group's one plan: its Method (auto settled by the bundle), sampling over the served defaults
+        # (ranges checked by _knobs, serving's own), tree and knobs over the bundle's
+        sampling = dataclasses.replace(self.defaults, cfg_scale=cfg, temperature=temp, top_k=top_k, top_p=top_p)
+        plan = self.pipe.plan(verify, sampling=sampling, **spec)
         prompts = [Prompt(i, class_id=r.class_id, caption=r.caption, seed=r.seed, cfg=cfg) for i, r in enumerate(rows)]
         negative = [r.negative for r in rows] if any(r.negative is not None for r in rows) else None
-        res = self.pipe.generate(prompts, verify=verify, sampling=sampling, batch=True, on_step=on_step,
-                                 negative_prompt=negative, **spec)
+        res = self.pipe.generate(prompts, plan=plan, batch=True, on_step=on_step, negative_prompt=negative)
         return [(np.asarray(img, dtype=np.uint8), st) for img, st in zip(res.images, res.stats)]
 
     def infer(self, requests: Sequence[Mapping]) -> list[dict]:

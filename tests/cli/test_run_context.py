@@ -48,12 +48,15 @@ def test_resolve_method_and_its_errors():
 
 
 def test_resolve_spec_defaults_and_overrides():
-    s = C.resolve_spec("vanilla", tree={"tree_depth": 2}, tree_default={"top_k": 3, "depth": 3, "total_tokens": 10})
+    s = C.resolve_spec(METHODS["vanilla"], tree={"tree_depth": 2},
+                       tree_default={"top_k": 3, "depth": 3, "total_tokens": 10})
     assert s.method == "greedy"  # a non-tree method gets the first tree method's settings
     assert (s.tree.top_k, s.tree.depth, s.tree.total_tokens) == (3, 2, 10)
     assert C.resolve_spec(None).method == SpecConfig().method
     with pytest.raises(InputError, match="unknown speculation setting"):
-        C.resolve_spec("gasv", knobs={"bogus": 1})
+        C.resolve_spec(METHODS["gasv"], knobs={"bogus": 1})
+    with pytest.raises(TypeError, match="the resolved Method"):  # a name is looked up where the run resolves
+        C.resolve_spec("gasv")
 
 
 def test_bind_tunes_the_tree_and_checks_top_k_against_the_vocabulary():

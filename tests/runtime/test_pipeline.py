@@ -10,28 +10,12 @@ from click.testing import CliRunner
 from lisa_trt import LisaError
 from lisa_trt.calibration.profile import calibrate
 from lisa_trt.cli import main
-from lisa_trt.config import SamplingConfig
-from lisa_trt.models.target_config import vq_config
-from lisa_trt.models.drafter import Drafter
-from lisa_trt.families.llamagen.vq import VQModel
 from lisa_trt.export import export_bundle
 from lisa_trt.runtime.pipeline import Pipeline
 from lisa_trt.testing import make_target
 
 GEN = {"sampling": {"cfg_scale": 2.0, "top_k": 0}, "class_names": [f"c{i}" for i in range(10)],
        "tree": {"default": {"top_k": 3, "depth": 2, "total_tokens": 8}}}
-
-
-@pytest.fixture(scope="module")
-def parts():
-    torch.manual_seed(0)
-    t = make_target(std=0.3)
-    d = Drafter.from_target(t).eval()
-    cfg = vq_config("VQ-16", ch=32, encoder_ch_mult=(1, 2), decoder_ch_mult=(1, 2), z_channels=32, codebook_size=256)
-    vq = VQModel(cfg).eval()
-    tables = calibrate(t, vq.codebook().detach(), num_rollouts=4, sampling=SamplingConfig(cfg_scale=2.0),
-                       progress=False)
-    return t, d, tables, vq
 
 
 @pytest.fixture(scope="module")

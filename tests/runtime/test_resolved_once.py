@@ -129,3 +129,32 @@ def test_a_planned_run_reads_the_manifest_once(demo_engines, counts, tmp_path):
                                     "--backend", "ort", "--threads", "1", "--verify", "gasv", "--memory-gib", "80"])
     assert res.exit_code == 0, res.output
     assert (counts["read_manifest"], counts["manifest.json"], counts["family"]) == (1, 1, 1), dict(counts)
+
+
+@pytest.mark.parametrize("verify", ["gasv", "auto"])
+def test_lisa_trt_run_hands_one_frozen_plan_to_the_runner(demo_engines, counts, tmp_path, monkeypatch, verify):
+    """`lisa-trt run` resolves once (one look-up by name: the given method, or the one "auto" picks),
+    settles one plan on the opened bundle and hands that object to the runner for every prompt;
+    the conditions adapter is built once."""
+    from lisa_trt.runtime import conditions, context, pipeline, runner
+
+    plans, lookups, adapters = [], [], []
+    real_decode, real_lookup, real_conds = runner.decode, context.resolve_method, conditions.run_conditions
+    monkeypatch.setattr(runner, "decode", lambda plan, *a, **k: plans.append(plan) or real_decode(plan, *a, **k))
+    for mod in (context, pipeline):
+        monkeypatch.setattr(mod, "resolve_method", lambda v, **k: lookups.append(v) or real_lookup(v, **k))
+    for mod in (conditions, pipeline):
+        monkeypatch.setattr(mod, "run_conditions", lambda *a: adapters.append(a) or real_conds(*a))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("1\n2\n3\n")
+    res = CliRunner().invoke(main, ["run", str(demo_engines), str(prompts), "--out", str(tmp_path / "out"),
+                                    "--backend", "ort", "--threads", "1", "--verify", verify])
+    assert res.exit_code == 0, res.output
+    assert len(plans) == 3 and all(p is plans[0] for p in plans)  # one object for every prompt
+    plan = plans[0]
+    assert isinstance(plan, context.RunContext) and plan.manifest is not None and plan.why
+    with pytest.raises(AttributeError):  # frozen
+        plan.seed = 1
+    assert lookups[0] == verify and len(lookups) == (1 if verify == "gasv" else 2), lookups
+    assert len(adapters) == 1, adapters
+    assert (counts["read_manifest"], counts["manifest.json"], counts["family"]) == (1, 1, 1), dict(counts)

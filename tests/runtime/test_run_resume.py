@@ -14,8 +14,6 @@ from lisa_trt.runtime.commands.run import _decode_each, _seeded
 from lisa_trt.runtime.prompts import Prompt
 from lisa_trt.runtime.run_progress import RunProgress, run_key
 
-SAMPLING = {"cfg_scale": None, "temperature": None, "top_k": None, "top_p": None, "greedy": False}
-
 
 @pytest.fixture(scope="module")
 def pipe():
@@ -44,8 +42,7 @@ class _Interrupting:
 
 
 def _rc(seed=5):
-    return SimpleNamespace(seed=seed, method=None, verify="vanilla", given={"sampling": SAMPLING, "tree": {},
-                                                                            "knobs": {}})
+    return SimpleNamespace(seed=seed)  # what the test reads of the run's RunContext
 
 
 def _prompts(tmp_path):
@@ -61,8 +58,9 @@ def test_an_interrupted_run_keeps_its_images_and_resume_finishes_it(pipe, tmp_pa
     ps = _seeded(raw, rc.seed)
     assert [p.seed for p in ps] == [5, 6, 40]  # base + index, a prompt's own seed wins
     prog = RunProgress(out, key, resume=False, overwrite=False)
+    plan = pipe.plan("vanilla", seed=rc.seed)  # the run's one plan (RunContext.settle)
     with pytest.raises(KeyboardInterrupt):
-        _decode_each(_Interrupting(pipe, 2), ps, [0, 1, 2], prog, rc, None, print, out)
+        _decode_each(_Interrupting(pipe, 2), ps, [0, 1, 2], prog, plan, None, print, out)
     assert "interrupted: 1 of 3 images kept" in capsys.readouterr().err
     assert [p.name for p in out.glob("*.png")] == ["img_0000_line1.png"]  # written as it finished
     with pytest.raises(InputError, match="not empty"):  # not resumed: OUT is refused as before
@@ -70,7 +68,7 @@ def test_an_interrupted_run_keeps_its_images_and_resume_finishes_it(pipe, tmp_pa
     again = RunProgress(out, key, resume=True, overwrite=False)
     assert again.done == {0}
     counting = _Interrupting(pipe, 0)
-    _decode_each(counting, ps, [1, 2], again, rc, None, print, out)
+    _decode_each(counting, ps, [1, 2], again, plan, None, print, out)
     assert counting.calls == 2  # only the two missing images were decoded
     again.finish(3, {"verify": "vanilla"})
     stats = json.loads((out / "stats.json").read_text())

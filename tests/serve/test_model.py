@@ -300,9 +300,13 @@ def test_every_registered_method_knob_is_a_served_input(pipe, monkeypatch):
                         {"prompt": _b("3"), "verify": _b("mcsjd"), "sjd_window": np.array([[0]], np.int32)}])
     assert out[0][0] is None and out[1][0] is None and out[3][0] is None
     assert "GSD group must be >= 1" in out[2][0] and "--sjd-window" in out[4][0]
-    assert {"sjd_window": 3} == {k: v for k, v in seen[2].items() if k in M.METHOD_KNOBS}
-    assert {"gsd_group": 3} == {k: v for k, v in seen[0].items() if k in M.METHOD_KNOBS}
-    assert {"zipar_window": 2} == {k: v for k, v in seen[1].items() if k in M.METHOD_KNOBS}
+    # each group's one plan carries its knob (and the rest as the pipeline's defaults)
+    plans = [kw["plan"] for kw in seen]
+    assert [p.method.name for p in plans] == ["gsd", "zipar", "mcsjd"]
+    default = pipe.plan("gsd").spec.flat()
+    assert plans[0].spec.flat() == {**default, "gsd_group": 3}
+    assert plans[1].spec.flat() == {**default, "zipar_window": 2}
+    assert plans[2].spec.flat() == {**default, "sjd_window": 3}
     ref = real([Prompt(0, class_id=1, seed=4)], verify="gsd", batch=True, gsd_group=3)
     assert np.array_equal(np.asarray(ref.images[0]), out[0][1]["image"][0])
 

@@ -27,11 +27,12 @@ def generate(rc, *, prompts, out_dir, overwrite, vq, vq_config, classes, caption
 
 
 def _decode(rc, drafter, tables, cond, request, echo) -> tuple:
-    """(tokens, stats dict): the run's method over `cond`, with a progress bar on a terminal."""
+    """(tokens, stats dict): the run's plan over `cond` (runtime/runner.decode, the one runner), with a
+    progress bar on a terminal."""
     import torch
 
     from ...progress import bars_wanted, progress_bar
-    from ...speculative.run import run_method
+    from ..runner import Engines, decode
 
     m, spec, layout = rc.method, rc.spec, getattr(request, "layout", None)
     n_img = request.batch if request is not None else len(cond) if torch.is_tensor(cond) else cond[0].shape[0]
@@ -43,8 +44,8 @@ def _decode(rc, drafter, tables, cond, request, echo) -> tuple:
             "(smaller trees are faster on a CPU: --tree-tokens)") + " ...", err=True)
     show = bars_wanted()
     bar = progress_bar(n_img * n_tok, show, unit="token")
-    tokens, st = run_method(m, rc.target, drafter, tables, cond, sampling=rc.sampling, spec=spec, seed=rc.seed,
-                            on_progress=(lambda done: bar.update(done - bar.n)) if show else None, layout=layout)
+    tokens, st = decode(rc, Engines(rc.target, drafter, tables), cond, layout=layout,
+                        on_progress=(lambda done: bar.update(done - bar.n)) if show else None)
     bar.close()
     stats = st.as_dict()
     echo(f"{m.name}: MAL {stats['mal']:.2f}, {stats['target_forwards']} target forwards, "
