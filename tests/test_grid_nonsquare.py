@@ -136,9 +136,6 @@ def test_the_vq_graph_decodes_the_grid(models, ort_engines):
     assert torch.allclose(img.float(), want.float(), atol=1e-3)
 
 
-@pytest.mark.xfail(strict=True, reason="runtime/pipeline.py Pipeline.decode (s50a's) hands a class-conditioned "
-                   "family's flat (B, N) tokens to codes_to_pixels without the target's grid_hw, so the VQ "
-                   "reads them as a square grid: reshape to (B, *target.config.grid_hw) there")
 def test_the_pipeline_decodes_class_conditioned_tokens_on_the_grid(models):
     from lisa_trt.runtime.pipeline import Pipeline
 

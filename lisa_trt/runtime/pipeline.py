@@ -563,4 +563,7 @@ class Pipeline:
         vq = self._e.vq
         if vq is None:
             raise InputError("this bundle has no VQ decoder; export with the VQ (or pass decode=False)")
+        hw = getattr(self._e.target.config, "grid_hw", None)
+        if tokens.dim() == 2 and hw is not None:  # a class-conditioned family's tokens, on its (h, w) grid
+            tokens = tokens.reshape(tokens.shape[0], *hw)
         return [Image.fromarray(a) for a in images(self.family, vq, tokens)]
