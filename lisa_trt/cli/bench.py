@@ -56,7 +56,7 @@ def bench(engine_dir, model, model_cfg, drafter, tables, methods, num_images, cl
     model, drafter, tables, backend = bundle_sources(engine_dir, model, drafter, tables, backend)
     knobs = bundle_knobs(engine_dir, backend, knobs)  # the bundle's measured knobs (zipar's window), as run's
     rc = resolve(model, sampling=sampling, tree=tree, knobs=knobs, model_cfg=model_cfg, backend=backend)
-    rc.run("bench", bench_command, drafter=drafter, tables=tables, methods=methods, num_images=num_images, classes=classes,
+    rc.run(bench_command, drafter=drafter, tables=tables, methods=methods, num_images=num_images, classes=classes,
            captions=captions, encoder_dir=encoder_dir, engine_dir=engine_dir, sweeps=sweeps, record=record,
            quality_cache=quality_cache, json_path=json_path, plot_path=plot_path, echo=click.echo)
 

@@ -59,7 +59,7 @@ def calibrate(model, model_cfg, vq, vq_config, out_path, overwrite, rollouts, sa
 
     refuse_existing(out_path, overwrite=overwrite)
     rc = resolve(model, sampling=sampling, knobs=knobs, model_cfg=model_cfg)
-    rc.run("calibrate", entry, out_path=out_path, vq=vq, vq_config=vq_config, rollouts=rollouts,
+    rc.run(entry, out_path=out_path, vq=vq, vq_config=vq_config, rollouts=rollouts,
            samples_per_pos=samples_per_pos, quantile=quantile, clusters=clusters, cluster_space=cluster_space,
            lantern_k=lantern_k, captions=captions, encoder_dir=encoder_dir, captions_file=captions_file,
            echo=click.echo)

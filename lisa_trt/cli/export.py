@@ -82,7 +82,7 @@ def export_cmd(model, model_cfg, drafter, tables, vq, vq_config, out_dir, overwr
     fp16, quantize = _precision(click.get_current_context(), precision, fp16, quantize)
     refuse_existing(out_dir, overwrite=overwrite)
     rc = resolve(model, sampling=sampling, model_cfg=model_cfg)
-    rc.run("export", entry, out_dir=out_dir, drafter=drafter, tables=tables, vq=vq, vq_config=vq_config, fp16=fp16,
+    rc.run(entry, out_dir=out_dir, drafter=drafter, tables=tables, vq=vq, vq_config=vq_config, fp16=fp16,
            opset=opset, max_tree=max_tree, validate=not no_validate, quantize=quantize, max_prompt=max_prompt,
            torch_weights=torch_weights, echo=click.echo)
 
@@ -127,7 +127,7 @@ def build(engine_dir, max_batch, max_tree, timing_cache, refit, workspace, atten
                         what="already holds built TensorRT engines",
                         exists=engines_built)
     resolve(engine_dir=engine_dir, backend="trt").run(
-        "build", entry, max_batch=max_batch, max_tree=max_tree, timing_cache=timing_cache, refit=refit,
+        entry, max_batch=max_batch, max_tree=max_tree, timing_cache=timing_cache, refit=refit,
         workspace=(workspace << 20) if workspace else WORKSPACE_BYTES, attention=attention, dry_run=dry_run,
         gpu=gpu, memory_gib=memory_gib, json_path=json_path, echo=click.echo)
 

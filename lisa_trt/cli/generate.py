@@ -36,7 +36,7 @@ def generate(model, model_cfg, vq, vq_config, classes, captions, encoder_dir, pr
 
     rc = resolve(model, verify=verify, default_verify=method_names("ar")[0], sampling=sampling, tree=tree,
                  knobs=knobs, model_cfg=model_cfg)
-    rc.run("generate", entry, prompts=prompts, out_dir=out_dir, overwrite=overwrite, vq=vq, vq_config=vq_config,
+    rc.run(entry, prompts=prompts, out_dir=out_dir, overwrite=overwrite, vq=vq, vq_config=vq_config,
            classes=classes, captions=captions, encoder_dir=encoder_dir, drafter=drafter, tables=tables,
            echo=click.echo)
 

@@ -49,7 +49,7 @@ def run(engine_dir, prompts, out_dir, overwrite, resume, backend, verify, thread
 
     rc = resolve(engine_dir=engine_dir, verify=verify, auto=True, sampling=sampling, tree=tree, knobs=knobs,
                  backend=backend)
-    rc.run("run", entry, prompts=prompts, out_dir=out_dir, overwrite=overwrite, resume=resume, threads=threads,
+    rc.run(entry, prompts=prompts, out_dir=out_dir, overwrite=overwrite, resume=resume, threads=threads,
            encoder_dir=encoder_dir, gpu=gpu, memory_gib=memory_gib, negative_prompt=negative_prompt, echo=click.echo)
 
 

@@ -86,7 +86,7 @@ def train(model, model_cfg, vq, vq_config, out_dir, cfg_scale, temperature, top_
 
     rc = resolve(model, sampling={"cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k, "top_p": top_p,
                                   "seed": seed}, model_cfg=model_cfg)
-    rc.run("train", entry, out_dir=out_dir, vq=vq, vq_config=vq_config, echo=click.echo, **options)
+    rc.run(entry, out_dir=out_dir, vq=vq, vq_config=vq_config, echo=click.echo, **options)
 
 
 COMMANDS = (train,)

@@ -12,7 +12,7 @@ runtime/runner.decode:
     rc.sampling      # SamplingConfig: the source's defaults with the given values (resolve_sampling)
     rc.spec          # SpecConfig: given tree and rule knobs (resolve_spec)
     rc = rc.bind(rc.load_target())   # the target: tuned tree for the backend, top-k vs its vocabulary
-    rc.run("generate", generic_entry, out_dir=..., echo=click.echo)
+    rc.run(generic_entry, out_dir=..., echo=click.echo)
     plan = rc.settle(pipe)           # an engine directory: "auto" and the bundle's defaults settled once
 
 `RunContext.run` calls the one entry the caller passes for every family; what differs between
@@ -328,8 +328,8 @@ class RunContext:
         and again by `bind` only when the bound target's kind differs."""
         return self.conds if self.conds is not None else _conditions(self.family, None, None)
 
-    def run(self, command: str, entry: Callable, **options):
-        """`entry(self, **options)`: the one (generic) entry of `command` for every family; its
+    def run(self, entry: Callable, **options):
+        """`entry(self, **options)`: a command's one (generic) entry for every family; its
         `echo` (progress lines) is silent below log level info (--quiet)."""
         from ..progress import say
 

@@ -72,7 +72,7 @@ def test_bind_tunes_the_tree_and_checks_top_k_against_the_vocabulary():
 
 def test_generic_entries_are_used_for_other_families():
     rc = C.resolve("x.safetensors")
-    ctx, kw = rc.run("generate", lambda ctx, **kw: (ctx, kw), a=1)
+    ctx, kw = rc.run(lambda ctx, **kw: (ctx, kw), a=1)
     assert ctx is rc and kw == {"a": 1}
 
 
@@ -95,7 +95,7 @@ def model_dir(tmp_path_factory):
 def test_run_context_has_no_family_entries():
     assert not hasattr(C, "_FAMILY_ENTRIES")
     rc = C.resolve("x.safetensors")
-    assert rc.run("train", lambda ctx, **kw: kw, a=1) == {"a": 1}
+    assert rc.run(lambda ctx, **kw: kw, a=1) == {"a": 1}
 
 
 def test_generate_on_a_directory_uses_the_family_defaults(model_dir, tmp_path):
