@@ -30,13 +30,19 @@ after every section, so a run cut by a timeout keeps what it measured):
                  speed-up against the FASTEST vanilla seconds per image measured in this run (any
                  mode); rows compiled_decode measured are reused, not re-run. The CPU smoke runs
                  it on a tiny random model in memory (seconds);
+  cuda_graph     a decode step of the demo target (a tree verification over its static cache) captured
+                 as one CUDA graph (torch.cuda.graph) and replayed: logits of the replay against eager,
+                 and ms per step eager vs replayed (issue 49); skipped with the reason without CUDA;
   tensorrt       when tensorrt imports: export the demo bundle fp32 and fp16, build every engine
                  of each (lisa_trt.deploy.build, --attention auto: build seconds, plan bytes and
                  the attention each engine uses, op or plain ops after a refused probe), then parity
                  against the bundle's torch graphs per graph (gasv, vq_decode, drafter_project) and
                  greedy target tokens (the cache committed in place by the runner): fp32 tokens
-                 must be identical to torch (fp16: the fraction that agrees is recorded); else the
-                 reason.
+                 must be identical to torch (fp16: the fraction that agrees is recorded); then
+                 docs/tensorrt.md's first-GPU-run checklist (`checklist`): attention fused per engine
+                 (the engine inspector's layer list: no standalone Softmax layer), ms per tree step
+                 against `lisa-trt plan`'s floor for this GPU, greedy tokens against ONNX Runtime's,
+                 device memory after a decode against the plan's total; else the reason.
 With --cpu-smoke (or without CUDA) every section runs a tiny version on CPU in a few seconds.
 
 Time: --budget (490 s) bounds the whole run; each section also has its own share
@@ -60,10 +66,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-SECTIONS = ("env", "gasv_kernel", "verify_latency", "demo_decode", "compiled_decode", "decoders", "tensorrt")
+SECTIONS = ("env", "gasv_kernel", "verify_latency", "demo_decode", "compiled_decode", "decoders", "cuda_graph",
+            "tensorrt")
 # seconds each section may use at most (the run's --budget still bounds the total); about 8 minutes in all
-SECTION_BUDGET = {"env": 10, "gasv_kernel": 30, "verify_latency": 80, "demo_decode": 40, "compiled_decode": 100,
-                  "decoders": 90, "tensorrt": 140}
+SECTION_BUDGET = {"env": 10, "gasv_kernel": 30, "verify_latency": 80, "demo_decode": 40, "compiled_decode": 90,
+                  "decoders": 80, "cuda_graph": 20, "tensorrt": 140}
 DECODE_METHODS = ("vanilla", "exact", "lantern", "gasv")
 # the decoders section: the baseline first, then the new decoders by priority, then the tree rules
 DECODERS = ("vanilla", "sjd", "mcsjd", "sjd-pac", "gsd", "zipar", "sjd-gasv", "coupled", "exact", "gasv")
@@ -268,6 +275,19 @@ def _tree(S: int, seed: int):
             anc[i] |= anc[p]
             depth[i] = depth[p] + 1
     return anc, depth
+
+
+def _tree_step(cache, S: int, vocab: int, seed: int = 0) -> tuple:
+    """(tokens, positions, slots, mask) of a random S-node tree after each row's committed tokens."""
+    import torch
+
+    B, dev = cache.lengths.shape[0], cache.lengths.device
+    anc, depth = _tree(S, seed=seed)
+    slots = cache.lengths[:, None] + torch.arange(S, device=dev)[None]
+    pos = cache.lengths[:, None] + depth.to(dev)[None]
+    mask = cache.attention_mask(slots, anc.to(dev)[None].expand(B, S, S))
+    tok = torch.randint(0, vocab, (B, S), generator=torch.Generator().manual_seed(seed)).to(dev)
+    return tok, pos, slots, mask
 
 
 def section_verify_latency(ctx: Ctx) -> dict:
@@ -569,6 +589,112 @@ def _greedy_tokens(target, cond, steps: int):
     return torch.stack(toks, 1).cpu(), torch.stack(logits, 1)
 
 
+# ----------------------------------------------------------------------------- the first GPU run's checklist
+
+SOFTMAX_TYPES = ("softmax",)  # inspector LayerType of a standalone softmax ("SoftMax")
+FUSED_HINTS = ("myelin", "foreignnode", "mha", "flash")  # fused regions / kernels (type, tactic, region name)
+
+
+def inspector_layers(info) -> list:
+    """The layers of an engine inspector's report (IEngineInspector.get_engine_information(
+    LayerInformationFormat.JSON): {"Layers": [...], "Bindings": [...]}), as dicts with at least "Name"
+    and "LayerType" (a report made without DETAILED verbosity lists names only: LayerType "")."""
+    if isinstance(info, (str, bytes)):
+        info = json.loads(info)
+    layers = info.get("Layers") if isinstance(info, dict) else info
+    if not isinstance(layers, list):
+        raise ValueError("not an engine inspector report: no \"Layers\" list")
+    out = []
+    for layer in layers:
+        if isinstance(layer, str):
+            out.append({"Name": layer, "LayerType": ""})
+        elif isinstance(layer, dict):
+            out.append(dict(layer, Name=str(layer.get("Name", "")), LayerType=str(layer.get("LayerType", ""))))
+    return out
+
+
+def attention_fusion(info, attentions: int) -> dict:
+    """Whether the engine fused its attentions (docs/tensorrt.md checklist 2): each BMM1 -> Softmax ->
+    BMM2 chain one layer, so no standalone Softmax layer is left. `attentions`: the Softmax nodes of
+    the engine's ONNX graph. Records the standalone softmax layers and the layers that look fused
+    (Myelin regions, MHA / flash kernels); verdict None when the report has no layer types (built
+    without DETAILED profiling verbosity)."""
+    layers = inspector_layers(info)
+    typed = any(layer["LayerType"] for layer in layers)
+    alone = [layer["Name"] for layer in layers if layer["LayerType"].lower() in SOFTMAX_TYPES]
+    def hint(layer) -> str:  # a layer's type and tactic, and its name when it names a fused region
+        name = layer["Name"] if "foreignnode" in layer["Name"].lower() else ""
+        return " ".join((layer["LayerType"], str(layer.get("TacticName", "")), name)).lower()
+
+    fused = [layer["Name"] for layer in layers if any(h in hint(layer) for h in FUSED_HINTS)]
+    verdict = None if not typed else (attentions == 0 or (not alone and bool(fused)))
+    return {"attentions": attentions, "layers": len(layers), "standalone_softmax": alone[:8],
+            "n_standalone_softmax": len(alone), "fused_layers": fused[:8], "fused": verdict}
+
+
+def floor_check(ms_per_step: float, floor_ms: dict, model: str = "target") -> dict:
+    """A measured step against the plan's floor (max(bytes / bandwidth, FLOPs / peak)) of `model`:
+    the ratio (>= 1; near 1: at the hardware's limit), or the reason when the plan has no floor."""
+    floor = (floor_ms or {}).get(model)
+    if not floor:
+        return {"ms": round(ms_per_step, 4), "floor_ms": None, "ratio": None,
+                "reason": "the plan has no floor for this GPU (not in deploy/gpus.GPUS)"}
+    return {"ms": round(ms_per_step, 4), "floor_ms": round(floor, 4), "ratio": round(ms_per_step / floor, 3),
+            "below_floor": ms_per_step < floor}  # below: the plan over-counts bytes or FLOPs
+
+
+def memory_check(measured: int, plan_total: int) -> dict:
+    """Device memory a run used (bytes) against the plan's run total: within means measured <= plan."""
+    return {"measured_gib": round(measured / 2 ** 30, 4), "plan_gib": round(plan_total / 2 ** 30, 4),
+            "ratio": round(measured / plan_total, 4) if plan_total else None, "within": measured <= plan_total}
+
+
+def token_parity(got, want) -> dict:
+    """Two backends' tokens: identical, and the fraction of positions that agree."""
+    import torch
+
+    got, want = torch.as_tensor(got).cpu(), torch.as_tensor(want).cpu()
+    if got.shape != want.shape:
+        return {"identical": False, "agreement": 0.0, "shapes": [list(got.shape), list(want.shape)]}
+    return {"identical": bool(torch.equal(got, want)), "agreement": float((got == want).float().mean())}
+
+
+def section_cuda_graph(ctx: Ctx) -> dict:
+    """One decode step of the demo target (a tree verification of 8 nodes over its static cache)
+    captured as a CUDA graph and replayed (issue 49 item 5): the replay's logits against eager, and
+    the ms per step of both."""
+    import torch
+
+    if not ctx.cuda:
+        return {"skipped": "no CUDA device (CUDA-graph capture needs one)"}
+    from lisa_trt.demo.registry import assets_present, load_demo_target
+
+    if not assets_present():
+        return {"skipped": "the bundled demo assets are absent"}
+    target = load_demo_target().to(ctx.device).eval()
+    cache = target.new_cache(2, extra=16)
+    S = 8
+    with torch.no_grad():
+        target.prefill(torch.tensor([3, 3], device=ctx.device), cache)
+        tok, pos, slots, mask = _tree_step(cache, S, target.config.vocab_size)
+        step = lambda: target.forward_tokens(tok, pos, slots, mask, cache).logits  # noqa: E731
+        eager = step().float().clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):  # warm-up on a side stream, as torch.cuda.graph's docs ask
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step()
+        graph.replay()
+        torch.cuda.synchronize()
+        diff = float((out.float() - eager).abs().max())
+        return {"nodes": S, "max_abs_logit_diff": diff, "eager": time_ms(step, reps=20, warmup=3, cuda=True),
+                "replay": time_ms(graph.replay, reps=20, warmup=3, cuda=True)}
+
+
 TRT_PRECISIONS = ("fp32", "fp16")  # the tensorrt section builds both exports of the demo bundle
 
 
@@ -627,7 +753,101 @@ def _trt_precision(ctx: Ctx, prec: str) -> dict:
                           "attention": v.get("attention"), "attention_probes": v.get("attention_probes")}
                       for k, v in rec["graphs"].items()}
     out["parity"] = _trt_parity(ctx, d)
+    out["checklist"] = _trt_checklist(ctx, d)
     return out
+
+
+def _inspector_report(d: Path, graph: str, rec: dict) -> dict:
+    """attention_fusion of one built engine of `d` (its plan deserialized, its inspector's JSON)."""
+    import onnx
+    import tensorrt as trt
+
+    from lisa_trt.engines.trt_plans import load_plan
+    from lisa_trt.models.io_spec import Graph
+
+    plan, _ = load_plan(d, Graph(graph))
+    engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(plan)
+    info = engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON)
+    softmax = sum(n.op_type == "Softmax" for n in onnx.load(str(d / rec["onnx"]), load_external_data=False).graph.node)
+    return attention_fusion(info, softmax)
+
+
+def _trt_checklist(ctx: Ctx, d: Path) -> dict:
+    """docs/tensorrt.md's first-GPU-run checklist, items 2-5, each guarded (an error is recorded)."""
+    import torch
+
+    from lisa_trt.export.manifest import read_manifest
+    from lisa_trt.runtime.autotune import gpu_plan
+
+    out, man = {}, read_manifest(d)
+    plan = gpu_plan(d, "trt", batch=1, cfg=False)  # the visible GPU's plan (None: not in the GPU table)
+    checks = {
+        "attention_fused": lambda: {g: _inspector_report(d, g, r) for g, r in man.engines["graphs"].items()
+                                    if g.startswith(("target", "drafter"))},
+        "token_parity_ort": lambda: _parity_ort(ctx, d),
+        "step_vs_floor": lambda: _step_vs_floor(ctx, d, plan),
+        "memory_vs_plan": lambda: _memory_vs_plan(ctx, d, plan),
+    }
+    for name, fn in checks.items():
+        try:
+            if ctx.cuda:
+                torch.cuda.reset_peak_memory_stats()
+            out[name] = fn()
+        except Exception as e:  # noqa: BLE001 - record and go on
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def _parity_ort(ctx: Ctx, d: Path) -> dict:
+    """Greedy target tokens of the TensorRT engines against ONNX Runtime's on the same bundle."""
+    import torch
+
+    from lisa_trt.engines.graph import load_engines
+    from lisa_trt.engines.trt import load_trt_engines
+
+    steps = 8 if ctx.smoke else 32
+    with load_engines(d, "ort", threads=1) as ort:
+        want, _ = _greedy_tokens(ort.target, torch.tensor([3]), steps)
+    eng = load_trt_engines(d, device=ctx.device)
+    got, _ = _greedy_tokens(eng.target, torch.tensor([3], device=ctx.device), steps)
+    eng.close()
+    return dict(token_parity(got, want), steps=steps)
+
+
+def _step_vs_floor(ctx: Ctx, d: Path, plan) -> dict:
+    """ms of one tree verification at the plan's tree (the GPU budget's size) against the plan's floor."""
+    import torch
+
+    from lisa_trt.engines.trt import load_trt_engines
+
+    eng = load_trt_engines(d, device=ctx.device)
+    S = min(plan.tree if plan is not None else 16, eng.target._verify.seq_capacity)
+    cache = eng.target.new_cache(1, extra=S)
+    with torch.no_grad():
+        eng.target.prefill(torch.tensor([3], device=ctx.device), cache)
+        tok, pos, slots, mask = _tree_step(cache, S, eng.target.config.vocab_size)
+        t = time_ms(lambda: eng.target.forward_tokens(tok, pos, slots, mask, cache), reps=10, warmup=3, cuda=ctx.cuda)
+    eng.close()
+    return dict(floor_check(t["median_ms"], plan.floor_ms if plan is not None else {}), nodes=S)
+
+
+def _memory_vs_plan(ctx: Ctx, d: Path, plan) -> dict:
+    """Device memory of a greedy decode on the TensorRT engines (torch's peak: caches, engine I/O, the
+    shared activation buffer; plus the plan files' sizes for TensorRT's weights) against the plan."""
+    import torch
+
+    from lisa_trt.engines.trt import load_trt_engines
+
+    if not ctx.cuda:
+        return {"skipped": "no CUDA device (the device memory of a decode needs one)"}
+    if plan is None:
+        return {"skipped": "no plan for this GPU (not in deploy/gpus.GPUS)"}
+    eng = load_trt_engines(d, device=ctx.device)
+    _greedy_tokens(eng.target, torch.tensor([3], device=ctx.device), 8)
+    weights = sum((d / r["plan"]).stat().st_size for r in eng.manifest.engines["graphs"].values())
+    used = torch.cuda.max_memory_allocated() + weights
+    eng.close()
+    return memory_check(used, plan.total)
 
 
 def _trt_parity(ctx: Ctx, d: Path) -> dict:
@@ -669,7 +889,7 @@ def _trt_parity(ctx: Ctx, d: Path) -> dict:
 
 RUNNERS = {"env": section_env, "gasv_kernel": section_gasv_kernel, "verify_latency": section_verify_latency,
            "demo_decode": section_demo_decode, "compiled_decode": section_compiled_decode,
-           "decoders": section_decoders, "tensorrt": section_tensorrt}
+           "decoders": section_decoders, "cuda_graph": section_cuda_graph, "tensorrt": section_tensorrt}
 
 
 # ----------------------------------------------------------------------------- main

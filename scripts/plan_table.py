@@ -27,7 +27,7 @@ def table() -> str:
     from lisa_trt.deploy.memory_plan import GIB, GPUS as DEVICES, make_plan
 
     g = lambda b: f"{b / GIB:.2f}"  # noqa: E731
-    head = ["model", "px", "precision", "target weights", "KV cache", "drafter", "tables + VQ", "activations",
+    head = ["model", "px", "precision", "target weights", "KV cache", "drafter", "tables + VQ", "activations + io + loop",
             "run total", "build peak"] + [f"{DEVICES[d].label} ({g(DEVICES[d].usable)} usable)" for d in GPUS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, size in MODELS:
@@ -37,9 +37,9 @@ def table() -> str:
                 p = make_plan(name, gpu=gpu, precision=prec, batch=BATCH, tree=TREE, image_size=size)
                 cells.append(f"{'yes' if p.fits else 'no'} (batch <= {p.max_batch})" if p.fits else "no")
             e = p.engines
-            act = sum(v.get("activations", 0) for v in e.values())
+            act = sum(v.get("activations", 0) + v.get("io", 0) for v in e.values()) + p.temporaries
             small = e["gasv"]["weights"] + e["vq_decode"]["weights"]
-            dr = sum(e["drafter"].values()) - e["drafter"]["activations"]
+            dr = e["drafter"]["weights"] + e["drafter"]["kv_cache"]
             lines.append("| " + " | ".join([name, str(size), prec, g(e["target"]["weights"]), g(e["target"]["kv_cache"]),
                                             g(dr), g(small), g(act), g(p.total), g(p.build_peak), *cells]) + " |")
     return "\n".join(lines)

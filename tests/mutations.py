@@ -88,6 +88,9 @@ MUTATIONS = [
     M("plan_weights_once", "memory plan", "lisa_trt/deploy/memory_plan.py",
       '"weights": s.target.bytes(prec) * copies,', '"weights": s.target.bytes(prec),',
       ["tests/deploy/test_plan_two_copies.py", "tests/engines/test_plan.py"], "two weight copies counted once"),
+    M("plan_io_one_buffer", "memory plan", "lisa_trt/engines/allocation.py",
+      "return sum(pool_depth(t.name, spec.graph.value) * cap[t.name]", "return sum(cap[t.name]",
+      ["tests/deploy/test_plan_is_the_allocation_list.py"], "engine outputs planned one buffer each"),
     # -- the new-rows KV commit and attention
     M("kv_commit_off_by_one", "KV commit", "lisa_trt/engines/graph.py",
       "slots.to(cache.k[0].device))", "(slots + 1).to(cache.k[0].device))",

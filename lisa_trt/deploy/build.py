@@ -92,7 +92,10 @@ def build_plan(onnx_path: Path, profiles: list, plan_path: Path, *, timing_cache
             profiles=trt_profiles,
             load_timing_cache=str(tc) if tc is not None and tc.is_file() else None,
             refittable=True if refit else None,
-            memory_pool_limits={trt.MemoryPoolType.WORKSPACE: int(workspace)} if workspace else None)
+            memory_pool_limits={trt.MemoryPoolType.WORKSPACE: int(workspace)} if workspace else None,
+            # DETAILED: the engine inspector's layer list names each layer's type and tactic, which
+            # bench/gpu_check.py reads to see whether attention was fused (no runtime cost)
+            profiling_verbosity=getattr(getattr(trt, "ProfilingVerbosity", None), "DETAILED", None))
         engine = engine_from_network(network, config=config, save_timing_cache=str(tc) if tc is not None else None)
     except LisaError:
         raise

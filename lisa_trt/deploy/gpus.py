@@ -3,6 +3,7 @@ bandwidth, and whether host and GPU share the memory (Jetson); or any device giv
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -79,10 +80,12 @@ def gpu_name(gpu: str) -> str:
     return key
 
 
-def resolve_gpu(gpu: Optional[str] = None, memory_gib: Optional[float] = None) -> GPU:
-    """A named GPU, or a device of `memory_gib` GiB (not both; neither: DEFAULT_GPU)."""
+def resolve_gpu(gpu=None, memory_gib: Optional[float] = None) -> GPU:
+    """A named GPU (or a GPU itself), or a device of `memory_gib` GiB (not both; neither: DEFAULT_GPU)."""
     if gpu is not None and memory_gib is not None:
         raise InputError("give either --gpu NAME or --memory-gib N, not both")
+    if isinstance(gpu, GPU):
+        return gpu
     if gpu is None and memory_gib is None:
         gpu = DEFAULT_GPU
     if gpu is not None:
@@ -92,4 +95,37 @@ def resolve_gpu(gpu: Optional[str] = None, memory_gib: Optional[float] = None) -
     return GPU(f"{memory_gib:g}GiB", f"a device with {memory_gib:g} GiB", int(memory_gib * GIB))
 
 
-__all__ = ["DEFAULT_GPU", "GPU", "GPUS", "gpu_name", "resolve_gpu"]
+# torch.cuda.get_device_name patterns -> GPUS keys ("{mem}": the size decides, A100 40 / 80 GB, Orin 32 / 64
+# GB). H100 PCIe is left out: its bandwidth and peaks are below the SXM board's the table holds.
+_CUDA_NAMES = ((r"RTX 4090", "rtx4090"), (r"\bH200\b", "h200"), (r"\bH100\b(?!.*PCIe)", "h100"),
+               (r"\bA100\b", "a100-{mem}"), (r"\bL4\b", "l4"), (r"\bA10\b", "a10"), (r"Orin", "orin-{mem}"))
+
+
+def gpu_from_cuda_name(name: str, total_bytes: int) -> Optional[str]:
+    """The GPUS key of a CUDA device (its torch.cuda.get_device_name and total memory); None for a
+    device the table does not know (its peaks unknown: plan it with --memory-gib)."""
+    for pattern, key in _CUDA_NAMES:
+        if re.search(pattern, name, re.IGNORECASE):
+            if key == "a100-{mem}":
+                return "a100-80" if total_bytes > 48 * GIB else "a100-40"
+            if key == "orin-{mem}":
+                return "orin-64" if total_bytes > 40 * GIB else "orin-32"
+            return key
+    return None
+
+
+def visible_gpu() -> Optional[GPU]:
+    """The GPUS entry of the visible CUDA device 0; None without CUDA or for a device not in the table."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        props = torch.cuda.get_device_properties(0)
+    except Exception:  # noqa: BLE001 - a broken CUDA setup is the backend's to report
+        return None
+    key = gpu_from_cuda_name(props.name, props.total_memory)
+    return GPUS.get(key) if key else None
+
+
+__all__ = ["DEFAULT_GPU", "GPU", "GPUS", "gpu_from_cuda_name", "gpu_name", "resolve_gpu", "visible_gpu"]

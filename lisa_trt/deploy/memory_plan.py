@@ -16,9 +16,9 @@ What is counted (docs/deployment.md explains each formula and which numbers are 
                engine runs the prefill too (its "prefill" profile; engines/build.default_build_graphs);
                an engine directory exported before that (separate prefill and verify engines) plans
                two (ModelShape.target_copies), as does `weight_copies=2`.
-  KV cache     the past_key_values.* buffers of the target's verify graph and the drafter's step graph
-               at their io-spec shapes (engines/allocation.kv_cache_bytes, what the runtime's caches are
-               checked against): 2 x layers x kv_heads x head_dim x max_cache_len x rows x kv bytes,
+  KV cache     the target's: models/layers.kv_cache_shape, the function the runtime's KVCache allocates
+               with; the drafter's: its step graph's past_key_values.* at their io-spec shapes
+               (engines/allocation.kv_cache_bytes): 2 x layers x kv_heads x head_dim x max_cache_len x rows x kv bytes,
                rows = batch x 2 with CFG; kv bytes 2 (fp16) for every precision but fp32 (4): int8 /
                fp8 / int4 quantize weights, the cache stays fp16. max_cache_len = round_up(prompt + span
                prefix + image tokens + tree, 8), the exporters' rule (export/onnx.max_cache_len,
@@ -36,13 +36,24 @@ What is counted (docs/deployment.md explains each formula and which numbers are 
                allocation.context_memory_bytes). Otherwise an ESTIMATE, per engine, its largest call:
                rows x S x (6 H + 2 F) x act bytes (residual, norm, q, k, v, attention out; gate and
                up of the MLP), attention scores rows x heads x S x max_cache_len x 4 (fp32, as if not
-               fused), and the outputs (fp32 logits
-               rows x S x vocab, taps 3H, hidden H). S = prompt for prefill, tree for verify.
+               fused); S = max(prompt, tree) (the prefill runs through the verify engine).
                VQ decoder: batch x 4 feature maps of pixels x ch x 2 bytes at full resolution.
+  io           the engines' output buffers, which TensorRT's context memory excludes: TrtRunner pools
+               allocation.pool_depth buffers per output (2; 1 for the new K/V rows) at the output's
+               largest shape over the engine's profiles, so the full-vocabulary fp32 logits of the
+               prefill and of a tree step share one pool. A built directory: exact (allocation.io_bytes
+               at the recorded profiles); otherwise the same rule at S = max(prompt, tree): 2 x (fp32
+               logits rows x S x vocab + taps and hidden 4H x act) + the new rows 2 x layers x kv_heads x
+               head_dim per token (the drafter: its head, 2 Hd, its one layer; GASV: p / delta / gate
+               per node; VQ: pixels).
+  loop temps   ESTIMATE: the decode loop's own tensors per step (loop_temporaries): four fp32
+               (batch, tree, vocab) tensors and the tree mask.
   overhead     ESTIMATE: CUDA context + cuBLAS / cuDNN / TensorRT runtime (CONTEXT_BYTES).
   builder      ESTIMATE: during `lisa-trt build` the builder holds the engine being built plus its
-               workspace (WORKSPACE_BYTES unless --workspace is given): the build peak is the largest
-               engine's weights + activations + workspace + overhead.
+               workspace (WORKSPACE_BYTES, `build`'s default too, unless --workspace is given): the build
+               peak is the largest engine's weights + activations + workspace + overhead.
+  host at load host memory loading takes (host_load_bytes): the largest plan file's pages, mapped
+               while TensorRT deserializes it (trt_plans.map_plan, no copy), + one hash slice.
 fits = the run total and the build peak are both within the device's usable memory.
 bandwidth floor per step = the bytes one target call / one drafter step must move (weights, one
 read of the cache, step_bytes; the new rows a call commits are negligible beside them) / the GPU's
@@ -60,8 +71,9 @@ from pathlib import Path
 
 from ..config import SamplingConfig
 from ..errors import InputError
-from ..engines.allocation import PLAN_BACKENDS, context_memory_bytes, kv_cache_bytes
+from ..engines.allocation import HELD, OUTPUT_POOL, PLAN_BACKENDS, context_memory_bytes, io_bytes, kv_cache_bytes
 from ..models.io_spec import GASV_K, Graph, graph_spec  # GASV_K: neighbour columns baked into the GASV graph
+from ..models.layers import kv_cache_shape  # the one shape the runtime's KVCache allocates
 from ..export.quantize import DEFAULT_BLOCK_SIZE as INT4_BLOCK  # int4 weights: one fp16 scale per block
 from ..models.family import family_named
 from .gpus import DEFAULT_GPU, GIB, GPU, GPUS, MIB, gpu_name, resolve_gpu  # noqa: F401 (re-exported)
@@ -124,11 +136,27 @@ def table_bytes(s: ModelShape) -> int:
     return K * s.dim * 4 + K * 4 + K * 8 + clusters * 4 + K * GASV_K * 8
 
 
-def _step_act(rows: int, S: int, H: int, F: int, heads: int, L: int, vocab: int, act: int, taps: bool) -> int:
+def _step_act(rows: int, S: int, H: int, F: int, heads: int, L: int, act: int) -> int:
+    """An engine call's intermediate tensors (ESTIMATE of TensorRT's context memory; its I/O apart)."""
     hidden = rows * S * (6 * H + 2 * F) * act
     scores = rows * heads * S * L * 4
-    outs = rows * S * vocab * 4 + rows * S * (4 * H if taps else H) * act
-    return hidden + scores + outs
+    return hidden + scores
+
+
+def _outputs_io(rows: int, S: int, vocab: int, width: int, act: int, present: int, held: int = 0) -> int:
+    """Pooled output buffers of a call of S tokens (allocation.io_bytes's rule without a build record):
+    OUTPUT_POOL of the fp32 logits and the `width`-wide act outputs (taps, hidden), `held` more buffers
+    of `width` / 2 (allocation.HELD: the drafter's extra hidden state), one of the new K/V rows
+    (`present` bytes per token)."""
+    extra = (held - OUTPUT_POOL) * (width // 2) if held else 0
+    return rows * S * (OUTPUT_POOL * (vocab * 4 + width * act) + extra * act + present)
+
+
+def loop_temporaries(batch: int, rows: int, tree: int, L: int, vocab: int) -> int:
+    """ESTIMATE of the decode loop's tensors beside the engines' (speculative/*): per tree step four
+    fp32 (batch, tree, vocab) tensors (CFG-mixed logits, target and draft probabilities, the residual
+    of verification) and the tree's attention mask (rows, tree, L) bool."""
+    return 4 * batch * tree * vocab * 4 + rows * tree * L
 
 
 @dataclass
@@ -165,6 +193,8 @@ class Plan:
     step_bytes: dict = field(default_factory=dict)  # {"target" | "drafter": bytes one call moves} (step_bytes)
     peak_tflops: float = 0.0  # the device's dense tensor-core peak at this precision (0: unknown)
     step_flops: dict = field(default_factory=dict)  # {"target" | "drafter": FLOPs of one call} (step_flops)
+    temporaries: int = 0  # the decode loop's own tensors per step (loop_temporaries, estimate)
+    host_load: int = 0  # host memory loading takes at its peak (host_load_bytes)
 
     @property
     def compute_floor_ms(self) -> dict:
@@ -244,6 +274,7 @@ class Plan:
         d["reason"] = self.reason
         d["margin_warning"] = self.margin_warning
         d["total_gib"] = round(self.total / GIB, 3)
+        d["host_load_gib"] = round(self.host_load / GIB, 3)
         d["build_peak_gib"] = round(self.build_peak / GIB, 3)
         d["usable_gib"] = round(self.usable / GIB, 3)
         d["bandwidth_floor_ms"] = {k: round(v, 3) for k, v in self.bandwidth_floor_ms.items()}
@@ -259,16 +290,17 @@ class Plan:
         return f">= {v}" if v == self.search_limits.get(what) else str(v)
 
     def table(self) -> str:
-        parts = ("weights", "kv_cache", "activations")
+        parts = ("weights", "kv_cache", "activations", "io")
         g = lambda b: f"{b / GIB:8.2f}"  # noqa: E731
         pad = " ".join([f"{'':8s}"] * len(parts))
         lines = [f"{self.model} ({self.family}) on {self.gpu_label}: {self.precision}, {self.image_size} px, batch "
                  f"{self.batch}{' with CFG (' + str(self.rows) + ' rows)' if self.cfg else ' (no CFG)'}, tree "
                  f"{self.tree}, prompt {self.prompt_len}, cache {self.max_cache_len} slots; "
                  f"{'TensorRT' if self.backend == 'trt' else 'ONNX Runtime'}",
-                 f"{'engine':14s} {'weights':>8s} {'kv cache':>8s} {'activ.':>8s} {'total':>8s}  (GiB)"]
+                 f"{'engine':14s} {'weights':>8s} {'kv cache':>8s} {'activ.':>8s} {'io':>8s} {'total':>8s}  (GiB)"]
         for name, e in self.engines.items():
             lines.append(f"{name:14s} " + " ".join(g(e.get(p, 0)) for p in parts) + " " + g(sum(e.values())))
+        lines.append(f"{'loop temps':14s} {pad} {g(self.temporaries)}  the decode loop's tensors per step (estimate)")
         lines.append(f"{'overhead':14s} {pad} {g(self.overhead)}  CUDA context + runtime (estimate)")
         lines.append(f"{'run total':14s} {pad} {g(self.total)}  of {self.usable / GIB:.2f} usable")
         if self.load_transient:
@@ -276,6 +308,8 @@ class Plan:
                          "unified memory beside its engine (estimate)")
         lines.append(f"{'build peak':14s} {pad} {g(self.build_peak)}  largest engine + "
                      f"{self.workspace / GIB:.2f} GiB builder workspace + overhead")
+        lines.append(f"{'host at load':14s} {pad} {g(self.host_load)}  host memory: the largest plan file's mapped "
+                     "pages while TensorRT deserializes it + one hash slice")
         lines.append(self._bandwidth_line())
         if self.search_limits:
             verdict = "yes" if self.fits else "NO"
@@ -311,6 +345,7 @@ class Runtime:
 
     backend: str = "trt"
     engines: dict = field(default_factory=dict)
+    io: dict = field(default_factory=dict)  # {graph: bytes of its pooled outputs} (allocation.io_bytes)
 
     def device_memory(self, graphs, holder: bool = False) -> Optional[int]:
         """The TensorRT contexts' memory of these engines as TrtRunner allocates it: ONE buffer for every
@@ -324,6 +359,13 @@ class Runtime:
         if not holder:
             return 0
         return max(context_memory_bytes(r["device_memory"]) for r in self.engines.values() if "device_memory" in r)
+
+    def io_bytes(self, graphs) -> Optional[int]:
+        """The pooled output buffers TrtRunner makes for those of `graphs` that were built (exact, from
+        the build record's profiles); None when nothing was built (or on ORT)."""
+        if self.backend != "trt" or not self.io:
+            return None
+        return sum(self.io.get(g, 0) for g in graphs)
 
 
 BACKENDS = PLAN_BACKENDS
@@ -339,7 +381,20 @@ def resolve_runtime(model, backend: str = "trt", manifest=None) -> Runtime:
     built = {}
     if isinstance(model, (str, Path)):
         built = built_graphs(_engine_record(model, manifest)[0])
-    return Runtime(backend, built)
+    if not built or backend != "trt":
+        return Runtime(backend, built)
+    return Runtime(backend, built, _built_io(model, built, manifest))
+
+
+def _built_io(engine_dir, built: dict, manifest=None) -> dict:
+    """{graph: allocation.io_bytes} of the built engines, at their recorded profiles."""
+    from ..export.manifest import read_manifest
+
+    man = manifest if manifest is not None else read_manifest(engine_dir, check_files=False)
+    act = 2 if man.precision == "fp16" else 4
+    dims = man.dims
+    return {g: io_bytes(man.spec(Graph(g)), dims, [p["shapes"] for p in r.get("profiles", [])], act)
+            for g, r in built.items()}
 
 
 def _target_graphs(copies: int) -> list:
@@ -350,13 +405,14 @@ def _target_graphs(copies: int) -> list:
 def _target_part(s: ModelShape, prec: Precision, rows: int, tree: int, prompt: int, L: int, copies: int,
                  rt: Runtime) -> dict:
     a = prec.act
-    last = rows * s.vocab * 4 + rows * 4 * s.dim * a  # prefill outputs at the last prompt position
-    act = max(_step_act(rows, prompt, s.dim, s.ffn, s.n_head, L, 0, a, False) + last,  # prefill
-              _step_act(rows, tree, s.dim, s.ffn, s.n_head, L, s.vocab, a, True))  # tree verification
-    dims = {"batch": rows, "kv_heads": s.kv_heads, "cache_len": L, "head_dim": s.head_dim}
-    kv = kv_cache_bytes(graph_spec(Graph.TARGET_VERIFY, n_layer=s.n_layer), dims, prec.kv)  # one cache, any copies
+    S = max(prompt, tree)  # the prefill (the prompt through the verify engine) or a tree verification
+    act = _step_act(rows, S, s.dim, s.ffn, s.n_head, L, a)
+    io = _outputs_io(rows, S, s.vocab, 4 * s.dim, a, 2 * s.n_layer * s.kv_heads * s.head_dim * prec.kv)
+    kv = math.prod(kv_cache_shape(s, rows, L)) * prec.kv  # one cache, any copies: what KVCache allocates
     built = rt.device_memory(_target_graphs(copies), holder=True)  # the bundle's one activation buffer
-    return {"weights": s.target.bytes(prec) * copies, "kv_cache": kv, "activations": act if built is None else built}
+    built_io = rt.io_bytes([Graph.TARGET_PREFILL.value, Graph.TARGET_VERIFY.value])  # the built ones
+    return {"weights": s.target.bytes(prec) * copies, "kv_cache": kv, "activations": act if built is None else built,
+            "io": io if built_io is None else built_io}
 
 
 def _drafter_part(s: ModelShape, prec: Precision, rows: int, tree: int, prompt: int, L: int, rt: Runtime) -> dict:
@@ -364,12 +420,16 @@ def _drafter_part(s: ModelShape, prec: Precision, rows: int, tree: int, prompt: 
     Hd = s.draft_hidden or s.dim
     heads = max(1, Hd // s.head_dim)
     S = max(tree, prompt)
-    dact = (_step_act(rows, S, Hd, s.draft_ffn or s.ffn, heads, L, s.draft_head or s.codes, a, False)
-            + rows * S * 3 * s.dim * a)  # + the taps it reads
+    dact = _step_act(rows, S, Hd, s.draft_ffn or s.ffn, heads, L, a) + rows * S * 3 * s.dim * a  # + the taps it reads
+    # drafter_step: logits over its head, hidden, its new K/V rows; drafter_project: hidden
+    io = _outputs_io(rows, S, s.draft_head or s.codes, 2 * Hd, a, 2 * Hd * prec.kv,
+                     held=HELD[(Graph.DRAFTER_STEP.value, "hidden")])
     dims = {"batch": rows, "draft_heads": heads, "cache_len": L, "draft_head_dim": Hd // heads}
     kv = kv_cache_bytes(graph_spec(Graph.DRAFTER_STEP), dims, prec.kv)  # the drafter's one cache
-    built = rt.device_memory([Graph.DRAFTER_PROJECT.value, Graph.DRAFTER_STEP.value])
-    return {"weights": drafter_weights(s).bytes(prec), "kv_cache": kv, "activations": dact if built is None else built}
+    graphs = [Graph.DRAFTER_PROJECT.value, Graph.DRAFTER_STEP.value, Graph.MEDUSA_HEADS.value]
+    built, built_io = rt.device_memory(graphs[:2]), rt.io_bytes(graphs)
+    return {"weights": drafter_weights(s).bytes(prec), "kv_cache": kv, "activations": dact if built is None else built,
+            "io": io if built_io is None else built_io}
 
 
 def _parts(s: ModelShape, prec: Precision, batch: int, tree: int, cfg: bool, prompt: int, copies: int,
@@ -381,13 +441,15 @@ def _parts(s: ModelShape, prec: Precision, batch: int, tree: int, cfg: bool, pro
         engines["drafter"] = _drafter_part(s, prec, rows, tree, prompt, L, rt)
     if s.has_tables:
         nodes = batch * tree
-        built = rt.device_memory([Graph.GASV.value])
+        built, built_io = rt.device_memory([Graph.GASV.value]), rt.io_bytes([Graph.GASV.value])
         engines["gasv"] = {"weights": table_bytes(s), "activations": nodes * (3 * s.codes + GASV_K * s.dim) * 4
-                           if built is None else built}
+                           if built is None else built,
+                           "io": OUTPUT_POOL * nodes * 3 * 4 if built_io is None else built_io}  # p, delta, gate
     if s.has_vq:
-        built = rt.device_memory([Graph.VQ_DECODE.value])
+        built, built_io = rt.device_memory([Graph.VQ_DECODE.value]), rt.io_bytes([Graph.VQ_DECODE.value])
         engines["vq_decode"] = {"weights": s.vq_params * 2, "activations": batch * 4 * s.pixels * s.vq_ch * 2
-                                if built is None else built}
+                                if built is None else built,
+                                "io": OUTPUT_POOL * batch * 3 * s.pixels * 4 if built_io is None else built_io}
     return rows, L, engines
 
 
@@ -415,7 +477,7 @@ def step_flops(s: ModelShape, rows: int, tree: int, L: int) -> dict:
     return out
 
 
-def _load_transient(engines: dict, device: GPU, overhead: int) -> int:
+def _load_transient(engines: dict, device: GPU, overhead: int, total: int) -> int:
     """Unified memory (Jetson): how far loading goes above the run total. Engines load in the plan's
     order (target first, engines.graph.load_engines) before any cache exists; each plan file is
     mapped (trt_plans.load_plan / map_plan: no copy in process memory), but its pages (about its
@@ -426,12 +488,20 @@ def _load_transient(engines: dict, device: GPU, overhead: int) -> int:
     for e in engines.values():
         peak = max(peak, loaded + 2 * e["weights"] + e.get("activations", 0))
         loaded += e["weights"] + e.get("activations", 0)
-    total = sum(sum(e.values()) for e in engines.values()) + overhead
     return max(0, peak - total)
 
 
-def _totals(engines: dict, overhead: int, workspace: int) -> tuple[int, int]:
-    total = sum(sum(e.values()) for e in engines.values()) + overhead
+def host_load_bytes(engines: dict) -> int:
+    """Host memory loading takes at its peak: the pages of the largest plan file (about its engine's
+    weights), mapped read-only while TensorRT deserializes it (trt_plans.map_plan; file-backed pages
+    the kernel may drop), plus the one slice its hash reads at a time (trt_plans.HASH_CHUNK)."""
+    from ..engines.trt_plans import HASH_CHUNK
+
+    return max(e["weights"] for e in engines.values()) + HASH_CHUNK
+
+
+def _totals(engines: dict, overhead: int, workspace: int, temporaries: int = 0) -> tuple[int, int]:
+    total = sum(sum(e.values()) for e in engines.values()) + overhead + temporaries
     peak = max(e["weights"] + e.get("activations", 0) for e in engines.values()) + workspace + overhead
     return total, peak
 
@@ -478,11 +548,12 @@ def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] =
 
     def evaluate(b: int, t: int):
         rows, L, engines = _parts(s, prec, b, t, cfg, prompt, weight_copies, rt)
-        total, peak = _totals(engines, CONTEXT_BYTES, ws)
-        load = _load_transient(engines, device, CONTEXT_BYTES)
-        return rows, L, engines, total, peak, load, max(total + load, peak) <= device.usable
+        temps = loop_temporaries(b, rows, t, L, s.vocab)
+        total, peak = _totals(engines, CONTEXT_BYTES, ws, temps)
+        load = _load_transient(engines, device, CONTEXT_BYTES, total)
+        return rows, L, engines, total, peak, load, max(total + load, peak) <= device.usable, temps
 
-    rows, L, engines, total, peak, load, fits = evaluate(batch, tree)
+    rows, L, engines, total, peak, load, fits, temps = evaluate(batch, tree)
     notes = []
     if s.precision and precision and precision != s.precision:
         notes.append(f"planned at {precision}; the engine directory was exported at {s.precision}")
@@ -497,7 +568,8 @@ def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] =
                 rows=rows, max_cache_len=L, engines=engines, overhead=CONTEXT_BYTES, workspace=ws, total=total,
                 build_peak=peak, fits=fits, notes=notes, backend=rt.backend,
                 bandwidth=device.bandwidth, load_transient=load, step_bytes=step_bytes(engines),
-                peak_tflops=device.peak_tflops(prec.name), step_flops=step_flops(s, rows, tree, L))
+                peak_tflops=device.peak_tflops(prec.name), step_flops=step_flops(s, rows, tree, L),
+                temporaries=temps, host_load=host_load_bytes(engines))
     if search and not fits:
         plan.fitting_precisions = [q for q in ("fp16", "int8", "int4")
                                    if PRECISIONS[q].weight < prec.weight
@@ -506,8 +578,8 @@ def make_plan(model, *, gpu: Optional[str] = None, memory_gib: Optional[float] =
                                                  workspace=workspace, weight_copies=weight_copies, search=False,
                                                  backend=backend).fits]
     if search:
-        plan.max_batch = largest(lambda b: evaluate(b, tree)[-1], MAX_BATCH_SEARCH)
-        plan.max_tree = largest(lambda t: evaluate(batch, t)[-1], s.max_tree or MAX_TREE_SEARCH)
+        plan.max_batch = largest(lambda b: evaluate(b, tree)[6], MAX_BATCH_SEARCH)
+        plan.max_tree = largest(lambda t: evaluate(batch, t)[6], s.max_tree or MAX_TREE_SEARCH)
         plan.search_limits = {"batch": MAX_BATCH_SEARCH, "tree": s.max_tree or MAX_TREE_SEARCH}
     return plan
 

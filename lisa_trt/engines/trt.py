@@ -17,7 +17,8 @@ How a call runs (TrtRunner):
     when the TensorRT version allows (USER_MANAGED allocation, `SharedActivations`), since they
     run one at a time on one stream;
   - binds once (`run_static`): the KV caches once per cache object and context, a shape or an
-    address again only when it changed; outputs from a pool reused once the caller dropped them;
+    address again only when it changed; outputs from a pool reused once the caller dropped them,
+    made at the first call at the engine's largest output shapes (what `lisa-trt plan` counts);
   - inputs and outputs are torch CUDA tensors bound by address (`set_input_shape`,
     `set_tensor_address(name, t.data_ptr())`), then `execute_async_v3` on the current torch
     stream: no host copies, no synchronisation;
@@ -51,7 +52,7 @@ import torch
 
 from ..errors import InputError, LisaError
 from ..models.io_spec import Graph, GraphSpec
-from .allocation import AllocationLog, context_memory_bytes, storage_free
+from .allocation import OUTPUT_POOL, AllocationLog, context_memory_bytes, output_capacity, pool_depth, storage_free
 from .base import Backend, GraphRunner, register_backend, torch_dtype  # noqa: F401 (torch_dtype re-exported)
 from .trt_plans import load_plan, require_tensorrt_gpu
 from .profiles import ProfileSpec
@@ -223,9 +224,6 @@ class _Bound:
         self.shapes, self.addr, self.static = {}, {}, None
 
 
-OUTPUT_POOL = 2  # output buffers kept per output name: the caller may hold the previous call's outputs
-
-
 class TrtRunner(GraphRunner):
     """One deserialized engine with an execution context per optimisation profile.
 
@@ -258,6 +256,7 @@ class TrtRunner(GraphRunner):
         self._static, self._static_sig = None, ()
         plan, rec = load_plan(engine_dir, graph, record=record)
         self.profiles = [ProfileSpec.from_dict(p) for p in rec["profiles"]]
+        self._capacity = output_capacity(spec, self.dims, [p.shapes for p in self.profiles])
         self.alignment = ALIGNMENT if self.device.type == "cuda" else 1  # CPU: only the tests' fake engine
         with _on(self.device):
             init_plugins(trt)
@@ -348,20 +347,24 @@ class TrtRunner(GraphRunner):
     # -- outputs ------------------------------------------------------------------------------
 
     def _output(self, name: str, shape: tuple, dtype) -> torch.Tensor:
-        """An output tensor of `shape`: a view of a pooled buffer no caller holds, else a new one
-        (kept in the pool while it has fewer than OUTPUT_POOL buffers)."""
+        """An output tensor of `shape`: a view of a pooled buffer no caller holds. The pool of an
+        output is made at its first call: allocation.pool_depth buffers at the output's capacity (its
+        largest shape over the engine's profiles, allocation.output_capacity), the sizes `lisa-trt
+        plan` counts as io; a call finding every pooled buffer held adds one to the pool (then the
+        run holds more than the plan counts: tests/deploy/test_plan_is_the_allocation_list.py)."""
         n = 1
         for d in shape:
             n *= int(d)
-        pool = self._pool.setdefault(name, [])
-        for i, buf in enumerate(pool):
-            if storage_free(buf):
-                if buf.numel() < n:
-                    buf = pool[i] = self.log.empty("io", self.name, (n,), dtype, self.device)
+        pool = self._pool.get(name)
+        if pool is None:
+            cap = max(n, self._capacity.get(name, 0))
+            pool = self._pool[name] = [self.log.empty("io", self.name, (cap,), dtype, self.device)
+                                       for _ in range(pool_depth(name, self.name))]
+        for buf in pool:
+            if buf.numel() >= n and storage_free(buf):
                 return buf[:n].view(shape)
-        buf = self.log.empty("io", self.name, (n,), dtype, self.device)
-        if len(pool) < OUTPUT_POOL:
-            pool.append(buf)
+        buf = self.log.empty("io", self.name, (max(n, self._capacity.get(name, 0)),), dtype, self.device)
+        pool.append(buf)  # the loop holds more of these at once: keep it (the pool is as deep as the holds)
         return buf[:n].view(shape)
 
     def allocate(self, inputs: dict, names) -> dict:
@@ -382,7 +385,7 @@ class TrtRunner(GraphRunner):
                                       f"{self.alignment}-byte aligned (TensorRT setTensorAddress); pass a freshly "
                                       "allocated tensor")
             t = aligned_input(t, self.alignment)
-            self.log.entries.append(("io", self.name, t.numel() * t.element_size()))
+            self.log.entries.append(("copies", self.name, t.numel() * t.element_size()))
         return t
 
     def _set(self, k: int, name: str, t: torch.Tensor, is_input: bool) -> None:

@@ -49,6 +49,46 @@ def default_tree_budgets(config, measured: Optional[dict] = None, *, plan=None) 
     return budgets
 
 
+GPU_BACKENDS = ("trt", "torch", "auto")  # backends whose run may be on a GPU (torch and auto: when one is visible)
+
+
+def gpu_plan(source, backend: str, *, gpu=None, batch: int = 1, cfg: Optional[bool] = None):
+    """The memory plan (deploy/memory_plan.Plan, with its floors) of a run of `source` on the GPU it
+    would use, for `default_tree_budgets(plan=)`: None on a CPU backend, without a visible CUDA device
+    the GPU table knows (its peaks), or for a source the planner cannot size.
+
+    Args:
+        source: what the run opens (an engine directory, a checkpoint, a known model name).
+        backend: the run's backend; only GPU_BACKENDS are planned.
+        gpu: a GPUS name or deploy/gpus.GPU (default: the visible CUDA device, gpus.visible_gpu).
+        batch: prompts per call (runs decode one prompt per call).
+        cfg: doubled rows for CFG (default: the engine directory's, memory_plan.run_uses_cfg; True else).
+    """
+    from ..deploy.gpus import visible_gpu
+    from ..deploy.memory_plan import make_plan, run_uses_cfg
+    from ..errors import LisaError
+
+    if backend not in GPU_BACKENDS:
+        return None
+    gpu = gpu if gpu is not None else visible_gpu()
+    if gpu is None:
+        return None
+    try:
+        if cfg is None:  # an engine directory's own CFG default; a name or checkpoint: planned with CFG
+            cfg = run_uses_cfg(source) if _is_bundle(source) else True
+        return make_plan(source, gpu=gpu, batch=batch, cfg=cfg, search=False)
+    except LisaError:  # a source the planner cannot size: the GPU budget stays the default
+        return None
+
+
+def _is_bundle(source) -> bool:
+    from pathlib import Path
+
+    from ..export.manifest import manifest_path
+
+    return isinstance(source, (str, Path)) and manifest_path(source) is not None
+
+
 def expected_mal(accept: Sequence[float], k: int, depth: int, total: int) -> float:
     """MAL of a K-ary tree of D + 1 drafted levels truncated to `total` - 1 nodes.
 

@@ -37,10 +37,10 @@ def test_two_copies_double_the_target_weights_and_nothing_else(precision):
     one, two = _plans(precision=precision, backend="ort")
     assert set(one.engines) == set(two.engines) == {"target", "drafter", "gasv", "vq_decode"}
     t1, t2 = one.engines["target"], two.engines["target"]
-    assert set(t1) == set(t2) == {"weights", "kv_cache", "activations"}
+    assert set(t1) == set(t2) == {"weights", "kv_cache", "activations", "io"}
     assert t2["weights"] == 2 * t1["weights"] > 0
     assert t2["kv_cache"] == t1["kv_cache"] > 0, "the KV cache is one buffer whatever the weight copies"
-    assert t2["activations"] == t1["activations"]
+    assert t2["activations"] == t1["activations"] and t2["io"] == t1["io"]
     for name in ("drafter", "gasv", "vq_decode"):
         assert two.engines[name] == one.engines[name], name
     assert (one.rows, one.max_cache_len) == (two.rows, two.max_cache_len)

@@ -574,7 +574,7 @@ def test_gpu_check_cpu_smoke(tmp_path):
     d = json.loads(out.read_text())
     s = d["sections"]
     assert d["mode"] == "cpu-smoke" and set(s) == {"env", "gasv_kernel", "verify_latency", "demo_decode",
-                                                    "compiled_decode", "decoders", "tensorrt"}
+                                                    "compiled_decode", "decoders", "cuda_graph", "tensorrt"}
     assert all(v["status"] in ("ok", "skipped") for v in s.values()), {k: v.get("error") for k, v in s.items()}
     assert "importable" in s["env"]["tensorrt"]
     assert set(s["verify_latency"]["models"]["tiny"]["tree"]) == {"1", "4"}
@@ -582,6 +582,7 @@ def test_gpu_check_cpu_smoke(tmp_path):
     ref = s["gasv_kernel"]["cases"][0]["torch_ref"]
     assert ref["min_ms"] <= ref["median_ms"], ref
     assert "--demo-on-cpu" in s["compiled_decode"]["skipped"]  # the smoke skips the demo sections
+    assert "no CUDA" in s["cuda_graph"]["skipped"]  # CUDA-graph capture needs a GPU
     # ... but times every decoder on a tiny model in memory, with the speed-up against the fastest vanilla
     dec = s["decoders"]["modes"]["tiny-eager"]
     assert set(dec) == {"vanilla", "sjd", "mcsjd", "sjd-pac", "gsd", "zipar", "sjd-gasv", "coupled", "exact", "gasv"}

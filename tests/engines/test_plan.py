@@ -39,8 +39,14 @@ def test_tiny_llamagen_by_hand():
     # KV: 2 (k, v) x 4 layers x 4 kv heads x 16 x 32 slots x 2 rows x 2 bytes
     assert t["kv_cache"] == 2 * 4 * 4 * 16 * 32 * 2 * 2 == 65536
     # verify call (tree 8 > prefix 1): hidden 2 x 8 x (6 x 64 + 2 x 192) x 2 = 24576; scores
-    # 2 x 4 heads x 8 x 32 x 4 = 8192; logits 2 x 8 x 256 x 4 = 16384; taps + hidden 2 x 8 x 256 x 2 = 8192
-    assert t["activations"] == 24576 + 8192 + 16384 + 8192
+    # 2 x 4 heads x 8 x 32 x 4 = 8192
+    assert t["activations"] == 24576 + 8192
+    # io: 2 pooled buffers of logits 2 x 8 x 256 x 4 = 16384 and taps + hidden 2 x 8 x 256 x 2 = 8192, one of
+    # the new K/V rows 2 x 4 layers x 4 kv heads x 16 x 2 rows x 8 tokens x 2 bytes = 16384
+    assert t["io"] == 2 * (16384 + 8192) + 16384
+    # the loop's tensors: 4 fp32 (1, 8, 256) + the (2, 8, 32) tree mask
+    assert p.temporaries == 4 * 8 * 256 * 4 + 2 * 8 * 32
+    assert p.total == sum(sum(e.values()) for e in p.engines.values()) + p.temporaries + P.CONTEXT_BYTES
     # int8: 1 byte per matmul weight + 4 per output channel; embeddings / norms stay fp16
     rows = 4 * (192 + 64 + 192 + 192 + 64) + 256
     assert make_plan(s, memory_gib=8, precision="int8", tree=8, search=False).engines["target"]["weights"] == \
@@ -57,7 +63,7 @@ def test_tiny_llamagen_by_hand():
 
 def test_totals_add_up():
     p = make_plan("GPT-L", gpu="l4", tree=32, search=False)
-    assert p.total == sum(sum(e.values()) for e in p.engines.values()) + P.CONTEXT_BYTES
+    assert p.total == sum(sum(e.values()) for e in p.engines.values()) + p.temporaries + P.CONTEXT_BYTES
     assert p.build_peak == max(e["weights"] + e["activations"] for e in p.engines.values()) + P.WORKSPACE_BYTES + P.CONTEXT_BYTES
     assert p.fits == (max(p.total, p.build_peak) <= P.GPUS["l4"].usable)
 

@@ -17,10 +17,11 @@ def test_emu3_gen_shape_is_the_published_config():
     assert s.max_positions == 9216 and s.cache_len(128, 64) <= s.max_positions + 64
 
 
-@pytest.mark.parametrize("precision,fits", [("fp32", False), ("fp16", True), ("int8", True), ("int4", True)])
+@pytest.mark.parametrize("precision,fits", [("fp32", False), ("fp16", False), ("int8", True), ("int4", True)])
 def test_what_fits_a_4090_at_720px_with_cfg(precision, fits):
-    """One KV cache (2.05 GiB at fp16), updated in place on TensorRT as on ONNX Runtime: fp16 fits
-    (0.07 GiB to spare), the same plan on both backends."""
+    """One KV cache (2.05 GiB at fp16), updated in place on TensorRT as on ONNX Runtime: fp16 is 0.56 GiB
+    short once the engines' I/O (the 184,622-wide fp32 logits) and the loop's tensors are counted; the
+    same plan on both backends."""
     p = make_plan("Emu3-Gen", gpu="rtx4090", precision=precision, batch=1, tree=64)
     assert p.cfg and p.rows == 2 and p.fits is fits
     assert make_plan("Emu3-Gen", gpu="rtx4090", precision=precision, batch=1, tree=64, backend="ort").total == p.total
