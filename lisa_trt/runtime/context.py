@@ -126,7 +126,7 @@ def tuned_tree(source, target, backend: str = "torch") -> dict:
     import torch
 
     from ..models.artifact_sets import artifact_set
-    from .autotune import default_tree_budgets
+    from .autotune import default_tree_budgets, gpu_plan
 
     from ..models.family import family_of
 
@@ -134,7 +134,7 @@ def tuned_tree(source, target, backend: str = "torch") -> dict:
     if own and backend in ("torch", "ort") and artifact_set(source) is None:
         return dict(own)
     measured = _measured_budgets() if artifact_set(source) is not None else None
-    budgets = default_tree_budgets(target.config, measured)
+    budgets = default_tree_budgets(target.config, measured, plan=gpu_plan(source, backend))
     if backend == "torch" and torch.cuda.is_available():
         return budgets["trt"]
     return budgets.get(backend, budgets["default"])
