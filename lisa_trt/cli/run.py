@@ -46,7 +46,9 @@ def run(engine_dir, prompts, out_dir, overwrite, resume, backend, verify, thread
     fit (`lisa-trt plan ENGINE_DIR`)."""
     from ..runtime.commands.run import run as entry
     from ..runtime.context import resolve
+    from ..runtime.run_progress import check_run_out
 
+    check_run_out(out_dir, resume=resume, overwrite=overwrite)  # the overwrite rule, before the bundle is read
     rc = resolve(engine_dir=engine_dir, verify=verify, auto=True, sampling=sampling, tree=tree, knobs=knobs,
                  backend=backend)
     rc.run(entry, prompts=prompts, out_dir=out_dir, overwrite=overwrite, resume=resume, threads=threads,

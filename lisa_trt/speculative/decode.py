@@ -252,7 +252,7 @@ class SpeculativeDecoder:
         ds.out_buf[:, 0] = first
         with ds.timer.measure("draft"):
             dcache = self._new_drafter_cache(ds.cache, ds.prompt_len, N, spec.tree)
-            d_logits, d_hidden = self._drafter_commit(dcache, ds.prefill.taps, ds.guide.dup(first[:, None]))
+            d_logits, d_hidden = self._drafter_commit(dcache, ds.take_taps(), ds.guide.dup(first[:, None]))
         return _Decode(ds, method, spec, session, dcache, n_done=torch.ones(B, dtype=torch.long, device=dev),
                        active=torch.arange(B, device=dev), root_lp=d_logits[:, -1], root_h=d_hidden[:, -1],
                        min_left=N - 1, gen_active=ds.gen)

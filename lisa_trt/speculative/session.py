@@ -160,7 +160,7 @@ class DecodeSession:
     guide: Guide
     cache: object  # the target's KVCache: prompt, N tokens, `extra` scratch slots
     prompt_len: int  # cache slots the prompt takes
-    prefill: object  # the prefill's output (logits, taps when asked for)
+    prefill: object  # the prefill's output when the loop asked for taps (else None), until take_taps()
     first: torch.Tensor  # (B, V) guided, filtered logits of token 0 (the prefill's last position)
     gen: object  # torch.Generator, or RowGenerators (one per row)
     out_buf: torch.Tensor  # (B, N + 1) tokens, -1 where not decoded; column N: the dump of masked writes
@@ -185,6 +185,12 @@ class DecodeSession:
     def out(self) -> torch.Tensor:
         """(B, N) the tokens (a view of out_buf)."""
         return self.out_buf[:, : self.N]
+
+    def take_taps(self) -> torch.Tensor:
+        """The prefill's taps, handed over once: the session then drops the prefill's output, so an
+        engine's pooled output buffers are free again for the loop's steps (engines/trt.py)."""
+        taps, self.prefill = self.prefill.taps, None
+        return taps
 
     def first_token(self) -> torch.Tensor:
         """(B,) token 0 drawn from `first` with the session's generator (argmax when greedy)."""
@@ -250,6 +256,7 @@ def open_session(target, cond, *, sampling: SamplingConfig, layout: Optional[Seq
     gen = generators(B, dev, seed=seed, seeds=seeds, generator=generator, cap=row_cap)
     first = guide(pre.logits[:, -1], torch.zeros(B, dtype=torch.long, device=dev))
     out_buf = torch.full((B, layout.n_tokens + 1), -1, dtype=torch.long, device=dev)
+    pre = pre if taps else None  # only a loop that reads the taps keeps the prefill's output (take_taps)
     return DecodeSession(target, cond, full, B, layout, sampling, guide, cache, target.prompt_len(full), pre, first,
                          gen, out_buf, timer, stats, t0)
 

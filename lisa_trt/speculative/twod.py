@@ -77,7 +77,7 @@ class _Drafts:
         self.dc.col_valid[:, : self.cls] = False  # the prompt holds no drafter entry
         self.dc.lengths.fill_(self.cls)
         self.dc.pad = cache.pad.clone()
-        taps = session.prefill.taps[:, -1]  # (rows, 3H): the query that predicted token 0
+        taps = session.take_taps()[:, -1]  # (rows, 3H): the query that predicted token 0
         self.taps = taps.new_zeros(taps.shape[0], grid.N + 1, taps.shape[-1])  # column N: the dump
         self.taps[:, 0] = taps
         self.scratch = self.cls + grid.N + torch.arange(E, device=dev)

@@ -679,18 +679,20 @@ def test_no_step_writes_the_full_kv_cache(fake, monkeypatch):
     as it was."""
     import lisa_trt.models.layers as layers
 
-    commits, real = [], layers.commit_rows
+    commits, real = [], layers.KVCache.commit
 
-    def counted(cache, rows, slots):
-        before = cache.clone()
-        real(cache, rows, slots)
-        changed = (cache != before).any(-1).any(1)  # (B, L): slots whose rows changed
-        outside = torch.ones_like(changed)
-        outside.scatter_(1, slots, False)
-        commits.append((rows.numel() * rows.element_size(), cache.numel() * cache.element_size(),
-                        bool((changed & outside).any()), tuple(slots.shape)))
+    def counted(cache, k_rows, v_rows, slots):  # the runner's one commit of a call, checked per layer
+        bufs, new = cache.k + cache.v, [*k_rows, *v_rows]
+        before = [b.clone() for b in bufs]
+        real(cache, k_rows, v_rows, slots)
+        for buf, prev, rows in zip(bufs, before, new):
+            changed = (buf != prev).any(-1).any(1)  # (B, L): slots whose rows changed
+            outside = torch.ones_like(changed)
+            outside.scatter_(1, slots, False)
+            commits.append((rows.numel() * rows.element_size(), buf.numel() * buf.element_size(),
+                            bool((changed & outside).any()), tuple(slots.shape)))
 
-    monkeypatch.setattr(layers, "commit_rows", counted)
+    monkeypatch.setattr(layers.KVCache, "commit", counted)
     eng = _decode_steps(fake)
     for e in (eng.target._verify.engine, eng.drafter._step.engine):
         assert e.calls
