@@ -123,3 +123,17 @@ def parts():
     tables = calibrate(t, vq.codebook().detach(), num_rollouts=4, sampling=SamplingConfig(cfg_scale=2.0),
                        progress=False)
     return t, d, tables, vq
+
+
+@pytest.fixture(scope="session")
+def bench():
+    """bench/step_budget.py loaded as a module (its StepBudget counter: host reads, glue ops, engine
+    calls per step), for the step-budget tests. A test file's own `bench` fixture overrides it."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "step_budget.py"
+    spec = importlib.util.spec_from_file_location("step_budget_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -9,8 +9,6 @@ expansions (drafter_step), the target's verify, and GASV's gates (gasv). The GAS
 unfused commit are one call over the target (`TARGET_GAP`); the strict xfail turns into a failure
 the day a call is folded away, so the bound then guards it."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,20 +18,11 @@ from lisa_trt.models.io_spec import Graph
 from lisa_trt.speculative.methods import SpecConfig
 from lisa_trt.speculative.run import run_method
 
-ROOT = Path(__file__).resolve().parents[2]
 TREE = dict(top_k=3, depth=3, total_tokens=10)  # fits the bundle's max_tree (16)
 # engine calls per steady step over the depth, measured: (method, drafter_commit opened) -> calls - depth
 MEASURED = {("exact", True): 2, ("gasv", True): 3, ("exact", False): 3, ("gasv", False): 4}
 TARGET = 2  # issue 49: at most depth + 2
 TARGET_GAP = "issue 49 item 4 open: the GASV gates / the unfused commit are one engine call over depth + 2"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("step_budget_bench", ROOT / "bench" / "step_budget.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,6 @@ from outside (the export shims)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +15,6 @@ from lisa_trt.models.drafter import Drafter, DrafterCache
 from lisa_trt.models.layers import KVCache, commit_rows, kv_cache_shape
 from lisa_trt.testing import make_target
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cache(n_layer=3, B=2, L=16, seed=0):
@@ -68,14 +65,6 @@ def test_commit_equals_commit_rows_per_layer():
         commit_rows(ref[0, i], k_rows[i], slots)
         commit_rows(ref[1, i], v_rows[i], slots)
     assert torch.equal(c.kv, ref)
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("step_budget_bench", ROOT / "bench" / "step_budget.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _ops(bench, fn) -> int:

@@ -12,8 +12,6 @@ under its measured glue-op ceiling (bench/step_budget.py's counter)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,7 +24,6 @@ from lisa_trt.speculative.run import run_method
 from lisa_trt.speculative.tree import build_dynamic_tree, build_static_tree, preset_template
 from lisa_trt.testing import make_cond, make_target
 
-ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 12
 
 
@@ -180,14 +177,6 @@ def test_batched_rules_equal_the_sequential_walk(kind):
 
 
 # ----------------------------------------------------------------------------- op counts
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("step_budget_bench", ROOT / "bench" / "step_budget.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
 
 def _ops(bench, fn) -> int:
     b = bench.StepBudget(count=True)

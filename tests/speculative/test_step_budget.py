@@ -3,8 +3,6 @@ at most the measured number of values back to the host (one: the rows' committed
 by bench/step_budget.py's counter on the tiny torch models; the checks it skips run under the
 debug switch."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,18 +15,9 @@ from lisa_trt.speculative.run import run_method
 from lisa_trt.testing import make_cond, make_target
 from lisa_trt.validation import debug_checks_on
 
-ROOT = Path(__file__).resolve().parents[2]
 TREE = dict(top_k=3, depth=3, total_tokens=10)
 # host reads per steady-state step, measured (the ceiling: a new read in the step fails the test)
 CEILING = {"exact": 1, "greedy": 1, "lantern": 1, "gasv": 1}
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("step_budget_bench", ROOT / "bench" / "step_budget.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
