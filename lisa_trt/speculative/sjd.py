@@ -103,29 +103,26 @@ class ChainWindow:
         self.p_prev = p0
         self.drafts = torch.multinomial(p0.reshape(-1, V), 1, generator=gen).reshape(B, window)
 
-    def inputs(self, root: torch.Tensor, cache, W: int, n_positions: int):
-        """(tokens (B, S), positions, slots, mask, token-index offsets (S,)) of one forward."""
+    def inputs(self, root: torch.Tensor, cache, n_positions: int):
+        """(tokens (B, S), positions, slots, mask, token-index offsets (S,)) of one forward: the root
+        and the whole window, S = window + 1 at every step (slots past the image are computed, and
+        never committed: verify cuts there)."""
         dev = root.device
-        toks = torch.cat([root, self.drafts[:, :W]], 1)  # (B, W + 1)
-        S = W + 1
+        toks = torch.cat([root, self.drafts], 1)  # (B, window + 1)
+        S = self.window + 1
         slots = cache.lengths[:, None] + torch.arange(S, device=dev)[None]
         pos = cache.positions(slots).clamp(max=n_positions - 1)
         causal = torch.tril(torch.ones(S, S, dtype=torch.bool, device=dev))[None].expand(slots.shape[0], S, S)
         slots = slots.clamp(max=cache.max_len - 1)
         return toks, pos, slots, cache.attention_mask(slots, causal), torch.arange(S, device=dev)
 
-    def verify(self, p_now: torch.Tensor, W: int, n_done: torch.Tensor, N_img: int, gen, greedy: bool):
-        """-> (committed tokens this step (B,), their tokens (B, W + 1), mean TVD (B,))."""
+    def verify(self, p_now: torch.Tensor, n_done: torch.Tensor, N_img: int, gen, greedy: bool):
+        """-> (committed tokens this step (B,), their tokens (B, W + 1), mean TVD (B,)); W the window.
+        A row commits at most the drafts left before its image ends (finished rows: none)."""
         B, S, _ = p_now.shape
-        dev = p_now.device
-        drafts = self.drafts
-        slot_tvd = None
-        if W:
-            res, slot_tvd = (self.accept or _sjd_test)(p_now[:, :W], self.p_prev[:, :W], drafts[:, :W], gen)
-            acc_len, res_tok = res.accept_len, res.token
-        else:
-            acc_len = torch.zeros(B, dtype=torch.long, device=dev)
-            res_tok = acc_len - 1
+        dev, W, drafts = p_now.device, self.window, self.drafts
+        res, slot_tvd = (self.accept or _sjd_test)(p_now[:, :W], self.p_prev, drafts, gen)
+        acc_len, res_tok = res.accept_len, res.token
         k = torch.minimum(acc_len, (N_img - n_done - 1).clamp(min=0))
         full = k >= W
         bonus = sample_from_logits(torch.log(p_now[torch.arange(B, device=dev), k.clamp(max=S - 1)]), gen, greedy)
@@ -133,12 +130,12 @@ class ChainWindow:
         from_bonus = full | (acc_len > k) | (res_tok < 0)
         last = torch.where(from_bonus, bonus, res_tok)
         ncom = torch.where(n_done < N_img, k + 1, 0)
-        base = torch.cat([drafts[:, :W], last[:, None]], 1)
+        base = torch.cat([drafts, last[:, None]], 1)
         toks = torch.where(torch.arange(W + 1, device=dev)[None] < k[:, None], base, last[:, None])
         self.k = k
         return ncom, toks, _step_tvd(slot_tvd, k, from_bonus, W)
 
-    def advance(self, p_now: torch.Tensor, ncom: torch.Tensor, cache, guide, prior, n_next: torch.Tensor, W: int, gen):
+    def advance(self, p_now: torch.Tensor, ncom: torch.Tensor, cache, guide, prior, n_next: torch.Tensor, gen):
         """Keep the accepted K/V (contiguous: the lengths advance) and make the next drafts."""
         B, S, V = p_now.shape
         dev = p_now.device
@@ -147,16 +144,15 @@ class ChainWindow:
         # Jacobi update: slot j of the next window was slot k + 1 + j of this one
         src = (k[:, None] + 1 + torch.arange(window, device=dev)[None])  # (B, window)
         fresh = src >= S - 1
-        srcc = src.clamp(max=max(S - 2, 0))
-        p_next = p_now[:, :-1].gather(1, srcc[:, :, None].expand(-1, -1, V)) if W else self.p_prev
+        srcc = src.clamp(max=S - 2)
+        p_next = p_now[:, :-1].gather(1, srcc[:, :, None].expand(-1, -1, V))
         p_new = torch.where(fresh[..., None], prior(n_next[:, None] + torch.arange(window, device=dev)[None]), p_next)
         if self.redraft is None:
             self.drafts = torch.multinomial(p_new.reshape(-1, V), 1, generator=gen).reshape(B, window)
         else:
             old = self.drafts.gather(1, srcc)
             p_old = self.p_prev.gather(1, srcc[:, :, None].expand(-1, -1, V))
-            has_old = ~fresh if W else torch.zeros_like(fresh)
-            self.drafts = self.redraft(p_new, p_old, old, has_old, gen)
+            self.drafts = self.redraft(p_new, p_old, old, ~fresh, gen)
         self.p_prev = p_new
 
 
@@ -194,24 +190,23 @@ class JacobiDecoder(Decoder):
         prior = draft_prior(session.layout, target.config.vocab_size, dev)
         shape.start(prior(n_done[:, None] + torch.arange(window, device=dev)[None]).clone(), gen)
         while True:
-            done = n_done.tolist()  # the step's one host read: loop end, window width, rows still decoding
+            done = n_done.tolist()  # the step's one host read: loop end, rows still decoding
             if min(done) >= N_img:
                 break
-            # finished rows keep running with W = 0 effective drafts; their outputs are ignored
-            W = int(min(window, N_img - min(done) - 1))
+            # finished rows keep running (they commit nothing); their outputs are ignored
             live_rows = [b for b, n in enumerate(done) if n < N_img]
             with timer.measure("target"):
                 root = out.gather(1, (n_done - 1)[:, None])
-                toks, pos, slots, mask, offs = shape.inputs(root, cache, W, target.config.n_positions)
+                toks, pos, slots, mask, offs = shape.inputs(root, cache, target.config.n_positions)
                 logits = target.forward_tokens(guide.dup(toks), pos, slots, mask, cache).logits
                 stats.target_forwards += 1
             with timer.measure("accept"):
                 p_now = torch.softmax(guide(logits, n_done[:, None] + offs[None]), -1)  # (B, S, V)
-                ncom, step_toks, step_tvd = shape.verify(p_now, W, n_done, N_img, gen, greedy)
+                ncom, step_toks, step_tvd = shape.verify(p_now, n_done, N_img, gen, greedy)
             with timer.measure("host"):
                 _record(stats, live_rows, ncom, step_tvd)
-                session.commit(step_toks[:, : W + 1], n_done, ncom)  # one fixed-shape masked write
-                shape.advance(p_now, ncom, cache, guide, prior, n_done + ncom, W, gen)
+                session.commit(step_toks, n_done, ncom)  # one fixed-shape masked write
+                shape.advance(p_now, ncom, cache, guide, prior, n_done + ncom, gen)
                 n_done += ncom
             session.report(out, n_done.clamp(max=N_img), on_step, on_progress)
         stats.settings["sjd_window"] = window
@@ -249,8 +244,9 @@ def sjd_generate(target, cond, *, sampling: SamplingConfig = SamplingConfig(), w
         distance between the law of the token each slot commits and p_now there (None: 0, a
         lossless rule). None: `verify.sjd_accept` (plain SJD, lossless).
     shape: the window shape, a fresh object per call with `scratch(window)`, `start(p0, gen)`,
-        `inputs(root, cache, W, n_positions)`, `verify(p_now, W, n_done, N, gen, greedy)` and
-        `advance(p_now, ncom, cache, guide, prior, n_next, W, gen)` (ChainWindow; SJD-PAC's tree
+        `inputs(root, cache, n_positions)`, `verify(p_now, n_done, N, gen, greedy)` and
+        `advance(p_now, ncom, cache, guide, prior, n_next, gen)`, every step the same shapes (the whole
+        window; a row's commits are cut where its image ends) (ChainWindow; SJD-PAC's tree
         window, speculative/sjd_pac.py). None: ChainWindow(redraft, accept); a shape brings its
         own drafting and verification, so redraft / accept must then be None.
     on_step: the per-step hook of every decode loop (run.py `run_method`).

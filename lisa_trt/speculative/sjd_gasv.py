@@ -62,6 +62,7 @@ def moved_onto_drafts(p_now: torch.Tensor, drafts: torch.Tensor, tables, cfg, en
     slot's own law as the parent). sub_vocab: gates over the image codes (Chameleon). Slots with
     a one-hot law (a forced token such as a row end), a draft off the support or (sub_vocab) a
     non-code draft get 0."""
+    from ..validation import debug_checks
     from .gasv import gasv_gates, moved_mass
 
     B, W, V = p_now.shape
@@ -81,7 +82,7 @@ def moved_onto_drafts(p_now: torch.Tensor, drafts: torch.Tensor, tables, cfg, en
     if engine is not None and cfg.scope == "neighbours":
         out = engine(flat, t, par, cfg)
     else:
-        out = gasv_gates(flat, t, par, tables, cfg)
+        out = gasv_gates(flat, t, par, tables, cfg, check_inputs=debug_checks())  # no host read in the step
     m = moved_mass(out.p.float(), out.cand.long(), out.gate.float(), out.delta_eff.float())
     return torch.where(ok, m.sum(-1).reshape(B, W).to(p_now.device), 0.0)
 

@@ -160,12 +160,14 @@ class TreeWindow:
         first = torch.multinomial(p0.reshape(-1, V), 1, generator=gen).reshape(B, window)
         self.cand = without_replacement(p0, first, self.K, gen)  # (B, window, K)
 
-    def inputs(self, root: torch.Tensor, cache, W: int, n_positions: int):
+    def inputs(self, root: torch.Tensor, cache, n_positions: int):
+        """The whole window's tree at every step (one input shape; verify cuts a row's commits where
+        its image ends)."""
         dev = root.device
-        tr = self.tr = window_tree(self.K, self.D, W)
+        tr = self.tr = window_tree(self.K, self.D, self.window)
         tr_col, tr_br = tr.col.to(dev), tr.branch.to(dev)
         Nn = tr_col.numel()
-        node_tok = self.cand[:, (tr_col[1:] - 1).clamp(min=0), tr_br[1:]] if W else root[:, :0]
+        node_tok = self.cand[:, tr_col[1:] - 1, tr_br[1:]]
         self.ids = torch.cat([root, node_tok], 1)  # (B, Nn) node tokens, -1 for an empty candidate
         toks = self.toks = self.ids.clamp(min=0)
         slots = self.slots = (cache.lengths[:, None] + torch.arange(Nn, device=dev)[None]).clamp(max=cache.max_len - 1)
@@ -173,8 +175,8 @@ class TreeWindow:
         mask = cache.attention_mask(slots, tr.ancestors.to(dev)[None].expand(slots.shape[0], Nn, Nn))
         return toks, pos, slots, mask, tr_col
 
-    def verify(self, p_now: torch.Tensor, W: int, n_done: torch.Tensor, N_img: int, gen, greedy: bool):
-        B = p_now.shape[0]
+    def verify(self, p_now: torch.Tensor, n_done: torch.Tensor, N_img: int, gen, greedy: bool):
+        B, W = p_now.shape[0], self.window
         dev = p_now.device
         tr, ids, q = self.tr, self.ids, self.q
         ch = tr.children.to(dev)
@@ -209,12 +211,12 @@ class TreeWindow:
         self.acc = acc
         return ncom, toks, torch.zeros(B, device=dev)  # lossless: TVD 0
 
-    def advance(self, p_now: torch.Tensor, ncom: torch.Tensor, cache, guide, prior, n_next: torch.Tensor, W: int, gen):
+    def advance(self, p_now: torch.Tensor, ncom: torch.Tensor, cache, guide, prior, n_next: torch.Tensor, gen):
         from .mcsjd import maximal_coupling
 
         B = p_now.shape[0]
         cache.compact(guide.dup(self.slots[:B].gather(1, self.path.clamp(min=0))), guide.dup(ncom))
-        self.q, self.cand = _next_drafts(p_now, self.q, self.cand, self.path, self.acc, ncom, self.tr, W,
+        self.q, self.cand = _next_drafts(p_now, self.q, self.cand, self.path, self.acc, ncom, self.tr, self.window,
                                          self.window, self.K, prior, n_next, gen, maximal_coupling)
 
 
@@ -280,7 +282,7 @@ def _next_drafts(p_now, q, cand, path, acc, ncom, tr: WindowTree, W, window, K, 
     node = follow.gather(1, src.clamp(max=W))
     stale = p_now.gather(1, node[:, :, None].expand(-1, -1, V))
     p_new = torch.where(fresh[..., None], prior(n_next[:, None] + j - 1), stale)
-    old_c = (src + 1).clamp(max=max(W, 1)) - 1  # this window's column ncom + j, 0-based into q / cand
+    old_c = (src + 1).clamp(max=W) - 1  # this window's column ncom + j, 0-based into q / cand
     has_old = (src + 1) <= W
     old = cand[:, :, 0].gather(1, old_c)
     p_old = q.gather(1, old_c[:, :, None].expand(-1, -1, V))

@@ -29,6 +29,7 @@ one-hot laws (TVD 0). A layout whose forced tokens are not row ends of a regular
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -114,16 +115,44 @@ def schedule(n_tokens: int, row_len: int, window: int) -> list:
     return steps
 
 
-def _step_inputs(cache, base, feeds, in_cache, N: int, dev):
-    """Slots (R, S), the RoPE positions and the attention mask (R, S, Lmax) of one step."""
-    fed = torch.tensor([f[0] for f in feeds], device=dev)
-    aux = torch.tensor([f[0] != f[1] for f in feeds], device=dev)
+class StepPlan(NamedTuple):
+    """The schedule as fixed-shape tensors (T steps, S = the most feeds of a step), built once before
+    the loop: every forward feeds S tokens, so the target sees one input shape. A step's pads feed
+    token 0 at their own scratch slot past the image (index N + j), seen by no other query, and
+    predict nothing. `made` (host ints) are the indices each step decodes (its commit count)."""
+
+    fed: torch.Tensor  # (T, S) image index of the slot each feed writes (pads: N + j)
+    src: torch.Tensor  # (T, S) image index of the token fed (pads: 0)
+    pred: torch.Tensor  # (T, S) image index its logits decode (N: none, the dump column)
+    aux: torch.Tensor  # (T, S) bool: the slot's own token is not fed (a row start's auxiliary token, a pad)
+    mark: torch.Tensor  # (T, S) index whose K/V the feed makes visible to later steps (N: none)
+    made: list
+
+
+def step_plan(steps: list, N: int, dev) -> StepPlan:
+    """`schedule`'s steps padded to one width (StepPlan)."""
+    S = max(len(st) for st in steps)
+    rows = [list(st) + [(N + j, 0, -1) for j in range(len(st), S)] for st in steps]
+    fed, src, pred = (torch.tensor([[f[i] for f in r] for r in rows], device=dev) for i in range(3))
+    aux = fed != src
+    return StepPlan(fed, src, torch.where(pred >= 0, pred, N), aux, torch.where(aux, N, fed),
+                    [[f[2] for f in st if f[2] >= 0] for st in steps])
+
+
+def plan_width(steps: list) -> int:
+    """Feeds per forward of a schedule (the cache's scratch slots for the pads: `StepPlan`)."""
+    return max(len(st) for st in steps)
+
+
+def _step_inputs(cache, base, fed, aux, in_cache, N: int):
+    """Slots (R, S), the RoPE positions' slots and the attention mask (R, S, Lmax) of one step (fixed shapes)."""
+    dev = fed.device
     slots = base[:, None] + fed[None]  # (R, S)
     S = fed.numel()
     # among the step's own feeds: real (non-auxiliary) tokens at earlier raster positions, and self
     anc = ((fed[None, :] <= fed[:, None]) & ~aux[None, :]) | torch.eye(S, dtype=torch.bool, device=dev)
     mask = cache.attention_mask(slots, anc[None].expand(slots.shape[0], S, S))
-    vis = in_cache[None, :] & (torch.arange(N, device=dev)[None, :] <= fed[:, None])  # (S, N) decoded before
+    vis = in_cache[None, :N] & (torch.arange(N, device=dev)[None, :] <= fed[:, None])  # (S, N) decoded before
     cols = (base[:, None] + torch.arange(N, device=dev)[None]).clamp(max=cache.max_len - 1)  # (R, N)
     extra = torch.zeros_like(mask)
     extra.scatter_(2, cols[:, None, :].expand(-1, S, -1), vis[None].expand(slots.shape[0], S, N))
@@ -139,20 +168,22 @@ def raster_prefix(tokens: torch.Tensor) -> torch.Tensor:
 class ZipARDecoder(Decoder):
     """ZipAR behind the Decoder contract (speculative/session.py): every batch row follows the same
     schedule, so rows batch without waiting for each other and take one generator each (`seeds`:
-    a row's tokens are those it gets decoded alone with that seed)."""
+    a row's tokens are those it gets decoded alone with that seed). Every forward has the same
+    shape (`StepPlan`: the schedule padded to its widest step) and the step reads nothing back."""
 
     name = "zipar"
-    scratch = 1  # a row start's auxiliary token sits one slot before the image
+    scratch = 1  # set per request by `open`: one scratch slot per feed of the widest step (the pads)
 
     def __init__(self, target, spec):
         self.target, self.settings = target, spec.settings("zipar")
 
     def open(self, cond, *, sampling, layout=None, num_tokens=None, **kw) -> DecodeSession:
         """The session, after the layout's rows are checked (a layout ZipAR cannot decode is refused
-        before the prefill)."""
+        before the prefill); its cache holds the pads' scratch slots."""
         self.target.check_cond(cond)
         layout = layout if layout is not None else layout_for(self.target, num_tokens)
-        row_length(self.target, layout)
+        steps = schedule(layout.n_tokens, row_length(self.target, layout), int(self.settings.window))
+        self.scratch = plan_width(steps)
         return super().open(cond, sampling=sampling, layout=layout, **kw)
 
     @torch.no_grad()
@@ -162,40 +193,37 @@ class ZipARDecoder(Decoder):
         target, cache, guide, gen, timer, stats = (session.target, session.cache, session.guide, session.gen,
                                                    session.timer, session.stats)
         B, N, dev, greedy, out = session.B, session.N, session.device, session.sampling.greedy, session.out
-        steps = schedule(N, row_length(target, session.layout), int(self.settings.window))
+        plan = step_plan(schedule(N, row_length(target, session.layout), int(self.settings.window)), N, dev)
+        if session.prompt_len + N + plan.fed.shape[1] > cache.max_len:
+            raise InputError(f"ZipAR needs {plan.fed.shape[1]} scratch cache slots past the image; open the session "
+                             "with this decoder's open()")
         base = cache.lengths.clone()  # slot of image index 0 per (CFG) row; lengths stay at the prompt
         laws = _Laws(B, N, target.config.vocab_size, session.sampling.top_k, dev) if self.settings.measure_tvd else None
         out[:, 0] = session.first_token()
-        in_cache = torch.zeros(N, dtype=torch.bool, device=dev)
-        made = []  # per step: the image indices it decoded
-        for feeds in steps:
+        in_cache = torch.zeros(N + 1, dtype=torch.bool, device=dev)  # entry N: the dump of aux feeds and pads
+        for t, made in enumerate(plan.made):
+            fed, pred = plan.fed[t], plan.pred[t]
             with timer.measure("target"):
-                slots, mask = _step_inputs(cache, base, feeds, in_cache, N, dev)
-                src = torch.tensor([f[1] for f in feeds], device=dev)
+                slots, mask = _step_inputs(cache, base, fed, plan.aux[t], in_cache, N)
                 pos = cache.positions(slots).clamp(max=target.config.n_positions - 1)
-                logits = target.forward_tokens(guide.dup(out[:, src]), pos, slots.clamp(max=cache.max_len - 1), mask,
-                                               cache).logits
+                logits = target.forward_tokens(guide.dup(out[:, plan.src[t]]), pos, slots.clamp(max=cache.max_len - 1),
+                                               mask, cache).logits
                 stats.target_forwards += 1
             with timer.measure("accept"):
-                k = [j for j, f in enumerate(feeds) if f[2] >= 0]
-                pred = torch.tensor([feeds[j][2] for j in k], device=dev)
-                lg = guide(logits[:, k], pred[None].expand(B, -1))  # (B, P, V)
-                out[:, pred] = sample_from_logits(lg, gen, greedy)
+                lg = guide(logits, pred[None].expand(B, -1))  # (B, S, V); feeds that decode nothing: dumped
+                session.out_buf.scatter_(1, pred[None].expand(B, -1), sample_from_logits(lg, gen, greedy))
                 if laws is not None:
                     laws.put(pred, torch.softmax(lg.float(), -1))
-                for f in feeds:
-                    if f[0] == f[1]:
-                        in_cache[f[0]] = True
-                made.append(pred)
-                stats.committed.append(torch.full((B,), len(k), device=dev))
+                in_cache[plan.mark[t]] = True
+                stats.committed.append(torch.full((B,), len(made), device=dev))
                 stats.rows.append(torch.arange(B, device=dev))  # every row takes every step
             session.report(out, raster_prefix(out), on_step, on_progress)
         if laws is not None:
             with timer.measure("tvd"):
                 per_token = _raster_tvd(session, base, laws)
-            stats.tvd = [per_token[:, m].mean(1) for m in made]
+            stats.tvd = [per_token[:, m].mean(1) for m in plan.made]
         else:
-            stats.tvd = [torch.zeros(B, device=dev) for _ in made]
+            stats.tvd = [torch.zeros(B, device=dev) for _ in plan.made]
         return session.finish()
 
 
@@ -210,11 +238,11 @@ class _Laws:
 
     def __init__(self, B: int, N: int, V: int, top_k: int, dev):
         self.k = V if not top_k or top_k >= V else int(top_k)
-        self.val = torch.zeros(B, N, self.k, device=dev)
-        self.idx = torch.zeros(B, N, self.k, dtype=torch.long, device=dev)
+        self.val = torch.zeros(B, N + 1, self.k, device=dev)  # index N: the dump of feeds that decode nothing
+        self.idx = torch.zeros(B, N + 1, self.k, dtype=torch.long, device=dev)
 
     def put(self, where: torch.Tensor, p: torch.Tensor) -> None:
-        """p (B, P, V) the laws of image indices `where` (P,)."""
+        """p (B, P, V) the laws of image indices `where` (P,) (N: dumped)."""
         v, i = p.topk(self.k, dim=-1) if self.k < p.shape[-1] else (p, torch.arange(p.shape[-1], device=p.device)
                                                                      .expand_as(p))
         self.val[:, where], self.idx[:, where] = v, i
@@ -256,4 +284,5 @@ register_method(Method(
     options=(MethodOption("--zipar-window", "zipar_window", int, "ZipAR: tokens of the row above decoded "
                           "before a row starts (smaller: more rows in parallel, fewer forwards, more distortion)."),)))
 
-__all__ = ["ZipARDecoder", "ZipARSettings", "row_length", "schedule", "zipar_decoder"]
+__all__ = ["StepPlan", "ZipARDecoder", "ZipARSettings", "plan_width", "row_length", "schedule", "step_plan",
+           "zipar_decoder"]
