@@ -154,6 +154,10 @@ MUTATIONS = [
       "return Prompts(p.ids[:, -1:].clone(), torch.ones_like(p.ids[:, -1:], dtype=torch.bool))",
       "return Prompts(p.ids[:, :1].clone(), torch.ones_like(p.ids[:, :1], dtype=torch.bool))",
       ["tests/families/test_emu3.py"], "CFG's unconditional row from the first prompt token"),
+    M("sjd_gasv_checks_every_step", "Jacobi decoders", "lisa_trt/speculative/sjd_gasv.py",
+      "check_inputs=debug_checks())", "check_inputs=True)",
+      ["tests/speculative/test_step_budget_jacobi.py", "-k", "sjd-gasv"],
+      "the GASV logits check (3 host reads) back in every Jacobi step"),
 ]
 
 
