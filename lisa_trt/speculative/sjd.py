@@ -6,7 +6,10 @@ previous iteration's distribution at that slot, uniform for fresh slots); it is 
 min(1, p_now(d_j) / p_prev(d_j)); the first rejection is resampled from norm(max(0, p_now -
 p_prev)) (verify.sjd_accept). Unaccepted slots become the next drafts, re-sampled from this
 iteration's distributions (the Jacobi update). The accepted K/V are already contiguous, so the
-cache only advances its lengths.
+cache only advances its lengths. The window is fixed: every forward feeds the root and all W
+drafts (one input shape for the whole decode, as a CUDA graph or a TensorRT profile wants); near
+the image end the slots past it are computed and never committed, and the step's one host read
+is the rows' committed counts (tests/speculative/test_step_budget_jacobi.py).
 
 This is the one Jacobi loop (`JacobiDecoder`: its decode session, speculative/session.py, holds the
 setup: prefill, CFG rows, cache, generator, guide, timer, stats). Its window SHAPE is a seam:

@@ -111,12 +111,15 @@ def without_replacement(p: torch.Tensor, first: torch.Tensor, k: int, gen) -> to
     return torch.cat([first[..., None], torch.where(torch.isfinite(val), idx, -1)], -1)
 
 
-def rrs_column(p, q, cand, alive, gen):
+def rrs_column(p, q, cand, alive, gen, siblings: Optional[int] = None):
     """Recursive rejection sampling of one column's siblings, in order.
 
     Args:
         p: (B, V) target law at the parent; q: (B, V) the column's draft law; cand (B, K) the
-        candidate tokens (-1: none); alive (B,) rows still verifying.
+        candidate tokens (-1: none); alive (B,) rows still verifying; siblings: the most
+        candidates a node of this column has (the tree's static width there, default K):
+        candidates past it are -1 in every row, so their tests are skipped (the K uniforms
+        are still drawn: the same random stream).
     Returns:
         (accepted sibling index (B,), -1 if none; residual law (B, V) after the rejections).
     """
@@ -124,7 +127,7 @@ def rrs_column(p, q, cand, alive, gen):
     u = torch.rand((B, K), generator=gen, device=p.device)
     pick = torch.full((B,), -1, dtype=torch.long, device=p.device)
     p, q = p.float(), q.float()
-    for j in range(K):
+    for j in range(K if siblings is None else min(siblings, K)):
         x = cand[:, j]
         live = alive & (pick < 0) & (x >= 0)
         xc = x.clamp(min=0)[:, None]
@@ -191,8 +194,9 @@ class TreeWindow:
             stop = alive & ((kids[:, 0] < 0) | (c > lim))  # no child here / image end: bonus below
             alive = alive & ~stop
             p_par = p_now[rows, cur]
+            # below the K-ary columns a node has one child (the chain): one sibling to test
             pick, resid = rrs_column(p_par, q[:, c - 1], torch.where(kids >= 0, node_tok_at(ids, kids), -1),
-                                     alive, gen)
+                                     alive, gen, siblings=self.K if c <= self.D - 1 else 1)
             rejected = alive & (pick < 0)
             draw = torch.multinomial(resid, 1, generator=gen)[:, 0]
             last = torch.where(rejected, draw, last)

@@ -121,7 +121,7 @@ def test_sjd_pac_loop_is_lossless():
 def test_a_broken_sibling_rule_fails_the_loop_test(monkeypatch):
     """Power: testing every sibling against the unreduced target law (no residual between
     siblings, no removal of tried ones from q) accepts too often and breaks the law."""
-    def greedy_siblings(p, q, cand, alive, gen):
+    def greedy_siblings(p, q, cand, alive, gen, siblings=None):
         B, K = cand.shape
         u = torch.rand((B, K), generator=gen)
         pick = torch.full((B,), -1, dtype=torch.long)
