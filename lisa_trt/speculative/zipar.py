@@ -118,10 +118,11 @@ def schedule(n_tokens: int, row_len: int, window: int) -> list:
 class StepPlan(NamedTuple):
     """The schedule as fixed-shape tensors (T steps, S = the most feeds of a step), built once before
     the loop: every forward feeds S tokens, so the target sees one input shape. A step's pads feed
-    token 0 at their own scratch slot past the image (index N + j), seen by no other query, and
-    predict nothing. `made` (host ints) are the indices each step decodes (its commit count)."""
+    token 0 at the scratch slot past the image (index N, shared: no query reads it), seen by no
+    other query, and predict nothing. `made` (host ints) are the indices each step decodes (its
+    commit count)."""
 
-    fed: torch.Tensor  # (T, S) image index of the slot each feed writes (pads: N + j)
+    fed: torch.Tensor  # (T, S) image index of the slot each feed writes (pads: N)
     src: torch.Tensor  # (T, S) image index of the token fed (pads: 0)
     pred: torch.Tensor  # (T, S) image index its logits decode (N: none, the dump column)
     aux: torch.Tensor  # (T, S) bool: the slot's own token is not fed (a row start's auxiliary token, a pad)
@@ -132,16 +133,11 @@ class StepPlan(NamedTuple):
 def step_plan(steps: list, N: int, dev) -> StepPlan:
     """`schedule`'s steps padded to one width (StepPlan)."""
     S = max(len(st) for st in steps)
-    rows = [list(st) + [(N + j, 0, -1) for j in range(len(st), S)] for st in steps]
+    rows = [list(st) + [(N, 0, -1)] * (S - len(st)) for st in steps]
     fed, src, pred = (torch.tensor([[f[i] for f in r] for r in rows], device=dev) for i in range(3))
     aux = fed != src
     return StepPlan(fed, src, torch.where(pred >= 0, pred, N), aux, torch.where(aux, N, fed),
                     [[f[2] for f in st if f[2] >= 0] for st in steps])
-
-
-def plan_width(steps: list) -> int:
-    """Feeds per forward of a schedule (the cache's scratch slots for the pads: `StepPlan`)."""
-    return max(len(st) for st in steps)
 
 
 def _step_inputs(cache, base, fed, aux, in_cache, N: int):
@@ -172,18 +168,17 @@ class ZipARDecoder(Decoder):
     shape (`StepPlan`: the schedule padded to its widest step) and the step reads nothing back."""
 
     name = "zipar"
-    scratch = 1  # set per request by `open`: one scratch slot per feed of the widest step (the pads)
+    scratch = 1  # the pads' slot, past the image (StepPlan)
 
     def __init__(self, target, spec):
         self.target, self.settings = target, spec.settings("zipar")
 
     def open(self, cond, *, sampling, layout=None, num_tokens=None, **kw) -> DecodeSession:
         """The session, after the layout's rows are checked (a layout ZipAR cannot decode is refused
-        before the prefill); its cache holds the pads' scratch slots."""
+        before the prefill)."""
         self.target.check_cond(cond)
         layout = layout if layout is not None else layout_for(self.target, num_tokens)
-        steps = schedule(layout.n_tokens, row_length(self.target, layout), int(self.settings.window))
-        self.scratch = plan_width(steps)
+        row_length(self.target, layout)
         return super().open(cond, sampling=sampling, layout=layout, **kw)
 
     @torch.no_grad()
@@ -194,9 +189,9 @@ class ZipARDecoder(Decoder):
                                                    session.timer, session.stats)
         B, N, dev, greedy, out = session.B, session.N, session.device, session.sampling.greedy, session.out
         plan = step_plan(schedule(N, row_length(target, session.layout), int(self.settings.window)), N, dev)
-        if session.prompt_len + N + plan.fed.shape[1] > cache.max_len:
-            raise InputError(f"ZipAR needs {plan.fed.shape[1]} scratch cache slots past the image; open the session "
-                             "with this decoder's open()")
+        if session.prompt_len + N + self.scratch > cache.max_len:
+            raise InputError(f"ZipAR needs {self.scratch} scratch cache slot past the image; open the session with "
+                             "ZipARDecoder.open")
         base = cache.lengths.clone()  # slot of image index 0 per (CFG) row; lengths stay at the prompt
         laws = _Laws(B, N, target.config.vocab_size, session.sampling.top_k, dev) if self.settings.measure_tvd else None
         out[:, 0] = session.first_token()
@@ -284,5 +279,4 @@ register_method(Method(
     options=(MethodOption("--zipar-window", "zipar_window", int, "ZipAR: tokens of the row above decoded "
                           "before a row starts (smaller: more rows in parallel, fewer forwards, more distortion)."),)))
 
-__all__ = ["StepPlan", "ZipARDecoder", "ZipARSettings", "plan_width", "row_length", "schedule", "step_plan",
-           "zipar_decoder"]
+__all__ = ["StepPlan", "ZipARDecoder", "ZipARSettings", "row_length", "schedule", "step_plan", "zipar_decoder"]
