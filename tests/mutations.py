@@ -158,6 +158,9 @@ MUTATIONS = [
       "check_inputs=debug_checks())", "check_inputs=True)",
       ["tests/speculative/test_step_budget_jacobi.py", "-k", "sjd-gasv"],
       "the GASV logits check (3 host reads) back in every Jacobi step"),
+    M("zipar_pads_on_a_live_slot", "Jacobi decoders", "lisa_trt/speculative/zipar.py",
+      "[(N, 0, -1)] * (S - len(st))", "[(0, 0, -1)] * (S - len(st))",
+      ["tests/speculative/test_zipar.py", "-k", "pads"], "ZipAR's pads written over image index 0's K/V"),
 ]
 
 

@@ -117,3 +117,28 @@ def test_per_row_seeds_batch_rows_that_decode_as_they_would_alone(tiny):
         run_method("zipar", tiny, None, None, cond, sampling=s, spec=spec, seed=0, seeds=seeds[:2])
     with pytest.raises(InputError, match="no per-row generators"):
         run_method("mcsjd", tiny, None, None, cond, sampling=s, spec=spec, seed=0, seeds=seeds)
+
+
+def test_the_pads_of_a_fixed_width_step_are_invisible(tiny, monkeypatch):
+    """Every ZipAR forward feeds the widest step's width (StepPlan: one input shape); no real query
+    sees what the pads feed: whatever tokens the pads carry, the real tokens are the same (greedy
+    laws). (Pads written over a live slot, or seen by a real query, change them.)"""
+    from lisa_trt.speculative.zipar import schedule
+
+    N, w, V = tiny.config.block_size, tiny.config.grid_hw[1], tiny.config.vocab_size
+    widths = [len(st) for st in schedule(N, w, 1)]
+    assert len(set(widths)) > 1  # steps of several widths: the narrow ones are padded
+    s, spec = SamplingConfig(cfg_scale=2.0, top_k=1), SpecConfig.make("gasv", zipar_window=1, zipar_measure_tvd=False)
+    cond = torch.tensor([1, 4])
+    base, _ = run_method("zipar", tiny, None, None, cond, sampling=s, spec=spec, seed=0)
+    inner, shapes = tiny.forward_tokens, []
+
+    def other_pad_tokens(tokens, positions, slots, mask, cache):
+        pad = torch.arange(tokens.shape[1]) >= widths[len(shapes)]  # step t's columns past its own feeds
+        shapes.append(tuple(tokens.shape))
+        return inner(torch.where(pad[None], (tokens + 5) % V, tokens), positions, slots, mask, cache)
+
+    monkeypatch.setattr(tiny, "forward_tokens", other_pad_tokens)
+    moved, _ = run_method("zipar", tiny, None, None, cond, sampling=s, spec=spec, seed=0)
+    assert len(shapes) == len(widths) and len(set(shapes)) == 1, shapes
+    assert torch.equal(base, moved)
