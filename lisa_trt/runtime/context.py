@@ -45,20 +45,20 @@ TREE_NAMES = {"tree_top_k": "top_k", "tree_depth": "depth", "tree_tokens": "tota
 
 # ----------------------------------------------------------------------------- resolve functions
 
-def resolve_method(verify, *, auto: bool = False, default: Optional[str] = None,
+def resolve_method(verify, *, auto: bool = False, default: Union[str, Method, None] = None,
                    noun: str = "verification") -> Optional[Method]:
     """A decoding method name (or a Method) -> the registered Method; the one lookup of a run.
 
     Args:
-        verify: a registered name, a Method (returned as is), None (then `default`), or "auto"
-            when `auto` is True (returns None: the bundle decides, Pipeline.resolve_verify).
+        verify: a registered name, a Method (returned as is), None (then `default`: a name or a
+            Method), or "auto" when `auto` is True (returns None: the bundle decides, Pipeline.resolve_verify).
         noun: how the error names the value ("verification", "verify rule").
     Raises:
         InputError: an unknown name, listing the valid ones.
     """
+    verify = default if verify is None else verify
     if isinstance(verify, Method):
         return verify
-    verify = default if verify is None else verify
     if verify is None or (auto and verify == AUTO):
         return None
     m = METHODS.get(verify)
@@ -106,7 +106,7 @@ def resolve_spec(method: Optional[Method] = None, *, tree: Optional[Mapping] = N
     """
     if method is not None and not isinstance(method, Method):
         raise TypeError(f"resolve_spec takes the resolved Method (runtime/context.resolve), got {method!r}")
-    name = None if method is None else (method.name if method.kind == "tree" else method_names("tree")[0])
+    name = None if method is None else method.spec_name
     flat = {TREE_NAMES[k]: v for k, v in (tree_default or {}).items() if k in TREE_NAMES and v is not None}
     flat.update({TREE_NAMES.get(k, k): v for k, v in (tree or {}).items() if v is not None})
     flat.update({k: v for k, v in (knobs or {}).items() if v is not None})
@@ -365,7 +365,8 @@ def _conditions(family, cfg, built):
     return run_conditions(family, cfg)
 
 
-def resolve(model=None, *, engine_dir=None, verify=None, default_verify: Optional[str] = None, auto: bool = False,
+def resolve(model=None, *, engine_dir=None, verify=None, default_verify: Union[str, Method, None] = None,
+            auto: bool = False,
             sampling: Optional[Mapping] = None, tree: Optional[Mapping] = None, knobs: Optional[Mapping] = None,
             model_cfg: Optional[Mapping] = None, backend: str = "torch") -> RunContext:
     """The resolve step of a run (module docstring).
