@@ -139,13 +139,19 @@ def pipe(parts):
 
 @pytest.fixture
 def seen(monkeypatch):
-    """Every plan that reaches the runner, and every method look-up by name, from now on."""
+    """Every plan that reaches the runner, and every method look-up by name, from now on: the API's
+    (Pipeline.method) and the library entries' below the runner (run_method, SpeculativeDecoder.generate
+    given a name)."""
     import lisa_trt.runtime.pipeline as P
+    import lisa_trt.speculative.decode as D
+    import lisa_trt.speculative.run as R
 
     got = {"plans": [], "lookups": []}
-    real_decode, real_lookup = runner.decode, P.resolve_method
+    real_decode = runner.decode
     monkeypatch.setattr(runner, "decode", lambda plan, *a, **k: got["plans"].append(plan) or real_decode(plan, *a, **k))
-    monkeypatch.setattr(P, "resolve_method", lambda v, **k: got["lookups"].append(v) or real_lookup(v, **k))
+    for mod, name in ((P, "resolve_method"), (R, "get_method"), (D, "get_method")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda v, _real=real, **k: got["lookups"].append(v) or _real(v, **k))
     return got
 
 
@@ -170,6 +176,9 @@ def test_generate_by_name_resolves_once_then_hands_its_plan_down(pipe, seen):
     assert isinstance(seen["plans"][0], RunContext)
     b = pipe.generate([1, 2], plan=pipe.plan("sjd", seed=3, cfg_scale=3.0, sjd_window=4), decode=False)
     assert a.tokens.equal(b.tokens)  # a plan decodes what its settings decode
+    seen["lookups"].clear()
+    pipe.generate([1], seed=3, verify="gasv", depth=1, decode=False)  # a tree method: nothing below either
+    assert seen["lookups"] == ["gasv"]
 
 
 def test_a_plan_and_its_settings_are_not_both_taken(pipe):
