@@ -26,8 +26,9 @@ from .progress import iterate
 from .config import SamplingConfig
 from .errors import InputError
 from .io import write_json
-from .speculative.methods import FLAT_FIELDS, METHODS, Method, SpecConfig, baseline_method, method_names
-from .runtime.context import RunContext, resolve_method
+from .speculative.methods import (FLAT_FIELDS, METHODS, Method, SpecConfig, baseline_method, method_names,
+                                  resolve_method)
+from .runtime.context import RunContext
 from .runtime.runner import Engines, decode
 
 

@@ -201,8 +201,8 @@ NAME_LOOKUPS = ("get_method", "resolve_method")
 # Sites that look a method up by name, outside the registry (speculative/methods.py), per module: a use
 # of get_method / resolve_method, or the registry read by a key (METHODS[name], METHODS.get(name)).
 # The target is 2 in all (only where a run is resolved); a module may only go down. Where each one is:
-# - runtime/context.py 2: resolve_method (the one resolver: its METHODS.get) and resolve's call of it
-#   (the commands' resolve step);
+# - runtime/context.py 1: resolve's call of resolve_method (the registry's one resolver; the commands'
+#   resolve step);
 # - runtime/pipeline.py 1: Pipeline.method (the API's, serve's, the OpenAI front end's resolve step; a
 #   name, or the one "auto" settles on);
 # - harness.py 1: parse_methods (the bench's points: --methods, and each --sweep rule through it);
@@ -211,7 +211,7 @@ NAME_LOOKUPS = ("get_method", "resolve_method")
 # - speculative/oracle.py 1: drafter_efficiency reads a bench row's registered method.
 # Every entry point hands the Method down: nothing below resolve / Pipeline.plan / the bench's points
 # looks a method up again (tests/runtime/test_run_plan.py counts that at run time).
-LOOKUP_BUDGET = {"lisa_trt/runtime/context.py": 2, "lisa_trt/runtime/pipeline.py": 1, "lisa_trt/harness.py": 1,
+LOOKUP_BUDGET = {"lisa_trt/runtime/context.py": 1, "lisa_trt/runtime/pipeline.py": 1, "lisa_trt/harness.py": 1,
                  "lisa_trt/speculative/run.py": 1, "lisa_trt/speculative/decode.py": 1,
                  "lisa_trt/speculative/oracle.py": 1}
 

@@ -8,7 +8,7 @@ runtime/runner.decode:
 
     rc = resolve("demo", verify="gasv", sampling={"cfg_scale": 4.0, "seed": 3},
                  tree={"tree_depth": 3}, knobs={"gasv_kappa": 2.0})
-    rc.method        # Method("gasv", ...), looked up once (resolve_method)
+    rc.method        # Method("gasv", ...), looked up once (speculative/methods.resolve_method)
     rc.sampling      # SamplingConfig: the source's defaults with the given values (resolve_sampling)
     rc.spec          # SpecConfig: given tree and rule knobs (resolve_spec)
     rc = rc.bind(rc.load_target())   # the target: tuned tree for the backend, top-k vs its vocabulary
@@ -34,9 +34,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 from ..config import SamplingConfig
 from ..errors import InputError, LisaError
 from ..models.hub import resolve_model
-from ..speculative.methods import METHODS, Method, SpecConfig, method_names
-
-AUTO = "auto"  # verify="auto": the bundle's recorded never-slower choice (Pipeline.resolve_verify)
+from ..speculative.methods import AUTO, Method, SpecConfig, resolve_method
 
 # CLI / Pipeline names of the tree budget -> SpecConfig flat names
 TREE_NAMES = {"tree_top_k": "top_k", "tree_depth": "depth", "tree_tokens": "total_tokens",
@@ -44,28 +42,6 @@ TREE_NAMES = {"tree_top_k": "top_k", "tree_depth": "depth", "tree_tokens": "tota
 
 
 # ----------------------------------------------------------------------------- resolve functions
-
-def resolve_method(verify, *, auto: bool = False, default: Union[str, Method, None] = None,
-                   noun: str = "verification") -> Optional[Method]:
-    """A decoding method name (or a Method) -> the registered Method; the one lookup of a run.
-
-    Args:
-        verify: a registered name, a Method (returned as is), None (then `default`: a name or a
-            Method), or "auto" when `auto` is True (returns None: the bundle decides, Pipeline.resolve_verify).
-        noun: how the error names the value ("verification", "verify rule").
-    Raises:
-        InputError: an unknown name, listing the valid ones.
-    """
-    verify = default if verify is None else verify
-    if isinstance(verify, Method):
-        return verify
-    if verify is None or (auto and verify == AUTO):
-        return None
-    m = METHODS.get(verify)
-    if m is None:
-        raise InputError(f"unknown {noun} {verify!r}; valid: {'auto, ' if auto else ''}{', '.join(method_names())}")
-    return m
-
 
 def resolve_sampling(base=None, *, vocab_size: Optional[int] = None, check: bool = True, **given) -> SamplingConfig:
     """SamplingConfig from defaults and the values given (None / False = not given).

@@ -25,10 +25,10 @@ import torch
 from ..config import SamplingConfig
 from ..errors import InputError
 from ..models.family import family_of
-from ..speculative.methods import Method, SpecConfig
+from ..speculative.methods import Method, SpecConfig, resolve_method
 from .bundle import Bundle, open_bundle
 from .conditions import run_conditions
-from .context import AUTO, TREE_NAMES, RunContext, resolve_method, resolve_sampling, resolve_spec
+from .context import AUTO, TREE_NAMES, RunContext, resolve_sampling, resolve_spec
 from .prompts import Prompt
 from .seeding import image_seed
 

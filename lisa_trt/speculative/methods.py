@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -327,6 +327,7 @@ KIND_DEFAULTS = {"tree": {"uses_tree": True, "baseline": False},
 
 
 METHODS: dict[str, Method] = {}
+AUTO = "auto"  # verify="auto": a bundle's recorded never-slower choice (runtime/pipeline.Pipeline.resolve_verify)
 
 
 def _register_settings(key: str, settings: type, what: str) -> None:
@@ -384,6 +385,30 @@ def baseline_method() -> Method:
     return m
 
 
+def resolve_method(verify, *, auto: bool = False, default: Union[str, Method, None] = None,
+                   noun: str = "verification") -> Optional[Method]:
+    """A decoding method name (or a Method) -> the registered Method: the one resolver of a name that
+    the entry points share (runtime/context.resolve, Pipeline.method, the bench's parse_methods).
+
+    Args:
+        verify: a registered name, a Method (returned as is), None (then `default`: a name or a
+            Method), or "auto" when `auto` is True (returns None: a bundle decides,
+            runtime/pipeline.Pipeline.resolve_verify).
+        noun: how the error names the value ("verification", "verify rule").
+    Raises:
+        InputError: an unknown name, listing the valid ones.
+    """
+    verify = default if verify is None else verify
+    if isinstance(verify, Method):
+        return verify
+    if verify is None or (auto and verify == AUTO):
+        return None
+    m = METHODS.get(verify)
+    if m is None:
+        raise InputError(f"unknown {noun} {verify!r}; valid: {'auto, ' if auto else ''}{', '.join(method_names())}")
+    return m
+
+
 def method_names(kind: Optional[str] = None) -> list:
     """Registered names (in registration order), optionally of one kind."""
     return [n for n, m in METHODS.items() if kind is None or m.kind == kind]
@@ -404,6 +429,7 @@ def cli_options() -> list:
 # (decode.py), sjd, oracle and the others in their own files, imported in that order by
 # speculative/__init__.py (the method list's order)
 
-__all__ = ["FLAT_FIELDS", "GASVRuleConfig", "KIND_DEFAULTS", "LanternConfig", "METHODS", "Method", "MethodOption",
+__all__ = ["AUTO", "FLAT_FIELDS", "GASVRuleConfig", "KIND_DEFAULTS", "LanternConfig", "METHODS", "Method", "MethodOption",
            "RuleContext", "SpecConfig", "TreeConfig", "baseline_method", "cli_options", "exact_rule", "gasv_rule",
-           "get_method", "lantern_rule", "method_names", "register_method", "unregister_method"]
+           "get_method", "lantern_rule", "method_names", "register_method", "resolve_method",
+           "unregister_method"]
