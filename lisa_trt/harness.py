@@ -26,19 +26,21 @@ from .progress import iterate
 from .config import SamplingConfig
 from .errors import InputError
 from .io import write_json
-from .speculative.methods import FLAT_FIELDS, METHODS, SpecConfig, method_names
-from .runtime.context import RunContext, resolve_method
+from .speculative.methods import (FLAT_FIELDS, METHODS, Method, SpecConfig, baseline_method, method_names,
+                                  resolve_method)
+from .runtime.context import RunContext
 from .runtime.runner import Engines, decode
-from .speculative.run import run_method  # noqa: F401 (tests/drafters/test_oracle.py imports it from here)
 
 
-def parse_methods(text: str) -> list[str]:
-    """"vanilla,gasv" -> ["vanilla", "gasv"], each a registered method (speculative/methods.py)."""
-    methods = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in methods if m not in METHODS]
-    if bad or not methods:
+def parse_methods(text: str) -> list[Method]:
+    """"vanilla,gasv" -> [the vanilla Method, the gasv Method] (speculative/methods.py): the bench's one
+    look-up by name (`--methods` here, a `--sweep` rule through `parse_sweep`); every point then
+    carries its Method (run_bench takes Methods only)."""
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in names if m not in METHODS]
+    if bad or not names:
         raise InputError(f"unknown bench method(s) {bad}; valid: {', '.join(method_names())}")
-    return methods
+    return [resolve_method(m) for m in names]
 
 
 # --sweep knob names -> SpecConfig fields (per rule where the name is shared)
@@ -47,14 +49,14 @@ _KNOBS = {"kappa": "gasv_kappa", "lambda": "gasv_lambda", "lam": "gasv_lambda", 
           "lantern_delta": "lantern_delta", "gasv_delta": "gasv_delta"}
 
 
-def _knob_field(method: str, name: str) -> str:
+def _knob_field(method: Method, name: str) -> str:
     if name == "delta":
-        return {"gasv": "gasv_delta", "lantern": "lantern_delta"}.get(method, "")
-    own = f"{method.replace('-', '_')}_{name}"  # a knob registered with the method's own settings
-    field = own if METHODS[method].settings is not None and own in FLAT_FIELDS else _KNOBS.get(name, name)
+        return {"gasv": "gasv_delta", "lantern": "lantern_delta"}.get(method.name, "")
+    own = f"{method.name.replace('-', '_')}_{name}"  # a knob registered with the method's own settings
+    field = own if method.settings is not None and own in FLAT_FIELDS else _KNOBS.get(name, name)
     if field not in FLAT_FIELDS:
-        raise InputError(f"unknown sweep knob {name!r} for {method}; use kappa, lambda, delta, neighbours, scope, "
-                         "gamma (LANTERN) or a SpecConfig field")
+        raise InputError(f"unknown sweep knob {name!r} for {method.name}; use kappa, lambda, delta, neighbours, "
+                         "scope, gamma (LANTERN) or a SpecConfig field")
     return field
 
 
@@ -67,14 +69,16 @@ def _value(text: str):
     return text
 
 
-def parse_sweep(text: str) -> list[tuple[str, str, dict]]:
-    """"rule:knob=a,b;knob2=c" -> [(label, rule, {SpecConfig field: value})], the full grid.
+def parse_sweep(text: str) -> list[tuple[str, Method, dict]]:
+    """"rule:knob=a,b;knob2=c" -> [(label, the rule's Method, {SpecConfig field: value})], the full grid.
 
     Example: "gasv:kappa=0.5,1;delta=0.2" -> gasv[kappa=0.5,delta=0.2], gasv[kappa=1,delta=0.2].
+    A rule with knobs: one that reads the draft tree's rule parameters, or has settings of its own.
     """
-    method, _, grid = text.partition(":")
-    method = method.strip()
-    if method not in METHODS or METHODS[method].kind != "tree" and METHODS[method].settings is None and grid:
+    name, _, grid = text.partition(":")
+    name = name.strip()
+    method = parse_methods(name)[0] if name in METHODS else None
+    if method is None or not method.uses_tree and method.settings is None and grid:
         raise InputError(f"bad sweep {text!r}: 'RULE:knob=v1,v2;knob=v' with RULE in exact, lantern, gasv "
                          "or a method with settings (gsd)")
     axes = []
@@ -84,11 +88,11 @@ def parse_sweep(text: str) -> list[tuple[str, str, dict]]:
             raise InputError(f"bad sweep axis {part!r} in {text!r}: expected knob=v1,v2")
         field = _knob_field(method, name.strip())
         if not field:
-            raise InputError(f"knob {name!r} does not apply to {method}")
+            raise InputError(f"knob {name!r} does not apply to {method.name}")
         axes.append([(name.strip(), field, _value(v.strip())) for v in vals.split(",") if v.strip()])
     runs = []
     for combo in itertools.product(*axes):
-        label = method + ("[" + ",".join(f"{n}={v}" for n, _, v in combo) + "]" if combo else "")
+        label = method.name + ("[" + ",".join(f"{n}={v}" for n, _, v in combo) + "]" if combo else "")
         runs.append((label, method, {f: v for _, f, v in combo}))
     return runs
 
@@ -100,8 +104,9 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
     """Run every method / sweep point on one image per entry of `classes` (batch 1, seed + i).
 
     Args:
-        methods: rule names or Methods (each run with `spec`), looked up once here (`_bench_points`).
-        runs: extra labelled points [(label, rule name or Method, {SpecConfig field: value})] (`parse_sweep`).
+        methods: the Methods to compare (each run with `spec`; names resolve once, at the bench's entry:
+            `parse_methods`); the baseline (`baseline_method`, vanilla) runs first unless listed.
+        runs: extra labelled points [(label, Method, {SpecConfig field: value})] (`parse_sweep`).
         sjd_window: the Jacobi window of every point (over `spec`'s).
         scorer_fn: optional (images, labels) -> (class_acc, fd_demo): the artifact set's scorer alone,
             for benches too small for a quality reference (fewer than 32 images).
@@ -147,12 +152,14 @@ def run_bench(target, drafter, tables, methods, classes, *, sampling: SamplingCo
 
 
 def _bench_points(methods, runs) -> tuple:
-    """(the AR baseline, [(label, Method, SpecConfig overrides)]): the baseline first unless listed.
-    Every point's method looked up once, here (a Method passes as is)."""
+    """(the baseline, [(label, Method, SpecConfig overrides)]): the baseline first unless listed.
+    Every point carries its resolved Method; a name here is a caller's bug (TypeError)."""
     runs = list(runs or [])
-    baseline, *ms = [resolve_method(x) for x in [method_names("ar")[0], *methods, *(r for _, r, _ in runs)]]
-    todo = [(m.name, m, {}) for m in ms[:len(methods)]]
-    todo += [(label, m, over) for (label, _, over), m in zip(runs, ms[len(methods):])]
+    bad = [m for m in [*methods, *(m for _, m, _ in runs)] if not isinstance(m, Method)]
+    if bad:
+        raise TypeError(f"run_bench takes resolved Methods (harness.parse_methods(names)), got {bad!r}")
+    baseline = baseline_method()
+    todo = [(m.name, m, {}) for m in methods] + [(label, m, dict(over)) for label, m, over in runs]
     if baseline not in [m for _, m, _ in todo]:
         todo = [(baseline.name, baseline, {})] + todo
     labels = [t[0] for t in todo]
@@ -202,7 +209,8 @@ def _measure(runner: _Runner, label: str, over: dict, plan: RunContext, n_images
             times[k] = times.get(k, 0.0) + v / len(stats_all)
     row = {
         "method": m.name, "knobs": over,
-        "mal": float(committed.mean()) if m.kind != "ar" else 1.0,
+        "mal": float(committed.mean()) if not m.baseline else 1.0,
+        "uses_tree": m.uses_tree,  # the point decoded with the run's draft tree (autotune.bench_choice records it)
         "seconds_per_image": sum(secs) / len(secs),
         "mean_tvd": float(torch.cat(tvds).mean()) if tvds else 0.0,
         "target_forwards_per_image": sum(s.target_forwards for s in stats_all) / len(stats_all),
@@ -432,7 +440,7 @@ def _record_choice(engine_dir, report: dict, rc, echo) -> None:
     precision = q if q != "none" else man.get("precision", "fp32")
     tree = {"top_k": rc.spec.tree.top_k, "depth": rc.spec.tree.depth, "total_tokens": rc.spec.tree.total_tokens}
     choice = bench_choice(report["results"], backend=rc.backend, precision=precision,
-                          baseline=method_names("ar")[0], drafter_hash=(man.get("drafter") or {}).get("hash"),
+                          baseline=baseline_method().name, drafter_hash=(man.get("drafter") or {}).get("hash"),
                           tree=tree)
     record_measured(engine_dir, choice)
     echo(f"recorded in {engine_dir}/{MEASURED_FILE}: --verify auto on {rc.backend}/{precision} now runs "

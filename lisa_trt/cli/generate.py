@@ -32,9 +32,9 @@ def generate(model, model_cfg, vq, vq_config, classes, captions, encoder_dir, pr
     Writes PNGs (when a VQ is known), tokens.npy and stats.json."""
     from ..runtime.commands.generate import generate as entry
     from ..runtime.context import resolve
-    from ..speculative.methods import method_names
+    from ..speculative.methods import baseline_method
 
-    rc = resolve(model, verify=verify, default_verify=method_names("ar")[0], sampling=sampling, tree=tree,
+    rc = resolve(model, verify=verify, default_verify=baseline_method(), sampling=sampling, tree=tree,
                  knobs=knobs, model_cfg=model_cfg)
     rc.run(entry, prompts=prompts, out_dir=out_dir, overwrite=overwrite, vq=vq, vq_config=vq_config,
            classes=classes, captions=captions, encoder_dir=encoder_dir, drafter=drafter, tables=tables,

@@ -368,13 +368,12 @@ def bench_choice(results: dict, *, backend: str, precision: str, baseline: str, 
                  tree: Optional[dict]) -> DecodeChoice:
     """The never-slower choice of one `bench` run (its results by label): every point but the baseline
     is a timed decoder; lossless when its mean TVD is 0, quality-neutral as the bench's quality
-    harness found it (None below 32 images: then only lossless ones are eligible)."""
-    from ..speculative.methods import METHODS
-
+    harness found it (None below 32 images: then only lossless ones are eligible); `tree` is recorded
+    with the points that decoded with a draft tree (their row's `uses_tree`, harness._measure)."""
     decoders = [{"method": r["method"], "label": label, "speedup": float(r["speedup"]),
                  "lossless": float(r.get("mean_tvd", 1.0)) < 1e-9, "quality_neutral": r.get("quality_neutral"),
                  "knobs": dict(r.get("knobs") or {}) or None,
-                 "tree": dict(tree) if tree and METHODS[r["method"]].kind == "tree" else None}
+                 "tree": dict(tree) if tree and r.get("uses_tree") else None}
                 for label, r in results.items() if label != baseline]
     c = choose_decoding(backend=backend, precision=precision, decoders=decoders)
     return dataclasses.replace(c, measured_with={"drafter": drafter_hash},

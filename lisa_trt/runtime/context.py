@@ -8,7 +8,7 @@ runtime/runner.decode:
 
     rc = resolve("demo", verify="gasv", sampling={"cfg_scale": 4.0, "seed": 3},
                  tree={"tree_depth": 3}, knobs={"gasv_kappa": 2.0})
-    rc.method        # Method("gasv", ...), looked up once (resolve_method)
+    rc.method        # Method("gasv", ...), looked up once (speculative/methods.resolve_method)
     rc.sampling      # SamplingConfig: the source's defaults with the given values (resolve_sampling)
     rc.spec          # SpecConfig: given tree and rule knobs (resolve_spec)
     rc = rc.bind(rc.load_target())   # the target: tuned tree for the backend, top-k vs its vocabulary
@@ -34,9 +34,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 from ..config import SamplingConfig
 from ..errors import InputError, LisaError
 from ..models.hub import resolve_model
-from ..speculative.methods import METHODS, Method, SpecConfig, method_names
-
-AUTO = "auto"  # verify="auto": the bundle's recorded never-slower choice (Pipeline.resolve_verify)
+from ..speculative.methods import AUTO, Method, SpecConfig, resolve_method
 
 # CLI / Pipeline names of the tree budget -> SpecConfig flat names
 TREE_NAMES = {"tree_top_k": "top_k", "tree_depth": "depth", "tree_tokens": "total_tokens",
@@ -44,28 +42,6 @@ TREE_NAMES = {"tree_top_k": "top_k", "tree_depth": "depth", "tree_tokens": "tota
 
 
 # ----------------------------------------------------------------------------- resolve functions
-
-def resolve_method(verify, *, auto: bool = False, default: Optional[str] = None,
-                   noun: str = "verification") -> Optional[Method]:
-    """A decoding method name (or a Method) -> the registered Method; the one lookup of a run.
-
-    Args:
-        verify: a registered name, a Method (returned as is), None (then `default`), or "auto"
-            when `auto` is True (returns None: the bundle decides, Pipeline.resolve_verify).
-        noun: how the error names the value ("verification", "verify rule").
-    Raises:
-        InputError: an unknown name, listing the valid ones.
-    """
-    if isinstance(verify, Method):
-        return verify
-    verify = default if verify is None else verify
-    if verify is None or (auto and verify == AUTO):
-        return None
-    m = METHODS.get(verify)
-    if m is None:
-        raise InputError(f"unknown {noun} {verify!r}; valid: {'auto, ' if auto else ''}{', '.join(method_names())}")
-    return m
-
 
 def resolve_sampling(base=None, *, vocab_size: Optional[int] = None, check: bool = True, **given) -> SamplingConfig:
     """SamplingConfig from defaults and the values given (None / False = not given).
@@ -106,7 +82,7 @@ def resolve_spec(method: Optional[Method] = None, *, tree: Optional[Mapping] = N
     """
     if method is not None and not isinstance(method, Method):
         raise TypeError(f"resolve_spec takes the resolved Method (runtime/context.resolve), got {method!r}")
-    name = None if method is None else (method.name if method.kind == "tree" else method_names("tree")[0])
+    name = None if method is None else method.spec_name
     flat = {TREE_NAMES[k]: v for k, v in (tree_default or {}).items() if k in TREE_NAMES and v is not None}
     flat.update({TREE_NAMES.get(k, k): v for k, v in (tree or {}).items() if v is not None})
     flat.update({k: v for k, v in (knobs or {}).items() if v is not None})
@@ -365,7 +341,8 @@ def _conditions(family, cfg, built):
     return run_conditions(family, cfg)
 
 
-def resolve(model=None, *, engine_dir=None, verify=None, default_verify: Optional[str] = None, auto: bool = False,
+def resolve(model=None, *, engine_dir=None, verify=None, default_verify: Union[str, Method, None] = None,
+            auto: bool = False,
             sampling: Optional[Mapping] = None, tree: Optional[Mapping] = None, knobs: Optional[Mapping] = None,
             model_cfg: Optional[Mapping] = None, backend: str = "torch") -> RunContext:
     """The resolve step of a run (module docstring).

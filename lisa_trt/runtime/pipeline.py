@@ -25,10 +25,10 @@ import torch
 from ..config import SamplingConfig
 from ..errors import InputError
 from ..models.family import family_of
-from ..speculative.methods import Method, SpecConfig
+from ..speculative.methods import Method, SpecConfig, resolve_method
 from .bundle import Bundle, open_bundle
 from .conditions import run_conditions
-from .context import AUTO, TREE_NAMES, RunContext, resolve_method, resolve_sampling, resolve_spec
+from .context import AUTO, TREE_NAMES, RunContext, resolve_sampling, resolve_spec
 from .prompts import Prompt
 from .seeding import image_seed
 
@@ -85,8 +85,7 @@ def _alone(method: Method, i: int, sampling: SamplingConfig, seed: int, tag: dic
     generator a batch row gets, so the image is the one it is in any batch), or, for a Jacobi loop
     without per-row generators, from one stream seeded with `seed` (that loop's rows always
     decode alone)."""
-    per_row = not (method.kind == "sjd" and not method.row_seeds)
-    return _Call(i, i + 1, sampling, seed, [seed] if per_row else None, (tag,))
+    return _Call(i, i + 1, sampling, seed, [seed] if method.takes_row_seeds else None, (tag,))
 
 
 def _sampling_of(plan, cfg: Optional[float]) -> SamplingConfig:
@@ -108,7 +107,7 @@ def _calls(plan, overrides: list, *, batch: bool, row_seeds: bool) -> list:
         return [_alone(method, i, _sampling_of(plan, ov.get("cfg")), sd, {"seed": sd})
                 for i, (ov, sd) in enumerate(zip(overrides, seeds))]
     s = _sampling_of(plan, _batch_cfg(overrides))
-    if row_seeds and method.kind == "sjd" and not method.row_seeds:
+    if row_seeds and not method.takes_row_seeds:
         return [_alone(method, i, s, sd, {"seed": sd, "batch_row": i}) for i, sd in enumerate(seeds)]
     if row_seeds:
         return [_Call(0, n, s, seeds[0], seeds, tuple({"seed": sd, "batch": n, "batch_row": b}

@@ -226,7 +226,7 @@ class ServeModel:
         verify = verify or self.default_verify
         method = self.pipe.method(verify, noun="verify rule")[0]  # "auto": what the bundle runs
         requested = None if verify == AUTO else method  # the row's knob: the Method, or auto for the plan
-        if method.kind == "tree" and self.pipe._e.drafter is None:
+        if method.uses_tree and self.pipe._e.drafter is None:
             raise InputError(f"verify={verify} needs a drafter; this engine directory has none (use vanilla)")
         d = self.defaults
         cfg = _range("cfg_scale", d.cfg_scale if cfg is None else cfg, 1.0, 100.0)

@@ -4,7 +4,10 @@ Every place that lists methods (the decode loop, Pipeline, `lisa-trt bench`, the
 `--verify` / `--methods` and their options) reads `METHODS` here. A method is:
 
 - `kind`: "tree" (drafter + EAGLE-2 tree + one verification rule), "ar" (the vanilla
-  autoregressive loop) or "sjd" (speculative Jacobi decoding, no drafter);
+  autoregressive loop) or "sjd" (speculative Jacobi decoding, no drafter); only this module
+  reads it: everything outside speculative/ asks the method's capabilities instead
+  (`uses_tree`, `baseline`, `takes_row_seeds`, `spec_name`, `describe`; the kind's defaults, which
+  a method may override), so a new kind changes nothing in runtime/, serve or bench;
 - `needs_drafter` / `needs_tables`: the artifacts it requires;
 - `rule`: for tree methods, `rule(logits (B, N, V), tree, ctx) -> VerifyResult` where ctx is a
   `RuleContext` (spec, greedy flag, generator, tables, GASV engine); the rule picks its greedy
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -266,10 +269,16 @@ class Method:
     # (B,), rows) draws the target's first token, obj.draft(logprobs (B, n, V), token_index (B, n),
     # rows) transforms every drafter law the tree is built from; the rule reads it as ctx.session
     session: Optional[Callable] = None
+    # capabilities the runtime reads instead of the kind (None: the kind's default, `KIND_DEFAULTS`)
+    uses_tree: Optional[bool] = None  # reads SpecConfig.tree (the draft tree budget: recorded, reported)
+    baseline: Optional[bool] = None  # the plain one-token-per-step loop: MAL 1, bench's speed-up baseline
 
     def __post_init__(self):
-        if self.kind not in ("tree", "ar", "sjd"):
-            raise SpecError(f"method kind must be tree, ar or sjd, got {self.kind!r}")
+        if self.kind not in KIND_DEFAULTS:
+            raise SpecError(f"method kind must be one of {', '.join(KIND_DEFAULTS)}, got {self.kind!r}")
+        for cap, default in KIND_DEFAULTS[self.kind].items():
+            if getattr(self, cap) is None:
+                object.__setattr__(self, cap, default)
         if (self.kind == "tree") != (self.rule is not None):
             raise SpecError(f"method {self.name}: tree methods (only) need a rule")
         if self.row_seeds and self.kind != "sjd":
@@ -286,8 +295,39 @@ class Method:
         if bind is not None:  # a decoder factory shared by many methods (tree_decoder) takes this one
             object.__setattr__(self, "decoder", bind(self))
 
+    @property
+    def takes_row_seeds(self) -> bool:
+        """The loop draws each row from its own generator (`seeds=`), so served rows batch and an
+        image is the same alone or in a batch; False: its rows decode alone, from one stream."""
+        return self.kind != "sjd" or self.row_seeds
+
+    @property
+    def spec_name(self) -> str:
+        """The `SpecConfig.method` a spec for this method carries: its own name when it reads the
+        tree, else the first registered tree method's (its rule parameters then go unused)."""
+        if self.uses_tree:
+            return self.name
+        return next(m.name for m in METHODS.values() if m.uses_tree)
+
+    def describe(self, spec: "SpecConfig") -> str:
+        """The settings this method decodes with under `spec`, as a progress line shows them
+        ("" for the plain loop): the Jacobi window, or the draft tree budget."""
+        if self.uses_tree:
+            t = spec.tree
+            return f"draft tree top-k {t.top_k} / depth {t.depth} / {t.total_tokens} nodes"
+        if self.kind == "sjd":
+            return f"Jacobi window {spec.settings('sjd').window}"
+        return ""
+
+
+# each kind's capabilities (Method fields left None take them)
+KIND_DEFAULTS = {"tree": {"uses_tree": True, "baseline": False},
+                 "ar": {"uses_tree": False, "baseline": True},
+                 "sjd": {"uses_tree": False, "baseline": False}}
+
 
 METHODS: dict[str, Method] = {}
+AUTO = "auto"  # verify="auto": a bundle's recorded never-slower choice (runtime/pipeline.Pipeline.resolve_verify)
 
 
 def _register_settings(key: str, settings: type, what: str) -> None:
@@ -336,6 +376,39 @@ def get_method(name: str) -> Method:
     return m
 
 
+def baseline_method() -> Method:
+    """The first registered baseline (the plain autoregressive loop): bench's speed-up baseline,
+    `lisa-trt generate`'s default method."""
+    m = next((m for m in METHODS.values() if m.baseline), None)
+    if m is None:
+        raise SpecError("no baseline method is registered (speculative/autoregressive.py registers vanilla)")
+    return m
+
+
+def resolve_method(verify, *, auto: bool = False, default: Union[str, Method, None] = None,
+                   noun: str = "verification") -> Optional[Method]:
+    """A decoding method name (or a Method) -> the registered Method: the one resolver of a name that
+    the entry points share (runtime/context.resolve, Pipeline.method, the bench's parse_methods).
+
+    Args:
+        verify: a registered name, a Method (returned as is), None (then `default`: a name or a
+            Method), or "auto" when `auto` is True (returns None: a bundle decides,
+            runtime/pipeline.Pipeline.resolve_verify).
+        noun: how the error names the value ("verification", "verify rule").
+    Raises:
+        InputError: an unknown name, listing the valid ones.
+    """
+    verify = default if verify is None else verify
+    if isinstance(verify, Method):
+        return verify
+    if verify is None or (auto and verify == AUTO):
+        return None
+    m = METHODS.get(verify)
+    if m is None:
+        raise InputError(f"unknown {noun} {verify!r}; valid: {'auto, ' if auto else ''}{', '.join(method_names())}")
+    return m
+
+
 def method_names(kind: Optional[str] = None) -> list:
     """Registered names (in registration order), optionally of one kind."""
     return [n for n, m in METHODS.items() if kind is None or m.kind == kind]
@@ -356,6 +429,7 @@ def cli_options() -> list:
 # (decode.py), sjd, oracle and the others in their own files, imported in that order by
 # speculative/__init__.py (the method list's order)
 
-__all__ = ["FLAT_FIELDS", "GASVRuleConfig", "LanternConfig", "METHODS", "Method", "MethodOption", "RuleContext",
-           "SpecConfig", "TreeConfig", "cli_options", "exact_rule", "gasv_rule", "get_method", "lantern_rule",
-           "method_names", "register_method", "unregister_method"]
+__all__ = ["AUTO", "FLAT_FIELDS", "GASVRuleConfig", "KIND_DEFAULTS", "LanternConfig", "METHODS", "Method", "MethodOption",
+           "RuleContext", "SpecConfig", "TreeConfig", "baseline_method", "cli_options", "exact_rule", "gasv_rule",
+           "get_method", "lantern_rule", "method_names", "register_method", "resolve_method",
+           "unregister_method"]

@@ -1,5 +1,7 @@
-"""Run any registered method (speculative/methods.py) on one batch: the one dispatch that
-Pipeline, `lisa-trt bench` and `lisa-trt generate` share."""
+"""Run any registered method (speculative/methods.py) on one batch: the one dispatch under
+runtime/runner.decode, the runner of Pipeline, `lisa-trt run`, `generate`, `bench` and serve, which
+hands it the run plan's Method. A method name is accepted from library callers only (tests, the
+bench/ scripts, the drafter evaluation of training): it is looked up here, once per call."""
 
 from __future__ import annotations
 
@@ -11,25 +13,23 @@ from ..errors import InputError
 from .methods import Method, SpecConfig, get_method
 
 
-def _method(method: Union[str, Method]) -> Method:
-    return method if isinstance(method, Method) else get_method(method)
-
-
-def check_artifacts(method: Union[str, Method], drafter, tables, gasv=None) -> None:
-    """Refuse a method whose drafter / tables are missing, naming the fix."""
-    m = _method(method)
-    method = m.name
-    if m.needs_drafter and drafter is None:
-        raise InputError(f"method {method!r} needs a drafter (--drafter, or export the bundle with one)")
-    if m.needs_tables and tables is None and not (method == "gasv" and gasv is not None):
-        raise InputError(f"method {method!r} needs calibration tables: pass --tables "
+def check_artifacts(method: Method, drafter, tables, gasv=None) -> None:
+    """Refuse a method (the resolved Method) whose drafter / tables are missing, naming the fix."""
+    if not isinstance(method, Method):
+        raise TypeError(f"check_artifacts takes the resolved Method, got {method!r}")
+    name = method.name
+    if method.needs_drafter and drafter is None:
+        raise InputError(f"method {name!r} needs a drafter (--drafter, or export the bundle with one)")
+    if method.needs_tables and tables is None and not (name == "gasv" and gasv is not None):
+        raise InputError(f"method {name!r} needs calibration tables: pass --tables "
                          "(make them with `lisa-trt calibrate`)")
 
 
 def run_method(method: Union[str, Method], target, drafter, tables, cond, *, sampling: SamplingConfig,
                spec: SpecConfig, seed: int, sjd_window: Optional[int] = None, gasv=None, seeds=None, on_progress=None,
                layout=None, on_step=None):
-    """One generation with `method` (a Method, or its registered name) -> (tokens (B, N), DecodeStats).
+    """One generation with `method` (the resolved Method; a library caller's registered name is looked
+    up here) -> (tokens (B, N), DecodeStats).
 
     Every method runs the same way: its Decoder (`Method.decoder(target, drafter, tables, gasv,
     spec)`, speculative/session.py) opens the decode session (prefill, CFG rows, cache, generators)
@@ -49,7 +49,7 @@ def run_method(method: Union[str, Method], target, drafter, tables, cond, *, sam
     layout: optional SequenceLayout of the request (models/family.py; Chameleon spans).
     gasv: the GASV engine (engines.graph.GraphGASV) of the methods that read GASV gates.
     """
-    m = _method(method)
+    m = method if isinstance(method, Method) else get_method(method)  # a library caller's name
     if m.greedy_sampling:
         sampling = dataclasses.replace(sampling, greedy=True)
     if sjd_window is not None:

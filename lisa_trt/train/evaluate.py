@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-
 from ..config import SamplingConfig
-from ..speculative.decode import SpeculativeDecoder
 from ..speculative.methods import SpecConfig
 
 
@@ -22,26 +20,23 @@ def decode_eval(target, drafter, cfg, n: int, request=None) -> dict:
     Returns:
         {"mal", "images", "sampling", "spec", "target_forwards"}.
     """
+    from ..speculative.run import run_method
+
     d = cfg.data
     s = SamplingConfig(cfg_scale=d.cfg_scale, temperature=d.temperature, top_k=d.top_k, top_p=d.top_p)
     spec = SpecConfig.make("exact", top_k=3, depth=3, total_tokens=10)
-    if request is not None:
-        from ..speculative.run import run_method
+    if request is not None:  # a prompted family: its held-out Request, decoded over its layout
+        cond, layout, images = request.cond, request.layout, request.batch
+    else:
+        from .data import kind_data
 
-        _, st = run_method("exact", target, drafter.eval(), None, request.cond, sampling=s, spec=spec,
-                           seed=1_000_003 + cfg.seed, layout=request.layout)
-        return {"mal": st.mal, "images": request.batch, "sampling": dataclasses.asdict(s),
-                "spec": dataclasses.asdict(spec), "target_forwards": st.target_forwards,
-                "prompts": list(request.prompts)}
-    from .data import kind_data
-
-    cond = kind_data(target.config).eval_conds(target, d, n)  # class ids 0..n-1 cycled, or held-out captions
-    from ..speculative.medusa import speculative_engines
-
-    _, st = SpeculativeDecoder(*speculative_engines(target, drafter.eval())).generate(
-        cond, sampling=s, spec=spec, seed=1_000_003 + cfg.seed)
-    return {"mal": st.mal, "images": n, "sampling": dataclasses.asdict(s), "spec": dataclasses.asdict(spec),
-            "target_forwards": st.target_forwards}
+        cond, layout, images = kind_data(target.config).eval_conds(target, d, n), None, n  # class ids or captions
+    # the tree decoder pairs Medusa heads with their target proxy (speculative/decode.tree_decoder)
+    _, st = run_method(spec.method, target, drafter.eval(), None, cond, sampling=s, spec=spec,
+                       seed=1_000_003 + cfg.seed, layout=layout)
+    out = {"mal": st.mal, "images": images, "sampling": dataclasses.asdict(s), "spec": dataclasses.asdict(spec),
+           "target_forwards": st.target_forwards}
+    return out if request is None else {**out, "prompts": list(request.prompts)}
 
 
 __all__ = ["decode_eval"]

@@ -111,8 +111,9 @@ def test_gasv_in_effect_reads_the_bundles_tables_when_none_loaded(tmp_path):
 
 def _results(gasv_neutral):
     return {"vanilla": {"method": "vanilla", "knobs": {}, "speedup": 1.0, "mean_tvd": 0.0},
-            "exact": {"method": "exact", "knobs": {}, "speedup": 1.3, "mean_tvd": 0.0},
-            "gasv": {"method": "gasv", "knobs": {}, "speedup": 1.6, "mean_tvd": 0.02, "quality_neutral": gasv_neutral},
+            "exact": {"method": "exact", "knobs": {}, "speedup": 1.3, "mean_tvd": 0.0, "uses_tree": True},
+            "gasv": {"method": "gasv", "knobs": {}, "speedup": 1.6, "mean_tvd": 0.02, "quality_neutral": gasv_neutral,
+                     "uses_tree": True},
             "zipar": {"method": "zipar", "knobs": {"zipar_window": 4}, "speedup": 1.4, "mean_tvd": 0.03,
                       "quality_neutral": False}}
 

@@ -267,6 +267,10 @@ def test_bench_takes_methods_as_objects():
     from lisa_trt.testing import make_target
 
     t = make_target()
-    rep = run_bench(t, None, None, [METHODS["vanilla"], "sjd"], [1], sampling=SamplingConfig(), spec=SpecConfig(),
-                    progress=False)
+    rep = run_bench(t, None, None, [METHODS["vanilla"], METHODS["sjd"]], [1], sampling=SamplingConfig(),
+                    spec=SpecConfig(), progress=False)
     assert set(rep["results"]) == {"vanilla", "sjd"} and rep["results"]["sjd"]["method"] == "sjd"
+    assert rep["results"]["vanilla"]["mal"] == 1.0  # the baseline (Method.baseline): MAL 1 by definition
+    assert not rep["results"]["sjd"]["uses_tree"]  # a Jacobi point records no draft tree (autotune.bench_choice)
+    with pytest.raises(TypeError, match="resolved Methods"):  # names resolve once, at the bench's entry
+        run_bench(t, None, None, ["sjd"], [1], sampling=SamplingConfig(), spec=SpecConfig(), progress=False)

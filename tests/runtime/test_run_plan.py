@@ -6,6 +6,7 @@ runner, the look-ups a planned decode makes) on the tiny in-memory models of tes
 
 import ast
 import dataclasses
+import functools
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,83 @@ def test_tokens_become_pixels_in_one_place():
     assert [m for m, _ in call_sites("to_uint8", run_paths)] == ["lisa_trt/runtime/runner.py"]
 
 
+# ----------------------------------------------------------------------------- method kinds
+
+def kind_test_lines(source: str) -> list:
+    """Lines of `source` that test a method's kind instead of asking the Method: a comparison (==, !=,
+    in, not in; `match`) of something named kind with a method kind (methods.KIND_DEFAULTS: "tree",
+    "ar", "sjd"), a lookup keyed by a `.kind`, or `method_names(<kind>)`."""
+    from lisa_trt.speculative.methods import KIND_DEFAULTS
+
+    def kinds_in(node) -> bool:
+        elts = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return any(isinstance(e, ast.Constant) and e.value in KIND_DEFAULTS for e in elts)
+
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            ops = [node.left, *node.comparators]
+            if any(kinds_in(o) for o in ops) and any("kind" in ast.unparse(o) for o in ops):
+                out.append(node.lineno)
+        elif isinstance(node, ast.Match) and "kind" in ast.unparse(node.subject):
+            if any(isinstance(c.pattern, ast.MatchValue) and kinds_in(c.pattern.value) for c in node.cases):
+                out.append(node.lineno)
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Attribute) and node.slice.attr == "kind":
+            out.append(node.lineno)
+        elif (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "method_names"
+              and (node.args or node.keywords)):
+            out.append(node.lineno)
+    return out
+
+
+def kind_test_sites(planted: dict = None, root: Path = ROOT) -> list:
+    """[(module, line)] of every method-kind test (`kind_test_lines`) in lisa_trt outside speculative/
+    (the registry and the loops own the kinds); `planted`: {module: extra source} (the self-check)."""
+    out = []
+    for p in sorted(root.rglob("*.py")):
+        rel = str(p.relative_to(root.parent))
+        if rel.startswith("lisa_trt/speculative/"):
+            continue
+        extra = (planted or {}).get(rel)
+        lines = _file_kind_tests(p) if extra is None else kind_test_lines(p.read_text() + extra)
+        out += [(rel, n) for n in lines]
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _file_kind_tests(path: Path) -> list:
+    return kind_test_lines(path.read_text())
+
+
+def test_nothing_outside_speculative_tests_a_method_s_kind():
+    """runtime/, serve, the CLI and the bench ask the Method what it does (uses_tree, baseline,
+    takes_row_seeds, spec_name, describe: speculative/methods.py), so a new kind changes nothing there."""
+    assert kind_test_sites() == []
+
+
+@pytest.mark.parametrize("planted", ['if method.kind == "sjd":\n    pass', 'x = m.kind in ("tree", "ar")',
+                                     'x = "tree" != plan.method.kind', 'x = {"tree": 1}[m.kind]',
+                                     'x = method_names("ar")[0]', 'match m.kind:\n    case "ar":\n        pass'])
+def test_a_planted_kind_test_is_seen(planted):
+    got = kind_test_sites({"lisa_trt/runtime/pipeline.py": "\n" + planted + "\n"})
+    assert [m for m, _ in got] == ["lisa_trt/runtime/pipeline.py"], got
+    assert kind_test_lines('x = a.dtype.kind == "f" or loss.kind == "lisa"\nnames = method_names()\n') == []
+
+
+def test_a_method_s_capabilities_default_from_its_kind_and_may_be_overridden():
+    from lisa_trt.speculative.methods import METHODS, SpecConfig, baseline_method
+
+    assert baseline_method() is METHODS["vanilla"] and METHODS["vanilla"].baseline
+    assert METHODS["gasv"].uses_tree and not METHODS["sjd"].uses_tree and not METHODS["gasv"].baseline
+    assert METHODS["gasv"].takes_row_seeds and METHODS["zipar"].takes_row_seeds and not METHODS["sjd"].takes_row_seeds
+    assert METHODS["gasv"].spec_name == "gasv" and METHODS["sjd"].spec_name == METHODS["greedy"].name
+    spec = SpecConfig.make("exact", top_k=2, depth=1, total_tokens=3, sjd_window=5)
+    assert METHODS["vanilla"].describe(spec) == "" and METHODS["sjd"].describe(spec) == "Jacobi window 5"
+    assert METHODS["exact"].describe(spec) == "draft tree top-k 2 / depth 1 / 3 nodes"
+    own = dataclasses.replace(METHODS["sjd"], name="sjd-tree", uses_tree=True)  # a method may say otherwise
+    assert own.uses_tree and own.spec_name == "sjd-tree" and "draft tree" in own.describe(spec)
+
+
 @pytest.fixture(scope="module")
 def pipe(parts):
     t, d, tables, vq = parts
@@ -61,13 +139,19 @@ def pipe(parts):
 
 @pytest.fixture
 def seen(monkeypatch):
-    """Every plan that reaches the runner, and every method look-up by name, from now on."""
+    """Every plan that reaches the runner, and every method look-up by name, from now on: the API's
+    (Pipeline.method) and the library entries' below the runner (run_method, SpeculativeDecoder.generate
+    given a name)."""
     import lisa_trt.runtime.pipeline as P
+    import lisa_trt.speculative.decode as D
+    import lisa_trt.speculative.run as R
 
     got = {"plans": [], "lookups": []}
-    real_decode, real_lookup = runner.decode, P.resolve_method
+    real_decode = runner.decode
     monkeypatch.setattr(runner, "decode", lambda plan, *a, **k: got["plans"].append(plan) or real_decode(plan, *a, **k))
-    monkeypatch.setattr(P, "resolve_method", lambda v, **k: got["lookups"].append(v) or real_lookup(v, **k))
+    for mod, name in ((P, "resolve_method"), (R, "get_method"), (D, "get_method")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda v, _real=real, **k: got["lookups"].append(v) or _real(v, **k))
     return got
 
 
@@ -92,6 +176,9 @@ def test_generate_by_name_resolves_once_then_hands_its_plan_down(pipe, seen):
     assert isinstance(seen["plans"][0], RunContext)
     b = pipe.generate([1, 2], plan=pipe.plan("sjd", seed=3, cfg_scale=3.0, sjd_window=4), decode=False)
     assert a.tokens.equal(b.tokens)  # a plan decodes what its settings decode
+    seen["lookups"].clear()
+    pipe.generate([1], seed=3, verify="gasv", depth=1, decode=False)  # a tree method: nothing below either
+    assert seen["lookups"] == ["gasv"]
 
 
 def test_a_plan_and_its_settings_are_not_both_taken(pipe):

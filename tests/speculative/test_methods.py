@@ -43,15 +43,15 @@ def test_one_registry_feeds_bench_and_declares_needs():
     assert method_names("sjd") == ["sjd", "mcsjd", "sjd-pac", "gsd", "zipar", "sjd-gasv", "pjd", "gasv-2d", "exact-2d"]
     assert method_names("tree") == ["greedy", "exact", "lantern", "gasv", "oracle", "coupled"]
     assert not get_method("oracle").needs_drafter and get_method("oracle").drafter_factory is not None
-    assert parse_methods("vanilla, gasv") == ["vanilla", "gasv"]
+    assert parse_methods("vanilla, gasv") == [get_method("vanilla"), get_method("gasv")]  # resolved once, here
     with pytest.raises(InputError, match="valid: vanilla, greedy"):
         parse_methods("vanilla,nope")
     assert get_method("gasv").needs_tables and not get_method("exact").needs_tables
     assert get_method("greedy").greedy_sampling and get_method("greedy").rule is get_method("exact").rule
     with pytest.raises(InputError, match="needs a drafter"):
-        check_artifacts("exact", None, None)
+        check_artifacts(get_method("exact"), None, None)
     with pytest.raises(InputError, match="needs calibration tables"):
-        check_artifacts("lantern", object(), None)
+        check_artifacts(get_method("lantern"), object(), None)
 
 
 def test_greedy_is_exact_with_argmax_sampling_everywhere(models):
@@ -85,7 +85,7 @@ def test_a_toy_rule_registered_here_runs_through_decode_and_run_method(models):
 
     register_method(Method("toy", "tree", "a toy rule", needs_drafter=True, rule=reject_all, decoder=tree_decoder))
     try:
-        assert "toy" in method_names("tree") and "toy" in parse_methods("toy")
+        assert "toy" in method_names("tree") and "toy" in [m.name for m in parse_methods("toy")]
         t, d = models
         s = SamplingConfig(cfg_scale=2.0, greedy=True)
         spec = SpecConfig.make("exact", top_k=3, depth=2, total_tokens=8)

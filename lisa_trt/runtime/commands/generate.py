@@ -37,11 +37,10 @@ def _decode(rc, drafter, tables, cond, request, echo) -> tuple:
     m, spec, layout = rc.method, rc.spec, getattr(request, "layout", None)
     n_img = request.batch if request is not None else len(cond) if torch.is_tensor(cond) else cond[0].shape[0]
     n_tok = layout.n_tokens if layout is not None else rc.target.config.block_size
-    echo(f"{m.name}: decoding {n_img} image(s), {n_tok} tokens each"
-         + ("" if m.kind == "ar" else
-            f", Jacobi window {spec.settings('sjd').window}" if m.kind == "sjd" else
-            f", draft tree top-k {spec.tree.top_k} / depth {spec.tree.depth} / {spec.tree.total_tokens} nodes "
-            "(smaller trees are faster on a CPU: --tree-tokens)") + " ...", err=True)
+    what = m.describe(spec)  # the method's own settings (its Jacobi window, its draft tree)
+    hint = " (smaller trees are faster on a CPU: --tree-tokens)" if m.uses_tree else ""
+    echo(f"{m.name}: decoding {n_img} image(s), {n_tok} tokens each" + (f", {what}{hint}" if what else "") + " ...",
+         err=True)
     show = bars_wanted()
     bar = progress_bar(n_img * n_tok, show, unit="token")
     tokens, st = decode(rc, Engines(rc.target, drafter, tables), cond, layout=layout,
@@ -61,7 +60,7 @@ def _save(rc, tokens, stats, request, vqm, vq_config, out_dir, overwrite, echo) 
 
     m, fam = rc.method, rc.family
     record = {"family": fam.name, "verify": m.name, "sampling": dataclasses.asdict(rc.sampling),
-              "tree": dataclasses.asdict(rc.spec.tree) if m.kind == "tree" else None, **stats}
+              "tree": dataclasses.asdict(rc.spec.tree) if m.uses_tree else None, **stats}
     if request is not None:
         record["prompts"], record["grid"] = list(request.prompts), list(request.grid)
         codes = fam.tokens_to_codes(rc.target, tokens, request)  # tokens.npy: the VQ code grids
