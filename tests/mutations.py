@@ -154,6 +154,16 @@ MUTATIONS = [
       "return Prompts(p.ids[:, -1:].clone(), torch.ones_like(p.ids[:, -1:], dtype=torch.bool))",
       "return Prompts(p.ids[:, :1].clone(), torch.ones_like(p.ids[:, :1], dtype=torch.bool))",
       ["tests/families/test_emu3.py"], "CFG's unconditional row from the first prompt token"),
+    # -- 2-D heads (SSD) and pjd-ssd2d (issue 54)
+    M("head2d_reads_next_hidden", "2-D heads", "lisa_trt/train/ssd.py",
+      "out.append((j[ok] + 1, dst[ok]))", "out.append((j[ok], dst[ok]))",
+      ["tests/train/test_ssd_arch.py"], "a head reads the hidden state of the token before"),
+    M("head2d_below_off_by_one", "2-D heads", "lisa_trt/train/ssd.py",
+      "dst = j + cfg.delta(k)", "dst = j + cfg.delta(k) - 1",
+      ["tests/train/test_ssd_arch.py"], "the below head taught the token left of the one below"),
+    M("ssd2d_records_shifted_hidden", "2-D heads", "lisa_trt/speculative/ssd.py",
+      "col = n[..., None] - 1 + torch.arange(K1, device=n.device)", "col = n[..., None] + torch.arange(K1, device=n.device)",
+      ["tests/speculative/test_ssd.py"], "pjd-ssd2d records each hidden state one column off"),
 ]
 
 
