@@ -44,13 +44,13 @@ def offline(target, head_path: str, n: int, seed: int) -> dict:
             "untrained": evaluate_heads2d(untrained, feats, n, 8)}
 
 
-def online(target, sampling, label: str, head_path: str, images: int, batch: int, seed: int) -> dict:
+def online(target, sampling, label: str, head_path: str, images: int, batch: int, seed: int, rows: int) -> dict:
     """One point over `images` images: per-image forwards, pooled MAL, TVD."""
     from lisa_trt.speculative.methods import SpecConfig
     from lisa_trt.speculative.run import run_method
 
     method, head = POINTS[label]
-    spec = SpecConfig.make(method=method)
+    spec = SpecConfig.make(method=method).replace(pjd_rows=rows)
     if head is not None:
         spec = spec.replace(pjd_ssd2d_head=head_path if head == "HEAD" else head)
     toks, fwd, tvd, secs = [], [], [], 0.0
@@ -77,7 +77,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--head", default="bench/ssd_head/head2d.safetensors")
-    ap.add_argument("--offline-samples", type=int, default=16)
+    ap.add_argument("--offline-samples", type=int, default=16, help="0: skip the offline accuracy")
+    ap.add_argument("--pjd-rows", type=int, default=4, help="PJD's lanes (rows in flight) for every point")
     ap.add_argument("--out", type=Path, default=Path("bench/ssd_head.json"))
     a = ap.parse_args(argv)
     if a.images % a.batch:
@@ -94,11 +95,11 @@ def main(argv=None) -> int:
                            "seeds": "batch j: seed + j", "classes": "image i: i % 8", "head": a.head,
                            "sampling": {k: getattr(sampling, k) for k in ("cfg_scale", "temperature", "top_k",
                                                                            "top_p", "greedy")},
-                           "pjd": "defaults (rows 4, window 8, lag 2, reuse 0.5)", "torch_threads": torch.get_num_threads(),
+                           "pjd": f"rows {a.pjd_rows}; window 8, lag 2, reuse 0.5 (defaults)", "torch_threads": torch.get_num_threads(),
                            "command": "python bench/ssd_head.py " + " ".join(argv if argv is not None else sys.argv[1:])},
-              "offline": offline(target, a.head, a.offline_samples, 12345), "online": {}}
+              "offline": offline(target, a.head, a.offline_samples, 12345) if a.offline_samples else {}, "online": {}}
     for label in POINTS:
-        report["online"][label] = online(target, sampling, label, a.head, a.images, a.batch, a.seed)
+        report["online"][label] = online(target, sampling, label, a.head, a.images, a.batch, a.seed, a.pjd_rows)
         print(label, {k: v for k, v in report["online"][label].items() if k != "raw"}, flush=True)
     base = report["online"]["pjd"]["raw"]["fwd"]
     for label, r in report["online"].items():

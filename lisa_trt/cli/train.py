@@ -125,10 +125,11 @@ def _train_ssd(rc, *, out_dir, vq, vq_config, echo, **o):
     counts = {"--" + n.replace("_", "-"): o[n] for n in ("steps", "batch_size", "num_samples", "checkpoint_every")}
     rc = rc.load(counts=counts, dirs={"--out run directory": out_dir}, captions=o["captions"],
                  encoder_dir=o["encoder_dir"])
-    grid_of(rc.target, None)  # a family without a grid of rows is refused before any data work
+    rollouts = rc.conditions.training_rollouts(rc, out_dir, o)  # a prompter's requests (no rollout yet), or None
+    request = rollouts[1] if rollouts is not None else None
+    grid_of(rc.target, None if request is None else request.layout)  # no grid of rows: refused before data work
     vqm = base._codebook(rc, vq, vq_config, "eagle3")[0] if o["data"] == "images" else None
-    rollouts = rc.conditions.training_rollouts(rc, out_dir, o)
-    data, request = (rollouts[0], rollouts[1]) if rollouts is not None else (base._data_config(rc, vqm, out_dir, o), None)
+    data = rollouts[0] if rollouts is not None else base._data_config(rc, vqm, out_dir, o)
     cfg = base._train_config(rc, o, data, prompted=request is not None)
     try:
         result = train_heads2d(rc.target, cfg, out_dir, offsets=offsets, request=request)
@@ -136,6 +137,8 @@ def _train_ssd(rc, *, out_dir, vq, vq_config, echo, **o):
         echo("\n" + resume_hint(out_dir, cfg.steps), err=True)
         raise SystemExit(130) from None
     echo(f"wrote {result['drafter']}")
+    if not result["eval"]["heads"]:
+        echo("no held-out sequences to evaluate the heads on")
     for name, h in result["eval"]["heads"].items():
         echo(f"held-out {name}: top-1 {h['top1']:.3f} (target argmax), accept {h['accept']:.3f} "
              f"(uniform prior {h['uniform_accept']:.3f}), sampled token in top-{result['eval']['k']} "

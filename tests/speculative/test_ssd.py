@@ -95,3 +95,31 @@ def test_a_head_for_another_grid_is_refused(target):
     other = Heads2D.from_target(target, W + 2, H * (W + 2))
     with pytest.raises(InputError, match="trained for rows of 12 in 72 tokens"):
         _decode(target, other)
+
+
+def test_forced_row_ends_on_chameleon(tmp_path):
+    """A span layout (left-padded prompts, forced row ends, image codes only): the untrained head's
+    laws pass the layout (row ends forced, codes only), and one greedy lane is the AR loop."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    import sys
+    from pathlib import Path
+
+    import lisa_trt
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+    from chameleon_fixtures import N_CODES, save_model_dir
+    from lumina_calls import LuminaTokenizer, generate_image_tokens, row_end_mask, span_request
+
+    d = save_model_dir(tmp_path, seed=5, vq=False, num_key_value_heads=2)
+    t, tok = lisa_trt.load_target(d), LuminaTokenizer(d)
+    caps = ["a red fox", "tok70 tok71 tok72"]
+    prompts, layout, (h, w) = span_request(t, tok, caps, 64, 96, True)
+    got, _ = run_method("pjd-ssd2d", t, None, None, prompts, sampling=SamplingConfig(cfg_scale=3.0, top_k=10),
+                        spec=SpecConfig(), seed=0, layout=layout)
+    ends = row_end_mask(h, w)
+    assert (got[:, ends] == tok.newline).all() and ((got[:, ~ends] >= 4) & (got[:, ~ends] < 4 + N_CODES)).all()
+    ref = generate_image_tokens(t, tok, caps, 64, 96, cfg_scale=3.0, greedy=True)
+    one, _ = run_method("pjd-ssd2d", t, None, None, prompts, sampling=SamplingConfig(cfg_scale=3.0, top_k=1),
+                        spec=SpecConfig().replace(pjd_rows=1), seed=0, layout=layout)
+    assert torch.equal(one, ref.tokens)
