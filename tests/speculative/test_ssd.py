@@ -123,3 +123,26 @@ def test_forced_row_ends_on_chameleon(tmp_path):
     one, _ = run_method("pjd-ssd2d", t, None, None, prompts, sampling=SamplingConfig(cfg_scale=3.0, top_k=1),
                         spec=SpecConfig().replace(pjd_rows=1), seed=0, layout=layout)
     assert torch.equal(one, ref.tokens)
+
+
+def test_bad_head_files_are_refused(target, tmp_path):
+    from lisa_trt.errors import ArtifactMismatchError, CheckpointError, ConfigError
+    from lisa_trt.io import save_safetensors
+    from lisa_trt.models.head2d import save_heads2d
+
+    def run(path):
+        return run_method("pjd-ssd2d", target, None, None, COND, sampling=SAMPLING,
+                          spec=SpecConfig().replace(pjd_ssd2d_head=str(path)), seed=3)
+
+    with pytest.raises(CheckpointError, match="no 2-D head file"):
+        run(tmp_path / "missing.safetensors")
+    save_safetensors({"x": torch.zeros(2)}, tmp_path / "other.safetensors", metadata={"kind": "lisa-trt-medusa"})
+    with pytest.raises(CheckpointError, match="not a lisa-trt 2-D head artifact"):
+        run(tmp_path / "other.safetensors")
+    other = make_target(block_size=H * W, grid_shape=(H, W), n_layer=2, std=0.3, seed=1)
+    save_heads2d(Heads2D.from_target(other, W, H * W), tmp_path / "h.safetensors")
+    with pytest.raises(ArtifactMismatchError, match="were trained for target hash"):
+        run(tmp_path / "h.safetensors")
+    save_heads2d(Heads2D.from_target(target, W, H * W, ((1, 1),)), tmp_path / "diag.safetensors")
+    with pytest.raises(ConfigError, match="not \\(1, 0\\)"):
+        run(tmp_path / "diag.safetensors")
