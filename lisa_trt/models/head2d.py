@@ -165,7 +165,8 @@ def load_heads2d(path, target: nn.Module, *, check_target: bool = True) -> Heads
         m.load_state_dict(tensors, strict=True)
     except RuntimeError as e:
         raise CheckpointError(f"{path} does not match its own 2-D head config: {e}") from e
-    return m.to(target.output.weight.device).eval()
+    out = getattr(target, "output", None)  # a torch target; an engine target keeps its own device
+    return m.to(out.weight.device if out is not None else getattr(target, "device", "cpu")).eval()
 
 
 __all__ = ["DIRECTIONS", "Head2DConfig", "Heads2D", "load_heads2d", "parse_directions", "save_heads2d"]
