@@ -161,6 +161,16 @@ MUTATIONS = [
     M("zipar_pads_on_a_live_slot", "Jacobi decoders", "lisa_trt/speculative/zipar.py",
       "[(N, 0, -1)] * (S - len(st))", "[(0, 0, -1)] * (S - len(st))",
       ["tests/speculative/test_zipar.py", "-k", "pads"], "ZipAR's pads written over image index 0's K/V"),
+    # -- 2-D heads (SSD) and pjd-ssd2d (issue 54)
+    M("head2d_reads_next_hidden", "2-D heads", "lisa_trt/train/ssd.py",
+      "out.append((j[ok] + 1, dst[ok]))", "out.append((j[ok], dst[ok]))",
+      ["tests/train/test_ssd_arch.py"], "a head reads the hidden state of the token before"),
+    M("head2d_below_off_by_one", "2-D heads", "lisa_trt/train/ssd.py",
+      "dst = j + cfg.delta(k)", "dst = j + cfg.delta(k) - 1",
+      ["tests/train/test_ssd_arch.py"], "the below head taught the token left of the one below"),
+    M("ssd2d_records_shifted_hidden", "2-D heads", "lisa_trt/speculative/ssd.py",
+      "col = n[..., None] - 1 + torch.arange(K1, device=n.device)", "col = n[..., None] + torch.arange(K1, device=n.device)",
+      ["tests/speculative/test_ssd.py"], "pjd-ssd2d records each hidden state one column off"),
 ]
 
 
