@@ -202,6 +202,7 @@ class SpeculativeDecoder:
         self.target, self.drafter, self.tables, self.gasv = target, drafter, tables, gasv
         self._causal: dict = {}  # (S, device) -> (S, S) causal mask of a drafter commit
         self._sub = {}  # id(sub_vocab) -> SubVocabVerifier
+        self._frames: dict = {}  # (top_k, depth, device) -> _DraftFrame constants
 
     @torch.no_grad()
     def generate(self, cond, *, sampling: SamplingConfig = SamplingConfig(), spec: SpecConfig = SpecConfig(),
@@ -374,33 +375,81 @@ class SpeculativeDecoder:
 
     def _draft(self, run: _Decode, root_tok, root_pos, n_done) -> DraftTree:
         """EAGLE-2 dynamic tree from the drafter's guided, filtered distributions (transformed by
-        the method's session when it has one: Method.session)."""
-        n_pos = self.target.config.n_positions
-        guide, session, rows, dcache, stats = run.guide, run.session, run.active, run.dcache, run.stats
+        the method's session when it has one: Method.session).
+
+        Everything an expansion feeds the drafter that the tree's values do not decide is made once
+        per step for every round (slots, positions, token indices, the committed columns of the
+        mask: `_DraftFrame`); a round gathers its parents' hidden states and writes its nodes'
+        mask columns, one op each."""
+        guide, session, rows, stats = run.guide, run.session, run.active, run.stats
+        t = run.spec.tree
+        fr = _DraftFrame.make(self._frame_consts(t.top_k, t.depth, root_pos.device), run.dcache, root_pos, n_done,
+                              self.target.config.n_positions, 2 if guide.cfg else 1)
         hist = {"h": run.root_h[:, None]}  # hidden_out of the previous call's nodes (CFG rows)
-        L = dcache.lengths
 
         def logprobs(raw, token_index):
             lp = torch.log_softmax(guide(raw, token_index), -1)
             return lp if session is None else session.draft(lp, token_index, rows)
 
         def expand(req: ExpandRequest) -> torch.Tensor:
-            n = req.tokens.shape[1]
-            parent = guide.dup(req.parent_slot)
-            h_in = hist["h"].gather(1, parent[:, :, None].expand(-1, -1, hist["h"].shape[-1]))
-            slots = L[:, None] + req.slot_offset + torch.arange(n, device=L.device)[None]
-            pos = (root_pos[:, None] + req.depth).expand(-1, n).clamp(max=n_pos - 1)
-            cols = req.slot_offset + n
-            tree_slots = L[:, None] + torch.arange(cols, device=L.device)[None]
-            m = dcache.attention_mask(slots, torch.zeros(slots.shape[0], n, n, dtype=torch.bool, device=L.device))
-            m.scatter_(2, tree_slots[:, None, :].expand(-1, n, cols), guide.dup(req.mask))
-            logits, hidden = self.drafter.forward(h_in, guide.dup(req.tokens), pos, slots, m, dcache)
+            r = req.depth - 1
+            h_in = fr.gather_parents(hist["h"], req.parent_slot)
+            logits, hidden = self.drafter.forward(h_in, guide.dup(req.tokens), fr.pos[r], fr.slots[r],
+                                                  fr.mask(req), run.dcache)
             stats.drafter_calls += 1
             hist["h"] = hidden
-            return logprobs(logits, (n_done + req.depth)[:, None].expand(-1, n))
+            return logprobs(logits, fr.token_index[r])
 
         root_lp = logprobs(run.root_lp, n_done)
-        t = run.spec.tree
         return build_dynamic_tree(root_tok, root_lp, expand, top_k=t.top_k, depth=t.depth,
                                   total_tokens=t.total_tokens)
 
+    def _frame_consts(self, K: int, depth: int, dev) -> tuple:
+        """Per tree shape: each round's slot offsets and depths (depth, 1, K), and 0 .. depth K - 1."""
+        key = (K, depth, dev)
+        c = self._frames.get(key)
+        if c is None:
+            ar = torch.arange(depth * K, device=dev)
+            c = self._frames[key] = (ar.view(depth, 1, K), (ar // K + 1).view(depth, 1, K), ar)
+        return c
+
+
+@dataclass
+class _DraftFrame:
+    """What one step's EAGLE-2 expansions feed the drafter besides the tree's values, made once per
+    step. Round r (depth r + 1) drafts K nodes at drafter slots L + rK .. L + rK + K - 1.
+
+    slots, pos: (depth, Bd, K) per round (Bd: the CFG rows; positions clamped to the table);
+    token_index: (depth, B, K); flat: (G, B, 1, depth K) every round's slots; seen: (G, B, 1, Lmax)
+    the committed columns (G = 2 with CFG: the halves share the tree)."""
+
+    slots: torch.Tensor
+    pos: torch.Tensor
+    token_index: torch.Tensor
+    flat: torch.Tensor
+    seen: torch.Tensor
+
+    @classmethod
+    def make(cls, consts: tuple, dcache, root_pos, n_done, n_pos: int, G: int) -> "_DraftFrame":
+        offsets, depths, ar = consts
+        L = dcache.lengths
+        B = L.shape[0] // G
+        seen = dcache.visible()
+        return cls(L[None, :, None] + offsets, (root_pos[None, :, None] + depths).clamp(max=n_pos - 1),
+                   n_done[None, :, None] + depths, (L[:, None] + ar).view(G, B, 1, -1), seen.view(G, B, 1, -1))
+
+    def gather_parents(self, h: torch.Tensor, parent_slot: torch.Tensor) -> torch.Tensor:
+        """(Bd, n_prev, H) hidden states of the previous call's nodes -> (Bd, n, H) of each node's
+        parent (parent_slot (B, n), the same in both CFG halves)."""
+        G, B = self.flat.shape[:2]
+        n, H = parent_slot.shape[1], h.shape[-1]
+        idx = parent_slot[None, :, :, None].expand(G, B, n, H)
+        return h.view(G, B, -1, H).gather(2, idx).view(G * B, n, H)
+
+    def mask(self, req: ExpandRequest) -> torch.Tensor:
+        """(Bd, n, Lmax) bool: the committed columns, and req.mask over this tree's slots so far."""
+        G, B, _, Lmax = self.seen.shape
+        n, cols = req.mask.shape[1:]
+        idx = self.flat[..., :cols].expand(G, B, n, cols)
+        m = self.seen.expand(G, B, n, Lmax).scatter(3, idx, req.mask[None].expand(G, B, n, cols))
+        return m.view(G * B, n, Lmax)
