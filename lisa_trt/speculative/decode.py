@@ -271,9 +271,10 @@ class SpeculativeDecoder:
             if run.min_left - 1 < tree.max_depth:  # the image's last steps (host ints: no read)
                 tree = tree.truncate(remaining - 1)
         with run.timer.measure("target"):
-            slots = tc.lengths[:, None] + torch.arange(tree.n_nodes, device=run.device)[None]
-            pos = root_pos[:, None] + guide.dup(torch.where(tree.valid, tree.depths, 0))
-            mask = tc.attention_mask(slots, guide.dup(tree.ancestors))
+            G = 2 if guide.cfg else 1
+            slots = tc.lengths[:, None] + self._arange(tree.n_nodes, run.device)
+            pos = (root_pos.view(G, -1, 1) + torch.where(tree.valid, tree.depths, 0)).view(slots.shape)
+            mask = _fresh_rows_mask(tc.visible(), slots, tree.ancestors, G)
             tout = self.target.forward_tokens(guide.dup(tree.tokens), pos, slots, mask, tc, taps=True)
             run.stats.target_forwards += 1
         with run.timer.measure("accept"):
@@ -292,12 +293,15 @@ class SpeculativeDecoder:
             stats.tvd.append(res.tvd)
             run.ds.commit(res.tokens, nd, ncom, rows=run.active)  # a fixed-shape masked write
             path = res.path.clamp(min=0)  # (Bc, D+1) node ids, root first
-            run.tcache.compact(guide.dup(slots[: nd.numel()].gather(1, path)), guide.dup(ncom))
+            counts = guide.dup(ncom)  # (CFG rows,)
+            run.tcache.compact(guide.dup(slots[: nd.numel()].gather(1, path)), counts)
         with run.timer.measure("draft"):
-            taps = tout.taps.gather(1, guide.dup(path)[:, :, None].expand(-1, -1, tout.taps.shape[-1]))
+            G, H = (2 if guide.cfg else 1), tout.taps.shape[-1]
+            taps = tout.taps.view(G, nd.numel(), -1, H).gather(2, path[None, :, :, None].expand(G, -1, -1, H))
             new_tok = res.tokens.clamp(min=0)  # (Bc, D+1): accepted drafts then bonus
-            d_logits, d_hidden = self._drafter_commit(run.dcache, taps, guide.dup(new_tok), counts=guide.dup(ncom))
-            last = guide.dup(ncom - 1)[:, None, None]  # the new root: the last committed entry
+            d_logits, d_hidden = self._drafter_commit(run.dcache, taps.view(-1, *taps.shape[2:]), guide.dup(new_tok),
+                                                      counts=counts)
+            last = (counts - 1)[:, None, None]  # the new root: the last committed entry
             run.root_lp = d_logits.gather(1, last.expand(-1, 1, d_logits.shape[-1]))[:, 0]
             run.root_h = d_hidden.gather(1, last.expand(-1, 1, d_hidden.shape[-1]))[:, 0]
         nd = nd + ncom
@@ -404,6 +408,14 @@ class SpeculativeDecoder:
         return build_dynamic_tree(root_tok, root_lp, expand, top_k=t.top_k, depth=t.depth,
                                   total_tokens=t.total_tokens)
 
+    def _arange(self, n: int, dev) -> torch.Tensor:
+        """(1, n) 0 .. n - 1 (made once per size and device)."""
+        key = ("arange", n, dev)
+        a = self._frames.get(key)
+        if a is None:
+            a = self._frames[key] = torch.arange(n, device=dev)[None]
+        return a
+
     def _frame_consts(self, K: int, depth: int, dev) -> tuple:
         """Per tree shape: each round's slot offsets and depths (depth, 1, K), and 0 .. depth K - 1."""
         key = (K, depth, dev)
@@ -412,6 +424,18 @@ class SpeculativeDecoder:
             ar = torch.arange(depth * K, device=dev)
             c = self._frames[key] = (ar.view(depth, 1, K), (ar // K + 1).view(depth, 1, K), ar)
         return c
+
+
+def _fresh_rows_mask(seen: torch.Tensor, slots: torch.Tensor, ancestors: torch.Tensor, G: int) -> torch.Tensor:
+    """(G B, S, Lmax) bool: the committed columns `seen` (G B, Lmax) and, over the new rows' slots
+    (G B, S), `ancestors` (B, S, S) (the same in every CFG half). The slots lie past the committed
+    columns (where `seen` is False), so writing the tree over `seen` is KVCache.attention_mask's
+    `seen | tree`, in one scatter."""
+    GB, Lmax = seen.shape
+    S = slots.shape[1]
+    m = seen.view(G, -1, 1, Lmax).expand(G, -1, S, Lmax).scatter(
+        3, slots.view(G, -1, 1, S).expand(G, -1, S, S), ancestors[None].expand(G, -1, S, S))
+    return m.view(GB, S, Lmax)
 
 
 @dataclass
