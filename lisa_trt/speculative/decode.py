@@ -273,7 +273,7 @@ class SpeculativeDecoder:
         with run.timer.measure("target"):
             G = 2 if guide.cfg else 1
             slots = tc.lengths[:, None] + self._arange(tree.n_nodes, run.device)
-            pos = (root_pos.view(G, -1, 1) + torch.where(tree.valid, tree.depths, 0)).view(slots.shape)
+            pos = (root_pos.view(G, -1, 1) + tree.depths * tree.valid).view(slots.shape)  # invalid nodes: the root's
             mask = _fresh_rows_mask(tc.visible(), slots, tree.ancestors, G)
             tout = self.target.forward_tokens(guide.dup(tree.tokens), pos, slots, mask, tc, taps=True)
             run.stats.target_forwards += 1
