@@ -23,7 +23,12 @@ start (the tail steps truncate the tree and retire rows).
 unpacked to a temporary directory and both trees are measured by child processes of this script
 (counts are deterministic; timings alternate ref, new, ref, new so machine load hits both alike).
 
-    python bench/step_budget.py --engine-dir /tmp/eng --compare 13a5dfe --json bench/step_budget.json
+    python bench/step_budget.py --engine-dir /tmp/eng --compare 6ba6000 --json bench/step_budget.json
+    python bench/step_budget.py --engine-dir /tmp/eng --compare 6ba6000 --batch 2 --json bench/step_budget_batch2.json
+
+`--batch B` decodes B prompts as one batch (a seed per row). Every op is counted on the pure-torch
+path the decode runs here (no fused kernel is counted as one op). The engine dir is a demo export
+(`lisa-trt demo`, or `lisa_trt.runtime.demo.ensure_demo_bundle(dir)`).
 
 The counter (`StepBudget`) also serves the tests (tests/speculative/test_step_budget.py): it wraps
 any engine object's methods, so torch-model engines count the same way.
