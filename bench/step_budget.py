@@ -23,7 +23,12 @@ start (the tail steps truncate the tree and retire rows).
 unpacked to a temporary directory and both trees are measured by child processes of this script
 (counts are deterministic; timings alternate ref, new, ref, new so machine load hits both alike).
 
-    python bench/step_budget.py --engine-dir /tmp/eng --compare 13a5dfe --json bench/step_budget.json
+    python bench/step_budget.py --engine-dir /tmp/eng --compare 6ba6000 --json bench/step_budget.json
+    python bench/step_budget.py --engine-dir /tmp/eng --compare 6ba6000 --batch 2 --json bench/step_budget_batch2.json
+
+`--batch B` decodes B prompts as one batch (a seed per row). Every op is counted on the pure-torch
+path the decode runs here (no fused kernel is counted as one op). The engine dir is a demo export
+(`lisa-trt demo`, or `lisa_trt.runtime.demo.ensure_demo_bundle(dir)`).
 
 The counter (`StepBudget`) also serves the tests (tests/speculative/test_step_budget.py): it wraps
 any engine object's methods, so torch-model engines count the same way.
@@ -254,11 +259,18 @@ def _watch_pipeline(budget: StepBudget, pipe) -> None:
 SHIPPED = json.loads((ROOT / "lisa_trt" / "assets" / "demo" / "tree_budgets.json").read_text())["ort"]
 CASES = {  # name -> (method, tree overrides): the EAGLE-2 tree and the demo's shipped ORT tree
     "gasv-eagle2-10-5-60": ("gasv", {"top_k": 10, "depth": 5, "total_tokens": 60}),
+    "exact-eagle2-10-5-60": ("exact", {"top_k": 10, "depth": 5, "total_tokens": 60}),
     "gasv-shipped": ("gasv", dict(SHIPPED)),
     "exact-shipped": ("exact", dict(SHIPPED)),
     "vanilla": ("vanilla", {}),
     "sjd": ("sjd", {}),
 }
+
+
+def _tree_args(tree: dict) -> dict:
+    """A case's tree budget as Pipeline.generate's tree arguments (its top_k is the sampling one)."""
+    names = {"top_k": "tree_top_k", "depth": "tree_depth", "total_tokens": "tree_tokens"}
+    return {names[k]: v for k, v in tree.items()}
 
 
 def _margin(pipe, method: str, tree: dict) -> int:
@@ -276,7 +288,8 @@ def _margin(pipe, method: str, tree: dict) -> int:
 COMMITS = ("fused", "project+step")  # how the drafter commits accepted tokens (--commit)
 
 
-def measure(engine_dir: str, cases: list, images: int, time_images: int, commit: str = "fused") -> dict:
+def measure(engine_dir: str, cases: list, images: int, time_images: int, commit: str = "fused",
+            batch: int = 1) -> dict:
     """Counts (one pass under the counter) and timings (a separate pass without it) per case."""
     torch.set_num_threads(1)
     from lisa_trt.runtime.pipeline import Pipeline
@@ -289,27 +302,34 @@ def measure(engine_dir: str, cases: list, images: int, time_images: int, commit:
     out = {}
     for case in cases:
         try:
-            out[case] = _measure_case(pipe, case, images, time_images)
+            out[case] = _measure_case(pipe, case, images, time_images, batch)
         except Exception as e:  # noqa: BLE001 (a case this tree cannot run is recorded, the others still run)
             out[case] = {"error": f"{type(e).__name__}: {e}"}
     return out
 
 
-def _measure_case(pipe, case: str, images: int, time_images: int) -> dict:
-    """One case: counts under the counter (`images` decodes), then timings without it."""
+def _generate(pipe, method: str, tree: dict, image: int, batch: int, on_step=None):
+    """One decode call: `batch` prompts (classes image * batch ...) as one batch, row seeds."""
+    prompts = [image * batch + i for i in range(batch)]
+    return pipe.generate(prompts, seed=image, verify=method, decode=False, batch=batch > 1, on_step=on_step,
+                         **_tree_args(tree))
+
+
+def _measure_case(pipe, case: str, images: int, time_images: int, batch: int = 1) -> dict:
+    """One case: counts under the counter (`images` decodes of `batch` rows), then timings without it."""
     method, tree = CASES[case]
-    pipe.generate([0], seed=0, verify=method, decode=False, **tree)  # warm-up
+    _generate(pipe, method, tree, 0, batch)  # warm-up
     b = StepBudget(count=True, sites=True)
     _watch_pipeline(b, pipe)
-    toks, summ = [], []
+    toks, summ, mals = [], [], []
     with b:
         for c in range(images):
             b.reset()
-            res = pipe.generate([c], seed=c, verify=method, decode=False,
-                                on_step=lambda p: b.on_step(None, p.done), **tree)
+            res = _generate(pipe, method, tree, c, batch, on_step=lambda p: b.on_step(None, p.done))
             n_tok = res.tokens.shape[1]
             summ.append(b.summary(_margin(pipe, method, tree), n_tok))
             toks.append(res.tokens.reshape(-1).tolist())
+            mals += [s.get("mal") for s in res.stats]
     b.unwatch()
     counts = _merge(summ)
     t = StepBudget(count=False)
@@ -318,15 +338,17 @@ def _measure_case(pipe, case: str, images: int, time_images: int) -> dict:
     for c in range(time_images):
         t.reset()
         t0 = time.perf_counter()
-        res = pipe.generate([c], seed=c, verify=method, decode=False, on_step=lambda p: t.on_step(), **tree)
+        res = _generate(pipe, method, tree, c, batch, on_step=lambda p: t.on_step())
         secs += time.perf_counter() - t0
         steps += len(t.steps)
         eng += t.engine_s
     t.unwatch()
-    return {"method": method, "tree": tree, **counts, "mal": res.stats[0].get("mal"),
-            "tokens_sha1": hashlib.sha1(json.dumps(toks).encode()).hexdigest(),
-            "timing": {"images": time_images, "steps": steps, "ms_per_step": 1e3 * secs / steps,
-                       "host_ms_per_step": 1e3 * (secs - eng) / steps, "engine_ms_per_step": 1e3 * eng / steps}}
+    timing = {"images": time_images, "steps": steps}
+    if steps:
+        timing.update(ms_per_step=1e3 * secs / steps, host_ms_per_step=1e3 * (secs - eng) / steps,
+                      engine_ms_per_step=1e3 * eng / steps)
+    return {"method": method, "tree": tree, **counts, "mal": sum(mals) / len(mals),
+            "tokens_sha1": hashlib.sha1(json.dumps(toks).encode()).hexdigest(), "timing": timing}
 
 
 def _merge(summ: list) -> dict:
@@ -362,7 +384,8 @@ def _child(src: Path, a, cases) -> dict:
     from _refs import run_worker  # bench/_refs.py (this script's directory is on the path)
 
     return run_worker(__file__, src, ["--engine-dir", a.engine_dir, "--images", a.images, "--time-images",
-                                      a.time_images, "--cases", ",".join(cases), "--commit", a.commit])
+                                      a.time_images, "--cases", ",".join(cases), "--commit", a.commit,
+                                      "--batch", a.batch])
 
 
 def _timed_median(runs: list, cases) -> dict:
@@ -372,15 +395,15 @@ def _timed_median(runs: list, cases) -> dict:
         if "error" in runs[0][c]:
             out[c] = runs[0][c]
             continue
-        t = sorted((r[c]["timing"] for r in runs), key=lambda x: x["ms_per_step"])
-        out[c] = dict(runs[0][c], timing=dict(t[len(t) // 2], repeats_ms_per_step=[x["ms_per_step"] for x in t]))
+        t = sorted((r[c]["timing"] for r in runs), key=lambda x: x.get("ms_per_step", 0.0))
+        out[c] = dict(runs[0][c], timing=dict(t[len(t) // 2], repeats_ms_per_step=[x.get("ms_per_step") for x in t]))
     return out
 
 
 def _brief(d: dict) -> str:
     if "error" in d:
         return d["error"]
-    t = d["timing"]
+    t = dict({"host_ms_per_step": float("nan"), "ms_per_step": float("nan")}, **d["timing"])
     return (f"reads {d['host_reads_per_step']:.2f} (max {d['host_reads_max']}), glue {d['glue_ops_per_step']:.0f}, "
             f"calls {d['engine_calls_per_step']:.2f}, shapes {d['shape_signatures_max']}, "
             f"host {t['host_ms_per_step']:.2f} ms, step {t['ms_per_step']:.2f} ms, MAL {d['mal']}")
@@ -392,6 +415,7 @@ def main():
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma list of {', '.join(CASES)}")
     ap.add_argument("--images", type=int, default=1, help="images per case for the counts (deterministic)")
     ap.add_argument("--time-images", type=int, default=2, help="images per case for the timings")
+    ap.add_argument("--batch", type=int, default=1, help="prompts per decode call (one batch, a seed per row)")
     ap.add_argument("--commit", choices=COMMITS, default="fused",
                     help="the drafter commit: the drafter_commit graph (fused), or drafter_project + drafter_step "
                          "(project+step: as the TensorRT runtime runs it)")
@@ -406,10 +430,10 @@ def main():
     if unknown:
         raise SystemExit(f"unknown cases {unknown}; choose from {sorted(CASES)}")
     if a.worker:
-        print(json.dumps(measure(a.engine_dir, cases, a.images, a.time_images, a.commit)))
+        print(json.dumps(measure(a.engine_dir, cases, a.images, a.time_images, a.commit, a.batch)))
         return
     report = {"command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "backend": "ort",
-              "commit": a.commit, "batch": 1, "cfg": True, "threads": 1, "images": a.images,
+              "commit": a.commit, "batch": a.batch, "cfg": True, "threads": 1, "images": a.images,
               "time_images": a.time_images, "note": a.note, "loadavg_start": os.getloadavg()}
     if a.compare:
         from _refs import export_ref

@@ -171,6 +171,14 @@ MUTATIONS = [
     M("ssd2d_records_shifted_hidden", "2-D heads", "lisa_trt/speculative/ssd.py",
       "col = n[..., None] - 1 + torch.arange(K1, device=n.device)", "col = n[..., None] + torch.arange(K1, device=n.device)",
       ["tests/speculative/test_ssd.py"], "pjd-ssd2d records each hidden state one column off"),
+    # -- issue 49: the steady tree step's glue-op ceiling (c49glue)
+    M("draft_round_extra_copy", "Step budget", "lisa_trt/speculative/decode.py",
+      'h_in = fr.gather_parents(hist["h"], req.parent_slot)', 'h_in = fr.gather_parents(hist["h"].clone(), req.parent_slot)',
+      ["tests/speculative/test_step_budget.py", "-k", "measured"], "one glue op more per expansion round"),
+    M("verify_mask_rebuilt_per_step", "Step budget", "lisa_trt/speculative/decode.py",
+      "mask = _fresh_rows_mask(tc.visible(), slots, tree.ancestors, G)",
+      "mask = tc.attention_mask(slots, guide.dup(tree.ancestors))",
+      ["tests/speculative/test_batched_rules.py", "-k", "ceiling"], "the verify mask built as before (zeros, scatter, or, dup)"),
 ]
 
 

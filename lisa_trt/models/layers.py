@@ -188,10 +188,14 @@ class KVCache:
             ancestors: (B, S, S) bool, ancestors[b, i, j] = node j is an ancestor of i (or i == j).
         """
         B, S = slots.shape
-        seen = (self._cols < self.lengths[:, None]) & self.col_valid            # (B, L) committed
+        seen = self.visible()                                                  # (B, L) committed
         tree = torch.zeros(B, S, self.max_len, dtype=torch.bool, device=slots.device)
         tree.scatter_(2, slots[:, None, :].expand(B, S, S), ancestors)
         return seen[:, None, :] | tree
+
+    def visible(self) -> torch.Tensor:
+        """(B, Lmax) bool: the committed columns every new token sees."""
+        return (self._cols < self.lengths[:, None]) & self.col_valid
 
     def compact(self, src_slots: torch.Tensor, counts: torch.Tensor) -> None:
         """Copy rows src_slots[b, :counts[b]] to lengths[b] + (0..counts[b]-1); lengths += counts.

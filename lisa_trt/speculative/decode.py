@@ -202,6 +202,7 @@ class SpeculativeDecoder:
         self.target, self.drafter, self.tables, self.gasv = target, drafter, tables, gasv
         self._causal: dict = {}  # (S, device) -> (S, S) causal mask of a drafter commit
         self._sub = {}  # id(sub_vocab) -> SubVocabVerifier
+        self._frames: dict = {}  # (top_k, depth, device) -> _DraftFrame constants
 
     @torch.no_grad()
     def generate(self, cond, *, sampling: SamplingConfig = SamplingConfig(), spec: SpecConfig = SpecConfig(),
@@ -270,9 +271,10 @@ class SpeculativeDecoder:
             if run.min_left - 1 < tree.max_depth:  # the image's last steps (host ints: no read)
                 tree = tree.truncate(remaining - 1)
         with run.timer.measure("target"):
-            slots = tc.lengths[:, None] + torch.arange(tree.n_nodes, device=run.device)[None]
-            pos = root_pos[:, None] + guide.dup(torch.where(tree.valid, tree.depths, 0))
-            mask = tc.attention_mask(slots, guide.dup(tree.ancestors))
+            G = 2 if guide.cfg else 1
+            slots = tc.lengths[:, None] + self._arange(tree.n_nodes, run.device)
+            pos = (root_pos.view(G, -1, 1) + tree.depths * tree.valid).view(slots.shape)  # invalid nodes: the root's
+            mask = _fresh_rows_mask(tc.visible(), slots, tree.ancestors, G)
             tout = self.target.forward_tokens(guide.dup(tree.tokens), pos, slots, mask, tc, taps=True)
             run.stats.target_forwards += 1
         with run.timer.measure("accept"):
@@ -291,12 +293,15 @@ class SpeculativeDecoder:
             stats.tvd.append(res.tvd)
             run.ds.commit(res.tokens, nd, ncom, rows=run.active)  # a fixed-shape masked write
             path = res.path.clamp(min=0)  # (Bc, D+1) node ids, root first
-            run.tcache.compact(guide.dup(slots[: nd.numel()].gather(1, path)), guide.dup(ncom))
+            counts = guide.dup(ncom)  # (CFG rows,)
+            run.tcache.compact(guide.dup(slots[: nd.numel()].gather(1, path)), counts)
         with run.timer.measure("draft"):
-            taps = tout.taps.gather(1, guide.dup(path)[:, :, None].expand(-1, -1, tout.taps.shape[-1]))
+            G, H = (2 if guide.cfg else 1), tout.taps.shape[-1]
+            taps = tout.taps.view(G, nd.numel(), -1, H).gather(2, path[None, :, :, None].expand(G, -1, -1, H))
             new_tok = res.tokens.clamp(min=0)  # (Bc, D+1): accepted drafts then bonus
-            d_logits, d_hidden = self._drafter_commit(run.dcache, taps, guide.dup(new_tok), counts=guide.dup(ncom))
-            last = guide.dup(ncom - 1)[:, None, None]  # the new root: the last committed entry
+            d_logits, d_hidden = self._drafter_commit(run.dcache, taps.view(-1, *taps.shape[2:]), guide.dup(new_tok),
+                                                      counts=counts)
+            last = (counts - 1)[:, None, None]  # the new root: the last committed entry
             run.root_lp = d_logits.gather(1, last.expand(-1, 1, d_logits.shape[-1]))[:, 0]
             run.root_h = d_hidden.gather(1, last.expand(-1, 1, d_hidden.shape[-1]))[:, 0]
         nd = nd + ncom
@@ -374,33 +379,101 @@ class SpeculativeDecoder:
 
     def _draft(self, run: _Decode, root_tok, root_pos, n_done) -> DraftTree:
         """EAGLE-2 dynamic tree from the drafter's guided, filtered distributions (transformed by
-        the method's session when it has one: Method.session)."""
-        n_pos = self.target.config.n_positions
-        guide, session, rows, dcache, stats = run.guide, run.session, run.active, run.dcache, run.stats
+        the method's session when it has one: Method.session).
+
+        Everything an expansion feeds the drafter that the tree's values do not decide is made once
+        per step for every round (slots, positions, token indices, the committed columns of the
+        mask: `_DraftFrame`); a round gathers its parents' hidden states and writes its nodes'
+        mask columns, one op each."""
+        guide, session, rows, stats = run.guide, run.session, run.active, run.stats
+        t = run.spec.tree
+        fr = _DraftFrame.make(self._frame_consts(t.top_k, t.depth, root_pos.device), run.dcache, root_pos, n_done,
+                              self.target.config.n_positions, 2 if guide.cfg else 1)
         hist = {"h": run.root_h[:, None]}  # hidden_out of the previous call's nodes (CFG rows)
-        L = dcache.lengths
 
         def logprobs(raw, token_index):
             lp = torch.log_softmax(guide(raw, token_index), -1)
             return lp if session is None else session.draft(lp, token_index, rows)
 
         def expand(req: ExpandRequest) -> torch.Tensor:
-            n = req.tokens.shape[1]
-            parent = guide.dup(req.parent_slot)
-            h_in = hist["h"].gather(1, parent[:, :, None].expand(-1, -1, hist["h"].shape[-1]))
-            slots = L[:, None] + req.slot_offset + torch.arange(n, device=L.device)[None]
-            pos = (root_pos[:, None] + req.depth).expand(-1, n).clamp(max=n_pos - 1)
-            cols = req.slot_offset + n
-            tree_slots = L[:, None] + torch.arange(cols, device=L.device)[None]
-            m = dcache.attention_mask(slots, torch.zeros(slots.shape[0], n, n, dtype=torch.bool, device=L.device))
-            m.scatter_(2, tree_slots[:, None, :].expand(-1, n, cols), guide.dup(req.mask))
-            logits, hidden = self.drafter.forward(h_in, guide.dup(req.tokens), pos, slots, m, dcache)
+            r = req.depth - 1
+            h_in = fr.gather_parents(hist["h"], req.parent_slot)
+            logits, hidden = self.drafter.forward(h_in, guide.dup(req.tokens), fr.pos[r], fr.slots[r],
+                                                  fr.mask(req), run.dcache)
             stats.drafter_calls += 1
             hist["h"] = hidden
-            return logprobs(logits, (n_done + req.depth)[:, None].expand(-1, n))
+            return logprobs(logits, fr.token_index[r])
 
         root_lp = logprobs(run.root_lp, n_done)
-        t = run.spec.tree
         return build_dynamic_tree(root_tok, root_lp, expand, top_k=t.top_k, depth=t.depth,
                                   total_tokens=t.total_tokens)
 
+    def _arange(self, n: int, dev) -> torch.Tensor:
+        """(1, n) 0 .. n - 1 (made once per size and device)."""
+        key = ("arange", n, dev)
+        a = self._frames.get(key)
+        if a is None:
+            a = self._frames[key] = torch.arange(n, device=dev)[None]
+        return a
+
+    def _frame_consts(self, K: int, depth: int, dev) -> tuple:
+        """Per tree shape: each round's slot offsets and depths (depth, 1, K), and 0 .. depth K - 1."""
+        key = (K, depth, dev)
+        c = self._frames.get(key)
+        if c is None:
+            ar = torch.arange(depth * K, device=dev)
+            c = self._frames[key] = (ar.view(depth, 1, K), (ar // K + 1).view(depth, 1, K), ar)
+        return c
+
+
+def _fresh_rows_mask(seen: torch.Tensor, slots: torch.Tensor, ancestors: torch.Tensor, G: int) -> torch.Tensor:
+    """(G B, S, Lmax) bool: the committed columns `seen` (G B, Lmax) and, over the new rows' slots
+    (G B, S), `ancestors` (B, S, S) (the same in every CFG half). The slots lie past the committed
+    columns (where `seen` is False), so writing the tree over `seen` is KVCache.attention_mask's
+    `seen | tree`, in one scatter."""
+    GB, Lmax = seen.shape
+    S = slots.shape[1]
+    m = seen.view(G, -1, 1, Lmax).expand(G, -1, S, Lmax).scatter(
+        3, slots.view(G, -1, 1, S).expand(G, -1, S, S), ancestors[None].expand(G, -1, S, S))
+    return m.view(GB, S, Lmax)
+
+
+@dataclass
+class _DraftFrame:
+    """What one step's EAGLE-2 expansions feed the drafter besides the tree's values, made once per
+    step. Round r (depth r + 1) drafts K nodes at drafter slots L + rK .. L + rK + K - 1.
+
+    slots, pos: (depth, Bd, K) per round (Bd: the CFG rows; positions clamped to the table);
+    token_index: (depth, B, K); flat: (G, B, 1, depth K) every round's slots; seen: (G, B, 1, Lmax)
+    the committed columns (G = 2 with CFG: the halves share the tree)."""
+
+    slots: torch.Tensor
+    pos: torch.Tensor
+    token_index: torch.Tensor
+    flat: torch.Tensor
+    seen: torch.Tensor
+
+    @classmethod
+    def make(cls, consts: tuple, dcache, root_pos, n_done, n_pos: int, G: int) -> "_DraftFrame":
+        offsets, depths, ar = consts
+        L = dcache.lengths
+        B = L.shape[0] // G
+        seen = dcache.visible()
+        return cls(L[None, :, None] + offsets, (root_pos[None, :, None] + depths).clamp(max=n_pos - 1),
+                   n_done[None, :, None] + depths, (L[:, None] + ar).view(G, B, 1, -1), seen.view(G, B, 1, -1))
+
+    def gather_parents(self, h: torch.Tensor, parent_slot: torch.Tensor) -> torch.Tensor:
+        """(Bd, n_prev, H) hidden states of the previous call's nodes -> (Bd, n, H) of each node's
+        parent (parent_slot (B, n), the same in both CFG halves)."""
+        G, B = self.flat.shape[:2]
+        n, H = parent_slot.shape[1], h.shape[-1]
+        idx = parent_slot[None, :, :, None].expand(G, B, n, H)
+        return h.view(G, B, -1, H).gather(2, idx).view(G * B, n, H)
+
+    def mask(self, req: ExpandRequest) -> torch.Tensor:
+        """(Bd, n, Lmax) bool: the committed columns, and req.mask over this tree's slots so far."""
+        G, B, _, Lmax = self.seen.shape
+        n, cols = req.mask.shape[1:]
+        idx = self.flat[..., :cols].expand(G, B, n, cols)
+        m = self.seen.expand(G, B, n, Lmax).scatter(3, idx, req.mask[None].expand(G, B, n, cols))
+        return m.view(G * B, n, Lmax)

@@ -368,8 +368,7 @@ def build_dynamic_tree(root_token: Tensor, root_logprobs: Tensor, expand_fn: Exp
     dev = root_logprobs.device
     lp, tok = torch.topk(root_logprobs.float().clamp(max=0.0), K, dim=-1)        # (B, K)
     cand_tok, cand_lp, cand_score = [tok], [lp], [lp]
-    beam_cand = torch.arange(K, device=dev).expand(B, K)                         # candidate ids
-    beams = []  # the beam of each round: the parents of its K*K candidates
+    sels = []  # each later round's beam: its place among the previous round's K*K candidates
     beam_tok, beam_score = tok, lp
     parent_slot = torch.zeros(B, K, dtype=torch.long, device=dev)
     eye = torch.eye(K, dtype=torch.bool, device=dev).expand(B, K, K)
@@ -379,16 +378,14 @@ def build_dynamic_tree(root_token: Tensor, root_logprobs: Tensor, expand_fn: Exp
         child_lp = _check_expand(expand_fn(req), B, K, V).clamp(max=0.0)        # (B, K, V)
         clp, ctok = torch.topk(child_lp, K, dim=-1)                             # (B, K, K)
         cs = (beam_score[:, :, None] + clp).reshape(B, K * K)
-        base = K + rnd * K * K
         cand_tok.append(ctok.reshape(B, K * K))
         cand_lp.append(clp.reshape(B, K * K))
         cand_score.append(cs)
-        beams.append(beam_cand)
         if rnd == depth - 1:
             break
         sel = torch.sort(cs, dim=-1, descending=True, stable=True).indices[:, :K]  # (B, K)
         parent_slot = sel // K
-        beam_cand = base + sel
+        sels.append(sel)
         beam_tok = ctok.reshape(B, K * K).gather(1, sel)
         beam_score = cs.gather(1, sel)
         prev = mask.gather(1, parent_slot[:, :, None].expand(B, K, mask.shape[-1]))
@@ -396,12 +393,7 @@ def build_dynamic_tree(root_token: Tensor, root_logprobs: Tensor, expand_fn: Exp
     scores = torch.cat(cand_score, 1)                                           # (B, n_cand)
     keep = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :M]
     keep = torch.sort(keep, dim=-1).values                                      # topological
-    # candidate parents: -1 (the root) for the first K, then each beam's ids K times over
-    par_cand = torch.full((B, K), -1, dtype=torch.long, device=dev)
-    if beams:
-        grown = torch.stack(beams, 1)[:, :, :, None].expand(B, len(beams), K, K).reshape(B, -1)
-        par_cand = torch.cat([par_cand, grown], 1)
-    par_cand = par_cand.gather(1, keep)                                         # (B, M)
+    par_cand = _beam_parents(sels, keep, K, depth)                               # (B, M)
     # a kept parent's node index is its place in `keep` + 1 (the root is node 0, and -1 -> 0)
     parents = torch.searchsorted(keep, par_cand, right=True)
     if M and debug_checks() and not ((keep.gather(1, (parents - 1).clamp(0, M - 1)) == par_cand) | (par_cand < 0)).all():
@@ -413,6 +405,35 @@ def build_dynamic_tree(root_token: Tensor, root_logprobs: Tensor, expand_fn: Exp
     # fixed shapes per tree config: node depths reach depth + 1, a node has at most K children
     return DraftTree.from_parents(tokens, F.pad(parents, (1, 0), value=-1),
                                   logprobs=logprobs, scores=node_scores, static=(depth + 1, min(K, M)))
+
+
+_BEAM_TABLES: dict = {}
+
+
+def _beam_parents(sels: list, keep: Tensor, K: int, depth: int) -> Tensor:
+    """The parent candidate id of each kept candidate `keep` (B, M) of an EAGLE-2 build: -1 (the
+    root) for the first K, i for round 0's candidates i K .. i K + K - 1, and for round r >= 1's the
+    candidate id K + (r - 1) K^2 + sels[r - 1][i] of beam node i.
+
+    One table over [-1, round 0's beam, later beams] and a static map from candidate id to its
+    place there (made once per (K, depth, device))."""
+    B, dev = keep.shape[0], keep.device
+    key = (K, depth, dev)
+    t = _BEAM_TABLES.get(key) if not torch.compiler.is_compiling() else None
+    if t is None:
+        head = torch.cat([torch.full((1,), -1, device=dev), torch.arange(K, device=dev)])[None]   # (1, 1 + K)
+        base = (K + torch.arange(max(depth - 1, 0), device=dev) * K * K)[None, :, None]           # (1, depth - 1, 1)
+        rnd = torch.arange(depth, device=dev).repeat_interleave(K * K)                            # round of a candidate
+        beam = torch.arange(K, device=dev).repeat_interleave(K).repeat(depth)                     # its beam node
+        place = torch.cat([torch.zeros(K, dtype=torch.long, device=dev), 1 + rnd * K + beam])     # (n_cand,)
+        t = (head, base, place)
+        if not torch.compiler.is_compiling():
+            _BEAM_TABLES[key] = t
+    head, base, place = t
+    table = head.expand(B, -1)
+    if sels:
+        table = torch.cat([table, (torch.stack(sels, 1) + base).view(B, -1)], 1)
+    return table.gather(1, place[keep])
 
 
 def _check_expand(out: Tensor, B: int, n: int, V: int) -> Tensor:

@@ -142,7 +142,7 @@ def _zero(r: Tensor, idx: Tensor) -> Tensor:
 def _dumped(pn: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
     """(pn with a zero dump column V (B, N, V + 1), x with its padding sent to V)."""
     V = pn.shape[-1]
-    return F.pad(pn, (0, 1)), torch.where(x >= 0, x, V)
+    return F.pad(pn, (0, 1)), x.masked_fill(x < 0, V)
 
 
 def _draft_mass(pn: Tensor, x: Tensor) -> Tensor:
@@ -322,25 +322,43 @@ class GASVRule:
         flat = kids.reshape(B, N * C, 1).expand(B, N * C, K)
         cand, gate = self.cand.gather(1, flat).view(B, N, C, K), self.gate.gather(1, flat).view(B, N, C, K)
         idx = torch.cat([xd[..., None], cand], -1)                           # the sibling, its candidates
-        idx = torch.where((idx >= 0) & (x >= 0)[..., None], idx, pn.shape[-1])
+        idx = idx.masked_fill((idx < 0) | (x < 0)[..., None], pn.shape[-1])
         # per sibling j a contiguous (B N, 1 + K, 1) block, column 0 (the sibling itself) 0
         gate = F.pad(gate, (1, 0)).permute(2, 0, 1, 3).reshape(C, B * N, K + 1, 1)
         # the update of r at idx is vals * (gate s - e0): the candidates lose m, the sibling all of r(x)
-        e0 = -F.pad(torch.ones(1, device=pn.device), (0, K))
-        neg_delta, floor = -self.delta_eff, torch.full((), -1.0, device=pn.device)
+        e0, floor = _gasv_consts(K, pn.device)
+        neg_delta = -self.delta_eff
         z = pn.sum(-1)
-        nums, zs = [], []
+        own, ms, ss, zs = [], [], [], []
         for j in range(C):   # sequential: each sibling lends from the residual the earlier ones left
             ij, gj = idx[:, :, j], gate[j]
             vals = r.gather(2, ij)                                           # r(x), r(candidates)
             m = torch.bmm(vals.view(B * N, 1, K + 1), gj).view(B, N)        # M = sum r g (unnormalised)
             s = torch.fmax(neg_delta * z / m, floor)    # -min(1, delta z / M); M = 0 (0 / 0 too): -1, moves 0
-            nums.append(torch.addcmul(vals[..., 0], m, s, value=-1.0))       # r(x) + the moved mass
+            own.append(vals[..., 0])
+            ms.append(m)
+            ss.append(s)
             zs.append(z)
             r.scatter_add_(2, ij, vals * torch.addcmul(e0, gj.view(B, N, K + 1), s[..., None]))  # r - m, r(x) = 0
             z = r.sum(-1)
-        a = (torch.stack(nums, -1) / torch.stack(zs, -1).clamp(min=1e-30)).clamp(max=1.0)
+        # r(x) + the moved mass of every sibling at once (elementwise: no sibling depends on it)
+        nums = torch.addcmul(torch.stack(own, -1), torch.stack(ms, -1), torch.stack(ss, -1), value=-1.0)
+        a = (nums / torch.stack(zs, -1).clamp(min=1e-30)).clamp(max=1.0)
         return a, r, _sibling_law(r, z, a, xd)
+
+
+_GASV_CONSTS: dict = {}
+
+
+def _gasv_consts(K: int, dev) -> tuple[Tensor, Tensor]:
+    """(e0 (K + 1,): -1 then K zeros, floor: -1.0) of GASVRule.scan, made once per (K, device)
+    (a traced call makes them in its graph: no tensor of a trace is kept)."""
+    if torch.compiler.is_compiling():
+        return -F.pad(torch.ones(1, device=dev), (0, K)), torch.full((), -1.0, device=dev)
+    c = _GASV_CONSTS.get((K, dev))
+    if c is None:
+        c = _GASV_CONSTS[(K, dev)] = (-F.pad(torch.ones(1, device=dev), (0, K)), torch.full((), -1.0, device=dev))
+    return c
 
 
 def _sibling_law(resid: Tensor, z: Tensor, a: Tensor, xd: Tensor) -> Tensor:
@@ -402,7 +420,7 @@ def verify_tree(p: Tensor, tree: DraftTree, generator: Optional[torch.Generator]
     law = None
     if C:
         kc = kids.clamp(min=0)
-        x = torch.where(kids >= 0, tree.tokens[:, None, :].expand(B, N, N).gather(2, kc), -1)
+        x = tree.tokens[:, None, :].expand(B, N, N).gather(2, kc).masked_fill(kids < 0, -1)
         a, resid, law = rule.scan(pn, x, kc, tree.child_q.float() if rule.needs_q else None)
         u = u_acc.gather(1, tree.depths.clamp(max=D)[:, :, None].expand(B, N, C))
         choice = torch.where(u < a, torch.arange(C, device=dev), C).amin(-1)  # first accepted child
@@ -411,7 +429,7 @@ def verify_tree(p: Tensor, tree: DraftTree, generator: Optional[torch.Generator]
     buf, accept_len, last = _walk(tree, choice, D)
     bonus = _sample(resid.gather(1, last[:, None, None].expand(B, 1, resid.shape[-1]))[:, 0, :V], u_bonus)
     nxt = buf[:, 1:]                                                        # the accepted drafts' nodes
-    tokens = torch.where(nxt >= 0, tree.tokens.gather(1, nxt.clamp(min=0)), -1)
+    tokens = tree.tokens.gather(1, nxt.clamp(min=0)).masked_fill(nxt < 0, -1)
     tokens = tokens.scatter(1, accept_len[:, None], bonus[:, None])
     path = buf[:, : D + 1]
     return VerifyResult(path, accept_len, bonus, tokens, _pos_tvd(pn, law, p_ref, path))
@@ -423,7 +441,7 @@ def _pos_tvd(pn: Tensor, law: Optional[Tensor], p_ref: Optional[Tensor], path: T
         return torch.zeros(path.shape, device=pn.device)
     ref = pn if p_ref is None else _normalize(p_ref.float())
     node = tvd(ref, pn if law is None else law[..., : pn.shape[-1]])       # (B, N)
-    return torch.where(path >= 0, node.gather(1, path.clamp(min=0)), 0.0)
+    return node.gather(1, path.clamp(min=0)).masked_fill(path < 0, 0.0)
 
 
 def _check_p(p: Tensor, tree: DraftTree) -> tuple[int, int, int]:

@@ -1,7 +1,7 @@
-"""Host reads per steady-state tree step (issue 49, DESIGN 5b): each verification rule's step reads
-at most the measured number of values back to the host (one: the rows' committed counts), counted
-by bench/step_budget.py's counter on the tiny torch models; the checks it skips run under the
-debug switch."""
+"""Host reads and glue ops per steady-state tree step (issue 49, DESIGN 5b): each verification
+rule's step reads at most the measured number of values back to the host (one: the rows' committed
+counts) and runs at most the measured number of glue ops, counted by bench/step_budget.py's counter
+on the tiny torch models; the checks it skips run under the debug switch."""
 
 
 import pytest
@@ -18,6 +18,11 @@ from lisa_trt.validation import debug_checks_on
 TREE = dict(top_k=3, depth=3, total_tokens=10)
 # host reads per steady-state step, measured (the ceiling: a new read in the step fails the test)
 CEILING = {"exact": 1, "greedy": 1, "lantern": 1, "gasv": 1}
+# glue ops per steady-state step at TREE, batch 2, CFG (every ATen op outside the engine calls that
+# is not a view; GASV: its torch reference gates too), measured on this tree exactly (the counts are
+# deterministic): an op added to the step fails the test. A change that removes ops lowers these.
+# At 6ba6000 they were 291, 274, 339, 439.
+GLUE_CEILING = {"exact": 235, "greedy": 220, "lantern": 281, "gasv": 376}
 
 
 @pytest.fixture(scope="module")
@@ -62,15 +67,31 @@ def _budget(bench, models, method: str, batch: int = 2, margin: int = TREE["dept
 
 
 @pytest.mark.parametrize("method", sorted(CEILING))
-def test_steady_state_step_reads_at_most_the_measured_host_values(bench, models, method):
+def test_steady_state_step_stays_at_the_measured_reads_and_glue_ops(bench, models, method):
     s, _ = _budget(bench, models, method)
     assert s["steady_steps"] >= 2
     assert s["host_reads_max"] <= CEILING[method], s["host_read_sites"]
+    assert s["glue_ops_max"] <= GLUE_CEILING[method], s["top_glue_ops"]
     # depth expansions, verify, commit (the torch Drafter commits as project_taps + forward)
     assert s["engine_calls_per_step"] == TREE["depth"] + 3
     # fixed shapes: one per graph, two for the drafter step (the expansions and the commit)
     sig = s["shape_signatures"]
     assert sig["target.forward_tokens"] == sig["drafter.project_taps"] == 1 and sig["drafter.forward"] == 2, sig
+
+
+def test_a_planted_glue_op_fails_the_ceiling(bench, models, monkeypatch):
+    """The counter sees one op more per expansion round (here: the parents' hidden states copied
+    before their gather), and the ceiling refuses the step."""
+    from lisa_trt.speculative import decode as D
+
+    inner = D._DraftFrame.gather_parents
+
+    def copying(self, h, parent_slot):
+        return inner(self, h.clone(), parent_slot)
+
+    monkeypatch.setattr(D._DraftFrame, "gather_parents", copying)
+    s, _ = _budget(bench, models, "exact")
+    assert s["glue_ops_max"] == GLUE_CEILING["exact"] + TREE["depth"], s["top_glue_ops"]
 
 
 def test_sjd_step_reads_one_host_value(bench, models):
