@@ -53,6 +53,7 @@ DEFAULT_POINTS = ("vanilla", "sjd", "mcsjd", "sjd-pac", "gsd[group=14]", "zipar[
                   "lisa-gasv", "gsd[group=25]", "zipar[window=8]", "oracle")
 ALIASES = {"lisa-exact": "exact", "lisa-gasv": "gasv", "lisa-lantern": "lantern", "lisa-coupled": "coupled"}  # drafter-tree methods
 GASV_KNOBS = {"kappa": "gasv_kappa", "lambda": "gasv_lambda", "delta": "gasv_delta", "scope": "gasv_scope"}
+GASV_METHODS = ("gasv", "sjd-gasv", "gasv-2d", "pjd-gasv-2d")  # methods whose kappa / lambda / delta are gasv's
 SAME = ("model", "seed", "batch", "window", "tree", "drafter", "sampling")  # settings that change the images
 
 
@@ -63,7 +64,7 @@ def parse_point(label: str) -> tuple[str, dict]:
     over = {}
     for kv in filter(None, rest.rstrip("]").split(",")):
         k, v = kv.split("=")
-        name = GASV_KNOBS.get(k) if method == "gasv" else None
+        name = GASV_KNOBS.get(k) if method in GASV_METHODS else None
         name = name or f"{method.replace('-', '_')}_{k}"
         try:
             over[name] = int(v)
