@@ -436,7 +436,7 @@ def run_timing(a) -> dict:
     from lisa_trt.speculative.methods import get_method
 
     bundle = Path(a.engine_dir) if a.engine_dir else ensure_demo_bundle(Path(a.workdir) / "demo", echo=print)
-    labels = [x for x in (a.methods or "vanilla,sjd,mcsjd,sjd-pac,gsd,zipar,exact,gasv").split(",") if x]
+    labels = [x for x in (a.methods or "vanilla,sjd,mcsjd,sjd-pac,gsd,zipar,exact,gasv,pjd,pjd-gasv-2d").split(",") if x]
     load0 = os.getloadavg()
     rows, precision = {}, None
     for backend in ("torch", "ort"):

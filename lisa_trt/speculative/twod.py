@@ -381,7 +381,7 @@ register_method(Method(
     "mask, every row's drafts lent GASV's neighbour mass (approximate; no drafter, GASV tables)", needs_tables=True,
     settings=PJDGASVSettings, decoder=_pjd_gasv_decoder,
     options=(MethodOption("--pjd-gasv-2d-rows", "pjd_gasv_2d_rows", int, "pjd-gasv-2d: image rows decoded in "
-                          "parallel (1: sjd-gasv's rule row by row)."),
+                          "parallel (1: one row at a time with sjd-gasv's acceptance)."),
              MethodOption("--pjd-gasv-2d-window", "pjd_gasv_2d_window", int, "pjd-gasv-2d: draft tokens per active row."),
              MethodOption("--pjd-gasv-2d-lag", "pjd_gasv_2d_lag", int, "pjd-gasv-2d: columns a row trails the row above."),
              MethodOption("--pjd-gasv-2d-reuse", "pjd_gasv_2d_reuse", float, "pjd-gasv-2d: keep a draft whose ratio "
