@@ -154,6 +154,14 @@ MUTATIONS = [
       "return Prompts(p.ids[:, -1:].clone(), torch.ones_like(p.ids[:, -1:], dtype=torch.bool))",
       "return Prompts(p.ids[:, :1].clone(), torch.ones_like(p.ids[:, :1], dtype=torch.bool))",
       ["tests/families/test_emu3.py"], "CFG's unconditional row from the first prompt token"),
+    # -- two dimensions (issue 54)
+    M("pjd_gasv_mass_not_lent", "2-D decoders", "lisa_trt/speculative/pjd.py",
+      "acc = acc if moved is None else (acc + moved).clamp(max=1.0)", "acc = acc",
+      ["tests/speculative/test_twod_pjd_gasv.py"], "pjd-gasv-2d accepts with PJD's plain test (GASV's mass ignored)"),
+    M("pjd_mask_sees_the_row_below", "2-D decoders", "lisa_trt/speculative/pjd.py",
+      "above = row_i[None, None, :] < q_row[:, :, None]", "above = row_i[None, None, :] <= q_row[:, :, None] + 1",
+      ["tests/speculative/test_pjd.py", "tests/speculative/test_twod_pjd_gasv.py"],
+      "a query reads the decoded tokens of the row below its own"),
 ]
 
 
