@@ -20,7 +20,8 @@ committed), so a stopped run resumes where it was, even in a fresh clone, and ev
 keeps the same number of images. Points already in the JSON and not requested are kept (merge);
 settings that change the images (seed, batch, sampling, window, tree, drafter) must match.
 `--merge OTHER.json` takes the points of a run made in parallel into another --out (same settings,
-tokens beside it: OTHER.tokens.pt) into this JSON and its token file where they hold more images.
+tokens beside it: OTHER.tokens.pt) into this JSON and its token file where they hold more images;
+without --methods it decodes nothing (the merged points keep their image counts).
 
 Rows are BATCHED (batch > 1): this measures acceptance and quality, not speed (`loaded: true`).
 MAL = committed tokens per target forward (prefill excluded, docs/spec/speculative.md), pooled
@@ -348,7 +349,7 @@ def run_frontier(a, echo=print) -> dict:
     while True:
         counts = {lab: len(accs[lab]["tok"]) for lab in labels}
         goal = min(a.images, (min(counts.values()) // a.per_round + 1) * a.per_round)
-        todo = [lab for lab in labels if counts[lab] < goal]
+        todo = [lab for lab in labels if counts[lab] < goal and not (merged and not a.methods)]
         if not todo:
             break
         for lab in todo:

@@ -119,7 +119,7 @@ def test_two_d_labels_take_gasv_knobs(bench):
 
 def test_merge_takes_a_parallel_runs_points_with_their_tokens(bench, tmp_path, monkeypatch):
     """--merge: the points of a run made beside this one (same settings) join this JSON and its token
-    file; nothing is decoded again; other settings are refused."""
+    file; nothing is decoded (not even the merged point's missing images); other settings are refused."""
     class Fr:  # no model needed: the merged point is complete, so no batch is decoded
         def __init__(self, a):
             self.tree, self.ncls = {"top_k": 3, "depth": 3, "total_tokens": 10}, 8
@@ -132,7 +132,7 @@ def test_merge_takes_a_parallel_runs_points_with_their_tokens(bench, tmp_path, m
             raise AssertionError("merged points are not decoded again")
 
     monkeypatch.setattr(bench, "Frontier", Fr)
-    run = lambda out, extra: bench.main(["--images", "2", "--per-round", "2", "--batch", "2", "--no-quality",  # noqa: E731
+    run = lambda out, extra: bench.main(["--images", "4", "--per-round", "2", "--batch", "2", "--no-quality",  # noqa: E731
                                           "--out", str(out), "--plot", ""] + extra)
     main, side = tmp_path / "a.json", tmp_path / "b.json"
     raw = {"tok": [3.0, 3.0], "fwd": [1, 1], "tvd": [0.0, 0.0]}
