@@ -33,6 +33,9 @@ token's raster conditional; the TVD to the law the token was verified under is r
 Every step has the same shapes (lanes x (window + 1) queries); acceptance, the Jacobi update, the
 lane shift and the token writes are fixed-shape tensor programs; the step's one host read is the
 end test.
+
+`PJDDecoder.accept` is the acceptance seam: `pjd-gasv-2d` (twod.PJDGASVDecoder) lends every lane's
+drafts GASV's neighbour mass there (pjd_accept's `moved`) and reports the TVD it adds per token.
 """
 
 from __future__ import annotations
