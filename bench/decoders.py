@@ -19,6 +19,9 @@ with the tokens in a side file (`--state`, default beside the JSON: bench/decode
 committed), so a stopped run resumes where it was, even in a fresh clone, and every point
 keeps the same number of images. Points already in the JSON and not requested are kept (merge);
 settings that change the images (seed, batch, sampling, window, tree, drafter) must match.
+`--merge OTHER.json` takes the points of a run made in parallel into another --out (same settings,
+tokens beside it: OTHER.tokens.pt) into this JSON and its token file where they hold more images;
+without --methods it decodes nothing (the merged points keep their image counts).
 
 Rows are BATCHED (batch > 1): this measures acceptance and quality, not speed (`loaded: true`).
 MAL = committed tokens per target forward (prefill excluded, docs/spec/speculative.md), pooled
@@ -53,6 +56,7 @@ DEFAULT_POINTS = ("vanilla", "sjd", "mcsjd", "sjd-pac", "gsd[group=14]", "zipar[
                   "lisa-gasv", "gsd[group=25]", "zipar[window=8]", "oracle")
 ALIASES = {"lisa-exact": "exact", "lisa-gasv": "gasv", "lisa-lantern": "lantern", "lisa-coupled": "coupled"}  # drafter-tree methods
 GASV_KNOBS = {"kappa": "gasv_kappa", "lambda": "gasv_lambda", "delta": "gasv_delta", "scope": "gasv_scope"}
+GASV_METHODS = ("gasv", "sjd-gasv", "gasv-2d", "pjd-gasv-2d")  # methods whose kappa / lambda / delta are gasv's
 SAME = ("model", "seed", "batch", "window", "tree", "drafter", "sampling")  # settings that change the images
 
 
@@ -63,7 +67,7 @@ def parse_point(label: str) -> tuple[str, dict]:
     over = {}
     for kv in filter(None, rest.rstrip("]").split(",")):
         k, v = kv.split("=")
-        name = GASV_KNOBS.get(k) if method == "gasv" else None
+        name = GASV_KNOBS.get(k) if method in GASV_METHODS else None
         name = name or f"{method.replace('-', '_')}_{k}"
         try:
             over[name] = int(v)
@@ -209,14 +213,16 @@ def summarize(label: str, acc: dict, quality: dict) -> dict:
     return res
 
 
-def load_state(a):
-    """(report, accumulators) from an earlier run of the same settings, or empty ones."""
+def load_state(a, out=None, state=None):
+    """(report, accumulators) from an earlier run of the same settings (--out / --state, or another
+    run's `out` and `state`), or empty ones."""
     import json
 
-    if not Path(a.out).is_file():
+    out, state = out or a.out, state or a.state
+    if not Path(out).is_file():
         return None, {}
-    rep = json.loads(Path(a.out).read_text())
-    toks = torch.load(a.state) if Path(a.state).is_file() else {}
+    rep = json.loads(Path(out).read_text())
+    toks = torch.load(state) if Path(state).is_file() else {}
     accs = {}
     for label, r in rep.get("results", {}).items():
         if "raw" in r and label in toks and toks[label].shape[0] == r["images"]:
@@ -224,6 +230,23 @@ def load_state(a):
                            "seconds": r["cpu_seconds_per_image_batched_loaded"] * r["images"],
                            "tokens": toks[label]}
     return rep, accs
+
+
+def _merge_runs(a, settings, accs, results) -> list:
+    """--merge: take the points of other runs (their JSON and token side file, same settings) into
+    this one where they hold more images (runs of different points in parallel, then one frontier).
+    Updates accs / results in place; returns the merged labels."""
+    labels = []
+    for path in filter(None, (a.merge or "").split(",")):
+        other, acc2 = load_state(a, path, str(Path(path).with_name(Path(path).stem + ".tokens.pt")))
+        if other is None:
+            raise SystemExit(f"--merge {path}: no such frontier JSON")
+        check_settings(other["settings"], settings, path)
+        for lab, acc in acc2.items():
+            if len(acc["tok"]) > len(accs.get(lab, {}).get("tok", [])):
+                accs[lab], results[lab] = acc, other["results"][lab]
+                labels.append(lab)
+    return labels
 
 
 def check_settings(old: dict, new: dict, path) -> None:
@@ -255,7 +278,8 @@ def derived(results: dict) -> dict:
 
 
 def plot(report: dict, path) -> None:
-    """MAL per forward against class accuracy and KID-demo (+- 1 SE both ways)."""
+    """Target forwards per image (log scale; +- 1 SE) against class accuracy, KID-demo (+- 1 SE) and
+    FD-demo: the frontier of issue 54 (fewer forwards at vanilla's quality is better)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -264,28 +288,35 @@ def plot(report: dict, path) -> None:
     from lisa_trt.io import atomic_write
 
     res = report["results"]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    fig, axes = plt.subplots(1, 3, figsize=(18, 5.5))
+    colors = plt.cm.tab20.colors  # more points than tab10 has colours
     for ax, q, yl in ((axes[0], "class_acc", "class accuracy (higher is better)"),
-                      (axes[1], "kid_real", "KID-demo vs real crops (lower is better)")):
-        colors = plt.cm.tab20.colors  # more points than tab10 has colours
+                      (axes[1], "kid_real", "KID-demo vs real crops (lower is better)"),
+                      (axes[2], "fd_demo", "FD-demo (lower is better; no SE)")):
         for i, (label, r) in enumerate(sorted(res.items())):
             if q not in r:
                 continue
+            f_se = mean_se([float(x) for x in r["raw"]["fwd"]])[1] if "raw" in r else None
             lossless = r["mean_tvd"] < 1e-6
-            ax.errorbar(r["mal"], r[q], xerr=r["mal_se"], yerr=r.get(q + "_se"), fmt="o" if lossless else "s",
-                        capsize=3, label=label, color=colors[i % len(colors)])
-            ax.annotate(label, (r["mal"], r[q]), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        if "vanilla" in res and q in res["vanilla"]:
-            v, s = res["vanilla"][q], res["vanilla"].get(q + "_se", 0)
+            ax.errorbar(r["target_forwards_per_image"], r[q], xerr=f_se, yerr=r.get(q + "_se"),
+                        fmt="o" if lossless else "s", capsize=3, label=label, color=colors[i % len(colors)])
+            ax.annotate(label, (r["target_forwards_per_image"], r[q]), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+        if "vanilla" in res and q in res["vanilla"] and q + "_se" in res["vanilla"]:
+            v, s = res["vanilla"][q], res["vanilla"][q + "_se"]
             ax.axhspan(v - 2 * s, v + 2 * s, color="grey", alpha=0.15, label="vanilla +- 2 SE")
-        ax.set_xlabel("MAL (committed tokens per target forward)")
+        ax.set_xscale("log")
+        ax.set_xticks([40, 50, 60, 80, 100, 150, 200, 256], labels=["40", "50", "60", "80", "100", "150", "200", "256"])
+        ax.minorticks_off()
+        ax.set_xlabel("target forwards per image (prefill included; fewer is faster)")
         ax.set_ylabel(yl)
-        ax.grid(alpha=0.3)
+        ax.grid(alpha=0.3, which="both")
     handles, labels = axes[0].get_legend_handles_labels()
-    if handles:  # below both panels, where it hides no point
-        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 7), fontsize=7)
+    if handles:  # below the panels, where it hides no point
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 8), fontsize=7)
     n = sorted({r["images"] for r in res.values()})
-    fig.suptitle(f"demo decoders, {'/'.join(map(str, n))} images per point (circles: lossless, squares: relaxed)")
+    fig.suptitle(f"demo decoders, {'/'.join(map(str, n))} images per point (circles: lossless, squares: relaxed "
+                 "or approximate)")
     fig.tight_layout(rect=(0, 0.1 if handles else 0, 1, 1))
     with atomic_write(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
@@ -305,18 +336,20 @@ def run_frontier(a, echo=print) -> dict:
     old, accs = load_state(a)
     if old is not None:
         check_settings(old["settings"], settings, a.out)
-    labels = split_points(a.methods) if a.methods else list(DEFAULT_POINTS)
-    kept = {k: v for k, v in (old or {}).get("results", {}).items() if k not in labels and k not in accs}
+    results = dict((old or {}).get("results", {}))
+    merged = _merge_runs(a, settings, accs, results)
+    labels = split_points(a.methods) if a.methods else (merged or list(DEFAULT_POINTS))
+    kept = {k: v for k, v in results.items() if k not in labels and k not in accs}
     for lab in labels:
         accs.setdefault(lab, {"tok": [], "fwd": [], "tvd": [], "seconds": 0.0, "tokens": None})
-    quality = {lab: {k: v for k, v in (old or {}).get("results", {}).get(lab, {}).items()
+    quality = {lab: {k: v for k, v in results.get(lab, {}).items()
                      if k.startswith(("class_acc", "kid", "fd_", "n", "underpowered"))} for lab in accs}
     ref = None
     t_start, ran = time.time(), False
     while True:
         counts = {lab: len(accs[lab]["tok"]) for lab in labels}
         goal = min(a.images, (min(counts.values()) // a.per_round + 1) * a.per_round)
-        todo = [lab for lab in labels if counts[lab] < goal]
+        todo = [lab for lab in labels if counts[lab] < goal and not (merged and not a.methods)]
         if not todo:
             break
         for lab in todo:
@@ -337,7 +370,7 @@ def run_frontier(a, echo=print) -> dict:
         echo(f"round to {goal} images: wrote {a.out}  ({time.time() - t_start:.0f} s)", flush=True)
     if not ran and old is not None:  # only re-summarised: keep the run's own time and command
         settings.update({k: old["settings"][k] for k in ("elapsed_s", "command") if k in old["settings"]})
-    return write_report(a, settings, kept, accs, quality, t_start, tokens=False, keep_run=not ran)
+    return write_report(a, settings, kept, accs, quality, t_start, tokens=bool(merged), keep_run=not ran)
 
 
 def write_report(a, settings, kept, accs, quality, t_start, tokens=True, keep_run=False) -> dict:
@@ -404,7 +437,7 @@ def run_timing(a) -> dict:
     from lisa_trt.speculative.methods import get_method
 
     bundle = Path(a.engine_dir) if a.engine_dir else ensure_demo_bundle(Path(a.workdir) / "demo", echo=print)
-    labels = [x for x in (a.methods or "vanilla,sjd,mcsjd,sjd-pac,gsd,zipar,exact,gasv").split(",") if x]
+    labels = [x for x in (a.methods or "vanilla,sjd,mcsjd,sjd-pac,gsd,zipar,exact,gasv,pjd,pjd-gasv-2d").split(",") if x]
     load0 = os.getloadavg()
     rows, precision = {}, None
     for backend in ("torch", "ort"):
@@ -536,6 +569,8 @@ def build_parser():
     ap.add_argument("--timing-out", default=str(ROOT / "bench" / "decoders_timing.json"))
     ap.add_argument("--workdir", default="/tmp/lisa-decoders", help="--timing: where the demo bundle is exported")
     ap.add_argument("--engine-dir", default=None, help="--timing: an existing demo bundle (no export)")
+    ap.add_argument("--merge", default=None, help="frontier JSON(s) of other runs with the same settings, "
+                                                  "comma-separated (tokens beside each): their points join --out")
     ap.add_argument("--table", action="store_true", help="print --out as a Markdown table and stop")
     ap.add_argument("--choose", default=None, help="timing JSON(s), comma-separated: re-make the never-slower "
                                                    "choices from them and --out (module docstring)")

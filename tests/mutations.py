@@ -179,6 +179,14 @@ MUTATIONS = [
       "mask = _fresh_rows_mask(tc.visible(), slots, tree.ancestors, G)",
       "mask = tc.attention_mask(slots, guide.dup(tree.ancestors))",
       ["tests/speculative/test_batched_rules.py", "-k", "ceiling"], "the verify mask built as before (zeros, scatter, or, dup)"),
+    # -- two dimensions (issue 54)
+    M("pjd_gasv_mass_not_lent", "2-D decoders", "lisa_trt/speculative/pjd.py",
+      "acc = acc if moved is None else (acc + moved).clamp(max=1.0)", "acc = acc",
+      ["tests/speculative/test_twod_pjd_gasv.py"], "pjd-gasv-2d accepts with PJD's plain test (GASV's mass ignored)"),
+    M("pjd_mask_sees_the_row_below", "2-D decoders", "lisa_trt/speculative/pjd.py",
+      "above = row_i[None, None, :] < q_row[:, :, None]", "above = row_i[None, None, :] <= q_row[:, :, None] + 1",
+      ["tests/speculative/test_pjd.py", "tests/speculative/test_twod_pjd_gasv.py"],
+      "a query reads the decoded tokens of the row below its own"),
 ]
 
 

@@ -33,12 +33,16 @@ token's raster conditional; the TVD to the law the token was verified under is r
 Every step has the same shapes (lanes x (window + 1) queries); acceptance, the Jacobi update, the
 lane shift and the token writes are fixed-shape tensor programs; the step's one host read is the
 end test.
+
+`PJDDecoder.accept` is the acceptance seam: `pjd-gasv-2d` (twod.PJDGASVDecoder) lends every lane's
+drafts GASV's neighbour mass there (pjd_accept's `moved`) and reports the TVD it adds per token.
 """
 
 from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -58,14 +62,16 @@ class PJDSettings:
     window: int = 8  # draft tokens per active row
     lag: int = 2  # columns a row trails the row above (a row commits column c once the row above has c + lag)
     reuse: float = 0.5  # keep a draft whose ratio p_now / p_prev exceeds this (0: redraw every draft, SJD's update)
+    key: ClassVar[str] = "pjd"  # the method whose knobs these are (error messages; subclasses: their own)
 
     def __post_init__(self):
+        k = self.key.replace("_", "-")
         for name in ("rows", "window", "lag"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-                raise InputError(f"--pjd-{name} (pjd_{name}) must be an integer >= 1, got {v!r}")
+                raise InputError(f"--{k}-{name} ({self.key}_{name}) must be an integer >= 1, got {v!r}")
         if not 0.0 <= float(self.reuse):
-            raise InputError(f"--pjd-reuse (pjd_reuse) must be >= 0 (0: no reuse), got {self.reuse!r}")
+            raise InputError(f"--{k}-reuse ({self.key}_reuse) must be >= 0 (0: no reuse), got {self.reuse!r}")
 
 
 # ----------------------------------------------------------------------------- the grid of rows
@@ -121,7 +127,7 @@ def row_causal_visible(q_index: torch.Tensor, q_row: torch.Tensor, n_rows: torch
 # ----------------------------------------------------------------------------- acceptance
 
 def pjd_accept(p_now: torch.Tensor, p_prev: torch.Tensor, drafts: torch.Tensor, free: torch.Tensor, gen,
-               greedy: bool):
+               greedy: bool, moved=None):
     """Verify every lane's window -> (committed (B, R), tokens (B, R, K + 1), ratio (B, R, K)).
 
     p_now (B, R, K + 1, V): the target's laws at a lane's columns n .. n + K (query j predicts
@@ -131,7 +137,9 @@ def pjd_accept(p_now: torch.Tensor, p_prev: torch.Tensor, drafts: torch.Tensor, 
     rejection. Lane 0 is the leading row: it also commits the column after its accepted drafts,
     drawn from norm(max(p_now - p_prev, 0)) after a rejection, from p_now after a fully accepted
     window (greedy: argmax p_now), when that column is free. tokens[b, r, :committed[b, r]] are
-    the committed tokens of lane r."""
+    the committed tokens of lane r. moved (B, R, K), optional: mass added to every draft's
+    acceptance probability, min(1, p_now / p_prev + moved) (GASV's relaxed test, twod.py; not in
+    greedy mode); the residual stays SJD's."""
     B, R, K = drafts.shape
     dev, V = drafts.device, p_now.shape[-1]
     x_now = p_now[:, :, :K].gather(3, drafts[..., None])[..., 0]
@@ -140,7 +148,9 @@ def pjd_accept(p_now: torch.Tensor, p_prev: torch.Tensor, drafts: torch.Tensor, 
     if greedy:
         ok = drafts == p_now[:, :, :K].argmax(-1)
     else:
-        ok = torch.rand((B, R, K), generator=gen, device=dev) < ratio_accept(x_now, x_prev)
+        acc = ratio_accept(x_now, x_prev)
+        acc = acc if moved is None else (acc + moved).clamp(max=1.0)
+        ok = torch.rand((B, R, K), generator=gen, device=dev) < acc
     n_valid = free.clamp(max=K)
     ok &= torch.arange(K, device=dev)[None, None] < n_valid[..., None]
     a = ok.long().cumprod(-1).sum(-1)  # (B, R) accepted drafts
@@ -286,8 +296,7 @@ class PJDDecoder(Decoder):
                 pred = rows[..., None] * grid.L + n[..., None] + torch.arange(K + 1, device=dev)  # query j: column n + j
                 p_now = torch.softmax(session.guide(logits, pred.reshape(B, -1).clamp(max=grid.N - 1)), -1)
                 p_now = p_now.view(B, R, K + 1, -1)
-                free = (cap - n).clamp(min=0)
-                ncom, new, ratio = pjd_accept(p_now, law, drafts, free, gen, greedy)
+                ncom, new, ratio, extra = self.accept(session, p_now, law, drafts, (cap - n).clamp(min=0))
             with timer.measure("host"):
                 idx = torch.tensor(live, dtype=torch.long, device=dev)
                 stats.committed.append(ncom.sum(1)[idx])
@@ -295,7 +304,7 @@ class PJDDecoder(Decoder):
                 starts = (rows * grid.L + n).reshape(-1)
                 session.commit(new.reshape(B * R, -1), starts, ncom.reshape(-1),
                                rows=torch.arange(B, device=dev).repeat_interleave(R))
-                record.put(rows, n, ncom, p_now, idx)
+                record.put(rows, n, ncom, p_now, idx, extra)
                 drafts, law = next_drafts(p_now, law, drafts, ratio, ncom, prior(self._columns(rows, n + ncom, grid, K)),
                                           float(st.reuse), gen, greedy)
                 n_rows.scatter_(1, rows, n + ncom)
@@ -306,9 +315,18 @@ class PJDDecoder(Decoder):
                 lead = lead + shift.long()
             session.report(session.out, _raster_done(n_rows, lead, grid), on_step, on_progress)
         with timer.measure("tvd"):
-            stats.tvd = record.step_tvd(_raster_tvd(session, step.base, record))
-        stats.settings.update(pjd_rows=R, pjd_window=K, pjd_lag=st.lag, pjd_reuse=float(st.reuse))
+            stats.tvd = record.step_tvd(_raster_tvd(session, step.base, record) + record.extra[:, : grid.N])
+        stats.settings.update(self.report_settings())
         return session.finish()
+
+    def accept(self, session, p_now, law, drafts, free):
+        """The step's acceptance -> (committed (B, R), tokens (B, R, K + 1), ratio (B, R, K), extra
+        TVD per query (B, R, K + 1) or None). PJD: SJD's test (pjd_accept), no extra TVD."""
+        return (*pjd_accept(p_now, law, drafts, free, session.gen, session.sampling.greedy), None)
+
+    def report_settings(self) -> dict:
+        st = self.settings
+        return dict(pjd_rows=st.rows, pjd_window=st.window, pjd_lag=st.lag, pjd_reuse=float(st.reuse))
 
     @staticmethod
     def _columns(rows, n, grid: RowGrid, K: int) -> torch.Tensor:
@@ -332,16 +350,20 @@ class _ContextLaws:
         self.g = grid
         self.val = torch.zeros(B, grid.N + 1, V, device=dev)  # column N: the dump of masked writes
         self.step_of = torch.full((B, grid.N + 1), -1, dtype=torch.long, device=dev)
+        self.extra = torch.zeros(B, grid.N + 1, device=dev)  # a TVD the acceptance adds per token (GASV's)
         self.live, self.n = [], 0
 
-    def put(self, rows, n, committed, p_now, live):
-        """A step's committed columns (lane j < committed) and their laws p_now (B, R, K + 1, V)."""
+    def put(self, rows, n, committed, p_now, live, extra=None):
+        """A step's committed columns (lane j < committed) and their laws p_now (B, R, K + 1, V);
+        extra (B, R, K + 1), optional: the TVD the acceptance added at each query's column."""
         B, R, K1, V = p_now.shape
         j = torch.arange(K1, device=n.device)
         dst = torch.where(j < committed[..., None], rows[..., None] * self.g.L + n[..., None] + j, self.g.N)
         dst = dst.clamp(max=self.g.N).reshape(B, -1)
         self.val.scatter_(1, dst[..., None].expand(-1, -1, V), p_now.reshape(B, -1, V))
         self.step_of.scatter_(1, dst, self.n)
+        if extra is not None:
+            self.extra.scatter_(1, dst, extra.reshape(B, -1).to(self.extra.dtype))
         self.live.append(live)
         self.n += 1
 

@@ -108,3 +108,45 @@ def test_choose_remakes_the_never_slower_choice_from_timing_and_frontier(bench, 
     tpath.write_text(json.dumps(timing))
     with pytest.raises(SystemExit, match="quiet"):
         bench.main(["--out", str(fpath), "--choose", str(tpath), "--choice-out", str(cpath)])
+
+
+def test_two_d_labels_take_gasv_knobs(bench):
+    """pjd-gasv-2d / gasv-2d read GASV's constants as gasv does (kappa, lambda, delta)."""
+    assert bench.parse_point("pjd-gasv-2d[rows=8,delta=0.2]") == ("pjd-gasv-2d", {"pjd_gasv_2d_rows": 8,
+                                                                                   "gasv_delta": 0.2})
+    assert bench.parse_point("gasv-2d[below=jacobi-gasv]") == ("gasv-2d", {"gasv_2d_below": "jacobi-gasv"})
+
+
+def test_merge_takes_a_parallel_runs_points_with_their_tokens(bench, tmp_path, monkeypatch):
+    """--merge: the points of a run made beside this one (same settings) join this JSON and its token
+    file; nothing is decoded (not even the merged point's missing images); other settings are refused."""
+    class Fr:  # no model needed: the merged point is complete, so no batch is decoded
+        def __init__(self, a):
+            self.tree, self.ncls = {"top_k": 3, "depth": 3, "total_tokens": 10}, 8
+            self.sampling = bench.dataclasses.make_dataclass("S", [])()  # asdict -> {}
+
+        def artifacts(self):
+            return None, type("T", (), {"config": type("C", (), {"to_dict": lambda self: {}})()})()
+
+        def batch(self, label, j):
+            raise AssertionError("merged points are not decoded again")
+
+    monkeypatch.setattr(bench, "Frontier", Fr)
+    run = lambda out, extra: bench.main(["--images", "4", "--per-round", "2", "--batch", "2", "--no-quality",  # noqa: E731
+                                          "--out", str(out), "--plot", ""] + extra)
+    main, side = tmp_path / "a.json", tmp_path / "b.json"
+    raw = {"tok": [3.0, 3.0], "fwd": [1, 1], "tvd": [0.0, 0.0]}
+    for path, lab in ((main, "vanilla"), (side, "pjd")):
+        res = bench.summarize(lab, {**raw, "seconds": 1.0}, {})
+        settings = {"model": "demo", "seed": 0, "batch": 2, "window": 16, "tree": Fr(None).tree, "drafter": "demo-lisa",
+                    "sampling": {}}
+        path.write_text(json.dumps({"settings": settings, "results": {lab: res}}))
+        torch.save({lab: torch.zeros(2, 4, dtype=torch.int16)}, path.with_name(path.stem + ".tokens.pt"))
+    rep = run(main, ["--merge", str(side)])
+    assert set(rep["results"]) == {"vanilla", "pjd"} and rep["results"]["pjd"]["raw"]["fwd"] == [1, 1]
+    assert set(torch.load(tmp_path / "a.tokens.pt")) == {"vanilla", "pjd"}
+    bad = json.loads(side.read_text())
+    bad["settings"]["seed"] = 5
+    side.write_text(json.dumps(bad))
+    with pytest.raises(SystemExit, match="seed"):
+        run(main, ["--merge", str(side)])

@@ -75,6 +75,22 @@ def test_jacobi_below_the_leading_row(models, check_mal):
     assert st.settings["gasv_2d_below"] == "jacobi"
 
 
+def test_jacobi_gasv_below_moves_mass_only_on_the_rows_below(models):
+    """below="jacobi-gasv": with no mass to move (delta 0) the tokens of below="jacobi"; with GASV's
+    budget the rows below accept more (relaxed) and the reported TVD grows."""
+    t, d, tab = models
+    cond = make_cond(t, 2)
+    s = SamplingConfig(cfg_scale=2.0, top_k=0)
+    run = lambda below, delta: run_method("gasv-2d", t, d, tab, cond, sampling=s, seed=2, spec=SpecConfig.make(  # noqa: E731
+        gasv_2d_below=below, gasv_2d_lag=1, gasv_delta=delta))
+    ref, st_ref = run("jacobi", 0.0)
+    got, st = run("jacobi-gasv", 0.0)
+    assert torch.equal(got, ref) and abs(st.mean_tvd - st_ref.mean_tvd) < 1e-6
+    moved, st_m = run("jacobi-gasv", 1.0)
+    jac, st_j = run("jacobi", 1.0)
+    assert not torch.equal(moved, jac) and st_m.mean_tvd > st_j.mean_tvd
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(InputError, match="gasv_2d_rows"):
         TwoDSettings(rows=0)
