@@ -39,9 +39,10 @@ def test_spec_config_nests_rule_parameters_and_reads_flat_names():
 
 def test_one_registry_feeds_bench_and_declares_needs():
     assert method_names() == ["vanilla", "greedy", "exact", "lantern", "gasv", "sjd", "oracle", "mcsjd", "sjd-pac",
-                              "gsd", "zipar", "coupled", "sjd-gasv", "pjd", "gasv-2d", "exact-2d", "pjd-ssd2d"]
+                              "gsd", "zipar", "coupled", "sjd-gasv", "pjd", "gasv-2d", "exact-2d",
+                              "pjd-gasv-2d", "pjd-ssd2d"]
     assert method_names("sjd") == ["sjd", "mcsjd", "sjd-pac", "gsd", "zipar", "sjd-gasv", "pjd", "gasv-2d", "exact-2d",
-                                   "pjd-ssd2d"]
+                                   "pjd-gasv-2d", "pjd-ssd2d"]
     assert method_names("tree") == ["greedy", "exact", "lantern", "gasv", "oracle", "coupled"]
     assert not get_method("oracle").needs_drafter and get_method("oracle").drafter_factory is not None
     assert parse_methods("vanilla, gasv") == [get_method("vanilla"), get_method("gasv")]  # resolved once, here
