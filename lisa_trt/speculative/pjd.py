@@ -272,14 +272,14 @@ class PJDDecoder(Decoder):
         R, K, dev, B = st.rows, st.window, session.device, session.B
         grid = RowGrid(session.N, row_length(target, session.layout), R, dev)
         step = _Step(session, grid, R, K)
-        prior = draft_prior(session.layout, target.config.vocab_size, dev)
+        law_of, below = self.fresh_laws(session, grid, draft_prior(session.layout, target.config.vocab_size, dev))
         greedy, gen, timer, stats = session.sampling.greedy, session.gen, session.timer, session.stats
         session.out[:, 0] = session.first_token()
         n_rows = torch.zeros(B, grid.H + R, dtype=torch.long, device=dev)
         n_rows[:, 0] = 1
         lead = torch.zeros(B, dtype=torch.long, device=dev)
         rows = lead[:, None] + torch.arange(R, device=dev)[None]
-        law = prior(self._columns(rows, n_rows.gather(1, rows), grid, K))
+        law = law_of(self._columns(rows, n_rows.gather(1, rows), grid, K))
         drafts = self._draw(law, gen, greedy)
         record = _ContextLaws(B, grid, target.config.vocab_size, dev)
         while True:
@@ -290,7 +290,8 @@ class PJDDecoder(Decoder):
             with timer.measure("target"):
                 rows, n, cap = lane_state(n_rows, lead, grid, R, st.lag)
                 toks, pos, slots, mask = step.inputs(rows, n, n_rows, drafts, lead)
-                logits = target.forward_tokens(toks, pos, slots, mask, session.cache).logits[:, :-1]
+                out = target.forward_tokens(toks, pos, slots, mask, session.cache)
+                logits = out.logits[:, :-1]
                 stats.target_forwards += 1
             with timer.measure("accept"):
                 pred = rows[..., None] * grid.L + n[..., None] + torch.arange(K + 1, device=dev)  # query j: column n + j
@@ -305,12 +306,15 @@ class PJDDecoder(Decoder):
                 session.commit(new.reshape(B * R, -1), starts, ncom.reshape(-1),
                                rows=torch.arange(B, device=dev).repeat_interleave(R))
                 record.put(rows, n, ncom, p_now, idx, extra)
-                drafts, law = next_drafts(p_now, law, drafts, ratio, ncom, prior(self._columns(rows, n + ncom, grid, K)),
+                if below is not None:  # the committed tokens' hidden states, for fresh laws from a 2-D head
+                    below.put(out, toks[:B, : R * (K + 1)].view(B, R, K + 1), rows, n, n + ncom, lead)
+                drafts, law = next_drafts(p_now, law, drafts, ratio, ncom, law_of(self._columns(rows, n + ncom, grid, K)),
                                           float(st.reuse), gen, greedy)
                 n_rows.scatter_(1, rows, n + ncom)
                 shift = ((n + ncom)[:, 0] >= grid.row_len[rows[:, 0]]) & (lead < grid.H)
                 fresh_rows = rows[:, -1] + 1
-                fresh_law = prior((fresh_rows[:, None] * grid.L + torch.arange(K, device=dev)[None]).clamp(max=grid.N - 1))
+                fresh_law = law_of((fresh_rows[:, None, None] * grid.L
+                                    + torch.arange(K, device=dev)[None, None]).clamp(max=grid.N - 1))[:, 0]
                 drafts, law = shift_lanes(shift, (drafts, self._draw(fresh_law, gen, greedy)), (law, fresh_law))
                 lead = lead + shift.long()
             session.report(session.out, _raster_done(n_rows, lead, grid), on_step, on_progress)
@@ -318,6 +322,12 @@ class PJDDecoder(Decoder):
             stats.tvd = record.step_tvd(_raster_tvd(session, step.base, record) + record.extra[:, : grid.N])
         stats.settings.update(self.report_settings())
         return session.finish()
+
+    def fresh_laws(self, session, grid: RowGrid, prior):
+        """(law_of, below): law_of((B, R, K) raster indices) -> (B, R, K, V) laws of the fresh drafts
+        (PJD: the prior); below, if not None, is told each step's committed tokens
+        (below.put(target output, fed tokens, rows, n, n after, lead): speculative/ssd.py's 2-D head)."""
+        return prior, None
 
     def accept(self, session, p_now, law, drafts, free):
         """The step's acceptance -> (committed (B, R), tokens (B, R, K + 1), ratio (B, R, K), extra

@@ -26,10 +26,7 @@ import torch
 
 from ..errors import InputError
 from .methods import Method, MethodOption, register_method
-from .pjd import (PJDDecoder, PJDSettings, RowGrid, _ContextLaws, _raster_done, _Step, lane_state, next_drafts,
-                  pjd_accept, shift_lanes)
-from .sjd import draft_prior
-from .zipar import _raster_tvd, row_length
+from .pjd import PJDDecoder, PJDSettings, RowGrid
 
 BELOW = (1, 0)
 UNTRAINED = "untrained"  # PJDSSDDecoder(heads=UNTRAINED): the target's output layer as the below head
@@ -54,12 +51,16 @@ class BelowLaws:
         self.hidden = torch.zeros(rows, grid.N + 1, heads.config.dim, device=session.device)
         self.known = torch.zeros(session.B, grid.N + 1, dtype=torch.bool, device=session.device)
 
-    def put(self, hidden: torch.Tensor, fed: torch.Tensor, rows, n, n_after, lead) -> None:
-        """After a step's commit: hidden (CFG rows, S, dim) of the step's queries: the lanes' (lane-major,
+    def put(self, out, fed: torch.Tensor, rows, n, n_after, lead) -> None:
+        """After a step's commit: out.hidden (CFG rows, S, dim) of the step's queries: the lanes' (lane-major,
         K + 1 each; fed (B, R, K + 1) the tokens they fed), then the re-fed last token of the row above
         the leading row `lead` (B,). Query j of a lane fed column n - 1 + j; its hidden state is
         recorded when that column is now committed with the token it fed; the re-fed token's always
         (a row's last token is often its bonus draw, which no lane query fed)."""
+        hidden = out.hidden
+        if hidden is None:
+            raise InputError("pjd-ssd2d reads the target's final hidden state; this target engine returns none "
+                             "(re-export the bundle with a current lisa-trt, or use pjd)")
         B, R, K1 = fed.shape
         last = lead * self.g.L - 1
         self._write(hidden[:, -1:], torch.where((last >= 0) & (last < self.g.N), last, self.g.N)[:, None])
@@ -99,8 +100,8 @@ class PJDSSDDecoder(PJDDecoder):
         elif heads is not None:
             heads.index(BELOW)  # ConfigError now for heads without a below head
 
-    def _laws(self, session, grid: RowGrid, prior):
-        """(law_of(idx) -> fresh draft laws, the BelowLaws to feed or None)."""
+    def fresh_laws(self, session, grid: RowGrid, prior):
+        """PJDDecoder's hook: (law_of(idx) -> fresh draft laws, the BelowLaws to feed or None)."""
         if self.heads is None:
             return prior, None
         heads = untrained_head(session.target, grid.L, grid.N) if self.heads == UNTRAINED else self.heads
@@ -111,71 +112,8 @@ class PJDSSDDecoder(PJDDecoder):
         below = BelowLaws(heads, session, grid, prior)
         return below, below
 
-    @torch.no_grad()
-    def decode(self, session, *, on_step=None, on_progress=None) -> tuple:
-        st, target = self.settings, session.target
-        R, K, dev, B = st.rows, st.window, session.device, session.B
-        grid = RowGrid(session.N, row_length(target, session.layout), R, dev)
-        step = _Step(session, grid, R, K)
-        law_of, below = self._laws(session, grid, draft_prior(session.layout, target.config.vocab_size, dev))
-        session.out[:, 0] = session.first_token()
-        n_rows = torch.zeros(B, grid.H + R, dtype=torch.long, device=dev)
-        n_rows[:, 0] = 1
-        lead = torch.zeros(B, dtype=torch.long, device=dev)
-        rows = lead[:, None] + torch.arange(R, device=dev)[None]
-        law = law_of(self._columns(rows, n_rows.gather(1, rows), grid, K))
-        state = [self._draw(law, session.gen, session.sampling.greedy), law, n_rows, lead]
-        record = _ContextLaws(B, grid, target.config.vocab_size, dev)
-        while True:
-            done = state[3].tolist()  # the step's one host read: the end test and the rows still decoding
-            if min(done) >= grid.H:
-                break
-            self._step(session, step, grid, state, law_of, below, record, [b for b, r in enumerate(done) if r < grid.H])
-            session.report(session.out, _raster_done(state[2], state[3], grid), on_step, on_progress)
-        with session.timer.measure("tvd"):
-            session.stats.tvd = record.step_tvd(_raster_tvd(session, step.base, record))
-        session.stats.settings.update(pjd_rows=R, pjd_window=K, pjd_lag=st.lag, pjd_reuse=float(st.reuse),
-                                      pjd_ssd2d_head=self.head_name if self.heads is not None else "off")
-        return session.finish()
-
-    def _step(self, session, step: _Step, grid: RowGrid, state: list, law_of, below, record, live: list) -> None:
-        """One PJD step (pjd.PJDDecoder.decode's loop body) with the fresh laws from `law_of` and the
-        committed tokens' hidden states recorded into `below`; updates state [drafts, law, n_rows, lead]."""
-        drafts, law, n_rows, lead = state
-        st, target, stats = self.settings, session.target, session.stats
-        R, K, dev, B = st.rows, st.window, session.device, session.B
-        greedy, gen = session.sampling.greedy, session.gen
-        with session.timer.measure("target"):
-            rows, n, cap = lane_state(n_rows, lead, grid, R, st.lag)
-            toks, pos, slots, mask = step.inputs(rows, n, n_rows, drafts, lead)
-            out = target.forward_tokens(toks, pos, slots, mask, session.cache)
-            stats.target_forwards += 1
-        if below is not None and out.hidden is None:
-            raise InputError("pjd-ssd2d reads the target's final hidden state; this target engine returns none "
-                             "(re-export the bundle with a current lisa-trt, or use pjd)")
-        with session.timer.measure("accept"):
-            pred = rows[..., None] * grid.L + n[..., None] + torch.arange(K + 1, device=dev)
-            p_now = torch.softmax(session.guide(out.logits[:, :-1], pred.reshape(B, -1).clamp(max=grid.N - 1)), -1)
-            p_now = p_now.view(B, R, K + 1, -1)
-            ncom, new, ratio = pjd_accept(p_now, law, drafts, (cap - n).clamp(min=0), gen, greedy)
-        with session.timer.measure("host"):
-            idx = torch.tensor(live, dtype=torch.long, device=dev)
-            stats.committed.append(ncom.sum(1)[idx])
-            stats.rows.append(idx)
-            session.commit(new.reshape(B * R, -1), (rows * grid.L + n).reshape(-1), ncom.reshape(-1),
-                           rows=torch.arange(B, device=dev).repeat_interleave(R))
-            record.put(rows, n, ncom, p_now, idx)
-            if below is not None:
-                below.put(out.hidden, toks[:B, : R * (K + 1)].view(B, R, K + 1), rows, n, n + ncom, lead)
-            drafts, law = next_drafts(p_now, law, drafts, ratio, ncom, law_of(self._columns(rows, n + ncom, grid, K)),
-                                      float(st.reuse), gen, greedy)
-            n_rows.scatter_(1, rows, n + ncom)
-            shift = ((n + ncom)[:, 0] >= grid.row_len[rows[:, 0]]) & (lead < grid.H)
-            fresh_rows = rows[:, -1] + 1
-            fresh_law = law_of((fresh_rows[:, None, None] * grid.L
-                                + torch.arange(K, device=dev)[None, None]).clamp(max=grid.N - 1))[:, 0]
-            drafts, law = shift_lanes(shift, (drafts, self._draw(fresh_law, gen, greedy)), (law, fresh_law))
-            state[:] = [drafts, law, n_rows, lead + shift.long()]
+    def report_settings(self) -> dict:
+        return super().report_settings() | {"pjd_ssd2d_head": self.head_name if self.heads is not None else "off"}
 
 
 def untrained_head(target, row_len: int, n_tokens: int):

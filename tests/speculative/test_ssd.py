@@ -32,13 +32,13 @@ def target():
 def _decode(t, heads, settings=PJDSettings(), sampling=SAMPLING, keep=None):
     dec = PJDSSDDecoder(t, settings, heads)
     if keep is not None:  # record the BelowLaws the decode builds
-        inner = dec._laws
+        inner = dec.fresh_laws
 
         def laws(*a):
             law_of, below = inner(*a)
             keep.append(below)
             return law_of, below
-        dec._laws = laws
+        dec.fresh_laws = laws
     return dec.decode(dec.open(COND, sampling=sampling, seed=3))
 
 
