@@ -224,6 +224,8 @@ class ExportFamily:
         """
         g = torch.Generator().manual_seed(seed)
         d = dict(dims, batch=batch, seq=seq, nodes=nodes)
+        # drafter_fused: taps rows then hidden rows, more than seq together (the graph reads the first seq)
+        d.update(taps_seq=max(2, seq - 1), hidden_seq=max(2, seq - 1))
         out = {}
         for t in spec.inputs:
             shape, dt, n = t.shape(d), spec_dtype(t.dtype, precision), t.name
@@ -261,14 +263,17 @@ class ExportFamily:
             return self.vq_reference(refs, x)
         if graph is Graph.DRAFTER_PROJECT:
             return dict(hidden=refs["drafter"].project_taps(x["taps"]))
-        if graph in (Graph.DRAFTER_STEP, Graph.DRAFTER_COMMIT):
+        if graph in (Graph.DRAFTER_STEP, Graph.DRAFTER_COMMIT, Graph.DRAFTER_FUSED):
             from ..models.drafter import DrafterCache
+            from .onnx import fused_hidden
 
             d = refs["drafter"]
             k, v = x["past_key_values.0.key"].clone(), x["past_key_values.0.value"].clone()
             cache = DrafterCache(d.config, k.shape[0], k.shape[2], torch.float32, "cpu")
             cache.k, cache.v = [k], [v]
             h_in = d.project_taps(x["taps"]) if graph is Graph.DRAFTER_COMMIT else x["hidden_in"]
+            if graph is Graph.DRAFTER_FUSED:
+                h_in = fused_hidden(d, x["taps"], x["hidden_in"], x["input_ids"].shape[1])
             logits, hidden = d(h_in, x["input_ids"], x["position_ids"], x["cache_slots"], x["attention_mask"], cache)
             return {"logits": logits, "hidden": hidden, **present_rows(cache.k, cache.v, x["cache_slots"])}
         if graph is Graph.GASV:
