@@ -154,6 +154,11 @@ MUTATIONS = [
       "return Prompts(p.ids[:, -1:].clone(), torch.ones_like(p.ids[:, -1:], dtype=torch.bool))",
       "return Prompts(p.ids[:, :1].clone(), torch.ones_like(p.ids[:, :1], dtype=torch.bool))",
       ["tests/families/test_emu3.py"], "CFG's unconditional row from the first prompt token"),
+    # -- engine calls per step (issue 49 item 4)
+    M("drafter_commit_two_calls", "engine calls", "lisa_trt/engines/graph.py",
+      "runner = self._fused if self._fused is not None else self._commit",
+      "runner = None  # the commit through project_taps + drafter_fused: one engine call more",
+      ["tests/engines/test_engine_calls.py"], "a drafter commit of two engine calls with drafter_fused open"),
 ]
 
 
