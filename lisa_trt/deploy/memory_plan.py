@@ -417,7 +417,8 @@ def _target_part(s: ModelShape, prec: Precision, rows: int, tree: int, prompt: i
 
 def _drafter_graphs(rt: Runtime) -> list:
     """The drafter engines the runtime opens (engines/graph.open_drafter): drafter_fused when built
-    (with drafter_project when that was built too), else drafter_project + drafter_step."""
+    (with drafter_project when that was built too: opened at a decoder's first project_taps, counted
+    as if open), else drafter_project + drafter_step."""
     fused, project = Graph.DRAFTER_FUSED.value, Graph.DRAFTER_PROJECT.value
     if fused in rt.engines:
         return [fused] + ([project] if project in rt.engines else [])

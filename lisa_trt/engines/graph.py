@@ -227,14 +227,15 @@ class GraphTarget(_KVEngine):
 class GraphDrafter(_KVEngine):
     """The EAGLE-3 drafter over a backend's project + step runners (DrafterEngine protocol)."""
 
-    def __init__(self, manifest, runners: dict):
+    def __init__(self, manifest, runners: dict, open_project=None):
         super().__init__(manifest, runners)
+        self._open_project = open_project  # () -> the drafter_project runner, opened at the first project_taps
         self.config = manifest.drafter_config
         if self.config is None:
             raise InputError(f"{manifest.dir} has no drafter graphs; export with a drafter")
         self.hash = manifest.drafter["hash"]
         self.max_positions = self.config.n_positions  # rows of its RoPE table (1-D: the target's positions)
-        self._project = runners.get(Graph.DRAFTER_PROJECT)  # project_taps (the loop's commits do not call it)
+        self._project = runners.get(Graph.DRAFTER_PROJECT)  # project_taps (drafter_fused's commits do not call it)
         # drafter_fused runs every call (forward and commit, one engine: the drafter's layer once);
         # a bundle exported before it: drafter_step, and drafter_commit when the backend opened it
         self._fused = runners.get(Graph.DRAFTER_FUSED)
@@ -267,6 +268,8 @@ class GraphDrafter(_KVEngine):
 
     def project_taps(self, taps: torch.Tensor) -> torch.Tensor:
         """fc on the target taps: (B, S, 3H_t) -> (B, S, hidden)."""
+        if self._project is None and self._open_project is not None:  # beside drafter_fused: only when asked
+            self._project = self.runners[Graph.DRAFTER_PROJECT] = self._open_project()
         if self._project is None:
             raise InputError(f"{self.manifest.dir}: the drafter was opened without its drafter_project engine; "
                              "build it (`lisa-trt build --graphs ...,drafter_project`) to project taps on their own")
@@ -504,7 +507,8 @@ def open_family_engines(man, backend: str, target_cls, vq_cls, *, tables=None, *
 
 def open_drafter(man, be, open_):
     """The drafter of a bundle (every family): a GraphDrafter over the EAGLE-3 drafter graphs
-    (drafter_fused, with drafter_project, when the backend opens it: every call one engine; else
+    (drafter_fused when the backend opens it: every call one engine, drafter_project opened at the
+    first `project_taps` only; else
     drafter_project + drafter_step, with an older bundle's drafter_commit when the backend opens
     it), GraphMedusaHeads for a Medusa bundle, or None.
 
@@ -512,8 +516,11 @@ def open_drafter(man, be, open_):
     if man.has(Graph.DRAFTER_STEP):
         if be.can_open(Graph.DRAFTER_FUSED):  # drafter_fused replaces drafter_step (one copy of the layer)
             optional = Graph.DRAFTER_PROJECT in be.optional_graphs  # TensorRT: only when its engine was built
-            project = (Graph.DRAFTER_PROJECT,) if (be.can_open if optional else man.has)(Graph.DRAFTER_PROJECT) else ()
-            return GraphDrafter(man, open_(*project, Graph.DRAFTER_FUSED))
+            lazy = None  # drafter_project (a second copy of the fc) opens at the first project_taps only
+            if (be.can_open if optional else man.has)(Graph.DRAFTER_PROJECT):
+                def lazy():
+                    return open_(Graph.DRAFTER_PROJECT)[Graph.DRAFTER_PROJECT]
+            return GraphDrafter(man, open_(Graph.DRAFTER_FUSED), open_project=lazy)
         optional = [g for g in (Graph.DRAFTER_COMMIT,) if be.can_open(g)]
         return GraphDrafter(man, open_(Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP, *optional))
     if man.has(Graph.MEDUSA_HEADS):  # a Medusa bundle: its heads are the drafter (engines/medusa_graph.py)

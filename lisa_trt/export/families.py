@@ -43,6 +43,14 @@ def spec_dtype(code: str, precision: str) -> torch.dtype:
     return act_dtype(precision) if code == "act" else _TORCH[code]
 
 
+
+def fused_hidden(drafter, taps: torch.Tensor, hidden_in: torch.Tensor, seq: int) -> torch.Tensor:
+    """drafter_fused's step input (its io spec): fc(taps) for the first taps_seq entries, then
+    hidden_in, the first `seq` rows. The exported graph (export/onnx.DrafterFusedGraph) and the
+    validation reference both call it."""
+    h = torch.cat([drafter.project_taps(taps), hidden_in], 1)
+    return h.index_select(1, torch.arange(seq, device=h.device))  # an index, not a slice: no shape guard
+
 class ExportFamily:
     """One model family's graphs. Subclasses implement the target / VQ parts; the drafter, GASV and
     Medusa graphs are shared (their inputs and references come from this base class)."""
@@ -265,7 +273,6 @@ class ExportFamily:
             return dict(hidden=refs["drafter"].project_taps(x["taps"]))
         if graph in (Graph.DRAFTER_STEP, Graph.DRAFTER_COMMIT, Graph.DRAFTER_FUSED):
             from ..models.drafter import DrafterCache
-            from .onnx import fused_hidden
 
             d = refs["drafter"]
             k, v = x["past_key_values.0.key"].clone(), x["past_key_values.0.value"].clone()
@@ -394,4 +401,4 @@ def export_family_named(name: str) -> ExportFamily:
 
 
 __all__ = ["ExportFamily", "act_dtype", "export_families", "export_family", "export_family_named", "filtered_logits",
-           "past_of", "present_rows", "register_export_family", "spec_dtype"]
+           "fused_hidden", "past_of", "present_rows", "register_export_family", "spec_dtype"]

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 
 from ..errors import ArtifactMismatchError, InputError, LisaError
 from ..models.layers import CacheRows
-from .families import export_family
+from .families import export_family, fused_hidden
 from .memory import PrecisionCopy, resolve
 from ..models.io_spec import EMPTY_AXES, GASV_K, GASV_PARAMS, Graph, GraphSpec, export_dims, gasv_params, graph_spec  # noqa: F401 (gasv_params, export_dims re-exported)
 
@@ -165,13 +165,6 @@ class DrafterCommitGraph(_NamedGraph):
                                       x["cache_slots"], x["attention_mask"], cache)
         k, v = cache.presents()
         return {"logits": logits, "hidden": hidden, "present.0.key": k, "present.0.value": v}
-
-
-def fused_hidden(drafter, taps: torch.Tensor, hidden_in: torch.Tensor, seq: int) -> torch.Tensor:
-    """drafter_fused's step input: fc(taps) for the first taps_seq entries, then hidden_in, the
-    first `seq` rows (the drafter_fused io spec; validation's reference calls this too)."""
-    h = torch.cat([drafter.project_taps(taps), hidden_in], 1)
-    return h.index_select(1, torch.arange(seq, device=h.device))  # an index, not a slice: no shape guard
 
 
 class DrafterFusedGraph(_NamedGraph):
