@@ -10,6 +10,8 @@ ExportFamily's `bundle_graphs` / `graph_module`). LlamaGen's directory:
     target_verify.onnx    S new tokens / a draft tree over the static cache, taps + hidden
     drafter_project.onnx  drafter fc on the target taps
     drafter_step.onnx     one drafter step over its own static cache
+    drafter_fused.onnx    every drafter call of the decode loop: a commit (fc on the taps inside)
+                          or an expansion (the previous hidden), in one engine
     medusa_heads.onnx     (Medusa drafter, instead of the two above) k heads on the target's hidden
     gasv.onnx             GASV v2 per-node gates as plain ONNX ops (tables as initializers)
     vq_decode.onnx        VQ decoder
