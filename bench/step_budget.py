@@ -294,9 +294,11 @@ def measure(engine_dir: str, cases: list, images: int, time_images: int, commit:
     torch.set_num_threads(1)
     from lisa_trt.runtime.pipeline import Pipeline
 
-    # commit "fused": the drafter_commit graph (fc + step in one call; ORT opens it when asked);
-    # "project+step": drafter_project then drafter_step, as the TensorRT runtime commits (it builds
-    # no drafter_commit engine: deploy/build.py NOT_BUILT), one engine call more per step
+    # commit "fused": drafter_fused (every drafter call, the commit's fc inside: one call; ORT's default
+    # and TensorRT's one drafter engine), or a bundle exported before it: its drafter_commit graph;
+    # "project+step": drafter_project then drafter_step, as such older bundles run on TensorRT (no
+    # drafter_commit engine: deploy/build.py NOT_BUILT), one engine call more per step
+    os.environ["LISA_TRT_ORT_FUSED_DRAFTER"] = "1" if commit == "fused" else "0"
     os.environ["LISA_TRT_ORT_FUSED_COMMIT"] = "1" if commit == "fused" else "0"
     pipe = Pipeline.from_dir(engine_dir, backend="ort", threads=1)
     out = {}
@@ -417,8 +419,9 @@ def main():
     ap.add_argument("--time-images", type=int, default=2, help="images per case for the timings")
     ap.add_argument("--batch", type=int, default=1, help="prompts per decode call (one batch, a seed per row)")
     ap.add_argument("--commit", choices=COMMITS, default="fused",
-                    help="the drafter commit: the drafter_commit graph (fused), or drafter_project + drafter_step "
-                         "(project+step: as the TensorRT runtime runs it)")
+                    help="the drafter commit: one call (fused: drafter_fused, or an older bundle's drafter_commit), "
+                         "or drafter_project + drafter_step (project+step: a bundle exported before drafter_fused, "
+                         "on TensorRT)")
     ap.add_argument("--compare", default=None, help="git ref of the 'before' tree (e.g. 13a5dfe)")
     ap.add_argument("--repeats", type=int, default=1, help="alternating timing runs per tree with --compare")
     ap.add_argument("--note", default="", help="free text stored in the JSON (e.g. machine load)")

@@ -187,6 +187,11 @@ MUTATIONS = [
       "above = row_i[None, None, :] < q_row[:, :, None]", "above = row_i[None, None, :] <= q_row[:, :, None] + 1",
       ["tests/speculative/test_pjd.py", "tests/speculative/test_twod_pjd_gasv.py"],
       "a query reads the decoded tokens of the row below its own"),
+    # -- engine calls per step (issue 49 item 4)
+    M("drafter_commit_two_calls", "engine calls", "lisa_trt/engines/graph.py",
+      "runner = self._fused if self._fused is not None else self._commit",
+      "runner = None  # the commit through project_taps + drafter_fused: one engine call more",
+      ["tests/engines/test_engine_calls.py"], "a drafter commit of two engine calls with drafter_fused open"),
 ]
 
 

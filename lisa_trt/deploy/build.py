@@ -132,9 +132,14 @@ def default_build_graphs(man) -> list:
     - target_prefill when its verify graph runs the prefill too (ExportFamily.bundle_prefill_ids):
       one target engine, whose "prefill" profile covers the prompt (profiles_from_io_spec);
     - drafter_commit (NOT_BUILT): TensorRT engines share no weights, so its engine would be a
-      second copy of the drafter's layer and head; commits run drafter_project + drafter_step.
+      second copy of the drafter's layer and head;
+    - drafter_step and drafter_project when the bundle has drafter_fused (FUSED_REPLACES): that one
+      engine runs every drafter call of the loop (a commit, fc inside, is one call) and holds the
+      fc, layer and head; a bundle exported before it commits through drafter_project + drafter_step.
     Each model's weights are on the GPU once."""
     names = [n for n in sorted(man.graphs) if n not in NOT_BUILT]
+    if Graph.DRAFTER_FUSED.value in names:
+        names = [n for n in names if n not in FUSED_REPLACES]
     if man.export_family.bundle_prefill_ids(man) is not None and Graph.TARGET_VERIFY.value in names:
         names.remove(Graph.TARGET_PREFILL.value)
     return names
@@ -144,6 +149,11 @@ def default_build_graphs(man) -> list:
 NOT_BUILT = {Graph.DRAFTER_COMMIT.value: "its engine would hold a second copy of the drafter's weights (TensorRT "
                                          "engines share none); the TensorRT runtime commits through "
                                          "drafter_project + drafter_step, which hold them once"}
+
+
+# Graphs drafter_fused makes redundant on TensorRT: built only when --graphs names them (drafter_project
+# for callers of project_taps on their own: its fc is a second copy of the fused engine's).
+FUSED_REPLACES = (Graph.DRAFTER_STEP.value, Graph.DRAFTER_PROJECT.value)
 
 
 def _check_buildable(engine_dir, man, names: list) -> None:
@@ -171,7 +181,8 @@ def build_engines(engine_dir, *, profiles: Optional[dict] = None, timing_cache=N
         workspace: builder workspace limit in bytes (default: TensorRT's).
         max_batch / max_tree: ranges of the default profiles.
         graphs: graph names to build (default: default_build_graphs, every graph but a
-            target_prefill that the verify engine replaces and drafter_commit, NOT_BUILT).
+            target_prefill that the verify engine replaces, drafter_commit (NOT_BUILT), and
+            drafter_step / drafter_project where drafter_fused replaces them).
         tables: GASV tables for the plugin rewrite (default: the bundle's tables.safetensors, else
             recovered from gasv.onnx); checked against the plain graph in ONNX Runtime.
         attention: "auto" (probe each distinct Attention node with a one-node build, plain ops for a
@@ -273,7 +284,7 @@ def _progress(total: int, enabled: bool):
     return progress_bar(total, enabled, unit="engine")
 
 
-__all__ = ["ENGINES_KEY", "EngineBuildError", "NOT_BUILT", "NoCudaDeviceError", "ProfileSpec",
+__all__ = ["ENGINES_KEY", "EngineBuildError", "FUSED_REPLACES", "NOT_BUILT", "NoCudaDeviceError", "ProfileSpec",
            "TensorRTUnavailableError", "build_engines", "build_plan", "build_verdict", "built_graphs",
            "default_build_graphs",
            "engine_memory_facts", "engines_built", "engines_record", "load_plan", "profiles_from_io_spec",

@@ -415,19 +415,29 @@ def _target_part(s: ModelShape, prec: Precision, rows: int, tree: int, prompt: i
             "io": io if built_io is None else built_io}
 
 
+def _drafter_graphs(rt: Runtime) -> list:
+    """The drafter engines the runtime opens (engines/graph.open_drafter): drafter_fused when built
+    (with drafter_project when that was built too: opened at a decoder's first project_taps, counted
+    as if open), else drafter_project + drafter_step."""
+    fused, project = Graph.DRAFTER_FUSED.value, Graph.DRAFTER_PROJECT.value
+    if fused in rt.engines:
+        return [fused] + ([project] if project in rt.engines else [])
+    return [project, Graph.DRAFTER_STEP.value]
+
+
 def _drafter_part(s: ModelShape, prec: Precision, rows: int, tree: int, prompt: int, L: int, rt: Runtime) -> dict:
     a = prec.act
     Hd = s.draft_hidden or s.dim
     heads = max(1, Hd // s.head_dim)
     S = max(tree, prompt)
     dact = _step_act(rows, S, Hd, s.draft_ffn or s.ffn, heads, L, a) + rows * S * 3 * s.dim * a  # + the taps it reads
-    # drafter_step: logits over its head, hidden, its new K/V rows; drafter_project: hidden
+    # drafter_step / drafter_fused: logits over its head, hidden, its new K/V rows; drafter_project: hidden
     io = _outputs_io(rows, S, s.draft_head or s.codes, 2 * Hd, a, 2 * Hd * prec.kv,
                      held=HELD[(Graph.DRAFTER_STEP.value, "hidden")])
     dims = {"batch": rows, "draft_heads": heads, "cache_len": L, "draft_head_dim": Hd // heads}
     kv = kv_cache_bytes(graph_spec(Graph.DRAFTER_STEP), dims, prec.kv)  # the drafter's one cache
-    graphs = [Graph.DRAFTER_PROJECT.value, Graph.DRAFTER_STEP.value, Graph.MEDUSA_HEADS.value]
-    built, built_io = rt.device_memory(graphs[:2]), rt.io_bytes(graphs)
+    graphs = _drafter_graphs(rt)
+    built, built_io = rt.device_memory(graphs), rt.io_bytes(graphs + [Graph.MEDUSA_HEADS.value])
     return {"weights": drafter_weights(s).bytes(prec), "kv_cache": kv, "activations": dact if built is None else built,
             "io": io if built_io is None else built_io}
 

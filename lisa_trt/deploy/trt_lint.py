@@ -530,8 +530,10 @@ def _check_io(model, spec, dims: dict, precision: str, gc: GraphCompat) -> None:
 
 def check_profiles(model, profiles: list, gc: GraphCompat, *, limits: Optional[dict] = None) -> None:
     """Every profile names every graph input with min <= opt <= max shapes of its rank that
-    agree with the graph's static dims; dynamic dims >= 1 and within `limits` ({axis-less:
+    agree with the graph's static dims; dynamic dims >= 1 (>= 0 on io_spec.EMPTY_AXES) and within `limits` ({axis-less:
     input name -> max shape} optional)."""
+    from ..models.io_spec import EMPTY_AXES
+
     inputs = {i.name: list(i.type.tensor_type.shape.dim) for i in model.graph.input}
     for k, prof in enumerate(profiles):
         shapes = prof.shapes if hasattr(prof, "shapes") else prof
@@ -544,8 +546,9 @@ def check_profiles(model, profiles: list, gc: GraphCompat, *, limits: Optional[d
                 gc.violations.append(f"profile {k}: {name} shapes {mn}/{opt}/{mx} do not have rank {len(dims)}")
                 continue
             for j, d in enumerate(dims):
-                if not 1 <= mn[j] <= opt[j] <= mx[j]:
-                    gc.violations.append(f"profile {k}: {name} axis {j} needs 1 <= min <= opt <= max, "
+                lo = 0 if d.dim_param in EMPTY_AXES else 1  # TensorRT takes empty tensors (a non-null address)
+                if not lo <= mn[j] <= opt[j] <= mx[j]:
+                    gc.violations.append(f"profile {k}: {name} axis {j} needs {lo} <= min <= opt <= max, "
                                          f"got {mn[j]}/{opt[j]}/{mx[j]}")
                 if d.HasField("dim_value") and not mn[j] == opt[j] == mx[j] == d.dim_value:
                     gc.violations.append(f"profile {k}: {name} axis {j} is static {d.dim_value} in the graph, "

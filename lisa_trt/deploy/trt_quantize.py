@@ -46,7 +46,7 @@ MODELOPT_VERSION = "0.47.0"
 MODELOPT_REQUIREMENT = f"nvidia-modelopt[onnx]=={MODELOPT_VERSION}"
 TRT_MODES = ("int8", "fp8", "int4")
 QDQ_GRAPHS = (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY, Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP,
-              Graph.DRAFTER_COMMIT)
+              Graph.DRAFTER_COMMIT, Graph.DRAFTER_FUSED)
 _MARKER = "lisa-trt-modelopt.json"
 _CALIB_METHOD = {"int8": "entropy", "fp8": "max", "int4": "rtn_dq"}
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")

@@ -54,7 +54,7 @@ PRESENT = "present."  # the new K/V rows a call returns, committed into the cach
 # the tree's root; the previous expansion's, fed in; the new one). Measured on every tree rule and depth
 # by tests/deploy/test_plan_is_the_allocation_list.py (the pool grows past this if a loop holds more,
 # and the plan then differs from the log).
-HELD = {("drafter_step", "hidden"): 3}
+HELD = {("drafter_step", "hidden"): 3, ("drafter_fused", "hidden"): 3}
 
 
 def pool_depth(name: str, graph: str = "") -> int:

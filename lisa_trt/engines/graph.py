@@ -227,21 +227,35 @@ class GraphTarget(_KVEngine):
 class GraphDrafter(_KVEngine):
     """The EAGLE-3 drafter over a backend's project + step runners (DrafterEngine protocol)."""
 
-    def __init__(self, manifest, runners: dict):
+    def __init__(self, manifest, runners: dict, open_project=None):
         super().__init__(manifest, runners)
+        self._open_project = open_project  # () -> the drafter_project runner, opened at the first project_taps
         self.config = manifest.drafter_config
         if self.config is None:
             raise InputError(f"{manifest.dir} has no drafter graphs; export with a drafter")
         self.hash = manifest.drafter["hash"]
         self.max_positions = self.config.n_positions  # rows of its RoPE table (1-D: the target's positions)
-        self._project = runners[Graph.DRAFTER_PROJECT]
-        self._step = runners[Graph.DRAFTER_STEP]
-        self._commit = runners.get(Graph.DRAFTER_COMMIT)  # optional (bundles before it lack it)
+        self._project = runners.get(Graph.DRAFTER_PROJECT)  # project_taps (drafter_fused's commits do not call it)
+        # drafter_fused runs every call (forward and commit, one engine: the drafter's layer once);
+        # a bundle exported before it: drafter_step, and drafter_commit when the backend opened it
+        self._fused = runners.get(Graph.DRAFTER_FUSED)
+        self._step = self._fused if self._fused is not None else runners[Graph.DRAFTER_STEP]
+        self._commit = None if self._fused is not None else runners.get(Graph.DRAFTER_COMMIT)
+        self._empty: dict = {}  # (batch, width) -> a 0-row input of drafter_fused
 
     @property
     def fused_commit(self) -> bool:
-        """True when `commit` runs fc + step as one engine call (the drafter_commit graph)."""
-        return self._commit is not None
+        """True when `commit` runs fc + step as one engine call (drafter_fused, or an older
+        bundle's drafter_commit); False: two calls (drafter_project, drafter_step)."""
+        return self._fused is not None or self._commit is not None
+
+    def _no_rows(self, batch: int, width: int) -> torch.Tensor:
+        """(batch, 0, width): drafter_fused's input that a call does not use (the taps of an
+        expansion, the hidden rows of a commit), a view of a real buffer (a non-null address)."""
+        t = self._empty.get((batch, width))
+        if t is None:
+            t = self._empty[(batch, width)] = torch.zeros(batch, 1, width, dtype=self.dtype, device=self.device)[:, :0]
+        return t
 
     def new_cache(self, batch: int, max_len: int, dtype=None):
         from ..models.drafter import DrafterCache
@@ -254,6 +268,11 @@ class GraphDrafter(_KVEngine):
 
     def project_taps(self, taps: torch.Tensor) -> torch.Tensor:
         """fc on the target taps: (B, S, 3H_t) -> (B, S, hidden)."""
+        if self._project is None and self._open_project is not None:  # beside drafter_fused: only when asked
+            self._project = self.runners[Graph.DRAFTER_PROJECT] = self._open_project()
+        if self._project is None:
+            raise InputError(f"{self.manifest.dir}: the drafter was opened without its drafter_project engine; "
+                             "build it (`lisa-trt build --graphs ...,drafter_project`) to project taps on their own")
         return self._project.run(dict(taps=_contig(taps, self.dtype, self.device)), ["hidden"])["hidden"]
 
     def _check_step(self, runner, tokens, positions, slots, mask, cache) -> bool:
@@ -267,26 +286,33 @@ class GraphDrafter(_KVEngine):
 
     def forward(self, hidden_in, tokens, positions, slots, mask, cache):
         """One drafter step; returns (logits (B, S, V) fp32, hidden_out (B, S, hidden))."""
-        entry = self._check_step(self._step, tokens, positions, slots, mask, cache)
-        inputs = dict(hidden_in=_contig(hidden_in, self.dtype, self.device),
-                      **self._step_inputs(tokens, positions, slots, mask))
-        out = self._run_kv(self._step, cache, 1, inputs, {})
-        if entry:
-            self._entered_ok(self._step, cache)
-        return out["logits"], out["hidden"]
+        h = _contig(hidden_in, self.dtype, self.device)
+        if self._fused is None:
+            return self._call(self._step, dict(hidden_in=h), tokens, positions, slots, mask, cache)
+        taps = self._no_rows(h.shape[0], self.manifest.dims["tap_dim"])
+        return self._call(self._fused, dict(taps=taps, hidden_in=h), tokens, positions, slots, mask, cache)
 
     __call__ = forward
 
     def commit(self, taps, tokens, positions, slots, mask, cache):
-        """`forward(project_taps(taps), ...)`: one engine call with the drafter_commit graph,
-        two (project, step) without it. Returns (logits (B, S, V) fp32, hidden_out (B, S, hidden))."""
-        if self._commit is None:
+        """`forward(project_taps(taps), ...)`: one engine call with drafter_fused (or an older
+        bundle's drafter_commit), two (project, step) without them. Returns (logits (B, S, V)
+        fp32, hidden_out (B, S, hidden))."""
+        runner = self._fused if self._fused is not None else self._commit
+        if runner is None:
             return self.forward(self.project_taps(taps), tokens, positions, slots, mask, cache)
-        entry = self._check_step(self._commit, tokens, positions, slots, mask, cache)
-        inputs = dict(taps=_contig(taps, self.dtype, self.device), **self._step_inputs(tokens, positions, slots, mask))
-        out = self._run_kv(self._commit, cache, 1, inputs, {})
+        t = _contig(taps, self.dtype, self.device)
+        extra = dict(taps=t)
+        if runner is self._fused:
+            extra["hidden_in"] = self._no_rows(t.shape[0], self.config.hidden)
+        return self._call(runner, extra, tokens, positions, slots, mask, cache)
+
+    def _call(self, runner, extra: dict, tokens, positions, slots, mask, cache):
+        """One checked drafter call of `runner` with its own inputs `extra` (hidden_in / taps)."""
+        entry = self._check_step(runner, tokens, positions, slots, mask, cache)
+        out = self._run_kv(runner, cache, 1, dict(extra, **self._step_inputs(tokens, positions, slots, mask)), {})
         if entry:
-            self._entered_ok(self._commit, cache)
+            self._entered_ok(runner, cache)
         return out["logits"], out["hidden"]
 
 
@@ -480,11 +506,21 @@ def open_family_engines(man, backend: str, target_cls, vq_cls, *, tables=None, *
 
 
 def open_drafter(man, be, open_):
-    """The drafter of a bundle (every family): a GraphDrafter over the EAGLE-3 drafter graphs (with the
-    fused commit graph when the backend opens it), GraphMedusaHeads for a Medusa bundle, or None.
+    """The drafter of a bundle (every family): a GraphDrafter over the EAGLE-3 drafter graphs
+    (drafter_fused when the backend opens it: every call one engine, drafter_project opened at the
+    first `project_taps` only; else
+    drafter_project + drafter_step, with an older bundle's drafter_commit when the backend opens
+    it), GraphMedusaHeads for a Medusa bundle, or None.
 
     be, open_: what `open_graphs(man, backend, ...)` returned."""
     if man.has(Graph.DRAFTER_STEP):
+        if be.can_open(Graph.DRAFTER_FUSED):  # drafter_fused replaces drafter_step (one copy of the layer)
+            optional = Graph.DRAFTER_PROJECT in be.optional_graphs  # TensorRT: only when its engine was built
+            lazy = None  # drafter_project (a second copy of the fc) opens at the first project_taps only
+            if (be.can_open if optional else man.has)(Graph.DRAFTER_PROJECT):
+                def lazy():
+                    return open_(Graph.DRAFTER_PROJECT)[Graph.DRAFTER_PROJECT]
+            return GraphDrafter(man, open_(Graph.DRAFTER_FUSED), open_project=lazy)
         optional = [g for g in (Graph.DRAFTER_COMMIT,) if be.can_open(g)]
         return GraphDrafter(man, open_(Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP, *optional))
     if man.has(Graph.MEDUSA_HEADS):  # a Medusa bundle: its heads are the drafter (engines/medusa_graph.py)

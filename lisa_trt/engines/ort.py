@@ -276,14 +276,22 @@ class OrtBackend(Backend):
     sessions open together (ExclusiveSessions: one copy of the target's weights in memory)."""
 
     name = "ort"
-    optional_graphs = (Graph.DRAFTER_COMMIT,)
+    optional_graphs = (Graph.DRAFTER_COMMIT, Graph.DRAFTER_FUSED)
     prefill_via_verify = True  # one target session: its pre-packed weights are the only copy
 
     def can_open(self, graph) -> bool:
-        """drafter_commit only when asked (option fused_commit=True or LISA_TRT_ORT_FUSED_COMMIT=1):
-        its session would pre-pack a second copy of the drafter's layer and head next to
-        drafter_step's, and on ORT its one call saves no measurable time over project + step
-        (docs/deployment.md, bench/memory.json "drafter_commit")."""
+        """drafter_fused by default (it replaces drafter_step: one session holds the drafter's
+        layer and head, and a commit is one call); off with option fused_drafter=False or
+        LISA_TRT_ORT_FUSED_DRAFTER=0 (then project + step, as a bundle exported before it runs).
+        drafter_commit (such older bundles) only when asked (option fused_commit=True or
+        LISA_TRT_ORT_FUSED_COMMIT=1): its session would pre-pack a second copy of the drafter's
+        layer and head next to drafter_step's (docs/deployment.md, bench/memory.json "drafter_commit")."""
+        if graph is Graph.DRAFTER_FUSED:
+            want = self.options.get("fused_drafter")
+            if want is None:
+                want = os.environ.get("LISA_TRT_ORT_FUSED_DRAFTER", "1") not in ("", "0")
+            if not want:
+                return False
         if graph is Graph.DRAFTER_COMMIT:
             want = self.options.get("fused_commit")
             if want is None:
@@ -316,6 +324,7 @@ class OrtBackend(Backend):
         opts = dict(self.options)
         opts.pop("prefill_via_verify", None)  # read by target_graphs
         opts.pop("fused_commit", None)  # read by can_open
+        opts.pop("fused_drafter", None)
         one_copy = opts.pop("one_copy", None)
         if one_copy is None:
             one_copy = os.environ.get("LISA_TRT_ORT_ONE_COPY", "") not in ("", "0")
@@ -331,7 +340,7 @@ def load_ort_engines(engine_dir, providers=None, threads: Optional[int] = None, 
                      target_hash: Optional[str] = None, drafter_hash: Optional[str] = None,
                      tables_hash: Optional[str] = None, **options) -> Engines:
     """`load_engines(engine_dir, "ort", ...)` (kept for callers of the ORT-only loader); options:
-    one_copy, prefill_via_verify, fused_commit (OrtBackend)."""
+    one_copy, prefill_via_verify, fused_drafter, fused_commit (OrtBackend)."""
     return load_engines(engine_dir, "ort", target_hash=target_hash, drafter_hash=drafter_hash,
                         tables_hash=tables_hash, providers=providers, threads=threads, spin=spin, **options)
 

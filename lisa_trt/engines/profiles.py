@@ -73,6 +73,8 @@ def _axis_ranges(graph: Graph, *, max_batch: int, max_tree: int, cfg: bool, seq_
                ("tree", {"batch": batch, "seq": (1, max_tree, max_tree)})]
     if graph is Graph.TARGET_VERIFY and verify_prefill > max(max_tree, seq_split):
         out.append(("prefill", {"batch": batch, "seq": (1, max(1, verify_prefill // 2), verify_prefill)}))
+    if graph is Graph.DRAFTER_FUSED:  # a commit's taps rows or an expansion's hidden rows: either may be 0
+        out = [(n, dict(r, taps_seq=(0, 0, r["seq"][2]), hidden_seq=(0, r["seq"][1], r["seq"][2]))) for n, r in out]
     return out
 
 
@@ -87,7 +89,9 @@ def profiles_from_io_spec(manifest, *, max_batch: int = 1, max_tree: Optional[in
              a prefill that takes the prompt's tokens (Chameleon) 1..max_prompt (the family's
              prefill_max_seq of the manifest's layout); when the verify graph runs the prefill
              too (one target engine), target_verify gets a "prefill" profile 1..that prompt;
-      nodes  GASV rows 1 .. max_batch x max_tree.
+      nodes  GASV rows 1 .. max_batch x max_tree;
+      taps_seq / hidden_seq  drafter_fused's taps and hidden rows: 0 .. the profile's largest seq
+             (TensorRT takes empty tensors: a commit passes no hidden rows, an expansion no taps).
 
     Args:
         manifest: a Manifest (export.manifest.read_manifest).

@@ -29,7 +29,7 @@ from ..models.io_spec import Graph
 from .base import Backend, GraphRunner, register_backend
 
 
-COMPILED_GRAPHS = ("target_verify", "drafter_step", "drafter_commit")  # the per-step hot path
+COMPILED_GRAPHS = ("target_verify", "drafter_step", "drafter_commit", "drafter_fused")  # the per-step hot path
 COMPILE_MODES = {"default": "default", "cuda-graphs": "reduce-overhead"}
 
 
@@ -81,7 +81,7 @@ class TorchBackend(Backend):
     """Loads the bundle's PyTorch weights once; opens one export wrapper per graph."""
 
     name = "torch"
-    optional_graphs = (Graph.DRAFTER_COMMIT,)
+    optional_graphs = (Graph.DRAFTER_COMMIT, Graph.DRAFTER_FUSED)  # drafter_fused: every drafter call one
 
     def __init__(self, manifest, *, device="cpu", compile=None):
         super().__init__(manifest)
@@ -155,6 +155,8 @@ class TorchBackend(Backend):
             module = X.MedusaHeadsGraph(self._model("medusa"))
         elif graph is Graph.DRAFTER_COMMIT:
             module = X.DrafterCommitGraph(self._model("drafter"))
+        elif graph is Graph.DRAFTER_FUSED:
+            module = X.DrafterFusedGraph(self._model("drafter"))
         elif graph is Graph.GASV:
             module = X.GASVGraph(self._model("tables"), spec).to(self._device)
         if module is None:

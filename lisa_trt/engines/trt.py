@@ -483,9 +483,11 @@ class TrtBackend(Backend):
     activation buffer)."""
 
     name = "trt"
-    # No drafter_commit: its engine would be a second copy of the drafter's weights (engines share
-    # none); commits run drafter_project + drafter_step (deploy/build.NOT_BUILT, docs/tensorrt.md).
-    optional_graphs = ()
+    # drafter_fused when built (it replaces drafter_step: every drafter call one engine, a commit one
+    # call), with drafter_project when that was built too (project_taps). No drafter_commit: its engine
+    # would be a second copy of the drafter's weights (engines share none; deploy/build.NOT_BUILT);
+    # engines built from a bundle without drafter_fused commit through drafter_project + drafter_step.
+    optional_graphs = (Graph.DRAFTER_FUSED, Graph.DRAFTER_PROJECT)
     prefill_via_verify = True  # one target engine (engines/build.default_build_graphs)
 
     def target_graphs(self) -> tuple:

@@ -93,7 +93,8 @@ class BundleGraphs:
     layout: the static sequence layout the manifest records (prompt budget, latent grid), or None.
     files: (staging dir) -> {role: file name} of the family's own files (tokenizer, null caption).
     codes: the GASV graph's code axis when the tables cover a sub-vocabulary.
-    drafter_commit: export the drafter's fused commit graph.
+    drafter_commit: export the drafter's one-call graph, drafter_fused (bundles before it exported
+        drafter_commit here).
     torch_backend: the torch backend runs these bundles: the shared weights file indexes the models'
         state dicts, Medusa heads get their weights file, `torch_weights` writes the fp32 copies.
     """

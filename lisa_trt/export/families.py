@@ -43,6 +43,14 @@ def spec_dtype(code: str, precision: str) -> torch.dtype:
     return act_dtype(precision) if code == "act" else _TORCH[code]
 
 
+
+def fused_hidden(drafter, taps: torch.Tensor, hidden_in: torch.Tensor, seq: int) -> torch.Tensor:
+    """drafter_fused's step input (its io spec): fc(taps) for the first taps_seq entries, then
+    hidden_in, the first `seq` rows. The exported graph (export/onnx.DrafterFusedGraph) and the
+    validation reference both call it."""
+    h = torch.cat([drafter.project_taps(taps), hidden_in], 1)
+    return h.index_select(1, torch.arange(seq, device=h.device))  # an index, not a slice: no shape guard
+
 class ExportFamily:
     """One model family's graphs. Subclasses implement the target / VQ parts; the drafter, GASV and
     Medusa graphs are shared (their inputs and references come from this base class)."""
@@ -224,6 +232,8 @@ class ExportFamily:
         """
         g = torch.Generator().manual_seed(seed)
         d = dict(dims, batch=batch, seq=seq, nodes=nodes)
+        # drafter_fused: taps rows then hidden rows, more than seq together (the graph reads the first seq)
+        d.update(taps_seq=max(2, seq - 1), hidden_seq=max(2, seq - 1))
         out = {}
         for t in spec.inputs:
             shape, dt, n = t.shape(d), spec_dtype(t.dtype, precision), t.name
@@ -261,7 +271,7 @@ class ExportFamily:
             return self.vq_reference(refs, x)
         if graph is Graph.DRAFTER_PROJECT:
             return dict(hidden=refs["drafter"].project_taps(x["taps"]))
-        if graph in (Graph.DRAFTER_STEP, Graph.DRAFTER_COMMIT):
+        if graph in (Graph.DRAFTER_STEP, Graph.DRAFTER_COMMIT, Graph.DRAFTER_FUSED):
             from ..models.drafter import DrafterCache
 
             d = refs["drafter"]
@@ -269,6 +279,8 @@ class ExportFamily:
             cache = DrafterCache(d.config, k.shape[0], k.shape[2], torch.float32, "cpu")
             cache.k, cache.v = [k], [v]
             h_in = d.project_taps(x["taps"]) if graph is Graph.DRAFTER_COMMIT else x["hidden_in"]
+            if graph is Graph.DRAFTER_FUSED:
+                h_in = fused_hidden(d, x["taps"], x["hidden_in"], x["input_ids"].shape[1])
             logits, hidden = d(h_in, x["input_ids"], x["position_ids"], x["cache_slots"], x["attention_mask"], cache)
             return {"logits": logits, "hidden": hidden, **present_rows(cache.k, cache.v, x["cache_slots"])}
         if graph is Graph.GASV:
@@ -389,4 +401,4 @@ def export_family_named(name: str) -> ExportFamily:
 
 
 __all__ = ["ExportFamily", "act_dtype", "export_families", "export_family", "export_family_named", "filtered_logits",
-           "past_of", "present_rows", "register_export_family", "spec_dtype"]
+           "fused_hidden", "past_of", "present_rows", "register_export_family", "spec_dtype"]

@@ -10,6 +10,8 @@ ExportFamily's `bundle_graphs` / `graph_module`). LlamaGen's directory:
     target_verify.onnx    S new tokens / a draft tree over the static cache, taps + hidden
     drafter_project.onnx  drafter fc on the target taps
     drafter_step.onnx     one drafter step over its own static cache
+    drafter_fused.onnx    every drafter call of the decode loop: a commit (fc on the taps inside)
+                          or an expansion (the previous hidden), in one engine
     medusa_heads.onnx     (Medusa drafter, instead of the two above) k heads on the target's hidden
     gasv.onnx             GASV v2 per-node gates as plain ONNX ops (tables as initializers)
     vq_decode.onnx        VQ decoder
@@ -48,9 +50,9 @@ import torch.nn.functional as F
 
 from ..errors import ArtifactMismatchError, InputError, LisaError
 from ..models.layers import CacheRows
-from .families import export_family
+from .families import export_family, fused_hidden
 from .memory import PrecisionCopy, resolve
-from ..models.io_spec import GASV_K, GASV_PARAMS, Graph, GraphSpec, export_dims, gasv_params, graph_spec  # noqa: F401 (gasv_params, export_dims re-exported)
+from ..models.io_spec import EMPTY_AXES, GASV_K, GASV_PARAMS, Graph, GraphSpec, export_dims, gasv_params, graph_spec  # noqa: F401 (gasv_params, export_dims re-exported)
 
 
 from .layout import DEFAULT_MAX_TREE, DEFAULT_OPSET  # noqa: F401 (the export defaults, defined once)
@@ -167,6 +169,24 @@ class DrafterCommitGraph(_NamedGraph):
         return {"logits": logits, "hidden": hidden, "present.0.key": k, "present.0.value": v}
 
 
+class DrafterFusedGraph(_NamedGraph):
+    """Every drafter call of the decode loop in one graph: a commit (fc on the taps inside, no
+    hidden rows) or an expansion (the previous hidden, no taps rows), so the commit is one call
+    and a backend whose engines share no weights (TensorRT) holds the drafter's layer once."""
+
+    def __init__(self, drafter):
+        super().__init__(graph_spec(Graph.DRAFTER_FUSED))
+        self.drafter = drafter
+
+    def compute(self, x):
+        cache = _ShimCache([x["past_key_values.0.key"], x["past_key_values.0.value"]])
+        ids = x["input_ids"]
+        h_in = fused_hidden(self.drafter, x["taps"], x["hidden_in"], ids.shape[1])
+        logits, hidden = self.drafter(h_in, ids, x["position_ids"], x["cache_slots"], x["attention_mask"], cache)
+        k, v = cache.presents()
+        return {"logits": logits, "hidden": hidden, "present.0.key": k, "present.0.value": v}
+
+
 class MedusaHeadsGraph(_NamedGraph):
     """MedusaHeads.head_logits: (hidden, depth) -> logits of head `depth` (always fp32, also in --fp16 bundles)."""
 
@@ -239,8 +259,9 @@ def onnx_from_torch(module: _NamedGraph, example: dict, path: Path, *, opset: in
     spec = module.spec
     dims: dict = {}
 
-    def dyn(t):
-        return {i: dims.setdefault(a, Dim(a, min=1)) for i, a in t.dynamic_axes().items()} or None
+    def dyn(t):  # an EMPTY_AXES axis may be 0 long at run time (traced at a size >= 2)
+        return {i: dims.setdefault(a, Dim(a, min=0 if a in EMPTY_AXES else 1))
+                for i, a in t.dynamic_axes().items()} or None
 
     flat = tuple(example[n] for n in spec.input_names)
     dynamic = (tuple(dyn(t) for t in spec.inputs),)
@@ -392,15 +413,15 @@ def half_drafter(drafter, fp16: bool):
 
 def drafter_builders(drafter, d_exp, precision: str, *, commit: bool = True) -> list:
     """[(graph, build, precision)] of the drafter graphs: Medusa's fp32 heads graph, or the EAGLE-3
-    drafter's project / step (+ commit) graphs traced from `d_exp` (half_drafter). Family-independent."""
+    drafter's project / step (+ fused, `commit`) graphs traced from `d_exp` (half_drafter). Family-independent."""
     if drafter is None:
         return []
     if is_medusa(drafter):  # fp32 like GASV / VQ: the decode loop hands the heads an fp32 hidden state
         return [(Graph.MEDUSA_HEADS, lambda: MedusaHeadsGraph(drafter.eval()), "fp32")]
     out = [(Graph.DRAFTER_PROJECT, lambda: DrafterProjectGraph(resolve(d_exp)), precision),
            (Graph.DRAFTER_STEP, lambda: DrafterStepGraph(resolve(d_exp)), precision)]
-    if commit:
-        out.append((Graph.DRAFTER_COMMIT, lambda: DrafterCommitGraph(resolve(d_exp)), precision))
+    if commit:  # drafter_fused (not the older drafter_commit): the loop's every drafter call in one graph
+        out.append((Graph.DRAFTER_FUSED, lambda: DrafterFusedGraph(resolve(d_exp)), precision))
     return out
 
 

@@ -47,7 +47,7 @@ from ..models.io_spec import Graph
 
 QUANT_MODES = ("none", "int8", "int4")
 QUANTIZED_GRAPHS = (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY, Graph.DRAFTER_PROJECT, Graph.DRAFTER_STEP,
-                    Graph.DRAFTER_COMMIT)
+                    Graph.DRAFTER_COMMIT, Graph.DRAFTER_FUSED)
 # Scaled error thresholds vs the fp32 torch model (random inputs, random caches). The logits of a
 # trained model move by ~0.1 (int8) / ~0.3 (int4) at most; the KV-cache outputs by less.
 QUANT_THRESHOLDS = {"int8": 0.1, "int4": 0.3}

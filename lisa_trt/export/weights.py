@@ -4,7 +4,7 @@ Every exported graph of a bundle (target prefill + verify, drafter project / ste
 VQ decoder) keeps its weights in ONE external-data file, `weights.onnx.data`, where each distinct
 tensor (same ONNX data type, same bytes) is stored once: the prefill and verify graphs point at
 the same offsets for the target's layers, the drafter's embedding table points at the target's
-(EAGLE-3 shares it), the fused drafter_commit graph at drafter_step's weights. ONNX external data
+(EAGLE-3 shares it), the drafter_fused graph (and an older bundle's drafter_commit) at drafter_step's weights. ONNX external data
 allows that (several initializers and graphs may name the same location / offset / length), and
 ONNX Runtime, Polygraphy and TensorRT's parser read each graph's tensors by offset. Large tensors
 start on 4 KiB boundaries (page aligned, so ONNX Runtime may map them instead of reading them).

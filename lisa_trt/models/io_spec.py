@@ -36,7 +36,9 @@ from .family import family_of
 
 IO_SPEC_VERSION = 2  # 2: present.* are the new rows, not the whole cache
 
-DYNAMIC_AXES = ("batch", "seq", "nodes")
+DYNAMIC_AXES = ("batch", "seq", "nodes", "taps_seq", "hidden_seq")
+# axes that may be 0 long (drafter_fused: a commit passes no hidden rows, an expansion no taps)
+EMPTY_AXES = ("taps_seq", "hidden_seq")
 DTYPES = ("int64", "bool", "float32", "act")
 
 # Order of the GASV graph's `gasv_params` input: GASVConfig's numeric fields (`lam` is lambda
@@ -67,6 +69,7 @@ class Graph(enum.Enum):
     DRAFTER_PROJECT = "drafter_project"
     DRAFTER_STEP = "drafter_step"
     DRAFTER_COMMIT = "drafter_commit"  # optional: drafter_project + drafter_step in one call
+    DRAFTER_FUSED = "drafter_fused"  # every drafter call of the loop: fc on taps rows + one step
     GASV = "gasv"
     VQ_DECODE = "vq_decode"
     MEDUSA_HEADS = "medusa_heads"  # the drafter of a Medusa bundle (in place of the two drafter graphs)
@@ -90,6 +93,9 @@ _KINDS = {
     # the decode loop's commit of accepted tokens: fc on their taps, then the step (one call
     # instead of two; bundles without it run project + step)
     Graph.DRAFTER_COMMIT: GraphKind.DRAFT_STEP,
+    # the decode loop's every drafter call in one graph (commits: fc on the taps inside; expansions:
+    # the previous hidden), so a commit is one call and the drafter's weights sit in one engine
+    Graph.DRAFTER_FUSED: GraphKind.DRAFT_STEP,
     Graph.GASV: GraphKind.GASV,
     Graph.VQ_DECODE: GraphKind.VQ_DECODE,
     Graph.MEDUSA_HEADS: GraphKind.DRAFT_STEP,
@@ -235,10 +241,17 @@ def graph_spec(graph: Graph, *, n_layer: int = 0, model_type: str = "c2i") -> Gr
         return GraphSpec(graph, (TensorSpec("taps", "act", ("batch", "seq", "tap_dim"), "target taps"),),
                          (TensorSpec("hidden", "act", ("batch", "seq", "draft_hidden"), "fc(taps)"),),
                          doc="drafter fc on the target taps (Drafter.project_taps)")
-    if graph in (Graph.DRAFTER_STEP, Graph.DRAFTER_COMMIT):
+    if graph in (Graph.DRAFTER_STEP, Graph.DRAFTER_COMMIT, Graph.DRAFTER_FUSED):
         dpast = _kv("past_key_values", 1, "draft_heads", "draft_head_dim")
         dpresent = _kv("present", 1, "draft_heads", "draft_head_dim", "seq")
-        if graph is Graph.DRAFTER_COMMIT:
+        if graph is Graph.DRAFTER_FUSED:
+            ins = (TensorSpec("taps", "act", ("batch", "taps_seq", "tap_dim"),
+                              "target taps of the first taps_seq entries (a commit: all; an expansion: none, 0 rows)"),
+                   TensorSpec("hidden_in", "act", ("batch", "hidden_seq", "draft_hidden"),
+                              "the drafter's previous hidden of the entries after them (a commit: 0 rows)"))
+            doc = ("one drafter step whose entry j takes fc(taps[:, j]) for j < taps_seq, else "
+                   "hidden_in[:, j - taps_seq] (taps_seq + hidden_seq >= seq): commits and expansions in one engine")
+        elif graph is Graph.DRAFTER_COMMIT:
             ins = (TensorSpec("taps", "act", ("batch", "seq", "tap_dim"), "target taps of the tokens before the new ones"),)
             doc = "drafter commit: fc on the taps, then one drafter step (Drafter.project_taps + Drafter.forward)"
         else:

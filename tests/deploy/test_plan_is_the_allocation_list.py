@@ -31,7 +31,7 @@ from lisa_trt.deploy.memory_plan import make_plan  # noqa: E402
 from lisa_trt.engines.graph import load_engines  # noqa: E402
 from lisa_trt.export.manifest import read_manifest  # noqa: E402
 
-MODELS = {"target": ("target_prefill", "target_verify"), "drafter": ("drafter_project", "drafter_step"),
+MODELS = {"target": ("target_prefill", "target_verify"), "drafter": ("drafter_project", "drafter_step", "drafter_fused"),
           "gasv": ("gasv",), "vq_decode": ("vq_decode",)}
 BATCH = 2  # prompts per call (4 rows with CFG)
 

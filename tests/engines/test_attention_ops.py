@@ -214,7 +214,7 @@ def test_dry_run_probe_runs_the_parsers_static_checks(bundle, monkeypatch):
         warned = []
         rec = B.build_engines(bundle, dry_run=True, progress=False, attention=mode, warn=warned.append)
         with_att = {g: r for g, r in rec["graphs"].items() if r.get("attention_probes")}
-        assert warned == [] and {"target_verify", "drafter_step"} <= set(with_att), mode
+        assert warned == [] and {"target_verify", "drafter_fused"} <= set(with_att), mode
         assert all(r["attention"] == "fused" and all(p["ok"] and p["kind"] == "pattern" for p in r["attention_probes"])
                    for r in with_att.values()), mode
     probe, _ = _node_case(1, 4, 4, None, 1, 4)  # a graph that does hold one: the refusing checker answers

@@ -204,7 +204,7 @@ def test_cli_build_dry_run_on_the_demo_bundle(tmp_path, fp16):
     # the demo's graphs attend with primitive ops (no ONNX Attention node): each distinct attention is
     # probed as the pattern it is, and passes the pattern and static checks (docs/tensorrt.md)
     probed = {n: g for n, g in plan["graphs"].items() if g.get("attention_probes")}
-    assert {"target_verify", "drafter_step"} <= set(probed)
+    assert {"target_verify", "drafter_fused"} <= set(probed)
     assert all(g["attention"] == "fused" and all(p["ok"] and p["kind"] == "pattern" for p in g["attention_probes"])
                for g in probed.values())
     assert all(g["attention"] is None for n, g in plan["graphs"].items() if n not in probed)
@@ -292,8 +292,8 @@ def fake(bundle, tmp_path, monkeypatch, request):
 def test_build_records_engines_in_the_manifest(fake):
     rec = fake.record
     assert rec["tensorrt_version"] == "10.15.1.29" and rec["gpu"] == "Fake GPU" and rec["strongly_typed"]
-    assert set(rec["graphs"]) == {"target_verify", "drafter_project", "drafter_step",  # one target engine,
-                                  "gasv", "vq_decode"}                                 # no drafter_commit
+    assert set(rec["graphs"]) == {"target_verify", "drafter_fused",  # one target engine, one drafter engine
+                                  "gasv", "vq_decode"}
     g = rec["graphs"]["target_verify"]
     assert [p["name"] for p in g["profiles"]] == ["step", "tree"] and len(g["plan_sha256"]) == 64
     assert rec["graphs"]["gasv"]["onnx"] == "gasv.trt.onnx" and (fake.dir / "gasv.trt.onnx").is_file()
@@ -316,24 +316,22 @@ def _external_regions(onnx_path) -> set:
 
 
 def test_one_drafter_copy_on_tensorrt(fake):
-    """Issue 36 item 4: the drafter's weights are in one engine set. No drafter_commit engine is built
-    (its engine would copy drafter_step's layer and head: TensorRT engines share no weights), the
-    backend commits through drafter_project + drafter_step, and no weight region of the bundle is
-    held by two of the drafter engines the fake core opened."""
-    assert not (fake.dir / "drafter_commit.plan").exists()
-    with pytest.raises(InputError, match="second copy of the drafter's weights"):
-        B.build_engines(fake.dir, graphs=["drafter_commit"], progress=False)
+    """Issues 36 item 4 / 49 item 4: the drafter's weights are in one engine, drafter_fused, which runs
+    every drafter call (a commit, fc inside, is one call). drafter_step and drafter_project are not
+    built by default (each would copy part of it: TensorRT engines share no weights)."""
+    assert not any((fake.dir / f"{g}.plan").exists() for g in ("drafter_commit", "drafter_step", "drafter_project"))
+    assert "drafter_commit" not in read_manifest(fake.dir).graphs  # exported no more: drafter_fused replaces it
     n0 = len(fake.trt.engines)
     eng = T.load_trt_engines(fake.dir, device="cpu")
-    assert not eng.drafter.fused_commit and Graph.DRAFTER_COMMIT not in eng.drafter.runners
-    opened = {Path(e.plan["onnx"]).name: e for e in fake.trt.engines[n0:]}
-    drafter = [n for n in opened if n.startswith("drafter_")]
-    assert sorted(drafter) == ["drafter_project.onnx", "drafter_step.onnx"]
-    regions = [_external_regions(fake.dir / n) for n in drafter]
-    held = sum(len(r) for r in regions)
-    assert held == len(set().union(*regions)) and held > 0  # every drafter weight held once
-    # what a drafter_commit engine would have added: drafter_step's layer and head again
-    assert _external_regions(fake.dir / "drafter_commit.onnx") & regions[drafter.index("drafter_step.onnx")]
+    assert eng.drafter.fused_commit and set(eng.drafter.runners) == {Graph.DRAFTER_FUSED}
+    opened = [Path(e.plan["onnx"]).name for e in fake.trt.engines[n0:]]
+    assert [n for n in opened if n.startswith("drafter_")] == ["drafter_fused.onnx"]
+    fused = _external_regions(fake.dir / "drafter_fused.onnx")
+    # it holds the fc (drafter_project's weights) and the layer and head (drafter_step's)
+    for g in ("drafter_project", "drafter_step"):
+        assert _external_regions(fake.dir / f"{g}.onnx") <= fused
+    with pytest.raises(InputError, match="drafter_project"):
+        eng.drafter.project_taps(torch.zeros(2, 1, read_manifest(fake.dir).dims["tap_dim"]))
     eng.close()
 
 
@@ -410,15 +408,18 @@ def test_trt_target_matches_torch_through_the_binding_protocol(fake):
             assert call["shapes"]["past_key_values.0.key"][2] == eng.target.max_cache_len
         for kt, ke in zip(tc.k + tc.v, ec.k + ec.v):
             assert _close(ke, kt)
-        # drafter: fc on the taps, then one step over its own cache
+        # drafter (one engine, drafter_fused): a commit (fc on the taps inside), then an expansion
         dt, de = drafter.new_cache(2, 40), eng.drafter.new_cache(2, 40)
         dt.lengths.fill_(1), de.lengths.fill_(1)
-        h_t, h_e = drafter.project_taps(w.taps), eng.drafter.project_taps(w.taps)
-        assert _close(h_e, h_t)
         tok, pos, slots, mask = _tree(dt, 3, seed=7)
-        lt, ht = drafter(h_t[:, :3], tok, pos, slots, mask, dt)
-        le, he = eng.drafter(h_t[:, :3], tok, pos, slots, mask, de)
+        lt, ht = drafter(drafter.project_taps(w.taps[:, :3]), tok, pos, slots, mask, dt)
+        le, he = eng.drafter.commit(w.taps[:, :3], tok, pos, slots, mask, de)
         assert _close(le, lt) and _close(he, ht) and _close(de.k[0], dt.k[0])
+        tok, pos, slots, mask = _tree(dt, 2, seed=8)
+        lt, ht = drafter(ht[:, :2], tok, pos, slots, mask, dt)
+        le, he = eng.drafter(he[:, :2], tok, pos, slots, mask, de)
+        assert _close(le, lt) and _close(he, ht) and _close(de.k[0], dt.k[0])
+        assert [c["shapes"]["taps"][1] for c in eng.drafter._step.engine.calls[-2:]] == [3, 0]  # empty taps
 
 
 def test_the_fakes_output_hazard_cannot_reach_the_cache(fake):
@@ -612,7 +613,8 @@ def test_one_target_engine_unless_the_bundle_predates_it(bundle, man, tmp_path):
 
     from lisa_trt.deploy.memory_plan import check_plan
 
-    assert B.default_build_graphs(man) == sorted(set(man.graphs) - {"target_prefill", "drafter_commit"})
+    fused = {"drafter_step", "drafter_project"}  # drafter_fused replaces them (B.FUSED_REPLACES)
+    assert B.default_build_graphs(man) == sorted(set(man.graphs) - {"target_prefill"} - fused)
     new = check_plan(bundle, memory_gib=80)
     assert not any("copies" in n for n in new.notes)
     one = new.engines["target"]["weights"]
@@ -621,7 +623,7 @@ def test_one_target_engine_unless_the_bundle_predates_it(bundle, man, tmp_path):
     m = json.loads((old / "manifest.json").read_text())
     del m["target"]["prefill_ids"]
     (old / "manifest.json").write_text(json.dumps(m))
-    assert B.default_build_graphs(read_manifest(old)) == sorted(set(man.graphs) - {"drafter_commit"})
+    assert B.default_build_graphs(read_manifest(old)) == sorted(set(man.graphs) - fused)
     p = check_plan(old, memory_gib=80)
     assert p.engines["target"]["weights"] == 2 * one and any("2 copies" in n for n in p.notes)
     with pytest.raises(InputError, match="verify graph cannot run the prefill"):

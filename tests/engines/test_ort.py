@@ -12,6 +12,7 @@ from export_artifacts import make_artifacts  # noqa: E402
 from lisa_trt.engines.base import DrafterEngine, TargetEngine  # noqa: E402
 from lisa_trt.errors import ArtifactMismatchError, InputError  # noqa: E402
 from lisa_trt.speculative.autoregressive import generate  # noqa: E402
+from lisa_trt.models.io_spec import Graph  # noqa: E402
 
 TIGHT = 1e-4
 
@@ -111,43 +112,50 @@ def test_drafter_matches_torch_and_updates_its_cache_in_place(engines, artifacts
     assert close(lo2, lr2)
 
 
-def test_drafter_commit_graph_is_project_then_step_in_one_call(engines, artifacts):
-    """The optional drafter_commit graph (exported by default; ORT opens it when asked) equals
-    fc + step, torch and ORT."""
+def test_drafter_fused_commit_is_project_then_step_in_one_call(engines, artifacts):
+    """drafter_fused (exported by default; ORT's drafter by default): a commit (fc on the taps inside)
+    is one call and equals fc + step, and an expansion equals drafter_step, torch and ORT."""
     from lisa_trt.engines.ort import load_ort_engines
 
-    assert not engines.drafter.fused_commit  # by default ORT commits through project + step: one copy
-    fused = load_ort_engines(engines.manifest.dir, threads=1, fused_commit=True)
-    drf, ref = fused.drafter, artifacts["drafter"]
-    assert drf.fused_commit
+    drf, ref = engines.drafter, artifacts["drafter"]
+    assert drf.fused_commit and set(drf.runners) <= {Graph.DRAFTER_FUSED, Graph.DRAFTER_PROJECT}
+    split = load_ort_engines(engines.manifest.dir, threads=1, fused_drafter=False)
+    two = split.drafter
+    assert not two.fused_commit
     taps = torch.randn(2, 3, 192)
-    c_one, c_two, c_ref = drf.new_cache(2, 24), drf.new_cache(2, 24), ref.new_cache(2, 24)
+    c_one, c_two, c_ref = drf.new_cache(2, 24), two.new_cache(2, 24), ref.new_cache(2, 24)
     for c in (c_one, c_two, c_ref):
         c.lengths.fill_(1)
     tokens, positions, slots, mask = tree_inputs(c_one, 3, seed=4)
     calls = {"n": 0}
-    step_run = drf._step.run_static
+    fused_run = drf._step.run_static
 
     def counted(*a, **k):
         calls["n"] += 1
-        return step_run(*a, **k)
+        return fused_run(*a, **k)
 
     drf._step.run_static = counted
     try:
         lo, ho = drf.commit(taps, tokens, positions, slots, mask, c_one)
     finally:
-        drf._step.run_static = step_run
-    assert calls["n"] == 0  # one call of drafter_commit, no drafter_step
-    l2, h2 = drf(drf.project_taps(taps), tokens, positions, slots, mask, c_two)
+        drf._step.run_static = fused_run
+    assert calls["n"] == 1 and drf._step is drf.runners[Graph.DRAFTER_FUSED]  # one call of drafter_fused
+    l2, h2 = two(two.project_taps(taps), tokens, positions, slots, mask, c_two)
     L = c_ref.max_len
     lr, hr = ref(ref.project_taps(taps), tokens, positions, slots, mask[:, :, :L], c_ref)
     assert close(lo, l2) and close(ho, h2) and close(lo, lr) and close(ho, hr)
     assert close(c_one.k[0], c_two.k[0]) and close(c_one.k[0][:, :, :L], c_ref.k[0])
-    fused.close()
+    t2, p2, s2, m2 = tokens[:, :2], positions[:, :2] + 1, slots[:, :2] + 4, mask[:, :2].clone()
+    m2.scatter_(2, s2[:, :, None], True)
+    le, _ = drf(ho[:, :2], t2, p2, s2, m2, c_one)  # an expansion: no taps rows
+    l2e, _ = two(h2[:, :2], t2, p2, s2, m2, c_two)
+    assert close(le, l2e) and close(c_one.k[0], c_two.k[0])
+    split.close()
 
 
-def test_bundle_without_drafter_commit_still_loads_and_decodes(engines, artifacts, tmp_path):
-    """drafter_commit is optional: an older bundle commits through project + step, same tokens."""
+def test_bundle_without_drafter_fused_still_loads_and_decodes(engines, artifacts, tmp_path):
+    """drafter_fused is optional: an older bundle commits through project + step (or its
+    drafter_commit, when ORT is asked to open it), same tokens."""
     import json
     import shutil
 
@@ -158,9 +166,9 @@ def test_bundle_without_drafter_commit_still_loads_and_decodes(engines, artifact
     old = tmp_path / "old"
     shutil.copytree(engines.manifest.dir, old)
     raw = json.loads((old / "manifest.json").read_text())
-    del raw["graphs"]["drafter_commit"]
+    del raw["graphs"]["drafter_fused"]
     (old / "manifest.json").write_text(json.dumps(raw))
-    (old / "drafter_commit.onnx").unlink()
+    (old / "drafter_fused.onnx").unlink()
     with load_ort_engines(old, threads=1) as e_old:
         assert not e_old.drafter.fused_commit
         spec = SpecConfig.make("exact", top_k=2, depth=1, total_tokens=4)

@@ -79,13 +79,17 @@ def test_an_old_bundle_opens_both_graphs_and_one_copy_keeps_one_open(bundle, tmp
 
 
 def test_ort_opens_each_drafter_weight_once_by_default(bundle):
-    """drafter_commit would pre-pack a second copy of the drafter's layer and head next to
-    drafter_step's: ORT opens it only when asked, and commits through project + step."""
+    """ORT opens drafter_fused alone (it holds the fc, layer and head; a commit is one call):
+    drafter_project, a second copy of the fc, opens at the first project_taps only; with
+    fused_drafter=False it opens project + step (how a bundle exported before drafter_fused runs)."""
     with load_engines(bundle, "ort", threads=1) as e:
+        assert sorted(g.value for g in e.drafter.runners) == [Graph.DRAFTER_FUSED.value]
+        assert e.drafter.fused_commit
+        e.drafter.project_taps(torch.zeros(1, 1, e.manifest.dims["tap_dim"]))
+        assert sorted(g.value for g in e.drafter.runners) == [Graph.DRAFTER_FUSED.value, Graph.DRAFTER_PROJECT.value]
+    with load_engines(bundle, "ort", threads=1, fused_drafter=False) as e:
         assert sorted(g.value for g in e.drafter.runners) == [Graph.DRAFTER_PROJECT.value, Graph.DRAFTER_STEP.value]
         assert not e.drafter.fused_commit
-    with load_engines(bundle, "ort", threads=1, fused_commit=True) as e:
-        assert e.drafter.fused_commit
 
 
 def test_teacher_forcing_an_engine_target_names_the_eager_target(bundle, artifacts):

@@ -52,7 +52,7 @@ def vi(name, t=F32, shape=(2, 3)):
 def test_passes_on_the_tiny_export(bundle):
     r = tc.check_trt_compat(bundle)
     assert r.ok, r.summary()
-    assert set(r.graphs) == {"target_prefill", "target_verify", "drafter_project", "drafter_step", "drafter_commit",
+    assert set(r.graphs) == {"target_prefill", "target_verify", "drafter_project", "drafter_step", "drafter_fused",
                              "gasv", "vq_decode"}
     assert r.graphs["gasv"].file == "gasv.trt.onnx" and r.graphs["gasv"].plugins == ["lisa_gasv"]
     verify = r.graphs["target_verify"].ops

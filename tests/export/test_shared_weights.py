@@ -23,9 +23,9 @@ def test_every_graph_points_into_one_file_once(bundle):
     assert rec["file"] == SHARED_DATA and (man.dir / SHARED_DATA).stat().st_size == rec["bytes"]
     assert all(g.external_data == SHARED_DATA for g in man.graphs.values())
     assert not list(man.dir.glob("*.onnx.data"))[1:], "one data file only"
-    # prefill and verify read the target's layers at the same offsets; the drafter step + commit share theirs
+    # prefill and verify read the target's layers at the same offsets; the drafter step + fused graph share theirs
     pre, ver = _locations(man.graph_path(Graph.TARGET_PREFILL)), _locations(man.graph_path(Graph.TARGET_VERIFY))
-    step, commit = _locations(man.graph_path(Graph.DRAFTER_STEP)), _locations(man.graph_path(Graph.DRAFTER_COMMIT))
+    step, commit = _locations(man.graph_path(Graph.DRAFTER_STEP)), _locations(man.graph_path(Graph.DRAFTER_FUSED))
     assert len(pre & ver) >= 0.8 * min(len(pre), len(ver))
     assert len(step & commit) >= 0.8 * len(step)
     assert rec["referenced_bytes"] > 1.8 * rec["bytes"] - rec["graph_bytes"]["gasv"] - rec["graph_bytes"]["vq_decode"]
@@ -54,7 +54,7 @@ def test_sharing_changes_no_output(artifacts, tmp_path):
     shutil.copytree(man.dir, tmp_path / "shared")
     shared = share_bundle(tmp_path / "shared")
     refs = dict(target=a["target"], drafter=a["drafter"], tables=None, vq=None)
-    for g in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY, Graph.DRAFTER_STEP, Graph.DRAFTER_COMMIT):
+    for g in (Graph.TARGET_PREFILL, Graph.TARGET_VERIFY, Graph.DRAFTER_STEP, Graph.DRAFTER_FUSED):
         spec = man.spec(g)
         x = sample_inputs(g, spec, man.dims, refs, precision="fp32", seed=3, batch=2, seq=3, nodes=3)
         want, have = run_onnx(man.graph_path(g), x), run_onnx(shared.graph_path(g), x)
