@@ -32,6 +32,15 @@ from .subvocab import RELAXED, SubVocabVerifier
 from .tree import DraftTree, ExpandRequest, build_dynamic_tree
 
 
+def drafter_commit(drafter, taps, tokens, positions, slots, mask, cache):
+    """The drafter fed the target's taps -> (logits, hidden): one engine call where the engine set
+    fuses fc into the step (GraphDrafter.fused_commit: drafter_fused / drafter_commit), else
+    project_taps then forward (torch drafters, older bundles)."""
+    if getattr(drafter, "fused_commit", False):
+        return drafter.commit(taps, tokens, positions, slots, mask, cache)
+    return drafter.forward(drafter.project_taps(taps), tokens, positions, slots, mask, cache)
+
+
 @dataclass
 class _Decode:
     """One decode: its session (speculative/session.py), what it decodes with (resolved once) and
@@ -370,10 +379,7 @@ class SpeculativeDecoder:
             causal = self._causal[(S, dev)] = torch.tril(torch.ones(S, S, dtype=torch.bool, device=dev))
         slots = slots.clamp(max=dcache.max_len - 1)
         mask = dcache.attention_mask(slots, causal[None].expand(Bd, S, S))
-        if getattr(self.drafter, "fused_commit", False):
-            logits, hidden = self.drafter.commit(taps, tokens, pos, slots, mask, dcache)
-        else:
-            logits, hidden = self.drafter.forward(self.drafter.project_taps(taps), tokens, pos, slots, mask, dcache)
+        logits, hidden = drafter_commit(self.drafter, taps, tokens, pos, slots, mask, dcache)
         dcache.lengths += S if counts is None else counts
         return logits, hidden
 

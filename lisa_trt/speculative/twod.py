@@ -56,6 +56,7 @@ from typing import ClassVar
 import torch
 
 from ..errors import InputError
+from .decode import drafter_commit
 from .methods import Method, MethodOption, RuleContext, exact_rule, gasv_rule, register_method
 from .pjd import (PJDDecoder, PJDSettings, RowGrid, _ContextLaws, _raster_done, _Step, lane_state, next_drafts,
                   pjd_accept, row_causal_visible, shift_lanes)
@@ -140,7 +141,7 @@ class _Drafts:
         tok = dup(s.out.gather(1, index.reshape(B, -1)).clamp(min=0))
         tp = self.taps.gather(1, dup(index.reshape(B, -1))[..., None].expand(-1, -1, self.taps.shape[-1]))
         pos = self.dc.positions(dup(self.cls + index.reshape(B, -1))).clamp(max=s.target.config.n_positions - 1)
-        logits, hidden = self.drafter.forward(self.drafter.project_taps(tp), tok, pos, dup(slot), mask, self.dc)
+        logits, hidden = drafter_commit(self.drafter, tp, tok, pos, dup(slot), mask, self.dc)
         last = torch.arange(R, device=dev) * (K + 2) + K + 1
         lp, h = logits[:, last], hidden[:, last]  # (rows, R, .): every lane's root
         return self._chain(lp, h, rows, n, n_rows)
