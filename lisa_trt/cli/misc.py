@@ -114,8 +114,35 @@ def demo(out_dir, num_images, backend, verify, seed):
 
     check_positive(num_images, "--num-images")
     probe_writable_dir(out_dir, "--out directory")
+    check_demo_out(Path(out_dir))
     run_demo(Path(out_dir), num_images=num_images, backend=backend, verify=verify, seed=seed, echo=click.echo)
     click.echo(f"details: {Path(out_dir) / 'summary.json'}")
+
+
+DEMO_ENTRIES = ("engines", "vanilla_vs_lisa.png", "summary.json")  # what run_demo writes in --out
+
+
+def check_demo_out(out_dir: Path) -> None:
+    """An existing --out must be empty or an earlier demo's (its export is reused, its grid and
+    summary.json replaced): anything else is refused before any work, so no file of the user's
+    (a summary.json of their own) is overwritten."""
+    import json
+
+    if not out_dir.is_dir():
+        return
+    foreign = sorted(p.name for p in out_dir.iterdir()
+                     if p.name not in DEMO_ENTRIES and not p.name.startswith(".engines."))  # export staging
+    summary = out_dir / "summary.json"
+    if summary.exists():
+        try:
+            ours = {"verify", "results", "deploy"} <= set(json.loads(summary.read_text()))
+        except (ValueError, TypeError, OSError):
+            ours = False
+        foreign += [] if ours else ["summary.json (not a demo summary)"]
+    if foreign:
+        raise click.UsageError(f"--out {out_dir} holds files the demo did not write ({', '.join(foreign[:5])}"
+                               f"{', ...' if len(foreign) > 5 else ''}): choose a new or empty directory, or an "
+                               "earlier demo's --out (its export is reused)")
 
 
 COMMANDS = (convert, random_checkpoint, demo)
