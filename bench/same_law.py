@@ -12,7 +12,9 @@ Per method and tree: MAL (committed tokens per target forward, pooled) +- SE, me
 +- SE, target forwards per image, and per image the SHA-1 of its tokens; per method: the fraction
 of images whose tokens are identical between the trees, and whether the MAL and TVD differences
 are within 2 SE (SE of the difference: sqrt(SE_before^2 + SE_after^2); the paired SE over the
-same images is recorded beside it).
+same images is recorded beside it). `vs_recorded`: the after tree against bench/decoders.json's
+record of the same label (same settings, an older tree: lisa-gasv at 2789c37, before issue 49)
+over the same first images, with the same verdicts.
 
 ROUNDS: every round brings both trees to the next multiple of `--per-round` images; the JSON is
 rewritten atomically after each one and holds every image's raw numbers and token hash, so a
@@ -178,6 +180,32 @@ def compare(accs: dict) -> dict:
     return out
 
 
+def recorded(accs: dict, settings: dict, path: Path, tokens_path: Path) -> dict:
+    """The after tree against bench/decoders.json's record of the same label, made on an older
+    tree with the same settings (lisa-gasv: 2789c37, before issue 49), over the same first n
+    images: compare()'s verdicts and identical-token fraction, with the record as "before"."""
+    import torch
+
+    if not (path.is_file() and tokens_path.is_file()):
+        return {}
+    rec, toks, out = json.loads(path.read_text()), torch.load(tokens_path), {}
+    k, d, t = (int(x) for x in settings["tree"].split(","))
+    mine = {"seed": settings["seed"], "batch": settings["batch"], "window": settings["window"],
+            "drafter": settings["drafter"], "tree": {"top_k": k, "depth": d, "total_tokens": t}}
+    if any(rec["settings"].get(key) != v for key, v in mine.items()):
+        return {}
+    for lab, acc in accs["after"].items():
+        r, n = rec["results"].get(lab), len(acc["tok"])
+        if r is None or lab not in toks or n < 2 or r["images"] < n:
+            continue
+        old = {"tok": r["raw"]["tok"][:n], "fwd": r["raw"]["fwd"][:n], "tvd": r["raw"]["tvd"][:n], "seconds": 0.0,
+               "sha1": [hashlib.sha1(x.numpy().tobytes()).hexdigest() for x in toks[lab][:n]]}
+        out[lab] = compare({"before": {lab: old}, "after": {lab: acc}})[lab]
+        out[lab]["record"] = {"file": f"bench/{path.name}", "images": r["images"], "mal": r["mal"],
+                              "mal_se": r["mal_se"], "mean_tvd": r["mean_tvd"], "mean_tvd_se": r["mean_tvd_se"]}
+    return out
+
+
 def _write(a, settings, accs, t0, echo) -> dict:
     sys.path.insert(0, str(ROOT))
     from lisa_trt.io import write_json
@@ -185,12 +213,18 @@ def _write(a, settings, accs, t0, echo) -> dict:
     res = compare(accs)
     report = {"settings": dict(settings, elapsed_s=round(time.time() - t0, 1), command=" ".join(["python"] + sys.argv)),
               "criterion": "|after - before| <= 2 * sqrt(SE_before^2 + SE_after^2) for MAL and mean TVD",
-              "results": res, "raw": accs}
+              "results": res,
+              "vs_recorded": recorded(accs, settings, HERE / "decoders.json", HERE / "decoders.tokens.pt"),
+              "raw": accs}
     write_json(a.out, report)
     for lab, r in res.items():
         echo(f"  {lab}: {r['images']} images  MAL {r['mal']['before']:.3f} -> {r['mal']['after']:.3f} "
              f"(delta {r['mal']['delta']:+.3f}, SE {r['mal']['se']:.3f})  TVD {r['mean_tvd']['before']:.4f} -> "
              f"{r['mean_tvd']['after']:.4f} (SE {r['mean_tvd']['se']:.4f})  identical "
+             f"{r['identical_tokens_fraction']:.3f}  same law {r['same_law']}", flush=True)
+    for lab, r in report["vs_recorded"].items():
+        echo(f"  {lab} vs bench/decoders.json: MAL {r['mal']['before']:.3f} -> {r['mal']['after']:.3f} (SE "
+             f"{r['mal']['se']:.3f})  TVD {r['mean_tvd']['before']:.4f} -> {r['mean_tvd']['after']:.4f}  identical "
              f"{r['identical_tokens_fraction']:.3f}  same law {r['same_law']}", flush=True)
     return report
 
