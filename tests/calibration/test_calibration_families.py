@@ -18,7 +18,7 @@ from lisa_trt.calibration.profile import calibrate, rollout_law
 from lisa_trt.config import SamplingConfig
 from lisa_trt.speculative.autoregressive import cfg_batch, generate, layout_for
 from lisa_trt.speculative.gasv import GASVConfig
-from lisa_trt.speculative.methods import resolve_method
+from lisa_trt.speculative.methods import get_method, resolve_method
 
 testing = pytest.importorskip("lisa_trt.testing")
 pytest.importorskip("transformers")

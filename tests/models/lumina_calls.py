@@ -19,7 +19,7 @@ from lisa_trt.families.chameleon.lumina import (LuminaImages, LuminaTokenizer, g
 from lisa_trt.speculative.methods import GASVRuleConfig, SpecConfig
 from lisa_trt.speculative.run import run_method
 from lisa_trt.speculative.sampling import cfg_active
-from lisa_trt.speculative.methods import resolve_method
+from lisa_trt.speculative.methods import get_method, resolve_method
 
 
 def generate_image_tokens(target, tokenizer, captions: Sequence[str], width: int, height: int, *,
