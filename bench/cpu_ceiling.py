@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ort_cost_curve import median_ms  # noqa: E402
+from lisa_trt.speculative.methods import resolve_method
 
 
 def _ms(fn, reps: int) -> float:
@@ -100,7 +101,7 @@ def acceptance(trees, methods, images: int, batch: int, seed: int, have: dict | 
             com, tvd, t0 = [], [], time.perf_counter()
             for i0 in range(0, images, batch):
                 cond = torch.arange(i0, min(images, i0 + batch)) % target.config.num_classes
-                _, st = run_method(method, target, drafter, tables, cond, sampling=sampling, spec=spec,
+                _, st = run_method(resolve_method(method), target, drafter, tables, cond, sampling=sampling, spec=spec,
                                    seed=seed + i0)
                 com += [c.float() for c in st.committed]
                 tvd += [t.float() for t in st.tvd]

@@ -19,6 +19,7 @@ import platform
 import time
 
 import torch
+from lisa_trt.speculative.methods import get_method
 
 
 def step_cost(n_codes: int, k: int, reps: int) -> dict:
@@ -77,7 +78,7 @@ def demo_acceptance(fracs, n_count: int, n_eval: int) -> list:
         d = drafter if n == V else prune_head(drafter, build_d2t(counted, V, n)).eval()
         mals, outs = [], []
         for i in range(n_eval):
-            toks, st = SpeculativeDecoder(target, d).generate(torch.tensor([i % ncls]), sampling=s, spec=spec,
+            toks, st = SpeculativeDecoder(target, d).generate(torch.tensor([i % ncls]), sampling=s, method=get_method(spec.method), spec=spec,
                                                               seed=777 + i)
             mals.append(st.mal)
             outs.append(toks)

@@ -33,6 +33,7 @@ from lisa_trt.speculative.autoregressive import generate
 from lisa_trt.speculative.decode import SpecConfig, SpeculativeDecoder  # noqa: F401
 from lisa_trt.speculative.oracle import oracle_pair
 from lisa_trt.speculative.sjd import sjd_generate
+from lisa_trt.speculative.methods import get_method
 
 POINTS = [  # (label, method, SpecConfig overrides); the most informative first
     ("vanilla", "vanilla", {}),
@@ -135,7 +136,7 @@ def main(argv=None):
                     st_acc["committed"] += [c.float().cpu() for c in st.committed]
                 else:
                     spec = base.replace(method=method, **over)
-                    toks, st = (oracle_dec if method == "oracle" else dec).generate(cond, sampling=sampling, spec=spec,
+                    toks, st = (oracle_dec if method == "oracle" else dec).generate(cond, sampling=sampling, method=get_method(spec.method), spec=spec,
                                                                                     seed=seed)
                     st_acc["committed"] += [c.float().cpu() for c in st.committed]
                     st_acc["tvd"] += [t.float().cpu() for t in st.tvd]

@@ -61,6 +61,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from lisa_trt.speculative.methods import resolve_method
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -373,11 +374,11 @@ def section_demo_decode(ctx: Ctx) -> dict:
             continue
         try:
             cond = torch.tensor([classes[0]], device=ctx.device)
-            run_method(method, target, drafter, tables, cond, sampling=sampling, spec=spec, seed=0)  # warm-up
+            run_method(resolve_method(method), target, drafter, tables, cond, sampling=sampling, spec=spec, seed=0)  # warm-up
             secs, mals = [], []
             for i, c in enumerate(classes):
                 t0 = time.perf_counter()
-                _, st = run_method(method, target, drafter, tables, torch.tensor([c], device=ctx.device),
+                _, st = run_method(resolve_method(method), target, drafter, tables, torch.tensor([c], device=ctx.device),
                                    sampling=sampling, spec=spec, seed=i)
                 if ctx.cuda:
                     torch.cuda.synchronize()

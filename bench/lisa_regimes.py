@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 
 from lisa_trt.config import SamplingConfig
+from lisa_trt.speculative.methods import resolve_method
 
 # regime name -> the sampling law it decodes (and self-distils) with; top-k 0 = the whole codebook
 REGIMES = {
@@ -214,7 +215,7 @@ def decode(a) -> None:
         lossless = pts[0][1]  # the oracle when it runs this round, else the first drafter's exact point
         for label, d, method, over in pts:
             t0 = time.perf_counter()
-            toks, st = decs[d].generate(cond, sampling=s, spec=base.replace(method=method, **over), seed=a.seed + i0)
+            toks, st = decs[d].generate(cond, sampling=s, method=resolve_method(method), spec=base.replace(method=method, **over), seed=a.seed + i0)
             acc[label]["seconds"] += time.perf_counter() - t0
             acc[label]["mal"] += [round(st.row(b)["mal"], 4) for b in range(len(cond))]
             acc[label]["tvd"] += [st.row(b)["mean_tvd"] for b in range(len(cond))]

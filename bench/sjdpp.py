@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+from lisa_trt.speculative.methods import resolve_method
 
 ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "bench"):
@@ -49,7 +50,7 @@ def decode_batch(target, sampling, method: str, threshold: float, classes, seed:
     spec = SpecConfig.make(sjd_window=window, sjd_reuse_threshold=threshold)
     t0 = time.perf_counter()
     with torch.no_grad():
-        toks, st = run_method(method, target, None, None, torch.as_tensor(classes), sampling=sampling, spec=spec,
+        toks, st = run_method(resolve_method(method), target, None, None, torch.as_tensor(classes), sampling=sampling, spec=spec,
                               seed=seed)
     tok, fwd, _ = row_stats(st, len(classes), "sjd", toks.shape[1] - 1)
     return {"tok": tok, "fwd": fwd, "seconds": round(time.perf_counter() - t0, 1)}

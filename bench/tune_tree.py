@@ -23,6 +23,7 @@ import torch
 from lisa_trt.io import write_json
 from lisa_trt.runtime.autotune import best_tree
 from lisa_trt.runtime.pipeline import Pipeline
+from lisa_trt.speculative.methods import get_method
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,7 +72,7 @@ def main():
     dec = SpeculativeDecoder(e.target, e.drafter, e.tables, gasv=e.gasv)
     for i, p in enumerate(prompts):
         _, st = dec.generate(torch.tensor([p]), sampling=pipe.sampling(), seed=i,
-                             spec=SpecConfig.make("gasv", top_k=4, depth=4, total_tokens=24))
+                             method=get_method("gasv"), spec=SpecConfig.make("gasv", top_k=4, depth=4, total_tokens=24))
         committed += [int(x) for c in st.committed for x in c.cpu()]
     acc = acceptance(committed, 5)
     curve = json.loads(Path(a.curve).read_text())["models"]["demo"]

@@ -12,6 +12,7 @@ import torch
 import lisa_trt.models.family as MF
 from lisa_trt.errors import ConfigError
 from lisa_trt.testing import make_target
+from lisa_trt.speculative.methods import resolve_method
 
 ROOT = Path(__file__).resolve().parents[1] / "lisa_trt"
 
@@ -188,7 +189,7 @@ def test_family_look_ups_do_not_grow_with_the_steps(registry_lookups, method):
         t = make_target()  # a fresh target: its held family is looked up in the run, once
         layout = MF.family_of("c2i").free_layout(t, n)
         registry_lookups.clear()
-        tokens, _ = run_method(method, t, None, None, torch.tensor([1, 2]), sampling=SamplingConfig(), spec=SpecConfig(),
+        tokens, _ = run_method(resolve_method(method), t, None, None, torch.tensor([1, 2]), sampling=SamplingConfig(), spec=SpecConfig(),
                                seed=0, layout=layout)
         assert tokens.shape == (2, n)
         found.append(dict(registry_lookups))
@@ -204,16 +205,15 @@ NAME_LOOKUPS = ("get_method", "resolve_method")
 # - runtime/context.py 1: resolve's call of resolve_method (the registry's one resolver; the commands'
 #   resolve step);
 # - runtime/pipeline.py 1: Pipeline.method (the API's, serve's, the OpenAI front end's resolve step; a
-#   name, or the one "auto" settles on);
+#   name, or the one "auto" settles on from the bundle: a step the commands' resolve cannot take);
 # - harness.py 1: parse_methods (the bench's points: --methods, and each --sweep rule through it);
-# - library callers that pass a name (tests, bench/ scripts, train/evaluate.py): speculative/run.py 1
-#   (run_method) and speculative/decode.py 1 (SpeculativeDecoder.generate without `method`);
-# - speculative/oracle.py 1: drafter_efficiency reads a bench row's registered method.
-# Every entry point hands the Method down: nothing below resolve / Pipeline.plan / the bench's points
-# looks a method up again (tests/runtime/test_run_plan.py counts that at run time).
+# - train/evaluate.py 1: decode_eval's fixed "exact" (the trainer's held-out evaluation run starts there).
+# The library entries below them (speculative/run.run_method, SpeculativeDecoder.generate) take a Method
+# only (a name is a TypeError: tests/runtime/test_run_plan.py); bench rows record `uses_tree`, which
+# speculative/oracle.drafter_efficiency reads. Every entry point hands the Method down: nothing below
+# resolve / Pipeline.plan / the bench's points looks a method up again (test_run_plan counts that at run time).
 LOOKUP_BUDGET = {"lisa_trt/runtime/context.py": 1, "lisa_trt/runtime/pipeline.py": 1, "lisa_trt/harness.py": 1,
-                 "lisa_trt/speculative/run.py": 1, "lisa_trt/speculative/decode.py": 1,
-                 "lisa_trt/speculative/oracle.py": 1}
+                 "lisa_trt/train/evaluate.py": 1}
 
 
 def _registry(node) -> bool:

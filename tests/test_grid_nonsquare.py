@@ -18,6 +18,7 @@ from lisa_trt.models.rope import precompute_freqs_cis_2d
 from lisa_trt.speculative.methods import SpecConfig
 from lisa_trt.speculative.run import run_method
 from lisa_trt.testing import make_cond, make_target
+from lisa_trt.speculative.methods import get_method, resolve_method
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "export"))
 from export_artifacts import make_tables, make_vq  # noqa: E402
@@ -98,7 +99,7 @@ def test_a_drafter_trains_on_the_non_square_target(models, tmp_path):
 
 def _decode_ok(method, target, drafter, tables, check_mal, gasv=None, rows=1):
     cond = make_cond(target, rows)
-    toks, st = run_method(method, target, drafter, tables, cond, sampling=SAMPLING, spec=SPEC, seed=3, gasv=gasv)
+    toks, st = run_method(resolve_method(method), target, drafter, tables, cond, sampling=SAMPLING, spec=SPEC, seed=3, gasv=gasv)
     assert toks.shape == (rows, H * W)
     assert int(toks.min()) >= 0 and int(toks.max()) < target.config.vocab_size
     check_mal(st.mal, st.target_forwards, H * W, rows=rows)
@@ -120,8 +121,8 @@ def test_every_decoder_runs_the_grid_on_ort(models, ort_engines, method, check_m
 def test_greedy_tokens_agree_between_torch_and_ort(models, ort_engines):
     greedy = SamplingConfig(greedy=True)
     cond = make_cond(models["target"], 2)
-    a, _ = run_method("vanilla", models["target"], None, None, cond, sampling=greedy, spec=SPEC, seed=0)
-    b, _ = run_method("vanilla", ort_engines.target, None, None, cond, sampling=greedy, spec=SPEC, seed=0)
+    a, _ = run_method(get_method("vanilla"), models["target"], None, None, cond, sampling=greedy, spec=SPEC, seed=0)
+    b, _ = run_method(get_method("vanilla"), ort_engines.target, None, None, cond, sampling=greedy, spec=SPEC, seed=0)
     assert torch.equal(a, b)
 
 

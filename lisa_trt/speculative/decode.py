@@ -221,7 +221,7 @@ class SpeculativeDecoder:
                  on_step=None) -> tuple[torch.Tensor, DecodeStats]:
         """Generate image tokens for `cond` with tree speculation (TreeDecoder on a decode session).
 
-        method: the resolved Method; None: the one `spec.method` names.
+        method: the resolved Method (required; a name or None is refused).
 
         layout: the family's SequenceLayout of the request (models/family.py; default: the
             whole image, or `num_tokens` of it): which ids may be drafted / sampled, which
@@ -237,7 +237,9 @@ class SpeculativeDecoder:
         Returns:
             tokens (B, N) long, DecodeStats.
         """
-        method = method if method is not None else get_method(spec.method)  # once: every step reads it
+        if not isinstance(method, Method):  # resolved once by the caller: every step reads it
+            raise TypeError(f"SpeculativeDecoder.generate takes method=<a registered Method>, not {method!r}: "
+                            "resolve the name once (speculative.methods.get_method(spec.method)) and pass it")
         if method.greedy_sampling:
             sampling = dataclasses.replace(sampling, greedy=True)
         dec = TreeDecoder(self, method, spec)

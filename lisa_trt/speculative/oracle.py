@@ -99,9 +99,9 @@ def oracle_pair(target):
 def drafter_efficiency(results: dict, oracle_key: str = "oracle") -> dict:
     """MAL of every drafter method as a fraction of the oracle's (same tree budget, same run).
 
-    `results` maps method -> {"mal": ...[, "method": registered name]}; methods without a drafter
-    tree (vanilla and the Jacobi family: sjd, mcsjd, ...; by their registered kind) and the oracle
-    itself are skipped. Exact-family methods (greedy, exact) are compared with the exact
+    `results` maps method -> {"mal": ..., "uses_tree": bool} (the bench's rows: harness._measure records
+    the point's Method.uses_tree); points without a drafter tree (vanilla and the Jacobi family: sjd,
+    mcsjd, ...) and the oracle itself are skipped. Exact-family methods (greedy, exact) are compared with the exact
     oracle; relaxed ones (lantern, gasv) too, so their figure can exceed 1 (they accept more than
     any drafter can under exact verification).
     """
@@ -110,13 +110,7 @@ def drafter_efficiency(results: dict, oracle_key: str = "oracle") -> dict:
     ref = float(results[oracle_key]["mal"])
     if ref <= 0:
         raise InputError(f"oracle MAL {ref} is not positive")
-    from .methods import METHODS
-
-    def tree(label, r):
-        m = METHODS.get(r.get("method", label))
-        return m is not None and m.kind == "tree"
-
-    return {m: float(r["mal"]) / ref for m, r in results.items() if m != oracle_key and tree(m, r)}
+    return {m: float(r["mal"]) / ref for m, r in results.items() if m != oracle_key and r.get("uses_tree")}
 
 
 register_method(Method("oracle", "tree", "exact verification of the target's own top-k at every tree node: "

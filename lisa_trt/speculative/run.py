@@ -6,11 +6,11 @@ bench/ scripts, the drafter evaluation of training): it is looked up here, once 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Union
+from typing import Optional
 
 from ..config import SamplingConfig
 from ..errors import InputError
-from .methods import Method, SpecConfig, get_method
+from .methods import Method, SpecConfig
 
 
 def check_artifacts(method: Method, drafter, tables, gasv=None) -> None:
@@ -25,11 +25,11 @@ def check_artifacts(method: Method, drafter, tables, gasv=None) -> None:
                          "(make them with `lisa-trt calibrate`)")
 
 
-def run_method(method: Union[str, Method], target, drafter, tables, cond, *, sampling: SamplingConfig,
+def run_method(method: Method, target, drafter, tables, cond, *, sampling: SamplingConfig,
                spec: SpecConfig, seed: int, sjd_window: Optional[int] = None, gasv=None, seeds=None, on_progress=None,
                layout=None, on_step=None):
-    """One generation with `method` (the resolved Method; a library caller's registered name is looked
-    up here) -> (tokens (B, N), DecodeStats).
+    """One generation with `method` (the resolved Method: a name is refused; resolve it once where the run
+    starts, speculative.methods.get_method) -> (tokens (B, N), DecodeStats).
 
     Every method runs the same way: its Decoder (`Method.decoder(target, drafter, tables, gasv,
     spec)`, speculative/session.py) opens the decode session (prefill, CFG rows, cache, generators)
@@ -49,7 +49,10 @@ def run_method(method: Union[str, Method], target, drafter, tables, cond, *, sam
     layout: optional SequenceLayout of the request (models/family.py; Chameleon spans).
     gasv: the GASV engine (engines.graph.GraphGASV) of the methods that read GASV gates.
     """
-    m = method if isinstance(method, Method) else get_method(method)  # a library caller's name
+    if not isinstance(method, Method):
+        raise TypeError(f"run_method takes a registered Method, not {method!r}: resolve a name once, where the "
+                        "run starts (speculative.methods.get_method(name)), and pass the object")
+    m = method
     if m.greedy_sampling:
         sampling = dataclasses.replace(sampling, greedy=True)
     if sjd_window is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..config import SamplingConfig
-from ..speculative.methods import SpecConfig
+from ..speculative.methods import SpecConfig, get_method
 
 
 def decode_eval(target, drafter, cfg, n: int, request=None) -> dict:
@@ -32,7 +32,7 @@ def decode_eval(target, drafter, cfg, n: int, request=None) -> dict:
 
         cond, layout, images = kind_data(target.config).eval_conds(target, d, n), None, n  # class ids or captions
     # the tree decoder pairs Medusa heads with their target proxy (speculative/decode.tree_decoder)
-    _, st = run_method(spec.method, target, drafter.eval(), None, cond, sampling=s, spec=spec,
+    _, st = run_method(get_method(spec.method), target, drafter.eval(), None, cond, sampling=s, spec=spec,
                        seed=1_000_003 + cfg.seed, layout=layout)
     out = {"mal": st.mal, "images": images, "sampling": dataclasses.asdict(s), "spec": dataclasses.asdict(spec),
            "target_forwards": st.target_forwards}

@@ -18,6 +18,7 @@ from lisa_trt.calibration.profile import calibrate, rollout_law
 from lisa_trt.config import SamplingConfig
 from lisa_trt.speculative.autoregressive import cfg_batch, generate, layout_for
 from lisa_trt.speculative.gasv import GASVConfig
+from lisa_trt.speculative.methods import get_method, resolve_method
 
 testing = pytest.importorskip("lisa_trt.testing")
 pytest.importorskip("transformers")
@@ -223,13 +224,13 @@ def test_speculative_decoder_accepts_janus_tables(janus, janus_tables, check_sta
     s = SamplingConfig(cfg_scale=2.0, top_k=24)
     tree = dict(top_k=3, depth=3, total_tokens=8)
     for method in ("lantern", "gasv"):
-        out, stats = dec.generate(ids, sampling=s, spec=SpecConfig.make(method, **tree), seed=0)
+        out, stats = dec.generate(ids, sampling=s, method=resolve_method(method), spec=SpecConfig.make(method, **tree), seed=0)
         assert out.shape == (2, TJ.GRID * TJ.GRID) and bool(((out >= 0) & (out < TJ.CODES)).all())
         check_stats(stats, out)
         assert stats.mean_tvd > 0.0  # the tables' budget moves mass onto the drafts
-    exact, _ = dec.generate(ids, sampling=s, spec=SpecConfig.make("exact", **tree), seed=5)
-    lossless, st = dec.generate(ids, sampling=s, spec=SpecConfig.make("gasv", gasv_delta=0.0, **tree), seed=5)
+    exact, _ = dec.generate(ids, sampling=s, method=get_method("exact"), spec=SpecConfig.make("exact", **tree), seed=5)
+    lossless, st = dec.generate(ids, sampling=s, method=get_method("gasv"), spec=SpecConfig.make("gasv", gasv_delta=0.0, **tree), seed=5)
     assert torch.equal(exact, lossless) and st.mean_tvd < 1e-5
     greedy = dataclasses.replace(s, greedy=True)
-    g, _ = dec.generate(ids, sampling=greedy, spec=SpecConfig.make("gasv", gasv_kappa=0.0, gasv_lambda=1.0, **tree))
+    g, _ = dec.generate(ids, sampling=greedy, method=get_method("gasv"), spec=SpecConfig.make("gasv", gasv_kappa=0.0, gasv_lambda=1.0, **tree))
     assert torch.equal(g, generate(target, ids, cfg_scale=2.0, top_k=24, greedy=True))

@@ -18,6 +18,7 @@ from lisa_trt.config import SamplingConfig
 from lisa_trt.errors import InputError
 from lisa_trt.runtime import context as C
 from lisa_trt.speculative.methods import METHODS, SpecConfig
+from lisa_trt.speculative.methods import get_method
 
 
 def test_resolve_makes_the_objects_once():
@@ -213,7 +214,7 @@ def test_pipeline_runs_a_prompted_family(model_dir):
     both = pipe.generate(["a red fox", "tok70 tok71"], verify="vanilla", seed=1, batch=True, row_seeds=False,
                          decode=False)
     req = family_of(t.config).prompter(t).encode(["a red fox", "tok70 tok71"], image_size=32, cfg=True)
-    want, _ = run_method("vanilla", t, None, None, req.cond, sampling=pipe.sampling(), spec=SpecConfig(), seed=1,
+    want, _ = run_method(get_method("vanilla"), t, None, None, req.cond, sampling=pipe.sampling(), spec=SpecConfig(), seed=1,
                          layout=req.layout)
     assert torch.equal(both.tokens, want)
     with pytest.raises(InputError, match="caption strings"):

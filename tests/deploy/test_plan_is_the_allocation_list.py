@@ -30,6 +30,7 @@ from lisa_trt.deploy import build as B  # noqa: E402
 from lisa_trt.deploy.memory_plan import make_plan  # noqa: E402
 from lisa_trt.engines.graph import load_engines  # noqa: E402
 from lisa_trt.export.manifest import read_manifest  # noqa: E402
+from lisa_trt.speculative.methods import get_method
 
 MODELS = {"target": ("target_prefill", "target_verify"), "drafter": ("drafter_project", "drafter_step", "drafter_fused"),
           "gasv": ("gasv",), "vq_decode": ("vq_decode",)}
@@ -113,7 +114,7 @@ def _decode(eng, cond, layout, req):
 
     spec = SpecConfig.make("gasv", top_k=2, depth=2, total_tokens=6)
     with torch.no_grad():
-        toks, _ = run_method("gasv", eng.target, eng.drafter, eng.tables, cond, sampling=SamplingConfig(
+        toks, _ = run_method(get_method("gasv"), eng.target, eng.drafter, eng.tables, cond, sampling=SamplingConfig(
             cfg_scale=2.0, top_k=16), spec=spec, seed=1, gasv=eng.gasv, layout=layout)
         if req is None:
             eng.vq.tokens_to_pixels(toks)

@@ -12,6 +12,7 @@ from lisa_trt.models.draft_vocab import (OUT_OF_VOCAB_LOGIT, build_d2t, config_s
 from lisa_trt.models.drafter import Drafter, load_drafter, save_drafter
 from lisa_trt.speculative.decode import SpecConfig, SpeculativeDecoder
 from lisa_trt.testing import make_target
+from lisa_trt.speculative.methods import get_method
 
 torch.set_num_threads(1)
 
@@ -69,7 +70,7 @@ def test_reduced_head_proposes_only_draft_codes_and_round_trips(tmp_path):
         return lo, h
 
     back.forward = spy
-    dec.generate(cond, sampling=SamplingConfig(cfg_scale=2.0), spec=SpecConfig.make("exact", top_k=3, depth=2,
+    dec.generate(cond, sampling=SamplingConfig(cfg_scale=2.0), method=get_method("exact"), spec=SpecConfig.make("exact", top_k=3, depth=2,
                                                                                 total_tokens=8), seed=0)
     proposed = torch.cat(seen).unique()
     assert torch.isin(proposed, d2t).all()
@@ -117,6 +118,6 @@ def test_export_and_ort_keep_the_interface(tmp_path):
     eng = load_ort_engines(tmp_path / "e", threads=1)
     cond = torch.tensor([1])
     s, spec = SamplingConfig(cfg_scale=2.0, greedy=True), SpecConfig.make("exact", top_k=2, depth=2, total_tokens=6)
-    a, sa = SpeculativeDecoder(eng.target, eng.drafter).generate(cond, sampling=s, spec=spec)
-    b, sb = SpeculativeDecoder(target, drafter).generate(cond, sampling=s, spec=spec)
+    a, sa = SpeculativeDecoder(eng.target, eng.drafter).generate(cond, sampling=s, method=get_method(spec.method), spec=spec)
+    b, sb = SpeculativeDecoder(target, drafter).generate(cond, sampling=s, method=get_method(spec.method), spec=spec)
     assert torch.equal(a, b) and sa.mal == pytest.approx(sb.mal)

@@ -13,6 +13,7 @@ from lisa_trt.models.medusa import MedusaConfig, MedusaHeads, load_medusa, save_
 from lisa_trt.speculative.decode import SpecConfig, SpeculativeDecoder
 from lisa_trt.speculative.medusa import medusa_pair
 from lisa_trt.testing import make_target
+from lisa_trt.speculative.methods import get_method
 
 torch.set_num_threads(1)
 
@@ -39,7 +40,7 @@ def test_greedy_medusa_speculation_is_token_identical(cfg_scale, check_stats):
     ref = generate(t, cond, cfg_scale=cfg_scale, greedy=True)
     proxy, dr = medusa_pair(t, MedusaHeads.from_target(t, n_heads=3).eval())
     toks, st = SpeculativeDecoder(proxy, dr).generate(cond, sampling=SamplingConfig(cfg_scale=cfg_scale, greedy=True),
-                                                      spec=SpecConfig.make("exact", top_k=2, depth=2, total_tokens=6))
+                                                      method=get_method("exact"), spec=SpecConfig.make("exact", top_k=2, depth=2, total_tokens=6))
     assert torch.equal(toks, ref)
     check_stats(st, toks)
 
@@ -85,7 +86,7 @@ def test_bundled_demo_medusa_lisa_loads_by_name_and_decodes():
     ref = generate(target, torch.tensor([2]), cfg_scale=2.0, greedy=True)[:, :24]
     toks, st = SpeculativeDecoder(*speculative_engines(target, heads)).generate(
         torch.tensor([2]), sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
-        spec=SpecConfig.make("exact", top_k=3, depth=3, total_tokens=10), num_tokens=24)
+        method=get_method("exact"), spec=SpecConfig.make("exact", top_k=3, depth=3, total_tokens=10), num_tokens=24)
     assert torch.equal(toks, ref) and st.mal > 1.0
 
 

@@ -20,6 +20,7 @@ pytest.importorskip("onnxruntime")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 import lisa_trt  # noqa: E402
+from lisa_trt.speculative.methods import get_method
 
 pytestmark = pytest.mark.slow
 CAPTIONS = {"chameleon": ["a red fox", "tok70 tok71 tok72 tok73", "a lighthouse"],  # different lengths: left padding
@@ -117,12 +118,12 @@ def test_greedy_medusa_speculation_equals_the_ar_loop_on_torch_and_ort(run):
     target = lisa_trt.load_target(str(d))
     req = _request(target, d)
     s = SamplingConfig(cfg_scale=2.0, top_k=16, greedy=True)
-    want, _ = run_method("vanilla", target, None, None, req.cond, sampling=s, spec=SpecConfig.make("greedy"), seed=0,
+    want, _ = run_method(get_method("vanilla"), target, None, None, req.cond, sampling=s, spec=SpecConfig.make("greedy"), seed=0,
                          layout=req.layout)
     assert len(set(want.flatten().tolist())) > 2  # not a constant image
     heads = load_medusa(root / "run" / "medusa.safetensors", target)
     spec = SpecConfig.make("greedy", top_k=3, depth=3, total_tokens=8)
-    got, st = run_method("greedy", target, heads, None, req.cond, sampling=s, spec=spec, seed=0, layout=req.layout)
+    got, st = run_method(get_method("greedy"), target, heads, None, req.cond, sampling=s, spec=spec, seed=0, layout=req.layout)
     assert torch.equal(got, want) and st.target_forwards < want.shape[1]  # some drafts accepted
     with Pipeline.from_dir(root / "eng", backend="ort", threads=1) as pipe:
         out = pipe.generate(CAPTIONS[fam][:2], verify="greedy", greedy=True, cfg_scale=2.0, top_k=16, decode=False)

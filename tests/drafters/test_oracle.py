@@ -67,9 +67,10 @@ def test_oracle_needs_a_prefill_and_a_recording_target():
 
 
 def test_drafter_efficiency():
-    res = {"vanilla": {"mal": 1.0}, "oracle": {"mal": 4.0}, "exact": {"mal": 3.0}, "gasv": {"mal": 5.0},
-           "sjd": {"mal": 2.0}, "mcsjd": {"mal": 3.0}, "gsd[group=3]": {"mal": 3.0, "method": "gsd"},
-           "gasv[kappa=2]": {"mal": 6.0, "method": "gasv"}}
+    tree, flat = {"uses_tree": True}, {"uses_tree": False}  # the bench row's record of the point's Method
+    res = {"vanilla": {"mal": 1.0, **flat}, "oracle": {"mal": 4.0, **tree}, "exact": {"mal": 3.0, **tree},
+           "gasv": {"mal": 5.0, **tree}, "sjd": {"mal": 2.0, **flat}, "mcsjd": {"mal": 3.0, **flat},
+           "gsd[group=3]": {"mal": 3.0, "method": "gsd", **flat}, "gasv[kappa=2]": {"mal": 6.0, "method": "gasv", **tree}}
     assert drafter_efficiency(res) == {"exact": 0.75, "gasv": 1.25, "gasv[kappa=2]": 1.5}  # no Jacobi decoder
     assert drafter_efficiency({"exact": {"mal": 2.0}}) == {}
     assert parse_methods("exact,oracle") == [EXACT, ORACLE]

@@ -11,6 +11,7 @@ from lisa_trt.errors import ConfigError
 from lisa_trt.models.io_spec import Graph
 from lisa_trt.speculative.methods import SpecConfig
 from lisa_trt.speculative.run import run_method
+from lisa_trt.speculative.methods import resolve_method
 
 
 class ToyRunner(GraphRunner):
@@ -54,7 +55,7 @@ def _decode(engines_or_models, method, cond, tables):
     s = SamplingConfig(cfg_scale=2.0, temperature=1.0)
     spec = SpecConfig.make(method, top_k=3, depth=3, total_tokens=10)
     window = 4 if method == "sjd-pac" else 16  # SJD-PAC's window tree must fit the bundle's max_tree
-    toks, st = run_method(method, t, d, tables, cond, sampling=s, spec=spec, seed=7, gasv=gasv, sjd_window=window)
+    toks, st = run_method(resolve_method(method), t, d, tables, cond, sampling=s, spec=spec, seed=7, gasv=gasv, sjd_window=window)
     return toks.cpu(), st
 
 

@@ -37,6 +37,7 @@ from lisa_trt.engines.plugins.trt_plugin import TensorRTUnavailableError, tensor
 from lisa_trt.errors import ArtifactMismatchError, CheckpointError, InputError  # noqa: E402
 from lisa_trt.models.io_spec import Graph, graph_spec  # noqa: E402
 from lisa_trt.export.manifest import read_manifest  # noqa: E402
+from lisa_trt.speculative.methods import resolve_method
 
 HAS_TRT = tensorrt_available()
 HAS_CUDA = torch.cuda.is_available()
@@ -535,9 +536,9 @@ def test_every_decoder_runs_on_the_trt_runner_with_the_eager_tokens(fake, check_
         spec = SpecConfig.make(method if get_method(method).kind == "tree" else "exact", top_k=3, depth=2,
                                total_tokens=8, sjd_pac_tree_width=2)  # SJD-PAC K2/D3: its tree fits S <= 16
         window = 4 if method == "sjd-pac" else 8  # windows inside the tree profile (S <= 16)
-        want, wst = run_method(method, a["target"], a["drafter"], a["tables"], cond, sampling=s, spec=spec, seed=7,
+        want, wst = run_method(resolve_method(method), a["target"], a["drafter"], a["tables"], cond, sampling=s, spec=spec, seed=7,
                                sjd_window=window)
-        got, st = run_method(method, eng.target, eng.drafter, a["tables"], cond, sampling=s, spec=spec, seed=7,
+        got, st = run_method(resolve_method(method), eng.target, eng.drafter, a["tables"], cond, sampling=s, spec=spec, seed=7,
                              gasv=eng.gasv, sjd_window=window)
         assert torch.equal(got.cpu(), want.cpu()), method
         # the same decode step for step: the eager models' accept lengths and target forwards
@@ -656,7 +657,7 @@ def _decode_steps(fake, method="exact"):
     a = make_artifacts()
     eng = T.load_trt_engines(fake.dir, device="cpu")
     spec = SpecConfig.make(method, top_k=3, depth=2, total_tokens=8)
-    run_method(method, eng.target, eng.drafter, a["tables"], torch.tensor([1]),
+    run_method(resolve_method(method), eng.target, eng.drafter, a["tables"], torch.tensor([1]),
                sampling=SamplingConfig(cfg_scale=2.0, temperature=1.0), spec=spec, seed=7)
     return eng
 

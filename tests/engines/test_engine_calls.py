@@ -24,6 +24,7 @@ from lisa_trt.config import SamplingConfig
 from lisa_trt.models.io_spec import Graph
 from lisa_trt.speculative.methods import SpecConfig
 from lisa_trt.speculative.run import run_method
+from lisa_trt.speculative.methods import resolve_method
 
 ROOT = Path(__file__).resolve().parents[2]
 TREE = dict(top_k=3, depth=3, total_tokens=10)  # fits the bundle's max_tree (16)
@@ -94,7 +95,7 @@ def _calls(bench, eng, tables, method: str) -> tuple:
             b.watch(r, ("run", "run_static"), r.name)
     cond = torch.tensor([3, 7])
     try:
-        toks, _ = run_method(method, eng.target, eng.drafter, tables, cond, sampling=SamplingConfig(cfg_scale=2.0),
+        toks, _ = run_method(resolve_method(method), eng.target, eng.drafter, tables, cond, sampling=SamplingConfig(cfg_scale=2.0),
                              spec=SpecConfig.make(method, **TREE), seed=0, gasv=eng.gasv,
                              on_step=b.on_step)
     finally:

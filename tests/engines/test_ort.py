@@ -13,6 +13,7 @@ from lisa_trt.engines.base import DrafterEngine, TargetEngine  # noqa: E402
 from lisa_trt.errors import ArtifactMismatchError, InputError  # noqa: E402
 from lisa_trt.speculative.autoregressive import generate  # noqa: E402
 from lisa_trt.models.io_spec import Graph  # noqa: E402
+from lisa_trt.speculative.methods import get_method
 
 TIGHT = 1e-4
 
@@ -173,15 +174,15 @@ def test_bundle_without_drafter_fused_still_loads_and_decodes(engines, artifacts
         assert not e_old.drafter.fused_commit
         spec = SpecConfig.make("exact", top_k=2, depth=1, total_tokens=4)
         cond = torch.tensor([3])
-        t_old, _ = SpeculativeDecoder(e_old.target, e_old.drafter).generate(cond, spec=spec, seed=0, num_tokens=12)
-        t_new, _ = SpeculativeDecoder(engines.target, engines.drafter).generate(cond, spec=spec, seed=0,
+        t_old, _ = SpeculativeDecoder(e_old.target, e_old.drafter).generate(cond, method=get_method(spec.method), spec=spec, seed=0, num_tokens=12)
+        t_new, _ = SpeculativeDecoder(engines.target, engines.drafter).generate(cond, method=get_method(spec.method), spec=spec, seed=0,
                                                                                 num_tokens=12)
         assert torch.equal(t_old, t_new)
     # export_bundle indexes the models into its shared weights file: add_graphs rebuilds them from it
     assert add_graphs(old, validate=False) == ["drafter_commit"]
     with load_ort_engines(old, threads=1, fused_commit=True) as e_up:
         assert e_up.drafter.fused_commit
-        t_up, _ = SpeculativeDecoder(e_up.target, e_up.drafter).generate(cond, spec=spec, seed=0, num_tokens=12)
+        t_up, _ = SpeculativeDecoder(e_up.target, e_up.drafter).generate(cond, method=get_method(spec.method), spec=spec, seed=0, num_tokens=12)
         assert torch.equal(t_up, t_new)
 
 

@@ -10,6 +10,7 @@ from lisa_trt.engines.torch_runner import compile_mode
 from lisa_trt.errors import InputError
 from lisa_trt.speculative.methods import SpecConfig
 from lisa_trt.speculative.run import run_method
+from lisa_trt.speculative.methods import resolve_method
 
 
 def test_compile_modes_and_their_errors():
@@ -34,8 +35,8 @@ def test_inductor_compiled_step_gives_the_eager_tokens(bundle, artifacts):
         assert eng.target._verify.mode == "default" and eng.target._prefill.mode is None
         for method in ("exact", "gasv"):
             spec = SpecConfig.make(method, top_k=3, depth=3, total_tokens=10)
-            got, _ = run_method(method, eng.target, eng.drafter, a["tables"], cond, sampling=s, spec=spec, seed=7,
+            got, _ = run_method(resolve_method(method), eng.target, eng.drafter, a["tables"], cond, sampling=s, spec=spec, seed=7,
                                 gasv=eng.gasv)
-            want, _ = run_method(method, a["target"], a["drafter"], a["tables"], cond, sampling=s, spec=spec,
+            want, _ = run_method(resolve_method(method), a["target"], a["drafter"], a["tables"], cond, sampling=s, spec=spec,
                                  seed=7)
             assert torch.equal(got.cpu(), want.cpu()), method

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 import lisa_trt  # noqa: E402
 from test_janus import BOI, CODES, GRID, make_hf, save, save_tokenizer  # noqa: E402
+from lisa_trt.speculative.methods import get_method
 
 pytestmark = pytest.mark.slow
 CAPTIONS = ["w10 w11 w12", "w20", "w30 w31"]
@@ -237,7 +238,7 @@ def test_built_engines_decode_like_ort(built):
         with load_engines(d, backend, **kw) as eng:
             req = family_of(eng.target.config).prompter(eng.target, d).encode(CAPTIONS[:2], cfg=True)  # 2 x 2 rows
             spec = SpecConfig.make("gasv", top_k=3, depth=3, total_tokens=8)
-            toks, st = run_method("gasv", eng.target, eng.drafter, eng.tables, req.cond, sampling=SamplingConfig(
+            toks, st = run_method(get_method("gasv"), eng.target, eng.drafter, eng.tables, req.cond, sampling=SamplingConfig(
                 cfg_scale=2.0, top_k=16), spec=spec, seed=1, gasv=eng.gasv, layout=req.layout)
             out[backend] = (toks, st.target_forwards, eng.vq.tokens_to_pixels(toks))
     assert torch.equal(out["trt"][0], out["ort"][0]) and out["trt"][1] == out["ort"][1]

@@ -10,6 +10,7 @@ from lisa_trt.models.io_spec import Graph
 from lisa_trt.export.manifest import read_manifest
 from lisa_trt.export.validate import run_onnx, sample_inputs
 from lisa_trt.export.weights import SHARED_DATA, model_from_bundle, share_bundle
+from lisa_trt.speculative.methods import get_method
 
 
 def _locations(path):
@@ -93,7 +94,7 @@ def test_torch_backend_on_an_fp16_bundle_runs_the_fp16_values(artifacts, tmp_pat
     s = SamplingConfig(greedy=True, cfg_scale=1.0)
     with load_engines(man.dir, "torch") as e:
         assert next(e.target.runners[Graph.TARGET_VERIFY].module.parameters()).dtype == torch.float16
-        plain, _ = run_method("vanilla", e.target, None, None, cond, sampling=s, spec=SpecConfig(), seed=0)
-        tree, _ = run_method("exact", e.target, e.drafter, None, cond, sampling=s,
+        plain, _ = run_method(get_method("vanilla"), e.target, None, None, cond, sampling=s, spec=SpecConfig(), seed=0)
+        tree, _ = run_method(get_method("exact"), e.target, e.drafter, None, cond, sampling=s,
                               spec=SpecConfig.make("exact", top_k=2, depth=2, total_tokens=6), seed=0)
     assert torch.equal(plain.cpu(), want) and torch.equal(tree.cpu(), want)

@@ -27,6 +27,7 @@ pytest.importorskip("onnxruntime")
 from emu3_fixtures import cli, hf_generate, image_prompt, save_model_dir, save_tokenizer  # noqa: E402
 
 import lisa_trt  # noqa: E402
+from lisa_trt.speculative.methods import get_method
 
 pytestmark = pytest.mark.slow
 CAPTIONS = ["red fox", "a fox"]
@@ -223,7 +224,7 @@ def test_build_on_the_fake_core_and_the_trt_runners_decode_the_eager_tokens(depl
     fam = family_of(target.config)
     cond, _, layout = fam.generation_inputs(trt.target, ids)
     s = SamplingConfig(cfg_scale=CFG, greedy=True)
-    tree, _ = run_method("greedy", trt.target, trt.drafter, None, cond, sampling=s,
+    tree, _ = run_method(get_method("greedy"), trt.target, trt.drafter, None, cond, sampling=s,
                          spec=SpecConfig.make("greedy", top_k=2, depth=2, total_tokens=6), seed=0, layout=layout)
     assert torch.equal(tree, ref)  # lossless tree speculation through the TensorRT runners
     codes = fam.tokens_to_codes(target, ref, None)

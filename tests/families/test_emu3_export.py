@@ -23,6 +23,7 @@ from lisa_trt.config import SamplingConfig  # noqa: E402
 from lisa_trt.models.family import family_of  # noqa: E402
 from lisa_trt.speculative.methods import SpecConfig  # noqa: E402
 from lisa_trt.speculative.run import run_method  # noqa: E402
+from lisa_trt.speculative.methods import get_method
 
 pytestmark = pytest.mark.slow
 SIZE, GRID = 8, 4  # the tiny VQ: 2 px per code
@@ -70,11 +71,11 @@ def test_fp32_bundle_decodes_on_ort_exactly_as_torch(fp32, models, check_stats):
     torch.testing.assert_close(eng.vq.decode_code(codes), vq.decode_code(codes), atol=1e-4, rtol=0)
     cond, _, layout = family_of(target.config).generation_inputs(eng.target, ids)
     s = SamplingConfig(cfg_scale=3.0, greedy=True)
-    tree, st = run_method("greedy", eng.target, eng.drafter, None, cond, sampling=s,
+    tree, st = run_method(get_method("greedy"), eng.target, eng.drafter, None, cond, sampling=s,
                           spec=SpecConfig.make("greedy", top_k=2, depth=2, total_tokens=6), seed=0, layout=layout)
     assert torch.equal(tree, ref)  # lossless speculation on ORT
     check_stats(st, tree)  # its counts add up (forced tokens included)
-    zip_, zs = run_method("zipar", eng.target, None, None, cond, sampling=s, spec=SpecConfig.make("gasv", zipar_window=1),
+    zip_, zs = run_method(get_method("zipar"), eng.target, None, None, cond, sampling=s, spec=SpecConfig.make("gasv", zipar_window=1),
                           seed=0, layout=layout)
     assert zs.target_forwards < layout.n_tokens and torch.equal(zip_[:, layout.forced >= 0], ref[:, layout.forced >= 0])
 

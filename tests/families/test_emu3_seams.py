@@ -24,6 +24,7 @@ from lisa_trt.models.family import ModelFamily, SequenceLayout, family_of  # noq
 from lisa_trt.speculative.methods import SpecConfig  # noqa: E402
 from lisa_trt.speculative.run import run_method  # noqa: E402
 from lisa_trt.speculative.zipar import row_length  # noqa: E402
+from lisa_trt.speculative.methods import get_method
 
 H, W = 3, 4
 
@@ -50,10 +51,10 @@ def test_zipar_row_length_allows_a_forced_tail(emu3):
 def test_zipar_with_a_full_row_window_is_the_ar_loop_on_emu3(emu3):
     target, cond, layout = emu3
     ref = lisa_trt.generate(target, cond, cfg_scale=2.0, greedy=True)
-    toks, st = run_method("zipar", target, None, None, cond, sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
+    toks, st = run_method(get_method("zipar"), target, None, None, cond, sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
                           spec=SpecConfig.make("gasv", zipar_window=W + 1), seed=0, layout=layout)
     assert torch.equal(toks, ref)
-    fast, st1 = run_method("zipar", target, None, None, cond, sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
+    fast, st1 = run_method(get_method("zipar"), target, None, None, cond, sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
                            spec=SpecConfig.make("gasv", zipar_window=1), seed=0, layout=layout)
     assert st1.target_forwards < st.target_forwards
     assert torch.equal(fast[:, layout.forced >= 0], ref[:, layout.forced >= 0])  # forced tokens in place
@@ -63,7 +64,7 @@ def test_oracle_runs_on_a_prompt_target_without_seq_len(emu3):
     target, cond, layout = emu3
     assert not hasattr(target.config, "seq_len")
     ref = lisa_trt.generate(target, cond, cfg_scale=2.0, greedy=True)
-    toks, st = run_method("oracle", target, None, None, cond, sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
+    toks, st = run_method(get_method("oracle"), target, None, None, cond, sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
                           spec=SpecConfig.make("exact", top_k=1, depth=3, total_tokens=4), seed=0, layout=layout)
     assert torch.equal(toks, ref)
     assert st.mal > 3.0  # the target's own greedy chain: whole paths accepted

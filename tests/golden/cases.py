@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import torch
+from lisa_trt.speculative.methods import get_method, resolve_method
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "models"))
@@ -64,7 +65,7 @@ def lg_spec(s, method, seed):
 
     dec = SpeculativeDecoder(s["target"], s["drafter"], s["tables"])
     tokens, _ = dec.generate(torch.tensor([1, 7, 3]), sampling=SamplingConfig(cfg_scale=4.0, top_k=100),
-                             spec=SpecConfig.make(method, top_k=4, depth=3, total_tokens=12), seed=seed)
+                             method=resolve_method(method), spec=SpecConfig.make(method, top_k=4, depth=3, total_tokens=12), seed=seed)
     return tokens
 
 
@@ -96,7 +97,7 @@ def ch_ar(s, cfg_scale, greedy, seed):
     from lisa_trt.speculative.run import run_method
 
     req = _request(s, cfg_scale)
-    return run_method("vanilla", s["target"], None, None, req.cond, layout=req.layout, seed=seed, spec=SpecConfig(),
+    return run_method(get_method("vanilla"), s["target"], None, None, req.cond, layout=req.layout, seed=seed, spec=SpecConfig(),
                       sampling=SamplingConfig(cfg_scale=cfg_scale, top_k=16, greedy=greedy))[0]
 
 
@@ -107,7 +108,7 @@ def ch_spec(s, method, cfg_scale, greedy, seed):
 
     req = _request(s, cfg_scale)
     spec = SpecConfig.make(method, top_k=3, depth=3, total_tokens=8, lantern_k=8)
-    return run_method(method, s["target"], s["drafter"], s["tables"], req.cond, layout=req.layout, seed=seed,
+    return run_method(resolve_method(method), s["target"], s["drafter"], s["tables"], req.cond, layout=req.layout, seed=seed,
                       spec=spec, sampling=SamplingConfig(cfg_scale=cfg_scale, top_k=16, greedy=greedy))[0]
 
 

@@ -19,6 +19,7 @@ from lisa_trt.families.chameleon.lumina import (LuminaImages, LuminaTokenizer, g
 from lisa_trt.speculative.methods import GASVRuleConfig, SpecConfig
 from lisa_trt.speculative.run import run_method
 from lisa_trt.speculative.sampling import cfg_active
+from lisa_trt.speculative.methods import get_method, resolve_method
 
 
 def generate_image_tokens(target, tokenizer, captions: Sequence[str], width: int, height: int, *,
@@ -29,7 +30,7 @@ def generate_image_tokens(target, tokenizer, captions: Sequence[str], width: int
     prompts, layout, (h, w) = span_request(target, tokenizer, captions, width, height, cfg_active(cfg_scale))
     s = SamplingConfig(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
                        cfg_interval=cfg_interval)
-    out, _ = run_method("vanilla", target, None, None, prompts, sampling=s, spec=SpecConfig(), seed=seed,
+    out, _ = run_method(get_method("vanilla"), target, None, None, prompts, sampling=s, spec=SpecConfig(), seed=seed,
                         seeds=seeds, layout=layout)
     return LuminaImages(out, tokens_to_codes(target, out, h, w))
 
@@ -80,7 +81,7 @@ def speculative_image_tokens(target, drafter, tokenizer, captions: Sequence[str]
     else:
         cfg, sampling = spec.spec(), spec.sampling()
     prompts, layout, (h, w) = span_request(target, tokenizer, captions, width, height, cfg_active(sampling.cfg_scale))
-    out, stats = run_method(cfg.method, target, drafter, tables, prompts, sampling=sampling, spec=cfg, seed=seed,
+    out, stats = run_method(resolve_method(cfg.method), target, drafter, tables, prompts, sampling=sampling, spec=cfg, seed=seed,
                             seeds=seeds, gasv=gasv, layout=layout)
     return LuminaImages(out, tokens_to_codes(target, out, h, w)), stats
 

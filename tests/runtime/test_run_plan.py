@@ -140,16 +140,14 @@ def pipe(parts):
 @pytest.fixture
 def seen(monkeypatch):
     """Every plan that reaches the runner, and every method look-up by name, from now on: the API's
-    (Pipeline.method) and the library entries' below the runner (run_method, SpeculativeDecoder.generate
-    given a name)."""
+    (Pipeline.method; the library entries below the runner, run_method and SpeculativeDecoder.generate,
+    refuse a name: test_the_library_entries_take_methods_not_names)."""
     import lisa_trt.runtime.pipeline as P
-    import lisa_trt.speculative.decode as D
-    import lisa_trt.speculative.run as R
 
     got = {"plans": [], "lookups": []}
     real_decode = runner.decode
     monkeypatch.setattr(runner, "decode", lambda plan, *a, **k: got["plans"].append(plan) or real_decode(plan, *a, **k))
-    for mod, name in ((P, "resolve_method"), (R, "get_method"), (D, "get_method")):
+    for mod, name in ((P, "resolve_method"),):
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda v, _real=real, **k: got["lookups"].append(v) or _real(v, **k))
     return got
@@ -202,3 +200,25 @@ def test_the_images_of_the_pipeline_are_the_runners(pipe, monkeypatch):
     monkeypatch.setattr(runner, "images", lambda *a: calls.append(a) or real(*a))
     res = pipe.generate([1], verify="vanilla")
     assert len(calls) == 1 and calls[0][0] is pipe.family and len(res.images) == 1
+
+
+def test_the_library_entries_take_methods_not_names():
+    """run_method and SpeculativeDecoder.generate take the resolved Method: a name (or none) is a
+    TypeError naming the fix (resolve it once where the run starts), before any work."""
+    import torch
+
+    from lisa_trt.config import SamplingConfig
+    from lisa_trt.speculative.decode import SpeculativeDecoder
+    from lisa_trt.speculative.methods import SpecConfig, get_method
+    from lisa_trt.speculative.run import run_method
+    from lisa_trt.testing import make_target
+
+    t = make_target()
+    for bad in ("vanilla", None):
+        with pytest.raises(TypeError, match=r"get_method"):
+            run_method(bad, t, None, None, torch.tensor([1]), sampling=SamplingConfig(), spec=SpecConfig(), seed=0)
+        with pytest.raises(TypeError, match=r"get_method\(spec.method\)"):
+            SpeculativeDecoder(t, None).generate(torch.tensor([1]), spec=SpecConfig(), method=bad)
+    toks, _ = run_method(get_method("vanilla"), t, None, None, torch.tensor([1]), sampling=SamplingConfig(),
+                         spec=SpecConfig(), seed=0)
+    assert toks.shape[0] == 1

@@ -23,6 +23,7 @@ from lisa_trt.speculative.methods import SpecConfig
 from lisa_trt.speculative.run import run_method
 from lisa_trt.speculative.tree import build_dynamic_tree, build_static_tree, preset_template
 from lisa_trt.testing import make_cond, make_target
+from lisa_trt.speculative.methods import resolve_method
 
 VOCAB = 12
 
@@ -253,7 +254,7 @@ def test_tree_step_glue_ops_stay_under_the_ceiling(bench, models, method):
     spec = SpecConfig.make(method, top_k=10, depth=5, total_tokens=60)
     try:
         with b:
-            toks, _ = run_method(method, t, d, tables, make_cond(t, batch=2), sampling=SamplingConfig(cfg_scale=2.0),
+            toks, _ = run_method(resolve_method(method), t, d, tables, make_cond(t, batch=2), sampling=SamplingConfig(cfg_scale=2.0),
                                  spec=spec, seed=3, on_step=b.on_step)
     finally:
         b.unwatch()

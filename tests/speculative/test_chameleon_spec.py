@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 import lisa_trt  # noqa: E402
 from chameleon_fixtures import N_CODES, make_hf_model, save_hf, save_tokenizer  # noqa: E402
 from lisa_trt.families.chameleon.drafter import ChameleonDrafter  # noqa: E402
+from lisa_trt.speculative.methods import get_method
 from lumina_calls import LuminaTokenizer, generate_image_tokens, row_end_mask  # noqa: E402
 from lumina_calls import LuminaSpec, span_request, speculative_image_tokens  # noqa: E402
 
@@ -55,7 +56,7 @@ def test_exact_sampling_keeps_the_span_structure(setup):
     from lisa_trt.speculative.run import run_method
 
     req = family_of(target.config).prompter(target).encode(["x"], image_size=32, cfg=True)
-    toks, _ = run_method("sjd", target, None, None, req.cond, sampling=spec.sampling(), spec=spec.spec(), seed=0,
+    toks, _ = run_method(get_method("sjd"), target, None, None, req.cond, sampling=spec.sampling(), spec=spec.spec(), seed=0,
                          layout=req.layout)  # the Jacobi decoders read the family's layout (forced row ends)
     forced = req.layout.forced_mask(toks.device)
     assert forced.any() and (toks[:, forced] == req.layout.forced[forced.cpu()].to(toks.device)).all()
@@ -343,7 +344,7 @@ def test_coupled_drafting_on_a_span(setup, check_stats):
     got = []
     for tree in ((3, 2, 6), (2, 3, 8)):
         spec = SpecConfig.make("coupled", top_k=tree[0], depth=tree[1], total_tokens=tree[2])
-        toks, st = run_method("coupled", target, drafter, None, prompts, sampling=s, spec=spec, seed=0, layout=layout)
+        toks, st = run_method(get_method("coupled"), target, drafter, None, prompts, sampling=s, spec=spec, seed=0, layout=layout)
         got.append(toks)
         check_stats(st, toks)
         assert st.mean_tvd == 0.0
@@ -365,12 +366,12 @@ def test_sjd_gasv_on_a_span(setup, code_tables):
     target, tok, _ = setup
     prompts, layout, (h, w) = span_request(target, tok, ["x", "tok70 tok71"], 64, 64, True)
     s = SamplingConfig(cfg_scale=2.0, top_k=16)
-    ref, _ = run_method("mcsjd", target, None, None, prompts, sampling=s, spec=SpecConfig(), seed=1, sjd_window=4,
+    ref, _ = run_method(get_method("mcsjd"), target, None, None, prompts, sampling=s, spec=SpecConfig(), seed=1, sjd_window=4,
                         layout=layout)
-    same, st0 = run_method("sjd-gasv", target, None, code_tables, prompts, sampling=s,
+    same, st0 = run_method(get_method("sjd-gasv"), target, None, code_tables, prompts, sampling=s,
                            spec=SpecConfig.make("gasv", gasv_delta=0.0), seed=1, sjd_window=4, layout=layout)
     assert torch.equal(same, ref) and st0.mean_tvd == 0.0
-    got, st = run_method("sjd-gasv", target, None, code_tables, prompts, sampling=s,
+    got, st = run_method(get_method("sjd-gasv"), target, None, code_tables, prompts, sampling=s,
                          spec=SpecConfig.make("gasv", gasv_kappa=8.0, gasv_lambda=0.2), seed=1, sjd_window=4,
                          layout=layout)
     ends = row_end_mask(h, w)

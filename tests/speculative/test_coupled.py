@@ -67,13 +67,13 @@ def test_coupled_decode_is_the_gumbel_ar_sampler_whatever_the_drafter():
     other = Drafter.from_target(make_target(std=0.6)).eval()  # a different (worse) drafter
     mals = []
     for d in (good, other):
-        toks, st = SpeculativeDecoder(m, d).generate(cond, sampling=s, spec=SPEC, seed=5)
+        toks, st = SpeculativeDecoder(m, d).generate(cond, sampling=s, method=get_method(SPEC.method), spec=SPEC, seed=5)
         assert torch.equal(toks, ref)
         assert float(torch.cat(st.tvd).abs().max()) == 0.0
         mals.append(st.mal)
     assert mals[0] > 1.0
     # scale 0 (exact's top-K drafts) decodes the same tokens too
-    toks, _ = SpeculativeDecoder(m, good).generate(cond, sampling=s, spec=SPEC.replace(coupled_scale=0.0), seed=5)
+    toks, _ = SpeculativeDecoder(m, good).generate(cond, sampling=s, method=get_method(SPEC.method), spec=SPEC.replace(coupled_scale=0.0), seed=5)
     assert torch.equal(toks, ref)
 
 
@@ -85,7 +85,7 @@ def _chi2_samples(monkeypatch=None, broken=None):
         monkeypatch.setattr(C, "verify_coupled", broken)
     s = SamplingConfig(cfg_scale=2.0, temperature=1.0, top_k=8)
     ref = generate(m, torch.full((n,), 3), cfg_scale=2.0, top_k=8, seed=1)
-    toks, stats = SpeculativeDecoder(m, d).generate(torch.full((n,), 3), sampling=s, spec=SPEC.replace(top_k=3, depth=2,
+    toks, stats = SpeculativeDecoder(m, d).generate(torch.full((n,), 3), sampling=s, method=get_method(SPEC.method), spec=SPEC.replace(top_k=3, depth=2,
                                                     total_tokens=8), seed=2)
     bad = []
     for j in range(4):
@@ -125,11 +125,11 @@ def test_greedy_is_exact_greedy_and_row_seeds_are_batch_independent():
     cond = make_cond(m, batch=3)
     d = Drafter.from_target(m).eval()
     g = SamplingConfig(cfg_scale=2.0, greedy=True)
-    toks, _ = SpeculativeDecoder(m, d).generate(cond, sampling=g, spec=SPEC, seed=0)
+    toks, _ = SpeculativeDecoder(m, d).generate(cond, sampling=g, method=get_method(SPEC.method), spec=SPEC, seed=0)
     assert torch.equal(toks, generate(m, cond, cfg_scale=2.0, greedy=True))
     s = SamplingConfig(cfg_scale=2.0)
-    both, _ = run_method("coupled", m, d, None, cond[:2], sampling=s, spec=SPEC, seed=0, seeds=[4, 8])
-    alone, _ = run_method("coupled", m, d, None, cond[1:2], sampling=s, spec=SPEC, seed=0, seeds=[8])
+    both, _ = run_method(get_method("coupled"), m, d, None, cond[:2], sampling=s, spec=SPEC, seed=0, seeds=[4, 8])
+    alone, _ = run_method(get_method("coupled"), m, d, None, cond[1:2], sampling=s, spec=SPEC, seed=0, seeds=[8])
     assert torch.equal(both[1:], alone)
 
 

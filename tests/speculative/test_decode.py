@@ -8,6 +8,7 @@ from lisa_trt.config import SamplingConfig
 from lisa_trt.models.drafter import Drafter
 from lisa_trt.speculative.decode import SpecConfig, SpeculativeDecoder
 from lisa_trt.testing import make_cond, make_target
+from lisa_trt.speculative.methods import get_method
 
 
 class OracleDrafter:
@@ -47,7 +48,7 @@ def test_greedy_speculation_is_token_identical(cfg_scale, tree, check_stats):
     dec = SpeculativeDecoder(m, Drafter.from_target(m).eval())
     k, depth, total = tree
     toks, stats = dec.generate(cond, sampling=SamplingConfig(cfg_scale=cfg_scale, greedy=True),
-                               spec=SpecConfig.make("exact", top_k=k, depth=depth, total_tokens=total))
+                               method=get_method("exact"), spec=SpecConfig.make("exact", top_k=k, depth=depth, total_tokens=total))
     assert torch.equal(toks, ref)
     check_stats(stats, toks)  # every step committed, the forwards counted once per step
 
@@ -63,7 +64,7 @@ def test_oracle_drafter_accepts_whole_paths(model_type):
     oracle = OracleDrafter(ref, m.config.cls_token_num, m.config.vocab_size)
     dec = SpeculativeDecoder(m, oracle)
     toks, stats = dec.generate(cond, sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
-                               spec=SpecConfig.make("exact", top_k=2, depth=3, total_tokens=10))
+                               method=get_method("exact"), spec=SpecConfig.make("exact", top_k=2, depth=3, total_tokens=10))
     assert torch.equal(toks, ref)
     # 16 tokens: prefill gives 1, then steps of 5 (root + 4 drafted levels): 5, 5, 5
     assert stats.target_forwards == 4
@@ -95,7 +96,7 @@ def test_exact_sampling_is_lossless():
     s = SamplingConfig(cfg_scale=2.0, temperature=1.0, top_k=8)
     ref = generate(m, cond, cfg_scale=2.0, top_k=8, seed=1)
     toks, stats = SpeculativeDecoder(m, d).generate(
-        cond, sampling=s, spec=SpecConfig.make("exact", top_k=3, depth=2, total_tokens=8), seed=2)
+        cond, sampling=s, method=get_method("exact"), spec=SpecConfig.make("exact", top_k=3, depth=2, total_tokens=8), seed=2)
     assert stats.mal > 1.05  # drafts really are accepted (and rejected) along the way
     for j in range(4):
         chi2, df = _chi2_homogeneity(toks[:, j], ref[:, j], V)
@@ -131,17 +132,17 @@ def test_gasv_lossless_limit_is_token_identical_to_exact(greedy):
     d = Drafter.from_target(m).eval()
     s = SamplingConfig(cfg_scale=2.0, greedy=greedy)
     spec = SpecConfig.make("exact", top_k=3, depth=3, total_tokens=10)
-    ref, st_ref = SpeculativeDecoder(m, d).generate(cond, sampling=s, spec=spec, seed=5)
+    ref, st_ref = SpeculativeDecoder(m, d).generate(cond, sampling=s, method=get_method(spec.method), spec=spec, seed=5)
     if greedy:
         assert torch.equal(ref, generate(m, cond, cfg_scale=2.0, greedy=True))
     gspec = spec.replace(method="gasv")
     for kw in (dict(kappa=0.0, lam=1.0), dict(delta=0.0)):
-        toks, _ = SpeculativeDecoder(m, d, _gasv_tables(m, **kw)).generate(cond, sampling=s, spec=gspec, seed=5)
+        toks, _ = SpeculativeDecoder(m, d, _gasv_tables(m, **kw)).generate(cond, sampling=s, method=get_method(gspec.method), spec=gspec, seed=5)
         assert torch.equal(toks, ref), kw
     # the test has teeth: open knobs accept more and change the tokens (seed 7: at seed 5 this tiny
     # random drafter is accepted no more often under the open knobs)
-    ref, st_ref = SpeculativeDecoder(m, d).generate(cond, sampling=s, spec=spec, seed=7)
+    ref, st_ref = SpeculativeDecoder(m, d).generate(cond, sampling=s, method=get_method(spec.method), spec=spec, seed=7)
     loose = gspec.replace(gasv_kappa=5.0, gasv_lambda=0.05)
     toks, st = SpeculativeDecoder(m, d, _gasv_tables(m, kappa=0.0, lam=1.0)).generate(
-        cond, sampling=s, spec=loose, seed=7)
+        cond, sampling=s, method=get_method(loose.method), spec=loose, seed=7)
     assert st.mal > st_ref.mal and not torch.equal(toks, ref)

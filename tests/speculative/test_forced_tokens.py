@@ -23,6 +23,7 @@ from lisa_trt.families.chameleon.drafter import ChameleonDrafter  # noqa: E402
 from lisa_trt.models.family import SequenceLayout  # noqa: E402
 from lisa_trt.speculative.methods import GASVRuleConfig, SpecConfig  # noqa: E402
 from lisa_trt.speculative.run import run_method  # noqa: E402
+from lisa_trt.speculative.methods import get_method, resolve_method
 from lumina_calls import LuminaTokenizer, span_request  # noqa: E402
 
 H, W = 2, 4  # 64 x 32 px span: 2 rows of 4 codes
@@ -68,7 +69,7 @@ def spec(method, gasv=GASVRuleConfig(), lantern_delta=0.3):
 
 def decode(s, method, *, greedy, seed=1, **kw):
     sampling = SamplingConfig(cfg_scale=2.0, top_k=16, greedy=greedy)
-    return run_method(method, s["target"], s["drafter"], s["tables"], s["prompts"], sampling=sampling,
+    return run_method(resolve_method(method), s["target"], s["drafter"], s["tables"], s["prompts"], sampling=sampling,
                       spec=spec(method, **kw), seed=seed, layout=s["layout"])
 
 
@@ -90,7 +91,7 @@ def test_every_forced_position_commits_its_own_token(setup, method, greedy):
 
 def test_greedy_relaxed_rules_in_their_exact_limit_are_greedy_decoding(setup):
     """LANTERN with delta 0 and GASV with zero gates (kappa 0, lambda 1) are greedy decoding."""
-    ref, _ = run_method("vanilla", setup["target"], None, None, setup["prompts"],
+    ref, _ = run_method(get_method("vanilla"), setup["target"], None, None, setup["prompts"],
                         sampling=SamplingConfig(cfg_scale=2.0, top_k=16, greedy=True), spec=SpecConfig(), seed=0,
                         layout=setup["layout"])
     check_structure(ref, setup["layout"])
@@ -111,7 +112,7 @@ def test_sampled_gasv_without_budget_is_exact_sampling(setup):
 def test_sjd_gasv_commits_every_forced_token(setup):
     s = setup
     sampling = SamplingConfig(cfg_scale=2.0, top_k=16)
-    tokens, _ = run_method("sjd-gasv", s["target"], None, s["tables"], s["prompts"], sampling=sampling,
+    tokens, _ = run_method(get_method("sjd-gasv"), s["target"], None, s["tables"], s["prompts"], sampling=sampling,
                            spec=SpecConfig(), seed=3, sjd_window=4, layout=s["layout"])
     check_structure(tokens, s["layout"])
 

@@ -59,8 +59,8 @@ def tiny():
 
 def test_gsd_group_one_is_sjd_token_for_token(tiny):
     s, cond = SamplingConfig(cfg_scale=2.0), torch.tensor([1, 4])  # batch 2 with CFG
-    a, sa = run_method("sjd", tiny, None, None, cond, sampling=s, spec=SpecConfig(), seed=3, sjd_window=4)
-    b, sb = run_method("gsd", tiny, None, None, cond, sampling=s, spec=SpecConfig.make("exact", gsd_group=1),
+    a, sa = run_method(get_method("sjd"), tiny, None, None, cond, sampling=s, spec=SpecConfig(), seed=3, sjd_window=4)
+    b, sb = run_method(get_method("gsd"), tiny, None, None, cond, sampling=s, spec=SpecConfig.make("exact", gsd_group=1),
                        seed=3, sjd_window=4)
     assert torch.equal(a, b) and sb.mal == pytest.approx(sa.mal)
     assert sb.mean_tvd == pytest.approx(0.0, abs=1e-6)
@@ -68,9 +68,9 @@ def test_gsd_group_one_is_sjd_token_for_token(tiny):
 
 def test_gsd_wide_groups_accept_more_and_report_tvd(tiny):
     s, cond = SamplingConfig(cfg_scale=2.0), torch.tensor([1, 4, 7])
-    _, sj = run_method("sjd", tiny, None, None, cond, sampling=s, spec=SpecConfig(), seed=3, sjd_window=8)
+    _, sj = run_method(get_method("sjd"), tiny, None, None, cond, sampling=s, spec=SpecConfig(), seed=3, sjd_window=8)
     spec = SpecConfig.make("exact", gsd_group=64, gsd_prob_gap=1.0)
-    _, sg = run_method("gsd", tiny, None, None, cond, sampling=s, spec=spec, seed=3, sjd_window=8)
+    _, sg = run_method(get_method("gsd"), tiny, None, None, cond, sampling=s, spec=spec, seed=3, sjd_window=8)
     assert sg.mal > sj.mal and sg.mean_tvd > 0.0
 
 

@@ -20,6 +20,7 @@ from lisa_trt.config import SamplingConfig  # noqa: E402
 from lumina_calls import LuminaTokenizer, generate_image_tokens, load_chameleon_engines, row_end_mask, span_request  # noqa: E402
 from lisa_trt.speculative.methods import SpecConfig  # noqa: E402
 from lisa_trt.speculative.run import run_method  # noqa: E402
+from lisa_trt.speculative.methods import resolve_method
 
 CAPS = ["a red fox", "tok70 tok71 tok72"]  # two prompts of different lengths (left padding)
 
@@ -36,7 +37,7 @@ def test_one_hot_law_reproduces_the_ar_loop(setup, method):
     ref = generate_image_tokens(target, tok, CAPS, 64, 96, cfg_scale=3.0, greedy=True)
     prompts, layout, (h, w) = span_request(target, tok, CAPS, 64, 96, True)
     spec = SpecConfig.make("gasv", zipar_window=w + 1)  # zipar: a full row (row end included) = AR
-    got, st = run_method(method, target, None, None, prompts, sampling=SamplingConfig(cfg_scale=3.0, top_k=1),
+    got, st = run_method(resolve_method(method), target, None, None, prompts, sampling=SamplingConfig(cfg_scale=3.0, top_k=1),
                          spec=spec, seed=0, sjd_window=4, layout=layout)
     assert torch.equal(got, ref.tokens), method
     assert st.mean_tvd == pytest.approx(0.0, abs=1e-6)
@@ -47,7 +48,7 @@ def test_sampled_spans_keep_their_structure(setup, method):
     target, tok = setup
     prompts, layout, (h, w) = span_request(target, tok, CAPS, 64, 96, True)
     spec = SpecConfig.make("gasv", zipar_window=1)
-    got, st = run_method(method, target, None, None, prompts, sampling=SamplingConfig(cfg_scale=3.0, top_k=10),
+    got, st = run_method(resolve_method(method), target, None, None, prompts, sampling=SamplingConfig(cfg_scale=3.0, top_k=10),
                          spec=spec, seed=0, sjd_window=4, layout=layout)
     ends = row_end_mask(h, w)
     assert (got[:, ends] == tok.newline).all()
@@ -77,7 +78,7 @@ def test_the_jacobi_family_runs_on_the_onnx_runtime_graphs(setup, tmp_path):
     for method in ("sjd", "mcsjd", "sjd-pac", "gsd", "zipar"):
         prompts, layout, (h, w) = span_request(eng.target, eng.tokenizer, CAPS, 64, 64, True)
         spec = SpecConfig.make("gasv", zipar_window=2, sjd_pac_tree_width=2)  # the tree fits --max-tree 24
-        got, st = run_method(method, eng.target, None, None, prompts, sampling=SamplingConfig(cfg_scale=3.0, top_k=1),
+        got, st = run_method(resolve_method(method), eng.target, None, None, prompts, sampling=SamplingConfig(cfg_scale=3.0, top_k=1),
                              spec=spec, seed=0, sjd_window=4, layout=layout)
         if method == "zipar":  # approximate: the span structure, not the AR tokens
             ends = row_end_mask(h, w)

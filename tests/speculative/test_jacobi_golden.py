@@ -18,6 +18,7 @@ from lisa_trt.config import SamplingConfig
 from lisa_trt.speculative.methods import SpecConfig
 from lisa_trt.speculative.run import run_method
 from lisa_trt.testing import make_cond, make_target
+from lisa_trt.speculative.methods import resolve_method
 
 GOLDEN = Path(__file__).with_name("jacobi_golden.json")
 CASES = {
@@ -35,7 +36,7 @@ def _decode(case, setting, model_type):
     torch.manual_seed(0)
     m = make_target(model_type, std=0.5)
     cond = make_cond(m, batch=2)
-    toks, _ = run_method(method, m, None, None, cond, sampling=sampling, spec=SpecConfig.make("gasv", **knobs),
+    toks, _ = run_method(resolve_method(method), m, None, None, cond, sampling=sampling, spec=SpecConfig.make("gasv", **knobs),
                          seed=7, sjd_window=window)
     return toks.tolist()
 

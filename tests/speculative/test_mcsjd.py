@@ -14,6 +14,7 @@ from lisa_trt.speculative.methods import SpecConfig, get_method
 from lisa_trt.speculative.run import run_method
 from lisa_trt.speculative.sjd import sjd_generate
 from lisa_trt.testing import make_target
+from lisa_trt.speculative.methods import resolve_method
 
 from test_decode import _chi2_homogeneity, chi2_critical
 
@@ -95,7 +96,7 @@ def test_a_lossy_coupling_fails_the_loop_test():
 
 
 def test_mcsjd_is_registered_and_runs_through_run_method(check_stats):
-    """run_method("mcsjd") is the SJD loop with coupled drafts: the coupled loop's tokens and counts
+    """run_method(get_method("mcsjd")) is the SJD loop with coupled drafts: the coupled loop's tokens and counts
     for the same seed, which SJD's independent redraws do not reproduce; where every law is one-hot
     (top-k 1) the coupling cannot change a draft, and MC-SJD, SJD and the AR loop give the same tokens."""
     m = get_method("mcsjd")
@@ -104,7 +105,7 @@ def test_mcsjd_is_registered_and_runs_through_run_method(check_stats):
     cond = torch.tensor([1, 4])  # batch 2 with CFG
 
     def run(method, s):
-        return run_method(method, t, None, None, cond, sampling=s, spec=SpecConfig(), seed=0, sjd_window=4)
+        return run_method(resolve_method(method), t, None, None, cond, sampling=s, spec=SpecConfig(), seed=0, sjd_window=4)
 
     s = SamplingConfig(cfg_scale=2.0)
     toks, st = run("mcsjd", s)

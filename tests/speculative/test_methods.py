@@ -17,6 +17,7 @@ from lisa_trt.speculative.methods import (FLAT_FIELDS, METHODS, LanternConfig, M
                                           unregister_method)
 from lisa_trt.speculative.run import check_artifacts, run_method
 from lisa_trt.testing import make_target
+from lisa_trt.speculative.methods import get_method
 
 
 @pytest.fixture(scope="module")
@@ -62,17 +63,17 @@ def test_greedy_is_exact_with_argmax_sampling_everywhere(models):
     cond = torch.tensor([1, 2])
     s = SamplingConfig(cfg_scale=2.0)
     spec = SpecConfig.make("greedy", top_k=3, depth=2, total_tokens=8)
-    a, _ = SpeculativeDecoder(t, d).generate(cond, sampling=s, spec=spec, seed=0)
-    b, _ = run_method("greedy", t, d, None, cond, sampling=s, spec=spec, seed=1)
+    a, _ = SpeculativeDecoder(t, d).generate(cond, sampling=s, method=get_method(spec.method), spec=spec, seed=0)
+    b, _ = run_method(get_method("greedy"), t, d, None, cond, sampling=s, spec=spec, seed=1)
     c, _ = SpeculativeDecoder(t, d).generate(cond, sampling=dataclasses.replace(s, greedy=True),
-                                             spec=dataclasses.replace(spec, method="exact"), seed=2)
+                                             method=get_method("exact"), spec=dataclasses.replace(spec, method="exact"), seed=2)
     assert torch.equal(a, b) and torch.equal(a, c)
 
 
 def test_non_tree_methods_are_refused_by_the_tree_decoder(models):
     t, d = models
     with pytest.raises(InputError, match="run_method"):
-        SpeculativeDecoder(t, d).generate(torch.tensor([1]), spec=SpecConfig(method="sjd"))
+        SpeculativeDecoder(t, d).generate(torch.tensor([1]), method=get_method("sjd"), spec=SpecConfig(method="sjd"))
 
 
 def test_a_toy_rule_registered_here_runs_through_decode_and_run_method(models):
@@ -91,8 +92,8 @@ def test_a_toy_rule_registered_here_runs_through_decode_and_run_method(models):
         t, d = models
         s = SamplingConfig(cfg_scale=2.0, greedy=True)
         spec = SpecConfig.make("exact", top_k=3, depth=2, total_tokens=8)
-        toks, st = run_method("toy", t, d, None, torch.tensor([3]), sampling=s, spec=spec, seed=0)
-        ref, _ = run_method("exact", t, d, None, torch.tensor([3]), sampling=s, spec=spec, seed=0)
+        toks, st = run_method(get_method("toy"), t, d, None, torch.tensor([3]), sampling=s, spec=spec, seed=0)
+        ref, _ = run_method(get_method("exact"), t, d, None, torch.tensor([3]), sampling=s, spec=spec, seed=0)
         assert torch.equal(toks, ref) and seen and all(m == "toy" for _, m in seen)
         assert st.target_forwards == len(seen) + 1
     finally:
@@ -129,7 +130,7 @@ def test_a_rule_with_knobs_is_one_file_too(models):
         assert "--toy-keep" in [o.flag for o in cli_options()]
         t, d = models
         spec = s.replace(top_k=3, total_tokens=8)
-        run_method("toy-knobs", t, d, None, torch.tensor([3]), sampling=SamplingConfig(greedy=True), spec=spec,
+        run_method(get_method("toy-knobs"), t, d, None, torch.tensor([3]), sampling=SamplingConfig(greedy=True), spec=spec,
                    seed=0)
         assert seen and all(k.keep == 3 for k in seen)
     finally:

@@ -14,6 +14,7 @@ from lisa_trt.speculative.autoregressive import generate
 from lisa_trt.speculative.methods import SpecConfig
 from lisa_trt.speculative.run import run_method
 from lisa_trt.testing import make_cond, make_target
+from lisa_trt.speculative.methods import get_method
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +125,7 @@ def test_one_active_row_is_token_identical_to_plain_greedy(target, cfg, rows, la
     its whole raster prefix, and greedy PJD is plain greedy decoding."""
     cond = make_cond(target, 2)
     ref = generate(target, cond, cfg_scale=cfg, greedy=True)
-    toks, st = run_method("pjd", target, None, None, cond, sampling=SamplingConfig(cfg_scale=cfg, greedy=True),
+    toks, st = run_method(get_method("pjd"), target, None, None, cond, sampling=SamplingConfig(cfg_scale=cfg, greedy=True),
                           spec=SpecConfig.make(pjd_rows=rows, pjd_lag=lag, pjd_window=4), seed=0)
     assert torch.equal(toks, ref)
     assert st.settings["pjd_rows"] == rows
@@ -138,13 +139,13 @@ def test_several_rows_advance_together(target, check_mal):
         dec = (t >= 0).view(t.shape[0], 8, 8)
         seen.append(bool((~dec.all(2)[:, :-1] & dec.any(2)[:, 1:]).any()))
 
-    toks, st = run_method("pjd", target, None, None, cond, sampling=SamplingConfig(cfg_scale=2.0, top_k=0),
+    toks, st = run_method(get_method("pjd"), target, None, None, cond, sampling=SamplingConfig(cfg_scale=2.0, top_k=0),
                           spec=SpecConfig.make(pjd_rows=4, pjd_lag=1), seed=1, on_step=step)
     assert toks.shape == (2, 64) and bool((toks >= 0).all())
     assert any(seen)
     check_mal(st.mal, st.target_forwards, 64, rows=2)
     assert st.mean_tvd > 1e-3  # rows decided without the right part of the rows above: measured
-    one, st1 = run_method("pjd", target, None, None, cond, sampling=SamplingConfig(cfg_scale=2.0, top_k=0),
+    one, st1 = run_method(get_method("pjd"), target, None, None, cond, sampling=SamplingConfig(cfg_scale=2.0, top_k=0),
                           spec=SpecConfig.make(pjd_rows=1), seed=1)
     assert not torch.equal(one, toks)
     assert st1.mean_tvd < 1e-5  # one row in flight: every law is the raster conditional

@@ -17,6 +17,7 @@ from lisa_trt.speculative.methods import SpecConfig
 from lisa_trt.speculative.run import run_method
 from lisa_trt.speculative.twod import TwoDSettings
 from lisa_trt.testing import make_cond, make_target
+from lisa_trt.speculative.methods import get_method
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
 from export_artifacts import make_tables  # noqa: E402
@@ -36,7 +37,7 @@ def test_exact_2d_with_one_active_row_is_plain_greedy(models, kw):
     t, d, tab = models
     cond = make_cond(t, 2)
     ref = generate(t, cond, cfg_scale=2.0, greedy=True)
-    toks, st = run_method("exact-2d", t, d, None, cond, sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
+    toks, st = run_method(get_method("exact-2d"), t, d, None, cond, sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
                           spec=SpecConfig.make(**kw), seed=0)
     assert torch.equal(toks, ref) and st.drafter_calls > 0
 
@@ -47,10 +48,10 @@ def test_gasv_2d_at_its_lossless_limit_is_exact_2d(models, check_mal):
     t, d, tab = models
     cond = make_cond(t, 2)
     s = SamplingConfig(cfg_scale=2.0, top_k=0)
-    ex, _ = run_method("exact-2d", t, d, tab, cond, sampling=s, spec=SpecConfig.make(), seed=4)
-    g0, st0 = run_method("gasv-2d", t, d, tab, cond, sampling=s, spec=SpecConfig.make(gasv_delta=0.0), seed=4)
+    ex, _ = run_method(get_method("exact-2d"), t, d, tab, cond, sampling=s, spec=SpecConfig.make(), seed=4)
+    g0, st0 = run_method(get_method("gasv-2d"), t, d, tab, cond, sampling=s, spec=SpecConfig.make(gasv_delta=0.0), seed=4)
     assert torch.equal(ex, g0) and st0.mean_tvd < 1e-6
-    g, st = run_method("gasv-2d", t, d, tab, cond, sampling=s, spec=SpecConfig.make(gasv_delta=1.0), seed=4)
+    g, st = run_method(get_method("gasv-2d"), t, d, tab, cond, sampling=s, spec=SpecConfig.make(gasv_delta=1.0), seed=4)
     assert bool((g >= 0).all()) and st.mean_tvd > 0
     check_mal(st.mal, st.target_forwards, 64, rows=2)
     assert st.settings["gasv_2d_rows"] == TwoDSettings().rows
@@ -68,7 +69,7 @@ def test_jacobi_below_the_leading_row(models, check_mal):
         seen.append(bool((~dec.all(2)[:, :-1] & dec.any(2)[:, 1:]).any()))
 
     s = SamplingConfig(cfg_scale=2.0, top_k=0)
-    toks, st = run_method("gasv-2d", t, d, tab, cond, sampling=s, on_step=step, seed=2,
+    toks, st = run_method(get_method("gasv-2d"), t, d, tab, cond, sampling=s, on_step=step, seed=2,
                           spec=SpecConfig.make(gasv_2d_below="jacobi", gasv_2d_lag=1, gasv_delta=0.0))
     assert bool((toks >= 0).all()) and any(seen) and st.mean_tvd > 1e-3
     check_mal(st.mal, st.target_forwards, 64, rows=2)

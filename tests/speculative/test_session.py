@@ -16,6 +16,7 @@ from lisa_trt.speculative import session as S
 from lisa_trt.speculative.methods import METHODS, SpecConfig
 from lisa_trt.speculative.run import run_method
 from lisa_trt.testing import make_target
+from lisa_trt.speculative.methods import get_method, resolve_method
 
 from test_step_budget import _tables
 
@@ -120,7 +121,7 @@ def test_every_method_decodes_through_one_session(models, monkeypatch, method):
     name, drafter = ("exact", heads) if method == "medusa" else (method, d)
     counted = _Counted(monkeypatch, t)
     spec = SpecConfig.make("exact", top_k=3, depth=2, total_tokens=8).replace(sjd_window=3, zipar_window=2)
-    toks, st = run_method(name, t, drafter, tables, torch.tensor([1, 5]), sampling=SamplingConfig(cfg_scale=2.0),
+    toks, st = run_method(resolve_method(name), t, drafter, tables, torch.tensor([1, 5]), sampling=SamplingConfig(cfg_scale=2.0),
                           spec=spec, seed=3)
     assert toks.shape == (2, t.config.block_size) and bool((toks >= 0).all())
     assert counted.sessions == 1 and counted.inside == 1, vars(counted)
@@ -143,7 +144,7 @@ def test_the_session_counts_see_a_loop_that_sets_itself_up(models, monkeypatch):
         return inner(self, session, **kw)
 
     monkeypatch.setattr(ARDecoder, "decode", own_setup)
-    run_method("vanilla", t, None, None, torch.tensor([1, 5]), sampling=SamplingConfig(cfg_scale=2.0),
+    run_method(get_method("vanilla"), t, None, None, torch.tensor([1, 5]), sampling=SamplingConfig(cfg_scale=2.0),
                spec=SpecConfig(), seed=3)
     assert counted.sessions == 1 and counted.outside == 1
 
@@ -160,10 +161,10 @@ def test_one_seed_rule_for_every_decoder(models):
         assert dec.row_seeds == (METHODS[name].kind != "sjd" or METHODS[name].row_seeds), name
         if dec.row_seeds:
             with pytest.raises(InputError, match="3 seeds for 2 prompts; pass one seed per prompt"):
-                run_method(name, t, d, tables, torch.tensor([1, 5]), seeds=[1, 2, 3], **kw)
+                run_method(resolve_method(name), t, d, tables, torch.tensor([1, 5]), seeds=[1, 2, 3], **kw)
         else:
             with pytest.raises(InputError, match=f"the {name} loop has no per-row generators"):
-                run_method(name, t, d, tables, torch.tensor([1, 5]), seeds=[1, 2], **kw)
+                run_method(resolve_method(name), t, d, tables, torch.tensor([1, 5]), seeds=[1, 2], **kw)
 
 
 def test_session_setup():

@@ -13,6 +13,7 @@ from lisa_trt.speculative.run import run_method
 from lisa_trt.speculative.sampling import tvd
 from lisa_trt.speculative.verify import jacobi_residual
 from lisa_trt.testing import make_target
+from lisa_trt.speculative.methods import resolve_method
 
 from test_decode import _gasv_tables, chi2_critical
 
@@ -29,10 +30,10 @@ def test_lossless_limit_is_the_jacobi_decoder(tiny, base):
     m, tb = tiny
     s = SamplingConfig(cfg_scale=2.0)
     cond = torch.tensor([1, 4])
-    ref, _ = run_method(base, m, None, None, cond, sampling=s, spec=SpecConfig(), seed=3, sjd_window=4)
+    ref, _ = run_method(resolve_method(base), m, None, None, cond, sampling=s, spec=SpecConfig(), seed=3, sjd_window=4)
     for kw in (dict(gasv_delta=0.0), dict(gasv_kappa=0.0, gasv_lambda=1.0)):
         spec = SpecConfig.make("gasv", sjd_gasv_redraft=base, **kw)
-        got, st = run_method("sjd-gasv", m, None, tb, cond, sampling=s, spec=spec, seed=3, sjd_window=4)
+        got, st = run_method(get_method("sjd-gasv"), m, None, tb, cond, sampling=s, spec=spec, seed=3, sjd_window=4)
         assert torch.equal(got, ref), kw
         assert st.mean_tvd == 0.0
 
@@ -41,8 +42,8 @@ def test_relaxed_acceptance_accepts_at_least_as_much_and_reports_tvd(tiny):
     m, tb = tiny
     s = SamplingConfig(cfg_scale=2.0)
     cond = torch.tensor([1, 4, 6])
-    _, st_sjd = run_method("sjd", m, None, None, cond, sampling=s, spec=SpecConfig(), seed=0, sjd_window=6)
-    toks, st = run_method("sjd-gasv", m, None, tb, cond, sampling=s, seed=0, sjd_window=6,
+    _, st_sjd = run_method(get_method("sjd"), m, None, None, cond, sampling=s, spec=SpecConfig(), seed=0, sjd_window=6)
+    toks, st = run_method(get_method("sjd-gasv"), m, None, tb, cond, sampling=s, seed=0, sjd_window=6,
                           spec=SpecConfig.make("gasv", gasv_kappa=5.0, sjd_gasv_redraft="sjd"))
     assert st.mal >= st_sjd.mal and 0 < st.mean_tvd < 0.2  # (a tiny random model: gains are measured on the demo)
     assert ((toks >= 0) & (toks < m.config.vocab_size)).all()
@@ -102,5 +103,5 @@ def test_sjd_gasv_is_registered_with_its_knob(tiny):
     with pytest.raises(Exception, match="redraft"):
         SpecConfig.make("sjd-gasv", sjd_gasv_redraft="bogus").settings("sjd-gasv")
     with pytest.raises(Exception, match="needs calibration tables"):
-        run_method("sjd-gasv", m, None, None, torch.tensor([1]), sampling=SamplingConfig(), spec=SpecConfig(),
+        run_method(get_method("sjd-gasv"), m, None, None, torch.tensor([1]), sampling=SamplingConfig(), spec=SpecConfig(),
                    seed=0, sjd_window=4)

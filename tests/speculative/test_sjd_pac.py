@@ -147,7 +147,7 @@ def test_deterministic_target_reproduces_the_ar_loop_with_batch_and_cfg(tiny):
     ref = generate(tiny, cond, cfg_scale=2.0, top_k=1)
     s = SamplingConfig(cfg_scale=2.0, top_k=1)
     for K in (1, 4):
-        toks, st = run_method("sjd-pac", tiny, None, None, cond, sampling=s,
+        toks, st = run_method(get_method("sjd-pac"), tiny, None, None, cond, sampling=s,
                               spec=SpecConfig.make("gasv", sjd_pac_tree_width=K), seed=0, sjd_window=5)
         assert torch.equal(toks, ref), K
 
@@ -159,8 +159,8 @@ def test_sjd_pac_is_registered_with_its_own_knobs(tiny, check_stats):
     assert {"--sjd-pac-width", "--sjd-pac-depth"} <= {o.flag for o in cli_options()}
     s = SamplingConfig(cfg_scale=2.0)
     cond = torch.tensor([1, 4])
-    toks, st = run_method("sjd-pac", tiny, None, None, cond, sampling=s, spec=SpecConfig(), seed=0, sjd_window=4)
-    again, _ = run_method("sjd-pac", tiny, None, None, cond, sampling=s, spec=SpecConfig(), seed=0, sjd_window=4)
+    toks, st = run_method(get_method("sjd-pac"), tiny, None, None, cond, sampling=s, spec=SpecConfig(), seed=0, sjd_window=4)
+    again, _ = run_method(get_method("sjd-pac"), tiny, None, None, cond, sampling=s, spec=SpecConfig(), seed=0, sjd_window=4)
     assert toks.shape == (2, tiny.config.block_size) and torch.equal(toks, again)
     assert ((toks >= 0) & (toks < tiny.config.vocab_size)).all() and st.mean_tvd == 0.0
     check_stats(st, toks)

@@ -14,6 +14,7 @@ from lisa_trt.speculative.methods import SpecConfig
 from lisa_trt.speculative.run import run_method
 from lisa_trt.testing import make_cond, make_target
 from lisa_trt.validation import debug_checks_on
+from lisa_trt.speculative.methods import get_method, resolve_method
 
 TREE = dict(top_k=3, depth=3, total_tokens=10)
 # host reads per steady-state step, measured (the ceiling: a new read in the step fails the test)
@@ -59,7 +60,7 @@ def _budget(bench, models, method: str, batch: int = 2, margin: int = TREE["dept
     spec = SpecConfig.make(method, **TREE).replace(**knobs)
     try:
         with b:
-            toks, _ = run_method(method, t, d, tables, make_cond(t, batch=batch), sampling=SamplingConfig(cfg_scale=2.0),
+            toks, _ = run_method(resolve_method(method), t, d, tables, make_cond(t, batch=batch), sampling=SamplingConfig(cfg_scale=2.0),
                                  spec=spec, seed=3, on_step=b.on_step)
     finally:
         b.unwatch()
@@ -138,11 +139,11 @@ def test_the_skipped_checks_run_under_the_debug_switch(bench, models):
 
     S.check_finite = spy
     try:
-        run_method("exact", t, d, None, make_cond(t, batch=1), sampling=SamplingConfig(cfg_scale=2.0),
+        run_method(get_method("exact"), t, d, None, make_cond(t, batch=1), sampling=SamplingConfig(cfg_scale=2.0),
                    spec=SpecConfig.make("exact", **TREE), seed=3)
         entry_only = len(calls)
         with debug_checks_on():
-            run_method("exact", t, d, None, make_cond(t, batch=1), sampling=SamplingConfig(cfg_scale=2.0),
+            run_method(get_method("exact"), t, d, None, make_cond(t, batch=1), sampling=SamplingConfig(cfg_scale=2.0),
                        spec=SpecConfig.make("exact", **TREE), seed=3)
     finally:
         S.check_finite = inner

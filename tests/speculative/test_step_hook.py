@@ -10,6 +10,7 @@ from lisa_trt.models.drafter import Drafter
 from lisa_trt.speculative.methods import SpecConfig
 from lisa_trt.speculative.run import run_method
 from lisa_trt.testing import make_target
+from lisa_trt.speculative.methods import resolve_method
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +32,8 @@ def test_hook_prefixes_grow_into_the_final_tokens(models, method):
         done = done.tolist()
         seen.append([tokens[b, :n].tolist() for b, n in enumerate(done)])
 
-    toks, _ = run_method(method, t, d, None, cond, sampling=sampling, spec=spec, seed=3, on_step=hook)
-    ref, _ = run_method(method, t, d, None, cond, sampling=sampling, spec=spec, seed=3)
+    toks, _ = run_method(resolve_method(method), t, d, None, cond, sampling=sampling, spec=spec, seed=3, on_step=hook)
+    ref, _ = run_method(resolve_method(method), t, d, None, cond, sampling=sampling, spec=spec, seed=3)
     assert torch.equal(toks, ref)  # the hook only reads
     final = toks.tolist()
     assert len(seen) > 1

@@ -42,7 +42,7 @@ def tiny():
 
 
 def _run(t, window, sampling, cond=torch.tensor([1, 4]), seed=0):
-    return run_method("zipar", t, None, None, cond, sampling=sampling,
+    return run_method(get_method("zipar"), t, None, None, cond, sampling=sampling,
                       spec=SpecConfig.make("gasv", zipar_window=window), seed=seed)
 
 
@@ -106,17 +106,17 @@ def test_per_row_seeds_batch_rows_that_decode_as_they_would_alone(tiny):
     s, cond, seeds = SamplingConfig(cfg_scale=2.0), torch.tensor([1, 4, 6]), [11, 12, 13]
     spec = SpecConfig.make("gasv", zipar_window=1)
     assert get_method("zipar").row_seeds and not get_method("sjd").row_seeds
-    toks, st = run_method("zipar", tiny, None, None, cond, sampling=s, spec=spec, seed=0, seeds=seeds)
+    toks, st = run_method(get_method("zipar"), tiny, None, None, cond, sampling=s, spec=spec, seed=0, seeds=seeds)
     for b in range(3):
-        alone, _ = run_method("zipar", tiny, None, None, cond[b:b + 1], sampling=s, spec=spec, seed=seeds[b])
+        alone, _ = run_method(get_method("zipar"), tiny, None, None, cond[b:b + 1], sampling=s, spec=spec, seed=seeds[b])
         assert torch.equal(toks[b:b + 1], alone), b
         assert st.row(b)["mal"] == st.mal and st.row(b)["steps"] == len(st.committed)
-    other, _ = run_method("zipar", tiny, None, None, cond[[1, 0]], sampling=s, spec=spec, seed=0, seeds=seeds[1::-1])
+    other, _ = run_method(get_method("zipar"), tiny, None, None, cond[[1, 0]], sampling=s, spec=spec, seed=0, seeds=seeds[1::-1])
     assert torch.equal(other, toks[[1, 0]])  # the batch-mates do not matter
     with pytest.raises(InputError, match="2 seeds for 3 prompts"):
-        run_method("zipar", tiny, None, None, cond, sampling=s, spec=spec, seed=0, seeds=seeds[:2])
+        run_method(get_method("zipar"), tiny, None, None, cond, sampling=s, spec=spec, seed=0, seeds=seeds[:2])
     with pytest.raises(InputError, match="no per-row generators"):
-        run_method("mcsjd", tiny, None, None, cond, sampling=s, spec=spec, seed=0, seeds=seeds)
+        run_method(get_method("mcsjd"), tiny, None, None, cond, sampling=s, spec=spec, seed=0, seeds=seeds)
 
 
 def test_the_pads_of_a_fixed_width_step_are_invisible(tiny, monkeypatch):
@@ -130,7 +130,7 @@ def test_the_pads_of_a_fixed_width_step_are_invisible(tiny, monkeypatch):
     assert len(set(widths)) > 1  # steps of several widths: the narrow ones are padded
     s, spec = SamplingConfig(cfg_scale=2.0, top_k=1), SpecConfig.make("gasv", zipar_window=1, zipar_measure_tvd=False)
     cond = torch.tensor([1, 4])
-    base, _ = run_method("zipar", tiny, None, None, cond, sampling=s, spec=spec, seed=0)
+    base, _ = run_method(get_method("zipar"), tiny, None, None, cond, sampling=s, spec=spec, seed=0)
     inner, shapes = tiny.forward_tokens, []
 
     def other_pad_tokens(tokens, positions, slots, mask, cache):
@@ -139,6 +139,6 @@ def test_the_pads_of_a_fixed_width_step_are_invisible(tiny, monkeypatch):
         return inner(torch.where(pad[None], (tokens + 5) % V, tokens), positions, slots, mask, cache)
 
     monkeypatch.setattr(tiny, "forward_tokens", other_pad_tokens)
-    moved, _ = run_method("zipar", tiny, None, None, cond, sampling=s, spec=spec, seed=0)
+    moved, _ = run_method(get_method("zipar"), tiny, None, None, cond, sampling=s, spec=spec, seed=0)
     assert len(shapes) == len(widths) and len(set(shapes)) == 1, shapes
     assert torch.equal(base, moved)

@@ -32,6 +32,7 @@ from lisa_trt.speculative.decode import SpecConfig, SpeculativeDecoder  # noqa: 
 from lisa_trt.train import DataConfig, LossConfig, TrainConfig, train_drafter  # noqa: E402
 from lisa_trt.train import trainer as T  # noqa: E402
 from lisa_trt.train.requests import prompt_request  # noqa: E402
+from lisa_trt.speculative.methods import get_method
 
 torch.set_num_threads(1)
 CAPS = ["a red fox", "tok70 tok71 tok72", "x", "tok61 tok62 tok63 tok64"]
@@ -218,7 +219,7 @@ def test_janus_drafter_trains_and_speculates_losslessly(janus, tmp_path):
     for g in (1.0, 3.0):
         ref = lisa_trt.generate(target, ids, greedy=True, cfg_scale=g)
         got, st = SpeculativeDecoder(target, drafter).generate(ids, sampling=SamplingConfig(cfg_scale=g, greedy=True),
-                                                               spec=spec)
+                                                               method=get_method(spec.method), spec=spec)
         assert torch.equal(got, ref) and st.mal > 1.0
 
 

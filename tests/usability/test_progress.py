@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from lisa_trt.calibration.profile import calibrate
 from lisa_trt.config import SamplingConfig
 from lisa_trt.errors import InputError
+from lisa_trt.speculative.methods import resolve_method
 
 testing = pytest.importorskip("lisa_trt.testing")
 
@@ -90,7 +91,7 @@ def test_speculative_progress_callback_counts_to_the_whole_image():
     cond = make_cond(m, batch=2)
     for method in ("vanilla", "exact"):
         seen = []
-        run_method(method, m, d, None, cond, sampling=SamplingConfig(cfg_scale=2.0),
+        run_method(resolve_method(method), m, d, None, cond, sampling=SamplingConfig(cfg_scale=2.0),
                    spec=SpecConfig.make(method if method != "vanilla" else "exact", top_k=2, depth=2, total_tokens=6),
                    seed=0, on_progress=seen.append)
         assert seen and seen == sorted(seen) and seen[-1] == 2 * m.config.block_size, (method, seen)
