@@ -50,7 +50,6 @@ import time
 from pathlib import Path
 
 import torch
-from lisa_trt.speculative.methods import resolve_method
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_POINTS = ("vanilla", "sjd", "mcsjd", "sjd-pac", "gsd[group=14]", "zipar[window=4]", "lisa-exact",
@@ -186,7 +185,7 @@ class Frontier:
             drafter, tables = self.artifacts()
         t0 = time.perf_counter()
         with torch.no_grad():
-            toks, st = run_method(resolve_method(method), self.target, drafter, tables, cond, sampling=self.sampling, spec=spec,
+            toks, st = run_method(m, self.target, drafter, tables, cond, sampling=self.sampling, spec=spec,
                                   seed=self.a.seed + j, sjd_window=self.a.window)
         sec = time.perf_counter() - t0
         tok, fwd, tvd = row_stats(st, len(cond), m.kind, toks.shape[1] - 1)

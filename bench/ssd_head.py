@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from lisa_trt.speculative.methods import resolve_method
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decoders import mean_se, ratio_se, row_stats  # noqa: E402  (bench/decoders.py: per-row stats, SEs)
@@ -57,7 +58,7 @@ def online(target, sampling, label: str, head_path: str, images: int, batch: int
     for j in range(images // batch):
         cond = torch.arange(j * batch, (j + 1) * batch) % target.config.num_classes
         t0 = time.perf_counter()
-        out, st = run_method(method, target, None, None, cond, sampling=sampling, spec=spec, seed=seed + j)
+        out, st = run_method(resolve_method(method), target, None, None, cond, sampling=sampling, spec=spec, seed=seed + j)
         secs += time.perf_counter() - t0
         tok, f, tv = row_stats(st, batch, "sjd", out.shape[1] - 1)
         toks += tok

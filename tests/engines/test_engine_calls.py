@@ -138,7 +138,7 @@ def test_greedy_tokens_do_not_depend_on_the_drafter_engines(engines, artifacts, 
     """drafter_fused (ORT, TensorRT) and drafter_project + drafter_step decode the same greedy tokens."""
     toks = {}
     for name, eng in engines.items():
-        toks[name], _ = run_method(method, eng.target, eng.drafter, artifacts["tables"], torch.tensor([3, 7]),
+        toks[name], _ = run_method(resolve_method(method), eng.target, eng.drafter, artifacts["tables"], torch.tensor([3, 7]),
                                    sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
                                    spec=SpecConfig.make(method, **TREE), seed=0, gasv=eng.gasv)
     assert all(torch.equal(toks["ort-split"], t) for t in toks.values())

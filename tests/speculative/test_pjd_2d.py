@@ -82,7 +82,7 @@ def test_jacobi_gasv_below_moves_mass_only_on_the_rows_below(models):
     t, d, tab = models
     cond = make_cond(t, 2)
     s = SamplingConfig(cfg_scale=2.0, top_k=0)
-    run = lambda below, delta: run_method("gasv-2d", t, d, tab, cond, sampling=s, seed=2, spec=SpecConfig.make(  # noqa: E731
+    run = lambda below, delta: run_method(get_method("gasv-2d"), t, d, tab, cond, sampling=s, seed=2, spec=SpecConfig.make(  # noqa: E731
         gasv_2d_below=below, gasv_2d_lag=1, gasv_delta=delta))
     ref, st_ref = run("jacobi", 0.0)
     got, st = run("jacobi-gasv", 0.0)

@@ -12,7 +12,7 @@ import torch
 from lisa_trt.config import SamplingConfig
 from lisa_trt.errors import InputError
 from lisa_trt.models.head2d import Heads2D
-from lisa_trt.speculative.methods import SpecConfig
+from lisa_trt.speculative.methods import SpecConfig, get_method
 from lisa_trt.speculative.pjd import PJDSettings
 from lisa_trt.speculative.run import run_method
 from lisa_trt.speculative.ssd import UNTRAINED, BelowLaws, PJDSSDDecoder
@@ -43,21 +43,21 @@ def _decode(t, heads, settings=PJDSettings(), sampling=SAMPLING, keep=None):
 
 
 def test_without_a_head_the_loop_is_pjd(target):
-    ref, st = run_method("pjd", target, None, None, COND, sampling=SAMPLING, spec=SpecConfig(), seed=3)
+    ref, st = run_method(get_method("pjd"), target, None, None, COND, sampling=SAMPLING, spec=SpecConfig(), seed=3)
     toks, st2 = _decode(target, None)
     assert torch.equal(toks, ref) and st.target_forwards == st2.target_forwards
     assert st2.settings["pjd_ssd2d_head"] == "off"
 
 
 def test_the_method_runs_with_the_untrained_head(target):
-    toks, st = run_method("pjd-ssd2d", target, None, None, COND, sampling=SAMPLING, spec=SpecConfig(), seed=3)
+    toks, st = run_method(get_method("pjd-ssd2d"), target, None, None, COND, sampling=SAMPLING, spec=SpecConfig(), seed=3)
     assert toks.shape == (2, H * W) and bool((toks >= 0).all())
     assert st.settings["pjd_ssd2d_head"] == "untrained" and st.target_forwards >= H
 
 
 def test_one_lane_greedy_is_greedy_decoding(target):
     greedy = SamplingConfig(cfg_scale=2.0, greedy=True)
-    ref, _ = run_method("vanilla", target, None, None, COND, sampling=greedy, spec=SpecConfig(), seed=3)
+    ref, _ = run_method(get_method("vanilla"), target, None, None, COND, sampling=greedy, spec=SpecConfig(), seed=3)
     toks, _ = _decode(target, UNTRAINED, PJDSettings(rows=1), greedy)
     assert torch.equal(toks, ref)
 
@@ -115,12 +115,12 @@ def test_forced_row_ends_on_chameleon(tmp_path):
     t, tok = lisa_trt.load_target(d), LuminaTokenizer(d)
     caps = ["a red fox", "tok70 tok71 tok72"]
     prompts, layout, (h, w) = span_request(t, tok, caps, 64, 96, True)
-    got, _ = run_method("pjd-ssd2d", t, None, None, prompts, sampling=SamplingConfig(cfg_scale=3.0, top_k=10),
+    got, _ = run_method(get_method("pjd-ssd2d"), t, None, None, prompts, sampling=SamplingConfig(cfg_scale=3.0, top_k=10),
                         spec=SpecConfig(), seed=0, layout=layout)
     ends = row_end_mask(h, w)
     assert (got[:, ends] == tok.newline).all() and ((got[:, ~ends] >= 4) & (got[:, ~ends] < 4 + N_CODES)).all()
     ref = generate_image_tokens(t, tok, caps, 64, 96, cfg_scale=3.0, greedy=True)
-    one, _ = run_method("pjd-ssd2d", t, None, None, prompts, sampling=SamplingConfig(cfg_scale=3.0, top_k=1),
+    one, _ = run_method(get_method("pjd-ssd2d"), t, None, None, prompts, sampling=SamplingConfig(cfg_scale=3.0, top_k=1),
                         spec=SpecConfig().replace(pjd_rows=1), seed=0, layout=layout)
     assert torch.equal(one, ref.tokens)
 
@@ -131,7 +131,7 @@ def test_bad_head_files_are_refused(target, tmp_path):
     from lisa_trt.models.head2d import save_heads2d
 
     def run(path):
-        return run_method("pjd-ssd2d", target, None, None, COND, sampling=SAMPLING,
+        return run_method(get_method("pjd-ssd2d"), target, None, None, COND, sampling=SAMPLING,
                           spec=SpecConfig().replace(pjd_ssd2d_head=str(path)), seed=3)
 
     with pytest.raises(CheckpointError, match="no 2-D head file"):

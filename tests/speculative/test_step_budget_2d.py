@@ -11,7 +11,7 @@ import torch
 
 from lisa_trt.config import SamplingConfig
 from lisa_trt.models.drafter import Drafter
-from lisa_trt.speculative.methods import SpecConfig
+from lisa_trt.speculative.methods import SpecConfig, resolve_method
 from lisa_trt.speculative.run import run_method
 from lisa_trt.testing import make_cond, make_target
 
@@ -61,7 +61,7 @@ def test_steady_2d_step_reads_one_host_value_with_one_shape_per_graph(bench, mod
         b.watch(d, (m,), f"drafter.{m}")
     try:
         with b:
-            toks, st = run_method(method, t, d, tables, make_cond(t, batch=2), sampling=SamplingConfig(cfg_scale=2.0),
+            toks, st = run_method(resolve_method(method), t, d, tables, make_cond(t, batch=2), sampling=SamplingConfig(cfg_scale=2.0),
                                   spec=SpecConfig.make(method, **knobs), seed=3, on_step=b.on_step)
     finally:
         b.unwatch()

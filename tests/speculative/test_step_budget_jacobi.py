@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lisa_trt.config import SamplingConfig
-from lisa_trt.speculative.methods import SpecConfig
+from lisa_trt.speculative.methods import SpecConfig, resolve_method
 from lisa_trt.speculative.run import run_method
 from lisa_trt.testing import make_cond, make_target
 
@@ -36,7 +36,7 @@ def _budget(bench, models, method: str, batch: int):
     spec = SpecConfig.make(method).replace(sjd_window=WINDOW, zipar_window=2)
     try:
         with b:
-            toks, _ = run_method(method, t, None, tables, make_cond(t, batch=batch),
+            toks, _ = run_method(resolve_method(method), t, None, tables, make_cond(t, batch=batch),
                                  sampling=SamplingConfig(cfg_scale=2.0), spec=spec, seed=3, on_step=b.on_step)
     finally:
         b.unwatch()

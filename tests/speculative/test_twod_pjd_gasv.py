@@ -16,7 +16,7 @@ from lisa_trt.config import SamplingConfig
 from lisa_trt.errors import InputError
 from lisa_trt.models.family import SequenceLayout
 from lisa_trt.speculative import pjd as P
-from lisa_trt.speculative.methods import SpecConfig
+from lisa_trt.speculative.methods import SpecConfig, get_method, resolve_method
 from lisa_trt.speculative.run import run_method
 from lisa_trt.speculative.twod import PJDGASVDecoder, PJDGASVSettings, gasv_slot_tvd
 from lisa_trt.speculative.verify import ratio_accept, sjd_accept
@@ -70,14 +70,14 @@ def test_without_mass_to_move_it_is_pjd_token_for_token(models):
     t, tab = models
     cond = make_cond(t, 2)
     kw = dict(rows=3, window=4, lag=1)
-    ref, st_ref = run_method("pjd", t, None, None, cond, sampling=S, seed=5,
+    ref, st_ref = run_method(get_method("pjd"), t, None, None, cond, sampling=S, seed=5,
                              spec=SpecConfig.make(**{f"pjd_{k}": v for k, v in kw.items()}))
-    got, st = run_method("pjd-gasv-2d", t, None, tab, cond, sampling=S, seed=5,
+    got, st = run_method(get_method("pjd-gasv-2d"), t, None, tab, cond, sampling=S, seed=5,
                          spec=SpecConfig.make(gasv_delta=0.0, **{f"pjd_gasv_2d_{k}": v for k, v in kw.items()}))
     assert torch.equal(got, ref) and st.target_forwards == st_ref.target_forwards
     assert abs(st.mean_tvd - st_ref.mean_tvd) < 1e-6
     assert st.settings["pjd_gasv_2d_rows"] == 3 and st.settings["gasv_delta"] == 0.0
-    moved, st_m = run_method("pjd-gasv-2d", t, None, tab, cond, sampling=S, seed=5,
+    moved, st_m = run_method(get_method("pjd-gasv-2d"), t, None, tab, cond, sampling=S, seed=5,
                              spec=SpecConfig.make(gasv_delta=1.0, **{f"pjd_gasv_2d_{k}": v for k, v in kw.items()}))
     assert not torch.equal(moved, ref) and st_m.mean_tvd > st_ref.mean_tvd  # mass moved, and reported
 
@@ -87,7 +87,7 @@ def test_greedy_with_one_lane_is_plain_greedy(models):
 
     t, tab = models
     cond = make_cond(t, 2)
-    toks, _ = run_method("pjd-gasv-2d", t, None, tab, cond, sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
+    toks, _ = run_method(get_method("pjd-gasv-2d"), t, None, tab, cond, sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
                          spec=SpecConfig.make(pjd_gasv_2d_rows=1), seed=0)
     assert torch.equal(toks, generate(t, cond, cfg_scale=2.0, greedy=True))
 
@@ -142,7 +142,7 @@ def test_forced_tokens_are_committed_at_batch_above_one(models, family, method):
     layout = _layouts(t.config.vocab_size)[family]
     forced = layout.forced >= 0
     for greedy in (False, True):
-        toks, st = run_method(method, t, None, tab, make_cond(t, 3), sampling=SamplingConfig(cfg_scale=2.0,
+        toks, st = run_method(resolve_method(method), t, None, tab, make_cond(t, 3), sampling=SamplingConfig(cfg_scale=2.0,
                               greedy=greedy), seed=1, layout=layout,
                               spec=SpecConfig.make(pjd_rows=3, pjd_lag=1, pjd_gasv_2d_rows=3, pjd_gasv_2d_lag=1))
         assert torch.equal(toks[:, forced], layout.forced[forced].expand(3, -1))
@@ -157,4 +157,4 @@ def test_bad_settings_are_refused(models):
         PJDGASVSettings(reuse=-1.0)
     t, _ = models
     with pytest.raises(InputError, match="tables"):
-        run_method("pjd-gasv-2d", t, None, None, make_cond(t, 1), sampling=S, spec=SpecConfig.make(), seed=0)
+        run_method(get_method("pjd-gasv-2d"), t, None, None, make_cond(t, 1), sampling=S, spec=SpecConfig.make(), seed=0)
