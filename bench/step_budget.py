@@ -1,8 +1,10 @@
 """What one steady-state decode step costs between the engine calls (issue 49, DESIGN 5b).
 
 Counts, per steady-state step, on the ONNX Runtime backend (the TensorRT runner shares every
-engine class and decode loop above the runner, so these are what a GPU run pays; TensorRT commits
-the drafter as `--commit project+step`, since it builds no drafter_commit engine):
+engine class and decode loop above the runner, so these are what a GPU run pays; TensorRT runs the
+drafter as `--commit fused` does, through drafter_fused, the drafter's only engine that `lisa-trt
+build` makes; `--commit project+step` is how it commits a bundle exported before drafter_fused, since
+it builds no drafter_commit engine):
 
 - host reads: Python reading a tensor's value, each a device sync on a GPU: `.item()`, `bool()`,
   `int()`, `float()` (aten._local_scalar_dense), `.tolist()`, `.numpy()`, `nonzero`,
@@ -297,7 +299,8 @@ def measure(engine_dir: str, cases: list, images: int, time_images: int, commit:
     # commit "fused": drafter_fused (every drafter call, the commit's fc inside: one call; ORT's default
     # and TensorRT's one drafter engine), or a bundle exported before it: its drafter_commit graph;
     # "project+step": drafter_project then drafter_step, as such older bundles run on TensorRT (no
-    # drafter_commit engine: deploy/build.py NOT_BUILT), one engine call more per step
+    # drafter_commit engine: deploy/build.py NOT_BUILT) until export.upgrade.add_graphs gives them
+    # drafter_fused, one engine call more per step
     os.environ["LISA_TRT_ORT_FUSED_DRAFTER"] = "1" if commit == "fused" else "0"
     os.environ["LISA_TRT_ORT_FUSED_COMMIT"] = "1" if commit == "fused" else "0"
     pipe = Pipeline.from_dir(engine_dir, backend="ort", threads=1)

@@ -1,12 +1,16 @@
 """Optional graphs added to an existing bundle (old bundles keep loading without them; how an older
 manifest is read is export/legacy.py's).
 
-`drafter_commit` (drafter fc + step in one call, engines.graph.GraphDrafter.commit) is exported
-by `export_bundle` since it exists; `add_graphs` gives a bundle exported before it the graph from
-the bundle's own PyTorch weights, validated against PyTorch like a fresh export:
+`drafter_fused` (every drafter call in one graph: a commit runs the fc on the taps inside, an
+expansion feeds the previous hidden state; engines.graph.GraphDrafter) is exported by
+`export_bundle` since it exists; `add_graphs` gives a bundle exported before it the graph from the
+bundle's own PyTorch weights, validated against PyTorch like a fresh export. The upgraded bundle
+then runs the drafter as that one graph on every backend (ONNX Runtime, TensorRT: `lisa-trt build`
+makes it the drafter's only engine), one engine call per commit instead of drafter_project +
+drafter_step. An older bundle's `drafter_commit` is not added (`drafter_fused` replaces it):
 
     from lisa_trt.export.upgrade import add_graphs
-    add_graphs("runs/demo/demo_run/engines")     # -> ["drafter_commit"]
+    add_graphs("runs/demo/demo_run/engines")     # -> ["drafter_fused"]
 """
 
 from __future__ import annotations
@@ -18,14 +22,14 @@ from typing import Optional
 
 from ..errors import InputError
 from ..models.io_spec import Graph
-from .onnx import DrafterCommitGraph, _export_graph, _half_copy
+from .onnx import DrafterFusedGraph, _export_graph, _half_copy
 
-OPTIONAL_GRAPHS = (Graph.DRAFTER_COMMIT,)
+OPTIONAL_GRAPHS = (Graph.DRAFTER_FUSED,)
 
 
 def add_graphs(engine_dir, graphs=OPTIONAL_GRAPHS, *, opset: Optional[int] = None, validate: bool = True,
                lint: bool = False) -> list:
-    """Add optional graphs (e.g. drafter_commit) to an existing fp32/fp16 bundle from its own
+    """Add optional graphs (drafter_fused) to an existing fp32/fp16 bundle from its own
     PyTorch weights, validated like a fresh export; the manifest gains their entries (every
     other key, a TensorRT build record included, is kept). Graphs already there are skipped.
 
@@ -52,7 +56,7 @@ def add_graphs(engine_dir, graphs=OPTIONAL_GRAPHS, *, opset: Optional[int] = Non
     fp16 = man.precision == "fp16"
     t_exp = _half_copy(refs["target"]) if fp16 else refs["target"]
     d_exp = _half_copy(refs["drafter"]) if fp16 else refs["drafter"]
-    build = {Graph.DRAFTER_COMMIT: lambda: DrafterCommitGraph(d_exp)}
+    build = {Graph.DRAFTER_FUSED: lambda: DrafterFusedGraph(d_exp)}
     raw = json.loads((engine_dir / M.MANIFEST_NAME).read_text())
     for g in todo:
         if g not in build:

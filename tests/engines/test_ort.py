@@ -155,8 +155,8 @@ def test_drafter_fused_commit_is_project_then_step_in_one_call(engines, artifact
 
 
 def test_bundle_without_drafter_fused_still_loads_and_decodes(engines, artifacts, tmp_path):
-    """drafter_fused is optional: an older bundle commits through project + step (or its
-    drafter_commit, when ORT is asked to open it), same tokens."""
+    """drafter_fused is optional: an older bundle commits through project + step, same tokens;
+    export.upgrade.add_graphs gives it drafter_fused back (the default drafter runner, same tokens)."""
     import json
     import shutil
 
@@ -179,9 +179,10 @@ def test_bundle_without_drafter_fused_still_loads_and_decodes(engines, artifacts
                                                                                 num_tokens=12)
         assert torch.equal(t_old, t_new)
     # export_bundle indexes the models into its shared weights file: add_graphs rebuilds them from it
-    assert add_graphs(old, validate=False) == ["drafter_commit"]
-    with load_ort_engines(old, threads=1, fused_commit=True) as e_up:
-        assert e_up.drafter.fused_commit
+    assert add_graphs(old, validate=False) == ["drafter_fused"]
+    assert add_graphs(old, validate=False) == []  # already there: skipped
+    with load_ort_engines(old, threads=1) as e_up:  # the default drafter runner again: one graph
+        assert e_up.drafter._fused is not None
         t_up, _ = SpeculativeDecoder(e_up.target, e_up.drafter).generate(cond, method=get_method(spec.method), spec=spec, seed=0, num_tokens=12)
         assert torch.equal(t_up, t_new)
 

@@ -28,20 +28,6 @@ CASES = {
 }
 
 
-def _gasv_gates_checked_every_step() -> bool:
-    """sjd_gasv.moved_onto_drafts (another helper's file, fixed on its branch) still runs GASV's
-    logits check (3 host reads) in every step outside debug mode."""
-    import inspect
-
-    from lisa_trt.speculative import sjd_gasv
-
-    return "check_inputs=debug_checks()" not in inspect.getsource(sjd_gasv.moved_onto_drafts)
-
-
-GASV_READS = pytest.mark.xfail(_gasv_gates_checked_every_step(), strict=True,
-                               reason="sjd_gasv.moved_onto_drafts checks the logits on the host every step")
-
-
 @pytest.fixture(scope="module")
 def models():
     torch.manual_seed(0)
@@ -49,8 +35,7 @@ def models():
     return t, Drafter.from_target(t).eval(), make_tables(t)
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=GASV_READS) if "gasv" in c and c != "gasv-2d" else c
-                                  for c in sorted(CASES)])
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_steady_2d_step_reads_one_host_value_with_one_shape_per_graph(bench, models, case):
     method, knobs, drafter_calls = CASES[case]
     t, d, tables = models
