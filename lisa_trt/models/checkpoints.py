@@ -13,7 +13,7 @@ from typing import Union
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import ArtifactMismatchError, CheckpointError
 from ..safe_load import safe_torch_load
 from ..io import load_safetensors, save_safetensors, state_dict_problems, tensor_hash, write_json
 
@@ -24,6 +24,25 @@ _DROP_SUFFIXES = ("freqs_cis",)
 def target_hash(model) -> str:
     """Identity of a target: sha256 of its output head weight (fp32 bytes), 16 hex digits."""
     return tensor_hash(model.output.weight)
+
+
+def read_heads_artifact(path, target, *, kind: str, schema_version: int, label: str, arch: str,
+                        check_target: bool = True):
+    """(config dict, tensors) of a lisa-trt heads artifact (Medusa heads, 2-D heads: safetensors
+    whose metadata holds kind, schema_version and config with the target's hash), refused with the
+    fix for another artifact kind, another schema version or (check_target) another target."""
+    path = Path(path)
+    tensors, meta = load_safetensors(path)
+    if meta.get("kind") != kind or "config" not in meta:
+        raise CheckpointError(f"{path} is not a lisa-trt {label} heads artifact; make one with `lisa-trt train --arch {arch}`")
+    if meta.get("schema_version") != schema_version:
+        raise ArtifactMismatchError(f"{path} has {label} heads schema version {meta.get('schema_version')}; this "
+                                    f"lisa-trt reads version {schema_version}")
+    cfg = meta["config"]
+    if check_target and cfg.get("target_hash") != target_hash(target):
+        raise ArtifactMismatchError(f"{label} heads {path} were trained for target hash {cfg.get('target_hash')}, not "
+                                    f"{target_hash(target)}: load that target or train heads for this one")
+    return cfg, tensors
 
 
 def read_state_dict(path: PathLike, mmap: bool = False) -> tuple[dict, dict]:

@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from ..errors import ArtifactMismatchError, CheckpointError, ConfigError
-from .checkpoints import target_hash
+from ..errors import CheckpointError, ConfigError
+from .checkpoints import read_heads_artifact, target_hash
 from .medusa import ResBlock
 
 SCHEMA_VERSION = 1
@@ -144,22 +144,12 @@ def save_heads2d(heads: Heads2D, path) -> None:
 
 def load_heads2d(path, target: nn.Module, *, check_target: bool = True) -> Heads2D:
     """Load 2-D heads made for `target` (refused for another target or another artifact kind)."""
-    from ..io import load_safetensors
-
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no 2-D head file {path}; make one with `lisa-trt train --arch ssd`")
-    tensors, meta = load_safetensors(path)
-    if meta.get("kind") != ARTIFACT_KIND or "config" not in meta:
-        raise CheckpointError(f"{path} is not a lisa-trt 2-D head artifact; make one with "
-                              "`lisa-trt train --arch ssd`")
-    if meta.get("schema_version") != SCHEMA_VERSION:
-        raise ArtifactMismatchError(f"{path} has 2-D head schema version {meta.get('schema_version')}; this "
-                                    f"lisa-trt reads version {SCHEMA_VERSION}")
-    cfg = Head2DConfig.from_dict(meta["config"])
-    if check_target and cfg.target_hash != target_hash(target):
-        raise ArtifactMismatchError(f"2-D heads {path} were trained for target hash {cfg.target_hash}, not "
-                                    f"{target_hash(target)}: load that target or train heads for this one")
+    cfg, tensors = read_heads_artifact(path, target, kind=ARTIFACT_KIND, schema_version=SCHEMA_VERSION,
+                                       label="2-D", arch="ssd", check_target=check_target)
+    cfg = Head2DConfig.from_dict(cfg)
     m = Heads2D(cfg)
     try:
         m.load_state_dict(tensors, strict=True)

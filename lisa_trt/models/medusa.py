@@ -36,8 +36,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..errors import ArtifactMismatchError, CheckpointError, ConfigError
-from .checkpoints import target_hash
+from ..errors import CheckpointError, ConfigError
+from .checkpoints import read_heads_artifact, target_hash
 from .draft_vocab import check_d2t, to_full_vocab
 
 SCHEMA_VERSION = 1
@@ -173,19 +173,9 @@ def is_medusa_file(path) -> bool:
 
 def load_medusa(path, target: nn.Module, *, check_target: bool = True) -> MedusaHeads:
     """Load Medusa heads made for `target` (refused for another target)."""
-    from ..io import load_safetensors
-
-    path = Path(path)
-    tensors, meta = load_safetensors(path)
-    if meta.get("kind") != ARTIFACT_KIND or "config" not in meta:
-        raise CheckpointError(f"{path} is not a lisa-trt Medusa artifact; make one with `lisa-trt train --arch medusa`")
-    if meta.get("schema_version") != SCHEMA_VERSION:
-        raise ArtifactMismatchError(f"{path} has Medusa schema version {meta.get('schema_version')}; this "
-                                    f"lisa-trt reads version {SCHEMA_VERSION}")
-    cfg = MedusaConfig.from_dict(meta["config"])
-    if check_target and cfg.target_hash != target_hash(target):
-        raise ArtifactMismatchError(f"Medusa heads {path} were trained for target hash {cfg.target_hash}, not "
-                                    f"{target_hash(target)}: load that target or train heads for this one")
+    cfg, tensors = read_heads_artifact(path, target, kind=ARTIFACT_KIND, schema_version=SCHEMA_VERSION,
+                                       label="Medusa", arch="medusa", check_target=check_target)
+    cfg = MedusaConfig.from_dict(cfg)
     m = MedusaHeads(cfg, tensors.get("d2t"))
     try:
         m.load_state_dict(tensors, strict=True)

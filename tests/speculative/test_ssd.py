@@ -137,7 +137,7 @@ def test_bad_head_files_are_refused(target, tmp_path):
     with pytest.raises(CheckpointError, match="no 2-D head file"):
         run(tmp_path / "missing.safetensors")
     save_safetensors({"x": torch.zeros(2)}, tmp_path / "other.safetensors", metadata={"kind": "lisa-trt-medusa"})
-    with pytest.raises(CheckpointError, match="not a lisa-trt 2-D head artifact"):
+    with pytest.raises(CheckpointError, match="not a lisa-trt 2-D heads artifact"):
         run(tmp_path / "other.safetensors")
     other = make_target(block_size=H * W, grid_shape=(H, W), n_layer=2, std=0.3, seed=1)
     save_heads2d(Heads2D.from_target(other, W, H * W), tmp_path / "h.safetensors")

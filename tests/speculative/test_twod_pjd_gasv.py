@@ -24,6 +24,7 @@ from lisa_trt.testing import make_cond, make_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
 from export_artifacts import make_tables  # noqa: E402
+from test_pjd import _Recording  # noqa: E402  (the target wrapper recording each forward's slots and mask)
 
 S = SamplingConfig(cfg_scale=2.0, top_k=0)
 
@@ -90,18 +91,6 @@ def test_greedy_with_one_lane_is_plain_greedy(models):
     toks, _ = run_method(get_method("pjd-gasv-2d"), t, None, tab, cond, sampling=SamplingConfig(cfg_scale=2.0, greedy=True),
                          spec=SpecConfig.make(pjd_gasv_2d_rows=1), seed=0)
     assert torch.equal(toks, generate(t, cond, cfg_scale=2.0, greedy=True))
-
-
-class _Recording:
-    def __init__(self, target):
-        self.t, self.calls = target, []
-
-    def __getattr__(self, name):
-        return getattr(self.t, name)
-
-    def forward_tokens(self, tokens, positions, slots, mask, cache, **kw):
-        self.calls.append((slots.clone(), mask.clone(), int(cache.lengths[0])))
-        return self.t.forward_tokens(tokens, positions, slots, mask, cache, **kw)
 
 
 def test_the_mask_is_row_causal(models):
