@@ -73,7 +73,7 @@ def hub_name(name) -> Optional[tuple]:
     m = _NAME.match(name)
     if m is None or "--" in m["repo"] or ".." in m["repo"] or len(m["repo"]) > 96:
         raise HubModelError(
-            f"--model {name!r} is neither an existing file or directory nor a Hugging Face name: use org/name "
+            f"the model {name!r} is neither an existing file or directory nor a Hugging Face name: use org/name "
             "or org/name@revision (letters, digits, '-', '_', '.'), e.g. my-org/my-model@main")
     return m["repo"], m["rev"]
 
@@ -153,7 +153,7 @@ def _download_error(shown: str, repo: str, rev: Optional[str], e: Exception) -> 
     where = f"revision {rev!r} of " if rev else ""
     cause = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
     return HubModelError(
-        f"--model {shown!r}: {where}Hugging Face repo {repo!r} is not in the local cache "
+        f"the model {shown!r}: {where}Hugging Face repo {repo!r} is not in the local cache "
         f"({_cache_dir() or 'the default HF cache'}) and could not be fetched ({cause}). Check the name, your "
         f"network and access (gated repos need `hf auth login`); or fetch it where there is network "
         f"(`{_download_command(repo, rev, 'weights')}`) and copy the cache, or pass a local directory. "
@@ -184,7 +184,7 @@ def resolve_model(name_or_path, *, need: str = "weights", notify=None) -> Union[
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError
     except ImportError:
-        raise HubModelError(f"--model {name_or_path!r} is a Hugging Face name, which needs huggingface_hub: "
+        raise HubModelError(f"the model {name_or_path!r} is a Hugging Face name, which needs huggingface_hub: "
                             "pip install huggingface_hub (or pass the local directory)") from None
     kw = dict(revision=rev, cache_dir=_cache_dir())
     try:
@@ -196,7 +196,7 @@ def resolve_model(name_or_path, *, need: str = "weights", notify=None) -> Union[
     where = f"revision {rev!r} of " if rev else ""
     if _offline():
         raise HubModelError(
-            f"--model {name_or_path!r}: no local file or directory of that name, and {where}Hugging Face repo "
+            f"the model {name_or_path!r}: no local file or directory of that name, and {where}Hugging Face repo "
             f"{repo!r} is not in the local cache ({_cache_dir() or 'the default HF cache'}) while HF_HUB_OFFLINE "
             f"is set; run `{_download_command(repo, rev, need)}` with network, or unset HF_HUB_OFFLINE")
     files = _listing(repo, rev, name_or_path)

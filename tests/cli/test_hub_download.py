@@ -110,7 +110,7 @@ def test_the_cli_prints_no_traceback_when_the_hub_is_unreachable(fake):
 
     fake.listing_error = hfh.errors.LocalEntryNotFoundError("ConnectError: cannot reach huggingface.co")
     r = CliRunner().invoke(main, ["plan", "org/name"])
-    assert r.exit_code == 2 and "Traceback" not in r.output and "error: --model 'org/name'" in r.output, r.output
+    assert r.exit_code == 2 and "Traceback" not in r.output and "error: the model 'org/name'" in r.output, r.output
 
 
 def test_plan_asks_for_the_config_only(fake, monkeypatch):
