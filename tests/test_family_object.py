@@ -206,14 +206,13 @@ NAME_LOOKUPS = ("get_method", "resolve_method")
 #   resolve step);
 # - runtime/pipeline.py 1: Pipeline.method (the API's, serve's, the OpenAI front end's resolve step; a
 #   name, or the one "auto" settles on from the bundle: a step the commands' resolve cannot take);
-# - harness.py 1: parse_methods (the bench's points: --methods, and each --sweep rule through it);
-# - train/evaluate.py 1: decode_eval's fixed "exact" (the trainer's held-out evaluation run starts there).
+# - harness.py 1: parse_methods (the bench's points: --methods, and each --sweep rule through it).
+# train/evaluate.decode_eval runs the registered Method object itself (speculative/decode.EXACT), no name.
 # The library entries below them (speculative/run.run_method, SpeculativeDecoder.generate) take a Method
 # only (a name is a TypeError: tests/runtime/test_run_plan.py); bench rows record `uses_tree`, which
 # speculative/oracle.drafter_efficiency reads. Every entry point hands the Method down: nothing below
 # resolve / Pipeline.plan / the bench's points looks a method up again (test_run_plan counts that at run time).
-LOOKUP_BUDGET = {"lisa_trt/runtime/context.py": 1, "lisa_trt/runtime/pipeline.py": 1, "lisa_trt/harness.py": 1,
-                 "lisa_trt/train/evaluate.py": 1}
+LOOKUP_BUDGET = {"lisa_trt/runtime/context.py": 1, "lisa_trt/runtime/pipeline.py": 1, "lisa_trt/harness.py": 1}
 
 
 def _registry(node) -> bool:

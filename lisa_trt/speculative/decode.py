@@ -173,7 +173,7 @@ tree_decoder = TreeFactory()  # Method(..., rule=..., decoder=tree_decoder)
 
 register_method(Method("greedy", "tree", "exact verification with argmax sampling everywhere", needs_drafter=True,
                        rule=exact_rule, greedy_sampling=True, decoder=tree_decoder))
-register_method(Method("exact", "tree", "exact speculative sampling (lossless)", needs_drafter=True, rule=exact_rule,
+EXACT = register_method(Method("exact", "tree", "exact speculative sampling (lossless)", needs_drafter=True, rule=exact_rule,
                        decoder=tree_decoder))
 register_method(Method("lantern", "tree", "LANTERN relaxed acceptance", needs_drafter=True, needs_tables=True,
                        rule=lantern_rule, decoder=tree_decoder,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..config import SamplingConfig
-from ..speculative.methods import SpecConfig, get_method
+from ..speculative.methods import SpecConfig
 
 
 def decode_eval(target, drafter, cfg, n: int, request=None) -> dict:
@@ -20,11 +20,12 @@ def decode_eval(target, drafter, cfg, n: int, request=None) -> dict:
     Returns:
         {"mal", "images", "sampling", "spec", "target_forwards"}.
     """
+    from ..speculative.decode import EXACT  # the Method object itself: no look-up by name
     from ..speculative.run import run_method
 
     d = cfg.data
     s = SamplingConfig(cfg_scale=d.cfg_scale, temperature=d.temperature, top_k=d.top_k, top_p=d.top_p)
-    spec = SpecConfig.make("exact", top_k=3, depth=3, total_tokens=10)
+    spec = SpecConfig.make(EXACT.name, top_k=3, depth=3, total_tokens=10)
     if request is not None:  # a prompted family: its held-out Request, decoded over its layout
         cond, layout, images = request.cond, request.layout, request.batch
     else:
@@ -32,7 +33,7 @@ def decode_eval(target, drafter, cfg, n: int, request=None) -> dict:
 
         cond, layout, images = kind_data(target.config).eval_conds(target, d, n), None, n  # class ids or captions
     # the tree decoder pairs Medusa heads with their target proxy (speculative/decode.tree_decoder)
-    _, st = run_method(get_method(spec.method), target, drafter.eval(), None, cond, sampling=s, spec=spec,
+    _, st = run_method(EXACT, target, drafter.eval(), None, cond, sampling=s, spec=spec,
                        seed=1_000_003 + cfg.seed, layout=layout)
     out = {"mal": st.mal, "images": images, "sampling": dataclasses.asdict(s), "spec": dataclasses.asdict(spec),
            "target_forwards": st.target_forwards}
