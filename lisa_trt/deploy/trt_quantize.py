@@ -241,7 +241,9 @@ def quantize_trt(engine_dir, out_dir, mode: str, *, venv: Optional[Path] = None,
                 continue
             entry = graphs[graph.value]
             echo(f"ModelOpt {mode}: {graph.value} ...")
-            src = Path(engine_dir) / entry.file
+            # ModelOpt reads the staging copy, never the user's bundle (with the bundle's own file as its
+            # input, drafter_fused's hash changed under the source manifest)
+            src = tmp / entry.file
             info = quantize_graph_modelopt(src, tmp / entry.file, mode, graph, man, venv=venv, samples=samples)
             info.update(modelopt=versions, source_sha256=entry.sha256)
             data = _data_name(tmp / entry.file)

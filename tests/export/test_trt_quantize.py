@@ -100,6 +100,10 @@ def test_modelopt_qdq_graphs_pass_the_tensorrt_check(bundle, tmp_path, mode):
     rep = check_trt_compat(out, graphs=["target_prefill", "target_verify", "drafter_project", "drafter_step"])
     assert rep.ok
     read_manifest(out)  # hashes recorded for the new files
+    from lisa_trt.export import manifest as M
+
+    for name, entry in bundle.graphs.items():  # the source bundle is untouched (ModelOpt reads a copy)
+        assert M.file_sha256(bundle.dir / entry.file) == entry.sha256, name
     assert not os.path.exists(str(out) + ".partial")
 
 
