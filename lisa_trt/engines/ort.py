@@ -269,6 +269,12 @@ class ExclusiveSessions:
             self.active = None
 
 
+
+# graphs ORT opens only when their switch is on: graph -> (option, environment variable, its default)
+_OPTIONAL_GRAPHS = {Graph.DRAFTER_FUSED: ("fused_drafter", "LISA_TRT_ORT_FUSED_DRAFTER", "1"),
+                    Graph.DRAFTER_COMMIT: ("fused_commit", "LISA_TRT_ORT_FUSED_COMMIT", "")}
+
+
 class OrtBackend(Backend):
     """Options: providers (default CUDA if available, else CPU), threads (intra-op threads per
     session, default physical cores), spin (intra-op thread spinning), profile (file prefix),
@@ -286,16 +292,12 @@ class OrtBackend(Backend):
         drafter_commit (such older bundles) only when asked (option fused_commit=True or
         LISA_TRT_ORT_FUSED_COMMIT=1): its session would pre-pack a second copy of the drafter's
         layer and head next to drafter_step's (docs/deployment.md, bench/memory.json "drafter_commit")."""
-        if graph is Graph.DRAFTER_FUSED:
-            want = self.options.get("fused_drafter")
+        switch = _OPTIONAL_GRAPHS.get(graph)
+        if switch is not None:
+            option, env, default = switch
+            want = self.options.get(option)
             if want is None:
-                want = os.environ.get("LISA_TRT_ORT_FUSED_DRAFTER", "1") not in ("", "0")
-            if not want:
-                return False
-        if graph is Graph.DRAFTER_COMMIT:
-            want = self.options.get("fused_commit")
-            if want is None:
-                want = os.environ.get("LISA_TRT_ORT_FUSED_COMMIT", "") not in ("", "0")
+                want = os.environ.get(env, default) not in ("", "0")
             if not want:
                 return False
         return super().can_open(graph)
